@@ -1,0 +1,68 @@
+//! The Redis key layout.
+//!
+//! Every key of one sale carries the hash tag `{sale:<id>}`, so all of them
+//! live in one Redis Cluster slot and the deduct script (which touches the
+//! stock, the buyers, the idempotency key, the stream and the reservation
+//! index at once) runs unchanged on a cluster. The only key outside a sale's
+//! slot is [`SALES_INDEX`], which is read for listing and never inside a
+//! script.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `fg:sales` | set | ids of all preheated sales |
+//! | `fg:{sale:ID}:meta` | hash | name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused |
+//! | `fg:{sale:ID}:remaining` | string (int) | items left to sell |
+//! | `fg:{sale:ID}:buyers` | hash | user id -> items reserved |
+//! | `fg:{sale:ID}:idem:USER:KEY` | string | first outcome of an Idempotency-Key (expires) |
+//! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
+//! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
+
+/// Set of the ids of every preheated sale.
+pub const SALES_INDEX: &str = "fg:sales";
+
+/// Consumer group the backend reads each sale's stream with.
+pub const CONSUMER_GROUP: &str = "orders";
+
+/// The keys of one sale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaleKeys {
+    pub meta: String,
+    pub remaining: String,
+    pub buyers: String,
+    pub stream: String,
+    pub reservations: String,
+    idem_prefix: String,
+}
+
+impl SaleKeys {
+    pub fn new(sale_id: &str) -> Self {
+        let tag = format!("fg:{{sale:{sale_id}}}");
+        Self {
+            meta: format!("{tag}:meta"),
+            remaining: format!("{tag}:remaining"),
+            buyers: format!("{tag}:buyers"),
+            stream: format!("{tag}:stream"),
+            reservations: format!("{tag}:resv"),
+            idem_prefix: format!("{tag}:idem:"),
+        }
+    }
+
+    /// The key remembering the first outcome of `user`'s `idempotency_key`.
+    /// Keyed by user too, so two users cannot collide on the same key.
+    pub fn idempotency(&self, user: &str, idempotency_key: &str) -> String {
+        format!("{}{}:{}", self.idem_prefix, user, idempotency_key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_a_sale_shares_one_hash_tag() {
+        let k = SaleKeys::new("s1");
+        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.idempotency("u", "i")] {
+            assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
+        }
+    }
+}

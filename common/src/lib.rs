@@ -1,0 +1,31 @@
+//! Types shared by the Flashgate gateway (`flashgate`) and the order backend
+//! (`flashgate-backend`). Both processes read the same TOML file and meet in
+//! Redis, so the file shape, the Redis key layout and the reservation record
+//! are defined once, here.
+//!
+//! Layout:
+//! - [`config`]: the TOML file, validated into typed settings.
+//! - [`keys`]: the Redis key layout of a sale (all keys share one hash tag).
+//! - [`reservation`]: the record the deduct script appends to a sale's stream,
+//!   and the order API between gateway and backend.
+//! - [`sale`]: a sale's definition and the state a buyer sees.
+//! - [`secret`]: constant-time comparison of bearer tokens.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod keys;
+pub mod reservation;
+pub mod sale;
+pub mod secret;
+
+/// Milliseconds since the Unix epoch, the time unit stored in Redis and SQL.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Formats Unix milliseconds as an RFC 3339 UTC timestamp.
+pub fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}

@@ -1,0 +1,79 @@
+-- Flashgate deduct-and-reserve: one atomic step per buy attempt.
+--
+-- KEYS[1] meta        hash   name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused
+-- KEYS[2] remaining   string items left
+-- KEYS[3] buyers      hash   user -> items reserved
+-- KEYS[4] idempotency string first outcome of this user's Idempotency-Key ("" key = none)
+-- KEYS[5] stream      stream reservation records
+-- KEYS[6] resv        hash   reservation id -> user
+-- ARGV[1] user id
+-- ARGV[2] Idempotency-Key ("" when the buyer sent none)
+-- ARGV[3] reservation id to use if this attempt wins
+-- ARGV[4] idempotency TTL, seconds
+-- ARGV[5] sale id (written into the reservation record)
+--
+-- All keys share the sale's hash tag, so this runs on Redis Cluster too.
+-- Reply: {outcome, detail}
+--   "won"           reservation id
+--   "sold_out"      ""
+--   "limit_reached" ""
+--   "ended"         ""
+--   "not_started"   starts_at_ms
+--   "paused"        ""
+--   "not_found"     ""
+-- A replay of a remembered Idempotency-Key answers the remembered outcome
+-- with "replay:" in front, e.g. "replay:won".
+
+local idem = ARGV[2]
+if idem ~= '' then
+  local first = redis.call('GET', KEYS[4])
+  if first then
+    local sep = string.find(first, '|', 1, true)
+    return {'replay:' .. string.sub(first, 1, sep - 1), string.sub(first, sep + 1)}
+  end
+end
+
+local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused')
+if not meta[1] then
+  return {'not_found', ''}
+end
+
+-- Remembers a final outcome under the Idempotency-Key. Outcomes that may
+-- change on a later attempt (not started, paused) are not remembered.
+local function final(outcome, detail)
+  if idem ~= '' then
+    redis.call('SET', KEYS[4], outcome .. '|' .. detail, 'EX', ARGV[4])
+  end
+  return {outcome, detail}
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now >= tonumber(meta[2]) then
+  return final('ended', '')
+end
+if meta[4] == '1' then
+  return {'paused', ''}
+end
+if now < tonumber(meta[1]) then
+  return {'not_started', meta[1]}
+end
+
+local user = ARGV[1]
+local bought = tonumber(redis.call('HGET', KEYS[3], user) or '0')
+if bought >= tonumber(meta[3]) then
+  return final('limit_reached', '')
+end
+
+local left = tonumber(redis.call('GET', KEYS[2]) or '0')
+if left <= 0 then
+  return final('sold_out', '')
+end
+
+local rid = ARGV[3]
+redis.call('DECR', KEYS[2])
+redis.call('HINCRBY', KEYS[3], user, 1)
+redis.call('HSET', KEYS[6], rid, user)
+redis.call('XADD', KEYS[5], '*', 'rid', rid, 'sale', ARGV[5],
+           'user', user, 'idem', idem, 'ts', tostring(now))
+return final('won', rid)

@@ -1,0 +1,24 @@
+-- Flashgate sale update by an operator: change a preheated sale's metadata
+-- and move its remaining stock by the change in total stock, atomically, so
+-- no item already sold is sold again.
+--
+-- KEYS[1] meta       KEYS[2] remaining
+-- ARGV[1] name  ARGV[2] stock  ARGV[3] per_user_limit
+-- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms
+-- Reply: {1, remaining} when updated; {0, sold} when the new stock is below
+-- the items already sold (nothing changes); {-1, 0} when the sale is absent.
+
+local old = redis.call('HGET', KEYS[1], 'stock')
+if not old then
+  return {-1, 0}
+end
+local left = tonumber(redis.call('GET', KEYS[2]) or '0')
+local sold = tonumber(old) - left
+local stock = tonumber(ARGV[2])
+if stock < sold then
+  return {0, sold}
+end
+redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
+           'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5])
+redis.call('SET', KEYS[2], stock - sold)
+return {1, stock - sold}
