@@ -1,1 +1,29 @@
+//! Flashgate's edge gateway, on Pingora.
+//!
+//! It answers the flash-sale API and the product pages itself and proxies
+//! every other path to the shop. A buy runs one atomic script in Redis; only
+//! winners are forwarded to the order backend.
+//!
+//! Layout:
+//! - [`server`]: builds the Pingora server from the config.
+//! - [`proxy`]: the request path, phase by phase (start reading here).
+//! - [`route`]: method + path to a typed route.
+//! - [`auth`]: HS256 buyer tokens.
+//! - [`deduct`]: the deduct-and-reserve script call and its outcomes.
+//! - [`sales`]: sale state read from Redis.
+//! - [`orders`]: the client of the order backend.
+//! - [`static_pages`]: in-memory product pages and assets.
+//! - [`redis_client`]: the shared, lazily created Redis connection.
+//! - [`reply`]: responses and the status of every rejection.
+#![forbid(unsafe_code)]
 
+pub mod auth;
+pub mod deduct;
+pub mod orders;
+pub mod proxy;
+pub mod redis_client;
+pub mod reply;
+pub mod route;
+pub mod sales;
+pub mod server;
+pub mod static_pages;

@@ -1,1 +1,84 @@
-fn main() {}
+//! `flashgate`: run the gateway, mint a demo token, or check a config file.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use flashgate_common::config::{Config, ENV_JWT_SECRET};
+
+#[derive(Parser)]
+#[command(name = "flashgate", version, about = "Flash-sale edge gateway")]
+struct Cli {
+    /// The TOML configuration file.
+    #[arg(long, global = true, default_value = "config/flashgate.toml")]
+    config: PathBuf,
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Serve,
+    /// Mint a buyer token signed with the configured secret.
+    Token {
+        #[arg(long)]
+        user: String,
+        /// Lifetime, e.g. 90s, 30m, 1h, 2d.
+        #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+        ttl: u64,
+    },
+    /// Validate the configuration file and exit.
+    Check,
+}
+
+fn parse_ttl(s: &str) -> Result<u64, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().map_err(|_| format!("`{s}` is not a duration like 90s, 30m, 1h"))?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("`{s}`: unit must be s, m, h or d")),
+    };
+    n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("`{s}` is out of range"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if cli.log_json {
+        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let config = match Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("flashgate: {}: {e}", cli.config.display());
+            return ExitCode::from(64);
+        }
+    };
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => flashgate_gateway::server::run(config),
+        Command::Check => {
+            println!("{}: ok ({} sales)", cli.config.display(), config.sales.len());
+            Ok(())
+        }
+        Command::Token { user, ttl } => match &config.jwt_secret {
+            Some(secret) => flashgate_gateway::auth::mint(secret.as_bytes(), &user, ttl).map(|t| println!("{t}")),
+            None => Err(anyhow::anyhow!("no JWT secret: set {ENV_JWT_SECRET}")),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("flashgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

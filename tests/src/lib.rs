@@ -1,1 +1,501 @@
+//! Test harness: real processes on loopback.
+//!
+//! Each test starts its own `redis-server` on a free port (so fault tests may
+//! kill or stop it), its own backend and gateway binaries, and a demo shop,
+//! all under a private temp dir. Everything is stopped by PID on drop.
+//!
+//! The binaries are taken from the cargo target dir next to the test
+//! executable; `make test` builds them first.
 
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Secret the test gateways verify buyer tokens with.
+pub const JWT_SECRET: &str = "test-secret-not-for-production";
+/// Admin token of the test backends.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A binary of this workspace, from the target dir the tests run from.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap();
+    let dir = if dir.ends_with("deps") { dir.parent().unwrap() } else { dir };
+    let path = dir.join(name);
+    assert!(path.exists(), "{} not built: run `cargo build --workspace --bins` (make test does)", path.display());
+    path
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: &'static str,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name (TERM, STOP, CONT, KILL).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status().unwrap();
+        assert!(ok.success(), "kill -{sig} {} failed", self.name);
+    }
+
+    /// Waits for the process to exit, up to `limit`; kills it past that.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-CONT").arg(self.pid().to_string()).stderr(Stdio::null()).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_port(addr: SocketAddr, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    false
+}
+
+/// A private temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!("fg-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A redis-server of the test's own.
+pub struct RedisServer {
+    pub proc: Proc,
+    pub port: u16,
+    pub dir: PathBuf,
+    appendonly: bool,
+}
+
+impl RedisServer {
+    /// Starts redis-server on a free port with its files under `dir`.
+    /// `appendonly` turns on AOF with fsync always (for restart tests).
+    pub fn start(dir: &Path, appendonly: bool) -> Self {
+        Self::start_on(dir, free_port(), appendonly)
+    }
+
+    fn start_on(dir: &Path, port: u16, appendonly: bool) -> Self {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
+            .arg(dir)
+            .args(["--appendonly", if appendonly { "yes" } else { "no" }, "--appendfsync", "always"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let proc = Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server" };
+        assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "redis-server did not start");
+        Self { proc, port, dir: dir.to_owned(), appendonly }
+    }
+
+    /// Kills the server (SIGKILL) and starts a new one on the same port and dir.
+    pub fn restart(&mut self) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+        let fresh = Self::start_on(&self.dir.clone(), self.port, self.appendonly);
+        *self = fresh;
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client().get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// `calls` of one command from INFO commandstats (0 when never called).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut self.conn().await).await.unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Settings of a test stack.
+#[derive(Clone)]
+pub struct StackOptions {
+    /// `None` for an SQLite file in the stack's dir.
+    pub database_url: Option<String>,
+    pub redis_timeout_ms: u64,
+    pub appendonly: bool,
+    pub claim_idle_ms: u64,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        Self { database_url: None, redis_timeout_ms: 300, appendonly: false, claim_idle_ms: 2000 }
+    }
+}
+
+/// Redis, backend, gateway and demo shop, on loopback.
+pub struct Stack {
+    pub gateway: Option<Proc>,
+    pub backend: Option<Proc>,
+    pub shop: Option<Proc>,
+    pub redis: RedisServer,
+    pub gateway_addr: SocketAddr,
+    pub backend_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub shop_addr: SocketAddr,
+    pub database_url: String,
+    pub config_path: PathBuf,
+    pub http: reqwest::Client,
+    pub dir: TempDir,
+}
+
+impl Stack {
+    /// Starts everything and waits until each listener answers.
+    pub async fn start(opts: StackOptions) -> Self {
+        let dir = TempDir::new("stack");
+        let redis = RedisServer::start(&dir.0, opts.appendonly);
+        let port = |_| -> SocketAddr { ([127, 0, 0, 1], free_port()).into() };
+        let (gateway_addr, backend_addr, admin_addr, shop_addr) = (port(0), port(1), port(2), port(3));
+        let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/flashgate.db", dir.0.display()));
+        let config_path = dir.0.join("flashgate.toml");
+        let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
+        std::fs::write(
+            &config_path,
+            format!(
+                r#"
+[redis]
+url = "{redis}"
+timeout_ms = {timeout}
+
+[gateway]
+listen = "{gateway_addr}"
+threads = 2
+shop_upstream = "{shop_addr}"
+backend_url = "http://{backend_addr}"
+forward_timeout_ms = 1000
+static_dir = "{static_dir}"
+
+[backend]
+listen = "{backend_addr}"
+admin_listen = "{admin_addr}"
+database_url = "{database_url}"
+consumer_name = "backend-1"
+batch_size = 200
+block_ms = 200
+claim_idle_ms = {claim}
+sale_poll_ms = 100
+"#,
+                redis = redis.url(),
+                timeout = opts.redis_timeout_ms,
+                static_dir = static_dir.display(),
+                claim = opts.claim_idle_ms,
+            ),
+        )
+        .unwrap();
+        let shop = Command::new(bin("demo-shop")).arg(shop_addr.to_string()).stdout(Stdio::null()).spawn().unwrap();
+        let mut stack = Self {
+            gateway: None,
+            backend: None,
+            shop: Some(Proc { child: shop, name: "demo-shop" }),
+            redis,
+            gateway_addr,
+            backend_addr,
+            admin_addr,
+            shop_addr,
+            database_url,
+            config_path,
+            http: reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap(),
+            dir,
+        };
+        stack.start_backend();
+        stack.start_gateway();
+        assert!(wait_port(shop_addr, Duration::from_secs(10)), "demo shop did not start");
+        stack
+    }
+
+    fn spawn(&self, name: &'static str, extra: &[&str]) -> Proc {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.0.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(bin(name))
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(extra)
+            .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+            .env("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Proc { child, name }
+    }
+
+    /// The log a process of this stack wrote so far.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.0.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    pub fn start_backend(&mut self) {
+        self.backend = Some(self.spawn("flashgate-backend", &[]));
+        if !wait_port(self.backend_addr, Duration::from_secs(30)) || !wait_port(self.admin_addr, Duration::from_secs(5)) {
+            panic!("backend did not start:\n{}", self.log("flashgate-backend"));
+        }
+    }
+
+    pub fn start_gateway(&mut self) {
+        self.gateway = Some(self.spawn("flashgate", &["serve"]));
+        if !wait_port(self.gateway_addr, Duration::from_secs(30)) {
+            panic!("gateway did not start:\n{}", self.log("flashgate"));
+        }
+    }
+
+    /// Kills the backend with SIGKILL.
+    pub fn kill_backend(&mut self) {
+        if let Some(mut p) = self.backend.take() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    /// Kills the gateway with SIGKILL.
+    pub fn kill_gateway(&mut self) {
+        if let Some(mut p) = self.gateway.take() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.gateway_addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin_addr, path)
+    }
+
+    /// Creates (or updates) a sale through the admin API.
+    pub async fn put_sale(&self, id: &str, stock: i64, per_user_limit: i64, starts_in: Duration, lasts: Duration) -> Value {
+        let now = chrono_like_now_ms();
+        let starts = now + starts_in.as_millis() as i64;
+        let body = serde_json::json!({
+            "name": format!("Sale {id}"),
+            "stock": stock,
+            "per_user_limit": per_user_limit,
+            "starts_at": rfc3339(starts),
+            "ends_at": rfc3339(starts + lasts.as_millis() as i64),
+        });
+        let resp = self
+            .http
+            .put(self.admin_url(&format!("/admin/sales/{id}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await.unwrap();
+        assert!(status == 200 || status == 201, "PUT sale {id}: {status} {v}");
+        v
+    }
+
+    /// An open sale: started a second ago, lasting an hour.
+    pub async fn open_sale(&self, id: &str, stock: i64, per_user_limit: i64) {
+        self.put_sale(id, stock, per_user_limit, Duration::ZERO, Duration::from_secs(3600)).await;
+    }
+
+    /// `POST /api/sales/{sale}/buy` as `user`; returns status and JSON body.
+    pub async fn buy(&self, sale: &str, user: &str, idempotency_key: Option<&str>) -> (u16, Value) {
+        buy(&self.http, self.gateway_addr, sale, &token(user), idempotency_key).await
+    }
+
+    /// Admin view of a sale.
+    pub async fn admin_sale(&self, id: &str) -> Value {
+        self.http
+            .get(self.admin_url(&format!("/admin/sales/{id}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Orders of a sale in the database: (orders, distinct users, most orders of one user).
+    pub async fn db_orders(&self, sale: &str) -> (i64, i64, i64) {
+        db_orders(&self.database_url, sale).await
+    }
+
+    /// Waits until the database holds `n` orders for `sale` (or `limit` passes).
+    pub async fn wait_orders(&self, sale: &str, n: i64, limit: Duration) -> (i64, i64, i64) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let got = self.db_orders(sale).await;
+            if got.0 >= n || Instant::now() > deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Remaining stock in Redis.
+    pub async fn remaining(&self, sale: &str) -> i64 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        redis::cmd("GET").arg(&keys.remaining).query_async::<Option<i64>>(&mut self.redis.conn().await).await.unwrap().unwrap_or(-1)
+    }
+
+    /// Entries in the sale's reservation stream.
+    pub async fn stream_len(&self, sale: &str) -> i64 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        redis::cmd("XLEN").arg(&keys.stream).query_async(&mut self.redis.conn().await).await.unwrap()
+    }
+}
+
+/// `POST /api/sales/{sale}/buy` with a bearer token; returns status and JSON body.
+pub async fn buy(http: &reqwest::Client, gateway: SocketAddr, sale: &str, token: &str, idempotency_key: Option<&str>) -> (u16, Value) {
+    let mut req = http.post(format!("http://{gateway}/api/sales/{sale}/buy")).bearer_auth(token);
+    if let Some(k) = idempotency_key {
+        req = req.header("Idempotency-Key", k);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// Orders of a sale in a database: (orders, distinct users, most orders of one user).
+pub async fn db_orders(database_url: &str, sale: &str) -> (i64, i64, i64) {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(database_url).await.unwrap();
+    let (total,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM orders WHERE sale_id = $1").bind(sale).fetch_one(&pool).await.unwrap();
+    let (users, most): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COALESCE(MAX(n), 0) FROM \
+         (SELECT user_id, COUNT(*) AS n FROM orders WHERE sale_id = $1 GROUP BY user_id) AS per_user",
+    )
+    .bind(sale)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    (total, users, most)
+}
+
+/// A buyer token signed with [`JWT_SECRET`], valid for an hour.
+pub fn token(user: &str) -> String {
+    token_with(user, JWT_SECRET, 3600)
+}
+
+/// A buyer token with any secret and lifetime (negative = already expired).
+pub fn token_with(user: &str, secret: &str, ttl_seconds: i64) -> String {
+    let exp = chrono_like_now_ms() / 1000 + ttl_seconds;
+    let claims = serde_json::json!({ "sub": user, "exp": exp });
+    jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes())).unwrap()
+}
+
+fn chrono_like_now_ms() -> i64 {
+    flashgate_common::now_ms()
+}
+
+fn rfc3339(ms: i64) -> String {
+    flashgate_common::rfc3339(ms)
+}
+
+/// A random, non-sequential user id.
+pub fn random_user() -> String {
+    format!("u-{:016x}", rand::random::<u64>())
+}
+
+/// One buy attempt of a load: who, with which Idempotency-Key.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    pub user: String,
+    pub idempotency_key: Option<String>,
+}
+
+/// What one attempt got back.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub attempt: Attempt,
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Outcome {
+    /// A winner: 201 confirmed or 202 queued.
+    pub fn won(&self) -> bool {
+        self.status == 201 || self.status == 202
+    }
+
+    pub fn reservation_id(&self) -> Option<&str> {
+        self.body["reservation_id"].as_str()
+    }
+}
+
+/// Sends every attempt at `gateway`, at most `concurrency` in flight, and
+/// returns the outcomes in the order given. Tokens are minted beforehand.
+pub async fn buy_all(gateway: SocketAddr, sale: &str, attempts: Vec<Attempt>, concurrency: usize) -> Vec<Outcome> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(concurrency).build().unwrap();
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let mut tasks = Vec::with_capacity(attempts.len());
+    for attempt in attempts {
+        let (http, sem, sale) = (http.clone(), sem.clone(), sale.to_owned());
+        let tok = token(&attempt.user);
+        tasks.push(tokio::spawn(async move {
+            let _permit = sem.acquire_owned().await.unwrap();
+            let (status, body) = buy(&http, gateway, &sale, &tok, attempt.idempotency_key.as_deref()).await;
+            Outcome { attempt, status, body }
+        }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}

@@ -1,0 +1,4 @@
+//! Flashgate order backend.
+pub mod store;
+#[cfg(test)]
+pub(crate) mod testing;

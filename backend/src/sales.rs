@@ -1,0 +1,206 @@
+//! Sales: preheating them into Redis, changing them, and the view operators
+//! see.
+//!
+//! The database row is the truth of a sale's definition; Redis holds the
+//! live counters the gateway deducts from. Preheating copies a row into
+//! Redis only when the sale is absent there (`lua/preheat.lua` checks), with
+//! `remaining = stock - live orders`, so restarting a process never resets a
+//! running sale and a Redis that lost its data resumes from the orders made.
+
+use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP, SALES_INDEX};
+use flashgate_common::sale::{SaleSpec, SaleState};
+use flashgate_common::{now_ms, rfc3339};
+use redis::aio::ConnectionLike;
+use redis::RedisError;
+use serde::Serialize;
+
+use crate::redis_io::{PREHEAT, UPDATE_SALE};
+use crate::store::{Store, StoreError};
+
+/// Why a sale could not be preheated, changed or viewed.
+#[derive(Debug, thiserror::Error)]
+pub enum SaleError {
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    #[error("unexpected reply {0:?} from update_sale.lua")]
+    BadReply(Vec<i64>),
+}
+
+/// What preheating did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preheat {
+    /// The sale was loaded into Redis with this many items left.
+    Loaded { remaining: i64 },
+    /// The sale was already in Redis; nothing changed.
+    AlreadyThere,
+    /// The stock is below the orders the database holds; nothing changed.
+    StockBelowSold { sold: i64 },
+}
+
+/// What applying a new definition to Redis did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// A preheated sale was changed; this many items are left.
+    Updated { remaining: i64 },
+    /// The sale was absent and has been loaded.
+    Preheated { remaining: i64 },
+    /// The new stock is below what is already sold; nothing changed.
+    StockBelowSold { sold: i64 },
+}
+
+/// Loads `spec` into Redis unless it is already there, with `sold` items
+/// already turned into orders.
+///
+/// # Errors
+/// Redis failed.
+pub async fn preheat<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec, sold: i64) -> Result<Preheat, RedisError> {
+    let remaining = spec.stock - sold;
+    if remaining < 0 {
+        return Ok(Preheat::StockBelowSold { sold });
+    }
+    let keys = SaleKeys::new(&spec.id);
+    let loaded: i64 = PREHEAT
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.stream)
+        .arg(&spec.name)
+        .arg(spec.stock)
+        .arg(spec.per_user_limit)
+        .arg(spec.starts_at_ms)
+        .arg(spec.ends_at_ms)
+        .arg(remaining)
+        .arg(CONSUMER_GROUP)
+        .invoke_async(conn)
+        .await?;
+    // The index is outside the sale's hash slot, so it cannot be written by
+    // the script; adding it again is harmless.
+    let () = redis::cmd("SADD").arg(SALES_INDEX).arg(&spec.id).query_async(conn).await?;
+    Ok(if loaded == 1 { Preheat::Loaded { remaining } } else { Preheat::AlreadyThere })
+}
+
+/// Preheats `spec` from the database: its live orders count as sold.
+///
+/// # Errors
+/// Redis or the database failed.
+pub async fn preheat_from_store<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+) -> Result<Preheat, SaleError> {
+    let sold = store.count_live_orders(&spec.id).await?;
+    Ok(preheat(conn, spec, sold).await?)
+}
+
+/// Applies a new definition to Redis: changes a preheated sale atomically
+/// (keeping what is sold), or preheats an absent one.
+///
+/// # Errors
+/// Redis or the database failed, or the script answered nonsense.
+pub async fn apply<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
+    let keys = SaleKeys::new(&spec.id);
+    let reply: Vec<i64> = UPDATE_SALE
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .arg(&spec.name)
+        .arg(spec.stock)
+        .arg(spec.per_user_limit)
+        .arg(spec.starts_at_ms)
+        .arg(spec.ends_at_ms)
+        .invoke_async(conn)
+        .await?;
+    match reply.as_slice() {
+        [1, remaining] => Ok(Applied::Updated { remaining: *remaining }),
+        [0, sold] => Ok(Applied::StockBelowSold { sold: *sold }),
+        [-1, _] => Ok(match preheat_from_store(conn, store, spec).await? {
+            Preheat::Loaded { remaining } => Applied::Preheated { remaining },
+            Preheat::StockBelowSold { sold } => Applied::StockBelowSold { sold },
+            // Someone preheated it between the two scripts: apply again.
+            Preheat::AlreadyThere => return Box::pin(apply(conn, store, spec)).await,
+        }),
+        _ => Err(SaleError::BadReply(reply)),
+    }
+}
+
+/// A sale as operators see it: its definition and live counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SaleView {
+    pub id: String,
+    pub name: String,
+    pub stock: i64,
+    pub per_user_limit: i64,
+    pub starts_at: String,
+    pub ends_at: String,
+    pub state: SaleState,
+    /// Items left in Redis; `None` when Redis does not answer.
+    pub remaining: Option<i64>,
+    /// Reservations made in Redis; `None` when Redis does not answer.
+    pub reservations: Option<i64>,
+    /// Orders in the database that are not cancelled.
+    pub orders: i64,
+    /// Stream entries delivered to a consumer but not acknowledged yet;
+    /// `None` when Redis does not answer.
+    pub pending: Option<i64>,
+}
+
+/// Live counters read from Redis in one round trip.
+struct Counters {
+    remaining: Option<i64>,
+    reservations: i64,
+    paused: bool,
+    pending: i64,
+}
+
+async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<Counters, RedisError> {
+    let keys = SaleKeys::new(id);
+    let (remaining, reservations, paused): (Option<i64>, i64, Option<String>) = redis::pipe()
+        .get(&keys.remaining)
+        .hlen(&keys.reservations)
+        .hget(&keys.meta, "paused")
+        .query_async(conn)
+        .await?;
+    // XPENDING fails with NOGROUP before the group exists: nothing pending.
+    let pending = match redis::cmd("XPENDING").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<redis::Value>(conn).await {
+        Ok(redis::Value::Array(items)) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        },
+        Ok(_) => 0,
+        Err(e) if e.code() == Some("NOGROUP") => 0,
+        Err(e) => return Err(e),
+    };
+    Ok(Counters { remaining, reservations, paused: paused.as_deref() == Some("1"), pending })
+}
+
+/// Builds the operator view of `spec`. Redis being down leaves its counters
+/// empty rather than failing the view: the database part is still useful.
+///
+/// # Errors
+/// The database failed.
+pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: SaleSpec) -> Result<SaleView, SaleError> {
+    let orders = store.count_live_orders(&spec.id).await?;
+    let live = match counters(conn, &spec.id).await {
+        Ok(c) => Some(c),
+        Err(error) => {
+            tracing::warn!(%error, sale = %spec.id, "cannot read the sale's counters from redis");
+            None
+        }
+    };
+    let remaining = live.as_ref().and_then(|c| c.remaining);
+    let paused = live.as_ref().is_some_and(|c| c.paused);
+    let state = SaleState::at(now_ms(), &spec, paused, remaining.unwrap_or(spec.stock - orders));
+    Ok(SaleView {
+        starts_at: rfc3339(spec.starts_at_ms),
+        ends_at: rfc3339(spec.ends_at_ms),
+        state,
+        remaining,
+        reservations: live.as_ref().map(|c| c.reservations),
+        orders,
+        pending: live.as_ref().map(|c| c.pending),
+        id: spec.id,
+        name: spec.name,
+        stock: spec.stock,
+        per_user_limit: spec.per_user_limit,
+    })
+}

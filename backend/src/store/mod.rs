@@ -1,0 +1,347 @@
+//! The order database: the durable truth of sales and orders.
+//!
+//! Redis holds the hot counters; this store holds what must survive Redis.
+//! One [`Store`] handle (a cloneable pool) serves SQLite, the default for a
+//! single box, and PostgreSQL, through sqlx's `Any` driver, so every query
+//! here is written once in the SQL both accept (`$N` placeholders,
+//! `ON CONFLICT ... DO NOTHING`). The store tests run the same body against
+//! both databases to keep it that way.
+
+mod sql;
+
+use std::path::Path;
+
+use flashgate_common::reservation::{OrderView, Reservation, ReservationStatus};
+use flashgate_common::sale::SaleSpec;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+/// A database problem. Every variant is an infrastructure failure: expected
+/// results (an order that already exists, an unknown sale) are `Ok` values.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot prepare the SQLite file {path}: {source}")]
+    CreateDir { path: String, source: std::io::Error },
+    #[error("cannot connect to the database: {0}")]
+    Connect(#[source] sqlx::Error),
+    #[error("cannot create the schema: {0}")]
+    Schema(#[source] sqlx::Error),
+    #[error("database query failed: {0}")]
+    Query(#[from] sqlx::Error),
+    #[error("unknown order status `{0}` in the database")]
+    BadStatus(String),
+}
+
+/// Rows per INSERT statement. A batch larger than this (only possible with
+/// `batch_size` above it) is split into several statements inside the same
+/// transaction, because PostgreSQL accepts at most 65535 bind parameters
+/// per statement and SQLite 32766; 7 parameters per row x 2000 stays below.
+const MAX_ROWS_PER_INSERT: usize = 2000;
+
+/// A cloneable handle to the order database.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+}
+
+/// Order status as stored in `orders.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    Created,
+    Paid,
+    Cancelled,
+}
+
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Created => "created",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "created" => Ok(OrderStatus::Created),
+            "paid" => Ok(OrderStatus::Paid),
+            "cancelled" => Ok(OrderStatus::Cancelled),
+            other => Err(StoreError::BadStatus(other.to_owned())),
+        }
+    }
+
+    /// What the buyer sees of this status.
+    pub fn reservation_status(self) -> ReservationStatus {
+        match self {
+            OrderStatus::Created | OrderStatus::Paid => ReservationStatus::Confirmed,
+            OrderStatus::Cancelled => ReservationStatus::Cancelled,
+        }
+    }
+}
+
+impl Store {
+    /// Connects to `database_url` (`sqlite:...` or `postgres://...`) and
+    /// creates the schema if missing. A SQLite file and its directory are
+    /// created when absent, and the file is switched to WAL so readers do
+    /// not block the consumer's writes.
+    ///
+    /// # Errors
+    /// The directory cannot be created, the database refuses the connection,
+    /// or the schema cannot be created.
+    pub async fn connect(database_url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let is_sqlite = database_url.starts_with("sqlite:");
+        let url = if is_sqlite { prepare_sqlite(database_url)? } else { database_url.to_owned() };
+        let pool = AnyPoolOptions::new()
+            .max_connections(if is_sqlite { 4 } else { 10 })
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect(&url)
+            .await
+            .map_err(StoreError::Connect)?;
+        if is_sqlite {
+            // WAL is a property of the file, so setting it once is enough.
+            sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await.map_err(StoreError::Schema)?;
+        }
+        let mut conn = pool.acquire().await.map_err(StoreError::Connect)?;
+        if !is_sqlite {
+            // Concurrent `CREATE TABLE IF NOT EXISTS` can fail on PostgreSQL
+            // (a race on the catalog), e.g. when two processes start at once;
+            // a session lock serialises them.
+            sqlx::query(sql::LOCK_SCHEMA).execute(&mut *conn).await.map_err(StoreError::Schema)?;
+        }
+        let created = async {
+            for statement in sql::SCHEMA {
+                sqlx::query(statement).execute(&mut *conn).await?;
+            }
+            Ok::<_, sqlx::Error>(())
+        }
+        .await;
+        if !is_sqlite {
+            sqlx::query(sql::UNLOCK_SCHEMA).execute(&mut *conn).await.map_err(StoreError::Schema)?;
+        }
+        created.map_err(StoreError::Schema)?;
+        drop(conn);
+        Ok(Self { pool })
+    }
+
+    /// Answers whether the database responds to a trivial query.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    /// Closes the pool, waiting for connections in use to come back.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Turns reservations into orders with one multi-row insert, in one
+    /// transaction. A reservation that already has an order is skipped, so
+    /// replaying a batch (after a crash before XACK, or a gateway forward
+    /// racing the stream) never creates a second order.
+    ///
+    /// Returns how many orders this call created.
+    ///
+    /// # Errors
+    /// [`StoreError::Query`] when the transaction fails; nothing is written.
+    pub async fn insert_orders(&self, reservations: &[Reservation]) -> Result<u64, StoreError> {
+        if reservations.is_empty() {
+            return Ok(0);
+        }
+        let now = flashgate_common::now_ms();
+        let mut tx = self.pool.begin().await?;
+        let mut inserted = 0;
+        for chunk in reservations.chunks(MAX_ROWS_PER_INSERT) {
+            let statement = sql::insert_orders(chunk.len());
+            let mut query = sqlx::query(&statement);
+            for r in chunk {
+                query = query
+                    .bind(new_order_id())
+                    .bind(r.reservation_id.as_str())
+                    .bind(r.sale_id.as_str())
+                    .bind(r.user_id.as_str())
+                    .bind(r.idempotency_key.as_str())
+                    .bind(r.reserved_at_ms)
+                    .bind(now);
+            }
+            inserted += query.execute(&mut *tx).await?.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(inserted)
+    }
+
+    /// The order made from reservation `reservation_id`, if any.
+    ///
+    /// # Errors
+    /// A failed query or an unknown status value in the row.
+    pub async fn order_by_reservation(&self, reservation_id: &str) -> Result<Option<OrderView>, StoreError> {
+        let row = sqlx::query(sql::ORDER_BY_RESERVATION)
+            .bind(reservation_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| {
+            let status: String = row.try_get("status")?;
+            Ok(OrderView {
+                order_id: row.try_get("order_id")?,
+                reservation_id: row.try_get("reservation_id")?,
+                sale_id: row.try_get("sale_id")?,
+                user_id: row.try_get("user_id")?,
+                status: OrderStatus::parse(&status)?.reservation_status(),
+            })
+        })
+        .transpose()
+    }
+
+    /// Sets the status of the order made from `reservation_id`; returns
+    /// whether such an order exists. (Payment and expiry use this.)
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn set_order_status(&self, reservation_id: &str, status: OrderStatus) -> Result<bool, StoreError> {
+        let done = sqlx::query(sql::SET_ORDER_STATUS)
+            .bind(status.as_str())
+            .bind(reservation_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Orders of `sale_id` that still hold an item (not cancelled).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn count_live_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
+        let row = sqlx::query(sql::COUNT_LIVE_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Writes `spec` unless a sale with its id exists. Once written, the row
+    /// is the truth: a sale declared in the TOML file whose start defaulted
+    /// to "now" keeps its first window across restarts.
+    ///
+    /// Returns whether the row was written.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn insert_sale_if_absent(&self, spec: &SaleSpec) -> Result<bool, StoreError> {
+        let done = bind_sale(sqlx::query(sql::INSERT_SALE_IF_ABSENT), spec, flashgate_common::now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Creates or replaces the sale `spec.id`.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn upsert_sale(&self, spec: &SaleSpec) -> Result<(), StoreError> {
+        bind_sale(sqlx::query(sql::UPSERT_SALE), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Starts a transaction that writes a sale, for callers that must make
+    /// another system agree before the write becomes visible (the admin API
+    /// updates Redis between [`SaleWrite::upsert`] and [`SaleWrite::commit`]).
+    ///
+    /// # Errors
+    /// No connection could be taken from the pool.
+    pub async fn begin_sale_write(&self) -> Result<SaleWrite, StoreError> {
+        Ok(SaleWrite { tx: self.pool.begin().await? })
+    }
+
+    /// The sale `id`, if known.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn sale(&self, id: &str) -> Result<Option<SaleSpec>, StoreError> {
+        let row = sqlx::query(sql::SALE_BY_ID).bind(id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(sale_from_row).transpose()
+    }
+
+    /// Every sale, ordered by id.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn sales(&self) -> Result<Vec<SaleSpec>, StoreError> {
+        let rows = sqlx::query(sql::ALL_SALES).fetch_all(&self.pool).await?;
+        rows.iter().map(sale_from_row).collect()
+    }
+}
+
+/// An open transaction writing one sale; dropped without
+/// [`SaleWrite::commit`], it rolls back.
+pub struct SaleWrite {
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+}
+
+impl SaleWrite {
+    /// Creates or replaces the sale inside the transaction.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn upsert(&mut self, spec: &SaleSpec) -> Result<(), StoreError> {
+        bind_sale(sqlx::query(sql::UPSERT_SALE), spec, flashgate_common::now_ms()).execute(&mut *self.tx).await?;
+        Ok(())
+    }
+
+    /// Makes the write visible.
+    ///
+    /// # Errors
+    /// The commit failed; nothing was written.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        Ok(self.tx.commit().await?)
+    }
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+fn bind_sale<'q>(query: AnyQuery<'q>, spec: &SaleSpec, now: i64) -> AnyQuery<'q> {
+    query
+        .bind(spec.id.clone())
+        .bind(spec.name.clone())
+        .bind(spec.stock)
+        .bind(spec.per_user_limit)
+        .bind(spec.starts_at_ms)
+        .bind(spec.ends_at_ms)
+        .bind(now)
+}
+
+fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
+    Ok(SaleSpec {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        stock: row.try_get("stock")?,
+        per_user_limit: row.try_get("per_user_limit")?,
+        starts_at_ms: row.try_get("starts_at_ms")?,
+        ends_at_ms: row.try_get("ends_at_ms")?,
+    })
+}
+
+/// `o-` followed by a v4 UUID without dashes.
+fn new_order_id() -> String {
+    format!("o-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Creates the directory of a SQLite file and makes sure the URL asks for
+/// the file to be created (`mode=rwc`) when it does not say otherwise.
+fn prepare_sqlite(url: &str) -> Result<String, StoreError> {
+    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let in_memory = path.is_empty() || path == ":memory:";
+    if !in_memory {
+        if let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|source| StoreError::CreateDir { path: path.to_owned(), source })?;
+        }
+    }
+    Ok(match query {
+        Some(q) if q.split('&').any(|kv| kv.starts_with("mode=")) => url.to_owned(),
+        Some(_) => format!("{url}&mode=rwc"),
+        None => format!("{url}?mode=rwc"),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,128 @@
+//! Every test body runs against SQLite and PostgreSQL.
+
+use flashgate_common::reservation::ReservationStatus;
+
+use super::*;
+use crate::testing::{reservation, sale, stores, unique};
+
+#[tokio::test]
+async fn batch_insert_is_idempotent_on_reservation_id() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        let batch: Vec<_> = (0..5).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+        assert_eq!(store.insert_orders(&batch).await.unwrap(), 5, "{db}");
+        assert_eq!(store.insert_orders(&batch).await.unwrap(), 0, "{db}");
+        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 5, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_mixing_new_and_known_reservations_inserts_only_the_new() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        let first = reservation(&sale_id, "a");
+        store.insert_orders(std::slice::from_ref(&first)).await.unwrap();
+        let order = store.order_by_reservation(&first.reservation_id).await.unwrap().unwrap();
+        // Same reservation id with other data must not create or change a row.
+        let mut replay = first.clone();
+        replay.user_id = "someone-else".into();
+        let batch = vec![replay, reservation(&sale_id, "b")];
+        assert_eq!(store.insert_orders(&batch).await.unwrap(), 1, "{db}");
+        let again = store.order_by_reservation(&first.reservation_id).await.unwrap().unwrap();
+        assert_eq!(again, order, "{db}");
+        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn large_batches_are_split_below_the_parameter_limit() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        let batch: Vec<_> = (0..MAX_ROWS_PER_INSERT + 10).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+        assert_eq!(store.insert_orders(&batch).await.unwrap(), batch.len() as u64, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn order_by_reservation_maps_status_and_ids() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        let r = reservation(&sale_id, "alice");
+        assert_eq!(store.order_by_reservation(&r.reservation_id).await.unwrap(), None, "{db}");
+        store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+        let view = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        assert!(view.order_id.starts_with("o-") && view.order_id.len() == 34, "{db}: {}", view.order_id);
+        assert_eq!((view.sale_id.as_str(), view.user_id.as_str()), (sale_id.as_str(), "alice"), "{db}");
+        assert_eq!(view.status, ReservationStatus::Confirmed, "{db}");
+
+        assert!(store.set_order_status(&r.reservation_id, OrderStatus::Paid).await.unwrap());
+        let view = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        assert_eq!(view.status, ReservationStatus::Confirmed, "{db}");
+
+        store.set_order_status(&r.reservation_id, OrderStatus::Cancelled).await.unwrap();
+        let view = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        assert_eq!(view.status, ReservationStatus::Cancelled, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn cancelled_orders_are_not_live() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        let batch: Vec<_> = (0..3).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+        store.insert_orders(&batch).await.unwrap();
+        store.insert_orders(&[reservation(&unique("other"), "x")]).await.unwrap();
+        store.set_order_status(&batch[0].reservation_id, OrderStatus::Cancelled).await.unwrap();
+        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn insert_sale_if_absent_never_overwrites() {
+    for (db, store) in stores().await {
+        let id = unique("s");
+        let spec = sale(&id, 10);
+        assert!(store.insert_sale_if_absent(&spec).await.unwrap(), "{db}");
+        let mut moved = spec.clone();
+        moved.starts_at_ms += 60_000;
+        moved.ends_at_ms += 60_000;
+        moved.stock = 99;
+        assert!(!store.insert_sale_if_absent(&moved).await.unwrap(), "{db}");
+        assert_eq!(store.sale(&id).await.unwrap(), Some(spec), "{db}");
+    }
+}
+
+#[tokio::test]
+async fn upsert_sale_replaces_and_lists() {
+    for (db, store) in stores().await {
+        let id = unique("s");
+        assert_eq!(store.sale(&id).await.unwrap(), None, "{db}");
+        let mut spec = sale(&id, 10);
+        store.upsert_sale(&spec).await.unwrap();
+        spec.stock = 20;
+        spec.name = "renamed".into();
+        store.upsert_sale(&spec).await.unwrap();
+        assert_eq!(store.sale(&id).await.unwrap().as_ref(), Some(&spec), "{db}");
+        assert!(store.sales().await.unwrap().contains(&spec), "{db}");
+    }
+}
+
+#[tokio::test]
+async fn a_sale_write_dropped_before_commit_leaves_nothing() {
+    for (db, store) in stores().await {
+        let id = unique("s");
+        let mut write = store.begin_sale_write().await.unwrap();
+        write.upsert(&sale(&id, 5)).await.unwrap();
+        drop(write);
+        assert_eq!(store.sale(&id).await.unwrap(), None, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn sqlite_file_and_directory_are_created() {
+    let url = crate::testing::sqlite_url();
+    let store = Store::connect(&url).await.unwrap();
+    assert!(store.ping().await);
+    let path = url.strip_prefix("sqlite://").unwrap();
+    assert!(std::path::Path::new(path).exists());
+}

@@ -1,0 +1,275 @@
+//! The stream consumer: every reservation the gateway appends to a sale's
+//! stream becomes exactly one order row, even when the gateway's direct
+//! forward was lost.
+//!
+//! One task per sale known to the database ([`run`] polls for new ones).
+//! Each task reads its stream in the consumer group `orders` on its own
+//! Redis connection, writes each batch with one multi-row insert, and only
+//! after the commit acknowledges the batch (one `XACK`). What is read but
+//! not acknowledged stays in the group's pending list: the task re-reads its
+//! own pending entries when it (re)starts, and `XAUTOCLAIM` takes over those
+//! of a consumer that died. Inserts are idempotent on the reservation id,
+//! so delivering an entry twice is harmless; losing one is not possible.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use flashgate_common::config::{BackendConfig, RedisConfig};
+use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
+use flashgate_common::reservation::Reservation;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::{RedisError, Value};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::redis_io;
+use crate::store::{Store, StoreError};
+
+/// Settings of the consumers, taken from `[backend]` and `[redis]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub redis: RedisConfig,
+    /// This process's name in the consumer group; keeping it across
+    /// restarts lets a restarted process pick up its own pending entries.
+    pub consumer_name: String,
+    pub batch_size: usize,
+    pub block: Duration,
+    pub claim_idle: Duration,
+    pub sale_poll: Duration,
+}
+
+impl Settings {
+    pub fn new(redis: &RedisConfig, backend: &BackendConfig) -> Self {
+        Self {
+            redis: redis.clone(),
+            consumer_name: backend.consumer_name.clone(),
+            batch_size: backend.batch_size,
+            block: backend.block,
+            claim_idle: backend.claim_idle,
+            sale_poll: backend.sale_poll,
+        }
+    }
+}
+
+/// Why one consumer session ended; the task logs it, backs off and starts
+/// a new session.
+#[derive(Debug, thiserror::Error)]
+enum ConsumeError {
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Runs a consumer for every sale in the database until `shutdown` turns
+/// true, then waits for each to finish its current batch.
+pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+    let mut tasks = JoinSet::new();
+    let mut running = std::collections::HashSet::new();
+    loop {
+        match store.sales().await {
+            Ok(sales) => {
+                for sale in sales {
+                    if running.insert(sale.id.clone()) {
+                        tracing::info!(sale = %sale.id, "starting stream consumer");
+                        tasks.spawn(consume_sale(sale.id, store.clone(), settings.clone(), shutdown.clone()));
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot list sales; will retry"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(settings.sale_poll) => {}
+            _ = stopped(&mut shutdown) => break,
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Consumes the stream of `sale_id` until `shutdown` turns true. Never
+/// gives up: Redis or database failures are logged and retried with
+/// backoff.
+pub async fn consume_sale(sale_id: String, store: Store, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+    let mut backoff = Backoff::default();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let mut consumer = Consumer { stream: SaleKeys::new(&sale_id).stream, sale_id: &sale_id, store: &store, settings: &settings };
+        match consumer.session(&mut shutdown, &mut backoff).await {
+            Ok(()) => return,
+            Err(error) => {
+                let wait = backoff.next();
+                tracing::error!(%error, sale = %sale_id, retry_in_ms = wait.as_millis() as u64, "stream consumer failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stopped(&mut shutdown) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once the shutdown flag is true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Exponential backoff from 200 ms to 5 s, reset by a successful batch.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let wait = Duration::from_millis(200u64.saturating_mul(1 << self.failures.min(5))).min(Duration::from_secs(5));
+        self.failures = self.failures.saturating_add(1);
+        wait
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+struct Consumer<'a> {
+    sale_id: &'a str,
+    stream: String,
+    store: &'a Store,
+    settings: &'a Settings,
+}
+
+impl Consumer<'_> {
+    /// One connection's worth of consuming; returns `Ok` only on shutdown.
+    async fn session(&mut self, shutdown: &mut watch::Receiver<bool>, backoff: &mut Backoff) -> Result<(), ConsumeError> {
+        let mut conn = redis_io::consumer_connection(&self.settings.redis, self.settings.block).await?;
+        self.ensure_group(&mut conn).await?;
+
+        // Entries delivered to this consumer name before a crash or restart.
+        let mut cursor = "0".to_owned();
+        loop {
+            let entries = self.read(&mut conn, &cursor, None).await?;
+            let Some(last) = entries.last() else { break };
+            cursor = last.id.clone();
+            self.process(&mut conn, entries).await?;
+        }
+        backoff.reset();
+
+        let mut last_claim = Instant::now();
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            if last_claim.elapsed() >= self.settings.claim_idle {
+                self.claim_idle(&mut conn).await?;
+                last_claim = Instant::now();
+            }
+            // Dropping a read on shutdown is safe: anything Redis delivered
+            // stays pending under this name and is re-read at next start.
+            let entries = tokio::select! {
+                read = self.read(&mut conn, ">", Some(self.settings.block)) => read?,
+                _ = stopped(shutdown) => return Ok(()),
+            };
+            if !entries.is_empty() {
+                self.process(&mut conn, entries).await?;
+                backoff.reset();
+            }
+        }
+    }
+
+    async fn ensure_group(&self, conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+        let created: Result<(), RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.stream)
+            .arg(CONSUMER_GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await;
+        match created {
+            Err(e) if e.code() != Some("BUSYGROUP") => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// `XREADGROUP` from `id` (`>` for new entries, an id for own pending ones).
+    async fn read(&self, conn: &mut MultiplexedConnection, id: &str, block: Option<Duration>) -> Result<Vec<StreamId>, RedisError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP").arg(CONSUMER_GROUP).arg(&self.settings.consumer_name).arg("COUNT").arg(self.settings.batch_size);
+        if let Some(block) = block {
+            cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+        }
+        cmd.arg("STREAMS").arg(&self.stream).arg(id);
+        // A timed-out BLOCK answers nil.
+        let reply: Option<StreamReadReply> = cmd.query_async(conn).await?;
+        Ok(reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids).collect())
+    }
+
+    /// Takes over entries idle longer than `claim_idle` on any consumer
+    /// (typically a dead process) and processes them.
+    async fn claim_idle(&self, conn: &mut MultiplexedConnection) -> Result<(), ConsumeError> {
+        let mut cursor = "0-0".to_owned();
+        loop {
+            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+                .arg(&self.stream)
+                .arg(CONSUMER_GROUP)
+                .arg(&self.settings.consumer_name)
+                .arg(self.settings.claim_idle.as_millis() as u64)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(self.settings.batch_size)
+                .query_async(conn)
+                .await?;
+            if !reply.claimed.is_empty() {
+                tracing::info!(sale = self.sale_id, claimed = reply.claimed.len(), "claimed idle stream entries");
+                self.process(conn, reply.claimed).await?;
+            }
+            if reply.next_stream_id == "0-0" {
+                return Ok(());
+            }
+            cursor = reply.next_stream_id;
+        }
+    }
+
+    /// Writes a batch with one insert, then acknowledges all of it with one
+    /// `XACK`. Nothing is acknowledged unless the insert committed.
+    async fn process(&self, conn: &mut MultiplexedConnection, entries: Vec<StreamId>) -> Result<(), ConsumeError> {
+        let mut ids = Vec::with_capacity(entries.len());
+        let mut reservations = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            match parse(entry) {
+                Ok(r) => reservations.push(r),
+                Err(field) => {
+                    // NOTE: malformed entries are dropped after this log line;
+                    // a dead-letter stream will keep them once it exists.
+                    tracing::error!(sale = self.sale_id, entry = %entry.id, field, "malformed reservation entry; acknowledging it");
+                }
+            }
+            ids.push(entry.id.as_str());
+        }
+        let inserted = self.store.insert_orders(&reservations).await?;
+        let () = redis::cmd("XACK").arg(&self.stream).arg(CONSUMER_GROUP).arg(&ids).query_async::<i64>(conn).await.map(drop)?;
+        tracing::debug!(sale = self.sale_id, read = ids.len(), inserted, "stream batch committed");
+        Ok(())
+    }
+}
+
+/// A reservation from one stream entry, or the name of its bad field.
+fn parse(entry: &StreamId) -> Result<Reservation, &'static str> {
+    let fields: HashMap<&str, &[u8]> = entry
+        .map
+        .iter()
+        .filter_map(|(k, v)| match v {
+            Value::BulkString(bytes) => Some((k.as_str(), bytes.as_slice())),
+            Value::SimpleString(s) => Some((k.as_str(), s.as_bytes())),
+            _ => None,
+        })
+        .collect();
+    Reservation::from_fields(|name| fields.get(name).and_then(|v| std::str::from_utf8(v).ok()))
+}
+
+#[cfg(test)]
+mod tests;

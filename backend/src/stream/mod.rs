@@ -1,0 +1,3 @@
+//! Turning each sale's Redis Stream of reservations into orders.
+
+pub mod consumer;

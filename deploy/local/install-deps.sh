@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what building and testing Flashgate needs on Debian or Ubuntu,
+# skipping what is already there: redis-server (the tests start their own),
+# cmake (pingora's zlib-ng build needs it), pkg-config, curl.
+# With --postgres it also makes sure a PostgreSQL server answers on
+# 127.0.0.1:5432 with a database `test` (the backend's store tests use it).
+set -euo pipefail
+
+want=()
+command -v redis-server >/dev/null || want+=(redis-server)
+command -v cmake >/dev/null || want+=(cmake)
+command -v pkg-config >/dev/null || want+=(pkg-config)
+command -v curl >/dev/null || want+=(curl)
+if [[ "${1:-}" == "--postgres" ]] && ! command -v pg_ctlcluster >/dev/null; then
+  want+=(postgresql)
+fi
+
+sudo_() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+if ((${#want[@]})); then
+  echo "installing: ${want[*]}"
+  sudo_ apt-get update -qq
+  sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${want[@]}" >/dev/null
+fi
+
+if [[ "${1:-}" == "--postgres" ]]; then
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    ver=$(ls /etc/postgresql | sort -V | tail -n1)
+    hba=/etc/postgresql/$ver/main/pg_hba.conf
+    # Local test server only: trust loopback connections.
+    grep -q '^host all all 127.0.0.1/32 trust' "$hba" || sudo_ sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+    sudo_ pg_ctlcluster --skip-systemctl-redirect "$ver" main start
+    for _ in $(seq 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+  fi
+  psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 \
+    || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
+fi

@@ -1,0 +1,138 @@
+//! Buyer identity: HS256 JWTs verified at the edge.
+//!
+//! A token must be signed with the configured secret, carry `sub` (the user
+//! id) and `exp`. Only HS256 is accepted, so `alg: none` and algorithm
+//! confusion are rejected by construction. User ids end up inside Redis keys,
+//! so they are restricted to a safe character set.
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+/// Longest user id accepted in a token's `sub`.
+pub const MAX_USER_ID_LEN: usize = 128;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    exp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
+}
+
+/// Why a request carries no verified identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing bearer token")]
+    Missing,
+    #[error("token expired")]
+    Expired,
+    #[error("invalid token")]
+    Invalid,
+}
+
+/// Verifies buyer tokens; built once from the secret and shared.
+pub struct Verifier {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl Verifier {
+    pub fn new(secret: &[u8]) -> Self {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        validation.leeway = 5;
+        Self { key: DecodingKey::from_secret(secret), validation }
+    }
+
+    /// Returns the user id of a valid `Authorization: Bearer <jwt>` value.
+    ///
+    /// # Errors
+    /// [`AuthError`] for a missing, expired, badly signed or malformed token,
+    /// or one whose `sub` is not a valid user id.
+    pub fn verify(&self, authorization: Option<&[u8]>) -> Result<String, AuthError> {
+        let header = authorization.ok_or(AuthError::Missing)?;
+        let token = header
+            .strip_prefix(b"Bearer ")
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .ok_or(AuthError::Missing)?;
+        let data = jsonwebtoken::decode::<Claims>(token.trim(), &self.key, &self.validation)
+            .map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
+                _ => AuthError::Invalid,
+            })?;
+        if !valid_user_id(&data.claims.sub) {
+            return Err(AuthError::Invalid);
+        }
+        Ok(data.claims.sub)
+    }
+}
+
+/// User ids are 1 to 128 characters of `[A-Za-z0-9._@-]`: no `:` (the
+/// separator inside idempotency keys) and nothing that needs escaping.
+pub fn valid_user_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_USER_ID_LEN
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
+}
+
+/// Mints a token for `user` valid for `ttl_seconds` (demos, tests, load
+/// generators; a real shop mints its own with the same secret).
+///
+/// # Errors
+/// When `user` is not a valid user id.
+pub fn mint(secret: &[u8], user: &str, ttl_seconds: u64) -> anyhow::Result<String> {
+    anyhow::ensure!(valid_user_id(user), "user id must be 1 to 128 characters of A-Z a-z 0-9 . _ @ -");
+    let now = flashgate_common::now_ms().max(0) as u64 / 1000;
+    let claims = Claims { sub: user.to_owned(), exp: now + ttl_seconds, iat: Some(now) };
+    Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bearer(t: &str) -> Vec<u8> {
+        format!("Bearer {t}").into_bytes()
+    }
+
+    #[test]
+    fn a_minted_token_verifies_to_its_user() {
+        let t = mint(b"k", "alice", 60).unwrap();
+        assert_eq!(Verifier::new(b"k").verify(Some(&bearer(&t))), Ok("alice".into()));
+    }
+
+    #[test]
+    fn wrong_secret_expired_and_missing_tokens_are_rejected() {
+        let v = Verifier::new(b"k");
+        let t = mint(b"other", "alice", 60).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
+        assert_eq!(v.verify(None), Err(AuthError::Missing));
+        assert_eq!(v.verify(Some(b"Basic abc")), Err(AuthError::Missing));
+        let old = Claims { sub: "alice".into(), exp: 1000, iat: None };
+        let t = jsonwebtoken::encode(&Header::default(), &old, &EncodingKey::from_secret(b"k")).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn alg_none_and_tokens_without_exp_are_rejected() {
+        let v = Verifier::new(b"k");
+        // {"alg":"none","typ":"JWT"}.{"sub":"alice","exp":9999999999}.
+        let none = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6OTk5OTk5OTk5OX0.";
+        assert_eq!(v.verify(Some(&bearer(none))), Err(AuthError::Invalid));
+        #[derive(Serialize)]
+        struct NoExp {
+            sub: &'static str,
+        }
+        let t = jsonwebtoken::encode(&Header::default(), &NoExp { sub: "alice" }, &EncodingKey::from_secret(b"k")).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
+    }
+
+    #[test]
+    fn user_ids_that_would_break_redis_keys_are_rejected() {
+        assert!(valid_user_id("user-42@shop.example"));
+        assert!(!valid_user_id("a:b"));
+        assert!(!valid_user_id(""));
+        assert!(!valid_user_id("a b"));
+        assert!(mint(b"k", "a:b", 60).is_err());
+    }
+}

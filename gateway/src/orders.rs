@@ -1,0 +1,67 @@
+//! The gateway's client of the order backend: forwards winners and asks for
+//! a reservation's order. Only winners ever reach the backend, so this path
+//! carries at most `stock` forwards per sale. A failure here never loses an
+//! order: the reservation is already in the sale's stream, which the
+//! backend consumes on its own.
+
+use std::time::Duration;
+
+use flashgate_common::reservation::{OrderView, Reservation};
+
+/// Why the backend gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend request failed: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("backend answered {0}")]
+    Status(u16),
+}
+
+pub struct OrderClient {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl OrderClient {
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, BackendError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Self { http, base: base_url.to_owned() })
+    }
+
+    /// Turns a reservation into an order (idempotent on its id).
+    ///
+    /// # Errors
+    /// When the backend is unreachable, slow, or refuses.
+    pub async fn create_order(&self, reservation: &Reservation, request_id: &str) -> Result<OrderView, BackendError> {
+        let resp = self
+            .http
+            .post(format!("{}/internal/orders", self.base))
+            .header("X-Request-Id", request_id)
+            .json(reservation)
+            .send()
+            .await?;
+        if !resp.status().is_success() {
+            return Err(BackendError::Status(resp.status().as_u16()));
+        }
+        Ok(resp.json().await?)
+    }
+
+    /// The order of a reservation, `None` while it is still queued.
+    ///
+    /// # Errors
+    /// When the backend is unreachable or slow.
+    pub async fn order(&self, reservation_id: &str) -> Result<Option<OrderView>, BackendError> {
+        let resp = self.http.get(format!("{}/internal/reservations/{reservation_id}", self.base)).send().await?;
+        match resp.status().as_u16() {
+            404 => Ok(None),
+            s if (200..300).contains(&s) => Ok(Some(resp.json().await?)),
+            s => Err(BackendError::Status(s)),
+        }
+    }
+}

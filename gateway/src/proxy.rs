@@ -1,0 +1,345 @@
+//! The gateway's request path, as Pingora phases.
+//!
+//! ```text
+//! early_request_filter   keepalive, request id
+//! request_filter         route::classify
+//!   ├─ gateway route ──► handler (auth → deduct → forward …) ─► Reply ─► write, Ok(true)
+//!   └─ Route::Shop ────► Ok(false): proxied
+//! upstream_peer          the shop
+//! upstream_request_filter  X-Forwarded-For / -Proto, X-Request-Id
+//! ```
+//!
+//! Handlers never touch the session's response: they return a [`Reply`]
+//! (or a [`Rejection`]), and [`write_reply`] is the only writer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flashgate_common::config::Config;
+use flashgate_common::now_ms;
+use flashgate_common::reservation::{reservation_id, sale_of_reservation, Reservation, ReservationStatus};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use serde_json::json;
+use tracing::{debug, warn};
+
+use crate::auth::Verifier;
+use crate::deduct::{deduct, BuyAttempt, DeductOutcome};
+use crate::orders::OrderClient;
+use crate::redis_client::RedisClient;
+use crate::reply::{Rejection, Reply};
+use crate::route::{classify, Route, RouteError};
+use crate::sales::{list_sales, read_sale};
+use crate::static_pages::{StaticPages, SALE_PAGE};
+
+/// Largest buy request body accepted; a buy needs no more.
+pub const MAX_BUY_BODY_BYTES: usize = 4096;
+/// Longest Idempotency-Key accepted.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 64;
+
+/// Shared state of the gateway, built once in `main`.
+pub struct Gateway {
+    pub config: Arc<Config>,
+    pub verifier: Verifier,
+    pub redis: RedisClient,
+    pub orders: OrderClient,
+    pub pages: StaticPages,
+    pub shop: HttpPeer,
+}
+
+/// Per-request state.
+#[derive(Default)]
+pub struct RequestCtx {
+    /// Sent back to the client and to the shop or backend, for log correlation.
+    pub request_id: String,
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+        session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        ctx.request_id = request_id(session.req_header());
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_owned();
+        let route = match classify(&method, &path) {
+            Ok(Route::Shop) => return Ok(false),
+            Ok(route) => route,
+            Err(RouteError::MethodNotAllowed(allow)) => {
+                let reply = Rejection::MethodNotAllowed(allow).into();
+                return write_reply(session, reply, ctx).await;
+            }
+            Err(RouteError::BadId) => return write_reply(session, Rejection::BadRequest("malformed id").into(), ctx).await,
+            Err(RouteError::NotFound) => return write_reply(session, Rejection::NotFound("no such resource").into(), ctx).await,
+        };
+        let reply = match route {
+            Route::ListSales => self.list_sales().await,
+            Route::SaleState(id) => self.sale_state(id).await,
+            Route::Buy(id) => self.buy(session, id, &ctx.request_id).await,
+            Route::Reservation(rid) => self.reservation(session, rid).await,
+            Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, if_none_match(session))),
+            Route::Asset(path) => Ok(self.pages.serve(path, if_none_match(session))),
+            Route::Shop => unreachable!("handled above"),
+        };
+        write_reply(session, reply.unwrap_or_else(Reply::from), ctx).await
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
+        Ok(Box::new(self.shop.clone()))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
+            let xff = match upstream.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+                Some(prev) => format!("{prev}, {}", peer.ip()),
+                None => peer.ip().to_string(),
+            };
+            upstream.insert_header("X-Forwarded-For", xff)?;
+        }
+        upstream.insert_header("X-Forwarded-Proto", "http")?;
+        upstream.insert_header("X-Request-Id", &ctx.request_id)?;
+        Ok(())
+    }
+}
+
+impl Gateway {
+    async fn list_sales(&self) -> Result<Reply, Rejection> {
+        let sales = list_sales(&self.redis).await.map_err(unavailable)?;
+        Ok(Reply::json(200, &json!({ "sales": sales })))
+    }
+
+    async fn sale_state(&self, sale_id: &str) -> Result<Reply, Rejection> {
+        match read_sale(&self.redis, sale_id).await.map_err(unavailable)? {
+            Some(view) => Ok(Reply::json(200, &view)),
+            None => Err(Rejection::NotFound("no such sale")),
+        }
+    }
+
+    /// `POST /api/sales/{id}/buy`: verify, deduct once in Redis, forward a
+    /// winner to the backend.
+    async fn buy(&self, session: &mut Session, sale_id: &str, request_id: &str) -> Result<Reply, Rejection> {
+        let req = session.req_header();
+        let user = self
+            .verifier
+            .verify(req.headers.get("authorization").map(|v| v.as_bytes()))
+            .map_err(|e| Rejection::Unauthorized(auth_message(e)))?;
+        let idempotency_key = idempotency_key(req.headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
+        read_buy_body(session).await?;
+
+        let rid = reservation_id(sale_id, rand::random());
+        let attempt = BuyAttempt {
+            sale_id,
+            user_id: &user,
+            idempotency_key: &idempotency_key,
+            reservation_id: &rid,
+            idempotency_ttl_seconds: self.config.gateway.idempotency_ttl.as_secs(),
+        };
+        let decision = deduct(&self.redis, &attempt).await.map_err(unavailable)?;
+        debug!(sale = sale_id, user = %user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
+        let reply = match decision.outcome {
+            DeductOutcome::Won { reservation_id } => {
+                let reservation = Reservation {
+                    reservation_id,
+                    sale_id: sale_id.to_owned(),
+                    user_id: user,
+                    idempotency_key,
+                    reserved_at_ms: now_ms(),
+                };
+                self.forward_winner(&reservation, request_id).await
+            }
+            DeductOutcome::SoldOut => return Err(Rejection::SoldOut),
+            DeductOutcome::LimitReached => return Err(Rejection::LimitReached),
+            DeductOutcome::Ended => return Err(Rejection::Ended),
+            DeductOutcome::NotStarted { starts_at_ms } => {
+                let wait_ms = (starts_at_ms - now_ms()).max(0) as u64;
+                return Err(Rejection::NotStarted(wait_ms.div_ceil(1000)));
+            }
+            DeductOutcome::Paused => return Err(Rejection::Paused),
+            DeductOutcome::NotFound => return Err(Rejection::NotFound("no such sale")),
+        };
+        Ok(if decision.replayed { reply.header("Idempotent-Replayed", "true") } else { reply })
+    }
+
+    /// Asks the backend to write the winner's order now. Whatever happens,
+    /// the winner already holds a reservation in the stream: a failure here
+    /// only means the answer is `202 queued` instead of `201 confirmed`.
+    async fn forward_winner(&self, reservation: &Reservation, request_id: &str) -> Reply {
+        match self.orders.create_order(reservation, request_id).await {
+            Ok(order) => Reply::json(
+                201,
+                &json!({"status": "confirmed", "reservation_id": reservation.reservation_id, "order_id": order.order_id}),
+            ),
+            Err(error) => {
+                warn!(%error, reservation = %reservation.reservation_id, "forward to backend failed; order will come from the stream");
+                Reply::json(202, &json!({"status": "queued", "reservation_id": reservation.reservation_id}))
+            }
+        }
+    }
+
+    /// `GET /api/reservations/{id}`, for the reservation's own user only.
+    async fn reservation(&self, session: &mut Session, rid: &str) -> Result<Reply, Rejection> {
+        let user = self
+            .verifier
+            .verify(session.req_header().headers.get("authorization").map(|v| v.as_bytes()))
+            .map_err(|e| Rejection::Unauthorized(auth_message(e)))?;
+        let sale = sale_of_reservation(rid).ok_or(Rejection::BadRequest("malformed reservation id"))?;
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        let mut conn = self.redis.conn().await.map_err(unavailable)?;
+        let owner: Option<String> = self
+            .redis
+            .bounded(redis::AsyncCommands::hget(&mut conn, &keys.reservations, rid))
+            .await
+            .map_err(unavailable)?
+            .map_err(|e| unavailable(e.into()))?;
+        // Someone else's reservation is reported exactly like a missing one.
+        if owner.as_deref() != Some(user.as_str()) {
+            return Err(Rejection::NotFound("no such reservation"));
+        }
+        let body = match self.orders.order(rid).await {
+            Ok(Some(order)) => json!({"reservation_id": rid, "status": order.status, "order_id": order.order_id}),
+            Ok(None) => json!({"reservation_id": rid, "status": ReservationStatus::Queued}),
+            Err(error) => {
+                debug!(%error, "order lookup failed; reporting queued");
+                json!({"reservation_id": rid, "status": ReservationStatus::Queued})
+            }
+        };
+        Ok(Reply::json(200, &body))
+    }
+}
+
+fn if_none_match(session: &Session) -> Option<&[u8]> {
+    session.req_header().headers.get("if-none-match").map(|v| v.as_bytes())
+}
+
+fn unavailable(error: crate::redis_client::RedisError) -> Rejection {
+    warn!(%error, "redis unavailable");
+    Rejection::Unavailable
+}
+
+fn auth_message(e: crate::auth::AuthError) -> &'static str {
+    match e {
+        crate::auth::AuthError::Missing => "missing bearer token",
+        crate::auth::AuthError::Expired => "token expired",
+        crate::auth::AuthError::Invalid => "invalid token",
+    }
+}
+
+/// Validates the optional `Idempotency-Key`: 1 to 64 printable ASCII
+/// characters. Absent means "" (no idempotency).
+fn idempotency_key(value: Option<&[u8]>) -> Result<&str, Rejection> {
+    let Some(v) = value else { return Ok("") };
+    let ok = (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&v.len()) && v.iter().all(|b| (0x20..0x7f).contains(b));
+    if !ok {
+        return Err(Rejection::BadRequest("Idempotency-Key must be 1 to 64 printable ASCII characters"));
+    }
+    // Checked ASCII above.
+    std::str::from_utf8(v).map_err(|_| Rejection::BadRequest("Idempotency-Key must be ASCII"))
+}
+
+/// Reads the buy body: empty, or a JSON object of at most
+/// [`MAX_BUY_BODY_BYTES`]. Nothing in it is needed today, but garbage is
+/// refused rather than silently accepted.
+async fn read_buy_body(session: &mut Session) -> Result<(), Rejection> {
+    let declared = session
+        .req_header()
+        .headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BUY_BODY_BYTES) {
+        return Err(Rejection::PayloadTooLarge);
+    }
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_BUY_BODY_BYTES {
+                    return Err(Rejection::PayloadTooLarge);
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(_) => return Err(Rejection::BadRequest("unreadable request body")),
+        }
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(());
+    }
+    match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        _ => Err(Rejection::BadRequest("body must be empty or a JSON object")),
+    }
+}
+
+/// The client's `X-Request-Id` when it is short and printable, else a new one.
+fn request_id(req: &RequestHeader) -> String {
+    match req.headers.get("x-request-id").map(|v| v.as_bytes()) {
+        Some(v) if (1..=64).contains(&v.len()) && v.iter().all(|b| b.is_ascii_graphic()) => {
+            String::from_utf8_lossy(v).into_owned()
+        }
+        _ => format!("{:032x}", rand::random::<u128>()),
+    }
+}
+
+/// Writes a reply: always with `Content-Length` (a response without it is
+/// close-delimited and ends keepalive), without a body for HEAD and 304.
+async fn write_reply(session: &mut Session, reply: Reply, ctx: &RequestCtx) -> pingora::Result<bool> {
+    let head = session.req_header().method == http::Method::HEAD;
+    let mut header = ResponseHeader::build(reply.status, Some(reply.headers.len() + 4))?;
+    header.insert_header("Content-Type", reply.content_type)?;
+    header.insert_header("Content-Length", reply.body.len().to_string())?;
+    header.insert_header("X-Request-Id", &ctx.request_id)?;
+    if reply.content_type == "application/json" {
+        header.insert_header("Cache-Control", "no-store")?;
+    }
+    for (name, value) in reply.headers {
+        header.insert_header(name, value)?;
+    }
+    let body_follows = !head && reply.status != 304 && !reply.body.is_empty();
+    session.write_response_header(Box::new(header), !body_follows).await?;
+    if body_follows {
+        session.write_response_body(Some(reply.body), true).await?;
+    }
+    Ok(true)
+}
+
+/// The shop as a Pingora peer, with bounded connect and read times.
+pub fn shop_peer(addr: std::net::SocketAddr) -> HttpPeer {
+    let mut peer = HttpPeer::new(addr, false, String::new());
+    peer.options.connection_timeout = Some(Duration::from_secs(2));
+    peer.options.read_timeout = Some(Duration::from_secs(30));
+    peer.options.idle_timeout = Some(Duration::from_secs(60));
+    peer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_must_be_short_printable_ascii() {
+        assert_eq!(idempotency_key(None), Ok(""));
+        assert_eq!(idempotency_key(Some(b"retry-1")), Ok("retry-1"));
+        assert!(idempotency_key(Some(b"")).is_err());
+        assert!(idempotency_key(Some(&[b'a'; 65])).is_err());
+        assert!(idempotency_key(Some("clé".as_bytes())).is_err());
+        assert!(idempotency_key(Some(b"a\x01b")).is_err());
+    }
+}

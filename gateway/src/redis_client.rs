@@ -1,0 +1,76 @@
+//! The gateway's Redis connection and scripts.
+//!
+//! One multiplexed [`ConnectionManager`] serves every request: clones share
+//! one socket, so concurrent deducts are pipelined without a pool. It is
+//! created lazily on first use because redis-rs spawns the connection's
+//! driver on the runtime that creates it, and that must be the proxy's
+//! runtime, not a temporary one in `main`. Every call is bounded by the
+//! configured timeout, so a stalled Redis yields a quick 503, not a hang.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+
+/// Why a Redis call did not produce an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// The deduct script, compiled in so a deployed binary always runs the
+/// script it was tested with.
+pub static DEDUCT_LUA: &str = include_str!("../../lua/deduct.lua");
+
+pub struct RedisClient {
+    client: redis::Client,
+    timeout: Duration,
+    conn: OnceCell<ConnectionManager>,
+    pub deduct: redis::Script,
+}
+
+impl RedisClient {
+    /// # Errors
+    /// When `url` is not a valid Redis URL.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, RedisError> {
+        Ok(Self {
+            client: redis::Client::open(url)?,
+            timeout,
+            conn: OnceCell::new(),
+            deduct: redis::Script::new(DEDUCT_LUA),
+        })
+    }
+
+    /// A handle on the shared connection, connecting (and loading the
+    /// scripts with SCRIPT LOAD) on first use.
+    ///
+    /// # Errors
+    /// When Redis cannot be reached within the timeout.
+    pub async fn conn(&self) -> Result<ConnectionManager, RedisError> {
+        let conn = self
+            .bounded(self.conn.get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                let mut conn = ConnectionManager::new_with_config(self.client.clone(), config).await?;
+                self.deduct.prepare_invoke().load_async(&mut conn).await?;
+                Ok::<_, RedisError>(conn)
+            }))
+            .await??;
+        Ok(conn.clone())
+    }
+
+    /// Runs `fut` with the configured timeout.
+    ///
+    /// # Errors
+    /// [`RedisError::Timeout`] when it takes longer.
+    pub async fn bounded<T>(&self, fut: impl Future<Output = T>) -> Result<T, RedisError> {
+        tokio::time::timeout(self.timeout, fut).await.map_err(|_| RedisError::Timeout(self.timeout))
+    }
+}

@@ -1,0 +1,136 @@
+//! What the gateway answers: a status, headers and a body, written to the
+//! client in one place ([`crate::proxy`]). Every error is JSON
+//! `{"code": "...", "message": "..."}`; the status of each code is decided
+//! here, once.
+
+use bytes::Bytes;
+use serde::Serialize;
+
+/// A complete response, built by a handler and written by the proxy.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// A JSON body with `status`.
+    pub fn json(status: u16, value: &impl Serialize) -> Self {
+        // Serializing plain structs of strings and numbers cannot fail.
+        let body = serde_json::to_vec(value).unwrap_or_default();
+        Self { status, content_type: "application/json", headers: Vec::new(), body: body.into() }
+    }
+
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+}
+
+/// Every way a request to a gateway route can be turned down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    BadRequest(&'static str),
+    Unauthorized(&'static str),
+    NotFound(&'static str),
+    MethodNotAllowed(&'static str),
+    PayloadTooLarge,
+    LimitReached,
+    SoldOut,
+    Ended,
+    /// Carries the seconds until the sale starts.
+    NotStarted(u64),
+    Paused,
+    /// Redis unreachable or too slow.
+    Unavailable,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl Rejection {
+    pub fn status(&self) -> u16 {
+        match self {
+            Rejection::BadRequest(_) => 400,
+            Rejection::Unauthorized(_) => 401,
+            Rejection::NotStarted(_) => 403,
+            Rejection::NotFound(_) => 404,
+            Rejection::MethodNotAllowed(_) => 405,
+            Rejection::LimitReached => 409,
+            Rejection::SoldOut | Rejection::Ended => 410,
+            Rejection::PayloadTooLarge => 413,
+            Rejection::Paused | Rejection::Unavailable => 503,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::BadRequest(_) => "bad_request",
+            Rejection::Unauthorized(_) => "unauthorized",
+            Rejection::NotFound(_) => "not_found",
+            Rejection::MethodNotAllowed(_) => "method_not_allowed",
+            Rejection::PayloadTooLarge => "payload_too_large",
+            Rejection::LimitReached => "limit_reached",
+            Rejection::SoldOut => "sold_out",
+            Rejection::Ended => "ended",
+            Rejection::NotStarted(_) => "not_started",
+            Rejection::Paused => "paused",
+            Rejection::Unavailable => "unavailable",
+        }
+    }
+
+    fn message(&self) -> &'static str {
+        match self {
+            Rejection::BadRequest(m) | Rejection::Unauthorized(m) | Rejection::NotFound(m) => m,
+            Rejection::MethodNotAllowed(_) => "method not allowed on this path",
+            Rejection::PayloadTooLarge => "request body too large",
+            Rejection::LimitReached => "you already bought the most this sale allows",
+            Rejection::SoldOut => "sold out",
+            Rejection::Ended => "the sale has ended",
+            Rejection::NotStarted(_) => "the sale has not started yet",
+            Rejection::Paused => "the sale is paused, try again shortly",
+            Rejection::Unavailable => "temporarily unavailable, try again shortly",
+        }
+    }
+}
+
+impl From<Rejection> for Reply {
+    fn from(r: Rejection) -> Self {
+        let reply = Reply::json(r.status(), &ErrorBody { code: r.code(), message: r.message() });
+        match r {
+            Rejection::NotStarted(secs) => reply.header("Retry-After", secs.max(1).to_string()),
+            Rejection::Unavailable => reply.header("Retry-After", "1"),
+            Rejection::Paused => reply.header("Retry-After", "5"),
+            Rejection::MethodNotAllowed(allow) => reply.header("Allow", allow),
+            _ => reply,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejections_are_json_with_code_and_message() {
+        let r = Reply::from(Rejection::SoldOut);
+        assert_eq!(r.status, 410);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["code"], "sold_out");
+        assert!(v["message"].is_string());
+    }
+
+    #[test]
+    fn waiting_rejections_carry_retry_after() {
+        let r = Reply::from(Rejection::NotStarted(42));
+        assert_eq!(r.status, 403);
+        assert!(r.headers.contains(&("Retry-After", "42".to_string())));
+        let r = Reply::from(Rejection::Unavailable);
+        assert!(r.headers.iter().any(|(n, _)| *n == "Retry-After"));
+    }
+}

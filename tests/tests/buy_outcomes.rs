@@ -1,0 +1,155 @@
+//! One test per buy outcome and error of the public API, against the real
+//! stack. Every error body is JSON `{code, message}`.
+
+use std::time::Duration;
+
+use flashgate_tests::{random_user, token, token_with, Stack, StackOptions};
+use serde_json::Value;
+
+async fn post(stack: &Stack, path: &str, auth: Option<&str>, headers: &[(&str, &str)], body: &'static str) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = stack.http.post(stack.url(path)).body(body);
+    if let Some(t) = auth {
+        req = req.bearer_auth(t);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.timeout(Duration::from_secs(10)).send().await.unwrap();
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    (status, headers, resp.json().await.unwrap_or(Value::Null))
+}
+
+fn assert_error(got: &(u16, reqwest::header::HeaderMap, Value), status: u16, code: &str) {
+    assert_eq!(got.0, status, "{:?}", got.2);
+    assert_eq!(got.2["code"], code, "{:?}", got.2);
+    assert!(got.2["message"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_and_input_errors_change_nothing() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("errs", 5, 1).await;
+    let path = "/api/sales/errs/buy";
+    let good = token("alice");
+
+    assert_error(&post(&stack, path, None, &[], "").await, 401, "unauthorized");
+    assert_error(&post(&stack, path, Some(&token_with("alice", "test-secret-not-for-production", -60)), &[], "").await, 401, "unauthorized");
+    assert_error(&post(&stack, path, Some(&token_with("alice", "wrong-secret", 60)), &[], "").await, 401, "unauthorized");
+    assert_error(&post(&stack, path, Some("not.a.jwt"), &[], "").await, 401, "unauthorized");
+    assert_error(&post(&stack, path, Some(&good), &[("Idempotency-Key", &"k".repeat(65))], "").await, 400, "bad_request");
+    assert_error(&post(&stack, path, Some(&good), &[], "{not json").await, 400, "bad_request");
+    assert_error(&post(&stack, path, Some(&good), &[], "[1,2]").await, 400, "bad_request");
+    let long = format!("/api/sales/{}/buy", "x".repeat(200));
+    let r = stack.http.post(stack.url(&long)).bearer_auth(&good).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let big: &'static str = Box::leak("x".repeat(10_000).into_boxed_str());
+    assert_error(&post(&stack, path, Some(&good), &[], big).await, 413, "payload_too_large");
+    let r = stack.http.get(stack.url(path)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    assert_eq!(r.headers()["allow"], "POST");
+
+    assert_eq!(stack.remaining("errs").await, 5, "a rejected request changed the stock");
+    assert_eq!(stack.stream_len("errs").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn business_outcomes_have_their_status_codes() {
+    let stack = Stack::start(StackOptions::default()).await;
+    assert_error(&post(&stack, "/api/sales/nosuch/buy", Some(&token("a")), &[], "").await, 404, "not_found");
+
+    stack.put_sale("later", 5, 1, Duration::from_secs(600), Duration::from_secs(60)).await;
+    let r = post(&stack, "/api/sales/later/buy", Some(&token("a")), &[], "").await;
+    assert_error(&r, 403, "not_started");
+    let retry: u64 = r.1["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((590..=601).contains(&retry), "Retry-After {retry}");
+
+    stack.put_sale("brief", 5, 1, Duration::ZERO, Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    assert_error(&post(&stack, "/api/sales/brief/buy", Some(&token("a")), &[], "").await, 410, "ended");
+
+    stack.open_sale("one", 1, 1).await;
+    let win = post(&stack, "/api/sales/one/buy", Some(&token("winner")), &[("Idempotency-Key", "w1")], "").await;
+    assert_eq!(win.0, 201, "{:?}", win.2);
+    assert_eq!(win.2["status"], "confirmed");
+    assert!(win.2["order_id"].is_string());
+    // The same key again: the same outcome, no second deduction.
+    let replay = post(&stack, "/api/sales/one/buy", Some(&token("winner")), &[("Idempotency-Key", "w1")], "").await;
+    assert_eq!((replay.0, &replay.2["reservation_id"], &replay.2["order_id"]), (201, &win.2["reservation_id"], &win.2["order_id"]));
+    assert_eq!(replay.1["idempotent-replayed"], "true");
+    assert_error(&post(&stack, "/api/sales/one/buy", Some(&token("winner")), &[("Idempotency-Key", "w2")], "").await, 409, "limit_reached");
+    assert_error(&post(&stack, "/api/sales/one/buy", Some(&token("loser")), &[], "").await, 410, "sold_out");
+    assert_eq!(stack.stream_len("one").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_or_stalled_answers_503_and_forwards_nothing() {
+    let mut stack = Stack::start(StackOptions { redis_timeout_ms: 300, ..StackOptions::default() }).await;
+    stack.open_sale("fault", 10, 1).await;
+
+    stack.redis.proc.signal("STOP");
+    let r = post(&stack, "/api/sales/fault/buy", Some(&token(&random_user())), &[], "").await;
+    assert_error(&r, 503, "unavailable");
+    assert!(r.1.contains_key("retry-after"));
+    stack.redis.proc.signal("CONT");
+
+    stack.redis.restart(); // no AOF: a fresh, empty Redis is also "not there" for this sale
+    let r = post(&stack, "/api/sales/fault/buy", Some(&token(&random_user())), &[], "").await;
+    assert!(r.0 == 503 || r.0 == 404, "{r:?}");
+    assert_eq!(stack.db_orders("fault").await.0, 0, "nothing may be forwarded without a deduct");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_is_queued_when_the_backend_is_down_and_confirmed_from_the_stream() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("queued", 3, 1).await;
+    stack.kill_backend();
+
+    let (status, body) = stack.buy("queued", "bob", Some("b1")).await;
+    assert_eq!((status, body["status"].as_str()), (202, Some("queued")), "{body}");
+    let rid = body["reservation_id"].as_str().unwrap().to_owned();
+    let (http, url) = (stack.http.clone(), stack.url(&format!("/api/reservations/{rid}")));
+    let look = |user: &'static str| {
+        let req = http.get(&url).bearer_auth(token(user));
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    assert_eq!(look("bob").await.1["status"], "queued");
+    assert_eq!(look("mallory").await.0, 404, "another user's reservation is not visible");
+
+    stack.start_backend();
+    let (orders, _, _) = stack.wait_orders("queued", 1, Duration::from_secs(20)).await;
+    assert_eq!(orders, 1);
+    let (status, body) = look("bob").await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("confirmed")), "{body}");
+    assert!(body["order_id"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sale_state_and_list_report_the_sale() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("shown", 7, 2).await;
+    stack.buy("shown", "carol", None).await;
+    let v: Value = stack.http.get(stack.url("/api/sales/shown")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((v["state"].as_str(), v["stock"].as_i64(), v["remaining"].as_i64()), (Some("open"), Some(7), Some(6)));
+    for k in ["starts_at", "ends_at", "server_time"] {
+        assert!(v[k].as_str().is_some_and(|t| t.ends_with('Z')), "{k}: {v}");
+    }
+    let list: Value = stack.http.get(stack.url("/api/sales")).send().await.unwrap().json().await.unwrap();
+    assert!(list["sales"].as_array().unwrap().iter().any(|s| s["id"] == "shown"), "{list}");
+    let r = stack.http.get(stack.url("/api/sales/absent")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_paths_are_proxied_to_the_shop() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let r = stack.http.post(stack.url("/echo/cart?item=7")).header("X-Custom", "yes").body("payload").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((v["method"].as_str(), v["path"].as_str(), v["query"].as_str()), (Some("POST"), Some("/echo/cart"), Some("item=7")));
+    assert_eq!(v["body"], "payload");
+    assert_eq!(v["headers"]["x-custom"], "yes");
+    assert_eq!(v["headers"]["x-forwarded-for"], "127.0.0.1");
+}
