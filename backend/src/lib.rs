@@ -1,4 +1,29 @@
-//! Flashgate order backend.
+//! Flashgate order backend: turns the reservations the gateway makes in
+//! Redis into order rows, exactly once, and lets operators manage sales.
+//!
+//! Reservations reach it two ways: the gateway forwards each winner to the
+//! order API, and every reservation is also appended to its sale's Redis
+//! Stream, which the consumer drains. Both paths insert idempotently on the
+//! reservation id, so whichever arrives second is a no-op.
+//!
+//! Layout:
+//! - [`server`]: [`run`], which wires everything and handles shutdown.
+//! - [`api`]: the order API (for the gateway) and the admin API, with one
+//!   error-to-HTTP mapping in [`api::error`].
+//! - [`store`]: the SQL database (SQLite or PostgreSQL).
+//! - [`stream::consumer`]: per-sale Redis Stream consumers.
+//! - [`sales`]: preheating sales into Redis, changing them, operator views.
+//! - [`redis_io`]: Redis connections and the Lua scripts.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod redis_io;
+pub mod sales;
+pub mod server;
 pub mod store;
+pub mod stream;
+
+pub use server::{run, StartError};
+
 #[cfg(test)]
 pub(crate) mod testing;

@@ -111,7 +111,10 @@ pub async fn apply<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: 
         .invoke_async(conn)
         .await?;
     match reply.as_slice() {
-        [1, remaining] => Ok(Applied::Updated { remaining: *remaining }),
+        [1, remaining] => {
+            announce_change(conn, &spec.id).await;
+            Ok(Applied::Updated { remaining: *remaining })
+        }
         [0, sold] => Ok(Applied::StockBelowSold { sold: *sold }),
         [-1, _] => Ok(match preheat_from_store(conn, store, spec).await? {
             Preheat::Loaded { remaining } => Applied::Preheated { remaining },
@@ -120,6 +123,17 @@ pub async fn apply<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: 
             Preheat::AlreadyThere => return Box::pin(apply(conn, store, spec)).await,
         }),
         _ => Err(SaleError::BadReply(reply)),
+    }
+}
+
+/// Tells every gateway to forget what it cached about the sale (window,
+/// sold-out flag). Best effort: gateways also let those expire on their own.
+async fn announce_change<C: ConnectionLike + Send>(conn: &mut C, id: &str) {
+    let event = flashgate_common::keys::SaleEvent::Changed(id.to_owned());
+    let sent: Result<i64, RedisError> =
+        redis::cmd("PUBLISH").arg(flashgate_common::keys::EVENTS_CHANNEL).arg(event.encode()).query_async(conn).await;
+    if let Err(error) = sent {
+        tracing::warn!(%error, sale = id, "could not announce the sale change to gateways");
     }
 }
 

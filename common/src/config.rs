@@ -43,7 +43,56 @@ pub mod file {
         pub auth: Auth,
         pub gateway: Gateway,
         pub backend: Backend,
+        pub limits: Limits,
+        pub deny: Deny,
         pub sales: Vec<Sale>,
+    }
+
+    /// A token bucket: `per_second` sustained, up to `burst` at once.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Bucket {
+        pub per_second: u32,
+        pub burst: u32,
+    }
+
+    /// The buckets of one route class; an absent bucket is no limit.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct RouteLimits {
+        pub user: Option<Bucket>,
+        pub ip: Option<Bucket>,
+        pub global: Option<Bucket>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct Limits {
+        pub trusted_proxies: Vec<String>,
+        pub max_tracked_keys: u64,
+        pub idle_seconds: u64,
+        pub buy: RouteLimits,
+        pub read: RouteLimits,
+    }
+
+    impl Default for Limits {
+        fn default() -> Self {
+            Self {
+                trusted_proxies: Vec::new(),
+                max_tracked_keys: 100_000,
+                idle_seconds: 120,
+                buy: RouteLimits::default(),
+                read: RouteLimits::default(),
+            }
+        }
+    }
+
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct Deny {
+        pub users: Vec<String>,
+        /// Addresses or CIDRs.
+        pub ips: Vec<String>,
     }
 
     #[derive(Debug, Deserialize)]
@@ -51,11 +100,13 @@ pub mod file {
     pub struct Redis {
         pub url: String,
         pub timeout_ms: u64,
+        pub breaker_failures: u32,
+        pub breaker_cooldown_ms: u64,
     }
 
     impl Default for Redis {
         fn default() -> Self {
-            Self { url: "redis://127.0.0.1:6379/".into(), timeout_ms: 250 }
+            Self { url: "redis://127.0.0.1:6379/".into(), timeout_ms: 250, breaker_failures: 5, breaker_cooldown_ms: 1000 }
         }
     }
 
@@ -151,6 +202,10 @@ pub struct RedisConfig {
     pub url: String,
     /// Upper bound for one Redis call; past it a buyer gets 503.
     pub timeout: Duration,
+    /// Consecutive failures that open the gateway's circuit breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker answers 503 before probing Redis again.
+    pub breaker_cooldown: Duration,
 }
 
 /// Gateway settings.
@@ -179,9 +234,39 @@ pub struct BackendConfig {
     pub sale_poll: Duration,
 }
 
+/// Edge limits, validated: CIDRs parsed, buckets non-zero.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsConfig {
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    pub max_tracked_keys: u64,
+    pub idle: Duration,
+    pub buy: file::RouteLimits,
+    pub read: file::RouteLimits,
+}
+
+/// Deny lists, validated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DenyConfig {
+    pub users: std::collections::HashSet<String>,
+    pub nets: Vec<ipnet::IpNet>,
+}
+
+impl DenyConfig {
+    pub fn denies_ip(&self, ip: std::net::IpAddr) -> bool {
+        self.nets.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// Parses an address or CIDR into a network (an address is a /32 or /128).
+fn parse_net(s: &str) -> Option<ipnet::IpNet> {
+    s.parse().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    pub limits: LimitsConfig,
+    pub deny: DenyConfig,
     pub redis: RedisConfig,
     /// HS256 secret for buyer tokens; `None` when neither file nor env sets it.
     pub jwt_secret: Option<String>,
@@ -263,6 +348,8 @@ impl Config {
             "redis.url: must start with redis:// or rediss://",
         );
         check((1..=60_000).contains(&f.redis.timeout_ms), "redis.timeout_ms: must be between 1 and 60000");
+        check((1..=1000).contains(&f.redis.breaker_failures), "redis.breaker_failures: must be between 1 and 1000");
+        check((10..=600_000).contains(&f.redis.breaker_cooldown_ms), "redis.breaker_cooldown_ms: must be between 10 and 600000");
         check((1..=256).contains(&f.gateway.threads), "gateway.threads: must be between 1 and 256");
         check(
             f.gateway.backend_url.starts_with("http://"),
@@ -278,6 +365,36 @@ impl Config {
         check((1..=60_000).contains(&f.backend.block_ms), "backend.block_ms: must be between 1 and 60000");
         check(f.backend.claim_idle_ms >= 100, "backend.claim_idle_ms: must be at least 100");
         check((10..=60_000).contains(&f.backend.sale_poll_ms), "backend.sale_poll_ms: must be between 10 and 60000");
+
+        let mut nets = |key: &str, list: &[String]| -> Vec<ipnet::IpNet> {
+            list.iter()
+                .enumerate()
+                .filter_map(|(i, v)| {
+                    let net = parse_net(v);
+                    if net.is_none() {
+                        errors.push(format!("{key}[{i}]: `{v}` is not an IP address or CIDR"));
+                    }
+                    net
+                })
+                .collect()
+        };
+        let trusted_proxies = nets("limits.trusted_proxies", &f.limits.trusted_proxies);
+        let deny_nets = nets("deny.ips", &f.deny.ips);
+        for (class, route) in [("buy", &f.limits.buy), ("read", &f.limits.read)] {
+            for (scope, bucket) in [("user", route.user), ("ip", route.ip), ("global", route.global)] {
+                if let Some(b) = bucket {
+                    if b.per_second == 0 || b.burst == 0 {
+                        errors.push(format!("limits.{class}.{scope}: per_second and burst must be > 0 (leave the bucket out for no limit)"));
+                    }
+                }
+            }
+        }
+        if f.limits.max_tracked_keys < 1 {
+            errors.push("limits.max_tracked_keys: must be at least 1".into());
+        }
+        if f.limits.idle_seconds < 1 {
+            errors.push("limits.idle_seconds: must be at least 1".into());
+        }
 
         let mut sales = Vec::with_capacity(f.sales.len());
         for (i, s) in f.sales.iter().enumerate() {
@@ -296,7 +413,20 @@ impl Config {
             return Err(ConfigError::Invalid(errors));
         }
         Ok(Config {
-            redis: RedisConfig { url: f.redis.url, timeout: Duration::from_millis(f.redis.timeout_ms) },
+            limits: LimitsConfig {
+                trusted_proxies,
+                max_tracked_keys: f.limits.max_tracked_keys,
+                idle: Duration::from_secs(f.limits.idle_seconds),
+                buy: f.limits.buy,
+                read: f.limits.read,
+            },
+            deny: DenyConfig { users: f.deny.users.into_iter().collect(), nets: deny_nets },
+            redis: RedisConfig {
+                url: f.redis.url,
+                timeout: Duration::from_millis(f.redis.timeout_ms),
+                breaker_failures: f.redis.breaker_failures,
+                breaker_cooldown: Duration::from_millis(f.redis.breaker_cooldown_ms),
+            },
             jwt_secret: env.var(ENV_JWT_SECRET).or(f.auth.jwt_secret).filter(|s| !s.is_empty()),
             admin_token: env.var(ENV_ADMIN_TOKEN),
             gateway: GatewayConfig {
@@ -401,6 +531,20 @@ mod tests {
         let c = Config::from_toml_str(text, &env, 0).unwrap();
         assert_eq!(c.jwt_secret.as_deref(), Some("env"));
         assert_eq!(c.admin_token.as_deref(), Some("adm"));
+    }
+
+    #[test]
+    fn limits_and_deny_lists_are_parsed_and_checked() {
+        let text = "[limits]\ntrusted_proxies = [\"10.0.0.0/8\"]\n[limits.buy]\nuser = { per_second = 2, burst = 5 }\n[deny]\nips = [\"192.0.2.7\", \"198.51.100.0/24\"]\n";
+        let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+        assert_eq!(c.limits.buy.user, Some(file::Bucket { per_second: 2, burst: 5 }));
+        assert!(c.limits.buy.ip.is_none());
+        assert!(c.deny.denies_ip("198.51.100.9".parse().unwrap()));
+        assert!(c.deny.denies_ip("192.0.2.7".parse().unwrap()));
+        assert!(!c.deny.denies_ip("192.0.2.8".parse().unwrap()));
+        let bad = "[limits]\ntrusted_proxies = [\"nope\"]\n[limits.read]\nip = { per_second = 0, burst = 1 }\n";
+        let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains("limits.trusted_proxies[0]") && msg.contains("limits.read.ip"), "{msg}");
     }
 
     #[test]

@@ -66,3 +66,50 @@ mod tests {
         }
     }
 }
+
+/// Pub/sub channel on which gateways and the backend announce sale changes.
+pub const EVENTS_CHANNEL: &str = "fg:events";
+
+/// A message on [`EVENTS_CHANNEL`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaleEvent {
+    /// A gateway saw the script answer "sold out": stop sending buys to Redis.
+    SoldOut(String),
+    /// An operator changed the sale (stock, window, pause): forget local state.
+    Changed(String),
+}
+
+impl SaleEvent {
+    pub fn encode(&self) -> String {
+        match self {
+            SaleEvent::SoldOut(id) => format!("sold_out:{id}"),
+            SaleEvent::Changed(id) => format!("changed:{id}"),
+        }
+    }
+
+    pub fn decode(msg: &str) -> Option<Self> {
+        let (kind, id) = msg.split_once(':')?;
+        if !crate::sale::valid_sale_id(id) {
+            return None;
+        }
+        match kind {
+            "sold_out" => Some(SaleEvent::SoldOut(id.to_owned())),
+            "changed" => Some(SaleEvent::Changed(id.to_owned())),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod event_tests {
+    use super::SaleEvent;
+
+    #[test]
+    fn events_round_trip_and_garbage_is_ignored() {
+        for e in [SaleEvent::SoldOut("s-1".into()), SaleEvent::Changed("s_2".into())] {
+            assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
+        }
+        assert_eq!(SaleEvent::decode("sold_out:a b"), None);
+        assert_eq!(SaleEvent::decode("bogus:s"), None);
+    }
+}

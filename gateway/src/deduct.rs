@@ -70,6 +70,22 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
     })
 }
 
+/// The remembered outcome of `user`'s Idempotency-Key, without running the
+/// script: how a retry learns it won even after the gateway stopped sending
+/// buys to Redis (sold out, ended).
+///
+/// # Errors
+/// [`RedisError`] when Redis fails or times out.
+pub async fn remembered(redis: &RedisClient, sale_id: &str, user_id: &str, idempotency_key: &str) -> Result<Option<Decision>, RedisError> {
+    let key = SaleKeys::new(sale_id).idempotency(user_id, idempotency_key);
+    let mut conn = redis.conn().await?;
+    let value: Option<String> = redis.bounded(redis::cmd("GET").arg(key).query_async(&mut conn)).await??;
+    Ok(value.and_then(|v| {
+        let (code, detail) = v.split_once('|')?;
+        parse_reply(code, detail.to_owned()).map(|d| Decision { replayed: true, ..d })
+    }))
+}
+
 fn parse_reply(code: &str, detail: String) -> Option<Decision> {
     let (replayed, code) = match code.strip_prefix("replay:") {
         Some(rest) => (true, rest),

@@ -13,15 +13,27 @@
 //! - [`sales`]: sale state read from Redis.
 //! - [`orders`]: the client of the order backend.
 //! - [`static_pages`]: in-memory product pages and assets.
+//! - [`limits`]: user, IP and global token buckets in bounded caches.
+//! - [`client_ip`]: the client address, believing only trusted proxies.
+//! - [`reload`]: live reload of limits and deny lists.
+//! - [`local_state`]: sale windows and sold-out flags kept at the edge.
+//! - [`events`]: sale events between gateways over pub/sub.
+//! - [`breaker`]: the circuit breaker on Redis.
 //! - [`redis_client`]: the shared, lazily created Redis connection.
 //! - [`reply`]: responses and the status of every rejection.
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod breaker;
+pub mod client_ip;
 pub mod deduct;
+pub mod events;
+pub mod limits;
+pub mod local_state;
 pub mod orders;
 pub mod proxy;
 pub mod redis_client;
+pub mod reload;
 pub mod reply;
 pub mod route;
 pub mod sales;

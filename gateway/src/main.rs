@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => flashgate_gateway::server::run(config),
+        Command::Serve => flashgate_gateway::server::run(config, &cli.config),
         Command::Check => {
             println!("{}: ok ({} sales)", cli.config.display(), config.sales.len());
             Ok(())

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flashgate_common::config::Config;
+use flashgate_common::config::{Config, DenyConfig, LimitsConfig};
 use flashgate_common::now_ms;
 use flashgate_common::reservation::{reservation_id, sale_of_reservation, Reservation, ReservationStatus};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -26,11 +26,14 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use crate::auth::Verifier;
-use crate::deduct::{deduct, BuyAttempt, DeductOutcome};
+use crate::client_ip::client_ip;
+use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
+use crate::local_state::LocalSales;
+use crate::limits::{Limiters, RouteClass};
 use crate::orders::OrderClient;
 use crate::redis_client::RedisClient;
 use crate::reply::{Rejection, Reply};
-use crate::route::{classify, Route, RouteError};
+use crate::route::{classify, Route};
 use crate::sales::{list_sales, read_sale};
 use crate::static_pages::{StaticPages, SALE_PAGE};
 
@@ -42,11 +45,28 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 64;
 /// Shared state of the gateway, built once in `main`.
 pub struct Gateway {
     pub config: Arc<Config>,
+    /// Limits and deny lists; swapped whole when the config file changes.
+    pub edge: Arc<arc_swap::ArcSwap<Edge>>,
     pub verifier: Verifier,
     pub redis: RedisClient,
     pub orders: OrderClient,
     pub pages: StaticPages,
     pub shop: HttpPeer,
+    /// Sale windows and sold-out flags, shared with the events listener.
+    pub local: Arc<LocalSales>,
+}
+
+/// The hot-reloadable part of the gateway: limiters and deny lists.
+pub struct Edge {
+    pub limits: LimitsConfig,
+    pub limiters: Arc<Limiters>,
+    pub deny: DenyConfig,
+}
+
+impl Edge {
+    pub fn new(config: &Config) -> Self {
+        Self { limits: config.limits.clone(), limiters: Arc::new(Limiters::new(&config.limits)), deny: config.deny.clone() }
+    }
 }
 
 /// Per-request state.
@@ -74,24 +94,10 @@ impl ProxyHttp for Gateway {
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
-        let route = match classify(&method, &path) {
+        let reply = match classify(&method, &path) {
             Ok(Route::Shop) => return Ok(false),
-            Ok(route) => route,
-            Err(RouteError::MethodNotAllowed(allow)) => {
-                let reply = Rejection::MethodNotAllowed(allow).into();
-                return write_reply(session, reply, ctx).await;
-            }
-            Err(RouteError::BadId) => return write_reply(session, Rejection::BadRequest("malformed id").into(), ctx).await,
-            Err(RouteError::NotFound) => return write_reply(session, Rejection::NotFound("no such resource").into(), ctx).await,
-        };
-        let reply = match route {
-            Route::ListSales => self.list_sales().await,
-            Route::SaleState(id) => self.sale_state(id).await,
-            Route::Buy(id) => self.buy(session, id, &ctx.request_id).await,
-            Route::Reservation(rid) => self.reservation(session, rid).await,
-            Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, if_none_match(session))),
-            Route::Asset(path) => Ok(self.pages.serve(path, if_none_match(session))),
-            Route::Shop => unreachable!("handled above"),
+            Ok(route) => self.handle(route, session, &ctx.request_id).await,
+            Err(e) => Err(Rejection::from(e)),
         };
         write_reply(session, reply.unwrap_or_else(Reply::from), ctx).await
     }
@@ -120,6 +126,70 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// Runs the handler of a gateway route.
+    async fn handle(&self, route: Route<'_>, session: &mut Session, request_id: &str) -> Result<Reply, Rejection> {
+        match route {
+            Route::ListSales => {
+                self.admit_read(session)?;
+                self.list_sales().await
+            }
+            Route::SaleState(id) => {
+                self.admit_read(session)?;
+                self.sale_state(id).await
+            }
+            Route::Buy(id) => self.buy(session, id, request_id).await,
+            Route::Reservation(rid) => self.reservation(session, rid).await,
+            Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, if_none_match(session))),
+            Route::Asset(path) => Ok(self.pages.serve(path, if_none_match(session))),
+            Route::Shop => Err(Rejection::NotFound("not a gateway route")),
+        }
+    }
+
+    /// The client address used for limits and deny lists.
+    fn client_ip(&self, session: &Session, edge: &Edge) -> std::net::IpAddr {
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        client_ip(peer, &session.req_header().headers, &edge.limits.trusted_proxies)
+    }
+
+    /// Deny list and per-IP and global buckets of sale-state reads.
+    fn admit_read(&self, session: &Session) -> Result<(), Rejection> {
+        let edge = self.edge.load();
+        let ip = self.client_ip(session, &edge);
+        if edge.deny.denies_ip(ip) {
+            return Err(Rejection::Denied);
+        }
+        edge.limiters.check_ip(RouteClass::Read, ip).map_err(Rejection::RateLimited)?;
+        edge.limiters.check_user_then_global(RouteClass::Read, None).map_err(Rejection::RateLimited)
+    }
+
+    /// Everything a buy must pass before Redis, cheapest first: the IP's
+    /// deny list and bucket, the token, the user's deny list and bucket,
+    /// the global bucket. Returns the verified user id.
+    fn admit_buy(&self, session: &Session) -> Result<String, Rejection> {
+        let edge = self.edge.load();
+        let ip = self.client_ip(session, &edge);
+        if edge.deny.denies_ip(ip) {
+            return Err(Rejection::Denied);
+        }
+        edge.limiters.check_ip(RouteClass::Buy, ip).map_err(Rejection::RateLimited)?;
+        let user = self.user(session)?;
+        if edge.deny.users.contains(&user) {
+            return Err(Rejection::Denied);
+        }
+        edge.limiters.check_user_then_global(RouteClass::Buy, Some(&user)).map_err(Rejection::RateLimited)?;
+        Ok(user)
+    }
+
+    /// The verified user id of the request's bearer token.
+    fn user(&self, session: &Session) -> Result<String, Rejection> {
+        self.verifier
+            .verify(session.req_header().headers.get("authorization").map(|v| v.as_bytes()))
+            .map_err(|e| Rejection::Unauthorized(auth_message(e)))
+    }
+
     async fn list_sales(&self) -> Result<Reply, Rejection> {
         let sales = list_sales(&self.redis).await.map_err(unavailable)?;
         Ok(Reply::json(200, &json!({ "sales": sales })))
@@ -135,23 +205,21 @@ impl Gateway {
     /// `POST /api/sales/{id}/buy`: verify, deduct once in Redis, forward a
     /// winner to the backend.
     async fn buy(&self, session: &mut Session, sale_id: &str, request_id: &str) -> Result<Reply, Rejection> {
-        let req = session.req_header();
-        let user = self
-            .verifier
-            .verify(req.headers.get("authorization").map(|v| v.as_bytes()))
-            .map_err(|e| Rejection::Unauthorized(auth_message(e)))?;
-        let idempotency_key = idempotency_key(req.headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
+        let user = self.admit_buy(session)?;
+        let idempotency_key =
+            idempotency_key(session.req_header().headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
         read_buy_body(session).await?;
 
-        let rid = reservation_id(sale_id, rand::random());
-        let attempt = BuyAttempt {
-            sale_id,
-            user_id: &user,
-            idempotency_key: &idempotency_key,
-            reservation_id: &rid,
-            idempotency_ttl_seconds: self.config.gateway.idempotency_ttl.as_secs(),
+        let decision = match self.local_rejection(sale_id).await? {
+            None => self.deduct(sale_id, &user, &idempotency_key).await?,
+            // Turned away locally; only a retry of a remembered key still
+            // deserves its first outcome, so only that asks Redis.
+            Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
+            Some(rejection) => remembered(&self.redis, sale_id, &user, &idempotency_key)
+                .await
+                .map_err(unavailable)?
+                .ok_or(rejection)?,
         };
-        let decision = deduct(&self.redis, &attempt).await.map_err(unavailable)?;
         debug!(sale = sale_id, user = %user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
         let reply = match decision.outcome {
             DeductOutcome::Won { reservation_id } => {
@@ -177,6 +245,53 @@ impl Gateway {
         Ok(if decision.replayed { reply.header("Idempotent-Replayed", "true") } else { reply })
     }
 
+    /// A decision this gateway can make without Redis: sold out (flagged),
+    /// unknown sale, paused, not started, ended (from the cached window).
+    async fn local_rejection(&self, sale_id: &str) -> Result<Option<Rejection>, Rejection> {
+        if self.local.is_sold_out(sale_id) {
+            return Ok(Some(Rejection::SoldOut));
+        }
+        let window = self.local.window(&self.redis, sale_id).await.map_err(|e| {
+            warn!(error = %e, "redis unavailable");
+            Rejection::Unavailable
+        })?;
+        let Some(w) = window else { return Ok(Some(Rejection::NotFound("no such sale"))) };
+        let now = now_ms();
+        Ok(if now >= w.ends_at_ms {
+            Some(Rejection::Ended)
+        } else if w.paused {
+            Some(Rejection::Paused)
+        } else if now < w.starts_at_ms {
+            Some(Rejection::NotStarted(((w.starts_at_ms - now) as u64).div_ceil(1000)))
+        } else {
+            None
+        })
+    }
+
+    /// Runs the deduct script; a sold-out answer is flagged here and
+    /// announced to every other gateway.
+    async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
+        let rid = reservation_id(sale_id, rand::random());
+        let attempt = BuyAttempt {
+            sale_id,
+            user_id: user,
+            idempotency_key,
+            reservation_id: &rid,
+            idempotency_ttl_seconds: self.config.gateway.idempotency_ttl.as_secs(),
+        };
+        let decision = deduct(&self.redis, &attempt).await.map_err(unavailable)?;
+        if decision.outcome == DeductOutcome::SoldOut && !self.local.is_sold_out(sale_id) {
+            self.local.mark_sold_out(sale_id);
+            if let Ok(mut conn) = self.redis.conn().await {
+                let event = flashgate_common::keys::SaleEvent::SoldOut(sale_id.to_owned());
+                if let Err(error) = crate::events::publish(&mut conn, &event).await {
+                    warn!(%error, sale = sale_id, "could not announce sold out");
+                }
+            }
+        }
+        Ok(decision)
+    }
+
     /// Asks the backend to write the winner's order now. Whatever happens,
     /// the winner already holds a reservation in the stream: a failure here
     /// only means the answer is `202 queued` instead of `201 confirmed`.
@@ -195,10 +310,7 @@ impl Gateway {
 
     /// `GET /api/reservations/{id}`, for the reservation's own user only.
     async fn reservation(&self, session: &mut Session, rid: &str) -> Result<Reply, Rejection> {
-        let user = self
-            .verifier
-            .verify(session.req_header().headers.get("authorization").map(|v| v.as_bytes()))
-            .map_err(|e| Rejection::Unauthorized(auth_message(e)))?;
+        let user = self.user(session)?;
         let sale = sale_of_reservation(rid).ok_or(Rejection::BadRequest("malformed reservation id"))?;
         let keys = flashgate_common::keys::SaleKeys::new(sale);
         let mut conn = self.redis.conn().await.map_err(unavailable)?;

@@ -13,6 +13,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
+use crate::breaker::Breaker;
+
 /// Why a Redis call did not produce an answer.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisError {
@@ -20,6 +22,8 @@ pub enum RedisError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("redis circuit open")]
+    CircuitOpen,
 }
 
 /// The deduct script, compiled in so a deployed binary always runs the
@@ -31,15 +35,17 @@ pub struct RedisClient {
     timeout: Duration,
     conn: OnceCell<ConnectionManager>,
     pub deduct: redis::Script,
+    pub breaker: Breaker,
 }
 
 impl RedisClient {
     /// # Errors
     /// When `url` is not a valid Redis URL.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, RedisError> {
+    pub fn new(url: &str, timeout: Duration, breaker: Breaker) -> Result<Self, RedisError> {
         Ok(Self {
             client: redis::Client::open(url)?,
             timeout,
+            breaker,
             conn: OnceCell::new(),
             deduct: redis::Script::new(DEDUCT_LUA),
         })
@@ -66,11 +72,34 @@ impl RedisClient {
         Ok(conn.clone())
     }
 
-    /// Runs `fut` with the configured timeout.
+    /// Runs a Redis call through the circuit breaker, with the configured
+    /// timeout. Its outcome feeds the breaker.
     ///
     /// # Errors
-    /// [`RedisError::Timeout`] when it takes longer.
-    pub async fn bounded<T>(&self, fut: impl Future<Output = T>) -> Result<T, RedisError> {
-        tokio::time::timeout(self.timeout, fut).await.map_err(|_| RedisError::Timeout(self.timeout))
+    /// [`RedisError::CircuitOpen`] without trying while the breaker is open,
+    /// [`RedisError::Timeout`] when the call takes longer, or the call's error.
+    pub async fn bounded<T, E>(&self, fut: impl Future<Output = Result<T, E>>) -> Result<Result<T, E>, RedisError> {
+        if !self.breaker.allow() {
+            return Err(RedisError::CircuitOpen);
+        }
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => {
+                self.breaker.success();
+                Ok(Ok(v))
+            }
+            Ok(Err(e)) => {
+                self.breaker.failure();
+                Ok(Err(e))
+            }
+            Err(_) => {
+                self.breaker.failure();
+                Err(RedisError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// A client for connections of their own (pub/sub).
+    pub fn client(&self) -> &redis::Client {
+        &self.client
     }
 }

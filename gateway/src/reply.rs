@@ -45,6 +45,10 @@ pub enum Rejection {
     Paused,
     /// Redis unreachable or too slow.
     Unavailable,
+    /// A token bucket is empty.
+    RateLimited(crate::limits::Limited),
+    /// The user or IP is on a deny list.
+    Denied,
 }
 
 #[derive(Serialize)]
@@ -58,12 +62,13 @@ impl Rejection {
         match self {
             Rejection::BadRequest(_) => 400,
             Rejection::Unauthorized(_) => 401,
-            Rejection::NotStarted(_) => 403,
+            Rejection::NotStarted(_) | Rejection::Denied => 403,
             Rejection::NotFound(_) => 404,
             Rejection::MethodNotAllowed(_) => 405,
             Rejection::LimitReached => 409,
             Rejection::SoldOut | Rejection::Ended => 410,
             Rejection::PayloadTooLarge => 413,
+            Rejection::RateLimited(_) => 429,
             Rejection::Paused | Rejection::Unavailable => 503,
         }
     }
@@ -81,6 +86,8 @@ impl Rejection {
             Rejection::NotStarted(_) => "not_started",
             Rejection::Paused => "paused",
             Rejection::Unavailable => "unavailable",
+            Rejection::RateLimited(_) => "rate_limited",
+            Rejection::Denied => "denied",
         }
     }
 
@@ -95,6 +102,18 @@ impl Rejection {
             Rejection::NotStarted(_) => "the sale has not started yet",
             Rejection::Paused => "the sale is paused, try again shortly",
             Rejection::Unavailable => "temporarily unavailable, try again shortly",
+            Rejection::RateLimited(_) => "too many requests, slow down",
+            Rejection::Denied => "access denied",
+        }
+    }
+}
+
+impl From<crate::route::RouteError> for Rejection {
+    fn from(e: crate::route::RouteError) -> Self {
+        match e {
+            crate::route::RouteError::MethodNotAllowed(allow) => Rejection::MethodNotAllowed(allow),
+            crate::route::RouteError::BadId => Rejection::BadRequest("malformed id"),
+            crate::route::RouteError::NotFound => Rejection::NotFound("no such resource"),
         }
     }
 }
@@ -103,6 +122,10 @@ impl From<Rejection> for Reply {
     fn from(r: Rejection) -> Self {
         let reply = Reply::json(r.status(), &ErrorBody { code: r.code(), message: r.message() });
         match r {
+            Rejection::RateLimited(l) => reply
+                .header("Retry-After", l.retry_after_secs().to_string())
+                .header("RateLimit-Policy", l.policy_header())
+                .header("RateLimit", l.state_header()),
             Rejection::NotStarted(secs) => reply.header("Retry-After", secs.max(1).to_string()),
             Rejection::Unavailable => reply.header("Retry-After", "1"),
             Rejection::Paused => reply.header("Retry-After", "5"),

@@ -8,9 +8,13 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
 use crate::auth::Verifier;
+use crate::breaker::Breaker;
+use crate::events::EventListener;
+use crate::local_state::LocalSales;
 use crate::orders::OrderClient;
-use crate::proxy::{shop_peer, Gateway};
+use crate::proxy::{shop_peer, Edge, Gateway};
 use crate::redis_client::RedisClient;
+use crate::reload::ConfigWatcher;
 use crate::static_pages::StaticPages;
 
 /// Builds the gateway state. Fails on anything that would only break later:
@@ -26,8 +30,15 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
     let pages = StaticPages::load(&config.gateway.static_dir)
         .with_context(|| format!("gateway.static_dir: cannot read {}", config.gateway.static_dir.display()))?;
     Ok(Gateway {
+        edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
         verifier: Verifier::new(secret.as_bytes()),
-        redis: RedisClient::new(&config.redis.url, config.redis.timeout).context("redis.url")?,
+        redis: RedisClient::new(
+            &config.redis.url,
+            config.redis.timeout,
+            Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown),
+        )
+        .context("redis.url")?,
+        local: Arc::new(LocalSales::default()),
         orders: OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout)
             .context("gateway.backend_url")?,
         pages,
@@ -40,9 +51,14 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
 ///
 /// # Errors
 /// When the gateway cannot be built.
-pub fn run(config: Config) -> anyhow::Result<()> {
+pub fn run(config: Config, config_path: &std::path::Path) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let gateway = build_gateway(config.clone())?;
+    let watcher = ConfigWatcher {
+        path: config_path.to_owned(),
+        edge: gateway.edge.clone(),
+        interval: std::time::Duration::from_secs(1),
+    };
     let port = config.gateway.listen.port();
     let conf = ServerConf {
         threads: config.gateway.threads,
@@ -54,9 +70,12 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
+    let events = EventListener { client: gateway.redis.client().clone(), local: gateway.local.clone() };
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());
     server.add_service(service);
+    server.add_service(pingora::services::background::background_service("sale events", events));
+    server.add_service(pingora::services::background::background_service("config watcher", watcher));
     tracing::info!(listen = %config.gateway.listen, shop = %config.gateway.shop_upstream, "flashgate listening");
     server.run_forever()
 }

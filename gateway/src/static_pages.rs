@@ -101,7 +101,9 @@ mod tests {
     use super::*;
 
     fn pages() -> StaticPages {
-        let dir = std::env::temp_dir().join(format!("fg-static-{}", std::process::id()));
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("fg-static-{}-{n}", std::process::id()));
         std::fs::create_dir_all(dir.join("css")).unwrap();
         std::fs::write(dir.join("sale.html"), "<html></html>").unwrap();
         std::fs::write(dir.join("css/app.css"), "body{}").unwrap();

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use flashgate_common::config::{BackendConfig, RedisConfig};
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
-use flashgate_common::reservation::Reservation;
+use flashgate_common::reservation::{fields, sale_of_reservation, Reservation};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{RedisError, Value};
@@ -240,7 +240,7 @@ impl Consumer<'_> {
         let mut ids = Vec::with_capacity(entries.len());
         let mut reservations = Vec::with_capacity(entries.len());
         for entry in &entries {
-            match parse(entry) {
+            match parse(entry).and_then(|r| belongs_to(r, self.sale_id)) {
                 Ok(r) => reservations.push(r),
                 Err(field) => {
                     // NOTE: malformed entries are dropped after this log line;
@@ -269,6 +269,18 @@ fn parse(entry: &StreamId) -> Result<Reservation, &'static str> {
         })
         .collect();
     Reservation::from_fields(|name| fields.get(name).and_then(|v| std::str::from_utf8(v).ok()))
+}
+
+/// Checks that a record read from `sale_id`'s stream is about that sale
+/// and carries a well-formed reservation id.
+fn belongs_to(r: Reservation, sale_id: &str) -> Result<Reservation, &'static str> {
+    if r.sale_id != sale_id {
+        return Err(fields::SALE_ID);
+    }
+    if sale_of_reservation(&r.reservation_id) != Some(sale_id) {
+        return Err(fields::RESERVATION_ID);
+    }
+    Ok(r)
 }
 
 #[cfg(test)]

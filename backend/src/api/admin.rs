@@ -1,0 +1,132 @@
+//! The admin API: operators create and change sales and watch their
+//! counters. Every route requires `Authorization: Bearer <token>`.
+//!
+//! A change must agree in Redis (where the gateway sells) and in the
+//! database (the truth that survives Redis). The database write is opened
+//! in a transaction, Redis is updated, and only then is the transaction
+//! committed; when Redis refuses (new stock below what is sold) the
+//! transaction is dropped, so neither side changes.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use flashgate_common::sale::{valid_sale_id, SaleSpec};
+use flashgate_common::secret::bearer_matches;
+use serde::Deserialize;
+
+use super::error::{parse_json, ApiError};
+use super::AppState;
+use crate::sales::{self, Applied, SaleView};
+
+/// Rejects requests without the admin bearer token.
+pub async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if bearer_matches(header, &state.admin_token) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+/// Body of `PUT /admin/sales/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaleBody {
+    pub name: String,
+    pub stock: i64,
+    #[serde(default = "one")]
+    pub per_user_limit: i64,
+    /// RFC 3339.
+    pub starts_at: String,
+    /// RFC 3339.
+    pub ends_at: String,
+}
+
+fn one() -> i64 {
+    1
+}
+
+fn parse_time(field: &str, value: &str) -> Result<i64, ApiError> {
+    chrono::DateTime::parse_from_rfc3339(value)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| ApiError::bad_request(format!("{field}: `{value}` is not an RFC 3339 time ({e})")))
+}
+
+fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(id) = path?;
+    if valid_sale_id(&id) {
+        Ok(id)
+    } else {
+        Err(ApiError::bad_request("id: must be 1 to 64 characters of A-Z a-z 0-9 _ -"))
+    }
+}
+
+/// `PUT /admin/sales/{id}`: 201 when the sale is new, 200 when it changed,
+/// 409 `stock_below_sold` when the new stock is below the items sold.
+pub async fn put(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let id = sale_id(id)?;
+    let body: SaleBody = parse_json(&body?)?;
+    let spec = SaleSpec {
+        id,
+        name: body.name,
+        stock: body.stock,
+        per_user_limit: body.per_user_limit,
+        starts_at_ms: parse_time("starts_at", &body.starts_at)?,
+        ends_at_ms: parse_time("ends_at", &body.ends_at)?,
+    };
+    spec.validate().map_err(ApiError::bad_request)?;
+
+    let _one_writer = state.sale_writes.lock().await;
+    let previous = state.store.sale(&spec.id).await?;
+    let mut write = state.store.begin_sale_write().await?;
+    write.upsert(&spec).await?;
+    let mut redis = state.redis.clone();
+    match sales::apply(&mut redis, &state.store, &spec).await? {
+        Applied::StockBelowSold { sold } => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "stock_below_sold",
+                format!("stock: {} is below the {sold} items already sold", spec.stock),
+            ));
+        }
+        Applied::Updated { .. } | Applied::Preheated { .. } => {}
+    }
+    if let Err(error) = write.commit().await {
+        // Redis already has the new definition: put the old one back.
+        if let Some(old) = &previous {
+            if let Err(revert) = sales::apply(&mut redis, &state.store, old).await {
+                tracing::error!(%revert, sale = %spec.id, "cannot revert redis after a failed commit");
+            }
+        }
+        return Err(error.into());
+    }
+    tracing::info!(sale = %spec.id, stock = spec.stock, created = previous.is_none(), "sale saved");
+    let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
+    let view = sales::view(&mut redis, &state.store, spec).await?;
+    Ok((status, Json(view)).into_response())
+}
+
+/// `GET /admin/sales/{id}`.
+pub async fn show(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Json<SaleView>, ApiError> {
+    let id = sale_id(id)?;
+    let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    Ok(Json(sales::view(&mut state.redis.clone(), &state.store, spec).await?))
+}
+
+/// `GET /admin/sales`: every sale, ordered by id.
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<SaleView>>, ApiError> {
+    let mut redis = state.redis.clone();
+    let mut views = Vec::new();
+    for spec in state.store.sales().await? {
+        views.push(sales::view(&mut redis, &state.store, spec).await?);
+    }
+    Ok(Json(views))
+}

@@ -1,0 +1,113 @@
+//! The one place errors become HTTP responses.
+//!
+//! Every error body is JSON `{"code": "...", "message": "..."}`, including
+//! axum's own rejections (bad JSON, unknown route, wrong method), so the
+//! gateway and operators' scripts never have to parse plain text.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use crate::sales::SaleError;
+use crate::store::StoreError;
+
+/// An API failure: a status, a stable machine code, and a human message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token")
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(Body { code: self.code, message: &self.message });
+        (self.status, body).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        tracing::error!(%error, "database failure");
+        ApiError::unavailable("the order database is unavailable")
+    }
+}
+
+impl From<redis::RedisError> for ApiError {
+    fn from(error: redis::RedisError) -> Self {
+        tracing::error!(%error, "redis failure");
+        ApiError::unavailable("redis is unavailable")
+    }
+}
+
+impl From<SaleError> for ApiError {
+    fn from(error: SaleError) -> Self {
+        match error {
+            SaleError::Redis(e) => e.into(),
+            SaleError::Store(e) => e.into(),
+            SaleError::BadReply(_) => {
+                tracing::error!(%error, "sale script failure");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply from redis")
+            }
+        }
+    }
+}
+
+impl From<axum::extract::rejection::BytesRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::BytesRejection) -> Self {
+        let status = rejection.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "bad_request" };
+        ApiError::new(status, code, rejection.body_text())
+    }
+}
+
+impl From<axum::extract::rejection::PathRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::PathRejection) -> Self {
+        ApiError::bad_request(rejection.body_text())
+    }
+}
+
+/// Parses a JSON body, answering 400 with serde's message (which names
+/// the bad field, line and column) when it is malformed.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// Fallback for routes that do not exist.
+pub async fn no_route() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+/// Fallback for a known route called with the wrong method.
+pub async fn wrong_method() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+}

@@ -1,0 +1,73 @@
+//! The two HTTP APIs of the backend.
+//!
+//! - [`order_router`] (`backend.listen`, private network): the gateway
+//!   turns a winner's reservation into an order and looks orders up.
+//!   - `POST /internal/orders`
+//!   - `GET /internal/reservations/{rid}`
+//!   - `GET /healthz`
+//! - [`admin_router`] (`backend.admin_listen`, bearer token): operators
+//!   create, change and inspect sales.
+//!   - `PUT /admin/sales/{id}`
+//!   - `GET /admin/sales/{id}`
+//!   - `GET /admin/sales`
+
+pub mod admin;
+pub mod error;
+pub mod orders;
+
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+use redis::aio::ConnectionManager;
+
+use crate::store::Store;
+
+/// What every handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    /// Shared reconnecting connection; its calls time out at `redis.timeout`.
+    pub redis: ConnectionManager,
+    /// Expected admin bearer token; never empty.
+    admin_token: Arc<str>,
+    /// Serialises sale changes, so two operators changing one sale cannot
+    /// interleave the Redis update and the database write.
+    sale_writes: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl AppState {
+    /// # Errors
+    /// `admin_token` is empty: the admin API would be open to anyone.
+    pub fn new(store: Store, redis: ConnectionManager, admin_token: &str) -> Result<Self, crate::StartError> {
+        if admin_token.is_empty() {
+            return Err(crate::StartError::NoAdminToken);
+        }
+        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default() })
+    }
+}
+
+/// The order API used by the gateway.
+pub fn order_router(state: AppState) -> Router {
+    Router::new()
+        .route("/internal/orders", post(orders::create))
+        .route("/internal/reservations/{rid}", get(orders::by_reservation))
+        .route("/healthz", get(orders::healthz))
+        .fallback(error::no_route)
+        .method_not_allowed_fallback(error::wrong_method)
+        .with_state(state)
+}
+
+/// The admin API; every route, known or not, requires the bearer token.
+pub fn admin_router(state: AppState) -> Router {
+    Router::new()
+        .route("/admin/sales", get(admin::list))
+        .route("/admin/sales/{id}", get(admin::show).put(admin::put))
+        .fallback(error::no_route)
+        .method_not_allowed_fallback(error::wrong_method)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), admin::require_token))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests;

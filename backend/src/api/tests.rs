@@ -1,0 +1,239 @@
+//! API tests: the real routers driven with `oneshot`, over a real
+//! redis-server and a SQLite file.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use flashgate_common::keys::{SaleKeys, SALES_INDEX};
+use flashgate_common::reservation::Reservation;
+use http_body_util::BodyExt;
+use redis::AsyncCommands;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::*;
+use crate::testing::{reservation, sqlite_url, unique, RedisServer};
+
+const TOKEN: &str = "test-admin-token";
+
+struct Fixture {
+    redis: RedisServer,
+    state: AppState,
+}
+
+async fn fixture() -> Fixture {
+    let redis = RedisServer::start().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let conn = crate::redis_io::shared_connection(&redis.config()).await.unwrap();
+    let state = AppState::new(store, conn, TOKEN).unwrap();
+    Fixture { redis, state }
+}
+
+async fn call(router: Router, method: &str, uri: &str, token: Option<&str>, body: Option<&str>) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let request = request.body(Body::from(body.unwrap_or("").to_owned())).unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("{method} {uri}: body is not JSON: {}", String::from_utf8_lossy(&bytes)));
+    (status, value)
+}
+
+fn sale_body(stock: i64) -> String {
+    json!({"name": "Sneaker", "stock": stock, "starts_at": "2020-01-01T00:00:00Z", "ends_at": "2100-01-01T00:00:00Z"}).to_string()
+}
+
+async fn admin(f: &Fixture, method: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
+    call(admin_router(f.state.clone()), method, uri, Some(TOKEN), body).await
+}
+
+async fn post_order(f: &Fixture, r: &Reservation) -> (StatusCode, Value) {
+    let body = serde_json::to_string(r).unwrap();
+    call(order_router(f.state.clone()), "POST", "/internal/orders", None, Some(&body)).await
+}
+
+/// What the deduct script leaves in Redis for a winner (stream aside).
+async fn reserve_in_redis(f: &Fixture, r: &Reservation) {
+    let mut conn = f.redis.conn().await;
+    let () = conn.hset(SaleKeys::new(&r.sale_id).reservations, &r.reservation_id, &r.user_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn admin_routes_require_the_bearer_token() {
+    let f = fixture().await;
+    for (token, uri) in [(None, "/admin/sales"), (Some("wrong"), "/admin/sales"), (None, "/admin/nowhere")] {
+        let (status, body) = call(admin_router(f.state.clone()), "GET", uri, token, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{uri}");
+        assert_eq!(body["code"], "unauthorized");
+    }
+    let (status, body) = call(admin_router(f.state.clone()), "PUT", "/admin/sales/x", None, Some(&sale_body(1))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    assert_eq!(f.state.store.sale("x").await.unwrap(), None);
+    let (status, _) = admin(&f, "GET", "/admin/sales", None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn put_creates_the_sale_and_preheats_redis() {
+    let f = fixture().await;
+    let id = unique("s");
+    let (status, view) = admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(50))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    assert_eq!(view["stock"], 50);
+    assert_eq!(view["per_user_limit"], 1);
+    assert_eq!(view["remaining"], 50);
+    assert_eq!(view["state"], "open");
+    assert_eq!(view["starts_at"], "2020-01-01T00:00:00.000Z");
+    assert_eq!((view["orders"].as_i64(), view["reservations"].as_i64(), view["pending"].as_i64()), (Some(0), Some(0), Some(0)));
+
+    let keys = SaleKeys::new(&id);
+    let mut conn = f.redis.conn().await;
+    let meta: std::collections::HashMap<String, String> = conn.hgetall(&keys.meta).await.unwrap();
+    assert_eq!(meta["stock"], "50");
+    assert_eq!(meta["paused"], "0");
+    assert_eq!(meta["starts_at_ms"], "1577836800000");
+    let remaining: i64 = conn.get(&keys.remaining).await.unwrap();
+    assert_eq!(remaining, 50);
+    assert!(conn.sismember::<_, _, bool>(SALES_INDEX, &id).await.unwrap());
+    let groups: Vec<redis::Value> = redis::cmd("XINFO").arg("GROUPS").arg(&keys.stream).query_async(&mut conn).await.unwrap();
+    assert_eq!(groups.len(), 1, "the consumer group exists");
+
+    let (status, view) = admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(60))).await;
+    assert_eq!((status, view["remaining"].as_i64()), (StatusCode::OK, Some(60)));
+    let (status, list) = admin(&f, "GET", "/admin/sales", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn put_with_stock_below_sold_is_refused_and_changes_nothing() {
+    let f = fixture().await;
+    let id = unique("s");
+    let uri = format!("/admin/sales/{id}");
+    admin(&f, "PUT", &uri, Some(&sale_body(5))).await;
+    // Three items sold by the gateway.
+    let mut conn = f.redis.conn().await;
+    let keys = SaleKeys::new(&id);
+    let () = conn.decr(&keys.remaining, 3).await.unwrap();
+
+    let (status, body) = admin(&f, "PUT", &uri, Some(&sale_body(2))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("stock_below_sold")), "{body}");
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 5);
+    let stock: String = conn.hget(&keys.meta, "stock").await.unwrap();
+    let remaining: i64 = conn.get(&keys.remaining).await.unwrap();
+    assert_eq!((stock.as_str(), remaining), ("5", 2));
+
+    let (status, view) = admin(&f, "PUT", &uri, Some(&sale_body(3))).await;
+    assert_eq!((status, view["remaining"].as_i64(), view["state"].as_str()), (StatusCode::OK, Some(0), Some("sold_out")));
+}
+
+#[tokio::test]
+async fn put_preheats_an_absent_sale_minus_the_orders_already_made() {
+    let f = fixture().await;
+    let id = unique("s");
+    f.state.store.insert_orders(&[reservation(&id, "a"), reservation(&id, "b")]).await.unwrap();
+    let (status, view) = admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(10))).await;
+    assert_eq!((status, view["remaining"].as_i64(), view["orders"].as_i64()), (StatusCode::CREATED, Some(8), Some(2)));
+    let (status, body) = admin(&f, "PUT", &format!("/admin/sales/{}", unique("t")), Some(&sale_body(10))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
+async fn put_rejects_bad_bodies_naming_the_field() {
+    let f = fixture().await;
+    let uri = format!("/admin/sales/{}", unique("s"));
+    let cases = [
+        (r#"{"name":"x","stock":1,"starts_at":"2100-01-01T00:00:00Z","ends_at":"2020-01-01T00:00:00Z"}"#, "ends_at"),
+        (r#"{"name":"x","stock":1,"starts_at":"tomorrow","ends_at":"2020-01-01T00:00:00Z"}"#, "starts_at"),
+        (r#"{"name":"x","stock":-1,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z"}"#, "stock"),
+        (r#"{"name":"x","stock":1,"per_user_limit":0,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z"}"#, "per_user_limit"),
+        (r#"{"name":"x","stock":1,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z","extra":1}"#, "extra"),
+        (r#"{"name": "#, "invalid JSON"),
+    ];
+    for (body, field) in cases {
+        let (status, reply) = admin(&f, "PUT", &uri, Some(body)).await;
+        assert_eq!((status, reply["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")), "{body}");
+        assert!(reply["message"].as_str().unwrap().contains(field), "{field}: {reply}");
+    }
+    let (status, _) = admin(&f, "PUT", "/admin/sales/bad%20id", Some(&sale_body(1))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = admin(&f, "GET", "/admin/sales/unknown", None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+}
+
+#[tokio::test]
+async fn an_unknown_reservation_is_refused_with_422() {
+    let f = fixture().await;
+    let r = reservation(&unique("s"), "alice");
+    let (status, body) = post_order(&f, &r).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unknown_reservation")));
+
+    // Known in Redis, but for another user, or claimed under another sale.
+    reserve_in_redis(&f, &r).await;
+    let mut other_user = r.clone();
+    other_user.user_id = "mallory".into();
+    assert_eq!(post_order(&f, &other_user).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    let mut other_sale = r.clone();
+    other_sale.sale_id = unique("t");
+    assert_eq!(post_order(&f, &other_sale).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(f.state.store.order_by_reservation(&r.reservation_id).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn posting_a_reservation_twice_answers_the_same_order() {
+    let f = fixture().await;
+    let r = reservation(&unique("s"), "alice");
+    reserve_in_redis(&f, &r).await;
+    let (status, first) = post_order(&f, &r).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert_eq!(first["status"], "confirmed");
+    assert_eq!(first["reservation_id"], r.reservation_id.as_str());
+    let (status, second) = post_order(&f, &r).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(second["order_id"], first["order_id"]);
+
+    let uri = format!("/internal/reservations/{}", r.reservation_id);
+    let (status, found) = call(order_router(f.state.clone()), "GET", &uri, None, None).await;
+    assert_eq!((status, &found), (StatusCode::OK, &first));
+}
+
+#[tokio::test]
+async fn order_api_errors_are_json() {
+    let f = fixture().await;
+    let router = || order_router(f.state.clone());
+    let (status, body) = call(router(), "POST", "/internal/orders", None, Some("{not json")).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")));
+    let (status, body) = call(router(), "POST", "/internal/orders", None, Some(r#"{"reservation_id": 5}"#)).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")));
+    let (status, body) = call(router(), "GET", "/internal/reservations/nope", None, None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (status, body) = call(router(), "GET", "/nowhere", None, None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (status, body) = call(router(), "GET", "/internal/orders", None, None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed")));
+    let (status, body) = call(router(), "GET", "/healthz", None, None).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ok")));
+}
+
+#[tokio::test]
+async fn orders_answer_503_when_redis_is_down() {
+    let Fixture { redis, state } = fixture().await;
+    drop(redis);
+    let r = reservation(&unique("s"), "alice");
+    let body = serde_json::to_string(&r).unwrap();
+    let (status, reply) = call(order_router(state.clone()), "POST", "/internal/orders", None, Some(&body)).await;
+    assert_eq!((status, reply["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")));
+    // The admin view still answers from the database, with Redis counters null.
+    let id = unique("s");
+    state.store.upsert_sale(&crate::testing::sale(&id, 3)).await.unwrap();
+    let (status, view) = call(admin_router(state), "GET", &format!("/admin/sales/{id}"), Some(TOKEN), None).await;
+    assert_eq!((status, view["remaining"].is_null(), view["orders"].as_i64()), (StatusCode::OK, true, Some(0)));
+}

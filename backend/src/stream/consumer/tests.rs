@@ -1,0 +1,243 @@
+//! Consumer tests against a real redis-server and a SQLite file.
+
+use std::time::Duration;
+
+use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
+use flashgate_common::reservation::Reservation;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::watch;
+
+use super::*;
+use crate::testing::{reservation, sale, sqlite_url, unique, RedisServer};
+
+fn settings(redis: &RedisServer, consumer: &str, claim_idle: Duration) -> Settings {
+    Settings {
+        redis: redis.config(),
+        consumer_name: consumer.to_owned(),
+        batch_size: 3,
+        block: Duration::from_millis(100),
+        claim_idle,
+        sale_poll: Duration::from_millis(50),
+    }
+}
+
+/// What the deduct script does for a winner: the `resv` entry and the record.
+async fn reserve(conn: &mut MultiplexedConnection, r: &Reservation) {
+    let keys = SaleKeys::new(&r.sale_id);
+    let () = redis::cmd("HSET").arg(&keys.reservations).arg(&r.reservation_id).arg(&r.user_id).query_async(conn).await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.stream)
+        .arg("*")
+        .arg("rid")
+        .arg(&r.reservation_id)
+        .arg("sale")
+        .arg(&r.sale_id)
+        .arg("user")
+        .arg(&r.user_id)
+        .arg("idem")
+        .arg(&r.idempotency_key)
+        .arg("ts")
+        .arg(r.reserved_at_ms)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+async fn create_group(conn: &mut MultiplexedConnection, sale_id: &str) {
+    let () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(SaleKeys::new(sale_id).stream)
+        .arg(CONSUMER_GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Reads every new entry as `consumer` without acknowledging, as a process
+/// that crashed right after reading would.
+async fn read_without_ack(conn: &mut MultiplexedConnection, sale_id: &str, consumer: &str) {
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(CONSUMER_GROUP)
+        .arg(consumer)
+        .arg("STREAMS")
+        .arg(SaleKeys::new(sale_id).stream)
+        .arg(">")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+async fn pending(conn: &mut MultiplexedConnection, sale_id: &str) -> i64 {
+    let reply: (i64, redis::Value, redis::Value, redis::Value) =
+        redis::cmd("XPENDING").arg(SaleKeys::new(sale_id).stream).arg(CONSUMER_GROUP).query_async(conn).await.unwrap();
+    reply.0
+}
+
+async fn wait_for_orders(store: &Store, sale_id: &str, expected: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = store.count_live_orders(sale_id).await.unwrap();
+        if n == expected {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "expected {expected} orders, have {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs a consumer for `sale_id`; stop it with the returned sender.
+fn spawn(sale_id: &str, store: &Store, settings: Settings) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let (stop, stopped) = watch::channel(false);
+    (stop, tokio::spawn(consume_sale(sale_id.to_owned(), store.clone(), settings, stopped)))
+}
+
+async fn stop(stop: watch::Sender<bool>, task: tokio::task::JoinHandle<()>) {
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("consumer stops on shutdown").unwrap();
+}
+
+#[tokio::test]
+async fn stream_entries_become_orders_once_and_are_acknowledged() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    let batch: Vec<_> = (0..7).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    for r in &batch {
+        reserve(&mut conn, r).await;
+    }
+    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    wait_for_orders(&store, &sale_id, 7).await;
+
+    // The same reservation appended again (a replayed record) adds nothing.
+    reserve(&mut conn, &batch[0]).await;
+    reserve(&mut conn, &reservation(&sale_id, "late")).await;
+    wait_for_orders(&store, &sale_id, 8).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 8);
+    assert_eq!(pending(&mut conn, &sale_id).await, 0);
+    for r in &batch {
+        assert!(store.order_by_reservation(&r.reservation_id).await.unwrap().is_some());
+    }
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn a_restarted_consumer_rereads_its_own_pending_entries() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    create_group(&mut conn, &sale_id).await;
+    for i in 0..4 {
+        reserve(&mut conn, &reservation(&sale_id, &format!("u{i}"))).await;
+    }
+    read_without_ack(&mut conn, &sale_id, "same-name").await;
+    assert_eq!(pending(&mut conn, &sale_id).await, 4);
+
+    // claim_idle is long: only the re-read of its own pending list can help.
+    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "same-name", Duration::from_secs(600)));
+    wait_for_orders(&store, &sale_id, 4).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(pending(&mut conn, &sale_id).await, 0);
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn entries_left_pending_by_a_dead_consumer_are_claimed() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    create_group(&mut conn, &sale_id).await;
+    for i in 0..5 {
+        reserve(&mut conn, &reservation(&sale_id, &format!("u{i}"))).await;
+    }
+    read_without_ack(&mut conn, &sale_id, "dead").await;
+
+    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "alive", Duration::from_millis(200)));
+    wait_for_orders(&store, &sale_id, 5).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(pending(&mut conn, &sale_id).await, 0);
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn malformed_entries_are_acknowledged_without_orders() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    let stream = SaleKeys::new(&sale_id).stream;
+    // No user field, then a record of another sale, then a good one.
+    let _: String = redis::cmd("XADD").arg(&stream).arg("*").arg("rid").arg("x").arg("sale").arg(&sale_id).arg("ts").arg(1).query_async(&mut conn).await.unwrap();
+    let other = reservation(&unique("other"), "u");
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("rid")
+        .arg(&other.reservation_id)
+        .arg("sale")
+        .arg(&other.sale_id)
+        .arg("user")
+        .arg("u")
+        .arg("ts")
+        .arg("not-a-number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    reserve(&mut conn, &reservation(&sale_id, "good")).await;
+
+    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    wait_for_orders(&store, &sale_id, 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(pending(&mut conn, &sale_id).await, 0);
+    assert_eq!(store.count_live_orders(&other.sale_id).await.unwrap(), 0);
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn consumers_start_for_sales_added_while_running() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let (stop_tx, stopped) = watch::channel(false);
+    let supervisor = tokio::spawn(run(store.clone(), settings(&redis, "c1", Duration::from_secs(60)), stopped));
+
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    reserve(&mut conn, &reservation(&sale_id, "u")).await;
+    wait_for_orders(&store, &sale_id, 1).await;
+
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
+}
+
+#[tokio::test]
+async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let settings = Settings {
+        redis: flashgate_common::config::RedisConfig { url: "redis://127.0.0.1:1/".into(), timeout: Duration::from_millis(100), breaker_failures: 5, breaker_cooldown: Duration::from_secs(1) },
+        consumer_name: "c".into(),
+        batch_size: 10,
+        block: Duration::from_millis(100),
+        claim_idle: Duration::from_secs(1),
+        sale_poll: Duration::from_millis(50),
+    };
+    let (tx, task) = spawn("s", &store, settings);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!task.is_finished(), "the consumer must not exit on Redis errors");
+    stop(tx, task).await;
+}
+
+#[test]
+fn backoff_grows_to_five_seconds_and_resets() {
+    let mut b = Backoff::default();
+    let waits: Vec<_> = (0..8).map(|_| b.next().as_millis()).collect();
+    assert_eq!(waits, [200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+    b.reset();
+    assert_eq!(b.next().as_millis(), 200);
+}

@@ -1,0 +1,109 @@
+//! A circuit breaker on Redis.
+//!
+//! After `failures` consecutive errors or timeouts it opens: for `cooldown`
+//! every Redis-bound request gets `503 unavailable` at once instead of
+//! waiting out a timeout, which keeps a struggling Redis from being buried
+//! and the gateway's connections from piling up. Then one request is let
+//! through as a probe: success closes the breaker, failure opens it again.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::time::Duration;
+
+use flashgate_common::now_ms;
+
+pub struct Breaker {
+    threshold: u32,
+    cooldown_ms: i64,
+    failures: AtomicU32,
+    /// 0 when closed; else when the cooldown ends.
+    open_until_ms: AtomicI64,
+    probing: AtomicBool,
+}
+
+/// The breaker's position, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl Breaker {
+    pub fn new(threshold: u32, cooldown: Duration) -> Self {
+        Self {
+            threshold: threshold.max(1),
+            cooldown_ms: cooldown.as_millis() as i64,
+            failures: AtomicU32::new(0),
+            open_until_ms: AtomicI64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    pub fn state(&self) -> BreakerState {
+        match self.open_until_ms.load(Ordering::Acquire) {
+            0 => BreakerState::Closed,
+            until if now_ms() < until => BreakerState::Open,
+            _ => BreakerState::HalfOpen,
+        }
+    }
+
+    /// Whether a request may go to Redis now.
+    pub fn allow(&self) -> bool {
+        match self.state() {
+            BreakerState::Closed => true,
+            BreakerState::Open => false,
+            // One probe at a time.
+            BreakerState::HalfOpen => {
+                self.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            }
+        }
+    }
+
+    pub fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+        if self.open_until_ms.swap(0, Ordering::AcqRel) != 0 {
+            tracing::info!("redis circuit closed");
+        }
+        self.probing.store(false, Ordering::Release);
+    }
+
+    pub fn failure(&self) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        let was_probe = self.probing.swap(false, Ordering::AcqRel);
+        if failures >= self.threshold || was_probe {
+            let until = now_ms() + self.cooldown_ms;
+            if self.open_until_ms.swap(until, Ordering::AcqRel) == 0 {
+                tracing::warn!(failures, "redis circuit opened");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_threshold_failures_and_a_successful_probe_closes_it() {
+        let b = Breaker::new(3, Duration::from_millis(0));
+        b.failure();
+        b.failure();
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.failure();
+        // Zero cooldown: immediately half-open, one probe allowed.
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(b.allow());
+        assert!(!b.allow(), "only one probe at a time");
+        b.success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(b.allow());
+    }
+
+    #[test]
+    fn a_failed_probe_opens_it_again() {
+        let b = Breaker::new(1, Duration::from_secs(60));
+        b.failure();
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(!b.allow());
+    }
+}

@@ -1,0 +1,70 @@
+//! Sale events between gateways, over Redis pub/sub.
+//!
+//! Each gateway subscribes to [`EVENTS_CHANNEL`] and applies what it hears
+//! to its [`LocalSales`]: another gateway's sold-out, an operator's change.
+//! A lost subscription is re-established with backoff; while it is down
+//! the local flags still expire on their own (see `local_state`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
+use futures_util::StreamExt;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tracing::{debug, warn};
+
+use crate::local_state::LocalSales;
+
+pub struct EventListener {
+    pub client: redis::Client,
+    pub local: Arc<LocalSales>,
+}
+
+impl EventListener {
+    async fn listen(&self) -> redis::RedisResult<()> {
+        let mut pubsub = self.client.get_async_pubsub().await?;
+        pubsub.subscribe(EVENTS_CHANNEL).await?;
+        let mut messages = pubsub.on_message();
+        while let Some(msg) = messages.next().await {
+            let Ok(payload) = msg.get_payload::<String>() else { continue };
+            match SaleEvent::decode(&payload) {
+                Some(SaleEvent::SoldOut(id)) => self.local.mark_sold_out(&id),
+                Some(SaleEvent::Changed(id)) => self.local.forget(&id).await,
+                None => debug!(payload, "ignoring unknown sale event"),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl BackgroundService for EventListener {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                result = self.listen() => {
+                    if let Err(error) = result {
+                        warn!(%error, "sale events subscription lost; retrying");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Announces a sale event to every gateway.
+///
+/// # Errors
+/// When Redis cannot be reached.
+pub async fn publish(conn: &mut impl redis::aio::ConnectionLike, event: &SaleEvent) -> redis::RedisResult<()> {
+    redis::cmd("PUBLISH").arg(EVENTS_CHANNEL).arg(event.encode()).query_async(conn).await
+}

@@ -1,0 +1,263 @@
+//! Token-bucket limits enforced before any Redis call.
+//!
+//! Each route class (buy, sale-state reads) has up to three GCRA buckets
+//! (governor): per user, per client IP, and one global. Keyed buckets live
+//! in bounded moka caches (`limits.max_tracked_keys` entries, dropped after
+//! `limits.idle_seconds` unused), so memory stays bounded however many
+//! distinct users or IPs an attacker invents. The price of the bound: a key
+//! pushed out of a full cache starts over with a full bucket. moka's
+//! frequency-based admission keeps the keys that are actually hammering.
+//!
+//! IPv6 clients are keyed by their /64, the smallest block a single
+//! subscriber usually holds.
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashgate_common::config::file::{Bucket, RouteLimits};
+use flashgate_common::config::LimitsConfig;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+/// Which bucket turned a request away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    User,
+    Ip,
+    Global,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::User => "user",
+            Scope::Ip => "ip",
+            Scope::Global => "global",
+        }
+    }
+}
+
+/// A rejection by a bucket, with what the RateLimit headers need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limited {
+    pub class: RouteClass,
+    pub scope: Scope,
+    pub bucket: Bucket,
+    /// Until one more request would pass.
+    pub retry_after: Duration,
+}
+
+impl Limited {
+    /// Whole seconds to wait, at least 1 (Retry-After has no fractions).
+    pub fn retry_after_secs(&self) -> u64 {
+        self.retry_after.as_millis().div_ceil(1000).max(1) as u64
+    }
+
+    /// `RateLimit-Policy` per draft-ietf-httpapi-ratelimit-headers: the
+    /// quota `q` and the window `w` (seconds) in which a full bucket refills.
+    pub fn policy_header(&self) -> String {
+        let window = self.bucket.burst.div_ceil(self.bucket.per_second).max(1);
+        format!("\"{}-{}\";q={};w={}", self.class.as_str(), self.scope.as_str(), self.bucket.burst, window)
+    }
+
+    /// `RateLimit`: nothing remaining, reset in `t` seconds.
+    pub fn state_header(&self) -> String {
+        format!("\"{}-{}\";r=0;t={}", self.class.as_str(), self.scope.as_str(), self.retry_after_secs())
+    }
+}
+
+/// The route classes limits are configured for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteClass {
+    Buy,
+    Read,
+}
+
+impl RouteClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteClass::Buy => "buy",
+            RouteClass::Read => "read",
+        }
+    }
+}
+
+fn quota(b: Bucket) -> Quota {
+    // Validated non-zero by the config.
+    let per_second = NonZeroU32::new(b.per_second).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(b.burst).unwrap_or(NonZeroU32::MIN);
+    Quota::per_second(per_second).allow_burst(burst)
+}
+
+/// Buckets keyed by user or IP, in a bounded cache.
+struct Keyed<K: std::hash::Hash + Eq + Send + Sync + 'static> {
+    bucket: Bucket,
+    quota: Quota,
+    cache: moka::sync::Cache<K, Arc<DefaultDirectRateLimiter>>,
+}
+
+impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Keyed<K> {
+    fn new(bucket: Bucket, cfg: &LimitsConfig) -> Self {
+        let cache = moka::sync::Cache::builder().max_capacity(cfg.max_tracked_keys).time_to_idle(cfg.idle).build();
+        Self { bucket, quota: quota(bucket), cache }
+    }
+
+    fn check<Q>(&self, key: &Q, clock: &DefaultClock) -> Result<(), Duration>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let limiter = match self.cache.get(key) {
+            Some(l) => l,
+            None => self.cache.get_with(key.to_owned(), || Arc::new(RateLimiter::direct(self.quota))),
+        };
+        limiter.check().map_err(|not_until| not_until.wait_time_from(clock.now()))
+    }
+}
+
+/// The buckets of one route class.
+struct ClassLimiter {
+    class: RouteClass,
+    user: Option<Keyed<String>>,
+    ip: Option<Keyed<IpAddr>>,
+    global: Option<(Bucket, DefaultDirectRateLimiter)>,
+}
+
+impl ClassLimiter {
+    fn new(class: RouteClass, limits: &RouteLimits, cfg: &LimitsConfig) -> Self {
+        Self {
+            class,
+            user: limits.user.map(|b| Keyed::new(b, cfg)),
+            ip: limits.ip.map(|b| Keyed::new(b, cfg)),
+            global: limits.global.map(|b| (b, RateLimiter::direct(quota(b)))),
+        }
+    }
+
+    fn limited(&self, scope: Scope, bucket: Bucket, retry_after: Duration) -> Limited {
+        Limited { class: self.class, scope, bucket, retry_after }
+    }
+}
+
+/// Every limiter of the gateway.
+pub struct Limiters {
+    buy: ClassLimiter,
+    read: ClassLimiter,
+    clock: DefaultClock,
+}
+
+impl Limiters {
+    pub fn new(cfg: &LimitsConfig) -> Self {
+        Self {
+            buy: ClassLimiter::new(RouteClass::Buy, &cfg.buy, cfg),
+            read: ClassLimiter::new(RouteClass::Read, &cfg.read, cfg),
+            clock: DefaultClock::default(),
+        }
+    }
+
+    fn class(&self, class: RouteClass) -> &ClassLimiter {
+        match class {
+            RouteClass::Buy => &self.buy,
+            RouteClass::Read => &self.read,
+        }
+    }
+
+    /// The per-IP bucket; checked first, before the token is even parsed.
+    ///
+    /// # Errors
+    /// [`Limited`] when the bucket is empty.
+    pub fn check_ip(&self, class: RouteClass, ip: IpAddr) -> Result<(), Limited> {
+        let c = self.class(class);
+        match &c.ip {
+            Some(k) => k.check(&ip_key(ip), &self.clock).map_err(|wait| c.limited(Scope::Ip, k.bucket, wait)),
+            None => Ok(()),
+        }
+    }
+
+    /// The per-user bucket, then the global one: a user over their own
+    /// limit does not spend the global budget.
+    ///
+    /// # Errors
+    /// [`Limited`] when a bucket is empty.
+    pub fn check_user_then_global(&self, class: RouteClass, user: Option<&str>) -> Result<(), Limited> {
+        let c = self.class(class);
+        if let (Some(k), Some(user)) = (&c.user, user) {
+            k.check(user, &self.clock).map_err(|wait| c.limited(Scope::User, k.bucket, wait))?;
+        }
+        if let Some((bucket, limiter)) = &c.global {
+            limiter.check().map_err(|nu| c.limited(Scope::Global, *bucket, nu.wait_time_from(self.clock.now())))?;
+        }
+        Ok(())
+    }
+
+    /// Keys currently tracked (users + IPs, all classes), for tests and metrics.
+    pub fn tracked_keys(&self) -> u64 {
+        [&self.buy, &self.read]
+            .iter()
+            .map(|c| {
+                c.user.as_ref().map_or(0, |k| {
+                    k.cache.run_pending_tasks();
+                    k.cache.entry_count()
+                }) + c.ip.as_ref().map_or(0, |k| {
+                    k.cache.run_pending_tasks();
+                    k.cache.entry_count()
+                })
+            })
+            .sum()
+    }
+}
+
+/// IPv4 as is; IPv6 truncated to its /64.
+fn ip_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let mut seg = v6.segments();
+            seg[4..].fill(0);
+            IpAddr::V6(seg.into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(buy: RouteLimits) -> LimitsConfig {
+        LimitsConfig { trusted_proxies: vec![], max_tracked_keys: 1000, idle: Duration::from_secs(60), buy, read: RouteLimits::default() }
+    }
+
+    #[test]
+    fn a_user_gets_exactly_the_burst_then_is_limited_with_a_wait() {
+        let l = Limiters::new(&cfg(RouteLimits { user: Some(Bucket { per_second: 1, burst: 3 }), ..Default::default() }));
+        for _ in 0..3 {
+            assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
+        }
+        let err = l.check_user_then_global(RouteClass::Buy, Some("u")).unwrap_err();
+        assert_eq!(err.scope, Scope::User);
+        assert_eq!(err.retry_after_secs(), 1);
+        assert_eq!(err.policy_header(), "\"buy-user\";q=3;w=3");
+        assert!(l.check_user_then_global(RouteClass::Buy, Some("other")).is_ok(), "buckets are per user");
+        assert!(l.check_user_then_global(RouteClass::Read, Some("u")).is_ok(), "classes are separate");
+    }
+
+    #[test]
+    fn ipv6_clients_share_a_bucket_per_slash_64() {
+        let l = Limiters::new(&cfg(RouteLimits { ip: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() }));
+        assert!(l.check_ip(RouteClass::Buy, "2001:db8::1".parse().unwrap()).is_ok());
+        assert_eq!(l.check_ip(RouteClass::Buy, "2001:db8::2".parse().unwrap()).unwrap_err().scope, Scope::Ip);
+        assert!(l.check_ip(RouteClass::Buy, "2001:db8:0:1::1".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn tracked_keys_stay_under_the_cap() {
+        let mut c = cfg(RouteLimits { user: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() });
+        c.max_tracked_keys = 100;
+        let l = Limiters::new(&c);
+        for i in 0..5000 {
+            let _ = l.check_user_then_global(RouteClass::Buy, Some(&format!("u{i}")));
+        }
+        assert!(l.tracked_keys() <= 100, "{}", l.tracked_keys());
+    }
+}

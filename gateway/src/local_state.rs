@@ -1,0 +1,93 @@
+//! What each gateway knows about a sale without asking Redis.
+//!
+//! - The sale window (start, end, pause flag), cached for
+//!   [`WINDOW_TTL`] and refreshed with one Redis read per sale shared by all
+//!   concurrent requests (moka's `get_with` is single-flight). Requests
+//!   before the start or after the end are answered here.
+//! - The sold-out flag: set when the deduct script answers sold out, here
+//!   or on another gateway (announced on the events channel). While it is
+//!   set, buys get `410 sold_out` without touching Redis. An operator's
+//!   change to the sale clears it everywhere. It also expires after
+//!   [`SOLD_OUT_TTL`], so a missed "changed" event costs one script call
+//!   per gateway per TTL, never a sale that stays closed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashgate_common::keys::SaleKeys;
+
+use crate::redis_client::{RedisClient, RedisError};
+
+/// How long a cached sale window is trusted.
+pub const WINDOW_TTL: Duration = Duration::from_secs(2);
+/// How long a sold-out flag is trusted without news.
+pub const SOLD_OUT_TTL: Duration = Duration::from_secs(30);
+/// Most sales tracked at once.
+const MAX_SALES: u64 = 10_000;
+
+/// A sale's window as the gateway caches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleWindow {
+    pub starts_at_ms: i64,
+    pub ends_at_ms: i64,
+    pub paused: bool,
+}
+
+/// `None` inside the cache: the sale does not exist (cached too, so a flood
+/// of buys for an unknown sale costs one Redis read per TTL).
+type CachedWindow = Option<SaleWindow>;
+
+pub struct LocalSales {
+    windows: moka::future::Cache<String, CachedWindow>,
+    sold_out: moka::sync::Cache<String, ()>,
+}
+
+impl Default for LocalSales {
+    fn default() -> Self {
+        Self {
+            windows: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(WINDOW_TTL).build(),
+            sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
+        }
+    }
+}
+
+impl LocalSales {
+    pub fn is_sold_out(&self, sale_id: &str) -> bool {
+        self.sold_out.contains_key(sale_id)
+    }
+
+    pub fn mark_sold_out(&self, sale_id: &str) {
+        self.sold_out.insert(sale_id.to_owned(), ());
+    }
+
+    /// Forgets everything about a sale (an operator changed it).
+    pub async fn forget(&self, sale_id: &str) {
+        self.sold_out.invalidate(sale_id);
+        self.windows.invalidate(sale_id).await;
+    }
+
+    /// The sale's window, from the cache or one shared Redis read.
+    ///
+    /// # Errors
+    /// When Redis cannot be read (nothing is cached then).
+    pub async fn window(&self, redis: &RedisClient, sale_id: &str) -> Result<CachedWindow, Arc<RedisError>> {
+        if let Some(w) = self.windows.get(sale_id).await {
+            return Ok(w);
+        }
+        self.windows.try_get_with(sale_id.to_owned(), read_window(redis, sale_id)).await
+    }
+}
+
+async fn read_window(redis: &RedisClient, sale_id: &str) -> Result<CachedWindow, RedisError> {
+    let keys = SaleKeys::new(sale_id);
+    let mut conn = redis.conn().await?;
+    let (starts, ends, paused): (Option<i64>, Option<i64>, Option<String>) = redis
+        .bounded(redis::cmd("HMGET").arg(&keys.meta).arg(&["starts_at_ms", "ends_at_ms", "paused"]).query_async(&mut conn))
+        .await??;
+    Ok(match (starts, ends) {
+        (Some(starts_at_ms), Some(ends_at_ms)) => {
+            Some(SaleWindow { starts_at_ms, ends_at_ms, paused: paused.as_deref() == Some("1") })
+        }
+        _ => None,
+    })
+}
