@@ -111,7 +111,10 @@ impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Keyed<K> {
     {
         let limiter = match self.cache.get(key) {
             Some(l) => l,
-            None => self.cache.get_with(key.to_owned(), || Arc::new(RateLimiter::direct(self.quota))),
+            // Each bucket gets a clone of the one clock: building a fresh
+            // clock per key would query the CPU (cpuid) every time, which
+            // traps to the hypervisor on virtual machines.
+            None => self.cache.get_with(key.to_owned(), || Arc::new(RateLimiter::direct_with_clock(self.quota, clock.clone()))),
         };
         limiter.check().map_err(|not_until| not_until.wait_time_from(clock.now()))
     }
@@ -126,12 +129,12 @@ struct ClassLimiter {
 }
 
 impl ClassLimiter {
-    fn new(class: RouteClass, limits: &RouteLimits, cfg: &LimitsConfig) -> Self {
+    fn new(class: RouteClass, limits: &RouteLimits, cfg: &LimitsConfig, clock: &DefaultClock) -> Self {
         Self {
             class,
             user: limits.user.map(|b| Keyed::new(b, cfg)),
             ip: limits.ip.map(|b| Keyed::new(b, cfg)),
-            global: limits.global.map(|b| (b, RateLimiter::direct(quota(b)))),
+            global: limits.global.map(|b| (b, RateLimiter::direct_with_clock(quota(b), clock.clone()))),
         }
     }
 
@@ -149,10 +152,11 @@ pub struct Limiters {
 
 impl Limiters {
     pub fn new(cfg: &LimitsConfig) -> Self {
+        let clock = DefaultClock::default();
         Self {
-            buy: ClassLimiter::new(RouteClass::Buy, &cfg.buy, cfg),
-            read: ClassLimiter::new(RouteClass::Read, &cfg.read, cfg),
-            clock: DefaultClock::default(),
+            buy: ClassLimiter::new(RouteClass::Buy, &cfg.buy, cfg, &clock),
+            read: ClassLimiter::new(RouteClass::Read, &cfg.read, cfg, &clock),
+            clock,
         }
     }
 

@@ -172,11 +172,13 @@ pub struct StackOptions {
     pub redis_timeout_ms: u64,
     pub appendonly: bool,
     pub claim_idle_ms: u64,
+    /// TOML appended to the generated config (limits, deny lists, ...).
+    pub extra_toml: String,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        Self { database_url: None, redis_timeout_ms: 300, appendonly: false, claim_idle_ms: 2000 }
+        Self { database_url: None, redis_timeout_ms: 300, appendonly: false, claim_idle_ms: 2000, extra_toml: String::new() }
     }
 }
 
@@ -231,7 +233,9 @@ batch_size = 200
 block_ms = 200
 claim_idle_ms = {claim}
 sale_poll_ms = 100
+{extra}
 "#,
+                extra = opts.extra_toml,
                 redis = redis.url(),
                 timeout = opts.redis_timeout_ms,
                 static_dir = static_dir.display(),
@@ -293,6 +297,35 @@ sale_poll_ms = 100
         if !wait_port(self.gateway_addr, Duration::from_secs(30)) {
             panic!("gateway did not start:\n{}", self.log("flashgate"));
         }
+    }
+
+    /// Starts one more gateway on its own port, same Redis and backend
+    /// (many gateways share one Redis in production). Returns it and its address.
+    pub fn start_second_gateway(&self) -> (Proc, SocketAddr) {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        let text = text.replacen(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\""), 1);
+        let path = self.dir.0.join("flashgate-2.toml");
+        std::fs::write(&path, text).unwrap();
+        let log = std::fs::File::create(self.dir.0.join("flashgate-2.log")).unwrap();
+        let child = Command::new(bin("flashgate"))
+            .arg("--config")
+            .arg(&path)
+            .arg("serve")
+            .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let proc = Proc { child, name: "flashgate-2" };
+        assert!(wait_port(addr, Duration::from_secs(30)), "second gateway did not start");
+        (proc, addr)
+    }
+
+    /// Rewrites the stack's config file (the gateway reloads limits and deny lists from it).
+    pub fn edit_config(&self, edit: impl FnOnce(String) -> String) {
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        std::fs::write(&self.config_path, edit(text)).unwrap();
     }
 
     /// Kills the backend with SIGKILL.

@@ -1,0 +1,158 @@
+//! Edge protection against the real stack: token buckets with their
+//! headers, trusted-proxy handling, deny lists reloaded live, the sold-out
+//! short-circuit across gateways, and a stalled Redis.
+
+use std::time::{Duration, Instant};
+
+use flashgate_tests::{buy_all, random_user, token, Attempt, Stack, StackOptions};
+
+async fn buy_status(stack: &Stack, user: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = stack.http.post(stack.url("/api/sales/edge/buy")).bearer_auth(token(user));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+fn assert_limited(resp: &reqwest::Response, policy: &str) {
+    assert_eq!(resp.status().as_u16(), 429);
+    let h = resp.headers();
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 1);
+    let p = h["ratelimit-policy"].to_str().unwrap();
+    assert!(p.starts_with(&format!("\"{policy}\";q=")), "{p}");
+    let state = h["ratelimit"].to_str().unwrap();
+    assert!(state.starts_with(&format!("\"{policy}\";r=0;t=")), "{state}");
+}
+
+async fn stack_with(extra: &str) -> Stack {
+    let stack = Stack::start(StackOptions { extra_toml: extra.into(), ..StackOptions::default() }).await;
+    stack.open_sale("edge", 1_000_000, 1_000_000).await;
+    stack
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_over_their_bucket_gets_429_with_ratelimit_headers() {
+    let stack = stack_with("[limits.buy]\nuser = { per_second = 1, burst = 2 }\n").await;
+    for _ in 0..2 {
+        assert_eq!(buy_status(&stack, "hammer", &[]).await.status().as_u16(), 201);
+    }
+    let resp = buy_status(&stack, "hammer", &[]).await;
+    assert_limited(&resp, "buy-user");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited");
+    assert_eq!(buy_status(&stack, "someone-else", &[]).await.status().as_u16(), 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_ip_over_its_bucket_gets_429_whoever_the_user() {
+    let stack = stack_with("[limits.buy]\nip = { per_second = 1, burst = 3 }\n").await;
+    for i in 0..3 {
+        assert_eq!(buy_status(&stack, &format!("u{i}"), &[]).await.status().as_u16(), 201);
+    }
+    assert_limited(&buy_status(&stack, "u9", &[]).await, "buy-ip");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_bucket_limits_all_users_together() {
+    let stack = stack_with("[limits.buy]\nglobal = { per_second = 1, burst = 4 }\n").await;
+    for i in 0..4 {
+        assert_eq!(buy_status(&stack, &format!("g{i}"), &[]).await.status().as_u16(), 201);
+    }
+    assert_limited(&buy_status(&stack, "g9", &[]).await, "buy-global");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoofed_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy() {
+    // Untrusted peer (loopback is not in 10.0.0.0/8): the header cannot change the key.
+    let stack = stack_with("[limits]\ntrusted_proxies = [\"10.0.0.0/8\"]\n[limits.read]\nip = { per_second = 1, burst = 1 }\n").await;
+    let get = |xff: &'static str| stack.http.get(stack.url("/api/sales/edge")).header("X-Forwarded-For", xff).send();
+    assert_eq!(get("198.51.100.1").await.unwrap().status().as_u16(), 200);
+    assert_limited(&get("198.51.100.2").await.unwrap(), "read-ip");
+    drop(stack);
+
+    // Trusted peer: each forwarded client gets its own bucket.
+    let stack = stack_with("[limits]\ntrusted_proxies = [\"127.0.0.1/32\"]\n[limits.read]\nip = { per_second = 1, burst = 1 }\n").await;
+    let get = |xff: &'static str| stack.http.get(stack.url("/api/sales/edge")).header("X-Forwarded-For", xff).send();
+    assert_eq!(get("198.51.100.1").await.unwrap().status().as_u16(), 200);
+    assert_eq!(get("198.51.100.2").await.unwrap().status().as_u16(), 200);
+    assert_limited(&get("198.51.100.1").await.unwrap(), "read-ip");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_lists_apply_without_restart() {
+    let stack = stack_with("").await;
+    assert_eq!(buy_status(&stack, "eve", &[]).await.status().as_u16(), 201);
+    stack.edit_config(|t| format!("{t}\n[deny]\nusers = [\"eve\"]\nips = [\"203.0.113.0/24\"]\n"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    while Instant::now() < deadline {
+        status = buy_status(&stack, "eve", &[]).await.status().as_u16();
+        if status == 403 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 403, "deny list not applied");
+    assert_eq!(buy_status(&stack, "adam", &[]).await.status().as_u16(), 201);
+    assert!(stack.log("flashgate").contains("config reloaded"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let (_second, second_addr) = stack.start_second_gateway();
+    // Both gateways subscribed to sale events.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut stack.redis.conn().await).await.unwrap();
+        if subs[0].1 >= 2 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stack.open_sale("gone", 5, 1).await;
+    let sellout = buy_all(stack.gateway_addr, "gone", (0..50).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect(), 16).await;
+    assert_eq!(sellout.iter().filter(|o| o.won()).count(), 5);
+    assert!(sellout.iter().any(|o| o.status == 410));
+
+    let scripts_before = stack.redis.command_calls("evalsha").await;
+    let attempts = || (0..10_000).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect::<Vec<_>>();
+    let first = buy_all(stack.gateway_addr, "gone", attempts(), 64).await;
+    let second = buy_all(second_addr, "gone", attempts(), 64).await;
+    assert!(first.iter().chain(&second).all(|o| o.status == 410), "every late buyer is told sold out");
+    assert_eq!(stack.redis.command_calls("evalsha").await, scripts_before, "a sold-out buy ran the script");
+
+    // An operator restock clears the flag everywhere.
+    stack.open_sale("gone", 6, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    while Instant::now() < deadline && status != 201 {
+        status = flashgate_tests::buy(&stack.http, second_addr, "gone", &token(&random_user()), None).await.0;
+    }
+    assert_eq!(status, 201, "restock did not reopen the sale on the second gateway");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_redis_gets_503s_not_hangs_and_sales_resume_after() {
+    let stack = Stack::start(StackOptions { redis_timeout_ms: 200, ..StackOptions::default() }).await;
+    stack.open_sale("stall", 100, 1).await;
+    // Warm the gateway's local copy of the window.
+    assert_eq!(stack.buy("stall", &random_user(), None).await.0, 201);
+
+    stack.redis.proc.signal("STOP");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    for _ in 0..10 {
+        let (status, body) = flashgate_tests::buy(&client, stack.gateway_addr, "stall", &token(&random_user()), None).await;
+        assert_eq!((status, body["code"].as_str()), (503, Some("unavailable")));
+    }
+    stack.redis.proc.signal("CONT");
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut status = 0;
+    while Instant::now() < deadline && status != 201 {
+        status = stack.buy("stall", &random_user(), None).await.0;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 201, "sales did not resume after SIGCONT");
+}
