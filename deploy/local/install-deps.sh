@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing Flashgate needs on Debian or Ubuntu,
 # skipping what is already there: redis-server (the tests start their own),
-# cmake (pingora's zlib-ng build needs it), pkg-config, curl.
+# cmake (pingora's zlib-ng build needs it), pkg-config, curl, and for the
+# sale page's browser test: Debian's chromium, node and npm, and
+# playwright-core in tests/browser (from its package-lock.json).
 # With --postgres it also makes sure a PostgreSQL server answers on
 # 127.0.0.1:5432 with a database `test` (the backend's store tests use it).
 set -euo pipefail
@@ -11,6 +13,9 @@ command -v redis-server >/dev/null || want+=(redis-server)
 command -v cmake >/dev/null || want+=(cmake)
 command -v pkg-config >/dev/null || want+=(pkg-config)
 command -v curl >/dev/null || want+=(curl)
+[[ -x /usr/bin/chromium ]] || want+=(chromium)
+command -v node >/dev/null || want+=(nodejs)
+command -v npm >/dev/null || want+=(npm)
 if [[ "${1:-}" == "--postgres" ]] && ! command -v pg_ctlcluster >/dev/null; then
   want+=(postgresql)
 fi
@@ -21,6 +26,12 @@ if ((${#want[@]})); then
   echo "installing: ${want[*]}"
   sudo_ apt-get update -qq
   sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${want[@]}" >/dev/null
+fi
+
+browser_dir="$(dirname "$0")/../../tests/browser"
+if [[ ! -d "$browser_dir/node_modules/playwright-core" ]]; then
+  echo "installing playwright-core in tests/browser"
+  (cd "$browser_dir" && npm ci --no-audit --no-fund --silent)
 fi
 
 if [[ "${1:-}" == "--postgres" ]]; then
