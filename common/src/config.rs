@@ -20,6 +20,8 @@ pub const ENV_JWT_SECRET: &str = "FLASHGATE_JWT_SECRET";
 pub const ENV_ADMIN_TOKEN: &str = "FLASHGATE_ADMIN_TOKEN";
 /// Environment variable overriding `backend.database_url`.
 pub const ENV_DATABASE_URL: &str = "FLASHGATE_DATABASE_URL";
+/// Environment variable overriding `backend.consumer_name` (e.g. a pod name).
+pub const ENV_CONSUMER_NAME: &str = "FLASHGATE_CONSUMER_NAME";
 
 /// A configuration problem, with every bad key named.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +47,49 @@ pub mod file {
         pub backend: Backend,
         pub limits: Limits,
         pub deny: Deny,
+        pub shop: Shop,
+        pub pages: Pages,
         pub sales: Vec<Sale>,
+    }
+
+    /// The shop behind the gateway.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct Shop {
+        /// When non-empty, replaces `gateway.shop_upstream`.
+        pub upstreams: Vec<String>,
+        pub health_check_interval_ms: u64,
+        pub connect_timeout_ms: u64,
+        pub read_timeout_ms: u64,
+    }
+
+    impl Default for Shop {
+        fn default() -> Self {
+            Self { upstreams: Vec::new(), health_check_interval_ms: 1000, connect_timeout_ms: 2000, read_timeout_ms: 30_000 }
+        }
+    }
+
+    /// Product pages, assets and the sale state they poll.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct Pages {
+        pub page_max_age_seconds: u64,
+        pub asset_max_age_seconds: u64,
+        pub fingerprinted_max_age_seconds: u64,
+        pub reload_interval_ms: u64,
+        pub state_ttl_ms: u64,
+    }
+
+    impl Default for Pages {
+        fn default() -> Self {
+            Self {
+                page_max_age_seconds: 10,
+                asset_max_age_seconds: 60,
+                fingerprinted_max_age_seconds: 31_536_000,
+                reload_interval_ms: 1000,
+                state_ttl_ms: 250,
+            }
+        }
     }
 
     /// A token bucket: `per_second` sustained, up to `burst` at once.
@@ -120,6 +164,7 @@ pub mod file {
     #[serde(deny_unknown_fields, default)]
     pub struct Gateway {
         pub listen: String,
+        pub admin_listen: String,
         pub threads: usize,
         pub shop_upstream: String,
         pub backend_url: String,
@@ -133,6 +178,7 @@ pub mod file {
         fn default() -> Self {
             Self {
                 listen: "0.0.0.0:8080".into(),
+                admin_listen: "127.0.0.1:9092".into(),
                 threads: 2,
                 shop_upstream: "127.0.0.1:8000".into(),
                 backend_url: "http://127.0.0.1:9090".into(),
@@ -155,6 +201,10 @@ pub mod file {
         pub block_ms: u64,
         pub claim_idle_ms: u64,
         pub sale_poll_ms: u64,
+        pub max_deliveries: u32,
+        pub expiry_poll_ms: u64,
+        pub restore_poll_ms: u64,
+        pub reconcile_interval_ms: u64,
     }
 
     impl Default for Backend {
@@ -168,6 +218,10 @@ pub mod file {
                 block_ms: 1000,
                 claim_idle_ms: 30_000,
                 sale_poll_ms: 1000,
+                max_deliveries: 5,
+                expiry_poll_ms: 1000,
+                restore_poll_ms: 1000,
+                reconcile_interval_ms: 60_000,
             }
         }
     }
@@ -186,6 +240,9 @@ pub mod file {
         pub ends_at: Option<String>,
         #[serde(default = "hour")]
         pub duration_seconds: i64,
+        /// Unpaid orders are cancelled this long after their reservation.
+        #[serde(default = "payment_timeout")]
+        pub payment_timeout_seconds: i64,
     }
 
     fn one() -> i64 {
@@ -193,6 +250,9 @@ pub mod file {
     }
     fn hour() -> i64 {
         3600
+    }
+    fn payment_timeout() -> i64 {
+        crate::sale::DEFAULT_PAYMENT_TIMEOUT_SECONDS
     }
 }
 
@@ -212,6 +272,8 @@ pub struct RedisConfig {
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     pub listen: SocketAddr,
+    /// Metrics, liveness and readiness; keep it off public networks.
+    pub admin_listen: SocketAddr,
     pub threads: usize,
     pub shop_upstream: SocketAddr,
     pub backend_url: String,
@@ -219,6 +281,37 @@ pub struct GatewayConfig {
     pub static_dir: PathBuf,
     pub idempotency_ttl: Duration,
     pub keepalive: Duration,
+}
+
+/// The shop's upstreams and how they are checked and reached.
+#[derive(Debug, Clone)]
+pub struct ShopConfig {
+    /// `shop.upstreams`, or `[gateway.shop_upstream]` when that is empty.
+    pub upstreams: Vec<SocketAddr>,
+    /// How often each upstream gets a TCP health check; an upstream that
+    /// fails one gets no requests until it passes one again.
+    pub health_check_interval: Duration,
+    pub connect_timeout: Duration,
+    /// Longest wait for the shop's next bytes; past it the client gets 504.
+    pub read_timeout: Duration,
+}
+
+/// Caching of the product pages and of the sale state they poll.
+#[derive(Debug, Clone)]
+pub struct PagesConfig {
+    /// `max-age` of HTML pages: short, so a new page is seen soon.
+    pub page_max_age: Duration,
+    /// `max-age` of assets whose name carries no content hash.
+    pub asset_max_age: Duration,
+    /// `max-age` (with `immutable`) of assets named `name.<hash>.ext`: their
+    /// content never changes under that name.
+    pub fingerprinted_max_age: Duration,
+    /// How often `gateway.static_dir` is checked for changed files; zero
+    /// turns reloading off.
+    pub reload_interval: Duration,
+    /// How long `GET /api/sales/{id}` is answered from the edge cache: at
+    /// most one Redis read per sale per this TTL per gateway.
+    pub state_ttl: Duration,
 }
 
 /// Backend settings.
@@ -232,6 +325,15 @@ pub struct BackendConfig {
     pub block: Duration,
     pub claim_idle: Duration,
     pub sale_poll: Duration,
+    /// Deliveries after which a stream entry that keeps failing moves to
+    /// the sale's dead-letter stream instead of blocking the ones behind it.
+    pub max_deliveries: u32,
+    /// How often unpaid orders past their sale's payment timeout are looked for.
+    pub expiry_poll: Duration,
+    /// How often the backend checks that every sale is still in Redis.
+    pub restore_poll: Duration,
+    /// How often Redis counters are reconciled with the order table.
+    pub reconcile_interval: Duration,
 }
 
 /// Edge limits, validated: CIDRs parsed, buckets non-zero.
@@ -273,9 +375,13 @@ pub struct Config {
     /// Admin bearer token, from the environment only.
     pub admin_token: Option<String>,
     pub gateway: GatewayConfig,
+    pub shop: ShopConfig,
+    pub pages: PagesConfig,
     pub backend: BackendConfig,
     /// Sales declared in the file; preheated only when absent from Redis.
     pub sales: Vec<SaleSpec>,
+    /// Payment timeout of each sale in [`Config::sales`], by sale id.
+    pub payment_timeouts: std::collections::HashMap<String, Duration>,
 }
 
 /// Where secrets and overrides come from; tests pass their own.
@@ -329,9 +435,15 @@ impl Config {
             })
         };
         let gateway_listen = addr("gateway.listen", &f.gateway.listen);
+        let gateway_admin_listen = addr("gateway.admin_listen", &f.gateway.admin_listen);
         let shop_upstream = addr("gateway.shop_upstream", &f.gateway.shop_upstream);
         let backend_listen = addr("backend.listen", &f.backend.listen);
         let admin_listen = addr("backend.admin_listen", &f.backend.admin_listen);
+        let mut shop_upstreams: Vec<SocketAddr> =
+            f.shop.upstreams.iter().enumerate().map(|(i, v)| addr(&format!("shop.upstreams[{i}]"), v)).collect();
+        if shop_upstreams.is_empty() {
+            shop_upstreams.push(shop_upstream);
+        }
 
         let mut check = |ok: bool, msg: &str| {
             if !ok {
@@ -365,6 +477,29 @@ impl Config {
         check((1..=60_000).contains(&f.backend.block_ms), "backend.block_ms: must be between 1 and 60000");
         check(f.backend.claim_idle_ms >= 100, "backend.claim_idle_ms: must be at least 100");
         check((10..=60_000).contains(&f.backend.sale_poll_ms), "backend.sale_poll_ms: must be between 10 and 60000");
+        check(shop_upstreams.len() <= 64, "shop.upstreams: at most 64 upstreams");
+        check(
+            (100..=600_000).contains(&f.shop.health_check_interval_ms),
+            "shop.health_check_interval_ms: must be between 100 and 600000",
+        );
+        check((1..=60_000).contains(&f.shop.connect_timeout_ms), "shop.connect_timeout_ms: must be between 1 and 60000");
+        check((1..=3_600_000).contains(&f.shop.read_timeout_ms), "shop.read_timeout_ms: must be between 1 and 3600000");
+        let max_age = 31_536_000;
+        check(f.pages.page_max_age_seconds <= max_age, "pages.page_max_age_seconds: must be at most 31536000");
+        check(f.pages.asset_max_age_seconds <= max_age, "pages.asset_max_age_seconds: must be at most 31536000");
+        check(
+            f.pages.fingerprinted_max_age_seconds <= max_age,
+            "pages.fingerprinted_max_age_seconds: must be at most 31536000",
+        );
+        check(f.pages.reload_interval_ms <= 3_600_000, "pages.reload_interval_ms: must be at most 3600000 (0 turns reloading off)");
+        check((1..=60_000).contains(&f.pages.state_ttl_ms), "pages.state_ttl_ms: must be between 1 and 60000");
+        check((1..=1000).contains(&f.backend.max_deliveries), "backend.max_deliveries: must be between 1 and 1000");
+        check((10..=600_000).contains(&f.backend.expiry_poll_ms), "backend.expiry_poll_ms: must be between 10 and 600000");
+        check((10..=600_000).contains(&f.backend.restore_poll_ms), "backend.restore_poll_ms: must be between 10 and 600000");
+        check(
+            (10..=86_400_000).contains(&f.backend.reconcile_interval_ms),
+            "backend.reconcile_interval_ms: must be between 10 and 86400000",
+        );
 
         let mut nets = |key: &str, list: &[String]| -> Vec<ipnet::IpNet> {
             list.iter()
@@ -397,7 +532,14 @@ impl Config {
         }
 
         let mut sales = Vec::with_capacity(f.sales.len());
+        let mut payment_timeouts = std::collections::HashMap::new();
         for (i, s) in f.sales.iter().enumerate() {
+            match crate::sale::payment_timeout(s.payment_timeout_seconds) {
+                Ok(t) => {
+                    payment_timeouts.insert(s.id.clone(), t);
+                }
+                Err(e) => errors.push(format!("sales[{i}].{e}")),
+            }
             match sale_spec(s, now_ms) {
                 Ok(spec) => match spec.validate() {
                     Ok(()) if sales.iter().any(|o: &SaleSpec| o.id == spec.id) => {
@@ -431,6 +573,7 @@ impl Config {
             admin_token: env.var(ENV_ADMIN_TOKEN),
             gateway: GatewayConfig {
                 listen: gateway_listen,
+                admin_listen: gateway_admin_listen,
                 threads: f.gateway.threads,
                 shop_upstream,
                 backend_url: f.gateway.backend_url.trim_end_matches('/').to_owned(),
@@ -439,17 +582,38 @@ impl Config {
                 idempotency_ttl: Duration::from_secs(f.gateway.idempotency_ttl_seconds),
                 keepalive: Duration::from_secs(f.gateway.keepalive_seconds),
             },
+            shop: ShopConfig {
+                upstreams: shop_upstreams,
+                health_check_interval: Duration::from_millis(f.shop.health_check_interval_ms),
+                connect_timeout: Duration::from_millis(f.shop.connect_timeout_ms),
+                read_timeout: Duration::from_millis(f.shop.read_timeout_ms),
+            },
+            pages: PagesConfig {
+                page_max_age: Duration::from_secs(f.pages.page_max_age_seconds),
+                asset_max_age: Duration::from_secs(f.pages.asset_max_age_seconds),
+                fingerprinted_max_age: Duration::from_secs(f.pages.fingerprinted_max_age_seconds),
+                reload_interval: Duration::from_millis(f.pages.reload_interval_ms),
+                state_ttl: Duration::from_millis(f.pages.state_ttl_ms),
+            },
             backend: BackendConfig {
                 listen: backend_listen,
                 admin_listen,
                 database_url,
-                consumer_name: f.backend.consumer_name.unwrap_or_else(default_consumer_name),
+                consumer_name: env
+                    .var(ENV_CONSUMER_NAME)
+                    .or(f.backend.consumer_name)
+                    .unwrap_or_else(default_consumer_name),
                 batch_size: f.backend.batch_size,
                 block: Duration::from_millis(f.backend.block_ms),
                 claim_idle: Duration::from_millis(f.backend.claim_idle_ms),
                 sale_poll: Duration::from_millis(f.backend.sale_poll_ms),
+                max_deliveries: f.backend.max_deliveries,
+                expiry_poll: Duration::from_millis(f.backend.expiry_poll_ms),
+                restore_poll: Duration::from_millis(f.backend.restore_poll_ms),
+                reconcile_interval: Duration::from_millis(f.backend.reconcile_interval_ms),
             },
             sales,
+            payment_timeouts,
         })
     }
 }
@@ -548,10 +712,42 @@ mod tests {
     }
 
     #[test]
+    fn shop_upstreams_and_page_caching_default_and_are_checked() {
+        let c = Config::from_toml_str("[gateway]\nshop_upstream = \"127.0.0.1:8000\"\n", &NoEnv, 0).unwrap();
+        assert_eq!(c.shop.upstreams, vec!["127.0.0.1:8000".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(c.pages.state_ttl, Duration::from_millis(250));
+        assert_eq!(c.pages.fingerprinted_max_age, Duration::from_secs(31_536_000));
+        let text = "[shop]\nupstreams = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n[pages]\nstate_ttl_ms = 100\n";
+        let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+        assert_eq!(c.shop.upstreams.len(), 2);
+        assert_eq!(c.pages.state_ttl, Duration::from_millis(100));
+        let bad = "[shop]\nupstreams = [\"nope\"]\nconnect_timeout_ms = 0\n[pages]\nstate_ttl_ms = 0\npage_max_age_seconds = 99999999\n";
+        let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+        for key in ["shop.upstreams[0]", "shop.connect_timeout_ms", "pages.state_ttl_ms", "pages.page_max_age_seconds"] {
+            assert!(msg.contains(key), "{key} missing from {msg}");
+        }
+    }
+
+    #[test]
     fn sale_window_defaults_to_now_plus_duration() {
         let text = "[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\nduration_seconds = 10\n";
         let c = Config::from_toml_str(text, &NoEnv, 1000).unwrap();
         assert_eq!((c.sales[0].starts_at_ms, c.sales[0].ends_at_ms), (1000, 11_000));
         assert_eq!(c.sales[0].per_user_limit, 1);
+    }
+
+    #[test]
+    fn payment_timeout_and_recovery_keys_default_and_are_checked() {
+        let text = "[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\n[[sales]]\nid = \"t\"\nname = \"y\"\nstock = 5\npayment_timeout_seconds = 30\n";
+        let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+        assert_eq!(c.payment_timeouts["s"], Duration::from_secs(900));
+        assert_eq!(c.payment_timeouts["t"], Duration::from_secs(30));
+        assert_eq!(c.backend.max_deliveries, 5);
+        assert_eq!(c.backend.reconcile_interval, Duration::from_secs(60));
+        let bad = "[backend]\nmax_deliveries = 0\nexpiry_poll_ms = 0\nrestore_poll_ms = 0\nreconcile_interval_ms = 0\n[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\npayment_timeout_seconds = 0\n";
+        let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+        for key in ["backend.max_deliveries", "backend.expiry_poll_ms", "backend.restore_poll_ms", "backend.reconcile_interval_ms", "sales[0].payment_timeout_seconds"] {
+            assert!(msg.contains(key), "{key} missing from {msg}");
+        }
     }
 }

@@ -13,6 +13,12 @@ command -v redis-server >/dev/null || want+=(redis-server)
 command -v cmake >/dev/null || want+=(cmake)
 command -v pkg-config >/dev/null || want+=(pkg-config)
 command -v curl >/dev/null || want+=(curl)
+# Test-only tools: promtool validates metrics and alert rules, docker-compose
+# validates deploy/docker-compose.yml (client only, no engine needed).
+if [[ "${1:-}" == "--postgres" ]]; then
+  command -v promtool >/dev/null || want+=(prometheus)
+  command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || want+=(docker-compose)
+fi
 [[ -x /usr/bin/chromium ]] || want+=(chromium)
 command -v node >/dev/null || want+=(nodejs)
 command -v npm >/dev/null || want+=(npm)

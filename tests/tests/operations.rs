@@ -1,0 +1,102 @@
+//! Operating Flashgate: config validation at start and by `check`, live
+//! reload of limits, and the deploy files' own validators.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use flashgate_tests::{bin, token, Stack, StackOptions, TempDir};
+
+fn workspace_file(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+#[test]
+fn check_accepts_the_shipped_config() {
+    let out = Command::new(bin("flashgate")).arg("--config").arg(workspace_file("config/flashgate.toml")).arg("check").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+}
+
+#[test]
+fn a_bad_config_exits_non_zero_naming_the_key() {
+    let dir = TempDir::new("badcfg");
+    let cases = [
+        ("[gateway]\nthreads = 2\nthredas = 4\n", "thredas"),
+        ("[limits.buy]\nuser = { per_second = 0, burst = 1 }\n", "limits.buy.user"),
+        ("[redis]\nurl = \"http://nope\"\n", "redis.url"),
+    ];
+    for (text, key) in cases {
+        let path = dir.0.join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        for (binary, args) in [("flashgate", vec!["check"]), ("flashgate", vec!["serve"]), ("flashgate-backend", vec![])] {
+            let out = Command::new(bin(binary))
+                .arg("--config")
+                .arg(&path)
+                .args(&args)
+                .env("FLASHGATE_JWT_SECRET", "x")
+                .env("FLASHGATE_ADMIN_TOKEN", "x")
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{binary} {args:?} accepted a bad config: {text}");
+            assert!(stderr.contains(key), "{binary}: `{key}` not named in: {stderr}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_a_limit_in_a_running_gateway() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("reload", 1000, 1000).await;
+    let buy = || flashgate_tests::buy(&stack.http, stack.gateway_addr, "reload", &token("steady"), None);
+    for _ in 0..5 {
+        assert_eq!(buy().await.0, 201, "no limit configured yet");
+    }
+    stack.edit_config(|t| format!("{t}\n[limits.buy]\nuser = {{ per_second = 1, burst = 1 }}\n"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut limited = false;
+    while Instant::now() < deadline && !limited {
+        limited = buy().await.0 == 429;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(limited, "the new per-user limit never applied");
+    assert!(stack.log("flashgate").contains("config reloaded"));
+
+    // A broken edit is refused and the running limits stay.
+    stack.edit_config(|t| format!("{t}\n[oops]\n"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(stack.log("flashgate").contains("config reload rejected"));
+    assert_eq!(buy().await.0, 429);
+}
+
+#[test]
+fn the_compose_file_is_accepted_by_compose() {
+    let file = workspace_file("deploy/docker-compose.yml");
+    let v2 = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
+    let mut cmd = if v2 {
+        let mut c = Command::new("docker");
+        c.arg("compose");
+        c
+    } else {
+        Command::new("docker-compose")
+    };
+    let out = cmd
+        .arg("-f")
+        .arg(&file)
+        .arg("config")
+        .env("FLASHGATE_JWT_SECRET", "x")
+        .env("FLASHGATE_ADMIN_TOKEN", "x")
+        .output()
+        .expect("docker compose or docker-compose (make test installs it)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn prometheus_alert_rules_pass_promtool() {
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(workspace_file("deploy/prometheus/alerts.yml"))
+        .output()
+        .expect("promtool (make test installs Debian's prometheus package)");
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
