@@ -1,49 +1,218 @@
-// Sale page: shows the sale's state and remaining stock, and buys with the
-// buyer's token and a fresh Idempotency-Key per click.
+// Sale page: the sale's state and remaining stock (polled from the gateway's
+// micro-cache), a countdown synced to the server's clock, and a buy button.
+//
+// The buyer's token comes, in order, from: the shop's token endpoint named in
+// <meta name="fg-token-url"> (if any), the `fg_token` cookie set by the shop,
+// `?token=` in the address (demos and tests; removed from the address bar),
+// or the token field. See docs/PAGES.md.
+'use strict';
+
 const saleId = decodeURIComponent(location.pathname.split('/').filter(Boolean)[1] || '');
 const $ = (id) => document.getElementById(id);
-let offsetMs = 0, sale = null;
+const POLL_MS = 1000;
+const STATE_TEXT = { upcoming: 'Starts soon', open: 'On sale now', sold_out: 'Sold out', ended: 'Sale ended', paused: 'Paused' };
 
-async function refresh() {
-  const t0 = Date.now();
-  const r = await fetch(`/api/sales/${encodeURIComponent(saleId)}`);
-  if (!r.ok) { $('state').textContent = 'unknown sale'; return; }
-  sale = await r.json();
-  offsetMs = Date.parse(sale.server_time) - (t0 + Date.now()) / 2;
+let sale = null;          // last state read from the gateway
+let offsetMs = 0;         // server clock minus this clock
+let bestRttMs = Infinity; // the clock offset is taken from the fastest read
+let busy = false;         // a buy is in flight or being polled
+let done = false;         // this buyer has an order (or can never get one)
+let retryAt = 0;          // server-clock ms before which buying waits (Retry-After)
+let pollTimer = 0;
+
+const serverNow = () => Date.now() + offsetMs;
+
+function cookie(name) {
+  const hit = document.cookie.split('; ').find((c) => c.startsWith(name + '='));
+  return hit ? decodeURIComponent(hit.slice(name.length + 1)) : '';
+}
+
+async function initToken() {
+  const url = document.querySelector('meta[name="fg-token-url"]')?.content;
+  let token = '';
+  if (url) {
+    try {
+      const r = await fetch(url, { credentials: 'same-origin', headers: { Accept: 'application/json' } });
+      if (r.ok) token = (await r.json()).token || '';
+    } catch (_) { /* fall back to the cookie and the field */ }
+  }
+  token = token || cookie('fg_token');
+  const params = new URLSearchParams(location.search);
+  if (!token && params.has('token')) {
+    token = params.get('token');
+    params.delete('token');
+    const q = params.toString();
+    history.replaceState(null, '', location.pathname + (q ? `?${q}` : '') + location.hash);
+  }
+  if (token) {
+    $('token').value = token;
+    $('token-field').hidden = true;
+  }
+}
+
+const token = () => $('token').value.trim();
+
+function say(text, kind = '') {
+  $('result').textContent = text;
+  $('result').dataset.kind = kind;
+}
+
+function setState(state) {
+  const el = $('state');
+  if (el.dataset.state !== state) {
+    el.dataset.state = state;
+    el.textContent = STATE_TEXT[state] || state;
+  }
+}
+
+function render() {
+  if (!sale) return;
+  const now = serverNow();
+  const starts = Date.parse(sale.starts_at), ends = Date.parse(sale.ends_at);
+  let state = sale.state;
+  // The clock is synced: flip to open at the start without waiting for a poll.
+  if (state === 'upcoming' && now >= starts) state = sale.remaining > 0 ? 'open' : 'sold_out';
+  if (now >= ends) state = 'ended';
+  setState(state);
+
+  const cd = $('countdown');
+  if (state === 'upcoming') {
+    const left = Math.max(0, Math.ceil((starts - now) / 1000));
+    const h = Math.floor(left / 3600), m = Math.floor((left % 3600) / 60), s = left % 60;
+    const pad = (n) => String(n).padStart(2, '0');
+    cd.textContent = `Starts in ${h ? `${h}:` : ''}${pad(m)}:${pad(s)}`;
+    cd.setAttribute('aria-label', `Starts in ${left} seconds`);
+    cd.hidden = false;
+  } else {
+    cd.hidden = true;
+  }
+
   $('name').textContent = sale.name;
-  $('state').textContent = sale.state.replace('_', ' ');
+  document.title = `${sale.name}: flash sale`;
   $('remaining').textContent = sale.remaining;
   $('stock').textContent = sale.stock;
+  $('stock-meter').max = Math.max(1, sale.stock);
+  $('stock-meter').value = sale.remaining;
+
+  const waiting = now < retryAt;
+  $('buy').disabled = busy || done || waiting || state !== 'open';
+  if (waiting) {
+    say(`Busy right now: try again in ${Math.ceil((retryAt - now) / 1000)} s`, 'wait');
+  } else if (retryAt) {
+    retryAt = 0;
+    say('');
+  }
+  if (!busy && !done && (state === 'sold_out' || state === 'ended') && !$('result').textContent) {
+    say(state === 'sold_out' ? 'Sold out: every item has been claimed.' : 'This sale has ended.', 'bad');
+  }
 }
 
-function tick() {
-  if (!sale) return;
-  const left = Date.parse(sale.starts_at) - (Date.now() + offsetMs);
-  $('countdown').textContent = left > 0 ? `Starts in ${Math.ceil(left / 1000)} s` : '';
-}
-
-async function buy() {
-  $('buy').disabled = true;
+async function refresh() {
+  clearTimeout(pollTimer);
+  let next = POLL_MS;
   try {
-    const r = await fetch(`/api/sales/${encodeURIComponent(saleId)}/buy`, {
-      method: 'POST',
-      headers: { 'Authorization': `Bearer ${$('token').value.trim()}`, 'Idempotency-Key': crypto.randomUUID() },
-    });
-    const body = await r.json();
-    if (r.status === 201) $('result').textContent = `Confirmed: order ${body.order_id}`;
-    else if (r.status === 202) { $('result').textContent = 'Queued…'; poll(body.reservation_id); }
-    else if (r.headers.get('Retry-After')) $('result').textContent = `${body.message}: try again in ${r.headers.get('Retry-After')} s`;
-    else $('result').textContent = body.message;
-  } finally { $('buy').disabled = false; refresh(); }
+    const t0 = Date.now();
+    const r = await fetch(`/api/sales/${encodeURIComponent(saleId)}`, { cache: 'no-store' });
+    const t1 = Date.now();
+    if (r.ok) {
+      sale = await r.json();
+      // Half the round trip is the best guess of when the server read its clock.
+      if (t1 - t0 <= bestRttMs) {
+        bestRttMs = t1 - t0;
+        offsetMs = Date.parse(sale.server_time) - (t0 + t1) / 2;
+      }
+    } else if (r.status === 404) {
+      setState('unknown');
+      $('state').textContent = 'No such sale';
+    }
+    const wait = Number(r.headers.get('Retry-After'));
+    if (wait > 0) next = wait * 1000;
+  } catch (_) {
+    next = 3 * POLL_MS;
+  }
+  render();
+  if (!document.hidden) pollTimer = setTimeout(refresh, next);
 }
 
-async function poll(rid) {
-  const r = await fetch(`/api/reservations/${encodeURIComponent(rid)}`, { headers: { 'Authorization': `Bearer ${$('token').value.trim()}` } });
-  const body = await r.json();
-  if (body.status === 'confirmed') $('result').textContent = `Confirmed: order ${body.order_id}`;
-  else if (body.status === 'cancelled') $('result').textContent = 'Cancelled';
-  else setTimeout(() => poll(rid), 1000);
+async function buy(event) {
+  event.preventDefault();
+  if (!token()) {
+    say('Enter your buyer token first.', 'bad');
+    $('token').focus();
+    return;
+  }
+  busy = true;
+  render();
+  say('Sending your order…');
+  // One key per click: a retry after a network error reuses it, so the
+  // gateway answers it with the first outcome instead of buying twice.
+  const key = crypto.randomUUID();
+  let r, body;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      r = await fetch(`/api/sales/${encodeURIComponent(saleId)}/buy`, {
+        method: 'POST',
+        headers: { Authorization: `Bearer ${token()}`, 'Idempotency-Key': key, 'Content-Type': 'application/json' },
+        body: '{}',
+      });
+      body = await r.json().catch(() => ({}));
+      break;
+    } catch (_) {
+      if (attempt >= 2) { busy = false; say('Network problem: please try again.', 'bad'); render(); return; }
+      await new Promise((ok) => setTimeout(ok, 500 * (attempt + 1)));
+    }
+  }
+  const retryAfter = Number(r.headers.get('Retry-After'));
+  if (r.status === 201) {
+    done = true;
+    say(`Confirmed! Your order: ${body.order_id}`, 'ok');
+  } else if (r.status === 202) {
+    say('Queued: your item is reserved, confirming your order…');
+    busy = true;
+    return pollReservation(body.reservation_id);
+  } else if (body.code === 'sold_out') {
+    done = true;
+    say('Sold out: every item has been claimed.', 'bad');
+  } else if (body.code === 'limit_reached') {
+    done = true;
+    say('You already have the most this sale allows.', 'bad');
+  } else if (body.code === 'ended') {
+    done = true;
+    say('This sale has ended.', 'bad');
+  } else if (r.status === 401) {
+    say('Please sign in again: your buyer token is missing or expired.', 'bad');
+    $('token-field').hidden = false;
+  } else if (retryAfter > 0) {
+    retryAt = serverNow() + retryAfter * 1000;
+  } else {
+    say(body.message || `Something went wrong (${r.status}).`, 'bad');
+  }
+  busy = false;
+  render();
+  refresh();
 }
 
-$('buy').addEventListener('click', buy);
-refresh(); setInterval(refresh, 2000); setInterval(tick, 250);
+async function pollReservation(rid) {
+  try {
+    const r = await fetch(`/api/reservations/${encodeURIComponent(rid)}`, { headers: { Authorization: `Bearer ${token()}` }, cache: 'no-store' });
+    const body = await r.json().catch(() => ({}));
+    if (body.status === 'confirmed' || body.status === 'paid') {
+      busy = false; done = true;
+      say(`Confirmed! Your order: ${body.order_id}`, 'ok');
+      render();
+      return;
+    }
+    if (body.status === 'cancelled' || body.status === 'expired') {
+      busy = false; done = true;
+      say('Your reservation was cancelled.', 'bad');
+      render();
+      return;
+    }
+  } catch (_) { /* keep polling */ }
+  setTimeout(() => pollReservation(rid), 1000);
+}
+
+document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(); });
+$('buy-form').addEventListener('submit', buy);
+initToken().finally(refresh);
+setInterval(render, 250);

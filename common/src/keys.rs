@@ -16,6 +16,9 @@
 //! | `fg:{sale:ID}:idem:USER:KEY` | string | first outcome of an Idempotency-Key (expires) |
 //! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
 //! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
+//! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
+//! | `fg:{sale:ID}:dead` | stream | reservation entries the backend could not turn into orders |
+//! | `fg:{sale:ID}:restoring` | string | lock held while a backend restores a lost sale |
 
 /// Set of the ids of every preheated sale.
 pub const SALES_INDEX: &str = "fg:sales";
@@ -31,6 +34,12 @@ pub struct SaleKeys {
     pub buyers: String,
     pub stream: String,
     pub reservations: String,
+    /// Reservation ids whose item was returned (`lua/release.lua`).
+    pub released: String,
+    /// Dead-letter stream of entries that could not become orders.
+    pub dead: String,
+    /// Held by the backend restoring this sale after Redis lost it.
+    pub restoring: String,
     idem_prefix: String,
 }
 
@@ -43,6 +52,9 @@ impl SaleKeys {
             buyers: format!("{tag}:buyers"),
             stream: format!("{tag}:stream"),
             reservations: format!("{tag}:resv"),
+            released: format!("{tag}:released"),
+            dead: format!("{tag}:dead"),
+            restoring: format!("{tag}:restoring"),
             idem_prefix: format!("{tag}:idem:"),
         }
     }
@@ -61,7 +73,7 @@ mod tests {
     #[test]
     fn every_key_of_a_sale_shares_one_hash_tag() {
         let k = SaleKeys::new("s1");
-        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.idempotency("u", "i")] {
+        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i")] {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
     }

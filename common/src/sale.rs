@@ -13,6 +13,20 @@ pub fn valid_sale_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// Payment timeout of a sale when its declaration leaves it out.
+pub const DEFAULT_PAYMENT_TIMEOUT_SECONDS: i64 = 900;
+/// Longest payment timeout accepted: a week.
+pub const MAX_PAYMENT_TIMEOUT_SECONDS: i64 = 7 * 86_400;
+
+/// Validates a payment timeout in seconds (1 s to a week), naming the key.
+pub fn payment_timeout(seconds: i64) -> Result<std::time::Duration, String> {
+    if (1..=MAX_PAYMENT_TIMEOUT_SECONDS).contains(&seconds) {
+        Ok(std::time::Duration::from_secs(seconds as u64))
+    } else {
+        Err(format!("payment_timeout_seconds: must be between 1 and {MAX_PAYMENT_TIMEOUT_SECONDS}"))
+    }
+}
+
 /// What an operator declares: the immutable facts of a sale.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SaleSpec {

@@ -11,8 +11,10 @@
 //! - [`auth`]: HS256 buyer tokens.
 //! - [`deduct`]: the deduct-and-reserve script call and its outcomes.
 //! - [`sales`]: sale state read from Redis.
+//! - [`state_cache`]: the live-stock micro-cache behind `GET /api/sales/{id}`.
 //! - [`orders`]: the client of the order backend.
-//! - [`static_pages`]: in-memory product pages and assets.
+//! - [`static_pages`]: in-memory product pages and assets (ETag, gzip/brotli, reload).
+//! - [`upstreams`]: the shop's upstreams, health checks, hop-by-hop headers.
 //! - [`limits`]: user, IP and global token buckets in bounded caches.
 //! - [`client_ip`]: the client address, believing only trusted proxies.
 //! - [`reload`]: live reload of limits and deny lists.
@@ -38,4 +40,6 @@ pub mod reply;
 pub mod route;
 pub mod sales;
 pub mod server;
+pub mod state_cache;
 pub mod static_pages;
+pub mod upstreams;

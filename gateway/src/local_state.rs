@@ -10,18 +10,27 @@
 //!   change to the sale clears it everywhere. It also expires after
 //!   [`SOLD_OUT_TTL`], so a missed "changed" event costs one script call
 //!   per gateway per TTL, never a sale that stays closed.
+//! - Whether a sale missing from Redis exists in the backend's database
+//!   ([`LocalSales::missing`]): if it does, Redis lost it and the backend
+//!   is restoring it, so buyers get `503` with `Retry-After` rather than
+//!   `404`. The answer is cached for [`MISSING_TTL`], so a flood of buys
+//!   costs one backend call per sale per TTL.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use flashgate_common::keys::SaleKeys;
 
+use crate::orders::OrderClient;
 use crate::redis_client::{RedisClient, RedisError};
+use crate::reply::Rejection;
 
 /// How long a cached sale window is trusted.
 pub const WINDOW_TTL: Duration = Duration::from_secs(2);
 /// How long a sold-out flag is trusted without news.
 pub const SOLD_OUT_TTL: Duration = Duration::from_secs(30);
+/// How long the backend's answer about a sale missing from Redis is trusted.
+pub const MISSING_TTL: Duration = Duration::from_secs(1);
 /// Most sales tracked at once.
 const MAX_SALES: u64 = 10_000;
 
@@ -37,9 +46,21 @@ pub struct SaleWindow {
 /// of buys for an unknown sale costs one Redis read per TTL).
 type CachedWindow = Option<SaleWindow>;
 
+/// What the backend said about a sale Redis does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    /// The database has it: Redis lost it and it is being restored.
+    Restoring,
+    /// Nobody knows this sale.
+    Unknown,
+    /// The backend did not answer: refuse to sell, but do not say 404.
+    NoAnswer,
+}
+
 pub struct LocalSales {
     windows: moka::future::Cache<String, CachedWindow>,
     sold_out: moka::sync::Cache<String, ()>,
+    missing: moka::future::Cache<String, Missing>,
 }
 
 impl Default for LocalSales {
@@ -47,6 +68,7 @@ impl Default for LocalSales {
         Self {
             windows: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(WINDOW_TTL).build(),
             sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
+            missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
         }
     }
 }
@@ -64,6 +86,32 @@ impl LocalSales {
     pub async fn forget(&self, sale_id: &str) {
         self.sold_out.invalidate(sale_id);
         self.windows.invalidate(sale_id).await;
+    }
+
+    /// The answer to a buy for a sale Redis does not have: `503
+    /// unavailable` (with Retry-After) while the backend's database knows
+    /// it or cannot be asked, `404` only when the backend says it does not
+    /// exist. One backend call per sale per [`MISSING_TTL`]; each call also
+    /// drops the cached window, so a restored sale sells again at once.
+    pub async fn missing(&self, backend: &OrderClient, sale_id: &str) -> Rejection {
+        let answer = self
+            .missing
+            .get_with(sale_id.to_owned(), async {
+                self.windows.invalidate(sale_id).await;
+                match backend.sale_exists(sale_id).await {
+                    Ok(true) => Missing::Restoring,
+                    Ok(false) => Missing::Unknown,
+                    Err(error) => {
+                        tracing::warn!(%error, sale = sale_id, "cannot ask the backend about a sale missing from redis");
+                        Missing::NoAnswer
+                    }
+                }
+            })
+            .await;
+        match answer {
+            Missing::Restoring | Missing::NoAnswer => Rejection::Unavailable,
+            Missing::Unknown => Rejection::NotFound("no such sale"),
+        }
     }
 
     /// The sale's window, from the cache or one shared Redis read.

@@ -52,6 +52,20 @@ impl OrderClient {
         Ok(resp.json().await?)
     }
 
+    /// Whether the backend's database knows sale `sale_id` (asked when the
+    /// sale is missing from Redis: it then is being restored).
+    ///
+    /// # Errors
+    /// When the backend is unreachable, slow, or answers neither 200 nor 404.
+    pub async fn sale_exists(&self, sale_id: &str) -> Result<bool, BackendError> {
+        let resp = self.http.get(format!("{}/internal/sales/{sale_id}", self.base)).send().await?;
+        match resp.status().as_u16() {
+            200 => Ok(true),
+            404 => Ok(false),
+            s => Err(BackendError::Status(s)),
+        }
+    }
+
     /// The order of a reservation, `None` while it is still queued.
     ///
     /// # Errors

@@ -5,15 +5,16 @@
 //! request_filter         route::classify
 //!   ├─ gateway route ──► handler (auth → deduct → forward …) ─► Reply ─► write, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
-//! upstream_peer          the shop
-//! upstream_request_filter  X-Forwarded-For / -Proto, X-Request-Id
+//! upstream_peer          a healthy shop upstream (round robin), else 502
+//! upstream_request_filter  hop-by-hop removed; X-Forwarded-For / -Proto, X-Request-Id
+//! response_filter        hop-by-hop removed from the shop's answer
+//! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
 //! ```
 //!
 //! Handlers never touch the session's response: they return a [`Reply`]
 //! (or a [`Rejection`]), and [`write_reply`] is the only writer.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use flashgate_common::config::{Config, DenyConfig, LimitsConfig};
@@ -34,8 +35,10 @@ use crate::orders::OrderClient;
 use crate::redis_client::RedisClient;
 use crate::reply::{Rejection, Reply};
 use crate::route::{classify, Route};
-use crate::sales::{list_sales, read_sale};
-use crate::static_pages::{StaticPages, SALE_PAGE};
+use crate::sales::list_sales;
+use crate::state_cache::SaleStateCache;
+use crate::static_pages::{PageRequest, StaticPages, SALE_PAGE};
+use crate::upstreams::{hop_by_hop, ShopFailure, Upstreams};
 
 /// Largest buy request body accepted; a buy needs no more.
 pub const MAX_BUY_BODY_BYTES: usize = 4096;
@@ -50,8 +53,11 @@ pub struct Gateway {
     pub verifier: Verifier,
     pub redis: RedisClient,
     pub orders: OrderClient,
-    pub pages: StaticPages,
-    pub shop: HttpPeer,
+    /// Shared with the watcher that reloads changed files.
+    pub pages: Arc<StaticPages>,
+    pub shop: Upstreams,
+    /// `GET /api/sales/{id}` answers: one Redis read per sale per TTL.
+    pub sale_states: SaleStateCache,
     /// Sale windows and sold-out flags, shared with the events listener.
     pub local: Arc<LocalSales>,
 }
@@ -103,7 +109,10 @@ impl ProxyHttp for Gateway {
     }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
-        Ok(Box::new(self.shop.clone()))
+        match self.shop.peer() {
+            Some(peer) => Ok(Box::new(peer)),
+            None => pingora::Error::e_explain(pingora::ErrorType::ConnectNoRoute, "no healthy shop upstream"),
+        }
     }
 
     async fn upstream_request_filter(
@@ -112,6 +121,9 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        for name in hop_by_hop(&upstream.headers) {
+            upstream.remove_header(&name);
+        }
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
             let xff = match upstream.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
                 Some(prev) => format!("{prev}, {}", peer.ip()),
@@ -122,6 +134,58 @@ impl ProxyHttp for Gateway {
         upstream.insert_header("X-Forwarded-Proto", "http")?;
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
         Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        for name in hop_by_hop(&response.headers) {
+            response.remove_header(&name);
+        }
+        Ok(())
+    }
+
+    /// Nothing was sent on a connection that failed to open, so another
+    /// upstream may be tried (`upstream_peer` skips unhealthy ones).
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        _ctx: &mut RequestCtx,
+        mut e: Box<pingora::Error>,
+    ) -> Box<pingora::Error> {
+        if self.shop.len() > 1 {
+            e.set_retry(true);
+        }
+        e
+    }
+
+    /// The shop could not be reached or answered too slowly: a JSON 502 or
+    /// 504, if nothing of the response was sent yet.
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &pingora::Error,
+        ctx: &mut RequestCtx,
+    ) -> pingora::proxy::FailToProxy {
+        let client_gone = *e.esource() == pingora::ErrorSource::Downstream
+            && matches!(e.etype(), pingora::ErrorType::WriteError | pingora::ErrorType::ReadError | pingora::ErrorType::ConnectionClosed);
+        if client_gone || session.response_written().is_some() {
+            return pingora::proxy::FailToProxy { error_code: 0, can_reuse_downstream: false };
+        }
+        let failure = ShopFailure::classify(e);
+        warn!(error = %e, ?failure, "shop request failed");
+        let reply = failure.reply();
+        let error_code = reply.status;
+        // The request body may be half-read: do not reuse the connection.
+        session.set_keepalive(None);
+        if let Err(error) = write_reply(session, reply, ctx).await {
+            debug!(%error, "could not answer the client");
+        }
+        pingora::proxy::FailToProxy { error_code, can_reuse_downstream: false }
     }
 }
 
@@ -139,8 +203,8 @@ impl Gateway {
             }
             Route::Buy(id) => self.buy(session, id, request_id).await,
             Route::Reservation(rid) => self.reservation(session, rid).await,
-            Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, if_none_match(session))),
-            Route::Asset(path) => Ok(self.pages.serve(path, if_none_match(session))),
+            Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, &PageRequest::from_headers(&session.req_header().headers))),
+            Route::Asset(path) => Ok(self.pages.serve(path, &PageRequest::from_headers(&session.req_header().headers))),
             Route::Shop => Err(Rejection::NotFound("not a gateway route")),
         }
     }
@@ -195,8 +259,13 @@ impl Gateway {
         Ok(Reply::json(200, &json!({ "sales": sales })))
     }
 
+    /// `GET /api/sales/{id}`, from the edge micro-cache.
     async fn sale_state(&self, sale_id: &str) -> Result<Reply, Rejection> {
-        match read_sale(&self.redis, sale_id).await.map_err(unavailable)? {
+        let view = self.sale_states.view(&self.redis, sale_id).await.map_err(|error| {
+            warn!(%error, "redis unavailable");
+            Rejection::Unavailable
+        })?;
+        match view {
             Some(view) => Ok(Reply::json(200, &view)),
             None => Err(Rejection::NotFound("no such sale")),
         }
@@ -240,7 +309,7 @@ impl Gateway {
                 return Err(Rejection::NotStarted(wait_ms.div_ceil(1000)));
             }
             DeductOutcome::Paused => return Err(Rejection::Paused),
-            DeductOutcome::NotFound => return Err(Rejection::NotFound("no such sale")),
+            DeductOutcome::NotFound => return Err(self.local.missing(&self.orders, sale_id).await),
         };
         Ok(if decision.replayed { reply.header("Idempotent-Replayed", "true") } else { reply })
     }
@@ -255,7 +324,7 @@ impl Gateway {
             warn!(error = %e, "redis unavailable");
             Rejection::Unavailable
         })?;
-        let Some(w) = window else { return Ok(Some(Rejection::NotFound("no such sale"))) };
+        let Some(w) = window else { return Ok(Some(self.local.missing(&self.orders, sale_id).await)) };
         let now = now_ms();
         Ok(if now >= w.ends_at_ms {
             Some(Rejection::Ended)
@@ -334,10 +403,6 @@ impl Gateway {
         };
         Ok(Reply::json(200, &body))
     }
-}
-
-fn if_none_match(session: &Session) -> Option<&[u8]> {
-    session.req_header().headers.get("if-none-match").map(|v| v.as_bytes())
 }
 
 fn unavailable(error: crate::redis_client::RedisError) -> Rejection {
@@ -430,15 +495,6 @@ async fn write_reply(session: &mut Session, reply: Reply, ctx: &RequestCtx) -> p
         session.write_response_body(Some(reply.body), true).await?;
     }
     Ok(true)
-}
-
-/// The shop as a Pingora peer, with bounded connect and read times.
-pub fn shop_peer(addr: std::net::SocketAddr) -> HttpPeer {
-    let mut peer = HttpPeer::new(addr, false, String::new());
-    peer.options.connection_timeout = Some(Duration::from_secs(2));
-    peer.options.read_timeout = Some(Duration::from_secs(30));
-    peer.options.idle_timeout = Some(Duration::from_secs(60));
-    peer
 }
 
 #[cfg(test)]

@@ -12,10 +12,12 @@ use crate::breaker::Breaker;
 use crate::events::EventListener;
 use crate::local_state::LocalSales;
 use crate::orders::OrderClient;
-use crate::proxy::{shop_peer, Edge, Gateway};
+use crate::proxy::{Edge, Gateway};
 use crate::redis_client::RedisClient;
 use crate::reload::ConfigWatcher;
-use crate::static_pages::StaticPages;
+use crate::state_cache::SaleStateCache;
+use crate::static_pages::{PagesWatcher, StaticPages};
+use crate::upstreams::Upstreams;
 
 /// Builds the gateway state. Fails on anything that would only break later:
 /// no JWT secret, an unreadable static dir, a bad Redis URL.
@@ -27,7 +29,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
         .jwt_secret
         .clone()
         .with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
-    let pages = StaticPages::load(&config.gateway.static_dir)
+    let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
         .with_context(|| format!("gateway.static_dir: cannot read {}", config.gateway.static_dir.display()))?;
     Ok(Gateway {
         edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
@@ -41,8 +43,9 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
         local: Arc::new(LocalSales::default()),
         orders: OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout)
             .context("gateway.backend_url")?,
-        pages,
-        shop: shop_peer(config.gateway.shop_upstream),
+        pages: Arc::new(pages),
+        shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
+        sale_states: SaleStateCache::new(config.pages.state_ttl),
         config,
     })
 }
@@ -71,11 +74,16 @@ pub fn run(config: Config, config_path: &std::path::Path) -> anyhow::Result<()> 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
     let events = EventListener { client: gateway.redis.client().clone(), local: gateway.local.clone() };
+    let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval };
+    let shop_health =
+        pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());
     server.add_service(service);
     server.add_service(pingora::services::background::background_service("sale events", events));
     server.add_service(pingora::services::background::background_service("config watcher", watcher));
-    tracing::info!(listen = %config.gateway.listen, shop = %config.gateway.shop_upstream, "flashgate listening");
+    server.add_service(pingora::services::background::background_service("static pages watcher", pages_watcher));
+    server.add_service(shop_health);
+    tracing::info!(listen = %config.gateway.listen, shop = ?config.shop.upstreams, "flashgate listening");
     server.run_forever()
 }

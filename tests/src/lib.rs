@@ -532,3 +532,90 @@ pub async fn buy_all(gateway: SocketAddr, sale: &str, attempts: Vec<Attempt>, co
     }
     out
 }
+
+/// One order row as the reliability tests check it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrderRow {
+    pub order_id: String,
+    pub reservation_id: String,
+    pub user_id: String,
+    pub status: String,
+}
+
+/// Every order of a sale in a database.
+pub async fn db_order_rows(database_url: &str, sale: &str) -> Vec<OrderRow> {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(database_url).await.unwrap();
+    let rows: Vec<(String, String, String, String)> =
+        sqlx::query_as("SELECT order_id, reservation_id, user_id, status FROM orders WHERE sale_id = $1")
+            .bind(sale)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    rows.into_iter().map(|(order_id, reservation_id, user_id, status)| OrderRow { order_id, reservation_id, user_id, status }).collect()
+}
+
+/// A buy that never panics: status 0 when no answer came (connection
+/// refused or cut, as when the gateway dies mid-request).
+pub async fn try_buy(http: &reqwest::Client, gateway: SocketAddr, sale: &str, token: &str) -> (u16, Value) {
+    let req = http.post(format!("http://{gateway}/api/sales/{sale}/buy")).bearer_auth(token).timeout(Duration::from_secs(10));
+    match req.send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            (status, resp.json().await.unwrap_or(Value::Null))
+        }
+        Err(_) => (0, Value::Null),
+    }
+}
+
+/// Like [`buy_all`], with one attempt per user and [`try_buy`]: survives a
+/// gateway that dies mid-burst.
+pub async fn try_buy_all(gateway: SocketAddr, sale: &str, users: &[String], concurrency: usize) -> Vec<Outcome> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(concurrency).build().unwrap();
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let mut tasks = Vec::with_capacity(users.len());
+    for user in users {
+        let (http, sem, sale, user) = (http.clone(), sem.clone(), sale.to_owned(), user.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = sem.acquire_owned().await.unwrap();
+            let (status, body) = try_buy(&http, gateway, &sale, &token(&user)).await;
+            Outcome { attempt: Attempt { user, idempotency_key: None }, status, body }
+        }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+impl Stack {
+    /// Every order of a sale in this stack's database.
+    pub async fn order_rows(&self, sale: &str) -> Vec<OrderRow> {
+        db_order_rows(&self.database_url, sale).await
+    }
+
+    /// Waits until the backend's order API answers again (after a restart).
+    pub async fn wait_backend(&self, limit: Duration) -> bool {
+        wait_port(self.backend_addr, limit)
+    }
+
+    /// `POST` to the backend's order API (e.g. a payment); status and JSON.
+    pub async fn backend_post(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.post(format!("http://{}{}", self.backend_addr, path)).send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A request to the admin API with the admin token; status and JSON.
+    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, self.admin_url(path)).bearer_auth(ADMIN_TOKEN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+}

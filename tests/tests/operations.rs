@@ -48,7 +48,8 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
 async fn a_reload_changes_a_limit_in_a_running_gateway() {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("reload", 1000, 1000).await;
-    let buy = || flashgate_tests::buy(&stack.http, stack.gateway_addr, "reload", &token("steady"), None);
+    let steady = token("steady");
+    let buy = || flashgate_tests::buy(&stack.http, stack.gateway_addr, "reload", &steady, None);
     for _ in 0..5 {
         assert_eq!(buy().await.0, 201, "no limit configured yet");
     }
@@ -64,8 +65,11 @@ async fn a_reload_changes_a_limit_in_a_running_gateway() {
 
     // A broken edit is refused and the running limits stay.
     stack.edit_config(|t| format!("{t}\n[oops]\n"));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(stack.log("flashgate").contains("config reload rejected"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && !stack.log("flashgate").contains("config reload rejected") {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stack.log("flashgate").contains("config reload rejected"), "{}", stack.log("flashgate"));
     assert_eq!(buy().await.0, 429);
 }
 

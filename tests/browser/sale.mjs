@@ -1,0 +1,70 @@
+// Drives the sale page in headless Chromium against a running stack.
+//
+// Env: GATEWAY_URL, SALE_ID (a sale that starts a few seconds from now with
+// one item), TOKEN_A and TOKEN_B (two buyers), ARTIFACTS (screenshot dir).
+// Buyer A opens the page before the start, sees the countdown, waits for the
+// start, buys and sees the confirmation with an order id. Buyer B, in a
+// second browser context, then sees the sale sold out.
+// Exits non-zero, with a screenshot of the failing page, on any failure.
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const need = (k) => { const v = process.env[k]; if (!v) { console.error(`${k} is not set`); process.exit(2); } return v; };
+const gateway = need('GATEWAY_URL'), saleId = need('SALE_ID');
+const tokenA = need('TOKEN_A'), tokenB = need('TOKEN_B');
+const artifacts = process.env.ARTIFACTS || 'target/browser-artifacts';
+mkdirSync(artifacts, { recursive: true });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const pages = [];
+const shot = async (page, name) => { await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true }); };
+const step = (msg) => console.log(`sale.mjs: ${msg}`);
+
+try {
+  // A fresh, throwaway profile per buyer.
+  const ctxA = await browser.newContext({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+  const a = await ctxA.newPage();
+  pages.push(['buyer-a', a]);
+  a.on('console', (m) => { if (m.type() === 'error') console.error(`page error: ${m.text()}`); });
+  await a.goto(`${gateway}/sales/${saleId}?token=${encodeURIComponent(tokenA)}`);
+
+  await a.locator('#countdown').filter({ hasText: /Starts in \d\d:\d\d/ }).waitFor({ timeout: 10_000 });
+  await a.locator('#state', { hasText: 'Starts soon' }).waitFor();
+  if (!(await a.locator('#buy').isDisabled())) throw new Error('buy button enabled before the start');
+  if (new URL(a.url()).searchParams.has('token')) throw new Error('token left in the address bar');
+  step(`countdown shown: ${await a.locator('#countdown').textContent()}`);
+  await shot(a, '1-countdown');
+
+  await a.locator('#buy:enabled').waitFor({ timeout: 60_000 });
+  await a.locator('#state', { hasText: 'On sale now' }).waitFor();
+  step('sale open, buying');
+  await shot(a, '2-open');
+  await a.locator('#buy').click();
+  await a.locator('#result', { hasText: /Confirmed! Your order: \S+/ }).waitFor({ timeout: 30_000 });
+  step(`buyer A: ${await a.locator('#result').textContent()}`);
+  await shot(a, '3-confirmed');
+
+  const ctxB = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const b = await ctxB.newPage();
+  pages.push(['buyer-b', b]);
+  await b.goto(`${gateway}/sales/${saleId}`);
+  await b.locator('#token').fill(tokenB); // B types the token: the field path
+  await b.locator('#state', { hasText: 'Sold out' }).waitFor({ timeout: 15_000 });
+  await b.locator('#result', { hasText: 'Sold out' }).waitFor();
+  if (!(await b.locator('#buy').isDisabled())) throw new Error('buy button enabled on a sold-out sale');
+  if ((await b.locator('#remaining').textContent()) !== '0') throw new Error('remaining stock not 0');
+  step('buyer B sees sold out');
+  await shot(b, '4-sold-out');
+  step('all checks passed');
+} catch (e) {
+  console.error(`sale.mjs: FAILED: ${e.stack || e}`);
+  for (const [name, p] of pages) await shot(p, `failure-${name}`).catch(() => {});
+  await browser.close();
+  process.exit(1);
+}
+await browser.close();
