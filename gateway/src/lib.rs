@@ -22,9 +22,11 @@
 //! - [`events`]: sale events between gateways over pub/sub.
 //! - [`breaker`]: the circuit breaker on Redis.
 //! - [`redis_client`]: the shared, lazily created Redis connection.
+//! - [`metrics`]: Prometheus metrics; [`admin`]: the listener serving them.
 //! - [`reply`]: responses and the status of every rejection.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod auth;
 pub mod breaker;
 pub mod client_ip;
@@ -32,6 +34,7 @@ pub mod deduct;
 pub mod events;
 pub mod limits;
 pub mod local_state;
+pub mod metrics;
 pub mod orders;
 pub mod proxy;
 pub mod redis_client;

@@ -17,6 +17,18 @@ pub enum BackendError {
     Status(u16),
 }
 
+impl BackendError {
+    /// The failure's metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Http(e) if e.is_timeout() => "timeout",
+            BackendError::Http(e) if e.is_connect() => "connect",
+            BackendError::Http(_) => "http",
+            BackendError::Status(_) => "status",
+        }
+    }
+}
+
 pub struct OrderClient {
     http: reqwest::Client,
     base: String,

@@ -32,7 +32,8 @@ use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
 use crate::local_state::LocalSales;
 use crate::limits::{Limiters, RouteClass};
 use crate::orders::OrderClient;
-use crate::redis_client::RedisClient;
+use crate::metrics::Metrics;
+use crate::redis_client::{RedisClient, RedisError};
 use crate::reply::{Rejection, Reply};
 use crate::route::{classify, Route};
 use crate::sales::list_sales;
@@ -60,6 +61,8 @@ pub struct Gateway {
     pub sale_states: SaleStateCache,
     /// Sale windows and sold-out flags, shared with the events listener.
     pub local: Arc<LocalSales>,
+    /// Shared with the admin listener that serves `/metrics`.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The hot-reloadable part of the gateway: limiters and deny lists.
@@ -76,10 +79,14 @@ impl Edge {
 }
 
 /// Per-request state.
-#[derive(Default)]
 pub struct RequestCtx {
     /// Sent back to the client and to the shop or backend, for log correlation.
     pub request_id: String,
+    /// Metric label of the route (bounded set).
+    pub route: &'static str,
+    /// Metric label of what happened (a rejection code, `won`, `replay`, `ok`).
+    pub outcome: &'static str,
+    pub started: std::time::Instant,
 }
 
 #[async_trait]
@@ -87,7 +94,7 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+        RequestCtx { request_id: String::new(), route: "shop", outcome: "ok", started: std::time::Instant::now() }
     }
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
@@ -102,10 +109,44 @@ impl ProxyHttp for Gateway {
         let path = req.uri.path().to_owned();
         let reply = match classify(&method, &path) {
             Ok(Route::Shop) => return Ok(false),
-            Ok(route) => self.handle(route, session, &ctx.request_id).await,
-            Err(e) => Err(Rejection::from(e)),
+            Ok(route) => {
+                ctx.route = route.label();
+                self.handle(route, session, ctx).await
+            }
+            Err(e) => {
+                ctx.route = "invalid";
+                Err(Rejection::from(e))
+            }
         };
-        write_reply(session, reply.unwrap_or_else(Reply::from), ctx).await
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(rejection) => {
+                ctx.outcome = rejection.label();
+                Reply::from(rejection)
+            }
+        };
+        write_reply(session, reply, ctx).await
+    }
+
+    /// Records each request once, whoever answered it.
+    async fn logging(&self, session: &mut Session, error: Option<&pingora::Error>, ctx: &mut RequestCtx) {
+        let m = &self.metrics;
+        if ctx.route == "shop" {
+            ctx.outcome = match (error, session.response_written().map(|r| r.status.as_u16())) {
+                (_, Some(502)) => "bad_gateway",
+                (_, Some(504)) => "gateway_timeout",
+                (_, Some(s)) if s < 400 => "ok",
+                (_, Some(s)) if s < 500 => "client_error",
+                (_, Some(_)) => "upstream_error",
+                (Some(_), None) => "error",
+                (None, None) => "ok",
+            };
+        }
+        m.requests.with_label_values(&[ctx.route, ctx.outcome]).inc();
+        m.request_duration.with_label_values(&[ctx.route]).observe(ctx.started.elapsed().as_secs_f64());
+        if ctx.route == "buy" {
+            m.buy_outcomes.with_label_values(&[ctx.outcome]).inc();
+        }
     }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
@@ -191,7 +232,7 @@ impl ProxyHttp for Gateway {
 
 impl Gateway {
     /// Runs the handler of a gateway route.
-    async fn handle(&self, route: Route<'_>, session: &mut Session, request_id: &str) -> Result<Reply, Rejection> {
+    async fn handle(&self, route: Route<'_>, session: &mut Session, ctx: &mut RequestCtx) -> Result<Reply, Rejection> {
         match route {
             Route::ListSales => {
                 self.admit_read(session)?;
@@ -201,7 +242,7 @@ impl Gateway {
                 self.admit_read(session)?;
                 self.sale_state(id).await
             }
-            Route::Buy(id) => self.buy(session, id, request_id).await,
+            Route::Buy(id) => self.buy(session, id, ctx).await,
             Route::Reservation(rid) => self.reservation(session, rid).await,
             Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, &PageRequest::from_headers(&session.req_header().headers))),
             Route::Asset(path) => Ok(self.pages.serve(path, &PageRequest::from_headers(&session.req_header().headers))),
@@ -255,16 +296,13 @@ impl Gateway {
     }
 
     async fn list_sales(&self) -> Result<Reply, Rejection> {
-        let sales = list_sales(&self.redis).await.map_err(unavailable)?;
+        let sales = list_sales(&self.redis).await.map_err(|e| self.unavailable(e))?;
         Ok(Reply::json(200, &json!({ "sales": sales })))
     }
 
     /// `GET /api/sales/{id}`, from the edge micro-cache.
     async fn sale_state(&self, sale_id: &str) -> Result<Reply, Rejection> {
-        let view = self.sale_states.view(&self.redis, sale_id).await.map_err(|error| {
-            warn!(%error, "redis unavailable");
-            Rejection::Unavailable
-        })?;
+        let view = self.sale_states.view(&self.redis, sale_id).await.map_err(|e| self.unavailable_ref(&e))?;
         match view {
             Some(view) => Ok(Reply::json(200, &view)),
             None => Err(Rejection::NotFound("no such sale")),
@@ -273,7 +311,7 @@ impl Gateway {
 
     /// `POST /api/sales/{id}/buy`: verify, deduct once in Redis, forward a
     /// winner to the backend.
-    async fn buy(&self, session: &mut Session, sale_id: &str, request_id: &str) -> Result<Reply, Rejection> {
+    async fn buy(&self, session: &mut Session, sale_id: &str, ctx: &mut RequestCtx) -> Result<Reply, Rejection> {
         let user = self.admit_buy(session)?;
         let idempotency_key =
             idempotency_key(session.req_header().headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
@@ -286,9 +324,12 @@ impl Gateway {
             Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
             Some(rejection) => remembered(&self.redis, sale_id, &user, &idempotency_key)
                 .await
-                .map_err(unavailable)?
+                .map_err(|e| self.unavailable(e))?
                 .ok_or(rejection)?,
         };
+        if decision.replayed {
+            ctx.outcome = "replay";
+        }
         debug!(sale = sale_id, user = %user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
         let reply = match decision.outcome {
             DeductOutcome::Won { reservation_id } => {
@@ -299,7 +340,10 @@ impl Gateway {
                     idempotency_key,
                     reserved_at_ms: now_ms(),
                 };
-                self.forward_winner(&reservation, request_id).await
+                if !decision.replayed {
+                    ctx.outcome = "won";
+                }
+                self.forward_winner(&reservation, &ctx.request_id).await
             }
             DeductOutcome::SoldOut => return Err(Rejection::SoldOut),
             DeductOutcome::LimitReached => return Err(Rejection::LimitReached),
@@ -318,23 +362,29 @@ impl Gateway {
     /// unknown sale, paused, not started, ended (from the cached window).
     async fn local_rejection(&self, sale_id: &str) -> Result<Option<Rejection>, Rejection> {
         if self.local.is_sold_out(sale_id) {
+            self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
             return Ok(Some(Rejection::SoldOut));
         }
-        let window = self.local.window(&self.redis, sale_id).await.map_err(|e| {
-            warn!(error = %e, "redis unavailable");
-            Rejection::Unavailable
-        })?;
-        let Some(w) = window else { return Ok(Some(self.local.missing(&self.orders, sale_id).await)) };
-        let now = now_ms();
-        Ok(if now >= w.ends_at_ms {
-            Some(Rejection::Ended)
-        } else if w.paused {
-            Some(Rejection::Paused)
-        } else if now < w.starts_at_ms {
-            Some(Rejection::NotStarted(((w.starts_at_ms - now) as u64).div_ceil(1000)))
-        } else {
-            None
-        })
+        let window = self.local.window(&self.redis, sale_id).await.map_err(|e| self.unavailable_ref(&e))?;
+        let rejection = match window {
+            None => Some(self.local.missing(&self.orders, sale_id).await),
+            Some(w) => {
+                let now = now_ms();
+                if now >= w.ends_at_ms {
+                    Some(Rejection::Ended)
+                } else if w.paused {
+                    Some(Rejection::Paused)
+                } else if now < w.starts_at_ms {
+                    Some(Rejection::NotStarted(((w.starts_at_ms - now) as u64).div_ceil(1000)))
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some(r) = &rejection {
+            self.metrics.local_decisions.with_label_values(&[r.code()]).inc();
+        }
+        Ok(rejection)
     }
 
     /// Runs the deduct script; a sold-out answer is flagged here and
@@ -348,7 +398,9 @@ impl Gateway {
             reservation_id: &rid,
             idempotency_ttl_seconds: self.config.gateway.idempotency_ttl.as_secs(),
         };
-        let decision = deduct(&self.redis, &attempt).await.map_err(unavailable)?;
+        let timer = self.metrics.script_duration.start_timer();
+        let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(e))?;
+        timer.observe_duration();
         if decision.outcome == DeductOutcome::SoldOut && !self.local.is_sold_out(sale_id) {
             self.local.mark_sold_out(sale_id);
             if let Ok(mut conn) = self.redis.conn().await {
@@ -365,12 +417,16 @@ impl Gateway {
     /// the winner already holds a reservation in the stream: a failure here
     /// only means the answer is `202 queued` instead of `201 confirmed`.
     async fn forward_winner(&self, reservation: &Reservation, request_id: &str) -> Reply {
-        match self.orders.create_order(reservation, request_id).await {
+        let timer = self.metrics.forward_duration.start_timer();
+        let forwarded = self.orders.create_order(reservation, request_id).await;
+        timer.observe_duration();
+        match forwarded {
             Ok(order) => Reply::json(
                 201,
                 &json!({"status": "confirmed", "reservation_id": reservation.reservation_id, "order_id": order.order_id}),
             ),
             Err(error) => {
+                self.metrics.forward_failures.with_label_values(&[error.kind()]).inc();
                 warn!(%error, reservation = %reservation.reservation_id, "forward to backend failed; order will come from the stream");
                 Reply::json(202, &json!({"status": "queued", "reservation_id": reservation.reservation_id}))
             }
@@ -382,13 +438,13 @@ impl Gateway {
         let user = self.user(session)?;
         let sale = sale_of_reservation(rid).ok_or(Rejection::BadRequest("malformed reservation id"))?;
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        let mut conn = self.redis.conn().await.map_err(unavailable)?;
+        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(e))?;
         let owner: Option<String> = self
             .redis
             .bounded(redis::AsyncCommands::hget(&mut conn, &keys.reservations, rid))
             .await
-            .map_err(unavailable)?
-            .map_err(|e| unavailable(e.into()))?;
+            .map_err(|e| self.unavailable(e))?
+            .map_err(|e| self.unavailable(e.into()))?;
         // Someone else's reservation is reported exactly like a missing one.
         if owner.as_deref() != Some(user.as_str()) {
             return Err(Rejection::NotFound("no such reservation"));
@@ -405,9 +461,24 @@ impl Gateway {
     }
 }
 
-fn unavailable(error: crate::redis_client::RedisError) -> Rejection {
-    warn!(%error, "redis unavailable");
-    Rejection::Unavailable
+impl Gateway {
+    /// Counts a failed Redis call and turns it into `503 unavailable`. Not
+    /// logged per request (an outage would flood the log); the breaker logs
+    /// when it opens and closes.
+    fn unavailable(&self, error: RedisError) -> Rejection {
+        self.unavailable_ref(&error)
+    }
+
+    fn unavailable_ref(&self, error: &RedisError) -> Rejection {
+        let kind = match error {
+            RedisError::Redis(_) => "error",
+            RedisError::Timeout(_) => "timeout",
+            RedisError::CircuitOpen => "circuit_open",
+        };
+        self.metrics.redis_errors.with_label_values(&[kind]).inc();
+        debug!(%error, "redis unavailable");
+        Rejection::Unavailable
+    }
 }
 
 fn auth_message(e: crate::auth::AuthError) -> &'static str {

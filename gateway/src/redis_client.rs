@@ -8,6 +8,7 @@
 //! configured timeout, so a stalled Redis yields a quick 503, not a hang.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -35,7 +36,8 @@ pub struct RedisClient {
     timeout: Duration,
     conn: OnceCell<ConnectionManager>,
     pub deduct: redis::Script,
-    pub breaker: Breaker,
+    /// Shared with the admin listener, which reports its state.
+    pub breaker: Arc<Breaker>,
 }
 
 impl RedisClient {
@@ -45,7 +47,7 @@ impl RedisClient {
         Ok(Self {
             client: redis::Client::open(url)?,
             timeout,
-            breaker,
+            breaker: Arc::new(breaker),
             conn: OnceCell::new(),
             deduct: redis::Script::new(DEDUCT_LUA),
         })

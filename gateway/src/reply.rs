@@ -91,6 +91,18 @@ impl Rejection {
         }
     }
 
+    /// The metric label: the code, with the bucket's scope for rate limits.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Rejection::RateLimited(l) => match l.scope {
+                crate::limits::Scope::User => "rate_limited_user",
+                crate::limits::Scope::Ip => "rate_limited_ip",
+                crate::limits::Scope::Global => "rate_limited_global",
+            },
+            other => other.code(),
+        }
+    }
+
     fn message(&self) -> &'static str {
         match self {
             Rejection::BadRequest(m) | Rejection::Unauthorized(m) | Rejection::NotFound(m) => m,

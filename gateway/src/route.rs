@@ -21,6 +21,21 @@ pub enum Route<'a> {
     Shop,
 }
 
+impl Route<'_> {
+    /// The route's metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Route::ListSales => "list_sales",
+            Route::SaleState(_) => "sale_state",
+            Route::Buy(_) => "buy",
+            Route::Reservation(_) => "reservation",
+            Route::SalePage(_) => "page",
+            Route::Asset(_) => "asset",
+            Route::Shop => "shop",
+        }
+    }
+}
+
 /// A request to a gateway path that cannot be served as sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouteError {

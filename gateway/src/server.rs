@@ -7,10 +7,12 @@ use flashgate_common::config::{Config, ENV_JWT_SECRET};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
+use crate::admin::AdminServer;
 use crate::auth::Verifier;
 use crate::breaker::Breaker;
 use crate::events::EventListener;
 use crate::local_state::LocalSales;
+use crate::metrics::Metrics;
 use crate::orders::OrderClient;
 use crate::proxy::{Edge, Gateway};
 use crate::redis_client::RedisClient;
@@ -46,6 +48,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         sale_states: SaleStateCache::new(config.pages.state_ttl),
+        metrics: Arc::new(Metrics::register()),
         config,
     })
 }
@@ -77,9 +80,15 @@ pub fn run(config: Config, config_path: &std::path::Path) -> anyhow::Result<()> 
     let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval };
     let shop_health =
         pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
+    let admin = AdminServer {
+        listen: config.gateway.admin_listen,
+        metrics: gateway.metrics.clone(),
+        breaker: gateway.redis.breaker.clone(),
+    };
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());
     server.add_service(service);
+    server.add_service(pingora::services::background::background_service("admin listener", admin));
     server.add_service(pingora::services::background::background_service("sale events", events));
     server.add_service(pingora::services::background::background_service("config watcher", watcher));
     server.add_service(pingora::services::background::background_service("static pages watcher", pages_watcher));

@@ -189,6 +189,8 @@ pub struct Stack {
     pub shop: Option<Proc>,
     pub redis: RedisServer,
     pub gateway_addr: SocketAddr,
+    /// The gateway's admin listener (`/metrics`, `/live`, `/ready`).
+    pub gateway_admin_addr: SocketAddr,
     pub backend_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub shop_addr: SocketAddr,
@@ -205,6 +207,7 @@ impl Stack {
         let redis = RedisServer::start(&dir.0, opts.appendonly);
         let port = |_| -> SocketAddr { ([127, 0, 0, 1], free_port()).into() };
         let (gateway_addr, backend_addr, admin_addr, shop_addr) = (port(0), port(1), port(2), port(3));
+        let gateway_admin_addr = port(4);
         let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/flashgate.db", dir.0.display()));
         let config_path = dir.0.join("flashgate.toml");
         let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
@@ -218,6 +221,7 @@ timeout_ms = {timeout}
 
 [gateway]
 listen = "{gateway_addr}"
+admin_listen = "{gateway_admin_addr}"
 threads = 2
 shop_upstream = "{shop_addr}"
 backend_url = "http://{backend_addr}"
@@ -250,6 +254,7 @@ sale_poll_ms = 100
             shop: Some(Proc { child: shop, name: "demo-shop" }),
             redis,
             gateway_addr,
+            gateway_admin_addr,
             backend_addr,
             admin_addr,
             shop_addr,
@@ -305,6 +310,8 @@ sale_poll_ms = 100
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let text = std::fs::read_to_string(&self.config_path).unwrap();
         let text = text.replacen(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\""), 1);
+        let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let text = text.replacen(&format!("admin_listen = \"{}\"", self.gateway_admin_addr), &format!("admin_listen = \"{admin}\""), 1);
         let path = self.dir.0.join("flashgate-2.toml");
         std::fs::write(&path, text).unwrap();
         let log = std::fs::File::create(self.dir.0.join("flashgate-2.log")).unwrap();

@@ -1,0 +1,118 @@
+//! Metrics tell the truth: a scripted sale's outcomes, as the clients saw
+//! them, equal the counters scraped from the gateway's and the backend's
+//! `/metrics`, and both expositions pass `promtool check metrics`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use flashgate_tests::{token, Stack, StackOptions};
+
+/// The outcome label a client can infer from a buy answer.
+fn client_label(resp_status: u16, headers: &reqwest::header::HeaderMap, body: &serde_json::Value) -> String {
+    if headers.get("idempotent-replayed").is_some() {
+        return "replay".into();
+    }
+    if resp_status == 201 || resp_status == 202 {
+        return "won".into();
+    }
+    let code = body["code"].as_str().unwrap_or("none").to_owned();
+    if code == "rate_limited" {
+        let policy = headers["ratelimit-policy"].to_str().unwrap();
+        let scope = policy.trim_start_matches("\"buy-").split('"').next().unwrap();
+        return format!("rate_limited_{scope}");
+    }
+    code
+}
+
+/// `name{label="value"} N` lines of one metric, keyed by the label value.
+fn counters(text: &str, metric: &str, label: &str) -> BTreeMap<String, f64> {
+    let prefix = format!("{metric}{{");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (labels, value) = rest.rsplit_once("} ")?;
+            let key = labels.split(',').find_map(|kv| kv.strip_prefix(&format!("{label}=\"")))?.trim_end_matches('"');
+            Some((key.to_owned(), value.parse::<f64>().ok()?))
+        })
+        .fold(BTreeMap::new(), |mut m, (k, v)| {
+            *m.entry(k).or_insert(0.0) += v;
+            m
+        })
+}
+
+fn promtool_check(text: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (make test installs Debian's prometheus package)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_counters_equal_what_clients_saw() {
+    let stack = Stack::start(StackOptions {
+        extra_toml: "[limits.buy]\nuser = { per_second = 1, burst = 3 }\n".into(),
+        ..StackOptions::default()
+    })
+    .await;
+    stack.open_sale("metered", 3, 1).await;
+    stack.open_sale("plenty", 100, 100).await;
+    stack.put_sale("soon", 5, 1, Duration::from_secs(600), Duration::from_secs(600)).await;
+
+    let mut seen: BTreeMap<String, f64> = BTreeMap::new();
+    let send = |sale: &'static str, auth: Option<String>, key: Option<&'static str>| {
+        let mut req = stack.http.post(stack.url(&format!("/api/sales/{sale}/buy")));
+        if let Some(t) = auth {
+            req = req.bearer_auth(t);
+        }
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+            let body: serde_json::Value = resp.json().await.unwrap_or_default();
+            client_label(status, &headers, &body)
+        }
+    };
+    let mut record = |label: String| *seen.entry(label).or_insert(0.0) += 1.0;
+
+    record(send("metered", Some(token("alice")), Some("a1")).await); // won
+    record(send("metered", Some(token("alice")), Some("a1")).await); // replay
+    record(send("metered", Some(token("alice")), Some("a2")).await); // limit_reached
+    for user in ["b", "c", "d", "e", "f"] {
+        record(send("metered", Some(token(user)), None).await); // 2 won, then sold_out
+    }
+    for _ in 0..4 {
+        record(send("plenty", Some(token("hammer")), None).await); // 3 won, then rate_limited_user
+    }
+    record(send("metered", None, None).await); // unauthorized
+    record(send("nosuch", Some(token("g")), None).await); // not_found
+    record(send("soon", Some(token("h")), None).await); // not_started
+
+    for expected in ["won", "replay", "limit_reached", "sold_out", "rate_limited_user", "unauthorized", "not_found", "not_started"] {
+        assert!(seen.contains_key(expected), "the script did not produce {expected}: {seen:?}");
+    }
+
+    let gateway_text = stack.http.get(format!("http://{}/metrics", stack.gateway_admin_addr)).send().await.unwrap().text().await.unwrap();
+    let scraped = counters(&gateway_text, "flashgate_buy_outcomes_total", "outcome");
+    assert_eq!(scraped, seen, "gateway buy outcome counters differ from what clients saw");
+    let requests = counters(&gateway_text, "flashgate_requests_total", "route");
+    assert_eq!(requests.get("buy").copied(), Some(seen.values().sum::<f64>()));
+    promtool_check(&gateway_text);
+
+    // Every winner is persisted, and the backend counts it once.
+    let winners = seen["won"] as i64;
+    assert_eq!(stack.wait_orders("metered", 3, Duration::from_secs(20)).await.0 + stack.wait_orders("plenty", 3, Duration::from_secs(20)).await.0, winners);
+    let backend_text = stack.http.get(format!("http://{}/metrics", stack.backend_addr)).send().await.unwrap().text().await.unwrap();
+    let created: f64 = counters(&backend_text, "flashgate_backend_orders_created_total", "source").values().sum();
+    assert_eq!(created as i64, winners, "{backend_text}");
+    promtool_check(&backend_text);
+}
