@@ -172,6 +172,8 @@ pub mod file {
         pub static_dir: String,
         pub idempotency_ttl_seconds: u64,
         pub keepalive_seconds: u64,
+        pub backlog_pause_threshold: u64,
+        pub backlog_check_ms: u64,
     }
 
     impl Default for Gateway {
@@ -186,6 +188,8 @@ pub mod file {
                 static_dir: "static".into(),
                 idempotency_ttl_seconds: 86_400,
                 keepalive_seconds: 60,
+                backlog_pause_threshold: 50_000,
+                backlog_check_ms: 500,
             }
         }
     }
@@ -281,6 +285,10 @@ pub struct GatewayConfig {
     pub static_dir: PathBuf,
     pub idempotency_ttl: Duration,
     pub keepalive: Duration,
+    /// Unpersisted reservations above which a sale pauses; 0 = never.
+    pub backlog_pause_threshold: u64,
+    /// How often the global switch and the backlogs are read.
+    pub backlog_check: Duration,
 }
 
 /// The shop's upstreams and how they are checked and reached.
@@ -472,6 +480,7 @@ impl Config {
             "gateway.forward_timeout_ms: must be between 1 and 60000",
         );
         check(f.gateway.idempotency_ttl_seconds >= 1, "gateway.idempotency_ttl_seconds: must be at least 1");
+        check((50..=60_000).contains(&f.gateway.backlog_check_ms), "gateway.backlog_check_ms: must be between 50 and 60000");
         check((1..=3600).contains(&f.gateway.keepalive_seconds), "gateway.keepalive_seconds: must be between 1 and 3600");
         check((1..=10_000).contains(&f.backend.batch_size), "backend.batch_size: must be between 1 and 10000");
         check((1..=60_000).contains(&f.backend.block_ms), "backend.block_ms: must be between 1 and 60000");
@@ -581,6 +590,8 @@ impl Config {
                 static_dir: PathBuf::from(f.gateway.static_dir),
                 idempotency_ttl: Duration::from_secs(f.gateway.idempotency_ttl_seconds),
                 keepalive: Duration::from_secs(f.gateway.keepalive_seconds),
+                backlog_pause_threshold: f.gateway.backlog_pause_threshold,
+                backlog_check: Duration::from_millis(f.gateway.backlog_check_ms),
             },
             shop: ShopConfig {
                 upstreams: shop_upstreams,

@@ -23,6 +23,9 @@
 /// Set of the ids of every preheated sale.
 pub const SALES_INDEX: &str = "fg:sales";
 
+/// `paused` stops every buy on every gateway (the global degrade switch).
+pub const GLOBAL_SWITCH: &str = "fg:switch";
+
 /// Consumer group the backend reads each sale's stream with.
 pub const CONSUMER_GROUP: &str = "orders";
 
@@ -89,6 +92,8 @@ pub enum SaleEvent {
     SoldOut(String),
     /// An operator changed the sale (stock, window, pause): forget local state.
     Changed(String),
+    /// The global switch changed: `true` pauses every sale.
+    AllPaused(bool),
 }
 
 impl SaleEvent {
@@ -96,11 +101,18 @@ impl SaleEvent {
         match self {
             SaleEvent::SoldOut(id) => format!("sold_out:{id}"),
             SaleEvent::Changed(id) => format!("changed:{id}"),
+            SaleEvent::AllPaused(true) => "switch:paused".into(),
+            SaleEvent::AllPaused(false) => "switch:open".into(),
         }
     }
 
     pub fn decode(msg: &str) -> Option<Self> {
         let (kind, id) = msg.split_once(':')?;
+        match (kind, id) {
+            ("switch", "paused") => return Some(SaleEvent::AllPaused(true)),
+            ("switch", "open") => return Some(SaleEvent::AllPaused(false)),
+            _ => {}
+        }
         if !crate::sale::valid_sale_id(id) {
             return None;
         }
@@ -118,7 +130,7 @@ mod event_tests {
 
     #[test]
     fn events_round_trip_and_garbage_is_ignored() {
-        for e in [SaleEvent::SoldOut("s-1".into()), SaleEvent::Changed("s_2".into())] {
+        for e in [SaleEvent::SoldOut("s-1".into()), SaleEvent::Changed("s_2".into()), SaleEvent::AllPaused(true), SaleEvent::AllPaused(false)] {
             assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
         }
         assert_eq!(SaleEvent::decode("sold_out:a b"), None);

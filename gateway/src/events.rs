@@ -16,10 +16,12 @@ use pingora::services::background::BackgroundService;
 use tracing::{debug, warn};
 
 use crate::local_state::LocalSales;
+use crate::switches::Switches;
 
 pub struct EventListener {
     pub client: redis::Client,
     pub local: Arc<LocalSales>,
+    pub switches: Arc<Switches>,
 }
 
 impl EventListener {
@@ -32,6 +34,7 @@ impl EventListener {
             match SaleEvent::decode(&payload) {
                 Some(SaleEvent::SoldOut(id)) => self.local.mark_sold_out(&id),
                 Some(SaleEvent::Changed(id)) => self.local.forget(&id).await,
+                Some(SaleEvent::AllPaused(paused)) => self.switches.set_all_paused(paused),
                 None => debug!(payload, "ignoring unknown sale event"),
             }
         }

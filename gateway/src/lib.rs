@@ -20,6 +20,7 @@
 //! - [`reload`]: live reload of limits and deny lists.
 //! - [`local_state`]: sale windows and sold-out flags kept at the edge.
 //! - [`events`]: sale events between gateways over pub/sub.
+//! - [`switches`]: global pause switch and backlog pause.
 //! - [`breaker`]: the circuit breaker on Redis.
 //! - [`redis_client`]: the shared, lazily created Redis connection.
 //! - [`metrics`]: Prometheus metrics; [`admin`]: the listener serving them.
@@ -45,4 +46,5 @@ pub mod sales;
 pub mod server;
 pub mod state_cache;
 pub mod static_pages;
+pub mod switches;
 pub mod upstreams;

@@ -33,6 +33,7 @@ use crate::local_state::LocalSales;
 use crate::limits::{Limiters, RouteClass};
 use crate::orders::OrderClient;
 use crate::metrics::Metrics;
+use crate::switches::Switches;
 use crate::redis_client::{RedisClient, RedisError};
 use crate::reply::{Rejection, Reply};
 use crate::route::{classify, Route};
@@ -63,6 +64,8 @@ pub struct Gateway {
     pub local: Arc<LocalSales>,
     /// Shared with the admin listener that serves `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Global switch and backlog pauses, kept current by a watcher.
+    pub switches: Arc<Switches>,
 }
 
 /// The hot-reloadable part of the gateway: limiters and deny lists.
@@ -364,6 +367,10 @@ impl Gateway {
         if self.local.is_sold_out(sale_id) {
             self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
             return Ok(Some(Rejection::SoldOut));
+        }
+        if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
+            self.metrics.local_decisions.with_label_values(&["paused"]).inc();
+            return Ok(Some(Rejection::Paused));
         }
         let window = self.local.window(&self.redis, sale_id).await.map_err(|e| self.unavailable_ref(&e))?;
         let rejection = match window {

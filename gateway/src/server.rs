@@ -13,6 +13,7 @@ use crate::breaker::Breaker;
 use crate::events::EventListener;
 use crate::local_state::LocalSales;
 use crate::metrics::Metrics;
+use crate::switches::{SwitchWatcher, Switches};
 use crate::orders::OrderClient;
 use crate::proxy::{Edge, Gateway};
 use crate::redis_client::RedisClient;
@@ -49,6 +50,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         sale_states: SaleStateCache::new(config.pages.state_ttl),
         metrics: Arc::new(Metrics::register()),
+        switches: Arc::new(Switches::default()),
         config,
     })
 }
@@ -76,7 +78,18 @@ pub fn run(config: Config, config_path: &std::path::Path) -> anyhow::Result<()> 
     };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let events = EventListener { client: gateway.redis.client().clone(), local: gateway.local.clone() };
+    let events = EventListener {
+        client: gateway.redis.client().clone(),
+        local: gateway.local.clone(),
+        switches: gateway.switches.clone(),
+    };
+    let switch_watcher = SwitchWatcher {
+        client: gateway.redis.client().clone(),
+        switches: gateway.switches.clone(),
+        backlog_threshold: config.gateway.backlog_pause_threshold,
+        interval: config.gateway.backlog_check,
+        timeout: config.redis.timeout,
+    };
     let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval };
     let shop_health =
         pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
@@ -89,6 +102,7 @@ pub fn run(config: Config, config_path: &std::path::Path) -> anyhow::Result<()> 
     service.add_tcp(&config.gateway.listen.to_string());
     server.add_service(service);
     server.add_service(pingora::services::background::background_service("admin listener", admin));
+    server.add_service(pingora::services::background::background_service("switches", switch_watcher));
     server.add_service(pingora::services::background::background_service("sale events", events));
     server.add_service(pingora::services::background::background_service("config watcher", watcher));
     server.add_service(pingora::services::background::background_service("static pages watcher", pages_watcher));

@@ -156,3 +156,63 @@ async fn a_stopped_redis_gets_503s_not_hangs_and_sales_resume_after() {
     }
     assert_eq!(status, 201, "sales did not resume after SIGCONT");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_pauses_while_its_unpersisted_backlog_is_too_large_and_resumes_when_it_drains() {
+    let mut stack = Stack::start(StackOptions {
+        extra_toml: String::new(),
+        ..StackOptions::default()
+    })
+    .await;
+    stack.edit_config(|t| t.replace("[gateway]\n", "[gateway]\nbacklog_pause_threshold = 4\nbacklog_check_ms = 50\n"));
+    stack.kill_gateway();
+    stack.start_gateway();
+    stack.open_sale("backlog", 100, 1).await;
+    stack.kill_backend();
+
+    // Winners pile up in the stream with nobody persisting them.
+    let mut statuses = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        let (status, _) = stack.buy("backlog", &random_user(), None).await;
+        statuses.push(status);
+        if status == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(statuses.last(), Some(&503), "the sale never paused: {statuses:?}");
+    let (status, body) = stack.buy("backlog", &random_user(), None).await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("paused")));
+
+    stack.start_backend();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut status = 0;
+    while Instant::now() < deadline && status != 201 {
+        status = stack.buy("backlog", &random_user(), None).await.0;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 201, "the sale did not resume after the backlog drained");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_switch_pauses_every_sale_at_once() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("sw", 100, 1).await;
+    assert_eq!(stack.buy("sw", &random_user(), None).await.0, 201);
+    let resp = stack.http.put(stack.admin_url("/admin/switch")).bearer_auth(flashgate_tests::ADMIN_TOKEN).json(&serde_json::json!({"paused": true})).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut code = String::new();
+    while Instant::now() < deadline && code != "paused" {
+        code = stack.buy("sw", &random_user(), None).await.1["code"].as_str().unwrap_or("").to_owned();
+    }
+    assert_eq!(code, "paused");
+    stack.http.put(stack.admin_url("/admin/switch")).bearer_auth(flashgate_tests::ADMIN_TOKEN).json(&serde_json::json!({"paused": false})).send().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    while Instant::now() < deadline && status != 201 {
+        status = stack.buy("sw", &random_user(), None).await.0;
+    }
+    assert_eq!(status, 201);
+}
