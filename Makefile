@@ -1,5 +1,8 @@
 # Flashgate: `make run` starts the local stack, `make test` runs every test.
-.PHONY: run test build release deps check clean
+.PHONY: run test build release deps check clean faults
+
+# `make faults FAULT_RUNS=10`: the fault-injection suite only, N times.
+FAULT_RUNS ?= 10
 
 CARGO ?= cargo
 
@@ -21,9 +24,18 @@ test: deps
 	$(CARGO) run -q -p flashgate -- --config config/flashgate.toml check
 	$(CARGO) nextest run --workspace --no-fail-fast
 
+faults:
+	$(CARGO) build --workspace --bins
+	bash tests/run-faults.sh $(FAULT_RUNS)
+
 check:
 	$(CARGO) clippy --workspace --all-targets
 
 clean:
 	$(CARGO) clean
 	rm -rf data
+
+# Side-by-side benchmark against the peers in ../shared/peers: writes bench/REPORT.md and bench/bench.png.
+.PHONY: bench
+bench:
+	bash bench/run.sh

@@ -14,14 +14,21 @@
 //! - [`stream::consumer`]: per-sale Redis Stream consumers.
 //! - [`sales`]: preheating sales into Redis, changing them, operator views.
 //! - [`redis_io`]: Redis connections and the Lua scripts.
+//! - [`recovery`]: restoring a sale Redis lost; returning cancelled items.
+//! - [`timeout`]: cancelling orders unpaid past their sale's timeout.
+//! - [`reconcile`]: Redis counters against the order table, and the drift.
+//! - [`stream::dead_letter`]: entries that could not become orders.
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod reconcile;
+pub mod recovery;
 pub mod redis_io;
 pub mod sales;
 pub mod server;
 pub mod store;
 pub mod stream;
+pub mod timeout;
 
 pub use server::{run, StartError};
 

@@ -26,6 +26,8 @@ pub enum SaleError {
     Store(#[from] StoreError),
     #[error("unexpected reply {0:?} from update_sale.lua")]
     BadReply(Vec<i64>),
+    #[error("another backend is restoring the sale into redis")]
+    Restoring,
 }
 
 /// What preheating did.
@@ -80,17 +82,24 @@ pub async fn preheat<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec, so
     Ok(if loaded == 1 { Preheat::Loaded { remaining } } else { Preheat::AlreadyThere })
 }
 
-/// Preheats `spec` from the database: its live orders count as sold.
+/// Preheats `spec` from the database when Redis lacks it: its live orders
+/// (and reservations still in flight) count as sold, and its buyers and
+/// returned items are rebuilt (see [`crate::recovery::restore`]).
 ///
 /// # Errors
-/// Redis or the database failed.
+/// Redis or the database failed, or another backend is restoring it.
 pub async fn preheat_from_store<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
     spec: &SaleSpec,
 ) -> Result<Preheat, SaleError> {
-    let sold = store.count_live_orders(&spec.id).await?;
-    Ok(preheat(conn, spec, sold).await?)
+    use crate::recovery::{restore, Restored};
+    match restore(conn, store, spec).await? {
+        Restored::Loaded { remaining, .. } => Ok(Preheat::Loaded { remaining }),
+        Restored::NotNeeded => Ok(Preheat::AlreadyThere),
+        Restored::Busy => Err(SaleError::Restoring),
+        Restored::StockBelowSold { sold } => Ok(Preheat::StockBelowSold { sold }),
+    }
 }
 
 /// Applies a new definition to Redis: changes a preheated sale atomically
@@ -153,6 +162,8 @@ pub struct SaleView {
     pub reservations: Option<i64>,
     /// Orders in the database that are not cancelled.
     pub orders: i64,
+    /// Unpaid orders are cancelled this long after their reservation.
+    pub payment_timeout_seconds: Option<i64>,
     /// Stream entries delivered to a consumer but not acknowledged yet;
     /// `None` when Redis does not answer.
     pub pending: Option<i64>,
@@ -194,6 +205,7 @@ async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<Co
 /// The database failed.
 pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: SaleSpec) -> Result<SaleView, SaleError> {
     let orders = store.count_live_orders(&spec.id).await?;
+    let payment_timeout_seconds = store.payment_timeout(&spec.id).await?;
     let live = match counters(conn, &spec.id).await {
         Ok(c) => Some(c),
         Err(error) => {
@@ -211,6 +223,7 @@ pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: S
         remaining,
         reservations: live.as_ref().map(|c| c.reservations),
         orders,
+        payment_timeout_seconds,
         pending: live.as_ref().map(|c| c.pending),
         id: spec.id,
         name: spec.name,

@@ -2,7 +2,8 @@
 //!
 //! Start order: database (schema), Redis, the sales declared in the file
 //! (written to the database only if absent, then preheated into Redis only
-//! if absent), then the consumers and both listeners. On SIGTERM or Ctrl-C
+//! if absent), then the consumers, the background loops (restoring sales
+//! Redis lost, payment timeouts, reconciliation) and both listeners. On SIGTERM or Ctrl-C
 //! the listeners stop accepting and finish in-flight requests, the
 //! consumers finish their current batch, and [`run`] returns `Ok`.
 
@@ -61,6 +62,9 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
 
     for declared in &config.sales {
         if store.insert_sale_if_absent(declared).await? {
+            if let Some(timeout) = config.payment_timeouts.get(&declared.id) {
+                store.set_payment_timeout(&declared.id, timeout.as_secs() as i64).await?;
+            }
             tracing::info!(sale = %declared.id, "sale from the configuration file written to the database");
         }
         // The row, not the file, is the truth once written.
@@ -75,7 +79,7 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         }
     }
 
-    let state = AppState::new(store.clone(), redis, &token)?;
+    let state = AppState::new(store.clone(), redis.clone(), &token)?;
     let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
     let orders = bind(config.backend.listen).await?;
     let admin = bind(config.backend.admin_listen).await?;
@@ -86,6 +90,24 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         consumer::Settings::new(&config.redis, &config.backend),
         shutdown.clone(),
     ));
+    let backend = &config.backend;
+    let background = [
+        tokio::spawn(crate::recovery::watch(redis.clone(), store.clone(), backend.restore_poll, shutdown.clone())),
+        tokio::spawn(crate::timeout::run(
+            redis.clone(),
+            store.clone(),
+            backend.expiry_poll,
+            state.orders_expired.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::reconcile::run(
+            redis.clone(),
+            store.clone(),
+            backend.reconcile_interval,
+            state.drift.clone(),
+            shutdown.clone(),
+        )),
+    ];
     let serve = |listener, router: axum::Router, mut shutdown: watch::Receiver<bool>| {
         axum::serve(listener, router).with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
@@ -97,6 +119,11 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
     );
     if let Err(error) = consumers.await {
         tracing::error!(%error, "stream consumers panicked");
+    }
+    for task in background {
+        if let Err(error) = task.await {
+            tracing::error!(%error, "a background loop panicked");
+        }
     }
     store.close().await;
     orders.and(admin).map_err(StartError::Serve)

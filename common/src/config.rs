@@ -117,6 +117,8 @@ pub mod file {
         pub idle_seconds: u64,
         pub buy: RouteLimits,
         pub read: RouteLimits,
+        /// One bucket in Redis shared by every gateway; absent = off.
+        pub cluster_global: Option<Bucket>,
     }
 
     impl Default for Limits {
@@ -127,6 +129,7 @@ pub mod file {
                 idle_seconds: 120,
                 buy: RouteLimits::default(),
                 read: RouteLimits::default(),
+                cluster_global: None,
             }
         }
     }
@@ -352,6 +355,8 @@ pub struct LimitsConfig {
     pub idle: Duration,
     pub buy: file::RouteLimits,
     pub read: file::RouteLimits,
+    /// The optional cluster-wide buy bucket, kept in Redis.
+    pub cluster_global: Option<file::Bucket>,
 }
 
 /// Deny lists, validated.
@@ -533,6 +538,9 @@ impl Config {
                 }
             }
         }
+        if f.limits.cluster_global.is_some_and(|b| b.per_second == 0 || b.burst == 0) {
+            errors.push("limits.cluster_global: per_second and burst must be > 0 (leave it out for no limit)".into());
+        }
         if f.limits.max_tracked_keys < 1 {
             errors.push("limits.max_tracked_keys: must be at least 1".into());
         }
@@ -570,6 +578,7 @@ impl Config {
                 idle: Duration::from_secs(f.limits.idle_seconds),
                 buy: f.limits.buy,
                 read: f.limits.read,
+                cluster_global: f.limits.cluster_global,
             },
             deny: DenyConfig { users: f.deny.users.into_iter().collect(), nets: deny_nets },
             redis: RedisConfig {

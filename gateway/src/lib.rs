@@ -16,6 +16,7 @@
 //! - [`static_pages`]: in-memory product pages and assets (ETag, gzip/brotli, reload).
 //! - [`upstreams`]: the shop's upstreams, health checks, hop-by-hop headers.
 //! - [`limits`]: user, IP and global token buckets in bounded caches.
+//! - [`cluster_limit`]: the optional Redis-side global bucket shared by all gateways.
 //! - [`client_ip`]: the client address, believing only trusted proxies.
 //! - [`reload`]: live reload of limits and deny lists.
 //! - [`local_state`]: sale windows and sold-out flags kept at the edge.
@@ -31,6 +32,7 @@ pub mod admin;
 pub mod auth;
 pub mod breaker;
 pub mod client_ip;
+pub mod cluster_limit;
 pub mod deduct;
 pub mod events;
 pub mod limits;

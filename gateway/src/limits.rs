@@ -27,6 +27,8 @@ pub enum Scope {
     User,
     Ip,
     Global,
+    /// The cluster-wide bucket in Redis (`cluster_limit`).
+    Cluster,
 }
 
 impl Scope {
@@ -35,6 +37,7 @@ impl Scope {
             Scope::User => "user",
             Scope::Ip => "ip",
             Scope::Global => "global",
+            Scope::Cluster => "cluster",
         }
     }
 }
@@ -229,7 +232,7 @@ mod tests {
     use super::*;
 
     fn cfg(buy: RouteLimits) -> LimitsConfig {
-        LimitsConfig { trusted_proxies: vec![], max_tracked_keys: 1000, idle: Duration::from_secs(60), buy, read: RouteLimits::default() }
+        LimitsConfig { trusted_proxies: vec![], max_tracked_keys: 1000, idle: Duration::from_secs(60), buy, read: RouteLimits::default(), cluster_global: None }
     }
 
     #[test]

@@ -28,6 +28,7 @@ use tracing::{debug, warn};
 
 use crate::auth::Verifier;
 use crate::client_ip::client_ip;
+use crate::cluster_limit::ClusterLimit;
 use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
 use crate::local_state::LocalSales;
 use crate::limits::{Limiters, RouteClass};
@@ -44,6 +45,9 @@ use crate::upstreams::{hop_by_hop, ShopFailure, Upstreams};
 
 /// Largest buy request body accepted; a buy needs no more.
 pub const MAX_BUY_BODY_BYTES: usize = 4096;
+/// Most header bytes (names and values) accepted on any request; real
+/// browsers send a few KiB. Pingora's own limit is far larger.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Longest Idempotency-Key accepted.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 64;
 
@@ -73,11 +77,23 @@ pub struct Edge {
     pub limits: LimitsConfig,
     pub limiters: Arc<Limiters>,
     pub deny: DenyConfig,
+    /// The cluster-wide bucket in Redis, when configured.
+    pub cluster: Option<ClusterLimit>,
 }
 
 impl Edge {
     pub fn new(config: &Config) -> Self {
-        Self { limits: config.limits.clone(), limiters: Arc::new(Limiters::new(&config.limits)), deny: config.deny.clone() }
+        Self::with_limiters(config, Arc::new(Limiters::new(&config.limits)))
+    }
+
+    /// An edge for `config` that keeps existing (still matching) buckets.
+    pub fn with_limiters(config: &Config, limiters: Arc<Limiters>) -> Self {
+        Self {
+            limits: config.limits.clone(),
+            limiters,
+            deny: config.deny.clone(),
+            cluster: config.limits.cluster_global.map(ClusterLimit::new),
+        }
     }
 }
 
@@ -108,6 +124,13 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
         let req = session.req_header();
+        let header_bytes: usize = req.headers.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
+        if header_bytes > MAX_HEADER_BYTES {
+            ctx.route = "invalid";
+            ctx.outcome = Rejection::HeadersTooLarge.label();
+            session.set_keepalive(None);
+            return write_reply(session, Rejection::HeadersTooLarge.into(), ctx).await;
+        }
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
         let reply = match classify(&method, &path) {
@@ -316,6 +339,13 @@ impl Gateway {
     /// winner to the backend.
     async fn buy(&self, session: &mut Session, sale_id: &str, ctx: &mut RequestCtx) -> Result<Reply, Rejection> {
         let user = self.admit_buy(session)?;
+        let cluster = self.edge.load().cluster.is_some();
+        if cluster {
+            let edge = self.edge.load_full();
+            if let Some(limit) = &edge.cluster {
+                limit.check(&self.redis).await.map_err(|e| self.unavailable(e))?.map_err(Rejection::RateLimited)?;
+            }
+        }
         let idempotency_key =
             idempotency_key(session.req_header().headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
         read_buy_body(session).await?;

@@ -45,7 +45,7 @@ impl ConfigWatcher {
         // Keep the running buckets when only the deny lists changed.
         let limiters =
             if limits_changed { Arc::new(Limiters::new(&config.limits)) } else { current.limiters.clone() };
-        self.edge.store(Arc::new(Edge { limits: config.limits, limiters, deny: config.deny }));
+        self.edge.store(Arc::new(Edge::with_limiters(&config, limiters)));
         info!(limits_changed, "config reloaded: limits and deny lists applied; other sections apply at restart");
     }
 }

@@ -37,6 +37,8 @@ pub enum Rejection {
     NotFound(&'static str),
     MethodNotAllowed(&'static str),
     PayloadTooLarge,
+    /// The request's headers add up to more than the gateway accepts.
+    HeadersTooLarge,
     LimitReached,
     SoldOut,
     Ended,
@@ -68,6 +70,7 @@ impl Rejection {
             Rejection::LimitReached => 409,
             Rejection::SoldOut | Rejection::Ended => 410,
             Rejection::PayloadTooLarge => 413,
+            Rejection::HeadersTooLarge => 431,
             Rejection::RateLimited(_) => 429,
             Rejection::Paused | Rejection::Unavailable => 503,
         }
@@ -80,6 +83,7 @@ impl Rejection {
             Rejection::NotFound(_) => "not_found",
             Rejection::MethodNotAllowed(_) => "method_not_allowed",
             Rejection::PayloadTooLarge => "payload_too_large",
+            Rejection::HeadersTooLarge => "headers_too_large",
             Rejection::LimitReached => "limit_reached",
             Rejection::SoldOut => "sold_out",
             Rejection::Ended => "ended",
@@ -98,6 +102,7 @@ impl Rejection {
                 crate::limits::Scope::User => "rate_limited_user",
                 crate::limits::Scope::Ip => "rate_limited_ip",
                 crate::limits::Scope::Global => "rate_limited_global",
+                crate::limits::Scope::Cluster => "rate_limited_cluster",
             },
             other => other.code(),
         }
@@ -108,6 +113,7 @@ impl Rejection {
             Rejection::BadRequest(m) | Rejection::Unauthorized(m) | Rejection::NotFound(m) => m,
             Rejection::MethodNotAllowed(_) => "method not allowed on this path",
             Rejection::PayloadTooLarge => "request body too large",
+            Rejection::HeadersTooLarge => "request headers too large",
             Rejection::LimitReached => "you already bought the most this sale allows",
             Rejection::SoldOut => "sold out",
             Rejection::Ended => "the sale has ended",

@@ -36,6 +36,7 @@ fn a_million_ips_and_a_million_users_keep_memory_under_the_cap() {
         idle: Duration::from_secs(120),
         buy: RouteLimits { user: bucket, ip: bucket, global: None },
         read: RouteLimits::default(),
+        cluster_global: None,
     };
     let limiters = Limiters::new(&cfg);
     let before = rss_bytes();

@@ -70,7 +70,9 @@ async fn a_reload_changes_a_limit_in_a_running_gateway() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(stack.log("flashgate").contains("config reload rejected"), "{}", stack.log("flashgate"));
-    assert_eq!(buy().await.0, 429);
+    // The bucket may have refilled one token meanwhile; two in a row cannot both pass.
+    let (a, b) = (buy().await.0, buy().await.0);
+    assert!(a == 429 || b == 429, "the running limit was lost: {a}, {b}");
 }
 
 #[test]

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::sales::{self, Applied, SaleView};
+use crate::stream::dead_letter;
 
 /// Rejects requests without the admin bearer token.
 pub async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -44,6 +45,10 @@ pub struct SaleBody {
     pub starts_at: String,
     /// RFC 3339.
     pub ends_at: String,
+    /// Unpaid orders are cancelled this long after their reservation;
+    /// left out, a new sale gets 900 and a changed one keeps its own.
+    #[serde(default)]
+    pub payment_timeout_seconds: Option<i64>,
 }
 
 fn one() -> i64 {
@@ -83,11 +88,17 @@ pub async fn put(
         ends_at_ms: parse_time("ends_at", &body.ends_at)?,
     };
     spec.validate().map_err(ApiError::bad_request)?;
+    if let Some(t) = body.payment_timeout_seconds {
+        flashgate_common::sale::payment_timeout(t).map_err(ApiError::bad_request)?;
+    }
 
     let _one_writer = state.sale_writes.lock().await;
     let previous = state.store.sale(&spec.id).await?;
     let mut write = state.store.begin_sale_write().await?;
     write.upsert(&spec).await?;
+    if let Some(t) = body.payment_timeout_seconds {
+        write.set_payment_timeout(&spec.id, t).await?;
+    }
     let mut redis = state.redis.clone();
     match sales::apply(&mut redis, &state.store, &spec).await? {
         Applied::StockBelowSold { sold } => {
@@ -119,6 +130,52 @@ pub async fn show(State(state): State<AppState>, id: Result<Path<String>, PathRe
     let id = sale_id(id)?;
     let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
     Ok(Json(sales::view(&mut state.redis.clone(), &state.store, spec).await?))
+}
+
+/// `GET /admin/sales/{id}/dead-letters`: entries the consumer could not
+/// turn into orders, oldest first, with their errors.
+pub async fn dead_letters(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let id = sale_id(id)?;
+    state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    let entries = dead_letter::list(&mut state.redis.clone(), &id).await?;
+    Ok(Json(serde_json::json!({"sale_id": id, "dead_letters": entries})).into_response())
+}
+
+/// `POST /admin/sales/{id}/dead-letters/{entry_id}/retry`: puts the entry
+/// back on the sale's stream (202 with its new id); the consumer tries it
+/// again, and dead-letters it again if it still fails.
+pub async fn retry_dead_letter(
+    State(state): State<AppState>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path((id, entry_id)) = ids?;
+    if !valid_sale_id(&id) {
+        return Err(ApiError::bad_request("id: must be 1 to 64 characters of A-Z a-z 0-9 _ -"));
+    }
+    if !dead_letter::valid_entry_id(&entry_id) {
+        return Err(ApiError::bad_request("entry_id: must be a stream entry id like 1700000000000-0"));
+    }
+    match dead_letter::retry(&mut state.redis.clone(), &id, &entry_id).await? {
+        Some(requeued) => {
+            tracing::info!(sale = %id, entry = %entry_id, %requeued, "dead letter put back on the stream");
+            Ok((StatusCode::ACCEPTED, Json(serde_json::json!({"requeued_as": requeued}))).into_response())
+        }
+        None => Err(ApiError::not_found("no such dead letter")),
+    }
+}
+
+/// `POST /admin/sales/{id}/reconcile`: reconciles the sale now and answers
+/// the report (what was repaired, the drift left).
+pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let id = sale_id(id)?;
+    state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    match crate::reconcile::reconcile_sale(&mut state.redis.clone(), &state.store, &id).await? {
+        Some(report) => {
+            state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);
+            Ok(Json(report).into_response())
+        }
+        None => Err(ApiError::unavailable("the sale is not in redis yet (being restored)")),
+    }
 }
 
 /// `GET /admin/sales`: every sale, ordered by id.

@@ -74,6 +74,7 @@ impl From<SaleError> for ApiError {
         match error {
             SaleError::Redis(e) => e.into(),
             SaleError::Store(e) => e.into(),
+            SaleError::Restoring => ApiError::unavailable("the sale is being restored into redis; retry shortly"),
             SaleError::BadReply(_) => {
                 tracing::error!(%error, "sale script failure");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply from redis")

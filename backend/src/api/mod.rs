@@ -4,12 +4,17 @@
 //!   turns a winner's reservation into an order and looks orders up.
 //!   - `POST /internal/orders`
 //!   - `GET /internal/reservations/{rid}`
+//!   - `POST /internal/orders/{order_id}/pay` (the shop confirms payment)
+//!   - `GET /internal/sales/{id}` (does the database know this sale?)
 //!   - `GET /healthz`
 //! - [`admin_router`] (`backend.admin_listen`, bearer token): operators
 //!   create, change and inspect sales.
 //!   - `PUT /admin/sales/{id}`
 //!   - `GET /admin/sales/{id}`
 //!   - `GET /admin/sales`
+//!   - `GET /admin/sales/{id}/dead-letters`
+//!   - `POST /admin/sales/{id}/dead-letters/{entry_id}/retry`
+//!   - `POST /admin/sales/{id}/reconcile`
 
 pub mod admin;
 pub mod error;
@@ -34,6 +39,10 @@ pub struct AppState {
     /// Serialises sale changes, so two operators changing one sale cannot
     /// interleave the Redis update and the database write.
     sale_writes: Arc<tokio::sync::Mutex<()>>,
+    /// Last stock drift of each sale, written by reconciliation.
+    pub drift: crate::reconcile::Drift,
+    /// Orders cancelled by the payment timeout since start (for the metrics).
+    pub orders_expired: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl AppState {
@@ -43,7 +52,7 @@ impl AppState {
         if admin_token.is_empty() {
             return Err(crate::StartError::NoAdminToken);
         }
-        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default() })
+        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default() })
     }
 }
 
@@ -52,6 +61,8 @@ pub fn order_router(state: AppState) -> Router {
     Router::new()
         .route("/internal/orders", post(orders::create))
         .route("/internal/reservations/{rid}", get(orders::by_reservation))
+        .route("/internal/orders/{order_id}/pay", post(orders::pay))
+        .route("/internal/sales/{id}", get(orders::sale_exists))
         .route("/healthz", get(orders::healthz))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
@@ -63,6 +74,9 @@ pub fn admin_router(state: AppState) -> Router {
     Router::new()
         .route("/admin/sales", get(admin::list))
         .route("/admin/sales/{id}", get(admin::show).put(admin::put))
+        .route("/admin/sales/{id}/dead-letters", get(admin::dead_letters))
+        .route("/admin/sales/{id}/dead-letters/{entry_id}/retry", post(admin::retry_dead_letter))
+        .route("/admin/sales/{id}/reconcile", post(admin::reconcile))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
         .layer(axum::middleware::from_fn_with_state(state.clone(), admin::require_token))

@@ -13,6 +13,7 @@ use flashgate_common::reservation::{sale_of_reservation, OrderView, Reservation}
 use redis::AsyncCommands;
 
 use super::error::{parse_json, ApiError};
+use crate::store::Payment;
 use super::AppState;
 
 /// `POST /internal/orders`: 201 with the order when this call created it,
@@ -57,6 +58,69 @@ pub async fn by_reservation(
         Some(order) => Ok(Json(order)),
         None => Err(ApiError::not_found("no order for this reservation")),
     }
+}
+
+/// An order's payment state, as `POST /internal/orders/{order_id}/pay`
+/// answers it.
+#[derive(Debug, serde::Serialize)]
+pub struct PaymentView {
+    pub order_id: String,
+    pub reservation_id: String,
+    pub sale_id: String,
+    pub user_id: String,
+    /// `paid` or `cancelled`.
+    pub status: &'static str,
+}
+
+impl PaymentView {
+    fn new(o: crate::store::OrderRow) -> Self {
+        Self { status: o.status.as_str(), order_id: o.order_id, reservation_id: o.reservation_id, sale_id: o.sale_id, user_id: o.user_id }
+    }
+}
+
+/// `POST /internal/orders/{order_id}/pay`: the shop confirms a payment.
+/// 200 when the order is paid (by this call or an earlier one: calling
+/// again is harmless), 409 `order_cancelled` when the payment timeout
+/// cancelled it first (the item is already back on sale), 404 otherwise.
+pub async fn pay(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let Path(order_id) = id?;
+    if !valid_order_id(&order_id) {
+        return Err(ApiError::bad_request("order_id: must be `o-` and 32 hex digits"));
+    }
+    match state.store.pay(&order_id).await? {
+        Payment::Paid(order) => Ok(Json(PaymentView::new(order)).into_response()),
+        Payment::Cancelled(order) => {
+            let body = serde_json::json!({
+                "code": "order_cancelled",
+                "message": "the order was cancelled (unpaid in time) before this payment",
+                "order": PaymentView::new(order),
+            });
+            Ok((StatusCode::CONFLICT, Json(body)).into_response())
+        }
+        Payment::Unknown => Err(ApiError::not_found("no such order")),
+    }
+}
+
+/// Order ids are `o-` and 32 lowercase hex digits (see the store).
+fn valid_order_id(id: &str) -> bool {
+    id.strip_prefix("o-").is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// `GET /internal/sales/{id}`: whether the database knows the sale, for a
+/// gateway that finds it missing in Redis (then it is being restored and
+/// buyers get 503, not 404). 200 `{"id", "exists": true, "in_redis"}` or
+/// 404.
+pub async fn sale_exists(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let Path(id) = id?;
+    if !flashgate_common::sale::valid_sale_id(&id) {
+        return Err(ApiError::bad_request("id: must be 1 to 64 characters of A-Z a-z 0-9 _ -"));
+    }
+    if state.store.sale(&id).await?.is_none() {
+        return Err(ApiError::not_found("no such sale"));
+    }
+    let mut redis = state.redis.clone();
+    let in_redis: Option<bool> = redis::cmd("EXISTS").arg(SaleKeys::new(&id).meta).query_async(&mut redis).await.ok();
+    Ok(Json(serde_json::json!({"id": id, "exists": true, "in_redis": in_redis})).into_response())
 }
 
 /// `GET /healthz`: 200 when the database answers.

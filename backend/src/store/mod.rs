@@ -116,6 +116,10 @@ impl Store {
             Ok::<_, sqlx::Error>(())
         }
         .await;
+        let created = match created {
+            Ok(()) => migrate(&mut conn, is_sqlite).await,
+            Err(e) => Err(e),
+        };
         if !is_sqlite {
             sqlx::query(sql::UNLOCK_SCHEMA).execute(&mut *conn).await.map_err(StoreError::Schema)?;
         }
@@ -267,6 +271,200 @@ impl Store {
     }
 }
 
+/// An order row as the payment, expiry, restore and reconcile paths see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderRow {
+    pub order_id: String,
+    pub reservation_id: String,
+    pub sale_id: String,
+    pub user_id: String,
+    pub status: OrderStatus,
+    /// When the item of a cancelled order went back to Redis.
+    pub released_at_ms: Option<i64>,
+}
+
+/// What a payment attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payment {
+    /// This call (or an earlier one) marked the order paid.
+    Paid(OrderRow),
+    /// The order was cancelled first (payment timeout): not paid.
+    Cancelled(OrderRow),
+    /// No such order.
+    Unknown,
+}
+
+impl StoreError {
+    /// Whether the database answered with an error about this statement
+    /// (a constraint, a trigger, bad data), as opposed to being unreachable.
+    pub fn is_rejection(&self) -> bool {
+        matches!(self, StoreError::Query(sqlx::Error::Database(_)))
+    }
+}
+
+impl Store {
+    /// Sets the payment timeout of sale `id`.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn set_payment_timeout(&self, id: &str, seconds: i64) -> Result<(), StoreError> {
+        sqlx::query(sql::SET_PAYMENT_TIMEOUT).bind(seconds).bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The payment timeout of sale `id`, in seconds.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn payment_timeout(&self, id: &str) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query(sql::PAYMENT_TIMEOUT).bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
+    }
+
+    /// The order `order_id`, if any.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn order(&self, order_id: &str) -> Result<Option<OrderRow>, StoreError> {
+        let row = sqlx::query(sql::ORDER_BY_ID).bind(order_id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(|r| order_row(r, false)).transpose()
+    }
+
+    /// Marks an order paid unless it was cancelled first. The race between
+    /// a payment and the payment timeout is decided here, once, by a
+    /// conditional update: whichever reaches the row first wins.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn pay(&self, order_id: &str) -> Result<Payment, StoreError> {
+        sqlx::query(sql::PAY_IF_CREATED).bind(order_id).execute(&self.pool).await?;
+        Ok(match self.order(order_id).await? {
+            Some(o) if o.status == OrderStatus::Paid => Payment::Paid(o),
+            Some(o) => Payment::Cancelled(o),
+            None => Payment::Unknown,
+        })
+    }
+
+    /// Cancels an order still waiting for payment; returns whether this
+    /// call cancelled it (false when it was paid or cancelled before).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn cancel_if_unpaid(&self, order_id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(sql::CANCEL_IF_CREATED).bind(order_id).execute(&self.pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Up to `limit` unpaid orders whose sale's payment timeout passed at `now_ms`.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn expired_orders(&self, now_ms: i64, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
+        let rows = sqlx::query(sql::EXPIRED_ORDERS).bind(now_ms).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OrderRow {
+                    order_id: r.try_get("order_id")?,
+                    reservation_id: r.try_get("reservation_id")?,
+                    sale_id: r.try_get("sale_id")?,
+                    user_id: r.try_get("user_id")?,
+                    status: OrderStatus::Created,
+                    released_at_ms: None,
+                })
+            })
+            .collect()
+    }
+
+    /// Up to `limit` cancelled orders whose item is not back in Redis yet.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn unreleased_cancelled(&self, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
+        let rows = sqlx::query(sql::UNRELEASED_CANCELLED).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OrderRow {
+                    order_id: r.try_get("order_id")?,
+                    reservation_id: r.try_get("reservation_id")?,
+                    sale_id: r.try_get("sale_id")?,
+                    user_id: r.try_get("user_id")?,
+                    status: OrderStatus::Cancelled,
+                    released_at_ms: None,
+                })
+            })
+            .collect()
+    }
+
+    /// Records that the item of cancelled order `order_id` is back in Redis.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn mark_released(&self, order_id: &str, at_ms: i64) -> Result<(), StoreError> {
+        sqlx::query(sql::MARK_RELEASED).bind(at_ms).bind(order_id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Every order of `sale_id`, in one query (one consistent snapshot).
+    ///
+    /// # Errors
+    /// A failed query or an unknown status.
+    pub async fn sale_orders(&self, sale_id: &str) -> Result<Vec<OrderRow>, StoreError> {
+        let rows = sqlx::query(sql::SALE_ORDERS).bind(sale_id).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| order_row(r, true)).collect()
+    }
+
+    /// Answers whether an order row can be written right now, by writing a
+    /// probe row in a transaction that is rolled back. Tells a database
+    /// that refuses every write (read-only, full, down) from one entry
+    /// that the database rejects on its own.
+    pub async fn writable(&self) -> bool {
+        let probe = async {
+            let mut tx = self.pool.begin().await?;
+            let statement = sql::insert_orders(1);
+            sqlx::query(&statement)
+                .bind(new_order_id())
+                .bind(format!("probe.{}", uuid::Uuid::new_v4().simple()))
+                .bind("")
+                .bind("")
+                .bind("")
+                .bind(0_i64)
+                .bind(0_i64)
+                .execute(&mut *tx)
+                .await?;
+            tx.rollback().await
+        };
+        probe.await.is_ok()
+    }
+}
+
+fn order_row(row: &AnyRow, with_released: bool) -> Result<OrderRow, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(OrderRow {
+        order_id: row.try_get("order_id")?,
+        reservation_id: row.try_get("reservation_id")?,
+        sale_id: row.try_get("sale_id")?,
+        user_id: row.try_get("user_id")?,
+        status: OrderStatus::parse(&status)?,
+        released_at_ms: if with_released { row.try_get("released_at_ms")? } else { None },
+    })
+}
+
+/// Adds the columns of [`sql::ADDED_COLUMNS`] a database made by an older
+/// version lacks, then the indexes that use them.
+async fn migrate(conn: &mut sqlx::AnyConnection, is_sqlite: bool) -> Result<(), sqlx::Error> {
+    let has_column = if is_sqlite { sql::SQLITE_HAS_COLUMN } else { sql::POSTGRES_HAS_COLUMN };
+    for (table, column, definition) in sql::ADDED_COLUMNS {
+        let row = sqlx::query(has_column).bind(*table).bind(*column).fetch_one(&mut *conn).await?;
+        if row.try_get::<i64, _>(0)? == 0 {
+            sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}")).execute(&mut *conn).await?;
+        }
+    }
+    for statement in sql::INDEXES_AFTER_MIGRATION {
+        sqlx::query(statement).execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 /// An open transaction writing one sale; dropped without
 /// [`SaleWrite::commit`], it rolls back.
 pub struct SaleWrite {
@@ -280,6 +478,15 @@ impl SaleWrite {
     /// A failed query.
     pub async fn upsert(&mut self, spec: &SaleSpec) -> Result<(), StoreError> {
         bind_sale(sqlx::query(sql::UPSERT_SALE), spec, flashgate_common::now_ms()).execute(&mut *self.tx).await?;
+        Ok(())
+    }
+
+    /// Sets the sale's payment timeout inside the transaction.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn set_payment_timeout(&mut self, id: &str, seconds: i64) -> Result<(), StoreError> {
+        sqlx::query(sql::SET_PAYMENT_TIMEOUT).bind(seconds).bind(id).execute(&mut *self.tx).await?;
         Ok(())
     }
 

@@ -8,6 +8,23 @@ pub const SCHEMA: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS orders_sale_user ON orders (sale_id, user_id)",
 ];
 
+/// Columns added after the first release, as (table, column, definition).
+/// [`super::Store::connect`] adds each one a database lacks, so a SQLite
+/// file or PostgreSQL database made by an older version keeps working.
+pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("sales", "payment_timeout_seconds", "BIGINT NOT NULL DEFAULT 900"),
+    ("orders", "released_at_ms", "BIGINT"),
+];
+
+/// Whether a column exists, per dialect; `$1` table, `$2` column.
+pub const SQLITE_HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info($1) WHERE name = $2";
+pub const POSTGRES_HAS_COLUMN: &str = "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2";
+
+/// Indexes that need the added columns or serve the expiry and return loops.
+pub const INDEXES_AFTER_MIGRATION: &[&str] = &[
+    "CREATE INDEX IF NOT EXISTS orders_status_reserved ON orders (status, reserved_at_ms)",
+];
+
 /// PostgreSQL only: serialises schema creation between processes.
 pub const LOCK_SCHEMA: &str = "SELECT pg_advisory_lock(7220411)";
 pub const UNLOCK_SCHEMA: &str = "SELECT pg_advisory_unlock(7220411)";
@@ -52,6 +69,33 @@ pub const SALE_BY_ID: &str =
     "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms FROM sales WHERE id = $1";
 
 pub const ALL_SALES: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms FROM sales ORDER BY id";
+
+pub const SET_PAYMENT_TIMEOUT: &str = "UPDATE sales SET payment_timeout_seconds = $1 WHERE id = $2";
+
+pub const PAYMENT_TIMEOUT: &str = "SELECT payment_timeout_seconds FROM sales WHERE id = $1";
+
+pub const ORDER_BY_ID: &str =
+    "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE order_id = $1";
+
+/// Decides a payment once: only an order still `created` becomes `paid`.
+pub const PAY_IF_CREATED: &str = "UPDATE orders SET status = 'paid' WHERE order_id = $1 AND status = 'created'";
+
+/// Decides an expiry once: only an order still `created` is cancelled.
+pub const CANCEL_IF_CREATED: &str =
+    "UPDATE orders SET status = 'cancelled' WHERE order_id = $1 AND status = 'created'";
+
+/// Unpaid orders past their sale's payment timeout at `$1`, oldest first.
+pub const EXPIRED_ORDERS: &str = "SELECT o.order_id, o.reservation_id, o.sale_id, o.user_id FROM orders o JOIN sales s ON s.id = o.sale_id WHERE o.status = 'created' AND o.reserved_at_ms + s.payment_timeout_seconds * 1000 < $1 ORDER BY o.reserved_at_ms LIMIT $2";
+
+/// Cancelled orders whose item has not been given back to Redis yet.
+pub const UNRELEASED_CANCELLED: &str =
+    "SELECT order_id, reservation_id, sale_id, user_id FROM orders WHERE status = 'cancelled' AND released_at_ms IS NULL LIMIT $1";
+
+pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
+
+/// Every order of a sale, for restores and reconciliation.
+pub const SALE_ORDERS: &str =
+    "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms FROM orders WHERE sale_id = $1";
 
 #[cfg(test)]
 mod tests {

@@ -126,3 +126,45 @@ async fn sqlite_file_and_directory_are_created() {
     let path = url.strip_prefix("sqlite://").unwrap();
     assert!(std::path::Path::new(path).exists());
 }
+
+#[tokio::test]
+async fn a_payment_and_a_cancellation_are_decided_once() {
+    for (db, store) in crate::testing::stores().await {
+        let sale_id = unique("s");
+        let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
+        store.insert_orders(&[a.clone(), b.clone()]).await.unwrap();
+        let a = store.order_by_reservation(&a.reservation_id).await.unwrap().unwrap();
+        let b = store.order_by_reservation(&b.reservation_id).await.unwrap().unwrap();
+        assert!(matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)), "{db}");
+        assert!(matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)), "paying twice is harmless ({db})");
+        assert!(!store.cancel_if_unpaid(&a.order_id).await.unwrap(), "a paid order is never cancelled ({db})");
+        assert!(store.cancel_if_unpaid(&b.order_id).await.unwrap(), "{db}");
+        assert!(!store.cancel_if_unpaid(&b.order_id).await.unwrap(), "{db}");
+        assert!(matches!(store.pay(&b.order_id).await.unwrap(), Payment::Cancelled(_)), "{db}");
+        assert_eq!(store.pay("o-00000000000000000000000000000000").await.unwrap(), Payment::Unknown, "{db}");
+        assert!(store.writable().await, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn a_database_made_before_payment_timeouts_gains_the_new_columns() {
+    let url = crate::testing::sqlite_url();
+    let path = url.strip_prefix("sqlite://").unwrap();
+    std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+    sqlx::any::install_default_drivers();
+    let old = sqlx::AnyPool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+    for statement in [
+        "CREATE TABLE sales (id TEXT PRIMARY KEY, name TEXT NOT NULL, stock BIGINT NOT NULL, per_user_limit BIGINT NOT NULL, starts_at_ms BIGINT NOT NULL, ends_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL)",
+        "CREATE TABLE orders (order_id TEXT PRIMARY KEY, reservation_id TEXT NOT NULL UNIQUE, sale_id TEXT NOT NULL, user_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, reserved_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL, status TEXT NOT NULL)",
+        "INSERT INTO sales VALUES ('old', 'old sale', 5, 1, 0, 9999999999999, 0)",
+    ] {
+        sqlx::query(statement).execute(&old).await.unwrap();
+    }
+    old.close().await;
+    let store = Store::connect(&url).await.unwrap();
+    assert_eq!(store.payment_timeout("old").await.unwrap(), Some(900));
+    assert_eq!(store.sale("old").await.unwrap().unwrap().stock, 5);
+    // Connecting again finds the columns and changes nothing.
+    let store = Store::connect(&url).await.unwrap();
+    assert_eq!(store.payment_timeout("old").await.unwrap(), Some(900));
+}

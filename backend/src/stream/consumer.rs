@@ -10,6 +10,13 @@
 //! own pending entries when it (re)starts, and `XAUTOCLAIM` takes over those
 //! of a consumer that died. Inserts are idempotent on the reservation id,
 //! so delivering an entry twice is harmless; losing one is not possible.
+//!
+//! Poison entries: a malformed entry, or one the database rejects on its
+//! own (while a probe write shows the database takes other writes) after
+//! `backend.max_deliveries` deliveries, is moved to the sale's dead-letter
+//! stream with its error (see [`super::dead_letter`]) and acknowledged, so it
+//! never blocks the entries behind it. A database that refuses every write
+//! is an outage, not poison: nothing is dead-lettered then.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::dead_letter;
 use crate::redis_io;
 use crate::store::{Store, StoreError};
 
@@ -38,6 +46,9 @@ pub struct Settings {
     pub block: Duration,
     pub claim_idle: Duration,
     pub sale_poll: Duration,
+    /// Deliveries after which an entry the database keeps rejecting is
+    /// dead-lettered.
+    pub max_deliveries: u32,
 }
 
 impl Settings {
@@ -49,6 +60,7 @@ impl Settings {
             block: backend.block,
             claim_idle: backend.claim_idle,
             sale_poll: backend.sale_poll,
+            max_deliveries: backend.max_deliveries,
         }
     }
 }
@@ -61,6 +73,8 @@ enum ConsumeError {
     Redis(#[from] RedisError),
     #[error("database: {0}")]
     Store(#[from] StoreError),
+    #[error("{0} entries rejected by the database; retrying until dead-lettered")]
+    Rejected(usize),
 }
 
 /// Runs a consumer for every sale in the database until `shutdown` turns
@@ -235,30 +249,77 @@ impl Consumer<'_> {
     }
 
     /// Writes a batch with one insert, then acknowledges all of it with one
-    /// `XACK`. Nothing is acknowledged unless the insert committed.
+    /// `XACK`. Nothing is acknowledged unless the insert committed (or the
+    /// entry was moved to the dead-letter stream).
     async fn process(&self, conn: &mut MultiplexedConnection, entries: Vec<StreamId>) -> Result<(), ConsumeError> {
         let mut ids = Vec::with_capacity(entries.len());
-        let mut reservations = Vec::with_capacity(entries.len());
+        let mut good: Vec<(&StreamId, Reservation)> = Vec::with_capacity(entries.len());
         for entry in &entries {
             match parse(entry).and_then(|r| belongs_to(r, self.sale_id)) {
-                Ok(r) => reservations.push(r),
+                Ok(r) => good.push((entry, r)),
                 Err(field) => {
-                    // NOTE: malformed entries are dropped after this log line;
-                    // a dead-letter stream will keep them once it exists.
-                    tracing::error!(sale = self.sale_id, entry = %entry.id, field, "malformed reservation entry; acknowledging it");
+                    let error = format!("malformed reservation entry: field `{field}` missing or invalid");
+                    tracing::error!(sale = self.sale_id, entry = %entry.id, field, "malformed reservation entry; moving it to the dead-letter stream");
+                    dead_letter::bury(conn, self.sale_id, entry, &error, 1).await?;
+                    ids.push(entry.id.as_str());
                 }
             }
-            ids.push(entry.id.as_str());
         }
-        let inserted = self.store.insert_orders(&reservations).await?;
-        let () = redis::cmd("XACK").arg(&self.stream).arg(CONSUMER_GROUP).arg(&ids).query_async::<i64>(conn).await.map(drop)?;
-        tracing::debug!(sale = self.sale_id, read = ids.len(), inserted, "stream batch committed");
+        let reservations: Vec<Reservation> = good.iter().map(|(_, r)| r.clone()).collect();
+        let mut rejected = 0;
+        match self.store.insert_orders(&reservations).await {
+            Ok(inserted) => {
+                ids.extend(good.iter().map(|(e, _)| e.id.as_str()));
+                tracing::debug!(sale = self.sale_id, read = entries.len(), inserted, "stream batch committed");
+            }
+            Err(error) if !error.is_rejection() || !self.store.writable().await => {
+                self.ack(conn, &ids).await?;
+                return Err(error.into());
+            }
+            Err(error) => {
+                tracing::warn!(%error, sale = self.sale_id, "batch rejected by the database; writing its entries one by one");
+                for (entry, r) in &good {
+                    let id = entry.id.as_str();
+                    match self.store.insert_orders(std::slice::from_ref(r)).await {
+                        Ok(_) => ids.push(id),
+                        Err(e) if !e.is_rejection() => {
+                            self.ack(conn, &ids).await?;
+                            return Err(e.into());
+                        }
+                        Err(e) => {
+                            let deliveries = dead_letter::deliveries(conn, &self.stream, id).await?;
+                            if deliveries >= u64::from(self.settings.max_deliveries) {
+                                tracing::error!(error = %e, sale = self.sale_id, entry = id, deliveries, "entry keeps failing; moving it to the dead-letter stream");
+                                dead_letter::bury(conn, self.sale_id, entry, &e.to_string(), deliveries).await?;
+                                ids.push(id);
+                            } else {
+                                tracing::warn!(error = %e, sale = self.sale_id, entry = id, deliveries, "entry rejected by the database; will retry");
+                                rejected += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.ack(conn, &ids).await?;
+        if rejected > 0 {
+            // The session restarts and re-reads its pending entries, which
+            // counts one more delivery for each rejected one.
+            return Err(ConsumeError::Rejected(rejected));
+        }
         Ok(())
+    }
+
+    async fn ack(&self, conn: &mut MultiplexedConnection, ids: &[&str]) -> Result<(), RedisError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        redis::cmd("XACK").arg(&self.stream).arg(CONSUMER_GROUP).arg(ids).query_async::<i64>(conn).await.map(drop)
     }
 }
 
 /// A reservation from one stream entry, or the name of its bad field.
-fn parse(entry: &StreamId) -> Result<Reservation, &'static str> {
+pub fn parse(entry: &StreamId) -> Result<Reservation, &'static str> {
     let fields: HashMap<&str, &[u8]> = entry
         .map
         .iter()

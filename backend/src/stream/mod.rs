@@ -1,3 +1,4 @@
 //! Turning each sale's Redis Stream of reservations into orders.
 
 pub mod consumer;
+pub mod dead_letter;

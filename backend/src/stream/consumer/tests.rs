@@ -18,6 +18,7 @@ fn settings(redis: &RedisServer, consumer: &str, claim_idle: Duration) -> Settin
         block: Duration::from_millis(100),
         claim_idle,
         sale_poll: Duration::from_millis(50),
+        max_deliveries: 3,
     }
 }
 
@@ -166,7 +167,7 @@ async fn entries_left_pending_by_a_dead_consumer_are_claimed() {
 }
 
 #[tokio::test]
-async fn malformed_entries_are_acknowledged_without_orders() {
+async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
     let redis = RedisServer::start().await;
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
@@ -196,6 +197,54 @@ async fn malformed_entries_are_acknowledged_without_orders() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
     assert_eq!(store.count_live_orders(&other.sale_id).await.unwrap(), 0);
+    let dead = crate::stream::dead_letter::list(&mut conn, &sale_id).await.unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(dead[0].error.contains("`user`"), "{dead:?}");
+    assert!(dead[1].error.contains("`ts`"), "{dead:?}");
+    assert_eq!(dead[1].fields["ts"], "not-a-number");
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn an_entry_the_database_keeps_rejecting_is_dead_lettered_then_retried_once_fixed() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let url = sqlite_url();
+    let store = Store::connect(&url).await.unwrap();
+    let sale_id = unique("s");
+    create_group(&mut conn, &sale_id).await;
+    // The database rejects this one user's orders, as a constraint would.
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    sqlx::query("CREATE TRIGGER refuse_poison BEFORE INSERT ON orders WHEN NEW.user_id = 'poison' BEGIN SELECT RAISE(ABORT, 'poison refused'); END")
+        .execute(&pool)
+        .await
+        .unwrap();
+    reserve(&mut conn, &reservation(&sale_id, "before")).await;
+    reserve(&mut conn, &reservation(&sale_id, "poison")).await;
+    reserve(&mut conn, &reservation(&sale_id, "after")).await;
+
+    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    wait_for_orders(&store, &sale_id, 2).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let dead = loop {
+        let dead = crate::stream::dead_letter::list(&mut conn, &sale_id).await.unwrap();
+        if !dead.is_empty() || tokio::time::Instant::now() > deadline {
+            break dead;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].fields["user"], "poison");
+    assert!(dead[0].error.contains("poison refused"), "{dead:?}");
+    assert!(dead[0].deliveries >= 3, "{dead:?}");
+    assert_eq!(pending(&mut conn, &sale_id).await, 0, "the poison entry no longer blocks the stream");
+
+    sqlx::query("DROP TRIGGER refuse_poison").execute(&pool).await.unwrap();
+    let requeued = crate::stream::dead_letter::retry(&mut conn, &sale_id, &dead[0].entry_id).await.unwrap();
+    assert!(requeued.is_some());
+    wait_for_orders(&store, &sale_id, 3).await;
+    assert!(crate::stream::dead_letter::list(&mut conn, &sale_id).await.unwrap().is_empty());
+    assert_eq!(crate::stream::dead_letter::retry(&mut conn, &sale_id, &dead[0].entry_id).await.unwrap(), None);
     stop(tx, task).await;
 }
 
@@ -226,6 +275,7 @@ async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
         block: Duration::from_millis(100),
         claim_idle: Duration::from_secs(1),
         sale_poll: Duration::from_millis(50),
+        max_deliveries: 3,
     };
     let (tx, task) = spawn("s", &store, settings);
     tokio::time::sleep(Duration::from_millis(500)).await;

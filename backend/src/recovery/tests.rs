@@ -1,0 +1,94 @@
+//! Restore, stock return and payment timeout against a real redis-server
+//! and a SQLite file.
+
+use flashgate_common::keys::SaleKeys;
+use redis::AsyncCommands;
+
+use super::*;
+use crate::testing::{reservation, sale, sqlite_url, unique, RedisServer};
+use crate::timeout::expire_once;
+
+#[tokio::test]
+async fn a_lost_sale_is_restored_counting_live_orders_and_in_flight_reservations() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 10);
+    store.upsert_sale(&spec).await.unwrap();
+    let (a, b, c) = (reservation(&id, "a"), reservation(&id, "b"), reservation(&id, "c"));
+    store.insert_orders(&[a.clone(), b.clone(), c.clone()]).await.unwrap();
+    let c_order = store.order_by_reservation(&c.reservation_id).await.unwrap().unwrap();
+    assert!(store.cancel_if_unpaid(&c_order.order_id).await.unwrap());
+    // A reservation that survived in Redis but has no order yet.
+    let keys = SaleKeys::new(&id);
+    let d = reservation(&id, "d");
+    let () = conn.hset(&keys.reservations, &d.reservation_id, "d").await.unwrap();
+
+    let restored = restore(&mut conn, &store, &spec).await.unwrap();
+    assert_eq!(restored, Restored::Loaded { remaining: 7, live_orders: 2, in_flight: 1 });
+    let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();
+    assert_eq!(buyers, HashMap::from([("a".into(), 1), ("b".into(), 1), ("d".into(), 1)]));
+    // The cancelled order's item is already counted as back: no second return.
+    let released: bool = conn.sismember(&keys.released, &c.reservation_id).await.unwrap();
+    assert!(released);
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 7);
+    // Restoring again changes nothing.
+    assert_eq!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::NotNeeded);
+}
+
+#[tokio::test]
+async fn release_returns_an_item_once_and_waits_for_a_missing_sale() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    let call = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        let keys = keys.clone();
+        async move {
+            RELEASE.key(&keys.meta).key(&keys.remaining).key(&keys.buyers).key(&keys.released).arg("r1").arg("u").invoke_async::<i64>(&mut conn).await.unwrap()
+        }
+    };
+    assert_eq!(call(&mut conn).await, -1, "absent sale: nothing changes");
+    crate::sales::preheat_from_store(&mut conn, &store, &sale(&id, 5)).await.unwrap();
+    let () = conn.set(&keys.remaining, 4).await.unwrap();
+    let () = conn.hset(&keys.buyers, "u", 1).await.unwrap();
+    assert_eq!(call(&mut conn).await, 1);
+    assert_eq!(call(&mut conn).await, 0);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 5);
+    assert_eq!(conn.hget::<_, _, Option<i64>>(&keys.buyers, "u").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn unpaid_orders_past_the_timeout_are_cancelled_and_their_items_return_once() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 5);
+    store.upsert_sale(&spec).await.unwrap();
+    store.set_payment_timeout(&id, 60).await.unwrap();
+    let (paid, unpaid) = (reservation(&id, "payer"), reservation(&id, "idler"));
+    store.insert_orders(&[paid.clone(), unpaid.clone()]).await.unwrap();
+    crate::sales::preheat_from_store(&mut conn, &store, &spec).await.unwrap();
+    let keys = SaleKeys::new(&id);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 3);
+    let paid_order = store.order_by_reservation(&paid.reservation_id).await.unwrap().unwrap();
+    assert!(matches!(store.pay(&paid_order.order_id).await.unwrap(), crate::store::Payment::Paid(_)));
+
+    let now = flashgate_common::now_ms();
+    assert_eq!(expire_once(&mut conn, &store, now).await.unwrap(), crate::timeout::ExpiryPass::default(), "not yet due");
+    let pass = expire_once(&mut conn, &store, now + 61_000).await.unwrap();
+    assert_eq!((pass.cancelled, pass.returned), (1, 1));
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 4);
+    assert_eq!(conn.hget::<_, _, Option<i64>>(&keys.buyers, "idler").await.unwrap(), None, "the buyer may buy again");
+    let again = expire_once(&mut conn, &store, now + 120_000).await.unwrap();
+    assert_eq!((again.cancelled, again.returned), (0, 0));
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 4);
+    // A payment arriving after the cancellation is refused.
+    let unpaid_order = store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap();
+    assert!(matches!(store.pay(&unpaid_order.order_id).await.unwrap(), crate::store::Payment::Cancelled(_)));
+}

@@ -1,0 +1,20 @@
+-- Flashgate adopt: makes Redis count an order the database holds but Redis
+-- does not know (its reservation was lost with the last writes before a
+-- Redis crash), so the item cannot be sold a second time. Idempotent.
+--
+-- KEYS[1] meta  KEYS[2] remaining  KEYS[3] buyers  KEYS[4] resv  KEYS[5] released
+-- ARGV[1] reservation id  ARGV[2] user id
+-- Reply: 1 adopted now; 0 already known (or returned); -1 the sale is absent.
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+if redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then
+  return 0
+end
+if redis.call('HSETNX', KEYS[4], ARGV[1], ARGV[2]) == 0 then
+  return 0
+end
+redis.call('DECR', KEYS[2])
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+return 1
