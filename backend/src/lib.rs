@@ -17,10 +17,12 @@
 //! - [`recovery`]: restoring a sale Redis lost; returning cancelled items.
 //! - [`timeout`]: cancelling orders unpaid past their sale's timeout.
 //! - [`reconcile`]: Redis counters against the order table, and the drift.
+//! - [`metrics`]: Prometheus metrics, served at `GET /metrics`.
 //! - [`stream::dead_letter`]: entries that could not become orders.
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod metrics;
 pub mod reconcile;
 pub mod recovery;
 pub mod redis_io;

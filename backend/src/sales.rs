@@ -7,6 +7,7 @@
 //! `remaining = stock - live orders`, so restarting a process never resets a
 //! running sale and a Redis that lost its data resumes from the orders made.
 
+use flashgate_common::keys::SaleEvent;
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP, SALES_INDEX};
 use flashgate_common::sale::{SaleSpec, SaleState};
 use flashgate_common::{now_ms, rfc3339};
@@ -138,12 +139,47 @@ pub async fn apply<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: 
 /// Tells every gateway to forget what it cached about the sale (window,
 /// sold-out flag). Best effort: gateways also let those expire on their own.
 async fn announce_change<C: ConnectionLike + Send>(conn: &mut C, id: &str) {
-    let event = flashgate_common::keys::SaleEvent::Changed(id.to_owned());
+    announce(conn, &SaleEvent::Changed(id.to_owned())).await;
+}
+
+/// Publishes an event to every gateway; a failure is logged, not returned,
+/// because gateways re-read what they cache on their own schedule.
+async fn announce<C: ConnectionLike + Send>(conn: &mut C, event: &SaleEvent) {
     let sent: Result<i64, RedisError> =
         redis::cmd("PUBLISH").arg(flashgate_common::keys::EVENTS_CHANNEL).arg(event.encode()).query_async(conn).await;
     if let Err(error) = sent {
-        tracing::warn!(%error, sale = id, "could not announce the sale change to gateways");
+        tracing::warn!(%error, event = event.encode(), "could not announce to gateways");
     }
+}
+
+/// Pauses or resumes one sale: the deduct script refuses buys of a paused
+/// sale, and gateways are told to drop their cached window at once.
+/// Returns false when the sale is not in Redis.
+///
+/// # Errors
+/// Redis failed.
+pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: bool) -> Result<bool, RedisError> {
+    let keys = SaleKeys::new(id);
+    // HSET only on an existing hash: never create a half sale.
+    let script = redis::Script::new(
+        "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], 'paused', ARGV[1]) return 1",
+    );
+    let existed: i64 = script.key(&keys.meta).arg(if paused { "1" } else { "0" }).invoke_async(conn).await?;
+    if existed == 1 {
+        announce_change(conn, id).await;
+    }
+    Ok(existed == 1)
+}
+
+/// Turns the global switch: `paused` stops every buy on every gateway.
+///
+/// # Errors
+/// Redis failed.
+pub async fn set_all_paused<C: ConnectionLike + Send>(conn: &mut C, paused: bool) -> Result<(), RedisError> {
+    let value = if paused { "paused" } else { "open" };
+    let () = redis::cmd("SET").arg(flashgate_common::keys::GLOBAL_SWITCH).arg(value).query_async(conn).await?;
+    announce(conn, &SaleEvent::AllPaused(paused)).await;
+    Ok(())
 }
 
 /// A sale as operators see it: its definition and live counters.

@@ -85,11 +85,8 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
     let admin = bind(config.backend.admin_listen).await?;
     tracing::info!(orders = %config.backend.listen, admin = %config.backend.admin_listen, "backend listening");
 
-    let consumers = tokio::spawn(consumer::run(
-        store.clone(),
-        consumer::Settings::new(&config.redis, &config.backend),
-        shutdown.clone(),
-    ));
+    let settings = consumer::Settings { metrics: state.metrics.clone(), ..consumer::Settings::new(&config.redis, &config.backend) };
+    let consumers = tokio::spawn(consumer::run(store.clone(), settings, shutdown.clone()));
     let backend = &config.backend;
     let background = [
         tokio::spawn(crate::recovery::watch(redis.clone(), store.clone(), backend.restore_poll, shutdown.clone())),

@@ -216,3 +216,30 @@ async fn the_global_switch_pauses_every_sale_at_once() {
     }
     assert_eq!(status, 201);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pauses_and_resumes_one_sale() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("p1", 100, 1).await;
+    stack.open_sale("p2", 100, 1).await;
+    let admin = |path: &str| stack.http.post(stack.admin_url(path)).bearer_auth(flashgate_tests::ADMIN_TOKEN).send();
+    assert_eq!(admin("/admin/sales/p1/pause").await.unwrap().status().as_u16(), 200);
+    let (status, body) = stack.buy("p1", &random_user(), None).await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("paused")), "{body}");
+    assert_eq!(stack.buy("p2", &random_user(), None).await.0, 201, "only the paused sale stops");
+    let state: serde_json::Value = stack.http.get(stack.url("/api/sales/p1")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(state["state"], "paused");
+    assert_eq!(admin("/admin/sales/p1/resume").await.unwrap().status().as_u16(), 200);
+    assert_eq!(stack.buy("p1", &random_user(), None).await.0, 201);
+    assert_eq!(admin("/admin/sales/nosuch/pause").await.unwrap().status().as_u16(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_wide_limit_is_shared_by_every_gateway() {
+    let stack = stack_with("[limits.cluster_global]\nper_second = 1\nburst = 2\n").await;
+    let (_second, second_addr) = stack.start_second_gateway();
+    assert_eq!(stack.buy("edge", "c1", None).await.0, 201);
+    assert_eq!(flashgate_tests::buy(&stack.http, second_addr, "edge", &token("c2"), None).await.0, 201);
+    let resp = stack.http.post(format!("http://{second_addr}/api/sales/edge/buy")).bearer_auth(token("c3")).send().await.unwrap();
+    assert_limited(&resp, "buy-cluster");
+}

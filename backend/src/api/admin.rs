@@ -187,3 +187,39 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<SaleView>>, 
     }
     Ok(Json(views))
 }
+
+/// `POST /admin/sales/{id}/pause` and `/resume`: stops or restarts buying
+/// of one sale on every gateway, without a restart.
+pub async fn pause(state: State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    set_paused(state, id, true).await
+}
+
+pub async fn resume(state: State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    set_paused(state, id, false).await
+}
+
+async fn set_paused(State(state): State<AppState>, id: Result<Path<String>, PathRejection>, paused: bool) -> Result<Response, ApiError> {
+    let id = sale_id(id)?;
+    state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    if !sales::set_paused(&mut state.redis.clone(), &id, paused).await? {
+        return Err(ApiError::unavailable("the sale is not in redis yet (being restored)"));
+    }
+    tracing::info!(sale = %id, paused, "sale pause switched by an operator");
+    Ok(Json(serde_json::json!({"sale_id": id, "paused": paused})).into_response())
+}
+
+/// Body of `PUT /admin/switch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchBody {
+    pub paused: bool,
+}
+
+/// `PUT /admin/switch` `{"paused": true|false}`: the global switch; while
+/// paused, every buy on every gateway gets `503 paused`.
+pub async fn switch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let SwitchBody { paused } = parse_json(&body?)?;
+    sales::set_all_paused(&mut state.redis.clone(), paused).await?;
+    tracing::warn!(paused, "global sale switch turned by an operator");
+    Ok(Json(serde_json::json!({"paused": paused})).into_response())
+}

@@ -22,7 +22,7 @@ pub mod orders;
 
 use std::sync::Arc;
 
-use axum::routing::{get, post};
+use axum::routing::{put, get, post};
 use axum::Router;
 use redis::aio::ConnectionManager;
 
@@ -43,6 +43,8 @@ pub struct AppState {
     pub drift: crate::reconcile::Drift,
     /// Orders cancelled by the payment timeout since start (for the metrics).
     pub orders_expired: Arc<std::sync::atomic::AtomicU64>,
+    /// Served at `GET /metrics`; shared with the stream consumers.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl AppState {
@@ -52,7 +54,7 @@ impl AppState {
         if admin_token.is_empty() {
             return Err(crate::StartError::NoAdminToken);
         }
-        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default() })
+        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics: Arc::new(crate::metrics::Metrics::register()) })
     }
 }
 
@@ -64,6 +66,7 @@ pub fn order_router(state: AppState) -> Router {
         .route("/internal/orders/{order_id}/pay", post(orders::pay))
         .route("/internal/sales/{id}", get(orders::sale_exists))
         .route("/healthz", get(orders::healthz))
+        .route("/metrics", get(orders::metrics))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
         .with_state(state)
@@ -77,6 +80,9 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/admin/sales/{id}/dead-letters", get(admin::dead_letters))
         .route("/admin/sales/{id}/dead-letters/{entry_id}/retry", post(admin::retry_dead_letter))
         .route("/admin/sales/{id}/reconcile", post(admin::reconcile))
+        .route("/admin/sales/{id}/pause", post(admin::pause))
+        .route("/admin/sales/{id}/resume", post(admin::resume))
+        .route("/admin/switch", put(admin::switch))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
         .layer(axum::middleware::from_fn_with_state(state.clone(), admin::require_token))

@@ -19,7 +19,11 @@ use super::AppState;
 /// `POST /internal/orders`: 201 with the order when this call created it,
 /// 200 with the existing order when it was already there, 422
 /// `unknown_reservation` when Redis has no such reservation for this user.
-pub async fn create(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let reservation: Reservation = parse_json(&body?)?;
     if sale_of_reservation(&reservation.reservation_id) != Some(reservation.sale_id.as_str()) {
         return Err(unknown_reservation());
@@ -36,7 +40,14 @@ pub async fn create(State(state): State<AppState>, body: Result<Bytes, BytesReje
         .order_by_reservation(&reservation.reservation_id)
         .await?
         .ok_or_else(|| ApiError::unavailable("the order vanished right after it was written"))?;
-    let status = if inserted == 1 { StatusCode::CREATED } else { StatusCode::OK };
+    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
+    let status = if inserted == 1 {
+        state.metrics.orders_created.with_label_values(&["forward"]).inc();
+        tracing::info!(request_id, sale = %order.sale_id, order = %order.order_id, "order created from the gateway's forward");
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(order)).into_response())
 }
 
@@ -130,4 +141,27 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     } else {
         ApiError::unavailable("the order database does not answer").into_response()
     }
+}
+
+/// `GET /metrics`: counters, plus per-sale gauges read from Redis now.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let m = &state.metrics;
+    let expired = state.orders_expired.load(std::sync::atomic::Ordering::Relaxed);
+    m.orders_expired.inc_by(expired.saturating_sub(m.orders_expired.get()));
+    if let Ok(sales) = state.store.sales().await {
+        let mut redis = state.redis.clone();
+        for sale in sales {
+            if let Ok((remaining, lag, pending)) = crate::metrics::sale_counters(&mut redis, &sale.id).await {
+                if let Some(r) = remaining {
+                    m.remaining.with_label_values(&[&sale.id]).set(r);
+                }
+                m.stream_lag.with_label_values(&[&sale.id]).set(lag);
+                m.backlog.with_label_values(&[&sale.id]).set(lag + pending);
+            }
+            if let Some(d) = state.drift.get(&sale.id) {
+                m.drift.with_label_values(&[&sale.id]).set(d);
+            }
+        }
+    }
+    ([("content-type", "text/plain; version=0.0.4")], m.render()).into_response()
 }

@@ -49,6 +49,8 @@ pub struct Settings {
     /// Deliveries after which an entry the database keeps rejecting is
     /// dead-lettered.
     pub max_deliveries: u32,
+    /// Orders written, batch sizes, claims, dead letters.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Settings {
@@ -61,6 +63,7 @@ impl Settings {
             claim_idle: backend.claim_idle,
             sale_poll: backend.sale_poll,
             max_deliveries: backend.max_deliveries,
+            metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
         }
     }
 }
@@ -238,6 +241,7 @@ impl Consumer<'_> {
                 .query_async(conn)
                 .await?;
             if !reply.claimed.is_empty() {
+                self.settings.metrics.claimed_entries.inc_by(reply.claimed.len() as u64);
                 tracing::info!(sale = self.sale_id, claimed = reply.claimed.len(), "claimed idle stream entries");
                 self.process(conn, reply.claimed).await?;
             }
@@ -261,6 +265,7 @@ impl Consumer<'_> {
                     let error = format!("malformed reservation entry: field `{field}` missing or invalid");
                     tracing::error!(sale = self.sale_id, entry = %entry.id, field, "malformed reservation entry; moving it to the dead-letter stream");
                     dead_letter::bury(conn, self.sale_id, entry, &error, 1).await?;
+                    self.settings.metrics.dead_letters.inc();
                     ids.push(entry.id.as_str());
                 }
             }
@@ -269,6 +274,8 @@ impl Consumer<'_> {
         let mut rejected = 0;
         match self.store.insert_orders(&reservations).await {
             Ok(inserted) => {
+                self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(inserted);
+                self.settings.metrics.batch_size.observe(reservations.len() as f64);
                 ids.extend(good.iter().map(|(e, _)| e.id.as_str()));
                 tracing::debug!(sale = self.sale_id, read = entries.len(), inserted, "stream batch committed");
             }
@@ -281,7 +288,10 @@ impl Consumer<'_> {
                 for (entry, r) in &good {
                     let id = entry.id.as_str();
                     match self.store.insert_orders(std::slice::from_ref(r)).await {
-                        Ok(_) => ids.push(id),
+                        Ok(inserted) => {
+                            self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(inserted);
+                            ids.push(id);
+                        }
                         Err(e) if !e.is_rejection() => {
                             self.ack(conn, &ids).await?;
                             return Err(e.into());
@@ -291,6 +301,7 @@ impl Consumer<'_> {
                             if deliveries >= u64::from(self.settings.max_deliveries) {
                                 tracing::error!(error = %e, sale = self.sale_id, entry = id, deliveries, "entry keeps failing; moving it to the dead-letter stream");
                                 dead_letter::bury(conn, self.sale_id, entry, &e.to_string(), deliveries).await?;
+                                self.settings.metrics.dead_letters.inc();
                                 ids.push(id);
                             } else {
                                 tracing::warn!(error = %e, sale = self.sale_id, entry = id, deliveries, "entry rejected by the database; will retry");

@@ -1,0 +1,121 @@
+//! The backend's Prometheus metrics, served at `GET /metrics` on the order
+//! listener (`backend.listen`; a private network).
+//!
+//! Counters are bumped where things happen (orders written, batches,
+//! claims, dead letters); per-sale gauges (remaining stock, unpersisted
+//! backlog, stream lag, reconcile drift) are read fresh at scrape time.
+//! The `sale` label is bounded by the number of sales, which operators
+//! create; no user, order or reservation ids are labels.
+
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Order rows created, by the path that created them (forward, stream).
+    pub orders_created: IntCounterVec,
+    /// Entries per stream batch written with one multi-row insert.
+    pub batch_size: Histogram,
+    /// Entries taken over from idle consumers with XAUTOCLAIM.
+    pub claimed_entries: IntCounter,
+    /// Entries moved to a dead-letter stream.
+    pub dead_letters: IntCounter,
+    /// Orders cancelled by the payment timeout.
+    pub orders_expired: IntCounter,
+    pub remaining: IntGaugeVec,
+    pub backlog: IntGaugeVec,
+    pub stream_lag: IntGaugeVec,
+    pub drift: IntGaugeVec,
+}
+
+impl Metrics {
+    /// # Panics
+    /// Only if two metrics share a name, a programming error the tests catch.
+    pub fn register() -> Self {
+        let registry = Registry::new_custom(Some("flashgate".into()), None).expect("valid prefix");
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m.expect("valid metric");
+                registry.register(Box::new(m.clone())).expect("unique metric");
+                m
+            }};
+        }
+        let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["sale"]);
+        Self {
+            orders_created: reg!(IntCounterVec::new(
+                Opts::new("backend_orders_created_total", "Order rows created, by source (forward, stream)."),
+                &["source"]
+            )),
+            batch_size: reg!(Histogram::with_opts(
+                HistogramOpts::new("backend_batch_size", "Stream entries per batch insert.")
+                    .buckets(vec![1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0])
+            )),
+            claimed_entries: reg!(IntCounter::new(
+                "backend_claimed_entries_total",
+                "Stream entries taken over from idle consumers (XAUTOCLAIM)."
+            )),
+            dead_letters: reg!(IntCounter::new("backend_dead_letters_total", "Stream entries moved to a dead-letter stream.")),
+            orders_expired: reg!(IntCounter::new("orders_expired_total", "Orders cancelled unpaid after the payment timeout.")),
+            remaining: reg!(gauge("sale_remaining_items", "Items left to sell, in Redis.")),
+            backlog: reg!(gauge("sale_backlog_reservations", "Reservations not yet persisted as orders (lag + pending).")),
+            stream_lag: reg!(gauge("backend_stream_lag_entries", "Stream entries not yet delivered to the consumer group.")),
+            drift: reg!(gauge("reconcile_stock_drift", "Sold in Redis minus live orders and in-flight reservations, at the last reconcile.")),
+            registry,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// One sale's counters in Redis: remaining, and the consumer group's lag
+/// and pending (from XINFO GROUPS); `None` where Redis has nothing.
+pub async fn sale_counters<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+) -> redis::RedisResult<(Option<i64>, i64, i64)> {
+    let keys = flashgate_common::keys::SaleKeys::new(sale_id);
+    let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
+    let groups: redis::Value = match redis::cmd("XINFO").arg("GROUPS").arg(&keys.stream).query_async(conn).await {
+        Ok(v) => v,
+        Err(_) => return Ok((remaining, 0, 0)),
+    };
+    let redis::Value::Array(groups) = groups else { return Ok((remaining, 0, 0)) };
+    for group in groups {
+        let Ok(fields) = <Vec<(String, redis::Value)> as redis::FromRedisValue>::from_redis_value(group) else { continue };
+        let int = |name: &str| {
+            fields.iter().find(|(k, _)| k == name).and_then(|(_, v)| match v {
+                redis::Value::Int(n) => Some(*n),
+                _ => None,
+            })
+        };
+        let name_is_orders = fields.iter().any(|(k, v)| {
+            k == "name" && matches!(v, redis::Value::BulkString(b) if b == flashgate_common::keys::CONSUMER_GROUP.as_bytes())
+        });
+        if name_is_orders {
+            return Ok((remaining, int("lag").unwrap_or(0), int("pending").unwrap_or(0)));
+        }
+    }
+    Ok((remaining, 0, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_register_with_the_prefix_and_render() {
+        let m = Metrics::register();
+        m.orders_created.with_label_values(&["stream"]).inc_by(3);
+        assert!(m.render().contains("flashgate_backend_orders_created_total{source=\"stream\"} 3"));
+        let _second = Metrics::register();
+    }
+}
