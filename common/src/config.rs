@@ -36,9 +36,9 @@ pub enum ConfigError {
 
 /// The serde shape of the TOML file, with the defaults of every key.
 pub mod file {
-    use serde::Deserialize;
+    use serde::{Deserialize, Serialize};
 
-    #[derive(Debug, Default, Deserialize)]
+    #[derive(Debug, Default, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct File {
         pub redis: Redis,
@@ -53,7 +53,7 @@ pub mod file {
     }
 
     /// The shop behind the gateway.
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Shop {
         /// When non-empty, replaces `gateway.shop_upstream`.
@@ -70,7 +70,7 @@ pub mod file {
     }
 
     /// Product pages, assets and the sale state they poll.
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Pages {
         pub page_max_age_seconds: u64,
@@ -93,7 +93,7 @@ pub mod file {
     }
 
     /// A token bucket: `per_second` sustained, up to `burst` at once.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
     #[serde(deny_unknown_fields)]
     pub struct Bucket {
         pub per_second: u32,
@@ -101,7 +101,7 @@ pub mod file {
     }
 
     /// The buckets of one route class; an absent bucket is no limit.
-    #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct RouteLimits {
         pub user: Option<Bucket>,
@@ -109,7 +109,7 @@ pub mod file {
         pub global: Option<Bucket>,
     }
 
-    #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+    #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Limits {
         pub trusted_proxies: Vec<String>,
@@ -134,7 +134,7 @@ pub mod file {
         }
     }
 
-    #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Deny {
         pub users: Vec<String>,
@@ -142,7 +142,7 @@ pub mod file {
         pub ips: Vec<String>,
     }
 
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Redis {
         pub url: String,
@@ -157,13 +157,13 @@ pub mod file {
         }
     }
 
-    #[derive(Debug, Default, Deserialize)]
+    #[derive(Debug, Default, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Auth {
         pub jwt_secret: Option<String>,
     }
 
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Gateway {
         pub listen: String,
@@ -197,7 +197,7 @@ pub mod file {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields, default)]
     pub struct Backend {
         pub listen: String,
@@ -233,7 +233,7 @@ pub mod file {
         }
     }
 
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, Deserialize, Serialize)]
     #[serde(deny_unknown_fields)]
     pub struct Sale {
         pub id: String,
@@ -370,6 +370,31 @@ impl DenyConfig {
     pub fn denies_ip(&self, ip: std::net::IpAddr) -> bool {
         self.nets.iter().any(|n| n.contains(&ip))
     }
+}
+
+/// Every key the file takes that has a default, as `section.key` with its
+/// default in TOML syntax. `docs/CONFIG.md` lists exactly these (a test
+/// keeps them in sync), plus the optional keys that default to unset.
+pub fn documented_defaults() -> Vec<(String, String)> {
+    fn walk(prefix: &str, value: &toml::Value, out: &mut Vec<(String, String)>) {
+        match value {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            other => out.push((prefix.to_owned(), other.to_string())),
+        }
+    }
+    let mut out = Vec::new();
+    // Serializing plain structs of strings, numbers and lists cannot fail.
+    if let Ok(v) = toml::Value::try_from(file::File::default()) {
+        walk("", &v, &mut out);
+    }
+    out.retain(|(k, _)| k != "sales");
+    out.sort();
+    out
 }
 
 /// Parses an address or CIDR into a network (an address is a /32 or /128).
@@ -680,6 +705,45 @@ mod tests {
     impl Env for MapEnv {
         fn var(&self, name: &str) -> Option<String> {
             self.0.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        }
+    }
+
+    /// Keys that default to unset, so serializing the defaults omits them.
+    const OPTIONAL_KEYS: &[&str] = &[
+        "auth.jwt_secret",
+        "backend.consumer_name",
+        "limits.buy.user",
+        "limits.buy.ip",
+        "limits.buy.global",
+        "limits.read.user",
+        "limits.read.ip",
+        "limits.read.global",
+        "limits.cluster_global",
+    ];
+
+    #[test]
+    fn the_config_reference_lists_every_key_with_its_default() {
+        let doc = include_str!("../../docs/CONFIG.md");
+        let rows: Vec<(String, String)> = doc
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let key = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let default = cells.get(2)?.trim_matches('`');
+                (key.contains('.') && !key.starts_with("sales")).then(|| (key.to_owned(), default.to_owned()))
+            })
+            .collect();
+        let defaults = documented_defaults();
+        for (key, default) in &defaults {
+            let row = rows.iter().find(|(k, _)| k == key);
+            assert_eq!(row.map(|(_, d)| d.as_str()), Some(default.as_str()), "docs/CONFIG.md: `{key}` missing or its default is not {default}");
+        }
+        for (key, default) in &rows {
+            let known = defaults.iter().any(|(k, _)| k == key) || (OPTIONAL_KEYS.contains(&key.as_str()) && default == "(unset)");
+            assert!(known, "docs/CONFIG.md lists `{key}`, which the config does not take (or an optional key not marked (unset))");
+        }
+        for key in OPTIONAL_KEYS {
+            assert!(rows.iter().any(|(k, _)| k == key), "docs/CONFIG.md: optional `{key}` missing");
         }
     }
 
