@@ -22,7 +22,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway (the default).
-    Serve,
+    Serve {
+        /// Take over the listening sockets of a running gateway that was
+        /// sent SIGQUIT (Pingora's graceful upgrade).
+        #[arg(long)]
+        upgrade: bool,
+    },
     /// Mint a buyer token signed with the configured secret.
     Token {
         #[arg(long)]
@@ -63,8 +68,8 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let result = match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => flashgate_gateway::server::run(config, &cli.config),
+    let result = match cli.command.unwrap_or(Command::Serve { upgrade: false }) {
+        Command::Serve { upgrade } => flashgate_gateway::server::run(config, &cli.config, upgrade),
         Command::Check => {
             println!("{}: ok ({} sales)", cli.config.display(), config.sales.len());
             Ok(())

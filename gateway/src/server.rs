@@ -55,11 +55,12 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
     })
 }
 
-/// Runs the gateway until SIGTERM (graceful) or SIGINT (immediate).
+/// Runs the gateway until SIGTERM (graceful), SIGINT (immediate) or
+/// SIGQUIT (hand the sockets to a new process started with `upgrade`).
 ///
 /// # Errors
 /// When the gateway cannot be built.
-pub fn run(config: Config, config_path: &std::path::Path) -> anyhow::Result<()> {
+pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let gateway = build_gateway(config.clone())?;
     let watcher = ConfigWatcher {
@@ -76,7 +77,8 @@ pub fn run(config: Config, config_path: &std::path::Path) -> anyhow::Result<()> 
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
+    let opt = Opt { upgrade, ..Opt::default() };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let events = EventListener {
         client: gateway.redis.client().clone(),
