@@ -76,35 +76,19 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-/// One sale's counters in Redis: remaining, and the consumer group's lag
-/// and pending (from XINFO GROUPS); `None` where Redis has nothing.
+/// One sale's counters in Redis: remaining (if preheated), and the
+/// consumer group's lag and pending.
+///
+/// # Errors
+/// Redis failed.
 pub async fn sale_counters<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
     sale_id: &str,
 ) -> redis::RedisResult<(Option<i64>, i64, i64)> {
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
     let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
-    let groups: redis::Value = match redis::cmd("XINFO").arg("GROUPS").arg(&keys.stream).query_async(conn).await {
-        Ok(v) => v,
-        Err(_) => return Ok((remaining, 0, 0)),
-    };
-    let redis::Value::Array(groups) = groups else { return Ok((remaining, 0, 0)) };
-    for group in groups {
-        let Ok(fields) = <Vec<(String, redis::Value)> as redis::FromRedisValue>::from_redis_value(group) else { continue };
-        let int = |name: &str| {
-            fields.iter().find(|(k, _)| k == name).and_then(|(_, v)| match v {
-                redis::Value::Int(n) => Some(*n),
-                _ => None,
-            })
-        };
-        let name_is_orders = fields.iter().any(|(k, v)| {
-            k == "name" && matches!(v, redis::Value::BulkString(b) if b == flashgate_common::keys::CONSUMER_GROUP.as_bytes())
-        });
-        if name_is_orders {
-            return Ok((remaining, int("lag").unwrap_or(0), int("pending").unwrap_or(0)));
-        }
-    }
-    Ok((remaining, 0, 0))
+    let (lag, pending) = flashgate_common::stream_info::group_backlog(conn, &keys.stream).await?;
+    Ok((remaining, lag, pending))
 }
 
 #[cfg(test)]

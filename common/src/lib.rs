@@ -9,6 +9,7 @@
 //! - [`reservation`]: the record the deduct script appends to a sale's stream,
 //!   and the order API between gateway and backend.
 //! - [`sale`]: a sale's definition and the state a buyer sees.
+//! - [`stream_info`]: a sale stream's unpersisted backlog.
 //! - [`secret`]: constant-time comparison of bearer tokens.
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod keys;
 pub mod reservation;
 pub mod sale;
 pub mod secret;
+pub mod stream_info;
 
 /// Milliseconds since the Unix epoch, the time unit stored in Redis and SQL.
 pub fn now_ms() -> i64 {

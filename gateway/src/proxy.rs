@@ -322,7 +322,7 @@ impl Gateway {
     }
 
     async fn list_sales(&self) -> Result<Reply, Rejection> {
-        let sales = list_sales(&self.redis).await.map_err(|e| self.unavailable(e))?;
+        let sales = list_sales(&self.redis, &self.sale_states).await.map_err(|e| self.unavailable_ref(&e))?;
         Ok(Reply::json(200, &json!({ "sales": sales })))
     }
 

@@ -19,7 +19,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP, GLOBAL_SWITCH, SALES_INDEX};
+use flashgate_common::keys::{SaleKeys, GLOBAL_SWITCH, SALES_INDEX};
+use flashgate_common::stream_info::group_backlog;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::{info, warn};
@@ -76,41 +77,11 @@ impl SwitchWatcher {
         }
         let sales: Vec<String> = redis::cmd("SMEMBERS").arg(SALES_INDEX).query_async(conn).await?;
         for sale in sales {
-            let backlog = backlog(conn, &SaleKeys::new(&sale).stream).await?;
-            self.switches.apply_backlog(&sale, backlog, self.backlog_threshold);
+            let (lag, pending) = group_backlog(conn, &SaleKeys::new(&sale).stream).await?;
+            self.switches.apply_backlog(&sale, (lag + pending) as u64, self.backlog_threshold);
         }
         Ok(())
     }
-}
-
-/// Unpersisted reservations of a stream: `lag` (entries never delivered to
-/// the group) plus `pending` (delivered, not acknowledged), from XINFO GROUPS.
-async fn backlog(conn: &mut redis::aio::MultiplexedConnection, stream: &str) -> redis::RedisResult<u64> {
-    let groups: redis::Value = match redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(conn).await {
-        Ok(v) => v,
-        // No stream yet: nothing reserved.
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    let redis::Value::Array(groups) = groups else { return Ok(0) };
-    for group in groups {
-        let fields: Vec<(String, redis::Value)> = match redis::FromRedisValue::from_redis_value(group) {
-            Ok(f) => f,
-            Err(_) => continue,
-        };
-        let get = |name: &str| {
-            fields.iter().find(|(k, _)| k == name).and_then(|(_, v)| match v {
-                redis::Value::Int(n) => Some((*n).max(0) as u64),
-                _ => None,
-            })
-        };
-        let is_orders = fields.iter().any(|(k, v)| k == "name" && matches!(v, redis::Value::BulkString(b) if b == CONSUMER_GROUP.as_bytes()));
-        if is_orders {
-            // `lag` is nil when Redis cannot compute it; count pending alone then.
-            return Ok(get("pending").unwrap_or(0) + get("lag").unwrap_or(0));
-        }
-    }
-    Ok(0)
 }
 
 #[async_trait]

@@ -361,18 +361,7 @@ impl Store {
     /// A failed query.
     pub async fn expired_orders(&self, now_ms: i64, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
         let rows = sqlx::query(sql::EXPIRED_ORDERS).bind(now_ms).bind(limit).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(OrderRow {
-                    order_id: r.try_get("order_id")?,
-                    reservation_id: r.try_get("reservation_id")?,
-                    sale_id: r.try_get("sale_id")?,
-                    user_id: r.try_get("user_id")?,
-                    status: OrderStatus::Created,
-                    released_at_ms: None,
-                })
-            })
-            .collect()
+        order_rows(&rows, OrderStatus::Created)
     }
 
     /// Up to `limit` cancelled orders whose item is not back in Redis yet.
@@ -381,18 +370,7 @@ impl Store {
     /// A failed query.
     pub async fn unreleased_cancelled(&self, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
         let rows = sqlx::query(sql::UNRELEASED_CANCELLED).bind(limit).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(OrderRow {
-                    order_id: r.try_get("order_id")?,
-                    reservation_id: r.try_get("reservation_id")?,
-                    sale_id: r.try_get("sale_id")?,
-                    user_id: r.try_get("user_id")?,
-                    status: OrderStatus::Cancelled,
-                    released_at_ms: None,
-                })
-            })
-            .collect()
+        order_rows(&rows, OrderStatus::Cancelled)
     }
 
     /// Records that the item of cancelled order `order_id` is back in Redis.
@@ -552,3 +530,20 @@ fn prepare_sqlite(url: &str) -> Result<String, StoreError> {
 
 #[cfg(test)]
 mod tests;
+
+/// Order rows of a query selecting order_id, reservation_id, sale_id and
+/// user_id, all known to be in `status` and not yet released.
+fn order_rows(rows: &[sqlx::any::AnyRow], status: OrderStatus) -> Result<Vec<OrderRow>, StoreError> {
+    rows.iter()
+        .map(|r| {
+            Ok(OrderRow {
+                order_id: r.try_get("order_id")?,
+                reservation_id: r.try_get("reservation_id")?,
+                sale_id: r.try_get("sale_id")?,
+                user_id: r.try_get("user_id")?,
+                status,
+                released_at_ms: None,
+            })
+        })
+        .collect()
+}

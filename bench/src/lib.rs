@@ -1,0 +1,20 @@
+//! Flashgate's load generator and side-by-side benchmark.
+//!
+//! Layout:
+//! - [`load`]: the HTTP/1.1 load generator (closed loop, open loop, burst),
+//!   latencies in an HDR histogram.
+//! - [`stack`]: starts Flashgate (Redis, backend on PostgreSQL, gateway) and
+//!   the peers (nginx, OpenResty gateway + Redis) on loopback ports of their
+//!   own; mints buyer tokens in-process.
+//! - [`run`]: the scenarios in alternating rounds, the books after every buy
+//!   run, the backend drain, profiles.
+//! - [`report`], [`chart`]: `bench/REPORT.md` and its PNG chart.
+//! - [`sys`]: processes stopped by PID, CPU time from `/proc`.
+#![forbid(unsafe_code)]
+
+pub mod chart;
+pub mod load;
+pub mod report;
+pub mod run;
+pub mod stack;
+pub mod sys;

@@ -1,0 +1,233 @@
+//! `flashgate-bench`: `run` the side-by-side benchmark (what `make bench`
+//! does), or `load` one address of your own with one scenario.
+
+use std::net::ToSocketAddrs;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use flashgate_bench::load::{self, LoadSpec, Pace, Pick, Target, Users};
+use flashgate_bench::run::{self, Profiling, Settings};
+use flashgate_bench::{chart, report, stack};
+
+#[derive(Parser)]
+#[command(name = "flashgate-bench", version, about = "Flashgate load generator and benchmark")]
+struct Cli {
+    /// Worker threads of the load generator.
+    #[arg(long, global = true, default_value_t = 2)]
+    loadgen_threads: usize,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start Flashgate and the peers, run every scenario, write the report.
+    Run(RunArgs),
+    /// Load one deployment (one you own) with one scenario; prints a summary.
+    Load(LoadArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Measured seconds per round.
+    #[arg(long, default_value_t = 8.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 1.5)]
+    warmup: f64,
+    #[arg(long, default_value_t = 64)]
+    conns: usize,
+    /// Gateway threads, and nginx workers of each peer (default: cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Open-loop buy rate (default: half the slower side's closed-loop rate).
+    #[arg(long)]
+    open_rate: Option<f64>,
+    /// Distinct users (tokens minted before the load).
+    #[arg(long, default_value_t = 300_000)]
+    users: usize,
+    #[arg(long, default_value_t = 100_000)]
+    burst_users: usize,
+    #[arg(long, default_value_t = 1_000)]
+    burst_stock: i64,
+    /// Reservations preloaded for the drain measurement (0 = skip).
+    #[arg(long, default_value_t = 100_000)]
+    drain_orders: usize,
+    /// `[limits.buy] user` per_second of the bench's gateway.
+    #[arg(long, default_value_t = 1)]
+    user_per_second: u32,
+    /// `[limits.buy] user` burst of the bench's gateway.
+    #[arg(long, default_value_t = 10)]
+    user_burst: u32,
+    #[arg(long, default_value = "../shared/peers")]
+    peers_dir: PathBuf,
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    #[arg(long, default_value = "bench")]
+    out_dir: PathBuf,
+    /// A database on the server the bench creates its own database on.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pg_url: String,
+    #[arg(long, default_value = "flashgate_bench")]
+    db_name: String,
+    /// Skip the peers' redis-evalsha ceiling.
+    #[arg(long)]
+    no_evalsha: bool,
+    #[arg(long, default_value_t = 200_000)]
+    evalsha_n_p1: u64,
+    #[arg(long, default_value_t = 500_000)]
+    evalsha_n_p16: u64,
+    #[arg(long, value_enum, default_value_t = Profiling::Auto)]
+    profile: Profiling,
+    /// Only these scenarios (a_static, b_state, c_buy, c_buy_open, d_soldout, e_hammer, f_burst).
+    #[arg(long = "scenario")]
+    scenarios: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// Base URL, e.g. http://127.0.0.1:8080 (plain HTTP/1.1).
+    #[arg(long)]
+    url: String,
+    /// GET this path (e.g. /sales/demo or /api/sales/demo).
+    #[arg(long, conflicts_with = "buy")]
+    get: Option<String>,
+    /// Buy in this sale (POST /api/sales/{id}/buy) with tokens minted from
+    /// FLASHGATE_JWT_SECRET.
+    #[arg(long)]
+    buy: Option<String>,
+    /// Every buy from one user (rate-limit test).
+    #[arg(long)]
+    one_user: bool,
+    #[arg(long, default_value_t = 10_000)]
+    users: usize,
+    #[arg(long, default_value_t = 64)]
+    conns: usize,
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Open loop at this many requests per second (default: closed loop).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Allow a target outside 127.0.0.0/8 and ::1. Point it only at
+    /// deployments you own.
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(cli.loadgen_threads.max(1)).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("flashgate-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        let work = async {
+            match cli.command {
+                Command::Run(a) => run_all(a).await,
+                Command::Load(a) => load_one(a).await,
+            }
+        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        // Dropping `work` stops every process it started (by PID).
+        tokio::select! {
+            r = work => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("flashgate-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_all(a: RunArgs) -> anyhow::Result<()> {
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let out_dir = a.out_dir.clone();
+    let settings = Settings {
+        secs: a.secs,
+        warmup: a.warmup,
+        conns: a.conns,
+        threads,
+        rounds: a.rounds.max(1),
+        open_rate: a.open_rate,
+        user_pool: a.users,
+        burst_users: a.burst_users,
+        burst_stock: a.burst_stock,
+        drain_orders: a.drain_orders,
+        user_bucket: (a.user_per_second.max(1), a.user_burst.max(1)),
+        peers_dir: std::fs::canonicalize(&a.peers_dir).map_err(|e| anyhow::anyhow!("peers dir {}: {e}", a.peers_dir.display()))?,
+        bin_dir: std::fs::canonicalize(&a.bin_dir).map_err(|e| anyhow::anyhow!("bin dir {}: {e}", a.bin_dir.display()))?,
+        out_dir: out_dir.clone(),
+        pg_url: a.pg_url,
+        db_name: a.db_name,
+        evalsha: !a.no_evalsha,
+        evalsha_n_p1: a.evalsha_n_p1,
+        evalsha_n_p16: a.evalsha_n_p16,
+        profile: a.profile,
+        scenarios: a.scenarios,
+    };
+    let results = run::run(settings).await?;
+    std::fs::create_dir_all(&out_dir)?;
+    let png = out_dir.join("bench.png");
+    let chart = match chart::draw(&results, &png) {
+        Ok(()) => Some("bench.png"),
+        Err(e) => {
+            eprintln!("flashgate-bench: chart not drawn: {e:#}");
+            None
+        }
+    };
+    let md = report::markdown(&results, chart);
+    std::fs::write(out_dir.join("REPORT.md"), &md)?;
+    eprintln!("flashgate-bench: wrote {} and {}", out_dir.join("REPORT.md").display(), png.display());
+    for t in report::targets(&results) {
+        eprintln!("target {:<48} {:<10} {}", t.name, t.met.map_or("n/a", |m| if m { "met" } else { "MISSED" }), t.figures);
+    }
+    Ok(())
+}
+
+async fn load_one(a: LoadArgs) -> anyhow::Result<()> {
+    let hostport = a.url.strip_prefix("http://").ok_or_else(|| anyhow::anyhow!("--url must be http://host:port"))?.trim_end_matches('/');
+    let addr = hostport.to_socket_addrs()?.next().ok_or_else(|| anyhow::anyhow!("{hostport} does not resolve"))?;
+    anyhow::ensure!(addr.ip().is_loopback() || a.allow_remote, "{addr} is not loopback; pass --allow-remote for a deployment you own");
+    let target = match (&a.get, &a.buy) {
+        (Some(path), _) => Target::Get { path: path.clone() },
+        (None, Some(sale)) => {
+            let secret = std::env::var("FLASHGATE_JWT_SECRET").map_err(|_| anyhow::anyhow!("--buy needs FLASHGATE_JWT_SECRET (the gateway's token secret)"))?;
+            let users = stack::random_users(if a.one_user { 1 } else { a.users.max(1) });
+            let headers = stack::mint_bearers(&secret, &users, 3600);
+            let pick = if a.one_user { Pick::One(0) } else { Pick::Distinct };
+            Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: Users { headers: std::sync::Arc::new(headers) }, pick }
+        }
+        (None, None) => anyhow::bail!("give --get PATH or --buy SALE"),
+    };
+    let spec = LoadSpec {
+        addr,
+        conns: a.conns,
+        pace: a.rate.map_or(Pace::Closed, |rate| Pace::Open { rate }),
+        warmup: Duration::from_secs_f64(a.warmup),
+        duration: Duration::from_secs_f64(a.secs),
+        timeout: Duration::from_secs(5),
+        target,
+        tag: stack::random_hex(4),
+    };
+    let (s, _, _) = load::run(spec, || ()).await;
+    println!(
+        "RESULT requests={} rps={:.1} p50_ms={:.3} p90_ms={:.3} p99_ms={:.3} p999_ms={:.3} max_ms={:.3} errors={} timeouts={} unsent={} statuses={}",
+        s.requests, s.rps, s.p50_ms, s.p90_ms, s.p99_ms, s.p999_ms, s.max_ms, s.errors, s.timeouts, s.missed,
+        s.statuses.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(",")
+    );
+    Ok(())
+}

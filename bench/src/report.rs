@@ -1,0 +1,304 @@
+//! `bench/REPORT.md`: targets with their figures, per-scenario tables with
+//! ratios and CPU per 1,000 requests, every round with the machine's load
+//! before it, the books after every buy run, the drain, the Redis ceiling,
+//! profiles, versions.
+
+use std::fmt::Write as _;
+
+use crate::run::{Results, RoundResult, Side, SCENARIOS};
+
+/// One target of the issue, evaluated.
+#[derive(Debug, Clone)]
+pub struct TargetEval {
+    pub id: &'static str,
+    pub name: &'static str,
+    pub goal: &'static str,
+    pub figures: String,
+    /// `None`: not measured in this run.
+    pub met: Option<bool>,
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = v.collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Mean over rounds of `f`.
+pub fn avg(r: &Results, scenario: &str, side: Side, f: impl Fn(&RoundResult) -> Option<f64>) -> Option<f64> {
+    let v: Vec<f64> = r.of(scenario, side).into_iter().filter_map(f).collect();
+    mean(v.into_iter())
+}
+
+pub fn rps(r: &Results, scenario: &str, side: Side) -> Option<f64> {
+    avg(r, scenario, side, |x| Some(x.summary.rps))
+}
+
+/// CPU ms per 1,000 requests of the gateway and Redis together.
+fn edge_cpu(r: &Results, scenario: &str, side: Side) -> Option<f64> {
+    avg(r, scenario, side, |x| Some(x.cpu.ms_per_k("gateway", x.summary.requests)? + x.cpu.ms_per_k("redis", x.summary.requests)?))
+}
+
+fn cpu_of(x: &RoundResult, name: &str) -> Option<f64> {
+    x.cpu.ms_per_k(name, x.summary.requests)
+}
+
+fn f0(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.0}"))
+}
+
+fn f2(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.2}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// Evaluates every target from the results.
+pub fn targets(r: &Results) -> Vec<TargetEval> {
+    let mut out = Vec::new();
+    let (fa, pa) = (rps(r, "a_static", Side::Flashgate), rps(r, "a_static", Side::Peer));
+    let (fp99, pp99) = (avg(r, "a_static", Side::Flashgate, |x| Some(x.summary.p99_ms)), avg(r, "a_static", Side::Peer, |x| Some(x.summary.p99_ms)));
+    out.push(TargetEval {
+        id: "static",
+        name: "Static page vs nginx",
+        goal: "≥ 1.0× nginx req/s, p99 no worse",
+        figures: format!("{} vs {} req/s = {}×; p99 {} vs {} ms", f0(fa), f0(pa), f2(ratio(fa, pa)), f2(fp99), f2(pp99)),
+        met: ratio(fa, pa).zip(fp99.zip(pp99)).map(|(q, (f, p))| q >= 1.0 && f <= p),
+    });
+    let (fc, pc) = (rps(r, "c_buy", Side::Flashgate), rps(r, "c_buy", Side::Peer));
+    let (fcpu, pcpu) = (edge_cpu(r, "c_buy", Side::Flashgate), edge_cpu(r, "c_buy", Side::Peer));
+    out.push(TargetEval {
+        id: "buy",
+        name: "Buy while in stock vs OpenResty",
+        goal: "≥ 2× the peer's req/s, gateway + Redis CPU per buy ≤ 0.5× the peer's",
+        figures: format!(
+            "{} vs {} req/s = {}×; gateway + Redis CPU {} vs {} ms per 1,000 buys = {}×",
+            f0(fc),
+            f0(pc),
+            f2(ratio(fc, pc)),
+            f2(fcpu),
+            f2(pcpu),
+            f2(ratio(fcpu, pcpu))
+        ),
+        met: ratio(fc, pc).zip(ratio(fcpu, pcpu)).map(|(q, c)| q >= 2.0 && c <= 0.5),
+    });
+    let fd = rps(r, "d_soldout", Side::Flashgate);
+    out.push(TargetEval {
+        id: "soldout",
+        name: "Buy after sold out",
+        goal: "≥ 0.8× Flashgate's own static-page req/s",
+        figures: format!("{} vs {} req/s = {}×", f0(fd), f0(fa), f2(ratio(fd, fa))),
+        met: ratio(fd, fa).map(|q| q >= 0.8),
+    });
+    let fe = rps(r, "e_hammer", Side::Flashgate);
+    out.push(TargetEval {
+        id: "ratelimited",
+        name: "Rate-limited rejections",
+        goal: "≥ 0.8× Flashgate's own static-page req/s",
+        figures: format!("{} vs {} req/s = {}×", f0(fe), f0(fa), f2(ratio(fe, fa))),
+        met: ratio(fe, fa).map(|q| q >= 0.8),
+    });
+    let script: Vec<(u64, u64)> =
+        r.rounds.iter().filter(|x| x.side == Side::Flashgate).filter_map(|x| x.check.as_ref().and_then(|c| c.script_calls)).collect();
+    let (calls, buys) = script.iter().fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+    out.push(TargetEval {
+        id: "script",
+        name: "One Redis script call per buy that reaches Redis",
+        goal: "cmdstat_evalsha (+ eval) calls = buys that reached Redis",
+        figures: format!("{calls} script calls for {buys} buys over {} runs (scenarios c, c', e)", script.len()),
+        met: (!script.is_empty()).then(|| script.iter().all(|(c, b)| c == b)),
+    });
+    out.push(TargetEval {
+        id: "drain",
+        name: "Backend drain into PostgreSQL",
+        goal: "≥ 10,000 orders/s for 100,000 preloaded reservations",
+        figures: r.drain.as_ref().map_or("not run".into(), |d| {
+            format!(
+                "{} orders in {:.2} s from backend start = {:.0}/s ({:.0}/s from the first row); backend CPU {:.2} s",
+                d.orders,
+                d.total_s,
+                d.rate(),
+                d.orders as f64 / d.after_first_s.max(1e-9),
+                d.backend_cpu_s
+            )
+        }),
+        met: r.drain.as_ref().map(|d| d.ok && d.rate() >= 10_000.0),
+    });
+    let checks: Vec<_> = r.rounds.iter().filter_map(|x| x.check.as_ref()).collect();
+    out.push(TargetEval {
+        id: "books",
+        name: "Books balance after every buy run",
+        goal: "winners = decrements = reservations = orders, no user above the limit",
+        figures: format!("{} of {} buy runs balanced (both sides)", checks.iter().filter(|c| c.ok).count(), checks.len()),
+        met: (!checks.is_empty()).then(|| checks.iter().all(|c| c.ok)),
+    });
+    out
+}
+
+fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "**met**",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
+}
+
+fn side_name(scenario: &str, side: Side) -> &'static str {
+    match side {
+        Side::Flashgate => "Flashgate",
+        Side::Peer => SCENARIOS.iter().find(|s| s.id == scenario).and_then(|s| s.peer).unwrap_or("peer"),
+    }
+}
+
+/// Renders the whole report.
+pub fn markdown(r: &Results, chart: Option<&str>) -> String {
+    let mut md = String::new();
+    let m = &r.machine;
+    let _ = writeln!(md, "# Flashgate benchmark report\n");
+    let _ = writeln!(
+        md,
+        "Produced by `make bench` on {}: {} cores ({}), {}. Wall time {:.0} s. \
+         Everything ran on this one machine over loopback, load generator included; \
+         the machine is shared, so each round records the load average before it and the busy time \
+         of processes that are not part of the run (\"other\", in cores). \
+         See [README.md](README.md) for how to read this.\n",
+        m.date, m.nproc, m.cpu_model, m.kernel, r.wall_s
+    );
+
+    let _ = writeln!(md, "## Targets\n");
+    let _ = writeln!(md, "| target | goal | figures (mean of rounds) | verdict |\n|---|---|---|---|");
+    for t in targets(r) {
+        let _ = writeln!(md, "| {} | {} | {} | {} |", t.name, t.goal, t.figures, verdict(t.met));
+    }
+    md.push('\n');
+
+    if let Some(chart) = chart {
+        let _ = writeln!(md, "![Throughput and latency, Flashgate beside its peers]({chart})\n");
+    }
+
+    let _ = writeln!(md, "## Results by scenario (mean of rounds)\n");
+    let _ = writeln!(
+        md,
+        "CPU is milliseconds of CPU time per 1,000 requests, from `/proc/PID/stat` (utime + stime) over the measured window. \
+         For the peers, \"gateway\" is nginx (all workers and the master) and \"backend\" does not exist.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | side | req/s | ratio | p50 ms | p99 ms | p99.9 ms | CPU gateway | CPU Redis | CPU backend | CPU load generator |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for sc in SCENARIOS {
+        let f_rps = rps(r, sc.id, Side::Flashgate);
+        for side in [Side::Flashgate, Side::Peer] {
+            if r.of(sc.id, side).is_empty() {
+                continue;
+            }
+            let x = rps(r, sc.id, side);
+            let ratio_text = match side {
+                Side::Flashgate => "1.00".to_owned(),
+                Side::Peer => ratio(f_rps, x).map_or("–".into(), |q| format!("Flashgate {q:.2}×")),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                sc.title,
+                side_name(sc.id, side),
+                f0(x),
+                ratio_text,
+                f2(avg(r, sc.id, side, |x| Some(x.summary.p50_ms))),
+                f2(avg(r, sc.id, side, |x| Some(x.summary.p99_ms))),
+                f2(avg(r, sc.id, side, |x| Some(x.summary.p999_ms))),
+                f0(avg(r, sc.id, side, |x| cpu_of(x, "gateway"))),
+                f0(avg(r, sc.id, side, |x| cpu_of(x, "redis"))),
+                f0(avg(r, sc.id, side, |x| cpu_of(x, "backend"))),
+                f0(avg(r, sc.id, side, |x| cpu_of(x, "loadgen"))),
+            );
+        }
+    }
+    md.push('\n');
+
+    let _ = writeln!(md, "## Every round, in the order run (A/B/A/B)\n");
+    let _ = writeln!(
+        md,
+        "| scenario | side | round | loadavg before | req/s | p50 | p99 | p99.9 | max ms | statuses (measured window) | busy cores (other) |\n|---|---|---:|---|---:|---:|---:|---:|---:|---|---|"
+    );
+    for x in &r.rounds {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {:.2} ({:.2}) |",
+            x.scenario,
+            side_name(x.scenario, x.side),
+            x.round,
+            x.loadavg_before,
+            x.summary.rps,
+            x.summary.p50_ms,
+            x.summary.p99_ms,
+            x.summary.p999_ms,
+            x.summary.max_ms,
+            x.summary.statuses_text(),
+            x.cpu.machine_busy_cores,
+            x.cpu.other_cores,
+        );
+    }
+    md.push('\n');
+
+    let _ = writeln!(md, "## Books after every buy run\n");
+    let _ = writeln!(
+        md,
+        "Flashgate: after the run the bench waits until the backend has drained the sale's stream \
+         (orders = reservations, nothing pending), then compares the winners the load generator saw \
+         (distinct users for the burst) with the stock decrements and reservations in Redis and the \
+         orders in PostgreSQL, and checks that no user holds more orders than the per-user limit (1). \
+         Script calls come from `INFO commandstats` (reset before the run, warmup included). \
+         The peer: winners = stock decrements = its buyers set = its stream.\n"
+    );
+    for x in r.rounds.iter().filter(|x| x.check.is_some()) {
+        let c = x.check.as_ref().expect("filtered");
+        let _ = writeln!(md, "- {} {} r{}: **{}** — {}", x.scenario, side_name(x.scenario, x.side), x.round, if c.ok { "OK" } else { "FAIL" }, c.text);
+    }
+    md.push('\n');
+
+    if let Some(d) = &r.drain {
+        let _ = writeln!(md, "## Backend drain\n");
+        let _ = writeln!(
+            md,
+            "{} reservations were written into a sale's stream in the gateway's record format (fields rid, sale, user, idem, ts; \
+             and `HSET resv rid user`) with pipelined XADD in {:.2} s while the backend was stopped. Then the backend was started \
+             and the bench polled `SELECT COUNT(*) FROM orders` every 20 ms: all {} rows after **{:.2} s = {:.0} orders/s** \
+             (from start, connecting and migrating included; {:.2} s from the first row). Backend CPU during the drain: {:.2} s.\n",
+            d.orders, d.preload_s, d.orders, d.total_s, d.rate(), d.after_first_s, d.backend_cpu_s
+        );
+    }
+
+    if !r.evalsha.is_empty() {
+        let _ = writeln!(md, "## Redis deduct ceiling (peers/redis-evalsha, quoted)\n");
+        let _ = writeln!(
+            md,
+            "redis-benchmark calling the peer's deduct script by EVALSHA, 50 clients, without and with pipelining; run after both sides were stopped.\n"
+        );
+        let _ = writeln!(md, "```text\n{}\n```\n", r.evalsha.join("\n"));
+    }
+
+    if !r.profiles.is_empty() {
+        let _ = writeln!(md, "## Profiles\n");
+        let _ = writeln!(md, "`perf record -e cpu-clock -F 499` on the process (hardware counters are not available on this machine), `perf report --no-children --sort dso,symbol`: top frames by self time.\n");
+        for p in &r.profiles {
+            let _ = writeln!(md, "### {}\n\n```text\n{}\n```\n", p.what, p.lines.join("\n"));
+        }
+    } else if !r.perf_available {
+        let _ = writeln!(md, "## Profiles\n\n`perf record` is not usable here; use `valgrind --tool=callgrind` on a short run instead.\n");
+    }
+
+    let _ = writeln!(md, "## Settings and versions\n");
+    let _ = writeln!(md, "| setting | value |\n|---|---|");
+    for (k, v) in &r.settings {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    for (k, v) in &m.versions {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    md
+}

@@ -1,0 +1,762 @@
+//! The side-by-side benchmark: starts both sides, runs every scenario in
+//! alternating rounds (Flashgate, peer, Flashgate, peer), checks the books
+//! after every buy run, measures the backend's drain, profiles what misses
+//! its target, and hands everything to [`crate::report`].
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use flashgate_common::keys::SaleKeys;
+use flashgate_common::reservation::reservation_id;
+use http::HeaderValue;
+use serde::Serialize;
+
+use crate::load::{self, BurstSpec, LoadSpec, Pace, Pick, Summary, Target, Users};
+use crate::stack::{command_calls, mint_bearers, random_users, Flashgate, FlashgateOptions, Peers};
+use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
+
+/// Everything `flashgate-bench run` is told.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Measured seconds per round (after the warmup).
+    pub secs: f64,
+    pub warmup: f64,
+    pub conns: usize,
+    /// Gateway threads = nginx workers of each peer.
+    pub threads: usize,
+    pub rounds: usize,
+    /// Open-loop buy rate; `None`: half the slower side's closed-loop rate.
+    pub open_rate: Option<f64>,
+    pub user_pool: usize,
+    pub burst_users: usize,
+    pub burst_stock: i64,
+    pub drain_orders: usize,
+    /// `[limits.buy] user` of the bench's gateway: (per_second, burst).
+    pub user_bucket: (u32, u32),
+    pub peers_dir: PathBuf,
+    pub bin_dir: PathBuf,
+    pub out_dir: PathBuf,
+    /// Server to create the bench database on (its `postgres` database).
+    pub pg_url: String,
+    pub db_name: String,
+    pub evalsha: bool,
+    pub evalsha_n_p1: u64,
+    pub evalsha_n_p16: u64,
+    pub profile: Profiling,
+    pub scenarios: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profiling {
+    /// Profile the scenarios whose target was missed.
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Side {
+    Flashgate,
+    Peer,
+}
+
+/// A scenario of the comparison.
+pub struct Scenario {
+    pub id: &'static str,
+    pub title: &'static str,
+    /// The peer run against, if the protocol allows one.
+    pub peer: Option<&'static str>,
+}
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario { id: "a_static", title: "a. Static sale page (GET, same 6.7 KB page on both sides)", peer: Some("nginx-static") },
+    Scenario { id: "b_state", title: "b. Sale-state JSON (GET /api/sales/{id})", peer: None },
+    Scenario { id: "c_buy", title: "c. Buy while in stock (closed loop)", peer: Some("openresty-gateway") },
+    Scenario { id: "c_buy_open", title: "c'. Buy while in stock (open loop, fixed rate)", peer: Some("openresty-gateway") },
+    Scenario { id: "d_soldout", title: "d. Buy after sold out", peer: Some("openresty-gateway") },
+    Scenario { id: "e_hammer", title: "e. One user hammering (rate-limited)", peer: Some("openresty-gateway") },
+    Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
+];
+
+/// The books after a buy run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub ok: bool,
+    pub text: String,
+    /// Redis script calls and the buys that reached Redis, when both are known.
+    pub script_calls: Option<(u64, u64)>,
+}
+
+/// One round of one scenario on one side.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundResult {
+    pub scenario: &'static str,
+    pub side: Side,
+    pub round: usize,
+    pub loadavg_before: String,
+    pub summary: Summary,
+    pub cpu: CpuUse,
+    pub check: Option<Check>,
+}
+
+/// The backend's drain of preloaded reservations.
+#[derive(Debug, Clone, Serialize)]
+pub struct Drain {
+    pub orders: usize,
+    pub preload_s: f64,
+    /// From starting the backend to the last order row.
+    pub total_s: f64,
+    /// From the first order row to the last.
+    pub after_first_s: f64,
+    pub backend_cpu_s: f64,
+    pub ok: bool,
+}
+
+impl Drain {
+    pub fn rate(&self) -> f64 {
+        self.orders as f64 / self.total_s.max(1e-9)
+    }
+}
+
+/// Top frames of one profiled process.
+#[derive(Debug, Clone, Serialize)]
+pub struct Profile {
+    pub what: String,
+    pub lines: Vec<String>,
+}
+
+/// Facts about the machine and the software measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Machine {
+    pub date: String,
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub versions: Vec<(String, String)>,
+}
+
+/// Everything the report is written from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    pub machine: Machine,
+    pub settings: Vec<(String, String)>,
+    pub open_rate: f64,
+    pub rounds: Vec<RoundResult>,
+    pub drain: Option<Drain>,
+    pub evalsha: Vec<String>,
+    pub profiles: Vec<Profile>,
+    pub perf_available: bool,
+    pub wall_s: f64,
+}
+
+impl Results {
+    pub fn of(&self, scenario: &str, side: Side) -> Vec<&RoundResult> {
+        self.rounds.iter().filter(|r| r.scenario == scenario && r.side == side).collect()
+    }
+}
+
+/// Shared state of a run.
+struct Ctx {
+    s: Settings,
+    fg: Flashgate,
+    peers: Peers,
+    pg: sqlx::PgPool,
+    bearers: Users,
+    peer_ids: Users,
+    /// One fresh user per hammer round and side.
+    hammer_bearers: Users,
+    hammer_ids: Users,
+    tag: String,
+}
+
+fn probe(watched: Vec<Watched>) -> impl Fn() -> Snap + Send + Sync {
+    move || snap(&watched)
+}
+
+const BIG_STOCK: i64 = 10_000_000;
+const SALE_PAGE_PATH: &str = "/sales/bench";
+
+/// Runs the whole benchmark.
+///
+/// # Errors
+/// When a side cannot be started or the database cannot be created.
+pub async fn run(s: Settings) -> anyhow::Result<Results> {
+    let started = Instant::now();
+    let machine = machine();
+    let work = WorkDir::new()?;
+    eprintln!("bench: work dir {}", work.0.display());
+
+    // The bench's own database, dropped at the end.
+    let admin_pg = sqlx::PgPool::connect(&s.pg_url).await.with_context(|| format!("connect {}", s.pg_url))?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", s.db_name)).execute(&admin_pg).await?;
+    sqlx::query(&format!("CREATE DATABASE {}", s.db_name)).execute(&admin_pg).await?;
+    let db_url = match s.pg_url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{}", s.db_name),
+        None => anyhow::bail!("pg url without a database: {}", s.pg_url),
+    };
+    let result = run_with_db(&s, &work, &db_url, machine, started).await;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", s.db_name)).execute(&admin_pg).await;
+    admin_pg.close().await;
+    result
+}
+
+async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Machine, started: Instant) -> anyhow::Result<Results> {
+    let page = s.peers_dir.join("html/p/1001.html");
+    let fg = Flashgate::start(
+        &work.0,
+        &FlashgateOptions {
+            bin_dir: s.bin_dir.clone(),
+            threads: s.threads,
+            page,
+            database_url: db_url.to_owned(),
+            user_bucket: s.user_bucket,
+        },
+    )
+    .await?;
+    let peers = Peers::start(&work.0, &s.peers_dir, s.threads).await?;
+    eprintln!("bench: flashgate on {}, nginx-static on {}, openresty-gateway on {}", fg.gateway_addr, peers.static_addr, peers.gw_addr);
+    let pg = sqlx::PgPool::connect(db_url).await?;
+    if let Ok((v,)) = sqlx::query_as::<_, (String,)>("SHOW server_version").fetch_one(&pg).await {
+        machine.versions.push(("PostgreSQL".into(), v));
+    }
+
+    let t = Instant::now();
+    let ids = random_users(s.user_pool.max(s.burst_users));
+    let bearers = mint_bearers(&fg.jwt_secret, &ids, 7200);
+    let hammer = random_users(2 * s.rounds + 2);
+    let hammer_bearers = mint_bearers(&fg.jwt_secret, &hammer, 7200);
+    eprintln!("bench: minted {} tokens in {:.2}s", bearers.len() + hammer_bearers.len(), t.elapsed().as_secs_f64());
+    let header_values = |v: &[String]| Users { headers: std::sync::Arc::new(v.iter().map(|u| HeaderValue::from_str(u).expect("uuid")).collect()) };
+    let mut ctx = Ctx {
+        s: s.clone(),
+        peer_ids: header_values(&ids),
+        bearers: Users { headers: std::sync::Arc::new(bearers) },
+        hammer_ids: header_values(&hammer),
+        hammer_bearers: Users { headers: std::sync::Arc::new(hammer_bearers) },
+        fg,
+        peers,
+        pg,
+        tag: crate::stack::random_hex(4),
+    };
+    ctx.fg.put_sale("bench", BIG_STOCK, 1).await?;
+    ctx.fg.put_sale("state", BIG_STOCK, 1).await?;
+
+    let mut rounds = Vec::new();
+    let mut open_rate = s.open_rate.unwrap_or(0.0);
+    for sc in SCENARIOS {
+        if !s.scenarios.is_empty() && !s.scenarios.iter().any(|x| x == sc.id) {
+            continue;
+        }
+        if sc.id == "c_buy_open" && s.open_rate.is_none() {
+            open_rate = auto_open_rate(&rounds);
+            eprintln!("bench: open-loop buy rate {open_rate:.0}/s (half the slower side's closed-loop rate)");
+        }
+        for round in 1..=s.rounds {
+            let r = flashgate_round(&ctx, sc.id, round, open_rate).await.with_context(|| format!("{} flashgate round {round}", sc.id))?;
+            eprintln!("{}", line(&r));
+            rounds.push(r);
+            if sc.peer.is_some() {
+                let r = peer_round(&ctx, sc.id, round, open_rate).await.with_context(|| format!("{} peer round {round}", sc.id))?;
+                eprintln!("{}", line(&r));
+                rounds.push(r);
+            }
+        }
+    }
+
+    let drain = if s.drain_orders > 0 {
+        let d = measure_drain(&mut ctx, "drain", s.drain_orders, None).await?;
+        eprintln!("bench: drain {} orders in {:.2}s = {:.0}/s (ok={})", d.orders, d.total_s, d.rate(), d.ok);
+        Some(d)
+    } else {
+        None
+    };
+
+    let mut results = Results {
+        machine,
+        settings: Vec::new(),
+        open_rate,
+        rounds,
+        drain,
+        evalsha: Vec::new(),
+        profiles: Vec::new(),
+        perf_available: perf_available(),
+        wall_s: 0.0,
+    };
+
+    if s.profile != Profiling::Never && results.perf_available {
+        let targets = crate::report::targets(&results);
+        let missed = |id: &str| s.profile == Profiling::Always || targets.iter().any(|t| t.id == id && t.met == Some(false));
+        if missed("static") {
+            results.profiles.extend(profile_load(&ctx, "a_static").await?);
+        }
+        if missed("buy") {
+            results.profiles.extend(profile_load(&ctx, "c_buy").await?);
+        }
+        if missed("soldout") {
+            results.profiles.extend(profile_load(&ctx, "d_soldout").await?);
+        }
+        if missed("ratelimited") {
+            results.profiles.extend(profile_load(&ctx, "e_hammer").await?);
+        }
+        if missed("drain") {
+            let n = (s.drain_orders / 3).max(1000);
+            let mut lines = Vec::new();
+            measure_drain(&mut ctx, "drain-profiled", n, Some(&mut lines)).await?;
+            results.profiles.push(Profile { what: format!("backend draining {n} preloaded reservations (perf, self time)"), lines });
+        }
+    }
+
+    // Both sides off before the Redis ceiling runs, so it has the machine.
+    drop(ctx);
+    if s.evalsha {
+        results.evalsha = evalsha(s, &work.0);
+    }
+    results.settings = vec![
+        ("measured seconds per round".into(), format!("{}", s.secs)),
+        ("warmup seconds".into(), format!("{}", s.warmup)),
+        ("connections".into(), s.conns.to_string()),
+        ("gateway threads = nginx workers".into(), s.threads.to_string()),
+        ("rounds per side".into(), s.rounds.to_string()),
+        ("load generator threads".into(), "2 (tokio)".into()),
+        ("open-loop buy rate".into(), format!("{open_rate:.0}/s")),
+        ("distinct users (tokens minted)".into(), s.user_pool.max(s.burst_users).to_string()),
+        ("Flashgate [limits.buy] user".into(), format!("per_second = {}, burst = {}", s.user_bucket.0, s.user_bucket.1)),
+        ("peer limits".into(), "user 30 per 60 s, IP and global 1e9 (as in its own scenarios)".into()),
+    ];
+    results.wall_s = started.elapsed().as_secs_f64();
+    Ok(results)
+}
+
+fn line(r: &RoundResult) -> String {
+    format!(
+        "bench: {:<11} {:<9} r{} load {:<15} {:>9.0} req/s p50 {:.2} p99 {:.2} p999 {:.2} ms  {}{}",
+        r.scenario,
+        format!("{:?}", r.side),
+        r.round,
+        r.loadavg_before,
+        r.summary.rps,
+        r.summary.p50_ms,
+        r.summary.p99_ms,
+        r.summary.p999_ms,
+        r.summary.statuses_text(),
+        r.check.as_ref().map_or(String::new(), |c| format!("  check {}: {}", if c.ok { "OK" } else { "FAIL" }, c.text)),
+    )
+}
+
+fn auto_open_rate(rounds: &[RoundResult]) -> f64 {
+    let mean = |side| {
+        let v: Vec<f64> = rounds.iter().filter(|r| r.scenario == "c_buy" && r.side == side).map(|r| r.summary.rps).collect();
+        if v.is_empty() { f64::INFINITY } else { v.iter().sum::<f64>() / v.len() as f64 }
+    };
+    let slower = mean(Side::Flashgate).min(mean(Side::Peer));
+    if slower.is_finite() { ((slower * 0.5 / 100.0).floor() * 100.0).max(100.0) } else { 1000.0 }
+}
+
+impl Ctx {
+    fn spec(&self, addr: std::net::SocketAddr, target: Target, pace: Pace, tag: String) -> LoadSpec {
+        LoadSpec {
+            addr,
+            conns: self.s.conns,
+            pace,
+            warmup: Duration::from_secs_f64(self.s.warmup),
+            duration: Duration::from_secs_f64(self.s.secs),
+            timeout: Duration::from_secs(5),
+            target,
+            tag,
+        }
+    }
+
+    fn burst(&self, addr: std::net::SocketAddr, target: Target, tag: String) -> BurstSpec {
+        BurstSpec {
+            addr,
+            conns: self.s.conns,
+            target,
+            users: self.s.burst_users,
+            patience: Duration::from_millis(300),
+            max_attempts: 4,
+            double_click: 0.3,
+            deadline: Duration::from_secs(120),
+            tag,
+        }
+    }
+}
+
+async fn reset_script_stats(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<()> {
+    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
+    Ok(())
+}
+
+async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {
+    let fg = &ctx.fg;
+    let addr = fg.gateway_addr;
+    let tag = format!("{}{}f{round}", ctx.tag, &scenario[..1]);
+    let sale = format!("{}-r{round}", scenario.replace('_', "-"));
+    let buy_path = format!("/api/sales/{sale}/buy");
+    let bearers = ctx.bearers.clone();
+    let hammer_user = 2 * round;
+    let (stock, target, pace): (i64, Target, Pace) = match scenario {
+        "a_static" => (0, Target::Get { path: SALE_PAGE_PATH.into() }, Pace::Closed),
+        "b_state" => (0, Target::Get { path: "/api/sales/state".into() }, Pace::Closed),
+        "c_buy" => (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
+        "c_buy_open" => (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Open { rate: open_rate }),
+        "d_soldout" => (0, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
+        "e_hammer" => (BIG_STOCK, Target::FlashBuy { path: buy_path, users: ctx.hammer_bearers.clone(), pick: Pick::One(hammer_user) }, Pace::Closed),
+        "f_burst" => (ctx.s.burst_stock, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
+        other => anyhow::bail!("unknown scenario {other}"),
+    };
+    let is_buy = matches!(target, Target::FlashBuy { .. });
+    let mut redis = fg.redis().await?;
+    if is_buy {
+        fg.put_sale(&sale, stock, 1).await?;
+    }
+    reset_script_stats(&mut redis).await?;
+    let loadavg_before = sys::loadavg();
+    let (summary, a, b) = if scenario == "f_burst" {
+        load::burst(ctx.burst(addr, target, tag), probe(fg.watched())).await
+    } else {
+        load::run(ctx.spec(addr, target, pace, tag), probe(fg.watched())).await
+    };
+    let cpu = CpuUse::between(&a, &b);
+    let check = if is_buy {
+        let calls = command_calls(&mut redis, "evalsha").await? + command_calls(&mut redis, "eval").await?;
+        let clean = summary.errors == 0 && summary.timeouts == 0;
+        // Buys whose answer could only come from the script.
+        let reached = match scenario {
+            "c_buy" | "c_buy_open" => clean.then(|| summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410)),
+            "e_hammer" => clean.then(|| summary.total_in(200..=299) + summary.total_of(409)),
+            _ => None,
+        };
+        let winners = summary.winners.unwrap_or_else(|| summary.total_in(200..=299));
+        let mut check = check_flashgate(ctx, &sale, stock, winners, calls, reached).await?;
+        match scenario {
+            "e_hammer" => {
+                // Admitted by the user bucket: at most burst + rate × time (+1 for rounding).
+                let admitted = summary.total_statuses.iter().filter(|(s, _)| **s != 429).map(|(_, n)| n).sum::<u64>();
+                let secs = ctx.s.warmup + summary.elapsed_s + 0.1;
+                let bound = f64::from(ctx.s.user_bucket.1) + f64::from(ctx.s.user_bucket.0) * secs + 1.0;
+                let ok = admitted as f64 <= bound && winners == 1;
+                check.ok &= ok;
+                check.text.push_str(&format!(", admitted past the user bucket {admitted} (bound {bound:.0})"));
+            }
+            "f_burst" => {
+                let sold_out = winners as i64 == stock;
+                check.ok &= sold_out || summary.users_done.unwrap_or(0) < ctx.s.burst_users as u64;
+                check.text.push_str(&format!(", users done {}/{}", summary.users_done.unwrap_or(0), ctx.s.burst_users));
+            }
+            _ => {}
+        }
+        Some(check)
+    } else {
+        None
+    };
+    Ok(RoundResult { scenario, side: Side::Flashgate, round, loadavg_before, summary, cpu, check })
+}
+
+/// winners = stock decrements = reservations = orders persisted, and no
+/// user above the limit (1), after the backend drained the stream.
+async fn check_flashgate(ctx: &Ctx, sale: &str, stock: i64, winners: u64, calls: u64, reached: Option<u64>) -> anyhow::Result<Check> {
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(120);
+    let view = loop {
+        let v = ctx.fg.admin_sale(sale).await?;
+        let settled = v["orders"].as_i64() == v["reservations"].as_i64() && v["pending"].as_i64() == Some(0);
+        if settled || Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let remaining = view["remaining"].as_i64().unwrap_or(-1);
+    let reservations = view["reservations"].as_i64().unwrap_or(-1);
+    let orders = view["orders"].as_i64().unwrap_or(-1);
+    let (most,): (i64,) = sqlx::query_as(
+        "SELECT COALESCE(MAX(n), 0) FROM (SELECT user_id, COUNT(*) AS n FROM orders WHERE sale_id = $1 GROUP BY user_id) AS per_user",
+    )
+    .bind(sale)
+    .fetch_one(&ctx.pg)
+    .await?;
+    let decrements = stock - remaining;
+    let script_ok = reached.is_none_or(|r| r == calls);
+    let ok = winners as i64 == decrements && decrements == reservations && reservations == orders && most <= 1 && remaining >= 0 && script_ok;
+    let text = format!(
+        "winners {winners} = decrements {decrements} = reservations {reservations} = orders {orders}; most orders of one user {most} (limit 1); drained in {:.1}s; script calls {calls}{}",
+        t.elapsed().as_secs_f64(),
+        reached.map_or(String::new(), |r| format!(" for {r} buys that reached Redis")),
+    );
+    Ok(Check { ok, text, script_calls: reached.map(|r| (calls, r)) })
+}
+
+async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {
+    let peers = &ctx.peers;
+    let tag = format!("{}{}p{round}", ctx.tag, &scenario[..1]);
+    let path = "/api/seckill/1001/buy".to_owned();
+    let ids = ctx.peer_ids.clone();
+    let hammer_user = 2 * round + 1;
+    let (stock, target, pace): (i64, Target, Pace) = match scenario {
+        "a_static" => (0, Target::Get { path: "/p/1001.html".into() }, Pace::Closed),
+        "c_buy" => (BIG_STOCK, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
+        "c_buy_open" => (BIG_STOCK, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Open { rate: open_rate }),
+        "d_soldout" => (0, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
+        "e_hammer" => (BIG_STOCK, Target::PeerBuy { path, users: ctx.hammer_ids.clone(), pick: Pick::One(hammer_user) }, Pace::Closed),
+        "f_burst" => (ctx.s.burst_stock, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
+        other => anyhow::bail!("no peer for {other}"),
+    };
+    let is_buy = matches!(target, Target::PeerBuy { .. });
+    let (addr, watched) = if is_buy { (peers.gw_addr, peers.gw_watched()) } else { (peers.static_addr, peers.static_watched()) };
+    if is_buy {
+        peers.reset(stock).await?;
+    }
+    let loadavg_before = sys::loadavg();
+    let (summary, a, b) = if scenario == "f_burst" {
+        load::burst(ctx.burst(addr, target, tag), probe(watched)).await
+    } else {
+        load::run(ctx.spec(addr, target, pace, tag), probe(watched)).await
+    };
+    let cpu = CpuUse::between(&a, &b);
+    let check = if is_buy {
+        let mut c = peers.redis().await?;
+        let left: i64 = redis::cmd("GET").arg("seckill:stock:1001").query_async::<Option<i64>>(&mut c).await?.unwrap_or(-1);
+        let buyers: i64 = redis::cmd("SCARD").arg("seckill:users:1001").query_async(&mut c).await?;
+        let stream: i64 = redis::cmd("XLEN").arg("seckill:stream:1001").query_async(&mut c).await?;
+        let winners = summary.winners.unwrap_or_else(|| summary.total_of(200));
+        let decrements = stock - left;
+        let mut ok = left >= 0 && winners as i64 == decrements && decrements == buyers && buyers == stream;
+        if scenario == "e_hammer" {
+            ok &= winners == 1;
+        }
+        if scenario == "f_burst" {
+            ok &= winners as i64 == stock || summary.users_done.unwrap_or(0) < ctx.s.burst_users as u64;
+        }
+        let calls = command_calls(&mut c, "evalsha").await? + command_calls(&mut c, "eval").await?;
+        Some(Check {
+            ok,
+            text: format!(
+                "winners {winners} = decrements {decrements} = buyers set {buyers} = stream {stream} (one per user by its set); script calls {calls} (bucket + deduct, EVAL after NOSCRIPT included){}",
+                summary.users_done.map_or(String::new(), |d| format!(", users done {d}/{}", ctx.s.burst_users))
+            ),
+            script_calls: None,
+        })
+    } else {
+        None
+    };
+    Ok(RoundResult { scenario, side: Side::Peer, round, loadavg_before, summary, cpu, check })
+}
+
+/// Preloads `n` reservations into a sale's stream in the gateway's record
+/// format, then times a freshly started backend turning them into orders.
+/// With `profile`, the backend runs under `perf record` and its top frames
+/// are put there.
+async fn measure_drain(ctx: &mut Ctx, sale: &str, n: usize, profile: Option<&mut Vec<String>>) -> anyhow::Result<Drain> {
+    ctx.fg.put_sale(sale, n as i64, 1).await?;
+    ctx.fg.stop_backend();
+    let keys = SaleKeys::new(sale);
+    let mut redis = ctx.fg.redis().await?;
+    let t = Instant::now();
+    let now = flashgate_common::now_ms().to_string();
+    for chunk_start in (0..n).step_by(2000) {
+        let mut pipe = redis::pipe();
+        for _ in chunk_start..(chunk_start + 2000).min(n) {
+            let rid = reservation_id(sale, rand::random());
+            let user = uuid::Uuid::new_v4().to_string();
+            pipe.cmd("XADD")
+                .arg(&keys.stream)
+                .arg("*")
+                .arg("rid")
+                .arg(&rid)
+                .arg("sale")
+                .arg(sale)
+                .arg("user")
+                .arg(&user)
+                .arg("idem")
+                .arg("")
+                .arg("ts")
+                .arg(&now)
+                .ignore();
+            pipe.cmd("HSET").arg(&keys.reservations).arg(&rid).arg(&user).ignore();
+        }
+        pipe.query_async::<()>(&mut redis).await?;
+    }
+    redis::cmd("DECRBY").arg(&keys.remaining).arg(n).query_async::<()>(&mut redis).await?;
+    let preload_s = t.elapsed().as_secs_f64();
+
+    let t0 = Instant::now();
+    ctx.fg.start_backend().await?;
+    let pid = ctx.fg.backend_pid();
+    let perf = match profile.is_some() {
+        true => Some(start_perf(pid, &std::env::temp_dir().join(format!("flashgate-bench-drain-{}.data", std::process::id())), 60)?),
+        false => None,
+    };
+    let cpu0 = sys::pid_ticks(pid);
+    let mut first: Option<Instant> = None;
+    let deadline = t0 + Duration::from_secs(180);
+    let count = loop {
+        let (c,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE sale_id = $1").bind(sale).fetch_one(&ctx.pg).await?;
+        if c > 0 && first.is_none() {
+            first = Some(Instant::now());
+        }
+        if c as usize >= n || Instant::now() > deadline {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let done = Instant::now();
+    let backend_cpu_s = sys::pid_ticks(pid).saturating_sub(cpu0) as f64 / sys::clk_tck();
+    if let (Some((mut p, file)), Some(lines)) = (perf, profile) {
+        p.stop_interrupt();
+        *lines = perf_top(&file, 18);
+        let _ = std::fs::remove_file(&file);
+    }
+    Ok(Drain {
+        orders: count as usize,
+        preload_s,
+        total_s: done.duration_since(t0).as_secs_f64(),
+        after_first_s: first.map_or(0.0, |f| done.duration_since(f).as_secs_f64()),
+        backend_cpu_s,
+        ok: count as usize == n,
+    })
+}
+
+fn perf_available() -> bool {
+    std::process::Command::new("perf")
+        .args(["record", "-e", "cpu-clock", "-o", "/dev/null", "-q", "--", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `perf record` (software clock, 499 Hz, self time) on one PID.
+fn start_perf(pid: u32, file: &std::path::Path, secs: u64) -> anyhow::Result<(Proc, PathBuf)> {
+    let child = std::process::Command::new("perf")
+        .args(["record", "-e", "cpu-clock", "-F", "499", "-q", "-p", &pid.to_string(), "-o"])
+        .arg(file)
+        .args(["--", "sleep", &secs.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    Ok((Proc::child("perf", child), file.to_owned()))
+}
+
+impl Proc {
+    /// Ends a `perf record` early (SIGINT writes its data) and waits.
+    fn stop_interrupt(&mut self) {
+        let _ = std::process::Command::new("kill").arg("-INT").arg(self.pid.to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The top `n` symbols by self time of a perf data file.
+fn perf_top(file: &std::path::Path, n: usize) -> Vec<String> {
+    let out = std::process::Command::new("perf")
+        .args(["report", "--stdio", "--no-children", "--sort", "dso,symbol", "-i"])
+        .arg(file)
+        .stderr(std::process::Stdio::null())
+        .output();
+    let Ok(out) = out else { return vec!["perf report failed".into()] };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .take(n)
+        .map(|l| {
+            let l = l.split_whitespace().collect::<Vec<_>>().join(" ");
+            let l = l.as_str();
+            if l.len() > 150 { format!("{}…", &l[..l.char_indices().take_while(|(i, _)| *i < 150).last().map_or(0, |(i, _)| i)]) } else { l.to_owned() }
+        })
+        .collect()
+}
+
+/// Runs one more Flashgate round of `scenario` with perf on the gateway,
+/// backend and Redis.
+async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<Profile>> {
+    let secs = 6;
+    let targets = [("gateway", ctx.fg.gateway.pid), ("backend", ctx.fg.backend_pid()), ("redis", ctx.fg.redis.pid)];
+    let mut perfs = Vec::new();
+    for (name, pid) in targets {
+        let file = std::env::temp_dir().join(format!("flashgate-bench-{scenario}-{name}-{}.data", std::process::id()));
+        perfs.push((name, start_perf(pid, &file, secs)?));
+    }
+    let sale = format!("profile-{}", scenario.replace('_', "-"));
+    let stock = if scenario == "d_soldout" { 0 } else { BIG_STOCK };
+    let target = match scenario {
+        "a_static" => Target::Get { path: SALE_PAGE_PATH.into() },
+        "e_hammer" => {
+            ctx.fg.put_sale(&sale, stock, 1).await?;
+            Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: ctx.hammer_bearers.clone(), pick: Pick::One(0) }
+        }
+        _ => {
+            ctx.fg.put_sale(&sale, stock, 1).await?;
+            Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: ctx.bearers.clone(), pick: Pick::Distinct }
+        }
+    };
+    let mut spec = ctx.spec(ctx.fg.gateway_addr, target, Pace::Closed, format!("{}prof{}", ctx.tag, &scenario[..1]));
+    spec.warmup = Duration::from_millis(300);
+    spec.duration = Duration::from_secs(secs - 1);
+    let (summary, _, _) = load::run(spec, || ()).await;
+    let mut out = Vec::new();
+    for (name, (mut p, file)) in perfs {
+        p.stop_interrupt();
+        let lines = perf_top(&file, if name == "gateway" { 25 } else { 12 });
+        let _ = std::fs::remove_file(&file);
+        out.push(Profile {
+            what: format!("{name} during {scenario} ({:.0} req/s under perf, {} s, self time by symbol)", summary.rps, secs),
+            lines,
+        });
+    }
+    Ok(out)
+}
+
+/// Runs the peers' `redis-evalsha` script and keeps its RESULT/CHECK lines.
+fn evalsha(s: &Settings, work: &std::path::Path) -> Vec<String> {
+    let port = sys::free_port();
+    eprintln!("bench: peers/redis-evalsha on port {port}");
+    let log = std::fs::File::create(work.join("redis-evalsha.log")).ok();
+    let out = std::process::Command::new(s.peers_dir.join("redis-evalsha"))
+        .env("REDIS_PORT", port.to_string())
+        .env("N_P1", s.evalsha_n_p1.to_string())
+        .env("N_P16", s.evalsha_n_p16.to_string())
+        .env("BENCH_TIMEOUT", "40")
+        .stderr(log.map_or(std::process::Stdio::null(), std::process::Stdio::from))
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("RESULT") || l.starts_with("CHECK"))
+            .map(str::to_owned)
+            .collect(),
+        Err(e) => vec![format!("redis-evalsha did not run: {e}")],
+    }
+}
+
+fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .unwrap_or_else(|| "unknown".into());
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap_or_default();
+    let lock_version = |name: &str| {
+        let needle = format!("name = \"{name}\"\nversion = \"");
+        lock.split(&needle).nth(1).and_then(|r| r.split('"').next()).unwrap_or("?").to_owned()
+    };
+    let git = sys::version_of("git", &["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"]);
+    let dirty = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "status", "--porcelain", "--", "../gateway", "../backend", "../common", "../lua"])
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    Machine {
+        date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model,
+        kernel: sys::version_of("uname", &["-sr"]),
+        versions: vec![
+            ("Flashgate (git)".into(), format!("{git}{}", if dirty { " + uncommitted changes" } else { "" })),
+            ("Pingora".into(), lock_version("pingora")),
+            ("rustc".into(), sys::version_of("rustc", &["--version"])),
+            ("nginx".into(), sys::version_of("nginx", &["-v"])),
+            ("redis-server".into(), sys::version_of("redis-server", &["--version"])),
+        ],
+    }
+}

@@ -1,0 +1,397 @@
+//! The two sides of the comparison, each on loopback ports of its own.
+//!
+//! - [`Flashgate`]: its own `redis-server`, the backend on a PostgreSQL
+//!   database the bench creates (and drops), and the gateway, from the
+//!   release binaries. Secrets are generated per run and passed in the
+//!   environment only.
+//! - [`Peers`]: plain nginx serving the static page, and the OpenResty
+//!   gateway (nginx + lua module) with its own `redis-server`, started from
+//!   the peers' own config templates and Lua, the way their scripts do.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use http::HeaderValue;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+
+use crate::sys::{children_of, free_port, loopback, wait_port, Proc, Watched};
+
+/// A random hex string of `bytes` random bytes.
+pub fn random_hex(bytes: usize) -> String {
+    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+}
+
+/// `n` random, UUID-like user ids.
+pub fn random_users(n: usize) -> Vec<String> {
+    (0..n).map(|_| uuid::Uuid::new_v4().to_string()).collect()
+}
+
+/// HS256 buyer tokens (`sub`, `exp`, `iat`), minted in-process with the
+/// gateway's secret, as `Bearer …` header values. Uses every core.
+pub fn mint_bearers(secret: &str, users: &[String], ttl_secs: i64) -> Vec<HeaderValue> {
+    #[derive(serde::Serialize)]
+    struct Claims<'a> {
+        sub: &'a str,
+        exp: i64,
+        iat: i64,
+    }
+    let now = flashgate_common::now_ms() / 1000;
+    let key = EncodingKey::from_secret(secret.as_bytes());
+    let header = Header::new(Algorithm::HS256);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = users.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = users
+            .chunks(chunk)
+            .map(|part| {
+                let (key, header) = (&key, &header);
+                s.spawn(move || {
+                    part.iter()
+                        .map(|u| {
+                            let t = jsonwebtoken::encode(header, &Claims { sub: u, exp: now + ttl_secs, iat: now }, key)
+                                .expect("HS256 encoding cannot fail");
+                            HeaderValue::from_str(&format!("Bearer {t}")).expect("a JWT is a valid header value")
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("minting thread")).collect()
+    })
+}
+
+fn log_file(dir: &Path, name: &str) -> anyhow::Result<(Stdio, Stdio)> {
+    let f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log")))?;
+    Ok((Stdio::from(f.try_clone()?), Stdio::from(f)))
+}
+
+/// A `redis-server` in the foreground on a free port, nothing persisted.
+pub async fn start_redis(dir: &Path, name: &str) -> anyhow::Result<(Proc, u16)> {
+    let port = free_port();
+    let (out, err) = log_file(dir, name)?;
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+        .arg(dir)
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .context("redis-server on PATH")?;
+    let proc = Proc::child(name, child);
+    ensure!(wait_port(loopback(port), Duration::from_secs(10)).await, "{name} did not start");
+    Ok((proc, port))
+}
+
+/// The Flashgate side.
+pub struct Flashgate {
+    pub gateway: Proc,
+    pub backend: Option<Proc>,
+    pub redis: Proc,
+    pub redis_port: u16,
+    pub gateway_addr: std::net::SocketAddr,
+    pub admin_addr: std::net::SocketAddr,
+    pub database_url: String,
+    pub jwt_secret: String,
+    admin_token: String,
+    config_path: PathBuf,
+    bin_dir: PathBuf,
+    dir: PathBuf,
+    pub http: reqwest::Client,
+}
+
+/// How the Flashgate side is set up.
+pub struct FlashgateOptions {
+    pub bin_dir: PathBuf,
+    pub threads: usize,
+    /// The page served as `/sales/{id}` (the peers' static page, so both
+    /// sides send the same bytes).
+    pub page: PathBuf,
+    pub database_url: String,
+    /// `[limits.buy] user` bucket: (per_second, burst).
+    pub user_bucket: (u32, u32),
+}
+
+impl Flashgate {
+    /// Starts Redis, the backend and the gateway.
+    ///
+    /// # Errors
+    /// When a binary is missing or a process does not come up.
+    pub async fn start(dir: &Path, opts: &FlashgateOptions) -> anyhow::Result<Self> {
+        for b in ["flashgate", "flashgate-backend"] {
+            ensure!(opts.bin_dir.join(b).exists(), "{} not built (cargo build --release)", opts.bin_dir.join(b).display());
+        }
+        let (redis, redis_port) = start_redis(dir, "flashgate-redis").await?;
+        let static_dir = dir.join("static");
+        std::fs::create_dir_all(&static_dir)?;
+        std::fs::copy(&opts.page, static_dir.join("sale.html")).with_context(|| format!("copy {}", opts.page.display()))?;
+        let gateway_addr = loopback(free_port());
+        let backend_addr = loopback(free_port());
+        let admin_addr = loopback(free_port());
+        // Nothing listens there: the bench never requests a shop path.
+        let shop_addr = loopback(free_port());
+        let config_path = dir.join("flashgate.toml");
+        let (per_second, burst) = opts.user_bucket;
+        std::fs::write(
+            &config_path,
+            format!(
+                r#"# Written by flashgate-bench for one run; secrets come from the environment.
+[redis]
+url = "redis://127.0.0.1:{redis_port}/"
+timeout_ms = 1000
+
+[gateway]
+listen = "{gateway_addr}"
+threads = {threads}
+shop_upstream = "{shop_addr}"
+backend_url = "http://{backend_addr}"
+forward_timeout_ms = 500
+static_dir = "{static_dir}"
+
+[backend]
+listen = "{backend_addr}"
+admin_listen = "{admin_addr}"
+database_url = "{db}"
+consumer_name = "bench-backend"
+
+[limits.buy]
+user = {{ per_second = {per_second}, burst = {burst} }}
+"#,
+                threads = opts.threads,
+                static_dir = static_dir.display(),
+                db = opts.database_url,
+            ),
+        )?;
+        let (out, err) = log_file(dir, "flashgate")?;
+        let jwt_secret = random_hex(32);
+        let admin_token = random_hex(32);
+        let gateway = Command::new(opts.bin_dir.join("flashgate"))
+            .arg("--config")
+            .arg(&config_path)
+            .arg("serve")
+            .env("FLASHGATE_JWT_SECRET", &jwt_secret)
+            .env("FLASHGATE_ADMIN_TOKEN", &admin_token)
+            .env("RUST_LOG", "warn")
+            .stdout(out)
+            .stderr(err)
+            .spawn()?;
+        let gateway = Proc::child("flashgate", gateway);
+        let mut fg = Self {
+            gateway,
+            backend: None,
+            redis,
+            redis_port,
+            gateway_addr,
+            admin_addr,
+            database_url: opts.database_url.clone(),
+            jwt_secret,
+            admin_token,
+            config_path,
+            bin_dir: opts.bin_dir.clone(),
+            dir: dir.to_owned(),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
+        };
+        fg.start_backend().await?;
+        if !wait_port(gateway_addr, Duration::from_secs(30)).await {
+            bail!("gateway did not start:\n{}", std::fs::read_to_string(dir.join("flashgate.log")).unwrap_or_default());
+        }
+        Ok(fg)
+    }
+
+    /// Starts the backend and waits for its admin listener.
+    ///
+    /// # Errors
+    /// When it does not come up within 30 s.
+    pub async fn start_backend(&mut self) -> anyhow::Result<()> {
+        let (out, err) = log_file(&self.dir, "flashgate-backend")?;
+        let child = Command::new(self.bin_dir.join("flashgate-backend"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .env("FLASHGATE_JWT_SECRET", &self.jwt_secret)
+            .env("FLASHGATE_ADMIN_TOKEN", &self.admin_token)
+            .env("RUST_LOG", "warn")
+            .stdout(out)
+            .stderr(err)
+            .spawn()?;
+        self.backend = Some(Proc::child("flashgate-backend", child));
+        if !wait_port(self.admin_addr, Duration::from_secs(30)).await {
+            bail!("backend did not start:\n{}", std::fs::read_to_string(self.dir.join("flashgate-backend.log")).unwrap_or_default());
+        }
+        Ok(())
+    }
+
+    /// Stops the backend (SIGTERM, graceful).
+    pub fn stop_backend(&mut self) {
+        if let Some(mut b) = self.backend.take() {
+            b.stop();
+        }
+    }
+
+    pub fn backend_pid(&self) -> u32 {
+        self.backend.as_ref().map_or(0, |b| b.pid)
+    }
+
+    /// Processes whose CPU a run reports.
+    pub fn watched(&self) -> Vec<Watched> {
+        vec![
+            Watched { name: "gateway".into(), pids: vec![self.gateway.pid] },
+            Watched { name: "redis".into(), pids: vec![self.redis.pid] },
+            Watched { name: "backend".into(), pids: vec![self.backend_pid()] },
+        ]
+    }
+
+    pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.redis_port))?;
+        Ok(client.get_multiplexed_async_connection().await?)
+    }
+
+    /// Creates or replaces a sale through the admin API: open now, for an hour.
+    ///
+    /// # Errors
+    /// When the admin API refuses.
+    pub async fn put_sale(&self, id: &str, stock: i64, per_user_limit: i64) -> anyhow::Result<()> {
+        let now = flashgate_common::now_ms();
+        let body = serde_json::json!({
+            "name": format!("Bench sale {id}"),
+            "stock": stock,
+            "per_user_limit": per_user_limit,
+            "starts_at": flashgate_common::rfc3339(now - 1000),
+            "ends_at": flashgate_common::rfc3339(now + 3_600_000),
+        });
+        let resp = self
+            .http
+            .put(format!("http://{}/admin/sales/{id}", self.admin_addr))
+            .bearer_auth(&self.admin_token)
+            .json(&body)
+            .send()
+            .await?;
+        let status = resp.status();
+        ensure!(status.is_success(), "PUT /admin/sales/{id}: {status} {}", resp.text().await.unwrap_or_default());
+        Ok(())
+    }
+
+    /// `GET /admin/sales/{id}`.
+    ///
+    /// # Errors
+    /// When the admin API does not answer 200.
+    pub async fn admin_sale(&self, id: &str) -> anyhow::Result<serde_json::Value> {
+        let resp = self.http.get(format!("http://{}/admin/sales/{id}", self.admin_addr)).bearer_auth(&self.admin_token).send().await?;
+        ensure!(resp.status().is_success(), "GET /admin/sales/{id}: {}", resp.status());
+        Ok(resp.json().await?)
+    }
+}
+
+/// The peers: nginx (static page) and the OpenResty gateway with its Redis.
+pub struct Peers {
+    pub static_nginx: Proc,
+    pub gw_nginx: Proc,
+    pub redis: Proc,
+    pub redis_port: u16,
+    pub static_addr: std::net::SocketAddr,
+    pub gw_addr: std::net::SocketAddr,
+}
+
+/// Renders a peers' nginx template the way `peers/lib/common.sh` does.
+fn render_conf(template: &Path, work: &Path, port: u16, workers: usize, peers: &Path, out: &Path) -> anyhow::Result<()> {
+    let t = std::fs::read_to_string(template).with_context(|| format!("read {}", template.display()))?;
+    let text = t
+        .replace("@WORK@", &work.display().to_string())
+        .replace("@WORKERS@", &workers.to_string())
+        .replace("@PORT@", &port.to_string())
+        .replace("@PEERS@", &peers.display().to_string());
+    std::fs::write(out, text)?;
+    Ok(())
+}
+
+async fn start_nginx(name: &str, work: &Path, conf: &Path, port: u16, env: &[(&str, String)]) -> anyhow::Result<Proc> {
+    std::fs::create_dir_all(work.join("tmp"))?;
+    let test = Command::new("nginx").arg("-t").arg("-q").arg("-p").arg(work).arg("-c").arg(conf).envs(env.iter().map(|(k, v)| (*k, v))).status()?;
+    ensure!(test.success(), "{name}: nginx config test failed ({})", conf.display());
+    let started = Command::new("nginx").arg("-p").arg(work).arg("-c").arg(conf).envs(env.iter().map(|(k, v)| (*k, v))).status()?;
+    ensure!(started.success(), "{name}: nginx did not start (see {}/error.log)", work.display());
+    let proc = Proc::from_pidfile(name, &work.join("nginx.pid"))?;
+    ensure!(wait_port(loopback(port), Duration::from_secs(10)).await, "{name}: nothing listening on {port}");
+    for _ in 0..100 {
+        if !children_of(proc.pid).is_empty() {
+            return Ok(proc);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{name}: no worker process appeared")
+}
+
+impl Peers {
+    /// Starts both peers with `workers` nginx workers each. The OpenResty
+    /// gateway runs with the settings of the peers' own load scenarios:
+    /// user limit 30 per 60 s window, IP limit and global bucket effectively
+    /// off (1e9), so every check still runs but none rejects by accident.
+    ///
+    /// # Errors
+    /// When nginx or its modules are missing, or a process does not come up.
+    pub async fn start(dir: &Path, peers_dir: &Path, workers: usize) -> anyhow::Result<Self> {
+        let (redis, redis_port) = start_redis(dir, "peer-redis").await?;
+        let static_port = free_port();
+        let work = dir.join("nginx-static");
+        std::fs::create_dir_all(&work)?;
+        render_conf(&peers_dir.join("conf/nginx-static.conf.in"), &work, static_port, workers, peers_dir, &work.join("nginx.conf"))?;
+        let static_nginx = start_nginx("nginx-static", &work, &work.join("nginx.conf"), static_port, &[]).await?;
+
+        let gw_port = free_port();
+        let work = dir.join("openresty-gateway");
+        std::fs::create_dir_all(&work)?;
+        render_conf(&peers_dir.join("conf/openresty-gateway.conf.in"), &work, gw_port, workers, peers_dir, &work.join("nginx.conf"))?;
+        let high = "1000000000".to_owned();
+        let env = [
+            ("GW_USER_LIMIT", "30".to_owned()),
+            ("GW_IP_LIMIT", high.clone()),
+            ("GW_GLOBAL_RATE", high),
+            ("GW_REDIS_HOST", "127.0.0.1".to_owned()),
+            ("GW_REDIS_PORT", redis_port.to_string()),
+        ];
+        let gw_nginx = start_nginx("openresty-gateway", &work, &work.join("nginx.conf"), gw_port, &env).await?;
+        Ok(Self { static_nginx, gw_nginx, redis, redis_port, static_addr: loopback(static_port), gw_addr: loopback(gw_port) })
+    }
+
+    pub fn static_watched(&self) -> Vec<Watched> {
+        let mut pids = children_of(self.static_nginx.pid);
+        pids.push(self.static_nginx.pid);
+        vec![Watched { name: "gateway".into(), pids }]
+    }
+
+    pub fn gw_watched(&self) -> Vec<Watched> {
+        let mut pids = children_of(self.gw_nginx.pid);
+        pids.push(self.gw_nginx.pid);
+        vec![Watched { name: "gateway".into(), pids }, Watched { name: "redis".into(), pids: vec![self.redis.pid] }]
+    }
+
+    pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.redis_port))?;
+        Ok(client.get_multiplexed_async_connection().await?)
+    }
+
+    /// The peer's reset between runs: empty Redis (scripts too, so its
+    /// EVALSHA → NOSCRIPT → EVAL path runs as in its own script) and `stock`.
+    ///
+    /// # Errors
+    /// When Redis fails.
+    pub async fn reset(&self, stock: i64) -> anyhow::Result<()> {
+        let mut c = self.redis().await?;
+        redis::cmd("FLUSHALL").query_async::<()>(&mut c).await?;
+        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut c).await?;
+        redis::cmd("SCRIPT").arg("FLUSH").query_async::<()>(&mut c).await?;
+        redis::cmd("SET").arg("seckill:stock:1001").arg(stock).query_async::<()>(&mut c).await?;
+        Ok(())
+    }
+}
+
+/// `calls` of one command from INFO commandstats (0 when never called).
+pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
