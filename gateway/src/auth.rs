@@ -5,6 +5,8 @@
 //! confusion are rejected by construction. User ids end up inside Redis keys,
 //! so they are restricted to a safe character set.
 
+use std::sync::Arc;
+
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -30,18 +32,30 @@ pub enum AuthError {
     Invalid,
 }
 
+/// Verified tokens remembered, so a buyer hammering with one token pays
+/// for the signature check once, not per request.
+const MAX_CACHED_TOKENS: u64 = 50_000;
+/// Clock leeway on `exp`, as in the full check.
+const LEEWAY_SECONDS: u64 = 5;
+
 /// Verifies buyer tokens; built once from the secret and shared.
 pub struct Verifier {
     key: DecodingKey,
     validation: Validation,
+    /// token -> (user id, exp); entries are still checked against `exp`.
+    verified: moka::sync::Cache<String, (Arc<str>, u64)>,
 }
 
 impl Verifier {
     pub fn new(secret: &[u8]) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_required_spec_claims(&["exp", "sub"]);
-        validation.leeway = 5;
-        Self { key: DecodingKey::from_secret(secret), validation }
+        validation.leeway = LEEWAY_SECONDS;
+        let verified = moka::sync::Cache::builder()
+            .max_capacity(MAX_CACHED_TOKENS)
+            .time_to_live(std::time::Duration::from_secs(300))
+            .build();
+        Self { key: DecodingKey::from_secret(secret), validation, verified }
     }
 
     /// Returns the user id of a valid `Authorization: Bearer <jwt>` value.
@@ -54,8 +68,16 @@ impl Verifier {
         let token = header
             .strip_prefix(b"Bearer ")
             .and_then(|t| std::str::from_utf8(t).ok())
-            .ok_or(AuthError::Missing)?;
-        let data = jsonwebtoken::decode::<Claims>(token.trim(), &self.key, &self.validation)
+            .ok_or(AuthError::Missing)?
+            .trim();
+        let now = flashgate_common::now_ms().max(0) as u64 / 1000;
+        if let Some((user, exp)) = self.verified.get(token) {
+            if now < exp + LEEWAY_SECONDS {
+                return Ok(user.to_string());
+            }
+            return Err(AuthError::Expired);
+        }
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map_err(|e| match e.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
                 _ => AuthError::Invalid,
@@ -63,6 +85,7 @@ impl Verifier {
         if !valid_user_id(&data.claims.sub) {
             return Err(AuthError::Invalid);
         }
+        self.verified.insert(token.to_owned(), (Arc::from(data.claims.sub.as_str()), data.claims.exp));
         Ok(data.claims.sub)
     }
 }
@@ -110,6 +133,17 @@ mod tests {
         assert_eq!(v.verify(Some(b"Basic abc")), Err(AuthError::Missing));
         let old = Claims { sub: "alice".into(), exp: 1000, iat: None };
         let t = jsonwebtoken::encode(&Header::default(), &old, &EncodingKey::from_secret(b"k")).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn a_remembered_token_still_expires() {
+        let v = Verifier::new(b"k");
+        let t = mint(b"k", "alice", 60).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
+        // Second time from the cache: same answer.
+        assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
+        v.verified.insert(t.clone(), (Arc::from("alice"), 1000));
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
     }
 

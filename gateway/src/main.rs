@@ -4,6 +4,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+/// mimalloc instead of glibc's allocator: the request path allocates many
+/// small, short-lived buffers, and glibc malloc/free showed up as a fifth
+/// of the gateway's profile when serving pages.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use flashgate_common::config::{Config, ENV_JWT_SECRET};
 
 #[derive(Parser)]

@@ -338,6 +338,13 @@ impl Gateway {
     /// `POST /api/sales/{id}/buy`: verify, deduct once in Redis, forward a
     /// winner to the backend.
     async fn buy(&self, session: &mut Session, sale_id: &str, ctx: &mut RequestCtx) -> Result<Reply, Rejection> {
+        // A sold-out sale is the commonest answer of a flash sale; without an
+        // Idempotency-Key there is nothing to replay, and "sold out" says
+        // nothing about the caller, so it is answered before any other work.
+        if self.local.is_sold_out(sale_id) && session.req_header().headers.get("idempotency-key").is_none() {
+            self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
+            return Err(Rejection::SoldOut);
+        }
         let user = self.admit_buy(session)?;
         let cluster = self.edge.load().cluster.is_some();
         if cluster {

@@ -93,7 +93,7 @@ async fn outcome_counters_equal_what_clients_saw() {
     for _ in 0..4 {
         record(send("plenty", Some(token("hammer")), None).await); // 3 won, then rate_limited_user
     }
-    record(send("metered", None, None).await); // unauthorized
+    record(send("plenty", None, None).await); // unauthorized
     record(send("nosuch", Some(token("g")), None).await); // not_found
     record(send("soon", Some(token("h")), None).await); // not_started
 

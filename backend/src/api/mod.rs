@@ -45,6 +45,8 @@ pub struct AppState {
     pub orders_expired: Arc<std::sync::atomic::AtomicU64>,
     /// Served at `GET /metrics`; shared with the stream consumers.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Group commit of forwarded winners.
+    pub orders: crate::order_writer::OrderWriter,
 }
 
 impl AppState {
@@ -54,7 +56,9 @@ impl AppState {
         if admin_token.is_empty() {
             return Err(crate::StartError::NoAdminToken);
         }
-        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics: Arc::new(crate::metrics::Metrics::register()) })
+        let metrics = Arc::new(crate::metrics::Metrics::register());
+        let orders = crate::order_writer::OrderWriter::start(store.clone(), metrics.clone());
+        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics, orders })
     }
 }
 

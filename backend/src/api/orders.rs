@@ -34,15 +34,9 @@ pub async fn create(
     if holder.as_deref() != Some(reservation.user_id.as_str()) {
         return Err(unknown_reservation());
     }
-    let inserted = state.store.insert_orders(std::slice::from_ref(&reservation)).await?;
-    let order = state
-        .store
-        .order_by_reservation(&reservation.reservation_id)
-        .await?
-        .ok_or_else(|| ApiError::unavailable("the order vanished right after it was written"))?;
+    let (order, created) = state.orders.create(reservation).await.map_err(ApiError::unavailable)?;
     let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
-    let status = if inserted == 1 {
-        state.metrics.orders_created.with_label_values(&["forward"]).inc();
+    let status = if created {
         tracing::info!(request_id, sale = %order.sale_id, order = %order.order_id, "order created from the gateway's forward");
         StatusCode::CREATED
     } else {

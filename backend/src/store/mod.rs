@@ -30,6 +30,8 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("unknown order status `{0}` in the database")]
     BadStatus(String),
+    #[error("an order written in this batch could not be read back")]
+    Missing,
 }
 
 /// Rows per INSERT statement. A batch larger than this (only possible with
@@ -173,6 +175,55 @@ impl Store {
         Ok(inserted)
     }
 
+    /// Inserts a batch like [`Store::insert_orders`] and answers, for each
+    /// reservation, its order and whether this call created it. One
+    /// transaction and one `SELECT` per batch, however many rows.
+    ///
+    /// # Errors
+    /// A failed statement; nothing of the batch is written then.
+    pub async fn create_orders(&self, reservations: &[Reservation]) -> Result<Vec<(OrderView, bool)>, StoreError> {
+        let now = flashgate_common::now_ms();
+        let mut created = std::collections::HashSet::new();
+        let mut tx = self.pool.begin().await?;
+        for chunk in reservations.chunks(MAX_ROWS_PER_INSERT) {
+            let statement = sql::insert_orders_returning(chunk.len());
+            let mut query = sqlx::query(&statement);
+            for r in chunk {
+                query = query
+                    .bind(new_order_id())
+                    .bind(r.reservation_id.as_str())
+                    .bind(r.sale_id.as_str())
+                    .bind(r.user_id.as_str())
+                    .bind(r.idempotency_key.as_str())
+                    .bind(r.reserved_at_ms)
+                    .bind(now);
+            }
+            for row in query.fetch_all(&mut *tx).await? {
+                created.insert(row.try_get::<String, _>("reservation_id")?);
+            }
+        }
+        tx.commit().await?;
+        let mut views = std::collections::HashMap::with_capacity(reservations.len());
+        for chunk in reservations.chunks(MAX_ROWS_PER_INSERT) {
+            let statement = sql::orders_by_reservations(chunk.len());
+            let mut query = sqlx::query(&statement);
+            for r in chunk {
+                query = query.bind(r.reservation_id.as_str());
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                let view = order_view(&row)?;
+                views.insert(view.reservation_id.clone(), view);
+            }
+        }
+        reservations
+            .iter()
+            .map(|r| {
+                let view = views.remove(&r.reservation_id).ok_or(StoreError::Missing)?;
+                Ok((view, created.contains(&r.reservation_id)))
+            })
+            .collect()
+    }
+
     /// The order made from reservation `reservation_id`, if any.
     ///
     /// # Errors
@@ -182,17 +233,7 @@ impl Store {
             .bind(reservation_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|row| {
-            let status: String = row.try_get("status")?;
-            Ok(OrderView {
-                order_id: row.try_get("order_id")?,
-                reservation_id: row.try_get("reservation_id")?,
-                sale_id: row.try_get("sale_id")?,
-                user_id: row.try_get("user_id")?,
-                status: OrderStatus::parse(&status)?.reservation_status(),
-            })
-        })
-        .transpose()
+        row.as_ref().map(order_view).transpose()
     }
 
     /// Sets the status of the order made from `reservation_id`; returns
@@ -546,4 +587,17 @@ fn order_rows(rows: &[sqlx::any::AnyRow], status: OrderStatus) -> Result<Vec<Ord
             })
         })
         .collect()
+}
+
+/// An order row (order_id, reservation_id, sale_id, user_id, status) as the
+/// gateway sees it.
+fn order_view(row: &sqlx::any::AnyRow) -> Result<OrderView, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(OrderView {
+        order_id: row.try_get("order_id")?,
+        reservation_id: row.try_get("reservation_id")?,
+        sale_id: row.try_get("sale_id")?,
+        user_id: row.try_get("user_id")?,
+        status: OrderStatus::parse(&status)?.reservation_status(),
+    })
 }

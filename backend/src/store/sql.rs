@@ -53,6 +53,20 @@ pub fn insert_orders(rows: usize) -> String {
     sql
 }
 
+/// [`insert_orders`] that returns the reservation id of each row it created.
+pub fn insert_orders_returning(rows: usize) -> String {
+    insert_orders(rows) + " RETURNING reservation_id"
+}
+
+/// `SELECT` of the orders of `n` reservation ids (`$1..$n`).
+pub fn orders_by_reservations(n: usize) -> String {
+    let params: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+    format!(
+        "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id IN ({})",
+        params.join(", ")
+    )
+}
+
 pub const ORDER_BY_RESERVATION: &str =
     "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id = $1";
 

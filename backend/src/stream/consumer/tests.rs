@@ -19,6 +19,7 @@ fn settings(redis: &RedisServer, consumer: &str, claim_idle: Duration) -> Settin
         claim_idle,
         sale_poll: Duration::from_millis(50),
         max_deliveries: 3,
+        metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
     }
 }
 
@@ -276,6 +277,7 @@ async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
         claim_idle: Duration::from_secs(1),
         sale_poll: Duration::from_millis(50),
         max_deliveries: 3,
+        metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
     };
     let (tx, task) = spawn("s", &store, settings);
     tokio::time::sleep(Duration::from_millis(500)).await;
