@@ -19,7 +19,7 @@ run: release
 	bash deploy/local/run.sh
 
 test: deps
-	bash deploy/local/install-deps.sh --postgres
+	bash deploy/local/install-deps.sh --test
 	$(CARGO) build --workspace --bins
 	$(CARGO) run -q -p flashgate -- --config config/flashgate.toml check
 	$(CARGO) nextest run --workspace --no-fail-fast

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs what building and testing Flashgate needs on Debian or Ubuntu,
-# skipping what is already there: redis-server (the tests start their own),
-# cmake (pingora's zlib-ng build needs it), pkg-config, curl, and for the
-# sale page's browser test: Debian's chromium, node and npm, and
-# playwright-core in tests/browser (from its package-lock.json).
-# With --postgres it also makes sure a PostgreSQL server answers on
-# 127.0.0.1:5432 with a database `test` (the backend's store tests use it).
+# Installs what building and running Flashgate needs on Debian or Ubuntu,
+# skipping what is already there: redis-server, cmake (pingora's zlib-ng
+# build needs it), pkg-config, curl.
+# With --test (what `make test` passes) also what the tests need: Debian's
+# chromium, node and npm and playwright-core in tests/browser (from its
+# package-lock.json) for the sale page's browser test; promtool and
+# docker-compose (client only) for the metrics and deploy-file checks; and a
+# PostgreSQL server answering on 127.0.0.1:5432 with a database `test` (the
+# backend's store tests use it).
 set -euo pipefail
 
 want=()
@@ -15,15 +17,15 @@ command -v pkg-config >/dev/null || want+=(pkg-config)
 command -v curl >/dev/null || want+=(curl)
 # Test-only tools: promtool validates metrics and alert rules, docker-compose
 # validates deploy/docker-compose.yml (client only, no engine needed).
-if [[ "${1:-}" == "--postgres" ]]; then
+testing=false
+[[ "${1:-}" == "--test" ]] && testing=true
+if $testing; then
   command -v promtool >/dev/null || want+=(prometheus)
   command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || want+=(docker-compose)
-fi
-[[ -x /usr/bin/chromium ]] || want+=(chromium)
-command -v node >/dev/null || want+=(nodejs)
-command -v npm >/dev/null || want+=(npm)
-if [[ "${1:-}" == "--postgres" ]] && ! command -v pg_ctlcluster >/dev/null; then
-  want+=(postgresql)
+  [[ -x /usr/bin/chromium ]] || want+=(chromium)
+  command -v node >/dev/null || want+=(nodejs)
+  command -v npm >/dev/null || want+=(npm)
+  command -v pg_ctlcluster >/dev/null || want+=(postgresql)
 fi
 
 sudo_() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
@@ -35,12 +37,12 @@ if ((${#want[@]})); then
 fi
 
 browser_dir="$(dirname "$0")/../../tests/browser"
-if [[ ! -d "$browser_dir/node_modules/playwright-core" ]]; then
+if $testing && [[ ! -d "$browser_dir/node_modules/playwright-core" ]]; then
   echo "installing playwright-core in tests/browser"
   (cd "$browser_dir" && npm ci --no-audit --no-fund --silent)
 fi
 
-if [[ "${1:-}" == "--postgres" ]]; then
+if $testing; then
   if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     ver=$(ls /etc/postgresql | sort -V | tail -n1)
     hba=/etc/postgresql/$ver/main/pg_hba.conf
