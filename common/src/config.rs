@@ -177,6 +177,7 @@ pub mod file {
         pub keepalive_seconds: u64,
         pub backlog_pause_threshold: u64,
         pub backlog_check_ms: u64,
+        pub body_read_timeout_ms: u64,
     }
 
     impl Default for Gateway {
@@ -193,6 +194,7 @@ pub mod file {
                 keepalive_seconds: 60,
                 backlog_pause_threshold: 50_000,
                 backlog_check_ms: 500,
+                body_read_timeout_ms: 10_000,
             }
         }
     }
@@ -292,6 +294,8 @@ pub struct GatewayConfig {
     pub backlog_pause_threshold: u64,
     /// How often the global switch and the backlogs are read.
     pub backlog_check: Duration,
+    /// Longest wait for the next piece of a request body (slow clients).
+    pub body_read_timeout: Duration,
 }
 
 /// The shop's upstreams and how they are checked and reached.
@@ -510,6 +514,7 @@ impl Config {
             "gateway.forward_timeout_ms: must be between 1 and 60000",
         );
         check(f.gateway.idempotency_ttl_seconds >= 1, "gateway.idempotency_ttl_seconds: must be at least 1");
+        check((100..=600_000).contains(&f.gateway.body_read_timeout_ms), "gateway.body_read_timeout_ms: must be between 100 and 600000");
         check((50..=60_000).contains(&f.gateway.backlog_check_ms), "gateway.backlog_check_ms: must be between 50 and 60000");
         check((1..=3600).contains(&f.gateway.keepalive_seconds), "gateway.keepalive_seconds: must be between 1 and 3600");
         check((1..=10_000).contains(&f.backend.batch_size), "backend.batch_size: must be between 1 and 10000");
@@ -626,6 +631,7 @@ impl Config {
                 keepalive: Duration::from_secs(f.gateway.keepalive_seconds),
                 backlog_pause_threshold: f.gateway.backlog_pause_threshold,
                 backlog_check: Duration::from_millis(f.gateway.backlog_check_ms),
+                body_read_timeout: Duration::from_millis(f.gateway.body_read_timeout_ms),
             },
             shop: ShopConfig {
                 upstreams: shop_upstreams,

@@ -46,6 +46,16 @@ impl Reservation {
     }
 }
 
+/// A winner as the gateway forwards it: the reservation, and the request id
+/// of the buy that won it (so both sides' logs can be joined).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardedWinner {
+    #[serde(flatten)]
+    pub reservation: Reservation,
+    #[serde(default)]
+    pub request_id: String,
+}
+
 /// Builds a reservation id `<sale_id>.<32 hex digits>` from 128 random bits.
 /// The sale id inside lets `GET /api/reservations/{id}` find the sale's keys.
 pub fn reservation_id(sale_id: &str, random: u128) -> String {

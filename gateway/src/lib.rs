@@ -12,6 +12,7 @@
 //! - [`deduct`]: the deduct-and-reserve script call and its outcomes.
 //! - [`sales`]: sale state read from Redis.
 //! - [`state_cache`]: the live-stock micro-cache behind `GET /api/sales/{id}`.
+//! - [`forwarder`]: winners sent to the backend in batches, off the request path.
 //! - [`orders`]: the client of the order backend.
 //! - [`static_pages`]: in-memory product pages and assets (ETag, gzip/brotli, reload).
 //! - [`upstreams`]: the shop's upstreams, health checks, hop-by-hop headers.
@@ -35,6 +36,7 @@ pub mod client_ip;
 pub mod cluster_limit;
 pub mod deduct;
 pub mod events;
+pub mod forwarder;
 pub mod limits;
 pub mod local_state;
 pub mod metrics;

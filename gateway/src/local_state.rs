@@ -16,6 +16,7 @@
 //!   `404`. The answer is cached for [`MISSING_TTL`], so a flood of buys
 //!   costs one backend call per sale per TTL.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +62,14 @@ pub struct LocalSales {
     windows: moka::future::Cache<String, CachedWindow>,
     sold_out: moka::sync::Cache<String, ()>,
     missing: moka::future::Cache<String, Missing>,
+    /// Users holding a reservation of a sold-out sale: only they can have
+    /// a remembered "won" to replay, so only their retries ask Redis.
+    /// `None` when the sale has too many buyers to hold here.
+    buyers: moka::future::Cache<String, Option<Arc<HashSet<String>>>>,
 }
+
+/// Most buyers of one sale held in [`LocalSales`]'s buyer set.
+const MAX_BUYERS_HELD: usize = 200_000;
 
 impl Default for LocalSales {
     fn default() -> Self {
@@ -69,6 +77,7 @@ impl Default for LocalSales {
             windows: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(WINDOW_TTL).build(),
             sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
             missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
+            buyers: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
         }
     }
 }
@@ -86,6 +95,32 @@ impl LocalSales {
     pub async fn forget(&self, sale_id: &str) {
         self.sold_out.invalidate(sale_id);
         self.windows.invalidate(sale_id).await;
+        self.buyers.invalidate(sale_id).await;
+    }
+
+    /// Whether `user` may hold a reservation of sold-out `sale_id`, from the
+    /// sale's buyers read once (one `HKEYS`, shared by concurrent callers)
+    /// while it stays sold out. Nobody can win a sold-out sale, so the set
+    /// does not change meanwhile. Unsure (Redis error, too many buyers to
+    /// hold) answers true: the caller then asks Redis.
+    pub async fn may_hold_reservation(&self, redis: &RedisClient, sale_id: &str, user: &str) -> bool {
+        let held = self
+            .buyers
+            .try_get_with_by_ref(sale_id, async {
+                let keys = SaleKeys::new(sale_id);
+                let mut conn = redis.conn().await?;
+                let count: usize = redis.bounded(redis::cmd("HLEN").arg(&keys.buyers).query_async(&mut conn)).await??;
+                if count > MAX_BUYERS_HELD {
+                    return Ok::<_, RedisError>(None);
+                }
+                let users: Vec<String> = redis.bounded(redis::cmd("HKEYS").arg(&keys.buyers).query_async(&mut conn)).await??;
+                Ok(Some(Arc::new(users.into_iter().collect::<HashSet<String>>())))
+            })
+            .await;
+        match held {
+            Ok(Some(buyers)) => buyers.contains(user),
+            _ => true,
+        }
     }
 
     /// The answer to a buy for a sale Redis does not have: `503

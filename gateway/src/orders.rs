@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use flashgate_common::reservation::{OrderView, Reservation};
+use flashgate_common::reservation::{ForwardedWinner, OrderView, Reservation};
 
 /// Why the backend gave no usable answer.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +62,20 @@ impl OrderClient {
             return Err(BackendError::Status(resp.status().as_u16()));
         }
         Ok(resp.json().await?)
+    }
+
+    /// Hands a batch of winners over in one request; the backend writes
+    /// them in one transaction. Answers how many orders it created.
+    ///
+    /// # Errors
+    /// When the backend is unreachable, slow, or refuses.
+    pub async fn create_orders(&self, winners: &[ForwardedWinner]) -> Result<u64, BackendError> {
+        let resp = self.http.post(format!("{}/internal/orders/batch", self.base)).json(winners).send().await?;
+        if !resp.status().is_success() {
+            return Err(BackendError::Status(resp.status().as_u16()));
+        }
+        let body: serde_json::Value = resp.json().await?;
+        Ok(body["created"].as_u64().unwrap_or(0))
     }
 
     /// Whether the backend's database knows sale `sale_id` (asked when the

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flashgate_common::config::{Config, DenyConfig, LimitsConfig};
 use flashgate_common::now_ms;
-use flashgate_common::reservation::{reservation_id, sale_of_reservation, Reservation, ReservationStatus};
+use flashgate_common::reservation::{reservation_id, sale_of_reservation, ForwardedWinner, Reservation, ReservationStatus};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
@@ -29,6 +29,7 @@ use tracing::{debug, warn};
 use crate::auth::Verifier;
 use crate::client_ip::client_ip;
 use crate::cluster_limit::ClusterLimit;
+use crate::forwarder::Forwarder;
 use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
 use crate::local_state::LocalSales;
 use crate::limits::{Limiters, RouteClass};
@@ -58,7 +59,9 @@ pub struct Gateway {
     pub edge: Arc<arc_swap::ArcSwap<Edge>>,
     pub verifier: Verifier,
     pub redis: RedisClient,
-    pub orders: OrderClient,
+    pub orders: Arc<OrderClient>,
+    /// Queues winners for the backend, off the request path.
+    pub forwarder: Forwarder,
     /// Shared with the watcher that reloads changed files.
     pub pages: Arc<StaticPages>,
     pub shop: Upstreams,
@@ -118,6 +121,8 @@ impl ProxyHttp for Gateway {
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
         session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        // A client trickling its body is cut off instead of holding a slot.
+        session.set_read_timeout(Some(self.config.gateway.body_read_timeout));
         ctx.request_id = request_id(session.req_header());
         Ok(())
     }
@@ -136,6 +141,7 @@ impl ProxyHttp for Gateway {
         let reply = match classify(&method, &path) {
             Ok(Route::Shop) => return Ok(false),
             Ok(route) => {
+                keep_alive_after_early_answer(session);
                 ctx.route = route.label();
                 self.handle(route, session, ctx).await
             }
@@ -362,6 +368,9 @@ impl Gateway {
             // Turned away locally; only a retry of a remembered key still
             // deserves its first outcome, so only that asks Redis.
             Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
+            Some(Rejection::SoldOut) if !self.local.may_hold_reservation(&self.redis, sale_id, &user).await => {
+                return Err(Rejection::SoldOut)
+            }
             Some(rejection) => remembered(&self.redis, sale_id, &user, &idempotency_key)
                 .await
                 .map_err(|e| self.unavailable(e))?
@@ -373,17 +382,22 @@ impl Gateway {
         debug!(sale = sale_id, user = %user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
         let reply = match decision.outcome {
             DeductOutcome::Won { reservation_id } => {
-                let reservation = Reservation {
-                    reservation_id,
-                    sale_id: sale_id.to_owned(),
-                    user_id: user,
-                    idempotency_key,
-                    reserved_at_ms: now_ms(),
+                let winner = ForwardedWinner {
+                    reservation: Reservation {
+                        reservation_id,
+                        sale_id: sale_id.to_owned(),
+                        user_id: user,
+                        idempotency_key,
+                        reserved_at_ms: now_ms(),
+                    },
+                    request_id: ctx.request_id.clone(),
                 };
-                if !decision.replayed {
+                if decision.replayed {
+                    self.replay_winner(winner).await
+                } else {
                     ctx.outcome = "won";
+                    self.queue_winner(winner)
                 }
-                self.forward_winner(&reservation, &ctx.request_id).await
             }
             DeductOutcome::SoldOut => return Err(Rejection::SoldOut),
             DeductOutcome::LimitReached => return Err(Rejection::LimitReached),
@@ -457,23 +471,23 @@ impl Gateway {
         Ok(decision)
     }
 
-    /// Asks the backend to write the winner's order now. Whatever happens,
-    /// the winner already holds a reservation in the stream: a failure here
-    /// only means the answer is `202 queued` instead of `201 confirmed`.
-    async fn forward_winner(&self, reservation: &Reservation, request_id: &str) -> Reply {
-        let timer = self.metrics.forward_duration.start_timer();
-        let forwarded = self.orders.create_order(reservation, request_id).await;
-        timer.observe_duration();
-        match forwarded {
-            Ok(order) => Reply::json(
-                201,
-                &json!({"status": "confirmed", "reservation_id": reservation.reservation_id, "order_id": order.order_id}),
-            ),
-            Err(error) => {
-                self.metrics.forward_failures.with_label_values(&[error.kind()]).inc();
-                warn!(%error, reservation = %reservation.reservation_id, "forward to backend failed; order will come from the stream");
-                Reply::json(202, &json!({"status": "queued", "reservation_id": reservation.reservation_id}))
-            }
+    /// Answers a winner `202 queued` at once: the reservation is already
+    /// durable in the stream. The backend gets it in the next batch.
+    fn queue_winner(&self, winner: ForwardedWinner) -> Reply {
+        let body = json!({"status": "queued", "reservation_id": winner.reservation.reservation_id});
+        if !self.forwarder.forward(winner) {
+            self.metrics.forward_failures.with_label_values(&["queue_full"]).inc();
+        }
+        Reply::json(202, &body)
+    }
+
+    /// A winner retrying with their key: `201 confirmed` with the order id
+    /// once the order exists, else queued again (idempotent) and `202`.
+    async fn replay_winner(&self, winner: ForwardedWinner) -> Reply {
+        let rid = &winner.reservation.reservation_id;
+        match self.orders.order(rid).await {
+            Ok(Some(order)) => Reply::json(201, &json!({"status": "confirmed", "reservation_id": rid, "order_id": order.order_id})),
+            _ => self.queue_winner(winner),
         }
     }
 
@@ -530,6 +544,22 @@ fn auth_message(e: crate::auth::AuthError) -> &'static str {
         crate::auth::AuthError::Missing => "missing bearer token",
         crate::auth::AuthError::Expired => "token expired",
         crate::auth::AuthError::Invalid => "invalid token",
+    }
+}
+
+/// Most answers of gateway routes (429, 410, 401, ...) are written before
+/// the request body is read. Pingora closes such a connection by default,
+/// which makes every rejected client reconnect. A body small enough for a
+/// buy is cheap to drain after the answer, so those connections stay open;
+/// larger or chunked bodies keep the default and are closed.
+fn keep_alive_after_early_answer(session: &mut Session) {
+    let headers = &session.req_header().headers;
+    let small = match headers.get(http::header::CONTENT_LENGTH) {
+        Some(v) => v.to_str().ok().and_then(|v| v.parse::<usize>().ok()).is_some_and(|n| n <= MAX_BUY_BODY_BYTES),
+        None => !headers.contains_key(http::header::TRANSFER_ENCODING),
+    };
+    if small {
+        session.set_close_on_response_before_downstream_finish(false);
     }
 }
 

@@ -11,6 +11,7 @@ use crate::admin::AdminServer;
 use crate::auth::Verifier;
 use crate::breaker::Breaker;
 use crate::events::EventListener;
+use crate::forwarder::{forwarder, ForwardWorker};
 use crate::local_state::LocalSales;
 use crate::metrics::Metrics;
 use crate::switches::{SwitchWatcher, Switches};
@@ -27,14 +28,19 @@ use crate::upstreams::Upstreams;
 ///
 /// # Errors
 /// With a message naming what is missing or wrong.
-pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
+pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWorker)> {
     let secret = config
         .jwt_secret
         .clone()
         .with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
     let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
         .with_context(|| format!("gateway.static_dir: cannot read {}", config.gateway.static_dir.display()))?;
-    Ok(Gateway {
+    let metrics = Arc::new(Metrics::register());
+    let orders = Arc::new(
+        OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout).context("gateway.backend_url")?,
+    );
+    let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
+    let gateway = Gateway {
         edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
         verifier: Verifier::new(secret.as_bytes()),
         redis: RedisClient::new(
@@ -44,15 +50,16 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
         )
         .context("redis.url")?,
         local: Arc::new(LocalSales::default()),
-        orders: OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout)
-            .context("gateway.backend_url")?,
+        orders,
+        forwarder,
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         sale_states: SaleStateCache::new(config.pages.state_ttl),
-        metrics: Arc::new(Metrics::register()),
+        metrics,
         switches: Arc::new(Switches::default()),
         config,
-    })
+    };
+    Ok((gateway, forward_worker))
 }
 
 /// Runs the gateway until SIGTERM (graceful), SIGINT (immediate) or
@@ -62,7 +69,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<Gateway> {
 /// When the gateway cannot be built.
 pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let gateway = build_gateway(config.clone())?;
+    let (gateway, forward_worker) = build_gateway(config.clone())?;
     let watcher = ConfigWatcher {
         path: config_path.to_owned(),
         edge: gateway.edge.clone(),
@@ -103,6 +110,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());
     server.add_service(service);
+    server.add_service(pingora::services::background::background_service("winner forwarder", forward_worker));
     server.add_service(pingora::services::background::background_service("admin listener", admin));
     server.add_service(pingora::services::background::background_service("switches", switch_watcher));
     server.add_service(pingora::services::background::background_service("sale events", events));

@@ -394,6 +394,21 @@ sale_poll_ms = 100
         buy(&self.http, self.gateway_addr, sale, &token(user), idempotency_key).await
     }
 
+    /// The order id of `user`'s reservation `rid`, once the backend has
+    /// written it (polls `GET /api/reservations/{rid}` for up to 20 s).
+    pub async fn order_id_of(&self, user: &str, rid: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let resp = self.http.get(self.url(&format!("/api/reservations/{rid}"))).bearer_auth(token(user)).send().await.unwrap();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            if let Some(order) = v["order_id"].as_str() {
+                return order.to_owned();
+            }
+            assert!(Instant::now() < deadline, "no order for {rid}: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Admin view of a sale.
     pub async fn admin_sale(&self, id: &str) -> Value {
         self.http

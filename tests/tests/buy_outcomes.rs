@@ -69,12 +69,13 @@ async fn business_outcomes_have_their_status_codes() {
 
     stack.open_sale("one", 1, 1).await;
     let win = post(&stack, "/api/sales/one/buy", Some(&token("winner")), &[("Idempotency-Key", "w1")], "").await;
-    assert_eq!(win.0, 201, "{:?}", win.2);
-    assert_eq!(win.2["status"], "confirmed");
-    assert!(win.2["order_id"].is_string());
-    // The same key again: the same outcome, no second deduction.
+    assert_eq!((win.0, win.2["status"].as_str()), (202, Some("queued")), "{:?}", win.2);
+    let rid = win.2["reservation_id"].as_str().unwrap().to_owned();
+    let order_id = stack.order_id_of("winner", &rid).await;
+    // The same key again: the first outcome, now with its order, and no second deduction.
     let replay = post(&stack, "/api/sales/one/buy", Some(&token("winner")), &[("Idempotency-Key", "w1")], "").await;
-    assert_eq!((replay.0, &replay.2["reservation_id"], &replay.2["order_id"]), (201, &win.2["reservation_id"], &win.2["order_id"]));
+    assert_eq!((replay.0, replay.2["status"].as_str()), (201, Some("confirmed")), "{:?}", replay.2);
+    assert_eq!((replay.2["reservation_id"].as_str(), replay.2["order_id"].as_str()), (Some(rid.as_str()), Some(order_id.as_str())));
     assert_eq!(replay.1["idempotent-replayed"], "true");
     assert_error(&post(&stack, "/api/sales/one/buy", Some(&token("winner")), &[("Idempotency-Key", "w2")], "").await, 409, "limit_reached");
     assert_error(&post(&stack, "/api/sales/one/buy", Some(&token("loser")), &[], "").await, 410, "sold_out");

@@ -35,20 +35,20 @@ async fn stack_with(extra: &str) -> Stack {
 async fn a_user_over_their_bucket_gets_429_with_ratelimit_headers() {
     let stack = stack_with("[limits.buy]\nuser = { per_second = 1, burst = 2 }\n").await;
     for _ in 0..2 {
-        assert_eq!(buy_status(&stack, "hammer", &[]).await.status().as_u16(), 201);
+        assert_eq!(buy_status(&stack, "hammer", &[]).await.status().as_u16(), 202);
     }
     let resp = buy_status(&stack, "hammer", &[]).await;
     assert_limited(&resp, "buy-user");
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "rate_limited");
-    assert_eq!(buy_status(&stack, "someone-else", &[]).await.status().as_u16(), 201);
+    assert_eq!(buy_status(&stack, "someone-else", &[]).await.status().as_u16(), 202);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_ip_over_its_bucket_gets_429_whoever_the_user() {
     let stack = stack_with("[limits.buy]\nip = { per_second = 1, burst = 3 }\n").await;
     for i in 0..3 {
-        assert_eq!(buy_status(&stack, &format!("u{i}"), &[]).await.status().as_u16(), 201);
+        assert_eq!(buy_status(&stack, &format!("u{i}"), &[]).await.status().as_u16(), 202);
     }
     assert_limited(&buy_status(&stack, "u9", &[]).await, "buy-ip");
 }
@@ -57,7 +57,7 @@ async fn one_ip_over_its_bucket_gets_429_whoever_the_user() {
 async fn the_global_bucket_limits_all_users_together() {
     let stack = stack_with("[limits.buy]\nglobal = { per_second = 1, burst = 4 }\n").await;
     for i in 0..4 {
-        assert_eq!(buy_status(&stack, &format!("g{i}"), &[]).await.status().as_u16(), 201);
+        assert_eq!(buy_status(&stack, &format!("g{i}"), &[]).await.status().as_u16(), 202);
     }
     assert_limited(&buy_status(&stack, "g9", &[]).await, "buy-global");
 }
@@ -82,7 +82,7 @@ async fn a_spoofed_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_lists_apply_without_restart() {
     let stack = stack_with("").await;
-    assert_eq!(buy_status(&stack, "eve", &[]).await.status().as_u16(), 201);
+    assert_eq!(buy_status(&stack, "eve", &[]).await.status().as_u16(), 202);
     stack.edit_config(|t| format!("{t}\n[deny]\nusers = [\"eve\"]\nips = [\"203.0.113.0/24\"]\n"));
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut status = 0;
@@ -94,7 +94,7 @@ async fn deny_lists_apply_without_restart() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(status, 403, "deny list not applied");
-    assert_eq!(buy_status(&stack, "adam", &[]).await.status().as_u16(), 201);
+    assert_eq!(buy_status(&stack, "adam", &[]).await.status().as_u16(), 202);
     assert!(stack.log("flashgate").contains("config reloaded"));
 }
 
@@ -127,10 +127,10 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     stack.open_sale("gone", 6, 1).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut status = 0;
-    while Instant::now() < deadline && status != 201 {
+    while Instant::now() < deadline && status != 202 {
         status = flashgate_tests::buy(&stack.http, second_addr, "gone", &token(&random_user()), None).await.0;
     }
-    assert_eq!(status, 201, "restock did not reopen the sale on the second gateway");
+    assert_eq!(status, 202, "restock did not reopen the sale on the second gateway");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,7 +138,7 @@ async fn a_stopped_redis_gets_503s_not_hangs_and_sales_resume_after() {
     let stack = Stack::start(StackOptions { redis_timeout_ms: 200, ..StackOptions::default() }).await;
     stack.open_sale("stall", 100, 1).await;
     // Warm the gateway's local copy of the window.
-    assert_eq!(stack.buy("stall", &random_user(), None).await.0, 201);
+    assert_eq!(stack.buy("stall", &random_user(), None).await.0, 202);
 
     stack.redis.proc.signal("STOP");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
@@ -150,11 +150,11 @@ async fn a_stopped_redis_gets_503s_not_hangs_and_sales_resume_after() {
 
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut status = 0;
-    while Instant::now() < deadline && status != 201 {
+    while Instant::now() < deadline && status != 202 {
         status = stack.buy("stall", &random_user(), None).await.0;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(status, 201, "sales did not resume after SIGCONT");
+    assert_eq!(status, 202, "sales did not resume after SIGCONT");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,18 +188,18 @@ async fn a_sale_pauses_while_its_unpersisted_backlog_is_too_large_and_resumes_wh
     stack.start_backend();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut status = 0;
-    while Instant::now() < deadline && status != 201 {
+    while Instant::now() < deadline && status != 202 {
         status = stack.buy("backlog", &random_user(), None).await.0;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(status, 201, "the sale did not resume after the backlog drained");
+    assert_eq!(status, 202, "the sale did not resume after the backlog drained");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_global_switch_pauses_every_sale_at_once() {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("sw", 100, 1).await;
-    assert_eq!(stack.buy("sw", &random_user(), None).await.0, 201);
+    assert_eq!(stack.buy("sw", &random_user(), None).await.0, 202);
     let resp = stack.http.put(stack.admin_url("/admin/switch")).bearer_auth(flashgate_tests::ADMIN_TOKEN).json(&serde_json::json!({"paused": true})).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -211,10 +211,10 @@ async fn the_global_switch_pauses_every_sale_at_once() {
     stack.http.put(stack.admin_url("/admin/switch")).bearer_auth(flashgate_tests::ADMIN_TOKEN).json(&serde_json::json!({"paused": false})).send().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut status = 0;
-    while Instant::now() < deadline && status != 201 {
+    while Instant::now() < deadline && status != 202 {
         status = stack.buy("sw", &random_user(), None).await.0;
     }
-    assert_eq!(status, 201);
+    assert_eq!(status, 202);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,11 +226,11 @@ async fn an_operator_pauses_and_resumes_one_sale() {
     assert_eq!(admin("/admin/sales/p1/pause").await.unwrap().status().as_u16(), 200);
     let (status, body) = stack.buy("p1", &random_user(), None).await;
     assert_eq!((status, body["code"].as_str()), (503, Some("paused")), "{body}");
-    assert_eq!(stack.buy("p2", &random_user(), None).await.0, 201, "only the paused sale stops");
+    assert_eq!(stack.buy("p2", &random_user(), None).await.0, 202, "only the paused sale stops");
     let state: serde_json::Value = stack.http.get(stack.url("/api/sales/p1")).send().await.unwrap().json().await.unwrap();
     assert_eq!(state["state"], "paused");
     assert_eq!(admin("/admin/sales/p1/resume").await.unwrap().status().as_u16(), 200);
-    assert_eq!(stack.buy("p1", &random_user(), None).await.0, 201);
+    assert_eq!(stack.buy("p1", &random_user(), None).await.0, 202);
     assert_eq!(admin("/admin/sales/nosuch/pause").await.unwrap().status().as_u16(), 404);
 }
 
@@ -238,8 +238,8 @@ async fn an_operator_pauses_and_resumes_one_sale() {
 async fn the_cluster_wide_limit_is_shared_by_every_gateway() {
     let stack = stack_with("[limits.cluster_global]\nper_second = 1\nburst = 2\n").await;
     let (_second, second_addr) = stack.start_second_gateway();
-    assert_eq!(stack.buy("edge", "c1", None).await.0, 201);
-    assert_eq!(flashgate_tests::buy(&stack.http, second_addr, "edge", &token("c2"), None).await.0, 201);
+    assert_eq!(stack.buy("edge", "c1", None).await.0, 202);
+    assert_eq!(flashgate_tests::buy(&stack.http, second_addr, "edge", &token("c2"), None).await.0, 202);
     let resp = stack.http.post(format!("http://{second_addr}/api/sales/edge/buy")).bearer_auth(token("c3")).send().await.unwrap();
     assert_limited(&resp, "buy-cluster");
 }

@@ -51,7 +51,7 @@ async fn a_reload_changes_a_limit_in_a_running_gateway() {
     let steady = token("steady");
     let buy = || flashgate_tests::buy(&stack.http, stack.gateway_addr, "reload", &steady, None);
     for _ in 0..5 {
-        assert_eq!(buy().await.0, 201, "no limit configured yet");
+        assert_eq!(buy().await.0, 202, "no limit configured yet");
     }
     stack.edit_config(|t| format!("{t}\n[limits.buy]\nuser = {{ per_second = 1, burst = 1 }}\n"));
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -42,7 +42,7 @@ async fn a_sale_redis_lost_answers_503_until_restored_and_never_sells_an_item_tw
     stack.open_sale("lost", 10, 1).await;
     let early: Vec<String> = (0..4).map(|_| random_user()).collect();
     for u in &early {
-        assert_eq!(stack.buy("lost", u, None).await.0, 201);
+        assert_eq!(stack.buy("lost", u, None).await.0, 202);
     }
     stack.redis.restart(); // no AOF: the new Redis is empty
 
@@ -88,9 +88,9 @@ async fn an_unpaid_order_is_cancelled_after_the_timeout_and_its_item_sold_again(
     let (payer, idler) = (random_user(), random_user());
     let (s1, paid) = stack.buy("pay", &payer, None).await;
     let (s2, unpaid) = stack.buy("pay", &idler, None).await;
-    assert_eq!((s1, s2), (201, 201), "{paid} {unpaid}");
-    let paid_order = paid["order_id"].as_str().unwrap().to_owned();
-    let unpaid_order = unpaid["order_id"].as_str().unwrap().to_owned();
+    assert_eq!((s1, s2), (202, 202), "{paid} {unpaid}");
+    let paid_order = stack.order_id_of(&payer, paid["reservation_id"].as_str().unwrap()).await;
+    let unpaid_order = stack.order_id_of(&idler, unpaid["reservation_id"].as_str().unwrap()).await;
 
     let (status, v) = stack.backend_post(&format!("/internal/orders/{paid_order}/pay")).await;
     assert_eq!((status, v["status"].as_str()), (200, Some("paid")), "{v}");
@@ -110,7 +110,7 @@ async fn an_unpaid_order_is_cancelled_after_the_timeout_and_its_item_sold_again(
 
     // The item is back and the idle buyer's slot is free: they may buy again.
     let (status, again) = stack.buy("pay", &idler, None).await;
-    assert_eq!(status, 201, "{again}");
+    assert_eq!(status, 202, "{again}");
     assert_eq!(stack.remaining("pay").await, 0);
     let (status, _) = stack.buy("pay", &random_user(), None).await;
     assert_eq!(status, 410);
@@ -138,8 +138,10 @@ async fn reconciliation_writes_orders_nobody_processed_and_adopts_orders_redis_f
     assert_eq!(stack.db_orders("recon").await.0, 3);
 
     // Redis forgets one reservation (a lost write): reconcile counts it again.
-    let (s, won) = stack.buy("recon", &random_user(), None).await;
-    assert_eq!(s, 201);
+    let buyer = random_user();
+    let (s, won) = stack.buy("recon", &buyer, None).await;
+    assert_eq!(s, 202);
+    stack.order_id_of(&buyer, won["reservation_id"].as_str().unwrap()).await;
     let rid = won["reservation_id"].as_str().unwrap();
     let () = redis::cmd("HDEL").arg(&keys.reservations).arg(rid).query_async::<i64>(&mut conn).await.map(drop).unwrap();
     let () = redis::cmd("INCR").arg(&keys.remaining).query_async::<i64>(&mut conn).await.map(drop).unwrap();
@@ -161,9 +163,10 @@ async fn an_entry_that_keeps_failing_is_dead_lettered_listed_and_retried() {
         .await
         .unwrap();
     let (status, body) = stack.buy("poison", "poisoned", None).await;
-    assert_eq!(status, 202, "the forward fails, the reservation is queued: {body}");
-    let (status, _) = stack.buy("poison", "healthy", None).await;
-    assert_eq!(status, 201, "the next buyer is not blocked");
+    assert_eq!(status, 202, "the reservation is queued: {body}");
+    let (status, healthy) = stack.buy("poison", "healthy", None).await;
+    assert_eq!(status, 202, "the next buyer is not blocked");
+    stack.order_id_of("healthy", healthy["reservation_id"].as_str().unwrap()).await;
 
     let dead = eventually("the entry to be dead-lettered", Duration::from_secs(30), || async {
         let (_, v) = stack.admin(Method::GET, "/admin/sales/poison/dead-letters", None).await;

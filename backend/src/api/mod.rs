@@ -66,6 +66,7 @@ impl AppState {
 pub fn order_router(state: AppState) -> Router {
     Router::new()
         .route("/internal/orders", post(orders::create))
+        .route("/internal/orders/batch", post(orders::create_batch))
         .route("/internal/reservations/{rid}", get(orders::by_reservation))
         .route("/internal/orders/{order_id}/pay", post(orders::pay))
         .route("/internal/sales/{id}", get(orders::sale_exists))

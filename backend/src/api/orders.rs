@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashgate_common::keys::SaleKeys;
-use flashgate_common::reservation::{sale_of_reservation, OrderView, Reservation};
+use flashgate_common::reservation::{sale_of_reservation, ForwardedWinner, OrderView, Reservation};
 use redis::AsyncCommands;
 
 use super::error::{parse_json, ApiError};
@@ -43,6 +43,53 @@ pub async fn create(
         StatusCode::OK
     };
     Ok((status, Json(order)).into_response())
+}
+
+/// Most winners accepted in one batch.
+pub const MAX_BATCH: usize = 1000;
+
+/// `POST /internal/orders/batch`: the gateway's batch of winners
+/// (`[{reservation..., request_id}]`), written in one transaction.
+/// Reservations Redis does not know for that user are skipped (counted in
+/// `rejected`); the rest become orders once. Answers
+/// `{"created", "existing", "rejected"}`.
+pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let winners: Vec<ForwardedWinner> = parse_json(&body?)?;
+    if winners.len() > MAX_BATCH {
+        return Err(ApiError::bad_request(format!("at most {MAX_BATCH} winners per batch")));
+    }
+    let total = winners.len();
+    let winners: Vec<ForwardedWinner> = winners
+        .into_iter()
+        .filter(|w| sale_of_reservation(&w.reservation.reservation_id) == Some(w.reservation.sale_id.as_str()))
+        .collect();
+    let mut pipe = redis::pipe();
+    for w in &winners {
+        pipe.hget(SaleKeys::new(&w.reservation.sale_id).reservations, &w.reservation.reservation_id);
+    }
+    let holders: Vec<Option<String>> =
+        if winners.is_empty() { Vec::new() } else { pipe.query_async(&mut state.redis.clone()).await? };
+    let (known, request_ids): (Vec<Reservation>, Vec<String>) = winners
+        .into_iter()
+        .zip(holders)
+        .filter(|(w, holder)| holder.as_deref() == Some(w.reservation.user_id.as_str()))
+        .map(|(w, _)| (w.reservation, w.request_id))
+        .unzip();
+    let rejected = total - known.len();
+    let results = state.store.create_orders(&known).await?;
+    let mut created = 0u64;
+    for ((order, was_created), request_id) in results.iter().zip(&request_ids) {
+        if *was_created {
+            created += 1;
+            tracing::info!(request_id = %request_id, sale = %order.sale_id, order = %order.order_id, "order created from the gateway's forward");
+        }
+    }
+    state.metrics.orders_created.with_label_values(&["forward"]).inc_by(created);
+    let existing = known.len() as u64 - created;
+    if rejected > 0 {
+        tracing::warn!(rejected, "forwarded winners unknown to redis were skipped");
+    }
+    Ok(Json(serde_json::json!({"created": created, "existing": existing, "rejected": rejected})).into_response())
 }
 
 fn unknown_reservation() -> ApiError {

@@ -154,9 +154,10 @@ impl Store {
             return Ok(0);
         }
         let now = flashgate_common::now_ms();
+        let sorted = in_lock_order(reservations);
         let mut tx = self.pool.begin().await?;
         let mut inserted = 0;
-        for chunk in reservations.chunks(MAX_ROWS_PER_INSERT) {
+        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
             let statement = sql::insert_orders(chunk.len());
             let mut query = sqlx::query(&statement);
             for r in chunk {
@@ -184,8 +185,9 @@ impl Store {
     pub async fn create_orders(&self, reservations: &[Reservation]) -> Result<Vec<(OrderView, bool)>, StoreError> {
         let now = flashgate_common::now_ms();
         let mut created = std::collections::HashSet::new();
+        let sorted = in_lock_order(reservations);
         let mut tx = self.pool.begin().await?;
-        for chunk in reservations.chunks(MAX_ROWS_PER_INSERT) {
+        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
             let statement = sql::insert_orders_returning(chunk.len());
             let mut query = sqlx::query(&statement);
             for r in chunk {
@@ -600,4 +602,14 @@ fn order_view(row: &sqlx::any::AnyRow) -> Result<OrderView, StoreError> {
         user_id: row.try_get("user_id")?,
         status: OrderStatus::parse(&status)?.reservation_status(),
     })
+}
+
+/// The reservations sorted by id. The forward path and the stream consumer
+/// insert the same reservations at the same time; taking the unique-index
+/// locks in one order keeps their transactions from deadlocking (which
+/// PostgreSQL would break only after `deadlock_timeout`, a second).
+fn in_lock_order(reservations: &[Reservation]) -> Vec<&Reservation> {
+    let mut sorted: Vec<&Reservation> = reservations.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.reservation_id.cmp(&b.reservation_id));
+    sorted
 }
