@@ -98,6 +98,11 @@ pub struct Report {
 /// Redis or the database failed.
 pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<Option<Report>, SaleError> {
     let keys = SaleKeys::new(sale_id);
+    // Orders first, Redis second: a reservation is in Redis before its order
+    // is written, so every order read here is in the snapshot unless Redis
+    // really lost it. The other order would take orders written between the
+    // two reads for lost ones (harmless, but a script call each).
+    let orders = store.sale_orders(sale_id).await?;
     let (stock, remaining, resv, released, dead_letters): (Option<i64>, Option<i64>, HashMap<String, String>, HashSet<String>, i64) =
         redis::pipe()
             .atomic()
@@ -109,7 +114,6 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
             .query_async(conn)
             .await?;
     let (Some(stock), Some(remaining)) = (stock, remaining) else { return Ok(None) };
-    let orders = store.sale_orders(sale_id).await?;
 
     let mut report = Report { sale_id: sale_id.to_owned(), stock, dead_letters, ..Report::default() };
     let with_order: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
