@@ -159,17 +159,7 @@ impl Store {
         let mut inserted = 0;
         for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
             let statement = sql::insert_orders(chunk.len());
-            let mut query = sqlx::query(&statement);
-            for r in chunk {
-                query = query
-                    .bind(new_order_id())
-                    .bind(r.reservation_id.as_str())
-                    .bind(r.sale_id.as_str())
-                    .bind(r.user_id.as_str())
-                    .bind(r.idempotency_key.as_str())
-                    .bind(r.reserved_at_ms)
-                    .bind(now);
-            }
+            let query = bind_orders(&statement, chunk, now);
             inserted += query.execute(&mut *tx).await?.rows_affected();
         }
         tx.commit().await?;
@@ -189,17 +179,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
             let statement = sql::insert_orders_returning(chunk.len());
-            let mut query = sqlx::query(&statement);
-            for r in chunk {
-                query = query
-                    .bind(new_order_id())
-                    .bind(r.reservation_id.as_str())
-                    .bind(r.sale_id.as_str())
-                    .bind(r.user_id.as_str())
-                    .bind(r.idempotency_key.as_str())
-                    .bind(r.reserved_at_ms)
-                    .bind(now);
-            }
+            let query = bind_orders(&statement, chunk, now);
             for row in query.fetch_all(&mut *tx).await? {
                 created.insert(row.try_get::<String, _>("reservation_id")?);
             }
@@ -612,4 +592,25 @@ fn in_lock_order(reservations: &[Reservation]) -> Vec<&Reservation> {
     let mut sorted: Vec<&Reservation> = reservations.iter().collect();
     sorted.sort_unstable_by(|a, b| a.reservation_id.cmp(&b.reservation_id));
     sorted
+}
+
+/// An order insert statement with the rows of `chunk` bound, each with a
+/// new order id, in the column order of [`sql::insert_orders`].
+fn bind_orders<'q>(
+    statement: &'q str,
+    chunk: &[&'q Reservation],
+    now: i64,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    let mut query = sqlx::query(statement);
+    for r in chunk {
+        query = query
+            .bind(new_order_id())
+            .bind(r.reservation_id.as_str())
+            .bind(r.sale_id.as_str())
+            .bind(r.user_id.as_str())
+            .bind(r.idempotency_key.as_str())
+            .bind(r.reserved_at_ms)
+            .bind(now);
+    }
+    query
 }
