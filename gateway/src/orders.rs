@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use flashgate_common::reservation::{ForwardedWinner, OrderView, Reservation};
+use flashgate_common::reservation::{ForwardedWinner, OrderView};
 
 /// Why the backend gave no usable answer.
 #[derive(Debug, thiserror::Error)]
@@ -44,24 +44,6 @@ impl OrderClient {
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
         Ok(Self { http, base: base_url.to_owned() })
-    }
-
-    /// Turns a reservation into an order (idempotent on its id).
-    ///
-    /// # Errors
-    /// When the backend is unreachable, slow, or refuses.
-    pub async fn create_order(&self, reservation: &Reservation, request_id: &str) -> Result<OrderView, BackendError> {
-        let resp = self
-            .http
-            .post(format!("{}/internal/orders", self.base))
-            .header("X-Request-Id", request_id)
-            .json(reservation)
-            .send()
-            .await?;
-        if !resp.status().is_success() {
-            return Err(BackendError::Status(resp.status().as_u16()));
-        }
-        Ok(resp.json().await?)
     }
 
     /// Hands a batch of winners over in one request; the backend writes

@@ -81,7 +81,7 @@ pub struct Edge {
     pub limiters: Arc<Limiters>,
     pub deny: DenyConfig,
     /// The cluster-wide bucket in Redis, when configured.
-    pub cluster: Option<ClusterLimit>,
+    pub cluster: Option<Arc<ClusterLimit>>,
 }
 
 impl Edge {
@@ -95,7 +95,7 @@ impl Edge {
             limits: config.limits.clone(),
             limiters,
             deny: config.deny.clone(),
-            cluster: config.limits.cluster_global.map(ClusterLimit::new),
+            cluster: config.limits.cluster_global.map(|b| Arc::new(ClusterLimit::new(b))),
         }
     }
 }
@@ -328,13 +328,13 @@ impl Gateway {
     }
 
     async fn list_sales(&self) -> Result<Reply, Rejection> {
-        let sales = list_sales(&self.redis, &self.sale_states).await.map_err(|e| self.unavailable_ref(&e))?;
+        let sales = list_sales(&self.redis, &self.sale_states).await.map_err(|e| self.unavailable(&e))?;
         Ok(Reply::json(200, &json!({ "sales": sales })))
     }
 
     /// `GET /api/sales/{id}`, from the edge micro-cache.
     async fn sale_state(&self, sale_id: &str) -> Result<Reply, Rejection> {
-        let view = self.sale_states.view(&self.redis, sale_id).await.map_err(|e| self.unavailable_ref(&e))?;
+        let view = self.sale_states.view(&self.redis, sale_id).await.map_err(|e| self.unavailable(&e))?;
         match view {
             Some(view) => Ok(Reply::json(200, &view)),
             None => Err(Rejection::NotFound("no such sale")),
@@ -352,12 +352,9 @@ impl Gateway {
             return Err(Rejection::SoldOut);
         }
         let user = self.admit_buy(session)?;
-        let cluster = self.edge.load().cluster.is_some();
-        if cluster {
-            let edge = self.edge.load_full();
-            if let Some(limit) = &edge.cluster {
-                limit.check(&self.redis).await.map_err(|e| self.unavailable(e))?.map_err(Rejection::RateLimited)?;
-            }
+        let cluster = self.edge.load().cluster.clone();
+        if let Some(limit) = cluster {
+            limit.check(&self.redis).await.map_err(|e| self.unavailable(&e))?.map_err(Rejection::RateLimited)?;
         }
         let idempotency_key =
             idempotency_key(session.req_header().headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
@@ -373,7 +370,7 @@ impl Gateway {
             }
             Some(rejection) => remembered(&self.redis, sale_id, &user, &idempotency_key)
                 .await
-                .map_err(|e| self.unavailable(e))?
+                .map_err(|e| self.unavailable(&e))?
                 .ok_or(rejection)?,
         };
         if decision.replayed {
@@ -423,7 +420,7 @@ impl Gateway {
             self.metrics.local_decisions.with_label_values(&["paused"]).inc();
             return Ok(Some(Rejection::Paused));
         }
-        let window = self.local.window(&self.redis, sale_id).await.map_err(|e| self.unavailable_ref(&e))?;
+        let window = self.local.window(&self.redis, sale_id).await.map_err(|e| self.unavailable(&e))?;
         let rejection = match window {
             None => Some(self.local.missing(&self.orders, sale_id).await),
             Some(w) => {
@@ -457,7 +454,7 @@ impl Gateway {
             idempotency_ttl_seconds: self.config.gateway.idempotency_ttl.as_secs(),
         };
         let timer = self.metrics.script_duration.start_timer();
-        let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(e))?;
+        let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
         if decision.outcome == DeductOutcome::SoldOut && !self.local.is_sold_out(sale_id) {
             self.local.mark_sold_out(sale_id);
@@ -496,13 +493,13 @@ impl Gateway {
         let user = self.user(session)?;
         let sale = sale_of_reservation(rid).ok_or(Rejection::BadRequest("malformed reservation id"))?;
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(e))?;
+        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         let owner: Option<String> = self
             .redis
             .bounded(redis::AsyncCommands::hget(&mut conn, &keys.reservations, rid))
             .await
-            .map_err(|e| self.unavailable(e))?
-            .map_err(|e| self.unavailable(e.into()))?;
+            .map_err(|e| self.unavailable(&e))?
+            .map_err(|e| self.unavailable(&e.into()))?;
         // Someone else's reservation is reported exactly like a missing one.
         if owner.as_deref() != Some(user.as_str()) {
             return Err(Rejection::NotFound("no such reservation"));
@@ -523,11 +520,7 @@ impl Gateway {
     /// Counts a failed Redis call and turns it into `503 unavailable`. Not
     /// logged per request (an outage would flood the log); the breaker logs
     /// when it opens and closes.
-    fn unavailable(&self, error: RedisError) -> Rejection {
-        self.unavailable_ref(&error)
-    }
-
-    fn unavailable_ref(&self, error: &RedisError) -> Rejection {
+    fn unavailable(&self, error: &RedisError) -> Rejection {
         let kind = match error {
             RedisError::Redis(_) => "error",
             RedisError::Timeout(_) => "timeout",
