@@ -6,33 +6,50 @@
 //! asking [`crate::api::orders::sale_exists`], answers `503 unavailable`
 //! with `Retry-After` instead. [`watch`] notices the missing `meta` within
 //! `backend.restore_poll_ms` and [`restore`] rebuilds the sale from the
-//! database, in this order, under a per-sale lock:
+//! database:
 //!
-//! 1. one snapshot of every order of the sale;
-//! 2. reservations that survived in Redis without an order (still in
+//! 1. it takes the sale's lock (`SET NX PX` with a random token, renewed
+//!    while the work lasts) and checks again, under the lock, that `meta`
+//!    is still absent;
+//! 2. it puts the global switch back if Redis lost it (see
+//!    [`crate::sales::restore_switch`]), so no sale becomes buyable before
+//!    the switch that may stop them all;
+//! 3. one snapshot of every order of the sale, and the sale's pause;
+//! 4. reservations that survived in Redis without an order (still in
 //!    flight) are kept and counted as sold;
-//! 3. the buyers hash and the reservation index are rebuilt from the live
+//! 5. the buyers hash and the reservation index are built from the live
 //!    orders and those in-flight reservations, and the `released` set from
-//!    the cancelled orders (so a stock return never runs twice);
-//! 4. last, `lua/preheat.lua` writes `meta` with
-//!    `remaining = stock - live orders - in-flight reservations`: only now
-//!    can the sale be bought again.
+//!    the cancelled orders (so a stock return never runs twice), under
+//!    scratch keys of this restore's own;
+//! 6. last, `lua/preheat.lua` installs all of it at once, with
+//!    `remaining = stock - live orders - in-flight reservations` and the
+//!    recorded pause, only if `meta` is still absent and the lock still
+//!    holds this restore's token; otherwise it drops the scratch keys and
+//!    changes nothing.
+//!
+//! So a restore never overwrites a live sale: not when another backend
+//! restored it first, not when this one stalled past its lock. While `meta`
+//! is absent nothing else writes the sale's keys (the deduct, release and
+//! adopt scripts all refuse an absent sale), so the snapshot stays true
+//! until the install.
 //!
 //! [`return_stock`] gives back the item of every cancelled order not yet
-//! returned (`lua/release.lua`, idempotent), then records it in the order
-//! row, so a crash between the two only repeats a no-op.
+//! returned (`lua/release.lua`, idempotent, and only for a reservation Redis
+//! counted), then records it in the order row, so a crash between the two
+//! only repeats a no-op.
 
 use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use flashgate_common::keys::SaleKeys;
+use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP, SALES_INDEX};
 use flashgate_common::sale::SaleSpec;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 use tokio::sync::watch;
 
-use crate::sales::{Preheat, SaleError};
+use crate::sales::SaleError;
 use crate::store::{OrderStatus, Store};
 
 /// Returns one cancelled reservation's item (`lua/release.lua`).
@@ -41,10 +58,28 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!
 /// Makes Redis count an order it forgot (`lua/adopt.lua`).
 pub static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/adopt.lua")));
 
+/// Installs a rebuilt sale if still absent, for the lock holder only (`lua/preheat.lua`).
+static INSTALL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/preheat.lua")));
+
+/// Extends the lock only while it holds our token.
+static RENEW_LOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0")
+});
+
+/// Frees the lock only while it holds our token.
+static FREE_LOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"));
+
 /// Redis commands per pipeline while rebuilding a sale.
 const CHUNK: usize = 1000;
-/// How long the restore lock is held at most (a crashed restorer frees it).
+/// Lifetime of the restore lock without renewal: a crashed restorer frees
+/// it after this long.
 const RESTORE_LOCK_MS: u64 = 30_000;
+/// The lock is renewed this often while a restore works.
+const RENEW_EVERY: Duration = Duration::from_millis(RESTORE_LOCK_MS / 3);
+/// Lifetime of a restore's scratch keys, renewed with every write: what a
+/// crashed restorer leaves behind goes away on its own.
+const SCRATCH_TTL_MS: u64 = 600_000;
 /// Cancelled orders returned per pass of [`return_stock`].
 const RETURN_BATCH: i64 = 500;
 
@@ -53,9 +88,10 @@ const RETURN_BATCH: i64 = 500;
 pub enum Restored {
     /// The sale was rebuilt with this many items left.
     Loaded { remaining: i64, live_orders: i64, in_flight: i64 },
-    /// The sale was in Redis already.
+    /// The sale was in Redis already (or another backend installed it
+    /// first); nothing changed.
     NotNeeded,
-    /// Another backend is restoring it right now.
+    /// Another backend holds the lock (or took it over from this one).
     Busy,
     /// Stock below what the database holds as sold: left absent, logged.
     StockBelowSold { sold: i64 },
@@ -63,15 +99,17 @@ pub enum Restored {
 
 /// Loads `spec` into Redis from the database if its `meta` is absent,
 /// counting live orders and in-flight reservations as sold (see the module
-/// doc). Idempotent; safe with several backends (a lock key serialises them).
+/// doc). Idempotent; safe with several backends: one restores, the others
+/// answer [`Restored::Busy`] or [`Restored::NotNeeded`], and none of them
+/// ever writes over a sale that is live.
 ///
 /// # Errors
-/// Redis or the database failed; Redis may then hold a partial rebuild,
-/// without `meta`, which the next attempt redoes.
-pub async fn restore<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Restored, SaleError> {
+/// Redis or the database failed; nothing is installed then (scratch keys
+/// may be left; they expire).
+pub async fn restore<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Restored, SaleError> {
     let keys = SaleKeys::new(&spec.id);
-    let present: bool = redis::cmd("EXISTS").arg(&keys.meta).query_async(conn).await?;
-    if present {
+    // Cheap first look: a present sale costs one EXISTS per poll and no lock.
+    if sale_present(conn, &keys).await? {
         return Ok(Restored::NotNeeded);
     }
     let token = uuid::Uuid::new_v4().simple().to_string();
@@ -80,16 +118,55 @@ pub async fn restore<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec
     if locked.is_none() {
         return Ok(Restored::Busy);
     }
-    let result = rebuild(conn, store, spec, &keys).await;
-    // Free the lock only if still ours.
-    let current: Option<String> = redis::cmd("GET").arg(&keys.restoring).query_async(conn).await?;
-    if current.as_deref() == Some(token.as_str()) {
-        let () = redis::cmd("DEL").arg(&keys.restoring).query_async::<i64>(conn).await.map(drop)?;
+    let renewer = conn.clone();
+    let result = tokio::select! {
+        result = restore_locked(conn, store, spec, &keys, &token) => result,
+        never = keep_lock(renewer, &keys.restoring, &token) => match never {},
+    };
+    let freed: Result<i64, RedisError> = FREE_LOCK.key(&keys.restoring).arg(&token).invoke_async(conn).await;
+    if let Err(error) = freed {
+        // It expires on its own; the restore itself is done or failed already.
+        tracing::warn!(%error, sale = %spec.id, "cannot free the restore lock");
     }
     result
 }
 
-async fn rebuild<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &SaleSpec, keys: &SaleKeys) -> Result<Restored, SaleError> {
+async fn sale_present<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> Result<bool, RedisError> {
+    redis::cmd("EXISTS").arg(&keys.meta).query_async(conn).await
+}
+
+/// Renews the lock until dropped. When the lock is lost (it expired during
+/// a stall and someone else took it) renewing stops; the install then
+/// refuses, since the lock no longer holds our token.
+async fn keep_lock<C: ConnectionLike + Send>(mut conn: C, lock: &str, token: &str) -> Infallible {
+    loop {
+        tokio::time::sleep(RENEW_EVERY).await;
+        let renewed: Result<i64, RedisError> = RENEW_LOCK.key(lock).arg(token).arg(RESTORE_LOCK_MS).invoke_async(&mut conn).await;
+        match renewed {
+            Ok(1) => {}
+            Ok(_) => {
+                tracing::warn!(lock, "the restore lock was lost; this restore will install nothing");
+                return std::future::pending().await;
+            }
+            Err(error) => tracing::warn!(%error, lock, "cannot renew the restore lock"),
+        }
+    }
+}
+
+async fn restore_locked<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+    keys: &SaleKeys,
+    token: &str,
+) -> Result<Restored, SaleError> {
+    // Again under the lock: another backend may have restored the sale
+    // between the first look and the lock.
+    if sale_present(conn, keys).await? {
+        return Ok(Restored::NotNeeded);
+    }
+    crate::sales::restore_switch(conn, store).await?;
+    let paused = store.sale_paused(&spec.id).await?.unwrap_or(false);
     let orders = store.sale_orders(&spec.id).await?;
     let known: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     // Reservations Redis still has that have no order yet: in flight.
@@ -109,7 +186,8 @@ async fn rebuild<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &S
             *buyers.entry(o.user_id.as_str()).or_default() += 1;
         }
     }
-    for (_, user) in &in_flight {
+    for (rid, user) in &in_flight {
+        index.push((rid.as_str(), user.as_str()));
         *buyers.entry(user.as_str()).or_default() += 1;
     }
     let sold = live + in_flight.len() as i64;
@@ -118,32 +196,79 @@ async fn rebuild<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &S
         return Ok(Restored::StockBelowSold { sold });
     }
 
-    let () = redis::cmd("DEL").arg(&keys.buyers).arg(&keys.released).query_async::<i64>(conn).await.map(drop)?;
+    let scratch = keys.restore_scratch(token);
+    let expire = |pipe: &mut redis::Pipeline| {
+        for key in [&scratch.buyers, &scratch.reservations, &scratch.released] {
+            pipe.cmd("PEXPIRE").arg(key).arg(SCRATCH_TTL_MS).ignore();
+        }
+    };
     for chunk in index.chunks(CHUNK) {
         let mut pipe = redis::pipe();
         for (rid, user) in chunk {
-            pipe.cmd("HSET").arg(&keys.reservations).arg(*rid).arg(*user).ignore();
+            pipe.cmd("HSET").arg(&scratch.reservations).arg(*rid).arg(*user).ignore();
         }
+        expire(&mut pipe);
         let () = pipe.query_async(conn).await?;
     }
     let buyers: Vec<_> = buyers.into_iter().collect();
     for chunk in buyers.chunks(CHUNK) {
         let mut pipe = redis::pipe();
         for (user, n) in chunk {
-            pipe.cmd("HSET").arg(&keys.buyers).arg(*user).arg(*n).ignore();
+            pipe.cmd("HSET").arg(&scratch.buyers).arg(*user).arg(*n).ignore();
         }
+        expire(&mut pipe);
         let () = pipe.query_async(conn).await?;
     }
     for chunk in cancelled.chunks(CHUNK) {
-        let () = redis::cmd("SADD").arg(&keys.released).arg(chunk).query_async::<i64>(conn).await.map(drop)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("SADD").arg(&scratch.released).arg(chunk).ignore();
+        expire(&mut pipe);
+        let () = pipe.query_async(conn).await?;
     }
-    match crate::sales::preheat(conn, spec, sold).await? {
-        Preheat::Loaded { remaining } => {
-            Ok(Restored::Loaded { remaining, live_orders: live, in_flight: in_flight.len() as i64 })
-        }
-        Preheat::AlreadyThere => Ok(Restored::NotNeeded),
-        Preheat::StockBelowSold { sold } => Ok(Restored::StockBelowSold { sold }),
+
+    let remaining = spec.stock - sold;
+    let installed: i64 = INSTALL
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.stream)
+        .key(&keys.buyers)
+        .key(&keys.reservations)
+        .key(&keys.released)
+        .key(&keys.restoring)
+        .key(&scratch.buyers)
+        .key(&scratch.reservations)
+        .key(&scratch.released)
+        .arg(&spec.name)
+        .arg(spec.stock)
+        .arg(spec.per_user_limit)
+        .arg(spec.starts_at_ms)
+        .arg(spec.ends_at_ms)
+        .arg(remaining)
+        .arg(CONSUMER_GROUP)
+        .arg(if paused { "1" } else { "0" })
+        .arg(token)
+        .arg(buyers.len())
+        .arg(index.len())
+        .arg(cancelled.len())
+        .invoke_async(conn)
+        .await?;
+    match installed {
+        1 => {}
+        0 => return Ok(Restored::NotNeeded),
+        -2 => return Ok(Restored::Busy),
+        other => return Err(SaleError::BadReply(vec![other])),
     }
+    // The index is outside the sale's hash slot, so it cannot be written by
+    // the script; adding it again is harmless.
+    let () = redis::cmd("SADD").arg(SALES_INDEX).arg(&spec.id).query_async(conn).await?;
+    // An operator may have paused or resumed the sale while it was being
+    // rebuilt: the database was written first, so reading it again now
+    // catches what the pause request could not write into the absent sale.
+    let now_paused = store.sale_paused(&spec.id).await?.unwrap_or(false);
+    if now_paused != paused {
+        crate::sales::apply_pause(conn, &spec.id, now_paused).await?;
+    }
+    Ok(Restored::Loaded { remaining, live_orders: live, in_flight: in_flight.len() as i64 })
 }
 
 /// Restores every sale of the database that is missing from Redis.
@@ -151,7 +276,12 @@ async fn rebuild<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &S
 /// # Errors
 /// The database failed (listing sales); a failure on one sale is logged
 /// and the others are still tried.
-pub async fn restore_missing<C: ConnectionLike + Send>(conn: &mut C, store: &Store) -> Result<usize, SaleError> {
+pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store) -> Result<usize, SaleError> {
+    // A Redis that lost every sale lost the global switch too: put it back
+    // even when there is no sale to restore.
+    if let Err(error) = crate::sales::restore_switch(conn, store).await {
+        tracing::warn!(%error, "cannot put the global switch back into redis yet");
+    }
     let mut restored = 0;
     for spec in store.sales().await? {
         match restore(conn, store, &spec).await {
@@ -185,17 +315,24 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
                 .key(&keys.meta)
                 .key(&keys.remaining)
                 .key(&keys.buyers)
+                .key(&keys.reservations)
                 .key(&keys.released)
                 .arg(&order.reservation_id)
                 .arg(&order.user_id)
                 .invoke_async(conn)
                 .await?;
-            if reply < 0 {
+            match reply {
                 // The sale is being restored; the restore counts this order
                 // as returned or the next pass returns it.
-                continue;
+                -1 => continue,
+                1 => returned += 1,
+                2 => tracing::warn!(
+                    sale = %order.sale_id,
+                    reservation = %order.reservation_id,
+                    "cancelled order whose reservation redis never counted: no item to give back"
+                ),
+                _ => {}
             }
-            returned += reply as u64;
             store.mark_released(&order.order_id, flashgate_common::now_ms()).await?;
             progressed = true;
             touched.insert(order.sale_id);

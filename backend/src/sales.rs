@@ -1,21 +1,27 @@
 //! Sales: preheating them into Redis, changing them, and the view operators
 //! see.
 //!
-//! The database row is the truth of a sale's definition; Redis holds the
-//! live counters the gateway deducts from. Preheating copies a row into
-//! Redis only when the sale is absent there (`lua/preheat.lua` checks), with
-//! `remaining = stock - live orders`, so restarting a process never resets a
-//! running sale and a Redis that lost its data resumes from the orders made.
+//! The database row is the truth of a sale's definition and of its pause,
+//! and the `settings` table the truth of the global switch; Redis holds the
+//! live counters the gateway deducts from, and a copy of both switches.
+//! Preheating copies a row into Redis only when the sale is absent there
+//! (see [`crate::recovery::restore`]), with `remaining = stock - live
+//! orders` and the recorded pause, so restarting a process never resets a
+//! running sale and a Redis that lost its data resumes from the orders made,
+//! paused if it was paused.
+//!
+//! Operators' pause and switch changes write the database first, then
+//! Redis: whatever Redis loses afterwards, the database already has.
 
 use flashgate_common::keys::SaleEvent;
-use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP, SALES_INDEX};
+use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP, GLOBAL_SWITCH};
 use flashgate_common::sale::{SaleSpec, SaleState};
 use flashgate_common::{now_ms, rfc3339};
 use redis::aio::ConnectionLike;
 use redis::RedisError;
 use serde::Serialize;
 
-use crate::redis_io::{PREHEAT, UPDATE_SALE};
+use crate::redis_io::UPDATE_SALE;
 use crate::store::{Store, StoreError};
 
 /// Why a sale could not be preheated, changed or viewed.
@@ -25,7 +31,7 @@ pub enum SaleError {
     Redis(#[from] RedisError),
     #[error("database: {0}")]
     Store(#[from] StoreError),
-    #[error("unexpected reply {0:?} from update_sale.lua")]
+    #[error("unexpected reply {0:?} from a sale script")]
     BadReply(Vec<i64>),
     #[error("another backend is restoring the sale into redis")]
     Restoring,
@@ -53,43 +59,13 @@ pub enum Applied {
     StockBelowSold { sold: i64 },
 }
 
-/// Loads `spec` into Redis unless it is already there, with `sold` items
-/// already turned into orders.
-///
-/// # Errors
-/// Redis failed.
-pub async fn preheat<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec, sold: i64) -> Result<Preheat, RedisError> {
-    let remaining = spec.stock - sold;
-    if remaining < 0 {
-        return Ok(Preheat::StockBelowSold { sold });
-    }
-    let keys = SaleKeys::new(&spec.id);
-    let loaded: i64 = PREHEAT
-        .key(&keys.meta)
-        .key(&keys.remaining)
-        .key(&keys.stream)
-        .arg(&spec.name)
-        .arg(spec.stock)
-        .arg(spec.per_user_limit)
-        .arg(spec.starts_at_ms)
-        .arg(spec.ends_at_ms)
-        .arg(remaining)
-        .arg(CONSUMER_GROUP)
-        .invoke_async(conn)
-        .await?;
-    // The index is outside the sale's hash slot, so it cannot be written by
-    // the script; adding it again is harmless.
-    let () = redis::cmd("SADD").arg(SALES_INDEX).arg(&spec.id).query_async(conn).await?;
-    Ok(if loaded == 1 { Preheat::Loaded { remaining } } else { Preheat::AlreadyThere })
-}
-
 /// Preheats `spec` from the database when Redis lacks it: its live orders
 /// (and reservations still in flight) count as sold, and its buyers and
 /// returned items are rebuilt (see [`crate::recovery::restore`]).
 ///
 /// # Errors
 /// Redis or the database failed, or another backend is restoring it.
-pub async fn preheat_from_store<C: ConnectionLike + Send>(
+pub async fn preheat_from_store<C: ConnectionLike + Send + Clone>(
     conn: &mut C,
     store: &Store,
     spec: &SaleSpec,
@@ -108,7 +84,7 @@ pub async fn preheat_from_store<C: ConnectionLike + Send>(
 ///
 /// # Errors
 /// Redis or the database failed, or the script answered nonsense.
-pub async fn apply<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
+pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
     let keys = SaleKeys::new(&spec.id);
     let reply: Vec<i64> = UPDATE_SALE
         .key(&keys.meta)
@@ -152,15 +128,40 @@ async fn announce<C: ConnectionLike + Send>(conn: &mut C, event: &SaleEvent) {
     }
 }
 
+/// Where an operator's pause or resume of a sale took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paused {
+    /// Recorded and applied to the live sale.
+    Applied,
+    /// Recorded; the sale is not in Redis right now, and its restore
+    /// applies the recorded value before anyone can buy.
+    Recorded,
+    /// No such sale.
+    Unknown,
+}
+
 /// Pauses or resumes one sale: the deduct script refuses buys of a paused
-/// sale, and gateways are told to drop their cached window at once.
-/// Returns false when the sale is not in Redis.
+/// sale, and gateways are told to drop their cached window at once. The
+/// database is written first, so a Redis that loses the sale afterwards
+/// gets it back paused.
+///
+/// # Errors
+/// The database or Redis failed. After a Redis failure the database holds
+/// the new value (calling again is harmless).
+pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str, paused: bool) -> Result<Paused, SaleError> {
+    if !store.set_sale_paused(id, paused).await? {
+        return Ok(Paused::Unknown);
+    }
+    Ok(if apply_pause(conn, id, paused).await? { Paused::Applied } else { Paused::Recorded })
+}
+
+/// Writes a sale's pause into Redis, only if the sale is there (never
+/// creates a half sale); returns whether it was.
 ///
 /// # Errors
 /// Redis failed.
-pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: bool) -> Result<bool, RedisError> {
+pub async fn apply_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: bool) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
-    // HSET only on an existing hash: never create a half sale.
     let script = redis::Script::new(
         "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], 'paused', ARGV[1]) return 1",
     );
@@ -172,14 +173,40 @@ pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused
 }
 
 /// Turns the global switch: `paused` stops every buy on every gateway.
+/// Written to the database first, then to Redis.
 ///
 /// # Errors
-/// Redis failed.
-pub async fn set_all_paused<C: ConnectionLike + Send>(conn: &mut C, paused: bool) -> Result<(), RedisError> {
-    let value = if paused { "paused" } else { "open" };
-    let () = redis::cmd("SET").arg(flashgate_common::keys::GLOBAL_SWITCH).arg(value).query_async(conn).await?;
+/// The database or Redis failed. After a Redis failure the database holds
+/// the new value (calling again is harmless).
+pub async fn set_all_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Store, paused: bool) -> Result<(), SaleError> {
+    store.set_all_paused(paused).await?;
+    let () = redis::cmd("SET").arg(GLOBAL_SWITCH).arg(switch_value(paused)).query_async(conn).await?;
     announce(conn, &SaleEvent::AllPaused(paused)).await;
     Ok(())
+}
+
+fn switch_value(paused: bool) -> &'static str {
+    if paused {
+        "paused"
+    } else {
+        "open"
+    }
+}
+
+/// Puts the recorded global switch back into a Redis that lost it (`SET
+/// NX`: a switch Redis has is the one last written, database first, by
+/// [`set_all_paused`]). Returns whether it was missing.
+///
+/// # Errors
+/// The database or Redis failed.
+pub async fn restore_switch<C: ConnectionLike + Send>(conn: &mut C, store: &Store) -> Result<bool, SaleError> {
+    let paused = store.all_paused().await?;
+    let written: Option<String> = redis::cmd("SET").arg(GLOBAL_SWITCH).arg(switch_value(paused)).arg("NX").query_async(conn).await?;
+    if written.is_some() {
+        tracing::warn!(paused, "global switch was missing from redis; restored from the database");
+        announce(conn, &SaleEvent::AllPaused(paused)).await;
+    }
+    Ok(written.is_some())
 }
 
 /// A sale as operators see it: its definition and live counters.

@@ -75,6 +75,9 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
             Ok(Preheat::StockBelowSold { sold }) => {
                 return Err(StartError::StockBelowSold { sale: spec.id, stock: spec.stock, sold })
             }
+            // Another backend, started at the same time, is restoring it;
+            // if it dies, the restore loop below takes over.
+            Err(sales::SaleError::Restoring) => tracing::info!(sale = %spec.id, "another backend is loading the sale; left to it"),
             Err(source) => return Err(StartError::Preheat { sale: spec.id, source }),
         }
     }
@@ -199,6 +202,33 @@ mod tests {
         let err = run_until(config, stopped).await.unwrap_err();
         assert!(matches!(err, StartError::NoAdminToken));
         assert!(err.to_string().contains("FLASHGATE_ADMIN_TOKEN"));
+    }
+
+    #[tokio::test]
+    async fn a_backend_starts_while_another_restores_its_sale_and_the_sale_is_then_loaded() {
+        let redis = RedisServer::start().await;
+        let sale = unique("s");
+        let keys = SaleKeys::new(&sale);
+        let mut conn = redis.conn().await;
+        // Another backend, started at the same moment on the empty Redis,
+        // holds the restore lock.
+        let () = conn.set(&keys.restoring, "another-backend").await.unwrap();
+        let mut config = config(&redis, &sqlite_url(), &sale, Some("t"), flashgate_common::now_ms());
+        config.backend.restore_poll = Duration::from_millis(50);
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run_until(config, stopped));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!task.is_finished(), "{:?}", task.await);
+        // That backend goes away; this one's restore loop loads the sale.
+        let () = conn.del(&keys.restoring).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !conn.exists::<_, bool>(&keys.meta).await.unwrap() {
+            assert!(std::time::Instant::now() < deadline, "the sale was never loaded");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 10);
+        stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").unwrap().unwrap();
     }
 
     #[tokio::test]

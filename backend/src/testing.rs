@@ -97,3 +97,101 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
     }
 }
+
+/// One buy attempt through the gateway's own script (`lua/deduct.lua`), as
+/// a gateway would run it; answers the outcome (`won`, `limit_reached`, ...).
+pub async fn buy(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: &str) -> String {
+    static DEDUCT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/deduct.lua")));
+    let keys = flashgate_common::keys::SaleKeys::new(sale_id);
+    let rid = flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
+    let (outcome, _detail): (String, String) = DEDUCT
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.buyers)
+        .key(keys.idempotency(user, ""))
+        .key(&keys.stream)
+        .key(&keys.reservations)
+        .arg(user)
+        .arg("")
+        .arg(&rid)
+        .arg(60)
+        .arg(sale_id)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    outcome
+}
+
+/// A TCP relay in front of a real Redis that can hold one client's next
+/// command: armed with a pattern, it stops forwarding the first chunk the
+/// client sends that contains it, until [`Gate::open`]. Lets a test stop a
+/// process at an exact step (say, just before it writes) and change Redis
+/// under it, with no timing involved.
+pub struct Gate {
+    pub url: String,
+    state: tokio::sync::watch::Sender<GateState>,
+    patterns: Vec<&'static [u8]>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GateState {
+    Armed,
+    Holding,
+    Open,
+}
+
+impl Gate {
+    /// Relays to `redis`, holding the first chunk that contains any of
+    /// `patterns` (e.g. `b"$3\r\nDEL\r\n"`, a RESP `DEL` command).
+    pub async fn start(redis: &RedisServer, patterns: Vec<&'static [u8]>) -> std::sync::Arc<Self> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (state, _) = tokio::sync::watch::channel(GateState::Armed);
+        let gate = std::sync::Arc::new(Self { url: format!("redis://{}/", listener.local_addr().unwrap()), state, patterns });
+        let upstream = redis.url.trim_start_matches("redis://").trim_end_matches('/').to_owned();
+        let relay = gate.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (mut client_rx, mut client_tx) = client.into_split();
+                let (mut server_rx, mut server_tx) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_rx, &mut client_tx).await;
+                });
+                let gate = relay.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0_u8; 64 * 1024];
+                    loop {
+                        let n = match client_rx.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let chunk = &buf[..n];
+                        let hit = gate.patterns.iter().any(|p| chunk.windows(p.len()).any(|w| w == *p));
+                        if hit && *gate.state.borrow() == GateState::Armed {
+                            gate.state.send_replace(GateState::Holding);
+                            let mut open = gate.state.subscribe();
+                            let _ = open.wait_for(|s| *s == GateState::Open).await;
+                        }
+                        if server_tx.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        gate
+    }
+
+    /// Waits until a chunk is held.
+    pub async fn holding(&self) {
+        let mut state = self.state.subscribe();
+        let _ = state.wait_for(|s| *s == GateState::Holding).await;
+    }
+
+    /// Forwards the held chunk and everything after it.
+    pub fn open(&self) {
+        self.state.send_replace(GateState::Open);
+    }
+}

@@ -18,7 +18,8 @@
 //! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
 //! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
 //! | `fg:{sale:ID}:dead` | stream | reservation entries the backend could not turn into orders |
-//! | `fg:{sale:ID}:restoring` | string | lock held while a backend restores a lost sale |
+//! | `fg:{sale:ID}:restoring` | string | lock held while a backend restores a lost sale (its token) |
+//! | `fg:{sale:ID}:restore:TOKEN:*` | hash, set | buyers, resv, released being rebuilt by one restore (expire) |
 
 /// Set of the ids of every preheated sale.
 pub const SALES_INDEX: &str = "fg:sales";
@@ -44,6 +45,15 @@ pub struct SaleKeys {
     /// Held by the backend restoring this sale after Redis lost it.
     pub restoring: String,
     idem_prefix: String,
+    restore_prefix: String,
+}
+
+/// Where one restore builds a sale's state before installing it at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreScratch {
+    pub buyers: String,
+    pub reservations: String,
+    pub released: String,
 }
 
 impl SaleKeys {
@@ -59,6 +69,7 @@ impl SaleKeys {
             dead: format!("{tag}:dead"),
             restoring: format!("{tag}:restoring"),
             idem_prefix: format!("{tag}:idem:"),
+            restore_prefix: format!("{tag}:restore:"),
         }
     }
 
@@ -66,6 +77,18 @@ impl SaleKeys {
     /// Keyed by user too, so two users cannot collide on the same key.
     pub fn idempotency(&self, user: &str, idempotency_key: &str) -> String {
         format!("{}{}:{}", self.idem_prefix, user, idempotency_key)
+    }
+
+    /// The scratch keys of the restore holding lock token `token`: its own,
+    /// so two restorers never write into each other's rebuild, and in the
+    /// sale's slot, so the install script can rename them into place.
+    pub fn restore_scratch(&self, token: &str) -> RestoreScratch {
+        let prefix = format!("{}{token}:", self.restore_prefix);
+        RestoreScratch {
+            buyers: format!("{prefix}buyers"),
+            reservations: format!("{prefix}resv"),
+            released: format!("{prefix}released"),
+        }
     }
 }
 
@@ -76,7 +99,8 @@ mod tests {
     #[test]
     fn every_key_of_a_sale_shares_one_hash_tag() {
         let k = SaleKeys::new("s1");
-        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i")] {
+        let scratch = k.restore_scratch("t");
+        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i"), &scratch.buyers, &scratch.reservations, &scratch.released] {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
     }

@@ -3,7 +3,9 @@
 //! - **Global switch**: `fg:switch` = `paused` in Redis stops every buy on
 //!   every gateway (`503 paused`); set by the admin API and announced on the
 //!   events channel, and re-read by every gateway every
-//!   `gateway.backlog_check_ms` in case an announcement was missed.
+//!   `gateway.backlog_check_ms` in case an announcement was missed. The
+//!   backend keeps it in its database and writes it back into a Redis that
+//!   lost it; until then (key absent) a gateway keeps the value it had.
 //! - **Backlog pause**: when a sale's unpersisted reservations (stream
 //!   entries not yet read by the backend plus those read but not yet
 //!   acknowledged) exceed `gateway.backlog_pause_threshold`, this gateway
@@ -71,7 +73,11 @@ pub struct SwitchWatcher {
 impl SwitchWatcher {
     async fn poll(&self, conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
         let switch: Option<String> = redis::cmd("GET").arg(GLOBAL_SWITCH).query_async(conn).await?;
-        self.switches.set_all_paused(switch.as_deref() == Some("paused"));
+        // Absent means a Redis that restarted empty: keep what we know until
+        // the backend puts the recorded switch back (it always writes one).
+        if let Some(switch) = switch {
+            self.switches.set_all_paused(switch == "paused");
+        }
         if self.backlog_threshold == 0 {
             return Ok(());
         }

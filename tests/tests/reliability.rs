@@ -199,3 +199,83 @@ async fn an_entry_that_keeps_failing_is_dead_lettered_listed_and_retried() {
     let (_, report) = stack.admin(Method::POST, "/admin/sales/poison/reconcile", None).await;
     assert_eq!(report["drift"].as_i64(), Some(0), "{report}");
 }
+
+/// Buys as a new user until the answer is not `503 unavailable` (the sale
+/// is back in Redis); returns that answer.
+async fn first_answer_once_restored(stack: &Stack, sale: &str) -> (u16, Value) {
+    eventually("the sale to be restored", Duration::from_secs(20), || async {
+        let (status, body) = stack.buy(sale, &random_user(), None).await;
+        (body["code"] != "unavailable").then_some((status, body))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sale_is_restored_paused_when_redis_restarts_empty() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("mispriced", 10, 1).await;
+    let (status, v) = stack.admin(Method::POST, "/admin/sales/mispriced/pause", None).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, body) = stack.buy("mispriced", &random_user(), None).await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("paused")), "{body}");
+
+    stack.redis.restart(); // no AOF: the new Redis is empty
+    let keys = SaleKeys::new("mispriced");
+    let paused: String = eventually("the sale back in redis", Duration::from_secs(20), || async {
+        let mut conn = stack.redis.conn().await;
+        redis::cmd("HGET").arg(&keys.meta).arg("paused").query_async::<Option<String>>(&mut conn).await.unwrap()
+    })
+    .await;
+    assert_eq!(paused, "1", "the restored sale must keep its pause");
+    let (status, body) = first_answer_once_restored(&stack, "mispriced").await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("paused")), "{body}");
+    assert_eq!(stack.remaining("mispriced").await, 10);
+
+    // Resuming works on the restored sale.
+    let (status, v) = stack.admin(Method::POST, "/admin/sales/mispriced/resume", None).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, body) = first_answer_once_restored(&stack, "mispriced").await;
+    assert_eq!(status, 202, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_switch_stays_paused_when_redis_restarts_empty() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("calm", 10, 1).await;
+    let (status, v) = stack.admin(Method::PUT, "/admin/switch", Some(json!({"paused": true}))).await;
+    assert_eq!(status, 200, "{v}");
+    eventually("every buy paused", Duration::from_secs(10), || async {
+        let (status, body) = stack.buy("calm", &random_user(), None).await;
+        (status == 503 && body["code"] == "paused").then_some(())
+    })
+    .await;
+
+    stack.redis.restart(); // no AOF: the new Redis is empty
+    let switch: String = eventually("the switch back in redis", Duration::from_secs(20), || async {
+        let mut conn = stack.redis.conn().await;
+        redis::cmd("GET").arg(flashgate_common::keys::GLOBAL_SWITCH).query_async::<Option<String>>(&mut conn).await.unwrap()
+    })
+    .await;
+    assert_eq!(switch, "paused");
+    // The sale itself is restored too, and still refused.
+    eventually("the sale back in redis", Duration::from_secs(20), || async {
+        let mut conn = stack.redis.conn().await;
+        let present: bool = redis::cmd("EXISTS").arg(&SaleKeys::new("calm").meta).query_async(&mut conn).await.unwrap();
+        present.then_some(())
+    })
+    .await;
+    for _ in 0..5 {
+        let (status, body) = stack.buy("calm", &random_user(), None).await;
+        assert_eq!((status, body["code"].as_str()), (503, Some("paused")), "{body}");
+    }
+    assert_eq!(stack.remaining("calm").await, 10);
+
+    let (status, v) = stack.admin(Method::PUT, "/admin/switch", Some(json!({"paused": false}))).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, body) = eventually("buys open again", Duration::from_secs(10), || async {
+        let (status, body) = stack.buy("calm", &random_user(), None).await;
+        (status != 503).then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 202, "{body}");
+}

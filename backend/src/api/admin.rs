@@ -189,7 +189,9 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<SaleView>>, 
 }
 
 /// `POST /admin/sales/{id}/pause` and `/resume`: stops or restarts buying
-/// of one sale on every gateway, without a restart.
+/// of one sale on every gateway, without a restart. Kept in the database
+/// (written first), so a sale Redis lost is restored paused; while the sale
+/// is absent from Redis the answer is still 200 and the restore applies it.
 pub async fn pause(state: State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
     set_paused(state, id, true).await
 }
@@ -200,11 +202,13 @@ pub async fn resume(state: State<AppState>, id: Result<Path<String>, PathRejecti
 
 async fn set_paused(State(state): State<AppState>, id: Result<Path<String>, PathRejection>, paused: bool) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
-    if !sales::set_paused(&mut state.redis.clone(), &id, paused).await? {
-        return Err(ApiError::unavailable("the sale is not in redis yet (being restored)"));
-    }
-    tracing::info!(sale = %id, paused, "sale pause switched by an operator");
+    let applied = match sales::set_paused(&mut state.redis.clone(), &state.store, &id, paused).await? {
+        sales::Paused::Unknown => return Err(ApiError::not_found("no such sale")),
+        sales::Paused::Applied => true,
+        // Absent from Redis (being restored): the restore applies it.
+        sales::Paused::Recorded => false,
+    };
+    tracing::info!(sale = %id, paused, in_redis = applied, "sale pause switched by an operator");
     Ok(Json(serde_json::json!({"sale_id": id, "paused": paused})).into_response())
 }
 
@@ -216,10 +220,11 @@ pub struct SwitchBody {
 }
 
 /// `PUT /admin/switch` `{"paused": true|false}`: the global switch; while
-/// paused, every buy on every gateway gets `503 paused`.
+/// paused, every buy on every gateway gets `503 paused`. Kept in the
+/// database, so a Redis that restarts empty gets it back.
 pub async fn switch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let SwitchBody { paused } = parse_json(&body?)?;
-    sales::set_all_paused(&mut state.redis.clone(), paused).await?;
+    sales::set_all_paused(&mut state.redis.clone(), &state.store, paused).await?;
     tracing::warn!(paused, "global sale switch turned by an operator");
     Ok(Json(serde_json::json!({"paused": paused})).into_response())
 }

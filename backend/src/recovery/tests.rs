@@ -49,13 +49,24 @@ async fn release_returns_an_item_once_and_waits_for_a_missing_sale() {
         let mut conn = conn.clone();
         let keys = keys.clone();
         async move {
-            RELEASE.key(&keys.meta).key(&keys.remaining).key(&keys.buyers).key(&keys.released).arg("r1").arg("u").invoke_async::<i64>(&mut conn).await.unwrap()
+            RELEASE
+                .key(&keys.meta)
+                .key(&keys.remaining)
+                .key(&keys.buyers)
+                .key(&keys.reservations)
+                .key(&keys.released)
+                .arg("r1")
+                .arg("u")
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .unwrap()
         }
     };
     assert_eq!(call(&mut conn).await, -1, "absent sale: nothing changes");
     crate::sales::preheat_from_store(&mut conn, &store, &sale(&id, 5)).await.unwrap();
     let () = conn.set(&keys.remaining, 4).await.unwrap();
     let () = conn.hset(&keys.buyers, "u", 1).await.unwrap();
+    let () = conn.hset(&keys.reservations, "r1", "u").await.unwrap();
     assert_eq!(call(&mut conn).await, 1);
     assert_eq!(call(&mut conn).await, 0);
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 5);
@@ -91,4 +102,147 @@ async fn unpaid_orders_past_the_timeout_are_cancelled_and_their_items_return_onc
     // A payment arriving after the cancellation is refused.
     let unpaid_order = store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap();
     assert!(matches!(store.pay(&unpaid_order.order_id).await.unwrap(), crate::store::Payment::Cancelled(_)));
+}
+
+#[tokio::test]
+async fn a_cancelled_order_whose_reservation_redis_never_counted_returns_no_item() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 5);
+    store.upsert_sale(&spec).await.unwrap();
+    crate::sales::preheat_from_store(&mut conn, &store, &spec).await.unwrap();
+    let keys = SaleKeys::new(&id);
+    // Written from the forward after Redis lost the reservation: Redis
+    // never took its item out of `remaining`.
+    let lost = reservation(&id, "u");
+    store.insert_orders(std::slice::from_ref(&lost)).await.unwrap();
+    let order = store.order_by_reservation(&lost.reservation_id).await.unwrap().unwrap();
+    assert!(store.cancel_if_unpaid(&order.order_id).await.unwrap());
+
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 5, "no item may appear from nowhere");
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0, "done once: not retried");
+    // Reconciliation cannot count it afterwards either.
+    let report = crate::reconcile::reconcile_sale(&mut conn, &store, &id).await.unwrap().unwrap();
+    assert_eq!((report.adopted, report.remaining, report.drift), (0, 5, 0));
+}
+
+#[tokio::test]
+async fn an_order_restored_from_the_database_then_cancelled_returns_its_item_once() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 5);
+    store.upsert_sale(&spec).await.unwrap();
+    let kept = reservation(&id, "u");
+    store.insert_orders(std::slice::from_ref(&kept)).await.unwrap();
+    // Redis lost everything; the restore counts the live order.
+    assert!(matches!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::Loaded { remaining: 4, .. }));
+    let keys = SaleKeys::new(&id);
+    let order = store.order_by_reservation(&kept.reservation_id).await.unwrap().unwrap();
+    assert!(store.cancel_if_unpaid(&order.order_id).await.unwrap());
+
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 1);
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 5);
+    assert_eq!(conn.hget::<_, _, Option<i64>>(&keys.buyers, "u").await.unwrap(), None, "the buyer may buy again");
+}
+
+/// Patterns at which a restorer is stopped just before its first write to
+/// the sale's live keys: a `DEL` or a script call.
+fn before_writes() -> Vec<&'static [u8]> {
+    vec![b"$3\r\nDEL\r\n", b"$7\r\nEVALSHA\r\n"]
+}
+
+#[tokio::test]
+async fn a_restore_overtaken_by_another_changes_nothing_and_no_user_wins_twice() {
+    let redis = RedisServer::start().await;
+    let gate = crate::testing::Gate::start(&redis, before_writes()).await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 10);
+    store.upsert_sale(&spec).await.unwrap();
+    store.insert_orders(&[reservation(&id, "early")]).await.unwrap();
+    let keys = SaleKeys::new(&id);
+
+    // Restorer B has its snapshot and is stopped before it writes; its lock
+    // expires (a stalled process), and restorer A restores the sale.
+    let mut slow = redis::Client::open(gate.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let slow_store = store.clone();
+    let slow_spec = spec.clone();
+    let b = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_spec).await.unwrap() });
+    gate.holding().await;
+    let () = conn.del(&keys.restoring).await.unwrap();
+    assert!(matches!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::Loaded { remaining: 9, .. }));
+    // The sale is live: a limit-1 user wins once.
+    assert_eq!(crate::testing::buy(&mut conn, &id, "v").await, "won");
+    assert_eq!(crate::testing::buy(&mut conn, &id, "early").await, "limit_reached");
+
+    gate.open();
+    assert_eq!(b.await.unwrap(), Restored::NotNeeded);
+    assert_eq!(crate::testing::buy(&mut conn, &id, "v").await, "limit_reached", "v must not win twice");
+    assert_eq!(crate::testing::buy(&mut conn, &id, "early").await, "limit_reached");
+    let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();
+    assert_eq!(buyers, HashMap::from([("early".into(), 1), ("v".into(), 1)]));
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 8);
+    assert_eq!(conn.hlen::<_, i64>(&keys.reservations).await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn a_restorer_that_lost_its_lock_installs_nothing() {
+    let redis = RedisServer::start().await;
+    let gate = crate::testing::Gate::start(&redis, before_writes()).await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 10);
+    store.upsert_sale(&spec).await.unwrap();
+    let keys = SaleKeys::new(&id);
+
+    let mut slow = redis::Client::open(gate.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let slow_store = store.clone();
+    let slow_spec = spec.clone();
+    let b = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_spec).await.unwrap() });
+    gate.holding().await;
+    // Its lock expired and another restorer holds it now.
+    let () = conn.set(&keys.restoring, "someone-else").await.unwrap();
+    gate.open();
+    assert_eq!(b.await.unwrap(), Restored::Busy);
+    assert!(!conn.exists::<_, bool>(&keys.meta).await.unwrap(), "only the lock holder may install the sale");
+    let leftovers: Vec<String> = conn.keys(format!("fg:{{sale:{id}}}:*")).await.unwrap();
+    assert_eq!(leftovers, vec![keys.restoring.clone()], "scratch keys are dropped");
+}
+
+#[tokio::test]
+async fn two_restores_of_one_lost_sale_at_once_load_it_once() {
+    let redis = RedisServer::start().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 10);
+    store.upsert_sale(&spec).await.unwrap();
+    store.insert_orders(&[reservation(&id, "a"), reservation(&id, "b")]).await.unwrap();
+    let keys = SaleKeys::new(&id);
+    for _ in 0..20 {
+        let (mut one, mut two) = (redis.conn().await, redis.conn().await);
+        let (x, y) = tokio::join!(restore(&mut one, &store, &spec), restore(&mut two, &store, &spec));
+        let mut results = [x.unwrap(), y.unwrap()];
+        results.sort_by_key(|r| !matches!(r, Restored::Loaded { .. }));
+        assert_eq!(results[0], Restored::Loaded { remaining: 8, live_orders: 2, in_flight: 0 }, "{results:?}");
+        assert!(matches!(results[1], Restored::Busy | Restored::NotNeeded), "{results:?}");
+        let mut conn = redis.conn().await;
+        // Live buys, then a restore attempt on the live sale changes nothing.
+        assert_eq!(crate::testing::buy(&mut conn, &id, "c").await, "won");
+        let before: (HashMap<String, i64>, HashMap<String, String>, i64) =
+            (conn.hgetall(&keys.buyers).await.unwrap(), conn.hgetall(&keys.reservations).await.unwrap(), conn.get(&keys.remaining).await.unwrap());
+        assert_eq!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::NotNeeded);
+        let after: (HashMap<String, i64>, HashMap<String, String>, i64) =
+            (conn.hgetall(&keys.buyers).await.unwrap(), conn.hgetall(&keys.reservations).await.unwrap(), conn.get(&keys.remaining).await.unwrap());
+        assert_eq!(before, after);
+        assert_eq!(before.2, 7);
+        let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    }
 }

@@ -344,6 +344,45 @@ impl Store {
         Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
     }
 
+    /// Records whether an operator has sale `id` paused; returns whether
+    /// the sale exists. The row is what a sale restored into an empty Redis
+    /// gets (see [`crate::recovery`]).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn set_sale_paused(&self, id: &str, paused: bool) -> Result<bool, StoreError> {
+        let done = sqlx::query(sql::SET_SALE_PAUSED).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Whether an operator has sale `id` paused; `None` for an unknown sale.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn sale_paused(&self, id: &str) -> Result<Option<bool>, StoreError> {
+        let row = sqlx::query(sql::SALE_PAUSED).bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?.map(|p| p != 0))
+    }
+
+    /// Records the global switch (`true` stops every buy).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn set_all_paused(&self, paused: bool) -> Result<(), StoreError> {
+        let value = if paused { "paused" } else { "open" };
+        sqlx::query(sql::SET_SETTING).bind(sql::SWITCH_SETTING).bind(value).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The global switch as last recorded; open when never set.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn all_paused(&self) -> Result<bool, StoreError> {
+        let row = sqlx::query(sql::SETTING).bind(sql::SWITCH_SETTING).fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| r.try_get::<String, _>(0)).transpose()?.as_deref() == Some("paused"))
+    }
+
     /// The order `order_id`, if any.
     ///
     /// # Errors

@@ -6,6 +6,8 @@ pub const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS sales (id TEXT PRIMARY KEY, name TEXT NOT NULL, stock BIGINT NOT NULL, per_user_limit BIGINT NOT NULL, starts_at_ms BIGINT NOT NULL, ends_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, reservation_id TEXT NOT NULL UNIQUE, sale_id TEXT NOT NULL, user_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, reserved_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL, status TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS orders_sale_user ON orders (sale_id, user_id)",
+    // Operator settings that must survive Redis (the global switch).
+    "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ];
 
 /// Columns added after the first release, as (table, column, definition).
@@ -14,6 +16,8 @@ pub const SCHEMA: &[&str] = &[
 pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("sales", "payment_timeout_seconds", "BIGINT NOT NULL DEFAULT 900"),
     ("orders", "released_at_ms", "BIGINT"),
+    // 1 while an operator has the sale paused; copied into Redis `meta`.
+    ("sales", "paused", "BIGINT NOT NULL DEFAULT 0"),
 ];
 
 /// Whether a column exists, per dialect; `$1` table, `$2` column.
@@ -85,6 +89,18 @@ pub const SALE_BY_ID: &str =
 pub const ALL_SALES: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms FROM sales ORDER BY id";
 
 pub const SET_PAYMENT_TIMEOUT: &str = "UPDATE sales SET payment_timeout_seconds = $1 WHERE id = $2";
+
+pub const SET_SALE_PAUSED: &str = "UPDATE sales SET paused = $1 WHERE id = $2";
+
+pub const SALE_PAUSED: &str = "SELECT paused FROM sales WHERE id = $1";
+
+/// Name of the global switch in `settings`; its value is `paused` or `open`.
+pub const SWITCH_SETTING: &str = "switch";
+
+pub const SETTING: &str = "SELECT value FROM settings WHERE name = $1";
+
+pub const SET_SETTING: &str =
+    "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 
 pub const PAYMENT_TIMEOUT: &str = "SELECT payment_timeout_seconds FROM sales WHERE id = $1";
 

@@ -168,3 +168,29 @@ async fn a_database_made_before_payment_timeouts_gains_the_new_columns() {
     let store = Store::connect(&url).await.unwrap();
     assert_eq!(store.payment_timeout("old").await.unwrap(), Some(900));
 }
+
+#[tokio::test]
+async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
+    for (db, store) in stores().await {
+        let id = unique("s");
+        assert!(!store.set_sale_paused(&id, true).await.unwrap(), "{db}: unknown sale");
+        assert_eq!(store.sale_paused(&id).await.unwrap(), None, "{db}");
+        let spec = sale(&id, 5);
+        store.upsert_sale(&spec).await.unwrap();
+        assert_eq!(store.sale_paused(&id).await.unwrap(), Some(false), "{db}");
+        assert!(store.set_sale_paused(&id, true).await.unwrap(), "{db}");
+        // Changing the sale's definition keeps its pause.
+        store.upsert_sale(&SaleSpec { stock: 7, ..spec }).await.unwrap();
+        assert_eq!(store.sale_paused(&id).await.unwrap(), Some(true), "{db}");
+        assert!(store.set_sale_paused(&id, false).await.unwrap(), "{db}");
+        assert_eq!(store.sale_paused(&id).await.unwrap(), Some(false), "{db}");
+
+        // PostgreSQL is shared with other tests: put the switch back.
+        let before = store.all_paused().await.unwrap();
+        store.set_all_paused(true).await.unwrap();
+        assert!(store.all_paused().await.unwrap(), "{db}");
+        store.set_all_paused(false).await.unwrap();
+        assert!(!store.all_paused().await.unwrap(), "{db}");
+        store.set_all_paused(before).await.unwrap();
+    }
+}
