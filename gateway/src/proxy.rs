@@ -1,7 +1,7 @@
 //! The gateway's request path, as Pingora phases.
 //!
 //! ```text
-//! early_request_filter   keepalive, request id
+//! early_request_filter   idle timeout of a reusable connection, request id
 //! request_filter         route::classify
 //!   ├─ gateway route ──► handler (auth → deduct → forward …) ─► Reply ─► write, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
@@ -120,7 +120,16 @@ impl ProxyHttp for Gateway {
     }
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
-        session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        // Pingora has already decided from the request whether the
+        // connection may carry another one: not after `Connection: close`,
+        // an HTTP/1.0 request without keep-alive, or a request with both
+        // Content-Length and Transfer-Encoding (two parsers may frame it
+        // differently: a request-smuggling vector). Only a reusable
+        // connection gets the idle timeout; setting it on the others would
+        // turn keepalive back on.
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        }
         // A client trickling its body is cut off instead of holding a slot.
         session.set_read_timeout(Some(self.config.gateway.body_read_timeout));
         ctx.request_id = request_id(session.req_header());
