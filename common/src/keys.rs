@@ -13,7 +13,8 @@
 //! | `fg:{sale:ID}:meta` | hash | name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused |
 //! | `fg:{sale:ID}:remaining` | string (int) | items left to sell |
 //! | `fg:{sale:ID}:buyers` | hash | user id -> items reserved |
-//! | `fg:{sale:ID}:idem:USER:KEY` | string | first outcome of an Idempotency-Key (expires) |
+//! | `fg:{sale:ID}:idem:USER:KEY` | string | an Idempotency-Key that won: `won|rid` (expires) |
+//! | `fg:{sale:ID}:idem-misses:USER` | hash | a user's keys that did not win -> outcome; capped, expires |
 //! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
 //! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
 //! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
@@ -44,6 +45,7 @@ pub struct SaleKeys {
     /// Held by the backend restoring this sale after Redis lost it.
     pub restoring: String,
     idem_prefix: String,
+    idem_misses_prefix: String,
 }
 
 impl SaleKeys {
@@ -59,6 +61,7 @@ impl SaleKeys {
             dead: format!("{tag}:dead"),
             restoring: format!("{tag}:restoring"),
             idem_prefix: format!("{tag}:idem:"),
+            idem_misses_prefix: format!("{tag}:idem-misses:"),
         }
     }
 
@@ -66,6 +69,12 @@ impl SaleKeys {
     /// Keyed by user too, so two users cannot collide on the same key.
     pub fn idempotency(&self, user: &str, idempotency_key: &str) -> String {
         format!("{}{}:{}", self.idem_prefix, user, idempotency_key)
+    }
+
+    /// The hash remembering `user`'s Idempotency-Keys that did not win
+    /// (key -> outcome), capped in size by the deduct script.
+    pub fn idempotency_misses(&self, user: &str) -> String {
+        format!("{}{}", self.idem_misses_prefix, user)
     }
 }
 
@@ -76,7 +85,7 @@ mod tests {
     #[test]
     fn every_key_of_a_sale_shares_one_hash_tag() {
         let k = SaleKeys::new("s1");
-        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i")] {
+        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i"), &k.idempotency_misses("u")] {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
     }
