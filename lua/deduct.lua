@@ -3,18 +3,21 @@
 -- KEYS[1] meta        hash   name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused
 -- KEYS[2] remaining   string items left
 -- KEYS[3] buyers      hash   user -> items reserved
--- KEYS[4] idempotency string first outcome of this user's Idempotency-Key ("" key = none)
+-- KEYS[4] idempotency string this user's Idempotency-Key that won ("won|rid")
 -- KEYS[5] stream      stream reservation records
 -- KEYS[6] resv        hash   reservation id -> user
+-- KEYS[7] misses      hash   this user's Idempotency-Keys that did not win -> outcome
 -- ARGV[1] user id
 -- ARGV[2] Idempotency-Key ("" when the buyer sent none)
 -- ARGV[3] reservation id to use if this attempt wins
 -- ARGV[4] idempotency TTL, seconds
 -- ARGV[5] sale id (written into the reservation record)
+-- ARGV[6] most keys that did not win remembered per user and sale
 --
 -- All keys share the sale's hash tag, so this runs on Redis Cluster too.
 -- Reply: {outcome, detail}
---   "won"           reservation id
+--   "won"           reservation id, and a third element: the reservation's
+--                   time (Redis TIME, ms), the same `ts` as in the stream
 --   "sold_out"      ""
 --   "limit_reached" ""
 --   "ended"         ""
@@ -22,11 +25,18 @@
 --   "paused"        ""
 --   "not_found"     ""
 -- A replay of a remembered Idempotency-Key answers the remembered outcome
--- with "replay:" in front, e.g. "replay:won".
+-- with "replay:" in front, e.g. "replay:won" (without the time).
+--
+-- Memory: a winning key is kept for the TTL (wins are bounded by the
+-- stock). Keys that did not win go into one hash per user and sale, at
+-- most ARGV[6] of them, expiring ARGV[4] after the last one written; past
+-- that cap such a key is not remembered and a retry is answered from the
+-- sale's state at that moment. So one account sending random keys cannot
+-- grow Redis beyond that cap.
 
 local idem = ARGV[2]
 if idem ~= '' then
-  local first = redis.call('GET', KEYS[4])
+  local first = redis.call('GET', KEYS[4]) or redis.call('HGET', KEYS[7], idem)
   if first then
     local sep = string.find(first, '|', 1, true)
     return {'replay:' .. string.sub(first, 1, sep - 1), string.sub(first, sep + 1)}
@@ -42,7 +52,12 @@ end
 -- change on a later attempt (not started, paused) are not remembered.
 local function final(outcome, detail)
   if idem ~= '' then
-    redis.call('SET', KEYS[4], outcome .. '|' .. detail, 'EX', ARGV[4])
+    if outcome == 'won' then
+      redis.call('SET', KEYS[4], outcome .. '|' .. detail, 'EX', ARGV[4])
+    elseif redis.call('HLEN', KEYS[7]) < tonumber(ARGV[6]) then
+      redis.call('HSET', KEYS[7], idem, outcome .. '|' .. detail)
+      redis.call('EXPIRE', KEYS[7], ARGV[4])
+    end
   end
   return {outcome, detail}
 end
@@ -76,4 +91,7 @@ redis.call('HINCRBY', KEYS[3], user, 1)
 redis.call('HSET', KEYS[6], rid, user)
 redis.call('XADD', KEYS[5], '*', 'rid', rid, 'sale', ARGV[5],
            'user', user, 'idem', idem, 'ts', tostring(now))
-return final('won', rid)
+final('won', rid)
+-- The record's time goes back with the win, so the gateway's forward
+-- carries the same reservation time as the stream entry.
+return {'won', rid, tostring(now)}

@@ -21,6 +21,8 @@ pub struct Metrics {
     pub dead_letters: IntCounter,
     /// Orders cancelled by the payment timeout.
     pub orders_expired: IntCounter,
+    /// Reservation lookups answered for gateways (`GET /internal/reservations/{rid}`).
+    pub order_lookups: IntCounter,
     pub remaining: IntGaugeVec,
     pub backlog: IntGaugeVec,
     pub stream_lag: IntGaugeVec,
@@ -55,6 +57,10 @@ impl Metrics {
             )),
             dead_letters: reg!(IntCounter::new("backend_dead_letters_total", "Stream entries moved to a dead-letter stream.")),
             orders_expired: reg!(IntCounter::new("orders_expired_total", "Orders cancelled unpaid after the payment timeout.")),
+            order_lookups: reg!(IntCounter::new(
+                "backend_order_lookups_total",
+                "Reservation order lookups asked by gateways (GET /internal/reservations/{rid})."
+            )),
             remaining: reg!(gauge("sale_remaining_items", "Items left to sell, in Redis.")),
             backlog: reg!(gauge("sale_backlog_reservations", "Reservations not yet persisted as orders (lag + pending).")),
             stream_lag: reg!(gauge("backend_stream_lag_entries", "Stream entries not yet delivered to the consumer group.")),

@@ -13,7 +13,8 @@
 //! | `fg:{sale:ID}:meta` | hash | name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused |
 //! | `fg:{sale:ID}:remaining` | string (int) | items left to sell |
 //! | `fg:{sale:ID}:buyers` | hash | user id -> items reserved |
-//! | `fg:{sale:ID}:idem:USER:KEY` | string | first outcome of an Idempotency-Key (expires) |
+//! | `fg:{sale:ID}:idem:USER:KEY` | string | an Idempotency-Key that won: `won|rid` (expires) |
+//! | `fg:{sale:ID}:idem-misses:USER` | hash | a user's keys that did not win -> outcome; capped, expires |
 //! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
 //! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
 //! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
@@ -46,6 +47,7 @@ pub struct SaleKeys {
     pub restoring: String,
     idem_prefix: String,
     restore_prefix: String,
+    idem_misses_prefix: String,
 }
 
 /// Where one restore builds a sale's state before installing it at once.
@@ -70,6 +72,7 @@ impl SaleKeys {
             restoring: format!("{tag}:restoring"),
             idem_prefix: format!("{tag}:idem:"),
             restore_prefix: format!("{tag}:restore:"),
+            idem_misses_prefix: format!("{tag}:idem-misses:"),
         }
     }
 
@@ -77,6 +80,12 @@ impl SaleKeys {
     /// Keyed by user too, so two users cannot collide on the same key.
     pub fn idempotency(&self, user: &str, idempotency_key: &str) -> String {
         format!("{}{}:{}", self.idem_prefix, user, idempotency_key)
+    }
+
+    /// The hash remembering `user`'s Idempotency-Keys that did not win
+    /// (key -> outcome), capped in size by the deduct script.
+    pub fn idempotency_misses(&self, user: &str) -> String {
+        format!("{}{}", self.idem_misses_prefix, user)
     }
 
     /// The scratch keys of the restore holding lock token `token`: its own,
@@ -100,7 +109,7 @@ mod tests {
     fn every_key_of_a_sale_shares_one_hash_tag() {
         let k = SaleKeys::new("s1");
         let scratch = k.restore_scratch("t");
-        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i"), &scratch.buyers, &scratch.reservations, &scratch.released] {
+        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i"), &k.idempotency_misses("u"), &scratch.buyers, &scratch.reservations, &scratch.released] {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
     }

@@ -30,7 +30,7 @@ trap stop INT TERM EXIT
 wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; return 1; }
 
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$PWD/data" --appendonly yes --appendfsync everysec \
-  --save "" --logfile "$PWD/data/redis.log" & pids+=($!)
+  --save "" --maxmemory-policy noeviction --logfile "$PWD/data/redis.log" & pids+=($!)
 wait_port "$REDIS_PORT"
 "$BIN/demo-shop" 127.0.0.1:8000 > data/shop.log 2>&1 & pids+=($!)
 "$BIN/flashgate-backend" --config "$CONFIG" > data/backend.log 2>&1 & pids+=($!)

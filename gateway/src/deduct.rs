@@ -8,10 +8,18 @@ use flashgate_common::keys::SaleKeys;
 
 use crate::redis_client::{RedisClient, RedisError};
 
+/// Most Idempotency-Keys that did not win remembered per user and sale
+/// (`lua/deduct.lua`). Past it, a key that did not win is not stored, and
+/// its retry is answered from the sale's state at that moment: one
+/// account sending random keys cannot grow Redis without bound.
+pub const MISSES_REMEMBERED_PER_USER: u32 = 16;
+
 /// What the script decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeductOutcome {
-    Won { reservation_id: String },
+    /// `reserved_at_ms` is the script's clock, the `ts` of the stream
+    /// record; a replay of a remembered win does not carry it (`None`).
+    Won { reservation_id: String, reserved_at_ms: Option<i64> },
     SoldOut,
     LimitReached,
     Ended,
@@ -26,6 +34,16 @@ pub enum DeductOutcome {
 pub struct Decision {
     pub outcome: DeductOutcome,
     pub replayed: bool,
+}
+
+impl Decision {
+    /// Whether the script found the sale out of stock just now. A replayed
+    /// `sold_out` only repeats what an earlier attempt was told; the stock
+    /// may have come back since (returns, restock), so it says nothing
+    /// about the sale today and must never close it.
+    pub fn found_sold_out(&self) -> bool {
+        !self.replayed && self.outcome == DeductOutcome::SoldOut
+    }
 }
 
 /// One buy attempt's inputs.
@@ -55,17 +73,24 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .key(keys.idempotency(attempt.user_id, attempt.idempotency_key))
         .key(&keys.stream)
         .key(&keys.reservations)
+        .key(keys.idempotency_misses(attempt.user_id))
         .arg(attempt.user_id)
         .arg(attempt.idempotency_key)
         .arg(attempt.reservation_id)
         .arg(attempt.idempotency_ttl_seconds)
-        .arg(attempt.sale_id);
-    let (code, detail): (String, String) = redis.bounded(invocation.invoke_async(&mut conn)).await??;
-    parse_reply(&code, detail).ok_or_else(|| {
+        .arg(attempt.sale_id)
+        .arg(MISSES_REMEMBERED_PER_USER);
+    let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    let parsed = match reply.as_slice() {
+        [code, detail] => parse_reply(code, detail.clone(), None),
+        [code, detail, at] => parse_reply(code, detail.clone(), Some(at)),
+        _ => None,
+    };
+    parsed.ok_or_else(|| {
         RedisError::Redis(redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "unknown deduct reply",
-            code,
+            reply.join("|"),
         )))
     })
 }
@@ -77,22 +102,38 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
 /// # Errors
 /// [`RedisError`] when Redis fails or times out.
 pub async fn remembered(redis: &RedisClient, sale_id: &str, user_id: &str, idempotency_key: &str) -> Result<Option<Decision>, RedisError> {
-    let key = SaleKeys::new(sale_id).idempotency(user_id, idempotency_key);
+    let keys = SaleKeys::new(sale_id);
     let mut conn = redis.conn().await?;
-    let value: Option<String> = redis.bounded(redis::cmd("GET").arg(key).query_async(&mut conn)).await??;
-    Ok(value.and_then(|v| {
-        let (code, detail) = v.split_once('|')?;
-        parse_reply(code, detail.to_owned()).map(|d| Decision { replayed: true, ..d })
-    }))
+    // Where the script remembers a key: a win on its own, the others in
+    // the user's capped hash. One round trip for both.
+    let mut pipe = redis::pipe();
+    pipe.get(keys.idempotency(user_id, idempotency_key)).hget(keys.idempotency_misses(user_id), idempotency_key);
+    let (won, missed): (Option<String>, Option<String>) = redis.bounded(pipe.query_async(&mut conn)).await??;
+    Ok(won.or(missed).as_deref().and_then(parse_remembered))
 }
 
-fn parse_reply(code: &str, detail: String) -> Option<Decision> {
+/// Parses an outcome as the script stores it (`code|detail`): a replay.
+fn parse_remembered(value: &str) -> Option<Decision> {
+    let (code, detail) = value.split_once('|')?;
+    let outcome = parse_outcome(code, detail.to_owned(), None, true)?;
+    Some(Decision { outcome, replayed: true })
+}
+
+/// Parses the script's reply; `at` is the time that comes with a live win.
+fn parse_reply(code: &str, detail: String, at: Option<&str>) -> Option<Decision> {
     let (replayed, code) = match code.strip_prefix("replay:") {
         Some(rest) => (true, rest),
         None => (false, code),
     };
-    let outcome = match code {
-        "won" => DeductOutcome::Won { reservation_id: detail },
+    let outcome = parse_outcome(code, detail, at, replayed)?;
+    Some(Decision { outcome, replayed })
+}
+
+fn parse_outcome(code: &str, detail: String, at: Option<&str>, replayed: bool) -> Option<DeductOutcome> {
+    Some(match code {
+        // A live win always carries its time; a replay never needs it.
+        "won" if replayed => DeductOutcome::Won { reservation_id: detail, reserved_at_ms: None },
+        "won" => DeductOutcome::Won { reservation_id: detail, reserved_at_ms: Some(at?.parse().ok()?) },
         "sold_out" => DeductOutcome::SoldOut,
         "limit_reached" => DeductOutcome::LimitReached,
         "ended" => DeductOutcome::Ended,
@@ -100,8 +141,7 @@ fn parse_reply(code: &str, detail: String) -> Option<Decision> {
         "paused" => DeductOutcome::Paused,
         "not_found" => DeductOutcome::NotFound,
         _ => return None,
-    };
-    Some(Decision { outcome, replayed })
+    })
 }
 
 #[cfg(test)]
@@ -110,12 +150,31 @@ mod tests {
 
     #[test]
     fn replies_parse_into_outcomes() {
-        let d = parse_reply("replay:won", "s.1".into()).unwrap();
+        let d = parse_reply("replay:won", "s.1".into(), None).unwrap();
         assert!(d.replayed);
-        assert_eq!(d.outcome, DeductOutcome::Won { reservation_id: "s.1".into() });
-        let d = parse_reply("not_started", "1700".into()).unwrap();
+        assert_eq!(d.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: None });
+        let d = parse_reply("won", "s.1".into(), Some("1700")).unwrap();
+        assert_eq!(d.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: Some(1700) });
+        assert!(parse_reply("won", "s.1".into(), None).is_none(), "a live win without its time is malformed");
+        let d = parse_reply("not_started", "1700".into(), None).unwrap();
         assert_eq!(d.outcome, DeductOutcome::NotStarted { starts_at_ms: 1700 });
-        assert!(parse_reply("bogus", String::new()).is_none());
-        assert!(parse_reply("not_started", "x".into()).is_none());
+        assert!(parse_reply("bogus", String::new(), None).is_none());
+        assert!(parse_reply("not_started", "x".into(), None).is_none());
+    }
+
+    #[test]
+    fn remembered_outcomes_parse_as_replays() {
+        let d = parse_remembered("won|s.1").unwrap();
+        assert_eq!((d.outcome, d.replayed), (DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: None }, true));
+        let d = parse_remembered("sold_out|").unwrap();
+        assert!(d.replayed && !d.found_sold_out());
+        assert!(parse_remembered("won").is_none());
+    }
+
+    #[test]
+    fn only_a_live_sold_out_answer_finds_the_sale_sold_out() {
+        assert!(parse_reply("sold_out", String::new(), None).unwrap().found_sold_out());
+        assert!(!parse_reply("replay:sold_out", String::new(), None).unwrap().found_sold_out());
+        assert!(!parse_reply("limit_reached", String::new(), None).unwrap().found_sold_out());
     }
 }

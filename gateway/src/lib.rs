@@ -14,6 +14,7 @@
 //! - [`state_cache`]: the live-stock micro-cache behind `GET /api/sales/{id}`.
 //! - [`forwarder`]: winners sent to the backend in batches, off the request path.
 //! - [`orders`]: the client of the order backend.
+//! - [`order_cache`]: reservations' orders, cached briefly for pollers.
 //! - [`static_pages`]: in-memory product pages and assets (ETag, gzip/brotli, reload).
 //! - [`upstreams`]: the shop's upstreams, health checks, hop-by-hop headers.
 //! - [`limits`]: user, IP and global token buckets in bounded caches.
@@ -40,6 +41,7 @@ pub mod forwarder;
 pub mod limits;
 pub mod local_state;
 pub mod metrics;
+pub mod order_cache;
 pub mod orders;
 pub mod proxy;
 pub mod redis_client;

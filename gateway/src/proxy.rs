@@ -1,7 +1,7 @@
 //! The gateway's request path, as Pingora phases.
 //!
 //! ```text
-//! early_request_filter   keepalive, request id
+//! early_request_filter   idle timeout of a reusable connection, request id
 //! request_filter         route::classify
 //!   ├─ gateway route ──► handler (auth → deduct → forward …) ─► Reply ─► write, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
@@ -33,6 +33,7 @@ use crate::forwarder::Forwarder;
 use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
 use crate::local_state::LocalSales;
 use crate::limits::{Limiters, RouteClass};
+use crate::order_cache::OrderLookups;
 use crate::orders::OrderClient;
 use crate::metrics::Metrics;
 use crate::switches::Switches;
@@ -60,6 +61,8 @@ pub struct Gateway {
     pub verifier: Verifier,
     pub redis: RedisClient,
     pub orders: Arc<OrderClient>,
+    /// Reservations' orders, cached briefly for polling and retrying winners.
+    pub order_lookups: OrderLookups,
     /// Queues winners for the backend, off the request path.
     pub forwarder: Forwarder,
     /// Shared with the watcher that reloads changed files.
@@ -120,7 +123,16 @@ impl ProxyHttp for Gateway {
     }
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
-        session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        // Pingora has already decided from the request whether the
+        // connection may carry another one: not after `Connection: close`,
+        // an HTTP/1.0 request without keep-alive, or a request with both
+        // Content-Length and Transfer-Encoding (two parsers may frame it
+        // differently: a request-smuggling vector). Only a reusable
+        // connection gets the idle timeout; setting it on the others would
+        // turn keepalive back on.
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        }
         // A client trickling its body is cut off instead of holding a slot.
         session.set_read_timeout(Some(self.config.gateway.body_read_timeout));
         ctx.request_id = request_id(session.req_header());
@@ -275,7 +287,10 @@ impl Gateway {
                 self.sale_state(id).await
             }
             Route::Buy(id) => self.buy(session, id, ctx).await,
-            Route::Reservation(rid) => self.reservation(session, rid).await,
+            Route::Reservation(rid) => {
+                let user = self.admit_user(session, RouteClass::Read)?;
+                self.reservation(&user, rid).await
+            }
             Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, &PageRequest::from_headers(&session.req_header().headers))),
             Route::Asset(path) => Ok(self.pages.serve(path, &PageRequest::from_headers(&session.req_header().headers))),
             Route::Shop => Err(Rejection::NotFound("not a gateway route")),
@@ -302,21 +317,22 @@ impl Gateway {
         edge.limiters.check_user_then_global(RouteClass::Read, None).map_err(Rejection::RateLimited)
     }
 
-    /// Everything a buy must pass before Redis, cheapest first: the IP's
-    /// deny list and bucket, the token, the user's deny list and bucket,
-    /// the global bucket. Returns the verified user id.
-    fn admit_buy(&self, session: &Session) -> Result<String, Rejection> {
+    /// Everything a signed-in user's request (a buy, a reservation
+    /// lookup) must pass before Redis, cheapest first: the IP's deny list
+    /// and bucket, the token, the user's deny list and bucket, the global
+    /// bucket, those of `class`. Returns the verified user id.
+    fn admit_user(&self, session: &Session, class: RouteClass) -> Result<String, Rejection> {
         let edge = self.edge.load();
         let ip = self.client_ip(session, &edge);
         if edge.deny.denies_ip(ip) {
             return Err(Rejection::Denied);
         }
-        edge.limiters.check_ip(RouteClass::Buy, ip).map_err(Rejection::RateLimited)?;
+        edge.limiters.check_ip(class, ip).map_err(Rejection::RateLimited)?;
         let user = self.user(session)?;
         if edge.deny.users.contains(&user) {
             return Err(Rejection::Denied);
         }
-        edge.limiters.check_user_then_global(RouteClass::Buy, Some(&user)).map_err(Rejection::RateLimited)?;
+        edge.limiters.check_user_then_global(class, Some(&user)).map_err(Rejection::RateLimited)?;
         Ok(user)
     }
 
@@ -351,7 +367,7 @@ impl Gateway {
             self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
             return Err(Rejection::SoldOut);
         }
-        let user = self.admit_buy(session)?;
+        let user = self.admit_user(session, RouteClass::Buy)?;
         let cluster = self.edge.load().cluster.clone();
         if let Some(limit) = cluster {
             limit.check(&self.redis).await.map_err(|e| self.unavailable(&e))?.map_err(Rejection::RateLimited)?;
@@ -378,24 +394,22 @@ impl Gateway {
         }
         debug!(sale = sale_id, user = %user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
         let reply = match decision.outcome {
-            DeductOutcome::Won { reservation_id } => {
-                let winner = ForwardedWinner {
+            // A win just now: forwarded with the script's time, the same
+            // `ts` as the stream record, whichever path writes the order.
+            DeductOutcome::Won { reservation_id, reserved_at_ms: Some(reserved_at_ms) } => {
+                ctx.outcome = "won";
+                self.queue_winner(ForwardedWinner {
                     reservation: Reservation {
                         reservation_id,
                         sale_id: sale_id.to_owned(),
                         user_id: user,
                         idempotency_key,
-                        reserved_at_ms: now_ms(),
+                        reserved_at_ms,
                     },
                     request_id: ctx.request_id.clone(),
-                };
-                if decision.replayed {
-                    self.replay_winner(winner).await
-                } else {
-                    ctx.outcome = "won";
-                    self.queue_winner(winner)
-                }
+                })
             }
+            DeductOutcome::Won { reservation_id, reserved_at_ms: None } => self.replay_winner(&reservation_id).await,
             DeductOutcome::SoldOut => return Err(Rejection::SoldOut),
             DeductOutcome::LimitReached => return Err(Rejection::LimitReached),
             DeductOutcome::Ended => return Err(Rejection::Ended),
@@ -442,8 +456,9 @@ impl Gateway {
         Ok(rejection)
     }
 
-    /// Runs the deduct script; a sold-out answer is flagged here and
-    /// announced to every other gateway.
+    /// Runs the deduct script; a sold-out answer found just now is flagged
+    /// here and announced to every other gateway. A replayed one is not:
+    /// it tells what an earlier attempt got, not whether stock is left.
     async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
         let rid = reservation_id(sale_id, rand::random());
         let attempt = BuyAttempt {
@@ -456,7 +471,7 @@ impl Gateway {
         let timer = self.metrics.script_duration.start_timer();
         let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
-        if decision.outcome == DeductOutcome::SoldOut && !self.local.is_sold_out(sale_id) {
+        if decision.found_sold_out() && !self.local.is_sold_out(sale_id) {
             self.local.mark_sold_out(sale_id);
             if let Ok(mut conn) = self.redis.conn().await {
                 let event = flashgate_common::keys::SaleEvent::SoldOut(sale_id.to_owned());
@@ -479,18 +494,19 @@ impl Gateway {
     }
 
     /// A winner retrying with their key: `201 confirmed` with the order id
-    /// once the order exists, else queued again (idempotent) and `202`.
-    async fn replay_winner(&self, winner: ForwardedWinner) -> Reply {
-        let rid = &winner.reservation.reservation_id;
-        match self.orders.order(rid).await {
-            Ok(Some(order)) => Reply::json(201, &json!({"status": "confirmed", "reservation_id": rid, "order_id": order.order_id})),
-            _ => self.queue_winner(winner),
+    /// once the order exists, else `202 queued` again. Nothing is forwarded
+    /// again: the win's own forward or, failing that, the stream writes
+    /// the order.
+    async fn replay_winner(&self, rid: &str) -> Reply {
+        match self.order_lookups.order(rid).await {
+            Some(order) => Reply::json(201, &json!({"status": "confirmed", "reservation_id": rid, "order_id": order.order_id})),
+            None => Reply::json(202, &json!({"status": "queued", "reservation_id": rid})),
         }
     }
 
-    /// `GET /api/reservations/{id}`, for the reservation's own user only.
-    async fn reservation(&self, session: &mut Session, rid: &str) -> Result<Reply, Rejection> {
-        let user = self.user(session)?;
+    /// `GET /api/reservations/{id}`, for the reservation's own (admitted)
+    /// user only.
+    async fn reservation(&self, user: &str, rid: &str) -> Result<Reply, Rejection> {
         let sale = sale_of_reservation(rid).ok_or(Rejection::BadRequest("malformed reservation id"))?;
         let keys = flashgate_common::keys::SaleKeys::new(sale);
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
@@ -501,16 +517,12 @@ impl Gateway {
             .map_err(|e| self.unavailable(&e))?
             .map_err(|e| self.unavailable(&e.into()))?;
         // Someone else's reservation is reported exactly like a missing one.
-        if owner.as_deref() != Some(user.as_str()) {
+        if owner.as_deref() != Some(user) {
             return Err(Rejection::NotFound("no such reservation"));
         }
-        let body = match self.orders.order(rid).await {
-            Ok(Some(order)) => json!({"reservation_id": rid, "status": order.status, "order_id": order.order_id}),
-            Ok(None) => json!({"reservation_id": rid, "status": ReservationStatus::Queued}),
-            Err(error) => {
-                debug!(%error, "order lookup failed; reporting queued");
-                json!({"reservation_id": rid, "status": ReservationStatus::Queued})
-            }
+        let body = match self.order_lookups.order(rid).await {
+            Some(order) => json!({"reservation_id": rid, "status": order.status, "order_id": order.order_id}),
+            None => json!({"reservation_id": rid, "status": ReservationStatus::Queued}),
         };
         Ok(Reply::json(200, &body))
     }

@@ -15,6 +15,7 @@ use crate::forwarder::{forwarder, ForwardWorker};
 use crate::local_state::LocalSales;
 use crate::metrics::Metrics;
 use crate::switches::{SwitchWatcher, Switches};
+use crate::order_cache::OrderLookups;
 use crate::orders::OrderClient;
 use crate::proxy::{Edge, Gateway};
 use crate::redis_client::RedisClient;
@@ -50,6 +51,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         )
         .context("redis.url")?,
         local: Arc::new(LocalSales::default()),
+        order_lookups: OrderLookups::new(orders.clone()),
         orders,
         forwarder,
         pages: Arc::new(pages),

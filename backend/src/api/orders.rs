@@ -106,6 +106,7 @@ pub async fn by_reservation(
     rid: Result<Path<String>, PathRejection>,
 ) -> Result<Json<OrderView>, ApiError> {
     let Path(rid) = rid?;
+    state.metrics.order_lookups.inc();
     match state.store.order_by_reservation(&rid).await? {
         Some(order) => Ok(Json(order)),
         None => Err(ApiError::not_found("no order for this reservation")),
