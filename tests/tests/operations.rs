@@ -24,6 +24,10 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
         ("[gateway]\nthreads = 2\nthredas = 4\n", "thredas"),
         ("[limits.buy]\nuser = { per_second = 0, burst = 1 }\n", "limits.buy.user"),
         ("[redis]\nurl = \"http://nope\"\n", "redis.url"),
+        // Values that would fail only later: a Redis SET EX after the buy
+        // ran, the limiter cache at start or reload.
+        ("[gateway]\nidempotency_ttl_seconds = 9999999999\n", "gateway.idempotency_ttl_seconds"),
+        ("[limits]\nidle_seconds = 99999999999\n", "limits.idle_seconds"),
     ];
     for (text, key) in cases {
         let path = dir.0.join("bad.toml");
@@ -33,8 +37,8 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
                 .arg("--config")
                 .arg(&path)
                 .args(&args)
-                .env("FLASHGATE_JWT_SECRET", "x")
-                .env("FLASHGATE_ADMIN_TOKEN", "x")
+                .env("FLASHGATE_JWT_SECRET", flashgate_tests::JWT_SECRET)
+                .env("FLASHGATE_ADMIN_TOKEN", flashgate_tests::ADMIN_TOKEN)
                 .output()
                 .unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
