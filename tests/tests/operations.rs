@@ -12,9 +12,11 @@ fn workspace_file(rel: &str) -> std::path::PathBuf {
 
 #[test]
 fn check_accepts_the_shipped_config() {
-    let out = Command::new(bin("flashgate")).arg("--config").arg(workspace_file("config/flashgate.toml")).arg("check").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    for file in ["config/flashgate.toml", "deploy/compose/flashgate.toml"] {
+        let out = Command::new(bin("flashgate")).arg("--config").arg(workspace_file(file)).arg("check").output().unwrap();
+        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    }
 }
 
 #[test]
