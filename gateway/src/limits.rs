@@ -266,6 +266,17 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_idle_time_the_config_accepts_builds_the_limiters() {
+        // The cache refuses (panics on) idle times over 1000 years; the
+        // config stops far below, at a day.
+        let mut c = cfg(RouteLimits { user: Some(Bucket { per_second: 1, burst: 1 }), ip: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() });
+        c.idle = Duration::from_secs(flashgate_common::config::MAX_LIMITS_IDLE_SECONDS);
+        let l = Limiters::new(&c);
+        assert!(l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap()).is_ok());
+        assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
+    }
+
+    #[test]
     fn tracked_keys_stay_under_the_cap() {
         let mut c = cfg(RouteLimits { user: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() });
         c.max_tracked_keys = 100;
