@@ -6,7 +6,8 @@
 //! validation problem is reported at once, each prefixed with its key path.
 //!
 //! Secrets never need to be in the file: `FLASHGATE_JWT_SECRET`,
-//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it.
+//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it. Secrets
+//! under [`MIN_SECRET_BYTES`] are refused, named by where they came from.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
