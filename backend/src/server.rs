@@ -167,6 +167,9 @@ mod tests {
     use super::*;
     use crate::testing::{sqlite_url, unique, RedisServer};
 
+    /// An admin token long enough to be accepted (32 bytes at least).
+    const ADMIN_TOKEN: &str = "backend-test-admin-token-0123456789";
+
     struct Token(Option<&'static str>);
     impl Env for Token {
         fn var(&self, name: &str) -> Option<String> {
@@ -237,7 +240,7 @@ mod tests {
         let db = sqlite_url();
         let sale = unique("s");
         let first_start = flashgate_common::now_ms();
-        run_briefly(config(&redis, &db, &sale, Some("t"), first_start)).await;
+        run_briefly(config(&redis, &db, &sale, Some(ADMIN_TOKEN), first_start)).await;
 
         let keys = SaleKeys::new(&sale);
         let mut conn = redis.conn().await;
@@ -246,7 +249,7 @@ mod tests {
         let () = conn.decr(&keys.remaining, 4).await.unwrap();
 
         // A later start whose file leaves starts_at to "now".
-        run_briefly(config(&redis, &db, &sale, Some("t"), first_start + 60_000)).await;
+        run_briefly(config(&redis, &db, &sale, Some(ADMIN_TOKEN), first_start + 60_000)).await;
         let remaining: i64 = conn.get(&keys.remaining).await.unwrap();
         assert_eq!(remaining, 6, "a restart must not reset the stock");
         let starts: i64 = conn.hget(&keys.meta, "starts_at_ms").await.unwrap();

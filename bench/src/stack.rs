@@ -147,6 +147,7 @@ shop_upstream = "{shop_addr}"
 backend_url = "http://{backend_addr}"
 forward_timeout_ms = 500
 static_dir = "{static_dir}"
+runtime_dir = "{runtime_dir}"
 
 [backend]
 listen = "{backend_addr}"
@@ -158,6 +159,7 @@ consumer_name = "bench-backend"
 user = {{ per_second = {per_second}, burst = {burst} }}
 "#,
                 threads = opts.threads,
+                runtime_dir = dir.join("run").display(),
                 static_dir = static_dir.display(),
                 db = opts.database_url,
             ),

@@ -6,7 +6,8 @@
 //! validation problem is reported at once, each prefixed with its key path.
 //!
 //! Secrets never need to be in the file: `FLASHGATE_JWT_SECRET`,
-//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it.
+//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it. Secrets
+//! under [`MIN_SECRET_BYTES`] are refused, named by where they came from.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,44 @@ pub const ENV_ADMIN_TOKEN: &str = "FLASHGATE_ADMIN_TOKEN";
 pub const ENV_DATABASE_URL: &str = "FLASHGATE_DATABASE_URL";
 /// Environment variable overriding `backend.consumer_name` (e.g. a pod name).
 pub const ENV_CONSUMER_NAME: &str = "FLASHGATE_CONSUMER_NAME";
+/// Set by systemd's `RuntimeDirectory=`: the default `gateway.runtime_dir`.
+pub const ENV_RUNTIME_DIRECTORY: &str = "RUNTIME_DIRECTORY";
+/// The user's private runtime directory; `flashgate` under it is the
+/// default `gateway.runtime_dir` outside systemd.
+pub const ENV_XDG_RUNTIME_DIR: &str = "XDG_RUNTIME_DIR";
+/// `gateway.runtime_dir` when neither variable is set (relative to the
+/// working directory, like the default database).
+pub const DEFAULT_RUNTIME_DIR: &str = "data/run";
+
+/// Shortest secret accepted (JWT secret, admin token): 32 bytes, the size
+/// of an HS256 key, so a secret cannot be guessed offline from one token.
+pub const MIN_SECRET_BYTES: usize = 32;
+/// Longest `gateway.idempotency_ttl_seconds`: a week. Redis refuses an
+/// `EX` past its own limit, and by then the buy has already run.
+pub const MAX_IDEMPOTENCY_TTL_SECONDS: u64 = 7 * 86_400;
+/// Longest `limits.idle_seconds`: a day. A bucket unused that long is full
+/// again anyway; the cache panics on idle times of centuries.
+pub const MAX_LIMITS_IDLE_SECONDS: u64 = 86_400;
+/// Largest `per_second` of a bucket.
+pub const MAX_BUCKET_PER_SECOND: u32 = 1_000_000;
+/// Largest `burst` of a bucket.
+pub const MAX_BUCKET_BURST: u32 = 10_000_000;
+/// Longest `sales[].duration_seconds`: a year.
+pub const MAX_SALE_DURATION_SECONDS: i64 = 365 * 86_400;
+
+/// Which header names the client when the peer is a trusted proxy.
+///
+/// Only one is ever read: common proxies append to `X-Forwarded-For` but
+/// pass a client's own `Forwarded` through unchanged, so believing both
+/// would let a client choose its address.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub enum ClientIpHeader {
+    #[default]
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    #[serde(rename = "forwarded")]
+    Forwarded,
+}
 
 /// A configuration problem, with every bad key named.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +152,8 @@ pub mod file {
     #[serde(deny_unknown_fields, default)]
     pub struct Limits {
         pub trusted_proxies: Vec<String>,
+        /// The header believed from a trusted proxy.
+        pub client_ip_header: super::ClientIpHeader,
         pub max_tracked_keys: u64,
         pub idle_seconds: u64,
         pub buy: RouteLimits,
@@ -125,6 +166,7 @@ pub mod file {
         fn default() -> Self {
             Self {
                 trusted_proxies: Vec::new(),
+                client_ip_header: super::ClientIpHeader::default(),
                 max_tracked_keys: 100_000,
                 idle_seconds: 120,
                 buy: RouteLimits::default(),
@@ -161,6 +203,10 @@ pub mod file {
     #[serde(deny_unknown_fields, default)]
     pub struct Auth {
         pub jwt_secret: Option<String>,
+        /// When set, buyer tokens must carry this `aud`.
+        pub audience: Option<String>,
+        /// When set, buyer tokens must carry this `iss`.
+        pub issuer: Option<String>,
     }
 
     #[derive(Debug, Deserialize, Serialize)]
@@ -178,6 +224,9 @@ pub mod file {
         pub backlog_pause_threshold: u64,
         pub backlog_check_ms: u64,
         pub body_read_timeout_ms: u64,
+        /// Upgrade socket and pid file; unset = `$RUNTIME_DIRECTORY`, else
+        /// `$XDG_RUNTIME_DIR/flashgate`, else `data/run`.
+        pub runtime_dir: Option<String>,
     }
 
     impl Default for Gateway {
@@ -195,6 +244,7 @@ pub mod file {
                 backlog_pause_threshold: 50_000,
                 backlog_check_ms: 500,
                 body_read_timeout_ms: 10_000,
+                runtime_dir: None,
             }
         }
     }
@@ -296,6 +346,16 @@ pub struct GatewayConfig {
     pub backlog_check: Duration,
     /// Longest wait for the next piece of a request body (slow clients).
     pub body_read_timeout: Duration,
+    /// Private directory of the upgrade socket and the pid file; checked
+    /// (owner, not world-writable) when the gateway starts.
+    pub runtime_dir: PathBuf,
+}
+
+/// Optional claims every buyer token must carry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    pub audience: Option<String>,
+    pub issuer: Option<String>,
 }
 
 /// The shop's upstreams and how they are checked and reached.
@@ -355,6 +415,8 @@ pub struct BackendConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitsConfig {
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The one header believed when the peer is a trusted proxy.
+    pub client_ip_header: ClientIpHeader,
     pub max_tracked_keys: u64,
     pub idle: Duration,
     pub buy: file::RouteLimits,
@@ -372,6 +434,7 @@ pub struct DenyConfig {
 
 impl DenyConfig {
     pub fn denies_ip(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
         self.nets.iter().any(|n| n.contains(&ip))
     }
 }
@@ -402,8 +465,42 @@ pub fn documented_defaults() -> Vec<(String, String)> {
 }
 
 /// Parses an address or CIDR into a network (an address is a /32 or /128).
+/// An IPv4-mapped IPv6 network (`::ffff:192.0.2.0/120`) becomes its IPv4
+/// network, since client addresses are compared in their IPv4 form.
 fn parse_net(s: &str) -> Option<ipnet::IpNet> {
-    s.parse().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
+    let net: ipnet::IpNet = s.parse().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))?;
+    if let ipnet::IpNet::V6(v6) = net {
+        if let (Some(v4), Some(prefix)) = (v6.addr().to_ipv4_mapped(), v6.prefix_len().checked_sub(96)) {
+            return ipnet::Ipv4Net::new(v4, prefix).ok().map(ipnet::IpNet::V4);
+        }
+    }
+    Some(net)
+}
+
+/// Checks a secret's length; the error names where it came from.
+fn check_secret(name: &str, secret: &str) -> Result<(), String> {
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(format!(
+            "{name}: must be at least {MIN_SECRET_BYTES} bytes (it has {}); generate one with `openssl rand -hex 32`",
+            secret.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `gateway.runtime_dir` as set, else systemd's `RuntimeDirectory=` (the
+/// first one), else `$XDG_RUNTIME_DIR/flashgate`, else `data/run`.
+fn runtime_dir(set: Option<String>, env: &dyn Env) -> PathBuf {
+    if let Some(dir) = set {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = env.var(ENV_RUNTIME_DIRECTORY).and_then(|v| v.split(':').next().map(str::to_owned)).filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    match env.var(ENV_XDG_RUNTIME_DIR) {
+        Some(dir) => Path::new(&dir).join("flashgate"),
+        None => PathBuf::from(DEFAULT_RUNTIME_DIR),
+    }
 }
 
 /// The validated configuration.
@@ -414,6 +511,8 @@ pub struct Config {
     pub redis: RedisConfig,
     /// HS256 secret for buyer tokens; `None` when neither file nor env sets it.
     pub jwt_secret: Option<String>,
+    /// Claims checked on buyer tokens besides `sub` and `exp`.
+    pub auth: AuthConfig,
     /// Admin bearer token, from the environment only.
     pub admin_token: Option<String>,
     pub gateway: GatewayConfig,
@@ -513,13 +612,24 @@ impl Config {
             (1..=60_000).contains(&f.gateway.forward_timeout_ms),
             "gateway.forward_timeout_ms: must be between 1 and 60000",
         );
-        check(f.gateway.idempotency_ttl_seconds >= 1, "gateway.idempotency_ttl_seconds: must be at least 1");
+        check(
+            (1..=MAX_IDEMPOTENCY_TTL_SECONDS).contains(&f.gateway.idempotency_ttl_seconds),
+            "gateway.idempotency_ttl_seconds: must be between 1 and 604800 (7 days)",
+        );
+        check(
+            f.gateway.backlog_pause_threshold <= 1_000_000_000,
+            "gateway.backlog_pause_threshold: must be at most 1000000000 (0 = never)",
+        );
+        check(
+            f.gateway.runtime_dir.as_deref().is_none_or(|d| !d.trim().is_empty()),
+            "gateway.runtime_dir: must not be empty (leave it out for the default)",
+        );
         check((100..=600_000).contains(&f.gateway.body_read_timeout_ms), "gateway.body_read_timeout_ms: must be between 100 and 600000");
         check((50..=60_000).contains(&f.gateway.backlog_check_ms), "gateway.backlog_check_ms: must be between 50 and 60000");
         check((1..=3600).contains(&f.gateway.keepalive_seconds), "gateway.keepalive_seconds: must be between 1 and 3600");
         check((1..=10_000).contains(&f.backend.batch_size), "backend.batch_size: must be between 1 and 10000");
         check((1..=60_000).contains(&f.backend.block_ms), "backend.block_ms: must be between 1 and 60000");
-        check(f.backend.claim_idle_ms >= 100, "backend.claim_idle_ms: must be at least 100");
+        check((100..=86_400_000).contains(&f.backend.claim_idle_ms), "backend.claim_idle_ms: must be between 100 and 86400000");
         check((10..=60_000).contains(&f.backend.sale_poll_ms), "backend.sale_poll_ms: must be between 10 and 60000");
         check(shop_upstreams.len() <= 64, "shop.upstreams: at most 64 upstreams");
         check(
@@ -559,23 +669,44 @@ impl Config {
         };
         let trusted_proxies = nets("limits.trusted_proxies", &f.limits.trusted_proxies);
         let deny_nets = nets("deny.ips", &f.deny.ips);
+        let mut buckets: Vec<(String, file::Bucket)> = Vec::new();
         for (class, route) in [("buy", &f.limits.buy), ("read", &f.limits.read)] {
             for (scope, bucket) in [("user", route.user), ("ip", route.ip), ("global", route.global)] {
-                if let Some(b) = bucket {
-                    if b.per_second == 0 || b.burst == 0 {
-                        errors.push(format!("limits.{class}.{scope}: per_second and burst must be > 0 (leave the bucket out for no limit)"));
-                    }
-                }
+                buckets.extend(bucket.map(|b| (format!("limits.{class}.{scope}"), b)));
             }
         }
-        if f.limits.cluster_global.is_some_and(|b| b.per_second == 0 || b.burst == 0) {
-            errors.push("limits.cluster_global: per_second and burst must be > 0 (leave it out for no limit)".into());
+        buckets.extend(f.limits.cluster_global.map(|b| ("limits.cluster_global".to_owned(), b)));
+        for (key, b) in buckets {
+            if !(1..=MAX_BUCKET_PER_SECOND).contains(&b.per_second) {
+                errors.push(format!(
+                    "{key}.per_second: must be between 1 and {MAX_BUCKET_PER_SECOND} (leave the bucket out for no limit)"
+                ));
+            }
+            if !(1..=MAX_BUCKET_BURST).contains(&b.burst) {
+                errors.push(format!("{key}.burst: must be between 1 and {MAX_BUCKET_BURST} (leave the bucket out for no limit)"));
+            }
         }
-        if f.limits.max_tracked_keys < 1 {
-            errors.push("limits.max_tracked_keys: must be at least 1".into());
+        if !(1..=100_000_000).contains(&f.limits.max_tracked_keys) {
+            errors.push("limits.max_tracked_keys: must be between 1 and 100000000".into());
         }
-        if f.limits.idle_seconds < 1 {
-            errors.push("limits.idle_seconds: must be at least 1".into());
+        if !(1..=MAX_LIMITS_IDLE_SECONDS).contains(&f.limits.idle_seconds) {
+            errors.push(format!("limits.idle_seconds: must be between 1 and {MAX_LIMITS_IDLE_SECONDS}"));
+        }
+
+        let jwt_secret = match env.var(ENV_JWT_SECRET) {
+            Some(s) => Some((ENV_JWT_SECRET, s)),
+            None => f.auth.jwt_secret.filter(|s| !s.is_empty()).map(|s| ("auth.jwt_secret", s)),
+        };
+        let admin_token = env.var(ENV_ADMIN_TOKEN);
+        for (name, secret) in jwt_secret.iter().map(|(n, s)| (*n, s)).chain(admin_token.iter().map(|s| (ENV_ADMIN_TOKEN, s))) {
+            if let Err(e) = check_secret(name, secret) {
+                errors.push(e);
+            }
+        }
+        for (key, claim) in [("auth.audience", &f.auth.audience), ("auth.issuer", &f.auth.issuer)] {
+            if claim.as_ref().is_some_and(|c| c.is_empty() || c.len() > 256) {
+                errors.push(format!("{key}: must be 1 to 256 characters (leave it out for no check)"));
+            }
         }
 
         let mut sales = Vec::with_capacity(f.sales.len());
@@ -586,6 +717,9 @@ impl Config {
                     payment_timeouts.insert(s.id.clone(), t);
                 }
                 Err(e) => errors.push(format!("sales[{i}].{e}")),
+            }
+            if !(1..=MAX_SALE_DURATION_SECONDS).contains(&s.duration_seconds) {
+                errors.push(format!("sales[{i}].duration_seconds: must be between 1 and {MAX_SALE_DURATION_SECONDS}"));
             }
             match sale_spec(s, now_ms) {
                 Ok(spec) => match spec.validate() {
@@ -604,6 +738,7 @@ impl Config {
         Ok(Config {
             limits: LimitsConfig {
                 trusted_proxies,
+                client_ip_header: f.limits.client_ip_header,
                 max_tracked_keys: f.limits.max_tracked_keys,
                 idle: Duration::from_secs(f.limits.idle_seconds),
                 buy: f.limits.buy,
@@ -617,8 +752,9 @@ impl Config {
                 breaker_failures: f.redis.breaker_failures,
                 breaker_cooldown: Duration::from_millis(f.redis.breaker_cooldown_ms),
             },
-            jwt_secret: env.var(ENV_JWT_SECRET).or(f.auth.jwt_secret).filter(|s| !s.is_empty()),
-            admin_token: env.var(ENV_ADMIN_TOKEN),
+            jwt_secret: jwt_secret.map(|(_, s)| s),
+            auth: AuthConfig { audience: f.auth.audience, issuer: f.auth.issuer },
+            admin_token,
             gateway: GatewayConfig {
                 listen: gateway_listen,
                 admin_listen: gateway_admin_listen,
@@ -632,6 +768,7 @@ impl Config {
                 backlog_pause_threshold: f.gateway.backlog_pause_threshold,
                 backlog_check: Duration::from_millis(f.gateway.backlog_check_ms),
                 body_read_timeout: Duration::from_millis(f.gateway.body_read_timeout_ms),
+                runtime_dir: runtime_dir(f.gateway.runtime_dir, env),
             },
             shop: ShopConfig {
                 upstreams: shop_upstreams,
@@ -686,9 +823,6 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         Some(t) => parse_time("starts_at", t)?,
         None => now_ms,
     };
-    if s.duration_seconds < 1 {
-        return Err("duration_seconds: must be at least 1".into());
-    }
     let ends_at_ms = match &s.ends_at {
         Some(t) => parse_time("ends_at", t)?,
         None => starts_at_ms.saturating_add(s.duration_seconds.saturating_mul(1000)),
@@ -717,6 +851,9 @@ mod tests {
     /// Keys that default to unset, so serializing the defaults omits them.
     const OPTIONAL_KEYS: &[&str] = &[
         "auth.jwt_secret",
+        "auth.audience",
+        "auth.issuer",
+        "gateway.runtime_dir",
         "backend.consumer_name",
         "limits.buy.user",
         "limits.buy.ip",
@@ -780,11 +917,89 @@ mod tests {
 
     #[test]
     fn secrets_come_from_the_environment_over_the_file() {
-        let text = "[auth]\njwt_secret = \"file\"\n";
-        let env = MapEnv(&[("FLASHGATE_JWT_SECRET", "env"), ("FLASHGATE_ADMIN_TOKEN", "adm")]);
+        let text = "[auth]\njwt_secret = \"file-secret-file-secret-file-secret\"\n";
+        let env = MapEnv(&[("FLASHGATE_JWT_SECRET", ENV_SECRET), ("FLASHGATE_ADMIN_TOKEN", ADMIN_SECRET)]);
         let c = Config::from_toml_str(text, &env, 0).unwrap();
-        assert_eq!(c.jwt_secret.as_deref(), Some("env"));
-        assert_eq!(c.admin_token.as_deref(), Some("adm"));
+        assert_eq!(c.jwt_secret.as_deref(), Some(ENV_SECRET));
+        assert_eq!(c.admin_token.as_deref(), Some(ADMIN_SECRET));
+    }
+
+    const ENV_SECRET: &str = "env-secret-env-secret-env-secret-env";
+    const ADMIN_SECRET: &str = "admin-token-admin-token-admin-token";
+
+    #[test]
+    fn secrets_under_32_bytes_are_refused_naming_where_they_came_from() {
+        let short = MapEnv(&[("FLASHGATE_JWT_SECRET", "replace-me"), ("FLASHGATE_ADMIN_TOKEN", "replace-me")]);
+        let msg = Config::from_toml_str("", &short, 0).unwrap_err().to_string();
+        assert!(msg.contains("FLASHGATE_JWT_SECRET: must be at least 32 bytes"), "{msg}");
+        assert!(msg.contains("FLASHGATE_ADMIN_TOKEN: must be at least 32 bytes"), "{msg}");
+        let msg = Config::from_toml_str("[auth]\njwt_secret = \"short\"\n", &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains("auth.jwt_secret: must be at least 32 bytes"), "{msg}");
+        let exactly = "x".repeat(MIN_SECRET_BYTES);
+        let c = Config::from_toml_str(&format!("[auth]\njwt_secret = \"{exactly}\"\n"), &NoEnv, 0).unwrap();
+        assert_eq!(c.jwt_secret.as_deref(), Some(exactly.as_str()));
+    }
+
+    #[test]
+    fn every_numeric_key_is_bounded_and_named() {
+        let cases = [
+            ("[gateway]\nidempotency_ttl_seconds = 604801\n", "gateway.idempotency_ttl_seconds"),
+            ("[gateway]\nidempotency_ttl_seconds = 18446744073709551615\n", "gateway.idempotency_ttl_seconds"),
+            ("[gateway]\nbacklog_pause_threshold = 1000000001\n", "gateway.backlog_pause_threshold"),
+            ("[gateway]\nruntime_dir = \"\"\n", "gateway.runtime_dir"),
+            ("[limits]\nidle_seconds = 86401\n", "limits.idle_seconds"),
+            ("[limits]\nidle_seconds = 31536000000\n", "limits.idle_seconds"),
+            ("[limits]\nmax_tracked_keys = 100000001\n", "limits.max_tracked_keys"),
+            ("[limits.buy]\nuser = { per_second = 1000001, burst = 1 }\n", "limits.buy.user.per_second"),
+            ("[limits.read]\nglobal = { per_second = 1, burst = 10000001 }\n", "limits.read.global.burst"),
+            ("[limits]\ncluster_global = { per_second = 4294967295, burst = 1 }\n", "limits.cluster_global.per_second"),
+            ("[backend]\nclaim_idle_ms = 86400001\n", "backend.claim_idle_ms"),
+            ("[auth]\naudience = \"\"\n", "auth.audience"),
+            ("[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 1\nduration_seconds = 31536001\n", "sales[0].duration_seconds"),
+        ];
+        for (text, key) in cases {
+            let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+            assert!(msg.contains(key), "{key} missing from {msg}");
+        }
+        let top = "[gateway]\nidempotency_ttl_seconds = 604800\n[limits]\nidle_seconds = 86400\n";
+        let c = Config::from_toml_str(top, &NoEnv, 0).unwrap();
+        assert_eq!((c.gateway.idempotency_ttl.as_secs(), c.limits.idle.as_secs()), (604_800, 86_400));
+    }
+
+    #[test]
+    fn the_client_ip_header_is_one_setting_x_forwarded_for_by_default() {
+        assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().limits.client_ip_header, ClientIpHeader::XForwardedFor);
+        let c = Config::from_toml_str("[limits]\nclient_ip_header = \"forwarded\"\n", &NoEnv, 0).unwrap();
+        assert_eq!(c.limits.client_ip_header, ClientIpHeader::Forwarded);
+        let msg = Config::from_toml_str("[limits]\nclient_ip_header = \"x-real-ip\"\n", &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains("client_ip_header"), "{msg}");
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_match_ipv4_deny_entries_and_back() {
+        let c = Config::from_toml_str("[deny]\nips = [\"192.0.2.0/24\", \"::ffff:198.51.100.0/120\"]\n", &NoEnv, 0).unwrap();
+        assert!(c.deny.denies_ip("::ffff:192.0.2.9".parse().unwrap()));
+        assert!(c.deny.denies_ip("198.51.100.9".parse().unwrap()));
+        assert!(!c.deny.denies_ip("::ffff:203.0.113.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_runtime_dir_comes_from_the_setting_then_systemd_then_xdg() {
+        let dir = |text: &str, env: &dyn Env| Config::from_toml_str(text, env, 0).unwrap().gateway.runtime_dir;
+        let systemd = MapEnv(&[("RUNTIME_DIRECTORY", "/run/flashgate:/run/other"), ("XDG_RUNTIME_DIR", "/run/user/1000")]);
+        assert_eq!(dir("[gateway]\nruntime_dir = \"/srv/fg/run\"\n", &systemd), PathBuf::from("/srv/fg/run"));
+        assert_eq!(dir("", &systemd), PathBuf::from("/run/flashgate"));
+        assert_eq!(dir("", &MapEnv(&[("XDG_RUNTIME_DIR", "/run/user/1000")])), PathBuf::from("/run/user/1000/flashgate"));
+        assert_eq!(dir("", &NoEnv), PathBuf::from("data/run"));
+    }
+
+    #[test]
+    fn audience_and_issuer_are_optional_claims() {
+        let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+        assert_eq!(c.auth, AuthConfig::default());
+        let c = Config::from_toml_str("[auth]\naudience = \"shop\"\nissuer = \"https://shop.example\"\n", &NoEnv, 0).unwrap();
+        assert_eq!(c.auth.audience.as_deref(), Some("shop"));
+        assert_eq!(c.auth.issuer.as_deref(), Some("https://shop.example"));
     }
 
     #[test]

@@ -1,24 +1,39 @@
 //! Buyer identity: HS256 JWTs verified at the edge.
 //!
 //! A token must be signed with the configured secret, carry `sub` (the user
-//! id) and `exp`. Only HS256 is accepted, so `alg: none` and algorithm
+//! id) and `exp`, and, when `auth.audience` / `auth.issuer` are set, that
+//! `aud` / `iss`. Only HS256 is accepted, so `alg: none` and algorithm
 //! confusion are rejected by construction. User ids end up inside Redis keys,
 //! so they are restricted to a safe character set.
 
 use std::sync::Arc;
 
+use flashgate_common::config::AuthConfig;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 /// Longest user id accepted in a token's `sub`.
 pub const MAX_USER_ID_LEN: usize = 128;
 
+/// The claims read from a token (`aud` and `iss` are checked by the
+/// validation, which also takes an `aud` list).
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
     sub: String,
     exp: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     iat: Option<u64>,
+}
+
+/// The claims of a minted token.
+#[derive(Serialize)]
+struct MintedClaims<'a> {
+    #[serde(flatten)]
+    claims: Claims,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aud: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iss: Option<&'a str>,
 }
 
 /// Why a request carries no verified identity.
@@ -47,9 +62,25 @@ pub struct Verifier {
 }
 
 impl Verifier {
+    /// A verifier of `sub` and `exp` only; a token carrying an `aud` is
+    /// refused (it was minted for someone else).
     pub fn new(secret: &[u8]) -> Self {
+        Self::expecting(secret, &AuthConfig::default())
+    }
+
+    /// A verifier that also requires the configured `aud` and `iss`.
+    pub fn expecting(secret: &[u8], expected: &AuthConfig) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        let mut required = vec!["exp", "sub"];
+        if let Some(aud) = &expected.audience {
+            validation.set_audience(&[aud]);
+            required.push("aud");
+        }
+        if let Some(iss) = &expected.issuer {
+            validation.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        validation.set_required_spec_claims(&required);
         validation.leeway = LEEWAY_SECONDS;
         let verified = moka::sync::Cache::builder()
             .max_capacity(MAX_CACHED_TOKENS)
@@ -98,15 +129,20 @@ pub fn valid_user_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
 }
 
-/// Mints a token for `user` valid for `ttl_seconds` (demos, tests, load
-/// generators; a real shop mints its own with the same secret).
+/// Mints a token for `user` valid for `ttl_seconds`, with the configured
+/// `aud` and `iss` (demos, tests, load generators; a real shop mints its
+/// own with the same secret).
 ///
 /// # Errors
 /// When `user` is not a valid user id.
-pub fn mint(secret: &[u8], user: &str, ttl_seconds: u64) -> anyhow::Result<String> {
+pub fn mint(secret: &[u8], user: &str, ttl_seconds: u64, expected: &AuthConfig) -> anyhow::Result<String> {
     anyhow::ensure!(valid_user_id(user), "user id must be 1 to 128 characters of A-Z a-z 0-9 . _ @ -");
     let now = flashgate_common::now_ms().max(0) as u64 / 1000;
-    let claims = Claims { sub: user.to_owned(), exp: now + ttl_seconds, iat: Some(now) };
+    let claims = MintedClaims {
+        claims: Claims { sub: user.to_owned(), exp: now + ttl_seconds, iat: Some(now) },
+        aud: expected.audience.as_deref(),
+        iss: expected.issuer.as_deref(),
+    };
     Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret))?)
 }
 
@@ -120,14 +156,14 @@ mod tests {
 
     #[test]
     fn a_minted_token_verifies_to_its_user() {
-        let t = mint(b"k", "alice", 60).unwrap();
+        let t = mint(b"k", "alice", 60, &AuthConfig::default()).unwrap();
         assert_eq!(Verifier::new(b"k").verify(Some(&bearer(&t))), Ok("alice".into()));
     }
 
     #[test]
     fn wrong_secret_expired_and_missing_tokens_are_rejected() {
         let v = Verifier::new(b"k");
-        let t = mint(b"other", "alice", 60).unwrap();
+        let t = mint(b"other", "alice", 60, &AuthConfig::default()).unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
         assert_eq!(v.verify(None), Err(AuthError::Missing));
         assert_eq!(v.verify(Some(b"Basic abc")), Err(AuthError::Missing));
@@ -139,7 +175,7 @@ mod tests {
     #[test]
     fn a_remembered_token_still_expires() {
         let v = Verifier::new(b"k");
-        let t = mint(b"k", "alice", 60).unwrap();
+        let t = mint(b"k", "alice", 60, &AuthConfig::default()).unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
         // Second time from the cache: same answer.
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
@@ -161,12 +197,42 @@ mod tests {
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
     }
 
+    fn token_with(aud: Option<&str>, iss: Option<&str>) -> String {
+        let claims = MintedClaims { claims: Claims { sub: "alice".into(), exp: 9_999_999_999, iat: None }, aud, iss };
+        jsonwebtoken::encode(&Header::default(), &claims, &EncodingKey::from_secret(b"k")).unwrap()
+    }
+
+    #[test]
+    fn with_audience_and_issuer_configured_a_token_must_carry_both() {
+        let expected = AuthConfig { audience: Some("flashgate".into()), issuer: Some("https://shop.example".into()) };
+        let v = Verifier::expecting(b"k", &expected);
+        let good = token_with(Some("flashgate"), Some("https://shop.example"));
+        assert_eq!(v.verify(Some(&bearer(&good))), Ok("alice".into()));
+        for bad in [
+            token_with(Some("other-service"), Some("https://shop.example")),
+            token_with(Some("flashgate"), Some("https://evil.example")),
+            token_with(None, Some("https://shop.example")),
+            token_with(Some("flashgate"), None),
+            token_with(None, None),
+        ] {
+            assert_eq!(v.verify(Some(&bearer(&bad))), Err(AuthError::Invalid), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_minted_token_carries_the_configured_claims() {
+        let expected = AuthConfig { audience: Some("flashgate".into()), issuer: Some("shop".into()) };
+        let t = mint(b"k", "alice", 60, &expected).unwrap();
+        assert_eq!(Verifier::expecting(b"k", &expected).verify(Some(&bearer(&t))), Ok("alice".into()));
+        assert_eq!(Verifier::new(b"k").verify(Some(&bearer(&t))), Err(AuthError::Invalid), "an aud meant for someone else");
+    }
+
     #[test]
     fn user_ids_that_would_break_redis_keys_are_rejected() {
         assert!(valid_user_id("user-42@shop.example"));
         assert!(!valid_user_id("a:b"));
         assert!(!valid_user_id(""));
         assert!(!valid_user_id("a b"));
-        assert!(mint(b"k", "a:b", 60).is_err());
+        assert!(mint(b"k", "a:b", 60, &AuthConfig::default()).is_err());
     }
 }

@@ -1,24 +1,35 @@
 //! The client's IP address, for limits and deny lists.
 //!
 //! The socket peer is the client, unless the peer is one of the configured
-//! `limits.trusted_proxies`: only then are `Forwarded` (RFC 7239) or
-//! `X-Forwarded-For` believed, walking from the nearest hop outwards and
+//! `limits.trusted_proxies`: only then is the one header named by
+//! `limits.client_ip_header` believed (`X-Forwarded-For` by default, or
+//! `Forwarded`, RFC 7239), walking from the nearest hop outwards and
 //! stopping at the first address that is not itself a trusted proxy. A
 //! client can therefore never choose its own limiter key by sending a
-//! forged header straight to the gateway.
+//! forged header straight to the gateway, nor through a proxy that appends
+//! to one header and passes the other through unchanged.
+//!
+//! Every address is canonicalised first: an IPv4 client on a dual-stack
+//! listener arrives as `::ffff:a.b.c.d` and is treated as `a.b.c.d`, so it
+//! gets its own bucket and IPv4 CIDRs match it.
 
 use std::net::IpAddr;
 
+use flashgate_common::config::ClientIpHeader;
 use http::HeaderMap;
 use ipnet::IpNet;
 
 /// Decides the client address of a request that arrived from `peer`.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet], header: ClientIpHeader) -> IpAddr {
+    let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
-    let hops = forwarded_for(headers);
+    let hops = match header {
+        ClientIpHeader::XForwardedFor => x_forwarded_for(headers),
+        ClientIpHeader::Forwarded => forwarded_for(headers),
+    };
     // Nearest hop last: walk back past our own proxies.
     let mut client = peer;
     for ip in hops.into_iter().rev() {
@@ -30,27 +41,30 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
     client
 }
 
-/// The addresses of `Forwarded: for=` if present, else of `X-Forwarded-For`,
-/// in header order. Unparseable entries (obfuscated ids, "unknown") end the
-/// list, since nothing before them can be trusted either.
+/// The addresses of `Forwarded: for=`, in header order. Unparseable
+/// entries (obfuscated ids, "unknown") end the list, since nothing before
+/// them can be trusted either.
 fn forwarded_for(headers: &HeaderMap) -> Vec<IpAddr> {
-    let forwarded: Vec<&str> = headers.get_all("forwarded").iter().filter_map(|v| v.to_str().ok()).collect();
     let mut out = Vec::new();
-    if !forwarded.is_empty() {
-        for element in forwarded.iter().flat_map(|v| v.split(',')) {
-            let Some(value) = element.split(';').find_map(|pair| {
-                let (k, v) = pair.trim().split_once('=')?;
-                k.eq_ignore_ascii_case("for").then_some(v)
-            }) else {
-                continue;
-            };
-            match parse_node(value.trim_matches('"')) {
-                Some(ip) => out.push(ip),
-                None => out.clear(),
-            }
+    let values = headers.get_all("forwarded").into_iter().filter_map(|v| v.to_str().ok());
+    for element in values.flat_map(|v| v.split(',')) {
+        let Some(value) = element.split(';').find_map(|pair| {
+            let (k, v) = pair.trim().split_once('=')?;
+            k.eq_ignore_ascii_case("for").then_some(v)
+        }) else {
+            continue;
+        };
+        match parse_node(value.trim_matches('"')) {
+            Some(ip) => out.push(ip),
+            None => out.clear(),
         }
-        return out;
     }
+    out
+}
+
+/// The addresses of `X-Forwarded-For`, in header order; as above.
+fn x_forwarded_for(headers: &HeaderMap) -> Vec<IpAddr> {
+    let mut out = Vec::new();
     for v in headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()) {
         for part in v.split(',') {
             match parse_node(part.trim()) {
@@ -62,15 +76,17 @@ fn forwarded_for(headers: &HeaderMap) -> Vec<IpAddr> {
     out
 }
 
-/// `192.0.2.1`, `192.0.2.1:4711`, `[2001:db8::1]`, `[2001:db8::1]:4711` or a bare IPv6.
+/// `192.0.2.1`, `192.0.2.1:4711`, `[2001:db8::1]`, `[2001:db8::1]:4711` or
+/// a bare IPv6, canonicalised (`::ffff:192.0.2.1` is `192.0.2.1`).
 fn parse_node(s: &str) -> Option<IpAddr> {
-    if let Ok(ip) = s.parse() {
-        return Some(ip);
-    }
-    if let Some(rest) = s.strip_prefix('[') {
-        return rest.split(']').next()?.parse().ok();
-    }
-    s.rsplit_once(':').and_then(|(ip, _port)| ip.parse().ok())
+    let ip: IpAddr = if let Ok(ip) = s.parse() {
+        ip
+    } else if let Some(rest) = s.strip_prefix('[') {
+        rest.split(']').next()?.parse().ok()?
+    } else {
+        s.rsplit_once(':').and_then(|(ip, _port)| ip.parse().ok())?
+    };
+    Some(ip.to_canonical())
 }
 
 #[cfg(test)]
@@ -89,28 +105,64 @@ mod tests {
         vec!["10.0.0.0/8".parse().unwrap()]
     }
 
+    const XFF: ClientIpHeader = ClientIpHeader::XForwardedFor;
+    const FORWARDED: ClientIpHeader = ClientIpHeader::Forwarded;
+
     #[test]
     fn an_untrusted_peer_cannot_spoof_its_address() {
         let h = headers(&[("x-forwarded-for", "1.2.3.4")]);
-        assert_eq!(client_ip("203.0.113.9".parse().unwrap(), &h, &nets()), "203.0.113.9".parse::<IpAddr>().unwrap());
+        assert_eq!(client_ip("203.0.113.9".parse().unwrap(), &h, &nets(), XFF), "203.0.113.9".parse::<IpAddr>().unwrap());
     }
 
     #[test]
     fn a_trusted_proxy_is_believed_up_to_the_first_untrusted_hop() {
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.1.1")]);
-        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets()), "198.51.100.7".parse::<IpAddr>().unwrap());
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "198.51.100.7".parse::<IpAddr>().unwrap());
     }
 
     #[test]
-    fn forwarded_header_wins_and_ports_and_brackets_are_stripped() {
+    fn with_forwarded_configured_only_forwarded_is_read_and_ports_and_brackets_are_stripped() {
         let h = headers(&[("forwarded", "for=\"[2001:db8::7]:4711\";proto=https"), ("x-forwarded-for", "9.9.9.9")]);
-        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets()), "2001:db8::7".parse::<IpAddr>().unwrap());
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), FORWARDED), "2001:db8::7".parse::<IpAddr>().unwrap());
         let h = headers(&[("forwarded", "for=192.0.2.60:80")]);
-        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets()), "192.0.2.60".parse::<IpAddr>().unwrap());
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), FORWARDED), "192.0.2.60".parse::<IpAddr>().unwrap());
+        let h = headers(&[("x-forwarded-for", "9.9.9.9")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), FORWARDED), "10.0.0.2".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_clients_own_forwarded_header_is_ignored_by_default() {
+        // The trusted proxy appended the real client to X-Forwarded-For and
+        // passed the client's Forwarded through unchanged.
+        let h = headers(&[("forwarded", "for=1.2.3.4"), ("x-forwarded-for", "198.51.100.7")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "198.51.100.7".parse::<IpAddr>().unwrap());
+        let h = headers(&[("forwarded", "for=1.2.3.4")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "10.0.0.2".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn an_ipv4_mapped_peer_is_its_ipv4_address() {
+        let mapped: IpAddr = "::ffff:203.0.113.9".parse().unwrap();
+        assert_eq!(client_ip(mapped, &HeaderMap::new(), &nets(), XFF), "203.0.113.9".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn an_ipv4_mapped_peer_matches_ipv4_trusted_proxies() {
+        let h = headers(&[("x-forwarded-for", "198.51.100.7")]);
+        let mapped: IpAddr = "::ffff:10.0.0.2".parse().unwrap();
+        assert_eq!(client_ip(mapped, &h, &nets(), XFF), "198.51.100.7".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn ipv4_mapped_forwarded_addresses_are_ipv4() {
+        // The nearest hop is one of our proxies written in mapped form: it is
+        // skipped like its IPv4 spelling, and the client comes out as IPv4.
+        let h = headers(&[("x-forwarded-for", "::ffff:198.51.100.7, ::ffff:10.1.1.1")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "198.51.100.7".parse::<IpAddr>().unwrap());
     }
 
     #[test]
     fn a_trusted_peer_without_headers_is_the_client() {
-        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &HeaderMap::new(), &nets()), "10.0.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &HeaderMap::new(), &nets(), XFF), "10.0.0.2".parse::<IpAddr>().unwrap());
     }
 }

@@ -21,6 +21,7 @@
 //! - [`cluster_limit`]: the optional Redis-side global bucket shared by all gateways.
 //! - [`client_ip`]: the client address, believing only trusted proxies.
 //! - [`reload`]: live reload of limits and deny lists.
+//! - [`runtime_dir`]: the private directory of the upgrade socket and pid file.
 //! - [`local_state`]: sale windows and sold-out flags kept at the edge.
 //! - [`events`]: sale events between gateways over pub/sub.
 //! - [`switches`]: global pause switch and backlog pause.
@@ -47,6 +48,7 @@ pub mod proxy;
 pub mod redis_client;
 pub mod reload;
 pub mod reply;
+pub mod runtime_dir;
 pub mod route;
 pub mod sales;
 pub mod server;

@@ -81,7 +81,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Token { user, ttl } => match &config.jwt_secret {
-            Some(secret) => flashgate_gateway::auth::mint(secret.as_bytes(), &user, ttl).map(|t| println!("{t}")),
+            Some(secret) => flashgate_gateway::auth::mint(secret.as_bytes(), &user, ttl, &config.auth).map(|t| println!("{t}")),
             None => Err(anyhow::anyhow!("no JWT secret: set {ENV_JWT_SECRET}")),
         },
     };

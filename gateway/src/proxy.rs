@@ -6,7 +6,7 @@
 //!   ├─ gateway route ──► handler (auth → deduct → forward …) ─► Reply ─► write, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
 //! upstream_peer          a healthy shop upstream (round robin), else 502
-//! upstream_request_filter  hop-by-hop removed; X-Forwarded-For / -Proto, X-Request-Id
+//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto, X-Request-Id
 //! response_filter        hop-by-hop removed from the shop's answer
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
 //! ```
@@ -209,10 +209,15 @@ impl ProxyHttp for Gateway {
         for name in hop_by_hop(&upstream.headers) {
             upstream.remove_header(&name);
         }
+        // The shop hears of the client only through X-Forwarded-For, which
+        // ends with the peer the gateway saw; a Forwarded the client wrote
+        // itself would let it name any address to the shop.
+        upstream.remove_header("forwarded");
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
+            let peer = peer.ip().to_canonical();
             let xff = match upstream.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-                Some(prev) => format!("{prev}, {}", peer.ip()),
-                None => peer.ip().to_string(),
+                Some(prev) => format!("{prev}, {peer}"),
+                None => peer.to_string(),
             };
             upstream.insert_header("X-Forwarded-For", xff)?;
         }
@@ -303,7 +308,7 @@ impl Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
-        client_ip(peer, &session.req_header().headers, &edge.limits.trusted_proxies)
+        client_ip(peer, &session.req_header().headers, &edge.limits.trusted_proxies, edge.limits.client_ip_header)
     }
 
     /// Deny list and per-IP and global buckets of sale-state reads.

@@ -20,6 +20,7 @@ use crate::orders::OrderClient;
 use crate::proxy::{Edge, Gateway};
 use crate::redis_client::RedisClient;
 use crate::reload::ConfigWatcher;
+use crate::runtime_dir::RuntimePaths;
 use crate::state_cache::SaleStateCache;
 use crate::static_pages::{PagesWatcher, StaticPages};
 use crate::upstreams::Upstreams;
@@ -43,7 +44,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
     let gateway = Gateway {
         edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
-        verifier: Verifier::new(secret.as_bytes()),
+        verifier: Verifier::expecting(secret.as_bytes(), &config.auth),
         redis: RedisClient::new(
             &config.redis.url,
             config.redis.timeout,
@@ -77,11 +78,14 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         edge: gateway.edge.clone(),
         interval: std::time::Duration::from_secs(1),
     };
-    let port = config.gateway.listen.port();
+    // Checked before the server exists: the upgrade socket must not be
+    // somewhere another user can reach first.
+    crate::runtime_dir::prepare(&config.gateway.runtime_dir)?;
+    let paths = RuntimePaths::new(&config.gateway.runtime_dir, config.gateway.listen.port());
     let conf = ServerConf {
         threads: config.gateway.threads,
-        pid_file: format!("/tmp/flashgate-{port}.pid"),
-        upgrade_sock: format!("/tmp/flashgate-{port}-upgrade.sock"),
+        pid_file: paths.pid_file.to_string_lossy().into_owned(),
+        upgrade_sock: paths.upgrade_sock.to_string_lossy().into_owned(),
         grace_period_seconds: Some(1),
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
@@ -119,6 +123,9 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     server.add_service(pingora::services::background::background_service("config watcher", watcher));
     server.add_service(pingora::services::background::background_service("static pages watcher", pages_watcher));
     server.add_service(shop_health);
+    if config.limits.buy.user.is_none() && config.limits.buy.ip.is_none() && config.limits.buy.global.is_none() {
+        tracing::warn!("no [limits.buy] bucket is configured: buys are not rate-limited (see docs/CONFIG.md)");
+    }
     tracing::info!(listen = %config.gateway.listen, shop = ?config.shop.upstreams, "flashgate listening");
     server.run_forever()
 }

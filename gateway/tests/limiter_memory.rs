@@ -32,6 +32,7 @@ fn a_million_ips_and_a_million_users_keep_memory_under_the_cap() {
     let bucket = Some(Bucket { per_second: 10, burst: 20 });
     let cfg = LimitsConfig {
         trusted_proxies: vec![],
+        client_ip_header: Default::default(),
         max_tracked_keys: 100_000,
         idle: Duration::from_secs(120),
         buy: RouteLimits { user: bucket, ip: bucket, global: None },

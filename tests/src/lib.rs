@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Secret the test gateways verify buyer tokens with.
-pub const JWT_SECRET: &str = "test-secret-not-for-production";
+/// Secret the test gateways verify buyer tokens with (secrets under 32
+/// bytes are refused at start).
+pub const JWT_SECRET: &str = "test-jwt-secret-not-for-production-0000";
 /// Admin token of the test backends.
-pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const ADMIN_TOKEN: &str = "test-admin-token-not-for-production-000";
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -174,12 +175,66 @@ pub struct StackOptions {
     pub claim_idle_ms: u64,
     /// TOML appended to the generated config (limits, deny lists, ...).
     pub extra_toml: String,
+    /// Start from the shipped `config/flashgate.toml` (its limits, timings
+    /// and demo sale) instead of the test config; only what the harness
+    /// must set is replaced: addresses, the Redis URL, the database, the
+    /// static and runtime directories. `redis_timeout_ms` and
+    /// `claim_idle_ms` are then not applied.
+    pub shipped_config: bool,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        Self { database_url: None, redis_timeout_ms: 300, appendonly: false, claim_idle_ms: 2000, extra_toml: String::new() }
+        Self {
+            database_url: None,
+            redis_timeout_ms: 300,
+            appendonly: false,
+            claim_idle_ms: 2000,
+            extra_toml: String::new(),
+            shipped_config: false,
+        }
     }
+}
+
+impl StackOptions {
+    /// The shipped configuration, as `make run` starts it.
+    pub fn shipped() -> Self {
+        Self { shipped_config: true, ..Self::default() }
+    }
+}
+
+/// The addresses and paths a test stack must own, whatever the config.
+struct Placement<'a> {
+    redis_url: String,
+    gateway_addr: SocketAddr,
+    gateway_admin_addr: SocketAddr,
+    shop_addr: SocketAddr,
+    backend_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    database_url: &'a str,
+    static_dir: PathBuf,
+    runtime_dir: PathBuf,
+}
+
+/// `config/flashgate.toml` with only the harness's placement replaced.
+fn shipped_config(at: &Placement) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/flashgate.toml");
+    let mut doc: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+    let mut set = |section: &str, key: &str, value: String| {
+        let table = doc.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table.as_table_mut().unwrap().insert(key.to_owned(), toml::Value::String(value));
+    };
+    set("redis", "url", at.redis_url.clone());
+    set("gateway", "listen", at.gateway_addr.to_string());
+    set("gateway", "admin_listen", at.gateway_admin_addr.to_string());
+    set("gateway", "shop_upstream", at.shop_addr.to_string());
+    set("gateway", "backend_url", format!("http://{}", at.backend_addr));
+    set("gateway", "static_dir", at.static_dir.display().to_string());
+    set("gateway", "runtime_dir", at.runtime_dir.display().to_string());
+    set("backend", "listen", at.backend_addr.to_string());
+    set("backend", "admin_listen", at.admin_addr.to_string());
+    set("backend", "database_url", at.database_url.to_owned());
+    toml::to_string(&doc).unwrap()
 }
 
 /// Redis, backend, gateway and demo shop, on loopback.
@@ -211,8 +266,21 @@ impl Stack {
         let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/flashgate.db", dir.0.display()));
         let config_path = dir.0.join("flashgate.toml");
         let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
-        std::fs::write(
-            &config_path,
+        let runtime_dir = dir.0.join("run");
+        let placement = Placement {
+            redis_url: redis.url(),
+            gateway_addr,
+            gateway_admin_addr,
+            shop_addr,
+            backend_addr,
+            admin_addr,
+            database_url: &database_url,
+            static_dir: static_dir.clone(),
+            runtime_dir: runtime_dir.clone(),
+        };
+        let text = if opts.shipped_config {
+            format!("{}\n{}", shipped_config(&placement), opts.extra_toml)
+        } else {
             format!(
                 r#"
 [redis]
@@ -227,6 +295,7 @@ shop_upstream = "{shop_addr}"
 backend_url = "http://{backend_addr}"
 forward_timeout_ms = 1000
 static_dir = "{static_dir}"
+runtime_dir = "{runtime_dir}"
 
 [backend]
 listen = "{backend_addr}"
@@ -243,10 +312,11 @@ sale_poll_ms = 100
                 redis = redis.url(),
                 timeout = opts.redis_timeout_ms,
                 static_dir = static_dir.display(),
+                runtime_dir = runtime_dir.display(),
                 claim = opts.claim_idle_ms,
-            ),
-        )
-        .unwrap();
+            )
+        };
+        std::fs::write(&config_path, text).unwrap();
         let shop = Command::new(bin("demo-shop")).arg(shop_addr.to_string()).stdout(Stdio::null()).spawn().unwrap();
         let mut stack = Self {
             gateway: None,

@@ -23,7 +23,8 @@ async fn a_buyer_watches_the_countdown_buys_and_a_latecomer_sees_sold_out() {
         assert!(ok.success(), "npm ci in tests/browser failed");
     }
 
-    let stack = Stack::start(StackOptions::default()).await;
+    // The shipped configuration, limits included: the page must work on it.
+    let stack = Stack::start(StackOptions::shipped()).await;
     // One item; the start leaves time for the browser to open the page first.
     stack.put_sale("browser-drop", 1, 1, Duration::from_secs(12), Duration::from_secs(3600)).await;
     let artifacts = root.join("target/browser-artifacts");

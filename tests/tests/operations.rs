@@ -12,9 +12,11 @@ fn workspace_file(rel: &str) -> std::path::PathBuf {
 
 #[test]
 fn check_accepts_the_shipped_config() {
-    let out = Command::new(bin("flashgate")).arg("--config").arg(workspace_file("config/flashgate.toml")).arg("check").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    for file in ["config/flashgate.toml", "deploy/compose/flashgate.toml"] {
+        let out = Command::new(bin("flashgate")).arg("--config").arg(workspace_file(file)).arg("check").output().unwrap();
+        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    }
 }
 
 #[test]
@@ -24,6 +26,10 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
         ("[gateway]\nthreads = 2\nthredas = 4\n", "thredas"),
         ("[limits.buy]\nuser = { per_second = 0, burst = 1 }\n", "limits.buy.user"),
         ("[redis]\nurl = \"http://nope\"\n", "redis.url"),
+        // Values that would fail only later: a Redis SET EX after the buy
+        // ran, the limiter cache at start or reload.
+        ("[gateway]\nidempotency_ttl_seconds = 9999999999\n", "gateway.idempotency_ttl_seconds"),
+        ("[limits]\nidle_seconds = 99999999999\n", "limits.idle_seconds"),
     ];
     for (text, key) in cases {
         let path = dir.0.join("bad.toml");
@@ -33,8 +39,8 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
                 .arg("--config")
                 .arg(&path)
                 .args(&args)
-                .env("FLASHGATE_JWT_SECRET", "x")
-                .env("FLASHGATE_ADMIN_TOKEN", "x")
+                .env("FLASHGATE_JWT_SECRET", flashgate_tests::JWT_SECRET)
+                .env("FLASHGATE_ADMIN_TOKEN", flashgate_tests::ADMIN_TOKEN)
                 .output()
                 .unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
