@@ -120,9 +120,12 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
     orders.and(admin).map_err(StartError::Serve)
 }
 
+/// The future of a gated request.
+type BoxedResponse = std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>;
+
 /// A fallback that hands every request to the API in `cell` once it is
 /// set, and answers `503 unavailable` until then.
-fn gate(cell: Arc<OnceLock<Router>>) -> impl Fn(Request) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>> + Clone {
+fn gate(cell: Arc<OnceLock<Router>>) -> impl Fn(Request) -> BoxedResponse + Clone {
     move |request: Request| {
         let api = cell.get().cloned();
         Box::pin(async move {

@@ -61,7 +61,10 @@ pub struct Dependency {
 
 impl Dependency {
     pub const fn new(name: &'static str) -> Self {
-        Self { name, state: AtomicU8::new(DepState::Starting as u8) }
+        Self {
+            name,
+            state: AtomicU8::new(DepState::Starting as u8),
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -84,8 +87,12 @@ impl Dependency {
         }
         let name = self.name;
         match state {
-            DepState::Ready => tracing::info!(dependency = name, was = before.as_str(), "{name} is ready"),
-            _ => tracing::warn!(dependency = name, state = state.as_str(), %detail, "waiting for {name}: {}", state.as_str()),
+            DepState::Ready => {
+                tracing::info!(dependency = name, was = before.as_str(), "{name} is ready")
+            }
+            _ => {
+                tracing::warn!(dependency = name, state = state.as_str(), %detail, "waiting for {name}: {}", state.as_str())
+            }
         }
     }
 
@@ -105,7 +112,11 @@ impl Dependency {
 pub fn redis_state(error: &RedisError) -> DepState {
     if error.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading) {
         DepState::Loading
-    } else if error.is_io_error() || error.is_connection_refusal() || error.is_connection_dropped() || error.is_timeout() {
+    } else if error.is_io_error()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.is_timeout()
+    {
         DepState::Unreachable
     } else {
         DepState::Failing
@@ -117,7 +128,10 @@ pub fn redis_state(error: &RedisError) -> DepState {
 /// # Errors
 /// Redis is unreachable, loading, or failing.
 pub async fn ping_redis<C: ConnectionLike + Send>(conn: &mut C) -> Result<(), RedisError> {
-    redis::cmd("PING").query_async::<String>(conn).await.map(drop)
+    redis::cmd("PING")
+        .query_async::<String>(conn)
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]
@@ -126,7 +140,8 @@ mod tests {
 
     #[test]
     fn a_loading_answer_is_not_yet_and_a_refused_connection_is_absent() {
-        let loading = RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        let loading =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
         assert_eq!(redis_state(&loading), DepState::Loading);
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(redis_state(&refused), DepState::Unreachable);
