@@ -321,7 +321,11 @@ async fn redis_restarted_mid_sale_with_a_large_aof_answers_503_with_retry_after_
     }
     stack.open_sale("mid", STOCK, 1).await;
 
-    // Buyers keep buying, one new user per attempt, until the sale is sold out.
+    // Buyers keep buying, one new user at a time, until the sale is sold
+    // out. Like a real client, a buyer told 503 (or not answered: Redis may
+    // die after deducting, before replying) retries with the same
+    // Idempotency-Key until it gets a final answer, so every item sold has
+    // exactly one buyer told so.
     let (addr, http) = (stack.gateway_addr, stack.http.clone());
     let buyers: Vec<_> = (0..4)
         .map(|_| {
@@ -329,24 +333,28 @@ async fn redis_restarted_mid_sale_with_a_large_aof_answers_503_with_retry_after_
             tokio::spawn(async move {
                 let mut seen = Vec::new();
                 let deadline = Instant::now() + Duration::from_secs(120);
-                while Instant::now() < deadline {
-                    let user = random_user();
-                    let resp = http
-                        .post(format!("http://{addr}/api/sales/mid/buy"))
-                        .bearer_auth(token(&user))
-                        .timeout(Duration::from_secs(10))
-                        .send()
-                        .await;
-                    let Ok(resp) = resp else { continue };
-                    let status = resp.status().as_u16();
-                    let retry_after = resp.headers().contains_key("retry-after");
-                    let body: serde_json::Value = resp.json().await.unwrap_or_default();
-                    let sold_out = status == 410;
-                    seen.push((user, status, retry_after, body));
-                    if sold_out {
-                        break;
+                'users: while Instant::now() < deadline {
+                    let (user, key) = (random_user(), random_user());
+                    while Instant::now() < deadline {
+                        let resp = http
+                            .post(format!("http://{addr}/api/sales/mid/buy"))
+                            .bearer_auth(token(&user))
+                            .header("Idempotency-Key", &key)
+                            .timeout(Duration::from_secs(10))
+                            .send()
+                            .await;
+                        let Ok(resp) = resp else { continue };
+                        let status = resp.status().as_u16();
+                        let retry_after = resp.headers().contains_key("retry-after");
+                        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+                        seen.push((user.clone(), status, retry_after, body));
+                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        match status {
+                            503 => continue,
+                            410 => break 'users,
+                            _ => continue 'users,
+                        }
                     }
-                    tokio::time::sleep(Duration::from_millis(15)).await;
                 }
                 seen
             })
@@ -382,7 +390,14 @@ async fn redis_restarted_mid_sale_with_a_large_aof_answers_503_with_retry_after_
         "every 503 is `unavailable` with Retry-After"
     );
     let winners: Vec<_> = seen.iter().filter(|s| s.1 == 201 || s.1 == 202).collect();
-    assert_eq!(winners.len() as i64, STOCK, "exactly the stock was sold");
+    let mut statuses: Vec<u16> = seen.iter().map(|s| s.1).collect();
+    statuses.dedup();
+    assert_eq!(
+        winners.len() as i64,
+        STOCK,
+        "exactly the stock was sold; statuses in order {statuses:?}; remaining {}",
+        stack.remaining("mid").await
+    );
     let rows = stack
         .wait_orders("mid", STOCK, Duration::from_secs(30))
         .await;
