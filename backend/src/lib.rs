@@ -10,6 +10,7 @@
 //! - [`server`]: [`run`], which wires everything and handles shutdown.
 //! - [`api`]: the order API (for the gateway) and the admin API, with one
 //!   error-to-HTTP mapping in [`api::error`].
+//! - [`readiness`]: what the backend waits for; `GET /live`, `GET /ready`.
 //! - [`order_writer`]: group commit of the orders the gateway forwards.
 //! - [`store`]: the SQL database (SQLite or PostgreSQL).
 //! - [`stream::consumer`]: per-sale Redis Stream consumers.
@@ -25,6 +26,7 @@
 pub mod api;
 pub mod metrics;
 pub mod order_writer;
+pub mod readiness;
 pub mod reconcile;
 pub mod recovery;
 pub mod redis_io;

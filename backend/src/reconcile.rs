@@ -236,11 +236,17 @@ pub async fn reconcile_all<C: ConnectionLike + Send>(conn: &mut C, store: &Store
 }
 
 /// Runs [`reconcile_all`] every `interval` until `shutdown`.
-pub async fn run<C: ConnectionLike + Send + Clone>(conn: C, store: Store, interval: Duration, drift: Drift, mut shutdown: watch::Receiver<bool>) {
+pub async fn run<C: ConnectionLike + Send + Clone>(conn: C, store: Store, interval: Duration, drift: Drift,
+    readiness: crate::readiness::Readiness,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.wait_for(|s| *s) => return,
+        }
+        if !readiness.wait_dependencies(&mut shutdown).await {
+            return;
         }
         let mut c = conn.clone();
         if let Err(error) = reconcile_all(&mut c, &store, &drift).await {

@@ -358,8 +358,19 @@ async fn announce<C: ConnectionLike + Send>(conn: &mut C, id: &str) {
 }
 
 /// Every `interval`, restores the sales Redis lost, until `shutdown`.
-pub async fn watch<C: ConnectionLike + Send + Clone>(conn: C, store: Store, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+pub async fn watch<C: ConnectionLike + Send + Clone>(
+    conn: C,
+    store: Store,
+    interval: Duration,
+    readiness: crate::readiness::Readiness,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
+        // While Redis reloads or the database is away, the monitor has said
+        // so; a pass would only fail and log.
+        if !readiness.wait_dependencies(&mut shutdown).await {
+            return;
+        }
         let mut c = conn.clone();
         if let Err(error) = restore_missing(&mut c, &store).await {
             tracing::warn!(%error, "cannot check the sales in redis; will retry");

@@ -1,32 +1,53 @@
 //! Starting and stopping the backend.
 //!
-//! Start order: database (schema), Redis, the sales declared in the file
-//! (written to the database only if absent, then preheated into Redis only
-//! if absent), then the consumers, the background loops (restoring sales
-//! Redis lost, payment timeouts, reconciliation) and both listeners. On SIGTERM or Ctrl-C
-//! the listeners stop accepting and finish in-flight requests, the
-//! consumers finish their current batch, and [`run`] returns `Ok`.
+//! The backend starts in any order with Redis and the database: it checks
+//! its configuration, listens on both ports at once, and then waits for
+//! its dependencies (see [`crate::readiness`]) while every API route
+//! answers `503 unavailable` and `GET /ready` says what is awaited:
+//!
+//! 1. the database: connect, create the schema, run the migrations;
+//! 2. Redis: connect, then `PING` until it answers (not `LOADING`);
+//! 3. the sales declared in the file: written to the database only if
+//!    absent, then preheated into Redis only if absent.
+//!
+//! Each step retries with capped exponential backoff and jitter and logs
+//! once per change of state. Then the APIs open, and the consumers, the
+//! background loops (restoring sales Redis lost, payment timeouts,
+//! reconciliation) and the dependency monitor start. Nothing a dependency
+//! does after that stops the process: readiness flips while it is away and
+//! the loops pause. On SIGTERM or Ctrl-C the listeners stop accepting and
+//! finish in-flight requests, the consumers finish their current batch,
+//! and [`run`] returns `Ok`.
 
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use flashgate_common::backoff::Backoff;
 use flashgate_common::config::Config;
+use flashgate_common::dependency::{ping_redis, DepState};
+use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tower::ServiceExt;
 
+use crate::api::error::ApiError;
 use crate::api::{admin_router, order_router, AppState};
+use crate::readiness::{self, sleep_or_stop, store_state, Readiness};
 use crate::sales::{self, Preheat};
 use crate::store::{Store, StoreError};
 use crate::stream::consumer;
 
-/// Why the backend could not start.
+/// Why the backend could not start (configuration, not dependencies: those
+/// are waited for).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("FLASHGATE_ADMIN_TOKEN is not set: the backend refuses to start with an open admin API")]
     NoAdminToken,
     #[error("database: {0}")]
     Store(#[from] StoreError),
-    #[error("redis at {url}: {source}")]
-    Redis { url: String, source: redis::RedisError },
-    #[error("preheating sale `{sale}`: {source}")]
-    Preheat { sale: String, source: sales::SaleError },
     #[error("sale `{sale}` declares stock {stock}, below the {sold} orders the database holds")]
     StockBelowSold { sale: String, stock: i64, sold: i64 },
     #[error("cannot listen on {addr}: {source}")]
@@ -56,48 +77,121 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 /// See [`run`].
 pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), StartError> {
     let token = config.admin_token.clone().filter(|t| !t.is_empty()).ok_or(StartError::NoAdminToken)?;
-    let store = Store::connect(&config.backend.database_url).await?;
-    let redis_err = |source| StartError::Redis { url: config.redis.url.clone(), source };
-    let mut redis = crate::redis_io::shared_connection(&config.redis).await.map_err(redis_err)?;
-
-    for declared in &config.sales {
-        if store.insert_sale_if_absent(declared).await? {
-            if let Some(timeout) = config.payment_timeouts.get(&declared.id) {
-                store.set_payment_timeout(&declared.id, timeout.as_secs() as i64).await?;
-            }
-            tracing::info!(sale = %declared.id, "sale from the configuration file written to the database");
-        }
-        // The row, not the file, is the truth once written.
-        let spec = store.sale(&declared.id).await?.unwrap_or_else(|| declared.clone());
-        match sales::preheat_from_store(&mut redis, &store, &spec).await {
-            Ok(Preheat::Loaded { remaining }) => tracing::info!(sale = %spec.id, remaining, "sale preheated"),
-            Ok(Preheat::AlreadyThere) => tracing::info!(sale = %spec.id, "sale already in redis; left as is"),
-            Ok(Preheat::StockBelowSold { sold }) => {
-                return Err(StartError::StockBelowSold { sale: spec.id, stock: spec.stock, sold })
-            }
-            // Another backend, started at the same time, is restoring it;
-            // if it dies, the restore loop below takes over.
-            Err(sales::SaleError::Restoring) => tracing::info!(sale = %spec.id, "another backend is loading the sale; left to it"),
-            Err(source) => return Err(StartError::Preheat { sale: spec.id, source }),
-        }
-    }
-
-    let state = AppState::new(store.clone(), redis.clone(), &token)?;
     let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
     let orders = bind(config.backend.listen).await?;
     let admin = bind(config.backend.admin_listen).await?;
-    tracing::info!(orders = %config.backend.listen, admin = %config.backend.admin_listen, "backend listening");
+    tracing::info!(orders = %config.backend.listen, admin = %config.backend.admin_listen, "backend listening; waiting for its dependencies");
 
-    let settings = consumer::Settings { metrics: state.metrics.clone(), ..consumer::Settings::new(&config.redis, &config.backend) };
+    // One stop signal for the listeners: the caller's shutdown, or a fatal
+    // error while starting.
+    let (stop, stopping) = watch::channel(false);
+    let forward = stop.clone();
+    let mut outer = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = outer.wait_for(|s| *s).await;
+        let _ = forward.send(true);
+    });
+
+    let readiness = Readiness::default();
+    let order_api = Arc::new(OnceLock::new());
+    let admin_api = Arc::new(OnceLock::new());
+    let probes = Router::new()
+        .route("/live", get(readiness::live))
+        .route("/ready", get(readiness::ready))
+        .with_state(readiness.clone());
+    let serve = |listener, router: Router, mut stopping: watch::Receiver<bool>| {
+        axum::serve(listener, router).with_graceful_shutdown(async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        })
+    };
+    let work = async {
+        let result = start_and_run(&config, &token, &readiness, &order_api, &admin_api, shutdown.clone()).await;
+        if result.is_err() {
+            let _ = stop.send(true);
+        }
+        result
+    };
+    let (orders, admin, work) = tokio::join!(
+        serve(orders, probes.fallback(gate(order_api.clone())), stopping.clone()),
+        serve(admin, Router::new().fallback(gate(admin_api.clone())), stopping.clone()),
+        work,
+    );
+    work?;
+    orders.and(admin).map_err(StartError::Serve)
+}
+
+/// The future of a gated request.
+type BoxedResponse = std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>;
+
+/// A fallback that hands every request to the API in `cell` once it is
+/// set, and answers `503 unavailable` until then.
+fn gate(cell: Arc<OnceLock<Router>>) -> impl Fn(Request) -> BoxedResponse + Clone {
+    move |request: Request| {
+        let api = cell.get().cloned();
+        Box::pin(async move {
+            match api {
+                Some(api) => match api.oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                },
+                None => {
+                    let mut response =
+                        ApiError::unavailable("the backend is starting: waiting for its dependencies (see GET /ready)").into_response();
+                    response.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+                    response
+                }
+            }
+        })
+    }
+}
+
+/// Waits for the dependencies, opens the APIs, runs the background work
+/// until `shutdown`. `Ok` on a shutdown at any point.
+async fn start_and_run(
+    config: &Config,
+    token: &str,
+    readiness: &Readiness,
+    order_api: &OnceLock<Router>,
+    admin_api: &OnceLock<Router>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), StartError> {
+    let Some(store) = connect_store(&config.backend.database_url, readiness, &mut shutdown).await else { return Ok(()) };
+    let Some(redis) = connect_redis(config, readiness, &mut shutdown).await else {
+        store.close().await;
+        return Ok(());
+    };
+    if !preheat_declared(config, &store, &redis, readiness, &mut shutdown).await? {
+        store.close().await;
+        return Ok(());
+    }
+
+    let state = AppState::new(store.clone(), redis.clone(), token)?;
+    let settings = consumer::Settings {
+        metrics: state.metrics.clone(),
+        readiness: Some(readiness.clone()),
+        ..consumer::Settings::new(&config.redis, &config.backend)
+    };
+    let _ = order_api.set(order_router(state.clone()));
+    let _ = admin_api.set(admin_router(state.clone()));
+    tracing::info!("backend ready");
+
     let consumers = tokio::spawn(consumer::run(store.clone(), settings, shutdown.clone()));
     let backend = &config.backend;
     let background = [
-        tokio::spawn(crate::recovery::watch(redis.clone(), store.clone(), backend.restore_poll, shutdown.clone())),
+        tokio::spawn(readiness::monitor(readiness.clone(), store.clone(), redis.clone(), shutdown.clone())),
+        tokio::spawn(crate::recovery::watch(
+            redis.clone(),
+            store.clone(),
+            backend.restore_poll,
+            readiness.clone(),
+            shutdown.clone(),
+        )),
         tokio::spawn(crate::timeout::run(
             redis.clone(),
             store.clone(),
             backend.expiry_poll,
             state.orders_expired.clone(),
+            readiness.clone(),
             shutdown.clone(),
         )),
         tokio::spawn(crate::reconcile::run(
@@ -105,18 +199,11 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
             store.clone(),
             backend.reconcile_interval,
             state.drift.clone(),
+            readiness.clone(),
             shutdown.clone(),
         )),
     ];
-    let serve = |listener, router: axum::Router, mut shutdown: watch::Receiver<bool>| {
-        axum::serve(listener, router).with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
-    };
-    let (orders, admin) = tokio::join!(
-        serve(orders, order_router(state.clone()), shutdown.clone()),
-        serve(admin, admin_router(state), shutdown.clone()),
-    );
+    let _ = shutdown.wait_for(|s| *s).await;
     if let Err(error) = consumers.await {
         tracing::error!(%error, "stream consumers panicked");
     }
@@ -126,7 +213,123 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         }
     }
     store.close().await;
-    orders.and(admin).map_err(StartError::Serve)
+    Ok(())
+}
+
+/// Connects to the database and migrates it, retrying until it works;
+/// `None` on shutdown.
+async fn connect_store(url: &str, readiness: &Readiness, shutdown: &mut watch::Receiver<bool>) -> Option<Store> {
+    let mut backoff = Backoff::default();
+    loop {
+        match Store::connect(url).await {
+            Ok(store) => {
+                readiness.database().ready();
+                return Some(store);
+            }
+            Err(error) => readiness.database().observe(store_state(&error), &error),
+        }
+        if sleep_or_stop(backoff.next_wait(), shutdown).await {
+            return None;
+        }
+    }
+}
+
+/// Connects to Redis and waits until it answers `PING` (a Redis loading
+/// its dataset answers `LOADING`: not yet); `None` on shutdown.
+async fn connect_redis(config: &Config, readiness: &Readiness, shutdown: &mut watch::Receiver<bool>) -> Option<ConnectionManager> {
+    let mut backoff = Backoff::default();
+    let mut conn = None;
+    loop {
+        if conn.is_none() {
+            match crate::redis_io::shared_connection(&config.redis).await {
+                Ok(c) => conn = Some(c),
+                Err(error) => readiness.redis().redis_failed(&error),
+            }
+        }
+        if let Some(c) = conn.as_mut() {
+            match ping_redis(c).await {
+                Ok(()) => {
+                    readiness.redis().ready();
+                    return conn;
+                }
+                Err(error) => readiness.redis().redis_failed(&error),
+            }
+        }
+        if sleep_or_stop(backoff.next_wait(), shutdown).await {
+            return None;
+        }
+    }
+}
+
+/// Why one declared sale is not preheated yet.
+enum PreheatFailure {
+    /// A dependency failed; try again.
+    Retry(DepState, String),
+    Fatal(StartError),
+}
+
+/// Writes the sales declared in the file to the database (only if absent)
+/// and preheats them into Redis (only if absent), retrying what a
+/// dependency makes fail. `Ok(false)` on shutdown.
+async fn preheat_declared(
+    config: &Config,
+    store: &Store,
+    redis: &ConnectionManager,
+    readiness: &Readiness,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<bool, StartError> {
+    let mut backoff = Backoff::default();
+    for declared in &config.sales {
+        loop {
+            match preheat_one(config, store, &mut redis.clone(), declared).await {
+                Ok(()) => break,
+                Err(PreheatFailure::Fatal(error)) => return Err(error),
+                Err(PreheatFailure::Retry(state, error)) => {
+                    readiness.sales().observe(state, format_args!("sale `{}`: {error}", declared.id));
+                }
+            }
+            if sleep_or_stop(backoff.next_wait(), shutdown).await {
+                return Ok(false);
+            }
+        }
+    }
+    readiness.sales().ready();
+    Ok(true)
+}
+
+async fn preheat_one(
+    config: &Config,
+    store: &Store,
+    redis: &mut ConnectionManager,
+    declared: &flashgate_common::sale::SaleSpec,
+) -> Result<(), PreheatFailure> {
+    let db = |error: StoreError| PreheatFailure::Retry(store_state(&error), error.to_string());
+    if store.insert_sale_if_absent(declared).await.map_err(db)? {
+        if let Some(timeout) = config.payment_timeouts.get(&declared.id) {
+            store.set_payment_timeout(&declared.id, timeout.as_secs() as i64).await.map_err(db)?;
+        }
+        tracing::info!(sale = %declared.id, "sale from the configuration file written to the database");
+    }
+    // The row, not the file, is the truth once written.
+    let spec = store.sale(&declared.id).await.map_err(db)?.unwrap_or_else(|| declared.clone());
+    match sales::preheat_from_store(redis, store, &spec).await {
+        Ok(Preheat::Loaded { remaining }) => tracing::info!(sale = %spec.id, remaining, "sale preheated"),
+        Ok(Preheat::AlreadyThere) => tracing::info!(sale = %spec.id, "sale already in redis; left as is"),
+        Ok(Preheat::StockBelowSold { sold }) => {
+            return Err(PreheatFailure::Fatal(StartError::StockBelowSold { sale: spec.id, stock: spec.stock, sold }))
+        }
+        Err(sales::SaleError::Redis(error)) => {
+            return Err(PreheatFailure::Retry(flashgate_common::dependency::redis_state(&error), error.to_string()))
+        }
+        // Another backend is restoring it: once it is done the next try
+        // finds it loaded; if that backend dies, its lock expires and this
+        // one restores it.
+        Err(sales::SaleError::Restoring) => {
+            return Err(PreheatFailure::Retry(DepState::Starting, "another backend is loading the sale".into()))
+        }
+        Err(error) => return Err(PreheatFailure::Retry(DepState::Failing, error.to_string())),
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -64,9 +64,13 @@ pub async fn run<C: ConnectionLike + Send + Clone>(
     store: Store,
     interval: Duration,
     expired_total: Arc<AtomicU64>,
+    readiness: crate::readiness::Readiness,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
+        if !readiness.wait_dependencies(&mut shutdown).await {
+            return;
+        }
         let mut c = conn.clone();
         match expire_once(&mut c, &store, flashgate_common::now_ms()).await {
             Ok(pass) => {

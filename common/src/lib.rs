@@ -11,9 +11,13 @@
 //! - [`sale`]: a sale's definition and the state a buyer sees.
 //! - [`stream_info`]: a sale stream's unpersisted backlog.
 //! - [`secret`]: constant-time comparison of bearer tokens.
+//! - [`backoff`]: capped exponential backoff with jitter.
+//! - [`dependency`]: what a process waits for, checked and logged once per change.
 #![forbid(unsafe_code)]
 
+pub mod backoff;
 pub mod config;
+pub mod dependency;
 pub mod keys;
 pub mod reservation;
 pub mod sale;

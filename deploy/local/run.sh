@@ -2,21 +2,50 @@
 # `make run`: the whole local stack with the embedded defaults.
 # Its own redis-server under ./data (AOF on), the backend on SQLite
 # (./data/flashgate.db), the demo shop, and the gateway. Secrets are made
-# once and kept in ./data/secrets.env. Ctrl-C stops everything.
+# once and kept in ./data/secrets.env; a secret already set in the
+# environment wins over the file. Every process starts at once (each waits
+# for what it needs); this script then waits until the backend and the
+# gateway say they are ready, and says what they wait for when it takes
+# longer than a second (e.g. Redis loading a large AOF). Ctrl-C stops
+# everything.
+#
+# Overrides (defaults match config/flashgate.toml), for tests and for
+# running a second stack beside the first:
+#   FLASHGATE_BIN_DIR (target/release), FLASHGATE_CONFIG, FLASHGATE_DATA_DIR (data),
+#   FLASHGATE_REDIS_PORT (6390), FLASHGATE_SHOP_ADDR (127.0.0.1:8000),
+#   FLASHGATE_GATEWAY_ADDR (127.0.0.1:8080), FLASHGATE_GATEWAY_ADMIN_ADDR (127.0.0.1:9092),
+#   FLASHGATE_BACKEND_ADDR (127.0.0.1:9090), FLASHGATE_BACKEND_ADMIN_ADDR (127.0.0.1:9091),
+#   FLASHGATE_READY_TIMEOUT (seconds, 600).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-mkdir -p data
-BIN=target/release
-CONFIG=config/flashgate.toml
-REDIS_PORT=6390
+BIN=${FLASHGATE_BIN_DIR:-target/release}
+CONFIG=${FLASHGATE_CONFIG:-config/flashgate.toml}
+DATA=${FLASHGATE_DATA_DIR:-data}
+REDIS_PORT=${FLASHGATE_REDIS_PORT:-6390}
+SHOP=${FLASHGATE_SHOP_ADDR:-127.0.0.1:8000}
+GATEWAY=${FLASHGATE_GATEWAY_ADDR:-127.0.0.1:8080}
+GATEWAY_ADMIN=${FLASHGATE_GATEWAY_ADMIN_ADDR:-127.0.0.1:9092}
+BACKEND=${FLASHGATE_BACKEND_ADDR:-127.0.0.1:9090}
+BACKEND_ADMIN=${FLASHGATE_BACKEND_ADMIN_ADDR:-127.0.0.1:9091}
+READY_TIMEOUT=${FLASHGATE_READY_TIMEOUT:-600}
+mkdir -p "$DATA"
+DATA=$(cd "$DATA" && pwd)
 
-if [[ ! -f data/secrets.env ]]; then
-  umask 077
-  printf 'FLASHGATE_JWT_SECRET=%s\nFLASHGATE_ADMIN_TOKEN=%s\n' \
-    "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
-    "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" > data/secrets.env
+if [[ ! -f $DATA/secrets.env ]]; then
+  (
+    umask 077
+    printf 'FLASHGATE_JWT_SECRET=%s\nFLASHGATE_ADMIN_TOKEN=%s\n' \
+      "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
+      "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" > "$DATA/secrets.env"
+  )
 fi
-set -a; source data/secrets.env; set +a
+# The file only fills what the environment leaves unset: a secret the user
+# exported wins.
+while IFS='=' read -r name value; do
+  [[ $name =~ ^FLASHGATE_[A-Z_]+$ ]] || continue
+  [[ -n ${!name:-} ]] && continue
+  export "$name=$value"
+done < "$DATA/secrets.env"
 
 pids=()
 stop() {
@@ -27,28 +56,60 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; return 1; }
+# GET $1 (host:port) $2 (path); prints the status code, a space, the body
+# ("000" when nothing answers within 2 s).
+http_get() {
+  timeout 2 bash -c '
+    exec 3<>"/dev/tcp/${1%:*}/${1##*:}" || exit 1
+    printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$1" >&3
+    IFS=" " read -r _ status _ <&3
+    while IFS= read -r line <&3 && [[ $line != $'"'"'\r'"'"' ]]; do :; done
+    printf "%s " "$status"; cat <&3
+  ' _ "$1" "$2" 2>/dev/null || printf '000 '
+}
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$PWD/data" --appendonly yes --appendfsync everysec \
-  --save "" --maxmemory-policy noeviction --logfile "$PWD/data/redis.log" & pids+=($!)
-wait_port "$REDIS_PORT"
-"$BIN/demo-shop" 127.0.0.1:8000 > data/shop.log 2>&1 & pids+=($!)
-"$BIN/flashgate-backend" --config "$CONFIG" > data/backend.log 2>&1 & pids+=($!)
-wait_port 9090
-"$BIN/flashgate" --config "$CONFIG" serve > data/gateway.log 2>&1 & pids+=($!)
-wait_port 8080
+# Waits until GET $2/$3 answers 200; after a second, says what $1 waits for
+# (its readiness body), again whenever that changes.
+wait_ready() {
+  local name=$1 addr=$2 path=$3 pid=$4 started=$SECONDS said="" reply body
+  local tenths=0
+  while :; do
+    reply=$(http_get "$addr" "$path")
+    [[ ${reply%% *} == 200 ]] && { [[ -n $said ]] && echo "$name is ready"; return 0; }
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "$name exited; see $DATA/$name.log" >&2; return 1
+    fi
+    body=${reply#* }; [[ -n $body ]] || body="(not answering on $addr yet)"
+    if (( tenths >= 10 )) && [[ $body != "$said" ]]; then
+      echo "waiting for $name to be ready: $body"
+      said=$body
+    fi
+    if (( SECONDS - started > READY_TIMEOUT )); then
+      echo "$name not ready after ${READY_TIMEOUT}s: $body; see $DATA/$name.log" >&2; return 1
+    fi
+    sleep 0.1; tenths=$((tenths + 1))
+  done
+}
+
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA" --appendonly yes --appendfsync everysec \
+  --save "" --maxmemory-policy noeviction --logfile "$DATA/redis.log" & pids+=($!)
+"$BIN/demo-shop" "$SHOP" > "$DATA/shop.log" 2>&1 & pids+=($!)
+"$BIN/flashgate-backend" --config "$CONFIG" > "$DATA/backend.log" 2>&1 & pids+=($!); backend_pid=$!
+"$BIN/flashgate" --config "$CONFIG" serve > "$DATA/gateway.log" 2>&1 & pids+=($!); gateway_pid=$!
+wait_ready backend "$BACKEND" /ready "$backend_pid"
+wait_ready gateway "$GATEWAY_ADMIN" /ready "$gateway_pid"
 
 TOKEN=$("$BIN/flashgate" --config "$CONFIG" token --user demo-user --ttl 12h)
 cat <<MSG
 
-Flashgate is running (logs in ./data/*.log):
-  sale page      http://127.0.0.1:8080/sales/demo
-  sale state     http://127.0.0.1:8080/api/sales/demo
-  shop (proxied) http://127.0.0.1:8080/
-  admin API      http://127.0.0.1:9091/admin/sales/demo   (Bearer \$FLASHGATE_ADMIN_TOKEN, in data/secrets.env)
+Flashgate is running (logs in $DATA/*.log):
+  sale page      http://$GATEWAY/sales/demo
+  sale state     http://$GATEWAY/api/sales/demo
+  shop (proxied) http://$GATEWAY/
+  admin API      http://$BACKEND_ADMIN/admin/sales/demo   (Bearer \$FLASHGATE_ADMIN_TOKEN, in $DATA/secrets.env unless set in the environment)
 
 Buy as demo-user:
-  curl -i -X POST http://127.0.0.1:8080/api/sales/demo/buy \\
+  curl -i -X POST http://$GATEWAY/api/sales/demo/buy \\
     -H 'Authorization: Bearer $TOKEN' -H "Idempotency-Key: \$(date +%s%N)"
 
 Ctrl-C stops everything.

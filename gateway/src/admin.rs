@@ -3,8 +3,10 @@
 //!
 //! - `GET /metrics`: Prometheus text exposition.
 //! - `GET /live`: 200 while the process runs.
-//! - `GET /ready`: 200 while the Redis circuit is closed, else 503, so a
-//!   load balancer stops sending buyers to a gateway that cannot sell.
+//! - `GET /ready`: 200 while Redis answers (not absent, not `LOADING`) and
+//!   its circuit is not open, else 503, so a load balancer stops sending
+//!   buyers to a gateway that cannot sell; the JSON body names each
+//!   dependency's state (see [`crate::readiness`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,17 +21,19 @@ use pingora::services::background::BackgroundService;
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 
 pub struct AdminServer {
     pub listen: SocketAddr,
     pub metrics: Arc<Metrics>,
     pub breaker: Arc<Breaker>,
+    pub readiness: Arc<Readiness>,
 }
 
 impl AdminServer {
     fn router(&self) -> Router {
         let (metrics, breaker) = (self.metrics.clone(), self.breaker.clone());
-        let ready_breaker = self.breaker.clone();
+        let (ready_breaker, readiness) = (self.breaker.clone(), self.readiness.clone());
         Router::new()
             .route(
                 "/metrics",
@@ -49,12 +53,11 @@ impl AdminServer {
             .route(
                 "/ready",
                 get(move || {
-                    let breaker = ready_breaker.clone();
+                    let (breaker, readiness) = (ready_breaker.clone(), readiness.clone());
                     async move {
-                        match breaker.state() {
-                            BreakerState::Closed => (StatusCode::OK, "ready").into_response(),
-                            _ => (StatusCode::SERVICE_UNAVAILABLE, "redis circuit open").into_response(),
-                        }
+                        let status =
+                            if readiness.is_ready(&breaker) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+                        (status, axum::Json(readiness.report(&breaker))).into_response()
                     }
                 }),
             )

@@ -13,7 +13,8 @@ use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
 use futures_util::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use tracing::{debug, warn};
+use flashgate_common::backoff::Backoff;
+use tracing::{debug, info, warn};
 
 use crate::local_state::LocalSales;
 use crate::switches::Switches;
@@ -25,9 +26,12 @@ pub struct EventListener {
 }
 
 impl EventListener {
-    async fn listen(&self) -> redis::RedisResult<()> {
+    /// Subscribes and applies events until the subscription ends; sets
+    /// `subscribed` once the subscription stands.
+    async fn listen(&self, subscribed: &mut bool) -> redis::RedisResult<()> {
         let mut pubsub = self.client.get_async_pubsub().await?;
         pubsub.subscribe(EVENTS_CHANNEL).await?;
+        *subscribed = true;
         let mut messages = pubsub.on_message();
         while let Some(msg) = messages.next().await {
             let Ok(payload) = msg.get_payload::<String>() else { continue };
@@ -45,21 +49,34 @@ impl EventListener {
 #[async_trait]
 impl BackgroundService for EventListener {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        // Logged once per change, not once per retry: Redis may be absent
+        // or loading for minutes.
+        let mut up: Option<bool> = None;
         loop {
-            tokio::select! {
+            let mut subscribed = false;
+            let result = tokio::select! {
                 _ = shutdown.changed() => return,
-                result = self.listen() => {
-                    if let Err(error) = result {
-                        warn!(%error, "sale events subscription lost; retrying");
-                    }
+                result = self.listen(&mut subscribed) => result,
+            };
+            if subscribed {
+                backoff.reset();
+                if up != Some(true) {
+                    info!("subscribed to sale events");
                 }
+                up = Some(true);
+            }
+            let error = result.err().map(|e| e.to_string()).unwrap_or_else(|| "subscription ended".into());
+            if up != Some(false) {
+                warn!(%error, "sale events subscription down; retrying until redis answers");
+                up = Some(false);
+            } else {
+                debug!(%error, "sale events subscription still down");
             }
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(backoff.next_wait()) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 }

@@ -26,6 +26,7 @@
 //! - [`events`]: sale events between gateways over pub/sub.
 //! - [`switches`]: global pause switch and backlog pause.
 //! - [`breaker`]: the circuit breaker on Redis.
+//! - [`readiness`]: what the gateway waits for (Redis, the backend); `/ready`.
 //! - [`redis_client`]: the shared, lazily created Redis connection.
 //! - [`metrics`]: Prometheus metrics; [`admin`]: the listener serving them.
 //! - [`reply`]: responses and the status of every rejection.
@@ -45,6 +46,7 @@ pub mod metrics;
 pub mod order_cache;
 pub mod orders;
 pub mod proxy;
+pub mod readiness;
 pub mod redis_client;
 pub mod reload;
 pub mod reply;

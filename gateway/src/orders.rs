@@ -60,6 +60,18 @@ impl OrderClient {
         Ok(body["created"].as_u64().unwrap_or(0))
     }
 
+    /// Whether the backend process answers at all (`GET /live`).
+    ///
+    /// # Errors
+    /// When the backend is unreachable, slow, or not alive.
+    pub async fn live(&self) -> Result<(), BackendError> {
+        let resp = self.http.get(format!("{}/live", self.base)).send().await?;
+        match resp.status().as_u16() {
+            200 => Ok(()),
+            s => Err(BackendError::Status(s)),
+        }
+    }
+
     /// Whether the backend's database knows sale `sale_id` (asked when the
     /// sale is missing from Redis: it then is being restored).
     ///

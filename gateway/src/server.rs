@@ -19,6 +19,7 @@ use crate::order_cache::OrderLookups;
 use crate::orders::OrderClient;
 use crate::proxy::{Edge, Gateway};
 use crate::redis_client::RedisClient;
+use crate::readiness::{DependencyWatcher, Readiness};
 use crate::reload::ConfigWatcher;
 use crate::runtime_dir::RuntimePaths;
 use crate::state_cache::SaleStateCache;
@@ -108,16 +109,25 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval };
     let shop_health =
         pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
+    let readiness = Arc::new(Readiness::default());
+    let dependencies = DependencyWatcher {
+        client: gateway.redis.client().clone(),
+        timeout: config.redis.timeout,
+        orders: gateway.orders.clone(),
+        readiness: readiness.clone(),
+    };
     let admin = AdminServer {
         listen: config.gateway.admin_listen,
         metrics: gateway.metrics.clone(),
         breaker: gateway.redis.breaker.clone(),
+        readiness,
     };
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());
     server.add_service(service);
     server.add_service(pingora::services::background::background_service("winner forwarder", forward_worker));
     server.add_service(pingora::services::background::background_service("admin listener", admin));
+    server.add_service(pingora::services::background::background_service("dependencies", dependencies));
     server.add_service(pingora::services::background::background_service("switches", switch_watcher));
     server.add_service(pingora::services::background::background_service("sale events", events));
     server.add_service(pingora::services::background::background_service("config watcher", watcher));

@@ -121,7 +121,9 @@ impl RedisServer {
         Self::start_on(dir, free_port(), appendonly)
     }
 
-    fn start_on(dir: &Path, port: u16, appendonly: bool) -> Self {
+    /// Starts redis-server on `port` with its files under `dir`; returns
+    /// once the port is open (a Redis loading its AOF still answers `LOADING`).
+    pub fn start_on(dir: &Path, port: u16, appendonly: bool) -> Self {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
             .arg(dir)
@@ -260,6 +262,78 @@ impl Stack {
     pub async fn start(opts: StackOptions) -> Self {
         let dir = TempDir::new("stack");
         let redis = RedisServer::start(&dir.0, opts.appendonly);
+        let layout = Layout::new(&opts, &dir, redis.port);
+        let mut stack = layout.into_stack(dir, redis);
+        stack.start_backend();
+        stack.start_gateway();
+        assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
+        stack
+    }
+
+    /// Starts the shop, the backend and the gateway before their Redis
+    /// exists (its port is chosen, nobody listens there), waits until both
+    /// listen, then lets `start_redis` start it on that port (in the
+    /// stack's dir, with the given `Early` view) and returns the stack.
+    pub async fn start_redis_last<F, Fut>(opts: StackOptions, start_redis: F) -> Self
+    where
+        F: FnOnce(Early) -> Fut,
+        Fut: std::future::Future<Output = RedisServer>,
+    {
+        let dir = TempDir::new("stack");
+        let redis_port = free_port();
+        let layout = Layout::new(&opts, &dir, redis_port);
+        let spawn = |name: &'static str, extra: &[&str]| spawn_in(&dir.0, &layout.config_path, name, extra);
+        let backend = spawn("flashgate-backend", &[]);
+        let gateway = spawn("flashgate", &["serve"]);
+        let log = |name: &str| std::fs::read_to_string(dir.0.join(format!("{name}.log"))).unwrap_or_default();
+        assert!(wait_port(layout.backend_addr, Duration::from_secs(30)), "backend did not listen:\n{}", log("flashgate-backend"));
+        assert!(wait_port(layout.gateway_addr, Duration::from_secs(30)), "gateway did not listen:\n{}", log("flashgate"));
+        let early = Early {
+            dir: dir.0.clone(),
+            redis_port,
+            backend_addr: layout.backend_addr,
+            gateway_addr: layout.gateway_addr,
+            gateway_admin_addr: layout.gateway_admin_addr,
+        };
+        let redis = start_redis(early).await;
+        assert_eq!(redis.port, redis_port, "start Redis on the port the stack was configured with");
+        let mut stack = layout.into_stack(dir, redis);
+        stack.backend = Some(backend);
+        stack.gateway = Some(gateway);
+        assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
+        stack
+    }
+
+    fn spawn(&self, name: &'static str, extra: &[&str]) -> Proc {
+        spawn_in(&self.dir.0, &self.config_path, name, extra)
+    }
+}
+
+/// What a test stack is told about itself before its Redis runs.
+pub struct Early {
+    pub dir: PathBuf,
+    pub redis_port: u16,
+    pub backend_addr: SocketAddr,
+    pub gateway_addr: SocketAddr,
+    pub gateway_admin_addr: SocketAddr,
+}
+
+/// The addresses and config file of a stack, and its demo shop.
+struct Layout {
+    gateway_addr: SocketAddr,
+    gateway_admin_addr: SocketAddr,
+    backend_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    shop_addr: SocketAddr,
+    database_url: String,
+    config_path: PathBuf,
+    shop: Proc,
+}
+
+impl Layout {
+    /// Picks the ports, writes the config, starts the demo shop.
+    fn new(opts: &StackOptions, dir: &TempDir, redis_port: u16) -> Self {
+        let redis_url = format!("redis://127.0.0.1:{redis_port}/");
         let port = |_| -> SocketAddr { ([127, 0, 0, 1], free_port()).into() };
         let (gateway_addr, backend_addr, admin_addr, shop_addr) = (port(0), port(1), port(2), port(3));
         let gateway_admin_addr = port(4);
@@ -309,7 +383,7 @@ sale_poll_ms = 100
 {extra}
 "#,
                 extra = opts.extra_toml,
-                redis = redis.url(),
+                redis = redis_url,
                 timeout = opts.redis_timeout_ms,
                 static_dir = static_dir.display(),
                 runtime_dir = runtime_dir.display(),
@@ -318,43 +392,47 @@ sale_poll_ms = 100
         };
         std::fs::write(&config_path, text).unwrap();
         let shop = Command::new(bin("demo-shop")).arg(shop_addr.to_string()).stdout(Stdio::null()).spawn().unwrap();
-        let mut stack = Self {
+        let shop = Proc { child: shop, name: "demo-shop" };
+        Self { gateway_addr, gateway_admin_addr, backend_addr, admin_addr, shop_addr, database_url, config_path, shop }
+    }
+
+    fn into_stack(self, dir: TempDir, redis: RedisServer) -> Stack {
+        Stack {
             gateway: None,
             backend: None,
-            shop: Some(Proc { child: shop, name: "demo-shop" }),
+            shop: Some(self.shop),
             redis,
-            gateway_addr,
-            gateway_admin_addr,
-            backend_addr,
-            admin_addr,
-            shop_addr,
-            database_url,
-            config_path,
+            gateway_addr: self.gateway_addr,
+            gateway_admin_addr: self.gateway_admin_addr,
+            backend_addr: self.backend_addr,
+            admin_addr: self.admin_addr,
+            shop_addr: self.shop_addr,
+            database_url: self.database_url,
+            config_path: self.config_path,
             http: reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap(),
             dir,
-        };
-        stack.start_backend();
-        stack.start_gateway();
-        assert!(wait_port(shop_addr, Duration::from_secs(10)), "demo shop did not start");
-        stack
+        }
     }
+}
 
-    fn spawn(&self, name: &'static str, extra: &[&str]) -> Proc {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.0.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(bin(name))
-            .arg("--config")
-            .arg(&self.config_path)
-            .args(extra)
-            .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
-            .env("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("RUST_LOG", "info")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Proc { child, name }
-    }
+/// Starts a binary of the stack with its config, secrets and log file.
+fn spawn_in(dir: &Path, config_path: &Path, name: &'static str, extra: &[&str]) -> Proc {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
+    let child = Command::new(bin(name))
+        .arg("--config")
+        .arg(config_path)
+        .args(extra)
+        .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+        .env("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc { child, name }
+}
 
+impl Stack {
     /// The log a process of this stack wrote so far.
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.0.join(format!("{name}.log"))).unwrap_or_default()
@@ -710,4 +788,183 @@ impl Stack {
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap_or(Value::Null))
     }
+}
+
+/// `GET url`; status and JSON body (`Null` when not JSON). Status 0 when
+/// nothing answered.
+pub async fn get_json(http: &reqwest::Client, url: &str) -> (u16, Value) {
+    match http.get(url).timeout(Duration::from_secs(5)).send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            (status, resp.json().await.unwrap_or(Value::Null))
+        }
+        Err(_) => (0, Value::Null),
+    }
+}
+
+/// Polls `url` until it answers 200 (or `limit` passes); the last answer.
+pub async fn wait_ready(http: &reqwest::Client, url: &str, limit: Duration) -> (u16, Value) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = get_json(http, url).await;
+        if got.0 == 200 || Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Stack {
+    /// The backend's readiness endpoint (`GET /ready` on its order listener).
+    pub fn backend_ready_url(&self) -> String {
+        format!("http://{}/ready", self.backend_addr)
+    }
+
+    /// The gateway's readiness endpoint (`GET /ready` on its admin listener).
+    pub fn gateway_ready_url(&self) -> String {
+        format!("http://{}/ready", self.gateway_admin_addr)
+    }
+}
+
+/// Writes a Redis AOF of about `keys * value_bytes` bytes of filler into
+/// `dir/appendonlydir` (a plain-command AOF, no RDB preamble: the slowest
+/// to load, as an AOF grown by months of writes is). A throwaway
+/// redis-server fills itself with `DEBUG POPULATE`, rewrites its AOF and
+/// stops. Returns the AOF's size in bytes.
+pub fn prepare_large_aof(dir: &Path, keys: u64, value_bytes: u64) -> u64 {
+    let port = free_port();
+    let mut proc = Proc {
+        child: Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
+            .arg(dir)
+            .args(["--appendonly", "yes", "--aof-use-rdb-preamble", "no", "--enable-debug-command", "yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH"),
+        name: "redis-server (AOF filler)",
+    };
+    assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "filler redis-server did not start");
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let () = redis::cmd("DEBUG").arg("POPULATE").arg(keys).arg("filler").arg(value_bytes).query(&mut conn).unwrap();
+    let _: String = redis::cmd("BGREWRITEAOF").query(&mut conn).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let info: String = redis::cmd("INFO").arg("persistence").query(&mut conn).unwrap();
+        let busy = info.contains("aof_rewrite_in_progress:1") || info.contains("aof_rewrite_scheduled:1");
+        if !busy && info.contains("aof_last_bgrewrite_status:ok") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "AOF rewrite did not finish: {info}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut conn);
+    let _ = proc.wait_exit(Duration::from_secs(30));
+    aof_bytes(dir)
+}
+
+/// Size of the AOF files under `dir/appendonlydir`.
+pub fn aof_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir.join("appendonlydir"))
+        .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+/// Waits until the Redis on `port` answers `PING` (done loading); how long it took.
+pub fn wait_redis_loaded(port: u16, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    loop {
+        let pong = client.get_connection().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        if pong.is_ok() {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "redis on {port} still not loaded: {pong:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A private PostgreSQL cluster in a temp dir (`initdb` + `postgres`), for
+/// tests that need a database that is absent, then starts, or restarts.
+/// Runs as the `postgres` system user when the tests run as root
+/// (PostgreSQL refuses to run as root).
+pub struct PrivatePostgres {
+    pub port: u16,
+    pub dir: TempDir,
+    bin: PathBuf,
+    running: bool,
+}
+
+impl PrivatePostgres {
+    /// `initdb` in a fresh temp dir, trust auth for local connections, on
+    /// `port`; the server is not started. `None` when no PostgreSQL server
+    /// binaries are installed.
+    pub fn init(port: u16) -> Option<Self> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| Some(e.ok()?.path().join("bin")))
+            .find(|b| b.join("initdb").exists())?;
+        let dir = TempDir::new("pg");
+        let data = dir.0.join("data");
+        let pg = Self { port, dir, bin, running: false };
+        if is_root() {
+            let ok = Command::new("chown").arg("-R").arg("postgres").arg(&pg.dir.0).status().unwrap();
+            assert!(ok.success(), "chown of the PostgreSQL dir failed");
+        }
+        let out = pg.command("initdb").args(["-A", "trust", "-U", "postgres", "-D"]).arg(&data).output().unwrap();
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        Some(pg)
+    }
+
+    fn command(&self, tool: &str) -> Command {
+        let path = self.bin.join(tool);
+        if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            Command::new(path)
+        }
+    }
+
+    /// The URL of database `postgres` on this cluster.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the server (`pg_ctl start`) and waits until it accepts connections.
+    pub fn start(&mut self) {
+        let data = self.dir.0.join("data");
+        let options = format!("-p {} -c listen_addresses=127.0.0.1 -k {}", self.port, self.dir.0.display());
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .args(["-o", &options, "-l"])
+            .arg(self.dir.0.join("postgres.log"))
+            .args(["-w", "-t", "60", "start"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pg_ctl start failed: {}", String::from_utf8_lossy(&out.stderr));
+        self.running = true;
+    }
+
+    /// Stops the server at once (`pg_ctl stop -m immediate`).
+    pub fn stop(&mut self) {
+        if std::mem::take(&mut self.running) {
+            let data = self.dir.0.join("data");
+            let _ = self.command("pg_ctl").arg("-D").arg(&data).args(["-m", "immediate", "-w", "stop"]).output();
+        }
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }

@@ -7,6 +7,8 @@
 //!   - `POST /internal/orders/{order_id}/pay` (the shop confirms payment)
 //!   - `GET /internal/sales/{id}` (does the database know this sale?)
 //!   - `GET /healthz`
+//!   - `GET /live`, `GET /ready` (served by [`crate::server`] from the
+//!     start, before this router opens; see [`crate::readiness`])
 //! - [`admin_router`] (`backend.admin_listen`, bearer token): operators
 //!   create, change and inspect sales.
 //!   - `PUT /admin/sales/{id}`

@@ -51,6 +51,9 @@ pub struct Settings {
     pub max_deliveries: u32,
     /// Orders written, batch sizes, claims, dead letters.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// When set, a consumer waits while Redis or the database is away (the
+    /// monitor has logged it) instead of failing and logging every retry.
+    pub readiness: Option<crate::readiness::Readiness>,
 }
 
 impl Settings {
@@ -64,6 +67,7 @@ impl Settings {
             sale_poll: backend.sale_poll,
             max_deliveries: backend.max_deliveries,
             metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
+            readiness: None,
         }
     }
 }
@@ -114,12 +118,22 @@ pub async fn consume_sale(sale_id: String, store: Store, settings: Settings, mut
         if *shutdown.borrow() {
             return;
         }
+        if let Some(readiness) = &settings.readiness {
+            if !readiness.wait_dependencies(&mut shutdown).await {
+                return;
+            }
+        }
         let mut consumer = Consumer { stream: SaleKeys::new(&sale_id).stream, sale_id: &sale_id, store: &store, settings: &settings };
         match consumer.session(&mut shutdown, &mut backoff).await {
             Ok(()) => return,
             Err(error) => {
                 let wait = backoff.next();
-                tracing::error!(%error, sale = %sale_id, retry_in_ms = wait.as_millis() as u64, "stream consumer failed");
+                if settings.readiness.as_ref().is_some_and(|r| !r.dependencies_ready()) {
+                    // The dependency monitor has said what is away.
+                    tracing::debug!(%error, sale = %sale_id, "stream consumer paused while a dependency is away");
+                } else {
+                    tracing::error!(%error, sale = %sale_id, retry_in_ms = wait.as_millis() as u64, "stream consumer failed");
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = stopped(&mut shutdown) => return,

@@ -20,6 +20,7 @@ fn settings(redis: &RedisServer, consumer: &str, claim_idle: Duration) -> Settin
         sale_poll: Duration::from_millis(50),
         max_deliveries: 3,
         metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
+        readiness: None,
     }
 }
 
@@ -278,6 +279,7 @@ async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
         sale_poll: Duration::from_millis(50),
         max_deliveries: 3,
         metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
+        readiness: None,
     };
     let (tx, task) = spawn("s", &store, settings);
     tokio::time::sleep(Duration::from_millis(500)).await;

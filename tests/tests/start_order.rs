@@ -1,0 +1,615 @@
+//! Start in any order, ride out every restart: the backend and the gateway
+//! start before Redis or the database exists, wait for them while saying so
+//! on `GET /ready`, and sell exactly once they are there; a Redis that
+//! restarts mid-sale and loads a large AOF is ridden out with `503` and
+//! `Retry-After`; `make run` (deploy/local/run.sh) starts on a `data/`
+//! holding a large AOF, twice in a row, and uses the secrets of the
+//! environment over its own file.
+//!
+//! The large AOF is about 215 MB of plain commands (no RDB preamble), made
+//! in a couple of seconds by a throwaway redis-server with `DEBUG POPULATE`;
+//! each test prints its size and how long Redis took to load it.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flashgate_tests::{
+    aof_bytes, bin, buy_all, free_port, get_json, prepare_large_aof, random_user, token,
+    wait_ready, Attempt, PrivatePostgres, RedisServer, Stack, StackOptions, TempDir, ADMIN_TOKEN,
+};
+
+/// Keys x bytes of filler in the prepared AOF: about 215 MB on disk.
+const AOF_KEYS: u64 = 1_600_000;
+const AOF_VALUE_BYTES: u64 = 100;
+const MIN_AOF_BYTES: u64 = 200 * 1000 * 1000;
+/// Readiness may take this long: a Redis loading the AOF, on a busy 2-core box.
+const READY_LIMIT: Duration = Duration::from_secs(90);
+
+/// Makes the large AOF in a dir of its own (moved into place later, so the
+/// stack's clock does not include making it); the dir and the AOF's size.
+fn large_aof() -> (TempDir, u64) {
+    let dir = TempDir::new("aof");
+    let bytes = prepare_large_aof(&dir.0, AOF_KEYS, AOF_VALUE_BYTES);
+    assert!(
+        bytes >= MIN_AOF_BYTES,
+        "the prepared AOF is only {bytes} bytes"
+    );
+    (dir, bytes)
+}
+
+/// Moves the prepared AOF into `dir` (same file system: a rename).
+fn install_aof(aof: &TempDir, dir: &Path) {
+    std::fs::rename(aof.0.join("appendonlydir"), dir.join("appendonlydir")).unwrap();
+}
+
+/// Polls Redis on `port` until it answers PING; how long it loaded.
+async fn redis_load_time(port: u16) -> Duration {
+    let started = Instant::now();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    loop {
+        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+            if redis::cmd("PING")
+                .query_async::<String>(&mut c)
+                .await
+                .is_ok()
+            {
+                return started.elapsed();
+            }
+        }
+        assert!(
+            started.elapsed() < READY_LIMIT,
+            "redis on {port} did not finish loading"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `GET url` once the readiness body reports `dependency` checked at least once.
+async fn first_check(
+    http: &reqwest::Client,
+    url: &str,
+    dependency: &str,
+) -> (u16, serde_json::Value) {
+    let deadline = Instant::now() + READY_LIMIT;
+    loop {
+        let (status, body) = get_json(http, url).await;
+        if body[dependency].as_str().is_some_and(|s| s != "starting") || Instant::now() > deadline {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn declared_sale(id: &str, stock: i64) -> String {
+    format!("\n[[sales]]\nid = \"{id}\"\nname = \"Declared {id}\"\nstock = {stock}\nper_user_limit = 1\nduration_seconds = 3600\n")
+}
+
+fn attempts(n: usize) -> Vec<Attempt> {
+    (0..n)
+        .map(|_| Attempt {
+            user: random_user(),
+            idempotency_key: None,
+        })
+        .collect()
+}
+
+/// Sells `sale` to `buyers` distinct users and checks the books: exactly
+/// `stock` winners, one order each, nothing left.
+async fn sells_exactly(stack: &Stack, sale: &str, stock: i64, buyers: usize) {
+    let outcomes = buy_all(stack.gateway_addr, sale, attempts(buyers), 16).await;
+    let winners: Vec<_> = outcomes.iter().filter(|o| o.won()).collect();
+    let statuses: HashSet<u16> = outcomes.iter().map(|o| o.status).collect();
+    assert_eq!(
+        winners.len() as i64,
+        stock,
+        "winners; statuses seen {statuses:?}"
+    );
+    let (orders, users, most) = stack
+        .wait_orders(sale, stock, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        (orders, users, most),
+        (stock, stock, 1),
+        "orders, distinct buyers, most per buyer"
+    );
+    assert_eq!(stack.remaining(sale).await, 0);
+}
+
+fn still_running(stack: &mut Stack) {
+    for (name, proc) in [
+        ("backend", stack.backend.as_mut()),
+        ("gateway", stack.gateway.as_mut()),
+    ] {
+        let proc = proc.expect("started");
+        assert!(
+            proc.child.try_wait().unwrap().is_none(),
+            "the {name} exited"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_and_gateway_started_before_redis_become_ready_once_it_has_loaded_a_large_aof_and_sell_exactly(
+) {
+    const STOCK: i64 = 20;
+    let (aof, aof_size) = large_aof();
+    let opts = StackOptions {
+        appendonly: true,
+        extra_toml: declared_sale("early", STOCK),
+        ..StackOptions::default()
+    };
+    let http = reqwest::Client::new();
+    let mut stack = Stack::start_redis_last(opts, |early| async move {
+        let started = Instant::now();
+        // No Redis yet: both run, neither is ready, and each says why.
+        let (status, body) = get_json(&http, &format!("http://{}/ready", early.backend_addr)).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["ready"], false);
+        let (status, body) = first_check(
+            &http,
+            &format!("http://{}/ready", early.gateway_admin_addr),
+            "redis",
+        )
+        .await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["redis"], "unreachable", "{body}");
+        let (status, _) =
+            get_json(&http, &format!("http://{}/live", early.gateway_admin_addr)).await;
+        assert_eq!(status, 200, "a gateway waiting for Redis is alive");
+        let (status, _) = get_json(&http, &format!("http://{}/live", early.backend_addr)).await;
+        assert_eq!(status, 200, "a backend waiting for Redis is alive");
+        // What needs no Redis is served; a buy is told to come back.
+        let page = http
+            .get(format!("http://{}/sales/early", early.gateway_addr))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status().as_u16(), 200, "the sale page needs no Redis");
+        let shop = http
+            .get(format!("http://{}/", early.gateway_addr))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(shop.status().as_u16(), 200, "the shop proxy needs no Redis");
+        let buy = http
+            .post(format!("http://{}/api/sales/early/buy", early.gateway_addr))
+            .bearer_auth(token("u-early"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(buy.status().as_u16(), 503);
+        assert!(buy.headers().contains_key("retry-after"));
+
+        tokio::time::sleep(Duration::from_secs(3).saturating_sub(started.elapsed())).await;
+        install_aof(&aof, &early.dir);
+        let redis = RedisServer::start_on(&early.dir, early.redis_port, true);
+        let load = redis_load_time(redis.port).await;
+        println!(
+            "aof_bytes={aof_size} load_seconds={:.2}",
+            load.as_secs_f64()
+        );
+        redis
+    })
+    .await;
+
+    let (status, body) = wait_ready(&stack.http, &stack.backend_ready_url(), READY_LIMIT).await;
+    assert_eq!(
+        status,
+        200,
+        "backend not ready: {body}\n{}",
+        stack.log("flashgate-backend")
+    );
+    let (status, body) = wait_ready(&stack.http, &stack.gateway_ready_url(), READY_LIMIT).await;
+    assert_eq!(
+        status,
+        200,
+        "gateway not ready: {body}\n{}",
+        stack.log("flashgate")
+    );
+    still_running(&mut stack);
+
+    let log = stack.log("flashgate-backend");
+    assert_eq!(
+        log.matches("sale preheated").count(),
+        1,
+        "the declared sale is preheated exactly once:\n{log}"
+    );
+    assert_eq!(
+        log.matches("waiting for redis: unreachable").count(),
+        1,
+        "one line per change, not per retry:\n{log}"
+    );
+    assert_eq!(stack.remaining("early").await, STOCK);
+    sells_exactly(&stack, "early", STOCK, 60).await;
+    assert!(aof_bytes(&stack.dir.0) >= MIN_AOF_BYTES);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_started_while_postgresql_is_absent_waits_and_becomes_ready_and_rides_out_its_restart(
+) {
+    let mut pg = PrivatePostgres::init(free_port())
+        .expect("PostgreSQL server binaries under /usr/lib/postgresql (make test installs them)");
+    let opts = StackOptions {
+        database_url: Some(pg.url()),
+        ..StackOptions::default()
+    };
+    let mut stack = Stack::start(opts).await;
+
+    let (status, body) = first_check(&stack.http, &stack.backend_ready_url(), "database").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["database"], "unreachable", "{body}");
+    let (status, body) = stack
+        .admin(reqwest::Method::GET, "/admin/sales", None)
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("unavailable")),
+        "the admin API waits for the database"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    still_running(&mut stack);
+
+    pg.start();
+    let (status, body) = wait_ready(&stack.http, &stack.backend_ready_url(), READY_LIMIT).await;
+    assert_eq!(
+        status,
+        200,
+        "backend not ready: {body}\n{}",
+        stack.log("flashgate-backend")
+    );
+    let log = stack.log("flashgate-backend");
+    assert_eq!(
+        log.matches("waiting for database").count(),
+        1,
+        "one line per change, not per retry:\n{log}"
+    );
+    stack.open_sale("pg", 5, 1).await;
+    let (status, body) = wait_ready(&stack.http, &stack.gateway_ready_url(), READY_LIMIT).await;
+    assert_eq!(status, 200, "{body}");
+    sells_exactly(&stack, "pg", 5, 10).await;
+
+    // PostgreSQL restarting mid-run: readiness flips and comes back.
+    pg.stop();
+    let deadline = Instant::now() + READY_LIMIT;
+    loop {
+        let (status, body) = get_json(&stack.http, &stack.backend_ready_url()).await;
+        if status == 503 && body["database"] != "ready" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the backend never noticed the database was gone: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pg.start();
+    let (status, body) = wait_ready(&stack.http, &stack.backend_ready_url(), READY_LIMIT).await;
+    assert_eq!(
+        status,
+        200,
+        "backend not ready again: {body}\n{}",
+        stack.log("flashgate-backend")
+    );
+    still_running(&mut stack);
+    stack.open_sale("pg2", 3, 1).await;
+    sells_exactly(&stack, "pg2", 3, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_mid_sale_with_a_large_aof_answers_503_with_retry_after_while_loading_and_the_books_stay_exact(
+) {
+    const STOCK: i64 = 60;
+    let (aof, aof_size) = large_aof();
+    let opts = StackOptions {
+        appendonly: true,
+        ..StackOptions::default()
+    };
+    let mut stack = Stack::start_redis_last(opts, |early| async move {
+        install_aof(&aof, &early.dir);
+        let redis = RedisServer::start_on(&early.dir, early.redis_port, true);
+        redis_load_time(redis.port).await;
+        redis
+    })
+    .await;
+    for url in [stack.backend_ready_url(), stack.gateway_ready_url()] {
+        let (status, body) = wait_ready(&stack.http, &url, READY_LIMIT).await;
+        assert_eq!(status, 200, "{url}: {body}");
+    }
+    stack.open_sale("mid", STOCK, 1).await;
+
+    // Buyers keep buying, one new user at a time, until the sale is sold
+    // out. Like a real client, a buyer told 503 (or not answered: Redis may
+    // die after deducting, before replying) retries with the same
+    // Idempotency-Key until it gets a final answer, so every item sold has
+    // exactly one buyer told so.
+    let (addr, http) = (stack.gateway_addr, stack.http.clone());
+    let buyers: Vec<_> = (0..4)
+        .map(|_| {
+            let http = http.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let deadline = Instant::now() + Duration::from_secs(120);
+                'users: while Instant::now() < deadline {
+                    let (user, key) = (random_user(), random_user());
+                    while Instant::now() < deadline {
+                        let resp = http
+                            .post(format!("http://{addr}/api/sales/mid/buy"))
+                            .bearer_auth(token(&user))
+                            .header("Idempotency-Key", &key)
+                            .timeout(Duration::from_secs(10))
+                            .send()
+                            .await;
+                        let Ok(resp) = resp else { continue };
+                        let status = resp.status().as_u16();
+                        let retry_after = resp.headers().contains_key("retry-after");
+                        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+                        seen.push((user.clone(), status, retry_after, body));
+                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        match status {
+                            503 => continue,
+                            410 => break 'users,
+                            _ => continue 'users,
+                        }
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+
+    // Restart Redis once some items are sold.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stack.remaining("mid").await > STOCK / 2 {
+        assert!(Instant::now() < deadline, "the buyers sold nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stack.redis.restart();
+    let load = redis_load_time(stack.redis.port).await;
+    println!(
+        "aof_bytes={aof_size} reload_seconds_mid_sale={:.2}",
+        load.as_secs_f64()
+    );
+
+    let mut seen = Vec::new();
+    for b in buyers {
+        seen.extend(b.await.unwrap());
+    }
+    let unavailable: Vec<_> = seen.iter().filter(|s| s.1 == 503).collect();
+    assert!(
+        !unavailable.is_empty(),
+        "buyers kept buying while Redis loaded: some must have got 503"
+    );
+    assert!(
+        unavailable
+            .iter()
+            .all(|s| s.2 && s.3["code"] == "unavailable"),
+        "every 503 is `unavailable` with Retry-After"
+    );
+    let winners: Vec<_> = seen.iter().filter(|s| s.1 == 201 || s.1 == 202).collect();
+    let mut statuses: Vec<u16> = seen.iter().map(|s| s.1).collect();
+    statuses.dedup();
+    assert_eq!(
+        winners.len() as i64,
+        STOCK,
+        "exactly the stock was sold; statuses in order {statuses:?}; remaining {}",
+        stack.remaining("mid").await
+    );
+    let rows = stack
+        .wait_orders("mid", STOCK, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        rows,
+        (STOCK, STOCK, 1),
+        "orders, distinct buyers, most per buyer"
+    );
+    let orders = stack.order_rows("mid").await;
+    let with_order: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
+    for w in &winners {
+        let rid = w.3["reservation_id"]
+            .as_str()
+            .expect("a winner has its reservation id");
+        assert!(with_order.contains(rid), "winner {} has no order", w.0);
+    }
+    assert_eq!(stack.remaining("mid").await, 0);
+    for url in [stack.backend_ready_url(), stack.gateway_ready_url()] {
+        let (status, body) = wait_ready(&stack.http, &url, READY_LIMIT).await;
+        assert_eq!(status, 200, "{url}: {body}");
+    }
+    still_running(&mut stack);
+}
+
+/// `deploy/local/run.sh` on its own ports and data dir, with the debug binaries.
+struct LocalRun {
+    data: PathBuf,
+    config: PathBuf,
+    ports: [u16; 6],
+}
+
+impl LocalRun {
+    fn new(data: &Path) -> Self {
+        let ports = [
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        ];
+        let [redis, shop, gateway, gateway_admin, backend, backend_admin] = ports;
+        let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
+        let config = data.join("run.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[redis]\nurl = \"redis://127.0.0.1:{redis}/\"\n\
+                 [gateway]\nlisten = \"127.0.0.1:{gateway}\"\nadmin_listen = \"127.0.0.1:{gateway_admin}\"\n\
+                 shop_upstream = \"127.0.0.1:{shop}\"\nbackend_url = \"http://127.0.0.1:{backend}\"\nstatic_dir = \"{}\"\n\
+                 [backend]\nlisten = \"127.0.0.1:{backend}\"\nadmin_listen = \"127.0.0.1:{backend_admin}\"\n\
+                 database_url = \"sqlite://{}/flashgate.db\"\n{}",
+                static_dir.display(),
+                data.display(),
+                declared_sale("demo", 10)
+            ),
+        )
+        .unwrap();
+        Self {
+            data: data.to_owned(),
+            config,
+            ports,
+        }
+    }
+
+    /// Runs the script until it prints its URLs; its output so far. The
+    /// script and everything it started are stopped when the guard drops.
+    fn start(&self, env: &[(&str, &str)]) -> (RunGuard, String) {
+        let [redis, shop, gateway, gateway_admin, backend, backend_admin] = self.ports;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/run.sh");
+        let bin_dir = bin("flashgate").parent().unwrap().to_owned();
+        let mut cmd = Command::new("bash");
+        cmd.arg(script)
+            .env("FLASHGATE_BIN_DIR", bin_dir)
+            .env("FLASHGATE_CONFIG", &self.config)
+            .env("FLASHGATE_DATA_DIR", &self.data)
+            .env("FLASHGATE_REDIS_PORT", redis.to_string())
+            .env("FLASHGATE_SHOP_ADDR", format!("127.0.0.1:{shop}"))
+            .env("FLASHGATE_GATEWAY_ADDR", format!("127.0.0.1:{gateway}"))
+            .env(
+                "FLASHGATE_GATEWAY_ADMIN_ADDR",
+                format!("127.0.0.1:{gateway_admin}"),
+            )
+            .env("FLASHGATE_BACKEND_ADDR", format!("127.0.0.1:{backend}"))
+            .env(
+                "FLASHGATE_BACKEND_ADMIN_ADDR",
+                format!("127.0.0.1:{backend_admin}"),
+            )
+            .env("FLASHGATE_READY_TIMEOUT", READY_LIMIT.as_secs().to_string())
+            .env_remove("FLASHGATE_JWT_SECRET")
+            .env_remove("FLASHGATE_ADMIN_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let guard = RunGuard(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let errors =
+            std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+        let mut out = String::new();
+        let deadline = Instant::now() + READY_LIMIT;
+        while Instant::now() < deadline {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    out.push_str(&line);
+                    out.push('\n');
+                    if line.contains("Ctrl-C stops everything") {
+                        return (guard, out);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        drop(guard);
+        panic!(
+            "run.sh did not print its URLs:\n{out}\nstderr:\n{}",
+            errors.join().unwrap_or_default()
+        );
+    }
+
+    fn admin_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.ports[5])
+    }
+}
+
+/// Stops a `run.sh` like Ctrl-C does (SIGINT to its process group), then
+/// makes sure nothing of it is left.
+struct RunGuard(std::process::Child);
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-INT", "--", &group]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_run_starts_twice_in_a_row_on_a_data_dir_holding_a_large_aof() {
+    let data = TempDir::new("run-data");
+    let (aof, aof_size) = large_aof();
+    install_aof(&aof, &data.0);
+    let run = LocalRun::new(&data.0);
+    for attempt in 1..=2 {
+        let started = Instant::now();
+        let (guard, out) = run.start(&[]);
+        println!(
+            "aof_bytes={aof_size} run_{attempt}_ready_seconds={:.2}\n{out}",
+            started.elapsed().as_secs_f64()
+        );
+        assert!(
+            out.contains("waiting for backend to be ready"),
+            "run.sh says what it waits for:\n{out}"
+        );
+        drop(guard);
+        assert!(aof_bytes(&data.0) >= MIN_AOF_BYTES);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_run_uses_the_secrets_exported_in_the_environment_over_its_file() {
+    let data = TempDir::new("run-secrets");
+    std::fs::write(
+        data.0.join("secrets.env"),
+        "FLASHGATE_JWT_SECRET=from-the-file-jwt-secret-000000000000\nFLASHGATE_ADMIN_TOKEN=from-the-file-admin-token-0000000000\n",
+    )
+    .unwrap();
+    let run = LocalRun::new(&data.0);
+    let (guard, _) = run.start(&[("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)]);
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/admin/sales/demo", run.admin_addr());
+    let status = |resp: reqwest::Response| resp.status().as_u16();
+    assert_eq!(
+        status(
+            http.get(&url)
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .unwrap()
+        ),
+        200,
+        "the exported token is used"
+    );
+    let from_file = http
+        .get(&url)
+        .bearer_auth("from-the-file-admin-token-0000000000")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        status(from_file),
+        401,
+        "the file does not override the environment"
+    );
+    drop(guard);
+}
