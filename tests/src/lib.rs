@@ -342,7 +342,7 @@ impl Layout {
         let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
         let runtime_dir = dir.0.join("run");
         let placement = Placement {
-            redis_url: redis.url(),
+            redis_url: redis_url.clone(),
             gateway_addr,
             gateway_admin_addr,
             shop_addr,
