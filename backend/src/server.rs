@@ -7,10 +7,12 @@
 //! the listeners stop accepting and finish in-flight requests, the
 //! consumers finish their current batch, and [`run`] returns `Ok`.
 
-use flashgate_common::config::Config;
+use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_SHOP_TOKEN};
+use flashgate_common::secret;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::api::auth::ApiTokens;
 use crate::api::{admin_router, order_router, AppState};
 use crate::sales::{self, Preheat};
 use crate::store::{Store, StoreError};
@@ -21,6 +23,10 @@ use crate::stream::consumer;
 pub enum StartError {
     #[error("FLASHGATE_ADMIN_TOKEN is not set: the backend refuses to start with an open admin API")]
     NoAdminToken,
+    #[error("an order API token is empty: the backend refuses to start with an open order API")]
+    NoApiToken,
+    #[error("{0}: the backend refuses to start with a guessable order API token")]
+    Secret(#[from] flashgate_common::secret::SecretError),
     #[error("database: {0}")]
     Store(#[from] StoreError),
     #[error("redis at {url}: {source}")]
@@ -56,6 +62,11 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 /// See [`run`].
 pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), StartError> {
     let token = config.admin_token.clone().filter(|t| !t.is_empty()).ok_or(StartError::NoAdminToken)?;
+    let tokens = ApiTokens::new(
+        &token,
+        secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())?,
+        secret::required(ENV_SHOP_TOKEN, config.shop_token.as_deref())?,
+    )?;
     let store = Store::connect(&config.backend.database_url).await?;
     let redis_err = |source| StartError::Redis { url: config.redis.url.clone(), source };
     let mut redis = crate::redis_io::shared_connection(&config.redis).await.map_err(redis_err)?;
@@ -79,7 +90,7 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         }
     }
 
-    let state = AppState::new(store.clone(), redis.clone(), &token)?;
+    let state = AppState::new(store.clone(), redis.clone(), tokens);
     let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
     let orders = bind(config.backend.listen).await?;
     let admin = bind(config.backend.admin_listen).await?;
@@ -164,20 +175,52 @@ mod tests {
     use super::*;
     use crate::testing::{sqlite_url, unique, RedisServer};
 
-    struct Token(Option<&'static str>);
+    const INTERNAL: &str = "internal-token-of-the-backend-tests-0123";
+    const SHOP: &str = "shop-token-of-the-backend-tests-012345678";
+
+    /// The admin token given, and the order API tokens (`None`: unset).
+    struct Token(Option<&'static str>, Option<&'static str>, Option<&'static str>);
     impl Env for Token {
         fn var(&self, name: &str) -> Option<String> {
-            (name == flashgate_common::config::ENV_ADMIN_TOKEN).then(|| self.0.map(str::to_owned)).flatten()
+            use flashgate_common::config::ENV_ADMIN_TOKEN;
+            let value = match name {
+                ENV_ADMIN_TOKEN => self.0,
+                ENV_INTERNAL_TOKEN => self.1,
+                ENV_SHOP_TOKEN => self.2,
+                _ => None,
+            };
+            value.map(str::to_owned)
         }
     }
 
     fn config(redis: &RedisServer, db: &str, sale: &str, token: Option<&'static str>, now_ms: i64) -> Config {
+        config_with(redis, db, sale, &Token(token, Some(INTERNAL), Some(SHOP)), now_ms)
+    }
+
+    fn config_with(redis: &RedisServer, db: &str, sale: &str, env: &Token, now_ms: i64) -> Config {
         let text = format!(
             "[redis]\nurl = \"{}\"\n[backend]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndatabase_url = \"{db}\"\nblock_ms = 100\n\
              [[sales]]\nid = \"{sale}\"\nname = \"x\"\nstock = 10\nduration_seconds = 3600\n",
             redis.url
         );
-        Config::from_toml_str(&text, &Token(token), now_ms).unwrap()
+        Config::from_toml_str(&text, env, now_ms).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_backend_refuses_to_start_without_order_api_tokens_of_32_bytes() {
+        let redis = RedisServer::start().await;
+        let cases = [
+            (Token(Some("t"), None, Some(SHOP)), ENV_INTERNAL_TOKEN),
+            (Token(Some("t"), Some(INTERNAL), None), ENV_SHOP_TOKEN),
+            (Token(Some("t"), Some("short"), Some(SHOP)), ENV_INTERNAL_TOKEN),
+            (Token(Some("t"), Some(INTERNAL), Some(&SHOP[..31])), ENV_SHOP_TOKEN),
+        ];
+        for (env, name) in cases {
+            let (_stop, stopped) = watch::channel(false);
+            let err = run_until(config_with(&redis, &sqlite_url(), "s", &env, 0), stopped).await.unwrap_err();
+            assert!(matches!(err, StartError::Secret(_)), "{err}");
+            assert!(err.to_string().contains(name), "{err}");
+        }
     }
 
     /// Runs the backend briefly, then shuts it down; it must exit cleanly.

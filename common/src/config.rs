@@ -6,7 +6,9 @@
 //! validation problem is reported at once, each prefixed with its key path.
 //!
 //! Secrets never need to be in the file: `FLASHGATE_JWT_SECRET`,
-//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it.
+//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it;
+//! `FLASHGATE_INTERNAL_TOKEN` and `FLASHGATE_SHOP_TOKEN` come only from the
+//! environment.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,12 @@ use crate::sale::SaleSpec;
 pub const ENV_JWT_SECRET: &str = "FLASHGATE_JWT_SECRET";
 /// Environment variable holding the admin API bearer token.
 pub const ENV_ADMIN_TOKEN: &str = "FLASHGATE_ADMIN_TOKEN";
+/// Environment variable holding the bearer token gateways present on the
+/// backend's order API (`/internal/*` routes a gateway calls).
+pub const ENV_INTERNAL_TOKEN: &str = "FLASHGATE_INTERNAL_TOKEN";
+/// Environment variable holding the bearer token the shop presents to
+/// confirm payments (`POST /internal/orders/{id}/pay`).
+pub const ENV_SHOP_TOKEN: &str = "FLASHGATE_SHOP_TOKEN";
 /// Environment variable overriding `backend.database_url`.
 pub const ENV_DATABASE_URL: &str = "FLASHGATE_DATABASE_URL";
 /// Environment variable overriding `backend.consumer_name` (e.g. a pod name).
@@ -416,6 +424,11 @@ pub struct Config {
     pub jwt_secret: Option<String>,
     /// Admin bearer token, from the environment only.
     pub admin_token: Option<String>,
+    /// Bearer token between gateways and the backend's order API, from the
+    /// environment only.
+    pub internal_token: Option<String>,
+    /// Bearer token of the shop's payment calls, from the environment only.
+    pub shop_token: Option<String>,
     pub gateway: GatewayConfig,
     pub shop: ShopConfig,
     pub pages: PagesConfig,
@@ -619,6 +632,8 @@ impl Config {
             },
             jwt_secret: env.var(ENV_JWT_SECRET).or(f.auth.jwt_secret).filter(|s| !s.is_empty()),
             admin_token: env.var(ENV_ADMIN_TOKEN),
+            internal_token: env.var(ENV_INTERNAL_TOKEN),
+            shop_token: env.var(ENV_SHOP_TOKEN),
             gateway: GatewayConfig {
                 listen: gateway_listen,
                 admin_listen: gateway_admin_listen,

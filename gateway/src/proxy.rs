@@ -478,12 +478,14 @@ impl Gateway {
         Reply::json(202, &body)
     }
 
-    /// A winner retrying with their key: `201 confirmed` with the order id
-    /// once the order exists, else queued again (idempotent) and `202`.
+    /// A winner retrying with their key: the order's own state once it
+    /// exists (`201 confirmed`, or `410 order_cancelled` once the payment
+    /// timeout cancelled it: the item is back on sale), else queued again
+    /// (idempotent) and `202`.
     async fn replay_winner(&self, winner: ForwardedWinner) -> Reply {
         let rid = &winner.reservation.reservation_id;
         match self.orders.order(rid).await {
-            Ok(Some(order)) => Reply::json(201, &json!({"status": "confirmed", "reservation_id": rid, "order_id": order.order_id})),
+            Ok(Some(order)) => crate::reply::replayed_order(&order),
             _ => self.queue_winner(winner),
         }
     }

@@ -19,6 +19,10 @@ use serde_json::Value;
 pub const JWT_SECRET: &str = "test-secret-not-for-production";
 /// Admin token of the test backends.
 pub const ADMIN_TOKEN: &str = "test-admin-token";
+/// Token the test gateways present on the backend's order API.
+pub const INTERNAL_TOKEN: &str = "test-internal-token-gateways-to-backend-0001";
+/// Token the test shop presents to confirm payments.
+pub const SHOP_TOKEN: &str = "test-shop-token-payments-to-backend-000001";
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -277,6 +281,8 @@ sale_poll_ms = 100
             .args(extra)
             .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
             .env("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
+            .env("FLASHGATE_SHOP_TOKEN", SHOP_TOKEN)
             .env("RUST_LOG", "info")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -320,6 +326,7 @@ sale_poll_ms = 100
             .arg(&path)
             .arg("serve")
             .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+            .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -623,9 +630,10 @@ impl Stack {
         wait_port(self.backend_addr, limit)
     }
 
-    /// `POST` to the backend's order API (e.g. a payment); status and JSON.
+    /// `POST` to the backend's order API as the shop (a payment, with
+    /// [`SHOP_TOKEN`]); status and JSON.
     pub async fn backend_post(&self, path: &str) -> (u16, Value) {
-        let resp = self.http.post(format!("http://{}{}", self.backend_addr, path)).send().await.unwrap();
+        let resp = self.http.post(format!("http://{}{}", self.backend_addr, path)).bearer_auth(SHOP_TOKEN).send().await.unwrap();
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap_or(Value::Null))
     }

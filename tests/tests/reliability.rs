@@ -79,7 +79,8 @@ async fn a_sale_redis_lost_answers_503_until_restored_and_never_sells_an_item_tw
     assert_eq!(stack.remaining("lost").await, 0);
     // The gateway asked the backend while restoring.
     let (status, v) = {
-        let r = stack.http.get(format!("http://{}/internal/sales/lost", stack.backend_addr)).send().await.unwrap();
+        let url = format!("http://{}/internal/sales/lost", stack.backend_addr);
+        let r = stack.http.get(url).bearer_auth(flashgate_tests::INTERNAL_TOKEN).send().await.unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
     assert_eq!((status, v["exists"].as_bool()), (200, Some(true)), "{v}");

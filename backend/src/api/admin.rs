@@ -1,5 +1,6 @@
 //! The admin API: operators create and change sales and watch their
-//! counters. Every route requires `Authorization: Bearer <token>`.
+//! counters. Every route requires `Authorization: Bearer <token>`
+//! (checked by [`super::auth`]).
 //!
 //! A change must agree in Redis (where the gateway sells) and in the
 //! database (the truth that survives Redis). The database write is opened
@@ -9,29 +10,17 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::Next;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashgate_common::sale::{valid_sale_id, SaleSpec};
-use flashgate_common::secret::bearer_matches;
 use serde::Deserialize;
 
 use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::sales::{self, Applied, SaleView};
 use crate::stream::dead_letter;
-
-/// Rejects requests without the admin bearer token.
-pub async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if bearer_matches(header, &state.admin_token) {
-        next.run(request).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
-}
 
 /// Body of `PUT /admin/sales/{id}`.
 #[derive(Debug, Deserialize)]

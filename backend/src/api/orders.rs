@@ -50,6 +50,7 @@ pub const MAX_BATCH: usize = 1000;
 
 /// `POST /internal/orders/batch`: the gateway's batch of winners
 /// (`[{reservation..., request_id}]`), written in one transaction.
+/// A reservation listed more than once counts once (its first copy).
 /// Reservations Redis does not know for that user are skipped (counted in
 /// `rejected`); the rest become orders once. Answers
 /// `{"created", "existing", "rejected"}`.
@@ -58,6 +59,9 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
     if winners.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!("at most {MAX_BATCH} winners per batch")));
     }
+    let mut seen = std::collections::HashSet::with_capacity(winners.len());
+    let winners: Vec<ForwardedWinner> =
+        winners.into_iter().filter(|w| seen.insert(w.reservation.reservation_id.clone())).collect();
     let total = winners.len();
     let winners: Vec<ForwardedWinner> = winners
         .into_iter()
