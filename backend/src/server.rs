@@ -3,7 +3,8 @@
 //! Start order: database (schema), Redis, the sales declared in the file
 //! (written to the database only if absent, then preheated into Redis only
 //! if absent), then the consumers, the background loops (restoring sales
-//! Redis lost, payment timeouts, reconciliation) and both listeners. On SIGTERM or Ctrl-C
+//! Redis lost, payment timeouts, the metrics' sale gauges, reconciliation)
+//! and both listeners. On SIGTERM or Ctrl-C
 //! the listeners stop accepting and finish in-flight requests, the
 //! consumers finish their current batch, and [`run`] returns `Ok`.
 
@@ -106,6 +107,13 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
             store.clone(),
             backend.expiry_poll,
             state.orders_expired.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::metrics::run_refresh(
+            redis.clone(),
+            store.clone(),
+            state.metrics.clone(),
+            crate::metrics::REFRESH_INTERVAL,
             shutdown.clone(),
         )),
         tokio::spawn(crate::reconcile::run(

@@ -200,3 +200,35 @@ async fn an_entry_that_keeps_failing_is_dead_lettered_listed_and_retried() {
     let (_, report) = stack.admin(Method::POST, "/admin/sales/poison/reconcile", None).await;
     assert_eq!(report["drift"].as_i64(), Some(0), "{report}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_sale_gets_no_consumer_nor_backlog_polling_and_written_entries_are_trimmed() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let mut conn = stack.redis.conn().await;
+    // A sale that ended long ago, with nothing left to write.
+    let old = serde_json::json!({"name": "Old", "stock": 5, "starts_at": "2020-01-01T00:00:00Z", "ends_at": "2020-01-02T00:00:00Z"});
+    assert_eq!(stack.admin(Method::PUT, "/admin/sales/old", Some(old)).await.0, 201);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !redis::cmd("SISMEMBER").arg("fg:archived").arg("old").query_async::<bool>(&mut conn).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "the finished sale was never archived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Several backlog polls (every 500 ms) and consumer reads (every 200 ms) later: none for it.
+    let (xinfo, xread) = (stack.redis.command_calls("xinfo|groups").await, stack.redis.command_calls("xreadgroup").await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stack.redis.command_calls("xinfo|groups").await, xinfo, "nobody polls an archived sale's backlog");
+    assert_eq!(stack.redis.command_calls("xreadgroup").await, xread, "an archived sale has no consumer");
+
+    // A live sale: its entries, once written as orders and acknowledged, are trimmed.
+    stack.open_sale("live", 3, 1).await;
+    for user in ["a", "b", "c"] {
+        assert_eq!(stack.buy("live", user, None).await.0, 202);
+    }
+    stack.wait_orders("live", 3, Duration::from_secs(20)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stack.stream_len("live").await > 1 {
+        assert!(std::time::Instant::now() < deadline, "acknowledged entries were never trimmed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(stack.db_orders("live").await.0, 3);
+}

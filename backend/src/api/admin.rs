@@ -108,6 +108,10 @@ pub async fn put(
         }
         return Err(error.into());
     }
+    // A changed window may reopen a finished sale: it is live again.
+    if let Err(error) = crate::stream::retention::unarchive(&mut redis, &spec.id).await {
+        tracing::warn!(%error, sale = %spec.id, "cannot unarchive the changed sale; its consumer stays stopped");
+    }
     tracing::info!(sale = %spec.id, stock = spec.stock, created = previous.is_none(), "sale saved");
     let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
     let view = sales::view(&mut redis, &state.store, spec).await?;
@@ -146,6 +150,8 @@ pub async fn retry_dead_letter(
     }
     match dead_letter::retry(&mut state.redis.clone(), &id, &entry_id).await? {
         Some(requeued) => {
+            // The entry needs a consumer again, even on a finished sale.
+            crate::stream::retention::unarchive(&mut state.redis.clone(), &id).await?;
             tracing::info!(sale = %id, entry = %entry_id, %requeued, "dead letter put back on the stream");
             Ok((StatusCode::ACCEPTED, Json(serde_json::json!({"requeued_as": requeued}))).into_response())
         }
@@ -160,7 +166,9 @@ pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, P
     state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
     match crate::reconcile::reconcile_sale(&mut state.redis.clone(), &state.store, &id).await? {
         Some(report) => {
-            state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);
+            if report.settled {
+                state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok(Json(report).into_response())
         }
         None => Err(ApiError::unavailable("the sale is not in redis yet (being restored)")),

@@ -300,3 +300,49 @@ async fn order_routes_require_their_own_bearer_token_and_change_nothing_without_
     let (status, reply) = call(order_router(f.state.clone()), "GET", &sale, Some(GATEWAY), None).await;
     assert_eq!((status, reply["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")), "the sale is not in the database");
 }
+
+/// `calls` of `command` in INFO commandstats.
+async fn command_calls(f: &Fixture, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut f.redis.conn().await).await.unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|r| r.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+async fn scrape(f: &Fixture) -> String {
+    let request = Request::builder().uri("/metrics").body(Body::empty()).unwrap();
+    let response = order_router(f.state.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn scraping_metrics_costs_no_redis_call_the_background_refresh_fills_the_gauges() {
+    let f = fixture().await;
+    let sales: Vec<String> = (0..3).map(|_| unique("s")).collect();
+    for id in &sales {
+        assert_eq!(admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(50))).await.0, StatusCode::CREATED);
+    }
+    let counted = ["get", "xinfo|groups", "smembers", "sismember", "exists"];
+    let mut before = Vec::new();
+    for c in counted {
+        before.push(command_calls(&f, c).await);
+    }
+    for _ in 0..20 {
+        scrape(&f).await;
+    }
+    for (c, n) in counted.iter().zip(before) {
+        assert_eq!(command_calls(&f, c).await, n, "a scrape called {c}");
+    }
+
+    crate::metrics::refresh_sales(&mut f.redis.conn().await, &f.state.store, &f.state.metrics).await.unwrap();
+    let text = scrape(&f).await;
+    for id in &sales {
+        assert!(text.contains(&format!("flashgate_sale_remaining_items{{sale=\"{id}\"}} 50")), "{text}");
+    }
+    // An archived sale is no longer read, and its gauges go.
+    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sales[0]).query_async(&mut f.redis.conn().await).await.unwrap();
+    let xinfo = command_calls(&f, "xinfo|groups").await;
+    crate::metrics::refresh_sales(&mut f.redis.conn().await, &f.state.store, &f.state.metrics).await.unwrap();
+    assert_eq!(command_calls(&f, "xinfo|groups").await - xinfo, 2, "one XINFO per live sale");
+    assert!(!scrape(&f).await.contains(&format!("sale=\"{}\"", sales[0])));
+}
