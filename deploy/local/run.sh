@@ -10,12 +10,15 @@ BIN=target/release
 CONFIG=config/flashgate.toml
 REDIS_PORT=6390
 
-if [[ ! -f data/secrets.env ]]; then
+# Each secret missing from the file (an older file included) is added:
+# 32 random bytes, hex.
+(
   umask 077
-  printf 'FLASHGATE_JWT_SECRET=%s\nFLASHGATE_ADMIN_TOKEN=%s\n' \
-    "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
-    "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" > data/secrets.env
-fi
+  for name in FLASHGATE_JWT_SECRET FLASHGATE_ADMIN_TOKEN FLASHGATE_INTERNAL_TOKEN FLASHGATE_SHOP_TOKEN; do
+    grep -q "^$name=" data/secrets.env 2>/dev/null ||
+      printf '%s=%s\n' "$name" "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >> data/secrets.env
+  done
+)
 set -a; source data/secrets.env; set +a
 
 pids=()
@@ -46,6 +49,7 @@ Flashgate is running (logs in ./data/*.log):
   sale state     http://127.0.0.1:8080/api/sales/demo
   shop (proxied) http://127.0.0.1:8080/
   admin API      http://127.0.0.1:9091/admin/sales/demo   (Bearer \$FLASHGATE_ADMIN_TOKEN, in data/secrets.env)
+  shop payments  POST http://127.0.0.1:9090/internal/orders/ORDER_ID/pay   (Bearer \$FLASHGATE_SHOP_TOKEN)
 
 Buy as demo-user:
   curl -i -X POST http://127.0.0.1:8080/api/sales/demo/buy \\

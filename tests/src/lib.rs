@@ -453,7 +453,21 @@ sale_poll_ms = 100
     }
 
     /// Entries in the sale's reservation stream.
+    /// Reservation records ever appended to the sale's stream (Redis's
+    /// `entries-added`: the backend trims written entries, so `XLEN` is
+    /// not this); 0 when there is no stream.
     pub async fn stream_len(&self, sale: &str) -> i64 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("XINFO").arg("STREAM").arg(&keys.stream).query_async(&mut self.redis.conn().await).await;
+        match info.ok().and_then(|i| i.get("entries-added").cloned()) {
+            Some(redis::Value::Int(n)) => n,
+            _ => 0,
+        }
+    }
+
+    /// Entries the sale's stream holds now (`XLEN`).
+    pub async fn stream_entries_kept(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
         redis::cmd("XLEN").arg(&keys.stream).query_async(&mut self.redis.conn().await).await.unwrap()
     }

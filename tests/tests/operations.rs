@@ -92,6 +92,8 @@ fn the_compose_file_is_accepted_by_compose() {
         .arg("config")
         .env("FLASHGATE_JWT_SECRET", "x")
         .env("FLASHGATE_ADMIN_TOKEN", "x")
+        .env("FLASHGATE_INTERNAL_TOKEN", "x")
+        .env("FLASHGATE_SHOP_TOKEN", "x")
         .output()
         .expect("docker compose or docker-compose (make test installs it)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
