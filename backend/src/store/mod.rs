@@ -410,6 +410,35 @@ impl Store {
         Ok(row.try_get::<i64, _>(0)?)
     }
 
+    /// Orders of `sale_id`, whatever their status.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn count_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
+        let row = sqlx::query(sql::COUNT_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Which of `reservation_ids` have an order (at most
+    /// [`MAX_ROWS_PER_INSERT`] per query).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn reservations_with_orders(&self, reservation_ids: &[&str]) -> Result<std::collections::HashSet<String>, StoreError> {
+        let mut found = std::collections::HashSet::new();
+        for chunk in reservation_ids.chunks(MAX_ROWS_PER_INSERT) {
+            let statement = sql::orders_by_reservations(chunk.len());
+            let mut query = sqlx::query(&statement);
+            for rid in chunk {
+                query = query.bind(*rid);
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                found.insert(row.try_get::<String, _>("reservation_id")?);
+            }
+        }
+        Ok(found)
+    }
+
     /// Records that the item of cancelled order `order_id` is back in Redis.
     ///
     /// # Errors

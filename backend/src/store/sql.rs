@@ -110,6 +110,9 @@ pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id
 /// of a cancelled order's item. A sale with any is not archived.
 pub const UNSETTLED_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
 
+/// Every order of a sale, whatever its status (one per reservation).
+pub const COUNT_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1";
+
 pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
 
 /// Every order of a sale, for restores and reconciliation.

@@ -86,7 +86,7 @@ enum ConsumeError {
 ///
 /// Every `backend.sale_poll_ms` it starts consumers for new sales and stops
 /// those of archived ones; every [`retention::MAINTENANCE_INTERVAL`] it
-/// trims the acknowledged entries of live sales' streams and archives the
+/// trims the written entries of live sales' streams and archives the
 /// finished ones (see [`super::retention`]). A sale found finished before
 /// its consumer started never gets one.
 pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver<bool>) {
@@ -165,14 +165,13 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
     while tasks.join_next().await.is_some() {}
 }
 
-/// Trims the sale's acknowledged stream entries and archives it when it is
+/// Trims the sale's written stream entries and archives it when it is
 /// finished; answers whether it is archived. Failures are logged: the
 /// next maintenance tries again.
 async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> bool {
-    let stream = SaleKeys::new(sale_id).stream;
-    match retention::trim_acknowledged(conn, &stream).await {
+    match retention::trim_written(conn, store, sale_id).await {
         Ok(0) => {}
-        Ok(trimmed) => tracing::debug!(sale = sale_id, trimmed, "acknowledged stream entries trimmed"),
+        Ok(trimmed) => tracing::debug!(sale = sale_id, trimmed, "stream entries written as orders trimmed"),
         Err(error) => tracing::warn!(%error, sale = sale_id, "cannot trim the stream"),
     }
     let now = flashgate_common::now_ms();

@@ -1,15 +1,16 @@
 //! What a sale's stream keeps, and when a sale stops costing anything.
 //!
-//! - [`trim_acknowledged`]: entries the `orders` group has acknowledged are
-//!   orders already (an entry is acknowledged only after its order
-//!   committed, or after it was copied to the dead-letter stream), so they
-//!   are removed with `XTRIM MINID`. The bound is the oldest pending entry,
-//!   or the group's last-delivered entry when none is pending: an entry
-//!   not yet delivered, or delivered and not acknowledged, is never
-//!   trimmed. The last delivered entry itself is kept.
+//! - [`trim_written`]: entries already written as orders (or copied to the
+//!   dead-letter stream) are removed with `XTRIM MINID`, from the oldest
+//!   up to the first entry that is not (verified against the database), and
+//!   never past the group's oldest pending entry or its last-delivered
+//!   entry (which is kept). An entry not yet delivered, delivered and not
+//!   acknowledged, or without an order for any reason (an entry the group
+//!   skipped, waiting for reconciliation to write it) is never trimmed.
 //! - [`try_archive`]: a sale whose window ended more than a grace ago,
-//!   whose stream has nothing undelivered or pending, and whose orders are
-//!   all settled (paid, or cancelled with the item returned) is added to
+//!   whose stream has nothing undelivered or pending, every reservation of
+//!   which has its order, and whose orders are all settled (paid, or
+//!   cancelled with the item returned) is added to
 //!   [`ARCHIVED_SALES`]. Nobody polls an archived sale any more: its stream
 //!   consumer stops, gateways stop reading its backlog, reconciliation and
 //!   the metrics skip it. [`unarchive`] undoes it (an operator changing the
@@ -145,14 +146,51 @@ fn group_last_delivered(groups: Value) -> Option<String> {
     })
 }
 
-/// Removes the acknowledged entries of `stream` (see the module doc);
-/// returns how many went.
+/// Stream entries checked against the database per page while trimming.
+const TRIM_PAGE: usize = 500;
+
+/// Removes the entries of the sale's stream that are already orders or
+/// dead letters, oldest first (see the module doc); returns how many went.
 ///
 /// # Errors
-/// Redis failed.
-pub async fn trim_acknowledged<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> RedisResult<u64> {
-    let Some(bound) = position(conn, stream).await?.and_then(|p| p.trim_below()) else { return Ok(0) };
-    redis::cmd("XTRIM").arg(stream).arg("MINID").arg(bound.to_string()).query_async(conn).await
+/// Redis or the database failed; nothing was trimmed then.
+pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<u64, SaleError> {
+    let keys = SaleKeys::new(sale_id);
+    let Some(bound) = position(conn, &keys.stream).await?.and_then(|p| p.trim_below()) else { return Ok(0) };
+    let mut dead: Option<HashSet<String>> = None;
+    let mut start = "-".to_owned();
+    let keep_from = 'scan: loop {
+        let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&keys.stream)
+            .arg(&start)
+            .arg(format!("({bound}"))
+            .arg("COUNT")
+            .arg(TRIM_PAGE)
+            .query_async(conn)
+            .await?;
+        let rids: Vec<Option<String>> =
+            page.ids.iter().map(|e| crate::stream::consumer::parse(e).ok().map(|r| r.reservation_id)).collect();
+        let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
+        let with_orders = store.reservations_with_orders(&wanted).await?;
+        for (entry, rid) in page.ids.iter().zip(&rids) {
+            if rid.as_ref().is_some_and(|r| with_orders.contains(r)) {
+                continue;
+            }
+            if dead.is_none() {
+                let letters = super::dead_letter::list(conn, sale_id).await?;
+                dead = Some(letters.into_iter().map(|d| d.source_id).collect());
+            }
+            if !dead.as_ref().is_some_and(|d| d.contains(&entry.id)) {
+                break 'scan EntryId::parse(&entry.id);
+            }
+        }
+        match page.ids.last() {
+            Some(last) if page.ids.len() == TRIM_PAGE => start = format!("({}", last.id),
+            _ => break Some(bound),
+        }
+    };
+    let Some(keep_from) = keep_from else { return Ok(0) };
+    Ok(redis::cmd("XTRIM").arg(&keys.stream).arg("MINID").arg(keep_from.to_string()).query_async(conn).await?)
 }
 
 /// The ids of the archived sales.
@@ -193,7 +231,8 @@ pub async fn try_archive<C: ConnectionLike + Send>(
     if position(conn, &keys.stream).await?.is_some_and(|p| !p.drained()) {
         return Ok(false);
     }
-    if store.unsettled_orders(sale_id).await? > 0 {
+    let reservations: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
+    if reservations > store.count_orders(sale_id).await? || store.unsettled_orders(sale_id).await? > 0 {
         return Ok(false);
     }
     redis::cmd("SADD").arg(ARCHIVED_SALES).arg(sale_id).query_async::<i64>(conn).await?;

@@ -5,12 +5,17 @@ use redis::AsyncCommands;
 use super::*;
 use crate::testing::{reservation, sale, sqlite_url, unique, RedisServer};
 
-async fn add(conn: &mut redis::aio::MultiplexedConnection, stream: &str, n: usize) -> Vec<String> {
-    let mut ids = Vec::new();
+/// Appends `n` reservation entries of `sale` as the deduct script would.
+async fn add(conn: &mut redis::aio::MultiplexedConnection, sale: &str, n: usize) -> Vec<(String, flashgate_common::reservation::Reservation)> {
+    let stream = SaleKeys::new(sale).stream;
+    let mut out = Vec::new();
     for i in 0..n {
-        ids.push(conn.xadd(stream, "*", &[("n", i.to_string())]).await.unwrap());
+        let r = reservation(sale, &format!("u{i}"));
+        let fields = [("rid", r.reservation_id.clone()), ("sale", r.sale_id.clone()), ("user", r.user_id.clone()), ("idem", String::new()), ("ts", r.reserved_at_ms.to_string())];
+        let id: String = conn.xadd(&stream, "*", &fields).await.unwrap();
+        out.push((id, r));
     }
-    ids
+    out
 }
 
 async fn read(conn: &mut redis::aio::MultiplexedConnection, stream: &str, count: usize) {
@@ -34,26 +39,48 @@ async fn ids(conn: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<
 }
 
 #[tokio::test]
-async fn acknowledged_entries_are_trimmed_and_unacknowledged_ones_stay() {
+async fn entries_written_as_orders_are_trimmed_and_the_others_stay() {
     let redis = RedisServer::start().await;
     let mut conn = redis.conn().await;
-    let stream = SaleKeys::new(&unique("s")).stream;
-    assert_eq!(trim_acknowledged(&mut conn, &stream).await.unwrap(), 0, "no stream yet");
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale = unique("s");
+    let stream = SaleKeys::new(&sale).stream;
+    assert_eq!(trim_written(&mut conn, &store, &sale).await.unwrap(), 0, "no stream yet");
     let () = redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
-    let e = add(&mut conn, &stream, 6).await;
-    assert_eq!(trim_acknowledged(&mut conn, &stream).await.unwrap(), 0, "nothing delivered: nothing trimmed");
-    read(&mut conn, &stream, 4).await; // e0..e3 delivered, e4 and e5 not
-    let _: i64 = conn.xack(&stream, CONSUMER_GROUP, &[&e[0], &e[1], &e[3]]).await.unwrap();
+    let added = add(&mut conn, &sale, 7).await;
+    let e: Vec<String> = added.iter().map(|(id, _)| id.clone()).collect();
+    let write = |i: usize| added[i].1.clone();
+    store.insert_orders(&[write(0), write(1), write(2), write(3), write(4), write(5), write(6)]).await.unwrap();
+    assert_eq!(trim_written(&mut conn, &store, &sale).await.unwrap(), 0, "nothing delivered: nothing trimmed");
+    read(&mut conn, &stream, 5).await; // e0..e4 delivered, e5 and e6 not
+    let _: i64 = conn.xack(&stream, CONSUMER_GROUP, &[&e[0], &e[1], &e[3], &e[4]]).await.unwrap();
 
     // e2 is pending: it and everything after it stays.
-    assert_eq!(trim_acknowledged(&mut conn, &stream).await.unwrap(), 2);
+    assert_eq!(trim_written(&mut conn, &store, &sale).await.unwrap(), 2);
     assert_eq!(ids(&mut conn, &stream).await, e[2..].to_vec());
     let _: i64 = conn.xack(&stream, CONSUMER_GROUP, &[&e[2]]).await.unwrap();
     // Nothing pending: up to the last delivered entry (kept); never the undelivered ones.
-    assert_eq!(trim_acknowledged(&mut conn, &stream).await.unwrap(), 1);
-    assert_eq!(ids(&mut conn, &stream).await, e[3..].to_vec());
+    assert_eq!(trim_written(&mut conn, &store, &sale).await.unwrap(), 2);
+    assert_eq!(ids(&mut conn, &stream).await, e[4..].to_vec());
     let position = position(&mut conn, &stream).await.unwrap().unwrap();
-    assert!(!position.drained(), "e4 and e5 were never delivered");
+    assert!(!position.drained(), "e5 and e6 were never delivered");
+}
+
+#[tokio::test]
+async fn an_entry_without_an_order_is_never_trimmed_even_when_the_group_skipped_it() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale = unique("s");
+    let stream = SaleKeys::new(&sale).stream;
+    let () = redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
+    let added = add(&mut conn, &sale, 4).await;
+    store.insert_orders(&[added[0].1.clone(), added[2].1.clone()]).await.unwrap();
+    // The group moves past every entry without reading them: e1 and e3 have no order.
+    let () = redis::cmd("XGROUP").arg("SETID").arg(&stream).arg(CONSUMER_GROUP).arg("$").query_async(&mut conn).await.unwrap();
+    assert_eq!(trim_written(&mut conn, &store, &sale).await.unwrap(), 1, "only e0, before the first entry without an order");
+    let e: Vec<String> = added.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(ids(&mut conn, &stream).await, e[1..].to_vec());
 }
 
 #[tokio::test]
@@ -70,10 +97,15 @@ async fn only_an_ended_drained_and_settled_sale_is_archived() {
     store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &spec).await.unwrap();
     let keys = SaleKeys::new(&id);
+    let () = conn.hset(&keys.reservations, &r.reservation_id, "u").await.unwrap();
+    let stray = reservation(&id, "v");
+    let () = conn.hset(&keys.reservations, &stray.reservation_id, "v").await.unwrap();
     let grace = Duration::from_secs(60);
     let now = flashgate_common::now_ms();
 
     assert!(!try_archive(&mut conn, &store, &id, 2_000 + 59_000, grace).await.unwrap(), "within the grace");
+    assert!(!try_archive(&mut conn, &store, &id, now, grace).await.unwrap(), "a reservation has no order");
+    let () = conn.hdel(&keys.reservations, &stray.reservation_id).await.unwrap();
     assert!(!try_archive(&mut conn, &store, &id, now, grace).await.unwrap(), "an unpaid order is pending");
     let order = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
     assert!(matches!(store.pay(&order.order_id).await.unwrap(), crate::store::Payment::Paid(_)));
