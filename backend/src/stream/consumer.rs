@@ -131,7 +131,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                             tracing::info!(sale = %sale.id, "sale archived: stream consumer stopped");
                             let _ = stop.send(true);
                         }
-                    } else if !running.contains_key(&sale.id) {
+                    } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
                         let ended = sale.ends_at_ms.saturating_add(retention::ARCHIVE_GRACE.as_millis() as i64);
                         if ended < flashgate_common::now_ms() {
                             if let Some(conn) = redis.as_mut() {
@@ -143,12 +143,12 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                         }
                         tracing::info!(sale = %sale.id, "starting stream consumer");
                         let (stop, stopped) = watch::channel(false);
-                        let (id, store, settings) = (sale.id.clone(), store.clone(), settings.clone());
+                        let (store, settings) = (store.clone(), settings.clone());
                         tasks.spawn(async move {
-                            consume_sale(id.clone(), store, settings, stopped).await;
-                            id
+                            consume_sale(sale.id.clone(), store, settings, stopped).await;
+                            sale.id
                         });
-                        running.insert(sale.id, stop);
+                        slot.insert(stop);
                     }
                 }
             }
