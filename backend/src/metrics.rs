@@ -2,8 +2,11 @@
 //! listener (`backend.listen`; a private network).
 //!
 //! Counters are bumped where things happen (orders written, batches,
-//! claims, dead letters); per-sale gauges (remaining stock, unpersisted
-//! backlog, stream lag, reconcile drift) are read fresh at scrape time.
+//! claims, dead letters). The per-sale gauges read from Redis (remaining
+//! stock, unpersisted backlog, stream lag) are refreshed by [`run_refresh`]
+//! every [`REFRESH_INTERVAL`], for live (not archived) sales only, so a
+//! scrape costs no Redis or database call at all however often it comes;
+//! the reconcile drift is kept in memory by reconciliation.
 //! The `sale` label is bounded by the number of sales, which operators
 //! create; no user, order or reservation ids are labels.
 
@@ -79,6 +82,57 @@ impl Metrics {
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Metrics")
+    }
+}
+
+/// How often the per-sale gauges are read from Redis.
+pub const REFRESH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads the gauges of every live sale from Redis (two calls per sale),
+/// and drops those of archived sales.
+///
+/// # Errors
+/// The database or Redis failed; gauges already set keep their values.
+pub async fn refresh_sales<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    store: &crate::store::Store,
+    metrics: &Metrics,
+) -> Result<(), crate::sales::SaleError> {
+    let archived = crate::stream::retention::archived(conn).await?;
+    for sale in store.sales().await? {
+        let id = sale.id.as_str();
+        if archived.contains(id) {
+            for gauge in [&metrics.remaining, &metrics.stream_lag, &metrics.backlog] {
+                let _ = gauge.remove_label_values(&[id]);
+            }
+            continue;
+        }
+        let (remaining, lag, pending) = sale_counters(conn, id).await?;
+        if let Some(r) = remaining {
+            metrics.remaining.with_label_values(&[id]).set(r);
+        }
+        metrics.stream_lag.with_label_values(&[id]).set(lag);
+        metrics.backlog.with_label_values(&[id]).set(lag + pending);
+    }
+    Ok(())
+}
+
+/// Runs [`refresh_sales`] every `interval` until `shutdown`.
+pub async fn run_refresh<C: redis::aio::ConnectionLike + Send + Clone>(
+    conn: C,
+    store: crate::store::Store,
+    metrics: std::sync::Arc<Metrics>,
+    interval: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        if let Err(error) = refresh_sales(&mut conn.clone(), &store, &metrics).await {
+            tracing::debug!(%error, "cannot refresh the sale gauges; will retry");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
     }
 }
 

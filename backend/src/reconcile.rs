@@ -1,9 +1,13 @@
 //! Reconciliation: Redis's count of items sold against the order table.
 //!
 //! Every `backend.reconcile_interval_ms`, and on demand through
-//! `POST /admin/sales/{id}/reconcile`, each sale in Redis is compared with
-//! the database from one Redis snapshot (stock, remaining, reservation
-//! index, returned items, taken atomically) and one database snapshot:
+//! `POST /admin/sales/{id}/reconcile`, each live (not archived) sale in
+//! Redis is compared with the database. Redis is read without blocking it:
+//! the reservation index and the returned items in `HSCAN`/`SSCAN` pages,
+//! between two atomic reads of the counters (stock, remaining and the sets'
+//! sizes); when buys moved the counters meanwhile the read is retried, and
+//! a sale still moving gets a report marked not `settled`, whose drift is
+//! not exported. The database is read in one snapshot:
 //!
 //! - a reservation with no order whose stream entry is still there (never
 //!   processed, or pending on a consumer that died) is turned into its
@@ -36,6 +40,11 @@ use crate::stream::consumer::parse as parse_entry;
 
 /// Stream entries read per `XRANGE` while looking for unprocessed ones.
 const SCAN_CHUNK: usize = 1000;
+/// Elements asked for per `HSCAN`/`SSCAN` call.
+const SCAN_PAGE: usize = 1000;
+/// Reads of a sale whose counters keep moving before its report is given
+/// as not settled (and its drift not exported).
+const SNAPSHOT_ATTEMPTS: usize = 3;
 /// Unrepairable reservations named in the log per sale and pass.
 const LOGGED: usize = 10;
 
@@ -89,6 +98,9 @@ pub struct Report {
     pub dead_letters: i64,
     /// `(stock - remaining) - (live_orders + returning)`.
     pub drift: i64,
+    /// False when buys kept changing the sale while it was read: the drift
+    /// is then not exact, and not exported.
+    pub settled: bool,
 }
 
 /// Reconciles one sale; `None` when the sale is not in Redis (the restore
@@ -103,19 +115,10 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
     // really lost it. The other order would take orders written between the
     // two reads for lost ones (harmless, but a script call each).
     let orders = store.sale_orders(sale_id).await?;
-    let (stock, remaining, resv, released, dead_letters): (Option<i64>, Option<i64>, HashMap<String, String>, HashSet<String>, i64) =
-        redis::pipe()
-            .atomic()
-            .hget(&keys.meta, "stock")
-            .get(&keys.remaining)
-            .hgetall(&keys.reservations)
-            .smembers(&keys.released)
-            .xlen(&keys.dead)
-            .query_async(conn)
-            .await?;
-    let (Some(stock), Some(remaining)) = (stock, remaining) else { return Ok(None) };
+    let Some(snapshot) = redis_snapshot(conn, &keys).await? else { return Ok(None) };
+    let Snapshot { counters: Counters { stock, remaining, dead_letters, .. }, resv, released, settled } = snapshot;
 
-    let mut report = Report { sale_id: sale_id.to_owned(), stock, dead_letters, ..Report::default() };
+    let mut report = Report { sale_id: sale_id.to_owned(), stock, dead_letters, settled, ..Report::default() };
     let with_order: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     let mut adopted = 0;
     for o in &orders {
@@ -190,6 +193,84 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
     Ok(Some(report))
 }
 
+/// A sale's counters, read in one atomic step (each O(1) in Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counters {
+    stock: i64,
+    remaining: i64,
+    reservations: i64,
+    released: i64,
+    dead_letters: i64,
+}
+
+async fn counters<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> Result<Option<Counters>, SaleError> {
+    let (stock, remaining, reservations, released, dead_letters): (Option<i64>, Option<i64>, i64, i64, i64) = redis::pipe()
+        .atomic()
+        .hget(&keys.meta, "stock")
+        .get(&keys.remaining)
+        .hlen(&keys.reservations)
+        .scard(&keys.released)
+        .xlen(&keys.dead)
+        .query_async(conn)
+        .await?;
+    let (Some(stock), Some(remaining)) = (stock, remaining) else { return Ok(None) };
+    Ok(Some(Counters { stock, remaining, reservations, released, dead_letters }))
+}
+
+/// The reservation index and the returned items, read page by page, with
+/// the counters they go with.
+struct Snapshot {
+    counters: Counters,
+    resv: HashMap<String, String>,
+    released: HashSet<String>,
+    /// The counters were the same before and after the pages were read.
+    /// Both sets only grow, and every change to them moves a counter, so
+    /// the pages then are exactly the sets at the counters' time.
+    settled: bool,
+}
+
+/// Reads the sale with `HSCAN`/`SSCAN` pages of [`SCAN_PAGE`] between two
+/// counter reads, so a large sale never blocks Redis for one huge reply.
+/// Retried while buys move the counters; `None` when the sale is not in
+/// Redis.
+async fn redis_snapshot<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> Result<Option<Snapshot>, SaleError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let Some(before) = counters(conn, keys).await? else { return Ok(None) };
+        let resv: HashMap<String, String> = scan(conn, "HSCAN", &keys.reservations).await?.into_iter().collect();
+        let released: HashSet<String> = scan(conn, "SSCAN", &keys.released).await?.into_iter().map(|(m, _)| m).collect();
+        let Some(after) = counters(conn, keys).await? else { return Ok(None) };
+        let settled = before == after && resv.len() as i64 == after.reservations && released.len() as i64 == after.released;
+        if settled || attempt == SNAPSHOT_ATTEMPTS {
+            return Ok(Some(Snapshot { counters: after, resv, released, settled }));
+        }
+    }
+}
+
+/// Every element of a hash (`HSCAN`: field/value pairs) or set (`SSCAN`:
+/// each member paired with an empty string), [`SCAN_PAGE`] per call.
+async fn scan<C: ConnectionLike + Send>(conn: &mut C, command: &str, key: &str) -> Result<Vec<(String, String)>, SaleError> {
+    let mut all = Vec::new();
+    let mut cursor = 0_u64;
+    loop {
+        let (next, page): (u64, Vec<String>) =
+            redis::cmd(command).arg(key).arg(cursor).arg("COUNT").arg(SCAN_PAGE).query_async(conn).await?;
+        if command == "HSCAN" {
+            let mut it = page.into_iter();
+            while let (Some(field), Some(value)) = (it.next(), it.next()) {
+                all.push((field, value));
+            }
+        } else {
+            all.extend(page.into_iter().map(|m| (m, String::new())));
+        }
+        if next == 0 {
+            return Ok(all);
+        }
+        cursor = next;
+    }
+}
+
 /// The valid reservations of `stream` whose id is in `wanted`.
 async fn find_in_stream<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -222,10 +303,17 @@ async fn find_in_stream<C: ConnectionLike + Send>(
 /// The database failed listing sales; a failure on one sale is logged.
 pub async fn reconcile_all<C: ConnectionLike + Send>(conn: &mut C, store: &Store, drift: &Drift) -> Result<Vec<Report>, SaleError> {
     let mut reports = Vec::new();
-    for spec in store.sales().await? {
+    // Archived sales are finished and were drained when archived.
+    let archived = crate::stream::retention::archived(conn).await.unwrap_or_else(|error| {
+        tracing::debug!(%error, "cannot read the archived sales; reconciling every sale");
+        HashSet::new()
+    });
+    for spec in store.sales().await?.into_iter().filter(|s| !archived.contains(&s.id)) {
         match reconcile_sale(conn, store, &spec.id).await {
             Ok(Some(report)) => {
-                drift.gauge(&spec.id).store(report.drift, Ordering::Relaxed);
+                if report.settled {
+                    drift.gauge(&spec.id).store(report.drift, Ordering::Relaxed);
+                }
                 reports.push(report);
             }
             Ok(None) => {}
@@ -254,3 +342,6 @@ pub async fn run<C: ConnectionLike + Send + Clone>(conn: C, store: Store, interv
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -300,16 +300,29 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
 /// Gives back the item of every cancelled order not returned yet. Returns
 /// how many items went back to the stock by this call.
 ///
+/// One pass pages through every unreturned cancelled order once, by order
+/// id, so orders that cannot be returned now (their sale is missing from
+/// Redis, waiting for the restore loop) never hide those of other sales.
+/// A sale that answered "missing" is skipped for the rest of the pass: one
+/// script call per missing sale, not one per order.
+///
 /// # Errors
 /// Redis or the database failed; what was done stays done.
 pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store) -> Result<u64, SaleError> {
     let mut returned = 0;
     let mut touched = HashSet::new();
+    let mut missing = HashSet::new();
+    let mut cursor = String::new();
     loop {
-        let batch = store.unreleased_cancelled(RETURN_BATCH).await?;
+        let batch = store.unreleased_cancelled(&cursor, RETURN_BATCH).await?;
         let full = batch.len() as i64 == RETURN_BATCH;
-        let mut progressed = false;
+        if let Some(last) = batch.last() {
+            cursor.clone_from(&last.order_id);
+        }
         for order in batch {
+            if missing.contains(&order.sale_id) {
+                continue;
+            }
             let keys = SaleKeys::new(&order.sale_id);
             let reply: i64 = RELEASE
                 .key(&keys.meta)
@@ -324,7 +337,10 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
             match reply {
                 // The sale is being restored; the restore counts this order
                 // as returned or the next pass returns it.
-                -1 => continue,
+                -1 => {
+                    missing.insert(order.sale_id);
+                    continue;
+                }
                 1 => returned += 1,
                 2 => tracing::warn!(
                     sale = %order.sale_id,
@@ -334,10 +350,9 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
                 _ => {}
             }
             store.mark_released(&order.order_id, flashgate_common::now_ms()).await?;
-            progressed = true;
             touched.insert(order.sale_id);
         }
-        if !full || !progressed {
+        if !full {
             break;
         }
     }

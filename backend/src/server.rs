@@ -12,8 +12,8 @@
 //!
 //! Each step retries with capped exponential backoff and jitter and logs
 //! once per change of state. Then the APIs open, and the consumers, the
-//! background loops (restoring sales Redis lost, payment timeouts,
-//! reconciliation) and the dependency monitor start. Nothing a dependency
+//! background loops (restoring sales Redis lost, payment timeouts, the
+//! metrics' sale gauges, reconciliation) and the dependency monitor start. Nothing a dependency
 //! does after that stops the process: readiness flips while it is away and
 //! the loops pause. On SIGTERM or Ctrl-C the listeners stop accepting and
 //! finish in-flight requests, the consumers finish their current batch,
@@ -26,13 +26,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use flashgate_common::backoff::Backoff;
-use flashgate_common::config::Config;
+use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_SHOP_TOKEN};
+use flashgate_common::secret;
 use flashgate_common::dependency::{ping_redis, DepState};
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
+use crate::api::auth::ApiTokens;
 use crate::api::error::ApiError;
 use crate::api::{admin_router, order_router, AppState};
 use crate::readiness::{self, sleep_or_stop, store_state, Readiness};
@@ -46,6 +48,10 @@ use crate::stream::consumer;
 pub enum StartError {
     #[error("FLASHGATE_ADMIN_TOKEN is not set: the backend refuses to start with an open admin API")]
     NoAdminToken,
+    #[error("an order API token is empty: the backend refuses to start with an open order API")]
+    NoApiToken,
+    #[error("{0}: the backend refuses to start with a guessable order API token")]
+    Secret(#[from] flashgate_common::secret::SecretError),
     #[error("database: {0}")]
     Store(#[from] StoreError),
     #[error("sale `{sale}` declares stock {stock}, below the {sold} orders the database holds")]
@@ -77,6 +83,11 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 /// See [`run`].
 pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), StartError> {
     let token = config.admin_token.clone().filter(|t| !t.is_empty()).ok_or(StartError::NoAdminToken)?;
+    let tokens = ApiTokens::new(
+        &token,
+        secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())?,
+        secret::required(ENV_SHOP_TOKEN, config.shop_token.as_deref())?,
+    )?;
     let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
     let orders = bind(config.backend.listen).await?;
     let admin = bind(config.backend.admin_listen).await?;
@@ -105,7 +116,7 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         })
     };
     let work = async {
-        let result = start_and_run(&config, &token, &readiness, &order_api, &admin_api, shutdown.clone()).await;
+        let result = start_and_run(&config, &tokens, &readiness, &order_api, &admin_api, shutdown.clone()).await;
         if result.is_err() {
             let _ = stop.send(true);
         }
@@ -149,7 +160,7 @@ fn gate(cell: Arc<OnceLock<Router>>) -> impl Fn(Request) -> BoxedResponse + Clon
 /// until `shutdown`. `Ok` on a shutdown at any point.
 async fn start_and_run(
     config: &Config,
-    token: &str,
+    tokens: &ApiTokens,
     readiness: &Readiness,
     order_api: &OnceLock<Router>,
     admin_api: &OnceLock<Router>,
@@ -165,7 +176,7 @@ async fn start_and_run(
         return Ok(());
     }
 
-    let state = AppState::new(store.clone(), redis.clone(), token)?;
+    let state = AppState::new(store.clone(), redis.clone(), tokens.clone());
     let settings = consumer::Settings {
         metrics: state.metrics.clone(),
         readiness: Some(readiness.clone()),
@@ -192,6 +203,13 @@ async fn start_and_run(
             backend.expiry_poll,
             state.orders_expired.clone(),
             readiness.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::metrics::run_refresh(
+            redis.clone(),
+            store.clone(),
+            state.metrics.clone(),
+            crate::metrics::REFRESH_INTERVAL,
             shutdown.clone(),
         )),
         tokio::spawn(crate::reconcile::run(
@@ -372,21 +390,52 @@ mod tests {
 
     /// An admin token long enough to be accepted (32 bytes at least).
     const ADMIN_TOKEN: &str = "backend-test-admin-token-0123456789";
+    const INTERNAL: &str = "internal-token-of-the-backend-tests-0123";
+    const SHOP: &str = "shop-token-of-the-backend-tests-012345678";
 
-    struct Token(Option<&'static str>);
+    /// The admin token given, and the order API tokens (`None`: unset).
+    struct Token(Option<&'static str>, Option<&'static str>, Option<&'static str>);
     impl Env for Token {
         fn var(&self, name: &str) -> Option<String> {
-            (name == flashgate_common::config::ENV_ADMIN_TOKEN).then(|| self.0.map(str::to_owned)).flatten()
+            use flashgate_common::config::ENV_ADMIN_TOKEN;
+            let value = match name {
+                ENV_ADMIN_TOKEN => self.0,
+                ENV_INTERNAL_TOKEN => self.1,
+                ENV_SHOP_TOKEN => self.2,
+                _ => None,
+            };
+            value.map(str::to_owned)
         }
     }
 
     fn config(redis: &RedisServer, db: &str, sale: &str, token: Option<&'static str>, now_ms: i64) -> Config {
+        config_with(redis, db, sale, &Token(token, Some(INTERNAL), Some(SHOP)), now_ms)
+    }
+
+    fn config_with(redis: &RedisServer, db: &str, sale: &str, env: &Token, now_ms: i64) -> Config {
         let text = format!(
             "[redis]\nurl = \"{}\"\n[backend]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndatabase_url = \"{db}\"\nblock_ms = 100\n\
              [[sales]]\nid = \"{sale}\"\nname = \"x\"\nstock = 10\nduration_seconds = 3600\n",
             redis.url
         );
-        Config::from_toml_str(&text, &Token(token), now_ms).unwrap()
+        Config::from_toml_str(&text, env, now_ms).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_backend_refuses_to_start_without_order_api_tokens_of_32_bytes() {
+        let redis = RedisServer::start().await;
+        let cases = [
+            (Token(Some(ADMIN_TOKEN), None, Some(SHOP)), ENV_INTERNAL_TOKEN),
+            (Token(Some(ADMIN_TOKEN), Some(INTERNAL), None), ENV_SHOP_TOKEN),
+            (Token(Some(ADMIN_TOKEN), Some("short"), Some(SHOP)), ENV_INTERNAL_TOKEN),
+            (Token(Some(ADMIN_TOKEN), Some(INTERNAL), Some(&SHOP[..31])), ENV_SHOP_TOKEN),
+        ];
+        for (env, name) in cases {
+            let (_stop, stopped) = watch::channel(false);
+            let err = run_until(config_with(&redis, &sqlite_url(), "s", &env, 0), stopped).await.unwrap_err();
+            assert!(matches!(err, StartError::Secret(_)), "{err}");
+            assert!(err.to_string().contains(name), "{err}");
+        }
     }
 
     /// Runs the backend briefly, then shuts it down; it must exit cleanly.

@@ -94,6 +94,10 @@ pub struct Flashgate {
     pub database_url: String,
     pub jwt_secret: String,
     admin_token: String,
+    /// Gateways' token on the backend's order API.
+    internal_token: String,
+    /// The shop's payment token (the backend needs one to start).
+    shop_token: String,
     config_path: PathBuf,
     bin_dir: PathBuf,
     dir: PathBuf,
@@ -167,12 +171,15 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         let (out, err) = log_file(dir, "flashgate")?;
         let jwt_secret = random_hex(32);
         let admin_token = random_hex(32);
+        let internal_token = random_hex(32);
+        let shop_token = random_hex(32);
         let gateway = Command::new(opts.bin_dir.join("flashgate"))
             .arg("--config")
             .arg(&config_path)
             .arg("serve")
             .env("FLASHGATE_JWT_SECRET", &jwt_secret)
             .env("FLASHGATE_ADMIN_TOKEN", &admin_token)
+            .env("FLASHGATE_INTERNAL_TOKEN", &internal_token)
             .env("RUST_LOG", "warn")
             .stdout(out)
             .stderr(err)
@@ -188,6 +195,8 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             database_url: opts.database_url.clone(),
             jwt_secret,
             admin_token,
+            internal_token,
+            shop_token,
             config_path,
             bin_dir: opts.bin_dir.clone(),
             dir: dir.to_owned(),
@@ -211,6 +220,8 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             .arg(&self.config_path)
             .env("FLASHGATE_JWT_SECRET", &self.jwt_secret)
             .env("FLASHGATE_ADMIN_TOKEN", &self.admin_token)
+            .env("FLASHGATE_INTERNAL_TOKEN", &self.internal_token)
+            .env("FLASHGATE_SHOP_TOKEN", &self.shop_token)
             .env("RUST_LOG", "warn")
             .stdout(out)
             .stderr(err)

@@ -6,8 +6,10 @@
 //! validation problem is reported at once, each prefixed with its key path.
 //!
 //! Secrets never need to be in the file: `FLASHGATE_JWT_SECRET`,
-//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it. Secrets
-//! under [`MIN_SECRET_BYTES`] are refused, named by where they came from.
+//! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it;
+//! `FLASHGATE_INTERNAL_TOKEN` and `FLASHGATE_SHOP_TOKEN` come only from the
+//! environment. Secrets under [`MIN_SECRET_BYTES`] are refused, named by
+//! where they came from.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,12 @@ use crate::sale::SaleSpec;
 pub const ENV_JWT_SECRET: &str = "FLASHGATE_JWT_SECRET";
 /// Environment variable holding the admin API bearer token.
 pub const ENV_ADMIN_TOKEN: &str = "FLASHGATE_ADMIN_TOKEN";
+/// Environment variable holding the bearer token gateways present on the
+/// backend's order API (`/internal/*` routes a gateway calls).
+pub const ENV_INTERNAL_TOKEN: &str = "FLASHGATE_INTERNAL_TOKEN";
+/// Environment variable holding the bearer token the shop presents to
+/// confirm payments (`POST /internal/orders/{id}/pay`).
+pub const ENV_SHOP_TOKEN: &str = "FLASHGATE_SHOP_TOKEN";
 /// Environment variable overriding `backend.database_url`.
 pub const ENV_DATABASE_URL: &str = "FLASHGATE_DATABASE_URL";
 /// Environment variable overriding `backend.consumer_name` (e.g. a pod name).
@@ -32,9 +40,7 @@ pub const ENV_XDG_RUNTIME_DIR: &str = "XDG_RUNTIME_DIR";
 /// working directory, like the default database).
 pub const DEFAULT_RUNTIME_DIR: &str = "data/run";
 
-/// Shortest secret accepted (JWT secret, admin token): 32 bytes, the size
-/// of an HS256 key, so a secret cannot be guessed offline from one token.
-pub const MIN_SECRET_BYTES: usize = 32;
+pub use crate::secret::MIN_SECRET_BYTES;
 /// Longest `gateway.idempotency_ttl_seconds`: a week. Redis refuses an
 /// `EX` past its own limit, and by then the buy has already run.
 pub const MAX_IDEMPOTENCY_TTL_SECONDS: u64 = 7 * 86_400;
@@ -515,6 +521,11 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Admin bearer token, from the environment only.
     pub admin_token: Option<String>,
+    /// Bearer token between gateways and the backend's order API, from the
+    /// environment only.
+    pub internal_token: Option<String>,
+    /// Bearer token of the shop's payment calls, from the environment only.
+    pub shop_token: Option<String>,
     pub gateway: GatewayConfig,
     pub shop: ShopConfig,
     pub pages: PagesConfig,
@@ -698,7 +709,9 @@ impl Config {
             None => f.auth.jwt_secret.filter(|s| !s.is_empty()).map(|s| ("auth.jwt_secret", s)),
         };
         let admin_token = env.var(ENV_ADMIN_TOKEN);
-        for (name, secret) in jwt_secret.iter().map(|(n, s)| (*n, s)).chain(admin_token.iter().map(|s| (ENV_ADMIN_TOKEN, s))) {
+        let tokens = [(ENV_ADMIN_TOKEN, &admin_token), (ENV_INTERNAL_TOKEN, &env.var(ENV_INTERNAL_TOKEN)), (ENV_SHOP_TOKEN, &env.var(ENV_SHOP_TOKEN))];
+        let set_tokens = tokens.iter().filter_map(|(n, s)| s.as_ref().map(|s| (*n, s)));
+        for (name, secret) in jwt_secret.iter().map(|(n, s)| (*n, s)).chain(set_tokens) {
             if let Err(e) = check_secret(name, secret) {
                 errors.push(e);
             }
@@ -755,6 +768,8 @@ impl Config {
             jwt_secret: jwt_secret.map(|(_, s)| s),
             auth: AuthConfig { audience: f.auth.audience, issuer: f.auth.issuer },
             admin_token,
+            internal_token: env.var(ENV_INTERNAL_TOKEN),
+            shop_token: env.var(ENV_SHOP_TOKEN),
             gateway: GatewayConfig {
                 listen: gateway_listen,
                 admin_listen: gateway_admin_listen,

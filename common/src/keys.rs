@@ -3,13 +3,14 @@
 //! Every key of one sale carries the hash tag `{sale:<id>}`, so all of them
 //! live in one Redis Cluster slot and the deduct script (which touches the
 //! stock, the buyers, the idempotency key, the stream and the reservation
-//! index at once) runs unchanged on a cluster. The only key outside a sale's
-//! slot is [`SALES_INDEX`], which is read for listing and never inside a
-//! script.
+//! index at once) runs unchanged on a cluster. The only keys outside a sale's
+//! slot are [`SALES_INDEX`] and [`ARCHIVED_SALES`], which are read for
+//! listing and polling and never inside a script.
 //!
 //! | key | type | holds |
 //! |---|---|---|
 //! | `fg:sales` | set | ids of all preheated sales |
+//! | `fg:archived` | set | ids of archived sales (see [`ARCHIVED_SALES`]) |
 //! | `fg:{sale:ID}:meta` | hash | name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused |
 //! | `fg:{sale:ID}:remaining` | string (int) | items left to sell |
 //! | `fg:{sale:ID}:buyers` | hash | user id -> items reserved |
@@ -24,6 +25,12 @@
 
 /// Set of the ids of every preheated sale.
 pub const SALES_INDEX: &str = "fg:sales";
+
+/// Set of the ids of archived sales: ended, every stream entry written as
+/// an order and acknowledged, every order settled. Written by the backend
+/// only; nobody consumes, polls or reconciles an archived sale. Read
+/// outside scripts only, like [`SALES_INDEX`].
+pub const ARCHIVED_SALES: &str = "fg:archived";
 
 /// `paused` stops every buy on every gateway (the global degrade switch).
 pub const GLOBAL_SWITCH: &str = "fg:switch";

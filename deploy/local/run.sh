@@ -31,14 +31,15 @@ READY_TIMEOUT=${FLASHGATE_READY_TIMEOUT:-600}
 mkdir -p "$DATA"
 DATA=$(cd "$DATA" && pwd)
 
-if [[ ! -f $DATA/secrets.env ]]; then
-  (
-    umask 077
-    printf 'FLASHGATE_JWT_SECRET=%s\nFLASHGATE_ADMIN_TOKEN=%s\n' \
-      "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
-      "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" > "$DATA/secrets.env"
-  )
-fi
+# Each secret missing from the file (an older file included) is added:
+# 32 random bytes, hex.
+(
+  umask 077
+  for name in FLASHGATE_JWT_SECRET FLASHGATE_ADMIN_TOKEN FLASHGATE_INTERNAL_TOKEN FLASHGATE_SHOP_TOKEN; do
+    grep -q "^$name=" "$DATA/secrets.env" 2>/dev/null ||
+      printf '%s=%s\n' "$name" "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >> "$DATA/secrets.env"
+  done
+)
 # The file only fills what the environment leaves unset: a secret the user
 # exported wins.
 while IFS='=' read -r name value; do
@@ -107,6 +108,7 @@ Flashgate is running (logs in $DATA/*.log):
   sale state     http://$GATEWAY/api/sales/demo
   shop (proxied) http://$GATEWAY/
   admin API      http://$BACKEND_ADMIN/admin/sales/demo   (Bearer \$FLASHGATE_ADMIN_TOKEN, in $DATA/secrets.env unless set in the environment)
+  shop payments  POST http://$BACKEND/internal/orders/ORDER_ID/pay   (Bearer \$FLASHGATE_SHOP_TOKEN)
 
 Buy as demo-user:
   curl -i -X POST http://$GATEWAY/api/sales/demo/buy \\

@@ -2,7 +2,8 @@
 //! a reservation's order. Only winners ever reach the backend, so this path
 //! carries at most `stock` forwards per sale. A failure here never loses an
 //! order: the reservation is already in the sale's stream, which the
-//! backend consumes on its own.
+//! backend consumes on its own. Every call carries the gateways' bearer
+//! token (`FLASHGATE_INTERNAL_TOKEN`).
 
 use std::time::Duration;
 
@@ -15,6 +16,8 @@ pub enum BackendError {
     Http(#[from] reqwest::Error),
     #[error("backend answered {0}")]
     Status(u16),
+    #[error("the backend token is not a valid header value")]
+    BadToken,
 }
 
 impl BackendError {
@@ -24,7 +27,7 @@ impl BackendError {
             BackendError::Http(e) if e.is_timeout() => "timeout",
             BackendError::Http(e) if e.is_connect() => "connect",
             BackendError::Http(_) => "http",
-            BackendError::Status(_) => "status",
+            BackendError::Status(_) | BackendError::BadToken => "status",
         }
     }
 }
@@ -35,10 +38,18 @@ pub struct OrderClient {
 }
 
 impl OrderClient {
+    /// A client that presents `token` (`FLASHGATE_INTERNAL_TOKEN`) as its
+    /// bearer token on every call: the backend answers nothing without it.
+    ///
     /// # Errors
-    /// When the HTTP client cannot be built.
-    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, BackendError> {
+    /// When the HTTP client cannot be built (a token that is not a valid
+    /// header value included).
+    pub fn new(base_url: &str, timeout: Duration, token: &str) -> Result<Self, BackendError> {
+        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| BackendError::BadToken)?;
+        auth.set_sensitive(true);
+        let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, auth)]);
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .timeout(timeout)
             .connect_timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(30))

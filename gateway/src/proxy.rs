@@ -498,13 +498,14 @@ impl Gateway {
         Reply::json(202, &body)
     }
 
-    /// A winner retrying with their key: `201 confirmed` with the order id
-    /// once the order exists, else `202 queued` again. Nothing is forwarded
-    /// again: the win's own forward or, failing that, the stream writes
-    /// the order.
+    /// A winner retrying with their key: the order's own state once it
+    /// exists (`201 confirmed`, or `410 order_cancelled` once the payment
+    /// timeout cancelled it: the item is back on sale), else `202 queued`
+    /// again. Nothing is forwarded again: the win's own forward or, failing
+    /// that, the stream writes the order.
     async fn replay_winner(&self, rid: &str) -> Reply {
         match self.order_lookups.order(rid).await {
-            Some(order) => Reply::json(201, &json!({"status": "confirmed", "reservation_id": rid, "order_id": order.order_id})),
+            Some(order) => crate::reply::replayed_order(&order),
             None => Reply::json(202, &json!({"status": "queued", "reservation_id": rid})),
         }
     }

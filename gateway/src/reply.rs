@@ -126,6 +126,30 @@ impl Rejection {
     }
 }
 
+/// A won Idempotency-Key replayed once its order exists: `201 confirmed`
+/// while the order holds its item (created or paid), `410 order_cancelled`
+/// once it was cancelled (unpaid in time), with the ids either way.
+pub fn replayed_order(order: &flashgate_common::reservation::OrderView) -> Reply {
+    use flashgate_common::reservation::ReservationStatus;
+    let ids = (order.reservation_id.as_str(), order.order_id.as_str());
+    match order.status {
+        ReservationStatus::Cancelled => Reply::json(
+            410,
+            &serde_json::json!({
+                "code": "order_cancelled",
+                "message": "this purchase was cancelled: it was not paid in time",
+                "status": order.status,
+                "reservation_id": ids.0,
+                "order_id": ids.1,
+            }),
+        ),
+        ReservationStatus::Confirmed | ReservationStatus::Queued => Reply::json(
+            201,
+            &serde_json::json!({"status": ReservationStatus::Confirmed, "reservation_id": ids.0, "order_id": ids.1}),
+        ),
+    }
+}
+
 impl From<crate::route::RouteError> for Rejection {
     fn from(e: crate::route::RouteError) -> Self {
         match e {
@@ -164,6 +188,26 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["code"], "sold_out");
         assert!(v["message"].is_string());
+    }
+
+    #[test]
+    fn a_replayed_cancelled_order_answers_its_own_status_not_confirmed() {
+        use flashgate_common::reservation::{OrderView, ReservationStatus};
+        let mut order = OrderView {
+            order_id: "o-1".into(),
+            reservation_id: "s.1".into(),
+            sale_id: "s".into(),
+            user_id: "u".into(),
+            status: ReservationStatus::Cancelled,
+        };
+        let r = replayed_order(&order);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!((r.status, v["code"].as_str(), v["status"].as_str()), (410, Some("order_cancelled"), Some("cancelled")));
+        assert_eq!((v["order_id"].as_str(), v["message"].is_string()), (Some("o-1"), true));
+        order.status = ReservationStatus::Confirmed;
+        let r = replayed_order(&order);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!((r.status, v["status"].as_str(), v["order_id"].as_str()), (201, Some("confirmed"), Some("o-1")));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use flashgate_common::config::{Config, ENV_JWT_SECRET};
+use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
+use flashgate_common::secret;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
@@ -27,7 +28,8 @@ use crate::static_pages::{PagesWatcher, StaticPages};
 use crate::upstreams::Upstreams;
 
 /// Builds the gateway state. Fails on anything that would only break later:
-/// no JWT secret, an unreadable static dir, a bad Redis URL.
+/// no JWT secret, no backend token of 32 bytes, an unreadable static dir, a
+/// bad Redis URL.
 ///
 /// # Errors
 /// With a message naming what is missing or wrong.
@@ -39,8 +41,11 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
         .with_context(|| format!("gateway.static_dir: cannot read {}", config.gateway.static_dir.display()))?;
     let metrics = Arc::new(Metrics::register());
+    let backend_token = secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())
+        .context("the backend's order API needs the gateways' token")?;
     let orders = Arc::new(
-        OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout).context("gateway.backend_url")?,
+        OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout, backend_token)
+            .context("gateway.backend_url")?,
     );
     let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
     let gateway = Gateway {

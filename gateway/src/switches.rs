@@ -12,6 +12,8 @@
 //!   pauses the sale until the backlog drains below half the threshold, so
 //!   a struggling database is not buried under more winners than it can
 //!   write. Each gateway decides alone from the same Redis numbers.
+//!   Archived sales (finished, everything written; `fg:archived`) are not
+//!   polled.
 //! - Per-sale pause by an operator is the sale's `paused` field, enforced by
 //!   the deduct script itself.
 
@@ -21,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flashgate_common::keys::{SaleKeys, GLOBAL_SWITCH, SALES_INDEX};
+use flashgate_common::keys::{SaleKeys, ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
 use flashgate_common::stream_info::group_backlog;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -81,8 +83,14 @@ impl SwitchWatcher {
         if self.backlog_threshold == 0 {
             return Ok(());
         }
-        let sales: Vec<String> = redis::cmd("SMEMBERS").arg(SALES_INDEX).query_async(conn).await?;
-        for sale in sales {
+        // Two reads however many sales; an archived sale has nothing left
+        // to write, so its backlog is not read.
+        let (sales, archived): (Vec<String>, HashSet<String>) =
+            redis::pipe().smembers(SALES_INDEX).smembers(ARCHIVED_SALES).query_async(conn).await?;
+        for sale in &archived {
+            self.switches.apply_backlog(sale, 0, self.backlog_threshold);
+        }
+        for sale in sales.into_iter().filter(|s| !archived.contains(s)) {
             let (lag, pending) = group_backlog(conn, &SaleKeys::new(&sale).stream).await?;
             self.switches.apply_backlog(&sale, (lag + pending) as u64, self.backlog_threshold);
         }

@@ -20,6 +20,10 @@ use serde_json::Value;
 pub const JWT_SECRET: &str = "test-jwt-secret-not-for-production-0000";
 /// Admin token of the test backends.
 pub const ADMIN_TOKEN: &str = "test-admin-token-not-for-production-000";
+/// Token the test gateways present on the backend's order API.
+pub const INTERNAL_TOKEN: &str = "test-internal-token-gateways-to-backend-0001";
+/// Token the test shop presents to confirm payments.
+pub const SHOP_TOKEN: &str = "test-shop-token-payments-to-backend-000001";
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -424,6 +428,8 @@ fn spawn_in(dir: &Path, config_path: &Path, name: &'static str, extra: &[&str]) 
         .args(extra)
         .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
         .env("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
+        .env("FLASHGATE_SHOP_TOKEN", SHOP_TOKEN)
         .env("RUST_LOG", "info")
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -468,6 +474,7 @@ impl Stack {
             .arg(&path)
             .arg("serve")
             .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+            .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -594,7 +601,21 @@ impl Stack {
     }
 
     /// Entries in the sale's reservation stream.
+    /// Reservation records ever appended to the sale's stream (Redis's
+    /// `entries-added`: the backend trims written entries, so `XLEN` is
+    /// not this); 0 when there is no stream.
     pub async fn stream_len(&self, sale: &str) -> i64 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("XINFO").arg("STREAM").arg(&keys.stream).query_async(&mut self.redis.conn().await).await;
+        match info.ok().and_then(|i| i.get("entries-added").cloned()) {
+            Some(redis::Value::Int(n)) => n,
+            _ => 0,
+        }
+    }
+
+    /// Entries the sale's stream holds now (`XLEN`).
+    pub async fn stream_entries_kept(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
         redis::cmd("XLEN").arg(&keys.stream).query_async(&mut self.redis.conn().await).await.unwrap()
     }
@@ -771,9 +792,10 @@ impl Stack {
         wait_port(self.backend_addr, limit)
     }
 
-    /// `POST` to the backend's order API (e.g. a payment); status and JSON.
+    /// `POST` to the backend's order API as the shop (a payment, with
+    /// [`SHOP_TOKEN`]); status and JSON.
     pub async fn backend_post(&self, path: &str) -> (u16, Value) {
-        let resp = self.http.post(format!("http://{}{}", self.backend_addr, path)).send().await.unwrap();
+        let resp = self.http.post(format!("http://{}{}", self.backend_addr, path)).bearer_auth(SHOP_TOKEN).send().await.unwrap();
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap_or(Value::Null))
     }

@@ -78,14 +78,20 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
 
     // The backend's APIs.
     let admin = format!("Bearer {ADMIN_TOKEN}");
+    let gw = format!("Bearer {}", flashgate_tests::INTERNAL_TOKEN);
+    let gw = gw.as_bytes();
+    let shop = format!("Bearer {}", flashgate_tests::SHOP_TOKEN);
+    let shop = shop.as_bytes();
     let backend_cases: Vec<(&str, SocketAddr, Vec<u8>)> = vec![
-        ("order: bad JSON", stack.backend_addr, request("POST", "/internal/orders", &[("Content-Type", b"application/json")], b"{nope")),
-        ("order: invalid UTF-8", stack.backend_addr, request("POST", "/internal/orders", &[], b"{\"reservation_id\":\"\xff\"}")),
-        ("order: unknown reservation", stack.backend_addr, request("POST", "/internal/orders", &[], br#"{"reservation_id":"bad.00000000000000000000000000000000","sale_id":"bad","user_id":"u","reserved_at_ms":1}"#)),
-        ("pay: malformed order id", stack.backend_addr, request("POST", "/internal/orders/../pay", &[], b"")),
-        ("pay: bad order id", stack.backend_addr, request("POST", "/internal/orders/o-zz/pay", &[], b"")),
-        ("pay: unknown order", stack.backend_addr, request("POST", "/internal/orders/o-00000000000000000000000000000000/pay", &[], b"")),
-        ("sale lookup: absurd id", stack.backend_addr, request("GET", &format!("/internal/sales/{}", "x".repeat(300)), &[], b"")),
+        ("order: no token", stack.backend_addr, request("POST", "/internal/orders/batch", &[], b"[]")),
+        ("order: bad JSON", stack.backend_addr, request("POST", "/internal/orders", &[("Authorization", gw), ("Content-Type", b"application/json")], b"{nope")),
+        ("order: invalid UTF-8", stack.backend_addr, request("POST", "/internal/orders", &[("Authorization", gw)], b"{\"reservation_id\":\"\xff\"}")),
+        ("order: unknown reservation", stack.backend_addr, request("POST", "/internal/orders", &[("Authorization", gw)], br#"{"reservation_id":"bad.00000000000000000000000000000000","sale_id":"bad","user_id":"u","reserved_at_ms":1}"#)),
+        ("pay: no token", stack.backend_addr, request("POST", "/internal/orders/o-00000000000000000000000000000000/pay", &[], b"")),
+        ("pay: malformed order id", stack.backend_addr, request("POST", "/internal/orders/../pay", &[("Authorization", shop)], b"")),
+        ("pay: bad order id", stack.backend_addr, request("POST", "/internal/orders/o-zz/pay", &[("Authorization", shop)], b"")),
+        ("pay: unknown order", stack.backend_addr, request("POST", "/internal/orders/o-00000000000000000000000000000000/pay", &[("Authorization", shop)], b"")),
+        ("sale lookup: absurd id", stack.backend_addr, request("GET", &format!("/internal/sales/{}", "x".repeat(300)), &[("Authorization", gw)], b"")),
         ("admin: no token", stack.admin_addr, request("GET", "/admin/sales/bad", &[], b"")),
         ("admin: bad payment timeout", stack.admin_addr, request("PUT", "/admin/sales/bad", &[("Authorization", admin.as_bytes())], br#"{"name":"x","stock":5,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2999-01-01T00:00:00Z","payment_timeout_seconds":0}"#)),
         ("admin: unknown field", stack.admin_addr, request("PUT", "/admin/sales/bad", &[("Authorization", admin.as_bytes())], br#"{"name":"x","stock":5,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2999-01-01T00:00:00Z","stok":1}"#)),

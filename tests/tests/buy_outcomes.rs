@@ -154,3 +154,29 @@ async fn other_paths_are_proxied_to_the_shop() {
     assert_eq!(v["headers"]["x-custom"], "yes");
     assert_eq!(v["headers"]["x-forwarded-for"], "127.0.0.1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_key_of_a_cancelled_order_answers_cancelled_not_confirmed() {
+    let stack = Stack::start(StackOptions { extra_toml: "expiry_poll_ms = 100\n".into(), ..StackOptions::default() }).await;
+    let sale = serde_json::json!({
+        "name": "Unpaid", "stock": 1, "starts_at": "2020-01-01T00:00:00Z", "ends_at": "2100-01-01T00:00:00Z",
+        "payment_timeout_seconds": 1,
+    });
+    let (status, body) = stack.admin(reqwest::Method::PUT, "/admin/sales/unpaid", Some(sale)).await;
+    assert_eq!(status, 201, "{body}");
+    let win = post(&stack, "/api/sales/unpaid/buy", Some(&token("idler")), &[("Idempotency-Key", "k1")], "").await;
+    assert_eq!(win.0, 202, "{:?}", win.2);
+    let rid = win.2["reservation_id"].as_str().unwrap().to_owned();
+    let order_id = stack.order_id_of("idler", &rid).await;
+    // Unpaid past its timeout, the order is cancelled and the item returned.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stack.order_rows("unpaid").await.iter().any(|o| o.status != "cancelled") {
+        assert!(std::time::Instant::now() < deadline, "the order was never cancelled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let replay = post(&stack, "/api/sales/unpaid/buy", Some(&token("idler")), &[("Idempotency-Key", "k1")], "").await;
+    assert_error(&replay, 410, "order_cancelled");
+    assert_eq!((replay.2["status"].as_str(), replay.2["order_id"].as_str()), (Some("cancelled"), Some(order_id.as_str())));
+    assert_eq!(replay.1["idempotent-replayed"], "true");
+}

@@ -98,6 +98,8 @@ fn the_compose_file_is_accepted_by_compose() {
         .arg("config")
         .env("FLASHGATE_JWT_SECRET", "x")
         .env("FLASHGATE_ADMIN_TOKEN", "x")
+        .env("FLASHGATE_INTERNAL_TOKEN", "x")
+        .env("FLASHGATE_SHOP_TOKEN", "x")
         .output()
         .expect("docker compose or docker-compose (make test installs it)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -111,4 +113,22 @@ fn prometheus_alert_rules_pass_promtool() {
         .output()
         .expect("promtool (make test installs Debian's prometheus package)");
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn the_gateway_refuses_to_start_without_a_backend_token_of_32_bytes() {
+    let dir = TempDir::new("notoken");
+    let path = dir.0.join("ok.toml");
+    std::fs::write(&path, format!("[gateway]\nstatic_dir = \"{}\"\n", workspace_file("static").display())).unwrap();
+    for token in [None, Some("short")] {
+        let mut cmd = Command::new(bin("flashgate"));
+        cmd.arg("--config").arg(&path).arg("serve").env("FLASHGATE_JWT_SECRET", "x").env_remove("FLASHGATE_INTERNAL_TOKEN");
+        if let Some(t) = token {
+            cmd.env("FLASHGATE_INTERNAL_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{token:?}: started");
+        assert!(stderr.contains("FLASHGATE_INTERNAL_TOKEN"), "{token:?}: {stderr}");
+    }
 }

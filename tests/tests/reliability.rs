@@ -79,7 +79,8 @@ async fn a_sale_redis_lost_answers_503_until_restored_and_never_sells_an_item_tw
     assert_eq!(stack.remaining("lost").await, 0);
     // The gateway asked the backend while restoring.
     let (status, v) = {
-        let r = stack.http.get(format!("http://{}/internal/sales/lost", stack.backend_addr)).send().await.unwrap();
+        let url = format!("http://{}/internal/sales/lost", stack.backend_addr);
+        let r = stack.http.get(url).bearer_auth(flashgate_tests::INTERNAL_TOKEN).send().await.unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
     assert_eq!((status, v["exists"].as_bool()), (200, Some(true)), "{v}");
@@ -278,4 +279,36 @@ async fn the_global_switch_stays_paused_when_redis_restarts_empty() {
     })
     .await;
     assert_eq!(status, 202, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_sale_gets_no_consumer_nor_backlog_polling_and_written_entries_are_trimmed() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let mut conn = stack.redis.conn().await;
+    // A sale that ended long ago, with nothing left to write.
+    let old = serde_json::json!({"name": "Old", "stock": 5, "starts_at": "2020-01-01T00:00:00Z", "ends_at": "2020-01-02T00:00:00Z"});
+    assert_eq!(stack.admin(Method::PUT, "/admin/sales/old", Some(old)).await.0, 201);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !redis::cmd("SISMEMBER").arg("fg:archived").arg("old").query_async::<bool>(&mut conn).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "the finished sale was never archived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Several backlog polls (every 500 ms) and consumer reads (every 200 ms) later: none for it.
+    let (xinfo, xread) = (stack.redis.command_calls("xinfo|groups").await, stack.redis.command_calls("xreadgroup").await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stack.redis.command_calls("xinfo|groups").await, xinfo, "nobody polls an archived sale's backlog");
+    assert_eq!(stack.redis.command_calls("xreadgroup").await, xread, "an archived sale has no consumer");
+
+    // A live sale: its entries, once written as orders and acknowledged, are trimmed.
+    stack.open_sale("live", 3, 1).await;
+    for user in ["a", "b", "c"] {
+        assert_eq!(stack.buy("live", user, None).await.0, 202);
+    }
+    stack.wait_orders("live", 3, Duration::from_secs(20)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stack.stream_entries_kept("live").await > 1 {
+        assert!(std::time::Instant::now() < deadline, "acknowledged entries were never trimmed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!((stack.db_orders("live").await.0, stack.stream_len("live").await), (3, 3));
 }

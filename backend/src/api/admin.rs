@@ -1,5 +1,6 @@
 //! The admin API: operators create and change sales and watch their
-//! counters. Every route requires `Authorization: Bearer <token>`.
+//! counters. Every route requires `Authorization: Bearer <token>`
+//! (checked by [`super::auth`]).
 //!
 //! A change must agree in Redis (where the gateway sells) and in the
 //! database (the truth that survives Redis). The database write is opened
@@ -9,29 +10,17 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::Next;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashgate_common::sale::{valid_sale_id, SaleSpec};
-use flashgate_common::secret::bearer_matches;
 use serde::Deserialize;
 
 use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::sales::{self, Applied, SaleView};
 use crate::stream::dead_letter;
-
-/// Rejects requests without the admin bearer token.
-pub async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if bearer_matches(header, &state.admin_token) {
-        next.run(request).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
-}
 
 /// Body of `PUT /admin/sales/{id}`.
 #[derive(Debug, Deserialize)]
@@ -119,6 +108,10 @@ pub async fn put(
         }
         return Err(error.into());
     }
+    // A changed window may reopen a finished sale: it is live again.
+    if let Err(error) = crate::stream::retention::unarchive(&mut redis, &spec.id).await {
+        tracing::warn!(%error, sale = %spec.id, "cannot unarchive the changed sale; its consumer stays stopped");
+    }
     tracing::info!(sale = %spec.id, stock = spec.stock, created = previous.is_none(), "sale saved");
     let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
     let view = sales::view(&mut redis, &state.store, spec).await?;
@@ -157,6 +150,8 @@ pub async fn retry_dead_letter(
     }
     match dead_letter::retry(&mut state.redis.clone(), &id, &entry_id).await? {
         Some(requeued) => {
+            // The entry needs a consumer again, even on a finished sale.
+            crate::stream::retention::unarchive(&mut state.redis.clone(), &id).await?;
             tracing::info!(sale = %id, entry = %entry_id, %requeued, "dead letter put back on the stream");
             Ok((StatusCode::ACCEPTED, Json(serde_json::json!({"requeued_as": requeued}))).into_response())
         }
@@ -171,7 +166,9 @@ pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, P
     state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
     match crate::reconcile::reconcile_sale(&mut state.redis.clone(), &state.store, &id).await? {
         Some(report) => {
-            state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);
+            if report.settled {
+                state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok(Json(report).into_response())
         }
         None => Err(ApiError::unavailable("the sale is not in redis yet (being restored)")),

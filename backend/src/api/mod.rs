@@ -1,16 +1,19 @@
-//! The two HTTP APIs of the backend.
+//! The two HTTP APIs of the backend; every route but `/healthz` and
+//! `/metrics` requires a bearer token ([`auth`]).
 //!
-//! - [`order_router`] (`backend.listen`, private network): the gateway
-//!   turns a winner's reservation into an order and looks orders up.
-//!   - `POST /internal/orders`
-//!   - `GET /internal/reservations/{rid}`
-//!   - `POST /internal/orders/{order_id}/pay` (the shop confirms payment)
-//!   - `GET /internal/sales/{id}` (does the database know this sale?)
-//!   - `GET /healthz`
+//! - [`order_router`] (`backend.listen`, private network):
+//!   - gateways (`FLASHGATE_INTERNAL_TOKEN`) turn winners' reservations
+//!     into orders and look orders up:
+//!     - `POST /internal/orders/batch`, `POST /internal/orders`
+//!     - `GET /internal/reservations/{rid}`
+//!     - `GET /internal/sales/{id}` (does the database know this sale?)
+//!   - the shop (`FLASHGATE_SHOP_TOKEN`) confirms payments:
+//!     `POST /internal/orders/{order_id}/pay`
+//!   - `GET /healthz`, `GET /metrics` (no token: probes and Prometheus)
 //!   - `GET /live`, `GET /ready` (served by [`crate::server`] from the
 //!     start, before this router opens; see [`crate::readiness`])
-//! - [`admin_router`] (`backend.admin_listen`, bearer token): operators
-//!   create, change and inspect sales.
+//! - [`admin_router`] (`backend.admin_listen`, `FLASHGATE_ADMIN_TOKEN`):
+//!   operators create, change and inspect sales.
 //!   - `PUT /admin/sales/{id}`
 //!   - `GET /admin/sales/{id}`
 //!   - `GET /admin/sales`
@@ -19,6 +22,7 @@
 //!   - `POST /admin/sales/{id}/reconcile`
 
 pub mod admin;
+pub mod auth;
 pub mod error;
 pub mod orders;
 
@@ -36,8 +40,8 @@ pub struct AppState {
     pub store: Store,
     /// Shared reconnecting connection; its calls time out at `redis.timeout`.
     pub redis: ConnectionManager,
-    /// Expected admin bearer token; never empty.
-    admin_token: Arc<str>,
+    /// The bearer tokens of the admin, gateway and shop routes.
+    tokens: auth::ApiTokens,
     /// Serialises sale changes, so two operators changing one sale cannot
     /// interleave the Redis update and the database write.
     sale_writes: Arc<tokio::sync::Mutex<()>>,
@@ -52,26 +56,29 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// # Errors
-    /// `admin_token` is empty: the admin API would be open to anyone.
-    pub fn new(store: Store, redis: ConnectionManager, admin_token: &str) -> Result<Self, crate::StartError> {
-        if admin_token.is_empty() {
-            return Err(crate::StartError::NoAdminToken);
-        }
+    pub fn new(store: Store, redis: ConnectionManager, tokens: auth::ApiTokens) -> Self {
         let metrics = Arc::new(crate::metrics::Metrics::register());
         let orders = crate::order_writer::OrderWriter::start(store.clone(), metrics.clone());
-        Ok(Self { store, redis, admin_token: admin_token.into(), sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics, orders })
+        Self { store, redis, tokens, sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics, orders }
     }
 }
 
-/// The order API used by the gateway.
+/// The order API: the gateways' routes, the shop's payment route, and the
+/// unauthenticated probes.
 pub fn order_router(state: AppState) -> Router {
-    Router::new()
+    let guarded = |guard: &auth::Guard| axum::middleware::from_fn_with_state(guard.clone(), auth::require);
+    let gateways = Router::new()
         .route("/internal/orders", post(orders::create))
         .route("/internal/orders/batch", post(orders::create_batch))
         .route("/internal/reservations/{rid}", get(orders::by_reservation))
-        .route("/internal/orders/{order_id}/pay", post(orders::pay))
         .route("/internal/sales/{id}", get(orders::sale_exists))
+        .route_layer(guarded(&state.tokens.gateway));
+    let shop = Router::new()
+        .route("/internal/orders/{order_id}/pay", post(orders::pay))
+        .route_layer(guarded(&state.tokens.shop));
+    Router::new()
+        .merge(gateways)
+        .merge(shop)
         .route("/healthz", get(orders::healthz))
         .route("/metrics", get(orders::metrics))
         .fallback(error::no_route)
@@ -92,7 +99,7 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/admin/switch", put(admin::switch))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), admin::require_token))
+        .layer(axum::middleware::from_fn_with_state(state.tokens.admin.clone(), auth::require))
         .with_state(state)
 }
 

@@ -50,6 +50,7 @@ pub const MAX_BATCH: usize = 1000;
 
 /// `POST /internal/orders/batch`: the gateway's batch of winners
 /// (`[{reservation..., request_id}]`), written in one transaction.
+/// A reservation listed more than once counts once (its first copy).
 /// Reservations Redis does not know for that user are skipped (counted in
 /// `rejected`); the rest become orders once. Answers
 /// `{"created", "existing", "rejected"}`.
@@ -58,6 +59,9 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
     if winners.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!("at most {MAX_BATCH} winners per batch")));
     }
+    let mut seen = std::collections::HashSet::with_capacity(winners.len());
+    let winners: Vec<ForwardedWinner> =
+        winners.into_iter().filter(|w| seen.insert(w.reservation.reservation_id.clone())).collect();
     let total = winners.len();
     let winners: Vec<ForwardedWinner> = winners
         .into_iter()
@@ -185,25 +189,14 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     }
 }
 
-/// `GET /metrics`: counters, plus per-sale gauges read from Redis now.
+/// `GET /metrics`: what the process holds in memory, nothing read now (the
+/// Redis gauges are refreshed in the background, see [`crate::metrics`]).
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.metrics;
     let expired = state.orders_expired.load(std::sync::atomic::Ordering::Relaxed);
     m.orders_expired.inc_by(expired.saturating_sub(m.orders_expired.get()));
-    if let Ok(sales) = state.store.sales().await {
-        let mut redis = state.redis.clone();
-        for sale in sales {
-            if let Ok((remaining, lag, pending)) = crate::metrics::sale_counters(&mut redis, &sale.id).await {
-                if let Some(r) = remaining {
-                    m.remaining.with_label_values(&[&sale.id]).set(r);
-                }
-                m.stream_lag.with_label_values(&[&sale.id]).set(lag);
-                m.backlog.with_label_values(&[&sale.id]).set(lag + pending);
-            }
-            if let Some(d) = state.drift.get(&sale.id) {
-                m.drift.with_label_values(&[&sale.id]).set(d);
-            }
-        }
+    for (sale, drift) in state.drift.snapshot() {
+        m.drift.with_label_values(&[&sale]).set(drift);
     }
     ([("content-type", "text/plain; version=0.0.4")], m.render()).into_response()
 }

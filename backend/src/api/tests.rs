@@ -15,6 +15,10 @@ use super::*;
 use crate::testing::{reservation, sqlite_url, unique, RedisServer};
 
 const TOKEN: &str = "test-admin-token";
+/// The gateways' token on the order API.
+const GATEWAY: &str = "gateway-token-of-the-api-tests-0123456789";
+/// The shop's token for payments.
+const SHOP: &str = "shop-token-of-the-api-tests-0123456789abc";
 
 struct Fixture {
     redis: RedisServer,
@@ -25,7 +29,7 @@ async fn fixture() -> Fixture {
     let redis = RedisServer::start().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let conn = crate::redis_io::shared_connection(&redis.config()).await.unwrap();
-    let state = AppState::new(store, conn, TOKEN).unwrap();
+    let state = AppState::new(store, conn, auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap());
     Fixture { redis, state }
 }
 
@@ -56,7 +60,7 @@ async fn admin(f: &Fixture, method: &str, uri: &str, body: Option<&str>) -> (Sta
 
 async fn post_order(f: &Fixture, r: &Reservation) -> (StatusCode, Value) {
     let body = serde_json::to_string(r).unwrap();
-    call(order_router(f.state.clone()), "POST", "/internal/orders", None, Some(&body)).await
+    call(order_router(f.state.clone()), "POST", "/internal/orders", Some(GATEWAY), Some(&body)).await
 }
 
 /// What the deduct script leaves in Redis for a winner (stream aside).
@@ -201,7 +205,7 @@ async fn posting_a_reservation_twice_answers_the_same_order() {
     assert_eq!(second["order_id"], first["order_id"]);
 
     let uri = format!("/internal/reservations/{}", r.reservation_id);
-    let (status, found) = call(order_router(f.state.clone()), "GET", &uri, None, None).await;
+    let (status, found) = call(order_router(f.state.clone()), "GET", &uri, Some(GATEWAY), None).await;
     assert_eq!((status, &found), (StatusCode::OK, &first));
 }
 
@@ -209,15 +213,15 @@ async fn posting_a_reservation_twice_answers_the_same_order() {
 async fn order_api_errors_are_json() {
     let f = fixture().await;
     let router = || order_router(f.state.clone());
-    let (status, body) = call(router(), "POST", "/internal/orders", None, Some("{not json")).await;
+    let (status, body) = call(router(), "POST", "/internal/orders", Some(GATEWAY), Some("{not json")).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")));
-    let (status, body) = call(router(), "POST", "/internal/orders", None, Some(r#"{"reservation_id": 5}"#)).await;
+    let (status, body) = call(router(), "POST", "/internal/orders", Some(GATEWAY), Some(r#"{"reservation_id": 5}"#)).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")));
-    let (status, body) = call(router(), "GET", "/internal/reservations/nope", None, None).await;
+    let (status, body) = call(router(), "GET", "/internal/reservations/nope", Some(GATEWAY), None).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
     let (status, body) = call(router(), "GET", "/nowhere", None, None).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
-    let (status, body) = call(router(), "GET", "/internal/orders", None, None).await;
+    let (status, body) = call(router(), "GET", "/internal/orders", Some(GATEWAY), None).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed")));
     let (status, body) = call(router(), "GET", "/healthz", None, None).await;
     assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ok")));
@@ -229,11 +233,116 @@ async fn orders_answer_503_when_redis_is_down() {
     drop(redis);
     let r = reservation(&unique("s"), "alice");
     let body = serde_json::to_string(&r).unwrap();
-    let (status, reply) = call(order_router(state.clone()), "POST", "/internal/orders", None, Some(&body)).await;
+    let (status, reply) = call(order_router(state.clone()), "POST", "/internal/orders", Some(GATEWAY), Some(&body)).await;
     assert_eq!((status, reply["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")));
     // The admin view still answers from the database, with Redis counters null.
     let id = unique("s");
     state.store.upsert_sale(&crate::testing::sale(&id, 3)).await.unwrap();
     let (status, view) = call(admin_router(state), "GET", &format!("/admin/sales/{id}"), Some(TOKEN), None).await;
     assert_eq!((status, view["remaining"].is_null(), view["orders"].as_i64()), (StatusCode::OK, true, Some(0)));
+}
+
+#[tokio::test]
+async fn a_forward_batch_naming_one_reservation_twice_writes_it_once() {
+    let f = fixture().await;
+    let r = reservation(&unique("s"), "alice");
+    reserve_in_redis(&f, &r).await;
+    let winner = json!({"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms, "request_id": "q"});
+    let body = json!([winner, winner]).to_string();
+    let (status, reply) = call(order_router(f.state.clone()), "POST", "/internal/orders/batch", Some(GATEWAY), Some(&body)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!((reply["created"].as_u64(), reply["existing"].as_u64(), reply["rejected"].as_u64()), (Some(1), Some(0), Some(0)));
+    assert!(f.state.store.order_by_reservation(&r.reservation_id).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn order_routes_require_their_own_bearer_token_and_change_nothing_without_it() {
+    let f = fixture().await;
+    let r = reservation(&unique("s"), "alice");
+    reserve_in_redis(&f, &r).await;
+    let winner = json!([{"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms}]);
+    let unpaid = reservation(&r.sale_id, "bob");
+    f.state.store.insert_orders(std::slice::from_ref(&unpaid)).await.unwrap();
+    let order_id = f.state.store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap().order_id;
+
+    let batch = winner.to_string();
+    let single = serde_json::to_string(&r).unwrap();
+    let lookup = format!("/internal/reservations/{}", unpaid.reservation_id);
+    let sale = format!("/internal/sales/{}", r.sale_id);
+    let pay = format!("/internal/orders/{order_id}/pay");
+    let gateway_routes = [
+        ("POST", "/internal/orders/batch", Some(batch.as_str())),
+        ("POST", "/internal/orders", Some(single.as_str())),
+        ("GET", lookup.as_str(), None),
+        ("GET", sale.as_str(), None),
+    ];
+    for token in [None, Some("wrong"), Some(SHOP), Some(TOKEN), Some(&GATEWAY[..GATEWAY.len() - 1])] {
+        for (method, uri, body) in gateway_routes {
+            let (status, reply) = call(order_router(f.state.clone()), method, uri, token, body).await;
+            assert_eq!((status, reply["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")), "{method} {uri} with {token:?}");
+        }
+    }
+    for token in [None, Some("wrong"), Some(GATEWAY), Some(TOKEN)] {
+        let (status, reply) = call(order_router(f.state.clone()), "POST", &pay, token, None).await;
+        assert_eq!((status, reply["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")), "pay with {token:?}");
+    }
+    assert_eq!(f.state.store.order_by_reservation(&r.reservation_id).await.unwrap(), None, "no order was written");
+    let order = f.state.store.order(&order_id).await.unwrap().unwrap();
+    assert_eq!(order.status, crate::store::OrderStatus::Created, "an unauthenticated payment paid nothing");
+
+    // The right token works.
+    let (status, reply) = call(order_router(f.state.clone()), "POST", &pay, Some(SHOP), None).await;
+    assert_eq!((status, reply["status"].as_str()), (StatusCode::OK, Some("paid")), "{reply}");
+    let (status, reply) = call(order_router(f.state.clone()), "POST", "/internal/orders/batch", Some(GATEWAY), Some(&batch)).await;
+    assert_eq!((status, reply["created"].as_u64()), (StatusCode::OK, Some(1)), "{reply}");
+    let (status, _) = call(order_router(f.state.clone()), "GET", &lookup, Some(GATEWAY), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, reply) = call(order_router(f.state.clone()), "GET", &sale, Some(GATEWAY), None).await;
+    assert_eq!((status, reply["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")), "the sale is not in the database");
+}
+
+/// `calls` of `command` in INFO commandstats.
+async fn command_calls(f: &Fixture, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut f.redis.conn().await).await.unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|r| r.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+async fn scrape(f: &Fixture) -> String {
+    let request = Request::builder().uri("/metrics").body(Body::empty()).unwrap();
+    let response = order_router(f.state.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn scraping_metrics_costs_no_redis_call_the_background_refresh_fills_the_gauges() {
+    let f = fixture().await;
+    let sales: Vec<String> = (0..3).map(|_| unique("s")).collect();
+    for id in &sales {
+        assert_eq!(admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(50))).await.0, StatusCode::CREATED);
+    }
+    let counted = ["get", "xinfo|groups", "smembers", "sismember", "exists"];
+    let mut before = Vec::new();
+    for c in counted {
+        before.push(command_calls(&f, c).await);
+    }
+    for _ in 0..20 {
+        scrape(&f).await;
+    }
+    for (c, n) in counted.iter().zip(before) {
+        assert_eq!(command_calls(&f, c).await, n, "a scrape called {c}");
+    }
+
+    crate::metrics::refresh_sales(&mut f.redis.conn().await, &f.state.store, &f.state.metrics).await.unwrap();
+    let text = scrape(&f).await;
+    for id in &sales {
+        assert!(text.contains(&format!("flashgate_sale_remaining_items{{sale=\"{id}\"}} 50")), "{text}");
+    }
+    // An archived sale is no longer read, and its gauges go.
+    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sales[0]).query_async(&mut f.redis.conn().await).await.unwrap();
+    let xinfo = command_calls(&f, "xinfo|groups").await;
+    crate::metrics::refresh_sales(&mut f.redis.conn().await, &f.state.store, &f.state.metrics).await.unwrap();
+    assert_eq!(command_calls(&f, "xinfo|groups").await - xinfo, 2, "one XINFO per live sale");
+    assert!(!scrape(&f).await.contains(&format!("sale=\"{}\"", sales[0])));
 }

@@ -246,3 +246,36 @@ async fn two_restores_of_one_lost_sale_at_once_load_it_once() {
         let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn cancelled_orders_of_a_sale_missing_from_redis_do_not_stall_other_sales_returns() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    // Sale `lost` is in the database only (Redis lost it; the restore loop
+    // has not run yet), with more cancelled orders than one return batch.
+    let lost = unique("lost");
+    store.upsert_sale(&sale(&lost, 1000)).await.unwrap();
+    let orders: Vec<_> = (0..RETURN_BATCH + 20).map(|i| reservation(&lost, &format!("u{i}"))).collect();
+    store.insert_orders(&orders).await.unwrap();
+    for r in &orders {
+        let o = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        assert!(store.cancel_if_unpaid(&o.order_id).await.unwrap());
+    }
+    // Sale `live` is in Redis with one cancelled order written last.
+    let live = unique("live");
+    let spec = sale(&live, 5);
+    store.upsert_sale(&spec).await.unwrap();
+    let r = reservation(&live, "late");
+    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+    crate::sales::preheat_from_store(&mut conn, &store, &spec).await.unwrap();
+    let o = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+    assert!(store.cancel_if_unpaid(&o.order_id).await.unwrap());
+    let keys = SaleKeys::new(&live);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 4);
+
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 1, "the live sale's item comes back in one pass");
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 5);
+    let lost_meta: bool = conn.exists(SaleKeys::new(&lost).meta).await.unwrap();
+    assert!(!lost_meta, "a missing sale is left to the restore loop");
+}

@@ -167,8 +167,9 @@ impl Store {
     }
 
     /// Inserts a batch like [`Store::insert_orders`] and answers, for each
-    /// reservation, its order and whether this call created it. One
-    /// transaction and one `SELECT` per batch, however many rows.
+    /// distinct reservation in the order of first appearance, its order and
+    /// whether this call created it. One transaction and one `SELECT` per
+    /// batch, however many rows.
     ///
     /// # Errors
     /// A failed statement; nothing of the batch is written then.
@@ -186,7 +187,7 @@ impl Store {
         }
         tx.commit().await?;
         let mut views = std::collections::HashMap::with_capacity(reservations.len());
-        for chunk in reservations.chunks(MAX_ROWS_PER_INSERT) {
+        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
             let statement = sql::orders_by_reservations(chunk.len());
             let mut query = sqlx::query(&statement);
             for r in chunk {
@@ -197,8 +198,11 @@ impl Store {
                 views.insert(view.reservation_id.clone(), view);
             }
         }
+        // Each reservation answered once, at its first place in the batch.
+        let mut answered = std::collections::HashSet::with_capacity(reservations.len());
         reservations
             .iter()
+            .filter(|r| answered.insert(r.reservation_id.as_str()))
             .map(|r| {
                 let view = views.remove(&r.reservation_id).ok_or(StoreError::Missing)?;
                 Ok((view, created.contains(&r.reservation_id)))
@@ -426,13 +430,52 @@ impl Store {
         order_rows(&rows, OrderStatus::Created)
     }
 
-    /// Up to `limit` cancelled orders whose item is not back in Redis yet.
+    /// Up to `limit` cancelled orders whose item is not back in Redis yet,
+    /// ordered by order id, after order id `after` (`""` for the first page).
     ///
     /// # Errors
     /// A failed query.
-    pub async fn unreleased_cancelled(&self, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
-        let rows = sqlx::query(sql::UNRELEASED_CANCELLED).bind(limit).fetch_all(&self.pool).await?;
+    pub async fn unreleased_cancelled(&self, after: &str, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
+        let rows = sqlx::query(sql::UNRELEASED_CANCELLED).bind(after).bind(limit).fetch_all(&self.pool).await?;
         order_rows(&rows, OrderStatus::Cancelled)
+    }
+
+    /// Orders of `sale_id` waiting for a payment or for their item's return.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn unsettled_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
+        let row = sqlx::query(sql::UNSETTLED_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Orders of `sale_id`, whatever their status.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn count_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
+        let row = sqlx::query(sql::COUNT_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Which of `reservation_ids` have an order (at most
+    /// [`MAX_ROWS_PER_INSERT`] per query).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn reservations_with_orders(&self, reservation_ids: &[&str]) -> Result<std::collections::HashSet<String>, StoreError> {
+        let mut found = std::collections::HashSet::new();
+        for chunk in reservation_ids.chunks(MAX_ROWS_PER_INSERT) {
+            let statement = sql::orders_by_reservations(chunk.len());
+            let mut query = sqlx::query(&statement);
+            for rid in chunk {
+                query = query.bind(*rid);
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                found.insert(row.try_get::<String, _>("reservation_id")?);
+            }
+        }
+        Ok(found)
     }
 
     /// Records that the item of cancelled order `order_id` is back in Redis.
@@ -623,13 +666,16 @@ fn order_view(row: &sqlx::any::AnyRow) -> Result<OrderView, StoreError> {
     })
 }
 
-/// The reservations sorted by id. The forward path and the stream consumer
-/// insert the same reservations at the same time; taking the unique-index
-/// locks in one order keeps their transactions from deadlocking (which
-/// PostgreSQL would break only after `deadlock_timeout`, a second).
+/// The reservations sorted by id, each id once. The forward path and the
+/// stream consumer insert the same reservations at the same time; taking
+/// the unique-index locks in one order keeps their transactions from
+/// deadlocking (which PostgreSQL would break only after `deadlock_timeout`,
+/// a second). A reservation listed twice is inserted once: the first copy
+/// wins, as it would across two batches.
 fn in_lock_order(reservations: &[Reservation]) -> Vec<&Reservation> {
     let mut sorted: Vec<&Reservation> = reservations.iter().collect();
-    sorted.sort_unstable_by(|a, b| a.reservation_id.cmp(&b.reservation_id));
+    sorted.sort_by(|a, b| a.reservation_id.cmp(&b.reservation_id));
+    sorted.dedup_by(|later, earlier| later.reservation_id == earlier.reservation_id);
     sorted
 }
 

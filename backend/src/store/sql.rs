@@ -117,9 +117,17 @@ pub const CANCEL_IF_CREATED: &str =
 /// Unpaid orders past their sale's payment timeout at `$1`, oldest first.
 pub const EXPIRED_ORDERS: &str = "SELECT o.order_id, o.reservation_id, o.sale_id, o.user_id FROM orders o JOIN sales s ON s.id = o.sale_id WHERE o.status = 'created' AND o.reserved_at_ms + s.payment_timeout_seconds * 1000 < $1 ORDER BY o.reserved_at_ms LIMIT $2";
 
-/// Cancelled orders whose item has not been given back to Redis yet.
-pub const UNRELEASED_CANCELLED: &str =
-    "SELECT order_id, reservation_id, sale_id, user_id FROM orders WHERE status = 'cancelled' AND released_at_ms IS NULL LIMIT $1";
+/// Cancelled orders whose item has not been given back to Redis yet, in
+/// order id order after the cursor `$1`, so a pass pages through all of
+/// them once however many it cannot return now.
+pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id, user_id FROM orders WHERE status = 'cancelled' AND released_at_ms IS NULL AND order_id > $1 ORDER BY order_id LIMIT $2";
+
+/// Orders of a sale still waiting for something: a payment, or the return
+/// of a cancelled order's item. A sale with any is not archived.
+pub const UNSETTLED_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
+
+/// Every order of a sale, whatever its status (one per reservation).
+pub const COUNT_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1";
 
 pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
 

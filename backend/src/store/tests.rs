@@ -194,3 +194,16 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
         store.set_all_paused(before).await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_reservation_listed_twice_in_one_batch_is_written_and_answered_once() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
+        let answers = store.create_orders(&[a.clone(), b.clone(), a.clone()]).await.unwrap();
+        let answered: Vec<(&str, bool)> = answers.iter().map(|(o, c)| (o.reservation_id.as_str(), *c)).collect();
+        assert_eq!(answered, vec![(a.reservation_id.as_str(), true), (b.reservation_id.as_str(), true)], "{db}");
+        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+        assert_eq!(store.insert_orders(&[b.clone(), b]).await.unwrap(), 0, "{db}");
+    }
+}

@@ -2,7 +2,8 @@
 //! stream becomes exactly one order row, even when the gateway's direct
 //! forward was lost.
 //!
-//! One task per sale known to the database ([`run`] polls for new ones).
+//! One task per live sale known to the database ([`run`] polls for new
+//! ones, and stops the consumers of archived sales).
 //! Each task reads its stream in the consumer group `orders` on its own
 //! Redis connection, writes each batch with one multi-row insert, and only
 //! after the commit acknowledges the batch (one `XACK`). What is read but
@@ -18,7 +19,7 @@
 //! never blocks the entries behind it. A database that refuses every write
 //! is an outage, not poison: nothing is dead-lettered then.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use flashgate_common::config::{BackendConfig, RedisConfig};
@@ -31,7 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::dead_letter;
+use super::{dead_letter, retention};
 use crate::redis_io;
 use crate::store::{Store, StoreError};
 
@@ -84,18 +85,74 @@ enum ConsumeError {
     Rejected(usize),
 }
 
-/// Runs a consumer for every sale in the database until `shutdown` turns
-/// true, then waits for each to finish its current batch.
+/// Runs a consumer for every live sale in the database until `shutdown`
+/// turns true, then waits for each to finish its current batch.
+///
+/// Every `backend.sale_poll_ms` it starts consumers for new sales and stops
+/// those of archived ones; every [`retention::MAINTENANCE_INTERVAL`] it
+/// trims the written entries of live sales' streams and archives the
+/// finished ones (see [`super::retention`]). A sale found finished before
+/// its consumer started never gets one.
 pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver<bool>) {
     let mut tasks = JoinSet::new();
-    let mut running = std::collections::HashSet::new();
+    let mut running: HashMap<String, watch::Sender<bool>> = HashMap::new();
+    let mut redis = None;
+    let mut archived = HashSet::new();
+    let mut last_maintenance: Option<Instant> = None;
     loop {
+        while let Some(done) = tasks.try_join_next() {
+            if let Ok(sale) = done {
+                running.remove(&sale);
+            }
+        }
+        if redis.is_none() {
+            redis = redis_io::shared_connection(&settings.redis).await.ok();
+        }
+        if let Some(conn) = redis.as_mut() {
+            // Unreadable: keep the last known set rather than restart
+            // every archived sale's consumer.
+            match retention::archived(conn).await {
+                Ok(now) => archived = now,
+                Err(error) => tracing::debug!(%error, "cannot read the archived sales; will retry"),
+            }
+        }
+        let maintain = last_maintenance.is_none_or(|t| t.elapsed() >= retention::MAINTENANCE_INTERVAL);
         match store.sales().await {
             Ok(sales) => {
+                if maintain {
+                    last_maintenance = Some(Instant::now());
+                    if let Some(conn) = redis.as_mut() {
+                        for sale in &sales {
+                            if !archived.contains(&sale.id) && maintain_sale(conn, &store, &sale.id).await {
+                                archived.insert(sale.id.clone());
+                            }
+                        }
+                    }
+                }
                 for sale in sales {
-                    if running.insert(sale.id.clone()) {
+                    if archived.contains(&sale.id) {
+                        if let Some(stop) = running.remove(&sale.id) {
+                            tracing::info!(sale = %sale.id, "sale archived: stream consumer stopped");
+                            let _ = stop.send(true);
+                        }
+                    } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
+                        let ended = sale.ends_at_ms.saturating_add(retention::ARCHIVE_GRACE.as_millis() as i64);
+                        if ended < flashgate_common::now_ms() {
+                            if let Some(conn) = redis.as_mut() {
+                                if maintain_sale(conn, &store, &sale.id).await {
+                                    archived.insert(sale.id);
+                                    continue;
+                                }
+                            }
+                        }
                         tracing::info!(sale = %sale.id, "starting stream consumer");
-                        tasks.spawn(consume_sale(sale.id, store.clone(), settings.clone(), shutdown.clone()));
+                        let (stop, stopped) = watch::channel(false);
+                        let (store, settings) = (store.clone(), settings.clone());
+                        tasks.spawn(async move {
+                            consume_sale(sale.id.clone(), store, settings, stopped).await;
+                            sale.id
+                        });
+                        slot.insert(stop);
                     }
                 }
             }
@@ -106,7 +163,33 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
             _ = stopped(&mut shutdown) => break,
         }
     }
+    for stop in running.values() {
+        let _ = stop.send(true);
+    }
     while tasks.join_next().await.is_some() {}
+}
+
+/// Trims the sale's written stream entries and archives it when it is
+/// finished; answers whether it is archived. Failures are logged: the
+/// next maintenance tries again.
+async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> bool {
+    match retention::trim_written(conn, store, sale_id).await {
+        Ok(0) => {}
+        Ok(trimmed) => tracing::debug!(sale = sale_id, trimmed, "stream entries written as orders trimmed"),
+        Err(error) => tracing::warn!(%error, sale = sale_id, "cannot trim the stream"),
+    }
+    let now = flashgate_common::now_ms();
+    match retention::try_archive(conn, store, sale_id, now, retention::ARCHIVE_GRACE).await {
+        Ok(true) => {
+            tracing::info!(sale = sale_id, "sale finished and archived: no consumer, polling or reconciliation any more");
+            true
+        }
+        Ok(false) => false,
+        Err(error) => {
+            tracing::warn!(%error, sale = sale_id, "cannot check whether the sale is finished");
+            false
+        }
+    }
 }
 
 /// Consumes the stream of `sale_id` until `shutdown` turns true. Never

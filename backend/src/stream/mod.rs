@@ -2,3 +2,4 @@
 
 pub mod consumer;
 pub mod dead_letter;
+pub mod retention;

@@ -1,0 +1,64 @@
+//! Who may call which route: every API of the backend is behind a bearer
+//! token, checked in constant time by one middleware, [`require`].
+//!
+//! | token (environment) | routes |
+//! |---|---|
+//! | `FLASHGATE_ADMIN_TOKEN` | every `/admin/*` route |
+//! | `FLASHGATE_INTERNAL_TOKEN` | the `/internal/*` routes gateways call |
+//! | `FLASHGATE_SHOP_TOKEN` | `POST /internal/orders/{id}/pay` |
+//!
+//! A request without the right token is answered `401 unauthorized` before
+//! any handler runs, so it changes nothing.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use flashgate_common::secret::bearer_matches;
+
+use super::error::ApiError;
+
+/// The three bearer tokens of the backend; each never empty.
+#[derive(Clone)]
+pub struct ApiTokens {
+    pub admin: Guard,
+    pub gateway: Guard,
+    pub shop: Guard,
+}
+
+impl ApiTokens {
+    /// # Errors
+    /// One of the tokens is empty: its routes would be open to anyone.
+    pub fn new(admin: &str, gateway: &str, shop: &str) -> Result<Self, crate::StartError> {
+        if admin.is_empty() {
+            return Err(crate::StartError::NoAdminToken);
+        }
+        if gateway.is_empty() || shop.is_empty() {
+            return Err(crate::StartError::NoApiToken);
+        }
+        Ok(Self { admin: Guard(admin.into()), gateway: Guard(gateway.into()), shop: Guard(shop.into()) })
+    }
+}
+
+/// The token one group of routes requires.
+#[derive(Clone)]
+pub struct Guard(Arc<str>);
+
+/// Runs the request only when it carries `Authorization: Bearer <token>`
+/// with the guard's token; `401` JSON otherwise.
+pub async fn require(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if bearer_matches(header, &guard.0) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Guard(..)")
+    }
+}

@@ -1,0 +1,257 @@
+//! What a sale's stream keeps, and when a sale stops costing anything.
+//!
+//! - [`trim_written`]: entries already written as orders (or copied to the
+//!   dead-letter stream) are removed with `XTRIM MINID`, from the oldest
+//!   up to the first entry that is not (verified against the database), and
+//!   never past the group's oldest pending entry or its last-delivered
+//!   entry (which is kept). An entry not yet delivered, delivered and not
+//!   acknowledged, or without an order for any reason (an entry the group
+//!   skipped, waiting for reconciliation to write it) is never trimmed.
+//! - [`try_archive`]: a sale whose window ended more than a grace ago,
+//!   whose stream has nothing undelivered or pending, every reservation of
+//!   which has its order, and whose orders are all settled (paid, or
+//!   cancelled with the item returned) is added to
+//!   [`ARCHIVED_SALES`]. Nobody polls an archived sale any more: its stream
+//!   consumer stops, gateways stop reading its backlog, reconciliation and
+//!   the metrics skip it. [`unarchive`] undoes it (an operator changing the
+//!   sale, a dead letter put back on the stream).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use flashgate_common::keys::{SaleKeys, ARCHIVED_SALES, CONSUMER_GROUP};
+use redis::aio::ConnectionLike;
+use redis::{RedisError, RedisResult, Value};
+
+use crate::sales::SaleError;
+use crate::store::Store;
+
+/// How long after its end a sale stays live (consumed, polled,
+/// reconciled) at least: covers clocks that disagree and stragglers.
+pub const ARCHIVE_GRACE: Duration = Duration::from_secs(300);
+
+/// How often the consumers' supervisor trims the streams of live sales
+/// and looks for sales to archive.
+pub const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A stream entry id `ms-seq`, comparable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EntryId(u64, u64);
+
+impl EntryId {
+    pub fn parse(id: &str) -> Option<Self> {
+        let (ms, seq) = id.split_once('-')?;
+        Some(Self(ms.parse().ok()?, seq.parse().ok()?))
+    }
+
+    fn is_zero(self) -> bool {
+        self == Self(0, 0)
+    }
+}
+
+impl std::fmt::Display for EntryId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+/// Where the `orders` group stands on a stream, read in one atomic step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupPosition {
+    /// The last entry delivered to any consumer of the group.
+    pub last_delivered: EntryId,
+    /// The oldest entry delivered and not acknowledged, if any.
+    pub oldest_pending: Option<EntryId>,
+    /// The newest entry of the stream, if any.
+    pub newest: Option<EntryId>,
+}
+
+impl GroupPosition {
+    /// Every entry delivered and acknowledged: nothing left to write.
+    pub fn drained(&self) -> bool {
+        self.oldest_pending.is_none() && self.newest.is_none_or(|n| n <= self.last_delivered)
+    }
+
+    /// Entries below this id are acknowledged; `None` when there are none.
+    pub fn trim_below(&self) -> Option<EntryId> {
+        let bound = match self.oldest_pending {
+            Some(p) => p.min(self.last_delivered),
+            None => self.last_delivered,
+        };
+        (!bound.is_zero()).then_some(bound)
+    }
+}
+
+/// The group's position on `stream`; `None` when the stream or the group
+/// does not exist.
+///
+/// # Errors
+/// Redis failed, or answered in a shape this version does not know.
+pub async fn position<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> RedisResult<Option<GroupPosition>> {
+    let reply: RedisResult<(Value, Value, Value)> = redis::pipe()
+        .atomic()
+        .cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .cmd("XPENDING")
+        .arg(stream)
+        .arg(CONSUMER_GROUP)
+        .cmd("XREVRANGE")
+        .arg(stream)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await;
+    let (groups, pending, newest) = match reply {
+        Ok(r) => r,
+        // No such stream or group: nothing to trim, nothing pending.
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) || e.code() == Some("NOGROUP") => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let bad = |what: &str| RedisError::from((redis::ErrorKind::Client, "unexpected stream reply", what.to_owned()));
+    let Some(last_delivered) = group_last_delivered(groups) else { return Ok(None) };
+    let last_delivered = EntryId::parse(&last_delivered).ok_or_else(|| bad("last-delivered-id"))?;
+    // XPENDING summary: [count, smallest id, greatest id, consumers].
+    let oldest_pending = match pending {
+        Value::Array(items) => match items.get(1) {
+            Some(Value::BulkString(id)) => Some(EntryId::parse(&String::from_utf8_lossy(id)).ok_or_else(|| bad("XPENDING"))?),
+            _ => None,
+        },
+        _ => None,
+    };
+    let newest: redis::streams::StreamRangeReply = redis::FromRedisValue::from_redis_value(newest)?;
+    let newest = match newest.ids.first() {
+        Some(entry) => Some(EntryId::parse(&entry.id).ok_or_else(|| bad("XREVRANGE"))?),
+        None => None,
+    };
+    Ok(Some(GroupPosition { last_delivered, oldest_pending, newest }))
+}
+
+/// The `last-delivered-id` of the `orders` group in an `XINFO GROUPS` reply.
+fn group_last_delivered(groups: Value) -> Option<String> {
+    let Value::Array(groups) = groups else { return None };
+    groups.into_iter().find_map(|group| {
+        let fields: Vec<(String, Value)> = redis::FromRedisValue::from_redis_value(group).ok()?;
+        let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        (field("name").and_then(text)? == CONSUMER_GROUP).then(|| field("last-delivered-id").and_then(text)).flatten()
+    })
+}
+
+/// Stream entries checked against the database per page while trimming.
+const TRIM_PAGE: usize = 500;
+
+/// Removes the entries of the sale's stream that are already orders or
+/// dead letters, oldest first (see the module doc); returns how many went.
+///
+/// # Errors
+/// Redis or the database failed; nothing was trimmed then.
+pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<u64, SaleError> {
+    let keys = SaleKeys::new(sale_id);
+    let Some(bound) = position(conn, &keys.stream).await?.and_then(|p| p.trim_below()) else { return Ok(0) };
+    let mut dead: Option<HashSet<String>> = None;
+    let mut start = "-".to_owned();
+    let keep_from = 'scan: loop {
+        let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&keys.stream)
+            .arg(&start)
+            .arg(format!("({bound}"))
+            .arg("COUNT")
+            .arg(TRIM_PAGE)
+            .query_async(conn)
+            .await?;
+        let rids: Vec<Option<String>> =
+            page.ids.iter().map(|e| crate::stream::consumer::parse(e).ok().map(|r| r.reservation_id)).collect();
+        let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
+        let with_orders = store.reservations_with_orders(&wanted).await?;
+        for (entry, rid) in page.ids.iter().zip(&rids) {
+            if rid.as_ref().is_some_and(|r| with_orders.contains(r)) {
+                continue;
+            }
+            if dead.is_none() {
+                let letters = super::dead_letter::list(conn, sale_id).await?;
+                dead = Some(letters.into_iter().map(|d| d.source_id).collect());
+            }
+            if !dead.as_ref().is_some_and(|d| d.contains(&entry.id)) {
+                break 'scan EntryId::parse(&entry.id);
+            }
+        }
+        match page.ids.last() {
+            Some(last) if page.ids.len() == TRIM_PAGE => start = format!("({}", last.id),
+            _ => break Some(bound),
+        }
+    };
+    let Some(keep_from) = keep_from else { return Ok(0) };
+    Ok(redis::cmd("XTRIM").arg(&keys.stream).arg("MINID").arg(keep_from.to_string()).query_async(conn).await?)
+}
+
+/// The ids of the archived sales.
+///
+/// # Errors
+/// Redis failed.
+pub async fn archived<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<HashSet<String>> {
+    redis::cmd("SMEMBERS").arg(ARCHIVED_SALES).query_async(conn).await
+}
+
+/// Makes `sale_id` live again (its consumer restarts within
+/// `backend.sale_poll_ms`). Called after the change that needs it, so an
+/// archiving racing the change is undone.
+///
+/// # Errors
+/// Redis failed.
+pub async fn unarchive<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) -> RedisResult<()> {
+    redis::cmd("SREM").arg(ARCHIVED_SALES).arg(sale_id).query_async::<i64>(conn).await.map(drop)
+}
+
+/// Archives `sale_id` when it is finished (see the module doc): ended
+/// before `now_ms - grace` by its Redis window, drained, settled. Answers
+/// whether it is archived now.
+///
+/// # Errors
+/// Redis or the database failed; nothing was archived then.
+pub async fn try_archive<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+    now_ms: i64,
+    grace: Duration,
+) -> Result<bool, SaleError> {
+    let keys = SaleKeys::new(sale_id);
+    if !ended_long_ago(conn, &keys, now_ms, grace).await? {
+        return Ok(false);
+    }
+    if position(conn, &keys.stream).await?.is_some_and(|p| !p.drained()) {
+        return Ok(false);
+    }
+    let reservations: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
+    if reservations > store.count_orders(sale_id).await? || store.unsettled_orders(sale_id).await? > 0 {
+        return Ok(false);
+    }
+    redis::cmd("SADD").arg(ARCHIVED_SALES).arg(sale_id).query_async::<i64>(conn).await?;
+    // An operator may have reopened the sale since the first read; the
+    // change unarchives after it writes, and this re-read after the SADD
+    // catches the other order.
+    if !ended_long_ago(conn, &keys, now_ms, grace).await? {
+        unarchive(conn, sale_id).await?;
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Whether the sale's window in Redis ended before `now_ms - grace`;
+/// false when the sale is not in Redis (it is being restored).
+async fn ended_long_ago<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, now_ms: i64, grace: Duration) -> RedisResult<bool> {
+    let ends_at_ms: Option<i64> = redis::cmd("HGET").arg(&keys.meta).arg("ends_at_ms").query_async(conn).await?;
+    Ok(ends_at_ms.is_some_and(|end| end.saturating_add(grace.as_millis() as i64) < now_ms))
+}
+
+#[cfg(test)]
+mod tests;
