@@ -468,7 +468,7 @@ mod tests {
         // Another backend, started at the same moment on the empty Redis,
         // holds the restore lock.
         let () = conn.set(&keys.restoring, "another-backend").await.unwrap();
-        let mut config = config(&redis, &sqlite_url(), &sale, Some("t"), flashgate_common::now_ms());
+        let mut config = config(&redis, &sqlite_url(), &sale, Some(ADMIN_TOKEN), flashgate_common::now_ms());
         config.backend.restore_poll = Duration::from_millis(50);
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run_until(config, stopped));

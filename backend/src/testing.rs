@@ -105,22 +105,24 @@ pub async fn buy(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, us
         std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/deduct.lua")));
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
     let rid = flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
-    let (outcome, _detail): (String, String) = DEDUCT
+    let reply: Vec<String> = DEDUCT
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)
         .key(keys.idempotency(user, ""))
         .key(&keys.stream)
         .key(&keys.reservations)
+        .key(keys.idempotency_misses(user))
         .arg(user)
         .arg("")
         .arg(&rid)
         .arg(60)
         .arg(sale_id)
+        .arg(16)
         .invoke_async(conn)
         .await
         .unwrap();
-    outcome
+    reply.into_iter().next().expect("the script answers an outcome first")
 }
 
 /// A TCP relay in front of a real Redis that can hold one client's next

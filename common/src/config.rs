@@ -709,9 +709,9 @@ impl Config {
             None => f.auth.jwt_secret.filter(|s| !s.is_empty()).map(|s| ("auth.jwt_secret", s)),
         };
         let admin_token = env.var(ENV_ADMIN_TOKEN);
-        let tokens = [(ENV_ADMIN_TOKEN, &admin_token), (ENV_INTERNAL_TOKEN, &env.var(ENV_INTERNAL_TOKEN)), (ENV_SHOP_TOKEN, &env.var(ENV_SHOP_TOKEN))];
-        let set_tokens = tokens.iter().filter_map(|(n, s)| s.as_ref().map(|s| (*n, s)));
-        for (name, secret) in jwt_secret.iter().map(|(n, s)| (*n, s)).chain(set_tokens) {
+        // The order API's tokens are checked where they are required, at
+        // start (`secret::required`): only the process that uses one needs it.
+        for (name, secret) in jwt_secret.iter().map(|(n, s)| (*n, s)).chain(admin_token.iter().map(|s| (ENV_ADMIN_TOKEN, s))) {
             if let Err(e) = check_secret(name, secret) {
                 errors.push(e);
             }

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use flashgate_tests::{bin, token, Stack, StackOptions, TempDir};
+use flashgate_tests::{bin, token, Stack, StackOptions, TempDir, JWT_SECRET};
 
 fn workspace_file(rel: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
@@ -122,7 +122,7 @@ fn the_gateway_refuses_to_start_without_a_backend_token_of_32_bytes() {
     std::fs::write(&path, format!("[gateway]\nstatic_dir = \"{}\"\n", workspace_file("static").display())).unwrap();
     for token in [None, Some("short")] {
         let mut cmd = Command::new(bin("flashgate"));
-        cmd.arg("--config").arg(&path).arg("serve").env("FLASHGATE_JWT_SECRET", "x").env_remove("FLASHGATE_INTERNAL_TOKEN");
+        cmd.arg("--config").arg(&path).arg("serve").env("FLASHGATE_JWT_SECRET", JWT_SECRET).env_remove("FLASHGATE_INTERNAL_TOKEN");
         if let Some(t) = token {
             cmd.env("FLASHGATE_INTERNAL_TOKEN", t);
         }

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flashgate_tests::{
-    bin, free_port, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN, JWT_SECRET,
+    bin, free_port, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN, INTERNAL_TOKEN, JWT_SECRET,
 };
 
 /// A config on free ports that would otherwise start; Redis is not needed
@@ -112,7 +112,7 @@ fn a_world_writable_runtime_dir_is_refused_at_start() {
     let run = dir.0.join("run");
     std::fs::create_dir_all(&run).unwrap();
     std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let env = [("FLASHGATE_JWT_SECRET", JWT_SECRET)];
+    let env = [("FLASHGATE_JWT_SECRET", JWT_SECRET), ("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)];
     let outcome = start_and_wait(
         "flashgate",
         &["serve"],
@@ -148,6 +148,7 @@ async fn the_upgrade_socket_lives_in_the_runtime_dir_and_hands_the_listener_over
         .arg(&stack.config_path)
         .args(["serve", "--upgrade"])
         .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+        .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
