@@ -328,10 +328,13 @@ async fn restore_locked<C: ConnectionLike + Send>(
     let indexed: HashSet<&str> = index.iter().map(|(rid, _)| *rid).collect();
     let late = adopt_late_orders(conn, store, id, keys, &indexed).await?;
     // Only now the pause the database holds: one an operator sent during
-    // the restore (the database was written first) is never lost.
+    // the restore (the database was written first) is never lost. Redis is
+    // read before the database and swapped only if unchanged, so a pause
+    // applied meanwhile is not undone either.
+    let seen: Option<String> = redis::cmd("HGET").arg(&keys.meta).arg("paused").query_async(conn).await?;
     let paused = store.sale_paused(id).await?.unwrap_or(false);
-    if !paused {
-        crate::sales::apply_pause(conn, id, false).await?;
+    if let Some(seen) = seen.filter(|seen| *seen != if paused { "1" } else { "0" }) {
+        crate::sales::swap_pause(conn, id, &seen, paused, token).await?;
     }
     Ok(Restored::Loaded { remaining: remaining - late, live_orders: live + late, in_flight: in_flight.len() as i64 })
 }

@@ -179,7 +179,7 @@ pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Store, i
 ///
 /// # Errors
 /// Redis failed.
-pub async fn apply_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: bool) -> Result<bool, RedisError> {
+async fn apply_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: bool) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
     let script = redis::Script::new(
         "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], 'paused', ARGV[1]) return 1",
@@ -220,15 +220,33 @@ static SWAP_SWITCH: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Sets a present sale's pause only while it still holds what the caller
-/// read and no restore holds the sale's lock (a restore applies the
-/// recorded pause itself).
+/// read and no restore other than the caller's (ARGV[3], its lock token)
+/// holds the sale's lock: a restore applies the recorded pause itself.
 static SWAP_PAUSE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end \
+        "local lock = redis.call('GET', KEYS[2]) \
+         if lock and lock ~= ARGV[3] then return 0 end \
          if redis.call('HGET', KEYS[1], 'paused') ~= ARGV[1] then return 0 end \
          redis.call('HSET', KEYS[1], 'paused', ARGV[2]) return 1",
     )
 });
+
+/// Sets sale `id`'s pause in Redis to `paused` if it still holds `seen`
+/// (read before the database was) and no other restore holds the sale
+/// (`token`: the caller's restore lock, or empty); gateways are told at
+/// once. Returns whether it was set.
+///
+/// # Errors
+/// Redis failed.
+pub async fn swap_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, seen: &str, paused: bool, token: &str) -> Result<bool, RedisError> {
+    let keys = SaleKeys::new(id);
+    let want = if paused { "1" } else { "0" };
+    let set: i64 = SWAP_PAUSE.key(&keys.meta).key(&keys.restoring).arg(seen).arg(want).arg(token).invoke_async(conn).await?;
+    if set == 1 {
+        announce_change(conn, id).await;
+    }
+    Ok(set == 1)
+}
 
 /// Brings the global switch in Redis (`fg:switch`) in line with the
 /// database, which is the truth: writes it when Redis lost it or holds
@@ -295,47 +313,50 @@ const SYNC_CHUNK: usize = 500;
 /// # Errors
 /// The database or Redis failed.
 pub async fn sync_pauses<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sales: &[SaleSpec]) -> Result<(), SaleError> {
-    let recorded: std::collections::HashMap<String, Option<bool>> = store.sale_pauses().await?.into_iter().collect();
-    let now = now_ms();
+    // Redis first, then the database: a value compared and swapped below
+    // was read before the database, so an operator's change made after that
+    // read either is in what the database answered or makes the swap fail.
+    let mut seen: Vec<(Option<String>, bool)> = Vec::with_capacity(sales.len());
     for chunk in sales.chunks(SYNC_CHUNK) {
         let mut pipe = redis::pipe();
         for spec in chunk {
             let keys = SaleKeys::new(&spec.id);
             pipe.hget(&keys.meta, "paused").exists(&keys.restoring);
         }
-        let seen: Vec<(Option<String>, bool)> = pipe.query_async(conn).await?;
-        let mut listed = Vec::new();
-        for (spec, (paused, restoring)) in chunk.iter().zip(seen) {
-            let Some(paused) = paused else { continue };
-            if restoring {
-                continue;
-            }
-            if spec.ends_at_ms > now {
-                listed.push(spec.id.as_str());
-            }
-            match recorded.get(&spec.id).copied().flatten() {
-                None => {
-                    if store.adopt_sale_paused(&spec.id, paused == "1").await? {
-                        tracing::info!(sale = %spec.id, paused, "sale pause taken from redis into the database, which had none");
-                    }
+        seen.extend(pipe.query_async::<Vec<(Option<String>, bool)>>(conn).await?);
+    }
+    let recorded: std::collections::HashMap<String, Option<bool>> = store.sale_pauses().await?.into_iter().collect();
+    let now = now_ms();
+    let mut listed = Vec::new();
+    for (spec, (paused, restoring)) in sales.iter().zip(seen) {
+        // Absent (the restore loads it) or being restored (the restore
+        // applies the recorded pause itself).
+        let Some(paused) = paused else { continue };
+        if restoring {
+            continue;
+        }
+        if spec.ends_at_ms > now {
+            listed.push(spec.id.as_str());
+        }
+        match recorded.get(&spec.id).copied().flatten() {
+            None => {
+                if store.adopt_sale_paused(&spec.id, paused == "1").await? {
+                    tracing::info!(sale = %spec.id, paused, "sale pause taken from redis into the database, which had none");
                 }
-                Some(want) => {
-                    let want = if want { "1" } else { "0" };
-                    if paused == want {
-                        continue;
-                    }
-                    let keys = SaleKeys::new(&spec.id);
-                    let set: i64 = SWAP_PAUSE.key(&keys.meta).key(&keys.restoring).arg(&paused).arg(want).invoke_async(conn).await?;
-                    if set == 1 {
-                        tracing::warn!(sale = %spec.id, was = %paused, now = want, "sale pause in redis differed from the database; set from the database");
-                        announce_change(conn, &spec.id).await;
-                    }
+            }
+            Some(want) => {
+                let want = if want { "1" } else { "0" };
+                if paused == want {
+                    continue;
+                }
+                if swap_pause(conn, &spec.id, &paused, want == "1", "").await? {
+                    tracing::warn!(sale = %spec.id, was = %paused, now = want, "sale pause in redis differed from the database; set from the database");
                 }
             }
         }
-        if !listed.is_empty() {
-            let () = redis::cmd("SADD").arg(SALES_INDEX).arg(&listed).query_async(conn).await?;
-        }
+    }
+    for chunk in listed.chunks(SYNC_CHUNK) {
+        let () = redis::cmd("SADD").arg(SALES_INDEX).arg(chunk).query_async(conn).await?;
     }
     Ok(())
 }
