@@ -6,7 +6,8 @@
 //! live counters the gateway deducts from, and a copy of both switches.
 //! Preheating copies a row into Redis only when the sale is absent there
 //! (see [`crate::recovery::restore`]), with `remaining = stock - live
-//! orders` and the recorded pause, so restarting a process never resets a
+//! orders`, installed paused and given the recorded pause once the orders
+//! written meanwhile are counted, so restarting a process never resets a
 //! running sale and a Redis that lost its data resumes from the orders made,
 //! paused if it was paused.
 //!
