@@ -4,6 +4,10 @@
 -- was overtaken (its lock expired while it worked, another restored the
 -- sale, buyers bought) can ever reset a running sale.
 --
+-- The sale is installed paused: the backend then counts orders written
+-- while it rebuilt the sale and only after that applies the pause the
+-- database holds, so no buy can happen before either.
+--
 -- The backend builds the buyers hash, the reservation index and the set of
 -- returned items under scratch keys of its own (same hash tag); this script
 -- renames them into place, or drops them when it refuses.
@@ -16,11 +20,10 @@
 -- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms
 -- ARGV[6] remaining to set (stock minus what the database holds as sold)
 -- ARGV[7] consumer group name
--- ARGV[8] paused ('1' or '0', from the database)
--- ARGV[9] the lock token of the caller
--- ARGV[10..12] entries written to the scratch buyers, resv and released
--- Reply: 1 the sale was installed; 0 it was already there (nothing changed);
---       -2 the caller no longer holds the lock (nothing changed);
+-- ARGV[8] the lock token of the caller
+-- ARGV[9..11] entries written to the scratch buyers, resv and released
+-- Reply: 1 the sale was installed (paused); 0 it was already there (nothing
+--       changed); -2 the caller no longer holds the lock (nothing changed);
 --       -3 a scratch key does not hold what was written (it expired: the
 --          rebuild took far too long); nothing changed, restore again.
 
@@ -32,16 +35,24 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   drop_scratch()
   return 0
 end
-if redis.call('GET', KEYS[7]) ~= ARGV[9] then
+if redis.call('GET', KEYS[7]) ~= ARGV[8] then
   drop_scratch()
   return -2
 end
 local sizes = {redis.call('HLEN', KEYS[8]), redis.call('HLEN', KEYS[9]), redis.call('SCARD', KEYS[10])}
 for i = 1, 3 do
-  if sizes[i] ~= tonumber(ARGV[i + 9]) then
+  if sizes[i] ~= tonumber(ARGV[i + 8]) then
     drop_scratch()
     return -3
   end
+end
+-- The stream may have survived, with or without its group: create the group
+-- either way and let an existing one stand. First of the writes, so that a
+-- stream key Redis refuses leaves everything else unchanged.
+local created = redis.pcall('XGROUP', 'CREATE', KEYS[3], ARGV[7], '0', 'MKSTREAM')
+if type(created) == 'table' and created.err and not string.find(created.err, 'BUSYGROUP', 1, true) then
+  drop_scratch()
+  return redis.error_reply(created.err)
 end
 for i = 4, 6 do
   local scratch = KEYS[i + 4]
@@ -55,9 +66,6 @@ for i = 4, 6 do
   end
 end
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
-           'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5], 'paused', ARGV[8])
+           'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5], 'paused', '1')
 redis.call('SET', KEYS[2], ARGV[6])
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('XGROUP', 'CREATE', KEYS[3], ARGV[7], '0', 'MKSTREAM')
-end
 return 1

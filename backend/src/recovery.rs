@@ -11,27 +11,40 @@
 //! 1. it takes the sale's lock (`SET NX PX` with a random token, renewed
 //!    while the work lasts) and checks again, under the lock, that `meta`
 //!    is still absent;
-//! 2. it puts the global switch back if Redis lost it (see
+//! 2. it reads the sale's definition again, under the lock (an operator may
+//!    have changed it since the caller read it);
+//! 3. it puts the global switch back if Redis lost it (see
 //!    [`crate::sales::restore_switch`]), so no sale becomes buyable before
 //!    the switch that may stop them all;
-//! 3. one snapshot of every order of the sale, and the sale's pause;
-//! 4. reservations that survived in Redis without an order (still in
+//! 4. one snapshot of every order of the sale;
+//! 5. reservations that survived in Redis without an order (still in
 //!    flight) are kept and counted as sold;
-//! 5. the buyers hash and the reservation index are built from the live
+//! 6. the buyers hash and the reservation index are built from the live
 //!    orders and those in-flight reservations, and the `released` set from
 //!    the cancelled orders (so a stock return never runs twice), under
 //!    scratch keys of this restore's own;
-//! 6. last, `lua/preheat.lua` installs all of it at once, with
+//! 7. `lua/preheat.lua` installs all of it at once, with
 //!    `remaining = stock - live orders - in-flight reservations` and the
-//!    recorded pause, only if `meta` is still absent and the lock still
+//!    sale **paused**, only if `meta` is still absent and the lock still
 //!    holds this restore's token; otherwise it drops the scratch keys and
-//!    changes nothing.
+//!    changes nothing;
+//! 8. while the sale is still paused, orders written after the snapshot
+//!    (a forward or a stream batch that checked its reservation in the
+//!    Redis that was lost and committed only now) are counted with
+//!    `lua/adopt.lua`, and only then the pause the database holds is
+//!    applied. A pause sent at any moment of the restore is therefore in
+//!    force from the install on, and a crash or error after the install
+//!    leaves the sale paused until the next pass of the loop, which brings
+//!    every present sale's pause in line with the database
+//!    ([`crate::sales::sync_pauses`]).
 //!
 //! So a restore never overwrites a live sale: not when another backend
 //! restored it first, not when this one stalled past its lock. While `meta`
 //! is absent nothing else writes the sale's keys (the deduct, release and
-//! adopt scripts all refuse an absent sale), so the snapshot stays true
-//! until the install.
+//! adopt scripts all refuse an absent sale), so the Redis part of the
+//! snapshot stays true until the install; orders the database gains
+//! meanwhile are counted in step 8 (or, committed later still, by
+//! reconciliation).
 //!
 //! [`return_stock`] gives back the item of every cancelled order not yet
 //! returned (`lua/release.lua`, idempotent, and only for a reservation Redis
@@ -58,7 +71,7 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!
 /// Makes Redis count an order it forgot (`lua/adopt.lua`).
 pub static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/adopt.lua")));
 
-/// Installs a rebuilt sale if still absent, for the lock holder only (`lua/preheat.lua`).
+/// Installs a rebuilt sale, paused, if still absent, for the lock holder only (`lua/preheat.lua`).
 static INSTALL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/preheat.lua")));
 
 /// Extends the lock only while it holds our token.
@@ -72,11 +85,12 @@ static FREE_LOCK: LazyLock<Script> =
 
 /// Redis commands per pipeline while rebuilding a sale.
 const CHUNK: usize = 1000;
-/// Lifetime of the restore lock without renewal: a crashed restorer frees
-/// it after this long.
-const RESTORE_LOCK_MS: u64 = 30_000;
-/// The lock is renewed this often while a restore works.
-const RENEW_EVERY: Duration = Duration::from_millis(RESTORE_LOCK_MS / 3);
+/// Lifetime of the restore lock without renewal: a restorer killed while
+/// holding it keeps the sale unbuyable (`503`) for at most this long.
+const RESTORE_LOCK_MS: u64 = 10_000;
+/// The lock is renewed this often while a restore works: two renewals can
+/// fail (a slow Redis) before it expires.
+const RENEW_EVERY: Duration = Duration::from_millis(3_000);
 /// Lifetime of a restore's scratch keys, renewed with every write: what a
 /// crashed restorer leaves behind goes away on its own.
 const SCRATCH_TTL_MS: u64 = 600_000;
@@ -89,25 +103,53 @@ pub enum Restored {
     /// The sale was rebuilt with this many items left.
     Loaded { remaining: i64, live_orders: i64, in_flight: i64 },
     /// The sale was in Redis already (or another backend installed it
-    /// first); nothing changed.
+    /// first), or the database no longer has it; nothing changed.
     NotNeeded,
     /// Another backend holds the lock (or took it over from this one).
     Busy,
+    /// The rebuild outlived its scratch keys (it took far too long);
+    /// nothing changed, the next pass tries again.
+    Retry,
     /// Stock below what the database holds as sold: left absent, logged.
     StockBelowSold { sold: i64 },
 }
 
-/// Loads `spec` into Redis from the database if its `meta` is absent,
+/// Loads sale `id` into Redis from the database if its `meta` is absent,
 /// counting live orders and in-flight reservations as sold (see the module
-/// doc). Idempotent; safe with several backends: one restores, the others
+/// doc); its definition is read from the database under the lock.
+/// Idempotent; safe with several backends: one restores, the others
 /// answer [`Restored::Busy`] or [`Restored::NotNeeded`], and none of them
 /// ever writes over a sale that is live.
 ///
 /// # Errors
-/// Redis or the database failed; nothing is installed then (scratch keys
-/// may be left; they expire).
-pub async fn restore<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Restored, SaleError> {
-    let keys = SaleKeys::new(&spec.id);
+/// Redis or the database failed; nothing is installed then, or the sale is
+/// installed paused and the next pass of the loop applies its pause (scratch
+/// keys may be left; they expire).
+pub async fn restore<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, id: &str) -> Result<Restored, SaleError> {
+    restore_sale(conn, store, id, None).await
+}
+
+/// [`restore`] with a definition the caller has written but not committed
+/// yet (the admin API changing a sale Redis lacks), instead of the
+/// database's.
+///
+/// # Errors
+/// As [`restore`].
+pub async fn restore_given<C: ConnectionLike + Send + Clone>(
+    conn: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+) -> Result<Restored, SaleError> {
+    restore_sale(conn, store, &spec.id, Some(spec)).await
+}
+
+async fn restore_sale<C: ConnectionLike + Send + Clone>(
+    conn: &mut C,
+    store: &Store,
+    id: &str,
+    given: Option<&SaleSpec>,
+) -> Result<Restored, SaleError> {
+    let keys = SaleKeys::new(id);
     // Cheap first look: a present sale costs one EXISTS per poll and no lock.
     if sale_present(conn, &keys).await? {
         return Ok(Restored::NotNeeded);
@@ -120,13 +162,13 @@ pub async fn restore<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Sto
     }
     let renewer = conn.clone();
     let result = tokio::select! {
-        result = restore_locked(conn, store, spec, &keys, &token) => result,
+        result = restore_locked(conn, store, id, given, &keys, &token) => result,
         never = keep_lock(renewer, &keys.restoring, &token) => match never {},
     };
     let freed: Result<i64, RedisError> = FREE_LOCK.key(&keys.restoring).arg(&token).invoke_async(conn).await;
     if let Err(error) = freed {
         // It expires on its own; the restore itself is done or failed already.
-        tracing::warn!(%error, sale = %spec.id, "cannot free the restore lock");
+        tracing::warn!(%error, sale = id, "cannot free the restore lock");
     }
     result
 }
@@ -156,7 +198,8 @@ async fn keep_lock<C: ConnectionLike + Send>(mut conn: C, lock: &str, token: &st
 async fn restore_locked<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
-    spec: &SaleSpec,
+    id: &str,
+    given: Option<&SaleSpec>,
     keys: &SaleKeys,
     token: &str,
 ) -> Result<Restored, SaleError> {
@@ -165,9 +208,17 @@ async fn restore_locked<C: ConnectionLike + Send>(
     if sale_present(conn, keys).await? {
         return Ok(Restored::NotNeeded);
     }
+    // The definition as it is now: the caller's copy may predate an
+    // operator's change.
+    let spec = match given {
+        Some(spec) => spec.clone(),
+        None => match store.sale(id).await? {
+            Some(spec) => spec,
+            None => return Ok(Restored::NotNeeded),
+        },
+    };
     crate::sales::restore_switch(conn, store).await?;
-    let paused = store.sale_paused(&spec.id).await?.unwrap_or(false);
-    let orders = store.sale_orders(&spec.id).await?;
+    let orders = store.sale_orders(id).await?;
     let known: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     // Reservations Redis still has that have no order yet: in flight.
     let surviving: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.reservations).query_async(conn).await?;
@@ -192,11 +243,13 @@ async fn restore_locked<C: ConnectionLike + Send>(
     }
     let sold = live + in_flight.len() as i64;
     if sold > spec.stock {
-        tracing::error!(sale = %spec.id, stock = spec.stock, sold, "cannot restore: more sold than the stock");
+        tracing::error!(sale = id, stock = spec.stock, sold, "cannot restore: more sold than the stock");
         return Ok(Restored::StockBelowSold { sold });
     }
 
     let scratch = keys.restore_scratch(token);
+    // Each write and the expiry of the keys go in one transaction, so no
+    // scratch key is ever left without its expiry.
     let expire = |pipe: &mut redis::Pipeline| {
         for key in [&scratch.buyers, &scratch.reservations, &scratch.released] {
             pipe.cmd("PEXPIRE").arg(key).arg(SCRATCH_TTL_MS).ignore();
@@ -204,6 +257,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     };
     for chunk in index.chunks(CHUNK) {
         let mut pipe = redis::pipe();
+        pipe.atomic();
         for (rid, user) in chunk {
             pipe.cmd("HSET").arg(&scratch.reservations).arg(*rid).arg(*user).ignore();
         }
@@ -213,6 +267,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     let buyers: Vec<_> = buyers.into_iter().collect();
     for chunk in buyers.chunks(CHUNK) {
         let mut pipe = redis::pipe();
+        pipe.atomic();
         for (user, n) in chunk {
             pipe.cmd("HSET").arg(&scratch.buyers).arg(*user).arg(*n).ignore();
         }
@@ -221,6 +276,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     }
     for chunk in cancelled.chunks(CHUNK) {
         let mut pipe = redis::pipe();
+        pipe.atomic();
         pipe.cmd("SADD").arg(&scratch.released).arg(chunk).ignore();
         expire(&mut pipe);
         let () = pipe.query_async(conn).await?;
@@ -245,7 +301,6 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .arg(spec.ends_at_ms)
         .arg(remaining)
         .arg(CONSUMER_GROUP)
-        .arg(if paused { "1" } else { "0" })
         .arg(token)
         .arg(buyers.len())
         .arg(index.len())
@@ -256,43 +311,95 @@ async fn restore_locked<C: ConnectionLike + Send>(
         1 => {}
         0 => return Ok(Restored::NotNeeded),
         -2 => return Ok(Restored::Busy),
+        -3 => {
+            tracing::warn!(sale = id, "the restore outlived its scratch keys; installing nothing, will retry");
+            return Ok(Restored::Retry);
+        }
         other => return Err(SaleError::BadReply(vec![other])),
     }
     // The index is outside the sale's hash slot, so it cannot be written by
-    // the script; adding it again is harmless.
-    let () = redis::cmd("SADD").arg(SALES_INDEX).arg(&spec.id).query_async(conn).await?;
-    // An operator may have paused or resumed the sale while it was being
-    // rebuilt: the database was written first, so reading it again now
-    // catches what the pause request could not write into the absent sale.
-    let now_paused = store.sale_paused(&spec.id).await?.unwrap_or(false);
-    if now_paused != paused {
-        crate::sales::apply_pause(conn, &spec.id, now_paused).await?;
+    // the script; adding it again is harmless (and every pass of the loop
+    // does, should this backend die right here).
+    let () = redis::cmd("SADD").arg(SALES_INDEX).arg(id).query_async(conn).await?;
+    // The sale is installed paused. Orders committed after the snapshot
+    // were made from reservations the lost Redis had checked: count them
+    // now, before anyone can buy, so their items are not sold again and a
+    // limit-1 buyer cannot win twice.
+    let indexed: HashSet<&str> = index.iter().map(|(rid, _)| *rid).collect();
+    let late = adopt_late_orders(conn, store, id, keys, &indexed).await?;
+    // Only now the pause the database holds: one an operator sent during
+    // the restore (the database was written first) is never lost. Redis is
+    // read before the database and swapped only if unchanged, so a pause
+    // applied meanwhile is not undone either.
+    let seen: Option<String> = redis::cmd("HGET").arg(&keys.meta).arg("paused").query_async(conn).await?;
+    let paused = store.sale_paused(id).await?.unwrap_or(false);
+    if let Some(seen) = seen.filter(|seen| *seen != if paused { "1" } else { "0" }) {
+        crate::sales::swap_pause(conn, id, &seen, paused, token).await?;
     }
-    Ok(Restored::Loaded { remaining, live_orders: live, in_flight: in_flight.len() as i64 })
+    Ok(Restored::Loaded { remaining: remaining - late, live_orders: live + late, in_flight: in_flight.len() as i64 })
 }
 
-/// Restores every sale of the database that is missing from Redis.
+/// Counts the live orders of sale `id` the install did not (written after
+/// its snapshot) with `lua/adopt.lua`; returns how many were adopted.
+async fn adopt_late_orders<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    id: &str,
+    keys: &SaleKeys,
+    indexed: &HashSet<&str>,
+) -> Result<i64, SaleError> {
+    let mut adopted = 0;
+    for o in store.sale_orders(id).await? {
+        if o.status == OrderStatus::Cancelled || indexed.contains(o.reservation_id.as_str()) {
+            continue;
+        }
+        let reply: i64 = ADOPT
+            .key(&keys.meta)
+            .key(&keys.remaining)
+            .key(&keys.buyers)
+            .key(&keys.reservations)
+            .key(&keys.released)
+            .arg(&o.reservation_id)
+            .arg(&o.user_id)
+            .invoke_async(conn)
+            .await?;
+        if reply == 1 {
+            adopted += 1;
+            tracing::warn!(sale = id, reservation = %o.reservation_id, "order written during the restore adopted: its item cannot be sold again");
+        }
+    }
+    Ok(adopted)
+}
+
+/// Restores every sale of the database that is missing from Redis, and
+/// brings the global switch and the pause of every present sale in line
+/// with the database (one pass of [`watch`]).
 ///
 /// # Errors
 /// The database failed (listing sales); a failure on one sale is logged
 /// and the others are still tried.
 pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store) -> Result<usize, SaleError> {
     // A Redis that lost every sale lost the global switch too: put it back
-    // even when there is no sale to restore.
-    if let Err(error) = crate::sales::restore_switch(conn, store).await {
-        tracing::warn!(%error, "cannot put the global switch back into redis yet");
+    // even when there is no sale to restore, and correct it when it differs
+    // from the database.
+    if let Err(error) = crate::sales::sync_switch(conn, store).await {
+        tracing::warn!(%error, "cannot bring the global switch in redis in line with the database yet");
     }
+    let sales = store.sales().await?;
     let mut restored = 0;
-    for spec in store.sales().await? {
-        match restore(conn, store, &spec).await {
+    for spec in &sales {
+        match restore(conn, store, &spec.id).await {
             Ok(Restored::Loaded { remaining, live_orders, in_flight }) => {
                 restored += 1;
                 tracing::warn!(sale = %spec.id, remaining, live_orders, in_flight, "sale was missing from redis; restored from the database");
                 announce(conn, &spec.id).await;
             }
-            Ok(Restored::NotNeeded | Restored::Busy | Restored::StockBelowSold { .. }) => {}
+            Ok(Restored::NotNeeded | Restored::Busy | Restored::Retry | Restored::StockBelowSold { .. }) => {}
             Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot restore the sale into redis yet"),
         }
+    }
+    if let Err(error) = crate::sales::sync_pauses(conn, store, &sales).await {
+        tracing::warn!(%error, "cannot bring the sales' pauses in redis in line with the database yet");
     }
     Ok(restored)
 }

@@ -13,9 +13,6 @@ use flashgate_common::config::RedisConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 
-/// Loads a sale only if absent (`lua/preheat.lua`).
-pub static PREHEAT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/preheat.lua")));
-
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
 pub static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/update_sale.lua")));
 

@@ -4,8 +4,12 @@
 //!   every gateway (`503 paused`); set by the admin API and announced on the
 //!   events channel, and re-read by every gateway every
 //!   `gateway.backlog_check_ms` in case an announcement was missed. The
-//!   backend keeps it in its database and writes it back into a Redis that
-//!   lost it; until then (key absent) a gateway keeps the value it had.
+//!   backend keeps it in its database and writes it into Redis on every
+//!   restore pass. A gateway starts with the switch **paused** and opens
+//!   only once it has read the key (or heard an announcement): a gateway
+//!   started during an outage, while Redis has no switch yet, must not sell
+//!   what the recorded switch may stop. Afterwards, while the key is absent
+//!   it keeps the value it had.
 //! - **Backlog pause**: when a sale's unpersisted reservations (stream
 //!   entries not yet read by the backend plus those read but not yet
 //!   acknowledged) exceed `gateway.backlog_pause_threshold`, this gateway
@@ -29,10 +33,17 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::{info, warn};
 
-#[derive(Default)]
 pub struct Switches {
+    /// True until the switch was read once, then its value.
     all_paused: AtomicBool,
     backlog_paused: RwLock<HashSet<String>>,
+}
+
+impl Default for Switches {
+    /// Paused until the switch is known.
+    fn default() -> Self {
+        Self { all_paused: AtomicBool::new(true), backlog_paused: RwLock::default() }
+    }
 }
 
 impl Switches {
@@ -43,6 +54,14 @@ impl Switches {
     pub fn set_all_paused(&self, paused: bool) {
         if self.all_paused.swap(paused, Ordering::Relaxed) != paused {
             info!(paused, "global sale switch changed");
+        }
+    }
+
+    /// Applies the switch as read from Redis: `None` (absent) keeps the
+    /// current value, paused at start.
+    fn observe(&self, switch: Option<&str>) {
+        if let Some(switch) = switch {
+            self.set_all_paused(switch == "paused");
         }
     }
 
@@ -75,11 +94,9 @@ pub struct SwitchWatcher {
 impl SwitchWatcher {
     async fn poll(&self, conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
         let switch: Option<String> = redis::cmd("GET").arg(GLOBAL_SWITCH).query_async(conn).await?;
-        // Absent means a Redis that restarted empty: keep what we know until
-        // the backend puts the recorded switch back (it always writes one).
-        if let Some(switch) = switch {
-            self.switches.set_all_paused(switch == "paused");
-        }
+        // Absent means a Redis that restarted empty: keep what we know (paused
+        // at start) until the backend puts the recorded switch back.
+        self.switches.observe(switch.as_deref());
         if self.backlog_threshold == 0 {
             return Ok(());
         }
@@ -102,11 +119,16 @@ impl SwitchWatcher {
 impl BackgroundService for SwitchWatcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut conn = None;
+        // The first read at once: until it finds the switch, buys are paused.
+        let mut first = true;
         loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(self.interval) => {}
+            if !first {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(self.interval) => {}
+                }
             }
+            first = false;
             if conn.is_none() {
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.timeout))
@@ -125,6 +147,20 @@ impl BackgroundService for SwitchWatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gateway_sells_nothing_until_it_has_read_the_global_switch() {
+        let s = Switches::default();
+        assert!(s.all_paused(), "unknown switch: paused");
+        s.observe(None);
+        assert!(s.all_paused(), "still unknown while the key is absent");
+        s.observe(Some("open"));
+        assert!(!s.all_paused());
+        s.observe(None);
+        assert!(!s.all_paused(), "a known switch is kept while the key is absent");
+        s.observe(Some("paused"));
+        assert!(s.all_paused());
+    }
 
     #[test]
     fn backlog_pause_has_hysteresis() {

@@ -235,7 +235,13 @@ async fn a_paused_sale_is_restored_paused_when_redis_restarts_empty() {
     // Resuming works on the restored sale.
     let (status, v) = stack.admin(Method::POST, "/admin/sales/mispriced/resume", None).await;
     assert_eq!(status, 200, "{v}");
-    let (status, body) = first_answer_once_restored(&stack, "mispriced").await;
+    // A gateway may answer from its cached window until the announcement
+    // of the resume reaches it.
+    let (status, body) = eventually("buys open again", Duration::from_secs(10), || async {
+        let (status, body) = stack.buy("mispriced", &random_user(), None).await;
+        (body["code"] != "paused").then_some((status, body))
+    })
+    .await;
     assert_eq!(status, 202, "{body}");
 }
 
@@ -311,4 +317,42 @@ async fn a_finished_sale_gets_no_consumer_nor_backlog_polling_and_written_entrie
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!((stack.db_orders("live").await.0, stack.stream_len("live").await), (3, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_while_redis_has_no_switch_sells_nothing_until_it_reads_one() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("stopped", 10, 1).await;
+    let (status, v) = stack.admin(Method::PUT, "/admin/switch", Some(json!({"paused": true}))).await;
+    assert_eq!(status, 200, "{v}");
+
+    // Redis lost the switch (but not the sale) while the backend is down,
+    // and a gateway restarts.
+    stack.kill_backend();
+    let mut conn = stack.redis.conn().await;
+    let () = redis::cmd("DEL").arg(flashgate_common::keys::GLOBAL_SWITCH).query_async(&mut conn).await.unwrap();
+    stack.kill_gateway();
+    stack.start_gateway();
+    for _ in 0..5 {
+        let (status, body) = stack.buy("stopped", &random_user(), None).await;
+        assert_eq!((status, body["code"].as_str()), (503, Some("paused")), "{body}");
+    }
+    assert_eq!(stack.remaining("stopped").await, 10);
+
+    // The backend writes the recorded switch back; resuming opens the shop.
+    stack.start_backend();
+    let switch: String = eventually("the switch back in redis", Duration::from_secs(20), || async {
+        let mut conn = stack.redis.conn().await;
+        redis::cmd("GET").arg(flashgate_common::keys::GLOBAL_SWITCH).query_async::<Option<String>>(&mut conn).await.unwrap()
+    })
+    .await;
+    assert_eq!(switch, "paused");
+    let (status, v) = stack.admin(Method::PUT, "/admin/switch", Some(json!({"paused": false}))).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, body) = eventually("buys open again", Duration::from_secs(10), || async {
+        let (status, body) = stack.buy("stopped", &random_user(), None).await;
+        (status != 503).then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 202, "{body}");
 }

@@ -25,7 +25,7 @@ async fn a_lost_sale_is_restored_counting_live_orders_and_in_flight_reservations
     let d = reservation(&id, "d");
     let () = conn.hset(&keys.reservations, &d.reservation_id, "d").await.unwrap();
 
-    let restored = restore(&mut conn, &store, &spec).await.unwrap();
+    let restored = restore(&mut conn, &store, &spec.id).await.unwrap();
     assert_eq!(restored, Restored::Loaded { remaining: 7, live_orders: 2, in_flight: 1 });
     let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();
     assert_eq!(buyers, HashMap::from([("a".into(), 1), ("b".into(), 1), ("d".into(), 1)]));
@@ -35,7 +35,7 @@ async fn a_lost_sale_is_restored_counting_live_orders_and_in_flight_reservations
     assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 7);
     // Restoring again changes nothing.
-    assert_eq!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::NotNeeded);
+    assert_eq!(restore(&mut conn, &store, &spec.id).await.unwrap(), Restored::NotNeeded);
 }
 
 #[tokio::test]
@@ -63,6 +63,7 @@ async fn release_returns_an_item_once_and_waits_for_a_missing_sale() {
         }
     };
     assert_eq!(call(&mut conn).await, -1, "absent sale: nothing changes");
+    store.upsert_sale(&sale(&id, 5)).await.unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &sale(&id, 5)).await.unwrap();
     let () = conn.set(&keys.remaining, 4).await.unwrap();
     let () = conn.hset(&keys.buyers, "u", 1).await.unwrap();
@@ -140,7 +141,7 @@ async fn an_order_restored_from_the_database_then_cancelled_returns_its_item_onc
     let kept = reservation(&id, "u");
     store.insert_orders(std::slice::from_ref(&kept)).await.unwrap();
     // Redis lost everything; the restore counts the live order.
-    assert!(matches!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::Loaded { remaining: 4, .. }));
+    assert!(matches!(restore(&mut conn, &store, &spec.id).await.unwrap(), Restored::Loaded { remaining: 4, .. }));
     let keys = SaleKeys::new(&id);
     let order = store.order_by_reservation(&kept.reservation_id).await.unwrap().unwrap();
     assert!(store.cancel_if_unpaid(&order.order_id).await.unwrap());
@@ -174,10 +175,10 @@ async fn a_restore_overtaken_by_another_changes_nothing_and_no_user_wins_twice()
     let mut slow = redis::Client::open(gate.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let slow_store = store.clone();
     let slow_spec = spec.clone();
-    let b = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_spec).await.unwrap() });
+    let b = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_spec.id).await.unwrap() });
     gate.holding().await;
     let () = conn.del(&keys.restoring).await.unwrap();
-    assert!(matches!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::Loaded { remaining: 9, .. }));
+    assert!(matches!(restore(&mut conn, &store, &spec.id).await.unwrap(), Restored::Loaded { remaining: 9, .. }));
     // The sale is live: a limit-1 user wins once.
     assert_eq!(crate::testing::buy(&mut conn, &id, "v").await, "won");
     assert_eq!(crate::testing::buy(&mut conn, &id, "early").await, "limit_reached");
@@ -206,7 +207,7 @@ async fn a_restorer_that_lost_its_lock_installs_nothing() {
     let mut slow = redis::Client::open(gate.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let slow_store = store.clone();
     let slow_spec = spec.clone();
-    let b = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_spec).await.unwrap() });
+    let b = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_spec.id).await.unwrap() });
     gate.holding().await;
     // Its lock expired and another restorer holds it now.
     let () = conn.set(&keys.restoring, "someone-else").await.unwrap();
@@ -228,7 +229,7 @@ async fn two_restores_of_one_lost_sale_at_once_load_it_once() {
     let keys = SaleKeys::new(&id);
     for _ in 0..20 {
         let (mut one, mut two) = (redis.conn().await, redis.conn().await);
-        let (x, y) = tokio::join!(restore(&mut one, &store, &spec), restore(&mut two, &store, &spec));
+        let (x, y) = tokio::join!(restore(&mut one, &store, &spec.id), restore(&mut two, &store, &spec.id));
         let mut results = [x.unwrap(), y.unwrap()];
         results.sort_by_key(|r| !matches!(r, Restored::Loaded { .. }));
         assert_eq!(results[0], Restored::Loaded { remaining: 8, live_orders: 2, in_flight: 0 }, "{results:?}");
@@ -238,7 +239,7 @@ async fn two_restores_of_one_lost_sale_at_once_load_it_once() {
         assert_eq!(crate::testing::buy(&mut conn, &id, "c").await, "won");
         let before: (HashMap<String, i64>, HashMap<String, String>, i64) =
             (conn.hgetall(&keys.buyers).await.unwrap(), conn.hgetall(&keys.reservations).await.unwrap(), conn.get(&keys.remaining).await.unwrap());
-        assert_eq!(restore(&mut conn, &store, &spec).await.unwrap(), Restored::NotNeeded);
+        assert_eq!(restore(&mut conn, &store, &spec.id).await.unwrap(), Restored::NotNeeded);
         let after: (HashMap<String, i64>, HashMap<String, String>, i64) =
             (conn.hgetall(&keys.buyers).await.unwrap(), conn.hgetall(&keys.reservations).await.unwrap(), conn.get(&keys.remaining).await.unwrap());
         assert_eq!(before, after);
@@ -278,4 +279,247 @@ async fn cancelled_orders_of_a_sale_missing_from_redis_do_not_stall_other_sales_
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 5);
     let lost_meta: bool = conn.exists(SaleKeys::new(&lost).meta).await.unwrap();
     assert!(!lost_meta, "a missing sale is left to the restore loop");
+}
+
+/// Waits (no deadline asserted on timing: a hang fails the test run) until
+/// the sale is in Redis.
+async fn until_present(conn: &mut redis::aio::MultiplexedConnection, keys: &SaleKeys) {
+    while !conn.exists::<_, bool>(&keys.meta).await.unwrap() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+async fn meta_paused(conn: &mut redis::aio::MultiplexedConnection, keys: &SaleKeys) -> Option<String> {
+    conn.hget(&keys.meta, "paused").await.unwrap()
+}
+
+async fn switch(conn: &mut redis::aio::MultiplexedConnection) -> Option<String> {
+    conn.get(flashgate_common::keys::GLOBAL_SWITCH).await.unwrap()
+}
+
+/// A restorer connected through a gate holding its first command that
+/// contains `pattern`.
+async fn gated(redis: &RedisServer, pattern: &'static [u8]) -> (std::sync::Arc<crate::testing::Gate>, redis::aio::MultiplexedConnection) {
+    let gate = crate::testing::Gate::start(redis, vec![pattern]).await;
+    let conn = redis::Client::open(gate.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    (gate, conn)
+}
+
+const EVALSHA: &[u8] = b"$7\r\nEVALSHA\r\n";
+
+#[tokio::test]
+async fn a_pause_sent_during_a_restore_holds_even_if_the_restorer_dies_after_the_install() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    // Loaded already, so the install is one EVALSHA and nothing after it
+    // is needed for it to take effect.
+    let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(include_str!("../../../lua/preheat.lua")).query_async(&mut conn).await.unwrap();
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    let keys = SaleKeys::new(&id);
+
+    let (gate, mut slow) = gated(&redis, EVALSHA).await;
+    let (slow_store, slow_id) = (store.clone(), id.clone());
+    let restorer = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_id).await });
+    gate.holding().await;
+    // The operator pauses the sale while it is absent from Redis.
+    assert_eq!(crate::sales::set_paused(&mut conn, &store, &id, true).await.unwrap(), crate::sales::Paused::Recorded);
+    // The install goes through, and the restorer dies right after it.
+    gate.open();
+    restorer.abort();
+    until_present(&mut conn, &keys).await;
+    assert_eq!(meta_paused(&mut conn, &keys).await.as_deref(), Some("1"), "the pause must hold from the install on");
+    assert_eq!(crate::testing::buy(&mut conn, &id, "u").await, "paused");
+}
+
+#[tokio::test]
+async fn a_pass_brings_pauses_and_the_switch_in_redis_in_line_with_the_database() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let (a, b) = (unique("a"), unique("b"));
+    for id in [&a, &b] {
+        store.upsert_sale(&sale(id, 10)).await.unwrap();
+    }
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 2);
+    // Redis and the database disagree: a Redis write that failed after the
+    // database write (503 to the operator), or two operators racing.
+    store.set_sale_paused(&a, true).await.unwrap();
+    let () = conn.hset(&SaleKeys::new(&b).meta, "paused", "1").await.unwrap();
+    store.set_all_paused(true).await.unwrap();
+    let () = conn.set(flashgate_common::keys::GLOBAL_SWITCH, "open").await.unwrap();
+
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 0);
+    assert_eq!(meta_paused(&mut conn, &SaleKeys::new(&a)).await.as_deref(), Some("1"));
+    assert_eq!(meta_paused(&mut conn, &SaleKeys::new(&b)).await.as_deref(), Some("0"));
+    assert_eq!(switch(&mut conn).await.as_deref(), Some("paused"));
+    assert_eq!(crate::testing::buy(&mut conn, &a, "u").await, "paused");
+    assert_eq!(crate::testing::buy(&mut conn, &b, "u").await, "won");
+}
+
+#[tokio::test]
+async fn pauses_kept_only_in_redis_before_an_upgrade_survive_redis_restarting_empty() {
+    let url = sqlite_url();
+    let path = url.strip_prefix("sqlite://").unwrap();
+    std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+    sqlx::any::install_default_drivers();
+    let id = unique("s");
+    // The database of a version that kept pauses only in Redis.
+    let old = sqlx::AnyPool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+    sqlx::query("CREATE TABLE sales (id TEXT PRIMARY KEY, name TEXT NOT NULL, stock BIGINT NOT NULL, per_user_limit BIGINT NOT NULL, starts_at_ms BIGINT NOT NULL, ends_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL)")
+        .execute(&old)
+        .await
+        .unwrap();
+    sqlx::query(&format!("INSERT INTO sales VALUES ('{id}', 'old sale', 5, 1, 0, 9999999999999, 0)")).execute(&old).await.unwrap();
+    old.close().await;
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let keys = SaleKeys::new(&id);
+    let () = redis::cmd("HSET")
+        .arg(&keys.meta)
+        .arg(&["name", "old sale", "stock", "5", "per_user_limit", "1", "starts_at_ms", "0", "ends_at_ms", "9999999999999", "paused", "1"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = conn.set(&keys.remaining, 5).await.unwrap();
+    let () = conn.set(flashgate_common::keys::GLOBAL_SWITCH, "paused").await.unwrap();
+
+    // The upgraded backend starts: its first pass takes both from Redis.
+    let store = Store::connect(&url).await.unwrap();
+    restore_missing(&mut conn, &store).await.unwrap();
+    assert_eq!(store.sale_paused(&id).await.unwrap(), Some(true));
+    assert_eq!(store.all_paused().await.unwrap(), Some(true));
+
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
+    assert_eq!(meta_paused(&mut conn, &keys).await.as_deref(), Some("1"), "the sale must come back paused");
+    assert_eq!(switch(&mut conn).await.as_deref(), Some("paused"), "the shop must come back paused");
+}
+
+#[tokio::test]
+async fn orders_written_while_a_sale_is_restored_are_counted_before_anyone_buys() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    store.upsert_sale(&sale(&id, 2)).await.unwrap();
+    store.insert_orders(&[reservation(&id, "early")]).await.unwrap();
+    let keys = SaleKeys::new(&id);
+
+    let (gate, mut slow) = gated(&redis, EVALSHA).await;
+    let (slow_store, slow_id) = (store.clone(), id.clone());
+    let restorer = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_id).await.unwrap() });
+    gate.holding().await;
+    // After the snapshot, a forward checked against the lost Redis commits.
+    store.insert_orders(&[reservation(&id, "late")]).await.unwrap();
+    gate.open();
+    assert_eq!(restorer.await.unwrap(), Restored::Loaded { remaining: 0, live_orders: 2, in_flight: 0 });
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 0, "both items are sold");
+    assert_eq!(crate::testing::buy(&mut conn, &id, "late").await, "limit_reached", "a limit-1 buyer wins once");
+    assert_eq!(crate::testing::buy(&mut conn, &id, "other").await, "sold_out");
+    let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();
+    assert_eq!(buyers, HashMap::from([("early".into(), 1), ("late".into(), 1)]));
+    let report = crate::reconcile::reconcile_sale(&mut conn, &store, &id).await.unwrap().unwrap();
+    assert_eq!((report.adopted, report.drift), (0, 0));
+}
+
+#[tokio::test]
+async fn a_restore_installs_the_definition_the_database_holds_when_it_has_the_lock() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let old = sale(&id, 10);
+    store.upsert_sale(&old).await.unwrap();
+
+    // The caller read the definition, then waits for the lock...
+    let (gate, mut slow) = gated(&redis, b"$3\r\nSET\r\n").await;
+    let (slow_store, slow_old) = (store.clone(), old.clone());
+    let restorer = tokio::spawn(async move { crate::sales::preheat_from_store(&mut slow, &slow_store, &slow_old).await.unwrap() });
+    gate.holding().await;
+    // ...while an operator raises the stock.
+    store.upsert_sale(&SaleSpec { stock: 20, ..old.clone() }).await.unwrap();
+    gate.open();
+    assert_eq!(restorer.await.unwrap(), crate::sales::Preheat::Loaded { remaining: 20 });
+    let keys = SaleKeys::new(&id);
+    assert_eq!(conn.hget::<_, _, i64>(&keys.meta, "stock").await.unwrap(), 20);
+}
+
+#[tokio::test]
+async fn a_sale_missing_from_the_sales_index_is_listed_again_by_the_next_pass() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
+    // The restorer died between the install and adding it to the index.
+    let () = conn.srem(flashgate_common::keys::SALES_INDEX, &id).await.unwrap();
+    restore_missing(&mut conn, &store).await.unwrap();
+    assert!(conn.sismember::<_, _, bool>(flashgate_common::keys::SALES_INDEX, &id).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_restore_that_outlived_its_scratch_keys_is_retried_not_fatal() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = sale(&id, 10);
+    store.upsert_sale(&spec).await.unwrap();
+    store.insert_orders(&[reservation(&id, "a")]).await.unwrap();
+
+    let (gate, mut slow) = gated(&redis, EVALSHA).await;
+    let (slow_store, slow_spec) = (store.clone(), spec.clone());
+    let restorer = tokio::spawn(async move { crate::sales::preheat_from_store(&mut slow, &slow_store, &slow_spec).await });
+    gate.holding().await;
+    // The scratch keys expired before the install.
+    let scratch: Vec<String> = conn.keys(format!("fg:{{sale:{id}}}:restore:*")).await.unwrap();
+    assert!(!scratch.is_empty());
+    let () = conn.del(&scratch).await.unwrap();
+    gate.open();
+    let result = restorer.await.unwrap();
+    assert!(matches!(result, Err(SaleError::Restoring)), "{result:?}");
+    let keys = SaleKeys::new(&id);
+    assert!(!conn.exists::<_, bool>(&keys.meta).await.unwrap());
+    // The next pass restores it.
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 9);
+}
+
+#[tokio::test]
+async fn a_restore_creates_the_consumer_group_on_a_stream_that_survived_without_it() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    let keys = SaleKeys::new(&id);
+    let _: String = redis::cmd("XADD").arg(&keys.stream).arg("*").arg("f").arg("v").query_async(&mut conn).await.unwrap();
+
+    assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
+    let groups: redis::Value = redis::cmd("XINFO").arg("GROUPS").arg(&keys.stream).query_async(&mut conn).await.unwrap();
+    assert!(format!("{groups:?}").contains(CONSUMER_GROUP), "{groups:?}");
+
+    // A stream that kept its group too: the restore still installs.
+    let () = redis::cmd("DEL").arg(&keys.meta).query_async(&mut conn).await.unwrap();
+    assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
+}
+
+#[tokio::test]
+async fn a_restorer_killed_holding_the_lock_blocks_the_sale_at_most_ten_seconds() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    let (gate, mut slow) = gated(&redis, EVALSHA).await;
+    let (slow_store, slow_id) = (store.clone(), id.clone());
+    let restorer = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_id).await });
+    gate.holding().await;
+    restorer.abort();
+    let ttl: i64 = conn.pttl(&SaleKeys::new(&id).restoring).await.unwrap();
+    assert!((1..=10_000).contains(&ttl), "lock lifetime {ttl} ms");
+    gate.open();
 }

@@ -359,13 +359,37 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
-    /// Whether an operator has sale `id` paused; `None` for an unknown sale.
+    /// Whether an operator has sale `id` paused: `None` for an unknown sale
+    /// or one whose pause was never recorded (a row made before pauses were
+    /// kept in the database).
     ///
     /// # Errors
     /// A failed query.
     pub async fn sale_paused(&self, id: &str) -> Result<Option<bool>, StoreError> {
         let row = sqlx::query(sql::SALE_PAUSED).bind(id).fetch_optional(&self.pool).await?;
-        Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?.map(|p| p != 0))
+        Ok(row.map(|r| r.try_get::<Option<i64>, _>(0)).transpose()?.flatten().map(|p| p != 0))
+    }
+
+    /// Every sale's recorded pause, by id; `None` where never recorded.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn sale_pauses(&self) -> Result<Vec<(String, Option<bool>)>, StoreError> {
+        let rows = sqlx::query(sql::SALE_PAUSES).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Option<i64>, _>(1)?.map(|p| p != 0))))
+            .collect()
+    }
+
+    /// Records `paused` for sale `id` only if its row never recorded a pause
+    /// (an operator's [`Store::set_sale_paused`] always wins); returns
+    /// whether it did.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn adopt_sale_paused(&self, id: &str, paused: bool) -> Result<bool, StoreError> {
+        let done = sqlx::query(sql::ADOPT_SALE_PAUSED).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Records the global switch (`true` stops every buy).
@@ -373,18 +397,27 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_all_paused(&self, paused: bool) -> Result<(), StoreError> {
-        let value = if paused { "paused" } else { "open" };
-        sqlx::query(sql::SET_SETTING).bind(sql::SWITCH_SETTING).bind(value).execute(&self.pool).await?;
+        sqlx::query(sql::SET_SETTING).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
         Ok(())
     }
 
-    /// The global switch as last recorded; open when never set.
+    /// Records the global switch only if it was never recorded (an
+    /// operator's [`Store::set_all_paused`] always wins).
     ///
     /// # Errors
     /// A failed query.
-    pub async fn all_paused(&self) -> Result<bool, StoreError> {
+    pub async fn adopt_all_paused(&self, paused: bool) -> Result<(), StoreError> {
+        sqlx::query(sql::ADOPT_SETTING).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The global switch as last recorded; `None` when never recorded.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn all_paused(&self) -> Result<Option<bool>, StoreError> {
         let row = sqlx::query(sql::SETTING).bind(sql::SWITCH_SETTING).fetch_optional(&self.pool).await?;
-        Ok(row.map(|r| r.try_get::<String, _>(0)).transpose()?.as_deref() == Some("paused"))
+        Ok(row.map(|r| r.try_get::<String, _>(0)).transpose()?.map(|v| v == "paused"))
     }
 
     /// The order `order_id`, if any.
@@ -530,6 +563,14 @@ fn order_row(row: &AnyRow, with_released: bool) -> Result<OrderRow, StoreError> 
         status: OrderStatus::parse(&status)?,
         released_at_ms: if with_released { row.try_get("released_at_ms")? } else { None },
     })
+}
+
+fn switch_value(paused: bool) -> &'static str {
+    if paused {
+        "paused"
+    } else {
+        "open"
+    }
 }
 
 /// Adds the columns of [`sql::ADDED_COLUMNS`] a database made by an older

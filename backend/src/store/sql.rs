@@ -17,7 +17,10 @@ pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("sales", "payment_timeout_seconds", "BIGINT NOT NULL DEFAULT 900"),
     ("orders", "released_at_ms", "BIGINT"),
     // 1 while an operator has the sale paused; copied into Redis `meta`.
-    ("sales", "paused", "BIGINT NOT NULL DEFAULT 0"),
+    // NULL on rows made before the column existed: never recorded, so the
+    // backend takes the pause Redis has for such a sale (see
+    // `crate::sales::sync_pauses`); new rows start at 0.
+    ("sales", "paused", "BIGINT"),
 ];
 
 /// Whether a column exists, per dialect; `$1` table, `$2` column.
@@ -78,10 +81,10 @@ pub const SET_ORDER_STATUS: &str = "UPDATE orders SET status = $1 WHERE reservat
 
 pub const COUNT_LIVE_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
 
-pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING";
+pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused) VALUES ($1, $2, $3, $4, $5, $6, $7, 0) ON CONFLICT (id) DO NOTHING";
 
-/// Keeps `created_at_ms` of an existing row.
-pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms";
+/// Keeps `created_at_ms` and `paused` of an existing row.
+pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused) VALUES ($1, $2, $3, $4, $5, $6, $7, 0) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms";
 
 pub const SALE_BY_ID: &str =
     "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms FROM sales WHERE id = $1";
@@ -94,10 +97,19 @@ pub const SET_SALE_PAUSED: &str = "UPDATE sales SET paused = $1 WHERE id = $2";
 
 pub const SALE_PAUSED: &str = "SELECT paused FROM sales WHERE id = $1";
 
+/// Every sale's recorded pause (NULL: never recorded).
+pub const SALE_PAUSES: &str = "SELECT id, paused FROM sales ORDER BY id";
+
+/// Records a pause found in Redis, only on a row that never recorded one.
+pub const ADOPT_SALE_PAUSED: &str = "UPDATE sales SET paused = $1 WHERE id = $2 AND paused IS NULL";
+
 /// Name of the global switch in `settings`; its value is `paused` or `open`.
 pub const SWITCH_SETTING: &str = "switch";
 
 pub const SETTING: &str = "SELECT value FROM settings WHERE name = $1";
+
+/// Records a setting only if it was never recorded.
+pub const ADOPT_SETTING: &str = "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
 
 pub const SET_SETTING: &str =
     "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value";

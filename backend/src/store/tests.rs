@@ -188,10 +188,12 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
         // PostgreSQL is shared with other tests: put the switch back.
         let before = store.all_paused().await.unwrap();
         store.set_all_paused(true).await.unwrap();
-        assert!(store.all_paused().await.unwrap(), "{db}");
+        assert_eq!(store.all_paused().await.unwrap(), Some(true), "{db}");
+        store.adopt_all_paused(false).await.unwrap();
+        assert_eq!(store.all_paused().await.unwrap(), Some(true), "{db}: a recorded switch is never replaced by an adopted one");
         store.set_all_paused(false).await.unwrap();
-        assert!(!store.all_paused().await.unwrap(), "{db}");
-        store.set_all_paused(before).await.unwrap();
+        assert_eq!(store.all_paused().await.unwrap(), Some(false), "{db}");
+        store.set_all_paused(before.unwrap_or(false)).await.unwrap();
     }
 }
 
@@ -206,4 +208,37 @@ async fn a_reservation_listed_twice_in_one_batch_is_written_and_answered_once() 
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
         assert_eq!(store.insert_orders(&[b.clone(), b]).await.unwrap(), 0, "{db}");
     }
+}
+
+#[tokio::test]
+async fn pauses_a_database_never_recorded_are_taken_once_and_never_over_an_operators() {
+    let url = crate::testing::sqlite_url();
+    let path = url.strip_prefix("sqlite://").unwrap();
+    std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+    sqlx::any::install_default_drivers();
+    // A database made before pauses and the switch were kept in it.
+    let old = sqlx::AnyPool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+    for statement in [
+        "CREATE TABLE sales (id TEXT PRIMARY KEY, name TEXT NOT NULL, stock BIGINT NOT NULL, per_user_limit BIGINT NOT NULL, starts_at_ms BIGINT NOT NULL, ends_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL)",
+        "INSERT INTO sales VALUES ('old', 'old sale', 5, 1, 0, 9999999999999, 0)",
+    ] {
+        sqlx::query(statement).execute(&old).await.unwrap();
+    }
+    old.close().await;
+    let store = Store::connect(&url).await.unwrap();
+    assert_eq!(store.sale_paused("old").await.unwrap(), None, "never recorded");
+    assert_eq!(store.all_paused().await.unwrap(), None, "never recorded");
+    assert_eq!(store.sale_pauses().await.unwrap(), vec![("old".to_owned(), None)]);
+    // A sale created now starts recorded, open.
+    store.upsert_sale(&sale("new", 5)).await.unwrap();
+    assert_eq!(store.sale_paused("new").await.unwrap(), Some(false));
+    assert!(!store.adopt_sale_paused("new", true).await.unwrap());
+    assert_eq!(store.sale_paused("new").await.unwrap(), Some(false));
+
+    assert!(store.adopt_sale_paused("old", true).await.unwrap());
+    assert!(!store.adopt_sale_paused("old", false).await.unwrap(), "taken once");
+    assert_eq!(store.sale_paused("old").await.unwrap(), Some(true));
+    store.adopt_all_paused(true).await.unwrap();
+    store.adopt_all_paused(false).await.unwrap();
+    assert_eq!(store.all_paused().await.unwrap(), Some(true), "taken once");
 }
