@@ -174,6 +174,18 @@ async fn a_replayed_key_of_a_cancelled_order_answers_cancelled_not_confirmed() {
         assert!(std::time::Instant::now() < deadline, "the order was never cancelled");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The gateway keeps an order it looked up for a second
+    // (`gateway::order_cache`): wait until it reports the cancellation.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let resp = stack.http.get(stack.url(&format!("/api/reservations/{rid}"))).bearer_auth(token("idler")).send().await.unwrap();
+        let (status, body) = (resp.status().as_u16(), resp.json::<Value>().await.unwrap_or(Value::Null));
+        if status == 200 && body["status"] == "cancelled" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the gateway never saw the cancellation: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let replay = post(&stack, "/api/sales/unpaid/buy", Some(&token("idler")), &[("Idempotency-Key", "k1")], "").await;
     assert_error(&replay, 410, "order_cancelled");
