@@ -148,14 +148,18 @@ pub async fn monitor(
 ) {
     let mut backoff = Backoff::default();
     loop {
-        if store.ping().await {
+        // Side by side: a database ping waiting out its timeout in an
+        // outage must not hold back what Redis says.
+        let mut conn = redis.clone();
+        let (database, redis_ping) = tokio::join!(store.ping(), ping_redis(&mut conn));
+        if database {
             readiness.database().ready();
         } else {
             readiness
                 .database()
                 .observe(DepState::Unreachable, "the database does not answer");
         }
-        match ping_redis(&mut redis.clone()).await {
+        match redis_ping {
             Ok(()) => readiness.redis().ready(),
             Err(error) => readiness.redis().redis_failed(&error),
         }

@@ -281,7 +281,11 @@ async fn connect_redis(config: &Config, readiness: &Readiness, shutdown: &mut wa
 
 /// Why one declared sale is not preheated yet.
 enum PreheatFailure {
-    /// A dependency failed; try again.
+    /// The database failed; try again.
+    Database(StoreError),
+    /// Redis failed (or is loading again); try again.
+    Redis(redis::RedisError),
+    /// Something else is not there yet; try again.
     Retry(DepState, String),
     Fatal(StartError),
 }
@@ -299,9 +303,25 @@ async fn preheat_declared(
     let mut backoff = Backoff::default();
     for declared in &config.sales {
         loop {
+            // What failed is recorded on the dependency too, so `/ready`
+            // never shows it ready beside the sales failing because of it.
             match preheat_one(config, store, &mut redis.clone(), declared).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    readiness.database().ready();
+                    readiness.redis().ready();
+                    break;
+                }
                 Err(PreheatFailure::Fatal(error)) => return Err(error),
+                Err(PreheatFailure::Database(error)) => {
+                    let state = store_state(&error);
+                    readiness.database().observe(state, &error);
+                    readiness.sales().observe(state, format_args!("sale `{}`: {error}", declared.id));
+                }
+                Err(PreheatFailure::Redis(error)) => {
+                    readiness.redis().redis_failed(&error);
+                    let state = flashgate_common::dependency::redis_state(&error);
+                    readiness.sales().observe(state, format_args!("sale `{}`: redis: {error}", declared.id));
+                }
                 Err(PreheatFailure::Retry(state, error)) => {
                     readiness.sales().observe(state, format_args!("sale `{}`: {error}", declared.id));
                 }
@@ -321,7 +341,7 @@ async fn preheat_one(
     redis: &mut ConnectionManager,
     declared: &flashgate_common::sale::SaleSpec,
 ) -> Result<(), PreheatFailure> {
-    let db = |error: StoreError| PreheatFailure::Retry(store_state(&error), error.to_string());
+    let db = PreheatFailure::Database;
     if store.insert_sale_if_absent(declared).await.map_err(db)? {
         if let Some(timeout) = config.payment_timeouts.get(&declared.id) {
             store.set_payment_timeout(&declared.id, timeout.as_secs() as i64).await.map_err(db)?;
@@ -336,9 +356,8 @@ async fn preheat_one(
         Ok(Preheat::StockBelowSold { sold }) => {
             return Err(PreheatFailure::Fatal(StartError::StockBelowSold { sale: spec.id, stock: spec.stock, sold }))
         }
-        Err(sales::SaleError::Redis(error)) => {
-            return Err(PreheatFailure::Retry(flashgate_common::dependency::redis_state(&error), error.to_string()))
-        }
+        Err(sales::SaleError::Redis(error)) => return Err(PreheatFailure::Redis(error)),
+        Err(sales::SaleError::Store(error)) => return Err(PreheatFailure::Database(error)),
         // Another backend is restoring it: once it is done the next try
         // finds it loaded; if that backend dies, its lock expires and this
         // one restores it.
@@ -447,6 +466,36 @@ mod tests {
         stop.send(true).unwrap();
         let result = tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").unwrap();
         result.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_redis_failure_while_preheating_is_reported_on_redis_not_only_on_the_sales() {
+        let redis = RedisServer::start().await;
+        let config = config(&redis, &sqlite_url(), &unique("s"), Some(ADMIN_TOKEN), flashgate_common::now_ms());
+        let store = Store::connect(&config.backend.database_url).await.unwrap();
+        let conn = crate::redis_io::shared_connection(&config.redis).await.unwrap();
+        let readiness = Readiness::default();
+        // As the start leaves it: both answered, then Redis goes away
+        // before the declared sale is preheated.
+        readiness.database().ready();
+        readiness.redis().ready();
+        drop(redis);
+        let (stop, mut stopped) = watch::channel(false);
+        let task = {
+            let readiness = readiness.clone();
+            tokio::spawn(async move { preheat_declared(&config, &store, &conn, &readiness, &mut stopped).await })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while readiness.sales().state() == DepState::Starting {
+            assert!(std::time::Instant::now() < deadline, "preheating never failed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(readiness.redis().state(), DepState::Unreachable);
+        assert_eq!(readiness.database().state(), DepState::Ready);
+        assert!(!readiness.dependencies_ready(), "the background loops wait for Redis");
+        stop.send(true).unwrap();
+        let preheated = tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").unwrap();
+        assert!(!preheated.unwrap());
     }
 
     #[tokio::test]

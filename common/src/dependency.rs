@@ -67,6 +67,16 @@ impl Dependency {
         }
     }
 
+    /// One assumed to answer until a call to it fails: for a loop that
+    /// logs its failures once per change, where the first success says
+    /// nothing new.
+    pub const fn assumed_ready(name: &'static str) -> Self {
+        Self {
+            name,
+            state: AtomicU8::new(DepState::Ready as u8),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         self.name
     }

@@ -17,6 +17,9 @@
 #   FLASHGATE_BACKEND_ADDR (127.0.0.1:9090), FLASHGATE_BACKEND_ADMIN_ADDR (127.0.0.1:9091),
 #   FLASHGATE_READY_TIMEOUT (seconds, 600).
 set -euo pipefail
+# Everything this script creates (secrets, the database, Redis's AOF, the
+# logs) is readable by the user alone.
+umask 077
 cd "$(dirname "$0")/../.."
 BIN=${FLASHGATE_BIN_DIR:-target/release}
 CONFIG=${FLASHGATE_CONFIG:-config/flashgate.toml}
@@ -32,19 +35,28 @@ mkdir -p "$DATA"
 DATA=$(cd "$DATA" && pwd)
 
 # Each secret missing from the file (an older file included) is added:
-# 32 random bytes, hex.
-(
-  umask 077
-  for name in FLASHGATE_JWT_SECRET FLASHGATE_ADMIN_TOKEN FLASHGATE_INTERNAL_TOKEN FLASHGATE_SHOP_TOKEN; do
-    grep -q "^$name=" "$DATA/secrets.env" 2>/dev/null ||
-      printf '%s=%s\n' "$name" "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >> "$DATA/secrets.env"
-  done
-)
+# 32 random bytes, hex. A file written by hand may use `export NAME=value`.
+touch "$DATA/secrets.env"
+chmod 600 "$DATA/secrets.env"
+# A last line without its newline gets one before anything is appended.
+[[ -z $(tail -c 1 "$DATA/secrets.env") ]] || echo >> "$DATA/secrets.env"
+for name in FLASHGATE_JWT_SECRET FLASHGATE_ADMIN_TOKEN FLASHGATE_INTERNAL_TOKEN FLASHGATE_SHOP_TOKEN; do
+  grep -qE "^(export )?$name=" "$DATA/secrets.env" ||
+    printf '%s=%s\n' "$name" "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >> "$DATA/secrets.env"
+done
 # The file only fills what the environment leaves unset: a secret the user
-# exported wins.
-while IFS='=' read -r name value; do
-  [[ $name =~ ^FLASHGATE_[A-Z_]+$ ]] || continue
+# exported wins. The value is everything after the first `=` (a base64
+# secret keeps its trailing `=`), without one pair of surrounding quotes; a
+# last line without a newline counts.
+while IFS= read -r line || [[ -n $line ]]; do
+  line=${line#export }
+  name=${line%%=*}
+  value=${line#*=}
+  [[ $name =~ ^FLASHGATE_[A-Z_]+$ && $line == *=* ]] || continue
   [[ -n ${!name:-} ]] && continue
+  if [[ $value =~ ^\"(.*)\"$ || $value =~ ^\'(.*)\'$ ]]; then
+    value=${BASH_REMATCH[1]}
+  fi
   export "$name=$value"
 done < "$DATA/secrets.env"
 
@@ -70,35 +82,42 @@ http_get() {
 }
 
 # Waits until GET $2/$3 answers 200; after a second, says what $1 waits for
-# (its readiness body), again whenever that changes.
+# (its readiness body), again whenever that changes. Gives up at once when
+# any process of the stack has exited (naming it and its log: e.g. Redis on
+# a damaged AOF or a taken port), or READY_TIMEOUT seconds after the stack
+# was started (one deadline for all the waits).
 wait_ready() {
-  local name=$1 addr=$2 path=$3 pid=$4 started=$SECONDS said="" reply body
+  local name=$1 addr=$2 path=$3 said="" reply body i
   local tenths=0
   while :; do
     reply=$(http_get "$addr" "$path")
     [[ ${reply%% *} == 200 ]] && { [[ -n $said ]] && echo "$name is ready"; return 0; }
-    if ! kill -0 "$pid" 2>/dev/null; then
-      echo "$name exited; see $DATA/$name.log" >&2; return 1
-    fi
+    for i in "${!pids[@]}"; do
+      if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+        echo "${names[$i]} exited; see $DATA/${names[$i]}.log" >&2; return 1
+      fi
+    done
     body=${reply#* }; [[ -n $body ]] || body="(not answering on $addr yet)"
     if (( tenths >= 10 )) && [[ $body != "$said" ]]; then
       echo "waiting for $name to be ready: $body"
       said=$body
     fi
     if (( SECONDS - started > READY_TIMEOUT )); then
-      echo "$name not ready after ${READY_TIMEOUT}s: $body; see $DATA/$name.log" >&2; return 1
+      echo "$name not ready ${READY_TIMEOUT}s after start: $body; see $DATA/$name.log" >&2; return 1
     fi
     sleep 0.1; tenths=$((tenths + 1))
   done
 }
 
+names=()
+started=$SECONDS
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA" --appendonly yes --appendfsync everysec \
-  --save "" --maxmemory-policy noeviction --logfile "$DATA/redis.log" & pids+=($!)
-"$BIN/demo-shop" "$SHOP" > "$DATA/shop.log" 2>&1 & pids+=($!)
-"$BIN/flashgate-backend" --config "$CONFIG" > "$DATA/backend.log" 2>&1 & pids+=($!); backend_pid=$!
-"$BIN/flashgate" --config "$CONFIG" serve > "$DATA/gateway.log" 2>&1 & pids+=($!); gateway_pid=$!
-wait_ready backend "$BACKEND" /ready "$backend_pid"
-wait_ready gateway "$GATEWAY_ADMIN" /ready "$gateway_pid"
+  --save "" --maxmemory-policy noeviction --logfile "$DATA/redis.log" & pids+=($!); names+=(redis)
+"$BIN/demo-shop" "$SHOP" > "$DATA/shop.log" 2>&1 & pids+=($!); names+=(shop)
+"$BIN/flashgate-backend" --config "$CONFIG" > "$DATA/backend.log" 2>&1 & pids+=($!); names+=(backend)
+"$BIN/flashgate" --config "$CONFIG" serve > "$DATA/gateway.log" 2>&1 & pids+=($!); names+=(gateway)
+wait_ready backend "$BACKEND" /ready
+wait_ready gateway "$GATEWAY_ADMIN" /ready
 
 TOKEN=$("$BIN/flashgate" --config "$CONFIG" token --user demo-user --ttl 12h)
 cat <<MSG

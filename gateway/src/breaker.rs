@@ -47,19 +47,24 @@ impl Breaker {
         }
     }
 
-    /// Whether a request may go to Redis now.
-    pub fn allow(&self) -> bool {
-        match self.state() {
-            BreakerState::Closed => true,
-            BreakerState::Open => false,
+    /// Whether a request may go to Redis now: a permit to report its
+    /// outcome with, or `None` while open (or while another probe runs).
+    pub fn allow(&self) -> Option<Permit<'_>> {
+        let probe = match self.state() {
+            BreakerState::Closed => false,
+            BreakerState::Open => return None,
             // One probe at a time.
             BreakerState::HalfOpen => {
-                self.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok()
+                if self.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    return None;
+                }
+                true
             }
-        }
+        };
+        Some(Permit { breaker: self, probe })
     }
 
-    pub fn success(&self) {
+    fn success(&self) {
         self.failures.store(0, Ordering::Release);
         if self.open_until_ms.swap(0, Ordering::AcqRel) != 0 {
             tracing::info!("redis circuit closed");
@@ -67,7 +72,7 @@ impl Breaker {
         self.probing.store(false, Ordering::Release);
     }
 
-    pub fn failure(&self) {
+    fn failure(&self) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         let was_probe = self.probing.swap(false, Ordering::AcqRel);
         if failures >= self.threshold || was_probe {
@@ -79,31 +84,90 @@ impl Breaker {
     }
 }
 
+/// One call let through by [`Breaker::allow`]; report its outcome with
+/// [`Permit::success`] or [`Permit::failure`].
+///
+/// A call whose future is dropped before it finishes (the client went away
+/// mid-call) reports nothing; if it was the half-open probe, dropping the
+/// permit lets the next call probe, else the breaker would stay half-open
+/// refusing every call.
+#[must_use = "report the call's outcome"]
+pub struct Permit<'a> {
+    breaker: &'a Breaker,
+    probe: bool,
+}
+
+impl Permit<'_> {
+    pub fn success(mut self) {
+        self.probe = false;
+        self.breaker.success();
+    }
+
+    pub fn failure(mut self) {
+        self.probe = false;
+        self.breaker.failure();
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe {
+            self.breaker.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn fail(b: &Breaker) {
+        b.allow().expect("let through").failure();
+    }
+
     #[test]
     fn opens_after_threshold_failures_and_a_successful_probe_closes_it() {
         let b = Breaker::new(3, Duration::from_millis(0));
-        b.failure();
-        b.failure();
+        fail(&b);
+        fail(&b);
         assert_eq!(b.state(), BreakerState::Closed);
-        b.failure();
+        fail(&b);
         // Zero cooldown: immediately half-open, one probe allowed.
         assert_eq!(b.state(), BreakerState::HalfOpen);
-        assert!(b.allow());
-        assert!(!b.allow(), "only one probe at a time");
-        b.success();
+        let probe = b.allow().expect("a probe");
+        assert!(b.allow().is_none(), "only one probe at a time");
+        probe.success();
         assert_eq!(b.state(), BreakerState::Closed);
-        assert!(b.allow());
+        assert!(b.allow().is_some());
     }
 
     #[test]
     fn a_failed_probe_opens_it_again() {
         let b = Breaker::new(1, Duration::from_secs(60));
-        b.failure();
+        fail(&b);
         assert_eq!(b.state(), BreakerState::Open);
-        assert!(!b.allow());
+        assert!(b.allow().is_none());
+    }
+
+    #[test]
+    fn a_probe_dropped_without_an_outcome_lets_the_next_call_probe() {
+        let b = Breaker::new(1, Duration::from_millis(0));
+        fail(&b);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        let probe = b.allow().expect("a probe");
+        assert!(b.allow().is_none(), "only one probe at a time");
+        // The call was cancelled (its client went away mid-call).
+        drop(probe);
+        let next = b.allow().expect("the next call probes");
+        next.success();
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_dropped_call_while_closed_changes_nothing() {
+        let b = Breaker::new(1, Duration::from_secs(60));
+        drop(b.allow().expect("closed"));
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(b.allow().is_some());
     }
 }

@@ -12,13 +12,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use flashgate_common::dependency::{DepState, Dependency};
 use flashgate_common::reservation::ForwardedWinner;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::sync::{mpsc, Mutex};
 
 use crate::metrics::Metrics;
-use crate::orders::OrderClient;
+use crate::orders::{BackendError, OrderClient};
 
 /// Most winners sent in one request.
 pub const MAX_BATCH: usize = 256;
@@ -56,6 +57,10 @@ impl BackgroundService for ForwardWorker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut rx = self.rx.lock().await;
         let mut batch = Vec::with_capacity(MAX_BATCH);
+        // While the backend restarts, one line when forwards start failing
+        // and one when they work again, not one per batch (the failures
+        // metric counts every winner).
+        let forwarding = Dependency::assumed_ready("backend order API");
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -64,9 +69,16 @@ impl BackgroundService for ForwardWorker {
             let timer = self.metrics.forward_duration.start_timer();
             let sent = self.orders.create_orders(&batch).await;
             timer.observe_duration();
-            if let Err(error) = sent {
-                self.metrics.forward_failures.with_label_values(&[error.kind()]).inc_by(batch.len() as u64);
-                tracing::warn!(%error, winners = batch.len(), "forward to the backend failed; the orders will come from the stream");
+            match sent {
+                Ok(_) => forwarding.ready(),
+                Err(error) => {
+                    self.metrics.forward_failures.with_label_values(&[error.kind()]).inc_by(batch.len() as u64);
+                    let state = if matches!(error, BackendError::Http(_)) { DepState::Unreachable } else { DepState::Failing };
+                    forwarding.observe(
+                        state,
+                        format_args!("{error}; {} winners' orders will come from the stream", batch.len()),
+                    );
+                }
             }
             batch.clear();
         }

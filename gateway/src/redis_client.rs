@@ -81,20 +81,22 @@ impl RedisClient {
     /// [`RedisError::CircuitOpen`] without trying while the breaker is open,
     /// [`RedisError::Timeout`] when the call takes longer, or the call's error.
     pub async fn bounded<T, E>(&self, fut: impl Future<Output = Result<T, E>>) -> Result<Result<T, E>, RedisError> {
-        if !self.breaker.allow() {
+        // Dropped unreported if this future is (the client went away
+        // mid-call): a probe then leaves its turn to the next call.
+        let Some(permit) = self.breaker.allow() else {
             return Err(RedisError::CircuitOpen);
-        }
+        };
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => {
-                self.breaker.success();
+                permit.success();
                 Ok(Ok(v))
             }
             Ok(Err(e)) => {
-                self.breaker.failure();
+                permit.failure();
                 Ok(Err(e))
             }
             Err(_) => {
-                self.breaker.failure();
+                permit.failure();
                 Err(RedisError::Timeout(self.timeout))
             }
         }

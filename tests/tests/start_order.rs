@@ -84,6 +84,46 @@ async fn first_check(
     }
 }
 
+/// The states a log gave `dependency`, in order: the word after
+/// "waiting for {dependency}: ", or "ready" for "{dependency} is ready".
+fn logged_states(log: &str, dependency: &str) -> Vec<String> {
+    let waiting = format!("waiting for {dependency}: ");
+    let ready = format!("{dependency} is ready");
+    log.lines()
+        .filter_map(|line| {
+            if let Some((_, rest)) = line.split_once(&waiting) {
+                Some(
+                    rest.chars()
+                        .take_while(|c| c.is_ascii_alphabetic() || *c == '_')
+                        .collect(),
+                )
+            } else if line.contains(&ready) {
+                Some("ready".to_owned())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// What the log says of `dependency` starts with a wait (`first`, when
+/// given) and changes with every line: one line per change of state,
+/// however many retries (a Redis starved while loading may time out a
+/// check and be logged as unreachable again, but never twice in a row).
+fn assert_logged_once_per_change(log: &str, dependency: &str, first: Option<&str>) {
+    let states = logged_states(log, dependency);
+    let said = states.first().map(String::as_str);
+    assert!(
+        said.is_some_and(|s| s != "ready" && first.is_none_or(|f| f == s)),
+        "the log says `waiting for {dependency}: {}` first; states logged {states:?}:\n{log}",
+        first.unwrap_or("...")
+    );
+    assert!(
+        states.windows(2).all(|w| w[0] != w[1]),
+        "one line per change of state, not per retry; states logged {states:?}:\n{log}"
+    );
+}
+
 fn declared_sale(id: &str, stock: i64) -> String {
     format!("\n[[sales]]\nid = \"{id}\"\nname = \"Declared {id}\"\nstock = {stock}\nper_user_limit = 1\nduration_seconds = 3600\n")
 }
@@ -218,11 +258,7 @@ async fn backend_and_gateway_started_before_redis_become_ready_once_it_has_loade
         1,
         "the declared sale is preheated exactly once:\n{log}"
     );
-    assert_eq!(
-        log.matches("waiting for redis: unreachable").count(),
-        1,
-        "one line per change, not per retry:\n{log}"
-    );
+    assert_logged_once_per_change(&log, "redis", Some("unreachable"));
     assert_eq!(stack.remaining("early").await, STOCK);
     sells_exactly(&stack, "early", STOCK, 60).await;
     assert!(aof_bytes(&stack.dir.0) >= MIN_AOF_BYTES);
@@ -261,12 +297,7 @@ async fn a_backend_started_while_postgresql_is_absent_waits_and_becomes_ready_an
         "backend not ready: {body}\n{}",
         stack.log("flashgate-backend")
     );
-    let log = stack.log("flashgate-backend");
-    assert_eq!(
-        log.matches("waiting for database").count(),
-        1,
-        "one line per change, not per retry:\n{log}"
-    );
+    assert_logged_once_per_change(&stack.log("flashgate-backend"), "database", Some("unreachable"));
     stack.open_sale("pg", 5, 1).await;
     let (status, body) = wait_ready(&stack.http, &stack.gateway_ready_url(), READY_LIMIT).await;
     assert_eq!(status, 200, "{body}");
@@ -286,6 +317,17 @@ async fn a_backend_started_while_postgresql_is_absent_waits_and_becomes_ready_an
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The consumers' supervisor, listing the sales every poll, says once
+    // that it cannot, however many polls fail.
+    while !stack.log("flashgate-backend").contains("waiting for sale list") {
+        assert!(
+            Instant::now() < deadline,
+            "the sale list never failed while the database was away:\n{}",
+            stack.log("flashgate-backend")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
     pg.start();
     let (status, body) = wait_ready(&stack.http, &stack.backend_ready_url(), READY_LIMIT).await;
     assert_eq!(
@@ -295,6 +337,9 @@ async fn a_backend_started_while_postgresql_is_absent_waits_and_becomes_ready_an
         stack.log("flashgate-backend")
     );
     still_running(&mut stack);
+    let log = stack.log("flashgate-backend");
+    assert_logged_once_per_change(&log, "database", Some("unreachable"));
+    assert_logged_once_per_change(&log, "sale list", None);
     stack.open_sale("pg2", 3, 1).await;
     sells_exactly(&stack, "pg2", 3, 6).await;
 }
@@ -367,11 +412,34 @@ async fn redis_restarted_mid_sale_with_a_large_aof_answers_503_with_retry_after_
         assert!(Instant::now() < deadline, "the buyers sold nothing");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // What the gateway's /ready says while Redis reloads.
+    let (watching, mut watched) = tokio::sync::watch::channel(false);
+    let ready_states = {
+        let (http, url) = (stack.http.clone(), stack.gateway_ready_url());
+        tokio::spawn(async move {
+            let mut states = HashSet::new();
+            while !*watched.borrow_and_update() {
+                let (_, body) = get_json(&http, &url).await;
+                states.insert(body["redis"].as_str().unwrap_or_default().to_owned());
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(25)) => {}
+                    _ = watched.changed() => {}
+                }
+            }
+            states
+        })
+    };
     stack.redis.restart();
     let load = redis_load_time(stack.redis.port).await;
     println!(
         "aof_bytes={aof_size} reload_seconds_mid_sale={:.2}",
         load.as_secs_f64()
+    );
+    watching.send(true).unwrap();
+    let ready_states = ready_states.await.unwrap();
+    assert!(
+        ready_states.contains("loading"),
+        "the gateway's /ready said `\"redis\":\"loading\"` while Redis reloaded; it said {ready_states:?}"
     );
 
     let mut seen = Vec::new();
@@ -463,9 +531,8 @@ impl LocalRun {
         }
     }
 
-    /// Runs the script until it prints its URLs; its output so far. The
-    /// script and everything it started are stopped when the guard drops.
-    fn start(&self, env: &[(&str, &str)]) -> (RunGuard, String) {
+    /// The script, on this run's ports and data dir, with `env` on top.
+    fn command(&self, env: &[(&str, &str)]) -> Command {
         let [redis, shop, gateway, gateway_admin, backend, backend_admin] = self.ports;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/run.sh");
         let bin_dir = bin("flashgate").parent().unwrap().to_owned();
@@ -495,7 +562,20 @@ impl LocalRun {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().unwrap();
+        cmd
+    }
+
+    /// Runs the script until it exits (it is expected to fail); its exit
+    /// status and what it wrote to stderr.
+    fn run_to_exit(&self, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+        let out = self.command(env).stdout(Stdio::null()).output().unwrap();
+        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// Runs the script until it prints its URLs; its output so far. The
+    /// script and everything it started are stopped when the guard drops.
+    fn start(&self, env: &[(&str, &str)]) -> (RunGuard, String) {
+        let mut child = self.command(env).spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
         let guard = RunGuard(child);
@@ -612,4 +692,84 @@ async fn make_run_uses_the_secrets_exported_in_the_environment_over_its_file() {
         "the file does not override the environment"
     );
     drop(guard);
+
+    // A file written by hand: `export`, quotes, a base64 secret ending in
+    // `=`, a last line without its newline. Each value is used whole.
+    const BASE64_TOKEN: &str = "YWRtaW4tdG9rZW4tZnJvbS10aGUtZmlsZS1pbi1iYXNlNjQ=";
+    let secrets = data.0.join("secrets.env");
+    std::fs::write(
+        &secrets,
+        format!("export FLASHGATE_JWT_SECRET='from-the-file-jwt-secret-000000000000'\nexport FLASHGATE_ADMIN_TOKEN={BASE64_TOKEN}"),
+    )
+    .unwrap();
+    let (guard, _) = run.start(&[]);
+    assert_eq!(
+        status(
+            http.get(&url)
+                .bearer_auth(BASE64_TOKEN)
+                .send()
+                .await
+                .unwrap()
+        ),
+        200,
+        "the file's base64 token is used with its trailing `=`"
+    );
+    drop(guard);
+    let text = std::fs::read_to_string(&secrets).unwrap();
+    assert_eq!(
+        text.matches("FLASHGATE_ADMIN_TOKEN=").count(),
+        1,
+        "an exported secret in the file is not added again:\n{text}"
+    );
+    assert!(
+        text.contains(&format!("{BASE64_TOKEN}\n")),
+        "the secrets added go on lines of their own:\n{text}"
+    );
+    // The secrets and what the stack writes are the user's alone.
+    use std::os::unix::fs::PermissionsExt;
+    for file in ["secrets.env", "backend.log", "redis.log", "flashgate.db"] {
+        let mode = std::fs::metadata(data.0.join(file)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{file} is readable by others: {mode:o}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_run_stops_at_once_naming_redis_and_its_log_when_redis_cannot_start() {
+    let data = TempDir::new("run-redis-dead");
+    let run = LocalRun::new(&data.0);
+    // Something else holds Redis's port: redis-server exits at start,
+    // while the backend connects to the squatter and waits for an answer.
+    let _squatter = std::net::TcpListener::bind(("127.0.0.1", run.ports[0])).unwrap();
+    let (status, stderr) = run.run_to_exit(&[]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(&format!("redis exited; see {}/redis.log", data.0.display())),
+        "run.sh names the process that exited and its log:\n{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_backend_is_away_logs_its_failing_forwards_once_per_change() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("fwd", 10, 1).await;
+    let (status, body) = wait_ready(&stack.http, &stack.gateway_ready_url(), READY_LIMIT).await;
+    assert_eq!(status, 200, "{body}");
+    stack.kill_backend();
+    // Winners one at a time: each forward is a batch of its own, failing.
+    for _ in 0..4 {
+        let (status, body) = stack.buy("fwd", &random_user(), None).await;
+        assert!(status == 201 || status == 202, "{status} {body}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stack.start_backend();
+    let (status, body) = wait_ready(&stack.http, &stack.backend_ready_url(), READY_LIMIT).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = stack.buy("fwd", &random_user(), None).await;
+    assert!(status == 201 || status == 202, "{status} {body}");
+    assert_eq!(
+        stack.wait_orders("fwd", 5, Duration::from_secs(30)).await,
+        (5, 5, 1),
+        "every winner's order is written"
+    );
+    assert_logged_once_per_change(&stack.log("flashgate"), "backend order API", None);
 }

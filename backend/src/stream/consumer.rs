@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use flashgate_common::config::{BackendConfig, RedisConfig};
+use flashgate_common::dependency::Dependency;
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
 use flashgate_common::reservation::{fields, sale_of_reservation, Reservation};
 use redis::aio::MultiplexedConnection;
@@ -99,6 +100,9 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
     let mut redis = None;
     let mut archived = HashSet::new();
     let mut last_maintenance: Option<Instant> = None;
+    // While the database is away, one line when listing starts failing and
+    // one when it works again, not one per poll.
+    let sale_list = Dependency::assumed_ready("sale list");
     loop {
         while let Some(done) = tasks.try_join_next() {
             if let Ok(sale) = done {
@@ -119,6 +123,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
         let maintain = last_maintenance.is_none_or(|t| t.elapsed() >= retention::MAINTENANCE_INTERVAL);
         match store.sales().await {
             Ok(sales) => {
+                sale_list.ready();
                 if maintain {
                     last_maintenance = Some(Instant::now());
                     if let Some(conn) = redis.as_mut() {
@@ -156,7 +161,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                     }
                 }
             }
-            Err(error) => tracing::warn!(%error, "cannot list sales; will retry"),
+            Err(error) => sale_list.observe(crate::readiness::store_state(&error), &error),
         }
         tokio::select! {
             _ = tokio::time::sleep(settings.sale_poll) => {}
