@@ -361,3 +361,50 @@ async fn scraping_metrics_costs_no_redis_call_the_background_refresh_fills_the_g
     assert_eq!(command_calls(&f, "xinfo|groups").await - xinfo, 2, "one XINFO per live sale");
     assert!(!scrape(&f).await.contains(&format!("sale=\"{}\"", sales[0])));
 }
+
+/// Makes `SREM fg:archived` fail (`WRONGTYPE`) on a real Redis.
+async fn break_archived_set(f: &Fixture) {
+    let () = redis::cmd("SET").arg(flashgate_common::keys::ARCHIVED_SALES).arg("not a set").query_async(&mut f.redis.conn().await).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_letter_stays_put_when_its_sale_cannot_be_made_live() {
+    let f = fixture().await;
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    let mut conn = f.redis.conn().await;
+    let entry: String = conn.xadd(&keys.dead, "*", &[("rid", "x"), ("dead_error", "e"), ("dead_source_id", "1-0")]).await.unwrap();
+    break_archived_set(&f).await;
+    let (status, _) = admin(&f, "POST", &format!("/admin/sales/{id}/dead-letters/{entry}/retry"), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let dead: i64 = conn.xlen(&keys.dead).await.unwrap();
+    let requeued: i64 = conn.xlen(&keys.stream).await.unwrap();
+    assert_eq!((dead, requeued), (1, 0), "nothing moved");
+}
+
+#[tokio::test]
+async fn a_sale_change_that_cannot_unarchive_the_sale_answers_503() {
+    let f = fixture().await;
+    let id = unique("s");
+    assert_eq!(admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(5))).await.0, StatusCode::CREATED);
+    break_archived_set(&f).await;
+    let (status, body) = admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(6))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")), "{body}");
+}
+
+#[tokio::test]
+async fn the_drift_gauge_of_an_archived_sale_goes_with_its_other_gauges() {
+    let f = fixture().await;
+    let id = unique("s");
+    assert_eq!(admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(5))).await.0, StatusCode::CREATED);
+    let mut conn = f.redis.conn().await;
+    crate::reconcile::reconcile_all(&mut conn, &f.state.store, &f.state.drift).await.unwrap();
+    let label = format!("flashgate_reconcile_stock_drift{{sale=\"{id}\"}}");
+    assert!(scrape(&f).await.contains(&label));
+
+    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&id).query_async(&mut conn).await.unwrap();
+    crate::reconcile::reconcile_all(&mut conn, &f.state.store, &f.state.drift).await.unwrap();
+    crate::metrics::refresh_sales(&mut conn, &f.state.store, &f.state.metrics).await.unwrap();
+    let text = scrape(&f).await;
+    assert!(!text.contains(&format!("sale=\"{id}\"")), "{text}");
+}
