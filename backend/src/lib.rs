@@ -11,7 +11,6 @@
 //! - [`api`]: the order API (for the gateway) and the admin API, with one
 //!   error-to-HTTP mapping in [`api::error`].
 //! - [`readiness`]: what the backend waits for; `GET /live`, `GET /ready`.
-//! - [`order_writer`]: group commit of the orders the gateway forwards.
 //! - [`store`]: the SQL database (SQLite or PostgreSQL).
 //! - [`stream::consumer`]: per-sale Redis Stream consumers.
 //! - [`sales`]: preheating sales into Redis, changing them, operator views.
@@ -25,7 +24,6 @@
 
 pub mod api;
 pub mod metrics;
-pub mod order_writer;
 pub mod readiness;
 pub mod reconcile;
 pub mod recovery;

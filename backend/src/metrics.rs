@@ -102,7 +102,7 @@ pub async fn refresh_sales<C: redis::aio::ConnectionLike + Send>(
     for sale in store.sales().await? {
         let id = sale.id.as_str();
         if archived.contains(id) {
-            for gauge in [&metrics.remaining, &metrics.stream_lag, &metrics.backlog] {
+            for gauge in [&metrics.remaining, &metrics.stream_lag, &metrics.backlog, &metrics.drift] {
                 let _ = gauge.remove_label_values(&[id]);
             }
             continue;

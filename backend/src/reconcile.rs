@@ -69,6 +69,12 @@ impl Drift {
         self.sales.read().unwrap_or_else(|e| e.into_inner()).get(sale_id).map(|g| g.load(Ordering::Relaxed))
     }
 
+    /// Forgets the drift of every sale in `sales` (archived sales: not
+    /// reconciled any more, so their last drift is not exported either).
+    pub fn forget(&self, sales: &HashSet<String>) {
+        self.sales.write().unwrap_or_else(|e| e.into_inner()).retain(|id, _| !sales.contains(id));
+    }
+
     /// Every sale's last drift, sorted by sale id.
     pub fn snapshot(&self) -> Vec<(String, i64)> {
         let map = self.sales.read().unwrap_or_else(|e| e.into_inner());
@@ -187,7 +193,8 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
         tracing::warn!(sale = sale_id, repaired = report.repaired, "orders written from stream entries nobody had processed");
     }
     report.drift = (stock - report.remaining) - (report.live_orders + report.returning);
-    if report.drift != 0 {
+    // A sale that moved while it was read has no meaningful drift.
+    if report.drift != 0 && report.settled {
         tracing::warn!(sale = sale_id, drift = report.drift, ?report, "stock drift between redis and the order table");
     }
     Ok(Some(report))
@@ -308,6 +315,7 @@ pub async fn reconcile_all<C: ConnectionLike + Send>(conn: &mut C, store: &Store
         tracing::debug!(%error, "cannot read the archived sales; reconciling every sale");
         HashSet::new()
     });
+    drift.forget(&archived);
     for spec in store.sales().await?.into_iter().filter(|s| !archived.contains(&s.id)) {
         match reconcile_sale(conn, store, &spec.id).await {
             Ok(Some(report)) => {

@@ -30,13 +30,30 @@ pub fn required<'a>(name: &'static str, value: Option<&'a str>) -> Result<&'a st
     }
 }
 
-/// Checks an `Authorization` header value against the expected bearer token
-/// in constant time, so the token cannot be guessed byte by byte from timing.
+/// Checks an `Authorization` header value (`Bearer <token>`, the scheme in
+/// any case, RFC 9110 §11.1) against the expected bearer token in constant
+/// time, so the token cannot be guessed byte by byte, nor its length
+/// learned, from timing.
 pub fn bearer_matches(header: Option<&str>, expected: &str) -> bool {
-    let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
+    let Some((scheme, token)) = header.and_then(|h| h.split_once(' ')) else {
         return false;
     };
-    !expected.is_empty() && token.as_bytes().ct_eq(expected.as_bytes()).into()
+    let token = token.trim_start_matches(' ');
+    scheme.eq_ignore_ascii_case("Bearer") && !expected.is_empty() && equal_padded(token.as_bytes(), expected.as_bytes())
+}
+
+/// Compares `a` and `b` byte for byte over the longer of the two (the
+/// shorter read as zeros past its end), with the lengths compared too: the
+/// work does not stop at the first difference nor at a length mismatch
+/// (`subtle`'s slice comparison returns at once when lengths differ, which
+/// tells an attacker the token's length).
+fn equal_padded(a: &[u8], b: &[u8]) -> bool {
+    let at = |s: &[u8], i: usize| s.get(i).copied().unwrap_or(0);
+    let mut same = (a.len() as u64).ct_eq(&(b.len() as u64));
+    for i in 0..a.len().max(b.len()) {
+        same &= at(a, i).ct_eq(&at(b, i));
+    }
+    same.into()
 }
 
 #[cfg(test)]
@@ -50,6 +67,26 @@ mod tests {
         assert!(!bearer_matches(Some("s3cret"), "s3cret"));
         assert!(!bearer_matches(None, "s3cret"));
         assert!(!bearer_matches(Some("Bearer "), ""));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case() {
+        for header in ["bearer s3cret", "BEARER s3cret", "BeArEr s3cret", "Bearer  s3cret"] {
+            assert!(bearer_matches(Some(header), "s3cret"), "{header}");
+        }
+        assert!(!bearer_matches(Some("Basic s3cret"), "s3cret"));
+        assert!(!bearer_matches(Some("Bearers3cret"), "s3cret"));
+    }
+
+    #[test]
+    fn tokens_of_other_lengths_or_zero_padding_never_match() {
+        use super::equal_padded;
+        assert!(equal_padded(b"abc", b"abc"));
+        assert!(!equal_padded(b"abc", b"abc\0"), "same bytes, zero-padded, other length");
+        assert!(!equal_padded(b"abc\0", b"abc"));
+        assert!(!equal_padded(b"", b"\0"));
+        assert!(!bearer_matches(Some("Bearer s3cret\0"), "s3cret"));
+        assert!(!bearer_matches(Some("Bearer s3cretX"), "s3cret"));
     }
 
     #[test]

@@ -84,9 +84,8 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
     let shop = shop.as_bytes();
     let backend_cases: Vec<(&str, SocketAddr, Vec<u8>)> = vec![
         ("order: no token", stack.backend_addr, request("POST", "/internal/orders/batch", &[], b"[]")),
-        ("order: bad JSON", stack.backend_addr, request("POST", "/internal/orders", &[("Authorization", gw), ("Content-Type", b"application/json")], b"{nope")),
-        ("order: invalid UTF-8", stack.backend_addr, request("POST", "/internal/orders", &[("Authorization", gw)], b"{\"reservation_id\":\"\xff\"}")),
-        ("order: unknown reservation", stack.backend_addr, request("POST", "/internal/orders", &[("Authorization", gw)], br#"{"reservation_id":"bad.00000000000000000000000000000000","sale_id":"bad","user_id":"u","reserved_at_ms":1}"#)),
+        ("order: bad JSON", stack.backend_addr, request("POST", "/internal/orders/batch", &[("Authorization", gw), ("Content-Type", b"application/json")], b"{nope")),
+        ("order: invalid UTF-8", stack.backend_addr, request("POST", "/internal/orders/batch", &[("Authorization", gw)], b"[{\"reservation_id\":\"\xff\"}]")),
         ("pay: no token", stack.backend_addr, request("POST", "/internal/orders/o-00000000000000000000000000000000/pay", &[], b"")),
         ("pay: malformed order id", stack.backend_addr, request("POST", "/internal/orders/../pay", &[("Authorization", shop)], b"")),
         ("pay: bad order id", stack.backend_addr, request("POST", "/internal/orders/o-zz/pay", &[("Authorization", shop)], b"")),

@@ -60,7 +60,8 @@ fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError
 }
 
 /// `PUT /admin/sales/{id}`: 201 when the sale is new, 200 when it changed,
-/// 409 `stock_below_sold` when the new stock is below the items sold.
+/// 409 `stock_below_sold` when the new stock is below the items sold, 503
+/// when Redis failed (sending the same change again is safe).
 pub async fn put(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -108,9 +109,13 @@ pub async fn put(
         }
         return Err(error.into());
     }
-    // A changed window may reopen a finished sale: it is live again.
+    // A changed window may reopen a finished sale: it is live again. The
+    // change is saved either way; an operator told 503 sends it again (and
+    // the consumers' supervisor reopens an archived sale whose window is
+    // open on its own).
     if let Err(error) = crate::stream::retention::unarchive(&mut redis, &spec.id).await {
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the changed sale; its consumer stays stopped");
+        return Err(ApiError::unavailable("the sale is saved but may stay archived (redis failed); send the change again"));
     }
     tracing::info!(sale = %spec.id, stock = spec.stock, created = previous.is_none(), "sale saved");
     let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
@@ -148,10 +153,18 @@ pub async fn retry_dead_letter(
     if !dead_letter::valid_entry_id(&entry_id) {
         return Err(ApiError::bad_request("entry_id: must be a stream entry id like 1700000000000-0"));
     }
-    match dead_letter::retry(&mut state.redis.clone(), &id, &entry_id).await? {
+    let mut redis = state.redis.clone();
+    // The entry needs a consumer again, even on a finished sale: live
+    // before the entry moves, so a failure here moves nothing.
+    crate::stream::retention::unarchive(&mut redis, &id).await?;
+    match dead_letter::retry(&mut redis, &id, &entry_id).await? {
         Some(requeued) => {
-            // The entry needs a consumer again, even on a finished sale.
-            crate::stream::retention::unarchive(&mut state.redis.clone(), &id).await?;
+            // Again after the move: an archiving that read the streams
+            // before it and added the sale after the first removal sees
+            // the entry on its re-check, or is undone here.
+            if let Err(error) = crate::stream::retention::unarchive(&mut redis, &id).await {
+                tracing::warn!(%error, sale = %id, "cannot confirm the sale is live after a dead letter was put back");
+            }
             tracing::info!(sale = %id, entry = %entry_id, %requeued, "dead letter put back on the stream");
             Ok((StatusCode::ACCEPTED, Json(serde_json::json!({"requeued_as": requeued}))).into_response())
         }

@@ -4,7 +4,7 @@
 //! - [`order_router`] (`backend.listen`, private network):
 //!   - gateways (`FLASHGATE_INTERNAL_TOKEN`) turn winners' reservations
 //!     into orders and look orders up:
-//!     - `POST /internal/orders/batch`, `POST /internal/orders`
+//!     - `POST /internal/orders/batch`
 //!     - `GET /internal/reservations/{rid}`
 //!     - `GET /internal/sales/{id}` (does the database know this sale?)
 //!   - the shop (`FLASHGATE_SHOP_TOKEN`) confirms payments:
@@ -51,15 +51,12 @@ pub struct AppState {
     pub orders_expired: Arc<std::sync::atomic::AtomicU64>,
     /// Served at `GET /metrics`; shared with the stream consumers.
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// Group commit of forwarded winners.
-    pub orders: crate::order_writer::OrderWriter,
 }
 
 impl AppState {
     pub fn new(store: Store, redis: ConnectionManager, tokens: auth::ApiTokens) -> Self {
         let metrics = Arc::new(crate::metrics::Metrics::register());
-        let orders = crate::order_writer::OrderWriter::start(store.clone(), metrics.clone());
-        Self { store, redis, tokens, sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics, orders }
+        Self { store, redis, tokens, sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics }
     }
 }
 
@@ -68,7 +65,6 @@ impl AppState {
 pub fn order_router(state: AppState) -> Router {
     let guarded = |guard: &auth::Guard| axum::middleware::from_fn_with_state(guard.clone(), auth::require);
     let gateways = Router::new()
-        .route("/internal/orders", post(orders::create))
         .route("/internal/orders/batch", post(orders::create_batch))
         .route("/internal/reservations/{rid}", get(orders::by_reservation))
         .route("/internal/sales/{id}", get(orders::sale_exists))

@@ -1,6 +1,6 @@
-//! The order API: the gateway hands over a winner's reservation, which
-//! becomes an order exactly once, whether it arrives here or through the
-//! stream first.
+//! The order API: the gateway hands over its winners' reservations in
+//! batches; each becomes an order exactly once, whether it arrives here or
+//! through the stream first.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -10,59 +10,27 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::{sale_of_reservation, ForwardedWinner, OrderView, Reservation};
-use redis::AsyncCommands;
 
 use super::error::{parse_json, ApiError};
 use crate::store::Payment;
 use super::AppState;
-
-/// `POST /internal/orders`: 201 with the order when this call created it,
-/// 200 with the existing order when it was already there, 422
-/// `unknown_reservation` when Redis has no such reservation for this user.
-pub async fn create(
-    State(state): State<AppState>,
-    headers: axum::http::HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let reservation: Reservation = parse_json(&body?)?;
-    if sale_of_reservation(&reservation.reservation_id) != Some(reservation.sale_id.as_str()) {
-        return Err(unknown_reservation());
-    }
-    let keys = SaleKeys::new(&reservation.sale_id);
-    let mut redis = state.redis.clone();
-    let holder: Option<String> = redis.hget(&keys.reservations, &reservation.reservation_id).await?;
-    if holder.as_deref() != Some(reservation.user_id.as_str()) {
-        return Err(unknown_reservation());
-    }
-    let (order, created) = state.orders.create(reservation).await.map_err(ApiError::unavailable)?;
-    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
-    let status = if created {
-        tracing::info!(request_id, sale = %order.sale_id, order = %order.order_id, "order created from the gateway's forward");
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(order)).into_response())
-}
 
 /// Most winners accepted in one batch.
 pub const MAX_BATCH: usize = 1000;
 
 /// `POST /internal/orders/batch`: the gateway's batch of winners
 /// (`[{reservation..., request_id}]`), written in one transaction.
-/// A reservation listed more than once counts once (its first copy).
 /// Reservations Redis does not know for that user are skipped (counted in
-/// `rejected`); the rest become orders once. Answers
+/// `rejected`); the rest become orders once. A reservation listed more than
+/// once counts once: its first copy Redis knows for that user, or, when
+/// none is, one rejection. Answers
 /// `{"created", "existing", "rejected"}`.
 pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let winners: Vec<ForwardedWinner> = parse_json(&body?)?;
     if winners.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!("at most {MAX_BATCH} winners per batch")));
     }
-    let mut seen = std::collections::HashSet::with_capacity(winners.len());
-    let winners: Vec<ForwardedWinner> =
-        winners.into_iter().filter(|w| seen.insert(w.reservation.reservation_id.clone())).collect();
-    let total = winners.len();
+    let total = winners.iter().map(|w| w.reservation.reservation_id.as_str()).collect::<std::collections::HashSet<_>>().len();
     let winners: Vec<ForwardedWinner> = winners
         .into_iter()
         .filter(|w| sale_of_reservation(&w.reservation.reservation_id) == Some(w.reservation.sale_id.as_str()))
@@ -79,6 +47,11 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
         .filter(|(w, holder)| holder.as_deref() == Some(w.reservation.user_id.as_str()))
         .map(|(w, _)| (w.reservation, w.request_id))
         .unzip();
+    // De-duplicated only now: a copy Redis refuses (another user, another
+    // sale) must not shadow a valid copy listed after it.
+    let mut seen = std::collections::HashSet::with_capacity(known.len());
+    let (known, request_ids): (Vec<Reservation>, Vec<String>) =
+        known.into_iter().zip(request_ids).filter(|(r, _)| seen.insert(r.reservation_id.clone())).unzip();
     let rejected = total - known.len();
     let results = state.store.create_orders(&known).await?;
     let mut created = 0u64;
@@ -94,14 +67,6 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
         tracing::warn!(rejected, "forwarded winners unknown to redis were skipped");
     }
     Ok(Json(serde_json::json!({"created": created, "existing": existing, "rejected": rejected})).into_response())
-}
-
-fn unknown_reservation() -> ApiError {
-    ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "unknown_reservation",
-        "no such reservation for this user and sale",
-    )
 }
 
 /// `GET /internal/reservations/{rid}`: the order made from a reservation.

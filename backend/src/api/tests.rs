@@ -58,9 +58,18 @@ async fn admin(f: &Fixture, method: &str, uri: &str, body: Option<&str>) -> (Sta
     call(admin_router(f.state.clone()), method, uri, Some(TOKEN), body).await
 }
 
-async fn post_order(f: &Fixture, r: &Reservation) -> (StatusCode, Value) {
-    let body = serde_json::to_string(r).unwrap();
-    call(order_router(f.state.clone()), "POST", "/internal/orders", Some(GATEWAY), Some(&body)).await
+/// Forwards `winners` as one gateway batch; answers the
+/// `(created, existing, rejected)` counts.
+async fn forward(f: &Fixture, winners: &[&Reservation]) -> (u64, u64, u64) {
+    let body: Vec<Value> = winners
+        .iter()
+        .map(|r| json!({"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms, "request_id": "q"}))
+        .collect();
+    let body = Value::from(body).to_string();
+    let (status, reply) = call(order_router(f.state.clone()), "POST", "/internal/orders/batch", Some(GATEWAY), Some(&body)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let count = |k: &str| reply[k].as_u64().unwrap();
+    (count("created"), count("existing"), count("rejected"))
 }
 
 /// What the deduct script leaves in Redis for a winner (stream aside).
@@ -174,54 +183,62 @@ async fn put_rejects_bad_bodies_naming_the_field() {
 }
 
 #[tokio::test]
-async fn an_unknown_reservation_is_refused_with_422() {
+async fn a_forwarded_reservation_unknown_to_redis_is_rejected_and_writes_nothing() {
     let f = fixture().await;
     let r = reservation(&unique("s"), "alice");
-    let (status, body) = post_order(&f, &r).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("unknown_reservation")));
+    assert_eq!(forward(&f, &[&r]).await, (0, 0, 1));
 
     // Known in Redis, but for another user, or claimed under another sale.
     reserve_in_redis(&f, &r).await;
     let mut other_user = r.clone();
     other_user.user_id = "mallory".into();
-    assert_eq!(post_order(&f, &other_user).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(forward(&f, &[&other_user]).await, (0, 0, 1));
     let mut other_sale = r.clone();
     other_sale.sale_id = unique("t");
-    assert_eq!(post_order(&f, &other_sale).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(forward(&f, &[&other_sale]).await, (0, 0, 1));
     assert_eq!(f.state.store.order_by_reservation(&r.reservation_id).await.unwrap(), None);
 }
 
 #[tokio::test]
-async fn posting_a_reservation_twice_answers_the_same_order() {
+async fn a_refused_copy_of_a_reservation_does_not_shadow_its_valid_copy_later_in_the_batch() {
     let f = fixture().await;
     let r = reservation(&unique("s"), "alice");
     reserve_in_redis(&f, &r).await;
-    let (status, first) = post_order(&f, &r).await;
-    assert_eq!(status, StatusCode::CREATED, "{first}");
-    assert_eq!(first["status"], "confirmed");
-    assert_eq!(first["reservation_id"], r.reservation_id.as_str());
-    let (status, second) = post_order(&f, &r).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(second["order_id"], first["order_id"]);
+    let mut forged = r.clone();
+    forged.user_id = "mallory".into();
+    assert_eq!(forward(&f, &[&forged, &r, &r]).await, (1, 0, 0));
+    let order = f.state.store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+    assert_eq!(order.user_id, "alice");
+    assert_eq!(forward(&f, &[&forged]).await, (0, 0, 1), "alone, the forged copy is refused");
+}
+
+#[tokio::test]
+async fn forwarding_a_reservation_twice_writes_one_order() {
+    let f = fixture().await;
+    let r = reservation(&unique("s"), "alice");
+    reserve_in_redis(&f, &r).await;
+    assert_eq!(forward(&f, &[&r]).await, (1, 0, 0));
+    assert_eq!(forward(&f, &[&r]).await, (0, 1, 0));
 
     let uri = format!("/internal/reservations/{}", r.reservation_id);
     let (status, found) = call(order_router(f.state.clone()), "GET", &uri, Some(GATEWAY), None).await;
-    assert_eq!((status, &found), (StatusCode::OK, &first));
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((found["status"].as_str(), found["reservation_id"].as_str()), (Some("confirmed"), Some(r.reservation_id.as_str())));
 }
 
 #[tokio::test]
 async fn order_api_errors_are_json() {
     let f = fixture().await;
     let router = || order_router(f.state.clone());
-    let (status, body) = call(router(), "POST", "/internal/orders", Some(GATEWAY), Some("{not json")).await;
+    let (status, body) = call(router(), "POST", "/internal/orders/batch", Some(GATEWAY), Some("{not json")).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")));
-    let (status, body) = call(router(), "POST", "/internal/orders", Some(GATEWAY), Some(r#"{"reservation_id": 5}"#)).await;
+    let (status, body) = call(router(), "POST", "/internal/orders/batch", Some(GATEWAY), Some(r#"[{"reservation_id": 5}]"#)).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")));
     let (status, body) = call(router(), "GET", "/internal/reservations/nope", Some(GATEWAY), None).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
     let (status, body) = call(router(), "GET", "/nowhere", None, None).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
-    let (status, body) = call(router(), "GET", "/internal/orders", Some(GATEWAY), None).await;
+    let (status, body) = call(router(), "GET", "/internal/orders/batch", Some(GATEWAY), None).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed")));
     let (status, body) = call(router(), "GET", "/healthz", None, None).await;
     assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ok")));
@@ -232,8 +249,8 @@ async fn orders_answer_503_when_redis_is_down() {
     let Fixture { redis, state } = fixture().await;
     drop(redis);
     let r = reservation(&unique("s"), "alice");
-    let body = serde_json::to_string(&r).unwrap();
-    let (status, reply) = call(order_router(state.clone()), "POST", "/internal/orders", Some(GATEWAY), Some(&body)).await;
+    let body = json!([{"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms}]).to_string();
+    let (status, reply) = call(order_router(state.clone()), "POST", "/internal/orders/batch", Some(GATEWAY), Some(&body)).await;
     assert_eq!((status, reply["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")));
     // The admin view still answers from the database, with Redis counters null.
     let id = unique("s");
@@ -266,13 +283,11 @@ async fn order_routes_require_their_own_bearer_token_and_change_nothing_without_
     let order_id = f.state.store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap().order_id;
 
     let batch = winner.to_string();
-    let single = serde_json::to_string(&r).unwrap();
     let lookup = format!("/internal/reservations/{}", unpaid.reservation_id);
     let sale = format!("/internal/sales/{}", r.sale_id);
     let pay = format!("/internal/orders/{order_id}/pay");
     let gateway_routes = [
         ("POST", "/internal/orders/batch", Some(batch.as_str())),
-        ("POST", "/internal/orders", Some(single.as_str())),
         ("GET", lookup.as_str(), None),
         ("GET", sale.as_str(), None),
     ];
@@ -345,4 +360,51 @@ async fn scraping_metrics_costs_no_redis_call_the_background_refresh_fills_the_g
     crate::metrics::refresh_sales(&mut f.redis.conn().await, &f.state.store, &f.state.metrics).await.unwrap();
     assert_eq!(command_calls(&f, "xinfo|groups").await - xinfo, 2, "one XINFO per live sale");
     assert!(!scrape(&f).await.contains(&format!("sale=\"{}\"", sales[0])));
+}
+
+/// Makes `SREM fg:archived` fail (`WRONGTYPE`) on a real Redis.
+async fn break_archived_set(f: &Fixture) {
+    let () = redis::cmd("SET").arg(flashgate_common::keys::ARCHIVED_SALES).arg("not a set").query_async(&mut f.redis.conn().await).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_letter_stays_put_when_its_sale_cannot_be_made_live() {
+    let f = fixture().await;
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    let mut conn = f.redis.conn().await;
+    let entry: String = conn.xadd(&keys.dead, "*", &[("rid", "x"), ("dead_error", "e"), ("dead_source_id", "1-0")]).await.unwrap();
+    break_archived_set(&f).await;
+    let (status, _) = admin(&f, "POST", &format!("/admin/sales/{id}/dead-letters/{entry}/retry"), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let dead: i64 = conn.xlen(&keys.dead).await.unwrap();
+    let requeued: i64 = conn.xlen(&keys.stream).await.unwrap();
+    assert_eq!((dead, requeued), (1, 0), "nothing moved");
+}
+
+#[tokio::test]
+async fn a_sale_change_that_cannot_unarchive_the_sale_answers_503() {
+    let f = fixture().await;
+    let id = unique("s");
+    assert_eq!(admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(5))).await.0, StatusCode::CREATED);
+    break_archived_set(&f).await;
+    let (status, body) = admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(6))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")), "{body}");
+}
+
+#[tokio::test]
+async fn the_drift_gauge_of_an_archived_sale_goes_with_its_other_gauges() {
+    let f = fixture().await;
+    let id = unique("s");
+    assert_eq!(admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(5))).await.0, StatusCode::CREATED);
+    let mut conn = f.redis.conn().await;
+    crate::reconcile::reconcile_all(&mut conn, &f.state.store, &f.state.drift).await.unwrap();
+    let label = format!("flashgate_reconcile_stock_drift{{sale=\"{id}\"}}");
+    assert!(scrape(&f).await.contains(&label));
+
+    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&id).query_async(&mut conn).await.unwrap();
+    crate::reconcile::reconcile_all(&mut conn, &f.state.store, &f.state.drift).await.unwrap();
+    crate::metrics::refresh_sales(&mut conn, &f.state.store, &f.state.metrics).await.unwrap();
+    let text = scrape(&f).await;
+    assert!(!text.contains(&format!("sale=\"{id}\"")), "{text}");
 }

@@ -167,9 +167,10 @@ impl Store {
     }
 
     /// Inserts a batch like [`Store::insert_orders`] and answers, for each
-    /// distinct reservation in the order of first appearance, its order and
-    /// whether this call created it. One transaction and one `SELECT` per
-    /// batch, however many rows.
+    /// input in its place, its reservation's order and whether this call
+    /// created it (true only at the first place of a reservation listed
+    /// more than once). One transaction and one `SELECT` per batch, however
+    /// many rows.
     ///
     /// # Errors
     /// A failed statement; nothing of the batch is written then.
@@ -198,14 +199,14 @@ impl Store {
                 views.insert(view.reservation_id.clone(), view);
             }
         }
-        // Each reservation answered once, at its first place in the batch.
-        let mut answered = std::collections::HashSet::with_capacity(reservations.len());
+        // Every place of the batch is answered, so callers may pair inputs
+        // and answers by position; a reservation listed twice gets its one
+        // order twice, `created` only at its first place.
         reservations
             .iter()
-            .filter(|r| answered.insert(r.reservation_id.as_str()))
             .map(|r| {
-                let view = views.remove(&r.reservation_id).ok_or(StoreError::Missing)?;
-                Ok((view, created.contains(&r.reservation_id)))
+                let view = views.get(&r.reservation_id).cloned().ok_or(StoreError::Missing)?;
+                Ok((view, created.remove(&r.reservation_id)))
             })
             .collect()
     }

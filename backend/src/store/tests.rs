@@ -198,13 +198,15 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
 }
 
 #[tokio::test]
-async fn a_reservation_listed_twice_in_one_batch_is_written_and_answered_once() {
+async fn a_reservation_listed_twice_in_one_batch_is_written_once_and_each_place_answered_with_its_own_order() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
         let answers = store.create_orders(&[a.clone(), b.clone(), a.clone()]).await.unwrap();
         let answered: Vec<(&str, bool)> = answers.iter().map(|(o, c)| (o.reservation_id.as_str(), *c)).collect();
-        assert_eq!(answered, vec![(a.reservation_id.as_str(), true), (b.reservation_id.as_str(), true)], "{db}");
+        let expected = [(a.reservation_id.as_str(), true), (b.reservation_id.as_str(), true), (a.reservation_id.as_str(), false)];
+        assert_eq!(answered, expected, "{db}");
+        assert_eq!(answers[0].0.order_id, answers[2].0.order_id, "{db}");
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
         assert_eq!(store.insert_orders(&[b.clone(), b]).await.unwrap(), 0, "{db}");
     }

@@ -26,6 +26,7 @@ use flashgate_common::config::{BackendConfig, RedisConfig};
 use flashgate_common::dependency::Dependency;
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
 use flashgate_common::reservation::{fields, sale_of_reservation, Reservation};
+use flashgate_common::sale::SaleSpec;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{RedisError, Value};
@@ -120,8 +121,12 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                 Err(error) => tracing::debug!(%error, "cannot read the archived sales; will retry"),
             }
         }
+        let sales = store.sales().await;
+        if let (Some(conn), Ok(sales)) = (redis.as_mut(), &sales) {
+            reopen_unfinished(conn, sales, &mut archived).await;
+        }
         let maintain = last_maintenance.is_none_or(|t| t.elapsed() >= retention::MAINTENANCE_INTERVAL);
-        match store.sales().await {
+        match sales {
             Ok(sales) => {
                 sale_list.ready();
                 if maintain {
@@ -141,8 +146,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                             let _ = stop.send(true);
                         }
                     } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
-                        let ended = sale.ends_at_ms.saturating_add(retention::ARCHIVE_GRACE.as_millis() as i64);
-                        if ended < flashgate_common::now_ms() {
+                        if !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms()) {
                             if let Some(conn) = redis.as_mut() {
                                 if maintain_sale(conn, &store, &sale.id).await {
                                     archived.insert(sale.id);
@@ -174,6 +178,31 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
     while tasks.join_next().await.is_some() {}
 }
 
+/// Makes live again every archived sale whose window in the database has
+/// not ended plus [`retention::ARCHIVE_GRACE`] by Redis's clock: the one
+/// place that repairs an archiving a change failed to undo (an operator's
+/// new window whose unarchive failed, a race the archiver missed). Failures
+/// are logged; the next poll tries again.
+async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, sales: &[SaleSpec], archived: &mut HashSet<String>) {
+    let unfinished: Vec<&SaleSpec> = sales.iter().filter(|s| archived.contains(&s.id)).collect();
+    if unfinished.is_empty() {
+        return;
+    }
+    let now = match retention::redis_now_ms(conn).await {
+        Ok(now) => now,
+        Err(error) => return tracing::debug!(%error, "cannot read redis's clock; will retry"),
+    };
+    for sale in unfinished.into_iter().filter(|s| retention::within_grace(s.ends_at_ms, retention::ARCHIVE_GRACE, now)) {
+        match retention::unarchive(conn, &sale.id).await {
+            Ok(()) => {
+                tracing::warn!(sale = %sale.id, "archived sale whose window is open again made live");
+                archived.remove(&sale.id);
+            }
+            Err(error) => tracing::warn!(%error, sale = %sale.id, "cannot unarchive a sale whose window is open; will retry"),
+        }
+    }
+}
+
 /// Trims the sale's written stream entries and archives it when it is
 /// finished; answers whether it is archived. Failures are logged: the
 /// next maintenance tries again.
@@ -183,8 +212,7 @@ async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store
         Ok(trimmed) => tracing::debug!(sale = sale_id, trimmed, "stream entries written as orders trimmed"),
         Err(error) => tracing::warn!(%error, sale = sale_id, "cannot trim the stream"),
     }
-    let now = flashgate_common::now_ms();
-    match retention::try_archive(conn, store, sale_id, now, retention::ARCHIVE_GRACE).await {
+    match retention::try_archive(conn, store, sale_id, retention::ARCHIVE_GRACE).await {
         Ok(true) => {
             tracing::info!(sale = sale_id, "sale finished and archived: no consumer, polling or reconciliation any more");
             true

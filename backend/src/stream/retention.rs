@@ -4,13 +4,16 @@
 //!   dead-letter stream) are removed with `XTRIM MINID`, from the oldest
 //!   up to the first entry that is not (verified against the database), and
 //!   never past the group's oldest pending entry or its last-delivered
-//!   entry (which is kept). An entry not yet delivered, delivered and not
+//!   entry (which is kept); `lua/trim.lua` re-checks both and trims in one
+//!   step, so a group moved back meanwhile loses nothing. An entry not yet delivered, delivered and not
 //!   acknowledged, or without an order for any reason (an entry the group
 //!   skipped, waiting for reconciliation to write it) is never trimmed.
-//! - [`try_archive`]: a sale whose window ended more than a grace ago,
-//!   whose stream has nothing undelivered or pending, every reservation of
-//!   which has its order, and whose orders are all settled (paid, or
-//!   cancelled with the item returned) is added to
+//! - [`try_archive`]: a sale whose window ended more than a grace ago (by
+//!   Redis's clock, which the deduct script sells by), whose stream has
+//!   nothing undelivered or pending (a stream without the group counts only
+//!   when empty), whose dead-letter stream is empty, every reservation in
+//!   `resv` of which has its order, and whose orders are all settled (paid,
+//!   or cancelled with the item returned) is added to
 //!   [`ARCHIVED_SALES`]. Nobody polls an archived sale any more: its stream
 //!   consumer stops, gateways stop reading its backlog, reconciliation and
 //!   the metrics skip it. [`unarchive`] undoes it (an operator changing the
@@ -83,7 +86,8 @@ impl GroupPosition {
 }
 
 /// The group's position on `stream`; `None` when the stream or the group
-/// does not exist.
+/// does not exist (or Redis answers that the key is not a stream): callers
+/// must not read `None` as "drained".
 ///
 /// # Errors
 /// Redis failed, or answered in a shape this version does not know.
@@ -106,10 +110,9 @@ pub async fn position<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> R
         .await;
     let (groups, pending, newest) = match reply {
         Ok(r) => r,
-        // No such stream or group: nothing to trim, nothing pending.
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) || e.code() == Some("NOGROUP") => {
-            return Ok(None)
-        }
+        // No such stream or group: nothing to trim, nothing pending (the
+        // transaction reports a missing group as one of its commands' errors).
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) || no_group(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
     let bad = |what: &str| RedisError::from((redis::ErrorKind::Client, "unexpected stream reply", what.to_owned()));
@@ -129,6 +132,10 @@ pub async fn position<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> R
         None => None,
     };
     Ok(Some(GroupPosition { last_delivered, oldest_pending, newest }))
+}
+
+fn no_group(e: &RedisError) -> bool {
+    e.code() == Some("NOGROUP") || e.clone().into_server_errors().is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "NOGROUP"))
 }
 
 /// The `last-delivered-id` of the `orders` group in an `XINFO GROUPS` reply.
@@ -190,8 +197,15 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
         }
     };
     let Some(keep_from) = keep_from else { return Ok(0) };
-    Ok(redis::cmd("XTRIM").arg(&keys.stream).arg("MINID").arg(keep_from.to_string()).query_async(conn).await?)
+    let trimmed: i64 =
+        TRIM.key(&keys.stream).arg(CONSUMER_GROUP).arg(keep_from.to_string()).invoke_async(conn).await?;
+    // -1: the group moved back or went away since it was read; next time.
+    Ok(u64::try_from(trimmed).unwrap_or(0))
 }
+
+/// `lua/trim.lua`: `XTRIM MINID` only while the group still stands past the
+/// bound (see the script).
+static TRIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../../lua/trim.lua")));
 
 /// The ids of the archived sales.
 ///
@@ -212,45 +226,90 @@ pub async fn unarchive<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) ->
 }
 
 /// Archives `sale_id` when it is finished (see the module doc): ended
-/// before `now_ms - grace` by its Redis window, drained, settled. Answers
+/// before Redis's clock minus `grace` by its Redis window (the clock the
+/// deduct script sells by), drained, nothing dead-lettered, every
+/// reservation in `resv` with its order, every order settled. Answers
 /// whether it is archived now.
 ///
 /// # Errors
 /// Redis or the database failed; nothing was archived then.
-pub async fn try_archive<C: ConnectionLike + Send>(
-    conn: &mut C,
-    store: &Store,
-    sale_id: &str,
-    now_ms: i64,
-    grace: Duration,
-) -> Result<bool, SaleError> {
+pub async fn try_archive<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str, grace: Duration) -> Result<bool, SaleError> {
     let keys = SaleKeys::new(sale_id);
-    if !ended_long_ago(conn, &keys, now_ms, grace).await? {
+    if !ended_long_ago(conn, &keys, grace).await? || !stream_done(conn, &keys).await? {
         return Ok(false);
     }
-    if position(conn, &keys.stream).await?.is_some_and(|p| !p.drained()) {
-        return Ok(false);
-    }
-    let reservations: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
-    if reservations > store.count_orders(sale_id).await? || store.unsettled_orders(sale_id).await? > 0 {
+    if store.unsettled_orders(sale_id).await? > 0 || !every_reservation_has_its_order(conn, store, &keys).await? {
         return Ok(false);
     }
     redis::cmd("SADD").arg(ARCHIVED_SALES).arg(sale_id).query_async::<i64>(conn).await?;
-    // An operator may have reopened the sale since the first read; the
-    // change unarchives after it writes, and this re-read after the SADD
-    // catches the other order.
-    if !ended_long_ago(conn, &keys, now_ms, grace).await? {
+    // A change racing this one unarchives after it writes (an operator
+    // reopening the window, a dead letter put back on the stream); these
+    // re-reads after the SADD catch the other order.
+    if !ended_long_ago(conn, &keys, grace).await? || !stream_done(conn, &keys).await? {
         unarchive(conn, sale_id).await?;
         return Ok(false);
     }
     Ok(true)
 }
 
-/// Whether the sale's window in Redis ended before `now_ms - grace`;
-/// false when the sale is not in Redis (it is being restored).
-async fn ended_long_ago<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, now_ms: i64, grace: Duration) -> RedisResult<bool> {
+/// Nothing left for the stream consumer: the stream is drained by the
+/// group (or absent, or empty), and the dead-letter stream is empty.
+async fn stream_done<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> RedisResult<bool> {
+    let drained = match position(conn, &keys.stream).await? {
+        Some(p) => p.drained(),
+        // No group to read it (or an unexpected reply): done only if
+        // there is nothing to read.
+        None => redis::cmd("XLEN").arg(&keys.stream).query_async::<i64>(conn).await? == 0,
+    };
+    Ok(drained && redis::cmd("XLEN").arg(&keys.dead).query_async::<i64>(conn).await? == 0)
+}
+
+/// Reservations of `resv` checked against the database per page.
+const RESERVATION_PAGE: usize = 500;
+
+/// Whether every reservation Redis counted (`resv`, read page by page with
+/// `HSCAN`, never in one atomic step) has its order. Compared member by
+/// member, not by count: an order Redis never counted must not stand in
+/// for a reservation without one.
+async fn every_reservation_has_its_order<C: ConnectionLike + Send>(conn: &mut C, store: &Store, keys: &SaleKeys) -> Result<bool, SaleError> {
+    let mut cursor = 0_u64;
+    loop {
+        let (next, flat): (u64, Vec<String>) =
+            redis::cmd("HSCAN").arg(&keys.reservations).arg(cursor).arg("COUNT").arg(RESERVATION_PAGE).query_async(conn).await?;
+        // HSCAN answers field, value, field, value...
+        let rids: Vec<&str> = flat.iter().step_by(2).map(String::as_str).collect();
+        if store.reservations_with_orders(&rids).await?.len() < rids.iter().collect::<HashSet<_>>().len() {
+            return Ok(false);
+        }
+        if next == 0 {
+            return Ok(true);
+        }
+        cursor = next;
+    }
+}
+
+/// Whether the sale's window in Redis ended before Redis's clock minus
+/// `grace`; false when the sale is not in Redis (it is being restored).
+async fn ended_long_ago<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, grace: Duration) -> RedisResult<bool> {
     let ends_at_ms: Option<i64> = redis::cmd("HGET").arg(&keys.meta).arg("ends_at_ms").query_async(conn).await?;
-    Ok(ends_at_ms.is_some_and(|end| end.saturating_add(grace.as_millis() as i64) < now_ms))
+    let Some(end) = ends_at_ms else { return Ok(false) };
+    Ok(!within_grace(end, grace, redis_now_ms(conn).await?))
+}
+
+/// Whether a sale ending at `ends_at_ms` is still within `grace` of its end
+/// (or not ended) at `now_ms`: such a sale must be live.
+pub fn within_grace(ends_at_ms: i64, grace: Duration, now_ms: i64) -> bool {
+    ends_at_ms.saturating_add(grace.as_millis() as i64) >= now_ms
+}
+
+/// Redis's clock (`TIME`), in ms: the one the deduct script opens and
+/// closes sales by, so every archiving decision reads it too.
+///
+/// # Errors
+/// Redis failed.
+pub async fn redis_now_ms<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
 }
 
 #[cfg(test)]

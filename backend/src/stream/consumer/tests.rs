@@ -295,3 +295,23 @@ fn backoff_grows_to_five_seconds_and_resets() {
     b.reset();
     assert_eq!(b.next().as_millis(), 200);
 }
+
+#[tokio::test]
+async fn an_archived_sale_whose_window_is_open_is_made_live_again() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    // Archived while its window is open (an operator's change whose
+    // unarchive failed): the supervisor undoes it and consumes the sale.
+    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sale_id).query_async(&mut conn).await.unwrap();
+    let (stop_tx, stopped) = watch::channel(false);
+    let supervisor = tokio::spawn(run(store.clone(), settings(&redis, "c1", Duration::from_secs(60)), stopped));
+    reserve(&mut conn, &reservation(&sale_id, "u")).await;
+    wait_for_orders(&store, &sale_id, 1).await;
+    assert!(!retention::archived(&mut conn).await.unwrap().contains(&sale_id));
+
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
+}

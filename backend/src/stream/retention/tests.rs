@@ -101,23 +101,125 @@ async fn only_an_ended_drained_and_settled_sale_is_archived() {
     let stray = reservation(&id, "v");
     let () = conn.hset(&keys.reservations, &stray.reservation_id, "v").await.unwrap();
     let grace = Duration::from_secs(60);
-    let now = flashgate_common::now_ms();
 
-    assert!(!try_archive(&mut conn, &store, &id, 2_000 + 59_000, grace).await.unwrap(), "within the grace");
-    assert!(!try_archive(&mut conn, &store, &id, now, grace).await.unwrap(), "a reservation has no order");
+    assert!(!try_archive(&mut conn, &store, &id, Duration::from_secs(4_000_000_000)).await.unwrap(), "within the grace");
+    assert!(!try_archive(&mut conn, &store, &id, grace).await.unwrap(), "a reservation has no order");
     let () = conn.hdel(&keys.reservations, &stray.reservation_id).await.unwrap();
-    assert!(!try_archive(&mut conn, &store, &id, now, grace).await.unwrap(), "an unpaid order is pending");
+    assert!(!try_archive(&mut conn, &store, &id, grace).await.unwrap(), "an unpaid order is pending");
     let order = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
     assert!(matches!(store.pay(&order.order_id).await.unwrap(), crate::store::Payment::Paid(_)));
     let _: String = conn.xadd(&keys.stream, "*", &[("rid", "x")]).await.unwrap();
-    assert!(!try_archive(&mut conn, &store, &id, now, grace).await.unwrap(), "an entry was never delivered");
+    assert!(!try_archive(&mut conn, &store, &id, grace).await.unwrap(), "an entry was never delivered");
     read(&mut conn, &keys.stream, 10).await;
-    assert!(!try_archive(&mut conn, &store, &id, now, grace).await.unwrap(), "an entry is pending");
+    assert!(!try_archive(&mut conn, &store, &id, grace).await.unwrap(), "an entry is pending");
     let pending: Vec<String> = ids(&mut conn, &keys.stream).await;
     let _: i64 = conn.xack(&keys.stream, CONSUMER_GROUP, &pending).await.unwrap();
 
-    assert!(try_archive(&mut conn, &store, &id, now, grace).await.unwrap());
+    assert!(try_archive(&mut conn, &store, &id, grace).await.unwrap());
     assert!(archived(&mut conn).await.unwrap().contains(&id));
     unarchive(&mut conn, &id).await.unwrap();
     assert!(archived(&mut conn).await.unwrap().is_empty());
+}
+
+/// A finished sale: window long over, one paid order whose reservation is
+/// in `resv`, the group created and drained.
+async fn finished_sale(conn: &mut redis::aio::MultiplexedConnection, store: &Store) -> (String, SaleKeys) {
+    let id = unique("s");
+    let mut spec = sale(&id, 5);
+    spec.starts_at_ms = 1_000;
+    spec.ends_at_ms = 2_000;
+    store.upsert_sale(&spec).await.unwrap();
+    let r = reservation(&id, "u");
+    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+    let order = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+    assert!(matches!(store.pay(&order.order_id).await.unwrap(), crate::store::Payment::Paid(_)));
+    crate::sales::preheat_from_store(conn, store, &spec).await.unwrap();
+    let keys = SaleKeys::new(&id);
+    let () = conn.hset(&keys.reservations, &r.reservation_id, "u").await.unwrap();
+    (id, keys)
+}
+
+#[tokio::test]
+async fn an_order_redis_never_counted_does_not_stand_in_for_a_reservation_without_one() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let (id, keys) = finished_sale(&mut conn, &store).await;
+    // An order written from a forward whose reservation Redis lost...
+    let uncounted = reservation(&id, "w");
+    store.insert_orders(std::slice::from_ref(&uncounted)).await.unwrap();
+    let order = store.order_by_reservation(&uncounted.reservation_id).await.unwrap().unwrap();
+    assert!(matches!(store.pay(&order.order_id).await.unwrap(), crate::store::Payment::Paid(_)));
+    // ...and a reservation Redis counted that has no order: as many of each.
+    let () = conn.hset(&keys.reservations, reservation(&id, "v").reservation_id, "v").await.unwrap();
+    assert!(!try_archive(&mut conn, &store, &id, ARCHIVE_GRACE).await.unwrap());
+    assert!(archived(&mut conn).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_sale_with_dead_letters_is_not_archived() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let (id, keys) = finished_sale(&mut conn, &store).await;
+    let _: String = conn.xadd(&keys.dead, "*", &[("rid", "junk"), ("dead_error", "malformed")]).await.unwrap();
+    assert!(!try_archive(&mut conn, &store, &id, ARCHIVE_GRACE).await.unwrap());
+    let _: i64 = redis::cmd("DEL").arg(&keys.dead).query_async(&mut conn).await.unwrap();
+    assert!(try_archive(&mut conn, &store, &id, ARCHIVE_GRACE).await.unwrap(), "once the dead letters are gone");
+}
+
+#[tokio::test]
+async fn a_stream_with_entries_but_no_group_is_not_drained() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let (id, keys) = finished_sale(&mut conn, &store).await;
+    let () = redis::cmd("XGROUP").arg("DESTROY").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<i64>(&mut conn).await.map(drop).unwrap();
+    let _: String = conn.xadd(&keys.stream, "*", &[("rid", "x")]).await.unwrap();
+    assert!(!try_archive(&mut conn, &store, &id, ARCHIVE_GRACE).await.unwrap(), "nobody ever read the entry");
+    let () = redis::cmd("XGROUP").arg("CREATE").arg(&keys.stream).arg(CONSUMER_GROUP).arg("$").query_async(&mut conn).await.unwrap();
+    assert!(try_archive(&mut conn, &store, &id, ARCHIVE_GRACE).await.unwrap(), "the group is past it");
+}
+
+#[tokio::test]
+async fn the_end_of_a_sale_is_judged_by_the_redis_clock() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let (id, keys) = finished_sale(&mut conn, &store).await;
+    // Ended by Redis's clock, but not by a grace longer than Redis's age of the end.
+    let redis_now = redis_now_ms(&mut conn).await.unwrap();
+    let () = conn.hset(&keys.meta, "ends_at_ms", redis_now - 10_000).await.unwrap();
+    assert!(!try_archive(&mut conn, &store, &id, Duration::from_secs(60)).await.unwrap());
+    assert!(try_archive(&mut conn, &store, &id, Duration::from_secs(1)).await.unwrap());
+}
+
+#[tokio::test]
+async fn the_trim_script_trims_nothing_once_the_group_moved_back_below_the_bound() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let sale = unique("s");
+    let stream = SaleKeys::new(&sale).stream;
+    let () = redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
+    let added = add(&mut conn, &sale, 4).await;
+    let e: Vec<String> = added.iter().map(|(id, _)| id.clone()).collect();
+    read(&mut conn, &stream, 4).await;
+    let _: i64 = conn.xack(&stream, CONSUMER_GROUP, &[&e[0], &e[1], &e[2], &e[3]]).await.unwrap();
+
+    // An operator moves the group back: e1.. are undelivered again.
+    let () = redis::cmd("XGROUP").arg("SETID").arg(&stream).arg(CONSUMER_GROUP).arg(&e[0]).query_async(&mut conn).await.unwrap();
+    assert_eq!(trim(&mut conn, &stream, &e[3]).await, -1);
+    // Re-delivered: e1 stays pending below the bound, e2 is acknowledged.
+    read(&mut conn, &stream, 2).await;
+    let _: i64 = conn.xack(&stream, CONSUMER_GROUP, &[&e[2]]).await.unwrap();
+    assert_eq!(trim(&mut conn, &stream, &e[2]).await, -1, "e1 is pending");
+    let _: i64 = conn.xack(&stream, CONSUMER_GROUP, &[&e[1]]).await.unwrap();
+    assert_eq!(trim(&mut conn, &stream, &e[2]).await, 2, "e0 and e1 go");
+    let () = redis::cmd("XGROUP").arg("DESTROY").arg(&stream).arg(CONSUMER_GROUP).query_async::<i64>(&mut conn).await.map(drop).unwrap();
+    assert_eq!(trim(&mut conn, &stream, &e[3]).await, -1, "no group");
+    assert_eq!(ids(&mut conn, &stream).await, e[2..].to_vec());
+}
+
+async fn trim(conn: &mut redis::aio::MultiplexedConnection, stream: &str, keep_from: &str) -> i64 {
+    TRIM.key(stream).arg(CONSUMER_GROUP).arg(keep_from).invoke_async(conn).await.unwrap()
 }
