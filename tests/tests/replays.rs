@@ -290,11 +290,16 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
     assert_eq!(status, 202, "{won}");
     let order = stack.order_id_of(&first, won["reservation_id"].as_str().unwrap()).await;
 
-    // Not paid in time: cancelled, and the item goes back on sale.
+    // Not paid in time: cancelled, and the item goes back on sale. Waits
+    // until the gateway's short order cache says so too, so the replay
+    // below cannot see the order's earlier state.
+    let rid = won["reservation_id"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let cancelled = stack.order_rows("again").await.iter().any(|r| r.order_id == order && r.status == "cancelled");
-        if cancelled && stack.remaining("again").await == 1 {
+        let lookup = stack.http.get(stack.url(&format!("/api/reservations/{rid}"))).bearer_auth(token(&first));
+        let seen: Value = lookup.send().await.unwrap().json().await.unwrap_or(Value::Null);
+        if cancelled && seen["status"] == "cancelled" && stack.remaining("again").await == 1 {
             break;
         }
         assert!(Instant::now() < deadline, "the unpaid order was not cancelled");
