@@ -473,14 +473,32 @@ pub fn documented_defaults() -> Vec<(String, String)> {
 /// Parses an address or CIDR into a network (an address is a /32 or /128).
 /// An IPv4-mapped IPv6 network (`::ffff:192.0.2.0/120`) becomes its IPv4
 /// network, since client addresses are compared in their IPv4 form.
-fn parse_net(s: &str) -> Option<ipnet::IpNet> {
-    let net: ipnet::IpNet = s.parse().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))?;
+///
+/// # Errors
+/// The reason, for a value that is not an address or CIDR, or an IPv6
+/// network shorter than /96 that holds the IPv4-mapped range
+/// (`::ffff:0:0/96`): IPv4 clients are compared in IPv4 form, so it would
+/// look as if it covered them and never match one.
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    let net: ipnet::IpNet = s
+        .parse()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
+        .ok_or_else(|| format!("`{s}` is not an IP address or CIDR"))?;
     if let ipnet::IpNet::V6(v6) = net {
         if let (Some(v4), Some(prefix)) = (v6.addr().to_ipv4_mapped(), v6.prefix_len().checked_sub(96)) {
-            return ipnet::Ipv4Net::new(v4, prefix).ok().map(ipnet::IpNet::V4);
+            if let Ok(v4) = ipnet::Ipv4Net::new(v4, prefix) {
+                return Ok(ipnet::IpNet::V4(v4));
+            }
+        }
+        let mapped = ipnet::Ipv6Net::new(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).expect("/96 is a valid prefix");
+        if v6.prefix_len() < 96 && v6.contains(&mapped) {
+            return Err(format!(
+                "`{s}` holds the IPv4-mapped range ::ffff:0:0/96, which never matches: IPv4 clients are compared in IPv4 form; add IPv4 entries (e.g. 0.0.0.0/0) for them"
+            ));
         }
     }
-    Some(net)
+    Ok(net)
 }
 
 /// Checks a secret's length; the error names where it came from.
@@ -670,11 +688,7 @@ impl Config {
             list.iter()
                 .enumerate()
                 .filter_map(|(i, v)| {
-                    let net = parse_net(v);
-                    if net.is_none() {
-                        errors.push(format!("{key}[{i}]: `{v}` is not an IP address or CIDR"));
-                    }
-                    net
+                    parse_net(v).map_err(|why| errors.push(format!("{key}[{i}]: {why}"))).ok()
                 })
                 .collect()
         };
@@ -988,6 +1002,21 @@ mod tests {
         assert_eq!(c.limits.client_ip_header, ClientIpHeader::Forwarded);
         let msg = Config::from_toml_str("[limits]\nclient_ip_header = \"x-real-ip\"\n", &NoEnv, 0).unwrap_err().to_string();
         assert!(msg.contains("client_ip_header"), "{msg}");
+    }
+
+    #[test]
+    fn an_ipv6_entry_that_would_hold_ipv4_clients_is_refused_naming_the_key() {
+        for (key, section) in [("deny.ips", "[deny]\nips"), ("limits.trusted_proxies", "[limits]\ntrusted_proxies")] {
+            for net in ["::/0", "::ffff:0:0/80", "::ffff:0:0/95"] {
+                let text = format!("{section} = [\"2001:db8::/32\", \"{net}\"]\n");
+                let msg = Config::from_toml_str(&text, &NoEnv, 0).unwrap_err().to_string();
+                assert!(msg.contains(&format!("{key}[1]")) && msg.contains("IPv4"), "{msg}");
+            }
+        }
+        // Narrower IPv6 networks, and the mapped range itself, are fine.
+        let c = Config::from_toml_str("[deny]\nips = [\"2001:db8::/32\", \"::ffff:0:0/96\", \"64:ff9b::/96\"]\n", &NoEnv, 0).unwrap();
+        assert!(c.deny.denies_ip("203.0.113.1".parse().unwrap()));
+        assert!(c.deny.denies_ip("2001:db8::1".parse().unwrap()));
     }
 
     #[test]

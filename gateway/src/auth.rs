@@ -2,9 +2,10 @@
 //!
 //! A token must be signed with the configured secret, carry `sub` (the user
 //! id) and `exp`, and, when `auth.audience` / `auth.issuer` are set, that
-//! `aud` / `iss`. Only HS256 is accepted, so `alg: none` and algorithm
-//! confusion are rejected by construction. User ids end up inside Redis keys,
-//! so they are restricted to a safe character set.
+//! `aud` / `iss`. A token carrying `nbf` is refused before that time. Only
+//! HS256 is accepted, so `alg: none` and algorithm confusion are rejected
+//! by construction. User ids end up inside Redis keys, so they are
+//! restricted to a safe character set.
 
 use std::sync::Arc;
 
@@ -50,8 +51,10 @@ pub enum AuthError {
 /// Verified tokens remembered, so a buyer hammering with one token pays
 /// for the signature check once, not per request.
 const MAX_CACHED_TOKENS: u64 = 50_000;
-/// Clock leeway on `exp`, as in the full check.
+/// Clock leeway on `exp` and `nbf`, as in the full check.
 const LEEWAY_SECONDS: u64 = 5;
+/// Longest lifetime [`mint`] gives a token.
+pub const MAX_MINT_TTL_SECONDS: u64 = 366 * 86_400;
 
 /// Verifies buyer tokens; built once from the secret and shared.
 pub struct Verifier {
@@ -82,6 +85,7 @@ impl Verifier {
         }
         validation.set_required_spec_claims(&required);
         validation.leeway = LEEWAY_SECONDS;
+        validation.validate_nbf = true;
         let verified = moka::sync::Cache::builder()
             .max_capacity(MAX_CACHED_TOKENS)
             .time_to_live(std::time::Duration::from_secs(300))
@@ -103,7 +107,8 @@ impl Verifier {
             .trim();
         let now = flashgate_common::now_ms().max(0) as u64 / 1000;
         if let Some((user, exp)) = self.verified.get(token) {
-            if now < exp + LEEWAY_SECONDS {
+            // Saturating: a token signed with our secret may say any `exp`.
+            if now < exp.saturating_add(LEEWAY_SECONDS) {
                 return Ok(user.to_string());
             }
             return Err(AuthError::Expired);
@@ -134,12 +139,14 @@ pub fn valid_user_id(id: &str) -> bool {
 /// own with the same secret).
 ///
 /// # Errors
-/// When `user` is not a valid user id.
+/// When `user` is not a valid user id, or `ttl_seconds` is more than
+/// [`MAX_MINT_TTL_SECONDS`].
 pub fn mint(secret: &[u8], user: &str, ttl_seconds: u64, expected: &AuthConfig) -> anyhow::Result<String> {
     anyhow::ensure!(valid_user_id(user), "user id must be 1 to 128 characters of A-Z a-z 0-9 . _ @ -");
+    anyhow::ensure!(ttl_seconds <= MAX_MINT_TTL_SECONDS, "ttl must be at most {} days", MAX_MINT_TTL_SECONDS / 86_400);
     let now = flashgate_common::now_ms().max(0) as u64 / 1000;
     let claims = MintedClaims {
-        claims: Claims { sub: user.to_owned(), exp: now + ttl_seconds, iat: Some(now) },
+        claims: Claims { sub: user.to_owned(), exp: now.saturating_add(ttl_seconds), iat: Some(now) },
         aud: expected.audience.as_deref(),
         iss: expected.issuer.as_deref(),
     };
@@ -225,6 +232,41 @@ mod tests {
         let t = mint(b"k", "alice", 60, &expected).unwrap();
         assert_eq!(Verifier::expecting(b"k", &expected).verify(Some(&bearer(&t))), Ok("alice".into()));
         assert_eq!(Verifier::new(b"k").verify(Some(&bearer(&t))), Err(AuthError::Invalid), "an aud meant for someone else");
+    }
+
+    #[test]
+    fn a_token_expiring_at_the_end_of_time_is_valid_and_does_not_overflow() {
+        let v = Verifier::new(b"k");
+        let claims = Claims { sub: "alice".into(), exp: u64::MAX, iat: None };
+        let t = jsonwebtoken::encode(&Header::default(), &claims, &EncodingKey::from_secret(b"k")).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
+        // Again from the remembered tokens, where `exp` plus the leeway is computed.
+        assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
+    }
+
+    #[test]
+    fn an_absurd_lifetime_is_refused_when_minting() {
+        let err = mint(b"k", "alice", u64::MAX, &AuthConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("ttl"), "{err}");
+        assert!(mint(b"k", "alice", MAX_MINT_TTL_SECONDS, &AuthConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn a_token_used_before_its_nbf_is_rejected() {
+        #[derive(Serialize)]
+        struct WithNbf {
+            sub: &'static str,
+            exp: u64,
+            nbf: u64,
+        }
+        let v = Verifier::new(b"k");
+        let now = flashgate_common::now_ms() as u64 / 1000;
+        let early = WithNbf { sub: "alice", exp: now + 7200, nbf: now + 3600 };
+        let t = jsonwebtoken::encode(&Header::default(), &early, &EncodingKey::from_secret(b"k")).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
+        let ready = WithNbf { sub: "alice", exp: now + 7200, nbf: now - 60 };
+        let t = jsonwebtoken::encode(&Header::default(), &ready, &EncodingKey::from_secret(b"k")).unwrap();
+        assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
     }
 
     #[test]

@@ -4,7 +4,11 @@
 //! `limits.trusted_proxies`: only then is the one header named by
 //! `limits.client_ip_header` believed (`X-Forwarded-For` by default, or
 //! `Forwarded`, RFC 7239), walking from the nearest hop outwards and
-//! stopping at the first address that is not itself a trusted proxy. A
+//! stopping at the first address that is not itself a trusted proxy.
+//! Several lines of the header are one comma list, in order. An entry that
+//! names no address (garbage, `unknown`, bytes that are not UTF-8, a
+//! `Forwarded` element without `for=`) stops the walk: the client is then
+//! the nearest hop to its right, or the peer, never anything to its left. A
 //! client can therefore never choose its own limiter key by sending a
 //! forged header straight to the gateway, nor through a proxy that appends
 //! to one header and passes the other through unchanged.
@@ -41,20 +45,29 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet], header: C
     client
 }
 
-/// The addresses of `Forwarded: for=`, in header order. Unparseable
-/// entries (obfuscated ids, "unknown") end the list, since nothing before
-/// them can be trusted either.
+/// The entries of every line of header `name`, in order, as one comma
+/// list (RFC 9110 section 5.3). Split on raw bytes: a line that is not
+/// UTF-8 still yields its other entries, so a client's garbage cannot hide
+/// the hops a trusted proxy appended after it.
+fn entries<'a>(headers: &'a HeaderMap, name: &'static str) -> impl Iterator<Item = &'a [u8]> {
+    headers.get_all(name).into_iter().flat_map(|v| v.as_bytes().split(|&b| b == b','))
+}
+
+/// The addresses of `Forwarded: for=`, in header order. An element that
+/// names no address (no `for=`, an obfuscated id, "unknown", bytes that are
+/// not UTF-8) ends the list: nothing before it can be trusted either, so the
+/// walk stops at the nearest hop to its right, or at the peer.
 fn forwarded_for(headers: &HeaderMap) -> Vec<IpAddr> {
     let mut out = Vec::new();
-    let values = headers.get_all("forwarded").into_iter().filter_map(|v| v.to_str().ok());
-    for element in values.flat_map(|v| v.split(',')) {
-        let Some(value) = element.split(';').find_map(|pair| {
-            let (k, v) = pair.trim().split_once('=')?;
-            k.eq_ignore_ascii_case("for").then_some(v)
-        }) else {
-            continue;
-        };
-        match parse_node(value.trim_matches('"')) {
+    for element in entries(headers, "forwarded") {
+        let node = std::str::from_utf8(element).ok().and_then(|element| {
+            let value = element.split(';').find_map(|pair| {
+                let (k, v) = pair.trim().split_once('=')?;
+                k.trim().eq_ignore_ascii_case("for").then_some(v)
+            })?;
+            parse_node(value.trim().trim_matches('"'))
+        });
+        match node {
             Some(ip) => out.push(ip),
             None => out.clear(),
         }
@@ -65,12 +78,10 @@ fn forwarded_for(headers: &HeaderMap) -> Vec<IpAddr> {
 /// The addresses of `X-Forwarded-For`, in header order; as above.
 fn x_forwarded_for(headers: &HeaderMap) -> Vec<IpAddr> {
     let mut out = Vec::new();
-    for v in headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()) {
-        for part in v.split(',') {
-            match parse_node(part.trim()) {
-                Some(ip) => out.push(ip),
-                None => out.clear(),
-            }
+    for entry in entries(headers, "x-forwarded-for") {
+        match std::str::from_utf8(entry).ok().and_then(|e| parse_node(e.trim())) {
+            Some(ip) => out.push(ip),
+            None => out.clear(),
         }
     }
     out
@@ -159,6 +170,53 @@ mod tests {
         // skipped like its IPv4 spelling, and the client comes out as IPv4.
         let h = headers(&[("x-forwarded-for", "::ffff:198.51.100.7, ::ffff:10.1.1.1")]);
         assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "198.51.100.7".parse::<IpAddr>().unwrap());
+    }
+
+    fn raw(pairs: &[(&'static str, &'static [u8])]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, http::HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_non_utf8_entry_does_not_hide_the_hops_a_trusted_proxy_appended() {
+        // nginx appended the real client after the client's own garbage.
+        let h = raw(&[("x-forwarded-for", b"1.2.3.4\x80, 203.0.113.5")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "203.0.113.5".parse::<IpAddr>().unwrap());
+        let h = raw(&[("forwarded", b"for=1.2.3.4\xff, for=203.0.113.5;proto=https")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), FORWARDED), "203.0.113.5".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn an_unparseable_hop_stops_the_walk_at_the_nearest_hop_to_its_right() {
+        // Nothing left of garbage is believed, whatever it says.
+        let h = raw(&[("x-forwarded-for", b"198.51.100.7, 6.6.6.\xc3\xa9, 10.1.1.1")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "10.1.1.1".parse::<IpAddr>().unwrap());
+        let h = raw(&[("x-forwarded-for", b"198.51.100.7, \x80")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "10.0.0.2".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn several_header_lines_are_one_list_in_order_even_when_one_is_not_utf8() {
+        // The middle line counts where it stands: nothing left of it is read.
+        let h = raw(&[("x-forwarded-for", b"198.51.100.7"), ("x-forwarded-for", b"7.7.7.7\x80"), ("x-forwarded-for", b"10.1.1.1")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "10.1.1.1".parse::<IpAddr>().unwrap());
+        let h = raw(&[("x-forwarded-for", b"6.6.6.6"), ("x-forwarded-for", b"7.7.7.7\x80, 203.0.113.5"), ("x-forwarded-for", b"10.1.1.1")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "203.0.113.5".parse::<IpAddr>().unwrap());
+        let h = raw(&[("x-forwarded-for", b"203.0.113.5"), ("x-forwarded-for", b"10.1.1.1")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), XFF), "203.0.113.5".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_forwarded_element_without_for_stops_the_walk() {
+        // The trusted proxy added only proto and by: the client's own
+        // `for=` to the left of it must not become the client.
+        let h = headers(&[("forwarded", "for=1.2.3.4, proto=https;by=10.0.0.2")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), FORWARDED), "10.0.0.2".parse::<IpAddr>().unwrap());
+        let h = headers(&[("forwarded", "for=1.2.3.4"), ("forwarded", "proto=https"), ("forwarded", "for=203.0.113.5")]);
+        assert_eq!(client_ip("10.0.0.2".parse().unwrap(), &h, &nets(), FORWARDED), "203.0.113.5".parse::<IpAddr>().unwrap());
     }
 
     #[test]

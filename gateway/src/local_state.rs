@@ -6,7 +6,8 @@
 //!   before the start or after the end are answered here.
 //! - The sold-out flag: set when the deduct script answers sold out, here
 //!   or on another gateway (announced on the events channel). While it is
-//!   set, buys get `410 sold_out` without touching Redis. An operator's
+//!   set, buys get `410 sold_out` without running the script (a buy with
+//!   an Idempotency-Key costs one read of that key's outcome). An operator's
 //!   change to the sale clears it everywhere. It also expires after
 //!   [`SOLD_OUT_TTL`], so a missed "changed" event costs one script call
 //!   per gateway per TTL, never a sale that stays closed.
@@ -16,7 +17,6 @@
 //!   `404`. The answer is cached for [`MISSING_TTL`], so a flood of buys
 //!   costs one backend call per sale per TTL.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,14 +62,7 @@ pub struct LocalSales {
     windows: moka::future::Cache<String, CachedWindow>,
     sold_out: moka::sync::Cache<String, ()>,
     missing: moka::future::Cache<String, Missing>,
-    /// Users holding a reservation of a sold-out sale: only they can have
-    /// a remembered "won" to replay, so only their retries ask Redis.
-    /// `None` when the sale has too many buyers to hold here.
-    buyers: moka::future::Cache<String, Option<Arc<HashSet<String>>>>,
 }
-
-/// Most buyers of one sale held in [`LocalSales`]'s buyer set.
-const MAX_BUYERS_HELD: usize = 200_000;
 
 impl Default for LocalSales {
     fn default() -> Self {
@@ -77,7 +70,6 @@ impl Default for LocalSales {
             windows: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(WINDOW_TTL).build(),
             sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
             missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
-            buyers: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
         }
     }
 }
@@ -95,32 +87,6 @@ impl LocalSales {
     pub async fn forget(&self, sale_id: &str) {
         self.sold_out.invalidate(sale_id);
         self.windows.invalidate(sale_id).await;
-        self.buyers.invalidate(sale_id).await;
-    }
-
-    /// Whether `user` may hold a reservation of sold-out `sale_id`, from the
-    /// sale's buyers read once (one `HKEYS`, shared by concurrent callers)
-    /// while it stays sold out. Nobody can win a sold-out sale, so the set
-    /// does not change meanwhile. Unsure (Redis error, too many buyers to
-    /// hold) answers true: the caller then asks Redis.
-    pub async fn may_hold_reservation(&self, redis: &RedisClient, sale_id: &str, user: &str) -> bool {
-        let held = self
-            .buyers
-            .try_get_with_by_ref(sale_id, async {
-                let keys = SaleKeys::new(sale_id);
-                let mut conn = redis.conn().await?;
-                let count: usize = redis.bounded(redis::cmd("HLEN").arg(&keys.buyers).query_async(&mut conn)).await??;
-                if count > MAX_BUYERS_HELD {
-                    return Ok::<_, RedisError>(None);
-                }
-                let users: Vec<String> = redis.bounded(redis::cmd("HKEYS").arg(&keys.buyers).query_async(&mut conn)).await??;
-                Ok(Some(Arc::new(users.into_iter().collect::<HashSet<String>>())))
-            })
-            .await;
-        match held {
-            Ok(Some(buyers)) => buyers.contains(user),
-            _ => true,
-        }
     }
 
     /// The answer to a buy for a sale Redis does not have: `503

@@ -384,11 +384,12 @@ impl Gateway {
         let decision = match self.local_rejection(sale_id).await? {
             None => self.deduct(sale_id, &user, &idempotency_key).await?,
             // Turned away locally; only a retry of a remembered key still
-            // deserves its first outcome, so only that asks Redis.
+            // deserves its first outcome, so only that asks Redis: one
+            // round trip, whoever holds the sale's items now. A win whose
+            // order was cancelled (its item returned and sold again) is no
+            // longer among the buyers, yet its key must still answer
+            // `order_cancelled`, not `sold_out`.
             Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
-            Some(Rejection::SoldOut) if !self.local.may_hold_reservation(&self.redis, sale_id, &user).await => {
-                return Err(Rejection::SoldOut)
-            }
             Some(rejection) => remembered(&self.redis, sale_id, &user, &idempotency_key)
                 .await
                 .map_err(|e| self.unavailable(&e))?

@@ -4,7 +4,8 @@
 //! the upgrade socket. In a shared temporary directory another local user
 //! could create that path first and receive them, so the socket lives in
 //! `gateway.runtime_dir` instead: created with mode 0700 when missing, and
-//! refused when it is owned by another user or writable by everyone.
+//! refused when it is a symbolic link (whoever can replace the link decides
+//! where the socket goes), owned by another user or writable by everyone.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -36,6 +37,10 @@ pub enum RuntimeDirError {
     },
     #[error("gateway.runtime_dir: {dir} is not a directory")]
     NotADirectory { dir: PathBuf },
+    #[error("gateway.runtime_dir: {dir} is a symbolic link; name the directory itself")]
+    Symlink { dir: PathBuf },
+    #[error("gateway.runtime_dir: {dir} is not valid UTF-8")]
+    NotUtf8 { dir: PathBuf },
     #[error("gateway.runtime_dir: {dir} is owned by uid {owner}, not by this user (uid {me})")]
     OtherOwner { dir: PathBuf, owner: u32, me: u32 },
     #[error("gateway.runtime_dir: {dir} is writable by everyone (mode {mode:o}); use a private directory")]
@@ -45,9 +50,14 @@ pub enum RuntimeDirError {
 /// Creates `dir` (mode 0700) if missing and checks that it is private.
 ///
 /// # Errors
-/// When it cannot be created, is not a directory, belongs to another user
-/// or is world-writable; each names `gateway.runtime_dir`.
+/// When it cannot be created, is not a directory, is a symbolic link,
+/// belongs to another user, is world-writable or is not UTF-8 (the server
+/// takes its socket and pid paths as strings, so a lossy conversion would
+/// name another path); each names `gateway.runtime_dir`.
 pub fn prepare(dir: &Path) -> Result<(), RuntimeDirError> {
+    if dir.to_str().is_none() {
+        return Err(RuntimeDirError::NotUtf8 { dir: dir.to_owned() });
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -56,10 +66,16 @@ pub fn prepare(dir: &Path) -> Result<(), RuntimeDirError> {
             dir: dir.to_owned(),
             source,
         })?;
-    let meta = std::fs::metadata(dir).map_err(|source| RuntimeDirError::Create {
+    // Not followed: the checks below must be about the directory itself.
+    let meta = std::fs::symlink_metadata(dir).map_err(|source| RuntimeDirError::Create {
         dir: dir.to_owned(),
         source,
     })?;
+    if meta.file_type().is_symlink() {
+        return Err(RuntimeDirError::Symlink {
+            dir: dir.to_owned(),
+        });
+    }
     if !meta.is_dir() {
         return Err(RuntimeDirError::NotADirectory {
             dir: dir.to_owned(),
@@ -156,6 +172,28 @@ mod tests {
         if me.is_root() {
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    #[test]
+    fn a_symlink_to_a_private_directory_is_refused() {
+        let base = scratch("link");
+        let target = base.join("real");
+        prepare(&target).unwrap();
+        let link = base.join("run");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = prepare(&link).unwrap_err();
+        assert!(matches!(err, RuntimeDirError::Symlink { .. }), "{err}");
+        assert!(err.to_string().starts_with("gateway.runtime_dir"), "{err}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_non_utf8_directory_is_refused() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = scratch("utf8").join(std::ffi::OsStr::from_bytes(b"run\xff"));
+        let err = prepare(&dir).unwrap_err();
+        assert!(matches!(err, RuntimeDirError::NotUtf8 { .. }), "{err}");
+        assert!(!dir.exists());
     }
 
     #[test]

@@ -132,3 +132,29 @@ fn the_gateway_refuses_to_start_without_a_backend_token_of_32_bytes() {
         assert!(stderr.contains("FLASHGATE_INTERNAL_TOKEN"), "{token:?}: {stderr}");
     }
 }
+
+/// The `flashgate.toml` embedded in `deploy/k8s/configmap.yaml`.
+fn kubernetes_config() -> String {
+    let yaml = std::fs::read_to_string(workspace_file("deploy/k8s/configmap.yaml")).unwrap();
+    let (_, body) = yaml.split_once("flashgate.toml: |\n").expect("the configmap embeds flashgate.toml");
+    body.lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n")
+}
+
+#[test]
+fn the_kubernetes_example_trusts_no_pod_network_and_lets_only_the_ingress_reach_the_gateway() {
+    use flashgate_common::config::{Config, NoEnv};
+    let text = kubernetes_config();
+    // Shipped as is, it names the key to fill in rather than trusting a range.
+    let err = Config::from_toml_str(&text, &NoEnv, 0).unwrap_err().to_string();
+    assert!(err.contains("limits.trusted_proxies"), "{err}");
+    let filled = text.replace("REPLACE-WITH-INGRESS-CONTROLLER-ADDRESSES", "10.42.7.19");
+    let config = Config::from_toml_str(&filled, &NoEnv, 0).unwrap();
+    let trusted: Vec<String> = config.limits.trusted_proxies.iter().map(ToString::to_string).collect();
+    assert_eq!(trusted, ["10.42.7.19/32"]);
+
+    let gateway = std::fs::read_to_string(workspace_file("deploy/k8s/gateway.yaml")).unwrap();
+    let policy = gateway.split("\n---\n").find(|doc| doc.contains("kind: NetworkPolicy")).expect("a NetworkPolicy for the gateway");
+    assert!(policy.contains("matchLabels: { app: flashgate-gateway }"), "{policy}");
+    assert!(policy.contains("policyTypes: [Ingress]") && policy.contains("port: http"), "{policy}");
+    assert!(policy.contains("app.kubernetes.io/name: ingress-nginx"), "{policy}");
+}

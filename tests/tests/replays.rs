@@ -1,7 +1,8 @@
 //! Idempotency-Key replays and what they may change: a replayed answer
 //! never closes a sale, random keys cannot grow Redis, a win carries one
 //! reservation time on both of its paths to the database, and a polling
-//! winner costs the backend one lookup per cache TTL.
+//! winner costs the backend one lookup per cache TTL, and a won key still
+//! replays its order once the sale sold out again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -271,4 +272,46 @@ async fn a_confirmed_win_polled_and_replayed_costs_one_backend_lookup_per_second
         lookups <= elapsed.as_secs() + 1,
         "40 requests in {elapsed:?} cost {lookups} backend lookups"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let now = flashgate_common::now_ms();
+    let body = serde_json::json!({
+        "name": "Sale again", "stock": 1, "per_user_limit": 1,
+        "starts_at": flashgate_common::rfc3339(now - 1000), "ends_at": flashgate_common::rfc3339(now + 3_600_000),
+        "payment_timeout_seconds": 2,
+    });
+    let (status, v) = stack.admin(reqwest::Method::PUT, "/admin/sales/again", Some(body)).await;
+    assert_eq!(status, 201, "{v}");
+    let (first, next, late) = (random_user(), random_user(), random_user());
+    let (status, won) = stack.buy("again", &first, Some("k1")).await;
+    assert_eq!(status, 202, "{won}");
+    let order = stack.order_id_of(&first, won["reservation_id"].as_str().unwrap()).await;
+
+    // Not paid in time: cancelled, and the item goes back on sale. Waits
+    // until the gateway's short order cache says so too, so the replay
+    // below cannot see the order's earlier state.
+    let rid = won["reservation_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let cancelled = stack.order_rows("again").await.iter().any(|r| r.order_id == order && r.status == "cancelled");
+        let lookup = stack.http.get(stack.url(&format!("/api/reservations/{rid}"))).bearer_auth(token(&first));
+        let seen: Value = lookup.send().await.unwrap().json().await.unwrap_or(Value::Null);
+        if cancelled && seen["status"] == "cancelled" && stack.remaining("again").await == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the unpaid order was not cancelled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Sold again, and flagged sold out on the gateway.
+    assert_eq!(stack.buy("again", &next, None).await.0, 202);
+    let (status, v) = stack.buy("again", &late, None).await;
+    assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
+
+    // The first buyer's retry of their won key tells them what became of it.
+    let (status, v) = stack.buy("again", &first, Some("k1")).await;
+    assert_eq!((status, v["code"].as_str()), (410, Some("order_cancelled")), "{v}");
+    assert_eq!(v["order_id"].as_str(), Some(order.as_str()), "{v}");
 }
