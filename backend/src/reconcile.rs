@@ -33,7 +33,7 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::recovery::ADOPT;
+use crate::recovery::adopt;
 use crate::sales::SaleError;
 use crate::store::{OrderStatus, Store};
 use crate::stream::consumer::parse as parse_entry;
@@ -137,18 +137,8 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
             }
             OrderStatus::Created | OrderStatus::Paid if known => report.live_orders += 1,
             OrderStatus::Created | OrderStatus::Paid => {
-                let reply: i64 = ADOPT
-                    .key(&keys.meta)
-                    .key(&keys.remaining)
-                    .key(&keys.buyers)
-                    .key(&keys.reservations)
-                    .key(&keys.released)
-                    .arg(&o.reservation_id)
-                    .arg(&o.user_id)
-                    .invoke_async(conn)
-                    .await?;
-                // 0: reserved after the snapshot, so outside this count.
-                if reply == 1 {
+                // Not adopted: reserved after the snapshot, so outside this count.
+                if adopt(conn, &keys, o).await? {
                     adopted += 1;
                     report.live_orders += 1;
                     tracing::warn!(sale = sale_id, reservation = %o.reservation_id, "order unknown to redis adopted: its item cannot be sold again");

@@ -63,13 +63,33 @@ use redis::{RedisError, Script};
 use tokio::sync::watch;
 
 use crate::sales::SaleError;
-use crate::store::{OrderStatus, Store};
+use crate::store::{OrderRow, OrderStatus, Store};
 
 /// Returns one cancelled reservation's item (`lua/release.lua`).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
 
 /// Makes Redis count an order it forgot (`lua/adopt.lua`).
-pub static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/adopt.lua")));
+static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/adopt.lua")));
+
+/// Makes Redis count `order` (its item out of `remaining`, its buyer in
+/// `buyers`, its reservation in `resv`) unless Redis already knows the
+/// reservation. `true` when it was adopted now.
+///
+/// # Errors
+/// Redis failed.
+pub async fn adopt<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, order: &OrderRow) -> redis::RedisResult<bool> {
+    let reply: i64 = ADOPT
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.buyers)
+        .key(&keys.reservations)
+        .key(&keys.released)
+        .arg(&order.reservation_id)
+        .arg(&order.user_id)
+        .invoke_async(conn)
+        .await?;
+    Ok(reply == 1)
+}
 
 /// Installs a rebuilt sale, paused, if still absent, for the lock holder only (`lua/preheat.lua`).
 static INSTALL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/preheat.lua")));
@@ -353,17 +373,7 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
         if o.status == OrderStatus::Cancelled || indexed.contains(o.reservation_id.as_str()) {
             continue;
         }
-        let reply: i64 = ADOPT
-            .key(&keys.meta)
-            .key(&keys.remaining)
-            .key(&keys.buyers)
-            .key(&keys.reservations)
-            .key(&keys.released)
-            .arg(&o.reservation_id)
-            .arg(&o.user_id)
-            .invoke_async(conn)
-            .await?;
-        if reply == 1 {
+        if adopt(conn, keys, &o).await? {
             adopted += 1;
             tracing::warn!(sale = id, reservation = %o.reservation_id, "order written during the restore adopted: its item cannot be sold again");
         }

@@ -421,8 +421,14 @@ sale_poll_ms = 100
 
 /// Starts a binary of the stack with its config, secrets and log file.
 fn spawn_in(dir: &Path, config_path: &Path, name: &'static str, extra: &[&str]) -> Proc {
+    spawn_as(dir, config_path, name, name, extra)
+}
+
+/// Starts `binary` with a config file and the test secrets; its output goes
+/// to `DIR/NAME.log` and `name` tells it apart from another instance.
+pub fn spawn_as(dir: &Path, config_path: &Path, binary: &str, name: &'static str, extra: &[&str]) -> Proc {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
-    let child = Command::new(bin(name))
+    let child = Command::new(bin(binary))
         .arg("--config")
         .arg(config_path)
         .args(extra)
@@ -468,18 +474,7 @@ impl Stack {
         let text = text.replacen(&format!("admin_listen = \"{}\"", self.gateway_admin_addr), &format!("admin_listen = \"{admin}\""), 1);
         let path = self.dir.0.join("flashgate-2.toml");
         std::fs::write(&path, text).unwrap();
-        let log = std::fs::File::create(self.dir.0.join("flashgate-2.log")).unwrap();
-        let child = Command::new(bin("flashgate"))
-            .arg("--config")
-            .arg(&path)
-            .arg("serve")
-            .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
-            .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let proc = Proc { child, name: "flashgate-2" };
+        let proc = spawn_as(&self.dir.0, &path, "flashgate", "flashgate-2", &["serve"]);
         assert!(wait_port(addr, Duration::from_secs(30)), "second gateway did not start");
         (proc, addr)
     }

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flashgate_tests::{
-    bin, free_port, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN, INTERNAL_TOKEN, JWT_SECRET,
+    bin, free_port, spawn_as, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN, INTERNAL_TOKEN, JWT_SECRET,
 };
 
 /// A config on free ports that would otherwise start; Redis is not needed
@@ -142,21 +142,7 @@ async fn the_upgrade_socket_lives_in_the_runtime_dir_and_hands_the_listener_over
     let socket = run.join(format!("flashgate-{port}-upgrade.sock"));
 
     // The new binary waits on the upgrade socket for the old one's listeners.
-    let log = std::fs::File::create(stack.dir.0.join("flashgate-new.log")).unwrap();
-    let child = Command::new(bin("flashgate"))
-        .arg("--config")
-        .arg(&stack.config_path)
-        .args(["serve", "--upgrade"])
-        .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
-        .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let _new = Proc {
-        child,
-        name: "flashgate-new",
-    };
+    let _new = spawn_as(&stack.dir.0, &stack.config_path, "flashgate", "flashgate-new", &["serve", "--upgrade"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
