@@ -90,6 +90,13 @@ pub async fn put(
         write.set_payment_timeout(&spec.id, t).await?;
     }
     let mut redis = state.redis.clone();
+    // A changed window may reopen a finished sale: it is made live before
+    // Redis sells by the new window, so a consumer always reads what it
+    // sells, whatever fails or dies after this point.
+    if let Err(error) = crate::stream::retention::unarchive(&mut redis, &spec.id).await {
+        tracing::warn!(%error, sale = %spec.id, "cannot unarchive the sale before changing it");
+        return Err(ApiError::unavailable("redis failed before the change; nothing was changed, send it again"));
+    }
     match sales::apply(&mut redis, &state.store, &spec).await? {
         Applied::StockBelowSold { sold } => {
             return Err(ApiError::new(
@@ -109,10 +116,10 @@ pub async fn put(
         }
         return Err(error.into());
     }
-    // A changed window may reopen a finished sale: it is live again. The
-    // change is saved either way; an operator told 503 sends it again (and
-    // the consumers' supervisor reopens an archived sale whose window is
-    // open on its own).
+    // Archived again meanwhile (the archiver read the old window): live
+    // again. The change is saved either way; an operator told 503 sends it
+    // again, and the consumers' supervisor reopens an archived sale whose
+    // window is open on its own.
     if let Err(error) = crate::stream::retention::unarchive(&mut redis, &spec.id).await {
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the changed sale; its consumer stays stopped");
         return Err(ApiError::unavailable("the sale is saved but may stay archived (redis failed); send the change again"));

@@ -390,6 +390,12 @@ async fn a_sale_change_that_cannot_unarchive_the_sale_answers_503() {
     break_archived_set(&f).await;
     let (status, body) = admin(&f, "PUT", &format!("/admin/sales/{id}"), Some(&sale_body(6))).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")), "{body}");
+    // Refused before anything changed: Redis never sells by a definition
+    // whose sale nobody consumes.
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 5);
+    let mut conn = f.redis.conn().await;
+    let stock: i64 = redis::cmd("HGET").arg(SaleKeys::new(&id).meta).arg("stock").query_async(&mut conn).await.unwrap();
+    assert_eq!(stock, 5);
 }
 
 #[tokio::test]

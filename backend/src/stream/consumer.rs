@@ -192,7 +192,15 @@ async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
         Ok(now) => now,
         Err(error) => return tracing::debug!(%error, "cannot read redis's clock; will retry"),
     };
-    for sale in unfinished.into_iter().filter(|s| retention::within_grace(s.ends_at_ms, retention::ARCHIVE_GRACE, now)) {
+    for sale in unfinished {
+        // Redis sells by its own copy of the window, which a change that
+        // failed half-way may have moved past the database's.
+        let keys = flashgate_common::keys::SaleKeys::new(&sale.id);
+        let redis_ends: Option<i64> = redis::cmd("HGET").arg(&keys.meta).arg("ends_at_ms").query_async(conn).await.unwrap_or(None);
+        let ends_at_ms = redis_ends.map_or(sale.ends_at_ms, |r| r.max(sale.ends_at_ms));
+        if !retention::within_grace(ends_at_ms, retention::ARCHIVE_GRACE, now) {
+            continue;
+        }
         match retention::unarchive(conn, &sale.id).await {
             Ok(()) => {
                 tracing::warn!(sale = %sale.id, "archived sale whose window is open again made live");

@@ -315,3 +315,41 @@ async fn an_archived_sale_whose_window_is_open_is_made_live_again() {
     stop_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
 }
+
+#[tokio::test]
+async fn an_archived_sale_that_redis_still_sells_by_a_later_window_is_made_live_again() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    // The database holds a window that ended long ago ...
+    let ended = SaleSpec { starts_at_ms: 0, ends_at_ms: 1_000, ..sale(&sale_id, 10) };
+    store.insert_sale_if_absent(&ended).await.unwrap();
+    // ... while Redis sells by a later one (a change that died between
+    // Redis and the database commit), and the sale is archived.
+    let keys = flashgate_common::keys::SaleKeys::new(&sale_id);
+    let open = sale(&sale_id, 10);
+    let () = redis::cmd("HSET")
+        .arg(&keys.meta)
+        .arg("starts_at_ms")
+        .arg(open.starts_at_ms)
+        .arg("ends_at_ms")
+        .arg(open.ends_at_ms)
+        .arg("per_user_limit")
+        .arg(1)
+        .arg("paused")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = redis::cmd("SET").arg(&keys.remaining).arg(10).query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sale_id).query_async(&mut conn).await.unwrap();
+    let (stop_tx, stopped) = watch::channel(false);
+    let supervisor = tokio::spawn(run(store.clone(), settings(&redis, "c1", Duration::from_secs(60)), stopped));
+    reserve(&mut conn, &reservation(&sale_id, "u")).await;
+    wait_for_orders(&store, &sale_id, 1).await;
+    assert!(!retention::archived(&mut conn).await.unwrap().contains(&sale_id));
+
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
+}
