@@ -43,7 +43,7 @@ pub enum RuntimeDirError {
     NotUtf8 { dir: PathBuf },
     #[error("gateway.runtime_dir: {dir} is owned by uid {owner}, not by this user (uid {me})")]
     OtherOwner { dir: PathBuf, owner: u32, me: u32 },
-    #[error("gateway.runtime_dir: {dir} is writable by everyone (mode {mode:o}); use a private directory")]
+    #[error("gateway.runtime_dir: {dir} is writable by its group or by everyone (mode {mode:o}); use a private directory")]
     WorldWritable { dir: PathBuf, mode: u32 },
 }
 
@@ -55,6 +55,10 @@ pub enum RuntimeDirError {
 /// takes its socket and pid paths as strings, so a lossy conversion would
 /// name another path); each names `gateway.runtime_dir`.
 pub fn prepare(dir: &Path) -> Result<(), RuntimeDirError> {
+    // Without its trailing slash: `dir/` would make the checks below follow
+    // a symbolic link named `dir`.
+    let dir: PathBuf = dir.components().collect();
+    let dir = dir.as_path();
     if dir.to_str().is_none() {
         return Err(RuntimeDirError::NotUtf8 { dir: dir.to_owned() });
     }
@@ -90,7 +94,7 @@ pub fn prepare(dir: &Path) -> Result<(), RuntimeDirError> {
         });
     }
     let mode = meta.mode() & 0o7777;
-    if mode & 0o002 != 0 {
+    if mode & 0o022 != 0 {
         return Err(RuntimeDirError::WorldWritable {
             dir: dir.to_owned(),
             mode,
@@ -138,6 +142,24 @@ mod tests {
         );
         prepare(&dir).unwrap();
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_symlink_named_with_a_trailing_slash_or_a_group_writable_directory_is_refused() {
+        let target = scratch("target");
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = scratch("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let with_slash = PathBuf::from(format!("{}/", link.display()));
+        let err = prepare(&with_slash).unwrap_err();
+        assert!(matches!(err, RuntimeDirError::Symlink { .. }), "{err}");
+
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o770)).unwrap();
+        let err = prepare(&target).unwrap_err();
+        assert!(matches!(err, RuntimeDirError::WorldWritable { .. }), "{err}");
+        std::fs::remove_file(&link).unwrap();
+        std::fs::remove_dir_all(&target).unwrap();
     }
 
     #[test]
