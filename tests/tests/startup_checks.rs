@@ -123,7 +123,7 @@ fn a_world_writable_runtime_dir_is_refused_at_start() {
     let (ok, stderr) = outcome.expect("the gateway kept running with a world-writable runtime_dir");
     assert!(!ok);
     assert!(
-        stderr.contains("gateway.runtime_dir") && stderr.contains("writable by everyone"),
+        stderr.contains("gateway.runtime_dir") && stderr.contains("writable by its group or by everyone"),
         "{stderr}"
     );
 }
