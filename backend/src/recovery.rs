@@ -427,7 +427,8 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
 /// Redis or the database failed; what was done stays done.
 pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store) -> Result<u64, SaleError> {
     let mut returned = 0;
-    let mut touched = HashSet::new();
+    // Sales that got items back this pass: announced once each.
+    let mut restocked = HashSet::new();
     let mut missing = HashSet::new();
     let mut cursor = String::new();
     loop {
@@ -458,7 +459,10 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
                     missing.insert(order.sale_id);
                     continue;
                 }
-                1 => returned += 1,
+                1 => {
+                    returned += 1;
+                    restocked.insert(order.sale_id.clone());
+                }
                 2 => tracing::warn!(
                     sale = %order.sale_id,
                     reservation = %order.reservation_id,
@@ -467,19 +471,20 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
                 _ => {}
             }
             store.mark_released(&order.order_id, flashgate_common::now_ms()).await?;
-            touched.insert(order.sale_id);
         }
         if !full {
             break;
         }
     }
-    for sale in &touched {
+    for sale in &restocked {
         announce(conn, sale).await;
     }
     Ok(returned)
 }
 
-/// Tells gateways to forget their cached state (a sold-out flag may be stale).
+/// Tells gateways to forget what they cached of `id` (`changed`): its
+/// sold-out flag and the winners held with it are stale once items came
+/// back or the sale was restored, as someone may win in it again.
 async fn announce<C: ConnectionLike + Send>(conn: &mut C, id: &str) {
     let event = flashgate_common::keys::SaleEvent::Changed(id.to_owned());
     let sent: Result<i64, RedisError> =

@@ -6,17 +6,24 @@
 //!   before the start or after the end are answered here.
 //! - The sold-out flag: set when the deduct script answers sold out, here
 //!   or on another gateway (announced on the events channel). While it is
-//!   set, buys get `410 sold_out` without running the script (a buy with
-//!   an Idempotency-Key costs one read of that key's outcome). An operator's
-//!   change to the sale clears it everywhere. It also expires after
-//!   [`SOLD_OUT_TTL`], so a missed "changed" event costs one script call
-//!   per gateway per TTL, never a sale that stays closed.
+//!   set, buys get `410 sold_out` without running the script. An
+//!   operator's change to the sale, or items of cancelled orders going back
+//!   to its stock, clears it everywhere (the backend announces both as
+//!   "changed"). It also expires after [`SOLD_OUT_TTL`], so a missed
+//!   "changed" event costs one script call per gateway per TTL, never a
+//!   sale that stays closed.
+//! - The users who ever won in a sold-out sale ([`LocalSales::ever_won`]):
+//!   only they can have a won Idempotency-Key to replay, so only their
+//!   keyed buys read that key's outcome from Redis; anyone else's is
+//!   answered `410 sold_out` here. Read once per sale per sold-out flag.
 //! - Whether a sale missing from Redis exists in the backend's database
 //!   ([`LocalSales::missing`]): if it does, Redis lost it and the backend
 //!   is restoring it, so buyers get `503` with `Retry-After` rather than
 //!   `404`. The answer is cached for [`MISSING_TTL`], so a flood of buys
 //!   costs one backend call per sale per TTL.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,10 +65,23 @@ enum Missing {
     NoAnswer,
 }
 
+/// Most winners of one sale held in [`LocalSales`]'s winner sets; a sale
+/// with more has every keyed sold-out buy ask Redis.
+const MAX_WINNERS_HELD: usize = 200_000;
+
+/// The users who ever won in a sale; `None` when there are too many to hold.
+type Winners = Option<Arc<HashSet<String>>>;
+
 pub struct LocalSales {
     windows: moka::future::Cache<String, CachedWindow>,
-    sold_out: moka::sync::Cache<String, ()>,
+    /// Sold-out sales, each with the number of its flag: a flag set anew
+    /// (after being cleared or expiring) gets a new number, so winners read
+    /// under an earlier flag are never used under a later one.
+    sold_out: moka::sync::Cache<String, u64>,
+    flags: AtomicU64,
     missing: moka::future::Cache<String, Missing>,
+    /// Winners of a sold-out sale, by sale and flag number.
+    winners: moka::future::Cache<(String, u64), Winners>,
 }
 
 impl Default for LocalSales {
@@ -69,7 +89,9 @@ impl Default for LocalSales {
         Self {
             windows: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(WINDOW_TTL).build(),
             sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
+            flags: AtomicU64::new(0),
             missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
+            winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
         }
     }
 }
@@ -79,14 +101,40 @@ impl LocalSales {
         self.sold_out.contains_key(sale_id)
     }
 
+    /// Flags a sale sold out, or renews its flag (its TTL starts again; the
+    /// flag keeps its number, as nobody can have won meanwhile).
     pub fn mark_sold_out(&self, sale_id: &str) {
-        self.sold_out.insert(sale_id.to_owned(), ());
+        let flag = self.sold_out.get(sale_id).unwrap_or_else(|| self.flags.fetch_add(1, Ordering::Relaxed));
+        self.sold_out.insert(sale_id.to_owned(), flag);
     }
 
-    /// Forgets everything about a sale (an operator changed it).
+    /// Forgets everything about a sale: an operator changed it, or items
+    /// went back to its stock (so someone may win in it again).
     pub async fn forget(&self, sale_id: &str) {
-        self.sold_out.invalidate(sale_id);
+        if let Some(flag) = self.sold_out.remove(sale_id) {
+            self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
+        }
         self.windows.invalidate(sale_id).await;
+    }
+
+    /// Whether `user` ever won in sold-out `sale_id`, so may hold a won
+    /// Idempotency-Key to replay. Read once per sale while it stays flagged
+    /// (`HLEN` then `HVALS` of the reservation index, which keeps a
+    /// reservation after its item went back; shared by concurrent callers).
+    /// Nobody wins in a sold-out sale until items come back, which clears
+    /// the flag. Unsure (not flagged, Redis error, too many winners to hold)
+    /// answers true: the caller then asks Redis.
+    pub async fn ever_won(&self, redis: &RedisClient, sale_id: &str, user: &str) -> bool {
+        let Some(flag) = self.sold_out.get(sale_id) else { return true };
+        let held = self.winners.try_get_with((sale_id.to_owned(), flag), read_winners(redis, sale_id)).await;
+        match held {
+            Ok(Some(winners)) => winners.contains(user),
+            Ok(None) => true,
+            Err(error) => {
+                tracing::debug!(%error, sale = sale_id, "cannot read a sold-out sale's winners; asking for the key");
+                true
+            }
+        }
     }
 
     /// The answer to a buy for a sale Redis does not have: `503
@@ -125,6 +173,17 @@ impl LocalSales {
         }
         self.windows.try_get_with(sale_id.to_owned(), read_window(redis, sale_id)).await
     }
+}
+
+async fn read_winners(redis: &RedisClient, sale_id: &str) -> Result<Winners, RedisError> {
+    let keys = SaleKeys::new(sale_id);
+    let mut conn = redis.conn().await?;
+    let count: usize = redis.bounded(redis::cmd("HLEN").arg(&keys.reservations).query_async(&mut conn)).await??;
+    if count > MAX_WINNERS_HELD {
+        return Ok(None);
+    }
+    let users: Vec<String> = redis.bounded(redis::cmd("HVALS").arg(&keys.reservations).query_async(&mut conn)).await??;
+    Ok(Some(Arc::new(users.into_iter().collect())))
 }
 
 async fn read_window(redis: &RedisClient, sale_id: &str) -> Result<CachedWindow, RedisError> {

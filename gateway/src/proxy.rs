@@ -388,8 +388,13 @@ impl Gateway {
             // round trip, whoever holds the sale's items now. A win whose
             // order was cancelled (its item returned and sold again) is no
             // longer among the buyers, yet its key must still answer
-            // `order_cancelled`, not `sold_out`.
+            // `order_cancelled`, not `sold_out`. In a sold-out sale only a
+            // user who ever won can have such a key; anyone else's retry is
+            // answered here.
             Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
+            Some(Rejection::SoldOut) if !self.local.ever_won(&self.redis, sale_id, &user).await => {
+                return Err(Rejection::SoldOut)
+            }
             Some(rejection) => remembered(&self.redis, sale_id, &user, &idempotency_key)
                 .await
                 .map_err(|e| self.unavailable(&e))?
