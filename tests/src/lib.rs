@@ -159,6 +159,18 @@ impl RedisServer {
         self.client().get_multiplexed_async_connection().await.unwrap()
     }
 
+    /// Starts watching every command this server runs (`MONITOR`); see
+    /// [`Monitor::commands`].
+    pub async fn monitor(&self) -> Monitor {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        stream.write_all(b"MONITOR\r\n").await.unwrap();
+        let mut lines = tokio::io::BufReader::new(stream).lines();
+        let ok = lines.next_line().await.unwrap();
+        assert_eq!(ok.as_deref(), Some("+OK"), "MONITOR refused");
+        Monitor { lines }
+    }
+
     /// `calls` of one command from INFO commandstats (0 when never called).
     pub async fn command_calls(&self, command: &str) -> u64 {
         let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut self.conn().await).await.unwrap();
@@ -168,6 +180,33 @@ impl RedisServer {
             .and_then(|rest| rest.split(',').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0)
+    }
+}
+
+/// The commands a Redis runs, as `MONITOR` prints them: one line each,
+/// `<time> [<db> <client>] "COMMAND" "arg" ...`, scripts' commands included.
+pub struct Monitor {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>,
+}
+
+impl Monitor {
+    /// Every command `redis` ran since [`RedisServer::monitor`], up to a
+    /// marker sent now: nothing run before this call is missed.
+    pub async fn commands(mut self, redis: &RedisServer) -> Vec<String> {
+        let marker = format!("fg-monitor-end-{}", rand::random::<u64>());
+        let _: String = redis::cmd("ECHO").arg(&marker).query_async(&mut redis.conn().await).await.unwrap();
+        let mut seen = Vec::new();
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
+                .await
+                .expect("MONITOR fell silent before the marker")
+                .unwrap()
+                .expect("MONITOR connection closed");
+            if line.contains(&marker) {
+                return seen;
+            }
+            seen.push(line);
+        }
     }
 }
 

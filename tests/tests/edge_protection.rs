@@ -1,10 +1,12 @@
 //! Edge protection against the real stack: token buckets with their
 //! headers, trusted-proxy handling, deny lists reloaded live, the sold-out
-//! short-circuit across gateways, and a stalled Redis.
+//! short-circuit across gateways (keyed buys included) and its end when
+//! items come back, and a stalled Redis.
 
 use std::time::{Duration, Instant};
 
 use flashgate_tests::{buy_all, random_user, token, Attempt, Stack, StackOptions};
+use serde_json::Value;
 
 async fn buy_status(stack: &Stack, user: &str, headers: &[(&str, &str)]) -> reqwest::Response {
     let mut req = stack.http.post(stack.url("/api/sales/edge/buy")).bearer_auth(token(user));
@@ -131,6 +133,66 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
         status = flashgate_tests::buy(&stack.http, second_addr, "gone", &token(&random_user()), None).await.0;
     }
     assert_eq!(status, 202, "restock did not reopen the sale on the second gateway");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sold_out_keyed_buy_from_a_user_who_never_won_reads_no_key_from_redis() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("kept", 3, 1).await;
+    let winners: Vec<String> = (0..3).map(|_| random_user()).collect();
+    for w in &winners {
+        assert_eq!(stack.buy("kept", w, Some("k1")).await.0, 202);
+    }
+    let (status, v) = stack.buy("kept", &random_user(), None).await;
+    assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
+
+    let hvals_before = stack.redis.command_calls("hvals").await;
+    let monitor = stack.redis.monitor().await;
+    let attempts = (0..200).map(|i| Attempt { user: random_user(), idempotency_key: Some(format!("k{i}")) }).collect();
+    let late = buy_all(stack.gateway_addr, "kept", attempts, 16).await;
+    assert!(late.iter().all(|o| o.status == 410 && o.body["code"] == "sold_out"), "every late buyer is told sold out");
+    // A winner's retry still asks Redis for its key, and replays its win.
+    let (status, v) = stack.buy("kept", &winners[0], Some("k1")).await;
+    assert!(matches!(status, 201 | 202) && v["reservation_id"].is_string(), "{status} {v}");
+    let key_reads: Vec<String> = monitor.commands(&stack.redis).await.into_iter().filter(|c| c.contains(":idem")).collect();
+
+    assert!(!key_reads.is_empty(), "the winner's retry did not read its key");
+    assert!(key_reads.iter().all(|c| c.contains(winners[0].as_str())), "a user who never won read a key: {key_reads:?}");
+    assert_eq!(stack.redis.command_calls("hvals").await - hvals_before, 1, "the sale's winners are read once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sold_out_sale_sells_again_soon_after_an_unpaid_orders_item_comes_back() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let now = flashgate_common::now_ms();
+    let body = serde_json::json!({
+        "name": "Back", "stock": 1, "per_user_limit": 1,
+        "starts_at": flashgate_common::rfc3339(now - 1000), "ends_at": flashgate_common::rfc3339(now + 3_600_000),
+        "payment_timeout_seconds": 1,
+    });
+    let (status, v) = stack.admin(reqwest::Method::PUT, "/admin/sales/back", Some(body)).await;
+    assert_eq!(status, 201, "{v}");
+    let (status, won) = stack.buy("back", &random_user(), None).await;
+    assert_eq!(status, 202, "{won}");
+    let (status, v) = stack.buy("back", &random_user(), None).await;
+    assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
+
+    // Not paid in time: the item goes back to the stock.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stack.remaining("back").await != 1 {
+        assert!(Instant::now() < deadline, "the unpaid order's item did not come back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every gateway hears of it: the sale is not answered sold out for the
+    // rest of the flag's life.
+    let buyer = random_user();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (mut status, mut v) = (0, Value::Null);
+    while Instant::now() < deadline && status != 202 {
+        (status, v) = stack.buy("back", &buyer, None).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 202, "the returned item is not on sale: {v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
