@@ -78,7 +78,13 @@ static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../.
 /// # Errors
 /// Redis failed.
 pub async fn adopt<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, order: &OrderRow) -> redis::RedisResult<bool> {
-    let reply: i64 = ADOPT
+    Ok(order_script(&ADOPT, conn, keys, order).await? == 1)
+}
+
+/// Runs `lua/adopt.lua` or `lua/release.lua` for `order`: both take the
+/// sale's counters and reservation sets, and the order's reservation and user.
+async fn order_script<C: ConnectionLike + Send>(script: &Script, conn: &mut C, keys: &SaleKeys, order: &OrderRow) -> redis::RedisResult<i64> {
+    script
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)
@@ -87,8 +93,7 @@ pub async fn adopt<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, orde
         .arg(&order.reservation_id)
         .arg(&order.user_id)
         .invoke_async(conn)
-        .await?;
-    Ok(reply == 1)
+        .await
 }
 
 /// Installs a rebuilt sale, paused, if still absent, for the lock holder only (`lua/preheat.lua`).
@@ -442,16 +447,7 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
                 continue;
             }
             let keys = SaleKeys::new(&order.sale_id);
-            let reply: i64 = RELEASE
-                .key(&keys.meta)
-                .key(&keys.remaining)
-                .key(&keys.buyers)
-                .key(&keys.reservations)
-                .key(&keys.released)
-                .arg(&order.reservation_id)
-                .arg(&order.user_id)
-                .invoke_async(conn)
-                .await?;
+            let reply = order_script(&RELEASE, conn, &keys, &order).await?;
             match reply {
                 // The sale is being restored; the restore counts this order
                 // as returned or the next pass returns it.
