@@ -29,6 +29,7 @@ faults:
 	bash tests/run-faults.sh $(FAULT_RUNS)
 
 check:
+	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets
 
 clean:

@@ -67,7 +67,10 @@ impl Metrics {
             remaining: reg!(gauge("sale_remaining_items", "Items left to sell, in Redis.")),
             backlog: reg!(gauge("sale_backlog_reservations", "Reservations not yet persisted as orders (lag + pending).")),
             stream_lag: reg!(gauge("backend_stream_lag_entries", "Stream entries not yet delivered to the consumer group.")),
-            drift: reg!(gauge("reconcile_stock_drift", "Sold in Redis minus live orders and in-flight reservations, at the last reconcile.")),
+            drift: reg!(gauge(
+                "reconcile_stock_drift",
+                "Sold in Redis minus live orders and in-flight reservations, at the last reconcile."
+            )),
             registry,
         }
     }

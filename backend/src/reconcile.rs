@@ -322,7 +322,11 @@ pub async fn reconcile_all<C: ConnectionLike + Send>(conn: &mut C, store: &Store
 }
 
 /// Runs [`reconcile_all`] every `interval` until `shutdown`.
-pub async fn run<C: ConnectionLike + Send + Clone>(conn: C, store: Store, interval: Duration, drift: Drift,
+pub async fn run<C: ConnectionLike + Send + Clone>(
+    conn: C,
+    store: Store,
+    interval: Duration,
+    drift: Drift,
     readiness: crate::readiness::Readiness,
     mut shutdown: watch::Receiver<bool>,
 ) {

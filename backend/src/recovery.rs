@@ -83,7 +83,12 @@ pub async fn adopt<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, orde
 
 /// Runs `lua/adopt.lua` or `lua/release.lua` for `order`: both take the
 /// sale's counters and reservation sets, and the order's reservation and user.
-async fn order_script<C: ConnectionLike + Send>(script: &Script, conn: &mut C, keys: &SaleKeys, order: &OrderRow) -> redis::RedisResult<i64> {
+async fn order_script<C: ConnectionLike + Send>(
+    script: &Script,
+    conn: &mut C,
+    keys: &SaleKeys,
+    order: &OrderRow,
+) -> redis::RedisResult<i64> {
     script
         .key(&keys.meta)
         .key(&keys.remaining)
@@ -160,11 +165,7 @@ pub async fn restore<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Sto
 ///
 /// # Errors
 /// As [`restore`].
-pub async fn restore_given<C: ConnectionLike + Send + Clone>(
-    conn: &mut C,
-    store: &Store,
-    spec: &SaleSpec,
-) -> Result<Restored, SaleError> {
+pub async fn restore_given<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Restored, SaleError> {
     restore_sale(conn, store, &spec.id, Some(spec)).await
 }
 

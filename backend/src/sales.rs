@@ -239,7 +239,13 @@ static SWAP_PAUSE: LazyLock<Script> = LazyLock::new(|| {
 ///
 /// # Errors
 /// Redis failed.
-pub async fn swap_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, seen: &str, paused: bool, token: &str) -> Result<bool, RedisError> {
+pub async fn swap_pause<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    seen: &str,
+    paused: bool,
+    token: &str,
+) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
     let want = if paused { "1" } else { "0" };
     let set: i64 = SWAP_PAUSE.key(&keys.meta).key(&keys.restoring).arg(seen).arg(want).arg(token).invoke_async(conn).await?;
@@ -395,12 +401,8 @@ struct Counters {
 
 async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<Counters, RedisError> {
     let keys = SaleKeys::new(id);
-    let (remaining, reservations, paused): (Option<i64>, i64, Option<String>) = redis::pipe()
-        .get(&keys.remaining)
-        .hlen(&keys.reservations)
-        .hget(&keys.meta, "paused")
-        .query_async(conn)
-        .await?;
+    let (remaining, reservations, paused): (Option<i64>, i64, Option<String>) =
+        redis::pipe().get(&keys.remaining).hlen(&keys.reservations).hget(&keys.meta, "paused").query_async(conn).await?;
     // XPENDING fails with NOGROUP before the group exists: nothing pending.
     let pending = match redis::cmd("XPENDING").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<redis::Value>(conn).await {
         Ok(redis::Value::Array(items)) => match items.first() {

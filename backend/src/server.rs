@@ -27,8 +27,8 @@ use axum::routing::get;
 use axum::Router;
 use flashgate_common::backoff::Backoff;
 use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_SHOP_TOKEN};
-use flashgate_common::secret;
 use flashgate_common::dependency::{ping_redis, DepState};
+use flashgate_common::secret;
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -106,10 +106,7 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
     let readiness = Readiness::default();
     let order_api = Arc::new(OnceLock::new());
     let admin_api = Arc::new(OnceLock::new());
-    let probes = Router::new()
-        .route("/live", get(readiness::live))
-        .route("/ready", get(readiness::ready))
-        .with_state(readiness.clone());
+    let probes = Router::new().route("/live", get(readiness::live)).route("/ready", get(readiness::ready)).with_state(readiness.clone());
     let serve = |listener, router: Router, mut stopping: watch::Receiver<bool>| {
         axum::serve(listener, router).with_graceful_shutdown(async move {
             let _ = stopping.wait_for(|stop| *stop).await;
@@ -190,13 +187,7 @@ async fn start_and_run(
     let backend = &config.backend;
     let background = [
         tokio::spawn(readiness::monitor(readiness.clone(), store.clone(), redis.clone(), shutdown.clone())),
-        tokio::spawn(crate::recovery::watch(
-            redis.clone(),
-            store.clone(),
-            backend.restore_poll,
-            readiness.clone(),
-            shutdown.clone(),
-        )),
+        tokio::spawn(crate::recovery::watch(redis.clone(), store.clone(), backend.restore_poll, readiness.clone(), shutdown.clone())),
         tokio::spawn(crate::timeout::run(
             redis.clone(),
             store.clone(),

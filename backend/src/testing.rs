@@ -47,7 +47,14 @@ pub fn reservation(sale_id: &str, user: &str) -> Reservation {
 /// A sale open now for an hour.
 pub fn sale(id: &str, stock: i64) -> SaleSpec {
     let now = flashgate_common::now_ms();
-    SaleSpec { id: id.to_owned(), name: format!("sale {id}"), stock, per_user_limit: 1, starts_at_ms: now - 1000, ends_at_ms: now + 3_600_000 }
+    SaleSpec {
+        id: id.to_owned(),
+        name: format!("sale {id}"),
+        stock,
+        per_user_limit: 1,
+        starts_at_ms: now - 1000,
+        ends_at_ms: now + 3_600_000,
+    }
 }
 
 /// A `redis-server` child process, killed when dropped.
@@ -87,7 +94,12 @@ impl RedisServer {
     }
 
     pub fn config(&self) -> flashgate_common::config::RedisConfig {
-        flashgate_common::config::RedisConfig { url: self.url.clone(), timeout: Duration::from_millis(500), breaker_failures: 5, breaker_cooldown: Duration::from_secs(1) }
+        flashgate_common::config::RedisConfig {
+            url: self.url.clone(),
+            timeout: Duration::from_millis(500),
+            breaker_failures: 5,
+            breaker_cooldown: Duration::from_secs(1),
+        }
     }
 }
 

@@ -49,15 +49,15 @@ pub fn draw(r: &Results, path: &Path) -> anyhow::Result<()> {
     let labels: Vec<String> = scenarios.iter().map(|s| s.id.replace('_', " ")).collect();
     let x_label = |x: &f64| -> String {
         let i = x.floor() as usize;
-        if (x - x.floor() - 0.5).abs() < 1e-6 { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
+        if (x - x.floor() - 0.5).abs() < 1e-6 {
+            labels.get(i).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
     };
 
     // Throughput.
-    let max_rps = scenarios
-        .iter()
-        .flat_map(|s| [rps(r, s.id, Side::Flashgate), rps(r, s.id, Side::Peer)])
-        .flatten()
-        .fold(1.0f64, f64::max);
+    let max_rps = scenarios.iter().flat_map(|s| [rps(r, s.id, Side::Flashgate), rps(r, s.id, Side::Peer)]).flatten().fold(1.0f64, f64::max);
     let mut b = ChartBuilder::on(&top);
     b.margin(20).x_label_area_size(if text { 40 } else { 0 }).y_label_area_size(if text { 80 } else { 0 });
     if text {

@@ -211,9 +211,8 @@ impl Tally {
     }
 
     fn summary(&self, window_start: Instant) -> Summary {
-        let to_map = |a: &[u64; 600]| {
-            a.iter().enumerate().filter(|(_, n)| **n > 0).map(|(s, n)| (s as u16, *n)).collect::<BTreeMap<_, _>>()
-        };
+        let to_map =
+            |a: &[u64; 600]| a.iter().enumerate().filter(|(_, n)| **n > 0).map(|(s, n)| (s as u16, *n)).collect::<BTreeMap<_, _>>();
         let requests: u64 = self.window.iter().sum();
         let elapsed = self.last_done.map_or(0.0, |t| t.saturating_duration_since(window_start).as_secs_f64());
         let q = |p: f64| self.hist.value_at_quantile(p) as f64 / 1000.0;
@@ -288,7 +287,11 @@ async fn connect(addr: SocketAddr) -> Result<Conn, Box<dyn std::error::Error + S
 
 /// Sends one request on `conn` (connecting first if needed) and reads the
 /// whole answer. Any failure drops the connection.
-async fn send(conn: &mut Option<Conn>, addr: SocketAddr, req: Request<Full<Bytes>>) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
+async fn send(
+    conn: &mut Option<Conn>,
+    addr: SocketAddr,
+    req: Request<Full<Bytes>>,
+) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
     if conn.as_ref().is_none_or(|c| c.is_closed()) {
         *conn = Some(connect(addr).await?);
     }
@@ -300,7 +303,13 @@ async fn send(conn: &mut Option<Conn>, addr: SocketAddr, req: Request<Full<Bytes
     Ok(status)
 }
 
-async fn send_bounded(conn: &mut Option<Conn>, addr: SocketAddr, req: Request<Full<Bytes>>, limit: Duration, tally: &mut Tally) -> Option<u16> {
+async fn send_bounded(
+    conn: &mut Option<Conn>,
+    addr: SocketAddr,
+    req: Request<Full<Bytes>>,
+    limit: Duration,
+    tally: &mut Tally,
+) -> Option<u16> {
     match tokio::time::timeout(limit, send(conn, addr, req)).await {
         Ok(Ok(status)) => Some(status),
         Ok(Err(_)) => {

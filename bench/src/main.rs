@@ -205,7 +205,8 @@ async fn load_one(a: LoadArgs) -> anyhow::Result<()> {
     let target = match (&a.get, &a.buy) {
         (Some(path), _) => Target::Get { path: path.clone() },
         (None, Some(sale)) => {
-            let secret = std::env::var("FLASHGATE_JWT_SECRET").map_err(|_| anyhow::anyhow!("--buy needs FLASHGATE_JWT_SECRET (the gateway's token secret)"))?;
+            let secret = std::env::var("FLASHGATE_JWT_SECRET")
+                .map_err(|_| anyhow::anyhow!("--buy needs FLASHGATE_JWT_SECRET (the gateway's token secret)"))?;
             let users = stack::random_users(if a.one_user { 1 } else { a.users.max(1) });
             let headers = stack::mint_bearers(&secret, &users, 3600);
             let pick = if a.one_user { Pick::One(0) } else { Pick::Distinct };

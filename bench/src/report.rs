@@ -61,7 +61,8 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 pub fn targets(r: &Results) -> Vec<TargetEval> {
     let mut out = Vec::new();
     let (fa, pa) = (rps(r, "a_static", Side::Flashgate), rps(r, "a_static", Side::Peer));
-    let (fp99, pp99) = (avg(r, "a_static", Side::Flashgate, |x| Some(x.summary.p99_ms)), avg(r, "a_static", Side::Peer, |x| Some(x.summary.p99_ms)));
+    let (fp99, pp99) =
+        (avg(r, "a_static", Side::Flashgate, |x| Some(x.summary.p99_ms)), avg(r, "a_static", Side::Peer, |x| Some(x.summary.p99_ms)));
     out.push(TargetEval {
         id: "static",
         name: "Static page vs nginx",
@@ -257,7 +258,15 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
     );
     for x in r.rounds.iter().filter(|x| x.check.is_some()) {
         let c = x.check.as_ref().expect("filtered");
-        let _ = writeln!(md, "- {} {} r{}: **{}** — {}", x.scenario, side_name(x.scenario, x.side), x.round, if c.ok { "OK" } else { "FAIL" }, c.text);
+        let _ = writeln!(
+            md,
+            "- {} {} r{}: **{}** — {}",
+            x.scenario,
+            side_name(x.scenario, x.side),
+            x.round,
+            if c.ok { "OK" } else { "FAIL" },
+            c.text
+        );
     }
     md.push('\n');
 
@@ -269,7 +278,13 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
              and `HSET resv rid user`) with pipelined XADD in {:.2} s while the backend was stopped. Then the backend was started \
              and the bench polled `SELECT COUNT(*) FROM orders` every 20 ms: all {} rows after **{:.2} s = {:.0} orders/s** \
              (from start, connecting and migrating included; {:.2} s from the first row). Backend CPU during the drain: {:.2} s.\n",
-            d.orders, d.preload_s, d.orders, d.total_s, d.rate(), d.after_first_s, d.backend_cpu_s
+            d.orders,
+            d.preload_s,
+            d.orders,
+            d.total_s,
+            d.rate(),
+            d.after_first_s,
+            d.backend_cpu_s
         );
     }
 

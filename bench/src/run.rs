@@ -227,7 +227,8 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     let hammer = random_users(2 * s.rounds + 2);
     let hammer_bearers = mint_bearers(&fg.jwt_secret, &hammer, 7200);
     eprintln!("bench: minted {} tokens in {:.2}s", bearers.len() + hammer_bearers.len(), t.elapsed().as_secs_f64());
-    let header_values = |v: &[String]| Users { headers: std::sync::Arc::new(v.iter().map(|u| HeaderValue::from_str(u).expect("uuid")).collect()) };
+    let header_values =
+        |v: &[String]| Users { headers: std::sync::Arc::new(v.iter().map(|u| HeaderValue::from_str(u).expect("uuid")).collect()) };
     let mut ctx = Ctx {
         s: s.clone(),
         peer_ids: header_values(&ids),
@@ -347,10 +348,18 @@ fn line(r: &RoundResult) -> String {
 fn auto_open_rate(rounds: &[RoundResult]) -> f64 {
     let mean = |side| {
         let v: Vec<f64> = rounds.iter().filter(|r| r.scenario == "c_buy" && r.side == side).map(|r| r.summary.rps).collect();
-        if v.is_empty() { f64::INFINITY } else { v.iter().sum::<f64>() / v.len() as f64 }
+        if v.is_empty() {
+            f64::INFINITY
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
     };
     let slower = mean(Side::Flashgate).min(mean(Side::Peer));
-    if slower.is_finite() { ((slower * 0.5 / 100.0).floor() * 100.0).max(100.0) } else { 1000.0 }
+    if slower.is_finite() {
+        ((slower * 0.5 / 100.0).floor() * 100.0).max(100.0)
+    } else {
+        1000.0
+    }
 }
 
 impl Ctx {
@@ -399,9 +408,13 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
         "a_static" => (0, Target::Get { path: SALE_PAGE_PATH.into() }, Pace::Closed),
         "b_state" => (0, Target::Get { path: "/api/sales/state".into() }, Pace::Closed),
         "c_buy" => (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
-        "c_buy_open" => (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Open { rate: open_rate }),
+        "c_buy_open" => {
+            (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Open { rate: open_rate })
+        }
         "d_soldout" => (0, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
-        "e_hammer" => (BIG_STOCK, Target::FlashBuy { path: buy_path, users: ctx.hammer_bearers.clone(), pick: Pick::One(hammer_user) }, Pace::Closed),
+        "e_hammer" => {
+            (BIG_STOCK, Target::FlashBuy { path: buy_path, users: ctx.hammer_bearers.clone(), pick: Pick::One(hammer_user) }, Pace::Closed)
+        }
         "f_burst" => (ctx.s.burst_stock, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
         other => anyhow::bail!("unknown scenario {other}"),
     };
@@ -477,7 +490,8 @@ async fn check_flashgate(ctx: &Ctx, sale: &str, stock: i64, winners: u64, calls:
     .await?;
     let decrements = stock - remaining;
     let script_ok = reached.is_none_or(|r| r == calls);
-    let ok = winners as i64 == decrements && decrements == reservations && reservations == orders && most <= 1 && remaining >= 0 && script_ok;
+    let ok =
+        winners as i64 == decrements && decrements == reservations && reservations == orders && most <= 1 && remaining >= 0 && script_ok;
     let text = format!(
         "winners {winners} = decrements {decrements} = reservations {reservations} = orders {orders}; most orders of one user {most} (limit 1); drained in {:.1}s; script calls {calls}{}",
         t.elapsed().as_secs_f64(),
@@ -663,7 +677,11 @@ fn perf_top(file: &std::path::Path, n: usize) -> Vec<String> {
         .map(|l| {
             let l = l.split_whitespace().collect::<Vec<_>>().join(" ");
             let l = l.as_str();
-            if l.len() > 150 { format!("{}…", &l[..l.char_indices().take_while(|(i, _)| *i < 150).last().map_or(0, |(i, _)| i)]) } else { l.to_owned() }
+            if l.len() > 150 {
+                format!("{}…", &l[..l.char_indices().take_while(|(i, _)| *i < 150).last().map_or(0, |(i, _)| i)])
+            } else {
+                l.to_owned()
+            }
         })
         .collect()
 }

@@ -271,13 +271,8 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             "starts_at": flashgate_common::rfc3339(now - 1000),
             "ends_at": flashgate_common::rfc3339(now + 3_600_000),
         });
-        let resp = self
-            .http
-            .put(format!("http://{}/admin/sales/{id}", self.admin_addr))
-            .bearer_auth(&self.admin_token)
-            .json(&body)
-            .send()
-            .await?;
+        let resp =
+            self.http.put(format!("http://{}/admin/sales/{id}", self.admin_addr)).bearer_auth(&self.admin_token).json(&body).send().await?;
         let status = resp.status();
         ensure!(status.is_success(), "PUT /admin/sales/{id}: {status} {}", resp.text().await.unwrap_or_default());
         Ok(())
@@ -318,7 +313,15 @@ fn render_conf(template: &Path, work: &Path, port: u16, workers: usize, peers: &
 
 async fn start_nginx(name: &str, work: &Path, conf: &Path, port: u16, env: &[(&str, String)]) -> anyhow::Result<Proc> {
     std::fs::create_dir_all(work.join("tmp"))?;
-    let test = Command::new("nginx").arg("-t").arg("-q").arg("-p").arg(work).arg("-c").arg(conf).envs(env.iter().map(|(k, v)| (*k, v))).status()?;
+    let test = Command::new("nginx")
+        .arg("-t")
+        .arg("-q")
+        .arg("-p")
+        .arg(work)
+        .arg("-c")
+        .arg(conf)
+        .envs(env.iter().map(|(k, v)| (*k, v)))
+        .status()?;
     ensure!(test.success(), "{name}: nginx config test failed ({})", conf.display());
     let started = Command::new("nginx").arg("-p").arg(work).arg("-c").arg(conf).envs(env.iter().map(|(k, v)| (*k, v))).status()?;
     ensure!(started.success(), "{name}: nginx did not start (see {}/error.log)", work.display());
@@ -401,10 +404,5 @@ impl Peers {
 pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> anyhow::Result<u64> {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
     let prefix = format!("cmdstat_{command}:calls=");
-    Ok(info
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0))
+    Ok(info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|rest| rest.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0))
 }

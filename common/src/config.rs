@@ -584,8 +584,7 @@ impl Config {
     /// An unreadable file, a TOML error (with line and column) or every
     /// invalid value, each named by its key.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Self::from_toml_str(&text, &ProcessEnv, crate::now_ms())
     }
 
@@ -633,14 +632,8 @@ impl Config {
         check((1..=1000).contains(&f.redis.breaker_failures), "redis.breaker_failures: must be between 1 and 1000");
         check((10..=600_000).contains(&f.redis.breaker_cooldown_ms), "redis.breaker_cooldown_ms: must be between 10 and 600000");
         check((1..=256).contains(&f.gateway.threads), "gateway.threads: must be between 1 and 256");
-        check(
-            f.gateway.backend_url.starts_with("http://"),
-            "gateway.backend_url: must be an http:// URL",
-        );
-        check(
-            (1..=60_000).contains(&f.gateway.forward_timeout_ms),
-            "gateway.forward_timeout_ms: must be between 1 and 60000",
-        );
+        check(f.gateway.backend_url.starts_with("http://"), "gateway.backend_url: must be an http:// URL");
+        check((1..=60_000).contains(&f.gateway.forward_timeout_ms), "gateway.forward_timeout_ms: must be between 1 and 60000");
         check(
             (1..=MAX_IDEMPOTENCY_TTL_SECONDS).contains(&f.gateway.idempotency_ttl_seconds),
             "gateway.idempotency_ttl_seconds: must be between 1 and 604800 (7 days)",
@@ -661,19 +654,13 @@ impl Config {
         check((100..=86_400_000).contains(&f.backend.claim_idle_ms), "backend.claim_idle_ms: must be between 100 and 86400000");
         check((10..=60_000).contains(&f.backend.sale_poll_ms), "backend.sale_poll_ms: must be between 10 and 60000");
         check(shop_upstreams.len() <= 64, "shop.upstreams: at most 64 upstreams");
-        check(
-            (100..=600_000).contains(&f.shop.health_check_interval_ms),
-            "shop.health_check_interval_ms: must be between 100 and 600000",
-        );
+        check((100..=600_000).contains(&f.shop.health_check_interval_ms), "shop.health_check_interval_ms: must be between 100 and 600000");
         check((1..=60_000).contains(&f.shop.connect_timeout_ms), "shop.connect_timeout_ms: must be between 1 and 60000");
         check((1..=3_600_000).contains(&f.shop.read_timeout_ms), "shop.read_timeout_ms: must be between 1 and 3600000");
         let max_age = 31_536_000;
         check(f.pages.page_max_age_seconds <= max_age, "pages.page_max_age_seconds: must be at most 31536000");
         check(f.pages.asset_max_age_seconds <= max_age, "pages.asset_max_age_seconds: must be at most 31536000");
-        check(
-            f.pages.fingerprinted_max_age_seconds <= max_age,
-            "pages.fingerprinted_max_age_seconds: must be at most 31536000",
-        );
+        check(f.pages.fingerprinted_max_age_seconds <= max_age, "pages.fingerprinted_max_age_seconds: must be at most 31536000");
         check(f.pages.reload_interval_ms <= 3_600_000, "pages.reload_interval_ms: must be at most 3600000 (0 turns reloading off)");
         check((1..=60_000).contains(&f.pages.state_ttl_ms), "pages.state_ttl_ms: must be between 1 and 60000");
         check((1..=1000).contains(&f.backend.max_deliveries), "backend.max_deliveries: must be between 1 and 1000");
@@ -687,9 +674,7 @@ impl Config {
         let mut nets = |key: &str, list: &[String]| -> Vec<ipnet::IpNet> {
             list.iter()
                 .enumerate()
-                .filter_map(|(i, v)| {
-                    parse_net(v).map_err(|why| errors.push(format!("{key}[{i}]: {why}"))).ok()
-                })
+                .filter_map(|(i, v)| parse_net(v).map_err(|why| errors.push(format!("{key}[{i}]: {why}"))).ok())
                 .collect()
         };
         let trusted_proxies = nets("limits.trusted_proxies", &f.limits.trusted_proxies);
@@ -703,9 +688,7 @@ impl Config {
         buckets.extend(f.limits.cluster_global.map(|b| ("limits.cluster_global".to_owned(), b)));
         for (key, b) in buckets {
             if !(1..=MAX_BUCKET_PER_SECOND).contains(&b.per_second) {
-                errors.push(format!(
-                    "{key}.per_second: must be between 1 and {MAX_BUCKET_PER_SECOND} (leave the bucket out for no limit)"
-                ));
+                errors.push(format!("{key}.per_second: must be between 1 and {MAX_BUCKET_PER_SECOND} (leave the bucket out for no limit)"));
             }
             if !(1..=MAX_BUCKET_BURST).contains(&b.burst) {
                 errors.push(format!("{key}.burst: must be between 1 and {MAX_BUCKET_BURST} (leave the bucket out for no limit)"));
@@ -816,10 +799,7 @@ impl Config {
                 listen: backend_listen,
                 admin_listen,
                 database_url,
-                consumer_name: env
-                    .var(ENV_CONSUMER_NAME)
-                    .or(f.backend.consumer_name)
-                    .unwrap_or_else(default_consumer_name),
+                consumer_name: env.var(ENV_CONSUMER_NAME).or(f.backend.consumer_name).unwrap_or_else(default_consumer_name),
                 batch_size: f.backend.batch_size,
                 block: Duration::from_millis(f.backend.block_ms),
                 claim_idle: Duration::from_millis(f.backend.claim_idle_ms),
@@ -856,14 +836,7 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         Some(t) => parse_time("ends_at", t)?,
         None => starts_at_ms.saturating_add(s.duration_seconds.saturating_mul(1000)),
     };
-    Ok(SaleSpec {
-        id: s.id.clone(),
-        name: s.name.clone(),
-        stock: s.stock,
-        per_user_limit: s.per_user_limit,
-        starts_at_ms,
-        ends_at_ms,
-    })
+    Ok(SaleSpec { id: s.id.clone(), name: s.name.clone(), stock: s.stock, per_user_limit: s.per_user_limit, starts_at_ms, ends_at_ms })
 }
 
 #[cfg(test)]
@@ -908,7 +881,11 @@ mod tests {
         let defaults = documented_defaults();
         for (key, default) in &defaults {
             let row = rows.iter().find(|(k, _)| k == key);
-            assert_eq!(row.map(|(_, d)| d.as_str()), Some(default.as_str()), "docs/CONFIG.md: `{key}` missing or its default is not {default}");
+            assert_eq!(
+                row.map(|(_, d)| d.as_str()),
+                Some(default.as_str()),
+                "docs/CONFIG.md: `{key}` missing or its default is not {default}"
+            );
         }
         for (key, default) in &rows {
             let known = defaults.iter().any(|(k, _)| k == key) || (OPTIONAL_KEYS.contains(&key.as_str()) && default == "(unset)");
@@ -1095,7 +1072,13 @@ mod tests {
         assert_eq!(c.backend.reconcile_interval, Duration::from_secs(60));
         let bad = "[backend]\nmax_deliveries = 0\nexpiry_poll_ms = 0\nrestore_poll_ms = 0\nreconcile_interval_ms = 0\n[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\npayment_timeout_seconds = 0\n";
         let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
-        for key in ["backend.max_deliveries", "backend.expiry_poll_ms", "backend.restore_poll_ms", "backend.reconcile_interval_ms", "sales[0].payment_timeout_seconds"] {
+        for key in [
+            "backend.max_deliveries",
+            "backend.expiry_poll_ms",
+            "backend.restore_poll_ms",
+            "backend.reconcile_interval_ms",
+            "sales[0].payment_timeout_seconds",
+        ] {
             assert!(msg.contains(key), "{key} missing from {msg}");
         }
     }

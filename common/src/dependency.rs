@@ -61,20 +61,14 @@ pub struct Dependency {
 
 impl Dependency {
     pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            state: AtomicU8::new(DepState::Starting as u8),
-        }
+        Self { name, state: AtomicU8::new(DepState::Starting as u8) }
     }
 
     /// One assumed to answer until a call to it fails: for a loop that
     /// logs its failures once per change, where the first success says
     /// nothing new.
     pub const fn assumed_ready(name: &'static str) -> Self {
-        Self {
-            name,
-            state: AtomicU8::new(DepState::Ready as u8),
-        }
+        Self { name, state: AtomicU8::new(DepState::Ready as u8) }
     }
 
     pub fn name(&self) -> &'static str {
@@ -122,11 +116,7 @@ impl Dependency {
 pub fn redis_state(error: &RedisError) -> DepState {
     if error.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading) {
         DepState::Loading
-    } else if error.is_io_error()
-        || error.is_connection_refusal()
-        || error.is_connection_dropped()
-        || error.is_timeout()
-    {
+    } else if error.is_io_error() || error.is_connection_refusal() || error.is_connection_dropped() || error.is_timeout() {
         DepState::Unreachable
     } else {
         DepState::Failing
@@ -138,10 +128,7 @@ pub fn redis_state(error: &RedisError) -> DepState {
 /// # Errors
 /// Redis is unreachable, loading, or failing.
 pub async fn ping_redis<C: ConnectionLike + Send>(conn: &mut C) -> Result<(), RedisError> {
-    redis::cmd("PING")
-        .query_async::<String>(conn)
-        .await
-        .map(drop)
+    redis::cmd("PING").query_async::<String>(conn).await.map(drop)
 }
 
 #[cfg(test)]
@@ -150,8 +137,7 @@ mod tests {
 
     #[test]
     fn a_loading_answer_is_not_yet_and_a_refused_connection_is_absent() {
-        let loading =
-            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        let loading = RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
         assert_eq!(redis_state(&loading), DepState::Loading);
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(redis_state(&refused), DepState::Unreachable);

@@ -100,11 +100,7 @@ impl SaleKeys {
     /// sale's slot, so the install script can rename them into place.
     pub fn restore_scratch(&self, token: &str) -> RestoreScratch {
         let prefix = format!("{}{token}:", self.restore_prefix);
-        RestoreScratch {
-            buyers: format!("{prefix}buyers"),
-            reservations: format!("{prefix}resv"),
-            released: format!("{prefix}released"),
-        }
+        RestoreScratch { buyers: format!("{prefix}buyers"), reservations: format!("{prefix}resv"), released: format!("{prefix}released") }
     }
 }
 
@@ -116,7 +112,21 @@ mod tests {
     fn every_key_of_a_sale_shares_one_hash_tag() {
         let k = SaleKeys::new("s1");
         let scratch = k.restore_scratch("t");
-        for key in [&k.meta, &k.remaining, &k.buyers, &k.stream, &k.reservations, &k.released, &k.dead, &k.restoring, &k.idempotency("u", "i"), &k.idempotency_misses("u"), &scratch.buyers, &scratch.reservations, &scratch.released] {
+        for key in [
+            &k.meta,
+            &k.remaining,
+            &k.buyers,
+            &k.stream,
+            &k.reservations,
+            &k.released,
+            &k.dead,
+            &k.restoring,
+            &k.idempotency("u", "i"),
+            &k.idempotency_misses("u"),
+            &scratch.buyers,
+            &scratch.reservations,
+            &scratch.released,
+        ] {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
     }
@@ -170,7 +180,9 @@ mod event_tests {
 
     #[test]
     fn events_round_trip_and_garbage_is_ignored() {
-        for e in [SaleEvent::SoldOut("s-1".into()), SaleEvent::Changed("s_2".into()), SaleEvent::AllPaused(true), SaleEvent::AllPaused(false)] {
+        for e in
+            [SaleEvent::SoldOut("s-1".into()), SaleEvent::Changed("s_2".into()), SaleEvent::AllPaused(true), SaleEvent::AllPaused(false)]
+        {
             assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
         }
         assert_eq!(SaleEvent::decode("sold_out:a b"), None);

@@ -31,17 +31,13 @@ pub struct Reservation {
 impl Reservation {
     /// Builds a record from a stream entry's field/value pairs.
     /// Returns the name of the first missing or malformed field on failure.
-    pub fn from_fields<'a>(
-        mut get: impl FnMut(&str) -> Option<&'a str>,
-    ) -> Result<Self, &'static str> {
+    pub fn from_fields<'a>(mut get: impl FnMut(&str) -> Option<&'a str>) -> Result<Self, &'static str> {
         let mut field = |name: &'static str| get(name).ok_or(name);
         let reservation_id = field(fields::RESERVATION_ID)?.to_owned();
         let sale_id = field(fields::SALE_ID)?.to_owned();
         let user_id = field(fields::USER_ID)?.to_owned();
         let idempotency_key = field(fields::IDEMPOTENCY_KEY).unwrap_or("").to_owned();
-        let reserved_at_ms = field(fields::RESERVED_AT_MS)?
-            .parse()
-            .map_err(|_| fields::RESERVED_AT_MS)?;
+        let reserved_at_ms = field(fields::RESERVED_AT_MS)?.parse().map_err(|_| fields::RESERVED_AT_MS)?;
         Ok(Self { reservation_id, sale_id, user_id, idempotency_key, reserved_at_ms })
     }
 }
@@ -103,7 +99,14 @@ mod tests {
 
     #[test]
     fn malformed_reservation_ids_have_no_sale() {
-        for rid in ["", "nodot", "s.123", "s.zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz", ".00000000000000000000000000000000", "a b.00000000000000000000000000000000"] {
+        for rid in [
+            "",
+            "nodot",
+            "s.123",
+            "s.zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz",
+            ".00000000000000000000000000000000",
+            "a b.00000000000000000000000000000000",
+        ] {
             assert_eq!(sale_of_reservation(rid), None, "{rid}");
         }
     }

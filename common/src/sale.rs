@@ -8,9 +8,7 @@ pub const MAX_SALE_ID_LEN: usize = 64;
 /// Sale ids are 1 to 64 characters of `[A-Za-z0-9_-]`: they appear in URLs,
 /// Redis keys and reservation ids, so nothing there needs escaping.
 pub fn valid_sale_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_SALE_ID_LEN
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    !id.is_empty() && id.len() <= MAX_SALE_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Payment timeout of a sale when its declaration leaves it out.

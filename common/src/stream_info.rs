@@ -23,9 +23,8 @@ pub async fn group_backlog<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
                 _ => None,
             })
         };
-        let is_orders = fields
-            .iter()
-            .any(|(k, v)| k == "name" && matches!(v, redis::Value::BulkString(b) if b == CONSUMER_GROUP.as_bytes()));
+        let is_orders =
+            fields.iter().any(|(k, v)| k == "name" && matches!(v, redis::Value::BulkString(b) if b == CONSUMER_GROUP.as_bytes()));
         if is_orders {
             // `lag` is nil when Redis cannot compute it; count pending alone then.
             return Ok((int("lag").unwrap_or(0), int("pending").unwrap_or(0)));

@@ -55,8 +55,7 @@ impl AdminServer {
                 get(move || {
                     let (breaker, readiness) = (ready_breaker.clone(), readiness.clone());
                     async move {
-                        let status =
-                            if readiness.is_ready(&breaker) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+                        let status = if readiness.is_ready(&breaker) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
                         (status, axum::Json(readiness.report(&breaker))).into_response()
                     }
                 }),

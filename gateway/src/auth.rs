@@ -86,10 +86,8 @@ impl Verifier {
         validation.set_required_spec_claims(&required);
         validation.leeway = LEEWAY_SECONDS;
         validation.validate_nbf = true;
-        let verified = moka::sync::Cache::builder()
-            .max_capacity(MAX_CACHED_TOKENS)
-            .time_to_live(std::time::Duration::from_secs(300))
-            .build();
+        let verified =
+            moka::sync::Cache::builder().max_capacity(MAX_CACHED_TOKENS).time_to_live(std::time::Duration::from_secs(300)).build();
         Self { key: DecodingKey::from_secret(secret), validation, verified }
     }
 
@@ -100,11 +98,7 @@ impl Verifier {
     /// or one whose `sub` is not a valid user id.
     pub fn verify(&self, authorization: Option<&[u8]>) -> Result<String, AuthError> {
         let header = authorization.ok_or(AuthError::Missing)?;
-        let token = header
-            .strip_prefix(b"Bearer ")
-            .and_then(|t| std::str::from_utf8(t).ok())
-            .ok_or(AuthError::Missing)?
-            .trim();
+        let token = header.strip_prefix(b"Bearer ").and_then(|t| std::str::from_utf8(t).ok()).ok_or(AuthError::Missing)?.trim();
         let now = flashgate_common::now_ms().max(0) as u64 / 1000;
         if let Some((user, exp)) = self.verified.get(token) {
             // Saturating: a token signed with our secret may say any `exp`.
@@ -113,11 +107,10 @@ impl Verifier {
             }
             return Err(AuthError::Expired);
         }
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
-            .map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
-                _ => AuthError::Invalid,
-            })?;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| match e.kind() {
+            jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
+            _ => AuthError::Invalid,
+        })?;
         if !valid_user_id(&data.claims.sub) {
             return Err(AuthError::Invalid);
         }
@@ -129,9 +122,7 @@ impl Verifier {
 /// User ids are 1 to 128 characters of `[A-Za-z0-9._@-]`: no `:` (the
 /// separator inside idempotency keys) and nothing that needs escaping.
 pub fn valid_user_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_USER_ID_LEN
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
+    !id.is_empty() && id.len() <= MAX_USER_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
 }
 
 /// Mints a token for `user` valid for `ttl_seconds`, with the configured

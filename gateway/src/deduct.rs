@@ -19,11 +19,16 @@ pub const MISSES_REMEMBERED_PER_USER: u32 = 16;
 pub enum DeductOutcome {
     /// `reserved_at_ms` is the script's clock, the `ts` of the stream
     /// record; a replay of a remembered win does not carry it (`None`).
-    Won { reservation_id: String, reserved_at_ms: Option<i64> },
+    Won {
+        reservation_id: String,
+        reserved_at_ms: Option<i64>,
+    },
     SoldOut,
     LimitReached,
     Ended,
-    NotStarted { starts_at_ms: i64 },
+    NotStarted {
+        starts_at_ms: i64,
+    },
     Paused,
     NotFound,
 }
@@ -87,11 +92,7 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         _ => None,
     };
     parsed.ok_or_else(|| {
-        RedisError::Redis(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "unknown deduct reply",
-            reply.join("|"),
-        )))
+        RedisError::Redis(redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown deduct reply", reply.join("|"))))
     })
 }
 

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use flashgate_common::backoff::Backoff;
 use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
 use futures_util::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use flashgate_common::backoff::Backoff;
 use tracing::{debug, info, warn};
 
 use crate::local_state::LocalSales;

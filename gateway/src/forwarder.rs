@@ -74,10 +74,7 @@ impl BackgroundService for ForwardWorker {
                 Err(error) => {
                     self.metrics.forward_failures.with_label_values(&[error.kind()]).inc_by(batch.len() as u64);
                     let state = if matches!(error, BackendError::Http(_)) { DepState::Unreachable } else { DepState::Failing };
-                    forwarding.observe(
-                        state,
-                        format_args!("{error}; {} winners' orders will come from the stream", batch.len()),
-                    );
+                    forwarding.observe(state, format_args!("{error}; {} winners' orders will come from the stream", batch.len()));
                 }
             }
             batch.clear();

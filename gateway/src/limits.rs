@@ -232,7 +232,15 @@ mod tests {
     use super::*;
 
     fn cfg(buy: RouteLimits) -> LimitsConfig {
-        LimitsConfig { trusted_proxies: vec![], client_ip_header: Default::default(), max_tracked_keys: 1000, idle: Duration::from_secs(60), buy, read: RouteLimits::default(), cluster_global: None }
+        LimitsConfig {
+            trusted_proxies: vec![],
+            client_ip_header: Default::default(),
+            max_tracked_keys: 1000,
+            idle: Duration::from_secs(60),
+            buy,
+            read: RouteLimits::default(),
+            cluster_global: None,
+        }
     }
 
     #[test]
@@ -262,14 +270,22 @@ mod tests {
         let l = Limiters::new(&cfg(RouteLimits { ip: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() }));
         assert!(l.check_ip(RouteClass::Buy, "::ffff:192.0.2.1".parse().unwrap()).is_ok());
         assert!(l.check_ip(RouteClass::Buy, "::ffff:192.0.2.2".parse().unwrap()).is_ok(), "not one /64 for all IPv4");
-        assert_eq!(l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap()).unwrap_err().scope, Scope::Ip, "same bucket as its IPv4 spelling");
+        assert_eq!(
+            l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap()).unwrap_err().scope,
+            Scope::Ip,
+            "same bucket as its IPv4 spelling"
+        );
     }
 
     #[test]
     fn the_longest_idle_time_the_config_accepts_builds_the_limiters() {
         // The cache refuses (panics on) idle times over 1000 years; the
         // config stops far below, at a day.
-        let mut c = cfg(RouteLimits { user: Some(Bucket { per_second: 1, burst: 1 }), ip: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() });
+        let mut c = cfg(RouteLimits {
+            user: Some(Bucket { per_second: 1, burst: 1 }),
+            ip: Some(Bucket { per_second: 1, burst: 1 }),
+            ..Default::default()
+        });
         c.idle = Duration::from_secs(flashgate_common::config::MAX_LIMITS_IDLE_SECONDS);
         let l = Limiters::new(&c);
         assert!(l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap()).is_ok());

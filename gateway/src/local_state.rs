@@ -189,13 +189,10 @@ async fn read_winners(redis: &RedisClient, sale_id: &str) -> Result<Winners, Red
 async fn read_window(redis: &RedisClient, sale_id: &str) -> Result<CachedWindow, RedisError> {
     let keys = SaleKeys::new(sale_id);
     let mut conn = redis.conn().await?;
-    let (starts, ends, paused): (Option<i64>, Option<i64>, Option<String>) = redis
-        .bounded(redis::cmd("HMGET").arg(&keys.meta).arg(&["starts_at_ms", "ends_at_ms", "paused"]).query_async(&mut conn))
-        .await??;
+    let (starts, ends, paused): (Option<i64>, Option<i64>, Option<String>) =
+        redis.bounded(redis::cmd("HMGET").arg(&keys.meta).arg(&["starts_at_ms", "ends_at_ms", "paused"]).query_async(&mut conn)).await??;
     Ok(match (starts, ends) {
-        (Some(starts_at_ms), Some(ends_at_ms)) => {
-            Some(SaleWindow { starts_at_ms, ends_at_ms, paused: paused.as_deref() == Some("1") })
-        }
+        (Some(starts_at_ms), Some(ends_at_ms)) => Some(SaleWindow { starts_at_ms, ends_at_ms, paused: paused.as_deref() == Some("1") }),
         _ => None,
     })
 }

@@ -4,14 +4,11 @@
 //!
 //! Labels are bounded enums only: no user ids, IPs or reservation ids.
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
-};
+use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 /// Latency buckets from 100 µs to 5 s: edge answers are sub-millisecond,
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
-const LATENCY_BUCKETS: &[f64] =
-    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+const LATENCY_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
 pub struct Metrics {
     pub registry: Registry,
@@ -53,10 +50,8 @@ impl Metrics {
         let requests = counter("requests_total", "Requests by route and outcome.", &["route", "outcome"]);
         let buy_outcomes = counter("buy_outcomes_total", "Buy attempts by outcome.", &["outcome"]);
         let redis_errors = counter("redis_errors_total", "Failed Redis calls by kind.", &["kind"]);
-        let local_decisions =
-            counter("local_decisions_total", "Buys answered from local sale state, without Redis.", &["decision"]);
-        let forward_failures =
-            counter("backend_forward_failures_total", "Winner forwards that failed, by reason.", &["reason"]);
+        let local_decisions = counter("local_decisions_total", "Buys answered from local sale state, without Redis.", &["decision"]);
+        let forward_failures = counter("backend_forward_failures_total", "Winner forwards that failed, by reason.", &["reason"]);
         let request_duration = HistogramVec::new(
             HistogramOpts::new("request_duration_seconds", "Edge request latency by route.").buckets(LATENCY_BUCKETS.to_vec()),
             &["route"],
@@ -65,8 +60,8 @@ impl Metrics {
         registry.register(Box::new(request_duration.clone())).expect("unique metric");
         let script_duration = histogram("redis_script_duration_seconds", "Latency of one deduct script call.");
         let forward_duration = histogram("backend_forward_duration_seconds", "Latency of one winner forward to the backend.");
-        let circuit_state = IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.")
-            .expect("valid gauge");
+        let circuit_state =
+            IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.").expect("valid gauge");
         registry.register(Box::new(circuit_state.clone())).expect("unique metric");
         Self {
             registry,

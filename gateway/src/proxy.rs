@@ -29,20 +29,20 @@ use tracing::{debug, warn};
 use crate::auth::Verifier;
 use crate::client_ip::client_ip;
 use crate::cluster_limit::ClusterLimit;
-use crate::forwarder::Forwarder;
 use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
-use crate::local_state::LocalSales;
+use crate::forwarder::Forwarder;
 use crate::limits::{Limiters, RouteClass};
+use crate::local_state::LocalSales;
+use crate::metrics::Metrics;
 use crate::order_cache::OrderLookups;
 use crate::orders::OrderClient;
-use crate::metrics::Metrics;
-use crate::switches::Switches;
 use crate::redis_client::{RedisClient, RedisError};
 use crate::reply::{Rejection, Reply};
 use crate::route::{classify, Route};
 use crate::sales::list_sales;
 use crate::state_cache::SaleStateCache;
 use crate::static_pages::{PageRequest, StaticPages, SALE_PAGE};
+use crate::switches::Switches;
 use crate::upstreams::{hop_by_hop, ShopFailure, Upstreams};
 
 /// Largest buy request body accepted; a buy needs no more.
@@ -226,12 +226,7 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn response_filter(
-        &self,
-        _session: &mut Session,
-        response: &mut ResponseHeader,
-        _ctx: &mut RequestCtx,
-    ) -> pingora::Result<()> {
+    async fn response_filter(&self, _session: &mut Session, response: &mut ResponseHeader, _ctx: &mut RequestCtx) -> pingora::Result<()> {
         for name in hop_by_hop(&response.headers) {
             response.remove_header(&name);
         }
@@ -255,12 +250,7 @@ impl ProxyHttp for Gateway {
 
     /// The shop could not be reached or answered too slowly: a JSON 502 or
     /// 504, if nothing of the response was sent yet.
-    async fn fail_to_proxy(
-        &self,
-        session: &mut Session,
-        e: &pingora::Error,
-        ctx: &mut RequestCtx,
-    ) -> pingora::proxy::FailToProxy {
+    async fn fail_to_proxy(&self, session: &mut Session, e: &pingora::Error, ctx: &mut RequestCtx) -> pingora::proxy::FailToProxy {
         let client_gone = *e.esource() == pingora::ErrorSource::Downstream
             && matches!(e.etype(), pingora::ErrorType::WriteError | pingora::ErrorType::ReadError | pingora::ErrorType::ConnectionClosed);
         if client_gone || session.response_written().is_some() {
@@ -304,10 +294,7 @@ impl Gateway {
 
     /// The client address used for limits and deny lists.
     fn client_ip(&self, session: &Session, edge: &Edge) -> std::net::IpAddr {
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        let peer = session.client_addr().and_then(|a| a.as_inet()).map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
         client_ip(peer, &session.req_header().headers, &edge.limits.trusted_proxies, edge.limits.client_ip_header)
     }
 
@@ -377,8 +364,7 @@ impl Gateway {
         if let Some(limit) = cluster {
             limit.check(&self.redis).await.map_err(|e| self.unavailable(&e))?.map_err(Rejection::RateLimited)?;
         }
-        let idempotency_key =
-            idempotency_key(session.req_header().headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
+        let idempotency_key = idempotency_key(session.req_header().headers.get("idempotency-key").map(|v| v.as_bytes()))?.to_owned();
         read_buy_body(session).await?;
 
         let decision = match self.local_rejection(sale_id).await? {
@@ -392,13 +378,10 @@ impl Gateway {
             // user who ever won can have such a key; anyone else's retry is
             // answered here.
             Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
-            Some(Rejection::SoldOut) if !self.local.ever_won(&self.redis, sale_id, &user).await => {
-                return Err(Rejection::SoldOut)
+            Some(Rejection::SoldOut) if !self.local.ever_won(&self.redis, sale_id, &user).await => return Err(Rejection::SoldOut),
+            Some(rejection) => {
+                remembered(&self.redis, sale_id, &user, &idempotency_key).await.map_err(|e| self.unavailable(&e))?.ok_or(rejection)?
             }
-            Some(rejection) => remembered(&self.redis, sale_id, &user, &idempotency_key)
-                .await
-                .map_err(|e| self.unavailable(&e))?
-                .ok_or(rejection)?,
         };
         if decision.replayed {
             ctx.outcome = "replay";
@@ -596,12 +579,7 @@ fn idempotency_key(value: Option<&[u8]>) -> Result<&str, Rejection> {
 /// [`MAX_BUY_BODY_BYTES`]. Nothing in it is needed today, but garbage is
 /// refused rather than silently accepted.
 async fn read_buy_body(session: &mut Session) -> Result<(), Rejection> {
-    let declared = session
-        .req_header()
-        .headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared = session.req_header().headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BUY_BODY_BYTES) {
         return Err(Rejection::PayloadTooLarge);
     }
@@ -630,9 +608,7 @@ async fn read_buy_body(session: &mut Session) -> Result<(), Rejection> {
 /// The client's `X-Request-Id` when it is short and printable, else a new one.
 fn request_id(req: &RequestHeader) -> String {
     match req.headers.get("x-request-id").map(|v| v.as_bytes()) {
-        Some(v) if (1..=64).contains(&v.len()) && v.iter().all(|b| b.is_ascii_graphic()) => {
-            String::from_utf8_lossy(v).into_owned()
-        }
+        Some(v) if (1..=64).contains(&v.len()) && v.iter().all(|b| b.is_ascii_graphic()) => String::from_utf8_lossy(v).into_owned(),
         _ => format!("{:032x}", rand::random::<u128>()),
     }
 }

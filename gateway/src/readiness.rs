@@ -37,10 +37,7 @@ pub struct Readiness {
 
 impl Default for Readiness {
     fn default() -> Self {
-        Self {
-            redis: Dependency::new("redis"),
-            backend: Dependency::new("backend"),
-        }
+        Self { redis: Dependency::new("redis"), backend: Dependency::new("backend") }
     }
 }
 
@@ -83,11 +80,7 @@ impl DependencyWatcher {
             let config = redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(500))))
                 .set_response_timeout(Some(self.timeout.max(Duration::from_millis(500))));
-            match self
-                .client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-            {
+            match self.client.get_multiplexed_async_connection_with_config(&config).await {
                 Ok(c) => *conn = Some(c),
                 Err(error) => return self.readiness.redis.redis_failed(&error),
             }

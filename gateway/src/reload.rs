@@ -43,8 +43,7 @@ impl ConfigWatcher {
         let current = self.edge.load();
         let limits_changed = current.limits != config.limits;
         // Keep the running buckets when only the deny lists changed.
-        let limiters =
-            if limits_changed { Arc::new(Limiters::new(&config.limits)) } else { current.limiters.clone() };
+        let limiters = if limits_changed { Arc::new(Limiters::new(&config.limits)) } else { current.limiters.clone() };
         self.edge.store(Arc::new(Edge::with_limiters(&config, limiters)));
         info!(limits_changed, "config reloaded: limits and deny lists applied; other sections apply at restart");
     }

@@ -143,10 +143,9 @@ pub fn replayed_order(order: &flashgate_common::reservation::OrderView) -> Reply
                 "order_id": ids.1,
             }),
         ),
-        ReservationStatus::Confirmed | ReservationStatus::Queued => Reply::json(
-            201,
-            &serde_json::json!({"status": ReservationStatus::Confirmed, "reservation_id": ids.0, "order_id": ids.1}),
-        ),
+        ReservationStatus::Confirmed | ReservationStatus::Queued => {
+            Reply::json(201, &serde_json::json!({"status": ReservationStatus::Confirmed, "reservation_id": ids.0, "order_id": ids.1}))
+        }
     }
 }
 

@@ -40,10 +40,8 @@ pub struct SaleSummary {
 /// When Redis fails or times out.
 pub async fn list_sales(redis: &RedisClient, states: &SaleStateCache) -> Result<Vec<SaleSummary>, Arc<RedisError>> {
     let mut conn = redis.conn().await?;
-    let ids: Vec<String> = redis
-        .bounded(redis::cmd("SMEMBERS").arg(SALES_INDEX).query_async(&mut conn))
-        .await
-        .and_then(|r| r.map_err(RedisError::from))?;
+    let ids: Vec<String> =
+        redis.bounded(redis::cmd("SMEMBERS").arg(SALES_INDEX).query_async(&mut conn)).await.and_then(|r| r.map_err(RedisError::from))?;
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         if let Some(v) = states.view(redis, &id).await? {

@@ -15,16 +15,16 @@ use crate::events::EventListener;
 use crate::forwarder::{forwarder, ForwardWorker};
 use crate::local_state::LocalSales;
 use crate::metrics::Metrics;
-use crate::switches::{SwitchWatcher, Switches};
 use crate::order_cache::OrderLookups;
 use crate::orders::OrderClient;
 use crate::proxy::{Edge, Gateway};
-use crate::redis_client::RedisClient;
 use crate::readiness::{DependencyWatcher, Readiness};
+use crate::redis_client::RedisClient;
 use crate::reload::ConfigWatcher;
 use crate::runtime_dir::RuntimePaths;
 use crate::state_cache::SaleStateCache;
 use crate::static_pages::{PagesWatcher, StaticPages};
+use crate::switches::{SwitchWatcher, Switches};
 use crate::upstreams::Upstreams;
 
 /// Builds the gateway state. Fails on anything that would only break later:
@@ -34,18 +34,14 @@ use crate::upstreams::Upstreams;
 /// # Errors
 /// With a message naming what is missing or wrong.
 pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWorker)> {
-    let secret = config
-        .jwt_secret
-        .clone()
-        .with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
+    let secret = config.jwt_secret.clone().with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
     let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
         .with_context(|| format!("gateway.static_dir: cannot read {}", config.gateway.static_dir.display()))?;
     let metrics = Arc::new(Metrics::register());
     let backend_token = secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())
         .context("the backend's order API needs the gateways' token")?;
     let orders = Arc::new(
-        OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout, backend_token)
-            .context("gateway.backend_url")?,
+        OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout, backend_token).context("gateway.backend_url")?,
     );
     let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
     let gateway = Gateway {
@@ -79,11 +75,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let (gateway, forward_worker) = build_gateway(config.clone())?;
-    let watcher = ConfigWatcher {
-        path: config_path.to_owned(),
-        edge: gateway.edge.clone(),
-        interval: std::time::Duration::from_secs(1),
-    };
+    let watcher = ConfigWatcher { path: config_path.to_owned(), edge: gateway.edge.clone(), interval: std::time::Duration::from_secs(1) };
     // Checked before the server exists: the upgrade socket must not be
     // somewhere another user can reach first.
     crate::runtime_dir::prepare(&config.gateway.runtime_dir)?;
@@ -99,11 +91,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let opt = Opt { upgrade, ..Opt::default() };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
-    let events = EventListener {
-        client: gateway.redis.client().clone(),
-        local: gateway.local.clone(),
-        switches: gateway.switches.clone(),
-    };
+    let events = EventListener { client: gateway.redis.client().clone(), local: gateway.local.clone(), switches: gateway.switches.clone() };
     let switch_watcher = SwitchWatcher {
         client: gateway.redis.client().clone(),
         switches: gateway.switches.clone(),
@@ -112,8 +100,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         timeout: config.redis.timeout,
     };
     let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval };
-    let shop_health =
-        pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
+    let shop_health = pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
     let readiness = Arc::new(Readiness::default());
     let dependencies = DependencyWatcher {
         client: gateway.redis.client().clone(),

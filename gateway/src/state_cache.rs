@@ -116,16 +116,11 @@ mod tests {
 
     #[test]
     fn the_view_is_rendered_at_request_time() {
-        let meta: HashMap<String, String> = [
-            ("name", "Sneaker"),
-            ("stock", "10"),
-            ("per_user_limit", "1"),
-            ("starts_at_ms", "1000"),
-            ("ends_at_ms", "5000"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+        let meta: HashMap<String, String> =
+            [("name", "Sneaker"), ("stock", "10"), ("per_user_limit", "1"), ("starts_at_ms", "1000"), ("ends_at_ms", "5000")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
         let s = snapshot("s", &meta, 3).unwrap();
         assert_eq!(s.view(999).state, SaleState::Upcoming);
         let open = s.view(1000);

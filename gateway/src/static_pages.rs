@@ -266,9 +266,7 @@ impl BackgroundService for PagesWatcher {
 /// The decoded, checked relative path, or `None` when it must not be served.
 fn safe_path(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
     let path = if raw.contains('%') { std::borrow::Cow::Owned(percent_decode(raw)?) } else { std::borrow::Cow::Borrowed(raw) };
-    let ok = !path.is_empty()
-        && !path.contains(['\\', '\0'])
-        && path.split('/').all(|seg| !seg.is_empty() && !seg.starts_with('.'));
+    let ok = !path.is_empty() && !path.contains(['\\', '\0']) && path.split('/').all(|seg| !seg.is_empty() && !seg.starts_with('.'));
     ok.then_some(path)
 }
 
@@ -332,10 +330,7 @@ fn etag_matches(if_none_match: &[u8], etag: &str) -> bool {
 /// `name.<8 to 64 hex digits>.ext`.
 fn is_fingerprinted(name: &str) -> bool {
     let parts: Vec<&str> = name.split('.').collect();
-    parts.len() >= 3
-        && parts[1..parts.len() - 1]
-            .iter()
-            .any(|p| (8..=64).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    parts.len() >= 3 && parts[1..parts.len() - 1].iter().any(|p| (8..=64).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Every regular file under `dir` with its relative path and metadata,

@@ -130,9 +130,8 @@ impl BackgroundService for SwitchWatcher {
             }
             first = false;
             if conn.is_none() {
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout));
+                let config =
+                    redis::AsyncConnectionConfig::new().set_connection_timeout(Some(self.timeout)).set_response_timeout(Some(self.timeout));
                 conn = self.client.get_multiplexed_async_connection_with_config(&config).await.ok();
             }
             let Some(c) = conn.as_mut() else { continue };

@@ -78,9 +78,8 @@ pub const HOP_BY_HOP: [&str; 7] =
 /// `Connection` and `Upgrade`, which Pingora needs to switch protocols.
 /// Allocates only when there is something to remove.
 pub fn hop_by_hop(headers: &http::HeaderMap) -> Vec<http::HeaderName> {
-    let connection_tokens = || {
-        headers.get_all(http::header::CONNECTION).iter().flat_map(|v| v.as_bytes().split(|b| *b == b',')).map(<[u8]>::trim_ascii)
-    };
+    let connection_tokens =
+        || headers.get_all(http::header::CONNECTION).iter().flat_map(|v| v.as_bytes().split(|b| *b == b',')).map(<[u8]>::trim_ascii);
     let upgrade = headers.contains_key(http::header::UPGRADE) && connection_tokens().any(|t| t.eq_ignore_ascii_case(b"upgrade"));
     let mut out = Vec::new();
     for name in connection_tokens().filter_map(|t| http::HeaderName::from_bytes(t).ok()) {
@@ -125,9 +124,7 @@ impl ShopFailure {
                 Reply::json(502, &json!({"code": "bad_gateway", "message": "the shop is unavailable, try again shortly"}))
                     .header("Retry-After", "1")
             }
-            ShopFailure::Timeout => {
-                Reply::json(504, &json!({"code": "gateway_timeout", "message": "the shop did not answer in time"}))
-            }
+            ShopFailure::Timeout => Reply::json(504, &json!({"code": "gateway_timeout", "message": "the shop did not answer in time"})),
         }
     }
 }

@@ -175,11 +175,7 @@ impl RedisServer {
     pub async fn command_calls(&self, command: &str) -> u64 {
         let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut self.conn().await).await.unwrap();
         let prefix = format!("cmdstat_{command}:calls=");
-        info.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
+        info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|rest| rest.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
     }
 }
 
@@ -559,14 +555,7 @@ impl Stack {
             "starts_at": rfc3339(starts),
             "ends_at": rfc3339(starts + lasts.as_millis() as i64),
         });
-        let resp = self
-            .http
-            .put(self.admin_url(&format!("/admin/sales/{id}")))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = self.http.put(self.admin_url(&format!("/admin/sales/{id}"))).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
         let status = resp.status().as_u16();
         let v: Value = resp.json().await.unwrap();
         assert!(status == 200 || status == 201, "PUT sale {id}: {status} {v}");
@@ -600,15 +589,7 @@ impl Stack {
 
     /// Admin view of a sale.
     pub async fn admin_sale(&self, id: &str) -> Value {
-        self.http
-            .get(self.admin_url(&format!("/admin/sales/{id}")))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.http.get(self.admin_url(&format!("/admin/sales/{id}"))).bearer_auth(ADMIN_TOKEN).send().await.unwrap().json().await.unwrap()
     }
 
     /// Orders of a sale in the database: (orders, distinct users, most orders of one user).
@@ -671,8 +652,7 @@ pub async fn buy(http: &reqwest::Client, gateway: SocketAddr, sale: &str, token:
 pub async fn db_orders(database_url: &str, sale: &str) -> (i64, i64, i64) {
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(database_url).await.unwrap();
-    let (total,): (i64,) =
-        sqlx::query_as("SELECT COUNT(*) FROM orders WHERE sale_id = $1").bind(sale).fetch_one(&pool).await.unwrap();
+    let (total,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE sale_id = $1").bind(sale).fetch_one(&pool).await.unwrap();
     let (users, most): (i64, i64) = sqlx::query_as(
         "SELECT COUNT(*), COALESCE(MAX(n), 0) FROM \
          (SELECT user_id, COUNT(*) AS n FROM orders WHERE sale_id = $1 GROUP BY user_id) AS per_user",

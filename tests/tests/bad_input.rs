@@ -60,9 +60,18 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
         ("JSON that is not an object", request("POST", "/api/sales/bad/buy", &[("Authorization", good)], b"\"x\"")),
         ("invalid UTF-8 body", request("POST", "/api/sales/bad/buy", &[("Authorization", good)], b"{\"a\":\"\xff\xfe\"}")),
         ("oversized body", request("POST", "/api/sales/bad/buy", &[("Authorization", good)], &big_body)),
-        ("overlong Idempotency-Key", request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", long_key.as_bytes())], b"")),
-        ("non-ASCII Idempotency-Key", request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", "clé".as_bytes())], b"")),
-        ("invalid UTF-8 Idempotency-Key", request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", b"k\xff")], b"")),
+        (
+            "overlong Idempotency-Key",
+            request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", long_key.as_bytes())], b""),
+        ),
+        (
+            "non-ASCII Idempotency-Key",
+            request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", "clé".as_bytes())], b""),
+        ),
+        (
+            "invalid UTF-8 Idempotency-Key",
+            request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", b"k\xff")], b""),
+        ),
         ("invalid UTF-8 token", request("POST", "/api/sales/bad/buy", &[("Authorization", b"Bearer \xff\xfe")], b"")),
         ("forged token", request("POST", "/api/sales/bad/buy", &[("Authorization", forged.as_bytes())], b"")),
         ("alg none token", request("POST", "/api/sales/bad/buy", &[("Authorization", none)], b"")),

@@ -6,7 +6,13 @@ use std::time::Duration;
 use flashgate_tests::{random_user, token, token_with, Stack, StackOptions};
 use serde_json::Value;
 
-async fn post(stack: &Stack, path: &str, auth: Option<&str>, headers: &[(&str, &str)], body: &'static str) -> (u16, reqwest::header::HeaderMap, Value) {
+async fn post(
+    stack: &Stack,
+    path: &str,
+    auth: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &'static str,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let mut req = stack.http.post(stack.url(path)).body(body);
     if let Some(t) = auth {
         req = req.bearer_auth(t);
@@ -33,7 +39,11 @@ async fn identity_and_input_errors_change_nothing() {
     let good = token("alice");
 
     assert_error(&post(&stack, path, None, &[], "").await, 401, "unauthorized");
-    assert_error(&post(&stack, path, Some(&token_with("alice", "test-secret-not-for-production", -60)), &[], "").await, 401, "unauthorized");
+    assert_error(
+        &post(&stack, path, Some(&token_with("alice", "test-secret-not-for-production", -60)), &[], "").await,
+        401,
+        "unauthorized",
+    );
     assert_error(&post(&stack, path, Some(&token_with("alice", "wrong-secret", 60)), &[], "").await, 401, "unauthorized");
     assert_error(&post(&stack, path, Some("not.a.jwt"), &[], "").await, 401, "unauthorized");
     assert_error(&post(&stack, path, Some(&good), &[("Idempotency-Key", &"k".repeat(65))], "").await, 400, "bad_request");

@@ -107,14 +107,16 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     // Both gateways subscribed to sale events.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut stack.redis.conn().await).await.unwrap();
+        let subs: Vec<(String, i64)> =
+            redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut stack.redis.conn().await).await.unwrap();
         if subs[0].1 >= 2 || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stack.open_sale("gone", 5, 1).await;
-    let sellout = buy_all(stack.gateway_addr, "gone", (0..50).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect(), 16).await;
+    let sellout =
+        buy_all(stack.gateway_addr, "gone", (0..50).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect(), 16).await;
     assert_eq!(sellout.iter().filter(|o| o.won()).count(), 5);
     assert!(sellout.iter().any(|o| o.status == 410));
 
@@ -221,11 +223,7 @@ async fn a_stopped_redis_gets_503s_not_hangs_and_sales_resume_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_pauses_while_its_unpersisted_backlog_is_too_large_and_resumes_when_it_drains() {
-    let mut stack = Stack::start(StackOptions {
-        extra_toml: String::new(),
-        ..StackOptions::default()
-    })
-    .await;
+    let mut stack = Stack::start(StackOptions { extra_toml: String::new(), ..StackOptions::default() }).await;
     stack.edit_config(|t| t.replace("[gateway]\n", "[gateway]\nbacklog_pause_threshold = 4\nbacklog_check_ms = 50\n"));
     stack.kill_gateway();
     stack.start_gateway();
@@ -262,7 +260,14 @@ async fn the_global_switch_pauses_every_sale_at_once() {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("sw", 100, 1).await;
     assert_eq!(stack.buy("sw", &random_user(), None).await.0, 202);
-    let resp = stack.http.put(stack.admin_url("/admin/switch")).bearer_auth(flashgate_tests::ADMIN_TOKEN).json(&serde_json::json!({"paused": true})).send().await.unwrap();
+    let resp = stack
+        .http
+        .put(stack.admin_url("/admin/switch"))
+        .bearer_auth(flashgate_tests::ADMIN_TOKEN)
+        .json(&serde_json::json!({"paused": true}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut code = String::new();
@@ -270,7 +275,14 @@ async fn the_global_switch_pauses_every_sale_at_once() {
         code = stack.buy("sw", &random_user(), None).await.1["code"].as_str().unwrap_or("").to_owned();
     }
     assert_eq!(code, "paused");
-    stack.http.put(stack.admin_url("/admin/switch")).bearer_auth(flashgate_tests::ADMIN_TOKEN).json(&serde_json::json!({"paused": false})).send().await.unwrap();
+    stack
+        .http
+        .put(stack.admin_url("/admin/switch"))
+        .bearer_auth(flashgate_tests::ADMIN_TOKEN)
+        .json(&serde_json::json!({"paused": false}))
+        .send()
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut status = 0;
     while Instant::now() < deadline && status != 202 {

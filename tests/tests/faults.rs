@@ -79,12 +79,7 @@ async fn settle_and_check(stack: &Stack, fault: &str, sale: &str, mut outcomes: 
     }
     let unexpected: Vec<u16> = outcomes.iter().map(|o| o.status).filter(|s| ![0, 201, 202, 410, 503].contains(s)).collect();
     assert!(unexpected.is_empty(), "{fault}: unexpected statuses {unexpected:?}");
-    println!(
-        "fault={fault} sent={} winners={} orders={} remaining={remaining}",
-        outcomes.len(),
-        winners.len(),
-        rows.len()
-    );
+    println!("fault={fault} sent={} winners={} orders={} remaining={remaining}", outcomes.len(), winners.len(), rows.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,12 +13,7 @@ fn methods() -> impl Strategy<Value = Method> {
 }
 
 fn paths() -> impl Strategy<Value = String> {
-    prop_oneof![
-        any::<String>(),
-        "/api/sales/[a-zA-Z0-9_%./-]{0,80}(/buy)?",
-        "/api/reservations/[a-z0-9.]{0,80}",
-        "/(sales|static)/.{0,40}",
-    ]
+    prop_oneof![any::<String>(), "/api/sales/[a-zA-Z0-9_%./-]{0,80}(/buy)?", "/api/reservations/[a-z0-9.]{0,80}", "/(sales|static)/.{0,40}",]
 }
 
 proptest! {

@@ -57,11 +57,9 @@ fn promtool_check(text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcome_counters_equal_what_clients_saw() {
-    let stack = Stack::start(StackOptions {
-        extra_toml: "[limits.buy]\nuser = { per_second = 1, burst = 3 }\n".into(),
-        ..StackOptions::default()
-    })
-    .await;
+    let stack =
+        Stack::start(StackOptions { extra_toml: "[limits.buy]\nuser = { per_second = 1, burst = 3 }\n".into(), ..StackOptions::default() })
+            .await;
     stack.open_sale("metered", 3, 1).await;
     stack.open_sale("plenty", 100, 100).await;
     stack.put_sale("soon", 5, 1, Duration::from_secs(600), Duration::from_secs(600)).await;
@@ -110,7 +108,10 @@ async fn outcome_counters_equal_what_clients_saw() {
 
     // Every winner is persisted, and the backend counts it once.
     let winners = seen["won"] as i64;
-    assert_eq!(stack.wait_orders("metered", 3, Duration::from_secs(20)).await.0 + stack.wait_orders("plenty", 3, Duration::from_secs(20)).await.0, winners);
+    assert_eq!(
+        stack.wait_orders("metered", 3, Duration::from_secs(20)).await.0 + stack.wait_orders("plenty", 3, Duration::from_secs(20)).await.0,
+        winners
+    );
     let backend_text = stack.http.get(format!("http://{}/metrics", stack.backend_addr)).send().await.unwrap().text().await.unwrap();
     let created: f64 = counters(&backend_text, "flashgate_backend_orders_created_total", "source").values().sum();
     assert_eq!(created as i64, winners, "{backend_text}");

@@ -117,7 +117,14 @@ async fn assets_are_sent_gzip_or_brotli_as_accept_encoding_asks() {
     let etags = [&plain_h, &gz_h, &br_h].map(|h| h["etag"].to_str().unwrap().to_owned());
     assert!(etags[0] != etags[1] && etags[1] != etags[2] && etags[0] != etags[2], "{etags:?}");
     // A gzip revalidation matches the gzip representation only.
-    let r = stack.http.get(stack.url("/static/sale.js")).header("Accept-Encoding", "gzip").header("If-None-Match", &etags[1]).send().await.unwrap();
+    let r = stack
+        .http
+        .get(stack.url("/static/sale.js"))
+        .header("Accept-Encoding", "gzip")
+        .header("If-None-Match", &etags[1])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 304);
     let r = stack.http.get(stack.url("/static/sale.js")).header("If-None-Match", &etags[1]).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);

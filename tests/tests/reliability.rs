@@ -183,7 +183,11 @@ async fn an_entry_that_keeps_failing_is_dead_lettered_listed_and_retried() {
     assert_eq!(dead[0]["fields"]["user"], "poisoned");
     assert!(dead[0]["error"].as_str().unwrap().contains("refused by a trigger"), "{:?}", dead[0]);
     let (_, report) = stack.admin(Method::POST, "/admin/sales/poison/reconcile", None).await;
-    assert_eq!((report["dead_letters"].as_i64(), report["unrepaired"].as_i64(), report["drift"].as_i64()), (Some(1), Some(1), Some(1)), "{report}");
+    assert_eq!(
+        (report["dead_letters"].as_i64(), report["unrepaired"].as_i64(), report["drift"].as_i64()),
+        (Some(1), Some(1), Some(1)),
+        "{report}"
+    );
 
     sqlx::query("DROP TRIGGER refuse").execute(&pool).await.unwrap();
     let entry = dead[0]["entry_id"].as_str().unwrap();

@@ -17,28 +17,13 @@ use serde_json::Value;
 
 /// `used_memory` of the stack's Redis, bytes.
 async fn redis_used_memory(stack: &Stack) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut stack.redis.conn().await)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut stack.redis.conn().await).await.unwrap();
+    info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap()
 }
 
 /// A counter of the backend's `/metrics` (0 when not exported yet).
 async fn backend_counter(stack: &Stack, name: &str) -> u64 {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.backend_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.http.get(format!("http://{}/metrics", stack.backend_addr)).send().await.unwrap().text().await.unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
@@ -50,11 +35,7 @@ async fn a_replayed_sold_out_key_does_not_close_a_restocked_sale() {
     stack.open_sale("restock", 1, 1).await;
     assert_eq!(stack.buy("restock", "alice", Some("a1")).await.0, 202);
     let (status, body) = stack.buy("restock", "bob", Some("k")).await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (410, Some("sold_out")),
-        "{body}"
-    );
+    assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{body}");
 
     // The operator adds one item.
     stack.open_sale("restock", 2, 1).await;
@@ -70,18 +51,10 @@ async fn a_replayed_sold_out_key_does_not_close_a_restocked_sale() {
 
     // bob's retry gets his first answer again...
     let (status, body) = stack.buy("restock", "bob", Some("k")).await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (410, Some("sold_out")),
-        "{body}"
-    );
+    assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{body}");
     // ...and that old answer does not close the sale: the free item sells.
     let (status, body) = stack.buy("restock", "carol", Some("c1")).await;
-    assert_eq!(
-        (status, body["status"].as_str()),
-        (202, Some("queued")),
-        "{body}"
-    );
+    assert_eq!((status, body["status"].as_str()), (202, Some("queued")), "{body}");
     assert_eq!(stack.remaining("restock").await, 0);
 }
 
@@ -97,14 +70,7 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
     // The gateway's own deduct call (the script, its keys and arguments),
     // without HTTP in front: 100,000 requests through a debug gateway would
     // take minutes on a small machine.
-    let redis = Arc::new(
-        RedisClient::new(
-            &stack.redis.url(),
-            Duration::from_secs(5),
-            Breaker::new(1000, Duration::from_secs(1)),
-        )
-        .unwrap(),
-    );
+    let redis = Arc::new(RedisClient::new(&stack.redis.url(), Duration::from_secs(5), Breaker::new(1000, Duration::from_secs(1))).unwrap());
     let mut workers = Vec::new();
     for _ in 0..CONCURRENCY {
         let redis = redis.clone();
@@ -121,9 +87,7 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
                     idempotency_ttl_seconds: 86_400,
                 };
                 let decision = deduct(&redis, &attempt).await.unwrap();
-                *outcomes
-                    .entry(format!("{:?}", decision.outcome))
-                    .or_default() += 1;
+                *outcomes.entry(format!("{:?}", decision.outcome)).or_default() += 1;
             }
             outcomes
         }));
@@ -134,17 +98,10 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
             *outcomes.entry(outcome).or_default() += n;
         }
     }
-    assert_eq!(
-        outcomes.get("LimitReached"),
-        Some(&(ATTEMPTS / CONCURRENCY * CONCURRENCY)),
-        "{outcomes:?}"
-    );
+    assert_eq!(outcomes.get("LimitReached"), Some(&(ATTEMPTS / CONCURRENCY * CONCURRENCY)), "{outcomes:?}");
 
     let grown = redis_used_memory(&stack).await - before;
-    assert!(
-        grown < 1024 * 1024,
-        "100,000 random keys grew Redis by {grown} bytes"
-    );
+    assert!(grown < 1024 * 1024, "100,000 random keys grew Redis by {grown} bytes");
     // The winning key still replays its win.
     let (status, body) = stack.buy("keys", "alice", Some("first")).await;
     assert!(status == 201 || status == 202, "{status} {body}");
@@ -159,74 +116,30 @@ async fn an_order_from_the_forward_has_the_stream_records_reservation_time() {
     // stream consumer is refused its reads (a Redis ACL on the one user
     // every process shares) until the orders are written.
     let mut redis = stack.redis.conn().await;
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("default")
-        .arg("-xreadgroup")
-        .arg("-xautoclaim")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let _: () =
+        redis::cmd("ACL").arg("SETUSER").arg("default").arg("-xreadgroup").arg("-xautoclaim").query_async(&mut redis).await.unwrap();
 
-    let attempts = (0..60)
-        .map(|_| Attempt {
-            user: random_user(),
-            idempotency_key: None,
-        })
-        .collect();
+    let attempts = (0..60).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect();
     let outcomes = buy_all(stack.gateway_addr, "ts", attempts, 8).await;
-    assert!(
-        outcomes.iter().all(|o| o.status == 202),
-        "{:?}",
-        outcomes.iter().map(|o| o.status).collect::<Vec<_>>()
-    );
+    assert!(outcomes.iter().all(|o| o.status == 202), "{:?}", outcomes.iter().map(|o| o.status).collect::<Vec<_>>());
     let (orders, _, _) = stack.wait_orders("ts", 60, Duration::from_secs(20)).await;
     assert_eq!(orders, 60);
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("default")
-        .arg("+xreadgroup")
-        .arg("+xautoclaim")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let _: () =
+        redis::cmd("ACL").arg("SETUSER").arg("default").arg("+xreadgroup").arg("+xautoclaim").query_async(&mut redis).await.unwrap();
 
     let keys = flashgate_common::keys::SaleKeys::new("ts");
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(&keys.stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let stream_ts: HashMap<String, i64> = entries
-        .ids
-        .iter()
-        .map(|e| {
-            (
-                e.get::<String>("rid").unwrap(),
-                e.get::<String>("ts").unwrap().parse().unwrap(),
-            )
-        })
-        .collect();
+    let entries: redis::streams::StreamRangeReply =
+        redis::cmd("XRANGE").arg(&keys.stream).arg("-").arg("+").query_async(&mut redis).await.unwrap();
+    let stream_ts: HashMap<String, i64> =
+        entries.ids.iter().map(|e| (e.get::<String>("rid").unwrap(), e.get::<String>("ts").unwrap().parse().unwrap())).collect();
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(&stack.database_url).await.unwrap();
     let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT reservation_id, reserved_at_ms FROM orders WHERE sale_id = $1")
-            .bind("ts")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT reservation_id, reserved_at_ms FROM orders WHERE sale_id = $1").bind("ts").fetch_all(&pool).await.unwrap();
     pool.close().await;
     assert_eq!(rows.len(), 60);
-    let differing: Vec<_> = rows
-        .iter()
-        .filter(|(rid, at)| stream_ts.get(rid) != Some(at))
-        .collect();
-    assert!(
-        differing.is_empty(),
-        "orders whose time is not the stream record's: {differing:?}"
-    );
+    let differing: Vec<_> = rows.iter().filter(|(rid, at)| stream_ts.get(rid) != Some(at)).collect();
+    assert!(differing.is_empty(), "orders whose time is not the stream record's: {differing:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,11 +155,7 @@ async fn a_confirmed_win_polled_and_replayed_costs_one_backend_lookup_per_second
     let started = Instant::now();
     for _ in 0..20 {
         let (status, body) = stack.buy("poll", "alice", Some("k")).await;
-        assert_eq!(
-            (status, body["order_id"].as_str()),
-            (201, Some(order_id.as_str())),
-            "{body}"
-        );
+        assert_eq!((status, body["order_id"].as_str()), (201, Some(order_id.as_str())), "{body}");
         let v: Value = stack
             .http
             .get(stack.url(&format!("/api/reservations/{rid}")))
@@ -257,21 +166,13 @@ async fn a_confirmed_win_polled_and_replayed_costs_one_backend_lookup_per_second
             .json()
             .await
             .unwrap();
-        assert_eq!(
-            (v["status"].as_str(), v["order_id"].as_str()),
-            (Some("confirmed"), Some(order_id.as_str())),
-            "{v}"
-        );
+        assert_eq!((v["status"].as_str(), v["order_id"].as_str()), (Some("confirmed"), Some(order_id.as_str())), "{v}");
     }
     let elapsed = started.elapsed();
-    let lookups =
-        backend_counter(&stack, "flashgate_backend_order_lookups_total").await - lookups_before;
+    let lookups = backend_counter(&stack, "flashgate_backend_order_lookups_total").await - lookups_before;
     // An order found is kept for a second: each second of polling costs at
     // most one lookup, however many requests it saw.
-    assert!(
-        lookups <= elapsed.as_secs() + 1,
-        "40 requests in {elapsed:?} cost {lookups} backend lookups"
-    );
+    assert!(lookups <= elapsed.as_secs() + 1, "40 requests in {elapsed:?} cost {lookups} backend lookups");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

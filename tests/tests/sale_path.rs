@@ -13,19 +13,14 @@ async fn hundred_items_among_five_thousand_buyers_make_exactly_hundred_orders() 
     stack.open_sale("drop100", 100, 1).await;
 
     let users: Vec<String> = (0..5000).map(|_| random_user()).collect();
-    let mut attempts: Vec<Attempt> = users
-        .iter()
-        .map(|u| Attempt { user: u.clone(), idempotency_key: Some(format!("k-{u}")) })
-        .collect();
+    let mut attempts: Vec<Attempt> = users.iter().map(|u| Attempt { user: u.clone(), idempotency_key: Some(format!("k-{u}")) }).collect();
     // 1,000 retries repeat an Idempotency-Key, concurrently with the first tries.
     attempts.extend(attempts[..1000].to_vec());
     attempts.shuffle(&mut rand::rng());
     let first = buy_all(stack.gateway_addr, "drop100", attempts, 128).await;
     // 1,000 second attempts, with a new key, by users who already tried.
-    let again: Vec<Attempt> = users[2000..3000]
-        .iter()
-        .map(|u| Attempt { user: u.clone(), idempotency_key: Some(format!("again-{u}")) })
-        .collect();
+    let again: Vec<Attempt> =
+        users[2000..3000].iter().map(|u| Attempt { user: u.clone(), idempotency_key: Some(format!("again-{u}")) }).collect();
     let second = buy_all(stack.gateway_addr, "drop100", again, 128).await;
 
     let unexpected: Vec<_> = first.iter().chain(&second).filter(|o| ![201, 202, 409, 410].contains(&o.status)).collect();
@@ -93,9 +88,14 @@ async fn restarting_gateway_and_backend_mid_sale_changes_nothing_sold_and_loses_
     let before = stack.admin_sale("restart").await;
 
     let first_users: Vec<String> = (0..120).map(|_| random_user()).collect();
-    let first = buy_all(stack.gateway_addr, "restart", first_users.iter().map(|u| Attempt { user: u.clone(), idempotency_key: None }).collect(), 64).await;
-    let first_winners: HashSet<String> =
-        first.iter().filter(|o| o.won()).filter_map(|o| o.reservation_id().map(str::to_owned)).collect();
+    let first = buy_all(
+        stack.gateway_addr,
+        "restart",
+        first_users.iter().map(|u| Attempt { user: u.clone(), idempotency_key: None }).collect(),
+        64,
+    )
+    .await;
+    let first_winners: HashSet<String> = first.iter().filter(|o| o.won()).filter_map(|o| o.reservation_id().map(str::to_owned)).collect();
     assert_eq!(first_winners.len(), 120);
 
     stack.kill_gateway();
@@ -111,7 +111,9 @@ async fn restarting_gateway_and_backend_mid_sale_changes_nothing_sold_and_loses_
     // The first buyers are still known: a second try hits their limit.
     let again = stack.buy("restart", &first_users[0], None).await;
     assert_eq!(again.0, 409, "{:?}", again.1);
-    let second = buy_all(stack.gateway_addr, "restart", (0..300).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect(), 64).await;
+    let second =
+        buy_all(stack.gateway_addr, "restart", (0..300).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect(), 64)
+            .await;
     assert_eq!(second.iter().filter(|o| o.won()).count(), 80);
 
     let (orders, users, most) = stack.wait_orders("restart", 200, Duration::from_secs(30)).await;

@@ -28,7 +28,7 @@ pub mod orders;
 
 use std::sync::Arc;
 
-use axum::routing::{put, get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use redis::aio::ConnectionManager;
 
@@ -69,9 +69,7 @@ pub fn order_router(state: AppState) -> Router {
         .route("/internal/reservations/{rid}", get(orders::by_reservation))
         .route("/internal/sales/{id}", get(orders::sale_exists))
         .route_layer(guarded(&state.tokens.gateway));
-    let shop = Router::new()
-        .route("/internal/orders/{order_id}/pay", post(orders::pay))
-        .route_layer(guarded(&state.tokens.shop));
+    let shop = Router::new().route("/internal/orders/{order_id}/pay", post(orders::pay)).route_layer(guarded(&state.tokens.shop));
     Router::new()
         .merge(gateways)
         .merge(shop)

@@ -12,8 +12,8 @@ use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::{sale_of_reservation, ForwardedWinner, OrderView, Reservation};
 
 use super::error::{parse_json, ApiError};
-use crate::store::Payment;
 use super::AppState;
+use crate::store::Payment;
 
 /// Most winners accepted in one batch.
 pub const MAX_BATCH: usize = 1000;
@@ -39,8 +39,7 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
     for w in &winners {
         pipe.hget(SaleKeys::new(&w.reservation.sale_id).reservations, &w.reservation.reservation_id);
     }
-    let holders: Vec<Option<String>> =
-        if winners.is_empty() { Vec::new() } else { pipe.query_async(&mut state.redis.clone()).await? };
+    let holders: Vec<Option<String>> = if winners.is_empty() { Vec::new() } else { pipe.query_async(&mut state.redis.clone()).await? };
     let (known, request_ids): (Vec<Reservation>, Vec<String>) = winners
         .into_iter()
         .zip(holders)
@@ -70,10 +69,7 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
 }
 
 /// `GET /internal/reservations/{rid}`: the order made from a reservation.
-pub async fn by_reservation(
-    State(state): State<AppState>,
-    rid: Result<Path<String>, PathRejection>,
-) -> Result<Json<OrderView>, ApiError> {
+pub async fn by_reservation(State(state): State<AppState>, rid: Result<Path<String>, PathRejection>) -> Result<Json<OrderView>, ApiError> {
     let Path(rid) = rid?;
     state.metrics.order_lookups.inc();
     match state.store.order_by_reservation(&rid).await? {

@@ -45,8 +45,8 @@ async fn call(router: Router, method: &str, uri: &str, token: Option<&str>, body
     let response = router.oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| panic!("{method} {uri}: body is not JSON: {}", String::from_utf8_lossy(&bytes)));
+    let value =
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("{method} {uri}: body is not JSON: {}", String::from_utf8_lossy(&bytes)));
     (status, value)
 }
 
@@ -167,7 +167,10 @@ async fn put_rejects_bad_bodies_naming_the_field() {
         (r#"{"name":"x","stock":1,"starts_at":"2100-01-01T00:00:00Z","ends_at":"2020-01-01T00:00:00Z"}"#, "ends_at"),
         (r#"{"name":"x","stock":1,"starts_at":"tomorrow","ends_at":"2020-01-01T00:00:00Z"}"#, "starts_at"),
         (r#"{"name":"x","stock":-1,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z"}"#, "stock"),
-        (r#"{"name":"x","stock":1,"per_user_limit":0,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z"}"#, "per_user_limit"),
+        (
+            r#"{"name":"x","stock":1,"per_user_limit":0,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z"}"#,
+            "per_user_limit",
+        ),
         (r#"{"name":"x","stock":1,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z","extra":1}"#, "extra"),
         (r#"{"name": "#, "invalid JSON"),
     ];
@@ -249,7 +252,9 @@ async fn orders_answer_503_when_redis_is_down() {
     let Fixture { redis, state } = fixture().await;
     drop(redis);
     let r = reservation(&unique("s"), "alice");
-    let body = json!([{"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms}]).to_string();
+    let body =
+        json!([{"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms}])
+            .to_string();
     let (status, reply) = call(order_router(state.clone()), "POST", "/internal/orders/batch", Some(GATEWAY), Some(&body)).await;
     assert_eq!((status, reply["code"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")));
     // The admin view still answers from the database, with Redis counters null.
@@ -277,7 +282,8 @@ async fn order_routes_require_their_own_bearer_token_and_change_nothing_without_
     let f = fixture().await;
     let r = reservation(&unique("s"), "alice");
     reserve_in_redis(&f, &r).await;
-    let winner = json!([{"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms}]);
+    let winner =
+        json!([{"reservation_id": r.reservation_id, "sale_id": r.sale_id, "user_id": r.user_id, "reserved_at_ms": r.reserved_at_ms}]);
     let unpaid = reservation(&r.sale_id, "bob");
     f.state.store.insert_orders(std::slice::from_ref(&unpaid)).await.unwrap();
     let order_id = f.state.store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap().order_id;
@@ -286,11 +292,8 @@ async fn order_routes_require_their_own_bearer_token_and_change_nothing_without_
     let lookup = format!("/internal/reservations/{}", unpaid.reservation_id);
     let sale = format!("/internal/sales/{}", r.sale_id);
     let pay = format!("/internal/orders/{order_id}/pay");
-    let gateway_routes = [
-        ("POST", "/internal/orders/batch", Some(batch.as_str())),
-        ("GET", lookup.as_str(), None),
-        ("GET", sale.as_str(), None),
-    ];
+    let gateway_routes =
+        [("POST", "/internal/orders/batch", Some(batch.as_str())), ("GET", lookup.as_str(), None), ("GET", sale.as_str(), None)];
     for token in [None, Some("wrong"), Some(SHOP), Some(TOKEN), Some(&GATEWAY[..GATEWAY.len() - 1])] {
         for (method, uri, body) in gateway_routes {
             let (status, reply) = call(order_router(f.state.clone()), method, uri, token, body).await;
@@ -355,7 +358,8 @@ async fn scraping_metrics_costs_no_redis_call_the_background_refresh_fills_the_g
         assert!(text.contains(&format!("flashgate_sale_remaining_items{{sale=\"{id}\"}} 50")), "{text}");
     }
     // An archived sale is no longer read, and its gauges go.
-    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sales[0]).query_async(&mut f.redis.conn().await).await.unwrap();
+    let () =
+        redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sales[0]).query_async(&mut f.redis.conn().await).await.unwrap();
     let xinfo = command_calls(&f, "xinfo|groups").await;
     crate::metrics::refresh_sales(&mut f.redis.conn().await, &f.state.store, &f.state.metrics).await.unwrap();
     assert_eq!(command_calls(&f, "xinfo|groups").await - xinfo, 2, "one XINFO per live sale");
@@ -364,7 +368,12 @@ async fn scraping_metrics_costs_no_redis_call_the_background_refresh_fills_the_g
 
 /// Makes `SREM fg:archived` fail (`WRONGTYPE`) on a real Redis.
 async fn break_archived_set(f: &Fixture) {
-    let () = redis::cmd("SET").arg(flashgate_common::keys::ARCHIVED_SALES).arg("not a set").query_async(&mut f.redis.conn().await).await.unwrap();
+    let () = redis::cmd("SET")
+        .arg(flashgate_common::keys::ARCHIVED_SALES)
+        .arg("not a set")
+        .query_async(&mut f.redis.conn().await)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

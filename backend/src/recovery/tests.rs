@@ -237,11 +237,17 @@ async fn two_restores_of_one_lost_sale_at_once_load_it_once() {
         let mut conn = redis.conn().await;
         // Live buys, then a restore attempt on the live sale changes nothing.
         assert_eq!(crate::testing::buy(&mut conn, &id, "c").await, "won");
-        let before: (HashMap<String, i64>, HashMap<String, String>, i64) =
-            (conn.hgetall(&keys.buyers).await.unwrap(), conn.hgetall(&keys.reservations).await.unwrap(), conn.get(&keys.remaining).await.unwrap());
+        let before: (HashMap<String, i64>, HashMap<String, String>, i64) = (
+            conn.hgetall(&keys.buyers).await.unwrap(),
+            conn.hgetall(&keys.reservations).await.unwrap(),
+            conn.get(&keys.remaining).await.unwrap(),
+        );
         assert_eq!(restore(&mut conn, &store, &spec.id).await.unwrap(), Restored::NotNeeded);
-        let after: (HashMap<String, i64>, HashMap<String, String>, i64) =
-            (conn.hgetall(&keys.buyers).await.unwrap(), conn.hgetall(&keys.reservations).await.unwrap(), conn.get(&keys.remaining).await.unwrap());
+        let after: (HashMap<String, i64>, HashMap<String, String>, i64) = (
+            conn.hgetall(&keys.buyers).await.unwrap(),
+            conn.hgetall(&keys.reservations).await.unwrap(),
+            conn.get(&keys.remaining).await.unwrap(),
+        );
         assert_eq!(before, after);
         assert_eq!(before.2, 7);
         let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();

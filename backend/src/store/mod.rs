@@ -216,10 +216,7 @@ impl Store {
     /// # Errors
     /// A failed query or an unknown status value in the row.
     pub async fn order_by_reservation(&self, reservation_id: &str) -> Result<Option<OrderView>, StoreError> {
-        let row = sqlx::query(sql::ORDER_BY_RESERVATION)
-            .bind(reservation_id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(sql::ORDER_BY_RESERVATION).bind(reservation_id).fetch_optional(&self.pool).await?;
         row.as_ref().map(order_view).transpose()
     }
 
@@ -229,11 +226,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_order_status(&self, reservation_id: &str, status: OrderStatus) -> Result<bool, StoreError> {
-        let done = sqlx::query(sql::SET_ORDER_STATUS)
-            .bind(status.as_str())
-            .bind(reservation_id)
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query(sql::SET_ORDER_STATUS).bind(status.as_str()).bind(reservation_id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -255,9 +248,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn insert_sale_if_absent(&self, spec: &SaleSpec) -> Result<bool, StoreError> {
-        let done = bind_sale(sqlx::query(sql::INSERT_SALE_IF_ABSENT), spec, flashgate_common::now_ms())
-            .execute(&self.pool)
-            .await?;
+        let done = bind_sale(sqlx::query(sql::INSERT_SALE_IF_ABSENT), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -377,9 +368,7 @@ impl Store {
     /// A failed query.
     pub async fn sale_pauses(&self) -> Result<Vec<(String, Option<bool>)>, StoreError> {
         let rows = sqlx::query(sql::SALE_PAUSES).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Option<i64>, _>(1)?.map(|p| p != 0))))
-            .collect()
+        rows.iter().map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Option<i64>, _>(1)?.map(|p| p != 0)))).collect()
     }
 
     /// Records `paused` for sale `id` only if its row never recorded a pause
@@ -664,8 +653,7 @@ fn prepare_sqlite(url: &str) -> Result<String, StoreError> {
     let in_memory = path.is_empty() || path == ":memory:";
     if !in_memory {
         if let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|source| StoreError::CreateDir { path: path.to_owned(), source })?;
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir { path: path.to_owned(), source })?;
         }
     }
     Ok(match query {

@@ -25,12 +25,11 @@ pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
 
 /// Whether a column exists, per dialect; `$1` table, `$2` column.
 pub const SQLITE_HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info($1) WHERE name = $2";
-pub const POSTGRES_HAS_COLUMN: &str = "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2";
+pub const POSTGRES_HAS_COLUMN: &str =
+    "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2";
 
 /// Indexes that need the added columns or serve the expiry and return loops.
-pub const INDEXES_AFTER_MIGRATION: &[&str] = &[
-    "CREATE INDEX IF NOT EXISTS orders_status_reserved ON orders (status, reserved_at_ms)",
-];
+pub const INDEXES_AFTER_MIGRATION: &[&str] = &["CREATE INDEX IF NOT EXISTS orders_status_reserved ON orders (status, reserved_at_ms)"];
 
 /// PostgreSQL only: serialises schema creation between processes.
 pub const LOCK_SCHEMA: &str = "SELECT pg_advisory_lock(7220411)";
@@ -68,14 +67,10 @@ pub fn insert_orders_returning(rows: usize) -> String {
 /// `SELECT` of the orders of `n` reservation ids (`$1..$n`).
 pub fn orders_by_reservations(n: usize) -> String {
     let params: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
-    format!(
-        "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id IN ({})",
-        params.join(", ")
-    )
+    format!("SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id IN ({})", params.join(", "))
 }
 
-pub const ORDER_BY_RESERVATION: &str =
-    "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id = $1";
+pub const ORDER_BY_RESERVATION: &str = "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id = $1";
 
 pub const SET_ORDER_STATUS: &str = "UPDATE orders SET status = $1 WHERE reservation_id = $2";
 
@@ -86,8 +81,7 @@ pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per
 /// Keeps `created_at_ms` and `paused` of an existing row.
 pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused) VALUES ($1, $2, $3, $4, $5, $6, $7, 0) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms";
 
-pub const SALE_BY_ID: &str =
-    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms FROM sales WHERE id = $1";
+pub const SALE_BY_ID: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms FROM sales WHERE id = $1";
 
 pub const ALL_SALES: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms FROM sales ORDER BY id";
 
@@ -111,20 +105,17 @@ pub const SETTING: &str = "SELECT value FROM settings WHERE name = $1";
 /// Records a setting only if it was never recorded.
 pub const ADOPT_SETTING: &str = "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
 
-pub const SET_SETTING: &str =
-    "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+pub const SET_SETTING: &str = "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 
 pub const PAYMENT_TIMEOUT: &str = "SELECT payment_timeout_seconds FROM sales WHERE id = $1";
 
-pub const ORDER_BY_ID: &str =
-    "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE order_id = $1";
+pub const ORDER_BY_ID: &str = "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE order_id = $1";
 
 /// Decides a payment once: only an order still `created` becomes `paid`.
 pub const PAY_IF_CREATED: &str = "UPDATE orders SET status = 'paid' WHERE order_id = $1 AND status = 'created'";
 
 /// Decides an expiry once: only an order still `created` is cancelled.
-pub const CANCEL_IF_CREATED: &str =
-    "UPDATE orders SET status = 'cancelled' WHERE order_id = $1 AND status = 'created'";
+pub const CANCEL_IF_CREATED: &str = "UPDATE orders SET status = 'cancelled' WHERE order_id = $1 AND status = 'created'";
 
 /// Unpaid orders past their sale's payment timeout at `$1`, oldest first.
 pub const EXPIRED_ORDERS: &str = "SELECT o.order_id, o.reservation_id, o.sale_id, o.user_id FROM orders o JOIN sales s ON s.id = o.sale_id WHERE o.status = 'created' AND o.reserved_at_ms + s.payment_timeout_seconds * 1000 < $1 ORDER BY o.reserved_at_ms LIMIT $2";
@@ -136,7 +127,8 @@ pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id
 
 /// Orders of a sale still waiting for something: a payment, or the return
 /// of a cancelled order's item. A sale with any is not archived.
-pub const UNSETTLED_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
+pub const UNSETTLED_ORDERS: &str =
+    "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
 
 /// Every order of a sale, whatever its status (one per reservation).
 pub const COUNT_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1";
@@ -144,8 +136,7 @@ pub const COUNT_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1";
 pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
 
 /// Every order of a sale, for restores and reconciliation.
-pub const SALE_ORDERS: &str =
-    "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms FROM orders WHERE sale_id = $1";
+pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms FROM orders WHERE sale_id = $1";
 
 #[cfg(test)]
 mod tests {

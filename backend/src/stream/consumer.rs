@@ -336,14 +336,8 @@ impl Consumer<'_> {
     }
 
     async fn ensure_group(&self, conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
-        let created: Result<(), RedisError> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&self.stream)
-            .arg(CONSUMER_GROUP)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(conn)
-            .await;
+        let created: Result<(), RedisError> =
+            redis::cmd("XGROUP").arg("CREATE").arg(&self.stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(conn).await;
         match created {
             Err(e) if e.code() != Some("BUSYGROUP") => Err(e),
             _ => Ok(()),

@@ -46,7 +46,13 @@ fn text(v: &Value) -> String {
 ///
 /// # Errors
 /// Redis failed; the caller must then not acknowledge the entry.
-pub async fn bury<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, entry: &StreamId, error: &str, deliveries: u64) -> Result<(), RedisError> {
+pub async fn bury<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    entry: &StreamId,
+    error: &str,
+    deliveries: u64,
+) -> Result<(), RedisError> {
     let mut cmd = redis::cmd("XADD");
     cmd.arg(SaleKeys::new(sale_id).dead).arg("*");
     for (k, v) in &entry.map {
@@ -80,7 +86,13 @@ pub async fn list<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) -> Resu
 
 fn view(entry: &StreamId) -> DeadLetter {
     let mut fields = std::collections::BTreeMap::new();
-    let mut dl = DeadLetter { entry_id: entry.id.clone(), source_id: String::new(), error: String::new(), deliveries: 0, fields: Default::default() };
+    let mut dl = DeadLetter {
+        entry_id: entry.id.clone(),
+        source_id: String::new(),
+        error: String::new(),
+        deliveries: 0,
+        fields: Default::default(),
+    };
     for (k, v) in &entry.map {
         match k.as_str() {
             "dead_error" => dl.error = text(v),
@@ -124,7 +136,8 @@ pub async fn retry<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, entry_
     if !any {
         add.arg("rid").arg("");
     }
-    let (new_id, _deleted): (String, i64) = redis::pipe().atomic().add_command(add).cmd("XDEL").arg(&keys.dead).arg(entry_id).query_async(conn).await?;
+    let (new_id, _deleted): (String, i64) =
+        redis::pipe().atomic().add_command(add).cmd("XDEL").arg(&keys.dead).arg(entry_id).query_async(conn).await?;
     Ok(Some(new_id))
 }
 

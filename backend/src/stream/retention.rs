@@ -175,8 +175,7 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
             .arg(TRIM_PAGE)
             .query_async(conn)
             .await?;
-        let rids: Vec<Option<String>> =
-            page.ids.iter().map(|e| crate::stream::consumer::parse(e).ok().map(|r| r.reservation_id)).collect();
+        let rids: Vec<Option<String>> = page.ids.iter().map(|e| crate::stream::consumer::parse(e).ok().map(|r| r.reservation_id)).collect();
         let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
         let with_orders = store.reservations_with_orders(&wanted).await?;
         for (entry, rid) in page.ids.iter().zip(&rids) {
@@ -197,8 +196,7 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
         }
     };
     let Some(keep_from) = keep_from else { return Ok(0) };
-    let trimmed: i64 =
-        TRIM.key(&keys.stream).arg(CONSUMER_GROUP).arg(keep_from.to_string()).invoke_async(conn).await?;
+    let trimmed: i64 = TRIM.key(&keys.stream).arg(CONSUMER_GROUP).arg(keep_from.to_string()).invoke_async(conn).await?;
     // -1: the group moved back or went away since it was read; next time.
     Ok(u64::try_from(trimmed).unwrap_or(0))
 }
@@ -271,7 +269,11 @@ const RESERVATION_PAGE: usize = 500;
 /// `HSCAN`, never in one atomic step) has its order. Compared member by
 /// member, not by count: an order Redis never counted must not stand in
 /// for a reservation without one.
-async fn every_reservation_has_its_order<C: ConnectionLike + Send>(conn: &mut C, store: &Store, keys: &SaleKeys) -> Result<bool, SaleError> {
+async fn every_reservation_has_its_order<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    keys: &SaleKeys,
+) -> Result<bool, SaleError> {
     let mut cursor = 0_u64;
     loop {
         let (next, flat): (u64, Vec<String>) =

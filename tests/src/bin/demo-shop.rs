@@ -15,10 +15,8 @@ async fn home() -> Html<&'static str> {
 }
 
 async fn echo(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
-    let headers: BTreeMap<String, String> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
-        .collect();
+    let headers: BTreeMap<String, String> =
+        headers.iter().map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
     Json(serde_json::json!({
         "method": method.as_str(),
         "path": uri.path(),

@@ -176,7 +176,18 @@ async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
     let sale_id = unique("s");
     let stream = SaleKeys::new(&sale_id).stream;
     // No user field, then a record of another sale, then a good one.
-    let _: String = redis::cmd("XADD").arg(&stream).arg("*").arg("rid").arg("x").arg("sale").arg(&sale_id).arg("ts").arg(1).query_async(&mut conn).await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("rid")
+        .arg("x")
+        .arg("sale")
+        .arg(&sale_id)
+        .arg("ts")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let other = reservation(&unique("other"), "u");
     let _: String = redis::cmd("XADD")
         .arg(&stream)
@@ -217,10 +228,12 @@ async fn an_entry_the_database_keeps_rejecting_is_dead_lettered_then_retried_onc
     create_group(&mut conn, &sale_id).await;
     // The database rejects this one user's orders, as a constraint would.
     let pool = sqlx::AnyPool::connect(&url).await.unwrap();
-    sqlx::query("CREATE TRIGGER refuse_poison BEFORE INSERT ON orders WHEN NEW.user_id = 'poison' BEGIN SELECT RAISE(ABORT, 'poison refused'); END")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON orders WHEN NEW.user_id = 'poison' BEGIN SELECT RAISE(ABORT, 'poison refused'); END",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     reserve(&mut conn, &reservation(&sale_id, "before")).await;
     reserve(&mut conn, &reservation(&sale_id, "poison")).await;
     reserve(&mut conn, &reservation(&sale_id, "after")).await;
@@ -271,7 +284,12 @@ async fn consumers_start_for_sales_added_while_running() {
 async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let settings = Settings {
-        redis: flashgate_common::config::RedisConfig { url: "redis://127.0.0.1:1/".into(), timeout: Duration::from_millis(100), breaker_failures: 5, breaker_cooldown: Duration::from_secs(1) },
+        redis: flashgate_common::config::RedisConfig {
+            url: "redis://127.0.0.1:1/".into(),
+            timeout: Duration::from_millis(100),
+            breaker_failures: 5,
+            breaker_cooldown: Duration::from_secs(1),
+        },
         consumer_name: "c".into(),
         batch_size: 10,
         block: Duration::from_millis(100),

@@ -6,12 +6,22 @@ use super::*;
 use crate::testing::{reservation, sale, sqlite_url, unique, RedisServer};
 
 /// Appends `n` reservation entries of `sale` as the deduct script would.
-async fn add(conn: &mut redis::aio::MultiplexedConnection, sale: &str, n: usize) -> Vec<(String, flashgate_common::reservation::Reservation)> {
+async fn add(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sale: &str,
+    n: usize,
+) -> Vec<(String, flashgate_common::reservation::Reservation)> {
     let stream = SaleKeys::new(sale).stream;
     let mut out = Vec::new();
     for i in 0..n {
         let r = reservation(sale, &format!("u{i}"));
-        let fields = [("rid", r.reservation_id.clone()), ("sale", r.sale_id.clone()), ("user", r.user_id.clone()), ("idem", String::new()), ("ts", r.reserved_at_ms.to_string())];
+        let fields = [
+            ("rid", r.reservation_id.clone()),
+            ("sale", r.sale_id.clone()),
+            ("user", r.user_id.clone()),
+            ("idem", String::new()),
+            ("ts", r.reserved_at_ms.to_string()),
+        ];
         let id: String = conn.xadd(&stream, "*", &fields).await.unwrap();
         out.push((id, r));
     }
@@ -46,7 +56,8 @@ async fn entries_written_as_orders_are_trimmed_and_the_others_stay() {
     let sale = unique("s");
     let stream = SaleKeys::new(&sale).stream;
     assert_eq!(trim_written(&mut conn, &store, &sale).await.unwrap(), 0, "no stream yet");
-    let () = redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
+    let () =
+        redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
     let added = add(&mut conn, &sale, 7).await;
     let e: Vec<String> = added.iter().map(|(id, _)| id.clone()).collect();
     let write = |i: usize| added[i].1.clone();
@@ -73,7 +84,8 @@ async fn an_entry_without_an_order_is_never_trimmed_even_when_the_group_skipped_
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let sale = unique("s");
     let stream = SaleKeys::new(&sale).stream;
-    let () = redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
+    let () =
+        redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
     let added = add(&mut conn, &sale, 4).await;
     store.insert_orders(&[added[0].1.clone(), added[2].1.clone()]).await.unwrap();
     // The group moves past every entry without reading them: e1 and e3 have no order.
@@ -174,7 +186,8 @@ async fn a_stream_with_entries_but_no_group_is_not_drained() {
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let (id, keys) = finished_sale(&mut conn, &store).await;
-    let () = redis::cmd("XGROUP").arg("DESTROY").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<i64>(&mut conn).await.map(drop).unwrap();
+    let () =
+        redis::cmd("XGROUP").arg("DESTROY").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<i64>(&mut conn).await.map(drop).unwrap();
     let _: String = conn.xadd(&keys.stream, "*", &[("rid", "x")]).await.unwrap();
     assert!(!try_archive(&mut conn, &store, &id, ARCHIVE_GRACE).await.unwrap(), "nobody ever read the entry");
     let () = redis::cmd("XGROUP").arg("CREATE").arg(&keys.stream).arg(CONSUMER_GROUP).arg("$").query_async(&mut conn).await.unwrap();
@@ -200,7 +213,8 @@ async fn the_trim_script_trims_nothing_once_the_group_moved_back_below_the_bound
     let mut conn = redis.conn().await;
     let sale = unique("s");
     let stream = SaleKeys::new(&sale).stream;
-    let () = redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
+    let () =
+        redis::cmd("XGROUP").arg("CREATE").arg(&stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(&mut conn).await.unwrap();
     let added = add(&mut conn, &sale, 4).await;
     let e: Vec<String> = added.iter().map(|(id, _)| id.clone()).collect();
     read(&mut conn, &stream, 4).await;
