@@ -501,15 +501,10 @@ fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
     Ok(net)
 }
 
-/// Checks a secret's length; the error names where it came from.
-fn check_secret(name: &str, secret: &str) -> Result<(), String> {
-    if secret.len() < MIN_SECRET_BYTES {
-        return Err(format!(
-            "{name}: must be at least {MIN_SECRET_BYTES} bytes (it has {}); generate one with `openssl rand -hex 32`",
-            secret.len()
-        ));
-    }
-    Ok(())
+/// Checks a secret's length ([`crate::secret::required`]); the error names
+/// where it came from.
+fn check_secret(name: &'static str, secret: &str) -> Result<(), String> {
+    crate::secret::required(name, Some(secret)).map(drop).map_err(|e| e.to_string())
 }
 
 /// `gateway.runtime_dir` as set, else systemd's `RuntimeDirectory=` (the

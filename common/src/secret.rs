@@ -13,7 +13,7 @@ pub const MIN_SECRET_BYTES: usize = 32;
 pub enum SecretError {
     #[error("{0} is not set")]
     Missing(&'static str),
-    #[error("{name} is {len} bytes long; it must be at least {MIN_SECRET_BYTES}")]
+    #[error("{name}: must be at least {MIN_SECRET_BYTES} bytes (it has {len}); generate one with `openssl rand -hex 32`")]
     TooShort { name: &'static str, len: usize },
 }
 
