@@ -52,8 +52,6 @@ pub enum StartError {
     NoApiToken,
     #[error("{0}: the backend refuses to start with a guessable order API token")]
     Secret(#[from] flashgate_common::secret::SecretError),
-    #[error("database: {0}")]
-    Store(#[from] StoreError),
     #[error("sale `{sale}` declares stock {stock}, below the {sold} orders the database holds")]
     StockBelowSold { sale: String, stock: i64, sold: i64 },
     #[error("cannot listen on {addr}: {source}")]
