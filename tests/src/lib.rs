@@ -7,7 +7,7 @@
 //! The binaries are taken from the cargo target dir next to the test
 //! executable; `make test` builds them first.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -25,10 +25,8 @@ pub const INTERNAL_TOKEN: &str = "test-internal-token-gateways-to-backend-0001";
 /// Token the test shop presents to confirm payments.
 pub const SHOP_TOKEN: &str = "test-shop-token-payments-to-backend-000001";
 
-/// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub mod ports;
+pub use ports::free_port;
 
 /// A binary of this workspace, from the target dir the tests run from.
 pub fn bin(name: &str) -> PathBuf {
@@ -88,6 +86,27 @@ pub fn wait_port(addr: SocketAddr, limit: Duration) -> bool {
             return true;
         }
         std::thread::sleep(Duration::from_millis(25));
+    }
+    false
+}
+
+/// Polls `GET http://addr/ready` until it answers 200, for at most `limit`.
+/// A blocking probe so the synchronous start helpers can wait on it: a
+/// process listens before its dependencies are ready (it answers `503`
+/// until then), and a test's first call must not race that.
+pub fn wait_http_ready(addr: SocketAddr, limit: Duration) -> bool {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut head = [0u8; 12];
+            let asked = s.write_all(format!("GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes());
+            if asked.is_ok() && s.read_exact(&mut head).is_ok() && head.ends_with(b" 200") {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     false
 }
@@ -222,6 +241,9 @@ pub struct StackOptions {
     /// static and runtime directories. `redis_timeout_ms` and
     /// `claim_idle_ms` are then not applied.
     pub shipped_config: bool,
+    /// `Stack::start` returns once every process listens, without waiting
+    /// for `/ready` (for tests of a dependency that is away at start).
+    pub skip_ready_wait: bool,
 }
 
 impl Default for StackOptions {
@@ -233,6 +255,7 @@ impl Default for StackOptions {
             claim_idle_ms: 2000,
             extra_toml: String::new(),
             shipped_config: false,
+            skip_ready_wait: false,
         }
     }
 }
@@ -303,8 +326,13 @@ impl Stack {
         let redis = RedisServer::start(&dir.0, opts.appendonly);
         let layout = Layout::new(&opts, &dir, redis.port);
         let mut stack = layout.into_stack(dir, redis);
-        stack.start_backend();
-        stack.start_gateway();
+        if opts.skip_ready_wait {
+            stack.spawn_backend();
+            stack.spawn_gateway();
+        } else {
+            stack.start_backend();
+            stack.start_gateway();
+        }
         assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
         stack
     }
@@ -485,14 +513,33 @@ impl Stack {
         std::fs::read_to_string(self.dir.0.join(format!("{name}.log"))).unwrap_or_default()
     }
 
+    /// Starts the backend; returns once it listens and `/ready` answers 200.
     pub fn start_backend(&mut self) {
+        self.spawn_backend();
+        if !wait_http_ready(self.backend_addr, Duration::from_secs(30)) {
+            panic!("backend did not get ready:\n{}", self.log("flashgate-backend"));
+        }
+    }
+
+    /// Starts the backend; returns once it listens, ready or not (for
+    /// tests of what it does while its dependencies are away).
+    pub fn spawn_backend(&mut self) {
         self.backend = Some(self.spawn("flashgate-backend", &[]));
         if !wait_port(self.backend_addr, Duration::from_secs(30)) || !wait_port(self.admin_addr, Duration::from_secs(5)) {
             panic!("backend did not start:\n{}", self.log("flashgate-backend"));
         }
     }
 
+    /// Starts the gateway; returns once it listens and `/ready` answers 200.
     pub fn start_gateway(&mut self) {
+        self.spawn_gateway();
+        if !wait_http_ready(self.gateway_admin_addr, Duration::from_secs(30)) {
+            panic!("gateway did not get ready:\n{}", self.log("flashgate"));
+        }
+    }
+
+    /// Starts the gateway; returns once it listens, ready or not.
+    pub fn spawn_gateway(&mut self) {
         self.gateway = Some(self.spawn("flashgate", &["serve"]));
         if !wait_port(self.gateway_addr, Duration::from_secs(30)) {
             panic!("gateway did not start:\n{}", self.log("flashgate"));

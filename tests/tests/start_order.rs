@@ -186,7 +186,7 @@ async fn backend_and_gateway_started_before_redis_become_ready_once_it_has_loade
 async fn a_backend_started_while_postgresql_is_absent_waits_and_becomes_ready_and_rides_out_its_restart() {
     let mut pg =
         PrivatePostgres::init(free_port()).expect("PostgreSQL server binaries under /usr/lib/postgresql (make test installs them)");
-    let opts = StackOptions { database_url: Some(pg.url()), ..StackOptions::default() };
+    let opts = StackOptions { database_url: Some(pg.url()), skip_ready_wait: true, ..StackOptions::default() };
     let mut stack = Stack::start(opts).await;
 
     let (status, body) = first_check(&stack.http, &stack.backend_ready_url(), "database").await;
