@@ -2,8 +2,6 @@
 //! `redis-server` on a free port and uses its own SQLite file; PostgreSQL
 //! is the shared `test` database, so ids carry a random suffix.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flashgate_common::reservation::Reservation;
@@ -57,24 +55,21 @@ pub fn sale(id: &str, stock: i64) -> SaleSpec {
     }
 }
 
-/// A `redis-server` child process, killed when dropped.
+/// A `redis-server` of the test's own (the one in `flashgate-testkit`, on
+/// a port no other test holds), with its URL; killed when dropped.
 pub struct RedisServer {
-    child: Child,
+    server: flashgate_testkit::RedisServer,
     pub url: String,
+    _dir: flashgate_testkit::TempDir,
 }
 
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub async fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed");
-        let server = Self { child, url: format!("redis://127.0.0.1:{port}/") };
-        let client = redis::Client::open(server.url.as_str()).unwrap();
+        let dir = flashgate_testkit::TempDir::new("backend-redis");
+        let server = flashgate_testkit::RedisServer::start(&dir.0, false);
+        let url = server.url();
+        let client = server.client();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
@@ -86,11 +81,11 @@ impl RedisServer {
             assert!(Instant::now() < deadline, "redis-server did not answer PING");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        server
+        Self { server, url, _dir: dir }
     }
 
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap()
+        self.server.conn().await
     }
 
     pub fn config(&self) -> flashgate_common::config::RedisConfig {
@@ -100,13 +95,6 @@ impl RedisServer {
             breaker_failures: 5,
             breaker_cooldown: Duration::from_secs(1),
         }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use flashgate_tests::{random_user, try_buy_all, Outcome, Stack, StackOptions};
+use flashgate_tests::{buy_all, random_user, Attempt, Outcome, Stack, StackOptions};
 
 const STOCK: i64 = 100;
 const FIRST_BURST: usize = 400;
@@ -24,14 +24,15 @@ const CONCURRENCY: usize = 32;
 /// How long the stack may take to settle after a fault.
 const SETTLE: Duration = Duration::from_secs(60);
 
-fn users(n: usize) -> Vec<String> {
-    (0..n).map(|_| random_user()).collect()
+/// One attempt each by `n` new users.
+fn users(n: usize) -> Vec<Attempt> {
+    (0..n).map(|_| Attempt::by(&random_user())).collect()
 }
 
 /// Starts the first burst in the background.
 fn burst(stack: &Stack, sale: &str, n: usize) -> tokio::task::JoinHandle<Vec<Outcome>> {
     let (addr, sale, users) = (stack.gateway_addr, sale.to_owned(), users(n));
-    tokio::spawn(async move { try_buy_all(addr, &sale, &users, CONCURRENCY).await })
+    tokio::spawn(async move { buy_all(addr, &sale, users, CONCURRENCY).await })
 }
 
 /// Waits a little so the fault lands mid-burst.
@@ -42,7 +43,7 @@ async fn mid_burst() {
 /// Sells again after recovery, then checks every invariant and prints the
 /// report line.
 async fn settle_and_check(stack: &Stack, fault: &str, sale: &str, mut outcomes: Vec<Outcome>) {
-    outcomes.extend(try_buy_all(stack.gateway_addr, sale, &users(SECOND_BURST), CONCURRENCY).await);
+    outcomes.extend(buy_all(stack.gateway_addr, sale, users(SECOND_BURST), CONCURRENCY).await);
     let winners: Vec<&Outcome> = outcomes.iter().filter(|o| o.won()).collect();
     let deadline = Instant::now() + SETTLE;
     let (rows, remaining) = loop {

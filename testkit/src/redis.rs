@@ -1,0 +1,164 @@
+//! A redis-server of the test's own, and what tests do to one: watch its
+//! commands, fill its AOF, wait for it to load.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::ports::free_port;
+use crate::process::{wait_port, Proc};
+
+/// A redis-server of the test's own.
+pub struct RedisServer {
+    pub proc: Proc,
+    pub port: u16,
+    pub dir: PathBuf,
+    appendonly: bool,
+}
+
+impl RedisServer {
+    /// Starts redis-server on a free port with its files under `dir`.
+    /// `appendonly` turns on AOF with fsync always (for restart tests).
+    pub fn start(dir: &Path, appendonly: bool) -> Self {
+        Self::start_on(dir, free_port(), appendonly)
+    }
+
+    /// Starts redis-server on `port` with its files under `dir`; returns
+    /// once the port is open (a Redis loading its AOF still answers `LOADING`).
+    pub fn start_on(dir: &Path, port: u16, appendonly: bool) -> Self {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
+            .arg(dir)
+            .args(["--appendonly", if appendonly { "yes" } else { "no" }, "--appendfsync", "always"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let proc = Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server" };
+        assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "redis-server did not start");
+        Self { proc, port, dir: dir.to_owned(), appendonly }
+    }
+
+    /// Kills the server (SIGKILL) and starts a new one on the same port and dir.
+    pub fn restart(&mut self) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+        let fresh = Self::start_on(&self.dir.clone(), self.port, self.appendonly);
+        *self = fresh;
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client().get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// Starts watching every command this server runs (`MONITOR`); see
+    /// [`Monitor::commands`].
+    pub async fn monitor(&self) -> Monitor {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        stream.write_all(b"MONITOR\r\n").await.unwrap();
+        let mut lines = tokio::io::BufReader::new(stream).lines();
+        let ok = lines.next_line().await.unwrap();
+        assert_eq!(ok.as_deref(), Some("+OK"), "MONITOR refused");
+        Monitor { lines }
+    }
+
+    /// `calls` of one command from INFO commandstats (0 when never called).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut self.conn().await).await.unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|rest| rest.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    }
+}
+
+/// The commands a Redis runs, as `MONITOR` prints them: one line each,
+/// `<time> [<db> <client>] "COMMAND" "arg" ...`, scripts' commands included.
+pub struct Monitor {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>,
+}
+
+impl Monitor {
+    /// Every command `redis` ran since [`RedisServer::monitor`], up to a
+    /// marker sent now: nothing run before this call is missed.
+    pub async fn commands(mut self, redis: &RedisServer) -> Vec<String> {
+        let marker = format!("fg-monitor-end-{}", rand::random::<u64>());
+        let _: String = redis::cmd("ECHO").arg(&marker).query_async(&mut redis.conn().await).await.unwrap();
+        let mut seen = Vec::new();
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
+                .await
+                .expect("MONITOR fell silent before the marker")
+                .unwrap()
+                .expect("MONITOR connection closed");
+            if line.contains(&marker) {
+                return seen;
+            }
+            seen.push(line);
+        }
+    }
+}
+
+/// Writes a Redis AOF of about `keys * value_bytes` bytes of filler into
+/// `dir/appendonlydir` (a plain-command AOF, no RDB preamble: the slowest
+/// to load, as an AOF grown by months of writes is). A throwaway
+/// redis-server fills itself with `DEBUG POPULATE`, rewrites its AOF and
+/// stops. Returns the AOF's size in bytes.
+pub fn prepare_large_aof(dir: &Path, keys: u64, value_bytes: u64) -> u64 {
+    let port = free_port();
+    let mut proc = Proc {
+        child: Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
+            .arg(dir)
+            .args(["--appendonly", "yes", "--aof-use-rdb-preamble", "no", "--enable-debug-command", "yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH"),
+        name: "redis-server (AOF filler)",
+    };
+    assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "filler redis-server did not start");
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let () = redis::cmd("DEBUG").arg("POPULATE").arg(keys).arg("filler").arg(value_bytes).query(&mut conn).unwrap();
+    let _: String = redis::cmd("BGREWRITEAOF").query(&mut conn).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let info: String = redis::cmd("INFO").arg("persistence").query(&mut conn).unwrap();
+        let busy = info.contains("aof_rewrite_in_progress:1") || info.contains("aof_rewrite_scheduled:1");
+        if !busy && info.contains("aof_last_bgrewrite_status:ok") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "AOF rewrite did not finish: {info}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut conn);
+    let _ = proc.wait_exit(Duration::from_secs(30));
+    aof_bytes(dir)
+}
+
+/// Size of the AOF files under `dir/appendonlydir`.
+pub fn aof_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir.join("appendonlydir"))
+        .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+/// Waits until the Redis on `port` answers `PING` (done loading); how long it took.
+pub fn wait_redis_loaded(port: u16, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    loop {
+        let pong = client.get_connection().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        if pong.is_ok() {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "redis on {port} still not loaded: {pong:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,515 @@
+//! A whole Flashgate stack on loopback: its own redis-server, backend,
+//! gateway and demo shop, with a generated config (or the shipped one with
+//! only addresses and paths replaced), all stopped by PID on drop.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::client::{buy, token};
+use crate::db::{db_order_rows, db_orders, OrderRow};
+use crate::{bin, free_port, wait_http_ready, wait_port, Proc, RedisServer, TempDir, ADMIN_TOKEN, INTERNAL_TOKEN, JWT_SECRET, SHOP_TOKEN};
+
+/// Settings of a test stack.
+#[derive(Clone)]
+pub struct StackOptions {
+    /// `None` for an SQLite file in the stack's dir.
+    pub database_url: Option<String>,
+    pub redis_timeout_ms: u64,
+    pub appendonly: bool,
+    pub claim_idle_ms: u64,
+    /// TOML appended to the generated config (limits, deny lists, ...).
+    pub extra_toml: String,
+    /// Start from the shipped `config/flashgate.toml` (its limits, timings
+    /// and demo sale) instead of the test config; only what the harness
+    /// must set is replaced: addresses, the Redis URL, the database, the
+    /// static and runtime directories. `redis_timeout_ms` and
+    /// `claim_idle_ms` are then not applied.
+    pub shipped_config: bool,
+    /// `Stack::start` returns once every process listens, without waiting
+    /// for `/ready` (for tests of a dependency that is away at start).
+    pub skip_ready_wait: bool,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        Self {
+            database_url: None,
+            redis_timeout_ms: 300,
+            appendonly: false,
+            claim_idle_ms: 2000,
+            extra_toml: String::new(),
+            shipped_config: false,
+            skip_ready_wait: false,
+        }
+    }
+}
+
+impl StackOptions {
+    /// The shipped configuration, as `make run` starts it.
+    pub fn shipped() -> Self {
+        Self { shipped_config: true, ..Self::default() }
+    }
+}
+
+/// The addresses and paths a test stack must own, whatever the config.
+struct Placement<'a> {
+    redis_url: String,
+    gateway_addr: SocketAddr,
+    gateway_admin_addr: SocketAddr,
+    shop_addr: SocketAddr,
+    backend_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    database_url: &'a str,
+    static_dir: PathBuf,
+    runtime_dir: PathBuf,
+}
+
+/// `config/flashgate.toml` with only the harness's placement replaced.
+fn shipped_config(at: &Placement) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/flashgate.toml");
+    let mut doc: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+    let mut set = |section: &str, key: &str, value: String| {
+        let table = doc.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table.as_table_mut().unwrap().insert(key.to_owned(), toml::Value::String(value));
+    };
+    set("redis", "url", at.redis_url.clone());
+    set("gateway", "listen", at.gateway_addr.to_string());
+    set("gateway", "admin_listen", at.gateway_admin_addr.to_string());
+    set("gateway", "shop_upstream", at.shop_addr.to_string());
+    set("gateway", "backend_url", format!("http://{}", at.backend_addr));
+    set("gateway", "static_dir", at.static_dir.display().to_string());
+    set("gateway", "runtime_dir", at.runtime_dir.display().to_string());
+    set("backend", "listen", at.backend_addr.to_string());
+    set("backend", "admin_listen", at.admin_addr.to_string());
+    set("backend", "database_url", at.database_url.to_owned());
+    toml::to_string(&doc).unwrap()
+}
+
+/// Redis, backend, gateway and demo shop, on loopback.
+pub struct Stack {
+    pub gateway: Option<Proc>,
+    pub backend: Option<Proc>,
+    pub shop: Option<Proc>,
+    pub redis: RedisServer,
+    pub gateway_addr: SocketAddr,
+    /// The gateway's admin listener (`/metrics`, `/live`, `/ready`).
+    pub gateway_admin_addr: SocketAddr,
+    pub backend_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub shop_addr: SocketAddr,
+    pub database_url: String,
+    pub config_path: PathBuf,
+    pub http: reqwest::Client,
+    pub dir: TempDir,
+}
+
+impl Stack {
+    /// Starts everything and waits until each listener answers.
+    pub async fn start(opts: StackOptions) -> Self {
+        let dir = TempDir::new("stack");
+        let redis = RedisServer::start(&dir.0, opts.appendonly);
+        let layout = Layout::new(&opts, &dir, redis.port);
+        let mut stack = layout.into_stack(dir, redis);
+        if opts.skip_ready_wait {
+            stack.spawn_backend();
+            stack.spawn_gateway();
+        } else {
+            stack.start_backend();
+            stack.start_gateway();
+        }
+        assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
+        stack
+    }
+
+    /// Starts the shop, the backend and the gateway before their Redis
+    /// exists (its port is chosen, nobody listens there), waits until both
+    /// listen, then lets `start_redis` start it on that port (in the
+    /// stack's dir, with the given `Early` view) and returns the stack.
+    pub async fn start_redis_last<F, Fut>(opts: StackOptions, start_redis: F) -> Self
+    where
+        F: FnOnce(Early) -> Fut,
+        Fut: std::future::Future<Output = RedisServer>,
+    {
+        let dir = TempDir::new("stack");
+        let redis_port = free_port();
+        let layout = Layout::new(&opts, &dir, redis_port);
+        let spawn = |name: &'static str, extra: &[&str]| spawn_in(&dir.0, &layout.config_path, name, extra);
+        let backend = spawn("flashgate-backend", &[]);
+        let gateway = spawn("flashgate", &["serve"]);
+        let log = |name: &str| std::fs::read_to_string(dir.0.join(format!("{name}.log"))).unwrap_or_default();
+        assert!(wait_port(layout.backend_addr, Duration::from_secs(30)), "backend did not listen:\n{}", log("flashgate-backend"));
+        assert!(wait_port(layout.gateway_addr, Duration::from_secs(30)), "gateway did not listen:\n{}", log("flashgate"));
+        let early = Early {
+            dir: dir.0.clone(),
+            redis_port,
+            backend_addr: layout.backend_addr,
+            gateway_addr: layout.gateway_addr,
+            gateway_admin_addr: layout.gateway_admin_addr,
+        };
+        let redis = start_redis(early).await;
+        assert_eq!(redis.port, redis_port, "start Redis on the port the stack was configured with");
+        let mut stack = layout.into_stack(dir, redis);
+        stack.backend = Some(backend);
+        stack.gateway = Some(gateway);
+        assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
+        stack
+    }
+
+    fn spawn(&self, name: &'static str, extra: &[&str]) -> Proc {
+        spawn_in(&self.dir.0, &self.config_path, name, extra)
+    }
+}
+
+/// What a test stack is told about itself before its Redis runs.
+pub struct Early {
+    pub dir: PathBuf,
+    pub redis_port: u16,
+    pub backend_addr: SocketAddr,
+    pub gateway_addr: SocketAddr,
+    pub gateway_admin_addr: SocketAddr,
+}
+
+/// The addresses and config file of a stack, and its demo shop.
+struct Layout {
+    gateway_addr: SocketAddr,
+    gateway_admin_addr: SocketAddr,
+    backend_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    shop_addr: SocketAddr,
+    database_url: String,
+    config_path: PathBuf,
+    shop: Proc,
+}
+
+impl Layout {
+    /// Picks the ports, writes the config, starts the demo shop.
+    fn new(opts: &StackOptions, dir: &TempDir, redis_port: u16) -> Self {
+        let redis_url = format!("redis://127.0.0.1:{redis_port}/");
+        let port = |_| -> SocketAddr { ([127, 0, 0, 1], free_port()).into() };
+        let (gateway_addr, backend_addr, admin_addr, shop_addr) = (port(0), port(1), port(2), port(3));
+        let gateway_admin_addr = port(4);
+        let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/flashgate.db", dir.0.display()));
+        let config_path = dir.0.join("flashgate.toml");
+        let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
+        let runtime_dir = dir.0.join("run");
+        let placement = Placement {
+            redis_url: redis_url.clone(),
+            gateway_addr,
+            gateway_admin_addr,
+            shop_addr,
+            backend_addr,
+            admin_addr,
+            database_url: &database_url,
+            static_dir: static_dir.clone(),
+            runtime_dir: runtime_dir.clone(),
+        };
+        let text = if opts.shipped_config {
+            format!("{}\n{}", shipped_config(&placement), opts.extra_toml)
+        } else {
+            format!(
+                r#"
+[redis]
+url = "{redis}"
+timeout_ms = {timeout}
+
+[gateway]
+listen = "{gateway_addr}"
+admin_listen = "{gateway_admin_addr}"
+threads = 2
+shop_upstream = "{shop_addr}"
+backend_url = "http://{backend_addr}"
+forward_timeout_ms = 1000
+static_dir = "{static_dir}"
+runtime_dir = "{runtime_dir}"
+
+[backend]
+listen = "{backend_addr}"
+admin_listen = "{admin_addr}"
+database_url = "{database_url}"
+consumer_name = "backend-1"
+batch_size = 200
+block_ms = 200
+claim_idle_ms = {claim}
+sale_poll_ms = 100
+{extra}
+"#,
+                extra = opts.extra_toml,
+                redis = redis_url,
+                timeout = opts.redis_timeout_ms,
+                static_dir = static_dir.display(),
+                runtime_dir = runtime_dir.display(),
+                claim = opts.claim_idle_ms,
+            )
+        };
+        std::fs::write(&config_path, text).unwrap();
+        let shop = Command::new(bin("demo-shop")).arg(shop_addr.to_string()).stdout(Stdio::null()).spawn().unwrap();
+        let shop = Proc { child: shop, name: "demo-shop" };
+        Self { gateway_addr, gateway_admin_addr, backend_addr, admin_addr, shop_addr, database_url, config_path, shop }
+    }
+
+    fn into_stack(self, dir: TempDir, redis: RedisServer) -> Stack {
+        Stack {
+            gateway: None,
+            backend: None,
+            shop: Some(self.shop),
+            redis,
+            gateway_addr: self.gateway_addr,
+            gateway_admin_addr: self.gateway_admin_addr,
+            backend_addr: self.backend_addr,
+            admin_addr: self.admin_addr,
+            shop_addr: self.shop_addr,
+            database_url: self.database_url,
+            config_path: self.config_path,
+            http: reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap(),
+            dir,
+        }
+    }
+}
+
+/// Starts a binary of the stack with its config, secrets and log file.
+fn spawn_in(dir: &Path, config_path: &Path, name: &'static str, extra: &[&str]) -> Proc {
+    spawn_as(dir, config_path, name, name, extra)
+}
+
+/// Starts `binary` with a config file and the test secrets; its output goes
+/// to `DIR/NAME.log` and `name` tells it apart from another instance.
+pub fn spawn_as(dir: &Path, config_path: &Path, binary: &str, name: &'static str, extra: &[&str]) -> Proc {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
+    let child = Command::new(bin(binary))
+        .arg("--config")
+        .arg(config_path)
+        .args(extra)
+        .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+        .env("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
+        .env("FLASHGATE_SHOP_TOKEN", SHOP_TOKEN)
+        .env("RUST_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc { child, name }
+}
+
+impl Stack {
+    /// The log a process of this stack wrote so far.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.0.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Starts the backend; returns once it listens and `/ready` answers 200.
+    pub fn start_backend(&mut self) {
+        self.spawn_backend();
+        if !wait_http_ready(self.backend_addr, Duration::from_secs(30)) {
+            panic!("backend did not get ready:\n{}", self.log("flashgate-backend"));
+        }
+    }
+
+    /// Starts the backend; returns once it listens, ready or not (for
+    /// tests of what it does while its dependencies are away).
+    pub fn spawn_backend(&mut self) {
+        self.backend = Some(self.spawn("flashgate-backend", &[]));
+        if !wait_port(self.backend_addr, Duration::from_secs(30)) || !wait_port(self.admin_addr, Duration::from_secs(5)) {
+            panic!("backend did not start:\n{}", self.log("flashgate-backend"));
+        }
+    }
+
+    /// Starts the gateway; returns once it listens and `/ready` answers 200.
+    pub fn start_gateway(&mut self) {
+        self.spawn_gateway();
+        if !wait_http_ready(self.gateway_admin_addr, Duration::from_secs(30)) {
+            panic!("gateway did not get ready:\n{}", self.log("flashgate"));
+        }
+    }
+
+    /// Starts the gateway; returns once it listens, ready or not.
+    pub fn spawn_gateway(&mut self) {
+        self.gateway = Some(self.spawn("flashgate", &["serve"]));
+        if !wait_port(self.gateway_addr, Duration::from_secs(30)) {
+            panic!("gateway did not start:\n{}", self.log("flashgate"));
+        }
+    }
+
+    /// Starts one more gateway on its own port, same Redis and backend
+    /// (many gateways share one Redis in production). Returns it and its address.
+    pub fn start_second_gateway(&self) -> (Proc, SocketAddr) {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        let text = text.replacen(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\""), 1);
+        let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let text = text.replacen(&format!("admin_listen = \"{}\"", self.gateway_admin_addr), &format!("admin_listen = \"{admin}\""), 1);
+        let path = self.dir.0.join("flashgate-2.toml");
+        std::fs::write(&path, text).unwrap();
+        let proc = spawn_as(&self.dir.0, &path, "flashgate", "flashgate-2", &["serve"]);
+        assert!(wait_port(addr, Duration::from_secs(30)), "second gateway did not start");
+        (proc, addr)
+    }
+
+    /// Rewrites the stack's config file (the gateway reloads limits and deny lists from it).
+    pub fn edit_config(&self, edit: impl FnOnce(String) -> String) {
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        std::fs::write(&self.config_path, edit(text)).unwrap();
+    }
+
+    /// Kills the backend with SIGKILL.
+    pub fn kill_backend(&mut self) {
+        if let Some(mut p) = self.backend.take() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    /// Kills the gateway with SIGKILL.
+    pub fn kill_gateway(&mut self) {
+        if let Some(mut p) = self.gateway.take() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.gateway_addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin_addr, path)
+    }
+
+    /// Creates (or updates) a sale through the admin API.
+    pub async fn put_sale(&self, id: &str, stock: i64, per_user_limit: i64, starts_in: Duration, lasts: Duration) -> Value {
+        let now = flashgate_common::now_ms();
+        let starts = now + starts_in.as_millis() as i64;
+        let body = serde_json::json!({
+            "name": format!("Sale {id}"),
+            "stock": stock,
+            "per_user_limit": per_user_limit,
+            "starts_at": flashgate_common::rfc3339(starts),
+            "ends_at": flashgate_common::rfc3339(starts + lasts.as_millis() as i64),
+        });
+        let resp = self.http.put(self.admin_url(&format!("/admin/sales/{id}"))).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await.unwrap();
+        assert!(status == 200 || status == 201, "PUT sale {id}: {status} {v}");
+        v
+    }
+
+    /// An open sale: started a second ago, lasting an hour.
+    pub async fn open_sale(&self, id: &str, stock: i64, per_user_limit: i64) {
+        self.put_sale(id, stock, per_user_limit, Duration::ZERO, Duration::from_secs(3600)).await;
+    }
+
+    /// `POST /api/sales/{sale}/buy` as `user`; returns status and JSON body.
+    pub async fn buy(&self, sale: &str, user: &str, idempotency_key: Option<&str>) -> (u16, Value) {
+        buy(&self.http, self.gateway_addr, sale, &token(user), idempotency_key).await
+    }
+
+    /// The order id of `user`'s reservation `rid`, once the backend has
+    /// written it (polls `GET /api/reservations/{rid}` for up to 20 s).
+    pub async fn order_id_of(&self, user: &str, rid: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let resp = self.http.get(self.url(&format!("/api/reservations/{rid}"))).bearer_auth(token(user)).send().await.unwrap();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            if let Some(order) = v["order_id"].as_str() {
+                return order.to_owned();
+            }
+            assert!(Instant::now() < deadline, "no order for {rid}: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Admin view of a sale.
+    pub async fn admin_sale(&self, id: &str) -> Value {
+        self.http.get(self.admin_url(&format!("/admin/sales/{id}"))).bearer_auth(ADMIN_TOKEN).send().await.unwrap().json().await.unwrap()
+    }
+
+    /// Orders of a sale in the database: (orders, distinct users, most orders of one user).
+    pub async fn db_orders(&self, sale: &str) -> (i64, i64, i64) {
+        db_orders(&self.database_url, sale).await
+    }
+
+    /// Waits until the database holds `n` orders for `sale` (or `limit` passes).
+    pub async fn wait_orders(&self, sale: &str, n: i64, limit: Duration) -> (i64, i64, i64) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let got = self.db_orders(sale).await;
+            if got.0 >= n || Instant::now() > deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Remaining stock in Redis.
+    pub async fn remaining(&self, sale: &str) -> i64 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        redis::cmd("GET").arg(&keys.remaining).query_async::<Option<i64>>(&mut self.redis.conn().await).await.unwrap().unwrap_or(-1)
+    }
+
+    /// Entries in the sale's reservation stream.
+    /// Reservation records ever appended to the sale's stream (Redis's
+    /// `entries-added`: the backend trims written entries, so `XLEN` is
+    /// not this); 0 when there is no stream.
+    pub async fn stream_len(&self, sale: &str) -> i64 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("XINFO").arg("STREAM").arg(&keys.stream).query_async(&mut self.redis.conn().await).await;
+        match info.ok().and_then(|i| i.get("entries-added").cloned()) {
+            Some(redis::Value::Int(n)) => n,
+            _ => 0,
+        }
+    }
+
+    /// Entries the sale's stream holds now (`XLEN`).
+    pub async fn stream_entries_kept(&self, sale: &str) -> i64 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        redis::cmd("XLEN").arg(&keys.stream).query_async(&mut self.redis.conn().await).await.unwrap()
+    }
+}
+
+impl Stack {
+    /// Every order of a sale in this stack's database.
+    pub async fn order_rows(&self, sale: &str) -> Vec<OrderRow> {
+        db_order_rows(&self.database_url, sale).await
+    }
+
+    /// Waits until the backend's order API answers again (after a restart).
+    pub async fn wait_backend(&self, limit: Duration) -> bool {
+        wait_port(self.backend_addr, limit)
+    }
+
+    /// `POST` to the backend's order API as the shop (a payment, with
+    /// [`SHOP_TOKEN`]); status and JSON.
+    pub async fn backend_post(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.post(format!("http://{}{}", self.backend_addr, path)).bearer_auth(SHOP_TOKEN).send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A request to the admin API with the admin token; status and JSON.
+    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, self.admin_url(path)).bearer_auth(ADMIN_TOKEN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+}
+
+impl Stack {
+    /// The backend's readiness endpoint (`GET /ready` on its order listener).
+    pub fn backend_ready_url(&self) -> String {
+        format!("http://{}/ready", self.backend_addr)
+    }
+
+    /// The gateway's readiness endpoint (`GET /ready` on its admin listener).
+    pub fn gateway_ready_url(&self) -> String {
+        format!("http://{}/ready", self.gateway_admin_addr)
+    }
+}
