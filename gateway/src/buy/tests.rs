@@ -1,0 +1,1 @@
+//! Buy rules against a real redis-server.
