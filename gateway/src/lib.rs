@@ -69,4 +69,6 @@ pub mod sales;
 pub mod server;
 pub mod static_pages;
 pub mod switches;
+#[cfg(test)]
+mod testing;
 pub mod upstreams;
