@@ -115,6 +115,7 @@ impl<C: WallClock> BuyService<C> {
             // A win just now: forwarded with the script's time, the same
             // `ts` as the stream record, whichever path writes the order.
             DeductOutcome::Won { reservation_id, reserved_at_ms: Some(reserved_at_ms) } => {
+                self.sales.took_one(sale_id).await;
                 let winner = ForwardedWinner {
                     reservation: Reservation {
                         reservation_id: reservation_id.clone(),
@@ -203,7 +204,7 @@ impl<C: WallClock> BuyService<C> {
         let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
         if decision.found_sold_out() && !self.sales.is_sold_out(sale_id) {
-            self.sales.mark_sold_out(sale_id);
+            self.sales.found_sold_out(sale_id).await;
             if let Ok(mut conn) = self.redis.conn().await {
                 if let Err(error) = crate::events::publish(&mut conn, &SaleEvent::SoldOut(sale_id.to_owned())).await {
                     warn!(%error, sale = sale_id, "could not announce sold out");

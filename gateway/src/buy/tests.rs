@@ -150,6 +150,9 @@ async fn a_won_key_replays_its_win_and_nothing_is_deducted_again() {
     assert_eq!(replay.label(), "replay");
     let remaining: i64 = redis::cmd("GET").arg(&SaleKeys::new("s").remaining).query_async(&mut f.redis.conn().await).await.unwrap();
     assert_eq!(remaining, 4);
+    // The buy path read the snapshot before the win; the view shows the win anyway.
+    let view = f.service.sales.view(&f.service.redis, "s", now_ms()).await.unwrap().unwrap();
+    assert_eq!(view.remaining, 4);
 }
 
 #[tokio::test]

@@ -148,6 +148,14 @@ impl SaleCache {
         Ok(out)
     }
 
+    /// Counts a win of this gateway's in the sale's snapshot, if held (no
+    /// Redis call), so its own buyers' next view shows the item gone.
+    pub async fn took_one(&self, sale_id: &str) {
+        if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
+            s.took_one();
+        }
+    }
+
     pub fn is_sold_out(&self, sale_id: &str) -> bool {
         self.sold_out.contains_key(sale_id)
     }
@@ -157,6 +165,15 @@ impl SaleCache {
     pub fn mark_sold_out(&self, sale_id: &str) {
         let flag = self.sold_out.get(sale_id).unwrap_or_else(|| self.flags.fetch_add(1, Ordering::Relaxed));
         self.sold_out.insert(sale_id.to_owned(), flag);
+    }
+
+    /// The script found `sale_id` sold out just now: flag it, and show no
+    /// stock left in its snapshot.
+    pub async fn found_sold_out(&self, sale_id: &str) {
+        self.mark_sold_out(sale_id);
+        if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
+            s.sold_out();
+        }
     }
 
     /// Forgets everything about a sale: an operator changed it, or items

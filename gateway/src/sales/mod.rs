@@ -10,7 +10,9 @@
 //!   every second or two, and remaining stock is never older than that).
 //!   A refresh is single-flight (moka's `try_get_with`): any number of
 //!   readers cost at most one Redis read per sale per TTL per gateway. An
-//!   unknown sale is cached too; a Redis error is not.
+//!   unknown sale is cached too; a Redis error is not. This gateway's own
+//!   wins (and a sold-out answer) are applied to the held snapshot at once,
+//!   so a buyer's next view shows their item gone.
 //! - **The sold-out flag**: set when the deduct script answers sold out,
 //!   here or on another gateway (announced on the events channel). While it
 //!   is set, buys get `410 sold_out` without running the script. An

@@ -4,6 +4,7 @@
 //! Values only: nothing here caches or answers HTTP.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::rfc3339;
@@ -50,13 +51,17 @@ impl SaleWindow {
 }
 
 /// What one read of a sale's keys said.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SaleSnapshot {
     pub window: SaleWindow,
     /// The rest of the listing; `None` when the meta hash lacks a field the
     /// view needs (the window alone still answers buys, as the script does).
     pub spec: Option<SaleSpec>,
-    pub remaining: i64,
+    /// As read, minus this gateway's wins since: a buyer polling the sale
+    /// right after winning sees their item gone, even though the buy path
+    /// read the snapshot just before. Other gateways' wins show at the
+    /// next read.
+    remaining: AtomicI64,
 }
 
 /// A sale as buyers see it (`GET /api/sales/{id}`).
@@ -88,16 +93,31 @@ impl SaleSnapshot {
     /// page's countdown syncs to) is always the current time.
     pub fn view(&self, now_ms: i64) -> Option<SaleView> {
         let spec = self.spec.as_ref()?;
+        let remaining = self.remaining();
         Some(SaleView {
             id: spec.id.clone(),
             name: spec.name.clone(),
-            state: SaleState::at(now_ms, spec, self.window.paused, self.remaining),
+            state: SaleState::at(now_ms, spec, self.window.paused, remaining),
             starts_at: rfc3339(spec.starts_at_ms),
             ends_at: rfc3339(spec.ends_at_ms),
             server_time: rfc3339(now_ms),
             stock: spec.stock,
-            remaining: self.remaining.max(0),
+            remaining: remaining.max(0),
         })
+    }
+
+    pub fn remaining(&self) -> i64 {
+        self.remaining.load(Ordering::Relaxed)
+    }
+
+    /// Counts a win of this gateway's: one item fewer.
+    pub fn took_one(&self) {
+        self.remaining.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The script found the sale sold out.
+    pub fn sold_out(&self) {
+        self.remaining.store(0, Ordering::Relaxed);
     }
 
     /// The sale's entry in the list at `now_ms`.
@@ -140,7 +160,7 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
             ends_at_ms: window.ends_at_ms,
         })
     })();
-    Some(SaleSnapshot { window, spec, remaining })
+    Some(SaleSnapshot { window, spec, remaining: AtomicI64::new(remaining) })
 }
 
 #[cfg(test)]
