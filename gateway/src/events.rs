@@ -1,9 +1,9 @@
 //! Sale events between gateways, over Redis pub/sub.
 //!
 //! Each gateway subscribes to [`EVENTS_CHANNEL`] and applies what it hears
-//! to its [`LocalSales`]: another gateway's sold-out, an operator's change.
+//! to its [`SaleCache`]: another gateway's sold-out, an operator's change.
 //! A lost subscription is re-established with backoff; while it is down
-//! the local flags still expire on their own (see `local_state`).
+//! the local flags still expire on their own (see `sales`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,12 +16,12 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::{debug, info, warn};
 
-use crate::local_state::LocalSales;
+use crate::sales::SaleCache;
 use crate::switches::Switches;
 
 pub struct EventListener {
     pub client: redis::Client,
-    pub local: Arc<LocalSales>,
+    pub sales: Arc<SaleCache>,
     pub switches: Arc<Switches>,
 }
 
@@ -36,8 +36,8 @@ impl EventListener {
         while let Some(msg) = messages.next().await {
             let Ok(payload) = msg.get_payload::<String>() else { continue };
             match SaleEvent::decode(&payload) {
-                Some(SaleEvent::SoldOut(id)) => self.local.mark_sold_out(&id),
-                Some(SaleEvent::Changed(id)) => self.local.forget(&id).await,
+                Some(SaleEvent::SoldOut(id)) => self.sales.mark_sold_out(&id),
+                Some(SaleEvent::Changed(id)) => self.sales.forget(&id).await,
                 Some(SaleEvent::AllPaused(paused)) => self.switches.set_all_paused(paused),
                 None => debug!(payload, "ignoring unknown sale event"),
             }

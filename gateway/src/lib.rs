@@ -4,14 +4,22 @@
 //! every other path to the shop. A buy runs one atomic script in Redis; only
 //! winners are forwarded to the order backend.
 //!
-//! Layout:
+//! Layout (a request's path: `proxy` → `route` → `admission` → `buy` /
+//! `sales` / `reservations` → `reply`):
 //! - [`server`]: builds the Pingora server from the config.
-//! - [`proxy`]: the request path, phase by phase (start reading here).
+//! - [`proxy`]: the Pingora adapter, phase by phase (start reading here);
+//!   `proxy::ctx` the per-request state and its typed labels,
+//!   `proxy::session` what is read from and written to the session.
 //! - [`route`]: method + path to a typed route.
-//! - [`auth`]: HS256 buyer tokens.
+//! - [`admission`]: deny lists, token buckets and the buyer's token; the
+//!   hot-reloadable [`admission::Edge`].
+//! - [`buy`]: the buy rules ([`buy::BuyService`]): admission, the local
+//!   decision, the deduct, queueing winners and replays; no Pingora types.
+//! - [`sales`]: the one sale cache per gateway: a snapshot per sale
+//!   (window, listing, remaining), sold-out flags, winners, missing sales.
+//! - [`reservations`]: `GET /api/reservations/{id}`.
 //! - [`deduct`]: the deduct-and-reserve script call and its outcomes.
-//! - [`sales`]: sale state read from Redis.
-//! - [`state_cache`]: the live-stock micro-cache behind `GET /api/sales/{id}`.
+//! - [`auth`]: HS256 buyer tokens.
 //! - [`forwarder`]: winners sent to the backend in batches, off the request path.
 //! - [`orders`]: the client of the order backend.
 //! - [`order_cache`]: reservations' orders, cached briefly for pollers.
@@ -22,39 +30,45 @@
 //! - [`client_ip`]: the client address, believing only trusted proxies.
 //! - [`reload`]: live reload of limits and deny lists.
 //! - [`runtime_dir`]: the private directory of the upgrade socket and pid file.
-//! - [`local_state`]: sale windows and sold-out flags kept at the edge.
 //! - [`events`]: sale events between gateways over pub/sub.
 //! - [`switches`]: global pause switch and backlog pause.
 //! - [`breaker`]: the circuit breaker on Redis.
+//! - [`clock`]: the wall clock of the buy rules, settable in tests.
 //! - [`readiness`]: what the gateway waits for (Redis, the backend); `/ready`.
 //! - [`redis_client`]: the shared, lazily created Redis connection.
 //! - [`metrics`]: Prometheus metrics; [`admin`]: the listener serving them.
-//! - [`reply`]: responses and the status of every rejection.
+//! - [`rejection`]: every way a request is turned down, as values.
+//! - [`reply`]: responses, and the HTTP status of every rejection and buy outcome.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod breaker;
+pub mod buy;
 pub mod client_ip;
+pub mod clock;
 pub mod cluster_limit;
 pub mod deduct;
 pub mod events;
 pub mod forwarder;
 pub mod limits;
-pub mod local_state;
 pub mod metrics;
 pub mod order_cache;
 pub mod orders;
 pub mod proxy;
 pub mod readiness;
 pub mod redis_client;
+pub mod rejection;
 pub mod reload;
 pub mod reply;
+pub mod reservations;
 pub mod route;
 pub mod runtime_dir;
 pub mod sales;
 pub mod server;
-pub mod state_cache;
 pub mod static_pages;
 pub mod switches;
+#[cfg(test)]
+mod testing;
 pub mod upstreams;

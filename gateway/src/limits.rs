@@ -10,6 +10,10 @@
 //!
 //! IPv6 clients are keyed by their /64, the smallest block a single
 //! subscriber usually holds.
+//!
+//! The limiters are generic over governor's [`Clock`]: the default
+//! (quanta) clock in production, `FakeRelativeClock` in tests, which then
+//! refill buckets by advancing the clock instead of sleeping.
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -19,7 +23,12 @@ use std::time::Duration;
 use flashgate_common::config::file::{Bucket, RouteLimits};
 use flashgate_common::config::LimitsConfig;
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+
+/// One bucket on clock `C`.
+type Bucket1<C> = RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<<C as Clock>::Instant>>;
 
 /// Which bucket turned a request away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,19 +104,19 @@ fn quota(b: Bucket) -> Quota {
 }
 
 /// Buckets keyed by user or IP, in a bounded cache.
-struct Keyed<K: std::hash::Hash + Eq + Send + Sync + 'static> {
+struct Keyed<K: std::hash::Hash + Eq + Send + Sync + 'static, C: Clock> {
     bucket: Bucket,
     quota: Quota,
-    cache: moka::sync::Cache<K, Arc<DefaultDirectRateLimiter>>,
+    cache: moka::sync::Cache<K, Arc<Bucket1<C>>>,
 }
 
-impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Keyed<K> {
+impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static, C: Clock + Clone + Send + Sync + 'static> Keyed<K, C> {
     fn new(bucket: Bucket, cfg: &LimitsConfig) -> Self {
         let cache = moka::sync::Cache::builder().max_capacity(cfg.max_tracked_keys).time_to_idle(cfg.idle).build();
         Self { bucket, quota: quota(bucket), cache }
     }
 
-    fn check<Q>(&self, key: &Q, clock: &DefaultClock) -> Result<(), Duration>
+    fn check<Q>(&self, key: &Q, clock: &C) -> Result<(), Duration>
     where
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -124,15 +133,15 @@ impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Keyed<K> {
 }
 
 /// The buckets of one route class.
-struct ClassLimiter {
+struct ClassLimiter<C: Clock> {
     class: RouteClass,
-    user: Option<Keyed<String>>,
-    ip: Option<Keyed<IpAddr>>,
-    global: Option<(Bucket, DefaultDirectRateLimiter)>,
+    user: Option<Keyed<String, C>>,
+    ip: Option<Keyed<IpAddr, C>>,
+    global: Option<(Bucket, Bucket1<C>)>,
 }
 
-impl ClassLimiter {
-    fn new(class: RouteClass, limits: &RouteLimits, cfg: &LimitsConfig, clock: &DefaultClock) -> Self {
+impl<C: Clock + Clone + Send + Sync + 'static> ClassLimiter<C> {
+    fn new(class: RouteClass, limits: &RouteLimits, cfg: &LimitsConfig, clock: &C) -> Self {
         Self {
             class,
             user: limits.user.map(|b| Keyed::new(b, cfg)),
@@ -147,15 +156,21 @@ impl ClassLimiter {
 }
 
 /// Every limiter of the gateway.
-pub struct Limiters {
-    buy: ClassLimiter,
-    read: ClassLimiter,
-    clock: DefaultClock,
+pub struct Limiters<C: Clock = DefaultClock> {
+    buy: ClassLimiter<C>,
+    read: ClassLimiter<C>,
+    clock: C,
 }
 
 impl Limiters {
     pub fn new(cfg: &LimitsConfig) -> Self {
-        let clock = DefaultClock::default();
+        Self::with_clock(cfg, DefaultClock::default())
+    }
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Limiters<C> {
+    /// Limiters whose buckets refill on `clock`.
+    pub fn with_clock(cfg: &LimitsConfig, clock: C) -> Self {
         Self {
             buy: ClassLimiter::new(RouteClass::Buy, &cfg.buy, cfg, &clock),
             read: ClassLimiter::new(RouteClass::Read, &cfg.read, cfg, &clock),
@@ -163,7 +178,7 @@ impl Limiters {
         }
     }
 
-    fn class(&self, class: RouteClass) -> &ClassLimiter {
+    fn class(&self, class: RouteClass) -> &ClassLimiter<C> {
         match class {
             RouteClass::Buy => &self.buy,
             RouteClass::Read => &self.read,
@@ -301,5 +316,29 @@ mod tests {
             let _ = l.check_user_then_global(RouteClass::Buy, Some(&format!("u{i}")));
         }
         assert!(l.tracked_keys() <= 100, "{}", l.tracked_keys());
+    }
+
+    #[test]
+    fn an_empty_bucket_refills_as_its_clock_advances() {
+        let clock = governor::clock::FakeRelativeClock::default();
+        let l =
+            Limiters::with_clock(&cfg(RouteLimits { user: Some(Bucket { per_second: 2, burst: 2 }), ..Default::default() }), clock.clone());
+        assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
+        assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
+        let err = l.check_user_then_global(RouteClass::Buy, Some("u")).unwrap_err();
+        assert_eq!((err.scope, err.retry_after), (Scope::User, Duration::from_millis(500)));
+        clock.advance(Duration::from_millis(499));
+        assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_err(), "not yet refilled");
+        clock.advance(Duration::from_millis(1));
+        assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok(), "one request's worth after 500 ms");
+        // The global bucket, on the same clock.
+        let l = Limiters::with_clock(
+            &cfg(RouteLimits { global: Some(Bucket { per_second: 10, burst: 1 }), ..Default::default() }),
+            clock.clone(),
+        );
+        assert!(l.check_user_then_global(RouteClass::Buy, None).is_ok());
+        assert_eq!(l.check_user_then_global(RouteClass::Buy, None).unwrap_err().scope, Scope::Global);
+        clock.advance(Duration::from_millis(100));
+        assert!(l.check_user_then_global(RouteClass::Buy, None).is_ok());
     }
 }

@@ -17,8 +17,8 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::{info, warn};
 
+use crate::admission::Edge;
 use crate::limits::Limiters;
-use crate::proxy::Edge;
 
 pub struct ConfigWatcher {
     pub path: PathBuf,

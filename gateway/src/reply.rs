@@ -1,10 +1,13 @@
 //! What the gateway answers: a status, headers and a body, written to the
-//! client in one place ([`crate::proxy`]). Every error is JSON
+//! client in one place (the proxy adapter). Every error is JSON
 //! `{"code": "...", "message": "..."}`; the status of each code is decided
 //! here, once.
 
 use bytes::Bytes;
 use serde::Serialize;
+
+use crate::buy::BuyOutcome;
+pub use crate::rejection::Rejection;
 
 /// A complete response, built by a handler and written by the proxy.
 #[derive(Debug)]
@@ -29,36 +32,13 @@ impl Reply {
     }
 }
 
-/// Every way a request to a gateway route can be turned down.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rejection {
-    BadRequest(&'static str),
-    Unauthorized(&'static str),
-    NotFound(&'static str),
-    MethodNotAllowed(&'static str),
-    PayloadTooLarge,
-    /// The request's headers add up to more than the gateway accepts.
-    HeadersTooLarge,
-    LimitReached,
-    SoldOut,
-    Ended,
-    /// Carries the seconds until the sale starts.
-    NotStarted(u64),
-    Paused,
-    /// Redis unreachable or too slow.
-    Unavailable,
-    /// A token bucket is empty.
-    RateLimited(crate::limits::Limited),
-    /// The user or IP is on a deny list.
-    Denied,
-}
-
 #[derive(Serialize)]
 struct ErrorBody<'a> {
     code: &'a str,
     message: &'a str,
 }
 
+/// The HTTP status of each rejection, decided here once.
 impl Rejection {
     pub fn status(&self) -> u16 {
         match self {
@@ -73,55 +53,6 @@ impl Rejection {
             Rejection::HeadersTooLarge => 431,
             Rejection::RateLimited(_) => 429,
             Rejection::Paused | Rejection::Unavailable => 503,
-        }
-    }
-
-    pub fn code(&self) -> &'static str {
-        match self {
-            Rejection::BadRequest(_) => "bad_request",
-            Rejection::Unauthorized(_) => "unauthorized",
-            Rejection::NotFound(_) => "not_found",
-            Rejection::MethodNotAllowed(_) => "method_not_allowed",
-            Rejection::PayloadTooLarge => "payload_too_large",
-            Rejection::HeadersTooLarge => "headers_too_large",
-            Rejection::LimitReached => "limit_reached",
-            Rejection::SoldOut => "sold_out",
-            Rejection::Ended => "ended",
-            Rejection::NotStarted(_) => "not_started",
-            Rejection::Paused => "paused",
-            Rejection::Unavailable => "unavailable",
-            Rejection::RateLimited(_) => "rate_limited",
-            Rejection::Denied => "denied",
-        }
-    }
-
-    /// The metric label: the code, with the bucket's scope for rate limits.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Rejection::RateLimited(l) => match l.scope {
-                crate::limits::Scope::User => "rate_limited_user",
-                crate::limits::Scope::Ip => "rate_limited_ip",
-                crate::limits::Scope::Global => "rate_limited_global",
-                crate::limits::Scope::Cluster => "rate_limited_cluster",
-            },
-            other => other.code(),
-        }
-    }
-
-    fn message(&self) -> &'static str {
-        match self {
-            Rejection::BadRequest(m) | Rejection::Unauthorized(m) | Rejection::NotFound(m) => m,
-            Rejection::MethodNotAllowed(_) => "method not allowed on this path",
-            Rejection::PayloadTooLarge => "request body too large",
-            Rejection::HeadersTooLarge => "request headers too large",
-            Rejection::LimitReached => "you already bought the most this sale allows",
-            Rejection::SoldOut => "sold out",
-            Rejection::Ended => "the sale has ended",
-            Rejection::NotStarted(_) => "the sale has not started yet",
-            Rejection::Paused => "the sale is paused, try again shortly",
-            Rejection::Unavailable => "temporarily unavailable, try again shortly",
-            Rejection::RateLimited(_) => "too many requests, slow down",
-            Rejection::Denied => "access denied",
         }
     }
 }
@@ -149,14 +80,28 @@ pub fn replayed_order(order: &flashgate_common::reservation::OrderView) -> Reply
     }
 }
 
-impl From<crate::route::RouteError> for Rejection {
-    fn from(e: crate::route::RouteError) -> Self {
-        match e {
-            crate::route::RouteError::MethodNotAllowed(allow) => Rejection::MethodNotAllowed(allow),
-            crate::route::RouteError::BadId => Rejection::BadRequest("malformed id"),
-            crate::route::RouteError::NotFound => Rejection::NotFound("no such resource"),
+/// A buy's answer: `202 queued` for a win; a replayed win answers its
+/// order's state (or `202 queued` again) with `Idempotent-Replayed: true`;
+/// a refusal is its rejection (a remembered one included, without the
+/// replay header).
+impl From<BuyOutcome> for Reply {
+    fn from(outcome: BuyOutcome) -> Self {
+        match outcome {
+            BuyOutcome::Won { reservation_id } => queued(&reservation_id),
+            BuyOutcome::Replayed { reservation_id, order } => {
+                let reply = match order {
+                    Some(order) => replayed_order(&order),
+                    None => queued(&reservation_id),
+                };
+                reply.header("Idempotent-Replayed", "true")
+            }
+            BuyOutcome::Refused(rejection) => rejection.into(),
         }
     }
+}
+
+fn queued(reservation_id: &str) -> Reply {
+    Reply::json(202, &serde_json::json!({"status": "queued", "reservation_id": reservation_id}))
 }
 
 impl From<Rejection> for Reply {

@@ -22,16 +22,46 @@ pub enum Route<'a> {
 }
 
 impl Route<'_> {
-    /// The route's metric label.
-    pub fn label(&self) -> &'static str {
+    /// The route's kind, its metric label.
+    pub fn kind(&self) -> RouteKind {
         match self {
-            Route::ListSales => "list_sales",
-            Route::SaleState(_) => "sale_state",
-            Route::Buy(_) => "buy",
-            Route::Reservation(_) => "reservation",
-            Route::SalePage(_) => "page",
-            Route::Asset(_) => "asset",
-            Route::Shop => "shop",
+            Route::ListSales => RouteKind::ListSales,
+            Route::SaleState(_) => RouteKind::SaleState,
+            Route::Buy(_) => RouteKind::Buy,
+            Route::Reservation(_) => RouteKind::Reservation,
+            Route::SalePage(_) => RouteKind::Page,
+            Route::Asset(_) => RouteKind::Asset,
+            Route::Shop => RouteKind::Shop,
+        }
+    }
+}
+
+/// The `route` metric label: a route without its ids, or a request that
+/// named no route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteKind {
+    ListSales,
+    SaleState,
+    Buy,
+    Reservation,
+    Page,
+    Asset,
+    Shop,
+    /// Refused before it was routed (bad id, wrong method, huge headers).
+    Invalid,
+}
+
+impl RouteKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteKind::ListSales => "list_sales",
+            RouteKind::SaleState => "sale_state",
+            RouteKind::Buy => "buy",
+            RouteKind::Reservation => "reservation",
+            RouteKind::Page => "page",
+            RouteKind::Asset => "asset",
+            RouteKind::Shop => "shop",
+            RouteKind::Invalid => "invalid",
         }
     }
 }

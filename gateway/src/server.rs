@@ -9,20 +9,22 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
 use crate::admin::AdminServer;
+use crate::admission::{Admission, Edge};
 use crate::auth::Verifier;
 use crate::breaker::Breaker;
+use crate::buy::BuyService;
+use crate::clock::SystemClock;
 use crate::events::EventListener;
 use crate::forwarder::{forwarder, ForwardWorker};
-use crate::local_state::LocalSales;
 use crate::metrics::Metrics;
 use crate::order_cache::OrderLookups;
 use crate::orders::OrderClient;
-use crate::proxy::{Edge, Gateway};
+use crate::proxy::Gateway;
 use crate::readiness::{DependencyWatcher, Readiness};
 use crate::redis_client::RedisClient;
 use crate::reload::ConfigWatcher;
 use crate::runtime_dir::RuntimePaths;
-use crate::state_cache::SaleStateCache;
+use crate::sales::SaleCache;
 use crate::static_pages::{PagesWatcher, StaticPages};
 use crate::switches::{SwitchWatcher, Switches};
 use crate::upstreams::Upstreams;
@@ -44,24 +46,44 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout, backend_token).context("gateway.backend_url")?,
     );
     let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
-    let gateway = Gateway {
-        edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
-        verifier: Verifier::expecting(secret.as_bytes(), &config.auth),
-        redis: RedisClient::new(
+    let redis = Arc::new(
+        RedisClient::new(
             &config.redis.url,
             config.redis.timeout,
             Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown),
         )
         .context("redis.url")?,
-        local: Arc::new(LocalSales::default()),
-        order_lookups: OrderLookups::new(orders.clone()),
-        orders,
+    );
+    let admission = Arc::new(Admission {
+        edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
+        verifier: Verifier::expecting(secret.as_bytes(), &config.auth),
+    });
+    let sales = Arc::new(SaleCache::new(config.pages.state_ttl));
+    let switches = Arc::new(Switches::default());
+    let order_lookups = Arc::new(OrderLookups::new(orders.clone()));
+    let buy = BuyService {
+        admission: admission.clone(),
+        redis: redis.clone(),
+        sales: sales.clone(),
+        switches: switches.clone(),
+        orders: orders.clone(),
+        order_lookups: order_lookups.clone(),
         forwarder,
+        metrics: metrics.clone(),
+        idempotency_ttl: config.gateway.idempotency_ttl,
+        clock: SystemClock,
+    };
+    let gateway = Gateway {
+        admission,
+        buy,
+        sales,
+        redis,
+        orders,
+        order_lookups,
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
-        sale_states: SaleStateCache::new(config.pages.state_ttl),
         metrics,
-        switches: Arc::new(Switches::default()),
+        switches,
         config,
     };
     Ok((gateway, forward_worker))
@@ -75,7 +97,8 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let (gateway, forward_worker) = build_gateway(config.clone())?;
-    let watcher = ConfigWatcher { path: config_path.to_owned(), edge: gateway.edge.clone(), interval: std::time::Duration::from_secs(1) };
+    let watcher =
+        ConfigWatcher { path: config_path.to_owned(), edge: gateway.admission.edge.clone(), interval: std::time::Duration::from_secs(1) };
     // Checked before the server exists: the upgrade socket must not be
     // somewhere another user can reach first.
     crate::runtime_dir::prepare(&config.gateway.runtime_dir)?;
@@ -91,7 +114,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let opt = Opt { upgrade, ..Opt::default() };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
-    let events = EventListener { client: gateway.redis.client().clone(), local: gateway.local.clone(), switches: gateway.switches.clone() };
+    let events = EventListener { client: gateway.redis.client().clone(), sales: gateway.sales.clone(), switches: gateway.switches.clone() };
     let switch_watcher = SwitchWatcher {
         client: gateway.redis.client().clone(),
         switches: gateway.switches.clone(),

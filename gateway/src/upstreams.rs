@@ -1,7 +1,7 @@
 //! The shop's upstreams: round-robin over the healthy ones.
 //!
 //! Pingora's [`LoadBalancer`] holds the upstream set; it runs as a
-//! background service (see [`crate::server`]) that gives every upstream a
+//! background service (see `server`) that gives every upstream a
 //! TCP health check each `shop.health_check_interval_ms`. An upstream that
 //! fails a check gets no requests until it passes one again. Connections to
 //! upstreams are kept alive and reused from Pingora's connection pool.

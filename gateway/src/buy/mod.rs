@@ -1,0 +1,220 @@
+//! The buy rules, without Pingora: [`BuyService`] decides a
+//! `POST /api/sales/{id}/buy` from plain inputs and returns a
+//! [`BuyOutcome`]; the proxy only reads the request and writes the reply.
+//!
+//! ```text
+//! admit   sold out and no Idempotency-Key? ─► 410, before any other work
+//!         admission: IP deny/bucket, token, user deny/bucket, global bucket
+//!         cluster bucket (Redis, when configured), Idempotency-Key checked
+//!   (the proxy reads the body here)
+//! buy     local decision from the sale cache: sold-out flag, switches,
+//!         window (not started, ended, paused), unknown sale
+//!           ├─ open ─────► deduct script (one EVALSHA) ─► a win is queued
+//!           │              for the forwarder; a fresh sold out is flagged
+//!           │              and announced to every gateway
+//!           └─ refused ──► only a keyed retry that may have won reads its
+//!                          remembered outcome (one round trip), else refused
+//! ```
+
+mod outcome;
+#[cfg(test)]
+mod tests;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashgate_common::keys::SaleEvent;
+use flashgate_common::reservation::{reservation_id, ForwardedWinner, Reservation};
+use http::HeaderMap;
+use tracing::{debug, warn};
+
+pub use outcome::{idempotency_key, Admitted, BuyOutcome, BuyRequest, MAX_IDEMPOTENCY_KEY_LEN};
+
+use crate::admission::Admission;
+use crate::clock::{SystemClock, WallClock};
+use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
+use crate::forwarder::Forwarder;
+use crate::limits::RouteClass;
+use crate::metrics::Metrics;
+use crate::order_cache::OrderLookups;
+use crate::orders::OrderClient;
+use crate::redis_client::{RedisClient, RedisError};
+use crate::rejection::{unavailable, Rejection};
+use crate::sales::{MissingSale, SaleCache, WindowCheck};
+use crate::switches::Switches;
+
+/// Everything a buy is decided with; one per gateway.
+pub struct BuyService<C: WallClock = SystemClock> {
+    pub admission: Arc<Admission>,
+    pub redis: Arc<RedisClient>,
+    /// Windows and sold-out flags, shared with the sale routes and the
+    /// events listener.
+    pub sales: Arc<SaleCache>,
+    /// Global switch and backlog pauses, kept current by a watcher.
+    pub switches: Arc<Switches>,
+    /// Asked whether a sale missing from Redis exists.
+    pub orders: Arc<OrderClient>,
+    /// Orders of replayed wins, cached briefly.
+    pub order_lookups: Arc<OrderLookups>,
+    /// Queues winners for the backend, off the request path.
+    pub forwarder: Forwarder,
+    pub metrics: Arc<Metrics>,
+    /// How long the script remembers an Idempotency-Key.
+    pub idempotency_ttl: Duration,
+    /// Compared with sale windows.
+    pub clock: C,
+}
+
+impl<C: WallClock> BuyService<C> {
+    /// Everything before the request body is read, cheapest first.
+    ///
+    /// # Errors
+    /// The rejection to answer with.
+    pub async fn admit(&self, sale_id: &str, peer: IpAddr, headers: &HeaderMap) -> Result<Admitted, Rejection> {
+        let key = headers.get("idempotency-key");
+        // A sold-out sale is the commonest answer of a flash sale; without an
+        // Idempotency-Key there is nothing to replay, and "sold out" says
+        // nothing about the caller, so it is answered before any other work.
+        if key.is_none() && self.sales.is_sold_out(sale_id) {
+            self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
+            return Err(Rejection::SoldOut);
+        }
+        let user = self.admission.user(RouteClass::Buy, peer, headers)?;
+        self.admission.cluster(&self.redis, &self.metrics).await?;
+        let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
+        Ok(Admitted { user, idempotency_key })
+    }
+
+    /// Decides an admitted buy: locally when the sale cache can, else with
+    /// one script call.
+    pub async fn buy(&self, req: BuyRequest<'_>) -> BuyOutcome {
+        self.decide(req).await.unwrap_or_else(BuyOutcome::Refused)
+    }
+
+    async fn decide(&self, req: BuyRequest<'_>) -> Result<BuyOutcome, Rejection> {
+        let BuyRequest { sale_id, user, idempotency_key, request_id } = req;
+        let decision = match self.local_rejection(sale_id).await? {
+            None => self.deduct(sale_id, user, idempotency_key).await?,
+            // Turned away locally; only a retry of a remembered key still
+            // deserves its first outcome, so only that asks Redis: one
+            // round trip, whoever holds the sale's items now. A win whose
+            // order was cancelled (its item returned and sold again) is no
+            // longer among the buyers, yet its key must still answer
+            // `order_cancelled`, not `sold_out`. In a sold-out sale only a
+            // user who ever won can have such a key; anyone else's retry is
+            // answered here.
+            Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
+            Some(Rejection::SoldOut) if !self.sales.ever_won(&self.redis, sale_id, user).await => return Err(Rejection::SoldOut),
+            Some(rejection) => {
+                remembered(&self.redis, sale_id, user, idempotency_key).await.map_err(|e| self.unavailable(&e))?.ok_or(rejection)?
+            }
+        };
+        debug!(sale = sale_id, user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
+        match decision.outcome {
+            // A win just now: forwarded with the script's time, the same
+            // `ts` as the stream record, whichever path writes the order.
+            DeductOutcome::Won { reservation_id, reserved_at_ms: Some(reserved_at_ms) } => {
+                self.sales.took_one(sale_id).await;
+                let winner = ForwardedWinner {
+                    reservation: Reservation {
+                        reservation_id: reservation_id.clone(),
+                        sale_id: sale_id.to_owned(),
+                        user_id: user.to_owned(),
+                        idempotency_key: idempotency_key.to_owned(),
+                        reserved_at_ms,
+                    },
+                    request_id: request_id.to_owned(),
+                };
+                // The reservation is already durable in the stream: a full
+                // queue leaves the order to the stream consumer.
+                if !self.forwarder.forward(winner) {
+                    self.metrics.forward_failures.with_label_values(&["queue_full"]).inc();
+                }
+                Ok(BuyOutcome::Won { reservation_id })
+            }
+            // A winner retrying with their key: the order's own state once
+            // it exists. Nothing is forwarded again: the win's own forward
+            // or, failing that, the stream writes the order.
+            DeductOutcome::Won { reservation_id, reserved_at_ms: None } => {
+                let order = self.order_lookups.order(&reservation_id).await;
+                Ok(BuyOutcome::Replayed { reservation_id, order })
+            }
+            DeductOutcome::SoldOut => Err(Rejection::SoldOut),
+            DeductOutcome::LimitReached => Err(Rejection::LimitReached),
+            DeductOutcome::Ended => Err(Rejection::Ended),
+            DeductOutcome::NotStarted { starts_at_ms } => {
+                let wait_ms = (starts_at_ms - self.clock.now_ms()).max(0) as u64;
+                Err(Rejection::NotStarted(wait_ms.div_ceil(1000)))
+            }
+            DeductOutcome::Paused => Err(Rejection::Paused),
+            DeductOutcome::NotFound => Err(self.missing(sale_id).await),
+        }
+    }
+
+    /// A decision this gateway can make without Redis: sold out (flagged),
+    /// unknown sale, paused, not started, ended (from the cached window).
+    async fn local_rejection(&self, sale_id: &str) -> Result<Option<Rejection>, Rejection> {
+        if self.sales.is_sold_out(sale_id) {
+            self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
+            return Ok(Some(Rejection::SoldOut));
+        }
+        if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
+            self.metrics.local_decisions.with_label_values(&["paused"]).inc();
+            return Ok(Some(Rejection::Paused));
+        }
+        let window = self.sales.window(&self.redis, sale_id).await.map_err(|e| self.unavailable(&e))?;
+        let rejection = match window.map(|w| w.check(self.clock.now_ms())) {
+            None => Some(self.missing(sale_id).await),
+            Some(WindowCheck::Open) => None,
+            Some(WindowCheck::Ended) => Some(Rejection::Ended),
+            Some(WindowCheck::Paused) => Some(Rejection::Paused),
+            Some(WindowCheck::NotStarted { wait_secs }) => Some(Rejection::NotStarted(wait_secs)),
+        };
+        if let Some(r) = &rejection {
+            self.metrics.local_decisions.with_label_values(&[r.code()]).inc();
+        }
+        Ok(rejection)
+    }
+
+    /// The answer to a buy for a sale Redis does not have: `unavailable`
+    /// while the backend's database knows it (it is being restored) or
+    /// cannot be asked, `not_found` only when the backend says it does not
+    /// exist.
+    async fn missing(&self, sale_id: &str) -> Rejection {
+        match self.sales.missing(&self.orders, sale_id).await {
+            MissingSale::Restoring | MissingSale::NoAnswer => Rejection::Unavailable,
+            MissingSale::Unknown => Rejection::NotFound("no such sale"),
+        }
+    }
+
+    /// Runs the deduct script; a sold-out answer found just now is flagged
+    /// here and announced to every other gateway. A replayed one is not:
+    /// it tells what an earlier attempt got, not whether stock is left.
+    async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
+        let rid = reservation_id(sale_id, rand::random());
+        let attempt = BuyAttempt {
+            sale_id,
+            user_id: user,
+            idempotency_key,
+            reservation_id: &rid,
+            idempotency_ttl_seconds: self.idempotency_ttl.as_secs(),
+        };
+        let timer = self.metrics.script_duration.start_timer();
+        let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
+        timer.observe_duration();
+        if decision.found_sold_out() && !self.sales.is_sold_out(sale_id) {
+            self.sales.found_sold_out(sale_id).await;
+            if let Ok(mut conn) = self.redis.conn().await {
+                if let Err(error) = crate::events::publish(&mut conn, &SaleEvent::SoldOut(sale_id.to_owned())).await {
+                    warn!(%error, sale = sale_id, "could not announce sold out");
+                }
+            }
+        }
+        Ok(decision)
+    }
+
+    fn unavailable(&self, error: &RedisError) -> Rejection {
+        unavailable(&self.metrics, error)
+    }
+}

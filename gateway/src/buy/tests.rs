@@ -1,0 +1,206 @@
+//! The buy rules against a real redis-server, without Pingora: plain
+//! inputs in, a [`BuyOutcome`] out, time from a [`ManualClock`].
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashgate_common::config::file::RouteLimits;
+use flashgate_common::config::{AuthConfig, DenyConfig, LimitsConfig};
+use flashgate_common::keys::SaleKeys;
+use flashgate_common::now_ms;
+use http::HeaderMap;
+
+use super::*;
+use crate::admission::Edge;
+use crate::auth::{mint, Verifier};
+use crate::breaker::Breaker;
+use crate::clock::{ManualClock, WallClock};
+use crate::limits::Limiters;
+use crate::testing::RedisServer;
+
+const SECRET: &[u8] = b"a test secret that is long enough for hs256";
+const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+struct Fixture {
+    redis: RedisServer,
+    service: BuyService<ManualClock>,
+    clock: ManualClock,
+}
+
+async fn fixture(deny_users: &[&str]) -> Fixture {
+    let redis = RedisServer::start().await;
+    let limits = LimitsConfig {
+        trusted_proxies: vec![],
+        client_ip_header: Default::default(),
+        max_tracked_keys: 1000,
+        idle: Duration::from_secs(60),
+        buy: RouteLimits::default(),
+        read: RouteLimits::default(),
+        cluster_global: None,
+    };
+    let edge = Edge {
+        limiters: Arc::new(Limiters::new(&limits)),
+        limits,
+        deny: DenyConfig { users: deny_users.iter().map(|u| (*u).to_owned()).collect(), nets: vec![] },
+        cluster: None,
+    };
+    let admission = Arc::new(Admission { edge: Arc::new(arc_swap::ArcSwap::from_pointee(edge)), verifier: Verifier::new(SECRET) });
+    // Nobody listens there: the backend "does not answer".
+    let orders = Arc::new(OrderClient::new("http://127.0.0.1:9", Duration::from_millis(200), "t").unwrap());
+    let metrics = Arc::new(Metrics::register());
+    let (forwarder, _worker) = crate::forwarder::forwarder(orders.clone(), metrics.clone());
+    let switches = Arc::new(Switches::default());
+    switches.set_all_paused(false);
+    let clock = ManualClock::at(now_ms());
+    let service = BuyService {
+        admission,
+        redis: Arc::new(RedisClient::new(&redis.url, Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1))).unwrap()),
+        sales: Arc::new(SaleCache::new(Duration::from_millis(250))),
+        switches,
+        order_lookups: Arc::new(OrderLookups::new(orders.clone())),
+        orders,
+        forwarder,
+        metrics,
+        idempotency_ttl: Duration::from_secs(600),
+        clock: clock.clone(),
+    };
+    Fixture { redis, service, clock }
+}
+
+impl Fixture {
+    /// A sale as the backend's preheat leaves it, open from `starts` to `ends`.
+    async fn sale(&self, id: &str, stock: i64, starts_at_ms: i64, ends_at_ms: i64) {
+        let keys = SaleKeys::new(id);
+        let mut conn = self.redis.conn().await;
+        let _: () = redis::pipe()
+            .hset_multiple(
+                &keys.meta,
+                &[
+                    ("name", "Sneaker".to_owned()),
+                    ("stock", stock.to_string()),
+                    ("per_user_limit", "1".to_owned()),
+                    ("starts_at_ms", starts_at_ms.to_string()),
+                    ("ends_at_ms", ends_at_ms.to_string()),
+                    ("paused", "0".to_owned()),
+                ],
+            )
+            .set(&keys.remaining, stock)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    async fn open_sale(&self, id: &str, stock: i64) {
+        let now = now_ms();
+        self.sale(id, stock, now - 1000, now + 3_600_000).await;
+    }
+
+    async fn buy(&self, sale_id: &str, user: &str, key: &str) -> BuyOutcome {
+        self.service.buy(BuyRequest { sale_id, user, idempotency_key: key, request_id: "r" }).await
+    }
+
+    fn local_decisions(&self, decision: &str) -> u64 {
+        self.service.metrics.local_decisions.with_label_values(&[decision]).get()
+    }
+}
+
+fn headers(user: Option<&str>, key: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(user) = user {
+        let token = mint(SECRET, user, 600, &AuthConfig::default()).unwrap();
+        h.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    if let Some(key) = key {
+        h.insert("idempotency-key", key.parse().unwrap());
+    }
+    h
+}
+
+#[tokio::test]
+async fn the_first_buyers_win_until_the_stock_is_gone_then_the_sale_is_flagged() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 2).await;
+    assert!(matches!(f.buy("s", "a", "").await, BuyOutcome::Won { .. }));
+    assert_eq!(f.buy("s", "a", "").await, BuyOutcome::Refused(Rejection::LimitReached));
+    assert!(matches!(f.buy("s", "b", "").await, BuyOutcome::Won { .. }));
+    assert_eq!(f.buy("s", "c", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert!(f.service.sales.is_sold_out("s"), "a fresh sold-out answer flags the sale");
+
+    // Flagged: the next buy is answered without the script.
+    let scripts = f.redis.command_calls("evalsha").await;
+    assert_eq!(f.buy("s", "d", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(f.redis.command_calls("evalsha").await, scripts);
+    // Without an Idempotency-Key it is refused before admission (no token needed).
+    assert_eq!(f.service.admit("s", PEER, &headers(None, None)).await, Err(Rejection::SoldOut));
+    assert_eq!(f.local_decisions("sold_out"), 2);
+    let keys = SaleKeys::new("s");
+    let entries: u64 = redis::cmd("XLEN").arg(&keys.stream).query_async(&mut f.redis.conn().await).await.unwrap();
+    assert_eq!(entries, 2, "one stream record per winner");
+}
+
+#[tokio::test]
+async fn a_won_key_replays_its_win_and_nothing_is_deducted_again() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 5).await;
+    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "k1").await else { panic!("no win") };
+    let replay = f.buy("s", "a", "k1").await;
+    // The backend does not answer: the order is reported queued.
+    assert_eq!(replay, BuyOutcome::Replayed { reservation_id: reservation_id.clone(), order: None });
+    assert_eq!(replay.label(), "replay");
+    let remaining: i64 = redis::cmd("GET").arg(&SaleKeys::new("s").remaining).query_async(&mut f.redis.conn().await).await.unwrap();
+    assert_eq!(remaining, 4);
+    // The buy path read the snapshot before the win; the view shows the win anyway.
+    let view = f.service.sales.view(&f.service.redis, "s", now_ms()).await.unwrap().unwrap();
+    assert_eq!(view.remaining, 4);
+}
+
+#[tokio::test]
+async fn the_window_is_checked_locally_on_the_injected_clock() {
+    let f = fixture(&[]).await;
+    let now = f.clock.now_ms();
+    f.sale("s", 5, now - 1000, now + 60_000).await;
+    let scripts = f.redis.command_calls("evalsha").await;
+    f.clock.advance(Duration::from_secs(61));
+    assert_eq!(f.buy("s", "a", "").await, BuyOutcome::Refused(Rejection::Ended));
+    f.sale("later", 5, now + 90_000, now + 120_000).await;
+    assert_eq!(f.buy("later", "a", "").await, BuyOutcome::Refused(Rejection::NotStarted(29)));
+    assert_eq!(f.redis.command_calls("evalsha").await, scripts, "decided without the script");
+    assert_eq!((f.local_decisions("ended"), f.local_decisions("not_started")), (1, 1));
+}
+
+#[tokio::test]
+async fn paused_switches_and_unknown_sales_are_answered_locally() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 5).await;
+    f.service.switches.set_all_paused(true);
+    assert_eq!(f.buy("s", "a", "").await, BuyOutcome::Refused(Rejection::Paused));
+    f.service.switches.set_all_paused(false);
+    // Not in Redis and the backend cannot be asked: unavailable, never 404.
+    assert_eq!(f.buy("ghost", "a", "").await, BuyOutcome::Refused(Rejection::Unavailable));
+    assert_eq!(f.redis.command_calls("evalsha").await, 0);
+}
+
+#[tokio::test]
+async fn admission_checks_the_token_the_deny_list_and_the_key() {
+    let f = fixture(&["banned"]).await;
+    f.open_sale("s", 5).await;
+    assert_eq!(f.service.admit("s", PEER, &headers(None, None)).await, Err(Rejection::Unauthorized("missing bearer token")));
+    assert_eq!(f.service.admit("s", PEER, &headers(Some("banned"), None)).await, Err(Rejection::Denied));
+    let long_key = "k".repeat(65);
+    assert!(matches!(f.service.admit("s", PEER, &headers(Some("a"), Some(&long_key))).await, Err(Rejection::BadRequest(_))));
+    let admitted = f.service.admit("s", PEER, &headers(Some("a"), Some("k1"))).await.unwrap();
+    assert_eq!(admitted, Admitted { user: "a".into(), idempotency_key: "k1".into() });
+}
+
+#[tokio::test]
+async fn a_sold_out_keyed_retry_of_a_user_who_never_won_reads_no_key() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 1).await;
+    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
+    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    let gets = f.redis.command_calls("get").await;
+    assert_eq!(f.buy("s", "other", "k").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(f.redis.command_calls("get").await, gets, "a user who never won read a key");
+    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Replayed { .. }), "the winner's retry still replays");
+}

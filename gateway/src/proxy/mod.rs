@@ -1,0 +1,264 @@
+//! The Pingora adapter: the gateway's request path, phase by phase. The
+//! phases only translate, request to call and outcome to reply; the buy
+//! rules live in [`crate::buy`], sale state in [`crate::sales`], admission
+//! in [`crate::admission`].
+//!
+//! ```text
+//! early_request_filter   idle timeout of a reusable connection, request id
+//! request_filter         headers too large? ─► 431
+//!                        route::classify
+//!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::buy ─► BuyOutcome
+//!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
+//!   ├─ Route::Reservation ► Admission::user ─► reservations::lookup
+//!   ├─ pages, assets ──► StaticPages::serve
+//!   │                    every answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
+//!   └─ Route::Shop ────► Ok(false): proxied
+//! upstream_peer          a healthy shop upstream (round robin), else 502
+//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto, X-Request-Id
+//! response_filter        hop-by-hop removed from the shop's answer
+//! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
+//! logging                requests / duration / buy outcome metrics, once per request
+//! ```
+//!
+//! Handlers never touch the session's response: they return a [`Reply`]
+//! (or a [`Rejection`]), and [`session::write_reply`] is the only writer.
+
+pub mod ctx;
+pub mod session;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flashgate_common::config::Config;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use serde_json::json;
+use tracing::{debug, warn};
+
+pub use ctx::{Outcome, RequestCtx};
+pub use session::{MAX_BUY_BODY_BYTES, MAX_HEADER_BYTES};
+
+use crate::admission::Admission;
+use crate::buy::{BuyOutcome, BuyRequest, BuyService};
+use crate::limits::RouteClass;
+use crate::metrics::Metrics;
+use crate::order_cache::OrderLookups;
+use crate::orders::OrderClient;
+use crate::redis_client::RedisClient;
+use crate::rejection::{unavailable, Rejection};
+use crate::reply::Reply;
+use crate::route::{classify, Route, RouteKind};
+use crate::sales::SaleCache;
+use crate::static_pages::{PageRequest, StaticPages, SALE_PAGE};
+use crate::switches::Switches;
+use crate::upstreams::{hop_by_hop, ShopFailure, Upstreams};
+use session::{keep_alive_after_early_answer, peer, read_buy_body, request_id, write_reply};
+
+/// Shared state of the gateway, built once in `server`.
+pub struct Gateway {
+    pub config: Arc<Config>,
+    /// Deny lists, buckets and tokens; its edge is swapped by the config watcher.
+    pub admission: Arc<Admission>,
+    /// The buy rules.
+    pub buy: BuyService,
+    /// One snapshot per sale, shared with the buy rules and the events listener.
+    pub sales: Arc<SaleCache>,
+    pub redis: Arc<RedisClient>,
+    pub orders: Arc<OrderClient>,
+    /// Reservations' orders, cached briefly for polling and retrying winners.
+    pub order_lookups: Arc<OrderLookups>,
+    /// Shared with the watcher that reloads changed files.
+    pub pages: Arc<StaticPages>,
+    pub shop: Upstreams,
+    /// Shared with the admin listener that serves `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Global switch and backlog pauses, kept current by a watcher.
+    pub switches: Arc<Switches>,
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new()
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+        // Pingora has already decided from the request whether the
+        // connection may carry another one: not after `Connection: close`,
+        // an HTTP/1.0 request without keep-alive, or a request with both
+        // Content-Length and Transfer-Encoding (two parsers may frame it
+        // differently: a request-smuggling vector). Only a reusable
+        // connection gets the idle timeout; setting it on the others would
+        // turn keepalive back on.
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        }
+        // A client trickling its body is cut off instead of holding a slot.
+        session.set_read_timeout(Some(self.config.gateway.body_read_timeout));
+        ctx.request_id = request_id(session.req_header());
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
+        if session::headers_too_large(session.req_header()) {
+            ctx.route = RouteKind::Invalid;
+            ctx.outcome = Outcome::Rejected(Rejection::HeadersTooLarge);
+            session.set_keepalive(None);
+            return write_reply(session, Rejection::HeadersTooLarge.into(), ctx).await;
+        }
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_owned();
+        let reply = match classify(&method, &path) {
+            Ok(Route::Shop) => return Ok(false),
+            Ok(route) => {
+                keep_alive_after_early_answer(session);
+                ctx.route = route.kind();
+                self.handle(route, session, ctx).await
+            }
+            Err(e) => {
+                ctx.route = RouteKind::Invalid;
+                Err(Rejection::from(e))
+            }
+        };
+        let reply = reply.unwrap_or_else(|rejection| {
+            ctx.outcome = Outcome::Rejected(rejection.clone());
+            Reply::from(rejection)
+        });
+        write_reply(session, reply, ctx).await
+    }
+
+    /// Records each request once, whoever answered it.
+    async fn logging(&self, session: &mut Session, error: Option<&pingora::Error>, ctx: &mut RequestCtx) {
+        let m = &self.metrics;
+        if ctx.route == RouteKind::Shop {
+            ctx.outcome = Outcome::of_shop(session.response_written().map(|r| r.status.as_u16()), error.is_some());
+        }
+        let (route, outcome) = (ctx.route.as_str(), ctx.outcome.as_str());
+        m.requests.with_label_values(&[route, outcome]).inc();
+        m.request_duration.with_label_values(&[route]).observe(ctx.started.elapsed().as_secs_f64());
+        if ctx.route == RouteKind::Buy {
+            m.buy_outcomes.with_label_values(&[outcome]).inc();
+        }
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
+        match self.shop.peer() {
+            Some(peer) => Ok(Box::new(peer)),
+            None => pingora::Error::e_explain(pingora::ErrorType::ConnectNoRoute, "no healthy shop upstream"),
+        }
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        for name in hop_by_hop(&upstream.headers) {
+            upstream.remove_header(&name);
+        }
+        // The shop hears of the client only through X-Forwarded-For, which
+        // ends with the peer the gateway saw; a Forwarded the client wrote
+        // itself would let it name any address to the shop.
+        upstream.remove_header("forwarded");
+        if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
+            let peer = peer.ip().to_canonical();
+            let xff = match upstream.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+                Some(prev) => format!("{prev}, {peer}"),
+                None => peer.to_string(),
+            };
+            upstream.insert_header("X-Forwarded-For", xff)?;
+        }
+        upstream.insert_header("X-Forwarded-Proto", "http")?;
+        upstream.insert_header("X-Request-Id", &ctx.request_id)?;
+        Ok(())
+    }
+
+    async fn response_filter(&self, _session: &mut Session, response: &mut ResponseHeader, _ctx: &mut RequestCtx) -> pingora::Result<()> {
+        for name in hop_by_hop(&response.headers) {
+            response.remove_header(&name);
+        }
+        Ok(())
+    }
+
+    /// Nothing was sent on a connection that failed to open, so another
+    /// upstream may be tried (`upstream_peer` skips unhealthy ones).
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        _ctx: &mut RequestCtx,
+        mut e: Box<pingora::Error>,
+    ) -> Box<pingora::Error> {
+        if self.shop.len() > 1 {
+            e.set_retry(true);
+        }
+        e
+    }
+
+    /// The shop could not be reached or answered too slowly: a JSON 502 or
+    /// 504, if nothing of the response was sent yet.
+    async fn fail_to_proxy(&self, session: &mut Session, e: &pingora::Error, ctx: &mut RequestCtx) -> pingora::proxy::FailToProxy {
+        let client_gone = *e.esource() == pingora::ErrorSource::Downstream
+            && matches!(e.etype(), pingora::ErrorType::WriteError | pingora::ErrorType::ReadError | pingora::ErrorType::ConnectionClosed);
+        if client_gone || session.response_written().is_some() {
+            return pingora::proxy::FailToProxy { error_code: 0, can_reuse_downstream: false };
+        }
+        let failure = ShopFailure::classify(e);
+        warn!(error = %e, ?failure, "shop request failed");
+        let reply = failure.reply();
+        let error_code = reply.status;
+        // The request body may be half-read: do not reuse the connection.
+        session.set_keepalive(None);
+        if let Err(error) = write_reply(session, reply, ctx).await {
+            debug!(%error, "could not answer the client");
+        }
+        pingora::proxy::FailToProxy { error_code, can_reuse_downstream: false }
+    }
+}
+
+impl Gateway {
+    /// Runs the handler of a gateway route: plain calls, one per route.
+    async fn handle(&self, route: Route<'_>, session: &mut Session, ctx: &mut RequestCtx) -> Result<Reply, Rejection> {
+        let headers = &session.req_header().headers;
+        let now_ms = flashgate_common::now_ms;
+        match route {
+            Route::ListSales => {
+                self.admission.read(peer(session), headers)?;
+                let sales = self.sales.list(&self.redis, now_ms()).await.map_err(|e| unavailable(&self.metrics, &e))?;
+                Ok(Reply::json(200, &json!({ "sales": sales })))
+            }
+            Route::SaleState(id) => {
+                self.admission.read(peer(session), headers)?;
+                match self.sales.view(&self.redis, id, now_ms()).await.map_err(|e| unavailable(&self.metrics, &e))? {
+                    Some(view) => Ok(Reply::json(200, &view)),
+                    None => Err(Rejection::NotFound("no such sale")),
+                }
+            }
+            Route::Buy(sale_id) => {
+                let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
+                read_buy_body(session).await?;
+                let (user, idempotency_key) = (&admitted.user, &admitted.idempotency_key);
+                let outcome = self.buy.buy(BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id }).await;
+                ctx.outcome = match &outcome {
+                    BuyOutcome::Won { .. } => Outcome::Won,
+                    BuyOutcome::Replayed { .. } => Outcome::Replay,
+                    BuyOutcome::Refused(r) => Outcome::Rejected(r.clone()),
+                };
+                Ok(Reply::from(outcome))
+            }
+            Route::Reservation(rid) => {
+                let user = self.admission.user(RouteClass::Read, peer(session), headers)?;
+                let view = crate::reservations::lookup(&self.redis, &self.order_lookups, &self.metrics, &user, rid).await?;
+                Ok(Reply::json(200, &view))
+            }
+            Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, &PageRequest::from_headers(headers))),
+            Route::Asset(path) => Ok(self.pages.serve(path, &PageRequest::from_headers(headers))),
+            Route::Shop => Err(Rejection::NotFound("not a gateway route")),
+        }
+    }
+}

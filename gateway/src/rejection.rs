@@ -1,0 +1,106 @@
+//! Every way a request to a gateway route can be turned down, as a value:
+//! a code, a metric label and a message. The HTTP status and headers of
+//! each are decided in `reply`, the only place that knows HTTP.
+
+use crate::metrics::Metrics;
+use crate::redis_client::RedisError;
+
+/// Every way a request to a gateway route can be turned down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    BadRequest(&'static str),
+    Unauthorized(&'static str),
+    NotFound(&'static str),
+    MethodNotAllowed(&'static str),
+    PayloadTooLarge,
+    /// The request's headers add up to more than the gateway accepts.
+    HeadersTooLarge,
+    LimitReached,
+    SoldOut,
+    Ended,
+    /// Carries the seconds until the sale starts.
+    NotStarted(u64),
+    Paused,
+    /// Redis unreachable or too slow.
+    Unavailable,
+    /// A token bucket is empty.
+    RateLimited(crate::limits::Limited),
+    /// The user or IP is on a deny list.
+    Denied,
+}
+
+impl Rejection {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::BadRequest(_) => "bad_request",
+            Rejection::Unauthorized(_) => "unauthorized",
+            Rejection::NotFound(_) => "not_found",
+            Rejection::MethodNotAllowed(_) => "method_not_allowed",
+            Rejection::PayloadTooLarge => "payload_too_large",
+            Rejection::HeadersTooLarge => "headers_too_large",
+            Rejection::LimitReached => "limit_reached",
+            Rejection::SoldOut => "sold_out",
+            Rejection::Ended => "ended",
+            Rejection::NotStarted(_) => "not_started",
+            Rejection::Paused => "paused",
+            Rejection::Unavailable => "unavailable",
+            Rejection::RateLimited(_) => "rate_limited",
+            Rejection::Denied => "denied",
+        }
+    }
+
+    /// The metric label: the code, with the bucket's scope for rate limits.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Rejection::RateLimited(l) => match l.scope {
+                crate::limits::Scope::User => "rate_limited_user",
+                crate::limits::Scope::Ip => "rate_limited_ip",
+                crate::limits::Scope::Global => "rate_limited_global",
+                crate::limits::Scope::Cluster => "rate_limited_cluster",
+            },
+            other => other.code(),
+        }
+    }
+
+    /// The human-readable message of the error body.
+    pub fn message(&self) -> &'static str {
+        match self {
+            Rejection::BadRequest(m) | Rejection::Unauthorized(m) | Rejection::NotFound(m) => m,
+            Rejection::MethodNotAllowed(_) => "method not allowed on this path",
+            Rejection::PayloadTooLarge => "request body too large",
+            Rejection::HeadersTooLarge => "request headers too large",
+            Rejection::LimitReached => "you already bought the most this sale allows",
+            Rejection::SoldOut => "sold out",
+            Rejection::Ended => "the sale has ended",
+            Rejection::NotStarted(_) => "the sale has not started yet",
+            Rejection::Paused => "the sale is paused, try again shortly",
+            Rejection::Unavailable => "temporarily unavailable, try again shortly",
+            Rejection::RateLimited(_) => "too many requests, slow down",
+            Rejection::Denied => "access denied",
+        }
+    }
+}
+
+impl From<crate::route::RouteError> for Rejection {
+    fn from(e: crate::route::RouteError) -> Self {
+        match e {
+            crate::route::RouteError::MethodNotAllowed(allow) => Rejection::MethodNotAllowed(allow),
+            crate::route::RouteError::BadId => Rejection::BadRequest("malformed id"),
+            crate::route::RouteError::NotFound => Rejection::NotFound("no such resource"),
+        }
+    }
+}
+
+/// Counts a failed Redis call and turns it into [`Rejection::Unavailable`].
+/// Not logged per request (an outage would flood the log); the breaker
+/// logs when it opens and closes.
+pub fn unavailable(metrics: &Metrics, error: &RedisError) -> Rejection {
+    let kind = match error {
+        RedisError::Redis(_) => "error",
+        RedisError::Timeout(_) => "timeout",
+        RedisError::CircuitOpen => "circuit_open",
+    };
+    metrics.redis_errors.with_label_values(&[kind]).inc();
+    tracing::debug!(%error, "redis unavailable");
+    Rejection::Unavailable
+}

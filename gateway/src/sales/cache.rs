@@ -1,0 +1,237 @@
+//! [`SaleCache`]: everything one gateway holds about its sales.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flashgate_common::keys::{SaleKeys, SALES_INDEX};
+use moka::ops::compute::Op;
+
+use super::snapshot::{read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow};
+use crate::orders::OrderClient;
+use crate::redis_client::{RedisClient, RedisError};
+
+/// How old a snapshot may be for a buy's window check.
+pub const WINDOW_TTL: Duration = Duration::from_secs(2);
+/// How long a sold-out flag is trusted without news.
+pub const SOLD_OUT_TTL: Duration = Duration::from_secs(30);
+/// How long the backend's answer about a sale missing from Redis is trusted.
+pub const MISSING_TTL: Duration = Duration::from_secs(1);
+/// Most sales tracked at once.
+const MAX_SALES: u64 = 10_000;
+/// Most winners of one sale held in the winner sets; a sale with more has
+/// every keyed sold-out buy ask Redis.
+const MAX_WINNERS_HELD: usize = 200_000;
+
+/// A snapshot and when it was read. `None`: the sale is not in Redis
+/// (cached too, so a flood of requests for an unknown sale costs one Redis
+/// read per TTL).
+#[derive(Clone)]
+struct Held {
+    snapshot: Option<Arc<SaleSnapshot>>,
+    read_at: Instant,
+}
+
+/// What the backend said about a sale Redis does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingSale {
+    /// The database has it: Redis lost it and it is being restored.
+    Restoring,
+    /// Nobody knows this sale.
+    Unknown,
+    /// The backend did not answer: refuse to sell, but do not say 404.
+    NoAnswer,
+}
+
+/// The users who ever won in a sale; `None` when there are too many to hold.
+type Winners = Option<Arc<HashSet<String>>>;
+
+/// One per gateway, shared by the buy path, the sale routes and the
+/// events listener.
+pub struct SaleCache {
+    /// One snapshot per sale; each reader accepts it up to its own age
+    /// ([`WINDOW_TTL`] for buys, `pages.state_ttl_ms` for views), and the
+    /// entry lives as long as the longer of the two.
+    snapshots: moka::future::Cache<String, Held>,
+    view_ttl: Duration,
+    /// Sold-out sales, each with the number of its flag: a flag set anew
+    /// (after being cleared or expiring) gets a new number, so winners read
+    /// under an earlier flag are never used under a later one.
+    sold_out: moka::sync::Cache<String, u64>,
+    flags: AtomicU64,
+    missing: moka::future::Cache<String, MissingSale>,
+    /// Winners of a sold-out sale, by sale and flag number.
+    winners: moka::future::Cache<(String, u64), Winners>,
+}
+
+impl SaleCache {
+    /// A cache whose views are at most `view_ttl` old (`pages.state_ttl_ms`).
+    pub fn new(view_ttl: Duration) -> Self {
+        Self {
+            snapshots: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(view_ttl.max(WINDOW_TTL)).build(),
+            view_ttl,
+            sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
+            flags: AtomicU64::new(0),
+            missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
+            winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
+        }
+    }
+
+    /// The sale's snapshot, at most `max_age` old: from memory, or one Redis
+    /// read shared by every concurrent caller (moka's `try_get_with` is
+    /// single-flight). A stale entry is dropped only if it is still the
+    /// stale one, so callers that saw it stale together cause one read.
+    ///
+    /// # Errors
+    /// When Redis cannot be read; nothing is cached then, every waiter gets
+    /// the error and the next call retries.
+    async fn snapshot(&self, redis: &RedisClient, sale_id: &str, max_age: Duration) -> Result<Option<Arc<SaleSnapshot>>, Arc<RedisError>> {
+        if let Some(held) = self.snapshots.get(sale_id).await {
+            if held.read_at.elapsed() <= max_age {
+                return Ok(held.snapshot);
+            }
+            self.snapshots
+                .entry_by_ref(sale_id)
+                .and_compute_with(|entry| {
+                    let stale = entry.is_some_and(|e| e.value().read_at.elapsed() > max_age);
+                    std::future::ready(if stale { Op::Remove } else { Op::Nop })
+                })
+                .await;
+        }
+        let held = self
+            .snapshots
+            .try_get_with_by_ref(sale_id, async {
+                let snapshot = read_snapshot(redis, sale_id).await?;
+                Ok::<_, RedisError>(Held { snapshot: snapshot.map(Arc::new), read_at: Instant::now() })
+            })
+            .await?;
+        Ok(held.snapshot)
+    }
+
+    /// The sale's window for a buy (`None`: not in Redis), at most
+    /// [`WINDOW_TTL`] old.
+    ///
+    /// # Errors
+    /// When Redis cannot be read.
+    pub async fn window(&self, redis: &RedisClient, sale_id: &str) -> Result<Option<SaleWindow>, Arc<RedisError>> {
+        Ok(self.snapshot(redis, sale_id, WINDOW_TTL).await?.map(|s| s.window))
+    }
+
+    /// The sale's view at `now_ms`, from a snapshot at most
+    /// `pages.state_ttl_ms` old.
+    ///
+    /// # Errors
+    /// When Redis cannot be read.
+    pub async fn view(&self, redis: &RedisClient, sale_id: &str, now_ms: i64) -> Result<Option<SaleView>, Arc<RedisError>> {
+        Ok(self.snapshot(redis, sale_id, self.view_ttl).await?.and_then(|s| s.view(now_ms)))
+    }
+
+    /// Every preheated sale, sorted by start time. Each sale comes from its
+    /// snapshot, so listing costs what reading each sale costs.
+    ///
+    /// # Errors
+    /// When Redis fails or times out.
+    pub async fn list(&self, redis: &RedisClient, now_ms: i64) -> Result<Vec<SaleSummary>, Arc<RedisError>> {
+        let mut conn = redis.conn().await?;
+        let ids: Vec<String> = redis
+            .bounded(redis::cmd("SMEMBERS").arg(SALES_INDEX).query_async(&mut conn))
+            .await
+            .and_then(|r| r.map_err(RedisError::from))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(s) = self.snapshot(redis, &id, self.view_ttl).await?.and_then(|s| s.summary(now_ms)) {
+                out.push(s);
+            }
+        }
+        out.sort_by(|a, b| a.starts_at.cmp(&b.starts_at).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// Counts a win of this gateway's in the sale's snapshot, if held (no
+    /// Redis call), so its own buyers' next view shows the item gone.
+    pub async fn took_one(&self, sale_id: &str) {
+        if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
+            s.took_one();
+        }
+    }
+
+    pub fn is_sold_out(&self, sale_id: &str) -> bool {
+        self.sold_out.contains_key(sale_id)
+    }
+
+    /// Flags a sale sold out, or renews its flag (its TTL starts again; the
+    /// flag keeps its number, as nobody can have won meanwhile).
+    pub fn mark_sold_out(&self, sale_id: &str) {
+        let flag = self.sold_out.get(sale_id).unwrap_or_else(|| self.flags.fetch_add(1, Ordering::Relaxed));
+        self.sold_out.insert(sale_id.to_owned(), flag);
+    }
+
+    /// The script found `sale_id` sold out just now: flag it, and show no
+    /// stock left in its snapshot.
+    pub async fn found_sold_out(&self, sale_id: &str) {
+        self.mark_sold_out(sale_id);
+        if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
+            s.sold_out();
+        }
+    }
+
+    /// Forgets everything about a sale: an operator changed it, or items
+    /// went back to its stock (so someone may win in it again).
+    pub async fn forget(&self, sale_id: &str) {
+        if let Some(flag) = self.sold_out.remove(sale_id) {
+            self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
+        }
+        self.snapshots.invalidate(sale_id).await;
+    }
+
+    /// Whether `user` ever won in sold-out `sale_id`, so may hold a won
+    /// Idempotency-Key to replay. Read once per sale while it stays flagged
+    /// (`HLEN` then `HVALS` of the reservation index, which keeps a
+    /// reservation after its item went back; shared by concurrent callers).
+    /// Nobody wins in a sold-out sale until items come back, which clears
+    /// the flag. Unsure (not flagged, Redis error, too many winners to hold)
+    /// answers true: the caller then asks Redis.
+    pub async fn ever_won(&self, redis: &RedisClient, sale_id: &str, user: &str) -> bool {
+        let Some(flag) = self.sold_out.get(sale_id) else { return true };
+        let held = self.winners.try_get_with((sale_id.to_owned(), flag), read_winners(redis, sale_id)).await;
+        match held {
+            Ok(Some(winners)) => winners.contains(user),
+            Ok(None) => true,
+            Err(error) => {
+                tracing::debug!(%error, sale = sale_id, "cannot read a sold-out sale's winners; asking for the key");
+                true
+            }
+        }
+    }
+
+    /// What the backend says of a sale Redis does not have. One backend
+    /// call per sale per [`MISSING_TTL`]; each call also drops the sale's
+    /// snapshot, so a restored sale sells again at once.
+    pub async fn missing(&self, backend: &OrderClient, sale_id: &str) -> MissingSale {
+        self.missing
+            .get_with_by_ref(sale_id, async {
+                self.snapshots.invalidate(sale_id).await;
+                match backend.sale_exists(sale_id).await {
+                    Ok(true) => MissingSale::Restoring,
+                    Ok(false) => MissingSale::Unknown,
+                    Err(error) => {
+                        tracing::warn!(%error, sale = sale_id, "cannot ask the backend about a sale missing from redis");
+                        MissingSale::NoAnswer
+                    }
+                }
+            })
+            .await
+    }
+}
+
+async fn read_winners(redis: &RedisClient, sale_id: &str) -> Result<Winners, RedisError> {
+    let keys = SaleKeys::new(sale_id);
+    let mut conn = redis.conn().await?;
+    let count: usize = redis.bounded(redis::cmd("HLEN").arg(&keys.reservations).query_async(&mut conn)).await??;
+    if count > MAX_WINNERS_HELD {
+        return Ok(None);
+    }
+    let users: Vec<String> = redis.bounded(redis::cmd("HVALS").arg(&keys.reservations).query_async(&mut conn)).await??;
+    Ok(Some(Arc::new(users.into_iter().collect())))
+}
