@@ -2,7 +2,7 @@
 //! `redis-server` on a free port and uses its own SQLite file; PostgreSQL
 //! is the shared `test` database, so ids carry a random suffix.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flashgate_common::reservation::Reservation;
 use flashgate_common::sale::SaleSpec;
@@ -60,28 +60,13 @@ pub fn sale(id: &str, stock: i64) -> SaleSpec {
 pub struct RedisServer {
     server: flashgate_testkit::RedisServer,
     pub url: String,
-    _dir: flashgate_testkit::TempDir,
 }
 
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub async fn start() -> Self {
-        let dir = flashgate_testkit::TempDir::new("backend-redis");
-        let server = flashgate_testkit::RedisServer::start(&dir.0, false);
-        let url = server.url();
-        let client = server.client();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                let pong: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
-                if pong.is_ok() {
-                    break;
-                }
-            }
-            assert!(Instant::now() < deadline, "redis-server did not answer PING");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Self { server, url, _dir: dir }
+        let server = flashgate_testkit::RedisServer::private().await;
+        Self { url: server.url(), server }
     }
 
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {

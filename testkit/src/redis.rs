@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::ports::free_port;
-use crate::process::{wait_port, Proc};
+use crate::process::{wait_port, Proc, TempDir};
 
 /// A redis-server of the test's own.
 pub struct RedisServer {
@@ -14,6 +14,9 @@ pub struct RedisServer {
     pub port: u16,
     pub dir: PathBuf,
     appendonly: bool,
+    /// The temp dir of a server started by [`RedisServer::private`],
+    /// removed after the server is killed (fields drop in order).
+    owned_dir: Option<TempDir>,
 }
 
 impl RedisServer {
@@ -34,14 +37,35 @@ impl RedisServer {
             .stderr(Stdio::null());
         let proc = Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server" };
         assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "redis-server did not start");
-        Self { proc, port, dir: dir.to_owned(), appendonly }
+        Self { proc, port, dir: dir.to_owned(), appendonly, owned_dir: None }
+    }
+
+    /// A throwaway server (no persistence) in a temp dir of its own;
+    /// returns once it answers `PING`. For unit tests of code that talks
+    /// to Redis.
+    pub async fn private() -> Self {
+        let dir = TempDir::new("redis");
+        let mut server = Self::start(&dir.0, false);
+        server.owned_dir = Some(dir);
+        let client = server.client();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
+                    return server;
+                }
+            }
+            assert!(Instant::now() < deadline, "redis-server did not answer PING");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Kills the server (SIGKILL) and starts a new one on the same port and dir.
     pub fn restart(&mut self) {
         let _ = self.proc.child.kill();
         let _ = self.proc.child.wait();
-        let fresh = Self::start_on(&self.dir.clone(), self.port, self.appendonly);
+        let mut fresh = Self::start_on(&self.dir.clone(), self.port, self.appendonly);
+        fresh.owned_dir = self.owned_dir.take();
         *self = fresh;
     }
 
