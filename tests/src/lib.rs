@@ -6,6 +6,8 @@
 //!
 //! The binaries are taken from the cargo target dir next to the test
 //! executable; `make test` builds them first.
+// Test code: a failed unwrap is a failed test, with its message.
+#![allow(clippy::unwrap_used)]
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -281,7 +283,7 @@ struct Placement<'a> {
 }
 
 /// `config/flashgate.toml` with only the harness's placement replaced.
-fn shipped_config(at: &Placement) -> String {
+fn shipped_config(at: &Placement<'_>) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/flashgate.toml");
     let mut doc: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
     let mut set = |section: &str, key: &str, value: String| {
