@@ -30,7 +30,7 @@ faults:
 
 check:
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 clean:
 	$(CARGO) clean

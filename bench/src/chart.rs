@@ -10,7 +10,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use crate::report::{avg, rps};
-use crate::run::{Results, Side, SCENARIOS};
+use crate::results::{Results, Side, SCENARIOS};
 
 const FONT_CANDIDATES: &[&str] = &[
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",

@@ -8,6 +8,8 @@
 //!   own; mints buyer tokens in-process.
 //! - [`run`]: the scenarios in alternating rounds, the books after every buy
 //!   run, the backend drain, profiles.
+//! - [`results`]: what a run measured, written by [`run`] and read by
+//!   [`report`] and [`chart`].
 //! - [`report`], [`chart`]: `bench/REPORT.md` and its PNG chart.
 //! - [`sys`]: processes stopped by PID, CPU time from `/proc`.
 #![forbid(unsafe_code)]
@@ -15,6 +17,7 @@
 pub mod chart;
 pub mod load;
 pub mod report;
+pub mod results;
 pub mod run;
 pub mod stack;
 pub mod sys;

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::run::{Results, RoundResult, Side, SCENARIOS};
+use crate::results::{Results, RoundResult, Side, SCENARIOS};
 
 /// One target of the issue, evaluated.
 #[derive(Debug, Clone)]

@@ -4,7 +4,9 @@
 //! are defined once, here.
 //!
 //! Layout:
-//! - [`config`]: the TOML file, validated into typed settings.
+//! - [`config`]: the TOML file (`config::file`), validated
+//!   (`config::validate`, every problem named by its key) into typed
+//!   settings ([`config::Config`]); parsing reads no file nor environment.
 //! - [`keys`]: the Redis key layout of a sale (all keys share one hash tag).
 //! - [`reservation`]: the record the deduct script appends to a sale's stream,
 //!   and the order API between gateway and backend.

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use flashgate_common::config::file::Bucket;
+use flashgate_common::config::Bucket;
 
 use crate::limits::{Limited, RouteClass, Scope};
 use crate::redis_client::{RedisClient, RedisError};
@@ -35,8 +35,8 @@ impl ClusterLimit {
     /// # Errors
     /// `Ok(Err(Limited))` when empty; `Err` when Redis fails.
     pub async fn check(&self, redis: &RedisClient) -> Result<Result<(), Limited>, RedisError> {
-        let interval_ms = 1000.0 / f64::from(self.bucket.per_second);
-        let tolerance_ms = interval_ms * f64::from(self.bucket.burst.saturating_sub(1));
+        let interval_ms = 1000.0 / f64::from(self.bucket.per_second.get());
+        let tolerance_ms = interval_ms * f64::from(self.bucket.burst.get() - 1);
         let mut conn = redis.conn().await?;
         let mut invocation = self.script.prepare_invoke();
         invocation.key(CLUSTER_LIMIT_KEY).arg(interval_ms).arg(tolerance_ms);

@@ -16,12 +16,10 @@
 //! refill buckets by advancing the clock instead of sleeping.
 
 use std::net::IpAddr;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashgate_common::config::file::{Bucket, RouteLimits};
-use flashgate_common::config::LimitsConfig;
+use flashgate_common::config::{Bucket, LimitsConfig, RouteLimits};
 use governor::clock::{Clock, DefaultClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
@@ -70,7 +68,7 @@ impl Limited {
     /// `RateLimit-Policy` per draft-ietf-httpapi-ratelimit-headers: the
     /// quota `q` and the window `w` (seconds) in which a full bucket refills.
     pub fn policy_header(&self) -> String {
-        let window = self.bucket.burst.div_ceil(self.bucket.per_second).max(1);
+        let window = self.bucket.burst.get().div_ceil(self.bucket.per_second.get()).max(1);
         format!("\"{}-{}\";q={};w={}", self.class.as_str(), self.scope.as_str(), self.bucket.burst, window)
     }
 
@@ -97,10 +95,7 @@ impl RouteClass {
 }
 
 fn quota(b: Bucket) -> Quota {
-    // Validated non-zero by the config.
-    let per_second = NonZeroU32::new(b.per_second).unwrap_or(NonZeroU32::MIN);
-    let burst = NonZeroU32::new(b.burst).unwrap_or(NonZeroU32::MIN);
-    Quota::per_second(per_second).allow_burst(burst)
+    Quota::per_second(b.per_second).allow_burst(b.burst)
 }
 
 /// Buckets keyed by user or IP, in a bounded cache.
@@ -260,7 +255,7 @@ mod tests {
 
     #[test]
     fn a_user_gets_exactly_the_burst_then_is_limited_with_a_wait() {
-        let l = Limiters::new(&cfg(RouteLimits { user: Some(Bucket { per_second: 1, burst: 3 }), ..Default::default() }));
+        let l = Limiters::new(&cfg(RouteLimits { user: Bucket::new(1, 3), ..Default::default() }));
         for _ in 0..3 {
             assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
         }
@@ -274,7 +269,7 @@ mod tests {
 
     #[test]
     fn ipv6_clients_share_a_bucket_per_slash_64() {
-        let l = Limiters::new(&cfg(RouteLimits { ip: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() }));
+        let l = Limiters::new(&cfg(RouteLimits { ip: Bucket::new(1, 1), ..Default::default() }));
         assert!(l.check_ip(RouteClass::Buy, "2001:db8::1".parse().unwrap()).is_ok());
         assert_eq!(l.check_ip(RouteClass::Buy, "2001:db8::2".parse().unwrap()).unwrap_err().scope, Scope::Ip);
         assert!(l.check_ip(RouteClass::Buy, "2001:db8:0:1::1".parse().unwrap()).is_ok());
@@ -282,7 +277,7 @@ mod tests {
 
     #[test]
     fn ipv4_mapped_clients_get_their_own_ipv4_bucket() {
-        let l = Limiters::new(&cfg(RouteLimits { ip: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() }));
+        let l = Limiters::new(&cfg(RouteLimits { ip: Bucket::new(1, 1), ..Default::default() }));
         assert!(l.check_ip(RouteClass::Buy, "::ffff:192.0.2.1".parse().unwrap()).is_ok());
         assert!(l.check_ip(RouteClass::Buy, "::ffff:192.0.2.2".parse().unwrap()).is_ok(), "not one /64 for all IPv4");
         assert_eq!(
@@ -296,11 +291,7 @@ mod tests {
     fn the_longest_idle_time_the_config_accepts_builds_the_limiters() {
         // The cache refuses (panics on) idle times over 1000 years; the
         // config stops far below, at a day.
-        let mut c = cfg(RouteLimits {
-            user: Some(Bucket { per_second: 1, burst: 1 }),
-            ip: Some(Bucket { per_second: 1, burst: 1 }),
-            ..Default::default()
-        });
+        let mut c = cfg(RouteLimits { user: Bucket::new(1, 1), ip: Bucket::new(1, 1), ..Default::default() });
         c.idle = Duration::from_secs(flashgate_common::config::MAX_LIMITS_IDLE_SECONDS);
         let l = Limiters::new(&c);
         assert!(l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap()).is_ok());
@@ -309,7 +300,7 @@ mod tests {
 
     #[test]
     fn tracked_keys_stay_under_the_cap() {
-        let mut c = cfg(RouteLimits { user: Some(Bucket { per_second: 1, burst: 1 }), ..Default::default() });
+        let mut c = cfg(RouteLimits { user: Bucket::new(1, 1), ..Default::default() });
         c.max_tracked_keys = 100;
         let l = Limiters::new(&c);
         for i in 0..5000 {
@@ -321,8 +312,7 @@ mod tests {
     #[test]
     fn an_empty_bucket_refills_as_its_clock_advances() {
         let clock = governor::clock::FakeRelativeClock::default();
-        let l =
-            Limiters::with_clock(&cfg(RouteLimits { user: Some(Bucket { per_second: 2, burst: 2 }), ..Default::default() }), clock.clone());
+        let l = Limiters::with_clock(&cfg(RouteLimits { user: Bucket::new(2, 2), ..Default::default() }), clock.clone());
         assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
         assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
         let err = l.check_user_then_global(RouteClass::Buy, Some("u")).unwrap_err();
@@ -332,10 +322,7 @@ mod tests {
         clock.advance(Duration::from_millis(1));
         assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok(), "one request's worth after 500 ms");
         // The global bucket, on the same clock.
-        let l = Limiters::with_clock(
-            &cfg(RouteLimits { global: Some(Bucket { per_second: 10, burst: 1 }), ..Default::default() }),
-            clock.clone(),
-        );
+        let l = Limiters::with_clock(&cfg(RouteLimits { global: Bucket::new(10, 1), ..Default::default() }), clock.clone());
         assert!(l.check_user_then_global(RouteClass::Buy, None).is_ok());
         assert_eq!(l.check_user_then_global(RouteClass::Buy, None).unwrap_err().scope, Scope::Global);
         clock.advance(Duration::from_millis(100));

@@ -6,12 +6,13 @@
 //! 100000`, each keyed limiter holds at most 100,000 buckets, about 100
 //! bytes each with the cache's bookkeeping, so the two limiters stay far
 //! below [`RSS_GROWTH_CAP_BYTES`].
+// Test code: a failed unwrap is a failed test, with its message.
+#![allow(clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use flashgate_common::config::file::{Bucket, RouteLimits};
-use flashgate_common::config::LimitsConfig;
+use flashgate_common::config::{Bucket, LimitsConfig, RouteLimits};
 use flashgate_gateway::limits::{Limiters, RouteClass};
 
 /// Documented cap on resident-memory growth for 2,000,000 distinct keys.
@@ -26,7 +27,7 @@ fn rss_bytes() -> u64 {
 
 #[test]
 fn a_million_ips_and_a_million_users_keep_memory_under_the_cap() {
-    let bucket = Some(Bucket { per_second: 10, burst: 20 });
+    let bucket = Bucket::new(10, 20);
     let cfg = LimitsConfig {
         trusted_proxies: vec![],
         client_ip_header: Default::default(),

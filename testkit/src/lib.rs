@@ -11,6 +11,9 @@
 //! - [`redis`]: a redis-server of the test's own, `MONITOR`, large AOFs.
 //! - [`postgres`]: a private PostgreSQL cluster.
 
+// Test code: a failed unwrap is a failed test, with its message.
+#![allow(clippy::unwrap_used)]
+
 pub mod ports;
 pub mod postgres;
 pub mod process;

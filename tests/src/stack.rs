@@ -69,7 +69,7 @@ struct Placement<'a> {
 }
 
 /// `config/flashgate.toml` with only the harness's placement replaced.
-fn shipped_config(at: &Placement) -> String {
+fn shipped_config(at: &Placement<'_>) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/flashgate.toml");
     let mut doc: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
     let mut set = |section: &str, key: &str, value: String| {

@@ -63,7 +63,7 @@ impl Settings {
     pub fn new(redis: &RedisConfig, backend: &BackendConfig) -> Self {
         Self {
             redis: redis.clone(),
-            consumer_name: backend.consumer_name.clone(),
+            consumer_name: backend.consumer_name.clone().unwrap_or_else(default_consumer_name),
             batch_size: backend.batch_size,
             block: backend.block,
             claim_idle: backend.claim_idle,
@@ -73,6 +73,14 @@ impl Settings {
             readiness: None,
         }
     }
+}
+
+/// A consumer name unique per process on a host, `<host>-<pid>`, for a
+/// backend configured without one (read here, at start, so that parsing
+/// the config reads nothing from the machine).
+fn default_consumer_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "host".into());
+    format!("{}-{}", host.trim(), std::process::id())
 }
 
 /// Why one consumer session ended; the task logs it, backs off and starts

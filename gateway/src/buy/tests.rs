@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashgate_common::config::file::RouteLimits;
+use flashgate_common::config::RouteLimits;
 use flashgate_common::config::{AuthConfig, DenyConfig, LimitsConfig};
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::now_ms;

@@ -1,0 +1,110 @@
+//! What a bench run measured: the scenarios, each round's figures and
+//! books, the drain, the profiles and the machine. [`crate::run`] fills it
+//! in; [`crate::report`] and [`crate::chart`] read it.
+
+use serde::Serialize;
+
+use crate::load::Summary;
+use crate::sys::CpuUse;
+
+/// Which side of the comparison a round ran on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Side {
+    Flashgate,
+    Peer,
+}
+
+/// A scenario of the comparison.
+pub struct Scenario {
+    pub id: &'static str,
+    pub title: &'static str,
+    /// The peer run against, if the protocol allows one.
+    pub peer: Option<&'static str>,
+}
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario { id: "a_static", title: "a. Static sale page (GET, same 6.7 KB page on both sides)", peer: Some("nginx-static") },
+    Scenario { id: "b_state", title: "b. Sale-state JSON (GET /api/sales/{id})", peer: None },
+    Scenario { id: "c_buy", title: "c. Buy while in stock (closed loop)", peer: Some("openresty-gateway") },
+    Scenario { id: "c_buy_open", title: "c'. Buy while in stock (open loop, fixed rate)", peer: Some("openresty-gateway") },
+    Scenario { id: "d_soldout", title: "d. Buy after sold out", peer: Some("openresty-gateway") },
+    Scenario { id: "e_hammer", title: "e. One user hammering (rate-limited)", peer: Some("openresty-gateway") },
+    Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
+];
+
+/// The books after a buy run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub ok: bool,
+    pub text: String,
+    /// Redis script calls and the buys that reached Redis, when both are known.
+    pub script_calls: Option<(u64, u64)>,
+}
+
+/// One round of one scenario on one side.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundResult {
+    pub scenario: &'static str,
+    pub side: Side,
+    pub round: usize,
+    pub loadavg_before: String,
+    pub summary: Summary,
+    pub cpu: CpuUse,
+    pub check: Option<Check>,
+}
+
+/// The backend's drain of preloaded reservations.
+#[derive(Debug, Clone, Serialize)]
+pub struct Drain {
+    pub orders: usize,
+    pub preload_s: f64,
+    /// From starting the backend to the last order row.
+    pub total_s: f64,
+    /// From the first order row to the last.
+    pub after_first_s: f64,
+    pub backend_cpu_s: f64,
+    pub ok: bool,
+}
+
+impl Drain {
+    pub fn rate(&self) -> f64 {
+        self.orders as f64 / self.total_s.max(1e-9)
+    }
+}
+
+/// Top frames of one profiled process.
+#[derive(Debug, Clone, Serialize)]
+pub struct Profile {
+    pub what: String,
+    pub lines: Vec<String>,
+}
+
+/// Facts about the machine and the software measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Machine {
+    pub date: String,
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub versions: Vec<(String, String)>,
+}
+
+/// Everything the report is written from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    pub machine: Machine,
+    pub settings: Vec<(String, String)>,
+    pub open_rate: f64,
+    pub rounds: Vec<RoundResult>,
+    pub drain: Option<Drain>,
+    pub evalsha: Vec<String>,
+    pub profiles: Vec<Profile>,
+    pub perf_available: bool,
+    pub wall_s: f64,
+}
+
+impl Results {
+    pub fn of(&self, scenario: &str, side: Side) -> Vec<&RoundResult> {
+        self.rounds.iter().filter(|r| r.scenario == scenario && r.side == side).collect()
+    }
+}

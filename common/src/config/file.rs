@@ -1,0 +1,270 @@
+//! The serde shape of the TOML file, and the default of every key.
+//!
+//! Every table rejects unknown keys (`deny_unknown_fields`): a misspelled
+//! limit would otherwise silently turn protection off. The defaults live
+//! here, in the `Default` impls, and nowhere else: `docs/CONFIG.md` lists
+//! them (see [`super::documented_defaults`]). Values are taken as written;
+//! `validate` checks them and builds the typed settings.
+
+use serde::{Deserialize, Serialize};
+
+/// Which header names the client when the peer is a trusted proxy.
+///
+/// Only one is ever read: common proxies append to `X-Forwarded-For` but
+/// pass a client's own `Forwarded` through unchanged, so believing both
+/// would let a client choose its address.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum ClientIpHeader {
+    #[default]
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    #[serde(rename = "forwarded")]
+    Forwarded,
+}
+
+/// The whole file; every table may be left out.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct File {
+    pub redis: Redis,
+    pub auth: Auth,
+    pub gateway: Gateway,
+    pub backend: Backend,
+    pub limits: Limits,
+    pub deny: Deny,
+    pub shop: Shop,
+    pub pages: Pages,
+    pub sales: Vec<Sale>,
+}
+
+/// The shop behind the gateway.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Shop {
+    /// When non-empty, replaces `gateway.shop_upstream`.
+    pub upstreams: Vec<String>,
+    pub health_check_interval_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+}
+
+impl Default for Shop {
+    fn default() -> Self {
+        Self { upstreams: Vec::new(), health_check_interval_ms: 1000, connect_timeout_ms: 2000, read_timeout_ms: 30_000 }
+    }
+}
+
+/// Product pages, assets and the sale state they poll.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pages {
+    pub page_max_age_seconds: u64,
+    pub asset_max_age_seconds: u64,
+    pub fingerprinted_max_age_seconds: u64,
+    pub reload_interval_ms: u64,
+    pub state_ttl_ms: u64,
+}
+
+impl Default for Pages {
+    fn default() -> Self {
+        Self {
+            page_max_age_seconds: 10,
+            asset_max_age_seconds: 60,
+            fingerprinted_max_age_seconds: 31_536_000,
+            reload_interval_ms: 1000,
+            state_ttl_ms: 250,
+        }
+    }
+}
+
+/// A token bucket: `per_second` sustained, up to `burst` at once (both
+/// non-zero once validated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bucket {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+/// The buckets of one route class; an absent bucket is no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteLimits {
+    pub user: Option<Bucket>,
+    pub ip: Option<Bucket>,
+    pub global: Option<Bucket>,
+}
+
+/// `[limits]`: the edge's token buckets and whose address they key on.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub trusted_proxies: Vec<String>,
+    /// The header believed from a trusted proxy.
+    pub client_ip_header: ClientIpHeader,
+    pub max_tracked_keys: u64,
+    pub idle_seconds: u64,
+    pub buy: RouteLimits,
+    pub read: RouteLimits,
+    /// One bucket in Redis shared by every gateway; absent = off.
+    pub cluster_global: Option<Bucket>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+            client_ip_header: ClientIpHeader::default(),
+            max_tracked_keys: 100_000,
+            idle_seconds: 120,
+            buy: RouteLimits::default(),
+            read: RouteLimits::default(),
+            cluster_global: None,
+        }
+    }
+}
+
+/// `[deny]`: users and addresses refused with 403.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Deny {
+    pub users: Vec<String>,
+    /// Addresses or CIDRs.
+    pub ips: Vec<String>,
+}
+
+/// `[redis]`: where stock, buyers and streams live.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Redis {
+    pub url: String,
+    pub timeout_ms: u64,
+    pub breaker_failures: u32,
+    pub breaker_cooldown_ms: u64,
+}
+
+impl Default for Redis {
+    fn default() -> Self {
+        Self { url: "redis://127.0.0.1:6379/".into(), timeout_ms: 250, breaker_failures: 5, breaker_cooldown_ms: 1000 }
+    }
+}
+
+/// `[auth]`: how buyer tokens are checked.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Auth {
+    pub jwt_secret: Option<String>,
+    /// When set, buyer tokens must carry this `aud`.
+    pub audience: Option<String>,
+    /// When set, buyer tokens must carry this `iss`.
+    pub issuer: Option<String>,
+}
+
+/// `[gateway]`: the edge process.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Gateway {
+    pub listen: String,
+    pub admin_listen: String,
+    pub threads: usize,
+    pub shop_upstream: String,
+    pub backend_url: String,
+    pub forward_timeout_ms: u64,
+    pub static_dir: String,
+    pub idempotency_ttl_seconds: u64,
+    pub keepalive_seconds: u64,
+    pub backlog_pause_threshold: u64,
+    pub backlog_check_ms: u64,
+    pub body_read_timeout_ms: u64,
+    /// Upgrade socket and pid file; unset = `$RUNTIME_DIRECTORY`, else
+    /// `$XDG_RUNTIME_DIR/flashgate`, else `data/run`.
+    pub runtime_dir: Option<String>,
+}
+
+impl Default for Gateway {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8080".into(),
+            admin_listen: "127.0.0.1:9092".into(),
+            threads: 2,
+            shop_upstream: "127.0.0.1:8000".into(),
+            backend_url: "http://127.0.0.1:9090".into(),
+            forward_timeout_ms: 500,
+            static_dir: "static".into(),
+            idempotency_ttl_seconds: 86_400,
+            keepalive_seconds: 60,
+            backlog_pause_threshold: 50_000,
+            backlog_check_ms: 500,
+            body_read_timeout_ms: 10_000,
+            runtime_dir: None,
+        }
+    }
+}
+
+/// `[backend]`: the order backend process.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Backend {
+    pub listen: String,
+    pub admin_listen: String,
+    pub database_url: String,
+    /// Unset: `<host>-<pid>`, chosen when the backend starts.
+    pub consumer_name: Option<String>,
+    pub batch_size: usize,
+    pub block_ms: u64,
+    pub claim_idle_ms: u64,
+    pub sale_poll_ms: u64,
+    pub max_deliveries: u32,
+    pub expiry_poll_ms: u64,
+    pub restore_poll_ms: u64,
+    pub reconcile_interval_ms: u64,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9090".into(),
+            admin_listen: "127.0.0.1:9091".into(),
+            database_url: "sqlite://data/flashgate.db".into(),
+            consumer_name: None,
+            batch_size: 500,
+            block_ms: 1000,
+            claim_idle_ms: 30_000,
+            sale_poll_ms: 1000,
+            max_deliveries: 5,
+            expiry_poll_ms: 1000,
+            restore_poll_ms: 1000,
+            reconcile_interval_ms: 60_000,
+        }
+    }
+}
+
+/// One `[[sales]]` entry: `id`, `name` and `stock` are required.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sale {
+    pub id: String,
+    pub name: String,
+    pub stock: i64,
+    #[serde(default = "one")]
+    pub per_user_limit: i64,
+    /// RFC 3339; defaults to the moment the sale is first preheated.
+    pub starts_at: Option<String>,
+    /// RFC 3339; defaults to `starts_at + duration_seconds`.
+    pub ends_at: Option<String>,
+    #[serde(default = "hour")]
+    pub duration_seconds: i64,
+    /// Unpaid orders are cancelled this long after their reservation.
+    #[serde(default = "payment_timeout")]
+    pub payment_timeout_seconds: i64,
+}
+
+fn one() -> i64 {
+    1
+}
+fn hour() -> i64 {
+    3600
+}
+fn payment_timeout() -> i64 {
+    crate::sale::DEFAULT_PAYMENT_TIMEOUT_SECONDS
+}

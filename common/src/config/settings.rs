@@ -1,0 +1,189 @@
+//! The validated settings: what the processes run on, in domain types
+//! (addresses, durations, parsed networks, non-zero buckets). Nothing here
+//! is deserialized: [`super::file`] is the file's shape, and
+//! `validate` is the only way from one to the other.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::file::ClientIpHeader;
+use crate::sale::SaleSpec;
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub limits: LimitsConfig,
+    pub deny: DenyConfig,
+    pub redis: RedisConfig,
+    /// HS256 secret for buyer tokens; `None` when neither file nor env sets it.
+    pub jwt_secret: Option<String>,
+    /// Claims checked on buyer tokens besides `sub` and `exp`.
+    pub auth: AuthConfig,
+    /// Admin bearer token, from the environment only.
+    pub admin_token: Option<String>,
+    /// Bearer token between gateways and the backend's order API, from the
+    /// environment only.
+    pub internal_token: Option<String>,
+    /// Bearer token of the shop's payment calls, from the environment only.
+    pub shop_token: Option<String>,
+    pub gateway: GatewayConfig,
+    pub shop: ShopConfig,
+    pub pages: PagesConfig,
+    pub backend: BackendConfig,
+    /// Sales declared in the file; preheated only when absent from Redis.
+    pub sales: Vec<SaleSpec>,
+    /// Payment timeout of each sale in [`Config::sales`], by sale id.
+    pub payment_timeouts: HashMap<String, Duration>,
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    pub url: String,
+    /// Upper bound for one Redis call; past it a buyer gets 503.
+    pub timeout: Duration,
+    /// Consecutive failures that open the gateway's circuit breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker answers 503 before probing Redis again.
+    pub breaker_cooldown: Duration,
+}
+
+/// Gateway settings.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    /// Metrics, liveness and readiness; keep it off public networks.
+    pub admin_listen: SocketAddr,
+    pub threads: usize,
+    pub shop_upstream: SocketAddr,
+    pub backend_url: String,
+    pub forward_timeout: Duration,
+    pub static_dir: PathBuf,
+    pub idempotency_ttl: Duration,
+    pub keepalive: Duration,
+    /// Unpersisted reservations above which a sale pauses; 0 = never.
+    pub backlog_pause_threshold: u64,
+    /// How often the global switch and the backlogs are read.
+    pub backlog_check: Duration,
+    /// Longest wait for the next piece of a request body (slow clients).
+    pub body_read_timeout: Duration,
+    /// Private directory of the upgrade socket and the pid file; checked
+    /// (owner, not world-writable) when the gateway starts.
+    pub runtime_dir: PathBuf,
+}
+
+/// Optional claims every buyer token must carry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    pub audience: Option<String>,
+    pub issuer: Option<String>,
+}
+
+/// The shop's upstreams and how they are checked and reached.
+#[derive(Debug, Clone)]
+pub struct ShopConfig {
+    /// `shop.upstreams`, or `[gateway.shop_upstream]` when that is empty.
+    pub upstreams: Vec<SocketAddr>,
+    /// How often each upstream gets a TCP health check; an upstream that
+    /// fails one gets no requests until it passes one again.
+    pub health_check_interval: Duration,
+    pub connect_timeout: Duration,
+    /// Longest wait for the shop's next bytes; past it the client gets 504.
+    pub read_timeout: Duration,
+}
+
+/// Caching of the product pages and of the sale state they poll.
+#[derive(Debug, Clone)]
+pub struct PagesConfig {
+    /// `max-age` of HTML pages: short, so a new page is seen soon.
+    pub page_max_age: Duration,
+    /// `max-age` of assets whose name carries no content hash.
+    pub asset_max_age: Duration,
+    /// `max-age` (with `immutable`) of assets named `name.<hash>.ext`: their
+    /// content never changes under that name.
+    pub fingerprinted_max_age: Duration,
+    /// How often `gateway.static_dir` is checked for changed files; zero
+    /// turns reloading off.
+    pub reload_interval: Duration,
+    /// How long `GET /api/sales/{id}` is answered from the edge cache: at
+    /// most one Redis read per sale per this TTL per gateway.
+    pub state_ttl: Duration,
+}
+
+/// Backend settings.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub database_url: String,
+    /// The stream consumer name, from `FLASHGATE_CONSUMER_NAME` or the
+    /// file; `None` leaves it to the backend's start (`<host>-<pid>`).
+    pub consumer_name: Option<String>,
+    pub batch_size: usize,
+    pub block: Duration,
+    pub claim_idle: Duration,
+    pub sale_poll: Duration,
+    /// Deliveries after which a stream entry that keeps failing moves to
+    /// the sale's dead-letter stream instead of blocking the ones behind it.
+    pub max_deliveries: u32,
+    /// How often unpaid orders past their sale's payment timeout are looked for.
+    pub expiry_poll: Duration,
+    /// How often the backend checks that every sale is still in Redis.
+    pub restore_poll: Duration,
+    /// How often Redis counters are reconciled with the order table.
+    pub reconcile_interval: Duration,
+}
+
+/// A token bucket: `per_second` sustained, up to `burst` at once. Both are
+/// non-zero, as the limiters need them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    pub per_second: NonZeroU32,
+    pub burst: NonZeroU32,
+}
+
+impl Bucket {
+    /// A bucket, or `None` when either number is zero.
+    pub fn new(per_second: u32, burst: u32) -> Option<Self> {
+        Some(Self { per_second: NonZeroU32::new(per_second)?, burst: NonZeroU32::new(burst)? })
+    }
+}
+
+/// The buckets of one route class; an absent bucket is no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteLimits {
+    pub user: Option<Bucket>,
+    pub ip: Option<Bucket>,
+    pub global: Option<Bucket>,
+}
+
+/// Edge limits, validated: CIDRs parsed, buckets non-zero.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsConfig {
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The one header believed when the peer is a trusted proxy.
+    pub client_ip_header: ClientIpHeader,
+    pub max_tracked_keys: u64,
+    pub idle: Duration,
+    pub buy: RouteLimits,
+    pub read: RouteLimits,
+    /// The optional cluster-wide buy bucket, kept in Redis.
+    pub cluster_global: Option<Bucket>,
+}
+
+/// Deny lists, validated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DenyConfig {
+    pub users: HashSet<String>,
+    pub nets: Vec<ipnet::IpNet>,
+}
+
+impl DenyConfig {
+    pub fn denies_ip(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.nets.iter().any(|n| n.contains(&ip))
+    }
+}

@@ -1,0 +1,270 @@
+//! The configuration's tests: parsing, every bound named, the docs in step.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::*;
+
+struct MapEnv(&'static [(&'static str, &'static str)]);
+impl Env for MapEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        self.0.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+}
+
+/// Keys that default to unset, so serializing the defaults omits them.
+const OPTIONAL_KEYS: &[&str] = &[
+    "auth.jwt_secret",
+    "auth.audience",
+    "auth.issuer",
+    "gateway.runtime_dir",
+    "backend.consumer_name",
+    "limits.buy.user",
+    "limits.buy.ip",
+    "limits.buy.global",
+    "limits.read.user",
+    "limits.read.ip",
+    "limits.read.global",
+    "limits.cluster_global",
+];
+
+#[test]
+fn the_config_reference_lists_every_key_with_its_default() {
+    let doc = include_str!("../../../docs/CONFIG.md");
+    let rows: Vec<(String, String)> = doc
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let key = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            let default = cells.get(2)?.trim_matches('`');
+            (key.contains('.') && !key.starts_with("sales")).then(|| (key.to_owned(), default.to_owned()))
+        })
+        .collect();
+    let defaults = documented_defaults();
+    for (key, default) in &defaults {
+        let row = rows.iter().find(|(k, _)| k == key);
+        assert_eq!(row.map(|(_, d)| d.as_str()), Some(default.as_str()), "docs/CONFIG.md: `{key}` missing or its default is not {default}");
+    }
+    for (key, default) in &rows {
+        let known = defaults.iter().any(|(k, _)| k == key) || (OPTIONAL_KEYS.contains(&key.as_str()) && default == "(unset)");
+        assert!(known, "docs/CONFIG.md lists `{key}`, which the config does not take (or an optional key not marked (unset))");
+    }
+    for key in OPTIONAL_KEYS {
+        assert!(rows.iter().any(|(k, _)| k == key), "docs/CONFIG.md: optional `{key}` missing");
+    }
+}
+
+#[test]
+fn shipped_config_is_valid() {
+    let text = include_str!("../../../config/flashgate.toml");
+    let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+    assert!(!c.sales.is_empty());
+    assert!(c.jwt_secret.is_none(), "the shipped file must not carry a secret");
+}
+
+#[test]
+fn unknown_key_is_rejected_with_its_name_and_line() {
+    let err = Config::from_toml_str("[gateway]\nthreads = 2\nthredas = 4\n", &NoEnv, 0).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("thredas"), "{msg}");
+    assert!(msg.contains("line 3"), "{msg}");
+}
+
+#[test]
+fn every_bad_value_is_reported_with_its_key() {
+    let text = "[redis]\ntimeout_ms = 0\n[gateway]\nlisten = \"nope\"\n[[sales]]\nid = \"a b\"\nname = \"x\"\nstock = 1\n";
+    let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+    for key in ["redis.timeout_ms", "gateway.listen", "sales[0].id"] {
+        assert!(msg.contains(key), "{key} missing from {msg}");
+    }
+}
+
+#[test]
+fn secrets_come_from_the_environment_over_the_file() {
+    let text = "[auth]\njwt_secret = \"file-secret-file-secret-file-secret\"\n";
+    let env = MapEnv(&[("FLASHGATE_JWT_SECRET", ENV_SECRET), ("FLASHGATE_ADMIN_TOKEN", ADMIN_SECRET)]);
+    let c = Config::from_toml_str(text, &env, 0).unwrap();
+    assert_eq!(c.jwt_secret.as_deref(), Some(ENV_SECRET));
+    assert_eq!(c.admin_token.as_deref(), Some(ADMIN_SECRET));
+}
+
+const ENV_SECRET: &str = "env-secret-env-secret-env-secret-env";
+const ADMIN_SECRET: &str = "admin-token-admin-token-admin-token";
+
+#[test]
+fn secrets_under_32_bytes_are_refused_naming_where_they_came_from() {
+    let short = MapEnv(&[("FLASHGATE_JWT_SECRET", "replace-me"), ("FLASHGATE_ADMIN_TOKEN", "replace-me")]);
+    let msg = Config::from_toml_str("", &short, 0).unwrap_err().to_string();
+    assert!(msg.contains("FLASHGATE_JWT_SECRET: must be at least 32 bytes"), "{msg}");
+    assert!(msg.contains("FLASHGATE_ADMIN_TOKEN: must be at least 32 bytes"), "{msg}");
+    let msg = Config::from_toml_str("[auth]\njwt_secret = \"short\"\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("auth.jwt_secret: must be at least 32 bytes"), "{msg}");
+    let exactly = "x".repeat(MIN_SECRET_BYTES);
+    let c = Config::from_toml_str(&format!("[auth]\njwt_secret = \"{exactly}\"\n"), &NoEnv, 0).unwrap();
+    assert_eq!(c.jwt_secret.as_deref(), Some(exactly.as_str()));
+}
+
+#[test]
+fn every_numeric_key_is_bounded_and_named() {
+    let cases = [
+        ("[gateway]\nidempotency_ttl_seconds = 604801\n", "gateway.idempotency_ttl_seconds"),
+        ("[gateway]\nidempotency_ttl_seconds = 18446744073709551615\n", "gateway.idempotency_ttl_seconds"),
+        ("[gateway]\nbacklog_pause_threshold = 1000000001\n", "gateway.backlog_pause_threshold"),
+        ("[gateway]\nruntime_dir = \"\"\n", "gateway.runtime_dir"),
+        ("[limits]\nidle_seconds = 86401\n", "limits.idle_seconds"),
+        ("[limits]\nidle_seconds = 31536000000\n", "limits.idle_seconds"),
+        ("[limits]\nmax_tracked_keys = 100000001\n", "limits.max_tracked_keys"),
+        ("[limits.buy]\nuser = { per_second = 1000001, burst = 1 }\n", "limits.buy.user.per_second"),
+        ("[limits.read]\nglobal = { per_second = 1, burst = 10000001 }\n", "limits.read.global.burst"),
+        ("[limits]\ncluster_global = { per_second = 4294967295, burst = 1 }\n", "limits.cluster_global.per_second"),
+        ("[backend]\nclaim_idle_ms = 86400001\n", "backend.claim_idle_ms"),
+        ("[auth]\naudience = \"\"\n", "auth.audience"),
+        ("[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 1\nduration_seconds = 31536001\n", "sales[0].duration_seconds"),
+    ];
+    for (text, key) in cases {
+        let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains(key), "{key} missing from {msg}");
+    }
+    let top = "[gateway]\nidempotency_ttl_seconds = 604800\n[limits]\nidle_seconds = 86400\n";
+    let c = Config::from_toml_str(top, &NoEnv, 0).unwrap();
+    assert_eq!((c.gateway.idempotency_ttl.as_secs(), c.limits.idle.as_secs()), (604_800, 86_400));
+}
+
+#[test]
+fn the_client_ip_header_is_one_setting_x_forwarded_for_by_default() {
+    assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().limits.client_ip_header, ClientIpHeader::XForwardedFor);
+    let c = Config::from_toml_str("[limits]\nclient_ip_header = \"forwarded\"\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.limits.client_ip_header, ClientIpHeader::Forwarded);
+    let msg = Config::from_toml_str("[limits]\nclient_ip_header = \"x-real-ip\"\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("client_ip_header"), "{msg}");
+}
+
+#[test]
+fn an_ipv6_entry_that_would_hold_ipv4_clients_is_refused_naming_the_key() {
+    for (key, section) in [("deny.ips", "[deny]\nips"), ("limits.trusted_proxies", "[limits]\ntrusted_proxies")] {
+        for net in ["::/0", "::ffff:0:0/80", "::ffff:0:0/95"] {
+            let text = format!("{section} = [\"2001:db8::/32\", \"{net}\"]\n");
+            let msg = Config::from_toml_str(&text, &NoEnv, 0).unwrap_err().to_string();
+            assert!(msg.contains(&format!("{key}[1]")) && msg.contains("IPv4"), "{msg}");
+        }
+    }
+    // Narrower IPv6 networks, and the mapped range itself, are fine.
+    let c = Config::from_toml_str("[deny]\nips = [\"2001:db8::/32\", \"::ffff:0:0/96\", \"64:ff9b::/96\"]\n", &NoEnv, 0).unwrap();
+    assert!(c.deny.denies_ip("203.0.113.1".parse().unwrap()));
+    assert!(c.deny.denies_ip("2001:db8::1".parse().unwrap()));
+}
+
+#[test]
+fn ipv4_mapped_addresses_match_ipv4_deny_entries_and_back() {
+    let c = Config::from_toml_str("[deny]\nips = [\"192.0.2.0/24\", \"::ffff:198.51.100.0/120\"]\n", &NoEnv, 0).unwrap();
+    assert!(c.deny.denies_ip("::ffff:192.0.2.9".parse().unwrap()));
+    assert!(c.deny.denies_ip("198.51.100.9".parse().unwrap()));
+    assert!(!c.deny.denies_ip("::ffff:203.0.113.1".parse().unwrap()));
+}
+
+#[test]
+fn the_runtime_dir_comes_from_the_setting_then_systemd_then_xdg() {
+    let dir = |text: &str, env: &dyn Env| Config::from_toml_str(text, env, 0).unwrap().gateway.runtime_dir;
+    let systemd = MapEnv(&[("RUNTIME_DIRECTORY", "/run/flashgate:/run/other"), ("XDG_RUNTIME_DIR", "/run/user/1000")]);
+    assert_eq!(dir("[gateway]\nruntime_dir = \"/srv/fg/run\"\n", &systemd), PathBuf::from("/srv/fg/run"));
+    assert_eq!(dir("", &systemd), PathBuf::from("/run/flashgate"));
+    assert_eq!(dir("", &MapEnv(&[("XDG_RUNTIME_DIR", "/run/user/1000")])), PathBuf::from("/run/user/1000/flashgate"));
+    assert_eq!(dir("", &NoEnv), PathBuf::from("data/run"));
+}
+
+#[test]
+fn audience_and_issuer_are_optional_claims() {
+    let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert_eq!(c.auth, AuthConfig::default());
+    let c = Config::from_toml_str("[auth]\naudience = \"shop\"\nissuer = \"https://shop.example\"\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.auth.audience.as_deref(), Some("shop"));
+    assert_eq!(c.auth.issuer.as_deref(), Some("https://shop.example"));
+}
+
+#[test]
+fn limits_and_deny_lists_are_parsed_and_checked() {
+    let text = "[limits]\ntrusted_proxies = [\"10.0.0.0/8\"]\n[limits.buy]\nuser = { per_second = 2, burst = 5 }\n[deny]\nips = [\"192.0.2.7\", \"198.51.100.0/24\"]\n";
+    let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+    assert_eq!(c.limits.buy.user, Bucket::new(2, 5));
+    assert!(c.limits.buy.ip.is_none());
+    assert!(c.deny.denies_ip("198.51.100.9".parse().unwrap()));
+    assert!(c.deny.denies_ip("192.0.2.7".parse().unwrap()));
+    assert!(!c.deny.denies_ip("192.0.2.8".parse().unwrap()));
+    let bad = "[limits]\ntrusted_proxies = [\"nope\"]\n[limits.read]\nip = { per_second = 0, burst = 1 }\n";
+    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("limits.trusted_proxies[0]") && msg.contains("limits.read.ip"), "{msg}");
+}
+
+#[test]
+fn shop_upstreams_and_page_caching_default_and_are_checked() {
+    let c = Config::from_toml_str("[gateway]\nshop_upstream = \"127.0.0.1:8000\"\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.shop.upstreams, vec!["127.0.0.1:8000".parse::<SocketAddr>().unwrap()]);
+    assert_eq!(c.pages.state_ttl, Duration::from_millis(250));
+    assert_eq!(c.pages.fingerprinted_max_age, Duration::from_secs(31_536_000));
+    let text = "[shop]\nupstreams = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n[pages]\nstate_ttl_ms = 100\n";
+    let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+    assert_eq!(c.shop.upstreams.len(), 2);
+    assert_eq!(c.pages.state_ttl, Duration::from_millis(100));
+    let bad = "[shop]\nupstreams = [\"nope\"]\nconnect_timeout_ms = 0\n[pages]\nstate_ttl_ms = 0\npage_max_age_seconds = 99999999\n";
+    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+    for key in ["shop.upstreams[0]", "shop.connect_timeout_ms", "pages.state_ttl_ms", "pages.page_max_age_seconds"] {
+        assert!(msg.contains(key), "{key} missing from {msg}");
+    }
+}
+
+#[test]
+fn sale_window_defaults_to_now_plus_duration() {
+    let text = "[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\nduration_seconds = 10\n";
+    let c = Config::from_toml_str(text, &NoEnv, 1000).unwrap();
+    assert_eq!((c.sales[0].starts_at_ms, c.sales[0].ends_at_ms), (1000, 11_000));
+    assert_eq!(c.sales[0].per_user_limit, 1);
+}
+
+#[test]
+fn payment_timeout_and_recovery_keys_default_and_are_checked() {
+    let text =
+        "[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\n[[sales]]\nid = \"t\"\nname = \"y\"\nstock = 5\npayment_timeout_seconds = 30\n";
+    let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+    assert_eq!(c.payment_timeouts["s"], Duration::from_secs(900));
+    assert_eq!(c.payment_timeouts["t"], Duration::from_secs(30));
+    assert_eq!(c.backend.max_deliveries, 5);
+    assert_eq!(c.backend.reconcile_interval, Duration::from_secs(60));
+    let bad = "[backend]\nmax_deliveries = 0\nexpiry_poll_ms = 0\nrestore_poll_ms = 0\nreconcile_interval_ms = 0\n[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\npayment_timeout_seconds = 0\n";
+    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+    for key in [
+        "backend.max_deliveries",
+        "backend.expiry_poll_ms",
+        "backend.restore_poll_ms",
+        "backend.reconcile_interval_ms",
+        "sales[0].payment_timeout_seconds",
+    ] {
+        assert!(msg.contains(key), "{key} missing from {msg}");
+    }
+}
+
+#[test]
+fn every_problem_is_reported_with_its_key_its_bound_and_the_value() {
+    let text = "[redis]\ntimeout_ms = 0\n[limits.buy]\nuser = { per_second = 0, burst = 0 }\n[pages]\nreload_interval_ms = 3600001\n";
+    let Err(ConfigError::Invalid(problems)) = Config::from_toml_str(text, &NoEnv, 0) else { panic!("accepted") };
+    for expected in [
+        "redis.timeout_ms: must be between 1 and 60000, got 0",
+        "limits.buy.user.per_second: must be between 1 and 1000000 (leave the bucket out for no limit), got 0",
+        "limits.buy.user.burst: must be between 1 and 10000000 (leave the bucket out for no limit), got 0",
+        "pages.reload_interval_ms: must be at most 3600000 (0 turns reloading off), got 3600001",
+    ] {
+        assert!(problems.iter().any(|p| p == expected), "{expected} missing from {problems:#?}");
+    }
+    assert_eq!(problems.len(), 4, "{problems:#?}");
+}
+
+#[test]
+fn parsing_reads_nothing_from_the_machine() {
+    // The default consumer name needs the host name: the backend picks it
+    // at start; parsing leaves it unset.
+    assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().backend.consumer_name, None);
+    let c = Config::from_toml_str("", &MapEnv(&[("FLASHGATE_CONSUMER_NAME", "pod-7")]), 0).unwrap();
+    assert_eq!(c.backend.consumer_name.as_deref(), Some("pod-7"));
+    let c = Config::from_toml_str("[backend]\nconsumer_name = \"b1\"\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.backend.consumer_name.as_deref(), Some("b1"));
+}

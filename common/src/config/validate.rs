@@ -1,0 +1,325 @@
+//! From the file's shape to the typed settings: one function per table,
+//! each checking its keys through [`Check`] (the message is written from
+//! the bound) and building its part of [`Config`]. A table with a bad value
+//! still builds (with a placeholder), so every problem in the file is found
+//! in one pass; [`validate`] then returns them all instead of the settings.
+//!
+//! Pure: the environment comes in as an [`Env`] and the time as `now_ms`;
+//! nothing is read from the machine (the default consumer name, which needs
+//! the host name, is chosen when the backend starts).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::check::Check;
+use super::env::{self, Env, ENV_ADMIN_TOKEN, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN};
+use super::file;
+use super::settings::{
+    AuthConfig, BackendConfig, Bucket, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RouteLimits, ShopConfig,
+};
+use crate::sale::SaleSpec;
+
+/// Longest `gateway.idempotency_ttl_seconds`: a week. Redis refuses an
+/// `EX` past its own limit, and by then the buy has already run.
+pub const MAX_IDEMPOTENCY_TTL_SECONDS: u64 = 7 * 86_400;
+/// Longest `limits.idle_seconds`: a day. A bucket unused that long is full
+/// again anyway; the cache panics on idle times of centuries.
+pub const MAX_LIMITS_IDLE_SECONDS: u64 = 86_400;
+/// Largest `per_second` of a bucket.
+pub const MAX_BUCKET_PER_SECOND: u32 = 1_000_000;
+/// Largest `burst` of a bucket.
+pub const MAX_BUCKET_BURST: u32 = 10_000_000;
+/// Longest `sales[].duration_seconds`: a year.
+pub const MAX_SALE_DURATION_SECONDS: i64 = 365 * 86_400;
+/// Longest `max-age` of a page or asset: a year.
+const MAX_AGE_SECONDS: u64 = 31_536_000;
+
+/// Checks every value of `f` and builds the settings.
+///
+/// # Errors
+/// Every problem found, each prefixed with its key path.
+pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec<String>> {
+    let mut check = Check::default();
+    let (jwt_secret, admin_token) = secrets(&mut check, f.auth.jwt_secret.clone(), env);
+    let config = Config {
+        limits: limits(&mut check, f.limits),
+        deny: deny(&mut check, f.deny),
+        redis: redis(&mut check, f.redis),
+        jwt_secret,
+        auth: auth(&mut check, f.auth),
+        admin_token,
+        internal_token: env.var(ENV_INTERNAL_TOKEN),
+        shop_token: env.var(ENV_SHOP_TOKEN),
+        shop: shop(&mut check, f.shop, &f.gateway.shop_upstream),
+        gateway: gateway(&mut check, f.gateway, env),
+        pages: pages(&mut check, f.pages),
+        backend: backend(&mut check, f.backend, env),
+        payment_timeouts: payment_timeouts(&mut check, &f.sales),
+        sales: sales(&mut check, &f.sales, now_ms),
+    };
+    check.finish().map(|()| config)
+}
+
+/// An `IP:port`; a bad one is a problem, and `0.0.0.0:0` stands in for it.
+fn addr(check: &mut Check, key: &str, value: &str) -> SocketAddr {
+    value.parse().unwrap_or_else(|_| {
+        check.fail(key, format_args!("`{value}` is not an IP:port address"));
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    })
+}
+
+fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
+    check.that(f.url.starts_with("redis://") || f.url.starts_with("rediss://"), "redis.url", "must start with redis:// or rediss://");
+    check.between("redis.timeout_ms", f.timeout_ms, 1, 60_000);
+    check.between("redis.breaker_failures", f.breaker_failures, 1, 1000);
+    check.between("redis.breaker_cooldown_ms", f.breaker_cooldown_ms, 10, 600_000);
+    RedisConfig {
+        url: f.url,
+        timeout: Duration::from_millis(f.timeout_ms),
+        breaker_failures: f.breaker_failures,
+        breaker_cooldown: Duration::from_millis(f.breaker_cooldown_ms),
+    }
+}
+
+fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig {
+    check.between("gateway.threads", f.threads, 1, 256);
+    check.that(f.backend_url.starts_with("http://"), "gateway.backend_url", "must be an http:// URL");
+    check.between("gateway.forward_timeout_ms", f.forward_timeout_ms, 1, 60_000);
+    check.between("gateway.idempotency_ttl_seconds", f.idempotency_ttl_seconds, 1, MAX_IDEMPOTENCY_TTL_SECONDS).note("7 days");
+    check.at_most("gateway.backlog_pause_threshold", f.backlog_pause_threshold, 1_000_000_000).note("0 = never");
+    check
+        .that(f.runtime_dir.as_deref().is_none_or(|d| !d.trim().is_empty()), "gateway.runtime_dir", "must not be empty")
+        .note("leave it out for the default");
+    check.between("gateway.body_read_timeout_ms", f.body_read_timeout_ms, 100, 600_000);
+    check.between("gateway.backlog_check_ms", f.backlog_check_ms, 50, 60_000);
+    check.between("gateway.keepalive_seconds", f.keepalive_seconds, 1, 3600);
+    GatewayConfig {
+        listen: addr(check, "gateway.listen", &f.listen),
+        admin_listen: addr(check, "gateway.admin_listen", &f.admin_listen),
+        threads: f.threads,
+        shop_upstream: addr(check, "gateway.shop_upstream", &f.shop_upstream),
+        backend_url: f.backend_url.trim_end_matches('/').to_owned(),
+        forward_timeout: Duration::from_millis(f.forward_timeout_ms),
+        static_dir: PathBuf::from(f.static_dir),
+        idempotency_ttl: Duration::from_secs(f.idempotency_ttl_seconds),
+        keepalive: Duration::from_secs(f.keepalive_seconds),
+        backlog_pause_threshold: f.backlog_pause_threshold,
+        backlog_check: Duration::from_millis(f.backlog_check_ms),
+        body_read_timeout: Duration::from_millis(f.body_read_timeout_ms),
+        runtime_dir: env::runtime_dir(f.runtime_dir, env),
+    }
+}
+
+/// `[shop]`; `gateway.shop_upstream` is the one upstream when
+/// `shop.upstreams` is empty (its own problems are `gateway`'s to report).
+fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
+    let mut upstreams: Vec<SocketAddr> =
+        f.upstreams.iter().enumerate().map(|(i, v)| addr(check, &format!("shop.upstreams[{i}]"), v)).collect();
+    if upstreams.is_empty() {
+        upstreams.extend(shop_upstream.parse::<SocketAddr>().ok());
+    }
+    check.that(upstreams.len() <= 64, "shop.upstreams", format_args!("must hold at most 64 upstreams, got {}", upstreams.len()));
+    check.between("shop.health_check_interval_ms", f.health_check_interval_ms, 100, 600_000);
+    check.between("shop.connect_timeout_ms", f.connect_timeout_ms, 1, 60_000);
+    check.between("shop.read_timeout_ms", f.read_timeout_ms, 1, 3_600_000);
+    ShopConfig {
+        upstreams,
+        health_check_interval: Duration::from_millis(f.health_check_interval_ms),
+        connect_timeout: Duration::from_millis(f.connect_timeout_ms),
+        read_timeout: Duration::from_millis(f.read_timeout_ms),
+    }
+}
+
+fn pages(check: &mut Check, f: file::Pages) -> PagesConfig {
+    check.at_most("pages.page_max_age_seconds", f.page_max_age_seconds, MAX_AGE_SECONDS);
+    check.at_most("pages.asset_max_age_seconds", f.asset_max_age_seconds, MAX_AGE_SECONDS);
+    check.at_most("pages.fingerprinted_max_age_seconds", f.fingerprinted_max_age_seconds, MAX_AGE_SECONDS);
+    check.at_most("pages.reload_interval_ms", f.reload_interval_ms, 3_600_000).note("0 turns reloading off");
+    check.between("pages.state_ttl_ms", f.state_ttl_ms, 1, 60_000);
+    PagesConfig {
+        page_max_age: Duration::from_secs(f.page_max_age_seconds),
+        asset_max_age: Duration::from_secs(f.asset_max_age_seconds),
+        fingerprinted_max_age: Duration::from_secs(f.fingerprinted_max_age_seconds),
+        reload_interval: Duration::from_millis(f.reload_interval_ms),
+        state_ttl: Duration::from_millis(f.state_ttl_ms),
+    }
+}
+
+fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig {
+    let database_url = env.var(ENV_DATABASE_URL).unwrap_or(f.database_url);
+    check.that(
+        ["sqlite:", "postgres://", "postgresql://"].iter().any(|scheme| database_url.starts_with(scheme)),
+        "backend.database_url",
+        "must be a sqlite: or postgres:// URL",
+    );
+    check.between("backend.batch_size", f.batch_size, 1, 10_000);
+    check.between("backend.block_ms", f.block_ms, 1, 60_000);
+    check.between("backend.claim_idle_ms", f.claim_idle_ms, 100, 86_400_000);
+    check.between("backend.sale_poll_ms", f.sale_poll_ms, 10, 60_000);
+    check.between("backend.max_deliveries", f.max_deliveries, 1, 1000);
+    check.between("backend.expiry_poll_ms", f.expiry_poll_ms, 10, 600_000);
+    check.between("backend.restore_poll_ms", f.restore_poll_ms, 10, 600_000);
+    check.between("backend.reconcile_interval_ms", f.reconcile_interval_ms, 10, 86_400_000);
+    BackendConfig {
+        listen: addr(check, "backend.listen", &f.listen),
+        admin_listen: addr(check, "backend.admin_listen", &f.admin_listen),
+        database_url,
+        consumer_name: env.var(ENV_CONSUMER_NAME).or(f.consumer_name),
+        batch_size: f.batch_size,
+        block: Duration::from_millis(f.block_ms),
+        claim_idle: Duration::from_millis(f.claim_idle_ms),
+        sale_poll: Duration::from_millis(f.sale_poll_ms),
+        max_deliveries: f.max_deliveries,
+        expiry_poll: Duration::from_millis(f.expiry_poll_ms),
+        restore_poll: Duration::from_millis(f.restore_poll_ms),
+        reconcile_interval: Duration::from_millis(f.reconcile_interval_ms),
+    }
+}
+
+/// A bucket with both numbers in range, or `None` (and the problems).
+fn bucket(check: &mut Check, key: &str, b: file::Bucket) -> Option<Bucket> {
+    const NOTE: &str = "leave the bucket out for no limit";
+    let per_second = check.non_zero(format_args!("{key}.per_second"), b.per_second, MAX_BUCKET_PER_SECOND, NOTE);
+    let burst = check.non_zero(format_args!("{key}.burst"), b.burst, MAX_BUCKET_BURST, NOTE);
+    Some(Bucket { per_second: per_second?, burst: burst? })
+}
+
+fn route_limits(check: &mut Check, class: &str, f: file::RouteLimits) -> RouteLimits {
+    let mut one = |scope: &str, b: Option<file::Bucket>| b.and_then(|b| bucket(check, &format!("limits.{class}.{scope}"), b));
+    RouteLimits { user: one("user", f.user), ip: one("ip", f.ip), global: one("global", f.global) }
+}
+
+fn limits(check: &mut Check, f: file::Limits) -> LimitsConfig {
+    check.between("limits.max_tracked_keys", f.max_tracked_keys, 1, 100_000_000);
+    check.between("limits.idle_seconds", f.idle_seconds, 1, MAX_LIMITS_IDLE_SECONDS);
+    LimitsConfig {
+        trusted_proxies: nets(check, "limits.trusted_proxies", &f.trusted_proxies),
+        client_ip_header: f.client_ip_header,
+        max_tracked_keys: f.max_tracked_keys,
+        idle: Duration::from_secs(f.idle_seconds),
+        buy: route_limits(check, "buy", f.buy),
+        read: route_limits(check, "read", f.read),
+        cluster_global: f.cluster_global.and_then(|b| bucket(check, "limits.cluster_global", b)),
+    }
+}
+
+fn deny(check: &mut Check, f: file::Deny) -> DenyConfig {
+    DenyConfig { nets: nets(check, "deny.ips", &f.ips), users: f.users.into_iter().collect() }
+}
+
+/// The parsed networks of a list; each bad entry is a problem at `key[i]`.
+fn nets(check: &mut Check, key: &str, list: &[String]) -> Vec<IpNet> {
+    list.iter().enumerate().filter_map(|(i, v)| parse_net(v).map_err(|why| check.fail(format_args!("{key}[{i}]"), why)).ok()).collect()
+}
+
+/// Parses an address or CIDR into a network (an address is a /32 or /128).
+/// An IPv4-mapped IPv6 network (`::ffff:192.0.2.0/120`) becomes its IPv4
+/// network, since client addresses are compared in their IPv4 form.
+///
+/// # Errors
+/// The reason, for a value that is not an address or CIDR, or an IPv6
+/// network shorter than /96 that holds the IPv4-mapped range
+/// (`::ffff:0:0/96`): IPv4 clients are compared in IPv4 form, so it would
+/// look as if it covered them and never match one.
+fn parse_net(s: &str) -> Result<IpNet, String> {
+    let net: IpNet = s
+        .parse()
+        .ok()
+        .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
+        .ok_or_else(|| format!("`{s}` is not an IP address or CIDR"))?;
+    if let IpNet::V6(v6) = net {
+        if let (Some(v4), Some(prefix)) = (v6.addr().to_ipv4_mapped(), v6.prefix_len().checked_sub(96)) {
+            if let Ok(v4) = Ipv4Net::new(v4, prefix) {
+                return Ok(IpNet::V4(v4));
+            }
+        }
+        let mapped = Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).expect("/96 is a valid prefix");
+        if v6.prefix_len() < 96 && v6.contains(&mapped) {
+            return Err(format!(
+                "`{s}` holds the IPv4-mapped range ::ffff:0:0/96, which never matches: IPv4 clients are compared in IPv4 form; add IPv4 entries (e.g. 0.0.0.0/0) for them"
+            ));
+        }
+    }
+    Ok(net)
+}
+
+/// The JWT secret (environment over file) and the admin token, each
+/// refused when too short ([`crate::secret::required`]), named by where it
+/// came from. The order API's tokens are checked where they are required,
+/// at start: only the process that uses one needs it.
+fn secrets(check: &mut Check, file_secret: Option<String>, env: &dyn Env) -> (Option<String>, Option<String>) {
+    let jwt_secret = match env.var(ENV_JWT_SECRET) {
+        Some(s) => Some((ENV_JWT_SECRET, s)),
+        None => file_secret.filter(|s| !s.is_empty()).map(|s| ("auth.jwt_secret", s)),
+    };
+    let admin_token = env.var(ENV_ADMIN_TOKEN);
+    for (name, secret) in jwt_secret.iter().map(|(n, s)| (*n, s)).chain(admin_token.iter().map(|s| (ENV_ADMIN_TOKEN, s))) {
+        if let Err(e) = crate::secret::required(name, Some(secret)) {
+            check.problem(e);
+        }
+    }
+    (jwt_secret.map(|(_, s)| s), admin_token)
+}
+
+fn auth(check: &mut Check, f: file::Auth) -> AuthConfig {
+    for (key, claim) in [("auth.audience", &f.audience), ("auth.issuer", &f.issuer)] {
+        if let Some(claim) = claim {
+            check.that((1..=256).contains(&claim.len()), key, "must be 1 to 256 characters").note("leave it out for no check");
+        }
+    }
+    AuthConfig { audience: f.audience, issuer: f.issuer }
+}
+
+/// The payment timeout of each sale, by id.
+fn payment_timeouts(check: &mut Check, sales: &[file::Sale]) -> HashMap<String, Duration> {
+    let mut out = HashMap::new();
+    for (i, s) in sales.iter().enumerate() {
+        // The rule is the admin API's too: `sale::payment_timeout` owns it.
+        match crate::sale::payment_timeout(s.payment_timeout_seconds) {
+            Ok(t) => {
+                out.insert(s.id.clone(), t);
+            }
+            Err(e) => check.problem(format_args!("sales[{i}].{e}")),
+        }
+    }
+    out
+}
+
+/// The sales, each checked by [`SaleSpec::validate`] (the admin API's
+/// rule too), with their windows filled in from `now_ms`.
+fn sales(check: &mut Check, sales: &[file::Sale], now_ms: i64) -> Vec<SaleSpec> {
+    let mut out: Vec<SaleSpec> = Vec::with_capacity(sales.len());
+    for (i, s) in sales.iter().enumerate() {
+        check.between(format_args!("sales[{i}].duration_seconds"), s.duration_seconds, 1, MAX_SALE_DURATION_SECONDS);
+        match sale_spec(s, now_ms).and_then(|spec| spec.validate().map(|()| spec)) {
+            Ok(spec) if out.iter().any(|o| o.id == spec.id) => {
+                check.fail(format_args!("sales[{i}].id"), format_args!("`{}` is declared twice", spec.id))
+            }
+            Ok(spec) => out.push(spec),
+            Err(e) => check.problem(format_args!("sales[{i}].{e}")),
+        }
+    }
+    out
+}
+
+fn parse_time(key: &str, value: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(value)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| format!("{key}: `{value}` is not an RFC 3339 time ({e})"))
+}
+
+fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
+    let starts_at_ms = match &s.starts_at {
+        Some(t) => parse_time("starts_at", t)?,
+        None => now_ms,
+    };
+    let ends_at_ms = match &s.ends_at {
+        Some(t) => parse_time("ends_at", t)?,
+        None => starts_at_ms.saturating_add(s.duration_seconds.saturating_mul(1000)),
+    };
+    Ok(SaleSpec { id: s.id.clone(), name: s.name.clone(), stock: s.stock, per_user_limit: s.per_user_limit, starts_at_ms, ends_at_ms })
+}
