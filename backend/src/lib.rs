@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod error;
 pub mod metrics;
 pub mod readiness;
 pub mod reconcile;
@@ -32,6 +33,7 @@ pub mod sales;
 pub mod server;
 pub mod store;
 pub mod stream;
+pub mod switches;
 pub mod timeout;
 
 pub use server::{run, StartError};

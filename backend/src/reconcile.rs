@@ -34,9 +34,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::recovery::adopt;
-use crate::sales::SaleError;
+use crate::error::SaleError;
 use crate::store::{OrderStatus, Store};
-use crate::stream::consumer::parse as parse_entry;
+use crate::stream::entry::parse as parse_entry;
 
 /// Stream entries read per `XRANGE` while looking for unprocessed ones.
 const SCAN_CHUNK: usize = 1000;

@@ -17,7 +17,7 @@ use redis::aio::ConnectionLike;
 use tokio::sync::watch;
 
 use crate::recovery::return_stock;
-use crate::sales::SaleError;
+use crate::error::SaleError;
 use crate::store::Store;
 
 /// Unpaid orders examined per query.

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::sales::{self, Applied, SaleView};
+use crate::switches;
 use crate::stream::dead_letter;
 
 /// Body of `PUT /admin/sales/{id}`.
@@ -219,11 +220,11 @@ pub async fn resume(state: State<AppState>, id: Result<Path<String>, PathRejecti
 
 async fn set_paused(State(state): State<AppState>, id: Result<Path<String>, PathRejection>, paused: bool) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    let applied = match sales::set_paused(&mut state.redis.clone(), &state.store, &id, paused).await? {
-        sales::Paused::Unknown => return Err(ApiError::not_found("no such sale")),
-        sales::Paused::Applied => true,
+    let applied = match switches::set_paused(&mut state.redis.clone(), &state.store, &id, paused).await? {
+        switches::Paused::Unknown => return Err(ApiError::not_found("no such sale")),
+        switches::Paused::Applied => true,
         // Absent from Redis (being restored): the restore applies it.
-        sales::Paused::Recorded => false,
+        switches::Paused::Recorded => false,
     };
     tracing::info!(sale = %id, paused, in_redis = applied, "sale pause switched by an operator");
     Ok(Json(serde_json::json!({"sale_id": id, "paused": paused})).into_response())
@@ -241,7 +242,7 @@ pub struct SwitchBody {
 /// database, so a Redis that restarts empty gets it back.
 pub async fn switch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let SwitchBody { paused } = parse_json(&body?)?;
-    sales::set_all_paused(&mut state.redis.clone(), &state.store, paused).await?;
+    switches::set_all_paused(&mut state.redis.clone(), &state.store, paused).await?;
     tracing::warn!(paused, "global sale switch turned by an operator");
     Ok(Json(serde_json::json!({"paused": paused})).into_response())
 }

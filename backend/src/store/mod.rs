@@ -13,6 +13,7 @@ mod sql;
 
 use std::path::Path;
 
+use flashgate_common::keys::switch_value;
 use flashgate_common::reservation::{OrderView, Reservation, ReservationStatus};
 use flashgate_common::sale::SaleSpec;
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -329,7 +330,7 @@ impl Store {
 
     /// Records whether an operator has sale `id` paused; returns whether
     /// the sale exists. The row is what a sale restored into an empty Redis
-    /// gets (see [`crate::recovery`]).
+    /// gets.
     ///
     /// # Errors
     /// A failed query.
@@ -540,14 +541,6 @@ fn order_row(row: &AnyRow, with_released: bool) -> Result<OrderRow, StoreError> 
         status: OrderStatus::parse(&status)?,
         released_at_ms: if with_released { row.try_get("released_at_ms")? } else { None },
     })
-}
-
-fn switch_value(paused: bool) -> &'static str {
-    if paused {
-        "paused"
-    } else {
-        "open"
-    }
 }
 
 /// An open transaction writing one sale; dropped without
