@@ -182,9 +182,8 @@ async fn start_and_run(
 
     let state = AppState::new(store.clone(), redis.clone(), tokens.clone());
     let settings = consumer::Settings {
-        metrics: state.metrics.clone(),
         readiness: Some(readiness.clone()),
-        ..consumer::Settings::new(&config.redis, &config.backend)
+        ..consumer::Settings::new(&config.redis, &config.backend, state.metrics.clone())
     };
     let _ = order_api.set(order_router(state.clone()));
     let _ = admin_api.set(admin_router(state.clone()));

@@ -46,9 +46,7 @@ fn one() -> i64 {
 }
 
 fn parse_time(field: &str, value: &str) -> Result<i64, ApiError> {
-    chrono::DateTime::parse_from_rfc3339(value)
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| ApiError::bad_request(format!("{field}: `{value}` is not an RFC 3339 time ({e})")))
+    flashgate_common::parse_rfc3339(field, value).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {

@@ -208,16 +208,6 @@ impl Store {
         row.as_ref().map(order_view).transpose()
     }
 
-    /// Sets the status of the order made from `reservation_id`; returns
-    /// whether such an order exists. (Payment and expiry use this.)
-    ///
-    /// # Errors
-    /// A failed query.
-    pub async fn set_order_status(&self, reservation_id: &str, status: OrderStatus) -> Result<bool, StoreError> {
-        let done = sqlx::query(sql::SET_ORDER_STATUS).bind(status.as_str()).bind(reservation_id).execute(&self.pool).await?;
-        Ok(done.rows_affected() > 0)
-    }
-
     /// Orders of `sale_id` that still hold an item (not cancelled).
     ///
     /// # Errors
@@ -457,15 +447,6 @@ impl Store {
     /// A failed query.
     pub async fn unsettled_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
         let row = sqlx::query(sql::UNSETTLED_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
-        Ok(row.try_get::<i64, _>(0)?)
-    }
-
-    /// Orders of `sale_id`, whatever their status.
-    ///
-    /// # Errors
-    /// A failed query.
-    pub async fn count_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
-        let row = sqlx::query(sql::COUNT_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
 

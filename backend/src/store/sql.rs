@@ -40,8 +40,6 @@ pub fn orders_by_reservations(n: usize) -> String {
 
 pub const ORDER_BY_RESERVATION: &str = "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id = $1";
 
-pub const SET_ORDER_STATUS: &str = "UPDATE orders SET status = $1 WHERE reservation_id = $2";
-
 pub const COUNT_LIVE_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
 
 pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused) VALUES ($1, $2, $3, $4, $5, $6, $7, 0) ON CONFLICT (id) DO NOTHING";
@@ -97,9 +95,6 @@ pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id
 /// of a cancelled order's item. A sale with any is not archived.
 pub const UNSETTLED_ORDERS: &str =
     "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
-
-/// Every order of a sale, whatever its status (one per reservation).
-pub const COUNT_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1";
 
 pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
 

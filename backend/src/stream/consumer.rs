@@ -61,7 +61,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn new(redis: &RedisConfig, backend: &BackendConfig) -> Self {
+    /// The consumers' settings from the config; they count into `metrics`,
+    /// the registry the backend serves.
+    pub fn new(redis: &RedisConfig, backend: &BackendConfig, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
         Self {
             redis: redis.clone(),
             consumer_name: backend.consumer_name.clone(),
@@ -70,7 +72,7 @@ impl Settings {
             claim_idle: backend.claim_idle,
             sale_poll: backend.sale_poll,
             max_deliveries: backend.max_deliveries,
-            metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
+            metrics,
             readiness: None,
         }
     }
