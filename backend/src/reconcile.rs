@@ -33,8 +33,8 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::recovery::adopt;
 use crate::error::SaleError;
+use crate::recovery::adopt;
 use crate::store::{OrderStatus, Store};
 use crate::stream::entry::parse as parse_entry;
 

@@ -20,8 +20,8 @@ use serde::Deserialize;
 use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::sales::{self, Applied, SaleView};
-use crate::switches;
 use crate::stream::dead_letter;
+use crate::switches;
 
 /// Body of `PUT /admin/sales/{id}`.
 #[derive(Debug, Deserialize)]
