@@ -11,18 +11,30 @@
 //! - [`api`]: the order API (for the gateway) and the admin API, with one
 //!   error-to-HTTP mapping in [`api::error`].
 //! - [`readiness`]: what the backend waits for; `GET /live`, `GET /ready`.
-//! - [`store`]: the SQL database (SQLite or PostgreSQL).
-//! - [`stream::consumer`]: per-sale Redis Stream consumers.
+//! - [`store`]: the SQL database (SQLite or PostgreSQL); [`store::schema`]
+//!   runs the migrations of `backend/migrations/<flavour>/` at start.
+//! - [`stream::consumer`]: per-sale Redis Stream consumers;
+//!   [`stream::entry`] reads an entry back as a reservation.
+//! - [`stream::retention`]: trimming written entries, archiving finished sales.
 //! - [`sales`]: preheating sales into Redis, changing them, operator views.
-//! - [`redis_io`]: Redis connections and the Lua scripts.
+//! - [`switches`]: per-sale pauses and the global switch, database first,
+//!   and the sync that brings Redis's copies in line.
+//! - [`redis_io`]: Redis connections, the Lua scripts, announcing sale events.
 //! - [`recovery`]: restoring a sale Redis lost; returning cancelled items.
+//! - [`error`]: [`error::SaleError`], shared by the modules working on sales.
 //! - [`timeout`]: cancelling orders unpaid past their sale's timeout.
 //! - [`reconcile`]: Redis counters against the order table, and the drift.
 //! - [`metrics`]: Prometheus metrics, served at `GET /metrics`.
 //! - [`stream::dead_letter`]: entries that could not become orders.
+//!
+//! No two modules import each other: [`server`] wires the rest, [`api`]
+//! calls into [`sales`], [`switches`], [`reconcile`] and [`stream`],
+//! [`sales`] preheats through [`recovery`], and everything uses [`store`],
+//! [`redis_io`] and [`error`], which import nothing above them.
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod error;
 pub mod metrics;
 pub mod readiness;
 pub mod reconcile;
@@ -32,6 +44,7 @@ pub mod sales;
 pub mod server;
 pub mod store;
 pub mod stream;
+pub mod switches;
 pub mod timeout;
 
 pub use server::{run, StartError};

@@ -100,7 +100,7 @@ pub async fn refresh_sales<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
     store: &crate::store::Store,
     metrics: &Metrics,
-) -> Result<(), crate::sales::SaleError> {
+) -> Result<(), crate::error::SaleError> {
     let archived = crate::stream::retention::archived(conn).await?;
     for sale in store.sales().await? {
         let id = sale.id.as_str();

@@ -33,10 +33,10 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::error::SaleError;
 use crate::recovery::adopt;
-use crate::sales::SaleError;
 use crate::store::{OrderStatus, Store};
-use crate::stream::consumer::parse as parse_entry;
+use crate::stream::entry::parse as parse_entry;
 
 /// Stream entries read per `XRANGE` while looking for unprocessed ones.
 const SCAN_CHUNK: usize = 1000;

@@ -3,7 +3,7 @@
 //! A Redis that restarts without its data (no AOF, a lost disk, a replica
 //! promoted too early) has no `meta` for the sale, so every gateway stops
 //! selling it: the deduct script answers "not found", and the gateway,
-//! asking [`crate::api::orders::sale_exists`], answers `503 unavailable`
+//! asking the backend (`GET /internal/sales/{id}`), answers `503 unavailable`
 //! with `Retry-After` instead. [`watch`] notices the missing `meta` within
 //! `backend.restore_poll_ms` and [`restore`] rebuilds the sale from the
 //! database:
@@ -14,7 +14,7 @@
 //! 2. it reads the sale's definition again, under the lock (an operator may
 //!    have changed it since the caller read it);
 //! 3. it puts the global switch back if Redis lost it (see
-//!    [`crate::sales::restore_switch`]), so no sale becomes buyable before
+//!    [`switches::restore_switch`]), so no sale becomes buyable before
 //!    the switch that may stop them all;
 //! 4. one snapshot of every order of the sale;
 //! 5. reservations that survived in Redis without an order (still in
@@ -36,7 +36,7 @@
 //!    force from the install on, and a crash or error after the install
 //!    leaves the sale paused until the next pass of the loop, which brings
 //!    every present sale's pause in line with the database
-//!    ([`crate::sales::sync_pauses`]).
+//!    ([`switches::sync_pauses`]).
 //!
 //! So a restore never overwrites a live sale: not when another backend
 //! restored it first, not when this one stalled past its lock. While `meta`
@@ -56,14 +56,16 @@ use std::convert::Infallible;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP, SALES_INDEX};
+use flashgate_common::keys::{SaleEvent, SaleKeys, CONSUMER_GROUP, SALES_INDEX};
 use flashgate_common::sale::SaleSpec;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 use tokio::sync::watch;
 
-use crate::sales::SaleError;
+use crate::error::SaleError;
+use crate::redis_io::announce;
 use crate::store::{OrderRow, OrderStatus, Store};
+use crate::switches;
 
 /// Returns one cancelled reservation's item (`lua/release.lua`).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
@@ -243,7 +245,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
             None => return Ok(Restored::NotNeeded),
         },
     };
-    crate::sales::restore_switch(conn, store).await?;
+    switches::restore_switch(conn, store).await?;
     let orders = store.sale_orders(id).await?;
     let known: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     // Reservations Redis still has that have no order yet: in flight.
@@ -360,7 +362,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     let seen: Option<String> = redis::cmd("HGET").arg(&keys.meta).arg("paused").query_async(conn).await?;
     let paused = store.sale_paused(id).await?.unwrap_or(false);
     if let Some(seen) = seen.filter(|seen| *seen != if paused { "1" } else { "0" }) {
-        crate::sales::swap_pause(conn, id, &seen, paused, token).await?;
+        switches::swap_pause(conn, id, &seen, paused, token).await?;
     }
     Ok(Restored::Loaded { remaining: remaining - late, live_orders: live + late, in_flight: in_flight.len() as i64 })
 }
@@ -398,7 +400,7 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
     // A Redis that lost every sale lost the global switch too: put it back
     // even when there is no sale to restore, and correct it when it differs
     // from the database.
-    if let Err(error) = crate::sales::sync_switch(conn, store).await {
+    if let Err(error) = switches::sync_switch(conn, store).await {
         tracing::warn!(%error, "cannot bring the global switch in redis in line with the database yet");
     }
     let sales = store.sales().await?;
@@ -408,13 +410,15 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
             Ok(Restored::Loaded { remaining, live_orders, in_flight }) => {
                 restored += 1;
                 tracing::warn!(sale = %spec.id, remaining, live_orders, in_flight, "sale was missing from redis; restored from the database");
-                announce(conn, &spec.id).await;
+                // Gateways forget what they cached of the sale: its
+                // sold-out flag is stale, someone may win in it again.
+                announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
             }
             Ok(Restored::NotNeeded | Restored::Busy | Restored::Retry | Restored::StockBelowSold { .. }) => {}
             Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot restore the sale into redis yet"),
         }
     }
-    if let Err(error) = crate::sales::sync_pauses(conn, store, &sales).await {
+    if let Err(error) = switches::sync_pauses(conn, store, &sales).await {
         tracing::warn!(%error, "cannot bring the sales' pauses in redis in line with the database yet");
     }
     Ok(restored)
@@ -473,22 +477,12 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
             break;
         }
     }
-    for sale in &restocked {
-        announce(conn, sale).await;
+    // Items came back: gateways forget the sold-out flags of these sales
+    // and the winners held with them.
+    for sale in restocked {
+        announce(conn, &SaleEvent::Changed(sale)).await;
     }
     Ok(returned)
-}
-
-/// Tells gateways to forget what they cached of `id` (`changed`): its
-/// sold-out flag and the winners held with it are stale once items came
-/// back or the sale was restored, as someone may win in it again.
-async fn announce<C: ConnectionLike + Send>(conn: &mut C, id: &str) {
-    let event = flashgate_common::keys::SaleEvent::Changed(id.to_owned());
-    let sent: Result<i64, RedisError> =
-        redis::cmd("PUBLISH").arg(flashgate_common::keys::EVENTS_CHANNEL).arg(event.encode()).query_async(conn).await;
-    if let Err(error) = sent {
-        tracing::debug!(%error, sale = id, "could not announce the sale to gateways");
-    }
 }
 
 /// Every `interval`, restores the sales Redis lost, until `shutdown`.

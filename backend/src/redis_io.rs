@@ -10,7 +10,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use flashgate_common::config::RedisConfig;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use flashgate_common::keys::SaleEvent;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
@@ -45,4 +46,12 @@ pub async fn consumer_connection(config: &RedisConfig, block: Duration) -> Resul
         .set_connection_timeout(Some(config.timeout.max(Duration::from_secs(1))))
         .set_response_timeout(Some(block + BLOCK_MARGIN));
     client.get_multiplexed_async_connection_with_config(&settings).await
+}
+
+/// Publishes `event` to every gateway. A failure is logged, not returned:
+/// gateways also re-read what they cache on their own schedule.
+pub async fn announce<C: ConnectionLike + Send>(conn: &mut C, event: &SaleEvent) {
+    if let Err(error) = flashgate_common::keys::publish(conn, event).await {
+        tracing::warn!(%error, event = event.encode(), "could not announce to gateways");
+    }
 }

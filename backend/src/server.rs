@@ -34,7 +34,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-use crate::api::auth::ApiTokens;
+use crate::api::auth::{ApiTokens, TokenError};
 use crate::api::error::ApiError;
 use crate::api::{admin_router, order_router, AppState};
 use crate::readiness::{self, sleep_or_stop, store_state, Readiness};
@@ -58,6 +58,15 @@ pub enum StartError {
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
+}
+
+impl From<TokenError> for StartError {
+    fn from(error: TokenError) -> Self {
+        match error {
+            TokenError::NoAdminToken => StartError::NoAdminToken,
+            TokenError::NoApiToken => StartError::NoApiToken,
+        }
+    }
 }
 
 /// Runs the backend until SIGTERM or Ctrl-C.
@@ -173,9 +182,8 @@ async fn start_and_run(
 
     let state = AppState::new(store.clone(), redis.clone(), tokens.clone());
     let settings = consumer::Settings {
-        metrics: state.metrics.clone(),
         readiness: Some(readiness.clone()),
-        ..consumer::Settings::new(&config.redis, &config.backend)
+        ..consumer::Settings::new(&config.redis, &config.backend, state.metrics.clone())
     };
     let _ = order_api.set(order_router(state.clone()));
     let _ = admin_api.set(admin_router(state.clone()));
@@ -345,12 +353,12 @@ async fn preheat_one(
         Ok(Preheat::StockBelowSold { sold }) => {
             return Err(PreheatFailure::Fatal(StartError::StockBelowSold { sale: spec.id, stock: spec.stock, sold }))
         }
-        Err(sales::SaleError::Redis(error)) => return Err(PreheatFailure::Redis(error)),
-        Err(sales::SaleError::Store(error)) => return Err(PreheatFailure::Database(error)),
+        Err(crate::error::SaleError::Redis(error)) => return Err(PreheatFailure::Redis(error)),
+        Err(crate::error::SaleError::Store(error)) => return Err(PreheatFailure::Database(error)),
         // Another backend is restoring it: once it is done the next try
         // finds it loaded; if that backend dies, its lock expires and this
         // one restores it.
-        Err(sales::SaleError::Restoring) => {
+        Err(crate::error::SaleError::Restoring) => {
             return Err(PreheatFailure::Retry(DepState::Starting, "another backend is loading the sale".into()))
         }
         Err(error) => return Err(PreheatFailure::Retry(DepState::Failing, error.to_string())),

@@ -1,6 +1,7 @@
 //! Test fixtures: real services, never mocks. Each test starts its own
 //! `redis-server` on a free port and uses its own SQLite file; PostgreSQL
-//! is the shared `test` database, so ids carry a random suffix.
+//! is a schema of the shared `test` database (see [`postgres_url`]), shared
+//! by the tests, so ids carry a random suffix.
 
 use std::time::Duration;
 
@@ -11,6 +12,25 @@ use crate::store::Store;
 
 /// The PostgreSQL database the tests use (trust auth).
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// [`POSTGRES_URL`] with the search path set to a schema of its own, named
+/// after this build's PostgreSQL migrations and created if missing. The
+/// tables other versions left in the `public` schema of the shared
+/// database never meet these migrations, and a changed migration gets a
+/// fresh schema instead of a checksum mismatch.
+pub async fn postgres_url() -> String {
+    use sqlx::Connection;
+    let schema = format!("flashgate_test_{}", crate::store::schema::fingerprint(crate::store::Flavour::Postgres));
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(POSTGRES_URL).await.expect("postgres (is it running?)");
+    // Tests start at once; concurrent `CREATE SCHEMA IF NOT EXISTS` can
+    // still collide in the catalog, so they take turns.
+    sqlx::query("SELECT pg_advisory_lock(7220412)").execute(&mut conn).await.expect("lock");
+    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).execute(&mut conn).await.expect("create the test schema");
+    sqlx::query("SELECT pg_advisory_unlock(7220412)").execute(&mut conn).await.expect("unlock");
+    conn.close().await.ok();
+    format!("{POSTGRES_URL}?options[search_path]={schema}")
+}
 
 /// A random lowercase hex string, unique enough to namespace a test.
 pub fn unique(prefix: &str) -> String {
@@ -27,7 +47,7 @@ pub fn sqlite_url() -> String {
 pub async fn stores() -> Vec<(&'static str, Store)> {
     vec![
         ("sqlite", Store::connect(&sqlite_url()).await.expect("sqlite store")),
-        ("postgres", Store::connect(POSTGRES_URL).await.expect("postgres store (is it running?)")),
+        ("postgres", Store::connect(&postgres_url().await).await.expect("postgres store (is it running?)")),
     ]
 }
 

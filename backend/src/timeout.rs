@@ -16,8 +16,8 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
 
+use crate::error::SaleError;
 use crate::recovery::return_stock;
-use crate::sales::SaleError;
 use crate::store::Store;
 
 /// Unpaid orders examined per query.

@@ -35,6 +35,16 @@ pub const ARCHIVED_SALES: &str = "fg:archived";
 /// `paused` stops every buy on every gateway (the global degrade switch).
 pub const GLOBAL_SWITCH: &str = "fg:switch";
 
+/// The value of [`GLOBAL_SWITCH`] (and of the backend's record of it):
+/// `paused` or `open`.
+pub fn switch_value(paused: bool) -> &'static str {
+    if paused {
+        "paused"
+    } else {
+        "open"
+    }
+}
+
 /// Consumer group the backend reads each sale's stream with.
 pub const CONSUMER_GROUP: &str = "orders";
 
@@ -172,6 +182,15 @@ impl SaleEvent {
             _ => None,
         }
     }
+}
+
+/// Announces `event` on [`EVENTS_CHANNEL`] to every gateway: the one
+/// place a sale event is sent, by gateways and the backend alike.
+///
+/// # Errors
+/// When Redis cannot be reached.
+pub async fn publish(conn: &mut impl redis::aio::ConnectionLike, event: &SaleEvent) -> redis::RedisResult<()> {
+    redis::cmd("PUBLISH").arg(EVENTS_CHANNEL).arg(event.encode()).query_async(conn).await
 }
 
 #[cfg(test)]

@@ -31,6 +31,28 @@ pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
+/// A time that is not RFC 3339, named by the field it was given for.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: `{value}` is not an RFC 3339 time ({source})")]
+pub struct BadTime {
+    pub field: String,
+    pub value: String,
+    pub source: chrono::ParseError,
+}
+
+/// Parses an RFC 3339 time given for `field` (a config key, an API field)
+/// into Unix milliseconds: the one parser of the times operators write.
+///
+/// # Errors
+/// `value` is not RFC 3339; the error names `field` and `value`.
+pub fn parse_rfc3339(field: &str, value: &str) -> Result<i64, BadTime> {
+    chrono::DateTime::parse_from_rfc3339(value).map(|t| t.timestamp_millis()).map_err(|source| BadTime {
+        field: field.to_owned(),
+        value: value.to_owned(),
+        source,
+    })
+}
+
 /// Formats Unix milliseconds as an RFC 3339 UTC timestamp.
 pub fn rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)

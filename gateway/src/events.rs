@@ -81,10 +81,4 @@ impl BackgroundService for EventListener {
     }
 }
 
-/// Announces a sale event to every gateway.
-///
-/// # Errors
-/// When Redis cannot be reached.
-pub async fn publish(conn: &mut impl redis::aio::ConnectionLike, event: &SaleEvent) -> redis::RedisResult<()> {
-    redis::cmd("PUBLISH").arg(EVENTS_CHANNEL).arg(event.encode()).query_async(conn).await
-}
+pub use flashgate_common::keys::publish;

@@ -21,6 +21,7 @@ use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::sales::{self, Applied, SaleView};
 use crate::stream::dead_letter;
+use crate::switches;
 
 /// Body of `PUT /admin/sales/{id}`.
 #[derive(Debug, Deserialize)]
@@ -45,9 +46,7 @@ fn one() -> i64 {
 }
 
 fn parse_time(field: &str, value: &str) -> Result<i64, ApiError> {
-    chrono::DateTime::parse_from_rfc3339(value)
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| ApiError::bad_request(format!("{field}: `{value}` is not an RFC 3339 time ({e})")))
+    flashgate_common::parse_rfc3339(field, value).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
@@ -219,11 +218,11 @@ pub async fn resume(state: State<AppState>, id: Result<Path<String>, PathRejecti
 
 async fn set_paused(State(state): State<AppState>, id: Result<Path<String>, PathRejection>, paused: bool) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    let applied = match sales::set_paused(&mut state.redis.clone(), &state.store, &id, paused).await? {
-        sales::Paused::Unknown => return Err(ApiError::not_found("no such sale")),
-        sales::Paused::Applied => true,
+    let applied = match switches::set_paused(&mut state.redis.clone(), &state.store, &id, paused).await? {
+        switches::Paused::Unknown => return Err(ApiError::not_found("no such sale")),
+        switches::Paused::Applied => true,
         // Absent from Redis (being restored): the restore applies it.
-        sales::Paused::Recorded => false,
+        switches::Paused::Recorded => false,
     };
     tracing::info!(sale = %id, paused, in_redis = applied, "sale pause switched by an operator");
     Ok(Json(serde_json::json!({"sale_id": id, "paused": paused})).into_response())
@@ -241,7 +240,7 @@ pub struct SwitchBody {
 /// database, so a Redis that restarts empty gets it back.
 pub async fn switch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let SwitchBody { paused } = parse_json(&body?)?;
-    sales::set_all_paused(&mut state.redis.clone(), &state.store, paused).await?;
+    switches::set_all_paused(&mut state.redis.clone(), &state.store, paused).await?;
     tracing::warn!(paused, "global sale switch turned by an operator");
     Ok(Json(serde_json::json!({"paused": paused})).into_response())
 }

@@ -20,6 +20,15 @@ use flashgate_common::secret::bearer_matches;
 
 use super::error::ApiError;
 
+/// A token that would leave its routes open to anyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the admin token is empty")]
+    NoAdminToken,
+    #[error("an order API token is empty")]
+    NoApiToken,
+}
+
 /// The three bearer tokens of the backend; each never empty.
 #[derive(Clone)]
 pub struct ApiTokens {
@@ -31,12 +40,12 @@ pub struct ApiTokens {
 impl ApiTokens {
     /// # Errors
     /// One of the tokens is empty: its routes would be open to anyone.
-    pub fn new(admin: &str, gateway: &str, shop: &str) -> Result<Self, crate::StartError> {
+    pub fn new(admin: &str, gateway: &str, shop: &str) -> Result<Self, TokenError> {
         if admin.is_empty() {
-            return Err(crate::StartError::NoAdminToken);
+            return Err(TokenError::NoAdminToken);
         }
         if gateway.is_empty() || shop.is_empty() {
-            return Err(crate::StartError::NoApiToken);
+            return Err(TokenError::NoApiToken);
         }
         Ok(Self { admin: Guard(admin.into()), gateway: Guard(gateway.into()), shop: Guard(shop.into()) })
     }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use crate::sales::SaleError;
+use crate::error::SaleError;
 use crate::store::StoreError;
 
 /// An API failure: a status, a stable machine code, and a human message.

@@ -10,8 +10,8 @@
 //!   - the shop (`FLASHGATE_SHOP_TOKEN`) confirms payments:
 //!     `POST /internal/orders/{order_id}/pay`
 //!   - `GET /healthz`, `GET /metrics` (no token: probes and Prometheus)
-//!   - `GET /live`, `GET /ready` (served by [`crate::server`] from the
-//!     start, before this router opens; see [`crate::readiness`])
+//!   - `GET /live`, `GET /ready` (served from the start, before this
+//!     router opens; see [`crate::readiness`])
 //! - [`admin_router`] (`backend.admin_listen`, `FLASHGATE_ADMIN_TOKEN`):
 //!   operators create, change and inspect sales.
 //!   - `PUT /admin/sales/{id}`

@@ -330,7 +330,7 @@ async fn a_pause_sent_during_a_restore_holds_even_if_the_restorer_dies_after_the
     let restorer = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_id).await });
     gate.holding().await;
     // The operator pauses the sale while it is absent from Redis.
-    assert_eq!(crate::sales::set_paused(&mut conn, &store, &id, true).await.unwrap(), crate::sales::Paused::Recorded);
+    assert_eq!(crate::switches::set_paused(&mut conn, &store, &id, true).await.unwrap(), crate::switches::Paused::Recorded);
     // The install goes through, and the restorer dies right after it.
     gate.open();
     restorer.abort();

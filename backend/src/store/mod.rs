@@ -5,16 +5,21 @@
 //! single box, and PostgreSQL, through sqlx's `Any` driver, so every query
 //! here is written once in the SQL both accept (`$N` placeholders,
 //! `ON CONFLICT ... DO NOTHING`). The store tests run the same body against
-//! both databases to keep it that way.
+//! both databases to keep it that way. The schema is kept by sqlx
+//! migrations, one directory per database flavour ([`schema`]).
 
+pub mod schema;
 mod sql;
 
 use std::path::Path;
 
+use flashgate_common::keys::switch_value;
 use flashgate_common::reservation::{OrderView, Reservation, ReservationStatus};
 use flashgate_common::sale::SaleSpec;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
+
+pub use schema::{Flavour, SchemaError};
 
 /// A database problem. Every variant is an infrastructure failure: expected
 /// results (an order that already exists, an unknown sale) are `Ok` values.
@@ -24,8 +29,10 @@ pub enum StoreError {
     CreateDir { path: String, source: std::io::Error },
     #[error("cannot connect to the database: {0}")]
     Connect(#[source] sqlx::Error),
-    #[error("cannot create the schema: {0}")]
-    Schema(#[source] sqlx::Error),
+    #[error("cannot switch the SQLite file to WAL: {0}")]
+    Wal(#[source] sqlx::Error),
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
     #[error("database query failed: {0}")]
     Query(#[from] sqlx::Error),
     #[error("unknown order status `{0}` in the database")]
@@ -83,50 +90,31 @@ impl OrderStatus {
 
 impl Store {
     /// Connects to `database_url` (`sqlite:...` or `postgres://...`) and
-    /// creates the schema if missing. A SQLite file and its directory are
-    /// created when absent, and the file is switched to WAL so readers do
-    /// not block the consumer's writes.
+    /// brings its schema up to date (see [`schema`]). A SQLite file and its
+    /// directory are created when absent, and the file is switched to WAL
+    /// so readers do not block the consumer's writes.
     ///
     /// # Errors
     /// The directory cannot be created, the database refuses the connection,
-    /// or the schema cannot be created.
+    /// or the schema cannot be migrated.
     pub async fn connect(database_url: &str) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
-        let is_sqlite = database_url.starts_with("sqlite:");
-        let url = if is_sqlite { prepare_sqlite(database_url)? } else { database_url.to_owned() };
+        let flavour = Flavour::of(database_url);
+        let url = match flavour {
+            Flavour::Sqlite => prepare_sqlite(database_url)?,
+            Flavour::Postgres => database_url.to_owned(),
+        };
         let pool = AnyPoolOptions::new()
-            .max_connections(if is_sqlite { 4 } else { 10 })
+            .max_connections(if flavour == Flavour::Sqlite { 4 } else { 10 })
             .acquire_timeout(std::time::Duration::from_secs(5))
             .connect(&url)
             .await
             .map_err(StoreError::Connect)?;
-        if is_sqlite {
+        if flavour == Flavour::Sqlite {
             // WAL is a property of the file, so setting it once is enough.
-            sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await.map_err(StoreError::Schema)?;
+            sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await.map_err(StoreError::Wal)?;
         }
-        let mut conn = pool.acquire().await.map_err(StoreError::Connect)?;
-        if !is_sqlite {
-            // Concurrent `CREATE TABLE IF NOT EXISTS` can fail on PostgreSQL
-            // (a race on the catalog), e.g. when two processes start at once;
-            // a session lock serialises them.
-            sqlx::query(sql::LOCK_SCHEMA).execute(&mut *conn).await.map_err(StoreError::Schema)?;
-        }
-        let created = async {
-            for statement in sql::SCHEMA {
-                sqlx::query(statement).execute(&mut *conn).await?;
-            }
-            Ok::<_, sqlx::Error>(())
-        }
-        .await;
-        let created = match created {
-            Ok(()) => migrate(&mut conn, is_sqlite).await,
-            Err(e) => Err(e),
-        };
-        if !is_sqlite {
-            sqlx::query(sql::UNLOCK_SCHEMA).execute(&mut *conn).await.map_err(StoreError::Schema)?;
-        }
-        created.map_err(StoreError::Schema)?;
-        drop(conn);
+        schema::migrate(&pool, flavour).await?;
         Ok(Self { pool })
     }
 
@@ -218,16 +206,6 @@ impl Store {
     pub async fn order_by_reservation(&self, reservation_id: &str) -> Result<Option<OrderView>, StoreError> {
         let row = sqlx::query(sql::ORDER_BY_RESERVATION).bind(reservation_id).fetch_optional(&self.pool).await?;
         row.as_ref().map(order_view).transpose()
-    }
-
-    /// Sets the status of the order made from `reservation_id`; returns
-    /// whether such an order exists. (Payment and expiry use this.)
-    ///
-    /// # Errors
-    /// A failed query.
-    pub async fn set_order_status(&self, reservation_id: &str, status: OrderStatus) -> Result<bool, StoreError> {
-        let done = sqlx::query(sql::SET_ORDER_STATUS).bind(status.as_str()).bind(reservation_id).execute(&self.pool).await?;
-        Ok(done.rows_affected() > 0)
     }
 
     /// Orders of `sale_id` that still hold an item (not cancelled).
@@ -342,7 +320,7 @@ impl Store {
 
     /// Records whether an operator has sale `id` paused; returns whether
     /// the sale exists. The row is what a sale restored into an empty Redis
-    /// gets (see [`crate::recovery`]).
+    /// gets.
     ///
     /// # Errors
     /// A failed query.
@@ -472,15 +450,6 @@ impl Store {
         Ok(row.try_get::<i64, _>(0)?)
     }
 
-    /// Orders of `sale_id`, whatever their status.
-    ///
-    /// # Errors
-    /// A failed query.
-    pub async fn count_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
-        let row = sqlx::query(sql::COUNT_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
-        Ok(row.try_get::<i64, _>(0)?)
-    }
-
     /// Which of `reservation_ids` have an order (at most
     /// [`MAX_ROWS_PER_INSERT`] per query).
     ///
@@ -553,30 +522,6 @@ fn order_row(row: &AnyRow, with_released: bool) -> Result<OrderRow, StoreError> 
         status: OrderStatus::parse(&status)?,
         released_at_ms: if with_released { row.try_get("released_at_ms")? } else { None },
     })
-}
-
-fn switch_value(paused: bool) -> &'static str {
-    if paused {
-        "paused"
-    } else {
-        "open"
-    }
-}
-
-/// Adds the columns of [`sql::ADDED_COLUMNS`] a database made by an older
-/// version lacks, then the indexes that use them.
-async fn migrate(conn: &mut sqlx::AnyConnection, is_sqlite: bool) -> Result<(), sqlx::Error> {
-    let has_column = if is_sqlite { sql::SQLITE_HAS_COLUMN } else { sql::POSTGRES_HAS_COLUMN };
-    for (table, column, definition) in sql::ADDED_COLUMNS {
-        let row = sqlx::query(has_column).bind(*table).bind(*column).fetch_one(&mut *conn).await?;
-        if row.try_get::<i64, _>(0)? == 0 {
-            sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}")).execute(&mut *conn).await?;
-        }
-    }
-    for statement in sql::INDEXES_AFTER_MIGRATION {
-        sqlx::query(statement).execute(&mut *conn).await?;
-    }
-    Ok(())
 }
 
 /// An open transaction writing one sale; dropped without

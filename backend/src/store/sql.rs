@@ -1,39 +1,7 @@
-//! The SQL text of the store, kept apart so the dialect both databases must
-//! accept is visible in one place: `$N` placeholders, `BIGINT`, and
-//! `ON CONFLICT ... DO NOTHING / DO UPDATE`.
-
-pub const SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS sales (id TEXT PRIMARY KEY, name TEXT NOT NULL, stock BIGINT NOT NULL, per_user_limit BIGINT NOT NULL, starts_at_ms BIGINT NOT NULL, ends_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, reservation_id TEXT NOT NULL UNIQUE, sale_id TEXT NOT NULL, user_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, reserved_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL, status TEXT NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS orders_sale_user ON orders (sale_id, user_id)",
-    // Operator settings that must survive Redis (the global switch).
-    "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
-];
-
-/// Columns added after the first release, as (table, column, definition).
-/// [`super::Store::connect`] adds each one a database lacks, so a SQLite
-/// file or PostgreSQL database made by an older version keeps working.
-pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
-    ("sales", "payment_timeout_seconds", "BIGINT NOT NULL DEFAULT 900"),
-    ("orders", "released_at_ms", "BIGINT"),
-    // 1 while an operator has the sale paused; copied into Redis `meta`.
-    // NULL on rows made before the column existed: never recorded, so the
-    // backend takes the pause Redis has for such a sale (see
-    // `crate::sales::sync_pauses`); new rows start at 0.
-    ("sales", "paused", "BIGINT"),
-];
-
-/// Whether a column exists, per dialect; `$1` table, `$2` column.
-pub const SQLITE_HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info($1) WHERE name = $2";
-pub const POSTGRES_HAS_COLUMN: &str =
-    "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2";
-
-/// Indexes that need the added columns or serve the expiry and return loops.
-pub const INDEXES_AFTER_MIGRATION: &[&str] = &["CREATE INDEX IF NOT EXISTS orders_status_reserved ON orders (status, reserved_at_ms)"];
-
-/// PostgreSQL only: serialises schema creation between processes.
-pub const LOCK_SCHEMA: &str = "SELECT pg_advisory_lock(7220411)";
-pub const UNLOCK_SCHEMA: &str = "SELECT pg_advisory_unlock(7220411)";
+//! The SQL text of the store's queries, kept apart so the dialect both
+//! databases must accept is visible in one place: `$N` placeholders,
+//! `BIGINT`, and `ON CONFLICT ... DO NOTHING / DO UPDATE`. The schema is
+//! in the migrations (see [`super::schema`]).
 
 /// Columns bound per order row by [`insert_orders`].
 const ORDER_PARAMS: usize = 7;
@@ -71,8 +39,6 @@ pub fn orders_by_reservations(n: usize) -> String {
 }
 
 pub const ORDER_BY_RESERVATION: &str = "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id = $1";
-
-pub const SET_ORDER_STATUS: &str = "UPDATE orders SET status = $1 WHERE reservation_id = $2";
 
 pub const COUNT_LIVE_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
 
@@ -129,9 +95,6 @@ pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id
 /// of a cancelled order's item. A sale with any is not archived.
 pub const UNSETTLED_ORDERS: &str =
     "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
-
-/// Every order of a sale, whatever its status (one per reservation).
-pub const COUNT_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1";
 
 pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
 

@@ -55,12 +55,16 @@ async fn order_by_reservation_maps_status_and_ids() {
         assert_eq!((view.sale_id.as_str(), view.user_id.as_str()), (sale_id.as_str(), "alice"), "{db}");
         assert_eq!(view.status, ReservationStatus::Confirmed, "{db}");
 
-        assert!(store.set_order_status(&r.reservation_id, OrderStatus::Paid).await.unwrap());
+        assert!(matches!(store.pay(&view.order_id).await.unwrap(), Payment::Paid(_)), "{db}");
         let view = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
         assert_eq!(view.status, ReservationStatus::Confirmed, "{db}");
 
-        store.set_order_status(&r.reservation_id, OrderStatus::Cancelled).await.unwrap();
-        let view = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        // A paid order is never cancelled: an unpaid one shows it.
+        let unpaid = reservation(&sale_id, "bob");
+        store.insert_orders(std::slice::from_ref(&unpaid)).await.unwrap();
+        let order = store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap();
+        assert!(store.cancel_if_unpaid(&order.order_id).await.unwrap(), "{db}");
+        let view = store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap();
         assert_eq!(view.status, ReservationStatus::Cancelled, "{db}");
     }
 }
@@ -72,7 +76,8 @@ async fn cancelled_orders_are_not_live() {
         let batch: Vec<_> = (0..3).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
         store.insert_orders(&batch).await.unwrap();
         store.insert_orders(&[reservation(&unique("other"), "x")]).await.unwrap();
-        store.set_order_status(&batch[0].reservation_id, OrderStatus::Cancelled).await.unwrap();
+        let first = store.order_by_reservation(&batch[0].reservation_id).await.unwrap().unwrap();
+        assert!(store.cancel_if_unpaid(&first.order_id).await.unwrap(), "{db}");
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
     }
 }

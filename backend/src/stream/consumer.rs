@@ -29,11 +29,12 @@ use flashgate_common::reservation::{fields, sale_of_reservation, Reservation};
 use flashgate_common::sale::SaleSpec;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
-use redis::{RedisError, Value};
+use redis::RedisError;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::entry::parse;
 use super::{dead_letter, retention};
 use crate::redis_io;
 use crate::store::{Store, StoreError};
@@ -60,7 +61,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn new(redis: &RedisConfig, backend: &BackendConfig) -> Self {
+    /// The consumers' settings from the config; they count into `metrics`,
+    /// the registry the backend serves.
+    pub fn new(redis: &RedisConfig, backend: &BackendConfig, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
         Self {
             redis: redis.clone(),
             consumer_name: backend.consumer_name.clone().unwrap_or_else(default_consumer_name),
@@ -69,7 +72,7 @@ impl Settings {
             claim_idle: backend.claim_idle,
             sale_poll: backend.sale_poll,
             max_deliveries: backend.max_deliveries,
-            metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
+            metrics,
             readiness: None,
         }
     }
@@ -467,20 +470,6 @@ impl Consumer<'_> {
         }
         redis::cmd("XACK").arg(&self.stream).arg(CONSUMER_GROUP).arg(ids).query_async::<i64>(conn).await.map(drop)
     }
-}
-
-/// A reservation from one stream entry, or the name of its bad field.
-pub fn parse(entry: &StreamId) -> Result<Reservation, &'static str> {
-    let fields: HashMap<&str, &[u8]> = entry
-        .map
-        .iter()
-        .filter_map(|(k, v)| match v {
-            Value::BulkString(bytes) => Some((k.as_str(), bytes.as_slice())),
-            Value::SimpleString(s) => Some((k.as_str(), s.as_bytes())),
-            _ => None,
-        })
-        .collect();
-    Reservation::from_fields(|name| fields.get(name).and_then(|v| std::str::from_utf8(v).ok()))
 }
 
 /// Checks that a record read from `sale_id`'s stream is about that sale

@@ -2,4 +2,5 @@
 
 pub mod consumer;
 pub mod dead_letter;
+pub mod entry;
 pub mod retention;

@@ -26,7 +26,7 @@ use flashgate_common::keys::{SaleKeys, ARCHIVED_SALES, CONSUMER_GROUP};
 use redis::aio::ConnectionLike;
 use redis::{RedisError, RedisResult, Value};
 
-use crate::sales::SaleError;
+use crate::error::SaleError;
 use crate::store::Store;
 
 /// How long after its end a sale stays live (consumed, polled,
@@ -175,7 +175,7 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
             .arg(TRIM_PAGE)
             .query_async(conn)
             .await?;
-        let rids: Vec<Option<String>> = page.ids.iter().map(|e| crate::stream::consumer::parse(e).ok().map(|r| r.reservation_id)).collect();
+        let rids: Vec<Option<String>> = page.ids.iter().map(|e| super::entry::parse(e).ok().map(|r| r.reservation_id)).collect();
         let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
         let with_orders = store.reservations_with_orders(&wanted).await?;
         for (entry, rid) in page.ids.iter().zip(&rids) {

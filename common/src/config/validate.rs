@@ -307,9 +307,7 @@ fn sales(check: &mut Check, sales: &[file::Sale], now_ms: i64) -> Vec<SaleSpec> 
 }
 
 fn parse_time(key: &str, value: &str) -> Result<i64, String> {
-    chrono::DateTime::parse_from_rfc3339(value)
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| format!("{key}: `{value}` is not an RFC 3339 time ({e})"))
+    crate::parse_rfc3339(key, value).map_err(|e| e.to_string())
 }
 
 fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {

@@ -1,0 +1,42 @@
+-- The schema of the last release that created its tables by hand, before
+-- migrations. Every statement is idempotent, so this migration adopts a
+-- database that release (or an older one) made: its tables are kept as
+-- they are. SQLite cannot add a column only if it is missing, so the
+-- columns older releases lack are added before this runs, by
+-- `store::adopt` (see docs/OPERATIONS.md, "Upgrading the database").
+
+CREATE TABLE IF NOT EXISTS sales (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    stock BIGINT NOT NULL,
+    per_user_limit BIGINT NOT NULL,
+    starts_at_ms BIGINT NOT NULL,
+    ends_at_ms BIGINT NOT NULL,
+    created_at_ms BIGINT NOT NULL,
+    payment_timeout_seconds BIGINT NOT NULL DEFAULT 900,
+    -- 1 while an operator has the sale paused; copied into Redis `meta`.
+    -- NULL on rows made before the column existed: never recorded, so the
+    -- backend takes the pause Redis has for such a sale; new rows start at 0.
+    paused BIGINT
+);
+
+CREATE TABLE IF NOT EXISTS orders (
+    order_id TEXT PRIMARY KEY,
+    reservation_id TEXT NOT NULL UNIQUE,
+    sale_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    reserved_at_ms BIGINT NOT NULL,
+    created_at_ms BIGINT NOT NULL,
+    status TEXT NOT NULL,
+    -- When a cancelled order's item went back to the stock in Redis.
+    released_at_ms BIGINT
+);
+
+CREATE INDEX IF NOT EXISTS orders_sale_user ON orders (sale_id, user_id);
+
+-- Serves the payment-timeout and stock-return loops.
+CREATE INDEX IF NOT EXISTS orders_status_reserved ON orders (status, reserved_at_ms);
+
+-- Operator settings that must survive Redis (the global switch).
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);

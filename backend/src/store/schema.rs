@@ -1,0 +1,128 @@
+//! The schema: one directory of sqlx migrations per database flavour under
+//! `backend/migrations/`, embedded in the binary and run by
+//! [`Store::connect`](super::Store::connect).
+//!
+//! Databases made before migrations existed have their tables but no
+//! `_sqlx_migrations` table. The first migration of each flavour is the
+//! schema of the last such release, written so it applies on top of one
+//! (`CREATE ... IF NOT EXISTS`), which adopts it. Releases before that one
+//! lack some columns: PostgreSQL migrations add them with
+//! `ADD COLUMN IF NOT EXISTS`; SQLite has no such statement, so
+//! [`adopt_sqlite`] adds them before the migrations run, once, on a database
+//! no migration has touched yet. A new flavour (MySQL is planned) is one
+//! more directory and one more [`Flavour`]; it has no database from before
+//! migrations to adopt.
+//!
+//! Migrations must be additive (new tables, new nullable or defaulted
+//! columns), because during a rolling upgrade backends of the old release
+//! keep running on the migrated database; for the same reason a backend
+//! accepts a database with migrations newer than its own.
+
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{AnyConnection, AnyPool, Row};
+
+/// The database kinds the store runs on; each has its own migrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    Sqlite,
+    Postgres,
+}
+
+impl Flavour {
+    /// The flavour of a `sqlite:...` or `postgres://...` URL. Any other URL
+    /// is taken for PostgreSQL, whose driver then says what is wrong with it.
+    pub fn of(database_url: &str) -> Self {
+        if database_url.starts_with("sqlite:") {
+            Flavour::Sqlite
+        } else {
+            Flavour::Postgres
+        }
+    }
+
+    fn migrator(self) -> &'static Migrator {
+        match self {
+            Flavour::Sqlite => &SQLITE,
+            Flavour::Postgres => &POSTGRES,
+        }
+    }
+}
+
+/// `ignore_missing`: a database migrated by a newer release still serves
+/// this one (see the module doc).
+static SQLITE: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/sqlite") };
+static POSTGRES: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/postgres") };
+
+/// Why the schema could not be brought up to date.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error("cannot adopt a database made before migrations: {0}")]
+    Adopt(#[source] sqlx::Error),
+    #[error("cannot migrate the database: {0}")]
+    Migrate(#[source] MigrateError),
+}
+
+/// Brings the database behind `pool` up to the newest migration of its
+/// flavour, adopting one made before migrations (see the module doc).
+/// Safe with several processes: sqlx serialises PostgreSQL migrations with
+/// an advisory lock; on SQLite a process that loses a race fails and the
+/// caller's retry finds the work done.
+///
+/// # Errors
+/// A statement failed, or the database holds a migration whose text
+/// differs from this release's.
+pub async fn migrate(pool: &AnyPool, flavour: Flavour) -> Result<(), SchemaError> {
+    if flavour == Flavour::Sqlite {
+        let mut conn = pool.acquire().await.map_err(SchemaError::Adopt)?;
+        adopt_sqlite(&mut conn).await.map_err(SchemaError::Adopt)?;
+    }
+    flavour.migrator().run(pool).await.map_err(SchemaError::Migrate)
+}
+
+/// Columns added by hand after the first release, before migrations, as
+/// (table, column, definition). Frozen: later schema changes are migrations.
+const COLUMNS_ADDED_BEFORE_MIGRATIONS: &[(&str, &str, &str)] = &[
+    ("sales", "payment_timeout_seconds", "BIGINT NOT NULL DEFAULT 900"),
+    ("orders", "released_at_ms", "BIGINT"),
+    ("sales", "paused", "BIGINT"),
+];
+
+/// Adds the columns of [`COLUMNS_ADDED_BEFORE_MIGRATIONS`] that the tables
+/// of a SQLite database made before migrations lack, so the first
+/// migration finds the schema it declares. Does nothing on a database
+/// migrations have run on, or to a table that does not exist yet (the
+/// first migration creates it whole).
+async fn adopt_sqlite(conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
+    let migrated: i64 = sqlx::query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    if migrated > 0 {
+        return Ok(());
+    }
+    for (table, column, definition) in COLUMNS_ADDED_BEFORE_MIGRATIONS {
+        let columns: Vec<String> = sqlx::query("SELECT name FROM pragma_table_info($1)")
+            .bind(*table)
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        if !columns.is_empty() && !columns.iter().any(|c| c == column) {
+            sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}")).execute(&mut *conn).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A short name for the migrations of `flavour` this build embeds: equal
+/// for equal migrations, different when one is added or changed.
+#[cfg(test)]
+pub(crate) fn fingerprint(flavour: Flavour) -> String {
+    let mut folded = [0_u8; 6];
+    for migration in flavour.migrator().iter() {
+        for (i, byte) in migration.version.to_le_bytes().iter().chain(migration.checksum.iter()).enumerate() {
+            folded[i % folded.len()] = folded[i % folded.len()].rotate_left(3) ^ byte;
+        }
+    }
+    folded.iter().map(|b| format!("{b:02x}")).collect()
+}
