@@ -1,5 +1,5 @@
 //! Real processes for tests, never mocks: each test starts its own
-//! `redis-server` (or a Redis Cluster;
+//! `redis-server` (or a Redis Cluster, or a Sentinel-managed primary;
 //! and, when it stops and starts its database, its own
 //! PostgreSQL) on a port no other test holds, and everything it started is
 //! stopped by PID when dropped. Used by the backend's unit tests and by the
@@ -12,6 +12,7 @@
 //! - [`redis`]: a redis-server of the test's own, `MONITOR`, large AOFs.
 //! - [`cluster`]: a Redis Cluster of the test's own: masters, replicas,
 //!   failover, live slot migration.
+//! - [`sentinel`]: a primary, a replica and three Sentinels; failover.
 //! - [`postgres`]: a private PostgreSQL cluster.
 
 pub mod cluster;
@@ -19,9 +20,11 @@ pub mod ports;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod sentinel;
 
 pub use cluster::{ClusterOptions, RedisCluster, SlotMigration};
 pub use ports::{free_port, free_port_with_bus};
 pub use postgres::PrivatePostgres;
 pub use process::{bin, wait_http_ready, wait_port, Proc, TempDir};
 pub use redis::{aof_bytes, prepare_large_aof, wait_redis_loaded, Monitor, RedisServer};
+pub use sentinel::RedisSentinels;
