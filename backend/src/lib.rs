@@ -31,6 +31,10 @@
 //! calls into [`sales`], [`switches`], [`reconcile`] and [`stream`],
 //! [`sales`] preheats through [`recovery`], and everything uses [`store`],
 //! [`redis_io`] and [`error`], which import nothing above them.
+
+// Product code: a panic is a bug. Handle the error, or `expect` with the
+// invariant that makes it impossible (tests may unwrap: clippy.toml).
+#![warn(clippy::unwrap_used)]
 #![forbid(unsafe_code)]
 
 pub mod api;

@@ -1,5 +1,9 @@
 //! `flashgate-backend`: reads the configuration and runs the backend.
 
+// Product code: a panic is a bug. Handle the error, or `expect` with the
+// invariant that makes it impossible (tests may unwrap: clippy.toml).
+#![warn(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

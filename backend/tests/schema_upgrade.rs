@@ -5,8 +5,6 @@
 //! store opens each, keeps every row, records the migrations, ends with the
 //! schema a fresh database gets, and works.
 
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-
 use flashgate_backend::store::{OrderStatus, Store};
 use flashgate_common::reservation::{Reservation, ReservationStatus};
 use flashgate_common::sale::SaleSpec;

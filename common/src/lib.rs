@@ -15,6 +15,10 @@
 //! - [`secret`]: constant-time comparison of bearer tokens.
 //! - [`backoff`]: capped exponential backoff with jitter.
 //! - [`dependency`]: what a process waits for, checked and logged once per change.
+
+// Product code: a panic is a bug. Handle the error, or `expect` with the
+// invariant that makes it impossible (tests may unwrap: clippy.toml).
+#![warn(clippy::unwrap_used)]
 #![forbid(unsafe_code)]
 
 pub mod backoff;

@@ -39,6 +39,10 @@
 //! - [`metrics`]: Prometheus metrics; [`admin`]: the listener serving them.
 //! - [`rejection`]: every way a request is turned down, as values.
 //! - [`reply`]: responses, and the HTTP status of every rejection and buy outcome.
+
+// Product code: a panic is a bug. Handle the error, or `expect` with the
+// invariant that makes it impossible (tests may unwrap: clippy.toml).
+#![warn(clippy::unwrap_used)]
 #![forbid(unsafe_code)]
 
 pub mod admin;

@@ -6,8 +6,6 @@
 //! 100000`, each keyed limiter holds at most 100,000 buckets, about 100
 //! bytes each with the cache's bookkeeping, so the two limiters stay far
 //! below [`RSS_GROWTH_CAP_BYTES`].
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;

@@ -3,8 +3,6 @@
 //! read from the source: every `crate::<module>` path in a module's files
 //! (its submodules included) is an edge; doc comments are skipped.
 
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 

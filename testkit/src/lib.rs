@@ -1,5 +1,6 @@
 //! Real processes for tests, never mocks: each test starts its own
-//! `redis-server` (and, when it stops and starts its database, its own
+//! `redis-server` (or a Redis Cluster, or a Sentinel-managed primary;
+//! and, when it stops and starts its database, its own
 //! PostgreSQL) on a port no other test holds, and everything it started is
 //! stopped by PID when dropped. Used by the backend's unit tests and by the
 //! end-to-end tests in `tests/`.
@@ -9,17 +10,21 @@
 //! - [`process`]: a child process killed on drop, temp dirs, waits for a
 //!   port and for `GET /ready`.
 //! - [`redis`]: a redis-server of the test's own, `MONITOR`, large AOFs.
+//! - [`cluster`]: a Redis Cluster of the test's own: masters, replicas,
+//!   failover, live slot migration.
+//! - [`sentinel`]: a primary, a replica and three Sentinels; failover.
 //! - [`postgres`]: a private PostgreSQL cluster.
 
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
-
+pub mod cluster;
 pub mod ports;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod sentinel;
 
-pub use ports::free_port;
+pub use cluster::{ClusterOptions, RedisCluster, SlotMigration};
+pub use ports::{free_port, free_port_with_bus};
 pub use postgres::PrivatePostgres;
 pub use process::{bin, wait_http_ready, wait_port, Proc, TempDir};
 pub use redis::{aof_bytes, prepare_large_aof, wait_redis_loaded, Monitor, RedisServer};
+pub use sentinel::RedisSentinels;

@@ -112,3 +112,13 @@ impl Drop for TempDir {
 pub(crate) fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
+
+/// Runs blocking work (process waits, blocking Redis queries) off the async
+/// runtime, so a test's load keeps running meanwhile; a panic inside is
+/// re-raised here.
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(value) => value,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}

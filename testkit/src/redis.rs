@@ -186,3 +186,21 @@ pub fn wait_redis_loaded(port: u16, limit: Duration) -> Duration {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `redis://127.0.0.1:PORT/`.
+pub(crate) fn node_url(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}/")
+}
+
+/// A blocking connection with short timeouts, so a killed node fails fast.
+pub(crate) fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
+    let conn = redis::Client::open(node_url(port))?.get_connection_with_timeout(Duration::from_millis(500))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(5)))?;
+    Ok(conn)
+}
+
+/// One command on a fresh blocking connection to the node on `port`.
+pub(crate) fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    cmd.query(&mut connect(port)?)
+}

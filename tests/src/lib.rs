@@ -15,9 +15,6 @@
 //! - [`client`]: buyer tokens, one buy, a burst of buys, JSON GETs.
 //! - [`db`]: what the tests read straight from an order database.
 
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
-
 pub mod client;
 pub mod db;
 pub mod stack;

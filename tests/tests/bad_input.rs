@@ -1,8 +1,6 @@
 //! Malformed requests against the running gateway and backend: each gets a
 //! 4xx JSON `{code, message}` answer and changes nothing (stock and stream
 //! unchanged, no order).
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

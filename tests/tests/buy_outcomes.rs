@@ -1,7 +1,5 @@
 //! One test per buy outcome and error of the public API, against the real
 //! stack. Every error body is JSON `{code, message}`.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 

@@ -2,8 +2,6 @@
 //! the real stack: only the configured header is believed behind a trusted
 //! proxy, a client's own `Forwarded` never reaches the shop, and IPv4
 //! clients on a dual-stack listener are IPv4 clients.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::net::IpAddr;
 use std::time::Duration;

@@ -3,8 +3,6 @@
 //! ambiguously (both Content-Length and Transfer-Encoding) or an HTTP/1.0
 //! request without keep-alive gets its answer and then the connection is
 //! closed, so nothing after it on the socket is ever read as a request.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

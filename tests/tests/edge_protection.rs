@@ -2,8 +2,6 @@
 //! headers, trusted-proxy handling, deny lists reloaded live, the sold-out
 //! short-circuit across gateways (keyed buys included) and its end when
 //! items come back, and a stalled Redis.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
 

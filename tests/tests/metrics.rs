@@ -1,8 +1,6 @@
 //! Metrics tell the truth: a scripted sale's outcomes, as the clients saw
 //! them, equal the counters scraped from the gateway's and the backend's
 //! `/metrics`, and both expositions pass `promtool check metrics`.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -1,7 +1,5 @@
 //! Operating Flashgate: config validation at start and by `check`, live
 //! reload of limits, and the deploy files' own validators.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};

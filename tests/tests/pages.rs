@@ -1,8 +1,6 @@
 //! Product pages, the live-stock micro-cache and the reverse proxy to the
 //! shop, against the real stack. Paths that a client library would
 //! normalise are sent as raw bytes over a `TcpStream`.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

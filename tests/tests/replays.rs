@@ -3,8 +3,6 @@
 //! reservation time on both of its paths to the database, and a polling
 //! winner costs the backend one lookup per cache TTL, and a won key still
 //! replays its order once the sale sold out again.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::sync::Arc;

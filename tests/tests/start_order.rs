@@ -9,8 +9,6 @@
 //! The large AOF is about 215 MB of plain commands (no RDB preamble), made
 //! in a couple of seconds by a throwaway redis-server with `DEBUG POPULATE`;
 //! each test prints its size and how long Redis took to load it.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};

@@ -1,8 +1,6 @@
 //! What the binaries refuse at start, and where the gateway keeps its
 //! runtime files: short secrets, token claims, the runtime directory and
 //! the graceful upgrade through it.
-// Test code: a failed unwrap is a failed test, with its message.
-#![allow(clippy::unwrap_used)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
