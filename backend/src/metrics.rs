@@ -22,6 +22,10 @@ pub struct Metrics {
     pub claimed_entries: IntCounter,
     /// Entries moved to a dead-letter stream.
     pub dead_letters: IntCounter,
+    /// Runs of `lua/trim.lua` by stream maintenance (the backend's only
+    /// script that runs on a timer; the benchmark subtracts these from
+    /// Redis's script calls to count one deduct per buy).
+    pub trim_scripts: IntCounter,
     /// Orders cancelled by the payment timeout.
     pub orders_expired: IntCounter,
     /// Reservation lookups answered for gateways (`GET /internal/reservations/{rid}`).
@@ -59,6 +63,7 @@ impl Metrics {
                 "Stream entries taken over from idle consumers (XAUTOCLAIM)."
             )),
             dead_letters: reg!(IntCounter::new("backend_dead_letters_total", "Stream entries moved to a dead-letter stream.")),
+            trim_scripts: reg!(IntCounter::new("backend_stream_trim_scripts_total", "Runs of the stream trim script by maintenance.")),
             orders_expired: reg!(IntCounter::new("orders_expired_total", "Orders cancelled unpaid after the payment timeout.")),
             order_lookups: reg!(IntCounter::new(
                 "backend_order_lookups_total",

@@ -253,7 +253,9 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
          (orders = reservations, nothing pending), then compares the winners the load generator saw \
          (distinct users for the burst) with the stock decrements and reservations in Redis and the \
          orders in PostgreSQL, and checks that no user holds more orders than the per-user limit (1). \
-         Script calls come from `INFO commandstats` (reset before the run, warmup included). \
+         Script calls come from `INFO commandstats` (reset before the run, warmup included), less the \
+         runs of the backend's stream-trim script in the same window (its `/metrics`: maintenance on a \
+         10 s timer, not a buy). \
          The peer: winners = stock decrements = its buyers set = its stream.\n"
     );
     for x in r.rounds.iter().filter(|x| x.check.is_some()) {

@@ -90,6 +90,8 @@ pub struct Flashgate {
     pub redis: Proc,
     pub redis_port: u16,
     pub gateway_addr: std::net::SocketAddr,
+    /// The backend's order API (and its `/metrics`).
+    pub backend_addr: std::net::SocketAddr,
     pub admin_addr: std::net::SocketAddr,
     pub database_url: String,
     pub jwt_secret: String,
@@ -191,6 +193,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             redis,
             redis_port,
             gateway_addr,
+            backend_addr,
             admin_addr,
             database_url: opts.database_url.clone(),
             jwt_secret,
@@ -276,6 +279,18 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         let status = resp.status();
         ensure!(status.is_success(), "PUT /admin/sales/{id}: {status} {}", resp.text().await.unwrap_or_default());
         Ok(())
+    }
+
+    /// Runs of the backend's stream-trim script so far, from its
+    /// `/metrics` (0 while it cannot be read): the one script Flashgate
+    /// runs on a timer, not per buy.
+    pub async fn trim_scripts(&self) -> u64 {
+        let Ok(resp) = self.http.get(format!("http://{}/metrics", self.backend_addr)).send().await else { return 0 };
+        let text = resp.text().await.unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("flashgate_backend_stream_trim_scripts_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
     }
 
     /// `GET /admin/sales/{id}`.

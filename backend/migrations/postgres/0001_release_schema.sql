@@ -1,7 +1,14 @@
 -- The schema of the last release that created its tables by hand, before
 -- migrations. Every statement is idempotent, so this migration adopts a
 -- database that release (or an older one) made: its tables are kept, and
--- the columns older releases lack are added.
+-- the columns older releases lack are added. Never edit a migration once
+-- released (sqlx refuses a database whose recorded checksum differs): add
+-- a new one.
+--
+-- `ADD COLUMN IF NOT EXISTS` takes an exclusive lock on the table even
+-- when the column exists; give up after 5 s rather than queue every read
+-- of the old backends behind a long transaction (the backend retries).
+SET LOCAL lock_timeout = '5s';
 
 CREATE TABLE IF NOT EXISTS sales (
     id TEXT PRIMARY KEY,

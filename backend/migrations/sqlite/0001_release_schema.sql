@@ -1,9 +1,11 @@
 -- The schema of the last release that created its tables by hand, before
 -- migrations. Every statement is idempotent, so this migration adopts a
 -- database that release (or an older one) made: its tables are kept as
--- they are. SQLite cannot add a column only if it is missing, so the
--- columns older releases lack are added before this runs, by
--- `store::adopt` (see docs/OPERATIONS.md, "Upgrading the database").
+-- they are. Never edit a migration once released (sqlx refuses a database
+-- whose recorded checksum differs): add a new one. SQLite cannot add a
+-- column only if it is missing, so the columns older releases lack are
+-- added before this runs, by `store::schema::adopt_sqlite` (see
+-- docs/OPERATIONS.md, "Upgrading the database").
 
 CREATE TABLE IF NOT EXISTS sales (
     id TEXT PRIMARY KEY,

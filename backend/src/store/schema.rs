@@ -126,3 +126,30 @@ pub(crate) fn fingerprint(flavour: Flavour) -> String {
     }
     folded.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Flavour;
+
+    /// Every released migration, with the SHA-384 sqlx records for it. A
+    /// database records these when migrated; a migration edited after its
+    /// release no longer matches and sqlx refuses to start on that
+    /// database. Change the schema with a new migration, and add it here.
+    const RELEASED: [(Flavour, i64, &str); 2] = [
+        (Flavour::Sqlite, 1, "7d6d00ea98fffefdcac48871128528e3ed19b1de2c1f3c021cde9bd6540432bdb847de154f04abbdc9d6abacdef34c2b"),
+        (Flavour::Postgres, 1, "cd0e16000e22cecf975de9dc1f0be5770a9f96bbff806d292cd75dbc6b2a22afa0ed7ae3080af1f3c7a927b63bb0efce"),
+    ];
+
+    #[test]
+    fn released_migrations_are_never_edited() {
+        for (flavour, version, checksum) in RELEASED {
+            let migration = flavour
+                .migrator()
+                .iter()
+                .find(|m| m.version == version)
+                .unwrap_or_else(|| panic!("{flavour:?} migration {version} is gone"));
+            let hex: String = migration.checksum.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(hex, checksum, "{flavour:?} migration {version} was edited after its release: add a new migration instead");
+        }
+    }
+}

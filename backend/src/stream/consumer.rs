@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use super::entry::parse;
 use super::{dead_letter, retention};
+use crate::metrics::Metrics;
 use crate::redis_io;
 use crate::store::{Store, StoreError};
 
@@ -144,7 +145,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                     last_maintenance = Some(Instant::now());
                     if let Some(conn) = redis.as_mut() {
                         for sale in &sales {
-                            if !archived.contains(&sale.id) && maintain_sale(conn, &store, &sale.id).await {
+                            if !archived.contains(&sale.id) && maintain_sale(conn, &store, &settings.metrics, &sale.id).await {
                                 archived.insert(sale.id.clone());
                             }
                         }
@@ -159,7 +160,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                     } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
                         if !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms()) {
                             if let Some(conn) = redis.as_mut() {
-                                if maintain_sale(conn, &store, &sale.id).await {
+                                if maintain_sale(conn, &store, &settings.metrics, &sale.id).await {
                                     archived.insert(sale.id);
                                     continue;
                                 }
@@ -225,10 +226,13 @@ async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
 /// Trims the sale's written stream entries and archives it when it is
 /// finished; answers whether it is archived. Failures are logged: the
 /// next maintenance tries again.
-async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> bool {
+async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store: &Store, metrics: &Metrics, sale_id: &str) -> bool {
     match retention::trim_written(conn, store, sale_id).await {
-        Ok(0) => {}
-        Ok(trimmed) => tracing::debug!(sale = sale_id, trimmed, "stream entries written as orders trimmed"),
+        Ok(None) => {}
+        Ok(Some(trimmed)) => {
+            metrics.trim_scripts.inc();
+            tracing::debug!(sale = sale_id, trimmed, "stream entries written as orders trimmed");
+        }
         Err(error) => tracing::warn!(%error, sale = sale_id, "cannot trim the stream"),
     }
     match retention::try_archive(conn, store, sale_id, retention::ARCHIVE_GRACE).await {

@@ -157,13 +157,14 @@ fn group_last_delivered(groups: Value) -> Option<String> {
 const TRIM_PAGE: usize = 500;
 
 /// Removes the entries of the sale's stream that are already orders or
-/// dead letters, oldest first (see the module doc); returns how many went.
+/// dead letters, oldest first (see the module doc); returns how many went,
+/// or `None` when nothing could go and no script ran.
 ///
 /// # Errors
 /// Redis or the database failed; nothing was trimmed then.
-pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<u64, SaleError> {
+pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<Option<u64>, SaleError> {
     let keys = SaleKeys::new(sale_id);
-    let Some(bound) = position(conn, &keys.stream).await?.and_then(|p| p.trim_below()) else { return Ok(0) };
+    let Some(bound) = position(conn, &keys.stream).await?.and_then(|p| p.trim_below()) else { return Ok(None) };
     let mut dead: Option<HashSet<String>> = None;
     let mut start = "-".to_owned();
     let keep_from = 'scan: loop {
@@ -195,10 +196,10 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
             _ => break Some(bound),
         }
     };
-    let Some(keep_from) = keep_from else { return Ok(0) };
+    let Some(keep_from) = keep_from else { return Ok(None) };
     let trimmed: i64 = TRIM.key(&keys.stream).arg(CONSUMER_GROUP).arg(keep_from.to_string()).invoke_async(conn).await?;
     // -1: the group moved back or went away since it was read; next time.
-    Ok(u64::try_from(trimmed).unwrap_or(0))
+    Ok(Some(u64::try_from(trimmed).unwrap_or(0)))
 }
 
 /// `lua/trim.lua`: `XTRIM MINID` only while the group still stands past the

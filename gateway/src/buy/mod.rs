@@ -94,7 +94,11 @@ impl<C: WallClock> BuyService<C> {
 
     async fn decide(&self, req: BuyRequest<'_>) -> Result<BuyOutcome, Rejection> {
         let BuyRequest { sale_id, user, idempotency_key, request_id } = req;
-        let decision = match self.local_rejection(sale_id).await? {
+        let local = self.local_rejection(sale_id).await?;
+        // Taken before the script runs: a snapshot read after this may
+        // already count this buy's win (see `SaleCache::took_one`).
+        let sent_at = std::time::Instant::now();
+        let decision = match local {
             None => self.deduct(sale_id, user, idempotency_key).await?,
             // Turned away locally; only a retry of a remembered key still
             // deserves its first outcome, so only that asks Redis: one
@@ -115,7 +119,7 @@ impl<C: WallClock> BuyService<C> {
             // A win just now: forwarded with the script's time, the same
             // `ts` as the stream record, whichever path writes the order.
             DeductOutcome::Won { reservation_id, reserved_at_ms: Some(reserved_at_ms) } => {
-                self.sales.took_one(sale_id).await;
+                self.sales.took_one(sale_id, sent_at).await;
                 let winner = ForwardedWinner {
                     reservation: Reservation {
                         reservation_id: reservation_id.clone(),

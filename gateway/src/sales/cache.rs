@@ -54,6 +54,10 @@ pub struct SaleCache {
     /// ([`WINDOW_TTL`] for buys, `pages.state_ttl_ms` for views), and the
     /// entry lives as long as the longer of the two.
     snapshots: moka::future::Cache<String, Held>,
+    /// Sale ids Redis does not have, with when that was read; apart from
+    /// `snapshots` so a flood of reads of made-up ids cannot evict the
+    /// snapshots real sales' buys use.
+    absent: moka::future::Cache<String, Instant>,
     view_ttl: Duration,
     /// Sold-out sales, each with the number of its flag: a flag set anew
     /// (after being cleared or expiring) gets a new number, so winners read
@@ -70,6 +74,7 @@ impl SaleCache {
     pub fn new(view_ttl: Duration) -> Self {
         Self {
             snapshots: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(view_ttl.max(WINDOW_TTL)).build(),
+            absent: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(view_ttl.max(WINDOW_TTL)).build(),
             view_ttl,
             sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
             flags: AtomicU64::new(0),
@@ -87,6 +92,11 @@ impl SaleCache {
     /// When Redis cannot be read; nothing is cached then, every waiter gets
     /// the error and the next call retries.
     async fn snapshot(&self, redis: &RedisClient, sale_id: &str, max_age: Duration) -> Result<Option<Arc<SaleSnapshot>>, Arc<RedisError>> {
+        if let Some(read_at) = self.absent.get(sale_id).await {
+            if read_at.elapsed() <= max_age {
+                return Ok(None);
+            }
+        }
         if let Some(held) = self.snapshots.get(sale_id).await {
             if held.read_at.elapsed() <= max_age {
                 return Ok(held.snapshot);
@@ -106,6 +116,10 @@ impl SaleCache {
                 Ok::<_, RedisError>(Held { snapshot: snapshot.map(Arc::new), read_at: Instant::now() })
             })
             .await?;
+        if held.snapshot.is_none() {
+            self.snapshots.invalidate(sale_id).await;
+            self.absent.insert(sale_id.to_owned(), held.read_at).await;
+        }
         Ok(held.snapshot)
     }
 
@@ -149,10 +163,16 @@ impl SaleCache {
     }
 
     /// Counts a win of this gateway's in the sale's snapshot, if held (no
-    /// Redis call), so its own buyers' next view shows the item gone.
-    pub async fn took_one(&self, sale_id: &str) {
-        if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
-            s.took_one();
+    /// Redis call), so its own buyers' next view shows the item gone. Only
+    /// a snapshot read before the win's script was sent (`sent_at`) is
+    /// counted down: one read after it may already hold the win, and
+    /// counting it twice would show items gone that are still for sale
+    /// (an over-report until the next refresh is the lesser error).
+    pub async fn took_one(&self, sale_id: &str, sent_at: Instant) {
+        if let Some(Held { snapshot: Some(s), read_at }) = self.snapshots.get(sale_id).await {
+            if read_at < sent_at {
+                s.took_one();
+            }
         }
     }
 
@@ -183,6 +203,7 @@ impl SaleCache {
             self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
         }
         self.snapshots.invalidate(sale_id).await;
+        self.absent.invalidate(sale_id).await;
     }
 
     /// Whether `user` ever won in sold-out `sale_id`, so may hold a won
@@ -212,6 +233,7 @@ impl SaleCache {
         self.missing
             .get_with_by_ref(sale_id, async {
                 self.snapshots.invalidate(sale_id).await;
+                self.absent.invalidate(sale_id).await;
                 match backend.sale_exists(sale_id).await {
                     Ok(true) => MissingSale::Restoring,
                     Ok(false) => MissingSale::Unknown,
