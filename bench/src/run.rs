@@ -377,7 +377,14 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
 /// user above the limit (1), after the backend drained the stream.
 /// `scripts`: Redis's script calls in the run, and the backend's timed trim
 /// scripts that may be among them.
-async fn check_flashgate(ctx: &Ctx, sale: &str, stock: i64, winners: u64, scripts: (u64, u64), reached: Option<u64>) -> anyhow::Result<Check> {
+async fn check_flashgate(
+    ctx: &Ctx,
+    sale: &str,
+    stock: i64,
+    winners: u64,
+    scripts: (u64, u64),
+    reached: Option<u64>,
+) -> anyhow::Result<Check> {
     let (calls, trims) = scripts;
     let t = Instant::now();
     let deadline = t + Duration::from_secs(120);
