@@ -94,7 +94,10 @@ impl RedisServer {
     }
 
     pub fn config(&self) -> flashgate_common::config::RedisConfig {
-        flashgate_common::config::RedisConfig { timeout: Duration::from_millis(500), ..flashgate_common::config::RedisConfig::standalone(&self.url) }
+        flashgate_common::config::RedisConfig {
+            timeout: Duration::from_millis(500),
+            ..flashgate_common::config::RedisConfig::standalone(&self.url)
+        }
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashgate_common::backoff::Backoff;
-use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
 use flashgate_common::config::RedisConfig;
+use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
 use flashgate_common::redis_conn::EventSubscription;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;

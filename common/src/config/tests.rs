@@ -274,7 +274,9 @@ fn parsing_reads_nothing_from_the_machine() {
 fn each_redis_mode_builds_its_target() {
     let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
     assert_eq!(c.redis.target, RedisTarget::Standalone { url: "redis://127.0.0.1:6379/".into() });
-    let c = Config::from_toml_str("[redis]\nmode = \"cluster\"\nnodes = [\"redis://127.0.0.1:7100\", \"redis://127.0.0.1:7101\"]\n", &NoEnv, 0).unwrap();
+    let c =
+        Config::from_toml_str("[redis]\nmode = \"cluster\"\nnodes = [\"redis://127.0.0.1:7100\", \"redis://127.0.0.1:7101\"]\n", &NoEnv, 0)
+            .unwrap();
     assert_eq!(c.redis.target, RedisTarget::Cluster { nodes: vec!["redis://127.0.0.1:7100".into(), "redis://127.0.0.1:7101".into()] });
     assert_eq!(c.redis.target.mode(), "cluster");
     let text = "[redis]\nmode = \"sentinel\"\nsentinels = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"shop\"\n";

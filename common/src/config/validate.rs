@@ -117,7 +117,11 @@ fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
     }
     match f.mode {
         RedisMode::Standalone => {
-            check.that(f.url.starts_with("redis://") || f.url.starts_with("rediss://"), "redis.url", "must start with redis:// or rediss://");
+            check.that(
+                f.url.starts_with("redis://") || f.url.starts_with("rediss://"),
+                "redis.url",
+                "must start with redis:// or rediss://",
+            );
             RedisTarget::Standalone { url: f.url.clone() }
         }
         RedisMode::Cluster => {
@@ -129,7 +133,11 @@ fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
             check.that(!f.sentinels.is_empty(), "redis.sentinels", "sentinel mode needs at least one sentinel");
             urls(check, "redis.sentinels", &f.sentinels);
             let master_name = f.master_name.clone().unwrap_or_default();
-            check.that(!master_name.trim().is_empty(), "redis.master_name", "sentinel mode needs the name the sentinels monitor the primary under");
+            check.that(
+                !master_name.trim().is_empty(),
+                "redis.master_name",
+                "sentinel mode needs the name the sentinels monitor the primary under",
+            );
             RedisTarget::Sentinel { sentinels: f.sentinels.clone(), master_name }
         }
     }

@@ -171,10 +171,11 @@ mod tests {
                 _ => Vec::new(),
             })
             .collect();
-        let expected: Vec<Vec<u8>> = [b"EVAL".as_slice(), body.as_bytes(), b"2", b"fg:{sale:1}:meta", b"fg:{sale:1}:remaining", b"u1", b"3"]
-            .iter()
-            .map(|a| a.to_vec())
-            .collect();
+        let expected: Vec<Vec<u8>> =
+            [b"EVAL".as_slice(), body.as_bytes(), b"2", b"fg:{sale:1}:meta", b"fg:{sale:1}:remaining", b"u1", b"3"]
+                .iter()
+                .map(|a| a.to_vec())
+                .collect();
         assert_eq!(args, expected);
         let mut unknown = redis::cmd("EVALSHA");
         unknown.arg("0123").arg(0);

@@ -48,8 +48,12 @@ impl EventSubscription {
                 Inner::Node(pubsub.into_on_message())
             }
             RedisTarget::Sentinel { sentinels, master_name } => {
-                let mut client =
-                    redis::sentinel::SentinelClient::build(sentinels.clone(), master_name.clone(), None, redis::sentinel::SentinelServerType::Master)?;
+                let mut client = redis::sentinel::SentinelClient::build(
+                    sentinels.clone(),
+                    master_name.clone(),
+                    None,
+                    redis::sentinel::SentinelServerType::Master,
+                )?;
                 let mut pubsub = client.async_get_client().await?.get_async_pubsub().await?;
                 pubsub.subscribe(channel).await?;
                 Inner::Node(pubsub.into_on_message())

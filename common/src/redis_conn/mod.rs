@@ -220,7 +220,5 @@ impl ConnectionLike for RedisHandle {
 
 /// The settings of a connection to one node.
 fn node_config(tuning: &Tuning) -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(tuning.connection_timeout))
-        .set_response_timeout(Some(tuning.response_timeout))
+    AsyncConnectionConfig::new().set_connection_timeout(Some(tuning.connection_timeout)).set_response_timeout(Some(tuning.response_timeout))
 }

@@ -70,7 +70,8 @@ async fn cluster(nodes: &[String], timeout: Duration) -> Result<Vec<String>, Pro
     for (name, body) in crate::scripts::ALL {
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(*body);
-        let replies = conn.each_master(&load).await.map_err(|e| ProbeError(format!("redis.nodes: SCRIPT LOAD {name} on every master: {e}")))?;
+        let replies =
+            conn.each_master(&load).await.map_err(|e| ProbeError(format!("redis.nodes: SCRIPT LOAD {name} on every master: {e}")))?;
         for (master, reply) in replies {
             reply.map_err(|e| ProbeError(format!("cluster master {master}: SCRIPT LOAD {name}: {e}")))?;
             masters.insert(master);
@@ -100,7 +101,8 @@ async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration) ->
     }
     let Some((host, port)) = master else { return Err(ProbeError("redis.sentinels: no sentinel given".into())) };
     let url = format!("redis://{host}:{port}/");
-    let mut conn = node(&url, timeout).await.map_err(|e| ProbeError(format!("redis.master_name: master `{master_name}` at {host}:{port}: {e}")))?;
+    let mut conn =
+        node(&url, timeout).await.map_err(|e| ProbeError(format!("redis.master_name: master `{master_name}` at {host}:{port}: {e}")))?;
     let role: Vec<Value> = redis::cmd("ROLE")
         .query_async(&mut conn)
         .await

@@ -50,7 +50,11 @@ fn client(sentinels: &[String], master_name: &str) -> RedisResult<SentinelClient
 }
 
 /// One connection to the current primary, not followed afterwards.
-pub(super) async fn master_connection(sentinels: &[String], master_name: &str, config: &AsyncConnectionConfig) -> RedisResult<MultiplexedConnection> {
+pub(super) async fn master_connection(
+    sentinels: &[String],
+    master_name: &str,
+    config: &AsyncConnectionConfig,
+) -> RedisResult<MultiplexedConnection> {
     client(sentinels, master_name)?.get_async_connection_with_config(config).await
 }
 
