@@ -180,13 +180,13 @@ async fn on_sentinel_a_sale_sells_exactly_and_both_processes_follow_the_promoted
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut stack.redis_handle().await).await.unwrap();
     assert_eq!(acked, 1);
     let Deployment::Sentinel(set) = &mut stack.deployment else { unreachable!("sentinel mode") };
-    set.kill_primary().await;
+    let old_primary = set.kill_primary().await;
     let killed = Instant::now();
-    set.wait_failover(Duration::from_secs(30)).await;
 
-    // Buyers keep coming; meanwhile only 503 with Retry-After and JSON.
+    // Buyers keep coming from the moment the primary dies; until the gateway
+    // reaches the promoted replica they get only 503 with Retry-After and JSON.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut recovered = None;
+    let (mut recovered, mut refused) = (None, 0);
     while Instant::now() < deadline {
         let (status, retry_after, body) = buy_once(&stack.http, stack.gateway_addr, "live").await;
         if status == 202 {
@@ -195,10 +195,14 @@ async fn on_sentinel_a_sale_sells_exactly_and_both_processes_follow_the_promoted
         }
         assert_eq!(status, 503, "during the failover: {status} {body}");
         assert!(retry_after && body["code"].is_string(), "a 503 without Retry-After or JSON: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let recovered = recovered.expect("the gateway never sold again after the failover");
-    eprintln!("selling again {recovered:?} after the primary was killed");
+    eprintln!("selling again {recovered:?} after the primary was killed ({refused} buys answered 503 meanwhile)");
+    assert!(refused > 0, "a buy succeeded while no primary was promoted yet");
+    let promoted = set.wait_failover(Duration::from_secs(30)).await;
+    assert_ne!(promoted.port(), old_primary);
 
     // The backend follows too: the winners after the failover become orders.
     let after = buy_all(stack.gateway_addr, "live", (0..20).map(|_| Attempt::by(&random_user())).collect(), 4).await;
