@@ -2,6 +2,7 @@
 //! gaps it fills in the redis crate's clients (NOSCRIPT on a cluster,
 //! pipelines across slots, following a sentinel failover).
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use flashgate_common::config::{RedisConfig, RedisTarget};
@@ -87,4 +88,38 @@ async fn a_sentinel_handle_follows_the_promoted_primary() {
     assert!(sentinel.generation() >= 1);
     let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.unwrap();
     assert!(info.contains(&format!("tcp_port:{}\r\n", promoted.port())), "{info}");
+}
+
+/// `INFO server`'s `field` (`process_id`, `tcp_port`).
+fn info_field(info: &str, field: &str) -> String {
+    info.lines().find_map(|l| l.strip_prefix(&format!("{field}:"))).unwrap().trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_handle_leaves_a_silent_primary_while_its_caller_bounds_every_call() {
+    let set = RedisSentinels::start();
+    let timeout = Duration::from_millis(300);
+    let config =
+        RedisConfig { timeout, ..config(RedisTarget::Sentinel { sentinels: set.sentinels(), master_name: set.master_name().to_owned() }) };
+    let mut conn = RedisHandle::connect(&config, &Tuning::new(timeout)).await.unwrap();
+    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.unwrap();
+    let (pid, port) = (info_field(&info, "process_id"), info_field(&info, "tcp_port"));
+
+    // The primary stops answering without closing its socket (a network
+    // partition, no error from the socket); the caller bounds every call
+    // with the same timeout, as the gateway does.
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut incr = redis::cmd("INCR");
+        incr.arg("k");
+        if let Ok(Ok(_)) = tokio::time::timeout(timeout, incr.query_async::<i64>(&mut conn)).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still on the silent primary");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.unwrap();
+    assert_ne!(info_field(&info, "tcp_port"), port, "answered by the old primary");
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
 }

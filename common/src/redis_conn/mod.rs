@@ -95,7 +95,7 @@ impl RedisHandle {
                 Ok(Self::Cluster(ClusterHandle::connect(nodes, tuning.connection_timeout, tuning.response_timeout).await?))
             }
             RedisTarget::Sentinel { sentinels, master_name } => {
-                Ok(Self::Sentinel(SentinelHandle::connect(sentinels, master_name, &node_config(tuning)).await?))
+                Ok(Self::Sentinel(SentinelHandle::connect(sentinels, master_name, &node_config(tuning), tuning.response_timeout).await?))
             }
         }
     }

@@ -35,6 +35,10 @@ struct Shared {
     /// Needs `&mut` for a lookup; the lock also makes lookups one at a time.
     client: Arc<Mutex<SentinelClient>>,
     config: AsyncConnectionConfig,
+    /// Each call's own bound, a little under the response timeout, so a call
+    /// to a silent primary fails here (and starts a lookup) before a caller
+    /// that bounds its calls with the same timeout (the gateway) drops it.
+    call_timeout: Duration,
     current: ArcSwap<Current>,
 }
 
@@ -64,13 +68,19 @@ impl SentinelHandle {
     /// # Errors
     /// A bad URL, no sentinel answers, none knows `master_name`, or the
     /// primary does not answer as a master.
-    pub async fn connect(sentinels: &[String], master_name: &str, config: &AsyncConnectionConfig) -> RedisResult<Self> {
+    pub async fn connect(
+        sentinels: &[String],
+        master_name: &str,
+        config: &AsyncConnectionConfig,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
         let mut client = client(sentinels, master_name)?;
         let conn = client.get_async_connection_with_config(config).await?;
         Ok(Self {
             shared: Arc::new(Shared {
                 client: Arc::new(Mutex::new(client)),
                 config: config.clone(),
+                call_timeout: response_timeout.mul_f64(0.9),
                 current: ArcSwap::from_pointee(Current { generation: 0, conn }),
             }),
         })
@@ -110,7 +120,7 @@ impl ConnectionLike for SentinelHandle {
         let current = self.shared.current.load_full();
         async move {
             let mut conn = current.conn.clone();
-            let reply = conn.req_packed_command(cmd).await;
+            let reply = bounded(self.shared.call_timeout, conn.req_packed_command(cmd)).await;
             if reply.as_ref().map_or_else(primary_may_have_moved, refused_by_a_replica) {
                 self.after_error(current.generation);
             }
@@ -123,7 +133,7 @@ impl ConnectionLike for SentinelHandle {
         let current = self.shared.current.load_full();
         async move {
             let mut conn = current.conn.clone();
-            let reply = conn.req_packed_commands(pipeline, offset, count).await;
+            let reply = bounded(self.shared.call_timeout, conn.req_packed_commands(pipeline, offset, count)).await;
             if reply.as_ref().map_or_else(primary_may_have_moved, |values| values.iter().any(refused_by_a_replica)) {
                 self.after_error(current.generation);
             }
@@ -135,6 +145,13 @@ impl ConnectionLike for SentinelHandle {
     fn get_db(&self) -> i64 {
         self.shared.current.load().conn.get_db()
     }
+}
+
+/// `call` cut at `limit`, as a timeout error.
+async fn bounded<T>(limit: Duration, call: impl std::future::Future<Output = RedisResult<T>>) -> RedisResult<T> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer from the redis primary").into()))
 }
 
 /// Whether a reply is a refusal that only a demoted or cut-off primary
