@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashgate_common::backoff::Backoff;
 use flashgate_common::dependency::{ping_redis, DepState, Dependency};
-use redis::aio::ConnectionManager;
+use flashgate_common::redis_conn::RedisHandle;
 use tokio::sync::watch;
 
 use crate::store::{Store, StoreError};
@@ -132,7 +132,7 @@ pub async fn sleep_or_stop(wait: Duration, shutdown: &mut watch::Receiver<bool>)
 
 /// Checks the database and Redis until `shutdown`: every second while both
 /// answer, with backoff while one does not.
-pub async fn monitor(readiness: Readiness, store: Store, redis: ConnectionManager, mut shutdown: watch::Receiver<bool>) {
+pub async fn monitor(readiness: Readiness, store: Store, redis: RedisHandle, mut shutdown: watch::Receiver<bool>) {
     let mut backoff = Backoff::default();
     loop {
         // Side by side: a database ping waiting out its timeout in an

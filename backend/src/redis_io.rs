@@ -1,8 +1,9 @@
 //! Redis connections and the Lua scripts the backend runs.
 //!
-//! Two kinds of connection, on purpose: the HTTP handlers share one
-//! reconnecting multiplexed [`ConnectionManager`] whose calls are cut at
-//! `redis.timeout`, while every stream consumer opens its own connection
+//! Two kinds of connection, on purpose, both [`RedisHandle`]s in the
+//! configured `redis.mode`: the HTTP handlers and background loops share one
+//! whose calls are cut at `redis.timeout`, while every stream consumer
+//! opens its own connection
 //! (see [`consumer_connection`]) because a blocking `XREADGROUP` would stall
 //! every other call queued on a shared one.
 
@@ -11,8 +12,9 @@ use std::time::Duration;
 
 use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::SaleEvent;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, RedisError, Script};
+use flashgate_common::redis_conn::{RedisHandle, Tuning};
+use redis::aio::ConnectionLike;
+use redis::{RedisError, Script};
 
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
 pub static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/update_sale.lua")));
@@ -25,27 +27,21 @@ const BLOCK_MARGIN: Duration = Duration::from_secs(5);
 ///
 /// # Errors
 /// The URL is invalid or Redis does not answer.
-pub async fn shared_connection(config: &RedisConfig) -> Result<ConnectionManager, RedisError> {
-    let client = Client::open(config.url.as_str())?;
-    let settings = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(config.timeout))
-        .set_connection_timeout(Some(config.timeout.max(Duration::from_secs(1))))
-        .set_number_of_retries(2);
-    ConnectionManager::new_with_config(client, settings).await
+pub async fn shared_connection(config: &RedisConfig) -> Result<RedisHandle, RedisError> {
+    let tuning = Tuning { connection_timeout: config.timeout.max(Duration::from_secs(1)), ..Tuning::new(config.timeout) };
+    RedisHandle::connect(config, &tuning).await
 }
 
 /// Opens a dedicated connection for one stream consumer, with a response
 /// timeout longer than its `BLOCK` (redis-rs would otherwise cut every
-/// blocking read at its default of 500 ms).
+/// blocking read at its default of 500 ms). On a cluster it is a cluster
+/// connection of its own: a `BLOCK`ing read on the shared one would stall
+/// every call to that master.
 ///
 /// # Errors
 /// The URL is invalid or Redis does not answer.
-pub async fn consumer_connection(config: &RedisConfig, block: Duration) -> Result<MultiplexedConnection, RedisError> {
-    let client = Client::open(config.url.as_str())?;
-    let settings = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(config.timeout.max(Duration::from_secs(1))))
-        .set_response_timeout(Some(block + BLOCK_MARGIN));
-    client.get_multiplexed_async_connection_with_config(&settings).await
+pub async fn consumer_connection(config: &RedisConfig, block: Duration) -> Result<RedisHandle, RedisError> {
+    RedisHandle::dedicated(config, config.timeout.max(Duration::from_secs(1)), block + BLOCK_MARGIN).await
 }
 
 /// Publishes `event` to every gateway. A failure is logged, not returned:

@@ -28,8 +28,8 @@ use axum::Router;
 use flashgate_common::backoff::Backoff;
 use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_SHOP_TOKEN};
 use flashgate_common::dependency::{ping_redis, DepState};
+use flashgate_common::redis_conn::RedisHandle;
 use flashgate_common::secret;
-use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
@@ -251,7 +251,7 @@ async fn connect_store(url: &str, readiness: &Readiness, shutdown: &mut watch::R
 
 /// Connects to Redis and waits until it answers `PING` (a Redis loading
 /// its dataset answers `LOADING`: not yet); `None` on shutdown.
-async fn connect_redis(config: &Config, readiness: &Readiness, shutdown: &mut watch::Receiver<bool>) -> Option<ConnectionManager> {
+async fn connect_redis(config: &Config, readiness: &Readiness, shutdown: &mut watch::Receiver<bool>) -> Option<RedisHandle> {
     let mut backoff = Backoff::default();
     let mut conn = None;
     loop {
@@ -293,7 +293,7 @@ enum PreheatFailure {
 async fn preheat_declared(
     config: &Config,
     store: &Store,
-    redis: &ConnectionManager,
+    redis: &RedisHandle,
     readiness: &Readiness,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<bool, StartError> {
@@ -335,7 +335,7 @@ async fn preheat_declared(
 async fn preheat_one(
     config: &Config,
     store: &Store,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisHandle,
     declared: &flashgate_common::sale::SaleSpec,
 ) -> Result<(), PreheatFailure> {
     let db = PreheatFailure::Database;

@@ -95,10 +95,8 @@ impl RedisServer {
 
     pub fn config(&self) -> flashgate_common::config::RedisConfig {
         flashgate_common::config::RedisConfig {
-            url: self.url.clone(),
             timeout: Duration::from_millis(500),
-            breaker_failures: 5,
-            breaker_cooldown: Duration::from_secs(1),
+            ..flashgate_common::config::RedisConfig::standalone(&self.url)
         }
     }
 }

@@ -85,6 +85,12 @@ struct RunArgs {
     /// Only these scenarios (a_static, b_state, c_buy, c_buy_open, d_soldout, e_hammer, f_burst).
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
+    /// A TOML file whose `[redis]` table (`mode = "standalone" | "cluster" |
+    /// "sentinel"` and its keys, as in docs/CONFIG.md) names a Redis
+    /// deployment to run Flashgate on, instead of a redis-server of the
+    /// bench's own (the bench creates its sales there: use a scratch one).
+    #[arg(long)]
+    redis_config: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -178,6 +184,10 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
         evalsha_n_p16: a.evalsha_n_p16,
         profile: a.profile,
         scenarios: a.scenarios,
+        redis: match &a.redis_config {
+            Some(path) => Some(flashgate_common::config::Config::load(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.redis),
+            None => None,
+        },
     };
     let results = run::run(settings).await?;
     std::fs::create_dir_all(&out_dir)?;

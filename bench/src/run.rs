@@ -34,6 +34,8 @@ pub struct Settings {
     pub drain_orders: usize,
     /// `[limits.buy] user` of the bench's gateway: (per_second, burst).
     pub user_bucket: (u32, u32),
+    /// `--redis-config`: the `[redis]` table of a deployment to run on.
+    pub redis: Option<flashgate_common::config::RedisConfig>,
     pub peers_dir: PathBuf,
     pub bin_dir: PathBuf,
     pub out_dir: PathBuf,
@@ -110,6 +112,7 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
             page,
             database_url: db_url.to_owned(),
             user_bucket: s.user_bucket,
+            redis: s.redis.clone(),
         },
     )
     .await?;
@@ -290,7 +293,7 @@ impl Ctx {
     }
 }
 
-async fn reset_script_stats(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<()> {
+async fn reset_script_stats(conn: &mut (impl redis::aio::ConnectionLike + Send)) -> anyhow::Result<()> {
     redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
     Ok(())
 }
@@ -611,7 +614,7 @@ fn perf_top(file: &std::path::Path, n: usize) -> Vec<String> {
 /// backend and Redis.
 async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<Profile>> {
     let secs = 6;
-    let targets = [("gateway", ctx.fg.gateway.pid), ("backend", ctx.fg.backend_pid()), ("redis", ctx.fg.redis.pid)];
+    let targets = [("gateway", ctx.fg.gateway.pid), ("backend", ctx.fg.backend_pid()), ("redis", ctx.fg.redis_pid())];
     let mut perfs = Vec::new();
     for (name, pid) in targets {
         let file = std::env::temp_dir().join(format!("flashgate-bench-{scenario}-{name}-{}.data", std::process::id()));

@@ -1,6 +1,7 @@
 //! The two sides of the comparison, each on loopback ports of its own.
 //!
-//! - [`Flashgate`]: its own `redis-server`, the backend on a PostgreSQL
+//! - [`Flashgate`]: its own `redis-server` (or the Redis deployment of
+//!   `--redis-config`, in any `redis.mode`), the backend on a PostgreSQL
 //!   database the bench creates (and drops), and the gateway, from the
 //!   release binaries. Secrets are generated per run and passed in the
 //!   environment only.
@@ -13,6 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
+use flashgate_common::config::RedisConfig;
+use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use http::HeaderValue;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
@@ -87,8 +90,11 @@ pub async fn start_redis(dir: &Path, name: &str) -> anyhow::Result<(Proc, u16)> 
 pub struct Flashgate {
     pub gateway: Proc,
     pub backend: Option<Proc>,
-    pub redis: Proc,
-    pub redis_port: u16,
+    /// The bench's own redis-server; `None` on a deployment given with
+    /// `--redis-config`.
+    pub redis: Option<Proc>,
+    /// Where the processes find Redis.
+    pub redis_config: RedisConfig,
     pub gateway_addr: std::net::SocketAddr,
     /// The backend's order API (and its `/metrics`).
     pub backend_addr: std::net::SocketAddr,
@@ -116,6 +122,9 @@ pub struct FlashgateOptions {
     pub database_url: String,
     /// `[limits.buy] user` bucket: (per_second, burst).
     pub user_bucket: (u32, u32),
+    /// A Redis deployment (any `redis.mode`) to use instead of a
+    /// redis-server of the bench's own.
+    pub redis: Option<RedisConfig>,
 }
 
 impl Flashgate {
@@ -127,7 +136,13 @@ impl Flashgate {
         for b in ["flashgate", "flashgate-backend"] {
             ensure!(opts.bin_dir.join(b).exists(), "{} not built (cargo build --release)", opts.bin_dir.join(b).display());
         }
-        let (redis, redis_port) = start_redis(dir, "flashgate-redis").await?;
+        let (redis, redis_config) = match &opts.redis {
+            Some(config) => (None, config.clone()),
+            None => {
+                let (redis, port) = start_redis(dir, "flashgate-redis").await?;
+                (Some(redis), RedisConfig::standalone(format!("redis://127.0.0.1:{port}/")))
+            }
+        };
         let static_dir = dir.join("static");
         std::fs::create_dir_all(&static_dir)?;
         std::fs::copy(&opts.page, static_dir.join("sale.html")).with_context(|| format!("copy {}", opts.page.display()))?;
@@ -143,7 +158,7 @@ impl Flashgate {
             format!(
                 r#"# Written by flashgate-bench for one run; secrets come from the environment.
 [redis]
-url = "redis://127.0.0.1:{redis_port}/"
+{redis_keys}
 timeout_ms = 1000
 
 [gateway]
@@ -165,6 +180,7 @@ consumer_name = "bench-backend"
 user = {{ per_second = {per_second}, burst = {burst} }}
 "#,
                 threads = opts.threads,
+                redis_keys = redis_config.target.to_toml(),
                 runtime_dir = dir.join("run").display(),
                 static_dir = static_dir.display(),
                 db = opts.database_url,
@@ -191,7 +207,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             gateway,
             backend: None,
             redis,
-            redis_port,
+            redis_config,
             gateway_addr,
             backend_addr,
             admin_addr,
@@ -249,16 +265,21 @@ user = {{ per_second = {per_second}, burst = {burst} }}
 
     /// Processes whose CPU a run reports.
     pub fn watched(&self) -> Vec<Watched> {
-        vec![
-            Watched { name: "gateway".into(), pids: vec![self.gateway.pid] },
-            Watched { name: "redis".into(), pids: vec![self.redis.pid] },
-            Watched { name: "backend".into(), pids: vec![self.backend_pid()] },
-        ]
+        let mut watched = vec![Watched { name: "gateway".into(), pids: vec![self.gateway.pid] }];
+        if let Some(redis) = &self.redis {
+            watched.push(Watched { name: "redis".into(), pids: vec![redis.pid] });
+        }
+        watched.push(Watched { name: "backend".into(), pids: vec![self.backend_pid()] });
+        watched
     }
 
-    pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.redis_port))?;
-        Ok(client.get_multiplexed_async_connection().await?)
+    pub fn redis_pid(&self) -> u32 {
+        self.redis.as_ref().map_or(0, |r| r.pid)
+    }
+
+    /// A connection to the Redis the processes use, in its mode.
+    pub async fn redis(&self) -> anyhow::Result<RedisHandle> {
+        Ok(RedisHandle::connect(&self.redis_config, &Tuning::new(Duration::from_secs(5))).await?)
     }
 
     /// Creates or replaces a sale through the admin API: open now, for an hour.
@@ -416,7 +437,7 @@ impl Peers {
 }
 
 /// `calls` of one command from INFO commandstats (0 when never called).
-pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> anyhow::Result<u64> {
+pub async fn command_calls(conn: &mut (impl redis::aio::ConnectionLike + Send), command: &str) -> anyhow::Result<u64> {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
     let prefix = format!("cmdstat_{command}:calls=");
     Ok(info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|rest| rest.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0))

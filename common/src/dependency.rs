@@ -10,7 +10,7 @@
 use std::fmt::Display;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use redis::aio::ConnectionLike;
+use crate::redis_conn::RedisHandle;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Where a dependency stands, as last checked.
@@ -123,12 +123,14 @@ pub fn redis_state(error: &RedisError) -> DepState {
     }
 }
 
-/// `PING`: answers `Ok` only when Redis serves commands (not while it loads).
+/// `PING`: answers `Ok` only when Redis serves commands (not while it
+/// loads); on a cluster, only when every master does (a dead replica does
+/// not make a process unready, a master without a successor does).
 ///
 /// # Errors
 /// Redis is unreachable, loading, or failing.
-pub async fn ping_redis<C: ConnectionLike + Send>(conn: &mut C) -> Result<(), RedisError> {
-    redis::cmd("PING").query_async::<String>(conn).await.map(drop)
+pub async fn ping_redis(conn: &mut RedisHandle) -> Result<(), RedisError> {
+    conn.ping().await
 }
 
 #[cfg(test)]

@@ -3,9 +3,17 @@
 //! Every key of one sale carries the hash tag `{sale:<id>}`, so all of them
 //! live in one Redis Cluster slot and the deduct script (which touches the
 //! stock, the buyers, the idempotency key, the stream and the reservation
-//! index at once) runs unchanged on a cluster. The only keys outside a sale's
-//! slot are [`SALES_INDEX`] and [`ARCHIVED_SALES`], which are read for
-//! listing and polling and never inside a script.
+//! index at once) runs on a cluster on the master of that slot (a script
+//! call is routed by its first key, so every call passes at least one).
+//!
+//! The keys outside a sale, [`SALES_INDEX`], [`ARCHIVED_SALES`],
+//! [`GLOBAL_SWITCH`], the gateway's cluster-wide bucket `fg:{limit}:global`
+//! and the [`EVENTS_CHANNEL`], keep their names in every mode: on a cluster
+//! each lives on its own slot, which is fine because no script, `MULTI` or
+//! multi-key command spans two of them (a plain pipeline that reads two is
+//! sent as single commands by `redis_conn`). A shared tag would buy nothing
+//! and a rename would need an upgrade path for existing deployments. A plain
+//! `PUBLISH` reaches every node of a cluster, so the channel needs no tag.
 //!
 //! | key | type | holds |
 //! |---|---|---|

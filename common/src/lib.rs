@@ -8,6 +8,10 @@
 //!   (`config::validate`, every problem named by its key) into typed
 //!   settings ([`config::Config`]); parsing reads no file nor environment.
 //! - [`keys`]: the Redis key layout of a sale (all keys share one hash tag).
+//! - [`redis_conn`]: one connection type for the three `redis.mode`s
+//!   (standalone, cluster, sentinel), and the sale-events subscription.
+//! - [`scripts`]: every Lua script, for the cluster's `NOSCRIPT` fallback
+//!   and `flashgate check --connect`.
 //! - [`reservation`]: the record the deduct script appends to a sale's stream,
 //!   and the order API between gateway and backend.
 //! - [`sale`]: a sale's definition and the state a buyer sees.
@@ -25,8 +29,10 @@ pub mod backoff;
 pub mod config;
 pub mod dependency;
 pub mod keys;
+pub mod redis_conn;
 pub mod reservation;
 pub mod sale;
+pub mod scripts;
 pub mod secret;
 pub mod stream_info;
 

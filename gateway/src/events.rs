@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashgate_common::backoff::Backoff;
+use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
-use futures_util::StreamExt;
+use flashgate_common::redis_conn::EventSubscription;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::{debug, info, warn};
@@ -20,7 +21,8 @@ use crate::sales::SaleCache;
 use crate::switches::Switches;
 
 pub struct EventListener {
-    pub client: redis::Client,
+    /// Where to subscribe, in the configured `redis.mode`.
+    pub redis: RedisConfig,
     pub sales: Arc<SaleCache>,
     pub switches: Arc<Switches>,
 }
@@ -29,12 +31,9 @@ impl EventListener {
     /// Subscribes and applies events until the subscription ends; sets
     /// `subscribed` once the subscription stands.
     async fn listen(&self, subscribed: &mut bool) -> redis::RedisResult<()> {
-        let mut pubsub = self.client.get_async_pubsub().await?;
-        pubsub.subscribe(EVENTS_CHANNEL).await?;
+        let mut events = EventSubscription::subscribe(&self.redis, EVENTS_CHANNEL).await?;
         *subscribed = true;
-        let mut messages = pubsub.on_message();
-        while let Some(msg) = messages.next().await {
-            let Ok(payload) = msg.get_payload::<String>() else { continue };
+        while let Some(payload) = events.next().await {
             match SaleEvent::decode(&payload) {
                 Some(SaleEvent::SoldOut(id)) => self.sales.mark_sold_out(&id),
                 Some(SaleEvent::Changed(id)) => self.sales.forget(&id).await,

@@ -47,7 +47,13 @@ enum Command {
         ttl: u64,
     },
     /// Validate the configuration file and exit.
-    Check,
+    Check {
+        /// Also connect to Redis in the configured `redis.mode` and check
+        /// that it answers as that mode expects (cluster state ok, the
+        /// sentinels know the master, every script loads).
+        #[arg(long)]
+        connect: bool,
+    },
 }
 
 fn parse_ttl(s: &str) -> Result<u64, String> {
@@ -61,6 +67,20 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
         _ => return Err(format!("`{s}`: unit must be s, m, h or d")),
     };
     n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("`{s}` is out of range"))
+}
+
+/// `check`: the file is valid (it was loaded); with `connect`, Redis answers
+/// as its mode expects.
+fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Result<()> {
+    if connect {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let found = runtime.block_on(flashgate_common::redis_conn::probe(&config.redis))?;
+        for line in found {
+            println!("redis ({}): {line}", config.redis.target.mode());
+        }
+    }
+    println!("{}: ok ({} sales)", path.display(), config.sales.len());
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -80,10 +100,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command.unwrap_or(Command::Serve { upgrade: false }) {
         Command::Serve { upgrade } => flashgate_gateway::server::run(config, &cli.config, upgrade),
-        Command::Check => {
-            println!("{}: ok ({} sales)", cli.config.display(), config.sales.len());
-            Ok(())
-        }
+        Command::Check { connect } => check(&cli.config, &config, connect),
         Command::Token { user, ttl } => match &config.jwt_secret {
             Some(secret) => flashgate_gateway::auth::mint(secret.as_bytes(), &user, ttl, &config.auth).map(|t| println!("{t}")),
             None => Err(anyhow::anyhow!("no JWT secret: set {ENV_JWT_SECRET}")),

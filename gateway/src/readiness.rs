@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashgate_common::backoff::Backoff;
+use flashgate_common::config::RedisConfig;
 use flashgate_common::dependency::{ping_redis, DepState, Dependency};
+use flashgate_common::redis_conn::RedisHandle;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
@@ -68,19 +70,18 @@ impl Readiness {
 
 /// Checks Redis and the backend until shutdown.
 pub struct DependencyWatcher {
-    pub client: redis::Client,
+    /// Checked on a connection of its own, in the configured `redis.mode`.
+    pub redis: RedisConfig,
     pub timeout: Duration,
     pub orders: Arc<OrderClient>,
     pub readiness: Arc<Readiness>,
 }
 
 impl DependencyWatcher {
-    async fn check_redis(&self, conn: &mut Option<redis::aio::MultiplexedConnection>) {
+    async fn check_redis(&self, conn: &mut Option<RedisHandle>) {
         if conn.is_none() {
-            let config = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(500))))
-                .set_response_timeout(Some(self.timeout.max(Duration::from_millis(500))));
-            match self.client.get_multiplexed_async_connection_with_config(&config).await {
+            let timeout = self.timeout.max(Duration::from_millis(500));
+            match RedisHandle::dedicated(&self.redis, timeout, timeout).await {
                 Ok(c) => *conn = Some(c),
                 Err(error) => return self.readiness.redis.redis_failed(&error),
             }

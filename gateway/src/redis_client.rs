@@ -1,7 +1,8 @@
 //! The gateway's Redis connection and scripts.
 //!
-//! One multiplexed [`ConnectionManager`] serves every request: clones share
-//! one socket, so concurrent deducts are pipelined without a pool. It is
+//! One [`RedisHandle`] serves every request, in the configured `redis.mode`:
+//! clones share one multiplexed socket per Redis node, so concurrent
+//! deducts are pipelined without a pool. It is
 //! created lazily on first use because redis-rs spawns the connection's
 //! driver on the runtime that creates it, and that must be the proxy's
 //! runtime, not a temporary one in `main`. Every call is bounded by the
@@ -11,7 +12,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use flashgate_common::config::RedisConfig;
+use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use tokio::sync::OnceCell;
 
 use crate::breaker::Breaker;
@@ -32,25 +34,22 @@ pub enum RedisError {
 pub static DEDUCT_LUA: &str = include_str!("../../lua/deduct.lua");
 
 pub struct RedisClient {
-    client: redis::Client,
-    timeout: Duration,
-    conn: OnceCell<ConnectionManager>,
+    config: RedisConfig,
+    conn: OnceCell<RedisHandle>,
     pub deduct: redis::Script,
     /// Shared with the admin listener, which reports its state.
     pub breaker: Arc<Breaker>,
 }
 
 impl RedisClient {
-    /// # Errors
-    /// When `url` is not a valid Redis URL.
-    pub fn new(url: &str, timeout: Duration, breaker: Breaker) -> Result<Self, RedisError> {
-        Ok(Self {
-            client: redis::Client::open(url)?,
-            timeout,
-            breaker: Arc::new(breaker),
-            conn: OnceCell::new(),
-            deduct: redis::Script::new(DEDUCT_LUA),
-        })
+    /// A client of the deployment `config` names; nothing connects yet.
+    pub fn new(config: RedisConfig, breaker: Breaker) -> Self {
+        Self { config, breaker: Arc::new(breaker), conn: OnceCell::new(), deduct: redis::Script::new(DEDUCT_LUA) }
+    }
+
+    /// A client of the standalone Redis at `url` (tests, tools).
+    pub fn standalone(url: &str, timeout: Duration, breaker: Breaker) -> Self {
+        Self::new(RedisConfig { timeout, ..RedisConfig::standalone(url) }, breaker)
     }
 
     /// A handle on the shared connection, connecting (and loading the
@@ -58,16 +57,17 @@ impl RedisClient {
     ///
     /// # Errors
     /// When Redis cannot be reached within the timeout.
-    pub async fn conn(&self) -> Result<ConnectionManager, RedisError> {
+    pub async fn conn(&self) -> Result<RedisHandle, RedisError> {
         let conn = self
             .bounded(self.conn.get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_millis(500));
-                let mut conn = ConnectionManager::new_with_config(self.client.clone(), config).await?;
-                self.deduct.prepare_invoke().load_async(&mut conn).await?;
+                let tuning = Tuning {
+                    connection_timeout: self.config.timeout,
+                    response_timeout: self.config.timeout,
+                    reconnect_retries: 1,
+                    max_reconnect_delay: Some(Duration::from_millis(500)),
+                };
+                let mut conn = RedisHandle::connect(&self.config, &tuning).await?;
+                conn.load_script(DEDUCT_LUA).await?;
                 Ok::<_, RedisError>(conn)
             }))
             .await??;
@@ -86,7 +86,7 @@ impl RedisClient {
         let Some(permit) = self.breaker.allow() else {
             return Err(RedisError::CircuitOpen);
         };
-        match tokio::time::timeout(self.timeout, fut).await {
+        match tokio::time::timeout(self.config.timeout, fut).await {
             Ok(Ok(v)) => {
                 permit.success();
                 Ok(Ok(v))
@@ -97,13 +97,13 @@ impl RedisClient {
             }
             Err(_) => {
                 permit.failure();
-                Err(RedisError::Timeout(self.timeout))
+                Err(RedisError::Timeout(self.config.timeout))
             }
         }
     }
 
-    /// A client for connections of their own (pub/sub).
-    pub fn client(&self) -> &redis::Client {
-        &self.client
+    /// Where Redis is, for connections of their own (pub/sub, checks).
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
     }
 }

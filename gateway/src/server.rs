@@ -30,8 +30,7 @@ use crate::switches::{SwitchWatcher, Switches};
 use crate::upstreams::Upstreams;
 
 /// Builds the gateway state. Fails on anything that would only break later:
-/// no JWT secret, no backend token of 32 bytes, an unreadable static dir, a
-/// bad Redis URL.
+/// no JWT secret, no backend token of 32 bytes, an unreadable static dir.
 ///
 /// # Errors
 /// With a message naming what is missing or wrong.
@@ -46,14 +45,8 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout, backend_token).context("gateway.backend_url")?,
     );
     let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
-    let redis = Arc::new(
-        RedisClient::new(
-            &config.redis.url,
-            config.redis.timeout,
-            Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown),
-        )
-        .context("redis.url")?,
-    );
+    let redis =
+        Arc::new(RedisClient::new(config.redis.clone(), Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown)));
     let admission = Arc::new(Admission {
         edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
         verifier: Verifier::expecting(secret.as_bytes(), &config.auth),
@@ -114,9 +107,9 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let opt = Opt { upgrade, ..Opt::default() };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
-    let events = EventListener { client: gateway.redis.client().clone(), sales: gateway.sales.clone(), switches: gateway.switches.clone() };
+    let events = EventListener { redis: config.redis.clone(), sales: gateway.sales.clone(), switches: gateway.switches.clone() };
     let switch_watcher = SwitchWatcher {
-        client: gateway.redis.client().clone(),
+        redis: config.redis.clone(),
         switches: gateway.switches.clone(),
         backlog_threshold: config.gateway.backlog_pause_threshold,
         interval: config.gateway.backlog_check,
@@ -126,7 +119,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let shop_health = pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
     let readiness = Arc::new(Readiness::default());
     let dependencies = DependencyWatcher {
-        client: gateway.redis.client().clone(),
+        redis: config.redis.clone(),
         timeout: config.redis.timeout,
         orders: gateway.orders.clone(),
         readiness: readiness.clone(),

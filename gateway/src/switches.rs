@@ -27,7 +27,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{SaleKeys, ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
+use flashgate_common::redis_conn::RedisHandle;
 use flashgate_common::stream_info::group_backlog;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -83,7 +85,8 @@ impl Switches {
 
 /// Polls the global switch and every sale's backlog.
 pub struct SwitchWatcher {
-    pub client: redis::Client,
+    /// Polled on a connection of its own, in the configured `redis.mode`.
+    pub redis: RedisConfig,
     pub switches: Arc<Switches>,
     /// 0 turns the backlog pause off.
     pub backlog_threshold: u64,
@@ -92,7 +95,7 @@ pub struct SwitchWatcher {
 }
 
 impl SwitchWatcher {
-    async fn poll(&self, conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
+    async fn poll(&self, conn: &mut RedisHandle) -> redis::RedisResult<()> {
         let switch: Option<String> = redis::cmd("GET").arg(GLOBAL_SWITCH).query_async(conn).await?;
         // Absent means a Redis that restarted empty: keep what we know (paused
         // at start) until the backend puts the recorded switch back.
@@ -130,9 +133,7 @@ impl BackgroundService for SwitchWatcher {
             }
             first = false;
             if conn.is_none() {
-                let config =
-                    redis::AsyncConnectionConfig::new().set_connection_timeout(Some(self.timeout)).set_response_timeout(Some(self.timeout));
-                conn = self.client.get_multiplexed_async_connection_with_config(&config).await.ok();
+                conn = RedisHandle::dedicated(&self.redis, self.timeout, self.timeout).await.ok();
             }
             let Some(c) = conn.as_mut() else { continue };
             if let Err(error) = self.poll(c).await {

@@ -1,6 +1,11 @@
 //! A whole Flashgate stack on loopback: its own redis-server, backend,
 //! gateway and demo shop, with a generated config (or the shipped one with
 //! only addresses and paths replaced), all stopped by PID on drop.
+//!
+//! `StackOptions::redis_mode` runs the stack on a Redis Cluster (3 masters,
+//! 1 replica each) or a Sentinel set (primary, replica, 3 sentinels) of its
+//! own instead; the standalone `Stack::redis` still runs then, unused by
+//! the processes. [`Stack::redis_handle`] reaches whichever the processes use.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,6 +13,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use flashgate_common::config::{RedisConfig, RedisTarget};
+use flashgate_common::redis_conn::{RedisHandle, Tuning};
+use flashgate_testkit::{RedisCluster, RedisSentinels};
 
 use crate::client::{buy, token};
 use crate::db::{db_order_rows, db_orders, OrderRow};
@@ -32,6 +41,50 @@ pub struct StackOptions {
     /// `Stack::start` returns once every process listens, without waiting
     /// for `/ready` (for tests of a dependency that is away at start).
     pub skip_ready_wait: bool,
+    /// The Redis deployment the processes use.
+    pub redis_mode: RedisMode,
+}
+
+/// Which Redis deployment a test stack runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RedisMode {
+    #[default]
+    Standalone,
+    /// `mode = "cluster"`: a [`RedisCluster`] of the stack's own.
+    Cluster,
+    /// `mode = "sentinel"`: a [`RedisSentinels`] set of the stack's own.
+    Sentinel,
+}
+
+/// The cluster or sentinel set a stack runs on (stopped by PID on drop).
+pub enum Deployment {
+    Standalone,
+    Cluster(RedisCluster),
+    Sentinel(RedisSentinels),
+}
+
+impl Deployment {
+    fn start(mode: RedisMode) -> Self {
+        match mode {
+            RedisMode::Standalone => Self::Standalone,
+            RedisMode::Cluster => Self::Cluster(RedisCluster::start()),
+            RedisMode::Sentinel => Self::Sentinel(RedisSentinels::start()),
+        }
+    }
+
+    /// Where the processes find Redis; `standalone_port` in standalone mode.
+    fn target(&self, standalone_port: u16) -> RedisTarget {
+        match self {
+            Self::Standalone => RedisTarget::Standalone { url: format!("redis://127.0.0.1:{standalone_port}/") },
+            Self::Cluster(c) => RedisTarget::Cluster { nodes: c.nodes() },
+            Self::Sentinel(s) => RedisTarget::Sentinel { sentinels: s.sentinels(), master_name: s.master_name().to_owned() },
+        }
+    }
+}
+
+/// The `[redis]` keys that name `target`, as TOML lines.
+pub fn redis_toml(target: &RedisTarget) -> String {
+    target.to_toml()
 }
 
 impl Default for StackOptions {
@@ -44,6 +97,7 @@ impl Default for StackOptions {
             extra_toml: String::new(),
             shipped_config: false,
             skip_ready_wait: false,
+            redis_mode: RedisMode::Standalone,
         }
     }
 }
@@ -57,7 +111,7 @@ impl StackOptions {
 
 /// The addresses and paths a test stack must own, whatever the config.
 struct Placement<'a> {
-    redis_url: String,
+    redis: RedisTarget,
     gateway_addr: SocketAddr,
     gateway_admin_addr: SocketAddr,
     shop_addr: SocketAddr,
@@ -76,7 +130,8 @@ fn shipped_config(at: &Placement<'_>) -> String {
         let table = doc.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         table.as_table_mut().unwrap().insert(key.to_owned(), toml::Value::String(value));
     };
-    set("redis", "url", at.redis_url.clone());
+    let RedisTarget::Standalone { url } = &at.redis else { panic!("the shipped config runs on a standalone Redis") };
+    set("redis", "url", url.clone());
     set("gateway", "listen", at.gateway_addr.to_string());
     set("gateway", "admin_listen", at.gateway_admin_addr.to_string());
     set("gateway", "shop_upstream", at.shop_addr.to_string());
@@ -95,6 +150,8 @@ pub struct Stack {
     pub backend: Option<Proc>,
     pub shop: Option<Proc>,
     pub redis: RedisServer,
+    /// The cluster or sentinel set the processes use, in those modes.
+    pub deployment: Deployment,
     pub gateway_addr: SocketAddr,
     /// The gateway's admin listener (`/metrics`, `/live`, `/ready`).
     pub gateway_admin_addr: SocketAddr,
@@ -111,9 +168,10 @@ impl Stack {
     /// Starts everything and waits until each listener answers.
     pub async fn start(opts: StackOptions) -> Self {
         let dir = TempDir::new("stack");
+        let deployment = Deployment::start(opts.redis_mode);
         let redis = RedisServer::start(&dir.0, opts.appendonly);
-        let layout = Layout::new(&opts, &dir, redis.port);
-        let mut stack = layout.into_stack(dir, redis);
+        let layout = Layout::new(&opts, &dir, deployment.target(redis.port));
+        let mut stack = layout.into_stack(dir, redis, deployment);
         if opts.skip_ready_wait {
             stack.spawn_backend();
             stack.spawn_gateway();
@@ -136,7 +194,8 @@ impl Stack {
     {
         let dir = TempDir::new("stack");
         let redis_port = free_port();
-        let layout = Layout::new(&opts, &dir, redis_port);
+        assert_eq!(opts.redis_mode, RedisMode::Standalone, "Redis last: a standalone Redis only");
+        let layout = Layout::new(&opts, &dir, Deployment::Standalone.target(redis_port));
         let spawn = |name: &'static str, extra: &[&str]| spawn_in(&dir.0, &layout.config_path, name, extra);
         let backend = spawn("flashgate-backend", &[]);
         let gateway = spawn("flashgate", &["serve"]);
@@ -152,7 +211,7 @@ impl Stack {
         };
         let redis = start_redis(early).await;
         assert_eq!(redis.port, redis_port, "start Redis on the port the stack was configured with");
-        let mut stack = layout.into_stack(dir, redis);
+        let mut stack = layout.into_stack(dir, redis, Deployment::Standalone);
         stack.backend = Some(backend);
         stack.gateway = Some(gateway);
         assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
@@ -187,8 +246,7 @@ struct Layout {
 
 impl Layout {
     /// Picks the ports, writes the config, starts the demo shop.
-    fn new(opts: &StackOptions, dir: &TempDir, redis_port: u16) -> Self {
-        let redis_url = format!("redis://127.0.0.1:{redis_port}/");
+    fn new(opts: &StackOptions, dir: &TempDir, redis: RedisTarget) -> Self {
         let port = |_| -> SocketAddr { ([127, 0, 0, 1], free_port()).into() };
         let (gateway_addr, backend_addr, admin_addr, shop_addr) = (port(0), port(1), port(2), port(3));
         let gateway_admin_addr = port(4);
@@ -197,7 +255,7 @@ impl Layout {
         let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
         let runtime_dir = dir.0.join("run");
         let placement = Placement {
-            redis_url: redis_url.clone(),
+            redis: redis.clone(),
             gateway_addr,
             gateway_admin_addr,
             shop_addr,
@@ -213,7 +271,7 @@ impl Layout {
             format!(
                 r#"
 [redis]
-url = "{redis}"
+{redis}
 timeout_ms = {timeout}
 
 [gateway]
@@ -238,7 +296,7 @@ sale_poll_ms = 100
 {extra}
 "#,
                 extra = opts.extra_toml,
-                redis = redis_url,
+                redis = redis_toml(&redis),
                 timeout = opts.redis_timeout_ms,
                 static_dir = static_dir.display(),
                 runtime_dir = runtime_dir.display(),
@@ -251,12 +309,13 @@ sale_poll_ms = 100
         Self { gateway_addr, gateway_admin_addr, backend_addr, admin_addr, shop_addr, database_url, config_path, shop }
     }
 
-    fn into_stack(self, dir: TempDir, redis: RedisServer) -> Stack {
+    fn into_stack(self, dir: TempDir, redis: RedisServer, deployment: Deployment) -> Stack {
         Stack {
             gateway: None,
             backend: None,
             shop: Some(self.shop),
             redis,
+            deployment,
             gateway_addr: self.gateway_addr,
             gateway_admin_addr: self.gateway_admin_addr,
             backend_addr: self.backend_addr,
@@ -337,8 +396,16 @@ impl Stack {
     /// Starts one more gateway on its own port, same Redis and backend
     /// (many gateways share one Redis in production). Returns it and its address.
     pub fn start_second_gateway(&self) -> (Proc, SocketAddr) {
+        self.start_gateway_via(self.backend_addr)
+    }
+
+    /// Starts one more gateway on its own port, same Redis, forwarding its
+    /// winners to the backend at `backend`.
+    pub fn start_gateway_via(&self, backend: SocketAddr) -> (Proc, SocketAddr) {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let text = std::fs::read_to_string(&self.config_path).unwrap();
+        let text =
+            text.replacen(&format!("backend_url = \"http://{}\"", self.backend_addr), &format!("backend_url = \"http://{backend}\""), 1);
         let text = text.replacen(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\""), 1);
         let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let text = text.replacen(&format!("admin_listen = \"{}\"", self.gateway_admin_addr), &format!("admin_listen = \"{admin}\""), 1);
@@ -347,6 +414,34 @@ impl Stack {
         let proc = spawn_as(&self.dir.0, &path, "flashgate", "flashgate-2", &["serve"]);
         assert!(wait_port(addr, Duration::from_secs(30)), "second gateway did not start");
         (proc, addr)
+    }
+
+    /// Starts a second backend (consumer `backend-2`) on its own ports, same
+    /// Redis and database; returns it once ready, and its order API address.
+    pub fn start_second_backend(&self) -> (Proc, SocketAddr) {
+        let (addr, admin): (SocketAddr, SocketAddr) = (([127, 0, 0, 1], free_port()).into(), ([127, 0, 0, 1], free_port()).into());
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        let text = text.replacen(&format!("listen = \"{}\"", self.backend_addr), &format!("listen = \"{addr}\""), 1);
+        let text = text.replacen(&format!("admin_listen = \"{}\"", self.admin_addr), &format!("admin_listen = \"{admin}\""), 1);
+        let text = text.replacen("consumer_name = \"backend-1\"", "consumer_name = \"backend-2\"", 1);
+        let path = self.dir.0.join("flashgate-backend-2.toml");
+        std::fs::write(&path, text).unwrap();
+        let proc = spawn_as(&self.dir.0, &path, "flashgate-backend", "flashgate-backend-2", &[]);
+        assert!(wait_http_ready(addr, Duration::from_secs(30)), "second backend did not get ready:\n{}", self.log("flashgate-backend-2"));
+        (proc, addr)
+    }
+
+    /// Where the processes find Redis, in the stack's mode.
+    pub fn redis_config(&self) -> RedisConfig {
+        RedisConfig { timeout: Duration::from_secs(5), target: self.deployment.target(self.redis.port), ..RedisConfig::standalone("") }
+    }
+
+    /// A connection to the Redis the processes use, in the stack's mode.
+    pub async fn redis_handle(&self) -> RedisHandle {
+        match self.deployment {
+            Deployment::Standalone => RedisHandle::Direct(self.redis.conn().await),
+            _ => RedisHandle::connect(&self.redis_config(), &Tuning::new(Duration::from_secs(5))).await.unwrap(),
+        }
     }
 
     /// Rewrites the stack's config file (the gateway reloads limits and deny lists from it).
@@ -447,7 +542,7 @@ impl Stack {
     /// Remaining stock in Redis.
     pub async fn remaining(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        redis::cmd("GET").arg(&keys.remaining).query_async::<Option<i64>>(&mut self.redis.conn().await).await.unwrap().unwrap_or(-1)
+        redis::cmd("GET").arg(&keys.remaining).query_async::<Option<i64>>(&mut self.redis_handle().await).await.unwrap().unwrap_or(-1)
     }
 
     /// Entries in the sale's reservation stream.
@@ -457,7 +552,7 @@ impl Stack {
     pub async fn stream_len(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
         let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
-            redis::cmd("XINFO").arg("STREAM").arg(&keys.stream).query_async(&mut self.redis.conn().await).await;
+            redis::cmd("XINFO").arg("STREAM").arg(&keys.stream).query_async(&mut self.redis_handle().await).await;
         match info.ok().and_then(|i| i.get("entries-added").cloned()) {
             Some(redis::Value::Int(n)) => n,
             _ => 0,
@@ -467,7 +562,7 @@ impl Stack {
     /// Entries the sale's stream holds now (`XLEN`).
     pub async fn stream_entries_kept(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        redis::cmd("XLEN").arg(&keys.stream).query_async(&mut self.redis.conn().await).await.unwrap()
+        redis::cmd("XLEN").arg(&keys.stream).query_async(&mut self.redis_handle().await).await.unwrap()
     }
 }
 

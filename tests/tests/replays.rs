@@ -70,7 +70,7 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
     // The gateway's own deduct call (the script, its keys and arguments),
     // without HTTP in front: 100,000 requests through a debug gateway would
     // take minutes on a small machine.
-    let redis = Arc::new(RedisClient::new(&stack.redis.url(), Duration::from_secs(5), Breaker::new(1000, Duration::from_secs(1))).unwrap());
+    let redis = Arc::new(RedisClient::standalone(&stack.redis.url(), Duration::from_secs(5), Breaker::new(1000, Duration::from_secs(1))));
     let mut workers = Vec::new();
     for _ in 0..CONCURRENCY {
         let redis = redis.clone();

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use axum::routing::{get, post, put};
 use axum::Router;
-use redis::aio::ConnectionManager;
+use flashgate_common::redis_conn::RedisHandle;
 
 use crate::store::Store;
 
@@ -39,7 +39,7 @@ use crate::store::Store;
 pub struct AppState {
     pub store: Store,
     /// Shared reconnecting connection; its calls time out at `redis.timeout`.
-    pub redis: ConnectionManager,
+    pub redis: RedisHandle,
     /// The bearer tokens of the admin, gateway and shop routes.
     tokens: auth::ApiTokens,
     /// Serialises sale changes, so two operators changing one sale cannot
@@ -54,7 +54,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(store: Store, redis: ConnectionManager, tokens: auth::ApiTokens) -> Self {
+    pub fn new(store: Store, redis: RedisHandle, tokens: auth::ApiTokens) -> Self {
         let metrics = Arc::new(crate::metrics::Metrics::register());
         Self { store, redis, tokens, sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics }
     }

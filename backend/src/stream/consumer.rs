@@ -25,9 +25,9 @@ use std::time::Duration;
 use flashgate_common::config::{BackendConfig, RedisConfig};
 use flashgate_common::dependency::Dependency;
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
+use flashgate_common::redis_conn::RedisHandle;
 use flashgate_common::reservation::{fields, sale_of_reservation, Reservation};
 use flashgate_common::sale::SaleSpec;
-use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::RedisError;
 use tokio::sync::watch;
@@ -350,7 +350,7 @@ impl Consumer<'_> {
         }
     }
 
-    async fn ensure_group(&self, conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+    async fn ensure_group(&self, conn: &mut RedisHandle) -> Result<(), RedisError> {
         let created: Result<(), RedisError> =
             redis::cmd("XGROUP").arg("CREATE").arg(&self.stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(conn).await;
         match created {
@@ -360,7 +360,7 @@ impl Consumer<'_> {
     }
 
     /// `XREADGROUP` from `id` (`>` for new entries, an id for own pending ones).
-    async fn read(&self, conn: &mut MultiplexedConnection, id: &str, block: Option<Duration>) -> Result<Vec<StreamId>, RedisError> {
+    async fn read(&self, conn: &mut RedisHandle, id: &str, block: Option<Duration>) -> Result<Vec<StreamId>, RedisError> {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP").arg(CONSUMER_GROUP).arg(&self.settings.consumer_name).arg("COUNT").arg(self.settings.batch_size);
         if let Some(block) = block {
@@ -374,7 +374,7 @@ impl Consumer<'_> {
 
     /// Takes over entries idle longer than `claim_idle` on any consumer
     /// (typically a dead process) and processes them.
-    async fn claim_idle(&self, conn: &mut MultiplexedConnection) -> Result<(), ConsumeError> {
+    async fn claim_idle(&self, conn: &mut RedisHandle) -> Result<(), ConsumeError> {
         let mut cursor = "0-0".to_owned();
         loop {
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
@@ -402,7 +402,7 @@ impl Consumer<'_> {
     /// Writes a batch with one insert, then acknowledges all of it with one
     /// `XACK`. Nothing is acknowledged unless the insert committed (or the
     /// entry was moved to the dead-letter stream).
-    async fn process(&self, conn: &mut MultiplexedConnection, entries: Vec<StreamId>) -> Result<(), ConsumeError> {
+    async fn process(&self, conn: &mut RedisHandle, entries: Vec<StreamId>) -> Result<(), ConsumeError> {
         let mut ids = Vec::with_capacity(entries.len());
         let mut good: Vec<(&StreamId, Reservation)> = Vec::with_capacity(entries.len());
         for entry in &entries {
@@ -468,7 +468,7 @@ impl Consumer<'_> {
         Ok(())
     }
 
-    async fn ack(&self, conn: &mut MultiplexedConnection, ids: &[&str]) -> Result<(), RedisError> {
+    async fn ack(&self, conn: &mut RedisHandle, ids: &[&str]) -> Result<(), RedisError> {
         if ids.is_empty() {
             return Ok(());
         }

@@ -133,19 +133,56 @@ pub struct Deny {
     pub ips: Vec<String>,
 }
 
+/// How the processes reach Redis: `mode = "standalone" | "cluster" |
+/// "sentinel"`; the keys of the other modes are refused, so a half-edited
+/// table is caught at start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One Redis at `url`.
+    #[default]
+    Standalone,
+    /// A Redis Cluster found from the seed `nodes`.
+    Cluster,
+    /// The primary the `sentinels` know as `master_name`.
+    Sentinel,
+}
+
 /// `[redis]`: where stock, buyers and streams live.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Redis {
+    pub mode: RedisMode,
+    /// Standalone only.
     pub url: String,
+    /// Cluster seed nodes (`redis://host:port`); any reachable one finds
+    /// the others.
+    pub nodes: Vec<String>,
+    /// Sentinel addresses (`redis://host:port`).
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the primary under.
+    pub master_name: Option<String>,
     pub timeout_ms: u64,
     pub breaker_failures: u32,
     pub breaker_cooldown_ms: u64,
 }
 
+/// The default of `redis.url`; another value in cluster or sentinel mode
+/// is refused (it would be ignored).
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
+
 impl Default for Redis {
     fn default() -> Self {
-        Self { url: "redis://127.0.0.1:6379/".into(), timeout_ms: 250, breaker_failures: 5, breaker_cooldown_ms: 1000 }
+        Self {
+            mode: RedisMode::Standalone,
+            url: DEFAULT_REDIS_URL.into(),
+            nodes: Vec::new(),
+            sentinels: Vec::new(),
+            master_name: None,
+            timeout_ms: 250,
+            breaker_failures: 5,
+            breaker_cooldown_ms: 1000,
+        }
     }
 }
 

@@ -35,9 +35,10 @@ pub use env::{
     Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
     ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_XDG_RUNTIME_DIR,
 };
-pub use file::ClientIpHeader;
+pub use file::{ClientIpHeader, RedisMode};
 pub use settings::{
-    AuthConfig, BackendConfig, Bucket, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RouteLimits, ShopConfig,
+    AuthConfig, BackendConfig, Bucket, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
+    ShopConfig,
 };
 pub use validate::{
     MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_IDEMPOTENCY_TTL_SECONDS, MAX_LIMITS_IDLE_SECONDS, MAX_SALE_DURATION_SECONDS,

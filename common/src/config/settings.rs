@@ -39,16 +39,64 @@ pub struct Config {
     pub payment_timeouts: HashMap<String, Duration>,
 }
 
+/// Which Redis deployment the processes talk to (`redis.mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One Redis (`redis.url`).
+    Standalone { url: String },
+    /// A Redis Cluster, found from its seed nodes (`redis.nodes`).
+    Cluster { nodes: Vec<String> },
+    /// The primary that the sentinels (`redis.sentinels`) know as
+    /// `redis.master_name`, followed across failovers.
+    Sentinel { sentinels: Vec<String>, master_name: String },
+}
+
+impl RedisTarget {
+    /// The `[redis]` keys that select this target, as TOML lines (for
+    /// tools that write a config: the bench, the test harness).
+    pub fn to_toml(&self) -> String {
+        let list = |urls: &[String]| urls.iter().map(|u| format!("{u:?}")).collect::<Vec<_>>().join(", ");
+        match self {
+            Self::Standalone { url } => format!("url = {url:?}"),
+            Self::Cluster { nodes } => format!("mode = \"cluster\"\nnodes = [{}]", list(nodes)),
+            Self::Sentinel { sentinels, master_name } => {
+                format!("mode = \"sentinel\"\nsentinels = [{}]\nmaster_name = {master_name:?}", list(sentinels))
+            }
+        }
+    }
+
+    /// The mode's name as written in the file.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Self::Standalone { .. } => "standalone",
+            Self::Cluster { .. } => "cluster",
+            Self::Sentinel { .. } => "sentinel",
+        }
+    }
+}
+
 /// Redis connection settings.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    pub url: String,
+    pub target: RedisTarget,
     /// Upper bound for one Redis call; past it a buyer gets 503.
     pub timeout: Duration,
     /// Consecutive failures that open the gateway's circuit breaker.
     pub breaker_failures: u32,
     /// How long an open breaker answers 503 before probing Redis again.
     pub breaker_cooldown: Duration,
+}
+
+impl RedisConfig {
+    /// Standalone settings for `url` with the default timeouts (tests, tools).
+    pub fn standalone(url: impl Into<String>) -> Self {
+        Self {
+            target: RedisTarget::Standalone { url: url.into() },
+            timeout: Duration::from_millis(250),
+            breaker_failures: 5,
+            breaker_cooldown: Duration::from_secs(1),
+        }
+    }
 }
 
 /// Gateway settings.

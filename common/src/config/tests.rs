@@ -27,6 +27,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "limits.read.ip",
     "limits.read.global",
     "limits.cluster_global",
+    "redis.master_name",
 ];
 
 #[test]
@@ -267,4 +268,52 @@ fn parsing_reads_nothing_from_the_machine() {
     assert_eq!(c.backend.consumer_name.as_deref(), Some("pod-7"));
     let c = Config::from_toml_str("[backend]\nconsumer_name = \"b1\"\n", &NoEnv, 0).unwrap();
     assert_eq!(c.backend.consumer_name.as_deref(), Some("b1"));
+}
+
+#[test]
+fn each_redis_mode_builds_its_target() {
+    let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert_eq!(c.redis.target, RedisTarget::Standalone { url: "redis://127.0.0.1:6379/".into() });
+    let c =
+        Config::from_toml_str("[redis]\nmode = \"cluster\"\nnodes = [\"redis://127.0.0.1:7100\", \"redis://127.0.0.1:7101\"]\n", &NoEnv, 0)
+            .unwrap();
+    assert_eq!(c.redis.target, RedisTarget::Cluster { nodes: vec!["redis://127.0.0.1:7100".into(), "redis://127.0.0.1:7101".into()] });
+    assert_eq!(c.redis.target.mode(), "cluster");
+    let text = "[redis]\nmode = \"sentinel\"\nsentinels = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"shop\"\n";
+    let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+    assert_eq!(c.redis.target, RedisTarget::Sentinel { sentinels: vec!["redis://127.0.0.1:26379".into()], master_name: "shop".into() });
+    for target in [
+        RedisTarget::Standalone { url: "redis://10.0.0.1:6379/".into() },
+        RedisTarget::Cluster { nodes: vec!["redis://a:1".into(), "redis://b:2".into()] },
+        RedisTarget::Sentinel { sentinels: vec!["redis://s:26379".into()], master_name: "m".into() },
+    ] {
+        let text = format!("[redis]\n{}\n", target.to_toml());
+        assert_eq!(Config::from_toml_str(&text, &NoEnv, 0).unwrap().redis.target, target, "{text}");
+    }
+}
+
+#[test]
+fn a_redis_mode_without_its_keys_or_with_another_modes_keys_is_refused_by_key() {
+    let problems = |text: &str| match Config::from_toml_str(text, &NoEnv, 0) {
+        Err(ConfigError::Invalid(p)) => p,
+        other => panic!("accepted: {other:?}"),
+    };
+    assert_eq!(problems("[redis]\nmode = \"cluster\"\n"), ["redis.nodes: cluster mode needs at least one seed node"]);
+    assert_eq!(
+        problems("[redis]\nmode = \"cluster\"\nnodes = [\"http://x:1\"]\nurl = \"redis://10.0.0.1:6379/\"\n"),
+        ["redis.url: not used in cluster mode", "redis.nodes[0]: `http://x:1` is not a redis:// or rediss:// URL"]
+    );
+    assert_eq!(
+        problems("[redis]\nmode = \"sentinel\"\n"),
+        [
+            "redis.sentinels: sentinel mode needs at least one sentinel",
+            "redis.master_name: sentinel mode needs the name the sentinels monitor the primary under"
+        ]
+    );
+    assert_eq!(
+        problems("[redis]\nnodes = [\"redis://127.0.0.1:7100\"]\nmaster_name = \"m\"\n"),
+        ["redis.nodes: only used with mode = \"cluster\"", "redis.master_name: only used with mode = \"sentinel\""]
+    );
+    let err = Config::from_toml_str("[redis]\nmode = \"clustered\"\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(err.contains("clustered") && err.contains("standalone"), "{err}");
 }

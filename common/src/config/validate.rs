@@ -19,7 +19,8 @@ use super::check::Check;
 use super::env::{self, Env, ENV_ADMIN_TOKEN, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN};
 use super::file;
 use super::settings::{
-    AuthConfig, BackendConfig, Bucket, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RouteLimits, ShopConfig,
+    AuthConfig, BackendConfig, Bucket, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
+    ShopConfig,
 };
 use crate::sale::SaleSpec;
 
@@ -73,15 +74,72 @@ fn addr(check: &mut Check, key: &str, value: &str) -> SocketAddr {
 }
 
 fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
-    check.that(f.url.starts_with("redis://") || f.url.starts_with("rediss://"), "redis.url", "must start with redis:// or rediss://");
     check.between("redis.timeout_ms", f.timeout_ms, 1, 60_000);
     check.between("redis.breaker_failures", f.breaker_failures, 1, 1000);
     check.between("redis.breaker_cooldown_ms", f.breaker_cooldown_ms, 10, 600_000);
+    let target = redis_target(check, &f);
     RedisConfig {
-        url: f.url,
+        target,
         timeout: Duration::from_millis(f.timeout_ms),
         breaker_failures: f.breaker_failures,
         breaker_cooldown: Duration::from_millis(f.breaker_cooldown_ms),
+    }
+}
+
+/// Whether `url` is a Redis URL the redis crate takes.
+fn redis_url(url: &str) -> bool {
+    (url.starts_with("redis://") || url.starts_with("rediss://")) && redis::IntoConnectionInfo::into_connection_info(url).is_ok()
+}
+
+/// The mode's keys, checked; the keys of the other modes must be left out
+/// (a `url` beside `nodes` is a file half-way between two modes).
+fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
+    use file::RedisMode;
+    let mode = match f.mode {
+        RedisMode::Standalone => "standalone",
+        RedisMode::Cluster => "cluster",
+        RedisMode::Sentinel => "sentinel",
+    };
+    let urls = |check: &mut Check, key: &str, urls: &[String]| {
+        for (i, url) in urls.iter().enumerate() {
+            check.that(redis_url(url), format_args!("{key}[{i}]"), format_args!("`{url}` is not a redis:// or rediss:// URL"));
+        }
+    };
+    if f.mode != RedisMode::Standalone {
+        check.that(f.url == file::DEFAULT_REDIS_URL, "redis.url", format_args!("not used in {mode} mode"));
+    }
+    if f.mode != RedisMode::Cluster {
+        check.that(f.nodes.is_empty(), "redis.nodes", "only used with mode = \"cluster\"");
+    }
+    if f.mode != RedisMode::Sentinel {
+        check.that(f.sentinels.is_empty(), "redis.sentinels", "only used with mode = \"sentinel\"");
+        check.that(f.master_name.is_none(), "redis.master_name", "only used with mode = \"sentinel\"");
+    }
+    match f.mode {
+        RedisMode::Standalone => {
+            check.that(
+                f.url.starts_with("redis://") || f.url.starts_with("rediss://"),
+                "redis.url",
+                "must start with redis:// or rediss://",
+            );
+            RedisTarget::Standalone { url: f.url.clone() }
+        }
+        RedisMode::Cluster => {
+            check.that(!f.nodes.is_empty(), "redis.nodes", "cluster mode needs at least one seed node");
+            urls(check, "redis.nodes", &f.nodes);
+            RedisTarget::Cluster { nodes: f.nodes.clone() }
+        }
+        RedisMode::Sentinel => {
+            check.that(!f.sentinels.is_empty(), "redis.sentinels", "sentinel mode needs at least one sentinel");
+            urls(check, "redis.sentinels", &f.sentinels);
+            let master_name = f.master_name.clone().unwrap_or_default();
+            check.that(
+                !master_name.trim().is_empty(),
+                "redis.master_name",
+                "sentinel mode needs the name the sentinels monitor the primary under",
+            );
+            RedisTarget::Sentinel { sentinels: f.sentinels.clone(), master_name }
+        }
     }
 }
 

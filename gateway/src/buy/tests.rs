@@ -55,7 +55,7 @@ async fn fixture(deny_users: &[&str]) -> Fixture {
     let clock = ManualClock::at(now_ms());
     let service = BuyService {
         admission,
-        redis: Arc::new(RedisClient::new(&redis.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1))).unwrap()),
+        redis: Arc::new(RedisClient::standalone(&redis.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1)))),
         sales: Arc::new(SaleCache::new(Duration::from_millis(250))),
         switches,
         order_lookups: Arc::new(OrderLookups::new(orders.clone())),

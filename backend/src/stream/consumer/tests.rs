@@ -285,10 +285,8 @@ async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let settings = Settings {
         redis: flashgate_common::config::RedisConfig {
-            url: "redis://127.0.0.1:1/".into(),
             timeout: Duration::from_millis(100),
-            breaker_failures: 5,
-            breaker_cooldown: Duration::from_secs(1),
+            ..flashgate_common::config::RedisConfig::standalone("redis://127.0.0.1:1/")
         },
         consumer_name: "c".into(),
         batch_size: 10,

@@ -1,0 +1,128 @@
+//! `flashgate check --connect`: does the deployment answer as `redis.mode`
+//! says it should?
+//!
+//! - standalone: `PING` on `redis.url`;
+//! - cluster: `CLUSTER INFO` says `cluster_state:ok` on every seed node, and
+//!   every master loads every script (`SCRIPT LOAD`);
+//! - sentinel: a sentinel knows `redis.master_name`, the address it gives
+//!   answers `ROLE` as a master, and loads every script.
+//!
+//! Each problem names the key or the node it is about.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, Value};
+
+use super::{ClusterHandle, RedisHandle};
+use crate::config::{RedisConfig, RedisTarget};
+
+/// A deployment that does not answer as its mode expects; the message names
+/// the key or node.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ProbeError(String);
+
+/// Connects per the mode and checks the deployment; answers what was found,
+/// one line per node.
+///
+/// # Errors
+/// The first problem found, naming its key or node.
+pub async fn probe(config: &RedisConfig) -> Result<Vec<String>, ProbeError> {
+    let timeout = config.timeout.max(Duration::from_secs(1));
+    match &config.target {
+        RedisTarget::Standalone { url } => {
+            let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("redis.url: {url}: {e}")))?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| ProbeError(format!("redis.url: {url}: PING: {e}")))?;
+            Ok(vec![format!("{url}: answers PING")])
+        }
+        RedisTarget::Cluster { nodes } => cluster(nodes, timeout).await,
+        RedisTarget::Sentinel { sentinels, master_name } => sentinel(sentinels, master_name, timeout).await,
+    }
+}
+
+/// A plain connection to one node.
+async fn node(url: &str, timeout: Duration) -> redis::RedisResult<MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
+    Client::open(url)?.get_multiplexed_async_connection_with_config(&config).await
+}
+
+async fn cluster(nodes: &[String], timeout: Duration) -> Result<Vec<String>, ProbeError> {
+    let mut found = Vec::new();
+    for (i, url) in nodes.iter().enumerate() {
+        let key = format!("redis.nodes[{i}]");
+        let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ProbeError(format!("{key}: {url}: CLUSTER INFO: {e} (is it a cluster node?)")))?;
+        let state = info.lines().find_map(|l| l.trim().strip_prefix("cluster_state:")).unwrap_or("unknown");
+        if state != "ok" {
+            return Err(ProbeError(format!("{key}: {url}: cluster_state:{state}, not ok")));
+        }
+        found.push(format!("{url}: cluster_state:ok"));
+    }
+    let mut conn = RedisHandle::Cluster(
+        ClusterHandle::connect(nodes, timeout, timeout).await.map_err(|e| ProbeError(format!("redis.nodes: no seed node answers: {e}")))?,
+    );
+    let mut masters = std::collections::BTreeSet::new();
+    for (name, body) in crate::scripts::ALL {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(*body);
+        let replies =
+            conn.each_master(&load).await.map_err(|e| ProbeError(format!("redis.nodes: SCRIPT LOAD {name} on every master: {e}")))?;
+        for (master, reply) in replies {
+            reply.map_err(|e| ProbeError(format!("cluster master {master}: SCRIPT LOAD {name}: {e}")))?;
+            masters.insert(master);
+        }
+    }
+    found.extend(masters.into_iter().map(|m| format!("master {m}: every script loaded")));
+    Ok(found)
+}
+
+async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration) -> Result<Vec<String>, ProbeError> {
+    let mut found = Vec::new();
+    let mut master = None;
+    for (i, url) in sentinels.iter().enumerate() {
+        let key = format!("redis.sentinels[{i}]");
+        let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(master_name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ProbeError(format!("{key}: {url}: SENTINEL GET-MASTER-ADDR-BY-NAME: {e} (is it a sentinel?)")))?;
+        let Some((host, port)) = addr else {
+            return Err(ProbeError(format!("redis.master_name: sentinel {url} does not know a master named `{master_name}`")));
+        };
+        found.push(format!("sentinel {url}: `{master_name}` is {host}:{port}"));
+        master.get_or_insert((host, port));
+    }
+    let Some((host, port)) = master else { return Err(ProbeError("redis.sentinels: no sentinel given".into())) };
+    let url = format!("redis://{host}:{port}/");
+    let mut conn =
+        node(&url, timeout).await.map_err(|e| ProbeError(format!("redis.master_name: master `{master_name}` at {host}:{port}: {e}")))?;
+    let role: Vec<Value> = redis::cmd("ROLE")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| ProbeError(format!("redis.master_name: master `{master_name}` at {host}:{port}: ROLE: {e}")))?;
+    let role = match role.first() {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    if role != "master" {
+        return Err(ProbeError(format!("redis.master_name: `{master_name}` at {host}:{port} answers ROLE {role}, not master")));
+    }
+    for (name, body) in crate::scripts::ALL {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(*body)
+            .query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| ProbeError(format!("master {host}:{port}: SCRIPT LOAD {name}: {e}")))?;
+    }
+    found.push(format!("master {host}:{port}: ROLE master, every script loaded"));
+    Ok(found)
+}

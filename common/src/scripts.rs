@@ -1,0 +1,47 @@
+//! Every Lua script of Flashgate, compiled in.
+//!
+//! The gateway and the backend each run their own scripts (and keep their
+//! own `redis::Script` of each); this list is what a process needs to know
+//! about all of them at once: the cluster connection answers a `NOSCRIPT`
+//! with `EVAL` of the body (see [`crate::redis_conn`]), and
+//! `flashgate check --connect` loads every script on every master.
+
+/// `(file name, body)` of every script in `lua/`.
+pub const ALL: &[(&str, &str)] = &[
+    ("adopt.lua", include_str!("../../lua/adopt.lua")),
+    ("deduct.lua", include_str!("../../lua/deduct.lua")),
+    ("gcra.lua", include_str!("../../lua/gcra.lua")),
+    ("preheat.lua", include_str!("../../lua/preheat.lua")),
+    ("release.lua", include_str!("../../lua/release.lua")),
+    ("trim.lua", include_str!("../../lua/trim.lua")),
+    ("update_sale.lua", include_str!("../../lua/update_sale.lua")),
+];
+
+/// The body of the script whose SHA-1 is `sha` (as `EVALSHA` names it).
+pub fn body_of(sha: &[u8]) -> Option<&'static str> {
+    static BY_SHA: std::sync::LazyLock<Vec<(String, &'static str)>> =
+        std::sync::LazyLock::new(|| ALL.iter().map(|(_, body)| (redis::Script::new(body).get_hash().to_owned(), *body)).collect());
+    BY_SHA.iter().find(|(hash, _)| hash.as_bytes().eq_ignore_ascii_case(sha)).map(|(_, body)| *body)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_script_in_lua_is_listed() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lua");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".lua"))
+            .collect();
+        files.sort();
+        let listed: Vec<String> = super::ALL.iter().map(|(n, _)| (*n).to_owned()).collect();
+        assert_eq!(files, listed);
+        for (_, body) in super::ALL {
+            let sha = redis::Script::new(body).get_hash().to_owned();
+            assert_eq!(super::body_of(sha.as_bytes()), Some(*body));
+            assert_eq!(super::body_of(sha.to_uppercase().as_bytes()), Some(*body));
+        }
+        assert_eq!(super::body_of(b"0000"), None);
+    }
+}
