@@ -21,7 +21,8 @@ run: release
 test: deps
 	bash deploy/local/install-deps.sh --test
 	$(CARGO) build --workspace --bins
-	$(CARGO) run -q -p flashgate -- --config config/flashgate.toml check
+	# The binary just built (a `cargo run -p` would rebuild with other features).
+	target/debug/flashgate --config config/flashgate.toml check
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 faults:
