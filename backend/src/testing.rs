@@ -85,7 +85,7 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub async fn start() -> Self {
-        let server = flashgate_testkit::RedisServer::private().await;
+        let server = flashgate_testkit::RedisServer::private();
         Self { url: server.url(), server }
     }
 

@@ -43,21 +43,12 @@ impl RedisServer {
     /// A throwaway server (no persistence) in a temp dir of its own;
     /// returns once it answers `PING`. For unit tests of code that talks
     /// to Redis.
-    pub async fn private() -> Self {
+    pub fn private() -> Self {
         let dir = TempDir::new("redis");
         let mut server = Self::start(&dir.0, false);
         server.owned_dir = Some(dir);
-        let client = server.client();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
-                    return server;
-                }
-            }
-            assert!(Instant::now() < deadline, "redis-server did not answer PING");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_redis_loaded(server.port, Duration::from_secs(10));
+        server
     }
 
     /// Kills the server (SIGKILL) and starts a new one on the same port and dir.

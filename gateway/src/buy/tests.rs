@@ -29,7 +29,7 @@ struct Fixture {
 }
 
 async fn fixture(deny_users: &[&str]) -> Fixture {
-    let redis = RedisServer::private().await;
+    let redis = RedisServer::private();
     let limits = LimitsConfig {
         trusted_proxies: vec![],
         client_ip_header: Default::default(),
