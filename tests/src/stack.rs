@@ -400,7 +400,8 @@ impl Stack {
     }
 
     /// Starts one more gateway on its own port, same Redis, forwarding its
-    /// winners to the backend at `backend`.
+    /// winners to the backend at `backend`; returns once it listens and
+    /// `/ready` answers 200.
     pub fn start_gateway_via(&self, backend: SocketAddr) -> (Proc, SocketAddr) {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let text = std::fs::read_to_string(&self.config_path).unwrap();
@@ -412,7 +413,11 @@ impl Stack {
         let path = self.dir.0.join("flashgate-2.toml");
         std::fs::write(&path, text).unwrap();
         let proc = spawn_as(&self.dir.0, &path, "flashgate", "flashgate-2", &["serve"]);
-        assert!(wait_port(addr, Duration::from_secs(30)), "second gateway did not start");
+        assert!(
+            wait_port(addr, Duration::from_secs(30)) && wait_http_ready(admin, Duration::from_secs(30)),
+            "second gateway did not start or get ready:\n{}",
+            self.log("flashgate-2")
+        );
         (proc, addr)
     }
 
