@@ -7,6 +7,7 @@
 -- KEYS[5] stream      stream reservation records
 -- KEYS[6] resv        hash   reservation id -> user
 -- KEYS[7] misses      hash   this user's Idempotency-Keys that did not win -> outcome
+-- KEYS[8] synced      string replication id of the Redis that agrees with the database
 -- ARGV[1] user id
 -- ARGV[2] Idempotency-Key ("" when the buyer sent none)
 -- ARGV[3] reservation id to use if this attempt wins
@@ -24,6 +25,10 @@
 --   "not_started"   starts_at_ms
 --   "paused"        ""
 --   "not_found"     ""
+--   "fenced"        ""  this Redis became a master since the sale last
+--                   agreed with the database (a promoted replica, a restart):
+--                   it may lack the last wins, so it sells nothing until the
+--                   backend has re-synced the sale (backend/src/fence.rs)
 -- A replay of a remembered Idempotency-Key answers the remembered outcome
 -- with "replay:" in front, e.g. "replay:won" (without the time).
 --
@@ -46,6 +51,14 @@ end
 local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused')
 if not meta[1] then
   return {'not_found', ''}
+end
+
+-- `master_replid` changes whenever a Redis becomes a master: at a
+-- promotion and at every start. INFO's replication section is short, so
+-- this costs about a microsecond.
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+if redis.call('GET', KEYS[8]) ~= replid then
+  return {'fenced', ''}
 end
 
 -- Remembers a final outcome under the Idempotency-Key. Outcomes that may

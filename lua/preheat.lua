@@ -16,6 +16,8 @@
 -- KEYS[4] buyers     KEYS[5] resv         KEYS[6] released
 -- KEYS[7] restoring (the lock)
 -- KEYS[8] scratch buyers  KEYS[9] scratch resv  KEYS[10] scratch released
+-- KEYS[11] synced (set to this Redis's replication id: the sale, rebuilt
+--          from the database, agrees with it here; see lua/deduct.lua)
 -- ARGV[1] name  ARGV[2] stock  ARGV[3] per_user_limit
 -- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms
 -- ARGV[6] remaining to set (stock minus what the database holds as sold)
@@ -68,4 +70,5 @@ end
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
            'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5], 'paused', '1')
 redis.call('SET', KEYS[2], ARGV[6])
+redis.call('SET', KEYS[11], string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)'))
 return 1

@@ -38,7 +38,9 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod counted;
 pub mod error;
+pub mod fence;
 pub mod metrics;
 pub mod readiness;
 pub mod reconcile;

@@ -156,11 +156,14 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
         let mut unrepaired: Vec<&str> = Vec::new();
         for rid in &missing {
             match found.get(*rid) {
-                Some(r) => match store.insert_orders(std::slice::from_ref(r)).await {
-                    Ok(_) => {
+                Some(r) => match crate::counted::write_counted(store, conn, std::slice::from_ref(r)).await {
+                    Ok(written) if !written.counted.is_empty() => {
                         report.repaired += 1;
                         report.live_orders += 1;
                     }
+                    // Redis no longer counts it (it failed over since the
+                    // snapshot): the re-sync of the sale decides.
+                    Ok(_) => unrepaired.push(rid),
                     Err(error) => {
                         tracing::warn!(%error, sale = sale_id, reservation = rid, "cannot write the order of an unprocessed entry");
                         unrepaired.push(rid);

@@ -322,6 +322,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .key(&scratch.buyers)
         .key(&scratch.reservations)
         .key(&scratch.released)
+        .key(&keys.synced)
         .arg(&spec.name)
         .arg(spec.stock)
         .arg(spec.per_user_limit)
@@ -396,7 +397,7 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
 /// # Errors
 /// The database failed (listing sales); a failure on one sale is logged
 /// and the others are still tried.
-pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store) -> Result<usize, SaleError> {
+pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, idempotency_ttl: Duration) -> Result<usize, SaleError> {
     // A Redis that lost every sale lost the global switch too: put it back
     // even when there is no sale to restore, and correct it when it differs
     // from the database.
@@ -421,6 +422,7 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
     if let Err(error) = switches::sync_pauses(conn, store, &sales).await {
         tracing::warn!(%error, "cannot bring the sales' pauses in redis in line with the database yet");
     }
+    crate::fence::resync_fenced(conn, store, &sales, idempotency_ttl).await;
     Ok(restored)
 }
 
@@ -485,11 +487,13 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
     Ok(returned)
 }
 
-/// Every `interval`, restores the sales Redis lost, until `shutdown`.
+/// Every `interval`, restores the sales Redis lost and re-syncs the fenced
+/// ones (see [`crate::fence`]), until `shutdown`.
 pub async fn watch<C: ConnectionLike + Send + Clone>(
     conn: C,
     store: Store,
     interval: Duration,
+    idempotency_ttl: Duration,
     readiness: crate::readiness::Readiness,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -500,7 +504,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
             return;
         }
         let mut c = conn.clone();
-        if let Err(error) = restore_missing(&mut c, &store).await {
+        if let Err(error) = restore_missing(&mut c, &store, idempotency_ttl).await {
             tracing::warn!(%error, "cannot check the sales in redis; will retry");
         }
         tokio::select! {

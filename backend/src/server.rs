@@ -193,7 +193,14 @@ async fn start_and_run(
     let backend = &config.backend;
     let background = [
         tokio::spawn(readiness::monitor(readiness.clone(), store.clone(), redis.clone(), shutdown.clone())),
-        tokio::spawn(crate::recovery::watch(redis.clone(), store.clone(), backend.restore_poll, readiness.clone(), shutdown.clone())),
+        tokio::spawn(crate::recovery::watch(
+            redis.clone(),
+            store.clone(),
+            backend.restore_poll,
+            config.gateway.idempotency_ttl,
+            readiness.clone(),
+            shutdown.clone(),
+        )),
         tokio::spawn(crate::timeout::run(
             redis.clone(),
             store.clone(),

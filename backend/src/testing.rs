@@ -93,6 +93,14 @@ impl RedisServer {
         self.server.conn().await
     }
 
+    /// Kills the server (SIGKILL) and starts it again on its port and
+    /// files: it comes back with what it last saved (`SAVE`), as a master
+    /// with a new replication id, like a Redis restarted from an old RDB.
+    pub fn restart(&mut self) {
+        self.server.restart();
+        flashgate_testkit::redis::wait_redis_loaded(self.server.port, Duration::from_secs(10));
+    }
+
     pub fn config(&self) -> flashgate_common::config::RedisConfig {
         flashgate_common::config::RedisConfig {
             timeout: Duration::from_millis(500),
@@ -104,28 +112,35 @@ impl RedisServer {
 /// One buy attempt through the gateway's own script (`lua/deduct.lua`), as
 /// a gateway would run it; answers the outcome (`won`, `limit_reached`, ...).
 pub async fn buy(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: &str) -> String {
+    let reply = buy_with_key(conn, sale_id, user, "").await;
+    reply.into_iter().next().expect("the script answers an outcome first")
+}
+
+/// [`buy`] with an Idempotency-Key; answers the script's whole reply
+/// (outcome, detail such as the reservation id, ...).
+pub async fn buy_with_key(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: &str, key: &str) -> Vec<String> {
     static DEDUCT: std::sync::LazyLock<redis::Script> =
         std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/deduct.lua")));
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
     let rid = flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
-    let reply: Vec<String> = DEDUCT
+    DEDUCT
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)
-        .key(keys.idempotency(user, ""))
+        .key(keys.idempotency(user, key))
         .key(&keys.stream)
         .key(&keys.reservations)
         .key(keys.idempotency_misses(user))
+        .key(&keys.synced)
         .arg(user)
-        .arg("")
+        .arg(key)
         .arg(&rid)
         .arg(60)
         .arg(sale_id)
         .arg(16)
         .invoke_async(conn)
         .await
-        .unwrap();
-    reply.into_iter().next().expect("the script answers an outcome first")
+        .unwrap()
 }
 
 /// A TCP relay in front of a real Redis that can hold one client's next

@@ -28,6 +28,7 @@
 //! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
 //! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
 //! | `fg:{sale:ID}:dead` | stream | reservation entries the backend could not turn into orders |
+//! | `fg:{sale:ID}:synced` | string | replication id of the Redis that agrees with the database on the sale (see [`SaleKeys::synced`]) |
 //! | `fg:{sale:ID}:restoring` | string | lock held while a backend restores a lost sale (its token) |
 //! | `fg:{sale:ID}:restore:TOKEN:*` | hash, set | buyers, resv, released being rebuilt by one restore (expire) |
 
@@ -70,6 +71,15 @@ pub struct SaleKeys {
     pub dead: String,
     /// Held by the backend restoring this sale after Redis lost it.
     pub restoring: String,
+    /// The `master_replid` of the Redis that was made to agree with the
+    /// database on this sale (by its install or by a re-sync). A Redis
+    /// gets a new replication id whenever it becomes a master: when a
+    /// replica is promoted and when a process starts. Such a Redis may
+    /// lack the last writes, so while this key differs from the id of the
+    /// Redis holding it, the sale is fenced: the deduct script sells
+    /// nothing until the backend has counted every order of the database
+    /// in it (see `backend/src/fence.rs`).
+    pub synced: String,
     idem_prefix: String,
     restore_prefix: String,
     idem_misses_prefix: String,
@@ -95,6 +105,7 @@ impl SaleKeys {
             released: format!("{tag}:released"),
             dead: format!("{tag}:dead"),
             restoring: format!("{tag}:restoring"),
+            synced: format!("{tag}:synced"),
             idem_prefix: format!("{tag}:idem:"),
             restore_prefix: format!("{tag}:restore:"),
             idem_misses_prefix: format!("{tag}:idem-misses:"),
@@ -139,6 +150,7 @@ mod tests {
             &k.released,
             &k.dead,
             &k.restoring,
+            &k.synced,
             &k.idempotency("u", "i"),
             &k.idempotency_misses("u"),
             &scratch.buyers,

@@ -10,9 +10,11 @@
 pub const ALL: &[(&str, &str)] = &[
     ("adopt.lua", include_str!("../../lua/adopt.lua")),
     ("deduct.lua", include_str!("../../lua/deduct.lua")),
+    ("fence.lua", include_str!("../../lua/fence.lua")),
     ("gcra.lua", include_str!("../../lua/gcra.lua")),
     ("preheat.lua", include_str!("../../lua/preheat.lua")),
     ("release.lua", include_str!("../../lua/release.lua")),
+    ("resync.lua", include_str!("../../lua/resync.lua")),
     ("trim.lua", include_str!("../../lua/trim.lua")),
     ("update_sale.lua", include_str!("../../lua/update_sale.lua")),
 ];

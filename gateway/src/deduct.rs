@@ -31,6 +31,10 @@ pub enum DeductOutcome {
     },
     Paused,
     NotFound,
+    /// The Redis holding the sale became a master since the sale last
+    /// agreed with the database (failover, restart): nothing is sold until
+    /// the backend has re-synced it.
+    Fenced,
 }
 
 /// A decision, and whether it was remembered from an earlier attempt with
@@ -79,6 +83,7 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .key(&keys.stream)
         .key(&keys.reservations)
         .key(keys.idempotency_misses(attempt.user_id))
+        .key(&keys.synced)
         .arg(attempt.user_id)
         .arg(attempt.idempotency_key)
         .arg(attempt.reservation_id)
@@ -141,6 +146,7 @@ fn parse_outcome(code: &str, detail: String, at: Option<&str>, replayed: bool) -
         "not_started" => DeductOutcome::NotStarted { starts_at_ms: detail.parse().ok()? },
         "paused" => DeductOutcome::Paused,
         "not_found" => DeductOutcome::NotFound,
+        "fenced" => DeductOutcome::Fenced,
         _ => return None,
     })
 }

@@ -4,7 +4,7 @@
 //!
 //! Labels are bounded enums only: no user ids, IPs or reservation ids.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 /// Latency buckets from 100 µs to 5 s: edge answers are sub-millisecond,
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
@@ -30,6 +30,9 @@ pub struct Metrics {
     pub local_decisions: IntCounterVec,
     /// Winner forwards that failed (the order then comes from the stream).
     pub forward_failures: IntCounterVec,
+    /// Buys the deduct script refused because their sale is fenced (its
+    /// Redis became a master since the sale last agreed with the database).
+    pub fenced_buys: IntCounter,
 }
 
 impl Metrics {
@@ -63,6 +66,9 @@ impl Metrics {
         let circuit_state =
             IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.").expect("valid gauge");
         registry.register(Box::new(circuit_state.clone())).expect("unique metric");
+        let fenced_buys = IntCounter::new("fenced_buys_total", "Buys refused with 503 because their sale is fenced until the backend re-syncs it.")
+            .expect("valid counter");
+        registry.register(Box::new(fenced_buys.clone())).expect("unique metric");
         Self {
             registry,
             requests,
@@ -74,6 +80,7 @@ impl Metrics {
             circuit_state,
             local_decisions,
             forward_failures,
+            fenced_buys,
         }
     }
 

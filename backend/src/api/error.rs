@@ -69,6 +69,15 @@ impl From<redis::RedisError> for ApiError {
     }
 }
 
+impl From<crate::counted::WriteError> for ApiError {
+    fn from(error: crate::counted::WriteError) -> Self {
+        match error {
+            crate::counted::WriteError::Redis(e) => e.into(),
+            crate::counted::WriteError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<SaleError> for ApiError {
     fn from(error: SaleError) -> Self {
         match error {

@@ -8,11 +8,14 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use std::collections::{HashMap, HashSet};
+
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::{sale_of_reservation, ForwardedWinner, OrderView, Reservation};
 
 use super::error::{parse_json, ApiError};
 use super::AppState;
+use crate::counted::write_counted;
 use crate::store::Payment;
 
 /// Most winners accepted in one batch.
@@ -20,50 +23,38 @@ pub const MAX_BATCH: usize = 1000;
 
 /// `POST /internal/orders/batch`: the gateway's batch of winners
 /// (`[{reservation..., request_id}]`), written in one transaction.
-/// Reservations Redis does not know for that user are skipped (counted in
-/// `rejected`); the rest become orders once. A reservation listed more than
-/// once counts once: its first copy Redis knows for that user, or, when
-/// none is, one rejection. Answers
+/// Reservations Redis does not count for that user are skipped (counted in
+/// `rejected`; see [`crate::counted`]); the rest become orders once. A
+/// reservation listed more than once counts once: its first copy Redis
+/// knows for that user, or, when none is, one rejection. Answers
 /// `{"created", "existing", "rejected"}`.
 pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let winners: Vec<ForwardedWinner> = parse_json(&body?)?;
     if winners.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!("at most {MAX_BATCH} winners per batch")));
     }
-    let total = winners.iter().map(|w| w.reservation.reservation_id.as_str()).collect::<std::collections::HashSet<_>>().len();
-    let winners: Vec<ForwardedWinner> = winners
+    let total = winners.iter().map(|w| w.reservation.reservation_id.as_str()).collect::<HashSet<_>>().len();
+    let mut request_ids: HashMap<String, String> = HashMap::with_capacity(winners.len());
+    let reservations: Vec<Reservation> = winners
         .into_iter()
         .filter(|w| sale_of_reservation(&w.reservation.reservation_id) == Some(w.reservation.sale_id.as_str()))
+        .map(|w| {
+            request_ids.entry(w.reservation.reservation_id.clone()).or_insert(w.request_id);
+            w.reservation
+        })
         .collect();
-    let mut pipe = redis::pipe();
-    for w in &winners {
-        pipe.hget(SaleKeys::new(&w.reservation.sale_id).reservations, &w.reservation.reservation_id);
+    let written = write_counted(&state.store, &mut state.redis.clone(), &reservations).await?;
+    for rid in &written.created {
+        let sale = sale_of_reservation(rid).unwrap_or_default();
+        let request_id = request_ids.get(rid).map_or("", String::as_str);
+        tracing::info!(request_id = %request_id, sale = %sale, reservation = %rid, "order created from the gateway's forward");
     }
-    let holders: Vec<Option<String>> = if winners.is_empty() { Vec::new() } else { pipe.query_async(&mut state.redis.clone()).await? };
-    let (known, request_ids): (Vec<Reservation>, Vec<String>) = winners
-        .into_iter()
-        .zip(holders)
-        .filter(|(w, holder)| holder.as_deref() == Some(w.reservation.user_id.as_str()))
-        .map(|(w, _)| (w.reservation, w.request_id))
-        .unzip();
-    // De-duplicated only now: a copy Redis refuses (another user, another
-    // sale) must not shadow a valid copy listed after it.
-    let mut seen = std::collections::HashSet::with_capacity(known.len());
-    let (known, request_ids): (Vec<Reservation>, Vec<String>) =
-        known.into_iter().zip(request_ids).filter(|(r, _)| seen.insert(r.reservation_id.clone())).unzip();
-    let rejected = total - known.len();
-    let results = state.store.create_orders(&known).await?;
-    let mut created = 0u64;
-    for ((order, was_created), request_id) in results.iter().zip(&request_ids) {
-        if *was_created {
-            created += 1;
-            tracing::info!(request_id = %request_id, sale = %order.sale_id, order = %order.order_id, "order created from the gateway's forward");
-        }
-    }
+    let created = written.created.len() as u64;
     state.metrics.orders_created.with_label_values(&["forward"]).inc_by(created);
-    let existing = known.len() as u64 - created;
+    let existing = written.counted.len() as u64 - created;
+    let rejected = total - written.counted.len();
     if rejected > 0 {
-        tracing::warn!(rejected, "forwarded winners unknown to redis were skipped");
+        tracing::warn!(rejected, "forwarded winners redis does not count were skipped");
     }
     Ok(Json(serde_json::json!({"created": created, "existing": existing, "rejected": rejected})).into_response())
 }

@@ -8,6 +8,7 @@
 //! both databases to keep it that way. The schema is kept by sqlx
 //! migrations, one directory per database flavour ([`schema`]).
 
+mod sale_lock;
 pub mod schema;
 mod sql;
 
@@ -19,6 +20,7 @@ use flashgate_common::sale::SaleSpec;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
+pub use sale_lock::{OrderWrite, SaleResync, SyncedOrder};
 pub use schema::{Flavour, SchemaError};
 
 /// A database problem. Every variant is an infrastructure failure: expected
@@ -37,8 +39,6 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("unknown order status `{0}` in the database")]
     BadStatus(String),
-    #[error("an order written in this batch could not be read back")]
-    Missing,
 }
 
 /// Rows per INSERT statement. A batch larger than this (only possible with
@@ -51,6 +51,7 @@ const MAX_ROWS_PER_INSERT: usize = 2000;
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: AnyPool,
+    flavour: Flavour,
 }
 
 /// Order status as stored in `orders.status`.
@@ -115,7 +116,7 @@ impl Store {
             sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await.map_err(StoreError::Wal)?;
         }
         schema::migrate(&pool, flavour).await?;
-        Ok(Self { pool })
+        Ok(Self { pool, flavour })
     }
 
     /// Answers whether the database responds to a trivial query.
@@ -152,51 +153,6 @@ impl Store {
         }
         tx.commit().await?;
         Ok(inserted)
-    }
-
-    /// Inserts a batch like [`Store::insert_orders`] and answers, for each
-    /// input in its place, its reservation's order and whether this call
-    /// created it (true only at the first place of a reservation listed
-    /// more than once). One transaction and one `SELECT` per batch, however
-    /// many rows.
-    ///
-    /// # Errors
-    /// A failed statement; nothing of the batch is written then.
-    pub async fn create_orders(&self, reservations: &[Reservation]) -> Result<Vec<(OrderView, bool)>, StoreError> {
-        let now = flashgate_common::now_ms();
-        let mut created = std::collections::HashSet::new();
-        let sorted = in_lock_order(reservations);
-        let mut tx = self.pool.begin().await?;
-        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
-            let statement = sql::insert_orders_returning(chunk.len());
-            let query = bind_orders(&statement, chunk, now);
-            for row in query.fetch_all(&mut *tx).await? {
-                created.insert(row.try_get::<String, _>("reservation_id")?);
-            }
-        }
-        tx.commit().await?;
-        let mut views = std::collections::HashMap::with_capacity(reservations.len());
-        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
-            let statement = sql::orders_by_reservations(chunk.len());
-            let mut query = sqlx::query(&statement);
-            for r in chunk {
-                query = query.bind(r.reservation_id.as_str());
-            }
-            for row in query.fetch_all(&self.pool).await? {
-                let view = order_view(&row)?;
-                views.insert(view.reservation_id.clone(), view);
-            }
-        }
-        // Every place of the batch is answered, so callers may pair inputs
-        // and answers by position; a reservation listed twice gets its one
-        // order twice, `created` only at its first place.
-        reservations
-            .iter()
-            .map(|r| {
-                let view = views.get(&r.reservation_id).cloned().ok_or(StoreError::Missing)?;
-                Ok((view, created.remove(&r.reservation_id)))
-            })
-            .collect()
     }
 
     /// The order made from reservation `reservation_id`, if any.

@@ -101,6 +101,20 @@ pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE ord
 /// Every order of a sale, for restores and reconciliation.
 pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms FROM orders WHERE sale_id = $1";
 
+/// Every order of a sale with its Idempotency-Key, for a re-sync.
+pub const SALE_ORDERS_WITH_KEYS: &str =
+    "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms, idempotency_key FROM orders WHERE sale_id = $1";
+
+/// PostgreSQL: holds a sale's row against a re-sync while orders are written.
+pub const HOLD_SALE_SHARED: &str = "SELECT id FROM sales WHERE id = $1 FOR SHARE";
+
+/// PostgreSQL: holds a sale's row against order writes while it is re-synced.
+pub const HOLD_SALE_EXCLUSIVE: &str = "SELECT id FROM sales WHERE id = $1 FOR UPDATE";
+
+/// SQLite: a write that changes nothing, to take the database's one write
+/// lock at the start of a transaction (SQLite's `BEGIN` defers it).
+pub const TAKE_WRITE_LOCK: &str = "UPDATE sales SET id = id WHERE id = $1";
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -203,17 +203,61 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
 }
 
 #[tokio::test]
-async fn a_reservation_listed_twice_in_one_batch_is_written_once_and_each_place_answered_with_its_own_order() {
+async fn a_reservation_listed_twice_in_one_write_gets_one_order_created_by_that_write() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
-        let answers = store.create_orders(&[a.clone(), b.clone(), a.clone()]).await.unwrap();
-        let answered: Vec<(&str, bool)> = answers.iter().map(|(o, c)| (o.reservation_id.as_str(), *c)).collect();
-        let expected = [(a.reservation_id.as_str(), true), (b.reservation_id.as_str(), true), (a.reservation_id.as_str(), false)];
-        assert_eq!(answered, expected, "{db}");
-        assert_eq!(answers[0].0.order_id, answers[2].0.order_id, "{db}");
+        store.insert_orders(std::slice::from_ref(&b)).await.unwrap();
+        let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+        let created = write.insert(&[a.clone(), b.clone(), a.clone()]).await.unwrap();
+        write.commit().await.unwrap();
+        assert_eq!(created, std::collections::HashSet::from([a.reservation_id.clone()]), "{db}");
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
-        assert_eq!(store.insert_orders(&[b.clone(), b]).await.unwrap(), 0, "{db}");
+    }
+}
+
+#[tokio::test]
+async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what_committed_before_it() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        store.upsert_sale(&sale(&sale_id, 5)).await.unwrap();
+        let early = reservation(&sale_id, "early");
+        store.insert_orders(std::slice::from_ref(&early)).await.unwrap();
+        let mut resync = store.begin_resync(&sale_id).await.unwrap();
+        let late = reservation(&sale_id, "late");
+        let writer = {
+            let (store, sale_id, late) = (store.clone(), sale_id.clone(), late.clone());
+            tokio::spawn(async move {
+                let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+                write.insert(std::slice::from_ref(&late)).await.unwrap();
+                write.commit().await.unwrap();
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!writer.is_finished(), "{db}: the write must wait for the re-sync");
+        let seen: Vec<String> = resync.orders(&sale_id).await.unwrap().into_iter().map(|o| o.row.reservation_id).collect();
+        assert_eq!(seen, vec![early.reservation_id.clone()], "{db}");
+        resync.commit().await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+
+        // And the other way round: a re-sync waits for a write in progress.
+        let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+        let third = reservation(&sale_id, "third");
+        write.insert(std::slice::from_ref(&third)).await.unwrap();
+        let resyncer = {
+            let (store, sale_id) = (store.clone(), sale_id.clone());
+            tokio::spawn(async move {
+                let mut resync = store.begin_resync(&sale_id).await.unwrap();
+                let n = resync.orders(&sale_id).await.unwrap().len();
+                resync.commit().await.unwrap();
+                n
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!resyncer.is_finished(), "{db}: the re-sync must wait for the write");
+        write.commit().await.unwrap();
+        assert_eq!(resyncer.await.unwrap(), 3, "{db}: the re-sync reads the write that held it up");
     }
 }
 

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use super::entry::parse;
 use super::{dead_letter, retention};
+use crate::counted::{write_counted, WriteError};
 use crate::metrics::Metrics;
 use crate::redis_io;
 use crate::store::{Store, StoreError};
@@ -419,31 +420,39 @@ impl Consumer<'_> {
         }
         let reservations: Vec<Reservation> = good.iter().map(|(_, r)| r.clone()).collect();
         let mut rejected = 0;
-        match self.store.insert_orders(&reservations).await {
+        match self.write(conn, &reservations).await {
             Ok(inserted) => {
                 self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(inserted);
                 self.settings.metrics.batch_size.observe(reservations.len() as f64);
                 ids.extend(good.iter().map(|(e, _)| e.id.as_str()));
                 tracing::debug!(sale = self.sale_id, read = entries.len(), inserted, "stream batch committed");
             }
-            Err(error) if !error.is_rejection() || !self.store.writable().await => {
+            Err(WriteError::Redis(error)) => {
                 self.ack(conn, &ids).await?;
                 return Err(error.into());
             }
-            Err(error) => {
+            Err(WriteError::Store(error)) if !error.is_rejection() || !self.store.writable().await => {
+                self.ack(conn, &ids).await?;
+                return Err(error.into());
+            }
+            Err(WriteError::Store(error)) => {
                 tracing::warn!(%error, sale = self.sale_id, "batch rejected by the database; writing its entries one by one");
                 for (entry, r) in &good {
                     let id = entry.id.as_str();
-                    match self.store.insert_orders(std::slice::from_ref(r)).await {
+                    match self.write(conn, std::slice::from_ref(r)).await {
                         Ok(inserted) => {
                             self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(inserted);
                             ids.push(id);
                         }
-                        Err(e) if !e.is_rejection() => {
+                        Err(WriteError::Redis(e)) => {
                             self.ack(conn, &ids).await?;
                             return Err(e.into());
                         }
-                        Err(e) => {
+                        Err(WriteError::Store(e)) if !e.is_rejection() => {
+                            self.ack(conn, &ids).await?;
+                            return Err(e.into());
+                        }
+                        Err(WriteError::Store(e)) => {
                             let deliveries = dead_letter::deliveries(conn, &self.stream, id).await?;
                             if deliveries >= u64::from(self.settings.max_deliveries) {
                                 tracing::error!(error = %e, sale = self.sale_id, entry = id, deliveries, "entry keeps failing; moving it to the dead-letter stream");
@@ -466,6 +475,19 @@ impl Consumer<'_> {
             return Err(ConsumeError::Rejected(rejected));
         }
         Ok(())
+    }
+
+    /// Writes the orders of the reservations Redis counts (see
+    /// [`crate::counted`]); answers how many orders were created. An entry
+    /// Redis does not count was read from a Redis that failed over before
+    /// its write reached the promoted one: it is not written, and
+    /// acknowledging it changes nothing there.
+    async fn write(&self, conn: &mut RedisHandle, reservations: &[Reservation]) -> Result<u64, WriteError> {
+        let written = write_counted(&self.store, conn, reservations).await?;
+        for r in &written.uncounted {
+            tracing::warn!(sale = self.sale_id, reservation = %r.reservation_id, "stream entry redis no longer counts (lost in a failover); no order written");
+        }
+        Ok(written.created.len() as u64)
     }
 
     async fn ack(&self, conn: &mut RedisHandle, ids: &[&str]) -> Result<(), RedisError> {

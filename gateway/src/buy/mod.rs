@@ -153,6 +153,12 @@ impl<C: WallClock> BuyService<C> {
             }
             DeductOutcome::Paused => Err(Rejection::Paused),
             DeductOutcome::NotFound => Err(self.missing(sale_id).await),
+            // Not remembered under the key and not cached: the sale sells
+            // again as soon as the backend has re-synced it.
+            DeductOutcome::Fenced => {
+                self.metrics.fenced_buys.inc();
+                Err(Rejection::Unavailable)
+            }
         }
     }
 

@@ -89,6 +89,10 @@ impl Fixture {
             .query_async(&mut conn)
             .await
             .unwrap();
+        // Installed by a backend: agreeing with the database on this Redis.
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+        let replid = info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned();
+        let () = redis::cmd("SET").arg(&keys.synced).arg(replid).query_async(&mut conn).await.unwrap();
     }
 
     async fn open_sale(&self, id: &str, stock: i64) {
@@ -203,4 +207,28 @@ async fn a_sold_out_keyed_retry_of_a_user_who_never_won_reads_no_key() {
     assert_eq!(f.buy("s", "other", "k").await, BuyOutcome::Refused(Rejection::SoldOut));
     assert_eq!(f.redis.command_calls("get").await, gets, "a user who never won read a key");
     assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Replayed { .. }), "the winner's retry still replays");
+}
+
+#[tokio::test]
+async fn a_sale_synced_on_another_redis_is_fenced_sells_nothing_and_remembers_nothing() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 5).await;
+    let keys = SaleKeys::new("s");
+    let mut conn = f.redis.conn().await;
+    assert!(matches!(f.buy("s", "a", "k1").await, BuyOutcome::Won { .. }));
+    // As after a failover: the sale was made to agree with the database on
+    // a Redis whose replication id this one does not have.
+    let () = redis::cmd("SET").arg(&keys.synced).arg("0123456789abcdef").query_async(&mut conn).await.unwrap();
+    assert_eq!(f.buy("s", "b", "k2").await, BuyOutcome::Refused(Rejection::Unavailable));
+    assert_eq!(f.service.metrics.fenced_buys.get(), 1);
+    // A win recorded before the fence is still answered from its key.
+    assert!(matches!(f.buy("s", "a", "k1").await, BuyOutcome::Replayed { .. }));
+    let remaining: i64 = redis::cmd("GET").arg(&keys.remaining).query_async(&mut conn).await.unwrap();
+    assert_eq!(remaining, 4, "nothing sold while fenced");
+    let remembered: bool = redis::cmd("EXISTS").arg(keys.idempotency_misses("b")).query_async(&mut conn).await.unwrap();
+    assert!(!remembered, "the fenced answer is not an outcome to replay");
+    assert!(!f.service.sales.is_sold_out("s"));
+    // Without the key at all (a sale written by an older release) it is fenced too.
+    let () = redis::cmd("DEL").arg(&keys.synced).query_async(&mut conn).await.unwrap();
+    assert_eq!(f.buy("s", "b", "k2").await, BuyOutcome::Refused(Rejection::Unavailable));
 }

@@ -1,0 +1,184 @@
+//! The failover fence: a sale whose Redis may have gone back in time sells
+//! nothing until the backend has made that Redis agree with the database.
+//!
+//! Replication is asynchronous. A replica promoted by Sentinel or by the
+//! cluster, or a Redis restarted from an older RDB or an `everysec` AOF,
+//! may lack the last deducts: buyers were told they won, and the database
+//! may hold their orders. Its `remaining`, `buyers` and `resv` are those of
+//! an earlier moment, so it would sell those items again.
+//!
+//! Every Redis gets a new replication id (`master_replid`) when it becomes
+//! a master, at a promotion and at every start. Each sale records in
+//! `synced` (see `flashgate_common::keys::SaleKeys::synced`) the id of the
+//! Redis it was last made to agree with the database on: the install of a
+//! restore writes it, and so does [`resync`]. The deduct script compares
+//! the two and answers `fenced` (the gateway: `503` with `Retry-After`)
+//! while they differ. [`resync_fenced`], one pass of the backend's
+//! recovery loop, finds fenced sales and re-syncs each:
+//!
+//! 1. it holds the sale's row in the database exclusively
+//!    (`crate::store::SaleResync`): no order of the sale commits until it
+//!    is done, and every order write checks its reservation in Redis under
+//!    a shared hold (`crate::counted`), so no order can slip between the
+//!    read below and the end of the re-sync;
+//! 2. it reads every order of the sale;
+//! 3. `lua/resync.lua` counts, page by page, each live order Redis does
+//!    not know (`resv`, `buyers`, `remaining`, and its Idempotency-Key so a
+//!    retry replays the win) and gives back the item of each cancelled one
+//!    Redis still counts; each page answers the replication id it ran on;
+//! 4. `lua/fence.lua` lifts the fence only if every page ran on the Redis
+//!    that holds the sale now. A second failover meanwhile leaves the sale
+//!    fenced, and the next pass starts again: the pages are idempotent.
+//!
+//! Reservations Redis has and the database does not (their orders are on
+//! their way) stay counted. A reservation lost with the failover whose
+//! order never reached the database is gone: its forward is refused
+//! (`crate::counted`), and with `redis.wait_replicas = 0` its buyer was
+//! told `202` for nothing. That is the promise `wait_replicas` buys.
+
+use std::time::Duration;
+
+use flashgate_common::keys::{SaleEvent, SaleKeys};
+use flashgate_common::sale::SaleSpec;
+use redis::aio::ConnectionLike;
+use redis::Script;
+
+use crate::error::SaleError;
+use crate::redis_io::announce;
+use crate::store::{OrderStatus, Store, SyncedOrder};
+
+/// Asks whether a sale is fenced, and lifts the fence (`lua/fence.lua`).
+static FENCE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(include_str!("../../lua/fence.lua")));
+
+/// Counts a page of the database's orders in Redis (`lua/resync.lua`).
+static RESYNC: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(include_str!("../../lua/resync.lua")));
+
+/// Orders per `lua/resync.lua` call: one call keeps Redis busy for about a
+/// millisecond per thousand.
+const PAGE: usize = 500;
+
+/// What [`resync`] found or did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resynced {
+    /// The sale agrees with the database on the Redis that holds it.
+    NotNeeded,
+    /// The sale is not in Redis: the restore loop installs it.
+    Absent,
+    /// Redis now counts every order: `adopted` live orders it did not
+    /// know, `returned` cancelled orders' items it still counted.
+    Synced { adopted: i64, returned: i64 },
+    /// The Redis holding the sale changed while it was re-synced: still
+    /// fenced, the next pass starts again.
+    Moved,
+}
+
+/// The fence as `lua/fence.lua` reports it.
+struct Fence {
+    replid: String,
+    synced: String,
+    present: bool,
+    lifted: bool,
+}
+
+async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &str) -> Result<Fence, SaleError> {
+    let (replid, synced, present, lifted): (String, String, i64, i64) =
+        FENCE.key(&keys.meta).key(&keys.synced).arg(lift).invoke_async(conn).await?;
+    Ok(Fence { replid, synced, present: present == 1, lifted: lifted == 1 })
+}
+
+/// Re-syncs sale `sale_id` if it is fenced (see the module doc); the
+/// Idempotency-Keys it writes back live `idempotency_ttl`.
+///
+/// # Errors
+/// Redis or the database failed; the sale stays fenced and what was
+/// counted stays counted (the next pass counts nothing twice).
+pub async fn resync<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+    idempotency_ttl: Duration,
+) -> Result<Resynced, SaleError> {
+    let keys = SaleKeys::new(sale_id);
+    let seen = fence(conn, &keys, "").await?;
+    if !seen.present {
+        return Ok(Resynced::Absent);
+    }
+    if seen.synced == seen.replid {
+        return Ok(Resynced::NotNeeded);
+    }
+    let mut hold = store.begin_resync(sale_id).await?;
+    // Again under the hold: another backend may have re-synced it.
+    let seen = fence(conn, &keys, "").await?;
+    if !seen.present {
+        return Ok(Resynced::Absent);
+    }
+    if seen.synced == seen.replid {
+        return Ok(Resynced::NotNeeded);
+    }
+    let orders = hold.orders(sale_id).await?;
+    let (mut adopted, mut returned) = (0, 0);
+    for page in orders.chunks(PAGE) {
+        let (replid, counted, back) = count_page(conn, &keys, page, idempotency_ttl).await?;
+        if counted < 0 {
+            return Ok(Resynced::Absent);
+        }
+        if replid != seen.replid {
+            return Ok(Resynced::Moved);
+        }
+        adopted += counted;
+        returned += back;
+    }
+    if !fence(conn, &keys, &seen.replid).await?.lifted {
+        return Ok(Resynced::Moved);
+    }
+    hold.commit().await?;
+    Ok(Resynced::Synced { adopted, returned })
+}
+
+async fn count_page<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+    page: &[SyncedOrder],
+    idempotency_ttl: Duration,
+) -> Result<(String, i64, i64), SaleError> {
+    let mut invocation = RESYNC.prepare_invoke();
+    invocation.key(&keys.meta).key(&keys.remaining).key(&keys.buyers).key(&keys.reservations).key(&keys.released);
+    invocation.arg(idempotency_ttl.as_secs().max(1));
+    let mut next_key = 6;
+    for o in page {
+        let live = o.row.status != OrderStatus::Cancelled;
+        let key_index = if live && !o.idempotency_key.is_empty() {
+            invocation.key(keys.idempotency(&o.row.user_id, &o.idempotency_key));
+            next_key += 1;
+            next_key - 1
+        } else {
+            0
+        };
+        invocation.arg(&o.row.reservation_id).arg(&o.row.user_id).arg(if live { "live" } else { "cancelled" }).arg(key_index);
+    }
+    Ok(invocation.invoke_async(conn).await?)
+}
+
+/// Re-syncs every fenced sale among `sales` (one pass of the recovery
+/// loop); returns how many were re-synced. A failure on one sale is
+/// logged and the others are still tried.
+pub async fn resync_fenced<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sales: &[SaleSpec], idempotency_ttl: Duration) -> usize {
+    let mut synced = 0;
+    for spec in sales {
+        match resync(conn, store, &spec.id, idempotency_ttl).await {
+            Ok(Resynced::Synced { adopted, returned }) => {
+                synced += 1;
+                tracing::warn!(sale = %spec.id, adopted, returned, "sale re-synced with the database after its redis changed; selling again");
+                // Gateways forget what they cached: remaining, sold out.
+                announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
+            }
+            Ok(Resynced::Moved) => tracing::warn!(sale = %spec.id, "redis changed again during the re-sync; still fenced"),
+            Ok(Resynced::NotNeeded | Resynced::Absent) => {}
+            Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot re-sync the fenced sale yet"),
+        }
+    }
+    synced
+}
+
+#[cfg(test)]
+mod tests;

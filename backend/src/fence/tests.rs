@@ -1,0 +1,125 @@
+//! The fence against a real redis-server that comes back older than the
+//! database (restarted from an RDB saved before the last wins), and a
+//! SQLite file.
+
+use std::collections::HashMap;
+
+use flashgate_common::reservation::Reservation;
+use redis::AsyncCommands;
+
+use super::*;
+use crate::counted::write_counted;
+use crate::recovery::{restore, return_stock, Restored};
+use crate::testing::{buy, buy_with_key, sale, sqlite_url, unique, RedisServer};
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// Every reservation record in the sale's stream, as the consumer reads it.
+async fn reservations(conn: &mut redis::aio::MultiplexedConnection, keys: &SaleKeys) -> Vec<Reservation> {
+    let entries: redis::streams::StreamRangeReply = conn.xrange_all(&keys.stream).await.unwrap();
+    entries.ids.iter().map(|e| crate::stream::entry::parse(e).unwrap()).collect()
+}
+
+/// Wins for `user` with `key`; answers the reservation id.
+async fn win(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: &str, key: &str) -> String {
+    let reply = buy_with_key(conn, sale_id, user, key).await;
+    assert_eq!(reply[0], "won", "{reply:?}");
+    reply[1].clone()
+}
+
+#[tokio::test]
+async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_the_database_is_counted_in_it() {
+    let mut redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
+    assert_eq!(resync(&mut conn, &store, &id, TTL).await.unwrap(), Resynced::NotNeeded, "installed in sync");
+
+    // a and b win and get their orders; Redis saves; c and d win and get
+    // theirs; a's order is cancelled and its item returned.
+    let a = win(&mut conn, &id, "a", "ka").await;
+    win(&mut conn, &id, "b", "kb").await;
+    let first = reservations(&mut conn, &keys).await;
+    write_counted(&store, &mut conn, &first).await.unwrap();
+    let () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    let c = win(&mut conn, &id, "c", "kc").await;
+    win(&mut conn, &id, "d", "").await;
+    let all = reservations(&mut conn, &keys).await;
+    let written = write_counted(&store, &mut conn, &all).await.unwrap();
+    assert_eq!(written.created.len(), 2);
+    let a_order = store.order_by_reservation(&a).await.unwrap().unwrap();
+    assert!(store.cancel_if_unpaid(&a_order.order_id).await.unwrap());
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 1);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 7);
+
+    // Redis comes back with the saved state: a, b sold, nothing returned.
+    redis.restart();
+    let mut conn = redis.conn().await;
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 8, "the older state");
+    assert_eq!(buy(&mut conn, &id, "e").await, "fenced");
+    assert_eq!(buy(&mut conn, &id, "c").await, "fenced", "c's win is not in this redis: it would win again");
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 8, "nothing sold while fenced");
+
+    assert_eq!(resync(&mut conn, &store, &id, TTL).await.unwrap(), Resynced::Synced { adopted: 2, returned: 1 });
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 7, "stock minus the three live orders");
+    let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();
+    assert_eq!(buyers, HashMap::from([("b".into(), 1), ("c".into(), 1), ("d".into(), 1)]));
+    assert!(conn.sismember::<_, _, bool>(&keys.released, &a).await.unwrap());
+    // c's key replays c's win; c cannot win a second item; e buys.
+    assert_eq!(buy_with_key(&mut conn, &id, "c", "kc").await[..2], ["replay:won".to_owned(), c]);
+    assert_eq!(buy(&mut conn, &id, "c").await, "limit_reached");
+    assert_eq!(buy(&mut conn, &id, "e").await, "won");
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 6);
+    // a's return is not given twice by the return loop either.
+    assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
+    assert_eq!(resync(&mut conn, &store, &id, TTL).await.unwrap(), Resynced::NotNeeded);
+}
+
+#[tokio::test]
+async fn the_fence_is_lifted_only_for_the_redis_the_sale_was_resynced_on() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    store.upsert_sale(&sale(&id, 3)).await.unwrap();
+    restore(&mut conn, &store, &id).await.unwrap();
+    let () = conn.set(&keys.synced, "00aa").await.unwrap();
+    // A re-sync that ran on another Redis (its replication id) lifts nothing.
+    assert!(!fence(&mut conn, &keys, "00bb").await.unwrap().lifted);
+    assert_eq!(buy(&mut conn, &id, "u").await, "fenced");
+    let seen = fence(&mut conn, &keys, "").await.unwrap();
+    assert!(seen.present && seen.synced == "00aa" && seen.replid != "00aa");
+    assert!(fence(&mut conn, &keys, &seen.replid).await.unwrap().lifted);
+    assert_eq!(buy(&mut conn, &id, "u").await, "won");
+    // An absent sale is the restore's: the fence neither reports nor lifts it.
+    let gone = SaleKeys::new("gone");
+    let absent = fence(&mut conn, &gone, &seen.replid).await.unwrap();
+    assert!(!absent.present && !absent.lifted);
+    assert_eq!(resync(&mut conn, &store, "gone", TTL).await.unwrap(), Resynced::Absent);
+}
+
+#[tokio::test]
+async fn an_order_whose_reservation_redis_lost_is_not_written() {
+    let mut redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    store.upsert_sale(&sale(&id, 1)).await.unwrap();
+    restore(&mut conn, &store, &id).await.unwrap();
+    let () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    win(&mut conn, &id, "lost", "").await;
+    let lost = reservations(&mut conn, &keys).await;
+    // Redis loses the win before its order was written.
+    redis.restart();
+    let mut conn = redis.conn().await;
+    resync(&mut conn, &store, &id, TTL).await.unwrap();
+    assert_eq!(buy(&mut conn, &id, "other").await, "won", "the only item, sold again in the redis that lost the first win");
+    let written = write_counted(&store, &mut conn, &lost).await.unwrap();
+    assert!(written.counted.is_empty() && written.uncounted.len() == 1, "{written:?}");
+    assert_eq!(store.count_live_orders(&id).await.unwrap(), 0, "never more orders than the stock");
+}

@@ -1,0 +1,130 @@
+//! Sale locks in the database: what keeps a re-sync of a sale and the
+//! writes of its orders from interleaving.
+//!
+//! An order is written only after its reservation was checked in Redis
+//! (see `crate::counted`). Between that check and the commit, the Redis
+//! may fail over, and the backend may re-sync the sale into the promoted
+//! one (`crate::fence`) by reading the database's orders: an order
+//! committed just after that read would be counted nowhere, and its item
+//! sold again. So a write holds its sales' rows **shared** from before the
+//! check until its commit, and a re-sync holds its sale's row
+//! **exclusively** from before it reads the orders until the sale's new
+//! Redis counts them all. Either the write commits first and the re-sync
+//! reads it, or the write checks its reservations in the re-synced Redis.
+//!
+//! PostgreSQL: `SELECT ... FOR SHARE` and `FOR UPDATE` on the `sales` row.
+//! SQLite has one writer at a time: both take the write lock at once with
+//! a write that changes nothing, which serialises them (and every other
+//! write) for as long as they last.
+
+use flashgate_common::reservation::Reservation;
+use sqlx::Row;
+
+use super::{bind_orders, in_lock_order, order_row, sql, Flavour, OrderRow, Store, StoreError, MAX_ROWS_PER_INSERT};
+
+/// Orders being written while their sales are held shared; dropped
+/// without [`OrderWrite::commit`], nothing is written.
+pub struct OrderWrite {
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+}
+
+/// A sale held exclusively while Redis is made to agree with its orders;
+/// dropped without [`SaleResync::commit`], the hold ends all the same.
+pub struct SaleResync {
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+}
+
+/// One order as a re-sync needs it: the row and its Idempotency-Key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncedOrder {
+    pub row: OrderRow,
+    /// Empty when the buyer sent none.
+    pub idempotency_key: String,
+}
+
+impl Store {
+    /// Opens a transaction that holds the rows of `sale_ids` shared (in id
+    /// order, so two writers never wait on each other in a cycle).
+    ///
+    /// # Errors
+    /// A failed statement, or a lock not granted in time.
+    pub async fn begin_order_write(&self, sale_ids: &[&str]) -> Result<OrderWrite, StoreError> {
+        let mut ids: Vec<&str> = sale_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut tx = self.pool.begin().await?;
+        for id in ids {
+            sqlx::query(self.lock_statement(false)).bind(id).execute(&mut *tx).await?;
+        }
+        Ok(OrderWrite { tx })
+    }
+
+    /// Opens a transaction that holds sale `sale_id` exclusively: no order
+    /// of it commits until this one ends.
+    ///
+    /// # Errors
+    /// A failed statement, or a lock not granted in time.
+    pub async fn begin_resync(&self, sale_id: &str) -> Result<SaleResync, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(self.lock_statement(true)).bind(sale_id).execute(&mut *tx).await?;
+        Ok(SaleResync { tx })
+    }
+
+    fn lock_statement(&self, exclusive: bool) -> &'static str {
+        match (self.flavour, exclusive) {
+            (Flavour::Postgres, false) => sql::HOLD_SALE_SHARED,
+            (Flavour::Postgres, true) => sql::HOLD_SALE_EXCLUSIVE,
+            (Flavour::Sqlite, _) => sql::TAKE_WRITE_LOCK,
+        }
+    }
+}
+
+impl OrderWrite {
+    /// Inserts `reservations` (each reservation at most once, ever) and
+    /// answers the reservation ids this call created orders for.
+    ///
+    /// # Errors
+    /// A failed statement; the transaction is then unusable.
+    pub async fn insert(&mut self, reservations: &[Reservation]) -> Result<std::collections::HashSet<String>, StoreError> {
+        let now = flashgate_common::now_ms();
+        let mut created = std::collections::HashSet::new();
+        let sorted = in_lock_order(reservations);
+        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
+            let statement = sql::insert_orders_returning(chunk.len());
+            for row in bind_orders(&statement, chunk, now).fetch_all(&mut *self.tx).await? {
+                created.insert(row.try_get::<String, _>("reservation_id")?);
+            }
+        }
+        Ok(created)
+    }
+
+    /// Makes the orders visible and ends the hold.
+    ///
+    /// # Errors
+    /// The commit failed; nothing was written.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        Ok(self.tx.commit().await?)
+    }
+}
+
+impl SaleResync {
+    /// Every order of the sale, with its Idempotency-Key, as committed
+    /// when the hold was taken (none can commit since).
+    ///
+    /// # Errors
+    /// A failed query or an unknown status.
+    pub async fn orders(&mut self, sale_id: &str) -> Result<Vec<SyncedOrder>, StoreError> {
+        let rows = sqlx::query(sql::SALE_ORDERS_WITH_KEYS).bind(sale_id).fetch_all(&mut *self.tx).await?;
+        rows.iter()
+            .map(|r| Ok(SyncedOrder { row: order_row(r, true)?, idempotency_key: r.try_get("idempotency_key")? }))
+            .collect()
+    }
+
+    /// Ends the hold.
+    ///
+    /// # Errors
+    /// The database failed; the hold ends with the connection all the same.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        Ok(self.tx.commit().await?)
+    }
+}

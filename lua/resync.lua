@@ -1,0 +1,51 @@
+-- Flashgate re-sync: makes a fenced sale's Redis count a page of the orders
+-- the database holds, so that after a failover or a restart no item the
+-- database has sold is sold again and no buyer passes the per-user limit.
+-- Idempotent: what Redis already counts is left as it is.
+--
+-- KEYS[1] meta  KEYS[2] remaining  KEYS[3] buyers  KEYS[4] resv  KEYS[5] released
+-- KEYS[6..] the Idempotency-Key keys of the orders that have one
+-- ARGV[1] idempotency TTL, seconds
+-- ARGV[2..] four per order: reservation id, user id, `live` or `cancelled`,
+--           the index in KEYS of its Idempotency-Key key (0: none)
+-- Reply: {this Redis's replication id, orders counted now, items returned now}
+--        with -1 as the count when the sale is not here.
+--
+-- A live order Redis does not know is counted like a win (`resv`, `buyers`,
+-- `remaining`) and its Idempotency-Key answers its win again. A cancelled
+-- order whose item Redis still counts gives it back, as lua/release.lua
+-- does; one Redis never counted is recorded as returned, changing nothing.
+
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {replid, -1, 0}
+end
+local adopted, returned = 0, 0
+for i = 2, #ARGV, 4 do
+  local rid, user, status, key = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  if redis.call('SISMEMBER', KEYS[5], rid) == 0 then
+    if status == 'live' then
+      if redis.call('HSETNX', KEYS[4], rid, user) == 1 then
+        redis.call('DECR', KEYS[2])
+        redis.call('HINCRBY', KEYS[3], user, 1)
+        adopted = adopted + 1
+      end
+      if key > 0 then
+        redis.call('SET', KEYS[key], 'won|' .. rid, 'EX', ARGV[1], 'NX')
+      end
+    else
+      local owner = redis.call('HGET', KEYS[4], rid)
+      redis.call('SADD', KEYS[5], rid)
+      if owner then
+        redis.call('INCR', KEYS[2])
+        if redis.call('HINCRBY', KEYS[3], owner, -1) <= 0 then
+          redis.call('HDEL', KEYS[3], owner)
+        end
+        returned = returned + 1
+      else
+        redis.call('HSET', KEYS[4], rid, user)
+      end
+    end
+  end
+end
+return {replid, adopted, returned}
