@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use flashgate_common::keys::{SaleEvent, SaleKeys};
 use flashgate_common::sale::SaleSpec;
+use prometheus::IntCounter;
 use redis::aio::ConnectionLike;
 use redis::Script;
 
@@ -86,8 +87,9 @@ async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &s
     Ok(Fence { replid, synced, present: present == 1, lifted: lifted == 1 })
 }
 
-/// Re-syncs sale `sale_id` if it is fenced (see the module doc); the
-/// Idempotency-Keys it writes back live `idempotency_ttl`.
+/// Re-syncs sale `sale_id` if it is fenced (see the module doc), counting
+/// its script calls in `scripts`; the Idempotency-Keys it writes back live
+/// `idempotency_ttl`.
 ///
 /// # Errors
 /// Redis or the database failed; the sale stays fenced and what was
@@ -97,8 +99,10 @@ pub async fn resync<C: ConnectionLike + Send>(
     store: &Store,
     sale_id: &str,
     idempotency_ttl: Duration,
+    scripts: &IntCounter,
 ) -> Result<Resynced, SaleError> {
     let keys = SaleKeys::new(sale_id);
+    scripts.inc();
     let seen = fence(conn, &keys, "").await?;
     if !seen.present {
         return Ok(Resynced::Absent);
@@ -108,6 +112,7 @@ pub async fn resync<C: ConnectionLike + Send>(
     }
     let mut hold = store.begin_resync(sale_id).await?;
     // Again under the hold: another backend may have re-synced it.
+    scripts.inc();
     let seen = fence(conn, &keys, "").await?;
     if !seen.present {
         return Ok(Resynced::Absent);
@@ -118,6 +123,7 @@ pub async fn resync<C: ConnectionLike + Send>(
     let orders = hold.orders(sale_id).await?;
     let (mut adopted, mut returned) = (0, 0);
     for page in orders.chunks(PAGE) {
+        scripts.inc();
         let (replid, counted, back) = count_page(conn, &keys, page, idempotency_ttl).await?;
         if counted < 0 {
             return Ok(Resynced::Absent);
@@ -128,6 +134,7 @@ pub async fn resync<C: ConnectionLike + Send>(
         adopted += counted;
         returned += back;
     }
+    scripts.inc();
     if !fence(conn, &keys, &seen.replid).await?.lifted {
         return Ok(Resynced::Moved);
     }
@@ -160,12 +167,19 @@ async fn count_page<C: ConnectionLike + Send>(
 }
 
 /// Re-syncs every fenced sale among `sales` (one pass of the recovery
-/// loop); returns how many were re-synced. A failure on one sale is
-/// logged and the others are still tried.
-pub async fn resync_fenced<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sales: &[SaleSpec], idempotency_ttl: Duration) -> usize {
+/// loop), counting the script calls in `scripts`; returns how many were
+/// re-synced. A failure on one sale is logged and the others are still
+/// tried.
+pub async fn resync_fenced<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sales: &[SaleSpec],
+    idempotency_ttl: Duration,
+    scripts: &IntCounter,
+) -> usize {
     let mut synced = 0;
     for spec in sales {
-        match resync(conn, store, &spec.id, idempotency_ttl).await {
+        match resync(conn, store, &spec.id, idempotency_ttl, scripts).await {
             Ok(Resynced::Synced { adopted, returned }) => {
                 synced += 1;
                 tracing::warn!(sale = %spec.id, adopted, returned, "sale re-synced with the database after its redis changed; selling again");

@@ -26,6 +26,9 @@ pub struct Metrics {
     /// script that runs on a timer; the benchmark subtracts these from
     /// Redis's script calls to count one deduct per buy).
     pub trim_scripts: IntCounter,
+    /// Runs of `lua/fence.lua` and `lua/resync.lua` by the recovery loop
+    /// (one fence check per sale and pass, on a timer like the trims).
+    pub fence_scripts: IntCounter,
     /// Orders cancelled by the payment timeout.
     pub orders_expired: IntCounter,
     /// Reservation lookups answered for gateways (`GET /internal/reservations/{rid}`).
@@ -64,6 +67,10 @@ impl Metrics {
             )),
             dead_letters: reg!(IntCounter::new("backend_dead_letters_total", "Stream entries moved to a dead-letter stream.")),
             trim_scripts: reg!(IntCounter::new("backend_stream_trim_scripts_total", "Runs of the stream trim script by maintenance.")),
+            fence_scripts: reg!(IntCounter::new(
+                "backend_fence_scripts_total",
+                "Runs of the fence check and re-sync scripts by the recovery loop."
+            )),
             orders_expired: reg!(IntCounter::new("orders_expired_total", "Orders cancelled unpaid after the payment timeout.")),
             order_lookups: reg!(IntCounter::new(
                 "backend_order_lookups_total",

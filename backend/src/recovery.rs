@@ -397,7 +397,7 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
 /// # Errors
 /// The database failed (listing sales); a failure on one sale is logged
 /// and the others are still tried.
-pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, idempotency_ttl: Duration) -> Result<usize, SaleError> {
+pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store) -> Result<usize, SaleError> {
     // A Redis that lost every sale lost the global switch too: put it back
     // even when there is no sale to restore, and correct it when it differs
     // from the database.
@@ -422,7 +422,6 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
     if let Err(error) = switches::sync_pauses(conn, store, &sales).await {
         tracing::warn!(%error, "cannot bring the sales' pauses in redis in line with the database yet");
     }
-    crate::fence::resync_fenced(conn, store, &sales, idempotency_ttl).await;
     Ok(restored)
 }
 
@@ -494,6 +493,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
     store: Store,
     interval: Duration,
     idempotency_ttl: Duration,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
     readiness: crate::readiness::Readiness,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -504,8 +504,14 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
             return;
         }
         let mut c = conn.clone();
-        if let Err(error) = restore_missing(&mut c, &store, idempotency_ttl).await {
+        if let Err(error) = restore_missing(&mut c, &store).await {
             tracing::warn!(%error, "cannot check the sales in redis; will retry");
+        }
+        match store.sales().await {
+            Ok(sales) => {
+                crate::fence::resync_fenced(&mut c, &store, &sales, idempotency_ttl, &metrics.fence_scripts).await;
+            }
+            Err(error) => tracing::warn!(%error, "cannot list the sales to check their fences; will retry"),
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

@@ -198,6 +198,7 @@ async fn start_and_run(
             store.clone(),
             backend.restore_poll,
             config.gateway.idempotency_ttl,
+            state.metrics.clone(),
             readiness.clone(),
             shutdown.clone(),
         )),

@@ -325,7 +325,7 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     if is_buy {
         fg.put_sale(&sale, stock, 1).await?;
     }
-    let trims_before = fg.trim_scripts().await;
+    let trims_before = fg.timed_scripts().await;
     reset_script_stats(&mut redis).await?;
     let loadavg_before = sys::loadavg();
     let (summary, a, b) = if scenario == "f_burst" {
@@ -336,13 +336,13 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     let cpu = CpuUse::between(&a, &b);
     let check = if is_buy {
         let calls = command_calls(&mut redis, "evalsha").await? + command_calls(&mut redis, "eval").await?;
-        // The backend's stream maintenance runs its trim script on a timer,
-        // whatever the load: not a buy's script call. Counted over a window
+        // The backend's stream maintenance and fence checks run scripts on
+        // a timer, whatever the load: not a buy's script calls. Counted over a window
         // that encloses Redis's (read before the reset, and after the count
         // once a trim in flight has been counted), so the trims Redis saw
         // are at most these.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let trims = fg.trim_scripts().await.saturating_sub(trims_before);
+        let trims = fg.timed_scripts().await.saturating_sub(trims_before);
         let clean = summary.errors == 0 && summary.timeouts == 0;
         // Buys whose answer could only come from the script.
         let reached = match scenario {

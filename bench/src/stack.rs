@@ -302,16 +302,18 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         Ok(())
     }
 
-    /// Runs of the backend's stream-trim script so far, from its
-    /// `/metrics` (0 while it cannot be read): the one script Flashgate
-    /// runs on a timer, not per buy.
-    pub async fn trim_scripts(&self) -> u64 {
+    /// Runs of the backend's timed scripts so far (stream trims, fence
+    /// checks), from its `/metrics` (0 while it cannot be read): the
+    /// scripts Flashgate runs on a timer, not per buy.
+    pub async fn timed_scripts(&self) -> u64 {
         let Ok(resp) = self.http.get(format!("http://{}/metrics", self.backend_addr)).send().await else { return 0 };
         let text = resp.text().await.unwrap_or_default();
-        text.lines()
-            .find_map(|l| l.strip_prefix("flashgate_backend_stream_trim_scripts_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
+        ["flashgate_backend_stream_trim_scripts_total ", "flashgate_backend_fence_scripts_total "]
+            .iter()
+            .filter_map(|name| text.lines().find_map(|l| l.strip_prefix(name)))
+            .filter_map(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
     }
 
     /// `GET /admin/sales/{id}`.

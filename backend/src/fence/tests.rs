@@ -14,6 +14,10 @@ use crate::testing::{buy, buy_with_key, sale, sqlite_url, unique, RedisServer};
 
 const TTL: Duration = Duration::from_secs(60);
 
+fn scripts() -> IntCounter {
+    IntCounter::new("scripts", "script calls").unwrap()
+}
+
 /// Every reservation record in the sale's stream, as the consumer reads it.
 async fn reservations(conn: &mut redis::aio::MultiplexedConnection, keys: &SaleKeys) -> Vec<Reservation> {
     let entries: redis::streams::StreamRangeReply = conn.xrange_all(&keys.stream).await.unwrap();
@@ -36,7 +40,7 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
     let keys = SaleKeys::new(&id);
     store.upsert_sale(&sale(&id, 10)).await.unwrap();
     assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
-    assert_eq!(resync(&mut conn, &store, &id, TTL).await.unwrap(), Resynced::NotNeeded, "installed in sync");
+    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::NotNeeded, "installed in sync");
 
     // a and b win and get their orders; Redis saves; c and d win and get
     // theirs; a's order is cancelled and its item returned.
@@ -63,7 +67,7 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
     assert_eq!(buy(&mut conn, &id, "c").await, "fenced", "c's win is not in this redis: it would win again");
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 8, "nothing sold while fenced");
 
-    assert_eq!(resync(&mut conn, &store, &id, TTL).await.unwrap(), Resynced::Synced { adopted: 2, returned: 1 });
+    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::Synced { adopted: 2, returned: 1 });
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 7, "stock minus the three live orders");
     let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();
     assert_eq!(buyers, HashMap::from([("b".into(), 1), ("c".into(), 1), ("d".into(), 1)]));
@@ -75,7 +79,7 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 6);
     // a's return is not given twice by the return loop either.
     assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
-    assert_eq!(resync(&mut conn, &store, &id, TTL).await.unwrap(), Resynced::NotNeeded);
+    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::NotNeeded);
 }
 
 #[tokio::test]
@@ -99,7 +103,7 @@ async fn the_fence_is_lifted_only_for_the_redis_the_sale_was_resynced_on() {
     let gone = SaleKeys::new("gone");
     let absent = fence(&mut conn, &gone, &seen.replid).await.unwrap();
     assert!(!absent.present && !absent.lifted);
-    assert_eq!(resync(&mut conn, &store, "gone", TTL).await.unwrap(), Resynced::Absent);
+    assert_eq!(resync(&mut conn, &store, "gone", TTL, &scripts()).await.unwrap(), Resynced::Absent);
 }
 
 #[tokio::test]
@@ -117,7 +121,7 @@ async fn an_order_whose_reservation_redis_lost_is_not_written() {
     // Redis loses the win before its order was written.
     redis.restart();
     let mut conn = redis.conn().await;
-    resync(&mut conn, &store, &id, TTL).await.unwrap();
+    resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap();
     assert_eq!(buy(&mut conn, &id, "other").await, "won", "the only item, sold again in the redis that lost the first win");
     let written = write_counted(&store, &mut conn, &lost).await.unwrap();
     assert!(written.counted.is_empty() && written.uncounted.len() == 1, "{written:?}");

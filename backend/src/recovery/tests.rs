@@ -348,7 +348,7 @@ async fn a_pass_brings_pauses_and_the_switch_in_redis_in_line_with_the_database(
     for id in [&a, &b] {
         store.upsert_sale(&sale(id, 10)).await.unwrap();
     }
-    assert_eq!(restore_missing(&mut conn, &store, std::time::Duration::from_secs(60)).await.unwrap(), 2);
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 2);
     // Redis and the database disagree: a Redis write that failed after the
     // database write (503 to the operator), or two operators racing.
     store.set_sale_paused(&a, true).await.unwrap();
@@ -356,7 +356,7 @@ async fn a_pass_brings_pauses_and_the_switch_in_redis_in_line_with_the_database(
     store.set_all_paused(true).await.unwrap();
     let () = conn.set(flashgate_common::keys::GLOBAL_SWITCH, "open").await.unwrap();
 
-    assert_eq!(restore_missing(&mut conn, &store, std::time::Duration::from_secs(60)).await.unwrap(), 0);
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 0);
     assert_eq!(meta_paused(&mut conn, &SaleKeys::new(&a)).await.as_deref(), Some("1"));
     assert_eq!(meta_paused(&mut conn, &SaleKeys::new(&b)).await.as_deref(), Some("0"));
     assert_eq!(switch(&mut conn).await.as_deref(), Some("paused"));
@@ -393,12 +393,12 @@ async fn pauses_kept_only_in_redis_before_an_upgrade_survive_redis_restarting_em
 
     // The upgraded backend starts: its first pass takes both from Redis.
     let store = Store::connect(&url).await.unwrap();
-    restore_missing(&mut conn, &store, std::time::Duration::from_secs(60)).await.unwrap();
+    restore_missing(&mut conn, &store).await.unwrap();
     assert_eq!(store.sale_paused(&id).await.unwrap(), Some(true));
     assert_eq!(store.all_paused().await.unwrap(), Some(true));
 
     let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-    assert_eq!(restore_missing(&mut conn, &store, std::time::Duration::from_secs(60)).await.unwrap(), 1);
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
     assert_eq!(meta_paused(&mut conn, &keys).await.as_deref(), Some("1"), "the sale must come back paused");
     assert_eq!(switch(&mut conn).await.as_deref(), Some("paused"), "the shop must come back paused");
 }
@@ -459,10 +459,10 @@ async fn a_sale_missing_from_the_sales_index_is_listed_again_by_the_next_pass() 
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     store.upsert_sale(&sale(&id, 10)).await.unwrap();
-    assert_eq!(restore_missing(&mut conn, &store, std::time::Duration::from_secs(60)).await.unwrap(), 1);
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
     // The restorer died between the install and adding it to the index.
     let () = conn.srem(flashgate_common::keys::SALES_INDEX, &id).await.unwrap();
-    restore_missing(&mut conn, &store, std::time::Duration::from_secs(60)).await.unwrap();
+    restore_missing(&mut conn, &store).await.unwrap();
     assert!(conn.sismember::<_, _, bool>(flashgate_common::keys::SALES_INDEX, &id).await.unwrap());
 }
 
@@ -490,7 +490,7 @@ async fn a_restore_that_outlived_its_scratch_keys_is_retried_not_fatal() {
     let keys = SaleKeys::new(&id);
     assert!(!conn.exists::<_, bool>(&keys.meta).await.unwrap());
     // The next pass restores it.
-    assert_eq!(restore_missing(&mut conn, &store, std::time::Duration::from_secs(60)).await.unwrap(), 1);
+    assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 9);
 }
 

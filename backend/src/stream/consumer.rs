@@ -483,7 +483,7 @@ impl Consumer<'_> {
     /// its write reached the promoted one: it is not written, and
     /// acknowledging it changes nothing there.
     async fn write(&self, conn: &mut RedisHandle, reservations: &[Reservation]) -> Result<u64, WriteError> {
-        let written = write_counted(&self.store, conn, reservations).await?;
+        let written = write_counted(self.store, conn, reservations).await?;
         for r in &written.uncounted {
             tracing::warn!(sale = self.sale_id, reservation = %r.reservation_id, "stream entry redis no longer counts (lost in a failover); no order written");
         }
