@@ -5,9 +5,10 @@
 --
 -- KEYS[1] meta  KEYS[2] remaining  KEYS[3] buyers  KEYS[4] resv  KEYS[5] released
 -- KEYS[6..] the Idempotency-Key keys of the orders that have one
--- ARGV[1] idempotency TTL, seconds
--- ARGV[2..] four per order: reservation id, user id, `live` or `cancelled`,
---           the index in KEYS of its Idempotency-Key key (0: none)
+-- ARGV[1..] five per order: reservation id, user id, `live` or `cancelled`,
+--           the index in KEYS of its Idempotency-Key key (0: none), and the
+--           seconds that key has left to live (what is left of the
+--           idempotency TTL since the win)
 -- Reply: {this Redis's replication id, orders counted now, items returned now}
 --        with -1 as the count when the sale is not here.
 --
@@ -21,7 +22,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {replid, -1, 0}
 end
 local adopted, returned = 0, 0
-for i = 2, #ARGV, 4 do
+for i = 1, #ARGV, 5 do
   local rid, user, status, key = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
   if redis.call('SISMEMBER', KEYS[5], rid) == 0 then
     if status == 'live' then
@@ -31,7 +32,7 @@ for i = 2, #ARGV, 4 do
         adopted = adopted + 1
       end
       if key > 0 then
-        redis.call('SET', KEYS[key], 'won|' .. rid, 'EX', ARGV[1], 'NX')
+        redis.call('SET', KEYS[key], 'won|' .. rid, 'EX', ARGV[i + 4], 'NX')
       end
     else
       local owner = redis.call('HGET', KEYS[4], rid)

@@ -150,18 +150,25 @@ async fn count_page<C: ConnectionLike + Send>(
 ) -> Result<(String, i64, i64), SaleError> {
     let mut invocation = RESYNC.prepare_invoke();
     invocation.key(&keys.meta).key(&keys.remaining).key(&keys.buyers).key(&keys.reservations).key(&keys.released);
-    invocation.arg(idempotency_ttl.as_secs().max(1));
+    let now = flashgate_common::now_ms();
     let mut next_key = 6;
     for o in page {
         let live = o.row.status != OrderStatus::Cancelled;
-        let key_index = if live && !o.idempotency_key.is_empty() {
+        // A key is remembered for the TTL after its win, not after a re-sync.
+        let ttl_left = (idempotency_ttl.as_millis() as i64 - (now - o.reserved_at_ms)) / 1000;
+        let key_index = if live && !o.idempotency_key.is_empty() && ttl_left > 0 {
             invocation.key(keys.idempotency(&o.row.user_id, &o.idempotency_key));
             next_key += 1;
             next_key - 1
         } else {
             0
         };
-        invocation.arg(&o.row.reservation_id).arg(&o.row.user_id).arg(if live { "live" } else { "cancelled" }).arg(key_index);
+        invocation
+            .arg(&o.row.reservation_id)
+            .arg(&o.row.user_id)
+            .arg(if live { "live" } else { "cancelled" })
+            .arg(key_index)
+            .arg(ttl_left.max(1));
     }
     Ok(invocation.invoke_async(conn).await?)
 }

@@ -127,3 +127,27 @@ async fn an_order_whose_reservation_redis_lost_is_not_written() {
     assert!(written.counted.is_empty() && written.uncounted.len() == 1, "{written:?}");
     assert_eq!(store.count_live_orders(&id).await.unwrap(), 0, "never more orders than the stock");
 }
+
+#[tokio::test]
+async fn a_resync_gives_back_an_idempotency_key_only_for_what_is_left_of_its_ttl() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    store.upsert_sale(&sale(&id, 5)).await.unwrap();
+    restore(&mut conn, &store, &id).await.unwrap();
+    let now = flashgate_common::now_ms();
+    let mut old = crate::testing::reservation(&id, "old");
+    (old.idempotency_key, old.reserved_at_ms) = ("kold".into(), now - 3_600_000);
+    let mut recent = crate::testing::reservation(&id, "recent");
+    (recent.idempotency_key, recent.reserved_at_ms) = ("krecent".into(), now - 30_000);
+    // Orders Redis does not know (it lost them), and a fence.
+    store.insert_orders(&[old.clone(), recent.clone()]).await.unwrap();
+    let () = conn.set(&keys.synced, "00").await.unwrap();
+    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::Synced { adopted: 2, returned: 0 });
+    assert!(!conn.exists::<_, bool>(keys.idempotency("old", "kold")).await.unwrap(), "its TTL ran out long ago");
+    let ttl: i64 = conn.ttl(keys.idempotency("recent", "krecent")).await.unwrap();
+    assert!((1..=30).contains(&ttl), "what is left of 60 s after 30 s, got {ttl}");
+    assert_eq!(buy(&mut conn, &id, "old").await, "limit_reached", "the per-user limit counts both");
+}

@@ -40,6 +40,8 @@ pub struct SyncedOrder {
     pub row: OrderRow,
     /// Empty when the buyer sent none.
     pub idempotency_key: String,
+    /// When its reservation was made (Redis time, ms).
+    pub reserved_at_ms: i64,
 }
 
 impl Store {
@@ -115,7 +117,15 @@ impl SaleResync {
     /// A failed query or an unknown status.
     pub async fn orders(&mut self, sale_id: &str) -> Result<Vec<SyncedOrder>, StoreError> {
         let rows = sqlx::query(sql::SALE_ORDERS_WITH_KEYS).bind(sale_id).fetch_all(&mut *self.tx).await?;
-        rows.iter().map(|r| Ok(SyncedOrder { row: order_row(r, true)?, idempotency_key: r.try_get("idempotency_key")? })).collect()
+        rows.iter()
+            .map(|r| {
+                Ok(SyncedOrder {
+                    row: order_row(r, true)?,
+                    idempotency_key: r.try_get("idempotency_key")?,
+                    reserved_at_ms: r.try_get("reserved_at_ms")?,
+                })
+            })
+            .collect()
     }
 
     /// Ends the hold.

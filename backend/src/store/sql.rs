@@ -103,7 +103,7 @@ pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id
 
 /// Every order of a sale with its Idempotency-Key, for a re-sync.
 pub const SALE_ORDERS_WITH_KEYS: &str =
-    "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms, idempotency_key FROM orders WHERE sale_id = $1";
+    "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms, idempotency_key, reserved_at_ms FROM orders WHERE sale_id = $1";
 
 /// PostgreSQL: holds a sale's row against a re-sync while orders are written.
 pub const HOLD_SALE_SHARED: &str = "SELECT id FROM sales WHERE id = $1 FOR SHARE";
