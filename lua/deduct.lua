@@ -53,14 +53,6 @@ if not meta[1] then
   return {'not_found', ''}
 end
 
--- `master_replid` changes whenever a Redis becomes a master: at a
--- promotion and at every start. INFO's replication section is short, so
--- this costs about a microsecond.
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
-if redis.call('GET', KEYS[8]) ~= replid then
-  return {'fenced', ''}
-end
-
 -- Remembers a final outcome under the Idempotency-Key. Outcomes that may
 -- change on a later attempt (not started, paused) are not remembered.
 local function final(outcome, detail)
@@ -85,6 +77,15 @@ if meta[4] == '1' then
 end
 if now < tonumber(meta[1]) then
   return {'not_started', meta[1]}
+end
+
+-- The fence: `master_replid` changes whenever a Redis becomes a master (a
+-- promotion, every start). INFO's replication section is short, so this
+-- costs about a microsecond. Last before the sale's counters: a sale that
+-- has ended, is paused or has not started is answered as such.
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+if redis.call('GET', KEYS[8]) ~= replid then
+  return {'fenced', ''}
 end
 
 local user = ARGV[1]

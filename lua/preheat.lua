@@ -6,7 +6,10 @@
 --
 -- The sale is installed paused: the backend then counts orders written
 -- while it rebuilt the sale and only after that applies the pause the
--- database holds, so no buy can happen before either.
+-- database holds, so no buy can happen before either. It is installed
+-- fenced too (without `synced`): it sells only once a re-sync, which holds
+-- the sale's row against order writes, has counted every order
+-- (backend/src/fence.rs).
 --
 -- The backend builds the buyers hash, the reservation index and the set of
 -- returned items under scratch keys of its own (same hash tag); this script
@@ -16,8 +19,7 @@
 -- KEYS[4] buyers     KEYS[5] resv         KEYS[6] released
 -- KEYS[7] restoring (the lock)
 -- KEYS[8] scratch buyers  KEYS[9] scratch resv  KEYS[10] scratch released
--- KEYS[11] synced (set to this Redis's replication id: the sale, rebuilt
---          from the database, agrees with it here; see lua/deduct.lua)
+-- KEYS[11] synced (deleted: the installed sale is fenced until re-synced)
 -- ARGV[1] name  ARGV[2] stock  ARGV[3] per_user_limit
 -- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms
 -- ARGV[6] remaining to set (stock minus what the database holds as sold)
@@ -70,5 +72,5 @@ end
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
            'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5], 'paused', '1')
 redis.call('SET', KEYS[2], ARGV[6])
-redis.call('SET', KEYS[11], string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)'))
+redis.call('DEL', KEYS[11])
 return 1

@@ -13,7 +13,7 @@
 --        with -1 as the count when the sale is not here.
 --
 -- A live order Redis does not know is counted like a win (`resv`, `buyers`,
--- `remaining`) and its Idempotency-Key answers its win again. A cancelled
+-- `remaining`). Every order's Idempotency-Key answers its win again. A cancelled
 -- order whose item Redis still counts gives it back, as lua/release.lua
 -- does; one Redis never counted is recorded as returned, changing nothing.
 
@@ -31,9 +31,6 @@ for i = 1, #ARGV, 5 do
         redis.call('HINCRBY', KEYS[3], user, 1)
         adopted = adopted + 1
       end
-      if key > 0 then
-        redis.call('SET', KEYS[key], 'won|' .. rid, 'EX', ARGV[i + 4], 'NX')
-      end
     else
       local owner = redis.call('HGET', KEYS[4], rid)
       redis.call('SADD', KEYS[5], rid)
@@ -47,6 +44,11 @@ for i = 1, #ARGV, 5 do
         redis.call('HSET', KEYS[4], rid, user)
       end
     end
+  end
+  -- A retry with the key replays the win (or tells the order was
+  -- cancelled), never wins a second time.
+  if key > 0 then
+    redis.call('SET', KEYS[key], 'won|' .. rid, 'EX', ARGV[i + 4], 'NX')
   end
 end
 return {replid, adopted, returned}

@@ -26,9 +26,17 @@
 //!    not know (`resv`, `buyers`, `remaining`, and its Idempotency-Key so a
 //!    retry replays the win) and gives back the item of each cancelled one
 //!    Redis still counts; each page answers the replication id it ran on;
-//! 4. `lua/fence.lua` lifts the fence only if every page ran on the Redis
+//! 4. it applies the sale's definition as the database has it
+//!    (`lua/update_sale.lua`): an operator's change may be among the lost
+//!    writes;
+//! 5. `lua/fence.lua` lifts the fence only if every page ran on the Redis
 //!    that holds the sale now. A second failover meanwhile leaves the sale
 //!    fenced, and the next pass starts again: the pages are idempotent.
+//!
+//! A sale a restore installs (Redis lost it entirely) is installed fenced
+//! too, and the same re-sync makes it sell: the start-up preheat and the
+//! admin API run it at once, after their own work, the recovery loop on
+//! its next pass.
 //!
 //! Reservations Redis has and the database does not (their orders are on
 //! their way) stay counted. A reservation lost with the failover whose
@@ -45,7 +53,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use crate::error::SaleError;
-use crate::redis_io::announce;
+use crate::redis_io::{announce, UPDATE_SALE};
 use crate::store::{OrderStatus, Store, SyncedOrder};
 
 /// Asks whether a sale is fenced, and lifts the fence (`lua/fence.lua`).
@@ -71,6 +79,9 @@ pub enum Resynced {
     /// The Redis holding the sale changed while it was re-synced: still
     /// fenced, the next pass starts again.
     Moved,
+    /// The database's stock is below what Redis counts as sold (after the
+    /// orders were counted): left fenced, logged for an operator.
+    StockBelowSold { sold: i64 },
 }
 
 /// The fence as `lua/fence.lua` reports it.
@@ -87,14 +98,65 @@ async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &s
     Ok(Fence { replid, synced, present: present == 1, lifted: lifted == 1 })
 }
 
-/// Re-syncs sale `sale_id` if it is fenced (see the module doc), counting
-/// its script calls in `scripts`; the Idempotency-Keys it writes back live
-/// `idempotency_ttl`.
-///
-/// # Errors
-/// Redis or the database failed; the sale stays fenced and what was
-/// counted stays counted (the next pass counts nothing twice).
-pub async fn resync<C: ConnectionLike + Send>(
+/// Re-syncs fenced sales: what the recovery loop, the start-up preheat
+/// and the admin API share (the Idempotency-Keys' lifetime, and the
+/// counter of the scripts it runs, which the benchmark subtracts from
+/// Redis's script calls).
+#[derive(Clone)]
+pub struct Resyncer {
+    idempotency_ttl: Duration,
+    scripts: IntCounter,
+}
+
+impl Resyncer {
+    /// Idempotency-Keys written back live at most `idempotency_ttl` after
+    /// their win; every script call is counted in `scripts`.
+    pub fn new(idempotency_ttl: Duration, scripts: IntCounter) -> Self {
+        Self { idempotency_ttl, scripts }
+    }
+
+    /// Re-syncs sale `sale_id` if it is fenced (see the module doc).
+    ///
+    /// # Errors
+    /// Redis or the database failed; the sale stays fenced and what was
+    /// counted stays counted (the next pass counts nothing twice).
+    pub async fn resync<C: ConnectionLike + Send>(&self, conn: &mut C, store: &Store, sale_id: &str) -> Result<Resynced, SaleError> {
+        resync(conn, store, sale_id, self.idempotency_ttl, &self.scripts).await
+    }
+
+    /// Re-syncs every fenced sale among `sales` (one pass of the recovery
+    /// loop), those open now first; returns how many were re-synced. A
+    /// failure on one sale is logged and the others are still tried.
+    pub async fn resync_fenced<C: ConnectionLike + Send>(&self, conn: &mut C, store: &Store, sales: &[SaleSpec]) -> usize {
+        let now = flashgate_common::now_ms();
+        let mut order: Vec<&SaleSpec> = sales.iter().collect();
+        // Open sales first, then those to come, the ended last: after a
+        // failover every sale of the Redis is fenced, and a buyer waits
+        // only on the ones that sell.
+        order.sort_by_key(|s| (s.ends_at_ms <= now, s.starts_at_ms > now, s.starts_at_ms));
+        let mut synced = 0;
+        for spec in order {
+            match self.resync(conn, store, &spec.id).await {
+                Ok(Resynced::Synced { adopted, returned }) => {
+                    synced += 1;
+                    tracing::warn!(sale = %spec.id, adopted, returned, "sale re-synced with the database after its redis changed; selling again");
+                }
+                Ok(Resynced::Moved) => tracing::warn!(sale = %spec.id, "redis changed again during the re-sync; still fenced"),
+                Ok(Resynced::StockBelowSold { sold }) => tracing::error!(
+                    sale = %spec.id,
+                    stock = spec.stock,
+                    sold,
+                    "the database's stock is below what redis counts as sold; the sale stays fenced"
+                ),
+                Ok(Resynced::NotNeeded | Resynced::Absent) => {}
+                Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot re-sync the fenced sale yet"),
+            }
+        }
+        synced
+    }
+}
+
+async fn resync<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
     sale_id: &str,
@@ -134,11 +196,35 @@ pub async fn resync<C: ConnectionLike + Send>(
         adopted += counted;
         returned += back;
     }
+    // The definition too: an operator's change may be among the writes
+    // this Redis lacks. Its remaining moves by the change in stock, so the
+    // orders counted above stay counted.
+    if let Some(spec) = hold.sale(sale_id).await? {
+        let reply: Vec<i64> = UPDATE_SALE
+            .key(&keys.meta)
+            .key(&keys.remaining)
+            .arg(&spec.name)
+            .arg(spec.stock)
+            .arg(spec.per_user_limit)
+            .arg(spec.starts_at_ms)
+            .arg(spec.ends_at_ms)
+            .invoke_async(conn)
+            .await?;
+        scripts.inc();
+        match reply.as_slice() {
+            [1, _] => {}
+            [0, sold] => return Ok(Resynced::StockBelowSold { sold: *sold }),
+            [-1, _] => return Ok(Resynced::Absent),
+            _ => return Err(SaleError::BadReply(reply)),
+        }
+    }
     scripts.inc();
     if !fence(conn, &keys, &seen.replid).await?.lifted {
         return Ok(Resynced::Moved);
     }
     hold.commit().await?;
+    // Gateways forget what they cached: remaining, sold out, the window.
+    announce(conn, &SaleEvent::Changed(sale_id.to_owned())).await;
     Ok(Resynced::Synced { adopted, returned })
 }
 
@@ -156,7 +242,7 @@ async fn count_page<C: ConnectionLike + Send>(
         let live = o.row.status != OrderStatus::Cancelled;
         // A key is remembered for the TTL after its win, not after a re-sync.
         let ttl_left = (idempotency_ttl.as_millis() as i64 - (now - o.reserved_at_ms)) / 1000;
-        let key_index = if live && !o.idempotency_key.is_empty() && ttl_left > 0 {
+        let key_index = if !o.idempotency_key.is_empty() && ttl_left > 0 {
             invocation.key(keys.idempotency(&o.row.user_id, &o.idempotency_key));
             next_key += 1;
             next_key - 1
@@ -171,34 +257,6 @@ async fn count_page<C: ConnectionLike + Send>(
             .arg(ttl_left.max(1));
     }
     Ok(invocation.invoke_async(conn).await?)
-}
-
-/// Re-syncs every fenced sale among `sales` (one pass of the recovery
-/// loop), counting the script calls in `scripts`; returns how many were
-/// re-synced. A failure on one sale is logged and the others are still
-/// tried.
-pub async fn resync_fenced<C: ConnectionLike + Send>(
-    conn: &mut C,
-    store: &Store,
-    sales: &[SaleSpec],
-    idempotency_ttl: Duration,
-    scripts: &IntCounter,
-) -> usize {
-    let mut synced = 0;
-    for spec in sales {
-        match resync(conn, store, &spec.id, idempotency_ttl, scripts).await {
-            Ok(Resynced::Synced { adopted, returned }) => {
-                synced += 1;
-                tracing::warn!(sale = %spec.id, adopted, returned, "sale re-synced with the database after its redis changed; selling again");
-                // Gateways forget what they cached: remaining, sold out.
-                announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
-            }
-            Ok(Resynced::Moved) => tracing::warn!(sale = %spec.id, "redis changed again during the re-sync; still fenced"),
-            Ok(Resynced::NotNeeded | Resynced::Absent) => {}
-            Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot re-sync the fenced sale yet"),
-        }
-    }
-    synced
 }
 
 #[cfg(test)]

@@ -492,8 +492,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
     conn: C,
     store: Store,
     interval: Duration,
-    idempotency_ttl: Duration,
-    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    fence: crate::fence::Resyncer,
     readiness: crate::readiness::Readiness,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -509,7 +508,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
         }
         match store.sales().await {
             Ok(sales) => {
-                crate::fence::resync_fenced(&mut c, &store, &sales, idempotency_ttl, &metrics.fence_scripts).await;
+                fence.resync_fenced(&mut c, &store, &sales).await;
             }
             Err(error) => tracing::warn!(%error, "cannot list the sales to check their fences; will retry"),
         }

@@ -175,12 +175,12 @@ async fn start_and_run(
         store.close().await;
         return Ok(());
     };
-    if !preheat_declared(config, &store, &redis, readiness, &mut shutdown).await? {
+    let state = AppState::new(store.clone(), redis.clone(), tokens.clone(), config.gateway.idempotency_ttl);
+    if !preheat_declared(config, &store, &redis, &state.fence, readiness, &mut shutdown).await? {
         store.close().await;
         return Ok(());
     }
 
-    let state = AppState::new(store.clone(), redis.clone(), tokens.clone());
     let settings = consumer::Settings {
         readiness: Some(readiness.clone()),
         ..consumer::Settings::new(&config.redis, &config.backend, state.metrics.clone())
@@ -197,8 +197,7 @@ async fn start_and_run(
             redis.clone(),
             store.clone(),
             backend.restore_poll,
-            config.gateway.idempotency_ttl,
-            state.metrics.clone(),
+            state.fence.clone(),
             readiness.clone(),
             shutdown.clone(),
         )),
@@ -302,6 +301,7 @@ async fn preheat_declared(
     config: &Config,
     store: &Store,
     redis: &RedisHandle,
+    fence: &crate::fence::Resyncer,
     readiness: &Readiness,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<bool, StartError> {
@@ -310,7 +310,7 @@ async fn preheat_declared(
         loop {
             // What failed is recorded on the dependency too, so `/ready`
             // never shows it ready beside the sales failing because of it.
-            match preheat_one(config, store, &mut redis.clone(), declared).await {
+            match preheat_one(config, store, &mut redis.clone(), fence, declared).await {
                 Ok(()) => {
                     readiness.database().ready();
                     readiness.redis().ready();
@@ -344,6 +344,7 @@ async fn preheat_one(
     config: &Config,
     store: &Store,
     redis: &mut RedisHandle,
+    fence: &crate::fence::Resyncer,
     declared: &flashgate_common::sale::SaleSpec,
 ) -> Result<(), PreheatFailure> {
     let db = PreheatFailure::Database;
@@ -371,7 +372,14 @@ async fn preheat_one(
         }
         Err(error) => return Err(PreheatFailure::Retry(DepState::Failing, error.to_string())),
     }
-    Ok(())
+    // A sale just installed is fenced, and one already there may be (this
+    // start may follow a failover): it sells once re-synced.
+    match fence.resync(redis, store, &spec.id).await {
+        Ok(_) => Ok(()),
+        Err(crate::error::SaleError::Redis(error)) => Err(PreheatFailure::Redis(error)),
+        Err(crate::error::SaleError::Store(error)) => Err(PreheatFailure::Database(error)),
+        Err(error) => Err(PreheatFailure::Retry(DepState::Failing, error.to_string())),
+    }
 }
 
 async fn shutdown_signal() {
@@ -488,7 +496,8 @@ mod tests {
         let (stop, mut stopped) = watch::channel(false);
         let task = {
             let readiness = readiness.clone();
-            tokio::spawn(async move { preheat_declared(&config, &store, &conn, &readiness, &mut stopped).await })
+            let fence = crate::fence::Resyncer::new(Duration::from_secs(600), prometheus::IntCounter::new("s", "s").unwrap());
+            tokio::spawn(async move { preheat_declared(&config, &store, &conn, &fence, &readiness, &mut stopped).await })
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while readiness.sales().state() == DepState::Starting {

@@ -251,3 +251,29 @@ async fn check_connect_accepts_a_cluster_and_a_sentinel_set_and_names_an_unknown
     assert!(!out.status.success());
     assert!(stderr.contains("redis.master_name") && stderr.contains("no-such-master"), "{stderr}");
 }
+
+#[tokio::test]
+async fn check_connect_names_a_redis_user_whose_scripts_cannot_read_info() {
+    let dir = TempDir::new("check-acl");
+    let redis = flashgate_testkit::RedisServer::private();
+    let mut conn = redis.conn().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("fg")
+        .arg("on")
+        .arg(">secret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-info")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let out = check_connect(&dir, &format!("url = \"redis://fg:secret@127.0.0.1:{}/\"", redis.port));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("INFO replication") && stderr.contains("+info"), "{stderr}");
+    let out = check_connect(&dir, &format!("url = \"{}\"", redis.url()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("replication id"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+}

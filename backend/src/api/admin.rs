@@ -123,6 +123,12 @@ pub async fn put(
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the changed sale; its consumer stays stopped");
         return Err(ApiError::unavailable("the sale is saved but may stay archived (redis failed); send the change again"));
     }
+    // A sale installed just now (new, or lost by Redis) is fenced until it
+    // is re-synced, which holds its row: only now, after the commit. If it
+    // fails, the recovery loop's next pass does it.
+    if let Err(error) = state.fence.resync(&mut redis, &state.store, &spec.id).await {
+        tracing::warn!(%error, sale = %spec.id, "cannot re-sync the saved sale yet; the recovery loop will");
+    }
     tracing::info!(sale = %spec.id, stock = spec.stock, created = previous.is_none(), "sale saved");
     let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
     let view = sales::view(&mut redis, &state.store, spec).await?;

@@ -51,12 +51,26 @@ pub struct AppState {
     pub orders_expired: Arc<std::sync::atomic::AtomicU64>,
     /// Served at `GET /metrics`; shared with the stream consumers.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Re-syncs a sale the admin API (re)installed, which a restore leaves fenced.
+    pub fence: crate::fence::Resyncer,
 }
 
 impl AppState {
-    pub fn new(store: Store, redis: RedisHandle, tokens: auth::ApiTokens) -> Self {
+    /// `idempotency_ttl`: how long a won Idempotency-Key is remembered
+    /// (`gateway.idempotency_ttl_seconds`), for the keys a re-sync writes back.
+    pub fn new(store: Store, redis: RedisHandle, tokens: auth::ApiTokens, idempotency_ttl: std::time::Duration) -> Self {
         let metrics = Arc::new(crate::metrics::Metrics::register());
-        Self { store, redis, tokens, sale_writes: Arc::default(), drift: Default::default(), orders_expired: Arc::default(), metrics }
+        let fence = crate::fence::Resyncer::new(idempotency_ttl, metrics.fence_scripts.clone());
+        Self {
+            store,
+            redis,
+            tokens,
+            sale_writes: Arc::default(),
+            drift: Default::default(),
+            orders_expired: Arc::default(),
+            metrics,
+            fence,
+        }
     }
 }
 

@@ -14,8 +14,8 @@ use crate::testing::{buy, buy_with_key, sale, sqlite_url, unique, RedisServer};
 
 const TTL: Duration = Duration::from_secs(60);
 
-fn scripts() -> IntCounter {
-    IntCounter::new("scripts", "script calls").unwrap()
+fn resyncer() -> Resyncer {
+    Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap())
 }
 
 /// Every reservation record in the sale's stream, as the consumer reads it.
@@ -40,7 +40,9 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
     let keys = SaleKeys::new(&id);
     store.upsert_sale(&sale(&id, 10)).await.unwrap();
     assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
-    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::NotNeeded, "installed in sync");
+    assert_eq!(buy(&mut conn, &id, "a").await, "fenced", "a restore installs the sale fenced");
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 0, returned: 0 });
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded);
 
     // a and b win and get their orders; Redis saves; c and d win and get
     // theirs; a's order is cancelled and its item returned.
@@ -67,7 +69,7 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
     assert_eq!(buy(&mut conn, &id, "c").await, "fenced", "c's win is not in this redis: it would win again");
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 8, "nothing sold while fenced");
 
-    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::Synced { adopted: 2, returned: 1 });
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 2, returned: 1 });
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 7, "stock minus the three live orders");
     let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();
     assert_eq!(buyers, HashMap::from([("b".into(), 1), ("c".into(), 1), ("d".into(), 1)]));
@@ -79,7 +81,7 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 6);
     // a's return is not given twice by the return loop either.
     assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
-    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::NotNeeded);
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded);
 }
 
 #[tokio::test]
@@ -103,7 +105,7 @@ async fn the_fence_is_lifted_only_for_the_redis_the_sale_was_resynced_on() {
     let gone = SaleKeys::new("gone");
     let absent = fence(&mut conn, &gone, &seen.replid).await.unwrap();
     assert!(!absent.present && !absent.lifted);
-    assert_eq!(resync(&mut conn, &store, "gone", TTL, &scripts()).await.unwrap(), Resynced::Absent);
+    assert_eq!(resyncer().resync(&mut conn, &store, "gone").await.unwrap(), Resynced::Absent);
 }
 
 #[tokio::test]
@@ -115,13 +117,14 @@ async fn an_order_whose_reservation_redis_lost_is_not_written() {
     let keys = SaleKeys::new(&id);
     store.upsert_sale(&sale(&id, 1)).await.unwrap();
     restore(&mut conn, &store, &id).await.unwrap();
+    resyncer().resync(&mut conn, &store, &id).await.unwrap();
     let () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
     win(&mut conn, &id, "lost", "").await;
     let lost = reservations(&mut conn, &keys).await;
     // Redis loses the win before its order was written.
     redis.restart();
     let mut conn = redis.conn().await;
-    resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap();
+    resyncer().resync(&mut conn, &store, &id).await.unwrap();
     assert_eq!(buy(&mut conn, &id, "other").await, "won", "the only item, sold again in the redis that lost the first win");
     let written = write_counted(&store, &mut conn, &lost).await.unwrap();
     assert!(written.counted.is_empty() && written.uncounted.len() == 1, "{written:?}");
@@ -145,9 +148,35 @@ async fn a_resync_gives_back_an_idempotency_key_only_for_what_is_left_of_its_ttl
     // Orders Redis does not know (it lost them), and a fence.
     store.insert_orders(&[old.clone(), recent.clone()]).await.unwrap();
     let () = conn.set(&keys.synced, "00").await.unwrap();
-    assert_eq!(resync(&mut conn, &store, &id, TTL, &scripts()).await.unwrap(), Resynced::Synced { adopted: 2, returned: 0 });
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 2, returned: 0 });
     assert!(!conn.exists::<_, bool>(keys.idempotency("old", "kold")).await.unwrap(), "its TTL ran out long ago");
     let ttl: i64 = conn.ttl(keys.idempotency("recent", "krecent")).await.unwrap();
     assert!((1..=30).contains(&ttl), "what is left of 60 s after 30 s, got {ttl}");
     assert_eq!(buy(&mut conn, &id, "old").await, "limit_reached", "the per-user limit counts both");
+}
+
+#[tokio::test]
+async fn an_operators_change_the_redis_lost_is_applied_before_the_sale_sells_again() {
+    let mut redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let keys = SaleKeys::new(&id);
+    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    restore(&mut conn, &store, &id).await.unwrap();
+    resyncer().resync(&mut conn, &store, &id).await.unwrap();
+    win(&mut conn, &id, "a", "").await;
+    let first = reservations(&mut conn, &keys).await;
+    write_counted(&store, &mut conn, &first).await.unwrap();
+    let () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    // The operator lowers the stock to 4; Redis then loses that write.
+    let lower = SaleSpec { stock: 4, ..sale(&id, 10) };
+    store.upsert_sale(&lower).await.unwrap();
+    crate::sales::apply(&mut conn, &store, &lower).await.unwrap();
+    redis.restart();
+    let mut conn = redis.conn().await;
+    assert_eq!(conn.hget::<_, _, i64>(&keys.meta, "stock").await.unwrap(), 10, "the older definition");
+    assert!(matches!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 0, .. }));
+    assert_eq!(conn.hget::<_, _, i64>(&keys.meta, "stock").await.unwrap(), 4);
+    assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 3, "the new stock minus the one order");
 }

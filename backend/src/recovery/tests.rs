@@ -8,6 +8,13 @@ use super::*;
 use crate::testing::{reservation, sale, sqlite_url, unique, RedisServer};
 use crate::timeout::expire_once;
 
+/// Re-syncs a sale a restore installed (fenced), as the loop's next pass,
+/// the start-up preheat or the admin API would.
+async fn resynced(conn: &mut redis::aio::MultiplexedConnection, store: &Store, id: &str) {
+    let fence = crate::fence::Resyncer::new(std::time::Duration::from_secs(600), prometheus::IntCounter::new("s", "s").unwrap());
+    assert!(matches!(fence.resync(conn, store, id).await.unwrap(), crate::fence::Resynced::Synced { .. }));
+}
+
 #[tokio::test]
 async fn a_lost_sale_is_restored_counting_live_orders_and_in_flight_reservations() {
     let redis = RedisServer::start().await;
@@ -179,6 +186,7 @@ async fn a_restore_overtaken_by_another_changes_nothing_and_no_user_wins_twice()
     gate.holding().await;
     let () = conn.del(&keys.restoring).await.unwrap();
     assert!(matches!(restore(&mut conn, &store, &spec.id).await.unwrap(), Restored::Loaded { remaining: 9, .. }));
+    resynced(&mut conn, &store, &id).await;
     // The sale is live: a limit-1 user wins once.
     assert_eq!(crate::testing::buy(&mut conn, &id, "v").await, "won");
     assert_eq!(crate::testing::buy(&mut conn, &id, "early").await, "limit_reached");
@@ -235,6 +243,7 @@ async fn two_restores_of_one_lost_sale_at_once_load_it_once() {
         assert_eq!(results[0], Restored::Loaded { remaining: 8, live_orders: 2, in_flight: 0 }, "{results:?}");
         assert!(matches!(results[1], Restored::Busy | Restored::NotNeeded), "{results:?}");
         let mut conn = redis.conn().await;
+        resynced(&mut conn, &store, &id).await;
         // Live buys, then a restore attempt on the live sale changes nothing.
         assert_eq!(crate::testing::buy(&mut conn, &id, "c").await, "won");
         let before: (HashMap<String, i64>, HashMap<String, String>, i64) = (
@@ -349,6 +358,8 @@ async fn a_pass_brings_pauses_and_the_switch_in_redis_in_line_with_the_database(
         store.upsert_sale(&sale(id, 10)).await.unwrap();
     }
     assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 2);
+    resynced(&mut conn, &store, &a).await;
+    resynced(&mut conn, &store, &b).await;
     // Redis and the database disagree: a Redis write that failed after the
     // database write (503 to the operator), or two operators racing.
     store.set_sale_paused(&a, true).await.unwrap();
@@ -422,6 +433,7 @@ async fn orders_written_while_a_sale_is_restored_are_counted_before_anyone_buys(
     gate.open();
     assert_eq!(restorer.await.unwrap(), Restored::Loaded { remaining: 0, live_orders: 2, in_flight: 0 });
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 0, "both items are sold");
+    resynced(&mut conn, &store, &id).await;
     assert_eq!(crate::testing::buy(&mut conn, &id, "late").await, "limit_reached", "a limit-1 buyer wins once");
     assert_eq!(crate::testing::buy(&mut conn, &id, "other").await, "sold_out");
     let buyers: HashMap<String, i64> = conn.hgetall(&keys.buyers).await.unwrap();

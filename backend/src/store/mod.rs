@@ -247,11 +247,22 @@ pub enum Payment {
     Unknown,
 }
 
+/// Error codes of a statement that waited too long for a lock, or lost a
+/// race, rather than being refused for its data: SQLite `BUSY`, `LOCKED`
+/// and `BUSY_SNAPSHOT`; PostgreSQL `lock_not_available` (a hold's
+/// `lock_timeout`), `serialization_failure`, `deadlock_detected`,
+/// `query_canceled`. Retried like an unreachable database, never counted
+/// against an entry.
+const WAITED_TOO_LONG: &[&str] = &["5", "6", "517", "55P03", "40001", "40P01", "57014"];
+
 impl StoreError {
     /// Whether the database answered with an error about this statement
     /// (a constraint, a trigger, bad data), as opposed to being unreachable.
     pub fn is_rejection(&self) -> bool {
-        matches!(self, StoreError::Query(sqlx::Error::Database(_)))
+        match self {
+            StoreError::Query(sqlx::Error::Database(e)) => !e.code().is_some_and(|c| WAITED_TOO_LONG.contains(&c.as_ref())),
+            _ => false,
+        }
     }
 }
 

@@ -20,7 +20,9 @@
 use flashgate_common::reservation::Reservation;
 use sqlx::Row;
 
-use super::{bind_orders, in_lock_order, order_row, sql, Flavour, OrderRow, Store, StoreError, MAX_ROWS_PER_INSERT};
+use flashgate_common::sale::SaleSpec;
+
+use super::{bind_orders, in_lock_order, order_row, sale_from_row, sql, Flavour, OrderRow, Store, StoreError, MAX_ROWS_PER_INSERT};
 
 /// Orders being written while their sales are held shared; dropped
 /// without [`OrderWrite::commit`], nothing is written.
@@ -54,7 +56,7 @@ impl Store {
         let mut ids: Vec<&str> = sale_ids.to_vec();
         ids.sort_unstable();
         ids.dedup();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_held().await?;
         for id in ids {
             sqlx::query(self.lock_statement(false)).bind(id).execute(&mut *tx).await?;
         }
@@ -67,9 +69,22 @@ impl Store {
     /// # Errors
     /// A failed statement, or a lock not granted in time.
     pub async fn begin_resync(&self, sale_id: &str) -> Result<SaleResync, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_held().await?;
         sqlx::query(self.lock_statement(true)).bind(sale_id).execute(&mut *tx).await?;
         Ok(SaleResync { tx })
+    }
+
+    /// A transaction for a hold. On PostgreSQL: read committed whatever the
+    /// server's default, so a re-sync that waited for a write reads it; and
+    /// a wait for a hold gives up after 5 s (the write or the re-sync is
+    /// retried) instead of keeping a pooled connection.
+    async fn begin_held(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if self.flavour == Flavour::Postgres {
+            sqlx::query(sql::READ_COMMITTED).execute(&mut *tx).await?;
+            sqlx::query(sql::HOLD_TIMEOUT).execute(&mut *tx).await?;
+        }
+        Ok(tx)
     }
 
     fn lock_statement(&self, exclusive: bool) -> &'static str {
@@ -126,6 +141,16 @@ impl SaleResync {
                 })
             })
             .collect()
+    }
+
+    /// The sale's definition, as committed (no change can commit while the
+    /// hold lasts).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn sale(&mut self, sale_id: &str) -> Result<Option<SaleSpec>, StoreError> {
+        let row = sqlx::query(sql::SALE_BY_ID).bind(sale_id).fetch_optional(&mut *self.tx).await?;
+        row.as_ref().map(sale_from_row).transpose()
     }
 
     /// Ends the hold.

@@ -105,6 +105,12 @@ pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id
 pub const SALE_ORDERS_WITH_KEYS: &str =
     "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms, idempotency_key, reserved_at_ms FROM orders WHERE sale_id = $1";
 
+/// PostgreSQL: the first statement of a hold's transaction.
+pub const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// PostgreSQL: how long a hold waits for a row before the statement fails.
+pub const HOLD_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+
 /// PostgreSQL: holds a sale's row against a re-sync while orders are written.
 pub const HOLD_SALE_SHARED: &str = "SELECT id FROM sales WHERE id = $1 FOR SHARE";
 

@@ -7,6 +7,11 @@
 //! - sentinel: a sentinel knows `redis.master_name`, the address it gives
 //!   answers `ROLE` as a master, and loads every script.
 //!
+//! In every mode each master must let a script read `INFO replication`:
+//! the failover fence (`lua/deduct.lua`) compares the replication id there
+//! with the one a sale was synced on, so a Redis ACL user without `+info`
+//! could sell nothing.
+//!
 //! Each problem names the key or the node it is about.
 
 use std::time::Duration;
@@ -34,7 +39,8 @@ pub async fn probe(config: &RedisConfig) -> Result<Vec<String>, ProbeError> {
         RedisTarget::Standalone { url } => {
             let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("redis.url: {url}: {e}")))?;
             redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| ProbeError(format!("redis.url: {url}: PING: {e}")))?;
-            Ok(vec![format!("{url}: answers PING")])
+            let replid = fence_reads(&mut conn, url).await?;
+            Ok(vec![format!("{url}: answers PING, replication id {replid}")])
         }
         RedisTarget::Cluster { nodes } => cluster(nodes, timeout).await,
         RedisTarget::Sentinel { sentinels, master_name } => sentinel(sentinels, master_name, timeout).await,
@@ -77,7 +83,12 @@ async fn cluster(nodes: &[String], timeout: Duration) -> Result<Vec<String>, Pro
             masters.insert(master);
         }
     }
-    found.extend(masters.into_iter().map(|m| format!("master {m}: every script loaded")));
+    let replies =
+        conn.each_master(&fence_script()).await.map_err(|e| ProbeError(format!("redis.nodes: {FENCE_READ} on every master: {e}")))?;
+    for (master, reply) in replies {
+        reply.map_err(|e| fence_error(&format!("cluster master {master}"), &e))?;
+    }
+    found.extend(masters.into_iter().map(|m| format!("master {m}: every script loaded, scripts read INFO")));
     Ok(found)
 }
 
@@ -123,6 +134,25 @@ async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration) ->
             .await
             .map_err(|e| ProbeError(format!("master {host}:{port}: SCRIPT LOAD {name}: {e}")))?;
     }
-    found.push(format!("master {host}:{port}: ROLE master, every script loaded"));
+    let replid = fence_reads(&mut conn, &format!("master {host}:{port}")).await?;
+    found.push(format!("master {host}:{port}: ROLE master, every script loaded, replication id {replid}"));
     Ok(found)
+}
+
+/// What the fence runs inside the deduct script, on its own.
+const FENCE_READ: &str = "return string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')";
+
+fn fence_script() -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(FENCE_READ).arg(0);
+    cmd
+}
+
+fn fence_error(node: &str, e: &redis::RedisError) -> ProbeError {
+    ProbeError(format!("{node}: a script cannot read INFO replication ({e}); the failover fence needs it: grant the Redis user +info"))
+}
+
+/// Runs the fence's read of the replication id on `conn`; answers the id.
+async fn fence_reads(conn: &mut MultiplexedConnection, node: &str) -> Result<String, ProbeError> {
+    fence_script().query_async::<String>(conn).await.map_err(|e| fence_error(node, &e))
 }
