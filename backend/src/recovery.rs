@@ -397,7 +397,11 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
 /// # Errors
 /// The database failed (listing sales); a failure on one sale is logged
 /// and the others are still tried.
-pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, idempotency_ttl: Duration) -> Result<usize, SaleError> {
+pub async fn restore_missing<C: ConnectionLike + Send + Clone>(
+    conn: &mut C,
+    store: &Store,
+    idempotency_ttl: Duration,
+) -> Result<usize, SaleError> {
     // A Redis that lost every sale lost the global switch too: put it back
     // even when there is no sale to restore, and correct it when it differs
     // from the database.

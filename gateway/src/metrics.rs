@@ -66,8 +66,9 @@ impl Metrics {
         let circuit_state =
             IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.").expect("valid gauge");
         registry.register(Box::new(circuit_state.clone())).expect("unique metric");
-        let fenced_buys = IntCounter::new("fenced_buys_total", "Buys refused with 503 because their sale is fenced until the backend re-syncs it.")
-            .expect("valid counter");
+        let fenced_buys =
+            IntCounter::new("fenced_buys_total", "Buys refused with 503 because their sale is fenced until the backend re-syncs it.")
+                .expect("valid counter");
         registry.register(Box::new(fenced_buys.clone())).expect("unique metric");
         Self {
             registry,

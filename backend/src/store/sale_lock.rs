@@ -115,9 +115,7 @@ impl SaleResync {
     /// A failed query or an unknown status.
     pub async fn orders(&mut self, sale_id: &str) -> Result<Vec<SyncedOrder>, StoreError> {
         let rows = sqlx::query(sql::SALE_ORDERS_WITH_KEYS).bind(sale_id).fetch_all(&mut *self.tx).await?;
-        rows.iter()
-            .map(|r| Ok(SyncedOrder { row: order_row(r, true)?, idempotency_key: r.try_get("idempotency_key")? }))
-            .collect()
+        rows.iter().map(|r| Ok(SyncedOrder { row: order_row(r, true)?, idempotency_key: r.try_get("idempotency_key")? })).collect()
     }
 
     /// Ends the hold.
