@@ -590,16 +590,16 @@ impl Stack {
     /// a sale shares one slot, so this works on a cluster too).
     pub async fn sale_in_redis(&self, sale: &str) -> SaleInRedis {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        let (remaining, reservations, released, buyers): (Option<i64>, HashMap<String, String>, HashSet<String>, HashMap<String, i64>) =
-            redis::pipe()
-                .atomic()
-                .get(&keys.remaining)
-                .hgetall(&keys.reservations)
-                .smembers(&keys.released)
-                .hgetall(&keys.buyers)
-                .query_async(&mut self.redis_handle().await)
-                .await
-                .unwrap();
+        type Reply = (Option<i64>, HashMap<String, String>, HashSet<String>, HashMap<String, i64>);
+        let (remaining, reservations, released, buyers): Reply = redis::pipe()
+            .atomic()
+            .get(&keys.remaining)
+            .hgetall(&keys.reservations)
+            .smembers(&keys.released)
+            .hgetall(&keys.buyers)
+            .query_async(&mut self.redis_handle().await)
+            .await
+            .unwrap();
         SaleInRedis { remaining: remaining.unwrap_or(-1), reservations, released, buyers }
     }
 
