@@ -1,19 +1,36 @@
 #!/usr/bin/env bash
 # Runs the fault-injection suite (tests/tests/faults.rs) N times and prints
 # each case's report line per run; stops at the first failing run.
+#
+# Each run goes through the suite twice: on a standalone Redis (every case),
+# then on a Redis Cluster (FLASHGATE_FAULTS_REDIS=cluster; the gateway,
+# backend and database cases: a Redis killed in a cluster is a failover,
+# tests/tests/failover.rs, run here once per run as well).
 set -euo pipefail
 runs="${1:-10}"
 cargo="${CARGO:-cargo}"
-for i in $(seq 1 "$runs"); do
-  echo "== fault run $i/$runs"
+
+# One pass: `run_pass LABEL ENV-ASSIGNMENT NEXTEST-ARGS...`; prints the
+# report lines, or the whole output and exits on failure.
+run_pass() {
+  local label="$1" env="$2"
+  shift 2
+  local out
   out="$(mktemp)"
-  if ! "$cargo" nextest run -p flashgate-tests --test faults --no-capture >"$out" 2>&1; then
+  if ! env "$env" "$cargo" nextest run -p flashgate-tests --no-capture "$@" >"$out" 2>&1; then
     cat "$out"
     rm -f "$out"
-    echo "fault run $i failed"
+    echo "fault run $i ($label) failed"
     exit 1
   fi
-  grep -E '^fault=' "$out" | sort
+  grep -E '^(fault|failover)=' "$out" | sort
   grep -E 'Summary' "$out" || true
   rm -f "$out"
+}
+
+for i in $(seq 1 "$runs"); do
+  echo "== fault run $i/$runs"
+  run_pass standalone FLASHGATE_FAULTS_REDIS=standalone --test faults
+  run_pass cluster FLASHGATE_FAULTS_REDIS=cluster --test faults -E 'not test(/^redis_/)'
+  run_pass failover FLASHGATE_FAULTS_REDIS=cluster --test failover
 done

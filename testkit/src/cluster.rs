@@ -241,6 +241,20 @@ impl RedisCluster {
         port
     }
 
+    /// Port of the (first) replica of the master on `master`.
+    pub async fn replica_of(&self, master: u16) -> u16 {
+        let nodes = self.topology().await;
+        let id = &nodes.iter().find(|n| n.port == master).unwrap_or_else(|| panic!("no node on {master}")).id;
+        nodes.iter().find(|n| n.master_id.as_ref() == Some(id)).unwrap_or_else(|| panic!("master {master} has no replica: {nodes:?}")).port
+    }
+
+    /// Sends a signal by name to the running node on `port`: `STOP` freezes
+    /// it (a replica stops taking its master's writes), `CONT` resumes it.
+    pub fn signal(&self, port: u16, sig: &str) {
+        let node = self.nodes.iter().find(|n| n.port == port).unwrap_or_else(|| panic!("no node on {port}"));
+        node.proc.as_ref().unwrap_or_else(|| panic!("node {port} was killed")).signal(sig);
+    }
+
     /// Kills (SIGKILL) the node on `port` and reaps it.
     pub fn kill(&mut self, port: u16) {
         let node = self.nodes.iter_mut().find(|n| n.port == port).unwrap_or_else(|| panic!("no node on {port}"));

@@ -141,6 +141,21 @@ impl RedisSentinels {
         .await
     }
 
+    /// Port of a running data server the Sentinels do not report as
+    /// master (the replica).
+    pub async fn replica(&self) -> u16 {
+        let master = self.master_addr().await.port();
+        self.servers().into_iter().find(|&p| p != master).unwrap_or_else(|| panic!("no running replica of {master}"))
+    }
+
+    /// Sends a signal by name to the running data server on `port`: `STOP`
+    /// freezes it (a replica stops taking the primary's writes), `CONT`
+    /// resumes it.
+    pub fn signal(&self, port: u16, sig: &str) {
+        let server = self.servers.iter().find(|s| s.port == port).unwrap_or_else(|| panic!("no server on {port}"));
+        server.proc.as_ref().unwrap_or_else(|| panic!("server {port} was killed")).signal(sig);
+    }
+
     /// Kills (SIGKILL) the server the Sentinels report as master; returns its port.
     pub async fn kill_primary(&mut self) -> u16 {
         let port = self.master_addr().await.port();

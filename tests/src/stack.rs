@@ -7,6 +7,7 @@
 //! own instead; the standalone `Stack::redis` still runs then, unused by
 //! the processes. [`Stack::redis_handle`] reaches whichever the processes use.
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -43,6 +44,10 @@ pub struct StackOptions {
     pub skip_ready_wait: bool,
     /// The Redis deployment the processes use.
     pub redis_mode: RedisMode,
+    /// TOML lines added to the generated config's `[redis]` table (e.g.
+    /// `wait_replicas = 1`): `extra_toml` lands after `[backend]`, where a
+    /// Redis key would be read as the backend's.
+    pub redis_extra: String,
 }
 
 /// Which Redis deployment a test stack runs on.
@@ -98,6 +103,7 @@ impl Default for StackOptions {
             shipped_config: false,
             skip_ready_wait: false,
             redis_mode: RedisMode::Standalone,
+            redis_extra: String::new(),
         }
     }
 }
@@ -142,6 +148,19 @@ fn shipped_config(at: &Placement<'_>) -> String {
     set("backend", "admin_listen", at.admin_addr.to_string());
     set("backend", "database_url", at.database_url.to_owned());
     toml::to_string(&doc).unwrap()
+}
+
+/// A sale's books in Redis (see [`Stack::sale_in_redis`]).
+#[derive(Debug, Clone, Default)]
+pub struct SaleInRedis {
+    /// `remaining`; -1 when the sale is not in Redis.
+    pub remaining: i64,
+    /// `resv`: reservation id -> user id.
+    pub reservations: HashMap<String, String>,
+    /// `released`: reservation ids whose item went back to the stock.
+    pub released: HashSet<String>,
+    /// `buyers`: user id -> items held.
+    pub buyers: HashMap<String, i64>,
 }
 
 /// Redis, backend, gateway and demo shop, on loopback.
@@ -273,6 +292,7 @@ impl Layout {
 [redis]
 {redis}
 timeout_ms = {timeout}
+{redis_extra}
 
 [gateway]
 listen = "{gateway_addr}"
@@ -297,6 +317,7 @@ sale_poll_ms = 100
 "#,
                 extra = opts.extra_toml,
                 redis = redis_toml(&redis),
+                redis_extra = opts.redis_extra,
                 timeout = opts.redis_timeout_ms,
                 static_dir = static_dir.display(),
                 runtime_dir = runtime_dir.display(),
@@ -562,6 +583,24 @@ impl Stack {
             Some(redis::Value::Int(n)) => n,
             _ => 0,
         }
+    }
+
+    /// What Redis counts of a sale now: `remaining`, the reservation index,
+    /// the returned items and the buyers, read in one `MULTI` (every key of
+    /// a sale shares one slot, so this works on a cluster too).
+    pub async fn sale_in_redis(&self, sale: &str) -> SaleInRedis {
+        let keys = flashgate_common::keys::SaleKeys::new(sale);
+        type Reply = (Option<i64>, HashMap<String, String>, HashSet<String>, HashMap<String, i64>);
+        let (remaining, reservations, released, buyers): Reply = redis::pipe()
+            .atomic()
+            .get(&keys.remaining)
+            .hgetall(&keys.reservations)
+            .smembers(&keys.released)
+            .hgetall(&keys.buyers)
+            .query_async(&mut self.redis_handle().await)
+            .await
+            .unwrap();
+        SaleInRedis { remaining: remaining.unwrap_or(-1), reservations, released, buyers }
     }
 
     /// Entries the sale's stream holds now (`XLEN`).

@@ -7,15 +7,22 @@
 //! - no duplicate order (one per reservation, one per user at limit 1);
 //! - `remaining + live orders = stock` once the stack has settled.
 //!
-//! Each case prints one report line (`fault=... sent=... winners=...
-//! orders=... remaining=...`); `make faults` runs this suite repeatedly.
-//! Every wait is bounded by a deadline, and every process is killed by PID
-//! when the stack drops.
+//! Each case prints one report line (`fault=... redis=... sent=...
+//! winners=... orders=... remaining=...`); `make faults` runs this suite
+//! repeatedly. Every wait is bounded by a deadline, and every process is
+//! killed by PID when the stack drops.
+//!
+//! The cases that fail the gateway, the backend or the database run on the
+//! Redis named by `FLASHGATE_FAULTS_REDIS`: `standalone` (the default) or
+//! `cluster` (3 masters with a replica each); `make faults` runs them in
+//! both. The Redis cases (`redis_*`) are about one standalone Redis's
+//! persistence and always run on one; a Redis killed in a cluster is a
+//! failover, tested in `failover.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use flashgate_tests::{buy_all, random_user, Attempt, Outcome, Stack, StackOptions};
+use flashgate_tests::{buy_all, random_user, Attempt, Outcome, RedisMode, Stack, StackOptions};
 
 const STOCK: i64 = 100;
 const FIRST_BURST: usize = 400;
@@ -23,6 +30,34 @@ const SECOND_BURST: usize = 200;
 const CONCURRENCY: usize = 32;
 /// How long the stack may take to settle after a fault.
 const SETTLE: Duration = Duration::from_secs(60);
+
+/// The Redis the gateway, backend and database cases run on, from
+/// `FLASHGATE_FAULTS_REDIS` (`standalone` when unset).
+///
+/// # Panics
+/// On any other value, so a misspelled mode never runs the standalone
+/// suite twice while claiming a cluster.
+fn faults_redis() -> RedisMode {
+    match std::env::var("FLASHGATE_FAULTS_REDIS").as_deref() {
+        Err(_) | Ok("") | Ok("standalone") => RedisMode::Standalone,
+        Ok("cluster") => RedisMode::Cluster,
+        Ok(other) => panic!("FLASHGATE_FAULTS_REDIS={other:?}: expected \"standalone\" or \"cluster\""),
+    }
+}
+
+/// A stack on the Redis of [`faults_redis`].
+async fn stack() -> Stack {
+    Stack::start(StackOptions { redis_mode: faults_redis(), ..StackOptions::default() }).await
+}
+
+/// The `redis=` field of a report line.
+fn redis_label(stack: &Stack) -> &'static str {
+    match stack.deployment {
+        flashgate_tests::Deployment::Standalone => "standalone",
+        flashgate_tests::Deployment::Cluster(_) => "cluster",
+        flashgate_tests::Deployment::Sentinel(_) => "sentinel",
+    }
+}
 
 /// One attempt each by `n` new users.
 fn users(n: usize) -> Vec<Attempt> {
@@ -80,7 +115,13 @@ async fn settle_and_check(stack: &Stack, fault: &str, sale: &str, mut outcomes: 
     }
     let unexpected: Vec<u16> = outcomes.iter().map(|o| o.status).filter(|s| ![0, 201, 202, 410, 503].contains(s)).collect();
     assert!(unexpected.is_empty(), "{fault}: unexpected statuses {unexpected:?}");
-    println!("fault={fault} sent={} winners={} orders={} remaining={remaining}", outcomes.len(), winners.len(), rows.len());
+    println!(
+        "fault={fault} redis={} sent={} winners={} orders={} remaining={remaining}",
+        redis_label(stack),
+        outcomes.len(),
+        winners.len(),
+        rows.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,7 +150,7 @@ async fn redis_stopped_for_three_seconds_answers_503_and_loses_no_winner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_killed_while_draining_loses_no_winner() {
-    let mut stack = Stack::start(StackOptions::default()).await;
+    let mut stack = stack().await;
     stack.open_sale("f-backend-kill", STOCK, 1).await;
     let first = burst(&stack, "f-backend-kill", FIRST_BURST);
     mid_burst().await;
@@ -122,7 +163,7 @@ async fn backend_killed_while_draining_loses_no_winner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_killed_mid_burst_loses_no_winner() {
-    let mut stack = Stack::start(StackOptions::default()).await;
+    let mut stack = stack().await;
     stack.open_sale("f-gateway-kill", STOCK, 1).await;
     let first = burst(&stack, "f-gateway-kill", FIRST_BURST);
     mid_burst().await;
@@ -134,7 +175,7 @@ async fn gateway_killed_mid_burst_loses_no_winner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_locked_for_five_seconds_loses_no_winner() {
-    let stack = Stack::start(StackOptions::default()).await;
+    let stack = stack().await;
     stack.open_sale("f-db-lock", STOCK, 1).await;
     sqlx::any::install_default_drivers();
     let pool = sqlx::any::AnyPoolOptions::new().max_connections(1).connect(&stack.database_url).await.unwrap();
@@ -152,7 +193,7 @@ async fn database_locked_for_five_seconds_loses_no_winner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_to_the_backend_cut_for_three_seconds_loses_no_winner() {
-    let stack = Stack::start(StackOptions::default()).await;
+    let stack = stack().await;
     stack.open_sale("f-backend-cut", STOCK, 1).await;
     let first = burst(&stack, "f-backend-cut", FIRST_BURST);
     mid_burst().await;
