@@ -3,7 +3,8 @@
 -- KEYS[1] meta        hash   name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused
 -- KEYS[2] remaining   string items left
 -- KEYS[3] buyers      hash   user -> items reserved
--- KEYS[4] idempotency string this user's Idempotency-Key that won ("won|rid")
+-- KEYS[4] idempotency string this user's Idempotency-Key that won ("won|rid");
+--                            without a key, this call's own key ("rid|ts")
 -- KEYS[5] stream      stream reservation records
 -- KEYS[6] resv        hash   reservation id -> user
 -- KEYS[7] misses      hash   this user's Idempotency-Keys that did not win -> outcome
@@ -14,6 +15,10 @@
 -- ARGV[4] idempotency TTL, seconds
 -- ARGV[5] sale id (written into the reservation record)
 -- ARGV[6] most keys that did not win remembered per user and sale
+-- ARGV[7] without an Idempotency-Key: a nonce of this call, so that the same
+--         call sent again (the cluster client re-sends a call whose
+--         connection dropped) answers the win it already made instead of
+--         taking a second item
 --
 -- All keys share the sale's hash tag, so this runs on Redis Cluster too.
 -- Reply: {outcome, detail}
@@ -40,11 +45,19 @@
 -- grow Redis beyond that cap.
 
 local idem = ARGV[2]
+local nonce = ARGV[7] or ''
 if idem ~= '' then
   local first = redis.call('GET', KEYS[4]) or redis.call('HGET', KEYS[7], idem)
   if first then
     local sep = string.find(first, '|', 1, true)
     return {'replay:' .. string.sub(first, 1, sep - 1), string.sub(first, sep + 1)}
+  end
+elseif nonce ~= '' then
+  -- This very call ran before and won: the same answer, nothing taken.
+  local won = redis.call('GET', KEYS[4])
+  if won then
+    local sep = string.find(won, '|', 1, true)
+    return {'won', string.sub(won, 1, sep - 1), string.sub(won, sep + 1)}
   end
 end
 
@@ -106,6 +119,10 @@ redis.call('HSET', KEYS[6], rid, user)
 redis.call('XADD', KEYS[5], '*', 'rid', rid, 'sale', ARGV[5],
            'user', user, 'idem', idem, 'ts', tostring(now))
 final('won', rid)
+if idem == '' and nonce ~= '' then
+  -- A re-sent call comes within the client's retries (well under a second).
+  redis.call('SET', KEYS[4], rid .. '|' .. tostring(now), 'EX', 60)
+end
 -- The record's time goes back with the win, so the gateway's forward
 -- carries the same reservation time as the stream entry.
 return {'won', rid, tostring(now)}

@@ -24,6 +24,7 @@
 //! | `fg:{sale:ID}:buyers` | hash | user id -> items reserved |
 //! | `fg:{sale:ID}:idem:USER:KEY` | string | an Idempotency-Key that won: `won|rid` (expires) |
 //! | `fg:{sale:ID}:idem-misses:USER` | hash | a user's keys that did not win -> outcome; capped, expires |
+//! | `fg:{sale:ID}:call:USER:NONCE` | string | a winning buy sent without a key: `rid|ts`, so the same call re-sent answers it (60 s) |
 //! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
 //! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
 //! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
@@ -83,6 +84,7 @@ pub struct SaleKeys {
     idem_prefix: String,
     restore_prefix: String,
     idem_misses_prefix: String,
+    call_prefix: String,
 }
 
 /// Where one restore builds a sale's state before installing it at once.
@@ -109,6 +111,7 @@ impl SaleKeys {
             idem_prefix: format!("{tag}:idem:"),
             restore_prefix: format!("{tag}:restore:"),
             idem_misses_prefix: format!("{tag}:idem-misses:"),
+            call_prefix: format!("{tag}:call:"),
         }
     }
 
@@ -116,6 +119,13 @@ impl SaleKeys {
     /// Keyed by user too, so two users cannot collide on the same key.
     pub fn idempotency(&self, user: &str, idempotency_key: &str) -> String {
         format!("{}{}:{}", self.idem_prefix, user, idempotency_key)
+    }
+
+    /// The key of one buy call sent without an Idempotency-Key (`nonce`,
+    /// made by the gateway per call): a win remembered for the call's
+    /// re-sends only.
+    pub fn call(&self, user: &str, nonce: &str) -> String {
+        format!("{}{}:{}", self.call_prefix, user, nonce)
     }
 
     /// The hash remembering `user`'s Idempotency-Keys that did not win
@@ -153,6 +163,7 @@ mod tests {
             &k.synced,
             &k.idempotency("u", "i"),
             &k.idempotency_misses("u"),
+            &k.call("u", "n"),
             &scratch.buyers,
             &scratch.reservations,
             &scratch.released,

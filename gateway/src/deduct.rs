@@ -63,6 +63,10 @@ pub struct BuyAttempt<'a> {
     pub idempotency_key: &'a str,
     /// Used only if the attempt wins.
     pub reservation_id: &'a str,
+    /// Per call, used only without an Idempotency-Key: the same call
+    /// re-sent by the cluster client answers its first win (see
+    /// `lua/deduct.lua`).
+    pub call_nonce: &'a str,
     pub idempotency_ttl_seconds: u64,
 }
 
@@ -79,7 +83,11 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)
-        .key(keys.idempotency(attempt.user_id, attempt.idempotency_key))
+        .key(if attempt.idempotency_key.is_empty() {
+            keys.call(attempt.user_id, attempt.call_nonce)
+        } else {
+            keys.idempotency(attempt.user_id, attempt.idempotency_key)
+        })
         .key(&keys.stream)
         .key(&keys.reservations)
         .key(keys.idempotency_misses(attempt.user_id))
@@ -89,7 +97,8 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .arg(attempt.reservation_id)
         .arg(attempt.idempotency_ttl_seconds)
         .arg(attempt.sale_id)
-        .arg(MISSES_REMEMBERED_PER_USER);
+        .arg(MISSES_REMEMBERED_PER_USER)
+        .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" });
     let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
     let parsed = match reply.as_slice() {
         [code, detail] => parse_reply(code, detail.clone(), None),

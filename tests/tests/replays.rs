@@ -84,6 +84,7 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
                     user_id: "alice",
                     idempotency_key: &key,
                     reservation_id: &rid,
+                    call_nonce: "",
                     idempotency_ttl_seconds: 86_400,
                 };
                 let decision = deduct(&redis, &attempt).await.unwrap();
@@ -215,4 +216,32 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
     let (status, v) = stack.buy("again", &first, Some("k1")).await;
     assert_eq!((status, v["code"].as_str()), (410, Some("order_cancelled")), "{v}");
     assert_eq!(v["order_id"].as_str(), Some(order.as_str()), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("again", 10, 5).await;
+    let redis = RedisClient::standalone(&stack.redis.url(), Duration::from_secs(5), Breaker::new(1000, Duration::from_secs(1)));
+    // What the cluster client does with a call whose connection dropped
+    // after Redis ran it: the same call, sent again.
+    let call = |rid: &'static str, nonce: &'static str| BuyAttempt {
+        sale_id: "again",
+        user_id: "bob",
+        idempotency_key: "",
+        reservation_id: rid,
+        call_nonce: nonce,
+        idempotency_ttl_seconds: 600,
+    };
+    let first = deduct(&redis, &call("again.1", "n1")).await.unwrap();
+    let resent = deduct(&redis, &call("again.2", "n1")).await.unwrap();
+    assert_eq!(resent, first, "the same answer, time included");
+    assert!(!resent.replayed, "the buyer sent one request: a win, not a replay");
+    assert_eq!(stack.stream_len("again").await, 1, "one item taken");
+    // Another call of the same buyer is a new buy (limit 5).
+    let other = deduct(&redis, &call("again.3", "n2")).await.unwrap();
+    assert!(
+        matches!(other.outcome, flashgate_gateway::deduct::DeductOutcome::Won { ref reservation_id, .. } if reservation_id == "again.3")
+    );
+    assert_eq!(stack.stream_len("again").await, 2);
 }

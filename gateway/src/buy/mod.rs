@@ -203,11 +203,13 @@ impl<C: WallClock> BuyService<C> {
     /// it tells what an earlier attempt got, not whether stock is left.
     async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
         let rid = reservation_id(sale_id, rand::random());
+        let nonce = format!("{:016x}", rand::random::<u64>());
         let attempt = BuyAttempt {
             sale_id,
             user_id: user,
             idempotency_key,
             reservation_id: &rid,
+            call_nonce: &nonce,
             idempotency_ttl_seconds: self.idempotency_ttl.as_secs(),
         };
         let timer = self.metrics.script_duration.start_timer();
