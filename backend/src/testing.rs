@@ -93,6 +93,11 @@ impl RedisServer {
         self.server.conn().await
     }
 
+    /// How many times Redis ran `command` (`INFO commandstats`).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        self.server.command_calls(command).await
+    }
+
     /// Kills the server (SIGKILL) and starts it again on its port and
     /// files: it comes back with what it last saved (`SAVE`), as a master
     /// with a new replication id, like a Redis restarted from an old RDB.

@@ -483,7 +483,16 @@ impl Consumer<'_> {
     /// its write reached the promoted one: it is not written, and
     /// acknowledging it changes nothing there.
     async fn write(&self, conn: &mut RedisHandle, reservations: &[Reservation]) -> Result<u64, WriteError> {
-        let written = write_counted(self.store, conn, reservations).await?;
+        // Most entries were written by the gateway's forward already: one
+        // read of which, and the write (a hold, a Redis check, an insert)
+        // only for the rest, usually none.
+        let rids: Vec<&str> = reservations.iter().map(|r| r.reservation_id.as_str()).collect();
+        let written = self.store.reservations_with_orders(&rids).await?;
+        let fresh: Vec<Reservation> = reservations.iter().filter(|r| !written.contains(&r.reservation_id)).cloned().collect();
+        if fresh.is_empty() {
+            return Ok(0);
+        }
+        let written = write_counted(self.store, conn, &fresh).await?;
         for r in &written.uncounted {
             tracing::warn!(sale = self.sale_id, reservation = %r.reservation_id, "stream entry redis no longer counts (lost in a failover); no order written");
         }

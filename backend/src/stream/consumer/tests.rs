@@ -369,3 +369,30 @@ async fn an_archived_sale_that_redis_still_sells_by_a_later_window_is_made_live_
     stop_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
 }
+
+#[tokio::test]
+async fn entries_the_forward_already_wrote_are_acknowledged_without_asking_redis_or_writing() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    let forwarded: Vec<_> = (0..5).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    for r in &forwarded {
+        reserve(&mut conn, r).await;
+    }
+    store.insert_orders(&forwarded).await.unwrap();
+    let hgets = redis.command_calls("hget").await;
+    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while redis.command_calls("xack").await == 0 {
+        assert!(std::time::Instant::now() < deadline, "the entries were never acknowledged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pending(&mut conn, &sale_id).await, 0);
+    assert_eq!(redis.command_calls("hget").await, hgets, "no reservation checked in redis");
+    // One entry the forward did not write: checked and written.
+    reserve(&mut conn, &reservation(&sale_id, "new")).await;
+    wait_for_orders(&store, &sale_id, 6).await;
+    assert!(redis.command_calls("hget").await > hgets);
+    stop(tx, task).await;
+}
