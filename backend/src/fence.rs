@@ -53,7 +53,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use crate::error::SaleError;
-use crate::redis_io::{announce, UPDATE_SALE};
+use crate::redis_io::{announce, update_sale};
 use crate::store::{OrderStatus, Store, SyncedOrder};
 
 /// Asks whether a sale is fenced, and lifts the fence (`lua/fence.lua`).
@@ -90,6 +90,20 @@ struct Fence {
     synced: String,
     present: bool,
     lifted: bool,
+}
+
+impl Fence {
+    /// What a re-sync has to do with a sale it finds so: nothing (`Some`),
+    /// or count its orders (`None`).
+    fn settled(&self) -> Option<Resynced> {
+        if !self.present {
+            Some(Resynced::Absent)
+        } else if self.synced == self.replid {
+            Some(Resynced::NotNeeded)
+        } else {
+            None
+        }
+    }
 }
 
 async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &str) -> Result<Fence, SaleError> {
@@ -165,22 +179,15 @@ async fn resync<C: ConnectionLike + Send>(
 ) -> Result<Resynced, SaleError> {
     let keys = SaleKeys::new(sale_id);
     scripts.inc();
-    let seen = fence(conn, &keys, "").await?;
-    if !seen.present {
-        return Ok(Resynced::Absent);
-    }
-    if seen.synced == seen.replid {
-        return Ok(Resynced::NotNeeded);
+    if let Some(settled) = fence(conn, &keys, "").await?.settled() {
+        return Ok(settled);
     }
     let mut hold = store.begin_resync(sale_id).await?;
     // Again under the hold: another backend may have re-synced it.
     scripts.inc();
     let seen = fence(conn, &keys, "").await?;
-    if !seen.present {
-        return Ok(Resynced::Absent);
-    }
-    if seen.synced == seen.replid {
-        return Ok(Resynced::NotNeeded);
+    if let Some(settled) = seen.settled() {
+        return Ok(settled);
     }
     let orders = hold.orders(sale_id).await?;
     let (mut adopted, mut returned) = (0, 0);
@@ -200,16 +207,7 @@ async fn resync<C: ConnectionLike + Send>(
     // this Redis lacks. Its remaining moves by the change in stock, so the
     // orders counted above stay counted.
     if let Some(spec) = hold.sale(sale_id).await? {
-        let reply: Vec<i64> = UPDATE_SALE
-            .key(&keys.meta)
-            .key(&keys.remaining)
-            .arg(&spec.name)
-            .arg(spec.stock)
-            .arg(spec.per_user_limit)
-            .arg(spec.starts_at_ms)
-            .arg(spec.ends_at_ms)
-            .invoke_async(conn)
-            .await?;
+        let reply = update_sale(conn, &spec).await?;
         scripts.inc();
         match reply.as_slice() {
             [1, _] => {}

@@ -17,7 +17,27 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
-pub static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/update_sale.lua")));
+static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/update_sale.lua")));
+
+/// Runs `lua/update_sale.lua` with `spec`: `[1, remaining]` changed,
+/// `[0, sold]` the stock is below what is sold (nothing changed),
+/// `[-1, 0]` the sale is absent.
+///
+/// # Errors
+/// Redis failed.
+pub async fn update_sale<C: ConnectionLike + Send>(conn: &mut C, spec: &flashgate_common::sale::SaleSpec) -> Result<Vec<i64>, RedisError> {
+    let keys = flashgate_common::keys::SaleKeys::new(&spec.id);
+    UPDATE_SALE
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .arg(&spec.name)
+        .arg(spec.stock)
+        .arg(spec.per_user_limit)
+        .arg(spec.starts_at_ms)
+        .arg(spec.ends_at_ms)
+        .invoke_async(conn)
+        .await
+}
 
 /// Extra time a blocking read may take beyond its `BLOCK` before the client
 /// gives up on the connection.

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::error::SaleError;
 use crate::recovery::{self, Restored};
-use crate::redis_io::{announce, UPDATE_SALE};
+use crate::redis_io::{announce, update_sale};
 use crate::store::Store;
 
 /// What preheating did.
@@ -79,17 +79,7 @@ fn preheat_restored(restored: Restored) -> Result<Preheat, SaleError> {
 /// # Errors
 /// Redis or the database failed, or the script answered nonsense.
 pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
-    let keys = SaleKeys::new(&spec.id);
-    let reply: Vec<i64> = UPDATE_SALE
-        .key(&keys.meta)
-        .key(&keys.remaining)
-        .arg(&spec.name)
-        .arg(spec.stock)
-        .arg(spec.per_user_limit)
-        .arg(spec.starts_at_ms)
-        .arg(spec.ends_at_ms)
-        .invoke_async(conn)
-        .await?;
+    let reply = update_sale(conn, spec).await?;
     match reply.as_slice() {
         [1, remaining] => {
             announce(conn, &SaleEvent::Changed(spec.id.clone())).await;

@@ -18,6 +18,26 @@ fn resyncer() -> Resyncer {
     Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap())
 }
 
+/// A Redis of the test's own, a SQLite store, and sale `id` of `stock`
+/// items restored into that Redis (installed fenced, not re-synced yet).
+struct Fixture {
+    redis: RedisServer,
+    conn: redis::aio::MultiplexedConnection,
+    store: Store,
+    id: String,
+    keys: SaleKeys,
+}
+
+async fn restored_sale(stock: i64) -> Fixture {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    store.upsert_sale(&sale(&id, stock)).await.unwrap();
+    assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
+    Fixture { redis, conn, store, keys: SaleKeys::new(&id), id }
+}
+
 /// Every reservation record in the sale's stream, as the consumer reads it.
 async fn reservations(conn: &mut redis::aio::MultiplexedConnection, keys: &SaleKeys) -> Vec<Reservation> {
     let entries: redis::streams::StreamRangeReply = conn.xrange_all(&keys.stream).await.unwrap();
@@ -33,13 +53,7 @@ async fn win(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: 
 
 #[tokio::test]
 async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_the_database_is_counted_in_it() {
-    let mut redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&sqlite_url()).await.unwrap();
-    let id = unique("s");
-    let keys = SaleKeys::new(&id);
-    store.upsert_sale(&sale(&id, 10)).await.unwrap();
-    assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
+    let Fixture { mut redis, mut conn, store, id, keys } = restored_sale(10).await;
     assert_eq!(buy(&mut conn, &id, "a").await, "fenced", "a restore installs the sale fenced");
     assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 0, returned: 0 });
     assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded);
@@ -86,13 +100,7 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
 
 #[tokio::test]
 async fn the_fence_is_lifted_only_for_the_redis_the_sale_was_resynced_on() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&sqlite_url()).await.unwrap();
-    let id = unique("s");
-    let keys = SaleKeys::new(&id);
-    store.upsert_sale(&sale(&id, 3)).await.unwrap();
-    restore(&mut conn, &store, &id).await.unwrap();
+    let Fixture { redis: _redis, mut conn, store, id, keys } = restored_sale(3).await;
     let () = conn.set(&keys.synced, "00aa").await.unwrap();
     // A re-sync that ran on another Redis (its replication id) lifts nothing.
     assert!(!fence(&mut conn, &keys, "00bb").await.unwrap().lifted);
@@ -110,13 +118,7 @@ async fn the_fence_is_lifted_only_for_the_redis_the_sale_was_resynced_on() {
 
 #[tokio::test]
 async fn an_order_whose_reservation_redis_lost_is_not_written() {
-    let mut redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&sqlite_url()).await.unwrap();
-    let id = unique("s");
-    let keys = SaleKeys::new(&id);
-    store.upsert_sale(&sale(&id, 1)).await.unwrap();
-    restore(&mut conn, &store, &id).await.unwrap();
+    let Fixture { mut redis, mut conn, store, id, keys } = restored_sale(1).await;
     resyncer().resync(&mut conn, &store, &id).await.unwrap();
     let () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
     win(&mut conn, &id, "lost", "").await;
@@ -133,13 +135,7 @@ async fn an_order_whose_reservation_redis_lost_is_not_written() {
 
 #[tokio::test]
 async fn a_resync_gives_back_an_idempotency_key_only_for_what_is_left_of_its_ttl() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&sqlite_url()).await.unwrap();
-    let id = unique("s");
-    let keys = SaleKeys::new(&id);
-    store.upsert_sale(&sale(&id, 5)).await.unwrap();
-    restore(&mut conn, &store, &id).await.unwrap();
+    let Fixture { redis: _redis, mut conn, store, id, keys } = restored_sale(5).await;
     let now = flashgate_common::now_ms();
     let mut old = crate::testing::reservation(&id, "old");
     (old.idempotency_key, old.reserved_at_ms) = ("kold".into(), now - 3_600_000);
@@ -157,13 +153,7 @@ async fn a_resync_gives_back_an_idempotency_key_only_for_what_is_left_of_its_ttl
 
 #[tokio::test]
 async fn an_operators_change_the_redis_lost_is_applied_before_the_sale_sells_again() {
-    let mut redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&sqlite_url()).await.unwrap();
-    let id = unique("s");
-    let keys = SaleKeys::new(&id);
-    store.upsert_sale(&sale(&id, 10)).await.unwrap();
-    restore(&mut conn, &store, &id).await.unwrap();
+    let Fixture { mut redis, mut conn, store, id, keys } = restored_sale(10).await;
     resyncer().resync(&mut conn, &store, &id).await.unwrap();
     win(&mut conn, &id, "a", "").await;
     let first = reservations(&mut conn, &keys).await;
