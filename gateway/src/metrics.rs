@@ -4,7 +4,7 @@
 //!
 //! Labels are bounded enums only: no user ids, IPs or reservation ids.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 /// Latency buckets from 100 µs to 5 s: edge answers are sub-millisecond,
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
@@ -30,6 +30,11 @@ pub struct Metrics {
     pub local_decisions: IntCounterVec,
     /// Winner forwards that failed (the order then comes from the stream).
     pub forward_failures: IntCounterVec,
+    /// Redis `WAIT` calls for replica acknowledgement (`redis.wait_replicas`);
+    /// beside the wins, it shows how many wins one `WAIT` covers.
+    pub replica_waits: IntCounter,
+    /// Wins answered 503 because too few replicas acknowledged them in time.
+    pub replica_wait_timeouts: IntCounter,
 }
 
 impl Metrics {
@@ -63,6 +68,16 @@ impl Metrics {
         let circuit_state =
             IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.").expect("valid gauge");
         registry.register(Box::new(circuit_state.clone())).expect("unique metric");
+        let plain_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid counter");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let replica_waits = plain_counter("gateway_replica_waits_total", "Redis WAIT calls for replica acknowledgement of wins.");
+        let replica_wait_timeouts = plain_counter(
+            "gateway_replica_wait_timeouts_total",
+            "Wins answered 503: fewer replicas than redis.wait_replicas acknowledged in time.",
+        );
         Self {
             registry,
             requests,
@@ -74,6 +89,8 @@ impl Metrics {
             circuit_state,
             local_decisions,
             forward_failures,
+            replica_waits,
+            replica_wait_timeouts,
         }
     }
 

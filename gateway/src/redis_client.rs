@@ -62,7 +62,8 @@ impl RedisClient {
             .bounded(self.conn.get_or_try_init(|| async {
                 let tuning = Tuning {
                     connection_timeout: self.config.timeout,
-                    response_timeout: self.config.timeout,
+                    // A call may queue behind a replica WAIT on this connection.
+                    response_timeout: self.config.call_timeout(),
                     reconnect_retries: 1,
                     max_reconnect_delay: Some(Duration::from_millis(500)),
                 };
@@ -74,8 +75,16 @@ impl RedisClient {
         Ok(conn.clone())
     }
 
+    /// Which connection the shared handle is on now (see
+    /// [`RedisHandle::generation`]); 0 before it connects.
+    pub fn generation(&self) -> u64 {
+        self.conn.get().map_or(0, RedisHandle::generation)
+    }
+
     /// Runs a Redis call through the circuit breaker, with the configured
-    /// timeout. Its outcome feeds the breaker.
+    /// timeout (`redis.timeout_ms`, plus `redis.wait_timeout_ms` when wins
+    /// wait for replicas: a call may queue behind a `WAIT`). Its outcome
+    /// feeds the breaker.
     ///
     /// # Errors
     /// [`RedisError::CircuitOpen`] without trying while the breaker is open,
@@ -86,7 +95,8 @@ impl RedisClient {
         let Some(permit) = self.breaker.allow() else {
             return Err(RedisError::CircuitOpen);
         };
-        match tokio::time::timeout(self.config.timeout, fut).await {
+        let limit = self.config.call_timeout();
+        match tokio::time::timeout(limit, fut).await {
             Ok(Ok(v)) => {
                 permit.success();
                 Ok(Ok(v))
@@ -97,7 +107,7 @@ impl RedisClient {
             }
             Err(_) => {
                 permit.failure();
-                Err(RedisError::Timeout(self.config.timeout))
+                Err(RedisError::Timeout(limit))
             }
         }
     }
