@@ -43,6 +43,9 @@ pub struct StackOptions {
     pub skip_ready_wait: bool,
     /// The Redis deployment the processes use.
     pub redis_mode: RedisMode,
+    /// TOML lines added to the generated `[redis]` table (e.g.
+    /// `wait_replicas = 1`).
+    pub redis_extra_toml: String,
 }
 
 /// Which Redis deployment a test stack runs on.
@@ -98,6 +101,7 @@ impl Default for StackOptions {
             shipped_config: false,
             skip_ready_wait: false,
             redis_mode: RedisMode::Standalone,
+            redis_extra_toml: String::new(),
         }
     }
 }
@@ -273,6 +277,7 @@ impl Layout {
 [redis]
 {redis}
 timeout_ms = {timeout}
+{redis_extra}
 
 [gateway]
 listen = "{gateway_addr}"
@@ -296,6 +301,7 @@ sale_poll_ms = 100
 {extra}
 "#,
                 extra = opts.extra_toml,
+                redis_extra = opts.redis_extra_toml,
                 redis = redis_toml(&redis),
                 timeout = opts.redis_timeout_ms,
                 static_dir = static_dir.display(),
