@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use flashgate_tests::{buy_all, random_user, token, Attempt, Deployment, RedisMode, RedisServer, Stack, StackOptions};
+use flashgate_tests::{bin, buy_all, random_user, token, Attempt, Deployment, RedisMode, RedisServer, Stack, StackOptions, TempDir};
 
 fn waiting(replicas: u32, timeout_ms: u64) -> StackOptions {
     StackOptions { redis_extra_toml: format!("wait_replicas = {replicas}\nwait_timeout_ms = {timeout_ms}"), ..StackOptions::default() }
@@ -151,4 +151,28 @@ async fn on_sentinel_winners_wait_for_the_primarys_replica() {
     assert_eq!(winners, 50);
     assert!(0 < waits && waits < winners as u64, "{waits} WAITs for {winners} winners");
     assert_eq!(stack.wait_orders("watched", 50, Duration::from_secs(30)).await, (50, 50, 1));
+}
+
+/// `flashgate --config FILE check --connect` on the Redis at `port`.
+fn check_connect(dir: &TempDir, port: u16, wait_replicas: u32) -> std::process::Output {
+    let path = dir.0.join(format!("check-{wait_replicas}.toml"));
+    std::fs::write(&path, format!("[redis]\nurl = \"redis://127.0.0.1:{port}/\"\nwait_replicas = {wait_replicas}\n")).unwrap();
+    std::process::Command::new(bin("flashgate")).arg("--config").arg(&path).args(["check", "--connect"]).output().unwrap()
+}
+
+#[test]
+fn check_connect_names_wait_replicas_when_the_master_has_fewer_replicas() {
+    let redis = RedisServer::private();
+    let dir = TempDir::new("check-replicas");
+    let out = check_connect(&dir, redis.port, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted a master without replicas");
+    assert!(stderr.contains("redis.wait_replicas") && stderr.contains("0 connected replicas"), "{stderr}");
+
+    let _replica = redis.start_replica();
+    let out = check_connect(&dir, redis.port, 1);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 connected replicas (redis.wait_replicas = 1)"), "{stdout}");
+    assert!(check_connect(&dir, redis.port, 0).status.success(), "without wait_replicas, replicas are not asked for");
 }
