@@ -153,8 +153,13 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         figures: format!("{} vs {} req/s = {}×", f0(fe), f0(fa), f2(ratio(fe, fa))),
         met: ratio(fe, fa).map(|q| q >= 0.8),
     });
-    let script: Vec<(u64, u64)> =
-        r.rounds.iter().filter(|x| x.side == Side::Flashgate).filter_map(|x| x.check.as_ref().and_then(|c| c.script_calls)).collect();
+    // The comparison's scenarios only, not the durability rows.
+    let script: Vec<(u64, u64)> = r
+        .rounds
+        .iter()
+        .filter(|x| x.side == Side::Flashgate && SCENARIOS.iter().any(|s| s.id == x.scenario))
+        .filter_map(|x| x.check.as_ref().and_then(|c| c.script_calls))
+        .collect();
     let (calls, buys) = script.iter().fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
     out.push(TargetEval {
         id: "script",

@@ -63,7 +63,8 @@ pub enum Profiling {
 struct Ctx {
     s: Settings,
     fg: Flashgate,
-    peers: Peers,
+    /// `None` when no selected scenario runs against a peer.
+    peers: Option<Peers>,
     pg: sqlx::PgPool,
     bearers: Users,
     peer_ids: Users,
@@ -121,8 +122,15 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         },
     )
     .await?;
-    let peers = Peers::start(&work.0, &s.peers_dir, s.threads).await?;
-    eprintln!("bench: flashgate on {}, nginx-static on {}, openresty-gateway on {}", fg.gateway_addr, peers.static_addr, peers.gw_addr);
+    let wanted = |id: &str| s.scenarios.is_empty() || s.scenarios.iter().any(|x| x == id);
+    let peers = if SCENARIOS.iter().any(|sc| sc.peer.is_some() && wanted(sc.id)) {
+        let peers = Peers::start(&work.0, &s.peers_dir, s.threads).await?;
+        eprintln!("bench: flashgate on {}, nginx-static on {}, openresty-gateway on {}", fg.gateway_addr, peers.static_addr, peers.gw_addr);
+        Some(peers)
+    } else {
+        eprintln!("bench: flashgate on {}; no peer needed by the selected scenarios", fg.gateway_addr);
+        None
+    };
     let pg = sqlx::PgPool::connect(db_url).await?;
     if let Ok((v,)) = sqlx::query_as::<_, (String,)>("SHOW server_version").fetch_one(&pg).await {
         machine.versions.push(("PostgreSQL".into(), v));
@@ -173,7 +181,6 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         }
     }
 
-    let wanted = |id: &str| s.scenarios.is_empty() || s.scenarios.iter().any(|x| x == id);
     if DURABILITY.iter().any(|sc| wanted(sc.id)) {
         if ctx.fg.redis.is_some() {
             rounds.extend(durability(&mut ctx, &work.0, &wanted).await.context("durability rows")?);
@@ -520,7 +527,7 @@ async fn check_flashgate(
 }
 
 async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {
-    let peers = &ctx.peers;
+    let peers = ctx.peers.as_ref().context("the peers were not started")?;
     let tag = format!("{}{}p{round}", ctx.tag, &scenario[..1]);
     let path = "/api/seckill/1001/buy".to_owned();
     let ids = ctx.peer_ids.clone();
