@@ -464,6 +464,12 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
                 check.ok &= ok;
                 check.text.push_str(&format!(", admitted past the user bucket {admitted} (bound {bound:.0})"));
             }
+            "g_wait0" | "g_wait1" => {
+                // The sharing, visible: WAITs sent for the round's winners.
+                let waits = command_calls(&mut redis, "wait").await?;
+                check.ok &= (scenario == "g_wait0") == (waits == 0);
+                check.text.push_str(&format!(", WAIT calls {waits}"));
+            }
             "f_burst" => {
                 let sold_out = winners as i64 == stock;
                 check.ok &= sold_out || summary.users_done.unwrap_or(0) < ctx.s.burst_users as u64;
