@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flashgate_common::config::RedisTarget;
 use flashgate_common::keys::SaleKeys;
 use tokio::sync::watch;
 
@@ -105,7 +106,7 @@ impl ReplicaWait {
     /// The `WAIT` group of a sale: its master's slot in a cluster (named by
     /// the sale, whose keys share one slot), the one master otherwise.
     fn group_of(&self, sale_id: &str) -> String {
-        if self.redis.config().target.mode() == "cluster" {
+        if matches!(self.redis.config().target, RedisTarget::Cluster { .. }) {
             sale_id.to_owned()
         } else {
             String::new()

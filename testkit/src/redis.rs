@@ -52,7 +52,8 @@ impl RedisServer {
     }
 
     /// A replica of this server (`--replicaof`, no persistence), in a temp
-    /// dir of its own; returns once its link to this server is up.
+    /// dir of its own; returns once its link to this server is up. (Its
+    /// [`RedisServer::restart`] brings it back as a primary.)
     pub fn start_replica(&self) -> Self {
         let dir = TempDir::new("redis-replica");
         let port = free_port();
