@@ -92,6 +92,10 @@ pub async fn start_redis(dir: &Path, name: &str) -> anyhow::Result<(Proc, u16)> 
 /// # Errors
 /// When it does not start or never links within 10 s.
 pub async fn start_replica(dir: &Path, name: &str, primary: u16) -> anyhow::Result<(Proc, u16)> {
+    // The first sync starts at once, not after the default 5 s wait for
+    // more replicas.
+    let mut primary_conn = redis::Client::open(format!("redis://127.0.0.1:{primary}/"))?.get_multiplexed_async_connection().await?;
+    redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0).query_async::<()>(&mut primary_conn).await?;
     let port = free_port();
     let replica_dir = dir.join(name);
     std::fs::create_dir_all(&replica_dir)?;

@@ -7,13 +7,17 @@
 //! [`RedisClient`]. Its routing, mode by mode:
 //!
 //! - standalone: the connection manager's one multiplexed socket;
-//! - sentinel: the current primary connection; a `WAIT` that did not run on
-//!   the same connection (generation) as a winner's deduct confirms nothing
-//!   for it;
+//! - sentinel: the current primary connection;
 //! - cluster: the redis crate routes a bare `WAIT` to *every* master and
 //!   answers the smallest count; here it is routed by the sale's key to the
 //!   master that holds the sale, over the same per-node connection its
 //!   `EVALSHA` used. Only that master matters.
+//!
+//! In every mode the connection can be replaced between a deduct and its
+//! `WAIT` (a reconnect, a sentinel lookup), and a `WAIT` on the new one
+//! counts none of the old one's writes. [`RedisClient::generation`] changes
+//! whenever that may have happened; a `WAIT` confirms a win only if it was
+//! the same before the deduct and before and after the `WAIT`.
 //!
 //! Sharing: winners join the next round of their group (the one master in
 //! standalone and sentinel mode, the sale in cluster mode). One task per
@@ -164,7 +168,7 @@ impl ReplicaWait {
         self.metrics.replica_waits.inc();
         let reply = self.redis.bounded(conn.on_master_of(route, &wait)).await??;
         let replicas = redis::from_redis_value::<u32>(reply).map_err(redis::RedisError::from)?;
-        Ok(Ack { replicas, generation: (before, conn.generation()) })
+        Ok(Ack { replicas, generation: (before, self.redis.generation()) })
     }
 }
 
@@ -193,6 +197,24 @@ mod tests {
         };
         let client = Arc::new(RedisClient::new(config, Breaker::new(5, Duration::from_secs(1))));
         Arc::new(ReplicaWait::new(client, Arc::new(Metrics::register()), replicas, Duration::from_millis(100)))
+    }
+
+    #[tokio::test]
+    async fn a_live_replica_confirms_a_win_unless_the_connection_may_have_changed_since_its_deduct() {
+        let redis = RedisServer::private();
+        let _replica = redis.start_replica();
+        let waits = waits(&redis, 1);
+        let mut conn = waits.redis.conn().await.unwrap();
+        let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut conn).await.unwrap();
+        let before = waits.redis.generation();
+        waits.confirm("s", before).await.unwrap();
+        // A failed call: the connection may have been replaced since.
+        let failed = waits.redis.bounded(async { Err::<(), _>(redis::RedisError::from((redis::ErrorKind::Io, "cut"))) }).await;
+        assert!(matches!(failed, Ok(Err(_))));
+        assert_ne!(waits.redis.generation(), before);
+        assert!(matches!(waits.confirm("s", before).await, Err(NotConfirmed::TooFewReplicas)), "a deduct before the fault");
+        waits.confirm("s", waits.redis.generation()).await.unwrap();
+        assert_eq!(waits.metrics.replica_wait_timeouts.get(), 1);
     }
 
     #[tokio::test]

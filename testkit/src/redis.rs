@@ -55,6 +55,9 @@ impl RedisServer {
     /// dir of its own; returns once its link to this server is up. (Its
     /// [`RedisServer::restart`] brings it back as a primary.)
     pub fn start_replica(&self) -> Self {
+        // The first sync starts at once, not after the default 5 s wait for
+        // more replicas.
+        let _: () = query(self.port, redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0)).unwrap();
         let dir = TempDir::new("redis-replica");
         let port = free_port();
         let mut cmd = Command::new("redis-server");
