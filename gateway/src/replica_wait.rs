@@ -188,22 +188,25 @@ mod tests {
     use crate::breaker::Breaker;
     use crate::testing::RedisServer;
 
-    fn waits(redis: &RedisServer, replicas: u32) -> Arc<ReplicaWait> {
+    /// Waits for `replicas`, each `WAIT` up to `wait_ms`.
+    fn waits(redis: &RedisServer, replicas: u32, wait_ms: u64) -> Arc<ReplicaWait> {
+        let wait_timeout = Duration::from_millis(wait_ms);
         let config = flashgate_common::config::RedisConfig {
             wait_replicas: replicas,
-            wait_timeout: Duration::from_millis(100),
+            wait_timeout,
             timeout: Duration::from_millis(500),
             ..flashgate_common::config::RedisConfig::standalone(redis.url())
         };
         let client = Arc::new(RedisClient::new(config, Breaker::new(5, Duration::from_secs(1))));
-        Arc::new(ReplicaWait::new(client, Arc::new(Metrics::register()), replicas, Duration::from_millis(100)))
+        Arc::new(ReplicaWait::new(client, Arc::new(Metrics::register()), replicas, wait_timeout))
     }
 
     #[tokio::test]
     async fn a_live_replica_confirms_a_win_unless_the_connection_may_have_changed_since_its_deduct() {
         let redis = RedisServer::private();
         let _replica = redis.start_replica();
-        let waits = waits(&redis, 1);
+        // Long enough for a replica on a loaded machine; a live one answers at once.
+        let waits = waits(&redis, 1, 5000);
         let mut conn = waits.redis.conn().await.unwrap();
         let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut conn).await.unwrap();
         let before = waits.redis.generation();
@@ -220,7 +223,7 @@ mod tests {
     #[tokio::test]
     async fn without_replicas_a_win_is_not_confirmed_and_the_timeout_is_counted() {
         let redis = RedisServer::private();
-        let waits = waits(&redis, 1);
+        let waits = waits(&redis, 1, 100);
         let err = waits.confirm("s", 0).await.unwrap_err();
         assert!(matches!(err, NotConfirmed::TooFewReplicas), "{err:?}");
         assert_eq!((waits.metrics.replica_wait_timeouts.get(), waits.metrics.replica_waits.get()), (1, 1));
@@ -229,7 +232,7 @@ mod tests {
     #[tokio::test]
     async fn winners_waiting_together_share_wait_calls() {
         let redis = RedisServer::private();
-        let waits = waits(&redis, 1);
+        let waits = waits(&redis, 1, 100);
         let winners = 20;
         let all = (0..winners).map(|_| {
             let waits = waits.clone();

@@ -52,6 +52,23 @@ async fn with_a_live_replica_winners_are_answered_and_one_wait_covers_many_of_th
     assert_eq!(stack.wait_orders("shared", 50, Duration::from_secs(30)).await, (50, 50, 1));
 }
 
+/// Waits (up to 15 s) until the replica of `primary` acknowledged all its
+/// writes (`INFO replication`: the replica's offset = `master_repl_offset`).
+async fn caught_up(primary: &RedisServer) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let info = primary.replication_info();
+        let field = |prefix: &str| info.lines().find_map(|l| l.strip_prefix(prefix)).map(|v| v.trim().to_owned());
+        let master = field("master_repl_offset:");
+        let replica = field("slave0:").and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("offset=")).map(str::to_owned));
+        if master.is_some() && master == replica {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the replica never caught up:\n{info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Resumes a stopped process when dropped, whatever the test did.
 struct Stopped(u32);
 
@@ -96,6 +113,7 @@ async fn a_win_the_replica_did_not_acknowledge_answers_503_and_its_retry_replays
     assert_eq!(stack.remaining("stalled").await, 9);
 
     drop(stopped);
+    caught_up(&stack.redis).await;
     let resp = send().await.unwrap();
     let (status, replayed) = (resp.status().as_u16(), resp.headers().contains_key("idempotent-replayed"));
     let body: serde_json::Value = resp.json().await.unwrap();
