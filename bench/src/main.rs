@@ -82,7 +82,8 @@ struct RunArgs {
     evalsha_n_p16: u64,
     #[arg(long, value_enum, default_value_t = Profiling::Auto)]
     profile: Profiling,
-    /// Only these scenarios (a_static, b_state, c_buy, c_buy_open, d_soldout, e_hammer, f_burst).
+    /// Only these scenarios (a_static, b_state, c_buy, c_buy_open, d_soldout, e_hammer, f_burst,
+    /// and the durability rows g_wait0, g_wait1, h_fsync_everysec, h_fsync_always).
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
     /// A TOML file whose `[redis]` table (`mode = "standalone" | "cluster" |

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::results::{Results, RoundResult, Side, SCENARIOS};
+use crate::results::{Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS};
 
 /// One target of the issue, evaluated.
 #[derive(Debug, Clone)]
@@ -57,6 +57,56 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
+/// Median over a scenario's Flashgate rounds of `f`.
+fn median(r: &Results, scenario: &str, f: impl Fn(&RoundResult) -> Option<f64>) -> Option<f64> {
+    let mut v: Vec<f64> = r.of(scenario, Side::Flashgate).into_iter().filter_map(f).collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// The durability rows: each setting's "buy in stock" figures, medians of
+/// rounds, and its cost against the cheaper setting of its pair.
+fn durability_section(md: &mut String, r: &Results) {
+    if DURABILITY.iter().all(|d| r.of(d.id, Side::Flashgate).is_empty()) {
+        return;
+    }
+    let _ = writeln!(md, "## Durability settings (median of rounds)\n");
+    let _ = writeln!(
+        md,
+        "\"Buy in stock\" (closed loop, as c.) on Flashgate alone, under each setting: {DURABILITY_ROUNDS} rounds of at most \
+         {DURABILITY_SECS} s each, alternating within each pair. `wait_replicas` rows run with one replica attached to the \
+         bench's Redis (the 1 on a second gateway, same Redis and backend); `appendfsync` rows without a replica, with the \
+         AOF switched on live (`CONFIG SET`). Cost is against the first row of the pair.\n"
+    );
+    let _ = writeln!(md, "| setting | req/s | cost | p50 ms | p99 ms | CPU gateway | CPU Redis |\n|---|---:|---:|---:|---:|---:|---:|");
+    for pair in DURABILITY.chunks(2) {
+        let base = median(r, pair[0].id, |x| Some(x.summary.rps));
+        for d in pair {
+            let x = median(r, d.id, |x| Some(x.summary.rps));
+            let cost = match ratio(x, base) {
+                Some(q) if d.id != pair[0].id => format!("{:+.1} %", (q - 1.0) * 100.0),
+                _ => "–".into(),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                d.title,
+                f0(x),
+                cost,
+                f2(median(r, d.id, |x| Some(x.summary.p50_ms))),
+                f2(median(r, d.id, |x| Some(x.summary.p99_ms))),
+                f0(median(r, d.id, |x| cpu_of(x, "gateway"))),
+                f0(median(r, d.id, |x| cpu_of(x, "redis"))),
+            );
+        }
+    }
+    md.push('\n');
+}
+
 /// Evaluates every target from the results.
 pub fn targets(r: &Results) -> Vec<TargetEval> {
     let mut out = Vec::new();
@@ -103,8 +153,13 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         figures: format!("{} vs {} req/s = {}×", f0(fe), f0(fa), f2(ratio(fe, fa))),
         met: ratio(fe, fa).map(|q| q >= 0.8),
     });
-    let script: Vec<(u64, u64)> =
-        r.rounds.iter().filter(|x| x.side == Side::Flashgate).filter_map(|x| x.check.as_ref().and_then(|c| c.script_calls)).collect();
+    // The comparison's scenarios only, not the durability rows.
+    let script: Vec<(u64, u64)> = r
+        .rounds
+        .iter()
+        .filter(|x| x.side == Side::Flashgate && SCENARIOS.iter().any(|s| s.id == x.scenario))
+        .filter_map(|x| x.check.as_ref().and_then(|c| c.script_calls))
+        .collect();
     let (calls, buys) = script.iter().fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
     out.push(TargetEval {
         id: "script",
@@ -220,6 +275,8 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         }
     }
     md.push('\n');
+
+    durability_section(&mut md, r);
 
     let _ = writeln!(md, "## Every round, in the order run (A/B/A/B)\n");
     let _ = writeln!(

@@ -32,6 +32,22 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
 ];
 
+/// What a durability setting costs, Flashgate against itself: "buy in
+/// stock" (closed loop, as `c_buy`) under each setting, shorter rounds,
+/// rounds alternating within each pair. `g_*` run with a replica attached
+/// to the bench's Redis, `h_*` without one and with the AOF on.
+pub const DURABILITY: &[Scenario] = &[
+    Scenario { id: "g_wait0", title: "redis.wait_replicas = 0 (a replica attached)", peer: None },
+    Scenario { id: "g_wait1", title: "redis.wait_replicas = 1 (shared WAIT)", peer: None },
+    Scenario { id: "h_fsync_everysec", title: "appendonly yes, appendfsync everysec", peer: None },
+    Scenario { id: "h_fsync_always", title: "appendonly yes, appendfsync always", peer: None },
+];
+
+/// Measured seconds of a durability round (at most the run's `--secs`).
+pub const DURABILITY_SECS: f64 = 5.0;
+/// Rounds of each durability setting; the report shows their median.
+pub const DURABILITY_ROUNDS: usize = 3;
+
 /// The books after a buy run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {

@@ -12,8 +12,10 @@ use flashgate_common::reservation::reservation_id;
 use http::HeaderValue;
 
 use crate::load::{self, BurstSpec, LoadSpec, Pace, Pick, Target, Users};
-use crate::results::{Check, Drain, Machine, Profile, Results, RoundResult, Side, SCENARIOS};
-use crate::stack::{command_calls, mint_bearers, random_users, Flashgate, FlashgateOptions, Peers};
+use crate::results::{
+    Check, Drain, Machine, Profile, Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS,
+};
+use crate::stack::{command_calls, mint_bearers, random_users, start_replica, Flashgate, FlashgateOptions, Peers};
 use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
 
 /// Everything `flashgate-bench run` is told.
@@ -61,7 +63,8 @@ pub enum Profiling {
 struct Ctx {
     s: Settings,
     fg: Flashgate,
-    peers: Peers,
+    /// `None` when no selected scenario runs against a peer.
+    peers: Option<Peers>,
     pg: sqlx::PgPool,
     bearers: Users,
     peer_ids: Users,
@@ -69,6 +72,9 @@ struct Ctx {
     hammer_bearers: Users,
     hammer_ids: Users,
     tag: String,
+    /// The gateway with `redis.wait_replicas = 1` (address, pid), while the
+    /// durability rows run.
+    wait_gateway: Option<(std::net::SocketAddr, u32)>,
 }
 
 fn probe(watched: Vec<Watched>) -> impl Fn() -> Snap + Send + Sync {
@@ -116,8 +122,15 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         },
     )
     .await?;
-    let peers = Peers::start(&work.0, &s.peers_dir, s.threads).await?;
-    eprintln!("bench: flashgate on {}, nginx-static on {}, openresty-gateway on {}", fg.gateway_addr, peers.static_addr, peers.gw_addr);
+    let wanted = |id: &str| s.scenarios.is_empty() || s.scenarios.iter().any(|x| x == id);
+    let peers = if SCENARIOS.iter().any(|sc| sc.peer.is_some() && wanted(sc.id)) {
+        let peers = Peers::start(&work.0, &s.peers_dir, s.threads).await?;
+        eprintln!("bench: flashgate on {}, nginx-static on {}, openresty-gateway on {}", fg.gateway_addr, peers.static_addr, peers.gw_addr);
+        Some(peers)
+    } else {
+        eprintln!("bench: flashgate on {}; no peer needed by the selected scenarios", fg.gateway_addr);
+        None
+    };
     let pg = sqlx::PgPool::connect(db_url).await?;
     if let Ok((v,)) = sqlx::query_as::<_, (String,)>("SHOW server_version").fetch_one(&pg).await {
         machine.versions.push(("PostgreSQL".into(), v));
@@ -141,6 +154,7 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         peers,
         pg,
         tag: crate::stack::random_hex(4),
+        wait_gateway: None,
     };
     ctx.fg.put_sale("bench", BIG_STOCK, 1).await?;
     ctx.fg.put_sale("state", BIG_STOCK, 1).await?;
@@ -164,6 +178,14 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
                 eprintln!("{}", line(&r));
                 rounds.push(r);
             }
+        }
+    }
+
+    if DURABILITY.iter().any(|sc| wanted(sc.id)) {
+        if ctx.fg.redis.is_some() {
+            rounds.extend(durability(&mut ctx, &work.0, &wanted).await.context("durability rows")?);
+        } else {
+            eprintln!("bench: durability rows skipped: they change the bench's own Redis, not one given with --redis-config");
         }
     }
 
@@ -229,6 +251,73 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     ];
     results.wall_s = started.elapsed().as_secs_f64();
     Ok(results)
+}
+
+/// The durability rows: `wait_replicas` 0 and 1 with a replica attached to
+/// the bench's Redis (a second gateway carries the 1), then the AOF with
+/// `appendfsync` everysec and always (replica gone, switched live with
+/// `CONFIG SET`); rounds alternate within each pair. Redis is left as it
+/// was found (no AOF, no replica).
+async fn durability(ctx: &mut Ctx, dir: &std::path::Path, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<RoundResult>> {
+    let mut rounds = Vec::new();
+    let port = match &ctx.fg.redis_config.target {
+        flashgate_common::config::RedisTarget::Standalone { url } => {
+            url.trim_end_matches('/').rsplit(':').next().and_then(|p| p.parse::<u16>().ok())
+        }
+        _ => None,
+    }
+    .context("the bench's own Redis has a port")?;
+    if wanted("g_wait0") || wanted("g_wait1") {
+        let (mut replica, _) = start_replica(dir, "flashgate-redis-replica", port).await?;
+        let (mut gateway, addr) = ctx.fg.start_gateway_with("flashgate-wait1", "wait_replicas = 1").await?;
+        ctx.wait_gateway = Some((addr, gateway.pid));
+        let result = durability_pair(ctx, ["g_wait0", "g_wait1"], wanted, &mut rounds).await;
+        ctx.wait_gateway = None;
+        gateway.stop();
+        replica.stop();
+        result?;
+    }
+    if wanted("h_fsync_everysec") || wanted("h_fsync_always") {
+        let mut redis = ctx.fg.redis().await?;
+        redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes").query_async::<()>(&mut redis).await?;
+        // Turning the AOF on rewrites it in the background first.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let info: String = redis::cmd("INFO").arg("persistence").query_async(&mut redis).await?;
+            if info.contains("aof_enabled:1") && info.contains("aof_rewrite_in_progress:0") && !info.contains("aof_rewrite_scheduled:1") {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the AOF rewrite did not finish in 120 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let result = durability_pair(ctx, ["h_fsync_everysec", "h_fsync_always"], wanted, &mut rounds).await;
+        redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("no").query_async::<()>(&mut redis).await?;
+        redis::cmd("CONFIG").arg("SET").arg("appendfsync").arg("everysec").query_async::<()>(&mut redis).await?;
+        result?;
+    }
+    Ok(rounds)
+}
+
+/// The rounds of two durability settings, alternating; an `h_fsync_*`
+/// row sets its `appendfsync` first.
+async fn durability_pair(
+    ctx: &Ctx,
+    pair: [&'static str; 2],
+    wanted: &dyn Fn(&str) -> bool,
+    rounds: &mut Vec<RoundResult>,
+) -> anyhow::Result<()> {
+    for round in 1..=DURABILITY_ROUNDS {
+        for scenario in pair.into_iter().filter(|id| wanted(id)) {
+            if let Some(mode) = scenario.strip_prefix("h_fsync_") {
+                let mut redis = ctx.fg.redis().await?;
+                redis::cmd("CONFIG").arg("SET").arg("appendfsync").arg(mode).query_async::<()>(&mut redis).await?;
+            }
+            let r = flashgate_round(ctx, scenario, round, 0.0).await.with_context(|| format!("{scenario} round {round}"))?;
+            eprintln!("{}", line(&r));
+            rounds.push(r);
+        }
+    }
+    Ok(())
 }
 
 fn line(r: &RoundResult) -> String {
@@ -300,7 +389,12 @@ async fn reset_script_stats(conn: &mut (impl redis::aio::ConnectionLike + Send))
 
 async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {
     let fg = &ctx.fg;
-    let addr = fg.gateway_addr;
+    let mut addr = fg.gateway_addr;
+    let mut watched = fg.watched();
+    if let (Some((wait_addr, pid)), "g_wait1") = (ctx.wait_gateway, scenario) {
+        addr = wait_addr;
+        watched.iter_mut().filter(|w| w.name == "gateway").for_each(|w| w.pids = vec![pid]);
+    }
     let tag = format!("{}{}f{round}", ctx.tag, &scenario[..1]);
     let sale = format!("{}-r{round}", scenario.replace('_', "-"));
     let buy_path = format!("/api/sales/{sale}/buy");
@@ -309,7 +403,9 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
         "a_static" => (0, Target::Get { path: SALE_PAGE_PATH.into() }, Pace::Closed),
         "b_state" => (0, Target::Get { path: "/api/sales/state".into() }, Pace::Closed),
-        "c_buy" => (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
+        "c_buy" | "g_wait0" | "g_wait1" | "h_fsync_everysec" | "h_fsync_always" => {
+            (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed)
+        }
         "c_buy_open" => {
             (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Open { rate: open_rate })
         }
@@ -329,9 +425,13 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     reset_script_stats(&mut redis).await?;
     let loadavg_before = sys::loadavg();
     let (summary, a, b) = if scenario == "f_burst" {
-        load::burst(ctx.burst(addr, target, tag), probe(fg.watched())).await
+        load::burst(ctx.burst(addr, target, tag), probe(watched)).await
     } else {
-        load::run(ctx.spec(addr, target, pace, tag), probe(fg.watched())).await
+        let mut spec = ctx.spec(addr, target, pace, tag);
+        if DURABILITY.iter().any(|d| d.id == scenario) {
+            spec.duration = spec.duration.min(Duration::from_secs_f64(DURABILITY_SECS));
+        }
+        load::run(spec, probe(watched)).await
     };
     let cpu = CpuUse::between(&a, &b);
     let check = if is_buy {
@@ -346,7 +446,9 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
         let clean = summary.errors == 0 && summary.timeouts == 0;
         // Buys whose answer could only come from the script.
         let reached = match scenario {
-            "c_buy" | "c_buy_open" => clean.then(|| summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410)),
+            "c_buy" | "c_buy_open" | "g_wait0" | "g_wait1" | "h_fsync_everysec" | "h_fsync_always" => {
+                clean.then(|| summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410))
+            }
             "e_hammer" => clean.then(|| summary.total_in(200..=299) + summary.total_of(409)),
             _ => None,
         };
@@ -361,6 +463,12 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
                 let ok = admitted as f64 <= bound && winners == 1;
                 check.ok &= ok;
                 check.text.push_str(&format!(", admitted past the user bucket {admitted} (bound {bound:.0})"));
+            }
+            "g_wait0" | "g_wait1" => {
+                // The sharing, visible: WAITs sent for the round's winners.
+                let waits = command_calls(&mut redis, "wait").await?;
+                check.ok &= (scenario == "g_wait0") == (waits == 0);
+                check.text.push_str(&format!(", WAIT calls {waits}"));
             }
             "f_burst" => {
                 let sold_out = winners as i64 == stock;
@@ -425,7 +533,7 @@ async fn check_flashgate(
 }
 
 async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {
-    let peers = &ctx.peers;
+    let peers = ctx.peers.as_ref().context("the peers were not started")?;
     let tag = format!("{}{}p{round}", ctx.tag, &scenario[..1]);
     let path = "/api/seckill/1001/buy".to_owned();
     let ids = ctx.peer_ids.clone();

@@ -86,6 +86,42 @@ pub async fn start_redis(dir: &Path, name: &str) -> anyhow::Result<(Proc, u16)> 
     Ok((proc, port))
 }
 
+/// A replica (`--replicaof`) of the redis-server on `primary`, nothing
+/// persisted; returns once its link to the primary is up.
+///
+/// # Errors
+/// When it does not start or never links within 10 s.
+pub async fn start_replica(dir: &Path, name: &str, primary: u16) -> anyhow::Result<(Proc, u16)> {
+    // The first sync starts at once, not after the default 5 s wait for
+    // more replicas.
+    let mut primary_conn = redis::Client::open(format!("redis://127.0.0.1:{primary}/"))?.get_multiplexed_async_connection().await?;
+    redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0).query_async::<()>(&mut primary_conn).await?;
+    let port = free_port();
+    let replica_dir = dir.join(name);
+    std::fs::create_dir_all(&replica_dir)?;
+    let (out, err) = log_file(dir, name)?;
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+        .arg(&replica_dir)
+        .args(["--replicaof", "127.0.0.1", &primary.to_string()])
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .context("redis-server on PATH")?;
+    let proc = Proc::child(name, child);
+    ensure!(wait_port(loopback(port), Duration::from_secs(10)).await, "{name} did not start");
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?.get_multiplexed_async_connection().await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await?;
+        if info.contains("master_link_status:up") {
+            return Ok((proc, port));
+        }
+        ensure!(std::time::Instant::now() < deadline, "{name} never linked to its primary on {primary}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The Flashgate side.
 pub struct Flashgate {
     pub gateway: Proc,
@@ -226,6 +262,40 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             bail!("gateway did not start:\n{}", std::fs::read_to_string(dir.join("flashgate.log")).unwrap_or_default());
         }
         Ok(fg)
+    }
+
+    /// A second gateway beside the first, on the same Redis and backend,
+    /// with `redis_keys` added to its `[redis]` table (e.g.
+    /// `wait_replicas = 1`); its address once it listens.
+    ///
+    /// # Errors
+    /// When it does not come up within 30 s.
+    pub async fn start_gateway_with(&self, name: &str, redis_keys: &str) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
+        let addr = loopback(free_port());
+        let admin = loopback(free_port());
+        let config = std::fs::read_to_string(&self.config_path)?
+            .replace(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\"\nadmin_listen = \"{admin}\""))
+            .replace("timeout_ms = 1000\n", &format!("timeout_ms = 1000\n{redis_keys}\n"))
+            .replace(&self.dir.join("run").display().to_string(), &self.dir.join(format!("run-{name}")).display().to_string());
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config)?;
+        let (out, err) = log_file(&self.dir, name)?;
+        let child = Command::new(self.bin_dir.join("flashgate"))
+            .arg("--config")
+            .arg(&path)
+            .arg("serve")
+            .env("FLASHGATE_JWT_SECRET", &self.jwt_secret)
+            .env("FLASHGATE_ADMIN_TOKEN", &self.admin_token)
+            .env("FLASHGATE_INTERNAL_TOKEN", &self.internal_token)
+            .env("RUST_LOG", "warn")
+            .stdout(out)
+            .stderr(err)
+            .spawn()?;
+        let gateway = Proc::child(name, child);
+        if !wait_port(addr, Duration::from_secs(30)).await {
+            bail!("{name} did not start:\n{}", std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default());
+        }
+        Ok((gateway, addr))
     }
 
     /// Starts the backend and waits for its admin listener.

@@ -36,6 +36,8 @@
 //! - [`clock`]: the wall clock of the buy rules, settable in tests.
 //! - [`readiness`]: what the gateway waits for (Redis, the backend); `/ready`.
 //! - [`redis_client`]: the shared, lazily created Redis connection.
+//! - [`replica_wait`]: wins held until `redis.wait_replicas` replicas have
+//!   them, one shared `WAIT` per round.
 //! - [`metrics`]: Prometheus metrics; [`admin`]: the listener serving them.
 //! - [`rejection`]: every way a request is turned down, as values.
 //! - [`reply`]: responses, and the HTTP status of every rejection and buy outcome.
@@ -65,6 +67,7 @@ pub mod readiness;
 pub mod redis_client;
 pub mod rejection;
 pub mod reload;
+pub mod replica_wait;
 pub mod reply;
 pub mod reservations;
 pub mod route;

@@ -33,6 +33,11 @@ pub struct Metrics {
     /// Buys the deduct script refused because their sale is fenced (its
     /// Redis became a master since the sale last agreed with the database).
     pub fenced_buys: IntCounter,
+    /// Redis `WAIT` calls for replica acknowledgement (`redis.wait_replicas`);
+    /// beside the wins, it shows how many wins one `WAIT` covers.
+    pub replica_waits: IntCounter,
+    /// Wins answered 503 because too few replicas acknowledged them in time.
+    pub replica_wait_timeouts: IntCounter,
 }
 
 impl Metrics {
@@ -66,10 +71,18 @@ impl Metrics {
         let circuit_state =
             IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.").expect("valid gauge");
         registry.register(Box::new(circuit_state.clone())).expect("unique metric");
+        let plain_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid counter");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
         let fenced_buys =
-            IntCounter::new("fenced_buys_total", "Buys refused with 503 because their sale is fenced until the backend re-syncs it.")
-                .expect("valid counter");
-        registry.register(Box::new(fenced_buys.clone())).expect("unique metric");
+            plain_counter("fenced_buys_total", "Buys refused with 503 because their sale is fenced until the backend re-syncs it.");
+        let replica_waits = plain_counter("gateway_replica_waits_total", "Redis WAIT calls for replica acknowledgement of wins.");
+        let replica_wait_timeouts = plain_counter(
+            "gateway_replica_wait_timeouts_total",
+            "Wins answered 503: fewer replicas than redis.wait_replicas acknowledged in time.",
+        );
         Self {
             registry,
             requests,
@@ -82,6 +95,8 @@ impl Metrics {
             local_decisions,
             forward_failures,
             fenced_buys,
+            replica_waits,
+            replica_wait_timeouts,
         }
     }
 

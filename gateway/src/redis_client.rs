@@ -9,6 +9,7 @@
 //! configured timeout, so a stalled Redis yields a quick 503, not a hang.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,12 +40,23 @@ pub struct RedisClient {
     pub deduct: redis::Script,
     /// Shared with the admin listener, which reports its state.
     pub breaker: Arc<Breaker>,
+    /// Calls that failed or timed out so far. After one, the connection
+    /// may have been replaced (the standalone manager and the cluster
+    /// client reconnect by themselves), and a replica `WAIT` on the new one
+    /// would not count the old one's writes; see [`RedisClient::generation`].
+    faults: AtomicU64,
 }
 
 impl RedisClient {
     /// A client of the deployment `config` names; nothing connects yet.
     pub fn new(config: RedisConfig, breaker: Breaker) -> Self {
-        Self { config, breaker: Arc::new(breaker), conn: OnceCell::new(), deduct: redis::Script::new(DEDUCT_LUA) }
+        Self {
+            config,
+            breaker: Arc::new(breaker),
+            conn: OnceCell::new(),
+            deduct: redis::Script::new(DEDUCT_LUA),
+            faults: AtomicU64::new(0),
+        }
     }
 
     /// A client of the standalone Redis at `url` (tests, tools).
@@ -62,7 +74,8 @@ impl RedisClient {
             .bounded(self.conn.get_or_try_init(|| async {
                 let tuning = Tuning {
                     connection_timeout: self.config.timeout,
-                    response_timeout: self.config.timeout,
+                    // A call may queue behind a replica WAIT on this connection.
+                    response_timeout: self.config.call_timeout(),
                     reconnect_retries: 1,
                     max_reconnect_delay: Some(Duration::from_millis(500)),
                 };
@@ -74,8 +87,20 @@ impl RedisClient {
         Ok(conn.clone())
     }
 
+    /// A number that changes whenever the shared connection may have been
+    /// replaced: the sentinel handle's generation (see
+    /// [`RedisHandle::generation`]) plus the calls that failed. Equal
+    /// before a deduct and around a replica `WAIT`, it proves the `WAIT`
+    /// ran on the connection the deduct did; it also changes after failures
+    /// that replaced nothing, which only costs a winner a 503 and a replay.
+    pub fn generation(&self) -> u64 {
+        self.conn.get().map_or(0, RedisHandle::generation) + self.faults.load(Ordering::SeqCst)
+    }
+
     /// Runs a Redis call through the circuit breaker, with the configured
-    /// timeout. Its outcome feeds the breaker.
+    /// timeout (`redis.timeout_ms`, plus `redis.wait_timeout_ms` when wins
+    /// wait for replicas: a call may queue behind a `WAIT`). Its outcome
+    /// feeds the breaker.
     ///
     /// # Errors
     /// [`RedisError::CircuitOpen`] without trying while the breaker is open,
@@ -86,18 +111,21 @@ impl RedisClient {
         let Some(permit) = self.breaker.allow() else {
             return Err(RedisError::CircuitOpen);
         };
-        match tokio::time::timeout(self.config.timeout, fut).await {
+        let limit = self.config.call_timeout();
+        match tokio::time::timeout(limit, fut).await {
             Ok(Ok(v)) => {
                 permit.success();
                 Ok(Ok(v))
             }
             Ok(Err(e)) => {
                 permit.failure();
+                self.faults.fetch_add(1, Ordering::SeqCst);
                 Ok(Err(e))
             }
             Err(_) => {
                 permit.failure();
-                Err(RedisError::Timeout(self.config.timeout))
+                self.faults.fetch_add(1, Ordering::SeqCst);
+                Err(RedisError::Timeout(limit))
             }
         }
     }

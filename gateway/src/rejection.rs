@@ -23,6 +23,10 @@ pub enum Rejection {
     Paused,
     /// Redis unreachable or too slow.
     Unavailable,
+    /// A win not yet held by `redis.wait_replicas` replicas: answered like
+    /// [`Rejection::Unavailable`]; the reservation stays, and a retry with
+    /// the same Idempotency-Key answers it once the replicas caught up.
+    NotReplicated,
     /// A token bucket is empty.
     RateLimited(crate::limits::Limited),
     /// The user or IP is on a deny list.
@@ -43,7 +47,7 @@ impl Rejection {
             Rejection::Ended => "ended",
             Rejection::NotStarted(_) => "not_started",
             Rejection::Paused => "paused",
-            Rejection::Unavailable => "unavailable",
+            Rejection::Unavailable | Rejection::NotReplicated => "unavailable",
             Rejection::RateLimited(_) => "rate_limited",
             Rejection::Denied => "denied",
         }
@@ -58,6 +62,7 @@ impl Rejection {
                 crate::limits::Scope::Global => "rate_limited_global",
                 crate::limits::Scope::Cluster => "rate_limited_cluster",
             },
+            Rejection::NotReplicated => "replica_wait_timeout",
             other => other.code(),
         }
     }
@@ -75,6 +80,7 @@ impl Rejection {
             Rejection::NotStarted(_) => "the sale has not started yet",
             Rejection::Paused => "the sale is paused, try again shortly",
             Rejection::Unavailable => "temporarily unavailable, try again shortly",
+            Rejection::NotReplicated => "not confirmed yet, retry shortly with the same Idempotency-Key",
             Rejection::RateLimited(_) => "too many requests, slow down",
             Rejection::Denied => "access denied",
         }

@@ -52,7 +52,7 @@ impl Rejection {
             Rejection::PayloadTooLarge => 413,
             Rejection::HeadersTooLarge => 431,
             Rejection::RateLimited(_) => 429,
-            Rejection::Paused | Rejection::Unavailable => 503,
+            Rejection::Paused | Rejection::Unavailable | Rejection::NotReplicated => 503,
         }
     }
 }
@@ -113,7 +113,7 @@ impl From<Rejection> for Reply {
                 .header("RateLimit-Policy", l.policy_header())
                 .header("RateLimit", l.state_header()),
             Rejection::NotStarted(secs) => reply.header("Retry-After", secs.max(1).to_string()),
-            Rejection::Unavailable => reply.header("Retry-After", "1"),
+            Rejection::Unavailable | Rejection::NotReplicated => reply.header("Retry-After", "1"),
             Rejection::Paused => reply.header("Retry-After", "5"),
             Rejection::MethodNotAllowed(allow) => reply.header("Allow", allow),
             _ => reply,
@@ -161,5 +161,9 @@ mod tests {
         assert!(r.headers.contains(&("Retry-After", "42".to_string())));
         let r = Reply::from(Rejection::Unavailable);
         assert!(r.headers.iter().any(|(n, _)| *n == "Retry-After"));
+        let r = Reply::from(Rejection::NotReplicated);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!((r.status, v["code"].as_str()), (503, Some("unavailable")), "a win not on enough replicas answers like any 503");
+        assert!(r.headers.contains(&("Retry-After", "1".to_string())));
     }
 }

@@ -23,6 +23,7 @@ use crate::proxy::Gateway;
 use crate::readiness::{DependencyWatcher, Readiness};
 use crate::redis_client::RedisClient;
 use crate::reload::ConfigWatcher;
+use crate::replica_wait::ReplicaWait;
 use crate::runtime_dir::RuntimePaths;
 use crate::sales::SaleCache;
 use crate::static_pages::{PagesWatcher, StaticPages};
@@ -62,6 +63,8 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         orders: orders.clone(),
         order_lookups: order_lookups.clone(),
         forwarder,
+        replica_wait: (config.redis.wait_replicas > 0)
+            .then(|| Arc::new(ReplicaWait::new(redis.clone(), metrics.clone(), config.redis.wait_replicas, config.redis.wait_timeout))),
         metrics: metrics.clone(),
         idempotency_ttl: config.gateway.idempotency_ttl,
         clock: SystemClock,

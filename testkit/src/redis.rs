@@ -51,6 +51,37 @@ impl RedisServer {
         server
     }
 
+    /// A replica of this server (`--replicaof`, no persistence), in a temp
+    /// dir of its own; returns once its link to this server is up. (Its
+    /// [`RedisServer::restart`] brings it back as a primary.)
+    pub fn start_replica(&self) -> Self {
+        // The first sync starts at once, not after the default 5 s wait for
+        // more replicas.
+        let _: () = query(self.port, redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0)).unwrap();
+        let dir = TempDir::new("redis-replica");
+        let port = free_port();
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+            .arg(&dir.0)
+            .args(["--replicaof", "127.0.0.1", &self.port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let proc = Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server" };
+        assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "redis replica did not start");
+        let replica = Self { proc, port, dir: dir.0.clone(), appendonly: false, owned_dir: Some(dir) };
+        let started = Instant::now();
+        while !replica.replication_info().contains("master_link_status:up") {
+            assert!(started.elapsed() < Duration::from_secs(10), "replica on {port} never linked to {}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
+    }
+
+    /// `INFO replication`, empty when the server does not answer.
+    pub fn replication_info(&self) -> String {
+        query(self.port, redis::cmd("INFO").arg("replication")).unwrap_or_default()
+    }
+
     /// Kills the server (SIGKILL) and starts a new one on the same port and dir.
     pub fn restart(&mut self) {
         let _ = self.proc.child.kill();

@@ -165,6 +165,11 @@ pub struct Redis {
     pub timeout_ms: u64,
     pub breaker_failures: u32,
     pub breaker_cooldown_ms: u64,
+    /// Replicas that must acknowledge a win before its buyer is answered
+    /// (Redis `WAIT`); 0 = answer as soon as the master has it.
+    pub wait_replicas: u32,
+    /// How long a win waits for those replicas before its buyer gets 503.
+    pub wait_timeout_ms: u64,
 }
 
 /// The default of `redis.url`; another value in cluster or sentinel mode
@@ -182,6 +187,8 @@ impl Default for Redis {
             timeout_ms: 250,
             breaker_failures: 5,
             breaker_cooldown_ms: 1000,
+            wait_replicas: 0,
+            wait_timeout_ms: 500,
         }
     }
 }

@@ -85,6 +85,11 @@ pub struct RedisConfig {
     pub breaker_failures: u32,
     /// How long an open breaker answers 503 before probing Redis again.
     pub breaker_cooldown: Duration,
+    /// Replicas that must hold a win before its buyer is answered; 0 = no
+    /// `WAIT` (the master alone holds a win when it is answered).
+    pub wait_replicas: u32,
+    /// How long a win waits for `wait_replicas` before its buyer gets 503.
+    pub wait_timeout: Duration,
 }
 
 impl RedisConfig {
@@ -95,6 +100,20 @@ impl RedisConfig {
             timeout: Duration::from_millis(250),
             breaker_failures: 5,
             breaker_cooldown: Duration::from_secs(1),
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(500),
+        }
+    }
+
+    /// The longest a call on the shared connection may take. With
+    /// `wait_replicas` set, a call can queue behind a `WAIT` on that
+    /// connection (Redis answers one client's commands in order), so it may
+    /// take up to `wait_timeout` longer than `timeout`.
+    pub fn call_timeout(&self) -> Duration {
+        if self.wait_replicas > 0 {
+            self.timeout + self.wait_timeout
+        } else {
+            self.timeout
         }
     }
 }

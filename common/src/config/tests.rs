@@ -260,6 +260,26 @@ fn every_problem_is_reported_with_its_key_its_bound_and_the_value() {
 }
 
 #[test]
+fn replica_waits_are_off_by_default_and_their_keys_are_bounded_and_named() {
+    let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert_eq!((c.redis.wait_replicas, c.redis.wait_timeout), (0, Duration::from_millis(500)));
+    assert_eq!(c.redis.call_timeout(), c.redis.timeout, "no WAIT, no longer bound");
+    let c = Config::from_toml_str("[redis]\nwait_replicas = 1\nwait_timeout_ms = 200\n", &NoEnv, 0).unwrap();
+    assert_eq!((c.redis.wait_replicas, c.redis.wait_timeout), (1, Duration::from_millis(200)));
+    assert_eq!(c.redis.call_timeout(), c.redis.timeout + Duration::from_millis(200), "a call may queue behind a WAIT");
+    let text = "[redis]\nwait_replicas = 17\nwait_timeout_ms = 0\n";
+    let Err(ConfigError::Invalid(problems)) = Config::from_toml_str(text, &NoEnv, 0) else { panic!("accepted") };
+    assert_eq!(
+        problems,
+        ["redis.wait_replicas: must be at most 16 (0 = no WAIT), got 17", "redis.wait_timeout_ms: must be between 1 and 60000, got 0"],
+    );
+    let msg = Config::from_toml_str("[redis]\nwait_timeout_ms = 60001\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("redis.wait_timeout_ms: must be between 1 and 60000, got 60001"), "{msg}");
+    let msg = Config::from_toml_str("[redis]\nwait_replicas = -1\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("wait_replicas"), "{msg}");
+}
+
+#[test]
 fn parsing_reads_nothing_from_the_machine() {
     // The default consumer name needs the host name: the backend picks it
     // at start; parsing leaves it unset.

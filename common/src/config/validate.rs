@@ -36,6 +36,9 @@ pub const MAX_BUCKET_PER_SECOND: u32 = 1_000_000;
 pub const MAX_BUCKET_BURST: u32 = 10_000_000;
 /// Longest `sales[].duration_seconds`: a year.
 pub const MAX_SALE_DURATION_SECONDS: i64 = 365 * 86_400;
+/// Most `redis.wait_replicas`: more replicas than one master would ever
+/// feed is a typo.
+pub const MAX_WAIT_REPLICAS: u32 = 16;
 /// Longest `max-age` of a page or asset: a year.
 const MAX_AGE_SECONDS: u64 = 31_536_000;
 
@@ -77,12 +80,17 @@ fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
     check.between("redis.timeout_ms", f.timeout_ms, 1, 60_000);
     check.between("redis.breaker_failures", f.breaker_failures, 1, 1000);
     check.between("redis.breaker_cooldown_ms", f.breaker_cooldown_ms, 10, 600_000);
+    check.at_most("redis.wait_replicas", f.wait_replicas, MAX_WAIT_REPLICAS).note("0 = no WAIT");
+    // WAIT with a timeout of 0 blocks for good.
+    check.between("redis.wait_timeout_ms", f.wait_timeout_ms, 1, 60_000);
     let target = redis_target(check, &f);
     RedisConfig {
         target,
         timeout: Duration::from_millis(f.timeout_ms),
         breaker_failures: f.breaker_failures,
         breaker_cooldown: Duration::from_millis(f.breaker_cooldown_ms),
+        wait_replicas: f.wait_replicas,
+        wait_timeout: Duration::from_millis(f.wait_timeout_ms),
     }
 }
 

@@ -152,6 +152,17 @@ impl RedisHandle {
         }
     }
 
+    /// Which connection to the primary this is, as far as a `WAIT` cares:
+    /// in sentinel mode, how many times the handle followed the primary to
+    /// a new connection (a `WAIT` sent after a swap does not count the
+    /// writes of the old connection); 0 in the other modes.
+    pub fn generation(&self) -> u64 {
+        match self {
+            Self::Sentinel(s) => s.generation(),
+            _ => 0,
+        }
+    }
+
     /// Whether commands on different hash slots can go to different nodes.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))

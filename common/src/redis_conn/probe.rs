@@ -5,7 +5,10 @@
 //! - cluster: `CLUSTER INFO` says `cluster_state:ok` on every seed node, and
 //!   every master loads every script (`SCRIPT LOAD`);
 //! - sentinel: a sentinel knows `redis.master_name`, the address it gives
-//!   answers `ROLE` as a master, and loads every script.
+//!   answers `ROLE` as a master, and loads every script;
+//! - with `redis.wait_replicas` set, in every mode: each master has at
+//!   least that many connected replicas (`INFO replication`
+//!   `connected_slaves`), else no win could ever be answered.
 //!
 //! In every mode each master must let a script read `INFO replication`:
 //! the failover fence (`lua/deduct.lua`) compares the replication id there
@@ -40,11 +43,34 @@ pub async fn probe(config: &RedisConfig) -> Result<Vec<String>, ProbeError> {
             let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("redis.url: {url}: {e}")))?;
             redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| ProbeError(format!("redis.url: {url}: PING: {e}")))?;
             let replid = fence_reads(&mut conn, url).await?;
-            Ok(vec![format!("{url}: answers PING, replication id {replid}")])
+            let mut found = vec![format!("{url}: answers PING, replication id {replid}")];
+            if config.wait_replicas > 0 {
+                let info = redis::cmd("INFO").arg("replication").query_async::<String>(&mut conn).await;
+                found.push(enough_replicas(url, info, config.wait_replicas)?);
+            }
+            Ok(found)
         }
-        RedisTarget::Cluster { nodes } => cluster(nodes, timeout).await,
-        RedisTarget::Sentinel { sentinels, master_name } => sentinel(sentinels, master_name, timeout).await,
+        RedisTarget::Cluster { nodes } => cluster(nodes, timeout, config.wait_replicas).await,
+        RedisTarget::Sentinel { sentinels, master_name } => sentinel(sentinels, master_name, timeout, config.wait_replicas).await,
     }
+}
+
+/// Whether the master at `master` (its `INFO replication`) has the
+/// `wanted` replicas a win waits for.
+fn enough_replicas(master: &str, info: redis::RedisResult<String>, wanted: u32) -> Result<String, ProbeError> {
+    let info = info.map_err(|e| ProbeError(format!("master {master}: INFO replication: {e}")))?;
+    let connected = connected_replicas(&info);
+    if connected < wanted {
+        return Err(ProbeError(format!(
+            "redis.wait_replicas: master {master} has {connected} connected replicas, fewer than the {wanted} every win waits for"
+        )));
+    }
+    Ok(format!("master {master}: {connected} connected replicas (redis.wait_replicas = {wanted})"))
+}
+
+/// `connected_slaves` of an `INFO replication` answer (0 when absent).
+fn connected_replicas(info: &str) -> u32 {
+    info.lines().find_map(|l| l.trim().strip_prefix("connected_slaves:")).and_then(|n| n.parse().ok()).unwrap_or(0)
 }
 
 /// A plain connection to one node.
@@ -53,7 +79,7 @@ async fn node(url: &str, timeout: Duration) -> redis::RedisResult<MultiplexedCon
     Client::open(url)?.get_multiplexed_async_connection_with_config(&config).await
 }
 
-async fn cluster(nodes: &[String], timeout: Duration) -> Result<Vec<String>, ProbeError> {
+async fn cluster(nodes: &[String], timeout: Duration, wait_replicas: u32) -> Result<Vec<String>, ProbeError> {
     let mut found = Vec::new();
     for (i, url) in nodes.iter().enumerate() {
         let key = format!("redis.nodes[{i}]");
@@ -89,10 +115,20 @@ async fn cluster(nodes: &[String], timeout: Duration) -> Result<Vec<String>, Pro
         reply.map_err(|e| fence_error(&format!("cluster master {master}"), &e))?;
     }
     found.extend(masters.into_iter().map(|m| format!("master {m}: every script loaded, scripts read INFO")));
+    if wait_replicas > 0 {
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        let replies =
+            conn.each_master(&info).await.map_err(|e| ProbeError(format!("redis.nodes: INFO replication on every master: {e}")))?;
+        for (master, reply) in replies {
+            let text = reply.and_then(|v| redis::from_redis_value::<String>(v).map_err(Into::into));
+            found.push(enough_replicas(&master, text, wait_replicas)?);
+        }
+    }
     Ok(found)
 }
 
-async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration) -> Result<Vec<String>, ProbeError> {
+async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration, wait_replicas: u32) -> Result<Vec<String>, ProbeError> {
     let mut found = Vec::new();
     let mut master = None;
     for (i, url) in sentinels.iter().enumerate() {
@@ -136,6 +172,10 @@ async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration) ->
     }
     let replid = fence_reads(&mut conn, &format!("master {host}:{port}")).await?;
     found.push(format!("master {host}:{port}: ROLE master, every script loaded, replication id {replid}"));
+    if wait_replicas > 0 {
+        let info = redis::cmd("INFO").arg("replication").query_async::<String>(&mut conn).await;
+        found.push(enough_replicas(&format!("{host}:{port}"), info, wait_replicas)?);
+    }
     Ok(found)
 }
 
@@ -155,4 +195,19 @@ fn fence_error(node: &str, e: &redis::RedisError) -> ProbeError {
 /// Runs the fence's read of the replication id on `conn`; answers the id.
 async fn fence_reads(conn: &mut MultiplexedConnection, node: &str) -> Result<String, ProbeError> {
     fence_script().query_async::<String>(conn).await.map_err(|e| fence_error(node, &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_few_replicas_name_the_key_and_the_count() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:1\r\nslave0:ip=127.0.0.1,port=7001,state=online\r\n";
+        assert_eq!(connected_replicas(info), 1);
+        assert!(enough_replicas("m:1", Ok(info.into()), 1).is_ok());
+        let err = enough_replicas("m:1", Ok(info.into()), 2).unwrap_err().to_string();
+        assert!(err.starts_with("redis.wait_replicas: master m:1 has 1 connected replicas, fewer than the 2"), "{err}");
+        assert_eq!(connected_replicas("role:master\r\n"), 0);
+    }
 }

@@ -10,8 +10,10 @@
 //! buy     local decision from the sale cache: sold-out flag, switches,
 //!         window (not started, ended, paused), unknown sale
 //!           ├─ open ─────► deduct script (one EVALSHA) ─► a win is queued
-//!           │              for the forwarder; a fresh sold out is flagged
-//!           │              and announced to every gateway
+//!           │              for the forwarder (and, with redis.wait_replicas,
+//!           │              answered once a shared WAIT says replicas have
+//!           │              it); a fresh sold out is flagged and announced
+//!           │              to every gateway
 //!           └─ refused ──► only a keyed retry that may have won reads its
 //!                          remembered outcome (one round trip), else refused
 //! ```
@@ -41,6 +43,7 @@ use crate::order_cache::OrderLookups;
 use crate::orders::OrderClient;
 use crate::redis_client::{RedisClient, RedisError};
 use crate::rejection::{unavailable, Rejection};
+use crate::replica_wait::{NotConfirmed, ReplicaWait};
 use crate::sales::{MissingSale, SaleCache, WindowCheck};
 use crate::switches::Switches;
 
@@ -59,6 +62,9 @@ pub struct BuyService<C: WallClock = SystemClock> {
     pub order_lookups: Arc<OrderLookups>,
     /// Queues winners for the backend, off the request path.
     pub forwarder: Forwarder,
+    /// Holds wins until `redis.wait_replicas` replicas have them; `None`
+    /// when that is 0.
+    pub replica_wait: Option<Arc<ReplicaWait>>,
     pub metrics: Arc<Metrics>,
     /// How long the script remembers an Idempotency-Key.
     pub idempotency_ttl: Duration,
@@ -98,6 +104,9 @@ impl<C: WallClock> BuyService<C> {
         // Taken before the script runs: a snapshot read after this may
         // already count this buy's win (see `SaleCache::took_one`).
         let sent_at = std::time::Instant::now();
+        // Which connection the call below goes on, read before it is sent: a
+        // replica WAIT confirms only the writes of its own connection.
+        let generation = self.redis.generation();
         let decision = match local {
             None => self.deduct(sale_id, user, idempotency_key).await?,
             // Turned away locally; only a retry of a remembered key still
@@ -135,12 +144,16 @@ impl<C: WallClock> BuyService<C> {
                 if !self.forwarder.forward(winner) {
                     self.metrics.forward_failures.with_label_values(&["queue_full"]).inc();
                 }
+                // The reservation stands either way (it is in the master and
+                // forwarded); only the answer waits for the replicas.
+                self.replicated(sale_id, generation).await?;
                 Ok(BuyOutcome::Won { reservation_id })
             }
             // A winner retrying with their key: the order's own state once
             // it exists. Nothing is forwarded again: the win's own forward
             // or, failing that, the stream writes the order.
             DeductOutcome::Won { reservation_id, reserved_at_ms: None } => {
+                self.replicated(sale_id, generation).await?;
                 let order = self.order_lookups.order(&reservation_id).await;
                 Ok(BuyOutcome::Replayed { reservation_id, order })
             }
@@ -224,6 +237,18 @@ impl<C: WallClock> BuyService<C> {
             }
         }
         Ok(decision)
+    }
+
+    /// With `redis.wait_replicas` set: returns once that many replicas hold
+    /// the writes the connection of `generation` made so far (the win just
+    /// answered on it among them), sharing one `WAIT` with the other
+    /// winners of the moment.
+    async fn replicated(&self, sale_id: &str, generation: u64) -> Result<(), Rejection> {
+        let Some(waits) = &self.replica_wait else { return Ok(()) };
+        waits.confirm(sale_id, generation).await.map_err(|e| match e {
+            NotConfirmed::TooFewReplicas => Rejection::NotReplicated,
+            NotConfirmed::Redis(e) => self.unavailable(&e),
+        })
     }
 
     fn unavailable(&self, error: &RedisError) -> Rejection {

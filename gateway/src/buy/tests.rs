@@ -61,6 +61,7 @@ async fn fixture(deny_users: &[&str]) -> Fixture {
         order_lookups: Arc::new(OrderLookups::new(orders.clone())),
         orders,
         forwarder,
+        replica_wait: None,
         metrics,
         idempotency_ttl: Duration::from_secs(600),
         clock: clock.clone(),
