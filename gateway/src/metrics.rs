@@ -10,6 +10,9 @@ use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, In
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
 const LATENCY_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
+/// Difficulty buckets, in bits: each bit doubles the work.
+const DIFFICULTY_BUCKETS: &[f64] = &[0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 28.0, 32.0];
+
 pub struct Metrics {
     pub registry: Registry,
     /// Every request, by route and outcome.
@@ -33,6 +36,15 @@ pub struct Metrics {
     /// Buys the deduct script refused because their sale is fenced (its
     /// Redis became a master since the sale last agreed with the database).
     pub fenced_buys: IntCounter,
+    /// Proof-of-work challenges handed out (428 answers and fetches).
+    pub challenges_issued: IntCounter,
+    /// Solutions accepted (each once).
+    pub challenges_solved: IntCounter,
+    /// Buys refused for their solution, by reason (missing, expired,
+    /// forged, other_user, other_sale, too_easy, replayed, malformed).
+    pub challenges_rejected: IntCounterVec,
+    /// The difficulty of each challenge issued, in leading zero bits.
+    pub challenge_difficulty: Histogram,
 }
 
 impl Metrics {
@@ -70,6 +82,19 @@ impl Metrics {
             IntCounter::new("fenced_buys_total", "Buys refused with 503 because their sale is fenced until the backend re-syncs it.")
                 .expect("valid counter");
         registry.register(Box::new(fenced_buys.clone())).expect("unique metric");
+        let challenges_issued = IntCounter::new("challenges_issued_total", "Proof-of-work challenges issued.").expect("valid counter");
+        registry.register(Box::new(challenges_issued.clone())).expect("unique metric");
+        let challenges_solved =
+            IntCounter::new("challenges_solved_total", "Proof-of-work solutions accepted (each once).").expect("valid counter");
+        registry.register(Box::new(challenges_solved.clone())).expect("unique metric");
+        let challenges_rejected =
+            counter("challenges_rejected_total", "Buys refused for their proof-of-work solution, by reason.", &["reason"]);
+        let challenge_difficulty = Histogram::with_opts(
+            HistogramOpts::new("challenge_difficulty_bits", "Difficulty of the challenges issued, in leading zero bits.")
+                .buckets(DIFFICULTY_BUCKETS.to_vec()),
+        )
+        .expect("valid histogram");
+        registry.register(Box::new(challenge_difficulty.clone())).expect("unique metric");
         Self {
             registry,
             requests,
@@ -82,6 +107,10 @@ impl Metrics {
             local_decisions,
             forward_failures,
             fenced_buys,
+            challenges_issued,
+            challenges_solved,
+            challenges_rejected,
+            challenge_difficulty,
         }
     }
 

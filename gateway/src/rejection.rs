@@ -2,6 +2,7 @@
 //! a code, a metric label and a message. The HTTP status and headers of
 //! each are decided in `reply`, the only place that knows HTTP.
 
+use crate::challenge::token::{Issued, Refusal};
 use crate::metrics::Metrics;
 use crate::redis_client::RedisError;
 
@@ -27,6 +28,9 @@ pub enum Rejection {
     RateLimited(crate::limits::Limited),
     /// The user or IP is on a deny list.
     Denied,
+    /// The buy carries no valid proof-of-work solution: a fresh challenge,
+    /// and why the sent one (if any) was refused.
+    ChallengeRequired(Box<Issued>, Refusal),
 }
 
 impl Rejection {
@@ -46,6 +50,7 @@ impl Rejection {
             Rejection::Unavailable => "unavailable",
             Rejection::RateLimited(_) => "rate_limited",
             Rejection::Denied => "denied",
+            Rejection::ChallengeRequired(..) => "challenge_required",
         }
     }
 
@@ -77,6 +82,7 @@ impl Rejection {
             Rejection::Unavailable => "temporarily unavailable, try again shortly",
             Rejection::RateLimited(_) => "too many requests, slow down",
             Rejection::Denied => "access denied",
+            Rejection::ChallengeRequired(_, why) => why.message(),
         }
     }
 }
