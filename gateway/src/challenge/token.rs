@@ -195,7 +195,7 @@ impl Signer {
             return Err(Refusal::Expired);
         }
         let difficulty_bits = raw[1];
-        if difficulty_bits < min_bits || leading_zero_bits(&Sha256::digest(header)) < u32::from(difficulty_bits) {
+        if difficulty_bits < min_bits || solution_bits(header) < u32::from(difficulty_bits) {
             return Err(Refusal::TooEasy);
         }
         Ok(Solved { id: URL_SAFE_NO_PAD.encode(&raw[10..10 + ID_BYTES]), expires_at_ms, difficulty_bits })
@@ -216,6 +216,12 @@ fn split(header: &[u8]) -> Result<&[u8], Refusal> {
     Ok(challenge)
 }
 
+/// Leading zero bits of SHA-256 of a `Flashgate-Pow` header value: what
+/// the solution is worth.
+pub fn solution_bits(header: &[u8]) -> u32 {
+    leading_zero_bits(&Sha256::digest(header))
+}
+
 /// Leading zero bits of a digest.
 pub fn leading_zero_bits(digest: &[u8]) -> u32 {
     let mut bits = 0;
@@ -233,7 +239,7 @@ pub fn leading_zero_bits(digest: &[u8]) -> u32 {
 pub fn solve(challenge: &str, bits: u8, start: u64) -> String {
     (start..)
         .map(|n| format!("{challenge}.{n}"))
-        .find(|candidate| leading_zero_bits(&Sha256::digest(candidate.as_bytes())) >= u32::from(bits))
+        .find(|candidate| solution_bits(candidate.as_bytes()) >= u32::from(bits))
         .expect("some nonce below 2^64 has the bits")
 }
 
@@ -253,7 +259,7 @@ mod tests {
 
     /// A header whose hash has fewer than `bits` leading zero bits.
     fn unsolved(challenge: &str, bits: u8) -> String {
-        (0..).map(|n| format!("{challenge}.{n}")).find(|c| leading_zero_bits(&Sha256::digest(c.as_bytes())) < u32::from(bits)).unwrap()
+        (0..).map(|n| format!("{challenge}.{n}")).find(|c| solution_bits(c.as_bytes()) < u32::from(bits)).unwrap()
     }
 
     #[test]
