@@ -52,7 +52,15 @@ fn promtool_check(text: &str) {
         .expect("promtool (make test installs Debian's prometheus package)");
     child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // The one lint allowed: the challenge difficulty counts zero bits of a
+    // hash, not an amount of data, so "bytes" is no base unit for it (and
+    // its name is part of the public interface).
+    let problems: Vec<&str> = said
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains(r#"flashgate_challenge_difficulty_bits use base unit "bytes""#))
+        .collect();
+    assert!(problems.is_empty(), "promtool: {said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
