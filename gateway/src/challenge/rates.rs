@@ -1,7 +1,9 @@
 //! The adaptive difficulty: how hard a challenge is depends on how fast its
 //! user, its client IP and its whole sale are asking right now.
 //!
-//! Each key keeps one number, the count of its requests with each decayed
+//! A request here is one challenge handed out (a buy answered 428, or a
+//! fetch): every buy needs one. Each key keeps one number, the count of
+//! its requests with each decayed
 //! exponentially over a minute (time constant 60 s): at a steady `r`
 //! requests per minute it settles at `r`, a burst of `n` reads `n` at once
 //! and fades back. Above a scope's threshold, every doubling of the rate
