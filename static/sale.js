@@ -5,6 +5,12 @@
 // <meta name="fg-token-url"> (if any), the `fg_token` cookie set by the shop,
 // `?token=` in the address (demos and tests; removed from the address bar),
 // or the token field. See docs/PAGES.md.
+//
+// When the gateway asks a proof of work of buys, the page fetches a
+// challenge as soon as it has a token (GET /api/sales/{id}/challenge) and
+// solves it in a Web Worker (static/pow.js) while the countdown runs, so the
+// click sends `Flashgate-Pow` at once. A 428 (challenge expired, or a harder
+// one asked) is solved and the buy re-sent, up to three times.
 'use strict';
 
 const saleId = decodeURIComponent(location.pathname.split('/').filter(Boolean)[1] || '');
@@ -19,6 +25,9 @@ let busy = false;         // a buy is in flight or being polled
 let done = false;         // this buyer has an order (or can never get one)
 let retryAt = 0;          // server-clock ms before which buying waits (Retry-After)
 let pollTimer = 0;
+let powOff = false;       // the gateway asks no proof of work (its challenge endpoint said 404)
+let pow = null;           // {challenge, expiresAt, solved: Promise<header>} of the next buy
+const POW_MARGIN_MS = 30_000; // a challenge this close to expiry is replaced
 
 const serverNow = () => Date.now() + offsetMs;
 
@@ -107,6 +116,42 @@ function render() {
   }
 }
 
+// Solves `challenge` (asking `bits`) in a worker; resolves to the header value.
+function solve(challenge, bits) {
+  return new Promise((resolve, reject) => {
+    const worker = new Worker('/static/pow.js');
+    worker.onmessage = (e) => { worker.terminate(); resolve(e.data.header); };
+    worker.onerror = (e) => { worker.terminate(); reject(e); };
+    worker.postMessage({ challenge, bits });
+  });
+}
+
+// Takes a challenge (a 428 body or the challenge endpoint's answer) as the next buy's.
+function adopt(c) {
+  const solved = solve(c.challenge, c.difficulty_bits);
+  solved.catch(() => { if (pow && pow.solved === solved) pow = null; });
+  pow = { challenge: c.challenge, expiresAt: Date.parse(c.expires_at), solved };
+}
+
+// Fetches and starts solving a challenge ahead of the click, unless one is
+// ready and fresh, the gateway asks none, or there is nothing to buy.
+let powFetching = false;
+async function preparePow() {
+  const state = sale && sale.state;
+  if (powOff || powFetching || done || !token() || (state !== 'upcoming' && state !== 'open')) return;
+  if (pow && pow.expiresAt - serverNow() > POW_MARGIN_MS) return;
+  powFetching = true;
+  try {
+    const r = await fetch(`/api/sales/${encodeURIComponent(saleId)}/challenge`, {
+      headers: { Authorization: `Bearer ${token()}` }, cache: 'no-store',
+    });
+    if (r.status === 404) powOff = true;
+    else if (r.ok) adopt(await r.json());
+  } catch (_) { /* tried again at the next poll, or at the click */ } finally {
+    powFetching = false;
+  }
+}
+
 async function refresh() {
   clearTimeout(pollTimer);
   let next = POLL_MS;
@@ -131,6 +176,7 @@ async function refresh() {
     next = 3 * POLL_MS;
   }
   render();
+  preparePow();
   if (!document.hidden) pollTimer = setTimeout(refresh, next);
 }
 
@@ -146,16 +192,28 @@ async function buy(event) {
   say('Sending your order…');
   // One key per click: a retry after a network error reuses it, so the
   // gateway answers it with the first outcome instead of buying twice.
+  // The same solution goes with every re-send of this key: the gateway
+  // lets a re-send of the same buy through with it.
   const key = crypto.randomUUID();
-  let r, body;
-  for (let attempt = 0; ; attempt++) {
+  let r, body, solution = '';
+  if (!powOff && !pow) await preparePow();
+  if (pow) {
+    const ready = pow;
+    pow = null; // used by this click; the next one gets a fresh challenge
+    solution = await ready.solved.catch(() => '');
+  }
+  for (let attempt = 0, challenges = 0; ; attempt++) {
     try {
-      r = await fetch(`/api/sales/${encodeURIComponent(saleId)}/buy`, {
-        method: 'POST',
-        headers: { Authorization: `Bearer ${token()}`, 'Idempotency-Key': key, 'Content-Type': 'application/json' },
-        body: '{}',
-      });
+      const headers = { Authorization: `Bearer ${token()}`, 'Idempotency-Key': key, 'Content-Type': 'application/json' };
+      if (solution) headers['Flashgate-Pow'] = solution;
+      r = await fetch(`/api/sales/${encodeURIComponent(saleId)}/buy`, { method: 'POST', headers, body: '{}' });
       body = await r.json().catch(() => ({}));
+      if (r.status === 428 && body.challenge && challenges++ < 3) {
+        say('Preparing your order…');
+        solution = await solve(body.challenge, body.difficulty_bits);
+        attempt = -1;
+        continue;
+      }
       break;
     } catch (_) {
       if (attempt >= 2) { busy = false; say('Network problem: please try again.', 'bad'); render(); return; }

@@ -25,6 +25,7 @@
 //! | `fg:{sale:ID}:idem:USER:KEY` | string | an Idempotency-Key that won: `won|rid` (expires) |
 //! | `fg:{sale:ID}:idem-misses:USER` | hash | a user's keys that did not win -> outcome; capped, expires |
 //! | `fg:{sale:ID}:call:USER:NONCE` | string | a winning buy sent without a key: `rid|ts`, so the same call re-sent answers it (60 s) |
+//! | `fg:{sale:ID}:pow:CHALLENGE` | string | a used proof-of-work solution (`k:` + the buy's Idempotency-Key), until its challenge expires plus a minute |
 //! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
 //! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
 //! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
@@ -85,6 +86,7 @@ pub struct SaleKeys {
     restore_prefix: String,
     idem_misses_prefix: String,
     call_prefix: String,
+    pow_prefix: String,
 }
 
 /// Where one restore builds a sale's state before installing it at once.
@@ -112,6 +114,7 @@ impl SaleKeys {
             restore_prefix: format!("{tag}:restore:"),
             idem_misses_prefix: format!("{tag}:idem-misses:"),
             call_prefix: format!("{tag}:call:"),
+            pow_prefix: format!("{tag}:pow:"),
         }
     }
 
@@ -126,6 +129,13 @@ impl SaleKeys {
     /// re-sends only.
     pub fn call(&self, user: &str, nonce: &str) -> String {
         format!("{}{}:{}", self.call_prefix, user, nonce)
+    }
+
+    /// The record of a used proof-of-work solution, by its challenge's id
+    /// (the gateway's `challenge` module): set once with `SET NX`, so a
+    /// solution buys once across every gateway.
+    pub fn pow(&self, challenge_id: &str) -> String {
+        format!("{}{}", self.pow_prefix, challenge_id)
     }
 
     /// The hash remembering `user`'s Idempotency-Keys that did not win
@@ -164,6 +174,7 @@ mod tests {
             &k.idempotency("u", "i"),
             &k.idempotency_misses("u"),
             &k.call("u", "n"),
+            &k.pow("c"),
             &scratch.buyers,
             &scratch.reservations,
             &scratch.released,

@@ -98,6 +98,12 @@ impl Admission {
         Ok(user)
     }
 
+    /// The client address the limits and deny lists see (the peer, or a
+    /// trusted proxy's header).
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        self.edge.load().client_ip(peer, headers)
+    }
+
     /// The cluster-wide bucket in Redis, when configured: one round trip.
     ///
     /// # Errors

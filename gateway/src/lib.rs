@@ -15,6 +15,8 @@
 //!   hot-reloadable [`admission::Edge`].
 //! - [`buy`]: the buy rules ([`buy::BuyService`]): admission, the local
 //!   decision, the deduct, queueing winners and replays; no Pingora types.
+//! - [`challenge`]: the optional proof-of-work a buy must carry
+//!   (`Flashgate-Pow`), its signed challenges and adaptive difficulty.
 //! - [`sales`]: the one sale cache per gateway: a snapshot per sale
 //!   (window, listing, remaining), sold-out flags, winners, missing sales.
 //! - [`reservations`]: `GET /api/reservations/{id}`.
@@ -52,6 +54,7 @@ pub mod admission;
 pub mod auth;
 pub mod breaker;
 pub mod buy;
+pub mod challenge;
 pub mod client_ip;
 pub mod clock;
 pub mod cluster_limit;

@@ -226,7 +226,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Limiters<C> {
 }
 
 /// IPv4 as is (also when written IPv4-mapped); IPv6 truncated to its /64.
-fn ip_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn ip_key(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => {
             let mut seg = v6.segments();

@@ -69,9 +69,13 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("`{s}` is out of range"))
 }
 
-/// `check`: the file is valid (it was loaded); with `connect`, Redis answers
+/// `check`: the file is valid (it was loaded), the secrets the gateway
+/// would refuse to start without are there; with `connect`, Redis answers
 /// as its mode expects.
 fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Result<()> {
+    if let Err(e) = config.required_challenge_secret() {
+        anyhow::bail!("challenge.mode = \"{}\" needs a signing secret: {e}", config.challenge.mode.as_str());
+    }
     if connect {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let found = runtime.block_on(flashgate_common::redis_conn::probe(&config.redis))?;

@@ -10,6 +10,9 @@ use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, In
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
 const LATENCY_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
+/// Difficulty buckets, in bits: each bit doubles the work.
+const DIFFICULTY_BUCKETS: &[f64] = &[0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 28.0, 32.0];
+
 pub struct Metrics {
     pub registry: Registry,
     /// Every request, by route and outcome.
@@ -38,6 +41,15 @@ pub struct Metrics {
     pub replica_waits: IntCounter,
     /// Wins answered 503 because too few replicas acknowledged them in time.
     pub replica_wait_timeouts: IntCounter,
+    /// Proof-of-work challenges handed out (428 answers and fetches).
+    pub challenges_issued: IntCounter,
+    /// Solutions accepted (each once).
+    pub challenges_solved: IntCounter,
+    /// Buys refused for their solution, by reason (missing, expired,
+    /// forged, other_user, other_sale, too_easy, replayed, malformed).
+    pub challenges_rejected: IntCounterVec,
+    /// The difficulty of each challenge issued, in leading zero bits.
+    pub challenge_difficulty: Histogram,
 }
 
 impl Metrics {
@@ -83,6 +95,16 @@ impl Metrics {
             "gateway_replica_wait_timeouts_total",
             "Wins answered 503: fewer replicas than redis.wait_replicas acknowledged in time.",
         );
+        let challenges_issued = plain_counter("challenges_issued_total", "Proof-of-work challenges issued.");
+        let challenges_solved = plain_counter("challenges_solved_total", "Proof-of-work solutions accepted (each once).");
+        let challenges_rejected =
+            counter("challenges_rejected_total", "Buys refused for their proof-of-work solution, by reason.", &["reason"]);
+        let challenge_difficulty = Histogram::with_opts(
+            HistogramOpts::new("challenge_difficulty", "Difficulty of the challenges issued: leading zero bits asked of the hash.")
+                .buckets(DIFFICULTY_BUCKETS.to_vec()),
+        )
+        .expect("valid histogram");
+        registry.register(Box::new(challenge_difficulty.clone())).expect("unique metric");
         Self {
             registry,
             requests,
@@ -97,6 +119,10 @@ impl Metrics {
             fenced_buys,
             replica_waits,
             replica_wait_timeouts,
+            challenges_issued,
+            challenges_solved,
+            challenges_rejected,
+            challenge_difficulty,
         }
     }
 

@@ -2,6 +2,7 @@
 //! a code, a metric label and a message. The HTTP status and headers of
 //! each are decided in `reply`, the only place that knows HTTP.
 
+use crate::challenge::token::{Issued, Refusal};
 use crate::metrics::Metrics;
 use crate::redis_client::RedisError;
 
@@ -31,6 +32,9 @@ pub enum Rejection {
     RateLimited(crate::limits::Limited),
     /// The user or IP is on a deny list.
     Denied,
+    /// The buy carries no valid proof-of-work solution: a fresh challenge,
+    /// and why the sent one (if any) was refused.
+    ChallengeRequired(Box<Issued>, Refusal),
 }
 
 impl Rejection {
@@ -50,6 +54,7 @@ impl Rejection {
             Rejection::Unavailable | Rejection::NotReplicated => "unavailable",
             Rejection::RateLimited(_) => "rate_limited",
             Rejection::Denied => "denied",
+            Rejection::ChallengeRequired(..) => "challenge_required",
         }
     }
 
@@ -83,6 +88,7 @@ impl Rejection {
             Rejection::NotReplicated => "not confirmed yet, retry shortly with the same Idempotency-Key",
             Rejection::RateLimited(_) => "too many requests, slow down",
             Rejection::Denied => "access denied",
+            Rejection::ChallengeRequired(_, why) => why.message(),
         }
     }
 }

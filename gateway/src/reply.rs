@@ -7,6 +7,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use crate::buy::BuyOutcome;
+use crate::challenge::token::Issued;
 pub use crate::rejection::Rejection;
 
 /// A complete response, built by a handler and written by the proxy.
@@ -45,6 +46,7 @@ impl Rejection {
             Rejection::BadRequest(_) => 400,
             Rejection::Unauthorized(_) => 401,
             Rejection::NotStarted(_) | Rejection::Denied => 403,
+            Rejection::ChallengeRequired(..) => 428,
             Rejection::NotFound(_) => 404,
             Rejection::MethodNotAllowed(_) => 405,
             Rejection::LimitReached => 409,
@@ -104,8 +106,24 @@ fn queued(reservation_id: &str) -> Reply {
     Reply::json(202, &serde_json::json!({"status": "queued", "reservation_id": reservation_id}))
 }
 
+/// A challenge as JSON: the 428's extra fields, and the whole answer of
+/// `GET /api/sales/{id}/challenge`.
+pub fn challenge_fields(issued: &Issued) -> serde_json::Map<String, serde_json::Value> {
+    let mut fields = serde_json::Map::new();
+    fields.insert("challenge".into(), issued.challenge.clone().into());
+    fields.insert("difficulty_bits".into(), issued.difficulty_bits.into());
+    fields.insert("expires_at".into(), flashgate_common::rfc3339(issued.expires_at_ms).into());
+    fields
+}
+
 impl From<Rejection> for Reply {
     fn from(r: Rejection) -> Self {
+        if let Rejection::ChallengeRequired(issued, _) = &r {
+            let mut body = challenge_fields(issued);
+            body.insert("code".into(), r.code().into());
+            body.insert("message".into(), r.message().into());
+            return Reply::json(r.status(), &body).header("Cache-Control", "no-store");
+        }
         let reply = Reply::json(r.status(), &ErrorBody { code: r.code(), message: r.message() });
         match r {
             Rejection::RateLimited(l) => reply
@@ -152,6 +170,21 @@ mod tests {
         let r = replayed_order(&order);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!((r.status, v["status"].as_str(), v["order_id"].as_str()), (201, Some("confirmed"), Some("o-1")));
+    }
+
+    #[test]
+    fn a_required_challenge_is_428_with_exactly_the_challenge_fields() {
+        use crate::challenge::token::Refusal;
+        let issued = Issued { challenge: "c".repeat(72), difficulty_bits: 14, expires_at_ms: 1_800_000_000_000 };
+        let r = Reply::from(Rejection::ChallengeRequired(Box::new(issued), Refusal::Replayed));
+        assert_eq!(r.status, 428);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["challenge", "code", "difficulty_bits", "expires_at", "message"]);
+        assert_eq!((v["code"].as_str(), v["difficulty_bits"].as_u64()), (Some("challenge_required"), Some(14)));
+        assert_eq!(v["expires_at"], "2027-01-15T08:00:00.000Z");
+        assert!(v["message"].as_str().unwrap().contains("already used"));
     }
 
     #[test]

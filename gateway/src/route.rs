@@ -14,6 +14,8 @@ pub enum Route<'a> {
     ListSales,
     SaleState(&'a str),
     Buy(&'a str),
+    /// `GET /api/sales/{id}/challenge`: a proof-of-work challenge ahead of a buy.
+    Challenge(&'a str),
     Reservation(&'a str),
     SalePage(&'a str),
     Asset(&'a str),
@@ -28,6 +30,7 @@ impl Route<'_> {
             Route::ListSales => RouteKind::ListSales,
             Route::SaleState(_) => RouteKind::SaleState,
             Route::Buy(_) => RouteKind::Buy,
+            Route::Challenge(_) => RouteKind::Challenge,
             Route::Reservation(_) => RouteKind::Reservation,
             Route::SalePage(_) => RouteKind::Page,
             Route::Asset(_) => RouteKind::Asset,
@@ -43,6 +46,7 @@ pub enum RouteKind {
     ListSales,
     SaleState,
     Buy,
+    Challenge,
     Reservation,
     Page,
     Asset,
@@ -57,6 +61,7 @@ impl RouteKind {
             RouteKind::ListSales => "list_sales",
             RouteKind::SaleState => "sale_state",
             RouteKind::Buy => "buy",
+            RouteKind::Challenge => "challenge",
             RouteKind::Reservation => "reservation",
             RouteKind::Page => "page",
             RouteKind::Asset => "asset",
@@ -98,6 +103,7 @@ pub fn classify<'a>(method: &Method, path: &'a str) -> Result<Route<'a>, RouteEr
             "" => get(Route::SaleState(id)),
             "buy" if method == Method::POST => Ok(Route::Buy(id)),
             "buy" => Err(RouteError::MethodNotAllowed("POST")),
+            "challenge" => get(Route::Challenge(id)),
             _ => Err(RouteError::NotFound),
         };
     }
@@ -130,6 +136,8 @@ mod tests {
         assert_eq!(classify(&Method::GET, "/api/sales/s1"), Ok(Route::SaleState("s1")));
         assert_eq!(classify(&Method::POST, "/api/sales/s1/buy"), Ok(Route::Buy("s1")));
         assert_eq!(classify(&Method::GET, "/api/sales/s1/buy"), Err(RouteError::MethodNotAllowed("POST")));
+        assert_eq!(classify(&Method::GET, "/api/sales/s1/challenge"), Ok(Route::Challenge("s1")));
+        assert_eq!(classify(&Method::POST, "/api/sales/s1/challenge"), Err(RouteError::MethodNotAllowed("GET, HEAD")));
         assert_eq!(classify(&Method::DELETE, "/api/sales/s1"), Err(RouteError::MethodNotAllowed("GET, HEAD")));
         assert_eq!(classify(&Method::GET, "/api/sales/s1/nope"), Err(RouteError::NotFound));
     }

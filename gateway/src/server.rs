@@ -13,6 +13,7 @@ use crate::admission::{Admission, Edge};
 use crate::auth::Verifier;
 use crate::breaker::Breaker;
 use crate::buy::BuyService;
+use crate::challenge::ChallengeGate;
 use crate::clock::SystemClock;
 use crate::events::EventListener;
 use crate::forwarder::{forwarder, ForwardWorker};
@@ -31,7 +32,8 @@ use crate::switches::{SwitchWatcher, Switches};
 use crate::upstreams::Upstreams;
 
 /// Builds the gateway state. Fails on anything that would only break later:
-/// no JWT secret, no backend token of 32 bytes, an unreadable static dir.
+/// no JWT secret, no backend token of 32 bytes, no challenge secret of 32
+/// bytes while challenges are on, an unreadable static dir.
 ///
 /// # Errors
 /// With a message naming what is missing or wrong.
@@ -55,8 +57,16 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     let sales = Arc::new(SaleCache::new(config.pages.state_ttl));
     let switches = Arc::new(Switches::default());
     let order_lookups = Arc::new(OrderLookups::new(orders.clone()));
+    let challenge_secret = config
+        .required_challenge_secret()
+        .with_context(|| format!("challenge.mode = \"{}\" needs a signing secret", config.challenge.mode.as_str()))?;
+    let challenge = match challenge_secret {
+        Some(secret) => ChallengeGate::new(&config.challenge, secret, config.limits.max_tracked_keys, metrics.clone()),
+        None => ChallengeGate::off(metrics.clone()),
+    };
     let buy = BuyService {
         admission: admission.clone(),
+        challenge: Arc::new(challenge),
         redis: redis.clone(),
         sales: sales.clone(),
         switches: switches.clone(),

@@ -5,6 +5,9 @@
 // Buyer A opens the page before the start, sees the countdown, waits for the
 // start, buys and sees the confirmation with an order id. Buyer B, in a
 // second browser context, then sees the sale sold out.
+// With EXPECT_POW=1 (the gateway asks a proof of work), buyer A's page must
+// have fetched a challenge during the countdown and its buy must carry
+// Flashgate-Pow and never meet a 428 (solved before the click).
 // Exits non-zero, with a screenshot of the failing page, on any failure.
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
@@ -14,6 +17,7 @@ const need = (k) => { const v = process.env[k]; if (!v) { console.error(`${k} is
 const gateway = need('GATEWAY_URL'), saleId = need('SALE_ID');
 const tokenA = need('TOKEN_A'), tokenB = need('TOKEN_B');
 const artifacts = process.env.ARTIFACTS || 'target/browser-artifacts';
+const expectPow = process.env.EXPECT_POW === '1';
 mkdirSync(artifacts, { recursive: true });
 
 const browser = await chromium.launch({
@@ -31,6 +35,13 @@ try {
   const a = await ctxA.newPage();
   pages.push(['buyer-a', a]);
   a.on('console', (m) => { if (m.type() === 'error') console.error(`page error: ${m.text()}`); });
+  const buys = [];       // [Flashgate-Pow header, status] of buyer A's buy requests
+  let challengesFetched = 0;
+  a.on('response', async (resp) => {
+    const url = new URL(resp.url());
+    if (url.pathname.endsWith('/challenge')) challengesFetched++;
+    if (url.pathname.endsWith('/buy')) buys.push([(await resp.request().allHeaders())['flashgate-pow'] || '', resp.status()]);
+  });
   await a.goto(`${gateway}/sales/${saleId}?token=${encodeURIComponent(tokenA)}`);
 
   await a.locator('#countdown').filter({ hasText: /Starts in \d\d:\d\d/ }).waitFor({ timeout: 10_000 });
@@ -48,6 +59,14 @@ try {
   await a.locator('#result', { hasText: /Confirmed! Your order: \S+/ }).waitFor({ timeout: 30_000 });
   step(`buyer A: ${await a.locator('#result').textContent()}`);
   await shot(a, '3-confirmed');
+  if (expectPow) {
+    if (challengesFetched < 1) throw new Error('no challenge fetched before the buy');
+    if (buys.length < 1 || buys.some(([pow]) => !/^[A-Za-z0-9_-]{72}\.[0-9]+$/.test(pow))) throw new Error(`buys without Flashgate-Pow: ${JSON.stringify(buys)}`);
+    if (buys.some(([, status]) => status === 428)) throw new Error(`the click met a 428: ${JSON.stringify(buys)}`);
+    step(`proof of work sent with the buy (${challengesFetched} challenge(s) fetched): ${buys.map(([, s]) => s).join(', ')}`);
+  } else if (buys.some(([pow]) => pow)) {
+    throw new Error('Flashgate-Pow sent while the gateway asks none');
+  }
 
   const ctxB = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const b = await ctxB.newPage();

@@ -31,5 +31,8 @@ pub const JWT_SECRET: &str = "test-jwt-secret-not-for-production-0000";
 pub const ADMIN_TOKEN: &str = "test-admin-token-not-for-production-000";
 /// Token the test gateways present on the backend's order API.
 pub const INTERNAL_TOKEN: &str = "test-internal-token-gateways-to-backend-0001";
+/// Key the test gateways sign proof-of-work challenges with (used only by
+/// stacks whose config turns `[challenge]` on).
+pub const CHALLENGE_SECRET: &str = "test-challenge-secret-not-for-production-01";
 /// Token the test shop presents to confirm payments.
 pub const SHOP_TOKEN: &str = "test-shop-token-payments-to-backend-000001";

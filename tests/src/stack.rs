@@ -21,7 +21,10 @@ use flashgate_testkit::{RedisCluster, RedisSentinels};
 
 use crate::client::{buy, token};
 use crate::db::{db_order_rows, db_orders, OrderRow};
-use crate::{bin, free_port, wait_http_ready, wait_port, Proc, RedisServer, TempDir, ADMIN_TOKEN, INTERNAL_TOKEN, JWT_SECRET, SHOP_TOKEN};
+use crate::{
+    bin, free_port, wait_http_ready, wait_port, Proc, RedisServer, TempDir, ADMIN_TOKEN, CHALLENGE_SECRET, INTERNAL_TOKEN, JWT_SECRET,
+    SHOP_TOKEN,
+};
 
 /// Settings of a test stack.
 #[derive(Clone)]
@@ -367,6 +370,7 @@ pub fn spawn_as(dir: &Path, config_path: &Path, binary: &str, name: &'static str
         .env("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
         .env("FLASHGATE_SHOP_TOKEN", SHOP_TOKEN)
+        .env("FLASHGATE_CHALLENGE_SECRET", CHALLENGE_SECRET)
         .env("RUST_LOG", "info")
         .stdout(log.try_clone().unwrap())
         .stderr(log)

@@ -14,6 +14,28 @@ use flashgate_tests::{token, Stack, StackOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buyer_watches_the_countdown_buys_and_a_latecomer_sees_sold_out() {
+    // The shipped configuration, limits included: the page must work on it.
+    let stack = Stack::start(StackOptions::shipped()).await;
+    run_sale_page(&stack, "browser-drop", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_proof_of_work_asked_the_page_solves_it_during_the_countdown_and_buys() {
+    // The shipped configuration with `[challenge] mode = "always"` at its
+    // shipped difficulty; the mode needs a restart.
+    let mut stack = Stack::start(StackOptions::shipped()).await;
+    stack.kill_gateway();
+    stack.edit_config(|text| {
+        assert_eq!(text.matches("mode = \"off\"").count(), 1, "one [challenge] mode in the shipped file");
+        text.replace("mode = \"off\"", "mode = \"always\"")
+    });
+    stack.start_gateway();
+    run_sale_page(&stack, "browser-pow-drop", true).await;
+}
+
+/// Runs `tests/browser/sale.mjs` on a one-item sale `sale` of `stack` that
+/// starts in 12 s; `expect_pow`: the gateway asks a proof of work.
+async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = root.join("tests/browser");
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
@@ -23,19 +45,18 @@ async fn a_buyer_watches_the_countdown_buys_and_a_latecomer_sees_sold_out() {
         assert!(ok.success(), "npm ci in tests/browser failed");
     }
 
-    // The shipped configuration, limits included: the page must work on it.
-    let stack = Stack::start(StackOptions::shipped()).await;
     // One item; the start leaves time for the browser to open the page first.
-    stack.put_sale("browser-drop", 1, 1, Duration::from_secs(12), Duration::from_secs(3600)).await;
-    let artifacts = root.join("target/browser-artifacts");
+    stack.put_sale(sale, 1, 1, Duration::from_secs(12), Duration::from_secs(3600)).await;
+    let artifacts = root.join("target/browser-artifacts").join(sale);
     let node = tokio::process::Command::new("node")
         .arg(dir.join("sale.mjs"))
         .env("GATEWAY_URL", format!("http://{}", stack.gateway_addr))
-        .env("SALE_ID", "browser-drop")
+        .env("SALE_ID", sale)
         .env("TOKEN_A", token("browser-buyer-a"))
         .env("TOKEN_B", token("browser-buyer-b"))
         .env("ARTIFACTS", &artifacts)
         .env("CHROMIUM", &chromium)
+        .env("EXPECT_POW", if expect_pow { "1" } else { "0" })
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(180), node).await.expect("browser test timed out").unwrap();
@@ -44,6 +65,6 @@ async fn a_buyer_watches_the_countdown_buys_and_a_latecomer_sees_sold_out() {
     println!("{stdout}");
     assert!(out.status.success(), "sale.mjs failed ({}), screenshots in {}:\n{stdout}\n{stderr}", out.status, artifacts.display());
 
-    let (orders, users, _) = stack.wait_orders("browser-drop", 1, Duration::from_secs(10)).await;
+    let (orders, users, _) = stack.wait_orders(sale, 1, Duration::from_secs(10)).await;
     assert_eq!((orders, users), (1, 1), "exactly one order, for buyer A");
 }

@@ -7,7 +7,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flashgate_tests::{bin, free_port, spawn_as, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN, INTERNAL_TOKEN, JWT_SECRET};
+use flashgate_tests::{
+    bin, free_port, spawn_as, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN, CHALLENGE_SECRET, INTERNAL_TOKEN, JWT_SECRET,
+};
 
 /// A config on free ports that would otherwise start; Redis is not needed
 /// for a process that must refuse to start.
@@ -39,6 +41,7 @@ fn start_and_wait(binary: &'static str, args: &[&str], config: &Path, env: &[(&s
         .args(args)
         .env_remove("FLASHGATE_JWT_SECRET")
         .env_remove("FLASHGATE_ADMIN_TOKEN")
+        .env_remove("FLASHGATE_CHALLENGE_SECRET")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(out)
@@ -158,4 +161,29 @@ async fn a_token_with_the_wrong_audience_or_issuer_is_401_when_configured() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let minted = String::from_utf8(out.stdout).unwrap();
     assert_eq!(flashgate_tests::buy(&stack.http, stack.gateway_addr, "claims", minted.trim(), None).await.0, 202);
+}
+
+#[test]
+fn with_challenges_on_check_and_serve_name_the_missing_challenge_secret() {
+    let dir = TempDir::new("pow-secret");
+    let config = write_config(&dir.0, "[challenge]\nmode = \"adaptive\"\n");
+    let check = |secret: Option<&str>| {
+        let mut cmd = Command::new(bin("flashgate"));
+        cmd.arg("--config").arg(&config).arg("check").env_remove("FLASHGATE_CHALLENGE_SECRET");
+        if let Some(s) = secret {
+            cmd.env("FLASHGATE_CHALLENGE_SECRET", s);
+        }
+        let out = cmd.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stderr) = check(None);
+    assert!(!ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET is not set") && stderr.contains("challenge.mode"), "{stderr}");
+    let (ok, stderr) = check(Some("too-short"));
+    assert!(!ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET") && stderr.contains("at least 32 bytes"), "{stderr}");
+    assert_eq!(check(Some(CHALLENGE_SECRET)), (true, String::new()));
+
+    let env = [("FLASHGATE_JWT_SECRET", JWT_SECRET), ("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)];
+    let outcome = start_and_wait("flashgate", &["serve"], &config, &env, &dir.0.join("out.log"));
+    let (ok, stderr) = outcome.expect("the gateway kept running without a challenge secret");
+    assert!(!ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET"), "{stderr}");
 }

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 /// Environment variable holding the HS256 secret for buyer tokens.
 pub const ENV_JWT_SECRET: &str = "FLASHGATE_JWT_SECRET";
+/// Environment variable holding the HMAC key that signs proof-of-work
+/// challenges (required by the gateway when `challenge.mode` is not off).
+pub const ENV_CHALLENGE_SECRET: &str = "FLASHGATE_CHALLENGE_SECRET";
 /// Environment variable holding the admin API bearer token.
 pub const ENV_ADMIN_TOKEN: &str = "FLASHGATE_ADMIN_TOKEN";
 /// Environment variable holding the bearer token gateways present on the

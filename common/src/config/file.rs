@@ -34,7 +34,69 @@ pub struct File {
     pub deny: Deny,
     pub shop: Shop,
     pub pages: Pages,
+    pub challenge: Challenge,
     pub sales: Vec<Sale>,
+}
+
+/// When a buy must carry a proof-of-work solution (`challenge.mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChallengeMode {
+    /// No challenge: buys are admitted as before.
+    #[default]
+    Off,
+    /// Every buy solves a challenge of `difficulty_bits`.
+    Always,
+    /// Every buy solves a challenge whose difficulty rises with the request
+    /// rate of its user, its IP and its sale.
+    Adaptive,
+}
+
+impl ChallengeMode {
+    /// The mode as written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChallengeMode::Off => "off",
+            ChallengeMode::Always => "always",
+            ChallengeMode::Adaptive => "adaptive",
+        }
+    }
+}
+
+/// `[challenge]`: the proof-of-work a buy must carry (see
+/// `gateway/src/challenge/`). The signing secret comes from the
+/// environment only (`FLASHGATE_CHALLENGE_SECRET`).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Challenge {
+    pub mode: ChallengeMode,
+    /// Leading zero bits of SHA-256 a solution needs when nothing is hot.
+    pub difficulty_bits: u32,
+    /// The most the adaptive mode ever asks.
+    pub max_difficulty_bits: u32,
+    /// How long a challenge may be solved and used after it is issued.
+    pub ttl_seconds: u64,
+    /// Adaptive: one user's requests per minute that still get the base
+    /// difficulty; each doubling above adds a bit.
+    pub user_rate_per_minute: u32,
+    /// Adaptive: the same for one client IP (IPv6 by /64).
+    pub ip_rate_per_minute: u32,
+    /// Adaptive: the same for all buyers of one sale, per second.
+    pub sale_rate_per_second: u32,
+}
+
+impl Default for Challenge {
+    fn default() -> Self {
+        Self {
+            mode: ChallengeMode::Off,
+            difficulty_bits: 14,
+            max_difficulty_bits: 24,
+            ttl_seconds: 300,
+            user_rate_per_minute: 6,
+            ip_rate_per_minute: 60,
+            sale_rate_per_second: 2000,
+        }
+    }
 }
 
 /// The shop behind the gateway.

@@ -20,8 +20,9 @@
 //! Secrets never need to be in the file: `FLASHGATE_JWT_SECRET`,
 //! `FLASHGATE_ADMIN_TOKEN` and `FLASHGATE_DATABASE_URL` override it;
 //! `FLASHGATE_INTERNAL_TOKEN` and `FLASHGATE_SHOP_TOKEN` come only from the
-//! environment. Secrets under [`MIN_SECRET_BYTES`] are refused, named by
-//! where they came from.
+//! environment, and so does `FLASHGATE_CHALLENGE_SECRET` (needed by the
+//! gateway only when `challenge.mode` is not off). Secrets under
+//! [`MIN_SECRET_BYTES`] are refused, named by where they came from.
 
 use std::path::{Path, PathBuf};
 
@@ -32,16 +33,17 @@ mod settings;
 mod validate;
 
 pub use env::{
-    Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
-    ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_XDG_RUNTIME_DIR,
+    Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL,
+    ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_XDG_RUNTIME_DIR,
 };
-pub use file::{ClientIpHeader, RedisMode};
+pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
 pub use settings::{
-    AuthConfig, BackendConfig, Bucket, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
-    ShopConfig,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
+    RedisTarget, RouteLimits, ShopConfig,
 };
 pub use validate::{
-    MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_IDEMPOTENCY_TTL_SECONDS, MAX_LIMITS_IDLE_SECONDS, MAX_SALE_DURATION_SECONDS,
+    MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS, MAX_LIMITS_IDLE_SECONDS,
+    MAX_SALE_DURATION_SECONDS,
 };
 
 pub use crate::secret::MIN_SECRET_BYTES;

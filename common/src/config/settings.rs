@@ -9,7 +9,8 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::file::ClientIpHeader;
+use super::env::ENV_CHALLENGE_SECRET;
+use super::file::{ChallengeMode, ClientIpHeader};
 use crate::sale::SaleSpec;
 
 /// The validated configuration.
@@ -32,11 +33,51 @@ pub struct Config {
     pub gateway: GatewayConfig,
     pub shop: ShopConfig,
     pub pages: PagesConfig,
+    /// The proof-of-work a buy must carry; off by default.
+    pub challenge: ChallengeConfig,
+    /// HMAC key that signs challenges, from the environment only; checked
+    /// for length when set, required by the gateway when challenges are on.
+    pub challenge_secret: Option<String>,
     pub backend: BackendConfig,
     /// Sales declared in the file; preheated only when absent from Redis.
     pub sales: Vec<SaleSpec>,
     /// Payment timeout of each sale in [`Config::sales`], by sale id.
     pub payment_timeouts: HashMap<String, Duration>,
+}
+
+impl Config {
+    /// The challenge signing secret the gateway needs: `None` when
+    /// challenges are off, else `FLASHGATE_CHALLENGE_SECRET` (at least
+    /// [`crate::secret::MIN_SECRET_BYTES`]).
+    ///
+    /// # Errors
+    /// When challenges are on and the secret is missing or too short.
+    pub fn required_challenge_secret(&self) -> Result<Option<&str>, crate::secret::SecretError> {
+        match self.challenge.mode {
+            ChallengeMode::Off => Ok(None),
+            ChallengeMode::Always | ChallengeMode::Adaptive => {
+                crate::secret::required(ENV_CHALLENGE_SECRET, self.challenge_secret.as_deref()).map(Some)
+            }
+        }
+    }
+}
+
+/// The proof-of-work challenge of buys (`[challenge]`), validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChallengeConfig {
+    pub mode: ChallengeMode,
+    /// The difficulty everyone pays (`always`), or the floor (`adaptive`).
+    pub difficulty_bits: u8,
+    /// The ceiling of the adaptive difficulty; at least `difficulty_bits`.
+    pub max_difficulty_bits: u8,
+    /// Lifetime of an issued challenge: long enough to be fetched while a
+    /// countdown runs, short enough that hoarding them does not pay.
+    pub ttl: Duration,
+    /// Adaptive thresholds: the rate of one user, one IP (per minute) and
+    /// one sale (per second) up to which the base difficulty applies.
+    pub user_rate_per_minute: u32,
+    pub ip_rate_per_minute: u32,
+    pub sale_rate_per_second: u32,
 }
 
 /// Which Redis deployment the processes talk to (`redis.mode`).

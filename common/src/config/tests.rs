@@ -337,3 +337,36 @@ fn a_redis_mode_without_its_keys_or_with_another_modes_keys_is_refused_by_key() 
     let err = Config::from_toml_str("[redis]\nmode = \"clustered\"\n", &NoEnv, 0).unwrap_err().to_string();
     assert!(err.contains("clustered") && err.contains("standalone"), "{err}");
 }
+
+#[test]
+fn challenge_keys_are_checked_with_their_names() {
+    let text = "[challenge]\ndifficulty_bits = 33\nmax_difficulty_bits = 40\nttl_seconds = 5\nuser_rate_per_minute = 0\n";
+    let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+    for expected in [
+        "challenge.difficulty_bits: must be between 0 and 32 (each bit doubles the work), got 33",
+        "challenge.max_difficulty_bits: must be between 32 and 32, got 40",
+        "challenge.ttl_seconds: must be between 10 and 3600, got 5",
+        "challenge.user_rate_per_minute: must be between 1 and 1000000, got 0",
+    ] {
+        assert!(msg.contains(expected), "{expected} missing from {msg}");
+    }
+    let msg = Config::from_toml_str("[challenge]\ndifficulty_bits = 16\nmax_difficulty_bits = 12\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("challenge.max_difficulty_bits: must be between 16 and 32, got 12"), "{msg}");
+    let msg = Config::from_toml_str("[challenge]\nmode = \"sometimes\"\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("sometimes"), "{msg}");
+}
+
+#[test]
+fn the_challenge_secret_is_required_only_when_challenges_are_on() {
+    let off = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert_eq!(off.challenge.mode, ChallengeMode::Off);
+    assert_eq!(off.required_challenge_secret(), Ok(None));
+    let on = Config::from_toml_str("[challenge]\nmode = \"adaptive\"\n", &NoEnv, 0).unwrap();
+    let err = on.required_challenge_secret().unwrap_err().to_string();
+    assert!(err.contains("FLASHGATE_CHALLENGE_SECRET"), "{err}");
+    let env = MapEnv(&[("FLASHGATE_CHALLENGE_SECRET", "a-challenge-secret-of-32-bytes-or-more")]);
+    let on = Config::from_toml_str("[challenge]\nmode = \"always\"\n", &env, 0).unwrap();
+    assert_eq!(on.required_challenge_secret(), Ok(Some("a-challenge-secret-of-32-bytes-or-more")));
+    let short = Config::from_toml_str("", &MapEnv(&[("FLASHGATE_CHALLENGE_SECRET", "short")]), 0).unwrap_err().to_string();
+    assert!(short.contains("FLASHGATE_CHALLENGE_SECRET") && short.contains("at least 32 bytes"), "{short}");
+}

@@ -16,11 +16,14 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::check::Check;
-use super::env::{self, Env, ENV_ADMIN_TOKEN, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN};
+use super::env::{
+    self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
+    ENV_SHOP_TOKEN,
+};
 use super::file;
 use super::settings::{
-    AuthConfig, BackendConfig, Bucket, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
-    ShopConfig,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
+    RedisTarget, RouteLimits, ShopConfig,
 };
 use crate::sale::SaleSpec;
 
@@ -39,6 +42,9 @@ pub const MAX_SALE_DURATION_SECONDS: i64 = 365 * 86_400;
 /// Most `redis.wait_replicas`: more replicas than one master would ever
 /// feed is a typo.
 pub const MAX_WAIT_REPLICAS: u32 = 16;
+/// Most leading zero bits a challenge may ask: 2^32 hashes is minutes of
+/// work even for native code, far past what a buyer would wait.
+pub const MAX_CHALLENGE_BITS: u32 = 32;
 /// Longest `max-age` of a page or asset: a year.
 const MAX_AGE_SECONDS: u64 = 31_536_000;
 
@@ -61,6 +67,8 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         shop: shop(&mut check, f.shop, &f.gateway.shop_upstream),
         gateway: gateway(&mut check, f.gateway, env),
         pages: pages(&mut check, f.pages),
+        challenge: challenge(&mut check, f.challenge),
+        challenge_secret: challenge_secret(&mut check, env),
         backend: backend(&mut check, f.backend, env),
         payment_timeouts: payment_timeouts(&mut check, &f.sales),
         sales: sales(&mut check, &f.sales, now_ms),
@@ -213,6 +221,38 @@ fn pages(check: &mut Check, f: file::Pages) -> PagesConfig {
         reload_interval: Duration::from_millis(f.reload_interval_ms),
         state_ttl: Duration::from_millis(f.state_ttl_ms),
     }
+}
+
+fn challenge(check: &mut Check, f: file::Challenge) -> ChallengeConfig {
+    check.between("challenge.difficulty_bits", f.difficulty_bits, 0, MAX_CHALLENGE_BITS).note("each bit doubles the work");
+    check.between("challenge.max_difficulty_bits", f.max_difficulty_bits, f.difficulty_bits.min(MAX_CHALLENGE_BITS), MAX_CHALLENGE_BITS);
+    check.between("challenge.ttl_seconds", f.ttl_seconds, 10, 3600);
+    check.between("challenge.user_rate_per_minute", f.user_rate_per_minute, 1, 1_000_000);
+    check.between("challenge.ip_rate_per_minute", f.ip_rate_per_minute, 1, 1_000_000);
+    check.between("challenge.sale_rate_per_second", f.sale_rate_per_second, 1, 1_000_000);
+    let bits = |b: u32| u8::try_from(b.min(MAX_CHALLENGE_BITS)).unwrap_or(0);
+    ChallengeConfig {
+        mode: f.mode,
+        difficulty_bits: bits(f.difficulty_bits),
+        max_difficulty_bits: bits(f.max_difficulty_bits.max(f.difficulty_bits)),
+        ttl: Duration::from_secs(f.ttl_seconds),
+        user_rate_per_minute: f.user_rate_per_minute,
+        ip_rate_per_minute: f.ip_rate_per_minute,
+        sale_rate_per_second: f.sale_rate_per_second,
+    }
+}
+
+/// `FLASHGATE_CHALLENGE_SECRET`, refused when set but too short; whether
+/// it is required depends on the mode, and only the gateway needs it
+/// ([`Config::required_challenge_secret`]).
+fn challenge_secret(check: &mut Check, env: &dyn Env) -> Option<String> {
+    let secret = env.var(ENV_CHALLENGE_SECRET);
+    if let Some(s) = &secret {
+        if let Err(e) = crate::secret::required(ENV_CHALLENGE_SECRET, Some(s)) {
+            check.problem(e);
+        }
+    }
+    secret
 }
 
 fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig {

@@ -5,7 +5,9 @@
 //! ```text
 //! admit   sold out and no Idempotency-Key? ─► 410, before any other work
 //!         admission: IP deny/bucket, token, user deny/bucket, global bucket
-//!         cluster bucket (Redis, when configured), Idempotency-Key checked
+//!         Idempotency-Key checked; proof of work (when configured and
+//!         the sale is not flagged sold out; one SET NX)
+//!         cluster bucket (Redis, when configured)
 //!   (the proxy reads the body here)
 //! buy     local decision from the sale cache: sold-out flag, switches,
 //!         window (not started, ended, paused), unknown sale
@@ -34,6 +36,8 @@ use tracing::{debug, warn};
 pub use outcome::{idempotency_key, Admitted, BuyOutcome, BuyRequest, MAX_IDEMPOTENCY_KEY_LEN};
 
 use crate::admission::Admission;
+use crate::challenge::token::POW_HEADER;
+use crate::challenge::{BuyChallenge, ChallengeGate};
 use crate::clock::{SystemClock, WallClock};
 use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
 use crate::forwarder::Forwarder;
@@ -50,6 +54,8 @@ use crate::switches::Switches;
 /// Everything a buy is decided with; one per gateway.
 pub struct BuyService<C: WallClock = SystemClock> {
     pub admission: Arc<Admission>,
+    /// The proof of work a buy must carry, when configured.
+    pub challenge: Arc<ChallengeGate>,
     pub redis: Arc<RedisClient>,
     /// Windows and sold-out flags, shared with the sale routes and the
     /// events listener.
@@ -87,9 +93,30 @@ impl<C: WallClock> BuyService<C> {
             return Err(Rejection::SoldOut);
         }
         let user = self.admission.user(RouteClass::Buy, peer, headers)?;
-        self.admission.cluster(&self.redis, &self.metrics).await?;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
+        self.check_challenge(sale_id, &user, &idempotency_key, peer, headers).await?;
+        self.admission.cluster(&self.redis, &self.metrics).await?;
         Ok(Admitted { user, idempotency_key })
+    }
+
+    /// The proof of work, when `[challenge]` asks for one: after the token
+    /// (the challenge is bound to the user), before anything that costs
+    /// Redis but its one `SET NX`. A sale flagged sold out asks none: the
+    /// buy cannot win, and its answer must cost no Redis call.
+    async fn check_challenge(&self, sale_id: &str, user: &str, key: &str, peer: IpAddr, headers: &HeaderMap) -> Result<(), Rejection> {
+        if !self.challenge.is_on() || self.sales.is_sold_out(sale_id) {
+            return Ok(());
+        }
+        let buy = BuyChallenge {
+            sale_id,
+            user,
+            ip: self.admission.client_ip(peer, headers),
+            idempotency_key: key,
+            solution: headers.get(POW_HEADER).map(|v| v.as_bytes()),
+        };
+        // Boxed: its Redis calls nested in `admit`'s future exceed the
+        // compiler's layout depth, and only buys under a challenge pay it.
+        Box::pin(self.challenge.admit(&self.redis, buy, self.clock.now_ms())).await
     }
 
     /// Decides an admitted buy: locally when the sale cache can, else with

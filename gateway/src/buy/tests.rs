@@ -55,6 +55,7 @@ async fn fixture(deny_users: &[&str]) -> Fixture {
     let clock = ManualClock::at(now_ms());
     let service = BuyService {
         admission,
+        challenge: Arc::new(crate::challenge::ChallengeGate::off(metrics.clone())),
         redis: Arc::new(RedisClient::standalone(&redis.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1)))),
         sales: Arc::new(SaleCache::new(Duration::from_millis(250))),
         switches,

@@ -9,6 +9,7 @@
 //!                        route::classify
 //!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::buy ─► BuyOutcome
 //!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
+//!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
 //!   ├─ Route::Reservation ► Admission::user ─► reservations::lookup
 //!   ├─ pages, assets ──► StaticPages::serve
 //!   │                    every answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
@@ -250,6 +251,14 @@ impl Gateway {
                     BuyOutcome::Refused(r) => Outcome::Rejected(r.clone()),
                 };
                 Ok(Reply::from(outcome))
+            }
+            Route::Challenge(sale_id) => {
+                let user = self.admission.user(RouteClass::Read, peer(session), headers)?;
+                let ip = self.admission.client_ip(peer(session), headers);
+                match self.buy.challenge.offer(sale_id, &user, ip, now_ms()) {
+                    Some(issued) => Ok(Reply::json(200, &crate::reply::challenge_fields(&issued)).header("Cache-Control", "no-store")),
+                    None => Err(Rejection::NotFound("this gateway asks no proof of work: buy without one")),
+                }
             }
             Route::Reservation(rid) => {
                 let user = self.admission.user(RouteClass::Read, peer(session), headers)?;
