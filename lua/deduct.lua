@@ -22,8 +22,10 @@
 --
 -- All keys share the sale's hash tag, so this runs on Redis Cluster too.
 -- Reply: {outcome, detail}
---   "won"           reservation id, and a third element: the reservation's
---                   time (Redis TIME, ms), the same `ts` as in the stream
+--   "won"           reservation id, and two more elements: the reservation's
+--                   time (Redis TIME, ms), the same `ts` as in the stream,
+--                   and this Redis's replication id (`master_replid`: a
+--                   replica WAIT confirms the win only on this same Redis)
 --   "sold_out"      ""
 --   "limit_reached" ""
 --   "ended"         ""
@@ -35,7 +37,8 @@
 --                   it may lack the last wins, so it sells nothing until the
 --                   backend has re-synced the sale (backend/src/fence.rs)
 -- A replay of a remembered Idempotency-Key answers the remembered outcome
--- with "replay:" in front, e.g. "replay:won" (without the time).
+-- with "replay:" in front, e.g. "replay:won" (without the time; a won one
+-- with the replication id as its third element).
 --
 -- Memory: a winning key is kept for the TTL (wins are bounded by the
 -- stock). Keys that did not win go into one hash per user and sale, at
@@ -44,20 +47,34 @@
 -- sale's state at that moment. So one account sending random keys cannot
 -- grow Redis beyond that cap.
 
+-- `master_replid` changes whenever a Redis becomes a master (a promotion,
+-- every start): the failover fence compares it with the sale's `synced`,
+-- and wins carry it. INFO's replication section is short (about a
+-- microsecond), and read at most once per call.
+local current_replid = nil
+local function replid()
+  current_replid = current_replid or string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+  return current_replid
+end
+
 local idem = ARGV[2]
 local nonce = ARGV[7] or ''
 if idem ~= '' then
   local first = redis.call('GET', KEYS[4]) or redis.call('HGET', KEYS[7], idem)
   if first then
     local sep = string.find(first, '|', 1, true)
-    return {'replay:' .. string.sub(first, 1, sep - 1), string.sub(first, sep + 1)}
+    local outcome = string.sub(first, 1, sep - 1)
+    if outcome == 'won' then
+      return {'replay:won', string.sub(first, sep + 1), replid()}
+    end
+    return {'replay:' .. outcome, string.sub(first, sep + 1)}
   end
 elseif nonce ~= '' then
   -- This very call ran before and won: the same answer, nothing taken.
   local won = redis.call('GET', KEYS[4])
   if won then
     local sep = string.find(won, '|', 1, true)
-    return {'won', string.sub(won, 1, sep - 1), string.sub(won, sep + 1)}
+    return {'won', string.sub(won, 1, sep - 1), string.sub(won, sep + 1), replid()}
   end
 end
 
@@ -92,12 +109,9 @@ if now < tonumber(meta[1]) then
   return {'not_started', meta[1]}
 end
 
--- The fence: `master_replid` changes whenever a Redis becomes a master (a
--- promotion, every start). INFO's replication section is short, so this
--- costs about a microsecond. Last before the sale's counters: a sale that
--- has ended, is paused or has not started is answered as such.
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
-if redis.call('GET', KEYS[8]) ~= replid then
+-- The fence, last before the sale's counters: a sale that has ended, is
+-- paused or has not started is answered as such.
+if redis.call('GET', KEYS[8]) ~= replid() then
   return {'fenced', ''}
 end
 
@@ -125,4 +139,4 @@ if idem == '' and nonce ~= '' then
 end
 -- The record's time goes back with the win, so the gateway's forward
 -- carries the same reservation time as the stream entry.
-return {'won', rid, tostring(now)}
+return {'won', rid, tostring(now), replid()}

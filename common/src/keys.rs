@@ -24,6 +24,7 @@
 //! | `fg:{sale:ID}:buyers` | hash | user id -> items reserved |
 //! | `fg:{sale:ID}:idem:USER:KEY` | string | an Idempotency-Key that won: `won|rid` (expires) |
 //! | `fg:{sale:ID}:idem-misses:USER` | hash | a user's keys that did not win -> outcome; capped, expires |
+//! | `fg:{sale:ID}:wait-mark` (`fg:wait-mark` outside a cluster) | string | written before each replica `WAIT` round (60 s) |
 //! | `fg:{sale:ID}:call:USER:NONCE` | string | a winning buy sent without a key: `rid|ts`, so the same call re-sent answers it (60 s) |
 //! | `fg:{sale:ID}:pow:CHALLENGE` | string | a used proof-of-work solution (`k:` + the buy's Idempotency-Key), until its challenge expires plus a minute |
 //! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
@@ -87,6 +88,9 @@ pub struct SaleKeys {
     idem_misses_prefix: String,
     call_prefix: String,
     pow_prefix: String,
+    /// Written before each replica `WAIT` round of the sale (see
+    /// `gateway/src/replica_wait.rs`).
+    pub wait_mark: String,
 }
 
 /// Where one restore builds a sale's state before installing it at once.
@@ -114,6 +118,7 @@ impl SaleKeys {
             restore_prefix: format!("{tag}:restore:"),
             idem_misses_prefix: format!("{tag}:idem-misses:"),
             call_prefix: format!("{tag}:call:"),
+            wait_mark: format!("{tag}:wait-mark"),
             pow_prefix: format!("{tag}:pow:"),
         }
     }
@@ -174,6 +179,7 @@ mod tests {
             &k.idempotency("u", "i"),
             &k.idempotency_misses("u"),
             &k.call("u", "n"),
+            &k.wait_mark,
             &k.pow("c"),
             &scratch.buyers,
             &scratch.reservations,

@@ -14,9 +14,11 @@ pub const ALL: &[(&str, &str)] = &[
     ("gcra.lua", include_str!("../../lua/gcra.lua")),
     ("preheat.lua", include_str!("../../lua/preheat.lua")),
     ("release.lua", include_str!("../../lua/release.lua")),
+    ("remembered.lua", include_str!("../../lua/remembered.lua")),
     ("resync.lua", include_str!("../../lua/resync.lua")),
     ("trim.lua", include_str!("../../lua/trim.lua")),
     ("update_sale.lua", include_str!("../../lua/update_sale.lua")),
+    ("wait_mark.lua", include_str!("../../lua/wait_mark.lua")),
 ];
 
 /// The body of the script whose SHA-1 is `sha` (as `EVALSHA` names it).

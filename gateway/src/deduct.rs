@@ -43,6 +43,10 @@ pub enum DeductOutcome {
 pub struct Decision {
     pub outcome: DeductOutcome,
     pub replayed: bool,
+    /// For a win (live or remembered): the replication id (`master_replid`)
+    /// of the Redis that holds it. A replica `WAIT` confirms the win only
+    /// if its mark ran on that same Redis (see `replica_wait`).
+    pub node: Option<String>,
 }
 
 impl Decision {
@@ -101,8 +105,10 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" });
     let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
     let parsed = match reply.as_slice() {
-        [code, detail] => parse_reply(code, detail.clone(), None),
-        [code, detail, at] => parse_reply(code, detail.clone(), Some(at)),
+        [code, detail] => parse_reply(code, detail.clone(), None, None),
+        // A remembered win, with the id of the Redis holding it.
+        [code, detail, node] => parse_reply(code, detail.clone(), None, Some(node)),
+        [code, detail, at, node] => parse_reply(code, detail.clone(), Some(at), Some(node)),
         _ => None,
     };
     parsed.ok_or_else(|| {
@@ -120,28 +126,34 @@ pub async fn remembered(redis: &RedisClient, sale_id: &str, user_id: &str, idemp
     let keys = SaleKeys::new(sale_id);
     let mut conn = redis.conn().await?;
     // Where the script remembers a key: a win on its own, the others in
-    // the user's capped hash. One round trip for both.
-    let mut pipe = redis::pipe();
-    pipe.get(keys.idempotency(user_id, idempotency_key)).hget(keys.idempotency_misses(user_id), idempotency_key);
-    let (won, missed): (Option<String>, Option<String>) = redis.bounded(pipe.query_async(&mut conn)).await??;
-    Ok(won.or(missed).as_deref().and_then(parse_remembered))
+    // the user's capped hash. One round trip for both, and the id of the
+    // Redis that answers (a remembered win waits for replicas there).
+    let mut invocation = REMEMBERED.prepare_invoke();
+    invocation.key(keys.idempotency(user_id, idempotency_key)).key(keys.idempotency_misses(user_id)).arg(idempotency_key);
+    let (first, node): (String, String) = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    Ok(parse_remembered(&first).map(|d| Decision { node: Some(node), ..d }))
 }
+
+/// Reads a remembered outcome (`lua/remembered.lua`).
+static REMEMBERED: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/remembered.lua")));
 
 /// Parses an outcome as the script stores it (`code|detail`): a replay.
 fn parse_remembered(value: &str) -> Option<Decision> {
     let (code, detail) = value.split_once('|')?;
     let outcome = parse_outcome(code, detail.to_owned(), None, true)?;
-    Some(Decision { outcome, replayed: true })
+    Some(Decision { outcome, replayed: true, node: None })
 }
 
-/// Parses the script's reply; `at` is the time that comes with a live win.
-fn parse_reply(code: &str, detail: String, at: Option<&str>) -> Option<Decision> {
+/// Parses the script's reply; `at` is the time that comes with a live win,
+/// `node` the replication id that comes with every win.
+fn parse_reply(code: &str, detail: String, at: Option<&str>, node: Option<&str>) -> Option<Decision> {
     let (replayed, code) = match code.strip_prefix("replay:") {
         Some(rest) => (true, rest),
         None => (false, code),
     };
     let outcome = parse_outcome(code, detail, at, replayed)?;
-    Some(Decision { outcome, replayed })
+    Some(Decision { outcome, replayed, node: node.map(str::to_owned) })
 }
 
 fn parse_outcome(code: &str, detail: String, at: Option<&str>, replayed: bool) -> Option<DeductOutcome> {
@@ -166,16 +178,16 @@ mod tests {
 
     #[test]
     fn replies_parse_into_outcomes() {
-        let d = parse_reply("replay:won", "s.1".into(), None).unwrap();
+        let d = parse_reply("replay:won", "s.1".into(), None, Some("ab")).unwrap();
         assert!(d.replayed);
         assert_eq!(d.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: None });
-        let d = parse_reply("won", "s.1".into(), Some("1700")).unwrap();
+        let d = parse_reply("won", "s.1".into(), Some("1700"), Some("ab")).unwrap();
         assert_eq!(d.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: Some(1700) });
-        assert!(parse_reply("won", "s.1".into(), None).is_none(), "a live win without its time is malformed");
-        let d = parse_reply("not_started", "1700".into(), None).unwrap();
+        assert!(parse_reply("won", "s.1".into(), None, None).is_none(), "a live win without its time is malformed");
+        let d = parse_reply("not_started", "1700".into(), None, None).unwrap();
         assert_eq!(d.outcome, DeductOutcome::NotStarted { starts_at_ms: 1700 });
-        assert!(parse_reply("bogus", String::new(), None).is_none());
-        assert!(parse_reply("not_started", "x".into(), None).is_none());
+        assert!(parse_reply("bogus", String::new(), None, None).is_none());
+        assert!(parse_reply("not_started", "x".into(), None, None).is_none());
     }
 
     #[test]
@@ -189,8 +201,8 @@ mod tests {
 
     #[test]
     fn only_a_live_sold_out_answer_finds_the_sale_sold_out() {
-        assert!(parse_reply("sold_out", String::new(), None).unwrap().found_sold_out());
-        assert!(!parse_reply("replay:sold_out", String::new(), None).unwrap().found_sold_out());
-        assert!(!parse_reply("limit_reached", String::new(), None).unwrap().found_sold_out());
+        assert!(parse_reply("sold_out", String::new(), None, None).unwrap().found_sold_out());
+        assert!(!parse_reply("replay:sold_out", String::new(), None, None).unwrap().found_sold_out());
+        assert!(!parse_reply("limit_reached", String::new(), None, None).unwrap().found_sold_out());
     }
 }

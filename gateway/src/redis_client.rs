@@ -9,7 +9,6 @@
 //! configured timeout, so a stalled Redis yields a quick 503, not a hang.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,23 +39,12 @@ pub struct RedisClient {
     pub deduct: redis::Script,
     /// Shared with the admin listener, which reports its state.
     pub breaker: Arc<Breaker>,
-    /// Calls that failed or timed out so far. After one, the connection
-    /// may have been replaced (the standalone manager and the cluster
-    /// client reconnect by themselves), and a replica `WAIT` on the new one
-    /// would not count the old one's writes; see [`RedisClient::generation`].
-    faults: AtomicU64,
 }
 
 impl RedisClient {
     /// A client of the deployment `config` names; nothing connects yet.
     pub fn new(config: RedisConfig, breaker: Breaker) -> Self {
-        Self {
-            config,
-            breaker: Arc::new(breaker),
-            conn: OnceCell::new(),
-            deduct: redis::Script::new(DEDUCT_LUA),
-            faults: AtomicU64::new(0),
-        }
+        Self { config, breaker: Arc::new(breaker), conn: OnceCell::new(), deduct: redis::Script::new(DEDUCT_LUA) }
     }
 
     /// A client of the standalone Redis at `url` (tests, tools).
@@ -87,16 +75,6 @@ impl RedisClient {
         Ok(conn.clone())
     }
 
-    /// A number that changes whenever the shared connection may have been
-    /// replaced: the sentinel handle's generation (see
-    /// [`RedisHandle::generation`]) plus the calls that failed. Equal
-    /// before a deduct and around a replica `WAIT`, it proves the `WAIT`
-    /// ran on the connection the deduct did; it also changes after failures
-    /// that replaced nothing, which only costs a winner a 503 and a replay.
-    pub fn generation(&self) -> u64 {
-        self.conn.get().map_or(0, RedisHandle::generation) + self.faults.load(Ordering::SeqCst)
-    }
-
     /// Runs a Redis call through the circuit breaker, with the configured
     /// timeout (`redis.timeout_ms`, plus `redis.wait_timeout_ms` when wins
     /// wait for replicas: a call may queue behind a `WAIT`). Its outcome
@@ -119,12 +97,10 @@ impl RedisClient {
             }
             Ok(Err(e)) => {
                 permit.failure();
-                self.faults.fetch_add(1, Ordering::SeqCst);
                 Ok(Err(e))
             }
             Err(_) => {
                 permit.failure();
-                self.faults.fetch_add(1, Ordering::SeqCst);
                 Err(RedisError::Timeout(limit))
             }
         }

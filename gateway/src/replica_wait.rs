@@ -13,11 +13,18 @@
 //!   master that holds the sale, over the same per-node connection its
 //!   `EVALSHA` used. Only that master matters.
 //!
-//! In every mode the connection can be replaced between a deduct and its
-//! `WAIT` (a reconnect, a sentinel lookup), and a `WAIT` on the new one
-//! counts none of the old one's writes. [`RedisClient::generation`] changes
-//! whenever that may have happened; a `WAIT` confirms a win only if it was
-//! the same before the deduct and before and after the `WAIT`.
+//! A `WAIT` on a connection that made no write returns at once, and the
+//! connection can be replaced between a deduct and its `WAIT` (a
+//! reconnect, a sentinel lookup, the cluster client re-sending a call on a
+//! new connection by itself). So each round is one pipeline on one
+//! connection: a write first (`lua/wait_mark.lua`), then the `WAIT`.
+//! Replication is one ordered stream per master, so replicas that
+//! acknowledge the mark have every write that master made before it, on
+//! any connection: this gateway's wins, another gateway's, a re-sent
+//! call's. The mark answers the master's replication id, and a win is
+//! confirmed only if it was made on that same master (a failover in
+//! between gives the new master a new id): the win's deduct, or the read
+//! of its remembered key, answered that id too.
 //!
 //! Sharing: winners join the next round of their group (the one master in
 //! standalone and sentinel mode, the sale in cluster mode). One task per
@@ -38,21 +45,21 @@ use tokio::sync::watch;
 use crate::metrics::Metrics;
 use crate::redis_client::{RedisClient, RedisError};
 
-/// What one `WAIT` found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What one round found.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Ack {
-    /// Replicas that acknowledged the connection's writes in time.
+    /// Replicas that acknowledged the mark (and so every earlier write of
+    /// its master) in time.
     replicas: u32,
-    /// The shared handle's generation just before and just after the call:
-    /// equal when the `WAIT` ran on that generation's connection.
-    generation: (u64, u64),
+    /// The replication id of the master the mark ran on.
+    node: String,
 }
 
 /// Why a win is not confirmed.
 #[derive(Debug, thiserror::Error)]
 pub enum NotConfirmed {
     /// Fewer replicas than `redis.wait_replicas` acknowledged within
-    /// `redis.wait_timeout_ms`, or the connection changed since the deduct.
+    /// `redis.wait_timeout_ms`, or the master changed since the win.
     #[error("fewer replicas than required acknowledged the win in time")]
     TooFewReplicas,
     /// The `WAIT` itself failed.
@@ -83,22 +90,24 @@ impl ReplicaWait {
     }
 
     /// Returns once `redis.wait_replicas` replicas hold the win in
-    /// `sale_id` whose deduct answered on the connection of `generation`
-    /// (read with [`RedisClient::generation`] before the deduct was sent).
+    /// `sale_id` that the Redis of replication id `node` answered (its
+    /// deduct, or the read of its remembered key; `None` confirms nothing).
     ///
     /// # Errors
     /// [`NotConfirmed::TooFewReplicas`] when fewer acknowledged in time (or
-    /// the connection changed meanwhile), [`NotConfirmed::Redis`] when the
-    /// `WAIT` failed.
-    pub async fn confirm(self: &Arc<Self>, sale_id: &str, generation: u64) -> Result<(), NotConfirmed> {
+    /// the master changed since the win), [`NotConfirmed::Redis`] when the
+    /// round failed.
+    pub async fn confirm(self: &Arc<Self>, sale_id: &str, node: Option<&str>) -> Result<(), NotConfirmed> {
         let mut round = self.join(self.group_of(sale_id));
-        let answer = match round.wait_for(Option::is_some).await {
-            Ok(answer) => answer.clone(),
-            // The task ended without answering (the runtime is shutting down).
-            Err(_) => return Err(NotConfirmed::TooFewReplicas),
+        // Bounded on its own too: a round's task that died (a panic, the
+        // runtime stopping) must not hold a winner for ever.
+        let limit = self.timeout + self.redis.config().call_timeout();
+        let answer = match tokio::time::timeout(limit, round.wait_for(Option::is_some)).await {
+            Ok(Ok(answer)) => answer.clone(),
+            Ok(Err(_)) | Err(_) => None,
         };
         match answer {
-            Some(Ok(ack)) if ack.replicas >= self.replicas && ack.generation == (generation, generation) => Ok(()),
+            Some(Ok(ack)) if ack.replicas >= self.replicas && node == Some(ack.node.as_str()) => Ok(()),
             Some(Ok(_)) | None => {
                 self.metrics.replica_wait_timeouts.inc();
                 Err(NotConfirmed::TooFewReplicas)
@@ -137,12 +146,12 @@ impl ReplicaWait {
         receiver
     }
 
-    /// Sends one `WAIT` per round of `group` while winners keep joining;
-    /// ends (and removes the group) when a round finds nobody waiting.
+    /// Sends one round per turn of `group` while winners keep joining;
+    /// ends (and removes the group) when a turn finds nobody waiting.
     async fn drive(self: Arc<Self>, group: String) {
-        // Routes the WAIT to the master of the sale's slot (a cluster);
-        // ignored by the other modes.
-        let route = SaleKeys::new(&group).remaining;
+        // The mark, in the sale's slot on a cluster (which routes the round
+        // to the master that holds the sale); one key otherwise.
+        let mark = if group.is_empty() { "fg:wait-mark".to_owned() } else { SaleKeys::new(&group).wait_mark };
         loop {
             let sender = {
                 let mut rounds = self.rounds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -154,23 +163,32 @@ impl ReplicaWait {
                     }
                 }
             };
-            let answer = self.wait_once(&route).await.map_err(Arc::new);
+            let answer = self.round(&mark).await.map_err(Arc::new);
             sender.send_replace(Some(answer));
         }
     }
 
-    /// One `WAIT` on the shared connection, on the master that holds `route`.
-    async fn wait_once(&self, route: &str) -> Result<Ack, RedisError> {
-        let before = self.redis.generation();
+    /// One round: the mark, then `WAIT`, in one pipeline on one connection
+    /// to the master that holds `mark`.
+    async fn round(&self, mark: &str) -> Result<Ack, RedisError> {
         let mut conn = self.redis.conn().await?;
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(self.replicas).arg(self.timeout.as_millis() as u64);
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL").arg(WAIT_MARK).arg(1).arg(mark);
+        pipe.cmd("WAIT").arg(self.replicas).arg(self.timeout.as_millis() as u64);
         self.metrics.replica_waits.inc();
-        let reply = self.redis.bounded(conn.on_master_of(route, &wait)).await??;
-        let replicas = redis::from_redis_value::<u32>(reply).map_err(redis::RedisError::from)?;
-        Ok(Ack { replicas, generation: (before, self.redis.generation()) })
+        let replies = self.redis.bounded(conn.pipeline_on_master_of(mark, &pipe)).await??;
+        let [node, replicas] = <[redis::Value; 2]>::try_from(replies)
+            .map_err(|_| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "a replica wait round answers two replies")))?;
+        let node = redis::from_redis_value::<String>(node.extract_error()?).map_err(redis::RedisError::from)?;
+        let replicas = redis::from_redis_value::<u32>(replicas.extract_error()?).map_err(redis::RedisError::from)?;
+        Ok(Ack { replicas, node })
     }
 }
+
+/// The write before each round's `WAIT` (`lua/wait_mark.lua`), sent with
+/// `EVAL`: it is short, and a master that never saw it (promoted, or
+/// resharded) needs no reload.
+const WAIT_MARK: &str = include_str!("../../lua/wait_mark.lua");
 
 /// Each winner's own copy of a round's error, of the same kind (the metrics
 /// count errors by kind).
@@ -201,30 +219,38 @@ mod tests {
         Arc::new(ReplicaWait::new(client, Arc::new(Metrics::register()), replicas, wait_timeout))
     }
 
+    /// The replication id of the Redis behind `conn`.
+    async fn replid(conn: &mut redis::aio::MultiplexedConnection) -> String {
+        let info: String = redis::cmd("INFO").arg("replication").query_async(conn).await.unwrap();
+        info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned()
+    }
+
     #[tokio::test]
-    async fn a_live_replica_confirms_a_win_unless_the_connection_may_have_changed_since_its_deduct() {
+    async fn a_live_replica_confirms_a_win_made_on_the_same_master_only() {
         let redis = RedisServer::private();
         let _replica = redis.start_replica();
         // Long enough for a replica on a loaded machine; a live one answers at once.
         let waits = waits(&redis, 1, 5000);
-        let mut conn = waits.redis.conn().await.unwrap();
-        let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut conn).await.unwrap();
-        let before = waits.redis.generation();
-        waits.confirm("s", before).await.unwrap();
-        // A failed call: the connection may have been replaced since.
-        let failed = waits.redis.bounded(async { Err::<(), _>(redis::RedisError::from((redis::ErrorKind::Io, "cut"))) }).await;
-        assert!(matches!(failed, Ok(Err(_))));
-        assert_ne!(waits.redis.generation(), before);
-        assert!(matches!(waits.confirm("s", before).await, Err(NotConfirmed::TooFewReplicas)), "a deduct before the fault");
-        waits.confirm("s", waits.redis.generation()).await.unwrap();
-        assert_eq!(waits.metrics.replica_wait_timeouts.get(), 1);
+        // A win written on another connection than the round's: the mark
+        // before the WAIT covers it all the same.
+        let mut other = redis.conn().await;
+        let _: () = redis::cmd("SET").arg("win").arg("v").query_async(&mut other).await.unwrap();
+        let node = replid(&mut other).await;
+        waits.confirm("s", Some(&node)).await.unwrap();
+        // A win another master answered (the id before a failover), or one
+        // without an id: not confirmed.
+        assert!(matches!(waits.confirm("s", Some("0123abcd")).await, Err(NotConfirmed::TooFewReplicas)));
+        assert!(matches!(waits.confirm("s", None).await, Err(NotConfirmed::TooFewReplicas)));
+        assert_eq!(waits.metrics.replica_wait_timeouts.get(), 2);
+        assert_eq!(redis.command_calls("wait").await, waits.metrics.replica_waits.get());
     }
 
     #[tokio::test]
     async fn without_replicas_a_win_is_not_confirmed_and_the_timeout_is_counted() {
         let redis = RedisServer::private();
         let waits = waits(&redis, 1, 100);
-        let err = waits.confirm("s", 0).await.unwrap_err();
+        let node = replid(&mut redis.conn().await).await;
+        let err = waits.confirm("s", Some(&node)).await.unwrap_err();
         assert!(matches!(err, NotConfirmed::TooFewReplicas), "{err:?}");
         assert_eq!((waits.metrics.replica_wait_timeouts.get(), waits.metrics.replica_waits.get()), (1, 1));
     }
@@ -236,7 +262,7 @@ mod tests {
         let winners = 20;
         let all = (0..winners).map(|_| {
             let waits = waits.clone();
-            async move { waits.confirm("s", 0).await }
+            async move { waits.confirm("s", Some("ab")).await }
         });
         let answers = futures_util::future::join_all(all).await;
         assert!(answers.iter().all(|a| matches!(a, Err(NotConfirmed::TooFewReplicas))));

@@ -426,6 +426,35 @@ async fn kill_sale_master(stack: &mut Stack, sale: &str, fault: Fault, progress:
     master
 }
 
+/// A replica for the promoted master `promoted`: in a cluster, the replica
+/// of another master moved over (`CLUSTER REPLICATE`); with Sentinel, a new
+/// redis-server (returned, to be stopped with the test).
+async fn give_a_replica(stack: &Stack, promoted: u16) -> Option<(Proc, flashgate_tests::TempDir)> {
+    match &stack.deployment {
+        Deployment::Cluster(cluster) => {
+            let other = cluster.masters().await.into_iter().find(|m| *m != promoted).expect("another master");
+            let replica = cluster.replica_of(other).await;
+            let id: String = redis::cmd("CLUSTER").arg("MYID").query_async(&mut node(promoted).await).await.unwrap();
+            let () = redis::cmd("CLUSTER").arg("REPLICATE").arg(id).query_async(&mut node(replica).await).await.unwrap();
+            None
+        }
+        Deployment::Sentinel(_) => {
+            let dir = flashgate_tests::TempDir::new("new-replica");
+            let port = flashgate_tests::free_port();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+                .arg(&dir.0)
+                .args(["--replicaof", "127.0.0.1", &promoted.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server on PATH");
+            Some((Proc { child, name: "redis-server" }, dir))
+        }
+        Deployment::Standalone => unreachable!("a failover needs a cluster or sentinels"),
+    }
+}
+
 /// `line` without its ANSI colour sequences (`ESC [ ... m`).
 fn uncoloured(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
@@ -476,6 +505,9 @@ async fn sale_survives_a_failover(case: &str, mode: RedisMode, fault: Fault, wai
         Deployment::Standalone => unreachable!("a failover needs a cluster or sentinels"),
     };
     assert_ne!(killed, promoted, "{case}: the killed master still serves the sale");
+    // With replica waits, the promoted master needs a replica of its own
+    // before any win can be confirmed again, as an operator would give it.
+    let _new_replica = if wait_replicas.is_some() { Some(give_a_replica(&stack, promoted).await) } else { None };
     let mut bought = load.await.unwrap();
     bought.extend(wait_selling(&stack.http, &gateways, &sale).await);
 
@@ -496,6 +528,17 @@ async fn cluster_master_killed_with_its_replica_behind_neither_oversells_nor_for
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_primary_killed_with_its_replica_behind_neither_oversells_nor_forgets_an_order() {
     sale_survives_a_failover("sentinel_primary_kill9_replica_behind", RedisMode::Sentinel, Fault::KillWithReplicaBehind, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_replicas_a_cluster_failover_loses_no_win_a_buyer_was_told() {
+    sale_survives_a_failover("cluster_master_kill9_replica_behind_wait1", RedisMode::Cluster, Fault::KillWithReplicaBehind, Some(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_replicas_a_sentinel_failover_loses_no_win_a_buyer_was_told() {
+    sale_survives_a_failover("sentinel_primary_kill9_replica_behind_wait1", RedisMode::Sentinel, Fault::KillWithReplicaBehind, Some(1))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -44,6 +44,11 @@ impl ClusterHandle {
         self.conn.route_command(cmd.clone(), route).await.and_then(Value::extract_error)
     }
 
+    pub(super) async fn pipeline_on_master_of(&mut self, key: &str, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+        self.conn.route_pipeline(pipe.clone(), 0, pipe.len(), route).await
+    }
+
     pub(super) async fn ping_masters(&mut self, ping: &Cmd) -> RedisResult<()> {
         let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(ResponsePolicy::AllSucceeded)));
         self.conn.route_command(ping.clone(), route).await.map(drop)

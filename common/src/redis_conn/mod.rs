@@ -181,6 +181,19 @@ impl RedisHandle {
         }
     }
 
+    /// Runs `pipe` in order on one connection to the master that holds
+    /// `key` (in a cluster; the one connection otherwise): what a replica
+    /// `WAIT` needs, whose count covers only its own connection's writes.
+    ///
+    /// # Errors
+    /// Redis failed or refused a command.
+    pub async fn pipeline_on_master_of(&mut self, key: &str, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+        match self {
+            Self::Cluster(c) => c.pipeline_on_master_of(key, pipe).await,
+            other => other.req_packed_commands(pipe, 0, pipe.len()).await,
+        }
+    }
+
     /// Runs `cmd` on every master: its address (`host:port`; the configured
     /// one outside a cluster) and its answer, a refusal included.
     ///

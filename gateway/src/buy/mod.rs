@@ -131,9 +131,6 @@ impl<C: WallClock> BuyService<C> {
         // Taken before the script runs: a snapshot read after this may
         // already count this buy's win (see `SaleCache::took_one`).
         let sent_at = std::time::Instant::now();
-        // Which connection the call below goes on, read before it is sent: a
-        // replica WAIT confirms only the writes of its own connection.
-        let generation = self.redis.generation();
         let decision = match local {
             None => self.deduct(sale_id, user, idempotency_key).await?,
             // Turned away locally; only a retry of a remembered key still
@@ -173,14 +170,14 @@ impl<C: WallClock> BuyService<C> {
                 }
                 // The reservation stands either way (it is in the master and
                 // forwarded); only the answer waits for the replicas.
-                self.replicated(sale_id, generation).await?;
+                self.replicated(sale_id, decision.node.as_deref()).await?;
                 Ok(BuyOutcome::Won { reservation_id })
             }
             // A winner retrying with their key: the order's own state once
             // it exists. Nothing is forwarded again: the win's own forward
             // or, failing that, the stream writes the order.
             DeductOutcome::Won { reservation_id, reserved_at_ms: None } => {
-                self.replicated(sale_id, generation).await?;
+                self.replicated(sale_id, decision.node.as_deref()).await?;
                 let order = self.order_lookups.order(&reservation_id).await;
                 Ok(BuyOutcome::Replayed { reservation_id, order })
             }
@@ -267,12 +264,12 @@ impl<C: WallClock> BuyService<C> {
     }
 
     /// With `redis.wait_replicas` set: returns once that many replicas hold
-    /// the writes the connection of `generation` made so far (the win just
-    /// answered on it among them), sharing one `WAIT` with the other
-    /// winners of the moment.
-    async fn replicated(&self, sale_id: &str, generation: u64) -> Result<(), Rejection> {
+    /// every write of the Redis of replication id `node` up to now (the win
+    /// it answered among them), sharing one round with the other winners
+    /// of the moment.
+    async fn replicated(&self, sale_id: &str, node: Option<&str>) -> Result<(), Rejection> {
         let Some(waits) = &self.replica_wait else { return Ok(()) };
-        waits.confirm(sale_id, generation).await.map_err(|e| match e {
+        waits.confirm(sale_id, node).await.map_err(|e| match e {
             NotConfirmed::TooFewReplicas => Rejection::NotReplicated,
             NotConfirmed::Redis(e) => self.unavailable(&e),
         })
