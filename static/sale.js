@@ -116,21 +116,31 @@ function render() {
   }
 }
 
-// Solves `challenge` (asking `bits`) in a worker; resolves to the header value.
-function solve(challenge, bits) {
-  return new Promise((resolve, reject) => {
+// Solves `challenge` (asking `bits`) in a worker; resolves to the header
+// value, or rejects once the challenge has expired (`expiresAt`, ms) or a
+// newer one replaced it (`cancel()`): no worker outlives its challenge.
+function solve(challenge, bits, expiresAt) {
+  let cancel = () => {};
+  const solved = new Promise((resolve, reject) => {
     const worker = new Worker('/static/pow.js');
-    worker.onmessage = (e) => { worker.terminate(); resolve(e.data.header); };
-    worker.onerror = (e) => { worker.terminate(); reject(e); };
+    const timer = setTimeout(() => cancel(), Math.max(0, (expiresAt || Infinity) - Date.now()));
+    cancel = () => { clearTimeout(timer); worker.terminate(); reject(new Error('challenge expired or replaced')); };
+    worker.onmessage = (e) => { clearTimeout(timer); worker.terminate(); resolve(e.data.header); };
+    worker.onerror = (e) => { clearTimeout(timer); worker.terminate(); reject(e); };
     worker.postMessage({ challenge, bits });
   });
+  solved.cancel = () => cancel();
+  return solved;
 }
 
-// Takes a challenge (a 428 body or the challenge endpoint's answer) as the next buy's.
+// Takes a challenge (a 428 body or the challenge endpoint's answer) as the
+// next buy's; the worker of the one it replaces stops.
 function adopt(c) {
-  const solved = solve(c.challenge, c.difficulty_bits);
+  if (pow) pow.solved.cancel();
+  const expiresAt = Date.parse(c.expires_at);
+  const solved = solve(c.challenge, c.difficulty_bits, expiresAt);
   solved.catch(() => { if (pow && pow.solved === solved) pow = null; });
-  pow = { challenge: c.challenge, expiresAt: Date.parse(c.expires_at), solved };
+  pow = { challenge: c.challenge, expiresAt, solved };
 }
 
 // Fetches and starts solving a challenge ahead of the click, unless one is
@@ -210,7 +220,7 @@ async function buy(event) {
       body = await r.json().catch(() => ({}));
       if (r.status === 428 && body.challenge && challenges++ < 3) {
         say('Preparing your order…');
-        solution = await solve(body.challenge, body.difficulty_bits);
+        solution = await solve(body.challenge, body.difficulty_bits, Date.parse(body.expires_at));
         attempt = -1;
         continue;
       }

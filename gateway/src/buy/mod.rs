@@ -94,18 +94,22 @@ impl<C: WallClock> BuyService<C> {
         }
         let user = self.admission.user(RouteClass::Buy, peer, headers)?;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
-        self.check_challenge(sale_id, &user, &idempotency_key, peer, headers).await?;
+        let unchallenged = self.check_challenge(sale_id, &user, &idempotency_key, peer, headers).await?;
         self.admission.cluster(&self.redis, &self.metrics).await?;
-        Ok(Admitted { user, idempotency_key })
+        Ok(Admitted { user, idempotency_key, unchallenged })
     }
 
     /// The proof of work, when `[challenge]` asks for one: after the token
     /// (the challenge is bound to the user), before anything that costs
     /// Redis but its one `SET NX`. A sale flagged sold out asks none: the
-    /// buy cannot win, and its answer must cost no Redis call.
-    async fn check_challenge(&self, sale_id: &str, user: &str, key: &str, peer: IpAddr, headers: &HeaderMap) -> Result<(), Rejection> {
-        if !self.challenge.is_on() || self.sales.is_sold_out(sale_id) {
-            return Ok(());
+    /// buy cannot win, and its answer must cost no Redis call; answers
+    /// `true` then (the proof was due but not asked).
+    async fn check_challenge(&self, sale_id: &str, user: &str, key: &str, peer: IpAddr, headers: &HeaderMap) -> Result<bool, Rejection> {
+        if !self.challenge.is_on() {
+            return Ok(false);
+        }
+        if self.sales.is_sold_out(sale_id) {
+            return Ok(true);
         }
         let buy = BuyChallenge {
             sale_id,
@@ -116,7 +120,7 @@ impl<C: WallClock> BuyService<C> {
         };
         // Boxed: its Redis calls nested in `admit`'s future exceed the
         // compiler's layout depth, and only buys under a challenge pay it.
-        Box::pin(self.challenge.admit(&self.redis, buy, self.clock.now_ms())).await
+        Box::pin(self.challenge.admit(&self.redis, buy, self.clock.now_ms())).await.map(|()| false)
     }
 
     /// Decides an admitted buy: locally when the sale cache can, else with
@@ -126,8 +130,12 @@ impl<C: WallClock> BuyService<C> {
     }
 
     async fn decide(&self, req: BuyRequest<'_>) -> Result<BuyOutcome, Rejection> {
-        let BuyRequest { sale_id, user, idempotency_key, request_id } = req;
-        let local = self.local_rejection(sale_id).await?;
+        let BuyRequest { sale_id, user, idempotency_key, request_id, unchallenged } = req;
+        let local = match self.local_rejection(sale_id).await? {
+            // No proof of work was asked: sold out is all it may learn.
+            None if unchallenged => Some(Rejection::SoldOut),
+            local => local,
+        };
         // Taken before the script runs: a snapshot read after this may
         // already count this buy's win (see `SaleCache::took_one`).
         let sent_at = std::time::Instant::now();

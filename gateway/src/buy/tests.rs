@@ -103,7 +103,7 @@ impl Fixture {
     }
 
     async fn buy(&self, sale_id: &str, user: &str, key: &str) -> BuyOutcome {
-        self.service.buy(BuyRequest { sale_id, user, idempotency_key: key, request_id: "r" }).await
+        self.service.buy(BuyRequest { sale_id, user, idempotency_key: key, request_id: "r", unchallenged: false }).await
     }
 
     fn local_decisions(&self, decision: &str) -> u64 {
@@ -196,7 +196,7 @@ async fn admission_checks_the_token_the_deny_list_and_the_key() {
     let long_key = "k".repeat(65);
     assert!(matches!(f.service.admit("s", PEER, &headers(Some("a"), Some(&long_key))).await, Err(Rejection::BadRequest(_))));
     let admitted = f.service.admit("s", PEER, &headers(Some("a"), Some("k1"))).await.unwrap();
-    assert_eq!(admitted, Admitted { user: "a".into(), idempotency_key: "k1".into() });
+    assert_eq!(admitted, Admitted { user: "a".into(), idempotency_key: "k1".into(), unchallenged: false });
 }
 
 #[tokio::test]
@@ -233,4 +233,16 @@ async fn a_sale_synced_on_another_redis_is_fenced_sells_nothing_and_remembers_no
     // Without the key at all (a sale written by an older release) it is fenced too.
     let () = redis::cmd("DEL").arg(&keys.synced).query_async(&mut conn).await.unwrap();
     assert_eq!(f.buy("s", "b", "k2").await, BuyOutcome::Refused(Rejection::Unavailable));
+}
+
+#[tokio::test]
+async fn a_buy_admitted_unchallenged_while_sold_out_never_reaches_the_script() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 5).await;
+    // Admitted while the sale was flagged sold out (no proof asked); the
+    // flag is gone by the time its body is read.
+    let scripts = f.redis.command_calls("evalsha").await;
+    let req = BuyRequest { sale_id: "s", user: "bot", idempotency_key: "", request_id: "r", unchallenged: true };
+    assert_eq!(f.service.buy(req).await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(f.redis.command_calls("evalsha").await, scripts);
 }

@@ -243,8 +243,8 @@ impl Gateway {
             Route::Buy(sale_id) => {
                 let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
                 read_buy_body(session).await?;
-                let (user, idempotency_key) = (&admitted.user, &admitted.idempotency_key);
-                let outcome = self.buy.buy(BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id }).await;
+                let (user, idempotency_key, unchallenged) = (&admitted.user, &admitted.idempotency_key, admitted.unchallenged);
+                let outcome = self.buy.buy(BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id, unchallenged }).await;
                 ctx.outcome = match &outcome {
                     BuyOutcome::Won { .. } => Outcome::Won,
                     BuyOutcome::Replayed { .. } => Outcome::Replay,
