@@ -12,6 +12,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("deduct.lua", include_str!("../../lua/deduct.lua")),
     ("fence.lua", include_str!("../../lua/fence.lua")),
     ("gcra.lua", include_str!("../../lua/gcra.lua")),
+    ("pow_use.lua", include_str!("../../lua/pow_use.lua")),
     ("preheat.lua", include_str!("../../lua/preheat.lua")),
     ("release.lua", include_str!("../../lua/release.lua")),
     ("remembered.lua", include_str!("../../lua/remembered.lua")),

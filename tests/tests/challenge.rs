@@ -167,6 +167,11 @@ async fn a_keyed_resend_passes_with_its_solution_and_any_gateway_verifies_but_no
     assert!(again.1, "answered as a replay of the first: {}", again.2);
     assert_eq!(again.2["reservation_id"], first.2["reservation_id"]);
     assert_challenge_required("other key", &buy(&stack, "resend", "dana", Some(&pow), Some("click-2")).await, "already used");
+    // A few re-sends of one buy, not a way to poll the sale with one solution.
+    for _ in 1..flashgate_gateway::challenge::MAX_RESENDS {
+        assert!(buy(&stack, "resend", "dana", Some(&pow), Some("click-1")).await.1);
+    }
+    assert_challenge_required("re-sent too often", &buy(&stack, "resend", "dana", Some(&pow), Some("click-1")).await, "already used");
 
     // Issued by the first gateway, solved on the second, replayed on the first.
     let (_, ahead) = fetch_challenge(&stack, "resend", "eve").await;

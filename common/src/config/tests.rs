@@ -339,6 +339,19 @@ fn a_redis_mode_without_its_keys_or_with_another_modes_keys_is_refused_by_key() 
 }
 
 #[test]
+fn a_challenge_must_expire_before_the_won_keys_it_could_be_re_sent_with() {
+    let msg =
+        Config::from_toml_str("[gateway]\nidempotency_ttl_seconds = 120\n[challenge]\nmode = \"always\"\nttl_seconds = 300\n", &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
+    assert!(msg.contains("challenge.ttl_seconds: must be at least 60 s below gateway.idempotency_ttl_seconds (120)"), "{msg}");
+    assert!(
+        Config::from_toml_str("[gateway]\nidempotency_ttl_seconds = 120\n[challenge]\nttl_seconds = 300\n", &NoEnv, 0).is_ok(),
+        "off: no constraint"
+    );
+}
+
+#[test]
 fn challenge_keys_are_checked_with_their_names() {
     let text = "[challenge]\ndifficulty_bits = 33\nmax_difficulty_bits = 40\nttl_seconds = 5\nuser_rate_per_minute = 0\n";
     let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();

@@ -55,6 +55,7 @@ const MAX_AGE_SECONDS: u64 = 31_536_000;
 pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec<String>> {
     let mut check = Check::default();
     let (jwt_secret, admin_token) = secrets(&mut check, f.auth.jwt_secret.clone(), env);
+    let idempotency_ttl_seconds = f.gateway.idempotency_ttl_seconds;
     let config = Config {
         limits: limits(&mut check, f.limits),
         deny: deny(&mut check, f.deny),
@@ -67,7 +68,7 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         shop: shop(&mut check, f.shop, &f.gateway.shop_upstream),
         gateway: gateway(&mut check, f.gateway, env),
         pages: pages(&mut check, f.pages),
-        challenge: challenge(&mut check, f.challenge),
+        challenge: challenge(&mut check, f.challenge, idempotency_ttl_seconds),
         challenge_secret: challenge_secret(&mut check, env),
         backend: backend(&mut check, f.backend, env),
         payment_timeouts: payment_timeouts(&mut check, &f.sales),
@@ -223,8 +224,21 @@ fn pages(check: &mut Check, f: file::Pages) -> PagesConfig {
     }
 }
 
-fn challenge(check: &mut Check, f: file::Challenge) -> ChallengeConfig {
+fn challenge(check: &mut Check, f: file::Challenge, idempotency_ttl_seconds: u64) -> ChallengeConfig {
     check.between("challenge.difficulty_bits", f.difficulty_bits, 0, MAX_CHALLENGE_BITS).note("each bit doubles the work");
+    // A buy may re-send its solution with its key while the solution is
+    // remembered (its TTL and a minute): its won key must outlive that, or
+    // the re-send would buy again.
+    if f.mode != file::ChallengeMode::Off {
+        check.that(
+            idempotency_ttl_seconds >= f.ttl_seconds + 60,
+            "challenge.ttl_seconds",
+            format_args!(
+                "must be at least 60 s below gateway.idempotency_ttl_seconds ({idempotency_ttl_seconds}) while challenges are on, got {}",
+                f.ttl_seconds
+            ),
+        );
+    }
     check.between("challenge.max_difficulty_bits", f.max_difficulty_bits, f.difficulty_bits.min(MAX_CHALLENGE_BITS), MAX_CHALLENGE_BITS);
     check.between("challenge.ttl_seconds", f.ttl_seconds, 10, 3600);
     check.between("challenge.user_rate_per_minute", f.user_rate_per_minute, 1, 1_000_000);

@@ -47,6 +47,14 @@ use token::{Issued, Refusal, Signer, Solved, ID_BYTES};
 /// with its own).
 const USED_MARGIN_MS: i64 = 60_000;
 
+/// Most re-sends of one buy (same Idempotency-Key) with one solution: the
+/// sale page's network retries, not a way to poll the sale.
+pub const MAX_RESENDS: u32 = 3;
+
+/// Records a solution's use (`lua/pow_use.lua`).
+static POW_USE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../../lua/pow_use.lua")));
+
 /// What a buy brings to the challenge check.
 #[derive(Debug, Clone, Copy)]
 pub struct BuyChallenge<'a> {
@@ -99,12 +107,14 @@ impl ChallengeGate {
     /// rates ask now (this request counted); `None` when challenges are off.
     pub fn offer(&self, sale_id: &str, user: &str, ip: IpAddr, now_ms: i64) -> Option<Issued> {
         let active = self.active.as_ref()?;
-        Some(self.issue(active, sale_id, user, ip, now_ms))
+        Some(self.issue(active, sale_id, user, ip, now_ms, false))
     }
 
-    fn issue(&self, active: &Active, sale_id: &str, user: &str, ip: IpAddr, now_ms: i64) -> Issued {
+    /// A challenge, counted in the rates: a fetch (`buy == false`) for its
+    /// user only, a refused buy for its user, IP and sale.
+    fn issue(&self, active: &Active, sale_id: &str, user: &str, ip: IpAddr, now_ms: i64, buy: bool) -> Issued {
         let bits = match &active.rates {
-            Some(rates) => rates.hit(user, ip, sale_id, Instant::now()),
+            Some(rates) => rates.hit(user, ip, sale_id, Instant::now(), buy),
             None => active.config.difficulty_bits,
         };
         let expires_at_ms = now_ms.saturating_add(active.config.ttl.as_millis() as i64);
@@ -138,28 +148,25 @@ impl ChallengeGate {
         if refusal == Refusal::Malformed {
             return Err(Rejection::BadRequest(refusal.message()));
         }
-        let offer = self.issue(active, buy.sale_id, buy.user, buy.ip, now_ms);
+        let offer = self.issue(active, buy.sale_id, buy.user, buy.ip, now_ms, true);
         Err(Rejection::ChallengeRequired(Box::new(offer), refusal))
     }
 
-    /// Records `solved` as used by this buy: `Ok(true)` when it was not
-    /// used before, or was used by this same buy (same non-empty
-    /// Idempotency-Key); `Ok(false)` when another buy used it.
+    /// Records `solved` as used by this buy (`lua/pow_use.lua`): `Ok(true)`
+    /// when it was not used before, or is re-sent by this same buy (same
+    /// non-empty Idempotency-Key) at most [`MAX_RESENDS`] times;
+    /// `Ok(false)` otherwise.
     async fn record_use(&self, redis: &RedisClient, buy: &BuyChallenge<'_>, solved: &Solved, now_ms: i64) -> Result<bool, RedisError> {
         let key = SaleKeys::new(buy.sale_id).pow(&solved.id);
         let marker = format!("k:{}", buy.idempotency_key);
         let ttl_ms = (solved.expires_at_ms - now_ms).max(0) + USED_MARGIN_MS;
         let mut conn = redis.conn().await?;
-        let set: Option<String> =
-            redis.bounded(redis::cmd("SET").arg(&key).arg(&marker).arg("NX").arg("PX").arg(ttl_ms).query_async(&mut conn)).await??;
-        if set.is_some() {
+        let mut invocation = POW_USE.prepare_invoke();
+        invocation.key(&key).arg(&marker).arg(ttl_ms).arg(MAX_RESENDS);
+        let used: i64 = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+        if used == 1 {
             self.metrics.challenges_solved.inc();
-            return Ok(true);
         }
-        if buy.idempotency_key.is_empty() {
-            return Ok(false);
-        }
-        let held: Option<String> = redis.bounded(redis::cmd("GET").arg(&key).query_async(&mut conn)).await??;
-        Ok(held.as_deref() == Some(marker.as_str()))
+        Ok(used > 0)
     }
 }

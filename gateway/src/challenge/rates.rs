@@ -2,7 +2,10 @@
 //! user, its client IP and its whole sale are asking right now.
 //!
 //! A request here is one challenge handed out (a buy answered 428, or a
-//! fetch): every buy needs one. Each key keeps one number, the count of
+//! fetch): every buy needs one. A fetch counts for its user only: fetching
+//! costs nothing, so a flood of fetches must not raise what the user's
+//! neighbours behind one IP, or the whole sale, are asked; a buy counts for
+//! all three. Each key keeps one number, the count of
 //! its requests with each decayed
 //! exponentially over a minute (time constant 60 s): at a steady `r`
 //! requests per minute it settles at `r`, a burst of `n` reads `n` at once
@@ -38,11 +41,15 @@ struct Decayed {
 impl Decayed {
     /// This count at `now`, with one more request.
     fn bumped(prev: Option<Self>, now: Instant) -> Self {
-        let count = prev.map_or(0.0, |p| {
+        Self { count: Self::at(prev, now) + 1.0, at: now }
+    }
+
+    /// This count, decayed to `now`.
+    fn at(prev: Option<Self>, now: Instant) -> f64 {
+        prev.map_or(0.0, |p| {
             let elapsed = now.saturating_duration_since(p.at).as_secs_f64();
             p.count * (-elapsed / WINDOW.as_secs_f64()).exp()
-        });
-        Self { count: count + 1.0, at: now }
+        })
     }
 }
 
@@ -66,6 +73,15 @@ impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Scope<K> {
     {
         let entry = self.counts.entry_by_ref(key).and_upsert_with(|prev| Decayed::bumped(prev.map(|e| e.into_value()), now));
         extra_bits(entry.into_value().count, self.threshold_per_minute)
+    }
+
+    /// The bits `key` adds now, without counting a request.
+    fn peek<Q>(&self, key: &Q, now: Instant) -> u8
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        extra_bits(Decayed::at(self.counts.get(key), now), self.threshold_per_minute)
     }
 }
 
@@ -99,11 +115,17 @@ impl Rates {
         }
     }
 
-    /// Counts one request of `user` from `ip` in `sale` at `now`; returns
-    /// the difficulty a challenge issued to it now asks.
-    pub fn hit(&self, user: &str, ip: IpAddr, sale: &str, now: Instant) -> u8 {
-        let extra = self.users.hit(user, now).max(self.ips.hit(&crate::limits::ip_key(ip), now)).max(self.sales.hit(sale, now));
-        self.base.saturating_add(extra).min(self.max)
+    /// Counts one request of `user` from `ip` in `sale` at `now` (a fetch,
+    /// `buy == false`, for the user only); returns the difficulty a
+    /// challenge issued to it now asks.
+    pub fn hit(&self, user: &str, ip: IpAddr, sale: &str, now: Instant, buy: bool) -> u8 {
+        let ip = crate::limits::ip_key(ip);
+        let shared = if buy {
+            self.ips.hit(&ip, now).max(self.sales.hit(sale, now))
+        } else {
+            self.ips.peek(&ip, now).max(self.sales.peek(sale, now))
+        };
+        self.base.saturating_add(self.users.hit(user, now).max(shared)).min(self.max)
     }
 }
 
@@ -133,7 +155,7 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..30 {
             // One request every 20 s: 3 a minute, under the 6 allowed.
-            assert_eq!(r.hit("calm", IP, "drop", t0 + Duration::from_secs(20 * i)), 10, "request {i}");
+            assert_eq!(r.hit("calm", IP, "drop", t0 + Duration::from_secs(20 * i), true), 10, "request {i}");
         }
     }
 
@@ -141,7 +163,7 @@ mod tests {
     fn a_burst_raises_the_difficulty_one_bit_per_doubling_up_to_the_cap() {
         let r = rates();
         let t0 = Instant::now();
-        let asked: Vec<u8> = (0..200).map(|_| r.hit("script", IP, "drop", t0)).collect();
+        let asked: Vec<u8> = (0..200).map(|_| r.hit("script", IP, "drop", t0, true)).collect();
         assert_eq!(&asked[..6], &[10; 6], "the first six are free");
         assert_eq!(asked[6], 11, "the 7th is above 6 a minute");
         assert_eq!(asked[12], 12, "13 > 2 x 6");
@@ -149,13 +171,28 @@ mod tests {
         assert_eq!(asked[199], 16, "200 / 6 = 33: five doublings and a bit");
         assert!(asked.windows(2).all(|w| w[0] <= w[1]), "never falls during a burst: {asked:?}");
         for _ in 0..10_000 {
-            r.hit("script", IP, "drop", t0);
+            r.hit("script", IP, "drop", t0, true);
         }
-        assert_eq!(r.hit("script", IP, "drop", t0), 18, "capped at max_difficulty_bits");
+        assert_eq!(r.hit("script", IP, "drop", t0, true), 18, "capped at max_difficulty_bits");
         // Another user on the same IP pays for the IP's rate (10,201 a minute).
-        assert_eq!(r.hit("neighbour", IP, "drop", t0), 18);
+        assert_eq!(r.hit("neighbour", IP, "drop", t0, true), 18);
         let elsewhere: IpAddr = "198.51.100.7".parse().unwrap();
-        assert_eq!(r.hit("neighbour", elsewhere, "other-sale", t0), 10, "the script's heat stays with its own keys");
+        assert_eq!(r.hit("neighbour", elsewhere, "other-sale", t0, true), 10, "the script's heat stays with its own keys");
+    }
+
+    #[test]
+    fn fetches_heat_only_their_own_user_and_buys_heat_the_ip_and_the_sale_too() {
+        let r = rates();
+        let t0 = Instant::now();
+        for _ in 0..2000 {
+            r.hit("fetcher", IP, "drop", t0, false);
+        }
+        assert!(r.hit("fetcher", IP, "drop", t0, false) > 10, "the fetcher pays for its fetches");
+        assert_eq!(r.hit("neighbour", IP, "drop", t0, true), 10, "its fetches raise nothing for the IP or the sale");
+        for _ in 0..2000 {
+            r.hit("buyer", IP, "drop", t0, true);
+        }
+        assert!(r.hit("neighbour", IP, "drop", t0, true) > 10, "buys heat the IP and the sale");
     }
 
     #[test]
@@ -163,11 +200,11 @@ mod tests {
         let r = rates();
         let t0 = Instant::now();
         for _ in 0..100 {
-            r.hit("burst", IP, "drop", t0);
+            r.hit("burst", IP, "drop", t0, true);
         }
-        assert!(r.hit("burst", IP, "drop", t0) > 10);
+        assert!(r.hit("burst", IP, "drop", t0, true) > 10);
         // After ten minutes 101 requests decay to under 0.01.
-        assert_eq!(r.hit("burst", IP, "drop", t0 + Duration::from_secs(600)), 10);
+        assert_eq!(r.hit("burst", IP, "drop", t0 + Duration::from_secs(600), true), 10);
     }
 
     #[test]
