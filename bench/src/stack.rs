@@ -279,18 +279,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             .replace(&self.dir.join("run").display().to_string(), &self.dir.join(format!("run-{name}")).display().to_string());
         let path = self.dir.join(format!("{name}.toml"));
         std::fs::write(&path, config)?;
-        let (out, err) = log_file(&self.dir, name)?;
-        let child = Command::new(self.bin_dir.join("flashgate"))
-            .arg("--config")
-            .arg(&path)
-            .arg("serve")
-            .env("FLASHGATE_JWT_SECRET", &self.jwt_secret)
-            .env("FLASHGATE_ADMIN_TOKEN", &self.admin_token)
-            .env("FLASHGATE_INTERNAL_TOKEN", &self.internal_token)
-            .env("RUST_LOG", "warn")
-            .stdout(out)
-            .stderr(err)
-            .spawn()?;
+        let child = self.command("flashgate", &path, name)?.arg("serve").spawn()?;
         let gateway = Proc::child(name, child);
         if !wait_port(addr, Duration::from_secs(30)).await {
             bail!("{name} did not start:\n{}", std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default());
@@ -298,23 +287,29 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         Ok((gateway, addr))
     }
 
-    /// Starts the backend and waits for its admin listener.
-    ///
-    /// # Errors
-    /// When it does not come up within 30 s.
-    pub async fn start_backend(&mut self) -> anyhow::Result<()> {
-        let (out, err) = log_file(&self.dir, "flashgate-backend")?;
-        let child = Command::new(self.bin_dir.join("flashgate-backend"))
-            .arg("--config")
-            .arg(&self.config_path)
+    /// A command running binary `bin` with config file `config`, the run's
+    /// secrets in its environment and its output in `<log>.log`.
+    fn command(&self, bin: &str, config: &std::path::Path, log: &str) -> anyhow::Result<Command> {
+        let (out, err) = log_file(&self.dir, log)?;
+        let mut cmd = Command::new(self.bin_dir.join(bin));
+        cmd.arg("--config")
+            .arg(config)
             .env("FLASHGATE_JWT_SECRET", &self.jwt_secret)
             .env("FLASHGATE_ADMIN_TOKEN", &self.admin_token)
             .env("FLASHGATE_INTERNAL_TOKEN", &self.internal_token)
             .env("FLASHGATE_SHOP_TOKEN", &self.shop_token)
             .env("RUST_LOG", "warn")
             .stdout(out)
-            .stderr(err)
-            .spawn()?;
+            .stderr(err);
+        Ok(cmd)
+    }
+
+    /// Starts the backend and waits for its admin listener.
+    ///
+    /// # Errors
+    /// When it does not come up within 30 s.
+    pub async fn start_backend(&mut self) -> anyhow::Result<()> {
+        let child = self.command("flashgate-backend", &self.config_path, "flashgate-backend")?.spawn()?;
         self.backend = Some(Proc::child("flashgate-backend", child));
         if !wait_port(self.admin_addr, Duration::from_secs(30)).await {
             bail!("backend did not start:\n{}", std::fs::read_to_string(self.dir.join("flashgate-backend.log")).unwrap_or_default());
