@@ -72,11 +72,18 @@ fn log_file(dir: &Path, name: &str) -> anyhow::Result<(Stdio, Stdio)> {
 
 /// A `redis-server` in the foreground on a free port, nothing persisted.
 pub async fn start_redis(dir: &Path, name: &str) -> anyhow::Result<(Proc, u16)> {
+    spawn_redis(dir, dir, name, &[]).await
+}
+
+/// `redis-server` on a free port with its files under `data_dir`, nothing
+/// persisted, `extra` appended to its arguments; returns once it listens.
+async fn spawn_redis(dir: &Path, data_dir: &Path, name: &str, extra: &[&str]) -> anyhow::Result<(Proc, u16)> {
     let port = free_port();
     let (out, err) = log_file(dir, name)?;
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
-        .arg(dir)
+        .arg(data_dir)
+        .args(extra)
         .stdout(out)
         .stderr(err)
         .spawn()
@@ -96,20 +103,9 @@ pub async fn start_replica(dir: &Path, name: &str, primary: u16) -> anyhow::Resu
     // more replicas.
     let mut primary_conn = redis::Client::open(format!("redis://127.0.0.1:{primary}/"))?.get_multiplexed_async_connection().await?;
     redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0).query_async::<()>(&mut primary_conn).await?;
-    let port = free_port();
     let replica_dir = dir.join(name);
     std::fs::create_dir_all(&replica_dir)?;
-    let (out, err) = log_file(dir, name)?;
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
-        .arg(&replica_dir)
-        .args(["--replicaof", "127.0.0.1", &primary.to_string()])
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .context("redis-server on PATH")?;
-    let proc = Proc::child(name, child);
-    ensure!(wait_port(loopback(port), Duration::from_secs(10)).await, "{name} did not start");
+    let (proc, port) = spawn_redis(dir, &replica_dir, name, &["--replicaof", "127.0.0.1", &primary.to_string()]).await?;
     let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?.get_multiplexed_async_connection().await?;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
