@@ -106,13 +106,7 @@ impl RedisServer {
     /// Starts watching every command this server runs (`MONITOR`); see
     /// [`Monitor::commands`].
     pub async fn monitor(&self) -> Monitor {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
-        stream.write_all(b"MONITOR\r\n").await.unwrap();
-        let mut lines = tokio::io::BufReader::new(stream).lines();
-        let ok = lines.next_line().await.unwrap();
-        assert_eq!(ok.as_deref(), Some("+OK"), "MONITOR refused");
-        Monitor { lines }
+        Monitor::start(self.port).await
     }
 
     /// `calls` of one command from INFO commandstats (0 when never called).
@@ -126,15 +120,30 @@ impl RedisServer {
 /// The commands a Redis runs, as `MONITOR` prints them: one line each,
 /// `<time> [<db> <client>] "COMMAND" "arg" ...`, scripts' commands included.
 pub struct Monitor {
+    port: u16,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>,
 }
 
 impl Monitor {
-    /// Every command `redis` ran since [`RedisServer::monitor`], up to a
-    /// marker sent now: nothing run before this call is missed.
-    pub async fn commands(mut self, redis: &RedisServer) -> Vec<String> {
+    /// Starts watching every command the Redis on `port` runs (any node of
+    /// a deployment).
+    pub async fn start(port: u16) -> Self {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        stream.write_all(b"MONITOR\r\n").await.unwrap();
+        let mut lines = tokio::io::BufReader::new(stream).lines();
+        let ok = lines.next_line().await.unwrap();
+        assert_eq!(ok.as_deref(), Some("+OK"), "MONITOR refused");
+        Monitor { port, lines }
+    }
+
+    /// Every command the Redis ran since [`Monitor::start`], up to a marker
+    /// sent now: nothing run before this call is missed.
+    pub async fn commands(mut self) -> Vec<String> {
         let marker = format!("fg-monitor-end-{}", rand::random::<u64>());
-        let _: String = redis::cmd("ECHO").arg(&marker).query_async(&mut redis.conn().await).await.unwrap();
+        let mut conn =
+            redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let _: String = redis::cmd("ECHO").arg(&marker).query_async(&mut conn).await.unwrap();
         let mut seen = Vec::new();
         loop {
             let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())

@@ -127,7 +127,7 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     let first = buy_all(stack.gateway_addr, "gone", attempts(), 64).await;
     let second = buy_all(second_addr, "gone", attempts(), 64).await;
     assert!(first.iter().chain(&second).all(|o| o.status == 410), "every late buyer is told sold out");
-    let deducts = monitor.commands(&stack.redis).await.into_iter().filter(|c| c.contains(&deduct_sha)).count();
+    let deducts = monitor.commands().await.into_iter().filter(|c| c.contains(&deduct_sha)).count();
     assert_eq!(deducts, 0, "a sold-out buy ran the deduct script");
 
     // An operator restock clears the flag everywhere.
@@ -159,7 +159,7 @@ async fn a_sold_out_keyed_buy_from_a_user_who_never_won_reads_no_key_from_redis(
     // A winner's retry still asks Redis for its key, and replays its win.
     let (status, v) = stack.buy("kept", &winners[0], Some("k1")).await;
     assert!(matches!(status, 201 | 202) && v["reservation_id"].is_string(), "{status} {v}");
-    let key_reads: Vec<String> = monitor.commands(&stack.redis).await.into_iter().filter(|c| c.contains(":idem")).collect();
+    let key_reads: Vec<String> = monitor.commands().await.into_iter().filter(|c| c.contains(":idem")).collect();
 
     assert!(!key_reads.is_empty(), "the winner's retry did not read its key");
     assert!(key_reads.iter().all(|c| c.contains(winners[0].as_str())), "a user who never won read a key: {key_reads:?}");

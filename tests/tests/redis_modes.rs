@@ -11,38 +11,10 @@ use flashgate_tests::{
     StackOptions, TempDir,
 };
 use redis::aio::MultiplexedConnection;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// A plain connection to one node of a deployment.
 async fn node(port: u16) -> MultiplexedConnection {
     redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_multiplexed_async_connection().await.unwrap()
-}
-
-/// `MONITOR` on one node: every command it runs from now until [`monitored`].
-async fn monitor(port: u16) -> tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    stream.write_all(b"MONITOR\r\n").await.unwrap();
-    let mut lines = tokio::io::BufReader::new(stream).lines();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("+OK"), "MONITOR refused");
-    lines
-}
-
-/// The commands the node at `port` ran since [`monitor`], up to a marker sent now.
-async fn monitored(mut lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>, port: u16) -> Vec<String> {
-    let marker = format!("fg-monitor-end-{}", rand::random::<u64>());
-    let _: String = redis::cmd("ECHO").arg(&marker).query_async(&mut node(port).await).await.unwrap();
-    let mut seen = Vec::new();
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-            .await
-            .expect("MONITOR silent")
-            .unwrap()
-            .expect("MONITOR closed");
-        if line.contains(&marker) {
-            return seen;
-        }
-        seen.push(line);
-    }
 }
 
 /// Waits until `n` gateways are subscribed to sale events on some node of the cluster.
@@ -142,11 +114,11 @@ async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_
     assert_eq!(sellout.iter().filter(|o| o.won()).count(), 5);
     let master = cluster.master_for_key("fg:{sale:bcast}:meta").await;
     let deduct_sha = redis::Script::new(include_str!("../../lua/deduct.lua")).get_hash().to_owned();
-    let watch = monitor(master).await;
+    let watch = flashgate_tests::Monitor::start(master).await;
     let late = |gateway| buy_all(gateway, "bcast", (0..2_000).map(|_| Attempt::by(&random_user())).collect(), 32);
     let (first, second) = tokio::join!(late(stack.gateway_addr), late(gateway2_addr));
     assert!(first.iter().chain(&second).all(|o| o.status == 410), "every late buyer is told sold out");
-    let deducts = monitored(watch, master).await.into_iter().filter(|c| c.contains(&deduct_sha)).count();
+    let deducts = watch.commands().await.into_iter().filter(|c| c.contains(&deduct_sha)).count();
     assert_eq!(deducts, 0, "a sold-out buy ran the deduct script");
 }
 
