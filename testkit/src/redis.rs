@@ -55,15 +55,21 @@ impl RedisServer {
     /// dir of its own; returns once its link to this server is up. (Its
     /// [`RedisServer::restart`] brings it back as a primary.)
     pub fn start_replica(&self) -> Self {
+        Self::replica_of(self.port)
+    }
+
+    /// A replica of the Redis on `primary` (any node of a deployment, as
+    /// [`RedisServer::start_replica`]); returns once its link is up.
+    pub fn replica_of(primary: u16) -> Self {
         // The first sync starts at once, not after the default 5 s wait for
         // more replicas.
-        let _: () = query(self.port, redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0)).unwrap();
+        let _: () = query(primary, redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0)).unwrap();
         let dir = TempDir::new("redis-replica");
         let port = free_port();
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
             .arg(&dir.0)
-            .args(["--replicaof", "127.0.0.1", &self.port.to_string()])
+            .args(["--replicaof", "127.0.0.1", &primary.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let proc = Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server" };
@@ -71,7 +77,7 @@ impl RedisServer {
         let replica = Self { proc, port, dir: dir.0.clone(), appendonly: false, owned_dir: Some(dir) };
         let started = Instant::now();
         while !replica.replication_info().contains("master_link_status:up") {
-            assert!(started.elapsed() < Duration::from_secs(10), "replica on {port} never linked to {}", self.port);
+            assert!(started.elapsed() < Duration::from_secs(10), "replica on {port} never linked to {primary}");
             std::thread::sleep(Duration::from_millis(20));
         }
         replica

@@ -429,7 +429,7 @@ async fn kill_sale_master(stack: &mut Stack, sale: &str, fault: Fault, progress:
 /// A replica for the promoted master `promoted`: in a cluster, the replica
 /// of another master moved over (`CLUSTER REPLICATE`); with Sentinel, a new
 /// redis-server (returned, to be stopped with the test).
-async fn give_a_replica(stack: &Stack, promoted: u16) -> Option<(Proc, flashgate_tests::TempDir)> {
+async fn give_a_replica(stack: &Stack, promoted: u16) -> Option<flashgate_tests::RedisServer> {
     match &stack.deployment {
         Deployment::Cluster(cluster) => {
             let other = cluster.masters().await.into_iter().find(|m| *m != promoted).expect("another master");
@@ -439,17 +439,7 @@ async fn give_a_replica(stack: &Stack, promoted: u16) -> Option<(Proc, flashgate
             None
         }
         Deployment::Sentinel(_) => {
-            let dir = flashgate_tests::TempDir::new("new-replica");
-            let port = flashgate_tests::free_port();
-            let child = std::process::Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
-                .arg(&dir.0)
-                .args(["--replicaof", "127.0.0.1", &promoted.to_string()])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("redis-server on PATH");
-            Some((Proc { child, name: "redis-server" }, dir))
+            Some(tokio::task::spawn_blocking(move || flashgate_tests::RedisServer::replica_of(promoted)).await.unwrap())
         }
         Deployment::Standalone => unreachable!("a failover needs a cluster or sentinels"),
     }
