@@ -7,6 +7,8 @@
 //!   its circuit is not open, else 503, so a load balancer stops sending
 //!   buyers to a gateway that cannot sell; the JSON body names each
 //!   dependency's state (see [`crate::readiness`]).
+//! - `POST /cache/purge`: removes cached shop responses by URL or prefix;
+//!   needs the admin token (see [`crate::shop_cache::purge_api`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -22,12 +24,15 @@ use pingora::services::background::BackgroundService;
 use crate::breaker::{Breaker, BreakerState};
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
+use crate::shop_cache::purge_api::{self, PurgeApi};
 
 pub struct AdminServer {
     pub listen: SocketAddr,
     pub metrics: Arc<Metrics>,
     pub breaker: Arc<Breaker>,
     pub readiness: Arc<Readiness>,
+    /// The shop cache's purge route.
+    pub purge: PurgeApi,
 }
 
 impl AdminServer {
@@ -50,6 +55,7 @@ impl AdminServer {
                 }),
             )
             .route("/live", get(|| async { "ok" }))
+            .route("/cache/purge", post(purge_api::purge).with_state(self.purge.clone()))
             .route(
                 "/ready",
                 get(move || {

@@ -27,6 +27,8 @@
 //! - [`order_cache`]: reservations' orders, cached briefly for pollers.
 //! - [`static_pages`]: in-memory product pages and assets (ETag, gzip/brotli, reload).
 //! - [`upstreams`]: the shop's upstreams, health checks, hop-by-hop headers.
+//! - [`shop_cache`]: the edge cache of the shop's responses (pingora-cache),
+//!   its rules, its bounded store and the admin purge.
 //! - [`limits`]: user, IP and global token buckets in bounded caches.
 //! - [`cluster_limit`]: the optional Redis-side global bucket shared by all gateways.
 //! - [`client_ip`]: the client address, believing only trusted proxies.
@@ -77,6 +79,7 @@ pub mod route;
 pub mod runtime_dir;
 pub mod sales;
 pub mod server;
+pub mod shop_cache;
 pub mod static_pages;
 pub mod switches;
 #[cfg(test)]

@@ -79,7 +79,10 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         idempotency_ttl: config.gateway.idempotency_ttl,
         clock: SystemClock,
     };
+    let shop_cache =
+        config.shop.cache.enabled.then(|| Arc::new(crate::shop_cache::ShopCache::new(&config.shop.cache, &metrics.registry)));
     let gateway = Gateway {
+        shop_cache,
         admission,
         buy,
         sales,
@@ -142,6 +145,10 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         metrics: gateway.metrics.clone(),
         breaker: gateway.redis.breaker.clone(),
         readiness,
+        purge: crate::shop_cache::purge_api::PurgeApi {
+            cache: gateway.shop_cache.clone(),
+            admin_token: config.admin_token.as_deref().map(Arc::from),
+        },
     };
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());

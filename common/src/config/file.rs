@@ -108,11 +108,46 @@ pub struct Shop {
     pub health_check_interval_ms: u64,
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
+    /// `[shop.cache]`: the edge cache of the shop's responses.
+    pub cache: ShopCache,
 }
 
 impl Default for Shop {
     fn default() -> Self {
-        Self { upstreams: Vec::new(), health_check_interval_ms: 1000, connect_timeout_ms: 2000, read_timeout_ms: 30_000 }
+        Self {
+            upstreams: Vec::new(),
+            health_check_interval_ms: 1000,
+            connect_timeout_ms: 2000,
+            read_timeout_ms: 30_000,
+            cache: ShopCache::default(),
+        }
+    }
+}
+
+/// `[shop.cache]`: the shop's cacheable `GET`/`HEAD` responses, kept in the
+/// gateway's memory (pingora-cache; see `gateway/src/shop_cache/`).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShopCache {
+    /// Off unless asked for: a shop that sends `max-age` on a personal page
+    /// without `private` would otherwise have it shared.
+    pub enabled: bool,
+    /// Bytes of responses (headers and bodies) held; the least recently used
+    /// are evicted past it.
+    pub max_bytes: u64,
+    /// Larger responses are passed through, not stored.
+    pub max_object_bytes: u64,
+    /// How long a stale response may still answer while the shop fails, when
+    /// the shop's `Cache-Control` names no `stale-if-error` (0 = not at all).
+    pub stale_if_error_seconds: u64,
+    /// How long requests for a page being fetched wait for that one fetch
+    /// before going to the shop themselves.
+    pub lock_timeout_ms: u64,
+}
+
+impl Default for ShopCache {
+    fn default() -> Self {
+        Self { enabled: false, max_bytes: 128 * 1024 * 1024, max_object_bytes: 8 * 1024 * 1024, stale_if_error_seconds: 60, lock_timeout_ms: 5000 }
     }
 }
 

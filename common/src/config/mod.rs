@@ -39,11 +39,11 @@ pub use env::{
 pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
-    RedisTarget, RouteLimits, ShopConfig,
+    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig,
 };
 pub use validate::{
     MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS, MAX_LIMITS_IDLE_SECONDS,
-    MAX_SALE_DURATION_SECONDS,
+    MAX_SALE_DURATION_SECONDS, MAX_SHOP_CACHE_BYTES,
 };
 
 pub use crate::secret::MIN_SECRET_BYTES;

@@ -201,6 +201,22 @@ pub struct ShopConfig {
     pub connect_timeout: Duration,
     /// Longest wait for the shop's next bytes; past it the client gets 504.
     pub read_timeout: Duration,
+    /// The edge cache of the shop's responses.
+    pub cache: ShopCacheConfig,
+}
+
+/// `[shop.cache]`, validated: sizes in bytes, windows as durations.
+#[derive(Debug, Clone)]
+pub struct ShopCacheConfig {
+    pub enabled: bool,
+    /// Bound of the bytes held (headers and bodies); LRU eviction past it.
+    pub max_bytes: usize,
+    /// Larger responses are not stored (at most `max_bytes`).
+    pub max_object_bytes: usize,
+    /// Stale-if-error window when the shop's `Cache-Control` names none.
+    pub stale_if_error: Duration,
+    /// How long concurrent misses of one page wait for its single fetch.
+    pub lock_timeout: Duration,
 }
 
 /// Caching of the product pages and of the sale state they poll.

@@ -383,3 +383,25 @@ fn the_challenge_secret_is_required_only_when_challenges_are_on() {
     let short = Config::from_toml_str("", &MapEnv(&[("FLASHGATE_CHALLENGE_SECRET", "short")]), 0).unwrap_err().to_string();
     assert!(short.contains("FLASHGATE_CHALLENGE_SECRET") && short.contains("at least 32 bytes"), "{short}");
 }
+
+#[test]
+fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
+    let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert!(!c.shop.cache.enabled);
+    assert_eq!(c.shop.cache.max_bytes, 128 << 20);
+    let text = "[shop.cache]\nenabled = true\nmax_bytes = 2097152\nmax_object_bytes = 4096\nstale_if_error_seconds = 0\nlock_timeout_ms = 250\n";
+    let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+    assert!(c.shop.cache.enabled);
+    assert_eq!((c.shop.cache.max_bytes, c.shop.cache.max_object_bytes), (2 << 20, 4096));
+    assert_eq!((c.shop.cache.stale_if_error, c.shop.cache.lock_timeout), (Duration::ZERO, Duration::from_millis(250)));
+    let bad = "[shop.cache]\nmax_bytes = 1024\nmax_object_bytes = 4194304\nstale_if_error_seconds = 100000\nlock_timeout_ms = 0\nsize = 1\n";
+    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("unknown field `size`"), "{msg}");
+    let bad = "[shop.cache]\nmax_bytes = 1048576\nmax_object_bytes = 4194304\nstale_if_error_seconds = 100000\nlock_timeout_ms = 0\n";
+    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+    for key in ["shop.cache.max_object_bytes", "shop.cache.stale_if_error_seconds", "shop.cache.lock_timeout_ms"] {
+        assert!(msg.contains(key), "{key} not named: {msg}");
+    }
+    let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1024\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("shop.cache.max_bytes: must be between 1048576 and"), "{msg}");
+}

@@ -23,7 +23,7 @@ use super::env::{
 use super::file;
 use super::settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
-    RedisTarget, RouteLimits, ShopConfig,
+    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig,
 };
 use crate::sale::SaleSpec;
 
@@ -206,6 +206,26 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
         health_check_interval: Duration::from_millis(f.health_check_interval_ms),
         connect_timeout: Duration::from_millis(f.connect_timeout_ms),
         read_timeout: Duration::from_millis(f.read_timeout_ms),
+        cache: shop_cache(check, f.cache),
+    }
+}
+
+/// Largest `shop.cache.max_bytes`: 64 GiB, past any gateway's memory.
+pub const MAX_SHOP_CACHE_BYTES: u64 = 64 << 30;
+
+/// `[shop.cache]`.
+fn shop_cache(check: &mut Check, f: file::ShopCache) -> ShopCacheConfig {
+    check.between("shop.cache.max_bytes", f.max_bytes, 1 << 20, MAX_SHOP_CACHE_BYTES).note("1 MiB to 64 GiB");
+    check.between("shop.cache.max_object_bytes", f.max_object_bytes, 1024, f.max_bytes.clamp(1024, MAX_SHOP_CACHE_BYTES)).note("at most shop.cache.max_bytes");
+    check.at_most("shop.cache.stale_if_error_seconds", f.stale_if_error_seconds, 86_400).note("0 = only when the shop allows it");
+    check.between("shop.cache.lock_timeout_ms", f.lock_timeout_ms, 10, 60_000);
+    let bytes = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    ShopCacheConfig {
+        enabled: f.enabled,
+        max_bytes: bytes(f.max_bytes),
+        max_object_bytes: bytes(f.max_object_bytes),
+        stale_if_error: Duration::from_secs(f.stale_if_error_seconds),
+        lock_timeout: Duration::from_millis(f.lock_timeout_ms),
     }
 }
 

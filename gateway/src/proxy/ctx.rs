@@ -2,6 +2,7 @@
 
 use crate::rejection::Rejection;
 use crate::route::RouteKind;
+use crate::shop_cache::CacheUse;
 
 /// Per-request state.
 pub struct RequestCtx {
@@ -12,11 +13,13 @@ pub struct RequestCtx {
     /// The `outcome` metric label.
     pub outcome: Outcome,
     pub started: std::time::Instant,
+    /// How a shop request uses the edge cache.
+    pub cache: CacheUse,
 }
 
 impl RequestCtx {
     pub fn new() -> Self {
-        Self { request_id: String::new(), route: RouteKind::Shop, outcome: Outcome::Ok, started: std::time::Instant::now() }
+        Self { request_id: String::new(), route: RouteKind::Shop, outcome: Outcome::Ok, started: std::time::Instant::now(), cache: CacheUse::Off }
     }
 }
 

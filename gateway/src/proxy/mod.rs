@@ -14,9 +14,16 @@
 //!   ├─ pages, assets ──► StaticPages::serve
 //!   │                    every answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
+//! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
+//!   cache_key_callback   host + path and query
+//!   cache_vary_filter    the variant the response's Vary names
+//!   cache_hit_filter     Cookie/Authorization take only public copies
+//!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
+//!   hit or stale ──────► answered from the cache; else to the shop:
 //! upstream_peer          a healthy shop upstream (round robin), else 502
 //! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto, X-Request-Id
-//! response_filter        hop-by-hop removed from the shop's answer
+//! response_cache_filter  may the shop's answer be stored, for how long
+//! response_filter        hop-by-hop removed from the shop's answer; X-Cache
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
 //! logging                requests / duration / buy outcome metrics, once per request
 //! ```
@@ -31,6 +38,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use flashgate_common::config::Config;
+use pingora::cache::key::HashBinary;
+use pingora::cache::{CacheKey, CacheMeta, ForcedFreshness, HitHandler, NoCacheReason, RespCacheable};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
@@ -51,6 +60,7 @@ use crate::rejection::{unavailable, Rejection};
 use crate::reply::Reply;
 use crate::route::{classify, Route, RouteKind};
 use crate::sales::SaleCache;
+use crate::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
 use crate::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::switches::Switches;
 use crate::upstreams::{hop_by_hop, ShopFailure, Upstreams};
@@ -76,6 +86,8 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Global switch and backlog pauses, kept current by a watcher.
     pub switches: Arc<Switches>,
+    /// The edge cache of the shop's responses; `None` while `shop.cache.enabled` is false.
+    pub shop_cache: Option<Arc<ShopCache>>,
 }
 
 #[async_trait]
@@ -144,6 +156,53 @@ impl ProxyHttp for Gateway {
         if ctx.route == RouteKind::Buy {
             m.buy_outcomes.with_label_values(&[outcome]).inc();
         }
+        if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
+            cache.metrics.results.with_label_values(&[CacheResult::of(session.cache.phase()).label()]).inc();
+        }
+    }
+
+    /// Only shop requests get here (gateway routes answered in `request_filter`).
+    fn request_cache_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+        if let Some(cache) = &self.shop_cache {
+            let req = session.req_header().clone();
+            ctx.cache = cache.enable(&mut session.cache, &req);
+        }
+        Ok(())
+    }
+
+    fn cache_key_callback(&self, session: &Session, _ctx: &mut RequestCtx) -> pingora::Result<CacheKey> {
+        Ok(policy::cache_key(session.req_header()))
+    }
+
+    fn response_cache_filter(&self, _session: &Session, resp: &ResponseHeader, ctx: &mut RequestCtx) -> pingora::Result<RespCacheable> {
+        Ok(match &self.shop_cache {
+            Some(cache) => cache.cacheable(ctx.cache, resp),
+            None => RespCacheable::Uncacheable(NoCacheReason::NeverEnabled),
+        })
+    }
+
+    fn cache_vary_filter(&self, meta: &CacheMeta, _ctx: &mut RequestCtx, req: &RequestHeader) -> Option<HashBinary> {
+        policy::variance(meta, req)
+    }
+
+    /// A stored copy the shop did not mark public is not for a request with
+    /// `Cookie` or `Authorization`: it goes to the shop.
+    async fn cache_hit_filter(
+        &self,
+        _session: &mut Session,
+        meta: &CacheMeta,
+        _hit: &mut HitHandler,
+        _is_fresh: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Option<ForcedFreshness>> {
+        let allowed = self.shop_cache.as_ref().is_none_or(|cache| cache.may_serve(ctx.cache, meta));
+        Ok((!allowed).then_some(ForcedFreshness::ForceMiss))
+    }
+
+    /// While revalidating (no error) the stored windows decide; on an
+    /// error, any failure but the client's own serves stale if allowed.
+    fn should_serve_stale(&self, _session: &mut Session, _ctx: &mut RequestCtx, error: Option<&pingora::Error>) -> bool {
+        error.is_none_or(|e| *e.esource() != pingora::ErrorSource::Downstream)
     }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
@@ -179,9 +238,13 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn response_filter(&self, _session: &mut Session, response: &mut ResponseHeader, _ctx: &mut RequestCtx) -> pingora::Result<()> {
+    async fn response_filter(&self, session: &mut Session, response: &mut ResponseHeader, ctx: &mut RequestCtx) -> pingora::Result<()> {
         for name in hop_by_hop(&response.headers) {
             response.remove_header(&name);
+        }
+        if self.shop_cache.is_some() && ctx.route == RouteKind::Shop {
+            let result = if ctx.cache == CacheUse::Off { CacheResult::Bypass } else { CacheResult::of(session.cache.phase()) };
+            response.insert_header("X-Cache", result.header())?;
         }
         Ok(())
     }

@@ -1,0 +1,268 @@
+//! The edge cache of the shop's responses (`[shop.cache]`), on
+//! pingora-cache: a flash sale multiplies the traffic to the shop's product,
+//! list and asset pages, and most of it can be answered from here.
+//!
+//! - What is stored: `GET`/`HEAD` responses with status 200, 203, 204, 300,
+//!   301, 308, 404 or 410 whose `Cache-Control` (`s-maxage` before `max-age`)
+//!   or `Expires` gives them a lifetime; nothing marked `private` or
+//!   `no-store`, nothing with `Set-Cookie` (a session cookie must never reach
+//!   another client), nothing with `Vary: *`. `no-cache` responses are
+//!   stored but revalidated on every use. `Vary` picks the variant by the
+//!   named request headers ([`policy::variance`]).
+//! - Cookies and `Authorization`: such a request is answered from the cache
+//!   only by a response the shop marked `public` (or `s-maxage`), and its
+//!   response is stored only if so marked. It never waits on, or holds, the
+//!   fetch of an anonymous request (no cache lock), so a client cannot stall
+//!   or defeat the coalescing of others by sending a cookie.
+//! - Coalescing: the first miss of a URL fetches it; concurrent misses wait
+//!   on pingora's cache lock (up to `shop.cache.lock_timeout_ms`) and are then
+//!   answered from the stored copy. A response found uncacheable releases the
+//!   waiters to the shop, and pingora's predictor remembers the URL (bounded
+//!   LRU) so later requests skip the lock.
+//! - Stale: `stale-while-revalidate` answers the stale copy and refreshes it
+//!   in the background (one refresh per URL); `stale-if-error` (or
+//!   `shop.cache.stale_if_error_seconds` when the shop names none) answers it
+//!   while the shop fails (5xx, refused, timeout).
+//! - Memory: the store ([`storage::MemoryStore`]) holds complete responses;
+//!   pingora's LRU eviction manager weighs each by its header and body bytes
+//!   and evicts the least recently used past `shop.cache.max_bytes`.
+//! - `X-Cache` on every proxied response while the cache is on: `HIT`,
+//!   `MISS`, `STALE`, `REVALIDATED` (stored copy confirmed by the shop with
+//!   304) or `BYPASS` (not cacheable, or not taken from the cache).
+//! - Purge ([`ShopCache::purge`]): by URL (every host and variant of a path
+//!   and query) or by path prefix, from the admin listener; each gateway
+//!   holds its own cache, so an operator purges every gateway (see
+//!   docs/OPERATIONS.md).
+//!
+//! Storage, eviction manager, lock and predictor must be `'static` for
+//! pingora-cache: they are leaked once per gateway built.
+
+pub mod policy;
+pub mod purge_api;
+pub mod storage;
+
+use std::time::Duration;
+
+use flashgate_common::config::ShopCacheConfig;
+use pingora::cache::eviction::simple_lru;
+use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
+use pingora::cache::lock::{CacheKeyLockImpl, CacheLock};
+use pingora::cache::predictor::Predictor;
+use pingora::cache::{CacheKey, CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
+use pingora::http::{RequestHeader, ResponseHeader};
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+
+use storage::{MemoryStore, StoreGauges};
+
+/// Shards of the predictor's LRU of URLs found uncacheable.
+const PREDICTOR_SHARDS: usize = 16;
+/// URLs remembered as uncacheable per shard: 16 × 4096 keys of 16 bytes.
+const PREDICTOR_SHARD_CAPACITY: usize = 4096;
+
+/// How a request uses the cache, decided before the lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheUse {
+    /// Not a shop request, the cache is off, or the request cannot be cached
+    /// (method, body, upgrade).
+    #[default]
+    Off,
+    /// Looked up and stored by the rules of [`policy`].
+    Shared,
+    /// Carries `Cookie` or `Authorization`: only `public` responses.
+    Credentialed,
+}
+
+/// What the cache did for one response: the `X-Cache` value and the
+/// `result` metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheResult {
+    Hit,
+    Miss,
+    Stale,
+    Revalidated,
+    Bypass,
+}
+
+impl CacheResult {
+    /// From the phase pingora-cache ended in.
+    pub fn of(phase: CachePhase) -> Self {
+        match phase {
+            CachePhase::Hit => CacheResult::Hit,
+            CachePhase::Stale | CachePhase::StaleUpdating => CacheResult::Stale,
+            CachePhase::Miss | CachePhase::Expired => CacheResult::Miss,
+            CachePhase::Revalidated | CachePhase::RevalidatedNoCache(_) => CacheResult::Revalidated,
+            CachePhase::Disabled(_) | CachePhase::Bypass | CachePhase::Uninit | CachePhase::CacheKey => CacheResult::Bypass,
+        }
+    }
+
+    /// The `X-Cache` header value.
+    pub fn header(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "HIT",
+            CacheResult::Miss => "MISS",
+            CacheResult::Stale => "STALE",
+            CacheResult::Revalidated => "REVALIDATED",
+            CacheResult::Bypass => "BYPASS",
+        }
+    }
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "hit",
+            CacheResult::Miss => "miss",
+            CacheResult::Stale => "stale",
+            CacheResult::Revalidated => "revalidated",
+            CacheResult::Bypass => "bypass",
+        }
+    }
+}
+
+/// What to purge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeTarget {
+    /// One path and query, every host and variant.
+    Url(String),
+    /// Every path starting with this.
+    Prefix(String),
+}
+
+impl PurgeTarget {
+    pub fn label(&self) -> &'static str {
+        match self {
+            PurgeTarget::Url(_) => "url",
+            PurgeTarget::Prefix(_) => "prefix",
+        }
+    }
+}
+
+/// The cache's metrics, registered into the gateway's registry.
+pub struct CacheMetrics {
+    /// Proxied shop responses by what the cache did.
+    pub results: IntCounterVec,
+    /// Purge requests by kind, and objects they removed.
+    pub purges: IntCounterVec,
+    pub purged_objects: IntCounterVec,
+}
+
+/// The shop cache of one gateway.
+pub struct ShopCache {
+    store: &'static MemoryStore,
+    eviction: &'static simple_lru::Manager,
+    lock: &'static CacheKeyLockImpl,
+    predictor: &'static Predictor<PREDICTOR_SHARDS>,
+    defaults: CacheMetaDefaults,
+    max_object_bytes: usize,
+    lock_timeout: Duration,
+    pub metrics: CacheMetrics,
+}
+
+/// No heuristic freshness: a response the shop gives no lifetime is not stored.
+fn no_default_freshness(_status: http::StatusCode) -> Option<Duration> {
+    None
+}
+
+/// `Custom` reasons the predictor must not remember: a credentialed
+/// request's private answer says nothing about the URL's public one.
+fn forgettable(reason: &'static str) -> bool {
+    reason == policy::CREDENTIALED
+}
+
+impl ShopCache {
+    /// Builds the cache and registers its metrics (`flashgate_shop_cache_*`).
+    ///
+    /// # Panics
+    /// Only if the metrics are registered twice into one registry.
+    pub fn new(config: &ShopCacheConfig, registry: &Registry) -> Self {
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid gauge");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let evictions = prometheus::IntCounter::new("shop_cache_evictions_total", "Shop responses evicted to stay under shop.cache.max_bytes.")
+            .expect("valid counter");
+        registry.register(Box::new(evictions.clone())).expect("unique metric");
+        let gauges = StoreGauges {
+            bytes: gauge("shop_cache_bytes", "Bytes of shop responses (headers and bodies) held in the edge cache."),
+            objects: gauge("shop_cache_objects", "Shop responses held in the edge cache."),
+            evictions,
+        };
+        let metrics = CacheMetrics {
+            results: counter(
+                "shop_cache_requests_total",
+                "Proxied shop requests by cache result (hit, miss, stale, revalidated, bypass).",
+                &["result"],
+            ),
+            purges: counter("shop_cache_purges_total", "Cache purges by kind (url, prefix).", &["kind"]),
+            purged_objects: counter("shop_cache_purged_objects_total", "Cached responses removed by purges, by kind.", &["kind"]),
+        };
+        let stale_if_error = u32::try_from(config.stale_if_error.as_secs()).unwrap_or(u32::MAX);
+        Self {
+            store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, gauges))),
+            eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes))),
+            lock: Box::leak(Box::new(CacheLock::new(config.lock_timeout))),
+            predictor: Box::leak(Box::new(Predictor::new(PREDICTOR_SHARD_CAPACITY, Some(forgettable)))),
+            defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
+            max_object_bytes: config.max_object_bytes,
+            lock_timeout: config.lock_timeout,
+            metrics,
+        }
+    }
+
+    /// Turns the cache on for a shop request that may use it, and says how.
+    pub fn enable(&self, cache: &mut pingora::cache::HttpCache, req: &RequestHeader) -> CacheUse {
+        let using = policy::request_use(req);
+        if using == CacheUse::Off {
+            return using;
+        }
+        // A credentialed request neither waits on nor holds the fetch of
+        // anonymous ones: its answer may be private.
+        let lock = (using == CacheUse::Shared).then_some(self.lock);
+        let mut overrides = CacheOptionOverrides::default();
+        overrides.wait_timeout = Some(self.lock_timeout);
+        cache.enable(self.store, Some(self.eviction), Some(self.predictor), lock, Some(overrides));
+        cache.set_max_file_size_bytes(self.max_object_bytes);
+        using
+    }
+
+    /// The cache key: host and path with query.
+    pub fn key(&self, req: &RequestHeader) -> CacheKey {
+        policy::cache_key(req)
+    }
+
+    /// Whether and how long the shop's response may be stored.
+    pub fn cacheable(&self, using: CacheUse, resp: &ResponseHeader) -> RespCacheable {
+        policy::response_cacheable(using, resp, &self.defaults)
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.store.bytes()
+    }
+
+    /// Removes what `target` names; returns how many responses were removed.
+    pub fn purge(&self, target: &PurgeTarget) -> usize {
+        let removed = match target {
+            PurgeTarget::Url(url) => self.store.purge_where(|path| path == url),
+            PurgeTarget::Prefix(prefix) => self.store.purge_where(|path| path.starts_with(prefix.as_str())),
+        };
+        for key in &removed {
+            self.eviction.remove(CacheEntryKeyRef::from_entry_id(key, None));
+        }
+        let kind = target.label();
+        self.metrics.purges.with_label_values(&[kind]).inc();
+        self.metrics.purged_objects.with_label_values(&[kind]).inc_by(removed.len() as u64);
+        removed.len()
+    }
+
+    /// Whether a stored response may answer this request: a credentialed
+    /// request takes only what the shop marked public.
+    pub fn may_serve(&self, using: CacheUse, meta: &CacheMeta) -> bool {
+        using != CacheUse::Credentialed || policy::shared_with_credentials(meta.response_header())
+    }
+}

@@ -1,0 +1,369 @@
+//! The edge cache of the shop's pages (`[shop.cache]`), against the real
+//! gateway and a real shop: an axum server in the test, on loopback, that
+//! counts the requests it gets per path and answers by path:
+//!
+//! - `/cold…` after 300 ms, `max-age=60` (coalescing);
+//! - `/short` `max-age=1`; `/smaxage` `s-maxage=60, max-age=0`;
+//!   `/private` `private, max-age=60`; `/nostore` `no-store`;
+//! - `/cookie…` `max-age=60` with a new `Set-Cookie: sid=N` each time;
+//! - `/personal` `max-age=60`, `/public…` `public, max-age=60`, both echoing
+//!   the request's cookie;
+//! - `/vary` `max-age=60, Vary: Accept-Encoding`, echoing it;
+//! - `/swr` `max-age=1, stale-while-revalidate=30`;
+//! - `/sie` `max-age=1, stale-if-error=60`, `/sie-default` `max-age=1`;
+//!   every `/sie…` answers 500 once the test sets the shop failing;
+//! - `/big/…` 64 KiB bodies, `max-age=60`;
+//! - anything else `max-age=60`.
+//!
+//! Every body ends with `#N`, the shop's count for that path.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use flashgate_tests::{Stack, StackOptions, ADMIN_TOKEN};
+
+/// Bound of the cache in these tests (the smallest allowed).
+const MAX_BYTES: usize = 1 << 20;
+const BIG_BODY: usize = 64 * 1024;
+
+#[derive(Default)]
+struct ShopState {
+    counts: Mutex<HashMap<String, usize>>,
+    failing: AtomicBool,
+}
+
+struct Shop {
+    state: Arc<ShopState>,
+    addr: SocketAddr,
+}
+
+impl Shop {
+    async fn start() -> Self {
+        let state = Arc::new(ShopState::default());
+        let app = axum::Router::new().fallback(answer).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { state, addr }
+    }
+
+    /// Requests the shop got for `path` (with its query).
+    fn count(&self, path: &str) -> usize {
+        self.state.counts.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+}
+
+async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    let n = {
+        let mut counts = shop.counts.lock().unwrap();
+        let n = counts.entry(path.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let mut resp = Response::builder().status(200);
+    let mut body = format!("{path} #{n}");
+    let cc = match path.as_str() {
+        p if p.starts_with("/cold") => {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            "max-age=60"
+        }
+        "/short" => "max-age=1",
+        "/smaxage" => "s-maxage=60, max-age=0",
+        "/private" => "private, max-age=60",
+        "/nostore" => "no-store",
+        p if p.starts_with("/cookie") => {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            resp = resp.header("set-cookie", format!("sid={n}; HttpOnly"));
+            "max-age=60"
+        }
+        "/personal" => {
+            body = format!("cookie={} {body}", header("cookie"));
+            "max-age=60"
+        }
+        p if p.starts_with("/public") => {
+            body = format!("cookie={} {body}", header("cookie"));
+            "public, max-age=60"
+        }
+        "/vary" => {
+            resp = resp.header("vary", "Accept-Encoding");
+            body = format!("encoding={} {body}", header("accept-encoding"));
+            "max-age=60"
+        }
+        "/swr" => "max-age=1, stale-while-revalidate=30",
+        p if p.starts_with("/sie") && shop.failing.load(Ordering::SeqCst) => {
+            return Response::builder().status(500).body(Body::from("shop down")).unwrap();
+        }
+        "/sie" => "max-age=1, stale-if-error=60",
+        "/sie-default" => "max-age=1",
+        p if p.starts_with("/big/") => {
+            body = format!("{body}{}", "x".repeat(BIG_BODY));
+            "max-age=60"
+        }
+        _ => "max-age=60",
+    };
+    resp.header("cache-control", cc).header("content-type", "text/plain").body(Body::from(body)).unwrap()
+}
+
+/// A stack whose gateway proxies (and caches) the test's shop.
+async fn start() -> (Stack, Shop) {
+    let shop = Shop::start().await;
+    let extra_toml = format!(
+        "[shop]\nupstreams = [\"{}\"]\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n",
+        shop.addr
+    );
+    let stack = Stack::start(StackOptions { extra_toml, ..StackOptions::default() }).await;
+    (stack, shop)
+}
+
+/// One GET: status, `X-Cache`, body.
+async fn get(stack: &Stack, path: &str, headers: &[(&str, &str)]) -> (u16, String, String) {
+    let mut req = stack.http.get(stack.url(path));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let x_cache = resp.headers().get("x-cache").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    (status, x_cache, resp.text().await.unwrap())
+}
+
+async fn metrics(stack: &Stack) -> String {
+    let url = format!("http://{}/metrics", stack.gateway_admin_addr);
+    stack.http.get(url).send().await.unwrap().text().await.unwrap()
+}
+
+/// The value of an unlabelled metric line.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).map_or(-1.0, |v| v.parse().unwrap())
+}
+
+async fn purge(stack: &Stack, token: Option<&str>, body: &str) -> (u16, serde_json::Value) {
+    let mut req = stack.http.post(format!("http://{}/cache/purge", stack.gateway_admin_addr)).body(body.to_owned());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.header("content-type", "application/json").send().await.unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_concurrent_misses_of_a_cold_page_reach_the_shop_once() {
+    let (stack, shop) = start().await;
+    // Its own client: 2,000 connections at once, none reused.
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let url = stack.url("/cold/product");
+    let requests = (0..2000).map(|_| {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            let resp = http.get(url).send().await.unwrap();
+            let x_cache = resp.headers()["x-cache"].to_str().unwrap().to_owned();
+            (resp.status().as_u16(), x_cache, resp.text().await.unwrap())
+        })
+    });
+    let answers = tokio::time::timeout(Duration::from_secs(60), futures_join(requests.collect())).await.expect("answered in time");
+    assert_eq!(shop.count("/cold/product"), 1, "the shop saw the page once");
+    assert!(answers.iter().all(|(status, _, body)| *status == 200 && body == "/cold/product #1"));
+    let misses = answers.iter().filter(|(_, x, _)| x == "MISS").count();
+    let hits = answers.iter().filter(|(_, x, _)| x == "HIT").count();
+    assert_eq!((misses, hits), (1, 1999), "one fetch, every other answer from the cache");
+}
+
+async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_is_answered_from_the_cache_until_its_max_age_then_fetched_again() {
+    let (stack, shop) = start().await;
+    assert_eq!(get(&stack, "/short", &[]).await, (200, "MISS".into(), "/short #1".into()));
+    assert_eq!(get(&stack, "/short", &[]).await, (200, "HIT".into(), "/short #1".into()));
+    let r = stack.http.head(stack.url("/short")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-cache"].to_str().unwrap()), (200, "HIT"));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(get(&stack, "/short", &[]).await, (200, "MISS".into(), "/short #2".into()));
+    assert_eq!(shop.count("/short"), 2);
+    // The gateway's own routes are not the shop's: no X-Cache there.
+    let page = stack.http.get(stack.url("/static/sale.css")).send().await.unwrap();
+    assert!(page.headers().get("x-cache").is_none());
+    let text = metrics(&stack).await;
+    assert!(text.contains("flashgate_shop_cache_requests_total{result=\"hit\"} 2"), "{text}");
+    assert!(text.contains("flashgate_shop_cache_requests_total{result=\"miss\"} 2"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s_maxage_is_stored_and_private_or_no_store_are_not() {
+    let (stack, shop) = start().await;
+    assert_eq!(get(&stack, "/smaxage", &[]).await.1, "MISS");
+    assert_eq!(get(&stack, "/smaxage", &[]).await, (200, "HIT".into(), "/smaxage #1".into()));
+    for path in ["/private", "/nostore"] {
+        assert_eq!(get(&stack, path, &[]).await, (200, "BYPASS".into(), format!("{path} #1")));
+        assert_eq!(get(&stack, path, &[]).await, (200, "BYPASS".into(), format!("{path} #2")));
+        assert_eq!(shop.count(path), 2, "{path} goes to the shop every time");
+    }
+    assert_eq!(shop.count("/smaxage"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_cookie_response_is_never_served_to_another_client() {
+    let (stack, shop) = start().await;
+    let cookie_of = |http: reqwest::Client, url: String| async move {
+        let resp = http.get(url).send().await.unwrap();
+        let cookie = resp.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_owned());
+        (resp.headers()["x-cache"].to_str().unwrap().to_owned(), cookie, resp.text().await.unwrap())
+    };
+    // One after another, then 50 clients at once on a cold page.
+    let (x1, c1, _) = cookie_of(stack.http.clone(), stack.url("/cookie")).await;
+    let (x2, c2, _) = cookie_of(stack.http.clone(), stack.url("/cookie")).await;
+    assert_eq!((x1.as_str(), x2.as_str()), ("BYPASS", "BYPASS"));
+    assert_eq!((c1.as_deref(), c2.as_deref()), (Some("sid=1; HttpOnly"), Some("sid=2; HttpOnly")));
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let all: Vec<_> = (0..50).map(|_| tokio::spawn(cookie_of(http.clone(), stack.url("/cookie-cold")))).collect();
+    let answers = futures_join(all).await;
+    let mut cookies: Vec<String> = answers.iter().map(|(_, c, _)| c.clone().expect("each answer sets its cookie")).collect();
+    cookies.sort();
+    cookies.dedup();
+    assert_eq!(cookies.len(), 50, "no two clients got the same session cookie");
+    assert_eq!(shop.count("/cookie-cold"), 50);
+    for (x_cache, cookie, body) in &answers {
+        let sid = cookie.as_deref().unwrap().trim_start_matches("sid=").split(';').next().unwrap();
+        assert!(x_cache == "BYPASS" && body.ends_with(&format!("#{sid}")), "{x_cache} {cookie:?} {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_and_authorization_requests_bypass_the_cache_unless_the_response_is_public() {
+    let (stack, shop) = start().await;
+    assert_eq!(get(&stack, "/personal", &[]).await, (200, "MISS".into(), "cookie= /personal #1".into()));
+    assert_eq!(get(&stack, "/personal", &[]).await.1, "HIT");
+    // With a cookie or a token: the shop answers, and its answer is not kept.
+    assert_eq!(get(&stack, "/personal", &[("cookie", "sid=alice")]).await, (200, "BYPASS".into(), "cookie=sid=alice /personal #2".into()));
+    assert_eq!(get(&stack, "/personal", &[("authorization", "Bearer bob")]).await, (200, "BYPASS".into(), "cookie= /personal #3".into()));
+    assert_eq!(get(&stack, "/personal", &[]).await, (200, "HIT".into(), "cookie= /personal #1".into()));
+    assert_eq!(shop.count("/personal"), 3);
+
+    // A public page is shared with them, and their public answers are kept.
+    assert_eq!(get(&stack, "/public", &[]).await.1, "MISS");
+    assert_eq!(get(&stack, "/public", &[("cookie", "sid=alice")]).await, (200, "HIT".into(), "cookie= /public #1".into()));
+    assert_eq!(get(&stack, "/public-first", &[("cookie", "sid=carol")]).await.1, "MISS");
+    assert_eq!(get(&stack, "/public-first", &[]).await, (200, "HIT".into(), "cookie=sid=carol /public-first #1".into()));
+    assert_eq!((shop.count("/public"), shop.count("/public-first")), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_accept_encoding_keeps_one_variant_per_encoding() {
+    let (stack, shop) = start().await;
+    let gzip = [("accept-encoding", "gzip")];
+    let br = [("accept-encoding", "br")];
+    assert_eq!(get(&stack, "/vary", &gzip).await, (200, "MISS".into(), "encoding=gzip /vary #1".into()));
+    assert_eq!(get(&stack, "/vary", &br).await, (200, "MISS".into(), "encoding=br /vary #2".into()));
+    assert_eq!(get(&stack, "/vary", &gzip).await, (200, "HIT".into(), "encoding=gzip /vary #1".into()));
+    assert_eq!(get(&stack, "/vary", &br).await, (200, "HIT".into(), "encoding=br /vary #2".into()));
+    assert_eq!(shop.count("/vary"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_answers_stale_and_refreshes_in_the_background() {
+    let (stack, shop) = start().await;
+    assert_eq!(get(&stack, "/swr", &[]).await.1, "MISS");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(get(&stack, "/swr", &[]).await, (200, "STALE".into(), "/swr #1".into()));
+    // The refresh runs behind that answer; the next answers get its result.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, x_cache, body) = get(&stack, "/swr", &[]).await;
+        if body == "/swr #2" {
+            assert_eq!(x_cache, "HIT");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never refreshed: {x_cache} {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(shop.count("/swr"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_serves_the_stale_copy_while_the_shop_fails() {
+    let (stack, shop) = start().await;
+    for path in ["/sie", "/sie-default"] {
+        assert_eq!(get(&stack, path, &[]).await.1, "MISS");
+    }
+    shop.state.failing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // `/sie` names its window; `/sie-default` gets shop.cache.stale_if_error_seconds.
+    for path in ["/sie", "/sie-default"] {
+        assert_eq!(get(&stack, path, &[]).await, (200, "STALE".into(), format!("{path} #1")));
+        assert_eq!(shop.count(path), 2, "{path}: the shop was asked and failed");
+    }
+    // A page never stored has nothing to fall back on.
+    let (status, _, _) = get(&stack, "/sie?never-stored", &[]).await;
+    assert_eq!(status, 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_near_max_bytes_as_the_least_recently_used_are_evicted() {
+    let (stack, shop) = start().await;
+    let pages = 3 * MAX_BYTES / BIG_BODY;
+    for i in 0..pages {
+        let (status, x_cache, body) = get(&stack, &format!("/big/{i}"), &[]).await;
+        assert_eq!((status, x_cache.as_str(), body.len() > BIG_BODY), (200, "MISS", true));
+    }
+    // Eviction runs right after each store; wait for the last one.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = metrics(&stack).await;
+        if metric(&text, "flashgate_shop_cache_bytes") <= MAX_BYTES as f64 || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let held = metric(&text, "flashgate_shop_cache_bytes");
+    assert!(held > (MAX_BYTES / 2) as f64 && held <= MAX_BYTES as f64, "bytes held {held}, bound {MAX_BYTES}");
+    assert!(metric(&text, "flashgate_shop_cache_evictions_total") >= (pages - MAX_BYTES / BIG_BODY) as f64, "{text}");
+    assert!(metric(&text, "flashgate_shop_cache_objects") < (MAX_BYTES / BIG_BODY) as f64 + 1.0);
+    // The newest page is still there, the oldest is gone.
+    assert_eq!(get(&stack, &format!("/big/{}", pages - 1), &[]).await.1, "HIT");
+    assert_eq!(get(&stack, "/big/0", &[]).await.1, "MISS");
+    assert_eq!(shop.count("/big/0"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_by_url_and_by_prefix_needs_the_admin_token() {
+    let (stack, shop) = start().await;
+    for path in ["/products/1", "/products/2?color=red", "/other"] {
+        assert_eq!(get(&stack, path, &[]).await.1, "MISS");
+    }
+    let url = r#"{"url": "/products/1"}"#;
+    assert_eq!(purge(&stack, None, url).await.0, 401);
+    assert_eq!(purge(&stack, Some("not-the-admin-token-but-long-enough-000"), url).await.0, 401);
+    assert_eq!(get(&stack, "/products/1", &[]).await.1, "HIT", "refused purges change nothing");
+    let (status, body) = purge(&stack, Some(ADMIN_TOKEN), r#"{"url": "/products/1", "prefix": "/"}"#).await;
+    assert_eq!((status, body["code"].as_str()), (400, Some("bad_request")));
+    assert_eq!(purge(&stack, Some(ADMIN_TOKEN), "not json").await.0, 400);
+
+    let (status, body) = purge(&stack, Some(ADMIN_TOKEN), url).await;
+    assert_eq!((status, body["kind"].as_str(), body["purged"].as_u64()), (200, Some("url"), Some(1)));
+    assert_eq!(get(&stack, "/products/1", &[]).await, (200, "MISS".into(), "/products/1 #2".into()));
+    assert_eq!(get(&stack, "/products/2?color=red", &[]).await.1, "HIT");
+
+    let (status, body) = purge(&stack, Some(ADMIN_TOKEN), r#"{"prefix": "/products/"}"#).await;
+    assert_eq!((status, body["purged"].as_u64()), (200, Some(2)));
+    assert_eq!(get(&stack, "/products/1", &[]).await.1, "MISS");
+    assert_eq!(get(&stack, "/products/2?color=red", &[]).await.1, "MISS");
+    assert_eq!(get(&stack, "/other", &[]).await.1, "HIT");
+    assert_eq!((shop.count("/products/1"), shop.count("/products/2?color=red"), shop.count("/other")), (3, 2, 1));
+    let text = metrics(&stack).await;
+    assert!(text.contains("flashgate_shop_cache_purges_total{kind=\"prefix\"} 1"), "{text}");
+    assert!(text.contains("flashgate_shop_cache_purged_objects_total{kind=\"url\"} 1"), "{text}");
+}
