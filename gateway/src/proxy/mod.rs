@@ -164,8 +164,8 @@ impl ProxyHttp for Gateway {
     /// Only shop requests get here (gateway routes answered in `request_filter`).
     fn request_cache_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
         if let Some(cache) = &self.shop_cache {
-            let req = session.req_header().clone();
-            ctx.cache = cache.enable(&mut session.cache, &req);
+            ctx.cache = policy::request_use(session.req_header());
+            cache.enable(&mut session.cache, ctx.cache);
         }
         Ok(())
     }

@@ -48,8 +48,8 @@ use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
 use pingora::cache::lock::{CacheKeyLockImpl, CacheLock};
 use pingora::cache::predictor::Predictor;
-use pingora::cache::{CacheKey, CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
-use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::cache::{CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
+use pingora::http::ResponseHeader;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
 use storage::{MemoryStore, StoreGauges};
@@ -214,11 +214,11 @@ impl ShopCache {
         }
     }
 
-    /// Turns the cache on for a shop request that may use it, and says how.
-    pub fn enable(&self, cache: &mut pingora::cache::HttpCache, req: &RequestHeader) -> CacheUse {
-        let using = policy::request_use(req);
+    /// Turns the cache on for a shop request that may use it, as
+    /// [`policy::request_use`] decided.
+    pub fn enable(&self, cache: &mut pingora::cache::HttpCache, using: CacheUse) {
         if using == CacheUse::Off {
-            return using;
+            return;
         }
         // A credentialed request neither waits on nor holds the fetch of
         // anonymous ones: its answer may be private.
@@ -226,13 +226,9 @@ impl ShopCache {
         let mut overrides = CacheOptionOverrides::default();
         overrides.wait_timeout = Some(self.lock_timeout);
         cache.enable(self.store, Some(self.eviction), Some(self.predictor), lock, Some(overrides));
+        // Pingora refuses a response over this by its Content-Length, or
+        // (chunked) fails it when the body passes it and remembers the URL.
         cache.set_max_file_size_bytes(self.max_object_bytes);
-        using
-    }
-
-    /// The cache key: host and path with query.
-    pub fn key(&self, req: &RequestHeader) -> CacheKey {
-        policy::cache_key(req)
     }
 
     /// Whether and how long the shop's response may be stored.
