@@ -202,6 +202,31 @@ pub enum SaleEvent {
     Changed(String),
     /// The global switch changed: `true` pauses every sale.
     AllPaused(bool),
+    /// An operator purged the shop cache of gateway `from`
+    /// (`POST /cache/purge`); every other gateway purges the same: one URL
+    /// (path and query), or every path under a prefix.
+    ShopPurge { from: String, prefix: bool, path: String },
+}
+
+/// Longest path a [`SaleEvent::ShopPurge`] carries.
+pub const MAX_PURGE_PATH_BYTES: usize = 4096;
+
+/// Whether `path` may be purged: a path (and query) of at most
+/// [`MAX_PURGE_PATH_BYTES`], without control characters.
+pub fn valid_purge_path(path: &str) -> bool {
+    path.starts_with('/') && path.len() <= MAX_PURGE_PATH_BYTES && !path.bytes().any(|b| b.is_ascii_control())
+}
+
+fn decode_purge(rest: &str) -> Option<SaleEvent> {
+    let (from, rest) = rest.split_once(':')?;
+    let (kind, path) = rest.split_once(':')?;
+    let prefix = match kind {
+        "url" => false,
+        "prefix" => true,
+        _ => return None,
+    };
+    let from_ok = (1..=32).contains(&from.len()) && from.bytes().all(|b| b.is_ascii_alphanumeric());
+    (from_ok && valid_purge_path(path)).then(|| SaleEvent::ShopPurge { from: from.to_owned(), prefix, path: path.to_owned() })
 }
 
 impl SaleEvent {
@@ -211,6 +236,7 @@ impl SaleEvent {
             SaleEvent::Changed(id) => format!("changed:{id}"),
             SaleEvent::AllPaused(true) => "switch:paused".into(),
             SaleEvent::AllPaused(false) => "switch:open".into(),
+            SaleEvent::ShopPurge { from, prefix, path } => format!("purge:{from}:{}:{path}", if *prefix { "prefix" } else { "url" }),
         }
     }
 
@@ -219,6 +245,7 @@ impl SaleEvent {
         match (kind, id) {
             ("switch", "paused") => return Some(SaleEvent::AllPaused(true)),
             ("switch", "open") => return Some(SaleEvent::AllPaused(false)),
+            ("purge", rest) => return decode_purge(rest),
             _ => {}
         }
         if !crate::sale::valid_sale_id(id) {
@@ -254,5 +281,19 @@ mod event_tests {
         }
         assert_eq!(SaleEvent::decode("sold_out:a b"), None);
         assert_eq!(SaleEvent::decode("bogus:s"), None);
+    }
+
+    #[test]
+    fn shop_purges_round_trip_and_bad_paths_are_ignored() {
+        for e in [
+            SaleEvent::ShopPurge { from: "a1".into(), prefix: false, path: "/p?x=1:2".into() },
+            SaleEvent::ShopPurge { from: "b2".into(), prefix: true, path: "/products/".into() },
+        ] {
+            assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
+        }
+        for bad in ["purge:a1:url:p", "purge:a1:all:/p", "purge:a-1:url:/p", "purge::url:/p", "purge:a1:url:/p\r\nx", "purge:a1:/p"] {
+            assert_eq!(SaleEvent::decode(bad), None, "{bad}");
+        }
+        assert_eq!(SaleEvent::decode(&format!("purge:a1:url:/{}", "x".repeat(super::MAX_PURGE_PATH_BYTES))), None);
     }
 }

@@ -1,7 +1,8 @@
 //! Sale events between gateways, over Redis pub/sub.
 //!
 //! Each gateway subscribes to [`EVENTS_CHANNEL`] and applies what it hears
-//! to its [`SaleCache`]: another gateway's sold-out, an operator's change.
+//! to its [`SaleCache`]: another gateway's sold-out, an operator's change;
+//! and another gateway's shop cache purge to its [`ShopCache`].
 //! A lost subscription is re-established with backoff; while it is down
 //! the local flags still expire on their own (see `sales`).
 
@@ -18,6 +19,7 @@ use pingora::services::background::BackgroundService;
 use tracing::{debug, info, warn};
 
 use crate::sales::SaleCache;
+use crate::shop_cache::ShopCache;
 use crate::switches::Switches;
 
 pub struct EventListener {
@@ -25,6 +27,8 @@ pub struct EventListener {
     pub redis: RedisConfig,
     pub sales: Arc<SaleCache>,
     pub switches: Arc<Switches>,
+    /// Applies other gateways' purges; `None` while the shop cache is off.
+    pub shop_cache: Option<Arc<ShopCache>>,
 }
 
 impl EventListener {
@@ -38,6 +42,11 @@ impl EventListener {
                 Some(SaleEvent::SoldOut(id)) => self.sales.mark_sold_out(&id),
                 Some(SaleEvent::Changed(id)) => self.sales.forget(&id).await,
                 Some(SaleEvent::AllPaused(paused)) => self.switches.set_all_paused(paused),
+                Some(purge @ SaleEvent::ShopPurge { .. }) => {
+                    if let Some(cache) = &self.shop_cache {
+                        cache.apply_announced(&purge);
+                    }
+                }
                 None => debug!(payload, "ignoring unknown sale event"),
             }
         }

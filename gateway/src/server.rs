@@ -79,8 +79,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         idempotency_ttl: config.gateway.idempotency_ttl,
         clock: SystemClock,
     };
-    let shop_cache =
-        config.shop.cache.enabled.then(|| Arc::new(crate::shop_cache::ShopCache::new(&config.shop.cache, &metrics.registry)));
+    let shop_cache = config.shop.cache.enabled.then(|| Arc::new(crate::shop_cache::ShopCache::new(&config.shop.cache, &metrics.registry)));
     let gateway = Gateway {
         shop_cache,
         admission,
@@ -123,7 +122,12 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let opt = Opt { upgrade, ..Opt::default() };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
-    let events = EventListener { redis: config.redis.clone(), sales: gateway.sales.clone(), switches: gateway.switches.clone() };
+    let events = EventListener {
+        redis: config.redis.clone(),
+        sales: gateway.sales.clone(),
+        switches: gateway.switches.clone(),
+        shop_cache: gateway.shop_cache.clone(),
+    };
     let switch_watcher = SwitchWatcher {
         redis: config.redis.clone(),
         switches: gateway.switches.clone(),
@@ -148,6 +152,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         purge: crate::shop_cache::purge_api::PurgeApi {
             cache: gateway.shop_cache.clone(),
             admin_token: config.admin_token.as_deref().map(Arc::from),
+            redis: config.redis.clone(),
         },
     };
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);

@@ -367,3 +367,37 @@ async fn purge_by_url_and_by_prefix_needs_the_admin_token() {
     assert!(text.contains("flashgate_shop_cache_purges_total{kind=\"prefix\"} 1"), "{text}");
     assert!(text.contains("flashgate_shop_cache_purged_objects_total{kind=\"url\"} 1"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_on_one_gateway_reaches_the_others_over_sale_events() {
+    let (stack, shop) = start().await;
+    let (_second, second_addr) = stack.start_second_gateway();
+    let on = |addr: SocketAddr, path: &str| {
+        let (http, url) = (stack.http.clone(), format!("http://{addr}{path}"));
+        async move { http.get(url).send().await.unwrap().headers()["x-cache"].to_str().unwrap().to_owned() }
+    };
+    for addr in [stack.gateway_addr, second_addr] {
+        assert_eq!(on(addr, "/products/9").await, "MISS", "each gateway has a cache of its own");
+        assert_eq!(on(addr, "/products/9").await, "HIT");
+    }
+    // Both gateways listen on fg:events before the purge is announced.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let subscribers: (String, i64) =
+            redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut stack.redis_handle().await).await.unwrap();
+        if subscribers.1 >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "gateways not subscribed: {subscribers:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = purge(&stack, Some(ADMIN_TOKEN), r#"{"url": "/products/9"}"#).await;
+    assert_eq!((status, body["purged"].as_u64(), body["announced"].as_bool()), (200, Some(1), Some(true)));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while on(second_addr, "/products/9").await == "HIT" {
+        assert!(Instant::now() < deadline, "the second gateway never heard the purge");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(on(stack.gateway_addr, "/products/9").await, "MISS");
+    assert_eq!(shop.count("/products/9"), 4);
+}

@@ -147,7 +147,13 @@ pub struct ShopCache {
 
 impl Default for ShopCache {
     fn default() -> Self {
-        Self { enabled: false, max_bytes: 128 * 1024 * 1024, max_object_bytes: 8 * 1024 * 1024, stale_if_error_seconds: 60, lock_timeout_ms: 5000 }
+        Self {
+            enabled: false,
+            max_bytes: 128 * 1024 * 1024,
+            max_object_bytes: 8 * 1024 * 1024,
+            stale_if_error_seconds: 60,
+            lock_timeout_ms: 5000,
+        }
     }
 }
 

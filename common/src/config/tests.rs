@@ -389,12 +389,14 @@ fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
     let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
     assert!(!c.shop.cache.enabled);
     assert_eq!(c.shop.cache.max_bytes, 128 << 20);
-    let text = "[shop.cache]\nenabled = true\nmax_bytes = 2097152\nmax_object_bytes = 4096\nstale_if_error_seconds = 0\nlock_timeout_ms = 250\n";
+    let text =
+        "[shop.cache]\nenabled = true\nmax_bytes = 2097152\nmax_object_bytes = 4096\nstale_if_error_seconds = 0\nlock_timeout_ms = 250\n";
     let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
     assert!(c.shop.cache.enabled);
     assert_eq!((c.shop.cache.max_bytes, c.shop.cache.max_object_bytes), (2 << 20, 4096));
     assert_eq!((c.shop.cache.stale_if_error, c.shop.cache.lock_timeout), (Duration::ZERO, Duration::from_millis(250)));
-    let bad = "[shop.cache]\nmax_bytes = 1024\nmax_object_bytes = 4194304\nstale_if_error_seconds = 100000\nlock_timeout_ms = 0\nsize = 1\n";
+    let bad =
+        "[shop.cache]\nmax_bytes = 1024\nmax_object_bytes = 4194304\nstale_if_error_seconds = 100000\nlock_timeout_ms = 0\nsize = 1\n";
     let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
     assert!(msg.contains("unknown field `size`"), "{msg}");
     let bad = "[shop.cache]\nmax_bytes = 1048576\nmax_object_bytes = 4194304\nstale_if_error_seconds = 100000\nlock_timeout_ms = 0\n";

@@ -19,7 +19,13 @@ pub struct RequestCtx {
 
 impl RequestCtx {
     pub fn new() -> Self {
-        Self { request_id: String::new(), route: RouteKind::Shop, outcome: Outcome::Ok, started: std::time::Instant::now(), cache: CacheUse::Off }
+        Self {
+            request_id: String::new(),
+            route: RouteKind::Shop,
+            outcome: Outcome::Ok,
+            started: std::time::Instant::now(),
+            cache: CacheUse::Off,
+        }
     }
 }
 

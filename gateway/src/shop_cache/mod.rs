@@ -30,9 +30,12 @@
 //!   `MISS`, `STALE`, `REVALIDATED` (stored copy confirmed by the shop with
 //!   304) or `BYPASS` (not cacheable, or not taken from the cache).
 //! - Purge ([`ShopCache::purge`]): by URL (every host and variant of a path
-//!   and query) or by path prefix, from the admin listener; each gateway
-//!   holds its own cache, so an operator purges every gateway (see
-//!   docs/OPERATIONS.md).
+//!   and query) or by path prefix, from the admin listener. Each gateway
+//!   holds its own cache: the gateway that gets the purge applies it and
+//!   announces it on `fg:events` ([`SaleEvent::ShopPurge`]), and every other
+//!   gateway applies it when it hears it (`events`). Pub/sub is best effort:
+//!   a gateway whose subscription is down at that moment misses it, so the
+//!   answer says whether it was announced (docs/OPERATIONS.md).
 //!
 //! Storage, eviction manager, lock and predictor must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
@@ -44,6 +47,7 @@ pub mod storage;
 use std::time::Duration;
 
 use flashgate_common::config::ShopCacheConfig;
+use flashgate_common::keys::SaleEvent;
 use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
 use pingora::cache::lock::{CacheKeyLockImpl, CacheLock};
@@ -134,6 +138,15 @@ impl PurgeTarget {
             PurgeTarget::Prefix(_) => "prefix",
         }
     }
+
+    /// The event announcing this purge by gateway `from`.
+    pub fn event(&self, from: &str) -> SaleEvent {
+        let (prefix, path) = match self {
+            PurgeTarget::Url(p) => (false, p),
+            PurgeTarget::Prefix(p) => (true, p),
+        };
+        SaleEvent::ShopPurge { from: from.to_owned(), prefix, path: path.clone() }
+    }
 }
 
 /// The cache's metrics, registered into the gateway's registry.
@@ -147,6 +160,8 @@ pub struct CacheMetrics {
 
 /// The shop cache of one gateway.
 pub struct ShopCache {
+    /// Names this gateway's purge announcements, so it skips its own.
+    pub id: String,
     store: &'static MemoryStore,
     eviction: &'static simple_lru::Manager,
     lock: &'static CacheKeyLockImpl,
@@ -184,8 +199,9 @@ impl ShopCache {
             registry.register(Box::new(c.clone())).expect("unique metric");
             c
         };
-        let evictions = prometheus::IntCounter::new("shop_cache_evictions_total", "Shop responses evicted to stay under shop.cache.max_bytes.")
-            .expect("valid counter");
+        let evictions =
+            prometheus::IntCounter::new("shop_cache_evictions_total", "Shop responses evicted to stay under shop.cache.max_bytes.")
+                .expect("valid counter");
         registry.register(Box::new(evictions.clone())).expect("unique metric");
         let gauges = StoreGauges {
             bytes: gauge("shop_cache_bytes", "Bytes of shop responses (headers and bodies) held in the edge cache."),
@@ -203,6 +219,7 @@ impl ShopCache {
         };
         let stale_if_error = u32::try_from(config.stale_if_error.as_secs()).unwrap_or(u32::MAX);
         Self {
+            id: format!("{:016x}", rand::random::<u64>()),
             store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, gauges))),
             eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes))),
             lock: Box::leak(Box::new(CacheLock::new(config.lock_timeout))),
@@ -254,6 +271,20 @@ impl ShopCache {
         self.metrics.purges.with_label_values(&[kind]).inc();
         self.metrics.purged_objects.with_label_values(&[kind]).inc_by(removed.len() as u64);
         removed.len()
+    }
+
+    /// Applies a purge another gateway announced; `false` for this
+    /// gateway's own announcements (already applied) and other events.
+    pub fn apply_announced(&self, event: &SaleEvent) -> bool {
+        match event {
+            SaleEvent::ShopPurge { from, prefix, path } if *from != self.id => {
+                let target = if *prefix { PurgeTarget::Prefix(path.clone()) } else { PurgeTarget::Url(path.clone()) };
+                let purged = self.purge(&target);
+                tracing::info!(kind = target.label(), purged, from = %from, "shop cache purged as announced");
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether a stored response may answer this request: a credentialed

@@ -29,8 +29,8 @@ const MAX_VARY_HEADERS: usize = 8;
 /// or protocol upgrade; `Cookie` or `Authorization` make it credentialed.
 pub fn request_use(req: &RequestHeader) -> CacheUse {
     let h = &req.headers;
-    let has_body = h.contains_key(header::TRANSFER_ENCODING)
-        || h.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes().iter().any(|b| *b != b'0'));
+    let has_body =
+        h.contains_key(header::TRANSFER_ENCODING) || h.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes().iter().any(|b| *b != b'0'));
     if !(req.method == Method::GET || req.method == Method::HEAD) || has_body || h.contains_key(header::UPGRADE) {
         return CacheUse::Off;
     }

@@ -4,8 +4,10 @@
 //!
 //! Body: `{"url": "/products/1?color=red"}` (that path and query, every host
 //! and variant) or `{"prefix": "/products/"}` (every path starting with it).
-//! Answer: `{"kind": "url"|"prefix", "purged": n}`. The purge is local to
-//! this gateway: an operator calls every gateway (docs/OPERATIONS.md).
+//! Answer: `{"kind": "url"|"prefix", "purged": n, "announced": bool}`:
+//! `purged` counts this gateway's removed responses; the purge is then
+//! announced on `fg:events` to the other gateways, and `announced` says
+//! whether Redis took the announcement (if not, purge each gateway).
 
 use std::sync::Arc;
 
@@ -13,14 +15,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use flashgate_common::config::RedisConfig;
+use flashgate_common::keys::{publish, valid_purge_path, SaleEvent};
+use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use flashgate_common::secret::bearer_matches;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::{PurgeTarget, ShopCache};
-
-/// Longest URL or prefix accepted.
-pub const MAX_PURGE_PATH_BYTES: usize = 4096;
 
 /// What the purge route needs.
 #[derive(Clone)]
@@ -29,6 +31,28 @@ pub struct PurgeApi {
     pub cache: Option<Arc<ShopCache>>,
     /// `FLASHGATE_ADMIN_TOKEN`; `None` refuses every call.
     pub admin_token: Option<Arc<str>>,
+    /// Where purges are announced to the other gateways.
+    pub redis: RedisConfig,
+}
+
+/// Announces a purge on `fg:events`, over a connection of its own (purges
+/// are rare; the proxy's connection stays on the proxy's runtime).
+async fn announce(redis: &RedisConfig, event: &SaleEvent) -> bool {
+    let attempt = async {
+        let mut conn = RedisHandle::connect(redis, &Tuning::new(redis.timeout)).await?;
+        publish(&mut conn, event).await
+    };
+    match tokio::time::timeout(redis.timeout * 4, attempt).await {
+        Ok(Ok(())) => true,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "shop cache purge not announced to the other gateways");
+            false
+        }
+        Err(_) => {
+            tracing::warn!("shop cache purge not announced to the other gateways: redis timed out");
+            false
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -49,8 +73,8 @@ fn target(body: PurgeBody) -> Result<PurgeTarget, &'static str> {
         (None, Some(prefix)) => (PurgeTarget::Prefix(prefix.clone()), prefix),
         _ => return Err("give exactly one of `url` and `prefix`"),
     };
-    if !path.starts_with('/') || path.len() > MAX_PURGE_PATH_BYTES {
-        return Err("`url` or `prefix` must be a path starting with / (at most 4096 bytes)");
+    if !valid_purge_path(&path) {
+        return Err("`url` or `prefix` must be a path starting with / (at most 4096 bytes, no control characters)");
     }
     Ok(target)
 }
@@ -73,8 +97,9 @@ pub async fn purge(State(api): State<PurgeApi>, headers: HeaderMap, body: axum::
         Err(why) => return error(StatusCode::BAD_REQUEST, "bad_request", why),
     };
     let purged = cache.purge(&target);
-    tracing::info!(kind = target.label(), purged, "shop cache purged");
-    (StatusCode::OK, Json(json!({ "kind": target.label(), "purged": purged }))).into_response()
+    let announced = announce(&api.redis, &target.event(&cache.id)).await;
+    tracing::info!(kind = target.label(), purged, announced, "shop cache purged");
+    (StatusCode::OK, Json(json!({ "kind": target.label(), "purged": purged, "announced": announced }))).into_response()
 }
 
 #[cfg(test)]
@@ -93,5 +118,6 @@ mod tests {
         assert!(target(body(Some("/a"), Some("/b"))).is_err());
         assert!(target(body(Some("http://x/a"), None)).is_err());
         assert!(target(body(None, Some(&format!("/{}", "x".repeat(5000))))).is_err());
+        assert!(target(body(Some("/a\nb"), None)).is_err());
     }
 }

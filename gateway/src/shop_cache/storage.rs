@@ -72,13 +72,7 @@ fn internal(why: &'static str) -> Box<Error> {
 
 impl MemoryStore {
     pub fn new(max_object_bytes: usize, gauges: StoreGauges) -> Self {
-        Self {
-            entries: RwLock::new(HashMap::new()),
-            bytes: AtomicUsize::new(0),
-            purge_epoch: AtomicU64::new(0),
-            max_object_bytes,
-            gauges,
-        }
+        Self { entries: RwLock::new(HashMap::new()), bytes: AtomicUsize::new(0), purge_epoch: AtomicU64::new(0), max_object_bytes, gauges }
     }
 
     /// Header and body bytes held now.
