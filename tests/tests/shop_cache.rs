@@ -168,7 +168,9 @@ async fn two_thousand_concurrent_misses_of_a_cold_page_reach_the_shop_once() {
             (resp.status().as_u16(), x_cache, resp.text().await.unwrap())
         })
     });
+    let started = Instant::now();
     let answers = tokio::time::timeout(Duration::from_secs(60), futures_join(requests.collect())).await.expect("answered in time");
+    eprintln!("2000 concurrent requests of a cold page answered in {:?}", started.elapsed());
     assert_eq!(shop.count("/cold/product"), 1, "the shop saw the page once");
     assert!(answers.iter().all(|(status, _, body)| *status == 200 && body == "/cold/product #1"));
     let misses = answers.iter().filter(|(_, x, _)| x == "MISS").count();

@@ -156,7 +156,8 @@ impl ProxyHttp for Gateway {
         if ctx.route == RouteKind::Buy {
             m.buy_outcomes.with_label_values(&[outcome]).inc();
         }
-        if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
+        // A background refresh (stale-while-revalidate) is not a client's request.
+        if let (Some(cache), RouteKind::Shop, None) = (&self.shop_cache, ctx.route, &session.subrequest_ctx) {
             cache.metrics.results.with_label_values(&[CacheResult::of(session.cache.phase()).label()]).inc();
         }
     }
