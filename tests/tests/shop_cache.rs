@@ -368,6 +368,23 @@ async fn purge_by_url_and_by_prefix_needs_the_admin_token() {
     let text = metrics(&stack).await;
     assert!(text.contains("flashgate_shop_cache_purges_total{kind=\"prefix\"} 1"), "{text}");
     assert!(text.contains("flashgate_shop_cache_purged_objects_total{kind=\"url\"} 1"), "{text}");
+    promtool_check(&text);
+}
+
+/// The exposition, cache metrics included, passes `promtool check metrics`.
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (make test installs Debian's prometheus package)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

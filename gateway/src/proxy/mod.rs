@@ -15,7 +15,7 @@
 //!   │                    every answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
 //! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
-//!   cache_key_callback   host + path and query
+//!   cache_key_callback   scheme + host + path and query
 //!   cache_vary_filter    the variant the response's Vary names
 //!   cache_hit_filter     Cookie/Authorization take only public copies
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
@@ -172,7 +172,8 @@ impl ProxyHttp for Gateway {
     }
 
     fn cache_key_callback(&self, session: &Session, _ctx: &mut RequestCtx) -> pingora::Result<CacheKey> {
-        Ok(policy::cache_key(session.req_header()))
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        Ok(policy::cache_key(session.req_header(), tls))
     }
 
     fn response_cache_filter(&self, _session: &Session, resp: &ResponseHeader, ctx: &mut RequestCtx) -> pingora::Result<RespCacheable> {

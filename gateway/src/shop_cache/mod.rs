@@ -29,7 +29,7 @@
 //! - `X-Cache` on every proxied response while the cache is on: `HIT`,
 //!   `MISS`, `STALE`, `REVALIDATED` (stored copy confirmed by the shop with
 //!   304) or `BYPASS` (not cacheable, or not taken from the cache).
-//! - Purge ([`ShopCache::purge`]): by URL (every host and variant of a path
+//! - Purge ([`ShopCache::purge`]): by URL (every scheme, host and variant of a path
 //!   and query) or by path prefix, from the admin listener. Each gateway
 //!   holds its own cache: the gateway that gets the purge applies it and
 //!   announces it on `fg:events` ([`SaleEvent::ShopPurge`]), and every other

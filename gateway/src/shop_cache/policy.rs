@@ -41,13 +41,17 @@ pub fn request_use(req: &RequestHeader) -> CacheUse {
     }
 }
 
-/// The key: host (lower case) and path with query, separated so that no
-/// two requests share a key by accident. The host is part of it: a client
-/// sending another `Host` must not fill the cache of the real one.
-pub fn cache_key(req: &RequestHeader) -> CacheKey {
+/// The key: scheme, host (lower case) and path with query, separated so
+/// that no two requests share a key by accident. The host is part of it: a
+/// client sending another `Host` must not fill the cache of the real one;
+/// so is the scheme: a shop redirecting `http` to `https` must not have
+/// that redirect answered to `https` requests.
+pub fn cache_key(req: &RequestHeader, tls: bool) -> CacheKey {
     let host = req.headers.get(header::HOST).map(|v| v.as_bytes()).or_else(|| req.uri.host().map(str::as_bytes)).unwrap_or_default();
     let path = req.uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut primary = Vec::with_capacity(host.len() + 1 + path.len());
+    let scheme: &[u8] = if tls { b"https://" } else { b"http://" };
+    let mut primary = Vec::with_capacity(scheme.len() + host.len() + 1 + path.len());
+    primary.extend_from_slice(scheme);
     primary.extend(host.iter().map(u8::to_ascii_lowercase).filter(|b| *b != KEY_SEPARATOR as u8));
     primary.push(KEY_SEPARATOR as u8);
     primary.extend_from_slice(path.as_bytes());
@@ -164,12 +168,13 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_the_lower_case_host_and_the_path_with_query() {
-        let key = cache_key(&req("GET", &[]));
-        assert_eq!(key.primary_key_str(), Some("shop.example\n/products/1?color=red"));
+    fn the_key_is_the_scheme_the_lower_case_host_and_the_path_with_query() {
+        let key = cache_key(&req("GET", &[]), false);
+        assert_eq!(key.primary_key_str(), Some("http://shop.example\n/products/1?color=red"));
+        assert_eq!(cache_key(&req("GET", &[]), true).primary_key_str(), Some("https://shop.example\n/products/1?color=red"));
         let mut other = req("GET", &[]);
         other.insert_header("host", "evil.example").unwrap();
-        assert_ne!(cache_key(&other).primary_key(), key.primary_key());
+        assert_ne!(cache_key(&other, false).primary_key(), key.primary_key());
     }
 
     #[test]
