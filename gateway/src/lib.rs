@@ -27,6 +27,8 @@
 //! - [`order_cache`]: reservations' orders, cached briefly for pollers.
 //! - [`static_pages`]: in-memory product pages and assets (ETag, gzip/brotli, reload).
 //! - [`upstreams`]: the shop's upstreams, health checks, hop-by-hop headers.
+//! - [`tls`]: the HTTPS listener: certificates by SNI, their reload, the
+//!   redirect of plain page requests.
 //! - [`limits`]: user, IP and global token buckets in bounded caches.
 //! - [`cluster_limit`]: the optional Redis-side global bucket shared by all gateways.
 //! - [`client_ip`]: the client address, believing only trusted proxies.
@@ -81,4 +83,5 @@ pub mod static_pages;
 pub mod switches;
 #[cfg(test)]
 mod testing;
+pub mod tls;
 pub mod upstreams;

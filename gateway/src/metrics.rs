@@ -50,6 +50,8 @@ pub struct Metrics {
     pub challenges_rejected: IntCounterVec,
     /// The difficulty of each challenge issued, in leading zero bits.
     pub challenge_difficulty: Histogram,
+    /// Certificate reloads of the HTTPS listener, by result (ok, error).
+    pub tls_reloads: IntCounterVec,
 }
 
 impl Metrics {
@@ -105,6 +107,7 @@ impl Metrics {
         )
         .expect("valid histogram");
         registry.register(Box::new(challenge_difficulty.clone())).expect("unique metric");
+        let tls_reloads = counter("tls_reloads_total", "Certificate reloads of the HTTPS listener, by result.", &["result"]);
         Self {
             registry,
             requests,
@@ -123,6 +126,7 @@ impl Metrics {
             challenges_solved,
             challenges_rejected,
             challenge_difficulty,
+            tls_reloads,
         }
     }
 

@@ -12,11 +12,13 @@ pub struct RequestCtx {
     /// The `outcome` metric label.
     pub outcome: Outcome,
     pub started: std::time::Instant,
+    /// The request came over TLS (the HTTPS listener).
+    pub tls: bool,
 }
 
 impl RequestCtx {
     pub fn new() -> Self {
-        Self { request_id: String::new(), route: RouteKind::Shop, outcome: Outcome::Ok, started: std::time::Instant::now() }
+        Self { request_id: String::new(), route: RouteKind::Shop, outcome: Outcome::Ok, started: std::time::Instant::now(), tls: false }
     }
 }
 
@@ -46,6 +48,8 @@ pub enum Outcome {
     GatewayTimeout,
     /// The proxied request failed before any answer was written.
     Error,
+    /// A page asked over plain HTTP, sent to HTTPS (`gateway.tls.redirect_http`).
+    RedirectedToHttps,
 }
 
 impl Outcome {
@@ -61,6 +65,7 @@ impl Outcome {
             Outcome::BadGateway => "bad_gateway",
             Outcome::GatewayTimeout => "gateway_timeout",
             Outcome::Error => "error",
+            Outcome::RedirectedToHttps => "redirected_to_https",
         }
     }
 
