@@ -405,5 +405,9 @@ fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
     assert!(err.contains("gateway.tls.listen") && err.contains("gateway.tls.reload_interval_ms"), "{err}");
     let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\ncert = \"x\"\n").unwrap_err().to_string();
     assert!(err.contains("unknown field `cert`"), "{err}");
+    let err = parse("[gateway]\nlisten = \"0.0.0.0:8443\"\n[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gateway.tls.listen: must differ from gateway.listen"), "{err}");
     assert!(parse("[shop]\nh2 = true\n").unwrap().shop.h2);
 }

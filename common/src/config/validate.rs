@@ -172,9 +172,20 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
     check.between("gateway.body_read_timeout_ms", f.body_read_timeout_ms, 100, 600_000);
     check.between("gateway.backlog_check_ms", f.backlog_check_ms, 50, 60_000);
     check.between("gateway.keepalive_seconds", f.keepalive_seconds, 1, 3600);
+    let listen = addr(check, "gateway.listen", &f.listen);
+    let admin_listen = addr(check, "gateway.admin_listen", &f.admin_listen);
+    let tls = tls(check, f.tls);
+    if let Some(t) = &tls {
+        let clash = t.listen.port() != 0 && (t.listen == listen || t.listen == admin_listen);
+        check.that(
+            !clash,
+            "gateway.tls.listen",
+            format_args!("must differ from gateway.listen and gateway.admin_listen, got {}", t.listen),
+        );
+    }
     GatewayConfig {
-        listen: addr(check, "gateway.listen", &f.listen),
-        admin_listen: addr(check, "gateway.admin_listen", &f.admin_listen),
+        listen,
+        admin_listen,
         threads: f.threads,
         shop_upstream: addr(check, "gateway.shop_upstream", &f.shop_upstream),
         backend_url: f.backend_url.trim_end_matches('/').to_owned(),
@@ -186,7 +197,7 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
         backlog_check: Duration::from_millis(f.backlog_check_ms),
         body_read_timeout: Duration::from_millis(f.body_read_timeout_ms),
         runtime_dir: env::runtime_dir(f.runtime_dir, env),
-        tls: tls(check, f.tls),
+        tls,
     }
 }
 
