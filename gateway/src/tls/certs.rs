@@ -46,15 +46,7 @@ pub struct Certified {
 }
 
 impl Certified {
-    /// Reads and checks the two files of `files`.
-    ///
-    /// # Errors
-    /// See [`CertError`].
-    pub fn load(files: &TlsFiles) -> Result<Self, CertError> {
-        let (cert_pem, key_pem) = read_pair(files)?;
-        Self::from_pem(files, &cert_pem, &key_pem)
-    }
-
+    /// Parses and checks one chain and its key; errors name `files`' keys.
     fn from_pem(files: &TlsFiles, cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, CertError> {
         let cert_key = format!("{}.cert_file", files.key_path);
         let key_key = format!("{}.key_file", files.key_path);
