@@ -52,6 +52,9 @@ pub struct Metrics {
     pub challenge_difficulty: Histogram,
     /// Certificate reloads of the HTTPS listener, by result (ok, error).
     pub tls_reloads: IntCounterVec,
+    /// When the first certificate in use expires (Unix seconds); alerts
+    /// compare it with `time()`.
+    pub tls_certificate_expiry: IntGauge,
 }
 
 impl Metrics {
@@ -108,6 +111,12 @@ impl Metrics {
         .expect("valid histogram");
         registry.register(Box::new(challenge_difficulty.clone())).expect("unique metric");
         let tls_reloads = counter("tls_reloads_total", "Certificate reloads of the HTTPS listener, by result.", &["result"]);
+        let tls_certificate_expiry = IntGauge::new(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the first certificate the HTTPS listener uses expires, in Unix seconds.",
+        )
+        .expect("valid gauge");
+        registry.register(Box::new(tls_certificate_expiry.clone())).expect("unique metric");
         Self {
             registry,
             requests,
@@ -127,6 +136,7 @@ impl Metrics {
             challenges_rejected,
             challenge_difficulty,
             tls_reloads,
+            tls_certificate_expiry,
         }
     }
 

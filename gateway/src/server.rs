@@ -148,13 +148,13 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         breaker: gateway.redis.breaker.clone(),
         readiness,
     };
-    let tls_reloads = gateway.metrics.tls_reloads.clone();
+    let (tls_reloads, tls_expiry) = (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone());
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
         let settings = crate::tls::listener_settings(certs.clone()).map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
-        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads };
+        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry };
         server.add_service(pingora::services::background::background_service("TLS certificate watcher", watcher));
         tracing::info!(listen = %tls.listen, redirect_http = tls.redirect_http, "flashgate listening for HTTPS (HTTP/2 and HTTP/1.1)");
     }

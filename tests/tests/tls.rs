@@ -197,10 +197,15 @@ async fn wait_for_cn(certs: &Certs, host: &str, port: u16, want: &str) -> String
     }
 }
 
-async fn tls_reloads(stack: &Stack, result: &str) -> u64 {
+/// The value of the gateway's metric line starting with `series ` (0 when absent).
+async fn metric(stack: &Stack, series: &str) -> i64 {
     let text = stack.http.get(format!("http://{}/metrics", stack.gateway_admin_addr)).send().await.unwrap().text().await.unwrap();
-    let needle = format!("flashgate_tls_reloads_total{{result=\"{result}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&needle)).map_or(0, |v| v.trim().parse().unwrap())
+    let needle = format!("{series} ");
+    text.lines().find_map(|l| l.strip_prefix(&needle)).map_or(0, |v| v.trim().parse::<f64>().unwrap() as i64)
+}
+
+async fn tls_reloads(stack: &Stack, result: &str) -> i64 {
+    metric(stack, &format!("flashgate_tls_reloads_total{{result=\"{result}\"}}")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,6 +217,10 @@ async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_conne
 
     let (mut open, cn) = h2_connection(&certs, "a.test", port).await;
     assert_eq!(cn, "a.test");
+    // The test's certificates expire a day from now.
+    let expiry = metric(&stack, "flashgate_tls_certificate_expiry_timestamp_seconds").await;
+    let now = flashgate_common::now_ms() / 1000;
+    assert!((now + 23 * 3600..now + 25 * 3600).contains(&expiry), "expiry gauge {expiry}, now {now}");
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
 
     // Rotation: a new certificate for the same name (another CN, to tell them apart).

@@ -13,11 +13,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flashgate_common::config::{TlsConfig, TlsFiles};
-use pingora::tls::error::ErrorStack;
+use openssl::asn1::{Asn1Time, Asn1TimeRef};
+use openssl::error::ErrorStack;
+use openssl::pkey::{PKey, Private};
+use openssl::ssl::SslRef;
+use openssl::x509::X509;
 use pingora::tls::ext::{ssl_add_chain_cert, ssl_use_certificate, ssl_use_private_key};
-use pingora::tls::pkey::{PKey, Private};
-use pingora::tls::ssl::SslRef;
-use pingora::tls::x509::X509;
 
 /// Why a certificate could not be loaded; `key` is the config key of the file.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,8 @@ pub struct Certified {
     key: PKey<Private>,
     /// The SAN DNS names, lower case.
     pub names: Vec<String>,
+    /// When the leaf expires, in Unix seconds.
+    pub not_after_unix: i64,
 }
 
 impl Certified {
@@ -73,7 +76,8 @@ impl Certified {
             .subject_alt_names()
             .map(|sans| sans.iter().filter_map(|n| n.dnsname()).map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect())
             .unwrap_or_default();
-        Ok(Self { chain, key, names })
+        let not_after_unix = unix_seconds(leaf.not_after()).unwrap_or(0);
+        Ok(Self { chain, key, names, not_after_unix })
     }
 
     /// Puts this chain and key on the handshake.
@@ -91,6 +95,12 @@ impl Certified {
         }
         Ok(())
     }
+}
+
+/// An ASN.1 time in Unix seconds.
+fn unix_seconds(t: &Asn1TimeRef) -> Option<i64> {
+    let diff = Asn1Time::from_unix(0).ok()?.diff(t).ok()?;
+    Some(i64::from(diff.days) * 86_400 + i64::from(diff.secs))
 }
 
 /// The bytes of every file of `config`, default first.
@@ -178,6 +188,12 @@ impl CertSet {
         &self.default
     }
 
+    /// When the first certificate of the set expires, in Unix seconds
+    /// (`flashgate_tls_certificate_expiry_timestamp_seconds`).
+    pub fn earliest_expiry_unix(&self) -> i64 {
+        self.by_name.values().map(|c| c.not_after_unix).chain([self.default.not_after_unix]).min().unwrap_or(0)
+    }
+
     /// The DNS names of the default certificate (for the log).
     pub fn default_names(&self) -> &[String] {
         &self.default.names
@@ -196,7 +212,6 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
-    use openssl::asn1::Asn1Time;
     use openssl::ec::{EcGroup, EcKey};
     use openssl::hash::MessageDigest;
     use openssl::nid::Nid;

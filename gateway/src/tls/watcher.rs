@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use flashgate_common::config::TlsConfig;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use prometheus::IntCounterVec;
+use prometheus::{IntCounterVec, IntGauge};
 use tracing::{info, warn};
 
 use super::certs::{read_all, FileBytes};
@@ -27,6 +27,8 @@ pub struct CertWatcher {
     pub certs: Arc<ArcSwap<CertSet>>,
     /// `flashgate_tls_reloads_total{result}`.
     pub reloads: IntCounterVec,
+    /// `flashgate_tls_certificate_expiry_timestamp_seconds`, of the set in use.
+    pub expiry: IntGauge,
 }
 
 /// What one check of the files did.
@@ -68,6 +70,7 @@ impl CertWatcher {
         match CertSet::from_bytes(&self.config, now.clone()) {
             Ok(set) => {
                 info!(default = ?set.default_names(), sni = ?set.sni_names(), "TLS certificates reloaded");
+                self.expiry.set(set.earliest_expiry_unix());
                 self.certs.store(Arc::new(set));
                 self.reloads.with_label_values(&["ok"]).inc();
                 *failed = None;
@@ -86,6 +89,7 @@ impl CertWatcher {
 #[async_trait]
 impl BackgroundService for CertWatcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        self.expiry.set(self.certs.load().earliest_expiry_unix());
         let mut failed = None;
         loop {
             tokio::select! {
