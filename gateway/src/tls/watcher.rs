@@ -7,7 +7,8 @@
 //! A set that fails to load (unreadable file, key not matching its
 //! certificate, e.g. half-way through a rotation) is logged and counted
 //! (`flashgate_tls_reloads_total{result="error"}`), the running set stays,
-//! and the next change is tried again.
+//! and the next change is tried again. The set in use also sets
+//! `flashgate_tls_certificate_expiry_timestamp_seconds`.
 
 use std::sync::Arc;
 
