@@ -6,6 +6,10 @@
 // `?token=` in the address (demos and tests; removed from the address bar),
 // or the token field. See docs/PAGES.md.
 //
+// The product shown beside the sale (photo, price, description) comes from
+// `/static/products/{sale id}.json` when that file exists (see
+// docs/PAGES.md); without it the page shows the sale's name and stock only.
+//
 // When the gateway asks a proof of work of buys, the page fetches a
 // challenge as soon as it has a token (GET /api/sales/{id}/challenge) and
 // solves it in a Web Worker (static/pow.js) while the countdown runs, so the
@@ -85,12 +89,13 @@ function render() {
   setState(state);
 
   const cd = $('countdown');
-  if (state === 'upcoming') {
-    const left = Math.max(0, Math.ceil((starts - now) / 1000));
+  const until = state === 'upcoming' ? ['Starts', starts] : state === 'open' && Number.isFinite(ends) ? ['Ends', ends] : null;
+  if (until) {
+    const left = Math.max(0, Math.ceil((until[1] - now) / 1000));
     const h = Math.floor(left / 3600), m = Math.floor((left % 3600) / 60), s = left % 60;
     const pad = (n) => String(n).padStart(2, '0');
-    cd.textContent = `Starts in ${h ? `${h}:` : ''}${pad(m)}:${pad(s)}`;
-    cd.setAttribute('aria-label', `Starts in ${left} seconds`);
+    cd.textContent = `${until[0]} in ${h ? `${h}:` : ''}${pad(m)}:${pad(s)}`;
+    cd.setAttribute('aria-label', `${until[0]} in ${left} seconds`);
     cd.hidden = false;
   } else {
     cd.hidden = true;
@@ -280,7 +285,38 @@ async function pollReservation(rid) {
   setTimeout(() => pollReservation(rid), 1000);
 }
 
+// The product's photo, price and description, from a static file the shop
+// publishes per sale. Text goes in as text; only a local image is shown.
+async function loadProduct() {
+  if (!saleId) return;
+  let p;
+  try {
+    const r = await fetch(`/static/products/${encodeURIComponent(saleId)}.json`);
+    if (!r.ok) return;
+    p = await r.json();
+  } catch (_) { return; }
+  if (typeof p.image === 'string' && p.image.startsWith('/static/')) {
+    $('product-image').src = p.image;
+    $('product-image').alt = typeof p.image_alt === 'string' ? p.image_alt : '';
+    $('product-figure').hidden = false;
+  }
+  if (typeof p.price === 'string' && p.price) {
+    $('price').textContent = p.price;
+    if (typeof p.was_price === 'string' && p.was_price) {
+      $('was-price').textContent = p.was_price;
+      $('was-price').setAttribute('aria-label', `was ${p.was_price}`);
+      $('was-price').hidden = false;
+    }
+    $('price-row').hidden = false;
+  }
+  if (typeof p.description === 'string' && p.description) {
+    $('description').textContent = p.description;
+    $('description').hidden = false;
+  }
+}
+
 document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(); });
 $('buy-form').addEventListener('submit', buy);
+loadProduct();
 initToken().finally(refresh);
 setInterval(render, 250);

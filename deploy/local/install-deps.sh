@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and running Flashgate needs on Debian or Ubuntu,
 # skipping what is already there: redis-server, cmake (pingora's zlib-ng
-# build needs it), pkg-config, curl.
+# build needs it), pkg-config and libssl-dev (TLS: pingora links Debian's
+# OpenSSL, see .cargo/config.toml), curl (the TLS tests drive it too).
 # With --test (what `make test` passes) also what the tests need: Debian's
 # chromium, node and npm and playwright-core in tests/browser (from its
 # package-lock.json) for the sale page's browser test; promtool and
@@ -14,6 +15,7 @@ want=()
 command -v redis-server >/dev/null || want+=(redis-server)
 command -v cmake >/dev/null || want+=(cmake)
 command -v pkg-config >/dev/null || want+=(pkg-config)
+dpkg -s libssl-dev >/dev/null 2>&1 || want+=(libssl-dev)
 command -v curl >/dev/null || want+=(curl)
 # Test-only tools: promtool validates metrics and alert rules, docker-compose
 # validates deploy/docker-compose.yml (client only, no engine needed).

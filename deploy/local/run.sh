@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make run`: the whole local stack with the embedded defaults.
 # Its own redis-server under ./data (AOF on), the backend on SQLite
-# (./data/flashgate.db), the demo shop, and the gateway. Secrets are made
+# (./data/flashgate.db), the demo shop (with its demo sign-in on), and the
+# gateway. Secrets are made
 # once and kept in ./data/secrets.env; a secret already set in the
 # environment wins over the file. Every process starts at once (each waits
 # for what it needs); this script then waits until the backend and the
@@ -113,7 +114,8 @@ names=()
 started=$SECONDS
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA" --appendonly yes --appendfsync everysec \
   --save "" --maxmemory-policy noeviction --logfile "$DATA/redis.log" & pids+=($!); names+=(redis)
-"$BIN/demo-shop" "$SHOP" > "$DATA/shop.log" 2>&1 & pids+=($!); names+=(shop)
+# The demo shop signs in demo shoppers (FLASHGATE_DEMO_SIGNIN: this stack only).
+FLASHGATE_DEMO_SIGNIN=1 "$BIN/demo-shop" "$SHOP" > "$DATA/shop.log" 2>&1 & pids+=($!); names+=(shop)
 "$BIN/flashgate-backend" --config "$CONFIG" > "$DATA/backend.log" 2>&1 & pids+=($!); names+=(backend)
 "$BIN/flashgate" --config "$CONFIG" serve > "$DATA/gateway.log" 2>&1 & pids+=($!); names+=(gateway)
 wait_ready backend "$BACKEND" /ready
@@ -123,13 +125,14 @@ TOKEN=$("$BIN/flashgate" --config "$CONFIG" token --user demo-user --ttl 12h)
 cat <<MSG
 
 Flashgate is running (logs in $DATA/*.log):
-  sale page      http://$GATEWAY/sales/demo
+  sale page      http://$GATEWAY/demo/sign-in?next=/sales/demo
+                 (the demo shop signs you in as a new demo shopper, then shows the sale: click Buy)
   sale state     http://$GATEWAY/api/sales/demo
   shop (proxied) http://$GATEWAY/
   admin API      http://$BACKEND_ADMIN/admin/sales/demo   (Bearer \$FLASHGATE_ADMIN_TOKEN, in $DATA/secrets.env unless set in the environment)
   shop payments  POST http://$BACKEND/internal/orders/ORDER_ID/pay   (Bearer \$FLASHGATE_SHOP_TOKEN)
 
-Buy as demo-user:
+Or buy as demo-user from a terminal (the page's token field takes the same token):
   curl -i -X POST http://$GATEWAY/api/sales/demo/buy \\
     -H 'Authorization: Bearer $TOKEN' -H "Idempotency-Key: \$(date +%s%N)"
 

@@ -29,6 +29,8 @@
 //! - [`upstreams`]: the shop's upstreams, health checks, hop-by-hop headers.
 //! - [`shop_cache`]: the edge cache of the shop's responses (pingora-cache),
 //!   its rules, its bounded store and the admin purge.
+//! - [`tls`]: the HTTPS listener: certificates by SNI, their reload, the
+//!   redirect of plain page requests.
 //! - [`limits`]: user, IP and global token buckets in bounded caches.
 //! - [`cluster_limit`]: the optional Redis-side global bucket shared by all gateways.
 //! - [`client_ip`]: the client address, believing only trusted proxies.
@@ -84,4 +86,5 @@ pub mod static_pages;
 pub mod switches;
 #[cfg(test)]
 mod testing;
+pub mod tls;
 pub mod upstreams;

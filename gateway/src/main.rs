@@ -70,11 +70,15 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
 }
 
 /// `check`: the file is valid (it was loaded), the secrets the gateway
-/// would refuse to start without are there; with `connect`, Redis answers
-/// as its mode expects.
+/// would refuse to start without are there, the TLS certificates load and
+/// match their keys; with `connect`, Redis answers as its mode expects.
 fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Result<()> {
     if let Err(e) = config.required_challenge_secret() {
         anyhow::bail!("challenge.mode = \"{}\" needs a signing secret: {e}", config.challenge.mode.as_str());
+    }
+    if let Some(tls) = &config.gateway.tls {
+        let certs = flashgate_gateway::tls::CertSet::load(tls)?;
+        println!("gateway.tls: ok (default certificate for {:?}; by SNI: {:?})", certs.default_names(), certs.sni_names());
     }
     if connect {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

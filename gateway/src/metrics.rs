@@ -50,6 +50,11 @@ pub struct Metrics {
     pub challenges_rejected: IntCounterVec,
     /// The difficulty of each challenge issued, in leading zero bits.
     pub challenge_difficulty: Histogram,
+    /// Certificate reloads of the HTTPS listener, by result (ok, error).
+    pub tls_reloads: IntCounterVec,
+    /// When the first certificate in use expires (Unix seconds); alerts
+    /// compare it with `time()`.
+    pub tls_certificate_expiry: IntGauge,
 }
 
 impl Metrics {
@@ -105,6 +110,13 @@ impl Metrics {
         )
         .expect("valid histogram");
         registry.register(Box::new(challenge_difficulty.clone())).expect("unique metric");
+        let tls_reloads = counter("tls_reloads_total", "Certificate reloads of the HTTPS listener, by result.", &["result"]);
+        let tls_certificate_expiry = IntGauge::new(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the first certificate the HTTPS listener uses expires, in Unix seconds.",
+        )
+        .expect("valid gauge");
+        registry.register(Box::new(tls_certificate_expiry.clone())).expect("unique metric");
         Self {
             registry,
             requests,
@@ -123,6 +135,8 @@ impl Metrics {
             challenges_solved,
             challenges_rejected,
             challenge_difficulty,
+            tls_reloads,
+            tls_certificate_expiry,
         }
     }
 

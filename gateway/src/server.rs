@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use arc_swap::ArcSwap;
 use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
 use flashgate_common::secret;
 use pingora::server::configuration::{Opt, ServerConf};
@@ -29,6 +30,7 @@ use crate::runtime_dir::RuntimePaths;
 use crate::sales::SaleCache;
 use crate::static_pages::{PagesWatcher, StaticPages};
 use crate::switches::{SwitchWatcher, Switches};
+use crate::tls::{CertSet, CertWatcher};
 use crate::upstreams::Upstreams;
 
 /// Builds the gateway state. Fails on anything that would only break later:
@@ -105,6 +107,9 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let (gateway, forward_worker) = build_gateway(config.clone())?;
+    // Read and checked before anything listens: a bad file stops the start
+    // with the key that names it.
+    let certs = config.gateway.tls.as_ref().map(CertSet::load).transpose()?.map(|set| Arc::new(ArcSwap::from_pointee(set)));
     let watcher =
         ConfigWatcher { path: config_path.to_owned(), edge: gateway.admission.edge.clone(), interval: std::time::Duration::from_secs(1) };
     // Checked before the server exists: the upgrade socket must not be
@@ -155,8 +160,16 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
             redis: config.redis.clone(),
         },
     };
+    let (tls_reloads, tls_expiry) = (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone());
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
     service.add_tcp(&config.gateway.listen.to_string());
+    if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
+        let settings = crate::tls::listener_settings(certs.clone()).map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
+        service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
+        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry };
+        server.add_service(pingora::services::background::background_service("TLS certificate watcher", watcher));
+        tracing::info!(listen = %tls.listen, redirect_http = tls.redirect_http, "flashgate listening for HTTPS (HTTP/2 and HTTP/1.1)");
+    }
     server.add_service(service);
     server.add_service(pingora::services::background::background_service("winner forwarder", forward_worker));
     server.add_service(pingora::services::background::background_service("admin listener", admin));

@@ -6,6 +6,11 @@
 //! fails a check gets no requests until it passes one again. Connections to
 //! upstreams are kept alive and reused from Pingora's connection pool.
 //!
+//! With `shop.h2` the gateway speaks HTTP/2 to the shop with prior
+//! knowledge (h2c: the upstreams are plain addresses, so there is no ALPN
+//! to ask), many requests multiplexed on one connection; a WebSocket
+//! upgrade then cannot be proxied (HTTP/2 has no `Upgrade`).
+//!
 //! Also here: what a proxied request and response must not carry across the
 //! gateway (hop-by-hop headers, RFC 9110 §7.6.1), and the JSON answer when
 //! the shop cannot be reached.
@@ -21,11 +26,17 @@ use serde_json::json;
 
 use crate::reply::Reply;
 
+/// Requests one HTTP/2 connection to the shop carries at once before
+/// another is opened.
+const H2_STREAMS_PER_CONNECTION: usize = 100;
+
 /// The shop's upstreams and how to reach them.
 pub struct Upstreams {
     pub lb: Arc<LoadBalancer<RoundRobin>>,
     connect_timeout: Duration,
     read_timeout: Duration,
+    /// `shop.h2`: HTTP/2 with prior knowledge (h2c).
+    h2: bool,
 }
 
 impl Upstreams {
@@ -44,7 +55,7 @@ impl Upstreams {
         lb.set_health_check(check);
         lb.health_check_frequency = Some(config.health_check_interval);
         lb.parallel_health_check = true;
-        Ok(Self { lb: Arc::new(lb), connect_timeout: config.connect_timeout, read_timeout: config.read_timeout })
+        Ok(Self { lb: Arc::new(lb), connect_timeout: config.connect_timeout, read_timeout: config.read_timeout, h2: config.h2 })
     }
 
     /// How many upstreams there are, healthy or not.
@@ -63,6 +74,12 @@ impl Upstreams {
         peer.options.connection_timeout = Some(self.connect_timeout);
         peer.options.read_timeout = Some(self.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
+        if self.h2 {
+            // HTTP/2 only, over plain TCP: Pingora then speaks h2c with
+            // prior knowledge, and many requests share one connection.
+            peer.options.alpn = pingora::protocols::ALPN::H2;
+            peer.options.max_h2_streams = H2_STREAMS_PER_CONNECTION;
+        }
         Some(peer)
     }
 }

@@ -8,6 +8,9 @@
 // With EXPECT_POW=1 (the gateway asks a proof of work), buyer A's page must
 // have fetched a challenge during the countdown and its buy must carry
 // Flashgate-Pow and never meet a 428 (solved before the click).
+// With EXPECT_PROTOCOL (e.g. h2), the page must have been loaded over that
+// protocol; CHROMIUM_ARGS adds flags (space-separated), e.g. the test CA's
+// `--ignore-certificate-errors-spki-list=...` for an HTTPS gateway.
 // Exits non-zero, with a screenshot of the failing page, on any failure.
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
@@ -18,12 +21,14 @@ const gateway = need('GATEWAY_URL'), saleId = need('SALE_ID');
 const tokenA = need('TOKEN_A'), tokenB = need('TOKEN_B');
 const artifacts = process.env.ARTIFACTS || 'target/browser-artifacts';
 const expectPow = process.env.EXPECT_POW === '1';
+const expectProtocol = process.env.EXPECT_PROTOCOL || '';
+const extraArgs = (process.env.CHROMIUM_ARGS || '').split(' ').filter(Boolean);
 mkdirSync(artifacts, { recursive: true });
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
   args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    '--disable-background-networking', '--disable-component-update', '--disable-sync', ...extraArgs],
 });
 const pages = [];
 const shot = async (page, name) => { await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true }); };
@@ -49,6 +54,11 @@ try {
   if (!(await a.locator('#buy').isDisabled())) throw new Error('buy button enabled before the start');
   if (new URL(a.url()).searchParams.has('token')) throw new Error('token left in the address bar');
   step(`countdown shown: ${await a.locator('#countdown').textContent()}`);
+  if (expectProtocol) {
+    const protocol = await a.evaluate(() => performance.getEntriesByType('navigation')[0].nextHopProtocol);
+    if (protocol !== expectProtocol) throw new Error(`page loaded over ${protocol}, not ${expectProtocol}`);
+    step(`page loaded over ${protocol}`);
+  }
   await shot(a, '1-countdown');
 
   await a.locator('#buy:enabled').waitFor({ timeout: 60_000 });

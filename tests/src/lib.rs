@@ -14,9 +14,13 @@
 //!   a test does to it (restart, kill, admin calls, books).
 //! - [`client`]: buyer tokens, one buy, a burst of buys, JSON GETs.
 //! - [`db`]: what the tests read straight from an order database.
+//! - [`local_run`]: `make run` (deploy/local/run.sh) on ports of its own.
+//! - [`pki`]: a CA of the test's own and certificates for the HTTPS listener.
 
 pub mod client;
 pub mod db;
+pub mod local_run;
+pub mod pki;
 pub mod stack;
 
 pub use client::{buy, buy_all, get_json, random_user, token, token_with, try_buy, wait_ready, Attempt, Outcome};

@@ -2,6 +2,11 @@
 //! playwright-core from `tests/browser/sale.mjs`) against the real stack.
 //! Screenshots land in `target/browser-artifacts/`.
 //!
+//! Also: the page over HTTPS and HTTP/2 (a certificate of the test's own
+//! CA, trusted by its key hash), and the demo a newcomer gets from
+//! `make run` (`tests/browser/demo.mjs`): the printed URL signs in a demo
+//! shopper, whose click on Buy wins.
+//!
 //! Needs `/usr/bin/chromium` and node; `make test` installs both
 //! (`deploy/local/install-deps.sh`) and this test runs `npm ci` in
 //! `tests/browser` when playwright-core is missing.
@@ -10,13 +15,36 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use flashgate_tests::{token, Stack, StackOptions};
+use flashgate_tests::local_run::LocalRun;
+use flashgate_tests::pki::TestCa;
+use flashgate_tests::{free_port, token, Stack, StackOptions, TempDir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buyer_watches_the_countdown_buys_and_a_latecomer_sees_sold_out() {
     // The shipped configuration, limits included: the page must work on it.
     let stack = Stack::start(StackOptions::shipped()).await;
-    run_sale_page(&stack, "browser-drop", false).await;
+    run_sale_page(&stack, "browser-drop", false, &Https::Off).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sale_page_works_in_chromium_over_https_and_http2() {
+    // The shipped configuration with the HTTPS listener on and plain page
+    // requests redirected: the page, its assets and its API calls all go
+    // over HTTPS, HTTP/2 by ALPN, with a certificate of the test's own CA.
+    let certs = TempDir::new("browser-tls");
+    let ca = TestCa::root("Flashgate Browser Test Root");
+    let leaf = ca.leaf("localhost", &["localhost"], &["127.0.0.1"]);
+    let (cert, key) = (certs.0.join("cert.pem"), certs.0.join("key.pem"));
+    leaf.write(&cert, &key);
+    let port = free_port();
+    let extra = format!(
+        "[gateway.tls]\nlisten = \"127.0.0.1:{port}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\nredirect_http = true\n",
+        cert.display(),
+        key.display()
+    );
+    let stack = Stack::start(StackOptions { extra_toml: extra, ..StackOptions::shipped() }).await;
+    let https = Https::On { base: format!("https://localhost:{port}"), spki: leaf.spki_sha256 };
+    run_sale_page(&stack, "browser-https-drop", false, &https).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,27 +58,91 @@ async fn with_a_proof_of_work_asked_the_page_solves_it_during_the_countdown_and_
         text.replace("mode = \"off\"", "mode = \"always\"")
     });
     stack.start_gateway();
-    run_sale_page(&stack, "browser-pow-drop", true).await;
+    run_sale_page(&stack, "browser-pow-drop", true, &Https::Off).await;
 }
 
-/// Runs `tests/browser/sale.mjs` on a one-item sale `sale` of `stack` that
-/// starts in 12 s; `expect_pow`: the gateway asks a proof of work.
-async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = root.join("tests/browser");
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(Path::new(&chromium).exists(), "{chromium} missing: run `bash deploy/local/install-deps.sh` (make test does)");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_stack_signs_in_a_shopper_whose_click_on_buy_wins() {
+    // `make run` as a newcomer starts it, opened at the URL it prints.
+    let data = TempDir::new("demo-run");
+    let run = LocalRun::new(
+        &data.0,
+        "\n[[sales]]\nid = \"demo\"\nname = \"Flashgate demo sneaker\"\nstock = 3\nper_user_limit = 1\nduration_seconds = 3600\n",
+    );
+    let (guard, out) = run.start(&[]);
+    let url = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("sale page").map(str::trim))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("run.sh printed no sale page URL:\n{out}"))
+        .to_owned();
+    let artifacts = browser_dir().join("../../target/browser-artifacts/demo");
+    let node = tokio::process::Command::new("node")
+        .arg(browser_dir().join("demo.mjs"))
+        .env("SALE_URL", &url)
+        .env("ARTIFACTS", &artifacts)
+        .env("CHROMIUM", chromium())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), node).await.expect("browser test timed out").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    drop(guard);
+    assert!(
+        out.status.success(),
+        "demo.mjs failed ({}), screenshots in {}:\n{stdout}\n{}",
+        out.status,
+        artifacts.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("won as demo-shopper-"), "{stdout}");
+}
+
+/// Whether a sale page test goes through the HTTPS listener.
+enum Https {
+    Off,
+    /// `base` (https://host:port) with a certificate whose public key hash
+    /// (`spki`) Chromium is told to trust.
+    On {
+        base: String,
+        spki: String,
+    },
+}
+
+fn browser_dir() -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("browser");
     if !dir.join("node_modules/playwright-core").exists() {
         let ok = Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(&dir).status().expect("npm on PATH");
         assert!(ok.success(), "npm ci in tests/browser failed");
     }
+    dir
+}
+
+fn chromium() -> String {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(Path::new(&chromium).exists(), "{chromium} missing: run `bash deploy/local/install-deps.sh` (make test does)");
+    chromium
+}
+
+/// Runs `tests/browser/sale.mjs` on a one-item sale `sale` of `stack` that
+/// starts in 12 s; `expect_pow`: the gateway asks a proof of work.
+async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool, https: &Https) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = browser_dir();
+    let chromium = chromium();
+    let (base, args, protocol) = match https {
+        Https::Off => (format!("http://{}", stack.gateway_addr), String::new(), ""),
+        Https::On { base, spki } => (base.clone(), format!("--ignore-certificate-errors-spki-list={spki}"), "h2"),
+    };
 
     // One item; the start leaves time for the browser to open the page first.
     stack.put_sale(sale, 1, 1, Duration::from_secs(12), Duration::from_secs(3600)).await;
     let artifacts = root.join("target/browser-artifacts").join(sale);
     let node = tokio::process::Command::new("node")
         .arg(dir.join("sale.mjs"))
-        .env("GATEWAY_URL", format!("http://{}", stack.gateway_addr))
+        .env("GATEWAY_URL", base)
+        .env("CHROMIUM_ARGS", args)
+        .env("EXPECT_PROTOCOL", protocol)
         .env("SALE_ID", sale)
         .env("TOKEN_A", token("browser-buyer-a"))
         .env("TOKEN_B", token("browser-buyer-b"))

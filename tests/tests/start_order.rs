@@ -11,14 +11,12 @@
 //! each test prints its size and how long Redis took to load it.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use flashgate_tests::local_run::LocalRun;
 use flashgate_tests::{
-    aof_bytes, bin, buy_all, free_port, get_json, prepare_large_aof, random_user, token, wait_ready, Attempt, PrivatePostgres, RedisServer,
+    aof_bytes, buy_all, free_port, get_json, prepare_large_aof, random_user, token, wait_ready, Attempt, PrivatePostgres, RedisServer,
     Stack, StackOptions, TempDir, ADMIN_TOKEN,
 };
 
@@ -358,132 +356,12 @@ async fn redis_restarted_mid_sale_with_a_large_aof_answers_503_with_retry_after_
     still_running(&mut stack);
 }
 
-/// `deploy/local/run.sh` on its own ports and data dir, with the debug binaries.
-struct LocalRun {
-    data: PathBuf,
-    config: PathBuf,
-    ports: [u16; 6],
-}
-
-impl LocalRun {
-    fn new(data: &Path) -> Self {
-        let ports = [free_port(), free_port(), free_port(), free_port(), free_port(), free_port()];
-        let [redis, shop, gateway, gateway_admin, backend, backend_admin] = ports;
-        let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
-        let config = data.join("run.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[redis]\nurl = \"redis://127.0.0.1:{redis}/\"\n\
-                 [gateway]\nlisten = \"127.0.0.1:{gateway}\"\nadmin_listen = \"127.0.0.1:{gateway_admin}\"\n\
-                 shop_upstream = \"127.0.0.1:{shop}\"\nbackend_url = \"http://127.0.0.1:{backend}\"\nstatic_dir = \"{}\"\n\
-                 [backend]\nlisten = \"127.0.0.1:{backend}\"\nadmin_listen = \"127.0.0.1:{backend_admin}\"\n\
-                 database_url = \"sqlite://{}/flashgate.db\"\n{}",
-                static_dir.display(),
-                data.display(),
-                declared_sale("demo", 10)
-            ),
-        )
-        .unwrap();
-        Self { data: data.to_owned(), config, ports }
-    }
-
-    /// The script, on this run's ports and data dir, with `env` on top.
-    fn command(&self, env: &[(&str, &str)]) -> Command {
-        let [redis, shop, gateway, gateway_admin, backend, backend_admin] = self.ports;
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/run.sh");
-        let bin_dir = bin("flashgate").parent().unwrap().to_owned();
-        let mut cmd = Command::new("bash");
-        cmd.arg(script)
-            .env("FLASHGATE_BIN_DIR", bin_dir)
-            .env("FLASHGATE_CONFIG", &self.config)
-            .env("FLASHGATE_DATA_DIR", &self.data)
-            .env("FLASHGATE_REDIS_PORT", redis.to_string())
-            .env("FLASHGATE_SHOP_ADDR", format!("127.0.0.1:{shop}"))
-            .env("FLASHGATE_GATEWAY_ADDR", format!("127.0.0.1:{gateway}"))
-            .env("FLASHGATE_GATEWAY_ADMIN_ADDR", format!("127.0.0.1:{gateway_admin}"))
-            .env("FLASHGATE_BACKEND_ADDR", format!("127.0.0.1:{backend}"))
-            .env("FLASHGATE_BACKEND_ADMIN_ADDR", format!("127.0.0.1:{backend_admin}"))
-            .env("FLASHGATE_READY_TIMEOUT", READY_LIMIT.as_secs().to_string())
-            .env_remove("FLASHGATE_JWT_SECRET")
-            .env_remove("FLASHGATE_ADMIN_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd
-    }
-
-    /// Runs the script until it exits (it is expected to fail); its exit
-    /// status and what it wrote to stderr.
-    fn run_to_exit(&self, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
-        let out = self.command(env).stdout(Stdio::null()).output().unwrap();
-        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-
-    /// Runs the script until it prints its URLs; its output so far. The
-    /// script and everything it started are stopped when the guard drops.
-    fn start(&self, env: &[(&str, &str)]) -> (RunGuard, String) {
-        let mut child = self.command(env).spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let guard = RunGuard(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
-        let mut out = String::new();
-        let deadline = Instant::now() + READY_LIMIT;
-        while Instant::now() < deadline {
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) => {
-                    out.push_str(&line);
-                    out.push('\n');
-                    if line.contains("Ctrl-C stops everything") {
-                        return (guard, out);
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        drop(guard);
-        panic!("run.sh did not print its URLs:\n{out}\nstderr:\n{}", errors.join().unwrap_or_default());
-    }
-
-    fn admin_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.ports[5])
-    }
-}
-
-/// Stops a `run.sh` like Ctrl-C does (SIGINT to its process group), then
-/// makes sure nothing of it is left.
-struct RunGuard(std::process::Child);
-
-impl Drop for RunGuard {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.0.id());
-        let _ = Command::new("kill").args(["-INT", "--", &group]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn make_run_starts_twice_in_a_row_on_a_data_dir_holding_a_large_aof() {
     let data = TempDir::new("run-data");
     let (aof, aof_size) = large_aof();
     install_aof(&aof, &data.0);
-    let run = LocalRun::new(&data.0);
+    let run = LocalRun::new(&data.0, &declared_sale("demo", 10));
     for attempt in 1..=2 {
         let started = Instant::now();
         let (guard, out) = run.start(&[]);
@@ -502,7 +380,7 @@ async fn make_run_uses_the_secrets_exported_in_the_environment_over_its_file() {
         "FLASHGATE_JWT_SECRET=from-the-file-jwt-secret-000000000000\nFLASHGATE_ADMIN_TOKEN=from-the-file-admin-token-0000000000\n",
     )
     .unwrap();
-    let run = LocalRun::new(&data.0);
+    let run = LocalRun::new(&data.0, &declared_sale("demo", 10));
     let (guard, _) = run.start(&[("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)]);
     let http = reqwest::Client::new();
     let url = format!("http://{}/admin/sales/demo", run.admin_addr());
@@ -542,7 +420,7 @@ async fn make_run_uses_the_secrets_exported_in_the_environment_over_its_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn make_run_stops_at_once_naming_redis_and_its_log_when_redis_cannot_start() {
     let data = TempDir::new("run-redis-dead");
-    let run = LocalRun::new(&data.0);
+    let run = LocalRun::new(&data.0, &declared_sale("demo", 10));
     // Something else holds Redis's port: redis-server exits at start,
     // while the backend connects to the squatter and waits for an answer.
     let _squatter = std::net::TcpListener::bind(("127.0.0.1", run.ports[0])).unwrap();

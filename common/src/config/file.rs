@@ -108,6 +108,9 @@ pub struct Shop {
     pub health_check_interval_ms: u64,
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
+    /// Speak HTTP/2 to the shop (prior knowledge, h2c: the upstreams are
+    /// plain TCP addresses).
+    pub h2: bool,
     /// `[shop.cache]`: the edge cache of the shop's responses.
     pub cache: ShopCache,
 }
@@ -119,6 +122,7 @@ impl Default for Shop {
             health_check_interval_ms: 1000,
             connect_timeout_ms: 2000,
             read_timeout_ms: 30_000,
+            h2: false,
             cache: ShopCache::default(),
         }
     }
@@ -326,6 +330,46 @@ pub struct Gateway {
     /// Upgrade socket and pid file; unset = `$RUNTIME_DIRECTORY`, else
     /// `$XDG_RUNTIME_DIR/flashgate`, else `data/run`.
     pub runtime_dir: Option<String>,
+    pub tls: Tls,
+}
+
+/// `[gateway.tls]`: the HTTPS listener, on when `cert_file` is set.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tls {
+    pub listen: String,
+    /// PEM, leaf first then the intermediates: the certificate of clients
+    /// that send no SNI or a name no other certificate covers.
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    /// More certificates, each chosen for the DNS names in its SAN.
+    pub certificates: Vec<TlsCertificate>,
+    /// Page routes on the plain listener answer 308 to HTTPS; the API
+    /// keeps working on both.
+    pub redirect_http: bool,
+    /// How often the certificate files are checked for changes.
+    pub reload_interval_ms: u64,
+}
+
+/// One `[[gateway.tls.certificates]]` entry.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCertificate {
+    pub cert_file: String,
+    pub key_file: String,
+}
+
+impl Default for Tls {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8443".into(),
+            cert_file: None,
+            key_file: None,
+            certificates: Vec::new(),
+            redirect_http: false,
+            reload_interval_ms: 1000,
+        }
+    }
 }
 
 impl Default for Gateway {
@@ -344,6 +388,7 @@ impl Default for Gateway {
             backlog_check_ms: 500,
             body_read_timeout_ms: 10_000,
             runtime_dir: None,
+            tls: Tls::default(),
         }
     }
 }

@@ -181,6 +181,32 @@ pub struct GatewayConfig {
     /// Private directory of the upgrade socket and the pid file; checked
     /// (owner, not world-writable) when the gateway starts.
     pub runtime_dir: PathBuf,
+    /// The HTTPS listener; `None` when `gateway.tls.cert_file` is unset.
+    pub tls: Option<TlsConfig>,
+}
+
+/// `[gateway.tls]`, validated. The files are only named here: the gateway
+/// reads them at start (and `flashgate check`), naming the key of a bad one.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    pub listen: SocketAddr,
+    /// `gateway.tls.cert_file` / `key_file`: for clients without SNI or
+    /// with a name no other certificate covers.
+    pub default: TlsFiles,
+    /// `gateway.tls.certificates`, chosen by the SAN names of each.
+    pub certificates: Vec<TlsFiles>,
+    pub redirect_http: bool,
+    pub reload_interval: Duration,
+}
+
+/// A certificate chain and its key, with the config keys that name them
+/// (for messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// `gateway.tls` or `gateway.tls.certificates[i]`.
+    pub key_path: String,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// Optional claims every buyer token must carry.
@@ -201,6 +227,8 @@ pub struct ShopConfig {
     pub connect_timeout: Duration,
     /// Longest wait for the shop's next bytes; past it the client gets 504.
     pub read_timeout: Duration,
+    /// HTTP/2 to the shop, prior knowledge (h2c).
+    pub h2: bool,
     /// The edge cache of the shop's responses.
     pub cache: ShopCacheConfig,
 }

@@ -28,6 +28,8 @@ const OPTIONAL_KEYS: &[&str] = &[
     "limits.read.global",
     "limits.cluster_global",
     "redis.master_name",
+    "gateway.tls.cert_file",
+    "gateway.tls.key_file",
 ];
 
 #[test]
@@ -406,4 +408,30 @@ fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
     }
     let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1024\n", &NoEnv, 0).unwrap_err().to_string();
     assert!(msg.contains("shop.cache.max_bytes: must be between 1048576 and"), "{msg}");
+}
+
+#[test]
+fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
+    let parse = |text: &str| Config::from_toml_str(text, &NoEnv, 0);
+    assert!(parse("").unwrap().gateway.tls.is_none());
+    let on = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nredirect_http = true\n[[gateway.tls.certificates]]\ncert_file = \"a.pem\"\nkey_file = \"a.key\"\n").unwrap();
+    let tls = on.gateway.tls.unwrap();
+    assert_eq!(tls.listen.to_string(), "0.0.0.0:8443");
+    assert!(tls.redirect_http);
+    assert_eq!(tls.certificates[0].key_path, "gateway.tls.certificates[0]");
+    let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.key_file: must be set with gateway.tls.cert_file"), "{err}");
+    let err = parse("[gateway.tls]\nredirect_http = true\nlisten = \"nope\"\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.redirect_http: needs gateway.tls.cert_file") && err.contains("gateway.tls.listen"), "{err}");
+    let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"nope\"\nreload_interval_ms = 1\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gateway.tls.listen") && err.contains("gateway.tls.reload_interval_ms"), "{err}");
+    let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\ncert = \"x\"\n").unwrap_err().to_string();
+    assert!(err.contains("unknown field `cert`"), "{err}");
+    let err = parse("[gateway]\nlisten = \"0.0.0.0:8443\"\n[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gateway.tls.listen: must differ from gateway.listen"), "{err}");
+    assert!(parse("[shop]\nh2 = true\n").unwrap().shop.h2);
 }

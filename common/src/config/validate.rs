@@ -23,7 +23,7 @@ use super::env::{
 use super::file;
 use super::settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
-    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig,
+    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 use crate::sale::SaleSpec;
 
@@ -172,9 +172,20 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
     check.between("gateway.body_read_timeout_ms", f.body_read_timeout_ms, 100, 600_000);
     check.between("gateway.backlog_check_ms", f.backlog_check_ms, 50, 60_000);
     check.between("gateway.keepalive_seconds", f.keepalive_seconds, 1, 3600);
+    let listen = addr(check, "gateway.listen", &f.listen);
+    let admin_listen = addr(check, "gateway.admin_listen", &f.admin_listen);
+    let tls = tls(check, f.tls);
+    if let Some(t) = &tls {
+        let clash = t.listen.port() != 0 && (t.listen == listen || t.listen == admin_listen);
+        check.that(
+            !clash,
+            "gateway.tls.listen",
+            format_args!("must differ from gateway.listen and gateway.admin_listen, got {}", t.listen),
+        );
+    }
     GatewayConfig {
-        listen: addr(check, "gateway.listen", &f.listen),
-        admin_listen: addr(check, "gateway.admin_listen", &f.admin_listen),
+        listen,
+        admin_listen,
         threads: f.threads,
         shop_upstream: addr(check, "gateway.shop_upstream", &f.shop_upstream),
         backend_url: f.backend_url.trim_end_matches('/').to_owned(),
@@ -186,7 +197,48 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
         backlog_check: Duration::from_millis(f.backlog_check_ms),
         body_read_timeout: Duration::from_millis(f.body_read_timeout_ms),
         runtime_dir: env::runtime_dir(f.runtime_dir, env),
+        tls,
     }
+}
+
+/// `[gateway.tls]`: off unless `cert_file` is set; every other key of the
+/// table needs it.
+fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
+    check.between("gateway.tls.reload_interval_ms", f.reload_interval_ms, 100, 3_600_000);
+    let listen = addr(check, "gateway.tls.listen", &f.listen);
+    let nonempty = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.trim().is_empty());
+    for (key, value) in [("gateway.tls.cert_file", &f.cert_file), ("gateway.tls.key_file", &f.key_file)] {
+        check.that(value.is_none() || nonempty(value), key, "must not be empty").note("leave it out for no TLS");
+    }
+    let Some(cert_file) = f.cert_file.filter(|v| !v.trim().is_empty()) else {
+        check.that(f.key_file.is_none(), "gateway.tls.key_file", "needs gateway.tls.cert_file");
+        check.that(f.certificates.is_empty(), "gateway.tls.certificates", "need gateway.tls.cert_file (the default certificate)");
+        check.that(!f.redirect_http, "gateway.tls.redirect_http", "needs gateway.tls.cert_file (no HTTPS listener to redirect to)");
+        return None;
+    };
+    let Some(key_file) = f.key_file.filter(|v| !v.trim().is_empty()) else {
+        check.fail("gateway.tls.key_file", "must be set with gateway.tls.cert_file");
+        return None;
+    };
+    check.that(
+        f.certificates.len() <= 256,
+        "gateway.tls.certificates",
+        format_args!("must hold at most 256, got {}", f.certificates.len()),
+    );
+    let mut certificates = Vec::with_capacity(f.certificates.len());
+    for (i, c) in f.certificates.into_iter().enumerate() {
+        let key_path = format!("gateway.tls.certificates[{i}]");
+        check.that(!c.cert_file.trim().is_empty(), format_args!("{key_path}.cert_file"), "must not be empty");
+        check.that(!c.key_file.trim().is_empty(), format_args!("{key_path}.key_file"), "must not be empty");
+        certificates.push(TlsFiles { key_path, cert_file: c.cert_file.into(), key_file: c.key_file.into() });
+    }
+    Some(TlsConfig {
+        listen,
+        default: TlsFiles { key_path: "gateway.tls".into(), cert_file: cert_file.into(), key_file: key_file.into() },
+        certificates,
+        redirect_http: f.redirect_http,
+        reload_interval: Duration::from_millis(f.reload_interval_ms),
+    })
 }
 
 /// `[shop]`; `gateway.shop_upstream` is the one upstream when
@@ -206,6 +258,7 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
         health_check_interval: Duration::from_millis(f.health_check_interval_ms),
         connect_timeout: Duration::from_millis(f.connect_timeout_ms),
         read_timeout: Duration::from_millis(f.read_timeout_ms),
+        h2: f.h2,
         cache: shop_cache(check, f.cache),
     }
 }

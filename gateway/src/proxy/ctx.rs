@@ -15,6 +15,8 @@ pub struct RequestCtx {
     pub started: std::time::Instant,
     /// How a shop request uses the edge cache.
     pub cache: CacheUse,
+    /// The request came over TLS (the HTTPS listener).
+    pub tls: bool,
 }
 
 impl RequestCtx {
@@ -25,6 +27,7 @@ impl RequestCtx {
             outcome: Outcome::Ok,
             started: std::time::Instant::now(),
             cache: CacheUse::Off,
+            tls: false,
         }
     }
 }
@@ -55,6 +58,8 @@ pub enum Outcome {
     GatewayTimeout,
     /// The proxied request failed before any answer was written.
     Error,
+    /// A page asked over plain HTTP, sent to HTTPS (`gateway.tls.redirect_http`).
+    RedirectedToHttps,
 }
 
 impl Outcome {
@@ -70,6 +75,7 @@ impl Outcome {
             Outcome::BadGateway => "bad_gateway",
             Outcome::GatewayTimeout => "gateway_timeout",
             Outcome::Error => "error",
+            Outcome::RedirectedToHttps => "redirected_to_https",
         }
     }
 

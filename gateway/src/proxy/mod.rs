@@ -21,7 +21,8 @@
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
 //!   hit or stale ──────► answered from the cache; else to the shop:
 //! upstream_peer          a healthy shop upstream (round robin), else 502
-//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto, X-Request-Id
+//!   (plain HTTP with gateway.tls.redirect_http: GET/HEAD of pages ─► 308 to HTTPS, tls::redirect)
+//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto (https over TLS), X-Request-Id
 //! response_cache_filter  may the shop's answer be stored, for how long
 //! response_filter        hop-by-hop removed from the shop's answer; X-Cache
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
@@ -112,6 +113,7 @@ impl ProxyHttp for Gateway {
         // A client trickling its body is cut off instead of holding a slot.
         session.set_read_timeout(Some(self.config.gateway.body_read_timeout));
         ctx.request_id = request_id(session.req_header());
+        ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         Ok(())
     }
 
@@ -125,7 +127,16 @@ impl ProxyHttp for Gateway {
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
-        let reply = match classify(&method, &path) {
+        let route = classify(&method, &path);
+        if let (Ok(route), Some(https_port)) = (&route, self.https_redirect_port(ctx)) {
+            if crate::tls::redirect::applies(&method, &path, route) {
+                keep_alive_after_early_answer(session);
+                ctx.route = route.kind();
+                let reply = self.redirect_to_https(session.req_header(), https_port, ctx);
+                return write_reply(session, reply, ctx).await;
+            }
+        }
+        let reply = match route {
             Ok(Route::Shop) => return Ok(false),
             Ok(route) => {
                 keep_alive_after_early_answer(session);
@@ -235,7 +246,7 @@ impl ProxyHttp for Gateway {
             };
             upstream.insert_header("X-Forwarded-For", xff)?;
         }
-        upstream.insert_header("X-Forwarded-Proto", "http")?;
+        upstream.insert_header("X-Forwarded-Proto", if ctx.tls { "https" } else { "http" })?;
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
         Ok(())
     }
@@ -288,6 +299,32 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// The HTTPS port to send plain page requests to, when
+    /// `gateway.tls.redirect_http` is on and this request is plain.
+    fn https_redirect_port(&self, ctx: &RequestCtx) -> Option<u16> {
+        let tls = self.config.gateway.tls.as_ref().filter(|t| t.redirect_http)?;
+        (!ctx.tls).then_some(tls.listen.port())
+    }
+
+    /// `308` to the same path over HTTPS, or `400` when the request names
+    /// no host that can go into a `Location`.
+    fn redirect_to_https(&self, req: &RequestHeader, https_port: u16, ctx: &mut RequestCtx) -> Reply {
+        let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.host());
+        let target = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        match crate::tls::redirect::location(host, target, https_port) {
+            Some(location) => {
+                ctx.outcome = Outcome::RedirectedToHttps;
+                Reply::json(308, &json!({"code": "https_required", "message": "this page is served over HTTPS", "location": location}))
+                    .header("Location", location)
+            }
+            None => {
+                let rejection = Rejection::BadRequest("a Host header naming this site is required");
+                ctx.outcome = Outcome::Rejected(rejection.clone());
+                Reply::from(rejection)
+            }
+        }
+    }
+
     /// Runs the handler of a gateway route: plain calls, one per route.
     async fn handle(&self, route: Route<'_>, session: &mut Session, ctx: &mut RequestCtx) -> Result<Reply, Rejection> {
         let headers = &session.req_header().headers;

@@ -1,0 +1,103 @@
+//! Reloads the listener's certificates when their files change.
+//!
+//! Every `gateway.tls.reload_interval_ms` the files are read and compared
+//! with what was loaded. On a change the whole set is loaded and checked
+//! again, then swapped in: handshakes from then on use it, connections
+//! already open keep theirs (a certificate only matters in a handshake).
+//! A set that fails to load (unreadable file, key not matching its
+//! certificate, e.g. half-way through a rotation) is logged and counted
+//! (`flashgate_tls_reloads_total{result="error"}`), the running set stays,
+//! and the next change is tried again. The set in use also sets
+//! `flashgate_tls_certificate_expiry_timestamp_seconds`.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use flashgate_common::config::TlsConfig;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use prometheus::{IntCounterVec, IntGauge};
+use tracing::{info, warn};
+
+use super::certs::{read_all, FileBytes};
+use super::CertSet;
+
+pub struct CertWatcher {
+    pub config: TlsConfig,
+    pub certs: Arc<ArcSwap<CertSet>>,
+    /// `flashgate_tls_reloads_total{result}`.
+    pub reloads: IntCounterVec,
+    /// `flashgate_tls_certificate_expiry_timestamp_seconds`, of the set in use.
+    pub expiry: IntGauge,
+}
+
+/// What one check of the files did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reload {
+    /// The files are those of the running set, or of the last failed try.
+    Unchanged,
+    /// A new set is in use.
+    Swapped,
+    /// The new files cannot be used; the running set stays.
+    Failed,
+}
+
+impl CertWatcher {
+    /// Checks the files once. `failed` holds the bytes of the last attempt
+    /// that failed, so a broken file is logged and counted once, not at
+    /// every check; it is tried again as soon as any file changes.
+    pub fn check(&self, failed: &mut Option<FileBytes>) -> Reload {
+        let now = match read_all(&self.config) {
+            Ok(now) => now,
+            Err(error) => {
+                // A file being replaced (gone for an instant) or unreadable.
+                if failed.is_some() {
+                    return Reload::Unchanged;
+                }
+                warn!(%error, "TLS certificate reload failed; keeping the running certificates");
+                self.reloads.with_label_values(&["error"]).inc();
+                *failed = Some(Vec::new());
+                return Reload::Failed;
+            }
+        };
+        if now == self.certs.load().loaded_from {
+            *failed = None;
+            return Reload::Unchanged;
+        }
+        if failed.as_ref() == Some(&now) {
+            return Reload::Unchanged;
+        }
+        match CertSet::from_bytes(&self.config, now.clone()) {
+            Ok(set) => {
+                info!(default = ?set.default_names(), sni = ?set.sni_names(), "TLS certificates reloaded");
+                self.expiry.set(set.earliest_expiry_unix());
+                self.certs.store(Arc::new(set));
+                self.reloads.with_label_values(&["ok"]).inc();
+                *failed = None;
+                Reload::Swapped
+            }
+            Err(error) => {
+                warn!(%error, "TLS certificate reload failed; keeping the running certificates");
+                self.reloads.with_label_values(&["error"]).inc();
+                *failed = Some(now);
+                Reload::Failed
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for CertWatcher {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        self.expiry.set(self.certs.load().earliest_expiry_unix());
+        let mut failed = None;
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(self.config.reload_interval) => {}
+            }
+            self.check(&mut failed);
+        }
+    }
+}
