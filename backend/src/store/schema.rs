@@ -9,9 +9,13 @@
 //! lack some columns: PostgreSQL migrations add them with
 //! `ADD COLUMN IF NOT EXISTS`; SQLite has no such statement, so
 //! [`adopt_sqlite`] adds them before the migrations run, once, on a database
-//! no migration has touched yet. A new flavour (MySQL is planned) is one
-//! more directory and one more [`Flavour`]; it has no database from before
-//! migrations to adopt.
+//! no migration has touched yet. MySQL (and MariaDB) came later: its first
+//! migration is the schema of the release that brought it, with no database
+//! from before migrations to adopt.
+//!
+//! Migration versions are shared across flavours: version N means the same
+//! change in every directory (`0020_order_events.sql` is the order events
+//! outbox everywhere).
 //!
 //! Migrations must be additive (new tables, new nullable or defaulted
 //! columns), because during a rolling upgrade backends of the old release
@@ -26,14 +30,19 @@ use sqlx::{AnyConnection, AnyPool, Row};
 pub enum Flavour {
     Sqlite,
     Postgres,
+    /// MySQL 8 or MariaDB 10.6 and later (`mysql://` URLs).
+    Mysql,
 }
 
 impl Flavour {
-    /// The flavour of a `sqlite:...` or `postgres://...` URL. Any other URL
-    /// is taken for PostgreSQL, whose driver then says what is wrong with it.
+    /// The flavour of a `sqlite:...`, `mysql://...` or `postgres://...` URL.
+    /// Any other URL is taken for PostgreSQL, whose driver then says what
+    /// is wrong with it.
     pub fn of(database_url: &str) -> Self {
         if database_url.starts_with("sqlite:") {
             Flavour::Sqlite
+        } else if database_url.starts_with("mysql:") {
+            Flavour::Mysql
         } else {
             Flavour::Postgres
         }
@@ -43,6 +52,7 @@ impl Flavour {
         match self {
             Flavour::Sqlite => &SQLITE,
             Flavour::Postgres => &POSTGRES,
+            Flavour::Mysql => &MYSQL,
         }
     }
 }
@@ -51,6 +61,7 @@ impl Flavour {
 /// this one (see the module doc).
 static SQLITE: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/sqlite") };
 static POSTGRES: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/postgres") };
+static MYSQL: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/mysql") };
 
 /// Why the schema could not be brought up to date.
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +74,8 @@ pub enum SchemaError {
 
 /// Brings the database behind `pool` up to the newest migration of its
 /// flavour, adopting one made before migrations (see the module doc).
-/// Safe with several processes: sqlx serialises PostgreSQL migrations with
-/// an advisory lock; on SQLite a process that loses a race fails and the
+/// Safe with several processes: sqlx serialises PostgreSQL and MySQL
+/// migrations with an advisory lock (`pg_advisory_lock`, `GET_LOCK`); on SQLite a process that loses a race fails and the
 /// caller's retry finds the work done.
 ///
 /// # Errors

@@ -28,6 +28,8 @@ const OPTIONAL_KEYS: &[&str] = &[
     "limits.read.global",
     "limits.cluster_global",
     "redis.master_name",
+    "events.webhook_url",
+    "events.amqp_url",
 ];
 
 #[test]
