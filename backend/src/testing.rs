@@ -111,10 +111,51 @@ impl Drop for MysqlDatabase {
     }
 }
 
-/// A store on a test database, which it keeps alive (MySQL: drops it after).
+/// A PostgreSQL schema of one test's own in the shared `test` database,
+/// dropped with this value: for tests that look at whole tables.
+pub struct PostgresSchema {
+    name: String,
+    pub url: String,
+}
+
+impl PostgresSchema {
+    pub async fn create() -> Self {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        let name = unique("flashgate_own_");
+        let mut conn = sqlx::AnyConnection::connect(POSTGRES_URL).await.expect("postgres (is it running?)");
+        sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&mut conn).await.expect("create a test schema");
+        conn.close().await.ok();
+        Self { url: format!("{POSTGRES_URL}?options[search_path]={name}"), name }
+    }
+}
+
+impl Drop for PostgresSchema {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.name);
+        let dropper = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            runtime.block_on(async move {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::AnyConnection::connect(POSTGRES_URL).await {
+                    let _ = sqlx::query("SET lock_timeout = '5s'").execute(&mut conn).await;
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).execute(&mut conn).await;
+                    let _ = conn.close().await;
+                }
+            });
+        });
+        let _ = dropper.join();
+    }
+}
+
+/// A store on a test database, which it keeps alive (MySQL, and a
+/// PostgreSQL schema of its own: dropped after).
 pub struct TestStore {
     store: Store,
     _mysql: Option<MysqlDatabase>,
+    _postgres: Option<PostgresSchema>,
 }
 
 impl std::ops::Deref for TestStore {
@@ -128,16 +169,32 @@ impl std::ops::Deref for TestStore {
 pub async fn mysql_store() -> TestStore {
     let db = MysqlDatabase::create().await;
     let store = Store::connect(&db.url).await.expect("mysql store (is MariaDB running?)");
-    TestStore { store, _mysql: Some(db) }
+    TestStore { store, _mysql: Some(db), _postgres: None }
+}
+
+/// Every database, each with nothing but what the test writes (a fresh
+/// SQLite file, PostgreSQL schema and MySQL database).
+pub async fn isolated_stores() -> Vec<(&'static str, TestStore)> {
+    let schema = PostgresSchema::create().await;
+    let postgres = Store::connect(&schema.url).await.expect("postgres store (is it running?)");
+    vec![
+        ("sqlite", TestStore { store: Store::connect(&sqlite_url()).await.expect("sqlite store"), _mysql: None, _postgres: None }),
+        ("postgres", TestStore { store: postgres, _mysql: None, _postgres: Some(schema) }),
+        ("mysql", mysql_store().await),
+    ]
 }
 
 /// Every database, each as a connected store.
 pub async fn stores() -> Vec<(&'static str, TestStore)> {
     vec![
-        ("sqlite", TestStore { store: Store::connect(&sqlite_url()).await.expect("sqlite store"), _mysql: None }),
+        ("sqlite", TestStore { store: Store::connect(&sqlite_url()).await.expect("sqlite store"), _mysql: None, _postgres: None }),
         (
             "postgres",
-            TestStore { store: Store::connect(&postgres_url().await).await.expect("postgres store (is it running?)"), _mysql: None },
+            TestStore {
+                store: Store::connect(&postgres_url().await).await.expect("postgres store (is it running?)"),
+                _mysql: None,
+                _postgres: None,
+            },
         ),
         ("mysql", mysql_store().await),
     ]

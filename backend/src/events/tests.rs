@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::*;
 use crate::store::outbox::EventType;
 use crate::store::Payment;
-use crate::testing::{reservation, stores, unique};
+use crate::testing::{isolated_stores as stores, reservation, unique};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef";
 

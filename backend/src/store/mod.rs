@@ -121,7 +121,9 @@ impl Store {
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if flavour == Flavour::Mysql {
-                        sqlx::query(sql::MYSQL_SESSION).execute(conn).await?;
+                        for statement in sql::MYSQL_SESSION {
+                            sqlx::query(statement).execute(&mut *conn).await?;
+                        }
                     }
                     Ok(())
                 })

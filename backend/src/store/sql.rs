@@ -204,7 +204,9 @@ pub const HOLD_SALE_SHARED_MYSQL: &str = "SELECT id FROM sales WHERE id = $1 LOC
 /// MySQL, on every new connection: read committed like PostgreSQL (so a
 /// re-sync that waited for a write reads it, and inserts take no gap
 /// locks), and a wait for a row lock gives up after 5 s.
-pub const MYSQL_SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, SESSION innodb_lock_wait_timeout = 5";
+/// (Two statements: MySQL 8 and MariaDB name the isolation variable
+/// differently, and `SET TRANSACTION` cannot be combined with others.)
+pub const MYSQL_SESSION: &[&str] = &["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION innodb_lock_wait_timeout = 5"];
 
 /// SQLite: a write that changes nothing, to take the database's one write
 /// lock at the start of a transaction (SQLite's `BEGIN` defers it).
