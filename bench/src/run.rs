@@ -609,7 +609,13 @@ async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: 
 /// format, then times a freshly started backend turning them into orders.
 /// With `profile`, the backend runs under `perf record` and its top frames
 /// are put there.
-async fn measure_drain(ctx: &mut Ctx, sale: &str, n: usize, profile: Option<&mut Vec<String>>, counter: &OrderCounter) -> anyhow::Result<Drain> {
+async fn measure_drain(
+    ctx: &mut Ctx,
+    sale: &str,
+    n: usize,
+    profile: Option<&mut Vec<String>>,
+    counter: &OrderCounter,
+) -> anyhow::Result<Drain> {
     ctx.fg.put_sale(sale, n as i64, 1).await?;
     ctx.fg.stop_backend();
     let keys = SaleKeys::new(sale);

@@ -129,10 +129,7 @@ async fn buy_orders(stack: &Stack, sale: &str, n: usize) -> Vec<String> {
 /// What the shop must have heard of each order by the end: `created`, then
 /// `paid` for the paid ones and `cancelled` for the others.
 fn expected_events(orders: &[String], paid: &HashSet<String>) -> HashMap<String, Vec<&'static str>> {
-    orders
-        .iter()
-        .map(|o| (o.clone(), vec!["order.created", if paid.contains(o) { "order.paid" } else { "order.cancelled" }]))
-        .collect()
+    orders.iter().map(|o| (o.clone(), vec!["order.created", if paid.contains(o) { "order.paid" } else { "order.cancelled" }])).collect()
 }
 
 /// Checks the bodies the shop took (in arrival order) against `expected`:
@@ -252,12 +249,18 @@ async fn dead_events_are_listed_counted_and_delivered_once_retried() {
         assert!(Instant::now() < deadline, "no dead event");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!((dead["order_id"].as_str(), dead["type"].as_str(), dead["attempts"].as_i64()), (Some(order.as_str()), Some("order.created"), Some(2)));
+    assert_eq!(
+        (dead["order_id"].as_str(), dead["type"].as_str(), dead["attempts"].as_i64()),
+        (Some(order.as_str()), Some("order.created"), Some(2))
+    );
     assert_eq!(dead["last_error"], "webhook answered 503");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(receiver.deliveries().len(), 2, "max_attempts requests, and `paid` waits behind the dead `created`");
     let metric = |name: &str, text: &str| -> Option<f64> {
-        text.lines().find(|l| l.split_whitespace().next() == Some(name)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
     };
     let scrape = || async { reqwest::get(format!("http://{}/metrics", stack.backend_addr)).await.unwrap().text().await.unwrap() };
     let mut text = scrape().await;
@@ -282,7 +285,8 @@ async fn dead_events_are_listed_counted_and_delivered_once_retried() {
     *receiver.failing.lock().unwrap() = 0;
     let (status, v) = stack.admin(Method::POST, &format!("/admin/events/{id}/retry"), None).await;
     assert_eq!((status, v["state"].as_str()), (202, Some("pending")), "{v}");
-    wait_until("created and paid delivered", Duration::from_secs(20), || receiver.deliveries().iter().filter(|d| d.accepted).count() == 2).await;
+    wait_until("created and paid delivered", Duration::from_secs(20), || receiver.deliveries().iter().filter(|d| d.accepted).count() == 2)
+        .await;
     let accepted: Vec<(String, String)> =
         receiver.deliveries().iter().filter(|d| d.accepted).map(|d| (d.event_id.clone(), d.body.clone())).collect();
     assert_eq!(accepted[0].0, id, "the retried event keeps its id");
@@ -303,12 +307,24 @@ async fn rabbit_queue(exchange: &str) -> (lapin::Connection, lapin::Consumer) {
     let durable = ExchangeDeclareOptions { durable: true, auto_delete: false, ..ExchangeDeclareOptions::default() };
     channel.exchange_declare(exchange.into(), lapin::ExchangeKind::Topic, durable, FieldTable::default()).await.unwrap();
     let queue = channel
-        .queue_declare("".into(), QueueDeclareOptions { exclusive: true, auto_delete: true, ..QueueDeclareOptions::default() }, FieldTable::default())
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions { exclusive: true, auto_delete: true, ..QueueDeclareOptions::default() },
+            FieldTable::default(),
+        )
         .await
         .unwrap();
-    channel.queue_bind(queue.name().clone(), exchange.into(), "order.#".into(), QueueBindOptions::default(), FieldTable::default()).await.unwrap();
+    channel
+        .queue_bind(queue.name().clone(), exchange.into(), "order.#".into(), QueueBindOptions::default(), FieldTable::default())
+        .await
+        .unwrap();
     let consumer = channel
-        .basic_consume(queue.name().clone(), "test".into(), BasicConsumeOptions { no_ack: true, ..BasicConsumeOptions::default() }, FieldTable::default())
+        .basic_consume(
+            queue.name().clone(),
+            "test".into(),
+            BasicConsumeOptions { no_ack: true, ..BasicConsumeOptions::default() },
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     (conn, consumer)
@@ -322,7 +338,8 @@ async fn every_order_event_reaches_rabbitmq_persistent_and_confirmed_on_mysql() 
     let exchange = format!("flashgate.test.{:x}", rand::random::<u64>());
     let (conn, mut consumer) = rabbit_queue(&exchange).await;
     let destination = format!("amqp_url = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\nexchange = \"{exchange}\"");
-    let options = StackOptions { extra_toml: events_toml(&destination, 1000), database_url: Some(database.url.clone()), ..StackOptions::default() };
+    let options =
+        StackOptions { extra_toml: events_toml(&destination, 1000), database_url: Some(database.url.clone()), ..StackOptions::default() };
     let mut stack = Stack::start(options).await;
     put_sale(&stack, "ev-amqp", ORDERS as i64, 4).await;
     let orders = buy_orders(&stack, "ev-amqp", ORDERS).await;

@@ -68,7 +68,9 @@ mod tests {
     #[test]
     fn event_ids_and_limits_are_checked() {
         assert!(super::valid_event_id("ev-0123456789abcdef0123456789abcdef"));
-        for bad in ["", "ev-", "ev-0123456789ABCDEF0123456789abcdef", "xx-0123456789abcdef0123456789abcdef", "ev-0123456789abcdef0123456789abcde'"] {
+        for bad in
+            ["", "ev-", "ev-0123456789ABCDEF0123456789abcdef", "xx-0123456789abcdef0123456789abcdef", "ev-0123456789abcdef0123456789abcde'"]
+        {
             assert!(!super::valid_event_id(bad), "{bad}");
         }
         assert_eq!(super::limit(None).unwrap(), 100);

@@ -173,7 +173,9 @@ impl Deliverer {
                 tracing::error!(event = %event.event_id, order = %event.order_id, kind = event.kind.as_str(), attempts, %error, "order event is dead: retry it with POST /admin/events/{{id}}/retry");
             }
             Ok(_) => tracing::debug!(event = %event.event_id, attempts, %error, "order event delivery failed; will retry"),
-            Err(db) => tracing::warn!(error = %db, event = %event.event_id, "cannot record a failed order event delivery; the lease will expire"),
+            Err(db) => {
+                tracing::warn!(error = %db, event = %event.event_id, "cannot record a failed order event delivery; the lease will expire")
+            }
         }
     }
 

@@ -52,7 +52,11 @@ pub fn verify(secret: &[u8], timestamp: &str, header: &str, body: &[u8], now_s: 
     if (now_s - ts).abs() > tolerance_s {
         return Err(VerifyError::Stale);
     }
-    let matches = header.split(',').filter_map(|part| part.trim().strip_prefix("v1=")).filter_map(|h| hex::decode(h).ok()).any(|expected| mac(secret, ts, body).verify_slice(&expected).is_ok());
+    let matches = header
+        .split(',')
+        .filter_map(|part| part.trim().strip_prefix("v1="))
+        .filter_map(|h| hex::decode(h).ok())
+        .any(|expected| mac(secret, ts, body).verify_slice(&expected).is_ok());
     if matches {
         Ok(())
     } else {
@@ -72,10 +76,16 @@ mod tests {
         let sig = signature(SECRET, 1_700_000_000, body);
         assert!(sig.starts_with("v1=") && sig.len() == 3 + 64, "{sig}");
         assert_eq!(verify(SECRET, "1700000000", &sig, body, 1_700_000_100, 300), Ok(()));
-        assert_eq!(verify(SECRET, "1700000000", &sig, br#"{"id":"ev-1","type":"order.cancelled"}"#, 1_700_000_100, 300), Err(VerifyError::Mismatch));
+        assert_eq!(
+            verify(SECRET, "1700000000", &sig, br#"{"id":"ev-1","type":"order.cancelled"}"#, 1_700_000_100, 300),
+            Err(VerifyError::Mismatch)
+        );
         assert_eq!(verify(SECRET, "1700000001", &sig, body, 1_700_000_100, 300), Err(VerifyError::Mismatch), "the timestamp is signed");
         assert_eq!(verify(SECRET, "1700000000", &sig, body, 1_700_000_400, 300), Err(VerifyError::Stale));
-        assert_eq!(verify(b"another secret of thirty-two bytes!", "1700000000", &sig, body, 1_700_000_100, 300), Err(VerifyError::Mismatch));
+        assert_eq!(
+            verify(b"another secret of thirty-two bytes!", "1700000000", &sig, body, 1_700_000_100, 300),
+            Err(VerifyError::Mismatch)
+        );
         assert_eq!(verify(SECRET, "soon", &sig, body, 1_700_000_100, 300), Err(VerifyError::BadTimestamp));
         assert_eq!(verify(SECRET, "1700000000", &format!("v1=00, {sig}"), body, 1_700_000_100, 300), Ok(()), "rotation: any v1 matches");
     }

@@ -107,14 +107,19 @@ async fn claims_hand_out_the_first_event_of_each_order_once() {
         let of_a = first.iter().find(|e| e.order_id == order_a.order_id).unwrap();
         store.event_delivered(&of_a.event_id).await.unwrap();
         let next = store.claim_events("three", now, 60_000, 100).await.unwrap();
-        assert_eq!(next.iter().map(|e| (e.order_id.as_str(), e.kind)).collect::<Vec<_>>(), vec![(order_a.order_id.as_str(), EventType::Paid)], "{db}");
+        assert_eq!(
+            next.iter().map(|e| (e.order_id.as_str(), e.kind)).collect::<Vec<_>>(),
+            vec![(order_a.order_id.as_str(), EventType::Paid)],
+            "{db}"
+        );
 
         // A lease that passed is free again: its event goes out again, same id.
         let later = now + 61_000;
         let again = store.claim_events("four", later, 60_000, 100).await.unwrap();
         let mut ids: Vec<_> = again.iter().map(|e| e.event_id.clone()).collect();
         ids.sort();
-        let mut expected: Vec<_> = first.iter().filter(|e| e.order_id != order_a.order_id).chain(&next).map(|e| e.event_id.clone()).collect();
+        let mut expected: Vec<_> =
+            first.iter().filter(|e| e.order_id != order_a.order_id).chain(&next).map(|e| e.event_id.clone()).collect();
         expected.sort();
         assert_eq!(ids, expected, "{db}");
     }
@@ -168,7 +173,11 @@ async fn a_dead_event_holds_back_its_order_until_retried() {
         assert!(store.event_failed(&created.event_id, "a", &later).await.unwrap(), "{db}");
         assert!(store.claim_events("b", now, 60_000, 10).await.unwrap().is_empty(), "{db}: not due yet");
         let retried = store.claim_events("c", now + 5_000, 60_000, 10).await.unwrap();
-        assert_eq!(retried.iter().map(|e| (e.event_id.as_str(), e.attempts)).collect::<Vec<_>>(), vec![(created.event_id.as_str(), 1)], "{db}");
+        assert_eq!(
+            retried.iter().map(|e| (e.event_id.as_str(), e.attempts)).collect::<Vec<_>>(),
+            vec![(created.event_id.as_str(), 1)],
+            "{db}"
+        );
 
         let dead = Failure { attempts: 2, sinks_done: 0, error: &"x".repeat(5000), retry_at_ms: None };
         assert!(store.event_failed(&created.event_id, "c", &dead).await.unwrap(), "{db}");
@@ -253,7 +262,7 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     *status.lock().unwrap() = 204;
     assert!(store.retry_dead_event(&dead[0].event_id, flashgate_common::now_ms()).await.unwrap());
     deliverer.deliver_once().await.unwrap();
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 4);
     let (headers, body) = &seen[3];
     let header = |name: &str| headers.get(name).unwrap().to_str().unwrap().to_owned();
@@ -261,7 +270,10 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     assert_eq!(header("flashgate-event-type"), "order.created");
     assert_eq!(seen[0].1, *body, "every attempt sends the same bytes");
     let now_s = flashgate_common::now_ms() / 1000;
-    assert_eq!(sign::verify(SECRET.as_bytes(), &header("flashgate-timestamp"), &header("flashgate-signature"), body.as_bytes(), now_s, 300), Ok(()));
+    assert_eq!(
+        sign::verify(SECRET.as_bytes(), &header("flashgate-timestamp"), &header("flashgate-signature"), body.as_bytes(), now_s, 300),
+        Ok(())
+    );
     assert_eq!(metrics.events.delivered.with_label_values(&["webhook"]).get(), 1);
     assert_eq!(store.outbox_stats().await.unwrap(), crate::store::outbox::OutboxStats::default(), "delivered events leave the outbox");
 }

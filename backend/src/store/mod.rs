@@ -223,7 +223,8 @@ impl Store {
                 Err(e) => Err(e.into()),
             };
         }
-        let done = bind_sale(sqlx::query(&self.sql(sql::INSERT_SALE_IF_ABSENT)), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
+        let done =
+            bind_sale(sqlx::query(&self.sql(sql::INSERT_SALE_IF_ABSENT)), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -308,9 +309,8 @@ impl StoreError {
     pub fn is_rejection(&self) -> bool {
         match self {
             StoreError::Query(sqlx::Error::Database(e)) => {
-                let mysql_wait = e
-                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .is_some_and(|m| MYSQL_WAITED_TOO_LONG.contains(&m.number()));
+                let mysql_wait =
+                    e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| MYSQL_WAITED_TOO_LONG.contains(&m.number()));
                 !mysql_wait && !e.code().is_some_and(|c| WAITED_TOO_LONG.contains(&c.as_ref()))
             }
             _ => false,

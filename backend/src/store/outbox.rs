@@ -375,11 +375,7 @@ impl Store {
     pub async fn outbox_stats(&self) -> Result<OutboxStats, StoreError> {
         let row = sqlx::query(&self.sql(PENDING_STATS)).fetch_one(&self.pool).await?;
         let dead = sqlx::query(&self.sql(DEAD_COUNT)).fetch_one(&self.pool).await?;
-        Ok(OutboxStats {
-            pending: row.try_get("n")?,
-            oldest_pending_ms: row.try_get("oldest")?,
-            dead: dead.try_get(0)?,
-        })
+        Ok(OutboxStats { pending: row.try_get("n")?, oldest_pending_ms: row.try_get("oldest")?, dead: dead.try_get(0)? })
     }
 
     /// The events of `order_id` still in the outbox, by `seq`.

@@ -327,6 +327,6 @@ async fn mysql_lock_waits_and_deadlocks_are_retried_and_bad_data_is_a_rejection(
     // A value the schema refuses (strict mode: too long) is the entry's fault.
     let mut long = reservation(&a, "x");
     long.user_id = "u".repeat(300);
-    let refused = store.insert_orders(&[long]).await.err().expect("a 300-character user id does not fit");
+    let refused = store.insert_orders(&[long]).await.expect_err("a 300-character user id does not fit");
     assert!(refused.is_rejection(), "{refused}");
 }

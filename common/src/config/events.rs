@@ -136,7 +136,9 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
     }
     check.between("events.max_attempts", f.max_attempts, 1, 1000);
     check.between("events.backoff_initial_ms", f.backoff_initial_ms, 10, MAX_BACKOFF_MS);
-    check.between("events.backoff_max_ms", f.backoff_max_ms, f.backoff_initial_ms.clamp(10, MAX_BACKOFF_MS), MAX_BACKOFF_MS).note("at least backoff_initial_ms");
+    check
+        .between("events.backoff_max_ms", f.backoff_max_ms, f.backoff_initial_ms.clamp(10, MAX_BACKOFF_MS), MAX_BACKOFF_MS)
+        .note("at least backoff_initial_ms");
     check.between("events.poll_ms", f.poll_ms, 10, 60_000);
     // A lease shorter than one delivery (a webhook send and an AMQP publish,
     // then the database) would let a second backend send an event the
@@ -202,9 +204,11 @@ mod tests {
     fn a_webhook_needs_its_secret_from_the_environment() {
         let err = parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[])).unwrap_err();
         assert!(err.contains("events.webhook_url is set: FLASHGATE_WEBHOOK_SECRET is not set"), "{err}");
-        let err = parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[("FLASHGATE_WEBHOOK_SECRET", "short")])).unwrap_err();
+        let err =
+            parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[("FLASHGATE_WEBHOOK_SECRET", "short")])).unwrap_err();
         assert!(err.contains("FLASHGATE_WEBHOOK_SECRET: must be at least 32 bytes"), "{err}");
-        let config = parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)])).unwrap();
+        let config =
+            parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)])).unwrap();
         let webhook = config.events.webhook.unwrap();
         assert_eq!((webhook.url.as_str(), webhook.secret.as_str()), ("http://127.0.0.1:8000/hook", SECRET));
         assert!(config.events.amqp.is_none());
@@ -228,7 +232,8 @@ mod tests {
 
     #[test]
     fn amqp_takes_its_exchange_and_routing_keys() {
-        let toml = "[events]\namqp_url = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\nexchange = \"shop\"\nrouting_key_paid = \"orders.paid\"";
+        let toml =
+            "[events]\namqp_url = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\nexchange = \"shop\"\nrouting_key_paid = \"orders.paid\"";
         let amqp = parse(toml, &Vars(&[])).unwrap().events.amqp.unwrap();
         assert_eq!(amqp.exchange, "shop");
         assert_eq!(amqp.routing_key_paid, "orders.paid");
