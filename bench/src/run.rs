@@ -719,6 +719,13 @@ async fn mysql_drain(ctx: &mut Ctx, server: &str, n: usize, machine: &mut Machin
     ctx.fg.database_override = Some(url.clone());
     let result = async {
         ctx.fg.start_backend().await?;
+        // Migrating the new database comes first: the admin API answers 503 until then.
+        let ready = format!("http://{}/ready", ctx.fg.backend_addr);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ctx.fg.http.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
+            anyhow::ensure!(Instant::now() < deadline, "the backend on MySQL did not get ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let counter = OrderCounter::Mysql(sqlx::AnyPool::connect(&url).await?);
         measure_drain(ctx, "drain-mysql", n, None, &counter).await
     }
