@@ -1,4 +1,4 @@
-//! Every test body runs against SQLite and PostgreSQL.
+//! Every test body runs against SQLite, PostgreSQL and MySQL (MariaDB).
 
 use flashgate_common::reservation::ReservationStatus;
 
