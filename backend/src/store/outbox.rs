@@ -196,10 +196,6 @@ const PENDING_STATS: &str = "SELECT COUNT(*) AS n, MIN(created_at_ms) AS oldest 
 const DEAD_COUNT: &str = "SELECT COUNT(*) FROM order_events WHERE state = 'dead'";
 const OF_ORDER: &str = "SELECT event_id, order_id, seq, event_type, payload, attempts, sinks_done, created_at_ms FROM order_events WHERE order_id = $1 ORDER BY seq";
 
-/// The fixed queries, for the dialect test of `sql`.
-#[cfg(test)]
-pub(super) const QUERIES: &[&str] = &[CANDIDATES, CLAIMED, DELIVERED, FAILED, DEAD, RETRY, PENDING_STATS, DEAD_COUNT, OF_ORDER];
-
 /// A multi-row insert of `rows` new events.
 fn insert_events(rows: usize) -> String {
     let mut sql = String::from(
@@ -385,5 +381,19 @@ impl Store {
     pub async fn order_events(&self, order_id: &str) -> Result<Vec<OutboxEvent>, StoreError> {
         let rows = sqlx::query(&self.sql(OF_ORDER)).bind(order_id).fetch_all(&self.pool).await?;
         rows.iter().map(outbox_event).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outbox_query_numbers_its_placeholders_in_binding_order() {
+        for text in [CANDIDATES, CLAIMED, DELIVERED, FAILED, DEAD, RETRY, PENDING_STATS, DEAD_COUNT, OF_ORDER] {
+            sql::assert_placeholders_in_order(text);
+        }
+        sql::assert_placeholders_in_order(&insert_events(3));
+        sql::assert_placeholders_in_order(&claim(3));
     }
 }

@@ -212,6 +212,20 @@ pub const MYSQL_SESSION: &[&str] = &["SET SESSION TRANSACTION ISOLATION LEVEL RE
 /// lock at the start of a transaction (SQLite's `BEGIN` defers it).
 pub const TAKE_WRITE_LOCK: &str = "UPDATE sales SET id = id WHERE id = $1";
 
+/// Panics unless `text` numbers its placeholders `$1, $2, ...` in order,
+/// each once: MySQL binds by position.
+#[cfg(test)]
+pub(super) fn assert_placeholders_in_order(text: &str) {
+    let mut expected = 1;
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
+        assert_eq!(digits, expected.to_string(), "MySQL binds by position: {text}");
+        expected += 1;
+        rest = &rest[at + 1 + digits.len()..];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,16 +263,8 @@ mod tests {
 
     #[test]
     fn every_query_numbers_its_placeholders_in_binding_order() {
-        let outbox = super::super::outbox::QUERIES;
-        for text in ALL.iter().chain(outbox) {
-            let mut expected = 1;
-            let mut rest = *text;
-            while let Some(at) = rest.find('$') {
-                let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
-                assert_eq!(digits, expected.to_string(), "MySQL binds by position: {text}");
-                expected += 1;
-                rest = &rest[at + 1 + digits.len()..];
-            }
+        for text in ALL {
+            assert_placeholders_in_order(text);
         }
     }
 
