@@ -122,7 +122,11 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
     if let Some(url) = &f.webhook_url {
         // The backend's HTTP client is built without TLS: an https:// URL
         // would fail on every delivery, so it is refused at start.
-        check.that(url_ok(url, &["http://"]), "events.webhook_url", "must be an http:// URL (no TLS client yet: send through a local TLS proxy)");
+        check.that(
+            url_ok(url, &["http://"]),
+            "events.webhook_url",
+            "must be an http:// URL (no TLS client yet: send through a local TLS proxy)",
+        );
     }
     if let Some(url) = &f.amqp_url {
         check.that(url_ok(url, &["amqp://"]), "events.amqp_url", "must be an amqp:// URL");
