@@ -49,7 +49,7 @@ pub enum VerifyError {
 /// [`VerifyError`].
 pub fn verify(secret: &[u8], timestamp: &str, header: &str, body: &[u8], now_s: i64, tolerance_s: i64) -> Result<(), VerifyError> {
     let ts: i64 = timestamp.trim().parse().map_err(|_| VerifyError::BadTimestamp)?;
-    if (now_s - ts).abs() > tolerance_s {
+    if now_s.abs_diff(ts) > tolerance_s.unsigned_abs() {
         return Err(VerifyError::Stale);
     }
     let matches = header
