@@ -297,11 +297,12 @@ pub enum Payment {
 /// unreachable database, never counted against an entry.
 const WAITED_TOO_LONG: &[&str] = &["5", "6", "517", "55P03", "40001", "40P01", "57014"];
 
-/// MySQL error numbers of the same kind, whose SQLSTATE (`HY000`, `70100`)
-/// is too general to tell: 1205 lock wait timeout, 1213 deadlock, 1969
-/// statement timeout (MariaDB `max_statement_time`), 3024 statement
-/// timeout (MySQL `max_execution_time`).
-const MYSQL_WAITED_TOO_LONG: &[u16] = &[1205, 1213, 1969, 3024];
+/// MySQL error numbers of the same kind, whose SQLSTATE (`HY000`, `70100`,
+/// `08S01`) is too general to tell: 1205 lock wait timeout, 1213 deadlock,
+/// 1969 statement timeout (MariaDB `max_statement_time`), 3024 statement
+/// timeout (MySQL `max_execution_time`), 1317 query interrupted (`KILL
+/// QUERY`), 1927 connection killed (MariaDB), 1053 server shutting down.
+const MYSQL_WAITED_TOO_LONG: &[u16] = &[1053, 1205, 1213, 1317, 1927, 1969, 3024];
 
 impl StoreError {
     /// Whether the database answered with an error about this statement
