@@ -13,8 +13,16 @@ use crate::store::outbox::OutboxEvent;
 pub enum WebhookError {
     #[error("webhook answered {0}")]
     Status(u16),
+    /// Built with [`reqwest::Error::without_url`]: the URL may carry
+    /// credentials, and this text is logged and stored in the outbox.
     #[error("webhook request failed: {0}")]
-    Http(#[from] reqwest::Error),
+    Http(reqwest::Error),
+}
+
+impl From<reqwest::Error> for WebhookError {
+    fn from(e: reqwest::Error) -> Self {
+        WebhookError::Http(e.without_url())
+    }
 }
 
 /// A client for the shop's webhook.
