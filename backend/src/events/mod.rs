@@ -197,7 +197,9 @@ impl Deliverer {
     pub async fn run(self, readiness: crate::readiness::Readiness, mut shutdown: watch::Receiver<bool>) {
         let mut stats_at = tokio::time::Instant::now();
         loop {
-            if !readiness.wait_dependencies(&mut shutdown).await {
+            // The outbox is all it needs: Redis being away must not hold
+            // back events already committed.
+            if !readiness.wait_database(&mut shutdown).await {
                 return;
             }
             let full = match self.deliver_once().await {
