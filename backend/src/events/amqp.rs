@@ -65,7 +65,7 @@ impl Amqp {
             }
         }
         if let Some((conn, _)) = link.take() {
-            let _ = conn.close(200, "reconnecting".into()).await;
+            self.close_apart(conn, "reconnecting");
         }
         let conn = Connection::connect(&self.config.url, ConnectionProperties::default()).await?;
         let channel = conn.create_channel().await?;
@@ -93,11 +93,22 @@ impl Amqp {
         };
         if result.is_err() {
             // The next attempt starts from a fresh connection.
-            if let Some((conn, _)) = self.link.lock().await.take() {
-                let _ = conn.close(200, "publish failed".into()).await;
+            let old = self.link.lock().await.take();
+            if let Some((conn, _)) = old {
+                self.close_apart(conn, "publish failed");
             }
         }
         result
+    }
+
+    /// Closes `conn` on a task of its own, bounded by the send timeout: a
+    /// broker that never answers the close must not hold the link (and so
+    /// every delivery) waiting.
+    fn close_apart(&self, conn: Connection, reason: &'static str) {
+        let timeout = self.config.timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, conn.close(200, reason.into())).await;
+        });
     }
 
     async fn publish(&self, event: &OutboxEvent) -> Result<(), AmqpError> {
