@@ -7,9 +7,10 @@
 //! the next one.
 //!
 //! The exchange routes by the routing key of the event type
-//! (`events.routing_key_*`); the shop binds its durable queue to it. A
-//! message no queue is bound for is dropped by the broker and still
-//! acked: bind the queue before the first event.
+//! (`events.routing_key_*`); the shop binds its durable queue to it. Each
+//! message is published `mandatory`: one that no queue is bound for comes
+//! back (acked, but returned) and counts as a failed attempt, so the event
+//! stays in the outbox until the shop binds its queue.
 
 use flashgate_common::config::AmqpConfig;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -28,6 +29,8 @@ pub enum AmqpError {
     Nack,
     #[error("amqp broker did not confirm in time")]
     Timeout,
+    #[error("amqp broker returned the message: no queue is bound for it ({code} {text})")]
+    Unroutable { code: u16, text: String },
 }
 
 /// A publisher to the configured exchange; connects on first use and
@@ -123,13 +126,16 @@ impl Amqp {
             .basic_publish(
                 self.config.exchange.as_str().into(),
                 self.routing_key(event.kind).into(),
-                BasicPublishOptions::default(),
+                BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() },
                 event.payload.as_bytes(),
                 properties,
             )
             .await?;
         match confirm.await? {
-            Confirmation::Ack(_) => Ok(()),
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) => {
+                Err(AmqpError::Unroutable { code: returned.reply_code, text: returned.reply_text.as_str().to_owned() })
+            }
             Confirmation::Nack(_) | Confirmation::NotRequested => Err(AmqpError::Nack),
         }
     }
