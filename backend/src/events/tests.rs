@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flashgate_common::config::{EventsConfig, WebhookConfig};
+use flashgate_common::config::{AmqpConfig, EventsConfig, WebhookConfig};
 use serde_json::Value;
 
 use super::*;
@@ -276,6 +276,44 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     );
     assert_eq!(metrics.events.delivered.with_label_values(&["webhook"]).get(), 1);
     assert_eq!(store.outbox_stats().await.unwrap(), crate::store::outbox::OutboxStats::default(), "delivered events leave the outbox");
+}
+
+#[tokio::test]
+async fn an_amqp_message_no_queue_takes_is_a_failed_attempt_and_stays_in_the_outbox() {
+    let store = Store::connect(&crate::testing::sqlite_url()).await.unwrap().with_order_events(true);
+    let metrics = crate::metrics::Metrics::register();
+    // A fresh exchange with no queue bound: the broker acks and returns.
+    let exchange = format!("flashgate.unbound.{:x}", rand::random::<u64>());
+    let mut config = config("http://127.0.0.1:9/unused", 10);
+    config.webhook = None;
+    config.amqp = Some(AmqpConfig {
+        url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+        timeout: Duration::from_secs(5),
+        exchange: exchange.clone(),
+        routing_key_created: "order.created".into(),
+        routing_key_paid: "order.paid".into(),
+        routing_key_cancelled: "order.cancelled".into(),
+    });
+    let deliverer = Deliverer::new(store.clone(), &config, metrics.events.clone()).unwrap();
+    let r = reservation(&unique("s"), "grace");
+    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+
+    let mut rounds = 0;
+    while metrics.events.failed_attempts.with_label_values(&["amqp"]).get() < 2 {
+        rounds += deliverer.deliver_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(rounds < 50, "no failed AMQP attempt");
+    }
+    assert_eq!(metrics.events.delivered.with_label_values(&["amqp"]).get(), 0);
+    assert_eq!(store.outbox_stats().await.unwrap().pending, 1, "the event stays in the outbox");
+    let left = store.claim_events("t", flashgate_common::now_ms() + 3_600_000, 60_000, 10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert!(left[0].attempts >= 2, "attempts rise: {}", left[0].attempts);
+    if let Some(amqp) = &deliverer.amqp {
+        if let Ok(channel) = amqp.channel().await {
+            let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
+        }
+    }
 }
 
 #[test]
