@@ -51,6 +51,12 @@ impl Amqp {
         Self { config, link: Mutex::new(None) }
     }
 
+    /// The longest one send takes (the close of a failed connection is
+    /// not waited for).
+    pub fn timeout(&self) -> std::time::Duration {
+        self.config.timeout
+    }
+
     fn routing_key(&self, kind: EventType) -> &str {
         match kind {
             EventType::Created => &self.config.routing_key_created,
@@ -60,7 +66,7 @@ impl Amqp {
     }
 
     /// A channel in confirm mode on a live connection, made if needed.
-    async fn channel(&self) -> Result<Channel, lapin::Error> {
+    pub(super) async fn channel(&self) -> Result<Channel, lapin::Error> {
         let mut link = self.link.lock().await;
         if let Some((conn, channel)) = link.as_ref() {
             if conn.status().connected() && channel.status().connected() {

@@ -36,8 +36,6 @@ use crate::store::{Store, StoreError};
 const SINK_WEBHOOK: u8 = 1;
 /// Bit of [`OutboxEvent::sinks_done`] for AMQP.
 const SINK_AMQP: u8 = 2;
-/// Events sent at once (each of another order).
-const CONCURRENCY: usize = 16;
 /// How often the backlog gauges are read from the database.
 const STATS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -119,10 +117,38 @@ impl Deliverer {
         // back by it.
         let owner = format!("d-{}", uuid::Uuid::new_v4().simple());
         let lease = i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX);
-        let events = self.store.claim_events(&owner, flashgate_common::now_ms(), lease, i64::from(self.config.batch_size)).await?;
+        let claimed_at = flashgate_common::now_ms();
+        let events = self.store.claim_events(&owner, claimed_at, lease, i64::from(self.config.batch_size)).await?;
         let claimed = events.len();
-        futures_util::stream::iter(events).for_each_concurrent(CONCURRENCY, |event| self.deliver(event, &owner)).await;
+        // The whole batch at once: no event waits behind another while its
+        // lease runs (the lease is validated against one delivery).
+        let lease_ends_ms = claimed_at.saturating_add(lease);
+        let concurrency = claimed.max(1);
+        let owner = owner.as_str();
+        futures_util::stream::iter(events)
+            .for_each_concurrent(concurrency, |event| async move {
+                if self.lease_left_for_a_delivery(lease_ends_ms) {
+                    self.deliver(event, owner).await;
+                } else {
+                    // The claim itself was slow: what is left of the lease
+                    // might run out mid-send and let another backend send
+                    // it too. Left claimed; taken again when the lease ends.
+                    tracing::warn!(event = %event.event_id, "order event lease too short to send it now; it waits for the next lease");
+                }
+            })
+            .await;
         Ok(claimed)
+    }
+
+    /// Whether a lease ending at `lease_ends_ms` covers one full delivery:
+    /// a send to each destination in turn, each bounded by its timeout,
+    /// and one more timeout for the database.
+    fn lease_left_for_a_delivery(&self, lease_ends_ms: i64) -> bool {
+        let timeouts = self.webhook.iter().map(|w| w.timeout()).chain(self.amqp.iter().map(|a| a.timeout()));
+        let longest = timeouts.clone().max().unwrap_or_default();
+        let needed = timeouts.sum::<Duration>() + longest;
+        let needed_ms = i64::try_from(needed.as_millis()).unwrap_or(i64::MAX);
+        flashgate_common::now_ms().saturating_add(needed_ms) <= lease_ends_ms
     }
 
     /// Sends one claimed event everywhere it has not gone yet, then deletes

@@ -31,6 +31,7 @@ pub struct Webhook {
     client: reqwest::Client,
     url: String,
     secret: String,
+    timeout: std::time::Duration,
 }
 
 impl Webhook {
@@ -38,7 +39,12 @@ impl Webhook {
     /// The HTTP client cannot be built (no TLS backend).
     pub fn new(config: &WebhookConfig) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder().timeout(config.timeout).redirect(reqwest::redirect::Policy::none()).build()?;
-        Ok(Self { client, url: config.url.clone(), secret: config.secret.clone() })
+        Ok(Self { client, url: config.url.clone(), secret: config.secret.clone(), timeout: config.timeout })
+    }
+
+    /// The longest one send takes.
+    pub fn timeout(&self) -> std::time::Duration {
+        self.timeout
     }
 
     /// Sends `event`, signed now.

@@ -48,7 +48,7 @@ impl Default for Events {
             backoff_max_ms: 300_000,
             poll_ms: 200,
             lease_ms: 60_000,
-            batch_size: 100,
+            batch_size: 16,
         }
     }
 }
@@ -99,7 +99,8 @@ pub struct EventsConfig {
     /// How long a deliverer holds the events it claimed before another
     /// backend may take them (a crashed deliverer's events wait this long).
     pub lease: Duration,
-    /// Events claimed per round.
+    /// Events claimed per round, all sent at once (each of another order):
+    /// none waits behind another while its lease runs.
     pub batch_size: u32,
 }
 
@@ -146,12 +147,20 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
         .between("events.backoff_max_ms", f.backoff_max_ms, f.backoff_initial_ms.clamp(10, MAX_BACKOFF_MS), MAX_BACKOFF_MS)
         .note("at least backoff_initial_ms");
     check.between("events.poll_ms", f.poll_ms, 10, 60_000);
-    // A lease shorter than one delivery (a webhook send and an AMQP publish,
-    // then the database) would let a second backend send an event the
-    // first is still sending.
-    let min_lease = f.send_timeout_ms.saturating_mul(3).clamp(1000, 3_600_000);
-    check.between("events.lease_ms", f.lease_ms, min_lease, 3_600_000).note("at least three times send_timeout_ms");
-    check.between("events.batch_size", f.batch_size, 1, 1000);
+    // A lease shorter than one delivery would let a second backend send an
+    // event the first is still sending. A round sends its whole batch at
+    // once (ceil(batch / concurrency) = 1 wave), each event to each
+    // destination in turn, each send bounded by send_timeout_ms: one
+    // delivery takes at most destinations × send_timeout_ms, plus one more
+    // send_timeout_ms for the claim, the database writes and clock skew
+    // between backends. The deliverer also skips an event whose remaining
+    // lease is under that (a slow claim), leaving it to the next lease.
+    let destinations = u64::from(f.webhook_url.is_some()) + u64::from(f.amqp_url.is_some());
+    let min_lease = f.send_timeout_ms.saturating_mul(destinations.max(1) + 1).clamp(1000, 3_600_000);
+    check
+        .between("events.lease_ms", f.lease_ms, min_lease, 3_600_000)
+        .note("at least send_timeout_ms × (destinations + 1)");
+    check.between("events.batch_size", f.batch_size, 1, 256);
     let secret = env.var(ENV_WEBHOOK_SECRET);
     let webhook = f.webhook_url.map(|url| {
         let secret = match crate::secret::required(ENV_WEBHOOK_SECRET, secret.as_deref()) {
