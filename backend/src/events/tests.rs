@@ -131,15 +131,28 @@ async fn concurrent_claims_never_share_an_event() {
         let store = store.clone().with_order_events(true);
         let sale_id = unique("s");
         let batch: Vec<_> = (0..60).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+        let batch_len = batch.len();
         store.insert_orders(&batch).await.unwrap();
         let now = flashgate_common::now_ms();
+        // Each claimer goes on until the four together hold as many claims
+        // as there are events (an empty claim may only mean another holds
+        // the rows' locks), or the deadline passes.
+        let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let claims: Vec<_> = (0..4)
             .map(|i| {
-                let store = store.clone();
+                let (store, taken) = (store.clone(), taken.clone());
                 tokio::spawn(async move {
                     let mut got = Vec::new();
-                    for round in 0..10 {
-                        got.extend(store.claim_events(&format!("c{i}-{round}"), now, 60_000, 7).await.unwrap());
+                    let mut round = 0;
+                    while taken.load(std::sync::atomic::Ordering::SeqCst) < batch_len && tokio::time::Instant::now() < deadline {
+                        let events = store.claim_events(&format!("c{i}-{round}"), now, 60_000, 7).await.unwrap();
+                        taken.fetch_add(events.len(), std::sync::atomic::Ordering::SeqCst);
+                        if events.is_empty() {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        got.extend(events);
+                        round += 1;
                     }
                     got
                 })
@@ -154,6 +167,7 @@ async fn concurrent_claims_never_share_an_event() {
         all.dedup();
         assert_eq!(all.len(), total, "{db}: an event was claimed twice");
         assert_eq!(total, 60, "{db}: every event was claimed");
+        assert!(store.claim_events("after", now, 60_000, 7).await.unwrap().is_empty(), "{db}: nothing left");
     }
 }
 
