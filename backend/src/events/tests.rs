@@ -34,6 +34,10 @@ async fn every_order_change_writes_its_event_with_the_change() {
         assert!(store.cancel_if_unpaid(&order_b.order_id).await.unwrap(), "{db}");
         assert!(!store.cancel_if_unpaid(&order_b.order_id).await.unwrap(), "{db}");
         assert!(matches!(store.pay(&order_b.order_id).await.unwrap(), Payment::Cancelled(_)), "{db}");
+        let cancelled_only: Vec<_> = store.order_events(&order_b.order_id).await.unwrap().iter().map(|e| e.kind).collect();
+        assert_eq!(cancelled_only, vec![EventType::Created], "{db}: no `cancelled` before the item is back");
+        store.mark_released(&order_b.order_id, flashgate_common::now_ms()).await.unwrap();
+        store.mark_released(&order_b.order_id, flashgate_common::now_ms()).await.unwrap();
 
         let events_a = store.order_events(&order_a.order_id).await.unwrap();
         let kinds: Vec<_> = events_a.iter().map(|e| (e.seq, e.kind)).collect();

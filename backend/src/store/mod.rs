@@ -437,8 +437,12 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
+    ///
+    /// Writes no event: `order.cancelled` says the item is back in the
+    /// sale's stock, so [`Store::mark_released`] writes it once it is.
     pub async fn cancel_if_unpaid(&self, order_id: &str) -> Result<bool, StoreError> {
-        self.change_status(sql::CANCEL_IF_CREATED, order_id, outbox::EventType::Cancelled).await
+        let done = sqlx::query(&self.sql(sql::CANCEL_IF_CREATED)).bind(order_id).execute(&self.pool).await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Runs the conditional status update `statement` on `order_id`; when it
@@ -511,12 +515,26 @@ impl Store {
         Ok(found)
     }
 
-    /// Records that the item of cancelled order `order_id` is back in Redis.
+    /// Records that the item of cancelled order `order_id` is back in Redis
+    /// (once: a later call changes nothing) and, when events are on, writes
+    /// `order.cancelled` in the same transaction, so the event is never
+    /// written before the item is back.
     ///
     /// # Errors
     /// A failed query.
     pub async fn mark_released(&self, order_id: &str, at_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(sql::MARK_RELEASED)).bind(at_ms).bind(order_id).execute(&self.pool).await?;
+        if !self.events {
+            sqlx::query(&self.sql(sql::MARK_RELEASED)).bind(at_ms).bind(order_id).execute(&self.pool).await?;
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(&self.sql(sql::MARK_RELEASED)).bind(at_ms).bind(order_id).execute(&mut *tx).await?;
+        if done.rows_affected() == 1 {
+            let row = sqlx::query(&self.sql(sql::ORDER_BY_ID)).bind(order_id).fetch_one(&mut *tx).await?;
+            let order = order_row(&row, false)?;
+            outbox::write(&mut tx, self.flavour, &[outbox::NewEvent::new(outbox::EventType::Cancelled, &order, at_ms)]).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 

@@ -75,8 +75,9 @@ struct Body<'a> {
     seq: i64,
     occurred_at_ms: i64,
     order: BodyOrder<'a>,
-    /// Whether the order's item went back to the sale's stock (true only
-    /// for `order.cancelled`).
+    /// Whether the order's item went back to the sale's stock: true only
+    /// for `order.cancelled`, which is written in the transaction that
+    /// records the return ([`crate::store::Store::mark_released`]).
     item_returned: bool,
 }
 

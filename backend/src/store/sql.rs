@@ -176,7 +176,7 @@ pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id
 pub const UNSETTLED_ORDERS: &str =
     "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
 
-pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
+pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2 AND released_at_ms IS NULL";
 
 /// Every order of a sale, for restores and reconciliation.
 pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms FROM orders WHERE sale_id = $1";
