@@ -39,6 +39,11 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   log "PostgreSQL is not answering on 127.0.0.1:5432; starting the local cluster"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
 fi
+# MariaDB for the drain into MySQL (installed and started as for the tests).
+if ! (exec 3<>/dev/tcp/127.0.0.1/3306) 2>/dev/null; then
+  log "MariaDB is not answering on 127.0.0.1:3306; installing/starting it"
+  bash "$(dirname "$0")/../deploy/local/install-deps.sh" --test
+fi
 
 log "building release binaries"
 "$CARGO" build --release -p flashgate -p flashgate-backend -p flashgate-bench --bins

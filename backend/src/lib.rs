@@ -11,8 +11,10 @@
 //! - [`api`]: the order API (for the gateway) and the admin API, with one
 //!   error-to-HTTP mapping in [`api::error`].
 //! - [`readiness`]: what the backend waits for; `GET /live`, `GET /ready`.
-//! - [`store`]: the SQL database (SQLite or PostgreSQL); [`store::schema`]
-//!   runs the migrations of `backend/migrations/<flavour>/` at start.
+//! - [`store`]: the SQL database (SQLite, PostgreSQL or MySQL/MariaDB);
+//!   [`store::schema`] runs the migrations of `backend/migrations/<flavour>/`
+//!   at start; [`store::outbox`] holds the order events for the shop.
+//! - [`events`]: delivers the outbox to the shop (signed webhook, AMQP).
 //! - [`stream::consumer`]: per-sale Redis Stream consumers;
 //!   [`stream::entry`] reads an entry back as a reservation.
 //! - [`stream::retention`]: trimming written entries, archiving finished sales.
@@ -40,6 +42,7 @@
 pub mod api;
 pub mod counted;
 pub mod error;
+pub mod events;
 pub mod fence;
 pub mod metrics;
 pub mod readiness;

@@ -37,6 +37,8 @@ pub struct Metrics {
     pub backlog: IntGaugeVec,
     pub stream_lag: IntGaugeVec,
     pub drift: IntGaugeVec,
+    /// Order events to the shop (`crate::events`).
+    pub events: crate::events::EventMetrics,
 }
 
 impl Metrics {
@@ -83,6 +85,7 @@ impl Metrics {
                 "reconcile_stock_drift",
                 "Sold in Redis minus live orders and in-flight reservations, at the last reconcile."
             )),
+            events: crate::events::EventMetrics::register(&registry),
             registry,
         }
     }

@@ -81,12 +81,13 @@ impl Readiness {
 
     /// Waits until the database and Redis answer; false if `shutdown` came first.
     pub async fn wait_dependencies(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
-        while !self.dependencies_ready() {
-            if sleep_or_stop(Duration::from_millis(100), shutdown).await {
-                return false;
-            }
-        }
-        true
+        wait_until(|| self.dependencies_ready(), shutdown).await
+    }
+
+    /// Waits until the database answers (for loops that need nothing else,
+    /// such as the order events deliverer); false if `shutdown` came first.
+    pub async fn wait_database(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        wait_until(|| self.0.database.is_ready(), shutdown).await
     }
 
     fn report(&self) -> serde_json::Value {
@@ -100,6 +101,16 @@ impl Readiness {
             "sales": self.0.sales.state().as_str(),
         })
     }
+}
+
+/// Polls `ready` until it holds; false if `shutdown` came first.
+async fn wait_until(ready: impl Fn() -> bool, shutdown: &mut watch::Receiver<bool>) -> bool {
+    while !ready() {
+        if sleep_or_stop(Duration::from_millis(100), shutdown).await {
+            return false;
+        }
+    }
+    true
 }
 
 /// What a failed database connection says about the database.

@@ -58,6 +58,8 @@ pub enum StartError {
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
+    #[error(transparent)]
+    Events(#[from] crate::events::EventsError),
 }
 
 impl From<TokenError> for StartError {
@@ -171,6 +173,7 @@ async fn start_and_run(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), StartError> {
     let Some(store) = connect_store(&config.backend.database_url, readiness, &mut shutdown).await else { return Ok(()) };
+    let store = store.with_order_events(config.events.enabled());
     let Some(redis) = connect_redis(config, readiness, &mut shutdown).await else {
         store.close().await;
         return Ok(());
@@ -185,11 +188,18 @@ async fn start_and_run(
         readiness: Some(readiness.clone()),
         ..consumer::Settings::new(&config.redis, &config.backend, state.metrics.clone())
     };
+    // Order events to the shop, when a destination is configured.
+    let deliverer = config
+        .events
+        .enabled()
+        .then(|| crate::events::Deliverer::new(store.clone(), &config.events, state.metrics.events.clone()))
+        .transpose()?;
     let _ = order_api.set(order_router(state.clone()));
     let _ = admin_api.set(admin_router(state.clone()));
     tracing::info!("backend ready");
 
     let consumers = tokio::spawn(consumer::run(store.clone(), settings, shutdown.clone()));
+    let events = deliverer.map(|d| tokio::spawn(d.run(readiness.clone(), shutdown.clone())));
     let backend = &config.backend;
     let background = [
         tokio::spawn(readiness::monitor(readiness.clone(), store.clone(), redis.clone(), shutdown.clone())),
@@ -229,7 +239,7 @@ async fn start_and_run(
     if let Err(error) = consumers.await {
         tracing::error!(%error, "stream consumers panicked");
     }
-    for task in background {
+    for task in background.into_iter().chain(events) {
         if let Err(error) = task.await {
             tracing::error!(%error, "a background loop panicked");
         }

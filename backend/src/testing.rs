@@ -1,7 +1,8 @@
 //! Test fixtures: real services, never mocks. Each test starts its own
 //! `redis-server` on a free port and uses its own SQLite file; PostgreSQL
 //! is a schema of the shared `test` database (see [`postgres_url`]), shared
-//! by the tests, so ids carry a random suffix.
+//! by the tests, so ids carry a random suffix; MySQL (MariaDB) is a fresh
+//! database per test, dropped after it ([`MysqlDatabase`]).
 
 use std::time::Duration;
 
@@ -43,11 +44,159 @@ pub fn sqlite_url() -> String {
     format!("sqlite://{}", path.display())
 }
 
-/// Both databases, each as a connected store.
-pub async fn stores() -> Vec<(&'static str, Store)> {
+/// The MySQL (MariaDB) server the tests use: root, no password.
+pub const MYSQL_SERVER: &str = "mysql://root@127.0.0.1:3306";
+
+/// A database of its own on [`MYSQL_SERVER`], dropped with this value.
+pub struct MysqlDatabase {
+    name: String,
+    pub url: String,
+}
+
+/// Test databases older than this are leftovers of killed runs: dropped
+/// by the next test that creates one.
+const MYSQL_LEFTOVER_SECONDS: u64 = 3600;
+
+impl MysqlDatabase {
+    /// Creates `flashgate_t_<unix seconds>_<random>`, dropping leftovers.
+    pub async fn create() -> Self {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let name = format!("flashgate_t_{now}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let mut conn = sqlx::AnyConnection::connect(MYSQL_SERVER)
+            .await
+            .expect("MariaDB on 127.0.0.1:3306 (deploy/local/install-deps.sh --test starts it)");
+        let rows = sqlx::query("SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata WHERE schema_name LIKE 'flashgate_t_%'")
+            .fetch_all(&mut conn)
+            .await
+            .expect("list test databases");
+        for row in rows {
+            let old: String = sqlx::Row::try_get(&row, 0).expect("database name");
+            let made: Option<u64> = old.strip_prefix("flashgate_t_").and_then(|r| r.split('_').next()).and_then(|t| t.parse().ok());
+            if made.is_some_and(|t| t + MYSQL_LEFTOVER_SECONDS < now) {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS `{old}`")).execute(&mut conn).await;
+            }
+        }
+        sqlx::query(&format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
+            .execute(&mut conn)
+            .await
+            .expect("create the test database");
+        conn.close().await.ok();
+        let url = format!("{MYSQL_SERVER}/{name}");
+        Self { name, url }
+    }
+}
+
+impl Drop for MysqlDatabase {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.name);
+        // Drop runs inside the test's runtime, which cannot be blocked on:
+        // the database is dropped from a thread with a runtime of its own.
+        let dropper = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            runtime.block_on(async move {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::AnyConnection::connect(MYSQL_SERVER).await {
+                    // A connection still in a transaction on it must not hang the test.
+                    let _ = sqlx::query("SET SESSION lock_wait_timeout = 5").execute(&mut conn).await;
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
+                    let _ = conn.close().await;
+                }
+            });
+        });
+        let _ = dropper.join();
+    }
+}
+
+/// A PostgreSQL schema of one test's own in the shared `test` database,
+/// dropped with this value: for tests that look at whole tables.
+pub struct PostgresSchema {
+    name: String,
+    pub url: String,
+}
+
+impl PostgresSchema {
+    pub async fn create() -> Self {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        let name = unique("flashgate_own_");
+        let mut conn = sqlx::AnyConnection::connect(POSTGRES_URL).await.expect("postgres (is it running?)");
+        sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&mut conn).await.expect("create a test schema");
+        conn.close().await.ok();
+        Self { url: format!("{POSTGRES_URL}?options[search_path]={name}"), name }
+    }
+}
+
+impl Drop for PostgresSchema {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.name);
+        let dropper = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            runtime.block_on(async move {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::AnyConnection::connect(POSTGRES_URL).await {
+                    let _ = sqlx::query("SET lock_timeout = '5s'").execute(&mut conn).await;
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).execute(&mut conn).await;
+                    let _ = conn.close().await;
+                }
+            });
+        });
+        let _ = dropper.join();
+    }
+}
+
+/// A store on a test database, which it keeps alive (MySQL, and a
+/// PostgreSQL schema of its own: dropped after).
+pub struct TestStore {
+    store: Store,
+    _mysql: Option<MysqlDatabase>,
+    _postgres: Option<PostgresSchema>,
+}
+
+impl std::ops::Deref for TestStore {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// A store on a fresh MySQL database.
+pub async fn mysql_store() -> TestStore {
+    let db = MysqlDatabase::create().await;
+    let store = Store::connect(&db.url).await.expect("mysql store (is MariaDB running?)");
+    TestStore { store, _mysql: Some(db), _postgres: None }
+}
+
+/// Every database, each with nothing but what the test writes (a fresh
+/// SQLite file, PostgreSQL schema and MySQL database).
+pub async fn isolated_stores() -> Vec<(&'static str, TestStore)> {
+    let schema = PostgresSchema::create().await;
+    let postgres = Store::connect(&schema.url).await.expect("postgres store (is it running?)");
     vec![
-        ("sqlite", Store::connect(&sqlite_url()).await.expect("sqlite store")),
-        ("postgres", Store::connect(&postgres_url().await).await.expect("postgres store (is it running?)")),
+        ("sqlite", TestStore { store: Store::connect(&sqlite_url()).await.expect("sqlite store"), _mysql: None, _postgres: None }),
+        ("postgres", TestStore { store: postgres, _mysql: None, _postgres: Some(schema) }),
+        ("mysql", mysql_store().await),
+    ]
+}
+
+/// Every database, each as a connected store.
+pub async fn stores() -> Vec<(&'static str, TestStore)> {
+    vec![
+        ("sqlite", TestStore { store: Store::connect(&sqlite_url()).await.expect("sqlite store"), _mysql: None, _postgres: None }),
+        (
+            "postgres",
+            TestStore {
+                store: Store::connect(&postgres_url().await).await.expect("postgres store (is it running?)"),
+                _mysql: None,
+                _postgres: None,
+            },
+        ),
+        ("mysql", mysql_store().await),
     ]
 }
 

@@ -73,6 +73,10 @@ struct RunArgs {
     pg_url: String,
     #[arg(long, default_value = "flashgate_bench")]
     db_name: String,
+    /// MySQL/MariaDB server for the drain into MySQL (a database
+    /// `flashgate_bench` is made there); empty to skip it.
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306")]
+    mysql_url: String,
     /// Skip the peers' redis-evalsha ceiling.
     #[arg(long)]
     no_evalsha: bool,
@@ -179,6 +183,7 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
         bin_dir: std::fs::canonicalize(&a.bin_dir).map_err(|e| anyhow::anyhow!("bin dir {}: {e}", a.bin_dir.display()))?,
         out_dir: out_dir.clone(),
         pg_url: a.pg_url,
+        mysql_url: Some(a.mysql_url).filter(|u| !u.is_empty()),
         db_name: a.db_name,
         evalsha: !a.no_evalsha,
         evalsha_n_p1: a.evalsha_n_p1,

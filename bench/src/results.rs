@@ -113,6 +113,8 @@ pub struct Results {
     pub open_rate: f64,
     pub rounds: Vec<RoundResult>,
     pub drain: Option<Drain>,
+    /// The same drain into MySQL/MariaDB.
+    pub drain_mysql: Option<Drain>,
     pub evalsha: Vec<String>,
     pub profiles: Vec<Profile>,
     pub perf_available: bool,

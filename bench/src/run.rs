@@ -43,6 +43,9 @@ pub struct Settings {
     pub out_dir: PathBuf,
     /// Server to create the bench database on (its `postgres` database).
     pub pg_url: String,
+    /// MySQL/MariaDB server (no database in the URL) for a second drain,
+    /// into a database of the bench's own; `None`: that drain is skipped.
+    pub mysql_url: Option<String>,
     pub db_name: String,
     pub evalsha: bool,
     pub evalsha_n_p1: u64,
@@ -190,11 +193,20 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     }
 
     let drain = if s.drain_orders > 0 {
-        let d = measure_drain(&mut ctx, "drain", s.drain_orders, None).await?;
+        let counter = OrderCounter::Postgres(ctx.pg.clone());
+        let d = measure_drain(&mut ctx, "drain", s.drain_orders, None, &counter).await?;
         eprintln!("bench: drain {} orders in {:.2}s = {:.0}/s (ok={})", d.orders, d.total_s, d.rate(), d.ok);
         Some(d)
     } else {
         None
+    };
+    let drain_mysql = match (&s.mysql_url, s.drain_orders) {
+        (Some(url), n) if n > 0 => {
+            let d = mysql_drain(&mut ctx, url, n, &mut machine).await.context("the MySQL drain")?;
+            eprintln!("bench: drain into MySQL {} orders in {:.2}s = {:.0}/s (ok={})", d.orders, d.total_s, d.rate(), d.ok);
+            Some(d)
+        }
+        _ => None,
     };
 
     let mut results = Results {
@@ -203,6 +215,7 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         open_rate,
         rounds,
         drain,
+        drain_mysql,
         evalsha: Vec::new(),
         profiles: Vec::new(),
         perf_available: perf_available(),
@@ -227,7 +240,8 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         if missed("drain") {
             let n = (s.drain_orders / 3).max(1000);
             let mut lines = Vec::new();
-            measure_drain(&mut ctx, "drain-profiled", n, Some(&mut lines)).await?;
+            let counter = OrderCounter::Postgres(ctx.pg.clone());
+            measure_drain(&mut ctx, "drain-profiled", n, Some(&mut lines), &counter).await?;
             results.profiles.push(Profile { what: format!("backend draining {n} preloaded reservations (perf, self time)"), lines });
         }
     }
@@ -595,7 +609,13 @@ async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: 
 /// format, then times a freshly started backend turning them into orders.
 /// With `profile`, the backend runs under `perf record` and its top frames
 /// are put there.
-async fn measure_drain(ctx: &mut Ctx, sale: &str, n: usize, profile: Option<&mut Vec<String>>) -> anyhow::Result<Drain> {
+async fn measure_drain(
+    ctx: &mut Ctx,
+    sale: &str,
+    n: usize,
+    profile: Option<&mut Vec<String>>,
+    counter: &OrderCounter,
+) -> anyhow::Result<Drain> {
     ctx.fg.put_sale(sale, n as i64, 1).await?;
     ctx.fg.stop_backend();
     let keys = SaleKeys::new(sale);
@@ -639,7 +659,7 @@ async fn measure_drain(ctx: &mut Ctx, sale: &str, n: usize, profile: Option<&mut
     let mut first: Option<Instant> = None;
     let deadline = t0 + Duration::from_secs(180);
     let count = loop {
-        let (c,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE sale_id = $1").bind(sale).fetch_one(&ctx.pg).await?;
+        let c = counter.count(sale).await?;
         if c > 0 && first.is_none() {
             first = Some(Instant::now());
         }
@@ -663,6 +683,59 @@ async fn measure_drain(ctx: &mut Ctx, sale: &str, n: usize, profile: Option<&mut
         backend_cpu_s,
         ok: count as usize == n,
     })
+}
+
+/// Where a drain's orders are counted.
+enum OrderCounter {
+    Postgres(sqlx::PgPool),
+    Mysql(sqlx::AnyPool),
+}
+
+impl OrderCounter {
+    async fn count(&self, sale: &str) -> anyhow::Result<i64> {
+        const COUNT: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = ";
+        Ok(match self {
+            Self::Postgres(pg) => sqlx::query_as::<_, (i64,)>(&format!("{COUNT}$1")).bind(sale).fetch_one(pg).await?.0,
+            Self::Mysql(my) => sqlx::query_as::<_, (i64,)>(&format!("{COUNT}?")).bind(sale).fetch_one(my).await?.0,
+        })
+    }
+}
+
+/// The backend drain again, into a fresh MySQL/MariaDB database on
+/// `server` (`flashgate_bench`, dropped after): the backend is restarted on
+/// it (`FLASHGATE_DATABASE_URL`), drains, and goes back to PostgreSQL.
+async fn mysql_drain(ctx: &mut Ctx, server: &str, n: usize, machine: &mut Machine) -> anyhow::Result<Drain> {
+    sqlx::any::install_default_drivers();
+    let server = server.trim_end_matches('/');
+    let admin = sqlx::AnyPool::connect(server).await.with_context(|| format!("connect {server}"))?;
+    if let Ok(row) = sqlx::query("SELECT CAST(VERSION() AS CHAR)").fetch_one(&admin).await {
+        machine.versions.push(("MySQL/MariaDB".into(), sqlx::Row::try_get::<String, _>(&row, 0).unwrap_or_default()));
+    }
+    let db = "flashgate_bench";
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db}")).execute(&admin).await?;
+    sqlx::query(&format!("CREATE DATABASE {db} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")).execute(&admin).await?;
+    let url = format!("{server}/{db}");
+    ctx.fg.stop_backend();
+    ctx.fg.database_override = Some(url.clone());
+    let result = async {
+        ctx.fg.start_backend().await?;
+        // Migrating the new database comes first: the admin API answers 503 until then.
+        let ready = format!("http://{}/ready", ctx.fg.backend_addr);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ctx.fg.http.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
+            anyhow::ensure!(Instant::now() < deadline, "the backend on MySQL did not get ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let counter = OrderCounter::Mysql(sqlx::AnyPool::connect(&url).await?);
+        measure_drain(ctx, "drain-mysql", n, None, &counter).await
+    }
+    .await;
+    ctx.fg.stop_backend();
+    ctx.fg.database_override = None;
+    ctx.fg.start_backend().await?;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db}")).execute(&admin).await;
+    admin.close().await;
+    result
 }
 
 fn perf_available() -> bool {

@@ -142,6 +142,9 @@ pub struct Flashgate {
     bin_dir: PathBuf,
     dir: PathBuf,
     pub http: reqwest::Client,
+    /// `FLASHGATE_DATABASE_URL` of the next backend start, instead of the
+    /// file's database (the MySQL drain).
+    pub database_override: Option<String>,
 }
 
 /// How the Flashgate side is set up.
@@ -252,6 +255,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             bin_dir: opts.bin_dir.clone(),
             dir: dir.to_owned(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
+            database_override: None,
         };
         fg.start_backend().await?;
         if !wait_port(gateway_addr, Duration::from_secs(30)).await {
@@ -297,6 +301,9 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             .env("RUST_LOG", "warn")
             .stdout(out)
             .stderr(err);
+        if let Some(url) = &self.database_override {
+            cmd.env("FLASHGATE_DATABASE_URL", url);
+        }
         Ok(cmd)
     }
 

@@ -8,7 +8,9 @@
 # package-lock.json) for the sale page's browser test; promtool and
 # docker-compose (client only) for the metrics and deploy-file checks; and a
 # PostgreSQL server answering on 127.0.0.1:5432 with a database `test` (the
-# backend's store tests use it).
+# backend's store tests use it); a MariaDB server answering on 127.0.0.1:3306
+# to root without a password (the store tests make a database each) and a
+# RabbitMQ server on 127.0.0.1:5672 with guest/guest (the order events test).
 set -euo pipefail
 
 want=()
@@ -28,6 +30,8 @@ if $testing; then
   command -v node >/dev/null || want+=(nodejs)
   command -v npm >/dev/null || want+=(npm)
   command -v pg_ctlcluster >/dev/null || want+=(postgresql)
+  command -v mariadbd >/dev/null || command -v mysqld >/dev/null || want+=(mariadb-server)
+  command -v rabbitmq-server >/dev/null || want+=(rabbitmq-server)
 fi
 
 sudo_() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
@@ -55,4 +59,22 @@ if $testing; then
   fi
   psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 \
     || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
+fi
+
+# MariaDB and RabbitMQ for the tests: started when nothing answers on their
+# ports (a machine that runs them as services already has them up).
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if $testing; then
+  if ! port_open 3306; then
+    sudo_ service mariadb start >/dev/null
+    for _ in $(seq 100); do port_open 3306 && break; sleep 0.2; done
+  fi
+  # Local test server only: root over loopback TCP without a password.
+  if ! mariadb -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1; then
+    sudo_ mariadb -u root -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY ''; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; FLUSH PRIVILEGES;"
+  fi
+  if ! port_open 5672; then
+    sudo_ service rabbitmq-server start >/dev/null
+    for _ in $(seq 150); do port_open 5672 && break; sleep 0.2; done
+  fi
 fi

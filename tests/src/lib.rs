@@ -24,7 +24,7 @@ pub mod pki;
 pub mod stack;
 
 pub use client::{buy, buy_all, get_json, random_user, token, token_with, try_buy, wait_ready, Attempt, Outcome};
-pub use db::{db_order_rows, db_orders, OrderRow};
+pub use db::{db_order_rows, db_orders, MysqlDatabase, OrderRow};
 pub use flashgate_testkit::*;
 pub use stack::{redis_toml, spawn_as, Deployment, Early, RedisMode, SaleInRedis, Stack, StackOptions};
 
@@ -40,3 +40,6 @@ pub const INTERNAL_TOKEN: &str = "test-internal-token-gateways-to-backend-0001";
 pub const CHALLENGE_SECRET: &str = "test-challenge-secret-not-for-production-01";
 /// Token the test shop presents to confirm payments.
 pub const SHOP_TOKEN: &str = "test-shop-token-payments-to-backend-000001";
+/// Key the test backends sign order event webhooks with (used only by
+/// stacks whose config sets `events.webhook_url`).
+pub const WEBHOOK_SECRET: &str = "test-webhook-secret-not-for-production-001";

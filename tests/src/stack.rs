@@ -371,6 +371,7 @@ pub fn spawn_as(dir: &Path, config_path: &Path, binary: &str, name: &'static str
         .env("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)
         .env("FLASHGATE_SHOP_TOKEN", SHOP_TOKEN)
         .env("FLASHGATE_CHALLENGE_SECRET", CHALLENGE_SECRET)
+        .env("FLASHGATE_WEBHOOK_SECRET", crate::WEBHOOK_SECRET)
         .env("RUST_LOG", "info")
         .stdout(log.try_clone().unwrap())
         .stderr(log)

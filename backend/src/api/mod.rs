@@ -20,10 +20,13 @@
 //!   - `GET /admin/sales/{id}/dead-letters`
 //!   - `POST /admin/sales/{id}/dead-letters/{entry_id}/retry`
 //!   - `POST /admin/sales/{id}/reconcile`
+//!   - `GET /admin/events/dead`, `POST /admin/events/{event_id}/retry`
+//!     (order events given up on: [`events`])
 
 pub mod admin;
 pub mod auth;
 pub mod error;
+pub mod events;
 pub mod orders;
 
 use std::sync::Arc;
@@ -105,6 +108,8 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/admin/sales/{id}/pause", post(admin::pause))
         .route("/admin/sales/{id}/resume", post(admin::resume))
         .route("/admin/switch", put(admin::switch))
+        .route("/admin/events/dead", get(events::dead))
+        .route("/admin/events/{event_id}/retry", post(events::retry))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
         .layer(axum::middleware::from_fn_with_state(state.tokens.admin.clone(), auth::require))

@@ -2,15 +2,23 @@
 //!
 //! Redis holds the hot counters; this store holds what must survive Redis.
 //! One [`Store`] handle (a cloneable pool) serves SQLite, the default for a
-//! single box, and PostgreSQL, through sqlx's `Any` driver, so every query
-//! here is written once in the SQL both accept (`$N` placeholders,
-//! `ON CONFLICT ... DO NOTHING`). The store tests run the same body against
-//! both databases to keep it that way. The schema is kept by sqlx
+//! single box, PostgreSQL and MySQL/MariaDB, through sqlx's `Any` driver, so
+//! every query here is written once in the SQL SQLite and PostgreSQL accept
+//! (`$N` placeholders, `ON CONFLICT ... DO NOTHING`) and rewritten for
+//! MySQL by [`sql::dialect`]. The store tests run the same body against
+//! all three databases to keep it that way. The schema is kept by sqlx
 //! migrations, one directory per database flavour ([`schema`]).
+//!
+//! With order events on ([`Store::with_order_events`]), every change of an
+//! order (created, paid, cancelled) writes its event to the outbox in the
+//! same transaction ([`outbox`]).
 
+pub mod outbox;
 mod sale_lock;
 pub mod schema;
 mod sql;
+
+use std::borrow::Cow;
 
 use std::path::Path;
 
@@ -52,6 +60,8 @@ const MAX_ROWS_PER_INSERT: usize = 2000;
 pub struct Store {
     pool: AnyPool,
     flavour: Flavour,
+    /// Whether order changes write their events to the outbox.
+    events: bool,
 }
 
 /// Order status as stored in `orders.status`.
@@ -103,11 +113,21 @@ impl Store {
         let flavour = Flavour::of(database_url);
         let url = match flavour {
             Flavour::Sqlite => prepare_sqlite(database_url)?,
-            Flavour::Postgres => database_url.to_owned(),
+            Flavour::Postgres | Flavour::Mysql => database_url.to_owned(),
         };
         let pool = AnyPoolOptions::new()
             .max_connections(if flavour == Flavour::Sqlite { 4 } else { 10 })
             .acquire_timeout(std::time::Duration::from_secs(5))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if flavour == Flavour::Mysql {
+                        for statement in sql::MYSQL_SESSION {
+                            sqlx::query(statement).execute(&mut *conn).await?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
             .connect(&url)
             .await
             .map_err(StoreError::Connect)?;
@@ -116,7 +136,26 @@ impl Store {
             sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await.map_err(StoreError::Wal)?;
         }
         schema::migrate(&pool, flavour).await?;
-        Ok(Self { pool, flavour })
+        Ok(Self { pool, flavour, events: false })
+    }
+
+    /// This store with order events written to the outbox (`on`) or not.
+    /// Every backend on one database must agree: an order changed by a
+    /// backend with events off has no event.
+    #[must_use]
+    pub fn with_order_events(mut self, on: bool) -> Self {
+        self.events = on;
+        self
+    }
+
+    /// The database flavour behind this store.
+    pub fn flavour(&self) -> Flavour {
+        self.flavour
+    }
+
+    /// `text` in this database's dialect (see [`sql::dialect`]).
+    fn sql<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        sql::dialect(self.flavour, text)
     }
 
     /// Answers whether the database responds to a trivial query.
@@ -142,17 +181,11 @@ impl Store {
         if reservations.is_empty() {
             return Ok(0);
         }
-        let now = flashgate_common::now_ms();
         let sorted = in_lock_order(reservations);
         let mut tx = self.pool.begin().await?;
-        let mut inserted = 0;
-        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
-            let statement = sql::insert_orders(chunk.len());
-            let query = bind_orders(&statement, chunk, now);
-            inserted += query.execute(&mut *tx).await?.rows_affected();
-        }
+        let created = self.insert_in(&mut tx, &sorted).await?;
         tx.commit().await?;
-        Ok(inserted)
+        Ok(created.len() as u64)
     }
 
     /// The order made from reservation `reservation_id`, if any.
@@ -160,7 +193,7 @@ impl Store {
     /// # Errors
     /// A failed query or an unknown status value in the row.
     pub async fn order_by_reservation(&self, reservation_id: &str) -> Result<Option<OrderView>, StoreError> {
-        let row = sqlx::query(sql::ORDER_BY_RESERVATION).bind(reservation_id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::ORDER_BY_RESERVATION)).bind(reservation_id).fetch_optional(&self.pool).await?;
         row.as_ref().map(order_view).transpose()
     }
 
@@ -169,7 +202,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn count_live_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
-        let row = sqlx::query(sql::COUNT_LIVE_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::COUNT_LIVE_ORDERS)).bind(sale_id).fetch_one(&self.pool).await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
 
@@ -182,7 +215,16 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn insert_sale_if_absent(&self, spec: &SaleSpec) -> Result<bool, StoreError> {
-        let done = bind_sale(sqlx::query(sql::INSERT_SALE_IF_ABSENT), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
+        if self.flavour == Flavour::Mysql {
+            let done = bind_sale(sqlx::query(&self.sql(sql::INSERT_SALE)), spec, flashgate_common::now_ms()).execute(&self.pool).await;
+            return match done {
+                Ok(_) => Ok(true),
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let done =
+            bind_sale(sqlx::query(&self.sql(sql::INSERT_SALE_IF_ABSENT)), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -191,7 +233,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn upsert_sale(&self, spec: &SaleSpec) -> Result<(), StoreError> {
-        bind_sale(sqlx::query(sql::UPSERT_SALE), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
+        bind_sale(sqlx::query(&self.sql(sql::UPSERT_SALE)), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -202,7 +244,7 @@ impl Store {
     /// # Errors
     /// No connection could be taken from the pool.
     pub async fn begin_sale_write(&self) -> Result<SaleWrite, StoreError> {
-        Ok(SaleWrite { tx: self.pool.begin().await? })
+        Ok(SaleWrite { tx: self.pool.begin().await?, flavour: self.flavour })
     }
 
     /// The sale `id`, if known.
@@ -210,7 +252,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sale(&self, id: &str) -> Result<Option<SaleSpec>, StoreError> {
-        let row = sqlx::query(sql::SALE_BY_ID).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::SALE_BY_ID)).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(sale_from_row).transpose()
     }
 
@@ -219,7 +261,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sales(&self) -> Result<Vec<SaleSpec>, StoreError> {
-        let rows = sqlx::query(sql::ALL_SALES).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(sql::ALL_SALES)).fetch_all(&self.pool).await?;
         rows.iter().map(sale_from_row).collect()
     }
 }
@@ -251,16 +293,27 @@ pub enum Payment {
 /// race, rather than being refused for its data: SQLite `BUSY`, `LOCKED`
 /// and `BUSY_SNAPSHOT`; PostgreSQL `lock_not_available` (a hold's
 /// `lock_timeout`), `serialization_failure`, `deadlock_detected`,
-/// `query_canceled`. Retried like an unreachable database, never counted
-/// against an entry.
+/// `query_canceled`; MySQL's deadlock (SQLSTATE `40001`). Retried like an
+/// unreachable database, never counted against an entry.
 const WAITED_TOO_LONG: &[&str] = &["5", "6", "517", "55P03", "40001", "40P01", "57014"];
+
+/// MySQL error numbers of the same kind, whose SQLSTATE (`HY000`, `70100`,
+/// `08S01`) is too general to tell: 1205 lock wait timeout, 1213 deadlock,
+/// 1969 statement timeout (MariaDB `max_statement_time`), 3024 statement
+/// timeout (MySQL `max_execution_time`), 1317 query interrupted (`KILL
+/// QUERY`), 1927 connection killed (MariaDB), 1053 server shutting down.
+const MYSQL_WAITED_TOO_LONG: &[u16] = &[1053, 1205, 1213, 1317, 1927, 1969, 3024];
 
 impl StoreError {
     /// Whether the database answered with an error about this statement
     /// (a constraint, a trigger, bad data), as opposed to being unreachable.
     pub fn is_rejection(&self) -> bool {
         match self {
-            StoreError::Query(sqlx::Error::Database(e)) => !e.code().is_some_and(|c| WAITED_TOO_LONG.contains(&c.as_ref())),
+            StoreError::Query(sqlx::Error::Database(e)) => {
+                let mysql_wait =
+                    e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| MYSQL_WAITED_TOO_LONG.contains(&m.number()));
+                !mysql_wait && !e.code().is_some_and(|c| WAITED_TOO_LONG.contains(&c.as_ref()))
+            }
             _ => false,
         }
     }
@@ -272,7 +325,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_payment_timeout(&self, id: &str, seconds: i64) -> Result<(), StoreError> {
-        sqlx::query(sql::SET_PAYMENT_TIMEOUT).bind(seconds).bind(id).execute(&self.pool).await?;
+        sqlx::query(&self.sql(sql::SET_PAYMENT_TIMEOUT)).bind(seconds).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -281,7 +334,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn payment_timeout(&self, id: &str) -> Result<Option<i64>, StoreError> {
-        let row = sqlx::query(sql::PAYMENT_TIMEOUT).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::PAYMENT_TIMEOUT)).bind(id).fetch_optional(&self.pool).await?;
         Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
     }
 
@@ -292,7 +345,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_sale_paused(&self, id: &str, paused: bool) -> Result<bool, StoreError> {
-        let done = sqlx::query(sql::SET_SALE_PAUSED).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(&self.sql(sql::SET_SALE_PAUSED)).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -303,7 +356,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sale_paused(&self, id: &str) -> Result<Option<bool>, StoreError> {
-        let row = sqlx::query(sql::SALE_PAUSED).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::SALE_PAUSED)).bind(id).fetch_optional(&self.pool).await?;
         Ok(row.map(|r| r.try_get::<Option<i64>, _>(0)).transpose()?.flatten().map(|p| p != 0))
     }
 
@@ -312,7 +365,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sale_pauses(&self) -> Result<Vec<(String, Option<bool>)>, StoreError> {
-        let rows = sqlx::query(sql::SALE_PAUSES).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(sql::SALE_PAUSES)).fetch_all(&self.pool).await?;
         rows.iter().map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Option<i64>, _>(1)?.map(|p| p != 0)))).collect()
     }
 
@@ -323,7 +376,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn adopt_sale_paused(&self, id: &str, paused: bool) -> Result<bool, StoreError> {
-        let done = sqlx::query(sql::ADOPT_SALE_PAUSED).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(&self.sql(sql::ADOPT_SALE_PAUSED)).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -332,7 +385,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_all_paused(&self, paused: bool) -> Result<(), StoreError> {
-        sqlx::query(sql::SET_SETTING).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
+        sqlx::query(&self.sql(sql::SET_SETTING)).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -342,7 +395,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn adopt_all_paused(&self, paused: bool) -> Result<(), StoreError> {
-        sqlx::query(sql::ADOPT_SETTING).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
+        sqlx::query(&self.sql(sql::ADOPT_SETTING)).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -351,7 +404,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn all_paused(&self) -> Result<Option<bool>, StoreError> {
-        let row = sqlx::query(sql::SETTING).bind(sql::SWITCH_SETTING).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::SETTING)).bind(sql::SWITCH_SETTING).fetch_optional(&self.pool).await?;
         Ok(row.map(|r| r.try_get::<String, _>(0)).transpose()?.map(|v| v == "paused"))
     }
 
@@ -360,7 +413,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn order(&self, order_id: &str) -> Result<Option<OrderRow>, StoreError> {
-        let row = sqlx::query(sql::ORDER_BY_ID).bind(order_id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::ORDER_BY_ID)).bind(order_id).fetch_optional(&self.pool).await?;
         row.as_ref().map(|r| order_row(r, false)).transpose()
     }
 
@@ -371,7 +424,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn pay(&self, order_id: &str) -> Result<Payment, StoreError> {
-        sqlx::query(sql::PAY_IF_CREATED).bind(order_id).execute(&self.pool).await?;
+        self.change_status(sql::PAY_IF_CREATED, order_id, outbox::EventType::Paid).await?;
         Ok(match self.order(order_id).await? {
             Some(o) if o.status == OrderStatus::Paid => Payment::Paid(o),
             Some(o) => Payment::Cancelled(o),
@@ -384,9 +437,33 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
+    ///
+    /// Writes no event: `order.cancelled` says the item is back in the
+    /// sale's stock, so [`Store::mark_released`] writes it once it is.
     pub async fn cancel_if_unpaid(&self, order_id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(sql::CANCEL_IF_CREATED).bind(order_id).execute(&self.pool).await?;
+        let done = sqlx::query(&self.sql(sql::CANCEL_IF_CREATED)).bind(order_id).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Runs the conditional status update `statement` on `order_id`; when it
+    /// changed the row and events are on, writes the event `kind` in the
+    /// same transaction. Answers whether the row changed.
+    async fn change_status(&self, statement: &str, order_id: &str, kind: outbox::EventType) -> Result<bool, StoreError> {
+        if !self.events {
+            let done = sqlx::query(&self.sql(statement)).bind(order_id).execute(&self.pool).await?;
+            return Ok(done.rows_affected() == 1);
+        }
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(&self.sql(statement)).bind(order_id).execute(&mut *tx).await?;
+        let changed = done.rows_affected() == 1;
+        if changed {
+            let row = sqlx::query(&self.sql(sql::ORDER_BY_ID)).bind(order_id).fetch_one(&mut *tx).await?;
+            let order = order_row(&row, false)?;
+            let event = outbox::NewEvent::new(kind, &order, flashgate_common::now_ms());
+            outbox::write(&mut tx, self.flavour, &[event]).await?;
+        }
+        tx.commit().await?;
+        Ok(changed)
     }
 
     /// Up to `limit` unpaid orders whose sale's payment timeout passed at `now_ms`.
@@ -394,7 +471,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn expired_orders(&self, now_ms: i64, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
-        let rows = sqlx::query(sql::EXPIRED_ORDERS).bind(now_ms).bind(limit).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(sql::EXPIRED_ORDERS)).bind(now_ms).bind(limit).fetch_all(&self.pool).await?;
         order_rows(&rows, OrderStatus::Created)
     }
 
@@ -404,7 +481,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn unreleased_cancelled(&self, after: &str, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
-        let rows = sqlx::query(sql::UNRELEASED_CANCELLED).bind(after).bind(limit).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(sql::UNRELEASED_CANCELLED)).bind(after).bind(limit).fetch_all(&self.pool).await?;
         order_rows(&rows, OrderStatus::Cancelled)
     }
 
@@ -413,7 +490,7 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn unsettled_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
-        let row = sqlx::query(sql::UNSETTLED_ORDERS).bind(sale_id).fetch_one(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::UNSETTLED_ORDERS)).bind(sale_id).fetch_one(&self.pool).await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
 
@@ -426,6 +503,7 @@ impl Store {
         let mut found = std::collections::HashSet::new();
         for chunk in reservation_ids.chunks(MAX_ROWS_PER_INSERT) {
             let statement = sql::orders_by_reservations(chunk.len());
+            let statement = self.sql(&statement);
             let mut query = sqlx::query(&statement);
             for rid in chunk {
                 query = query.bind(*rid);
@@ -437,12 +515,26 @@ impl Store {
         Ok(found)
     }
 
-    /// Records that the item of cancelled order `order_id` is back in Redis.
+    /// Records that the item of cancelled order `order_id` is back in Redis
+    /// (once: a later call changes nothing) and, when events are on, writes
+    /// `order.cancelled` in the same transaction, so the event is never
+    /// written before the item is back.
     ///
     /// # Errors
     /// A failed query.
     pub async fn mark_released(&self, order_id: &str, at_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(sql::MARK_RELEASED).bind(at_ms).bind(order_id).execute(&self.pool).await?;
+        if !self.events {
+            sqlx::query(&self.sql(sql::MARK_RELEASED)).bind(at_ms).bind(order_id).execute(&self.pool).await?;
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(&self.sql(sql::MARK_RELEASED)).bind(at_ms).bind(order_id).execute(&mut *tx).await?;
+        if done.rows_affected() == 1 {
+            let row = sqlx::query(&self.sql(sql::ORDER_BY_ID)).bind(order_id).fetch_one(&mut *tx).await?;
+            let order = order_row(&row, false)?;
+            outbox::write(&mut tx, self.flavour, &[outbox::NewEvent::new(outbox::EventType::Cancelled, &order, at_ms)]).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -451,7 +543,7 @@ impl Store {
     /// # Errors
     /// A failed query or an unknown status.
     pub async fn sale_orders(&self, sale_id: &str) -> Result<Vec<OrderRow>, StoreError> {
-        let rows = sqlx::query(sql::SALE_ORDERS).bind(sale_id).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(sql::SALE_ORDERS)).bind(sale_id).fetch_all(&self.pool).await?;
         rows.iter().map(|r| order_row(r, true)).collect()
     }
 
@@ -463,6 +555,7 @@ impl Store {
         let probe = async {
             let mut tx = self.pool.begin().await?;
             let statement = sql::insert_orders(1);
+            let statement = self.sql(&statement);
             sqlx::query(&statement)
                 .bind(new_order_id())
                 .bind(format!("probe.{}", uuid::Uuid::new_v4().simple()))
@@ -495,6 +588,7 @@ fn order_row(row: &AnyRow, with_released: bool) -> Result<OrderRow, StoreError> 
 /// [`SaleWrite::commit`], it rolls back.
 pub struct SaleWrite {
     tx: sqlx::Transaction<'static, sqlx::Any>,
+    flavour: Flavour,
 }
 
 impl SaleWrite {
@@ -503,7 +597,7 @@ impl SaleWrite {
     /// # Errors
     /// A failed query.
     pub async fn upsert(&mut self, spec: &SaleSpec) -> Result<(), StoreError> {
-        bind_sale(sqlx::query(sql::UPSERT_SALE), spec, flashgate_common::now_ms()).execute(&mut *self.tx).await?;
+        bind_sale(sqlx::query(&self.sql(sql::UPSERT_SALE)), spec, flashgate_common::now_ms()).execute(&mut *self.tx).await?;
         Ok(())
     }
 
@@ -512,7 +606,7 @@ impl SaleWrite {
     /// # Errors
     /// A failed query.
     pub async fn set_payment_timeout(&mut self, id: &str, seconds: i64) -> Result<(), StoreError> {
-        sqlx::query(sql::SET_PAYMENT_TIMEOUT).bind(seconds).bind(id).execute(&mut *self.tx).await?;
+        sqlx::query(&self.sql(sql::SET_PAYMENT_TIMEOUT)).bind(seconds).bind(id).execute(&mut *self.tx).await?;
         Ok(())
     }
 
@@ -522,6 +616,10 @@ impl SaleWrite {
     /// The commit failed; nothing was written.
     pub async fn commit(self) -> Result<(), StoreError> {
         Ok(self.tx.commit().await?)
+    }
+
+    fn sql<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        sql::dialect(self.flavour, text)
     }
 }
 
@@ -575,6 +673,55 @@ fn prepare_sqlite(url: &str) -> Result<String, StoreError> {
     })
 }
 
+impl Store {
+    /// Inserts `sorted` (see [`in_lock_order`]) inside `tx`, skipping
+    /// reservations that already have an order, and writes the
+    /// `order.created` event of each new order when events are on.
+    /// Answers the reservation ids that got an order from this call.
+    async fn insert_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        sorted: &[&Reservation],
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        let now = flashgate_common::now_ms();
+        let mut created = std::collections::HashSet::new();
+        let mut events = Vec::new();
+        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
+            let order_ids: Vec<String> = chunk.iter().map(|_| new_order_id()).collect();
+            let mut new_here = std::collections::HashSet::new();
+            if self.flavour == Flavour::Mysql {
+                // No `INSERT ... RETURNING` through sqlx on MySQL: the rows
+                // this call made are the ones holding the order ids it chose.
+                let statement = self.sql(&sql::insert_orders(chunk.len())).into_owned();
+                bind_orders(&statement, chunk, &order_ids, now).execute(&mut **tx).await?;
+                let select = self.sql(&sql::orders_by_ids(order_ids.len())).into_owned();
+                let mut query = sqlx::query(&select);
+                for id in &order_ids {
+                    query = query.bind(id.as_str());
+                }
+                for row in query.fetch_all(&mut **tx).await? {
+                    new_here.insert(row.try_get::<String, _>("reservation_id")?);
+                }
+            } else {
+                let statement = sql::insert_orders_returning(chunk.len());
+                for row in bind_orders(&statement, chunk, &order_ids, now).fetch_all(&mut **tx).await? {
+                    new_here.insert(row.try_get::<String, _>("reservation_id")?);
+                }
+            }
+            if self.events {
+                for (r, order_id) in chunk.iter().zip(&order_ids) {
+                    if new_here.contains(&r.reservation_id) {
+                        events.push(outbox::NewEvent::created(r, order_id, now));
+                    }
+                }
+            }
+            created.extend(new_here);
+        }
+        outbox::write(tx, self.flavour, &events).await?;
+        Ok(created)
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -621,17 +768,18 @@ fn in_lock_order(reservations: &[Reservation]) -> Vec<&Reservation> {
     sorted
 }
 
-/// An order insert statement with the rows of `chunk` bound, each with a
-/// new order id, in the column order of [`sql::insert_orders`].
+/// An order insert statement with the rows of `chunk` bound, each with its
+/// new order id from `order_ids`, in the column order of [`sql::insert_orders`].
 fn bind_orders<'q>(
     statement: &'q str,
     chunk: &[&'q Reservation],
+    order_ids: &'q [String],
     now: i64,
 ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
     let mut query = sqlx::query(statement);
-    for r in chunk {
+    for (r, order_id) in chunk.iter().zip(order_ids) {
         query = query
-            .bind(new_order_id())
+            .bind(order_id.as_str())
             .bind(r.reservation_id.as_str())
             .bind(r.sale_id.as_str())
             .bind(r.user_id.as_str())

@@ -12,7 +12,9 @@
 //! Redis counts them all. Either the write commits first and the re-sync
 //! reads it, or the write checks its reservations in the re-synced Redis.
 //!
-//! PostgreSQL: `SELECT ... FOR SHARE` and `FOR UPDATE` on the `sales` row.
+//! PostgreSQL: `SELECT ... FOR SHARE` and `FOR UPDATE` on the `sales` row;
+//! MySQL: `LOCK IN SHARE MODE` and `FOR UPDATE` (read committed and a 5 s
+//! lock wait, set on each connection: `sql::MYSQL_SESSION`).
 //! SQLite has one writer at a time: both take the write lock at once with
 //! a write that changes nothing, which serialises them (and every other
 //! write) for as long as they last.
@@ -22,18 +24,20 @@ use sqlx::Row;
 
 use flashgate_common::sale::SaleSpec;
 
-use super::{bind_orders, in_lock_order, order_row, sale_from_row, sql, Flavour, OrderRow, Store, StoreError, MAX_ROWS_PER_INSERT};
+use super::{in_lock_order, order_row, sale_from_row, sql, Flavour, OrderRow, Store, StoreError};
 
 /// Orders being written while their sales are held shared; dropped
 /// without [`OrderWrite::commit`], nothing is written.
 pub struct OrderWrite {
     tx: sqlx::Transaction<'static, sqlx::Any>,
+    store: Store,
 }
 
 /// A sale held exclusively while Redis is made to agree with its orders;
 /// dropped without [`SaleResync::commit`], the hold ends all the same.
 pub struct SaleResync {
     tx: sqlx::Transaction<'static, sqlx::Any>,
+    flavour: Flavour,
 }
 
 /// One order as a re-sync needs it: the row and its Idempotency-Key.
@@ -58,9 +62,9 @@ impl Store {
         ids.dedup();
         let mut tx = self.begin_held().await?;
         for id in ids {
-            sqlx::query(self.lock_statement(false)).bind(id).execute(&mut *tx).await?;
+            sqlx::query(&self.sql(self.lock_statement(false))).bind(id).execute(&mut *tx).await?;
         }
-        Ok(OrderWrite { tx })
+        Ok(OrderWrite { tx, store: self.clone() })
     }
 
     /// Opens a transaction that holds sale `sale_id` exclusively: no order
@@ -70,8 +74,8 @@ impl Store {
     /// A failed statement, or a lock not granted in time.
     pub async fn begin_resync(&self, sale_id: &str) -> Result<SaleResync, StoreError> {
         let mut tx = self.begin_held().await?;
-        sqlx::query(self.lock_statement(true)).bind(sale_id).execute(&mut *tx).await?;
-        Ok(SaleResync { tx })
+        sqlx::query(&self.sql(self.lock_statement(true))).bind(sale_id).execute(&mut *tx).await?;
+        Ok(SaleResync { tx, flavour: self.flavour })
     }
 
     /// A transaction for a hold. On PostgreSQL: read committed whatever the
@@ -90,7 +94,8 @@ impl Store {
     fn lock_statement(&self, exclusive: bool) -> &'static str {
         match (self.flavour, exclusive) {
             (Flavour::Postgres, false) => sql::HOLD_SALE_SHARED,
-            (Flavour::Postgres, true) => sql::HOLD_SALE_EXCLUSIVE,
+            (Flavour::Postgres | Flavour::Mysql, true) => sql::HOLD_SALE_EXCLUSIVE,
+            (Flavour::Mysql, false) => sql::HOLD_SALE_SHARED_MYSQL,
             (Flavour::Sqlite, _) => sql::TAKE_WRITE_LOCK,
         }
     }
@@ -103,16 +108,8 @@ impl OrderWrite {
     /// # Errors
     /// A failed statement; the transaction is then unusable.
     pub async fn insert(&mut self, reservations: &[Reservation]) -> Result<std::collections::HashSet<String>, StoreError> {
-        let now = flashgate_common::now_ms();
-        let mut created = std::collections::HashSet::new();
         let sorted = in_lock_order(reservations);
-        for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
-            let statement = sql::insert_orders_returning(chunk.len());
-            for row in bind_orders(&statement, chunk, now).fetch_all(&mut *self.tx).await? {
-                created.insert(row.try_get::<String, _>("reservation_id")?);
-            }
-        }
-        Ok(created)
+        self.store.insert_in(&mut self.tx, &sorted).await
     }
 
     /// Makes the orders visible and ends the hold.
@@ -131,7 +128,7 @@ impl SaleResync {
     /// # Errors
     /// A failed query or an unknown status.
     pub async fn orders(&mut self, sale_id: &str) -> Result<Vec<SyncedOrder>, StoreError> {
-        let rows = sqlx::query(sql::SALE_ORDERS_WITH_KEYS).bind(sale_id).fetch_all(&mut *self.tx).await?;
+        let rows = sqlx::query(&sql::dialect(self.flavour, sql::SALE_ORDERS_WITH_KEYS)).bind(sale_id).fetch_all(&mut *self.tx).await?;
         rows.iter()
             .map(|r| {
                 Ok(SyncedOrder {
@@ -149,7 +146,7 @@ impl SaleResync {
     /// # Errors
     /// A failed query.
     pub async fn sale(&mut self, sale_id: &str) -> Result<Option<SaleSpec>, StoreError> {
-        let row = sqlx::query(sql::SALE_BY_ID).bind(sale_id).fetch_optional(&mut *self.tx).await?;
+        let row = sqlx::query(&sql::dialect(self.flavour, sql::SALE_BY_ID)).bind(sale_id).fetch_optional(&mut *self.tx).await?;
         row.as_ref().map(sale_from_row).transpose()
     }
 

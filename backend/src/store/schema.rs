@@ -9,9 +9,13 @@
 //! lack some columns: PostgreSQL migrations add them with
 //! `ADD COLUMN IF NOT EXISTS`; SQLite has no such statement, so
 //! [`adopt_sqlite`] adds them before the migrations run, once, on a database
-//! no migration has touched yet. A new flavour (MySQL is planned) is one
-//! more directory and one more [`Flavour`]; it has no database from before
-//! migrations to adopt.
+//! no migration has touched yet. MySQL (and MariaDB) came later: its first
+//! migration is the schema of the release that brought it, with no database
+//! from before migrations to adopt.
+//!
+//! Migration versions are shared across flavours: version N means the same
+//! change in every directory (`0020_order_events.sql` is the order events
+//! outbox everywhere).
 //!
 //! Migrations must be additive (new tables, new nullable or defaulted
 //! columns), because during a rolling upgrade backends of the old release
@@ -26,14 +30,19 @@ use sqlx::{AnyConnection, AnyPool, Row};
 pub enum Flavour {
     Sqlite,
     Postgres,
+    /// MySQL 8 or MariaDB 10.6 and later (`mysql://` URLs).
+    Mysql,
 }
 
 impl Flavour {
-    /// The flavour of a `sqlite:...` or `postgres://...` URL. Any other URL
-    /// is taken for PostgreSQL, whose driver then says what is wrong with it.
+    /// The flavour of a `sqlite:...`, `mysql://...` or `postgres://...` URL.
+    /// Any other URL is taken for PostgreSQL, whose driver then says what
+    /// is wrong with it.
     pub fn of(database_url: &str) -> Self {
         if database_url.starts_with("sqlite:") {
             Flavour::Sqlite
+        } else if database_url.starts_with("mysql:") {
+            Flavour::Mysql
         } else {
             Flavour::Postgres
         }
@@ -43,6 +52,7 @@ impl Flavour {
         match self {
             Flavour::Sqlite => &SQLITE,
             Flavour::Postgres => &POSTGRES,
+            Flavour::Mysql => &MYSQL,
         }
     }
 }
@@ -51,6 +61,7 @@ impl Flavour {
 /// this one (see the module doc).
 static SQLITE: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/sqlite") };
 static POSTGRES: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/postgres") };
+static MYSQL: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/mysql") };
 
 /// Why the schema could not be brought up to date.
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +74,8 @@ pub enum SchemaError {
 
 /// Brings the database behind `pool` up to the newest migration of its
 /// flavour, adopting one made before migrations (see the module doc).
-/// Safe with several processes: sqlx serialises PostgreSQL migrations with
-/// an advisory lock; on SQLite a process that loses a race fails and the
+/// Safe with several processes: sqlx serialises PostgreSQL and MySQL
+/// migrations with an advisory lock (`pg_advisory_lock`, `GET_LOCK`); on SQLite a process that loses a race fails and the
 /// caller's retry finds the work done.
 ///
 /// # Errors
@@ -135,9 +146,13 @@ mod tests {
     /// database records these when migrated; a migration edited after its
     /// release no longer matches and sqlx refuses to start on that
     /// database. Change the schema with a new migration, and add it here.
-    const RELEASED: [(Flavour, i64, &str); 2] = [
+    const RELEASED: [(Flavour, i64, &str); 6] = [
         (Flavour::Sqlite, 1, "7d6d00ea98fffefdcac48871128528e3ed19b1de2c1f3c021cde9bd6540432bdb847de154f04abbdc9d6abacdef34c2b"),
         (Flavour::Postgres, 1, "cd0e16000e22cecf975de9dc1f0be5770a9f96bbff806d292cd75dbc6b2a22afa0ed7ae3080af1f3c7a927b63bb0efce"),
+        (Flavour::Mysql, 1, "2de7d9126c8633f100f8dd75b55cf377d9eb3ee1c79642e8c602a26037604c13fd0e9511e1220a95d93c987bcaf4c838"),
+        (Flavour::Sqlite, 20, "36bfc66e4be2d5fe7eea832ff1de4ac5491c516cb8a7596102820e04576402cf36fcd1fc931100428112e3300f9969ee"),
+        (Flavour::Postgres, 20, "36bfc66e4be2d5fe7eea832ff1de4ac5491c516cb8a7596102820e04576402cf36fcd1fc931100428112e3300f9969ee"),
+        (Flavour::Mysql, 20, "8ad69cf325350e795e7a083866b1dc458dc09be8c741da5a5fec58561f04f999145cea91e534fdef2ed2276e739bc3a1"),
     ];
 
     #[test]

@@ -1,7 +1,75 @@
-//! The SQL text of the store's queries, kept apart so the dialect both
-//! databases must accept is visible in one place: `$N` placeholders,
+//! The SQL text of the store's queries, kept apart so the dialect every
+//! database must accept is visible in one place: `$N` placeholders,
 //! `BIGINT`, and `ON CONFLICT ... DO NOTHING / DO UPDATE`. The schema is
 //! in the migrations (see [`super::schema`]).
+//!
+//! MySQL speaks another dialect for two of these: placeholders are `?`, and
+//! an upsert is `ON DUPLICATE KEY UPDATE`. [`dialect`] rewrites the text
+//! written here for it, mechanically (`$N` in increasing order become `?`;
+//! `DO NOTHING` becomes a no-op update of the conflict column, never
+//! `INSERT IGNORE`, which would also swallow errors about the data), so
+//! every query is still written once. The few queries MySQL cannot take at
+//! all (`RETURNING`, `FOR SHARE`) have their own versions in the callers.
+
+use std::borrow::Cow;
+
+use super::Flavour;
+
+/// `text` in the dialect of `flavour` (see the module doc).
+pub fn dialect(flavour: Flavour, text: &str) -> Cow<'_, str> {
+    match flavour {
+        Flavour::Sqlite | Flavour::Postgres => Cow::Borrowed(text),
+        Flavour::Mysql => Cow::Owned(placeholders(&upserts(text))),
+    }
+}
+
+/// `ON CONFLICT (c) DO NOTHING` as `ON DUPLICATE KEY UPDATE c = c`, and
+/// `ON CONFLICT (c) DO UPDATE SET a = excluded.a` as
+/// `ON DUPLICATE KEY UPDATE a = VALUES(a)`.
+fn upserts(text: &str) -> Cow<'_, str> {
+    let Some((head, tail)) = text.split_once(" ON CONFLICT (") else {
+        return Cow::Borrowed(text);
+    };
+    let Some((column, action)) = tail.split_once(") ") else {
+        return Cow::Borrowed(text);
+    };
+    if let Some(rest) = action.strip_prefix("DO NOTHING") {
+        return Cow::Owned(format!("{head} ON DUPLICATE KEY UPDATE {column} = {column}{rest}"));
+    }
+    let Some(sets) = action.strip_prefix("DO UPDATE SET ") else {
+        return Cow::Borrowed(text);
+    };
+    let mut out = format!("{head} ON DUPLICATE KEY UPDATE ");
+    let mut rest = sets;
+    while let Some(at) = rest.find("excluded.") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "excluded.".len()..];
+        let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+        out.push_str(&format!("VALUES({})", &after[..end]));
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// Every `$N` as `?`. MySQL binds by position, so the text must use
+/// `$1, $2, ...` in that order, each once (every query here does; a test
+/// checks them all).
+fn placeholders(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
 
 /// Columns bound per order row by [`insert_orders`].
 const ORDER_PARAMS: usize = 7;
@@ -27,9 +95,16 @@ pub fn insert_orders(rows: usize) -> String {
     sql
 }
 
-/// [`insert_orders`] that returns the reservation id of each row it created.
+/// [`insert_orders`] that returns the reservation id of each row it created
+/// (SQLite and PostgreSQL; MySQL reads them back with [`orders_by_ids`]).
 pub fn insert_orders_returning(rows: usize) -> String {
     insert_orders(rows) + " RETURNING reservation_id"
+}
+
+/// `SELECT` of the reservation ids of `n` order ids (`$1..$n`).
+pub fn orders_by_ids(n: usize) -> String {
+    let params: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+    format!("SELECT reservation_id FROM orders WHERE order_id IN ({})", params.join(", "))
 }
 
 /// `SELECT` of the orders of `n` reservation ids (`$1..$n`).
@@ -43,6 +118,11 @@ pub const ORDER_BY_RESERVATION: &str = "SELECT order_id, reservation_id, sale_id
 pub const COUNT_LIVE_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
 
 pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused) VALUES ($1, $2, $3, $4, $5, $6, $7, 0) ON CONFLICT (id) DO NOTHING";
+
+/// MySQL: [`INSERT_SALE_IF_ABSENT`] without the upsert, whose affected-rows
+/// count (sqlx asks for found rows) cannot tell a new row from an old one;
+/// the caller takes a duplicate-key error for "already there".
+pub const INSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused) VALUES ($1, $2, $3, $4, $5, $6, $7, 0)";
 
 /// Keeps `created_at_ms` and `paused` of an existing row.
 pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused) VALUES ($1, $2, $3, $4, $5, $6, $7, 0) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms";
@@ -96,7 +176,7 @@ pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id
 pub const UNSETTLED_ORDERS: &str =
     "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
 
-pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2";
+pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2 AND released_at_ms IS NULL";
 
 /// Every order of a sale, for restores and reconciliation.
 pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms FROM orders WHERE sale_id = $1";
@@ -117,12 +197,96 @@ pub const HOLD_SALE_SHARED: &str = "SELECT id FROM sales WHERE id = $1 FOR SHARE
 /// PostgreSQL: holds a sale's row against order writes while it is re-synced.
 pub const HOLD_SALE_EXCLUSIVE: &str = "SELECT id FROM sales WHERE id = $1 FOR UPDATE";
 
+/// MySQL: holds a sale's row against a re-sync while orders are written
+/// (MariaDB 10.11 has no `FOR SHARE`).
+pub const HOLD_SALE_SHARED_MYSQL: &str = "SELECT id FROM sales WHERE id = $1 LOCK IN SHARE MODE";
+
+/// MySQL, on every new connection: read committed like PostgreSQL (so a
+/// re-sync that waited for a write reads it, and inserts take no gap
+/// locks), and a wait for a row lock gives up after 5 s.
+/// (Two statements: MySQL 8 and MariaDB name the isolation variable
+/// differently, and `SET TRANSACTION` cannot be combined with others.)
+pub const MYSQL_SESSION: &[&str] = &["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION innodb_lock_wait_timeout = 5"];
+
 /// SQLite: a write that changes nothing, to take the database's one write
 /// lock at the start of a transaction (SQLite's `BEGIN` defers it).
 pub const TAKE_WRITE_LOCK: &str = "UPDATE sales SET id = id WHERE id = $1";
 
+/// Panics unless `text` numbers its placeholders `$1, $2, ...` in order,
+/// each once: MySQL binds by position.
+#[cfg(test)]
+pub(super) fn assert_placeholders_in_order(text: &str) {
+    let mut expected = 1;
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
+        assert_eq!(digits, expected.to_string(), "MySQL binds by position: {text}");
+        expected += 1;
+        rest = &rest[at + 1 + digits.len()..];
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Every fixed query, for the dialect checks.
+    const ALL: &[&str] = &[
+        ORDER_BY_RESERVATION,
+        COUNT_LIVE_ORDERS,
+        INSERT_SALE_IF_ABSENT,
+        INSERT_SALE,
+        UPSERT_SALE,
+        SALE_BY_ID,
+        ALL_SALES,
+        SET_PAYMENT_TIMEOUT,
+        SET_SALE_PAUSED,
+        SALE_PAUSED,
+        SALE_PAUSES,
+        ADOPT_SALE_PAUSED,
+        SETTING,
+        ADOPT_SETTING,
+        SET_SETTING,
+        PAYMENT_TIMEOUT,
+        ORDER_BY_ID,
+        PAY_IF_CREATED,
+        CANCEL_IF_CREATED,
+        EXPIRED_ORDERS,
+        UNRELEASED_CANCELLED,
+        UNSETTLED_ORDERS,
+        MARK_RELEASED,
+        SALE_ORDERS,
+        SALE_ORDERS_WITH_KEYS,
+        HOLD_SALE_SHARED_MYSQL,
+        HOLD_SALE_EXCLUSIVE,
+    ];
+
+    #[test]
+    fn every_query_numbers_its_placeholders_in_binding_order() {
+        for text in ALL {
+            assert_placeholders_in_order(text);
+        }
+    }
+
+    #[test]
+    fn mysql_gets_question_marks_and_duplicate_key_updates() {
+        assert_eq!(dialect(Flavour::Mysql, SET_PAYMENT_TIMEOUT), "UPDATE sales SET payment_timeout_seconds = ? WHERE id = ?");
+        assert_eq!(
+            dialect(Flavour::Mysql, ADOPT_SETTING),
+            "INSERT INTO settings (name, value) VALUES (?, ?) ON DUPLICATE KEY UPDATE name = name"
+        );
+        assert_eq!(
+            dialect(Flavour::Mysql, SET_SETTING),
+            "INSERT INTO settings (name, value) VALUES (?, ?) ON DUPLICATE KEY UPDATE value = VALUES(value)"
+        );
+        let upsert = dialect(Flavour::Mysql, UPSERT_SALE);
+        assert!(upsert.ends_with("ON DUPLICATE KEY UPDATE name = VALUES(name), stock = VALUES(stock), per_user_limit = VALUES(per_user_limit), starts_at_ms = VALUES(starts_at_ms), ends_at_ms = VALUES(ends_at_ms)"), "{upsert}");
+        let insert = dialect(Flavour::Mysql, &insert_orders(2)).into_owned();
+        assert!(insert.ends_with("(?, ?, ?, ?, ?, ?, ?, 'created') ON DUPLICATE KEY UPDATE reservation_id = reservation_id"), "{insert}");
+        assert!(!insert.contains('$') && !insert.contains("IGNORE"), "{insert}");
+        assert_eq!(dialect(Flavour::Postgres, SET_SETTING), SET_SETTING);
+    }
+
     #[test]
     fn insert_statement_numbers_every_parameter_once() {
         let sql = super::insert_orders(2);

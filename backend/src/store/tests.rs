@@ -1,4 +1,4 @@
-//! Every test body runs against SQLite and PostgreSQL.
+//! Every test body runs against SQLite, PostgreSQL and MySQL (MariaDB).
 
 use flashgate_common::reservation::ReservationStatus;
 
@@ -292,4 +292,41 @@ async fn pauses_a_database_never_recorded_are_taken_once_and_never_over_an_opera
     store.adopt_all_paused(true).await.unwrap();
     store.adopt_all_paused(false).await.unwrap();
     assert_eq!(store.all_paused().await.unwrap(), Some(true), "taken once");
+}
+
+#[tokio::test]
+async fn mysql_lock_waits_and_deadlocks_are_retried_and_bad_data_is_a_rejection() {
+    let store = crate::testing::mysql_store().await;
+    let (a, b) = (unique("s"), unique("s"));
+    store.upsert_sale(&sale(&a, 5)).await.unwrap();
+    store.upsert_sale(&sale(&b, 5)).await.unwrap();
+
+    // A re-sync holds sale `a`: an order write on it waits 5 s
+    // (innodb_lock_wait_timeout, error 1205) and is retried, not refused.
+    let resync = store.begin_resync(&a).await.unwrap();
+    let waited = store.begin_order_write(&[&a]).await.err().expect("the hold must time out");
+    assert!(!waited.is_rejection(), "{waited}");
+    drop(resync);
+
+    // Two transactions taking `a` and `b` in opposite orders: InnoDB breaks
+    // the cycle at once with 1213 (deadlock), also retried.
+    let lock = |id: &str| format!("SELECT id FROM sales WHERE id = '{id}' FOR UPDATE");
+    let mut one = store.pool.begin().await.unwrap();
+    let mut two = store.pool.begin().await.unwrap();
+    sqlx::query(&lock(&a)).execute(&mut *one).await.unwrap();
+    sqlx::query(&lock(&b)).execute(&mut *two).await.unwrap();
+    let (lock_a, lock_b) = (lock(&a), lock(&b));
+    let (first, second) = tokio::join!(sqlx::query(&lock_b).execute(&mut *one), async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        sqlx::query(&lock_a).execute(&mut *two).await
+    });
+    let deadlock = first.err().or(second.err()).map(StoreError::Query).expect("one side is chosen as the deadlock victim");
+    assert!(!deadlock.is_rejection(), "{deadlock}");
+    drop((one, two));
+
+    // A value the schema refuses (strict mode: too long) is the entry's fault.
+    let mut long = reservation(&a, "x");
+    long.user_id = "u".repeat(300);
+    let refused = store.insert_orders(&[long]).await.expect_err("a 300-character user id does not fit");
+    assert!(refused.is_rejection(), "{refused}");
 }

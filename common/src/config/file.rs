@@ -35,6 +35,8 @@ pub struct File {
     pub shop: Shop,
     pub pages: Pages,
     pub challenge: Challenge,
+    /// Order events to the shop (`super::events`).
+    pub events: super::events::Events,
     pub sales: Vec<Sale>,
 }
 

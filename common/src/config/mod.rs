@@ -28,14 +28,16 @@ use std::path::{Path, PathBuf};
 
 mod check;
 mod env;
+mod events;
 pub mod file;
 mod settings;
 mod validate;
 
 pub use env::{
     Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL,
-    ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_XDG_RUNTIME_DIR,
+    ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
+pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,

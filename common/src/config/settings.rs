@@ -39,6 +39,8 @@ pub struct Config {
     /// for length when set, required by the gateway when challenges are on.
     pub challenge_secret: Option<String>,
     pub backend: BackendConfig,
+    /// Order events to the shop; off unless a destination is set.
+    pub events: super::events::EventsConfig,
     /// Sales declared in the file; preheated only when absent from Redis.
     pub sales: Vec<SaleSpec>,
     /// Payment timeout of each sale in [`Config::sales`], by sale id.

@@ -30,6 +30,8 @@ const OPTIONAL_KEYS: &[&str] = &[
     "redis.master_name",
     "gateway.tls.cert_file",
     "gateway.tls.key_file",
+    "events.webhook_url",
+    "events.amqp_url",
 ];
 
 #[test]

@@ -71,6 +71,7 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         challenge: challenge(&mut check, f.challenge, idempotency_ttl_seconds),
         challenge_secret: challenge_secret(&mut check, env),
         backend: backend(&mut check, f.backend, env),
+        events: super::events::events(&mut check, f.events, env),
         payment_timeouts: payment_timeouts(&mut check, &f.sales),
         sales: sales(&mut check, &f.sales, now_ms),
     };
@@ -347,9 +348,9 @@ fn challenge_secret(check: &mut Check, env: &dyn Env) -> Option<String> {
 fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig {
     let database_url = env.var(ENV_DATABASE_URL).unwrap_or(f.database_url);
     check.that(
-        ["sqlite:", "postgres://", "postgresql://"].iter().any(|scheme| database_url.starts_with(scheme)),
+        ["sqlite:", "postgres://", "postgresql://", "mysql://"].iter().any(|scheme| database_url.starts_with(scheme)),
         "backend.database_url",
-        "must be a sqlite: or postgres:// URL",
+        "must be a sqlite:, postgres:// or mysql:// URL",
     );
     check.between("backend.batch_size", f.batch_size, 1, 10_000);
     check.between("backend.block_ms", f.block_ms, 1, 60_000);

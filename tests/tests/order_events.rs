@@ -1,0 +1,423 @@
+//! Order events to the shop, end to end: real stacks over loopback send
+//! `order.created`, `order.paid` and `order.cancelled` to a real HTTP
+//! receiver that fails at random (seeded) and to RabbitMQ; every order's
+//! events arrive, in order per order, across a backend killed with
+//! SIGKILL, and a repeated event carries the id and bytes it had.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flashgate_tests::{random_user, MysqlDatabase, Stack, StackOptions, WEBHOOK_SECRET};
+use hmac::{Hmac, Mac};
+use rand::{Rng, SeedableRng};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+struct Delivery {
+    event_id: String,
+    body: String,
+    /// Whether the receiver answered 2xx (took it).
+    accepted: bool,
+    /// Whether the signature verified (the documented algorithm).
+    signed: bool,
+    timestamp: String,
+    signature: String,
+    /// Taken (stored) but answered only after the backend's
+    /// `send_timeout_ms`: the backend counts it failed and sends it again.
+    late: bool,
+}
+
+/// A webhook receiver on 127.0.0.1:0 that verifies every request as
+/// docs/EVENTS.md tells a shop to, fails a share of them at random (seeded),
+/// and records them all in arrival order.
+struct Receiver {
+    url: String,
+    log: Arc<Mutex<Vec<Delivery>>>,
+    /// Share of requests answered 503, in percent.
+    failing: Arc<Mutex<u32>>,
+    /// Armed: the next request taken is answered only 3 s later, and
+    /// `holding` is notified when it arrives (a send in flight to kill the
+    /// backend under).
+    hold_next: Arc<std::sync::atomic::AtomicBool>,
+    holding: Arc<tokio::sync::Notify>,
+    /// Requests still to answer late: taken, then answered after
+    /// [`LATE_ANSWER`], past the backend's send timeout.
+    late_next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Longer than `send_timeout_ms` in [`events_toml`].
+const LATE_ANSWER: Duration = Duration::from_millis(2600);
+
+/// The signature as docs/EVENTS.md describes it, written here from the doc:
+/// `v1=` + hex(HMAC-SHA256(secret, timestamp + "." + body)).
+fn expected_signature(secret: &str, timestamp: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+impl Receiver {
+    async fn start(seed: u64, failing_percent: u32) -> Self {
+        use axum::http::{HeaderMap, StatusCode};
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let failing = Arc::new(Mutex::new(failing_percent));
+        let hold_next = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let holding = Arc::new(tokio::sync::Notify::new());
+        let late_next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let rng = Arc::new(Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)));
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post({
+                let (log, failing, hold_next, holding) = (log.clone(), failing.clone(), hold_next.clone(), holding.clone());
+                let late_next = late_next.clone();
+                move |headers: HeaderMap, body: axum::body::Bytes| {
+                    let (log, failing, rng) = (log.clone(), failing.clone(), rng.clone());
+                    let (hold_next, holding, late_next) = (hold_next.clone(), holding.clone(), late_next.clone());
+                    async move {
+                        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                        let (timestamp, signature) = (header("flashgate-timestamp"), header("flashgate-signature"));
+                        let now = flashgate_common::now_ms() / 1000;
+                        let fresh = timestamp.parse::<i64>().is_ok_and(|t| (now - t).abs() <= 300);
+                        let signed = fresh && signature == expected_signature(WEBHOOK_SECRET, &timestamp, &body);
+                        let fail = rng.lock().unwrap().random_range(0..100) < *failing.lock().unwrap();
+                        let accepted = signed && !fail;
+                        let late = accepted
+                            && late_next
+                                .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1))
+                                .is_ok();
+                        log.lock().unwrap().push(Delivery {
+                            event_id: header("flashgate-event-id"),
+                            body: String::from_utf8_lossy(&body).into_owned(),
+                            accepted,
+                            signed,
+                            timestamp,
+                            signature,
+                            late,
+                        });
+                        if late {
+                            tokio::time::sleep(LATE_ANSWER).await;
+                        }
+                        if accepted && hold_next.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                            holding.notify_one();
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                        }
+                        match (signed, accepted) {
+                            (false, _) => StatusCode::UNAUTHORIZED,
+                            (true, false) => StatusCode::SERVICE_UNAVAILABLE,
+                            (true, true) => StatusCode::NO_CONTENT,
+                        }
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { url, log, failing, hold_next, holding, late_next }
+    }
+
+    fn deliveries(&self) -> Vec<Delivery> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+/// `[backend]` lines and an `[events]` table that deliver quickly.
+fn events_toml(destination: &str, max_attempts: u32) -> String {
+    format!(
+        "expiry_poll_ms = 200\n[events]\n{destination}\nmax_attempts = {max_attempts}\nbackoff_initial_ms = 50\nbackoff_max_ms = 400\npoll_ms = 50\nsend_timeout_ms = 2000\nlease_ms = 6000\n"
+    )
+}
+
+async fn put_sale(stack: &Stack, id: &str, stock: i64, payment_timeout_seconds: i64) {
+    let now = flashgate_common::now_ms();
+    let body = json!({
+        "name": format!("Sale {id}"), "stock": stock, "per_user_limit": 1,
+        "starts_at": flashgate_common::rfc3339(now - 1000), "ends_at": flashgate_common::rfc3339(now + 3_600_000),
+        "payment_timeout_seconds": payment_timeout_seconds,
+    });
+    let (status, v) = stack.admin(Method::PUT, &format!("/admin/sales/{id}"), Some(body)).await;
+    assert_eq!(status, 201, "{v}");
+}
+
+/// Buys `n` items of `sale` with new users, paying every other order at
+/// once (its `paid` is written while its `created` is still on its way);
+/// answers the order ids and the paid ones.
+async fn buy_orders(stack: &Stack, sale: &str, n: usize) -> (Vec<String>, HashSet<String>) {
+    let (mut orders, mut paid) = (Vec::new(), HashSet::new());
+    for i in 0..n {
+        let user = random_user();
+        let (status, body) = stack.buy(sale, &user, None).await;
+        assert!(status == 201 || status == 202, "{status} {body}");
+        let order = stack.order_id_of(&user, body["reservation_id"].as_str().unwrap()).await;
+        if i % 2 == 0 {
+            let (status, body) = stack.backend_post(&format!("/internal/orders/{order}/pay")).await;
+            assert_eq!(status, 200, "{body}");
+            paid.insert(order.clone());
+        }
+        orders.push(order);
+    }
+    (orders, paid)
+}
+
+/// What the shop must have heard of each order by the end: `created`, then
+/// `paid` for the paid ones and `cancelled` for the others.
+fn expected_events(orders: &[String], paid: &HashSet<String>) -> HashMap<String, Vec<&'static str>> {
+    orders.iter().map(|o| (o.clone(), vec!["order.created", if paid.contains(o) { "order.paid" } else { "order.cancelled" }])).collect()
+}
+
+/// Checks the bodies the shop took (in arrival order) against `expected`:
+/// every event there, the events of an order in `seq` order, a repeated
+/// event the same id and bytes, `item_returned` only on cancellations.
+/// Answers how many bodies were repeats.
+fn check_events(bodies: &[(String, String)], expected: &HashMap<String, Vec<&'static str>>) -> usize {
+    let mut first_by_id: HashMap<String, String> = HashMap::new();
+    let mut heard: HashMap<String, Vec<(i64, String)>> = HashMap::new();
+    let mut repeats = 0;
+    for (id, body) in bodies {
+        let v: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["id"].as_str(), Some(id.as_str()), "the id header and the body's id agree");
+        if let Some(first) = first_by_id.get(id) {
+            assert_eq!(first, body, "a repeated event carries the same bytes");
+            repeats += 1;
+            continue;
+        }
+        first_by_id.insert(id.clone(), body.clone());
+        let order = v["order"]["order_id"].as_str().unwrap().to_owned();
+        let kind = v["type"].as_str().unwrap().to_owned();
+        assert_eq!(v["item_returned"].as_bool(), Some(kind == "order.cancelled"), "{v}");
+        let seen = heard.entry(order).or_default();
+        let seq = v["seq"].as_i64().unwrap();
+        assert!(seen.last().is_none_or(|(last, _)| *last < seq), "events of an order out of order: {seen:?} then {v}");
+        seen.push((seq, kind));
+    }
+    for (order, kinds) in expected {
+        let got: Vec<&str> = heard.get(order).map(|h| h.iter().map(|(_, k)| k.as_str()).collect()).unwrap_or_default();
+        assert_eq!(&got, kinds, "events of order {order}");
+    }
+    assert_eq!(heard.len(), expected.len(), "events of orders that do not exist");
+    repeats
+}
+
+/// Waits until `done` holds (polled every 100 ms), or panics after `limit`.
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_order_event_reaches_a_flaky_webhook_in_order_across_a_backend_kill() {
+    const ORDERS: usize = 24;
+    let receiver = Receiver::start(0x5eed, 35).await;
+    let toml = events_toml(&format!("webhook_url = \"{}\"", receiver.url), 1000);
+    let mut stack = Stack::start(StackOptions { extra_toml: toml, ..StackOptions::default() }).await;
+    put_sale(&stack, "ev-hook", ORDERS as i64, 4).await;
+    let (orders, paid) = buy_orders(&stack, "ev-hook", ORDERS).await;
+    // Killed while a request it sent is in flight (taken by the receiver,
+    // not answered yet), with retries pending (the receiver fails a third of
+    // the requests); the unpaid orders time out and are cancelled after the
+    // restart.
+    receiver.hold_next.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(20), receiver.holding.notified()).await.expect("a request to hold");
+    stack.kill_backend();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stack.start_backend();
+    // The next two events the receiver takes are answered past the send
+    // timeout: stored by the shop, failed for the backend, sent again.
+    receiver.late_next.store(2, std::sync::atomic::Ordering::SeqCst);
+
+    let expected = expected_events(&orders, &paid);
+    let wanted: usize = expected.values().map(Vec::len).sum();
+    wait_until("every event, and the late ones again", Duration::from_secs(60), || {
+        let deliveries = receiver.deliveries();
+        let taken = |id: &str| deliveries.iter().filter(|d| d.accepted && d.event_id == id).count();
+        deliveries.iter().filter(|d| d.accepted).map(|d| d.event_id.clone()).collect::<HashSet<_>>().len() >= wanted
+            && deliveries.iter().filter(|d| d.late).count() == 2
+            && deliveries.iter().filter(|d| d.late).all(|d| taken(&d.event_id) >= 2)
+    })
+    .await;
+
+    let deliveries = receiver.deliveries();
+    assert!(deliveries.iter().all(|d| d.signed), "every request verifies with the documented signature");
+    assert!(deliveries.iter().any(|d| !d.accepted), "the receiver failed some requests");
+    let accepted: Vec<(String, String)> = deliveries.iter().filter(|d| d.accepted).map(|d| (d.event_id.clone(), d.body.clone())).collect();
+    let repeats = check_events(&accepted, &expected);
+    assert!(repeats >= 1, "the event in flight at the kill is sent again once its lease passes");
+    let late: Vec<&Delivery> = deliveries.iter().filter(|d| d.late).collect();
+    assert_eq!(late.len(), 2, "two events were answered late");
+    for d in late {
+        let again = accepted.iter().filter(|(id, _)| *id == d.event_id).count();
+        assert!(again >= 2, "an event answered past the send timeout is sent again with its id {}: {again} taken", d.event_id);
+    }
+    eprintln!("order events: {wanted} events, {} requests, {} taken, {repeats} taken again", deliveries.len(), accepted.len());
+    // Never `paid`/`cancelled` sent (even once, failing) before the
+    // order's `created` was taken.
+    let mut taken: HashSet<String> = HashSet::new();
+    for d in &deliveries {
+        let v: Value = serde_json::from_str(&d.body).unwrap();
+        let order = v["order"]["order_id"].as_str().unwrap().to_owned();
+        if v["seq"] == 2 {
+            assert!(taken.contains(&order), "event 2 of {order} sent before event 1 was delivered");
+        } else if d.accepted {
+            taken.insert(order);
+        }
+    }
+    // A tampered body does not verify.
+    let d = &deliveries[0];
+    assert_eq!(expected_signature(WEBHOOK_SECRET, &d.timestamp, d.body.as_bytes()), d.signature);
+    let tampered = d.body.replacen("order.", "order_", 1);
+    assert_ne!(expected_signature(WEBHOOK_SECRET, &d.timestamp, tampered.as_bytes()), d.signature);
+
+    let (status, dead) = stack.admin(Method::GET, "/admin/events/dead", None).await;
+    assert_eq!((status, dead["dead_events"].as_array().map(Vec::len)), (200, Some(0)), "{dead}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_events_are_listed_counted_and_delivered_once_retried() {
+    let receiver = Receiver::start(7, 100).await;
+    let toml = events_toml(&format!("webhook_url = \"{}\"", receiver.url), 2);
+    let stack = Stack::start(StackOptions { extra_toml: toml, ..StackOptions::default() }).await;
+    put_sale(&stack, "ev-dead", 5, 900).await;
+    let (orders, paid) = buy_orders(&stack, "ev-dead", 1).await;
+    let order = orders[0].clone();
+    assert!(paid.contains(&order));
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dead = loop {
+        let (status, v) = stack.admin(Method::GET, "/admin/events/dead", None).await;
+        assert_eq!(status, 200, "{v}");
+        if let Some(first) = v["dead_events"].as_array().and_then(|a| a.first()) {
+            break first.clone();
+        }
+        assert!(Instant::now() < deadline, "no dead event");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (dead["order_id"].as_str(), dead["type"].as_str(), dead["attempts"].as_i64()),
+        (Some(order.as_str()), Some("order.created"), Some(2))
+    );
+    assert_eq!(dead["last_error"], "webhook answered 503");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.deliveries().len(), 2, "max_attempts requests, and `paid` waits behind the dead `created`");
+    let metric = |name: &str, text: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    let scrape = || async { reqwest::get(format!("http://{}/metrics", stack.backend_addr)).await.unwrap().text().await.unwrap() };
+    let mut text = scrape().await;
+    // The gauges are read from the outbox once a second.
+    while metric("flashgate_order_events_dead", &text) != Some(1.0) || metric("flashgate_order_events_dead_total", &text) != Some(1.0) {
+        assert!(Instant::now() < deadline, "dead metrics: {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        text = scrape().await;
+    }
+    assert_eq!(metric("flashgate_order_events_failed_attempts_total{sink=\"webhook\"}", &text), Some(2.0), "{text}");
+    assert_eq!(metric("flashgate_order_events_backlog", &text), Some(1.0), "`paid` waits: {text}");
+
+    // Bad input changes nothing.
+    let id = dead["event_id"].as_str().unwrap();
+    assert_eq!(stack.admin(Method::POST, "/admin/events/ev-nonsense/retry", None).await.0, 400);
+    let (status, v) = stack.admin(Method::POST, "/admin/events/ev-00000000000000000000000000000000/retry", None).await;
+    assert_eq!((status, v["code"].as_str()), (404, Some("not_found")), "{v}");
+    let anonymous = reqwest::Client::new().post(stack.admin_url(&format!("/admin/events/{id}/retry"))).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    assert_eq!(stack.admin(Method::GET, "/admin/events/dead?limit=0", None).await.0, 400);
+
+    *receiver.failing.lock().unwrap() = 0;
+    let (status, v) = stack.admin(Method::POST, &format!("/admin/events/{id}/retry"), None).await;
+    assert_eq!((status, v["state"].as_str()), (202, Some("pending")), "{v}");
+    wait_until("created and paid delivered", Duration::from_secs(20), || receiver.deliveries().iter().filter(|d| d.accepted).count() == 2)
+        .await;
+    let accepted: Vec<(String, String)> =
+        receiver.deliveries().iter().filter(|d| d.accepted).map(|d| (d.event_id.clone(), d.body.clone())).collect();
+    assert_eq!(accepted[0].0, id, "the retried event keeps its id");
+    check_events(&accepted, &HashMap::from([(order.clone(), vec!["order.created", "order.paid"])]));
+    let (_, v) = stack.admin(Method::GET, "/admin/events/dead", None).await;
+    assert_eq!(v["dead_events"], json!([]));
+}
+
+/// A queue of the test's own on a fresh exchange: every message published
+/// to the exchange lands in it.
+async fn rabbit_queue(exchange: &str) -> (lapin::Connection, lapin::Consumer) {
+    use lapin::options::{BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let conn = lapin::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", lapin::ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ on 127.0.0.1:5672 (make test starts it)");
+    let channel = conn.create_channel().await.unwrap();
+    let durable = ExchangeDeclareOptions { durable: true, auto_delete: false, ..ExchangeDeclareOptions::default() };
+    channel.exchange_declare(exchange.into(), lapin::ExchangeKind::Topic, durable, FieldTable::default()).await.unwrap();
+    let queue = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions { exclusive: true, auto_delete: true, ..QueueDeclareOptions::default() },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(queue.name().clone(), exchange.into(), "order.#".into(), QueueBindOptions::default(), FieldTable::default())
+        .await
+        .unwrap();
+    let consumer = channel
+        .basic_consume(
+            queue.name().clone(),
+            "test".into(),
+            BasicConsumeOptions { no_ack: true, ..BasicConsumeOptions::default() },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (conn, consumer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_order_event_reaches_rabbitmq_persistent_and_confirmed_on_mysql() {
+    use futures_util::StreamExt;
+    const ORDERS: usize = 8;
+    let database = MysqlDatabase::create().await;
+    let exchange = format!("flashgate.test.{:x}", rand::random::<u64>());
+    let (conn, mut consumer) = rabbit_queue(&exchange).await;
+    let destination = format!("amqp_url = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\nexchange = \"{exchange}\"");
+    let options =
+        StackOptions { extra_toml: events_toml(&destination, 1000), database_url: Some(database.url.clone()), ..StackOptions::default() };
+    let mut stack = Stack::start(options).await;
+    put_sale(&stack, "ev-amqp", ORDERS as i64, 4).await;
+    let (orders, paid) = buy_orders(&stack, "ev-amqp", ORDERS).await;
+    stack.kill_backend();
+    stack.start_backend();
+
+    let expected = expected_events(&orders, &paid);
+    let wanted: usize = expected.values().map(Vec::len).sum();
+    let mut bodies: Vec<(String, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while bodies.iter().map(|(id, _)| id).collect::<HashSet<_>>().len() < wanted {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let delivery = tokio::time::timeout(left, consumer.next()).await.expect("every event on the queue in time").unwrap().unwrap();
+        let props = &delivery.properties;
+        let body = String::from_utf8(delivery.data.clone()).unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(props.delivery_mode(), &Some(2), "persistent");
+        assert_eq!(props.message_id().as_ref().map(|m| m.as_str()), v["id"].as_str(), "event id as message_id");
+        assert_eq!(props.kind().as_ref().map(|k| k.as_str()), v["type"].as_str());
+        assert_eq!(delivery.routing_key.as_str(), v["type"].as_str().unwrap(), "routing key of the event type");
+        bodies.push((v["id"].as_str().unwrap().to_owned(), body));
+    }
+    check_events(&bodies, &expected);
+    let (orders_in_db, _, _) = stack.db_orders("ev-amqp").await;
+    assert_eq!(orders_in_db, ORDERS as i64);
+    drop(stack);
+    if let Ok(channel) = conn.create_channel().await {
+        let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
+    }
+}
