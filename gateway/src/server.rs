@@ -6,6 +6,7 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
 use flashgate_common::secret;
+use pingora::apps::HttpServerOptions;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
@@ -149,7 +150,12 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         readiness,
     };
     let (tls_reloads, tls_expiry) = (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone());
-    let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
+    // HTTP/1.1 connections get the idle timeout per request (keepalive);
+    // HTTP/2 ones only through this option, or an idle client would hold
+    // its connection forever.
+    let mut options = HttpServerOptions::default();
+    options.h2_idle_timeout = Some(config.gateway.keepalive);
+    let mut service = pingora::proxy::ProxyServiceBuilder::new(&server.configuration, gateway).server_options(options).build();
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
         let settings = crate::tls::listener_settings(certs.clone()).map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;

@@ -279,7 +279,7 @@ impl Gateway {
             }
             Route::Buy(sale_id) => {
                 let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
-                read_buy_body(session).await?;
+                read_buy_body(session, self.config.gateway.body_read_timeout).await?;
                 let (user, idempotency_key, unchallenged) = (&admitted.user, &admitted.idempotency_key, admitted.unchallenged);
                 let outcome = self.buy.buy(BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id, unchallenged }).await;
                 ctx.outcome = match &outcome {
