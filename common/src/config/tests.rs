@@ -30,6 +30,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "redis.master_name",
     "gateway.tls.cert_file",
     "gateway.tls.key_file",
+    "gateway.tls.redirect_port",
 ];
 
 #[test]
@@ -410,4 +411,17 @@ fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
         .to_string();
     assert!(err.contains("gateway.tls.listen: must differ from gateway.listen"), "{err}");
     assert!(parse("[shop]\nh2 = true\n").unwrap().shop.h2);
+}
+
+#[test]
+fn the_redirect_names_redirect_port_else_the_listen_port() {
+    let parse = |extra: &str| Config::from_toml_str(&format!("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"0.0.0.0:8443\"\n{extra}"), &NoEnv, 0);
+    assert_eq!(parse("").unwrap().gateway.tls.unwrap().redirect_port, 8443);
+    assert_eq!(parse("redirect_port = 443\n").unwrap().gateway.tls.unwrap().redirect_port, 443);
+    let err = parse("redirect_port = 0\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.redirect_port: must be a port between 1 and 65535, got 0"), "{err}");
+    let err = parse("redirect_port = 70000\n").unwrap_err().to_string();
+    assert!(err.contains("redirect_port"), "{err}");
+    let err = Config::from_toml_str("[gateway.tls]\nredirect_port = 443\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.redirect_port: needs gateway.tls.cert_file"), "{err}");
 }

@@ -238,7 +238,7 @@ impl Gateway {
     /// `gateway.tls.redirect_http` is on and this request is plain.
     fn https_redirect_port(&self, ctx: &RequestCtx) -> Option<u16> {
         let tls = self.config.gateway.tls.as_ref().filter(|t| t.redirect_http)?;
-        (!ctx.tls).then_some(tls.listen.port())
+        (!ctx.tls).then_some(tls.redirect_port)
     }
 
     /// `308` to the same path over HTTPS, or `400` when the request names

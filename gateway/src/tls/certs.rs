@@ -254,6 +254,7 @@ mod tests {
             default: files("gateway.tls"),
             certificates: (0..extra).map(|i| files(&format!("gateway.tls.certificates[{i}]"))).collect(),
             redirect_http: false,
+            redirect_port: 443,
             reload_interval: Duration::from_secs(1),
         }
     }
