@@ -93,6 +93,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         metrics,
         switches,
+        certs: None,
         config,
     };
     Ok((gateway, forward_worker))
@@ -105,10 +106,11 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 /// When the gateway cannot be built.
 pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let (gateway, forward_worker) = build_gateway(config.clone())?;
+    let (mut gateway, forward_worker) = build_gateway(config.clone())?;
     // Read and checked before anything listens: a bad file stops the start
     // with the key that names it.
     let certs = config.gateway.tls.as_ref().map(CertSet::load).transpose()?.map(|set| Arc::new(ArcSwap::from_pointee(set)));
+    gateway.certs.clone_from(&certs);
     let watcher =
         ConfigWatcher { path: config_path.to_owned(), edge: gateway.admission.edge.clone(), interval: std::time::Duration::from_secs(1) };
     // Checked before the server exists: the upgrade socket must not be

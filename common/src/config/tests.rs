@@ -415,7 +415,13 @@ fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
 
 #[test]
 fn the_redirect_names_redirect_port_else_the_listen_port() {
-    let parse = |extra: &str| Config::from_toml_str(&format!("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"0.0.0.0:8443\"\n{extra}"), &NoEnv, 0);
+    let parse = |extra: &str| {
+        Config::from_toml_str(
+            &format!("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"0.0.0.0:8443\"\n{extra}"),
+            &NoEnv,
+            0,
+        )
+    };
     assert_eq!(parse("").unwrap().gateway.tls.unwrap().redirect_port, 8443);
     assert_eq!(parse("redirect_port = 443\n").unwrap().gateway.tls.unwrap().redirect_port, 443);
     let err = parse("redirect_port = 0\n").unwrap_err().to_string();

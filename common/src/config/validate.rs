@@ -214,7 +214,11 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
         check.that(f.key_file.is_none(), "gateway.tls.key_file", "needs gateway.tls.cert_file");
         check.that(f.certificates.is_empty(), "gateway.tls.certificates", "need gateway.tls.cert_file (the default certificate)");
         check.that(!f.redirect_http, "gateway.tls.redirect_http", "needs gateway.tls.cert_file (no HTTPS listener to redirect to)");
-        check.that(f.redirect_port.is_none(), "gateway.tls.redirect_port", "needs gateway.tls.cert_file (no HTTPS listener to redirect to)");
+        check.that(
+            f.redirect_port.is_none(),
+            "gateway.tls.redirect_port",
+            "needs gateway.tls.cert_file (no HTTPS listener to redirect to)",
+        );
         return None;
     };
     let Some(key_file) = f.key_file.filter(|v| !v.trim().is_empty()) else {
@@ -233,7 +237,8 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
         check.that(!c.key_file.trim().is_empty(), format_args!("{key_path}.key_file"), "must not be empty");
         certificates.push(TlsFiles { key_path, cert_file: c.cert_file.into(), key_file: c.key_file.into() });
     }
-    check.that(f.redirect_port != Some(0), "gateway.tls.redirect_port", "must be a port between 1 and 65535, got 0")
+    check
+        .that(f.redirect_port != Some(0), "gateway.tls.redirect_port", "must be a port between 1 and 65535, got 0")
         .note("leave it out for the port of gateway.tls.listen");
     let redirect_port = f.redirect_port.unwrap_or(listen.port());
     Some(TlsConfig {

@@ -77,6 +77,9 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Global switch and backlog pauses, kept current by a watcher.
     pub switches: Arc<Switches>,
+    /// The HTTPS listener's certificates (kept current by their watcher):
+    /// a redirect names only hosts they cover.
+    pub certs: Option<Arc<arc_swap::ArcSwap<crate::tls::CertSet>>>,
 }
 
 #[async_trait]
@@ -242,11 +245,13 @@ impl Gateway {
     }
 
     /// `308` to the same path over HTTPS, or `400` when the request names
-    /// no host that can go into a `Location`.
+    /// no host that can go into a `Location` (see `tls::redirect::location`).
     fn redirect_to_https(&self, req: &RequestHeader, https_port: u16, ctx: &mut RequestCtx) -> Reply {
         let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.host());
         let target = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        match crate::tls::redirect::location(host, target, https_port) {
+        let certs = self.certs.as_ref().map(|c| c.load());
+        let covers = |h: &str| certs.as_ref().is_some_and(|c| c.covers(h));
+        match crate::tls::redirect::location(host, target, https_port, covers) {
             Some(location) => {
                 ctx.outcome = Outcome::RedirectedToHttps;
                 Reply::json(308, &json!({"code": "https_required", "message": "this page is served over HTTPS", "location": location}))

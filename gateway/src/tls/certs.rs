@@ -17,7 +17,7 @@ use openssl::asn1::{Asn1Time, Asn1TimeRef};
 use openssl::error::ErrorStack;
 use openssl::pkey::{PKey, Private};
 use openssl::ssl::SslRef;
-use openssl::x509::X509;
+use openssl::x509::{GeneralNameRef, X509};
 use pingora::tls::ext::{ssl_add_chain_cert, ssl_use_certificate, ssl_use_private_key};
 
 /// Why a certificate could not be loaded; `key` is the config key of the file.
@@ -44,6 +44,8 @@ pub struct Certified {
     key: PKey<Private>,
     /// The SAN DNS names, lower case.
     pub names: Vec<String>,
+    /// The SAN IP addresses.
+    pub ips: Vec<std::net::IpAddr>,
     /// When the leaf expires, in Unix seconds.
     pub not_after_unix: i64,
 }
@@ -72,12 +74,12 @@ impl Certified {
         if !matches {
             return Err(CertError::KeyMismatch { key: key_key, key_path, cert_path });
         }
-        let names = leaf
-            .subject_alt_names()
-            .map(|sans| sans.iter().filter_map(|n| n.dnsname()).map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect())
-            .unwrap_or_default();
+        let sans = leaf.subject_alt_names();
+        let sans: Vec<&GeneralNameRef> = sans.iter().flatten().collect();
+        let names = sans.iter().filter_map(|n| n.dnsname()).map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect();
+        let ips = sans.iter().filter_map(|n| ip_from_san(n.ipaddress()?)).collect();
         let not_after_unix = unix_seconds(leaf.not_after()).unwrap_or(0);
-        Ok(Self { chain, key, names, not_after_unix })
+        Ok(Self { chain, key, names, ips, not_after_unix })
     }
 
     /// Puts this chain and key on the handshake.
@@ -94,6 +96,15 @@ impl Certified {
             ssl_add_chain_cert(ssl, intermediate)?;
         }
         Ok(())
+    }
+}
+
+/// A SAN iPAddress entry (4 or 16 bytes).
+fn ip_from_san(bytes: &[u8]) -> Option<std::net::IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        _ => None,
     }
 }
 
@@ -186,6 +197,24 @@ impl CertSet {
             }
         }
         &self.default
+    }
+
+    /// Whether some certificate of the set is valid for `host` (a DNS name
+    /// or an IP literal, as a `Host` header names it, without port or
+    /// brackets): a SAN name, a `*.` SAN name covering its first label, or
+    /// a SAN IP address. A redirect only ever names such a host, so the
+    /// gateway never sends a browser to a name it cannot serve.
+    pub fn covers(&self, host: &str) -> bool {
+        let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+        let all = || std::iter::once(&self.default).chain(self.by_name.values());
+        if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+            return all().any(|c| c.ips.contains(&ip));
+        }
+        let wildcard = host.split_once('.').map(|(_, parent)| format!("*.{parent}"));
+        if self.by_name.contains_key(&host) || wildcard.as_ref().is_some_and(|w| self.by_name.contains_key(w)) {
+            return true;
+        }
+        self.default.names.iter().any(|n| *n == host || wildcard.as_ref() == Some(n))
     }
 
     /// When the first certificate of the set expires, in Unix seconds
@@ -283,6 +312,21 @@ mod tests {
         assert_eq!(cn(set.select(Some("other.test"))), "default.test");
         assert_eq!(cn(set.select(None)), "default.test");
         assert_eq!(set.sni_names(), ["*.shop.test", "shop.test", "www.shop.test"], "a name claimed twice goes to the first");
+    }
+
+    #[test]
+    fn covers_the_san_names_wildcards_and_addresses_of_every_certificate() {
+        let set = CertSet::from_bytes(
+            &config(2),
+            vec![self_signed(&["default.test", "*.d.test"]), self_signed(&["shop.test"]), self_signed(&["*.b.test"])],
+        )
+        .unwrap();
+        for host in ["default.test", "x.d.test", "shop.test", "SHOP.test.", "eu.b.test"] {
+            assert!(set.covers(host), "{host}");
+        }
+        for host in ["other.test", "d.test", "a.x.d.test", "b.test", "127.0.0.1", "shop.test..", ""] {
+            assert!(!set.covers(host), "{host}");
+        }
     }
 
     #[test]
