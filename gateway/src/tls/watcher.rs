@@ -5,7 +5,8 @@
 //! again, then swapped in: handshakes from then on use it, connections
 //! already open keep theirs (a certificate only matters in a handshake).
 //! A set that fails to load (unreadable file, key not matching its
-//! certificate, e.g. half-way through a rotation) is logged and counted
+//! certificate, e.g. half-way through a rotation; a leaf outside its
+//! validity window; a chain out of order) is logged and counted
 //! (`flashgate_tls_reloads_total{result="error"}`), the running set stays,
 //! and the next change is tried again. The set in use also sets
 //! `flashgate_tls_certificate_expiry_timestamp_seconds`.
