@@ -151,7 +151,8 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         breaker: gateway.redis.breaker.clone(),
         readiness,
     };
-    let (tls_reloads, tls_expiry) = (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone());
+    let (tls_reloads, tls_expiry, tls_failing) =
+        (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone(), gateway.metrics.tls_reload_failing.clone());
     // HTTP/1.1 connections get the idle timeout per request (keepalive);
     // HTTP/2 ones only through this option, or an idle client would hold
     // its connection forever.
@@ -162,7 +163,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
         let settings = crate::tls::listener_settings(certs.clone()).map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
-        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry };
+        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry, failing: tls_failing };
         server.add_service(pingora::services::background::background_service("TLS certificate watcher", watcher));
         tracing::info!(listen = %tls.listen, redirect_http = tls.redirect_http, "flashgate listening for HTTPS (HTTP/2 and HTTP/1.1)");
     }
