@@ -400,6 +400,10 @@ fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
     assert!(err.contains("gateway.tls.key_file: must be set with gateway.tls.cert_file"), "{err}");
     let err = parse("[gateway.tls]\nredirect_http = true\nlisten = \"nope\"\n").unwrap_err().to_string();
     assert!(err.contains("gateway.tls.redirect_http: needs gateway.tls.cert_file") && err.contains("gateway.tls.listen"), "{err}");
+    let err = parse("[gateway.tls]\nlisten = \"127.0.0.1:9443\"\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.listen: needs gateway.tls.cert_file"), "{err}");
+    let err = parse("[gateway.tls]\nreload_interval_ms = 5000\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.reload_interval_ms: needs gateway.tls.cert_file"), "{err}");
     let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"nope\"\nreload_interval_ms = 1\n")
         .unwrap_err()
         .to_string();

@@ -219,6 +219,13 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
             "gateway.tls.redirect_port",
             "needs gateway.tls.cert_file (no HTTPS listener to redirect to)",
         );
+        let unset = file::Tls::default();
+        check.that(f.listen == unset.listen, "gateway.tls.listen", "needs gateway.tls.cert_file (HTTPS is off without it)");
+        check.that(
+            f.reload_interval_ms == unset.reload_interval_ms,
+            "gateway.tls.reload_interval_ms",
+            "needs gateway.tls.cert_file (no certificates to reload)",
+        );
         return None;
     };
     let Some(key_file) = f.key_file.filter(|v| !v.trim().is_empty()) else {
