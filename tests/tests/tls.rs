@@ -17,7 +17,7 @@ use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode, SslVersion};
 use openssl::x509::X509;
 use serde_json::Value;
 
-use flashgate_tests::pki::{Leaf, TestCa};
+use flashgate_tests::pki::{write_replacing, Leaf, TestCa};
 use flashgate_tests::{bin, free_port, token, Stack, StackOptions, TempDir, JWT_SECRET};
 
 /// The test's PKI on disk: a root, the default certificate (for
@@ -31,7 +31,7 @@ struct Certs {
 impl Certs {
     fn new() -> Self {
         let certs = Self { dir: TempDir::new("tls"), ca: TestCa::root("Flashgate Test Root") };
-        std::fs::write(certs.path("ca.pem"), certs.ca.pem()).unwrap();
+        write_replacing(&certs.path("ca.pem"), &certs.ca.pem());
         certs.ca.leaf("default.test", &["localhost"], &["127.0.0.1"]).write(&certs.path("default.pem"), &certs.path("default.key"));
         certs.ca.leaf("a.test", &["a.test"], &[]).write(&certs.path("a.pem"), &certs.path("a.key"));
         certs
@@ -231,23 +231,32 @@ async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_conne
     assert!(tls_reloads(&stack, "ok").await >= 1);
 
     // A broken rotation (a key that is not the certificate's) keeps the
-    // running certificate, and is logged and counted once.
+    // running certificate, and is logged and counted once. The rotation
+    // above writes two files, so a check between them may already have
+    // counted an error: only the rise from here is this rotation's.
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 0, "the rotation completed");
+    let errors_before = tls_reloads(&stack, "error").await;
     let other: Leaf = certs.ca.leaf("a.test broken", &["a.test"], &[]);
-    std::fs::write(certs.path("a.pem"), &other.cert_pem).unwrap();
+    write_replacing(&certs.path("a.pem"), &other.cert_pem);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while tls_reloads(&stack, "error").await == 0 && Instant::now() < deadline {
+    while tls_reloads(&stack, "error").await == errors_before && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(tls_reloads(&stack, "error").await, 1, "the failed reload is counted");
+    let errors = tls_reloads(&stack, "error").await;
+    assert!(errors > errors_before, "the failed reload is counted");
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 1, "and flagged");
+    // Three more checks of the same files.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(tls_reloads(&stack, "error").await, 1, "and counted once, not at every check");
+    assert_eq!(tls_reloads(&stack, "error").await, errors, "and counted once, not at every check");
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 1, "still flagged");
     assert_eq!(h2_connection(&certs, "a.test", port).await.1, "a.test rotated", "the running certificate stays");
     assert!(stack.log("flashgate").contains("gateway.tls.certificates[0].key_file: the key in"), "the log names the key");
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
 
     // Fixing the key completes the rotation.
-    std::fs::write(certs.path("a.key"), &other.key_pem).unwrap();
+    write_replacing(&certs.path("a.key"), &other.key_pem);
     assert_eq!(wait_for_cn(&certs, "a.test", port, "a.test broken").await, "a.test broken");
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 0, "no longer flagged");
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
 }
 
