@@ -157,6 +157,22 @@ async fn curl_gets_http2_or_http1_and_the_certificate_of_each_sni_name() {
 /// An HTTP/2 connection over TLS to `port` with SNI `host`, trusting the
 /// test root; the request sender and the common name of the certificate.
 async fn h2_connection(certs: &Certs, host: &str, port: u16) -> (hyper::client::conn::http2::SendRequest<Empty<Bytes>>, String) {
+    let (sender, cn, _conn) = h2_connect(certs, host, port).await;
+    (sender, cn)
+}
+
+/// [`h2_connection`] with requests of body `B`, and the task driving the
+/// connection (it ends when the connection closes).
+async fn h2_connect<B>(
+    certs: &Certs,
+    host: &str,
+    port: u16,
+) -> (hyper::client::conn::http2::SendRequest<B>, String, tokio::task::JoinHandle<hyper::Result<()>>)
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
     b.set_ca_file(certs.path("ca.pem")).unwrap();
@@ -167,8 +183,7 @@ async fn h2_connection(certs: &Certs, host: &str, port: u16) -> (hyper::client::
     assert_eq!(stream.ssl().selected_alpn_protocol(), Some(&b"h2"[..]));
     let cn = common_name(&stream.ssl().peer_certificate().unwrap());
     let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(conn);
-    (sender, cn)
+    (sender, cn, tokio::spawn(conn))
 }
 
 fn common_name(cert: &X509) -> String {
@@ -258,6 +273,67 @@ async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_conne
     assert_eq!(wait_for_cn(&certs, "a.test", port, "a.test broken").await, "a.test broken");
     assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 0, "no longer flagged");
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
+}
+
+/// A request body sent as the test feeds it, piece by piece.
+struct Trickle(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Trickle {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|piece| piece.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_an_idle_connection_is_closed_and_a_trickled_buy_body_is_cut_off() {
+    let certs = Certs::new();
+    let (mut stack, port) = tls_stack(&certs, "", "").await;
+    stack.open_sale("trickle-sale", 5, 1).await;
+    stack.kill_gateway();
+    stack.edit_config(|text| {
+        assert_eq!(text.matches("threads = 2\n").count(), 1);
+        text.replace("threads = 2\n", "threads = 2\nkeepalive_seconds = 1\nbody_read_timeout_ms = 1000\n")
+    });
+    stack.start_gateway();
+    assert!(flashgate_tests::wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)));
+
+    // A buy whose body comes a byte every 200 ms, each well within the
+    // per-read timeout, and never ends: the gateway answers anyway.
+    let (mut sender, _, _conn) = h2_connect::<Trickle>(&certs, "a.test", port).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let feeder = tokio::spawn(async move {
+        while tx.send(Bytes::from_static(b" ")).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let req = http::Request::post(format!("https://a.test:{port}/api/sales/trickle-sale/buy"))
+        .header("authorization", format!("Bearer {}", token("trickler")))
+        .header("idempotency-key", "trickle-k1")
+        .body(Trickle(rx))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(15), sender.send_request(req))
+        .await
+        .expect("an answer while the body still trickles")
+        .unwrap();
+    feeder.abort();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["code"], "bad_request", "{body}");
+    assert_eq!(body["message"], "request body not received in time", "{body}");
+    let (_, sale) = flashgate_tests::get_json(&stack.http, &stack.url("/api/sales/trickle-sale")).await;
+    assert_eq!(sale["remaining"], 5, "nothing was bought");
+
+    // An HTTP/2 connection left idle after a request is closed by the gateway.
+    let (mut idle, _, conn) = h2_connect::<Empty<Bytes>>(&certs, "a.test", port).await;
+    assert_eq!(h2_get(&mut idle, &format!("https://a.test:{port}/api/sales/trickle-sale")).await.0, 200);
+    let closed = tokio::time::timeout(Duration::from_secs(15), conn).await;
+    assert!(closed.is_ok(), "the idle HTTP/2 connection is still open");
 }
 
 /// A TLS handshake with a client willing to go down to TLS 1.0 but no
