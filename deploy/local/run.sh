@@ -61,6 +61,16 @@ while IFS= read -r line || [[ -n $line ]]; do
   export "$name=$value"
 done < "$DATA/secrets.env"
 
+# The demo sign-in hands a buyer token to whoever asks: say so when the
+# gateway (gateway.listen in the config, 0.0.0.0:8080 when unset) is
+# reachable from beyond this machine.
+listen=$(awk '/^\[/ { s = $0 } s == "[gateway]" && /^[[:space:]]*listen[[:space:]]*=/ { gsub(/.*=[[:space:]]*"|".*/, ""); print; exit }' "$CONFIG")
+listen=${listen:-0.0.0.0:8080}
+if [[ ! $listen =~ ^(127\.[0-9.]+|\[::1\]|localhost): ]]; then
+  echo "warning: the gateway listens on $listen, not loopback: anyone who can reach it can sign in as a demo shopper" \
+    "(/demo/sign-in). Set [gateway] listen = \"127.0.0.1:8080\" in $CONFIG to keep the demo on this machine." >&2
+fi
+
 pids=()
 stop() {
   trap - INT TERM EXIT
@@ -114,7 +124,9 @@ names=()
 started=$SECONDS
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA" --appendonly yes --appendfsync everysec \
   --save "" --maxmemory-policy noeviction --logfile "$DATA/redis.log" & pids+=($!); names+=(redis)
-# The demo shop signs in demo shoppers (FLASHGATE_DEMO_SIGNIN: this stack only).
+# The demo shop signs in demo shoppers (FLASHGATE_DEMO_SIGNIN: this stack
+# only). Their tokens carry only sub and exp, so they work while
+# auth.audience and auth.issuer are unset, as in config/flashgate.toml.
 FLASHGATE_DEMO_SIGNIN=1 "$BIN/demo-shop" "$SHOP" > "$DATA/shop.log" 2>&1 & pids+=($!); names+=(shop)
 "$BIN/flashgate-backend" --config "$CONFIG" > "$DATA/backend.log" 2>&1 & pids+=($!); names+=(backend)
 "$BIN/flashgate" --config "$CONFIG" serve > "$DATA/gateway.log" 2>&1 & pids+=($!); names+=(gateway)

@@ -55,6 +55,9 @@ pub struct Metrics {
     /// When the first certificate in use expires (Unix seconds); alerts
     /// compare it with `time()`.
     pub tls_certificate_expiry: IntGauge,
+    /// 1 while the certificate files on disk cannot be loaded (the running
+    /// set is older than them), else 0: what an alert can hold `for:`.
+    pub tls_reload_failing: IntGauge,
 }
 
 impl Metrics {
@@ -117,6 +120,12 @@ impl Metrics {
         )
         .expect("valid gauge");
         registry.register(Box::new(tls_certificate_expiry.clone())).expect("unique metric");
+        let tls_reload_failing = IntGauge::new(
+            "tls_reload_failing",
+            "1 while the HTTPS listener's certificate files cannot be loaded and older ones are served, else 0.",
+        )
+        .expect("valid gauge");
+        registry.register(Box::new(tls_reload_failing.clone())).expect("unique metric");
         Self {
             registry,
             requests,
@@ -137,6 +146,7 @@ impl Metrics {
             challenge_difficulty,
             tls_reloads,
             tls_certificate_expiry,
+            tls_reload_failing,
         }
     }
 

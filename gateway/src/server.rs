@@ -6,6 +6,7 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
 use flashgate_common::secret;
+use pingora::apps::HttpServerOptions;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
@@ -94,6 +95,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         metrics,
         switches,
+        certs: None,
         config,
     };
     Ok((gateway, forward_worker))
@@ -106,10 +108,11 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 /// When the gateway cannot be built.
 pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let (gateway, forward_worker) = build_gateway(config.clone())?;
+    let (mut gateway, forward_worker) = build_gateway(config.clone())?;
     // Read and checked before anything listens: a bad file stops the start
     // with the key that names it.
     let certs = config.gateway.tls.as_ref().map(CertSet::load).transpose()?.map(|set| Arc::new(ArcSwap::from_pointee(set)));
+    gateway.certs.clone_from(&certs);
     let watcher =
         ConfigWatcher { path: config_path.to_owned(), edge: gateway.admission.edge.clone(), interval: std::time::Duration::from_secs(1) };
     // Checked before the server exists: the upgrade socket must not be
@@ -160,13 +163,19 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
             redis: config.redis.clone(),
         },
     };
-    let (tls_reloads, tls_expiry) = (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone());
-    let mut service = pingora::proxy::http_proxy_service(&server.configuration, gateway);
+    let (tls_reloads, tls_expiry, tls_failing) =
+        (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone(), gateway.metrics.tls_reload_failing.clone());
+    // HTTP/1.1 connections get the idle timeout per request (keepalive);
+    // HTTP/2 ones only through this option, or an idle client would hold
+    // its connection forever.
+    let mut options = HttpServerOptions::default();
+    options.h2_idle_timeout = Some(config.gateway.keepalive);
+    let mut service = pingora::proxy::ProxyServiceBuilder::new(&server.configuration, gateway).server_options(options).build();
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
         let settings = crate::tls::listener_settings(certs.clone()).map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
-        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry };
+        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry, failing: tls_failing };
         server.add_service(pingora::services::background::background_service("TLS certificate watcher", watcher));
         tracing::info!(listen = %tls.listen, redirect_http = tls.redirect_http, "flashgate listening for HTTPS (HTTP/2 and HTTP/1.1)");
     }

@@ -328,7 +328,12 @@ sale_poll_ms = 100
             )
         };
         std::fs::write(&config_path, text).unwrap();
-        let shop = Command::new(bin("demo-shop")).arg(shop_addr.to_string()).stdout(Stdio::null()).spawn().unwrap();
+        let shop = Command::new(bin("demo-shop"))
+            .arg(shop_addr.to_string())
+            .env_remove("FLASHGATE_DEMO_SIGNIN")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
         let shop = Proc { child: shop, name: "demo-shop" };
         Self { gateway_addr, gateway_admin_addr, backend_addr, admin_addr, shop_addr, database_url, config_path, shop }
     }

@@ -70,6 +70,9 @@ async fn the_demo_stack_signs_in_a_shopper_whose_click_on_buy_wins() {
         "\n[[sales]]\nid = \"demo\"\nname = \"Flashgate demo sneaker\"\nstock = 3\nper_user_limit = 1\nduration_seconds = 3600\n",
     );
     let (guard, out) = run.start(&[]);
+    // With the sign-in on, the shop's home page leads to it.
+    let home = reqwest::get(format!("http://127.0.0.1:{}/", run.ports[2])).await.unwrap().text().await.unwrap();
+    assert!(home.contains("/demo/sign-in?next=/sales/demo"), "{home}");
     let url = out
         .lines()
         .find_map(|l| l.trim().strip_prefix("sale page").map(str::trim))

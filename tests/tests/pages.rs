@@ -309,3 +309,20 @@ async fn two_thousand_concurrent_state_reads_cost_a_handful_of_redis_reads() {
     let windows = 1 + elapsed.as_millis() as u64 / 250;
     assert!(reads >= 1 && reads <= windows + 1, "{reads} Redis reads over {windows} TTL windows");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_flashgate_demo_signin_the_demo_shop_neither_signs_in_nor_links_to_it() {
+    // The test stack starts the demo shop as production would: without
+    // FLASHGATE_DEMO_SIGNIN (only `make run` sets it).
+    let stack = Stack::start(StackOptions::default()).await;
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let resp = http.get(stack.url("/demo/sign-in?next=/sales/demo")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    assert!(resp.headers().get("set-cookie").is_none(), "no token handed out");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "not_found");
+    let home = http.get(stack.url("/")).send().await.unwrap();
+    assert_eq!(home.status().as_u16(), 200);
+    let home = home.text().await.unwrap();
+    assert!(home.contains("Demo shop") && !home.contains("/demo/sign-in"), "{home}");
+}

@@ -17,7 +17,7 @@ use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode, SslVersion};
 use openssl::x509::X509;
 use serde_json::Value;
 
-use flashgate_tests::pki::{Leaf, TestCa};
+use flashgate_tests::pki::{write_replacing, Leaf, TestCa};
 use flashgate_tests::{bin, free_port, token, Stack, StackOptions, TempDir, JWT_SECRET};
 
 /// The test's PKI on disk: a root, the default certificate (for
@@ -31,7 +31,7 @@ struct Certs {
 impl Certs {
     fn new() -> Self {
         let certs = Self { dir: TempDir::new("tls"), ca: TestCa::root("Flashgate Test Root") };
-        std::fs::write(certs.path("ca.pem"), certs.ca.pem()).unwrap();
+        write_replacing(&certs.path("ca.pem"), &certs.ca.pem());
         certs.ca.leaf("default.test", &["localhost"], &["127.0.0.1"]).write(&certs.path("default.pem"), &certs.path("default.key"));
         certs.ca.leaf("a.test", &["a.test"], &[]).write(&certs.path("a.pem"), &certs.path("a.key"));
         certs
@@ -157,6 +157,22 @@ async fn curl_gets_http2_or_http1_and_the_certificate_of_each_sni_name() {
 /// An HTTP/2 connection over TLS to `port` with SNI `host`, trusting the
 /// test root; the request sender and the common name of the certificate.
 async fn h2_connection(certs: &Certs, host: &str, port: u16) -> (hyper::client::conn::http2::SendRequest<Empty<Bytes>>, String) {
+    let (sender, cn, _conn) = h2_connect(certs, host, port).await;
+    (sender, cn)
+}
+
+/// [`h2_connection`] with requests of body `B`, and the task driving the
+/// connection (it ends when the connection closes).
+async fn h2_connect<B>(
+    certs: &Certs,
+    host: &str,
+    port: u16,
+) -> (hyper::client::conn::http2::SendRequest<B>, String, tokio::task::JoinHandle<hyper::Result<()>>)
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
     b.set_ca_file(certs.path("ca.pem")).unwrap();
@@ -167,8 +183,7 @@ async fn h2_connection(certs: &Certs, host: &str, port: u16) -> (hyper::client::
     assert_eq!(stream.ssl().selected_alpn_protocol(), Some(&b"h2"[..]));
     let cn = common_name(&stream.ssl().peer_certificate().unwrap());
     let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(conn);
-    (sender, cn)
+    (sender, cn, tokio::spawn(conn))
 }
 
 fn common_name(cert: &X509) -> String {
@@ -231,24 +246,94 @@ async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_conne
     assert!(tls_reloads(&stack, "ok").await >= 1);
 
     // A broken rotation (a key that is not the certificate's) keeps the
-    // running certificate, and is logged and counted once.
+    // running certificate, and is logged and counted once. The rotation
+    // above writes two files, so a check between them may already have
+    // counted an error: only the rise from here is this rotation's.
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 0, "the rotation completed");
+    let errors_before = tls_reloads(&stack, "error").await;
     let other: Leaf = certs.ca.leaf("a.test broken", &["a.test"], &[]);
-    std::fs::write(certs.path("a.pem"), &other.cert_pem).unwrap();
+    write_replacing(&certs.path("a.pem"), &other.cert_pem);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while tls_reloads(&stack, "error").await == 0 && Instant::now() < deadline {
+    while tls_reloads(&stack, "error").await == errors_before && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(tls_reloads(&stack, "error").await, 1, "the failed reload is counted");
+    let errors = tls_reloads(&stack, "error").await;
+    assert!(errors > errors_before, "the failed reload is counted");
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 1, "and flagged");
+    // Three more checks of the same files.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(tls_reloads(&stack, "error").await, 1, "and counted once, not at every check");
+    assert_eq!(tls_reloads(&stack, "error").await, errors, "and counted once, not at every check");
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 1, "still flagged");
     assert_eq!(h2_connection(&certs, "a.test", port).await.1, "a.test rotated", "the running certificate stays");
     assert!(stack.log("flashgate").contains("gateway.tls.certificates[0].key_file: the key in"), "the log names the key");
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
 
     // Fixing the key completes the rotation.
-    std::fs::write(certs.path("a.key"), &other.key_pem).unwrap();
+    write_replacing(&certs.path("a.key"), &other.key_pem);
     assert_eq!(wait_for_cn(&certs, "a.test", port, "a.test broken").await, "a.test broken");
+    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 0, "no longer flagged");
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
+}
+
+/// A request body sent as the test feeds it, piece by piece.
+struct Trickle(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Trickle {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|piece| piece.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_an_idle_connection_is_closed_and_a_trickled_buy_body_is_cut_off() {
+    let certs = Certs::new();
+    let (mut stack, port) = tls_stack(&certs, "", "").await;
+    stack.open_sale("trickle-sale", 5, 1).await;
+    stack.kill_gateway();
+    stack.edit_config(|text| {
+        assert_eq!(text.matches("threads = 2\n").count(), 1);
+        text.replace("threads = 2\n", "threads = 2\nkeepalive_seconds = 1\nbody_read_timeout_ms = 1000\n")
+    });
+    stack.start_gateway();
+    assert!(flashgate_tests::wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)));
+
+    // A buy whose body comes a byte every 200 ms, each well within the
+    // per-read timeout, and never ends: the gateway answers anyway.
+    let (mut sender, _, _conn) = h2_connect::<Trickle>(&certs, "a.test", port).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let feeder = tokio::spawn(async move {
+        while tx.send(Bytes::from_static(b" ")).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let req = http::Request::post(format!("https://a.test:{port}/api/sales/trickle-sale/buy"))
+        .header("authorization", format!("Bearer {}", token("trickler")))
+        .header("idempotency-key", "trickle-k1")
+        .body(Trickle(rx))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(15), sender.send_request(req))
+        .await
+        .expect("an answer while the body still trickles")
+        .unwrap();
+    feeder.abort();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["code"], "bad_request", "{body}");
+    assert_eq!(body["message"], "request body not received in time", "{body}");
+    let (_, sale) = flashgate_tests::get_json(&stack.http, &stack.url("/api/sales/trickle-sale")).await;
+    assert_eq!(sale["remaining"], 5, "nothing was bought");
+
+    // An HTTP/2 connection left idle after a request is closed by the gateway.
+    let (mut idle, _, conn) = h2_connect::<Empty<Bytes>>(&certs, "a.test", port).await;
+    assert_eq!(h2_get(&mut idle, &format!("https://a.test:{port}/api/sales/trickle-sale")).await.0, 200);
+    let closed = tokio::time::timeout(Duration::from_secs(15), conn).await;
+    assert!(closed.is_ok(), "the idle HTTP/2 connection is still open");
 }
 
 /// A TLS handshake with a client willing to go down to TLS 1.0 but no
@@ -286,7 +371,9 @@ async fn tls_1_1_is_refused_and_tls_1_2_accepted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears_https() {
     let certs = Certs::new();
-    let (stack, port) = tls_stack(&certs, "redirect_http = true", "").await;
+    // Behind a load balancer the public HTTPS port (443, left out of URLs)
+    // is not the listener's.
+    let (stack, port) = tls_stack(&certs, "redirect_http = true\nredirect_port = 443", "").await;
     stack.open_sale("redir-sale", 5, 1).await;
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
 
@@ -294,13 +381,27 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
         let resp = http.get(stack.url(path)).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 308, "GET {path}");
         let location = resp.headers()["location"].to_str().unwrap().to_owned();
-        assert_eq!(location, format!("https://127.0.0.1:{port}{path}"), "GET {path}");
+        assert_eq!(location, format!("https://127.0.0.1{path}"), "GET {path}");
         let head = http.head(stack.url(path)).send().await.unwrap();
         assert_eq!(head.status().as_u16(), 308, "HEAD {path}");
     }
-    // A Host that is not a name gets no Location built from it.
-    let resp = http.get(stack.url("/sales/redir-sale")).header("host", "evil.example/x").send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 400);
+    // Names the certificates cover (SAN, wildcard, with the root dot) are
+    // redirected to; a Host that is not a name, or one no certificate
+    // covers, gets a JSON 400 and no Location built from it.
+    for (host, want) in
+        [("a.test:8080", "https://a.test/s/x"), ("shop.b.test", "https://shop.b.test/s/x"), ("A.test.", "https://a.test/s/x")]
+    {
+        let resp = http.get(stack.url("/s/x")).header("host", host).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 308, "Host {host}");
+        assert_eq!(resp.headers()["location"], want, "Host {host}");
+    }
+    for host in ["evil.example/x", "evil.example", "b.b.b.test", "10.0.0.1"] {
+        let resp = http.get(stack.url("/sales/redir-sale")).header("host", host).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "Host {host}");
+        assert!(resp.headers().get("location").is_none(), "Host {host}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["code"], "bad_request", "Host {host}");
+    }
 
     // The API keeps answering on plain HTTP, reads and buys alike; a POST to
     // the shop is not redirected either.

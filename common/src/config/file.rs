@@ -349,6 +349,9 @@ pub struct Tls {
     /// Page routes on the plain listener answer 308 to HTTPS; the API
     /// keeps working on both.
     pub redirect_http: bool,
+    /// The public HTTPS port redirects name (a load balancer may listen on
+    /// 443 in front of `listen`); unset: the port of `listen`.
+    pub redirect_port: Option<u16>,
     /// How often the certificate files are checked for changes.
     pub reload_interval_ms: u64,
 }
@@ -369,6 +372,7 @@ impl Default for Tls {
             key_file: None,
             certificates: Vec::new(),
             redirect_http: false,
+            redirect_port: None,
             reload_interval_ms: 1000,
         }
     }

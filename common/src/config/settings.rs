@@ -198,6 +198,8 @@ pub struct TlsConfig {
     /// `gateway.tls.certificates`, chosen by the SAN names of each.
     pub certificates: Vec<TlsFiles>,
     pub redirect_http: bool,
+    /// `gateway.tls.redirect_port`, else the port of `listen`.
+    pub redirect_port: u16,
     pub reload_interval: Duration,
 }
 

@@ -32,6 +32,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "gateway.tls.key_file",
     "events.webhook_url",
     "events.amqp_url",
+    "gateway.tls.redirect_port",
 ];
 
 #[test]
@@ -425,6 +426,10 @@ fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
     assert!(err.contains("gateway.tls.key_file: must be set with gateway.tls.cert_file"), "{err}");
     let err = parse("[gateway.tls]\nredirect_http = true\nlisten = \"nope\"\n").unwrap_err().to_string();
     assert!(err.contains("gateway.tls.redirect_http: needs gateway.tls.cert_file") && err.contains("gateway.tls.listen"), "{err}");
+    let err = parse("[gateway.tls]\nlisten = \"127.0.0.1:9443\"\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.listen: needs gateway.tls.cert_file"), "{err}");
+    let err = parse("[gateway.tls]\nreload_interval_ms = 5000\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.reload_interval_ms: needs gateway.tls.cert_file"), "{err}");
     let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"nope\"\nreload_interval_ms = 1\n")
         .unwrap_err()
         .to_string();
@@ -436,4 +441,23 @@ fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
         .to_string();
     assert!(err.contains("gateway.tls.listen: must differ from gateway.listen"), "{err}");
     assert!(parse("[shop]\nh2 = true\n").unwrap().shop.h2);
+}
+
+#[test]
+fn the_redirect_names_redirect_port_else_the_listen_port() {
+    let parse = |extra: &str| {
+        Config::from_toml_str(
+            &format!("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"0.0.0.0:8443\"\n{extra}"),
+            &NoEnv,
+            0,
+        )
+    };
+    assert_eq!(parse("").unwrap().gateway.tls.unwrap().redirect_port, 8443);
+    assert_eq!(parse("redirect_port = 443\n").unwrap().gateway.tls.unwrap().redirect_port, 443);
+    let err = parse("redirect_port = 0\n").unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.redirect_port: must be a port between 1 and 65535, got 0"), "{err}");
+    let err = parse("redirect_port = 70000\n").unwrap_err().to_string();
+    assert!(err.contains("redirect_port"), "{err}");
+    let err = Config::from_toml_str("[gateway.tls]\nredirect_port = 443\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(err.contains("gateway.tls.redirect_port: needs gateway.tls.cert_file"), "{err}");
 }

@@ -215,6 +215,18 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
         check.that(f.key_file.is_none(), "gateway.tls.key_file", "needs gateway.tls.cert_file");
         check.that(f.certificates.is_empty(), "gateway.tls.certificates", "need gateway.tls.cert_file (the default certificate)");
         check.that(!f.redirect_http, "gateway.tls.redirect_http", "needs gateway.tls.cert_file (no HTTPS listener to redirect to)");
+        check.that(
+            f.redirect_port.is_none(),
+            "gateway.tls.redirect_port",
+            "needs gateway.tls.cert_file (no HTTPS listener to redirect to)",
+        );
+        let unset = file::Tls::default();
+        check.that(f.listen == unset.listen, "gateway.tls.listen", "needs gateway.tls.cert_file (HTTPS is off without it)");
+        check.that(
+            f.reload_interval_ms == unset.reload_interval_ms,
+            "gateway.tls.reload_interval_ms",
+            "needs gateway.tls.cert_file (no certificates to reload)",
+        );
         return None;
     };
     let Some(key_file) = f.key_file.filter(|v| !v.trim().is_empty()) else {
@@ -233,8 +245,13 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
         check.that(!c.key_file.trim().is_empty(), format_args!("{key_path}.key_file"), "must not be empty");
         certificates.push(TlsFiles { key_path, cert_file: c.cert_file.into(), key_file: c.key_file.into() });
     }
+    check
+        .that(f.redirect_port != Some(0), "gateway.tls.redirect_port", "must be a port between 1 and 65535, got 0")
+        .note("leave it out for the port of gateway.tls.listen");
+    let redirect_port = f.redirect_port.unwrap_or(listen.port());
     Some(TlsConfig {
         listen,
+        redirect_port,
         default: TlsFiles { key_path: "gateway.tls".into(), cert_file: cert_file.into(), key_file: key_file.into() },
         certificates,
         redirect_http: f.redirect_http,

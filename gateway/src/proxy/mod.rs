@@ -89,6 +89,9 @@ pub struct Gateway {
     pub switches: Arc<Switches>,
     /// The edge cache of the shop's responses; `None` while `shop.cache.enabled` is false.
     pub shop_cache: Option<Arc<ShopCache>>,
+    /// The HTTPS listener's certificates (kept current by their watcher):
+    /// a redirect names only hosts they cover.
+    pub certs: Option<Arc<arc_swap::ArcSwap<crate::tls::CertSet>>>,
 }
 
 #[async_trait]
@@ -303,15 +306,17 @@ impl Gateway {
     /// `gateway.tls.redirect_http` is on and this request is plain.
     fn https_redirect_port(&self, ctx: &RequestCtx) -> Option<u16> {
         let tls = self.config.gateway.tls.as_ref().filter(|t| t.redirect_http)?;
-        (!ctx.tls).then_some(tls.listen.port())
+        (!ctx.tls).then_some(tls.redirect_port)
     }
 
     /// `308` to the same path over HTTPS, or `400` when the request names
-    /// no host that can go into a `Location`.
+    /// no host that can go into a `Location` (see `tls::redirect::location`).
     fn redirect_to_https(&self, req: &RequestHeader, https_port: u16, ctx: &mut RequestCtx) -> Reply {
         let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.host());
         let target = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        match crate::tls::redirect::location(host, target, https_port) {
+        let certs = self.certs.as_ref().map(|c| c.load());
+        let covers = |h: &str| certs.as_ref().is_some_and(|c| c.covers(h));
+        match crate::tls::redirect::location(host, target, https_port, covers) {
             Some(location) => {
                 ctx.outcome = Outcome::RedirectedToHttps;
                 Reply::json(308, &json!({"code": "https_required", "message": "this page is served over HTTPS", "location": location}))
@@ -344,7 +349,7 @@ impl Gateway {
             }
             Route::Buy(sale_id) => {
                 let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
-                read_buy_body(session).await?;
+                read_buy_body(session, self.config.gateway.body_read_timeout).await?;
                 let (user, idempotency_key, unchallenged) = (&admitted.user, &admitted.idempotency_key, admitted.unchallenged);
                 let outcome = self.buy.buy(BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id, unchallenged }).await;
                 ctx.outcome = match &outcome {

@@ -43,10 +43,26 @@ pub fn keep_alive_after_early_answer(session: &mut Session) {
     }
 }
 
-/// Reads the buy body: empty, or a JSON object of at most
-/// [`MAX_BUY_BODY_BYTES`]. Nothing in it is needed today, but garbage is
-/// refused rather than silently accepted.
-pub async fn read_buy_body(session: &mut Session) -> Result<(), Rejection> {
+/// Reads the buy body within `limit` in all: empty, or a JSON object of at
+/// most [`MAX_BUY_BODY_BYTES`]. Nothing in it is needed today, but garbage
+/// is refused rather than silently accepted.
+///
+/// The whole read is bounded, not only the wait for each piece: over
+/// HTTP/2 pingora's per-read timeout does not apply, and even over
+/// HTTP/1.1 a client sending a byte just before each read timeout would
+/// otherwise hold its admitted buy open for as long as it likes.
+pub async fn read_buy_body(session: &mut Session, limit: std::time::Duration) -> Result<(), Rejection> {
+    match tokio::time::timeout(limit, read_bounded_body(session)).await {
+        Ok(result) => result,
+        Err(_) => {
+            // Part of the body may still be on its way: never reuse this connection.
+            session.set_keepalive(None);
+            Err(Rejection::BadRequest("request body not received in time"))
+        }
+    }
+}
+
+async fn read_bounded_body(session: &mut Session) -> Result<(), Rejection> {
     let declared = session.req_header().headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BUY_BODY_BYTES) {
         return Err(Rejection::PayloadTooLarge);

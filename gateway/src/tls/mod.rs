@@ -10,7 +10,8 @@
 //!
 //! Pingora's `openssl` feature (Debian's libssl, see `.cargo/config.toml`)
 //! terminates TLS. The listener starts from Mozilla's intermediate profile
-//! (TLS 1.2 and 1.3, ECDHE + AEAD ciphers only), with TLS 1.2 also set as
+//! (TLS 1.2 and 1.3, AEAD ciphers only, ECDHE key exchange and, for TLS 1.2
+//! with RSA certificates, DHE over ffdhe2048), with TLS 1.2 also set as
 //! the floor explicitly, and offers HTTP/2 then HTTP/1.1 by ALPN.
 
 pub mod certs;

@@ -21,12 +21,15 @@ pub fn applies(method: &Method, path: &str, route: &Route<'_>) -> bool {
 }
 
 /// The HTTPS address of the same resource: `https://host[:port]/path?query`,
-/// with the HTTPS listener's port (left out when it is 443). `None` when the
-/// request names no usable host (missing, or not a plain DNS name or IP
-/// literal): a `Host` is never copied into `Location` unchecked.
-pub fn location(host: Option<&str>, path_and_query: &str, https_port: u16) -> Option<String> {
-    let host = hostname(host?)?;
-    if !path_and_query.starts_with('/') {
+/// with the public HTTPS port (left out when it is 443). `None` when the
+/// request names no usable host: missing, not a plain DNS name or IP
+/// literal, or one no loaded certificate `covers` (a `Host` is never copied
+/// into `Location` unchecked, and a browser is never sent to a name the
+/// HTTPS listener would fail its handshake for). A name's root dot is
+/// accepted and dropped, and the name is lower-cased.
+pub fn location(host: Option<&str>, path_and_query: &str, https_port: u16, covers: impl Fn(&str) -> bool) -> Option<String> {
+    let host = hostname(host?)?.to_ascii_lowercase();
+    if !covers(&host) || !path_and_query.starts_with('/') {
         return None;
     }
     let port = if https_port == 443 { String::new() } else { format!(":{https_port}") };
@@ -46,6 +49,7 @@ fn hostname(value: &str) -> Option<&str> {
         Some((host, port)) => port.parse::<u16>().ok().map(|_| host)?,
         None => value,
     };
+    let host = host.strip_suffix('.').unwrap_or(host);
     let valid = !host.is_empty()
         && host.len() <= 253
         && host
@@ -71,22 +75,47 @@ mod tests {
         assert!(applies(&get, "/apiary", &Route::Shop));
     }
 
+    fn any(_: &str) -> bool {
+        true
+    }
+
     #[test]
     fn location_keeps_host_path_and_query_and_uses_the_https_port() {
-        assert_eq!(location(Some("shop.example:8080"), "/sales/a?x=1", 8443).as_deref(), Some("https://shop.example:8443/sales/a?x=1"));
-        assert_eq!(location(Some("shop.example"), "/", 443).as_deref(), Some("https://shop.example/"));
-        assert_eq!(location(Some("127.0.0.1:80"), "/s", 443).as_deref(), Some("https://127.0.0.1/s"));
-        assert_eq!(location(Some("[::1]:8080"), "/s", 8443).as_deref(), Some("https://[::1]:8443/s"));
+        assert_eq!(
+            location(Some("shop.example:8080"), "/sales/a?x=1", 8443, any).as_deref(),
+            Some("https://shop.example:8443/sales/a?x=1")
+        );
+        assert_eq!(location(Some("shop.example"), "/", 443, any).as_deref(), Some("https://shop.example/"));
+        assert_eq!(location(Some("shop.example.:8080"), "/", 443, any).as_deref(), Some("https://shop.example/"), "root dot");
+        assert_eq!(location(Some("127.0.0.1:80"), "/s", 443, any).as_deref(), Some("https://127.0.0.1/s"));
+        assert_eq!(location(Some("[::1]:8080"), "/s", 8443, any).as_deref(), Some("https://[::1]:8443/s"));
+    }
+
+    #[test]
+    fn only_hosts_a_certificate_covers_get_a_location() {
+        let covers = |h: &str| h == "shop.example";
+        assert_eq!(location(Some("shop.example."), "/", 443, covers).as_deref(), Some("https://shop.example/"));
+        assert_eq!(location(Some("other.example"), "/", 443, covers), None);
     }
 
     #[test]
     fn hosts_that_are_not_names_get_no_location() {
-        for bad in
-            ["", "evil.example/x", "a@evil.example", "evil.example:port", "ex ample", "a..b", "[::1", "[zz]:1", "x\r\nSet-Cookie: a=b"]
-        {
-            assert_eq!(location(Some(bad), "/", 443), None, "{bad:?}");
+        for bad in [
+            "",
+            "evil.example/x",
+            "a@evil.example",
+            "evil.example:port",
+            "ex ample",
+            "a..b",
+            "[::1",
+            "[zz]:1",
+            "x\r\nSet-Cookie: a=b",
+            "a.b..",
+            ".",
+        ] {
+            assert_eq!(location(Some(bad), "/", 443, any), None, "{bad:?}");
         }
-        assert_eq!(location(None, "/", 443), None);
-        assert_eq!(location(Some("ok.example"), "*", 443), None);
+        assert_eq!(location(None, "/", 443, any), None);
+        assert_eq!(location(Some("ok.example"), "*", 443, any), None);
     }
 }

@@ -5,9 +5,11 @@
 //! again, then swapped in: handshakes from then on use it, connections
 //! already open keep theirs (a certificate only matters in a handshake).
 //! A set that fails to load (unreadable file, key not matching its
-//! certificate, e.g. half-way through a rotation) is logged and counted
+//! certificate, e.g. half-way through a rotation; a leaf outside its
+//! validity window; a chain out of order) is logged and counted
 //! (`flashgate_tls_reloads_total{result="error"}`), the running set stays,
-//! and the next change is tried again. The set in use also sets
+//! and the next change is tried again; `flashgate_tls_reload_failing` is 1
+//! until then. The set in use also sets
 //! `flashgate_tls_certificate_expiry_timestamp_seconds`.
 
 use std::sync::Arc;
@@ -30,6 +32,9 @@ pub struct CertWatcher {
     pub reloads: IntCounterVec,
     /// `flashgate_tls_certificate_expiry_timestamp_seconds`, of the set in use.
     pub expiry: IntGauge,
+    /// `flashgate_tls_reload_failing`: 1 from a failed try until the files
+    /// load (or are back to those in use).
+    pub failing: IntGauge,
 }
 
 /// What one check of the files did.
@@ -48,6 +53,12 @@ impl CertWatcher {
     /// that failed, so a broken file is logged and counted once, not at
     /// every check; it is tried again as soon as any file changes.
     pub fn check(&self, failed: &mut Option<FileBytes>) -> Reload {
+        let result = self.try_reload(failed);
+        self.failing.set(i64::from(failed.is_some()));
+        result
+    }
+
+    fn try_reload(&self, failed: &mut Option<FileBytes>) -> Reload {
         let now = match read_all(&self.config) {
             Ok(now) => now,
             Err(error) => {

@@ -8,7 +8,12 @@
 //! (`demo-shopper-<random>`), hands the sale page that shopper's buyer
 //! token the way a real shop would (the `fg_token` cookie, see
 //! docs/PAGES.md) and redirects to `next`. Every visit is a new shopper, so
-//! each can win or lose once.
+//! each can win or lose once. The home page links to it only when it is on.
+//!
+//! Demo tokens carry only `sub` and `exp`: a gateway configured with
+//! `auth.audience` or `auth.issuer` refuses them (the local stack sets
+//! neither). Anyone who can reach the shop through the gateway can sign in,
+//! so `make run` warns when the gateway listens beyond loopback.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,8 +32,12 @@ const DEMO_TOKEN_SECONDS: i64 = 3600;
 /// Set to `1` to turn the demo sign-in on.
 const ENV_DEMO_SIGNIN: &str = "FLASHGATE_DEMO_SIGNIN";
 
-async fn home() -> Html<&'static str> {
-    Html("<!doctype html><title>Demo shop</title><h1>Demo shop</h1><p>Everything that is not the sale is served here. <a href=\"/demo/sign-in?next=/sales/demo\">Sign in as a demo shopper and go to the flash sale</a>.</p>")
+async fn home(State(demo): State<Arc<DemoSignIn>>) -> Html<&'static str> {
+    if demo.jwt_secret.is_some() {
+        Html("<!doctype html><title>Demo shop</title><h1>Demo shop</h1><p>Everything that is not the sale is served here. <a href=\"/demo/sign-in?next=/sales/demo\">Sign in as a demo shopper and go to the flash sale</a>.</p>")
+    } else {
+        Html("<!doctype html><title>Demo shop</title><h1>Demo shop</h1><p>Everything that is not the sale is served here. <a href=\"/sales/demo\">The flash sale</a>.</p>")
+    }
 }
 
 async fn echo(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
