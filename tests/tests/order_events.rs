@@ -26,6 +26,9 @@ struct Delivery {
     signed: bool,
     timestamp: String,
     signature: String,
+    /// Taken (stored) but answered only after the backend's
+    /// `send_timeout_ms`: the backend counts it failed and sends it again.
+    late: bool,
 }
 
 /// A webhook receiver on 127.0.0.1:0 that verifies every request as
@@ -41,7 +44,13 @@ struct Receiver {
     /// backend under).
     hold_next: Arc<std::sync::atomic::AtomicBool>,
     holding: Arc<tokio::sync::Notify>,
+    /// Requests still to answer late: taken, then answered after
+    /// [`LATE_ANSWER`], past the backend's send timeout.
+    late_next: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Longer than `send_timeout_ms` in [`events_toml`].
+const LATE_ANSWER: Duration = Duration::from_millis(2600);
 
 /// The signature as docs/EVENTS.md describes it, written here from the doc:
 /// `v1=` + hex(HMAC-SHA256(secret, timestamp + "." + body)).
@@ -60,14 +69,16 @@ impl Receiver {
         let failing = Arc::new(Mutex::new(failing_percent));
         let hold_next = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let holding = Arc::new(tokio::sync::Notify::new());
+        let late_next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let rng = Arc::new(Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)));
         let app = axum::Router::new().route(
             "/hook",
             axum::routing::post({
                 let (log, failing, hold_next, holding) = (log.clone(), failing.clone(), hold_next.clone(), holding.clone());
+                let late_next = late_next.clone();
                 move |headers: HeaderMap, body: axum::body::Bytes| {
                     let (log, failing, rng) = (log.clone(), failing.clone(), rng.clone());
-                    let (hold_next, holding) = (hold_next.clone(), holding.clone());
+                    let (hold_next, holding, late_next) = (hold_next.clone(), holding.clone(), late_next.clone());
                     async move {
                         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
                         let (timestamp, signature) = (header("flashgate-timestamp"), header("flashgate-signature"));
@@ -76,6 +87,10 @@ impl Receiver {
                         let signed = fresh && signature == expected_signature(WEBHOOK_SECRET, &timestamp, &body);
                         let fail = rng.lock().unwrap().random_range(0..100) < *failing.lock().unwrap();
                         let accepted = signed && !fail;
+                        let late = accepted
+                            && late_next
+                                .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1))
+                                .is_ok();
                         log.lock().unwrap().push(Delivery {
                             event_id: header("flashgate-event-id"),
                             body: String::from_utf8_lossy(&body).into_owned(),
@@ -83,7 +98,11 @@ impl Receiver {
                             signed,
                             timestamp,
                             signature,
+                            late,
                         });
+                        if late {
+                            tokio::time::sleep(LATE_ANSWER).await;
+                        }
                         if accepted && hold_next.swap(false, std::sync::atomic::Ordering::SeqCst) {
                             holding.notify_one();
                             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -100,7 +119,7 @@ impl Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { url, log, failing, hold_next, holding }
+        Self { url, log, failing, hold_next, holding, late_next }
     }
 
     fn deliveries(&self) -> Vec<Delivery> {
@@ -211,11 +230,18 @@ async fn every_order_event_reaches_a_flaky_webhook_in_order_across_a_backend_kil
     stack.kill_backend();
     tokio::time::sleep(Duration::from_millis(300)).await;
     stack.start_backend();
+    // The next two events the receiver takes are answered past the send
+    // timeout: stored by the shop, failed for the backend, sent again.
+    receiver.late_next.store(2, std::sync::atomic::Ordering::SeqCst);
 
     let expected = expected_events(&orders, &paid);
     let wanted: usize = expected.values().map(Vec::len).sum();
-    wait_until("every event", Duration::from_secs(60), || {
-        receiver.deliveries().iter().filter(|d| d.accepted).map(|d| d.event_id.clone()).collect::<HashSet<_>>().len() >= wanted
+    wait_until("every event, and the late ones again", Duration::from_secs(60), || {
+        let deliveries = receiver.deliveries();
+        let taken = |id: &str| deliveries.iter().filter(|d| d.accepted && d.event_id == id).count();
+        deliveries.iter().filter(|d| d.accepted).map(|d| d.event_id.clone()).collect::<HashSet<_>>().len() >= wanted
+            && deliveries.iter().filter(|d| d.late).count() == 2
+            && deliveries.iter().filter(|d| d.late).all(|d| taken(&d.event_id) >= 2)
     })
     .await;
 
@@ -225,6 +251,12 @@ async fn every_order_event_reaches_a_flaky_webhook_in_order_across_a_backend_kil
     let accepted: Vec<(String, String)> = deliveries.iter().filter(|d| d.accepted).map(|d| (d.event_id.clone(), d.body.clone())).collect();
     let repeats = check_events(&accepted, &expected);
     assert!(repeats >= 1, "the event in flight at the kill is sent again once its lease passes");
+    let late: Vec<&Delivery> = deliveries.iter().filter(|d| d.late).collect();
+    assert_eq!(late.len(), 2, "two events were answered late");
+    for d in late {
+        let again = accepted.iter().filter(|(id, _)| *id == d.event_id).count();
+        assert!(again >= 2, "an event answered past the send timeout is sent again with its id {}: {again} taken", d.event_id);
+    }
     eprintln!("order events: {wanted} events, {} requests, {} taken, {repeats} taken again", deliveries.len(), accepted.len());
     // Never `paid`/`cancelled` sent (even once, failing) before the
     // order's `created` was taken.
