@@ -157,9 +157,7 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
     // lease is under that (a slow claim), leaving it to the next lease.
     let destinations = u64::from(f.webhook_url.is_some()) + u64::from(f.amqp_url.is_some());
     let min_lease = f.send_timeout_ms.saturating_mul(destinations.max(1) + 1).clamp(1000, 3_600_000);
-    check
-        .between("events.lease_ms", f.lease_ms, min_lease, 3_600_000)
-        .note("at least send_timeout_ms × (destinations + 1)");
+    check.between("events.lease_ms", f.lease_ms, min_lease, 3_600_000).note("at least send_timeout_ms × (destinations + 1)");
     check.between("events.batch_size", f.batch_size, 1, 256);
     let secret = env.var(ENV_WEBHOOK_SECRET);
     let webhook = f.webhook_url.map(|url| {
