@@ -15,7 +15,7 @@
 //!   │                    every answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
 //! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
-//!   cache_key_callback   scheme + host + path and query
+//!   cache_key_callback   scheme + host + raw target (path and query)
 //!   cache_vary_filter    the variant the response's Vary names
 //!   cache_hit_filter     Cookie/Authorization take only public copies
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
@@ -121,6 +121,16 @@ impl ProxyHttp for Gateway {
             ctx.outcome = Outcome::Rejected(Rejection::HeadersTooLarge);
             session.set_keepalive(None);
             return write_reply(session, Rejection::HeadersTooLarge.into(), ctx).await;
+        }
+        // Only origin-form targets (`/path?query`): the gateway routes and
+        // the cache key read the parsed path, while the shop gets the raw
+        // target, and pingora parses other forms (`x:/search`, `*`,
+        // `http://host/path`) to a path the shop never sees.
+        if session.req_header().raw_path().first() != Some(&b'/') {
+            ctx.route = RouteKind::Invalid;
+            let rejection = Rejection::BadRequest("the request target must be a path starting with /");
+            ctx.outcome = Outcome::Rejected(rejection.clone());
+            return write_reply(session, rejection.into(), ctx).await;
         }
         let req = session.req_header();
         let method = req.method.clone();

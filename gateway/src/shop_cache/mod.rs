@@ -17,8 +17,14 @@
 //! - Coalescing: the first miss of a URL fetches it; concurrent misses wait
 //!   on pingora's cache lock (up to `shop.cache.lock_timeout_ms`) and are then
 //!   answered from the stored copy. A response found uncacheable releases the
-//!   waiters to the shop, and pingora's predictor remembers the URL (bounded
-//!   LRU) so later requests skip the lock.
+//!   waiters to the shop; a 5xx instead lets one of them fetch again (so a
+//!   failing shop is not hit by the whole crowd at once). Nothing is
+//!   remembered about a URL beyond its stored copy: no uncacheable
+//!   predictor, since one request (a junk `Authorization` answered 401, a
+//!   header outside the key that makes the shop fail or set a cookie) would
+//!   otherwise switch the cache off for that URL for everyone. The cost is
+//!   that requests for a URL that is never cacheable still queue behind one
+//!   fetch each before going to the shop.
 //! - Stale: `stale-while-revalidate` answers the stale copy and refreshes it
 //!   in the background (one refresh per URL); `stale-if-error` (or
 //!   `shop.cache.stale_if_error_seconds` when the shop names none) answers it
@@ -37,7 +43,7 @@
 //!   a gateway whose subscription is down at that moment misses it, so the
 //!   answer says whether it was announced (docs/OPERATIONS.md).
 //!
-//! Storage, eviction manager, lock and predictor must be `'static` for
+//! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
 
 pub mod policy;
@@ -51,17 +57,11 @@ use flashgate_common::keys::SaleEvent;
 use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
 use pingora::cache::lock::{CacheKeyLockImpl, CacheLock};
-use pingora::cache::predictor::Predictor;
 use pingora::cache::{CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
 use pingora::http::ResponseHeader;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
 use storage::{MemoryStore, StoreGauges};
-
-/// Shards of the predictor's LRU of URLs found uncacheable.
-const PREDICTOR_SHARDS: usize = 16;
-/// URLs remembered as uncacheable per shard: 16 × 4096 keys of 16 bytes.
-const PREDICTOR_SHARD_CAPACITY: usize = 4096;
 
 /// How a request uses the cache, decided before the lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -165,7 +165,6 @@ pub struct ShopCache {
     store: &'static MemoryStore,
     eviction: &'static simple_lru::Manager,
     lock: &'static CacheKeyLockImpl,
-    predictor: &'static Predictor<PREDICTOR_SHARDS>,
     defaults: CacheMetaDefaults,
     max_object_bytes: usize,
     lock_timeout: Duration,
@@ -175,12 +174,6 @@ pub struct ShopCache {
 /// No heuristic freshness: a response the shop gives no lifetime is not stored.
 fn no_default_freshness(_status: http::StatusCode) -> Option<Duration> {
     None
-}
-
-/// `Custom` reasons the predictor must not remember: a credentialed
-/// request's private answer says nothing about the URL's public one.
-fn forgettable(reason: &'static str) -> bool {
-    reason == policy::CREDENTIALED
 }
 
 impl ShopCache {
@@ -223,7 +216,6 @@ impl ShopCache {
             store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, gauges))),
             eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes))),
             lock: Box::leak(Box::new(CacheLock::new(config.lock_timeout))),
-            predictor: Box::leak(Box::new(Predictor::new(PREDICTOR_SHARD_CAPACITY, Some(forgettable)))),
             defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
             max_object_bytes: config.max_object_bytes,
             lock_timeout: config.lock_timeout,
@@ -242,9 +234,9 @@ impl ShopCache {
         let lock = (using == CacheUse::Shared).then_some(self.lock);
         let mut overrides = CacheOptionOverrides::default();
         overrides.wait_timeout = Some(self.lock_timeout);
-        cache.enable(self.store, Some(self.eviction), Some(self.predictor), lock, Some(overrides));
+        cache.enable(self.store, Some(self.eviction), None, lock, Some(overrides));
         // Pingora refuses a response over this by its Content-Length, or
-        // (chunked) fails it when the body passes it and remembers the URL.
+        // (chunked) fails it when the body passes it.
         cache.set_max_file_size_bytes(self.max_object_bytes);
     }
 
