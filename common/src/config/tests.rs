@@ -404,6 +404,8 @@ fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
     for key in ["shop.cache.max_object_bytes", "shop.cache.stale_if_error_seconds", "shop.cache.lock_timeout_ms"] {
         assert!(msg.contains(key), "{key} not named: {msg}");
     }
+    let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1048576\nmax_object_bytes = 524288\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("shop.cache.max_object_bytes") && msg.contains("a quarter"), "{msg}");
     let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1024\n", &NoEnv, 0).unwrap_err().to_string();
     assert!(msg.contains("shop.cache.max_bytes: must be between 1048576 and"), "{msg}");
 }

@@ -216,9 +216,10 @@ pub const MAX_SHOP_CACHE_BYTES: u64 = 64 << 30;
 /// `[shop.cache]`.
 fn shop_cache(check: &mut Check, f: file::ShopCache) -> ShopCacheConfig {
     check.between("shop.cache.max_bytes", f.max_bytes, 1 << 20, MAX_SHOP_CACHE_BYTES).note("1 MiB to 64 GiB");
+    // A quarter of max_bytes bounds the fills in progress (gateway shop_cache).
     check
-        .between("shop.cache.max_object_bytes", f.max_object_bytes, 1024, f.max_bytes.clamp(1024, MAX_SHOP_CACHE_BYTES))
-        .note("at most shop.cache.max_bytes");
+        .between("shop.cache.max_object_bytes", f.max_object_bytes, 1024, (f.max_bytes / 4).clamp(1024, MAX_SHOP_CACHE_BYTES))
+        .note("at most a quarter of shop.cache.max_bytes");
     check.at_most("shop.cache.stale_if_error_seconds", f.stale_if_error_seconds, 86_400).note("0 = only when the shop allows it");
     check.between("shop.cache.lock_timeout_ms", f.lock_timeout_ms, 10, 60_000);
     let bytes = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);

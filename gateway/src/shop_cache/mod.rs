@@ -30,8 +30,11 @@
 //!   `shop.cache.stale_if_error_seconds` when the shop names none) answers it
 //!   while the shop fails (5xx, refused, timeout).
 //! - Memory: the store ([`storage::MemoryStore`]) holds complete responses;
-//!   pingora's LRU eviction manager weighs each by its header and body bytes
-//!   and evicts the least recently used past `shop.cache.max_bytes`.
+//!   pingora's LRU eviction manager weighs each by its header, body and URL
+//!   bytes plus a fixed overhead, and evicts the least recently used past
+//!   three quarters of `shop.cache.max_bytes`; the last quarter bounds the
+//!   fills in progress (a fill past it is abandoned and its response passes
+//!   through). Targets over 8 KiB bypass the cache.
 //! - `X-Cache` on every proxied response while the cache is on: `HIT`,
 //!   `MISS`, `STALE`, `REVALIDATED` (stored copy confirmed by the shop with
 //!   304) or `BYPASS` (not cacheable, or not taken from the cache).
@@ -62,6 +65,10 @@ use pingora::http::ResponseHeader;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
 use storage::{MemoryStore, StoreGauges};
+
+/// Fills in progress hold at most `max_bytes / FILL_SHARE`; stored entries
+/// the rest (config validation keeps `max_object_bytes` within the fills' share).
+pub const FILL_SHARE: usize = 4;
 
 /// How a request uses the cache, decided before the lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -210,11 +217,13 @@ impl ShopCache {
             purges: counter("shop_cache_purges_total", "Cache purges by kind (url, prefix).", &["kind"]),
             purged_objects: counter("shop_cache_purged_objects_total", "Cached responses removed by purges, by kind.", &["kind"]),
         };
+        // Fills in progress and stored entries share max_bytes.
+        let fill_budget = config.max_bytes / FILL_SHARE;
         let stale_if_error = u32::try_from(config.stale_if_error.as_secs()).unwrap_or(u32::MAX);
         Self {
             id: format!("{:016x}", rand::random::<u64>()),
-            store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, gauges))),
-            eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes))),
+            store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, fill_budget, gauges))),
+            eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes - fill_budget))),
             lock: Box::leak(Box::new(CacheLock::new(config.lock_timeout))),
             defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
             max_object_bytes: config.max_object_bytes,
