@@ -13,6 +13,8 @@
 //! - `/sie` `max-age=1, stale-if-error=60`, `/sie-default` `max-age=1`;
 //!   every `/sie…` answers 500 once the test sets the shop failing;
 //! - `/big/…` 64 KiB bodies, `max-age=60`;
+//! - `/echo` `max-age=60`, echoing the request headers that could change
+//!   the answer (`X-Forwarded-Host`, `X-Original-URL`, ...);
 //! - `/mustrev` `max-age=60, must-revalidate`, echoing the request's cookie;
 //! - `/guarded…` `max-age=60`, but 401 to any `Authorization` and 500 to
 //!   an `X-Break` header (both outside the key);
@@ -99,6 +101,13 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
         "/vary" => {
             resp = resp.header("vary", "Accept-Encoding");
             body = format!("encoding={} {body}", header("accept-encoding"));
+            "max-age=60"
+        }
+        "/echo" => {
+            let names =
+                ["x-forwarded-host", "x-forwarded-port", "x-forwarded-prefix", "x-original-url", "x-rewrite-url", "x-http-method-override"];
+            let seen: Vec<String> = names.iter().map(|n| format!("{n}={}", header(n))).collect();
+            body = format!("{} {body}", seen.join(";"));
             "max-age=60"
         }
         "/mustrev" => {
@@ -551,4 +560,25 @@ async fn many_unique_long_urls_keep_the_memory_held_near_max_bytes() {
     assert_eq!(get(&stack, &longer, &[]).await.1, "BYPASS");
     assert_eq!(get(&stack, &longer, &[]).await.1, "BYPASS");
     assert_eq!(shop.count(&longer), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_outside_the_key_that_rewrite_the_request_do_not_reach_the_shop() {
+    let (stack, shop) = start().await;
+    let claims = [
+        ("x-forwarded-host", "evil.example"),
+        ("x-forwarded-port", "8443"),
+        ("x-forwarded-prefix", "/evil"),
+        ("x-original-url", "/admin"),
+        ("x-rewrite-url", "/admin"),
+        ("x-http-method-override", "DELETE"),
+    ];
+    let (_, x_cache, body) = get(&stack, "/echo", &claims).await;
+    let host = stack.gateway_addr.to_string();
+    let expected = format!(
+        "x-forwarded-host={host};x-forwarded-port=;x-forwarded-prefix=;x-original-url=;x-rewrite-url=;x-http-method-override= /echo #1"
+    );
+    assert_eq!((x_cache.as_str(), body.as_str()), ("MISS", expected.as_str()));
+    assert_eq!(get(&stack, "/echo", &[]).await, (200, "HIT".into(), expected));
+    assert_eq!(shop.count("/echo"), 1);
 }

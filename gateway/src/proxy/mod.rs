@@ -21,7 +21,8 @@
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
 //!   hit or stale ──────► answered from the cache; else to the shop:
 //! upstream_peer          a healthy shop upstream (round robin), else 502
-//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto, X-Request-Id
+//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto, X-Request-Id;
+//!                        cached requests: X-Forwarded-Host = keyed host, X-Original-URL & co removed
 //! response_cache_filter  may the shop's answer be stored, for how long
 //! response_filter        hop-by-hop removed from the shop's answer; X-Cache
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
@@ -247,6 +248,11 @@ impl ProxyHttp for Gateway {
         }
         upstream.insert_header("X-Forwarded-Proto", "http")?;
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
+        // The shop must answer what the cache key names, whatever other
+        // host, path or method the client's headers claim.
+        if ctx.cache != CacheUse::Off {
+            policy::strip_unkeyed(upstream)?;
+        }
         Ok(())
     }
 

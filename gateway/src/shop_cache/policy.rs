@@ -28,6 +28,26 @@ const MAX_VARY_HEADERS: usize = 8;
 /// bypass it, so one entry's key cannot take a large share of the memory.
 pub const MAX_CACHED_TARGET_BYTES: usize = 8 * 1024;
 
+/// Request headers that make common frameworks answer for another host,
+/// path or method than the key names; never sent to the shop on a request
+/// that uses the cache (`X-Forwarded-Host` is set again to the keyed host).
+/// Headers a shop varies its answer on otherwise (`Accept`,
+/// `Accept-Language`, ...) need a `Vary` from the shop.
+pub const UNKEYED_REWRITE_HEADERS: [&str; 6] =
+    ["x-forwarded-host", "x-forwarded-port", "x-forwarded-prefix", "x-original-url", "x-rewrite-url", "x-http-method-override"];
+
+/// Drops [`UNKEYED_REWRITE_HEADERS`] from the shop's request and names the
+/// keyed host (lower case) in `X-Forwarded-Host`.
+pub fn strip_unkeyed(upstream: &mut RequestHeader) -> pingora::Result<()> {
+    for name in UNKEYED_REWRITE_HEADERS {
+        upstream.remove_header(name);
+    }
+    if let Some(host) = upstream.headers.get(header::HOST).map(|v| v.as_bytes().to_ascii_lowercase()) {
+        upstream.insert_header("X-Forwarded-Host", host)?;
+    }
+    Ok(())
+}
+
 /// How a request may use the cache: only `GET` and `HEAD` without a body
 /// or protocol upgrade, with a `Host` and a UTF-8 origin-form target of at
 /// most [`MAX_CACHED_TARGET_BYTES`] (the key is built from those bytes
