@@ -139,7 +139,7 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
 async fn start() -> (Stack, Shop) {
     let shop = Shop::start().await;
     let extra_toml = format!(
-        "[shop]\nupstreams = [\"{}\"]\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n",
+        "[shop]\nupstreams = [\"{}\"]\nread_timeout_ms = 10000\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n",
         shop.addr
     );
     let stack = Stack::start(StackOptions { extra_toml, ..StackOptions::default() }).await;
