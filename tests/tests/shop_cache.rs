@@ -124,7 +124,7 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
         p if p.starts_with("/sie") && shop.failing.load(Ordering::SeqCst) => {
             return Response::builder().status(500).body(Body::from("shop down")).unwrap();
         }
-        "/sie" => "max-age=1, stale-if-error=60",
+        "/sie" | "/sie-crowd" => "max-age=1, stale-if-error=60",
         "/sie-default" => "max-age=1",
         p if p.starts_with("/big/") => {
             body = format!("{body}{}", "x".repeat(BIG_BODY));
@@ -581,4 +581,30 @@ async fn headers_outside_the_key_that_rewrite_the_request_do_not_reach_the_shop(
     assert_eq!((x_cache.as_str(), body.as_str()), ("MISS", expected.as_str()));
     assert_eq!(get(&stack, "/echo", &[]).await, (200, "HIT".into(), expected));
     assert_eq!(shop.count("/echo"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_gets_the_stale_copy_while_the_shop_fails_without_queueing_on_it() {
+    let (stack, shop) = start().await;
+    assert_eq!(get(&stack, "/sie-crowd", &[]).await.1, "MISS");
+    shop.state.failing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let all: Vec<_> = (0..200)
+        .map(|_| {
+            let (http, url) = (http.clone(), stack.url("/sie-crowd"));
+            tokio::spawn(async move {
+                let resp = http.get(url).send().await.unwrap();
+                let x_cache = resp.headers()["x-cache"].to_str().unwrap().to_owned();
+                (resp.status().as_u16(), x_cache, resp.text().await.unwrap())
+            })
+        })
+        .collect();
+    let answers = tokio::time::timeout(Duration::from_secs(30), futures_join(all)).await.expect("answered in time");
+    for (status, x_cache, body) in &answers {
+        assert_eq!((*status, x_cache.as_str(), body.as_str()), (200, "STALE", "/sie-crowd #1"));
+    }
+    // One failed fetch, then a retry at most every second while the crowd lasts.
+    let asked = shop.count("/sie-crowd") - 1;
+    assert!((1..=5).contains(&asked), "the failing shop was asked {asked} times");
 }

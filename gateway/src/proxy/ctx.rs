@@ -15,6 +15,8 @@ pub struct RequestCtx {
     pub started: std::time::Instant,
     /// How a shop request uses the edge cache.
     pub cache: CacheUse,
+    /// Answered from a stale copy because a recent fetch of it failed.
+    pub stale_on_error: bool,
 }
 
 impl RequestCtx {
@@ -25,6 +27,7 @@ impl RequestCtx {
             outcome: Outcome::Ok,
             started: std::time::Instant::now(),
             cache: CacheUse::Off,
+            stale_on_error: false,
         }
     }
 }

@@ -169,7 +169,8 @@ impl ProxyHttp for Gateway {
         }
         // A background refresh (stale-while-revalidate) is not a client's request.
         if let (Some(cache), RouteKind::Shop, None) = (&self.shop_cache, ctx.route, &session.subrequest_ctx) {
-            cache.metrics.results.with_label_values(&[CacheResult::of(session.cache.phase()).label()]).inc();
+            let result = if ctx.stale_on_error { CacheResult::Stale } else { CacheResult::of(session.cache.phase()) };
+            cache.metrics.results.with_label_values(&[result.label()]).inc();
         }
     }
 
@@ -200,22 +201,38 @@ impl ProxyHttp for Gateway {
 
     /// A stored copy the shop did not mark public is not for a request with
     /// `Cookie` or `Authorization`: it goes to the shop.
+    /// While a recent fetch of the URL failed, a stale copy inside its
+    /// stale-if-error window answers at once (`X-Cache: STALE`).
     async fn cache_hit_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         meta: &CacheMeta,
         _hit: &mut HitHandler,
-        _is_fresh: bool,
+        is_fresh: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Option<ForcedFreshness>> {
-        let allowed = self.shop_cache.as_ref().is_none_or(|cache| cache.may_serve(ctx.cache, meta));
-        Ok((!allowed).then_some(ForcedFreshness::ForceMiss))
+        let Some(cache) = &self.shop_cache else { return Ok(None) };
+        if !cache.may_serve(ctx.cache, meta) {
+            return Ok(Some(ForcedFreshness::ForceMiss));
+        }
+        if !is_fresh && cache.serve_stale_on_recent_failure(session.cache.cache_key(), meta) {
+            ctx.stale_on_error = true;
+            return Ok(Some(ForcedFreshness::ForceFresh));
+        }
+        Ok(None)
     }
 
     /// While revalidating (no error) the stored windows decide; on an
     /// error, any failure but the client's own serves stale if allowed.
-    fn should_serve_stale(&self, _session: &mut Session, _ctx: &mut RequestCtx, error: Option<&pingora::Error>) -> bool {
-        error.is_none_or(|e| *e.esource() != pingora::ErrorSource::Downstream)
+    /// A shop failure is remembered for the requests after it
+    /// (`cache_hit_filter`).
+    fn should_serve_stale(&self, session: &mut Session, _ctx: &mut RequestCtx, error: Option<&pingora::Error>) -> bool {
+        let Some(error) = error else { return true };
+        let shop_failed = *error.esource() != pingora::ErrorSource::Downstream;
+        if let (true, Some(cache)) = (shop_failed && session.cache.enabled(), &self.shop_cache) {
+            cache.fetch_failed(session.cache.cache_key());
+        }
+        shop_failed
     }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
@@ -261,7 +278,11 @@ impl ProxyHttp for Gateway {
             response.remove_header(&name);
         }
         if self.shop_cache.is_some() && ctx.route == RouteKind::Shop {
-            let result = if ctx.cache == CacheUse::Off { CacheResult::Bypass } else { CacheResult::of(session.cache.phase()) };
+            let result = match (ctx.cache, ctx.stale_on_error) {
+                (CacheUse::Off, _) => CacheResult::Bypass,
+                (_, true) => CacheResult::Stale,
+                _ => CacheResult::of(session.cache.phase()),
+            };
             response.insert_header("X-Cache", result.header())?;
         }
         Ok(())

@@ -53,12 +53,15 @@ pub mod policy;
 pub mod purge_api;
 pub mod storage;
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 use flashgate_common::config::ShopCacheConfig;
 use flashgate_common::keys::SaleEvent;
 use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
+use pingora::cache::key::CacheHashKey;
 use pingora::cache::lock::{CacheKeyLockImpl, CacheLock};
 use pingora::cache::{CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
 use pingora::http::ResponseHeader;
@@ -69,6 +72,13 @@ use storage::{MemoryStore, StoreGauges};
 /// Fills in progress hold at most `max_bytes / FILL_SHARE`; stored entries
 /// the rest (config validation keeps `max_object_bytes` within the fills' share).
 pub const FILL_SHARE: usize = 4;
+
+/// After a failed fetch of a URL, its stale copy answers everyone (inside
+/// its stale-if-error window) for this long before one request tries the
+/// shop again.
+pub const FAILED_FETCH_HOLD: Duration = Duration::from_secs(1);
+/// Most URLs whose failed fetch is remembered; the record is cleared past it.
+const MAX_FAILED_FETCHES: usize = 4096;
 
 /// How a request uses the cache, decided before the lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -175,6 +185,8 @@ pub struct ShopCache {
     defaults: CacheMetaDefaults,
     max_object_bytes: usize,
     lock_timeout: Duration,
+    /// Keys whose last fetch failed, and when.
+    failed_fetches: Mutex<HashMap<u128, Instant>>,
     pub metrics: CacheMetrics,
 }
 
@@ -228,6 +240,7 @@ impl ShopCache {
             defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
             max_object_bytes: config.max_object_bytes,
             lock_timeout: config.lock_timeout,
+            failed_fetches: Mutex::new(HashMap::new()),
             metrics,
         }
     }
@@ -286,6 +299,29 @@ impl ShopCache {
             }
             _ => false,
         }
+    }
+
+    /// Notes that the shop failed to answer `key` (5xx, refused, timeout).
+    pub fn fetch_failed(&self, key: &pingora::cache::CacheKey) {
+        let mut failed = self.failed_fetches.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.len() >= MAX_FAILED_FETCHES {
+            failed.retain(|_, at| at.elapsed() < FAILED_FETCH_HOLD);
+            if failed.len() >= MAX_FAILED_FETCHES {
+                failed.clear();
+            }
+        }
+        failed.insert(u128::from_be_bytes(key.primary_bin()), Instant::now());
+    }
+
+    /// Whether a stale copy answers without asking the shop: its fetch
+    /// failed within [`FAILED_FETCH_HOLD`] and the copy is inside its
+    /// stale-if-error window. Without this, requests waiting on the lock
+    /// would each ask the failing shop in turn once the failed fetch
+    /// releases it.
+    pub fn serve_stale_on_recent_failure(&self, key: &pingora::cache::CacheKey, meta: &CacheMeta) -> bool {
+        let failed = self.failed_fetches.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = failed.get(&u128::from_be_bytes(key.primary_bin())).is_some_and(|at| at.elapsed() < FAILED_FETCH_HOLD);
+        recent && meta.serve_stale_if_error(SystemTime::now())
     }
 
     /// Whether a stored response may answer this request: a credentialed
