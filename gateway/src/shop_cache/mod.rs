@@ -275,8 +275,14 @@ impl ShopCache {
     /// Removes what `target` names; returns how many responses were removed.
     pub fn purge(&self, target: &PurgeTarget) -> usize {
         let removed = match target {
-            PurgeTarget::Url(url) => self.store.purge_where(|path| path == url),
-            PurgeTarget::Prefix(prefix) => self.store.purge_where(|path| path.starts_with(prefix.as_str())),
+            PurgeTarget::Url(url) => {
+                let url = url.clone();
+                self.store.purge_where(move |path| path == url)
+            }
+            PurgeTarget::Prefix(prefix) => {
+                let prefix = prefix.clone();
+                self.store.purge_where(move |path| path.starts_with(prefix.as_str()))
+            }
         };
         for key in &removed {
             self.eviction.remove(CacheEntryKeyRef::from_entry_id(key, None));

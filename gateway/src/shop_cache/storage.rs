@@ -19,13 +19,15 @@
 //!
 //! A response is visible only once complete; concurrent misses wait on the
 //! cache lock for it instead of reading a half-written body. A fill that
-//! was running when a purge happened is not stored: it may hold what the
-//! purge meant to remove.
+//! was running when a purge of its URL happened is not stored: it may hold
+//! what the purge meant to remove. Fills of other URLs are kept; the last
+//! [`RECENT_PURGES`] purges are remembered for that, and a fill older than
+//! all of them is dropped.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -40,6 +42,12 @@ use prometheus::{IntCounter, IntGauge};
 /// The primary key's separator between host and path: a header value
 /// never holds a newline, so the split is unambiguous.
 pub const KEY_SEPARATOR: char = '\n';
+
+/// Purges remembered to decide whether a fill in progress meets one.
+pub const RECENT_PURGES: usize = 64;
+
+/// Which stored paths a purge removes.
+pub type PathMatch = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// Bytes counted per entry besides its headers, body and URL: the map slot,
 /// the entry, its key and the eviction manager's LRU node.
@@ -69,8 +77,11 @@ pub struct StoreGauges {
 pub struct MemoryStore {
     entries: RwLock<HashMap<u128, Entry>>,
     bytes: AtomicUsize,
-    /// Bumped by every purge; a fill started before it is not stored.
+    /// Bumped by every purge; a fill started before it is checked against
+    /// the purges since.
     purge_epoch: AtomicU64,
+    /// The last purges, with the epoch each moved to.
+    recent_purges: Mutex<VecDeque<(u64, PathMatch)>>,
     max_object_bytes: usize,
     /// Bytes fills in progress may hold together, and what they hold now.
     fill_budget: usize,
@@ -92,6 +103,7 @@ impl MemoryStore {
             entries: RwLock::new(HashMap::new()),
             bytes: AtomicUsize::new(0),
             purge_epoch: AtomicU64::new(0),
+            recent_purges: Mutex::new(VecDeque::new()),
             max_object_bytes,
             fill_budget,
             filling: AtomicUsize::new(0),
@@ -128,10 +140,19 @@ impl MemoryStore {
     /// (for the eviction manager). Runs over all entries under the write
     /// lock: entries are bounded by `shop.cache.max_bytes`, and purges are
     /// rare operator actions.
-    pub fn purge_where(&self, matches: impl Fn(&str) -> bool) -> Vec<CompactCacheKey> {
-        self.purge_epoch.fetch_add(1, Ordering::SeqCst);
+    pub fn purge_where(&self, matches: impl Fn(&str) -> bool + Send + Sync + 'static) -> Vec<CompactCacheKey> {
+        let matches: PathMatch = Arc::new(matches);
         let mut removed = Vec::new();
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        // Under the entries lock, as `insert` reads both.
+        let epoch = self.purge_epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        {
+            let mut recent = self.recent_purges.lock().unwrap_or_else(|p| p.into_inner());
+            recent.push_back((epoch, matches.clone()));
+            if recent.len() > RECENT_PURGES {
+                recent.pop_front();
+            }
+        }
         entries.retain(|_, e| {
             if matches(&e.path) {
                 self.bytes.fetch_sub(e.size, Ordering::Relaxed);
@@ -153,9 +174,14 @@ impl MemoryStore {
     fn insert(&self, epoch: u64, entry: Entry) -> bool {
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         // Checked under the lock a purge takes: a purge either ran before
-        // (the epoch moved: not stored) or runs after (and removes it).
+        // (the epoch moved: not stored if it names this path, or if it is
+        // too old to tell) or runs after (and removes it).
         if self.purge_epoch.load(Ordering::SeqCst) != epoch {
-            return false;
+            let recent = self.recent_purges.lock().unwrap_or_else(|p| p.into_inner());
+            let known = recent.front().is_some_and(|(first, _)| *first <= epoch + 1);
+            if !known || recent.iter().any(|(e, matches)| *e > epoch && matches(&entry.path)) {
+                return false;
+            }
         }
         self.bytes.fetch_add(entry.size, Ordering::Relaxed);
         if let Some(old) = entries.insert(slot(&entry.key), entry) {
@@ -431,6 +457,24 @@ mod tests {
         // Revalidating an entry that is gone is not an error.
         assert!(!store.update_meta(&key("/p"), &meta(), &nop()).await.unwrap());
         assert_eq!(store.bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_purge_of_another_url_keeps_a_fill_in_progress() {
+        let store = store();
+        let mut miss = store.get_miss_handler(&key("/kept"), &meta(), &nop()).await.unwrap();
+        miss.write_body(Bytes::from_static(b"new"), false).await.unwrap();
+        store.purge_where(|p| p == "/other");
+        miss.write_body(Bytes::new(), true).await.unwrap();
+        assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(n) if n > 0));
+        assert!(store.lookup(&key("/kept"), &nop()).await.unwrap().is_some());
+        // Past the purges remembered, a fill cannot tell: it is dropped.
+        let mut miss = store.get_miss_handler(&key("/old"), &meta(), &nop()).await.unwrap();
+        for _ in 0..=RECENT_PURGES {
+            store.purge_where(|p| p == "/other");
+        }
+        miss.write_body(Bytes::from_static(b"x"), true).await.unwrap();
+        assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(0)));
     }
 
     #[tokio::test]
