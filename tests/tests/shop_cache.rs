@@ -13,12 +13,18 @@
 //! - `/sie` `max-age=1, stale-if-error=60`, `/sie-default` `max-age=1`;
 //!   every `/sie…` answers 500 once the test sets the shop failing;
 //! - `/big/…` 64 KiB bodies, `max-age=60`;
+//! - `/echo` `max-age=60`, echoing the request headers that could change
+//!   the answer (`X-Forwarded-Host`, `X-Original-URL`, ...);
+//! - `/mustrev` `max-age=60, must-revalidate`, echoing the request's cookie;
+//! - `/guarded…` `max-age=60`, but 401 to any `Authorization` and 500 to
+//!   an `X-Break` header (both outside the key);
 //! - anything else `max-age=60`.
 //!
 //! Every body ends with `#N`, the shop's count for that path.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -97,11 +103,28 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
             body = format!("encoding={} {body}", header("accept-encoding"));
             "max-age=60"
         }
+        "/echo" => {
+            let names =
+                ["x-forwarded-host", "x-forwarded-port", "x-forwarded-prefix", "x-original-url", "x-rewrite-url", "x-http-method-override"];
+            let seen: Vec<String> = names.iter().map(|n| format!("{n}={}", header(n))).collect();
+            body = format!("{} {body}", seen.join(";"));
+            "max-age=60"
+        }
+        "/mustrev" => {
+            body = format!("cookie={} {body}", header("cookie"));
+            "max-age=60, must-revalidate"
+        }
+        p if p.starts_with("/guarded") && !header("authorization").is_empty() => {
+            return Response::builder().status(401).header("cache-control", "max-age=60").body(Body::from("who are you")).unwrap();
+        }
+        p if p.starts_with("/guarded") && !header("x-break").is_empty() => {
+            return Response::builder().status(500).header("cache-control", "max-age=60").body(Body::from("broken")).unwrap();
+        }
         "/swr" => "max-age=1, stale-while-revalidate=30",
         p if p.starts_with("/sie") && shop.failing.load(Ordering::SeqCst) => {
             return Response::builder().status(500).body(Body::from("shop down")).unwrap();
         }
-        "/sie" => "max-age=1, stale-if-error=60",
+        "/sie" | "/sie-crowd" => "max-age=1, stale-if-error=60",
         "/sie-default" => "max-age=1",
         p if p.starts_with("/big/") => {
             body = format!("{body}{}", "x".repeat(BIG_BODY));
@@ -116,7 +139,7 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
 async fn start() -> (Stack, Shop) {
     let shop = Shop::start().await;
     let extra_toml = format!(
-        "[shop]\nupstreams = [\"{}\"]\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n",
+        "[shop]\nupstreams = [\"{}\"]\nread_timeout_ms = 10000\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n",
         shop.addr
     );
     let stack = Stack::start(StackOptions { extra_toml, ..StackOptions::default() }).await;
@@ -133,6 +156,23 @@ async fn get(stack: &Stack, path: &str, headers: &[(&str, &str)]) -> (u16, Strin
     let status = resp.status().as_u16();
     let x_cache = resp.headers().get("x-cache").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
     (status, x_cache, resp.text().await.unwrap())
+}
+
+/// Sends one raw HTTP/1.1 request: status, `X-Cache`, body.
+fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let x_cache = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("x-cache")).map(|(_, v)| v.trim().to_owned()))
+        .unwrap_or_default();
+    (status, x_cache, body.to_owned())
 }
 
 async fn metrics(stack: &Stack) -> String {
@@ -331,7 +371,7 @@ async fn memory_stays_near_max_bytes_as_the_least_recently_used_are_evicted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let held = metric(&text, "flashgate_shop_cache_bytes");
-    assert!(held > (MAX_BYTES / 2) as f64 && held <= MAX_BYTES as f64, "bytes held {held}, bound {MAX_BYTES}");
+    assert!(held > (MAX_BYTES / 2) as f64 && held <= (MAX_BYTES * 3 / 4) as f64, "bytes held {held}, bound {MAX_BYTES}");
     assert!(metric(&text, "flashgate_shop_cache_evictions_total") >= (pages - MAX_BYTES / BIG_BODY) as f64, "{text}");
     assert!(metric(&text, "flashgate_shop_cache_objects") < (MAX_BYTES / BIG_BODY) as f64 + 1.0);
     // The newest page is still there, the oldest is gone.
@@ -419,4 +459,152 @@ async fn a_purge_on_one_gateway_reaches_the_others_over_sale_events() {
     }
     assert_eq!(on(stack.gateway_addr, "/products/9").await, "MISS");
     assert_eq!(shop.count("/products/9"), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_is_not_a_path_is_refused_and_cannot_fill_another_key() {
+    let (stack, shop) = start().await;
+    let addr = stack.gateway_addr;
+    // pingora parses `x:/search?q=…` to the path `/`, while the shop would
+    // get the raw target: refused before the cache or the shop see it.
+    for target in ["x:/search?q=poison", "*", "http://shop.example/"] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n");
+        let (status, _, body) = tokio::task::spawn_blocking(move || raw(addr, request.as_bytes())).await.unwrap();
+        assert_eq!(status, 400, "{target}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{target}: not JSON: {body}"));
+        assert_eq!(v["code"], "bad_request", "{target}: {body}");
+    }
+    assert_eq!(shop.state.counts.lock().unwrap().values().sum::<usize>(), 0, "the shop saw none of them");
+    let plain = b"GET / HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n";
+    let (status, x_cache, body) = tokio::task::spawn_blocking(move || raw(addr, plain)).await.unwrap();
+    assert_eq!((status, x_cache.as_str(), body.as_str()), (200, "MISS", "/ #1"));
+    // The key is the raw target: `%2F` and `/` are two keys, as the shop may
+    // answer them differently.
+    let encoded = b"GET /a%2Fb HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n";
+    let (_, x_cache, body) = tokio::task::spawn_blocking(move || raw(addr, encoded)).await.unwrap();
+    assert_eq!((x_cache.as_str(), body.as_str()), ("MISS", "/a%2Fb #1"));
+    // A target that is not UTF-8 is never taken from, or put in, the cache.
+    for _ in 0..2 {
+        let latin1 = b"GET /caf\xe9 HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n";
+        let (status, x_cache, _) = tokio::task::spawn_blocking(move || raw(addr, latin1)).await.unwrap();
+        assert!(x_cache != "HIT" && x_cache != "MISS", "status {status}, X-Cache {x_cache}");
+    }
+    // Without Host: not keyed under an empty host.
+    let no_host = b"GET /nohost HTTP/1.0\r\n\r\n";
+    for _ in 0..2 {
+        let (status, x_cache, _) = tokio::task::spawn_blocking(move || raw(addr, no_host)).await.unwrap();
+        assert_eq!((status, x_cache.as_str()), (200, "BYPASS"));
+    }
+    assert_eq!(shop.count("/nohost"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn must_revalidate_alone_does_not_share_a_cookie_request_answer() {
+    let (stack, shop) = start().await;
+    let alice = [("cookie", "sid=alice")];
+    assert_eq!(get(&stack, "/mustrev", &alice).await, (200, "BYPASS".into(), "cookie=sid=alice /mustrev #1".into()));
+    // Another client, with or without a cookie, never gets alice's page.
+    assert_eq!(get(&stack, "/mustrev", &[("cookie", "sid=bob")]).await.2, "cookie=sid=bob /mustrev #2");
+    assert_eq!(get(&stack, "/mustrev", &[]).await, (200, "MISS".into(), "cookie= /mustrev #3".into()));
+    // An anonymous copy is not served to a cookie request either.
+    assert_eq!(get(&stack, "/mustrev", &[]).await.1, "HIT");
+    assert_eq!(get(&stack, "/mustrev", &alice).await, (200, "BYPASS".into(), "cookie=sid=alice /mustrev #4".into()));
+    assert_eq!(shop.count("/mustrev"), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_cannot_switch_the_cache_off_for_a_url() {
+    let (stack, shop) = start().await;
+    // A junk token answered 401, before and after the page is stored.
+    assert_eq!(get(&stack, "/guarded", &[("authorization", "Bearer junk")]).await.0, 401);
+    assert_eq!(get(&stack, "/guarded", &[]).await.1, "MISS");
+    assert_eq!(get(&stack, "/guarded", &[("authorization", "Bearer junk")]).await.0, 401);
+    assert_eq!(get(&stack, "/guarded", &[]).await, (200, "HIT".into(), "/guarded #2".into()));
+    // An anonymous request with a header outside the key that breaks the shop.
+    assert_eq!(get(&stack, "/guarded-2", &[("x-break", "1")]).await.0, 500);
+    assert_eq!(get(&stack, "/guarded-2", &[]).await.1, "MISS");
+    assert_eq!(get(&stack, "/guarded-2", &[]).await, (200, "HIT".into(), "/guarded-2 #2".into()));
+    assert_eq!((shop.count("/guarded"), shop.count("/guarded-2")), (3, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_unique_long_urls_keep_the_memory_held_near_max_bytes() {
+    let (stack, shop) = start().await;
+    // 7 KiB targets with tiny bodies: the URLs are most of each entry.
+    let long = "q".repeat(7 * 1024);
+    let urls = 3 * MAX_BYTES / long.len();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    for batch in (0..urls).collect::<Vec<_>>().chunks(32) {
+        let all: Vec<_> = batch
+            .iter()
+            .map(|i| {
+                let (http, url) = (http.clone(), stack.url(&format!("/long/{i}?{long}")));
+                tokio::spawn(async move { http.get(url).send().await.unwrap().status().as_u16() })
+            })
+            .collect();
+        assert!(futures_join(all).await.iter().all(|s| *s == 200));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = metrics(&stack).await;
+        if metric(&text, "flashgate_shop_cache_bytes") <= (MAX_BYTES * 3 / 4) as f64 || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (held, objects) = (metric(&text, "flashgate_shop_cache_bytes"), metric(&text, "flashgate_shop_cache_objects"));
+    assert!(held > (MAX_BYTES / 2) as f64 && held <= (MAX_BYTES * 3 / 4) as f64, "bytes held {held}, bound {MAX_BYTES}");
+    assert!(objects * long.len() as f64 <= MAX_BYTES as f64, "{objects} entries of 7 KiB URLs held");
+    // A target over 8 KiB is not keyed at all.
+    let longer = format!("/long/x?{}", "q".repeat(9 * 1024));
+    assert_eq!(get(&stack, &longer, &[]).await.1, "BYPASS");
+    assert_eq!(get(&stack, &longer, &[]).await.1, "BYPASS");
+    assert_eq!(shop.count(&longer), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_outside_the_key_that_rewrite_the_request_do_not_reach_the_shop() {
+    let (stack, shop) = start().await;
+    let claims = [
+        ("x-forwarded-host", "evil.example"),
+        ("x-forwarded-port", "8443"),
+        ("x-forwarded-prefix", "/evil"),
+        ("x-original-url", "/admin"),
+        ("x-rewrite-url", "/admin"),
+        ("x-http-method-override", "DELETE"),
+    ];
+    let (_, x_cache, body) = get(&stack, "/echo", &claims).await;
+    let host = stack.gateway_addr.to_string();
+    let expected = format!(
+        "x-forwarded-host={host};x-forwarded-port=;x-forwarded-prefix=;x-original-url=;x-rewrite-url=;x-http-method-override= /echo #1"
+    );
+    assert_eq!((x_cache.as_str(), body.as_str()), ("MISS", expected.as_str()));
+    assert_eq!(get(&stack, "/echo", &[]).await, (200, "HIT".into(), expected));
+    assert_eq!(shop.count("/echo"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_gets_the_stale_copy_while_the_shop_fails_without_queueing_on_it() {
+    let (stack, shop) = start().await;
+    assert_eq!(get(&stack, "/sie-crowd", &[]).await.1, "MISS");
+    shop.state.failing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let all: Vec<_> = (0..200)
+        .map(|_| {
+            let (http, url) = (http.clone(), stack.url("/sie-crowd"));
+            tokio::spawn(async move {
+                let resp = http.get(url).send().await.unwrap();
+                let x_cache = resp.headers()["x-cache"].to_str().unwrap().to_owned();
+                (resp.status().as_u16(), x_cache, resp.text().await.unwrap())
+            })
+        })
+        .collect();
+    let answers = tokio::time::timeout(Duration::from_secs(30), futures_join(all)).await.expect("answered in time");
+    for (status, x_cache, body) in &answers {
+        assert_eq!((*status, x_cache.as_str(), body.as_str()), (200, "STALE", "/sie-crowd #1"));
+    }
+    // One failed fetch, then a retry at most every second while the crowd lasts.
+    let asked = shop.count("/sie-crowd") - 1;
+    assert!((1..=5).contains(&asked), "the failing shop was asked {asked} times");
 }

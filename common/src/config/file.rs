@@ -147,7 +147,8 @@ pub struct ShopCache {
     /// the shop's `Cache-Control` names no `stale-if-error` (0 = not at all).
     pub stale_if_error_seconds: u64,
     /// How long requests for a page being fetched wait for that one fetch
-    /// before going to the shop themselves.
+    /// before going to the shop themselves; at least `shop.read_timeout_ms`,
+    /// so a slow shop does not release the crowd.
     pub lock_timeout_ms: u64,
 }
 
@@ -158,7 +159,7 @@ impl Default for ShopCache {
             max_bytes: 128 * 1024 * 1024,
             max_object_bytes: 8 * 1024 * 1024,
             stale_if_error_seconds: 60,
-            lock_timeout_ms: 5000,
+            lock_timeout_ms: 30_000,
         }
     }
 }

@@ -395,7 +395,7 @@ fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
     assert!(!c.shop.cache.enabled);
     assert_eq!(c.shop.cache.max_bytes, 128 << 20);
     let text =
-        "[shop.cache]\nenabled = true\nmax_bytes = 2097152\nmax_object_bytes = 4096\nstale_if_error_seconds = 0\nlock_timeout_ms = 250\n";
+        "[shop]\nread_timeout_ms = 250\n[shop.cache]\nenabled = true\nmax_bytes = 2097152\nmax_object_bytes = 4096\nstale_if_error_seconds = 0\nlock_timeout_ms = 250\n";
     let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
     assert!(c.shop.cache.enabled);
     assert_eq!((c.shop.cache.max_bytes, c.shop.cache.max_object_bytes), (2 << 20, 4096));
@@ -409,6 +409,10 @@ fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
     for key in ["shop.cache.max_object_bytes", "shop.cache.stale_if_error_seconds", "shop.cache.lock_timeout_ms"] {
         assert!(msg.contains(key), "{key} not named: {msg}");
     }
+    let msg = Config::from_toml_str("[shop.cache]\nlock_timeout_ms = 5000\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("shop.cache.lock_timeout_ms: must be between 30000") && msg.contains("shop.read_timeout_ms"), "{msg}");
+    let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1048576\nmax_object_bytes = 524288\n", &NoEnv, 0).unwrap_err().to_string();
+    assert!(msg.contains("shop.cache.max_object_bytes") && msg.contains("a quarter"), "{msg}");
     let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1024\n", &NoEnv, 0).unwrap_err().to_string();
     assert!(msg.contains("shop.cache.max_bytes: must be between 1048576 and"), "{msg}");
 }

@@ -277,7 +277,7 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
         connect_timeout: Duration::from_millis(f.connect_timeout_ms),
         read_timeout: Duration::from_millis(f.read_timeout_ms),
         h2: f.h2,
-        cache: shop_cache(check, f.cache),
+        cache: shop_cache(check, f.cache, f.read_timeout_ms),
     }
 }
 
@@ -285,13 +285,17 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
 pub const MAX_SHOP_CACHE_BYTES: u64 = 64 << 30;
 
 /// `[shop.cache]`.
-fn shop_cache(check: &mut Check, f: file::ShopCache) -> ShopCacheConfig {
+fn shop_cache(check: &mut Check, f: file::ShopCache, shop_read_timeout_ms: u64) -> ShopCacheConfig {
     check.between("shop.cache.max_bytes", f.max_bytes, 1 << 20, MAX_SHOP_CACHE_BYTES).note("1 MiB to 64 GiB");
+    // A quarter of max_bytes bounds the fills in progress (gateway shop_cache).
     check
-        .between("shop.cache.max_object_bytes", f.max_object_bytes, 1024, f.max_bytes.clamp(1024, MAX_SHOP_CACHE_BYTES))
-        .note("at most shop.cache.max_bytes");
+        .between("shop.cache.max_object_bytes", f.max_object_bytes, 1024, (f.max_bytes / 4).clamp(1024, MAX_SHOP_CACHE_BYTES))
+        .note("at most a quarter of shop.cache.max_bytes");
     check.at_most("shop.cache.stale_if_error_seconds", f.stale_if_error_seconds, 86_400).note("0 = only when the shop allows it");
-    check.between("shop.cache.lock_timeout_ms", f.lock_timeout_ms, 10, 60_000);
+    // Shorter than the shop's read timeout, a slow fetch would release the
+    // whole crowd waiting on it to the shop.
+    let lock_min = shop_read_timeout_ms.max(10);
+    check.between("shop.cache.lock_timeout_ms", f.lock_timeout_ms, lock_min, lock_min.max(60_000)).note("at least shop.read_timeout_ms");
     let bytes = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     ShopCacheConfig {
         enabled: f.enabled,

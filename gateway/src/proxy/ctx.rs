@@ -17,6 +17,8 @@ pub struct RequestCtx {
     pub cache: CacheUse,
     /// The request came over TLS (the HTTPS listener).
     pub tls: bool,
+    /// Answered from a stale copy because a recent fetch of it failed.
+    pub stale_on_error: bool,
 }
 
 impl RequestCtx {
@@ -28,6 +30,7 @@ impl RequestCtx {
             started: std::time::Instant::now(),
             cache: CacheUse::Off,
             tls: false,
+            stale_on_error: false,
         }
     }
 }

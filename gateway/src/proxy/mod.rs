@@ -15,14 +15,15 @@
 //!   │                    every answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
 //! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
-//!   cache_key_callback   scheme + host + path and query
+//!   cache_key_callback   scheme + host + raw target (path and query)
 //!   cache_vary_filter    the variant the response's Vary names
 //!   cache_hit_filter     Cookie/Authorization take only public copies
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
 //!   hit or stale ──────► answered from the cache; else to the shop:
 //! upstream_peer          a healthy shop upstream (round robin), else 502
 //!   (plain HTTP with gateway.tls.redirect_http: GET/HEAD of pages ─► 308 to HTTPS, tls::redirect)
-//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto (https over TLS), X-Request-Id
+//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto (https over TLS), X-Request-Id;
+//!                        cached requests: X-Forwarded-Host = keyed host, X-Original-URL & co removed
 //! response_cache_filter  may the shop's answer be stored, for how long
 //! response_filter        hop-by-hop removed from the shop's answer; X-Cache
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
@@ -127,6 +128,16 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
             return write_reply(session, Rejection::HeadersTooLarge.into(), ctx).await;
         }
+        // Only origin-form targets (`/path?query`): the gateway routes and
+        // the cache key read the parsed path, while the shop gets the raw
+        // target, and pingora parses other forms (`x:/search`, `*`,
+        // `http://host/path`) to a path the shop never sees.
+        if session.req_header().raw_path().first() != Some(&b'/') {
+            ctx.route = RouteKind::Invalid;
+            let rejection = Rejection::BadRequest("the request target must be a path starting with /");
+            ctx.outcome = Outcome::Rejected(rejection.clone());
+            return write_reply(session, rejection.into(), ctx).await;
+        }
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
@@ -172,7 +183,8 @@ impl ProxyHttp for Gateway {
         }
         // A background refresh (stale-while-revalidate) is not a client's request.
         if let (Some(cache), RouteKind::Shop, None) = (&self.shop_cache, ctx.route, &session.subrequest_ctx) {
-            cache.metrics.results.with_label_values(&[CacheResult::of(session.cache.phase()).label()]).inc();
+            let result = if ctx.stale_on_error { CacheResult::Stale } else { CacheResult::of(session.cache.phase()) };
+            cache.metrics.results.with_label_values(&[result.label()]).inc();
         }
     }
 
@@ -203,22 +215,38 @@ impl ProxyHttp for Gateway {
 
     /// A stored copy the shop did not mark public is not for a request with
     /// `Cookie` or `Authorization`: it goes to the shop.
+    /// While a recent fetch of the URL failed, a stale copy inside its
+    /// stale-if-error window answers at once (`X-Cache: STALE`).
     async fn cache_hit_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         meta: &CacheMeta,
         _hit: &mut HitHandler,
-        _is_fresh: bool,
+        is_fresh: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Option<ForcedFreshness>> {
-        let allowed = self.shop_cache.as_ref().is_none_or(|cache| cache.may_serve(ctx.cache, meta));
-        Ok((!allowed).then_some(ForcedFreshness::ForceMiss))
+        let Some(cache) = &self.shop_cache else { return Ok(None) };
+        if !cache.may_serve(ctx.cache, meta) {
+            return Ok(Some(ForcedFreshness::ForceMiss));
+        }
+        if !is_fresh && cache.serve_stale_on_recent_failure(session.cache.cache_key(), meta) {
+            ctx.stale_on_error = true;
+            return Ok(Some(ForcedFreshness::ForceFresh));
+        }
+        Ok(None)
     }
 
     /// While revalidating (no error) the stored windows decide; on an
     /// error, any failure but the client's own serves stale if allowed.
-    fn should_serve_stale(&self, _session: &mut Session, _ctx: &mut RequestCtx, error: Option<&pingora::Error>) -> bool {
-        error.is_none_or(|e| *e.esource() != pingora::ErrorSource::Downstream)
+    /// A shop failure is remembered for the requests after it
+    /// (`cache_hit_filter`).
+    fn should_serve_stale(&self, session: &mut Session, _ctx: &mut RequestCtx, error: Option<&pingora::Error>) -> bool {
+        let Some(error) = error else { return true };
+        let shop_failed = *error.esource() != pingora::ErrorSource::Downstream;
+        if let (true, Some(cache)) = (shop_failed && session.cache.enabled(), &self.shop_cache) {
+            cache.fetch_failed(session.cache.cache_key());
+        }
+        shop_failed
     }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
@@ -251,6 +279,11 @@ impl ProxyHttp for Gateway {
         }
         upstream.insert_header("X-Forwarded-Proto", if ctx.tls { "https" } else { "http" })?;
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
+        // The shop must answer what the cache key names, whatever other
+        // host, path or method the client's headers claim.
+        if ctx.cache != CacheUse::Off {
+            policy::strip_unkeyed(upstream)?;
+        }
         Ok(())
     }
 
@@ -259,7 +292,11 @@ impl ProxyHttp for Gateway {
             response.remove_header(&name);
         }
         if self.shop_cache.is_some() && ctx.route == RouteKind::Shop {
-            let result = if ctx.cache == CacheUse::Off { CacheResult::Bypass } else { CacheResult::of(session.cache.phase()) };
+            let result = match (ctx.cache, ctx.stale_on_error) {
+                (CacheUse::Off, _) => CacheResult::Bypass,
+                (_, true) => CacheResult::Stale,
+                _ => CacheResult::of(session.cache.phase()),
+            };
             response.insert_header("X-Cache", result.header())?;
         }
         Ok(())

@@ -17,15 +17,24 @@
 //! - Coalescing: the first miss of a URL fetches it; concurrent misses wait
 //!   on pingora's cache lock (up to `shop.cache.lock_timeout_ms`) and are then
 //!   answered from the stored copy. A response found uncacheable releases the
-//!   waiters to the shop, and pingora's predictor remembers the URL (bounded
-//!   LRU) so later requests skip the lock.
+//!   waiters to the shop; a 5xx instead lets one of them fetch again (so a
+//!   failing shop is not hit by the whole crowd at once). Nothing is
+//!   remembered about a URL beyond its stored copy: no uncacheable
+//!   predictor, since one request (a junk `Authorization` answered 401, a
+//!   header outside the key that makes the shop fail or set a cookie) would
+//!   otherwise switch the cache off for that URL for everyone. The cost is
+//!   that requests for a URL that is never cacheable still queue behind one
+//!   fetch each before going to the shop.
 //! - Stale: `stale-while-revalidate` answers the stale copy and refreshes it
 //!   in the background (one refresh per URL); `stale-if-error` (or
 //!   `shop.cache.stale_if_error_seconds` when the shop names none) answers it
 //!   while the shop fails (5xx, refused, timeout).
 //! - Memory: the store ([`storage::MemoryStore`]) holds complete responses;
-//!   pingora's LRU eviction manager weighs each by its header and body bytes
-//!   and evicts the least recently used past `shop.cache.max_bytes`.
+//!   pingora's LRU eviction manager weighs each by its header, body and URL
+//!   bytes plus a fixed overhead, and evicts the least recently used past
+//!   three quarters of `shop.cache.max_bytes`; the last quarter bounds the
+//!   fills in progress (a fill past it is abandoned and its response passes
+//!   through). Targets over 8 KiB bypass the cache.
 //! - `X-Cache` on every proxied response while the cache is on: `HIT`,
 //!   `MISS`, `STALE`, `REVALIDATED` (stored copy confirmed by the shop with
 //!   304) or `BYPASS` (not cacheable, or not taken from the cache).
@@ -37,31 +46,39 @@
 //!   a gateway whose subscription is down at that moment misses it, so the
 //!   answer says whether it was announced (docs/OPERATIONS.md).
 //!
-//! Storage, eviction manager, lock and predictor must be `'static` for
+//! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
 
 pub mod policy;
 pub mod purge_api;
 pub mod storage;
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 use flashgate_common::config::ShopCacheConfig;
 use flashgate_common::keys::SaleEvent;
 use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
+use pingora::cache::key::CacheHashKey;
 use pingora::cache::lock::{CacheKeyLockImpl, CacheLock};
-use pingora::cache::predictor::Predictor;
 use pingora::cache::{CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
 use pingora::http::ResponseHeader;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
 use storage::{MemoryStore, StoreGauges};
 
-/// Shards of the predictor's LRU of URLs found uncacheable.
-const PREDICTOR_SHARDS: usize = 16;
-/// URLs remembered as uncacheable per shard: 16 × 4096 keys of 16 bytes.
-const PREDICTOR_SHARD_CAPACITY: usize = 4096;
+/// Fills in progress hold at most `max_bytes / FILL_SHARE`; stored entries
+/// the rest (config validation keeps `max_object_bytes` within the fills' share).
+pub const FILL_SHARE: usize = 4;
+
+/// After a failed fetch of a URL, its stale copy answers everyone (inside
+/// its stale-if-error window) for this long before one request tries the
+/// shop again.
+pub const FAILED_FETCH_HOLD: Duration = Duration::from_secs(1);
+/// Most URLs whose failed fetch is remembered; the record is cleared past it.
+const MAX_FAILED_FETCHES: usize = 4096;
 
 /// How a request uses the cache, decided before the lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -165,22 +182,17 @@ pub struct ShopCache {
     store: &'static MemoryStore,
     eviction: &'static simple_lru::Manager,
     lock: &'static CacheKeyLockImpl,
-    predictor: &'static Predictor<PREDICTOR_SHARDS>,
     defaults: CacheMetaDefaults,
     max_object_bytes: usize,
     lock_timeout: Duration,
+    /// Keys whose last fetch failed, and when.
+    failed_fetches: Mutex<HashMap<u128, Instant>>,
     pub metrics: CacheMetrics,
 }
 
 /// No heuristic freshness: a response the shop gives no lifetime is not stored.
 fn no_default_freshness(_status: http::StatusCode) -> Option<Duration> {
     None
-}
-
-/// `Custom` reasons the predictor must not remember: a credentialed
-/// request's private answer says nothing about the URL's public one.
-fn forgettable(reason: &'static str) -> bool {
-    reason == policy::CREDENTIALED
 }
 
 impl ShopCache {
@@ -217,16 +229,18 @@ impl ShopCache {
             purges: counter("shop_cache_purges_total", "Cache purges by kind (url, prefix).", &["kind"]),
             purged_objects: counter("shop_cache_purged_objects_total", "Cached responses removed by purges, by kind.", &["kind"]),
         };
+        // Fills in progress and stored entries share max_bytes.
+        let fill_budget = config.max_bytes / FILL_SHARE;
         let stale_if_error = u32::try_from(config.stale_if_error.as_secs()).unwrap_or(u32::MAX);
         Self {
             id: format!("{:016x}", rand::random::<u64>()),
-            store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, gauges))),
-            eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes))),
+            store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, fill_budget, gauges))),
+            eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes - fill_budget))),
             lock: Box::leak(Box::new(CacheLock::new(config.lock_timeout))),
-            predictor: Box::leak(Box::new(Predictor::new(PREDICTOR_SHARD_CAPACITY, Some(forgettable)))),
             defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
             max_object_bytes: config.max_object_bytes,
             lock_timeout: config.lock_timeout,
+            failed_fetches: Mutex::new(HashMap::new()),
             metrics,
         }
     }
@@ -242,9 +256,9 @@ impl ShopCache {
         let lock = (using == CacheUse::Shared).then_some(self.lock);
         let mut overrides = CacheOptionOverrides::default();
         overrides.wait_timeout = Some(self.lock_timeout);
-        cache.enable(self.store, Some(self.eviction), Some(self.predictor), lock, Some(overrides));
+        cache.enable(self.store, Some(self.eviction), None, lock, Some(overrides));
         // Pingora refuses a response over this by its Content-Length, or
-        // (chunked) fails it when the body passes it and remembers the URL.
+        // (chunked) fails it when the body passes it.
         cache.set_max_file_size_bytes(self.max_object_bytes);
     }
 
@@ -261,8 +275,14 @@ impl ShopCache {
     /// Removes what `target` names; returns how many responses were removed.
     pub fn purge(&self, target: &PurgeTarget) -> usize {
         let removed = match target {
-            PurgeTarget::Url(url) => self.store.purge_where(|path| path == url),
-            PurgeTarget::Prefix(prefix) => self.store.purge_where(|path| path.starts_with(prefix.as_str())),
+            PurgeTarget::Url(url) => {
+                let url = url.clone();
+                self.store.purge_where(move |path| path == url)
+            }
+            PurgeTarget::Prefix(prefix) => {
+                let prefix = prefix.clone();
+                self.store.purge_where(move |path| path.starts_with(prefix.as_str()))
+            }
         };
         for key in &removed {
             self.eviction.remove(CacheEntryKeyRef::from_entry_id(key, None));
@@ -285,6 +305,29 @@ impl ShopCache {
             }
             _ => false,
         }
+    }
+
+    /// Notes that the shop failed to answer `key` (5xx, refused, timeout).
+    pub fn fetch_failed(&self, key: &pingora::cache::CacheKey) {
+        let mut failed = self.failed_fetches.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.len() >= MAX_FAILED_FETCHES {
+            failed.retain(|_, at| at.elapsed() < FAILED_FETCH_HOLD);
+            if failed.len() >= MAX_FAILED_FETCHES {
+                failed.clear();
+            }
+        }
+        failed.insert(u128::from_be_bytes(key.primary_bin()), Instant::now());
+    }
+
+    /// Whether a stale copy answers without asking the shop: its fetch
+    /// failed within [`FAILED_FETCH_HOLD`] and the copy is inside its
+    /// stale-if-error window. Without this, requests waiting on the lock
+    /// would each ask the failing shop in turn once the failed fetch
+    /// releases it.
+    pub fn serve_stale_on_recent_failure(&self, key: &pingora::cache::CacheKey, meta: &CacheMeta) -> bool {
+        let failed = self.failed_fetches.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = failed.get(&u128::from_be_bytes(key.primary_bin())).is_some_and(|at| at.elapsed() < FAILED_FETCH_HOLD);
+        recent && meta.serve_stale_if_error(SystemTime::now())
     }
 
     /// Whether a stored response may answer this request: a credentialed

@@ -3,7 +3,7 @@
 //! long, and which variant a request wants.
 
 use http::{header, Method, StatusCode};
-use pingora::cache::cache_control::{CacheControl, InterpretCacheControl};
+use pingora::cache::cache_control::CacheControl;
 use pingora::cache::filters::resp_cacheable;
 use pingora::cache::key::HashBinary;
 use pingora::cache::{CacheKey, CacheMeta, CacheMetaDefaults, NoCacheReason, RespCacheable, VarianceBuilder};
@@ -12,8 +12,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use super::storage::KEY_SEPARATOR;
 use super::CacheUse;
 
-/// Why a credentialed request's response was not stored (not remembered
-/// by the predictor).
+/// Why a credentialed request's response was not stored.
 pub const CREDENTIALED: &str = "credentialed";
 /// The response sets a cookie.
 pub const SETS_COOKIE: &str = "set-cookie";
@@ -25,13 +24,46 @@ pub const STATUS: &str = "status";
 /// Most request headers a `Vary` may name before the response is not stored.
 const MAX_VARY_HEADERS: usize = 8;
 
+/// Longest request target (path and query) the cache keys; longer ones
+/// bypass it, so one entry's key cannot take a large share of the memory.
+pub const MAX_CACHED_TARGET_BYTES: usize = 8 * 1024;
+
+/// Request headers that make common frameworks answer for another host,
+/// path or method than the key names; never sent to the shop on a request
+/// that uses the cache (`X-Forwarded-Host` is set again to the keyed host).
+/// Headers a shop varies its answer on otherwise (`Accept`,
+/// `Accept-Language`, ...) need a `Vary` from the shop.
+pub const UNKEYED_REWRITE_HEADERS: [&str; 6] =
+    ["x-forwarded-host", "x-forwarded-port", "x-forwarded-prefix", "x-original-url", "x-rewrite-url", "x-http-method-override"];
+
+/// Drops [`UNKEYED_REWRITE_HEADERS`] from the shop's request and names the
+/// keyed host (lower case) in `X-Forwarded-Host`.
+pub fn strip_unkeyed(upstream: &mut RequestHeader) -> pingora::Result<()> {
+    for name in UNKEYED_REWRITE_HEADERS {
+        upstream.remove_header(name);
+    }
+    if let Some(host) = upstream.headers.get(header::HOST).map(|v| v.as_bytes().to_ascii_lowercase()) {
+        upstream.insert_header("X-Forwarded-Host", host)?;
+    }
+    Ok(())
+}
+
 /// How a request may use the cache: only `GET` and `HEAD` without a body
-/// or protocol upgrade; `Cookie` or `Authorization` make it credentialed.
+/// or protocol upgrade, with a `Host` and a UTF-8 origin-form target of at
+/// most [`MAX_CACHED_TARGET_BYTES`] (the key is built from those bytes
+/// exactly as the shop gets them); `Cookie` or `Authorization` make it
+/// credentialed.
 pub fn request_use(req: &RequestHeader) -> CacheUse {
     let h = &req.headers;
     let has_body =
         h.contains_key(header::TRANSFER_ENCODING) || h.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes().iter().any(|b| *b != b'0'));
     if !(req.method == Method::GET || req.method == Method::HEAD) || has_body || h.contains_key(header::UPGRADE) {
+        return CacheUse::Off;
+    }
+    let target = req.raw_path();
+    let keyable = target.first() == Some(&b'/') && target.len() <= MAX_CACHED_TARGET_BYTES && std::str::from_utf8(target).is_ok();
+    let host = h.get(header::HOST).is_some_and(|v| !v.is_empty());
+    if !keyable || !host {
         return CacheUse::Off;
     }
     if h.contains_key(header::COOKIE) || h.contains_key(header::AUTHORIZATION) {
@@ -41,20 +73,23 @@ pub fn request_use(req: &RequestHeader) -> CacheUse {
     }
 }
 
-/// The key: scheme, host (lower case) and path with query, separated so
-/// that no two requests share a key by accident. The host is part of it: a
-/// client sending another `Host` must not fill the cache of the real one;
-/// so is the scheme: a shop redirecting `http` to `https` must not have
-/// that redirect answered to `https` requests.
+/// The key: scheme, host (lower case) and the raw request target (path
+/// with query, byte for byte as the shop gets it), separated so that no two
+/// requests share a key by accident. The target is taken raw, not parsed:
+/// the shop answers the raw target, and a parsed form can map two targets
+/// to one key. The host is part of it: a client sending another `Host` must
+/// not fill the cache of the real one; so is the scheme: a shop redirecting
+/// `http` to `https` must not have that redirect answered to `https`
+/// requests. Only called for requests [`request_use`] let in.
 pub fn cache_key(req: &RequestHeader, tls: bool) -> CacheKey {
-    let host = req.headers.get(header::HOST).map(|v| v.as_bytes()).or_else(|| req.uri.host().map(str::as_bytes)).unwrap_or_default();
-    let path = req.uri.path_and_query().map_or("/", |p| p.as_str());
+    let host = req.headers.get(header::HOST).map(|v| v.as_bytes()).unwrap_or_default();
+    let path = req.raw_path();
     let scheme: &[u8] = if tls { b"https://" } else { b"http://" };
     let mut primary = Vec::with_capacity(scheme.len() + host.len() + 1 + path.len());
     primary.extend_from_slice(scheme);
     primary.extend(host.iter().map(u8::to_ascii_lowercase).filter(|b| *b != KEY_SEPARATOR as u8));
     primary.push(KEY_SEPARATOR as u8);
-    primary.extend_from_slice(path.as_bytes());
+    primary.extend_from_slice(path);
     CacheKey::new(primary, "")
 }
 
@@ -84,6 +119,11 @@ fn vary_names(resp: &ResponseHeader) -> Option<Vec<String>> {
 
 /// Whether the shop's response may be stored, with its lifetime.
 pub fn response_cacheable(using: CacheUse, resp: &ResponseHeader, defaults: &CacheMetaDefaults) -> RespCacheable {
+    if resp.status.is_server_error() {
+        // Like a failed fetch: the lock passes to one waiter, which fetches
+        // again, instead of releasing the whole crowd to a failing shop.
+        return RespCacheable::Uncacheable(NoCacheReason::UpstreamError);
+    }
     if !storable_status(resp.status) {
         return RespCacheable::Uncacheable(NoCacheReason::Custom(STATUS));
     }
@@ -94,21 +134,23 @@ pub fn response_cacheable(using: CacheUse, resp: &ResponseHeader, defaults: &Cac
         return RespCacheable::Uncacheable(NoCacheReason::Custom(VARY_ANY));
     }
     let credentialed = using == CacheUse::Credentialed;
-    let cc = CacheControl::from_resp_headers(resp);
-    // A credentialed request's answer is stored only when the shop allows
-    // sharing it (public, s-maxage, must-revalidate: RFC 9111 §3.5).
-    match resp_cacheable(cc.as_ref(), resp.clone(), credentialed, defaults) {
-        RespCacheable::Uncacheable(NoCacheReason::OriginNotCache) if credentialed => {
-            RespCacheable::Uncacheable(NoCacheReason::Custom(CREDENTIALED))
-        }
-        other => other,
+    // A credentialed request's answer is stored only when the shop marked
+    // it shareable; see [`shared_with_credentials`].
+    if credentialed && !shared_with_credentials(resp) {
+        return RespCacheable::Uncacheable(NoCacheReason::Custom(CREDENTIALED));
     }
+    let cc = CacheControl::from_resp_headers(resp);
+    resp_cacheable(cc.as_ref(), resp.clone(), credentialed, defaults)
 }
 
-/// Whether a stored response may answer a request with `Cookie` or
-/// `Authorization`: only if the shop marked it shareable.
+/// Whether a response may be stored from, or answer, a request with
+/// `Cookie` or `Authorization`: only if the shop marked it `public` or gave
+/// it an `s-maxage`. Not `must-revalidate`, which RFC 9111 §3.5 also lists
+/// (and pingora's `allow_caching_authorized_req` accepts): shops send
+/// `max-age=…, must-revalidate` on personal pages, meaning "revalidate
+/// when stale", not "share".
 pub fn shared_with_credentials(resp: &ResponseHeader) -> bool {
-    CacheControl::from_resp_headers(resp).is_some_and(|cc| cc.allow_caching_authorized_req())
+    CacheControl::from_resp_headers(resp).is_some_and(|cc| cc.public() || cc.has_key("s-maxage"))
 }
 
 /// The variant a request wants of a stored response: the values of the
@@ -165,6 +207,13 @@ mod tests {
         assert_eq!(request_use(&req("GET", &[("upgrade", "websocket")])), CacheUse::Off);
         assert_eq!(request_use(&req("GET", &[("cookie", "sid=1")])), CacheUse::Credentialed);
         assert_eq!(request_use(&req("GET", &[("authorization", "Bearer x")])), CacheUse::Credentialed);
+        let mut no_host = RequestHeader::build("GET", b"/products/1", None).unwrap();
+        assert_eq!(request_use(&no_host), CacheUse::Off, "no Host");
+        no_host.insert_header("host", "").unwrap();
+        assert_eq!(request_use(&no_host), CacheUse::Off, "empty Host");
+        let mut long = RequestHeader::build("GET", format!("/{}", "a".repeat(MAX_CACHED_TARGET_BYTES)).as_bytes(), None).unwrap();
+        long.insert_header("host", "shop.example").unwrap();
+        assert_eq!(request_use(&long), CacheUse::Off, "target too long");
     }
 
     #[test]
@@ -202,6 +251,8 @@ mod tests {
         }
         assert!(shared_with_credentials(&resp(200, &[("cache-control", "public, max-age=5")])));
         assert!(!shared_with_credentials(&resp(200, &[("cache-control", "max-age=5")])));
+        assert!(!shared_with_credentials(&resp(200, &[("cache-control", "max-age=60, must-revalidate")])));
+        assert!(!stored(CacheUse::Credentialed, &[("cache-control", "max-age=60, must-revalidate")]));
     }
 
     #[test]

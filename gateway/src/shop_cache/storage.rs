@@ -9,15 +9,25 @@
 //! URL of each entry, so a purge can find every variant of a URL or every
 //! URL under a prefix.
 //!
+//! Memory: each entry weighs its header, body and URL bytes plus
+//! [`ENTRY_OVERHEAD`] (what the eviction manager bounds), and fills in
+//! progress together hold at most a budget of their own (counted as they
+//! will be weighed once stored; a fill past it is abandoned, not failed,
+//! and its response still reaches the client): the gateway gives a quarter of `shop.cache.max_bytes` to
+//! fills and the rest to stored entries, so a crowd of slow misses on many
+//! URLs cannot push the memory held past `max_bytes`.
+//!
 //! A response is visible only once complete; concurrent misses wait on the
 //! cache lock for it instead of reading a half-written body. A fill that
-//! was running when a purge happened is not stored: it may hold what the
-//! purge meant to remove.
+//! was running when a purge of its URL happened is not stored: it may hold
+//! what the purge meant to remove. Fills of other URLs are kept; the last
+//! [`RECENT_PURGES`] purges are remembered for that, and a fill older than
+//! all of them is dropped.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -33,11 +43,22 @@ use prometheus::{IntCounter, IntGauge};
 /// never holds a newline, so the split is unambiguous.
 pub const KEY_SEPARATOR: char = '\n';
 
+/// Purges remembered to decide whether a fill in progress meets one.
+pub const RECENT_PURGES: usize = 64;
+
+/// Which stored paths a purge removes.
+pub type PathMatch = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Bytes counted per entry besides its headers, body and URL: the map slot,
+/// the entry, its key and the eviction manager's LRU node.
+pub const ENTRY_OVERHEAD: usize = 256;
+
 /// One stored response.
 struct Entry {
     meta: (Vec<u8>, Vec<u8>),
     body: Bytes,
-    /// Header and body bytes: what the eviction manager weighs.
+    /// Header, body and URL bytes plus [`ENTRY_OVERHEAD`]: what the
+    /// eviction manager weighs.
     size: usize,
     /// The request path and query, for purges by URL and prefix.
     path: Box<str>,
@@ -56,9 +77,15 @@ pub struct StoreGauges {
 pub struct MemoryStore {
     entries: RwLock<HashMap<u128, Entry>>,
     bytes: AtomicUsize,
-    /// Bumped by every purge; a fill started before it is not stored.
+    /// Bumped by every purge; a fill started before it is checked against
+    /// the purges since.
     purge_epoch: AtomicU64,
+    /// The last purges, with the epoch each moved to.
+    recent_purges: Mutex<VecDeque<(u64, PathMatch)>>,
     max_object_bytes: usize,
+    /// Bytes fills in progress may hold together, and what they hold now.
+    fill_budget: usize,
+    filling: AtomicUsize,
     gauges: StoreGauges,
 }
 
@@ -71,8 +98,37 @@ fn internal(why: &'static str) -> Box<Error> {
 }
 
 impl MemoryStore {
-    pub fn new(max_object_bytes: usize, gauges: StoreGauges) -> Self {
-        Self { entries: RwLock::new(HashMap::new()), bytes: AtomicUsize::new(0), purge_epoch: AtomicU64::new(0), max_object_bytes, gauges }
+    pub fn new(max_object_bytes: usize, fill_budget: usize, gauges: StoreGauges) -> Self {
+        Self {
+            entries: RwLock::new(HashMap::new()),
+            bytes: AtomicUsize::new(0),
+            purge_epoch: AtomicU64::new(0),
+            recent_purges: Mutex::new(VecDeque::new()),
+            max_object_bytes,
+            fill_budget,
+            filling: AtomicUsize::new(0),
+            gauges,
+        }
+    }
+
+    /// Bytes held by fills in progress.
+    pub fn filling(&self) -> usize {
+        self.filling.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes` of the fill budget, or refuses.
+    fn reserve(&'static self, bytes: usize) -> Result<()> {
+        let mut held = self.filling.load(Ordering::Relaxed);
+        loop {
+            let next = held.saturating_add(bytes);
+            if next > self.fill_budget {
+                return Err(internal("fills in progress hold their whole budget"));
+            }
+            match self.filling.compare_exchange_weak(held, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => held = now,
+            }
+        }
     }
 
     /// Header and body bytes held now.
@@ -84,10 +140,19 @@ impl MemoryStore {
     /// (for the eviction manager). Runs over all entries under the write
     /// lock: entries are bounded by `shop.cache.max_bytes`, and purges are
     /// rare operator actions.
-    pub fn purge_where(&self, matches: impl Fn(&str) -> bool) -> Vec<CompactCacheKey> {
-        self.purge_epoch.fetch_add(1, Ordering::SeqCst);
+    pub fn purge_where(&self, matches: impl Fn(&str) -> bool + Send + Sync + 'static) -> Vec<CompactCacheKey> {
+        let matches: PathMatch = Arc::new(matches);
         let mut removed = Vec::new();
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        // Under the entries lock, as `insert` reads both.
+        let epoch = self.purge_epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        {
+            let mut recent = self.recent_purges.lock().unwrap_or_else(|p| p.into_inner());
+            recent.push_back((epoch, matches.clone()));
+            if recent.len() > RECENT_PURGES {
+                recent.pop_front();
+            }
+        }
         entries.retain(|_, e| {
             if matches(&e.path) {
                 self.bytes.fetch_sub(e.size, Ordering::Relaxed);
@@ -109,9 +174,14 @@ impl MemoryStore {
     fn insert(&self, epoch: u64, entry: Entry) -> bool {
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         // Checked under the lock a purge takes: a purge either ran before
-        // (the epoch moved: not stored) or runs after (and removes it).
+        // (the epoch moved: not stored if it names this path, or if it is
+        // too old to tell) or runs after (and removes it).
         if self.purge_epoch.load(Ordering::SeqCst) != epoch {
-            return false;
+            let recent = self.recent_purges.lock().unwrap_or_else(|p| p.into_inner());
+            let known = recent.front().is_some_and(|(first, _)| *first <= epoch + 1);
+            if !known || recent.iter().any(|(e, matches)| *e > epoch && matches(&entry.path)) {
+                return false;
+            }
         }
         self.bytes.fetch_add(entry.size, Ordering::Relaxed);
         if let Some(old) = entries.insert(slot(&entry.key), entry) {
@@ -147,10 +217,16 @@ impl Storage for MemoryStore {
 
     async fn get_miss_handler(&'static self, key: &CacheKey, meta: &CacheMeta, _trace: &SpanHandle) -> Result<MissHandler> {
         let path = key.primary_key_str().and_then(|k| k.split_once(KEY_SEPARATOR)).map_or("", |(_, path)| path);
+        let meta = meta.serialize()?;
+        let base = meta.0.len() + meta.1.len() + path.len() + ENTRY_OVERHEAD;
+        // Over budget, the fill is abandoned from the start: the response
+        // still reaches the client, it is just not stored.
+        let abandoned = self.reserve(base).is_err();
         Ok(Box::new(Fill {
-            store: self,
+            reserved: Reserved { store: self, bytes: if abandoned { 0 } else { base } },
+            abandoned,
             epoch: self.purge_epoch.load(Ordering::SeqCst),
-            meta: meta.serialize()?,
+            meta,
             body: BytesMut::new(),
             done: false,
             path: path.into(),
@@ -182,13 +258,19 @@ impl Storage for MemoryStore {
     async fn update_meta(&'static self, key: &CacheKey, meta: &CacheMeta, _trace: &SpanHandle) -> Result<bool> {
         let meta = meta.serialize()?;
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
-        match entries.get_mut(&slot(key)) {
+        let updated = match entries.get_mut(&slot(key)) {
             Some(entry) => {
+                let size = entry.size - entry.meta.0.len() - entry.meta.1.len() + meta.0.len() + meta.1.len();
+                self.bytes.fetch_add(size, Ordering::Relaxed);
+                self.bytes.fetch_sub(entry.size, Ordering::Relaxed);
+                entry.size = size;
                 entry.meta = meta;
-                Ok(true)
+                true
             }
-            None => Ok(false),
-        }
+            None => false,
+        };
+        self.publish(&entries);
+        Ok(updated)
     }
 
     fn support_streaming_partial_write(&self) -> bool {
@@ -250,9 +332,24 @@ impl HandleHit for Hit {
     }
 }
 
+/// Bytes of the fill budget a fill holds; given back when the fill ends,
+/// stored or not.
+struct Reserved {
+    store: &'static MemoryStore,
+    bytes: usize,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.store.filling.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 /// A response being stored; it becomes visible when finished.
 struct Fill {
-    store: &'static MemoryStore,
+    reserved: Reserved,
+    /// Past the fill budget: nothing more is buffered and nothing stored.
+    abandoned: bool,
     epoch: u64,
     meta: (Vec<u8>, Vec<u8>),
     body: BytesMut,
@@ -267,20 +364,35 @@ impl HandleMiss for Fill {
         if self.done && !data.is_empty() {
             return Err(internal("body written after its end"));
         }
-        if self.body.len() + data.len() > self.store.max_object_bytes {
+        if self.body.len() + data.len() > self.reserved.store.max_object_bytes {
             return Err(Error::explain(ErrorType::InternalError, "response larger than shop.cache.max_object_bytes"));
         }
-        self.body.extend_from_slice(&data);
         self.done |= eof;
+        if self.abandoned {
+            return Ok(());
+        }
+        if self.reserved.store.reserve(data.len()).is_err() {
+            // Not an error: pingora would fail the client's response.
+            self.abandoned = true;
+            self.body = BytesMut::new();
+            self.reserved.store.filling.fetch_sub(std::mem::take(&mut self.reserved.bytes), Ordering::Relaxed);
+            return Ok(());
+        }
+        self.reserved.bytes += data.len();
+        self.body.extend_from_slice(&data);
         Ok(())
     }
 
     async fn finish(self: Box<Self>) -> Result<MissFinishType> {
-        let size = self.meta.0.len() + self.meta.1.len() + self.body.len();
+        if self.abandoned {
+            return Ok(MissFinishType::Created(0));
+        }
+        let size = self.reserved.bytes;
+        let store = self.reserved.store;
         let entry = Entry { meta: self.meta, body: self.body.freeze(), size, path: self.path, key: self.key };
         // A fill a purge overtook is dropped; the eviction manager then
         // tracks a key of weight 0 that is not stored, which costs nothing.
-        let stored = self.store.insert(self.epoch, entry);
+        let stored = store.insert(self.epoch, entry);
         Ok(MissFinishType::Created(if stored { size } else { 0 }))
     }
 }
@@ -300,7 +412,7 @@ mod tests {
             objects: IntGauge::new("o", "o").unwrap(),
             evictions: IntCounter::new("e", "e").unwrap(),
         };
-        Box::leak(Box::new(MemoryStore::new(1024, gauges)))
+        Box::leak(Box::new(MemoryStore::new(1024, 4096, gauges)))
     }
 
     fn meta() -> CacheMeta {
@@ -348,6 +460,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_purge_of_another_url_keeps_a_fill_in_progress() {
+        let store = store();
+        let mut miss = store.get_miss_handler(&key("/kept"), &meta(), &nop()).await.unwrap();
+        miss.write_body(Bytes::from_static(b"new"), false).await.unwrap();
+        store.purge_where(|p| p == "/other");
+        miss.write_body(Bytes::new(), true).await.unwrap();
+        assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(n) if n > 0));
+        assert!(store.lookup(&key("/kept"), &nop()).await.unwrap().is_some());
+        // Past the purges remembered, a fill cannot tell: it is dropped.
+        let mut miss = store.get_miss_handler(&key("/old"), &meta(), &nop()).await.unwrap();
+        for _ in 0..=RECENT_PURGES {
+            store.purge_where(|p| p == "/other");
+        }
+        miss.write_body(Bytes::from_static(b"x"), true).await.unwrap();
+        assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(0)));
+    }
+
+    #[tokio::test]
     async fn purges_match_paths_and_free_their_bytes() {
         let store = store();
         for path in ["/products/1", "/products/2", "/cart"] {
@@ -361,6 +491,41 @@ mod tests {
         let gone = store.purge(PurgeTarget::Exact(&entry), PurgeType::Eviction, &nop()).await.unwrap();
         assert_eq!(gone, PurgeOutcome::Purged(None));
         assert_eq!((store.bytes(), store.gauges.evictions.get()), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn fills_in_progress_hold_at_most_their_budget_and_give_it_back() {
+        let store = store();
+        let mut fills = Vec::new();
+        for i in 0..8 {
+            let mut miss = store.get_miss_handler(&key(&format!("/f{i}")), &meta(), &nop()).await.unwrap();
+            // Past the budget a fill is abandoned, not failed.
+            miss.write_body(Bytes::from(vec![0; 512]), false).await.unwrap();
+            assert!(store.filling() <= 4096, "{} held by fills", store.filling());
+            fills.push(miss);
+        }
+        assert!(store.filling() > 4096 - 1024, "{} held by fills", store.filling());
+        let last = fills.pop().unwrap();
+        assert!(matches!(last.finish().await.unwrap(), MissFinishType::Created(0)), "an abandoned fill is not stored");
+        assert!(store.lookup(&key("/f7"), &nop()).await.unwrap().is_none());
+        drop(fills);
+        assert_eq!(store.filling(), 0, "abandoned fills give their budget back");
+        assert!(matches!(fill(store, "/after", b"x").await, MissFinishType::Created(n) if n >= ENTRY_OVERHEAD + "/after".len()));
+        assert_eq!(store.filling(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_revalidated_header_is_counted_at_its_new_size() {
+        let store = store();
+        fill(store, "/r", b"x").await;
+        let before = store.bytes();
+        let mut header = ResponseHeader::build(200, None).unwrap();
+        header.insert_header("etag", "\"a-rather-long-entity-tag-value\"").unwrap();
+        let now = SystemTime::now();
+        let longer = CacheMeta::new(now + std::time::Duration::from_secs(60), now, 0, 0, header);
+        assert!(store.update_meta(&key("/r"), &longer, &nop()).await.unwrap());
+        assert!(store.bytes() > before, "{} after {before}", store.bytes());
+        assert_eq!(store.bytes(), usize::try_from(store.gauges.bytes.get()).unwrap());
     }
 
     #[tokio::test]
