@@ -34,6 +34,10 @@ pub struct SaleSpec {
     pub per_user_limit: i64,
     pub starts_at_ms: i64,
     pub ends_at_ms: i64,
+    /// The sale's own opening draw window, ms (0 = no draw); `None`
+    /// follows `[fairness] window_ms` (see [`crate::draw`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draw_window_ms: Option<i64>,
 }
 
 impl SaleSpec {
@@ -53,6 +57,9 @@ impl SaleSpec {
         }
         if self.ends_at_ms <= self.starts_at_ms {
             return Err("ends_at: must be after starts_at".into());
+        }
+        if let Some(w) = self.draw_window_ms {
+            crate::draw::window_ms("draw_window_ms", w)?;
         }
         Ok(())
     }
@@ -92,7 +99,7 @@ mod tests {
     use super::*;
 
     fn spec() -> SaleSpec {
-        SaleSpec { id: "s".into(), name: "n".into(), stock: 10, per_user_limit: 1, starts_at_ms: 100, ends_at_ms: 200 }
+        SaleSpec { id: "s".into(), name: "n".into(), stock: 10, per_user_limit: 1, starts_at_ms: 100, ends_at_ms: 200, draw_window_ms: None }
     }
 
     #[test]
@@ -113,6 +120,9 @@ mod tests {
         let mut s = spec();
         s.id = "bad id".into();
         assert!(s.validate().unwrap_err().starts_with("id"));
+        let mut s = spec();
+        s.draw_window_ms = Some(-1);
+        assert!(s.validate().unwrap_err().starts_with("draw_window_ms"));
         assert!(spec().validate().is_ok());
     }
 

@@ -38,7 +38,7 @@ pub use env::{
 };
 pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
 pub use settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
     RedisTarget, RouteLimits, ShopConfig,
 };
 pub use validate::{

@@ -383,3 +383,22 @@ fn the_challenge_secret_is_required_only_when_challenges_are_on() {
     let short = Config::from_toml_str("", &MapEnv(&[("FLASHGATE_CHALLENGE_SECRET", "short")]), 0).unwrap_err().to_string();
     assert!(short.contains("FLASHGATE_CHALLENGE_SECRET") && short.contains("at least 32 bytes"), "{short}");
 }
+
+#[test]
+fn draw_windows_out_of_bounds_are_refused_by_key() {
+    let c = Config::from_toml_str("[fairness]\nwindow_ms = 200\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.fairness.window_ms, 200);
+    assert_eq!(c.fairness.settle, std::time::Duration::from_millis(5000));
+    for (toml, key) in [
+        ("[fairness]\nwindow_ms = -1\n", "fairness.window_ms"),
+        ("[fairness]\nwindow_ms = 60001\n", "fairness.window_ms"),
+        ("[fairness]\nsettle_ms = 10\n", "fairness.settle_ms"),
+        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = -5\n", "sales[0].draw_window_ms"),
+        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100000\n", "sales[0].draw_window_ms"),
+    ] {
+        let msg = Config::from_toml_str(toml, &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains(&format!("{key}:")), "{toml}: {msg}");
+    }
+    let c = Config::from_toml_str("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 0\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.sales[0].draw_window_ms, Some(0));
+}

@@ -22,7 +22,7 @@ use super::env::{
 };
 use super::file;
 use super::settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
     RedisTarget, RouteLimits, ShopConfig,
 };
 use crate::sale::SaleSpec;
@@ -70,6 +70,7 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         pages: pages(&mut check, f.pages),
         challenge: challenge(&mut check, f.challenge, idempotency_ttl_seconds),
         challenge_secret: challenge_secret(&mut check, env),
+        fairness: fairness(&mut check, &f.fairness),
         backend: backend(&mut check, f.backend, env),
         payment_timeouts: payment_timeouts(&mut check, &f.sales),
         sales: sales(&mut check, &f.sales, now_ms),
@@ -394,6 +395,16 @@ fn auth(check: &mut Check, f: file::Auth) -> AuthConfig {
     AuthConfig { audience: f.audience, issuer: f.issuer }
 }
 
+fn fairness(check: &mut Check, f: &file::Fairness) -> FairnessConfig {
+    // The rule is the admin API's too (`draw_window_ms`): `draw` owns it.
+    let window_ms = crate::draw::window_ms("fairness.window_ms", f.window_ms).unwrap_or_else(|e| {
+        check.problem(e);
+        0
+    });
+    check.between("fairness.settle_ms", f.settle_ms, 100, 60_000);
+    FairnessConfig { window_ms, settle: Duration::from_millis(f.settle_ms) }
+}
+
 /// The payment timeout of each sale, by id.
 fn payment_timeouts(check: &mut Check, sales: &[file::Sale]) -> HashMap<String, Duration> {
     let mut out = HashMap::new();
@@ -439,5 +450,5 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         Some(t) => parse_time("ends_at", t)?,
         None => starts_at_ms.saturating_add(s.duration_seconds.saturating_mul(1000)),
     };
-    Ok(SaleSpec { id: s.id.clone(), name: s.name.clone(), stock: s.stock, per_user_limit: s.per_user_limit, starts_at_ms, ends_at_ms })
+    Ok(SaleSpec { id: s.id.clone(), name: s.name.clone(), stock: s.stock, per_user_limit: s.per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms: s.draw_window_ms })
 }
