@@ -110,10 +110,12 @@ pub async fn read_record(conn: &mut impl redis::aio::ConnectionLike, sale_id: &s
     if state.is_empty() {
         return Ok(None);
     }
-    let bad = |e: serde_json::Error| redis::RedisError::from((redis::ErrorKind::TypeError, "bad draw record", e.to_string()));
-    let mut entrants = entries.into_iter().map(|(n, v)| Ok((n, serde_json::from_str(&v).map_err(bad)?))).collect::<Result<Vec<_>, _>>()?;
+    let bad = |e: serde_json::Error| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "bad draw record", e.to_string()));
+    let mut entrants =
+        entries.into_iter().map(|(n, v)| serde_json::from_str(&v).map(|e| (n, e)).map_err(bad)).collect::<redis::RedisResult<Vec<(u64, Entrant)>>>()?;
     entrants.sort_by_key(|(n, _)| *n);
-    let mut outcomes = outcomes.into_iter().map(|(n, v)| Ok((n, serde_json::from_str(&v).map_err(bad)?))).collect::<Result<Vec<_>, _>>()?;
+    let mut outcomes =
+        outcomes.into_iter().map(|(n, v)| serde_json::from_str(&v).map(|o| (n, o)).map_err(bad)).collect::<redis::RedisResult<Vec<(u64, Outcome)>>>()?;
     outcomes.sort_by_key(|(n, _)| *n);
     let order_matches_seed = match (state.get("seed"), state.get("entrants").and_then(|n| n.parse::<u64>().ok())) {
         (Some(seed), Some(n)) => Some(decided_order(seed, n).get(..order.len()) == Some(&order[..])),
