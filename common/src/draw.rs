@@ -105,17 +105,22 @@ pub async fn read_record(conn: &mut impl redis::aio::ConnectionLike, sale_id: &s
     let keys = SaleKeys::new(sale_id);
     let d = &keys.draw;
     // One key per command: a plain pipeline is fine on a cluster (same slot).
-    let (state, entries, order, outcomes): (HashMap<String, String>, HashMap<u64, String>, Vec<u64>, HashMap<u64, String>) =
+    type ByEntry = HashMap<u64, String>;
+    let (state, entries, order, outcomes): (HashMap<String, String>, ByEntry, Vec<u64>, ByEntry) =
         redis::pipe().hgetall(&d.state).hgetall(&d.entries).lrange(&d.order, 0, -1).hgetall(&d.outcomes).query_async(conn).await?;
     if state.is_empty() {
         return Ok(None);
     }
     let bad = |e: serde_json::Error| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "bad draw record", e.to_string()));
-    let mut entrants =
-        entries.into_iter().map(|(n, v)| serde_json::from_str(&v).map(|e| (n, e)).map_err(bad)).collect::<redis::RedisResult<Vec<(u64, Entrant)>>>()?;
+    let mut entrants = entries
+        .into_iter()
+        .map(|(n, v)| serde_json::from_str(&v).map(|e| (n, e)).map_err(bad))
+        .collect::<redis::RedisResult<Vec<(u64, Entrant)>>>()?;
     entrants.sort_by_key(|(n, _)| *n);
-    let mut outcomes =
-        outcomes.into_iter().map(|(n, v)| serde_json::from_str(&v).map(|o| (n, o)).map_err(bad)).collect::<redis::RedisResult<Vec<(u64, Outcome)>>>()?;
+    let mut outcomes = outcomes
+        .into_iter()
+        .map(|(n, v)| serde_json::from_str(&v).map(|o| (n, o)).map_err(bad))
+        .collect::<redis::RedisResult<Vec<(u64, Outcome)>>>()?;
     outcomes.sort_by_key(|(n, _)| *n);
     let order_matches_seed = match (state.get("seed"), state.get("entrants").and_then(|n| n.parse::<u64>().ok())) {
         (Some(seed), Some(n)) => Some(decided_order(seed, n).get(..order.len()) == Some(&order[..])),

@@ -99,7 +99,15 @@ mod tests {
     use super::*;
 
     fn spec() -> SaleSpec {
-        SaleSpec { id: "s".into(), name: "n".into(), stock: 10, per_user_limit: 1, starts_at_ms: 100, ends_at_ms: 200, draw_window_ms: None }
+        SaleSpec {
+            id: "s".into(),
+            name: "n".into(),
+            stock: 10,
+            per_user_limit: 1,
+            starts_at_ms: 100,
+            ends_at_ms: 200,
+            draw_window_ms: None,
+        }
     }
 
     #[test]

@@ -40,7 +40,10 @@ pub enum DeductOutcome {
     /// `crate::draw`). A re-send of a buy the draw already holds (its
     /// Idempotency-Key, its call) joins that entry: then the decision is
     /// `replayed`, and its outcome will be too.
-    Entered { entry: u64, closes_in_ms: u64 },
+    Entered {
+        entry: u64,
+        closes_in_ms: u64,
+    },
     /// The draw window has closed but the draw is not decided yet: no buy
     /// may take an item before it is.
     DrawPending,

@@ -38,6 +38,10 @@ use crate::redis_client::{RedisClient, RedisError};
 /// Redis time, so buys of other sales are not held up behind a draw.
 pub const CHUNK: u32 = 500;
 
+/// How long a draw found decided is taken as decided without asking
+/// Redis again.
+const DECIDED_MEMO: Duration = Duration::from_secs(60);
+
 /// The longest pause between two tries while the sale is paused or fenced.
 const MAX_BACKOFF: Duration = Duration::from_millis(200);
 
@@ -71,12 +75,13 @@ impl DrawMetrics {
         let entrants = plain("draw_entrants_total", "Buys entered into an opening draw.");
         let winners = plain("draw_winners_total", "Draw entrants answered as winners.");
         let settle = Histogram::with_opts(
-            HistogramOpts::new("draw_settle_seconds", "From a draw window's close to an entrant's answer.").buckets(SETTLE_BUCKETS.to_vec()),
+            HistogramOpts::new("draw_settle_seconds", "From a draw window's close to an entrant's answer.")
+                .buckets(SETTLE_BUCKETS.to_vec()),
         )
         .expect("valid histogram");
         registry.register(Box::new(settle.clone())).expect("unique metric");
-        let runs = IntCounterVec::new(Opts::new("draw_runs_total", "Draw script calls by what they found."), &["result"])
-            .expect("valid counter");
+        let runs =
+            IntCounterVec::new(Opts::new("draw_runs_total", "Draw script calls by what they found."), &["result"]).expect("valid counter");
         registry.register(Box::new(runs.clone())).expect("unique metric");
         Self { entrants, winners, settle, runs }
     }
@@ -118,8 +123,9 @@ pub struct Draws {
     settle: Duration,
     idempotency_ttl_seconds: u64,
     /// One draw call per sale at a time from this gateway: its other held
-    /// buys wait and read the outcomes that call wrote.
-    running: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// buys wait their turn, and once a call found the draw decided
+    /// (`Some(when)`) they call no more.
+    running: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Instant>>>>>,
     pub metrics: DrawMetrics,
 }
 
@@ -141,7 +147,14 @@ impl Draws {
     ///
     /// # Errors
     /// See [`NotSettled`].
-    pub async fn outcome(&self, redis: &RedisClient, sale_id: &str, entry: u64, closes_in: Duration, replayed: bool) -> Result<Decision, NotSettled> {
+    pub async fn outcome(
+        &self,
+        redis: &RedisClient,
+        sale_id: &str,
+        entry: u64,
+        closes_in: Duration,
+        replayed: bool,
+    ) -> Result<Decision, NotSettled> {
         let closes = Instant::now() + closes_in;
         let deadline = closes + self.settle;
         tokio::time::sleep_until(closes).await;
@@ -201,21 +214,18 @@ impl Draws {
         }
     }
 
-    /// One `lua/draw_run.lua` call, unless one for the sale is under way
-    /// here: then the caller waits for it and reports `Pending`, so that it
-    /// reads its outcome before running another.
+    /// One `lua/draw_run.lua` call, one per sale at a time from this
+    /// gateway; none once a call here found the draw decided (a minute ago
+    /// at most: a sale's draw is decided once).
     async fn run(&self, redis: &RedisClient, sale_id: &str, keys: &SaleKeys) -> Result<Run, NotSettled> {
         let lock = {
             let mut running = self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             running.entry(sale_id.to_owned()).or_default().clone()
         };
-        let _turn = match lock.try_lock() {
-            Ok(turn) => turn,
-            Err(_) => {
-                drop(lock.lock().await);
-                return Ok(Run::Pending);
-            }
-        };
+        let mut decided = lock.lock().await;
+        if decided.is_some_and(|at| at.elapsed() < DECIDED_MEMO) {
+            return Ok(Run::Done);
+        }
         let seed = format!("{:032x}", rand::random::<u128>());
         let d = &keys.draw;
         let mut conn = redis.conn().await?;
@@ -250,6 +260,9 @@ impl Draws {
             _ => return Err(NotSettled::BadReply(reply.join("|"))),
         };
         self.metrics.runs.with_label_values(&[reply[0].as_str()]).inc();
+        if run == Run::Done {
+            *decided = Some(Instant::now());
+        }
         Ok(run)
     }
 

@@ -22,8 +22,8 @@ use super::env::{
 };
 use super::file;
 use super::settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
-    RedisTarget, RouteLimits, ShopConfig,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig, GatewayConfig, LimitsConfig, PagesConfig,
+    RedisConfig, RedisTarget, RouteLimits, ShopConfig,
 };
 use crate::sale::SaleSpec;
 
@@ -450,5 +450,13 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         Some(t) => parse_time("ends_at", t)?,
         None => starts_at_ms.saturating_add(s.duration_seconds.saturating_mul(1000)),
     };
-    Ok(SaleSpec { id: s.id.clone(), name: s.name.clone(), stock: s.stock, per_user_limit: s.per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms: s.draw_window_ms })
+    Ok(SaleSpec {
+        id: s.id.clone(),
+        name: s.name.clone(),
+        stock: s.stock,
+        per_user_limit: s.per_user_limit,
+        starts_at_ms,
+        ends_at_ms,
+        draw_window_ms: s.draw_window_ms,
+    })
 }
