@@ -14,22 +14,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::keys::SaleKeys;
 
-/// Longest draw window: a minute. Buyers wait the window out, so more is
-/// a typo, not a policy.
-pub const MAX_WINDOW_MS: i64 = 60_000;
-
-/// Validates a draw window in milliseconds (0 = no draw), naming `key`.
-///
-/// # Errors
-/// The value is negative or above [`MAX_WINDOW_MS`].
-pub fn window_ms(key: &str, value: i64) -> Result<u64, String> {
-    if (0..=MAX_WINDOW_MS).contains(&value) {
-        Ok(value as u64)
-    } else {
-        Err(format!("{key}: must be between 0 and {MAX_WINDOW_MS} (0 = no draw)"))
-    }
-}
-
 /// One buy in the draw, as `lua/deduct.lua` records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entrant {
@@ -148,9 +132,10 @@ mod tests {
 
     #[test]
     fn windows_are_bounded() {
-        assert_eq!(window_ms("fairness.window_ms", 0), Ok(0));
-        assert_eq!(window_ms("fairness.window_ms", 200), Ok(200));
-        assert!(window_ms("draw_window_ms", -1).unwrap_err().starts_with("draw_window_ms:"));
-        assert!(window_ms("draw_window_ms", MAX_WINDOW_MS + 1).is_err());
+        use crate::sale::{draw_window_ms, MAX_DRAW_WINDOW_MS};
+        assert_eq!(draw_window_ms("fairness.window_ms", 0), Ok(0));
+        assert_eq!(draw_window_ms("fairness.window_ms", 200), Ok(200));
+        assert!(draw_window_ms("draw_window_ms", -1).unwrap_err().starts_with("draw_window_ms:"));
+        assert!(draw_window_ms("draw_window_ms", MAX_DRAW_WINDOW_MS + 1).is_err());
     }
 }

@@ -25,6 +25,22 @@ pub fn payment_timeout(seconds: i64) -> Result<std::time::Duration, String> {
     }
 }
 
+/// Longest draw window: a minute. Buyers wait the window out, so more is
+/// a typo, not a policy.
+pub const MAX_DRAW_WINDOW_MS: i64 = 60_000;
+
+/// Validates an opening draw window (`crate::draw`) in milliseconds (0 = no draw), naming `key`.
+///
+/// # Errors
+/// The value is negative or above [`MAX_DRAW_WINDOW_MS`].
+pub fn draw_window_ms(key: &str, value: i64) -> Result<u64, String> {
+    if (0..=MAX_DRAW_WINDOW_MS).contains(&value) {
+        Ok(value as u64)
+    } else {
+        Err(format!("{key}: must be between 0 and {MAX_DRAW_WINDOW_MS} (0 = no draw)"))
+    }
+}
+
 /// What an operator declares: the immutable facts of a sale.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SaleSpec {
@@ -59,7 +75,7 @@ impl SaleSpec {
             return Err("ends_at: must be after starts_at".into());
         }
         if let Some(w) = self.draw_window_ms {
-            crate::draw::window_ms("draw_window_ms", w)?;
+            draw_window_ms("draw_window_ms", w)?;
         }
         Ok(())
     }

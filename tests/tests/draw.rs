@@ -226,11 +226,15 @@ async fn a_draw_gives_early_and_late_buyers_of_its_window_even_chances() {
 
     // The same load without a draw (the sale's own window 0): first come,
     // first served, so the group 50 ms ahead takes nearly everything.
+    eprintln!("draw: winners A {} B {}", drawn.won.0, drawn.won.1);
     let buyers = groups(&stack, "fcfs", SIZE).await;
     let starts = put_sale(&stack, "fcfs", STOCK, 1, Duration::from_millis(1500), Some(0)).await;
     let first_come = two_groups(&stack, "fcfs", starts, buyers).await;
     eprintln!("no draw: winners A {} B {}", first_come.won.0, first_come.won.1);
-    assert!(first_come.won.0 >= 90, "without a draw the early group should win nearly all, won {}", first_come.won.0);
+    // On an idle machine A takes all 100; on a loaded one B's first buys
+    // mingle with A's last. Either way far above the draw's 5-sigma bound
+    // (67.7 when every buyer entered).
+    assert!(first_come.won.0 >= 70, "without a draw the early group should win nearly all, won {}", first_come.won.0);
     let (status, _) = stack.admin(reqwest::Method::GET, "/admin/sales/fcfs/draw", None).await;
     assert_eq!(status, 404, "a sale without a draw has no record");
     assert_exact_books(&stack, "fcfs", STOCK, &first_come).await;

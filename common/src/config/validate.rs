@@ -396,8 +396,8 @@ fn auth(check: &mut Check, f: file::Auth) -> AuthConfig {
 }
 
 fn fairness(check: &mut Check, f: &file::Fairness) -> FairnessConfig {
-    // The rule is the admin API's too (`draw_window_ms`): `draw` owns it.
-    let window_ms = crate::draw::window_ms("fairness.window_ms", f.window_ms).unwrap_or_else(|e| {
+    // The rule is the admin API's too (`draw_window_ms`): `sale` owns it.
+    let window_ms = crate::sale::draw_window_ms("fairness.window_ms", f.window_ms).unwrap_or_else(|e| {
         check.problem(e);
         0
     });
