@@ -85,9 +85,7 @@ for i = cursor + 1, last do
   local at_j = at_i
   if j ~= i then
     at_j = tonumber(redis.call('HGET', KEYS[10], j) or j)
-    redis.call('HSET', KEYS[10], j, at_i)
   end
-  redis.call('HDEL', KEYS[10], i)
   local e = cjson.decode(redis.call('HGET', KEYS[8], at_j))
   local idem_key
   if e.idem ~= '' then
@@ -112,8 +110,16 @@ for i = cursor + 1, last do
   end
   redis.call('HSET', KEYS[9], at_j, cjson.encode(record))
   redis.call('RPUSH', KEYS[11], at_j)
+  -- The shuffle's state and the cursor move with each entrant, after its
+  -- decision: a runtime error later in this call leaves every entrant
+  -- decided so far decided, and the next call goes on after the last one,
+  -- never deciding one twice.
+  if j ~= i then
+    redis.call('HSET', KEYS[10], j, at_i)
+  end
+  redis.call('HDEL', KEYS[10], i)
+  redis.call('HSET', KEYS[7], 'cursor', i)
 end
-redis.call('HSET', KEYS[7], 'cursor', last)
 if last < n then
   return {'pending', tostring(last)}
 end

@@ -4,6 +4,7 @@
 //! the sale's stream, all atomically. Its reply is parsed once into
 //! [`DeductOutcome`]; business results are values, not errors.
 
+use flashgate_common::config::RedisTarget;
 use flashgate_common::keys::SaleKeys;
 
 use crate::redis_client::{RedisClient, RedisError};
@@ -109,11 +110,13 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .key(&keys.stream)
         .key(&keys.reservations)
         .key(keys.idempotency_misses(attempt.user_id))
-        .key(&keys.synced)
-        .key(&keys.draw.state)
-        .key(&keys.draw.entries)
-        .key(&keys.draw.index)
-        .key(&keys.draw.outcomes)
+        .key(&keys.synced);
+    // No draws on Redis Cluster (docs/RELIABILITY.md, known gaps): without
+    // the draw keys the script has no draw.
+    if !matches!(redis.config().target, RedisTarget::Cluster { .. }) {
+        invocation.key(&keys.draw.state).key(&keys.draw.entries).key(&keys.draw.index).key(&keys.draw.outcomes);
+    }
+    invocation
         .arg(attempt.user_id)
         .arg(attempt.idempotency_key)
         .arg(attempt.reservation_id)

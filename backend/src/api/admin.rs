@@ -82,6 +82,10 @@ pub async fn put(
         draw_window_ms: body.draw_window_ms,
     };
     spec.validate().map_err(ApiError::bad_request)?;
+    // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
+    if state.redis.is_cluster() && spec.draw_window_ms.is_some_and(|w| w != 0) {
+        return Err(ApiError::bad_request("draw_window_ms: must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)"));
+    }
     if let Some(t) = body.payment_timeout_seconds {
         flashgate_common::sale::payment_timeout(t).map_err(ApiError::bad_request)?;
     }

@@ -402,3 +402,17 @@ fn draw_windows_out_of_bounds_are_refused_by_key() {
     let c = Config::from_toml_str("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 0\n", &NoEnv, 0).unwrap();
     assert_eq!(c.sales[0].draw_window_ms, Some(0));
 }
+
+#[test]
+fn draw_windows_are_refused_on_redis_cluster_by_key_and_mode() {
+    let cluster = "[redis]\nmode = \"cluster\"\nnodes = [\"redis://127.0.0.1:7100\"]\n";
+    for (extra, key) in [
+        ("[fairness]\nwindow_ms = 200\n", "fairness.window_ms"),
+        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100\n", "sales[0].draw_window_ms"),
+    ] {
+        let msg = Config::from_toml_str(&format!("{cluster}{extra}"), &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains(&format!("{key}:")) && msg.contains("cluster"), "{extra}: {msg}");
+    }
+    let c = Config::from_toml_str(&format!("{cluster}[fairness]\nwindow_ms = 0\n"), &NoEnv, 0).unwrap();
+    assert_eq!(c.fairness.window_ms, 0);
+}

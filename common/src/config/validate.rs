@@ -75,6 +75,18 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         payment_timeouts: payment_timeouts(&mut check, &f.sales),
         sales: sales(&mut check, &f.sales, now_ms),
     };
+    // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
+    if matches!(config.redis.target, RedisTarget::Cluster { .. }) {
+        if config.fairness.window_ms != 0 {
+            check.fail("fairness.window_ms", "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)");
+        }
+        for (i, s) in config.sales.iter().enumerate() {
+            if s.draw_window_ms.is_some_and(|w| w != 0) {
+                check
+                    .fail(format_args!("sales[{i}].draw_window_ms"), "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)");
+            }
+        }
+    }
     check.finish().map(|()| config)
 }
 
