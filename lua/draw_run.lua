@@ -103,7 +103,9 @@ for i = cursor + 1, last do
   else
     outcome = fg_take(k, a, limit, now)
   end
-  local record = {o = outcome, d = '', ts = now}
+  -- The entrant's user and rid: a gateway holding this entry number checks
+  -- the outcome is its own (numbers are reused after a failover lost entries).
+  local record = {o = outcome, d = '', ts = now, user = e.user, rid = e.rid}
   if outcome == 'won' then
     record.d = e.rid
     record.node = fg_replid()

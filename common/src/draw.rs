@@ -44,6 +44,13 @@ pub struct Outcome {
     /// A win: the replication id of the Redis that decided it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The entrant decided: its user and the reservation id its entering
+    /// call offered. Entry numbers are reused after a failover that lost
+    /// entries, so a gateway holding an entry checks these are its own.
+    #[serde(default)]
+    pub user: String,
+    #[serde(default)]
+    pub rid: String,
 }
 
 /// The entry numbers `1..=entrants` in the order the draw decides them.

@@ -104,6 +104,25 @@ pub enum NotSettled {
     BadReply(String),
 }
 
+/// Who holds an entry: its user and, for the call that entered it, the
+/// reservation id it offered (a re-send that joined offered another).
+#[derive(Debug, Clone, Copy)]
+pub struct Entrant<'a> {
+    pub user: &'a str,
+    pub rid: Option<&'a str>,
+}
+
+impl Entrant<'_> {
+    /// Whether `o` is this entrant's outcome. A record without the
+    /// entrant (written before records carried it) is taken as its own.
+    fn owns(&self, o: &Outcome) -> bool {
+        if o.user.is_empty() {
+            return true;
+        }
+        o.user == self.user && self.rid.is_none_or(|rid| o.rid == rid)
+    }
+}
+
 /// What one `lua/draw_run.lua` call found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Run {
@@ -145,6 +164,11 @@ impl Draws {
     /// now) until it is decided, and answers its outcome, `replayed` as
     /// given (a re-send that joined an entry replays it).
     ///
+    /// The outcome found must be `user`'s and, for the call that entered
+    /// (`rid` given), carry its reservation id: entry numbers are reused
+    /// after a failover that lost entries, and another entrant's outcome
+    /// is answered as [`NotSettled::Gone`] (503; a keyed retry buys anew).
+    ///
     /// # Errors
     /// See [`NotSettled`].
     pub async fn outcome(
@@ -154,6 +178,7 @@ impl Draws {
         entry: u64,
         closes_in: Duration,
         replayed: bool,
+        entrant: Entrant<'_>,
     ) -> Result<Decision, NotSettled> {
         let closes = Instant::now() + closes_in;
         let deadline = closes + self.settle;
@@ -163,6 +188,9 @@ impl Draws {
         let mut finished = false;
         loop {
             if let Some(outcome) = self.read(redis, &keys, entry).await? {
+                if !entrant.owns(&outcome) {
+                    return Err(NotSettled::Gone);
+                }
                 self.metrics.settle.observe(closes.elapsed().as_secs_f64());
                 let decision = decision(outcome, replayed)?;
                 if !replayed && matches!(decision.outcome, DeductOutcome::Won { .. }) {
@@ -294,7 +322,16 @@ mod tests {
     use super::*;
 
     fn outcome(o: &str, d: &str) -> Outcome {
-        Outcome { outcome: o.into(), detail: d.into(), ts: 1700, node: Some("ab".into()) }
+        Outcome { outcome: o.into(), detail: d.into(), ts: 1700, node: Some("ab".into()), user: "u".into(), rid: "s.1".into() }
+    }
+
+    #[test]
+    fn another_entrants_outcome_is_not_taken() {
+        let o = outcome("won", "s.1");
+        assert!(Entrant { user: "u", rid: Some("s.1") }.owns(&o));
+        assert!(Entrant { user: "u", rid: None }.owns(&o), "a re-send that joined knows only the user");
+        assert!(!Entrant { user: "u", rid: Some("s.2") }.owns(&o), "entry number reused after a failover");
+        assert!(!Entrant { user: "v", rid: None }.owns(&o));
     }
 
     #[test]

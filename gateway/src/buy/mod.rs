@@ -43,7 +43,7 @@ use crate::challenge::token::POW_HEADER;
 use crate::challenge::{BuyChallenge, ChallengeGate};
 use crate::clock::{SystemClock, WallClock};
 use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
-use crate::draw::{Draws, NotSettled};
+use crate::draw::{Draws, Entrant, NotSettled};
 use crate::forwarder::Forwarder;
 use crate::limits::RouteClass;
 use crate::metrics::Metrics;
@@ -221,13 +221,16 @@ impl<C: WallClock> BuyService<C> {
     /// draw stays decided).
     async fn deduct_or_draw(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
         for _ in 0..2 {
-            let decision = self.deduct(sale_id, user, idempotency_key).await?;
+            let rid = reservation_id(sale_id, rand::random());
+            let decision = self.deduct(sale_id, user, idempotency_key, &rid).await?;
             match decision.outcome {
                 DeductOutcome::Entered { entry, closes_in_ms } => {
                     if !decision.replayed {
                         self.draws.metrics.entrants.inc();
                     }
-                    let held = self.draws.outcome(&self.redis, sale_id, entry, Duration::from_millis(closes_in_ms), decision.replayed);
+                    let entrant = Entrant { user, rid: (!decision.replayed).then_some(rid.as_str()) };
+                    let held =
+                        self.draws.outcome(&self.redis, sale_id, entry, Duration::from_millis(closes_in_ms), decision.replayed, entrant);
                     return Box::pin(held).await.map_err(|e| self.not_settled(&e));
                 }
                 DeductOutcome::DrawPending => Box::pin(self.draws.settle(&self.redis, sale_id)).await.map_err(|e| self.not_settled(&e))?,
@@ -286,14 +289,13 @@ impl<C: WallClock> BuyService<C> {
     /// Runs the deduct script; a sold-out answer found just now is flagged
     /// here and announced to every other gateway. A replayed one is not:
     /// it tells what an earlier attempt got, not whether stock is left.
-    async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
-        let rid = reservation_id(sale_id, rand::random());
+    async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str, rid: &str) -> Result<Decision, Rejection> {
         let nonce = format!("{:016x}", rand::random::<u64>());
         let attempt = BuyAttempt {
             sale_id,
             user_id: user,
             idempotency_key,
-            reservation_id: &rid,
+            reservation_id: rid,
             call_nonce: &nonce,
             idempotency_ttl_seconds: self.idempotency_ttl.as_secs(),
             draw_window_ms: self.draws.window_ms,
