@@ -48,9 +48,14 @@ fi
 log "building release binaries"
 "$CARGO" build --release -p flashgate -p flashgate-backend -p flashgate-bench --bins
 
+# What verifying a proof-of-work solution costs per buy, quoted in the report.
+log "measuring proof-of-work verification"
+"$CARGO" bench -p flashgate --bench challenge_verify > target/challenge_verify.txt
+
 log "load before the run: $(uptime)"
 timeout --signal=TERM --kill-after=30 "$BENCH_TIMEOUT" \
-  target/release/flashgate-bench run --peers-dir "$PEERS_DIR" --bin-dir target/release --out-dir bench "$@" &
+  target/release/flashgate-bench run --peers-dir "$PEERS_DIR" --bin-dir target/release --out-dir bench \
+  --challenge-verify target/challenge_verify.txt "$@" &
 pid=$!
 # The bench stops everything it started when it gets SIGTERM.
 trap 'kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' INT TERM

@@ -9,6 +9,11 @@
 -- KEYS[6] resv        hash   reservation id -> user
 -- KEYS[7] misses      hash   this user's Idempotency-Keys that did not win -> outcome
 -- KEYS[8] synced      string replication id of the Redis that agrees with the database
+-- KEYS[9] draw state   hash  the opening draw (see lua/draw_run.lua); KEYS[9..12]
+--                            may be left out: the sale then has no draw
+-- KEYS[10] draw entries hash entry number -> entrant (JSON), in arrival order
+-- KEYS[11] draw index  hash  entrant name (user and key or nonce) -> entry number
+-- KEYS[12] draw outcomes hash entry number -> outcome (JSON)
 -- ARGV[1] user id
 -- ARGV[2] Idempotency-Key ("" when the buyer sent none)
 -- ARGV[3] reservation id to use if this attempt wins
@@ -19,8 +24,11 @@
 --         call sent again (the cluster client re-sends a call whose
 --         connection dropped) answers the win it already made instead of
 --         taking a second item
+-- ARGV[8] `[fairness] window_ms` of the caller: the draw window of a sale
+--         whose meta has no `draw_window_ms` of its own (0 or absent: none)
 --
 -- All keys share the sale's hash tag, so this runs on Redis Cluster too.
+-- The shared rules (fg_*) come from lua/lib/decide.lua, prepended.
 -- Reply: {outcome, detail}
 --   "won"           reservation id, and two more elements: the reservation's
 --                   time (Redis TIME, ms), the same `ts` as in the stream,
@@ -32,6 +40,14 @@
 --   "not_started"   starts_at_ms
 --   "paused"        ""
 --   "not_found"     ""
+--   "entered"       entry number, and the ms left until the draw closes:
+--                   the buy arrived within the sale's draw window and waits
+--                   for lua/draw_run.lua to decide it
+--   "joined"        the same for a re-send of a buy the draw already holds
+--                   (same Idempotency-Key, or the same call): no new entry
+--   "draw_pending"  ""  the draw window has closed but the draw is not
+--                   decided yet: run lua/draw_run.lua, then buy again (no
+--                   buy after the window may take an item before the draw)
 --   "fenced"        ""  this Redis became a master since the sale last
 --                   agreed with the database (a promoted replica, a restart):
 --                   it may lack the last wins, so it sells nothing until the
@@ -47,16 +63,6 @@
 -- sale's state at that moment. So one account sending random keys cannot
 -- grow Redis beyond that cap.
 
--- `master_replid` changes whenever a Redis becomes a master (a promotion,
--- every start): the failover fence compares it with the sale's `synced`,
--- and wins carry it. INFO's replication section is short (about a
--- microsecond), and read at most once per call.
-local current_replid = nil
-local function replid()
-  current_replid = current_replid or string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
-  return current_replid
-end
-
 local idem = ARGV[2]
 local nonce = ARGV[7] or ''
 if idem ~= '' then
@@ -65,7 +71,7 @@ if idem ~= '' then
     local sep = string.find(first, '|', 1, true)
     local outcome = string.sub(first, 1, sep - 1)
     if outcome == 'won' then
-      return {'replay:won', string.sub(first, sep + 1), replid()}
+      return {'replay:won', string.sub(first, sep + 1), fg_replid()}
     end
     return {'replay:' .. outcome, string.sub(first, sep + 1)}
   end
@@ -74,31 +80,48 @@ elseif nonce ~= '' then
   local won = redis.call('GET', KEYS[4])
   if won then
     local sep = string.find(won, '|', 1, true)
-    return {'won', string.sub(won, 1, sep - 1), string.sub(won, sep + 1), replid()}
+    return {'won', string.sub(won, 1, sep - 1), string.sub(won, sep + 1), fg_replid()}
   end
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused')
+local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms')
 if not meta[1] then
   return {'not_found', ''}
 end
 
--- Remembers a final outcome under the Idempotency-Key. Outcomes that may
--- change on a later attempt (not started, paused) are not remembered.
+local user = ARGV[1]
+local a = {user = user, idem = idem, rid = ARGV[3], idem_key = KEYS[4], misses_key = KEYS[7],
+           ttl = ARGV[4], misses_cap = tonumber(ARGV[6]), sale = ARGV[5]}
+local k = {remaining = KEYS[2], buyers = KEYS[3], stream = KEYS[5], resv = KEYS[6]}
+
 local function final(outcome, detail)
-  if idem ~= '' then
-    if outcome == 'won' then
-      redis.call('SET', KEYS[4], outcome .. '|' .. detail, 'EX', ARGV[4])
-    elseif redis.call('HLEN', KEYS[7]) < tonumber(ARGV[6]) then
-      redis.call('HSET', KEYS[7], idem, outcome .. '|' .. detail)
-      redis.call('EXPIRE', KEYS[7], ARGV[4])
-    end
-  end
+  fg_final(a, outcome, detail)
   return {outcome, detail}
 end
 
+-- The opening draw. A buy it already holds (the same Idempotency-Key, or
+-- the same call re-sent) is that entry, never a second attempt: its
+-- outcome once decided, else "entered" again.
+local draw = KEYS[9] and {state = KEYS[9], entries = KEYS[10], index = KEYS[11], outcomes = KEYS[12]}
+local draw_state = draw and redis.call('HMGET', draw.state, 'closes_at_ms', 'done') or {}
+local entry_name = draw and fg_draw_entry_name(user, idem, nonce)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if draw_state[1] and entry_name then
+  local entry = redis.call('HGET', draw.index, entry_name)
+  if entry then
+    local decided = redis.call('HGET', draw.outcomes, entry)
+    if decided then
+      local d = cjson.decode(decided)
+      if d.o == 'won' then
+        return {'replay:won', d.d, d.node}
+      end
+      return {'replay:' .. d.o, d.d}
+    end
+    return {'joined', entry, tostring(math.max(0, tonumber(draw_state[1]) - now))}
+  end
+end
+
 if now >= tonumber(meta[2]) then
   return final('ended', '')
 end
@@ -111,32 +134,52 @@ end
 
 -- The fence, last before the sale's counters: a sale that has ended, is
 -- paused or has not started is answered as such.
-if redis.call('GET', KEYS[8]) ~= replid() then
+if redis.call('GET', KEYS[8]) ~= fg_replid() then
   return {'fenced', ''}
 end
 
-local user = ARGV[1]
-local bought = tonumber(redis.call('HGET', KEYS[3], user) or '0')
-if bought >= tonumber(meta[3]) then
-  return final('limit_reached', '')
+if draw then
+  -- The window is fixed by the draw's first entry (`closes_at_ms`): an
+  -- operator's later change does not move a draw under way.
+  local window = tonumber(meta[5] or ARGV[8] or '0') or 0
+  local closes = tonumber(draw_state[1] or '') or (tonumber(meta[1]) + window)
+  if window > 0 and now < closes then
+    -- Nothing the draw could give: answered now, as after the window.
+    local bought = tonumber(redis.call('HGET', k.buyers, user) or '0')
+    if bought >= tonumber(meta[3]) then
+      return final('limit_reached', '')
+    end
+    if tonumber(redis.call('GET', k.remaining) or '0') <= 0 then
+      return final('sold_out', '')
+    end
+    local entry = redis.call('HLEN', draw.entries) + 1
+    redis.call('HSET', draw.entries, entry, cjson.encode({user = user, idem = idem, nonce = nonce, rid = a.rid, at = now}))
+    redis.call('HSET', draw.index, entry_name, entry)
+    if not draw_state[1] then
+      redis.call('HSET', draw.state, 'closes_at_ms', closes, 'opened_at_ms', now)
+      -- A draw nobody runs (every gateway gone) is not kept for ever; a
+      -- run refreshes this.
+      local keep = tonumber(ARGV[4]) + 3600
+      for _, key in ipairs({draw.state, draw.entries, draw.index}) do
+        redis.call('EXPIRE', key, keep)
+      end
+    end
+    return {'entered', tostring(entry), tostring(closes - now)}
+  end
+  if draw_state[1] and draw_state[2] ~= '1' then
+    return {'draw_pending', ''}
+  end
 end
 
-local left = tonumber(redis.call('GET', KEYS[2]) or '0')
-if left <= 0 then
-  return final('sold_out', '')
+local outcome = fg_take(k, a, tonumber(meta[3]), now)
+if outcome ~= 'won' then
+  return {outcome, ''}
 end
-
-local rid = ARGV[3]
-redis.call('DECR', KEYS[2])
-redis.call('HINCRBY', KEYS[3], user, 1)
-redis.call('HSET', KEYS[6], rid, user)
-redis.call('XADD', KEYS[5], '*', 'rid', rid, 'sale', ARGV[5],
-           'user', user, 'idem', idem, 'ts', tostring(now))
-final('won', rid)
+local rid = a.rid
 if idem == '' and nonce ~= '' then
   -- A re-sent call comes within the client's retries (well under a second).
   redis.call('SET', KEYS[4], rid .. '|' .. tostring(now), 'EX', 60)
 end
 -- The record's time goes back with the win, so the gateway's forward
 -- carries the same reservation time as the stream entry.
-return {'won', rid, tostring(now), replid()}
+return {'won', rid, tostring(now), fg_replid()}

@@ -26,6 +26,8 @@
 -- ARGV[7] consumer group name
 -- ARGV[8] the lock token of the caller
 -- ARGV[9..11] entries written to the scratch buyers, resv and released
+-- ARGV[12] draw_window_ms, the sale's own draw window ("" or absent: none,
+--          the sale follows `[fairness] window_ms`)
 -- Reply: 1 the sale was installed (paused); 0 it was already there (nothing
 --       changed); -2 the caller no longer holds the lock (nothing changed);
 --       -3 a scratch key does not hold what was written (it expired: the
@@ -71,6 +73,9 @@ for i = 4, 6 do
 end
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
            'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5], 'paused', '1')
+if ARGV[12] and ARGV[12] ~= '' then
+  redis.call('HSET', KEYS[1], 'draw_window_ms', ARGV[12])
+end
 redis.call('SET', KEYS[2], ARGV[6])
 redis.call('DEL', KEYS[11])
 return 1

@@ -5,6 +5,8 @@
 -- KEYS[1] meta       KEYS[2] remaining
 -- ARGV[1] name  ARGV[2] stock  ARGV[3] per_user_limit
 -- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms
+-- ARGV[6] draw_window_ms, the sale's own draw window ("": none, the sale
+--         follows `[fairness] window_ms`; absent: left as it is)
 -- Reply: {1, remaining} when updated; {0, sold} when the new stock is below
 -- the items already sold (nothing changes); {-1, 0} when the sale is absent.
 
@@ -20,5 +22,10 @@ if stock < sold then
 end
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
            'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5])
+if ARGV[6] == '' then
+  redis.call('HDEL', KEYS[1], 'draw_window_ms')
+elseif ARGV[6] then
+  redis.call('HSET', KEYS[1], 'draw_window_ms', ARGV[6])
+end
 redis.call('SET', KEYS[2], stock - sold)
 return {1, stock - sold}

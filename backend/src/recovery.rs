@@ -334,6 +334,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .arg(buyers.len())
         .arg(index.len())
         .arg(cancelled.len())
+        .arg(spec.draw_window_ms.map(|w| w.to_string()).unwrap_or_default())
         .invoke_async(conn)
         .await?;
     match installed {

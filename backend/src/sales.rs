@@ -119,6 +119,9 @@ pub struct SaleView {
     /// Stream entries delivered to a consumer but not acknowledged yet;
     /// `None` when Redis does not answer.
     pub pending: Option<i64>,
+    /// The sale's own opening draw window, ms; `null`: it follows
+    /// `[fairness] window_ms`.
+    pub draw_window_ms: Option<i64>,
 }
 
 /// Live counters read from Redis in one round trip.
@@ -173,6 +176,7 @@ pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: S
         orders,
         payment_timeout_seconds,
         pending: live.as_ref().map(|c| c.pending),
+        draw_window_ms: spec.draw_window_ms,
         id: spec.id,
         name: spec.name,
         stock: spec.stock,

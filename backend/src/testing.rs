@@ -221,6 +221,7 @@ pub fn sale(id: &str, stock: i64) -> SaleSpec {
         per_user_limit: 1,
         starts_at_ms: now - 1000,
         ends_at_ms: now + 3_600_000,
+        draw_window_ms: None,
     }
 }
 
@@ -273,8 +274,7 @@ pub async fn buy(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, us
 /// [`buy`] with an Idempotency-Key; answers the script's whole reply
 /// (outcome, detail such as the reservation id, ...).
 pub async fn buy_with_key(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: &str, key: &str) -> Vec<String> {
-    static DEDUCT: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/deduct.lua")));
+    static DEDUCT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::DEDUCT));
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
     let rid = flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
     DEDUCT

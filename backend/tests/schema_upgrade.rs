@@ -143,6 +143,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             per_user_limit: 2,
             starts_at_ms: 1_700_000_000_000,
             ends_at_ms: 4_102_444_800_000,
+            draw_window_ms: None,
         };
         assert_eq!(store.sale("spring").await.unwrap(), Some(spring.clone()), "{name}");
         assert_eq!(store.sales().await.unwrap().len(), 2, "{name}");
@@ -171,7 +172,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
 
         // The migrations are recorded, and the schema is the one a fresh
         // database gets.
-        assert_eq!(db.migrations().await, vec![(1, true), (20, true)], "{name}");
+        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true)], "{name}");
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
 
         // The store works: an order is written, a sale changed and created.
@@ -191,7 +192,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
         // Starting again changes nothing.
         let store = Store::connect(&db.url).await.unwrap();
         assert_eq!(store.count_live_orders("spring").await.unwrap(), 3, "{name}");
-        assert_eq!(db.migrations().await, vec![(1, true), (20, true)], "{name}");
+        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true)], "{name}");
         store.close().await;
         db.drop().await;
     }
@@ -213,7 +214,7 @@ async fn a_database_of_the_first_release_gains_the_columns_added_since() {
         let unreleased: Vec<String> = store.unreleased_cancelled("", 10).await.unwrap().into_iter().map(|o| o.reservation_id).collect();
         assert_eq!(unreleased, vec!["old.r2".to_owned()], "{name}");
 
-        assert_eq!(db.migrations().await, vec![(1, true), (20, true)], "{name}");
+        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true)], "{name}");
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
 
         // What the added columns and table serve works.

@@ -86,8 +86,9 @@ struct RunArgs {
     evalsha_n_p16: u64,
     #[arg(long, value_enum, default_value_t = Profiling::Auto)]
     profile: Profiling,
-    /// Only these scenarios (a_static, b_state, c_buy, c_buy_open, d_soldout, e_hammer, f_burst,
-    /// and the durability rows g_wait0, g_wait1, h_fsync_everysec, h_fsync_always).
+    /// Only these scenarios (a_static, b_state, c_buy, c_buy_open, d_soldout, e_hammer,
+    /// d_soldout_pow, e_hammer_pow, f_burst, and the durability rows g_wait0, g_wait1,
+    /// h_fsync_everysec, h_fsync_always).
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
     /// A TOML file whose `[redis]` table (`mode = "standalone" | "cluster" |
@@ -96,6 +97,10 @@ struct RunArgs {
     /// bench's own (the bench creates its sales there: use a scratch one).
     #[arg(long)]
     redis_config: Option<PathBuf>,
+    /// The output of `cargo bench -p flashgate --bench challenge_verify`,
+    /// quoted in the report (bench/run.sh writes it).
+    #[arg(long)]
+    challenge_verify: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -195,7 +200,11 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
             None => None,
         },
     };
-    let results = run::run(settings).await?;
+    let mut results = run::run(settings).await?;
+    if let Some(path) = &a.challenge_verify {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        results.pow_verify = text.lines().filter(|l| l.contains("per call")).map(str::to_owned).collect();
+    }
     std::fs::create_dir_all(&out_dir)?;
     let png = out_dir.join("bench.png");
     let chart = match chart::draw(&results, &png) {

@@ -363,6 +363,17 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         );
     }
 
+    if !r.pow_verify.is_empty() {
+        let _ = writeln!(md, "## Proof-of-work verification cost (quoted)\n");
+        let _ = writeln!(
+            md,
+            "What checking a `Flashgate-Pow` header costs the gateway per buy (tag, bindings and the solution's hash; no Redis), \
+             from `cargo bench -p flashgate --bench challenge_verify` on this machine before the run. Rows d* and e* above show \
+             the sold-out and rate-limited answers with the challenge on: both are given before any challenge is checked.\n"
+        );
+        let _ = writeln!(md, "```text\n{}\n```\n", r.pow_verify.join("\n"));
+    }
+
     if !r.evalsha.is_empty() {
         let _ = writeln!(md, "## Redis deduct ceiling (peers/redis-evalsha, quoted)\n");
         let _ = writeln!(

@@ -29,6 +29,8 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { id: "c_buy_open", title: "c'. Buy while in stock (open loop, fixed rate)", peer: Some("openresty-gateway") },
     Scenario { id: "d_soldout", title: "d. Buy after sold out", peer: Some("openresty-gateway") },
     Scenario { id: "e_hammer", title: "e. One user hammering (rate-limited)", peer: Some("openresty-gateway") },
+    Scenario { id: "d_soldout_pow", title: "d*. Buy after sold out, challenge on (`[challenge] mode = \"always\"`)", peer: None },
+    Scenario { id: "e_hammer_pow", title: "e*. One user hammering (rate-limited), challenge on", peer: None },
     Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
 ];
 
@@ -119,6 +121,8 @@ pub struct Results {
     pub profiles: Vec<Profile>,
     pub perf_available: bool,
     pub wall_s: f64,
+    /// `cargo bench -p flashgate --bench challenge_verify` output, quoted.
+    pub pow_verify: Vec<String>,
 }
 
 impl Results {

@@ -78,7 +78,14 @@ struct Ctx {
     /// The gateway with `redis.wait_replicas = 1` (address, pid), while the
     /// durability rows run.
     wait_gateway: Option<(std::net::SocketAddr, u32)>,
+    /// The gateway with `[challenge] mode = "always"` (address, pid),
+    /// while the `*_pow` rows run.
+    challenge_gateway: Option<(std::net::SocketAddr, u32)>,
 }
+
+/// The rows run against the gateway that asks every buy for a proof of
+/// work; the scenario each repeats.
+const CHALLENGED: &[(&str, &str)] = &[("d_soldout_pow", "d_soldout"), ("e_hammer_pow", "e_hammer")];
 
 fn probe(watched: Vec<Watched>) -> impl Fn() -> Snap + Send + Sync {
     move || snap(&watched)
@@ -142,7 +149,8 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     let t = Instant::now();
     let ids = random_users(s.user_pool.max(s.burst_users));
     let bearers = mint_bearers(&fg.jwt_secret, &ids, 7200);
-    let hammer = random_users(2 * s.rounds + 2);
+    // Two per round (Flashgate, peer), one per round of the challenged row.
+    let hammer = random_users(3 * s.rounds + 3);
     let hammer_bearers = mint_bearers(&fg.jwt_secret, &hammer, 7200);
     eprintln!("bench: minted {} tokens in {:.2}s", bearers.len() + hammer_bearers.len(), t.elapsed().as_secs_f64());
     let header_values =
@@ -158,6 +166,16 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         pg,
         tag: crate::stack::random_hex(4),
         wait_gateway: None,
+        challenge_gateway: None,
+    };
+    // Stopped when dropped, at the end of the run.
+    let _challenge_gateway = if CHALLENGED.iter().any(|(id, _)| wanted(id)) {
+        let (gateway, addr) =
+            ctx.fg.start_gateway_with("flashgate-pow", "", "[challenge]\nmode = \"always\"\ndifficulty_bits = 14\n").await?;
+        ctx.challenge_gateway = Some((addr, gateway.pid));
+        Some(gateway)
+    } else {
+        None
     };
     ctx.fg.put_sale("bench", BIG_STOCK, 1).await?;
     ctx.fg.put_sale("state", BIG_STOCK, 1).await?;
@@ -220,6 +238,7 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         profiles: Vec::new(),
         perf_available: perf_available(),
         wall_s: 0.0,
+        pow_verify: Vec::new(),
     };
 
     if s.profile != Profiling::Never && results.perf_available {
@@ -283,7 +302,7 @@ async fn durability(ctx: &mut Ctx, dir: &std::path::Path, wanted: &dyn Fn(&str) 
     .context("the bench's own Redis has a port")?;
     if wanted("g_wait0") || wanted("g_wait1") {
         let (mut replica, _) = start_replica(dir, "flashgate-redis-replica", port).await?;
-        let (mut gateway, addr) = ctx.fg.start_gateway_with("flashgate-wait1", "wait_replicas = 1").await?;
+        let (mut gateway, addr) = ctx.fg.start_gateway_with("flashgate-wait1", "wait_replicas = 1", "").await?;
         ctx.wait_gateway = Some((addr, gateway.pid));
         let result = durability_pair(ctx, ["g_wait0", "g_wait1"], wanted, &mut rounds).await;
         ctx.wait_gateway = None;
@@ -409,11 +428,17 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
         addr = wait_addr;
         watched.iter_mut().filter(|w| w.name == "gateway").for_each(|w| w.pids = vec![pid]);
     }
+    let challenged = CHALLENGED.iter().any(|(id, _)| *id == scenario);
+    if challenged {
+        let (pow_addr, pid) = ctx.challenge_gateway.context("the challenge gateway was not started")?;
+        addr = pow_addr;
+        watched.iter_mut().filter(|w| w.name == "gateway").for_each(|w| w.pids = vec![pid]);
+    }
     let tag = format!("{}{}f{round}", ctx.tag, &scenario[..1]);
     let sale = format!("{}-r{round}", scenario.replace('_', "-"));
     let buy_path = format!("/api/sales/{sale}/buy");
     let bearers = ctx.bearers.clone();
-    let hammer_user = 2 * round;
+    let hammer_user = if challenged { 2 * ctx.s.rounds + 2 + round } else { 2 * round };
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
         "a_static" => (0, Target::Get { path: SALE_PAGE_PATH.into() }, Pace::Closed),
         "b_state" => (0, Target::Get { path: "/api/sales/state".into() }, Pace::Closed),
@@ -423,8 +448,8 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
         "c_buy_open" => {
             (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Open { rate: open_rate })
         }
-        "d_soldout" => (0, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
-        "e_hammer" => {
+        "d_soldout" | "d_soldout_pow" => (0, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
+        "e_hammer" | "e_hammer_pow" => {
             (BIG_STOCK, Target::FlashBuy { path: buy_path, users: ctx.hammer_bearers.clone(), pick: Pick::One(hammer_user) }, Pace::Closed)
         }
         "f_burst" => (ctx.s.burst_stock, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
@@ -434,6 +459,12 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     let mut redis = fg.redis().await?;
     if is_buy {
         fg.put_sale(&sale, stock, 1).await?;
+    }
+    if scenario == "d_soldout_pow" {
+        // As in a real sale: another gateway's buy finds it sold out and
+        // announces it; the challenged gateway then answers 410 before any
+        // challenge (a buy it sent to the script would need a solution).
+        announce_sold_out(ctx, &sale).await?;
     }
     let trims_before = fg.timed_scripts().await;
     reset_script_stats(&mut redis).await?;
@@ -472,12 +503,14 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
         let winners = summary.winners.unwrap_or_else(|| summary.total_in(200..=299));
         let mut check = check_flashgate(ctx, &sale, stock, winners, (calls, trims), reached).await?;
         match scenario {
-            "e_hammer" => {
+            "e_hammer" | "e_hammer_pow" => {
                 // Admitted by the user bucket: at most burst + rate × time (+1 for rounding).
                 let admitted = summary.total_statuses.iter().filter(|(s, _)| **s != 429).map(|(_, n)| n).sum::<u64>();
                 let secs = ctx.s.warmup + summary.elapsed_s + 0.1;
                 let bound = f64::from(ctx.s.user_bucket.1) + f64::from(ctx.s.user_bucket.0) * secs + 1.0;
-                let ok = admitted as f64 <= bound && winners == 1;
+                // Challenged, the admitted buys are asked for a proof (428)
+                // the load does not solve: none wins.
+                let ok = admitted as f64 <= bound && winners == u64::from(scenario == "e_hammer");
                 check.ok &= ok;
                 check.text.push_str(&format!(", admitted past the user bucket {admitted} (bound {bound:.0})"));
             }
@@ -499,6 +532,23 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
         None
     };
     Ok(RoundResult { scenario, side: Side::Flashgate, round, loadavg_before, summary, cpu, check })
+}
+
+/// Sends one buy of `sale` through the bench's first gateway (no
+/// challenge) and waits until the sale's sold-out announcement has reached
+/// the other gateways.
+async fn announce_sold_out(ctx: &Ctx, sale: &str) -> anyhow::Result<()> {
+    let bearer = ctx.bearers.headers.first().context("no bearer minted")?.clone();
+    let resp = ctx
+        .fg
+        .http
+        .post(format!("http://{}/api/sales/{sale}/buy", ctx.fg.gateway_addr))
+        .header(http::header::AUTHORIZATION, bearer)
+        .send()
+        .await?;
+    anyhow::ensure!(resp.status().as_u16() == 410, "a buy of the empty sale {sale}: {}", resp.status());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(())
 }
 
 /// winners = stock decrements = reservations = orders persisted, and no

@@ -266,11 +266,13 @@ user = {{ per_second = {per_second}, burst = {burst} }}
 
     /// A second gateway beside the first, on the same Redis and backend,
     /// with `redis_keys` added to its `[redis]` table (e.g.
-    /// `wait_replicas = 1`); its address once it listens.
+    /// `wait_replicas = 1`) and `tables` (TOML tables the first gateway's
+    /// config lacks, e.g. `[challenge]`) at the end; its address once it
+    /// listens. It has a challenge signing secret of its own.
     ///
     /// # Errors
     /// When it does not come up within 30 s.
-    pub async fn start_gateway_with(&self, name: &str, redis_keys: &str) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
+    pub async fn start_gateway_with(&self, name: &str, redis_keys: &str, tables: &str) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
         let addr = loopback(free_port());
         let admin = loopback(free_port());
         let config = std::fs::read_to_string(&self.config_path)?
@@ -278,8 +280,8 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             .replace("timeout_ms = 1000\n", &format!("timeout_ms = 1000\n{redis_keys}\n"))
             .replace(&self.dir.join("run").display().to_string(), &self.dir.join(format!("run-{name}")).display().to_string());
         let path = self.dir.join(format!("{name}.toml"));
-        std::fs::write(&path, config)?;
-        let child = self.command("flashgate", &path, name)?.arg("serve").spawn()?;
+        std::fs::write(&path, format!("{config}\n{tables}\n"))?;
+        let child = self.command("flashgate", &path, name)?.env("FLASHGATE_CHALLENGE_SECRET", random_hex(32)).arg("serve").spawn()?;
         let gateway = Proc::child(name, child);
         if !wait_port(addr, Duration::from_secs(30)).await {
             bail!("{name} did not start:\n{}", std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default());

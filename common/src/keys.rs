@@ -34,6 +34,12 @@
 //! | `fg:{sale:ID}:synced` | string | replication id of the Redis that agrees with the database on the sale (see [`SaleKeys::synced`]) |
 //! | `fg:{sale:ID}:restoring` | string | lock held while a backend restores a lost sale (its token) |
 //! | `fg:{sale:ID}:restore:TOKEN:*` | hash, set | buyers, resv, released being rebuilt by one restore (expire) |
+//! | `fg:{sale:ID}:draw:state` | hash | the opening draw: `closes_at_ms`, `opened_at_ms`, `seed`, `entrants`, `cursor`, `decided_at_ms`, `done`, `finished_at_ms` (see [`crate::draw`]) |
+//! | `fg:{sale:ID}:draw:entries` | hash | entry number -> entrant `{user, idem, nonce, rid, at}` (JSON), numbered in arrival order |
+//! | `fg:{sale:ID}:draw:index` | hash | entrant name (user and Idempotency-Key, or user and call nonce) -> entry number |
+//! | `fg:{sale:ID}:draw:outcomes` | hash | entry number -> outcome `{o, d, ts, node}` (JSON) |
+//! | `fg:{sale:ID}:draw:order` | list | entry numbers in the order the draw decided them |
+//! | `fg:{sale:ID}:draw:perm` | hash | the shuffle's swapped positions, while the draw runs |
 
 /// Set of the ids of every preheated sale.
 pub const SALES_INDEX: &str = "fg:sales";
@@ -91,6 +97,22 @@ pub struct SaleKeys {
     /// Written before each replica `WAIT` round of the sale (see
     /// `gateway/src/replica_wait.rs`).
     pub wait_mark: String,
+    /// The opening draw's record (`lua/draw_run.lua`).
+    pub draw: DrawKeys,
+}
+
+/// The keys of a sale's opening draw (see [`crate::draw`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrawKeys {
+    pub state: String,
+    pub entries: String,
+    pub index: String,
+    pub outcomes: String,
+    pub order: String,
+    pub perm: String,
+    /// `fg:{sale:ID}:`: the draw script names an entrant's
+    /// Idempotency-Key keys from it (they are in the sale's slot).
+    pub prefix: String,
 }
 
 /// Where one restore builds a sale's state before installing it at once.
@@ -120,6 +142,15 @@ impl SaleKeys {
             call_prefix: format!("{tag}:call:"),
             wait_mark: format!("{tag}:wait-mark"),
             pow_prefix: format!("{tag}:pow:"),
+            draw: DrawKeys {
+                state: format!("{tag}:draw:state"),
+                entries: format!("{tag}:draw:entries"),
+                index: format!("{tag}:draw:index"),
+                outcomes: format!("{tag}:draw:outcomes"),
+                order: format!("{tag}:draw:order"),
+                perm: format!("{tag}:draw:perm"),
+                prefix: format!("{tag}:"),
+            },
         }
     }
 
@@ -181,12 +212,22 @@ mod tests {
             &k.call("u", "n"),
             &k.wait_mark,
             &k.pow("c"),
+            &k.draw.state,
+            &k.draw.entries,
+            &k.draw.index,
+            &k.draw.outcomes,
+            &k.draw.order,
+            &k.draw.perm,
             &scratch.buyers,
             &scratch.reservations,
             &scratch.released,
         ] {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
+        // lua/draw_run.lua names an entrant's keys from the prefix.
+        assert_eq!(k.idempotency("u", "i"), format!("{}idem:u:i", k.draw.prefix));
+        assert_eq!(k.idempotency_misses("u"), format!("{}idem-misses:u", k.draw.prefix));
+        assert_eq!(k.call("u", "n"), format!("{}call:u:n", k.draw.prefix));
     }
 }
 

@@ -7,6 +7,7 @@
 //! - [`config`]: the TOML file (`config::file`), validated
 //!   (`config::validate`, every problem named by its key) into typed
 //!   settings ([`config::Config`]); parsing reads no file nor environment.
+//! - [`draw`]: the opening draw's record and its order, recomputed for audits.
 //! - [`keys`]: the Redis key layout of a sale (all keys share one hash tag).
 //! - [`redis_conn`]: one connection type for the three `redis.mode`s
 //!   (standalone, cluster, sentinel), and the sale-events subscription.
@@ -28,6 +29,7 @@
 pub mod backoff;
 pub mod config;
 pub mod dependency;
+pub mod draw;
 pub mod keys;
 pub mod redis_conn;
 pub mod reservation;

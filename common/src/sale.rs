@@ -25,6 +25,22 @@ pub fn payment_timeout(seconds: i64) -> Result<std::time::Duration, String> {
     }
 }
 
+/// Longest draw window: a minute. Buyers wait the window out, so more is
+/// a typo, not a policy.
+pub const MAX_DRAW_WINDOW_MS: i64 = 60_000;
+
+/// Validates an opening draw window (`crate::draw`) in milliseconds (0 = no draw), naming `key`.
+///
+/// # Errors
+/// The value is negative or above [`MAX_DRAW_WINDOW_MS`].
+pub fn draw_window_ms(key: &str, value: i64) -> Result<u64, String> {
+    if (0..=MAX_DRAW_WINDOW_MS).contains(&value) {
+        Ok(value as u64)
+    } else {
+        Err(format!("{key}: must be between 0 and {MAX_DRAW_WINDOW_MS} (0 = no draw)"))
+    }
+}
+
 /// What an operator declares: the immutable facts of a sale.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SaleSpec {
@@ -34,6 +50,10 @@ pub struct SaleSpec {
     pub per_user_limit: i64,
     pub starts_at_ms: i64,
     pub ends_at_ms: i64,
+    /// The sale's own opening draw window, ms (0 = no draw); `None`
+    /// follows `[fairness] window_ms` (see [`crate::draw`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draw_window_ms: Option<i64>,
 }
 
 impl SaleSpec {
@@ -53,6 +73,9 @@ impl SaleSpec {
         }
         if self.ends_at_ms <= self.starts_at_ms {
             return Err("ends_at: must be after starts_at".into());
+        }
+        if let Some(w) = self.draw_window_ms {
+            draw_window_ms("draw_window_ms", w)?;
         }
         Ok(())
     }
@@ -92,7 +115,15 @@ mod tests {
     use super::*;
 
     fn spec() -> SaleSpec {
-        SaleSpec { id: "s".into(), name: "n".into(), stock: 10, per_user_limit: 1, starts_at_ms: 100, ends_at_ms: 200 }
+        SaleSpec {
+            id: "s".into(),
+            name: "n".into(),
+            stock: 10,
+            per_user_limit: 1,
+            starts_at_ms: 100,
+            ends_at_ms: 200,
+            draw_window_ms: None,
+        }
     }
 
     #[test]
@@ -113,6 +144,9 @@ mod tests {
         let mut s = spec();
         s.id = "bad id".into();
         assert!(s.validate().unwrap_err().starts_with("id"));
+        let mut s = spec();
+        s.draw_window_ms = Some(-1);
+        assert!(s.validate().unwrap_err().starts_with("draw_window_ms"));
         assert!(spec().validate().is_ok());
     }
 

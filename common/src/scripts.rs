@@ -6,10 +6,19 @@
 //! with `EVAL` of the body (see [`crate::redis_conn`]), and
 //! `flashgate check --connect` loads every script on every master.
 
-/// `(file name, body)` of every script in `lua/`.
+/// `lua/deduct.lua` as it runs: the shared buy rules (`lua/lib/decide.lua`)
+/// followed by the script's own body.
+pub const DEDUCT: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/deduct.lua"));
+
+/// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT`].
+pub const DRAW_RUN: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/draw_run.lua"));
+
+/// `(file name, body)` of every script in `lua/` (a script built on
+/// `lua/lib/` as it runs).
 pub const ALL: &[(&str, &str)] = &[
     ("adopt.lua", include_str!("../../lua/adopt.lua")),
-    ("deduct.lua", include_str!("../../lua/deduct.lua")),
+    ("deduct.lua", DEDUCT),
+    ("draw_run.lua", DRAW_RUN),
     ("fence.lua", include_str!("../../lua/fence.lua")),
     ("gcra.lua", include_str!("../../lua/gcra.lua")),
     ("pow_use.lua", include_str!("../../lua/pow_use.lua")),

@@ -4,6 +4,7 @@
 //! the sale's stream, all atomically. Its reply is parsed once into
 //! [`DeductOutcome`]; business results are values, not errors.
 
+use flashgate_common::config::RedisTarget;
 use flashgate_common::keys::SaleKeys;
 
 use crate::redis_client::{RedisClient, RedisError};
@@ -35,6 +36,18 @@ pub enum DeductOutcome {
     /// agreed with the database (failover, restart): nothing is sold until
     /// the backend has re-synced it.
     Fenced,
+    /// The buy arrived within the sale's opening draw window: it is entry
+    /// `entry` of the draw, which closes `closes_in_ms` from now (see
+    /// `crate::draw`). A re-send of a buy the draw already holds (its
+    /// Idempotency-Key, its call) joins that entry: then the decision is
+    /// `replayed`, and its outcome will be too.
+    Entered {
+        entry: u64,
+        closes_in_ms: u64,
+    },
+    /// The draw window has closed but the draw is not decided yet: no buy
+    /// may take an item before it is.
+    DrawPending,
 }
 
 /// A decision, and whether it was remembered from an earlier attempt with
@@ -72,6 +85,8 @@ pub struct BuyAttempt<'a> {
     /// `lua/deduct.lua`).
     pub call_nonce: &'a str,
     pub idempotency_ttl_seconds: u64,
+    /// `[fairness] window_ms`: the draw window of a sale without its own.
+    pub draw_window_ms: u64,
 }
 
 /// Runs the deduct script once.
@@ -95,16 +110,24 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .key(&keys.stream)
         .key(&keys.reservations)
         .key(keys.idempotency_misses(attempt.user_id))
-        .key(&keys.synced)
+        .key(&keys.synced);
+    // No draws on Redis Cluster (docs/RELIABILITY.md, known gaps): without
+    // the draw keys the script has no draw.
+    if !matches!(redis.config().target, RedisTarget::Cluster { .. }) {
+        invocation.key(&keys.draw.state).key(&keys.draw.entries).key(&keys.draw.index).key(&keys.draw.outcomes);
+    }
+    invocation
         .arg(attempt.user_id)
         .arg(attempt.idempotency_key)
         .arg(attempt.reservation_id)
         .arg(attempt.idempotency_ttl_seconds)
         .arg(attempt.sale_id)
         .arg(MISSES_REMEMBERED_PER_USER)
-        .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" });
+        .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" })
+        .arg(attempt.draw_window_ms);
     let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
     let parsed = match reply.as_slice() {
+        [code, entry, closes_in] if code == "entered" || code == "joined" => parse_entered(entry, closes_in, code == "joined"),
         [code, detail] => parse_reply(code, detail.clone(), None, None),
         // A remembered win, with the id of the Redis holding it.
         [code, detail, node] => parse_reply(code, detail.clone(), None, Some(node)),
@@ -145,6 +168,13 @@ fn parse_remembered(value: &str) -> Option<Decision> {
     Some(Decision { outcome, replayed: true, node: None })
 }
 
+/// Parses an `entered` reply: the entry number and the ms until the draw
+/// closes.
+fn parse_entered(entry: &str, closes_in: &str, joined: bool) -> Option<Decision> {
+    let outcome = DeductOutcome::Entered { entry: entry.parse().ok()?, closes_in_ms: closes_in.parse().ok()? };
+    Some(Decision { outcome, replayed: joined, node: None })
+}
+
 /// Parses the script's reply; `at` is the time that comes with a live win,
 /// `node` the replication id that comes with every win.
 fn parse_reply(code: &str, detail: String, at: Option<&str>, node: Option<&str>) -> Option<Decision> {
@@ -168,6 +198,7 @@ fn parse_outcome(code: &str, detail: String, at: Option<&str>, replayed: bool) -
         "paused" => DeductOutcome::Paused,
         "not_found" => DeductOutcome::NotFound,
         "fenced" => DeductOutcome::Fenced,
+        "draw_pending" if !replayed => DeductOutcome::DrawPending,
         _ => return None,
     })
 }
@@ -188,6 +219,17 @@ mod tests {
         assert_eq!(d.outcome, DeductOutcome::NotStarted { starts_at_ms: 1700 });
         assert!(parse_reply("bogus", String::new(), None, None).is_none());
         assert!(parse_reply("not_started", "x".into(), None, None).is_none());
+        assert_eq!(parse_reply("draw_pending", String::new(), None, None).unwrap().outcome, DeductOutcome::DrawPending);
+        assert!(parse_reply("replay:draw_pending", String::new(), None, None).is_none(), "never remembered");
+    }
+
+    #[test]
+    fn draw_entries_parse_with_their_closing_time() {
+        let d = parse_entered("7", "120", false).unwrap();
+        assert_eq!((d.outcome, d.replayed), (DeductOutcome::Entered { entry: 7, closes_in_ms: 120 }, false));
+        assert!(parse_entered("7", "120", true).unwrap().replayed);
+        assert!(parse_entered("x", "120", false).is_none());
+        assert!(parse_entered("7", "-1", false).is_none());
     }
 
     #[test]

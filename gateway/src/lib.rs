@@ -21,6 +21,8 @@
 //!   (window, listing, remaining), sold-out flags, winners, missing sales.
 //! - [`reservations`]: `GET /api/reservations/{id}`.
 //! - [`deduct`]: the deduct-and-reserve script call and its outcomes.
+//! - [`draw`]: the opening draw: buys of a sale's first `window_ms` held
+//!   until one draw across all gateways decides them.
 //! - [`auth`]: HS256 buyer tokens.
 //! - [`forwarder`]: winners sent to the backend in batches, off the request path.
 //! - [`orders`]: the client of the order backend.
@@ -63,6 +65,7 @@ pub mod client_ip;
 pub mod clock;
 pub mod cluster_limit;
 pub mod deduct;
+pub mod draw;
 pub mod events;
 pub mod forwarder;
 pub mod limits;

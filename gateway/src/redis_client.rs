@@ -31,7 +31,7 @@ pub enum RedisError {
 
 /// The deduct script, compiled in so a deployed binary always runs the
 /// script it was tested with.
-pub static DEDUCT_LUA: &str = include_str!("../../lua/deduct.lua");
+pub static DEDUCT_LUA: &str = flashgate_common::scripts::DEDUCT;
 
 pub struct RedisClient {
     config: RedisConfig,

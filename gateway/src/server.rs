@@ -17,6 +17,7 @@ use crate::breaker::Breaker;
 use crate::buy::BuyService;
 use crate::challenge::ChallengeGate;
 use crate::clock::SystemClock;
+use crate::draw::Draws;
 use crate::events::EventListener;
 use crate::forwarder::{forwarder, ForwardWorker};
 use crate::metrics::Metrics;
@@ -78,6 +79,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         forwarder,
         replica_wait: (config.redis.wait_replicas > 0)
             .then(|| Arc::new(ReplicaWait::new(redis.clone(), metrics.clone(), config.redis.wait_replicas, config.redis.wait_timeout))),
+        draws: Arc::new(Draws::new(config.fairness, config.gateway.idempotency_ttl, &metrics.registry)),
         metrics: metrics.clone(),
         idempotency_ttl: config.gateway.idempotency_ttl,
         clock: SystemClock,

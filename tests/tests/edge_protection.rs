@@ -121,7 +121,7 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     assert!(sellout.iter().any(|o| o.status == 410));
 
     // Only the deduct script counts: the backend runs its own scripts on timers.
-    let deduct_sha = redis::Script::new(include_str!("../../lua/deduct.lua")).get_hash().to_owned();
+    let deduct_sha = redis::Script::new(flashgate_common::scripts::DEDUCT).get_hash().to_owned();
     let monitor = stack.redis.monitor().await;
     let attempts = || (0..10_000).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect::<Vec<_>>();
     let first = buy_all(stack.gateway_addr, "gone", attempts(), 64).await;

@@ -86,6 +86,7 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
                     reservation_id: &rid,
                     call_nonce: "",
                     idempotency_ttl_seconds: 86_400,
+                    draw_window_ms: 0,
                 };
                 let decision = deduct(&redis, &attempt).await.unwrap();
                 *outcomes.entry(format!("{:?}", decision.outcome)).or_default() += 1;
@@ -232,6 +233,7 @@ async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item(
         reservation_id: rid,
         call_nonce: nonce,
         idempotency_ttl_seconds: 600,
+        draw_window_ms: 0,
     };
     let first = deduct(&redis, &call("again.1", "n1")).await.unwrap();
     let resent = deduct(&redis, &call("again.2", "n1")).await.unwrap();

@@ -39,6 +39,10 @@ pub struct SaleBody {
     /// left out, a new sale gets 900 and a changed one keeps its own.
     #[serde(default)]
     pub payment_timeout_seconds: Option<i64>,
+    /// The sale's own opening draw window, ms (0 = no draw); left out,
+    /// the sale follows `[fairness] window_ms`.
+    #[serde(default)]
+    pub draw_window_ms: Option<i64>,
 }
 
 fn one() -> i64 {
@@ -75,8 +79,13 @@ pub async fn put(
         per_user_limit: body.per_user_limit,
         starts_at_ms: parse_time("starts_at", &body.starts_at)?,
         ends_at_ms: parse_time("ends_at", &body.ends_at)?,
+        draw_window_ms: body.draw_window_ms,
     };
     spec.validate().map_err(ApiError::bad_request)?;
+    // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
+    if state.redis.is_cluster() && spec.draw_window_ms.is_some_and(|w| w != 0) {
+        return Err(ApiError::bad_request("draw_window_ms: must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)"));
+    }
     if let Some(t) = body.payment_timeout_seconds {
         flashgate_common::sale::payment_timeout(t).map_err(ApiError::bad_request)?;
     }
@@ -140,6 +149,20 @@ pub async fn show(State(state): State<AppState>, id: Result<Path<String>, PathRe
     let id = sale_id(id)?;
     let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
     Ok(Json(sales::view(&mut state.redis.clone(), &state.store, spec).await?))
+}
+
+/// `GET /admin/sales/{id}/draw`: the opening draw's record, for an audit:
+/// its state (seed, window close, cursor), every entrant in arrival order,
+/// the order decided, each outcome, and whether that order is the one the
+/// seed gives (`order_matches_seed`, recomputed here; see
+/// docs/RELIABILITY.md). 404 `not_found` when the sale has no draw (or its
+/// record has expired, an idempotency TTL after the draw).
+pub async fn draw(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+    let id = sale_id(id)?;
+    match flashgate_common::draw::read_record(&mut state.redis.clone(), &id).await? {
+        Some(record) => Ok(Json(record).into_response()),
+        None => Err(ApiError::not_found("the sale has no draw record")),
+    }
 }
 
 /// `GET /admin/sales/{id}/dead-letters`: entries the consumer could not

@@ -18,6 +18,7 @@
 //!   - `GET /admin/sales/{id}`
 //!   - `GET /admin/sales`
 //!   - `GET /admin/sales/{id}/dead-letters`
+//!   - `GET /admin/sales/{id}/draw` (the opening draw's record, for audits)
 //!   - `POST /admin/sales/{id}/dead-letters/{entry_id}/retry`
 //!   - `POST /admin/sales/{id}/reconcile`
 //!   - `GET /admin/events/dead`, `POST /admin/events/{event_id}/retry`
@@ -103,6 +104,7 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/admin/sales", get(admin::list))
         .route("/admin/sales/{id}", get(admin::show).put(admin::put))
         .route("/admin/sales/{id}/dead-letters", get(admin::dead_letters))
+        .route("/admin/sales/{id}/draw", get(admin::draw))
         .route("/admin/sales/{id}/dead-letters/{entry_id}/retry", post(admin::retry_dead_letter))
         .route("/admin/sales/{id}/reconcile", post(admin::reconcile))
         .route("/admin/sales/{id}/pause", post(admin::pause))

@@ -634,6 +634,7 @@ fn bind_sale<'q>(query: AnyQuery<'q>, spec: &SaleSpec, now: i64) -> AnyQuery<'q>
         .bind(spec.starts_at_ms)
         .bind(spec.ends_at_ms)
         .bind(now)
+        .bind(spec.draw_window_ms)
 }
 
 fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
@@ -644,6 +645,7 @@ fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
         per_user_limit: row.try_get("per_user_limit")?,
         starts_at_ms: row.try_get("starts_at_ms")?,
         ends_at_ms: row.try_get("ends_at_ms")?,
+        draw_window_ms: row.try_get("draw_window_ms")?,
     })
 }
 

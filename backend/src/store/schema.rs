@@ -146,10 +146,13 @@ mod tests {
     /// database records these when migrated; a migration edited after its
     /// release no longer matches and sqlx refuses to start on that
     /// database. Change the schema with a new migration, and add it here.
-    const RELEASED: [(Flavour, i64, &str); 6] = [
+    const RELEASED: [(Flavour, i64, &str); 9] = [
         (Flavour::Sqlite, 1, "7d6d00ea98fffefdcac48871128528e3ed19b1de2c1f3c021cde9bd6540432bdb847de154f04abbdc9d6abacdef34c2b"),
         (Flavour::Postgres, 1, "cd0e16000e22cecf975de9dc1f0be5770a9f96bbff806d292cd75dbc6b2a22afa0ed7ae3080af1f3c7a927b63bb0efce"),
         (Flavour::Mysql, 1, "2de7d9126c8633f100f8dd75b55cf377d9eb3ee1c79642e8c602a26037604c13fd0e9511e1220a95d93c987bcaf4c838"),
+        (Flavour::Sqlite, 10, "116846eb06ddd1dca4722a000a00d43a71f85ed1499d6a5da333d1adf411ffba29a6dfc1e6b3e48e973880b5c941effb"),
+        (Flavour::Postgres, 10, "116846eb06ddd1dca4722a000a00d43a71f85ed1499d6a5da333d1adf411ffba29a6dfc1e6b3e48e973880b5c941effb"),
+        (Flavour::Mysql, 10, "116846eb06ddd1dca4722a000a00d43a71f85ed1499d6a5da333d1adf411ffba29a6dfc1e6b3e48e973880b5c941effb"),
         (Flavour::Sqlite, 20, "36bfc66e4be2d5fe7eea832ff1de4ac5491c516cb8a7596102820e04576402cf36fcd1fc931100428112e3300f9969ee"),
         (Flavour::Postgres, 20, "36bfc66e4be2d5fe7eea832ff1de4ac5491c516cb8a7596102820e04576402cf36fcd1fc931100428112e3300f9969ee"),
         (Flavour::Mysql, 20, "8ad69cf325350e795e7a083866b1dc458dc09be8c741da5a5fec58561f04f999145cea91e534fdef2ed2276e739bc3a1"),

@@ -37,7 +37,29 @@ pub struct File {
     pub challenge: Challenge,
     /// Order events to the shop (`super::events`).
     pub events: super::events::Events,
+    pub fairness: Fairness,
     pub sales: Vec<Sale>,
+}
+
+/// `[fairness]`: the random draw among the buys of a sale's opening (see
+/// `common/src/draw.rs`).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Fairness {
+    /// Buys arriving within this many ms after a sale starts enter one
+    /// draw instead of first come, first served; 0 = off. A sale's own
+    /// `draw_window_ms` overrides it.
+    pub window_ms: i64,
+    /// How long after the window closes a gateway holds an entrant's
+    /// request for its outcome; past it the buyer gets 503 and a retry with
+    /// the same Idempotency-Key answers the outcome.
+    pub settle_ms: u64,
+}
+
+impl Default for Fairness {
+    fn default() -> Self {
+        Self { window_ms: 0, settle_ms: 5000 }
+    }
 }
 
 /// When a buy must carry a proof-of-work solution (`challenge.mode`).
@@ -456,6 +478,9 @@ pub struct Sale {
     /// Unpaid orders are cancelled this long after their reservation.
     #[serde(default = "payment_timeout")]
     pub payment_timeout_seconds: i64,
+    /// This sale's opening draw window, ms (0 = no draw); left out, the
+    /// sale follows `fairness.window_ms`.
+    pub draw_window_ms: Option<i64>,
 }
 
 fn one() -> i64 {

@@ -38,6 +38,8 @@ pub struct Config {
     /// HMAC key that signs challenges, from the environment only; checked
     /// for length when set, required by the gateway when challenges are on.
     pub challenge_secret: Option<String>,
+    /// The opening draw; off by default.
+    pub fairness: FairnessConfig,
     pub backend: BackendConfig,
     /// Order events to the shop; off unless a destination is set.
     pub events: super::events::EventsConfig,
@@ -80,6 +82,16 @@ pub struct ChallengeConfig {
     pub user_rate_per_minute: u32,
     pub ip_rate_per_minute: u32,
     pub sale_rate_per_second: u32,
+}
+
+/// The opening draw (`[fairness]`), validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FairnessConfig {
+    /// The draw window of a sale without a `draw_window_ms` of its own,
+    /// ms; 0 = no draw.
+    pub window_ms: u64,
+    /// The most an entrant's request is held after the window closes.
+    pub settle: Duration,
 }
 
 /// Which Redis deployment the processes talk to (`redis.mode`).

@@ -465,3 +465,36 @@ fn the_redirect_names_redirect_port_else_the_listen_port() {
     let err = Config::from_toml_str("[gateway.tls]\nredirect_port = 443\n", &NoEnv, 0).unwrap_err().to_string();
     assert!(err.contains("gateway.tls.redirect_port: needs gateway.tls.cert_file"), "{err}");
 }
+
+#[test]
+fn draw_windows_out_of_bounds_are_refused_by_key() {
+    let c = Config::from_toml_str("[fairness]\nwindow_ms = 200\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.fairness.window_ms, 200);
+    assert_eq!(c.fairness.settle, std::time::Duration::from_millis(5000));
+    for (toml, key) in [
+        ("[fairness]\nwindow_ms = -1\n", "fairness.window_ms"),
+        ("[fairness]\nwindow_ms = 60001\n", "fairness.window_ms"),
+        ("[fairness]\nsettle_ms = 10\n", "fairness.settle_ms"),
+        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = -5\n", "sales[0].draw_window_ms"),
+        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100000\n", "sales[0].draw_window_ms"),
+    ] {
+        let msg = Config::from_toml_str(toml, &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains(&format!("{key}:")), "{toml}: {msg}");
+    }
+    let c = Config::from_toml_str("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 0\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.sales[0].draw_window_ms, Some(0));
+}
+
+#[test]
+fn draw_windows_are_refused_on_redis_cluster_by_key_and_mode() {
+    let cluster = "[redis]\nmode = \"cluster\"\nnodes = [\"redis://127.0.0.1:7100\"]\n";
+    for (extra, key) in [
+        ("[fairness]\nwindow_ms = 200\n", "fairness.window_ms"),
+        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100\n", "sales[0].draw_window_ms"),
+    ] {
+        let msg = Config::from_toml_str(&format!("{cluster}{extra}"), &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains(&format!("{key}:")) && msg.contains("cluster"), "{extra}: {msg}");
+    }
+    let c = Config::from_toml_str(&format!("{cluster}[fairness]\nwindow_ms = 0\n"), &NoEnv, 0).unwrap();
+    assert_eq!(c.fairness.window_ms, 0);
+}

@@ -22,8 +22,8 @@ use super::env::{
 };
 use super::file;
 use super::settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, GatewayConfig, LimitsConfig, PagesConfig, RedisConfig,
-    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig, GatewayConfig, LimitsConfig, PagesConfig,
+    RedisConfig, RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 use crate::sale::SaleSpec;
 
@@ -70,11 +70,24 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         pages: pages(&mut check, f.pages),
         challenge: challenge(&mut check, f.challenge, idempotency_ttl_seconds),
         challenge_secret: challenge_secret(&mut check, env),
+        fairness: fairness(&mut check, &f.fairness),
         backend: backend(&mut check, f.backend, env),
         events: super::events::events(&mut check, f.events, env),
         payment_timeouts: payment_timeouts(&mut check, &f.sales),
         sales: sales(&mut check, &f.sales, now_ms),
     };
+    // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
+    if matches!(config.redis.target, RedisTarget::Cluster { .. }) {
+        if config.fairness.window_ms != 0 {
+            check.fail("fairness.window_ms", "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)");
+        }
+        for (i, s) in config.sales.iter().enumerate() {
+            if s.draw_window_ms.is_some_and(|w| w != 0) {
+                check
+                    .fail(format_args!("sales[{i}].draw_window_ms"), "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)");
+            }
+        }
+    }
     check.finish().map(|()| config)
 }
 
@@ -491,6 +504,16 @@ fn auth(check: &mut Check, f: file::Auth) -> AuthConfig {
     AuthConfig { audience: f.audience, issuer: f.issuer }
 }
 
+fn fairness(check: &mut Check, f: &file::Fairness) -> FairnessConfig {
+    // The rule is the admin API's too (`draw_window_ms`): `sale` owns it.
+    let window_ms = crate::sale::draw_window_ms("fairness.window_ms", f.window_ms).unwrap_or_else(|e| {
+        check.problem(e);
+        0
+    });
+    check.between("fairness.settle_ms", f.settle_ms, 100, 60_000);
+    FairnessConfig { window_ms, settle: Duration::from_millis(f.settle_ms) }
+}
+
 /// The payment timeout of each sale, by id.
 fn payment_timeouts(check: &mut Check, sales: &[file::Sale]) -> HashMap<String, Duration> {
     let mut out = HashMap::new();
@@ -536,5 +559,13 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         Some(t) => parse_time("ends_at", t)?,
         None => starts_at_ms.saturating_add(s.duration_seconds.saturating_mul(1000)),
     };
-    Ok(SaleSpec { id: s.id.clone(), name: s.name.clone(), stock: s.stock, per_user_limit: s.per_user_limit, starts_at_ms, ends_at_ms })
+    Ok(SaleSpec {
+        id: s.id.clone(),
+        name: s.name.clone(),
+        stock: s.stock,
+        per_user_limit: s.per_user_limit,
+        starts_at_ms,
+        ends_at_ms,
+        draw_window_ms: s.draw_window_ms,
+    })
 }

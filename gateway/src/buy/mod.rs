@@ -11,7 +11,10 @@
 //!   (the proxy reads the body here)
 //! buy     local decision from the sale cache: sold-out flag, switches,
 //!         window (not started, ended, paused), unknown sale
-//!           ├─ open ─────► deduct script (one EVALSHA) ─► a win is queued
+//!           ├─ open ─────► deduct script (one EVALSHA); in a sale's draw
+//!           │              window it enters the draw instead and the buy
+//!           │              is held until the draw decides it (`draw`)
+//!           │              ─► a win is queued
 //!           │              for the forwarder (and, with redis.wait_replicas,
 //!           │              answered once a shared WAIT says replicas have
 //!           │              it); a fresh sold out is flagged and announced
@@ -40,6 +43,7 @@ use crate::challenge::token::POW_HEADER;
 use crate::challenge::{BuyChallenge, ChallengeGate};
 use crate::clock::{SystemClock, WallClock};
 use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
+use crate::draw::{Draws, Entrant, NotSettled};
 use crate::forwarder::Forwarder;
 use crate::limits::RouteClass;
 use crate::metrics::Metrics;
@@ -71,6 +75,8 @@ pub struct BuyService<C: WallClock = SystemClock> {
     /// Holds wins until `redis.wait_replicas` replicas have them; `None`
     /// when that is 0.
     pub replica_wait: Option<Arc<ReplicaWait>>,
+    /// The opening draws (`[fairness]`).
+    pub draws: Arc<Draws>,
     pub metrics: Arc<Metrics>,
     /// How long the script remembers an Idempotency-Key.
     pub idempotency_ttl: Duration,
@@ -140,7 +146,7 @@ impl<C: WallClock> BuyService<C> {
         // already count this buy's win (see `SaleCache::took_one`).
         let sent_at = std::time::Instant::now();
         let decision = match local {
-            None => self.deduct(sale_id, user, idempotency_key).await?,
+            None => self.deduct_or_draw(sale_id, user, idempotency_key).await?,
             // Turned away locally; only a retry of a remembered key still
             // deserves its first outcome, so only that asks Redis: one
             // round trip, whoever holds the sale's items now. A win whose
@@ -204,6 +210,43 @@ impl<C: WallClock> BuyService<C> {
                 self.metrics.fenced_buys.inc();
                 Err(Rejection::Unavailable)
             }
+            // `deduct_or_draw` answers neither.
+            DeductOutcome::Entered { .. } | DeductOutcome::DrawPending => Err(Rejection::Unavailable),
+        }
+    }
+
+    /// The deduct, through the sale's opening draw when there is one: an
+    /// entrant is held until the draw decides it; a buy after the window
+    /// that finds the draw undecided runs it, then buys (twice at most: a
+    /// draw stays decided).
+    async fn deduct_or_draw(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
+        for _ in 0..2 {
+            let rid = reservation_id(sale_id, rand::random());
+            let decision = self.deduct(sale_id, user, idempotency_key, &rid).await?;
+            match decision.outcome {
+                DeductOutcome::Entered { entry, closes_in_ms } => {
+                    if !decision.replayed {
+                        self.draws.metrics.entrants.inc();
+                    }
+                    let entrant = Entrant { user, rid: (!decision.replayed).then_some(rid.as_str()) };
+                    let held =
+                        self.draws.outcome(&self.redis, sale_id, entry, Duration::from_millis(closes_in_ms), decision.replayed, entrant);
+                    return Box::pin(held).await.map_err(|e| self.not_settled(&e));
+                }
+                DeductOutcome::DrawPending => Box::pin(self.draws.settle(&self.redis, sale_id)).await.map_err(|e| self.not_settled(&e))?,
+                _ => return Ok(decision),
+            }
+        }
+        Err(Rejection::Unavailable)
+    }
+
+    fn not_settled(&self, error: &NotSettled) -> Rejection {
+        match error {
+            NotSettled::Redis(e) => self.unavailable(e),
+            other => {
+                debug!(%other, "draw not settled");
+                Rejection::Unavailable
+            }
         }
     }
 
@@ -246,16 +289,16 @@ impl<C: WallClock> BuyService<C> {
     /// Runs the deduct script; a sold-out answer found just now is flagged
     /// here and announced to every other gateway. A replayed one is not:
     /// it tells what an earlier attempt got, not whether stock is left.
-    async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
-        let rid = reservation_id(sale_id, rand::random());
+    async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str, rid: &str) -> Result<Decision, Rejection> {
         let nonce = format!("{:016x}", rand::random::<u64>());
         let attempt = BuyAttempt {
             sale_id,
             user_id: user,
             idempotency_key,
-            reservation_id: &rid,
+            reservation_id: rid,
             call_nonce: &nonce,
             idempotency_ttl_seconds: self.idempotency_ttl.as_secs(),
+            draw_window_ms: self.draws.window_ms,
         };
         let timer = self.metrics.script_duration.start_timer();
         let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;

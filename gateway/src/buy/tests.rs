@@ -63,6 +63,7 @@ async fn fixture(deny_users: &[&str]) -> Fixture {
         orders,
         forwarder,
         replica_wait: None,
+        draws: Arc::new(crate::draw::Draws::new(Default::default(), Duration::from_secs(600), &metrics.registry)),
         metrics,
         idempotency_ttl: Duration::from_secs(600),
         clock: clock.clone(),

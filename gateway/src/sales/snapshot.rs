@@ -158,6 +158,7 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
             per_user_limit: int("per_user_limit")?,
             starts_at_ms: window.starts_at_ms,
             ends_at_ms: window.ends_at_ms,
+            draw_window_ms: int("draw_window_ms"),
         })
     })();
     Some(SaleSnapshot { window, spec, remaining: AtomicI64::new(remaining) })

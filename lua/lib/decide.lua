@@ -1,0 +1,78 @@
+-- Flashgate buy decision, shared by lua/deduct.lua and lua/draw_run.lua:
+-- each of those scripts is this file followed by its own body (see
+-- common/src/scripts.rs), so a buyer of the opening draw is decided by
+-- exactly the rules of a buyer who comes after it.
+--
+-- An attempt `a` is a table:
+--   user        user id
+--   idem        Idempotency-Key ("" when the buyer sent none)
+--   rid         reservation id to use if the attempt wins
+--   idem_key    the key that remembers a win under the Idempotency-Key
+--   misses_key  the user's capped hash of keys that did not win
+--   ttl         idempotency TTL, seconds
+--   misses_cap  most keys that did not win remembered per user and sale
+--   sale        sale id (written into the reservation record)
+-- The sale's keys `k`: remaining, buyers, stream, resv.
+
+-- `master_replid` changes whenever a Redis becomes a master (a promotion,
+-- every start): the failover fence compares it with the sale's `synced`,
+-- and wins carry it. INFO's replication section is short (about a
+-- microsecond), and read at most once per call.
+local fg_current_replid = nil
+local function fg_replid()
+  fg_current_replid = fg_current_replid or string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+  return fg_current_replid
+end
+
+-- Remembers a final outcome under the Idempotency-Key. Outcomes that may
+-- change on a later attempt (not started, paused) are never passed here.
+local function fg_final(a, outcome, detail)
+  if a.idem ~= '' then
+    if outcome == 'won' then
+      redis.call('SET', a.idem_key, outcome .. '|' .. detail, 'EX', a.ttl)
+    elseif redis.call('HLEN', a.misses_key) < a.misses_cap then
+      redis.call('HSET', a.misses_key, a.idem, outcome .. '|' .. detail)
+      redis.call('EXPIRE', a.misses_key, a.ttl)
+    end
+  end
+end
+
+-- The per-user limit, the stock, and the win, for a sale that is open and
+-- not fenced at `now` (ms, Redis TIME): answers `won`, `limit_reached` or
+-- `sold_out`, remembered under the attempt's key.
+local function fg_take(k, a, limit, now)
+  local bought = tonumber(redis.call('HGET', k.buyers, a.user) or '0')
+  if bought >= limit then
+    fg_final(a, 'limit_reached', '')
+    return 'limit_reached'
+  end
+  local left = tonumber(redis.call('GET', k.remaining) or '0')
+  if left <= 0 then
+    fg_final(a, 'sold_out', '')
+    return 'sold_out'
+  end
+  redis.call('DECR', k.remaining)
+  redis.call('HINCRBY', k.buyers, a.user, 1)
+  redis.call('HSET', k.resv, a.rid, a.user)
+  redis.call('XADD', k.stream, '*', 'rid', a.rid, 'sale', a.sale,
+             'user', a.user, 'idem', a.idem, 'ts', tostring(now))
+  fg_final(a, 'won', a.rid)
+  return 'won'
+end
+
+-- The key of a buy in the draw's index: by user and Idempotency-Key, or by
+-- user and the call's nonce when the buyer sent no key. The user id goes
+-- in with its length, so two users' ids and keys can never make one name.
+local function fg_draw_entry_name(user, idem, nonce)
+  if idem ~= '' then
+    return 'k:' .. #user .. ':' .. user .. ':' .. idem
+  end
+  return 'n:' .. #user .. ':' .. user .. ':' .. nonce
+end
+
+-- Redis TIME in ms.
+local function fg_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
