@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start Flashgate and the peers, run every scenario, write the report.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Load one deployment (one you own) with one scenario; prints a summary.
     Load(LoadArgs),
 }
@@ -147,7 +147,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         let work = async {
             match cli.command {
-                Command::Run(a) => run_all(a).await,
+                Command::Run(a) => run_all(*a).await,
                 Command::Load(a) => load_one(a).await,
             }
         };

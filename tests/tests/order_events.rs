@@ -89,7 +89,9 @@ impl Receiver {
                         let accepted = signed && !fail;
                         let late = accepted
                             && late_next
-                                .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1))
+                                .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
                                 .is_ok();
                         log.lock().unwrap().push(Delivery {
                             event_id: header("flashgate-event-id"),
