@@ -91,24 +91,30 @@ impl MysqlDatabase {
 impl Drop for MysqlDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        // Drop runs inside the test's runtime, which cannot be blocked on:
-        // the database is dropped from a thread with a runtime of its own.
-        let dropper = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-                return;
-            };
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                if let Ok(mut conn) = sqlx::AnyConnection::connect(MYSQL_SERVER).await {
-                    // A connection still in a transaction on it must not hang the test.
-                    let _ = sqlx::query("SET SESSION lock_wait_timeout = 5").execute(&mut conn).await;
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
-                    let _ = conn.close().await;
-                }
-            });
-        });
-        let _ = dropper.join();
+        // A connection still in a transaction on it must not hang the test.
+        drop_on_server(MYSQL_SERVER, ["SET SESSION lock_wait_timeout = 5".to_owned(), format!("DROP DATABASE IF EXISTS `{name}`")]);
     }
+}
+
+/// Runs `statements` on a connection of its own to `server`, from a thread
+/// with a runtime of its own: `Drop` runs inside the test's runtime, which
+/// cannot be blocked on. Errors are ignored (the test is over).
+fn drop_on_server(server: &'static str, statements: [String; 2]) {
+    let dropper = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            return;
+        };
+        runtime.block_on(async move {
+            use sqlx::Connection;
+            if let Ok(mut conn) = sqlx::AnyConnection::connect(server).await {
+                for statement in &statements {
+                    let _ = sqlx::query(statement).execute(&mut conn).await;
+                }
+                let _ = conn.close().await;
+            }
+        });
+    });
+    let _ = dropper.join();
 }
 
 /// A PostgreSQL schema of one test's own in the shared `test` database,
@@ -133,20 +139,7 @@ impl PostgresSchema {
 impl Drop for PostgresSchema {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        let dropper = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-                return;
-            };
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                if let Ok(mut conn) = sqlx::AnyConnection::connect(POSTGRES_URL).await {
-                    let _ = sqlx::query("SET lock_timeout = '5s'").execute(&mut conn).await;
-                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).execute(&mut conn).await;
-                    let _ = conn.close().await;
-                }
-            });
-        });
-        let _ = dropper.join();
+        drop_on_server(POSTGRES_URL, ["SET lock_timeout = '5s'".to_owned(), format!("DROP SCHEMA IF EXISTS {name} CASCADE")]);
     }
 }
 
