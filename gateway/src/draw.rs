@@ -8,9 +8,10 @@
 //! draw goes on if any of them dies; on one gateway, one call per sale runs
 //! at a time (the others read the outcomes it wrote). A buy after the
 //! window that finds the draw undecided (`draw_pending`) runs it the same
-//! way, then buys. Past the window plus `fairness.settle_ms` the buyer is
-//! answered 503; the entry is still decided, and a retry with the same
-//! Idempotency-Key answers its outcome.
+//! way, then buys. A Redis error meanwhile is retried with backoff; past
+//! the window plus `fairness.settle_ms` the buyer is answered 503 (the
+//! last error, or a timeout); the entry is still decided, and a retry with
+//! the same Idempotency-Key answers its outcome.
 //!
 //! ```text
 //! entered ─► sleep until closes ─► outcome? ─ yes ─► answer
@@ -30,6 +31,7 @@ use flashgate_common::draw::Outcome;
 use flashgate_common::keys::SaleKeys;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 use tokio::time::Instant;
+use tracing::debug;
 
 use crate::deduct::{Decision, DeductOutcome, MISSES_REMEMBERED_PER_USER};
 use crate::redis_client::{RedisClient, RedisError};
@@ -187,7 +189,14 @@ impl Draws {
         let mut backoff = Duration::from_millis(2);
         let mut finished = false;
         loop {
-            if let Some(outcome) = self.read(redis, &keys, entry).await? {
+            let read = match self.read(redis, &keys, entry).await {
+                Ok(read) => read,
+                Err(e) => {
+                    retry_after(e, deadline, &mut backoff).await?;
+                    continue;
+                }
+            };
+            if let Some(outcome) = read {
                 if !entrant.owns(&outcome) {
                     return Err(NotSettled::Gone);
                 }
@@ -205,14 +214,12 @@ impl Draws {
             if Instant::now() >= deadline {
                 return Err(NotSettled::TimedOut);
             }
-            match self.run(redis, sale_id, &keys).await? {
-                Run::Pending => backoff = Duration::from_millis(2),
-                Run::Done | Run::None => finished = true,
-                Run::Open { ms } => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
-                Run::Paused | Run::Fenced => {
-                    tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
+            match self.run(redis, sale_id, &keys).await {
+                Ok(Run::Pending) => backoff = Duration::from_millis(2),
+                Ok(Run::Done | Run::None) => finished = true,
+                Ok(Run::Open { ms }) => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
+                Ok(Run::Paused | Run::Fenced) => back_off(deadline, &mut backoff).await,
+                Err(e) => retry_after(e, deadline, &mut backoff).await?,
             }
         }
     }
@@ -227,14 +234,12 @@ impl Draws {
         let keys = SaleKeys::new(sale_id);
         let mut backoff = Duration::from_millis(2);
         loop {
-            match self.run(redis, sale_id, &keys).await? {
-                Run::Done | Run::None => return Ok(()),
-                Run::Pending => {}
-                Run::Open { ms } => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
-                Run::Paused | Run::Fenced => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
+            match self.run(redis, sale_id, &keys).await {
+                Ok(Run::Done | Run::None) => return Ok(()),
+                Ok(Run::Pending) => backoff = Duration::from_millis(2),
+                Ok(Run::Open { ms }) => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
+                Ok(Run::Paused | Run::Fenced) => back_off(deadline, &mut backoff).await,
+                Err(e) => retry_after(e, deadline, &mut backoff).await?,
             }
             if Instant::now() >= deadline {
                 return Err(NotSettled::TimedOut);
@@ -301,6 +306,28 @@ impl Draws {
             redis.bounded(redis::AsyncCommands::hget(&mut conn, &keys.draw.outcomes, entry)).await?.map_err(RedisError::from)?;
         value.map(|v| serde_json::from_str(&v).map_err(|e| NotSettled::BadReply(e.to_string()))).transpose()
     }
+}
+
+/// Sleeps the next step of `backoff` (doubling it up to [`MAX_BACKOFF`]),
+/// never past `deadline`.
+async fn back_off(deadline: Instant, backoff: &mut Duration) {
+    tokio::time::sleep((*backoff).min(deadline.saturating_duration_since(Instant::now()))).await;
+    *backoff = (*backoff * 2).min(MAX_BACKOFF);
+}
+
+/// A Redis error while an entrant is held: the entry is still decided by
+/// whoever reaches Redis, so a blip (a timeout under load, a reconnect, the
+/// breaker open for its cooldown) must not cost the buyer its answer. It
+/// is retried after the backoff until `deadline` (the window's close plus
+/// `fairness.settle_ms`), and only then answered. Any other error is
+/// answered at once.
+async fn retry_after(error: NotSettled, deadline: Instant, backoff: &mut Duration) -> Result<(), NotSettled> {
+    if !matches!(error, NotSettled::Redis(_)) || Instant::now() >= deadline {
+        return Err(error);
+    }
+    debug!(%error, "draw: Redis failed while an entrant is held; retrying");
+    back_off(deadline, backoff).await;
+    Ok(())
 }
 
 /// A decided outcome as a deduct decision: a win carries its reservation

@@ -70,6 +70,13 @@ local function fg_draw_entry_name(user, idem, nonce)
   return 'n:' .. #user .. ':' .. user .. ':' .. nonce
 end
 
+-- The field of the draw's index counting a user's entries ("c:", never a
+-- prefix of an entrant name): lua/deduct.lua admits at most the per-user
+-- limit of them.
+local function fg_draw_count_name(user)
+  return 'c:' .. #user .. ':' .. user
+end
+
 -- Redis TIME in ms.
 local function fg_now_ms()
   local t = redis.call('TIME')

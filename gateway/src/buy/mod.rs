@@ -13,7 +13,8 @@
 //!         window (not started, ended, paused), unknown sale
 //!           ├─ open ─────► deduct script (one EVALSHA); in a sale's draw
 //!           │              window it enters the draw instead and the buy
-//!           │              is held until the draw decides it (`draw`)
+//!           │              is held until the draw decides it (`draw`;
+//!           │              a sold out it decides is flagged as below)
 //!           │              ─► a win is queued
 //!           │              for the forwarder (and, with redis.wait_replicas,
 //!           │              answered once a shared WAIT says replicas have
@@ -23,6 +24,8 @@
 //!                          remembered outcome (one round trip), else refused
 //! ```
 
+#[cfg(test)]
+mod draw_tests;
 mod outcome;
 #[cfg(test)]
 mod tests;
@@ -231,7 +234,13 @@ impl<C: WallClock> BuyService<C> {
                     let entrant = Entrant { user, rid: (!decision.replayed).then_some(rid.as_str()) };
                     let held =
                         self.draws.outcome(&self.redis, sale_id, entry, Duration::from_millis(closes_in_ms), decision.replayed, entrant);
-                    return Box::pin(held).await.map_err(|e| self.not_settled(&e));
+                    let decided = Box::pin(held).await.map_err(|e| self.not_settled(&e))?;
+                    // The draw ran out of stock: as a deduct's fresh sold
+                    // out (a joined entry's replayed one tells nothing new).
+                    if decided.found_sold_out() {
+                        self.flag_sold_out(sale_id).await;
+                    }
+                    return Ok(decided);
                 }
                 DeductOutcome::DrawPending => Box::pin(self.draws.settle(&self.redis, sale_id)).await.map_err(|e| self.not_settled(&e))?,
                 _ => return Ok(decision),
@@ -303,15 +312,25 @@ impl<C: WallClock> BuyService<C> {
         let timer = self.metrics.script_duration.start_timer();
         let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
-        if decision.found_sold_out() && !self.sales.is_sold_out(sale_id) {
-            self.sales.found_sold_out(sale_id).await;
-            if let Ok(mut conn) = self.redis.conn().await {
-                if let Err(error) = crate::events::publish(&mut conn, &SaleEvent::SoldOut(sale_id.to_owned())).await {
-                    warn!(%error, sale = sale_id, "could not announce sold out");
-                }
-            }
+        if decision.found_sold_out() {
+            self.flag_sold_out(sale_id).await;
         }
         Ok(decision)
+    }
+
+    /// A sale found out of stock just now (by a deduct or by the draw):
+    /// flagged here, so later buys are answered without Redis, and
+    /// announced once to every other gateway.
+    async fn flag_sold_out(&self, sale_id: &str) {
+        if self.sales.is_sold_out(sale_id) {
+            return;
+        }
+        self.sales.found_sold_out(sale_id).await;
+        if let Ok(mut conn) = self.redis.conn().await {
+            if let Err(error) = crate::events::publish(&mut conn, &SaleEvent::SoldOut(sale_id.to_owned())).await {
+                warn!(%error, sale = sale_id, "could not announce sold out");
+            }
+        }
     }
 
     /// With `redis.wait_replicas` set: returns once that many replicas hold
