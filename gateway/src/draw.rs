@@ -319,15 +319,21 @@ async fn back_off(deadline: Instant, backoff: &mut Duration) {
 /// whoever reaches Redis, so a blip (a timeout under load, a reconnect, the
 /// breaker open for its cooldown) must not cost the buyer its answer. It
 /// is retried after the backoff until `deadline` (the window's close plus
-/// `fairness.settle_ms`), and only then answered. Any other error is
-/// answered at once.
+/// `fairness.settle_ms`), and only then answered. Any other error (a
+/// script error, `WRONGTYPE`, a bad reply: see [`RedisError::is_transient`])
+/// would come back the same, so it is answered at once.
 async fn retry_after(error: NotSettled, deadline: Instant, backoff: &mut Duration) -> Result<(), NotSettled> {
-    if !matches!(error, NotSettled::Redis(_)) || Instant::now() >= deadline {
+    if !is_transient(&error) || Instant::now() >= deadline {
         return Err(error);
     }
     debug!(%error, "draw: Redis failed while an entrant is held; retrying");
     back_off(deadline, backoff).await;
     Ok(())
+}
+
+/// Whether a held entrant's error may go away if the call is sent again.
+fn is_transient(error: &NotSettled) -> bool {
+    matches!(error, NotSettled::Redis(e) if e.is_transient())
 }
 
 /// A decided outcome as a deduct decision: a win carries its reservation
@@ -359,6 +365,33 @@ mod tests {
         assert!(Entrant { user: "u", rid: None }.owns(&o), "a re-send that joined knows only the user");
         assert!(!Entrant { user: "u", rid: Some("s.2") }.owns(&o), "entry number reused after a failover");
         assert!(!Entrant { user: "v", rid: None }.owns(&o));
+    }
+
+    #[test]
+    fn only_errors_that_may_pass_are_retried_while_held() {
+        let server = |kind, text: &'static str| NotSettled::Redis(RedisError::Redis(redis::RedisError::from((kind, text))));
+        let code = |code: &str| {
+            NotSettled::Redis(RedisError::Redis(redis::make_extension_error(code.to_owned(), Some("try later".to_owned()))))
+        };
+        let io = NotSettled::Redis(RedisError::Redis(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into()));
+        assert!(is_transient(&NotSettled::Redis(RedisError::Timeout(Duration::from_millis(300)))));
+        assert!(is_transient(&NotSettled::Redis(RedisError::CircuitOpen)));
+        assert!(is_transient(&io));
+        assert!(is_transient(&code("BUSY")), "a script still running");
+        for kind in [
+            redis::ServerErrorKind::BusyLoading,
+            redis::ServerErrorKind::TryAgain,
+            redis::ServerErrorKind::MasterDown,
+            redis::ServerErrorKind::ReadOnly,
+            redis::ServerErrorKind::ClusterDown,
+        ] {
+            assert!(is_transient(&server(redis::ErrorKind::Server(kind), "later")), "{kind:?}");
+        }
+        assert!(!is_transient(&server(redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError), "WRONGTYPE")));
+        assert!(!is_transient(&code("WRONGTYPE")));
+        assert!(!is_transient(&server(redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError), "ERR user_script:1: bad")));
+        assert!(!is_transient(&NotSettled::BadReply("x".into())));
+        assert!(!is_transient(&NotSettled::TimedOut));
     }
 
     #[test]
