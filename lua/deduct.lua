@@ -172,10 +172,11 @@ if draw then
     if bought >= tonumber(meta[3]) then
       return final('limit_reached', '')
     end
-    -- One user holds at most per_user_limit entries: more (under other
-    -- keys) could not win more, only make an earlier decision likelier.
+    -- One user holds at most per_user_limit entries, counting the items
+    -- already bought (a draw an operator opened mid-sale): more (under
+    -- other keys) could not win more, only make an earlier decision likelier.
     local count_name = fg_draw_count_name(user)
-    if tonumber(redis.call('HGET', draw.index, count_name) or '0') >= tonumber(meta[3]) then
+    if bought + tonumber(redis.call('HGET', draw.index, count_name) or '0') >= tonumber(meta[3]) then
       return final('limit_reached', '')
     end
     if tonumber(redis.call('GET', k.remaining) or '0') <= 0 then

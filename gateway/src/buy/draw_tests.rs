@@ -206,3 +206,20 @@ async fn a_draw_never_finished_leaves_no_key_without_expiry() {
     let ttl: i64 = redis::cmd("TTL").arg(&d.perm).query_async(&mut conn).await.unwrap();
     assert_ne!(ttl, -1, "{}: kept for ever", d.perm);
 }
+
+#[tokio::test]
+async fn items_already_bought_count_against_the_draw_entries_a_user_may_hold() {
+    let f = fixture(&[]).await;
+    // A sale without a draw window (it closed as the sale opened): bought at once.
+    f.draw_sale("s", 10, 2, Duration::ZERO).await;
+    let bought = f.deduct_once("s", "u", "k1").await;
+    assert!(matches!(bought.outcome, DeductOutcome::Won { .. }), "{bought:?}");
+    // An operator opens a draw mid-sale: the buyer of 1 of 2 may hold one entry.
+    let keys = SaleKeys::new("s");
+    let () = redis::cmd("HSET").arg(&keys.meta).arg("draw_window_ms").arg(86_400_000).query_async(&mut f.redis.conn().await).await.unwrap();
+    let entered_once = f.deduct_once("s", "u", "k2").await;
+    assert!(entered(&entered_once).is_some(), "{entered_once:?}");
+    let second = f.deduct_once("s", "u", "k3").await;
+    assert_eq!((second.outcome, second.replayed), (DeductOutcome::LimitReached, false), "1 bought + 1 entry = the limit");
+    assert_eq!(f.entries("s").await, 1);
+}
