@@ -24,7 +24,8 @@
 -- ARGV[7] without an Idempotency-Key: a nonce of this call, so that the same
 --         call sent again (the cluster client re-sends a call whose
 --         connection dropped) answers the win it already made instead of
---         taking a second item
+--         taking a second item. Empty: no such guard, and a draw entry of
+--         such a call has no name in the draw index (never joined again)
 -- ARGV[8] `[fairness] window_ms` of the caller: the draw window of a sale
 --         whose meta has no `draw_window_ms` of its own (0 or absent: none)
 --
@@ -184,7 +185,9 @@ if draw then
     end
     local entry = redis.call('HLEN', draw.entries) + 1
     redis.call('HSET', draw.entries, entry, cjson.encode({user = user, idem = idem, nonce = nonce, rid = a.rid, at = now}))
-    redis.call('HSET', draw.index, entry_name, entry)
+    if entry_name then
+      redis.call('HSET', draw.index, entry_name, entry)
+    end
     redis.call('HINCRBY', draw.index, count_name, 1)
     if not draw_state[1] then
       redis.call('HSET', draw.state, 'closes_at_ms', closes, 'opened_at_ms', now)

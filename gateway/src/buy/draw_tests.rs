@@ -223,3 +223,20 @@ async fn items_already_bought_count_against_the_draw_entries_a_user_may_hold() {
     assert_eq!((second.outcome, second.replayed), (DeductOutcome::LimitReached, false), "1 bought + 1 entry = the limit");
     assert_eq!(f.entries("s").await, 1);
 }
+
+#[tokio::test]
+async fn calls_without_key_or_nonce_are_separate_entries_not_one_shared_entry() {
+    let f = fixture(&[]).await;
+    f.draw_sale("s", 10, 2, Duration::from_secs(60)).await;
+    let first = f.deduct_call("s", "a", "", "", &reservation_id("s", 1)).await;
+    let second = f.deduct_call("s", "a", "", "", &reservation_id("s", 2)).await;
+    let (e1, e2) = (entered(&first).expect("entered").0, entered(&second).expect("entered").0);
+    assert_ne!(e1, e2, "{first:?} {second:?}");
+    assert!(!first.replayed && !second.replayed);
+    assert_eq!(f.entries("s").await, 2);
+    // Still capped at the per-user limit.
+    let third = f.deduct_call("s", "a", "", "", &reservation_id("s", 3)).await;
+    assert_eq!(third.outcome, DeductOutcome::LimitReached);
+    let index: Vec<String> = redis::cmd("HKEYS").arg(&SaleKeys::new("s").draw.index).query_async(&mut f.redis.conn().await).await.unwrap();
+    assert_eq!(index, ["c:1:a"], "no entrant name for a call without key or nonce");
+}
