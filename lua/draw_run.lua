@@ -77,10 +77,11 @@ end
 -- A draw never finished (every gateway gone, the sale paused for ever) is
 -- not kept for ever: its keys expire as lua/deduct.lua's do, an hour past
 -- the idempotency TTL, and the last call sets the record's final TTL.
--- The outcomes and order keys are created by the loop below: they get it
--- with the first entrant each call decides, the shuffle's positions when
--- the call ends.
+-- The outcomes, order and shuffle's positions keys are written by the
+-- loop below: each gets it right after this call's first write to it, so
+-- a call failing later in the loop leaves none of them without a TTL.
 local keep = tonumber(ARGV[3]) + 3600
+local perm_kept = false
 
 local k = {remaining = KEYS[2], buyers = KEYS[3], stream = KEYS[4], resv = KEYS[5]}
 local limit = tonumber(meta[3])
@@ -130,12 +131,15 @@ for i = cursor + 1, last do
   -- never deciding one twice.
   if j ~= i then
     redis.call('HSET', KEYS[10], j, at_i)
+    if not perm_kept then
+      redis.call('EXPIRE', KEYS[10], keep)
+      perm_kept = true
+    end
   end
   redis.call('HDEL', KEYS[10], i)
   redis.call('HSET', KEYS[7], 'cursor', i)
 end
 if last < n then
-  redis.call('EXPIRE', KEYS[10], keep)
   return {'pending', tostring(last)}
 end
 redis.call('HSET', KEYS[7], 'done', '1', 'finished_at_ms', now)

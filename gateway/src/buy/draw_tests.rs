@@ -240,3 +240,53 @@ async fn calls_without_key_or_nonce_are_separate_entries_not_one_shared_entry() 
     let index: Vec<String> = redis::cmd("HKEYS").arg(&SaleKeys::new("s").draw.index).query_async(&mut f.redis.conn().await).await.unwrap();
     assert_eq!(index, ["c:1:a"], "no entrant name for a call without key or nonce");
 }
+
+#[tokio::test]
+async fn a_draw_call_failing_mid_loop_leaves_its_shuffle_positions_expiring() {
+    let f = fixture(&[]).await;
+    f.draw_sale("s", 1, 1, Duration::from_millis(200)).await;
+    let mut closes_in_ms = 0;
+    for user in ["a", "b", "c"] {
+        closes_in_ms = entered(&f.deduct_once("s", user, "k").await).expect("entered").1;
+    }
+    tokio::time::sleep(Duration::from_millis(closes_in_ms + 20)).await;
+    let keys = SaleKeys::new("s");
+    let d = &keys.draw;
+    let mut conn = f.redis.conn().await;
+    // The first entrant decided wins the one item; the second, sold out,
+    // is remembered in its user's misses hash, which is a string here:
+    // WRONGTYPE, after the call wrote the shuffle's positions.
+    for user in ["a", "b", "c"] {
+        let () = redis::cmd("SET").arg(keys.idempotency_misses(user)).arg("x").query_async(&mut conn).await.unwrap();
+    }
+    // Seed "02ff" swaps positions 1 and 2 first (sha1("02ff:1")), so the
+    // shuffle's positions hash is written before the failure.
+    let reply: Result<Vec<String>, _> = redis::Script::new(flashgate_common::scripts::DRAW_RUN)
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.buyers)
+        .key(&keys.stream)
+        .key(&keys.reservations)
+        .key(&keys.synced)
+        .key(&d.state)
+        .key(&d.entries)
+        .key(&d.outcomes)
+        .key(&d.perm)
+        .key(&d.order)
+        .key(&d.index)
+        .arg("02ff")
+        .arg(500)
+        .arg(600)
+        .arg("s")
+        .arg(crate::deduct::MISSES_REMEMBERED_PER_USER)
+        .arg(&d.prefix)
+        .invoke_async(&mut conn)
+        .await;
+    assert!(reply.is_err(), "{reply:?}");
+    let cursor: String = redis::cmd("HGET").arg(&d.state).arg("cursor").query_async(&mut conn).await.unwrap();
+    assert_eq!(cursor, "1", "one entrant decided before the failure");
+    let perm: u64 = redis::cmd("HLEN").arg(&d.perm).query_async(&mut conn).await.unwrap();
+    assert!(perm > 0, "the shuffle's positions were written");
+    let ttl: i64 = redis::cmd("TTL").arg(&d.perm).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 0, "{}: TTL {ttl}", d.perm);
+}
