@@ -191,8 +191,9 @@ if draw then
     redis.call('HINCRBY', draw.index, count_name, 1)
     if not draw_state[1] then
       redis.call('HSET', draw.state, 'closes_at_ms', closes, 'opened_at_ms', now)
-      -- A draw nobody runs (every gateway gone) is not kept for ever; a
-      -- run refreshes this.
+      -- A draw nobody runs (every gateway gone) is not kept for ever.
+      -- lua/draw_run.lua leaves these TTLs alone while it runs and sets
+      -- the record's final TTL when the draw is done.
       local keep = tonumber(ARGV[4]) + 3600
       for _, key in ipairs({draw.state, draw.entries, draw.index}) do
         redis.call('EXPIRE', key, keep)
