@@ -290,3 +290,28 @@ async fn a_draw_call_failing_mid_loop_leaves_its_shuffle_positions_expiring() {
     let ttl: i64 = redis::cmd("TTL").arg(&d.perm).query_async(&mut conn).await.unwrap();
     assert!(ttl > 0, "{}: TTL {ttl}", d.perm);
 }
+
+#[tokio::test]
+async fn a_draw_sold_out_decided_before_the_sale_was_cleared_does_not_flag_it_again() {
+    let f = fixture(&[]).await;
+    f.draw_sale("s", 1, 1, Duration::from_millis(300)).await;
+    let clears = f.service.sales.clears("s");
+    let held = f.deduct_once("s", "b", "kb").await;
+    let (entry, closes_in_ms) = entered(&held).expect("entered");
+    // The item goes elsewhere: the draw decides the entrant sold out.
+    let () = redis::cmd("SET").arg(&SaleKeys::new("s").remaining).arg(0).query_async(&mut f.redis.conn().await).await.unwrap();
+    let entrant = Entrant { user: "b", rid: None };
+    let draws = &f.service.draws;
+    let decided = draws.outcome(&f.service.redis, "s", entry, Duration::from_millis(closes_in_ms), false, entrant).await.unwrap();
+    assert!(decided.found_sold_out(), "{decided:?}");
+    // Before it is read, stock comes back (an operator's restock, a
+    // returned item): the sale's `Changed` event clears it.
+    f.service.sales.forget("s").await;
+    f.service.draw_found_sold_out("s", &decided, clears).await;
+    assert!(!f.service.sales.is_sold_out("s"), "a sold out decided before the clear flagged the sale again");
+    assert_eq!(f.redis.command_calls("publish").await, 0, "nor announced it");
+    // The same outcome with no clear since its entry flags it.
+    f.service.draw_found_sold_out("s", &decided, f.service.sales.clears("s")).await;
+    assert!(f.service.sales.is_sold_out("s"));
+    assert_eq!(f.redis.command_calls("publish").await, 1);
+}

@@ -225,6 +225,10 @@ impl<C: WallClock> BuyService<C> {
     async fn deduct_or_draw(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
         for _ in 0..2 {
             let rid = reservation_id(sale_id, rand::random());
+            // Before the entry exists: its sold out, decided later and read
+            // later still, flags the sale only if stock did not come back
+            // (a restock, a returned item) in between.
+            let clears = self.sales.clears(sale_id);
             let decision = self.deduct(sale_id, user, idempotency_key, &rid).await?;
             match decision.outcome {
                 DeductOutcome::Entered { entry, closes_in_ms } => {
@@ -235,11 +239,7 @@ impl<C: WallClock> BuyService<C> {
                     let held =
                         self.draws.outcome(&self.redis, sale_id, entry, Duration::from_millis(closes_in_ms), decision.replayed, entrant);
                     let decided = Box::pin(held).await.map_err(|e| self.not_settled(&e))?;
-                    // The draw ran out of stock: as a deduct's fresh sold
-                    // out (a joined entry's replayed one tells nothing new).
-                    if decided.found_sold_out() {
-                        self.flag_sold_out(sale_id).await;
-                    }
+                    self.draw_found_sold_out(sale_id, &decided, clears).await;
                     return Ok(decided);
                 }
                 DeductOutcome::DrawPending => Box::pin(self.draws.settle(&self.redis, sale_id)).await.map_err(|e| self.not_settled(&e))?,
@@ -247,6 +247,24 @@ impl<C: WallClock> BuyService<C> {
             }
         }
         Err(Rejection::Unavailable)
+    }
+
+    /// A held entrant's outcome: a fresh sold out (a joined entry's
+    /// replayed one tells nothing new) flags the sale as a deduct's does,
+    /// unless the sale was cleared since the entrant entered (`clears`
+    /// taken then). The draw decided it up to `fairness.settle_ms` before
+    /// it was read, and an operator's restock or a returned item clears
+    /// the flag meanwhile: flagging it again would turn every gateway's
+    /// buyers away while Redis has stock.
+    async fn draw_found_sold_out(&self, sale_id: &str, decided: &Decision, clears: u64) {
+        if !decided.found_sold_out() {
+            return;
+        }
+        if self.sales.clears(sale_id) != clears {
+            debug!(sale = sale_id, "draw sold out decided before the sale was cleared; not flagged");
+            return;
+        }
+        self.flag_sold_out(sale_id).await;
     }
 
     fn not_settled(&self, error: &NotSettled) -> Rejection {

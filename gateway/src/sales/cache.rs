@@ -65,6 +65,10 @@ pub struct SaleCache {
     sold_out: moka::sync::Cache<String, u64>,
     flags: AtomicU64,
     missing: moka::future::Cache<String, MissingSale>,
+    /// The number of each sale's last [`SaleCache::forget`] (from
+    /// `flags`): a sold out decided before it (the draw's, read later) is
+    /// stale and must not flag the sale again.
+    cleared: moka::sync::Cache<String, u64>,
     /// Winners of a sold-out sale, by sale and flag number.
     winners: moka::future::Cache<(String, u64), Winners>,
 }
@@ -79,6 +83,7 @@ impl SaleCache {
             sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
             flags: AtomicU64::new(0),
             missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
+            cleared: moka::sync::Cache::builder().max_capacity(MAX_SALES).build(),
             winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
         }
     }
@@ -196,9 +201,17 @@ impl SaleCache {
         }
     }
 
+    /// Where the sale stands in its clears: [`SaleCache::forget`] changes
+    /// it. Taken before a call whose sold out is read later (a draw
+    /// entrant's), it tells whether stock may have come back since.
+    pub fn clears(&self, sale_id: &str) -> u64 {
+        self.cleared.get(sale_id).unwrap_or(0)
+    }
+
     /// Forgets everything about a sale: an operator changed it, or items
     /// went back to its stock (so someone may win in it again).
     pub async fn forget(&self, sale_id: &str) {
+        self.cleared.insert(sale_id.to_owned(), self.flags.fetch_add(1, Ordering::Relaxed) + 1);
         if let Some(flag) = self.sold_out.remove(sale_id) {
             self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
         }
