@@ -162,6 +162,12 @@ impl Draws {
         }
     }
 
+    /// `fairness.settle_ms`: how long past its window a draw may take to
+    /// decide every entrant.
+    pub fn settle_time(&self) -> Duration {
+        self.settle
+    }
+
     /// Holds entry `entry` of `sale_id`'s draw (closing `closes_in` from
     /// now) until it is decided, and answers its outcome, `replayed` as
     /// given (a re-send that joined an entry replays it).

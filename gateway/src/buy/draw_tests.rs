@@ -315,3 +315,26 @@ async fn a_draw_sold_out_decided_before_the_sale_was_cleared_does_not_flag_it_ag
     assert!(f.service.sales.is_sold_out("s"));
     assert_eq!(f.redis.command_calls("publish").await, 1);
 }
+
+#[tokio::test]
+async fn a_keyed_retry_in_a_sale_flagged_mid_draw_gets_its_entrys_outcome_not_the_flag() {
+    let f = fixture(&[]).await;
+    f.draw_sale("s", 1, 1, Duration::from_millis(300)).await;
+    let held = f.deduct_once("s", "u", "k").await;
+    assert!(entered(&held).is_some(), "{held:?}");
+    // Flagged while the entry is undecided (the draw's sold out of another
+    // entrant, announced by another gateway).
+    f.service.sales.found_sold_out("s").await;
+    // The retry of the held key joins its entry: the draw's one answer
+    // (the only entrant wins the item), not the flag's sold out.
+    let retry = f.buy("s", "u", "k").await;
+    assert!(matches!(retry, BuyOutcome::Replayed { .. }), "{retry:?}");
+
+    // Past the window plus settle_ms the draw is decided: the flag answers
+    // keyed buys again, with no Redis call once the sale's winners are held.
+    f.clock.advance(Duration::from_secs(10));
+    assert_eq!(f.buy("s", "v", "kv").await, BuyOutcome::Refused(Rejection::SoldOut));
+    let monitor = f.redis.monitor().await;
+    assert_eq!(f.buy("s", "w", "kw").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(monitor.commands().await, Vec::<String>::new(), "answered without Redis");
+}
