@@ -376,9 +376,8 @@ mod tests {
     #[test]
     fn only_errors_that_may_pass_are_retried_while_held() {
         let server = |kind, text: &'static str| NotSettled::Redis(RedisError::Redis(redis::RedisError::from((kind, text))));
-        let code = |code: &str| {
-            NotSettled::Redis(RedisError::Redis(redis::make_extension_error(code.to_owned(), Some("try later".to_owned()))))
-        };
+        let code =
+            |code: &str| NotSettled::Redis(RedisError::Redis(redis::make_extension_error(code.to_owned(), Some("try later".to_owned()))));
         let io = NotSettled::Redis(RedisError::Redis(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into()));
         assert!(is_transient(&NotSettled::Redis(RedisError::Timeout(Duration::from_millis(300)))));
         assert!(is_transient(&NotSettled::Redis(RedisError::CircuitOpen)));
