@@ -8,9 +8,11 @@
 //! draw goes on if any of them dies; on one gateway, one call per sale runs
 //! at a time (the others read the outcomes it wrote). A buy after the
 //! window that finds the draw undecided (`draw_pending`) runs it the same
-//! way, then buys. A Redis error meanwhile is retried with backoff; past
-//! the window plus `fairness.settle_ms` the buyer is answered 503 (the
-//! last error, or a timeout); the entry is still decided, and a retry with
+//! way, then buys. A transient Redis error meanwhile (see
+//! `RedisError::is_transient`) is retried with backoff, any other answered
+//! at once; past the window plus `fairness.settle_ms` the buyer is
+//! answered 503 (the last call's error if it failed, else
+//! [`NotSettled::TimedOut`]); the entry is still decided, and a retry with
 //! the same Idempotency-Key answers its outcome.
 //!
 //! ```text
@@ -194,11 +196,14 @@ impl Draws {
         let keys = SaleKeys::new(sale_id);
         let mut backoff = Duration::from_millis(2);
         let mut finished = false;
+        // Every pass reads first: past the deadline, a failed read answers
+        // its own error, a read that succeeded leaves only the timeout.
+        let mut last = None;
         loop {
             let read = match self.read(redis, &keys, entry).await {
                 Ok(read) => read,
                 Err(e) => {
-                    retry_after(e, deadline, &mut backoff).await?;
+                    retry_after(e, deadline, &mut backoff, &mut last).await?;
                     continue;
                 }
             };
@@ -225,7 +230,7 @@ impl Draws {
                 Ok(Run::Done | Run::None) => finished = true,
                 Ok(Run::Open { ms }) => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
                 Ok(Run::Paused | Run::Fenced) => back_off(deadline, &mut backoff).await,
-                Err(e) => retry_after(e, deadline, &mut backoff).await?,
+                Err(e) => retry_after(e, deadline, &mut backoff, &mut last).await?,
             }
         }
     }
@@ -239,16 +244,22 @@ impl Draws {
         let deadline = Instant::now() + self.settle;
         let keys = SaleKeys::new(sale_id);
         let mut backoff = Duration::from_millis(2);
+        // The error of the last call, if it failed: answered at the deadline.
+        let mut last = None;
         loop {
-            match self.run(redis, sale_id, &keys).await {
+            let run = self.run(redis, sale_id, &keys).await;
+            if run.is_ok() {
+                last = None;
+            }
+            match run {
                 Ok(Run::Done | Run::None) => return Ok(()),
                 Ok(Run::Pending) => backoff = Duration::from_millis(2),
                 Ok(Run::Open { ms }) => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
                 Ok(Run::Paused | Run::Fenced) => back_off(deadline, &mut backoff).await,
-                Err(e) => retry_after(e, deadline, &mut backoff).await?,
+                Err(e) => retry_after(e, deadline, &mut backoff, &mut last).await?,
             }
             if Instant::now() >= deadline {
-                return Err(NotSettled::TimedOut);
+                return Err(last.unwrap_or(NotSettled::TimedOut));
             }
         }
     }
@@ -327,13 +338,21 @@ async fn back_off(deadline: Instant, backoff: &mut Duration) {
 /// is retried after the backoff until `deadline` (the window's close plus
 /// `fairness.settle_ms`), and only then answered. Any other error (a
 /// script error, `WRONGTYPE`, a bad reply: see [`RedisError::is_transient`])
-/// would come back the same, so it is answered at once.
-async fn retry_after(error: NotSettled, deadline: Instant, backoff: &mut Duration) -> Result<(), NotSettled> {
+/// would come back the same, so it is answered at once. A retried error
+/// is kept in `last`: the caller answers it if the deadline passes before
+/// a call succeeds.
+async fn retry_after(
+    error: NotSettled,
+    deadline: Instant,
+    backoff: &mut Duration,
+    last: &mut Option<NotSettled>,
+) -> Result<(), NotSettled> {
     if !is_transient(&error) || Instant::now() >= deadline {
         return Err(error);
     }
     debug!(%error, "draw: Redis failed while an entrant is held; retrying");
     back_off(deadline, backoff).await;
+    *last = Some(error);
     Ok(())
 }
 
