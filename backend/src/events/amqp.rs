@@ -11,20 +11,29 @@
 //! message is published `mandatory`: one that no queue is bound for comes
 //! back (acked, but returned) and counts as a failed attempt, so the event
 //! stays in the outbox until the shop binds its queue.
+//!
+//! An `amqps://` URL is reached over TLS (lapin's native-tls: the system's
+//! OpenSSL), the broker's certificate verified against the system's roots
+//! and `events.ca_file` (see [`super::tls`]) for the URL's host name.
 
 use flashgate_common::config::AmqpConfig;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
 
+use super::tls::{self, ExtraRoots};
 use crate::store::outbox::{EventType, OutboxEvent};
 
 /// Why an event did not reach the exchange.
 #[derive(Debug, thiserror::Error)]
 pub enum AmqpError {
     #[error("amqp: {0}")]
-    Lapin(#[from] lapin::Error),
+    Lapin(lapin::Error),
+    /// The TLS handshake with the broker failed: OpenSSL's reason.
+    #[error("amqp TLS handshake failed: {0}")]
+    Tls(String),
     #[error("amqp broker refused the message (nack)")]
     Nack,
     #[error("amqp broker did not confirm in time")]
@@ -33,10 +42,29 @@ pub enum AmqpError {
     Unroutable { code: u16, text: String },
 }
 
+impl From<lapin::Error> for AmqpError {
+    fn from(e: lapin::Error) -> Self {
+        match tls::handshake_failure(&e) {
+            Some(reason) => AmqpError::Tls(reason),
+            None => AmqpError::Lapin(e),
+        }
+    }
+}
+
+impl AmqpError {
+    /// Whether the TLS handshake failed (often a configuration mistake:
+    /// a private CA missing from `events.ca_file`).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, AmqpError::Tls(_))
+    }
+}
+
 /// A publisher to the configured exchange; connects on first use and
 /// again after a failure.
 pub struct Amqp {
     config: AmqpConfig,
+    /// For `amqps://`: the extra roots (the system's are always trusted).
+    tls: OwnedTLSConfig,
     link: Mutex<Option<(Connection, Channel)>>,
 }
 
@@ -47,8 +75,11 @@ impl std::fmt::Debug for Amqp {
 }
 
 impl Amqp {
-    pub fn new(config: AmqpConfig) -> Self {
-        Self { config, link: Mutex::new(None) }
+    /// A publisher trusting the system's roots and `extra_roots` (used
+    /// only for an `amqps://` URL).
+    pub fn new(config: AmqpConfig, extra_roots: Option<&ExtraRoots>) -> Self {
+        let tls = OwnedTLSConfig { identity: None, cert_chain: extra_roots.map(|roots| roots.pem().to_owned()) };
+        Self { config, tls, link: Mutex::new(None) }
     }
 
     /// The longest one send takes (the close of a failed connection is
@@ -76,7 +107,13 @@ impl Amqp {
         if let Some((conn, _)) = link.take() {
             self.close_apart(conn, "reconnecting");
         }
-        let conn = Connection::connect(&self.config.url, ConnectionProperties::default()).await?;
+        let conn = Connection::connect_with_config(
+            &self.config.url,
+            ConnectionProperties::default(),
+            self.tls.clone(),
+            lapin::runtime::default_runtime()?,
+        )
+        .await?;
         let channel = conn.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         channel

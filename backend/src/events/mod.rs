@@ -6,6 +6,8 @@
 //! - [`sign`]: the webhook signature and how a shop verifies it.
 //! - [`webhook`]: one signed `POST` per event.
 //! - [`amqp`]: one confirmed, persistent publish per event.
+//! - [`tls`]: the roots a TLS destination is verified against (the
+//!   system's and `events.ca_file`), and telling a failed handshake apart.
 //! - this module: the loop. Each round claims the due events (at most one
 //!   per order: the first one left of it, so event n+1 of an order is
 //!   never sent before n was delivered), sends them to every destination
@@ -19,6 +21,7 @@
 
 pub mod amqp;
 pub mod sign;
+pub mod tls;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -83,8 +86,36 @@ impl EventMetrics {
 /// Why the deliverer cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum EventsError {
-    #[error("cannot build the webhook client: {0}")]
+    #[error(transparent)]
+    CaFile(#[from] tls::CaFileError),
+    #[error("cannot build the webhook client: {}", tls::chain(.0))]
     Client(#[from] reqwest::Error),
+}
+
+/// The configured destinations, built before anything else starts (so a
+/// bad `events.ca_file` stops the backend at once, not once the database
+/// is up); nothing connects until the first delivery.
+#[derive(Clone, Debug)]
+pub struct Destinations {
+    webhook: Option<webhook::Webhook>,
+    amqp: Option<Arc<amqp::Amqp>>,
+}
+
+impl Destinations {
+    /// Reads `events.ca_file` and builds a client per destination.
+    ///
+    /// # Errors
+    /// [`EventsError`]: the CA file cannot be used, or the webhook client
+    /// cannot be built.
+    pub fn new(config: &EventsConfig) -> Result<Self, EventsError> {
+        let roots = tls::extra_roots(config.ca_file.as_deref())?;
+        if let (Some(roots), Some(path)) = (&roots, &config.ca_file) {
+            tracing::info!(ca_file = %path.display(), certificates = roots.len(), "order events: trusting these CA certificates besides the system's");
+        }
+        let webhook = config.webhook.as_ref().map(|c| webhook::Webhook::new(c, roots.as_ref())).transpose()?;
+        let amqp = config.amqp.clone().map(|c| Arc::new(amqp::Amqp::new(c, roots.as_ref())));
+        Ok(Self { webhook, amqp })
+    }
 }
 
 /// Delivers the outbox to the configured destinations.
@@ -99,11 +130,15 @@ pub struct Deliverer {
 
 impl Deliverer {
     /// # Errors
-    /// The webhook client cannot be built.
+    /// See [`Destinations::new`].
     pub fn new(store: Store, config: &EventsConfig, metrics: EventMetrics) -> Result<Self, EventsError> {
-        let webhook = config.webhook.as_ref().map(webhook::Webhook::new).transpose()?;
-        let amqp = config.amqp.clone().map(|c| Arc::new(amqp::Amqp::new(c)));
-        Ok(Self { store, webhook, amqp, config: config.clone(), metrics })
+        Ok(Self::with_destinations(store, Destinations::new(config)?, config, metrics))
+    }
+
+    /// A deliverer to `destinations`, built beforehand from `config`.
+    pub fn with_destinations(store: Store, destinations: Destinations, config: &EventsConfig, metrics: EventMetrics) -> Self {
+        let Destinations { webhook, amqp } = destinations;
+        Self { store, webhook, amqp, config: config.clone(), metrics }
     }
 
     /// One round: claims the due events, sends them, records the outcomes.
@@ -164,6 +199,9 @@ impl Deliverer {
                 }
                 Err(e) => {
                     self.metrics.failed_attempts.with_label_values(&["webhook"]).inc();
+                    if e.is_tls() {
+                        tls_failure_warning(&event, &e);
+                    }
                     errors.push(e.to_string());
                 }
             }
@@ -176,6 +214,9 @@ impl Deliverer {
                 }
                 Err(e) => {
                     self.metrics.failed_attempts.with_label_values(&["amqp"]).inc();
+                    if e.is_tls() {
+                        tls_failure_warning(&event, &e);
+                    }
                     errors.push(e.to_string());
                 }
             }
@@ -250,6 +291,18 @@ impl Deliverer {
             }
         }
     }
+}
+
+/// A failed TLS handshake is logged as a warning on every attempt (other
+/// failures only at debug until the event is dead): it does not heal by
+/// itself like a shop that is down, it needs the operator (a CA missing
+/// from `events.ca_file`, a certificate for another name, or expired).
+fn tls_failure_warning(event: &OutboxEvent, error: &dyn std::fmt::Display) {
+    tracing::warn!(
+        event = %event.event_id,
+        %error,
+        "order event not delivered: the TLS handshake with the destination failed (its certificate must verify against the system's roots or events.ca_file); will retry"
+    );
 }
 
 /// The wait after the `attempts`-th failure: `initial` doubled per earlier

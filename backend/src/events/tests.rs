@@ -238,6 +238,7 @@ fn config(url: &str, max_attempts: u32) -> EventsConfig {
     EventsConfig {
         webhook: Some(WebhookConfig { url: url.to_owned(), secret: SECRET.into(), timeout: Duration::from_secs(5) }),
         amqp: None,
+        ca_file: None,
         max_attempts,
         backoff_initial: Duration::from_millis(10),
         backoff_max: Duration::from_millis(20),

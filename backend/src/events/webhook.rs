@@ -2,26 +2,49 @@
 //! [`super::sign`]); any 2xx answer is a delivery, anything else (another
 //! status, a timeout, a refused connection) a failed attempt. Redirects are
 //! not followed: the signed body goes only to the configured URL.
+//!
+//! An `https://` URL is reached over TLS 1.2 or later, the shop's
+//! certificate verified against the system's roots and `events.ca_file`
+//! (see [`super::tls`]); a certificate that does not verify fails the
+//! attempt before anything is sent.
 
 use flashgate_common::config::WebhookConfig;
 
 use super::sign::{signature, EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use super::tls::{self, ExtraRoots};
 use crate::store::outbox::OutboxEvent;
 
-/// Why an event did not reach the webhook.
+/// Why an event did not reach the webhook. The texts are logged and
+/// stored in the outbox (`last_error`): they never carry the URL, which
+/// may hold credentials.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
     #[error("webhook answered {0}")]
     Status(u16),
-    /// Built with [`reqwest::Error::without_url`]: the URL may carry
-    /// credentials, and this text is logged and stored in the outbox.
+    /// The TLS handshake failed: OpenSSL's reason, e.g. `certificate
+    /// verify failed (unable to get local issuer certificate)`.
+    #[error("webhook TLS handshake failed: {0}")]
+    Tls(String),
+    /// Any other failure, with its causes (connection refused, timeout).
     #[error("webhook request failed: {0}")]
-    Http(reqwest::Error),
+    Http(String),
+}
+
+impl WebhookError {
+    /// Whether the TLS handshake failed (often a configuration mistake:
+    /// a private CA missing from `events.ca_file`).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, WebhookError::Tls(_))
+    }
 }
 
 impl From<reqwest::Error> for WebhookError {
     fn from(e: reqwest::Error) -> Self {
-        WebhookError::Http(e.without_url())
+        let e = e.without_url();
+        match tls::handshake_failure(&e) {
+            Some(reason) => WebhookError::Tls(reason),
+            None => WebhookError::Http(tls::chain(&e)),
+        }
     }
 }
 
@@ -35,10 +58,19 @@ pub struct Webhook {
 }
 
 impl Webhook {
+    /// A client trusting the system's roots and `extra_roots`.
+    ///
     /// # Errors
-    /// The HTTP client cannot be built (no TLS backend).
-    pub fn new(config: &WebhookConfig) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder().timeout(config.timeout).redirect(reqwest::redirect::Policy::none()).build()?;
+    /// The HTTP client cannot be built (OpenSSL refuses its setup).
+    pub fn new(config: &WebhookConfig, extra_roots: Option<&ExtraRoots>) -> Result<Self, reqwest::Error> {
+        let mut builder = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .min_tls_version(reqwest::tls::Version::TLS_1_2);
+        for certificate in extra_roots.into_iter().flat_map(ExtraRoots::certificates) {
+            builder = builder.add_root_certificate(certificate);
+        }
+        let client = builder.build()?;
         Ok(Self { client, url: config.url.clone(), secret: config.secret.clone(), timeout: config.timeout })
     }
 
