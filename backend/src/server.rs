@@ -193,8 +193,8 @@ async fn start_and_run(
         ..consumer::Settings::new(&config.redis, &config.backend, state.metrics.clone())
     };
     // Order events to the shop, when a destination is configured.
-    let deliverer = destinations
-        .map(|d| crate::events::Deliverer::with_destinations(store.clone(), d, &config.events, state.metrics.events.clone()));
+    let deliverer =
+        destinations.map(|d| crate::events::Deliverer::with_destinations(store.clone(), d, &config.events, state.metrics.events.clone()));
     let _ = order_api.set(order_router(state.clone()));
     let _ = admin_api.set(admin_router(state.clone()));
     tracing::info!("backend ready");

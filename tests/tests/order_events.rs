@@ -81,11 +81,7 @@ impl Handshakes {
 
     /// Completes the server side of a handshake on `tcp` with `acceptor`
     /// (bounded: a client that stalls is dropped), counting it.
-    async fn accept(
-        &self,
-        acceptor: &SslAcceptor,
-        tcp: tokio::net::TcpStream,
-    ) -> Option<tokio_openssl::SslStream<tokio::net::TcpStream>> {
+    async fn accept(&self, acceptor: &SslAcceptor, tcp: tokio::net::TcpStream) -> Option<tokio_openssl::SslStream<tokio::net::TcpStream>> {
         let mut stream = tokio_openssl::SslStream::new(Ssl::new(acceptor.context()).ok()?, tcp).ok()?;
         let handshake = tokio::time::timeout(Duration::from_secs(10), Pin::new(&mut stream).accept()).await;
         if matches!(handshake, Ok(Ok(()))) {
