@@ -49,12 +49,44 @@ impl From<reqwest::Error> for WebhookError {
 }
 
 /// A client for the shop's webhook.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Webhook {
     client: reqwest::Client,
     url: String,
     secret: String,
     timeout: std::time::Duration,
+}
+
+/// The secret left out, and the URL without its userinfo and query (it
+/// may carry credentials or a token).
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("url", &redacted_url(&self.url))
+            .field("secret", &"<redacted>")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `url` with its userinfo and query replaced by `<redacted>` (and its
+/// fragment dropped), for logs.
+pub(super) fn redacted_url(url: &str) -> String {
+    let Ok(mut parsed) = reqwest::Url::parse(url) else { return "<unparsable URL>".to_owned() };
+    let had_userinfo = !parsed.username().is_empty() || parsed.password().is_some();
+    let had_query = parsed.query().is_some();
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    parsed.set_query(None);
+    parsed.set_fragment(None);
+    let mut text = parsed.to_string();
+    if had_userinfo {
+        text = text.replacen("://", "://<redacted>@", 1);
+    }
+    if had_query {
+        text.push_str("?<redacted>");
+    }
+    text
 }
 
 impl Webhook {
@@ -102,5 +134,26 @@ impl Webhook {
         } else {
             Err(WebhookError::Status(status.as_u16()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_the_secret_and_the_urls_credentials() {
+        let config = WebhookConfig {
+            url: "https://u:pw@shop.test:8443/hook?token=s3cret#frag".to_owned(),
+            secret: "0123456789abcdef0123456789abcdef".to_owned(),
+            timeout: std::time::Duration::from_secs(2),
+        };
+        let webhook = Webhook::new(&config, None).unwrap();
+        let text = format!("{webhook:?}");
+        for secret in ["0123456789abcdef", "pw", "s3cret", "u:"] {
+            assert!(!text.contains(secret), "`{secret}` in {text}");
+        }
+        assert!(text.contains("https://<redacted>@shop.test:8443/hook?<redacted>"), "{text}");
+        assert_eq!(redacted_url("http://127.0.0.1:9/hook"), "http://127.0.0.1:9/hook");
     }
 }
