@@ -160,10 +160,11 @@ impl Deliverer {
         let lease_ends_ms = claimed_at.saturating_add(lease);
         let concurrency = claimed.max(1);
         let owner = owner.as_str();
+        let warned = &TlsWarnings::default();
         futures_util::stream::iter(events)
             .for_each_concurrent(concurrency, |event| async move {
                 if self.lease_left_for_a_delivery(lease_ends_ms) {
-                    self.deliver(event, owner).await;
+                    self.deliver(event, owner, warned).await;
                 } else {
                     // The claim itself was slow: what is left of the lease
                     // might run out mid-send and let another backend send
@@ -188,7 +189,7 @@ impl Deliverer {
 
     /// Sends one claimed event everywhere it has not gone yet, then deletes
     /// it or records the failure.
-    async fn deliver(&self, event: OutboxEvent, owner: &str) {
+    async fn deliver(&self, event: OutboxEvent, owner: &str, warned: &TlsWarnings) {
         let mut done = event.sinks_done;
         let mut errors: Vec<String> = Vec::new();
         if let Some(webhook) = self.webhook.as_ref().filter(|_| done & SINK_WEBHOOK == 0) {
@@ -199,8 +200,8 @@ impl Deliverer {
                 }
                 Err(e) => {
                     self.metrics.failed_attempts.with_label_values(&["webhook"]).inc();
-                    if e.is_tls() {
-                        tls_failure_warning(&event, &e);
+                    if e.is_tls() && warned.first(SINK_WEBHOOK) {
+                        tls_failure_warning("webhook", &event, &e);
                     }
                     errors.push(e.to_string());
                 }
@@ -214,8 +215,8 @@ impl Deliverer {
                 }
                 Err(e) => {
                     self.metrics.failed_attempts.with_label_values(&["amqp"]).inc();
-                    if e.is_tls() {
-                        tls_failure_warning(&event, &e);
+                    if e.is_tls() && warned.first(SINK_AMQP) {
+                        tls_failure_warning("amqp", &event, &e);
                     }
                     errors.push(e.to_string());
                 }
@@ -293,15 +294,32 @@ impl Deliverer {
     }
 }
 
-/// A failed TLS handshake is logged as a warning on every attempt (other
-/// failures only at debug until the event is dead): it does not heal by
-/// itself like a shop that is down, it needs the operator (a CA missing
-/// from `events.ca_file`, a certificate for another name, or expired).
-fn tls_failure_warning(event: &OutboxEvent, error: &dyn std::fmt::Display) {
+/// The destinations whose failed TLS handshake was logged as a warning
+/// this round (bits of [`OutboxEvent::sinks_done`]): one warning per
+/// destination per round, not one per event, so that a bad `ca_file`
+/// with a full outbox does not flood the log (every failure still counts
+/// in `order_events_failed_attempts_total` and lands in `last_error`).
+#[derive(Default)]
+struct TlsWarnings(std::sync::atomic::AtomicU8);
+
+impl TlsWarnings {
+    /// Whether this is the first TLS failure of `sink` this round.
+    fn first(&self, sink: u8) -> bool {
+        self.0.fetch_or(sink, std::sync::atomic::Ordering::Relaxed) & sink == 0
+    }
+}
+
+/// A failed TLS handshake is logged as a warning (once per destination
+/// per round; other failures only at debug until the event is dead): it
+/// does not heal by itself like a shop that is down, it needs the
+/// operator (a CA missing from `events.ca_file`, a certificate for another
+/// name, or expired).
+fn tls_failure_warning(sink: &'static str, event: &OutboxEvent, error: &dyn std::fmt::Display) {
     tracing::warn!(
+        sink,
         event = %event.event_id,
         %error,
-        "order event not delivered: the TLS handshake with the destination failed (its certificate must verify against the system's roots or events.ca_file); will retry"
+        "order event not delivered: the TLS handshake with the destination failed (its certificate must verify against the system's roots or events.ca_file); will retry (warned once per destination per delivery round)"
     );
 }
 

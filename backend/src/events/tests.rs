@@ -335,6 +335,62 @@ async fn an_amqp_message_no_queue_takes_is_a_failed_attempt_and_stays_in_the_out
     }
 }
 
+/// Log lines written through [`tracing`] on this thread, kept for a test.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_tls_failure_is_warned_once_per_round_and_no_log_or_error_holds_the_urls_credentials() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber =
+        tracing_subscriber::fmt().with_max_level(tracing::Level::DEBUG).with_ansi(false).with_writer(move || writer.clone()).finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let store = Store::connect(&crate::testing::sqlite_url()).await.unwrap().with_order_events(true);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    // A plain HTTP receiver behind an https:// URL: every handshake fails.
+    let plain = receiver(Arc::new(Mutex::new(204)), seen.clone()).await;
+    let url = plain.replace("http://", "https://u:pw@").replace("/hook", "/hook?token=s3cret");
+    let metrics = crate::metrics::Metrics::register();
+    // One attempt each: dead at once, with its error kept.
+    let deliverer = Deliverer::new(store.clone(), &config(&url, 1), metrics.events.clone()).unwrap();
+    for user in ["ann", "bob", "cyd"] {
+        store.insert_orders(&[reservation(&unique("s"), user)]).await.unwrap();
+    }
+
+    assert_eq!(deliverer.deliver_once().await.unwrap(), 3);
+    assert_eq!(metrics.events.failed_attempts.with_label_values(&["webhook"]).get(), 3);
+    let warnings = |text: &str| text.matches("the TLS handshake with the destination failed").count();
+    assert_eq!(warnings(&logs.text()), 1, "one warning for the round's three failures:\n{}", logs.text());
+    let errors: Vec<String> = store.dead_events(10).await.unwrap().into_iter().filter_map(|e| e.last_error).collect();
+    assert_eq!(errors.len(), 3);
+    assert!(errors.iter().all(|e| e.starts_with("webhook TLS handshake failed")), "{errors:?}");
+    let text = logs.text();
+    assert!(text.contains("webhook TLS handshake failed"), "{text}");
+    assert!(seen.lock().unwrap().is_empty(), "nothing was posted");
+    for secret in ["u:pw", "pw@", "s3cret", "token="] {
+        assert!(!text.contains(secret), "`{secret}` in the log:\n{text}");
+        assert!(errors.iter().all(|e| !e.contains(secret)), "`{secret}` in {errors:?}");
+    }
+}
+
 /// Threads of this process now: all of them, and lapin's connection
 /// threads (named `lapin-io-loop`).
 fn threads() -> (usize, usize) {
