@@ -574,12 +574,35 @@ async fn every_order_event_reaches_rabbitmq_persistent_and_confirmed_on_mysql() 
     }
 }
 
+/// Credentials a webhook URL may carry (its userinfo and a query token),
+/// which must never reach a log or `last_error`.
+const URL_SECRETS: [&str; 3] = ["u:pw", "pw@", "s3cret"];
+
+/// `url` with a user and password and a `?token=` query, as a shop may
+/// configure it.
+fn with_credentials(url: &str) -> String {
+    format!("{}?token=s3cret", url.replacen("https://", "https://u:pw@", 1))
+}
+
+/// Asserts that neither `last_error` of `dead` nor the backend's log
+/// holds any of `secrets`.
+fn assert_no_secret(stack: &Stack, dead: &Value, secrets: &[&str]) {
+    let (error, log) = (dead["last_error"].as_str().unwrap_or_default(), stack.log("flashgate-backend"));
+    for secret in secrets {
+        assert!(!error.contains(secret), "`{secret}` in last_error: {error}");
+        assert!(!log.contains(secret), "`{secret}` in the backend log:\n{log}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_webhook_gets_events_only_once_ca_file_trusts_the_shops_ca() {
     let shop_ca = TestCa::root("Shop Test Root");
     let receiver = Receiver::start_tls(11, 0, &shop_ca.leaf("shop.test", &["localhost"], &["127.0.0.1"])).await;
     assert!(receiver.url.starts_with("https://127.0.0.1:"), "{}", receiver.url);
-    let toml = events_toml(&format!("webhook_url = \"{}\"", receiver.url), 2);
+    // From the trusted CA, but for another name only.
+    let elsewhere = Receiver::start_tls(12, 0, &shop_ca.leaf("other.test", &["other.test"], &[])).await;
+    let url = with_credentials(&receiver.url);
+    let toml = events_toml(&format!("webhook_url = \"{url}\""), 2);
     let mut stack = Stack::start(StackOptions { extra_toml: toml, ..StackOptions::default() }).await;
     put_sale(&stack, "ev-https", 5, 900).await;
     let (orders, paid) = buy_orders(&stack, "ev-https", 1).await;
@@ -594,6 +617,7 @@ async fn an_https_webhook_gets_events_only_once_ca_file_trusts_the_shops_ca() {
     assert!(stack.log("flashgate-backend").contains("TLS handshake with the destination failed"), "logged as a TLS failure");
     assert!(receiver.handshakes.failed() >= 2, "each attempt was refused in the handshake");
     assert_eq!((receiver.handshakes.done(), receiver.deliveries().len()), (0, 0), "nothing reached the shop");
+    assert_no_secret(&stack, &dead, &URL_SECRETS);
 
     // Another CA in ca_file: the same; a ca_file that is missing or not
     // PEM stops the backend, named.
@@ -618,11 +642,25 @@ async fn an_https_webhook_gets_events_only_once_ca_file_trusts_the_shops_ca() {
     assert!(dead["last_error"].as_str().unwrap().contains("certificate verify failed"), "{dead}");
     assert!(receiver.handshakes.failed() >= failed_before + 2);
     assert_eq!((receiver.handshakes.done(), receiver.deliveries().len()), (0, 0), "nothing reached the shop");
+    assert_no_secret(&stack, &dead, &URL_SECRETS);
 
-    // The shop's CA in ca_file (beside another one): delivered, signed.
+    // The shop's CA in ca_file (beside another one), but a URL whose host
+    // (127.0.0.1) the certificate does not cover: the name is checked.
     let both = stack.dir.0.join("cas.pem");
     write_replacing(&both, &[other_ca.pem(), shop_ca.pem()].concat());
-    restart_backend_with(&mut stack, |t| with_ca_file(t, Some(&both)));
+    let elsewhere_url = with_credentials(&elsewhere.url);
+    restart_backend_with(&mut stack, |t| with_ca_file(t.replace(&url, &elsewhere_url), Some(&both)));
+    retry_dead_event(&stack, &id).await;
+    let dead = first_dead_event(&stack, Instant::now() + Duration::from_secs(30)).await;
+    assert_eq!((dead["event_id"].as_str(), dead["attempts"].as_i64()), (Some(id.as_str()), Some(2)), "{dead}");
+    let error = dead["last_error"].as_str().unwrap();
+    assert!(error.starts_with("webhook TLS handshake failed:") && error.contains("certificate verify failed"), "{error}");
+    assert!(elsewhere.handshakes.failed() >= 2, "each attempt was refused in the handshake");
+    assert_eq!((elsewhere.handshakes.done(), elsewhere.deliveries().len()), (0, 0), "nothing reached that server");
+    assert_no_secret(&stack, &dead, &URL_SECRETS);
+
+    // The URL of the shop again: delivered, signed.
+    restart_backend_with(&mut stack, |t| t.replace(&elsewhere_url, &url));
     retry_dead_event(&stack, &id).await;
     wait_until("created and paid over https", Duration::from_secs(30), || receiver.deliveries().iter().filter(|d| d.accepted).count() == 2)
         .await;
@@ -634,6 +672,7 @@ async fn an_https_webhook_gets_events_only_once_ca_file_trusts_the_shops_ca() {
     assert!(receiver.handshakes.done() >= 1);
     let (_, v) = stack.admin(Method::GET, "/admin/events/dead", None).await;
     assert_eq!(v["dead_events"], json!([]));
+    assert_no_secret(&stack, &json!({}), &URL_SECRETS);
 }
 
 /// A TLS-terminating proxy on 127.0.0.1 in front of the machine's
@@ -641,7 +680,12 @@ async fn an_https_webhook_gets_events_only_once_ca_file_trusts_the_shops_ca() {
 /// made with `leaf`, then its bytes go both ways to 127.0.0.1:5672.
 /// Answers the proxy's port and its handshake counts.
 async fn amqps_proxy(leaf: &Leaf) -> (u16, Handshakes) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    amqps_proxy_on("127.0.0.1:0", leaf).await
+}
+
+/// [`amqps_proxy`], listening on `bind`.
+async fn amqps_proxy_on(bind: &str, leaf: &Leaf) -> (u16, Handshakes) {
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let acceptor = Arc::new(acceptor(leaf));
     let handshakes = Handshakes::default();
@@ -665,7 +709,10 @@ async fn amqps_proxy(leaf: &Leaf) -> (u16, Handshakes) {
 async fn order_events_reach_rabbitmq_over_amqps_once_ca_file_trusts_the_brokers_ca() {
     use futures_util::StreamExt;
     let broker_ca = TestCa::root("Broker Test Root");
-    let (port, handshakes) = amqps_proxy(&broker_ca.leaf("rabbit.test", &["localhost"], &["127.0.0.1"])).await;
+    // The URL names 127.0.0.1, and the certificate covers that IP only.
+    let (port, handshakes) = amqps_proxy(&broker_ca.leaf("rabbit.test", &[], &["127.0.0.1"])).await;
+    // From the same CA, for another name only.
+    let (elsewhere_port, elsewhere) = amqps_proxy(&broker_ca.leaf("other.test", &["other.test"], &[])).await;
     let exchange = format!("flashgate.amqps.{:x}", rand::random::<u64>());
     let (conn, mut consumer) = rabbit_queue(&exchange).await;
     let destination = format!("amqp_url = \"amqps://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"{exchange}\"");
@@ -681,11 +728,26 @@ async fn order_events_reach_rabbitmq_over_amqps_once_ca_file_trusts_the_brokers_
     assert!(error.starts_with("amqp TLS handshake failed:") && error.contains("certificate verify failed"), "{error}");
     assert!(handshakes.failed() >= 2, "each attempt was refused in the handshake");
     assert_eq!(handshakes.done(), 0, "no connection reached RabbitMQ");
+    assert_no_secret(&stack, &dead, &["guest:guest"]);
 
-    // The broker's CA in ca_file: the event and the next one arrive.
+    // The broker's CA in ca_file, but the broker at 127.0.0.1 shows a
+    // certificate for another name: refused, nothing delivered.
     let ca_file = stack.dir.0.join("broker-ca.pem");
     write_replacing(&ca_file, &broker_ca.pem());
-    restart_backend_with(&mut stack, |t| with_ca_file(t, Some(&ca_file)));
+    let (at_port, at_elsewhere) = (format!("@127.0.0.1:{port}/"), format!("@127.0.0.1:{elsewhere_port}/"));
+    restart_backend_with(&mut stack, |t| with_ca_file(t.replace(&at_port, &at_elsewhere), Some(&ca_file)));
+    retry_dead_event(&stack, &id).await;
+    let dead = first_dead_event(&stack, Instant::now() + Duration::from_secs(30)).await;
+    assert_eq!((dead["event_id"].as_str(), dead["attempts"].as_i64()), (Some(id.as_str()), Some(2)), "{dead}");
+    let error = dead["last_error"].as_str().unwrap();
+    assert!(error.starts_with("amqp TLS handshake failed:") && error.contains("certificate verify failed"), "{error}");
+    assert!(elsewhere.failed() >= 2, "each attempt was refused in the handshake");
+    assert_eq!(elsewhere.done(), 0, "no connection reached RabbitMQ");
+    assert_no_secret(&stack, &dead, &["guest:guest"]);
+
+    // The broker whose certificate lists 127.0.0.1: the event and the next
+    // one arrive.
+    restart_backend_with(&mut stack, |t| t.replace(&at_elsewhere, &at_port));
     retry_dead_event(&stack, &id).await;
     let expected = expected_events(&orders, &paid);
     let mut bodies: Vec<(String, String)> = Vec::new();
@@ -701,6 +763,44 @@ async fn order_events_reach_rabbitmq_over_amqps_once_ca_file_trusts_the_brokers_
     assert_eq!(bodies[0].0, id, "the retried event keeps its id");
     check_events(&bodies, &expected);
     assert!(handshakes.done() >= 1, "published through the TLS proxy");
+    assert_no_secret(&stack, &json!({}), &["guest:guest"]);
+    drop(stack);
+    if let Ok(channel) = conn.create_channel().await {
+        let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amqps_broker_at_an_ipv6_address_is_reached_there_and_verified_for_that_address() {
+    use futures_util::StreamExt;
+    let broker_ca = TestCa::root("Broker v6 Test Root");
+    // Listening on ::1 only, with a certificate for the IP ::1 only.
+    let (port, handshakes) = amqps_proxy_on("[::1]:0", &broker_ca.leaf("rabbit6.test", &[], &["::1"])).await;
+    let exchange = format!("flashgate.amqps6.{:x}", rand::random::<u64>());
+    let (conn, mut consumer) = rabbit_queue(&exchange).await;
+    let destination = format!("amqp_url = \"amqps://guest:guest@[::1]:{port}/%2f\"\nexchange = \"{exchange}\"");
+    let mut stack = Stack::start(StackOptions { extra_toml: events_toml(&destination, 2), ..StackOptions::default() }).await;
+    let ca_file = stack.dir.0.join("broker-ca.pem");
+    write_replacing(&ca_file, &broker_ca.pem());
+    restart_backend_with(&mut stack, |t| with_ca_file(t, Some(&ca_file)));
+    put_sale(&stack, "ev-amqps6", 5, 900).await;
+    let (orders, paid) = buy_orders(&stack, "ev-amqps6", 1).await;
+
+    let mut bodies: Vec<(String, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bodies.len() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(delivery) = tokio::time::timeout(left, consumer.next()).await else {
+            panic!("both events on the queue in time:\n{}", stack.log("flashgate-backend"));
+        };
+        let body = String::from_utf8(delivery.unwrap().unwrap().data.clone()).unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        bodies.push((v["id"].as_str().unwrap().to_owned(), body));
+    }
+    check_events(&bodies, &expected_events(&orders, &paid));
+    assert!(handshakes.done() >= 1, "published through the proxy on ::1");
+    assert_eq!(handshakes.failed(), 0, "the certificate for ::1 verified");
+    assert_no_secret(&stack, &json!({}), &["guest:guest"]);
     drop(stack);
     if let Ok(channel) = conn.create_channel().await {
         let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
