@@ -12,7 +12,8 @@
 -- KEYS[9] draw state   hash  the opening draw (see lua/draw_run.lua); KEYS[9..12]
 --                            may be left out: the sale then has no draw
 -- KEYS[10] draw entries hash entry number -> entrant (JSON), in arrival order
--- KEYS[11] draw index  hash  entrant name (user and key or nonce) -> entry number
+-- KEYS[11] draw index  hash  entrant name (user and key or nonce) -> entry number;
+--                            c:<len>:<user> -> that user's entries
 -- KEYS[12] draw outcomes hash entry number -> outcome (JSON)
 -- ARGV[1] user id
 -- ARGV[2] Idempotency-Key ("" when the buyer sent none)
@@ -23,7 +24,8 @@
 -- ARGV[7] without an Idempotency-Key: a nonce of this call, so that the same
 --         call sent again (the cluster client re-sends a call whose
 --         connection dropped) answers the win it already made instead of
---         taking a second item
+--         taking a second item. Empty: no such guard, and a draw entry of
+--         such a call has no name in the draw index (never joined again)
 -- ARGV[8] `[fairness] window_ms` of the caller: the draw window of a sale
 --         whose meta has no `draw_window_ms` of its own (0 or absent: none)
 --
@@ -43,8 +45,9 @@
 --   "entered"       entry number, and the ms left until the draw closes:
 --                   the buy arrived within the sale's draw window and waits
 --                   for lua/draw_run.lua to decide it
---   "joined"        the same for a re-send of a buy the draw already holds
---                   (same Idempotency-Key, or the same call): no new entry
+--                   (also for this same call re-sent: see below)
+--   "joined"        the same for a replay of a buy the draw already holds
+--                   (same Idempotency-Key): no new entry
 --   "draw_pending"  ""  the draw window has closed but the draw is not
 --                   decided yet: run lua/draw_run.lua, then buy again (no
 --                   buy after the window may take an item before the draw)
@@ -55,6 +58,12 @@
 -- A replay of a remembered Idempotency-Key answers the remembered outcome
 -- with "replay:" in front, e.g. "replay:won" (without the time; a won one
 -- with the replication id as its third element).
+-- The same call re-sent (no Idempotency-Key, the same nonce ARGV[7]) is
+-- never a replay: it answers what its first send got ("won" with its time,
+-- "entered" for the draw entry it made, the draw's outcome once decided).
+-- In the draw, a user's entries are capped at the per-user limit (counted
+-- in the draw index under fg_draw_count_name): a further key is answered
+-- "limit_reached" at once, remembered like any final outcome.
 --
 -- Memory: a winning key is kept for the TTL (wins are bounded by the
 -- stock). Keys that did not win go into one hash per user and sale, at
@@ -111,6 +120,21 @@ if draw_state[1] and entry_name then
   local entry = redis.call('HGET', draw.index, entry_name)
   if entry then
     local decided = redis.call('HGET', draw.outcomes, entry)
+    local left = tostring(math.max(0, tonumber(draw_state[1]) - now))
+    if idem == '' then
+      -- Named by the call's nonce: this very call re-sent (same arguments,
+      -- its reservation id included), not a client's replay. It gets the
+      -- answer the first send would have got: "entered", or the outcome
+      -- as decided (a win with its reservation time, as a fresh win).
+      if not decided then
+        return {'entered', entry, left}
+      end
+      local d = cjson.decode(decided)
+      if d.o == 'won' then
+        return {'won', d.d, tostring(d.ts), d.node}
+      end
+      return {d.o, d.d}
+    end
     if decided then
       local d = cjson.decode(decided)
       if d.o == 'won' then
@@ -118,7 +142,7 @@ if draw_state[1] and entry_name then
       end
       return {'replay:' .. d.o, d.d}
     end
-    return {'joined', entry, tostring(math.max(0, tonumber(draw_state[1]) - now))}
+    return {'joined', entry, left}
   end
 end
 
@@ -149,16 +173,27 @@ if draw then
     if bought >= tonumber(meta[3]) then
       return final('limit_reached', '')
     end
+    -- One user holds at most per_user_limit entries, counting the items
+    -- already bought (a draw an operator opened mid-sale): more (under
+    -- other keys) could not win more, only make an earlier decision likelier.
+    local count_name = fg_draw_count_name(user)
+    if bought + tonumber(redis.call('HGET', draw.index, count_name) or '0') >= tonumber(meta[3]) then
+      return final('limit_reached', '')
+    end
     if tonumber(redis.call('GET', k.remaining) or '0') <= 0 then
       return final('sold_out', '')
     end
     local entry = redis.call('HLEN', draw.entries) + 1
     redis.call('HSET', draw.entries, entry, cjson.encode({user = user, idem = idem, nonce = nonce, rid = a.rid, at = now}))
-    redis.call('HSET', draw.index, entry_name, entry)
+    if entry_name then
+      redis.call('HSET', draw.index, entry_name, entry)
+    end
+    redis.call('HINCRBY', draw.index, count_name, 1)
     if not draw_state[1] then
       redis.call('HSET', draw.state, 'closes_at_ms', closes, 'opened_at_ms', now)
-      -- A draw nobody runs (every gateway gone) is not kept for ever; a
-      -- run refreshes this.
+      -- A draw nobody runs (every gateway gone) is not kept for ever.
+      -- lua/draw_run.lua leaves these TTLs alone while it runs and sets
+      -- the record's final TTL when the draw is done.
       local keep = tonumber(ARGV[4]) + 3600
       for _, key in ipairs({draw.state, draw.entries, draw.index}) do
         redis.call('EXPIRE', key, keep)

@@ -23,7 +23,8 @@
 -- KEYS[9] draw outcomes  hash  entry number -> {o, d, ts, node}
 -- KEYS[10] draw perm     hash  the shuffle's swapped positions (while running)
 -- KEYS[11] draw order    list  entry numbers in the order decided
--- KEYS[12] draw index    hash  entrant name -> entry number
+-- KEYS[12] draw index    hash  entrant name -> entry number (and per-user
+--                              entry counts, see lua/deduct.lua)
 -- ARGV[1] a random seed (hex) offered by the caller; kept only by the first
 --         call after the window closed, so nobody knows it while buys enter
 -- ARGV[2] most entrants decided by this call
@@ -73,6 +74,14 @@ if not seed then
   seed, n, cursor = ARGV[1], redis.call('HLEN', KEYS[8]), 0
   redis.call('HSET', KEYS[7], 'seed', seed, 'entrants', n, 'cursor', 0, 'decided_at_ms', now)
 end
+-- A draw never finished (every gateway gone, the sale paused for ever) is
+-- not kept for ever: its keys expire as lua/deduct.lua's do, an hour past
+-- the idempotency TTL, and the last call sets the record's final TTL.
+-- The outcomes, order and shuffle's positions keys are written by the
+-- loop below: each gets it right after this call's first write to it, so
+-- a call failing later in the loop leaves none of them without a TTL.
+local keep = tonumber(ARGV[3]) + 3600
+local perm_kept = false
 
 local k = {remaining = KEYS[2], buyers = KEYS[3], stream = KEYS[4], resv = KEYS[5]}
 local limit = tonumber(meta[3])
@@ -112,12 +121,20 @@ for i = cursor + 1, last do
   end
   redis.call('HSET', KEYS[9], at_j, cjson.encode(record))
   redis.call('RPUSH', KEYS[11], at_j)
+  if i == cursor + 1 then
+    redis.call('EXPIRE', KEYS[9], keep)
+    redis.call('EXPIRE', KEYS[11], keep)
+  end
   -- The shuffle's state and the cursor move with each entrant, after its
   -- decision: a runtime error later in this call leaves every entrant
   -- decided so far decided, and the next call goes on after the last one,
   -- never deciding one twice.
   if j ~= i then
     redis.call('HSET', KEYS[10], j, at_i)
+    if not perm_kept then
+      redis.call('EXPIRE', KEYS[10], keep)
+      perm_kept = true
+    end
   end
   redis.call('HDEL', KEYS[10], i)
   redis.call('HSET', KEYS[7], 'cursor', i)

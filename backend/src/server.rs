@@ -97,6 +97,9 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())?,
         secret::required(ENV_SHOP_TOKEN, config.shop_token.as_deref())?,
     )?;
+    // Order event destinations: `events.ca_file` is read now, so a bad one
+    // stops the backend before it waits for anything.
+    let destinations = config.events.enabled().then(|| crate::events::Destinations::new(&config.events)).transpose()?;
     let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
     let orders = bind(config.backend.listen).await?;
     let admin = bind(config.backend.admin_listen).await?;
@@ -122,7 +125,7 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         })
     };
     let work = async {
-        let result = start_and_run(&config, &tokens, &readiness, &order_api, &admin_api, shutdown.clone()).await;
+        let result = start_and_run(&config, &tokens, destinations, &readiness, &order_api, &admin_api, shutdown.clone()).await;
         if result.is_err() {
             let _ = stop.send(true);
         }
@@ -167,6 +170,7 @@ fn gate(cell: Arc<OnceLock<Router>>) -> impl Fn(Request) -> BoxedResponse + Clon
 async fn start_and_run(
     config: &Config,
     tokens: &ApiTokens,
+    destinations: Option<crate::events::Destinations>,
     readiness: &Readiness,
     order_api: &OnceLock<Router>,
     admin_api: &OnceLock<Router>,
@@ -189,11 +193,8 @@ async fn start_and_run(
         ..consumer::Settings::new(&config.redis, &config.backend, state.metrics.clone())
     };
     // Order events to the shop, when a destination is configured.
-    let deliverer = config
-        .events
-        .enabled()
-        .then(|| crate::events::Deliverer::new(store.clone(), &config.events, state.metrics.events.clone()))
-        .transpose()?;
+    let deliverer =
+        destinations.map(|d| crate::events::Deliverer::with_destinations(store.clone(), d, &config.events, state.metrics.events.clone()));
     let _ = order_api.set(order_router(state.clone()));
     let _ = admin_api.set(admin_router(state.clone()));
     tracing::info!("backend ready");

@@ -36,7 +36,7 @@
 //! | `fg:{sale:ID}:restore:TOKEN:*` | hash, set | buyers, resv, released being rebuilt by one restore (expire) |
 //! | `fg:{sale:ID}:draw:state` | hash | the opening draw: `closes_at_ms`, `opened_at_ms`, `seed`, `entrants`, `cursor`, `decided_at_ms`, `done`, `finished_at_ms` (see [`crate::draw`]) |
 //! | `fg:{sale:ID}:draw:entries` | hash | entry number -> entrant `{user, idem, nonce, rid, at}` (JSON), numbered in arrival order |
-//! | `fg:{sale:ID}:draw:index` | hash | entrant name (user and Idempotency-Key, or user and call nonce) -> entry number |
+//! | `fg:{sale:ID}:draw:index` | hash | entrant name (`k:LEN:USER:KEY` by Idempotency-Key, or `n:LEN:USER:NONCE` by call nonce) -> entry number; `c:LEN:USER` -> how many entries the user holds (capped with the items bought at the per-user limit) |
 //! | `fg:{sale:ID}:draw:outcomes` | hash | entry number -> outcome `{o, d, ts, node}` (JSON) |
 //! | `fg:{sale:ID}:draw:order` | list | entry numbers in the order the draw decided them |
 //! | `fg:{sale:ID}:draw:perm` | hash | the shuffle's swapped positions, while the draw runs |

@@ -38,9 +38,10 @@ pub enum DeductOutcome {
     Fenced,
     /// The buy arrived within the sale's opening draw window: it is entry
     /// `entry` of the draw, which closes `closes_in_ms` from now (see
-    /// `crate::draw`). A re-send of a buy the draw already holds (its
-    /// Idempotency-Key, its call) joins that entry: then the decision is
-    /// `replayed`, and its outcome will be too.
+    /// `crate::draw`). A replay of a buy the draw already holds (its
+    /// Idempotency-Key) joins that entry: then the decision is `replayed`,
+    /// and its outcome will be too. The same call re-sent (its nonce) is
+    /// answered as its first send was, not as a replay.
     Entered {
         entry: u64,
         closes_in_ms: u64,

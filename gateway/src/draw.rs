@@ -8,9 +8,12 @@
 //! draw goes on if any of them dies; on one gateway, one call per sale runs
 //! at a time (the others read the outcomes it wrote). A buy after the
 //! window that finds the draw undecided (`draw_pending`) runs it the same
-//! way, then buys. Past the window plus `fairness.settle_ms` the buyer is
-//! answered 503; the entry is still decided, and a retry with the same
-//! Idempotency-Key answers its outcome.
+//! way, then buys. A transient Redis error meanwhile (see
+//! `RedisError::is_transient`) is retried with backoff, any other answered
+//! at once; past the window plus `fairness.settle_ms` the buyer is
+//! answered 503 (the last call's error if it failed, else
+//! [`NotSettled::TimedOut`]); the entry is still decided, and a retry with
+//! the same Idempotency-Key answers its outcome.
 //!
 //! ```text
 //! entered ─► sleep until closes ─► outcome? ─ yes ─► answer
@@ -30,6 +33,7 @@ use flashgate_common::draw::Outcome;
 use flashgate_common::keys::SaleKeys;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 use tokio::time::Instant;
+use tracing::debug;
 
 use crate::deduct::{Decision, DeductOutcome, MISSES_REMEMBERED_PER_USER};
 use crate::redis_client::{RedisClient, RedisError};
@@ -160,6 +164,12 @@ impl Draws {
         }
     }
 
+    /// `fairness.settle_ms`: how long past its window a draw may take to
+    /// decide every entrant.
+    pub fn settle_time(&self) -> Duration {
+        self.settle
+    }
+
     /// Holds entry `entry` of `sale_id`'s draw (closing `closes_in` from
     /// now) until it is decided, and answers its outcome, `replayed` as
     /// given (a re-send that joined an entry replays it).
@@ -186,8 +196,18 @@ impl Draws {
         let keys = SaleKeys::new(sale_id);
         let mut backoff = Duration::from_millis(2);
         let mut finished = false;
+        // Every pass reads first: past the deadline, a failed read answers
+        // its own error, a read that succeeded leaves only the timeout.
+        let mut last = None;
         loop {
-            if let Some(outcome) = self.read(redis, &keys, entry).await? {
+            let read = match self.read(redis, &keys, entry).await {
+                Ok(read) => read,
+                Err(e) => {
+                    retry_after(e, deadline, &mut backoff, &mut last).await?;
+                    continue;
+                }
+            };
+            if let Some(outcome) = read {
                 if !entrant.owns(&outcome) {
                     return Err(NotSettled::Gone);
                 }
@@ -205,14 +225,12 @@ impl Draws {
             if Instant::now() >= deadline {
                 return Err(NotSettled::TimedOut);
             }
-            match self.run(redis, sale_id, &keys).await? {
-                Run::Pending => backoff = Duration::from_millis(2),
-                Run::Done | Run::None => finished = true,
-                Run::Open { ms } => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
-                Run::Paused | Run::Fenced => {
-                    tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
+            match self.run(redis, sale_id, &keys).await {
+                Ok(Run::Pending) => backoff = Duration::from_millis(2),
+                Ok(Run::Done | Run::None) => finished = true,
+                Ok(Run::Open { ms }) => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
+                Ok(Run::Paused | Run::Fenced) => back_off(deadline, &mut backoff).await,
+                Err(e) => retry_after(e, deadline, &mut backoff, &mut last).await?,
             }
         }
     }
@@ -226,18 +244,22 @@ impl Draws {
         let deadline = Instant::now() + self.settle;
         let keys = SaleKeys::new(sale_id);
         let mut backoff = Duration::from_millis(2);
+        // The error of the last call, if it failed: answered at the deadline.
+        let mut last = None;
         loop {
-            match self.run(redis, sale_id, &keys).await? {
-                Run::Done | Run::None => return Ok(()),
-                Run::Pending => {}
-                Run::Open { ms } => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
-                Run::Paused | Run::Fenced => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
+            let run = self.run(redis, sale_id, &keys).await;
+            if run.is_ok() {
+                last = None;
+            }
+            match run {
+                Ok(Run::Done | Run::None) => return Ok(()),
+                Ok(Run::Pending) => backoff = Duration::from_millis(2),
+                Ok(Run::Open { ms }) => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
+                Ok(Run::Paused | Run::Fenced) => back_off(deadline, &mut backoff).await,
+                Err(e) => retry_after(e, deadline, &mut backoff, &mut last).await?,
             }
             if Instant::now() >= deadline {
-                return Err(NotSettled::TimedOut);
+                return Err(last.unwrap_or(NotSettled::TimedOut));
             }
         }
     }
@@ -303,6 +325,42 @@ impl Draws {
     }
 }
 
+/// Sleeps the next step of `backoff` (doubling it up to [`MAX_BACKOFF`]),
+/// never past `deadline`.
+async fn back_off(deadline: Instant, backoff: &mut Duration) {
+    tokio::time::sleep((*backoff).min(deadline.saturating_duration_since(Instant::now()))).await;
+    *backoff = (*backoff * 2).min(MAX_BACKOFF);
+}
+
+/// A Redis error while an entrant is held: the entry is still decided by
+/// whoever reaches Redis, so a blip (a timeout under load, a reconnect, the
+/// breaker open for its cooldown) must not cost the buyer its answer. It
+/// is retried after the backoff until `deadline` (the window's close plus
+/// `fairness.settle_ms`), and only then answered. Any other error (a
+/// script error, `WRONGTYPE`, a bad reply: see [`RedisError::is_transient`])
+/// would come back the same, so it is answered at once. A retried error
+/// is kept in `last`: the caller answers it if the deadline passes before
+/// a call succeeds.
+async fn retry_after(
+    error: NotSettled,
+    deadline: Instant,
+    backoff: &mut Duration,
+    last: &mut Option<NotSettled>,
+) -> Result<(), NotSettled> {
+    if !is_transient(&error) || Instant::now() >= deadline {
+        return Err(error);
+    }
+    debug!(%error, "draw: Redis failed while an entrant is held; retrying");
+    back_off(deadline, backoff).await;
+    *last = Some(error);
+    Ok(())
+}
+
+/// Whether a held entrant's error may go away if the call is sent again.
+fn is_transient(error: &NotSettled) -> bool {
+    matches!(error, NotSettled::Redis(e) if e.is_transient())
+}
+
 /// A decided outcome as a deduct decision: a win carries its reservation
 /// time (the `ts` of its stream record) unless replayed, like a replayed
 /// deduct win.
@@ -332,6 +390,32 @@ mod tests {
         assert!(Entrant { user: "u", rid: None }.owns(&o), "a re-send that joined knows only the user");
         assert!(!Entrant { user: "u", rid: Some("s.2") }.owns(&o), "entry number reused after a failover");
         assert!(!Entrant { user: "v", rid: None }.owns(&o));
+    }
+
+    #[test]
+    fn only_errors_that_may_pass_are_retried_while_held() {
+        let server = |kind, text: &'static str| NotSettled::Redis(RedisError::Redis(redis::RedisError::from((kind, text))));
+        let code =
+            |code: &str| NotSettled::Redis(RedisError::Redis(redis::make_extension_error(code.to_owned(), Some("try later".to_owned()))));
+        let io = NotSettled::Redis(RedisError::Redis(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into()));
+        assert!(is_transient(&NotSettled::Redis(RedisError::Timeout(Duration::from_millis(300)))));
+        assert!(is_transient(&NotSettled::Redis(RedisError::CircuitOpen)));
+        assert!(is_transient(&io));
+        assert!(is_transient(&code("BUSY")), "a script still running");
+        for kind in [
+            redis::ServerErrorKind::BusyLoading,
+            redis::ServerErrorKind::TryAgain,
+            redis::ServerErrorKind::MasterDown,
+            redis::ServerErrorKind::ReadOnly,
+            redis::ServerErrorKind::ClusterDown,
+        ] {
+            assert!(is_transient(&server(redis::ErrorKind::Server(kind), "later")), "{kind:?}");
+        }
+        assert!(!is_transient(&server(redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError), "WRONGTYPE")));
+        assert!(!is_transient(&code("WRONGTYPE")));
+        assert!(!is_transient(&server(redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError), "ERR user_script:1: bad")));
+        assert!(!is_transient(&NotSettled::BadReply("x".into())));
+        assert!(!is_transient(&NotSettled::TimedOut));
     }
 
     #[test]

@@ -29,6 +29,30 @@ pub enum RedisError {
     CircuitOpen,
 }
 
+/// Server error codes that say "not now" (a script running, a dump
+/// loading, a failover under way), never "not this": the same call may
+/// succeed a moment later.
+const TRANSIENT_CODES: &[&str] = &["BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN"];
+
+impl RedisError {
+    /// Whether the same call may succeed if sent again shortly: a timeout,
+    /// an open breaker, a cut or refused connection, or a server busy,
+    /// loading or failing over. A script error, `WRONGTYPE` or a bad reply
+    /// is not: sending it again gets the same answer.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Timeout(_) | Self::CircuitOpen => true,
+            Self::Redis(e) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.code().is_some_and(|code| TRANSIENT_CODES.contains(&code))
+            }
+        }
+    }
+}
+
 /// The deduct script, compiled in so a deployed binary always runs the
 /// script it was tested with.
 pub static DEDUCT_LUA: &str = flashgate_common::scripts::DEDUCT;

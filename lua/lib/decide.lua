@@ -63,11 +63,24 @@ end
 -- The key of a buy in the draw's index: by user and Idempotency-Key, or by
 -- user and the call's nonce when the buyer sent no key. The user id goes
 -- in with its length, so two users' ids and keys can never make one name.
+-- Neither key nor nonce (a caller that sends no nonce; the gateway always
+-- does): no name, so the entry is never found again. A shared name
+-- `n:<len>:<user>:` would make every such call of a user one entry.
 local function fg_draw_entry_name(user, idem, nonce)
   if idem ~= '' then
     return 'k:' .. #user .. ':' .. user .. ':' .. idem
   end
-  return 'n:' .. #user .. ':' .. user .. ':' .. nonce
+  if nonce ~= '' then
+    return 'n:' .. #user .. ':' .. user .. ':' .. nonce
+  end
+  return nil
+end
+
+-- The field of the draw's index counting a user's entries ("c:", never a
+-- prefix of an entrant name): lua/deduct.lua admits at most the per-user
+-- limit of them.
+local function fg_draw_count_name(user)
+  return 'c:' .. #user .. ':' .. user
 end
 
 -- Redis TIME in ms.

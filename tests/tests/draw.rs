@@ -188,53 +188,73 @@ async fn assert_exact_books(stack: &Stack, sale: &str, stock: i64, burst: &Burst
     }
 }
 
+/// Group A's winners of `stock` drawn without replacement from `ka` + `kb`
+/// entrants are hypergeometric: their mean and 5 standard deviations.
+fn five_sigma_band(stock: f64, ka: f64, kb: f64) -> (f64, f64) {
+    let n = ka + kb;
+    let mean = stock * ka / n;
+    let sigma = (stock * (ka / n) * (kb / n) * (n - stock) / (n - 1.0)).max(0.0).sqrt();
+    (mean, 5.0 * sigma)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_draw_gives_early_and_late_buyers_of_its_window_even_chances() {
     let stack = stack_with_draws("").await;
-    const SIZE: usize = 100;
+    // Two groups of 80 buyers for 100 items: 160 buys, so the draw must
+    // turn 60 away, and few enough to reach Redis quickly.
+    const SIZE: usize = 80;
     const STOCK: i64 = 100;
+    // The issue asks for a 200 ms window. Measured on the two-core test
+    // machine running the debug build under other builds (load average
+    // about 8), 200 ms is too small: within it only 21 to 80 of A's 80
+    // and 0 to 24 of B's 80 buys entered (group B, sent 50 ms after A,
+    // queues behind A's buys), too few for the draw to decide anything
+    // (fewer entrants than items). The full bursts reached Redis 250 to
+    // 420 ms after the start. No window between 420 and 1000 ms was run;
+    // 1000 ms leaves more than twice the slowest burst measured. The draw
+    // is the same for any window: only which buys are in it depends on
+    // the machine.
+    const WINDOW_MS: i64 = 1000;
 
-    // The draw, with a window of the sale's own: 1 s, so that all 200
-    // buys reach Redis within it even on a loaded two-core test machine
-    // running an unoptimised build (it admits some 600 buys a second
-    // there: a 200 ms window would shut most of group B out, and the test
-    // would measure the machine). Group B is still 50 ms behind A.
     let buyers = groups(&stack, "fair", SIZE).await;
-    let starts = put_sale(&stack, "fair", STOCK, 1, Duration::from_millis(1500), Some(1000)).await;
+    let starts = put_sale(&stack, "fair", STOCK, 1, Duration::from_millis(1500), Some(WINDOW_MS)).await;
     let drawn = two_groups(&stack, "fair", starts, buyers).await;
     let rec = record(&stack, "fair").await;
     let seed = rec["state"]["seed"].as_str().unwrap().to_owned();
     let entrants: usize = rec["state"]["entrants"].as_str().unwrap().parse().unwrap();
-    eprintln!("draw seed {seed}, {entrants} entrants, winners A {} B {}", drawn.won.0, drawn.won.1);
     // Entrants of each group (a buy of the window's tail may come late on
     // a loaded machine, then it is first come, first served after the draw).
     let entered_a = rec["entrants"].as_array().unwrap().iter().filter(|e| e[1]["user"].as_str().unwrap().starts_with("fair-a")).count();
     let entered_b = entrants - entered_a;
+    eprintln!("draw seed {seed}: entrants A {entered_a} B {entered_b}, winners A {} B {}", drawn.won.0, drawn.won.1);
+    // At least half of each group: then at least 120 entrants for the 100
+    // items, so the draw decides who goes without.
     assert!(entered_a >= SIZE / 2 && entered_b >= SIZE / 2, "too few buys arrived within the window: A {entered_a}, B {entered_b}");
     // 100 winners drawn without replacement from the entrants: group A's
     // count is hypergeometric, mean 100·Ka/N, variance
-    // 100·(Ka/N)·(Kb/N)·(N-100)/(N-1): with every buyer in (100 + 100)
-    // that is 50 ± 3.54, and 5 sigma is ±17.7 (a false alarm about once in
-    // 1.7 million runs). The seed above reproduces a failure.
-    let (n, ka, kb) = (entrants as f64, entered_a as f64, entered_b as f64);
-    let mean = STOCK as f64 * ka / n;
-    let sigma = (STOCK as f64 * (ka / n) * (kb / n) * (n - STOCK as f64) / (n - 1.0)).sqrt();
+    // 100·(Ka/N)·(Kb/N)·(N-100)/(N-1): with every buyer in (80 + 80) that
+    // is 50 ± 3.07, and 5 sigma is ±15.4 (a false alarm about once in 1.7
+    // million runs). The seed above reproduces a failure.
+    let (mean, band) = five_sigma_band(STOCK as f64, entered_a as f64, entered_b as f64);
     let a = drawn.won.0 as f64;
-    assert!((a - mean).abs() <= 5.0 * sigma, "group A won {a} of {STOCK}, expected {mean:.1} ± {:.1} (5 sigma); seed {seed}", 5.0 * sigma);
+    assert!((a - mean).abs() <= band, "group A won {a} of {STOCK}, expected {mean:.1} ± {band:.1} (5 sigma); seed {seed}");
     assert_eq!(rec["order_matches_seed"], true);
     assert_exact_books(&stack, "fair", STOCK, &drawn).await;
 
     // The same load without a draw (the sale's own window 0): first come,
-    // first served, so the group 50 ms ahead takes nearly everything.
-    eprintln!("draw: winners A {} B {}", drawn.won.0, drawn.won.1);
+    // first served, so the group 50 ms ahead takes nearly everything it
+    // asks for. At most 80 (one item each); on the loaded machine it won
+    // 76 to 80 (B's first buys mingle with A's last). 70 leaves room for
+    // more mingling and is still far above the draw's bound with every
+    // buyer in (50 + 15.4 = 65.4): the check above would catch a draw
+    // that served arrival order.
     let buyers = groups(&stack, "fcfs", SIZE).await;
     let starts = put_sale(&stack, "fcfs", STOCK, 1, Duration::from_millis(1500), Some(0)).await;
     let first_come = two_groups(&stack, "fcfs", starts, buyers).await;
     eprintln!("no draw: winners A {} B {}", first_come.won.0, first_come.won.1);
-    // On an idle machine A takes all 100; on a loaded one B's first buys
-    // mingle with A's last. Either way far above the draw's 5-sigma bound
-    // (67.7 when every buyer entered).
-    assert!(first_come.won.0 >= 70, "without a draw the early group should win nearly all, won {}", first_come.won.0);
+    let (_, all_in_band) = five_sigma_band(STOCK as f64, SIZE as f64, SIZE as f64);
+    assert!(70.0 > 50.0 + all_in_band, "the threshold below must lie outside the draw's band");
+    assert!(first_come.won.0 >= 70, "without a draw the early group should win nearly all of its {SIZE}, won {}", first_come.won.0);
     let (status, _) = stack.admin(reqwest::Method::GET, "/admin/sales/fcfs/draw", None).await;
     assert_eq!(status, 404, "a sale without a draw has no record");
     assert_exact_books(&stack, "fcfs", STOCK, &first_come).await;
@@ -296,7 +316,8 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
     let http = reqwest::Client::new();
     sleep_until_ms(starts + 5).await;
     // 12 users on alternating gateways; "greedy" sends 4 keys, 2 through
-    // each gateway; "twice" sends one key to both gateways at once.
+    // each gateway (only 2 may enter: the per-user limit caps a user's
+    // entries); "twice" sends one key to both gateways at once.
     let mut sends = Vec::new();
     for i in 0..12 {
         sends.push((format!("user{i:02}"), format!("k-user{i:02}"), gateways[i % 2]));
@@ -329,10 +350,11 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
     assert_eq!(retried.1["reservation_id"], first_user00.3["reservation_id"]);
 
     // The record: every buy entered once (the re-sends joined), across
-    // both gateways, and its order is the one its seed gives.
+    // both gateways, greedy's with no more entries than its limit, and its
+    // order is the one its seed gives.
     let rec = record(&stack, "shared").await;
     let entrants = rec["entrants"].as_array().unwrap();
-    assert_eq!(entrants.len(), 12 + 4 + 1, "one entry per buy, whatever gateway, re-sends joined");
+    assert_eq!(entrants.len(), 12 + 2 + 1, "one entry per buy, whatever gateway, re-sends joined, at most 2 per user");
     let seed = rec["state"]["seed"].as_str().unwrap();
     let order: Vec<u64> = rec["order"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     assert_eq!(order, decided_order(seed, entrants.len() as u64), "the order recomputed from the seed (docs/RELIABILITY.md)");
@@ -353,7 +375,11 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
         .map(|e| (format!("{}/{}", e[1]["user"].as_str().unwrap(), e[1]["idem"].as_str().unwrap()), e[0].as_u64().unwrap()))
         .collect();
     for (user, key, status, body) in &answers {
-        let e = by_key[&format!("{user}/{key}")];
+        let Some(&e) = by_key.get(&format!("{user}/{key}")) else {
+            // Not entered: a user already holding their limit of entries.
+            assert_eq!((user.as_str(), *status, body["code"].as_str()), ("greedy", 409, Some("limit_reached")), "{key}: {body}");
+            continue;
+        };
         let want = match expected[&e] {
             "won" => vec![201, 202],
             "limit_reached" => vec![409],

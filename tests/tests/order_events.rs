@@ -3,13 +3,24 @@
 //! receiver that fails at random (seeded) and to RabbitMQ; every order's
 //! events arrive, in order per order, across a backend killed with
 //! SIGKILL, and a repeated event carries the id and bytes it had.
+//!
+//! Over TLS too: an `https://` receiver and an `amqps://` proxy in front of
+//! RabbitMQ, each with a certificate from a CA the test makes
+//! (`flashgate_tests::pki`): nothing is delivered until `events.ca_file`
+//! names that CA.
 
 use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flashgate_tests::{random_user, MysqlDatabase, Stack, StackOptions, WEBHOOK_SECRET};
+use flashgate_tests::pki::{write_replacing, Leaf, TestCa};
+use flashgate_tests::{random_user, spawn_as, MysqlDatabase, Stack, StackOptions, WEBHOOK_SECRET};
 use hmac::{Hmac, Mac};
+use openssl::pkey::PKey;
+use openssl::ssl::{Ssl, SslAcceptor, SslMethod};
+use openssl::x509::X509;
 use rand::{Rng, SeedableRng};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -47,6 +58,79 @@ struct Receiver {
     /// Requests still to answer late: taken, then answered after
     /// [`LATE_ANSWER`], past the backend's send timeout.
     late_next: Arc<std::sync::atomic::AtomicUsize>,
+    /// Over TLS: connections whose handshake failed (the client refused
+    /// the certificate), and those that completed.
+    handshakes: Handshakes,
+}
+
+/// TLS handshakes a test server saw.
+#[derive(Clone, Default)]
+struct Handshakes {
+    failed: Arc<AtomicUsize>,
+    done: Arc<AtomicUsize>,
+}
+
+impl Handshakes {
+    fn failed(&self) -> usize {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    fn done(&self) -> usize {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// Completes the server side of a handshake on `tcp` with `acceptor`
+    /// (bounded: a client that stalls is dropped), counting it.
+    async fn accept(&self, acceptor: &SslAcceptor, tcp: tokio::net::TcpStream) -> Option<tokio_openssl::SslStream<tokio::net::TcpStream>> {
+        let mut stream = tokio_openssl::SslStream::new(Ssl::new(acceptor.context()).ok()?, tcp).ok()?;
+        let handshake = tokio::time::timeout(Duration::from_secs(10), Pin::new(&mut stream).accept()).await;
+        if matches!(handshake, Ok(Ok(()))) {
+            self.done.fetch_add(1, Ordering::SeqCst);
+            Some(stream)
+        } else {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            None
+        }
+    }
+}
+
+/// A TLS server's side with `leaf` (its chain and key).
+fn acceptor(leaf: &Leaf) -> SslAcceptor {
+    let mut builder = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+    let chain = X509::stack_from_pem(&leaf.cert_pem).unwrap();
+    builder.set_certificate(&chain[0]).unwrap();
+    for intermediate in &chain[1..] {
+        builder.add_extra_chain_cert(intermediate.clone()).unwrap();
+    }
+    builder.set_private_key(&PKey::private_key_from_pem(&leaf.key_pem).unwrap()).unwrap();
+    builder.build()
+}
+
+/// The receiver's HTTPS listener for `axum::serve`: a TCP listener whose
+/// connections are handed over once their TLS handshake completed (one
+/// at a time, enough for one backend).
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: SslAcceptor,
+    handshakes: Handshakes,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_openssl::SslStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else { continue };
+            if let Some(stream) = self.handshakes.accept(&self.acceptor, tcp).await {
+                return (stream, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
 }
 
 /// Longer than `send_timeout_ms` in [`events_toml`].
@@ -63,7 +147,17 @@ fn expected_signature(secret: &str, timestamp: &str, body: &[u8]) -> String {
 }
 
 impl Receiver {
+    /// Over plain HTTP.
     async fn start(seed: u64, failing_percent: u32) -> Self {
+        Self::serve(seed, failing_percent, None).await
+    }
+
+    /// Over HTTPS with `leaf`'s certificate.
+    async fn start_tls(seed: u64, failing_percent: u32, leaf: &Leaf) -> Self {
+        Self::serve(seed, failing_percent, Some(acceptor(leaf))).await
+    }
+
+    async fn serve(seed: u64, failing_percent: u32, tls: Option<SslAcceptor>) -> Self {
         use axum::http::{HeaderMap, StatusCode};
         let log = Arc::new(Mutex::new(Vec::new()));
         let failing = Arc::new(Mutex::new(failing_percent));
@@ -119,9 +213,20 @@ impl Receiver {
             }),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { url, log, failing, hold_next, holding, late_next }
+        let addr = listener.local_addr().unwrap();
+        let handshakes = Handshakes::default();
+        let url = match tls {
+            None => {
+                tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+                format!("http://{addr}/hook")
+            }
+            Some(acceptor) => {
+                let tls = TlsListener { tcp: listener, acceptor, handshakes: handshakes.clone() };
+                tokio::spawn(async move { axum::serve(tls, app).await.unwrap() });
+                format!("https://{addr}/hook")
+            }
+        };
+        Self { url, log, failing, hold_next, holding, late_next, handshakes }
     }
 
     fn deliveries(&self) -> Vec<Delivery> {
@@ -204,6 +309,59 @@ fn check_events(bodies: &[(String, String)], expected: &HashMap<String, Vec<&'st
     }
     assert_eq!(heard.len(), expected.len(), "events of orders that do not exist");
     repeats
+}
+
+/// The first event `GET /admin/events/dead` lists, once there is one
+/// (polled every 100 ms); panics at `deadline`.
+async fn first_dead_event(stack: &Stack, deadline: Instant) -> Value {
+    loop {
+        let (status, v) = stack.admin(Method::GET, "/admin/events/dead", None).await;
+        assert_eq!(status, 200, "{v}");
+        if let Some(first) = v["dead_events"].as_array().and_then(|a| a.first()) {
+            return first.clone();
+        }
+        assert!(Instant::now() < deadline, "no dead event:\n{}", stack.log("flashgate-backend"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Retries dead event `id` through the admin API.
+async fn retry_dead_event(stack: &Stack, id: &str) {
+    let (status, v) = stack.admin(Method::POST, &format!("/admin/events/{id}/retry"), None).await;
+    assert_eq!((status, v["state"].as_str()), (202, Some("pending")), "{v}");
+}
+
+/// The config text with `events.ca_file` set to `path` (or left out).
+fn with_ca_file(text: String, path: Option<&std::path::Path>) -> String {
+    let text: String = text.lines().filter(|l| !l.starts_with("ca_file = ")).map(|l| format!("{l}\n")).collect();
+    match path {
+        Some(path) => text.replacen("[events]\n", &format!("[events]\nca_file = \"{}\"\n", path.display()), 1),
+        None => text,
+    }
+}
+
+/// Restarts the backend on its config file edited by `edit`.
+fn restart_backend_with(stack: &mut Stack, edit: impl FnOnce(String) -> String) {
+    stack.kill_backend();
+    stack.edit_config(edit);
+    stack.start_backend();
+}
+
+/// Starts one more backend on the stack's config, which must refuse to
+/// start; answers what it logged.
+fn backend_refusing_to_start(stack: &Stack) -> String {
+    let mut backend = spawn_as(&stack.dir.0, &stack.config_path, "flashgate-backend", "flashgate-backend-refused", &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = backend.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the backend started: {}", stack.log("flashgate-backend-refused"));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = stack.log("flashgate-backend-refused");
+    assert!(!status.success(), "{status}: {log}");
+    log
 }
 
 /// Waits until `done` holds (polled every 100 ms), or panics after `limit`.
@@ -293,15 +451,7 @@ async fn dead_events_are_listed_counted_and_delivered_once_retried() {
     assert!(paid.contains(&order));
 
     let deadline = Instant::now() + Duration::from_secs(20);
-    let dead = loop {
-        let (status, v) = stack.admin(Method::GET, "/admin/events/dead", None).await;
-        assert_eq!(status, 200, "{v}");
-        if let Some(first) = v["dead_events"].as_array().and_then(|a| a.first()) {
-            break first.clone();
-        }
-        assert!(Instant::now() < deadline, "no dead event");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let dead = first_dead_event(&stack, deadline).await;
     assert_eq!(
         (dead["order_id"].as_str(), dead["type"].as_str(), dead["attempts"].as_i64()),
         (Some(order.as_str()), Some("order.created"), Some(2))
@@ -418,6 +568,239 @@ async fn every_order_event_reaches_rabbitmq_persistent_and_confirmed_on_mysql() 
     check_events(&bodies, &expected);
     let (orders_in_db, _, _) = stack.db_orders("ev-amqp").await;
     assert_eq!(orders_in_db, ORDERS as i64);
+    drop(stack);
+    if let Ok(channel) = conn.create_channel().await {
+        let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
+    }
+}
+
+/// Credentials a webhook URL may carry (its userinfo and a query token),
+/// which must never reach a log or `last_error`.
+const URL_SECRETS: [&str; 3] = ["u:pw", "pw@", "s3cret"];
+
+/// `url` with a user and password and a `?token=` query, as a shop may
+/// configure it.
+fn with_credentials(url: &str) -> String {
+    format!("{}?token=s3cret", url.replacen("https://", "https://u:pw@", 1))
+}
+
+/// Asserts that neither `last_error` of `dead` nor the backend's log
+/// holds any of `secrets`.
+fn assert_no_secret(stack: &Stack, dead: &Value, secrets: &[&str]) {
+    let (error, log) = (dead["last_error"].as_str().unwrap_or_default(), stack.log("flashgate-backend"));
+    for secret in secrets {
+        assert!(!error.contains(secret), "`{secret}` in last_error: {error}");
+        assert!(!log.contains(secret), "`{secret}` in the backend log:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_webhook_gets_events_only_once_ca_file_trusts_the_shops_ca() {
+    let shop_ca = TestCa::root("Shop Test Root");
+    let receiver = Receiver::start_tls(11, 0, &shop_ca.leaf("shop.test", &["localhost"], &["127.0.0.1"])).await;
+    assert!(receiver.url.starts_with("https://127.0.0.1:"), "{}", receiver.url);
+    // From the trusted CA, but for another name only.
+    let elsewhere = Receiver::start_tls(12, 0, &shop_ca.leaf("other.test", &["other.test"], &[])).await;
+    let url = with_credentials(&receiver.url);
+    let toml = events_toml(&format!("webhook_url = \"{url}\""), 2);
+    let mut stack = Stack::start(StackOptions { extra_toml: toml, ..StackOptions::default() }).await;
+    put_sale(&stack, "ev-https", 5, 900).await;
+    let (orders, paid) = buy_orders(&stack, "ev-https", 1).await;
+
+    // The system's roots only: the shop's certificate does not verify, no
+    // request is made, and the event goes dead after max_attempts.
+    let dead = first_dead_event(&stack, Instant::now() + Duration::from_secs(30)).await;
+    let id = dead["event_id"].as_str().unwrap().to_owned();
+    let error = dead["last_error"].as_str().unwrap();
+    assert!(error.starts_with("webhook TLS handshake failed:") && error.contains("certificate verify failed"), "{error}");
+    assert_eq!(dead["attempts"], 2, "{dead}");
+    assert!(stack.log("flashgate-backend").contains("TLS handshake with the destination failed"), "logged as a TLS failure");
+    assert!(receiver.handshakes.failed() >= 2, "each attempt was refused in the handshake");
+    assert_eq!((receiver.handshakes.done(), receiver.deliveries().len()), (0, 0), "nothing reached the shop");
+    assert_no_secret(&stack, &dead, &URL_SECRETS);
+
+    // Another CA in ca_file: the same; a ca_file that is missing or not
+    // PEM stops the backend, named.
+    let other_ca = TestCa::root("Another Test Root");
+    let other_ca_file = stack.dir.0.join("other-ca.pem");
+    write_replacing(&other_ca_file, &other_ca.pem());
+    let missing = stack.dir.0.join("missing-ca.pem");
+    stack.kill_backend();
+    stack.edit_config(|t| with_ca_file(t, Some(&missing)));
+    let log = backend_refusing_to_start(&stack);
+    assert!(log.contains(&format!("events.ca_file: cannot read {}", missing.display())), "{log}");
+    let not_pem = stack.dir.0.join("not-a-ca.pem");
+    write_replacing(&not_pem, &shop_ca.leaf("x.test", &["x.test"], &[]).key_pem);
+    stack.edit_config(|t| with_ca_file(t, Some(&not_pem)));
+    let log = backend_refusing_to_start(&stack);
+    assert!(log.contains(&format!("events.ca_file: {} holds no PEM certificate", not_pem.display())), "{log}");
+    restart_backend_with(&mut stack, |t| with_ca_file(t, Some(&other_ca_file)));
+    let failed_before = receiver.handshakes.failed();
+    retry_dead_event(&stack, &id).await;
+    let dead = first_dead_event(&stack, Instant::now() + Duration::from_secs(30)).await;
+    assert_eq!((dead["event_id"].as_str(), dead["attempts"].as_i64()), (Some(id.as_str()), Some(2)), "{dead}");
+    assert!(dead["last_error"].as_str().unwrap().contains("certificate verify failed"), "{dead}");
+    assert!(receiver.handshakes.failed() >= failed_before + 2);
+    assert_eq!((receiver.handshakes.done(), receiver.deliveries().len()), (0, 0), "nothing reached the shop");
+    assert_no_secret(&stack, &dead, &URL_SECRETS);
+
+    // The shop's CA in ca_file (beside another one), but a URL whose host
+    // (127.0.0.1) the certificate does not cover: the name is checked.
+    let both = stack.dir.0.join("cas.pem");
+    write_replacing(&both, &[other_ca.pem(), shop_ca.pem()].concat());
+    let elsewhere_url = with_credentials(&elsewhere.url);
+    restart_backend_with(&mut stack, |t| with_ca_file(t.replace(&url, &elsewhere_url), Some(&both)));
+    retry_dead_event(&stack, &id).await;
+    let dead = first_dead_event(&stack, Instant::now() + Duration::from_secs(30)).await;
+    assert_eq!((dead["event_id"].as_str(), dead["attempts"].as_i64()), (Some(id.as_str()), Some(2)), "{dead}");
+    let error = dead["last_error"].as_str().unwrap();
+    assert!(error.starts_with("webhook TLS handshake failed:") && error.contains("certificate verify failed"), "{error}");
+    assert!(elsewhere.handshakes.failed() >= 2, "each attempt was refused in the handshake");
+    assert_eq!((elsewhere.handshakes.done(), elsewhere.deliveries().len()), (0, 0), "nothing reached that server");
+    assert_no_secret(&stack, &dead, &URL_SECRETS);
+
+    // The URL of the shop again: delivered, signed.
+    restart_backend_with(&mut stack, |t| t.replace(&elsewhere_url, &url));
+    retry_dead_event(&stack, &id).await;
+    wait_until("created and paid over https", Duration::from_secs(30), || receiver.deliveries().iter().filter(|d| d.accepted).count() == 2)
+        .await;
+    let deliveries = receiver.deliveries();
+    assert!(deliveries.iter().all(|d| d.signed), "every request verifies with the documented signature");
+    let accepted: Vec<(String, String)> = deliveries.iter().filter(|d| d.accepted).map(|d| (d.event_id.clone(), d.body.clone())).collect();
+    assert_eq!(accepted[0].0, id, "the retried event keeps its id");
+    check_events(&accepted, &expected_events(&orders, &paid));
+    assert!(receiver.handshakes.done() >= 1);
+    let (_, v) = stack.admin(Method::GET, "/admin/events/dead", None).await;
+    assert_eq!(v["dead_events"], json!([]));
+    assert_no_secret(&stack, &json!({}), &URL_SECRETS);
+}
+
+/// A TLS-terminating proxy on 127.0.0.1 in front of the machine's
+/// RabbitMQ (which has no TLS listener): each connection's handshake is
+/// made with `leaf`, then its bytes go both ways to 127.0.0.1:5672.
+/// Answers the proxy's port and its handshake counts.
+async fn amqps_proxy(leaf: &Leaf) -> (u16, Handshakes) {
+    amqps_proxy_on("127.0.0.1:0", leaf).await
+}
+
+/// [`amqps_proxy`], listening on `bind`.
+async fn amqps_proxy_on(bind: &str, leaf: &Leaf) -> (u16, Handshakes) {
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = Arc::new(acceptor(leaf));
+    let handshakes = Handshakes::default();
+    let counted = handshakes.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let (acceptor, handshakes) = (acceptor.clone(), counted.clone());
+            tokio::spawn(async move {
+                let Some(mut tls) = handshakes.accept(&acceptor, tcp).await else { return };
+                if let Ok(mut rabbit) = tokio::net::TcpStream::connect("127.0.0.1:5672").await {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut rabbit).await;
+                }
+            });
+        }
+    });
+    (port, handshakes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_events_reach_rabbitmq_over_amqps_once_ca_file_trusts_the_brokers_ca() {
+    use futures_util::StreamExt;
+    let broker_ca = TestCa::root("Broker Test Root");
+    // The URL names 127.0.0.1, and the certificate covers that IP only.
+    let (port, handshakes) = amqps_proxy(&broker_ca.leaf("rabbit.test", &[], &["127.0.0.1"])).await;
+    // From the same CA, for another name only.
+    let (elsewhere_port, elsewhere) = amqps_proxy(&broker_ca.leaf("other.test", &["other.test"], &[])).await;
+    let exchange = format!("flashgate.amqps.{:x}", rand::random::<u64>());
+    let (conn, mut consumer) = rabbit_queue(&exchange).await;
+    let destination = format!("amqp_url = \"amqps://guest:guest@127.0.0.1:{port}/%2f\"\nexchange = \"{exchange}\"");
+    let mut stack = Stack::start(StackOptions { extra_toml: events_toml(&destination, 2), ..StackOptions::default() }).await;
+    put_sale(&stack, "ev-amqps", 5, 900).await;
+    let (orders, paid) = buy_orders(&stack, "ev-amqps", 1).await;
+
+    // The system's roots only: the broker's certificate does not verify,
+    // no AMQP session is opened, and the event goes dead.
+    let dead = first_dead_event(&stack, Instant::now() + Duration::from_secs(30)).await;
+    let id = dead["event_id"].as_str().unwrap().to_owned();
+    let error = dead["last_error"].as_str().unwrap();
+    assert!(error.starts_with("amqp TLS handshake failed:") && error.contains("certificate verify failed"), "{error}");
+    assert!(handshakes.failed() >= 2, "each attempt was refused in the handshake");
+    assert_eq!(handshakes.done(), 0, "no connection reached RabbitMQ");
+    assert_no_secret(&stack, &dead, &["guest:guest"]);
+
+    // The broker's CA in ca_file, but the broker at 127.0.0.1 shows a
+    // certificate for another name: refused, nothing delivered.
+    let ca_file = stack.dir.0.join("broker-ca.pem");
+    write_replacing(&ca_file, &broker_ca.pem());
+    let (at_port, at_elsewhere) = (format!("@127.0.0.1:{port}/"), format!("@127.0.0.1:{elsewhere_port}/"));
+    restart_backend_with(&mut stack, |t| with_ca_file(t.replace(&at_port, &at_elsewhere), Some(&ca_file)));
+    retry_dead_event(&stack, &id).await;
+    let dead = first_dead_event(&stack, Instant::now() + Duration::from_secs(30)).await;
+    assert_eq!((dead["event_id"].as_str(), dead["attempts"].as_i64()), (Some(id.as_str()), Some(2)), "{dead}");
+    let error = dead["last_error"].as_str().unwrap();
+    assert!(error.starts_with("amqp TLS handshake failed:") && error.contains("certificate verify failed"), "{error}");
+    assert!(elsewhere.failed() >= 2, "each attempt was refused in the handshake");
+    assert_eq!(elsewhere.done(), 0, "no connection reached RabbitMQ");
+    assert_no_secret(&stack, &dead, &["guest:guest"]);
+
+    // The broker whose certificate lists 127.0.0.1: the event and the next
+    // one arrive.
+    restart_backend_with(&mut stack, |t| t.replace(&at_elsewhere, &at_port));
+    retry_dead_event(&stack, &id).await;
+    let expected = expected_events(&orders, &paid);
+    let mut bodies: Vec<(String, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bodies.len() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let delivery = tokio::time::timeout(left, consumer.next()).await.expect("both events on the queue in time").unwrap().unwrap();
+        assert_eq!(delivery.properties.delivery_mode(), &Some(2), "persistent");
+        let body = String::from_utf8(delivery.data.clone()).unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        bodies.push((v["id"].as_str().unwrap().to_owned(), body));
+    }
+    assert_eq!(bodies[0].0, id, "the retried event keeps its id");
+    check_events(&bodies, &expected);
+    assert!(handshakes.done() >= 1, "published through the TLS proxy");
+    assert_no_secret(&stack, &json!({}), &["guest:guest"]);
+    drop(stack);
+    if let Ok(channel) = conn.create_channel().await {
+        let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amqps_broker_at_an_ipv6_address_is_reached_there_and_verified_for_that_address() {
+    use futures_util::StreamExt;
+    let broker_ca = TestCa::root("Broker v6 Test Root");
+    // Listening on ::1 only, with a certificate for the IP ::1 only.
+    let (port, handshakes) = amqps_proxy_on("[::1]:0", &broker_ca.leaf("rabbit6.test", &[], &["::1"])).await;
+    let exchange = format!("flashgate.amqps6.{:x}", rand::random::<u64>());
+    let (conn, mut consumer) = rabbit_queue(&exchange).await;
+    let destination = format!("amqp_url = \"amqps://guest:guest@[::1]:{port}/%2f\"\nexchange = \"{exchange}\"");
+    let mut stack = Stack::start(StackOptions { extra_toml: events_toml(&destination, 2), ..StackOptions::default() }).await;
+    let ca_file = stack.dir.0.join("broker-ca.pem");
+    write_replacing(&ca_file, &broker_ca.pem());
+    restart_backend_with(&mut stack, |t| with_ca_file(t, Some(&ca_file)));
+    put_sale(&stack, "ev-amqps6", 5, 900).await;
+    let (orders, paid) = buy_orders(&stack, "ev-amqps6", 1).await;
+
+    let mut bodies: Vec<(String, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bodies.len() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(delivery) = tokio::time::timeout(left, consumer.next()).await else {
+            panic!("both events on the queue in time:\n{}", stack.log("flashgate-backend"));
+        };
+        let body = String::from_utf8(delivery.unwrap().unwrap().data.clone()).unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        bodies.push((v["id"].as_str().unwrap().to_owned(), body));
+    }
+    check_events(&bodies, &expected_events(&orders, &paid));
+    assert!(handshakes.done() >= 1, "published through the proxy on ::1");
+    assert_eq!(handshakes.failed(), 0, "the certificate for ::1 verified");
+    assert_no_secret(&stack, &json!({}), &["guest:guest"]);
     drop(stack);
     if let Ok(channel) = conn.create_channel().await {
         let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;

@@ -11,32 +11,101 @@
 //! message is published `mandatory`: one that no queue is bound for comes
 //! back (acked, but returned) and counts as a failed attempt, so the event
 //! stays in the outbox until the shop binds its queue.
+//!
+//! An `amqps://` URL is reached over TLS (lapin's native-tls: the system's
+//! OpenSSL), the broker's certificate verified against the system's roots
+//! and `events.ca_file` (see [`super::tls`]) for the URL's host: its name,
+//! or its IP address, which the certificate must then list.
+//!
+//! The TCP connect and the TLS handshake are bounded by the send timeout:
+//! lapin runs them on a thread of its own per connection, which a broker
+//! that accepts and then stays silent would otherwise hold (with its
+//! socket) for good, one more per attempt.
 
 use flashgate_common::config::AmqpConfig;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::{AMQPUriTcpExt, OwnedTLSConfig};
 use lapin::types::FieldTable;
+use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
 
+use super::tls::{self, ExtraRoots};
 use crate::store::outbox::{EventType, OutboxEvent};
 
 /// Why an event did not reach the exchange.
 #[derive(Debug, thiserror::Error)]
 pub enum AmqpError {
     #[error("amqp: {0}")]
-    Lapin(#[from] lapin::Error),
+    Lapin(lapin::Error),
+    /// The TLS handshake with the broker failed: OpenSSL's reason.
+    #[error("amqp TLS handshake failed: {0}")]
+    Tls(String),
     #[error("amqp broker refused the message (nack)")]
     Nack,
     #[error("amqp broker did not confirm in time")]
     Timeout,
+    /// The TCP connect and TLS handshake did not finish within the send
+    /// timeout (a broker that accepts and never answers).
+    #[error("amqp connection (TCP connect and TLS handshake) timed out")]
+    ConnectTimeout,
+    /// `events.amqp_url` does not parse (validated at start, so unlikely).
+    #[error("amqp: events.amqp_url is not a valid AMQP URL")]
+    BadUrl,
     #[error("amqp broker returned the message: no queue is bound for it ({code} {text})")]
     Unroutable { code: u16, text: String },
+}
+
+impl From<lapin::Error> for AmqpError {
+    fn from(e: lapin::Error) -> Self {
+        if let Some(reason) = tls::handshake_failure(&e) {
+            return AmqpError::Tls(reason);
+        }
+        if let lapin::ErrorKind::IOError(io) = e.kind() {
+            if io.get_ref().is_some_and(|inner| inner.is::<ConnectTimedOut>()) {
+                return AmqpError::ConnectTimeout;
+            }
+        }
+        AmqpError::Lapin(e)
+    }
+}
+
+/// The marker error of a connect bounded by [`Amqp::channel`].
+#[derive(Debug, thiserror::Error)]
+#[error("connect timed out")]
+struct ConnectTimedOut;
+
+/// `url` as lapin's [`AMQPUri`], with an IP address kept as the host:
+/// lapin's parser takes the host from the URL's domain only and puts
+/// `localhost` in place of an IP address.
+///
+/// # Errors
+/// The URL does not parse.
+fn amqp_uri(url: &str) -> Result<AMQPUri, AmqpError> {
+    let mut uri: AMQPUri = url.parse().map_err(|_| AmqpError::BadUrl)?;
+    let parsed = reqwest::Url::parse(url).map_err(|_| AmqpError::BadUrl)?;
+    let host = parsed.host_str().unwrap_or_default();
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        uri.authority.host = ip.to_string();
+    }
+    Ok(uri)
+}
+
+impl AmqpError {
+    /// Whether the TLS handshake failed (often a configuration mistake:
+    /// a private CA missing from `events.ca_file`).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, AmqpError::Tls(_))
+    }
 }
 
 /// A publisher to the configured exchange; connects on first use and
 /// again after a failure.
 pub struct Amqp {
     config: AmqpConfig,
+    /// For `amqps://`: the extra roots (the system's are always trusted).
+    tls: OwnedTLSConfig,
     link: Mutex<Option<(Connection, Channel)>>,
 }
 
@@ -47,8 +116,11 @@ impl std::fmt::Debug for Amqp {
 }
 
 impl Amqp {
-    pub fn new(config: AmqpConfig) -> Self {
-        Self { config, link: Mutex::new(None) }
+    /// A publisher trusting the system's roots and `extra_roots` (used
+    /// only for an `amqps://` URL).
+    pub fn new(config: AmqpConfig, extra_roots: Option<&ExtraRoots>) -> Self {
+        let tls = OwnedTLSConfig { identity: None, cert_chain: extra_roots.map(|roots| roots.pem().to_owned()) };
+        Self { config, tls, link: Mutex::new(None) }
     }
 
     /// The longest one send takes (the close of a failed connection is
@@ -66,7 +138,7 @@ impl Amqp {
     }
 
     /// A channel in confirm mode on a live connection, made if needed.
-    pub(super) async fn channel(&self) -> Result<Channel, lapin::Error> {
+    pub(super) async fn channel(&self) -> Result<Channel, AmqpError> {
         let mut link = self.link.lock().await;
         if let Some((conn, channel)) = link.as_ref() {
             if conn.status().connected() && channel.status().connected() {
@@ -76,7 +148,7 @@ impl Amqp {
         if let Some((conn, _)) = link.take() {
             self.close_apart(conn, "reconnecting");
         }
-        let conn = Connection::connect(&self.config.url, ConnectionProperties::default()).await?;
+        let conn = self.connect().await?;
         let channel = conn.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         channel
@@ -89,6 +161,26 @@ impl Amqp {
             .await?;
         *link = Some((conn, channel.clone()));
         Ok(channel)
+    }
+
+    /// A connection to the broker. The TCP connect and TLS handshake run
+    /// on lapin's thread for the connection, bounded by three quarters of
+    /// the send timeout (so that it, not the whole send, is what times out
+    /// and is reported), with tokio's timer (lapin's default runtime is
+    /// the backend's tokio runtime, which that thread enters): the thread
+    /// and its socket end with a broker that never answers.
+    async fn connect(&self) -> Result<Connection, AmqpError> {
+        let uri = amqp_uri(&self.config.url)?;
+        let (tls, timeout) = (self.tls.clone(), self.config.timeout * 3 / 4);
+        let runtime = lapin::runtime::default_runtime()?;
+        let connect =
+            async move |uri: AMQPUri, runtime| match tokio::time::timeout(timeout, uri.connect_with_config_async(tls.as_ref(), &runtime))
+                .await
+            {
+                Ok(stream) => Ok(stream?),
+                Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, ConnectTimedOut).into()),
+            };
+        Ok(Connection::connector(uri, runtime, connect, ConnectionProperties::default()).await?)
     }
 
     /// Publishes `event` and waits for the broker's confirm.
@@ -144,5 +236,21 @@ impl Amqp {
             }
             Confirmation::Nack(_) | Confirmation::NotRequested => Err(AmqpError::Nack),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ip_address_in_the_url_is_the_host_connected_to() {
+        let host = |url: &str| amqp_uri(url).unwrap().authority.host;
+        assert_eq!(host("amqps://guest:guest@127.0.0.1:5671/%2f"), "127.0.0.1");
+        assert_eq!(host("amqp://[::1]:5672/%2f"), "::1");
+        assert_eq!(host("amqps://fg:pw@rabbit.example:5671/%2f"), "rabbit.example");
+        let uri = amqp_uri("amqps://fg:p%40ss@10.0.0.7/vh").unwrap();
+        assert_eq!((uri.authority.port, uri.authority.userinfo.password.as_str(), uri.vhost.as_str()), (5671, "p@ss", "vh"));
+        assert!(matches!(amqp_uri("rabbit:5672"), Err(AmqpError::BadUrl)));
     }
 }

@@ -6,6 +6,8 @@
 //! - [`sign`]: the webhook signature and how a shop verifies it.
 //! - [`webhook`]: one signed `POST` per event.
 //! - [`amqp`]: one confirmed, persistent publish per event.
+//! - [`tls`]: the roots a TLS destination is verified against (the
+//!   system's and `events.ca_file`), and telling a failed handshake apart.
 //! - this module: the loop. Each round claims the due events (at most one
 //!   per order: the first one left of it, so event n+1 of an order is
 //!   never sent before n was delivered), sends them to every destination
@@ -19,6 +21,7 @@
 
 pub mod amqp;
 pub mod sign;
+pub mod tls;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -83,8 +86,36 @@ impl EventMetrics {
 /// Why the deliverer cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum EventsError {
-    #[error("cannot build the webhook client: {0}")]
+    #[error(transparent)]
+    CaFile(#[from] tls::CaFileError),
+    #[error("cannot build the webhook client: {}", tls::chain(.0))]
     Client(#[from] reqwest::Error),
+}
+
+/// The configured destinations, built before anything else starts (so a
+/// bad `events.ca_file` stops the backend at once, not once the database
+/// is up); nothing connects until the first delivery.
+#[derive(Clone, Debug)]
+pub struct Destinations {
+    webhook: Option<webhook::Webhook>,
+    amqp: Option<Arc<amqp::Amqp>>,
+}
+
+impl Destinations {
+    /// Reads `events.ca_file` and builds a client per destination.
+    ///
+    /// # Errors
+    /// [`EventsError`]: the CA file cannot be used, or the webhook client
+    /// cannot be built.
+    pub fn new(config: &EventsConfig) -> Result<Self, EventsError> {
+        let roots = tls::extra_roots(config.ca_file.as_deref())?;
+        if let (Some(roots), Some(path)) = (&roots, &config.ca_file) {
+            tracing::info!(ca_file = %path.display(), certificates = roots.len(), "order events: trusting these CA certificates besides the system's");
+        }
+        let webhook = config.webhook.as_ref().map(|c| webhook::Webhook::new(c, roots.as_ref())).transpose()?;
+        let amqp = config.amqp.clone().map(|c| Arc::new(amqp::Amqp::new(c, roots.as_ref())));
+        Ok(Self { webhook, amqp })
+    }
 }
 
 /// Delivers the outbox to the configured destinations.
@@ -99,11 +130,15 @@ pub struct Deliverer {
 
 impl Deliverer {
     /// # Errors
-    /// The webhook client cannot be built.
+    /// See [`Destinations::new`].
     pub fn new(store: Store, config: &EventsConfig, metrics: EventMetrics) -> Result<Self, EventsError> {
-        let webhook = config.webhook.as_ref().map(webhook::Webhook::new).transpose()?;
-        let amqp = config.amqp.clone().map(|c| Arc::new(amqp::Amqp::new(c)));
-        Ok(Self { store, webhook, amqp, config: config.clone(), metrics })
+        Ok(Self::with_destinations(store, Destinations::new(config)?, config, metrics))
+    }
+
+    /// A deliverer to `destinations`, built beforehand from `config`.
+    pub fn with_destinations(store: Store, destinations: Destinations, config: &EventsConfig, metrics: EventMetrics) -> Self {
+        let Destinations { webhook, amqp } = destinations;
+        Self { store, webhook, amqp, config: config.clone(), metrics }
     }
 
     /// One round: claims the due events, sends them, records the outcomes.
@@ -125,10 +160,11 @@ impl Deliverer {
         let lease_ends_ms = claimed_at.saturating_add(lease);
         let concurrency = claimed.max(1);
         let owner = owner.as_str();
+        let warned = &TlsWarnings::default();
         futures_util::stream::iter(events)
             .for_each_concurrent(concurrency, |event| async move {
                 if self.lease_left_for_a_delivery(lease_ends_ms) {
-                    self.deliver(event, owner).await;
+                    self.deliver(event, owner, warned).await;
                 } else {
                     // The claim itself was slow: what is left of the lease
                     // might run out mid-send and let another backend send
@@ -153,7 +189,7 @@ impl Deliverer {
 
     /// Sends one claimed event everywhere it has not gone yet, then deletes
     /// it or records the failure.
-    async fn deliver(&self, event: OutboxEvent, owner: &str) {
+    async fn deliver(&self, event: OutboxEvent, owner: &str, warned: &TlsWarnings) {
         let mut done = event.sinks_done;
         let mut errors: Vec<String> = Vec::new();
         if let Some(webhook) = self.webhook.as_ref().filter(|_| done & SINK_WEBHOOK == 0) {
@@ -164,6 +200,9 @@ impl Deliverer {
                 }
                 Err(e) => {
                     self.metrics.failed_attempts.with_label_values(&["webhook"]).inc();
+                    if e.is_tls() && warned.first(SINK_WEBHOOK) {
+                        tls_failure_warning("webhook", &event, &e);
+                    }
                     errors.push(e.to_string());
                 }
             }
@@ -176,6 +215,9 @@ impl Deliverer {
                 }
                 Err(e) => {
                     self.metrics.failed_attempts.with_label_values(&["amqp"]).inc();
+                    if e.is_tls() && warned.first(SINK_AMQP) {
+                        tls_failure_warning("amqp", &event, &e);
+                    }
                     errors.push(e.to_string());
                 }
             }
@@ -250,6 +292,35 @@ impl Deliverer {
             }
         }
     }
+}
+
+/// The destinations whose failed TLS handshake was logged as a warning
+/// this round (bits of [`OutboxEvent::sinks_done`]): one warning per
+/// destination per round, not one per event, so that a bad `ca_file`
+/// with a full outbox does not flood the log (every failure still counts
+/// in `order_events_failed_attempts_total` and lands in `last_error`).
+#[derive(Default)]
+struct TlsWarnings(std::sync::atomic::AtomicU8);
+
+impl TlsWarnings {
+    /// Whether this is the first TLS failure of `sink` this round.
+    fn first(&self, sink: u8) -> bool {
+        self.0.fetch_or(sink, std::sync::atomic::Ordering::Relaxed) & sink == 0
+    }
+}
+
+/// A failed TLS handshake is logged as a warning (once per destination
+/// per round; other failures only at debug until the event is dead): it
+/// does not heal by itself like a shop that is down, it needs the
+/// operator (a CA missing from `events.ca_file`, a certificate for another
+/// name, or expired).
+fn tls_failure_warning(sink: &'static str, event: &OutboxEvent, error: &dyn std::fmt::Display) {
+    tracing::warn!(
+        sink,
+        event = %event.event_id,
+        %error,
+        "order event not delivered: the TLS handshake with the destination failed (its certificate must verify against the system's roots or events.ca_file); will retry (warned once per destination per delivery round)"
+    );
 }
 
 /// The wait after the `attempts`-th failure: `initial` doubled per earlier

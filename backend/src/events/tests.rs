@@ -238,6 +238,7 @@ fn config(url: &str, max_attempts: u32) -> EventsConfig {
     EventsConfig {
         webhook: Some(WebhookConfig { url: url.to_owned(), secret: SECRET.into(), timeout: Duration::from_secs(5) }),
         amqp: None,
+        ca_file: None,
         max_attempts,
         backoff_initial: Duration::from_millis(10),
         backoff_max: Duration::from_millis(20),
@@ -331,6 +332,147 @@ async fn an_amqp_message_no_queue_takes_is_a_failed_attempt_and_stays_in_the_out
         if let Ok(channel) = amqp.channel().await {
             let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
         }
+    }
+}
+
+/// Log lines written through [`tracing`] on this thread, kept for a test.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_tls_failure_is_warned_once_per_round_and_no_log_or_error_holds_the_urls_credentials() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber =
+        tracing_subscriber::fmt().with_max_level(tracing::Level::DEBUG).with_ansi(false).with_writer(move || writer.clone()).finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let store = Store::connect(&crate::testing::sqlite_url()).await.unwrap().with_order_events(true);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    // A plain HTTP receiver behind an https:// URL: every handshake fails.
+    let plain = receiver(Arc::new(Mutex::new(204)), seen.clone()).await;
+    let url = plain.replace("http://", "https://u:pw@").replace("/hook", "/hook?token=s3cret");
+    let metrics = crate::metrics::Metrics::register();
+    // One attempt each: dead at once, with its error kept.
+    let deliverer = Deliverer::new(store.clone(), &config(&url, 1), metrics.events.clone()).unwrap();
+    for user in ["ann", "bob", "cyd"] {
+        store.insert_orders(&[reservation(&unique("s"), user)]).await.unwrap();
+    }
+
+    assert_eq!(deliverer.deliver_once().await.unwrap(), 3);
+    assert_eq!(metrics.events.failed_attempts.with_label_values(&["webhook"]).get(), 3);
+    let warnings = |text: &str| text.matches("the TLS handshake with the destination failed").count();
+    assert_eq!(warnings(&logs.text()), 1, "one warning for the round's three failures:\n{}", logs.text());
+    let errors: Vec<String> = store.dead_events(10).await.unwrap().into_iter().filter_map(|e| e.last_error).collect();
+    assert_eq!(errors.len(), 3);
+    assert!(errors.iter().all(|e| e.starts_with("webhook TLS handshake failed")), "{errors:?}");
+    let text = logs.text();
+    assert!(text.contains("webhook TLS handshake failed"), "{text}");
+    assert!(seen.lock().unwrap().is_empty(), "nothing was posted");
+    for secret in ["u:pw", "pw@", "s3cret", "token="] {
+        assert!(!text.contains(secret), "`{secret}` in the log:\n{text}");
+        assert!(errors.iter().all(|e| !e.contains(secret)), "`{secret}` in {errors:?}");
+    }
+}
+
+/// Threads of this process now: all of them, and lapin's connection
+/// threads (named `lapin-io-loop`).
+fn threads() -> (usize, usize) {
+    let tasks: Vec<_> = std::fs::read_dir("/proc/self/task").unwrap().map(|t| t.unwrap().path()).collect();
+    let io_loops = tasks.iter().filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("lapin-io-loop"))).count();
+    (tasks.len(), io_loops)
+}
+
+/// Waits (up to 10 s) for lapin's connection threads to end; answers the
+/// threads left.
+async fn io_loops_ended() -> (usize, usize) {
+    for _ in 0..100 {
+        if threads().1 == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    threads()
+}
+
+/// An event of order `o-1`, as the outbox hands it out.
+fn an_event() -> OutboxEvent {
+    OutboxEvent {
+        event_id: "ev-1".into(),
+        order_id: "o-1".into(),
+        seq: 1,
+        kind: EventType::Created,
+        payload: "{}".into(),
+        attempts: 0,
+        sinks_done: 0,
+        created_at_ms: flashgate_common::now_ms(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_never_answers_the_tls_handshake_times_out_and_leaves_no_thread_or_socket() {
+    use tokio::io::AsyncReadExt;
+    // Accepts every connection, keeps it open, and never says a word.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let held = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.lock().await.push(tcp);
+        }
+    });
+    let amqp = amqp::Amqp::new(
+        AmqpConfig {
+            url: format!("amqps://guest:guest@127.0.0.1:{port}/%2f"),
+            timeout: Duration::from_millis(400),
+            exchange: "flashgate.silent".into(),
+            routing_key_created: "order.created".into(),
+            routing_key_paid: "order.paid".into(),
+            routing_key_cancelled: "order.cancelled".into(),
+        },
+        None,
+    );
+    let event = an_event();
+    let err = amqp.send(&event).await.unwrap_err();
+    assert!(matches!(err, amqp::AmqpError::ConnectTimeout), "{err}");
+    assert_eq!(err.to_string(), "amqp connection (TCP connect and TLS handshake) timed out");
+    // The first attempt may start pools that stay; later ones add nothing.
+    let (after_one, io_loops) = io_loops_ended().await;
+    assert_eq!(io_loops, 0, "the connection thread of the attempt ended");
+    for _ in 0..5 {
+        let err = amqp.send(&event).await.unwrap_err();
+        assert!(matches!(err, amqp::AmqpError::ConnectTimeout), "{err}");
+    }
+    let (after_six, io_loops) = io_loops_ended().await;
+    assert_eq!(io_loops, 0, "every attempt's connection thread ended");
+    assert!(after_six <= after_one, "{after_six} threads after 6 attempts, {after_one} after 1");
+
+    // The connects went to 127.0.0.1 (the URL's IP, not `localhost`), and
+    // every socket was closed by the client once its attempt timed out.
+    let mut sockets = std::mem::take(&mut *accepted.lock().await);
+    assert_eq!(sockets.len(), 6, "one connection per attempt");
+    for tcp in &mut sockets {
+        let mut hello = Vec::new();
+        let eof = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut hello)).await;
+        assert!(matches!(eof, Ok(Ok(_))), "the socket is closed: {eof:?}");
+        assert_eq!(hello.first(), Some(&0x16), "a TLS ClientHello was sent first");
     }
 }
 

@@ -4,7 +4,13 @@
 //! `amqp_url` is set. The webhook's signing secret comes from the
 //! environment only (`FLASHGATE_WEBHOOK_SECRET`), required when
 //! `webhook_url` is set.
+//!
+//! Both destinations may be reached over TLS (`https://`, `amqps://`); the
+//! destination's certificate is verified against the system's roots plus
+//! the CA certificates of `ca_file`, which the backend reads at start
+//! (parsing here reads no file).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +27,10 @@ pub struct Events {
     pub send_timeout_ms: u64,
     /// Unset: no AMQP.
     pub amqp_url: Option<String>,
+    /// PEM file of CA certificates trusted, besides the system's roots,
+    /// for an `https://` webhook or an `amqps://` broker: a shop or broker
+    /// with a certificate from a private CA.
+    pub ca_file: Option<String>,
     pub exchange: String,
     pub routing_key_created: String,
     pub routing_key_paid: String,
@@ -39,6 +49,7 @@ impl Default for Events {
             webhook_url: None,
             send_timeout_ms: 10_000,
             amqp_url: None,
+            ca_file: None,
             exchange: "flashgate.orders".into(),
             routing_key_created: "order.created".into(),
             routing_key_paid: "order.paid".into(),
@@ -87,6 +98,10 @@ pub struct AmqpConfig {
 pub struct EventsConfig {
     pub webhook: Option<WebhookConfig>,
     pub amqp: Option<AmqpConfig>,
+    /// CA certificates (PEM) added to the system's roots for the TLS
+    /// destinations; read and checked by the backend at start, so that a
+    /// gateway sharing this file need not have it.
+    pub ca_file: Option<PathBuf>,
     /// Attempts after which an event is dead (kept, listed by the admin
     /// API, retried only by an operator).
     pub max_attempts: u32,
@@ -121,16 +136,15 @@ fn url_ok(url: &str, schemes: &[&str]) -> bool {
 
 pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfig {
     if let Some(url) = &f.webhook_url {
-        // The backend's HTTP client is built without TLS: an https:// URL
-        // would fail on every delivery, so it is refused at start.
-        check.that(
-            url_ok(url, &["http://"]),
-            "events.webhook_url",
-            "must be an http:// URL (no TLS client yet: send through a local TLS proxy)",
-        );
+        // https:// for a shop across a network; http:// for one on the
+        // same host or private network.
+        check.that(url_ok(url, &["https://", "http://"]), "events.webhook_url", "must be an https:// or http:// URL");
     }
     if let Some(url) = &f.amqp_url {
-        check.that(url_ok(url, &["amqp://"]), "events.amqp_url", "must be an amqp:// URL");
+        check.that(url_ok(url, &["amqps://", "amqp://"]), "events.amqp_url", "must be an amqps:// or amqp:// URL");
+    }
+    if let Some(path) = &f.ca_file {
+        check.that(!path.trim().is_empty(), "events.ca_file", "must be the path of a PEM file of CA certificates (or left out)");
     }
     check.between("events.send_timeout_ms", f.send_timeout_ms, 100, 120_000);
     check.that(!f.exchange.is_empty() && f.exchange.len() <= 127, "events.exchange", "must be 1 to 127 characters");
@@ -181,6 +195,7 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
     EventsConfig {
         webhook,
         amqp,
+        ca_file: f.ca_file.filter(|p| !p.trim().is_empty()).map(PathBuf::from),
         max_attempts: f.max_attempts,
         backoff_initial: Duration::from_millis(f.backoff_initial_ms),
         backoff_max: Duration::from_millis(f.backoff_max_ms),
@@ -232,8 +247,8 @@ mod tests {
         let toml = "[events]\nwebhook_url = \"ftp://x\"\namqp_url = \"http://rabbit\"\nmax_attempts = 0\nbackoff_initial_ms = 5000\nbackoff_max_ms = 1000\nlease_ms = 1000\nexchange = \"\"";
         let err = parse(toml, &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)])).unwrap_err();
         for key in [
-            "events.webhook_url: must be an http:// URL",
-            "events.amqp_url: must be an amqp:// URL",
+            "events.webhook_url: must be an https:// or http:// URL",
+            "events.amqp_url: must be an amqps:// or amqp:// URL",
             "events.max_attempts: must be between 1 and 1000",
             "events.backoff_max_ms: must be between 5000 and 86400000",
             "events.lease_ms: must be between 30000 and 3600000",
@@ -251,5 +266,19 @@ mod tests {
         assert_eq!(amqp.exchange, "shop");
         assert_eq!(amqp.routing_key_paid, "orders.paid");
         assert_eq!(amqp.routing_key_created, "order.created");
+    }
+
+    #[test]
+    fn tls_destinations_and_their_ca_file_are_taken() {
+        let toml = "[events]\nwebhook_url = \"https://shop.example/hook\"\namqp_url = \"amqps://fg:pw@rabbit.example:5671/%2f\"\nca_file = \"/etc/flashgate/shop-ca.pem\"";
+        let events = parse(toml, &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)])).unwrap().events;
+        assert_eq!(events.webhook.unwrap().url, "https://shop.example/hook");
+        assert_eq!(events.amqp.unwrap().url, "amqps://fg:pw@rabbit.example:5671/%2f");
+        assert_eq!(events.ca_file, Some(std::path::PathBuf::from("/etc/flashgate/shop-ca.pem")));
+        let plain = parse("[events]\namqp_url = \"amqp://127.0.0.1\"", &Vars(&[])).unwrap().events;
+        assert_eq!(plain.ca_file, None, "no ca_file: the system's roots only");
+        let err = parse("[events]\namqp_url = \"amqps://\"\nca_file = \" \"", &Vars(&[])).unwrap_err();
+        assert!(err.contains("events.amqp_url: must be an amqps:// or amqp:// URL"), "{err}");
+        assert!(err.contains("events.ca_file: must be the path of a PEM file"), "{err}");
     }
 }

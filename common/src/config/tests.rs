@@ -32,6 +32,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "gateway.tls.key_file",
     "events.webhook_url",
     "events.amqp_url",
+    "events.ca_file",
     "gateway.tls.redirect_port",
 ];
 

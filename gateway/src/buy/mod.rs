@@ -13,7 +13,8 @@
 //!         window (not started, ended, paused), unknown sale
 //!           ├─ open ─────► deduct script (one EVALSHA); in a sale's draw
 //!           │              window it enters the draw instead and the buy
-//!           │              is held until the draw decides it (`draw`)
+//!           │              is held until the draw decides it (`draw`;
+//!           │              a sold out it decides is flagged as below)
 //!           │              ─► a win is queued
 //!           │              for the forwarder (and, with redis.wait_replicas,
 //!           │              answered once a shared WAIT says replicas have
@@ -23,6 +24,8 @@
 //!                          remembered outcome (one round trip), else refused
 //! ```
 
+#[cfg(test)]
+mod draw_tests;
 mod outcome;
 #[cfg(test)]
 mod tests;
@@ -114,7 +117,7 @@ impl<C: WallClock> BuyService<C> {
         if !self.challenge.is_on() {
             return Ok(false);
         }
-        if self.sales.is_sold_out(sale_id) {
+        if self.sales.is_sold_out(sale_id) && !self.keyed_buy_asks_the_draw(sale_id, key).await {
             return Ok(true);
         }
         let buy = BuyChallenge {
@@ -156,6 +159,11 @@ impl<C: WallClock> BuyService<C> {
             // user who ever won can have such a key; anyone else's retry is
             // answered here.
             Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
+            // The draw may still hold an undecided entry of this key: its
+            // outcome, not the flag, is the key's one final answer.
+            Some(Rejection::SoldOut) if !unchallenged && self.keyed_buy_asks_the_draw(sale_id, idempotency_key).await => {
+                self.deduct_or_draw(sale_id, user, idempotency_key).await?
+            }
             Some(Rejection::SoldOut) if !self.sales.ever_won(&self.redis, sale_id, user).await => return Err(Rejection::SoldOut),
             Some(rejection) => {
                 remembered(&self.redis, sale_id, user, idempotency_key).await.map_err(|e| self.unavailable(&e))?.ok_or(rejection)?
@@ -222,6 +230,10 @@ impl<C: WallClock> BuyService<C> {
     async fn deduct_or_draw(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
         for _ in 0..2 {
             let rid = reservation_id(sale_id, rand::random());
+            // Before the entry exists: its sold out, decided later and read
+            // later still, flags the sale only if stock did not come back
+            // (a restock, a returned item) in between.
+            let clears = self.sales.clears(sale_id);
             let decision = self.deduct(sale_id, user, idempotency_key, &rid).await?;
             match decision.outcome {
                 DeductOutcome::Entered { entry, closes_in_ms } => {
@@ -231,13 +243,56 @@ impl<C: WallClock> BuyService<C> {
                     let entrant = Entrant { user, rid: (!decision.replayed).then_some(rid.as_str()) };
                     let held =
                         self.draws.outcome(&self.redis, sale_id, entry, Duration::from_millis(closes_in_ms), decision.replayed, entrant);
-                    return Box::pin(held).await.map_err(|e| self.not_settled(&e));
+                    let decided = Box::pin(held).await.map_err(|e| self.not_settled(&e))?;
+                    self.draw_found_sold_out(sale_id, &decided, clears).await;
+                    return Ok(decided);
                 }
                 DeductOutcome::DrawPending => Box::pin(self.draws.settle(&self.redis, sale_id)).await.map_err(|e| self.not_settled(&e))?,
                 _ => return Ok(decision),
             }
         }
         Err(Rejection::Unavailable)
+    }
+
+    /// Whether a keyed buy of a sale flagged sold out must go to Redis
+    /// rather than be answered from the flag: while the sale's opening draw
+    /// may be undecided (its window plus `fairness.settle_ms`), since the
+    /// draw's sold out flags the sale mid-draw. Its key may name an entry
+    /// still undecided (the script joins it and the draw answers it), and
+    /// answering `sold_out` from the flag now would give the key a second
+    /// answer once the draw decides it (say `limit_reached`). After that
+    /// time the flag answers, without Redis. Unsure (the window cannot be
+    /// read): the flag answers, as before the draw.
+    async fn keyed_buy_asks_the_draw(&self, sale_id: &str, idempotency_key: &str) -> bool {
+        if idempotency_key.is_empty() {
+            return false;
+        }
+        let settle_ms = u64::try_from(self.draws.settle_time().as_millis()).unwrap_or(u64::MAX);
+        match self.sales.draw_undecided_until(&self.redis, sale_id, self.draws.window_ms, settle_ms).await {
+            Ok(until) => self.clock.now_ms() < until,
+            Err(error) => {
+                debug!(%error, sale = sale_id, "cannot read the sale's draw window; answered from the sold-out flag");
+                false
+            }
+        }
+    }
+
+    /// A held entrant's outcome: a fresh sold out (a joined entry's
+    /// replayed one tells nothing new) flags the sale as a deduct's does,
+    /// unless the sale was cleared since the entrant entered (`clears`
+    /// taken then). The draw decided it up to `fairness.settle_ms` before
+    /// it was read, and an operator's restock or a returned item clears
+    /// the flag meanwhile: flagging it again would turn every gateway's
+    /// buyers away while Redis has stock.
+    async fn draw_found_sold_out(&self, sale_id: &str, decided: &Decision, clears: u64) {
+        if !decided.found_sold_out() {
+            return;
+        }
+        if self.sales.clears(sale_id) != clears {
+            debug!(sale = sale_id, "draw sold out decided before the sale was cleared; not flagged");
+            return;
+        }
+        self.flag_sold_out(sale_id).await;
     }
 
     fn not_settled(&self, error: &NotSettled) -> Rejection {
@@ -303,15 +358,25 @@ impl<C: WallClock> BuyService<C> {
         let timer = self.metrics.script_duration.start_timer();
         let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
-        if decision.found_sold_out() && !self.sales.is_sold_out(sale_id) {
-            self.sales.found_sold_out(sale_id).await;
-            if let Ok(mut conn) = self.redis.conn().await {
-                if let Err(error) = crate::events::publish(&mut conn, &SaleEvent::SoldOut(sale_id.to_owned())).await {
-                    warn!(%error, sale = sale_id, "could not announce sold out");
-                }
-            }
+        if decision.found_sold_out() {
+            self.flag_sold_out(sale_id).await;
         }
         Ok(decision)
+    }
+
+    /// A sale found out of stock just now (by a deduct or by the draw):
+    /// flagged here, so later buys are answered without Redis, and
+    /// announced once to every other gateway.
+    async fn flag_sold_out(&self, sale_id: &str) {
+        if self.sales.is_sold_out(sale_id) {
+            return;
+        }
+        self.sales.found_sold_out(sale_id).await;
+        if let Ok(mut conn) = self.redis.conn().await {
+            if let Err(error) = crate::events::publish(&mut conn, &SaleEvent::SoldOut(sale_id.to_owned())).await {
+                warn!(%error, sale = sale_id, "could not announce sold out");
+            }
+        }
     }
 
     /// With `redis.wait_replicas` set: returns once that many replicas hold

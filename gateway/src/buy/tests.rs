@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashgate_common::config::RouteLimits;
 use flashgate_common::config::{AuthConfig, DenyConfig, LimitsConfig};
+use flashgate_common::config::{FairnessConfig, RouteLimits};
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::now_ms;
 use http::HeaderMap;
@@ -22,13 +22,13 @@ use crate::testing::RedisServer;
 const SECRET: &[u8] = b"a test secret that is long enough for hs256";
 const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
-struct Fixture {
-    redis: RedisServer,
-    service: BuyService<ManualClock>,
-    clock: ManualClock,
+pub(super) struct Fixture {
+    pub(super) redis: RedisServer,
+    pub(super) service: BuyService<ManualClock>,
+    pub(super) clock: ManualClock,
 }
 
-async fn fixture(deny_users: &[&str]) -> Fixture {
+pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
     let redis = RedisServer::private();
     let limits = LimitsConfig {
         trusted_proxies: vec![],
@@ -63,7 +63,12 @@ async fn fixture(deny_users: &[&str]) -> Fixture {
         orders,
         forwarder,
         replica_wait: None,
-        draws: Arc::new(crate::draw::Draws::new(Default::default(), Duration::from_secs(600), &metrics.registry)),
+        // No draw unless a sale has a window of its own (`draw_sale`).
+        draws: Arc::new(crate::draw::Draws::new(
+            FairnessConfig { window_ms: 0, settle: Duration::from_secs(5) },
+            Duration::from_secs(600),
+            &metrics.registry,
+        )),
         metrics,
         idempotency_ttl: Duration::from_secs(600),
         clock: clock.clone(),
@@ -74,24 +79,33 @@ async fn fixture(deny_users: &[&str]) -> Fixture {
 impl Fixture {
     /// A sale as the backend's preheat leaves it, open from `starts` to `ends`.
     async fn sale(&self, id: &str, stock: i64, starts_at_ms: i64, ends_at_ms: i64) {
+        self.sale_with(id, stock, 1, starts_at_ms, ends_at_ms, None).await;
+    }
+
+    /// An open sale whose own opening draw closes `closes_in` from now.
+    pub(super) async fn draw_sale(&self, id: &str, stock: i64, per_user_limit: i64, closes_in: Duration) {
+        // Started by the fixture's clock (the window is checked on it), its
+        // draw window counted from that start, in Redis time.
+        let starts = self.clock.now_ms() - 1000;
+        let window = now_ms() - starts + closes_in.as_millis() as i64;
+        self.sale_with(id, stock, per_user_limit, starts, now_ms() + 3_600_000, Some(window)).await;
+    }
+
+    async fn sale_with(&self, id: &str, stock: i64, per_user_limit: i64, starts_at_ms: i64, ends_at_ms: i64, draw_window_ms: Option<i64>) {
         let keys = SaleKeys::new(id);
         let mut conn = self.redis.conn().await;
-        let _: () = redis::pipe()
-            .hset_multiple(
-                &keys.meta,
-                &[
-                    ("name", "Sneaker".to_owned()),
-                    ("stock", stock.to_string()),
-                    ("per_user_limit", "1".to_owned()),
-                    ("starts_at_ms", starts_at_ms.to_string()),
-                    ("ends_at_ms", ends_at_ms.to_string()),
-                    ("paused", "0".to_owned()),
-                ],
-            )
-            .set(&keys.remaining, stock)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let mut meta = vec![
+            ("name", "Sneaker".to_owned()),
+            ("stock", stock.to_string()),
+            ("per_user_limit", per_user_limit.to_string()),
+            ("starts_at_ms", starts_at_ms.to_string()),
+            ("ends_at_ms", ends_at_ms.to_string()),
+            ("paused", "0".to_owned()),
+        ];
+        if let Some(w) = draw_window_ms {
+            meta.push(("draw_window_ms", w.to_string()));
+        }
+        let _: () = redis::pipe().hset_multiple(&keys.meta, &meta).set(&keys.remaining, stock).query_async(&mut conn).await.unwrap();
         // Installed by a backend: agreeing with the database on this Redis.
         let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
         let replid = info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned();
@@ -103,11 +117,11 @@ impl Fixture {
         self.sale(id, stock, now - 1000, now + 3_600_000).await;
     }
 
-    async fn buy(&self, sale_id: &str, user: &str, key: &str) -> BuyOutcome {
+    pub(super) async fn buy(&self, sale_id: &str, user: &str, key: &str) -> BuyOutcome {
         self.service.buy(BuyRequest { sale_id, user, idempotency_key: key, request_id: "r", unchallenged: false }).await
     }
 
-    fn local_decisions(&self, decision: &str) -> u64 {
+    pub(super) fn local_decisions(&self, decision: &str) -> u64 {
         self.service.metrics.local_decisions.with_label_values(&[decision]).get()
     }
 }
