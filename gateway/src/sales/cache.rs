@@ -220,8 +220,9 @@ impl SaleCache {
     }
 
     /// Whether `user` ever won in sold-out `sale_id`, so may hold a won
-    /// Idempotency-Key to replay. Read once per sale while it stays flagged
-    /// (`HLEN` then `HVALS` of the reservation index, which keeps a
+    /// Idempotency-Key to replay. Read when the sale is flagged, again at
+    /// most every [`SOLD_OUT_TTL`] while it stays flagged (a failed read is
+    /// not kept) (`HLEN` then `HVALS` of the reservation index, which keeps a
     /// reservation after its item went back; shared by concurrent callers).
     /// Nobody wins in a sold-out sale until items come back, which clears
     /// the flag. Unsure (not flagged, Redis error, too many winners to hold)
