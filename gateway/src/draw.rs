@@ -164,12 +164,6 @@ impl Draws {
         }
     }
 
-    /// `fairness.settle_ms`: how long past its window a draw may take to
-    /// decide every entrant.
-    pub fn settle_time(&self) -> Duration {
-        self.settle
-    }
-
     /// Holds entry `entry` of `sale_id`'s draw (closing `closes_in` from
     /// now) until it is decided, and answers its outcome, `replayed` as
     /// given (a re-send that joined an entry replays it).
@@ -197,13 +191,13 @@ impl Draws {
         let mut backoff = Duration::from_millis(2);
         let mut finished = false;
         // Every pass reads first: past the deadline, a failed read answers
-        // its own error, a read that succeeded leaves only the timeout.
-        let mut last = None;
+        // its own error, a read that succeeded leaves only the timeout, so
+        // no earlier error is kept to answer.
         loop {
             let read = match self.read(redis, &keys, entry).await {
                 Ok(read) => read,
                 Err(e) => {
-                    retry_after(e, deadline, &mut backoff, &mut last).await?;
+                    retry_after(e, deadline, &mut backoff, &mut None).await?;
                     continue;
                 }
             };
@@ -230,7 +224,7 @@ impl Draws {
                 Ok(Run::Done | Run::None) => finished = true,
                 Ok(Run::Open { ms }) => tokio::time::sleep(Duration::from_millis(ms.max(1))).await,
                 Ok(Run::Paused | Run::Fenced) => back_off(deadline, &mut backoff).await,
-                Err(e) => retry_after(e, deadline, &mut backoff, &mut last).await?,
+                Err(e) => retry_after(e, deadline, &mut backoff, &mut None).await?,
             }
         }
     }

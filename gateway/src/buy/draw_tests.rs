@@ -320,21 +320,68 @@ async fn a_draw_sold_out_decided_before_the_sale_was_cleared_does_not_flag_it_ag
 async fn a_keyed_retry_in_a_sale_flagged_mid_draw_gets_its_entrys_outcome_not_the_flag() {
     let f = fixture(&[]).await;
     f.draw_sale("s", 1, 1, Duration::from_millis(300)).await;
-    let held = f.deduct_once("s", "u", "k").await;
-    assert!(entered(&held).is_some(), "{held:?}");
-    // Flagged while the entry is undecided (the draw's sold out of another
-    // entrant, announced by another gateway).
+    for (user, key) in [("u", "k"), ("x", "kx")] {
+        let held = f.deduct_once("s", user, key).await;
+        assert!(entered(&held).is_some(), "{user}: {held:?}");
+    }
+    // The draw decides both entries (its wins before its sold out), and
+    // its sold out flags the sale, as another gateway announces it.
+    f.service.draws.settle(&f.service.redis, "s").await.unwrap();
     f.service.sales.found_sold_out("s").await;
-    // The retry of the held key joins its entry: the draw's one answer
-    // (the only entrant wins the item), not the flag's sold out.
-    let retry = f.buy("s", "u", "k").await;
-    assert!(matches!(retry, BuyOutcome::Replayed { .. }), "{retry:?}");
+    // Each key gets its entry's outcome: the winner's retry replays its
+    // win (not the flag's sold out), the other's is the draw's sold out.
+    let answers = [f.buy("s", "u", "k").await, f.buy("s", "x", "kx").await];
+    let won = answers.iter().filter(|a| matches!(a, BuyOutcome::Replayed { .. })).count();
+    let sold_out = answers.iter().filter(|a| **a == BuyOutcome::Refused(Rejection::SoldOut)).count();
+    assert_eq!((won, sold_out), (1, 1), "{answers:?}");
+    // The winner's fresh key goes to the deduct, which enforces the limit.
+    let again = f.buy("s", "u", "k2").await;
+    let again_x = f.buy("s", "x", "k2").await;
+    assert!(!matches!(again, BuyOutcome::Won { .. } | BuyOutcome::Replayed { .. }), "{again:?}");
+    assert!(!matches!(again_x, BuyOutcome::Won { .. } | BuyOutcome::Replayed { .. }), "{again_x:?}");
 
-    // Past the window plus settle_ms the draw is decided: the flag answers
-    // keyed buys again, with no Redis call once the sale's winners are held.
-    f.clock.advance(Duration::from_secs(10));
+    // A user who never won is answered by the flag, with no Redis call
+    // once the sale's winners are held: whatever the draw still holds of
+    // theirs can only be decided `sold_out`.
     assert_eq!(f.buy("s", "v", "kv").await, BuyOutcome::Refused(Rejection::SoldOut));
     let monitor = f.redis.monitor().await;
     assert_eq!(f.buy("s", "w", "kw").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(monitor.commands().await, Vec::<String>::new(), "answered without Redis");
+}
+
+#[tokio::test]
+async fn a_winners_unknown_key_in_a_sold_out_sale_without_a_draw_gets_the_deducts_own_answer() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 1).await;
+    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
+    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert!(f.service.sales.is_sold_out("s"));
+    // The deduct decides it (never a second item): what it answers a
+    // fresh key of this user, remembered under that key.
+    let expected = match f.deduct_once("s", "winner", "direct").await.outcome {
+        DeductOutcome::SoldOut => Rejection::SoldOut,
+        DeductOutcome::LimitReached => Rejection::LimitReached,
+        other => panic!("a sold-out sale's deduct answered {other:?}"),
+    };
+    assert_eq!(f.buy("s", "winner", "k2").await, BuyOutcome::Refused(expected.clone()));
+    assert_eq!(f.buy("s", "winner", "k2").await, BuyOutcome::Refused(expected), "the key keeps its answer");
+    let remaining: i64 = redis::cmd("GET").arg(&SaleKeys::new("s").remaining).query_async(&mut f.redis.conn().await).await.unwrap();
+    assert_eq!(remaining, 0, "nothing taken beyond the stock");
+}
+
+#[tokio::test]
+async fn a_keyed_buy_of_a_user_who_never_won_in_a_flagged_sale_without_a_draw_costs_no_redis_call_with_a_stale_snapshot() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 1).await;
+    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
+    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert!(f.service.sales.is_sold_out("s"));
+    // The first keyed buy reads the sale's winners (once per flag).
+    assert_eq!(f.buy("s", "v", "kv").await, BuyOutcome::Refused(Rejection::SoldOut));
+    // Past the buy path's snapshot age: nothing about the sale is fresh.
+    tokio::time::sleep(crate::sales::WINDOW_TTL + Duration::from_millis(200)).await;
+    let monitor = f.redis.monitor().await;
+    assert_eq!(f.buy("s", "w", "kw").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(f.buy("s", "v", "kv2").await, BuyOutcome::Refused(Rejection::SoldOut));
     assert_eq!(monitor.commands().await, Vec::<String>::new(), "answered without Redis");
 }

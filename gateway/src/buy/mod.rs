@@ -117,7 +117,7 @@ impl<C: WallClock> BuyService<C> {
         if !self.challenge.is_on() {
             return Ok(false);
         }
-        if self.sales.is_sold_out(sale_id) && !self.keyed_buy_asks_the_draw(sale_id, key).await {
+        if self.sales.is_sold_out(sale_id) {
             return Ok(true);
         }
         let buy = BuyChallenge {
@@ -159,15 +159,20 @@ impl<C: WallClock> BuyService<C> {
             // user who ever won can have such a key; anyone else's retry is
             // answered here.
             Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
-            // The draw may still hold an undecided entry of this key: its
-            // outcome, not the flag, is the key's one final answer.
-            Some(Rejection::SoldOut) if !unchallenged && self.keyed_buy_asks_the_draw(sale_id, idempotency_key).await => {
-                self.deduct_or_draw(sale_id, user, idempotency_key).await?
-            }
             Some(Rejection::SoldOut) if !self.sales.ever_won(&self.redis, sale_id, user).await => return Err(Rejection::SoldOut),
-            Some(rejection) => {
-                remembered(&self.redis, sale_id, user, idempotency_key).await.map_err(|e| self.unavailable(&e))?.ok_or(rejection)?
-            }
+            Some(rejection) => match remembered(&self.redis, sale_id, user, idempotency_key).await.map_err(|e| self.unavailable(&e))? {
+                Some(decision) => decision,
+                // An ever-won user's key Redis does not remember may name a
+                // draw entry still undecided when the draw's sold out
+                // flagged the sale: only a past winner's entry can then be
+                // decided other than `sold_out` (`limit_reached`), so the
+                // deduct answers it (joining the entry, or its own answer:
+                // it enforces the limit atomically). Without the proof of
+                // work (not asked of a flagged sale) it may not reach the
+                // deduct: the flag answers, as before.
+                None if unchallenged || !matches!(rejection, Rejection::SoldOut) => return Err(rejection),
+                None => self.deduct_or_draw(sale_id, user, idempotency_key).await?,
+            },
         };
         debug!(sale = sale_id, user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
         match decision.outcome {
@@ -252,29 +257,6 @@ impl<C: WallClock> BuyService<C> {
             }
         }
         Err(Rejection::Unavailable)
-    }
-
-    /// Whether a keyed buy of a sale flagged sold out must go to Redis
-    /// rather than be answered from the flag: while the sale's opening draw
-    /// may be undecided (its window plus `fairness.settle_ms`), since the
-    /// draw's sold out flags the sale mid-draw. Its key may name an entry
-    /// still undecided (the script joins it and the draw answers it), and
-    /// answering `sold_out` from the flag now would give the key a second
-    /// answer once the draw decides it (say `limit_reached`). After that
-    /// time the flag answers, without Redis. Unsure (the window cannot be
-    /// read): the flag answers, as before the draw.
-    async fn keyed_buy_asks_the_draw(&self, sale_id: &str, idempotency_key: &str) -> bool {
-        if idempotency_key.is_empty() {
-            return false;
-        }
-        let settle_ms = u64::try_from(self.draws.settle_time().as_millis()).unwrap_or(u64::MAX);
-        match self.sales.draw_undecided_until(&self.redis, sale_id, self.draws.window_ms, settle_ms).await {
-            Ok(until) => self.clock.now_ms() < until,
-            Err(error) => {
-                debug!(%error, sale = sale_id, "cannot read the sale's draw window; answered from the sold-out flag");
-                false
-            }
-        }
     }
 
     /// A held entrant's outcome: a fresh sold out (a joined entry's

@@ -112,7 +112,7 @@ impl Fixture {
         let () = redis::cmd("SET").arg(&keys.synced).arg(replid).query_async(&mut conn).await.unwrap();
     }
 
-    async fn open_sale(&self, id: &str, stock: i64) {
+    pub(super) async fn open_sale(&self, id: &str, stock: i64) {
         let now = now_ms();
         self.sale(id, stock, now - 1000, now + 3_600_000).await;
     }

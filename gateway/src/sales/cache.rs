@@ -69,11 +69,6 @@ pub struct SaleCache {
     /// `flags`): a sold out decided before it (the draw's, read later) is
     /// stale and must not flag the sale again.
     cleared: moka::sync::Cache<String, u64>,
-    /// Per sale, until when (ms) its opening draw may be undecided
-    /// (`i64::MIN`: no draw), as read from its window while it is flagged
-    /// sold out: read once per flag, so a flagged sale's keyed buys after
-    /// the draw cost no Redis call.
-    draw_until: moka::sync::Cache<String, i64>,
     /// Winners of a sold-out sale, by sale and flag number.
     winners: moka::future::Cache<(String, u64), Winners>,
 }
@@ -89,7 +84,6 @@ impl SaleCache {
             flags: AtomicU64::new(0),
             missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
             cleared: moka::sync::Cache::builder().max_capacity(MAX_SALES).build(),
-            draw_until: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
             winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
         }
     }
@@ -218,7 +212,6 @@ impl SaleCache {
     /// went back to its stock (so someone may win in it again).
     pub async fn forget(&self, sale_id: &str) {
         self.cleared.insert(sale_id.to_owned(), self.flags.fetch_add(1, Ordering::Relaxed) + 1);
-        self.draw_until.invalidate(sale_id);
         if let Some(flag) = self.sold_out.remove(sale_id) {
             self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
         }
@@ -226,42 +219,10 @@ impl SaleCache {
         self.absent.invalidate(sale_id).await;
     }
 
-    /// Until when (ms, wall clock) `sale_id`'s opening draw may be
-    /// undecided: its start plus its draw window (its own, else
-    /// `default_window_ms`) plus `settle_ms`; `i64::MIN` without a draw.
-    /// Kept per sale for [`SOLD_OUT_TTL`] (cleared with the sale), so it
-    /// costs at most one window read per flag.
-    ///
-    /// # Errors
-    /// When the window cannot be read; nothing is kept then.
-    pub async fn draw_undecided_until(
-        &self,
-        redis: &RedisClient,
-        sale_id: &str,
-        default_window_ms: u64,
-        settle_ms: u64,
-    ) -> Result<i64, Arc<RedisError>> {
-        if let Some(until) = self.draw_until.get(sale_id) {
-            return Ok(until);
-        }
-        let until = match self.window(redis, sale_id).await? {
-            Some(w) => {
-                let window = w.draw_window_ms.unwrap_or(i64::try_from(default_window_ms).unwrap_or(i64::MAX));
-                if window > 0 {
-                    w.starts_at_ms.saturating_add(window).saturating_add(i64::try_from(settle_ms).unwrap_or(i64::MAX))
-                } else {
-                    i64::MIN
-                }
-            }
-            None => i64::MIN,
-        };
-        self.draw_until.insert(sale_id.to_owned(), until);
-        Ok(until)
-    }
-
     /// Whether `user` ever won in sold-out `sale_id`, so may hold a won
-    /// Idempotency-Key to replay. Read once per sale while it stays flagged
-    /// (`HLEN` then `HVALS` of the reservation index, which keeps a
+    /// Idempotency-Key to replay. Read when the sale is flagged, again at
+    /// most every [`SOLD_OUT_TTL`] while it stays flagged (a failed read is
+    /// not kept) (`HLEN` then `HVALS` of the reservation index, which keeps a
     /// reservation after its item went back; shared by concurrent callers).
     /// Nobody wins in a sold-out sale until items come back, which clears
     /// the flag. Unsure (not flagged, Redis error, too many winners to hold)

@@ -20,8 +20,6 @@ pub struct SaleWindow {
     pub starts_at_ms: i64,
     pub ends_at_ms: i64,
     pub paused: bool,
-    /// The sale's own opening draw window (`draw_window_ms`), if it has one.
-    pub draw_window_ms: Option<i64>,
 }
 
 /// Where `now` falls in a sale's window.
@@ -151,7 +149,6 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
         starts_at_ms: int("starts_at_ms")?,
         ends_at_ms: int("ends_at_ms")?,
         paused: meta.get("paused").is_some_and(|p| p == "1"),
-        draw_window_ms: int("draw_window_ms"),
     };
     let spec = (|| {
         Some(SaleSpec {
@@ -161,7 +158,7 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
             per_user_limit: int("per_user_limit")?,
             starts_at_ms: window.starts_at_ms,
             ends_at_ms: window.ends_at_ms,
-            draw_window_ms: window.draw_window_ms,
+            draw_window_ms: int("draw_window_ms"),
         })
     })();
     Some(SaleSnapshot { window, spec, remaining: AtomicI64::new(remaining) })
@@ -196,7 +193,7 @@ mod tests {
 
     #[test]
     fn window_checks_follow_the_scripts_order() {
-        let w = SaleWindow { starts_at_ms: 10_000, ends_at_ms: 20_000, paused: false, draw_window_ms: None };
+        let w = SaleWindow { starts_at_ms: 10_000, ends_at_ms: 20_000, paused: false };
         assert_eq!(w.check(8_500), WindowCheck::NotStarted { wait_secs: 2 });
         assert_eq!(w.check(10_000), WindowCheck::Open);
         assert_eq!(w.check(20_000), WindowCheck::Ended);
