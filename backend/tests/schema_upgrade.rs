@@ -144,6 +144,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             starts_at_ms: 1_700_000_000_000,
             ends_at_ms: 4_102_444_800_000,
             draw_window_ms: None,
+            buckets: 1,
         };
         assert_eq!(store.sale("spring").await.unwrap(), Some(spring.clone()), "{name}");
         assert_eq!(store.sales().await.unwrap().len(), 2, "{name}");

@@ -1,4 +1,5 @@
--- Flashgate buy decision, shared by lua/deduct.lua and lua/draw_run.lua:
+-- Flashgate buy decision, shared by lua/deduct.lua and lua/draw_run.lua
+-- (and its helpers by lua/xfer_out.lua and lua/preheat_bucket.lua):
 -- each of those scripts is this file followed by its own body (see
 -- common/src/scripts.rs), so a buyer of the opening draw is decided by
 -- exactly the rules of a buyer who comes after it.

@@ -43,6 +43,10 @@ pub struct SaleBody {
     /// the sale follows `[fairness] window_ms`.
     #[serde(default)]
     pub draw_window_ms: Option<i64>,
+    /// How many buckets the stock is split over (1 to 64; see
+    /// `flashgate_common::buckets`); left out, 1.
+    #[serde(default = "one")]
+    pub buckets: i64,
 }
 
 fn one() -> i64 {
@@ -80,6 +84,7 @@ pub async fn put(
         starts_at_ms: parse_time("starts_at", &body.starts_at)?,
         ends_at_ms: parse_time("ends_at", &body.ends_at)?,
         draw_window_ms: body.draw_window_ms,
+        buckets: flashgate_common::buckets::validate("buckets", body.buckets).map_err(ApiError::bad_request)?,
     };
     spec.validate().map_err(ApiError::bad_request)?;
     // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).

@@ -159,6 +159,7 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
             starts_at_ms: window.starts_at_ms,
             ends_at_ms: window.ends_at_ms,
             draw_window_ms: int("draw_window_ms"),
+            buckets: int("buckets").and_then(|b| u32::try_from(b).ok()).unwrap_or(1),
         })
     })();
     Some(SaleSnapshot { window, spec, remaining: AtomicI64::new(remaining) })

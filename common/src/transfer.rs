@@ -1,0 +1,296 @@
+//! Items moving between the buckets of a bucketed sale (see
+//! [`crate::buckets`]), and the books that prove none is created or lost.
+//!
+//! A transfer of transfer id `xid` from donor bucket D to bucket K:
+//! 1. [`take`] (`lua/xfer_out.lua` on D): takes a batch out of D's
+//!    `remaining` and records `xid` as open in D's `xfer-out`/`xfer-open`;
+//!    a retry with the same `xid` answers the same batch, nothing more;
+//! 2. [`give`] (`lua/xfer_in.lua` on K): adds the batch to K's `remaining`
+//!    once (`HSETNX` of `xid` in K's `xfer-in`);
+//! 3. [`close`] (`lua/xfer_ack.lua` on D): moves `xid` from open to done.
+//!
+//! Each side is one atomic script in its bucket's slot. A crash between 1
+//! and 2 leaves the transfer open, its items **in transit**; the backend's
+//! transit repair ([`repair`]) completes every open transfer older than
+//! [`REPAIR_AFTER_MS`] with 2 and 3, which are idempotent, so it may race
+//! the gateway that started it or run twice.
+//!
+//! Books ([`books`]): per sale, `Σ remaining + in transit + reserved =
+//! stock`, where in transit counts the open transfers whose target has not
+//! added them yet, and reserved is each bucket's reservations minus those
+//! returned.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Script};
+
+use crate::keys::SaleKeys;
+
+/// An open transfer younger than this is left to the gateway that started
+/// it (it finishes within its deal deadline, well under a second); older,
+/// the backend's transit repair completes it.
+pub const REPAIR_AFTER_MS: i64 = 2_000;
+
+static XFER_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_OUT));
+static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_in.lua")));
+static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_ack.lua")));
+
+/// What the donor side of a transfer answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// This many items left the donor (now in transit).
+    Moved(i64),
+    /// The donor has nothing and no transfer out of it is open.
+    Empty,
+    /// The donor has nothing, but items it gave are on their way to this
+    /// bucket.
+    InTransit { to: u32 },
+    /// The donor bucket is not in Redis.
+    NotFound,
+    /// The donor's Redis failed over since it was installed.
+    Fenced,
+}
+
+/// Step 1: takes at most `most` items (half of what is left, rounded up)
+/// out of bucket `from` for bucket `to`, recorded under `xid`.
+///
+/// # Errors
+/// Redis failed, or answered something the script never returns.
+pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, most: i64) -> RedisResult<Taken> {
+    let d = SaleKeys::bucket(sale_id, from);
+    let reply: Vec<String> = XFER_OUT
+        .key(&d.meta)
+        .key(&d.remaining)
+        .key(&d.xfer_out)
+        .key(&d.xfer_open)
+        .key(&d.synced)
+        .arg(xid)
+        .arg(to)
+        .arg(most)
+        .invoke_async(conn)
+        .await?;
+    let parsed = match reply.as_slice() {
+        [code, n] if code == "moved" => n.parse().ok().map(Taken::Moved),
+        [code, _] if code == "empty" => Some(Taken::Empty),
+        [code, to] if code == "in_transit" => to.parse().ok().map(|to| Taken::InTransit { to }),
+        [code, _] if code == "not_found" => Some(Taken::NotFound),
+        [code, _] if code == "fenced" => Some(Taken::Fenced),
+        _ => None,
+    };
+    parsed.ok_or_else(|| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|"))))
+}
+
+/// Step 2: adds transfer `xid`'s `n` items to bucket `to`, once. `Some(true)`
+/// added now, `Some(false)` added before, `None` the bucket is absent.
+///
+/// # Errors
+/// Redis failed.
+pub async fn give<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, to: u32, xid: &str, n: i64) -> RedisResult<Option<bool>> {
+    let k = SaleKeys::bucket(sale_id, to);
+    let reply: i64 = XFER_IN.key(&k.meta).key(&k.remaining).key(&k.xfer_in).arg(xid).arg(n).invoke_async(conn).await?;
+    Ok(match reply {
+        1 => Some(true),
+        0 => Some(false),
+        _ => None,
+    })
+}
+
+/// Step 3: closes transfer `xid` of donor bucket `from`; `true` if it was
+/// open until now.
+///
+/// # Errors
+/// Redis failed.
+pub async fn close<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, xid: &str) -> RedisResult<bool> {
+    let d = SaleKeys::bucket(sale_id, from);
+    let closed: i64 = XFER_ACK.key(&d.xfer_out).key(&d.xfer_open).arg(xid).invoke_async(conn).await?;
+    Ok(closed == 1)
+}
+
+/// One recorded transfer out of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct Record {
+    pub to: u32,
+    pub n: i64,
+    pub at: i64,
+    pub done: bool,
+}
+
+async fn record<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, xid: &str) -> RedisResult<Option<Record>> {
+    let raw: Option<String> = redis::cmd("HGET").arg(&keys.xfer_out).arg(xid).query_async(conn).await?;
+    Ok(raw.and_then(|r| serde_json::from_str(&r).ok()))
+}
+
+/// Completes every transfer out of any bucket of `sale_id` that is open
+/// and was made before `now_ms - REPAIR_AFTER_MS` (steps 2 and 3); returns
+/// how many it closed. Idempotent, and harmless beside a live gateway.
+///
+/// # Errors
+/// Redis failed; what was done stays done, the next pass does the rest.
+pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, now_ms: i64) -> RedisResult<u64> {
+    let mut closed = 0;
+    for from in 0..buckets {
+        let d = SaleKeys::bucket(sale_id, from);
+        let stale: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&d.xfer_open)
+            .arg("-inf")
+            .arg(now_ms - REPAIR_AFTER_MS)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(100)
+            .query_async(conn)
+            .await?;
+        for xid in stale {
+            let Some(r) = record(conn, &d, &xid).await? else { continue };
+            if give(conn, sale_id, r.to, &xid, r.n).await?.is_none() {
+                tracing::warn!(sale = sale_id, bucket = r.to, transfer = %xid, "transfer target bucket is not in redis; left open");
+                continue;
+            }
+            if close(conn, sale_id, from, &xid).await? {
+                closed += 1;
+                tracing::info!(sale = sale_id, from, to = r.to, items = r.n, transfer = %xid, "transfer in transit completed by repair");
+            }
+        }
+    }
+    Ok(closed)
+}
+
+/// A bucketed sale's books, read bucket by bucket (not one snapshot: read
+/// while nothing moves, or expect a transfer to be seen on both sides or
+/// neither for an instant).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Books {
+    /// Each bucket's `remaining`.
+    pub remaining: Vec<i64>,
+    /// Items of open transfers their target has not added yet.
+    pub in_transit: i64,
+    /// Reservations minus returned ones, over every bucket.
+    pub reserved: i64,
+}
+
+impl Books {
+    /// `Σ remaining + in transit + reserved`: the sale's stock when the
+    /// books balance.
+    pub fn total(&self) -> i64 {
+        self.remaining.iter().sum::<i64>() + self.in_transit + self.reserved
+    }
+}
+
+/// Reads the books of `sale_id` over its `buckets` buckets.
+///
+/// # Errors
+/// Redis failed.
+pub async fn books<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<Books> {
+    let mut out = Books { remaining: Vec::with_capacity(buckets as usize), in_transit: 0, reserved: 0 };
+    for k in 0..buckets {
+        let keys = SaleKeys::bucket(sale_id, k);
+        let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
+        out.remaining.push(remaining.unwrap_or(0));
+        let resv: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
+        let released: i64 = redis::cmd("SCARD").arg(&keys.released).query_async(conn).await?;
+        out.reserved += resv - released;
+        let open: Vec<String> = redis::cmd("ZRANGE").arg(&keys.xfer_open).arg(0).arg(-1).query_async(conn).await?;
+        for xid in open {
+            let Some(r) = record(conn, &keys, &xid).await? else { continue };
+            let added: bool = redis::cmd("HEXISTS").arg(SaleKeys::bucket(sale_id, r.to).xfer_in).arg(&xid).query_async(conn).await?;
+            if !added {
+                out.in_transit += r.n;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What buyers are shown as left: every bucket's `remaining` plus the
+/// items in open transfers (`#open` of each `xfer-out`). Cheaper than
+/// [`books`]; a transfer added but not closed yet counts twice for an
+/// instant.
+///
+/// # Errors
+/// Redis failed.
+pub async fn left<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<i64> {
+    let mut total = 0;
+    for k in 0..buckets {
+        let keys = SaleKeys::bucket(sale_id, k);
+        let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
+        let open: Option<i64> = redis::cmd("HGET").arg(&keys.xfer_out).arg("#open").query_async(conn).await?;
+        total += remaining.unwrap_or(0).max(0) + open.unwrap_or(0).max(0);
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buckets::split_stock;
+
+    /// A bucketed sale of `stock` over `buckets`, installed as the
+    /// backend's preheat does (open, synced).
+    async fn install(conn: &mut redis::aio::MultiplexedConnection, sale: &str, stock: i64, buckets: u32) {
+        let script = Script::new(crate::scripts::PREHEAT_BUCKET);
+        for (k, share) in split_stock(stock, buckets).into_iter().enumerate() {
+            let keys = SaleKeys::bucket(sale, k as u32);
+            let installed: i64 = script
+                .key(&keys.meta)
+                .key(&keys.remaining)
+                .key(&keys.stream)
+                .key(&keys.synced)
+                .arg("n")
+                .arg(share)
+                .arg(1)
+                .arg(0)
+                .arg(i64::MAX / 2)
+                .arg("0")
+                .arg(k)
+                .arg(buckets)
+                .arg(crate::keys::CONSUMER_GROUP)
+                .invoke_async(conn)
+                .await
+                .unwrap();
+            assert_eq!(installed, 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn every_side_of_a_transfer_is_idempotent_on_retries() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 10, 2).await;
+        // Bucket 0 holds 5: half, rounded up, capped at 8, is 3.
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a retry takes nothing more");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 5], 3, 10));
+        assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
+        assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(true));
+        assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(false), "added once");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 8], 0, 10));
+        assert!(close(&mut conn, "s", 0, "x1").await.unwrap());
+        assert!(!close(&mut conn, "s", 0, "x1").await.unwrap(), "closed once");
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a late retry of a closed transfer");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining, b.in_transit, b.total()), (vec![2, 8], 0, 10));
+        assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
+        assert_eq!(give(&mut conn, "s", 7, "x9", 1).await.unwrap(), None, "an absent bucket gains nothing");
+    }
+
+    #[tokio::test]
+    async fn an_empty_donor_points_at_its_items_in_transit_and_repair_delivers_them() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 2, 2).await;
+        // Bucket 1 holds 1: it all goes, and the taker "dies".
+        assert_eq!(take(&mut conn, "s", 1, 0, "x1", 8).await.unwrap(), Taken::Moved(1));
+        assert_eq!(take(&mut conn, "s", 1, 0, "x2", 8).await.unwrap(), Taken::InTransit { to: 0 });
+        assert_eq!(books(&mut conn, "s", 2).await.unwrap().in_transit, 1);
+        // Too young: left to its gateway.
+        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() - 10 * REPAIR_AFTER_MS).await.unwrap(), 0);
+        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 1);
+        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 0, "nothing twice");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining, b.in_transit, b.total()), (vec![2, 0], 0, 2));
+        assert_eq!(take(&mut conn, "s", 1, 0, "x3", 8).await.unwrap(), Taken::Empty);
+        assert_eq!(take(&mut conn, "s", 5, 0, "x4", 8).await.unwrap(), Taken::NotFound);
+    }
+}
