@@ -10,8 +10,12 @@
 //! counts (lost with the last writes of a Redis that failed over) is not
 //! written: its item may be sold to someone else already, and the database
 //! must never hold more orders than the stock.
+//!
+//! A bucketed sale counts a reservation in the `resv` of its user's home
+//! bucket (`flashgate_common::buckets::home_bucket`), where the deduct
+//! that made it ran.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::Reservation;
@@ -51,10 +55,18 @@ pub async fn write_counted<C: ConnectionLike + Send>(store: &Store, conn: &mut C
         return Ok(Written::default());
     }
     let sales: Vec<&str> = batch.iter().map(|r| r.sale_id.as_str()).collect();
+    // A bucketed sale counts a reservation in its user's home bucket.
+    let mut buckets: HashMap<&str, u32> = HashMap::new();
+    for sale in &sales {
+        if !buckets.contains_key(sale) {
+            buckets.insert(sale, store.sale(sale).await?.map_or(1, |s| s.buckets));
+        }
+    }
     let mut write = store.begin_order_write(&sales).await?;
     let mut pipe = redis::pipe();
     for r in batch {
-        pipe.hget(SaleKeys::new(&r.sale_id).reservations, &r.reservation_id);
+        let n = buckets.get(r.sale_id.as_str()).copied().unwrap_or(1);
+        pipe.hget(SaleKeys::home(&r.sale_id, n, &r.user_id).reservations, &r.reservation_id);
     }
     let holders: Vec<Option<String>> = pipe.query_async(conn).await?;
     let mut seen = HashSet::with_capacity(batch.len());

@@ -247,6 +247,16 @@ async fn restore_locked<C: ConnectionLike + Send>(
     };
     switches::restore_switch(conn, store).await?;
     let orders = store.sale_orders(id).await?;
+    if spec.buckets > 1 {
+        // Phase 1 installs a bucketed sale only before it has any order:
+        // rebuilding buckets from orders is not supported yet, and a sale
+        // left absent answers 503, never a wrong count.
+        if !orders.is_empty() {
+            tracing::error!(sale = id, orders = orders.len(), "a bucketed sale with orders cannot be restored into redis yet; left absent");
+            return Ok(Restored::NotNeeded);
+        }
+        crate::buckets::install(conn, &spec).await?;
+    }
     let known: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     // Reservations Redis still has that have no order yet: in flight.
     let surviving: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.reservations).query_async(conn).await?;
@@ -311,6 +321,8 @@ async fn restore_locked<C: ConnectionLike + Send>(
     }
 
     let remaining = spec.stock - sold;
+    // A bucketed sale's items are in its buckets; its own keys sell nothing.
+    let own_remaining = if spec.buckets > 1 { 0 } else { remaining };
     let installed: i64 = INSTALL
         .key(&keys.meta)
         .key(&keys.remaining)
@@ -328,13 +340,14 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .arg(spec.per_user_limit)
         .arg(spec.starts_at_ms)
         .arg(spec.ends_at_ms)
-        .arg(remaining)
+        .arg(own_remaining)
         .arg(CONSUMER_GROUP)
         .arg(token)
         .arg(buyers.len())
         .arg(index.len())
         .arg(cancelled.len())
         .arg(spec.draw_window_ms.map(|w| w.to_string()).unwrap_or_default())
+        .arg(if spec.buckets > 1 { spec.buckets.to_string() } else { String::new() })
         .invoke_async(conn)
         .await?;
     match installed {
@@ -442,6 +455,7 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
     // Sales that got items back this pass: announced once each.
     let mut restocked = HashSet::new();
     let mut missing = HashSet::new();
+    let mut buckets_of: HashMap<String, u32> = HashMap::new();
     let mut cursor = String::new();
     loop {
         let batch = store.unreleased_cancelled(&cursor, RETURN_BATCH).await?;
@@ -453,7 +467,17 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
             if missing.contains(&order.sale_id) {
                 continue;
             }
-            let keys = SaleKeys::new(&order.sale_id);
+            // The item goes back to the bucket that counted the
+            // reservation: the order's home bucket.
+            let buckets = match buckets_of.get(&order.sale_id) {
+                Some(n) => *n,
+                None => {
+                    let n = store.sale(&order.sale_id).await?.map_or(1, |s| s.buckets);
+                    buckets_of.insert(order.sale_id.clone(), n);
+                    n
+                }
+            };
+            let keys = SaleKeys::home(&order.sale_id, buckets, &order.user_id);
             let reply = order_script(&RELEASE, conn, &keys, &order).await?;
             match reply {
                 // The sale is being restored; the restore counts this order
@@ -510,6 +534,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
         match store.sales().await {
             Ok(sales) => {
                 fence.resync_fenced(&mut c, &store, &sales).await;
+                crate::buckets::repair_all(&mut c, &sales).await;
             }
             Err(error) => tracing::warn!(%error, "cannot list the sales to check their fences; will retry"),
         }

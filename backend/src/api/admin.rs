@@ -97,6 +97,9 @@ pub async fn put(
 
     let _one_writer = state.sale_writes.lock().await;
     let previous = state.store.sale(&spec.id).await?;
+    if let Some(old) = &previous {
+        bucket_change(old, &spec)?;
+    }
     let mut write = state.store.begin_sale_write().await?;
     write.upsert(&spec).await?;
     if let Some(t) = body.payment_timeout_seconds {
@@ -147,6 +150,27 @@ pub async fn put(
     let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
     let view = sales::view(&mut redis, &state.store, spec).await?;
     Ok((status, Json(view)).into_response())
+}
+
+/// Refuses what phase 1 of bucketed stock cannot do to a saved sale: a
+/// new bucket count (the items would have to be re-split), or a new stock
+/// for a bucketed sale (it would have to be spread over the buckets).
+fn bucket_change(old: &SaleSpec, new: &SaleSpec) -> Result<(), ApiError> {
+    if old.buckets != new.buckets {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "buckets_fixed",
+            format!("buckets: a saved sale keeps its bucket count ({}); changing it is not supported yet", old.buckets),
+        ));
+    }
+    if new.buckets > 1 && old.stock != new.stock {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "bucketed_stock",
+            format!("stock: the stock of a bucketed sale (buckets = {}) cannot change yet; it stays {}", new.buckets, old.stock),
+        ));
+    }
+    Ok(())
 }
 
 /// `GET /admin/sales/{id}`.
@@ -216,7 +240,14 @@ pub async fn retry_dead_letter(
 /// the report (what was repaired, the drift left).
 pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    if spec.buckets > 1 {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "bucketed_sale",
+            "reconciliation of a bucketed sale (buckets > 1) is not supported yet",
+        ));
+    }
     match crate::reconcile::reconcile_sale(&mut state.redis.clone(), &state.store, &id).await? {
         Some(report) => {
             if report.settled {

@@ -635,6 +635,7 @@ fn bind_sale<'q>(query: AnyQuery<'q>, spec: &SaleSpec, now: i64) -> AnyQuery<'q>
         .bind(spec.ends_at_ms)
         .bind(now)
         .bind(spec.draw_window_ms)
+        .bind(i64::from(spec.buckets))
 }
 
 fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
@@ -646,6 +647,9 @@ fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
         starts_at_ms: row.try_get("starts_at_ms")?,
         ends_at_ms: row.try_get("ends_at_ms")?,
         draw_window_ms: row.try_get("draw_window_ms")?,
+        // 1 to 64 by the validation of every writer; anything else read
+        // back is treated as one bucket, the layout that needs nothing.
+        buckets: u32::try_from(row.try_get::<i64, _>("buckets")?).ok().filter(|b| (1..=64).contains(b)).unwrap_or(1),
     })
 }
 

@@ -1,0 +1,164 @@
+//! A buy in a bucketed sale (`flashgate_common::buckets`): the deduct runs
+//! on the buyer's home bucket; when that bucket answers a fresh `sold_out`
+//! while other buckets may hold items, items are moved into it
+//! (`flashgate_common::transfer`) and the deduct runs again, so a dry
+//! bucket never makes a buyer hear `sold_out` while the sale has stock.
+//!
+//! ```text
+//! deduct on home K ── won / refused ─────────────────────────► answer
+//!        └─ sold_out: flag K empty (announced), then until the deadline:
+//!           donor D = a bucket not flagged empty here (random start)
+//!           take on D ── moved t ──► give t to K, close on D, clear
+//!                 │                   K's flag (announced), deduct on K
+//!                 │                   again: won or refused ─► answer
+//!                 ├─ empty ─────────► flag D empty (announced), next D
+//!                 ├─ in transit to X ► X next (K: wait a moment, deduct)
+//!                 └─ fenced / absent ► next D
+//!           no donor left, or the deadline passed ──► sold_out
+//! ```
+//!
+//! The wait is bounded by [`REFILL_DEADLINE_TIMEOUTS`] Redis timeouts
+//! (`redis.timeout_ms`) after the first deduct, each call itself cut at the
+//! timeout. The sale is answered sold out locally only once every bucket is
+//! flagged empty.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use flashgate_common::buckets::home_bucket;
+use flashgate_common::keys::SaleEvent;
+use flashgate_common::transfer::{self, Taken};
+use tracing::warn;
+
+use super::BuyService;
+use crate::clock::WallClock;
+use crate::deduct::Decision;
+use crate::redis_client::RedisError;
+use crate::rejection::Rejection;
+
+/// Most items one transfer moves: half of what the donor holds, rounded
+/// up, at most this. A batch serves the next buyers of the receiving
+/// bucket without a transfer each, while a small cap keeps one busy bucket
+/// from draining the others.
+pub const TRANSFER_BATCH_MAX: i64 = 8;
+
+/// How long a buyer whose home bucket ran dry may wait for items from the
+/// other buckets, in Redis timeouts (`redis.timeout_ms`, 300 ms by
+/// default: 1.2 s).
+pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
+
+/// How long a buyer waits when items are already on their way into their
+/// own bucket (another gateway's transfer, between its two sides).
+const IN_TRANSIT_PAUSE: Duration = Duration::from_millis(20);
+
+impl<C: WallClock> BuyService<C> {
+    /// The deduct of a bucketed sale, with transfers into the buyer's home
+    /// bucket when it ran dry (see the module doc).
+    pub(super) async fn deduct_in_buckets(
+        &self,
+        sale_id: &str,
+        buckets: u32,
+        user: &str,
+        idempotency_key: &str,
+        rid: &str,
+    ) -> Result<Decision, Rejection> {
+        let home = home_bucket(user, buckets);
+        let mut decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+        if !decision.found_sold_out() {
+            return Ok(decision);
+        }
+        self.flag_empty(sale_id, home, buckets).await;
+        let deadline = Instant::now() + self.redis.config().timeout * REFILL_DEADLINE_TIMEOUTS;
+        let start = rand::random::<u32>() % buckets;
+        let mut tried: HashSet<u32> = HashSet::from([home]);
+        let mut next: Option<u32> = None;
+        while Instant::now() < deadline {
+            let donor = next.take().filter(|d| !tried.contains(d)).or_else(|| {
+                (0..buckets).map(|i| (start + i) % buckets).find(|d| !tried.contains(d) && !self.sales.bucket_empty(sale_id, *d))
+            });
+            let Some(donor) = donor else { break };
+            tried.insert(donor);
+            let xid = format!("{:016x}", rand::random::<u64>());
+            match self.take(sale_id, donor, home, &xid).await? {
+                Taken::Moved(n) => {
+                    self.metrics.bucket_transfers.with_label_values(&["moved"]).inc();
+                    self.deliver(sale_id, donor, home, &xid, n).await?;
+                    decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+                    if !decision.found_sold_out() {
+                        return Ok(decision);
+                    }
+                    // Others of this bucket took the batch first: the donor
+                    // kept half of what it had, ask it again.
+                    tried.remove(&donor);
+                }
+                Taken::Empty => {
+                    self.metrics.bucket_transfers.with_label_values(&["empty"]).inc();
+                    self.flag_empty(sale_id, donor, buckets).await;
+                }
+                Taken::InTransit { to } if to == home => {
+                    self.metrics.bucket_transfers.with_label_values(&["in_transit"]).inc();
+                    tokio::time::sleep(IN_TRANSIT_PAUSE).await;
+                    decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+                    if !decision.found_sold_out() {
+                        return Ok(decision);
+                    }
+                }
+                Taken::InTransit { to } => {
+                    self.metrics.bucket_transfers.with_label_values(&["in_transit"]).inc();
+                    next = Some(to);
+                }
+                Taken::NotFound | Taken::Fenced => {
+                    self.metrics.bucket_transfers.with_label_values(&["unavailable"]).inc();
+                }
+            }
+        }
+        Ok(decision)
+    }
+
+    /// Step 1 of a transfer, on the donor.
+    async fn take(&self, sale_id: &str, donor: u32, home: u32, xid: &str) -> Result<Taken, Rejection> {
+        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
+        self.redis
+            .bounded(transfer::take(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX))
+            .await
+            .map_err(|e| self.unavailable(&e))?
+            .map_err(|e| self.unavailable(&RedisError::from(e)))
+    }
+
+    /// Steps 2 and 3: the items into `home`, then the transfer closed on
+    /// the donor; `home` is no longer empty, here and on every gateway. A
+    /// failure leaves the transfer open: the backend's transit repair
+    /// completes it (`flashgate_common::transfer::repair`).
+    async fn deliver(&self, sale_id: &str, donor: u32, home: u32, xid: &str, n: i64) -> Result<(), Rejection> {
+        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
+        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, home, xid, n)).await.map_err(|e| self.unavailable(&e))?;
+        if given.map_err(|e| self.unavailable(&RedisError::from(e)))?.is_none() {
+            // The home bucket is gone (its Redis lost it): left open.
+            return Err(Rejection::Unavailable);
+        }
+        let closed = self.redis.bounded(transfer::close(&mut conn, sale_id, donor, xid)).await;
+        if !matches!(closed, Ok(Ok(_))) {
+            warn!(sale = sale_id, donor, transfer = xid, "cannot close a delivered transfer; the backend's repair will");
+        }
+        self.sales.bucket_stocked(sale_id, home).await;
+        self.announce(&SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: home }).await;
+        Ok(())
+    }
+
+    /// Flags a bucket empty here and on every gateway.
+    async fn flag_empty(&self, sale_id: &str, bucket: u32, buckets: u32) {
+        if self.sales.bucket_empty(sale_id, bucket) {
+            return;
+        }
+        self.sales.mark_bucket_empty(sale_id, bucket, buckets);
+        self.announce(&SaleEvent::BucketSoldOut { sale: sale_id.to_owned(), bucket }).await;
+    }
+
+    async fn announce(&self, event: &SaleEvent) {
+        if let Ok(mut conn) = self.redis.conn().await {
+            if let Err(error) = crate::events::publish(&mut conn, event).await {
+                warn!(%error, event = event.encode(), "could not announce a bucket event");
+            }
+        }
+    }
+}
