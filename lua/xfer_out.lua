@@ -14,8 +14,11 @@
 --                 retry with the same transfer id answers the same count
 --                 and takes nothing more
 --   "empty"       ""  nothing left and no transfer out of D open
---   "in_transit"  target bucket of an open transfer out of D: D has
---                 nothing left, but items are on their way there
+--   "in_transit"  target bucket of the oldest open transfer out of D, and
+--                 two more elements: its transfer id and its items. D has
+--                 nothing left, but items are on their way there; any
+--                 caller may complete that transfer (lua/xfer_in.lua, then
+--                 lua/xfer_ack.lua: both idempotent)
 --   "not_found"   ""  the bucket is not in Redis
 --   "fenced"      ""  the bucket's Redis became a master since it was
 --                 installed: its count may lack the last writes, so
@@ -37,7 +40,8 @@ if left <= 0 then
   if open[1] then
     local r = redis.call('HGET', KEYS[3], open[1])
     if r then
-      return {'in_transit', tostring(cjson.decode(r).to)}
+      local d = cjson.decode(r)
+      return {'in_transit', tostring(d.to), open[1], tostring(d.n)}
     end
   end
   return {'empty', ''}

@@ -37,15 +37,16 @@ static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("..
 static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_ack.lua")));
 
 /// What the donor side of a transfer answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Taken {
     /// This many items left the donor (now in transit).
     Moved(i64),
     /// The donor has nothing and no transfer out of it is open.
     Empty,
-    /// The donor has nothing, but items it gave are on their way to this
-    /// bucket.
-    InTransit { to: u32 },
+    /// The donor has nothing, but items it gave are on their way to bucket
+    /// `to`: transfer `xid` of `n` items, which the caller may complete
+    /// ([`complete`]).
+    InTransit { to: u32, xid: String, n: i64 },
     /// The donor bucket is not in Redis.
     NotFound,
     /// The donor's Redis failed over since it was installed.
@@ -73,7 +74,10 @@ pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u
     let parsed = match reply.as_slice() {
         [code, n] if code == "moved" => n.parse().ok().map(Taken::Moved),
         [code, _] if code == "empty" => Some(Taken::Empty),
-        [code, to] if code == "in_transit" => to.parse().ok().map(|to| Taken::InTransit { to }),
+        [code, to, xid, n] if code == "in_transit" => match (to.parse(), n.parse()) {
+            (Ok(to), Ok(n)) => Some(Taken::InTransit { to, xid: xid.clone(), n }),
+            _ => None,
+        },
         [code, _] if code == "not_found" => Some(Taken::NotFound),
         [code, _] if code == "fenced" => Some(Taken::Fenced),
         _ => None,
@@ -105,6 +109,22 @@ pub async fn close<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: 
     let d = SaleKeys::bucket(sale_id, from);
     let closed: i64 = XFER_ACK.key(&d.xfer_out).key(&d.xfer_open).arg(xid).invoke_async(conn).await?;
     Ok(closed == 1)
+}
+
+/// Steps 2 and 3 of transfer `xid` of `n` items from `from` to `to`:
+/// what the gateway that took the items does next, and what anyone who
+/// finds the transfer open may do (both steps are idempotent). `false`
+/// when the target bucket is absent (the transfer stays open).
+///
+/// # Errors
+/// Redis failed; the transfer stays open, or added but not closed (a
+/// later call closes it).
+pub async fn complete<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, n: i64) -> RedisResult<bool> {
+    if give(conn, sale_id, to, xid, n).await?.is_none() {
+        return Ok(false);
+    }
+    close(conn, sale_id, from, xid).await?;
+    Ok(true)
 }
 
 /// One recorded transfer out of a bucket.
@@ -201,6 +221,56 @@ pub async fn books<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, bucket
     Ok(out)
 }
 
+/// One bucket's ledger, read atomically (one `MULTI` in its slot): what
+/// it was given at preheat (`stock`), what it holds, what it reserved,
+/// and every transfer out of it and into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ledger {
+    pub stock: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+    /// Items of every transfer out of the bucket, open or done.
+    pub sent: i64,
+    /// Items of every transfer into the bucket.
+    pub received: i64,
+}
+
+impl Ledger {
+    /// Whether the bucket's own books balance: `remaining + reserved +
+    /// sent - received = stock`. True at every instant (each change to a
+    /// bucket is one script in its slot), so it can be checked while the
+    /// sale sells, unlike the sale-wide [`books`].
+    pub fn balances(&self) -> bool {
+        self.remaining + self.reserved + self.sent - self.received == self.stock
+    }
+}
+
+/// Reads bucket `k` of `sale_id`'s [`Ledger`] in one transaction.
+///
+/// # Errors
+/// Redis failed.
+pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<Ledger> {
+    let keys = SaleKeys::bucket(sale_id, k);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .hget(&keys.meta, "stock")
+        .get(&keys.remaining)
+        .hlen(&keys.reservations)
+        .scard(&keys.released)
+        .hgetall(&keys.xfer_out)
+        .hvals(&keys.xfer_in);
+    type Read = (Option<i64>, Option<i64>, i64, i64, std::collections::HashMap<String, String>, Vec<i64>);
+    let (stock, remaining, resv, released, out, into): Read = pipe.query_async(conn).await?;
+    let sent = out.iter().filter(|(xid, _)| !xid.starts_with('#')).filter_map(|(_, r)| serde_json::from_str::<Record>(r).ok()).map(|r| r.n).sum();
+    Ok(Ledger {
+        stock: stock.unwrap_or(0),
+        remaining: remaining.unwrap_or(0),
+        reserved: resv - released,
+        sent,
+        received: into.iter().sum(),
+    })
+}
+
 /// What buyers are shown as left: every bucket's `remaining` plus the
 /// items in open transfers (`#open` of each `xfer-out`). Cheaper than
 /// [`books`]; a transfer added but not closed yet counts twice for an
@@ -261,6 +331,9 @@ mod tests {
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a retry takes nothing more");
         let b = books(&mut conn, "s", 2).await.unwrap();
         assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 5], 3, 10));
+        for k in 0..2 {
+            assert!(ledger(&mut conn, "s", k).await.unwrap().balances(), "bucket {k} while in transit");
+        }
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
         assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(true));
         assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(false), "added once");
@@ -271,6 +344,9 @@ mod tests {
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a late retry of a closed transfer");
         let b = books(&mut conn, "s", 2).await.unwrap();
         assert_eq!((b.remaining, b.in_transit, b.total()), (vec![2, 8], 0, 10));
+        let (d, k) = (ledger(&mut conn, "s", 0).await.unwrap(), ledger(&mut conn, "s", 1).await.unwrap());
+        assert!(d.balances() && k.balances(), "{d:?} {k:?}");
+        assert_eq!((d.sent, k.received), (3, 3));
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
         assert_eq!(give(&mut conn, "s", 7, "x9", 1).await.unwrap(), None, "an absent bucket gains nothing");
     }
@@ -282,7 +358,7 @@ mod tests {
         install(&mut conn, "s", 2, 2).await;
         // Bucket 1 holds 1: it all goes, and the taker "dies".
         assert_eq!(take(&mut conn, "s", 1, 0, "x1", 8).await.unwrap(), Taken::Moved(1));
-        assert_eq!(take(&mut conn, "s", 1, 0, "x2", 8).await.unwrap(), Taken::InTransit { to: 0 });
+        assert_eq!(take(&mut conn, "s", 1, 0, "x2", 8).await.unwrap(), Taken::InTransit { to: 0, xid: "x1".into(), n: 1 });
         assert_eq!(books(&mut conn, "s", 2).await.unwrap().in_transit, 1);
         // Too young: left to its gateway.
         assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() - 10 * REPAIR_AFTER_MS).await.unwrap(), 0);

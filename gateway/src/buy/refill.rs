@@ -7,12 +7,15 @@
 //! ```text
 //! deduct on home K ── won / refused ─────────────────────────► answer
 //!        └─ sold_out: flag K empty (announced), then until the deadline:
-//!           donor D = a bucket not flagged empty here (random start)
+//!           donor D = K itself first (its own items may be in transit),
+//!           then a bucket not flagged empty here (random start)
 //!           take on D ── moved t ──► give t to K, close on D, clear
 //!                 │                   K's flag (announced), deduct on K
 //!                 │                   again: won or refused ─► answer
 //!                 ├─ empty ─────────► flag D empty (announced), next D
-//!                 ├─ in transit to X ► X next (K: wait a moment, deduct)
+//!                 ├─ in transit to X ► complete that transfer (give to X,
+//!                 │                   close on D); X = K: deduct on K
+//!                 │                   again, else X is the next donor
 //!                 └─ fenced / absent ► next D
 //!           no donor left, or the deadline passed ──► sold_out
 //! ```
@@ -23,7 +26,7 @@
 //! flagged empty.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use flashgate_common::buckets::home_bucket;
 use flashgate_common::keys::SaleEvent;
@@ -47,10 +50,6 @@ pub const TRANSFER_BATCH_MAX: i64 = 8;
 /// default: 1.2 s).
 pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
 
-/// How long a buyer waits when items are already on their way into their
-/// own bucket (another gateway's transfer, between its two sides).
-const IN_TRANSIT_PAUSE: Duration = Duration::from_millis(20);
-
 impl<C: WallClock> BuyService<C> {
     /// The deduct of a bucketed sale, with transfers into the buyer's home
     /// bucket when it ran dry (see the module doc).
@@ -70,8 +69,9 @@ impl<C: WallClock> BuyService<C> {
         self.flag_empty(sale_id, home, buckets).await;
         let deadline = Instant::now() + self.redis.config().timeout * REFILL_DEADLINE_TIMEOUTS;
         let start = rand::random::<u32>() % buckets;
-        let mut tried: HashSet<u32> = HashSet::from([home]);
-        let mut next: Option<u32> = None;
+        // The home bucket first: its own items may be in transit elsewhere.
+        let mut next: Option<u32> = Some(home);
+        let mut tried: HashSet<u32> = HashSet::new();
         while Instant::now() < deadline {
             let donor = next.take().filter(|d| !tried.contains(d)).or_else(|| {
                 (0..buckets).map(|i| (start + i) % buckets).find(|d| !tried.contains(d) && !self.sales.bucket_empty(sale_id, *d))
@@ -89,23 +89,30 @@ impl<C: WallClock> BuyService<C> {
                     }
                     // Others of this bucket took the batch first: the donor
                     // kept half of what it had, ask it again.
+                    self.flag_empty(sale_id, home, buckets).await;
                     tried.remove(&donor);
                 }
                 Taken::Empty => {
                     self.metrics.bucket_transfers.with_label_values(&["empty"]).inc();
                     self.flag_empty(sale_id, donor, buckets).await;
                 }
-                Taken::InTransit { to } if to == home => {
+                Taken::InTransit { to, xid, n } => {
+                    // Items on their way (a gateway between the two sides of
+                    // a transfer, or one that died there): completed here,
+                    // which is harmless if their taker completes it too.
                     self.metrics.bucket_transfers.with_label_values(&["in_transit"]).inc();
-                    tokio::time::sleep(IN_TRANSIT_PAUSE).await;
-                    decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
-                    if !decision.found_sold_out() {
-                        return Ok(decision);
+                    self.deliver(sale_id, donor, to, &xid, n).await?;
+                    tried.remove(&donor);
+                    if to == home {
+                        decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+                        if !decision.found_sold_out() {
+                            return Ok(decision);
+                        }
+                        self.flag_empty(sale_id, home, buckets).await;
+                    } else {
+                        tried.remove(&to);
+                        next = Some(to);
                     }
-                }
-                Taken::InTransit { to } => {
-                    self.metrics.bucket_transfers.with_label_values(&["in_transit"]).inc();
-                    next = Some(to);
                 }
                 Taken::NotFound | Taken::Fenced => {
                     self.metrics.bucket_transfers.with_label_values(&["unavailable"]).inc();
@@ -125,13 +132,13 @@ impl<C: WallClock> BuyService<C> {
             .map_err(|e| self.unavailable(&RedisError::from(e)))
     }
 
-    /// Steps 2 and 3: the items into `home`, then the transfer closed on
-    /// the donor; `home` is no longer empty, here and on every gateway. A
+    /// Steps 2 and 3: the items into `to`, then the transfer closed on
+    /// the donor; `to` is no longer empty, here and on every gateway. A
     /// failure leaves the transfer open: the backend's transit repair
     /// completes it (`flashgate_common::transfer::repair`).
-    async fn deliver(&self, sale_id: &str, donor: u32, home: u32, xid: &str, n: i64) -> Result<(), Rejection> {
+    async fn deliver(&self, sale_id: &str, donor: u32, to: u32, xid: &str, n: i64) -> Result<(), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
-        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, home, xid, n)).await.map_err(|e| self.unavailable(&e))?;
+        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, to, xid, n)).await.map_err(|e| self.unavailable(&e))?;
         if given.map_err(|e| self.unavailable(&RedisError::from(e)))?.is_none() {
             // The home bucket is gone (its Redis lost it): left open.
             return Err(Rejection::Unavailable);
@@ -140,8 +147,8 @@ impl<C: WallClock> BuyService<C> {
         if !matches!(closed, Ok(Ok(_))) {
             warn!(sale = sale_id, donor, transfer = xid, "cannot close a delivered transfer; the backend's repair will");
         }
-        self.sales.bucket_stocked(sale_id, home).await;
-        self.announce(&SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: home }).await;
+        self.sales.bucket_stocked(sale_id, to).await;
+        self.announce(&SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: to }).await;
         Ok(())
     }
 
