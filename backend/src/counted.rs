@@ -57,7 +57,7 @@ pub async fn write_counted<C: ConnectionLike + Send>(store: &Store, conn: &mut C
     let sales: Vec<&str> = batch.iter().map(|r| r.sale_id.as_str()).collect();
     // A bucketed sale counts a reservation in its user's home bucket.
     let mut buckets: HashMap<&str, u32> = HashMap::new();
-    for sale in &sales {
+    for sale in sales.iter().copied() {
         if !buckets.contains_key(sale) {
             buckets.insert(sale, store.sale(sale).await?.map_or(1, |s| s.buckets));
         }

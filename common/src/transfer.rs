@@ -343,7 +343,7 @@ mod tests {
         assert!(!close(&mut conn, "s", 0, "x1").await.unwrap(), "closed once");
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a late retry of a closed transfer");
         let b = books(&mut conn, "s", 2).await.unwrap();
-        assert_eq!((b.remaining, b.in_transit, b.total()), (vec![2, 8], 0, 10));
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 8], 0, 10));
         let (d, k) = (ledger(&mut conn, "s", 0).await.unwrap(), ledger(&mut conn, "s", 1).await.unwrap());
         assert!(d.balances() && k.balances(), "{d:?} {k:?}");
         assert_eq!((d.sent, k.received), (3, 3));
@@ -365,7 +365,7 @@ mod tests {
         assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 1);
         assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 0, "nothing twice");
         let b = books(&mut conn, "s", 2).await.unwrap();
-        assert_eq!((b.remaining, b.in_transit, b.total()), (vec![2, 0], 0, 2));
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 0], 0, 2));
         assert_eq!(take(&mut conn, "s", 1, 0, "x3", 8).await.unwrap(), Taken::Empty);
         assert_eq!(take(&mut conn, "s", 5, 0, "x4", 8).await.unwrap(), Taken::NotFound);
     }
