@@ -190,7 +190,7 @@ async fn a_transfer_cut_between_its_two_sides_stays_in_the_books_and_is_delivere
         assert!(Instant::now() < deadline, "the transfer was never delivered: {books:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!((books.remaining, books.total()), (vec![1, 5], 6), "delivered once: nothing created or lost");
+    assert_eq!((books.remaining.clone(), books.total()), (vec![1, 5], 6), "delivered once: nothing created or lost");
 
     // Another dies the same way, out of bucket 1 into bucket 0, and both
     // buckets then sell dry: only items in transit are left.
