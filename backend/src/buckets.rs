@@ -79,7 +79,12 @@ pub async fn in_redis<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Resul
 ///
 /// # Errors
 /// Redis failed; the restore loop's next pass copies the pause again.
-pub async fn copy_fields<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32, fields: &[(&str, String)]) -> Result<(), RedisError> {
+pub async fn copy_fields<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+    fields: &[(&str, String)],
+) -> Result<(), RedisError> {
     for k in 0..buckets {
         let mut call = BUCKET_META.key(SaleKeys::bucket(id, k).meta);
         for (field, value) in fields {

@@ -379,7 +379,8 @@ mod event_tests {
         let e = SaleEvent::BucketStocked { sale: "s".into(), bucket: 63 };
         assert_eq!(e.encode(), "stocked:s:b63");
         assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
-        for bad in ["sold_out:s:b", "sold_out:s:b64", "sold_out:s:b03", "sold_out:s:bx", "sold_out::b1", "changed:s:b1", "sold_out:a b:b1"] {
+        for bad in ["sold_out:s:b", "sold_out:s:b64", "sold_out:s:b03", "sold_out:s:bx", "sold_out::b1", "changed:s:b1", "sold_out:a b:b1"]
+        {
             assert_eq!(SaleEvent::decode(bad), None, "{bad}");
         }
         assert_eq!(SaleEvent::decode("bogus:s"), None);

@@ -261,7 +261,8 @@ pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u3
         .hvals(&keys.xfer_in);
     type Read = (Option<i64>, Option<i64>, i64, i64, std::collections::HashMap<String, String>, Vec<i64>);
     let (stock, remaining, resv, released, out, into): Read = pipe.query_async(conn).await?;
-    let sent = out.iter().filter(|(xid, _)| !xid.starts_with('#')).filter_map(|(_, r)| serde_json::from_str::<Record>(r).ok()).map(|r| r.n).sum();
+    let sent =
+        out.iter().filter(|(xid, _)| !xid.starts_with('#')).filter_map(|(_, r)| serde_json::from_str::<Record>(r).ok()).map(|r| r.n).sum();
     Ok(Ledger {
         stock: stock.unwrap_or(0),
         remaining: remaining.unwrap_or(0),

@@ -84,8 +84,11 @@ impl Metrics {
         let redis_errors = counter("redis_errors_total", "Failed Redis calls by kind.", &["kind"]);
         let local_decisions = counter("local_decisions_total", "Buys answered from local sale state, without Redis.", &["decision"]);
         let forward_failures = counter("backend_forward_failures_total", "Winner forwards that failed, by reason.", &["reason"]);
-        let bucket_transfers =
-            counter("bucket_transfers_total", "Transfers of items between the buckets of bucketed sales, by the donor's answer.", &["result"]);
+        let bucket_transfers = counter(
+            "bucket_transfers_total",
+            "Transfers of items between the buckets of bucketed sales, by the donor's answer.",
+            &["result"],
+        );
         let request_duration = HistogramVec::new(
             HistogramOpts::new("request_duration_seconds", "Edge request latency by route.").buckets(LATENCY_BUCKETS.to_vec()),
             &["route"],

@@ -127,9 +127,11 @@ pub const INSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limi
 /// Keeps `created_at_ms` and `paused` of an existing row.
 pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms, draw_window_ms = excluded.draw_window_ms, buckets = excluded.buckets";
 
-pub const SALE_BY_ID: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales WHERE id = $1";
+pub const SALE_BY_ID: &str =
+    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales WHERE id = $1";
 
-pub const ALL_SALES: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales ORDER BY id";
+pub const ALL_SALES: &str =
+    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales ORDER BY id";
 
 pub const SET_PAYMENT_TIMEOUT: &str = "UPDATE sales SET payment_timeout_seconds = $1 WHERE id = $2";
 

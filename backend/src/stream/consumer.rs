@@ -164,7 +164,9 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                             let _ = stop.send(true);
                         }
                     } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
-                        if sale.buckets <= 1 && !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms()) {
+                        if sale.buckets <= 1
+                            && !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms())
+                        {
                             if let Some(conn) = redis.as_mut() {
                                 if maintain_sale(conn, &store, &settings.metrics, &sale.id).await {
                                     archived.insert(sale.id);

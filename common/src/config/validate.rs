@@ -79,7 +79,10 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
     // A draw runs in one slot: a bucketed sale cannot follow the shared window.
     for (i, s) in config.sales.iter().enumerate() {
         if s.buckets > 1 && s.draw_window_ms.is_none() && config.fairness.window_ms != 0 {
-            check.fail(format_args!("sales[{i}].buckets"), "must be 1 while fairness.window_ms is set (the draw runs in one slot), unless the sale sets draw_window_ms = 0");
+            check.fail(
+                format_args!("sales[{i}].buckets"),
+                "must be 1 while fairness.window_ms is set (the draw runs in one slot), unless the sale sets draw_window_ms = 0",
+            );
         }
     }
     // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
