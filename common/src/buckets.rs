@@ -4,7 +4,7 @@
 //! A sale declared with `buckets = N` (N > 1) keeps its definition in its
 //! own meta hash (`fg:{sale:ID}:meta`, with `buckets = N`), and sells from N
 //! buckets. Bucket `k` is a sub-sale for Redis: it has exactly the key set
-//! of a sale whose id is `ID:bk` ([`SaleKeys::bucket`]), so every per-sale
+//! of a sale whose id is `ID:bk` (`SaleKeys::bucket` in [`crate::keys`]), so every per-sale
 //! script (deduct, release, remembered, ...) works on a bucket unchanged.
 //! Sale ids never contain `:`, so a bucket's keys never collide with a real
 //! sale's. A buyer's **home bucket** ([`home_bucket`]) is a stable hash of
@@ -12,12 +12,10 @@
 //! reservations live there, so the per-user limit stays one atomic script.
 //!
 //! With N = 1 (the default) nothing of this applies: the sale's keys are
-//! today's, [`SaleKeys::home`] answers [`SaleKeys::new`].
+//! today's: `SaleKeys::home` answers `SaleKeys::new`.
 //!
 //! Items move between buckets with the transfer protocol of
 //! [`crate::transfer`]; docs/ARCHITECTURE.md ("Bucketed stock") describes it.
-
-use crate::keys::SaleKeys;
 
 /// Most buckets a sale may have: more than the masters of any cluster we
 /// run, few enough that summing a sale's buckets stays cheap.
@@ -71,34 +69,6 @@ pub fn split_stock(stock: i64, buckets: u32) -> Vec<i64> {
     (0..n).map(|k| share + i64::from(k < extra)).collect()
 }
 
-impl SaleKeys {
-    /// The keys of bucket `k` of `sale_id`: those of the sub-sale `ID:bk`
-    /// (hash tag `{sale:ID:bk}`).
-    pub fn bucket(sale_id: &str, k: u32) -> Self {
-        Self::new(&bucket_id(sale_id, k))
-    }
-
-    /// The keys where `user` buys in `sale_id` of `buckets` buckets: the
-    /// sale's own keys when it has one bucket, else the user's home bucket's.
-    pub fn home(sale_id: &str, buckets: u32, user: &str) -> Self {
-        if buckets <= 1 {
-            Self::new(sale_id)
-        } else {
-            Self::bucket(sale_id, home_bucket(user, buckets))
-        }
-    }
-}
-
-/// The id whose keys hold `user`'s buys in `sale_id` (the sale itself, or
-/// its home bucket's `ID:bk`), for calls that name keys by id.
-pub fn home_id(sale_id: &str, buckets: u32, user: &str) -> String {
-    if buckets <= 1 {
-        sale_id.to_owned()
-    } else {
-        bucket_id(sale_id, home_bucket(user, buckets))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,16 +98,6 @@ mod tests {
         assert_eq!(split_stock(2, 4), vec![1, 1, 0, 0]);
         assert_eq!(split_stock(7, 1), vec![7]);
         assert_eq!(split_stock(10, 4).iter().sum::<i64>(), 10);
-    }
-
-    #[test]
-    fn one_bucket_keeps_todays_keys() {
-        assert_eq!(SaleKeys::home("s1", 1, "alice"), SaleKeys::new("s1"));
-        assert_eq!(home_id("s1", 1, "alice"), "s1");
-        let b = SaleKeys::bucket("s1", 3);
-        assert_eq!(b.meta, "fg:{sale:s1:b3}:meta");
-        assert_eq!(b.remaining, "fg:{sale:s1:b3}:remaining");
-        assert_eq!(SaleKeys::home("s1", 6, "alice"), SaleKeys::bucket("s1", home_bucket("alice", 6)));
     }
 
     #[test]

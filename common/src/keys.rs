@@ -210,9 +210,47 @@ impl SaleKeys {
     }
 }
 
+impl SaleKeys {
+    /// The keys of bucket `k` of `sale_id`: those of the sub-sale `ID:bk`
+    /// (hash tag `{sale:ID:bk}`).
+    pub fn bucket(sale_id: &str, k: u32) -> Self {
+        Self::new(&crate::buckets::bucket_id(sale_id, k))
+    }
+
+    /// The keys where `user` buys in `sale_id` of `buckets` buckets: the
+    /// sale's own keys when it has one bucket, else the user's home bucket's.
+    pub fn home(sale_id: &str, buckets: u32, user: &str) -> Self {
+        if buckets <= 1 {
+            Self::new(sale_id)
+        } else {
+            Self::bucket(sale_id, crate::buckets::home_bucket(user, buckets))
+        }
+    }
+}
+
+/// The id whose keys hold `user`'s buys in `sale_id` (the sale itself, or
+/// its home bucket's `ID:bk`), for calls that name keys by id.
+pub fn home_id(sale_id: &str, buckets: u32, user: &str) -> String {
+    if buckets <= 1 {
+        sale_id.to_owned()
+    } else {
+        crate::buckets::bucket_id(sale_id, crate::buckets::home_bucket(user, buckets))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_bucket_keeps_todays_keys() {
+        assert_eq!(SaleKeys::home("s1", 1, "alice"), SaleKeys::new("s1"));
+        assert_eq!(home_id("s1", 1, "alice"), "s1");
+        let b = SaleKeys::bucket("s1", 3);
+        assert_eq!(b.meta, "fg:{sale:s1:b3}:meta");
+        assert_eq!(b.remaining, "fg:{sale:s1:b3}:remaining");
+        assert_eq!(SaleKeys::home("s1", 6, "alice"), SaleKeys::bucket("s1", crate::buckets::home_bucket("alice", 6)));
+    }
 
     #[test]
     fn every_key_of_a_sale_shares_one_hash_tag() {

@@ -32,7 +32,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashgate_common::buckets::home_id;
+use flashgate_common::keys::home_id;
 use flashgate_common::keys::SaleEvent;
 use flashgate_common::reservation::{reservation_id, ForwardedWinner, Reservation};
 use http::HeaderMap;
