@@ -8,6 +8,8 @@
 -- ARGV[1] transfer id (made by the caller, unique per transfer)
 -- ARGV[2] target bucket K
 -- ARGV[3] most items to move
+-- ARGV[4] "1" when K is D itself (the caller's own bucket, asked first in
+--         case its items are in transit elsewhere)
 -- The shared helpers (fg_*) come from lua/lib/decide.lua, prepended.
 -- Reply: {outcome, detail}
 --   "moved"       items taken (ceil(remaining / 2), at most ARGV[3]); a
@@ -20,6 +22,8 @@
 --                 caller may complete that transfer (lua/xfer_in.lua, then
 --                 lua/xfer_ack.lua: both idempotent)
 --   "not_found"   ""  the bucket is not in Redis
+--   "stocked"     ""  K is D and D holds items: nothing taken (no
+--                 transfer to itself), the caller deducts again
 --   "fenced"      ""  the bucket's Redis became a master since it was
 --                 installed: its count may lack the last writes, so
 --                 nothing is taken from it (backend/src/fence.rs)
@@ -45,6 +49,9 @@ if left <= 0 then
     end
   end
   return {'empty', ''}
+end
+if ARGV[4] == '1' then
+  return {'stocked', ''}
 end
 local t = math.min(tonumber(ARGV[3]), math.ceil(left / 2))
 local now = fg_now_ms()

@@ -35,6 +35,7 @@ pub const REPAIR_AFTER_MS: i64 = 2_000;
 static XFER_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_OUT));
 static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_in.lua")));
 static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_ack.lua")));
+static BUCKET_STATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/bucket_state.lua")));
 
 /// What the donor side of a transfer answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +52,9 @@ pub enum Taken {
     NotFound,
     /// The donor's Redis failed over since it was installed.
     Fenced,
+    /// Asked to give to itself (donor = target) while it holds items:
+    /// nothing taken, the caller deducts again.
+    Stocked,
 }
 
 /// Step 1: takes at most `most` items (half of what is left, rounded up)
@@ -69,6 +73,7 @@ pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u
         .arg(xid)
         .arg(to)
         .arg(most)
+        .arg(if from == to { "1" } else { "0" })
         .invoke_async(conn)
         .await?;
     let parsed = match reply.as_slice() {
@@ -80,6 +85,7 @@ pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u
         },
         [code, _] if code == "not_found" => Some(Taken::NotFound),
         [code, _] if code == "fenced" => Some(Taken::Fenced),
+        [code, _] if code == "stocked" => Some(Taken::Stocked),
         _ => None,
     };
     parsed.ok_or_else(|| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|"))))
@@ -127,6 +133,72 @@ pub async fn complete<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, fro
     Ok(true)
 }
 
+/// One bucket as [`confirm_dry`] reads it (`lua/bucket_state.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketState {
+    /// Whether the bucket is in Redis at all.
+    pub present: bool,
+    pub remaining: i64,
+    /// Open transfers out of the bucket (items in transit from it).
+    pub open_out: i64,
+    /// Transfers ever added to the bucket.
+    pub received: i64,
+    /// Reservations ever returned to the bucket.
+    pub returned: i64,
+}
+
+impl BucketState {
+    /// Present, nothing left and nothing on its way out.
+    pub fn dry(&self) -> bool {
+        self.present && self.remaining <= 0 && self.open_out == 0
+    }
+}
+
+/// Reads bucket `k` of `sale_id` atomically (one script in its slot).
+///
+/// # Errors
+/// Redis failed.
+pub async fn state<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<BucketState> {
+    let keys = SaleKeys::bucket(sale_id, k);
+    let r: (i64, i64, i64, i64, i64) = BUCKET_STATE
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.xfer_open)
+        .key(&keys.xfer_in)
+        .key(&keys.released)
+        .invoke_async(conn)
+        .await?;
+    Ok(BucketState { present: r.0 == 1, remaining: r.1, open_out: r.2, received: r.3, returned: r.4 })
+}
+
+/// Whether every bucket of `sale_id` is dry at one instant: the buckets
+/// are read twice, one call per bucket each time (`2 × buckets` calls);
+/// `true` only if both reads find every bucket [`BucketState::dry`] and no
+/// bucket received a transfer or a returned reservation between them.
+/// Items can only enter a bucket by those two ways, and leave a bucket
+/// only as an open transfer (seen) or a sale, so two equal dry reads mean
+/// there was an instant with no item left anywhere. A bucketed sale is
+/// answered `sold_out` only after this answered `true`.
+///
+/// # Errors
+/// Redis failed (the caller answers unavailable, never sold out).
+pub async fn confirm_dry<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<bool> {
+    let mut first = Vec::with_capacity(buckets as usize);
+    for k in 0..buckets {
+        let s = state(conn, sale_id, k).await?;
+        if !s.dry() {
+            return Ok(false);
+        }
+        first.push(s);
+    }
+    for (k, before) in (0..buckets).zip(first) {
+        if state(conn, sale_id, k).await? != before {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// One recorded transfer out of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 pub struct Record {
@@ -162,9 +234,16 @@ pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, bucke
             .await?;
         for xid in stale {
             let Some(r) = record(conn, &d, &xid).await? else { continue };
-            if give(conn, sale_id, r.to, &xid, r.n).await?.is_none() {
+            let Some(added) = give(conn, sale_id, r.to, &xid, r.n).await? else {
                 tracing::warn!(sale = sale_id, bucket = r.to, transfer = %xid, "transfer target bucket is not in redis; left open");
                 continue;
+            };
+            if added {
+                // Gateways that flagged the target empty learn it holds items.
+                let stocked = crate::keys::SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: r.to };
+                if let Err(error) = crate::keys::publish(conn, &stocked).await {
+                    tracing::warn!(%error, sale = sale_id, bucket = r.to, "cannot announce a repaired transfer");
+                }
             }
             if close(conn, sale_id, from, &xid).await? {
                 closed += 1;

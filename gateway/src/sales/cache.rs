@@ -70,7 +70,8 @@ pub struct SaleCache {
     /// Empty buckets of bucketed sales, by sale and bucket: set from a
     /// deduct's `sold_out` on a bucket or a transfer finding a bucket empty
     /// (here or announced), cleared when items move into the bucket. The
-    /// sale's own flag (`sold_out`) is set only when every bucket is.
+    /// sale's own flag (`sold_out`) is set only once every bucket was
+    /// confirmed dry in Redis; these are hints for choosing donors.
     empty_buckets: moka::sync::Cache<(String, u32), ()>,
     /// Each sale's bucket count as last read: it never changes for a saved
     /// sale, so a buy answered locally finds its home bucket without Redis.
@@ -224,25 +225,11 @@ impl SaleCache {
         self.empty_buckets.contains_key(&(sale_id.to_owned(), bucket))
     }
 
-    /// Flags bucket `bucket` of a sale of `buckets` buckets empty; once
-    /// every bucket is, flags the sale sold out (answered locally, no Redis
-    /// call). `buckets` 0: unknown here (an announced flag for a sale this
-    /// gateway holds no snapshot of), the bucket alone is flagged.
-    pub fn mark_bucket_empty(&self, sale_id: &str, bucket: u32, buckets: u32) {
+    /// Flags bucket `bucket` of a sale empty: a hint for choosing donors
+    /// only. The sale itself is flagged sold out only after every bucket
+    /// was confirmed dry in Redis (`crate::buy` refill).
+    pub fn mark_bucket_empty(&self, sale_id: &str, bucket: u32) {
         self.empty_buckets.insert((sale_id.to_owned(), bucket), ());
-        if buckets > 1 && (0..buckets).all(|k| self.bucket_empty(sale_id, k)) {
-            self.mark_sold_out(sale_id);
-        }
-    }
-
-    /// An announced empty bucket: flagged with the bucket count of the
-    /// held snapshot, if any.
-    pub async fn bucket_announced_empty(&self, sale_id: &str, bucket: u32) {
-        let buckets = match self.snapshots.get(sale_id).await {
-            Some(Held { snapshot: Some(s), .. }) => s.window.buckets,
-            _ => 0,
-        };
-        self.mark_bucket_empty(sale_id, bucket, buckets);
     }
 
     /// Items moved into bucket `bucket` of `sale_id`: it is not empty, so
