@@ -63,6 +63,20 @@ pub async fn install<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec) ->
     Ok(installed)
 }
 
+/// How many of the `buckets` buckets of sale `id` are in Redis (their
+/// meta present).
+///
+/// # Errors
+/// Redis failed.
+pub async fn present<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<u32, RedisError> {
+    let mut n = 0;
+    for k in 0..buckets {
+        let there: bool = redis::cmd("EXISTS").arg(SaleKeys::bucket(id, k).meta).query_async(conn).await?;
+        n += u32::from(there);
+    }
+    Ok(n)
+}
+
 /// The bucket count Redis holds for sale `id` (its meta's `buckets`; 1
 /// when absent or unreadable as a count).
 ///

@@ -144,6 +144,9 @@ pub enum Restored {
     Retry,
     /// Stock below what the database holds as sold: left absent, logged.
     StockBelowSold { sold: i64 },
+    /// A bucketed sale phase 1 cannot rebuild (it has orders, or some of
+    /// its buckets survived): left absent, logged; nothing changed.
+    LeftAbsent,
 }
 
 /// Loads sale `id` into Redis from the database if its `meta` is absent,
@@ -251,9 +254,17 @@ async fn restore_locked<C: ConnectionLike + Send>(
         // Phase 1 installs a bucketed sale only before it has any order:
         // rebuilding buckets from orders is not supported yet, and a sale
         // left absent answers 503, never a wrong count.
-        if !orders.is_empty() {
-            tracing::error!(sale = id, orders = orders.len(), "a bucketed sale with orders cannot be restored into redis yet; left absent");
-            return Ok(Restored::NotNeeded);
+        // Surviving buckets hold transfers and reservations a fresh share
+        // would ignore: installing only the lost ones could oversell.
+        let present = crate::buckets::present(conn, id, spec.buckets).await?;
+        if !orders.is_empty() || present > 0 {
+            tracing::error!(
+                sale = id,
+                orders = orders.len(),
+                surviving_buckets = present,
+                "a bucketed sale with orders or surviving buckets cannot be restored into redis yet; left absent"
+            );
+            return Ok(Restored::LeftAbsent);
         }
         crate::buckets::install(conn, &spec).await?;
     }
@@ -369,7 +380,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     // now, before anyone can buy, so their items are not sold again and a
     // limit-1 buyer cannot win twice.
     let indexed: HashSet<&str> = index.iter().map(|(rid, _)| *rid).collect();
-    let late = adopt_late_orders(conn, store, id, keys, &indexed).await?;
+    let late = adopt_late_orders(conn, store, id, spec.buckets, keys, &indexed).await?;
     // Only now the pause the database holds: one an operator sent during
     // the restore (the database was written first) is never lost. Redis is
     // read before the database and swapped only if unchanged, so a pause
@@ -388,6 +399,7 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
     id: &str,
+    buckets: u32,
     keys: &SaleKeys,
     indexed: &HashSet<&str>,
 ) -> Result<i64, SaleError> {
@@ -396,7 +408,9 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
         if o.status == OrderStatus::Cancelled || indexed.contains(o.reservation_id.as_str()) {
             continue;
         }
-        if adopt(conn, keys, &o).await? {
+        // A bucketed sale's order is counted in its home bucket.
+        let home = (buckets > 1).then(|| SaleKeys::home(id, buckets, &o.user_id));
+        if adopt(conn, home.as_ref().unwrap_or(keys), &o).await? {
             adopted += 1;
             tracing::warn!(sale = id, reservation = %o.reservation_id, "order written during the restore adopted: its item cannot be sold again");
         }
@@ -429,7 +443,7 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
                 // sold-out flag is stale, someone may win in it again.
                 announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
             }
-            Ok(Restored::NotNeeded | Restored::Busy | Restored::Retry | Restored::StockBelowSold { .. }) => {}
+            Ok(Restored::NotNeeded | Restored::Busy | Restored::Retry | Restored::StockBelowSold { .. } | Restored::LeftAbsent) => {}
             Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot restore the sale into redis yet"),
         }
     }

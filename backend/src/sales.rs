@@ -69,6 +69,8 @@ fn preheat_restored(restored: Restored) -> Result<Preheat, SaleError> {
         Restored::Loaded { remaining, .. } => Ok(Preheat::Loaded { remaining }),
         Restored::NotNeeded => Ok(Preheat::AlreadyThere),
         Restored::Busy | Restored::Retry => Err(SaleError::Restoring),
+        // Never "already there": an admin change would apply again, forever.
+        Restored::LeftAbsent => Err(SaleError::LeftAbsent),
         Restored::StockBelowSold { sold } => Ok(Preheat::StockBelowSold { sold }),
     }
 }
@@ -95,6 +97,7 @@ pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store
             Ok(Applied::Updated { remaining: *remaining })
         }
         [0, sold] => Ok(Applied::StockBelowSold { sold: *sold }),
+        [-2, held] => Err(SaleError::BucketsDiffer { held: *held, given: spec.buckets }),
         // Absent: load it with this definition, which the caller has not
         // committed yet (the database would still give the old one).
         [-1, _] => Ok(match preheat_restored(recovery::restore_given(conn, store, spec).await?)? {

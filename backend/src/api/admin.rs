@@ -96,11 +96,13 @@ pub async fn put(
     }
 
     let _one_writer = state.sale_writes.lock().await;
-    let previous = state.store.sale(&spec.id).await?;
+    let mut write = state.store.begin_sale_write().await?;
+    // Read under the row's hold: no other writer can change it before the
+    // commit (the count gateways use must be the one saved).
+    let previous = write.held(&spec.id).await?;
     if let Some(old) = &previous {
         bucket_change(old, &spec)?;
     }
-    let mut write = state.store.begin_sale_write().await?;
     write.upsert(&spec).await?;
     if let Some(t) = body.payment_timeout_seconds {
         write.set_payment_timeout(&spec.id, t).await?;

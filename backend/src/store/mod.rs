@@ -592,6 +592,19 @@ pub struct SaleWrite {
 }
 
 impl SaleWrite {
+    /// The saved sale `id`, read under an exclusive hold of its row (`FOR
+    /// UPDATE` on PostgreSQL and MySQL, the write lock on SQLite) so no
+    /// other change commits between this read and the commit.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn held(&mut self, id: &str) -> Result<Option<SaleSpec>, StoreError> {
+        let lock = if self.flavour == Flavour::Sqlite { sql::TAKE_WRITE_LOCK } else { sql::HOLD_SALE_EXCLUSIVE };
+        sqlx::query(&self.sql(lock)).bind(id).execute(&mut *self.tx).await?;
+        let row = sqlx::query(&self.sql(sql::SALE_BY_ID)).bind(id).fetch_optional(&mut *self.tx).await?;
+        row.as_ref().map(sale_from_row).transpose()
+    }
+
     /// Creates or replaces the sale inside the transaction.
     ///
     /// # Errors

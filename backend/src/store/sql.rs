@@ -124,8 +124,10 @@ pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per
 /// the caller takes a duplicate-key error for "already there".
 pub const INSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9)";
 
-/// Keeps `created_at_ms` and `paused` of an existing row.
-pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms, draw_window_ms = excluded.draw_window_ms, buckets = excluded.buckets";
+/// Keeps `created_at_ms`, `paused` and `buckets` of an existing row (a
+/// saved sale's bucket count never changes: gateways and backends must
+/// agree on it).
+pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms, draw_window_ms = excluded.draw_window_ms";
 
 pub const SALE_BY_ID: &str =
     "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales WHERE id = $1";
@@ -282,7 +284,7 @@ mod tests {
             "INSERT INTO settings (name, value) VALUES (?, ?) ON DUPLICATE KEY UPDATE value = VALUES(value)"
         );
         let upsert = dialect(Flavour::Mysql, UPSERT_SALE);
-        assert!(upsert.ends_with("ON DUPLICATE KEY UPDATE name = VALUES(name), stock = VALUES(stock), per_user_limit = VALUES(per_user_limit), starts_at_ms = VALUES(starts_at_ms), ends_at_ms = VALUES(ends_at_ms), draw_window_ms = VALUES(draw_window_ms), buckets = VALUES(buckets)"), "{upsert}");
+        assert!(upsert.ends_with("ON DUPLICATE KEY UPDATE name = VALUES(name), stock = VALUES(stock), per_user_limit = VALUES(per_user_limit), starts_at_ms = VALUES(starts_at_ms), ends_at_ms = VALUES(ends_at_ms), draw_window_ms = VALUES(draw_window_ms)"), "{upsert}");
         let insert = dialect(Flavour::Mysql, &insert_orders(2)).into_owned();
         assert!(insert.ends_with("(?, ?, ?, ?, ?, ?, ?, 'created') ON DUPLICATE KEY UPDATE reservation_id = reservation_id"), "{insert}");
         assert!(!insert.contains('$') && !insert.contains("IGNORE"), "{insert}");
