@@ -478,9 +478,6 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
             cursor.clone_from(&last.order_id);
         }
         for order in batch {
-            if missing.contains(&order.sale_id) {
-                continue;
-            }
             // The item goes back to the bucket that counted the
             // reservation: the order's home bucket.
             let buckets = match buckets_of.get(&order.sale_id) {
@@ -491,13 +488,19 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
                     n
                 }
             };
+            // Missing is per bucket: one absent bucket holds back only the
+            // returns homed in it.
+            let home = flashgate_common::keys::home_id(&order.sale_id, buckets, &order.user_id);
+            if missing.contains(&home) {
+                continue;
+            }
             let keys = SaleKeys::home(&order.sale_id, buckets, &order.user_id);
             let reply = order_script(&RELEASE, conn, &keys, &order).await?;
             match reply {
                 // The sale is being restored; the restore counts this order
                 // as returned or the next pass returns it.
                 -1 => {
-                    missing.insert(order.sale_id);
+                    missing.insert(home);
                     continue;
                 }
                 1 => {

@@ -361,12 +361,22 @@ pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u3
 pub async fn left<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<i64> {
     let mut total = 0;
     for k in 0..buckets {
-        let keys = SaleKeys::bucket(sale_id, k);
-        let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
-        let open: Option<i64> = redis::cmd("HGET").arg(&keys.xfer_out).arg("#open").query_async(conn).await?;
-        total += remaining.unwrap_or(0).max(0) + open.unwrap_or(0).max(0);
+        total += left_in(conn, sale_id, k).await?;
     }
     Ok(total)
+}
+
+/// [`left`] of bucket `k` alone: its `remaining` plus its items in open
+/// transfers out of it, read in one round trip (one slot).
+///
+/// # Errors
+/// Redis failed.
+pub async fn left_in<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<i64> {
+    let keys = SaleKeys::bucket(sale_id, k);
+    let mut pipe = redis::pipe();
+    pipe.get(&keys.remaining).hget(&keys.xfer_out, "#open");
+    let (remaining, open): (Option<i64>, Option<i64>) = pipe.query_async(conn).await?;
+    Ok(remaining.unwrap_or(0).max(0) + open.unwrap_or(0).max(0))
 }
 
 #[cfg(test)]
@@ -429,6 +439,27 @@ mod tests {
         assert_eq!((d.sent, k.received), (3, 3));
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
         assert_eq!(give(&mut conn, "s", 7, "x9", 1).await.unwrap(), None, "an absent bucket gains nothing");
+    }
+
+    #[tokio::test]
+    async fn a_sale_is_confirmed_dry_only_with_no_item_left_nor_in_transit() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 2, 2).await;
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "both buckets hold an item");
+        // A bucket asked to give to itself while it holds items takes nothing.
+        assert_eq!(take(&mut conn, "s", 0, 0, "self", 8).await.unwrap(), Taken::Stocked);
+        assert_eq!(books(&mut conn, "s", 2).await.unwrap().remaining, vec![1, 1]);
+        // Both items leave bucket 1's and bucket 0's remaining, one of them
+        // still in transit: not dry.
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(1));
+        let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "an item in transit");
+        assert!(complete(&mut conn, "s", 0, 1, "x1", 1).await.unwrap());
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "the item arrived in bucket 1");
+        let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
+        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "nothing left anywhere");
+        assert!(!confirm_dry(&mut conn, "s", 3).await.unwrap(), "an absent bucket is never confirmed dry");
     }
 
     #[tokio::test]

@@ -66,6 +66,19 @@ fn sale_id(prefix: &str) -> String {
     format!("{prefix}{:08x}", rand::random::<u32>())
 }
 
+/// One buy of `user` on `gateway`, retried while it answers 503 (a refill
+/// cut by its deadline, or a transfer not delivered yet), for at most 20 s.
+async fn buy_until_decided(gateway: std::net::SocketAddr, sale: &str, user: &str) -> (u16, serde_json::Value) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = buy_all(gateway, sale, vec![Attempt::by(user)], 1).await.remove(0);
+        if o.status != 503 || Instant::now() > deadline {
+            return (o.status, o.body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn cluster_stack() -> StackOptions {
     StackOptions { redis_mode: RedisMode::Cluster, redis_timeout_ms: 1000, ..StackOptions::default() }
 }
@@ -89,11 +102,21 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
     }
     assert!(masters.len() > 1, "the buckets' tags land on more than one master: {masters:?}");
 
-    // 2,400 buyers, four for each item; a third of them at home in bucket 0.
-    let mut users = users_where(&format!("{id}-hot"), 800, BUCKETS, |b| b == 0);
-    users.extend(users_where(&format!("{id}-rest"), 1600, BUCKETS, |b| b != 0));
+    // 1,200 buyers, two for each item, skewed: 900 at home in bucket 0,
+    // 60 in each other bucket, fewer than its 100 items. Without transfers
+    // at most 100 + 5 × 60 = 400 could win: exactly 600 winners needs the
+    // other buckets' items moved to bucket 0.
+    let mut users = users_where(&format!("{id}-hot"), 900, BUCKETS, |b| b == 0);
+    for k in 1..BUCKETS {
+        users.extend(users_where(&format!("{id}-rest{k}"), 60, BUCKETS, |b| b == k));
+    }
 
-    // Every bucket's own books balance at every instant of the sale.
+    // Every bucket's own books balance at every instant of the sale, and
+    // so does the sale's: each bucket is read atomically (one MULTI in its
+    // slot), and summed, `Σ remaining + Σ reserved + in transit = stock`
+    // with in transit = Σ sent − Σ received over the buckets. The books
+    // read transfer by transfer (`transfer::books`) are checked exactly
+    // once nothing moves, after the burst.
     let selling = Arc::new(AtomicBool::new(true));
     let sampler = {
         let (selling, id) = (selling.clone(), id.clone());
@@ -101,10 +124,15 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
         tokio::spawn(async move {
             let mut samples = 0;
             while selling.load(Ordering::Relaxed) {
+                let (mut remaining, mut reserved, mut in_transit) = (0, 0, 0);
                 for k in 0..BUCKETS {
                     let ledger = transfer::ledger(&mut conn, &id, k).await.unwrap();
                     assert!(ledger.balances(), "bucket {k} out of balance while selling: {ledger:?}");
+                    remaining += ledger.remaining;
+                    reserved += ledger.reserved;
+                    in_transit += ledger.sent - ledger.received;
                 }
+                assert_eq!(remaining + reserved + in_transit, STOCK, "the sale's books while selling");
                 samples += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -124,6 +152,13 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
     selling.store(false, Ordering::Relaxed);
     assert!(sampler.await.unwrap() > 0, "the books were sampled while selling");
 
+    // A refill cut by its deadline on this loaded machine answers 503: the
+    // buyer retries, as a client would, until decided.
+    for (i, o) in outcomes.iter_mut().filter(|o| o.status == 503).enumerate() {
+        let gateway = gateways[i % 2];
+        let (status, body) = buy_until_decided(gateway, &id, &o.attempt.user).await;
+        (o.status, o.body) = (status, body);
+    }
     let statuses: HashSet<u16> = outcomes.iter().map(|o| o.status).collect();
     assert!(statuses.iter().all(|s| [202, 410].contains(s)), "unexpected answers {statuses:?}");
     let winners: Vec<&str> = outcomes.iter().filter(|o| o.won()).map(|o| o.reservation_id().unwrap()).collect();
@@ -171,6 +206,10 @@ async fn nobody_buys_above_the_per_user_limit_of_a_bucketed_sale() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transfer_cut_between_its_two_sides_stays_in_the_books_and_is_delivered() {
     let stack = Stack::start(cluster_stack()).await;
+    let Deployment::Cluster(cluster) = &stack.deployment else { unreachable!("cluster mode") };
+    let (_gateway2, gateway2_addr) = stack.start_gateway_via(stack.backend_addr);
+    let gateways = [stack.gateway_addr, gateway2_addr];
+    wait_subscribers(cluster, 2).await;
     let id = sale_id("cut");
     put_bucketed(&stack, &id, 6, 1, 2).await;
     let mut conn = stack.redis_handle().await;
@@ -210,15 +249,18 @@ async fn a_transfer_cut_between_its_two_sides_stays_in_the_books_and_is_delivere
         assert_eq!(status, 200);
         assert_ne!(view["state"], "sold_out", "{view}");
     }
-    // A buyer at home in bucket 1, whose bucket sent its items away.
-    let (status, body) = stack.buy(&id, &bucket1[2], None).await;
-    assert_eq!(status, 202, "items in transit are sold, not lost: {body}");
-    for user in [&bucket0[1], &bucket1[3]] {
-        let (status, body) = stack.buy(&id, user, None).await;
-        assert_eq!(status, 202, "{user}: {body}");
+    // While items are in transit, buyers at home in either bucket, on
+    // either gateway, win (a 503 is retried), never hear 410: bucket 1
+    // sent its items away, bucket 0 is dry until they arrive.
+    for (user, gateway) in [(&bucket1[2], gateways[1]), (&bucket0[1], gateways[0]), (&bucket1[3], gateways[0])] {
+        let (status, body) = buy_until_decided(gateway, &id, user).await;
+        assert_eq!(status, 202, "items in transit are sold, not lost: {user}: {body}");
     }
-    let (status, body) = stack.buy(&id, &bucket0[2], None).await;
-    assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{body}");
+    // Now every bucket is dry and nothing is in transit: sold out, on both.
+    for (user, gateway) in [(&bucket0[2], gateways[0]), (&bucket1[2].replace("-b-", "-c-"), gateways[1])] {
+        let (status, body) = buy_until_decided(gateway, &id, user).await;
+        assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{user}: {body}");
+    }
 
     let books = transfer::books(&mut conn, &id, 2).await.unwrap();
     assert_eq!((books.remaining.clone(), books.in_transit, books.reserved), (vec![0, 0], 0, 6), "{books:?}");
