@@ -28,6 +28,11 @@
 --         such a call has no name in the draw index (never joined again)
 -- ARGV[8] `[fairness] window_ms` of the caller: the draw window of a sale
 --         whose meta has no `draw_window_ms` of its own (0 or absent: none)
+-- ARGV[9] "1" when the keys are one bucket of a bucketed sale (its home
+--         bucket for this user, see common/src/buckets.rs), ARGV[5] still
+--         the sale's id: a `sold_out` is then not remembered under the
+--         Idempotency-Key, since the gateway moves items into the bucket
+--         (lua/xfer_*.lua) and runs this again with the same key
 --
 -- All keys share the sale's hash tag, so this runs on Redis Cluster too.
 -- The shared rules (fg_*) come from lua/lib/decide.lua, prepended.
@@ -100,7 +105,7 @@ end
 
 local user = ARGV[1]
 local a = {user = user, idem = idem, rid = ARGV[3], idem_key = KEYS[4], misses_key = KEYS[7],
-           ttl = ARGV[4], misses_cap = tonumber(ARGV[6]), sale = ARGV[5]}
+           ttl = ARGV[4], misses_cap = tonumber(ARGV[6]), sale = ARGV[5], bucket = ARGV[9] == '1'}
 local k = {remaining = KEYS[2], buyers = KEYS[3], stream = KEYS[5], resv = KEYS[6]}
 
 local function final(outcome, detail)

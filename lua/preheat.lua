@@ -28,6 +28,10 @@
 -- ARGV[9..11] entries written to the scratch buyers, resv and released
 -- ARGV[12] draw_window_ms, the sale's own draw window ("" or absent: none,
 --          the sale follows `[fairness] window_ms`)
+-- ARGV[13] buckets, for a bucketed sale (absent or "": one bucket): its
+--          buckets are installed first (lua/preheat_bucket.lua) and this
+--          meta then names their count; the sale's own `remaining` is 0
+--          and its own keys stay fenced, so nothing sells from them
 -- Reply: 1 the sale was installed (paused); 0 it was already there (nothing
 --       changed); -2 the caller no longer holds the lock (nothing changed);
 --       -3 a scratch key does not hold what was written (it expired: the
@@ -75,6 +79,9 @@ redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit',
            'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5], 'paused', '1')
 if ARGV[12] and ARGV[12] ~= '' then
   redis.call('HSET', KEYS[1], 'draw_window_ms', ARGV[12])
+end
+if ARGV[13] and ARGV[13] ~= '' then
+  redis.call('HSET', KEYS[1], 'buckets', ARGV[13])
 end
 redis.call('SET', KEYS[2], ARGV[6])
 redis.call('DEL', KEYS[11])

@@ -7,12 +7,19 @@
 -- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms
 -- ARGV[6] draw_window_ms, the sale's own draw window ("": none, the sale
 --         follows `[fairness] window_ms`; absent: left as it is)
+-- ARGV[7] the sale's bucket count as the caller knows it
 -- Reply: {1, remaining} when updated; {0, sold} when the new stock is below
--- the items already sold (nothing changes); {-1, 0} when the sale is absent.
+-- the items already sold (nothing changes); {-1, 0} when the sale is absent;
+-- {-2, buckets} when Redis holds the sale with another bucket count
+-- (nothing changes: gateways find the items by that count).
 
 local old = redis.call('HGET', KEYS[1], 'stock')
 if not old then
   return {-1, 0}
+end
+local held = tonumber(redis.call('HGET', KEYS[1], 'buckets') or '1')
+if ARGV[7] and tonumber(ARGV[7]) ~= held then
+  return {-2, held}
 end
 local left = tonumber(redis.call('GET', KEYS[2]) or '0')
 local sold = tonumber(old) - left

@@ -10,8 +10,13 @@
 //! counts (lost with the last writes of a Redis that failed over) is not
 //! written: its item may be sold to someone else already, and the database
 //! must never hold more orders than the stock.
+//!
+//! A bucketed sale counts a reservation in the `resv` of its user's home
+//! bucket (`flashgate_common::buckets::home_bucket`), where the deduct
+//! that made it ran.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{LazyLock, RwLock};
 
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::Reservation;
@@ -40,6 +45,24 @@ pub struct Written {
     pub uncounted: Vec<Reservation>,
 }
 
+/// Bucket counts of saved sales, read once per process: a saved sale's
+/// count never changes (`PUT /admin/sales/{id}` refuses it, the upsert
+/// keeps it), so every batch need not ask the database again.
+static BUCKETS: LazyLock<RwLock<HashMap<String, u32>>> = LazyLock::new(|| RwLock::new(HashMap::new()));
+
+/// Sale `id`'s bucket count (1 for a sale the database does not hold:
+/// not remembered, it may be created later).
+async fn bucket_count(store: &Store, id: &str) -> Result<u32, crate::store::StoreError> {
+    if let Some(n) = BUCKETS.read().ok().and_then(|m| m.get(id).copied()) {
+        return Ok(n);
+    }
+    let Some(spec) = store.sale(id).await? else { return Ok(1) };
+    if let Ok(mut m) = BUCKETS.write() {
+        m.insert(id.to_owned(), spec.buckets);
+    }
+    Ok(spec.buckets)
+}
+
 /// Writes an order for every reservation of `batch` that Redis counts for
 /// its user, in one transaction (see the module doc). A reservation listed
 /// twice is written once.
@@ -51,10 +74,18 @@ pub async fn write_counted<C: ConnectionLike + Send>(store: &Store, conn: &mut C
         return Ok(Written::default());
     }
     let sales: Vec<&str> = batch.iter().map(|r| r.sale_id.as_str()).collect();
+    // A bucketed sale counts a reservation in its user's home bucket.
+    let mut buckets: HashMap<&str, u32> = HashMap::new();
+    for sale in sales.iter().copied() {
+        if !buckets.contains_key(sale) {
+            buckets.insert(sale, bucket_count(store, sale).await?);
+        }
+    }
     let mut write = store.begin_order_write(&sales).await?;
     let mut pipe = redis::pipe();
     for r in batch {
-        pipe.hget(SaleKeys::new(&r.sale_id).reservations, &r.reservation_id);
+        let n = buckets.get(r.sale_id.as_str()).copied().unwrap_or(1);
+        pipe.hget(SaleKeys::home(&r.sale_id, n, &r.user_id).reservations, &r.reservation_id);
     }
     let holders: Vec<Option<String>> = pipe.query_async(conn).await?;
     let mut seen = HashSet::with_capacity(batch.len());

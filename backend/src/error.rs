@@ -19,4 +19,13 @@ pub enum SaleError {
     /// tried again (the restore loop does).
     #[error("the sale is being restored into redis")]
     Restoring,
+    /// Redis holds the sale with another bucket count than the change:
+    /// nothing changed.
+    #[error("redis holds the sale with {held} bucket(s), the change says {given}")]
+    BucketsDiffer { held: i64, given: u32 },
+    /// A bucketed sale Redis lost, which phase 1 cannot rebuild (it has
+    /// orders, or some of its buckets survived): left absent, its buys
+    /// answer 503 until an operator re-creates it or phase 2's re-sync.
+    #[error("the bucketed sale cannot be restored into redis (it has orders or surviving buckets); left absent")]
+    LeftAbsent,
 }

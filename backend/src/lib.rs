@@ -23,6 +23,8 @@
 //!   and the sync that brings Redis's copies in line.
 //! - [`redis_io`]: Redis connections, the Lua scripts, announcing sale events.
 //! - [`recovery`]: restoring a sale Redis lost; returning cancelled items.
+//! - [`buckets`]: bucketed sales: installing their buckets, copying the
+//!   definition to them, the transit repair of transfers between them.
 //! - [`error`]: [`error::SaleError`], shared by the modules working on sales.
 //! - [`timeout`]: cancelling orders unpaid past their sale's timeout.
 //! - [`reconcile`]: Redis counters against the order table, and the drift.
@@ -40,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod buckets;
 pub mod counted;
 pub mod error;
 pub mod events;

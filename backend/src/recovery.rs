@@ -144,6 +144,9 @@ pub enum Restored {
     Retry,
     /// Stock below what the database holds as sold: left absent, logged.
     StockBelowSold { sold: i64 },
+    /// A bucketed sale phase 1 cannot rebuild (it has orders, or some of
+    /// its buckets survived): left absent, logged; nothing changed.
+    LeftAbsent,
 }
 
 /// Loads sale `id` into Redis from the database if its `meta` is absent,
@@ -247,6 +250,24 @@ async fn restore_locked<C: ConnectionLike + Send>(
     };
     switches::restore_switch(conn, store).await?;
     let orders = store.sale_orders(id).await?;
+    if spec.buckets > 1 {
+        // Phase 1 installs a bucketed sale only before it has any order:
+        // rebuilding buckets from orders is not supported yet, and a sale
+        // left absent answers 503, never a wrong count.
+        // Surviving buckets hold transfers and reservations a fresh share
+        // would ignore: installing only the lost ones could oversell.
+        let present = crate::buckets::present(conn, id, spec.buckets).await?;
+        if !orders.is_empty() || present > 0 {
+            tracing::error!(
+                sale = id,
+                orders = orders.len(),
+                surviving_buckets = present,
+                "a bucketed sale with orders or surviving buckets cannot be restored into redis yet; left absent"
+            );
+            return Ok(Restored::LeftAbsent);
+        }
+        crate::buckets::install(conn, &spec).await?;
+    }
     let known: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     // Reservations Redis still has that have no order yet: in flight.
     let surviving: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.reservations).query_async(conn).await?;
@@ -311,6 +332,8 @@ async fn restore_locked<C: ConnectionLike + Send>(
     }
 
     let remaining = spec.stock - sold;
+    // A bucketed sale's items are in its buckets; its own keys sell nothing.
+    let own_remaining = if spec.buckets > 1 { 0 } else { remaining };
     let installed: i64 = INSTALL
         .key(&keys.meta)
         .key(&keys.remaining)
@@ -328,13 +351,14 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .arg(spec.per_user_limit)
         .arg(spec.starts_at_ms)
         .arg(spec.ends_at_ms)
-        .arg(remaining)
+        .arg(own_remaining)
         .arg(CONSUMER_GROUP)
         .arg(token)
         .arg(buyers.len())
         .arg(index.len())
         .arg(cancelled.len())
         .arg(spec.draw_window_ms.map(|w| w.to_string()).unwrap_or_default())
+        .arg(if spec.buckets > 1 { spec.buckets.to_string() } else { String::new() })
         .invoke_async(conn)
         .await?;
     match installed {
@@ -356,7 +380,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     // now, before anyone can buy, so their items are not sold again and a
     // limit-1 buyer cannot win twice.
     let indexed: HashSet<&str> = index.iter().map(|(rid, _)| *rid).collect();
-    let late = adopt_late_orders(conn, store, id, keys, &indexed).await?;
+    let late = adopt_late_orders(conn, store, id, spec.buckets, keys, &indexed).await?;
     // Only now the pause the database holds: one an operator sent during
     // the restore (the database was written first) is never lost. Redis is
     // read before the database and swapped only if unchanged, so a pause
@@ -375,6 +399,7 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
     id: &str,
+    buckets: u32,
     keys: &SaleKeys,
     indexed: &HashSet<&str>,
 ) -> Result<i64, SaleError> {
@@ -383,7 +408,9 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
         if o.status == OrderStatus::Cancelled || indexed.contains(o.reservation_id.as_str()) {
             continue;
         }
-        if adopt(conn, keys, &o).await? {
+        // A bucketed sale's order is counted in its home bucket.
+        let home = (buckets > 1).then(|| SaleKeys::home(id, buckets, &o.user_id));
+        if adopt(conn, home.as_ref().unwrap_or(keys), &o).await? {
             adopted += 1;
             tracing::warn!(sale = id, reservation = %o.reservation_id, "order written during the restore adopted: its item cannot be sold again");
         }
@@ -416,7 +443,7 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
                 // sold-out flag is stale, someone may win in it again.
                 announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
             }
-            Ok(Restored::NotNeeded | Restored::Busy | Restored::Retry | Restored::StockBelowSold { .. }) => {}
+            Ok(Restored::NotNeeded | Restored::Busy | Restored::Retry | Restored::StockBelowSold { .. } | Restored::LeftAbsent) => {}
             Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot restore the sale into redis yet"),
         }
     }
@@ -442,6 +469,7 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
     // Sales that got items back this pass: announced once each.
     let mut restocked = HashSet::new();
     let mut missing = HashSet::new();
+    let mut buckets_of: HashMap<String, u32> = HashMap::new();
     let mut cursor = String::new();
     loop {
         let batch = store.unreleased_cancelled(&cursor, RETURN_BATCH).await?;
@@ -450,16 +478,29 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
             cursor.clone_from(&last.order_id);
         }
         for order in batch {
-            if missing.contains(&order.sale_id) {
+            // The item goes back to the bucket that counted the
+            // reservation: the order's home bucket.
+            let buckets = match buckets_of.get(&order.sale_id) {
+                Some(n) => *n,
+                None => {
+                    let n = store.sale(&order.sale_id).await?.map_or(1, |s| s.buckets);
+                    buckets_of.insert(order.sale_id.clone(), n);
+                    n
+                }
+            };
+            // Missing is per bucket: one absent bucket holds back only the
+            // returns homed in it.
+            let home = flashgate_common::keys::home_id(&order.sale_id, buckets, &order.user_id);
+            if missing.contains(&home) {
                 continue;
             }
-            let keys = SaleKeys::new(&order.sale_id);
+            let keys = SaleKeys::home(&order.sale_id, buckets, &order.user_id);
             let reply = order_script(&RELEASE, conn, &keys, &order).await?;
             match reply {
                 // The sale is being restored; the restore counts this order
                 // as returned or the next pass returns it.
                 -1 => {
-                    missing.insert(order.sale_id);
+                    missing.insert(home);
                     continue;
                 }
                 1 => {
@@ -510,6 +551,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
         match store.sales().await {
             Ok(sales) => {
                 fence.resync_fenced(&mut c, &store, &sales).await;
+                crate::buckets::repair_all(&mut c, &sales).await;
             }
             Err(error) => tracing::warn!(%error, "cannot list the sales to check their fences; will retry"),
         }

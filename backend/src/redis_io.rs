@@ -36,6 +36,7 @@ pub async fn update_sale<C: ConnectionLike + Send>(conn: &mut C, spec: &flashgat
         .arg(spec.starts_at_ms)
         .arg(spec.ends_at_ms)
         .arg(spec.draw_window_ms.map(|w| w.to_string()).unwrap_or_default())
+        .arg(spec.buckets)
         .invoke_async(conn)
         .await
 }

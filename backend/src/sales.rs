@@ -69,6 +69,8 @@ fn preheat_restored(restored: Restored) -> Result<Preheat, SaleError> {
         Restored::Loaded { remaining, .. } => Ok(Preheat::Loaded { remaining }),
         Restored::NotNeeded => Ok(Preheat::AlreadyThere),
         Restored::Busy | Restored::Retry => Err(SaleError::Restoring),
+        // Never "already there": an admin change would apply again, forever.
+        Restored::LeftAbsent => Err(SaleError::LeftAbsent),
         Restored::StockBelowSold { sold } => Ok(Preheat::StockBelowSold { sold }),
     }
 }
@@ -81,11 +83,21 @@ fn preheat_restored(restored: Restored) -> Result<Preheat, SaleError> {
 pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
     let reply = update_sale(conn, spec).await?;
     match reply.as_slice() {
+        // A bucketed sale keeps its stock (the admin API refuses a new
+        // one): its own `remaining` is 0 and stays so; the new definition
+        // is copied to every bucket.
+        [1, _] if spec.buckets > 1 => {
+            crate::buckets::copy_fields(conn, &spec.id, spec.buckets, &crate::buckets::definition_fields(spec)).await?;
+            announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
+            let (remaining, _, _) = crate::buckets::counters(conn, &spec.id, spec.buckets).await?;
+            Ok(Applied::Updated { remaining })
+        }
         [1, remaining] => {
             announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
             Ok(Applied::Updated { remaining: *remaining })
         }
         [0, sold] => Ok(Applied::StockBelowSold { sold: *sold }),
+        [-2, held] => Err(SaleError::BucketsDiffer { held: *held, given: spec.buckets }),
         // Absent: load it with this definition, which the caller has not
         // committed yet (the database would still give the old one).
         [-1, _] => Ok(match preheat_restored(recovery::restore_given(conn, store, spec).await?)? {
@@ -122,6 +134,8 @@ pub struct SaleView {
     /// The sale's own opening draw window, ms; `null`: it follows
     /// `[fairness] window_ms`.
     pub draw_window_ms: Option<i64>,
+    /// How many buckets the stock is split over (1: one slot).
+    pub buckets: u32,
 }
 
 /// Live counters read from Redis in one round trip.
@@ -132,8 +146,15 @@ struct Counters {
     pending: i64,
 }
 
-async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<Counters, RedisError> {
+async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<Counters, RedisError> {
     let keys = SaleKeys::new(id);
+    if buckets > 1 {
+        let paused: Option<String> = redis::cmd("HGET").arg(&keys.meta).arg("paused").query_async(conn).await?;
+        let (left, reservations, pending) = crate::buckets::counters(conn, id, buckets).await?;
+        // Absent meta: not in Redis, as for a sale of one bucket.
+        let remaining = paused.is_some().then_some(left);
+        return Ok(Counters { remaining, reservations, paused: paused.as_deref() == Some("1"), pending });
+    }
     let (remaining, reservations, paused): (Option<i64>, i64, Option<String>) =
         redis::pipe().get(&keys.remaining).hlen(&keys.reservations).hget(&keys.meta, "paused").query_async(conn).await?;
     // XPENDING fails with NOGROUP before the group exists: nothing pending.
@@ -157,7 +178,7 @@ async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<Co
 pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: SaleSpec) -> Result<SaleView, SaleError> {
     let orders = store.count_live_orders(&spec.id).await?;
     let payment_timeout_seconds = store.payment_timeout(&spec.id).await?;
-    let live = match counters(conn, &spec.id).await {
+    let live = match counters(conn, &spec.id, spec.buckets).await {
         Ok(c) => Some(c),
         Err(error) => {
             tracing::warn!(%error, sale = %spec.id, "cannot read the sale's counters from redis");
@@ -177,6 +198,7 @@ pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: S
         payment_timeout_seconds,
         pending: live.as_ref().map(|c| c.pending),
         draw_window_ms: spec.draw_window_ms,
+        buckets: spec.buckets,
         id: spec.id,
         name: spec.name,
         stock: spec.stock,

@@ -54,6 +54,8 @@ pub enum StartError {
     Secret(#[from] flashgate_common::secret::SecretError),
     #[error("sale `{sale}` declares stock {stock}, below the {sold} orders the database holds")]
     StockBelowSold { sale: String, stock: i64, sold: i64 },
+    #[error("sales[{index}].buckets: sale `{sale}` was saved with {saved} bucket(s), the file declares {declared}; a saved sale's bucket count cannot change")]
+    BucketsChanged { index: usize, sale: String, saved: u32, declared: u32 },
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("server error: {0}")]
@@ -317,11 +319,11 @@ async fn preheat_declared(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<bool, StartError> {
     let mut backoff = Backoff::default();
-    for declared in &config.sales {
+    for (index, declared) in config.sales.iter().enumerate() {
         loop {
             // What failed is recorded on the dependency too, so `/ready`
             // never shows it ready beside the sales failing because of it.
-            match preheat_one(config, store, &mut redis.clone(), fence, declared).await {
+            match preheat_one(config, store, &mut redis.clone(), fence, index, declared).await {
                 Ok(()) => {
                     readiness.database().ready();
                     readiness.redis().ready();
@@ -356,6 +358,7 @@ async fn preheat_one(
     store: &Store,
     redis: &mut RedisHandle,
     fence: &crate::fence::Resyncer,
+    index: usize,
     declared: &flashgate_common::sale::SaleSpec,
 ) -> Result<(), PreheatFailure> {
     let db = PreheatFailure::Database;
@@ -367,6 +370,17 @@ async fn preheat_one(
     }
     // The row, not the file, is the truth once written.
     let spec = store.sale(&declared.id).await.map_err(db)?.unwrap_or_else(|| declared.clone());
+    // Gateways and backends must agree on where a sale's items are: a saved
+    // sale's bucket count never changes, and the file saying otherwise is
+    // refused rather than silently ignored.
+    if spec.buckets != declared.buckets {
+        return Err(PreheatFailure::Fatal(StartError::BucketsChanged {
+            index,
+            sale: spec.id,
+            saved: spec.buckets,
+            declared: declared.buckets,
+        }));
+    }
     match sales::preheat_from_store(redis, store, &spec).await {
         Ok(Preheat::Loaded { remaining }) => tracing::info!(sale = %spec.id, remaining, "sale preheated"),
         Ok(Preheat::AlreadyThere) => tracing::info!(sale = %spec.id, "sale already in redis; left as is"),
@@ -380,6 +394,11 @@ async fn preheat_one(
         // one restores it.
         Err(crate::error::SaleError::Restoring) => {
             return Err(PreheatFailure::Retry(DepState::Starting, "another backend is loading the sale".into()))
+        }
+        // Fail closed, without blocking the start: the sale answers 503.
+        Err(crate::error::SaleError::LeftAbsent) => {
+            tracing::error!(sale = %spec.id, "bucketed sale lost by redis cannot be restored in phase 1; left absent");
+            return Ok(());
         }
         Err(error) => return Err(PreheatFailure::Retry(DepState::Failing, error.to_string())),
     }

@@ -62,6 +62,7 @@ async fn apply_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: b
     );
     let existed: i64 = script.key(&keys.meta).arg(if paused { "1" } else { "0" }).invoke_async(conn).await?;
     if existed == 1 {
+        crate::buckets::copy_pause(conn, id).await?;
         announce(conn, &SaleEvent::Changed(id.to_owned())).await;
     }
     Ok(existed == 1)
@@ -117,6 +118,7 @@ pub async fn swap_pause<C: ConnectionLike + Send>(
     let want = if paused { "1" } else { "0" };
     let set: i64 = SWAP_PAUSE.key(&keys.meta).key(&keys.restoring).arg(seen).arg(want).arg(token).invoke_async(conn).await?;
     if set == 1 {
+        crate::buckets::copy_pause(conn, id).await?;
         announce(conn, &SaleEvent::Changed(id.to_owned())).await;
     }
     Ok(set == 1)

@@ -215,6 +215,7 @@ pub fn sale(id: &str, stock: i64) -> SaleSpec {
         starts_at_ms: now - 1000,
         ends_at_ms: now + 3_600_000,
         draw_window_ms: None,
+        buckets: 1,
     }
 }
 

@@ -144,6 +144,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             starts_at_ms: 1_700_000_000_000,
             ends_at_ms: 4_102_444_800_000,
             draw_window_ms: None,
+            buckets: 1,
         };
         assert_eq!(store.sale("spring").await.unwrap(), Some(spring.clone()), "{name}");
         assert_eq!(store.sales().await.unwrap().len(), 2, "{name}");
@@ -165,6 +166,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             "{name}"
         );
         assert_eq!(store.count_live_orders("spring").await.unwrap(), 2, "{name}");
+        assert_eq!(store.sale("spring").await.unwrap().unwrap().buckets, 1, "{name}: a sale from before buckets has one");
         let unreleased: Vec<String> = store.unreleased_cancelled("", 10).await.unwrap().into_iter().map(|o| o.reservation_id).collect();
         assert_eq!(unreleased, vec!["spring.r4".to_owned()], "{name}");
         let view = store.order_by_reservation("spring.r2").await.unwrap().unwrap();
@@ -172,7 +174,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
 
         // The migrations are recorded, and the schema is the one a fresh
         // database gets.
-        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true)], "{name}");
+        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true), (30, true)], "{name}");
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
 
         // The store works: an order is written, a sale changed and created.
@@ -192,7 +194,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
         // Starting again changes nothing.
         let store = Store::connect(&db.url).await.unwrap();
         assert_eq!(store.count_live_orders("spring").await.unwrap(), 3, "{name}");
-        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true)], "{name}");
+        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true), (30, true)], "{name}");
         store.close().await;
         db.drop().await;
     }
@@ -214,7 +216,7 @@ async fn a_database_of_the_first_release_gains_the_columns_added_since() {
         let unreleased: Vec<String> = store.unreleased_cancelled("", 10).await.unwrap().into_iter().map(|o| o.reservation_id).collect();
         assert_eq!(unreleased, vec!["old.r2".to_owned()], "{name}");
 
-        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true)], "{name}");
+        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true), (30, true)], "{name}");
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
 
         // What the added columns and table serve works.

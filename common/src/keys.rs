@@ -40,6 +40,15 @@
 //! | `fg:{sale:ID}:draw:outcomes` | hash | entry number -> outcome `{o, d, ts, node}` (JSON) |
 //! | `fg:{sale:ID}:draw:order` | list | entry numbers in the order the draw decided them |
 //! | `fg:{sale:ID}:draw:perm` | hash | the shuffle's swapped positions, while the draw runs |
+//! | `fg:{sale:ID}:xfer-out` | hash | a bucket's outgoing transfers: transfer id -> `{to, n, at, done}` (JSON); field `#open` = items in open transfers (see [`crate::transfer`]) |
+//! | `fg:{sale:ID}:xfer-open` | sorted set | a bucket's outgoing transfers not acknowledged yet, by their time (ms) |
+//! | `fg:{sale:ID}:xfer-in` | hash | a bucket's incoming transfers: transfer id -> items added (each added once) |
+//!
+//! A bucketed sale (`buckets = N`, see [`crate::buckets`]) keeps its
+//! definition in `fg:{sale:ID}:meta` (with `buckets`) and sells from N
+//! buckets, bucket `k` holding every key above under the tag
+//! `{sale:ID:bk}` (its meta a copy of the sale's, plus `bucket` and
+//! `buckets`). The three `xfer-*` keys exist in buckets only.
 
 /// Set of the ids of every preheated sale.
 pub const SALES_INDEX: &str = "fg:sales";
@@ -99,6 +108,15 @@ pub struct SaleKeys {
     pub wait_mark: String,
     /// The opening draw's record (`lua/draw_run.lua`).
     pub draw: DrawKeys,
+    /// A bucket's outgoing transfers, every one kept for the books
+    /// (`lua/xfer_out.lua`, `lua/xfer_ack.lua`).
+    pub xfer_out: String,
+    /// A bucket's outgoing transfers still open (not acknowledged), by
+    /// time: what the transit repair and the books read.
+    pub xfer_open: String,
+    /// A bucket's incoming transfers: each transfer id adds its items once
+    /// (`lua/xfer_in.lua`).
+    pub xfer_in: String,
 }
 
 /// The keys of a sale's opening draw (see [`crate::draw`]).
@@ -151,6 +169,9 @@ impl SaleKeys {
                 perm: format!("{tag}:draw:perm"),
                 prefix: format!("{tag}:"),
             },
+            xfer_out: format!("{tag}:xfer-out"),
+            xfer_open: format!("{tag}:xfer-open"),
+            xfer_in: format!("{tag}:xfer-in"),
         }
     }
 
@@ -189,9 +210,47 @@ impl SaleKeys {
     }
 }
 
+impl SaleKeys {
+    /// The keys of bucket `k` of `sale_id`: those of the sub-sale `ID:bk`
+    /// (hash tag `{sale:ID:bk}`).
+    pub fn bucket(sale_id: &str, k: u32) -> Self {
+        Self::new(&crate::buckets::bucket_id(sale_id, k))
+    }
+
+    /// The keys where `user` buys in `sale_id` of `buckets` buckets: the
+    /// sale's own keys when it has one bucket, else the user's home bucket's.
+    pub fn home(sale_id: &str, buckets: u32, user: &str) -> Self {
+        if buckets <= 1 {
+            Self::new(sale_id)
+        } else {
+            Self::bucket(sale_id, crate::buckets::home_bucket(user, buckets))
+        }
+    }
+}
+
+/// The id whose keys hold `user`'s buys in `sale_id` (the sale itself, or
+/// its home bucket's `ID:bk`), for calls that name keys by id.
+pub fn home_id(sale_id: &str, buckets: u32, user: &str) -> String {
+    if buckets <= 1 {
+        sale_id.to_owned()
+    } else {
+        crate::buckets::bucket_id(sale_id, crate::buckets::home_bucket(user, buckets))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_bucket_keeps_todays_keys() {
+        assert_eq!(SaleKeys::home("s1", 1, "alice"), SaleKeys::new("s1"));
+        assert_eq!(home_id("s1", 1, "alice"), "s1");
+        let b = SaleKeys::bucket("s1", 3);
+        assert_eq!(b.meta, "fg:{sale:s1:b3}:meta");
+        assert_eq!(b.remaining, "fg:{sale:s1:b3}:remaining");
+        assert_eq!(SaleKeys::home("s1", 6, "alice"), SaleKeys::bucket("s1", crate::buckets::home_bucket("alice", 6)));
+    }
 
     #[test]
     fn every_key_of_a_sale_shares_one_hash_tag() {
@@ -218,6 +277,9 @@ mod tests {
             &k.draw.outcomes,
             &k.draw.order,
             &k.draw.perm,
+            &k.xfer_out,
+            &k.xfer_open,
+            &k.xfer_in,
             &scratch.buyers,
             &scratch.reservations,
             &scratch.released,
@@ -239,6 +301,14 @@ pub const EVENTS_CHANNEL: &str = "fg:events";
 pub enum SaleEvent {
     /// A gateway saw the script answer "sold out": stop sending buys to Redis.
     SoldOut(String),
+    /// Bucket `bucket` of a bucketed sale was found empty (a deduct's
+    /// `sold_out`, or a transfer finding nothing to give): gateways flag
+    /// that bucket; the sale is answered sold out once every bucket is.
+    /// Encoded `sold_out:ID:bK`, beside the sale-wide `sold_out:ID`.
+    BucketSoldOut { sale: String, bucket: u32 },
+    /// Items were moved into bucket `bucket` of a bucketed sale: gateways
+    /// clear its sold-out flag. Encoded `stocked:ID:bK`.
+    BucketStocked { sale: String, bucket: u32 },
     /// An operator changed the sale (stock, window, pause): forget local state.
     Changed(String),
     /// The global switch changed: `true` pauses every sale.
@@ -274,6 +344,8 @@ impl SaleEvent {
     pub fn encode(&self) -> String {
         match self {
             SaleEvent::SoldOut(id) => format!("sold_out:{id}"),
+            SaleEvent::BucketSoldOut { sale, bucket } => format!("sold_out:{}", crate::buckets::bucket_id(sale, *bucket)),
+            SaleEvent::BucketStocked { sale, bucket } => format!("stocked:{}", crate::buckets::bucket_id(sale, *bucket)),
             SaleEvent::Changed(id) => format!("changed:{id}"),
             SaleEvent::AllPaused(true) => "switch:paused".into(),
             SaleEvent::AllPaused(false) => "switch:open".into(),
@@ -288,6 +360,18 @@ impl SaleEvent {
             ("switch", "open") => return Some(SaleEvent::AllPaused(false)),
             ("purge", rest) => return decode_purge(rest),
             _ => {}
+        }
+        if let Some((sale, bucket)) = id.split_once(":b") {
+            let bucket: u32 = bucket.parse().ok().filter(|b| i64::from(*b) < crate::buckets::MAX_BUCKETS)?;
+            if !crate::sale::valid_sale_id(sale) || bucket.to_string() != id[sale.len() + 2..] {
+                return None;
+            }
+            let sale = sale.to_owned();
+            return match kind {
+                "sold_out" => Some(SaleEvent::BucketSoldOut { sale, bucket }),
+                "stocked" => Some(SaleEvent::BucketStocked { sale, bucket }),
+                _ => None,
+            };
         }
         if !crate::sale::valid_sale_id(id) {
             return None;
@@ -321,6 +405,22 @@ mod event_tests {
             assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
         }
         assert_eq!(SaleEvent::decode("sold_out:a b"), None);
+        assert_eq!(SaleEvent::decode("stocked:s"), None, "stocked is per bucket only");
+    }
+
+    #[test]
+    fn bucket_events_round_trip_and_one_bucket_keeps_the_old_form() {
+        assert_eq!(SaleEvent::SoldOut("s".into()).encode(), "sold_out:s");
+        let e = SaleEvent::BucketSoldOut { sale: "s-1".into(), bucket: 3 };
+        assert_eq!(e.encode(), "sold_out:s-1:b3");
+        assert_eq!(SaleEvent::decode("sold_out:s-1:b3"), Some(e));
+        let e = SaleEvent::BucketStocked { sale: "s".into(), bucket: 63 };
+        assert_eq!(e.encode(), "stocked:s:b63");
+        assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
+        for bad in ["sold_out:s:b", "sold_out:s:b64", "sold_out:s:b03", "sold_out:s:bx", "sold_out::b1", "changed:s:b1", "sold_out:a b:b1"]
+        {
+            assert_eq!(SaleEvent::decode(bad), None, "{bad}");
+        }
         assert_eq!(SaleEvent::decode("bogus:s"), None);
     }
 

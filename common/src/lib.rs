@@ -9,6 +9,8 @@
 //!   settings ([`config::Config`]); parsing reads no file nor environment.
 //! - [`draw`]: the opening draw's record and its order, recomputed for audits.
 //! - [`keys`]: the Redis key layout of a sale (all keys share one hash tag).
+//! - [`buckets`]: a sale's stock split over several hash tags (`buckets = N`),
+//!   and [`transfer`]: items moving between them.
 //! - [`redis_conn`]: one connection type for the three `redis.mode`s
 //!   (standalone, cluster, sentinel), and the sale-events subscription.
 //! - [`scripts`]: every Lua script, for the cluster's `NOSCRIPT` fallback
@@ -27,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod buckets;
 pub mod config;
 pub mod dependency;
 pub mod draw;
@@ -37,6 +40,7 @@ pub mod sale;
 pub mod scripts;
 pub mod secret;
 pub mod stream_info;
+pub mod transfer;
 
 /// Milliseconds since the Unix epoch, the time unit stored in Redis and SQL.
 pub fn now_ms() -> i64 {

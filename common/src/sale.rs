@@ -54,6 +54,14 @@ pub struct SaleSpec {
     /// follows `[fairness] window_ms` (see [`crate::draw`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draw_window_ms: Option<i64>,
+    /// How many buckets the stock is split over (1 to 64; see
+    /// [`crate::buckets`]). 1, the default, keeps the one-slot layout.
+    #[serde(default = "one_bucket")]
+    pub buckets: u32,
+}
+
+fn one_bucket() -> u32 {
+    1
 }
 
 impl SaleSpec {
@@ -76,6 +84,10 @@ impl SaleSpec {
         }
         if let Some(w) = self.draw_window_ms {
             draw_window_ms("draw_window_ms", w)?;
+        }
+        crate::buckets::validate("buckets", i64::from(self.buckets))?;
+        if self.buckets > 1 && self.draw_window_ms.is_some_and(|w| w != 0) {
+            return Err("buckets: must be 1 for a sale with a draw window (draw_window_ms): the draw runs in one slot".into());
         }
         Ok(())
     }
@@ -123,6 +135,7 @@ mod tests {
             starts_at_ms: 100,
             ends_at_ms: 200,
             draw_window_ms: None,
+            buckets: 1,
         }
     }
 
@@ -147,6 +160,13 @@ mod tests {
         let mut s = spec();
         s.draw_window_ms = Some(-1);
         assert!(s.validate().unwrap_err().starts_with("draw_window_ms"));
+        let mut s = spec();
+        s.buckets = 65;
+        assert!(s.validate().unwrap_err().starts_with("buckets"));
+        s.buckets = 4;
+        assert!(s.validate().is_ok());
+        s.draw_window_ms = Some(100);
+        assert!(s.validate().unwrap_err().starts_with("buckets"), "a draw is one slot");
         assert!(spec().validate().is_ok());
     }
 

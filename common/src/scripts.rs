@@ -13,22 +13,33 @@ pub const DEDUCT: &str = concat!(include_str!("../../lua/lib/decide.lua"), inclu
 /// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT`].
 pub const DRAW_RUN: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/draw_run.lua"));
 
+/// `lua/xfer_out.lua` as it runs, with the shared helpers of [`DEDUCT`].
+pub const XFER_OUT: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/xfer_out.lua"));
+
+/// `lua/preheat_bucket.lua` as it runs, with the shared helpers of [`DEDUCT`].
+pub const PREHEAT_BUCKET: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/preheat_bucket.lua"));
+
 /// `(file name, body)` of every script in `lua/` (a script built on
 /// `lua/lib/` as it runs).
 pub const ALL: &[(&str, &str)] = &[
     ("adopt.lua", include_str!("../../lua/adopt.lua")),
+    ("bucket_meta.lua", include_str!("../../lua/bucket_meta.lua")),
     ("deduct.lua", DEDUCT),
     ("draw_run.lua", DRAW_RUN),
     ("fence.lua", include_str!("../../lua/fence.lua")),
     ("gcra.lua", include_str!("../../lua/gcra.lua")),
     ("pow_use.lua", include_str!("../../lua/pow_use.lua")),
     ("preheat.lua", include_str!("../../lua/preheat.lua")),
+    ("preheat_bucket.lua", PREHEAT_BUCKET),
     ("release.lua", include_str!("../../lua/release.lua")),
     ("remembered.lua", include_str!("../../lua/remembered.lua")),
     ("resync.lua", include_str!("../../lua/resync.lua")),
     ("trim.lua", include_str!("../../lua/trim.lua")),
     ("update_sale.lua", include_str!("../../lua/update_sale.lua")),
     ("wait_mark.lua", include_str!("../../lua/wait_mark.lua")),
+    ("xfer_ack.lua", include_str!("../../lua/xfer_ack.lua")),
+    ("xfer_in.lua", include_str!("../../lua/xfer_in.lua")),
+    ("xfer_out.lua", XFER_OUT),
 ];
 
 /// The body of the script whose SHA-1 is `sha` (as `EVALSHA` names it).

@@ -88,6 +88,9 @@ pub struct BuyAttempt<'a> {
     pub idempotency_ttl_seconds: u64,
     /// `[fairness] window_ms`: the draw window of a sale without its own.
     pub draw_window_ms: u64,
+    /// The sale's bucket count: above 1 the script runs on the user's home
+    /// bucket (`flashgate_common::buckets`), without a draw.
+    pub buckets: u32,
 }
 
 /// Runs the deduct script once.
@@ -96,7 +99,8 @@ pub struct BuyAttempt<'a> {
 /// [`RedisError`] when Redis fails, times out, or answers something the
 /// script never returns.
 pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Decision, RedisError> {
-    let keys = SaleKeys::new(attempt.sale_id);
+    let keys = SaleKeys::home(attempt.sale_id, attempt.buckets, attempt.user_id);
+    let bucketed = attempt.buckets > 1;
     let mut conn = redis.conn().await?;
     let mut invocation = redis.deduct.prepare_invoke();
     invocation
@@ -114,7 +118,8 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .key(&keys.synced);
     // No draws on Redis Cluster (docs/RELIABILITY.md, known gaps): without
     // the draw keys the script has no draw.
-    if !matches!(redis.config().target, RedisTarget::Cluster { .. }) {
+    // A bucketed sale has none either (a draw is one slot).
+    if !bucketed && !matches!(redis.config().target, RedisTarget::Cluster { .. }) {
         invocation.key(&keys.draw.state).key(&keys.draw.entries).key(&keys.draw.index).key(&keys.draw.outcomes);
     }
     invocation
@@ -125,7 +130,8 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .arg(attempt.sale_id)
         .arg(MISSES_REMEMBERED_PER_USER)
         .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" })
-        .arg(attempt.draw_window_ms);
+        .arg(attempt.draw_window_ms)
+        .arg(if bucketed { "1" } else { "0" });
     let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
     let parsed = match reply.as_slice() {
         [code, entry, closes_in] if code == "entered" || code == "joined" => parse_entered(entry, closes_in, code == "joined"),
@@ -146,8 +152,15 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
 ///
 /// # Errors
 /// [`RedisError`] when Redis fails or times out.
-pub async fn remembered(redis: &RedisClient, sale_id: &str, user_id: &str, idempotency_key: &str) -> Result<Option<Decision>, RedisError> {
-    let keys = SaleKeys::new(sale_id);
+pub async fn remembered(
+    redis: &RedisClient,
+    sale_id: &str,
+    buckets: u32,
+    user_id: &str,
+    idempotency_key: &str,
+) -> Result<Option<Decision>, RedisError> {
+    // A bucketed sale remembers a user's keys in their home bucket.
+    let keys = SaleKeys::home(sale_id, buckets, user_id);
     let mut conn = redis.conn().await?;
     // Where the script remembers a key: a win on its own, the others in
     // the user's capped hash. One round trip for both, and the id of the

@@ -40,6 +40,8 @@ impl EventListener {
         while let Some(payload) = events.next().await {
             match SaleEvent::decode(&payload) {
                 Some(SaleEvent::SoldOut(id)) => self.sales.mark_sold_out(&id),
+                Some(SaleEvent::BucketSoldOut { sale, bucket }) => self.sales.mark_bucket_empty(&sale, bucket),
+                Some(SaleEvent::BucketStocked { sale, bucket }) => self.sales.bucket_stocked(&sale, bucket).await,
                 Some(SaleEvent::Changed(id)) => self.sales.forget(&id).await,
                 Some(SaleEvent::AllPaused(paused)) => self.switches.set_all_paused(paused),
                 Some(purge @ SaleEvent::ShopPurge { .. }) => {

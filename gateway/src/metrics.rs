@@ -36,6 +36,10 @@ pub struct Metrics {
     /// Buys the deduct script refused because their sale is fenced (its
     /// Redis became a master since the sale last agreed with the database).
     pub fenced_buys: IntCounter,
+    /// Transfers between the buckets of bucketed sales this gateway tried,
+    /// by what the donor answered: `moved`, `empty`, `in_transit`,
+    /// `unavailable` (fenced or absent).
+    pub bucket_transfers: IntCounterVec,
     /// Redis `WAIT` calls for replica acknowledgement (`redis.wait_replicas`);
     /// beside the wins, it shows how many wins one `WAIT` covers.
     pub replica_waits: IntCounter,
@@ -80,6 +84,11 @@ impl Metrics {
         let redis_errors = counter("redis_errors_total", "Failed Redis calls by kind.", &["kind"]);
         let local_decisions = counter("local_decisions_total", "Buys answered from local sale state, without Redis.", &["decision"]);
         let forward_failures = counter("backend_forward_failures_total", "Winner forwards that failed, by reason.", &["reason"]);
+        let bucket_transfers = counter(
+            "bucket_transfers_total",
+            "Transfers of items between the buckets of bucketed sales, by the donor's answer.",
+            &["result"],
+        );
         let request_duration = HistogramVec::new(
             HistogramOpts::new("request_duration_seconds", "Edge request latency by route.").buckets(LATENCY_BUCKETS.to_vec()),
             &["route"],
@@ -138,6 +147,7 @@ impl Metrics {
             local_decisions,
             forward_failures,
             fenced_buys,
+            bucket_transfers,
             replica_waits,
             replica_wait_timeouts,
             challenges_issued,

@@ -28,13 +28,16 @@ pub struct ReservationView {
 /// when Redis cannot be read.
 pub async fn lookup(
     redis: &RedisClient,
+    sales: &crate::sales::SaleCache,
     orders: &OrderLookups,
     metrics: &Metrics,
     user: &str,
     rid: &str,
 ) -> Result<ReservationView, Rejection> {
     let sale = sale_of_reservation(rid).ok_or(Rejection::BadRequest("malformed reservation id"))?;
-    let keys = SaleKeys::new(sale);
+    // A bucketed sale indexes a reservation in its owner's home bucket.
+    let buckets = sales.buckets(redis, sale).await;
+    let keys = SaleKeys::home(sale, buckets, user);
     let mut conn = redis.conn().await.map_err(|e| unavailable(metrics, &e))?;
     let owner: Option<String> = redis
         .bounded(redis::AsyncCommands::hget(&mut conn, &keys.reservations, rid))

@@ -1,4 +1,5 @@
--- Flashgate buy decision, shared by lua/deduct.lua and lua/draw_run.lua:
+-- Flashgate buy decision, shared by lua/deduct.lua and lua/draw_run.lua
+-- (and its helpers by lua/xfer_out.lua and lua/preheat_bucket.lua):
 -- each of those scripts is this file followed by its own body (see
 -- common/src/scripts.rs), so a buyer of the opening draw is decided by
 -- exactly the rules of a buyer who comes after it.
@@ -12,6 +13,7 @@
 --   ttl         idempotency TTL, seconds
 --   misses_cap  most keys that did not win remembered per user and sale
 --   sale        sale id (written into the reservation record)
+--   bucket      true when the keys are a bucket's of a bucketed sale
 -- The sale's keys `k`: remaining, buyers, stream, resv.
 
 -- `master_replid` changes whenever a Redis becomes a master (a promotion,
@@ -27,7 +29,9 @@ end
 -- Remembers a final outcome under the Idempotency-Key. Outcomes that may
 -- change on a later attempt (not started, paused) are never passed here.
 local function fg_final(a, outcome, detail)
-  if a.idem ~= '' then
+  -- A bucket of a bucketed sale answering sold out is not final: the
+  -- gateway moves items into it and asks again with the same key.
+  if a.idem ~= '' and not (a.bucket and outcome == 'sold_out') then
     if outcome == 'won' then
       redis.call('SET', a.idem_key, outcome .. '|' .. detail, 'EX', a.ttl)
     elseif redis.call('HLEN', a.misses_key) < a.misses_cap then

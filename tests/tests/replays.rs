@@ -87,6 +87,7 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
                     call_nonce: "",
                     idempotency_ttl_seconds: 86_400,
                     draw_window_ms: 0,
+                    buckets: 1,
                 };
                 let decision = deduct(&redis, &attempt).await.unwrap();
                 *outcomes.entry(format!("{:?}", decision.outcome)).or_default() += 1;
@@ -234,6 +235,7 @@ async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item(
         call_nonce: nonce,
         idempotency_ttl_seconds: 600,
         draw_window_ms: 0,
+        buckets: 1,
     };
     let first = deduct(&redis, &call("again.1", "n1")).await.unwrap();
     let resent = deduct(&redis, &call("again.2", "n1")).await.unwrap();

@@ -43,6 +43,10 @@ pub struct SaleBody {
     /// the sale follows `[fairness] window_ms`.
     #[serde(default)]
     pub draw_window_ms: Option<i64>,
+    /// How many buckets the stock is split over (1 to 64; see
+    /// `flashgate_common::buckets`); left out, 1.
+    #[serde(default = "one")]
+    pub buckets: i64,
 }
 
 fn one() -> i64 {
@@ -80,6 +84,7 @@ pub async fn put(
         starts_at_ms: parse_time("starts_at", &body.starts_at)?,
         ends_at_ms: parse_time("ends_at", &body.ends_at)?,
         draw_window_ms: body.draw_window_ms,
+        buckets: flashgate_common::buckets::validate("buckets", body.buckets).map_err(ApiError::bad_request)?,
     };
     spec.validate().map_err(ApiError::bad_request)?;
     // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
@@ -91,8 +96,13 @@ pub async fn put(
     }
 
     let _one_writer = state.sale_writes.lock().await;
-    let previous = state.store.sale(&spec.id).await?;
     let mut write = state.store.begin_sale_write().await?;
+    // Read under the row's hold: no other writer can change it before the
+    // commit (the count gateways use must be the one saved).
+    let previous = write.held(&spec.id).await?;
+    if let Some(old) = &previous {
+        bucket_change(old, &spec)?;
+    }
     write.upsert(&spec).await?;
     if let Some(t) = body.payment_timeout_seconds {
         write.set_payment_timeout(&spec.id, t).await?;
@@ -142,6 +152,27 @@ pub async fn put(
     let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
     let view = sales::view(&mut redis, &state.store, spec).await?;
     Ok((status, Json(view)).into_response())
+}
+
+/// Refuses what phase 1 of bucketed stock cannot do to a saved sale: a
+/// new bucket count (the items would have to be re-split), or a new stock
+/// for a bucketed sale (it would have to be spread over the buckets).
+fn bucket_change(old: &SaleSpec, new: &SaleSpec) -> Result<(), ApiError> {
+    if old.buckets != new.buckets {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "buckets_fixed",
+            format!("buckets: a saved sale keeps its bucket count ({}); changing it is not supported yet", old.buckets),
+        ));
+    }
+    if new.buckets > 1 && old.stock != new.stock {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "bucketed_stock",
+            format!("stock: the stock of a bucketed sale (buckets = {}) cannot change yet; it stays {}", new.buckets, old.stock),
+        ));
+    }
+    Ok(())
 }
 
 /// `GET /admin/sales/{id}`.
@@ -211,7 +242,14 @@ pub async fn retry_dead_letter(
 /// the report (what was repaired, the drift left).
 pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    if spec.buckets > 1 {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "bucketed_sale",
+            "reconciliation of a bucketed sale (buckets > 1) is not supported yet",
+        ));
+    }
     match crate::reconcile::reconcile_sale(&mut state.redis.clone(), &state.store, &id).await? {
         Some(report) => {
             if report.settled {

@@ -84,6 +84,16 @@ impl From<SaleError> for ApiError {
             SaleError::Redis(e) => e.into(),
             SaleError::Store(e) => e.into(),
             SaleError::Restoring => ApiError::unavailable("the sale is being restored into redis; retry shortly"),
+            SaleError::BucketsDiffer { held, given } => ApiError::new(
+                StatusCode::CONFLICT,
+                "buckets_fixed",
+                format!("buckets: redis holds the sale with {held} bucket(s), not {given}; a sale's bucket count cannot change"),
+            ),
+            SaleError::LeftAbsent => ApiError::new(
+                StatusCode::CONFLICT,
+                "bucketed_sale_absent",
+                "the bucketed sale is missing from redis and has orders or surviving buckets; it cannot be restored yet",
+            ),
             SaleError::BadReply(_) => {
                 tracing::error!(%error, "sale script failure");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply from redis")

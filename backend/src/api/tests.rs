@@ -423,3 +423,54 @@ async fn the_drift_gauge_of_an_archived_sale_goes_with_its_other_gauges() {
     let text = scrape(&f).await;
     assert!(!text.contains(&format!("sale=\"{id}\"")), "{text}");
 }
+
+fn bucketed_body(stock: i64, buckets: i64) -> String {
+    json!({"name": "Sneaker", "stock": stock, "starts_at": "2020-01-01T00:00:00Z", "ends_at": "2100-01-01T00:00:00Z", "buckets": buckets})
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_bucketed_sale_is_preheated_bucket_by_bucket_and_what_phase_one_cannot_change_is_refused() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(10, 4))).await;
+    assert_eq!((status, view["buckets"].as_i64(), view["remaining"].as_i64()), (StatusCode::CREATED, Some(4), Some(10)), "{view}");
+    let mut conn = f.redis.conn().await;
+    let own = SaleKeys::new(&id);
+    let meta: std::collections::HashMap<String, String> = conn.hgetall(&own.meta).await.unwrap();
+    assert_eq!((meta["buckets"].as_str(), meta["stock"].as_str()), ("4", "10"));
+    assert_eq!(conn.get::<_, i64>(&own.remaining).await.unwrap(), 0, "nothing sells from the sale's own keys");
+    for (k, share) in [(0, 3), (1, 3), (2, 2), (3, 2)] {
+        let keys = SaleKeys::bucket(&id, k);
+        assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), share, "bucket {k}");
+        let meta: std::collections::HashMap<String, String> = conn.hgetall(&keys.meta).await.unwrap();
+        assert_eq!((meta["bucket"].as_str(), meta["buckets"].as_str(), meta["paused"].as_str()), (k.to_string().as_str(), "4", "0"));
+        let groups: Vec<redis::Value> = redis::cmd("XINFO").arg("GROUPS").arg(&keys.stream).query_async(&mut conn).await.unwrap();
+        assert_eq!(groups.len(), 1, "bucket {k}'s stream has the consumer group");
+    }
+
+    // A pause reaches every bucket's copy of the definition.
+    let (status, _) = admin(&f, "POST", &format!("{uri}/pause"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    for k in 0..4 {
+        let paused: String = conn.hget(SaleKeys::bucket(&id, k).meta, "paused").await.unwrap();
+        assert_eq!(paused, "1", "bucket {k}");
+    }
+
+    // Not in this release, and nothing changes.
+    let (status, body) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 4))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("bucketed_stock")), "{body}");
+    let (status, body) = admin(&f, "PUT", &uri, Some(&bucketed_body(10, 2))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("buckets_fixed")), "{body}");
+    assert!(body["message"].as_str().unwrap().starts_with("buckets:"), "{body}");
+    let (status, body) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("bucketed_sale")), "{body}");
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 10);
+    assert_eq!(conn.get::<_, i64>(SaleKeys::bucket(&id, 0).remaining).await.unwrap(), 3);
+
+    // Out of range, named.
+    let (status, body) = admin(&f, "PUT", &format!("/admin/sales/{}", unique("b")), Some(&bucketed_body(10, 65))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")), "{body}");
+    assert!(body["message"].as_str().unwrap().starts_with("buckets:"), "{body}");
+}

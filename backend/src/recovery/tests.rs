@@ -541,3 +541,32 @@ async fn a_restorer_killed_holding_the_lock_blocks_the_sale_at_most_ten_seconds(
     assert!((1..=10_000).contains(&ttl), "lock lifetime {ttl} ms");
     gate.open();
 }
+
+#[tokio::test]
+async fn a_lost_bucketed_sale_with_orders_or_a_surviving_bucket_is_left_absent_and_an_admin_change_does_not_loop() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    // Orders: nothing installed, whatever the number of tries.
+    let id = unique("s");
+    let spec = SaleSpec { buckets: 3, ..sale(&id, 9) };
+    store.upsert_sale(&spec).await.unwrap();
+    store.insert_orders(&[reservation(&id, "a")]).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(restore(&mut conn, &store, &id).await.unwrap(), Restored::LeftAbsent);
+    }
+    assert_eq!(crate::buckets::present(&mut conn, &id, 3).await.unwrap(), 0);
+    let applied = crate::sales::apply(&mut conn, &store, &spec).await;
+    assert!(matches!(applied, Err(SaleError::LeftAbsent)), "{applied:?}");
+    // No order, but one bucket survived (it may hold transfers and
+    // reservations a fresh share would ignore): left absent too.
+    let id = unique("t");
+    let spec = SaleSpec { buckets: 3, ..sale(&id, 9) };
+    store.upsert_sale(&spec).await.unwrap();
+    crate::buckets::install(&mut conn, &spec).await.unwrap();
+    for k in [0, 2] {
+        let () = conn.del(SaleKeys::bucket(&id, k).meta).await.unwrap();
+    }
+    assert_eq!(restore(&mut conn, &store, &id).await.unwrap(), Restored::LeftAbsent);
+    assert_eq!(crate::buckets::present(&mut conn, &id, 3).await.unwrap(), 1, "nothing reinstalled");
+}

@@ -592,6 +592,19 @@ pub struct SaleWrite {
 }
 
 impl SaleWrite {
+    /// The saved sale `id`, read under an exclusive hold of its row (`FOR
+    /// UPDATE` on PostgreSQL and MySQL, the write lock on SQLite) so no
+    /// other change commits between this read and the commit.
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn held(&mut self, id: &str) -> Result<Option<SaleSpec>, StoreError> {
+        let lock = if self.flavour == Flavour::Sqlite { sql::TAKE_WRITE_LOCK } else { sql::HOLD_SALE_EXCLUSIVE };
+        sqlx::query(&self.sql(lock)).bind(id).execute(&mut *self.tx).await?;
+        let row = sqlx::query(&self.sql(sql::SALE_BY_ID)).bind(id).fetch_optional(&mut *self.tx).await?;
+        row.as_ref().map(sale_from_row).transpose()
+    }
+
     /// Creates or replaces the sale inside the transaction.
     ///
     /// # Errors
@@ -635,6 +648,7 @@ fn bind_sale<'q>(query: AnyQuery<'q>, spec: &SaleSpec, now: i64) -> AnyQuery<'q>
         .bind(spec.ends_at_ms)
         .bind(now)
         .bind(spec.draw_window_ms)
+        .bind(i64::from(spec.buckets))
 }
 
 fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
@@ -646,6 +660,9 @@ fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
         starts_at_ms: row.try_get("starts_at_ms")?,
         ends_at_ms: row.try_get("ends_at_ms")?,
         draw_window_ms: row.try_get("draw_window_ms")?,
+        // 1 to 64 by the validation of every writer; anything else read
+        // back is treated as one bucket, the layout that needs nothing.
+        buckets: u32::try_from(row.try_get::<i64, _>("buckets")?).ok().filter(|b| (1..=64).contains(b)).unwrap_or(1),
     })
 }
 

@@ -146,7 +146,7 @@ mod tests {
     /// database records these when migrated; a migration edited after its
     /// release no longer matches and sqlx refuses to start on that
     /// database. Change the schema with a new migration, and add it here.
-    const RELEASED: [(Flavour, i64, &str); 9] = [
+    const RELEASED: [(Flavour, i64, &str); 12] = [
         (Flavour::Sqlite, 1, "7d6d00ea98fffefdcac48871128528e3ed19b1de2c1f3c021cde9bd6540432bdb847de154f04abbdc9d6abacdef34c2b"),
         (Flavour::Postgres, 1, "cd0e16000e22cecf975de9dc1f0be5770a9f96bbff806d292cd75dbc6b2a22afa0ed7ae3080af1f3c7a927b63bb0efce"),
         (Flavour::Mysql, 1, "2de7d9126c8633f100f8dd75b55cf377d9eb3ee1c79642e8c602a26037604c13fd0e9511e1220a95d93c987bcaf4c838"),
@@ -156,6 +156,9 @@ mod tests {
         (Flavour::Sqlite, 20, "36bfc66e4be2d5fe7eea832ff1de4ac5491c516cb8a7596102820e04576402cf36fcd1fc931100428112e3300f9969ee"),
         (Flavour::Postgres, 20, "36bfc66e4be2d5fe7eea832ff1de4ac5491c516cb8a7596102820e04576402cf36fcd1fc931100428112e3300f9969ee"),
         (Flavour::Mysql, 20, "8ad69cf325350e795e7a083866b1dc458dc09be8c741da5a5fec58561f04f999145cea91e534fdef2ed2276e739bc3a1"),
+        (Flavour::Sqlite, 30, "a9aedcd196c30a2aded06f62f406df119ce09ca971ed6adf7303b52f388675a14372750918ef3ae47bf41abac98de986"),
+        (Flavour::Postgres, 30, "a9aedcd196c30a2aded06f62f406df119ce09ca971ed6adf7303b52f388675a14372750918ef3ae47bf41abac98de986"),
+        (Flavour::Mysql, 30, "a9aedcd196c30a2aded06f62f406df119ce09ca971ed6adf7303b52f388675a14372750918ef3ae47bf41abac98de986"),
     ];
 
     #[test]

@@ -117,19 +117,23 @@ pub const ORDER_BY_RESERVATION: &str = "SELECT order_id, reservation_id, sale_id
 
 pub const COUNT_LIVE_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
 
-pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) ON CONFLICT (id) DO NOTHING";
+pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO NOTHING";
 
 /// MySQL: [`INSERT_SALE_IF_ABSENT`] without the upsert, whose affected-rows
 /// count (sqlx asks for found rows) cannot tell a new row from an old one;
 /// the caller takes a duplicate-key error for "already there".
-pub const INSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8)";
+pub const INSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9)";
 
-/// Keeps `created_at_ms` and `paused` of an existing row.
-pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms, draw_window_ms = excluded.draw_window_ms";
+/// Keeps `created_at_ms`, `paused` and `buckets` of an existing row (a
+/// saved sale's bucket count never changes: gateways and backends must
+/// agree on it).
+pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms, draw_window_ms = excluded.draw_window_ms";
 
-pub const SALE_BY_ID: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms FROM sales WHERE id = $1";
+pub const SALE_BY_ID: &str =
+    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales WHERE id = $1";
 
-pub const ALL_SALES: &str = "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms FROM sales ORDER BY id";
+pub const ALL_SALES: &str =
+    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales ORDER BY id";
 
 pub const SET_PAYMENT_TIMEOUT: &str = "UPDATE sales SET payment_timeout_seconds = $1 WHERE id = $2";
 

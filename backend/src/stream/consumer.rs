@@ -146,6 +146,11 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                     last_maintenance = Some(Instant::now());
                     if let Some(conn) = redis.as_mut() {
                         for sale in &sales {
+                            if sale.buckets > 1 {
+                                // Trimming and archiving read one stream.
+                                tracing::debug!(sale = %sale.id, "bucketed sale: no trimming or archiving in this release");
+                                continue;
+                            }
                             if !archived.contains(&sale.id) && maintain_sale(conn, &store, &settings.metrics, &sale.id).await {
                                 archived.insert(sale.id.clone());
                             }
@@ -159,7 +164,9 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                             let _ = stop.send(true);
                         }
                     } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
-                        if !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms()) {
+                        if sale.buckets <= 1
+                            && !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms())
+                        {
                             if let Some(conn) = redis.as_mut() {
                                 if maintain_sale(conn, &store, &settings.metrics, &sale.id).await {
                                     archived.insert(sale.id);
@@ -171,7 +178,11 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                         let (stop, stopped) = watch::channel(false);
                         let (store, settings) = (store.clone(), settings.clone());
                         tasks.spawn(async move {
-                            consume_sale(sale.id.clone(), store, settings, stopped).await;
+                            if sale.buckets > 1 {
+                                consume_buckets(sale.id.clone(), sale.buckets, store, settings, stopped).await;
+                            } else {
+                                consume_sale(sale.id.clone(), store, settings, stopped).await;
+                            }
                             sale.id
                         });
                         slot.insert(stop);
@@ -249,10 +260,32 @@ async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store
     }
 }
 
+/// Consumes every stream of bucketed sale `sale_id` until `shutdown`
+/// turns true: each bucket's, where its buys append, and the sale's own,
+/// where a dead letter retried by an operator goes back. Each stream is
+/// read in the consumer group like a sale's, so several backends share
+/// them.
+pub async fn consume_buckets(sale_id: String, buckets: u32, store: Store, settings: Settings, shutdown: watch::Receiver<bool>) {
+    let mut streams = JoinSet::new();
+    let own = std::iter::once(SaleKeys::new(&sale_id).stream);
+    for stream in own.chain((0..buckets).map(|k| SaleKeys::bucket(&sale_id, k).stream)) {
+        let (sale_id, store, settings, shutdown) = (sale_id.clone(), store.clone(), settings.clone(), shutdown.clone());
+        streams.spawn(async move { consume_stream(sale_id, stream, store, settings, shutdown).await });
+    }
+    while streams.join_next().await.is_some() {}
+}
+
 /// Consumes the stream of `sale_id` until `shutdown` turns true. Never
 /// gives up: Redis or database failures are logged and retried with
 /// backoff.
-pub async fn consume_sale(sale_id: String, store: Store, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+pub async fn consume_sale(sale_id: String, store: Store, settings: Settings, shutdown: watch::Receiver<bool>) {
+    let stream = SaleKeys::new(&sale_id).stream;
+    consume_stream(sale_id, stream, store, settings, shutdown).await;
+}
+
+/// Consumes `stream`, which holds reservations of `sale_id`, until
+/// `shutdown` turns true.
+async fn consume_stream(sale_id: String, stream: String, store: Store, settings: Settings, mut shutdown: watch::Receiver<bool>) {
     let mut backoff = Backoff::default();
     loop {
         if *shutdown.borrow() {
@@ -263,7 +296,7 @@ pub async fn consume_sale(sale_id: String, store: Store, settings: Settings, mut
                 return;
             }
         }
-        let mut consumer = Consumer { stream: SaleKeys::new(&sale_id).stream, sale_id: &sale_id, store: &store, settings: &settings };
+        let mut consumer = Consumer { stream: stream.clone(), sale_id: &sale_id, store: &store, settings: &settings };
         match consumer.session(&mut shutdown, &mut backoff).await {
             Ok(()) => return,
             Err(error) => {

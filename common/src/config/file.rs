@@ -481,6 +481,10 @@ pub struct Sale {
     /// This sale's opening draw window, ms (0 = no draw); left out, the
     /// sale follows `fairness.window_ms`.
     pub draw_window_ms: Option<i64>,
+    /// How many buckets (hash tags) the stock is split over, 1 to 64; 1
+    /// keeps the sale in one slot (see `crate::buckets`).
+    #[serde(default = "one")]
+    pub buckets: i64,
 }
 
 fn one() -> i64 {

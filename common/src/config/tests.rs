@@ -499,3 +499,21 @@ fn draw_windows_are_refused_on_redis_cluster_by_key_and_mode() {
     let c = Config::from_toml_str(&format!("{cluster}[fairness]\nwindow_ms = 0\n"), &NoEnv, 0).unwrap();
     assert_eq!(c.fairness.window_ms, 0);
 }
+
+#[test]
+fn sale_buckets_default_to_one_and_bad_counts_or_draws_are_refused_by_key() {
+    let sale = "[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 10\n";
+    assert_eq!(Config::from_toml_str(sale, &NoEnv, 0).unwrap().sales[0].buckets, 1);
+    assert_eq!(Config::from_toml_str(&format!("{sale}buckets = 6\n"), &NoEnv, 0).unwrap().sales[0].buckets, 6);
+    for toml in [
+        format!("{sale}buckets = 0\n"),
+        format!("{sale}buckets = 65\n"),
+        format!("{sale}buckets = 4\ndraw_window_ms = 100\n"),
+        format!("[fairness]\nwindow_ms = 200\n{sale}buckets = 4\n"),
+    ] {
+        let msg = Config::from_toml_str(&toml, &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains("sales[0].buckets:"), "{toml}: {msg}");
+    }
+    let c = Config::from_toml_str(&format!("[fairness]\nwindow_ms = 200\n{sale}buckets = 4\ndraw_window_ms = 0\n"), &NoEnv, 0).unwrap();
+    assert_eq!(c.sales[0].buckets, 4, "a bucketed sale may opt out of the shared draw window");
+}

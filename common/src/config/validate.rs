@@ -76,6 +76,15 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         payment_timeouts: payment_timeouts(&mut check, &f.sales),
         sales: sales(&mut check, &f.sales, now_ms),
     };
+    // A draw runs in one slot: a bucketed sale cannot follow the shared window.
+    for (i, s) in config.sales.iter().enumerate() {
+        if s.buckets > 1 && s.draw_window_ms.is_none() && config.fairness.window_ms != 0 {
+            check.fail(
+                format_args!("sales[{i}].buckets"),
+                "must be 1 while fairness.window_ms is set (the draw runs in one slot), unless the sale sets draw_window_ms = 0",
+            );
+        }
+    }
     // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
     if matches!(config.redis.target, RedisTarget::Cluster { .. }) {
         if config.fairness.window_ms != 0 {
@@ -567,5 +576,6 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         starts_at_ms,
         ends_at_ms,
         draw_window_ms: s.draw_window_ms,
+        buckets: crate::buckets::validate("buckets", s.buckets)?,
     })
 }

@@ -23,6 +23,7 @@ impl Fixture {
             call_nonce: nonce,
             idempotency_ttl_seconds: 600,
             draw_window_ms: 0,
+            buckets: 1,
         };
         deduct(&self.service.redis, &attempt).await.unwrap()
     }

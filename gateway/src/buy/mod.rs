@@ -27,6 +27,7 @@
 #[cfg(test)]
 mod draw_tests;
 mod outcome;
+mod refill;
 #[cfg(test)]
 mod tests;
 
@@ -34,6 +35,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flashgate_common::keys::home_id;
 use flashgate_common::keys::SaleEvent;
 use flashgate_common::reservation::{reservation_id, ForwardedWinner, Reservation};
 use http::HeaderMap;
@@ -148,8 +150,14 @@ impl<C: WallClock> BuyService<C> {
         // Taken before the script runs: a snapshot read after this may
         // already count this buy's win (see `SaleCache::took_one`).
         let sent_at = std::time::Instant::now();
+        let local = match local {
+            Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
+            local => local,
+        };
+        // Known without Redis once the sale was read (see `SaleCache::buckets`).
+        let buckets = self.sales.buckets(&self.redis, sale_id).await;
         let decision = match local {
-            None => self.deduct_or_draw(sale_id, user, idempotency_key).await?,
+            None => self.deduct_or_draw(sale_id, buckets, user, idempotency_key).await?,
             // Turned away locally; only a retry of a remembered key still
             // deserves its first outcome, so only that asks Redis: one
             // round trip, whoever holds the sale's items now. A win whose
@@ -158,21 +166,22 @@ impl<C: WallClock> BuyService<C> {
             // `order_cancelled`, not `sold_out`. In a sold-out sale only a
             // user who ever won can have such a key; anyone else's retry is
             // answered here.
-            Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
-            Some(Rejection::SoldOut) if !self.sales.ever_won(&self.redis, sale_id, user).await => return Err(Rejection::SoldOut),
-            Some(rejection) => match remembered(&self.redis, sale_id, user, idempotency_key).await.map_err(|e| self.unavailable(&e))? {
-                Some(decision) => decision,
-                // An ever-won user's key Redis does not remember may name a
-                // draw entry still undecided when the draw's sold out
-                // flagged the sale: only a past winner's entry can then be
-                // decided other than `sold_out` (`limit_reached`), so the
-                // deduct answers it (joining the entry, or its own answer:
-                // it enforces the limit atomically). Without the proof of
-                // work (not asked of a flagged sale) it may not reach the
-                // deduct: the flag answers, as before.
-                None if unchallenged || !matches!(rejection, Rejection::SoldOut) => return Err(rejection),
-                None => self.deduct_or_draw(sale_id, user, idempotency_key).await?,
-            },
+            Some(Rejection::SoldOut) if !self.sales.ever_won(&self.redis, sale_id, buckets, user).await => return Err(Rejection::SoldOut),
+            Some(rejection) => {
+                match remembered(&self.redis, sale_id, buckets, user, idempotency_key).await.map_err(|e| self.unavailable(&e))? {
+                    Some(decision) => decision,
+                    // An ever-won user's key Redis does not remember may name a
+                    // draw entry still undecided when the draw's sold out
+                    // flagged the sale: only a past winner's entry can then be
+                    // decided other than `sold_out` (`limit_reached`), so the
+                    // deduct answers it (joining the entry, or its own answer:
+                    // it enforces the limit atomically). Without the proof of
+                    // work (not asked of a flagged sale) it may not reach the
+                    // deduct: the flag answers, as before.
+                    None if unchallenged || !matches!(rejection, Rejection::SoldOut) => return Err(rejection),
+                    None => self.deduct_or_draw(sale_id, buckets, user, idempotency_key).await?,
+                }
+            }
         };
         debug!(sale = sale_id, user, outcome = ?decision.outcome, replayed = decision.replayed, "deduct");
         match decision.outcome {
@@ -197,14 +206,14 @@ impl<C: WallClock> BuyService<C> {
                 }
                 // The reservation stands either way (it is in the master and
                 // forwarded); only the answer waits for the replicas.
-                self.replicated(sale_id, decision.node.as_deref()).await?;
+                self.replicated(&home_id(sale_id, buckets, user), decision.node.as_deref()).await?;
                 Ok(BuyOutcome::Won { reservation_id })
             }
             // A winner retrying with their key: the order's own state once
             // it exists. Nothing is forwarded again: the win's own forward
             // or, failing that, the stream writes the order.
             DeductOutcome::Won { reservation_id, reserved_at_ms: None } => {
-                self.replicated(sale_id, decision.node.as_deref()).await?;
+                self.replicated(&home_id(sale_id, buckets, user), decision.node.as_deref()).await?;
                 let order = self.order_lookups.order(&reservation_id).await;
                 Ok(BuyOutcome::Replayed { reservation_id, order })
             }
@@ -232,14 +241,19 @@ impl<C: WallClock> BuyService<C> {
     /// entrant is held until the draw decides it; a buy after the window
     /// that finds the draw undecided runs it, then buys (twice at most: a
     /// draw stays decided).
-    async fn deduct_or_draw(&self, sale_id: &str, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
+    async fn deduct_or_draw(&self, sale_id: &str, buckets: u32, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
+        if buckets > 1 {
+            // No draw for a bucketed sale (validation refuses one).
+            let rid = reservation_id(sale_id, rand::random());
+            return self.deduct_in_buckets(sale_id, buckets, user, idempotency_key, &rid).await;
+        }
         for _ in 0..2 {
             let rid = reservation_id(sale_id, rand::random());
             // Before the entry exists: its sold out, decided later and read
             // later still, flags the sale only if stock did not come back
             // (a restock, a returned item) in between.
             let clears = self.sales.clears(sale_id);
-            let decision = self.deduct(sale_id, user, idempotency_key, &rid).await?;
+            let decision = self.deduct(sale_id, 1, user, idempotency_key, &rid).await?;
             match decision.outcome {
                 DeductOutcome::Entered { entry, closes_in_ms } => {
                     if !decision.replayed {
@@ -326,7 +340,7 @@ impl<C: WallClock> BuyService<C> {
     /// Runs the deduct script; a sold-out answer found just now is flagged
     /// here and announced to every other gateway. A replayed one is not:
     /// it tells what an earlier attempt got, not whether stock is left.
-    async fn deduct(&self, sale_id: &str, user: &str, idempotency_key: &str, rid: &str) -> Result<Decision, Rejection> {
+    async fn deduct(&self, sale_id: &str, buckets: u32, user: &str, idempotency_key: &str, rid: &str) -> Result<Decision, Rejection> {
         let nonce = format!("{:016x}", rand::random::<u64>());
         let attempt = BuyAttempt {
             sale_id,
@@ -336,10 +350,15 @@ impl<C: WallClock> BuyService<C> {
             call_nonce: &nonce,
             idempotency_ttl_seconds: self.idempotency_ttl.as_secs(),
             draw_window_ms: self.draws.window_ms,
+            buckets,
         };
         let timer = self.metrics.script_duration.start_timer();
         let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
+        if buckets > 1 {
+            // Flagged per bucket by the caller (`refill`).
+            return Ok(decision);
+        }
         if decision.found_sold_out() {
             self.flag_sold_out(sale_id).await;
         }

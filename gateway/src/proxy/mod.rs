@@ -406,7 +406,7 @@ impl Gateway {
             }
             Route::Reservation(rid) => {
                 let user = self.admission.user(RouteClass::Read, peer(session), headers)?;
-                let view = crate::reservations::lookup(&self.redis, &self.order_lookups, &self.metrics, &user, rid).await?;
+                let view = crate::reservations::lookup(&self.redis, &self.sales, &self.order_lookups, &self.metrics, &user, rid).await?;
                 Ok(Reply::json(200, &view))
             }
             Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, &PageRequest::from_headers(headers))),

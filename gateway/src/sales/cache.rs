@@ -71,6 +71,15 @@ pub struct SaleCache {
     cleared: moka::sync::Cache<String, u64>,
     /// Winners of a sold-out sale, by sale and flag number.
     winners: moka::future::Cache<(String, u64), Winners>,
+    /// Empty buckets of bucketed sales, by sale and bucket: set from a
+    /// deduct's `sold_out` on a bucket or a transfer finding a bucket empty
+    /// (here or announced), cleared when items move into the bucket. The
+    /// sale's own flag (`sold_out`) is set only once every bucket was
+    /// confirmed dry in Redis; these are hints for choosing donors.
+    empty_buckets: moka::sync::Cache<(String, u32), ()>,
+    /// Each sale's bucket count as last read: it never changes for a saved
+    /// sale, so a buy answered locally finds its home bucket without Redis.
+    bucket_counts: moka::sync::Cache<String, u32>,
 }
 
 impl SaleCache {
@@ -85,6 +94,8 @@ impl SaleCache {
             missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
             cleared: moka::sync::Cache::builder().max_capacity(MAX_SALES).build(),
             winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
+            empty_buckets: moka::sync::Cache::builder().max_capacity(MAX_SALES * 4).time_to_live(SOLD_OUT_TTL).build(),
+            bucket_counts: moka::sync::Cache::builder().max_capacity(MAX_SALES).build(),
         }
     }
 
@@ -121,6 +132,9 @@ impl SaleCache {
                 Ok::<_, RedisError>(Held { snapshot: snapshot.map(Arc::new), read_at: Instant::now() })
             })
             .await?;
+        if let Some(s) = &held.snapshot {
+            self.bucket_counts.insert(sale_id.to_owned(), s.window.buckets);
+        }
         if held.snapshot.is_none() {
             self.snapshots.invalidate(sale_id).await;
             self.absent.insert(sale_id.to_owned(), held.read_at).await;
@@ -208,6 +222,37 @@ impl SaleCache {
         self.cleared.get(sale_id).unwrap_or(0)
     }
 
+    /// The sale's bucket count, from its snapshot (at most [`WINDOW_TTL`]
+    /// old; 1 when Redis cannot be read: the sale's own keys then sell
+    /// nothing, its buys answer 503 fenced, never a wrong win).
+    pub async fn buckets(&self, redis: &RedisClient, sale_id: &str) -> u32 {
+        if let Some(n) = self.bucket_counts.get(sale_id) {
+            return n;
+        }
+        self.window(redis, sale_id).await.ok().flatten().map_or(1, |w| w.buckets)
+    }
+
+    /// Whether bucket `bucket` of `sale_id` is flagged empty here.
+    pub fn bucket_empty(&self, sale_id: &str, bucket: u32) -> bool {
+        self.empty_buckets.contains_key(&(sale_id.to_owned(), bucket))
+    }
+
+    /// Flags bucket `bucket` of a sale empty: a hint for choosing donors
+    /// only. The sale itself is flagged sold out only after every bucket
+    /// was confirmed dry in Redis (`crate::buy` refill).
+    pub fn mark_bucket_empty(&self, sale_id: &str, bucket: u32) {
+        self.empty_buckets.insert((sale_id.to_owned(), bucket), ());
+    }
+
+    /// Items moved into bucket `bucket` of `sale_id`: it is not empty, so
+    /// neither is the sale.
+    pub async fn bucket_stocked(&self, sale_id: &str, bucket: u32) {
+        self.empty_buckets.invalidate(&(sale_id.to_owned(), bucket));
+        if let Some(flag) = self.sold_out.remove(sale_id) {
+            self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
+        }
+    }
+
     /// Forgets everything about a sale: an operator changed it, or items
     /// went back to its stock (so someone may win in it again).
     pub async fn forget(&self, sale_id: &str) {
@@ -217,6 +262,10 @@ impl SaleCache {
         }
         self.snapshots.invalidate(sale_id).await;
         self.absent.invalidate(sale_id).await;
+        self.bucket_counts.invalidate(sale_id);
+        for k in 0..flashgate_common::buckets::MAX_BUCKETS as u32 {
+            self.empty_buckets.invalidate(&(sale_id.to_owned(), k));
+        }
     }
 
     /// Whether `user` ever won in sold-out `sale_id`, so may hold a won
@@ -227,9 +276,9 @@ impl SaleCache {
     /// Nobody wins in a sold-out sale until items come back, which clears
     /// the flag. Unsure (not flagged, Redis error, too many winners to hold)
     /// answers true: the caller then asks Redis.
-    pub async fn ever_won(&self, redis: &RedisClient, sale_id: &str, user: &str) -> bool {
+    pub async fn ever_won(&self, redis: &RedisClient, sale_id: &str, buckets: u32, user: &str) -> bool {
         let Some(flag) = self.sold_out.get(sale_id) else { return true };
-        let held = self.winners.try_get_with((sale_id.to_owned(), flag), read_winners(redis, sale_id)).await;
+        let held = self.winners.try_get_with((sale_id.to_owned(), flag), read_winners(redis, sale_id, buckets)).await;
         match held {
             Ok(Some(winners)) => winners.contains(user),
             Ok(None) => true,
@@ -261,13 +310,24 @@ impl SaleCache {
     }
 }
 
-async fn read_winners(redis: &RedisClient, sale_id: &str) -> Result<Winners, RedisError> {
-    let keys = SaleKeys::new(sale_id);
+/// Reads the winners of a sale from its reservation index, or from every
+/// bucket's of a bucketed sale.
+async fn read_winners(redis: &RedisClient, sale_id: &str, buckets: u32) -> Result<Winners, RedisError> {
+    let indexes: Vec<SaleKeys> =
+        if buckets > 1 { (0..buckets).map(|k| SaleKeys::bucket(sale_id, k)).collect() } else { vec![SaleKeys::new(sale_id)] };
     let mut conn = redis.conn().await?;
-    let count: usize = redis.bounded(redis::cmd("HLEN").arg(&keys.reservations).query_async(&mut conn)).await??;
+    let mut count = 0;
+    for keys in &indexes {
+        let n: usize = redis.bounded(redis::cmd("HLEN").arg(&keys.reservations).query_async(&mut conn)).await??;
+        count += n;
+    }
     if count > MAX_WINNERS_HELD {
         return Ok(None);
     }
-    let users: Vec<String> = redis.bounded(redis::cmd("HVALS").arg(&keys.reservations).query_async(&mut conn)).await??;
-    Ok(Some(Arc::new(users.into_iter().collect())))
+    let mut winners = HashSet::with_capacity(count);
+    for keys in &indexes {
+        let users: Vec<String> = redis.bounded(redis::cmd("HVALS").arg(&keys.reservations).query_async(&mut conn)).await??;
+        winners.extend(users);
+    }
+    Ok(Some(Arc::new(winners)))
 }

@@ -20,6 +20,9 @@ pub struct SaleWindow {
     pub starts_at_ms: i64,
     pub ends_at_ms: i64,
     pub paused: bool,
+    /// How many buckets the sale's stock is split over (meta `buckets`,
+    /// 1 when absent): where a buy runs (see `flashgate_common::buckets`).
+    pub buckets: u32,
 }
 
 /// Where `now` falls in a sale's window.
@@ -127,8 +130,9 @@ impl SaleSnapshot {
     }
 }
 
-/// Reads a sale's meta hash and remaining stock in one round trip; `None`
-/// when the sale is not in Redis.
+/// Reads a sale's meta hash and remaining stock in one round trip (a
+/// bucketed sale's remaining: one more read per bucket); `None` when the
+/// sale is not in Redis.
 ///
 /// # Errors
 /// When Redis fails or times out.
@@ -138,7 +142,23 @@ pub async fn read_snapshot(redis: &RedisClient, sale_id: &str) -> Result<Option<
     let mut pipe = redis::pipe();
     pipe.hgetall(&keys.meta).get(&keys.remaining);
     let (meta, remaining): (HashMap<String, String>, Option<i64>) = redis.bounded(pipe.query_async(&mut conn)).await??;
-    Ok(parse(sale_id, &meta, remaining.unwrap_or(0)))
+    let Some(snapshot) = parse(sale_id, &meta, remaining.unwrap_or(0)) else { return Ok(None) };
+    if snapshot.window.buckets > 1 {
+        // The items are in the buckets (and in transit between them): a
+        // display figure for `GET /api/sales/{id}` only. The buy path needs
+        // the window above, so a bucket that cannot be read is left out of
+        // the sum (logged) rather than failing the snapshot.
+        let mut left = 0;
+        for k in 0..snapshot.window.buckets {
+            match redis.bounded(flashgate_common::transfer::left_in(&mut conn, sale_id, k)).await {
+                Ok(Ok(n)) => left += n,
+                Ok(Err(error)) => tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items"),
+                Err(error) => tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items"),
+            }
+        }
+        snapshot.remaining.store(left, Ordering::Relaxed);
+    }
+    Ok(Some(snapshot))
 }
 
 /// A snapshot from the meta hash: a sale exists for buys when its window
@@ -149,6 +169,7 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
         starts_at_ms: int("starts_at_ms")?,
         ends_at_ms: int("ends_at_ms")?,
         paused: meta.get("paused").is_some_and(|p| p == "1"),
+        buckets: int("buckets").and_then(|b| u32::try_from(b).ok()).filter(|b| (1..=64).contains(b)).unwrap_or(1),
     };
     let spec = (|| {
         Some(SaleSpec {
@@ -159,6 +180,7 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
             starts_at_ms: window.starts_at_ms,
             ends_at_ms: window.ends_at_ms,
             draw_window_ms: int("draw_window_ms"),
+            buckets: window.buckets,
         })
     })();
     Some(SaleSnapshot { window, spec, remaining: AtomicI64::new(remaining) })
@@ -185,6 +207,16 @@ mod tests {
     }
 
     #[test]
+    fn the_bucket_count_comes_from_the_meta_and_defaults_to_one() {
+        let m = meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000")]);
+        assert_eq!(parse("s", &m, 3).unwrap().window.buckets, 1);
+        let m = meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000"), ("buckets", "6")]);
+        assert_eq!(parse("s", &m, 3).unwrap().window.buckets, 6);
+        let m = meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000"), ("buckets", "0")]);
+        assert_eq!(parse("s", &m, 3).unwrap().window.buckets, 1, "nonsense is one bucket");
+    }
+
+    #[test]
     fn a_window_without_the_listing_still_answers_buys_but_no_view() {
         let s = parse("s", &meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000"), ("paused", "1")]), 3).unwrap();
         assert!(s.view(2000).is_none());
@@ -193,7 +225,7 @@ mod tests {
 
     #[test]
     fn window_checks_follow_the_scripts_order() {
-        let w = SaleWindow { starts_at_ms: 10_000, ends_at_ms: 20_000, paused: false };
+        let w = SaleWindow { starts_at_ms: 10_000, ends_at_ms: 20_000, paused: false, buckets: 1 };
         assert_eq!(w.check(8_500), WindowCheck::NotStarted { wait_secs: 2 });
         assert_eq!(w.check(10_000), WindowCheck::Open);
         assert_eq!(w.check(20_000), WindowCheck::Ended);

@@ -1,0 +1,184 @@
+//! Bucketed sales (`buckets > 1`, see `flashgate_common::buckets`) in the
+//! backend, phase 1: installing the buckets at preheat, keeping each
+//! bucket's copy of the definition (pause, window, name, limit) in step
+//! with the sale's, and the transit repair that completes transfers a
+//! gateway left half-done.
+//!
+//! Phase 1 installs a bucketed sale only while the database holds no order
+//! of it (a new sale): its buckets then agree with the database by
+//! construction and are marked synced at once. Everything that rebuilds a
+//! sale from the database (the restore of a sale Redis lost, the re-sync
+//! of a failed-over Redis in `crate::fence`, reconciliation) and the admin
+//! stock change do not handle buckets yet: they leave a bucketed sale
+//! alone (logged), so a bucket whose Redis failed over stays fenced (its
+//! buys answer 503) rather than selling from books that may be short.
+
+use std::sync::LazyLock;
+
+use flashgate_common::buckets::split_stock;
+use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
+use flashgate_common::sale::SaleSpec;
+use redis::aio::ConnectionLike;
+use redis::{RedisError, Script};
+
+/// Installs one bucket if absent (`lua/preheat_bucket.lua`).
+static PREHEAT_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT_BUCKET));
+
+/// Writes fields into a present meta hash (`lua/bucket_meta.lua`).
+static BUCKET_META: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/bucket_meta.lua")));
+
+/// Installs every bucket of `spec` that is absent, each with its share of
+/// the stock, paused (the restore then applies the recorded pause to the
+/// sale and every bucket, see [`copy_fields`]). Returns how many were
+/// installed now. The sale's own meta is written after this, by the
+/// caller: until then gateways do not know the sale, so nobody can buy
+/// from a bucket installed by a restore that then died, and the next one
+/// leaves it as it is.
+///
+/// # Errors
+/// Redis failed; buckets installed stay, the next pass installs the rest.
+pub async fn install<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec) -> Result<u32, RedisError> {
+    let mut installed = 0;
+    for (k, share) in split_stock(spec.stock, spec.buckets).into_iter().enumerate() {
+        let k = k as u32;
+        let keys = SaleKeys::bucket(&spec.id, k);
+        let done: i64 = PREHEAT_BUCKET
+            .key(&keys.meta)
+            .key(&keys.remaining)
+            .key(&keys.stream)
+            .key(&keys.synced)
+            .arg(&spec.name)
+            .arg(share)
+            .arg(spec.per_user_limit)
+            .arg(spec.starts_at_ms)
+            .arg(spec.ends_at_ms)
+            .arg("1")
+            .arg(k)
+            .arg(spec.buckets)
+            .arg(CONSUMER_GROUP)
+            .invoke_async(conn)
+            .await?;
+        installed += u32::try_from(done).unwrap_or(0);
+    }
+    Ok(installed)
+}
+
+/// How many of the `buckets` buckets of sale `id` are in Redis (their
+/// meta present).
+///
+/// # Errors
+/// Redis failed.
+pub async fn present<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<u32, RedisError> {
+    let mut n = 0;
+    for k in 0..buckets {
+        let there: bool = redis::cmd("EXISTS").arg(SaleKeys::bucket(id, k).meta).query_async(conn).await?;
+        n += u32::from(there);
+    }
+    Ok(n)
+}
+
+/// The bucket count Redis holds for sale `id` (its meta's `buckets`; 1
+/// when absent or unreadable as a count).
+///
+/// # Errors
+/// Redis failed.
+pub async fn in_redis<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<u32, RedisError> {
+    let n: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("buckets").query_async(conn).await?;
+    Ok(n.and_then(|n| n.parse().ok()).filter(|n| (1..=64).contains(n)).unwrap_or(1))
+}
+
+/// Writes `fields` into the meta copy of every present bucket of `id`
+/// (`buckets` of them): how a pause or a new window reaches the deduct on
+/// each bucket. An absent bucket is left absent.
+///
+/// # Errors
+/// Redis failed; the restore loop's next pass copies the pause again.
+pub async fn copy_fields<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+    fields: &[(&str, String)],
+) -> Result<(), RedisError> {
+    for k in 0..buckets {
+        let mut call = BUCKET_META.key(SaleKeys::bucket(id, k).meta);
+        for (field, value) in fields {
+            call.arg(*field).arg(value);
+        }
+        let _: i64 = call.invoke_async(conn).await?;
+    }
+    Ok(())
+}
+
+/// Copies the sale's own pause (its meta's `paused`) to every bucket of
+/// sale `id`, if it is bucketed: the one way a pause reaches the buckets.
+///
+/// # Errors
+/// Redis failed.
+pub async fn copy_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<(), RedisError> {
+    let buckets = in_redis(conn, id).await?;
+    if buckets <= 1 {
+        return Ok(());
+    }
+    let paused: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("paused").query_async(conn).await?;
+    if let Some(paused) = paused {
+        copy_fields(conn, id, buckets, &[("paused", paused)]).await?;
+    }
+    Ok(())
+}
+
+/// The definition fields a bucket copies from `spec` (its stock share is
+/// its own).
+pub fn definition_fields(spec: &SaleSpec) -> Vec<(&'static str, String)> {
+    vec![
+        ("name", spec.name.clone()),
+        ("per_user_limit", spec.per_user_limit.to_string()),
+        ("starts_at_ms", spec.starts_at_ms.to_string()),
+        ("ends_at_ms", spec.ends_at_ms.to_string()),
+    ]
+}
+
+/// One pass of the transit repair over `sales`: completes every transfer
+/// between buckets that a gateway left open for longer than
+/// `flashgate_common::transfer::REPAIR_AFTER_MS` (see
+/// `flashgate_common::transfer`), and keeps each bucket's pause equal to
+/// the sale's. Returns how many transfers it completed; failures are
+/// logged and retried next pass.
+pub async fn repair_all<C: ConnectionLike + Send>(conn: &mut C, sales: &[SaleSpec]) -> u64 {
+    let mut closed = 0;
+    for spec in sales.iter().filter(|s| s.buckets > 1) {
+        match flashgate_common::transfer::repair(conn, &spec.id, spec.buckets, flashgate_common::now_ms()).await {
+            Ok(n) => closed += n,
+            Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot repair the sale's transfers in transit yet"),
+        }
+        if let Err(error) = copy_pause(conn, &spec.id).await {
+            tracing::warn!(%error, sale = %spec.id, "cannot copy the sale's pause to its buckets yet");
+        }
+    }
+    closed
+}
+
+/// Live counters of a bucketed sale for the operator view: items left
+/// (every bucket's plus those in transit), reservations, and stream
+/// entries pending over every bucket's stream.
+///
+/// # Errors
+/// Redis failed.
+pub async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<(i64, i64, i64), RedisError> {
+    let left = flashgate_common::transfer::left(conn, id, buckets).await?;
+    let (mut reservations, mut pending) = (0, 0);
+    for k in 0..buckets {
+        let keys = SaleKeys::bucket(id, k);
+        let n: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
+        reservations += n;
+        pending += match redis::cmd("XPENDING").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<redis::Value>(conn).await {
+            Ok(redis::Value::Array(items)) => match items.first() {
+                Some(redis::Value::Int(n)) => *n,
+                _ => 0,
+            },
+            Ok(_) => 0,
+            Err(e) if e.code() == Some("NOGROUP") => 0,
+            Err(e) => return Err(e),
+        };
+    }
+    Ok((left, reservations, pending))
+}

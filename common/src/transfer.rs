@@ -1,0 +1,483 @@
+//! Items moving between the buckets of a bucketed sale (see
+//! [`crate::buckets`]), and the books that prove none is created or lost.
+//!
+//! A transfer of transfer id `xid` from donor bucket D to bucket K:
+//! 1. [`take`] (`lua/xfer_out.lua` on D): takes a batch out of D's
+//!    `remaining` and records `xid` as open in D's `xfer-out`/`xfer-open`;
+//!    a retry with the same `xid` answers the same batch, nothing more;
+//! 2. [`give`] (`lua/xfer_in.lua` on K): adds the batch to K's `remaining`
+//!    once (`HSETNX` of `xid` in K's `xfer-in`);
+//! 3. [`close`] (`lua/xfer_ack.lua` on D): moves `xid` from open to done.
+//!
+//! Each side is one atomic script in its bucket's slot. A crash between 1
+//! and 2 leaves the transfer open, its items **in transit**; the backend's
+//! transit repair ([`repair`]) completes every open transfer older than
+//! [`REPAIR_AFTER_MS`] with 2 and 3, which are idempotent, so it may race
+//! the gateway that started it or run twice.
+//!
+//! Books ([`books`]): per sale, `Σ remaining + in transit + reserved =
+//! stock`, where in transit counts the open transfers whose target has not
+//! added them yet, and reserved is each bucket's reservations minus those
+//! returned.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Script};
+
+use crate::keys::SaleKeys;
+
+/// An open transfer younger than this is left to the gateway that started
+/// it (it finishes within its deal deadline, well under a second); older,
+/// the backend's transit repair completes it.
+pub const REPAIR_AFTER_MS: i64 = 2_000;
+
+static XFER_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_OUT));
+static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_in.lua")));
+static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_ack.lua")));
+static BUCKET_STATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/bucket_state.lua")));
+
+/// What the donor side of a transfer answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// This many items left the donor (now in transit).
+    Moved(i64),
+    /// The donor has nothing and no transfer out of it is open.
+    Empty,
+    /// The donor has nothing, but items it gave are on their way to bucket
+    /// `to`: transfer `xid` of `n` items, which the caller may complete
+    /// ([`complete`]).
+    InTransit { to: u32, xid: String, n: i64 },
+    /// The donor bucket is not in Redis.
+    NotFound,
+    /// The donor's Redis failed over since it was installed.
+    Fenced,
+    /// Asked to give to itself (donor = target) while it holds items:
+    /// nothing taken, the caller deducts again.
+    Stocked,
+}
+
+/// Step 1: takes at most `most` items (half of what is left, rounded up)
+/// out of bucket `from` for bucket `to`, recorded under `xid`.
+///
+/// # Errors
+/// Redis failed, or answered something the script never returns.
+pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, most: i64) -> RedisResult<Taken> {
+    let d = SaleKeys::bucket(sale_id, from);
+    let reply: Vec<String> = XFER_OUT
+        .key(&d.meta)
+        .key(&d.remaining)
+        .key(&d.xfer_out)
+        .key(&d.xfer_open)
+        .key(&d.synced)
+        .arg(xid)
+        .arg(to)
+        .arg(most)
+        .arg(if from == to { "1" } else { "0" })
+        .invoke_async(conn)
+        .await?;
+    let parsed = match reply.as_slice() {
+        [code, n] if code == "moved" => n.parse().ok().map(Taken::Moved),
+        [code, _] if code == "empty" => Some(Taken::Empty),
+        [code, to, xid, n] if code == "in_transit" => match (to.parse(), n.parse()) {
+            (Ok(to), Ok(n)) => Some(Taken::InTransit { to, xid: xid.clone(), n }),
+            _ => None,
+        },
+        [code, _] if code == "not_found" => Some(Taken::NotFound),
+        [code, _] if code == "fenced" => Some(Taken::Fenced),
+        [code, _] if code == "stocked" => Some(Taken::Stocked),
+        _ => None,
+    };
+    parsed.ok_or_else(|| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|"))))
+}
+
+/// Step 2: adds transfer `xid`'s `n` items to bucket `to`, once. `Some(true)`
+/// added now, `Some(false)` added before, `None` the bucket is absent.
+///
+/// # Errors
+/// Redis failed.
+pub async fn give<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, to: u32, xid: &str, n: i64) -> RedisResult<Option<bool>> {
+    let k = SaleKeys::bucket(sale_id, to);
+    let reply: i64 = XFER_IN.key(&k.meta).key(&k.remaining).key(&k.xfer_in).arg(xid).arg(n).invoke_async(conn).await?;
+    Ok(match reply {
+        1 => Some(true),
+        0 => Some(false),
+        _ => None,
+    })
+}
+
+/// Step 3: closes transfer `xid` of donor bucket `from`; `true` if it was
+/// open until now.
+///
+/// # Errors
+/// Redis failed.
+pub async fn close<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, xid: &str) -> RedisResult<bool> {
+    let d = SaleKeys::bucket(sale_id, from);
+    let closed: i64 = XFER_ACK.key(&d.xfer_out).key(&d.xfer_open).arg(xid).invoke_async(conn).await?;
+    Ok(closed == 1)
+}
+
+/// Steps 2 and 3 of transfer `xid` of `n` items from `from` to `to`:
+/// what the gateway that took the items does next, and what anyone who
+/// finds the transfer open may do (both steps are idempotent). `false`
+/// when the target bucket is absent (the transfer stays open).
+///
+/// # Errors
+/// Redis failed; the transfer stays open, or added but not closed (a
+/// later call closes it).
+pub async fn complete<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, n: i64) -> RedisResult<bool> {
+    if give(conn, sale_id, to, xid, n).await?.is_none() {
+        return Ok(false);
+    }
+    close(conn, sale_id, from, xid).await?;
+    Ok(true)
+}
+
+/// One bucket as [`confirm_dry`] reads it (`lua/bucket_state.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketState {
+    /// Whether the bucket is in Redis at all.
+    pub present: bool,
+    pub remaining: i64,
+    /// Open transfers out of the bucket (items in transit from it).
+    pub open_out: i64,
+    /// Transfers ever added to the bucket.
+    pub received: i64,
+    /// Reservations ever returned to the bucket.
+    pub returned: i64,
+}
+
+impl BucketState {
+    /// Present, nothing left and nothing on its way out.
+    pub fn dry(&self) -> bool {
+        self.present && self.remaining <= 0 && self.open_out == 0
+    }
+}
+
+/// Reads bucket `k` of `sale_id` atomically (one script in its slot).
+///
+/// # Errors
+/// Redis failed.
+pub async fn state<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<BucketState> {
+    let keys = SaleKeys::bucket(sale_id, k);
+    let r: (i64, i64, i64, i64, i64) = BUCKET_STATE
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.xfer_open)
+        .key(&keys.xfer_in)
+        .key(&keys.released)
+        .invoke_async(conn)
+        .await?;
+    Ok(BucketState { present: r.0 == 1, remaining: r.1, open_out: r.2, received: r.3, returned: r.4 })
+}
+
+/// Whether every bucket of `sale_id` is dry at one instant: the buckets
+/// are read twice, one call per bucket each time (`2 × buckets` calls);
+/// `true` only if both reads find every bucket [`BucketState::dry`] and no
+/// bucket received a transfer or a returned reservation between them.
+/// Items can only enter a bucket by those two ways, and leave a bucket
+/// only as an open transfer (seen) or a sale, so two equal dry reads mean
+/// there was an instant with no item left anywhere. A bucketed sale is
+/// answered `sold_out` only after this answered `true`.
+///
+/// # Errors
+/// Redis failed (the caller answers unavailable, never sold out).
+pub async fn confirm_dry<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<bool> {
+    let mut first = Vec::with_capacity(buckets as usize);
+    for k in 0..buckets {
+        let s = state(conn, sale_id, k).await?;
+        if !s.dry() {
+            return Ok(false);
+        }
+        first.push(s);
+    }
+    for (k, before) in (0..buckets).zip(first) {
+        if state(conn, sale_id, k).await? != before {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// One recorded transfer out of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct Record {
+    pub to: u32,
+    pub n: i64,
+    pub at: i64,
+    pub done: bool,
+}
+
+async fn record<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, xid: &str) -> RedisResult<Option<Record>> {
+    let raw: Option<String> = redis::cmd("HGET").arg(&keys.xfer_out).arg(xid).query_async(conn).await?;
+    Ok(raw.and_then(|r| serde_json::from_str(&r).ok()))
+}
+
+/// Completes every transfer out of any bucket of `sale_id` that is open
+/// and was made before `now_ms - REPAIR_AFTER_MS` (steps 2 and 3); returns
+/// how many it closed. Idempotent, and harmless beside a live gateway.
+///
+/// # Errors
+/// Redis failed; what was done stays done, the next pass does the rest.
+pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, now_ms: i64) -> RedisResult<u64> {
+    let mut closed = 0;
+    for from in 0..buckets {
+        let d = SaleKeys::bucket(sale_id, from);
+        let stale: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&d.xfer_open)
+            .arg("-inf")
+            .arg(now_ms - REPAIR_AFTER_MS)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(100)
+            .query_async(conn)
+            .await?;
+        for xid in stale {
+            let Some(r) = record(conn, &d, &xid).await? else { continue };
+            let Some(added) = give(conn, sale_id, r.to, &xid, r.n).await? else {
+                tracing::warn!(sale = sale_id, bucket = r.to, transfer = %xid, "transfer target bucket is not in redis; left open");
+                continue;
+            };
+            if added {
+                // Gateways that flagged the target empty learn it holds items.
+                let stocked = crate::keys::SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: r.to };
+                if let Err(error) = crate::keys::publish(conn, &stocked).await {
+                    tracing::warn!(%error, sale = sale_id, bucket = r.to, "cannot announce a repaired transfer");
+                }
+            }
+            if close(conn, sale_id, from, &xid).await? {
+                closed += 1;
+                tracing::info!(sale = sale_id, from, to = r.to, items = r.n, transfer = %xid, "transfer in transit completed by repair");
+            }
+        }
+    }
+    Ok(closed)
+}
+
+/// A bucketed sale's books, read bucket by bucket (not one snapshot: read
+/// while nothing moves, or expect a transfer to be seen on both sides or
+/// neither for an instant).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Books {
+    /// Each bucket's `remaining`.
+    pub remaining: Vec<i64>,
+    /// Items of open transfers their target has not added yet.
+    pub in_transit: i64,
+    /// Reservations minus returned ones, over every bucket.
+    pub reserved: i64,
+}
+
+impl Books {
+    /// `Σ remaining + in transit + reserved`: the sale's stock when the
+    /// books balance.
+    pub fn total(&self) -> i64 {
+        self.remaining.iter().sum::<i64>() + self.in_transit + self.reserved
+    }
+}
+
+/// Reads the books of `sale_id` over its `buckets` buckets.
+///
+/// # Errors
+/// Redis failed.
+pub async fn books<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<Books> {
+    let mut out = Books { remaining: Vec::with_capacity(buckets as usize), in_transit: 0, reserved: 0 };
+    for k in 0..buckets {
+        let keys = SaleKeys::bucket(sale_id, k);
+        let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
+        out.remaining.push(remaining.unwrap_or(0));
+        let resv: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
+        let released: i64 = redis::cmd("SCARD").arg(&keys.released).query_async(conn).await?;
+        out.reserved += resv - released;
+        let open: Vec<String> = redis::cmd("ZRANGE").arg(&keys.xfer_open).arg(0).arg(-1).query_async(conn).await?;
+        for xid in open {
+            let Some(r) = record(conn, &keys, &xid).await? else { continue };
+            let added: bool = redis::cmd("HEXISTS").arg(SaleKeys::bucket(sale_id, r.to).xfer_in).arg(&xid).query_async(conn).await?;
+            if !added {
+                out.in_transit += r.n;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One bucket's ledger, read atomically (one `MULTI` in its slot): what
+/// it was given at preheat (`stock`), what it holds, what it reserved,
+/// and every transfer out of it and into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ledger {
+    pub stock: i64,
+    pub remaining: i64,
+    pub reserved: i64,
+    /// Items of every transfer out of the bucket, open or done.
+    pub sent: i64,
+    /// Items of every transfer into the bucket.
+    pub received: i64,
+}
+
+impl Ledger {
+    /// Whether the bucket's own books balance: `remaining + reserved +
+    /// sent - received = stock`. True at every instant (each change to a
+    /// bucket is one script in its slot), so it can be checked while the
+    /// sale sells, unlike the sale-wide [`books`].
+    pub fn balances(&self) -> bool {
+        self.remaining + self.reserved + self.sent - self.received == self.stock
+    }
+}
+
+/// Reads bucket `k` of `sale_id`'s [`Ledger`] in one transaction.
+///
+/// # Errors
+/// Redis failed.
+pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<Ledger> {
+    let keys = SaleKeys::bucket(sale_id, k);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .hget(&keys.meta, "stock")
+        .get(&keys.remaining)
+        .hlen(&keys.reservations)
+        .scard(&keys.released)
+        .hgetall(&keys.xfer_out)
+        .hvals(&keys.xfer_in);
+    type Read = (Option<i64>, Option<i64>, i64, i64, std::collections::HashMap<String, String>, Vec<i64>);
+    let (stock, remaining, resv, released, out, into): Read = pipe.query_async(conn).await?;
+    let sent =
+        out.iter().filter(|(xid, _)| !xid.starts_with('#')).filter_map(|(_, r)| serde_json::from_str::<Record>(r).ok()).map(|r| r.n).sum();
+    Ok(Ledger {
+        stock: stock.unwrap_or(0),
+        remaining: remaining.unwrap_or(0),
+        reserved: resv - released,
+        sent,
+        received: into.iter().sum(),
+    })
+}
+
+/// What buyers are shown as left: every bucket's `remaining` plus the
+/// items in open transfers (`#open` of each `xfer-out`). Cheaper than
+/// [`books`]; a transfer added but not closed yet counts twice for an
+/// instant.
+///
+/// # Errors
+/// Redis failed.
+pub async fn left<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<i64> {
+    let mut total = 0;
+    for k in 0..buckets {
+        total += left_in(conn, sale_id, k).await?;
+    }
+    Ok(total)
+}
+
+/// [`left`] of bucket `k` alone: its `remaining` plus its items in open
+/// transfers out of it, read in one round trip (one slot).
+///
+/// # Errors
+/// Redis failed.
+pub async fn left_in<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<i64> {
+    let keys = SaleKeys::bucket(sale_id, k);
+    let mut pipe = redis::pipe();
+    pipe.get(&keys.remaining).hget(&keys.xfer_out, "#open");
+    let (remaining, open): (Option<i64>, Option<i64>) = pipe.query_async(conn).await?;
+    Ok(remaining.unwrap_or(0).max(0) + open.unwrap_or(0).max(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buckets::split_stock;
+
+    /// A bucketed sale of `stock` over `buckets`, installed as the
+    /// backend's preheat does (open, synced).
+    async fn install(conn: &mut redis::aio::MultiplexedConnection, sale: &str, stock: i64, buckets: u32) {
+        let script = Script::new(crate::scripts::PREHEAT_BUCKET);
+        for (k, share) in split_stock(stock, buckets).into_iter().enumerate() {
+            let keys = SaleKeys::bucket(sale, k as u32);
+            let installed: i64 = script
+                .key(&keys.meta)
+                .key(&keys.remaining)
+                .key(&keys.stream)
+                .key(&keys.synced)
+                .arg("n")
+                .arg(share)
+                .arg(1)
+                .arg(0)
+                .arg(i64::MAX / 2)
+                .arg("0")
+                .arg(k)
+                .arg(buckets)
+                .arg(crate::keys::CONSUMER_GROUP)
+                .invoke_async(conn)
+                .await
+                .unwrap();
+            assert_eq!(installed, 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn every_side_of_a_transfer_is_idempotent_on_retries() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 10, 2).await;
+        // Bucket 0 holds 5: half, rounded up, capped at 8, is 3.
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a retry takes nothing more");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 5], 3, 10));
+        for k in 0..2 {
+            assert!(ledger(&mut conn, "s", k).await.unwrap().balances(), "bucket {k} while in transit");
+        }
+        assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
+        assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(true));
+        assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(false), "added once");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 8], 0, 10));
+        assert!(close(&mut conn, "s", 0, "x1").await.unwrap());
+        assert!(!close(&mut conn, "s", 0, "x1").await.unwrap(), "closed once");
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a late retry of a closed transfer");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 8], 0, 10));
+        let (d, k) = (ledger(&mut conn, "s", 0).await.unwrap(), ledger(&mut conn, "s", 1).await.unwrap());
+        assert!(d.balances() && k.balances(), "{d:?} {k:?}");
+        assert_eq!((d.sent, k.received), (3, 3));
+        assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
+        assert_eq!(give(&mut conn, "s", 7, "x9", 1).await.unwrap(), None, "an absent bucket gains nothing");
+    }
+
+    #[tokio::test]
+    async fn a_sale_is_confirmed_dry_only_with_no_item_left_nor_in_transit() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 2, 2).await;
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "both buckets hold an item");
+        // A bucket asked to give to itself while it holds items takes nothing.
+        assert_eq!(take(&mut conn, "s", 0, 0, "self", 8).await.unwrap(), Taken::Stocked);
+        assert_eq!(books(&mut conn, "s", 2).await.unwrap().remaining, vec![1, 1]);
+        // Both items leave bucket 1's and bucket 0's remaining, one of them
+        // still in transit: not dry.
+        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(1));
+        let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "an item in transit");
+        assert!(complete(&mut conn, "s", 0, 1, "x1", 1).await.unwrap());
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "the item arrived in bucket 1");
+        let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
+        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "nothing left anywhere");
+        assert!(!confirm_dry(&mut conn, "s", 3).await.unwrap(), "an absent bucket is never confirmed dry");
+    }
+
+    #[tokio::test]
+    async fn an_empty_donor_points_at_its_items_in_transit_and_repair_delivers_them() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 2, 2).await;
+        // Bucket 1 holds 1: it all goes, and the taker "dies".
+        assert_eq!(take(&mut conn, "s", 1, 0, "x1", 8).await.unwrap(), Taken::Moved(1));
+        assert_eq!(take(&mut conn, "s", 1, 0, "x2", 8).await.unwrap(), Taken::InTransit { to: 0, xid: "x1".into(), n: 1 });
+        assert_eq!(books(&mut conn, "s", 2).await.unwrap().in_transit, 1);
+        // Too young: left to its gateway.
+        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() - 10 * REPAIR_AFTER_MS).await.unwrap(), 0);
+        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 1);
+        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 0, "nothing twice");
+        let b = books(&mut conn, "s", 2).await.unwrap();
+        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 0], 0, 2));
+        assert_eq!(take(&mut conn, "s", 1, 0, "x3", 8).await.unwrap(), Taken::Empty);
+        assert_eq!(take(&mut conn, "s", 5, 0, "x4", 8).await.unwrap(), Taken::NotFound);
+    }
+}

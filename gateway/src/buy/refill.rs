@@ -1,0 +1,233 @@
+//! A buy in a bucketed sale (`flashgate_common::buckets`): the deduct runs
+//! on the buyer's home bucket; when that bucket answers a fresh `sold_out`
+//! while other buckets may hold items, items are moved into it
+//! (`flashgate_common::transfer`) and the deduct runs again, so a dry
+//! bucket never makes a buyer hear `sold_out` while the sale has stock.
+//!
+//! ```text
+//! deduct on home K ── won / refused ─────────────────────────► answer
+//!        └─ sold_out: flag K empty (a hint), then until the deadline:
+//!           donor D = K itself first (its own items may be in transit),
+//!           then the buckets not flagged empty here (random start), then
+//!           the flagged ones (flags are hints, never trusted for 410)
+//!           take on D ── moved t ──► give t to K, close on D, clear
+//!                 │                   K's flag (announced), deduct on K
+//!                 │                   again: won or refused ─► answer
+//!                 ├─ stocked (D = K holds items again) ► deduct again
+//!                 ├─ empty ─────────► D dry here, flag D (hint), next D
+//!                 ├─ in transit to X ► complete that transfer (give to X,
+//!                 │                   close on D); X = K: deduct on K
+//!                 │                   again, else X is the next donor
+//!                 └─ fenced / absent ► next D
+//!           every D answered empty ─► confirm (`transfer::confirm_dry`,
+//!                 2 × N calls): dry ─► flag the sale ─► sold_out (410)
+//!           anything else (not confirmed, a donor fenced or absent, a
+//!           Redis error, the deadline) ─► unavailable (503, Retry-After)
+//! ```
+//!
+//! The whole loop runs under `tokio::time::timeout_at` of
+//! [`REFILL_DEADLINE_TIMEOUTS`] Redis timeouts (`redis.timeout_ms`) after
+//! the first deduct: a buyer whose bucket ran dry waits at most the first
+//! deduct plus that (1.2 s at the default 300 ms), then wins, is refused,
+//! hears `sold_out` or `unavailable`. Cutting the loop mid-transfer is safe:
+//! the transfer stays open and the backend's transit repair completes it.
+//! The sale is answered sold out locally (0 Redis calls) only once this
+//! gateway confirmed every bucket dry; per-bucket flags only order donors.
+
+use std::collections::HashSet;
+
+use flashgate_common::buckets::home_bucket;
+use flashgate_common::keys::SaleEvent;
+use flashgate_common::transfer::{self, Taken};
+use tracing::warn;
+
+use super::BuyService;
+use crate::clock::WallClock;
+use crate::deduct::Decision;
+use crate::redis_client::RedisError;
+use crate::rejection::Rejection;
+
+/// Most items one transfer moves: half of what the donor holds, rounded
+/// up, at most this. A batch serves the next buyers of the receiving
+/// bucket without a transfer each, while a small cap keeps one busy bucket
+/// from draining the others.
+pub const TRANSFER_BATCH_MAX: i64 = 8;
+
+/// How long a buyer whose home bucket ran dry may wait for items from the
+/// other buckets, in Redis timeouts (`redis.timeout_ms`, 300 ms by
+/// default: 1.2 s).
+pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
+
+impl<C: WallClock> BuyService<C> {
+    /// The deduct of a bucketed sale, with transfers into the buyer's home
+    /// bucket when it ran dry (see the module doc).
+    pub(super) async fn deduct_in_buckets(
+        &self,
+        sale_id: &str,
+        buckets: u32,
+        user: &str,
+        idempotency_key: &str,
+        rid: &str,
+    ) -> Result<Decision, Rejection> {
+        let home = home_bucket(user, buckets);
+        let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+        if !decision.found_sold_out() {
+            return Ok(decision);
+        }
+        self.flag_empty(sale_id, home).await;
+        let deadline = tokio::time::Instant::now() + self.redis.config().timeout * REFILL_DEADLINE_TIMEOUTS;
+        match tokio::time::timeout_at(deadline, self.refill(sale_id, buckets, user, idempotency_key, rid, home)).await {
+            Ok(Ok(Some(decision))) => Ok(decision),
+            // Every bucket confirmed dry: sold out, here without Redis from now.
+            Ok(Ok(None)) => {
+                self.sales.mark_sold_out(sale_id);
+                Ok(decision)
+            }
+            Ok(Err(rejection)) => Err(rejection),
+            Err(_) => {
+                self.metrics.bucket_transfers.with_label_values(&["deadline"]).inc();
+                Err(Rejection::Unavailable)
+            }
+        }
+    }
+
+    /// Moves items into `home` and deducts there again until the buyer
+    /// wins or is refused (`Some`), or every bucket is confirmed dry
+    /// (`None`); anything short of that is [`Rejection::Unavailable`].
+    async fn refill(
+        &self,
+        sale_id: &str,
+        buckets: u32,
+        user: &str,
+        idempotency_key: &str,
+        rid: &str,
+        home: u32,
+    ) -> Result<Option<Decision>, Rejection> {
+        let start = rand::random::<u32>() % buckets;
+        // The home bucket first: its own items may be in transit elsewhere.
+        let mut next: Option<u32> = Some(home);
+        let mut tried: HashSet<u32> = HashSet::new();
+        // Buckets that answered `empty` in this loop (flags do not count).
+        let mut dry: HashSet<u32> = HashSet::new();
+        loop {
+            let order = (0..buckets).map(|i| (start + i) % buckets);
+            let donor = next.take().filter(|d| !tried.contains(d)).or_else(|| {
+                let mut untried = order.filter(|d| !tried.contains(d));
+                let all: Vec<u32> = untried.by_ref().collect();
+                all.iter().copied().find(|d| !self.sales.bucket_empty(sale_id, *d)).or_else(|| all.first().copied())
+            });
+            let Some(donor) = donor else { break };
+            tried.insert(donor);
+            dry.remove(&donor);
+            let xid = format!("{:016x}", rand::random::<u64>());
+            let again = match self.take(sale_id, donor, home, &xid).await? {
+                Taken::Moved(n) => {
+                    self.metrics.bucket_transfers.with_label_values(&["moved"]).inc();
+                    self.deliver(sale_id, donor, home, &xid, n).await?;
+                    // If others of this bucket take the batch first, the
+                    // donor kept half of what it had: ask it again.
+                    tried.remove(&donor);
+                    true
+                }
+                Taken::Stocked => {
+                    tried.remove(&donor);
+                    true
+                }
+                Taken::Empty => {
+                    self.metrics.bucket_transfers.with_label_values(&["empty"]).inc();
+                    dry.insert(donor);
+                    self.flag_empty(sale_id, donor).await;
+                    false
+                }
+                Taken::InTransit { to, xid, n } => {
+                    // Items on their way (a gateway between the two sides of
+                    // a transfer, or one that died there): completed here,
+                    // which is harmless if their taker completes it too.
+                    self.metrics.bucket_transfers.with_label_values(&["in_transit"]).inc();
+                    self.deliver(sale_id, donor, to, &xid, n).await?;
+                    tried.remove(&donor);
+                    if to != home {
+                        tried.remove(&to);
+                        next = Some(to);
+                    }
+                    to == home
+                }
+                Taken::NotFound | Taken::Fenced => {
+                    self.metrics.bucket_transfers.with_label_values(&["unavailable"]).inc();
+                    false
+                }
+            };
+            if again {
+                let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+                if !decision.found_sold_out() {
+                    return Ok(Some(decision));
+                }
+                self.flag_empty(sale_id, home).await;
+            }
+        }
+        if dry.len() as u32 != buckets {
+            // A donor fenced or absent: its items cannot be reached now.
+            return Err(Rejection::Unavailable);
+        }
+        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
+        let confirmed = self
+            .redis
+            .bounded(transfer::confirm_dry(&mut conn, sale_id, buckets))
+            .await
+            .map_err(|e| self.unavailable(&e))?
+            .map_err(|e| self.unavailable(&RedisError::from(e)))?;
+        if confirmed {
+            Ok(None)
+        } else {
+            Err(Rejection::Unavailable)
+        }
+    }
+
+    /// Step 1 of a transfer, on the donor.
+    async fn take(&self, sale_id: &str, donor: u32, home: u32, xid: &str) -> Result<Taken, Rejection> {
+        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
+        self.redis
+            .bounded(transfer::take(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX))
+            .await
+            .map_err(|e| self.unavailable(&e))?
+            .map_err(|e| self.unavailable(&RedisError::from(e)))
+    }
+
+    /// Steps 2 and 3: the items into `to`, then the transfer closed on
+    /// the donor; `to` is no longer empty, here and on every gateway. A
+    /// failure leaves the transfer open: the backend's transit repair
+    /// completes it (`flashgate_common::transfer::repair`).
+    async fn deliver(&self, sale_id: &str, donor: u32, to: u32, xid: &str, n: i64) -> Result<(), Rejection> {
+        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
+        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, to, xid, n)).await.map_err(|e| self.unavailable(&e))?;
+        if given.map_err(|e| self.unavailable(&RedisError::from(e)))?.is_none() {
+            // The home bucket is gone (its Redis lost it): left open.
+            return Err(Rejection::Unavailable);
+        }
+        let closed = self.redis.bounded(transfer::close(&mut conn, sale_id, donor, xid)).await;
+        if !matches!(closed, Ok(Ok(_))) {
+            warn!(sale = sale_id, donor, transfer = xid, "cannot close a delivered transfer; the backend's repair will");
+        }
+        self.sales.bucket_stocked(sale_id, to).await;
+        self.announce(&SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: to }).await;
+        Ok(())
+    }
+
+    /// Flags a bucket empty here and on every gateway: a hint for choosing
+    /// donors, never a reason to answer `sold_out`.
+    async fn flag_empty(&self, sale_id: &str, bucket: u32) {
+        if self.sales.bucket_empty(sale_id, bucket) {
+            return;
+        }
+        self.sales.mark_bucket_empty(sale_id, bucket);
+        self.announce(&SaleEvent::BucketSoldOut { sale: sale_id.to_owned(), bucket }).await;
+    }
+
+    async fn announce(&self, event: &SaleEvent) {
+        if let Ok(mut conn) = self.redis.conn().await {
+            if let Err(error) = crate::events::publish(&mut conn, event).await {
+                warn!(%error, event = event.encode(), "could not announce a bucket event");
+            }
+        }
+    }
+}

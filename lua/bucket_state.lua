@@ -1,0 +1,20 @@
+-- Flashgate: one bucket of a bucketed sale, read atomically in its slot,
+-- for the sold-out confirmation (common/src/transfer.rs, `confirm_dry`):
+-- a sale is answered sold out only when every bucket holds nothing and
+-- has no transfer out of it open, seen twice with nothing moved between.
+--
+-- KEYS[1] meta  KEYS[2] remaining  KEYS[3] xfer-open  KEYS[4] xfer-in
+-- KEYS[5] released                     (all of one bucket)
+-- Reply: {present (0/1), remaining, open transfers out, transfers in,
+--         returned reservations}
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {0, 0, 0, 0, 0}
+end
+return {
+  1,
+  tonumber(redis.call('GET', KEYS[2]) or '0'),
+  redis.call('ZCARD', KEYS[3]),
+  redis.call('HLEN', KEYS[4]),
+  redis.call('SCARD', KEYS[5]),
+}
