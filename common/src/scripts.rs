@@ -24,6 +24,7 @@ pub const PREHEAT_BUCKET: &str = concat!(include_str!("../../lua/lib/decide.lua"
 pub const ALL: &[(&str, &str)] = &[
     ("adopt.lua", include_str!("../../lua/adopt.lua")),
     ("bucket_meta.lua", include_str!("../../lua/bucket_meta.lua")),
+    ("bucket_state.lua", include_str!("../../lua/bucket_state.lua")),
     ("deduct.lua", DEDUCT),
     ("draw_run.lua", DRAW_RUN),
     ("fence.lua", include_str!("../../lua/fence.lua")),
