@@ -408,8 +408,9 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entrant_held_past_the_settle_time_gets_503_and_its_retry_the_outcome() {
     let stack = stack_with_draws("settle_ms = 300\n").await;
-    // The global window (200 ms).
-    let starts = put_sale(&stack, "held", 1, 1, Duration::from_millis(1500), None).await;
+    // A window of the sale's own, 1 s: the pause sent 80 ms after the buy
+    // lands within it even when a loaded machine is slow to apply it.
+    let starts = put_sale(&stack, "held", 1, 1, Duration::from_millis(1500), Some(1000)).await;
     sleep_until_ms(starts + 5).await;
     let http = reqwest::Client::new();
     let task = {
