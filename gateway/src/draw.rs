@@ -271,28 +271,8 @@ impl Draws {
             return Ok(Run::Done);
         }
         let seed = format!("{:032x}", rand::random::<u128>());
-        let d = &keys.draw;
         let mut conn = redis.conn().await?;
-        let mut invocation = self.script.prepare_invoke();
-        invocation
-            .key(&keys.meta)
-            .key(&keys.remaining)
-            .key(&keys.buyers)
-            .key(&keys.stream)
-            .key(&keys.reservations)
-            .key(&keys.synced)
-            .key(&d.state)
-            .key(&d.entries)
-            .key(&d.outcomes)
-            .key(&d.perm)
-            .key(&d.order)
-            .key(&d.index)
-            .arg(seed)
-            .arg(CHUNK)
-            .arg(self.idempotency_ttl_seconds)
-            .arg(sale_id)
-            .arg(MISSES_REMEMBERED_PER_USER)
-            .arg(&d.prefix);
+        let invocation = draw_run_call(&self.script, keys, sale_id, &seed, CHUNK, self.idempotency_ttl_seconds);
         let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await?.map_err(RedisError::from)?;
         let run = match reply.as_slice() {
             [state, _] if state == "pending" => Run::Pending,
@@ -353,6 +333,40 @@ async fn retry_after(
 /// Whether a held entrant's error may go away if the call is sent again.
 fn is_transient(error: &NotSettled) -> bool {
     matches!(error, NotSettled::Redis(e) if e.is_transient())
+}
+
+/// One `lua/draw_run.lua` call on `sale_id`'s keys: decides up to `chunk`
+/// entrants, fixing `seed` if it is the first call after the window.
+pub(crate) fn draw_run_call<'a>(
+    script: &'a redis::Script,
+    keys: &SaleKeys,
+    sale_id: &str,
+    seed: &str,
+    chunk: u32,
+    idempotency_ttl_seconds: u64,
+) -> redis::ScriptInvocation<'a> {
+    let d = &keys.draw;
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.buyers)
+        .key(&keys.stream)
+        .key(&keys.reservations)
+        .key(&keys.synced)
+        .key(&d.state)
+        .key(&d.entries)
+        .key(&d.outcomes)
+        .key(&d.perm)
+        .key(&d.order)
+        .key(&d.index)
+        .arg(seed)
+        .arg(chunk)
+        .arg(idempotency_ttl_seconds)
+        .arg(sale_id)
+        .arg(MISSES_REMEMBERED_PER_USER)
+        .arg(&d.prefix);
+    invocation
 }
 
 /// A decided outcome as a deduct decision: a win carries its reservation

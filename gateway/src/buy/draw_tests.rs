@@ -177,28 +177,11 @@ async fn a_draw_never_finished_leaves_no_key_without_expiry() {
     let keys = SaleKeys::new("s");
     let d = &keys.draw;
     let mut conn = f.redis.conn().await;
-    let reply: Vec<String> = redis::Script::new(flashgate_common::scripts::DRAW_RUN)
-        .key(&keys.meta)
-        .key(&keys.remaining)
-        .key(&keys.buyers)
-        .key(&keys.stream)
-        .key(&keys.reservations)
-        .key(&keys.synced)
-        .key(&d.state)
-        .key(&d.entries)
-        .key(&d.outcomes)
-        .key(&d.perm)
-        .key(&d.order)
-        .key(&d.index)
-        .arg("00ff")
-        .arg(1)
-        .arg(600)
-        .arg("s")
-        .arg(crate::deduct::MISSES_REMEMBERED_PER_USER)
-        .arg(&d.prefix)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
+    let reply: Vec<String> =
+        crate::draw::draw_run_call(&redis::Script::new(flashgate_common::scripts::DRAW_RUN), &keys, "s", "00ff", 1, 600)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
     assert_eq!(reply, ["pending", "1"]);
     for key in [&d.state, &d.entries, &d.index, &d.outcomes, &d.order] {
         let ttl: i64 = redis::cmd("TTL").arg(key).query_async(&mut conn).await.unwrap();
@@ -262,27 +245,10 @@ async fn a_draw_call_failing_mid_loop_leaves_its_shuffle_positions_expiring() {
     }
     // Seed "02ff" swaps positions 1 and 2 first (sha1("02ff:1")), so the
     // shuffle's positions hash is written before the failure.
-    let reply: Result<Vec<String>, _> = redis::Script::new(flashgate_common::scripts::DRAW_RUN)
-        .key(&keys.meta)
-        .key(&keys.remaining)
-        .key(&keys.buyers)
-        .key(&keys.stream)
-        .key(&keys.reservations)
-        .key(&keys.synced)
-        .key(&d.state)
-        .key(&d.entries)
-        .key(&d.outcomes)
-        .key(&d.perm)
-        .key(&d.order)
-        .key(&d.index)
-        .arg("02ff")
-        .arg(500)
-        .arg(600)
-        .arg("s")
-        .arg(crate::deduct::MISSES_REMEMBERED_PER_USER)
-        .arg(&d.prefix)
-        .invoke_async(&mut conn)
-        .await;
+    let reply: Result<Vec<String>, _> =
+        crate::draw::draw_run_call(&redis::Script::new(flashgate_common::scripts::DRAW_RUN), &keys, "s", "02ff", 500, 600)
+            .invoke_async(&mut conn)
+            .await;
     assert!(reply.is_err(), "{reply:?}");
     let cursor: String = redis::cmd("HGET").arg(&d.state).arg("cursor").query_async(&mut conn).await.unwrap();
     assert_eq!(cursor, "1", "one entrant decided before the failure");
