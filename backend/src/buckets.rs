@@ -77,15 +77,7 @@ pub async fn present<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: 
     Ok(n)
 }
 
-/// The bucket count Redis holds for sale `id` (its meta's `buckets`; 1
-/// when absent or unreadable as a count).
-///
-/// # Errors
-/// Redis failed.
-pub async fn in_redis<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<u32, RedisError> {
-    let n: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("buckets").query_async(conn).await?;
-    Ok(n.and_then(|n| n.parse().ok()).filter(|n| (1..=64).contains(n)).unwrap_or(1))
-}
+pub use flashgate_common::buckets::in_redis;
 
 /// Writes `fields` into the meta copy of every present bucket of `id`
 /// (`buckets` of them): how a pause or a new window reaches the deduct on

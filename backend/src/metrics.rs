@@ -10,6 +10,7 @@
 //! The `sale` label is bounded by the number of sales, which operators
 //! create; no user, order or reservation ids are labels.
 
+use flashgate_common::stream_info::Backlog;
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 pub struct Metrics {
@@ -37,6 +38,11 @@ pub struct Metrics {
     pub backlog: IntGaugeVec,
     pub stream_lag: IntGaugeVec,
     pub drift: IntGaugeVec,
+    /// Per bucket of a bucketed sale: items left (its `remaining` plus its
+    /// items in open transfers out of it) and its stream's backlog, so a
+    /// dashboard shows whether the load spreads and where items sit.
+    pub bucket_remaining: IntGaugeVec,
+    pub bucket_backlog: IntGaugeVec,
     /// Order events to the shop (`crate::events`).
     pub events: crate::events::EventMetrics,
 }
@@ -85,6 +91,14 @@ impl Metrics {
                 "reconcile_stock_drift",
                 "Sold in Redis minus live orders and in-flight reservations, at the last reconcile."
             )),
+            bucket_remaining: reg!(IntGaugeVec::new(
+                Opts::new("sale_bucket_remaining_items", "Items left in one bucket of a bucketed sale, with its items in transit out of it."),
+                &["sale", "bucket"]
+            )),
+            bucket_backlog: reg!(IntGaugeVec::new(
+                Opts::new("sale_bucket_backlog_reservations", "Reservations of one bucket of a bucketed sale not yet persisted (lag + pending)."),
+                &["sale", "bucket"]
+            )),
             events: crate::events::EventMetrics::register(&registry),
             registry,
         }
@@ -123,14 +137,26 @@ pub async fn refresh_sales<C: redis::aio::ConnectionLike + Send>(
             for gauge in [&metrics.remaining, &metrics.stream_lag, &metrics.backlog, &metrics.drift] {
                 let _ = gauge.remove_label_values(&[id]);
             }
+            for k in 0..sale.buckets {
+                for gauge in [&metrics.bucket_remaining, &metrics.bucket_backlog] {
+                    let _ = gauge.remove_label_values(&[id, &k.to_string()]);
+                }
+            }
             continue;
         }
-        let (remaining, lag, pending) = sale_counters(conn, id).await?;
-        if let Some(r) = remaining {
+        let counters = sale_counters(conn, id, sale.buckets).await?;
+        if let Some(r) = counters.remaining {
             metrics.remaining.with_label_values(&[id]).set(r);
         }
-        metrics.stream_lag.with_label_values(&[id]).set(lag);
-        metrics.backlog.with_label_values(&[id]).set(lag + pending);
+        metrics.stream_lag.with_label_values(&[id]).set(counters.backlogs.iter().map(|b| b.lag).sum());
+        metrics.backlog.with_label_values(&[id]).set(counters.backlogs.iter().map(Backlog::unpersisted).sum());
+        for (k, left) in counters.bucket_left.iter().enumerate() {
+            let bucket = k.to_string();
+            metrics.bucket_remaining.with_label_values(&[id, &bucket]).set(*left);
+            // Index 0 of the backlogs is the sale's own stream.
+            let backlog = counters.backlogs.get(k + 1).map_or(0, Backlog::unpersisted);
+            metrics.bucket_backlog.with_label_values(&[id, &bucket]).set(backlog);
+        }
     }
     Ok(())
 }
@@ -154,19 +180,40 @@ pub async fn run_refresh<C: redis::aio::ConnectionLike + Send + Clone>(
     }
 }
 
-/// One sale's counters in Redis: remaining (if preheated), and the
-/// consumer group's lag and pending.
+/// One sale's counters in Redis, as the gauges show them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SaleCounters {
+    /// Items left (absent: not preheated). A bucketed sale's is the sum
+    /// of `bucket_left`.
+    pub remaining: Option<i64>,
+    /// Every stream's backlog: the sale's own, then each bucket's
+    /// (`flashgate_common::stream_info::sale_backlogs`).
+    pub backlogs: Vec<Backlog>,
+    /// Each bucket's items left, with its items in transit out of it
+    /// (`flashgate_common::transfer::left_in`); empty for one bucket.
+    pub bucket_left: Vec<i64>,
+}
+
+/// Reads sale `sale_id`'s [`SaleCounters`] over its `buckets` buckets.
 ///
 /// # Errors
 /// Redis failed.
-pub async fn sale_counters<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
-    sale_id: &str,
-) -> redis::RedisResult<(Option<i64>, i64, i64)> {
-    let keys = flashgate_common::keys::SaleKeys::new(sale_id);
-    let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
-    let (lag, pending) = flashgate_common::stream_info::group_backlog(conn, &keys.stream).await?;
-    Ok((remaining, lag, pending))
+pub async fn sale_counters<C: redis::aio::ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> redis::RedisResult<SaleCounters> {
+    let backlogs = flashgate_common::stream_info::sale_backlogs(conn, sale_id, buckets).await?;
+    if buckets <= 1 {
+        let keys = flashgate_common::keys::SaleKeys::new(sale_id);
+        let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
+        return Ok(SaleCounters { remaining, backlogs, bucket_left: Vec::new() });
+    }
+    let preheated: bool = redis::cmd("EXISTS").arg(flashgate_common::keys::SaleKeys::new(sale_id).meta).query_async(conn).await?;
+    if !preheated {
+        return Ok(SaleCounters { remaining: None, backlogs, bucket_left: Vec::new() });
+    }
+    let mut bucket_left = Vec::with_capacity(buckets as usize);
+    for k in 0..buckets {
+        bucket_left.push(flashgate_common::transfer::left_in(conn, sale_id, k).await?);
+    }
+    Ok(SaleCounters { remaining: Some(bucket_left.iter().sum()), backlogs, bucket_left })
 }
 
 #[cfg(test)]

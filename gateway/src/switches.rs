@@ -28,9 +28,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashgate_common::config::RedisConfig;
-use flashgate_common::keys::{SaleKeys, ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
+use flashgate_common::keys::{ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
 use flashgate_common::redis_conn::RedisHandle;
-use flashgate_common::stream_info::group_backlog;
+use flashgate_common::buckets::in_redis;
+use flashgate_common::stream_info::{sale_backlogs, Backlog};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::{info, warn};
@@ -111,8 +112,10 @@ impl SwitchWatcher {
             self.switches.apply_backlog(sale, 0, self.backlog_threshold);
         }
         for sale in sales.into_iter().filter(|s| !archived.contains(s)) {
-            let (lag, pending) = group_backlog(conn, &SaleKeys::new(&sale).stream).await?;
-            self.switches.apply_backlog(&sale, (lag + pending) as u64, self.backlog_threshold);
+            // A bucketed sale's reservations wait in its buckets' streams.
+            let buckets = in_redis(conn, &sale).await?;
+            let backlog: i64 = sale_backlogs(conn, &sale, buckets).await?.iter().map(Backlog::unpersisted).sum();
+            self.switches.apply_backlog(&sale, backlog.max(0) as u64, self.backlog_threshold);
         }
         Ok(())
     }

@@ -533,6 +533,23 @@ impl Stack {
         self.put_sale(id, stock, per_user_limit, Duration::ZERO, Duration::from_secs(3600)).await;
     }
 
+    /// An open sale with its stock split over `buckets` buckets (`"buckets"`
+    /// on `PUT /admin/sales/{id}`); asserts it was created so.
+    pub async fn open_bucketed_sale(&self, id: &str, stock: i64, per_user_limit: i64, buckets: u32) {
+        let now = flashgate_common::now_ms();
+        let body = serde_json::json!({
+            "name": format!("Sale {id}"),
+            "stock": stock,
+            "per_user_limit": per_user_limit,
+            "starts_at": flashgate_common::rfc3339(now - 1000),
+            "ends_at": flashgate_common::rfc3339(now + 3_600_000),
+            "buckets": buckets,
+        });
+        let (status, v) = self.admin(reqwest::Method::PUT, &format!("/admin/sales/{id}"), Some(body)).await;
+        assert_eq!(status, 201, "PUT sale {id}: {v}");
+        assert_eq!((v["buckets"].as_u64(), v["remaining"].as_i64()), (Some(u64::from(buckets)), Some(stock)), "{v}");
+    }
+
     /// `POST /api/sales/{sale}/buy` as `user`; returns status and JSON body.
     pub async fn buy(&self, sale: &str, user: &str, idempotency_key: Option<&str>) -> (u16, Value) {
         buy(&self.http, self.gateway_addr, sale, &token(user), idempotency_key).await

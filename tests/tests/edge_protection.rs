@@ -226,18 +226,53 @@ async fn a_stopped_redis_gets_503s_not_hangs_and_sales_resume_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_pauses_while_its_unpersisted_backlog_is_too_large_and_resumes_when_it_drains() {
+    pauses_on_its_backlog_and_resumes("backlog", 1).await;
+}
+
+/// A bucketed sale's reservations wait in its buckets' streams: the pause
+/// counts them all, and the backend's gauges show each bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucketed_sale_pauses_on_the_backlog_of_all_its_buckets_streams() {
+    let stack = pauses_on_its_backlog_and_resumes("backlog-b", 3).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = stack.http.get(format!("http://{}/metrics", stack.backend_addr)).send().await.unwrap().text().await.unwrap();
+        let gauge = |name: &str, bucket: u32| -> Option<i64> {
+            let prefix = format!("{name}{{bucket=\"{bucket}\",sale=\"backlog-b\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.parse().ok())
+        };
+        let left: Option<Vec<i64>> = (0..3).map(|k| gauge("flashgate_sale_bucket_remaining_items", k)).collect();
+        let backlog: Option<Vec<i64>> = (0..3).map(|k| gauge("flashgate_sale_bucket_backlog_reservations", k)).collect();
+        let remaining = flashgate_common::transfer::left(&mut stack.redis_handle().await, "backlog-b", 3).await.unwrap();
+        if let (Some(left), Some(backlog)) = (left, backlog) {
+            if left.iter().sum::<i64>() == remaining && backlog.iter().all(|b| *b == 0) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "per-bucket gauges never matched the sale ({remaining} left): {text}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Pauses sale `id` (of `buckets` buckets) by letting its winners pile up
+/// unpersisted, then resumes it by starting the backend again.
+async fn pauses_on_its_backlog_and_resumes(id: &str, buckets: u32) -> Stack {
     let mut stack = Stack::start(StackOptions { extra_toml: String::new(), ..StackOptions::default() }).await;
     stack.edit_config(|t| t.replace("[gateway]\n", "[gateway]\nbacklog_pause_threshold = 4\nbacklog_check_ms = 50\n"));
     stack.kill_gateway();
     stack.start_gateway();
-    stack.open_sale("backlog", 100, 1).await;
+    if buckets > 1 {
+        stack.open_bucketed_sale(id, 100, 1, buckets).await;
+    } else {
+        stack.open_sale(id, 100, 1).await;
+    }
     stack.kill_backend();
 
     // Winners pile up in the stream with nobody persisting them.
     let mut statuses = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
-        let (status, _) = stack.buy("backlog", &random_user(), None).await;
+        let (status, _) = stack.buy(id, &random_user(), None).await;
         statuses.push(status);
         if status == 503 {
             break;
@@ -245,17 +280,18 @@ async fn a_sale_pauses_while_its_unpersisted_backlog_is_too_large_and_resumes_wh
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(statuses.last(), Some(&503), "the sale never paused: {statuses:?}");
-    let (status, body) = stack.buy("backlog", &random_user(), None).await;
+    let (status, body) = stack.buy(id, &random_user(), None).await;
     assert_eq!((status, body["code"].as_str()), (503, Some("paused")));
 
     stack.start_backend();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut status = 0;
     while Instant::now() < deadline && status != 202 {
-        status = stack.buy("backlog", &random_user(), None).await.0;
+        status = stack.buy(id, &random_user(), None).await.0;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(status, 202, "the sale did not resume after the backlog drained");
+    stack
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
