@@ -92,11 +92,17 @@ impl Metrics {
                 "Sold in Redis minus live orders and in-flight reservations, at the last reconcile."
             )),
             bucket_remaining: reg!(IntGaugeVec::new(
-                Opts::new("sale_bucket_remaining_items", "Items left in one bucket of a bucketed sale, with its items in transit out of it."),
+                Opts::new(
+                    "sale_bucket_remaining_items",
+                    "Items left in one bucket of a bucketed sale, with its items in transit out of it."
+                ),
                 &["sale", "bucket"]
             )),
             bucket_backlog: reg!(IntGaugeVec::new(
-                Opts::new("sale_bucket_backlog_reservations", "Reservations of one bucket of a bucketed sale not yet persisted (lag + pending)."),
+                Opts::new(
+                    "sale_bucket_backlog_reservations",
+                    "Reservations of one bucket of a bucketed sale not yet persisted (lag + pending)."
+                ),
                 &["sale", "bucket"]
             )),
             events: crate::events::EventMetrics::register(&registry),
@@ -198,7 +204,11 @@ pub struct SaleCounters {
 ///
 /// # Errors
 /// Redis failed.
-pub async fn sale_counters<C: redis::aio::ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> redis::RedisResult<SaleCounters> {
+pub async fn sale_counters<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+) -> redis::RedisResult<SaleCounters> {
     let backlogs = flashgate_common::stream_info::sale_backlogs(conn, sale_id, buckets).await?;
     if buckets <= 1 {
         let keys = flashgate_common::keys::SaleKeys::new(sale_id);

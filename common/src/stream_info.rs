@@ -56,7 +56,11 @@ impl Backlog {
 ///
 /// # Errors
 /// Redis failed (other than a stream being absent).
-pub async fn sale_backlogs<C: redis::aio::ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> redis::RedisResult<Vec<Backlog>> {
+pub async fn sale_backlogs<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+) -> redis::RedisResult<Vec<Backlog>> {
     let mut streams = vec![crate::keys::SaleKeys::new(sale_id).stream];
     if buckets > 1 {
         streams.extend((0..buckets).map(|k| crate::keys::SaleKeys::bucket(sale_id, k).stream));

@@ -27,10 +27,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use flashgate_common::buckets::in_redis;
 use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
 use flashgate_common::redis_conn::RedisHandle;
-use flashgate_common::buckets::in_redis;
 use flashgate_common::stream_info::{sale_backlogs, Backlog};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;

@@ -75,6 +75,11 @@ pub struct Outcome {
     /// 0 when no answer came (the gateway died or cut the connection).
     pub status: u16,
     pub body: Value,
+    /// When the request was sent (its turn under the concurrency bound
+    /// came) and when its answer arrived: a test can order answers against
+    /// each other (say, no `sold_out` before the last win was asked).
+    pub sent: Instant,
+    pub answered: Instant,
 }
 
 impl Outcome {
@@ -101,9 +106,10 @@ pub async fn buy_all(gateway: SocketAddr, sale: &str, attempts: Vec<Attempt>, co
         let tok = token(&attempt.user);
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire_owned().await.unwrap();
+            let sent = Instant::now();
             let (status, body) =
                 send_buy(&http, gateway, &sale, &tok, attempt.idempotency_key.as_deref()).await.unwrap_or((0, Value::Null));
-            Outcome { attempt, status, body }
+            Outcome { attempt, status, body, sent, answered: Instant::now() }
         }));
     }
     let mut out = Vec::with_capacity(tasks.len());

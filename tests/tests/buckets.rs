@@ -83,6 +83,9 @@ fn cluster_stack() -> StackOptions {
     StackOptions { redis_mode: RedisMode::Cluster, redis_timeout_ms: 1000, ..StackOptions::default() }
 }
 
+/// The full-size sale: 5,000 items in 6 buckets over the cluster's 3
+/// masters, 100,000 distinct buyers through 2 gateways and 2 backends,
+/// a third of them at home in one bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_skewed_crowd() {
     let stack = Stack::start(cluster_stack()).await;
@@ -92,8 +95,9 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
     let gateways = [stack.gateway_addr, gateway2_addr];
     wait_subscribers(cluster, 2).await;
 
-    const STOCK: i64 = 600;
+    const STOCK: i64 = 5_000;
     const BUCKETS: u32 = 6;
+    const BUYERS: usize = 100_000;
     let id = sale_id("hot");
     put_bucketed(&stack, &id, STOCK, 1, BUCKETS).await;
     let mut masters = HashSet::new();
@@ -102,14 +106,21 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
     }
     assert!(masters.len() > 1, "the buckets' tags land on more than one master: {masters:?}");
 
-    // 1,200 buyers, two for each item, skewed: 900 at home in bucket 0,
-    // 60 in each other bucket, fewer than its 100 items. Without transfers
-    // at most 100 + 5 × 60 = 400 could win: exactly 600 winners needs the
-    // other buckets' items moved to bucket 0.
-    let mut users = users_where(&format!("{id}-hot"), 900, BUCKETS, |b| b == 0);
-    for k in 1..BUCKETS {
-        users.extend(users_where(&format!("{id}-rest{k}"), 60, BUCKETS, |b| b == k));
+    // Skewed: a third of the buyers at home in bucket 0 (33,333 for its
+    // 834 items), the rest at home in the other five (13,333 each for 833).
+    // Bucket 0 runs dry first, so exactly 5,000 winners needs items moved
+    // to it while the others still sell. Interleaved, two of the rest to
+    // one of bucket 0's, so both kinds keep arriving until the end.
+    let hot = users_where(&format!("{id}-hot"), BUYERS / 3, BUCKETS, |b| b == 0);
+    let rest = users_where(&format!("{id}-rest"), BUYERS - hot.len(), BUCKETS, |b| b != 0);
+    let mut crowd: Vec<String> = Vec::with_capacity(BUYERS);
+    let mut hot = hot.into_iter();
+    for pair in rest.chunks(2) {
+        crowd.extend(pair.iter().cloned());
+        crowd.extend(hot.next());
     }
+    crowd.extend(hot);
+    assert_eq!(crowd.iter().collect::<HashSet<_>>().len(), BUYERS, "distinct buyers");
 
     // Every bucket's own books balance at every instant of the sale, and
     // so does the sale's: each bucket is read atomically (one MULTI in its
@@ -139,49 +150,70 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
             samples
         })
     };
+    let mut outcomes = buy_on_both(&gateways, &id, &crowd).await;
+    // A refill cut by its deadline on this loaded machine answers 503: the
+    // buyer asks again, as a client would, in rounds, until decided.
+    let mut undecided: Vec<String> = outcomes.iter().filter(|o| o.status == 503).map(|o| o.attempt.user.clone()).collect();
+    for _round in 0..20 {
+        if undecided.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = buy_on_both(&gateways, &id, &undecided).await;
+        undecided = again.iter().filter(|o| o.status == 503).map(|o| o.attempt.user.clone()).collect();
+        outcomes.extend(again);
+    }
+    selling.store(false, Ordering::Relaxed);
+    assert!(sampler.await.unwrap() > 0, "the books were sampled while selling");
+    assert!(undecided.is_empty(), "{} buyers still undecided after 20 rounds", undecided.len());
+
+    let statuses: HashSet<u16> = outcomes.iter().map(|o| o.status).collect();
+    assert!(statuses.iter().all(|s| [202, 410, 503].contains(s)), "unexpected answers {statuses:?}");
+    let winners: Vec<&flashgate_tests::Outcome> = outcomes.iter().filter(|o| o.won()).collect();
+    assert_eq!(winners.len() as i64, STOCK, "exactly the stock wins while buyers outnumber it: no undersell, no oversell");
+    // No `sold_out` while an item was left: the last item was sold after
+    // its buyer asked, so a 410 answered before that ask was answered
+    // while an item was still unsold.
+    let last_win_asked = winners.iter().map(|o| o.sent).max().unwrap();
+    let early = outcomes.iter().filter(|o| o.status == 410 && o.answered < last_win_asked).count();
+    assert_eq!(early, 0, "{early} buyers heard sold_out before the last item's buyer asked");
+    // And the stock ran out while buyers were still arriving.
+    let last_win_answered = winners.iter().map(|o| o.answered).max().unwrap();
+    let later = outcomes.iter().filter(|o| o.sent > last_win_answered).count();
+    assert!(later > 0, "the sale sold out only after the crowd had passed");
+
+    let (orders, distinct, most) = stack.wait_orders(&id, STOCK, Duration::from_secs(60)).await;
+    assert_eq!((orders, distinct, most), (STOCK, STOCK, 1), "one order per winner, nobody above the limit");
+    let rows: HashSet<String> = stack.order_rows(&id).await.into_iter().map(|r| r.reservation_id).collect();
+    assert!(winners.iter().all(|o| rows.contains(o.reservation_id().unwrap())), "a winner has no order");
+
+    let mut conn = stack.redis_handle().await;
+    let books = transfer::books(&mut conn, &id, BUCKETS).await.unwrap();
+    assert_eq!((books.total(), books.in_transit, books.reserved), (STOCK, 0, STOCK), "{books:?}");
+    assert!(books.remaining.iter().all(|r| *r == 0), "{books:?}");
+    let mut sent = 0;
+    for k in 0..BUCKETS {
+        sent += transfer::ledger(&mut conn, &id, k).await.unwrap().sent;
+    }
+    assert!(sent > 0, "bucket 0's crowd was served by items moved from the other buckets");
+    let (status, view) = get_json(&stack.http, &stack.url(&format!("/api/sales/{id}"))).await;
+    assert_eq!((status, view["remaining"].as_i64()), (200, Some(0)), "{view}");
+}
+
+/// Buys once for each of `users`, alternating between `gateways`, 24 in
+/// flight on each.
+async fn buy_on_both(gateways: &[std::net::SocketAddr; 2], id: &str, users: &[String]) -> Vec<flashgate_tests::Outcome> {
     let mut runs = Vec::new();
     for (g, gateway) in gateways.iter().enumerate() {
         let attempts: Vec<Attempt> = users.iter().enumerate().filter(|(i, _)| i % 2 == g).map(|(_, u)| Attempt::by(u)).collect();
-        let (gateway, id) = (*gateway, id.clone());
+        let (gateway, id) = (*gateway, id.to_owned());
         runs.push(tokio::spawn(async move { buy_all(gateway, &id, attempts, 24).await }));
     }
     let mut outcomes = Vec::new();
     for run in runs {
         outcomes.extend(run.await.unwrap());
     }
-    selling.store(false, Ordering::Relaxed);
-    assert!(sampler.await.unwrap() > 0, "the books were sampled while selling");
-
-    // A refill cut by its deadline on this loaded machine answers 503: the
-    // buyer retries, as a client would, until decided.
-    for (i, o) in outcomes.iter_mut().filter(|o| o.status == 503).enumerate() {
-        let gateway = gateways[i % 2];
-        let (status, body) = buy_until_decided(gateway, &id, &o.attempt.user).await;
-        (o.status, o.body) = (status, body);
-    }
-    let statuses: HashSet<u16> = outcomes.iter().map(|o| o.status).collect();
-    assert!(statuses.iter().all(|s| [202, 410].contains(s)), "unexpected answers {statuses:?}");
-    let winners: Vec<&str> = outcomes.iter().filter(|o| o.won()).map(|o| o.reservation_id().unwrap()).collect();
-    assert_eq!(winners.len() as i64, STOCK, "exactly the stock wins while buyers outnumber it: no undersell, no oversell");
-    let (orders, distinct, most) = stack.wait_orders(&id, STOCK, Duration::from_secs(30)).await;
-    assert_eq!((orders, distinct, most), (STOCK, STOCK, 1), "one order per winner, nobody above the limit");
-    let rows: HashSet<String> = stack.order_rows(&id).await.into_iter().map(|r| r.reservation_id).collect();
-    assert!(winners.iter().all(|rid| rows.contains(*rid)), "a winner has no order");
-
-    let mut conn = stack.redis_handle().await;
-    let books = transfer::books(&mut conn, &id, BUCKETS).await.unwrap();
-    assert_eq!((books.total(), books.in_transit, books.reserved), (STOCK, 0, STOCK), "{books:?}");
-    assert!(books.remaining.iter().all(|r| *r == 0), "{books:?}");
-    let moved: i64 = {
-        let mut sent = 0;
-        for k in 0..BUCKETS {
-            sent += transfer::ledger(&mut conn, &id, k).await.unwrap().sent;
-        }
-        sent
-    };
-    assert!(moved > 0, "bucket 0's crowd was served by items moved from the other buckets");
-    let (status, view) = get_json(&stack.http, &stack.url(&format!("/api/sales/{id}"))).await;
-    assert_eq!((status, view["remaining"].as_i64()), (200, Some(0)), "{view}");
+    outcomes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
