@@ -102,7 +102,10 @@ pub async fn copy_fields<C: ConnectionLike + Send>(
 }
 
 /// Copies the sale's own pause (its meta's `paused`) to every bucket of
-/// sale `id`, if it is bucketed: the one way a pause reaches the buckets.
+/// sale `id` whose copy differs, if it is bucketed: the one way a pause
+/// reaches the buckets. The restore loop calls it every pass, so the
+/// copies are read first (plain reads, one per bucket) and the script runs
+/// only where one differs: none in the normal case.
 ///
 /// # Errors
 /// Redis failed.
@@ -112,8 +115,13 @@ pub async fn copy_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Res
         return Ok(());
     }
     let paused: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("paused").query_async(conn).await?;
-    if let Some(paused) = paused {
-        copy_fields(conn, id, buckets, &[("paused", paused)]).await?;
+    let Some(paused) = paused else { return Ok(()) };
+    for k in 0..buckets {
+        let meta = SaleKeys::bucket(id, k).meta;
+        let copy: Option<String> = redis::cmd("HGET").arg(&meta).arg("paused").query_async(conn).await?;
+        if copy.is_some_and(|c| c != paused) {
+            let _: i64 = BUCKET_META.key(meta).arg("paused").arg(&paused).invoke_async(conn).await?;
+        }
     }
     Ok(())
 }

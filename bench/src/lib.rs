@@ -8,12 +8,15 @@
 //!   own; mints buyer tokens in-process.
 //! - [`run`]: the scenarios in alternating rounds, the books after every buy
 //!   run, the backend drain, profiles.
+//! - [`buckets`]: the bucketed-stock rows, on a Redis Cluster of the
+//!   bench's own.
 //! - [`results`]: what a run measured, written by [`run`] and read by
 //!   [`report`] and [`chart`].
 //! - [`report`], [`chart`]: `bench/REPORT.md` and its PNG chart.
 //! - [`sys`]: processes stopped by PID, CPU time from `/proc`.
 #![forbid(unsafe_code)]
 
+pub mod buckets;
 pub mod chart;
 pub mod load;
 pub mod report;

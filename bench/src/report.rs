@@ -59,7 +59,10 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 /// Median over a scenario's Flashgate rounds of `f`.
 fn median(r: &Results, scenario: &str, f: impl Fn(&RoundResult) -> Option<f64>) -> Option<f64> {
-    let mut v: Vec<f64> = r.of(scenario, Side::Flashgate).into_iter().filter_map(f).collect();
+    median_of(r.of(scenario, Side::Flashgate).into_iter().filter_map(f).collect())
+}
+
+fn median_of(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => None,
@@ -105,6 +108,100 @@ fn durability_section(md: &mut String, r: &Results) {
         }
     }
     md.push('\n');
+}
+
+/// The bucketed-stock rows ([`crate::buckets`]): each bucket count's
+/// figures (median of rounds), every master's Redis CPU per buy, and the
+/// projection to more masters from those CPU figures.
+fn buckets_section(md: &mut String, r: &Results) {
+    use crate::buckets::{BucketRound, BUCKET_COUNTS, MASTERS};
+    if r.buckets.is_empty() {
+        return;
+    }
+    let of = |b: u32| -> Vec<&BucketRound> { r.buckets.iter().filter(|x| x.buckets == b).collect() };
+    let med = |b: u32, f: &dyn Fn(&BucketRound) -> f64| median_of(of(b).into_iter().map(f).collect());
+    let _ = writeln!(md, "## Bucketed stock: one hot sale on a {MASTERS}-master Redis Cluster (median of rounds)\n");
+    let _ = writeln!(
+        md,
+        "\"Buy in stock\" (closed loop, distinct users, as c.) on a second Flashgate (gateway and backend) whose Redis is a \
+         cluster of the bench's own ({MASTERS} masters, no replicas), one sale per round with `buckets = 1` (one slot: one \
+         master decides every buy) or `buckets = 6` (two buckets' slots per master when the tags spread so), rounds \
+         alternating. Redis CPU is each master's process CPU in the measured window per 1,000 buys; the busiest master's \
+         share is its part of the masters' total (1/{MASTERS} = even).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| buckets | buckets per master | buys/s | p50 ms | p99 ms | Redis CPU ms per 1,000 buys, per master | all masters | busiest master's share | transfers per 1,000 buys | gateway CPU ms per 1,000 | books |\n|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|"
+    );
+    // Per bucket count: (Σ masters' ms per 1k buys, busiest master's ms per 1k).
+    let mut cost = Vec::new();
+    for b in BUCKET_COUNTS {
+        let rounds = of(b);
+        let Some(first) = rounds.first() else { continue };
+        let per_master: Vec<Option<f64>> =
+            (0..first.masters.len()).map(|i| med(b, &|x| x.master_ms_per_k().get(i).copied().unwrap_or(0.0))).collect();
+        let total = med(b, &|x| x.master_ms_per_k().iter().sum());
+        let busiest = med(b, &|x| x.master_ms_per_k().iter().copied().fold(0.0, f64::max));
+        let share = ratio(busiest, total);
+        cost.push((b, total, busiest));
+        let books = if rounds.iter().all(|x| x.check.ok) { "ok" } else { "WRONG" };
+        let _ = writeln!(
+            md,
+            "| {b} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {books} |",
+            first.buckets_per_master.iter().map(u32::to_string).collect::<Vec<_>>().join(" / "),
+            f0(med(b, &|x| x.summary.rps)),
+            f2(med(b, &|x| x.summary.p50_ms)),
+            f2(med(b, &|x| x.summary.p99_ms)),
+            per_master.iter().map(|v| f0(*v)).collect::<Vec<_>>().join(" / "),
+            f0(total),
+            share.map_or("–".into(), |q| format!("{:.0} %", q * 100.0)),
+            f2(med(b, &|x| x.transfers_per_k())),
+            f0(med(b, &|x| x.cpu.ms_per_k("gateway", x.summary.requests).unwrap_or(0.0))),
+        );
+    }
+    md.push('\n');
+    let _ = writeln!(
+        md,
+        "Books of every round: {}\n",
+        r.buckets.iter().map(|x| format!("b{} r{}: {}", x.buckets, x.round, x.check.text)).collect::<Vec<_>>().join("; ")
+    );
+
+    // A master saturates at one core: 1,000 ms of CPU per second. One
+    // bucket's buys all cost its one master; N buckets spread over M
+    // masters cost each about total / M, as evenly as measured here.
+    let _ = writeln!(md, "**Projection** (deducts/s when the busiest master runs one core flat out, from the per-master CPU above; this machine has 2 cores, so the cluster's 3 masters here share them with the gateway and the load):\n");
+    let _ = writeln!(md, "| masters | 1 bucket | 6 buckets or more, spread as measured |\n|---:|---:|---:|");
+    let one = cost.iter().find(|c| c.0 == 1).and_then(|c| c.2);
+    let many = cost.iter().find(|c| c.0 > 1);
+    for m in [3_u32, 10, 30] {
+        let single = one.filter(|c| *c > 0.0).map(|c| 1e6 / c);
+        // Evenness measured on 3 masters (busiest vs mean) kept at m masters.
+        let spread = many.and_then(|(_, total, busiest)| {
+            let (total, busiest) = ((*total)?, (*busiest)?);
+            let evenness = (total / MASTERS as f64) / busiest;
+            (total > 0.0).then(|| f64::from(m) * evenness * 1e6 / total)
+        });
+        let _ = writeln!(md, "| {m} | {} | {} |", f0(single), f0(spread));
+    }
+    let gateway_ms = median_of(
+        r.buckets.iter().filter(|x| x.buckets > 1).map(|x| x.cpu.ms_per_k("gateway", x.summary.requests).unwrap_or(0.0)).collect(),
+    );
+    let at_30 = many.and_then(|(_, total, busiest)| Some(30.0 * ((*total)? / MASTERS as f64) / (*busiest)? * 1e6 / (*total)?));
+    let drain = r.drain.as_ref().map(crate::results::Drain::rate);
+    let _ = writeln!(
+        md,
+        "\nWhat stops scaling first: with one bucket, the one master (the 1-bucket column does not grow with masters). With \
+         buckets, Redis grows with the masters, and the next limits are, in order: the gateways' CPU ({} ms per 1,000 buys \
+         here: {} cores of gateways at the 30-master rate, added by running more gateways, which share nothing but Redis); \
+         the transfers, which cost three script calls each but stay rare while buckets hold stock (the rate above) and grow \
+         only at the end of a sale; and, for a sale with that many winners, the order database: every winner is one order \
+         row, and the backend drains {} orders/s into PostgreSQL on this machine (drain row). A flash sale's winners are \
+         few (its stock), so the database limits only how fast winners are persisted, not how fast buyers are answered; \
+         buckets are capped at 64 per sale.\n",
+        f0(gateway_ms),
+        f2(gateway_ms.zip(at_30).map(|(g, d)| g * d / 1e6)),
+        f0(drain),
+    );
 }
 
 /// Evaluates every target from the results.
@@ -284,6 +381,7 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
     md.push('\n');
 
     durability_section(&mut md, r);
+    buckets_section(&mut md, r);
 
     let _ = writeln!(md, "## Every round, in the order run (A/B/A/B)\n");
     let _ = writeln!(

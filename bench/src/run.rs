@@ -210,6 +210,12 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         }
     }
 
+    let buckets = if wanted(crate::buckets::SCENARIO) {
+        crate::buckets::run(s, &work.0, db_url, &ctx.pg).await.context("bucketed stock rows")?
+    } else {
+        Vec::new()
+    };
+
     let drain = if s.drain_orders > 0 {
         let counter = OrderCounter::Postgres(ctx.pg.clone());
         let d = measure_drain(&mut ctx, "drain", s.drain_orders, None, &counter).await?;
@@ -239,6 +245,7 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         perf_available: perf_available(),
         wall_s: 0.0,
         pow_verify: Vec::new(),
+        buckets,
     };
 
     if s.profile != Profiling::Never && results.perf_available {
@@ -501,7 +508,7 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
             _ => None,
         };
         let winners = summary.winners.unwrap_or_else(|| summary.total_in(200..=299));
-        let mut check = check_flashgate(ctx, &sale, stock, winners, (calls, trims), reached).await?;
+        let mut check = check_flashgate(&ctx.fg, &ctx.pg, &sale, stock, winners, (calls, trims), reached).await?;
         match scenario {
             "e_hammer" | "e_hammer_pow" => {
                 // Admitted by the user bucket: at most burst + rate × time (+1 for rounding).
@@ -555,8 +562,9 @@ async fn announce_sold_out(ctx: &Ctx, sale: &str) -> anyhow::Result<()> {
 /// user above the limit (1), after the backend drained the stream.
 /// `scripts`: Redis's script calls in the run, and the backend's timed trim
 /// scripts that may be among them.
-async fn check_flashgate(
-    ctx: &Ctx,
+pub(crate) async fn check_flashgate(
+    fg: &Flashgate,
+    pg: &sqlx::PgPool,
     sale: &str,
     stock: i64,
     winners: u64,
@@ -567,7 +575,7 @@ async fn check_flashgate(
     let t = Instant::now();
     let deadline = t + Duration::from_secs(120);
     let view = loop {
-        let v = ctx.fg.admin_sale(sale).await?;
+        let v = fg.admin_sale(sale).await?;
         let settled = v["orders"].as_i64() == v["reservations"].as_i64() && v["pending"].as_i64() == Some(0);
         if settled || Instant::now() > deadline {
             break v;
@@ -581,7 +589,7 @@ async fn check_flashgate(
         "SELECT COALESCE(MAX(n), 0) FROM (SELECT user_id, COUNT(*) AS n FROM orders WHERE sale_id = $1 GROUP BY user_id) AS per_user",
     )
     .bind(sale)
-    .fetch_one(&ctx.pg)
+    .fetch_one(pg)
     .await?;
     let decrements = stock - remaining;
     // Every buy that reached Redis ran the script once; any other call is

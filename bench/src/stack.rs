@@ -128,6 +128,8 @@ pub struct Flashgate {
     /// Where the processes find Redis.
     pub redis_config: RedisConfig,
     pub gateway_addr: std::net::SocketAddr,
+    /// The gateway's admin listener (its `/metrics`).
+    pub gateway_admin_addr: std::net::SocketAddr,
     /// The backend's order API (and its `/metrics`).
     pub backend_addr: std::net::SocketAddr,
     pub admin_addr: std::net::SocketAddr,
@@ -182,6 +184,7 @@ impl Flashgate {
         std::fs::create_dir_all(&static_dir)?;
         std::fs::copy(&opts.page, static_dir.join("sale.html")).with_context(|| format!("copy {}", opts.page.display()))?;
         let gateway_addr = loopback(free_port());
+        let gateway_admin_addr = loopback(free_port());
         let backend_addr = loopback(free_port());
         let admin_addr = loopback(free_port());
         // Nothing listens there: the bench never requests a shop path.
@@ -198,6 +201,7 @@ timeout_ms = 1000
 
 [gateway]
 listen = "{gateway_addr}"
+admin_listen = "{gateway_admin_addr}"
 threads = {threads}
 shop_upstream = "{shop_addr}"
 backend_url = "http://{backend_addr}"
@@ -244,6 +248,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             redis,
             redis_config,
             gateway_addr,
+            gateway_admin_addr,
             backend_addr,
             admin_addr,
             database_url: opts.database_url.clone(),
@@ -276,7 +281,8 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         let addr = loopback(free_port());
         let admin = loopback(free_port());
         let config = std::fs::read_to_string(&self.config_path)?
-            .replace(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\"\nadmin_listen = \"{admin}\""))
+            .replace(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\""))
+            .replace(&format!("admin_listen = \"{}\"", self.gateway_admin_addr), &format!("admin_listen = \"{admin}\""))
             .replace("timeout_ms = 1000\n", &format!("timeout_ms = 1000\n{redis_keys}\n"))
             .replace(&self.dir.join("run").display().to_string(), &self.dir.join(format!("run-{name}")).display().to_string());
         let path = self.dir.join(format!("{name}.toml"));
@@ -357,6 +363,14 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     /// # Errors
     /// When the admin API refuses.
     pub async fn put_sale(&self, id: &str, stock: i64, per_user_limit: i64) -> anyhow::Result<()> {
+        self.put_bucketed_sale(id, stock, per_user_limit, 1).await
+    }
+
+    /// An open sale whose stock is split over `buckets` buckets.
+    ///
+    /// # Errors
+    /// When the admin API refuses it.
+    pub async fn put_bucketed_sale(&self, id: &str, stock: i64, per_user_limit: i64, buckets: u32) -> anyhow::Result<()> {
         let now = flashgate_common::now_ms();
         let body = serde_json::json!({
             "name": format!("Bench sale {id}"),
@@ -364,6 +378,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             "per_user_limit": per_user_limit,
             "starts_at": flashgate_common::rfc3339(now - 1000),
             "ends_at": flashgate_common::rfc3339(now + 3_600_000),
+            "buckets": buckets,
         });
         let resp =
             self.http.put(format!("http://{}/admin/sales/{id}", self.admin_addr)).bearer_auth(&self.admin_token).json(&body).send().await?;
@@ -390,6 +405,18 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     ///
     /// # Errors
     /// When the admin API does not answer 200.
+    /// The sum of the gateway's samples of `metric` whose labels contain
+    /// `labels` (e.g. `result="moved"`), from its `/metrics`; 0 while it
+    /// cannot be read.
+    pub async fn gateway_metric(&self, metric: &str, labels: &str) -> f64 {
+        let Ok(resp) = self.http.get(format!("http://{}/metrics", self.gateway_admin_addr)).send().await else { return 0.0 };
+        let text = resp.text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(metric) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    }
+
     pub async fn admin_sale(&self, id: &str) -> anyhow::Result<serde_json::Value> {
         let resp = self.http.get(format!("http://{}/admin/sales/{id}", self.admin_addr)).bearer_auth(&self.admin_token).send().await?;
         ensure!(resp.status().is_success(), "GET /admin/sales/{id}: {}", resp.status());

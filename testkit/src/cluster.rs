@@ -255,6 +255,12 @@ impl RedisCluster {
         node.proc.as_ref().unwrap_or_else(|| panic!("node {port} was killed")).signal(sig);
     }
 
+    /// The process id of the running node on `port` (`None` once killed),
+    /// for measuring its CPU.
+    pub fn pid(&self, port: u16) -> Option<u32> {
+        self.nodes.iter().find(|n| n.port == port).and_then(|n| n.proc.as_ref()).map(Proc::pid)
+    }
+
     /// Kills (SIGKILL) the node on `port` and reaps it.
     pub fn kill(&mut self, port: u16) {
         let node = self.nodes.iter_mut().find(|n| n.port == port).unwrap_or_else(|| panic!("no node on {port}"));

@@ -1,0 +1,200 @@
+//! The bucketed-stock rows: one hot sale on a Redis Cluster of the bench's
+//! own (3 masters, no replicas), sold from 1 bucket (one slot, so one
+//! master decides every buy) and from 6 buckets (two slots per master),
+//! rounds alternating. Each round measures buys/s, latency, every master's
+//! CPU per buy, and the transfers between buckets per 1,000 buys; the
+//! report projects, from the per-master CPU, what more masters would sell.
+//!
+//! A second Flashgate (gateway and backend, on the run's PostgreSQL
+//! database) runs on the cluster; the first, on the bench's standalone
+//! Redis, is idle meanwhile.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use flashgate_common::config::{RedisConfig, RedisTarget};
+use flashgate_common::keys::SaleKeys;
+use flashgate_testkit::cluster::{ClusterOptions, RedisCluster};
+use serde::Serialize;
+
+use crate::load::{self, LoadSpec, Pace, Pick, Target, Users};
+use crate::results::Check;
+use crate::run::{check_flashgate, Settings};
+use crate::stack::{command_calls, mint_bearers, random_users, Flashgate, FlashgateOptions};
+use crate::sys::{snap, CpuUse, Watched};
+
+/// The scenario id that selects these rows (`--scenario k_buckets`).
+pub const SCENARIO: &str = "k_buckets";
+
+/// The bucket counts compared, in the order each round runs them.
+pub const BUCKET_COUNTS: [u32; 2] = [1, 6];
+
+/// Masters of the bench's cluster.
+pub const MASTERS: usize = 3;
+
+/// Stock of each round's sale: never sold out within a round.
+const STOCK: i64 = 10_000_000;
+
+/// One round of one bucket count.
+#[derive(Debug, Clone, Serialize)]
+pub struct BucketRound {
+    pub buckets: u32,
+    pub round: usize,
+    pub summary: load::Summary,
+    /// CPU in the measured window: `gateway`, `backend`, then each master
+    /// as `m<port>`, then `loadgen`.
+    pub cpu: CpuUse,
+    /// Ports of the masters, in the order of their CPU entries.
+    pub masters: Vec<u16>,
+    /// Buckets whose slot each master serves.
+    pub buckets_per_master: Vec<u32>,
+    /// Transfers between buckets that moved items during the round
+    /// (`flashgate_bucket_transfers_total{result="moved"}`).
+    pub transfers: u64,
+    pub check: Check,
+}
+
+impl BucketRound {
+    /// Each master's Redis CPU milliseconds per 1,000 buys of the measured
+    /// window, in the order of [`Self::masters`].
+    pub fn master_ms_per_k(&self) -> Vec<f64> {
+        self.masters.iter().map(|p| self.cpu.ms_per_k(&format!("m{p}"), self.summary.requests).unwrap_or(0.0)).collect()
+    }
+
+    /// Transfers per 1,000 buys answered in the round (warmup included, as
+    /// the transfer counter is).
+    pub fn transfers_per_k(&self) -> f64 {
+        let buys = self.summary.total_statuses.values().sum::<u64>().max(1);
+        self.transfers as f64 * 1000.0 / buys as f64
+    }
+}
+
+/// Starts the cluster and a Flashgate on it, runs `rounds` rounds of each
+/// bucket count, and stops everything it started.
+///
+/// # Errors
+/// When the cluster or Flashgate cannot be started, or a round fails.
+pub async fn run(s: &Settings, dir: &Path, database_url: &str, pg: &sqlx::PgPool) -> anyhow::Result<Vec<BucketRound>> {
+    let cluster = tokio::task::spawn_blocking(|| {
+        RedisCluster::start_with(ClusterOptions {
+            masters: MASTERS,
+            replicas_per_master: 0,
+            node_timeout: Duration::from_secs(15),
+            appendonly: false,
+        })
+    })
+    .await
+    .context("starting the bench's Redis Cluster")?;
+    let mut redis = RedisConfig::standalone("");
+    redis.target = RedisTarget::Cluster { nodes: cluster.nodes() };
+    let dir = dir.join("buckets");
+    std::fs::create_dir_all(&dir)?;
+    let fg = Flashgate::start(
+        &dir,
+        &FlashgateOptions {
+            bin_dir: s.bin_dir.clone(),
+            threads: s.threads,
+            page: s.peers_dir.join("html/p/1001.html"),
+            database_url: database_url.to_owned(),
+            user_bucket: s.user_bucket,
+            redis: Some(redis),
+        },
+    )
+    .await?;
+    let ids = random_users(s.user_pool);
+    let users = Users { headers: std::sync::Arc::new(mint_bearers(&fg.jwt_secret, &ids, 7200)) };
+    let masters = cluster.masters().await;
+    let mut nodes = Vec::new();
+    for port in &masters {
+        let pid = cluster.pid(*port).context("a master of the bench's cluster is not running")?;
+        let conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?.get_multiplexed_async_connection().await?;
+        nodes.push((*port, pid, conn));
+    }
+    eprintln!("bench: bucketed stock on a cluster of masters {masters:?}, gateway {}", fg.gateway_addr);
+
+    let mut rounds = Vec::new();
+    for round in 1..=s.rounds {
+        for buckets in BUCKET_COUNTS {
+            let r = bucket_round(s, &fg, pg, &cluster, &mut nodes, &users, buckets, round)
+                .await
+                .with_context(|| format!("{SCENARIO} {buckets} bucket(s) round {round}"))?;
+            eprintln!(
+                "{SCENARIO} b{buckets} r{round}: {:.0} req/s p99 {:.2} ms, master ms/1k {:?}, transfers/1k {:.2}, books {}",
+                r.summary.rps,
+                r.summary.p99_ms,
+                r.master_ms_per_k().iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>(),
+                r.transfers_per_k(),
+                if r.check.ok { "ok" } else { "WRONG" },
+            );
+            rounds.push(r);
+        }
+    }
+    Ok(rounds)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn bucket_round(
+    s: &Settings,
+    fg: &Flashgate,
+    pg: &sqlx::PgPool,
+    cluster: &RedisCluster,
+    nodes: &mut [(u16, u32, redis::aio::MultiplexedConnection)],
+    users: &Users,
+    buckets: u32,
+    round: usize,
+) -> anyhow::Result<BucketRound> {
+    let sale = format!("hot{buckets}-r{round}");
+    fg.put_bucketed_sale(&sale, STOCK, 1, buckets).await?;
+    let mut buckets_per_master = vec![0; nodes.len()];
+    for k in 0..buckets {
+        let key = if buckets > 1 { SaleKeys::bucket(&sale, k).meta } else { SaleKeys::new(&sale).meta };
+        let port = cluster.master_for_key(&key).await;
+        if let Some(i) = nodes.iter().position(|(p, _, _)| *p == port) {
+            buckets_per_master[i] += 1;
+        }
+    }
+    for (_, _, conn) in nodes.iter_mut() {
+        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
+    }
+    let moved_before = fg.gateway_metric("flashgate_bucket_transfers_total", "result=\"moved\"").await;
+    let trims_before = fg.timed_scripts().await;
+    let mut watched = fg.watched();
+    watched.extend(nodes.iter().map(|(port, pid, _)| Watched { name: format!("m{port}"), pids: vec![*pid] }));
+    let spec = LoadSpec {
+        addr: fg.gateway_addr,
+        conns: s.conns,
+        pace: Pace::Closed,
+        warmup: Duration::from_secs_f64(s.warmup),
+        duration: Duration::from_secs_f64(s.secs),
+        timeout: Duration::from_secs(5),
+        target: Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: users.clone(), pick: Pick::Distinct },
+        tag: format!("k{buckets}r{round}{}", crate::stack::random_hex(3)),
+    };
+    let (summary, a, b) = load::run(spec, move || snap(&watched)).await;
+    let cpu = CpuUse::between(&a, &b);
+    let mut calls = 0;
+    for (_, _, conn) in nodes.iter_mut() {
+        calls += command_calls(conn, "evalsha").await? + command_calls(conn, "eval").await?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let trims = fg.timed_scripts().await.saturating_sub(trims_before);
+    let transfers = (fg.gateway_metric("flashgate_bucket_transfers_total", "result=\"moved\"").await - moved_before).max(0.0) as u64;
+    let clean = summary.errors == 0 && summary.timeouts == 0;
+    // Every buy of one bucket runs one script; a bucketed sale's also runs
+    // the transfers' scripts (three per transfer) when a bucket runs dry.
+    let reached = clean.then(|| summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410));
+    let winners = summary.total_in(200..=299);
+    let mut check = check_flashgate(fg, pg, &sale, STOCK, winners, (calls.saturating_sub(3 * transfers), trims), reached).await?;
+    check.text.push_str(&format!(", transfers {transfers}"));
+    Ok(BucketRound {
+        buckets,
+        round,
+        summary,
+        cpu,
+        masters: nodes.iter().map(|(p, _, _)| *p).collect(),
+        buckets_per_master,
+        transfers,
+        check,
+    })
+}
