@@ -100,12 +100,22 @@ pub async fn copy_fields<C: ConnectionLike + Send>(
     fields: &[(&str, String)],
 ) -> Result<(), RedisError> {
     for k in 0..buckets {
-        let mut call = BUCKET_META.key(SaleKeys::bucket(id, k).meta);
-        for (field, value) in fields {
-            call.arg(*field).arg(value);
-        }
-        let _: i64 = call.invoke_async(conn).await?;
+        copy_fields_to(conn, id, k, fields).await?;
     }
+    Ok(())
+}
+
+/// Writes `fields` into the meta copy of bucket `k` of `id`, if present
+/// (what the re-sync of one failed-over bucket does).
+///
+/// # Errors
+/// Redis failed.
+pub async fn copy_fields_to<C: ConnectionLike + Send>(conn: &mut C, id: &str, k: u32, fields: &[(&str, String)]) -> Result<(), RedisError> {
+    let mut call = BUCKET_META.key(SaleKeys::bucket(id, k).meta);
+    for (field, value) in fields {
+        call.arg(*field).arg(value);
+    }
+    let _: i64 = call.invoke_async(conn).await?;
     Ok(())
 }
 

@@ -54,9 +54,9 @@ use crate::rejection::Rejection;
 pub const TRANSFER_BATCH_MAX: i64 = 8;
 
 /// How long a buyer whose home bucket ran dry may wait for items from the
-/// other buckets, in Redis timeouts (`redis.timeout_ms`, 300 ms by
-/// default: 1.2 s).
-pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
+/// other buckets, in Redis timeouts; defined in `flashgate_common` because
+/// the backend's re-sync of a failed-over bucket waits for it too.
+pub use flashgate_common::transfer::REFILL_DEADLINE_TIMEOUTS;
 
 impl<C: WallClock> BuyService<C> {
     /// The deduct of a bucketed sale, with transfers into the buyer's home
@@ -199,7 +199,7 @@ impl<C: WallClock> BuyService<C> {
     /// completes it (`flashgate_common::transfer::repair`).
     async fn deliver(&self, sale_id: &str, donor: u32, to: u32, xid: &str, n: i64) -> Result<(), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
-        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, to, xid, n)).await.map_err(|e| self.unavailable(&e))?;
+        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, donor, to, xid, n)).await.map_err(|e| self.unavailable(&e))?;
         if given.map_err(|e| self.unavailable(&RedisError::from(e)))?.is_none() {
             // The home bucket is gone (its Redis lost it): left open.
             return Err(Rejection::Unavailable);
