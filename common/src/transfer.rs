@@ -71,6 +71,23 @@ pub enum Taken {
 /// # Errors
 /// Redis failed, or answered something the script never returns.
 pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, most: i64) -> RedisResult<Taken> {
+    Ok(take_on(conn, sale_id, from, to, xid, most).await?.0)
+}
+
+/// [`take`], with the replication id of the Redis that holds the take
+/// record when items moved (`None` otherwise): what a replica wait for
+/// the take names.
+///
+/// # Errors
+/// Redis failed, or answered something the script never returns.
+pub async fn take_on<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    from: u32,
+    to: u32,
+    xid: &str,
+    most: i64,
+) -> RedisResult<(Taken, Option<String>)> {
     let d = SaleKeys::bucket(sale_id, from);
     let reply: Vec<String> = XFER_OUT
         .key(&d.meta)
@@ -85,7 +102,9 @@ pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u
         .invoke_async(conn)
         .await?;
     let parsed = match reply.as_slice() {
-        [code, n] if code == "moved" => n.parse().ok().map(Taken::Moved),
+        [code, n, node] if code == "moved" => {
+            return n.parse().map(|n| (Taken::Moved(n), Some(node.clone()))).map_err(|_| bad_take(&reply))
+        }
         [code, _] if code == "empty" => Some(Taken::Empty),
         [code, to, xid, n] if code == "in_transit" => match (to.parse(), n.parse()) {
             (Ok(to), Ok(n)) => Some(Taken::InTransit { to, xid: xid.clone(), n }),
@@ -96,7 +115,11 @@ pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u
         [code, _] if code == "stocked" => Some(Taken::Stocked),
         _ => None,
     };
-    parsed.ok_or_else(|| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|"))))
+    parsed.map(|t| (t, None)).ok_or_else(|| bad_take(&reply))
+}
+
+fn bad_take(reply: &[String]) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|")))
 }
 
 /// Step 2: adds transfer `xid`'s `n` items, taken out of bucket `from`, to
@@ -459,6 +482,9 @@ mod tests {
         // Bucket 0 holds 5: half, rounded up, capped at 8, is 3.
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a retry takes nothing more");
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+        let replid = info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned();
+        assert_eq!(take_on(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), (Taken::Moved(3), Some(replid)), "the Redis holding the take");
         let b = books(&mut conn, "s", 2).await.unwrap();
         assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 5], 3, 10));
         for k in 0..2 {

@@ -419,3 +419,54 @@ async fn a_donor_bucket_whose_master_fails_over_mid_transfer_is_resynced_and_the
 async fn a_target_bucket_whose_master_fails_over_mid_transfer_is_resynced_and_the_sale_sells_exactly_its_stock() {
     a_failed_over_bucket_is_resynced_and_the_sale_sells_exactly_its_stock(Killed::Target).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_replica_waits_a_take_no_replica_holds_is_not_given_and_stays_open_for_the_repair() {
+    let stack = Stack::start(StackOptions { redis_extra: "wait_replicas = 1\nwait_timeout_ms = 200".into(), ..cluster_stack() }).await;
+    let Deployment::Cluster(cluster) = &stack.deployment else { unreachable!("cluster mode") };
+    let (id, donor_master) = loop {
+        let id = sale_id("wt");
+        let m0 = cluster.master_for_key(&SaleKeys::bucket(&id, 0).meta).await;
+        if m0 != cluster.master_for_key(&SaleKeys::bucket(&id, 1).meta).await {
+            break (id, m0);
+        }
+    };
+    put_bucketed(&stack, &id, 4, 1, 2).await;
+    let homed = users_where(&format!("{id}-b"), 4, 2, |b| b == 1);
+    // Bucket 1 sells its two items; bucket 0 keeps its two.
+    for user in &homed[..2] {
+        let (status, body) = stack.buy(&id, user, None).await;
+        assert_eq!(status, 202, "{user}: {body}");
+    }
+    // Connected before the freeze (a new cluster connection would wait
+    // for the frozen node).
+    let mut conn = stack.redis_handle().await;
+    // The donor's replica falls behind: frozen, its link cut.
+    let replica = cluster.replica_of(donor_master).await;
+    cluster.signal(replica, "STOP");
+    let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query_async(&mut node(donor_master).await).await.unwrap();
+    assert_eq!(cut, 1, "the donor's link to its replica");
+    // A buyer of the dry bucket 1: the take out of bucket 0 reaches no
+    // replica, so its items are not given (a failover of the donor could
+    // lose the take while the target kept them).
+    let (status, body) = stack.buy(&id, &homed[2], None).await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("unavailable")), "{body}");
+    // Had the gateway given the item, the buyer's deduct would have won
+    // it: the item was taken and left in transit, which the transit
+    // repair delivers once it is 2 s old (maybe already).
+    let ledger = transfer::ledger(&mut conn, &id, 0).await.unwrap();
+    assert_eq!((ledger.remaining, ledger.sent), (1, 1), "taken out of the donor: {ledger:?}");
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining[1] + books.in_transit, books.total()), (1, 4), "taken, not sold: {books:?}");
+    // The replica resumes; the transit repair delivers the open transfer,
+    // and the buyers of bucket 1 get the last two items.
+    cluster.signal(replica, "CONT");
+    for user in &homed[2..] {
+        let (status, body) = buy_until_decided(stack.gateway_addr, &id, user).await;
+        assert_eq!(status, 202, "{user}: {body}");
+    }
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining.clone(), books.in_transit, books.reserved), (vec![0, 0], 0, 4), "{books:?}");
+    let (orders, distinct, most) = stack.wait_orders(&id, 4, Duration::from_secs(30)).await;
+    assert_eq!((orders, distinct, most), (4, 4, 1));
+}

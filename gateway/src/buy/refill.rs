@@ -36,7 +36,7 @@
 
 use std::collections::HashSet;
 
-use flashgate_common::buckets::home_bucket;
+use flashgate_common::buckets::{bucket_id, home_bucket};
 use flashgate_common::keys::SaleEvent;
 use flashgate_common::transfer::{self, Taken};
 use tracing::warn;
@@ -120,9 +120,11 @@ impl<C: WallClock> BuyService<C> {
             tried.insert(donor);
             dry.remove(&donor);
             let xid = format!("{:016x}", rand::random::<u64>());
-            let again = match self.take(sale_id, donor, home, &xid).await? {
+            let (taken, node) = self.take(sale_id, donor, home, &xid).await?;
+            let again = match taken {
                 Taken::Moved(n) => {
                     self.metrics.bucket_transfers.with_label_values(&["moved"]).inc();
+                    self.take_replicated(sale_id, donor, node.as_deref()).await?;
                     self.deliver(sale_id, donor, home, &xid, n).await?;
                     // If others of this bucket take the batch first, the
                     // donor kept half of what it had: ask it again.
@@ -183,14 +185,32 @@ impl<C: WallClock> BuyService<C> {
         }
     }
 
-    /// Step 1 of a transfer, on the donor.
-    async fn take(&self, sale_id: &str, donor: u32, home: u32, xid: &str) -> Result<Taken, Rejection> {
+    /// Step 1 of a transfer, on the donor; with the replication id of the
+    /// donor's Redis when items moved.
+    async fn take(&self, sale_id: &str, donor: u32, home: u32, xid: &str) -> Result<(Taken, Option<String>), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         self.redis
-            .bounded(transfer::take(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX))
+            .bounded(transfer::take_on(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX))
             .await
             .map_err(|e| self.unavailable(&e))?
             .map_err(|e| self.unavailable(&RedisError::from(e)))
+    }
+
+    /// With `redis.wait_replicas` set: returns once that many replicas of
+    /// the donor's master (replication id `node`) hold the take, so a
+    /// failover of the donor cannot lose the take of items given to their
+    /// target. Not confirmed: the buyer hears `503` and the
+    /// transfer stays open, for the transit repair to deliver (its record
+    /// survived) or never (it was lost with the items it took). Without
+    /// replica waits the backend's re-sync of a failed-over donor finds a
+    /// lost take from its target's record (`backend/src/fence/bucketed.rs`).
+    async fn take_replicated(&self, sale_id: &str, donor: u32, node: Option<&str>) -> Result<(), Rejection> {
+        if self.replica_wait.is_none() {
+            return Ok(());
+        }
+        self.replicated(&bucket_id(sale_id, donor), node).await.inspect_err(|_| {
+            warn!(sale = sale_id, donor, "a transfer's take is not on replicas in time; left open for the transit repair");
+        })
     }
 
     /// Steps 2 and 3: the items into `to`, then the transfer closed on
