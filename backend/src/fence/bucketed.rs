@@ -263,6 +263,7 @@ async fn resync_bucket<C: ConnectionLike + Send>(
         let mut fields = crate::buckets::definition_fields(spec);
         let paused: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(sale_id).meta).arg("paused").query_async(conn).await?;
         fields.extend(paused.map(|p| ("paused", p)));
+        resyncer.scripts.inc();
         crate::buckets::copy_fields_to(conn, sale_id, k, &fields).await?;
     }
     resyncer.scripts.inc();
