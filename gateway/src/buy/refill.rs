@@ -10,7 +10,9 @@
 //!           donor D = K itself first (its own items may be in transit),
 //!           then the buckets not flagged empty here (random start), then
 //!           the flagged ones (flags are hints, never trusted for 410)
-//!           take on D ── moved t ──► give t to K, close on D, clear
+//!           take on D ── moved t ──► (with `redis.wait_replicas`: the
+//!                 │                   take on D's replicas, else 503)
+//!                 │                   give t to K, close on D, clear
 //!                 │                   K's flag (announced), deduct on K
 //!                 │                   again: won or refused ─► answer
 //!                 ├─ stocked (D = K holds items again) ► deduct again
