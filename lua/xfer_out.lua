@@ -14,7 +14,10 @@
 -- Reply: {outcome, detail}
 --   "moved"       items taken (ceil(remaining / 2), at most ARGV[3]); a
 --                 retry with the same transfer id answers the same count
---                 and takes nothing more
+--                 and takes nothing more. A third element: this Redis's
+--                 replication id, so that a gateway with
+--                 `redis.wait_replicas` can wait for the take to reach
+--                 replicas of this very master before giving the items
 --   "empty"       ""  nothing left and no transfer out of D open
 --   "in_transit"  target bucket of the oldest open transfer out of D, and
 --                 two more elements: its transfer id and its items. D has
@@ -30,7 +33,7 @@
 
 local rec = redis.call('HGET', KEYS[3], ARGV[1])
 if rec then
-  return {'moved', tostring(cjson.decode(rec).n)}
+  return {'moved', tostring(cjson.decode(rec).n), fg_replid()}
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'not_found', ''}
@@ -59,4 +62,4 @@ redis.call('DECRBY', KEYS[2], t)
 redis.call('HSET', KEYS[3], ARGV[1], cjson.encode({to = tonumber(ARGV[2]), n = t, at = now, done = false}))
 redis.call('HINCRBY', KEYS[3], '#open', t)
 redis.call('ZADD', KEYS[4], now, ARGV[1])
-return {'moved', tostring(t)}
+return {'moved', tostring(t), fg_replid()}

@@ -6,12 +6,11 @@
 //!
 //! Phase 1 installs a bucketed sale only while the database holds no order
 //! of it (a new sale): its buckets then agree with the database by
-//! construction and are marked synced at once. Everything that rebuilds a
-//! sale from the database (the restore of a sale Redis lost, the re-sync
-//! of a failed-over Redis in `crate::fence`, reconciliation) and the admin
+//! construction and are marked synced at once. A bucket whose Redis failed
+//! over is re-synced on its own (`crate::fence`, its `bucketed` module).
+//! The restore of a bucketed sale Redis lost, reconciliation and the admin
 //! stock change do not handle buckets yet: they leave a bucketed sale
-//! alone (logged), so a bucket whose Redis failed over stays fenced (its
-//! buys answer 503) rather than selling from books that may be short.
+//! alone (logged) rather than selling from books that may be short.
 
 use std::sync::LazyLock;
 
@@ -92,12 +91,22 @@ pub async fn copy_fields<C: ConnectionLike + Send>(
     fields: &[(&str, String)],
 ) -> Result<(), RedisError> {
     for k in 0..buckets {
-        let mut call = BUCKET_META.key(SaleKeys::bucket(id, k).meta);
-        for (field, value) in fields {
-            call.arg(*field).arg(value);
-        }
-        let _: i64 = call.invoke_async(conn).await?;
+        copy_fields_to(conn, id, k, fields).await?;
     }
+    Ok(())
+}
+
+/// Writes `fields` into the meta copy of bucket `k` of `id`, if present
+/// (what the re-sync of one failed-over bucket does).
+///
+/// # Errors
+/// Redis failed.
+pub async fn copy_fields_to<C: ConnectionLike + Send>(conn: &mut C, id: &str, k: u32, fields: &[(&str, String)]) -> Result<(), RedisError> {
+    let mut call = BUCKET_META.key(SaleKeys::bucket(id, k).meta);
+    for (field, value) in fields {
+        call.arg(*field).arg(value);
+    }
+    let _: i64 = call.invoke_async(conn).await?;
     Ok(())
 }
 

@@ -33,6 +33,12 @@
 //!    that holds the sale now. A second failover meanwhile leaves the sale
 //!    fenced, and the next pass starts again: the pages are idempotent.
 //!
+//! A bucketed sale (see `crate::buckets`) is re-synced bucket by bucket,
+//! each fenced bucket on its own once a settle wait has passed (its
+//! orders, then its transfers against the other buckets' records, then its
+//! base stock): see `bucketed`. The sale's own keys stay fenced for ever
+//! (nothing is sold from them).
+//!
 //! A sale a restore installs (Redis lost it entirely) is installed fenced
 //! too, and the same re-sync makes it sell: the start-up preheat and the
 //! admin API run it at once, after their own work, the recovery loop on
@@ -82,6 +88,10 @@ pub enum Resynced {
     /// The database's stock is below what Redis counts as sold (after the
     /// orders were counted): left fenced, logged for an operator.
     StockBelowSold { sold: i64 },
+    /// A bucket of a bucketed sale is fenced but was first seen so less
+    /// than the settle bound ago (see `bucketed`): a gateway may still be
+    /// giving items it took from it. A later pass re-syncs it.
+    Settling,
 }
 
 /// The fence as `lua/fence.lua` reports it.
@@ -120,13 +130,18 @@ async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &s
 pub struct Resyncer {
     idempotency_ttl: Duration,
     scripts: IntCounter,
+    /// When each fenced bucket was first seen fenced, and how long it must
+    /// stay so before its re-sync (see [`bucketed::Settle`]).
+    settle: bucketed::Settle,
 }
 
 impl Resyncer {
     /// Idempotency-Keys written back live at most `idempotency_ttl` after
-    /// their win; every script call is counted in `scripts`.
-    pub fn new(idempotency_ttl: Duration, scripts: IntCounter) -> Self {
-        Self { idempotency_ttl, scripts }
+    /// their win; every script call is counted in `scripts`; a bucket's
+    /// re-sync waits a bound derived from `redis_timeout`
+    /// (`redis.timeout_ms`, see [`bucketed::Settle`]).
+    pub fn new(idempotency_ttl: Duration, scripts: IntCounter, redis_timeout: Duration) -> Self {
+        Self { idempotency_ttl, scripts, settle: bucketed::Settle::new(redis_timeout) }
     }
 
     /// Re-syncs sale `sale_id` if it is fenced (see the module doc).
@@ -135,6 +150,10 @@ impl Resyncer {
     /// Redis or the database failed; the sale stays fenced and what was
     /// counted stays counted (the next pass counts nothing twice).
     pub async fn resync<C: ConnectionLike + Send>(&self, conn: &mut C, store: &Store, sale_id: &str) -> Result<Resynced, SaleError> {
+        let buckets = crate::buckets::in_redis(conn, sale_id).await?;
+        if buckets > 1 {
+            return bucketed::resync(conn, store, sale_id, buckets, self).await;
+        }
         resync(conn, store, sale_id, self.idempotency_ttl, &self.scripts).await
     }
 
@@ -162,6 +181,7 @@ impl Resyncer {
                     sold,
                     "the database's stock is below what redis counts as sold; the sale stays fenced"
                 ),
+                Ok(Resynced::Settling) => tracing::debug!(sale = %spec.id, "a fenced bucket waits for transfers in flight to settle"),
                 Ok(Resynced::NotNeeded | Resynced::Absent) => {}
                 Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot re-sync the fenced sale yet"),
             }
@@ -178,13 +198,6 @@ async fn resync<C: ConnectionLike + Send>(
     scripts: &IntCounter,
 ) -> Result<Resynced, SaleError> {
     let keys = SaleKeys::new(sale_id);
-    // A bucketed sale's buckets are marked synced when installed; their
-    // re-sync after a failover is not supported yet, so a failed-over
-    // bucket stays fenced and the sale's own keys sell nothing.
-    if crate::buckets::in_redis(conn, sale_id).await? > 1 {
-        tracing::debug!(sale = sale_id, "bucketed sale: no re-sync in this release");
-        return Ok(Resynced::NotNeeded);
-    }
     scripts.inc();
     if let Some(settled) = fence(conn, &keys, "").await?.settled() {
         return Ok(settled);
@@ -264,5 +277,6 @@ async fn count_page<C: ConnectionLike + Send>(
     Ok(invocation.invoke_async(conn).await?)
 }
 
+mod bucketed;
 #[cfg(test)]
 mod tests;

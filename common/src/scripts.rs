@@ -35,6 +35,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("release.lua", include_str!("../../lua/release.lua")),
     ("remembered.lua", include_str!("../../lua/remembered.lua")),
     ("resync.lua", include_str!("../../lua/resync.lua")),
+    ("resync_transfers.lua", include_str!("../../lua/resync_transfers.lua")),
     ("trim.lua", include_str!("../../lua/trim.lua")),
     ("update_sale.lua", include_str!("../../lua/update_sale.lua")),
     ("wait_mark.lua", include_str!("../../lua/wait_mark.lua")),

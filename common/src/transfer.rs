@@ -6,7 +6,7 @@
 //!    `remaining` and records `xid` as open in D's `xfer-out`/`xfer-open`;
 //!    a retry with the same `xid` answers the same batch, nothing more;
 //! 2. [`give`] (`lua/xfer_in.lua` on K): adds the batch to K's `remaining`
-//!    once (`HSETNX` of `xid` in K's `xfer-in`);
+//!    once (`HSETNX` of `xid` in K's `xfer-in`, recording `{from: D, n}`);
 //! 3. [`close`] (`lua/xfer_ack.lua` on D): moves `xid` from open to done.
 //!
 //! Each side is one atomic script in its bucket's slot. A crash between 1
@@ -31,6 +31,14 @@ use crate::keys::SaleKeys;
 /// it (it finishes within its deal deadline, well under a second); older,
 /// the backend's transit repair completes it.
 pub const REPAIR_AFTER_MS: i64 = 2_000;
+
+/// How long a buyer whose home bucket ran dry may wait for items from the
+/// other buckets, in Redis timeouts (`redis.timeout_ms`, 300 ms by
+/// default: 1.2 s), after their first deduct (the gateway's
+/// `buy::refill`). A gateway gives the items it took to their target
+/// within that deadline or never: the re-sync of a failed-over donor
+/// bucket waits for it (`backend/src/fence/bucketed.rs`).
+pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
 
 static XFER_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_OUT));
 static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_in.lua")));
@@ -63,6 +71,23 @@ pub enum Taken {
 /// # Errors
 /// Redis failed, or answered something the script never returns.
 pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, most: i64) -> RedisResult<Taken> {
+    Ok(take_on(conn, sale_id, from, to, xid, most).await?.0)
+}
+
+/// [`take`], with the replication id of the Redis that holds the take
+/// record when items moved (`None` otherwise): what a replica wait for
+/// the take names.
+///
+/// # Errors
+/// Redis failed, or answered something the script never returns.
+pub async fn take_on<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    from: u32,
+    to: u32,
+    xid: &str,
+    most: i64,
+) -> RedisResult<(Taken, Option<String>)> {
     let d = SaleKeys::bucket(sale_id, from);
     let reply: Vec<String> = XFER_OUT
         .key(&d.meta)
@@ -77,7 +102,9 @@ pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u
         .invoke_async(conn)
         .await?;
     let parsed = match reply.as_slice() {
-        [code, n] if code == "moved" => n.parse().ok().map(Taken::Moved),
+        [code, n, node] if code == "moved" => {
+            return n.parse().map(|n| (Taken::Moved(n), Some(node.clone()))).map_err(|_| bad_take(&reply))
+        }
         [code, _] if code == "empty" => Some(Taken::Empty),
         [code, to, xid, n] if code == "in_transit" => match (to.parse(), n.parse()) {
             (Ok(to), Ok(n)) => Some(Taken::InTransit { to, xid: xid.clone(), n }),
@@ -88,17 +115,29 @@ pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u
         [code, _] if code == "stocked" => Some(Taken::Stocked),
         _ => None,
     };
-    parsed.ok_or_else(|| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|"))))
+    parsed.map(|t| (t, None)).ok_or_else(|| bad_take(&reply))
 }
 
-/// Step 2: adds transfer `xid`'s `n` items to bucket `to`, once. `Some(true)`
-/// added now, `Some(false)` added before, `None` the bucket is absent.
+fn bad_take(reply: &[String]) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|")))
+}
+
+/// Step 2: adds transfer `xid`'s `n` items, taken out of bucket `from`, to
+/// bucket `to`, once. `Some(true)` added now, `Some(false)` added before,
+/// `None` the bucket is absent. The record names its donor ([`Received`]).
 ///
 /// # Errors
 /// Redis failed.
-pub async fn give<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, to: u32, xid: &str, n: i64) -> RedisResult<Option<bool>> {
+pub async fn give<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    from: u32,
+    to: u32,
+    xid: &str,
+    n: i64,
+) -> RedisResult<Option<bool>> {
     let k = SaleKeys::bucket(sale_id, to);
-    let reply: i64 = XFER_IN.key(&k.meta).key(&k.remaining).key(&k.xfer_in).arg(xid).arg(n).invoke_async(conn).await?;
+    let reply: i64 = XFER_IN.key(&k.meta).key(&k.remaining).key(&k.xfer_in).arg(xid).arg(n).arg(from).invoke_async(conn).await?;
     Ok(match reply {
         1 => Some(true),
         0 => Some(false),
@@ -126,7 +165,7 @@ pub async fn close<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: 
 /// Redis failed; the transfer stays open, or added but not closed (a
 /// later call closes it).
 pub async fn complete<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, n: i64) -> RedisResult<bool> {
-    if give(conn, sale_id, to, xid, n).await?.is_none() {
+    if give(conn, sale_id, from, to, xid, n).await?.is_none() {
         return Ok(false);
     }
     close(conn, sale_id, from, xid).await?;
@@ -208,6 +247,30 @@ pub struct Record {
     pub done: bool,
 }
 
+/// One recorded transfer into a bucket (`lua/xfer_in.lua`): its donor
+/// bucket and its items. A record written before donors were recorded
+/// (a bare count) has no donor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub from: Option<u32>,
+    pub n: i64,
+}
+
+impl Received {
+    /// Reads an `xfer-in` value: `{"from":D,"n":t}`, or a bare count.
+    pub fn parse(raw: &str) -> Option<Self> {
+        #[derive(serde::Deserialize)]
+        struct Json {
+            from: u32,
+            n: i64,
+        }
+        if let Ok(n) = raw.parse::<i64>() {
+            return Some(Self { from: None, n });
+        }
+        serde_json::from_str::<Json>(raw).ok().map(|j| Self { from: Some(j.from), n: j.n })
+    }
+}
+
 async fn record<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, xid: &str) -> RedisResult<Option<Record>> {
     let raw: Option<String> = redis::cmd("HGET").arg(&keys.xfer_out).arg(xid).query_async(conn).await?;
     Ok(raw.and_then(|r| serde_json::from_str(&r).ok()))
@@ -234,7 +297,7 @@ pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, bucke
             .await?;
         for xid in stale {
             let Some(r) = record(conn, &d, &xid).await? else { continue };
-            let Some(added) = give(conn, sale_id, r.to, &xid, r.n).await? else {
+            let Some(added) = give(conn, sale_id, from, r.to, &xid, r.n).await? else {
                 tracing::warn!(sale = sale_id, bucket = r.to, transfer = %xid, "transfer target bucket is not in redis; left open");
                 continue;
             };
@@ -338,7 +401,7 @@ pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u3
         .scard(&keys.released)
         .hgetall(&keys.xfer_out)
         .hvals(&keys.xfer_in);
-    type Read = (Option<i64>, Option<i64>, i64, i64, std::collections::HashMap<String, String>, Vec<i64>);
+    type Read = (Option<i64>, Option<i64>, i64, i64, std::collections::HashMap<String, String>, Vec<String>);
     let (stock, remaining, resv, released, out, into): Read = pipe.query_async(conn).await?;
     let sent =
         out.iter().filter(|(xid, _)| !xid.starts_with('#')).filter_map(|(_, r)| serde_json::from_str::<Record>(r).ok()).map(|r| r.n).sum();
@@ -347,7 +410,7 @@ pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u3
         remaining: remaining.unwrap_or(0),
         reserved: resv - released,
         sent,
-        received: into.iter().sum(),
+        received: into.iter().filter_map(|r| Received::parse(r)).map(|r| r.n).sum(),
     })
 }
 
@@ -419,14 +482,19 @@ mod tests {
         // Bucket 0 holds 5: half, rounded up, capped at 8, is 3.
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a retry takes nothing more");
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+        let replid = info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned();
+        assert_eq!(take_on(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), (Taken::Moved(3), Some(replid)), "the Redis holding the take");
         let b = books(&mut conn, "s", 2).await.unwrap();
         assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 5], 3, 10));
         for k in 0..2 {
             assert!(ledger(&mut conn, "s", k).await.unwrap().balances(), "bucket {k} while in transit");
         }
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
-        assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(true));
-        assert_eq!(give(&mut conn, "s", 1, "x1", 3).await.unwrap(), Some(false), "added once");
+        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3).await.unwrap(), Some(true));
+        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3).await.unwrap(), Some(false), "added once");
+        let raw: String = redis::cmd("HGET").arg(SaleKeys::bucket("s", 1).xfer_in).arg("x1").query_async(&mut conn).await.unwrap();
+        assert_eq!(Received::parse(&raw), Some(Received { from: Some(0), n: 3 }), "the record names its donor: {raw}");
         let b = books(&mut conn, "s", 2).await.unwrap();
         assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 8], 0, 10));
         assert!(close(&mut conn, "s", 0, "x1").await.unwrap());
@@ -438,7 +506,8 @@ mod tests {
         assert!(d.balances() && k.balances(), "{d:?} {k:?}");
         assert_eq!((d.sent, k.received), (3, 3));
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
-        assert_eq!(give(&mut conn, "s", 7, "x9", 1).await.unwrap(), None, "an absent bucket gains nothing");
+        assert_eq!(give(&mut conn, "s", 0, 7, "x9", 1).await.unwrap(), None, "an absent bucket gains nothing");
+        assert_eq!(Received::parse("4"), Some(Received { from: None, n: 4 }), "a record without its donor");
     }
 
     #[tokio::test]

@@ -299,3 +299,206 @@ async fn a_transfer_cut_between_its_two_sides_stays_in_the_books_and_is_delivere
     let (orders, distinct, most) = stack.wait_orders(&id, 6, Duration::from_secs(30)).await;
     assert_eq!((orders, distinct, most), (6, 6, 1));
 }
+
+/// Which side of a transfer loses its last writes with its master.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Killed {
+    Donor,
+    Target,
+}
+
+/// The replication id of the Redis on `port`.
+async fn replid(port: u16) -> String {
+    let info: String = redis::cmd("INFO").arg("replication").query_async(&mut node(port).await).await.unwrap();
+    info.lines().find_map(|l| l.strip_prefix("master_replid:")).expect("a replication id").trim().to_owned()
+}
+
+/// One buy of `user`, retried while it answers 503 (a fenced bucket, a
+/// refill cut by its deadline), until `deadline`.
+async fn decide(gateway: std::net::SocketAddr, sale: &str, user: &str, deadline: Instant) -> (u16, serde_json::Value) {
+    loop {
+        let o = buy_all(gateway, sale, vec![Attempt::by(user)], 1).await.remove(0);
+        if o.status != 503 || Instant::now() > deadline {
+            return (o.status, o.body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A sale of two buckets on two masters; a transfer cut between its sides
+/// (the donor took, the gateway died); then the master of one bucket
+/// (`killed`) is `kill -9`'d with its replica behind: the promoted replica
+/// lacks a take (donor) or an add (target) of a delivered transfer, and a
+/// win whose order the database has. Buys keep arriving; the bucket must
+/// be re-synced and sell again, and the sale sell exactly its stock.
+async fn a_failed_over_bucket_is_resynced_and_the_sale_sells_exactly_its_stock(killed: Killed) {
+    const STOCK: i64 = 20;
+    let mut stack = Stack::start(cluster_stack()).await;
+    let Deployment::Cluster(cluster) = &stack.deployment else { unreachable!("cluster mode") };
+    let (id, masters) = loop {
+        let id = sale_id("fo");
+        let m0 = cluster.master_for_key(&SaleKeys::bucket(&id, 0).meta).await;
+        let m1 = cluster.master_for_key(&SaleKeys::bucket(&id, 1).meta).await;
+        if m0 != m1 {
+            break (id, [m0, m1]);
+        }
+    };
+    put_bucketed(&stack, &id, STOCK, 1, 2).await;
+    let (donor, target) = (0_u32, 1_u32);
+    let lost = if killed == Killed::Donor { donor } else { target };
+    let victim = masters[lost as usize];
+    let homed =
+        [users_where(&format!("{id}-a"), STOCK as usize, 2, |b| b == 0), users_where(&format!("{id}-b"), STOCK as usize, 2, |b| b == 1)];
+    let mut won: Vec<String> = Vec::new();
+    for user in [&homed[0][0], &homed[0][1], &homed[1][0], &homed[1][1]] {
+        let (status, body) = stack.buy(&id, user, None).await;
+        assert_eq!(status, 202, "{user}: {body}");
+        won.push(user.clone());
+    }
+    let mut conn = stack.redis_handle().await;
+    // A gateway takes items out of the donor for the target, then dies.
+    assert!(matches!(transfer::take(&mut conn, &id, donor, target, "cut", 2).await.unwrap(), Taken::Moved(2)));
+    cluster.wait_replicas_caught_up(Duration::from_secs(10)).await;
+
+    // The victim's replica falls behind: frozen, its link cut.
+    let replica = cluster.replica_of(victim).await;
+    cluster.signal(replica, "STOP");
+    let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query_async(&mut node(victim).await).await.unwrap();
+    assert_eq!(cut, 1, "the victim's link to its replica");
+    // Writes its replica lacks: one side of a delivered transfer, and a win
+    // in its bucket whose order reaches the database.
+    let Taken::Moved(n) = transfer::take(&mut conn, &id, donor, target, "lost", 8).await.unwrap() else { panic!("nothing taken") };
+    assert_eq!(transfer::give(&mut conn, &id, donor, target, "lost", n).await.unwrap(), Some(true));
+    assert!(transfer::close(&mut conn, &id, donor, "lost").await.unwrap());
+    let user = &homed[lost as usize][2];
+    let (status, body) = stack.buy(&id, user, None).await;
+    assert_eq!(status, 202, "{user}: {body}");
+    won.push(user.clone());
+    let until = Instant::now() + Duration::from_secs(10);
+    while stack.order_rows(&id).await.len() < won.len() {
+        assert!(Instant::now() < until, "the orders of the wins before the fault were never written");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(conn);
+    if let Deployment::Cluster(cluster) = &mut stack.deployment {
+        cluster.kill(victim);
+        cluster.signal(replica, "CONT");
+    }
+    let Deployment::Cluster(cluster) = &stack.deployment else { unreachable!("cluster mode") };
+    let promoted = cluster.wait_failover(&SaleKeys::bucket(&id, lost).meta, Duration::from_secs(30)).await;
+    assert_eq!(promoted, replica, "the victim's replica serves the bucket");
+
+    // Buys keep arriving, from both buckets' buyers, while the bucket is
+    // fenced and after.
+    let rest: Vec<String> = (2..STOCK as usize).flat_map(|i| [&homed[0][i], &homed[1][i]]).filter(|u| !won.contains(u)).cloned().collect();
+    let buying = {
+        let (gateway, id) = (stack.gateway_addr, id.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            let mut outcomes = Vec::new();
+            for user in rest {
+                let (status, body) = decide(gateway, &id, &user, deadline).await;
+                outcomes.push((user, status, body));
+            }
+            outcomes
+        })
+    };
+    // The failed-over bucket is re-synced on the promoted master.
+    let keys = SaleKeys::bucket(&id, lost);
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let synced: Option<String> = redis::cmd("GET").arg(&keys.synced).query_async(&mut node(promoted).await).await.unwrap();
+        if synced.as_deref() == Some(replid(promoted).await.as_str()) {
+            break;
+        }
+        assert!(Instant::now() < until, "bucket {lost} was never re-synced on its promoted master");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let outcomes = buying.await.unwrap();
+    for (user, status, body) in &outcomes {
+        assert!([202, 410].contains(status), "{user}: {status} {body}");
+    }
+    let after = outcomes.iter().filter(|(_, status, _)| *status == 202).count();
+    let sold_in_lost = outcomes.iter().filter(|(user, status, _)| *status == 202 && home_bucket(user, 2) == lost).count();
+    assert!(sold_in_lost > 0, "the re-synced bucket sells again");
+    assert_eq!((won.len() + after) as i64, STOCK, "exactly the stock wins: no undersell, no oversell");
+    let (orders, distinct, most) = stack.wait_orders(&id, STOCK, Duration::from_secs(30)).await;
+    assert_eq!((orders, distinct, most), (STOCK, STOCK, 1), "one order per winner, nobody above the limit");
+
+    let mut conn = stack.redis_handle().await;
+    let until = Instant::now() + Duration::from_secs(20);
+    let books = loop {
+        let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+        if books.in_transit == 0 {
+            break books;
+        }
+        assert!(Instant::now() < until, "a transfer stayed in transit: {books:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((books.total(), books.in_transit, books.reserved, books.remaining.clone()), (STOCK, 0, STOCK, vec![0, 0]), "{books:?}");
+    for k in 0..2 {
+        let ledger = transfer::ledger(&mut conn, &id, k).await.unwrap();
+        assert!(ledger.balances(), "bucket {k}: {ledger:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_donor_bucket_whose_master_fails_over_mid_transfer_is_resynced_and_the_sale_sells_exactly_its_stock() {
+    a_failed_over_bucket_is_resynced_and_the_sale_sells_exactly_its_stock(Killed::Donor).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_target_bucket_whose_master_fails_over_mid_transfer_is_resynced_and_the_sale_sells_exactly_its_stock() {
+    a_failed_over_bucket_is_resynced_and_the_sale_sells_exactly_its_stock(Killed::Target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_replica_waits_a_take_no_replica_holds_is_not_given_and_stays_open_for_the_repair() {
+    let stack = Stack::start(StackOptions { redis_extra: "wait_replicas = 1\nwait_timeout_ms = 200".into(), ..cluster_stack() }).await;
+    let Deployment::Cluster(cluster) = &stack.deployment else { unreachable!("cluster mode") };
+    let (id, donor_master) = loop {
+        let id = sale_id("wt");
+        let m0 = cluster.master_for_key(&SaleKeys::bucket(&id, 0).meta).await;
+        if m0 != cluster.master_for_key(&SaleKeys::bucket(&id, 1).meta).await {
+            break (id, m0);
+        }
+    };
+    put_bucketed(&stack, &id, 4, 1, 2).await;
+    let homed = users_where(&format!("{id}-b"), 4, 2, |b| b == 1);
+    // Bucket 1 sells its two items; bucket 0 keeps its two.
+    for user in &homed[..2] {
+        let (status, body) = stack.buy(&id, user, None).await;
+        assert_eq!(status, 202, "{user}: {body}");
+    }
+    // Connected before the freeze (a new cluster connection would wait
+    // for the frozen node).
+    let mut conn = stack.redis_handle().await;
+    // The donor's replica falls behind: frozen, its link cut.
+    let replica = cluster.replica_of(donor_master).await;
+    cluster.signal(replica, "STOP");
+    let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query_async(&mut node(donor_master).await).await.unwrap();
+    assert_eq!(cut, 1, "the donor's link to its replica");
+    // A buyer of the dry bucket 1: the take out of bucket 0 reaches no
+    // replica, so its items are not given (a failover of the donor could
+    // lose the take while the target kept them).
+    let (status, body) = stack.buy(&id, &homed[2], None).await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("unavailable")), "{body}");
+    // Had the gateway given the item, the buyer's deduct would have won
+    // it: the item was taken and left in transit, which the transit
+    // repair delivers once it is 2 s old (maybe already).
+    let ledger = transfer::ledger(&mut conn, &id, 0).await.unwrap();
+    assert_eq!((ledger.remaining, ledger.sent), (1, 1), "taken out of the donor: {ledger:?}");
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining[1] + books.in_transit, books.total()), (1, 4), "taken, not sold: {books:?}");
+    // The replica resumes; the transit repair delivers the open transfer,
+    // and the buyers of bucket 1 get the last two items.
+    cluster.signal(replica, "CONT");
+    for user in &homed[2..] {
+        let (status, body) = buy_until_decided(stack.gateway_addr, &id, user).await;
+        assert_eq!(status, 202, "{user}: {body}");
+    }
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining.clone(), books.in_transit, books.reserved), (vec![0, 0], 0, 4), "{books:?}");
+    let (orders, distinct, most) = stack.wait_orders(&id, 4, Duration::from_secs(30)).await;
+    assert_eq!((orders, distinct, most), (4, 4, 1));
+}

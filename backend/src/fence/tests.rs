@@ -15,7 +15,7 @@ use crate::testing::{buy, buy_with_key, sale, sqlite_url, unique, RedisServer};
 const TTL: Duration = Duration::from_secs(60);
 
 fn resyncer() -> Resyncer {
-    Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap())
+    Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap(), Duration::ZERO)
 }
 
 /// A Redis of the test's own, a SQLite store, and sale `id` of `stock`
@@ -169,4 +169,66 @@ async fn an_operators_change_the_redis_lost_is_applied_before_the_sale_sells_aga
     assert!(matches!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 0, .. }));
     assert_eq!(conn.hget::<_, _, i64>(&keys.meta, "stock").await.unwrap(), 4);
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 3, "the new stock minus the one order");
+}
+
+/// A user whose home bucket is `k` of `buckets`.
+fn user_in(k: u32, buckets: u32) -> String {
+    (0..).map(|i| format!("u{i}")).find(|u| flashgate_common::buckets::home_bucket(u, buckets) == k).unwrap()
+}
+
+#[tokio::test]
+async fn a_failed_over_bucket_that_lost_a_take_an_add_an_order_and_a_base_change_is_resynced_to_balanced_books() {
+    use flashgate_common::transfer::{self, Taken};
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let spec = SaleSpec { buckets: 2, ..sale(&id, 10) };
+    store.upsert_sale(&spec).await.unwrap();
+    assert!(matches!(restore(&mut conn, &store, &id).await.unwrap(), Restored::Loaded { .. }));
+    let (b0, b1) = (SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
+    // Bucket 0 gives 3 to bucket 1 (x1), bucket 1 gives 4 back (x2).
+    assert_eq!(transfer::take(&mut conn, &id, 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
+    assert!(transfer::complete(&mut conn, &id, 0, 1, "x1", 3).await.unwrap());
+    assert_eq!(transfer::take(&mut conn, &id, 1, 0, "x2", 4).await.unwrap(), Taken::Moved(4));
+    assert!(transfer::complete(&mut conn, &id, 1, 0, "x2", 4).await.unwrap());
+    // A buyer of bucket 0 won; the order is in the database.
+    let buyer = user_in(0, 2);
+    store.insert_orders(&[crate::testing::reservation(&id, &buyer)]).await.unwrap();
+    // The operator raised the stock to 12, bucket 0's base by 2.
+    store.upsert_sale(&SaleSpec { stock: 12, ..spec.clone() }).await.unwrap();
+    // Bucket 0's Redis fails over to a replica that lacks the take x1 (its
+    // record and its DECRBY), the add x2, the buyer's win and the base
+    // change: its replication id is not the one it was synced on.
+    let () = conn.hdel(&b0.xfer_out, "x1").await.unwrap();
+    let () = conn.hdel(&b0.xfer_in, "x2").await.unwrap();
+    let () = conn.set(&b0.remaining, 5).await.unwrap();
+    let () = conn.set(&b0.synced, "00").await.unwrap();
+    assert_eq!(buy(&mut conn, &flashgate_common::buckets::bucket_id(&id, 0), &buyer).await, "fenced");
+    assert_eq!(transfer::take(&mut conn, &id, 0, 1, "x3", 8).await.unwrap(), Taken::Fenced, "nothing is taken from a fenced bucket");
+
+    // Within the settle bound (a gateway may still be giving what it took
+    // from bucket 0 on its old master): not re-synced yet.
+    let waiting = Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap(), Duration::from_secs(60));
+    assert_eq!(waiting.resync(&mut conn, &store, &id).await.unwrap(), Resynced::Settling);
+    assert_eq!(conn.get::<_, String>(&b0.synced).await.unwrap(), "00", "still fenced");
+
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 1, returned: 0 });
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded, "nothing twice");
+    // 5 - 1 order + 4 re-added (x2) - 3 re-taken (x1) + 2 of base change.
+    assert_eq!(conn.get::<_, i64>(&b0.remaining).await.unwrap(), 7);
+    assert_eq!(conn.hget::<_, _, i64>(&b0.meta, "stock").await.unwrap(), 7, "bucket 0's base: its 5 and the 2 it lost");
+    let x1: String = conn.hget(&b0.xfer_out, "x1").await.unwrap();
+    assert!(serde_json::from_str::<transfer::Record>(&x1).unwrap().done, "{x1}");
+    assert_eq!(conn.hget::<_, _, i64>(&b0.xfer_out, "#open").await.unwrap(), 0, "a lost take comes back done, nothing open");
+    for k in 0..2 {
+        let ledger = transfer::ledger(&mut conn, &id, k).await.unwrap();
+        assert!(ledger.balances(), "bucket {k}: {ledger:?}");
+    }
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.total(), books.in_transit, books.reserved), (12, 0, 1), "{books:?}");
+    assert_eq!(conn.get::<_, i64>(&b1.remaining).await.unwrap(), 4);
+    // The bucket sells again; its buyer is at the limit.
+    assert_eq!(buy(&mut conn, &flashgate_common::buckets::bucket_id(&id, 0), &buyer).await, "limit_reached");
+    assert_eq!(buy(&mut conn, &flashgate_common::buckets::bucket_id(&id, 0), "other").await, "won");
 }

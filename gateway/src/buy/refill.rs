@@ -10,7 +10,9 @@
 //!           donor D = K itself first (its own items may be in transit),
 //!           then the buckets not flagged empty here (random start), then
 //!           the flagged ones (flags are hints, never trusted for 410)
-//!           take on D ── moved t ──► give t to K, close on D, clear
+//!           take on D ── moved t ──► (with `redis.wait_replicas`: the
+//!                 │                   take on D's replicas, else 503)
+//!                 │                   give t to K, close on D, clear
 //!                 │                   K's flag (announced), deduct on K
 //!                 │                   again: won or refused ─► answer
 //!                 ├─ stocked (D = K holds items again) ► deduct again
@@ -36,7 +38,7 @@
 
 use std::collections::HashSet;
 
-use flashgate_common::buckets::home_bucket;
+use flashgate_common::buckets::{bucket_id, home_bucket};
 use flashgate_common::keys::SaleEvent;
 use flashgate_common::transfer::{self, Taken};
 use tracing::warn;
@@ -54,9 +56,9 @@ use crate::rejection::Rejection;
 pub const TRANSFER_BATCH_MAX: i64 = 8;
 
 /// How long a buyer whose home bucket ran dry may wait for items from the
-/// other buckets, in Redis timeouts (`redis.timeout_ms`, 300 ms by
-/// default: 1.2 s).
-pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
+/// other buckets, in Redis timeouts; defined in `flashgate_common` because
+/// the backend's re-sync of a failed-over bucket waits for it too.
+pub use flashgate_common::transfer::REFILL_DEADLINE_TIMEOUTS;
 
 impl<C: WallClock> BuyService<C> {
     /// The deduct of a bucketed sale, with transfers into the buyer's home
@@ -120,9 +122,11 @@ impl<C: WallClock> BuyService<C> {
             tried.insert(donor);
             dry.remove(&donor);
             let xid = format!("{:016x}", rand::random::<u64>());
-            let again = match self.take(sale_id, donor, home, &xid).await? {
+            let (taken, node) = self.take(sale_id, donor, home, &xid).await?;
+            let again = match taken {
                 Taken::Moved(n) => {
                     self.metrics.bucket_transfers.with_label_values(&["moved"]).inc();
+                    self.take_replicated(sale_id, donor, node.as_deref()).await?;
                     self.deliver(sale_id, donor, home, &xid, n).await?;
                     // If others of this bucket take the batch first, the
                     // donor kept half of what it had: ask it again.
@@ -183,14 +187,32 @@ impl<C: WallClock> BuyService<C> {
         }
     }
 
-    /// Step 1 of a transfer, on the donor.
-    async fn take(&self, sale_id: &str, donor: u32, home: u32, xid: &str) -> Result<Taken, Rejection> {
+    /// Step 1 of a transfer, on the donor; with the replication id of the
+    /// donor's Redis when items moved.
+    async fn take(&self, sale_id: &str, donor: u32, home: u32, xid: &str) -> Result<(Taken, Option<String>), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         self.redis
-            .bounded(transfer::take(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX))
+            .bounded(transfer::take_on(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX))
             .await
             .map_err(|e| self.unavailable(&e))?
             .map_err(|e| self.unavailable(&RedisError::from(e)))
+    }
+
+    /// With `redis.wait_replicas` set: returns once that many replicas of
+    /// the donor's master (replication id `node`) hold the take, so a
+    /// failover of the donor cannot lose the take of items given to their
+    /// target. Not confirmed: the buyer hears `503` and the
+    /// transfer stays open, for the transit repair to deliver (its record
+    /// survived) or never (it was lost with the items it took). Without
+    /// replica waits the backend's re-sync of a failed-over donor finds a
+    /// lost take from its target's record (`backend/src/fence/bucketed.rs`).
+    async fn take_replicated(&self, sale_id: &str, donor: u32, node: Option<&str>) -> Result<(), Rejection> {
+        if self.replica_wait.is_none() {
+            return Ok(());
+        }
+        self.replicated(&bucket_id(sale_id, donor), node).await.inspect_err(|_| {
+            warn!(sale = sale_id, donor, "a transfer's take is not on replicas in time; left open for the transit repair");
+        })
     }
 
     /// Steps 2 and 3: the items into `to`, then the transfer closed on
@@ -199,7 +221,7 @@ impl<C: WallClock> BuyService<C> {
     /// completes it (`flashgate_common::transfer::repair`).
     async fn deliver(&self, sale_id: &str, donor: u32, to: u32, xid: &str, n: i64) -> Result<(), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
-        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, to, xid, n)).await.map_err(|e| self.unavailable(&e))?;
+        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, donor, to, xid, n)).await.map_err(|e| self.unavailable(&e))?;
         if given.map_err(|e| self.unavailable(&RedisError::from(e)))?.is_none() {
             // The home bucket is gone (its Redis lost it): left open.
             return Err(Rejection::Unavailable);

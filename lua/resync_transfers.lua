@@ -1,0 +1,59 @@
+-- Flashgate bucket re-sync, transfers: makes bucket K of a bucketed sale,
+-- whose Redis failed over and may lack its last writes, agree with the
+-- transfer records the other buckets hold, and applies a change of its
+-- base stock its Redis lost (backend/src/fence/bucketed.rs). Idempotent:
+-- a transfer K already records is left as it is.
+--
+-- KEYS[1] meta  KEYS[2] remaining  KEYS[3] xfer-out  KEYS[4] xfer-in
+-- KEYS[5] resv  KEYS[6] released                (all of the bucket K)
+-- ARGV[1] change of K's base stock (the database's stock minus the sum of
+--         every bucket's base; 0 almost always)
+-- ARGV[2] m: how many triples of the first list follow
+-- ARGV[3 ..] first m triples: transfer id, donor bucket X, items: every
+--         transfer into K that its donor X records as done. One K's
+--         `xfer-in` lacks, K lost the add: it is recorded
+--         (`{"from":X,"n":t}`) and its items added to `remaining`.
+-- then triples: transfer id, target bucket Y, items: every record of
+--         another bucket's `xfer-in` whose donor is K. One K's `xfer-out`
+--         lacks, K lost the take: it is recorded as done (never open:
+--         its items have arrived) and its items taken from `remaining`.
+-- Reply: {this Redis's replication id, transfers added now, takes
+--         recorded now, status, remaining, reserved}, status 1 done; 0
+--         `remaining` would be negative after the base change (which is
+--         then not applied: the bucket stays fenced); -1 the bucket is not
+--         in Redis (nothing changed)
+
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {replid, 0, 0, -1, 0, 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local m = tonumber(ARGV[2])
+local added, taken = 0, 0
+for i = 3, 2 + 3 * m, 3 do
+  local xid, from, n = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  if redis.call('HSETNX', KEYS[4], xid, cjson.encode({from = from, n = n})) == 1 then
+    redis.call('INCRBY', KEYS[2], n)
+    added = added + 1
+  end
+end
+for i = 3 + 3 * m, #ARGV, 3 do
+  local xid, to, n = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  if redis.call('HEXISTS', KEYS[3], xid) == 0 then
+    redis.call('HSET', KEYS[3], xid, cjson.encode({to = to, n = n, at = now, done = true}))
+    redis.call('DECRBY', KEYS[2], n)
+    taken = taken + 1
+  end
+end
+local remaining = tonumber(redis.call('GET', KEYS[2]) or '0')
+local reserved = redis.call('HLEN', KEYS[5]) - redis.call('SCARD', KEYS[6])
+local change = tonumber(ARGV[1])
+if remaining + change < 0 then
+  return {replid, added, taken, 0, remaining, reserved}
+end
+if change ~= 0 then
+  redis.call('HINCRBY', KEYS[1], 'stock', change)
+  remaining = redis.call('INCRBY', KEYS[2], change)
+end
+return {replid, added, taken, 1, remaining, reserved}
