@@ -6,7 +6,9 @@
 //! database (the truth that survives Redis). The database write is opened
 //! in a transaction, Redis is updated, and only then is the transaction
 //! committed; when Redis refuses (new stock below what is sold) the
-//! transaction is dropped, so neither side changes.
+//! transaction is dropped, so neither side changes. A bucketed sale's new
+//! stock moves its buckets' bases first (`crate::buckets::stock`), under
+//! the same hold of the row; a failure after that moves them back.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -19,6 +21,7 @@ use serde::Deserialize;
 
 use super::error::{parse_json, ApiError};
 use super::AppState;
+use crate::buckets::stock;
 use crate::sales::{self, Applied, SaleView};
 use crate::stream::dead_letter;
 use crate::switches;
@@ -67,8 +70,11 @@ fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError
 }
 
 /// `PUT /admin/sales/{id}`: 201 when the sale is new, 200 when it changed,
-/// 409 `stock_below_sold` when the new stock is below the items sold, 503
-/// when Redis failed (sending the same change again is safe).
+/// 409 `stock_below_sold` when the new stock is below the items sold (for
+/// a bucketed sale: more than the unsold items its buckets hold, items in
+/// transit counting as sold), 503 when Redis failed (sending the same
+/// change again is safe: a bucketed sale's bases are moved to the stock
+/// sent, not by a difference).
 pub async fn put(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -115,18 +121,31 @@ pub async fn put(
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the sale before changing it");
         return Err(ApiError::unavailable("redis failed before the change; nothing was changed, send it again"));
     }
-    match sales::apply(&mut redis, &state.store, &spec).await? {
+    // A bucketed sale's stock is its buckets' bases: moved first, under
+    // the row's hold (no order commits, no other change, repair or re-sync
+    // of the sale meanwhile), then the sale's own meta, then the commit
+    // (docs/ARCHITECTURE.md, "Bucketed stock").
+    let bases_from = match &previous {
+        Some(old) if spec.buckets > 1 => move_bases(&mut redis, old, &spec).await?,
+        _ => None,
+    };
+    let applied = match sales::apply(&mut redis, &state.store, &spec).await {
+        Ok(applied) => applied,
+        Err(error) => {
+            revert_bases(&mut redis, &spec, bases_from).await;
+            return Err(error.into());
+        }
+    };
+    match applied {
         Applied::StockBelowSold { sold } => {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "stock_below_sold",
-                format!("stock: {} is below the {sold} items already sold", spec.stock),
-            ));
+            revert_bases(&mut redis, &spec, bases_from).await;
+            return Err(stock_below_sold(spec.stock, sold));
         }
         Applied::Updated { .. } | Applied::Preheated { .. } => {}
     }
     if let Err(error) = write.commit().await {
         // Redis already has the new definition: put the old one back.
+        revert_bases(&mut redis, &spec, bases_from).await;
         if let Some(old) = &previous {
             if let Err(revert) = sales::apply(&mut redis, &state.store, old).await {
                 tracing::error!(%revert, sale = %spec.id, "cannot revert redis after a failed commit");
@@ -154,9 +173,8 @@ pub async fn put(
     Ok((status, Json(view)).into_response())
 }
 
-/// Refuses what phase 1 of bucketed stock cannot do to a saved sale: a
-/// new bucket count (the items would have to be re-split), or a new stock
-/// for a bucketed sale (it would have to be spread over the buckets).
+/// Refuses what a saved sale cannot change: its bucket count (the items
+/// would have to be re-split over other hash tags).
 fn bucket_change(old: &SaleSpec, new: &SaleSpec) -> Result<(), ApiError> {
     if old.buckets != new.buckets {
         return Err(ApiError::new(
@@ -165,14 +183,45 @@ fn bucket_change(old: &SaleSpec, new: &SaleSpec) -> Result<(), ApiError> {
             format!("buckets: a saved sale keeps its bucket count ({}); changing it is not supported yet", old.buckets),
         ));
     }
-    if new.buckets > 1 && old.stock != new.stock {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "bucketed_stock",
-            format!("stock: the stock of a bucketed sale (buckets = {}) cannot change yet; it stays {}", new.buckets, old.stock),
-        ));
-    }
     Ok(())
+}
+
+/// 409 `stock_below_sold`: the same answer for a sale and a bucketed sale.
+fn stock_below_sold(stock: i64, sold: i64) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "stock_below_sold", format!("stock: {stock} is below the {sold} items already sold"))
+}
+
+/// Moves the buckets' bases of saved bucketed sale `old` to `new.stock`
+/// (a no-op when they already sum to it). Answers the stock to move them
+/// back to if the change fails later, `None` when nothing moved. Every
+/// bucket absent: nothing here, `sales::apply` restores the sale with the
+/// new definition (or refuses). Some absent: 409 `bucketed_sale_absent`.
+async fn move_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, old: &SaleSpec, new: &SaleSpec) -> Result<Option<i64>, ApiError> {
+    match crate::buckets::present(redis, &new.id, new.buckets).await? {
+        0 => return Ok(None),
+        n if n < new.buckets => return Err(crate::error::SaleError::LeftAbsent.into()),
+        _ => {}
+    }
+    match stock::move_to(redis, &new.id, new.buckets, new.stock, stock::Short::GiveBack).await? {
+        stock::Moved::Refused { sold } => Err(stock_below_sold(new.stock, sold)),
+        stock::Moved::Done { changes, .. } if changes.iter().all(|c| *c == 0) => Ok(None),
+        stock::Moved::Done { changes, .. } => {
+            tracing::info!(sale = %new.id, from = old.stock, to = new.stock, ?changes, "bucket bases moved by a stock change");
+            Ok(Some(old.stock))
+        }
+    }
+}
+
+/// Moves the bases of `spec`'s buckets back to `to` after the change
+/// failed later on, as far as unsold items allow; what cannot be moved back
+/// is logged and left to reconciliation (Σ bases = the database's stock).
+async fn revert_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, spec: &SaleSpec, to: Option<i64>) {
+    let Some(to) = to else { return };
+    match stock::move_to(redis, &spec.id, spec.buckets, to, stock::Short::Keep).await {
+        Ok(stock::Moved::Done { missing: 0, .. }) => {}
+        Ok(moved) => tracing::error!(sale = %spec.id, to, ?moved, "bucket bases only partly moved back; reconciliation repairs them"),
+        Err(error) => tracing::error!(%error, sale = %spec.id, to, "cannot move the bucket bases back; reconciliation repairs them"),
+    }
 }
 
 /// `GET /admin/sales/{id}`.
@@ -243,14 +292,7 @@ pub async fn retry_dead_letter(
 pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
     let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
-    if spec.buckets > 1 {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "bucketed_sale",
-            "reconciliation of a bucketed sale (buckets > 1) is not supported yet",
-        ));
-    }
-    match crate::reconcile::reconcile_sale(&mut state.redis.clone(), &state.store, &id).await? {
+    match crate::reconcile::reconcile_spec(&mut state.redis.clone(), &state.store, &spec).await? {
         Some(report) => {
             if report.settled {
                 state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);
