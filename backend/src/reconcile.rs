@@ -227,6 +227,14 @@ pub async fn reconcile_bucketed<C: ConnectionLike + Send>(
 /// # Errors
 /// Redis or the database failed.
 pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str, buckets: u32) -> Result<(i64, i64), SaleError> {
+    // Read without the hold first: equal, nothing to repair (a change in
+    // flight that moved the bases already shows as a difference, and the
+    // hold below waits for it to end), and no pass takes the hold for
+    // nothing.
+    let saved = store.sale(id).await?.map(|s| s.stock);
+    if saved.is_none() || saved == Some(crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum()) {
+        return Ok((0, 0));
+    }
     let mut hold = store.begin_resync(id).await?;
     let Some(spec) = hold.sale(id).await? else { return Ok((0, 0)) };
     let before: i64 = crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum();

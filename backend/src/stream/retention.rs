@@ -208,14 +208,8 @@ async fn trim_stream<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale
     let mut dead: Option<Vec<super::dead_letter::DeadLetter>> = None;
     let mut start = "-".to_owned();
     let keep_from = 'scan: loop {
-        let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg(&start)
-            .arg(format!("({bound}"))
-            .arg("COUNT")
-            .arg(TRIM_PAGE)
-            .query_async(conn)
-            .await?;
+        let page: redis::streams::StreamRangeReply =
+            redis::cmd("XRANGE").arg(stream).arg(&start).arg(format!("({bound}")).arg("COUNT").arg(TRIM_PAGE).query_async(conn).await?;
         let rids: Vec<Option<String>> = page.ids.iter().map(|e| super::entry::parse(e).ok().map(|r| r.reservation_id)).collect();
         let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
         let with_orders = store.reservations_with_orders(&wanted).await?;

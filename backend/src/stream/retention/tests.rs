@@ -282,7 +282,8 @@ async fn every_stream_of_a_bucketed_sale_is_trimmed_and_it_is_archived_once_all_
     }
     // A dead letter of the sale with the id of bucket 1's second entry,
     // but not its fields (another stream's entry): it does not stand for it.
-    let _: String = conn.xadd(&own.dead, "*", &[("rid", "other"), ("dead_source_id", e1[1].0.as_str()), ("dead_error", "x")]).await.unwrap();
+    let _: String =
+        conn.xadd(&own.dead, "*", &[("rid", "other"), ("dead_source_id", e1[1].0.as_str()), ("dead_error", "x")]).await.unwrap();
 
     // Each bucket's stream is trimmed up to its last delivered entry (kept)
     // and never past an entry without an order.
