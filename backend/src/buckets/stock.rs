@@ -14,7 +14,9 @@
 //! - a decrease by Δ takes unsold items only, from the buckets holding the
 //!   most first, each script taking `min(remaining, still needed)`; items
 //!   reserved or in transit are never taken. When the buckets hold fewer
-//!   than Δ unsold items, what was taken is given back.
+//!   than Δ unsold items, nothing is taken (the first read finds too few)
+//!   or what was taken is given back (buys took items meanwhile), and the
+//!   buckets given items back are announced as stocked.
 //!
 //! [`move_to`] aims at a **target** Σ bases, not a difference: it reads
 //! the bases first, so running it again (an operator's retry after a
@@ -110,8 +112,11 @@ pub async fn move_to<C: ConnectionLike + Send>(
     let bases = bases(conn, id, buckets).await?;
     let sum: i64 = bases.iter().sum();
     let mut changes = vec![0_i64; buckets as usize];
-    let result =
-        if target >= sum { add(conn, id, target - sum, &mut changes).await } else { take(conn, id, sum - target, &mut changes).await };
+    let result = if target >= sum {
+        add(conn, id, target - sum, &mut changes).await
+    } else {
+        take(conn, id, sum - target, short, &mut changes).await
+    };
     let missing = match result {
         Ok(missing) => missing,
         Err(error) => {
@@ -143,14 +148,21 @@ async fn add<C: ConnectionLike + Send>(conn: &mut C, id: &str, delta: i64, chang
 }
 
 /// Takes `delta` unsold items, from the buckets holding the most first;
-/// answers how many could not be found.
-async fn take<C: ConnectionLike + Send>(conn: &mut C, id: &str, delta: i64, changes: &mut [i64]) -> Result<i64, SaleError> {
+/// answers how many could not be found. With [`Short::GiveBack`], when the
+/// first read already finds too few, nothing is taken at all (answering
+/// the same shortfall): taking items only to give them back would let a
+/// gateway see every bucket dry meanwhile and answer `sold_out`.
+async fn take<C: ConnectionLike + Send>(conn: &mut C, id: &str, delta: i64, short: Short, changes: &mut [i64]) -> Result<i64, SaleError> {
     let mut need = delta;
-    for _ in 0..TAKE_PASSES {
+    for pass in 0..TAKE_PASSES {
         let mut holding = Vec::with_capacity(changes.len());
         for k in 0..changes.len() as u32 {
             let left: Option<i64> = redis::cmd("GET").arg(SaleKeys::bucket(id, k).remaining).query_async(conn).await?;
             holding.push((k, left.unwrap_or(0)));
+        }
+        let unsold: i64 = holding.iter().map(|(_, left)| (*left).max(0)).sum();
+        if pass == 0 && short == Short::GiveBack && unsold < need {
+            return Ok(need - unsold);
         }
         holding.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let before = need;
@@ -176,7 +188,12 @@ async fn take<C: ConnectionLike + Send>(conn: &mut C, id: &str, delta: i64, chan
 async fn undo<C: ConnectionLike + Send>(conn: &mut C, id: &str, changes: &[i64]) {
     for (k, c) in changes.iter().enumerate().filter(|(_, c)| **c != 0) {
         let k = k as u32;
-        match change(conn, id, k, -c).await {
+        let back = change(conn, id, k, -c).await;
+        if matches!(back, Ok(made) if made > 0) {
+            // Items are back in a bucket a gateway may have seen dry.
+            announce(conn, &SaleEvent::BucketStocked { sale: id.to_owned(), bucket: k }).await;
+        }
+        match back {
             Ok(made) if made == -c => {}
             Ok(made) => {
                 tracing::error!(
