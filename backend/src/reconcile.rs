@@ -121,6 +121,10 @@ pub struct Report {
     /// Bucketed sale: Σ bases − stock left after that repair (items sold
     /// or in transit cannot be removed); 0 when they agree.
     pub bases_off: i64,
+    /// Bucketed sale: Σ bases differ from the stock but were not repaired
+    /// now (a bucket is fenced or absent in Redis); the next pass tries
+    /// again. `bases_off` then shows the whole difference.
+    pub bases_unrepaired: bool,
 }
 
 /// Reconciles one sale; `None` when the sale is not in Redis (the restore
@@ -204,15 +208,27 @@ pub async fn reconcile_bucketed<C: ConnectionLike + Send>(
     }
     let own_dead: i64 = redis::cmd("XLEN").arg(&own.dead).query_async(conn).await?;
     report.dead_letters += own_dead;
-    let (moved, off) = repair_bases(conn, store, id, n).await?;
-    report.bases_moved = moved;
-    report.bases_off = off;
-    report.drift += off;
+    let repair = repair_bases(conn, store, id, n).await?;
+    report.bases_moved = repair.moved;
+    report.bases_off = repair.off;
+    report.bases_unrepaired = repair.unrepaired;
+    report.drift += repair.off;
     report.remaining = flashgate_common::transfer::left(conn, id, n).await?;
     if report.drift != 0 && report.settled {
         tracing::warn!(sale = id, drift = report.drift, ?report, "stock drift between the buckets and the order table");
     }
     Ok(Some(report))
+}
+
+/// What [`repair_bases`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BasesRepair {
+    /// Items added (> 0) or removed (< 0) now.
+    pub moved: i64,
+    /// Σ bases − stock left after the repair.
+    pub off: i64,
+    /// A difference was left alone: a bucket is fenced or absent.
+    pub unrepaired: bool,
 }
 
 /// Makes Σ bases of bucketed sale `id` equal the database's stock, under
@@ -221,40 +237,58 @@ pub async fn reconcile_bucketed<C: ConnectionLike + Send>(
 /// stock change that died between its Redis part and its commit:
 /// surplus items are taken from the buckets holding the most unsold ones
 /// (what is sold already cannot be taken, and stays as `off`), missing
-/// items are added, spread as a preheat spreads them. Answers (the change
-/// made, Σ bases − stock left after it).
+/// items are added, spread as a preheat spreads them. A fenced or absent
+/// bucket skips the repair (nothing is taken or added; `unrepaired`): its
+/// count may lack writes until the re-sync, and the next pass tries again.
 ///
 /// # Errors
 /// Redis or the database failed.
-pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str, buckets: u32) -> Result<(i64, i64), SaleError> {
+pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str, buckets: u32) -> Result<BasesRepair, SaleError> {
     // Read without the hold first: equal, nothing to repair (a change in
     // flight that moved the bases already shows as a difference, and the
     // hold below waits for it to end), and no pass takes the hold for
     // nothing.
     let saved = store.sale(id).await?.map(|s| s.stock);
     if saved.is_none() || saved == Some(crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum()) {
-        return Ok((0, 0));
+        return Ok(BasesRepair::default());
     }
     let mut hold = store.begin_resync(id).await?;
-    let Some(spec) = hold.sale(id).await? else { return Ok((0, 0)) };
+    let Some(spec) = hold.sale(id).await? else { return Ok(BasesRepair::default()) };
     let before: i64 = crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum();
     if before == spec.stock {
         hold.commit().await?;
-        return Ok((0, 0));
+        return Ok(BasesRepair::default());
     }
-    if crate::buckets::present(conn, id, buckets).await? < buckets {
-        tracing::error!(
-            sale = id,
-            bases = before,
-            stock = spec.stock,
-            "bucket bases differ from the stock, but buckets are missing in redis: not repaired"
-        );
+    let unrepaired = BasesRepair { moved: 0, off: before - spec.stock, unrepaired: true };
+    if let Err(error) = crate::buckets::stock::check(conn, id, buckets).await {
         hold.commit().await?;
-        return Ok((0, before - spec.stock));
+        return match error {
+            SaleError::BucketUnavailable { bucket, why } => {
+                tracing::error!(
+                    sale = id,
+                    bases = before,
+                    stock = spec.stock,
+                    bucket,
+                    why,
+                    "bucket bases differ from the stock, but a bucket cannot be moved now: not repaired"
+                );
+                Ok(unrepaired)
+            }
+            other => Err(other),
+        };
     }
     let moved = crate::buckets::stock::move_to(conn, id, buckets, spec.stock, Short::Keep).await;
     hold.commit().await?;
-    let Moved::Done { changes, missing } = moved? else { return Ok((0, before - spec.stock)) };
+    let (changes, missing) = match moved {
+        Ok(Moved::Done { changes, missing }) => (changes, missing),
+        Ok(Moved::Refused { .. }) => return Ok(unrepaired),
+        // Fenced between the check and the move: what moved was moved back.
+        Err(SaleError::BucketUnavailable { bucket, why }) => {
+            tracing::error!(sale = id, bucket, why, "a bucket became unavailable during the repair of the bases: not repaired");
+            return Ok(unrepaired);
+        }
+        Err(other) => return Err(other),
+    };
     let made: i64 = changes.iter().sum();
     let off = before + made - spec.stock;
     tracing::warn!(sale = id, bases = before, stock = spec.stock, ?changes, off, "bucket bases moved to the database's stock");
@@ -265,7 +299,7 @@ pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
             "bucket bases stay above the stock: those items are sold or in transit; the next pass tries again"
         );
     }
-    Ok((made, off))
+    Ok(BasesRepair { moved: made, off, unrepaired: false })
 }
 
 /// One sale's or one bucket's reconciliation, before its drift: the report

@@ -23,6 +23,7 @@ use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::buckets::stock;
 use crate::sales::{self, Applied, SaleView};
+use crate::store::Store;
 use crate::stream::dead_letter;
 use crate::switches;
 
@@ -74,7 +75,8 @@ fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError
 /// a bucketed sale: more than the unsold items its buckets hold, items in
 /// transit counting as sold), 503 when Redis failed (sending the same
 /// change again is safe: a bucketed sale's bases are moved to the stock
-/// sent, not by a difference).
+/// sent, not by a difference; a raised stock whose items did not reach the
+/// buckets is completed by the resend or by reconciliation).
 pub async fn put(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -121,37 +123,43 @@ pub async fn put(
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the sale before changing it");
         return Err(ApiError::unavailable("redis failed before the change; nothing was changed, send it again"));
     }
-    // A bucketed sale's stock is its buckets' bases: moved first, under
-    // the row's hold (no order commits, no other change, repair or re-sync
-    // of the sale meanwhile), then the sale's own meta, then the commit
-    // (docs/ARCHITECTURE.md, "Bucketed stock").
-    let bases_from = match &previous {
-        Some(old) if spec.buckets > 1 => move_bases(&mut redis, old, &spec).await?,
+    // A bucketed sale's stock is its buckets' bases, as Redis holds them
+    // (whether or not the database has the row yet): a decrease moves them
+    // before the commit, under the row's hold, so a crash leaves too few
+    // items (reconciliation adds them back); an increase moves them only
+    // after the commit (docs/ARCHITECTURE.md, "Stock change").
+    let plan = if spec.buckets > 1 { plan_bases(&mut redis, previous.as_ref(), &spec).await? } else { None };
+    let decreased = match plan {
+        Some(from) if spec.stock < from => decrease_bases(&mut redis, &spec, from).await?,
         _ => None,
     };
     let applied = match sales::apply(&mut redis, &state.store, &spec).await {
         Ok(applied) => applied,
         Err(error) => {
-            revert_bases(&mut redis, &spec, bases_from).await;
+            revert_bases(&mut redis, &spec, decreased).await;
             return Err(error.into());
         }
     };
     match applied {
         Applied::StockBelowSold { sold } => {
-            revert_bases(&mut redis, &spec, bases_from).await;
+            revert_bases(&mut redis, &spec, decreased).await;
             return Err(stock_below_sold(spec.stock, sold));
         }
         Applied::Updated { .. } | Applied::Preheated { .. } => {}
     }
     if let Err(error) = write.commit().await {
-        // Redis already has the new definition: put the old one back.
-        revert_bases(&mut redis, &spec, bases_from).await;
-        if let Some(old) = &previous {
-            if let Err(revert) = sales::apply(&mut redis, &state.store, old).await {
-                tracing::error!(%revert, sale = %spec.id, "cannot revert redis after a failed commit");
-            }
-        }
+        // Redis has the new definition, and the commit may have happened
+        // after all: Redis is made to match what the database holds now.
+        after_failed_commit(&mut redis, &state.store, &spec, decreased).await;
         return Err(error.into());
+    }
+    if matches!(plan, Some(from) if spec.stock > from) {
+        if let Err(error) = increase_bases(&mut redis, &state.store, &spec.id).await {
+            tracing::warn!(%error, sale = %spec.id, "the raised stock is saved but its items are not in the buckets yet");
+            return Err(ApiError::unavailable(
+                "the stock is saved, but its new items are not in the buckets yet (redis failed); send the change again or let reconciliation add them",
+            ));
+        }
     }
     // Archived again meanwhile (the archiver read the old window): live
     // again. The change is saved either way; an operator told 503 sends it
@@ -191,36 +199,118 @@ fn stock_below_sold(stock: i64, sold: i64) -> ApiError {
     ApiError::new(StatusCode::CONFLICT, "stock_below_sold", format!("stock: {stock} is below the {sold} items already sold"))
 }
 
-/// Moves the buckets' bases of saved bucketed sale `old` to `new.stock`
-/// (a no-op when they already sum to it). Answers the stock to move them
-/// back to if the change fails later, `None` when nothing moved. Every
-/// bucket absent: nothing here, `sales::apply` restores the sale with the
-/// new definition (or refuses). Some absent: 409 `bucketed_sale_absent`.
-async fn move_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, old: &SaleSpec, new: &SaleSpec) -> Result<Option<i64>, ApiError> {
+/// Whether the bases of bucketed sale `new` move, and from what Σ: `None`
+/// when they stay (the stock is unchanged and nothing is missing from the
+/// buckets, so a rename or a window change never gets a 409; or no bucket
+/// is in Redis, and `sales::apply` installs the sale with the new stock).
+/// Decided by Redis, not by the saved row: a sale whose buckets are in
+/// Redis but whose row is not (a create that failed to commit) still has
+/// its bases moved. Some buckets absent: 409 `bucketed_sale_absent`.
+async fn plan_bases<C: redis::aio::ConnectionLike + Send>(
+    redis: &mut C,
+    old: Option<&SaleSpec>,
+    new: &SaleSpec,
+) -> Result<Option<i64>, ApiError> {
     match crate::buckets::present(redis, &new.id, new.buckets).await? {
         0 => return Ok(None),
         n if n < new.buckets => return Err(crate::error::SaleError::LeftAbsent.into()),
         _ => {}
     }
+    let from: i64 = stock::bases(redis, &new.id, new.buckets).await?.iter().sum();
+    // Same stock: only items missing after a crash are added (an increase
+    // is never refused); a surplus is reconciliation's to take.
+    let unchanged = old.is_some_and(|o| o.stock == new.stock);
+    if from == new.stock || (unchanged && from > new.stock) {
+        return Ok(None);
+    }
+    Ok(Some(from))
+}
+
+/// Takes the buckets' bases of `new` down from Σ `from` to `new.stock`,
+/// all or nothing; answers the Σ to move them back to if the change fails
+/// before its commit.
+async fn decrease_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, new: &SaleSpec, from: i64) -> Result<Option<i64>, ApiError> {
+    stock::check(redis, &new.id, new.buckets).await?;
     match stock::move_to(redis, &new.id, new.buckets, new.stock, stock::Short::GiveBack).await? {
         stock::Moved::Refused { sold } => Err(stock_below_sold(new.stock, sold)),
         stock::Moved::Done { changes, .. } if changes.iter().all(|c| *c == 0) => Ok(None),
         stock::Moved::Done { changes, .. } => {
-            tracing::info!(sale = %new.id, from = old.stock, to = new.stock, ?changes, "bucket bases moved by a stock change");
-            Ok(Some(old.stock))
+            tracing::info!(sale = %new.id, from, to = new.stock, ?changes, "bucket bases lowered by a stock change");
+            Ok(Some(from))
         }
     }
 }
 
+/// After the commit of a raised stock: under the sale's row hold (no other
+/// change, repair or re-sync meanwhile), moves the bases to the stock the
+/// database holds now. A crash before this leaves too few items in the
+/// buckets, which reconciliation adds.
+async fn increase_bases<C: redis::aio::ConnectionLike + Send>(
+    redis: &mut C,
+    store: &Store,
+    id: &str,
+) -> Result<(), crate::error::SaleError> {
+    let mut hold = store.begin_resync(id).await?;
+    let saved = hold.sale(id).await?;
+    let moved = match &saved {
+        Some(spec) if spec.buckets > 1 => stock::move_to(redis, id, spec.buckets, spec.stock, stock::Short::Keep).await.map(Some),
+        _ => Ok(None),
+    };
+    hold.commit().await?;
+    if let Some(stock::Moved::Done { changes, missing }) = moved? {
+        tracing::info!(sale = id, ?changes, missing, "bucket bases raised by a stock change");
+    }
+    Ok(())
+}
+
 /// Moves the bases of `spec`'s buckets back to `to` after the change
-/// failed later on, as far as unsold items allow; what cannot be moved back
-/// is logged and left to reconciliation (Σ bases = the database's stock).
+/// failed before its commit (the row's hold still held), as far as unsold
+/// items allow; what cannot be moved back is logged and left to
+/// reconciliation (Σ bases = the database's stock).
 async fn revert_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, spec: &SaleSpec, to: Option<i64>) {
     let Some(to) = to else { return };
     match stock::move_to(redis, &spec.id, spec.buckets, to, stock::Short::Keep).await {
         Ok(stock::Moved::Done { missing: 0, .. }) => {}
         Ok(moved) => tracing::error!(sale = %spec.id, to, ?moved, "bucket bases only partly moved back; reconciliation repairs them"),
         Err(error) => tracing::error!(%error, sale = %spec.id, to, "cannot move the bucket bases back; reconciliation repairs them"),
+    }
+}
+
+/// After a failed (or ambiguous) commit of `spec`: under the sale's row
+/// hold, re-reads what the database holds and makes Redis match it, the
+/// definition and (bucketed) the bases, never the old values blindly (the
+/// commit may have happened). No row (a create that did not commit): the
+/// bases go back to Σ `decreased_from` if they were lowered. Failures are
+/// logged; reconciliation and the re-sync repair them.
+async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + Clone>(
+    redis: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+    decreased_from: Option<i64>,
+) {
+    let mut hold = match store.begin_resync(&spec.id).await {
+        Ok(hold) => hold,
+        Err(error) => {
+            tracing::error!(%error, sale = %spec.id, "cannot hold the sale after a failed commit; reconciliation repairs its bases");
+            return;
+        }
+    };
+    match hold.sale(&spec.id).await {
+        Ok(Some(saved)) => {
+            if let Err(error) = sales::apply(redis, store, &saved).await {
+                tracing::error!(%error, sale = %spec.id, "cannot put the saved definition back in redis after a failed commit");
+            }
+            if saved.buckets > 1 && crate::buckets::present(redis, &saved.id, saved.buckets).await.is_ok_and(|n| n == saved.buckets) {
+                revert_bases(redis, &saved, Some(saved.stock)).await;
+            }
+        }
+        Ok(None) => revert_bases(redis, spec, decreased_from).await,
+        Err(error) => {
+            tracing::error!(%error, sale = %spec.id, "cannot read the sale after a failed commit; reconciliation repairs its bases")
+        }
+    }
+    if let Err(error) = hold.commit().await {
+        tracing::warn!(%error, sale = %spec.id, "cannot end the hold after a failed commit");
     }
 }
 

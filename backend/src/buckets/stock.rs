@@ -44,6 +44,11 @@ static BUCKET_STOCK: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_c
 /// pass finds those that left a bucket already passed.
 const TAKE_PASSES: usize = 3;
 
+/// How long a bucket's "stock move in flight" marker lives (ms) when the
+/// backend moving the base dies before it deletes the marker: meanwhile
+/// gateways answer unavailable rather than `sold_out` for that bucket.
+const MOVING_MS: i64 = 10_000;
+
 /// Whether a decrease may stop short of its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Short {
@@ -85,12 +90,43 @@ pub async fn bases<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u3
 /// most `-n` unsold items (< 0); answers the signed change made.
 async fn change<C: ConnectionLike + Send>(conn: &mut C, id: &str, k: u32, n: i64) -> Result<i64, SaleError> {
     let keys = SaleKeys::bucket(id, k);
-    let (code, made): (String, i64) = BUCKET_STOCK.key(&keys.meta).key(&keys.remaining).key(&keys.synced).arg(n).invoke_async(conn).await?;
+    let (code, made): (String, i64) = BUCKET_STOCK
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.synced)
+        .key(&keys.moving)
+        .arg(n)
+        .arg(MOVING_MS)
+        .invoke_async(conn)
+        .await?;
     match code.as_str() {
         "ok" => Ok(made),
         "absent" => Err(SaleError::BucketUnavailable { bucket: k, why: "absent" }),
         "fenced" => Err(SaleError::BucketUnavailable { bucket: k, why: "fenced (its redis failed over)" }),
         _ => Err(SaleError::BadReply(vec![made])),
+    }
+}
+
+/// Whether every bucket of sale `id` can have its base moved now: `Ok`
+/// when all are present and none is fenced; else the first that is not.
+///
+/// # Errors
+/// Redis failed, or a bucket is absent or fenced.
+pub async fn check<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<(), SaleError> {
+    for k in 0..buckets {
+        change(conn, id, k, 0).await?;
+    }
+    Ok(())
+}
+
+/// Ends the "stock move in flight" markers of the buckets `changes` moved
+/// (the TTL ends them if this fails).
+async fn moved_done<C: ConnectionLike + Send>(conn: &mut C, id: &str, changes: &[i64]) {
+    for (k, _) in changes.iter().enumerate().filter(|(_, c)| **c != 0) {
+        let done: Result<i64, RedisError> = redis::cmd("DEL").arg(SaleKeys::bucket(id, k as u32).moving).query_async(conn).await;
+        if let Err(error) = done {
+            tracing::warn!(%error, sale = id, bucket = k, "cannot end a bucket's stock-move marker; it expires on its own");
+        }
     }
 }
 
@@ -109,23 +145,38 @@ pub async fn move_to<C: ConnectionLike + Send>(
     target: i64,
     short: Short,
 ) -> Result<Moved, SaleError> {
+    let mut changes = vec![0_i64; buckets as usize];
+    let moved = move_inner(conn, id, target, short, &mut changes).await;
+    // Every bucket this call touched (given back or not) ends its marker:
+    // the bases are final until the next move.
+    moved_done(conn, id, &changes).await;
+    moved
+}
+
+/// [`move_to`] without ending the markers; `changes[k]` is what bucket k's
+/// base moved by before any give-back ([`undo`] reads it and leaves it
+/// as it is), so every bucket touched is nonzero there.
+async fn move_inner<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    target: i64,
+    short: Short,
+    changes: &mut Vec<i64>,
+) -> Result<Moved, SaleError> {
+    let buckets = changes.len() as u32;
     let bases = bases(conn, id, buckets).await?;
     let sum: i64 = bases.iter().sum();
-    let mut changes = vec![0_i64; buckets as usize];
-    let result = if target >= sum {
-        add(conn, id, target - sum, &mut changes).await
-    } else {
-        take(conn, id, sum - target, short, &mut changes).await
-    };
+    let result =
+        if target >= sum { add(conn, id, target - sum, changes).await } else { take(conn, id, sum - target, short, changes).await };
     let missing = match result {
         Ok(missing) => missing,
         Err(error) => {
-            undo(conn, id, &changes).await;
+            undo(conn, id, changes).await;
             return Err(error);
         }
     };
     if missing > 0 && short == Short::GiveBack {
-        undo(conn, id, &changes).await;
+        undo(conn, id, changes).await;
         let found = (sum - target) - missing;
         return Ok(Moved::Refused { sold: sum - found });
     }
@@ -134,7 +185,7 @@ pub async fn move_to<C: ConnectionLike + Send>(
             announce(conn, &SaleEvent::BucketStocked { sale: id.to_owned(), bucket: k as u32 }).await;
         }
     }
-    Ok(Moved::Done { changes, missing })
+    Ok(Moved::Done { changes: changes.clone(), missing })
 }
 
 /// Adds `delta` items, spread as a preheat spreads the stock.

@@ -176,7 +176,9 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
 /// each bucket's. Returns (trim scripts run, entries trimmed).
 ///
 /// # Errors
-/// Redis or the database failed; streams trimmed before stay trimmed.
+/// Redis or the database failed on a stream: the first such error, after
+/// every other stream was tried (one failing bucket does not stop the
+/// others being trimmed); streams trimmed stay trimmed.
 pub async fn trim_all_written<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
@@ -184,13 +186,24 @@ pub async fn trim_all_written<C: ConnectionLike + Send>(
     buckets: u32,
 ) -> Result<(u64, u64), SaleError> {
     let (mut scripts, mut entries) = (0, 0);
+    let mut failed = None;
     for stream in streams(sale_id, buckets) {
-        if let Some(n) = trim_stream(conn, store, sale_id, &stream).await? {
-            scripts += 1;
-            entries += n;
+        match trim_stream(conn, store, sale_id, &stream).await {
+            Ok(Some(n)) => {
+                scripts += 1;
+                entries += n;
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, sale = sale_id, stream, "cannot trim a stream of the sale; the others go on");
+                failed.get_or_insert(error);
+            }
         }
     }
-    Ok((scripts, entries))
+    match failed {
+        Some(error) => Err(error),
+        None => Ok((scripts, entries)),
+    }
 }
 
 /// The streams of sale `sale_id`: its own, then each bucket's.
