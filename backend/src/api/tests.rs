@@ -570,3 +570,127 @@ async fn reconciliation_moves_the_bases_of_a_bucketed_sale_back_to_the_database_
     let sum: i64 = bucket_books(&mut conn, &id, 2).await.iter().map(|(base, _)| base).sum();
     assert_eq!(sum, 8);
 }
+
+/// Σ bases of bucketed sale `id`.
+async fn bases_sum(conn: &mut redis::aio::MultiplexedConnection, id: &str, buckets: u32) -> i64 {
+    bucket_books(conn, id, buckets).await.iter().map(|(base, _)| base).sum()
+}
+
+#[tokio::test]
+async fn a_bucketed_sale_in_redis_but_not_in_the_database_has_its_bases_moved_to_the_committed_stock() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    // The buckets are in Redis, the row is not (as after a create whose
+    // commit failed): installed through another database over the same
+    // Redis.
+    let other = |f: &Fixture| {
+        let redis = f.state.redis.clone();
+        async move {
+            let store = Store::connect(&sqlite_url()).await.unwrap();
+            AppState::new(store, redis, auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(), std::time::Duration::from_secs(600))
+        }
+    };
+    let elsewhere = other(&f).await;
+    let (status, view) = call(admin_router(elsewhere), "PUT", &uri, Some(TOKEN), Some(&bucketed_body(10, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 10);
+    assert!(f.state.store.sale(&id).await.unwrap().is_none());
+
+    // Created here with 6: the bases follow the committed stock, not the
+    // 10 Redis held (update_sale.lua alone would leave them at 10).
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(6, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 6);
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 6);
+
+    // The same the other way: created with 9 through a third database.
+    let third = other(&f).await;
+    let (status, view) = call(admin_router(third.clone()), "PUT", &uri, Some(TOKEN), Some(&bucketed_body(9, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    assert_eq!(third.store.sale(&id).await.unwrap().unwrap().stock, 9);
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 9);
+}
+
+#[tokio::test]
+async fn a_stock_change_cut_at_its_crash_points_never_leaves_more_items_than_the_database_stock() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+
+    // An increase to 12 cut after its commit: the database has 12, the
+    // bases move only after the commit, so they are still 8 (too few,
+    // never too many).
+    let mut saved = f.state.store.sale(&id).await.unwrap().unwrap();
+    saved.stock = 12;
+    f.state.store.upsert_sale(&saved).await.unwrap();
+    assert!(bases_sum(&mut conn, &id, 2).await <= 12);
+    // Sending the change again adds the missing items (an increase is
+    // never refused), though the stock is unchanged.
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 2))).await;
+    assert_eq!((status, view["stock"].as_i64()), (StatusCode::OK, Some(12)), "{view}");
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
+
+    // A decrease to 7 cut before its commit: the bases moved first, the
+    // database kept 12, so Σ bases ≤ the stock until reconciliation adds
+    // the items back.
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 7, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    assert!(bases_sum(&mut conn, &id, 2).await <= f.state.store.sale(&id).await.unwrap().unwrap().stock);
+    // A rename with the stock unchanged takes nothing (never a 409); it
+    // adds the missing items back, as an increase is never refused.
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 2).replace("Sneaker", "Boot"))).await;
+    assert_eq!((status, view["name"].as_str()), (StatusCode::OK, Some("Boot")), "{view}");
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12, "missing items are added back (never a surplus)");
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 7, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!((status, report["bases_moved"].as_i64(), report["bases_off"].as_i64()), (StatusCode::OK, Some(5), Some(0)), "{report}");
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
+    for k in 0..2 {
+        let moving: bool = conn.exists(SaleKeys::bucket(&id, k).moving).await.unwrap();
+        assert!(!moving, "bucket {k}'s stock-move marker ends with the move");
+    }
+}
+
+#[tokio::test]
+async fn reconciliation_reports_a_surplus_already_sold_and_skips_a_fenced_bucket() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    // 3 items too many in the bases (an older change that died), and every
+    // unsold item gone: the surplus cannot be taken back.
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 11, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    for k in 0..2 {
+        let () = conn.set(SaleKeys::bucket(&id, k).remaining, 0).await.unwrap();
+    }
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!((report["bases_moved"].as_i64(), report["bases_off"].as_i64()), (Some(0), Some(3)), "{report}");
+    assert!(report["bases_off"].as_i64().unwrap() > 0);
+    assert_eq!(report["bases_unrepaired"].as_bool(), Some(false), "{report}");
+
+    // Unsold items again, but bucket 1 fenced (its Redis failed over): the
+    // report comes back, the repair is skipped and nothing moves.
+    for k in 0..2 {
+        let () = conn.set(SaleKeys::bucket(&id, k).remaining, 5).await.unwrap();
+    }
+    let () = conn.set(SaleKeys::bucket(&id, 1).synced, "another-redis").await.unwrap();
+    let before = bucket_books(&mut conn, &id, 2).await;
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["bases_moved"].as_i64(), report["bases_off"].as_i64(), report["bases_unrepaired"].as_bool()),
+        (Some(0), Some(3), Some(true)),
+        "{report}"
+    );
+    assert_eq!(bucket_books(&mut conn, &id, 2).await, before, "nothing taken nor given back");
+}
