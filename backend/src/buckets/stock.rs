@@ -18,6 +18,15 @@
 //!   or what was taken is given back (buys took items meanwhile), and the
 //!   buckets given items back are announced as stocked.
 //!
+//! Every script that moves a base also sets the bucket's `moving` marker
+//! (deleted when [`move_to`] ends, with a TTL if the backend dies): the
+//! sold-out confirmation (`flashgate_common::transfer::confirm_dry`) never
+//! calls a bucket dry while it is set, and it compares the bases of its
+//! two reads, so items added or taken and given back by a move are never
+//! mistaken for a sold-out sale. The operator's change lowers the bases
+//! before its commit and raises them after it (`api::admin`), so a crash
+//! never leaves more items in the buckets than the database's stock.
+//!
 //! [`move_to`] aims at a **target** Σ bases, not a difference: it reads
 //! the bases first, so running it again (an operator's retry after a
 //! crash, or reconciliation) does not apply a change twice. Callers hold
@@ -161,7 +170,7 @@ async fn move_inner<C: ConnectionLike + Send>(
     id: &str,
     target: i64,
     short: Short,
-    changes: &mut Vec<i64>,
+    changes: &mut [i64],
 ) -> Result<Moved, SaleError> {
     let buckets = changes.len() as u32;
     let bases = bases(conn, id, buckets).await?;
@@ -185,7 +194,7 @@ async fn move_inner<C: ConnectionLike + Send>(
             announce(conn, &SaleEvent::BucketStocked { sale: id.to_owned(), bucket: k as u32 }).await;
         }
     }
-    Ok(Moved::Done { changes: changes.clone(), missing })
+    Ok(Moved::Done { changes: changes.to_vec(), missing })
 }
 
 /// Adds `delta` items, spread as a preheat spreads the stock.
