@@ -150,7 +150,7 @@ pub async fn put(
     if let Err(error) = write.commit().await {
         // Redis has the new definition, and the commit may have happened
         // after all: Redis is made to match what the database holds now.
-        after_failed_commit(&mut redis, &state.store, &spec, decreased).await;
+        after_failed_commit(&mut redis, &state.store, &spec, previous.as_ref(), decreased).await;
         return Err(error.into());
     }
     if matches!(plan, Some(from) if spec.stock > from) {
@@ -280,18 +280,27 @@ async fn revert_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, spec:
 /// hold, re-reads what the database holds and makes Redis match it, the
 /// definition and (bucketed) the bases, never the old values blindly (the
 /// commit may have happened). No row (a create that did not commit): the
-/// bases go back to Σ `decreased_from` if they were lowered. Failures are
-/// logged; reconciliation and the re-sync repair them.
+/// bases go back to Σ `decreased_from` if they were lowered. The database
+/// unreachable: the definition read before the change (`previous`) goes
+/// back, as the commit most likely did not happen, and the bases stay
+/// (lowered ones are below the stock either way). Failures are logged;
+/// reconciliation and the re-sync repair them.
 async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + Clone>(
     redis: &mut C,
     store: &Store,
     spec: &SaleSpec,
+    previous: Option<&SaleSpec>,
     decreased_from: Option<i64>,
 ) {
     let mut hold = match store.begin_resync(&spec.id).await {
         Ok(hold) => hold,
         Err(error) => {
             tracing::error!(%error, sale = %spec.id, "cannot hold the sale after a failed commit; reconciliation repairs its bases");
+            if let Some(old) = previous {
+                if let Err(revert) = sales::apply(redis, store, old).await {
+                    tracing::error!(%revert, sale = %spec.id, "cannot revert redis after a failed commit");
+                }
+            }
             return;
         }
     };
