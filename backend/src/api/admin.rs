@@ -285,7 +285,7 @@ async fn revert_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, spec:
 /// back, as the commit most likely did not happen, and the bases stay
 /// (lowered ones are below the stock either way). Failures are logged;
 /// reconciliation and the re-sync repair them.
-async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + Clone>(
+pub(super) async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + Clone>(
     redis: &mut C,
     store: &Store,
     spec: &SaleSpec,

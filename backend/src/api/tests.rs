@@ -694,3 +694,36 @@ async fn reconciliation_reports_a_surplus_already_sold_and_skips_a_fenced_bucket
     );
     assert_eq!(bucket_books(&mut conn, &id, 2).await, before, "nothing taken nor given back");
 }
+
+#[tokio::test]
+async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_old_stock_blindly() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    let old = f.state.store.sale(&id).await.unwrap().unwrap();
+
+    // A decrease to 5 whose commit failed: the bases were lowered before
+    // it and the new definition written; the database kept 8, so both go
+    // back to 8.
+    let mut lowered = old.clone();
+    lowered.stock = 5;
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 5, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    crate::sales::apply(&mut f.state.redis.clone(), &f.state.store, &lowered).await.unwrap();
+    super::admin::after_failed_commit(&mut f.state.redis.clone(), &f.state.store, &lowered, Some(&old), Some(8)).await;
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 8);
+    assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 8);
+
+    // A raise to 12 whose commit answered an error but happened: Redis
+    // follows the 12 committed, not the 8 of before.
+    let mut raised = old.clone();
+    raised.stock = 12;
+    f.state.store.upsert_sale(&raised).await.unwrap();
+    crate::sales::apply(&mut f.state.redis.clone(), &f.state.store, &raised).await.unwrap();
+    super::admin::after_failed_commit(&mut f.state.redis.clone(), &f.state.store, &raised, Some(&old), None).await;
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
+    assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 12);
+}
