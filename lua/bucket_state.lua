@@ -1,15 +1,18 @@
 -- Flashgate: one bucket of a bucketed sale, read atomically in its slot,
 -- for the sold-out confirmation (common/src/transfer.rs, `confirm_dry`):
 -- a sale is answered sold out only when every bucket holds nothing and
--- has no transfer out of it open, seen twice with nothing moved between.
+-- has no transfer out of it open and no stock move in flight, seen twice
+-- with nothing moved between (its base included: a stock change adds
+-- items to a bucket without a transfer or a return).
 --
 -- KEYS[1] meta  KEYS[2] remaining  KEYS[3] xfer-open  KEYS[4] xfer-in
--- KEYS[5] released                     (all of one bucket)
+-- KEYS[5] released  KEYS[6] moving     (all of one bucket)
 -- Reply: {present (0/1), remaining, open transfers out, transfers in,
---         returned reservations}
+--         returned reservations, base (meta `stock`), stock move in
+--         flight (0/1)}
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, 0, 0}
 end
 return {
   1,
@@ -17,4 +20,6 @@ return {
   redis.call('ZCARD', KEYS[3]),
   redis.call('HLEN', KEYS[4]),
   redis.call('SCARD', KEYS[5]),
+  tonumber(redis.call('HGET', KEYS[1], 'stock') or '0'),
+  redis.call('EXISTS', KEYS[6]),
 }

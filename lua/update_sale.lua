@@ -8,6 +8,10 @@
 -- ARGV[6] draw_window_ms, the sale's own draw window ("": none, the sale
 --         follows `[fairness] window_ms`; absent: left as it is)
 -- ARGV[7] the sale's bucket count as the caller knows it
+-- A bucketed sale (its meta's `buckets` > 1) sells from its buckets, whose
+-- bases the backend moved before (backend/src/buckets/stock.rs): only the
+-- definition is written here, its own `remaining` stays 0, and the reply is
+-- {1, 0}.
 -- Reply: {1, remaining} when updated; {0, sold} when the new stock is below
 -- the items already sold (nothing changes); {-1, 0} when the sale is absent;
 -- {-2, buckets} when Redis holds the sale with another bucket count
@@ -21,18 +25,25 @@ local held = tonumber(redis.call('HGET', KEYS[1], 'buckets') or '1')
 if ARGV[7] and tonumber(ARGV[7]) ~= held then
   return {-2, held}
 end
+local function definition()
+  redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
+             'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5])
+  if ARGV[6] == '' then
+    redis.call('HDEL', KEYS[1], 'draw_window_ms')
+  elseif ARGV[6] then
+    redis.call('HSET', KEYS[1], 'draw_window_ms', ARGV[6])
+  end
+end
+if held > 1 then
+  definition()
+  return {1, 0}
+end
 local left = tonumber(redis.call('GET', KEYS[2]) or '0')
 local sold = tonumber(old) - left
 local stock = tonumber(ARGV[2])
 if stock < sold then
   return {0, sold}
 end
-redis.call('HSET', KEYS[1], 'name', ARGV[1], 'stock', ARGV[2], 'per_user_limit', ARGV[3],
-           'starts_at_ms', ARGV[4], 'ends_at_ms', ARGV[5])
-if ARGV[6] == '' then
-  redis.call('HDEL', KEYS[1], 'draw_window_ms')
-elseif ARGV[6] then
-  redis.call('HSET', KEYS[1], 'draw_window_ms', ARGV[6])
-end
+definition()
 redis.call('SET', KEYS[2], stock - sold)
 return {1, stock - sold}

@@ -28,4 +28,10 @@ pub enum SaleError {
     /// answer 503 until an operator re-creates it or phase 2's re-sync.
     #[error("the bucketed sale cannot be restored into redis (it has orders or surviving buckets); left absent")]
     LeftAbsent,
+    /// A bucket of a bucketed sale could not take a stock change: it is
+    /// absent from Redis, or its Redis failed over since it was synced.
+    /// What was changed before was given back (or is left to
+    /// reconciliation, logged).
+    #[error("bucket {bucket} of the sale is {why}; its stock cannot change now")]
+    BucketUnavailable { bucket: u32, why: &'static str },
 }

@@ -24,7 +24,8 @@
 //! - [`redis_io`]: Redis connections, the Lua scripts, announcing sale events.
 //! - [`recovery`]: restoring a sale Redis lost; returning cancelled items.
 //! - [`buckets`]: bucketed sales: installing their buckets, copying the
-//!   definition to them, the transit repair of transfers between them.
+//!   definition to them, the transit repair of transfers between them,
+//!   and [`buckets::stock`], their bases (stock changes, their repair).
 //! - [`error`]: [`error::SaleError`], shared by the modules working on sales.
 //! - [`timeout`]: cancelling orders unpaid past their sale's timeout.
 //! - [`reconcile`]: Redis counters against the order table, and the drift.
@@ -32,7 +33,8 @@
 //! - [`stream::dead_letter`]: entries that could not become orders.
 //!
 //! No two modules import each other: [`server`] wires the rest, [`api`]
-//! calls into [`sales`], [`switches`], [`reconcile`] and [`stream`],
+//! calls into [`sales`], [`switches`], [`reconcile`], [`buckets`] and [`stream`],
+//! [`reconcile`] into [`buckets`],
 //! [`sales`] preheats through [`recovery`], and everything uses [`store`],
 //! [`redis_io`] and [`error`], which import nothing above them.
 

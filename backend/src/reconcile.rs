@@ -21,21 +21,29 @@
 //! Then the drift is `(stock - remaining) - (live orders + cancelled orders
 //! whose item is not back yet)`: zero when every item Redis counts as sold
 //! has an order. It is kept per sale in [`Drift`], readable by the metrics.
+//!
+//! A bucketed sale is reconciled bucket by bucket against the orders of
+//! the buyers at home there, and then its buckets' bases against the
+//! database's stock, repaired under the sale's hold ([`reconcile_bucketed`],
+//! [`repair_bases`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use flashgate_common::buckets::home_bucket;
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::Reservation;
+use flashgate_common::sale::SaleSpec;
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::buckets::stock::{Moved, Short};
 use crate::error::SaleError;
 use crate::recovery::adopt;
-use crate::store::{OrderStatus, Store};
+use crate::store::{OrderRow, OrderStatus, Store};
 use crate::stream::entry::parse as parse_entry;
 
 /// Stream entries read per `XRANGE` while looking for unprocessed ones.
@@ -107,6 +115,16 @@ pub struct Report {
     /// False when buys kept changing the sale while it was read: the drift
     /// is then not exact, and not exported.
     pub settled: bool,
+    /// Bucketed sale: items the repair of Σ bases = stock added (> 0) or
+    /// removed (< 0) now; 0 when they agreed.
+    pub bases_moved: i64,
+    /// Bucketed sale: Σ bases − stock left after that repair (items sold
+    /// or in transit cannot be removed); 0 when they agree.
+    pub bases_off: i64,
+    /// Bucketed sale: Σ bases differ from the stock but were not repaired
+    /// now (a bucket is fenced or absent in Redis); the next pass tries
+    /// again. `bases_off` then shows the whole difference.
+    pub bases_unrepaired: bool,
 }
 
 /// Reconciles one sale; `None` when the sale is not in Redis (the restore
@@ -121,13 +139,196 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
     // really lost it. The other order would take orders written between the
     // two reads for lost ones (harmless, but a script call each).
     let orders = store.sale_orders(sale_id).await?;
-    let Some(snapshot) = redis_snapshot(conn, &keys).await? else { return Ok(None) };
-    let Snapshot { counters: Counters { stock, remaining, dead_letters, .. }, resv, released, settled } = snapshot;
+    let all: Vec<&OrderRow> = orders.iter().collect();
+    let Some(Part { mut report, .. }) = reconcile_part(conn, store, sale_id, &keys, &all, None).await? else { return Ok(None) };
+    report.drift = (report.stock - report.remaining) - (report.live_orders + report.returning);
+    // A sale that moved while it was read has no meaningful drift.
+    if report.drift != 0 && report.settled {
+        tracing::warn!(sale = sale_id, drift = report.drift, ?report, "stock drift between redis and the order table");
+    }
+    Ok(Some(report))
+}
+
+/// Reconciles sale `spec`, bucketed or not ([`reconcile_bucketed`],
+/// [`reconcile_sale`]).
+///
+/// # Errors
+/// Redis or the database failed.
+pub async fn reconcile_spec<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Option<Report>, SaleError> {
+    if spec.buckets > 1 {
+        reconcile_bucketed(conn, store, spec).await
+    } else {
+        reconcile_sale(conn, store, &spec.id).await
+    }
+}
+
+/// Reconciles bucketed sale `spec`: each bucket as a sale of its own
+/// against the orders of the buyers at home there (their reservations are
+/// counted in their home bucket), then Σ bases against the database's
+/// stock ([`repair_bases`]). The report sums the buckets: `remaining` is
+/// what buyers are shown (every bucket's plus the items in transit), and
+/// the drift is, over the buckets, `reserved - (live orders + returning)`
+/// (a bucket's `stock - remaining` also moves with its transfers), plus
+/// Σ bases − the stock left after the repair.
+///
+/// # Errors
+/// Redis or the database failed.
+pub async fn reconcile_bucketed<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+) -> Result<Option<Report>, SaleError> {
+    let id = spec.id.as_str();
+    let n = spec.buckets;
+    let orders = store.sale_orders(id).await?;
+    let mut by_home: Vec<Vec<&OrderRow>> = vec![Vec::new(); n as usize];
+    for o in &orders {
+        by_home[home_bucket(&o.user_id, n) as usize].push(o);
+    }
+    let own = SaleKeys::new(id);
+    let mut report = Report { sale_id: id.to_owned(), stock: spec.stock, settled: true, ..Report::default() };
+    for (k, home) in (0..n).zip(&by_home) {
+        let keys = SaleKeys::bucket(id, k);
+        // A dead letter put back goes to the sale's own stream.
+        let Some(Part { report: b, reserved }) = reconcile_part(conn, store, id, &keys, home, Some(&own.stream)).await? else {
+            return Ok(None);
+        };
+        let drift = reserved - (b.live_orders + b.returning);
+        if drift != 0 && b.settled {
+            tracing::warn!(sale = id, bucket = k, drift, report = ?b, "stock drift between a bucket and the orders of its buyers");
+        }
+        report.live_orders += b.live_orders;
+        report.returning += b.returning;
+        report.repaired += b.repaired;
+        report.adopted += b.adopted;
+        report.unrepaired += b.unrepaired;
+        report.dead_letters += b.dead_letters;
+        report.settled &= b.settled;
+        report.drift += drift;
+    }
+    let own_dead: i64 = redis::cmd("XLEN").arg(&own.dead).query_async(conn).await?;
+    report.dead_letters += own_dead;
+    let repair = repair_bases(conn, store, id, n).await?;
+    report.bases_moved = repair.moved;
+    report.bases_off = repair.off;
+    report.bases_unrepaired = repair.unrepaired;
+    report.drift += repair.off;
+    report.remaining = flashgate_common::transfer::left(conn, id, n).await?;
+    if report.drift != 0 && report.settled {
+        tracing::warn!(sale = id, drift = report.drift, ?report, "stock drift between the buckets and the order table");
+    }
+    Ok(Some(report))
+}
+
+/// What [`repair_bases`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BasesRepair {
+    /// Items added (> 0) or removed (< 0) now.
+    pub moved: i64,
+    /// Σ bases − stock left after the repair.
+    pub off: i64,
+    /// A difference was left alone: a bucket is fenced or absent.
+    pub unrepaired: bool,
+}
+
+/// Makes Σ bases of bucketed sale `id` equal the database's stock, under
+/// the exclusive hold of the sale's row (so no stock change, re-sync or
+/// order commit of the sale runs meanwhile). A difference is left by a
+/// stock change that died between its Redis part and its commit:
+/// surplus items are taken from the buckets holding the most unsold ones
+/// (what is sold already cannot be taken, and stays as `off`), missing
+/// items are added, spread as a preheat spreads them. A fenced or absent
+/// bucket skips the repair (nothing is taken or added; `unrepaired`): its
+/// count may lack writes until the re-sync, and the next pass tries again.
+///
+/// # Errors
+/// Redis or the database failed.
+pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str, buckets: u32) -> Result<BasesRepair, SaleError> {
+    // Read without the hold first: equal, nothing to repair (a change in
+    // flight that moved the bases already shows as a difference, and the
+    // hold below waits for it to end), and no pass takes the hold for
+    // nothing.
+    let saved = store.sale(id).await?.map(|s| s.stock);
+    if saved.is_none() || saved == Some(crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum()) {
+        return Ok(BasesRepair::default());
+    }
+    let mut hold = store.begin_resync(id).await?;
+    let Some(spec) = hold.sale(id).await? else { return Ok(BasesRepair::default()) };
+    let before: i64 = crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum();
+    if before == spec.stock {
+        hold.commit().await?;
+        return Ok(BasesRepair::default());
+    }
+    let unrepaired = BasesRepair { moved: 0, off: before - spec.stock, unrepaired: true };
+    if let Err(error) = crate::buckets::stock::check(conn, id, buckets).await {
+        hold.commit().await?;
+        return match error {
+            SaleError::BucketUnavailable { bucket, why } => {
+                tracing::error!(
+                    sale = id,
+                    bases = before,
+                    stock = spec.stock,
+                    bucket,
+                    why,
+                    "bucket bases differ from the stock, but a bucket cannot be moved now: not repaired"
+                );
+                Ok(unrepaired)
+            }
+            other => Err(other),
+        };
+    }
+    let moved = crate::buckets::stock::move_to(conn, id, buckets, spec.stock, Short::Keep).await;
+    hold.commit().await?;
+    let (changes, missing) = match moved {
+        Ok(Moved::Done { changes, missing }) => (changes, missing),
+        Ok(Moved::Refused { .. }) => return Ok(unrepaired),
+        // Fenced between the check and the move: what moved was moved back.
+        Err(SaleError::BucketUnavailable { bucket, why }) => {
+            tracing::error!(sale = id, bucket, why, "a bucket became unavailable during the repair of the bases: not repaired");
+            return Ok(unrepaired);
+        }
+        Err(other) => return Err(other),
+    };
+    let made: i64 = changes.iter().sum();
+    let off = before + made - spec.stock;
+    tracing::warn!(sale = id, bases = before, stock = spec.stock, ?changes, off, "bucket bases moved to the database's stock");
+    if missing > 0 {
+        tracing::error!(
+            sale = id,
+            missing,
+            "bucket bases stay above the stock: those items are sold or in transit; the next pass tries again"
+        );
+    }
+    Ok(BasesRepair { moved: made, off, unrepaired: false })
+}
+
+/// One sale's or one bucket's reconciliation, before its drift: the report
+/// (its `stock` and `remaining` those of the keys reconciled) and the
+/// items reserved there (reservations − returned, adoptions included).
+struct Part {
+    report: Report,
+    reserved: i64,
+}
+
+/// Reconciles the sale (or bucket) at `keys` against `orders` (those whose
+/// reservation is counted there); a missing reservation's entry is looked
+/// for in `keys.stream`, then in `also_stream`. `None`: not in Redis.
+async fn reconcile_part<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+    keys: &SaleKeys,
+    orders: &[&OrderRow],
+    also_stream: Option<&str>,
+) -> Result<Option<Part>, SaleError> {
+    let Some(snapshot) = redis_snapshot(conn, keys).await? else { return Ok(None) };
+    let Snapshot { counters: Counters { stock, remaining, dead_letters, reservations, released: released_count }, resv, released, settled } =
+        snapshot;
 
     let mut report = Report { sale_id: sale_id.to_owned(), stock, dead_letters, settled, ..Report::default() };
     let with_order: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     let mut adopted = 0;
-    for o in &orders {
+    for o in orders {
         let known = resv.contains_key(&o.reservation_id);
         match o.status {
             OrderStatus::Cancelled => {
@@ -138,7 +339,7 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
             OrderStatus::Created | OrderStatus::Paid if known => report.live_orders += 1,
             OrderStatus::Created | OrderStatus::Paid => {
                 // Not adopted: reserved after the snapshot, so outside this count.
-                if adopt(conn, &keys, o).await? {
+                if adopt(conn, keys, o).await? {
                     adopted += 1;
                     report.live_orders += 1;
                     tracing::warn!(sale = sale_id, reservation = %o.reservation_id, "order unknown to redis adopted: its item cannot be sold again");
@@ -152,7 +353,10 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
     let missing: HashSet<&str> =
         resv.keys().map(String::as_str).filter(|rid| !with_order.contains(rid) && !released.contains(*rid)).collect();
     if !missing.is_empty() {
-        let found = find_in_stream(conn, &keys.stream, &missing).await?;
+        let mut found = find_in_stream(conn, &keys.stream, &missing).await?;
+        if let Some(also) = also_stream.filter(|_| found.len() < missing.len()) {
+            found.extend(find_in_stream(conn, also, &missing).await?);
+        }
         let mut unrepaired: Vec<&str> = Vec::new();
         for rid in &missing {
             match found.get(*rid) {
@@ -185,12 +389,7 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
     if report.repaired > 0 {
         tracing::warn!(sale = sale_id, repaired = report.repaired, "orders written from stream entries nobody had processed");
     }
-    report.drift = (stock - report.remaining) - (report.live_orders + report.returning);
-    // A sale that moved while it was read has no meaningful drift.
-    if report.drift != 0 && report.settled {
-        tracing::warn!(sale = sale_id, drift = report.drift, ?report, "stock drift between redis and the order table");
-    }
-    Ok(Some(report))
+    Ok(Some(Part { report, reserved: reservations + adopted - released_count }))
 }
 
 /// A sale's counters, read in one atomic step (each O(1) in Redis).
@@ -310,11 +509,7 @@ pub async fn reconcile_all<C: ConnectionLike + Send>(conn: &mut C, store: &Store
     });
     drift.forget(&archived);
     for spec in store.sales().await?.into_iter().filter(|s| !archived.contains(&s.id)) {
-        if spec.buckets > 1 {
-            tracing::debug!(sale = %spec.id, "bucketed sale: not reconciled in this release");
-            continue;
-        }
-        match reconcile_sale(conn, store, &spec.id).await {
+        match reconcile_spec(conn, store, &spec).await {
             Ok(Some(report)) => {
                 if report.settled {
                     drift.gauge(&spec.id).store(report.drift, Ordering::Relaxed);

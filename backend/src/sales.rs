@@ -83,9 +83,10 @@ fn preheat_restored(restored: Restored) -> Result<Preheat, SaleError> {
 pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
     let reply = update_sale(conn, spec).await?;
     match reply.as_slice() {
-        // A bucketed sale keeps its stock (the admin API refuses a new
-        // one): its own `remaining` is 0 and stays so; the new definition
-        // is copied to every bucket.
+        // A bucketed sale: its own `remaining` is 0 and stays so (its
+        // stock is in its buckets' bases, which the admin API moved
+        // before, `crate::buckets::stock`); the new definition is copied
+        // to every bucket.
         [1, _] if spec.buckets > 1 => {
             crate::buckets::copy_fields(conn, &spec.id, spec.buckets, &crate::buckets::definition_fields(spec)).await?;
             announce(conn, &SaleEvent::Changed(spec.id.clone())).await;

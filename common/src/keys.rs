@@ -117,6 +117,10 @@ pub struct SaleKeys {
     /// A bucket's incoming transfers: each transfer id adds its items once
     /// (`lua/xfer_in.lua`).
     pub xfer_in: String,
+    /// A bucket's "stock move in flight" marker, set (with a TTL) by
+    /// `lua/bucket_stock.lua` whenever it moves the bucket's base: while it
+    /// is set the sold-out confirmation never calls the bucket dry.
+    pub moving: String,
 }
 
 /// The keys of a sale's opening draw (see [`crate::draw`]).
@@ -172,6 +176,7 @@ impl SaleKeys {
             xfer_out: format!("{tag}:xfer-out"),
             xfer_open: format!("{tag}:xfer-open"),
             xfer_in: format!("{tag}:xfer-in"),
+            moving: format!("{tag}:moving"),
         }
     }
 

@@ -19,12 +19,16 @@ pub const XFER_OUT: &str = concat!(include_str!("../../lua/lib/decide.lua"), inc
 /// `lua/preheat_bucket.lua` as it runs, with the shared helpers of [`DEDUCT`].
 pub const PREHEAT_BUCKET: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/preheat_bucket.lua"));
 
+/// `lua/bucket_stock.lua` as it runs, with the shared helpers of [`DEDUCT`].
+pub const BUCKET_STOCK: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/bucket_stock.lua"));
+
 /// `(file name, body)` of every script in `lua/` (a script built on
 /// `lua/lib/` as it runs).
 pub const ALL: &[(&str, &str)] = &[
     ("adopt.lua", include_str!("../../lua/adopt.lua")),
     ("bucket_meta.lua", include_str!("../../lua/bucket_meta.lua")),
     ("bucket_state.lua", include_str!("../../lua/bucket_state.lua")),
+    ("bucket_stock.lua", BUCKET_STOCK),
     ("deduct.lua", DEDUCT),
     ("draw_run.lua", DRAW_RUN),
     ("fence.lua", include_str!("../../lua/fence.lua")),

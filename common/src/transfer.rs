@@ -184,12 +184,20 @@ pub struct BucketState {
     pub received: i64,
     /// Reservations ever returned to the bucket.
     pub returned: i64,
+    /// The bucket's base (its meta's `stock`): an operator's stock change
+    /// or a repair adds items by moving it, without a transfer or a
+    /// return, so a change between two reads shows here.
+    pub base: i64,
+    /// A stock move is in flight on the bucket (`moving` marker): it may
+    /// have taken items it gives back, so the bucket is not dry.
+    pub moving: bool,
 }
 
 impl BucketState {
-    /// Present, nothing left and nothing on its way out.
+    /// Present, nothing left, nothing on its way out and no stock move in
+    /// flight.
     pub fn dry(&self) -> bool {
-        self.present && self.remaining <= 0 && self.open_out == 0
+        self.present && self.remaining <= 0 && self.open_out == 0 && !self.moving
     }
 }
 
@@ -199,24 +207,29 @@ impl BucketState {
 /// Redis failed.
 pub async fn state<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<BucketState> {
     let keys = SaleKeys::bucket(sale_id, k);
-    let r: (i64, i64, i64, i64, i64) = BUCKET_STATE
+    let r: (i64, i64, i64, i64, i64, i64, i64) = BUCKET_STATE
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.xfer_open)
         .key(&keys.xfer_in)
         .key(&keys.released)
+        .key(&keys.moving)
         .invoke_async(conn)
         .await?;
-    Ok(BucketState { present: r.0 == 1, remaining: r.1, open_out: r.2, received: r.3, returned: r.4 })
+    Ok(BucketState { present: r.0 == 1, remaining: r.1, open_out: r.2, received: r.3, returned: r.4, base: r.5, moving: r.6 == 1 })
 }
 
 /// Whether every bucket of `sale_id` is dry at one instant: the buckets
 /// are read twice, one call per bucket each time (`2 × buckets` calls);
 /// `true` only if both reads find every bucket [`BucketState::dry`] and no
-/// bucket received a transfer or a returned reservation between them.
-/// Items can only enter a bucket by those two ways, and leave a bucket
-/// only as an open transfer (seen) or a sale, so two equal dry reads mean
-/// there was an instant with no item left anywhere. A bucketed sale is
+/// bucket received a transfer or a returned reservation, nor had its base
+/// moved, between them. Items can only enter a bucket by those three ways
+/// (a base moves by an operator's stock change or a repair, which also
+/// sets the bucket's `moving` marker while in flight, so a decrease that
+/// takes items and gives them back is never seen dry), and leave a bucket
+/// only as an open transfer (seen), a sale, or a stock move (marked), so
+/// two equal dry reads mean there was an instant with no item left
+/// anywhere. A bucketed sale is
 /// answered `sold_out` only after this answered `true`.
 ///
 /// # Errors
@@ -529,6 +542,32 @@ mod tests {
         let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
         assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "nothing left anywhere");
         assert!(!confirm_dry(&mut conn, "s", 3).await.unwrap(), "an absent bucket is never confirmed dry");
+    }
+
+    #[tokio::test]
+    async fn a_stock_move_in_flight_or_a_moved_base_is_never_confirmed_dry() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 2, 2).await;
+        for k in 0..2 {
+            let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", k).remaining).arg(1).query_async(&mut conn).await.unwrap();
+        }
+        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "every item sold");
+        // A stock move in flight on bucket 1 (it may give items back).
+        let moving = SaleKeys::bucket("s", 1).moving;
+        let _: () = redis::cmd("SET").arg(&moving).arg("1").arg("PX").arg(10_000).query_async(&mut conn).await.unwrap();
+        assert!(!state(&mut conn, "s", 1).await.unwrap().dry(), "a bucket with a move in flight is not dry");
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "a stock move in flight");
+        let _: i64 = redis::cmd("DEL").arg(&moving).query_async(&mut conn).await.unwrap();
+        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "the move ended");
+        // A base moved between two reads (items added and sold meanwhile):
+        // the reads differ, so the pair never confirms dry.
+        let before = state(&mut conn, "s", 0).await.unwrap();
+        let _: i64 = redis::cmd("HINCRBY").arg(SaleKeys::bucket("s", 0).meta).arg("stock").arg(1).query_async(&mut conn).await.unwrap();
+        let after = state(&mut conn, "s", 0).await.unwrap();
+        assert!(before.dry() && after.dry());
+        assert_eq!(after.base, before.base + 1);
+        assert_ne!(before, after, "a moved base is seen between two reads");
     }
 
     #[tokio::test]

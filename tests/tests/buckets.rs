@@ -79,6 +79,19 @@ async fn buy_until_decided(gateway: std::net::SocketAddr, sale: &str, user: &str
     }
 }
 
+/// Buys as `user` until it wins (bounded): a `sold_out` or a 503 answered
+/// before a raise reached the gateway is tried again.
+async fn buy_until_won(gateway: std::net::SocketAddr, sale: &str, user: &str) -> (u16, serde_json::Value) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = buy_all(gateway, sale, vec![Attempt::by(user)], 1).await.remove(0);
+        if o.won() || Instant::now() > deadline {
+            return (o.status, o.body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn cluster_stack() -> StackOptions {
     StackOptions { redis_mode: RedisMode::Cluster, redis_timeout_ms: 1000, ..StackOptions::default() }
 }
@@ -136,15 +149,24 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
             let mut samples = 0;
             while selling.load(Ordering::Relaxed) {
                 let (mut remaining, mut reserved, mut in_transit) = (0, 0, 0);
+                let mut read_all = true;
                 for k in 0..BUCKETS {
-                    let ledger = transfer::ledger(&mut conn, &id, k).await.unwrap();
+                    // A transient Redis error (a slot moving, a timeout)
+                    // skips this sample; the books are checked exactly
+                    // after the burst.
+                    let Ok(ledger) = transfer::ledger(&mut conn, &id, k).await else {
+                        read_all = false;
+                        break;
+                    };
                     assert!(ledger.balances(), "bucket {k} out of balance while selling: {ledger:?}");
                     remaining += ledger.remaining;
                     reserved += ledger.reserved;
                     in_transit += ledger.sent - ledger.received;
                 }
-                assert_eq!(remaining + reserved + in_transit, STOCK, "the sale's books while selling");
-                samples += 1;
+                if read_all {
+                    assert_eq!(remaining + reserved + in_transit, STOCK, "the sale's books while selling");
+                    samples += 1;
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             samples
@@ -501,4 +523,178 @@ async fn with_replica_waits_a_take_no_replica_holds_is_not_given_and_stays_open_
     assert_eq!((books.remaining.clone(), books.in_transit, books.reserved), (vec![0, 0], 0, 4), "{books:?}");
     let (orders, distinct, most) = stack.wait_orders(&id, 4, Duration::from_secs(30)).await;
     assert_eq!((orders, distinct, most), (4, 4, 1));
+}
+
+/// `PUT /admin/sales/{id}` of an open bucketed sale with `stock`
+/// (and a payment timeout when given); status and body.
+async fn change_stock(stack: &Stack, id: &str, window: (i64, i64), stock: i64, payment_timeout: Option<i64>) -> (u16, serde_json::Value) {
+    let mut body = serde_json::json!({
+        "name": format!("Sale {id}"),
+        "stock": stock,
+        "per_user_limit": 1,
+        "starts_at": flashgate_common::rfc3339(window.0),
+        "ends_at": flashgate_common::rfc3339(window.1),
+        "buckets": 4,
+    });
+    if let Some(t) = payment_timeout {
+        body["payment_timeout_seconds"] = t.into();
+    }
+    stack.admin(reqwest::Method::PUT, &format!("/admin/sales/{id}"), Some(body)).await
+}
+
+/// The crowd of `users` on the stack's gateway, a 503 retried until decided.
+async fn crowd(gateway: std::net::SocketAddr, id: &str, users: &[String]) -> Vec<flashgate_tests::Outcome> {
+    let mut outcomes = buy_all(gateway, id, users.iter().map(|u| Attempt::by(u)).collect(), 16).await;
+    for o in outcomes.iter_mut().filter(|o| o.status == 503) {
+        let (status, body) = buy_until_decided(gateway, id, &o.attempt.user).await;
+        (o.status, o.body) = (status, body);
+    }
+    outcomes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bucketed_sale_keeps_exact_books_through_stock_changes_and_payment_timeouts_while_selling() {
+    const BUCKETS: u32 = 4;
+    let stack = Stack::start(StackOptions { extra_toml: "expiry_poll_ms = 100\n".into(), ..cluster_stack() }).await;
+    let id = sale_id("chg");
+    let now = flashgate_common::now_ms();
+    let window = (now - 1000, now + 3_600_000);
+    let (status, view) = change_stock(&stack, &id, window, 300, Some(900)).await;
+    assert_eq!((status, view["remaining"].as_i64()), (201, Some(300)), "{view}");
+
+    // Every bucket's own books balance at every instant, whatever buys,
+    // transfers, stock changes and returns do to it.
+    let selling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (selling, id) = (selling.clone(), id.clone());
+        let mut conn = stack.redis_handle().await;
+        tokio::spawn(async move {
+            let mut samples = 0;
+            while selling.load(Ordering::Relaxed) {
+                let mut read_all = true;
+                for k in 0..BUCKETS {
+                    // A transient Redis error skips this sample (the
+                    // books are checked again at the end).
+                    let Ok(ledger) = transfer::ledger(&mut conn, &id, k).await else {
+                        read_all = false;
+                        break;
+                    };
+                    assert!(ledger.balances(), "bucket {k} out of balance while selling: {ledger:?}");
+                }
+                samples += u32::from(read_all);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            samples
+        })
+    };
+
+    // Wave 1: 350 buyers, more than the 300 items at first, 280 of them
+    // at home in bucket 0 (75 items: the rest come by transfers), while an
+    // operator raises the stock to 500: the raise is needed for all to win.
+    let mut wave1 = users_where(&format!("{id}-a"), 280, BUCKETS, |b| b == 0);
+    wave1.extend(users_where(&format!("{id}-b"), 70, BUCKETS, |b| b != 0));
+    let buying = tokio::spawn({
+        let (gateway, id, users) = (stack.gateway_addr, id.clone(), wave1.clone());
+        async move { crowd(gateway, &id, &users).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, view) = change_stock(&stack, &id, window, 500, None).await;
+    assert_eq!((status, view["stock"].as_i64()), (200, Some(500)), "raised while selling: {view}");
+    let mut outcomes = buying.await.unwrap();
+    // Those answered before the raise reached their bucket buy again: the
+    // items added are sold to them.
+    for o in outcomes.iter_mut().filter(|o| !o.won()) {
+        (o.status, o.body) = buy_until_won(stack.gateway_addr, &id, &o.attempt.user).await;
+    }
+    assert!(outcomes.iter().all(|o| o.won()), "350 buyers of 500 items all win: {:?}", outcomes.iter().find(|o| !o.won()));
+    assert!(outcomes.len() > 300, "more winners than the stock before the raise");
+    let (orders, _, _) = stack.wait_orders(&id, 350, Duration::from_secs(30)).await;
+    assert_eq!(orders, 350);
+
+    // 150 of them pay; the sale's payment timeout drops to 1 s, so the 200
+    // others are cancelled and their items go back to their home buckets
+    // while wave 2 buys: 60 new buyers, and the 200 cancelled ones again
+    // (a rebuy before the cancellation is refused by the limit), while an
+    // operator lowers the stock to 480.
+    let rows = stack.order_rows(&id).await;
+    let order_of: HashMap<&str, &str> = rows.iter().map(|r| (r.reservation_id.as_str(), r.order_id.as_str())).collect();
+    let mut paid = HashSet::new();
+    for o in &outcomes[..150] {
+        let order = order_of[o.reservation_id().unwrap()];
+        let (status, body) = stack.backend_post(&format!("/internal/orders/{order}/pay")).await;
+        assert_eq!(status, 200, "pay {order}: {body}");
+        paid.insert(order.to_owned());
+    }
+    let (status, view) = change_stock(&stack, &id, window, 500, Some(1)).await;
+    assert_eq!(status, 200, "{view}");
+    let mut wave2 = users_where(&format!("{id}-c"), 60, BUCKETS, |b| b == 0);
+    wave2.extend(outcomes[150..].iter().map(|o| o.attempt.user.clone()));
+    let buying = tokio::spawn({
+        let (gateway, id, users) = (stack.gateway_addr, id.clone(), wave2.clone());
+        async move { crowd(gateway, &id, &users).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // At least 500 - 350 - 60 - (items in transit) unsold items are left
+    // whatever the timing: a rebuy needs its own item back first.
+    let (status, view) = change_stock(&stack, &id, window, 480, None).await;
+    assert_eq!((status, view["stock"].as_i64()), (200, Some(480)), "lowered while selling: {view}");
+    let wave2_outcomes = buying.await.unwrap();
+    for o in &wave2_outcomes {
+        assert!(o.won() || (o.status == 409 && o.body["code"] == "limit_reached"), "{}: {} {}", o.attempt.user, o.status, o.body);
+    }
+    outcomes.extend(wave2_outcomes);
+    let winners: Vec<&str> = outcomes.iter().filter(|o| o.won()).map(|o| o.reservation_id().unwrap()).collect();
+
+    // Every unpaid order is cancelled in the end (1 s), and its item back:
+    // the books settle with exactly the paid orders held.
+    let mut conn = stack.redis_handle().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (rows, books) = loop {
+        let rows = stack.order_rows(&id).await;
+        let books = transfer::books(&mut conn, &id, BUCKETS).await.unwrap();
+        let live = rows.iter().filter(|r| r.status != "cancelled").count();
+        if rows.len() == winners.len() && live == paid.len() && books.reserved == live as i64 && books.in_transit == 0 {
+            break (rows, books);
+        }
+        assert!(Instant::now() < deadline, "never settled: {} rows of {} winners, {live} live, {books:?}", rows.len(), winners.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    selling.store(false, Ordering::Relaxed);
+    assert!(sampler.await.unwrap() > 0, "the ledgers were sampled while selling");
+
+    // Winners − cancelled = live orders = the paid ones, one order per
+    // winner, nobody above the limit.
+    let by_rid: HashMap<&str, &flashgate_tests::OrderRow> = rows.iter().map(|r| (r.reservation_id.as_str(), r)).collect();
+    assert!(winners.iter().all(|rid| by_rid.contains_key(rid)), "a winner has no order");
+    let cancelled = rows.iter().filter(|r| r.status == "cancelled").count();
+    let live: Vec<&flashgate_tests::OrderRow> = rows.iter().filter(|r| r.status != "cancelled").collect();
+    assert_eq!(winners.len() - cancelled, live.len());
+    assert!(live.iter().all(|r| paid.contains(&r.order_id)), "only paid orders are left live");
+    let mut per_user: HashMap<&str, usize> = HashMap::new();
+    for r in &live {
+        *per_user.entry(r.user_id.as_str()).or_default() += 1;
+    }
+    assert!(per_user.values().all(|n| *n == 1), "a user above the limit: {per_user:?}");
+
+    // The books: the final stock, exactly, over every bucket.
+    const FINAL: i64 = 480;
+    assert_eq!(books.total(), FINAL, "{books:?}");
+    let remaining: i64 = books.remaining.iter().sum();
+    assert_eq!(live.len() as i64, FINAL - remaining - books.in_transit, "{books:?}");
+    let (mut bases, mut sent) = (0, 0);
+    for k in 0..BUCKETS {
+        let ledger = transfer::ledger(&mut conn, &id, k).await.unwrap();
+        assert!(ledger.balances(), "bucket {k}: {ledger:?}");
+        bases += ledger.stock;
+        sent += ledger.sent;
+    }
+    assert_eq!(bases, FINAL, "Σ bases = the stock saved");
+    assert!(sent > 0, "bucket 0's crowd was served by items moved from the other buckets");
+    let (status, report) = stack.admin(reqwest::Method::POST, &format!("/admin/sales/{id}/reconcile"), None).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(
+        (report["drift"].as_i64(), report["bases_off"].as_i64(), report["live_orders"].as_i64()),
+        (Some(0), Some(0), Some(live.len() as i64)),
+        "{report}"
+    );
 }

@@ -6,7 +6,9 @@
 //! database (the truth that survives Redis). The database write is opened
 //! in a transaction, Redis is updated, and only then is the transaction
 //! committed; when Redis refuses (new stock below what is sold) the
-//! transaction is dropped, so neither side changes.
+//! transaction is dropped, so neither side changes. A bucketed sale's new
+//! stock moves its buckets' bases first (`crate::buckets::stock`), under
+//! the same hold of the row; a failure after that moves them back.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -19,7 +21,9 @@ use serde::Deserialize;
 
 use super::error::{parse_json, ApiError};
 use super::AppState;
+use crate::buckets::stock;
 use crate::sales::{self, Applied, SaleView};
+use crate::store::Store;
 use crate::stream::dead_letter;
 use crate::switches;
 
@@ -67,8 +71,12 @@ fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError
 }
 
 /// `PUT /admin/sales/{id}`: 201 when the sale is new, 200 when it changed,
-/// 409 `stock_below_sold` when the new stock is below the items sold, 503
-/// when Redis failed (sending the same change again is safe).
+/// 409 `stock_below_sold` when the new stock is below the items sold (for
+/// a bucketed sale: more than the unsold items its buckets hold, items in
+/// transit counting as sold), 503 when Redis failed (sending the same
+/// change again is safe: a bucketed sale's bases are moved to the stock
+/// sent, not by a difference; a raised stock whose items did not reach the
+/// buckets is completed by the resend or by reconciliation).
 pub async fn put(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -115,24 +123,43 @@ pub async fn put(
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the sale before changing it");
         return Err(ApiError::unavailable("redis failed before the change; nothing was changed, send it again"));
     }
-    match sales::apply(&mut redis, &state.store, &spec).await? {
+    // A bucketed sale's stock is its buckets' bases, as Redis holds them
+    // (whether or not the database has the row yet): a decrease moves them
+    // before the commit, under the row's hold, so a crash leaves too few
+    // items (reconciliation adds them back); an increase moves them only
+    // after the commit (docs/ARCHITECTURE.md, "Stock change").
+    let plan = if spec.buckets > 1 { plan_bases(&mut redis, previous.as_ref(), &spec).await? } else { None };
+    let decreased = match plan {
+        Some(from) if spec.stock < from => decrease_bases(&mut redis, &spec, from).await?,
+        _ => None,
+    };
+    let applied = match sales::apply(&mut redis, &state.store, &spec).await {
+        Ok(applied) => applied,
+        Err(error) => {
+            revert_bases(&mut redis, &spec, decreased).await;
+            return Err(error.into());
+        }
+    };
+    match applied {
         Applied::StockBelowSold { sold } => {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "stock_below_sold",
-                format!("stock: {} is below the {sold} items already sold", spec.stock),
-            ));
+            revert_bases(&mut redis, &spec, decreased).await;
+            return Err(stock_below_sold(spec.stock, sold));
         }
         Applied::Updated { .. } | Applied::Preheated { .. } => {}
     }
     if let Err(error) = write.commit().await {
-        // Redis already has the new definition: put the old one back.
-        if let Some(old) = &previous {
-            if let Err(revert) = sales::apply(&mut redis, &state.store, old).await {
-                tracing::error!(%revert, sale = %spec.id, "cannot revert redis after a failed commit");
-            }
-        }
+        // Redis has the new definition, and the commit may have happened
+        // after all: Redis is made to match what the database holds now.
+        after_failed_commit(&mut redis, &state.store, &spec, previous.as_ref(), decreased).await;
         return Err(error.into());
+    }
+    if matches!(plan, Some(from) if spec.stock > from) {
+        if let Err(error) = increase_bases(&mut redis, &state.store, &spec.id).await {
+            tracing::warn!(%error, sale = %spec.id, "the raised stock is saved but its items are not in the buckets yet");
+            return Err(ApiError::unavailable(
+                "the stock is saved, but its new items are not in the buckets yet (redis failed); send the change again or let reconciliation add them",
+            ));
+        }
     }
     // Archived again meanwhile (the archiver read the old window): live
     // again. The change is saved either way; an operator told 503 sends it
@@ -154,9 +181,8 @@ pub async fn put(
     Ok((status, Json(view)).into_response())
 }
 
-/// Refuses what phase 1 of bucketed stock cannot do to a saved sale: a
-/// new bucket count (the items would have to be re-split), or a new stock
-/// for a bucketed sale (it would have to be spread over the buckets).
+/// Refuses what a saved sale cannot change: its bucket count (the items
+/// would have to be re-split over other hash tags).
 fn bucket_change(old: &SaleSpec, new: &SaleSpec) -> Result<(), ApiError> {
     if old.buckets != new.buckets {
         return Err(ApiError::new(
@@ -165,14 +191,136 @@ fn bucket_change(old: &SaleSpec, new: &SaleSpec) -> Result<(), ApiError> {
             format!("buckets: a saved sale keeps its bucket count ({}); changing it is not supported yet", old.buckets),
         ));
     }
-    if new.buckets > 1 && old.stock != new.stock {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "bucketed_stock",
-            format!("stock: the stock of a bucketed sale (buckets = {}) cannot change yet; it stays {}", new.buckets, old.stock),
-        ));
+    Ok(())
+}
+
+/// 409 `stock_below_sold`: the same answer for a sale and a bucketed sale.
+fn stock_below_sold(stock: i64, sold: i64) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "stock_below_sold", format!("stock: {stock} is below the {sold} items already sold"))
+}
+
+/// Whether the bases of bucketed sale `new` move, and from what Σ: `None`
+/// when they stay (the stock is unchanged and nothing is missing from the
+/// buckets, so a rename or a window change never gets a 409; or no bucket
+/// is in Redis, and `sales::apply` installs the sale with the new stock).
+/// Decided by Redis, not by the saved row: a sale whose buckets are in
+/// Redis but whose row is not (a create that failed to commit) still has
+/// its bases moved. Some buckets absent: 409 `bucketed_sale_absent`.
+async fn plan_bases<C: redis::aio::ConnectionLike + Send>(
+    redis: &mut C,
+    old: Option<&SaleSpec>,
+    new: &SaleSpec,
+) -> Result<Option<i64>, ApiError> {
+    match crate::buckets::present(redis, &new.id, new.buckets).await? {
+        0 => return Ok(None),
+        n if n < new.buckets => return Err(crate::error::SaleError::LeftAbsent.into()),
+        _ => {}
+    }
+    let from: i64 = stock::bases(redis, &new.id, new.buckets).await?.iter().sum();
+    // Same stock: only items missing after a crash are added (an increase
+    // is never refused); a surplus is reconciliation's to take.
+    let unchanged = old.is_some_and(|o| o.stock == new.stock);
+    if from == new.stock || (unchanged && from > new.stock) {
+        return Ok(None);
+    }
+    Ok(Some(from))
+}
+
+/// Takes the buckets' bases of `new` down from Σ `from` to `new.stock`,
+/// all or nothing; answers the Σ to move them back to if the change fails
+/// before its commit.
+async fn decrease_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, new: &SaleSpec, from: i64) -> Result<Option<i64>, ApiError> {
+    stock::check(redis, &new.id, new.buckets).await?;
+    match stock::move_to(redis, &new.id, new.buckets, new.stock, stock::Short::GiveBack).await? {
+        stock::Moved::Refused { sold } => Err(stock_below_sold(new.stock, sold)),
+        stock::Moved::Done { changes, .. } if changes.iter().all(|c| *c == 0) => Ok(None),
+        stock::Moved::Done { changes, .. } => {
+            tracing::info!(sale = %new.id, from, to = new.stock, ?changes, "bucket bases lowered by a stock change");
+            Ok(Some(from))
+        }
+    }
+}
+
+/// After the commit of a raised stock: under the sale's row hold (no other
+/// change, repair or re-sync meanwhile), moves the bases to the stock the
+/// database holds now. A crash before this leaves too few items in the
+/// buckets, which reconciliation adds.
+async fn increase_bases<C: redis::aio::ConnectionLike + Send>(
+    redis: &mut C,
+    store: &Store,
+    id: &str,
+) -> Result<(), crate::error::SaleError> {
+    let mut hold = store.begin_resync(id).await?;
+    let saved = hold.sale(id).await?;
+    let moved = match &saved {
+        Some(spec) if spec.buckets > 1 => stock::move_to(redis, id, spec.buckets, spec.stock, stock::Short::Keep).await.map(Some),
+        _ => Ok(None),
+    };
+    hold.commit().await?;
+    if let Some(stock::Moved::Done { changes, missing }) = moved? {
+        tracing::info!(sale = id, ?changes, missing, "bucket bases raised by a stock change");
     }
     Ok(())
+}
+
+/// Moves the bases of `spec`'s buckets back to `to` after the change
+/// failed before its commit (the row's hold still held), as far as unsold
+/// items allow; what cannot be moved back is logged and left to
+/// reconciliation (Σ bases = the database's stock).
+async fn revert_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, spec: &SaleSpec, to: Option<i64>) {
+    let Some(to) = to else { return };
+    match stock::move_to(redis, &spec.id, spec.buckets, to, stock::Short::Keep).await {
+        Ok(stock::Moved::Done { missing: 0, .. }) => {}
+        Ok(moved) => tracing::error!(sale = %spec.id, to, ?moved, "bucket bases only partly moved back; reconciliation repairs them"),
+        Err(error) => tracing::error!(%error, sale = %spec.id, to, "cannot move the bucket bases back; reconciliation repairs them"),
+    }
+}
+
+/// After a failed (or ambiguous) commit of `spec`: under the sale's row
+/// hold, re-reads what the database holds and makes Redis match it, the
+/// definition and (bucketed) the bases, never the old values blindly (the
+/// commit may have happened). No row (a create that did not commit): the
+/// bases go back to Σ `decreased_from` if they were lowered. The database
+/// unreachable: the definition read before the change (`previous`) goes
+/// back, as the commit most likely did not happen, and the bases stay
+/// (lowered ones are below the stock either way). Failures are logged;
+/// reconciliation and the re-sync repair them.
+pub(super) async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + Clone>(
+    redis: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+    previous: Option<&SaleSpec>,
+    decreased_from: Option<i64>,
+) {
+    let mut hold = match store.begin_resync(&spec.id).await {
+        Ok(hold) => hold,
+        Err(error) => {
+            tracing::error!(%error, sale = %spec.id, "cannot hold the sale after a failed commit; reconciliation repairs its bases");
+            if let Some(old) = previous {
+                if let Err(revert) = sales::apply(redis, store, old).await {
+                    tracing::error!(%revert, sale = %spec.id, "cannot revert redis after a failed commit");
+                }
+            }
+            return;
+        }
+    };
+    match hold.sale(&spec.id).await {
+        Ok(Some(saved)) => {
+            if let Err(error) = sales::apply(redis, store, &saved).await {
+                tracing::error!(%error, sale = %spec.id, "cannot put the saved definition back in redis after a failed commit");
+            }
+            if saved.buckets > 1 && crate::buckets::present(redis, &saved.id, saved.buckets).await.is_ok_and(|n| n == saved.buckets) {
+                revert_bases(redis, &saved, Some(saved.stock)).await;
+            }
+        }
+        Ok(None) => revert_bases(redis, spec, decreased_from).await,
+        Err(error) => {
+            tracing::error!(%error, sale = %spec.id, "cannot read the sale after a failed commit; reconciliation repairs its bases")
+        }
+    }
+    if let Err(error) = hold.commit().await {
+        tracing::warn!(%error, sale = %spec.id, "cannot end the hold after a failed commit");
+    }
 }
 
 /// `GET /admin/sales/{id}`.
@@ -243,14 +391,7 @@ pub async fn retry_dead_letter(
 pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
     let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
-    if spec.buckets > 1 {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "bucketed_sale",
-            "reconciliation of a bucketed sale (buckets > 1) is not supported yet",
-        ));
-    }
-    match crate::reconcile::reconcile_sale(&mut state.redis.clone(), &state.store, &id).await? {
+    match crate::reconcile::reconcile_spec(&mut state.redis.clone(), &state.store, &spec).await? {
         Some(report) => {
             if report.settled {
                 state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);

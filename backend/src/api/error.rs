@@ -94,6 +94,11 @@ impl From<SaleError> for ApiError {
                 "bucketed_sale_absent",
                 "the bucketed sale is missing from redis and has orders or surviving buckets; it cannot be restored yet",
             ),
+            SaleError::BucketUnavailable { bucket, why } => {
+                ApiError::unavailable(format!(
+                "bucket {bucket} of the sale is {why} in redis; its stock did not change (items moved before were moved back, else reconciliation repairs them), send it again later"
+            ))
+            }
             SaleError::BadReply(_) => {
                 tracing::error!(%error, "sale script failure");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply from redis")

@@ -436,7 +436,7 @@ fn bucketed_body(stock: i64, buckets: i64) -> String {
 }
 
 #[tokio::test]
-async fn a_bucketed_sale_is_preheated_bucket_by_bucket_and_what_phase_one_cannot_change_is_refused() {
+async fn a_bucketed_sale_is_preheated_bucket_by_bucket_and_a_new_stock_is_spread_over_its_buckets() {
     let f = fixture().await;
     let id = unique("b");
     let uri = format!("/admin/sales/{id}");
@@ -464,19 +464,278 @@ async fn a_bucketed_sale_is_preheated_bucket_by_bucket_and_what_phase_one_cannot
         assert_eq!(paused, "1", "bucket {k}");
     }
 
-    // Not in this release, and nothing changes.
-    let (status, body) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 4))).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("bucketed_stock")), "{body}");
-    let (status, body) = admin(&f, "PUT", &uri, Some(&bucketed_body(10, 2))).await;
+    // A new stock is spread over the buckets like a preheat: 2 more items
+    // go one each to buckets 0 and 1.
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 4))).await;
+    assert_eq!((status, view["stock"].as_i64(), view["remaining"].as_i64()), (StatusCode::OK, Some(12), Some(12)), "{view}");
+    for (k, share) in [(0, 4), (1, 4), (2, 2), (3, 2)] {
+        let keys = SaleKeys::bucket(&id, k);
+        assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), share, "bucket {k}");
+        assert_eq!(conn.hget::<_, _, i64>(&keys.meta, "stock").await.unwrap(), share, "bucket {k}'s base");
+    }
+    assert_eq!(conn.get::<_, i64>(&own.remaining).await.unwrap(), 0, "still nothing sells from the sale's own keys");
+    assert_eq!(conn.hget::<_, _, i64>(&own.meta, "stock").await.unwrap(), 12);
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 12);
+
+    // The bucket count stays, and nothing changes.
+    let (status, body) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 2))).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("buckets_fixed")), "{body}");
     assert!(body["message"].as_str().unwrap().starts_with("buckets:"), "{body}");
-    let (status, body) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("bucketed_sale")), "{body}");
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 10);
-    assert_eq!(conn.get::<_, i64>(SaleKeys::bucket(&id, 0).remaining).await.unwrap(), 3);
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 12);
+    assert_eq!(conn.get::<_, i64>(SaleKeys::bucket(&id, 0).remaining).await.unwrap(), 4);
+
+    // Reconciled like a sale, bucket by bucket: nothing sold, no drift.
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["stock"].as_i64(), report["remaining"].as_i64(), report["drift"].as_i64(), report["bases_moved"].as_i64()),
+        (Some(12), Some(12), Some(0), Some(0)),
+        "{report}"
+    );
 
     // Out of range, named.
     let (status, body) = admin(&f, "PUT", &format!("/admin/sales/{}", unique("b")), Some(&bucketed_body(10, 65))).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad_request")), "{body}");
     assert!(body["message"].as_str().unwrap().starts_with("buckets:"), "{body}");
+}
+
+/// Each bucket's (base, remaining) of bucketed sale `id`.
+async fn bucket_books(conn: &mut redis::aio::MultiplexedConnection, id: &str, buckets: u32) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    for k in 0..buckets {
+        let keys = SaleKeys::bucket(id, k);
+        out.push((conn.hget(&keys.meta, "stock").await.unwrap(), conn.get(&keys.remaining).await.unwrap()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_bucketed_sale_lowered_below_its_unsold_items_is_refused_and_nothing_changes() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(10, 4))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    // Bucket 0's 3 items are sold, and 1 of bucket 1's is in transit to
+    // bucket 2 (taken from bucket 1, not added to bucket 2 yet): 6 unsold
+    // items are left that a decrease can take (2 + 2 + 2).
+    let b0 = SaleKeys::bucket(&id, 0);
+    let () = conn.set(&b0.remaining, 0).await.unwrap();
+    let () = conn.hset_multiple(&b0.reservations, &[("r1", "u1"), ("r2", "u2"), ("r3", "u3")]).await.unwrap();
+    assert_eq!(flashgate_common::transfer::take(&mut conn, &id, 1, 2, "x1", 1).await.unwrap(), flashgate_common::transfer::Taken::Moved(1));
+    let before = bucket_books(&mut conn, &id, 4).await;
+    assert_eq!(before, vec![(3, 0), (3, 2), (2, 2), (2, 2)]);
+
+    // 10 → 3 needs 7 unsold items: refused as a sale's stock below what is
+    // sold is, and nothing changed anywhere.
+    let (status, body) = admin(&f, "PUT", &uri, Some(&bucketed_body(3, 4))).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("stock_below_sold")), "{body}");
+    assert_eq!(body["message"].as_str(), Some("stock: 3 is below the 4 items already sold"), "{body}");
+    assert_eq!(bucket_books(&mut conn, &id, 4).await, before, "every bucket's base and remaining as before");
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 10);
+    assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 10);
+
+    // 10 → 4 takes the 6 unsold items: each bucket's books still balance.
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(4, 4))).await;
+    assert_eq!((status, view["stock"].as_i64()), (StatusCode::OK, Some(4)), "{view}");
+    assert_eq!(bucket_books(&mut conn, &id, 4).await, vec![(3, 0), (1, 0), (0, 0), (0, 0)]);
+    for k in 0..4 {
+        let ledger = flashgate_common::transfer::ledger(&mut conn, &id, k).await.unwrap();
+        assert!(ledger.balances(), "bucket {k}: {ledger:?}");
+    }
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 4);
+}
+
+#[tokio::test]
+async fn reconciliation_moves_the_bases_of_a_bucketed_sale_back_to_the_database_stock() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    // A stock change to 11 that died before its commit: the bases moved,
+    // the database kept 8.
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 11, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    assert_eq!(bucket_books(&mut conn, &id, 2).await, vec![(6, 6), (5, 5)]);
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["bases_moved"].as_i64(), report["bases_off"].as_i64(), report["drift"].as_i64()),
+        (Some(-3), Some(0), Some(0)),
+        "{report}"
+    );
+    assert_eq!(bucket_books(&mut conn, &id, 2).await, vec![(3, 3), (5, 5)], "taken where most items are");
+    // One that died short of its commit the other way: items added back.
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 5, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!((status, report["bases_moved"].as_i64(), report["bases_off"].as_i64()), (StatusCode::OK, Some(3), Some(0)), "{report}");
+    let sum: i64 = bucket_books(&mut conn, &id, 2).await.iter().map(|(base, _)| base).sum();
+    assert_eq!(sum, 8);
+}
+
+/// Σ bases of bucketed sale `id`.
+async fn bases_sum(conn: &mut redis::aio::MultiplexedConnection, id: &str, buckets: u32) -> i64 {
+    bucket_books(conn, id, buckets).await.iter().map(|(base, _)| base).sum()
+}
+
+#[tokio::test]
+async fn a_bucketed_sale_in_redis_but_not_in_the_database_has_its_bases_moved_to_the_committed_stock() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    // The buckets are in Redis, the row is not (as after a create whose
+    // commit failed): installed through another database over the same
+    // Redis.
+    let other = |f: &Fixture| {
+        let redis = f.state.redis.clone();
+        async move {
+            let store = Store::connect(&sqlite_url()).await.unwrap();
+            AppState::new(
+                store,
+                redis,
+                auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(),
+                std::time::Duration::from_secs(600),
+                std::time::Duration::ZERO,
+            )
+        }
+    };
+    let elsewhere = other(&f).await;
+    let (status, view) = call(admin_router(elsewhere), "PUT", &uri, Some(TOKEN), Some(&bucketed_body(10, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 10);
+    assert!(f.state.store.sale(&id).await.unwrap().is_none());
+
+    // Created here with 6: the bases follow the committed stock, not the
+    // 10 Redis held (update_sale.lua alone would leave them at 10).
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(6, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 6);
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 6);
+
+    // The same the other way: created with 9 through a third database.
+    let third = other(&f).await;
+    let (status, view) = call(admin_router(third.clone()), "PUT", &uri, Some(TOKEN), Some(&bucketed_body(9, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    assert_eq!(third.store.sale(&id).await.unwrap().unwrap().stock, 9);
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 9);
+}
+
+#[tokio::test]
+async fn a_stock_change_cut_at_its_crash_points_never_leaves_more_items_than_the_database_stock() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+
+    // An increase to 12 cut after its commit: the database has 12, the
+    // bases move only after the commit, so they are still 8 (too few,
+    // never too many).
+    let mut saved = f.state.store.sale(&id).await.unwrap().unwrap();
+    saved.stock = 12;
+    f.state.store.upsert_sale(&saved).await.unwrap();
+    assert!(bases_sum(&mut conn, &id, 2).await <= 12);
+    // Sending the change again adds the missing items (an increase is
+    // never refused), though the stock is unchanged.
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 2))).await;
+    assert_eq!((status, view["stock"].as_i64()), (StatusCode::OK, Some(12)), "{view}");
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
+
+    // A decrease to 7 cut before its commit: the bases moved first, the
+    // database kept 12, so Σ bases ≤ the stock until reconciliation adds
+    // the items back.
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 7, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    assert!(bases_sum(&mut conn, &id, 2).await <= f.state.store.sale(&id).await.unwrap().unwrap().stock);
+    // A rename with the stock unchanged takes nothing (never a 409); it
+    // adds the missing items back, as an increase is never refused.
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 2).replace("Sneaker", "Boot"))).await;
+    assert_eq!((status, view["name"].as_str()), (StatusCode::OK, Some("Boot")), "{view}");
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12, "missing items are added back (never a surplus)");
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 7, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!((status, report["bases_moved"].as_i64(), report["bases_off"].as_i64()), (StatusCode::OK, Some(5), Some(0)), "{report}");
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
+    for k in 0..2 {
+        let moving: bool = conn.exists(SaleKeys::bucket(&id, k).moving).await.unwrap();
+        assert!(!moving, "bucket {k}'s stock-move marker ends with the move");
+    }
+}
+
+#[tokio::test]
+async fn reconciliation_reports_a_surplus_already_sold_and_skips_a_fenced_bucket() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    // 3 items too many in the bases (an older change that died), and every
+    // unsold item gone: the surplus cannot be taken back.
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 11, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    for k in 0..2 {
+        let () = conn.set(SaleKeys::bucket(&id, k).remaining, 0).await.unwrap();
+    }
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!((report["bases_moved"].as_i64(), report["bases_off"].as_i64()), (Some(0), Some(3)), "{report}");
+    assert!(report["bases_off"].as_i64().unwrap() > 0);
+    assert_eq!(report["bases_unrepaired"].as_bool(), Some(false), "{report}");
+
+    // Unsold items again, but bucket 1 fenced (its Redis failed over): the
+    // report comes back, the repair is skipped and nothing moves.
+    for k in 0..2 {
+        let () = conn.set(SaleKeys::bucket(&id, k).remaining, 5).await.unwrap();
+    }
+    let () = conn.set(SaleKeys::bucket(&id, 1).synced, "another-redis").await.unwrap();
+    let before = bucket_books(&mut conn, &id, 2).await;
+    let (status, report) = admin(&f, "POST", &format!("{uri}/reconcile"), None).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["bases_moved"].as_i64(), report["bases_off"].as_i64(), report["bases_unrepaired"].as_bool()),
+        (Some(0), Some(3), Some(true)),
+        "{report}"
+    );
+    assert_eq!(bucket_books(&mut conn, &id, 2).await, before, "nothing taken nor given back");
+}
+
+#[tokio::test]
+async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_old_stock_blindly() {
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    let old = f.state.store.sale(&id).await.unwrap().unwrap();
+
+    // A decrease to 5 whose commit failed: the bases were lowered before
+    // it and the new definition written; the database kept 8, so both go
+    // back to 8.
+    let mut lowered = old.clone();
+    lowered.stock = 5;
+    let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 5, crate::buckets::stock::Short::GiveBack).await.unwrap();
+    assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
+    crate::sales::apply(&mut f.state.redis.clone(), &f.state.store, &lowered).await.unwrap();
+    super::admin::after_failed_commit(&mut f.state.redis.clone(), &f.state.store, &lowered, Some(&old), Some(8)).await;
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 8);
+    assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 8);
+
+    // A raise to 12 whose commit answered an error but happened: Redis
+    // follows the 12 committed, not the 8 of before.
+    let mut raised = old.clone();
+    raised.stock = 12;
+    f.state.store.upsert_sale(&raised).await.unwrap();
+    crate::sales::apply(&mut f.state.redis.clone(), &f.state.store, &raised).await.unwrap();
+    super::admin::after_failed_commit(&mut f.state.redis.clone(), &f.state.store, &raised, Some(&old), None).await;
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
+    assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 12);
 }

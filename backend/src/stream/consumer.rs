@@ -146,12 +146,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                     last_maintenance = Some(Instant::now());
                     if let Some(conn) = redis.as_mut() {
                         for sale in &sales {
-                            if sale.buckets > 1 {
-                                // Trimming and archiving read one stream.
-                                tracing::debug!(sale = %sale.id, "bucketed sale: no trimming or archiving in this release");
-                                continue;
-                            }
-                            if !archived.contains(&sale.id) && maintain_sale(conn, &store, &settings.metrics, &sale.id).await {
+                            if !archived.contains(&sale.id) && maintain_sale(conn, &store, &settings.metrics, sale).await {
                                 archived.insert(sale.id.clone());
                             }
                         }
@@ -164,11 +159,9 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                             let _ = stop.send(true);
                         }
                     } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
-                        if sale.buckets <= 1
-                            && !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms())
-                        {
+                        if !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms()) {
                             if let Some(conn) = redis.as_mut() {
-                                if maintain_sale(conn, &store, &settings.metrics, &sale.id).await {
+                                if maintain_sale(conn, &store, &settings.metrics, &sale).await {
                                     archived.insert(sale.id);
                                     continue;
                                 }
@@ -235,19 +228,20 @@ async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
     }
 }
 
-/// Trims the sale's written stream entries and archives it when it is
-/// finished; answers whether it is archived. Failures are logged: the
-/// next maintenance tries again.
-async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store: &Store, metrics: &Metrics, sale_id: &str) -> bool {
-    match retention::trim_written(conn, store, sale_id).await {
-        Ok(None) => {}
-        Ok(Some(trimmed)) => {
-            metrics.trim_scripts.inc();
+/// Trims the sale's written stream entries (every bucket's too) and
+/// archives it when it is finished; answers whether it is archived.
+/// Failures are logged: the next maintenance tries again.
+async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store: &Store, metrics: &Metrics, sale: &SaleSpec) -> bool {
+    let sale_id = sale.id.as_str();
+    match retention::trim_all_written(conn, store, sale_id, sale.buckets).await {
+        Ok((0, _)) => {}
+        Ok((scripts, trimmed)) => {
+            metrics.trim_scripts.inc_by(scripts);
             tracing::debug!(sale = sale_id, trimmed, "stream entries written as orders trimmed");
         }
         Err(error) => tracing::warn!(%error, sale = sale_id, "cannot trim the stream"),
     }
-    match retention::try_archive(conn, store, sale_id, retention::ARCHIVE_GRACE).await {
+    match retention::try_archive_all(conn, store, sale_id, sale.buckets, retention::ARCHIVE_GRACE).await {
         Ok(true) => {
             tracing::info!(sale = sale_id, "sale finished and archived: no consumer, polling or reconciliation any more");
             true

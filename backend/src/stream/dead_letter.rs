@@ -84,7 +84,9 @@ pub async fn list<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) -> Resu
     Ok(reply.ids.iter().map(view).collect())
 }
 
-fn view(entry: &StreamId) -> DeadLetter {
+/// An entry as operators see it: for a dead entry its source and error;
+/// for a stream entry (no `dead_` field), its fields alone.
+pub(crate) fn view(entry: &StreamId) -> DeadLetter {
     let mut fields = std::collections::BTreeMap::new();
     let mut dl = DeadLetter {
         entry_id: entry.id.clone(),

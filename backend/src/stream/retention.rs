@@ -18,6 +18,11 @@
 //!   consumer stops, gateways stop reading its backlog, reconciliation and
 //!   the metrics skip it. [`unarchive`] undoes it (an operator changing the
 //!   sale, a dead letter put back on the stream).
+//!
+//! A bucketed sale has a stream per bucket besides its own: each is
+//! trimmed the same way ([`trim_all_written`]), and the sale is archived
+//! only when every one of them is drained and every bucket's reservations
+//! have their orders ([`try_archive_all`]).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -163,19 +168,61 @@ const TRIM_PAGE: usize = 500;
 /// # Errors
 /// Redis or the database failed; nothing was trimmed then.
 pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<Option<u64>, SaleError> {
-    let keys = SaleKeys::new(sale_id);
-    let Some(bound) = position(conn, &keys.stream).await?.and_then(|p| p.trim_below()) else { return Ok(None) };
-    let mut dead: Option<HashSet<String>> = None;
+    trim_stream(conn, store, sale_id, &SaleKeys::new(sale_id).stream).await
+}
+
+/// [`trim_written`] over every stream of sale `sale_id` of `buckets`
+/// buckets: its own (where a retried dead letter goes) and, when bucketed,
+/// each bucket's. Returns (trim scripts run, entries trimmed).
+///
+/// # Errors
+/// Redis or the database failed on a stream: the first such error, after
+/// every other stream was tried (one failing bucket does not stop the
+/// others being trimmed); streams trimmed stay trimmed.
+pub async fn trim_all_written<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+    buckets: u32,
+) -> Result<(u64, u64), SaleError> {
+    let (mut scripts, mut entries) = (0, 0);
+    let mut failed = None;
+    for stream in streams(sale_id, buckets) {
+        match trim_stream(conn, store, sale_id, &stream).await {
+            Ok(Some(n)) => {
+                scripts += 1;
+                entries += n;
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, sale = sale_id, stream, "cannot trim a stream of the sale; the others go on");
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok((scripts, entries)),
+    }
+}
+
+/// The streams of sale `sale_id`: its own, then each bucket's.
+fn streams(sale_id: &str, buckets: u32) -> Vec<String> {
+    let buckets = if buckets > 1 { buckets } else { 0 };
+    std::iter::once(SaleKeys::new(sale_id).stream).chain((0..buckets).map(|k| SaleKeys::bucket(sale_id, k).stream)).collect()
+}
+
+/// Trims `stream`, one of sale `sale_id`'s (see [`trim_written`]). A
+/// dead letter stands for an entry with its id and the same fields: the
+/// dead-letter stream is the sale's, shared by every stream of a bucketed
+/// sale, whose ids may coincide.
+async fn trim_stream<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str, stream: &str) -> Result<Option<u64>, SaleError> {
+    let Some(bound) = position(conn, stream).await?.and_then(|p| p.trim_below()) else { return Ok(None) };
+    let mut dead: Option<Vec<super::dead_letter::DeadLetter>> = None;
     let mut start = "-".to_owned();
     let keep_from = 'scan: loop {
-        let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(&keys.stream)
-            .arg(&start)
-            .arg(format!("({bound}"))
-            .arg("COUNT")
-            .arg(TRIM_PAGE)
-            .query_async(conn)
-            .await?;
+        let page: redis::streams::StreamRangeReply =
+            redis::cmd("XRANGE").arg(stream).arg(&start).arg(format!("({bound}")).arg("COUNT").arg(TRIM_PAGE).query_async(conn).await?;
         let rids: Vec<Option<String>> = page.ids.iter().map(|e| super::entry::parse(e).ok().map(|r| r.reservation_id)).collect();
         let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
         let with_orders = store.reservations_with_orders(&wanted).await?;
@@ -184,10 +231,10 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
                 continue;
             }
             if dead.is_none() {
-                let letters = super::dead_letter::list(conn, sale_id).await?;
-                dead = Some(letters.into_iter().map(|d| d.source_id).collect());
+                dead = Some(super::dead_letter::list(conn, sale_id).await?);
             }
-            if !dead.as_ref().is_some_and(|d| d.contains(&entry.id)) {
+            let fields = super::dead_letter::view(entry).fields;
+            if !dead.as_ref().is_some_and(|d| d.iter().any(|d| d.source_id == entry.id && d.fields == fields)) {
                 break 'scan EntryId::parse(&entry.id);
             }
         }
@@ -197,7 +244,7 @@ pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
         }
     };
     let Some(keep_from) = keep_from else { return Ok(None) };
-    let trimmed: i64 = TRIM.key(&keys.stream).arg(CONSUMER_GROUP).arg(keep_from.to_string()).invoke_async(conn).await?;
+    let trimmed: i64 = TRIM.key(stream).arg(CONSUMER_GROUP).arg(keep_from.to_string()).invoke_async(conn).await?;
     // -1: the group moved back or went away since it was read; next time.
     Ok(Some(u64::try_from(trimmed).unwrap_or(0)))
 }
@@ -233,20 +280,55 @@ pub async fn unarchive<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) ->
 /// # Errors
 /// Redis or the database failed; nothing was archived then.
 pub async fn try_archive<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str, grace: Duration) -> Result<bool, SaleError> {
+    try_archive_all(conn, store, sale_id, 1, grace).await
+}
+
+/// [`try_archive`] of sale `sale_id` of `buckets` buckets: when bucketed,
+/// every bucket's stream must be drained too, and every bucket's `resv`
+/// have its orders (the window is the sale's own meta's).
+///
+/// # Errors
+/// Redis or the database failed; nothing was archived then.
+pub async fn try_archive_all<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+    buckets: u32,
+    grace: Duration,
+) -> Result<bool, SaleError> {
     let keys = SaleKeys::new(sale_id);
-    if !ended_long_ago(conn, &keys, grace).await? || !stream_done(conn, &keys).await? {
+    let mut all = vec![keys.clone()];
+    if buckets > 1 {
+        all.extend((0..buckets).map(|k| SaleKeys::bucket(sale_id, k)));
+    }
+    if !ended_long_ago(conn, &keys, grace).await? || !streams_done(conn, &all).await? {
         return Ok(false);
     }
-    if store.unsettled_orders(sale_id).await? > 0 || !every_reservation_has_its_order(conn, store, &keys).await? {
+    if store.unsettled_orders(sale_id).await? > 0 {
         return Ok(false);
+    }
+    for k in &all {
+        if !every_reservation_has_its_order(conn, store, k).await? {
+            return Ok(false);
+        }
     }
     redis::cmd("SADD").arg(ARCHIVED_SALES).arg(sale_id).query_async::<i64>(conn).await?;
     // A change racing this one unarchives after it writes (an operator
     // reopening the window, a dead letter put back on the stream); these
     // re-reads after the SADD catch the other order.
-    if !ended_long_ago(conn, &keys, grace).await? || !stream_done(conn, &keys).await? {
+    if !ended_long_ago(conn, &keys, grace).await? || !streams_done(conn, &all).await? {
         unarchive(conn, sale_id).await?;
         return Ok(false);
+    }
+    Ok(true)
+}
+
+/// [`stream_done`] for every key set of `all`.
+async fn streams_done<C: ConnectionLike + Send>(conn: &mut C, all: &[SaleKeys]) -> RedisResult<bool> {
+    for keys in all {
+        if !stream_done(conn, keys).await? {
+            return Ok(false);
+        }
     }
     Ok(true)
 }

@@ -237,3 +237,75 @@ async fn the_trim_script_trims_nothing_once_the_group_moved_back_below_the_bound
 async fn trim(conn: &mut redis::aio::MultiplexedConnection, stream: &str, keep_from: &str) -> i64 {
     TRIM.key(stream).arg(CONSUMER_GROUP).arg(keep_from).invoke_async(conn).await.unwrap()
 }
+
+/// Appends `n` reservation entries of `sale` to `stream` (a bucket's).
+async fn add_to(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sale: &str,
+    stream: &str,
+    n: usize,
+) -> Vec<(String, flashgate_common::reservation::Reservation)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let r = reservation(sale, &format!("{stream}-u{i}"));
+        let fields = [
+            ("rid", r.reservation_id.clone()),
+            ("sale", r.sale_id.clone()),
+            ("user", r.user_id.clone()),
+            ("idem", String::new()),
+            ("ts", r.reserved_at_ms.to_string()),
+        ];
+        let id: String = conn.xadd(stream, "*", &fields).await.unwrap();
+        out.push((id, r));
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_stream_of_a_bucketed_sale_is_trimmed_and_it_is_archived_once_all_are_done() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = unique("s");
+    let mut spec = sale(&id, 4);
+    (spec.buckets, spec.starts_at_ms, spec.ends_at_ms) = (2, 1_000, 2_000);
+    store.upsert_sale(&spec).await.unwrap();
+    crate::sales::preheat_from_store(&mut conn, &store, &spec).await.unwrap();
+    let (own, b0, b1) = (SaleKeys::new(&id), SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
+    let e0 = add_to(&mut conn, &id, &b0.stream, 2).await;
+    let e1 = add_to(&mut conn, &id, &b1.stream, 2).await;
+    store.insert_orders(&[e0[0].1.clone(), e0[1].1.clone(), e1[0].1.clone()]).await.unwrap();
+    for stream in [&b0.stream, &b1.stream] {
+        read(&mut conn, stream, 10).await;
+        let all = ids(&mut conn, stream).await;
+        let _: i64 = conn.xack(stream, CONSUMER_GROUP, &all).await.unwrap();
+    }
+    // A dead letter of the sale with the id of bucket 1's second entry,
+    // but not its fields (another stream's entry): it does not stand for it.
+    let _: String =
+        conn.xadd(&own.dead, "*", &[("rid", "other"), ("dead_source_id", e1[1].0.as_str()), ("dead_error", "x")]).await.unwrap();
+
+    // Each bucket's stream is trimmed up to its last delivered entry (kept)
+    // and never past an entry without an order.
+    assert_eq!(trim_all_written(&mut conn, &store, &id, 2).await.unwrap(), (2, 2));
+    assert_eq!(ids(&mut conn, &b0.stream).await, vec![e0[1].0.clone()]);
+    assert_eq!(ids(&mut conn, &b1.stream).await, vec![e1[1].0.clone()]);
+
+    let grace = Duration::from_secs(60);
+    assert!(!try_archive_all(&mut conn, &store, &id, 2, grace).await.unwrap(), "a dead letter");
+    let _: i64 = conn.del(&own.dead).await.unwrap();
+    let () = conn.hset(&b1.reservations, &e1[1].1.reservation_id, &e1[1].1.user_id).await.unwrap();
+    assert!(!try_archive_all(&mut conn, &store, &id, 2, grace).await.unwrap(), "a bucket's reservation has no order");
+    store.insert_orders(std::slice::from_ref(&e1[1].1)).await.unwrap();
+    let _: String = conn.xadd(&b0.stream, "*", &[("rid", "x")]).await.unwrap();
+    for (_, r) in e0.iter().chain(&e1) {
+        let order = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        assert!(matches!(store.pay(&order.order_id).await.unwrap(), crate::store::Payment::Paid(_)));
+    }
+    assert!(!try_archive_all(&mut conn, &store, &id, 2, grace).await.unwrap(), "bucket 0's stream has an entry never delivered");
+    read(&mut conn, &b0.stream, 10).await;
+    let all = ids(&mut conn, &b0.stream).await;
+    let _: i64 = conn.xack(&b0.stream, CONSUMER_GROUP, &all).await.unwrap();
+    assert!(try_archive_all(&mut conn, &store, &id, 2, grace).await.unwrap());
+    assert!(archived(&mut conn).await.unwrap().contains(&id));
+}

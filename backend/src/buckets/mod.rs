@@ -1,16 +1,17 @@
 //! Bucketed sales (`buckets > 1`, see `flashgate_common::buckets`) in the
-//! backend, phase 1: installing the buckets at preheat, keeping each
-//! bucket's copy of the definition (pause, window, name, limit) in step
-//! with the sale's, and the transit repair that completes transfers a
-//! gateway left half-done.
+//! backend: installing the buckets at preheat, keeping each bucket's copy
+//! of the definition (pause, window, name, limit) in step with the sale's,
+//! the transit repair that completes transfers a gateway left half-done,
+//! and ([`stock`]) the buckets' bases: an operator's stock change, and the
+//! repair of Σ bases = the database's stock.
 //!
-//! Phase 1 installs a bucketed sale only while the database holds no order
+//! A bucketed sale is installed only while the database holds no order
 //! of it (a new sale): its buckets then agree with the database by
 //! construction and are marked synced at once. A bucket whose Redis failed
 //! over is re-synced on its own (`crate::fence`, its `bucketed` module).
-//! The restore of a bucketed sale Redis lost, reconciliation and the admin
-//! stock change do not handle buckets yet: they leave a bucketed sale
-//! alone (logged) rather than selling from books that may be short.
+//! The restore of a bucketed sale Redis lost with orders leaves it alone
+//! (logged; its buys answer 503) rather than selling from books that may
+//! be short.
 
 use std::sync::LazyLock;
 
@@ -20,11 +21,13 @@ use flashgate_common::sale::SaleSpec;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
+pub mod stock;
+
 /// Installs one bucket if absent (`lua/preheat_bucket.lua`).
 static PREHEAT_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT_BUCKET));
 
 /// Writes fields into a present meta hash (`lua/bucket_meta.lua`).
-static BUCKET_META: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/bucket_meta.lua")));
+static BUCKET_META: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/bucket_meta.lua")));
 
 /// Installs every bucket of `spec` that is absent, each with its share of
 /// the stock, paused (the restore then applies the recorded pause to the
