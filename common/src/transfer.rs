@@ -191,13 +191,16 @@ pub struct BucketState {
     /// A stock move is in flight on the bucket (`moving` marker): it may
     /// have taken items it gives back, so the bucket is not dry.
     pub moving: bool,
+    /// The bucket's Redis failed over since it was synced: its counts may
+    /// lack the last writes, so it is not called dry before its re-sync.
+    pub fenced: bool,
 }
 
 impl BucketState {
     /// Present, nothing left, nothing on its way out and no stock move in
     /// flight.
     pub fn dry(&self) -> bool {
-        self.present && self.remaining <= 0 && self.open_out == 0 && !self.moving
+        self.present && self.remaining <= 0 && self.open_out == 0 && !self.moving && !self.fenced
     }
 }
 
@@ -207,16 +210,26 @@ impl BucketState {
 /// Redis failed.
 pub async fn state<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<BucketState> {
     let keys = SaleKeys::bucket(sale_id, k);
-    let r: (i64, i64, i64, i64, i64, i64, i64) = BUCKET_STATE
+    let r: (i64, i64, i64, i64, i64, i64, i64, i64) = BUCKET_STATE
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.xfer_open)
         .key(&keys.xfer_in)
         .key(&keys.released)
         .key(&keys.moving)
+        .key(&keys.synced)
         .invoke_async(conn)
         .await?;
-    Ok(BucketState { present: r.0 == 1, remaining: r.1, open_out: r.2, received: r.3, returned: r.4, base: r.5, moving: r.6 == 1 })
+    Ok(BucketState {
+        present: r.0 == 1,
+        remaining: r.1,
+        open_out: r.2,
+        received: r.3,
+        returned: r.4,
+        base: r.5,
+        moving: r.6 == 1,
+        fenced: r.7 == 1,
+    })
 }
 
 /// Whether every bucket of `sale_id` is dry at one instant: the buckets
@@ -545,7 +558,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stock_move_in_flight_or_a_moved_base_is_never_confirmed_dry() {
+    async fn a_stock_move_in_flight_a_moved_base_or_a_fenced_bucket_is_never_confirmed_dry() {
         let redis = flashgate_testkit::redis::RedisServer::private();
         let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
         install(&mut conn, "s", 2, 2).await;
@@ -568,6 +581,16 @@ mod tests {
         assert!(before.dry() && after.dry());
         assert_eq!(after.base, before.base + 1);
         assert_ne!(before, after, "a moved base is seen between two reads");
+        // A bucket whose Redis failed over since it was synced (its `synced`
+        // is another replication id) may lack a transfer or a return: never
+        // dry until its re-sync writes `synced` again.
+        let synced = SaleKeys::bucket("s", 1).synced;
+        let replid: String = redis::cmd("GET").arg(&synced).query_async(&mut conn).await.unwrap();
+        let _: () = redis::cmd("SET").arg(&synced).arg("an-earlier-master").query_async(&mut conn).await.unwrap();
+        assert!(state(&mut conn, "s", 1).await.unwrap().fenced);
+        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "a fenced bucket");
+        let _: () = redis::cmd("SET").arg(&synced).arg(&replid).query_async(&mut conn).await.unwrap();
+        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "re-synced");
     }
 
     #[tokio::test]
