@@ -29,13 +29,7 @@ async fn fixture() -> Fixture {
     let redis = RedisServer::start().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let conn = crate::redis_io::shared_connection(&redis.config()).await.unwrap();
-    let state = AppState::new(
-        store,
-        conn,
-        auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(),
-        std::time::Duration::from_secs(600),
-        std::time::Duration::ZERO,
-    );
+    let state = AppState::new(store, conn, auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(), std::time::Duration::from_secs(600));
     Fixture { redis, state }
 }
 
