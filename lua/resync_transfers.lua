@@ -10,22 +10,25 @@
 --         every bucket's base; 0 almost always)
 -- ARGV[2] m: how many triples of the first list follow
 -- ARGV[3 ..] first m triples: transfer id, donor bucket X, items: every
---         transfer into K that its donor X records as done. One K's
---         `xfer-in` lacks, K lost the add: it is recorded
---         (`{"from":X,"n":t}`) and its items added to `remaining`.
+--         transfer into K that its donor X records, done or still open.
+--         One K's `xfer-in` lacks is recorded (`{"from":X,"n":t}`) and its
+--         items added to `remaining`: K lost the add, or its give has not
+--         run yet (the later give then finds it recorded: a no-op).
 -- then triples: transfer id, target bucket Y, items: every record of
 --         another bucket's `xfer-in` whose donor is K. One K's `xfer-out`
 --         lacks, K lost the take: it is recorded as done (never open:
 --         its items have arrived) and its items taken from `remaining`.
 -- Reply: {this Redis's replication id, transfers added now, takes
---         recorded now, status, remaining, reserved}, status 1 done; 0
---         `remaining` would be negative after the base change (which is
---         then not applied: the bucket stays fenced); -1 the bucket is not
---         in Redis (nothing changed)
+--         recorded now, status, remaining, sold, base change applied},
+--         status 1 done; 0 `remaining` is negative once the transfers are
+--         counted (the caller covers the shortfall from the other buckets
+--         and calls again; no base change applied); -1 the bucket is not
+--         in Redis (nothing changed). The base change is applied only as
+--         far as `remaining` stays >= 0 (a cut left to reconciliation).
 
 local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {replid, 0, 0, -1, 0, 0}
+  return {replid, 0, 0, -1, 0, 0, 0}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -47,13 +50,13 @@ for i = 3 + 3 * m, #ARGV, 3 do
   end
 end
 local remaining = tonumber(redis.call('GET', KEYS[2]) or '0')
-local reserved = redis.call('HLEN', KEYS[5]) - redis.call('SCARD', KEYS[6])
-local change = tonumber(ARGV[1])
-if remaining + change < 0 then
-  return {replid, added, taken, 0, remaining, reserved}
+local sold = redis.call('HLEN', KEYS[5]) - redis.call('SCARD', KEYS[6])
+if remaining < 0 then
+  return {replid, added, taken, 0, remaining, sold, 0}
 end
+local change = math.max(tonumber(ARGV[1]), -remaining)
 if change ~= 0 then
   redis.call('HINCRBY', KEYS[1], 'stock', change)
   remaining = redis.call('INCRBY', KEYS[2], change)
 end
-return {replid, added, taken, 1, remaining, reserved}
+return {replid, added, taken, 1, remaining, sold, change}

@@ -14,13 +14,17 @@
 -- Reply: {outcome, detail}
 --   "moved"       items taken (ceil(remaining / 2), at most ARGV[3]); a
 --                 retry with the same transfer id answers the same count
---                 and takes nothing more. A third element: this Redis's
---                 replication id, so that a gateway with
---                 `redis.wait_replicas` can wait for the take to reach
---                 replicas of this very master before giving the items
+--                 and takes nothing more (how the transit repair learns
+--                 the replication id of a recorded take). A third
+--                 element: this Redis's replication id, which the give
+--                 carries (the token fence of lua/xfer_in.lua), and for
+--                 which a gateway with `redis.wait_replicas` waits for the
+--                 take to reach replicas of this very master
 --   "empty"       ""  nothing left and no transfer out of D open
 --   "in_transit"  target bucket of the oldest open transfer out of D, and
---                 two more elements: its transfer id and its items. D has
+--                 three more elements: its transfer id, its items and
+--                 this Redis's replication id (what its give carries,
+--                 lua/xfer_in.lua). D has
 --                 nothing left, but items are on their way there; any
 --                 caller may complete that transfer (lua/xfer_in.lua, then
 --                 lua/xfer_ack.lua: both idempotent)
@@ -48,7 +52,7 @@ if left <= 0 then
     local r = redis.call('HGET', KEYS[3], open[1])
     if r then
       local d = cjson.decode(r)
-      return {'in_transit', tostring(d.to), open[1], tostring(d.n)}
+      return {'in_transit', tostring(d.to), open[1], tostring(d.n), fg_replid()}
     end
   end
   return {'empty', ''}

@@ -34,9 +34,10 @@
 //!    fenced, and the next pass starts again: the pages are idempotent.
 //!
 //! A bucketed sale (see `crate::buckets`) is re-synced bucket by bucket,
-//! each fenced bucket on its own once a settle wait has passed (its
-//! orders, then its transfers against the other buckets' records, then its
-//! base stock): see `bucketed`. The sale's own keys stay fenced for ever
+//! each fenced bucket on its own (the token fence on the other buckets,
+//! its orders, its transfers against the other buckets' records, a
+//! shortfall covered from the other buckets, then its base stock): see
+//! `bucketed`. The sale's own keys stay fenced for ever
 //! (nothing is sold from them).
 //!
 //! A sale a restore installs (Redis lost it entirely) is installed fenced
@@ -88,10 +89,11 @@ pub enum Resynced {
     /// The database's stock is below what Redis counts as sold (after the
     /// orders were counted): left fenced, logged for an operator.
     StockBelowSold { sold: i64 },
-    /// A bucket of a bucketed sale is fenced but was first seen so less
-    /// than the settle bound ago (see `bucketed`): a gateway may still be
-    /// giving items it took from it. A later pass re-syncs it.
-    Settling,
+    /// Another bucket's transfer-in record has no donor (a bare count
+    /// from an older version) or cannot be read: a take the failed-over
+    /// bucket lost cannot be seen, so it stays fenced, logged for an
+    /// operator (see `bucketed`).
+    UnreadableTransfers,
 }
 
 /// The fence as `lua/fence.lua` reports it.
@@ -130,18 +132,13 @@ async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &s
 pub struct Resyncer {
     idempotency_ttl: Duration,
     scripts: IntCounter,
-    /// When each fenced bucket was first seen fenced, and how long it must
-    /// stay so before its re-sync (see [`bucketed::Settle`]).
-    settle: bucketed::Settle,
 }
 
 impl Resyncer {
     /// Idempotency-Keys written back live at most `idempotency_ttl` after
-    /// their win; every script call is counted in `scripts`; a bucket's
-    /// re-sync waits a bound derived from `redis_timeout`
-    /// (`redis.timeout_ms`, see [`bucketed::Settle`]).
-    pub fn new(idempotency_ttl: Duration, scripts: IntCounter, redis_timeout: Duration) -> Self {
-        Self { idempotency_ttl, scripts, settle: bucketed::Settle::new(redis_timeout) }
+    /// their win; every script call is counted in `scripts`.
+    pub fn new(idempotency_ttl: Duration, scripts: IntCounter) -> Self {
+        Self { idempotency_ttl, scripts }
     }
 
     /// Re-syncs sale `sale_id` if it is fenced (see the module doc).
@@ -181,7 +178,9 @@ impl Resyncer {
                     sold,
                     "the database's stock is below what redis counts as sold; the sale stays fenced"
                 ),
-                Ok(Resynced::Settling) => tracing::debug!(sale = %spec.id, "a fenced bucket waits for transfers in flight to settle"),
+                Ok(Resynced::UnreadableTransfers) => {
+                    tracing::error!(sale = %spec.id, "a fenced bucket cannot be re-synced from unreadable transfer records; still fenced")
+                }
                 Ok(Resynced::NotNeeded | Resynced::Absent) => {}
                 Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot re-sync the fenced sale yet"),
             }

@@ -184,7 +184,7 @@ async fn start_and_run(
         store.close().await;
         return Ok(());
     };
-    let state = AppState::new(store.clone(), redis.clone(), tokens.clone(), config.gateway.idempotency_ttl, config.redis.timeout);
+    let state = AppState::new(store.clone(), redis.clone(), tokens.clone(), config.gateway.idempotency_ttl);
     if !preheat_declared(config, &store, &redis, &state.fence, readiness, &mut shutdown).await? {
         store.close().await;
         return Ok(());
@@ -526,8 +526,7 @@ mod tests {
         let (stop, mut stopped) = watch::channel(false);
         let task = {
             let readiness = readiness.clone();
-            let fence =
-                crate::fence::Resyncer::new(Duration::from_secs(600), prometheus::IntCounter::new("s", "s").unwrap(), Duration::ZERO);
+            let fence = crate::fence::Resyncer::new(Duration::from_secs(600), prometheus::IntCounter::new("s", "s").unwrap());
             tokio::spawn(async move { preheat_declared(&config, &store, &conn, &fence, &readiness, &mut stopped).await })
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -42,7 +42,8 @@
 //! | `fg:{sale:ID}:draw:perm` | hash | the shuffle's swapped positions, while the draw runs |
 //! | `fg:{sale:ID}:xfer-out` | hash | a bucket's outgoing transfers: transfer id -> `{to, n, at, done}` (JSON); field `#open` = items in open transfers (see [`crate::transfer`]) |
 //! | `fg:{sale:ID}:xfer-open` | sorted set | a bucket's outgoing transfers not acknowledged yet, by their time (ms) |
-//! | `fg:{sale:ID}:xfer-in` | hash | a bucket's incoming transfers: transfer id -> items added (each added once) |
+//! | `fg:{sale:ID}:xfer-in` | hash | a bucket's incoming transfers: transfer id -> `{from, n}` (JSON: donor bucket, items added; each added once) |
+//! | `fg:{sale:ID}:xfer-refuse` | set | the token fence of a bucket's incoming transfers: `D:REPLID`, a give whose take ran on donor bucket D's Redis of that replication id is refused (written by D's re-sync after a failover, see [`crate::transfer`]) |
 //!
 //! A bucketed sale (`buckets = N`, see [`crate::buckets`]) keeps its
 //! definition in `fg:{sale:ID}:meta` (with `buckets`) and sells from N
@@ -121,6 +122,10 @@ pub struct SaleKeys {
     /// `lua/bucket_stock.lua` whenever it moves the bucket's base: while it
     /// is set the sold-out confirmation never calls the bucket dry.
     pub moving: String,
+    /// The token fence of a bucket's incoming transfers: `D:REPLID` of
+    /// each donor Redis a failed-over donor's re-sync fenced off
+    /// (`lua/xfer_in.lua` refuses their gives).
+    pub xfer_refuse: String,
 }
 
 /// The keys of a sale's opening draw (see [`crate::draw`]).
@@ -177,6 +182,7 @@ impl SaleKeys {
             xfer_open: format!("{tag}:xfer-open"),
             xfer_in: format!("{tag}:xfer-in"),
             moving: format!("{tag}:moving"),
+            xfer_refuse: format!("{tag}:xfer-refuse"),
         }
     }
 
@@ -285,6 +291,7 @@ mod tests {
             &k.xfer_out,
             &k.xfer_open,
             &k.xfer_in,
+            &k.xfer_refuse,
             &scratch.buyers,
             &scratch.reservations,
             &scratch.released,

@@ -6,7 +6,9 @@
 //!    `remaining` and records `xid` as open in D's `xfer-out`/`xfer-open`;
 //!    a retry with the same `xid` answers the same batch, nothing more;
 //! 2. [`give`] (`lua/xfer_in.lua` on K): adds the batch to K's `remaining`
-//!    once (`HSETNX` of `xid` in K's `xfer-in`, recording `{from: D, n}`);
+//!    once (`xid` in K's `xfer-in`, recording `{from: D, n}`), unless the
+//!    take ran on a Redis of D that D's re-sync fenced off (the token
+//!    fence below);
 //! 3. [`close`] (`lua/xfer_ack.lua` on D): moves `xid` from open to done.
 //!
 //! Each side is one atomic script in its bucket's slot. A crash between 1
@@ -14,6 +16,18 @@
 //! transit repair ([`repair`]) completes every open transfer older than
 //! [`REPAIR_AFTER_MS`] with 2 and 3, which are idempotent, so it may race
 //! the gateway that started it or run twice.
+//!
+//! **Token fence.** Every give carries the replication id of D's Redis
+//! where the take ran (`lua/xfer_out.lua` answers it with the take, with
+//! a retry of the same `xid`, and with an `in_transit` answer). When D's
+//! Redis fails over, its take records may be lost; D's re-sync
+//! (`backend/src/fence/bucketed.rs`) first adds `D:<replication id D was
+//! synced on>` to every other bucket's `xfer-refuse`, then reads their
+//! `xfer-in` for the takes D lost. A give of such a take arriving later
+//! (a retry, a stalled gateway, a repair reading an old master) is
+//! refused ([`Given::Refused`]), so the re-sync never misses an add it
+//! did not see. A give whose record survived on D's new master carries
+//! the new replication id and is accepted.
 //!
 //! Books ([`books`]): per sale, `Σ remaining + in transit + reserved =
 //! stock`, where in transit counts the open transfers whose target has not
@@ -32,14 +46,6 @@ use crate::keys::SaleKeys;
 /// the backend's transit repair completes it.
 pub const REPAIR_AFTER_MS: i64 = 2_000;
 
-/// How long a buyer whose home bucket ran dry may wait for items from the
-/// other buckets, in Redis timeouts (`redis.timeout_ms`, 300 ms by
-/// default: 1.2 s), after their first deduct (the gateway's
-/// `buy::refill`). A gateway gives the items it took to their target
-/// within that deadline or never: the re-sync of a failed-over donor
-/// bucket waits for it (`backend/src/fence/bucketed.rs`).
-pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
-
 static XFER_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_OUT));
 static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_in.lua")));
 static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_ack.lua")));
@@ -55,7 +61,9 @@ pub enum Taken {
     /// The donor has nothing, but items it gave are on their way to bucket
     /// `to`: transfer `xid` of `n` items, which the caller may complete
     /// ([`complete`]).
-    InTransit { to: u32, xid: String, n: i64 },
+    /// `replid` is the donor Redis's replication id, what the give of
+    /// that transfer carries (the token fence).
+    InTransit { to: u32, xid: String, n: i64, replid: String },
     /// The donor bucket is not in Redis.
     NotFound,
     /// The donor's Redis failed over since it was installed.
@@ -106,8 +114,8 @@ pub async fn take_on<C: ConnectionLike + Send>(
             return n.parse().map(|n| (Taken::Moved(n), Some(node.clone()))).map_err(|_| bad_take(&reply))
         }
         [code, _] if code == "empty" => Some(Taken::Empty),
-        [code, to, xid, n] if code == "in_transit" => match (to.parse(), n.parse()) {
-            (Ok(to), Ok(n)) => Some(Taken::InTransit { to, xid: xid.clone(), n }),
+        [code, to, xid, n, replid] if code == "in_transit" => match (to.parse(), n.parse()) {
+            (Ok(to), Ok(n)) => Some(Taken::InTransit { to, xid: xid.clone(), n, replid: replid.clone() }),
             _ => None,
         },
         [code, _] if code == "not_found" => Some(Taken::NotFound),
@@ -122,9 +130,31 @@ fn bad_take(reply: &[String]) -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|")))
 }
 
-/// Step 2: adds transfer `xid`'s `n` items, taken out of bucket `from`, to
-/// bucket `to`, once. `Some(true)` added now, `Some(false)` added before,
-/// `None` the bucket is absent. The record names its donor ([`Received`]).
+/// What the receiving side of a transfer answered ([`give`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Given {
+    /// The items were added now.
+    Added,
+    /// They were added before: nothing changed.
+    Before,
+    /// The target bucket is not in Redis: nothing changed.
+    Absent,
+    /// The take ran on a Redis of the donor that the donor's re-sync has
+    /// fenced off (the token fence): nothing changed, the transfer stays
+    /// open wherever its record survived.
+    Refused,
+}
+
+impl Given {
+    /// Whether the items are in the target now (added now or before).
+    pub fn landed(self) -> bool {
+        matches!(self, Self::Added | Self::Before)
+    }
+}
+
+/// Step 2: adds transfer `xid`'s `n` items, taken out of bucket `from` on
+/// the Redis of replication id `replid`, to bucket `to`, once. The record
+/// names its donor ([`Received`]).
 ///
 /// # Errors
 /// Redis failed.
@@ -135,13 +165,25 @@ pub async fn give<C: ConnectionLike + Send>(
     to: u32,
     xid: &str,
     n: i64,
-) -> RedisResult<Option<bool>> {
+    replid: &str,
+) -> RedisResult<Given> {
     let k = SaleKeys::bucket(sale_id, to);
-    let reply: i64 = XFER_IN.key(&k.meta).key(&k.remaining).key(&k.xfer_in).arg(xid).arg(n).arg(from).invoke_async(conn).await?;
+    let reply: i64 = XFER_IN
+        .key(&k.meta)
+        .key(&k.remaining)
+        .key(&k.xfer_in)
+        .key(&k.xfer_refuse)
+        .arg(xid)
+        .arg(n)
+        .arg(from)
+        .arg(replid)
+        .invoke_async(conn)
+        .await?;
     Ok(match reply {
-        1 => Some(true),
-        0 => Some(false),
-        _ => None,
+        1 => Given::Added,
+        0 => Given::Before,
+        -2 => Given::Refused,
+        _ => Given::Absent,
     })
 }
 
@@ -156,16 +198,25 @@ pub async fn close<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: 
     Ok(closed == 1)
 }
 
-/// Steps 2 and 3 of transfer `xid` of `n` items from `from` to `to`:
-/// what the gateway that took the items does next, and what anyone who
-/// finds the transfer open may do (both steps are idempotent). `false`
-/// when the target bucket is absent (the transfer stays open).
+/// Steps 2 and 3 of transfer `xid` of `n` items from `from` (taken on
+/// the Redis of replication id `replid`) to `to`: what the gateway that
+/// took the items does next, and what anyone who finds the transfer open
+/// may do (both steps are idempotent). `false` when the target bucket is
+/// absent or refused the give (the transfer stays open).
 ///
 /// # Errors
 /// Redis failed; the transfer stays open, or added but not closed (a
 /// later call closes it).
-pub async fn complete<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, n: i64) -> RedisResult<bool> {
-    if give(conn, sale_id, from, to, xid, n).await?.is_none() {
+pub async fn complete<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    from: u32,
+    to: u32,
+    xid: &str,
+    n: i64,
+    replid: &str,
+) -> RedisResult<bool> {
+    if !give(conn, sale_id, from, to, xid, n, replid).await?.landed() {
         return Ok(false);
     }
     close(conn, sale_id, from, xid).await?;
@@ -323,11 +374,22 @@ pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, bucke
             .await?;
         for xid in stale {
             let Some(r) = record(conn, &d, &xid).await? else { continue };
-            let Some(added) = give(conn, sale_id, from, r.to, &xid, r.n).await? else {
-                tracing::warn!(sale = sale_id, bucket = r.to, transfer = %xid, "transfer target bucket is not in redis; left open");
-                continue;
-            };
-            if added {
+            // The same transfer id asked again: the replication id of the
+            // Redis holding the record, which the give carries.
+            let (_, Some(replid)) = take_on(conn, sale_id, from, r.to, &xid, r.n).await? else { continue };
+            let given = give(conn, sale_id, from, r.to, &xid, r.n, &replid).await?;
+            match given {
+                Given::Absent => {
+                    tracing::warn!(sale = sale_id, bucket = r.to, transfer = %xid, "transfer target bucket is not in redis; left open");
+                    continue;
+                }
+                Given::Refused => {
+                    tracing::warn!(sale = sale_id, from, to = r.to, transfer = %xid, "transfer refused by its target: its take ran on a redis the donor's re-sync fenced off; left open");
+                    continue;
+                }
+                Given::Added | Given::Before => {}
+            }
+            if given == Given::Added {
                 // Gateways that flagged the target empty learn it holds items.
                 let stocked = crate::keys::SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: r.to };
                 if let Err(error) = crate::keys::publish(conn, &stocked).await {
@@ -500,6 +562,35 @@ mod tests {
         }
     }
 
+    /// This Redis's replication id.
+    async fn replid(conn: &mut redis::aio::MultiplexedConnection) -> String {
+        let info: String = redis::cmd("INFO").arg("replication").query_async(conn).await.unwrap();
+        info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_give_of_a_take_made_on_a_fenced_off_donor_redis_is_refused_and_changes_nothing() {
+        let redis = flashgate_testkit::redis::RedisServer::private();
+        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        install(&mut conn, "s", 10, 2).await;
+        // Bucket 0's re-sync fenced off its old Redis "old" in bucket 1.
+        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket("s", 1).xfer_refuse).arg("0:old").query_async(&mut conn).await.unwrap();
+        assert_eq!(give(&mut conn, "s", 0, 1, "late", 3, "old").await.unwrap(), Given::Refused);
+        assert!(!complete(&mut conn, "s", 0, 1, "late", 3, "old").await.unwrap(), "a refused give leaves the transfer open");
+        assert_eq!(books(&mut conn, "s", 2).await.unwrap().remaining, vec![5, 5], "nothing added");
+        let raw: Option<String> =
+            redis::cmd("HGET").arg(SaleKeys::bucket("s", 1).xfer_in).arg("late").query_async(&mut conn).await.unwrap();
+        assert_eq!(raw, None, "nothing recorded");
+        // The same donor's take on its new Redis, and another donor, pass.
+        assert_eq!(give(&mut conn, "s", 0, 1, "new", 2, "new").await.unwrap(), Given::Added);
+        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket("s", 0).xfer_refuse).arg("0:old").query_async(&mut conn).await.unwrap();
+        assert_eq!(give(&mut conn, "s", 1, 0, "other", 1, "old").await.unwrap(), Given::Added, "the token names its donor");
+        // A give that landed before the fence stays landed, once.
+        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket("s", 1).xfer_refuse).arg("0:new").query_async(&mut conn).await.unwrap();
+        assert_eq!(give(&mut conn, "s", 0, 1, "new", 2, "new").await.unwrap(), Given::Before);
+        assert_eq!(books(&mut conn, "s", 2).await.unwrap().remaining, vec![6, 7]);
+    }
+
     #[tokio::test]
     async fn every_side_of_a_transfer_is_idempotent_on_retries() {
         let redis = flashgate_testkit::redis::RedisServer::private();
@@ -508,17 +599,16 @@ mod tests {
         // Bucket 0 holds 5: half, rounded up, capped at 8, is 3.
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a retry takes nothing more");
-        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
-        let replid = info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned();
-        assert_eq!(take_on(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), (Taken::Moved(3), Some(replid)), "the Redis holding the take");
+        let here = replid(&mut conn).await;
+        assert_eq!(take_on(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), (Taken::Moved(3), Some(here)), "the Redis holding the take");
         let b = books(&mut conn, "s", 2).await.unwrap();
         assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 5], 3, 10));
         for k in 0..2 {
             assert!(ledger(&mut conn, "s", k).await.unwrap().balances(), "bucket {k} while in transit");
         }
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
-        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3).await.unwrap(), Some(true));
-        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3).await.unwrap(), Some(false), "added once");
+        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3, "r").await.unwrap(), Given::Added);
+        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3, "r").await.unwrap(), Given::Before, "added once");
         let raw: String = redis::cmd("HGET").arg(SaleKeys::bucket("s", 1).xfer_in).arg("x1").query_async(&mut conn).await.unwrap();
         assert_eq!(Received::parse(&raw), Some(Received { from: Some(0), n: 3 }), "the record names its donor: {raw}");
         let b = books(&mut conn, "s", 2).await.unwrap();
@@ -532,7 +622,7 @@ mod tests {
         assert!(d.balances() && k.balances(), "{d:?} {k:?}");
         assert_eq!((d.sent, k.received), (3, 3));
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
-        assert_eq!(give(&mut conn, "s", 0, 7, "x9", 1).await.unwrap(), None, "an absent bucket gains nothing");
+        assert_eq!(give(&mut conn, "s", 0, 7, "x9", 1, "r").await.unwrap(), Given::Absent, "an absent bucket gains nothing");
         assert_eq!(Received::parse("4"), Some(Received { from: None, n: 4 }), "a record without its donor");
     }
 
@@ -550,7 +640,7 @@ mod tests {
         assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(1));
         let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
         assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "an item in transit");
-        assert!(complete(&mut conn, "s", 0, 1, "x1", 1).await.unwrap());
+        assert!(complete(&mut conn, "s", 0, 1, "x1", 1, "r").await.unwrap());
         assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "the item arrived in bucket 1");
         let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
         assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "nothing left anywhere");
@@ -600,7 +690,10 @@ mod tests {
         install(&mut conn, "s", 2, 2).await;
         // Bucket 1 holds 1: it all goes, and the taker "dies".
         assert_eq!(take(&mut conn, "s", 1, 0, "x1", 8).await.unwrap(), Taken::Moved(1));
-        assert_eq!(take(&mut conn, "s", 1, 0, "x2", 8).await.unwrap(), Taken::InTransit { to: 0, xid: "x1".into(), n: 1 });
+        assert_eq!(
+            take(&mut conn, "s", 1, 0, "x2", 8).await.unwrap(),
+            Taken::InTransit { to: 0, xid: "x1".into(), n: 1, replid: replid(&mut conn).await }
+        );
         assert_eq!(books(&mut conn, "s", 2).await.unwrap().in_transit, 1);
         // Too young: left to its gateway.
         assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() - 10 * REPAIR_AFTER_MS).await.unwrap(), 0);

@@ -389,8 +389,10 @@ async fn a_failed_over_bucket_is_resynced_and_the_sale_sells_exactly_its_stock(k
     assert_eq!(cut, 1, "the victim's link to its replica");
     // Writes its replica lacks: one side of a delivered transfer, and a win
     // in its bucket whose order reaches the database.
-    let Taken::Moved(n) = transfer::take(&mut conn, &id, donor, target, "lost", 8).await.unwrap() else { panic!("nothing taken") };
-    assert_eq!(transfer::give(&mut conn, &id, donor, target, "lost", n).await.unwrap(), Some(true));
+    let (Taken::Moved(n), Some(taken_on)) = transfer::take_on(&mut conn, &id, donor, target, "lost", 8).await.unwrap() else {
+        panic!("nothing taken")
+    };
+    assert_eq!(transfer::give(&mut conn, &id, donor, target, "lost", n, &taken_on).await.unwrap(), transfer::Given::Added);
     assert!(transfer::close(&mut conn, &id, donor, "lost").await.unwrap());
     let user = &homed[lost as usize][2];
     let (status, body) = stack.buy(&id, user, None).await;

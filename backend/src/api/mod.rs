@@ -61,18 +61,10 @@ pub struct AppState {
 
 impl AppState {
     /// `idempotency_ttl`: how long a won Idempotency-Key is remembered
-    /// (`gateway.idempotency_ttl_seconds`), for the keys a re-sync writes
-    /// back; `redis_timeout` (`redis.timeout_ms`) bounds the settle wait of
-    /// a failed-over bucket's re-sync.
-    pub fn new(
-        store: Store,
-        redis: RedisHandle,
-        tokens: auth::ApiTokens,
-        idempotency_ttl: std::time::Duration,
-        redis_timeout: std::time::Duration,
-    ) -> Self {
+    /// (`gateway.idempotency_ttl_seconds`), for the keys a re-sync writes back.
+    pub fn new(store: Store, redis: RedisHandle, tokens: auth::ApiTokens, idempotency_ttl: std::time::Duration) -> Self {
         let metrics = Arc::new(crate::metrics::Metrics::register());
-        let fence = crate::fence::Resyncer::new(idempotency_ttl, metrics.fence_scripts.clone(), redis_timeout);
+        let fence = crate::fence::Resyncer::new(idempotency_ttl, metrics.fence_scripts.clone());
         Self {
             store,
             redis,

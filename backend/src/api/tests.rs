@@ -29,13 +29,7 @@ async fn fixture() -> Fixture {
     let redis = RedisServer::start().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let conn = crate::redis_io::shared_connection(&redis.config()).await.unwrap();
-    let state = AppState::new(
-        store,
-        conn,
-        auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(),
-        std::time::Duration::from_secs(600),
-        std::time::Duration::ZERO,
-    );
+    let state = AppState::new(store, conn, auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(), std::time::Duration::from_secs(600));
     Fixture { redis, state }
 }
 
@@ -594,13 +588,7 @@ async fn a_bucketed_sale_in_redis_but_not_in_the_database_has_its_bases_moved_to
         let redis = f.state.redis.clone();
         async move {
             let store = Store::connect(&sqlite_url()).await.unwrap();
-            AppState::new(
-                store,
-                redis,
-                auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(),
-                std::time::Duration::from_secs(600),
-                std::time::Duration::ZERO,
-            )
+            AppState::new(store, redis, auth::ApiTokens::new(TOKEN, GATEWAY, SHOP).unwrap(), std::time::Duration::from_secs(600))
         }
     };
     let elsewhere = other(&f).await;

@@ -2,40 +2,51 @@
 //! failover: each bucket is its own sub-sale with its own `synced` mark,
 //! so a failover fences only the buckets whose master changed, and each
 //! is re-synced on its own, under the one exclusive hold of the sale's row
-//! (no order of the sale commits meanwhile).
-//!
-//! A fenced bucket K is re-synced only once it has been seen fenced for
-//! longer than the **settle bound** ([`Settle`]), then:
-//! 1. the database's orders **whose home bucket is K** are counted in K
+//! (no order of the sale commits meanwhile). A fenced bucket K:
+//! 1. **token fence**: `K:<replication id K was synced on>` is added to
+//!    every other bucket's `xfer-refuse`, *before* their records are read.
+//!    From then on a give of a take made on K's old Redis (a take K's new
+//!    Redis may have lost) is refused (`lua/xfer_in.lua`): a cluster
+//!    client's retry, a stalled gateway, or a transit repair that read the
+//!    record on the old master cannot land after step 3 read the peers
+//!    (`flashgate_common::transfer`, "Token fence");
+//! 2. the database's orders **whose home bucket is K** are counted in K
 //!    (`lua/resync.lua`, exactly as a sale's re-sync does);
-//! 2. K's transfers are reconciled with the other buckets' records
+//! 3. K's transfers are reconciled with the other buckets' records
 //!    (`lua/resync_transfers.lua`): a transfer into K that its donor
-//!    records as done but K's `xfer-in` lacks is added (K lost the add);
-//!    a record of another bucket's `xfer-in` naming K as donor that K's
-//!    `xfer-out` lacks is recorded as done and its items taken from K (K
-//!    lost the take). Open transfers into K are the transit repair's: its
-//!    give is idempotent, so an add K lost is redone;
-//! 3. if the buckets' bases (each meta's `stock`) no longer sum to the
+//!    records (done, or still open: its give may be the one K lost) but
+//!    K's `xfer-in` lacks is added; a record of another bucket's `xfer-in`
+//!    naming K as donor that K's `xfer-out` lacks is recorded as done and
+//!    its items taken from K (K lost the take). A record of another
+//!    bucket's `xfer-in` without a donor (a bare count from an older
+//!    version) or unreadable hides such a take: K stays fenced, logged;
+//! 4. if K's `remaining` is then negative (both sides of a transfer lost,
+//!    the buyer's order in the database), the shortfall is covered by
+//!    ordinary recorded transfers into K from the other, unfenced buckets
+//!    holding items; K stays fenced only if the whole sale cannot cover it;
+//! 5. if the buckets' bases (each meta's `stock`) no longer sum to the
 //!    database's stock (a base change K lost), K's base and remaining move
-//!    by the difference, never below zero remaining (left fenced, logged);
-//! 4. the definition is copied to K, and K's fence is lifted only if every
-//!    script ran on the Redis that holds K now.
+//!    by the difference, as far as K's remaining stays >= 0; the rest is
+//!    left to reconciliation (logged);
+//! 6. the definition (and the pause the database records) is copied to K,
+//!    and K's fence is lifted only if every script ran on the Redis that
+//!    holds K now.
 //!
 //! Every step is idempotent, so a re-sync cut anywhere (or a second
-//! failover meanwhile: `Moved`) is simply run again by the next pass.
+//! failover meanwhile: `Moved`) is simply run again by the next pass. A
+//! Redis error on one bucket is logged and the others are still re-synced.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use flashgate_common::buckets::home_bucket;
 use flashgate_common::keys::{SaleEvent, SaleKeys};
 use flashgate_common::sale::SaleSpec;
-use flashgate_common::transfer::{Received, Record, REFILL_DEADLINE_TIMEOUTS};
+use flashgate_common::transfer::{self, Given, Received, Record, Taken};
+use prometheus::IntCounter;
 use redis::aio::ConnectionLike;
 use redis::Script;
 
-use super::{count_page, fence, Resynced, Resyncer, PAGE};
+use super::{count_page, fence, Fence, Resynced, Resyncer, PAGE};
 use crate::error::SaleError;
 use crate::redis_io::announce;
 use crate::store::{Store, SyncedOrder};
@@ -44,55 +55,14 @@ use crate::store::{Store, SyncedOrder};
 static RESYNC_TRANSFERS: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("../../../lua/resync_transfers.lua")));
 
-/// The settle wait of fenced buckets.
+/// Re-syncs every fenced bucket of `sale_id` (`buckets` of them; see the
+/// module doc). Answers `Synced` (summed over the buckets re-synced now)
+/// if any was, else the first other outcome (`Moved`, `StockBelowSold`,
+/// `UnreadableTransfers`), else `NotNeeded`.
 ///
-/// A gateway that took items out of bucket K on its old master (a take
-/// record the failover may have lost) gives them to their target within
-/// its refill deadline or never: the refill runs under a deadline of
-/// [`REFILL_DEADLINE_TIMEOUTS`] × `redis.timeout_ms` after the buyer's
-/// first deduct, itself cut at one `redis.timeout_ms`, and the take comes
-/// after that deduct. The failover comes after the take, and the backend
-/// sees the fence after the failover. So once K has been seen fenced for
-/// `(1 + REFILL_DEADLINE_TIMEOUTS + 1) × redis.timeout_ms` (the first
-/// deduct, the refill, and one more timeout for a give already sent when
-/// the deadline cut its caller), every give of a take K lost is in its
-/// target's `xfer-in` or will never be: the reconciliation then sees it.
-/// While K is fenced nobody takes from it (`lua/xfer_out.lua` answers
-/// `fenced`), so no new lost take can appear.
-///
-/// The first sighting is kept in memory per (sale, bucket): a restarted
-/// backend starts the clock again, which only re-syncs later (safe). It is
-/// forgotten when the bucket is seen unfenced or has been re-synced, so
-/// the next failover starts a new wait.
-#[derive(Clone)]
-pub(super) struct Settle {
-    bound: Duration,
-    first_seen: Arc<Mutex<HashMap<(String, u32), Instant>>>,
-}
-
-impl Settle {
-    pub(super) fn new(redis_timeout: Duration) -> Self {
-        Self { bound: redis_timeout * (REFILL_DEADLINE_TIMEOUTS + 2), first_seen: Arc::default() }
-    }
-
-    /// Whether bucket `k` of `sale_id`, fenced now, was first seen fenced
-    /// at least the bound ago (the first sighting starts the clock).
-    fn due(&self, sale_id: &str, k: u32) -> bool {
-        let mut seen = self.first_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.entry((sale_id.to_owned(), k)).or_insert_with(Instant::now).elapsed() >= self.bound
-    }
-
-    fn forget(&self, sale_id: &str, k: u32) {
-        let mut seen = self.first_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.remove(&(sale_id.to_owned(), k));
-    }
-}
-
-/// Re-syncs every fenced bucket of `sale_id` (`buckets` of them) whose
-/// settle wait is over (see the module doc). Answers `Synced` (summed over
-/// the buckets re-synced now) if any was, else the first other outcome
-/// (`Moved`, `StockBelowSold`), else `Settling` if a bucket waits, else
-/// `NotNeeded`.
+/// # Errors
+/// The database failed, or Redis failed on every fenced bucket (an error
+/// on one bucket is logged and the others are re-synced).
 pub(super) async fn resync<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
@@ -100,29 +70,36 @@ pub(super) async fn resync<C: ConnectionLike + Send>(
     buckets: u32,
     resyncer: &Resyncer,
 ) -> Result<Resynced, SaleError> {
-    let (mut due, mut settling) = (Vec::new(), false);
+    let mut due = Vec::new();
     for k in 0..buckets {
         resyncer.scripts.inc();
-        if fence(conn, &SaleKeys::bucket(sale_id, k), "").await?.settled().is_some() {
-            resyncer.settle.forget(sale_id, k);
-        } else if resyncer.settle.due(sale_id, k) {
-            due.push(k);
-        } else {
-            settling = true;
+        match fence(conn, &SaleKeys::bucket(sale_id, k), "").await {
+            Ok(seen) if seen.settled().is_none() => due.push(k),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, sale = sale_id, bucket = k, "cannot read the bucket's fence; this pass skips it"),
         }
     }
     if due.is_empty() {
-        return Ok(if settling { Resynced::Settling } else { Resynced::NotNeeded });
+        return Ok(Resynced::NotNeeded);
     }
+    // Outside the hold: the pause an operator recorded for the sale.
+    let paused = store.sale_paused(sale_id).await?;
     let mut hold = store.begin_resync(sale_id).await?;
     let orders = hold.orders(sale_id).await?;
     let spec = hold.sale(sale_id).await?;
-    let (mut synced, mut other) = (None::<(i64, i64)>, None);
+    let sale = Sale { id: sale_id, buckets, orders: &orders, spec: spec.as_ref(), paused };
+    let (mut synced, mut other, mut failed) = (None::<(i64, i64)>, None, None);
     for k in due {
-        let outcome = resync_bucket(conn, sale_id, buckets, k, &orders, spec.as_ref(), resyncer).await?;
+        let outcome = match resync_bucket(conn, &sale, k, resyncer).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                tracing::warn!(%error, sale = sale_id, bucket = k, "cannot re-sync the fenced bucket yet; the others go on");
+                failed.get_or_insert(error);
+                continue;
+            }
+        };
         match outcome {
             Resynced::Synced { adopted, returned } => {
-                resyncer.settle.forget(sale_id, k);
                 tracing::warn!(
                     sale = sale_id,
                     bucket = k,
@@ -133,57 +110,87 @@ pub(super) async fn resync<C: ConnectionLike + Send>(
                 let (a, r) = synced.unwrap_or((0, 0));
                 synced = Some((a + adopted, r + returned));
             }
-            Resynced::NotNeeded | Resynced::Absent => resyncer.settle.forget(sale_id, k),
+            Resynced::NotNeeded | Resynced::Absent => {}
             Resynced::StockBelowSold { sold } => {
                 tracing::error!(
                     sale = sale_id,
                     bucket = k,
                     sold,
-                    "the bucket's stock would fall below what it sold; the bucket stays fenced"
+                    "the bucket's stock falls below what it sold and the other buckets cannot cover it; the bucket stays fenced"
                 );
                 other.get_or_insert(outcome);
             }
-            Resynced::Moved | Resynced::Settling => {
+            Resynced::UnreadableTransfers | Resynced::Moved => {
                 other.get_or_insert(outcome);
             }
         }
     }
     hold.commit().await?;
-    Ok(match (synced, other) {
-        (Some((adopted, returned)), _) => Resynced::Synced { adopted, returned },
-        (None, Some(other)) => other,
-        (None, None) if settling => Resynced::Settling,
-        (None, None) => Resynced::NotNeeded,
-    })
+    match (synced, other, failed) {
+        (Some((adopted, returned)), _, _) => Ok(Resynced::Synced { adopted, returned }),
+        (None, Some(other), _) => Ok(other),
+        (None, None, Some(error)) => Err(error),
+        (None, None, None) => Ok(Resynced::NotNeeded),
+    }
+}
+
+/// What every bucket's re-sync of one sale shares, read once under the
+/// hold.
+struct Sale<'a> {
+    id: &'a str,
+    buckets: u32,
+    orders: &'a [SyncedOrder],
+    spec: Option<&'a SaleSpec>,
+    /// The pause the database records (`None`: never recorded).
+    paused: Option<bool>,
 }
 
 /// Transfers the other buckets record that concern bucket `k`: those into
-/// `k` their donor records as done (`(xid, donor, n)`), and those their
-/// `xfer-in` holds with `k` as donor (`(xid, target, n)`).
-type Peers = (Vec<(String, u32, i64)>, Vec<(String, u32, i64)>);
+/// `k` their donor records, done or open (`(xid, donor, n)`), and those
+/// their `xfer-in` holds with `k` as donor (`(xid, target, n)`).
+struct Peers {
+    into: Vec<(String, u32, i64)>,
+    out: Vec<(String, u32, i64)>,
+}
 
-async fn peers<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, k: u32) -> Result<Peers, SaleError> {
-    let (mut into, mut out) = (Vec::new(), Vec::new());
+/// Reads the other buckets' records about `k`; `None` when a record of an
+/// `xfer-in` has no donor or cannot be read (logged): it may be a take
+/// `k` lost, which cannot be told.
+async fn peers<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, k: u32) -> Result<Option<Peers>, SaleError> {
+    let mut peers = Peers { into: Vec::new(), out: Vec::new() };
     for x in (0..buckets).filter(|x| *x != k) {
         let keys = SaleKeys::bucket(sale_id, x);
         let sent: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.xfer_out).query_async(conn).await?;
         for (xid, raw) in sent.iter().filter(|(xid, _)| !xid.starts_with('#')) {
             if let Ok(r) = serde_json::from_str::<Record>(raw) {
-                if r.to == k && r.done {
-                    into.push((xid.clone(), x, r.n));
+                if r.to == k {
+                    peers.into.push((xid.clone(), x, r.n));
                 }
             }
         }
         let received: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.xfer_in).query_async(conn).await?;
         for (xid, raw) in &received {
-            if let Some(Received { from: Some(from), n }) = Received::parse(raw) {
-                if from == k {
-                    out.push((xid.clone(), x, n));
+            match Received::parse(raw) {
+                Some(Received { from: Some(from), n }) => {
+                    if from == k {
+                        peers.out.push((xid.clone(), x, n));
+                    }
+                }
+                _ => {
+                    tracing::error!(
+                        sale = sale_id,
+                        bucket = k,
+                        holder = x,
+                        transfer = %xid,
+                        record = %raw,
+                        "a transfer-in record names no donor or cannot be read; a take the failed-over bucket lost cannot be seen, it stays fenced"
+                    );
+                    return Ok(None);
                 }
             }
         }
     }
-    Ok((into, out))
+    Ok(Some(peers))
 }
 
 /// The change bucket `k`'s base needs so that the buckets' bases sum to
@@ -202,15 +209,97 @@ async fn base_change<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buck
     Ok(stock - sum)
 }
 
-async fn resync_bucket<C: ConnectionLike + Send>(
+/// Step 1: refuses, in every other bucket, the gives of takes made on
+/// `k`'s old Redis (the one it was synced on, `seen.synced`). Nothing was
+/// taken from `k` on a Redis it was never synced on (`lua/xfer_out.lua`
+/// answers `fenced` there), so that one token covers every take `k`'s
+/// Redis may have lost.
+async fn refuse_old_gives<C: ConnectionLike + Send>(
     conn: &mut C,
     sale_id: &str,
     buckets: u32,
     k: u32,
-    orders: &[SyncedOrder],
-    spec: Option<&SaleSpec>,
+    seen: &Fence,
+) -> Result<(), SaleError> {
+    if seen.synced.is_empty() {
+        return Ok(());
+    }
+    let token = format!("{k}:{}", seen.synced);
+    for x in (0..buckets).filter(|x| *x != k) {
+        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket(sale_id, x).xfer_refuse).arg(&token).query_async(conn).await?;
+    }
+    Ok(())
+}
+
+/// Step 4: moves up to `short` items into `k` from the other buckets, by
+/// ordinary recorded transfers (take, give, close; each donor gives half
+/// of what it holds at most per take, so it is asked again). Fenced
+/// donors answer `fenced` and give nothing. Answers what is still short.
+async fn cover<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+    k: u32,
+    mut short: i64,
+    scripts: &IntCounter,
+) -> Result<i64, SaleError> {
+    loop {
+        let before = short;
+        for x in (0..buckets).filter(|x| *x != k) {
+            if short <= 0 {
+                return Ok(0);
+            }
+            let xid = format!("resync-{k}-{:016x}", rand::random::<u64>());
+            scripts.inc();
+            let (Taken::Moved(n), Some(replid)) = transfer::take_on(conn, sale_id, x, k, &xid, short).await? else { continue };
+            scripts.inc();
+            match transfer::give(conn, sale_id, x, k, &xid, n, &replid).await? {
+                Given::Added | Given::Before => {
+                    scripts.inc();
+                    transfer::close(conn, sale_id, x, &xid).await?;
+                    tracing::warn!(sale = sale_id, from = x, to = k, items = n, transfer = %xid, "a failed-over bucket's shortfall covered by a transfer");
+                    short -= n;
+                }
+                Given::Absent | Given::Refused => {
+                    tracing::warn!(sale = sale_id, from = x, to = k, transfer = %xid, "a covering transfer did not land; left open for the transit repair");
+                }
+            }
+        }
+        if short <= 0 || short == before {
+            return Ok(short.max(0));
+        }
+    }
+}
+
+/// One run of `lua/resync_transfers.lua` on bucket `k`.
+struct Reconciled {
+    replid: String,
+    added: i64,
+    taken: i64,
+    status: i64,
+    remaining: i64,
+    sold: i64,
+    applied: i64,
+}
+
+async fn reconcile<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, change: i64, peers: &Peers) -> Result<Reconciled, SaleError> {
+    let mut call = RESYNC_TRANSFERS.prepare_invoke();
+    call.key(&keys.meta).key(&keys.remaining).key(&keys.xfer_out).key(&keys.xfer_in).key(&keys.reservations).key(&keys.released);
+    call.arg(change).arg(peers.into.len());
+    for (xid, bucket, n) in peers.into.iter().chain(&peers.out) {
+        call.arg(xid).arg(*bucket).arg(*n);
+    }
+    let (replid, added, taken, status, remaining, sold, applied): (String, i64, i64, i64, i64, i64, i64) = call.invoke_async(conn).await?;
+    Ok(Reconciled { replid, added, taken, status, remaining, sold, applied })
+}
+
+async fn resync_bucket<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale: &Sale<'_>,
+    k: u32,
     resyncer: &Resyncer,
 ) -> Result<Resynced, SaleError> {
+    let (sale_id, buckets) = (sale.id, sale.buckets);
     let keys = SaleKeys::bucket(sale_id, k);
     // Again under the hold: another backend may have re-synced it.
     resyncer.scripts.inc();
@@ -218,7 +307,8 @@ async fn resync_bucket<C: ConnectionLike + Send>(
     if let Some(settled) = seen.settled() {
         return Ok(settled);
     }
-    let mine: Vec<SyncedOrder> = orders.iter().filter(|o| home_bucket(&o.row.user_id, buckets) == k).cloned().collect();
+    refuse_old_gives(conn, sale_id, buckets, k, &seen).await?;
+    let mine: Vec<SyncedOrder> = sale.orders.iter().filter(|o| home_bucket(&o.row.user_id, buckets) == k).cloned().collect();
     let (mut adopted, mut returned) = (0, 0);
     for page in mine.chunks(PAGE) {
         resyncer.scripts.inc();
@@ -232,37 +322,68 @@ async fn resync_bucket<C: ConnectionLike + Send>(
         adopted += counted;
         returned += back;
     }
-    let (into, out) = peers(conn, sale_id, buckets, k).await?;
-    let change = match spec {
+    let Some(peers) = peers(conn, sale_id, buckets, k).await? else {
+        return Ok(Resynced::UnreadableTransfers);
+    };
+    let change = match sale.spec {
         Some(spec) => base_change(conn, sale_id, buckets, spec.stock).await?,
         None => 0,
     };
-    let mut call = RESYNC_TRANSFERS.prepare_invoke();
-    call.key(&keys.meta).key(&keys.remaining).key(&keys.xfer_out).key(&keys.xfer_in).key(&keys.reservations).key(&keys.released);
-    call.arg(change).arg(into.len());
-    for (xid, bucket, n) in into.iter().chain(&out) {
-        call.arg(xid).arg(*bucket).arg(*n);
-    }
     resyncer.scripts.inc();
-    let (replid, added, taken, status, remaining, reserved): (String, i64, i64, i64, i64, i64) = call.invoke_async(conn).await?;
-    match status {
-        1 => {}
-        0 => {
-            tracing::error!(sale = sale_id, bucket = k, remaining, change, "the bucket's remaining would be negative after its re-sync");
-            return Ok(Resynced::StockBelowSold { sold: reserved });
-        }
-        _ => return Ok(Resynced::Absent),
+    let mut done = reconcile(conn, &keys, change, &peers).await?;
+    if done.status == -1 {
+        return Ok(Resynced::Absent);
     }
-    if replid != seen.replid {
+    if done.replid != seen.replid {
         return Ok(Resynced::Moved);
     }
-    if added > 0 || taken > 0 || change != 0 {
-        tracing::warn!(sale = sale_id, bucket = k, added, taken, change, "bucket's transfers and base reconciled with the other buckets");
+    let (added, taken) = (done.added, done.taken);
+    if done.status == 0 {
+        let short = -done.remaining;
+        tracing::warn!(
+            sale = sale_id,
+            bucket = k,
+            short,
+            "the bucket's remaining is negative after its re-sync; covering it from the other buckets"
+        );
+        let left = cover(conn, sale_id, buckets, k, short, &resyncer.scripts).await?;
+        if left > 0 {
+            return Ok(Resynced::StockBelowSold { sold: done.sold });
+        }
+        // Every transfer is recorded now: only the base change is left.
+        resyncer.scripts.inc();
+        done = reconcile(conn, &keys, change, &Peers { into: Vec::new(), out: Vec::new() }).await?;
+        if done.replid != seen.replid {
+            return Ok(Resynced::Moved);
+        }
+        if done.status != 1 {
+            return Ok(Resynced::StockBelowSold { sold: done.sold });
+        }
     }
-    if let Some(spec) = spec {
+    if added > 0 || taken > 0 || change != 0 {
+        tracing::warn!(
+            sale = sale_id,
+            bucket = k,
+            added,
+            taken,
+            change,
+            applied = done.applied,
+            "bucket's transfers and base reconciled with the other buckets"
+        );
+    }
+    if done.applied != change {
+        tracing::warn!(
+            sale = sale_id,
+            bucket = k,
+            change,
+            applied = done.applied,
+            remaining = done.remaining,
+            "the base change is more than the bucket can give up; the rest is left to reconciliation"
+        );
+    }
+    if let Some(spec) = sale.spec {
         let mut fields = crate::buckets::definition_fields(spec);
-        let paused: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(sale_id).meta).arg("paused").query_async(conn).await?;
-        fields.extend(paused.map(|p| ("paused", p)));
+        fields.extend(sale.paused.map(|p| ("paused", if p { "1" } else { "0" }.to_owned())));
         resyncer.scripts.inc();
         crate::buckets::copy_fields_to(conn, sale_id, k, &fields).await?;
     }

@@ -15,7 +15,7 @@ use crate::testing::{buy, buy_with_key, sale, sqlite_url, unique, RedisServer};
 const TTL: Duration = Duration::from_secs(60);
 
 fn resyncer() -> Resyncer {
-    Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap(), Duration::ZERO)
+    Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap())
 }
 
 /// A Redis of the test's own, a SQLite store, and sale `id` of `stock`
@@ -189,9 +189,9 @@ async fn a_failed_over_bucket_that_lost_a_take_an_add_an_order_and_a_base_change
     let (b0, b1) = (SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
     // Bucket 0 gives 3 to bucket 1 (x1), bucket 1 gives 4 back (x2).
     assert_eq!(transfer::take(&mut conn, &id, 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
-    assert!(transfer::complete(&mut conn, &id, 0, 1, "x1", 3).await.unwrap());
+    assert!(transfer::complete(&mut conn, &id, 0, 1, "x1", 3, "r").await.unwrap());
     assert_eq!(transfer::take(&mut conn, &id, 1, 0, "x2", 4).await.unwrap(), Taken::Moved(4));
-    assert!(transfer::complete(&mut conn, &id, 1, 0, "x2", 4).await.unwrap());
+    assert!(transfer::complete(&mut conn, &id, 1, 0, "x2", 4, "r").await.unwrap());
     // A buyer of bucket 0 won; the order is in the database.
     let buyer = user_in(0, 2);
     store.insert_orders(&[crate::testing::reservation(&id, &buyer)]).await.unwrap();
@@ -206,12 +206,6 @@ async fn a_failed_over_bucket_that_lost_a_take_an_add_an_order_and_a_base_change
     let () = conn.set(&b0.synced, "00").await.unwrap();
     assert_eq!(buy(&mut conn, &flashgate_common::buckets::bucket_id(&id, 0), &buyer).await, "fenced");
     assert_eq!(transfer::take(&mut conn, &id, 0, 1, "x3", 8).await.unwrap(), Taken::Fenced, "nothing is taken from a fenced bucket");
-
-    // Within the settle bound (a gateway may still be giving what it took
-    // from bucket 0 on its old master): not re-synced yet.
-    let waiting = Resyncer::new(TTL, IntCounter::new("scripts", "script calls").unwrap(), Duration::from_secs(60));
-    assert_eq!(waiting.resync(&mut conn, &store, &id).await.unwrap(), Resynced::Settling);
-    assert_eq!(conn.get::<_, String>(&b0.synced).await.unwrap(), "00", "still fenced");
 
     assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 1, returned: 0 });
     assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded, "nothing twice");
@@ -231,4 +225,120 @@ async fn a_failed_over_bucket_that_lost_a_take_an_add_an_order_and_a_base_change
     // The bucket sells again; its buyer is at the limit.
     assert_eq!(buy(&mut conn, &flashgate_common::buckets::bucket_id(&id, 0), &buyer).await, "limit_reached");
     assert_eq!(buy(&mut conn, &flashgate_common::buckets::bucket_id(&id, 0), "other").await, "won");
+}
+
+/// A bucketed sale of `stock` over 2 buckets, installed (synced).
+async fn bucketed_sale(conn: &mut redis::aio::MultiplexedConnection, store: &Store, stock: i64) -> String {
+    let id = unique("s");
+    store.upsert_sale(&SaleSpec { buckets: 2, ..sale(&id, stock) }).await.unwrap();
+    assert!(matches!(restore(conn, store, &id).await.unwrap(), Restored::Loaded { .. }));
+    id
+}
+
+#[tokio::test]
+async fn both_sides_of_a_transfer_lost_with_the_buyers_order_in_the_database_are_covered_by_the_other_bucket_and_a_late_give_is_refused() {
+    use flashgate_common::buckets::bucket_id;
+    use flashgate_common::transfer::{self, Given, Taken};
+    let mut redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = bucketed_sale(&mut conn, &store, 10).await;
+    let (x, y) = (SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
+    // Bucket Y (1) gives all its 5 items to X (0): Y is dry, X holds 10.
+    for (xid, n) in [("y1", 3), ("y2", 1), ("y3", 1)] {
+        assert_eq!(transfer::take(&mut conn, &id, 1, 0, xid, 8).await.unwrap(), Taken::Moved(n));
+        assert!(transfer::complete(&mut conn, &id, 1, 0, xid, n, "r").await.unwrap());
+    }
+    let () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    let old: String = conn.get(&x.synced).await.unwrap();
+    // Both buckets on one master: a refill takes 5 from X for Y, gives and
+    // closes; the buyer of Y wins, and the order is written.
+    let buyer = user_in(1, 2);
+    let (taken, replid) = transfer::take_on(&mut conn, &id, 0, 1, "lost", 8).await.unwrap();
+    assert_eq!((taken, replid.as_deref()), (Taken::Moved(5), Some(old.as_str())));
+    assert!(transfer::complete(&mut conn, &id, 0, 1, "lost", 5, &old).await.unwrap());
+    let rid = buy_with_key(&mut conn, &bucket_id(&id, 1), &buyer, "").await[1].clone();
+    let order = Reservation { reservation_id: rid, ..crate::testing::reservation(&id, &buyer) };
+    store.insert_orders(&[order]).await.unwrap();
+    // The master dies; its replica lacked the take, the give and the win.
+    redis.restart();
+    let mut conn = redis.conn().await;
+    assert_eq!((conn.get::<_, i64>(&x.remaining).await.unwrap(), conn.get::<_, i64>(&y.remaining).await.unwrap()), (10, 0));
+    assert_eq!(buy(&mut conn, &bucket_id(&id, 0), "someone").await, "fenced", "every bucket is fenced");
+
+    // X finds no record of the lost take and keeps its 10; Y adopts the
+    // order (remaining -1) and covers it with an item from X.
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { adopted: 1, returned: 0 });
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded, "nothing twice");
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining.clone(), books.in_transit, books.reserved, books.total()), (vec![9, 0], 0, 1, 10), "{books:?}");
+    for k in 0..2 {
+        let ledger = transfer::ledger(&mut conn, &id, k).await.unwrap();
+        assert!(ledger.balances(), "bucket {k}: {ledger:?}");
+    }
+
+    // The stalled gateway's give of the lost take, with X's old
+    // replication id, arrives after the re-sync: refused, books exact.
+    assert_eq!(transfer::give(&mut conn, &id, 0, 1, "lost", 5, &old).await.unwrap(), Given::Refused);
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining.clone(), books.total()), (vec![9, 0], 10), "{books:?}");
+    // Both buckets sell again; the buyer is at the limit.
+    assert_eq!(buy(&mut conn, &bucket_id(&id, 1), &buyer).await, "limit_reached");
+    assert_eq!(buy(&mut conn, &bucket_id(&id, 0), &user_in(0, 2)).await, "won");
+}
+
+#[tokio::test]
+async fn a_failed_over_bucket_stays_fenced_while_another_buckets_transfer_in_record_names_no_donor() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = bucketed_sale(&mut conn, &store, 10).await;
+    let (b0, b1) = (SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
+    // A bare count from an older version in bucket 1, bucket 0 failed over.
+    let () = conn.hset(&b1.xfer_in, "old", "2").await.unwrap();
+    let () = conn.set(&b0.synced, "00").await.unwrap();
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::UnreadableTransfers);
+    assert_eq!(conn.get::<_, String>(&b0.synced).await.unwrap(), "00", "still fenced");
+    assert_eq!(conn.get::<_, i64>(&b0.remaining).await.unwrap(), 5, "nothing guessed");
+}
+
+#[tokio::test]
+async fn a_transfer_into_a_failed_over_bucket_still_open_on_its_donor_is_added_once() {
+    use flashgate_common::transfer::{self, Given, Taken};
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = bucketed_sale(&mut conn, &store, 10).await;
+    let b1 = SaleKeys::bucket(&id, 1);
+    // Bucket 0 took 3 for bucket 1, which failed over and lost the give.
+    let (taken, replid) = transfer::take_on(&mut conn, &id, 0, 1, "open", 8).await.unwrap();
+    assert_eq!(taken, Taken::Moved(3));
+    assert_eq!(transfer::give(&mut conn, &id, 0, 1, "open", 3, replid.as_deref().unwrap()).await.unwrap(), Given::Added);
+    let () = conn.hdel(&b1.xfer_in, "open").await.unwrap();
+    let () = conn.set(&b1.remaining, 5).await.unwrap();
+    let () = conn.set(&b1.synced, "00").await.unwrap();
+    assert!(matches!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { .. }));
+    assert_eq!(conn.get::<_, i64>(&b1.remaining).await.unwrap(), 8, "the open transfer's items are in");
+    // The repair (or the gateway) completes it later: added once.
+    assert_eq!(transfer::repair(&mut conn, &id, 2, flashgate_common::now_ms() + 10 * transfer::REPAIR_AFTER_MS).await.unwrap(), 1);
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining.clone(), books.in_transit, books.total()), (vec![2, 8], 0, 10), "{books:?}");
+}
+
+#[tokio::test]
+async fn a_base_cut_a_bucket_cannot_absorb_is_applied_as_far_as_it_can_and_the_bucket_sells_again() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = bucketed_sale(&mut conn, &store, 10).await;
+    let b0 = SaleKeys::bucket(&id, 0);
+    // The operator cut the stock to 2 (bucket 0 would need -8); bucket 0 lost it.
+    store.upsert_sale(&SaleSpec { stock: 2, buckets: 2, ..sale(&id, 2) }).await.unwrap();
+    store.set_sale_paused(&id, true).await.unwrap();
+    let () = conn.set(&b0.synced, "00").await.unwrap();
+    assert!(matches!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { .. }));
+    assert_eq!(conn.get::<_, i64>(&b0.remaining).await.unwrap(), 0, "as much as it holds");
+    assert_eq!(conn.hget::<_, _, i64>(&b0.meta, "stock").await.unwrap(), 0);
+    assert_eq!(conn.hget::<_, _, String>(&b0.meta, "paused").await.unwrap(), "1", "the database's pause");
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded, "the fence is lifted");
 }

@@ -11,11 +11,7 @@ use crate::timeout::expire_once;
 /// Re-syncs a sale a restore installed (fenced), as the loop's next pass,
 /// the start-up preheat or the admin API would.
 async fn resynced(conn: &mut redis::aio::MultiplexedConnection, store: &Store, id: &str) {
-    let fence = crate::fence::Resyncer::new(
-        std::time::Duration::from_secs(600),
-        prometheus::IntCounter::new("s", "s").unwrap(),
-        std::time::Duration::ZERO,
-    );
+    let fence = crate::fence::Resyncer::new(std::time::Duration::from_secs(600), prometheus::IntCounter::new("s", "s").unwrap());
     assert!(matches!(fence.resync(conn, store, id).await.unwrap(), crate::fence::Resynced::Synced { .. }));
 }
 

@@ -12,13 +12,15 @@
 //!           the flagged ones (flags are hints, never trusted for 410)
 //!           take on D ── moved t ──► (with `redis.wait_replicas`: the
 //!                 │                   take on D's replicas, else 503)
-//!                 │                   give t to K, close on D, clear
+//!                 │                   give t to K (carrying D's replication
+//!                 │                   id: the token fence), close on D, clear
 //!                 │                   K's flag (announced), deduct on K
 //!                 │                   again: won or refused ─► answer
 //!                 ├─ stocked (D = K holds items again) ► deduct again
 //!                 ├─ empty ─────────► D dry here, flag D (hint), next D
 //!                 ├─ in transit to X ► complete that transfer (give to X,
-//!                 │                   close on D); X = K: deduct on K
+//!                 │                   close on D; no replica wait, the
+//!                 │                   token fence covers it); X = K: deduct on K
 //!                 │                   again, else X is the next donor
 //!                 └─ fenced / absent ► next D
 //!           every D answered empty ─► confirm (`transfer::confirm_dry`,
@@ -30,7 +32,7 @@
 //! The whole loop runs under `tokio::time::timeout_at` of
 //! [`REFILL_DEADLINE_TIMEOUTS`] Redis timeouts (`redis.timeout_ms`) after
 //! the first deduct: a buyer whose bucket ran dry waits at most the first
-//! deduct plus that (1.2 s at the default 300 ms), then wins, is refused,
+//! deduct plus that (1 s at the default 250 ms), then wins, is refused,
 //! hears `sold_out` or `unavailable`. Cutting the loop mid-transfer is safe:
 //! the transfer stays open and the backend's transit repair completes it.
 //! The sale is answered sold out locally (0 Redis calls) only once this
@@ -40,7 +42,7 @@ use std::collections::HashSet;
 
 use flashgate_common::buckets::{bucket_id, home_bucket};
 use flashgate_common::keys::SaleEvent;
-use flashgate_common::transfer::{self, Taken};
+use flashgate_common::transfer::{self, Given, Taken};
 use tracing::warn;
 
 use super::BuyService;
@@ -56,9 +58,9 @@ use crate::rejection::Rejection;
 pub const TRANSFER_BATCH_MAX: i64 = 8;
 
 /// How long a buyer whose home bucket ran dry may wait for items from the
-/// other buckets, in Redis timeouts; defined in `flashgate_common` because
-/// the backend's re-sync of a failed-over bucket waits for it too.
-pub use flashgate_common::transfer::REFILL_DEADLINE_TIMEOUTS;
+/// other buckets, in Redis timeouts (`redis.timeout_ms`, 250 ms by
+/// default: 1 s).
+pub const REFILL_DEADLINE_TIMEOUTS: u32 = 4;
 
 impl<C: WallClock> BuyService<C> {
     /// The deduct of a bucketed sale, with transfers into the buyer's home
@@ -125,9 +127,9 @@ impl<C: WallClock> BuyService<C> {
             let (taken, node) = self.take(sale_id, donor, home, &xid).await?;
             let again = match taken {
                 Taken::Moved(n) => {
-                    self.metrics.bucket_transfers.with_label_values(&["moved"]).inc();
                     self.take_replicated(sale_id, donor, node.as_deref()).await?;
-                    self.deliver(sale_id, donor, home, &xid, n).await?;
+                    self.metrics.bucket_transfers.with_label_values(&["moved"]).inc();
+                    self.deliver(sale_id, donor, home, &xid, n, node.as_deref().unwrap_or_default()).await?;
                     // If others of this bucket take the batch first, the
                     // donor kept half of what it had: ask it again.
                     tried.remove(&donor);
@@ -143,12 +145,12 @@ impl<C: WallClock> BuyService<C> {
                     self.flag_empty(sale_id, donor).await;
                     false
                 }
-                Taken::InTransit { to, xid, n } => {
+                Taken::InTransit { to, xid, n, replid } => {
                     // Items on their way (a gateway between the two sides of
                     // a transfer, or one that died there): completed here,
                     // which is harmless if their taker completes it too.
                     self.metrics.bucket_transfers.with_label_values(&["in_transit"]).inc();
-                    self.deliver(sale_id, donor, to, &xid, n).await?;
+                    self.deliver(sale_id, donor, to, &xid, n, &replid).await?;
                     tried.remove(&donor);
                     if to != home {
                         tried.remove(&to);
@@ -203,9 +205,13 @@ impl<C: WallClock> BuyService<C> {
     /// failover of the donor cannot lose the take of items given to their
     /// target. Not confirmed: the buyer hears `503` and the
     /// transfer stays open, for the transit repair to deliver (its record
-    /// survived) or never (it was lost with the items it took). Without
-    /// replica waits the backend's re-sync of a failed-over donor finds a
-    /// lost take from its target's record (`backend/src/fence/bucketed.rs`).
+    /// survived) or never (it was lost with the items it took). The
+    /// `in_transit` path and the transit repair give without this wait;
+    /// they, and gateways without replica waits, are covered by the token
+    /// fence: the give carries the take's replication id, and once the
+    /// re-sync of a failed-over donor has read its target's records, a
+    /// give of a take made on the donor's old Redis is refused
+    /// (`flashgate_common::transfer`, `backend/src/fence/bucketed.rs`).
     async fn take_replicated(&self, sale_id: &str, donor: u32, node: Option<&str>) -> Result<(), Rejection> {
         if self.replica_wait.is_none() {
             return Ok(());
@@ -216,15 +222,24 @@ impl<C: WallClock> BuyService<C> {
     }
 
     /// Steps 2 and 3: the items into `to`, then the transfer closed on
-    /// the donor; `to` is no longer empty, here and on every gateway. A
-    /// failure leaves the transfer open: the backend's transit repair
-    /// completes it (`flashgate_common::transfer::repair`).
-    async fn deliver(&self, sale_id: &str, donor: u32, to: u32, xid: &str, n: i64) -> Result<(), Rejection> {
+    /// the donor; `to` is no longer empty, here and on every gateway. The
+    /// give carries `replid`, the donor Redis's replication id where the
+    /// take ran (the token fence, `flashgate_common::transfer`). A failure
+    /// leaves the transfer open: the backend's transit repair completes it
+    /// (`flashgate_common::transfer::repair`).
+    async fn deliver(&self, sale_id: &str, donor: u32, to: u32, xid: &str, n: i64, replid: &str) -> Result<(), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
-        let given = self.redis.bounded(transfer::give(&mut conn, sale_id, donor, to, xid, n)).await.map_err(|e| self.unavailable(&e))?;
-        if given.map_err(|e| self.unavailable(&RedisError::from(e)))?.is_none() {
+        let given =
+            self.redis.bounded(transfer::give(&mut conn, sale_id, donor, to, xid, n, replid)).await.map_err(|e| self.unavailable(&e))?;
+        match given.map_err(|e| self.unavailable(&RedisError::from(e)))? {
+            Given::Added | Given::Before => {}
             // The home bucket is gone (its Redis lost it): left open.
-            return Err(Rejection::Unavailable);
+            Given::Absent => return Err(Rejection::Unavailable),
+            Given::Refused => {
+                // The donor's re-sync fenced off the Redis the take ran on.
+                warn!(sale = sale_id, donor, to, transfer = xid, "a transfer's give was refused by the token fence; left open");
+                return Err(Rejection::Unavailable);
+            }
         }
         let closed = self.redis.bounded(transfer::close(&mut conn, sale_id, donor, xid)).await;
         if !matches!(closed, Ok(Ok(_))) {
