@@ -5,8 +5,8 @@
 //! CPU per buy, and the transfers between buckets per 1,000 buys; the
 //! report projects, from the per-master CPU, what more masters would sell.
 //!
-//! A second Flashgate (gateway and backend, on the run's PostgreSQL
-//! database) runs on the cluster; the first, on the bench's standalone
+//! A second Flashgate (gateway and backend, on a PostgreSQL database of
+//! its own) runs on the cluster; the first, on the bench's standalone
 //! Redis, is idle meanwhile.
 
 use std::path::Path;
@@ -75,7 +75,27 @@ impl BucketRound {
 ///
 /// # Errors
 /// When the cluster or Flashgate cannot be started, or a round fails.
-pub async fn run(s: &Settings, dir: &Path, database_url: &str, pg: &sqlx::PgPool) -> anyhow::Result<Vec<BucketRound>> {
+pub async fn run(s: &Settings, dir: &Path) -> anyhow::Result<Vec<BucketRound>> {
+    // A database of its own: on the run's database the backend would see
+    // the other scenarios' sales, restore them into the cluster and poll
+    // their streams, which would count as the buys' Redis work.
+    let admin = sqlx::PgPool::connect(&s.pg_url).await.with_context(|| format!("connect {}", s.pg_url))?;
+    let name = format!("{}_buckets", s.db_name);
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&admin).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await?;
+    let database_url = match s.pg_url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => anyhow::bail!("pg url without a database: {}", s.pg_url),
+    };
+    let pg = sqlx::PgPool::connect(&database_url).await?;
+    let rounds = run_on(s, dir, &database_url, &pg).await;
+    pg.close().await;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&admin).await;
+    admin.close().await;
+    rounds
+}
+
+async fn run_on(s: &Settings, dir: &Path, database_url: &str, pg: &sqlx::PgPool) -> anyhow::Result<Vec<BucketRound>> {
     let cluster = tokio::task::spawn_blocking(|| {
         RedisCluster::start_with(ClusterOptions {
             masters: MASTERS,

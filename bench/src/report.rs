@@ -123,7 +123,7 @@ fn buckets_section(md: &mut String, r: &Results) {
     let _ = writeln!(md, "## Bucketed stock: one hot sale on a {MASTERS}-master Redis Cluster (median of rounds)\n");
     let _ = writeln!(
         md,
-        "\"Buy in stock\" (closed loop, distinct users, as c.) on a second Flashgate (gateway and backend) whose Redis is a \
+        "\"Buy in stock\" (closed loop, distinct users, as c.) on a second Flashgate (gateway and backend, a PostgreSQL database of its own) whose Redis is a \
          cluster of the bench's own ({MASTERS} masters, no replicas), one sale per round with `buckets = 1` (one slot: one \
          master decides every buy) or `buckets = 6` (two buckets' slots per master when the tags spread so), rounds \
          alternating. Redis CPU is each master's process CPU in the measured window per 1,000 buys; the busiest master's \

@@ -210,11 +210,8 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         }
     }
 
-    let buckets = if wanted(crate::buckets::SCENARIO) {
-        crate::buckets::run(s, &work.0, db_url, &ctx.pg).await.context("bucketed stock rows")?
-    } else {
-        Vec::new()
-    };
+    let buckets =
+        if wanted(crate::buckets::SCENARIO) { crate::buckets::run(s, &work.0).await.context("bucketed stock rows")? } else { Vec::new() };
 
     let drain = if s.drain_orders > 0 {
         let counter = OrderCounter::Postgres(ctx.pg.clone());

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use flashgate_common::buckets::home_bucket;
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::transfer::{self, Taken};
-use flashgate_tests::{buy_all, get_json, Attempt, Deployment, RedisCluster, RedisMode, Stack, StackOptions, ADMIN_TOKEN};
+use flashgate_tests::{buy_all, get_json, Attempt, Deployment, RedisCluster, RedisMode, Stack, StackOptions};
 use redis::aio::MultiplexedConnection;
 
 /// A plain connection to one node of the cluster.
@@ -37,23 +37,41 @@ async fn wait_subscribers(cluster: &RedisCluster, n: i64) {
     }
 }
 
-/// Creates an open bucketed sale through the admin API.
-async fn put_bucketed(stack: &Stack, id: &str, stock: i64, per_user_limit: i64, buckets: u32) {
-    let now = flashgate_common::now_ms();
-    let body = serde_json::json!({
-        "name": format!("Sale {id}"),
-        "stock": stock,
-        "per_user_limit": per_user_limit,
-        "starts_at": flashgate_common::rfc3339(now - 1000),
-        "ends_at": flashgate_common::rfc3339(now + 3_600_000),
-        "buckets": buckets,
+/// Samples the books of sale `id` every 20 ms until the returned flag is
+/// cleared; the task answers how many samples it read whole. Every
+/// bucket's own books must balance at every instant (each bucket is read
+/// atomically, one MULTI in its slot); with `stock`, so must the sale's:
+/// `Σ remaining + Σ reserved + in transit = stock`, in transit being
+/// `Σ sent − Σ received` over the buckets. A transient Redis error (a slot
+/// moving, a timeout) skips that sample: the books are checked exactly
+/// again once nothing moves.
+async fn sample_books(stack: &Stack, id: &str, buckets: u32, stock: Option<i64>) -> (Arc<AtomicBool>, tokio::task::JoinHandle<u32>) {
+    let selling = Arc::new(AtomicBool::new(true));
+    let (flag, id) = (selling.clone(), id.to_owned());
+    let mut conn = stack.redis_handle().await;
+    let sampler = tokio::spawn(async move {
+        let mut samples = 0;
+        while flag.load(Ordering::Relaxed) {
+            let (mut total, mut read_all) = (0, true);
+            for k in 0..buckets {
+                let Ok(ledger) = transfer::ledger(&mut conn, &id, k).await else {
+                    read_all = false;
+                    break;
+                };
+                assert!(ledger.balances(), "bucket {k} out of balance while selling: {ledger:?}");
+                total += ledger.remaining + ledger.reserved + ledger.sent - ledger.received;
+            }
+            if read_all {
+                if let Some(stock) = stock {
+                    assert_eq!(total, stock, "the sale's books while selling");
+                }
+                samples += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        samples
     });
-    let resp = stack.http.put(stack.admin_url(&format!("/admin/sales/{id}"))).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
-    let status = resp.status().as_u16();
-    let v: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(status, 201, "PUT sale {id}: {v}");
-    assert_eq!(v["buckets"], buckets, "{v}");
-    assert_eq!(v["remaining"], stock, "{v}");
+    (selling, sampler)
 }
 
 /// `n` user ids whose home bucket (of `buckets`) satisfies `want`.
@@ -112,7 +130,7 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
     const BUCKETS: u32 = 6;
     const BUYERS: usize = 100_000;
     let id = sale_id("hot");
-    put_bucketed(&stack, &id, STOCK, 1, BUCKETS).await;
+    stack.open_bucketed_sale(&id, STOCK, 1, BUCKETS).await;
     let mut masters = HashSet::new();
     for k in 0..BUCKETS {
         masters.insert(cluster.master_for_key(&SaleKeys::bucket(&id, k).meta).await);
@@ -135,43 +153,10 @@ async fn a_bucketed_sale_sells_exactly_its_stock_over_several_masters_with_a_ske
     crowd.extend(hot);
     assert_eq!(crowd.iter().collect::<HashSet<_>>().len(), BUYERS, "distinct buyers");
 
-    // Every bucket's own books balance at every instant of the sale, and
-    // so does the sale's: each bucket is read atomically (one MULTI in its
-    // slot), and summed, `Σ remaining + Σ reserved + in transit = stock`
-    // with in transit = Σ sent − Σ received over the buckets. The books
-    // read transfer by transfer (`transfer::books`) are checked exactly
-    // once nothing moves, after the burst.
-    let selling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let (selling, id) = (selling.clone(), id.clone());
-        let mut conn = stack.redis_handle().await;
-        tokio::spawn(async move {
-            let mut samples = 0;
-            while selling.load(Ordering::Relaxed) {
-                let (mut remaining, mut reserved, mut in_transit) = (0, 0, 0);
-                let mut read_all = true;
-                for k in 0..BUCKETS {
-                    // A transient Redis error (a slot moving, a timeout)
-                    // skips this sample; the books are checked exactly
-                    // after the burst.
-                    let Ok(ledger) = transfer::ledger(&mut conn, &id, k).await else {
-                        read_all = false;
-                        break;
-                    };
-                    assert!(ledger.balances(), "bucket {k} out of balance while selling: {ledger:?}");
-                    remaining += ledger.remaining;
-                    reserved += ledger.reserved;
-                    in_transit += ledger.sent - ledger.received;
-                }
-                if read_all {
-                    assert_eq!(remaining + reserved + in_transit, STOCK, "the sale's books while selling");
-                    samples += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            samples
-        })
-    };
+    // The books balance while selling, the sale's as well as each
+    // bucket's; read transfer by transfer (`transfer::books`) they are
+    // checked exactly once nothing moves, after the burst.
+    let (selling, sampler) = sample_books(&stack, &id, BUCKETS, Some(STOCK)).await;
     let mut outcomes = buy_on_both(&gateways, &id, &crowd).await;
     // A refill cut by its deadline on this loaded machine answers 503: the
     // buyer asks again, as a client would, in rounds, until decided.
@@ -242,7 +227,7 @@ async fn buy_on_both(gateways: &[std::net::SocketAddr; 2], id: &str, users: &[St
 async fn nobody_buys_above_the_per_user_limit_of_a_bucketed_sale() {
     let stack = Stack::start(cluster_stack()).await;
     let id = sale_id("lim");
-    put_bucketed(&stack, &id, 60, 3, 4).await;
+    stack.open_bucketed_sale(&id, 60, 3, 4).await;
     // 15 users, each hammering ten buys: 45 items at most can go.
     let users: Vec<String> = (0..15).map(|i| format!("{id}-u{i}")).collect();
     let attempts: Vec<Attempt> = (0..10).flat_map(|_| users.iter().map(|u| Attempt::by(u))).collect();
@@ -265,7 +250,7 @@ async fn a_transfer_cut_between_its_two_sides_stays_in_the_books_and_is_delivere
     let gateways = [stack.gateway_addr, gateway2_addr];
     wait_subscribers(cluster, 2).await;
     let id = sale_id("cut");
-    put_bucketed(&stack, &id, 6, 1, 2).await;
+    stack.open_bucketed_sale(&id, 6, 1, 2).await;
     let mut conn = stack.redis_handle().await;
 
     // A gateway takes 2 items out of bucket 0 for bucket 1, then dies.
@@ -365,7 +350,7 @@ async fn a_failed_over_bucket_is_resynced_and_the_sale_sells_exactly_its_stock(k
             break (id, [m0, m1]);
         }
     };
-    put_bucketed(&stack, &id, STOCK, 1, 2).await;
+    stack.open_bucketed_sale(&id, STOCK, 1, 2).await;
     let (donor, target) = (0_u32, 1_u32);
     let lost = if killed == Killed::Donor { donor } else { target };
     let victim = masters[lost as usize];
@@ -487,7 +472,7 @@ async fn with_replica_waits_a_take_no_replica_holds_is_not_given_and_stays_open_
             break (id, m0);
         }
     };
-    put_bucketed(&stack, &id, 4, 1, 2).await;
+    stack.open_bucketed_sale(&id, 4, 1, 2).await;
     let homed = users_where(&format!("{id}-b"), 4, 2, |b| b == 1);
     // Bucket 1 sells its two items; bucket 0 keeps its two.
     for user in &homed[..2] {
@@ -566,29 +551,7 @@ async fn a_bucketed_sale_keeps_exact_books_through_stock_changes_and_payment_tim
 
     // Every bucket's own books balance at every instant, whatever buys,
     // transfers, stock changes and returns do to it.
-    let selling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let (selling, id) = (selling.clone(), id.clone());
-        let mut conn = stack.redis_handle().await;
-        tokio::spawn(async move {
-            let mut samples = 0;
-            while selling.load(Ordering::Relaxed) {
-                let mut read_all = true;
-                for k in 0..BUCKETS {
-                    // A transient Redis error skips this sample (the
-                    // books are checked again at the end).
-                    let Ok(ledger) = transfer::ledger(&mut conn, &id, k).await else {
-                        read_all = false;
-                        break;
-                    };
-                    assert!(ledger.balances(), "bucket {k} out of balance while selling: {ledger:?}");
-                }
-                samples += u32::from(read_all);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            samples
-        })
-    };
+    let (selling, sampler) = sample_books(&stack, &id, BUCKETS, None).await;
 
     // Wave 1: 350 buyers, more than the 300 items at first, 280 of them
     // at home in bucket 0 (75 items: the rest come by transfers), while an

@@ -429,6 +429,16 @@ fn bucketed_body(stock: i64, buckets: i64) -> String {
         .to_string()
 }
 
+/// A new bucketed sale of `stock` over `buckets`, created through the
+/// admin API; its id and admin path.
+async fn created_bucketed(f: &Fixture, stock: i64, buckets: i64) -> (String, String) {
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(f, "PUT", &uri, Some(&bucketed_body(stock, buckets))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    (id, uri)
+}
+
 #[tokio::test]
 async fn a_bucketed_sale_is_preheated_bucket_by_bucket_and_a_new_stock_is_spread_over_its_buckets() {
     let f = fixture().await;
@@ -506,10 +516,7 @@ async fn bucket_books(conn: &mut redis::aio::MultiplexedConnection, id: &str, bu
 #[tokio::test]
 async fn a_bucketed_sale_lowered_below_its_unsold_items_is_refused_and_nothing_changes() {
     let f = fixture().await;
-    let id = unique("b");
-    let uri = format!("/admin/sales/{id}");
-    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(10, 4))).await;
-    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let (id, uri) = created_bucketed(&f, 10, 4).await;
     let mut conn = f.redis.conn().await;
     // Bucket 0's 3 items are sold, and 1 of bucket 1's is in transit to
     // bucket 2 (taken from bucket 1, not added to bucket 2 yet): 6 unsold
@@ -544,10 +551,7 @@ async fn a_bucketed_sale_lowered_below_its_unsold_items_is_refused_and_nothing_c
 #[tokio::test]
 async fn reconciliation_moves_the_bases_of_a_bucketed_sale_back_to_the_database_stock() {
     let f = fixture().await;
-    let id = unique("b");
-    let uri = format!("/admin/sales/{id}");
-    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
-    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let (id, uri) = created_bucketed(&f, 8, 2).await;
     let mut conn = f.redis.conn().await;
     // A stock change to 11 that died before its commit: the bases moved,
     // the database kept 8.
@@ -616,10 +620,7 @@ async fn a_bucketed_sale_in_redis_but_not_in_the_database_has_its_bases_moved_to
 #[tokio::test]
 async fn a_stock_change_cut_at_its_crash_points_never_leaves_more_items_than_the_database_stock() {
     let f = fixture().await;
-    let id = unique("b");
-    let uri = format!("/admin/sales/{id}");
-    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
-    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let (id, uri) = created_bucketed(&f, 8, 2).await;
     let mut conn = f.redis.conn().await;
 
     // An increase to 12 cut after its commit: the database has 12, the
@@ -660,10 +661,7 @@ async fn a_stock_change_cut_at_its_crash_points_never_leaves_more_items_than_the
 #[tokio::test]
 async fn reconciliation_reports_a_surplus_already_sold_and_skips_a_fenced_bucket() {
     let f = fixture().await;
-    let id = unique("b");
-    let uri = format!("/admin/sales/{id}");
-    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
-    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let (id, uri) = created_bucketed(&f, 8, 2).await;
     let mut conn = f.redis.conn().await;
     // 3 items too many in the bases (an older change that died), and every
     // unsold item gone: the surplus cannot be taken back.
@@ -698,10 +696,7 @@ async fn reconciliation_reports_a_surplus_already_sold_and_skips_a_fenced_bucket
 #[tokio::test]
 async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_old_stock_blindly() {
     let f = fixture().await;
-    let id = unique("b");
-    let uri = format!("/admin/sales/{id}");
-    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(8, 2))).await;
-    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let (id, _) = created_bucketed(&f, 8, 2).await;
     let mut conn = f.redis.conn().await;
     let old = f.state.store.sale(&id).await.unwrap().unwrap();
 
