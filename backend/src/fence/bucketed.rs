@@ -31,7 +31,12 @@
 //!    by the difference: a raise always, and before step 4's test (its
 //!    items may be what covers the shortfall); a cut only as far as K's
 //!    remaining stays >= 0, the rest left to reconciliation (logged);
-//! 6. the definition (and the pause the database records) is copied to K,
+//! 6. gives that landed in K from an unfenced donor D whose `xfer-out`
+//!    lacks their take (D lost it, and K's failover lost the token D's
+//!    re-sync wrote here) are recorded in D as done and their items taken
+//!    from D's remaining, D's shortfall covered as in step 4 (else K stays
+//!    fenced, logged);
+//! 7. the definition (and the pause the database records) is copied to K,
 //!    and K's fence is lifted only if every script ran on the Redis that
 //!    holds K now.
 //!
@@ -289,6 +294,76 @@ async fn cover<C: ConnectionLike + Send>(
     }
 }
 
+/// Step 6: gives that landed in `x` (being re-synced) from a donor whose
+/// Redis lost the take. Once a donor D was re-synced, a late give of a
+/// take D lost should be refused by the token fence, but `x`'s failover
+/// may have lost the token D's re-sync wrote here, and the give landed:
+/// a record of `x`'s `xfer-in` from an unfenced D that D's `xfer-out`
+/// lacks is recorded in D as done and its items taken from D's
+/// `remaining` (`lua/resync_transfers.lua` on D's slot, idempotent). A
+/// shortfall in D is covered from the other buckets as step 4 covers
+/// `x`'s. A fenced D is left to its own re-sync, which reads `x`'s
+/// records. Answers `Some` when `x` must stay fenced: D moved meanwhile,
+/// or its shortfall could not be covered (logged).
+async fn settle_late_gives<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+    x: u32,
+    scripts: &IntCounter,
+) -> Result<Option<Resynced>, SaleError> {
+    let received: HashMap<String, String> = redis::cmd("HGETALL").arg(SaleKeys::bucket(sale_id, x).xfer_in).query_async(conn).await?;
+    for d in (0..buckets).filter(|d| *d != x) {
+        let out: Vec<(String, u32, i64)> = received
+            .iter()
+            .filter_map(|(xid, raw)| match Received::parse(raw) {
+                Some(Received { from: Some(from), n }) if from == d => Some((xid.clone(), x, n)),
+                _ => None,
+            })
+            .collect();
+        if out.is_empty() {
+            continue;
+        }
+        let keys = SaleKeys::bucket(sale_id, d);
+        scripts.inc();
+        let seen = fence(conn, &keys, "").await?;
+        if seen.settled() != Some(Resynced::NotNeeded) {
+            continue;
+        }
+        scripts.inc();
+        let done = reconcile(conn, &keys, 0, &Peers { into: Vec::new(), out }).await?;
+        if done.status == -1 {
+            continue;
+        }
+        if done.replid != seen.replid {
+            return Ok(Some(Resynced::Moved));
+        }
+        if done.taken > 0 {
+            tracing::warn!(
+                sale = sale_id,
+                bucket = x,
+                donor = d,
+                taken = done.taken,
+                "gives landed in the failed-over bucket for takes their donor lost; recorded in the donor"
+            );
+        }
+        if done.status == 0 {
+            let left = cover(conn, sale_id, buckets, d, -done.remaining, scripts).await?;
+            if left > 0 {
+                tracing::error!(
+                    sale = sale_id,
+                    bucket = x,
+                    donor = d,
+                    short = left,
+                    "a donor whose lost takes were recorded is short and the other buckets cannot cover it; the bucket stays fenced"
+                );
+                return Ok(Some(Resynced::StockBelowSold { sold: done.sold }));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// One run of `lua/resync_transfers.lua` on bucket `k`.
 struct Reconciled {
     replid: String,
@@ -401,6 +476,9 @@ async fn resync_bucket<C: ConnectionLike + Send>(
             remaining = done.remaining,
             "the base change is more than the bucket can give up; the rest is left to reconciliation"
         );
+    }
+    if let Some(outcome) = settle_late_gives(conn, sale_id, buckets, k, &resyncer.scripts).await? {
+        return Ok(outcome);
     }
     if let Some(spec) = sale.spec {
         let mut fields = crate::buckets::definition_fields(spec);
