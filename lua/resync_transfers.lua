@@ -20,11 +20,13 @@
 --         its items have arrived) and its items taken from `remaining`.
 -- Reply: {this Redis's replication id, transfers added now, takes
 --         recorded now, status, remaining, sold, base change applied},
---         status 1 done; 0 `remaining` is negative once the transfers are
---         counted (the caller covers the shortfall from the other buckets
---         and calls again; no base change applied); -1 the bucket is not
---         in Redis (nothing changed). The base change is applied only as
---         far as `remaining` stays >= 0 (a cut left to reconciliation).
+--         status 1 done; 0 `remaining` is negative once the transfers and
+--         a raise of the base are counted (the caller covers the shortfall
+--         from the other buckets and calls again with the change less what
+--         was applied; a cut is not applied); -1 the bucket is not in
+--         Redis (nothing changed). A raise is always applied, before the
+--         test; a cut only as far as `remaining` stays >= 0 (the rest is
+--         left to reconciliation).
 
 local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -51,12 +53,24 @@ for i = 3 + 3 * m, #ARGV, 3 do
 end
 local remaining = tonumber(redis.call('GET', KEYS[2]) or '0')
 local sold = redis.call('HLEN', KEYS[5]) - redis.call('SCARD', KEYS[6])
-if remaining < 0 then
-  return {replid, added, taken, 0, remaining, sold, 0}
-end
-local change = math.max(tonumber(ARGV[1]), -remaining)
-if change ~= 0 then
+local change = tonumber(ARGV[1])
+local applied = 0
+-- A raise first: the items it adds may be what covers a shortfall (applied
+-- after the test, a bucket short by less than the raise stayed fenced).
+if change > 0 then
   redis.call('HINCRBY', KEYS[1], 'stock', change)
   remaining = redis.call('INCRBY', KEYS[2], change)
+  applied = change
 end
-return {replid, added, taken, 1, remaining, sold, change}
+if remaining < 0 then
+  return {replid, added, taken, 0, remaining, sold, applied}
+end
+-- A cut only as far as what the bucket holds.
+if change < 0 then
+  applied = math.max(change, -remaining)
+  if applied ~= 0 then
+    redis.call('HINCRBY', KEYS[1], 'stock', applied)
+    remaining = redis.call('INCRBY', KEYS[2], applied)
+  end
+end
+return {replid, added, taken, 1, remaining, sold, applied}

@@ -129,30 +129,38 @@ pub async fn put(
     // items (reconciliation adds them back); an increase moves them only
     // after the commit (docs/ARCHITECTURE.md, "Stock change").
     let plan = if spec.buckets > 1 { plan_bases(&mut redis, previous.as_ref(), &spec).await? } else { None };
-    let decreased = match plan {
+    // A decrease keeps its buckets' `moving` markers until it is final
+    // (committed, or moved back): until then no gateway confirms the sale
+    // dry from buckets it may give items back to.
+    let (decreased, markers) = match plan {
         Some(from) if spec.stock < from => decrease_bases(&mut redis, &spec, from).await?,
-        _ => None,
+        _ => (None, stock::Markers::default()),
     };
     let applied = match sales::apply(&mut redis, &state.store, &spec).await {
         Ok(applied) => applied,
         Err(error) => {
             revert_bases(&mut redis, &spec, decreased).await;
+            markers.end(&mut redis).await;
             return Err(error.into());
         }
     };
     match applied {
         Applied::StockBelowSold { sold } => {
             revert_bases(&mut redis, &spec, decreased).await;
+            markers.end(&mut redis).await;
             return Err(stock_below_sold(spec.stock, sold));
         }
         Applied::Updated { .. } | Applied::Preheated { .. } => {}
     }
+    markers.refresh(&mut redis).await;
     if let Err(error) = write.commit().await {
         // Redis has the new definition, and the commit may have happened
         // after all: Redis is made to match what the database holds now.
         after_failed_commit(&mut redis, &state.store, &spec, previous.as_ref(), decreased).await;
+        markers.end(&mut redis).await;
         return Err(error.into());
     }
+    markers.end(&mut redis).await;
     if matches!(plan, Some(from) if spec.stock > from) {
         if let Err(error) = increase_bases(&mut redis, &state.store, &spec.id).await {
             tracing::warn!(%error, sale = %spec.id, "the raised stock is saved but its items are not in the buckets yet");
@@ -228,15 +236,23 @@ async fn plan_bases<C: redis::aio::ConnectionLike + Send>(
 
 /// Takes the buckets' bases of `new` down from Σ `from` to `new.stock`,
 /// all or nothing; answers the Σ to move them back to if the change fails
-/// before its commit.
-async fn decrease_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, new: &SaleSpec, from: i64) -> Result<Option<i64>, ApiError> {
+/// before its commit, and the markers of the buckets lowered, for the
+/// caller to end once the change is committed or moved back.
+async fn decrease_bases<C: redis::aio::ConnectionLike + Send>(
+    redis: &mut C,
+    new: &SaleSpec,
+    from: i64,
+) -> Result<(Option<i64>, stock::Markers), ApiError> {
     stock::check(redis, &new.id, new.buckets).await?;
-    match stock::move_to(redis, &new.id, new.buckets, new.stock, stock::Short::GiveBack).await? {
-        stock::Moved::Refused { sold } => Err(stock_below_sold(new.stock, sold)),
-        stock::Moved::Done { changes, .. } if changes.iter().all(|c| *c == 0) => Ok(None),
-        stock::Moved::Done { changes, .. } => {
+    match stock::move_keeping_markers(redis, &new.id, new.buckets, new.stock, stock::Short::GiveBack).await? {
+        (stock::Moved::Refused { sold }, markers) => {
+            markers.end(redis).await;
+            Err(stock_below_sold(new.stock, sold))
+        }
+        (stock::Moved::Done { changes, .. }, markers) if changes.iter().all(|c| *c == 0) => Ok((None, markers)),
+        (stock::Moved::Done { changes, .. }, markers) => {
             tracing::info!(sale = %new.id, from, to = new.stock, ?changes, "bucket bases lowered by a stock change");
-            Ok(Some(from))
+            Ok((Some(from), markers))
         }
     }
 }

@@ -722,3 +722,38 @@ async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_o
     assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
     assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 12);
 }
+
+#[tokio::test]
+async fn a_decreases_stock_move_markers_stay_until_it_is_committed_or_moved_back() {
+    use crate::buckets::stock::{self, Moved, Short};
+    let f = fixture().await;
+    let id = unique("b");
+    let uri = format!("/admin/sales/{id}");
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(10, 2))).await;
+    assert_eq!(status, StatusCode::CREATED, "{view}");
+    let mut conn = f.redis.conn().await;
+    let moving = |conn: &mut redis::aio::MultiplexedConnection, k: u32| {
+        let key = SaleKeys::bucket(&id, k).moving;
+        let mut conn = conn.clone();
+        async move { conn.exists::<_, bool>(key).await.unwrap() }
+    };
+    // Lowered, not final yet (the change may still be moved back): every
+    // bucket lowered keeps its marker, so no gateway confirms it dry.
+    let (moved, markers) = stock::move_keeping_markers(&mut conn, &id, 2, 6, Short::GiveBack).await.unwrap();
+    let Moved::Done { changes, missing: 0 } = moved else { panic!("{moved:?}") };
+    for (k, c) in changes.iter().enumerate() {
+        assert_eq!(moving(&mut conn, k as u32).await, *c != 0, "bucket {k} ({c}): marker kept until the change is final");
+    }
+    assert!(changes.iter().any(|c| *c != 0), "{changes:?}");
+    markers.refresh(&mut conn).await;
+    // Moved back (the commit failed), then final: the markers end.
+    let back = stock::move_to(&mut conn, &id, 2, 10, Short::Keep).await.unwrap();
+    assert!(matches!(back, Moved::Done { missing: 0, .. }), "{back:?}");
+    markers.end(&mut conn).await;
+    assert!(!moving(&mut conn, 0).await && !moving(&mut conn, 1).await);
+    // A decrease through the API ends them once committed.
+    let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(7, 2))).await;
+    assert_eq!((status, view["stock"].as_i64()), (StatusCode::OK, Some(7)), "{view}");
+    assert!(!moving(&mut conn, 0).await && !moving(&mut conn, 1).await, "committed: the markers end");
+    assert_eq!(bases_sum(&mut conn, &id, 2).await, 7);
+}

@@ -19,7 +19,9 @@
 //!   buckets given items back are announced as stocked.
 //!
 //! Every script that moves a base also sets the bucket's `moving` marker
-//! (deleted when [`move_to`] ends, with a TTL if the backend dies): the
+//! (deleted when [`move_to`] ends, or when the caller of
+//! [`move_keeping_markers`] ends its [`Markers`] once its move is final;
+//! with a TTL if the backend dies): the
 //! sold-out confirmation (`flashgate_common::transfer::confirm_dry`) never
 //! calls a bucket dry while it is set, and it compares the bases of its
 //! two reads, so items added or taken and given back by a move are never
@@ -131,10 +133,74 @@ pub async fn check<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u3
 /// Ends the "stock move in flight" markers of the buckets `changes` moved
 /// (the TTL ends them if this fails).
 async fn moved_done<C: ConnectionLike + Send>(conn: &mut C, id: &str, changes: &[i64]) {
-    for (k, _) in changes.iter().enumerate().filter(|(_, c)| **c != 0) {
-        let done: Result<i64, RedisError> = redis::cmd("DEL").arg(SaleKeys::bucket(id, k as u32).moving).query_async(conn).await;
+    end_markers(conn, id, changes.iter().enumerate().filter(|(_, c)| **c != 0).map(|(k, _)| k as u32)).await;
+}
+
+/// Deletes the markers of `buckets` (logged if Redis fails: they expire).
+async fn end_markers<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: impl Iterator<Item = u32>) {
+    for k in buckets {
+        let done: Result<i64, RedisError> = redis::cmd("DEL").arg(SaleKeys::bucket(id, k).moving).query_async(conn).await;
         if let Err(error) = done {
             tracing::warn!(%error, sale = id, bucket = k, "cannot end a bucket's stock-move marker; it expires on its own");
+        }
+    }
+}
+
+/// The "stock move in flight" markers a move left set, for a caller whose
+/// move is not final yet (an operator's decrease, moved back if its
+/// commit fails): it calls [`Markers::refresh`] while it waits and
+/// [`Markers::end`] once the bases are final (committed, or moved back).
+/// Dropped without `end` (the backend dies, the request is cancelled), the
+/// markers expire on their own after [`MOVING_MS`].
+#[derive(Debug, Default)]
+#[must_use = "the markers stay until their TTL unless ended"]
+pub struct Markers {
+    id: String,
+    buckets: Vec<u32>,
+}
+
+impl Markers {
+    /// Sets every marker again with a full TTL: the move is still not
+    /// final (e.g. before a commit that may take a while).
+    pub async fn refresh<C: ConnectionLike + Send>(&self, conn: &mut C) {
+        for k in &self.buckets {
+            let set: Result<(), RedisError> =
+                redis::cmd("SET").arg(SaleKeys::bucket(&self.id, *k).moving).arg("1").arg("PX").arg(MOVING_MS).query_async(conn).await;
+            if let Err(error) = set {
+                tracing::warn!(%error, sale = %self.id, bucket = k, "cannot renew a bucket's stock-move marker");
+            }
+        }
+    }
+
+    /// Ends the markers: the bases are final.
+    pub async fn end<C: ConnectionLike + Send>(self, conn: &mut C) {
+        end_markers(conn, &self.id, self.buckets.iter().copied()).await;
+    }
+}
+
+/// [`move_to`], but a [`Moved::Done`] that moved a base leaves its
+/// buckets' markers set, for the caller to end ([`Markers`]); any other
+/// outcome ends them here (nothing moved, or everything was given back).
+///
+/// # Errors
+/// As [`move_to`].
+pub async fn move_keeping_markers<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+    target: i64,
+    short: Short,
+) -> Result<(Moved, Markers), SaleError> {
+    let mut changes = vec![0_i64; buckets as usize];
+    let moved = move_inner(conn, id, target, short, &mut changes).await;
+    match moved {
+        Ok(moved @ Moved::Done { .. }) => {
+            let touched = changes.iter().enumerate().filter(|(_, c)| **c != 0).map(|(k, _)| k as u32).collect();
+            Ok((moved, Markers { id: id.to_owned(), buckets: touched }))
+        }
+        other => {
+            moved_done(conn, id, &changes).await;
+            other.map(|m| (m, Markers::default()))
         }
     }
 }

@@ -19,16 +19,24 @@
 //!    naming K as donor that K's `xfer-out` lacks is recorded as done and
 //!    its items taken from K (K lost the take). A record of another
 //!    bucket's `xfer-in` without a donor (a bare count from an older
-//!    version) or unreadable hides such a take: K stays fenced, logged;
+//!    version) or unreadable hides such a take, an unreadable record of
+//!    another bucket's `xfer-out` such a transfer into K: K stays fenced,
+//!    logged;
 //! 4. if K's `remaining` is then negative (both sides of a transfer lost,
 //!    the buyer's order in the database), the shortfall is covered by
 //!    ordinary recorded transfers into K from the other, unfenced buckets
 //!    holding items; K stays fenced only if the whole sale cannot cover it;
 //! 5. if the buckets' bases (each meta's `stock`) no longer sum to the
 //!    database's stock (a base change K lost), K's base and remaining move
-//!    by the difference, as far as K's remaining stays >= 0; the rest is
-//!    left to reconciliation (logged);
-//! 6. the definition (and the pause the database records) is copied to K,
+//!    by the difference: a raise always, and before step 4's test (its
+//!    items may be what covers the shortfall); a cut only as far as K's
+//!    remaining stays >= 0, the rest left to reconciliation (logged);
+//! 6. gives that landed in K from an unfenced donor D whose `xfer-out`
+//!    lacks their take (D lost it, and K's failover lost the token D's
+//!    re-sync wrote here) are recorded in D as done and their items taken
+//!    from D's remaining, D's shortfall covered as in step 4 (else K stays
+//!    fenced, logged);
+//! 7. the definition (and the pause the database records) is copied to K,
 //!    and K's fence is lifted only if every script ran on the Redis that
 //!    holds K now.
 //!
@@ -82,11 +90,12 @@ pub(super) async fn resync<C: ConnectionLike + Send>(
     if due.is_empty() {
         return Ok(Resynced::NotNeeded);
     }
-    // Outside the hold: the pause an operator recorded for the sale.
-    let paused = store.sale_paused(sale_id).await?;
     let mut hold = store.begin_resync(sale_id).await?;
     let orders = hold.orders(sale_id).await?;
     let spec = hold.sale(sale_id).await?;
+    // Under the hold too, as the definition: a pause an operator records
+    // meanwhile is not lost behind an older read.
+    let paused = hold.paused(sale_id).await?;
     let sale = Sale { id: sale_id, buckets, orders: &orders, spec: spec.as_ref(), paused };
     let (mut synced, mut other, mut failed) = (None::<(i64, i64)>, None, None);
     for k in due {
@@ -154,17 +163,31 @@ struct Peers {
 }
 
 /// Reads the other buckets' records about `k`; `None` when a record of an
-/// `xfer-in` has no donor or cannot be read (logged): it may be a take
-/// `k` lost, which cannot be told.
+/// `xfer-in` has no donor or cannot be read, or a record of an `xfer-out`
+/// cannot be read (logged): it may be a take `k` lost, or a transfer into
+/// `k` whose add it lost, which cannot be told.
 async fn peers<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, k: u32) -> Result<Option<Peers>, SaleError> {
     let mut peers = Peers { into: Vec::new(), out: Vec::new() };
     for x in (0..buckets).filter(|x| *x != k) {
         let keys = SaleKeys::bucket(sale_id, x);
         let sent: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.xfer_out).query_async(conn).await?;
         for (xid, raw) in sent.iter().filter(|(xid, _)| !xid.starts_with('#')) {
-            if let Ok(r) = serde_json::from_str::<Record>(raw) {
-                if r.to == k {
-                    peers.into.push((xid.clone(), x, r.n));
+            match serde_json::from_str::<Record>(raw) {
+                Ok(r) => {
+                    if r.to == k {
+                        peers.into.push((xid.clone(), x, r.n));
+                    }
+                }
+                Err(_) => {
+                    tracing::error!(
+                        sale = sale_id,
+                        bucket = k,
+                        holder = x,
+                        transfer = %xid,
+                        record = %raw,
+                        "a transfer-out record cannot be read; a transfer into the failed-over bucket it lost cannot be seen, it stays fenced"
+                    );
+                    return Ok(None);
                 }
             }
         }
@@ -271,6 +294,76 @@ async fn cover<C: ConnectionLike + Send>(
     }
 }
 
+/// Step 6: gives that landed in `x` (being re-synced) from a donor whose
+/// Redis lost the take. Once a donor D was re-synced, a late give of a
+/// take D lost should be refused by the token fence, but `x`'s failover
+/// may have lost the token D's re-sync wrote here, and the give landed:
+/// a record of `x`'s `xfer-in` from an unfenced D that D's `xfer-out`
+/// lacks is recorded in D as done and its items taken from D's
+/// `remaining` (`lua/resync_transfers.lua` on D's slot, idempotent). A
+/// shortfall in D is covered from the other buckets as step 4 covers
+/// `x`'s. A fenced D is left to its own re-sync, which reads `x`'s
+/// records. Answers `Some` when `x` must stay fenced: D moved meanwhile,
+/// or its shortfall could not be covered (logged).
+async fn settle_late_gives<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+    x: u32,
+    scripts: &IntCounter,
+) -> Result<Option<Resynced>, SaleError> {
+    let received: HashMap<String, String> = redis::cmd("HGETALL").arg(SaleKeys::bucket(sale_id, x).xfer_in).query_async(conn).await?;
+    for d in (0..buckets).filter(|d| *d != x) {
+        let out: Vec<(String, u32, i64)> = received
+            .iter()
+            .filter_map(|(xid, raw)| match Received::parse(raw) {
+                Some(Received { from: Some(from), n }) if from == d => Some((xid.clone(), x, n)),
+                _ => None,
+            })
+            .collect();
+        if out.is_empty() {
+            continue;
+        }
+        let keys = SaleKeys::bucket(sale_id, d);
+        scripts.inc();
+        let seen = fence(conn, &keys, "").await?;
+        if seen.settled() != Some(Resynced::NotNeeded) {
+            continue;
+        }
+        scripts.inc();
+        let done = reconcile(conn, &keys, 0, &Peers { into: Vec::new(), out }).await?;
+        if done.status == -1 {
+            continue;
+        }
+        if done.replid != seen.replid {
+            return Ok(Some(Resynced::Moved));
+        }
+        if done.taken > 0 {
+            tracing::warn!(
+                sale = sale_id,
+                bucket = x,
+                donor = d,
+                taken = done.taken,
+                "gives landed in the failed-over bucket for takes their donor lost; recorded in the donor"
+            );
+        }
+        if done.status == 0 {
+            let left = cover(conn, sale_id, buckets, d, -done.remaining, scripts).await?;
+            if left > 0 {
+                tracing::error!(
+                    sale = sale_id,
+                    bucket = x,
+                    donor = d,
+                    short = left,
+                    "a donor whose lost takes were recorded is short and the other buckets cannot cover it; the bucket stays fenced"
+                );
+                return Ok(Some(Resynced::StockBelowSold { sold: done.sold }));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// One run of `lua/resync_transfers.lua` on bucket `k`.
 struct Reconciled {
     replid: String,
@@ -350,9 +443,12 @@ async fn resync_bucket<C: ConnectionLike + Send>(
         if left > 0 {
             return Ok(Resynced::StockBelowSold { sold: done.sold });
         }
-        // Every transfer is recorded now: only the base change is left.
+        // Every transfer is recorded now: only the base change is left (a
+        // raise was applied by the first call already).
+        let first = done.applied;
         resyncer.scripts.inc();
-        done = reconcile(conn, &keys, change, &Peers { into: Vec::new(), out: Vec::new() }).await?;
+        done = reconcile(conn, &keys, change - first, &Peers { into: Vec::new(), out: Vec::new() }).await?;
+        done.applied += first;
         if done.replid != seen.replid {
             return Ok(Resynced::Moved);
         }
@@ -380,6 +476,9 @@ async fn resync_bucket<C: ConnectionLike + Send>(
             remaining = done.remaining,
             "the base change is more than the bucket can give up; the rest is left to reconciliation"
         );
+    }
+    if let Some(outcome) = settle_late_gives(conn, sale_id, buckets, k, &resyncer.scripts).await? {
+        return Ok(outcome);
     }
     if let Some(spec) = sale.spec {
         let mut fields = crate::buckets::definition_fields(spec);

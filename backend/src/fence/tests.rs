@@ -342,3 +342,79 @@ async fn a_base_cut_a_bucket_cannot_absorb_is_applied_as_far_as_it_can_and_the_b
     assert_eq!(conn.hget::<_, _, String>(&b0.meta, "paused").await.unwrap(), "1", "the database's pause");
     assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded, "the fence is lifted");
 }
+
+#[tokio::test]
+async fn a_raise_the_bucket_lost_covers_its_shortfall_when_the_other_buckets_hold_nothing() {
+    use flashgate_common::transfer::{self, Taken};
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = bucketed_sale(&mut conn, &store, 10).await;
+    let (b0, b1) = (SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
+    // Bucket 1 gives all its 5 items to bucket 0: bucket 1 holds nothing.
+    for (xid, n) in [("y1", 3), ("y2", 1), ("y3", 1)] {
+        assert_eq!(transfer::take(&mut conn, &id, 1, 0, xid, 8).await.unwrap(), Taken::Moved(n));
+        assert!(transfer::complete(&mut conn, &id, 1, 0, xid, n, "r").await.unwrap());
+    }
+    // The operator raised the stock to 12 (bucket 0's base by 2); bucket 0
+    // failed over to a Redis that lost that raise and is 1 item short.
+    store.upsert_sale(&SaleSpec { stock: 12, buckets: 2, ..sale(&id, 12) }).await.unwrap();
+    let () = conn.set(&b0.remaining, -1).await.unwrap();
+    let () = conn.set(&b0.synced, "00").await.unwrap();
+    // Nothing to cover from bucket 1, but the raise covers it.
+    assert!(matches!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { .. }));
+    assert_eq!(conn.get::<_, i64>(&b0.remaining).await.unwrap(), 1, "-1 and the 2 of the raise");
+    assert_eq!(conn.hget::<_, _, i64>(&b0.meta, "stock").await.unwrap(), 7, "the raise applied once");
+    assert_eq!(conn.get::<_, i64>(&b1.remaining).await.unwrap(), 0);
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded, "the fence is lifted");
+}
+
+#[tokio::test]
+async fn a_failed_over_bucket_stays_fenced_while_another_buckets_transfer_out_record_cannot_be_read() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = bucketed_sale(&mut conn, &store, 10).await;
+    let (b0, b1) = (SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
+    // An unreadable record in bucket 1's xfer-out: it may be a transfer
+    // into bucket 0, which failed over and may have lost its add.
+    let () = conn.hset(&b1.xfer_out, "bad", "{not json").await.unwrap();
+    let () = conn.set(&b0.synced, "00").await.unwrap();
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::UnreadableTransfers);
+    assert_eq!(conn.get::<_, String>(&b0.synced).await.unwrap(), "00", "still fenced");
+    assert_eq!(conn.get::<_, i64>(&b0.remaining).await.unwrap(), 5, "nothing guessed");
+}
+
+#[tokio::test]
+async fn a_late_give_landing_after_its_target_lost_the_token_fence_is_reconciled_by_the_targets_resync() {
+    use flashgate_common::transfer::{self, Given, Taken};
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let id = bucketed_sale(&mut conn, &store, 10).await;
+    let (k, x) = (SaleKeys::bucket(&id, 0), SaleKeys::bucket(&id, 1));
+    // Bucket 0 takes 3 for bucket 1; its Redis fails over and loses the take.
+    // "00" stands for the old master's replication id, the one the take
+    // ran on and the new Redis's `synced` still names.
+    assert_eq!(transfer::take(&mut conn, &id, 0, 1, "lost", 8).await.unwrap(), Taken::Moved(3));
+    let old = "00";
+    let () = conn.hdel(&k.xfer_out, &["lost", "#open"]).await.unwrap();
+    let () = conn.set(&k.remaining, 5).await.unwrap();
+    let () = conn.set(&k.synced, old).await.unwrap();
+    // Bucket 0's re-sync finds no give of it anywhere, and fences it off.
+    assert!(matches!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { .. }));
+    assert_eq!(transfer::give(&mut conn, &id, 0, 1, "lost", 3, old).await.unwrap(), Given::Refused);
+    // Bucket 1 fails over to a Redis without that fence: the late give lands.
+    let () = conn.del(&x.xfer_refuse).await.unwrap();
+    let () = conn.set(&x.synced, "00").await.unwrap();
+    assert_eq!(transfer::give(&mut conn, &id, 0, 1, "lost", 3, old).await.unwrap(), Given::Added);
+    // Bucket 1's re-sync records the take in bucket 0 and takes its items there.
+    assert!(matches!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::Synced { .. }));
+    assert_eq!(resyncer().resync(&mut conn, &store, &id).await.unwrap(), Resynced::NotNeeded, "nothing twice");
+    let books = transfer::books(&mut conn, &id, 2).await.unwrap();
+    assert_eq!((books.remaining.clone(), books.in_transit, books.total()), (vec![2, 8], 0, 10), "{books:?}");
+    for b in 0..2 {
+        let ledger = transfer::ledger(&mut conn, &id, b).await.unwrap();
+        assert!(ledger.balances(), "bucket {b}: {ledger:?}");
+    }
+}

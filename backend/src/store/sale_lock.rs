@@ -150,6 +150,16 @@ impl SaleResync {
         row.as_ref().map(sale_from_row).transpose()
     }
 
+    /// The pause an operator recorded for the sale, as committed (`None`:
+    /// unknown sale, or a pause never recorded); see [`Store::sale_paused`].
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn paused(&mut self, sale_id: &str) -> Result<Option<bool>, StoreError> {
+        let row = sqlx::query(&sql::dialect(self.flavour, sql::SALE_PAUSED)).bind(sale_id).fetch_optional(&mut *self.tx).await?;
+        Ok(row.map(|r| r.try_get::<Option<i64>, _>(0)).transpose()?.flatten().map(|p| p != 0))
+    }
+
     /// Ends the hold.
     ///
     /// # Errors

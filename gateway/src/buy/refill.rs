@@ -43,7 +43,7 @@ use std::collections::HashSet;
 use flashgate_common::buckets::{bucket_id, home_bucket};
 use flashgate_common::keys::SaleEvent;
 use flashgate_common::transfer::{self, Given, Taken};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::BuyService;
 use crate::clock::WallClock;
@@ -82,11 +82,8 @@ impl<C: WallClock> BuyService<C> {
         let deadline = tokio::time::Instant::now() + self.redis.config().timeout * REFILL_DEADLINE_TIMEOUTS;
         match tokio::time::timeout_at(deadline, self.refill(sale_id, buckets, user, idempotency_key, rid, home)).await {
             Ok(Ok(Some(decision))) => Ok(decision),
-            // Every bucket confirmed dry: sold out, here without Redis from now.
-            Ok(Ok(None)) => {
-                self.sales.mark_sold_out(sale_id);
-                Ok(decision)
-            }
+            // Every bucket confirmed dry: flagged sold out by `refill`.
+            Ok(Ok(None)) => Ok(decision),
             Ok(Err(rejection)) => Err(rejection),
             Err(_) => {
                 self.metrics.bucket_transfers.with_label_values(&["deadline"]).inc();
@@ -175,6 +172,10 @@ impl<C: WallClock> BuyService<C> {
             // A donor fenced or absent: its items cannot be reached now.
             return Err(Rejection::Unavailable);
         }
+        // Taken before the confirmation: items stocked into a bucket after
+        // it read that bucket (a `stocked` event, or a clear) must not be
+        // hidden behind a sold-out flag set after them.
+        let clears = self.sales.clears(sale_id);
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         let confirmed = self
             .redis
@@ -183,9 +184,21 @@ impl<C: WallClock> BuyService<C> {
             .map_err(|e| self.unavailable(&e))?
             .map_err(|e| self.unavailable(&RedisError::from(e)))?;
         if confirmed {
+            self.confirmed_dry(sale_id, clears);
             Ok(None)
         } else {
             Err(Rejection::Unavailable)
+        }
+    }
+
+    /// Every bucket was confirmed dry: the sale is flagged sold out here
+    /// (answered without Redis from now), unless it was cleared or a
+    /// bucket stocked since `clears` was taken.
+    pub(super) fn confirmed_dry(&self, sale_id: &str, clears: u64) {
+        if self.sales.clears(sale_id) == clears {
+            self.sales.mark_sold_out(sale_id);
+        } else {
+            debug!(sale = sale_id, "every bucket confirmed dry, but one was stocked since; not flagged");
         }
     }
 

@@ -261,3 +261,18 @@ async fn a_buy_admitted_unchallenged_while_sold_out_never_reaches_the_script() {
     assert_eq!(f.service.buy(req).await, BuyOutcome::Refused(Rejection::SoldOut));
     assert_eq!(f.redis.command_calls("evalsha").await, scripts);
 }
+
+#[tokio::test]
+async fn a_refill_confirmed_dry_before_a_bucket_was_stocked_does_not_flag_the_sale_sold_out() {
+    let f = fixture(&[]).await;
+    let sales = &f.service.sales;
+    // Taken before the confirmation; a `stocked` event arrives meanwhile.
+    let clears = sales.clears("s");
+    sales.bucket_stocked("s", 1).await;
+    f.service.confirmed_dry("s", clears);
+    assert!(!sales.is_sold_out("s"), "stock came back after the confirmation read it");
+    // Nothing stocked between the snapshot and the confirmation: flagged.
+    let clears = sales.clears("s");
+    f.service.confirmed_dry("s", clears);
+    assert!(sales.is_sold_out("s"));
+}

@@ -215,8 +215,8 @@ impl SaleCache {
         }
     }
 
-    /// Where the sale stands in its clears: [`SaleCache::forget`] changes
-    /// it. Taken before a call whose sold out is read later (a draw
+    /// Where the sale stands in its clears: [`SaleCache::forget`] and
+    /// [`SaleCache::bucket_stocked`] change it. Taken before a call whose sold out is read later (a draw
     /// entrant's), it tells whether stock may have come back since.
     pub fn clears(&self, sale_id: &str) -> u64 {
         self.cleared.get(sale_id).unwrap_or(0)
@@ -245,8 +245,11 @@ impl SaleCache {
     }
 
     /// Items moved into bucket `bucket` of `sale_id`: it is not empty, so
-    /// neither is the sale.
+    /// neither is the sale. It counts as a clear ([`SaleCache::clears`]):
+    /// a refill that confirmed every bucket dry before this then does not
+    /// flag the sale sold out again.
     pub async fn bucket_stocked(&self, sale_id: &str, bucket: u32) {
+        self.cleared.insert(sale_id.to_owned(), self.flags.fetch_add(1, Ordering::Relaxed) + 1);
         self.empty_buckets.invalidate(&(sale_id.to_owned(), bucket));
         if let Some(flag) = self.sold_out.remove(sale_id) {
             self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
