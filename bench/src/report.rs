@@ -415,7 +415,7 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
          (orders = reservations, nothing pending), then compares the winners the load generator saw \
          (distinct users for the burst) with the stock decrements and reservations in Redis and the \
          orders in PostgreSQL, and checks that no user holds more orders than the per-user limit (1). \
-         Script calls come from `INFO commandstats` (reset before the run, warmup included); the \
+         Script calls come from `INFO commandstats` (reset before the run, warmup included; calls that ran, i.e. less `failed_calls`: an `EVALSHA` answered NOSCRIPT runs nothing); the \
          backend's stream maintenance runs its trim script on a 10 s timer whatever the load, so a \
          run passes when the calls are the buys that reached Redis plus at most the trims its \
          `/metrics` counted over a window enclosing the run. \

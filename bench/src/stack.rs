@@ -535,9 +535,15 @@ impl Peers {
     }
 }
 
-/// `calls` of one command from INFO commandstats (0 when never called).
+/// Calls of one command that ran, from INFO commandstats: `calls` less
+/// `failed_calls` (0 when never called).
 pub async fn command_calls(conn: &mut (impl redis::aio::ConnectionLike + Send), command: &str) -> anyhow::Result<u64> {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    Ok(info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|rest| rest.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0))
+    let prefix = format!("cmdstat_{command}:");
+    let Some(stats) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else { return Ok(0) };
+    let field = |name: &str| -> u64 { stats.split(',').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok()).unwrap_or(0) };
+    // A failed call ran nothing: an `EVALSHA` answered NOSCRIPT (the first
+    // call of a script on a Redis that has not cached it, which the client
+    // follows with an `EVAL`) is counted by Redis in both.
+    Ok(field("calls").saturating_sub(field("failed_calls")))
 }
