@@ -663,3 +663,22 @@ async fn a_bucketed_sale_keeps_exact_books_through_stock_changes_and_payment_tim
         "{report}"
     );
 }
+
+/// `buckets = 6` in a `[[sales]]` entry of the config file: the backend's
+/// start preheats the sale in six buckets (standalone Redis is enough: the
+/// buckets are key sets, whatever the deployment), and it sells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_declared_with_buckets_in_the_config_file_is_preheated_in_its_buckets_and_sells() {
+    let sales = "[[sales]]\nid = \"filed\"\nname = \"Filed sale\"\nstock = 14\nper_user_limit = 1\nbuckets = 6\n";
+    let stack = Stack::start(StackOptions { extra_toml: sales.into(), ..StackOptions::default() }).await;
+    let view = stack.admin_sale("filed").await;
+    assert_eq!((view["buckets"].as_u64(), view["remaining"].as_i64()), (Some(6), Some(14)), "{view}");
+    let mut conn = stack.redis_handle().await;
+    let books = transfer::books(&mut conn, "filed", 6).await.unwrap();
+    assert_eq!(books.remaining, flashgate_common::buckets::split_stock(14, 6), "each bucket holds its share: {books:?}");
+    let user = users_where("filed-buyer", 1, 6, |b| b == 5).remove(0);
+    let (status, body) = stack.buy("filed", &user, None).await;
+    assert_eq!(status, 202, "{body}");
+    let books = transfer::books(&mut conn, "filed", 6).await.unwrap();
+    assert_eq!((books.remaining[5], books.reserved, books.total()), (1, 1, 14), "the buyer's home bucket sold it: {books:?}");
+}
