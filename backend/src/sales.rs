@@ -13,7 +13,7 @@
 //!
 //! Operators' pauses and the global switch are in [`crate::switches`].
 
-use flashgate_common::keys::{SaleEvent, SaleKeys, CONSUMER_GROUP};
+use flashgate_common::keys::{SaleEvent, SaleKeys};
 use flashgate_common::sale::{SaleSpec, SaleState};
 use flashgate_common::{now_ms, rfc3339};
 use redis::aio::ConnectionLike;
@@ -158,16 +158,7 @@ async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32
     }
     let (remaining, reservations, paused): (Option<i64>, i64, Option<String>) =
         redis::pipe().get(&keys.remaining).hlen(&keys.reservations).hget(&keys.meta, "paused").query_async(conn).await?;
-    // XPENDING fails with NOGROUP before the group exists: nothing pending.
-    let pending = match redis::cmd("XPENDING").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<redis::Value>(conn).await {
-        Ok(redis::Value::Array(items)) => match items.first() {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
-        },
-        Ok(_) => 0,
-        Err(e) if e.code() == Some("NOGROUP") => 0,
-        Err(e) => return Err(e),
-    };
+    let pending = flashgate_common::stream_info::pending(conn, &keys.stream).await?;
     Ok(Counters { remaining, reservations, paused: paused.as_deref() == Some("1"), pending })
 }
 

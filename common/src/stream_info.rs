@@ -33,6 +33,24 @@ pub async fn group_backlog<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
     Ok((0, 0))
 }
 
+/// Entries of `stream` delivered to the `orders` group and not acknowledged
+/// yet (the `XPENDING` summary's count); 0 before the group exists
+/// (`NOGROUP`).
+///
+/// # Errors
+/// Redis failed.
+pub async fn pending<C: redis::aio::ConnectionLike + Send>(conn: &mut C, stream: &str) -> redis::RedisResult<i64> {
+    match redis::cmd("XPENDING").arg(stream).arg(CONSUMER_GROUP).query_async::<redis::Value>(conn).await {
+        Ok(redis::Value::Array(items)) => match items.first() {
+            Some(redis::Value::Int(n)) => Ok(*n),
+            _ => Ok(0),
+        },
+        Ok(_) => Ok(0),
+        Err(e) if e.code() == Some("NOGROUP") => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
 /// One stream's backlog: the `orders` group's lag and pending.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {

@@ -182,15 +182,7 @@ pub async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets:
         let keys = SaleKeys::bucket(id, k);
         let n: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
         reservations += n;
-        pending += match redis::cmd("XPENDING").arg(&keys.stream).arg(CONSUMER_GROUP).query_async::<redis::Value>(conn).await {
-            Ok(redis::Value::Array(items)) => match items.first() {
-                Some(redis::Value::Int(n)) => *n,
-                _ => 0,
-            },
-            Ok(_) => 0,
-            Err(e) if e.code() == Some("NOGROUP") => 0,
-            Err(e) => return Err(e),
-        };
+        pending += flashgate_common::stream_info::pending(conn, &keys.stream).await?;
     }
     Ok((left, reservations, pending))
 }
