@@ -16,11 +16,11 @@ use anyhow::Context;
 use flashgate_common::config::{RedisConfig, RedisTarget};
 use flashgate_common::keys::SaleKeys;
 use flashgate_testkit::cluster::{ClusterOptions, RedisCluster};
-use serde::Serialize;
 
+use crate::books::check_flashgate;
 use crate::load::{self, LoadSpec, Pace, Pick, Target, Users};
-use crate::results::Check;
-use crate::run::{check_flashgate, Settings};
+use crate::results::BucketRound;
+use crate::settings::Settings;
 use crate::stack::{command_calls, mint_bearers, random_users, Flashgate, FlashgateOptions};
 use crate::sys::{snap, CpuUse, Watched};
 
@@ -35,40 +35,6 @@ pub const MASTERS: usize = 3;
 
 /// Stock of each round's sale: never sold out within a round.
 const STOCK: i64 = 10_000_000;
-
-/// One round of one bucket count.
-#[derive(Debug, Clone, Serialize)]
-pub struct BucketRound {
-    pub buckets: u32,
-    pub round: usize,
-    pub summary: load::Summary,
-    /// CPU in the measured window: `gateway`, `backend`, then each master
-    /// as `m<port>`, then `loadgen`.
-    pub cpu: CpuUse,
-    /// Ports of the masters, in the order of their CPU entries.
-    pub masters: Vec<u16>,
-    /// Buckets whose slot each master serves.
-    pub buckets_per_master: Vec<u32>,
-    /// Transfers between buckets that moved items during the round
-    /// (`flashgate_bucket_transfers_total{result="moved"}`).
-    pub transfers: u64,
-    pub check: Check,
-}
-
-impl BucketRound {
-    /// Each master's Redis CPU milliseconds per 1,000 buys of the measured
-    /// window, in the order of [`Self::masters`].
-    pub fn master_ms_per_k(&self) -> Vec<f64> {
-        self.masters.iter().map(|p| self.cpu.ms_per_k(&format!("m{p}"), self.summary.requests).unwrap_or(0.0)).collect()
-    }
-
-    /// Transfers per 1,000 buys answered in the round (warmup included, as
-    /// the transfer counter is).
-    pub fn transfers_per_k(&self) -> f64 {
-        let buys = self.summary.total_statuses.values().sum::<u64>().max(1);
-        self.transfers as f64 * 1000.0 / buys as f64
-    }
-}
 
 /// Starts the cluster and a Flashgate on it, runs `rounds` rounds of each
 /// bucket count, and stops everything it started.

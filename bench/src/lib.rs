@@ -10,17 +10,21 @@
 //!   run, the backend drain, profiles.
 //! - [`buckets`]: the bucketed-stock rows, on a Redis Cluster of the
 //!   bench's own.
+//! - [`settings`], [`books`]: what a run is told, and the books check
+//!   after every Flashgate buy run.
 //! - [`results`]: what a run measured, written by [`run`] and read by
 //!   [`report`] and [`chart`].
 //! - [`report`], [`chart`]: `bench/REPORT.md` and its PNG chart.
 //! - [`sys`]: processes stopped by PID, CPU time from `/proc`.
 #![forbid(unsafe_code)]
 
+pub mod books;
 pub mod buckets;
 pub mod chart;
 pub mod load;
 pub mod report;
 pub mod results;
 pub mod run;
+pub mod settings;
 pub mod stack;
 pub mod sys;

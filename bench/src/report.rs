@@ -114,7 +114,8 @@ fn durability_section(md: &mut String, r: &Results) {
 /// figures (median of rounds), every master's Redis CPU per buy, and the
 /// projection to more masters from those CPU figures.
 fn buckets_section(md: &mut String, r: &Results) {
-    use crate::buckets::{BucketRound, BUCKET_COUNTS, MASTERS};
+    use crate::buckets::{BUCKET_COUNTS, MASTERS};
+    use crate::results::BucketRound;
     if r.buckets.is_empty() {
         return;
     }

@@ -124,11 +124,45 @@ pub struct Results {
     /// `cargo bench -p flashgate --bench challenge_verify` output, quoted.
     pub pow_verify: Vec<String>,
     /// The bucketed-stock rows ([`crate::buckets`]).
-    pub buckets: Vec<crate::buckets::BucketRound>,
+    pub buckets: Vec<BucketRound>,
 }
 
 impl Results {
     pub fn of(&self, scenario: &str, side: Side) -> Vec<&RoundResult> {
         self.rounds.iter().filter(|r| r.scenario == scenario && r.side == side).collect()
+    }
+}
+
+/// One round of one bucket count.
+#[derive(Debug, Clone, Serialize)]
+pub struct BucketRound {
+    pub buckets: u32,
+    pub round: usize,
+    pub summary: Summary,
+    /// CPU in the measured window: `gateway`, `backend`, then each master
+    /// as `m<port>`, then `loadgen`.
+    pub cpu: CpuUse,
+    /// Ports of the masters, in the order of their CPU entries.
+    pub masters: Vec<u16>,
+    /// Buckets whose slot each master serves.
+    pub buckets_per_master: Vec<u32>,
+    /// Transfers between buckets that moved items during the round
+    /// (`flashgate_bucket_transfers_total{result="moved"}`).
+    pub transfers: u64,
+    pub check: Check,
+}
+
+impl BucketRound {
+    /// Each master's Redis CPU milliseconds per 1,000 buys of the measured
+    /// window, in the order of [`Self::masters`].
+    pub fn master_ms_per_k(&self) -> Vec<f64> {
+        self.masters.iter().map(|p| self.cpu.ms_per_k(&format!("m{p}"), self.summary.requests).unwrap_or(0.0)).collect()
+    }
+
+    /// Transfers per 1,000 buys answered in the round (warmup included, as
+    /// the transfer counter is).
+    pub fn transfers_per_k(&self) -> f64 {
+        let buys = self.summary.total_statuses.values().sum::<u64>().max(1);
+        self.transfers as f64 * 1000.0 / buys as f64
     }
 }

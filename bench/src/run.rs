@@ -11,6 +11,7 @@ use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::reservation_id;
 use http::HeaderValue;
 
+use crate::books::check_flashgate;
 use crate::load::{self, BurstSpec, LoadSpec, Pace, Pick, Target, Users};
 use crate::results::{
     Check, Drain, Machine, Profile, Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS,
@@ -18,49 +19,7 @@ use crate::results::{
 use crate::stack::{command_calls, mint_bearers, random_users, start_replica, Flashgate, FlashgateOptions, Peers};
 use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
 
-/// Everything `flashgate-bench run` is told.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Measured seconds per round (after the warmup).
-    pub secs: f64,
-    pub warmup: f64,
-    pub conns: usize,
-    /// Gateway threads = nginx workers of each peer.
-    pub threads: usize,
-    pub rounds: usize,
-    /// Open-loop buy rate; `None`: half the slower side's closed-loop rate.
-    pub open_rate: Option<f64>,
-    pub user_pool: usize,
-    pub burst_users: usize,
-    pub burst_stock: i64,
-    pub drain_orders: usize,
-    /// `[limits.buy] user` of the bench's gateway: (per_second, burst).
-    pub user_bucket: (u32, u32),
-    /// `--redis-config`: the `[redis]` table of a deployment to run on.
-    pub redis: Option<flashgate_common::config::RedisConfig>,
-    pub peers_dir: PathBuf,
-    pub bin_dir: PathBuf,
-    pub out_dir: PathBuf,
-    /// Server to create the bench database on (its `postgres` database).
-    pub pg_url: String,
-    /// MySQL/MariaDB server (no database in the URL) for a second drain,
-    /// into a database of the bench's own; `None`: that drain is skipped.
-    pub mysql_url: Option<String>,
-    pub db_name: String,
-    pub evalsha: bool,
-    pub evalsha_n_p1: u64,
-    pub evalsha_n_p16: u64,
-    pub profile: Profiling,
-    pub scenarios: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Profiling {
-    /// Profile the scenarios whose target was missed.
-    Auto,
-    Always,
-    Never,
-}
+pub use crate::settings::{Profiling, Settings};
 
 /// Shared state of a run.
 struct Ctx {
@@ -553,55 +512,6 @@ async fn announce_sold_out(ctx: &Ctx, sale: &str) -> anyhow::Result<()> {
     anyhow::ensure!(resp.status().as_u16() == 410, "a buy of the empty sale {sale}: {}", resp.status());
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
-}
-
-/// winners = stock decrements = reservations = orders persisted, and no
-/// user above the limit (1), after the backend drained the stream.
-/// `scripts`: Redis's script calls in the run, and the backend's timed trim
-/// scripts that may be among them.
-pub(crate) async fn check_flashgate(
-    fg: &Flashgate,
-    pg: &sqlx::PgPool,
-    sale: &str,
-    stock: i64,
-    winners: u64,
-    scripts: (u64, u64),
-    reached: Option<u64>,
-) -> anyhow::Result<Check> {
-    let (calls, trims) = scripts;
-    let t = Instant::now();
-    let deadline = t + Duration::from_secs(120);
-    let view = loop {
-        let v = fg.admin_sale(sale).await?;
-        let settled = v["orders"].as_i64() == v["reservations"].as_i64() && v["pending"].as_i64() == Some(0);
-        if settled || Instant::now() > deadline {
-            break v;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let remaining = view["remaining"].as_i64().unwrap_or(-1);
-    let reservations = view["reservations"].as_i64().unwrap_or(-1);
-    let orders = view["orders"].as_i64().unwrap_or(-1);
-    let (most,): (i64,) = sqlx::query_as(
-        "SELECT COALESCE(MAX(n), 0) FROM (SELECT user_id, COUNT(*) AS n FROM orders WHERE sale_id = $1 GROUP BY user_id) AS per_user",
-    )
-    .bind(sale)
-    .fetch_one(pg)
-    .await?;
-    let decrements = stock - remaining;
-    // Every buy that reached Redis ran the script once; any other call is
-    // one of the backend's trims.
-    let script_ok = reached.is_none_or(|r| calls >= r && calls - r <= trims);
-    let ok =
-        winners as i64 == decrements && decrements == reservations && reservations == orders && most <= 1 && remaining >= 0 && script_ok;
-    let text = format!(
-        "winners {winners} = decrements {decrements} = reservations {reservations} = orders {orders}; most orders of one user {most} (limit 1); drained in {:.1}s; script calls {calls} (the backend's timed trims among them: at most {trims}){}",
-        t.elapsed().as_secs_f64(),
-        reached.map_or(String::new(), |r| format!(" for {r} buys that reached Redis")),
-    );
-    // The calls the buys account for: at most one trim each is not theirs.
-    let for_buys = reached.map(|r| (if script_ok { r } else { calls.saturating_sub(trims) }, r));
-    Ok(Check { ok, text, script_calls: for_buys })
 }
 
 async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {

@@ -69,16 +69,6 @@ pub fn split_stock(stock: i64, buckets: u32) -> Vec<i64> {
     (0..n).map(|k| share + i64::from(k < extra)).collect()
 }
 
-/// The bucket count Redis holds for sale `id` (its meta's `buckets`; 1
-/// when absent or unreadable as a count).
-///
-/// # Errors
-/// Redis failed.
-pub async fn in_redis<C: redis::aio::ConnectionLike + Send>(conn: &mut C, id: &str) -> redis::RedisResult<u32> {
-    let n: Option<String> = redis::cmd("HGET").arg(crate::keys::SaleKeys::new(id).meta).arg("buckets").query_async(conn).await?;
-    Ok(n.and_then(|n| n.parse().ok()).filter(|n| (1..=MAX_BUCKETS as u32).contains(n)).unwrap_or(1))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -249,6 +249,16 @@ pub fn home_id(sale_id: &str, buckets: u32, user: &str) -> String {
     }
 }
 
+/// The bucket count Redis holds for sale `id` (its meta's `buckets`; 1
+/// when absent or unreadable as a count).
+///
+/// # Errors
+/// Redis failed.
+pub async fn buckets_in_redis<C: redis::aio::ConnectionLike + Send>(conn: &mut C, id: &str) -> redis::RedisResult<u32> {
+    let n: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("buckets").query_async(conn).await?;
+    Ok(n.and_then(|n| n.parse().ok()).filter(|n| (1..=crate::buckets::MAX_BUCKETS as u32).contains(n)).unwrap_or(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

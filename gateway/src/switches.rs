@@ -27,9 +27,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flashgate_common::buckets::in_redis;
 use flashgate_common::config::RedisConfig;
-use flashgate_common::keys::{ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
+use flashgate_common::keys::{buckets_in_redis, ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
 use flashgate_common::redis_conn::RedisHandle;
 use flashgate_common::stream_info::{sale_backlogs, Backlog};
 use pingora::server::ShutdownWatch;
@@ -113,7 +112,7 @@ impl SwitchWatcher {
         }
         for sale in sales.into_iter().filter(|s| !archived.contains(s)) {
             // A bucketed sale's reservations wait in its buckets' streams.
-            let buckets = in_redis(conn, &sale).await?;
+            let buckets = buckets_in_redis(conn, &sale).await?;
             let backlog: i64 = sale_backlogs(conn, &sale, buckets).await?.iter().map(Backlog::unpersisted).sum();
             self.switches.apply_backlog(&sale, backlog.max(0) as u64, self.backlog_threshold);
         }

@@ -79,7 +79,7 @@ pub async fn present<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: 
     Ok(n)
 }
 
-pub use flashgate_common::buckets::in_redis;
+pub use flashgate_common::keys::buckets_in_redis as in_redis;
 
 /// Writes `fields` into the meta copy of every present bucket of `id`
 /// (`buckets` of them): how a pause or a new window reaches the deduct on
