@@ -209,19 +209,10 @@ async fn resync<C: ConnectionLike + Send>(
         return Ok(settled);
     }
     let orders = hold.orders(sale_id).await?;
-    let (mut adopted, mut returned) = (0, 0);
-    for page in orders.chunks(PAGE) {
-        scripts.inc();
-        let (replid, counted, back) = count_page(conn, &keys, page, idempotency_ttl).await?;
-        if counted < 0 {
-            return Ok(Resynced::Absent);
-        }
-        if replid != seen.replid {
-            return Ok(Resynced::Moved);
-        }
-        adopted += counted;
-        returned += back;
-    }
+    let (adopted, returned) = match count_orders(conn, &keys, &orders, &seen.replid, idempotency_ttl, scripts).await? {
+        Ok(counted) => counted,
+        Err(stopped) => return Ok(stopped),
+    };
     // The definition too: an operator's change may be among the writes
     // this Redis lacks. Its remaining moves by the change in stock, so the
     // orders counted above stay counted.
@@ -243,6 +234,35 @@ async fn resync<C: ConnectionLike + Send>(
     // Gateways forget what they cached: remaining, sold out, the window.
     announce(conn, &SaleEvent::Changed(sale_id.to_owned())).await;
     Ok(Resynced::Synced { adopted, returned })
+}
+
+/// Counts `orders` in the sale or bucket of `keys`, page by page
+/// (`lua/resync.lua`), each page checked to have run on the Redis of
+/// replication id `replid`: `(adopted, returned)`, or why it stopped
+/// (`Absent`: the keys are gone; `Moved`: the Redis changed). Every page
+/// is one script call, counted in `scripts`.
+async fn count_orders<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+    orders: &[SyncedOrder],
+    replid: &str,
+    idempotency_ttl: Duration,
+    scripts: &IntCounter,
+) -> Result<Result<(i64, i64), Resynced>, SaleError> {
+    let (mut adopted, mut returned) = (0, 0);
+    for page in orders.chunks(PAGE) {
+        scripts.inc();
+        let (ran_on, counted, back) = count_page(conn, keys, page, idempotency_ttl).await?;
+        if counted < 0 {
+            return Ok(Err(Resynced::Absent));
+        }
+        if ran_on != replid {
+            return Ok(Err(Resynced::Moved));
+        }
+        adopted += counted;
+        returned += back;
+    }
+    Ok(Ok((adopted, returned)))
 }
 
 async fn count_page<C: ConnectionLike + Send>(

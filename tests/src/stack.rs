@@ -679,3 +679,28 @@ impl Stack {
         format!("http://{}/ready", self.gateway_admin_addr)
     }
 }
+
+/// A plain connection to one Redis node on 127.0.0.1 (a cluster node, a
+/// replica): for reading or changing that node alone.
+pub async fn node(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_multiplexed_async_connection().await.unwrap()
+}
+
+/// Waits until `n` gateways are subscribed to sale events, over the
+/// cluster's running nodes (a gateway subscribes on one of them).
+pub async fn wait_subscribers(cluster: &RedisCluster, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut total = 0;
+        for port in cluster.topology().await.into_iter().filter(|t| !t.is_failing()).map(|t| t.port) {
+            let subs: Vec<(String, i64)> =
+                redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut node(port).await).await.unwrap();
+            total += subs[0].1;
+        }
+        if total >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{total} of {n} gateways subscribed to sale events");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

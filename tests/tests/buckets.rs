@@ -11,31 +11,7 @@ use std::time::{Duration, Instant};
 use flashgate_common::buckets::home_bucket;
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::transfer::{self, Taken};
-use flashgate_tests::{buy_all, get_json, Attempt, Deployment, RedisCluster, RedisMode, Stack, StackOptions};
-use redis::aio::MultiplexedConnection;
-
-/// A plain connection to one node of the cluster.
-async fn node(port: u16) -> MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_multiplexed_async_connection().await.unwrap()
-}
-
-/// Waits until `n` gateways are subscribed to sale events.
-async fn wait_subscribers(cluster: &RedisCluster, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let mut total = 0;
-        for port in cluster.topology().await.into_iter().filter(|t| !t.is_failing()).map(|t| t.port) {
-            let subs: Vec<(String, i64)> =
-                redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut node(port).await).await.unwrap();
-            total += subs[0].1;
-        }
-        if total >= n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{total} of {n} gateways subscribed to sale events");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use flashgate_tests::{buy_all, get_json, node, wait_subscribers, Attempt, Deployment, RedisMode, Stack, StackOptions};
 
 /// Samples the books of sale `id` every 20 ms until the returned flag is
 /// cleared; the task answers how many samples it read whole. Every

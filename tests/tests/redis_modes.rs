@@ -7,33 +7,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use flashgate_tests::{
-    bin, buy_all, get_json, random_user, redis_toml, token, Attempt, Deployment, RedisCluster, RedisMode, RedisSentinels, Stack,
-    StackOptions, TempDir,
+    bin, buy_all, get_json, random_user, redis_toml, token, wait_subscribers, Attempt, Deployment, RedisCluster, RedisMode, RedisSentinels,
+    Stack, StackOptions, TempDir,
 };
-use redis::aio::MultiplexedConnection;
-
-/// A plain connection to one node of a deployment.
-async fn node(port: u16) -> MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_multiplexed_async_connection().await.unwrap()
-}
-
-/// Waits until `n` gateways are subscribed to sale events on some node of the cluster.
-async fn wait_subscribers(cluster: &RedisCluster, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let mut total = 0;
-        for port in cluster.topology().await.into_iter().filter(|t| !t.is_failing()).map(|t| t.port) {
-            let subs: Vec<(String, i64)> =
-                redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut node(port).await).await.unwrap();
-            total += subs[0].1;
-        }
-        if total >= n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{total} of {n} gateways subscribed to sale events");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_backends() {

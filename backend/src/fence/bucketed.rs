@@ -54,7 +54,7 @@ use prometheus::IntCounter;
 use redis::aio::ConnectionLike;
 use redis::Script;
 
-use super::{count_page, fence, Fence, Resynced, Resyncer, PAGE};
+use super::{count_orders, fence, Fence, Resynced, Resyncer};
 use crate::error::SaleError;
 use crate::redis_io::announce;
 use crate::store::{Store, SyncedOrder};
@@ -402,19 +402,10 @@ async fn resync_bucket<C: ConnectionLike + Send>(
     }
     refuse_old_gives(conn, sale_id, buckets, k, &seen).await?;
     let mine: Vec<SyncedOrder> = sale.orders.iter().filter(|o| home_bucket(&o.row.user_id, buckets) == k).cloned().collect();
-    let (mut adopted, mut returned) = (0, 0);
-    for page in mine.chunks(PAGE) {
-        resyncer.scripts.inc();
-        let (replid, counted, back) = count_page(conn, &keys, page, resyncer.idempotency_ttl).await?;
-        if counted < 0 {
-            return Ok(Resynced::Absent);
-        }
-        if replid != seen.replid {
-            return Ok(Resynced::Moved);
-        }
-        adopted += counted;
-        returned += back;
-    }
+    let (adopted, returned) = match count_orders(conn, &keys, &mine, &seen.replid, resyncer.idempotency_ttl, &resyncer.scripts).await? {
+        Ok(counted) => counted,
+        Err(stopped) => return Ok(stopped),
+    };
     let Some(peers) = peers(conn, sale_id, buckets, k).await? else {
         return Ok(Resynced::UnreadableTransfers);
     };
