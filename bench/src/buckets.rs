@@ -146,7 +146,7 @@ async fn bucket_round(
     let moved_before = fg.gateway_metric("flashgate_bucket_transfers_total", "result=\"moved\"").await;
     let trims_before = fg.timed_scripts().await;
     let mut watched = fg.watched();
-    watched.extend(nodes.iter().map(|(port, pid, _)| Watched { name: format!("m{port}"), pids: vec![*pid] }));
+    watched.extend(nodes.iter().map(|(port, pid, _)| Watched::pids(&format!("m{port}"), vec![*pid])));
     let spec = LoadSpec {
         addr: fg.gateway_addr,
         conns: s.conns,

@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 
 use crate::results::{Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS};
+use crate::sys::DATABASE;
 
 /// One target of the issue, evaluated.
 #[derive(Debug, Clone)]
@@ -33,9 +34,13 @@ pub fn rps(r: &Results, scenario: &str, side: Side) -> Option<f64> {
     avg(r, scenario, side, |x| Some(x.summary.rps))
 }
 
-/// CPU ms per 1,000 requests of the gateway and Redis together.
-fn edge_cpu(r: &Results, scenario: &str, side: Side) -> Option<f64> {
-    avg(r, scenario, side, |x| Some(x.cpu.ms_per_k("gateway", x.summary.requests)? + x.cpu.ms_per_k("redis", x.summary.requests)?))
+/// Every process a buy costs on its side: for Flashgate the gateway, Redis,
+/// the backend and the database server; for the peer its gateway and Redis.
+fn all_cpu(r: &Results, scenario: &str, side: Side) -> Option<f64> {
+    avg(r, scenario, side, |x| {
+        let of = |name| x.cpu.ms_per_k(name, x.summary.requests);
+        Some(of("gateway")? + of("redis")? + of("backend").unwrap_or(0.0) + of(DATABASE).unwrap_or(0.0))
+    })
 }
 
 fn cpu_of(x: &RoundResult, name: &str) -> Option<f64> {
@@ -226,21 +231,38 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         met: ratio(fa, pa).zip(fp99.zip(pp99)).map(|(q, (f, p))| q >= 1.0 && f <= p),
     });
     let (fc, pc) = (rps(r, "c_buy", Side::Flashgate), rps(r, "c_buy", Side::Peer));
-    let (fcpu, pcpu) = (edge_cpu(r, "c_buy", Side::Flashgate), edge_cpu(r, "c_buy", Side::Peer));
     out.push(TargetEval {
         id: "buy",
         name: "Buy while in stock vs OpenResty",
-        goal: "≥ 2× the peer's req/s, gateway + Redis CPU per buy ≤ 0.5× the peer's",
+        goal: "≥ 2× the peer's req/s",
+        figures: format!("{} vs {} req/s = {}×", f0(fc), f0(pc), f2(ratio(fc, pc))),
+        met: ratio(fc, pc).map(|q| q >= 2.0),
+    });
+    let (fcpu, pcpu) = (all_cpu(r, "c_buy", Side::Flashgate), all_cpu(r, "c_buy", Side::Peer));
+    out.push(TargetEval {
+        id: "buy_cpu",
+        name: "CPU per buy in stock, every process",
+        goal: "Flashgate's gateway + Redis + backend + database ≤ 0.5× the peer's gateway + Redis",
         figures: format!(
-            "{} vs {} req/s = {}×; gateway + Redis CPU {} vs {} ms per 1,000 buys = {}×",
-            f0(fc),
-            f0(pc),
-            f2(ratio(fc, pc)),
+            "{} vs {} ms per 1,000 buys = {}× (Flashgate: gateway {}, Redis {}, backend {}, database {})",
             f2(fcpu),
             f2(pcpu),
-            f2(ratio(fcpu, pcpu))
+            f2(ratio(fcpu, pcpu)),
+            f0(avg(r, "c_buy", Side::Flashgate, |x| cpu_of(x, "gateway"))),
+            f0(avg(r, "c_buy", Side::Flashgate, |x| cpu_of(x, "redis"))),
+            f0(avg(r, "c_buy", Side::Flashgate, |x| cpu_of(x, "backend"))),
+            f0(avg(r, "c_buy", Side::Flashgate, |x| cpu_of(x, DATABASE))),
         ),
-        met: ratio(fc, pc).zip(ratio(fcpu, pcpu)).map(|(q, c)| q >= 2.0 && c <= 0.5),
+        met: ratio(fcpu, pcpu).map(|c| c <= 0.5),
+    });
+    let p99 = |side| avg(r, "c_buy_open", side, |x| Some(x.summary.p99_ms));
+    let (fo, po) = (p99(Side::Flashgate), p99(Side::Peer));
+    out.push(TargetEval {
+        id: "open_tail",
+        name: "Buy in stock, open loop (fixed rate): tail latency",
+        goal: "p99 ≤ 1.5× the peer's p99 at the same rate",
+        figures: format!("p99 {} vs {} ms = {}× at {} buys/s", f2(fo), f2(po), f2(ratio(fo, po)), f0(rps(r, "c_buy_open", Side::Peer))),
+        met: ratio(fo, po).map(|q| q <= 1.5),
     });
     let fd = rps(r, "d_soldout", Side::Flashgate);
     out.push(TargetEval {
@@ -268,10 +290,14 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
     let (calls, buys) = script.iter().fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
     out.push(TargetEval {
         id: "script",
-        name: "One Redis script call per buy that reaches Redis",
-        goal: "cmdstat_evalsha (+ eval) calls = buys that reached Redis",
-        figures: format!("{calls} script calls for {buys} buys over {} runs (scenarios c, c', e)", script.len()),
-        met: (!script.is_empty()).then(|| script.iter().all(|(c, b)| c == b)),
+        name: "At most one Redis script call per buy that reaches Redis",
+        goal: "cmdstat_evalsha (+ eval) calls ≤ buys that reached Redis (concurrent buys of a sale share one call)",
+        figures: format!(
+            "{calls} script calls for {buys} buys over {} runs (scenarios c, c', e) = {} buys per call",
+            script.len(),
+            f2(ratio(Some(buys as f64), Some(calls as f64)))
+        ),
+        met: (!script.is_empty()).then(|| script.iter().all(|(c, b)| c <= b)),
     });
     out.push(TargetEval {
         id: "drain",
@@ -352,11 +378,13 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
     let _ = writeln!(
         md,
         "CPU is milliseconds of CPU time per 1,000 requests, from `/proc/PID/stat` (utime + stime) over the measured window. \
-         For the peers, \"gateway\" is nginx (all workers and the master) and \"backend\" does not exist.\n"
+         For the peers, \"gateway\" is nginx (all workers and the master) and \"backend\" and \"database\" do not exist. \
+         Flashgate's \"database\" is every PostgreSQL server process (the bench's database is on the machine's server, \
+         which nothing else uses during a run).\n"
     );
     let _ = writeln!(
         md,
-        "| scenario | side | req/s | ratio | p50 ms | p99 ms | p99.9 ms | CPU gateway | CPU Redis | CPU backend | CPU load generator |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| scenario | side | req/s | ratio | p50 ms | p99 ms | p99.9 ms | CPU gateway | CPU Redis | CPU backend | CPU database | CPU load generator |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for sc in SCENARIOS {
         let f_rps = rps(r, sc.id, Side::Flashgate);
@@ -371,7 +399,7 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 sc.title,
                 side_name(sc.id, side),
                 f0(x),
@@ -382,6 +410,7 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
                 f0(avg(r, sc.id, side, |x| cpu_of(x, "gateway"))),
                 f0(avg(r, sc.id, side, |x| cpu_of(x, "redis"))),
                 f0(avg(r, sc.id, side, |x| cpu_of(x, "backend"))),
+                f0(avg(r, sc.id, side, |x| cpu_of(x, DATABASE))),
                 f0(avg(r, sc.id, side, |x| cpu_of(x, "loadgen"))),
             );
         }

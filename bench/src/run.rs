@@ -210,7 +210,7 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         if missed("static") {
             results.profiles.extend(profile_load(&ctx, "a_static").await?);
         }
-        if missed("buy") {
+        if missed("buy") || missed("buy_cpu") || missed("open_tail") {
             results.profiles.extend(profile_load(&ctx, "c_buy").await?);
         }
         if missed("soldout") {

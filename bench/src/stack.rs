@@ -19,7 +19,7 @@ use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use http::HeaderValue;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
-use crate::sys::{children_of, free_port, loopback, wait_port, Proc, Watched};
+use crate::sys::{children_of, free_port, loopback, wait_port, Proc, Watched, DATABASE};
 
 /// A random hex string of `bytes` random bytes.
 pub fn random_hex(bytes: usize) -> String {
@@ -341,11 +341,15 @@ user = {{ per_second = {per_second}, burst = {burst} }}
 
     /// Processes whose CPU a run reports.
     pub fn watched(&self) -> Vec<Watched> {
-        let mut watched = vec![Watched { name: "gateway".into(), pids: vec![self.gateway.pid] }];
+        let mut watched = vec![Watched::pids("gateway", vec![self.gateway.pid])];
         if let Some(redis) = &self.redis {
-            watched.push(Watched { name: "redis".into(), pids: vec![redis.pid] });
+            watched.push(Watched::pids("redis", vec![redis.pid]));
         }
-        watched.push(Watched { name: "backend".into(), pids: vec![self.backend_pid()] });
+        watched.push(Watched::pids("backend", vec![self.backend_pid()]));
+        // The order database is part of what a buy costs: every PostgreSQL
+        // process (the bench's database is on the machine's server, which
+        // nothing else uses during a run).
+        watched.push(Watched::command(DATABASE, "postgres"));
         watched
     }
 
@@ -506,13 +510,13 @@ impl Peers {
     pub fn static_watched(&self) -> Vec<Watched> {
         let mut pids = children_of(self.static_nginx.pid);
         pids.push(self.static_nginx.pid);
-        vec![Watched { name: "gateway".into(), pids }]
+        vec![Watched::pids("gateway", pids)]
     }
 
     pub fn gw_watched(&self) -> Vec<Watched> {
         let mut pids = children_of(self.gw_nginx.pid);
         pids.push(self.gw_nginx.pid);
-        vec![Watched { name: "gateway".into(), pids }, Watched { name: "redis".into(), pids: vec![self.redis.pid] }]
+        vec![Watched::pids("gateway", pids), Watched::pids("redis", vec![self.redis.pid])]
     }
 
     pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {

@@ -147,19 +147,58 @@ pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }
 
+/// The watched group of the order database's server processes.
+pub const DATABASE: &str = "database";
+
 /// A named group of PIDs whose CPU is summed.
 #[derive(Clone, Debug)]
 pub struct Watched {
     pub name: String,
     pub pids: Vec<u32>,
+    /// Also every process of this command name alive at each reading (a
+    /// database server forks a process per connection and helpers of its
+    /// own, so its PIDs are not known up front).
+    pub comm: Option<&'static str>,
+}
+
+impl Watched {
+    pub fn pids(name: &str, pids: Vec<u32>) -> Self {
+        Self { name: name.to_owned(), pids, comm: None }
+    }
+
+    /// Every process named `comm` (e.g. `postgres`: the server and its
+    /// per-connection backends).
+    pub fn command(name: &str, comm: &'static str) -> Self {
+        Self { name: name.to_owned(), pids: Vec::new(), comm: Some(comm) }
+    }
+
+    /// Ticks per PID of the group now.
+    fn read(&self) -> Vec<(u32, u64)> {
+        let mut pids = self.pids.clone();
+        if let Some(comm) = self.comm {
+            pids.extend(processes_named(comm));
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids.into_iter().map(|p| (p, pid_ticks(p))).collect()
+    }
+}
+
+/// PIDs of the processes whose command name (`/proc/PID/comm`) is `comm`.
+pub fn processes_named(comm: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm))
+        .collect()
 }
 
 /// CPU readings at one instant.
 #[derive(Clone, Debug)]
 pub struct Snap {
     pub at: Instant,
-    /// Ticks per watched group, in the order watched.
-    pub ticks: Vec<(String, u64)>,
+    /// Ticks per PID of each watched group, in the order watched.
+    pub ticks: Vec<(String, Vec<(u32, u64)>)>,
     /// This process (the load generator).
     pub own: u64,
     pub machine: (u64, u64),
@@ -168,10 +207,17 @@ pub struct Snap {
 pub fn snap(watched: &[Watched]) -> Snap {
     Snap {
         at: Instant::now(),
-        ticks: watched.iter().map(|w| (w.name.clone(), w.pids.iter().map(|p| pid_ticks(*p)).sum())).collect(),
+        ticks: watched.iter().map(|w| (w.name.clone(), w.read())).collect(),
         own: pid_ticks(std::process::id()),
         machine: machine_ticks(),
     }
+}
+
+/// Ticks a group spent between two readings: per PID, so a process that
+/// started in between counts from its start, not from a total of another
+/// set of PIDs.
+fn group_ticks(a: &[(u32, u64)], b: &[(u32, u64)]) -> u64 {
+    b.iter().map(|(pid, t)| t.saturating_sub(a.iter().find(|(p, _)| p == pid).map_or(0, |(_, t0)| *t0))).sum()
 }
 
 /// CPU use between two snaps.
@@ -190,7 +236,7 @@ impl CpuUse {
     pub fn between(a: &Snap, b: &Snap) -> Self {
         let tck = clk_tck();
         let mut secs: Vec<(String, f64)> =
-            a.ticks.iter().zip(&b.ticks).map(|((n, x), (_, y))| (n.clone(), y.saturating_sub(*x) as f64 / tck)).collect();
+            a.ticks.iter().zip(&b.ticks).map(|((n, x), (_, y))| (n.clone(), group_ticks(x, y) as f64 / tck)).collect();
         secs.push(("loadgen".into(), b.own.saturating_sub(a.own) as f64 / tck));
         let wall = b.at.duration_since(a.at).as_secs_f64().max(1e-6);
         let (busy, total) = (b.machine.0.saturating_sub(a.machine.0), b.machine.1.saturating_sub(a.machine.1).max(1));
@@ -257,5 +303,27 @@ mod tests {
         assert!(x > 0);
         assert!(pid_ticks(std::process::id()) >= t0);
         assert_eq!(pid_ticks(u32::MAX), 0);
+    }
+
+    #[test]
+    fn a_group_by_command_name_finds_processes_started_after_it_was_named() {
+        let group = Watched::command("sleepers", "sleep");
+        let before = group.read();
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let after = group.read();
+        let pid = child.id();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!before.iter().any(|(p, _)| *p == pid));
+        assert!(after.iter().any(|(p, _)| *p == pid), "the sleep started after the group was named is in it");
+    }
+
+    #[test]
+    fn a_group_counts_each_process_from_its_own_earlier_reading() {
+        // PID 1 ran 100 ticks in the window, PID 2 started in it and ran 7,
+        // PID 3 ended in it (its ticks are not known).
+        let a = [(1, 1000), (3, 50)];
+        let b = [(1, 1100), (2, 7)];
+        assert_eq!(group_ticks(&a, &b), 107);
     }
 }
