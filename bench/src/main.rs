@@ -86,7 +86,7 @@ struct RunArgs {
     evalsha_n_p16: u64,
     #[arg(long, value_enum, default_value_t = Profiling::Auto)]
     profile: Profiling,
-    /// Only these scenarios (a_static, b_state, c_buy, c_buy_open, d_soldout, e_hammer,
+    /// Only these scenarios (a_static, a_floor, b_state, c_buy, c_buy_open, d_soldout, e_hammer,
     /// d_soldout_pow, e_hammer_pow, f_burst, and the durability rows g_wait0, g_wait1,
     /// h_fsync_everysec, h_fsync_always, and k_buckets: 1 vs 6 buckets on a
     /// 3-master Redis Cluster).

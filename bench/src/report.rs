@@ -227,7 +227,17 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         id: "static",
         name: "Static page vs nginx",
         goal: "≥ 1.0× nginx req/s, p99 no worse",
-        figures: format!("{} vs {} req/s = {}×; p99 {} vs {} ms", f0(fa), f0(pa), f2(ratio(fa, pa)), f2(fp99), f2(pp99)),
+        figures: format!(
+            "{} vs {} req/s = {}×; p99 {} vs {} ms (beside Pingora's floor: {} vs {} req/s = {}×)",
+            f0(fa),
+            f0(pa),
+            f2(ratio(fa, pa)),
+            f2(fp99),
+            f2(pp99),
+            f0(rps(r, "a_floor", Side::Flashgate)),
+            f0(rps(r, "a_floor", Side::Peer)),
+            f2(ratio(rps(r, "a_floor", Side::Flashgate), rps(r, "a_floor", Side::Peer)))
+        ),
         met: ratio(fa, pa).zip(fp99.zip(pp99)).map(|(q, (f, p))| q >= 1.0 && f <= p),
     });
     let (fc, pc) = (rps(r, "c_buy", Side::Flashgate), rps(r, "c_buy", Side::Peer));

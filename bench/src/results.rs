@@ -24,6 +24,11 @@ pub struct Scenario {
 
 pub const SCENARIOS: &[Scenario] = &[
     Scenario { id: "a_static", title: "a. Static sale page (GET, same 6.7 KB page on both sides)", peer: Some("nginx-static") },
+    Scenario {
+        id: "a_floor",
+        title: "a⁰. Static sale page beside Pingora's floor (`pingora_floor`: the same bytes, nothing else done)",
+        peer: Some("pingora-floor"),
+    },
     Scenario { id: "b_state", title: "b. Sale-state JSON (GET /api/sales/{id})", peer: None },
     Scenario { id: "c_buy", title: "c. Buy while in stock (closed loop)", peer: Some("openresty-gateway") },
     Scenario { id: "c_buy_open", title: "c'. Buy while in stock (open loop, fixed rate)", peer: Some("openresty-gateway") },

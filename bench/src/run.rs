@@ -93,8 +93,11 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     .await?;
     let wanted = |id: &str| s.scenarios.is_empty() || s.scenarios.iter().any(|x| x == id);
     let peers = if SCENARIOS.iter().any(|sc| sc.peer.is_some() && wanted(sc.id)) {
-        let peers = Peers::start(&work.0, &s.peers_dir, s.threads).await?;
-        eprintln!("bench: flashgate on {}, nginx-static on {}, openresty-gateway on {}", fg.gateway_addr, peers.static_addr, peers.gw_addr);
+        let peers = Peers::start(&work.0, &s.peers_dir, &s.bin_dir, s.threads).await?;
+        eprintln!(
+            "bench: flashgate on {}, nginx-static on {}, pingora-floor on {}, openresty-gateway on {}",
+            fg.gateway_addr, peers.static_addr, peers.floor_addr, peers.gw_addr
+        );
         Some(peers)
     } else {
         eprintln!("bench: flashgate on {}; no peer needed by the selected scenarios", fg.gateway_addr);
@@ -403,7 +406,7 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     let bearers = ctx.bearers.clone();
     let hammer_user = if challenged { 2 * ctx.s.rounds + 2 + round } else { 2 * round };
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
-        "a_static" => (0, Target::Get { path: SALE_PAGE_PATH.into() }, Pace::Closed),
+        "a_static" | "a_floor" => (0, Target::Get { path: SALE_PAGE_PATH.into() }, Pace::Closed),
         "b_state" => (0, Target::Get { path: "/api/sales/state".into() }, Pace::Closed),
         "c_buy" | "g_wait0" | "g_wait1" | "h_fsync_everysec" | "h_fsync_always" => {
             (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed)
@@ -521,7 +524,7 @@ async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: 
     let ids = ctx.peer_ids.clone();
     let hammer_user = 2 * round + 1;
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
-        "a_static" => (0, Target::Get { path: "/p/1001.html".into() }, Pace::Closed),
+        "a_static" | "a_floor" => (0, Target::Get { path: "/p/1001.html".into() }, Pace::Closed),
         "c_buy" => (BIG_STOCK, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
         "c_buy_open" => (BIG_STOCK, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Open { rate: open_rate }),
         "d_soldout" => (0, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
@@ -530,7 +533,11 @@ async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: 
         other => anyhow::bail!("no peer for {other}"),
     };
     let is_buy = matches!(target, Target::PeerBuy { .. });
-    let (addr, watched) = if is_buy { (peers.gw_addr, peers.gw_watched()) } else { (peers.static_addr, peers.static_watched()) };
+    let (addr, watched) = match scenario {
+        _ if is_buy => (peers.gw_addr, peers.gw_watched()),
+        "a_floor" => (peers.floor_addr, peers.floor_watched()),
+        _ => (peers.static_addr, peers.static_watched()),
+    };
     if is_buy {
         peers.reset(stock).await?;
     }

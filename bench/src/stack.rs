@@ -431,6 +431,10 @@ user = {{ per_second = {per_second}, burst = {burst} }}
 /// The peers: nginx (static page) and the OpenResty gateway with its Redis.
 pub struct Peers {
     pub static_nginx: Proc,
+    /// `pingora_floor` (bench/src/bin): the least a Pingora server does to
+    /// answer the same page.
+    pub floor: Proc,
+    pub floor_addr: std::net::SocketAddr,
     pub gw_nginx: Proc,
     pub redis: Proc,
     pub redis_port: u16,
@@ -448,6 +452,26 @@ fn render_conf(template: &Path, work: &Path, port: u16, workers: usize, peers: &
         .replace("@PEERS@", &peers.display().to_string());
     std::fs::write(out, text)?;
     Ok(())
+}
+
+/// Starts `pingora_floor` serving `page` with `threads` threads.
+async fn start_floor(bin_dir: &Path, page: &Path, threads: usize) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
+    let bin = bin_dir.join("pingora_floor");
+    ensure!(bin.exists(), "{} not built (cargo build --release -p flashgate-bench --bins)", bin.display());
+    let addr = loopback(free_port());
+    let child = Command::new(bin)
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--page")
+        .arg(page)
+        .arg("--threads")
+        .arg(threads.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let floor = Proc::child("pingora-floor", child);
+    ensure!(wait_port(addr, Duration::from_secs(10)).await, "pingora_floor did not listen on {addr}");
+    Ok((floor, addr))
 }
 
 async fn start_nginx(name: &str, work: &Path, conf: &Path, port: u16, env: &[(&str, String)]) -> anyhow::Result<Proc> {
@@ -483,7 +507,7 @@ impl Peers {
     ///
     /// # Errors
     /// When nginx or its modules are missing, or a process does not come up.
-    pub async fn start(dir: &Path, peers_dir: &Path, workers: usize) -> anyhow::Result<Self> {
+    pub async fn start(dir: &Path, peers_dir: &Path, bin_dir: &Path, workers: usize) -> anyhow::Result<Self> {
         let (redis, redis_port) = start_redis(dir, "peer-redis").await?;
         let static_port = free_port();
         let work = dir.join("nginx-static");
@@ -504,7 +528,21 @@ impl Peers {
             ("GW_REDIS_PORT", redis_port.to_string()),
         ];
         let gw_nginx = start_nginx("openresty-gateway", &work, &work.join("nginx.conf"), gw_port, &env).await?;
-        Ok(Self { static_nginx, gw_nginx, redis, redis_port, static_addr: loopback(static_port), gw_addr: loopback(gw_port) })
+        let (floor, floor_addr) = start_floor(bin_dir, &peers_dir.join("html/p/1001.html"), workers).await?;
+        Ok(Self {
+            static_nginx,
+            floor,
+            floor_addr,
+            gw_nginx,
+            redis,
+            redis_port,
+            static_addr: loopback(static_port),
+            gw_addr: loopback(gw_port),
+        })
+    }
+
+    pub fn floor_watched(&self) -> Vec<Watched> {
+        vec![Watched::pids("gateway", vec![self.floor.pid])]
     }
 
     pub fn static_watched(&self) -> Vec<Watched> {
