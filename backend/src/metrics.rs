@@ -17,6 +17,13 @@ pub struct Metrics {
     pub registry: Registry,
     /// Order rows created, by the path that created them (forward, stream).
     pub orders_created: IntCounterVec,
+    /// Reservations a path took through the whole write (hold, Redis
+    /// check, insert) only to find their order made already by the other
+    /// path: the work done twice, by the path that wasted it.
+    pub orders_existing: IntCounterVec,
+    /// Stream entries the consumer found written already by its one read
+    /// per batch, and so did nothing more for.
+    pub stream_already_written: IntCounter,
     /// Entries per stream batch written with one multi-row insert.
     pub batch_size: Histogram,
     /// Entries taken over from idle consumers with XAUTOCLAIM.
@@ -64,6 +71,17 @@ impl Metrics {
             orders_created: reg!(IntCounterVec::new(
                 Opts::new("backend_orders_created_total", "Order rows created, by source (forward, stream)."),
                 &["source"]
+            )),
+            orders_existing: reg!(IntCounterVec::new(
+                Opts::new(
+                    "backend_orders_existing_total",
+                    "Reservations written again only to find their order existing, by source (forward, stream)."
+                ),
+                &["source"]
+            )),
+            stream_already_written: reg!(IntCounter::new(
+                "backend_stream_entries_already_written_total",
+                "Stream entries whose order the consumer found written already (skipped with no write)."
             )),
             batch_size: reg!(Histogram::with_opts(
                 HistogramOpts::new("backend_batch_size", "Stream entries per batch insert.")

@@ -516,10 +516,13 @@ impl Consumer<'_> {
         let rids: Vec<&str> = reservations.iter().map(|r| r.reservation_id.as_str()).collect();
         let written = self.store.reservations_with_orders(&rids).await?;
         let fresh: Vec<Reservation> = reservations.iter().filter(|r| !written.contains(&r.reservation_id)).cloned().collect();
+        self.settings.metrics.stream_already_written.inc_by((reservations.len() - fresh.len()) as u64);
         if fresh.is_empty() {
             return Ok(0);
         }
         let written = write_counted(self.store, conn, &fresh).await?;
+        let existing = written.counted.len() - written.created.len();
+        self.settings.metrics.orders_existing.with_label_values(&["stream"]).inc_by(existing as u64);
         for r in &written.uncounted {
             tracing::warn!(sale = self.sale_id, reservation = %r.reservation_id, "stream entry redis no longer counts (lost in a failover); no order written");
         }
