@@ -51,6 +51,11 @@ pub struct Settings {
     pub batch_size: usize,
     pub block: Duration,
     pub claim_idle: Duration,
+    /// How old the newest entry of a batch must be (by Redis's clock)
+    /// before the batch is written: the gateway's forward has normally
+    /// committed those orders by then, so the batch costs one read of
+    /// which have orders and one `XACK`. Zero: written at once.
+    pub forward_grace: Duration,
     pub sale_poll: Duration,
     /// Deliveries after which an entry the database keeps rejecting is
     /// dead-lettered.
@@ -72,6 +77,7 @@ impl Settings {
             batch_size: backend.batch_size,
             block: backend.block,
             claim_idle: backend.claim_idle,
+            forward_grace: backend.forward_grace,
             sale_poll: backend.sale_poll,
             max_deliveries: backend.max_deliveries,
             metrics,
@@ -345,6 +351,7 @@ impl Consumer<'_> {
     async fn session(&mut self, shutdown: &mut watch::Receiver<bool>, backoff: &mut Backoff) -> Result<(), ConsumeError> {
         let mut conn = redis_io::consumer_connection(&self.settings.redis, self.settings.block).await?;
         self.ensure_group(&mut conn).await?;
+        let clock = RedisClock::read(&mut conn).await?;
 
         // Entries delivered to this consumer name before a crash or restart.
         let mut cursor = "0".to_owned();
@@ -352,6 +359,9 @@ impl Consumer<'_> {
             let entries = self.read(&mut conn, &cursor, None).await?;
             let Some(last) = entries.last() else { break };
             cursor = last.id.clone();
+            if !self.settle(&entries, clock, shutdown).await {
+                return Ok(());
+            }
             self.process(&mut conn, entries).await?;
         }
         backoff.reset();
@@ -372,9 +382,30 @@ impl Consumer<'_> {
                 _ = stopped(shutdown) => return Ok(()),
             };
             if !entries.is_empty() {
+                if !self.settle(&entries, clock, shutdown).await {
+                    return Ok(());
+                }
                 self.process(&mut conn, entries).await?;
                 backoff.reset();
             }
+        }
+    }
+
+    /// Waits until the newest of `entries` is `forward_grace` old, so that
+    /// the forward has committed the orders it brings (see
+    /// [`Settings::forward_grace`]); false when shutdown came first (the
+    /// entries stay pending under this name and are re-read at the next
+    /// start). Never waits longer than the grace, whatever the clocks say.
+    async fn settle(&self, entries: &[StreamId], clock: RedisClock, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let grace = self.settings.forward_grace;
+        let Some(newest) = entries.iter().filter_map(|e| entry_ms(&e.id)).max() else { return true };
+        let wait = clock.until_older_than(newest, grace);
+        if wait.is_zero() {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => true,
+            _ = stopped(shutdown) => false,
         }
     }
 
@@ -535,6 +566,34 @@ impl Consumer<'_> {
         }
         redis::cmd("XACK").arg(&self.stream).arg(CONSUMER_GROUP).arg(ids).query_async::<i64>(conn).await.map(drop)
     }
+}
+
+/// Redis's clock as seen from here: stream entry ids carry Redis's time,
+/// which may differ from this host's.
+#[derive(Debug, Clone, Copy)]
+struct RedisClock {
+    /// Redis time minus local time, in ms, read when the session started.
+    offset_ms: i64,
+}
+
+impl RedisClock {
+    async fn read(conn: &mut RedisHandle) -> Result<Self, RedisError> {
+        let redis_now = retention::redis_now_ms(conn).await?;
+        Ok(Self { offset_ms: redis_now - flashgate_common::now_ms() })
+    }
+
+    /// How long until an entry made at `entry_ms` (Redis time) is `grace`
+    /// old; at most `grace`, so a clock that jumps cannot stall a consumer.
+    fn until_older_than(self, entry_ms: i64, grace: Duration) -> Duration {
+        let age = flashgate_common::now_ms() + self.offset_ms - entry_ms;
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        Duration::from_millis(grace_ms.saturating_sub(age.max(0)).clamp(0, grace_ms) as u64)
+    }
+}
+
+/// The Redis time (ms) in a stream entry id (`<ms>-<seq>`).
+fn entry_ms(id: &str) -> Option<i64> {
+    id.split_once('-').map_or(id, |(ms, _)| ms).parse().ok()
 }
 
 /// Checks that a record read from `sale_id`'s stream is about that sale

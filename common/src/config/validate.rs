@@ -398,6 +398,14 @@ fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig 
     check.between("backend.batch_size", f.batch_size, 1, 10_000);
     check.between("backend.block_ms", f.block_ms, 1, 60_000);
     check.between("backend.claim_idle_ms", f.claim_idle_ms, 100, 86_400_000);
+    check.at_most("backend.forward_grace_ms", f.forward_grace_ms, 60_000).note("0 = the consumer writes at once");
+    // An entry held for the grace is pending on its consumer: past
+    // `claim_idle_ms` another backend would claim it meanwhile.
+    check.that(
+        f.forward_grace_ms < f.claim_idle_ms,
+        "backend.forward_grace_ms",
+        format_args!("must be below backend.claim_idle_ms ({}), or other consumers claim the entries held for it", f.claim_idle_ms),
+    );
     check.between("backend.sale_poll_ms", f.sale_poll_ms, 10, 60_000);
     check.between("backend.max_deliveries", f.max_deliveries, 1, 1000);
     check.between("backend.expiry_poll_ms", f.expiry_poll_ms, 10, 600_000);
@@ -411,6 +419,7 @@ fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig 
         batch_size: f.batch_size,
         block: Duration::from_millis(f.block_ms),
         claim_idle: Duration::from_millis(f.claim_idle_ms),
+        forward_grace: Duration::from_millis(f.forward_grace_ms),
         sale_poll: Duration::from_millis(f.sale_poll_ms),
         max_deliveries: f.max_deliveries,
         expiry_poll: Duration::from_millis(f.expiry_poll_ms),
