@@ -517,3 +517,16 @@ fn sale_buckets_default_to_one_and_bad_counts_or_draws_are_refused_by_key() {
     let c = Config::from_toml_str(&format!("[fairness]\nwindow_ms = 200\n{sale}buckets = 4\ndraw_window_ms = 0\n"), &NoEnv, 0).unwrap();
     assert_eq!(c.sales[0].buckets, 4, "a bucketed sale may opt out of the shared draw window");
 }
+
+#[test]
+fn the_forward_grace_is_bounded_and_must_stay_below_the_claim_idle_time() {
+    assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().backend.forward_grace.as_millis(), 1000);
+    let c = Config::from_toml_str("[backend]\nforward_grace_ms = 0\n", &NoEnv, 0).unwrap();
+    assert!(c.backend.forward_grace.is_zero());
+    for text in
+        ["[backend]\nforward_grace_ms = 60001\nclaim_idle_ms = 120000\n", "[backend]\nforward_grace_ms = 2000\nclaim_idle_ms = 2000\n"]
+    {
+        let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains("backend.forward_grace_ms"), "{msg}");
+    }
+}
