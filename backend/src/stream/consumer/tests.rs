@@ -404,10 +404,17 @@ fn settings_with_grace(redis: &RedisServer, grace: Duration) -> Settings {
     Settings { forward_grace: grace, ..settings(redis, "c1", Duration::from_secs(60)) }
 }
 
+/// Waits until the group has read every entry and acknowledged it: no lag
+/// (an entry not yet read, say the next batch's) and nothing pending.
 async fn wait_until_acknowledged(redis: &RedisServer, conn: &mut MultiplexedConnection, sale_id: &str) {
+    let stream = SaleKeys::new(sale_id).stream;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while redis.command_calls("xack").await == 0 || pending(conn, sale_id).await > 0 {
-        assert!(std::time::Instant::now() < deadline, "the entries were never acknowledged");
+    loop {
+        let (lag, pending) = flashgate_common::stream_info::group_backlog(conn, &stream).await.unwrap();
+        if lag == 0 && pending == 0 && redis.command_calls("xack").await > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the entries were never acknowledged: lag {lag}, pending {pending}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -513,17 +520,67 @@ async fn a_crash_between_commit_and_ack_loses_nothing_and_doubles_nothing() {
     stop(tx, task).await;
 }
 
+#[tokio::test]
+async fn with_the_forward_dead_entries_after_the_first_batch_are_written_without_waiting_the_grace() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let grace = Duration::from_secs(6);
+    let settings = settings_with_grace(&redis, grace);
+    let metrics = settings.metrics.clone();
+    let (tx, task) = spawn(&sale_id, &store, settings);
+    // No forward writes anything: the first batch waits the grace and
+    // finds its entry unwritten.
+    reserve(&mut conn, &reservation(&sale_id, "u0")).await;
+    wait_for_orders(&store, &sale_id, 1).await;
+
+    // Every later entry is written at once, in several batches (3 a batch):
+    // all of them have orders well before the grace could have passed.
+    let appended = std::time::Instant::now();
+    for i in 1..8 {
+        reserve(&mut conn, &reservation(&sale_id, &format!("u{i}"))).await;
+    }
+    let by = appended + grace / 2;
+    while store.count_live_orders(&sale_id).await.unwrap() < 8 {
+        assert!(std::time::Instant::now() < by, "entries after the first batch waited for a forward that is not delivering");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
+    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 8);
+    stop(tx, task).await;
+}
+
 #[test]
 fn the_grace_wait_is_what_is_left_of_it_and_never_longer() {
-    let clock = RedisClock { offset_ms: 0 };
     let grace = Duration::from_millis(1000);
-    let now = flashgate_common::now_ms();
-    assert_eq!(clock.until_older_than(now - 5000, grace), Duration::ZERO);
-    let left = clock.until_older_than(now - 400, grace);
-    assert!(left <= Duration::from_millis(600) && left > Duration::ZERO, "{left:?}");
-    // An entry "from the future" (clocks apart) waits the grace, no more.
-    assert_eq!(clock.until_older_than(now + 60_000, grace), grace);
-    assert_eq!(clock.until_older_than(now, Duration::ZERO), Duration::ZERO);
+    assert_eq!(wait_left(grace, 5000), Duration::ZERO);
+    assert_eq!(wait_left(grace, 400), Duration::from_millis(600));
+    // An entry "from the future" (a clock stepped back) waits the grace, no more.
+    assert_eq!(wait_left(grace, -60_000), grace);
+    assert_eq!(wait_left(Duration::ZERO, 0), Duration::ZERO);
     assert_eq!(entry_ms("1700000000123-7"), Some(1_700_000_000_123));
     assert_eq!(entry_ms("bad"), None);
+}
+
+#[test]
+fn batches_wait_only_while_the_forward_writes_most_of_them_and_probe_for_it_otherwise() {
+    let grace = Duration::from_secs(1);
+    let start = Instant::now();
+    let mut forward = ForwardWatch::default();
+    assert!(forward.waits(grace, start), "a session starts waiting");
+    assert!(!forward.waits(Duration::ZERO, start), "no grace, no wait");
+
+    forward.settling(start);
+    forward.checked(Checked { entries: 4, written: 1 });
+    assert!(!forward.waits(grace, start + grace), "after a batch the forward mostly missed: at once");
+    forward.checked(Checked { entries: 0, written: 0 });
+    assert!(!forward.waits(grace, start + grace), "a batch of no reservations tells nothing");
+    assert!(forward.waits(grace, start + grace * PROBE_GRACES), "one batch in a while probes for the forward");
+
+    forward.checked(Checked { entries: 4, written: 2 });
+    assert!(forward.waits(grace, start + grace), "the forward wrote half of a batch: waiting resumes");
+    forward.checked(Checked { entries: 3, written: 3 });
+    assert!(forward.waits(grace, start + grace));
 }
