@@ -47,7 +47,11 @@ async fn buy_winners(stack: &Stack, gateway: SocketAddr, sale: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_grace_winners_orders_are_written_by_the_forward_alone_and_the_consumer_acknowledges_them() {
     let database = PostgresDatabase::create().await;
-    let opts = StackOptions { database_url: Some(database.url.clone()), forward_grace_ms: 1000, ..StackOptions::default() };
+    // A grace far longer than a forward takes even on a loaded machine (and
+    // a claim time that leaves room for it): the forward writes first
+    // however slow the run.
+    let opts =
+        StackOptions { database_url: Some(database.url.clone()), forward_grace_ms: 5000, claim_idle_ms: 30_000, ..StackOptions::default() };
     let stack = Stack::start(opts).await;
     stack.open_sale("once", 100, 1).await;
 
