@@ -3,7 +3,7 @@
 //!
 //! Counters are bumped where things happen (orders written, batches,
 //! claims, dead letters). The per-sale gauges read from Redis (remaining
-//! stock, unpersisted backlog, stream lag) are refreshed by [`run_refresh`]
+//! stock, backlog not yet acknowledged, stream lag) are refreshed by [`run_refresh`]
 //! every [`REFRESH_INTERVAL`], for live (not archived) sales only, so a
 //! scrape costs no Redis or database call at all however often it comes;
 //! the reconcile drift is kept in memory by reconciliation.
@@ -103,7 +103,7 @@ impl Metrics {
                 "Reservation order lookups asked by gateways (GET /internal/reservations/{rid})."
             )),
             remaining: reg!(gauge("sale_remaining_items", "Items left to sell, in Redis.")),
-            backlog: reg!(gauge("sale_backlog_reservations", "Reservations not yet persisted as orders (lag + pending).")),
+            backlog: reg!(gauge("sale_backlog_reservations", "Stream entries not yet acknowledged by the backend (lag + pending): about wins/s x backend.forward_grace_ms of them are held by design, most already written by the forward.")),
             stream_lag: reg!(gauge("backend_stream_lag_entries", "Stream entries not yet delivered to the consumer group.")),
             drift: reg!(gauge(
                 "reconcile_stock_drift",
@@ -119,7 +119,7 @@ impl Metrics {
             bucket_backlog: reg!(IntGaugeVec::new(
                 Opts::new(
                     "sale_bucket_backlog_reservations",
-                    "Reservations of one bucket of a bucketed sale not yet persisted (lag + pending)."
+                    "Stream entries of one bucket of a bucketed sale not yet acknowledged (lag + pending), those held for backend.forward_grace_ms included."
                 ),
                 &["sale", "bucket"]
             )),
