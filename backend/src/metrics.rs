@@ -3,7 +3,7 @@
 //!
 //! Counters are bumped where things happen (orders written, batches,
 //! claims, dead letters). The per-sale gauges read from Redis (remaining
-//! stock, unpersisted backlog, stream lag) are refreshed by [`run_refresh`]
+//! stock, backlog not yet acknowledged, stream lag) are refreshed by [`run_refresh`]
 //! every [`REFRESH_INTERVAL`], for live (not archived) sales only, so a
 //! scrape costs no Redis or database call at all however often it comes;
 //! the reconcile drift is kept in memory by reconciliation.
@@ -17,6 +17,13 @@ pub struct Metrics {
     pub registry: Registry,
     /// Order rows created, by the path that created them (forward, stream).
     pub orders_created: IntCounterVec,
+    /// Reservations a path took through the whole write (hold, Redis
+    /// check, insert) only to find their order made already by the other
+    /// path: the work done twice, by the path that wasted it.
+    pub orders_existing: IntCounterVec,
+    /// Stream entries the consumer found written already by its one read
+    /// per batch, and so did nothing more for.
+    pub stream_already_written: IntCounter,
     /// Entries per stream batch written with one multi-row insert.
     pub batch_size: Histogram,
     /// Entries taken over from idle consumers with XAUTOCLAIM.
@@ -65,6 +72,17 @@ impl Metrics {
                 Opts::new("backend_orders_created_total", "Order rows created, by source (forward, stream)."),
                 &["source"]
             )),
+            orders_existing: reg!(IntCounterVec::new(
+                Opts::new(
+                    "backend_orders_existing_total",
+                    "Reservations written again only to find their order existing, by source (forward, stream)."
+                ),
+                &["source"]
+            )),
+            stream_already_written: reg!(IntCounter::new(
+                "backend_stream_entries_already_written_total",
+                "Stream entries whose order the consumer found written already (skipped with no write)."
+            )),
             batch_size: reg!(Histogram::with_opts(
                 HistogramOpts::new("backend_batch_size", "Stream entries per batch insert.")
                     .buckets(vec![1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0])
@@ -85,7 +103,7 @@ impl Metrics {
                 "Reservation order lookups asked by gateways (GET /internal/reservations/{rid})."
             )),
             remaining: reg!(gauge("sale_remaining_items", "Items left to sell, in Redis.")),
-            backlog: reg!(gauge("sale_backlog_reservations", "Reservations not yet persisted as orders (lag + pending).")),
+            backlog: reg!(gauge("sale_backlog_reservations", "Stream entries not yet acknowledged by the backend (lag + pending): about wins/s x backend.forward_grace_ms of them are held by design, most already written by the forward.")),
             stream_lag: reg!(gauge("backend_stream_lag_entries", "Stream entries not yet delivered to the consumer group.")),
             drift: reg!(gauge(
                 "reconcile_stock_drift",
@@ -101,7 +119,7 @@ impl Metrics {
             bucket_backlog: reg!(IntGaugeVec::new(
                 Opts::new(
                     "sale_bucket_backlog_reservations",
-                    "Reservations of one bucket of a bucketed sale not yet persisted (lag + pending)."
+                    "Stream entries of one bucket of a bucketed sale not yet acknowledged (lag + pending), those held for backend.forward_grace_ms included."
                 ),
                 &["sale", "bucket"]
             )),

@@ -10,9 +10,11 @@
 //!   started during an outage, while Redis has no switch yet, must not sell
 //!   what the recorded switch may stop. Afterwards, while the key is absent
 //!   it keeps the value it had.
-//! - **Backlog pause**: when a sale's unpersisted reservations (stream
-//!   entries not yet read by the backend plus those read but not yet
-//!   acknowledged) exceed `gateway.backlog_pause_threshold`, this gateway
+//! - **Backlog pause**: when a sale's backlog (stream entries not yet read
+//!   by the backend plus those read but not yet acknowledged, which
+//!   includes about wins/s × `backend.forward_grace_ms` entries the backend
+//!   holds while the forward writes them) exceeds
+//!   `gateway.backlog_pause_threshold`, this gateway
 //!   pauses the sale until the backlog drains below half the threshold, so
 //!   a struggling database is not buried under more winners than it can
 //!   write. Each gateway decides alone from the same Redis numbers.

@@ -78,6 +78,48 @@ impl MysqlDatabase {
     }
 }
 
+/// The shared PostgreSQL server the tests use (trust auth).
+pub const POSTGRES_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// A database of its own on [`POSTGRES_SERVER`], dropped with this value.
+pub struct PostgresDatabase {
+    name: String,
+    /// What a backend is configured with.
+    pub url: String,
+}
+
+impl PostgresDatabase {
+    /// Creates `flashgate_t_<unix seconds>_<random>`.
+    pub async fn create() -> Self {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let name = format!("flashgate_t_{now}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+        let mut conn = sqlx::AnyConnection::connect(&format!("{POSTGRES_SERVER}/postgres")).await.expect("PostgreSQL on 127.0.0.1:5432");
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
+        conn.close().await.ok();
+        Self { url: format!("{POSTGRES_SERVER}/{name}"), name }
+    }
+}
+
+impl Drop for PostgresDatabase {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.name);
+        // Not from inside the test's runtime: a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            runtime.block_on(async move {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::AnyConnection::connect(&format!("{POSTGRES_SERVER}/postgres")).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await;
+                    let _ = conn.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 impl Drop for MysqlDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);

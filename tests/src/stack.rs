@@ -34,13 +34,17 @@ pub struct StackOptions {
     pub redis_timeout_ms: u64,
     pub appendonly: bool,
     pub claim_idle_ms: u64,
+    /// `backend.forward_grace_ms`: short by default, so that tests whose
+    /// forward fails do not wait a second for the consumer, yet long
+    /// enough that the forward normally writes first.
+    pub forward_grace_ms: u64,
     /// TOML appended to the generated config (limits, deny lists, ...).
     pub extra_toml: String,
     /// Start from the shipped `config/flashgate.toml` (its limits, timings
     /// and demo sale) instead of the test config; only what the harness
     /// must set is replaced: addresses, the Redis URL, the database, the
     /// static and runtime directories. `redis_timeout_ms` and
-    /// `claim_idle_ms` are then not applied.
+    /// `claim_idle_ms` and `forward_grace_ms` are then not applied.
     pub shipped_config: bool,
     /// `Stack::start` returns once every process listens, without waiting
     /// for `/ready` (for tests of a dependency that is away at start).
@@ -102,6 +106,7 @@ impl Default for StackOptions {
             redis_timeout_ms: 300,
             appendonly: false,
             claim_idle_ms: 2000,
+            forward_grace_ms: 200,
             extra_toml: String::new(),
             shipped_config: false,
             skip_ready_wait: false,
@@ -315,6 +320,7 @@ consumer_name = "backend-1"
 batch_size = 200
 block_ms = 200
 claim_idle_ms = {claim}
+forward_grace_ms = {grace}
 sale_poll_ms = 100
 {extra}
 "#,
@@ -325,6 +331,7 @@ sale_poll_ms = 100
                 static_dir = static_dir.display(),
                 runtime_dir = runtime_dir.display(),
                 claim = opts.claim_idle_ms,
+                grace = opts.forward_grace_ms,
             )
         };
         std::fs::write(&config_path, text).unwrap();

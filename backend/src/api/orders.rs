@@ -52,6 +52,7 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
     let created = written.created.len() as u64;
     state.metrics.orders_created.with_label_values(&["forward"]).inc_by(created);
     let existing = written.counted.len() as u64 - created;
+    state.metrics.orders_existing.with_label_values(&["forward"]).inc_by(existing);
     let rejected = total - written.counted.len();
     if rejected > 0 {
         tracing::warn!(rejected, "forwarded winners redis does not count were skipped");

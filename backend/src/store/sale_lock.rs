@@ -81,14 +81,14 @@ impl Store {
     /// A transaction for a hold. On PostgreSQL: read committed whatever the
     /// server's default, so a re-sync that waited for a write reads it; and
     /// a wait for a hold gives up after 5 s (the write or the re-sync is
-    /// retried) instead of keeping a pooled connection.
+    /// retried) instead of keeping a pooled connection. Both are set by the
+    /// `BEGIN` itself, one round trip for all three (every order write
+    /// opens one of these).
     async fn begin_held(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
-        let mut tx = self.pool.begin().await?;
         if self.flavour == Flavour::Postgres {
-            sqlx::query(sql::READ_COMMITTED).execute(&mut *tx).await?;
-            sqlx::query(sql::HOLD_TIMEOUT).execute(&mut *tx).await?;
+            return Ok(self.pool.begin_with(sql::BEGIN_HELD).await?);
         }
-        Ok(tx)
+        Ok(self.pool.begin().await?)
     }
 
     fn lock_statement(&self, exclusive: bool) -> &'static str {

@@ -189,11 +189,11 @@ pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id
 pub const SALE_ORDERS_WITH_KEYS: &str =
     "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms, idempotency_key, reserved_at_ms FROM orders WHERE sale_id = $1";
 
-/// PostgreSQL: the first statement of a hold's transaction.
-pub const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
-
-/// PostgreSQL: how long a hold waits for a row before the statement fails.
-pub const HOLD_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+/// PostgreSQL: a transaction that holds sales, opened read committed and
+/// with a 5 s wait for a held row, in one round trip (the simple-query
+/// protocol takes several statements; `SET LOCAL` lasts until the end of
+/// the transaction).
+pub const BEGIN_HELD: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'";
 
 /// PostgreSQL: holds a sale's row against a re-sync while orders are written.
 pub const HOLD_SALE_SHARED: &str = "SELECT id FROM sales WHERE id = $1 FOR SHARE";

@@ -5,8 +5,12 @@
 //! One task per live sale known to the database ([`run`] polls for new
 //! ones, and stops the consumers of archived sales).
 //! Each task reads its stream in the consumer group `orders` on its own
-//! Redis connection, writes each batch with one multi-row insert, and only
-//! after the commit acknowledges the batch (one `XACK`). What is read but
+//! Redis connection. While the gateway's forward is delivering, it holds a
+//! batch until its newest entry is `backend.forward_grace_ms` old, so that
+//! the forward is the one write of each order (see `ForwardWatch`); then
+//! it reads which of the batch's reservations have orders (one query),
+//! writes the rest with one multi-row insert, and only after the commit
+//! acknowledges the batch (one `XACK`). What is read but
 //! not acknowledged stays in the group's pending list: the task re-reads its
 //! own pending entries when it (re)starts, and `XAUTOCLAIM` takes over those
 //! of a consumer that died. Inserts are idempotent on the reservation id,
@@ -51,6 +55,12 @@ pub struct Settings {
     pub batch_size: usize,
     pub block: Duration,
     pub claim_idle: Duration,
+    /// How old the newest entry of a batch must be (by Redis's clock)
+    /// before the batch is written, while the forward is delivering (see
+    /// `ForwardWatch`): the gateway's forward has normally committed
+    /// those orders by then, so the batch costs one read of which have
+    /// orders and one `XACK`. Zero: written at once.
+    pub forward_grace: Duration,
     pub sale_poll: Duration,
     /// Deliveries after which an entry the database keeps rejecting is
     /// dead-lettered.
@@ -72,6 +82,7 @@ impl Settings {
             batch_size: backend.batch_size,
             block: backend.block,
             claim_idle: backend.claim_idle,
+            forward_grace: backend.forward_grace,
             sale_poll: backend.sale_poll,
             max_deliveries: backend.max_deliveries,
             metrics,
@@ -101,7 +112,9 @@ enum ConsumeError {
 }
 
 /// Runs a consumer for every live sale in the database until `shutdown`
-/// turns true, then waits for each to finish its current batch.
+/// turns true, then waits for each to finish the batch it is writing; a
+/// batch still held for the grace is left unwritten, pending under this
+/// consumer's name, and is re-read at the next start.
 ///
 /// Every `backend.sale_poll_ms` it starts consumers for new sales and stops
 /// those of archived ones; every [`retention::MAINTENANCE_INTERVAL`] it
@@ -345,6 +358,7 @@ impl Consumer<'_> {
     async fn session(&mut self, shutdown: &mut watch::Receiver<bool>, backoff: &mut Backoff) -> Result<(), ConsumeError> {
         let mut conn = redis_io::consumer_connection(&self.settings.redis, self.settings.block).await?;
         self.ensure_group(&mut conn).await?;
+        let mut forward = ForwardWatch::default();
 
         // Entries delivered to this consumer name before a crash or restart.
         let mut cursor = "0".to_owned();
@@ -352,7 +366,10 @@ impl Consumer<'_> {
             let entries = self.read(&mut conn, &cursor, None).await?;
             let Some(last) = entries.last() else { break };
             cursor = last.id.clone();
-            self.process(&mut conn, entries).await?;
+            if !self.settle(&mut conn, &entries, &mut forward, shutdown).await? {
+                return Ok(());
+            }
+            forward.checked(self.process(&mut conn, entries).await?);
         }
         backoff.reset();
 
@@ -372,10 +389,48 @@ impl Consumer<'_> {
                 _ = stopped(shutdown) => return Ok(()),
             };
             if !entries.is_empty() {
-                self.process(&mut conn, entries).await?;
+                if !self.settle(&mut conn, &entries, &mut forward, shutdown).await? {
+                    return Ok(());
+                }
+                forward.checked(self.process(&mut conn, entries).await?);
                 backoff.reset();
             }
         }
+    }
+
+    /// Waits, while the forward is delivering (see [`ForwardWatch`]), until
+    /// the newest of `entries` is `forward_grace` old, so that the forward
+    /// has committed the orders they bring (see [`Settings::forward_grace`]);
+    /// false when shutdown came first (the entries stay pending under this
+    /// name and are re-read at the next start).
+    ///
+    /// The entries' age is measured against a `TIME` read now on the
+    /// stream's own master, whose clock made their ids (a clock that
+    /// stepped since, or another node's in a cluster, would skew it), and
+    /// the wait runs on this host's monotonic clock, never longer than the
+    /// grace.
+    async fn settle(
+        &self,
+        conn: &mut RedisHandle,
+        entries: &[StreamId],
+        forward: &mut ForwardWatch,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<bool, RedisError> {
+        let grace = self.settings.forward_grace;
+        let Some(newest) = entries.iter().filter_map(|e| entry_ms(&e.id)).max() else { return Ok(true) };
+        if !forward.waits(grace, Instant::now()) {
+            return Ok(true);
+        }
+        forward.settling(Instant::now());
+        let now = redis_time_of(conn, &self.stream).await?;
+        let wait = wait_left(grace, now - newest);
+        if wait.is_zero() {
+            return Ok(true);
+        }
+        Ok(tokio::select! {
+            _ = tokio::time::sleep(wait) => true,
+            _ = stopped(shutdown) => false,
+        })
     }
 
     async fn ensure_group(&self, conn: &mut RedisHandle) -> Result<(), RedisError> {
@@ -427,10 +482,13 @@ impl Consumer<'_> {
         }
     }
 
-    /// Writes a batch with one insert, then acknowledges all of it with one
-    /// `XACK`. Nothing is acknowledged unless the insert committed (or the
-    /// entry was moved to the dead-letter stream).
-    async fn process(&self, conn: &mut RedisHandle, entries: Vec<StreamId>) -> Result<(), ConsumeError> {
+    /// Checks which entries of a batch have their order already (one
+    /// read), writes the rest with one insert, then acknowledges all of it
+    /// with one `XACK`. Nothing is acknowledged unless its order exists
+    /// (written before or committed here) or the entry was moved to the
+    /// dead-letter stream. Answers what the check found, for
+    /// [`ForwardWatch`].
+    async fn process(&self, conn: &mut RedisHandle, entries: Vec<StreamId>) -> Result<Checked, ConsumeError> {
         let mut ids = Vec::with_capacity(entries.len());
         let mut good: Vec<(&StreamId, Reservation)> = Vec::with_capacity(entries.len());
         for entry in &entries {
@@ -445,14 +503,38 @@ impl Consumer<'_> {
                 }
             }
         }
-        let reservations: Vec<Reservation> = good.iter().map(|(_, r)| r.clone()).collect();
+        // Most entries were written by the gateway's forward already: one
+        // read of which, and the write (a hold, a Redis check, an insert)
+        // only for the rest, usually none. Each entry is counted once per
+        // check, and those found written are acknowledged even if the
+        // write of the rest fails, so a retry does not count them again.
+        let rids: Vec<&str> = good.iter().map(|(_, r)| r.reservation_id.as_str()).collect();
+        let written = match self.store.reservations_with_orders(&rids).await {
+            Ok(written) => written,
+            Err(error) => {
+                self.ack(conn, &ids).await?;
+                return Err(error.into());
+            }
+        };
+        let total = good.len();
+        let (done, fresh): (Vec<_>, Vec<_>) = good.into_iter().partition(|(_, r)| written.contains(&r.reservation_id));
+        self.settings.metrics.stream_already_written.inc_by(done.len() as u64);
+        ids.extend(done.iter().map(|(e, _)| e.id.as_str()));
+        let mut checked = Checked { entries: total, written: done.len() };
+        if fresh.is_empty() {
+            self.settings.metrics.batch_size.observe(total as f64);
+            self.ack(conn, &ids).await?;
+            return Ok(checked);
+        }
+
+        let reservations: Vec<Reservation> = fresh.iter().map(|(_, r)| r.clone()).collect();
         let mut rejected = 0;
         match self.write(conn, &reservations).await {
-            Ok(inserted) => {
-                self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(inserted);
-                self.settings.metrics.batch_size.observe(reservations.len() as f64);
-                ids.extend(good.iter().map(|(e, _)| e.id.as_str()));
-                tracing::debug!(sale = self.sale_id, read = entries.len(), inserted, "stream batch committed");
+            Ok(existing) => {
+                checked.written += existing;
+                self.settings.metrics.batch_size.observe(total as f64);
+                ids.extend(fresh.iter().map(|(e, _)| e.id.as_str()));
+                tracing::debug!(sale = self.sale_id, read = entries.len(), written = reservations.len(), "stream batch committed");
             }
             Err(WriteError::Redis(error)) => {
                 self.ack(conn, &ids).await?;
@@ -464,11 +546,11 @@ impl Consumer<'_> {
             }
             Err(WriteError::Store(error)) => {
                 tracing::warn!(%error, sale = self.sale_id, "batch rejected by the database; writing its entries one by one");
-                for (entry, r) in &good {
+                for (entry, r) in &fresh {
                     let id = entry.id.as_str();
                     match self.write(conn, std::slice::from_ref(r)).await {
-                        Ok(inserted) => {
-                            self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(inserted);
+                        Ok(existing) => {
+                            checked.written += existing;
                             ids.push(id);
                         }
                         Err(WriteError::Redis(e)) => {
@@ -501,29 +583,24 @@ impl Consumer<'_> {
             // counts one more delivery for each rejected one.
             return Err(ConsumeError::Rejected(rejected));
         }
-        Ok(())
+        Ok(checked)
     }
 
     /// Writes the orders of the reservations Redis counts (see
-    /// [`crate::counted`]); answers how many orders were created. An entry
-    /// Redis does not count was read from a Redis that failed over before
-    /// its write reached the promoted one: it is not written, and
-    /// acknowledging it changes nothing there.
-    async fn write(&self, conn: &mut RedisHandle, reservations: &[Reservation]) -> Result<u64, WriteError> {
-        // Most entries were written by the gateway's forward already: one
-        // read of which, and the write (a hold, a Redis check, an insert)
-        // only for the rest, usually none.
-        let rids: Vec<&str> = reservations.iter().map(|r| r.reservation_id.as_str()).collect();
-        let written = self.store.reservations_with_orders(&rids).await?;
-        let fresh: Vec<Reservation> = reservations.iter().filter(|r| !written.contains(&r.reservation_id)).cloned().collect();
-        if fresh.is_empty() {
-            return Ok(0);
-        }
-        let written = write_counted(self.store, conn, &fresh).await?;
+    /// [`crate::counted`]), counting the orders created; answers how many
+    /// were found created meanwhile by the other path (the forward won the
+    /// race). An entry Redis does not count was read from a Redis that
+    /// failed over before its write reached the promoted one: it is not
+    /// written, and acknowledging it changes nothing there.
+    async fn write(&self, conn: &mut RedisHandle, reservations: &[Reservation]) -> Result<usize, WriteError> {
+        let written = write_counted(self.store, conn, reservations).await?;
+        let existing = written.counted.len() - written.created.len();
+        self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(written.created.len() as u64);
+        self.settings.metrics.orders_existing.with_label_values(&["stream"]).inc_by(existing as u64);
         for r in &written.uncounted {
             tracing::warn!(sale = self.sale_id, reservation = %r.reservation_id, "stream entry redis no longer counts (lost in a failover); no order written");
         }
-        Ok(written.created.len() as u64)
+        Ok(existing)
     }
 
     async fn ack(&self, conn: &mut RedisHandle, ids: &[&str]) -> Result<(), RedisError> {
@@ -532,6 +609,89 @@ impl Consumer<'_> {
         }
         redis::cmd("XACK").arg(&self.stream).arg(CONSUMER_GROUP).arg(ids).query_async::<i64>(conn).await.map(drop)
     }
+}
+
+/// What one batch's check found: the entries with a reservation, and how
+/// many of them had their order written by the other path (found by the
+/// read of which have orders, or on insert).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Checked {
+    entries: usize,
+    written: usize,
+}
+
+/// Whether the gateway's forward is delivering, as this consumer's batches
+/// show it; only then is a batch held for the grace. The wait is worth it
+/// while the forward writes the orders (each is then written once); when
+/// it does not (its queue full, its calls failing, the gateway dead), the
+/// consumer's write is the only one, and holding it back would only widen
+/// the window in which a Redis that loses its last second (`appendfsync
+/// everysec`) takes those winners with it.
+///
+/// The rule: a session starts waiting. A checked batch of which fewer than
+/// half the entries were written by the forward stops the waiting: the
+/// next batches are written at once. A batch of which at least half were
+/// (the forward won the race even so) resumes it. While not waiting, one
+/// batch every [`PROBE_GRACES`] graces waits again, so that a forward that
+/// came back is seen even when the consumer, reading each entry the instant
+/// it is appended, wins every race.
+#[derive(Debug, Clone, Copy)]
+struct ForwardWatch {
+    delivering: bool,
+    /// When a batch was last held for the grace.
+    last_held: Option<Instant>,
+}
+
+/// While the forward is not delivering, one batch in this many graces is
+/// held to see whether it is back.
+const PROBE_GRACES: u32 = 10;
+
+impl Default for ForwardWatch {
+    fn default() -> Self {
+        Self { delivering: true, last_held: None }
+    }
+}
+
+impl ForwardWatch {
+    /// Whether a batch read at `now` is held for `grace`.
+    fn waits(&self, grace: Duration, now: Instant) -> bool {
+        !grace.is_zero()
+            && (self.delivering || self.last_held.is_none_or(|held| now.saturating_duration_since(held) >= grace * PROBE_GRACES))
+    }
+
+    /// A batch is held, from `now`.
+    fn settling(&mut self, now: Instant) {
+        self.last_held = Some(now);
+    }
+
+    /// What the check of a batch found.
+    fn checked(&mut self, batch: Checked) {
+        if batch.entries > 0 {
+            self.delivering = batch.written * 2 >= batch.entries;
+        }
+    }
+}
+
+/// Redis's clock (ms) on the master of `stream`, the node whose clock
+/// gave its entries their ids (a cluster sends a keyless `TIME` to any
+/// node).
+async fn redis_time_of(conn: &mut RedisHandle, stream: &str) -> Result<i64, RedisError> {
+    let reply = conn.on_master_of(stream, &redis::cmd("TIME")).await?;
+    let (secs, micros): (i64, i64) = redis::FromRedisValue::from_redis_value(reply)?;
+    Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
+}
+
+/// How much of `grace` is left for an entry `age_ms` old: at most the
+/// grace, whatever the clocks say (an entry "from the future" waits the
+/// grace, no more).
+fn wait_left(grace: Duration, age_ms: i64) -> Duration {
+    let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+    Duration::from_millis(grace_ms.saturating_sub(age_ms.max(0)).clamp(0, grace_ms) as u64)
+}
+
+/// The Redis time (ms) in a stream entry id (`<ms>-<seq>`).
+fn entry_ms(id: &str) -> Option<i64> {
+    id.split_once('-').map_or(id, |(ms, _)| ms).parse().ok()
 }
 
 /// Checks that a record read from `sale_id`'s stream is about that sale

@@ -293,6 +293,11 @@ pub struct BackendConfig {
     pub batch_size: usize,
     pub block: Duration,
     pub claim_idle: Duration,
+    /// How old a stream entry must be before the consumer writes its
+    /// order: the gateway's forward normally commits it well within this,
+    /// so each order is written once, by the forward; the consumer writes
+    /// only what the forward missed. Zero: at once.
+    pub forward_grace: Duration,
     pub sale_poll: Duration,
     /// Deliveries after which a stream entry that keeps failing moves to
     /// the sale's dead-letter stream instead of blocking the ones behind it.

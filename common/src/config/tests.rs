@@ -517,3 +517,20 @@ fn sale_buckets_default_to_one_and_bad_counts_or_draws_are_refused_by_key() {
     let c = Config::from_toml_str(&format!("[fairness]\nwindow_ms = 200\n{sale}buckets = 4\ndraw_window_ms = 0\n"), &NoEnv, 0).unwrap();
     assert_eq!(c.sales[0].buckets, 4, "a bucketed sale may opt out of the shared draw window");
 }
+
+#[test]
+fn the_forward_grace_is_bounded_and_leaves_half_the_claim_idle_time_for_the_write() {
+    assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().backend.forward_grace.as_millis(), 1000);
+    let c = Config::from_toml_str("[backend]\nforward_grace_ms = 0\nclaim_idle_ms = 100\n", &NoEnv, 0).unwrap();
+    assert!(c.backend.forward_grace.is_zero(), "no grace fits any claim time");
+    let c = Config::from_toml_str("[backend]\nforward_grace_ms = 4500\nclaim_idle_ms = 10000\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.backend.forward_grace.as_millis(), 4500, "(10000 - 1000) / 2 is the most");
+    for text in [
+        "[backend]\nforward_grace_ms = 60001\nclaim_idle_ms = 200000\n",
+        "[backend]\nforward_grace_ms = 4501\nclaim_idle_ms = 10000\n",
+        "[backend]\nforward_grace_ms = 2000\nclaim_idle_ms = 2000\n",
+    ] {
+        let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+        assert!(msg.contains("backend.forward_grace_ms"), "{msg}");
+    }
+}

@@ -398,6 +398,20 @@ fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig 
     check.between("backend.batch_size", f.batch_size, 1, 10_000);
     check.between("backend.block_ms", f.block_ms, 1, 60_000);
     check.between("backend.claim_idle_ms", f.claim_idle_ms, 100, 86_400_000);
+    check.at_most("backend.forward_grace_ms", f.forward_grace_ms, 60_000).note("0 = the consumer writes at once");
+    // An entry held for the grace is pending on its consumer, its idle
+    // time growing: the grace and then the write must end well before
+    // `claim_idle_ms`, or another backend claims the entries held for it
+    // and writes them a second time (harmless, but the work the grace
+    // saves). At most half of it, less a second, leaves the write the rest.
+    let grace_room = f.claim_idle_ms.saturating_sub(1000) / 2;
+    check.that(
+        f.forward_grace_ms == 0 || f.forward_grace_ms <= grace_room,
+        "backend.forward_grace_ms",
+        format_args!(
+            "must be at most (backend.claim_idle_ms - 1000) / 2 = {grace_room}, so a batch held for it is written before other consumers claim it"
+        ),
+    );
     check.between("backend.sale_poll_ms", f.sale_poll_ms, 10, 60_000);
     check.between("backend.max_deliveries", f.max_deliveries, 1, 1000);
     check.between("backend.expiry_poll_ms", f.expiry_poll_ms, 10, 600_000);
@@ -411,6 +425,7 @@ fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig 
         batch_size: f.batch_size,
         block: Duration::from_millis(f.block_ms),
         claim_idle: Duration::from_millis(f.claim_idle_ms),
+        forward_grace: Duration::from_millis(f.forward_grace_ms),
         sale_poll: Duration::from_millis(f.sale_poll_ms),
         max_deliveries: f.max_deliveries,
         expiry_poll: Duration::from_millis(f.expiry_poll_ms),

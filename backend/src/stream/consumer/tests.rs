@@ -17,6 +17,7 @@ fn settings(redis: &RedisServer, consumer: &str, claim_idle: Duration) -> Settin
         batch_size: 3,
         block: Duration::from_millis(100),
         claim_idle,
+        forward_grace: Duration::ZERO,
         sale_poll: Duration::from_millis(50),
         max_deliveries: 3,
         metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
@@ -292,6 +293,7 @@ async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
         batch_size: 10,
         block: Duration::from_millis(100),
         claim_idle: Duration::from_secs(1),
+        forward_grace: Duration::ZERO,
         sale_poll: Duration::from_millis(50),
         max_deliveries: 3,
         metrics: std::sync::Arc::new(crate::metrics::Metrics::register()),
@@ -395,4 +397,190 @@ async fn entries_the_forward_already_wrote_are_acknowledged_without_asking_redis
     wait_for_orders(&store, &sale_id, 6).await;
     assert!(redis.command_calls("hget").await > hgets);
     stop(tx, task).await;
+}
+
+/// [`settings`] with `grace`, on a consumer named `c1` that claims nothing.
+fn settings_with_grace(redis: &RedisServer, grace: Duration) -> Settings {
+    Settings { forward_grace: grace, ..settings(redis, "c1", Duration::from_secs(60)) }
+}
+
+/// Waits until the group has read every entry and acknowledged it: no lag
+/// (an entry not yet read, say the next batch's) and nothing pending.
+async fn wait_until_acknowledged(redis: &RedisServer, conn: &mut MultiplexedConnection, sale_id: &str) {
+    let stream = SaleKeys::new(sale_id).stream;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (lag, pending) = flashgate_common::stream_info::group_backlog(conn, &stream).await.unwrap();
+        if lag == 0 && pending == 0 && redis.command_calls("xack").await > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the entries were never acknowledged: lag {lag}, pending {pending}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn with_a_grace_orders_the_forward_wrote_in_time_are_only_acknowledged_by_the_consumer() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let settings = settings_with_grace(&redis, Duration::from_secs(2));
+    let metrics = settings.metrics.clone();
+    let (tx, task) = spawn(&sale_id, &store, settings);
+    let winners: Vec<_> = (0..5).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    for r in &winners {
+        reserve(&mut conn, r).await;
+    }
+    // The forward's write, as `POST /internal/orders/batch` does it.
+    let forwarded = crate::counted::write_counted(&store, &mut conn, &winners).await.unwrap();
+    assert_eq!(forwarded.created.len(), 5);
+
+    wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
+    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 5);
+    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 0, "the consumer wrote nothing");
+    assert_eq!(metrics.orders_existing.with_label_values(&["stream"]).get(), 0, "nor tried to");
+    assert_eq!(metrics.stream_already_written.get(), 5);
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn with_a_grace_the_consumer_writes_every_order_the_forward_missed() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let settings = settings_with_grace(&redis, Duration::from_millis(300));
+    let metrics = settings.metrics.clone();
+    let (tx, task) = spawn(&sale_id, &store, settings);
+    for i in 0..7 {
+        reserve(&mut conn, &reservation(&sale_id, &format!("u{i}"))).await;
+    }
+    wait_for_orders(&store, &sale_id, 7).await;
+    wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
+    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 7);
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn an_entry_held_for_the_grace_at_shutdown_stays_pending_and_is_written_at_the_next_start() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let (tx, task) = spawn(&sale_id, &store, settings_with_grace(&redis, Duration::from_secs(30)));
+    reserve(&mut conn, &reservation(&sale_id, "u0")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pending(&mut conn, &sale_id).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "the consumer never read the entry");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Shutdown does not wait for the grace, and nothing is written.
+    stop(tx, task).await;
+    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 0);
+    assert_eq!(pending(&mut conn, &sale_id).await, 1);
+
+    let (tx, task) = spawn(&sale_id, &store, settings_with_grace(&redis, Duration::from_millis(100)));
+    wait_for_orders(&store, &sale_id, 1).await;
+    wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn a_crash_between_commit_and_ack_loses_nothing_and_doubles_nothing() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    create_group(&mut conn, &sale_id).await;
+    let winners: Vec<_> = (0..4).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    for r in &winners {
+        reserve(&mut conn, r).await;
+    }
+    // Read as "c1", three of the four committed, then the process died
+    // before its XACK.
+    read_without_ack(&mut conn, &sale_id, "c1").await;
+    crate::counted::write_counted(&store, &mut conn, &winners[..3]).await.unwrap();
+
+    let settings = settings_with_grace(&redis, Duration::from_millis(200));
+    let metrics = settings.metrics.clone();
+    let (tx, task) = spawn(&sale_id, &store, settings);
+    wait_for_orders(&store, &sale_id, 4).await;
+    wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
+    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 1);
+    assert_eq!(metrics.stream_already_written.get(), 3);
+    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 4);
+    for r in &winners {
+        assert!(store.order_by_reservation(&r.reservation_id).await.unwrap().is_some());
+    }
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn with_the_forward_dead_entries_after_the_first_batch_are_written_without_waiting_the_grace() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+    let sale_id = unique("s");
+    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let grace = Duration::from_secs(6);
+    let settings = settings_with_grace(&redis, grace);
+    let metrics = settings.metrics.clone();
+    let (tx, task) = spawn(&sale_id, &store, settings);
+    // No forward writes anything: the first batch waits the grace and
+    // finds its entry unwritten.
+    reserve(&mut conn, &reservation(&sale_id, "u0")).await;
+    wait_for_orders(&store, &sale_id, 1).await;
+
+    // Every later entry is written at once, in several batches (3 a batch):
+    // all of them have orders well before the grace could have passed.
+    let appended = std::time::Instant::now();
+    for i in 1..8 {
+        reserve(&mut conn, &reservation(&sale_id, &format!("u{i}"))).await;
+    }
+    let by = appended + grace / 2;
+    while store.count_live_orders(&sale_id).await.unwrap() < 8 {
+        assert!(std::time::Instant::now() < by, "entries after the first batch waited for a forward that is not delivering");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
+    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 8);
+    stop(tx, task).await;
+}
+
+#[test]
+fn the_grace_wait_is_what_is_left_of_it_and_never_longer() {
+    let grace = Duration::from_millis(1000);
+    assert_eq!(wait_left(grace, 5000), Duration::ZERO);
+    assert_eq!(wait_left(grace, 400), Duration::from_millis(600));
+    // An entry "from the future" (a clock stepped back) waits the grace, no more.
+    assert_eq!(wait_left(grace, -60_000), grace);
+    assert_eq!(wait_left(Duration::ZERO, 0), Duration::ZERO);
+    assert_eq!(entry_ms("1700000000123-7"), Some(1_700_000_000_123));
+    assert_eq!(entry_ms("bad"), None);
+}
+
+#[test]
+fn batches_wait_only_while_the_forward_writes_most_of_them_and_probe_for_it_otherwise() {
+    let grace = Duration::from_secs(1);
+    let start = Instant::now();
+    let mut forward = ForwardWatch::default();
+    assert!(forward.waits(grace, start), "a session starts waiting");
+    assert!(!forward.waits(Duration::ZERO, start), "no grace, no wait");
+
+    forward.settling(start);
+    forward.checked(Checked { entries: 4, written: 1 });
+    assert!(!forward.waits(grace, start + grace), "after a batch the forward mostly missed: at once");
+    forward.checked(Checked { entries: 0, written: 0 });
+    assert!(!forward.waits(grace, start + grace), "a batch of no reservations tells nothing");
+    assert!(forward.waits(grace, start + grace * PROBE_GRACES), "one batch in a while probes for the forward");
+
+    forward.checked(Checked { entries: 4, written: 2 });
+    assert!(forward.waits(grace, start + grace), "the forward wrote half of a batch: waiting resumes");
+    forward.checked(Checked { entries: 3, written: 3 });
+    assert!(forward.waits(grace, start + grace));
 }
