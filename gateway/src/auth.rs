@@ -6,12 +6,20 @@
 //! HS256 is accepted, so `alg: none` and algorithm confusion are rejected
 //! by construction. User ids end up inside Redis keys, so they are
 //! restricted to a safe character set.
+//!
+//! A token is verified once: its user id and `exp` are then remembered
+//! under the SHA-256 digest of the token's bytes (a client chooses those
+//! bytes, so only a collision-resistant digest may stand for them; the
+//! digest is also a fixed 32 bytes, cheap to hash and store). A remembered
+//! token is still refused from its `exp` (plus the same leeway) on, as
+//! the full check would.
 
 use std::sync::Arc;
 
 use flashgate_common::config::AuthConfig;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 /// Longest user id accepted in a token's `sub`.
 pub const MAX_USER_ID_LEN: usize = 128;
@@ -56,12 +64,20 @@ const LEEWAY_SECONDS: u64 = 5;
 /// Longest lifetime [`mint`] gives a token.
 pub const MAX_MINT_TTL_SECONDS: u64 = 366 * 86_400;
 
+/// How long a verified token is remembered at most (its `exp` ends it
+/// sooner).
+const CACHED_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The SHA-256 of a token's bytes: what a verified token is remembered by.
+type TokenDigest = [u8; 32];
+
 /// Verifies buyer tokens; built once from the secret and shared.
 pub struct Verifier {
     key: DecodingKey,
     validation: Validation,
-    /// token -> (user id, exp); entries are still checked against `exp`.
-    verified: moka::sync::Cache<String, (Arc<str>, u64)>,
+    /// Digest of the token -> (user id, exp); entries are still checked
+    /// against `exp`. The digests are uniform, so a fast hasher is safe.
+    verified: moka::sync::Cache<TokenDigest, (Arc<str>, u64), ahash::RandomState>,
 }
 
 impl Verifier {
@@ -86,8 +102,10 @@ impl Verifier {
         validation.set_required_spec_claims(&required);
         validation.leeway = LEEWAY_SECONDS;
         validation.validate_nbf = true;
-        let verified =
-            moka::sync::Cache::builder().max_capacity(MAX_CACHED_TOKENS).time_to_live(std::time::Duration::from_secs(300)).build();
+        let verified = moka::sync::Cache::builder()
+            .max_capacity(MAX_CACHED_TOKENS)
+            .time_to_live(CACHED_TOKEN_TTL)
+            .build_with_hasher(ahash::RandomState::new());
         Self { key: DecodingKey::from_secret(secret), validation, verified }
     }
 
@@ -100,7 +118,8 @@ impl Verifier {
         let header = authorization.ok_or(AuthError::Missing)?;
         let token = header.strip_prefix(b"Bearer ").and_then(|t| std::str::from_utf8(t).ok()).ok_or(AuthError::Missing)?.trim();
         let now = flashgate_common::now_ms().max(0) as u64 / 1000;
-        if let Some((user, exp)) = self.verified.get(token) {
+        let digest: TokenDigest = Sha256::digest(token.as_bytes()).into();
+        if let Some((user, exp)) = self.verified.get(&digest) {
             // Saturating: a token signed with our secret may say any `exp`.
             if now < exp.saturating_add(LEEWAY_SECONDS) {
                 return Ok(user.to_string());
@@ -114,7 +133,7 @@ impl Verifier {
         if !valid_user_id(&data.claims.sub) {
             return Err(AuthError::Invalid);
         }
-        self.verified.insert(token.to_owned(), (Arc::from(data.claims.sub.as_str()), data.claims.exp));
+        self.verified.insert(digest, (Arc::from(data.claims.sub.as_str()), data.claims.exp));
         Ok(data.claims.sub)
     }
 }
@@ -177,8 +196,24 @@ mod tests {
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
         // Second time from the cache: same answer.
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
-        v.verified.insert(t.clone(), (Arc::from("alice"), 1000));
+        v.verified.insert(Sha256::digest(t.as_bytes()).into(), (Arc::from("alice"), 1000));
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn remembered_tokens_each_answer_their_own_user() {
+        let v = Verifier::new(b"k");
+        let (a, b) = (mint(b"k", "alice", 60, &AuthConfig::default()).unwrap(), mint(b"k", "bob", 60, &AuthConfig::default()).unwrap());
+        for _ in 0..2 {
+            assert_eq!(v.verify(Some(&bearer(&a))), Ok("alice".into()));
+            assert_eq!(v.verify(Some(&bearer(&b))), Ok("bob".into()));
+        }
+        // A remembered token's bytes changed by one character are a new
+        // token: checked in full (and refused), not taken for the old one.
+        let mut forged = a.clone();
+        let last = forged.pop().unwrap();
+        forged.push(if last == 'A' { 'B' } else { 'A' });
+        assert_eq!(v.verify(Some(&bearer(&forged))), Err(AuthError::Invalid));
     }
 
     #[test]

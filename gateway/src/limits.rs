@@ -11,6 +11,11 @@
 //! IPv6 clients are keyed by their /64, the smallest block a single
 //! subscriber usually holds.
 //!
+//! The caches hash their keys with aHash, seeded at random per process:
+//! a client can pick its IP within its block (and a shop mints user ids),
+//! and a random seed keeps it from aiming keys at one hash bucket, at a
+//! fraction of SipHash's cost per check.
+//!
 //! The limiters are generic over governor's [`Clock`]: the default
 //! (quanta) clock in production, `FakeRelativeClock` in tests, which then
 //! refill buckets by advancing the clock instead of sleeping.
@@ -102,12 +107,15 @@ fn quota(b: Bucket) -> Quota {
 struct Keyed<K: std::hash::Hash + Eq + Send + Sync + 'static, C: Clock> {
     bucket: Bucket,
     quota: Quota,
-    cache: moka::sync::Cache<K, Arc<Bucket1<C>>>,
+    cache: moka::sync::Cache<K, Arc<Bucket1<C>>, ahash::RandomState>,
 }
 
 impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static, C: Clock + Clone + Send + Sync + 'static> Keyed<K, C> {
     fn new(bucket: Bucket, cfg: &LimitsConfig) -> Self {
-        let cache = moka::sync::Cache::builder().max_capacity(cfg.max_tracked_keys).time_to_idle(cfg.idle).build();
+        let cache = moka::sync::Cache::builder()
+            .max_capacity(cfg.max_tracked_keys)
+            .time_to_idle(cfg.idle)
+            .build_with_hasher(ahash::RandomState::new());
         Self { bucket, quota: quota(bucket), cache }
     }
 

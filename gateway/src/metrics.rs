@@ -3,8 +3,18 @@
 //! by the admin listener at `/metrics`.
 //!
 //! Labels are bounded enums only: no user ids, IPs or reservation ids.
+//!
+//! The per-request metrics ([`RequestMetrics`]) keep each labelled child
+//! once it was first used: counting a request is then an atomic add, not a
+//! hash of its labels and a lock of the family (`with_label_values`) three
+//! times per request. Children are still made on first use, so `/metrics`
+//! lists exactly the series that happened.
+
+use std::sync::OnceLock;
 
 use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+
+use crate::route::RouteKind;
 
 /// Latency buckets from 100 µs to 5 s: edge answers are sub-millisecond,
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
@@ -15,6 +25,9 @@ const DIFFICULTY_BUCKETS: &[f64] = &[0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0
 
 pub struct Metrics {
     pub registry: Registry,
+    /// `requests`, `request_duration` and `buy_outcomes`, recorded once
+    /// per request with their children kept.
+    pub per_request: RequestMetrics,
     /// Every request, by route and outcome.
     pub requests: IntCounterVec,
     /// Buy attempts by outcome (won, sold_out, rate_limited_user, ...).
@@ -135,8 +148,10 @@ impl Metrics {
         )
         .expect("valid gauge");
         registry.register(Box::new(tls_reload_failing.clone())).expect("unique metric");
+        let per_request = RequestMetrics::new(&requests, &request_duration, &buy_outcomes);
         Self {
             registry,
+            per_request,
             requests,
             buy_outcomes,
             request_duration,
@@ -169,6 +184,68 @@ impl Metrics {
     }
 }
 
+/// Outcomes kept per route: more than any route sees in practice; an
+/// outcome past them is counted through its family, as before.
+const KEPT_OUTCOMES: usize = 24;
+
+/// Children of one labelled family keyed by one `'static` label, filled on
+/// first use. Racing threads may fill two slots with the same label; both
+/// hold the same child, so counts are never split.
+struct Kept<M> {
+    slots: [OnceLock<(&'static str, M)>; KEPT_OUTCOMES],
+}
+
+impl<M> Kept<M> {
+    fn new() -> Self {
+        Self { slots: std::array::from_fn(|_| OnceLock::new()) }
+    }
+
+    /// The child for `label`, made with `make` when a slot is free; `None`
+    /// when every slot holds another label.
+    fn get(&self, label: &'static str, make: impl Fn() -> M) -> Option<&M> {
+        self.slots.iter().map(|slot| slot.get_or_init(|| (label, make()))).find(|(l, _)| *l == label).map(|(_, m)| m)
+    }
+}
+
+/// The metrics every request records once (in `logging`).
+pub struct RequestMetrics {
+    requests: IntCounterVec,
+    durations: HistogramVec,
+    buy_outcomes: IntCounterVec,
+    /// Per route kind: its duration histogram and its outcomes' counters.
+    by_route: [(OnceLock<Histogram>, Kept<IntCounter>); RouteKind::COUNT],
+    buys: Kept<IntCounter>,
+}
+
+impl RequestMetrics {
+    fn new(requests: &IntCounterVec, durations: &HistogramVec, buy_outcomes: &IntCounterVec) -> Self {
+        Self {
+            requests: requests.clone(),
+            durations: durations.clone(),
+            buy_outcomes: buy_outcomes.clone(),
+            by_route: std::array::from_fn(|_| (OnceLock::new(), Kept::new())),
+            buys: Kept::new(),
+        }
+    }
+
+    /// Counts a request of `route` that ended with `outcome` (a label) and
+    /// took `seconds`; a buy's outcome is also counted in `buy_outcomes`.
+    pub fn record(&self, route: RouteKind, outcome: &'static str, seconds: f64) {
+        let (duration, outcomes) = &self.by_route[route.index()];
+        duration.get_or_init(|| self.durations.with_label_values(&[route.as_str()])).observe(seconds);
+        match outcomes.get(outcome, || self.requests.with_label_values(&[route.as_str(), outcome])) {
+            Some(counter) => counter.inc(),
+            None => self.requests.with_label_values(&[route.as_str(), outcome]).inc(),
+        }
+        if route == RouteKind::Buy {
+            match self.buys.get(outcome, || self.buy_outcomes.with_label_values(&[outcome])) {
+                Some(counter) => counter.inc(),
+                None => self.buy_outcomes.with_label_values(&[outcome]).inc(),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +258,34 @@ mod tests {
         assert!(text.contains("flashgate_buy_outcomes_total{outcome=\"won\"} 1"), "{text}");
         // Two gateways in one process do not clash.
         let _second = Metrics::register();
+    }
+
+    #[test]
+    fn per_request_counts_land_in_their_families_and_only_used_series_are_listed() {
+        let m = Metrics::register();
+        m.per_request.record(RouteKind::Page, "ok", 0.001);
+        m.per_request.record(RouteKind::Page, "ok", 0.001);
+        m.per_request.record(RouteKind::Buy, "sold_out", 0.002);
+        let text = m.render();
+        assert!(text.contains("flashgate_requests_total{outcome=\"ok\",route=\"page\"} 2"), "{text}");
+        assert!(text.contains("flashgate_requests_total{outcome=\"sold_out\",route=\"buy\"} 1"), "{text}");
+        assert!(text.contains("flashgate_buy_outcomes_total{outcome=\"sold_out\"} 1"), "{text}");
+        assert!(text.contains("flashgate_request_duration_seconds_count{route=\"page\"} 2"), "{text}");
+        assert!(!text.contains("route=\"asset\""), "no series for a route never asked: {text}");
+        assert!(!text.contains("flashgate_buy_outcomes_total{outcome=\"ok\"}"), "pages are not buys: {text}");
+    }
+
+    #[test]
+    fn outcomes_past_the_kept_ones_are_still_counted() {
+        let m = Metrics::register();
+        let labels: Vec<&'static str> = (0..KEPT_OUTCOMES + 3).map(|i| &*Box::leak(format!("o{i}").into_boxed_str())).collect();
+        for label in &labels {
+            m.per_request.record(RouteKind::Buy, label, 0.0);
+        }
+        m.per_request.record(RouteKind::Buy, labels[KEPT_OUTCOMES + 2], 0.0);
+        let text = m.render();
+        assert!(text.contains(&format!("flashgate_requests_total{{outcome=\"o{}\",route=\"buy\"}} 2", KEPT_OUTCOMES + 2)), "{text}");
+        assert!(text.contains("flashgate_requests_total{outcome=\"o0\",route=\"buy\"} 1"), "{text}");
+        assert!(text.contains(&format!("flashgate_buy_outcomes_total{{outcome=\"o{}\"}} 2", KEPT_OUTCOMES + 2)), "{text}");
     }
 }

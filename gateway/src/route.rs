@@ -56,6 +56,14 @@ pub enum RouteKind {
 }
 
 impl RouteKind {
+    /// How many kinds there are: [`RouteKind::index`] is below it.
+    pub const COUNT: usize = RouteKind::Invalid as usize + 1;
+
+    /// A dense index, for per-route tables (`metrics`).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             RouteKind::ListSales => "list_sales",

@@ -24,6 +24,11 @@
 //!
 //! `/sales/{id}` serves `sale.html` for any sale id (the page reads its sale
 //! from the API); `/static/{path}` serves the file at that path.
+//!
+//! Every answer a file can get (each encoding, `200` or `304`) has its
+//! response head built once, at load: a page view clones that head and
+//! adds only the request id, instead of formatting and inserting each
+//! header again (the page path is the gateway's busiest).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -36,11 +41,12 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use flashgate_common::config::PagesConfig;
+use pingora::http::ResponseHeader;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::{info, warn};
 
-use crate::reply::{Rejection, Reply};
+use crate::reply::Rejection;
 
 /// The page served for `/sales/{id}`.
 pub const SALE_PAGE: &str = "sale.html";
@@ -93,12 +99,18 @@ pub enum Encoding {
     Brotli,
 }
 
-/// One representation of a file: its bytes and their strong validator.
+/// One representation of a file: its bytes, their strong validator and
+/// the heads of its two answers.
 #[derive(Debug, Clone)]
 pub struct Variant {
     pub body: Bytes,
     /// Quoted strong ETag, derived from the content and the encoding.
     pub etag: String,
+    /// The `200`: every header but `X-Request-Id` (added per request).
+    ok: ResponseHeader,
+    /// The `304`: the same validators and caching headers, no body, no
+    /// `Content-Encoding` (it describes a body).
+    not_modified: ResponseHeader,
 }
 
 /// One file held in memory, with its compressed forms.
@@ -123,9 +135,19 @@ impl Asset {
             Encoding::Identity => &self.identity,
         }
     }
+}
 
-    fn is_negotiated(&self) -> bool {
-        self.gzip.is_some() || self.brotli.is_some()
+/// A file's answer, ready to write: its head (cloned from the one built at
+/// load) and its body (empty for a `304`).
+#[derive(Debug)]
+pub struct Page {
+    pub head: Box<ResponseHeader>,
+    pub body: Bytes,
+}
+
+impl Page {
+    pub fn status(&self) -> u16 {
+        self.head.status.as_u16()
     }
 }
 
@@ -150,7 +172,8 @@ impl<'a> PageRequest<'a> {
 /// A loaded file set and the directory listing it was loaded from.
 #[derive(Debug, Default)]
 struct FileSet {
-    files: HashMap<String, Asset>,
+    /// Keyed by the files found at load, so a fast hasher is safe here.
+    files: HashMap<String, Asset, ahash::RandomState>,
     /// Hash of every file's path, size and modification time.
     signature: u64,
 }
@@ -202,10 +225,14 @@ impl StaticPages {
     }
 
     /// Answers a GET/HEAD for the request path `rel` (still percent-encoded).
-    pub fn serve(&self, rel: &str, req: &PageRequest<'_>) -> Reply {
+    ///
+    /// # Errors
+    /// `NotFound` when no file of that name is loaded (or the path may not
+    /// name one).
+    pub fn serve(&self, rel: &str, req: &PageRequest<'_>) -> Result<Page, Rejection> {
         let set = self.set.load();
         let Some(asset) = safe_path(rel).and_then(|p| set.files.get(p.as_ref())) else {
-            return Rejection::NotFound("no such file").into();
+            return Err(Rejection::NotFound("no such file"));
         };
         let encoding = negotiate(req.accept_encoding, asset.gzip.is_some(), asset.brotli.is_some());
         let variant = asset.variant(encoding);
@@ -218,20 +245,51 @@ impl StaticPages {
                 .is_some_and(|since| asset.modified_secs <= since.as_secs()),
             (None, None) => false,
         };
-        let (status, body) = if not_modified { (304, Bytes::new()) } else { (200, variant.body.clone()) };
-        let mut reply = Reply { status, content_type: asset.content_type, headers: Vec::with_capacity(5), body }
-            .header("ETag", variant.etag.clone())
-            .header("Last-Modified", asset.last_modified.clone())
-            .header("Cache-Control", asset.cache_control.clone());
-        if asset.is_negotiated() {
-            reply = reply.header("Vary", "Accept-Encoding");
-        }
-        match encoding {
-            Encoding::Gzip if !not_modified => reply.header("Content-Encoding", "gzip"),
-            Encoding::Brotli if !not_modified => reply.header("Content-Encoding", "br"),
-            _ => reply,
-        }
+        Ok(if not_modified {
+            Page { head: Box::new(variant.not_modified.clone()), body: Bytes::new() }
+        } else {
+            Page { head: Box::new(variant.ok.clone()), body: variant.body.clone() }
+        })
     }
+}
+
+/// The `200` and `304` heads of one variant, in the order the headers were
+/// always written: type and length, validators, caching, negotiation.
+fn variant_heads(
+    asset: &AssetHeaders<'_>,
+    body: &Bytes,
+    etag: &str,
+    encoding: Encoding,
+) -> std::io::Result<(ResponseHeader, ResponseHeader)> {
+    let head = |status: u16, len: usize| -> pingora::Result<ResponseHeader> {
+        let mut h = ResponseHeader::build(status, Some(9))?;
+        h.append_header("Content-Type", asset.content_type)?;
+        h.append_header("Content-Length", len.to_string())?;
+        h.append_header("ETag", etag)?;
+        h.append_header("Last-Modified", asset.last_modified)?;
+        h.append_header("Cache-Control", asset.cache_control)?;
+        if asset.negotiated {
+            h.append_header("Vary", "Accept-Encoding")?;
+        }
+        if status == 200 {
+            match encoding {
+                Encoding::Gzip => h.append_header("Content-Encoding", "gzip")?,
+                Encoding::Brotli => h.append_header("Content-Encoding", "br")?,
+                Encoding::Identity => false,
+            };
+        }
+        Ok(h)
+    };
+    let built = head(200, body.len()).and_then(|ok| Ok((ok, head(304, 0)?)));
+    built.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a header of this file cannot be sent: {e}")))
+}
+
+/// What every variant's head of one file shares.
+struct AssetHeaders<'a> {
+    content_type: &'static str,
+    last_modified: &'a str,
+    cache_control: &'a str,
+    negotiated: bool,
 }
 
 /// Periodically reloads the pages when files under the directory change.
@@ -373,7 +431,7 @@ fn signature(listing: &[(String, PathBuf, std::fs::Metadata)]) -> u64 {
 
 fn load_set(dir: &Path, policy: &CachePolicy) -> std::io::Result<FileSet> {
     let listing = list_files(dir)?;
-    let mut files = HashMap::with_capacity(listing.len());
+    let mut files = HashMap::with_capacity_and_hasher(listing.len(), ahash::RandomState::new());
     for (rel, path, meta) in &listing {
         let body = Bytes::from(std::fs::read(path)?);
         let content_type = content_type(rel);
@@ -384,14 +442,26 @@ fn load_set(dir: &Path, policy: &CachePolicy) -> std::io::Result<FileSet> {
         let smaller = |c: Vec<u8>| (c.len() < body.len()).then(|| Bytes::from(c));
         let gzip = compress.then(|| gzip(&body)).and_then(smaller);
         let brotli = compress.then(|| brotli(&body)).and_then(smaller);
+        let cache_control = policy.cache_control(rel);
+        let last_modified = httpdate::fmt_http_date(modified);
+        let shared = AssetHeaders {
+            content_type,
+            last_modified: &last_modified,
+            cache_control: &cache_control,
+            negotiated: gzip.is_some() || brotli.is_some(),
+        };
+        let variant = |body: Bytes, etag: String, encoding: Encoding| -> std::io::Result<Variant> {
+            let (ok, not_modified) = variant_heads(&shared, &body, &etag, encoding)?;
+            Ok(Variant { body, etag, ok, not_modified })
+        };
         let asset = Asset {
             content_type,
-            cache_control: policy.cache_control(rel),
-            last_modified: httpdate::fmt_http_date(modified),
+            gzip: gzip.map(|body| variant(body, format!("\"{hash}-gz\""), Encoding::Gzip)).transpose()?,
+            brotli: brotli.map(|body| variant(body, format!("\"{hash}-br\""), Encoding::Brotli)).transpose()?,
+            identity: variant(body, format!("\"{hash}\""), Encoding::Identity)?,
+            cache_control,
+            last_modified,
             modified_secs,
-            gzip: gzip.map(|body| Variant { body, etag: format!("\"{hash}-gz\"") }),
-            brotli: brotli.map(|body| Variant { body, etag: format!("\"{hash}-br\"") }),
-            identity: Variant { etag: format!("\"{hash}\""), body },
         };
         files.insert(rel.clone(), asset);
     }
@@ -470,42 +540,65 @@ mod tests {
         Dir(dir)
     }
 
-    fn header<'a>(r: &'a Reply, name: &str) -> Option<&'a str> {
-        r.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    fn header<'a>(r: &'a Page, name: &str) -> Option<&'a str> {
+        r.head.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    fn serve(p: &StaticPages, rel: &str, req: &PageRequest<'_>) -> Page {
+        p.serve(rel, req).unwrap()
+    }
+
+    fn status(p: &StaticPages, rel: &str, req: &PageRequest<'_>) -> u16 {
+        p.serve(rel, req).map_or_else(|r| crate::reply::Reply::from(r).status, |page| page.status())
     }
 
     #[test]
     fn files_are_served_with_type_and_etag_and_revalidate_to_304() {
         let d = dir();
         let p = StaticPages::load(&d.0).unwrap();
-        let r = p.serve("css/app.css", &PageRequest::default());
-        assert_eq!((r.status, r.content_type), (200, "text/css; charset=utf-8"));
+        let r = serve(&p, "css/app.css", &PageRequest::default());
+        assert_eq!((r.status(), header(&r, "Content-Type")), (200, Some("text/css; charset=utf-8")));
+        assert_eq!(header(&r, "Content-Length"), Some("6"));
         let etag = header(&r, "ETag").unwrap().to_owned();
         let lm = header(&r, "Last-Modified").unwrap().to_owned();
-        let r = p.serve("css/app.css", &PageRequest { if_none_match: Some(etag.as_bytes()), ..Default::default() });
-        assert_eq!(r.status, 304);
+        let r = serve(&p, "css/app.css", &PageRequest { if_none_match: Some(etag.as_bytes()), ..Default::default() });
+        assert_eq!(r.status(), 304);
         assert!(r.body.is_empty());
+        assert_eq!(
+            (header(&r, "ETag"), header(&r, "Last-Modified")),
+            (Some(etag.as_str()), Some(lm.as_str())),
+            "a 304 keeps the validators"
+        );
         let weak = format!("\"nope\", W/{etag}");
-        assert_eq!(p.serve("css/app.css", &PageRequest { if_none_match: Some(weak.as_bytes()), ..Default::default() }).status, 304);
-        assert_eq!(p.serve("css/app.css", &PageRequest { if_none_match: Some(b"\"other\""), ..Default::default() }).status, 200);
-        assert_eq!(p.serve("css/app.css", &PageRequest { if_modified_since: Some(lm.as_bytes()), ..Default::default() }).status, 304);
+        assert_eq!(status(&p, "css/app.css", &PageRequest { if_none_match: Some(weak.as_bytes()), ..Default::default() }), 304);
+        assert_eq!(status(&p, "css/app.css", &PageRequest { if_none_match: Some(b"\"other\""), ..Default::default() }), 200);
+        assert_eq!(status(&p, "css/app.css", &PageRequest { if_modified_since: Some(lm.as_bytes()), ..Default::default() }), 304);
         let old = b"Thu, 01 Jan 2004 00:00:00 GMT";
-        assert_eq!(p.serve("css/app.css", &PageRequest { if_modified_since: Some(old), ..Default::default() }).status, 200);
+        assert_eq!(status(&p, "css/app.css", &PageRequest { if_modified_since: Some(old), ..Default::default() }), 200);
     }
 
     #[test]
     fn compressible_files_are_negotiated_with_distinct_etags() {
         let d = dir();
         let p = StaticPages::load(&d.0).unwrap();
-        let plain = p.serve("app.0123abcd.js", &PageRequest::default());
-        let gz = p.serve("app.0123abcd.js", &PageRequest { accept_encoding: Some(b"gzip, deflate"), ..Default::default() });
-        let br = p.serve("app.0123abcd.js", &PageRequest { accept_encoding: Some(b"gzip, deflate, br"), ..Default::default() });
+        let plain = serve(&p, "app.0123abcd.js", &PageRequest::default());
+        let gz = serve(&p, "app.0123abcd.js", &PageRequest { accept_encoding: Some(b"gzip, deflate"), ..Default::default() });
+        let br = serve(&p, "app.0123abcd.js", &PageRequest { accept_encoding: Some(b"gzip, deflate, br"), ..Default::default() });
         assert_eq!(header(&plain, "Content-Encoding"), None);
         assert_eq!(header(&gz, "Content-Encoding"), Some("gzip"));
         assert_eq!(header(&br, "Content-Encoding"), Some("br"));
         for r in [&plain, &gz, &br] {
             assert_eq!(header(r, "Vary"), Some("Accept-Encoding"));
+            assert_eq!(header(r, "Content-Length"), Some(r.body.len().to_string().as_str()), "each variant's own length");
         }
+        let etag = header(&gz, "ETag").unwrap().to_owned();
+        let revalidated = serve(
+            &p,
+            "app.0123abcd.js",
+            &PageRequest { if_none_match: Some(etag.as_bytes()), accept_encoding: Some(b"gzip"), ..Default::default() },
+        );
+        assert_eq!((revalidated.status(), header(&revalidated, "Content-Encoding")), (304, None), "a 304 has no body to encode");
+        assert_eq!(header(&revalidated, "Vary"), Some("Accept-Encoding"));
         let etags: std::collections::HashSet<_> = [&plain, &gz, &br].iter().map(|r| header(r, "ETag").unwrap()).collect();
         assert_eq!(etags.len(), 3);
         let mut unzipped = Vec::new();
@@ -531,7 +624,7 @@ mod tests {
     fn cache_control_is_short_for_pages_and_immutable_for_fingerprinted_assets() {
         let d = dir();
         let p = StaticPages::load(&d.0).unwrap();
-        let cc = |rel| header(&p.serve(rel, &PageRequest::default()), "Cache-Control").unwrap().to_owned();
+        let cc = |rel| header(&serve(&p, rel, &PageRequest::default()), "Cache-Control").unwrap().to_owned();
         assert_eq!(cc("sale.html"), "public, max-age=10");
         assert_eq!(cc("css/app.css"), "public, max-age=60");
         assert_eq!(cc("app.0123abcd.js"), "public, max-age=31536000, immutable");
@@ -554,9 +647,9 @@ mod tests {
             "sale.html%00",
             "%zz",
         ] {
-            assert_eq!(p.serve(path, &PageRequest::default()).status, 404, "{path}");
+            assert_eq!(status(&p, path, &PageRequest::default()), 404, "{path}");
         }
-        assert_eq!(p.serve("css%2fapp.css", &PageRequest::default()).status, 200);
+        assert_eq!(status(&p, "css%2fapp.css", &PageRequest::default()), 200);
     }
 
     #[test]
@@ -566,6 +659,6 @@ mod tests {
         assert!(!p.reload_if_changed().unwrap());
         std::fs::write(d.0.join("new.txt"), "fresh").unwrap();
         assert!(p.reload_if_changed().unwrap());
-        assert_eq!(&p.serve("new.txt", &PageRequest::default()).body[..], b"fresh");
+        assert_eq!(&serve(&p, "new.txt", &PageRequest::default()).body[..], b"fresh");
     }
 }

@@ -11,8 +11,8 @@
 //!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
 //!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
 //!   ├─ Route::Reservation ► Admission::user ─► reservations::lookup
-//!   ├─ pages, assets ──► StaticPages::serve
-//!   │                    every answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
+//!   ├─ pages, assets ──► StaticPages::serve ─► Page (head built at load) ─► write_page
+//!   │                    every other answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
 //! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
 //!   cache_key_callback   scheme + host + raw target (path and query)
@@ -66,7 +66,7 @@ use crate::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
 use crate::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::switches::Switches;
 use crate::upstreams::{hop_by_hop, ShopFailure, Upstreams};
-use session::{keep_alive_after_early_answer, peer, read_buy_body, request_id, write_reply};
+use session::{keep_alive_after_early_answer, peer, read_buy_body, request_id, write_page, write_reply};
 
 /// Shared state of the gateway, built once in `server`.
 pub struct Gateway {
@@ -152,6 +152,20 @@ impl ProxyHttp for Gateway {
         }
         let reply = match route {
             Ok(Route::Shop) => return Ok(false),
+            Ok(route @ (Route::SalePage(_) | Route::Asset(_))) => {
+                keep_alive_after_early_answer(session);
+                ctx.route = route.kind();
+                let rel = match route {
+                    Route::Asset(path) => path,
+                    _ => SALE_PAGE,
+                };
+                // A missing file is answered like any 404 but keeps the
+                // `ok` outcome label pages always had.
+                return match self.pages.serve(rel, &PageRequest::from_headers(&session.req_header().headers)) {
+                    Ok(page) => write_page(session, page, ctx).await,
+                    Err(rejection) => write_reply(session, rejection.into(), ctx).await,
+                };
+            }
             Ok(route) => {
                 keep_alive_after_early_answer(session);
                 ctx.route = route.kind();
@@ -175,12 +189,7 @@ impl ProxyHttp for Gateway {
         if ctx.route == RouteKind::Shop {
             ctx.outcome = Outcome::of_shop(session.response_written().map(|r| r.status.as_u16()), error.is_some());
         }
-        let (route, outcome) = (ctx.route.as_str(), ctx.outcome.as_str());
-        m.requests.with_label_values(&[route, outcome]).inc();
-        m.request_duration.with_label_values(&[route]).observe(ctx.started.elapsed().as_secs_f64());
-        if ctx.route == RouteKind::Buy {
-            m.buy_outcomes.with_label_values(&[outcome]).inc();
-        }
+        m.per_request.record(ctx.route, ctx.outcome.as_str(), ctx.started.elapsed().as_secs_f64());
         // A background refresh (stale-while-revalidate) is not a client's request.
         if let (Some(cache), RouteKind::Shop, None) = (&self.shop_cache, ctx.route, &session.subrequest_ctx) {
             let result = if ctx.stale_on_error { CacheResult::Stale } else { CacheResult::of(session.cache.phase()) };
@@ -409,9 +418,8 @@ impl Gateway {
                 let view = crate::reservations::lookup(&self.redis, &self.sales, &self.order_lookups, &self.metrics, &user, rid).await?;
                 Ok(Reply::json(200, &view))
             }
-            Route::SalePage(_) => Ok(self.pages.serve(SALE_PAGE, &PageRequest::from_headers(headers))),
-            Route::Asset(path) => Ok(self.pages.serve(path, &PageRequest::from_headers(headers))),
-            Route::Shop => Err(Rejection::NotFound("not a gateway route")),
+            // Answered in `request_filter`, with their prebuilt heads.
+            Route::SalePage(_) | Route::Asset(_) | Route::Shop => Err(Rejection::NotFound("not a gateway route")),
         }
     }
 }

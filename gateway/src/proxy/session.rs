@@ -9,6 +9,7 @@ use pingora::proxy::Session;
 use super::ctx::RequestCtx;
 use crate::rejection::Rejection;
 use crate::reply::Reply;
+use crate::static_pages::Page;
 
 /// Largest buy request body accepted; a buy needs no more.
 pub const MAX_BUY_BODY_BYTES: usize = 4096;
@@ -115,6 +116,19 @@ pub async fn write_reply(session: &mut Session, reply: Reply, ctx: &RequestCtx) 
     session.write_response_header(Box::new(header), !body_follows).await?;
     if body_follows {
         session.write_response_body(Some(reply.body), true).await?;
+    }
+    Ok(true)
+}
+
+/// Writes a static file's answer: its head built at load plus the request
+/// id, without a body for HEAD and 304 (as [`write_reply`]).
+pub async fn write_page(session: &mut Session, page: Page, ctx: &RequestCtx) -> pingora::Result<bool> {
+    let Page { mut head, body } = page;
+    head.append_header("X-Request-Id", &ctx.request_id)?;
+    let body_follows = session.req_header().method != http::Method::HEAD && !body.is_empty();
+    session.write_response_header(head, !body_follows).await?;
+    if body_follows {
+        session.write_response_body(Some(body), true).await?;
     }
     Ok(true)
 }

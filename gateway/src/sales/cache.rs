@@ -45,7 +45,14 @@ pub enum MissingSale {
 }
 
 /// The users who ever won in a sale; `None` when there are too many to hold.
-type Winners = Option<Arc<HashSet<String>>>;
+type Winners = Option<Arc<HashSet<String, Hasher>>>;
+
+/// The hasher of every table here: aHash, seeded at random per process.
+/// Sale ids come from request paths, so a client chooses the ones it asks
+/// for (and unknown ones are remembered in `absent`); the random seed
+/// keeps it from aiming them at one bucket, at a fraction of SipHash's
+/// cost on every buy's lookups.
+type Hasher = ahash::RandomState;
 
 /// One per gateway, shared by the buy path, the sale routes and the
 /// events listener.
@@ -53,49 +60,60 @@ pub struct SaleCache {
     /// One snapshot per sale; each reader accepts it up to its own age
     /// ([`WINDOW_TTL`] for buys, `pages.state_ttl_ms` for views), and the
     /// entry lives as long as the longer of the two.
-    snapshots: moka::future::Cache<String, Held>,
+    snapshots: moka::future::Cache<String, Held, Hasher>,
     /// Sale ids Redis does not have, with when that was read; apart from
     /// `snapshots` so a flood of reads of made-up ids cannot evict the
     /// snapshots real sales' buys use.
-    absent: moka::future::Cache<String, Instant>,
+    absent: moka::future::Cache<String, Instant, Hasher>,
     view_ttl: Duration,
     /// Sold-out sales, each with the number of its flag: a flag set anew
     /// (after being cleared or expiring) gets a new number, so winners read
     /// under an earlier flag are never used under a later one.
-    sold_out: moka::sync::Cache<String, u64>,
+    sold_out: moka::sync::Cache<String, u64, Hasher>,
     flags: AtomicU64,
-    missing: moka::future::Cache<String, MissingSale>,
+    missing: moka::future::Cache<String, MissingSale, Hasher>,
     /// The number of each sale's last [`SaleCache::forget`] (from
     /// `flags`): a sold out decided before it (the draw's, read later) is
     /// stale and must not flag the sale again.
-    cleared: moka::sync::Cache<String, u64>,
-    /// Winners of a sold-out sale, by sale and flag number.
-    winners: moka::future::Cache<(String, u64), Winners>,
+    cleared: moka::sync::Cache<String, u64, Hasher>,
+    /// Winners of a sold-out sale, by flag number: each flag of any sale
+    /// gets a number of its own, so the number alone names the sale's flag
+    /// (and a lookup needs no key built from the sale id).
+    winners: moka::future::Cache<u64, Winners, Hasher>,
     /// Empty buckets of bucketed sales, by sale and bucket: set from a
     /// deduct's `sold_out` on a bucket or a transfer finding a bucket empty
     /// (here or announced), cleared when items move into the bucket. The
     /// sale's own flag (`sold_out`) is set only once every bucket was
     /// confirmed dry in Redis; these are hints for choosing donors.
-    empty_buckets: moka::sync::Cache<(String, u32), ()>,
+    empty_buckets: moka::sync::Cache<(String, u32), (), Hasher>,
     /// Each sale's bucket count as last read: it never changes for a saved
     /// sale, so a buy answered locally finds its home bucket without Redis.
-    bucket_counts: moka::sync::Cache<String, u32>,
+    bucket_counts: moka::sync::Cache<String, u32, Hasher>,
 }
 
 impl SaleCache {
     /// A cache whose views are at most `view_ttl` old (`pages.state_ttl_ms`).
     pub fn new(view_ttl: Duration) -> Self {
         Self {
-            snapshots: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(view_ttl.max(WINDOW_TTL)).build(),
-            absent: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(view_ttl.max(WINDOW_TTL)).build(),
+            snapshots: moka::future::Cache::builder()
+                .max_capacity(MAX_SALES)
+                .time_to_live(view_ttl.max(WINDOW_TTL))
+                .build_with_hasher(Hasher::new()),
+            absent: moka::future::Cache::builder()
+                .max_capacity(MAX_SALES)
+                .time_to_live(view_ttl.max(WINDOW_TTL))
+                .build_with_hasher(Hasher::new()),
             view_ttl,
-            sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
+            sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build_with_hasher(Hasher::new()),
             flags: AtomicU64::new(0),
-            missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build(),
-            cleared: moka::sync::Cache::builder().max_capacity(MAX_SALES).build(),
-            winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build(),
-            empty_buckets: moka::sync::Cache::builder().max_capacity(MAX_SALES * 4).time_to_live(SOLD_OUT_TTL).build(),
-            bucket_counts: moka::sync::Cache::builder().max_capacity(MAX_SALES).build(),
+            missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build_with_hasher(Hasher::new()),
+            cleared: moka::sync::Cache::builder().max_capacity(MAX_SALES).build_with_hasher(Hasher::new()),
+            winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build_with_hasher(Hasher::new()),
+            empty_buckets: moka::sync::Cache::builder()
+                .max_capacity(MAX_SALES * 4)
+                .time_to_live(SOLD_OUT_TTL)
+                .build_with_hasher(Hasher::new()),
+            bucket_counts: moka::sync::Cache::builder().max_capacity(MAX_SALES).build_with_hasher(Hasher::new()),
         }
     }
 
@@ -252,7 +270,7 @@ impl SaleCache {
         self.cleared.insert(sale_id.to_owned(), self.flags.fetch_add(1, Ordering::Relaxed) + 1);
         self.empty_buckets.invalidate(&(sale_id.to_owned(), bucket));
         if let Some(flag) = self.sold_out.remove(sale_id) {
-            self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
+            self.winners.invalidate(&flag).await;
         }
     }
 
@@ -261,7 +279,7 @@ impl SaleCache {
     pub async fn forget(&self, sale_id: &str) {
         self.cleared.insert(sale_id.to_owned(), self.flags.fetch_add(1, Ordering::Relaxed) + 1);
         if let Some(flag) = self.sold_out.remove(sale_id) {
-            self.winners.invalidate(&(sale_id.to_owned(), flag)).await;
+            self.winners.invalidate(&flag).await;
         }
         self.snapshots.invalidate(sale_id).await;
         self.absent.invalidate(sale_id).await;
@@ -281,7 +299,7 @@ impl SaleCache {
     /// answers true: the caller then asks Redis.
     pub async fn ever_won(&self, redis: &RedisClient, sale_id: &str, buckets: u32, user: &str) -> bool {
         let Some(flag) = self.sold_out.get(sale_id) else { return true };
-        let held = self.winners.try_get_with((sale_id.to_owned(), flag), read_winners(redis, sale_id, buckets)).await;
+        let held = self.winners.try_get_with(flag, read_winners(redis, sale_id, buckets)).await;
         match held {
             Ok(Some(winners)) => winners.contains(user),
             Ok(None) => true,
@@ -327,7 +345,7 @@ async fn read_winners(redis: &RedisClient, sale_id: &str, buckets: u32) -> Resul
     if count > MAX_WINNERS_HELD {
         return Ok(None);
     }
-    let mut winners = HashSet::with_capacity(count);
+    let mut winners = HashSet::with_capacity_and_hasher(count, Hasher::new());
     for keys in &indexes {
         let users: Vec<String> = redis.bounded(redis::cmd("HVALS").arg(&keys.reservations).query_async(&mut conn)).await??;
         winners.extend(users);

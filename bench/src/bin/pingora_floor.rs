@@ -1,0 +1,99 @@
+//! `pingora_floor`: the least a Pingora server does to answer a page, for
+//! comparison with Flashgate's page path (bench/README.md).
+//!
+//! One HTTP/1.1 service on Pingora's proxy framework (the one the gateway
+//! runs on), with the gateway's allocator, answering every GET and HEAD
+//! from `request_filter` with one file's bytes and the headers Flashgate
+//! sends with its sale page: `Content-Type`, `Content-Length`, `ETag`,
+//! `Last-Modified`, `Cache-Control` and a 32-hex-digit `X-Request-Id`. The
+//! head is built once and cloned per request; nothing else is done (no
+//! routing, no metrics, no conditional requests).
+//!
+//!     pingora_floor --listen 127.0.0.1:8090 --page static/sale.html --threads 2
+
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use clap::Parser;
+use pingora::http::ResponseHeader;
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::server::configuration::ServerConf;
+use pingora::server::Server;
+use pingora::upstreams::peer::HttpPeer;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "pingora_floor", about = "Answers every GET with one file, as Flashgate's page path would")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long)]
+    listen: String,
+    /// The file every GET is answered with.
+    #[arg(long)]
+    page: PathBuf,
+    /// Pingora worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// The page's `Cache-Control` (Flashgate's `pages.page_max_age_seconds` default).
+    #[arg(long, default_value = "public, max-age=10")]
+    cache_control: String,
+}
+
+struct Floor {
+    head: ResponseHeader,
+    body: Bytes,
+    ids: AtomicU64,
+}
+
+#[async_trait]
+impl ProxyHttp for Floor {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> pingora::Result<bool> {
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(60));
+        }
+        let mut head = Box::new(self.head.clone());
+        head.append_header("X-Request-Id", format!("{:032x}", self.ids.fetch_add(1, Ordering::Relaxed)))?;
+        let body_follows = session.req_header().method != http::Method::HEAD;
+        session.write_response_header(head, !body_follows).await?;
+        if body_follows {
+            session.write_response_body(Some(self.body.clone()), true).await?;
+        }
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> pingora::Result<Box<HttpPeer>> {
+        pingora::Error::e_explain(pingora::ErrorType::ConnectNoRoute, "every request is answered in request_filter")
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let body = Bytes::from(std::fs::read(&args.page)?);
+    let modified = std::fs::metadata(&args.page)?.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut hash = std::collections::hash_map::DefaultHasher::new();
+    body.hash(&mut hash);
+    let mut head = ResponseHeader::build(200, Some(6))?;
+    head.append_header("Content-Type", "text/html; charset=utf-8")?;
+    head.append_header("Content-Length", body.len().to_string())?;
+    head.append_header("ETag", format!("\"{:016x}-{:x}\"", hash.finish(), body.len()))?;
+    head.append_header("Last-Modified", httpdate::fmt_http_date(modified))?;
+    head.append_header("Cache-Control", args.cache_control.as_str())?;
+
+    let conf = ServerConf { threads: args.threads, ..ServerConf::default() };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut service = pingora::proxy::http_proxy_service(&server.configuration, Floor { head, body, ids: AtomicU64::new(0) });
+    service.add_tcp(&args.listen);
+    server.add_service(service);
+    server.run_forever()
+}
