@@ -121,7 +121,8 @@ impl Verifier {
         let digest: TokenDigest = Sha256::digest(token.as_bytes()).into();
         if let Some((user, exp)) = self.verified.get(&digest) {
             // Saturating: a token signed with our secret may say any `exp`.
-            if now < exp.saturating_add(LEEWAY_SECONDS) {
+            // As jsonwebtoken's check: refused once `exp + leeway < now`.
+            if now <= exp.saturating_add(LEEWAY_SECONDS) {
                 return Ok(user.to_string());
             }
             return Err(AuthError::Expired);

@@ -231,11 +231,20 @@ impl RequestMetrics {
     /// Counts a request of `route` that ended with `outcome` (a label) and
     /// took `seconds`; a buy's outcome is also counted in `buy_outcomes`.
     pub fn record(&self, route: RouteKind, outcome: &'static str, seconds: f64) {
-        let (duration, outcomes) = &self.by_route[route.index()];
-        duration.get_or_init(|| self.durations.with_label_values(&[route.as_str()])).observe(seconds);
-        match outcomes.get(outcome, || self.requests.with_label_values(&[route.as_str(), outcome])) {
-            Some(counter) => counter.inc(),
-            None => self.requests.with_label_values(&[route.as_str(), outcome]).inc(),
+        // `get`: a kind past `RouteKind::COUNT` (one added after `Invalid`)
+        // is counted without a kept child, never a panic on a request.
+        match self.by_route.get(route.index()) {
+            Some((duration, outcomes)) => {
+                duration.get_or_init(|| self.durations.with_label_values(&[route.as_str()])).observe(seconds);
+                match outcomes.get(outcome, || self.requests.with_label_values(&[route.as_str(), outcome])) {
+                    Some(counter) => counter.inc(),
+                    None => self.requests.with_label_values(&[route.as_str(), outcome]).inc(),
+                }
+            }
+            None => {
+                self.durations.with_label_values(&[route.as_str()]).observe(seconds);
+                self.requests.with_label_values(&[route.as_str(), outcome]).inc();
+            }
         }
         if route == RouteKind::Buy {
             match self.buys.get(outcome, || self.buy_outcomes.with_label_values(&[outcome])) {

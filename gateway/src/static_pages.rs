@@ -280,7 +280,10 @@ fn variant_heads(
         }
         Ok(h)
     };
-    let built = head(200, body.len()).and_then(|ok| Ok((ok, head(304, 0)?)));
+    // A 304 carries the length of the 200 it stands for (RFC 9110 §8.6: a
+    // cache copying it onto the stored page must not see 0); Pingora sends
+    // no body with it either way.
+    let built = head(200, body.len()).and_then(|ok| Ok((ok, head(304, body.len())?)));
     built.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a header of this file cannot be sent: {e}")))
 }
 

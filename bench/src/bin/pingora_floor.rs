@@ -5,7 +5,8 @@
 //! runs on), with the gateway's allocator, answering every GET and HEAD
 //! from `request_filter` with one file's bytes and the headers Flashgate
 //! sends with its sale page: `Content-Type`, `Content-Length`, `ETag`,
-//! `Last-Modified`, `Cache-Control` and a 32-hex-digit `X-Request-Id`. The
+//! `Last-Modified`, `Cache-Control`, `Vary` and a random 32-hex-digit
+//! `X-Request-Id`, made as the gateway makes it. The
 //! head is built once and cloned per request; nothing else is done (no
 //! routing, no metrics, no conditional requests).
 //!
@@ -13,7 +14,6 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -48,7 +48,6 @@ struct Args {
 struct Floor {
     head: ResponseHeader,
     body: Bytes,
-    ids: AtomicU64,
 }
 
 #[async_trait]
@@ -62,7 +61,7 @@ impl ProxyHttp for Floor {
             session.set_keepalive(Some(60));
         }
         let mut head = Box::new(self.head.clone());
-        head.append_header("X-Request-Id", format!("{:032x}", self.ids.fetch_add(1, Ordering::Relaxed)))?;
+        head.append_header("X-Request-Id", format!("{:032x}", rand::random::<u128>()))?;
         let body_follows = session.req_header().method != http::Method::HEAD;
         session.write_response_header(head, !body_follows).await?;
         if body_follows {
@@ -88,11 +87,19 @@ fn main() -> anyhow::Result<()> {
     head.append_header("ETag", format!("\"{:016x}-{:x}\"", hash.finish(), body.len()))?;
     head.append_header("Last-Modified", httpdate::fmt_http_date(modified))?;
     head.append_header("Cache-Control", args.cache_control.as_str())?;
+    // Flashgate sends it with every compressible page (this one is).
+    head.append_header("Vary", "Accept-Encoding")?;
 
-    let conf = ServerConf { threads: args.threads, ..ServerConf::default() };
+    // SIGTERM stops it at once (the bench stops its processes so).
+    let conf = ServerConf {
+        threads: args.threads,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(0),
+        ..ServerConf::default()
+    };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let mut service = pingora::proxy::http_proxy_service(&server.configuration, Floor { head, body, ids: AtomicU64::new(0) });
+    let mut service = pingora::proxy::http_proxy_service(&server.configuration, Floor { head, body });
     service.add_tcp(&args.listen);
     server.add_service(service);
     server.run_forever()
