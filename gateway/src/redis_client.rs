@@ -18,8 +18,9 @@ use tokio::sync::OnceCell;
 
 use crate::breaker::Breaker;
 
-/// Why a Redis call did not produce an answer.
-#[derive(Debug, thiserror::Error)]
+/// Why a Redis call did not produce an answer. Clone: one batched deduct's
+/// failure is every attempt's in it (`crate::deduct_batch`).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RedisError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -57,10 +58,14 @@ impl RedisError {
 /// script it was tested with.
 pub static DEDUCT_LUA: &str = flashgate_common::scripts::DEDUCT;
 
+/// The batched deduct (`lua/deduct_batch.lua`), the buy path's script.
+pub static DEDUCT_BATCH_LUA: &str = flashgate_common::scripts::DEDUCT_BATCH;
+
 pub struct RedisClient {
     config: RedisConfig,
     conn: OnceCell<RedisHandle>,
     pub deduct: redis::Script,
+    pub deduct_batch: redis::Script,
     /// Shared with the admin listener, which reports its state.
     pub breaker: Arc<Breaker>,
 }
@@ -68,7 +73,13 @@ pub struct RedisClient {
 impl RedisClient {
     /// A client of the deployment `config` names; nothing connects yet.
     pub fn new(config: RedisConfig, breaker: Breaker) -> Self {
-        Self { config, breaker: Arc::new(breaker), conn: OnceCell::new(), deduct: redis::Script::new(DEDUCT_LUA) }
+        Self {
+            config,
+            breaker: Arc::new(breaker),
+            conn: OnceCell::new(),
+            deduct: redis::Script::new(DEDUCT_LUA),
+            deduct_batch: redis::Script::new(DEDUCT_BATCH_LUA),
+        }
     }
 
     /// A client of the standalone Redis at `url` (tests, tools).
@@ -93,6 +104,7 @@ impl RedisClient {
                 };
                 let mut conn = RedisHandle::connect(&self.config, &tuning).await?;
                 conn.load_script(DEDUCT_LUA).await?;
+                conn.load_script(DEDUCT_BATCH_LUA).await?;
                 Ok::<_, RedisError>(conn)
             }))
             .await??;

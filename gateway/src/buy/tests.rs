@@ -29,7 +29,7 @@ pub(super) struct Fixture {
 }
 
 pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
-    let redis = RedisServer::private();
+    let redis_server = RedisServer::private();
     let limits = LimitsConfig {
         trusted_proxies: vec![],
         client_ip_header: Default::default(),
@@ -53,10 +53,12 @@ pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
     let switches = Arc::new(Switches::default());
     switches.set_all_paused(false);
     let clock = ManualClock::at(now_ms());
+    let redis = Arc::new(RedisClient::standalone(&redis_server.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1))));
     let service = BuyService {
         admission,
         challenge: Arc::new(crate::challenge::ChallengeGate::off(metrics.clone())),
-        redis: Arc::new(RedisClient::standalone(&redis.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1)))),
+        deducts: Arc::new(crate::deduct_batch::DeductBatcher::new(redis.clone(), metrics.deduct_batch_size.clone())),
+        redis,
         sales: Arc::new(SaleCache::new(Duration::from_millis(250))),
         switches,
         order_lookups: Arc::new(OrderLookups::new(orders.clone())),
@@ -73,7 +75,7 @@ pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
         idempotency_ttl: Duration::from_secs(600),
         clock: clock.clone(),
     };
-    Fixture { redis, service, clock }
+    Fixture { redis: redis_server, service, clock }
 }
 
 impl Fixture {

@@ -1,0 +1,235 @@
+//! Group commit of buy attempts: the concurrent deducts of one sale go to
+//! Redis as ONE call of `lua/deduct_batch.lua` ([`deduct_many`]).
+//!
+//! An `EVALSHA` costs Redis far more than the few microseconds of deciding
+//! one attempt, so under load most of Redis's time went into calls, not
+//! buys. Here an attempt for a sale with no call in flight goes at once,
+//! alone (no delay at low load); attempts arriving while
+//! [`IN_FLIGHT_PER_SALE`] calls of that sale are in flight queue, and go
+//! together, at most [`MAX_BATCH`] per call, as soon as one returns. The
+//! script decides them in arrival order, each exactly as on its own.
+//!
+//! Attempts are grouped by the hash tag of their keys (the sale, or the
+//! buyer's home bucket of a bucketed sale): all keys of one call must be
+//! in one slot of a cluster. Every call goes through
+//! [`RedisClient::bounded`] (timeout, circuit breaker) and the script's
+//! `invoke` (a `NOSCRIPT` reloads it), on the one shared connection, so
+//! standalone, Sentinel and cluster deployments work alike.
+//!
+//! Calls run in spawned tasks, never in a buyer's future: a client that
+//! goes away drops its request future at any `.await`, and that must not
+//! strand the other attempts of its batch or of the queue behind it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use flashgate_common::keys::home_id;
+use prometheus::Histogram;
+use tokio::sync::oneshot;
+
+use crate::deduct::{deduct_many, BuyAttempt, Decision};
+use crate::redis_client::{RedisClient, RedisError};
+
+/// Most attempts in one script call. The script holds Redis for all of
+/// them (a few µs each), so a cap keeps one call well under a millisecond
+/// and other sales' calls from waiting behind it.
+pub const MAX_BATCH: usize = 64;
+
+/// Calls of one sale (one hash tag) in flight at once. More than one keeps
+/// Redis busy while the gateway reads the previous reply; each more makes
+/// the batches smaller.
+pub const IN_FLIGHT_PER_SALE: usize = 2;
+
+/// Groups the concurrent deducts of each sale into batched script calls;
+/// one per gateway.
+pub struct DeductBatcher {
+    redis: Arc<RedisClient>,
+    /// Attempts per script call (`flashgate_deduct_batch_size`).
+    sizes: Histogram,
+    lanes: Mutex<HashMap<Lane, Queue>>,
+}
+
+/// The attempts that may share a call: the keys' hash tag. Bucketed or not
+/// is part of it, so a sale whose id looks like a bucket's (`ID:bk`) never
+/// shares a call with that bucket (their calls differ in the draw keys).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Lane {
+    home: String,
+    bucketed: bool,
+}
+
+/// One lane's attempts waiting for a call, and its calls in flight.
+/// Attempts wait only while [`IN_FLIGHT_PER_SALE`] calls are in flight.
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Waiter>,
+    in_flight: usize,
+}
+
+impl Queue {
+    fn next_batch(&mut self) -> Vec<Waiter> {
+        let n = self.waiting.len().min(MAX_BATCH);
+        self.waiting.drain(..n).collect()
+    }
+}
+
+/// An attempt and where its decision goes.
+struct Waiter {
+    attempt: OwnedAttempt,
+    answer: oneshot::Sender<Result<Decision, RedisError>>,
+}
+
+/// A [`BuyAttempt`] that outlives its request's future (it waits in a
+/// queue, then is sent by a spawned task).
+struct OwnedAttempt {
+    sale_id: String,
+    user_id: String,
+    idempotency_key: String,
+    reservation_id: String,
+    call_nonce: String,
+    idempotency_ttl_seconds: u64,
+    draw_window_ms: u64,
+    buckets: u32,
+}
+
+impl OwnedAttempt {
+    fn of(a: &BuyAttempt<'_>) -> Self {
+        Self {
+            sale_id: a.sale_id.to_owned(),
+            user_id: a.user_id.to_owned(),
+            idempotency_key: a.idempotency_key.to_owned(),
+            reservation_id: a.reservation_id.to_owned(),
+            call_nonce: a.call_nonce.to_owned(),
+            idempotency_ttl_seconds: a.idempotency_ttl_seconds,
+            draw_window_ms: a.draw_window_ms,
+            buckets: a.buckets,
+        }
+    }
+
+    fn attempt(&self) -> BuyAttempt<'_> {
+        BuyAttempt {
+            sale_id: &self.sale_id,
+            user_id: &self.user_id,
+            idempotency_key: &self.idempotency_key,
+            reservation_id: &self.reservation_id,
+            call_nonce: &self.call_nonce,
+            idempotency_ttl_seconds: self.idempotency_ttl_seconds,
+            draw_window_ms: self.draw_window_ms,
+            buckets: self.buckets,
+        }
+    }
+}
+
+impl DeductBatcher {
+    /// A batcher sending on `redis`, recording each call's size in `sizes`.
+    pub fn new(redis: Arc<RedisClient>, sizes: Histogram) -> Self {
+        Self { redis, sizes, lanes: Mutex::new(HashMap::new()) }
+    }
+
+    /// Decides `attempt`, in a call of its own when its sale has a call
+    /// slot free, else in the next batch of its sale.
+    ///
+    /// # Errors
+    /// The error of the call that carried the attempt (every attempt of a
+    /// batch gets it), or the attempt's own script error.
+    pub async fn deduct(self: &Arc<Self>, attempt: &BuyAttempt<'_>) -> Result<Decision, RedisError> {
+        let lane = Lane { home: home_id(attempt.sale_id, attempt.buckets, attempt.user_id), bucketed: attempt.buckets > 1 };
+        let (answer, decision) = oneshot::channel();
+        let batch = {
+            let mut lanes = self.lanes();
+            let queue = lanes.entry(lane.clone()).or_default();
+            queue.waiting.push_back(Waiter { attempt: OwnedAttempt::of(attempt), answer });
+            (queue.in_flight < IN_FLIGHT_PER_SALE).then(|| {
+                queue.in_flight += 1;
+                queue.next_batch()
+            })
+        };
+        if let Some(batch) = batch {
+            tokio::spawn(Arc::clone(self).run(lane, batch));
+        }
+        // Only a sender dropped unanswered (see `CallSlot`) closes this.
+        decision.await.unwrap_or_else(|_| Err(RedisError::Redis(redis::RedisError::from((redis::ErrorKind::Client, "deduct batch abandoned")))))
+    }
+
+    /// One call slot of `lane`: sends `batch`, then the lane's next batch
+    /// while attempts wait, then frees the slot.
+    async fn run(self: Arc<Self>, lane: Lane, mut batch: Vec<Waiter>) {
+        let mut slot = CallSlot { batcher: &self, lane: &lane, held: true };
+        loop {
+            self.send(batch).await;
+            let mut lanes = self.lanes();
+            let Some(queue) = lanes.get_mut(&lane) else { break };
+            if queue.waiting.is_empty() {
+                queue.in_flight -= 1;
+                if queue.in_flight == 0 {
+                    lanes.remove(&lane);
+                }
+                slot.held = false;
+                return;
+            }
+            batch = queue.next_batch();
+        }
+    }
+
+    /// One script call for `batch`; every waiter gets its decision.
+    async fn send(&self, batch: Vec<Waiter>) {
+        // A buyer gone before its attempt was sent never made it: skipped,
+        // as a request future dropped before its call was.
+        let batch: Vec<Waiter> = batch.into_iter().filter(|w| !w.answer.is_closed()).collect();
+        if batch.is_empty() {
+            return;
+        }
+        self.sizes.observe(batch.len() as f64);
+        let attempts: Vec<BuyAttempt<'_>> = batch.iter().map(|w| w.attempt.attempt()).collect();
+        let decisions = deduct_many(&self.redis, &attempts).await;
+        // A send fails only when the buyer went away meanwhile: the
+        // decision is dropped. A win then is not forwarded by this gateway,
+        // exactly as when a request future is dropped after its script call
+        // returned: the reservation is durable in the sale's stream, and
+        // the backend's stream consumer writes its order.
+        match decisions {
+            Ok(decisions) => {
+                for (waiter, decision) in batch.into_iter().zip(decisions) {
+                    let _ = waiter.answer.send(decision);
+                }
+            }
+            // The call failed or timed out: every attempt in it did (503).
+            Err(error) => {
+                for waiter in batch {
+                    let _ = waiter.answer.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+
+    fn lanes(&self) -> MutexGuard<'_, HashMap<Lane, Queue>> {
+        // Nothing panics while holding the lock; a poisoned map is as good.
+        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A lane's call slot, freed if its task ends without freeing it (a panic,
+/// the runtime shutting down): otherwise the lane would count a call in
+/// flight for ever and its attempts would wait for nothing. The last slot
+/// of a lane also answers the attempts still waiting (their senders are
+/// dropped: an error, 503), so no buyer waits for a call that never comes.
+struct CallSlot<'a> {
+    batcher: &'a DeductBatcher,
+    lane: &'a Lane,
+    held: bool,
+}
+
+impl Drop for CallSlot<'_> {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let mut lanes = self.batcher.lanes();
+        if let Some(queue) = lanes.get_mut(self.lane) {
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+            if queue.in_flight == 0 {
+                lanes.remove(self.lane);
+            }
+        }
+    }
+}
