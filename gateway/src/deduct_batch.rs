@@ -30,6 +30,9 @@ use tokio::sync::oneshot;
 use crate::deduct::{deduct_many, BuyAttempt, Decision};
 use crate::redis_client::{RedisClient, RedisError};
 
+#[cfg(test)]
+mod tests;
+
 /// Most attempts in one script call. The script holds Redis for all of
 /// them (a few µs each), so a cap keeps one call well under a millisecond
 /// and other sales' calls from waiting behind it.
@@ -148,7 +151,9 @@ impl DeductBatcher {
             tokio::spawn(Arc::clone(self).run(lane, batch));
         }
         // Only a sender dropped unanswered (see `CallSlot`) closes this.
-        decision.await.unwrap_or_else(|_| Err(RedisError::Redis(redis::RedisError::from((redis::ErrorKind::Client, "deduct batch abandoned")))))
+        decision
+            .await
+            .unwrap_or_else(|_| Err(RedisError::Redis(redis::RedisError::from((redis::ErrorKind::Client, "deduct batch abandoned")))))
     }
 
     /// One call slot of `lane`: sends `batch`, then the lane's next batch

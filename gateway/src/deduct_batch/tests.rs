@@ -1,0 +1,271 @@
+//! `lua/deduct_batch.lua` against real redis-servers: a batch of attempts
+//! gives the same outcomes and leaves the same Redis state as the same
+//! attempts sent one by one (`lua/deduct.lua`), in the same order, on a
+//! second server set up alike. Reservation ids and nonces are the test's,
+//! so both servers write the same records; only clocks and replication
+//! ids differ, and are compared by shape.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use flashgate_common::keys::SaleKeys;
+use flashgate_common::now_ms;
+use redis::aio::MultiplexedConnection;
+
+use crate::breaker::Breaker;
+use crate::deduct::{deduct, deduct_many, BuyAttempt, Decision, DeductOutcome};
+use crate::redis_client::RedisClient;
+use crate::testing::RedisServer;
+
+/// One attempt: user, Idempotency-Key ("" for none), reservation id, nonce.
+type Try = (&'static str, &'static str, &'static str, &'static str);
+
+/// A sale's state in Meta, as the backend's preheat leaves it.
+#[derive(Clone, Copy)]
+struct Sale {
+    stock: i64,
+    per_user_limit: i64,
+    starts_at_ms: i64,
+    ends_at_ms: i64,
+    paused: bool,
+    /// Not agreeing with the database on this Redis (a promoted replica).
+    fenced: bool,
+}
+
+impl Sale {
+    fn open(stock: i64, per_user_limit: i64) -> Self {
+        let now = now_ms();
+        Self { stock, per_user_limit, starts_at_ms: now - 1000, ends_at_ms: now + 3_600_000, paused: false, fenced: false }
+    }
+}
+
+/// A server, a client of it, and a plain connection for setup and reads.
+struct Side {
+    _server: RedisServer,
+    client: RedisClient,
+    conn: MultiplexedConnection,
+}
+
+impl Side {
+    async fn new() -> Self {
+        let server = RedisServer::private();
+        let client = RedisClient::standalone(&server.url(), Duration::from_secs(2), Breaker::new(5, Duration::from_secs(1)));
+        let conn = server.conn().await;
+        Self { _server: server, client, conn }
+    }
+
+    async fn install(&mut self, id: &str, sale: Sale) {
+        let keys = SaleKeys::new(id);
+        let meta = [
+            ("name", "Sneaker".to_owned()),
+            ("stock", sale.stock.to_string()),
+            ("per_user_limit", sale.per_user_limit.to_string()),
+            ("starts_at_ms", sale.starts_at_ms.to_string()),
+            ("ends_at_ms", sale.ends_at_ms.to_string()),
+            ("paused", if sale.paused { "1" } else { "0" }.to_owned()),
+        ];
+        let synced = if sale.fenced { "another-master".to_owned() } else { self.replid().await };
+        let () = redis::pipe()
+            .hset_multiple(&keys.meta, &meta)
+            .ignore()
+            .set(&keys.remaining, sale.stock)
+            .ignore()
+            .set(&keys.synced, synced)
+            .ignore()
+            .query_async(&mut self.conn)
+            .await
+            .unwrap();
+    }
+
+    async fn replid(&mut self) -> String {
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut self.conn).await.unwrap();
+        info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned()
+    }
+
+    /// Every key and its value, comparable across servers: a stream's
+    /// records without their ids and times, a call key's win without its
+    /// time, this server's replication id by name, and whether a key
+    /// expires (not when).
+    async fn state(&mut self) -> BTreeMap<String, String> {
+        let replid = self.replid().await;
+        let names: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut self.conn).await.unwrap();
+        let mut state = BTreeMap::new();
+        for name in names {
+            let kind: String = redis::cmd("TYPE").arg(&name).query_async(&mut self.conn).await.unwrap();
+            let value = match kind.as_str() {
+                "string" => {
+                    let v: String = redis::cmd("GET").arg(&name).query_async(&mut self.conn).await.unwrap();
+                    if name.contains(":call:") {
+                        v.split('|').next().unwrap().to_owned()
+                    } else if v == replid {
+                        "<this server's replication id>".to_owned()
+                    } else {
+                        v
+                    }
+                }
+                "hash" => {
+                    let v: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&name).query_async(&mut self.conn).await.unwrap();
+                    format!("{v:?}")
+                }
+                "stream" => {
+                    let v: Vec<(String, Vec<(String, String)>)> =
+                        redis::cmd("XRANGE").arg(&name).arg("-").arg("+").query_async(&mut self.conn).await.unwrap();
+                    let records: Vec<Vec<(String, String)>> =
+                        v.into_iter().map(|(_, fields)| fields.into_iter().filter(|(f, _)| f != "ts").collect()).collect();
+                    format!("{records:?}")
+                }
+                other => panic!("unexpected type {other} of {name}"),
+            };
+            let ttl: i64 = redis::cmd("TTL").arg(&name).query_async(&mut self.conn).await.unwrap();
+            state.insert(name, format!("{value} expires={}", ttl > 0));
+        }
+        state
+    }
+}
+
+fn attempt<'a>(sale_id: &'a str, t: &'a Try) -> BuyAttempt<'a> {
+    let (user_id, idempotency_key, reservation_id, call_nonce) = *t;
+    BuyAttempt {
+        sale_id,
+        user_id,
+        idempotency_key,
+        reservation_id,
+        call_nonce,
+        idempotency_ttl_seconds: 600,
+        draw_window_ms: 0,
+        buckets: 1,
+    }
+}
+
+/// A decision with the server's own clock and replication id reduced to
+/// whether they were there; an error to "error".
+fn comparable(d: Result<Decision, crate::redis_client::RedisError>) -> String {
+    match d {
+        Ok(Decision { outcome: DeductOutcome::Won { reservation_id, reserved_at_ms }, replayed, node }) => {
+            format!("won {reservation_id} at={} replayed={replayed} node={}", reserved_at_ms.is_some(), node.is_some())
+        }
+        Ok(d) => format!("{:?} replayed={} node={}", d.outcome, d.replayed, d.node.is_some()),
+        Err(_) => "error".to_owned(),
+    }
+}
+
+/// Runs `batches` of attempts on sale `id`: one by one on a server, in
+/// batches on another, both set up by `setup`; asserts the same outcomes
+/// and the same state; returns the outcomes, one list per batch.
+async fn same_as_one_by_one(id: &str, sale: Sale, setup: &[(&str, &str)], batches: &[&[Try]]) -> Vec<Vec<String>> {
+    let (mut single, mut batched) = (Side::new().await, Side::new().await);
+    for side in [&mut single, &mut batched] {
+        side.install(id, sale).await;
+        for (key, value) in setup {
+            let () = redis::cmd("SET").arg(key).arg(value).query_async(&mut side.conn).await.unwrap();
+        }
+    }
+    let mut outcomes = Vec::new();
+    for batch in batches {
+        let mut one_by_one = Vec::new();
+        for t in *batch {
+            one_by_one.push(comparable(deduct(&single.client, &attempt(id, t)).await));
+        }
+        let attempts: Vec<BuyAttempt<'_>> = batch.iter().map(|t| attempt(id, t)).collect();
+        let together: Vec<String> = deduct_many(&batched.client, &attempts).await.unwrap().into_iter().map(comparable).collect();
+        assert_eq!(together, one_by_one, "outcomes of {batch:?}");
+        outcomes.push(together);
+    }
+    assert_eq!(batched.state().await, single.state().await, "redis state after {batches:?}");
+    outcomes
+}
+
+#[tokio::test]
+async fn stock_running_out_mid_batch_leaves_the_later_attempts_sold_out() {
+    let out = same_as_one_by_one(
+        "s",
+        Sale::open(3, 1),
+        &[],
+        &[&[("a", "", "r1", "n1"), ("b", "", "r2", "n2"), ("c", "ka", "r3", ""), ("d", "", "r4", "n4"), ("e", "ke", "r5", "")]],
+    )
+    .await;
+    let won = out[0].iter().filter(|o| o.starts_with("won")).count();
+    assert_eq!(won, 3);
+    assert_eq!(out[0][3], "SoldOut replayed=false node=false");
+    assert_eq!(out[0][4], "SoldOut replayed=false node=false");
+}
+
+#[tokio::test]
+async fn the_per_user_limit_holds_within_a_batch() {
+    let out =
+        same_as_one_by_one("s", Sale::open(10, 1), &[], &[&[("a", "", "r1", "n1"), ("a", "", "r2", "n2"), ("a", "k3", "r3", "")]]).await;
+    assert!(out[0][0].starts_with("won r1"));
+    assert_eq!(&out[0][1..], ["LimitReached replayed=false node=false", "LimitReached replayed=false node=false"]);
+}
+
+#[tokio::test]
+async fn a_key_twice_in_a_batch_replays_the_first_outcome_and_across_batches_too() {
+    let out = same_as_one_by_one(
+        "s",
+        Sale::open(1, 1),
+        &[],
+        &[
+            &[("a", "k1", "r1", ""), ("a", "k1", "r2", ""), ("b", "k2", "r3", ""), ("b", "k2", "r4", "")],
+            &[("a", "k1", "r5", ""), ("b", "k2", "r6", "")],
+        ],
+    )
+    .await;
+    assert_eq!(out[0][0], "won r1 at=true replayed=false node=true");
+    assert_eq!(out[0][1], "won r1 at=false replayed=true node=true", "the same key: the first's win, nothing taken");
+    assert_eq!(out[0][2], "SoldOut replayed=false node=false");
+    assert_eq!(out[0][3], "SoldOut replayed=true node=false");
+    assert_eq!(out[1], ["won r1 at=false replayed=true node=true", "SoldOut replayed=true node=false"]);
+}
+
+#[tokio::test]
+async fn a_resent_nonce_answers_its_first_win_within_and_across_batches() {
+    let out = same_as_one_by_one(
+        "s",
+        Sale::open(5, 2),
+        &[],
+        &[&[("a", "", "r1", "n1"), ("a", "", "r1", "n1")], &[("a", "", "r1", "n1"), ("a", "", "r2", "n2")]],
+    )
+    .await;
+    assert_eq!(out[0], ["won r1 at=true replayed=false node=true", "won r1 at=true replayed=false node=true"]);
+    assert_eq!(out[1], ["won r1 at=true replayed=false node=true", "won r2 at=true replayed=false node=true"], "one item per call");
+}
+
+#[tokio::test]
+async fn a_closed_sale_answers_every_attempt_of_the_batch_alike() {
+    let now = now_ms();
+    let attempts: &[Try] = &[("a", "k", "r1", ""), ("b", "", "r2", "n2"), ("a", "k", "r3", "")];
+    let paused = same_as_one_by_one("s", Sale { paused: true, ..Sale::open(5, 1) }, &[], &[attempts]).await;
+    assert!(paused[0].iter().all(|o| o == "Paused replayed=false node=false"), "{paused:?}");
+    let ended = same_as_one_by_one("s", Sale { ends_at_ms: now - 1, ..Sale::open(5, 1) }, &[], &[attempts]).await;
+    assert_eq!(ended[0][2], "Ended replayed=true node=false", "an ended sale is final: remembered under the key");
+    let later = same_as_one_by_one("s", Sale { starts_at_ms: now + 60_000, ..Sale::open(5, 1) }, &[], &[attempts]).await;
+    assert!(later[0].iter().all(|o| o.starts_with("NotStarted") && o.ends_with("replayed=false node=false")), "{later:?}");
+    let fenced = same_as_one_by_one("s", Sale { fenced: true, ..Sale::open(5, 1) }, &[], &[attempts]).await;
+    assert!(fenced[0].iter().all(|o| o == "Fenced replayed=false node=false"), "{fenced:?}");
+}
+
+#[tokio::test]
+async fn an_attempt_that_errors_is_only_that_attempts_error() {
+    // The user "x"'s misses hash is a string: reading it fails (WRONGTYPE).
+    let misses = SaleKeys::new("s").idempotency_misses("x");
+    let out = same_as_one_by_one(
+        "s",
+        Sale::open(5, 1),
+        &[(misses.as_str(), "not a hash")],
+        &[&[("a", "", "r1", "n1"), ("x", "kx", "r2", ""), ("b", "kb", "r3", "")]],
+    )
+    .await;
+    assert!(out[0][0].starts_with("won r1"));
+    assert_eq!(out[0][1], "error");
+    assert!(out[0][2].starts_with("won r3"), "{out:?}");
+
+    // The batch's error names the attempt's.
+    let side = Side::new().await;
+    let mut side = side;
+    side.install("s", Sale::open(5, 1)).await;
+    let () = redis::cmd("SET").arg(&misses).arg("not a hash").query_async(&mut side.conn).await.unwrap();
+    let t: Try = ("x", "kx", "r2", "");
+    let replies = deduct_many(&side.client, &[attempt("s", &t)]).await.unwrap();
+    let error = replies.into_iter().next().unwrap().unwrap_err();
+    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+}
