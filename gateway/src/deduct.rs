@@ -1,7 +1,10 @@
-//! The buy attempt in Redis: one EVALSHA of `lua/deduct.lua`, which checks
-//! the Idempotency-Key, the sale window, the per-user limit and the stock,
-//! and on a win decrements the stock and appends the reservation record to
-//! the sale's stream, all atomically. Its reply is parsed once into
+//! The buy attempt in Redis: the deduct (`fg_deduct`, `lua/lib/deduct.lua`)
+//! checks the Idempotency-Key, the sale window, the per-user limit and the
+//! stock, and on a win decrements the stock and appends the reservation
+//! record to the sale's stream, all atomically. One attempt per EVALSHA of
+//! `lua/deduct.lua` ([`deduct`]), or many of one sale per EVALSHA of
+//! `lua/deduct_batch.lua` ([`deduct_many`], what the buy path sends through
+//! `crate::deduct_batch`). Each reply is parsed once into
 //! [`DeductOutcome`]; business results are values, not errors.
 
 use flashgate_common::config::RedisTarget;

@@ -11,7 +11,8 @@
 //!   (the proxy reads the body here)
 //! buy     local decision from the sale cache: sold-out flag, switches,
 //!         window (not started, ended, paused), unknown sale
-//!           ├─ open ─────► deduct script (one EVALSHA); in a sale's draw
+//!           ├─ open ─────► deduct script (one EVALSHA, shared with the
+//!           │              sale's concurrent buys: `deduct_batch`); in a sale's draw
 //!           │              window it enters the draw instead and the buy
 //!           │              is held until the draw decides it (`draw`;
 //!           │              a sold out it decides is flagged as below)
