@@ -40,7 +40,9 @@ pub const MAX_BATCH: usize = 64;
 
 /// Calls of one sale (one hash tag) in flight at once. More than one keeps
 /// Redis busy while the gateway reads the previous reply; each more makes
-/// the batches smaller.
+/// the batches smaller. On the bench's "buy in stock" (2 cores) 1 and 2
+/// sold alike; 2 had the lower p99 (about 16 attempts per call, against
+/// about 29 with 1).
 pub const IN_FLIGHT_PER_SALE: usize = 2;
 
 /// Groups the concurrent deducts of each sale into batched script calls;
