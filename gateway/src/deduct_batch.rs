@@ -19,9 +19,18 @@
 //! Calls run in spawned tasks, never in a buyer's future: a client that
 //! goes away drops its request future at any `.await`, and that must not
 //! strand the other attempts of its batch or of the queue behind it.
+//!
+//! Waiting is bounded, so a slow Redis still answers 503 in bounded time
+//! and a queued attempt is not decided long after the buyer's moment (an
+//! operator's pause meanwhile): an attempt that waited in the queue longer
+//! than the Redis call timeout is answered with that timeout, unsent; a
+//! lane holds at most [`MAX_QUEUED`] waiting attempts (more are answered
+//! [`RedisError::QueueFull`] at once); and a buyer waits at most twice the
+//! call timeout in all.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use flashgate_common::keys::home_id;
 use prometheus::Histogram;
@@ -44,6 +53,12 @@ pub const MAX_BATCH: usize = 64;
 /// sold alike; 2 had the lower p99 (about 16 attempts per call, against
 /// about 29 with 1).
 pub const IN_FLIGHT_PER_SALE: usize = 2;
+
+/// Most attempts waiting in one lane: four full batches per call slot. At
+/// a healthy Redis the queue never gets near it (each call takes
+/// [`MAX_BATCH`]); it only fills when calls are slow, and then more
+/// waiters would only time out in the queue.
+pub const MAX_QUEUED: usize = IN_FLIGHT_PER_SALE * MAX_BATCH * 4;
 
 /// Groups the concurrent deducts of each sale into batched script calls;
 /// one per gateway.
@@ -72,15 +87,29 @@ struct Queue {
 }
 
 impl Queue {
-    fn next_batch(&mut self) -> Vec<Waiter> {
-        let n = self.waiting.len().min(MAX_BATCH);
-        self.waiting.drain(..n).collect()
+    /// The next call's attempts, at most [`MAX_BATCH`]. Attempts that
+    /// waited `max_wait` or longer are answered with that timeout and not
+    /// sent: their buyer would get 503 later than the call timeout
+    /// promises, and deciding them now could override what happened since
+    /// (a pause). Their buyers retry, as after any timeout.
+    fn next_batch(&mut self, max_wait: Duration) -> Vec<Waiter> {
+        let mut batch = Vec::with_capacity(self.waiting.len().min(MAX_BATCH));
+        while batch.len() < MAX_BATCH {
+            let Some(waiter) = self.waiting.pop_front() else { break };
+            if waiter.enqueued.elapsed() >= max_wait {
+                let _ = waiter.answer.send(Err(RedisError::Timeout(max_wait)));
+            } else {
+                batch.push(waiter);
+            }
+        }
+        batch
     }
 }
 
-/// An attempt and where its decision goes.
+/// An attempt, when it was queued, and where its decision goes.
 struct Waiter {
     attempt: OwnedAttempt,
+    enqueued: Instant,
     answer: oneshot::Sender<Result<Decision, RedisError>>,
 }
 
@@ -136,46 +165,50 @@ impl DeductBatcher {
     ///
     /// # Errors
     /// The error of the call that carried the attempt (every attempt of a
-    /// batch gets it), or the attempt's own script error.
+    /// batch gets it), or the attempt's own script error;
+    /// [`RedisError::Timeout`] when it waited too long (in the queue, or
+    /// twice the call timeout in all); [`RedisError::QueueFull`] when its
+    /// sale already has [`MAX_QUEUED`] attempts waiting.
     pub async fn deduct(self: &Arc<Self>, attempt: &BuyAttempt<'_>) -> Result<Decision, RedisError> {
         let lane = Lane { home: home_id(attempt.sale_id, attempt.buckets, attempt.user_id), bucketed: attempt.buckets > 1 };
+        let max_wait = self.max_wait();
         let (answer, decision) = oneshot::channel();
         let batch = {
             let mut lanes = self.lanes();
             let queue = lanes.entry(lane.clone()).or_default();
-            queue.waiting.push_back(Waiter { attempt: OwnedAttempt::of(attempt), answer });
+            if queue.waiting.len() >= MAX_QUEUED {
+                return Err(RedisError::QueueFull);
+            }
+            queue.waiting.push_back(Waiter { attempt: OwnedAttempt::of(attempt), enqueued: Instant::now(), answer });
             (queue.in_flight < IN_FLIGHT_PER_SALE).then(|| {
                 queue.in_flight += 1;
-                queue.next_batch()
+                queue.next_batch(max_wait)
             })
         };
         if let Some(batch) = batch {
-            tokio::spawn(Arc::clone(self).run(lane, batch));
+            // The slot is held from here: if the task never runs (the
+            // runtime shutting down drops it unpolled), dropping it frees
+            // the slot, as when the task ends early.
+            let slot = CallSlot { batcher: Arc::clone(self), lane, held: true };
+            tokio::spawn(slot.run(batch));
         }
-        // Only a sender dropped unanswered (see `CallSlot`) closes this.
-        decision
-            .await
-            .unwrap_or_else(|_| Err(RedisError::Redis(redis::RedisError::from((redis::ErrorKind::Client, "deduct batch abandoned")))))
+        // A backstop: the attempt waits at most `max_wait` in the queue and
+        // its call at most `max_wait` more. Only a sender dropped unanswered
+        // (see `CallSlot`) closes the channel.
+        match tokio::time::timeout(2 * max_wait, decision).await {
+            Ok(Ok(decision)) => decision,
+            Ok(Err(_)) => Err(RedisError::Redis(redis::RedisError::from((redis::ErrorKind::Client, "deduct batch abandoned")))),
+            // Dropping the receiver: should its call still decide it, the
+            // decision is dropped as a gone buyer's (see `send`).
+            Err(_) => Err(RedisError::Timeout(2 * max_wait)),
+        }
     }
 
-    /// One call slot of `lane`: sends `batch`, then the lane's next batch
-    /// while attempts wait, then frees the slot.
-    async fn run(self: Arc<Self>, lane: Lane, mut batch: Vec<Waiter>) {
-        let mut slot = CallSlot { batcher: &self, lane: &lane, held: true };
-        loop {
-            self.send(batch).await;
-            let mut lanes = self.lanes();
-            let Some(queue) = lanes.get_mut(&lane) else { break };
-            if queue.waiting.is_empty() {
-                queue.in_flight -= 1;
-                if queue.in_flight == 0 {
-                    lanes.remove(&lane);
-                }
-                slot.held = false;
-                return;
-            }
-            batch = queue.next_batch();
-        }
+    /// How long an attempt may wait in the queue: the Redis call timeout
+    /// (`redis.timeout_ms`, with `wait_timeout_ms` when wins wait for
+    /// replicas), the bound of the call it then goes in.
+    fn max_wait(&self) -> Duration {
+        self.redis.config().call_timeout()
     }
 
     /// One script call for `batch`; every waiter gets its decision.
@@ -215,27 +248,51 @@ impl DeductBatcher {
     }
 }
 
-/// A lane's call slot, freed if its task ends without freeing it (a panic,
-/// the runtime shutting down): otherwise the lane would count a call in
-/// flight for ever and its attempts would wait for nothing. The last slot
-/// of a lane also answers the attempts still waiting (their senders are
-/// dropped: an error, 503), so no buyer waits for a call that never comes.
-struct CallSlot<'a> {
-    batcher: &'a DeductBatcher,
-    lane: &'a Lane,
+/// A lane's call slot, taken before its task is spawned and freed if the
+/// task ends without freeing it (a panic, the runtime shutting down, a
+/// task dropped before it first ran): otherwise the lane would count a
+/// call in flight for ever and its attempts would wait for nothing. The
+/// last slot of a lane also answers the attempts still waiting (their
+/// senders are dropped: an error, 503), so no buyer waits for a call that
+/// never comes.
+struct CallSlot {
+    batcher: Arc<DeductBatcher>,
+    lane: Lane,
     held: bool,
 }
 
-impl Drop for CallSlot<'_> {
+impl CallSlot {
+    /// Sends `batch`, then the lane's next batch while attempts wait, then
+    /// frees the slot.
+    async fn run(mut self, mut batch: Vec<Waiter>) {
+        let max_wait = self.batcher.max_wait();
+        loop {
+            self.batcher.send(batch).await;
+            let mut lanes = self.batcher.lanes();
+            let Some(queue) = lanes.get_mut(&self.lane) else { break };
+            if queue.waiting.is_empty() {
+                queue.in_flight -= 1;
+                if queue.in_flight == 0 {
+                    lanes.remove(&self.lane);
+                }
+                self.held = false;
+                return;
+            }
+            batch = queue.next_batch(max_wait);
+        }
+    }
+}
+
+impl Drop for CallSlot {
     fn drop(&mut self) {
         if !self.held {
             return;
         }
         let mut lanes = self.batcher.lanes();
-        if let Some(queue) = lanes.get_mut(self.lane) {
+        if let Some(queue) = lanes.get_mut(&self.lane) {
             queue.in_flight = queue.in_flight.saturating_sub(1);
             if queue.in_flight == 0 {
-                lanes.remove(self.lane);
+                lanes.remove(&self.lane);
             }
         }
     }

@@ -12,7 +12,8 @@ const LATENCY_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
 
 /// Attempts per batched deduct call: 1 at low load, up to
 /// `deduct_batch::MAX_BATCH`.
-const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0];
+const _: () = assert!(BATCH_SIZE_BUCKETS[BATCH_SIZE_BUCKETS.len() - 1] as usize == crate::deduct_batch::MAX_BATCH);
 
 /// Difficulty buckets, in bits: each bit doubles the work.
 const DIFFICULTY_BUCKETS: &[f64] = &[0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 28.0, 32.0];
@@ -33,7 +34,8 @@ pub struct Metrics {
     pub deduct_batch_size: Histogram,
     /// One winner forward to the backend.
     pub forward_duration: Histogram,
-    /// Redis calls that failed, by kind (error, timeout, circuit_open).
+    /// Redis calls that failed, by kind (error, timeout, circuit_open,
+    /// queue_full).
     pub redis_errors: IntCounterVec,
     /// 0 closed, 1 open, 2 half-open.
     pub circuit_state: IntGauge,

@@ -28,6 +28,10 @@ pub enum RedisError {
     Timeout(Duration),
     #[error("redis circuit open")]
     CircuitOpen,
+    /// Too many buys of one sale already waiting for their deduct call
+    /// (`crate::deduct_batch::MAX_QUEUED`): Redis is slower than they come.
+    #[error("too many buys of this sale waiting for redis")]
+    QueueFull,
 }
 
 /// Server error codes that say "not now" (a script running, a dump
@@ -37,12 +41,12 @@ const TRANSIENT_CODES: &[&str] = &["BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", 
 
 impl RedisError {
     /// Whether the same call may succeed if sent again shortly: a timeout,
-    /// an open breaker, a cut or refused connection, or a server busy,
+    /// an open breaker, a full deduct queue, a cut or refused connection, or a server busy,
     /// loading or failing over. A script error, `WRONGTYPE` or a bad reply
     /// is not: sending it again gets the same answer.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Timeout(_) | Self::CircuitOpen => true,
+            Self::Timeout(_) | Self::CircuitOpen | Self::QueueFull => true,
             Self::Redis(e) => {
                 e.is_io_error()
                     || e.is_timeout()

@@ -12,9 +12,10 @@ use flashgate_common::keys::SaleKeys;
 use flashgate_common::now_ms;
 use redis::aio::MultiplexedConnection;
 
+use super::{DeductBatcher, OwnedAttempt, Queue, Waiter, IN_FLIGHT_PER_SALE, MAX_BATCH, MAX_QUEUED};
 use crate::breaker::Breaker;
 use crate::deduct::{deduct, deduct_many, BuyAttempt, Decision, DeductOutcome};
-use crate::redis_client::RedisClient;
+use crate::redis_client::{RedisClient, RedisError};
 use crate::testing::RedisServer;
 
 /// One attempt: user, Idempotency-Key ("" for none), reservation id, nonce.
@@ -268,4 +269,104 @@ async fn an_attempt_that_errors_is_only_that_attempts_error() {
     let replies = deduct_many(&side.client, &[attempt("s", &t)]).await.unwrap();
     let error = replies.into_iter().next().unwrap().unwrap_err();
     assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+}
+
+/// A batcher on `side`'s server whose calls time out after `timeout`, and a
+/// breaker that stays closed (the test counts answers, not the breaker's).
+fn batcher(side: &Side, timeout: Duration) -> std::sync::Arc<DeductBatcher> {
+    let url = side._server.url();
+    let redis = std::sync::Arc::new(RedisClient::standalone(&url, timeout, Breaker::new(100_000, Duration::from_secs(1))));
+    let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "attempts per call")).unwrap();
+    std::sync::Arc::new(DeductBatcher::new(redis, sizes))
+}
+
+#[tokio::test]
+async fn a_sale_with_a_full_queue_answers_more_buys_at_once_and_every_waiter_is_answered() {
+    let mut side = Side::new().await;
+    side.install("s", Sale::open(10_000, 1)).await;
+    let batcher = batcher(&side, Duration::from_millis(1000));
+    // Connected and the scripts loaded before Redis stalls.
+    let t: Try = ("warm", "", "r0", "n0");
+    assert!(matches!(batcher.deduct(&attempt("s", &t)).await.unwrap().outcome, DeductOutcome::Won { .. }));
+    let () = redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("ALL").query_async(&mut side.conn).await.unwrap();
+
+    // Two calls in flight, MAX_QUEUED waiting, then 3 more.
+    let over = 3;
+    let total = IN_FLIGHT_PER_SALE + MAX_QUEUED + over;
+    let mut tasks = Vec::new();
+    for i in 0..total {
+        let batcher = std::sync::Arc::clone(&batcher);
+        tasks.push(tokio::spawn(async move {
+            let (user, rid, nonce) = (format!("u{i}"), format!("r{i}"), format!("n{i}"));
+            let a = BuyAttempt {
+                sale_id: "s",
+                user_id: &user,
+                idempotency_key: "",
+                reservation_id: &rid,
+                call_nonce: &nonce,
+                idempotency_ttl_seconds: 600,
+                draw_window_ms: 0,
+                buckets: 1,
+            };
+            batcher.deduct(&a).await
+        }));
+        // The first calls take their slots before the others queue.
+        if i < IN_FLIGHT_PER_SALE {
+            tokio::task::yield_now().await;
+        }
+    }
+    let mut full = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Err(RedisError::QueueFull) => full += 1,
+            // A timeout (the call's, the queue's, or the connection's).
+            Err(e) if e.is_transient() => {}
+            other => panic!("a stalled Redis answered {other:?}"),
+        }
+    }
+    assert_eq!(full, over, "only the attempts past the cap are turned away at once");
+}
+
+/// A waiter queued `ago` in the past, and the receiver of its answer.
+fn waiter(ago: Duration) -> (Waiter, tokio::sync::oneshot::Receiver<Result<Decision, RedisError>>) {
+    let (answer, rx) = tokio::sync::oneshot::channel();
+    let attempt = OwnedAttempt {
+        sale_id: "s".into(),
+        user_id: "u".into(),
+        idempotency_key: String::new(),
+        reservation_id: "r".into(),
+        call_nonce: "n".into(),
+        idempotency_ttl_seconds: 600,
+        draw_window_ms: 0,
+        buckets: 1,
+    };
+    (Waiter { attempt, enqueued: std::time::Instant::now() - ago, answer }, rx)
+}
+
+#[test]
+fn attempts_that_waited_past_the_call_timeout_are_answered_with_it_not_sent() {
+    let mut queue = Queue::default();
+    let (old, mut old_rx) = waiter(Duration::from_secs(2));
+    let (fresh, mut fresh_rx) = waiter(Duration::ZERO);
+    queue.waiting.extend([old, fresh]);
+    let batch = queue.next_batch(Duration::from_secs(1));
+    assert_eq!(batch.len(), 1, "only the fresh attempt goes in the call");
+    assert!(matches!(old_rx.try_recv(), Ok(Err(RedisError::Timeout(_)))));
+    assert!(fresh_rx.try_recv().is_err(), "the fresh one waits for its call's answer");
+    assert!(queue.waiting.is_empty());
+}
+
+#[test]
+fn a_batch_takes_at_most_max_batch_attempts() {
+    let mut queue = Queue::default();
+    let receivers: Vec<_> = (0..MAX_BATCH + 5)
+        .map(|_| {
+            let (w, rx) = waiter(Duration::ZERO);
+            queue.waiting.push_back(w);
+            rx
+        })
+        .collect();
+    assert_eq!(queue.next_batch(Duration::from_secs(1)).len(), MAX_BATCH);
+    assert_eq!(queue.waiting.len(), 5);
+    drop(receivers);
 }
