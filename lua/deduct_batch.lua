@@ -35,7 +35,9 @@
 -- Reply: N elements, the i-th attempt's reply in the shapes of
 -- lua/deduct.lua. An attempt that raises an error (a failed redis.call, a
 -- bad argument) is answered {"error", message}, and the attempts after it
--- are still decided: one attempt's error is never the batch's. (Not an
+-- are still decided: one attempt's error is never the batch's. Except an
+-- error of the node (READONLY, NOREPLICAS, ...: see NODE_LEVEL below),
+-- which is the whole call's error reply, as from lua/deduct.lua. (Not an
 -- error reply nested in the array: client libraries turn any nested error
 -- into the whole call's error.) As with one call per attempt, writes an
 -- attempt made before its error stay.
@@ -57,6 +59,31 @@ if shared == 10 then
   K[9], K[10], K[11], K[12] = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 end
 
+-- Errors that say "not on this node, not now" rather than "not this
+-- attempt": the node is a replica (READONLY), lacks its replicas
+-- (NOREPLICAS), cannot persist (MISCONF), is out of memory (OOM), lost its
+-- master (MASTERDOWN), or its cluster is down. They are the whole call's
+-- error reply, not one attempt's: the client must see what it sees from
+-- lua/deduct.lua, so that a Sentinel client looks the primary up again and
+-- the circuit breaker counts a failure. Redis raises them at a write (OOM
+-- only before the script's first write), and the node's state does not
+-- change while a script runs, so the call's first write is the one that
+-- fails: the attempts before it wrote nothing. Had one written (a win),
+-- its writes are durable and its buyer gets the error exactly as after a
+-- timeout: the win is in the stream (the backend writes its order) and a
+-- retry with its Idempotency-Key replays it.
+local NODE_LEVEL = {'READONLY', 'NOREPLICAS', 'MISCONF', 'OOM', 'MASTERDOWN', 'CLUSTERDOWN'}
+local function node_level(message)
+  local code = string.match(message, '^%-?(%u+)')
+  for _, c in ipairs(NODE_LEVEL) do
+    if code == c then
+      return true
+    end
+  end
+  -- A script's command on a cluster that is down answers ERR, by message.
+  return string.find(message, 'cluster is down', 1, true) ~= nil
+end
+
 local replies = {}
 for i = 1, n do
   K[4] = KEYS[shared + 2 * i - 1]
@@ -71,7 +98,11 @@ for i = 1, n do
     replies[i] = reply
   else
     -- redis.call raises a table {err = ...}; Lua itself a string.
-    replies[i] = {'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply)}
+    local message = type(reply) == 'table' and tostring(reply.err) or tostring(reply)
+    if node_level(message) then
+      return redis.error_reply(message)
+    end
+    replies[i] = {'error', message}
   end
 end
 return replies

@@ -370,3 +370,40 @@ fn a_batch_takes_at_most_max_batch_attempts() {
     assert_eq!(queue.waiting.len(), 5);
     drop(receivers);
 }
+
+/// `side`'s deduct of one attempt and of a batch of two, each as the client
+/// sees it: the call's error, if any.
+async fn call_errors(side: &Side) -> (redis::RedisError, redis::RedisError) {
+    let (a, b): (Try, Try) = (("a", "ka", "r1", ""), ("b", "", "r2", "n2"));
+    let one = deduct(&side.client, &attempt("s", &a)).await.unwrap_err();
+    let many = deduct_many(&side.client, &[attempt("s", &a), attempt("s", &b)]).await.unwrap_err();
+    let unwrap = |e: RedisError| match e {
+        RedisError::Redis(e) => e,
+        other => panic!("expected the server's error, got {other}"),
+    };
+    (unwrap(one), unwrap(many))
+}
+
+#[tokio::test]
+async fn a_node_that_cannot_take_writes_fails_the_whole_batch_as_it_fails_one_call() {
+    // Too few replicas: every write is refused (NOREPLICAS).
+    let mut side = Side::new().await;
+    side.install("s", Sale::open(5, 1)).await;
+    let () = redis::cmd("CONFIG").arg("SET").arg("min-replicas-to-write").arg(1).query_async(&mut side.conn).await.unwrap();
+    let (one, many) = call_errors(&side).await;
+    assert_eq!(one.code(), Some("NOREPLICAS"), "{one}");
+    assert_eq!(many.code(), one.code(), "the batch's error is the call's, as one attempt's: {many}");
+    let remaining: i64 = redis::cmd("GET").arg(SaleKeys::new("s").remaining).query_async(&mut side.conn).await.unwrap();
+    assert_eq!(remaining, 5);
+
+    // A replica (here of a master it cannot reach): READONLY, a failover's
+    // sign, which a Sentinel client answers by looking the primary up again.
+    let mut side = Side::new().await;
+    side.install("s", Sale::open(5, 1)).await;
+    let () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(1).query_async(&mut side.conn).await.unwrap();
+    // (It keeps its replication id until it syncs: the sale is not fenced.)
+    let (one, many) = call_errors(&side).await;
+    assert_eq!(one.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly), "{one}");
+    assert_eq!(many.kind(), one.kind(), "{many}");
+    assert!(RedisError::Redis(many).is_transient(), "a failover's error is worth a retry");
+}
