@@ -150,21 +150,28 @@ pub async fn deduct_many(redis: &RedisClient, attempts: &[BuyAttempt<'_>]) -> Re
         invocation.key(attempt_key(&keys, attempt)).key(keys.idempotency_misses(attempt.user_id));
         push_args(&mut invocation, attempt);
     }
-    let replies: Vec<Vec<String>> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    // Each attempt's reply parsed on its own: one malformed reply is that
+    // attempt's error, and the others (wins among them) keep theirs.
+    let replies: Vec<redis::Value> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
     if replies.len() != attempts.len() {
         return Err(unexpected("deduct batch answered another number of attempts", format!("{} for {}", replies.len(), attempts.len())));
     }
-    Ok(replies
-        .iter()
-        .map(|reply| match reply.as_slice() {
-            [code, message] if code == "error" => Err(RedisError::Redis(redis::RedisError::from((
-                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                "deduct attempt failed",
-                message.clone(),
-            )))),
-            reply => decision_of(reply),
-        })
-        .collect())
+    Ok(replies.into_iter().map(attempt_decision).collect())
+}
+
+/// One attempt's part of a batch's reply: its decision, its own script
+/// error (`{"error", message}`), or a reply of the wrong shape.
+fn attempt_decision(reply: redis::Value) -> Result<Decision, RedisError> {
+    let shown = format!("{reply:?}");
+    let reply: Vec<String> = redis::from_redis_value(reply).map_err(|_| unexpected("unknown deduct reply", shown))?;
+    match reply.as_slice() {
+        [code, message] if code == "error" => Err(RedisError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "deduct attempt failed",
+            message.clone(),
+        )))),
+        reply => decision_of(reply),
+    }
 }
 
 /// Whether the deduct runs with the sale's draw keys. No draws on Redis
@@ -305,6 +312,18 @@ mod tests {
         assert!(parse_reply("not_started", "x".into(), None, None).is_none());
         assert_eq!(parse_reply("draw_pending", String::new(), None, None).unwrap().outcome, DeductOutcome::DrawPending);
         assert!(parse_reply("replay:draw_pending", String::new(), None, None).is_none(), "never remembered");
+    }
+
+    #[test]
+    fn a_malformed_attempt_reply_is_only_that_attempts_error() {
+        let text = |parts: &[&str]| redis::Value::Array(parts.iter().map(|p| redis::Value::BulkString(p.as_bytes().to_vec())).collect());
+        let win = attempt_decision(text(&["won", "s.1", "1700", "ab"])).unwrap();
+        assert_eq!(win.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: Some(1700) });
+        assert!(attempt_decision(redis::Value::Int(3)).is_err(), "not an array");
+        assert!(attempt_decision(redis::Value::Array(vec![redis::Value::Nil])).is_err(), "not text");
+        assert!(attempt_decision(text(&["bogus", ""])).is_err());
+        let own = attempt_decision(text(&["error", "WRONGTYPE Operation against a key"])).unwrap_err();
+        assert!(own.to_string().contains("WRONGTYPE"), "{own}");
     }
 
     #[test]
