@@ -31,12 +31,22 @@ struct Sale {
     paused: bool,
     /// Not agreeing with the database on this Redis (a promoted replica).
     fenced: bool,
+    /// The sale's own opening draw window (0: none).
+    draw_window_ms: i64,
 }
 
 impl Sale {
     fn open(stock: i64, per_user_limit: i64) -> Self {
         let now = now_ms();
-        Self { stock, per_user_limit, starts_at_ms: now - 1000, ends_at_ms: now + 3_600_000, paused: false, fenced: false }
+        Self {
+            stock,
+            per_user_limit,
+            starts_at_ms: now - 1000,
+            ends_at_ms: now + 3_600_000,
+            paused: false,
+            fenced: false,
+            draw_window_ms: 0,
+        }
     }
 }
 
@@ -64,6 +74,7 @@ impl Side {
             ("starts_at_ms", sale.starts_at_ms.to_string()),
             ("ends_at_ms", sale.ends_at_ms.to_string()),
             ("paused", if sale.paused { "1" } else { "0" }.to_owned()),
+            ("draw_window_ms", sale.draw_window_ms.to_string()),
         ];
         let synced = if sale.fenced { "another-master".to_owned() } else { self.replid().await };
         let () = redis::pipe()
@@ -105,7 +116,16 @@ impl Side {
                     }
                 }
                 "hash" => {
-                    let v: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&name).query_async(&mut self.conn).await.unwrap();
+                    let mut v: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&name).query_async(&mut self.conn).await.unwrap();
+                    for (field, value) in &mut v {
+                        // A draw's opening time and its entries' times are the server's clock.
+                        if field == "opened_at_ms" {
+                            *value = "<time>".to_owned();
+                        } else if let Ok(serde_json::Value::Object(mut entry)) = serde_json::from_str(value) {
+                            entry.remove("at");
+                            *value = serde_json::Value::Object(entry).to_string();
+                        }
+                    }
                     format!("{v:?}")
                 }
                 "stream" => {
@@ -125,17 +145,13 @@ impl Side {
 }
 
 fn attempt<'a>(sale_id: &'a str, t: &'a Try) -> BuyAttempt<'a> {
+    attempt_in(sale_id, 1, t)
+}
+
+/// An attempt in sale `sale_id` of `buckets` buckets.
+fn attempt_in<'a>(sale_id: &'a str, buckets: u32, t: &'a Try) -> BuyAttempt<'a> {
     let (user_id, idempotency_key, reservation_id, call_nonce) = *t;
-    BuyAttempt {
-        sale_id,
-        user_id,
-        idempotency_key,
-        reservation_id,
-        call_nonce,
-        idempotency_ttl_seconds: 600,
-        draw_window_ms: 0,
-        buckets: 1,
-    }
+    BuyAttempt { sale_id, user_id, idempotency_key, reservation_id, call_nonce, idempotency_ttl_seconds: 600, draw_window_ms: 0, buckets }
 }
 
 /// A decision with the server's own clock and replication id reduced to
@@ -144,6 +160,10 @@ fn comparable(d: Result<Decision, crate::redis_client::RedisError>) -> String {
     match d {
         Ok(Decision { outcome: DeductOutcome::Won { reservation_id, reserved_at_ms }, replayed, node }) => {
             format!("won {reservation_id} at={} replayed={replayed} node={}", reserved_at_ms.is_some(), node.is_some())
+        }
+        // How long the draw stays open is the server's clock.
+        Ok(Decision { outcome: DeductOutcome::Entered { entry, .. }, replayed, node }) => {
+            format!("Entered {entry} replayed={replayed} node={}", node.is_some())
         }
         Ok(d) => format!("{:?} replayed={} node={}", d.outcome, d.replayed, d.node.is_some()),
         Err(_) => "error".to_owned(),
@@ -154,9 +174,23 @@ fn comparable(d: Result<Decision, crate::redis_client::RedisError>) -> String {
 /// batches on another, both set up by `setup`; asserts the same outcomes
 /// and the same state; returns the outcomes, one list per batch.
 async fn same_as_one_by_one(id: &str, sale: Sale, setup: &[(&str, &str)], batches: &[&[Try]]) -> Vec<Vec<String>> {
+    same_as_one_by_one_in(id, 1, id, sale, setup, batches).await
+}
+
+/// As [`same_as_one_by_one`], in sale `id` of `buckets` buckets whose
+/// attempts buy in the one installed as `installed` (the sale, or the
+/// attempts' home bucket).
+async fn same_as_one_by_one_in(
+    id: &str,
+    buckets: u32,
+    installed: &str,
+    sale: Sale,
+    setup: &[(&str, &str)],
+    batches: &[&[Try]],
+) -> Vec<Vec<String>> {
     let (mut single, mut batched) = (Side::new().await, Side::new().await);
     for side in [&mut single, &mut batched] {
-        side.install(id, sale).await;
+        side.install(installed, sale).await;
         for (key, value) in setup {
             let () = redis::cmd("SET").arg(key).arg(value).query_async(&mut side.conn).await.unwrap();
         }
@@ -165,9 +199,9 @@ async fn same_as_one_by_one(id: &str, sale: Sale, setup: &[(&str, &str)], batche
     for batch in batches {
         let mut one_by_one = Vec::new();
         for t in *batch {
-            one_by_one.push(comparable(deduct(&single.client, &attempt(id, t)).await));
+            one_by_one.push(comparable(deduct(&single.client, &attempt_in(id, buckets, t)).await));
         }
-        let attempts: Vec<BuyAttempt<'_>> = batch.iter().map(|t| attempt(id, t)).collect();
+        let attempts: Vec<BuyAttempt<'_>> = batch.iter().map(|t| attempt_in(id, buckets, t)).collect();
         let together: Vec<String> = deduct_many(&batched.client, &attempts).await.unwrap().into_iter().map(comparable).collect();
         assert_eq!(together, one_by_one, "outcomes of {batch:?}");
         outcomes.push(together);
@@ -243,6 +277,64 @@ async fn a_closed_sale_answers_every_attempt_of_the_batch_alike() {
     assert!(later[0].iter().all(|o| o.starts_with("NotStarted") && o.ends_with("replayed=false node=false")), "{later:?}");
     let fenced = same_as_one_by_one("s", Sale { fenced: true, ..Sale::open(5, 1) }, &[], &[attempts]).await;
     assert!(fenced[0].iter().all(|o| o == "Fenced replayed=false node=false"), "{fenced:?}");
+}
+
+#[tokio::test]
+async fn a_draw_window_enters_joins_and_caps_entries_within_a_batch_as_one_by_one() {
+    let sale = Sale { draw_window_ms: 60_000, ..Sale::open(3, 1) };
+    let out = same_as_one_by_one(
+        "s",
+        sale,
+        &[],
+        &[
+            &[
+                ("a", "ka", "r1", ""),
+                // The same key: joins the entry the draw already holds.
+                ("a", "ka", "r2", ""),
+                // Another key of the same user: past the per-user entry cap.
+                ("a", "kb", "r3", ""),
+                ("b", "", "r4", "n4"),
+                // The same call re-sent: its entry again, not a replay.
+                ("b", "", "r4", "n4"),
+            ],
+            &[("c", "kc", "r5", ""), ("a", "ka", "r6", "")],
+        ],
+    )
+    .await;
+    assert_eq!(
+        out[0],
+        [
+            "Entered 1 replayed=false node=false",
+            "Entered 1 replayed=true node=false",
+            "LimitReached replayed=false node=false",
+            "Entered 2 replayed=false node=false",
+            "Entered 2 replayed=false node=false",
+        ]
+    );
+    assert_eq!(out[1], ["Entered 3 replayed=false node=false", "Entered 1 replayed=true node=false"]);
+}
+
+#[tokio::test]
+async fn a_buckets_sold_out_is_not_remembered_under_the_key_in_a_batch_either() {
+    // Three users with the same home bucket of two: one batch.
+    let buckets = 2;
+    let home = flashgate_common::buckets::home_bucket("u0", buckets);
+    let users: Vec<String> =
+        (0..).map(|i| format!("u{i}")).filter(|u| flashgate_common::buckets::home_bucket(u, buckets) == home).take(3).collect();
+    let users: Vec<&'static str> = users.into_iter().map(|u| &*Box::leak(u.into_boxed_str())).collect();
+    let bucket = flashgate_common::buckets::bucket_id("s", home);
+    let out = same_as_one_by_one_in(
+        "s",
+        buckets,
+        &bucket,
+        Sale::open(1, 1),
+        &[],
+        &[&[(users[0], "k0", "r1", ""), (users[1], "k1", "r2", ""), (users[1], "k1", "r3", ""), (users[2], "", "r4", "n4")]],
+    )
+    .await;
+    assert!(out[0][0].starts_with("won r1"), "{out:?}");
+    // Other buckets may still have stock: the key's retry asks again.
+    assert_eq!(out[0][1..], ["SoldOut replayed=false node=false"; 3], "{out:?}");
 }
 
 #[tokio::test]
