@@ -42,7 +42,11 @@
 -- into the whole call's error.) As with one call per attempt, writes an
 -- attempt made before its error stay.
 --
--- `master_replid` (fg_replid) is read once per call, not per attempt.
+-- `master_replid` (fg_replid), the sale's meta, its `synced` fence and
+-- the time are read once per call, not per attempt (fg_call in
+-- lua/lib/deduct.lua): no attempt changes them, and the attempts of one
+-- call are decided at one instant (their wins share one reservation
+-- `ts`). The draw's state is read per attempt: an earlier one may open it.
 
 local n = tonumber(ARGV[1])
 if not n or n < 0 then

@@ -8,7 +8,31 @@
 -- lua/deduct.lua (their layout, the replies and the rules are documented
 -- there); it returns that script's reply. It reads `master_replid` through
 -- fg_replid(), at most once per script call however many attempts it
--- decides.
+-- decides; the same for the values no attempt changes (fg_call below).
+
+-- What no attempt can change, read at most once per script call however
+-- many attempts it decides: the sale's meta, its fence (`synced`) and the
+-- time (the attempts of one call are decided at one instant: every win's
+-- reservation `ts` is that call's time). The draw's state is not among
+-- them: an earlier attempt of the call may open the draw.
+local fg_call = {}
+local function fg_call_meta(key)
+  fg_call.meta = fg_call.meta or redis.call('HMGET', key, 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms')
+  return fg_call.meta
+end
+local function fg_call_synced(key)
+  if fg_call.synced == nil then
+    fg_call.synced = redis.call('GET', key)
+  end
+  return fg_call.synced
+end
+local function fg_call_now()
+  if not fg_call.now then
+    local t = redis.call('TIME')
+    fg_call.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return fg_call.now
+end
 
 local function fg_deduct(K, A)
   local idem = A[2]
@@ -32,7 +56,7 @@ local function fg_deduct(K, A)
     end
   end
 
-  local meta = redis.call('HMGET', K[1], 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms')
+  local meta = fg_call_meta(K[1])
   if not meta[1] then
     return {'not_found', ''}
   end
@@ -53,8 +77,7 @@ local function fg_deduct(K, A)
   local draw = K[9] and {state = K[9], entries = K[10], index = K[11], outcomes = K[12]}
   local draw_state = draw and redis.call('HMGET', draw.state, 'closes_at_ms', 'done') or {}
   local entry_name = draw and fg_draw_entry_name(user, idem, nonce)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = fg_call_now()
   if draw_state[1] and entry_name then
     local entry = redis.call('HGET', draw.index, entry_name)
     if entry then
@@ -97,7 +120,7 @@ local function fg_deduct(K, A)
 
   -- The fence, last before the sale's counters: a sale that has ended, is
   -- paused or has not started is answered as such.
-  if redis.call('GET', K[8]) ~= fg_replid() then
+  if fg_call_synced(K[8]) ~= fg_replid() then
     return {'fenced', ''}
   end
 
