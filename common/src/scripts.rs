@@ -6,9 +6,16 @@
 //! with `EVAL` of the body (see [`crate::redis_conn`]), and
 //! `flashgate check --connect` loads every script on every master.
 
-/// `lua/deduct.lua` as it runs: the shared buy rules (`lua/lib/decide.lua`)
-/// followed by the script's own body.
-pub const DEDUCT: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/deduct.lua"));
+/// `lua/deduct.lua` as it runs: the shared buy rules (`lua/lib/decide.lua`),
+/// the deduct itself as a function (`lua/lib/deduct.lua`), then the
+/// script's own body, which calls it once.
+pub const DEDUCT: &str =
+    concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/lib/deduct.lua"), include_str!("../../lua/deduct.lua"));
+
+/// `lua/deduct_batch.lua` as it runs: the same function as [`DEDUCT`],
+/// called once per attempt of the batch.
+pub const DEDUCT_BATCH: &str =
+    concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/lib/deduct.lua"), include_str!("../../lua/deduct_batch.lua"));
 
 /// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT`].
 pub const DRAW_RUN: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/draw_run.lua"));
@@ -30,6 +37,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("bucket_state.lua", include_str!("../../lua/bucket_state.lua")),
     ("bucket_stock.lua", BUCKET_STOCK),
     ("deduct.lua", DEDUCT),
+    ("deduct_batch.lua", DEDUCT_BATCH),
     ("draw_run.lua", DRAW_RUN),
     ("fence.lua", include_str!("../../lua/fence.lua")),
     ("gcra.lua", include_str!("../../lua/gcra.lua")),

@@ -1,7 +1,10 @@
-//! The buy attempt in Redis: one EVALSHA of `lua/deduct.lua`, which checks
-//! the Idempotency-Key, the sale window, the per-user limit and the stock,
-//! and on a win decrements the stock and appends the reservation record to
-//! the sale's stream, all atomically. Its reply is parsed once into
+//! The buy attempt in Redis: the deduct (`fg_deduct`, `lua/lib/deduct.lua`)
+//! checks the Idempotency-Key, the sale window, the per-user limit and the
+//! stock, and on a win decrements the stock and appends the reservation
+//! record to the sale's stream, all atomically. One attempt per EVALSHA of
+//! `lua/deduct.lua` ([`deduct`]), or many of one sale per EVALSHA of
+//! `lua/deduct_batch.lua` ([`deduct_many`], what the buy path sends through
+//! `crate::deduct_batch`). Each reply is parsed once into
 //! [`DeductOutcome`]; business results are values, not errors.
 
 use flashgate_common::config::RedisTarget;
@@ -93,35 +96,104 @@ pub struct BuyAttempt<'a> {
     pub buckets: u32,
 }
 
-/// Runs the deduct script once.
+/// Runs the deduct script once, for one attempt of its own. The buy path
+/// goes through [`crate::deduct_batch::DeductBatcher`], which sends the
+/// concurrent attempts of a sale together ([`deduct_many`]); this is the
+/// same decision for callers with one attempt and nothing to group it with.
 ///
 /// # Errors
 /// [`RedisError`] when Redis fails, times out, or answers something the
 /// script never returns.
 pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Decision, RedisError> {
     let keys = SaleKeys::home(attempt.sale_id, attempt.buckets, attempt.user_id);
-    let bucketed = attempt.buckets > 1;
     let mut conn = redis.conn().await?;
     let mut invocation = redis.deduct.prepare_invoke();
     invocation
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)
-        .key(if attempt.idempotency_key.is_empty() {
-            keys.call(attempt.user_id, attempt.call_nonce)
-        } else {
-            keys.idempotency(attempt.user_id, attempt.idempotency_key)
-        })
+        .key(attempt_key(&keys, attempt))
         .key(&keys.stream)
         .key(&keys.reservations)
         .key(keys.idempotency_misses(attempt.user_id))
         .key(&keys.synced);
-    // No draws on Redis Cluster (docs/RELIABILITY.md, known gaps): without
-    // the draw keys the script has no draw.
-    // A bucketed sale has none either (a draw is one slot).
-    if !bucketed && !matches!(redis.config().target, RedisTarget::Cluster { .. }) {
+    if with_draw_keys(redis, attempt.buckets) {
         invocation.key(&keys.draw.state).key(&keys.draw.entries).key(&keys.draw.index).key(&keys.draw.outcomes);
     }
+    push_args(&mut invocation, attempt);
+    let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    decision_of(&reply)
+}
+
+/// Runs the deduct of every attempt in `attempts` in ONE script call
+/// (`lua/deduct_batch.lua`), in order, each decided exactly as if it had
+/// been sent on its own after the ones before it. All of them must buy in
+/// the same sale and, for a bucketed sale, in the same bucket (their keys
+/// share one hash tag: the first attempt's home decides it). The outer
+/// error is the call's (every attempt failed with it); an inner one is
+/// that attempt's own (its script error; the others are decided).
+///
+/// # Errors
+/// [`RedisError`] when Redis fails, times out, or answers a reply of the
+/// wrong shape.
+pub async fn deduct_many(redis: &RedisClient, attempts: &[BuyAttempt<'_>]) -> Result<Vec<Result<Decision, RedisError>>, RedisError> {
+    let Some(first) = attempts.first() else { return Ok(Vec::new()) };
+    let keys = SaleKeys::home(first.sale_id, first.buckets, first.user_id);
+    let mut conn = redis.conn().await?;
+    let mut invocation = redis.deduct_batch.prepare_invoke();
+    invocation.key(&keys.meta).key(&keys.remaining).key(&keys.buyers).key(&keys.stream).key(&keys.reservations).key(&keys.synced);
+    if with_draw_keys(redis, first.buckets) {
+        invocation.key(&keys.draw.state).key(&keys.draw.entries).key(&keys.draw.index).key(&keys.draw.outcomes);
+    }
+    invocation.arg(attempts.len());
+    for attempt in attempts {
+        invocation.key(attempt_key(&keys, attempt)).key(keys.idempotency_misses(attempt.user_id));
+        push_args(&mut invocation, attempt);
+    }
+    // Each attempt's reply parsed on its own: one malformed reply is that
+    // attempt's error, and the others (wins among them) keep theirs.
+    let replies: Vec<redis::Value> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    if replies.len() != attempts.len() {
+        return Err(unexpected("deduct batch answered another number of attempts", format!("{} for {}", replies.len(), attempts.len())));
+    }
+    Ok(replies.into_iter().map(attempt_decision).collect())
+}
+
+/// One attempt's part of a batch's reply: its decision, its own script
+/// error (`{"error", message}`), or a reply of the wrong shape.
+fn attempt_decision(reply: redis::Value) -> Result<Decision, RedisError> {
+    let shown = format!("{reply:?}");
+    let reply: Vec<String> = redis::from_redis_value(reply).map_err(|_| unexpected("unknown deduct reply", shown))?;
+    match reply.as_slice() {
+        [code, message] if code == "error" => Err(RedisError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "deduct attempt failed",
+            message.clone(),
+        )))),
+        reply => decision_of(reply),
+    }
+}
+
+/// Whether the deduct runs with the sale's draw keys. No draws on Redis
+/// Cluster (docs/RELIABILITY.md, known gaps): without the draw keys the
+/// script has no draw. A bucketed sale has none either (a draw is one slot).
+fn with_draw_keys(redis: &RedisClient, buckets: u32) -> bool {
+    buckets <= 1 && !matches!(redis.config().target, RedisTarget::Cluster { .. })
+}
+
+/// The key that remembers the attempt's outcome: its Idempotency-Key's,
+/// or without one the call's own (by its nonce).
+fn attempt_key(keys: &SaleKeys, attempt: &BuyAttempt<'_>) -> String {
+    if attempt.idempotency_key.is_empty() {
+        keys.call(attempt.user_id, attempt.call_nonce)
+    } else {
+        keys.idempotency(attempt.user_id, attempt.idempotency_key)
+    }
+}
+
+/// The attempt's ARGV[1..9] of `lua/deduct.lua` (the same nine per attempt
+/// in `lua/deduct_batch.lua`).
+fn push_args(invocation: &mut redis::ScriptInvocation<'_>, attempt: &BuyAttempt<'_>) {
     invocation
         .arg(attempt.user_id)
         .arg(attempt.idempotency_key)
@@ -131,9 +203,12 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .arg(MISSES_REMEMBERED_PER_USER)
         .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" })
         .arg(attempt.draw_window_ms)
-        .arg(if bucketed { "1" } else { "0" });
-    let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
-    let parsed = match reply.as_slice() {
+        .arg(if attempt.buckets > 1 { "1" } else { "0" });
+}
+
+/// One attempt's reply, parsed.
+fn decision_of(reply: &[String]) -> Result<Decision, RedisError> {
+    let parsed = match reply {
         [code, entry, closes_in] if code == "entered" || code == "joined" => parse_entered(entry, closes_in, code == "joined"),
         [code, detail] => parse_reply(code, detail.clone(), None, None),
         // A remembered win, with the id of the Redis holding it.
@@ -141,9 +216,11 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         [code, detail, at, node] => parse_reply(code, detail.clone(), Some(at), Some(node)),
         _ => None,
     };
-    parsed.ok_or_else(|| {
-        RedisError::Redis(redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown deduct reply", reply.join("|"))))
-    })
+    parsed.ok_or_else(|| unexpected("unknown deduct reply", reply.join("|")))
+}
+
+fn unexpected(what: &'static str, detail: String) -> RedisError {
+    RedisError::Redis(redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, what, detail)))
 }
 
 /// The remembered outcome of `user`'s Idempotency-Key, without running the
@@ -235,6 +312,18 @@ mod tests {
         assert!(parse_reply("not_started", "x".into(), None, None).is_none());
         assert_eq!(parse_reply("draw_pending", String::new(), None, None).unwrap().outcome, DeductOutcome::DrawPending);
         assert!(parse_reply("replay:draw_pending", String::new(), None, None).is_none(), "never remembered");
+    }
+
+    #[test]
+    fn a_malformed_attempt_reply_is_only_that_attempts_error() {
+        let text = |parts: &[&str]| redis::Value::Array(parts.iter().map(|p| redis::Value::BulkString(p.as_bytes().to_vec())).collect());
+        let win = attempt_decision(text(&["won", "s.1", "1700", "ab"])).unwrap();
+        assert_eq!(win.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: Some(1700) });
+        assert!(attempt_decision(redis::Value::Int(3)).is_err(), "not an array");
+        assert!(attempt_decision(redis::Value::Array(vec![redis::Value::Nil])).is_err(), "not text");
+        assert!(attempt_decision(text(&["bogus", ""])).is_err());
+        let own = attempt_decision(text(&["error", "WRONGTYPE Operation against a key"])).unwrap_err();
+        assert!(own.to_string().contains("WRONGTYPE"), "{own}");
     }
 
     #[test]

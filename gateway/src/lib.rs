@@ -21,6 +21,8 @@
 //!   (window, listing, remaining), sold-out flags, winners, missing sales.
 //! - [`reservations`]: `GET /api/reservations/{id}`.
 //! - [`deduct`]: the deduct-and-reserve script call and its outcomes.
+//! - [`deduct_batch`]: the concurrent deducts of a sale grouped into one
+//!   script call.
 //! - [`draw`]: the opening draw: buys of a sale's first `window_ms` held
 //!   until one draw across all gateways decides them.
 //! - [`auth`]: HS256 buyer tokens.
@@ -65,6 +67,7 @@ pub mod client_ip;
 pub mod clock;
 pub mod cluster_limit;
 pub mod deduct;
+pub mod deduct_batch;
 pub mod draw;
 pub mod events;
 pub mod forwarder;

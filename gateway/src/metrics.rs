@@ -20,6 +20,11 @@ use crate::route::RouteKind;
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
 const LATENCY_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
+/// Attempts per batched deduct call: 1 at low load, up to
+/// `deduct_batch::MAX_BATCH`.
+const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0];
+const _: () = assert!(BATCH_SIZE_BUCKETS[BATCH_SIZE_BUCKETS.len() - 1] as usize == crate::deduct_batch::MAX_BATCH);
+
 /// Difficulty buckets, in bits: each bit doubles the work.
 const DIFFICULTY_BUCKETS: &[f64] = &[0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 28.0, 32.0];
 
@@ -34,11 +39,16 @@ pub struct Metrics {
     pub buy_outcomes: IntCounterVec,
     /// Whole edge request, by route.
     pub request_duration: HistogramVec,
-    /// One deduct script call in Redis.
+    /// One deduct as its buyer waits for it: the script call, and the
+    /// wait for a call slot of its sale when its batch queued.
     pub script_duration: Histogram,
+    /// Buy attempts per deduct script call (`deduct_batch`): its count is
+    /// the number of calls, its sum the attempts they decided.
+    pub deduct_batch_size: Histogram,
     /// One winner forward to the backend.
     pub forward_duration: Histogram,
-    /// Redis calls that failed, by kind (error, timeout, circuit_open).
+    /// Redis calls that failed, by kind (error, timeout, circuit_open,
+    /// queue_full).
     pub redis_errors: IntCounterVec,
     /// 0 closed, 1 open, 2 half-open.
     pub circuit_state: IntGauge,
@@ -108,7 +118,13 @@ impl Metrics {
         )
         .expect("valid histogram");
         registry.register(Box::new(request_duration.clone())).expect("unique metric");
-        let script_duration = histogram("redis_script_duration_seconds", "Latency of one deduct script call.");
+        let script_duration =
+            histogram("redis_script_duration_seconds", "Latency of one deduct as its buyer waits for it (its batch's call included).");
+        let deduct_batch_size = Histogram::with_opts(
+            HistogramOpts::new("deduct_batch_size", "Buy attempts decided per deduct script call.").buckets(BATCH_SIZE_BUCKETS.to_vec()),
+        )
+        .expect("valid histogram");
+        registry.register(Box::new(deduct_batch_size.clone())).expect("unique metric");
         let forward_duration = histogram("backend_forward_duration_seconds", "Latency of one winner forward to the backend.");
         let circuit_state =
             IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.").expect("valid gauge");
@@ -156,6 +172,7 @@ impl Metrics {
             buy_outcomes,
             request_duration,
             script_duration,
+            deduct_batch_size,
             forward_duration,
             redis_errors,
             circuit_state,

@@ -18,8 +18,9 @@ use tokio::sync::OnceCell;
 
 use crate::breaker::Breaker;
 
-/// Why a Redis call did not produce an answer.
-#[derive(Debug, thiserror::Error)]
+/// Why a Redis call did not produce an answer. Clone: one batched deduct's
+/// failure is every attempt's in it (`crate::deduct_batch`).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RedisError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -27,6 +28,10 @@ pub enum RedisError {
     Timeout(Duration),
     #[error("redis circuit open")]
     CircuitOpen,
+    /// Too many buys of one sale already waiting for their deduct call
+    /// (`crate::deduct_batch::MAX_QUEUED`): Redis is slower than they come.
+    #[error("too many buys of this sale waiting for redis")]
+    QueueFull,
 }
 
 /// Server error codes that say "not now" (a script running, a dump
@@ -36,12 +41,12 @@ const TRANSIENT_CODES: &[&str] = &["BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", 
 
 impl RedisError {
     /// Whether the same call may succeed if sent again shortly: a timeout,
-    /// an open breaker, a cut or refused connection, or a server busy,
+    /// an open breaker, a full deduct queue, a cut or refused connection, or a server busy,
     /// loading or failing over. A script error, `WRONGTYPE` or a bad reply
     /// is not: sending it again gets the same answer.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Timeout(_) | Self::CircuitOpen => true,
+            Self::Timeout(_) | Self::CircuitOpen | Self::QueueFull => true,
             Self::Redis(e) => {
                 e.is_io_error()
                     || e.is_timeout()
@@ -57,10 +62,14 @@ impl RedisError {
 /// script it was tested with.
 pub static DEDUCT_LUA: &str = flashgate_common::scripts::DEDUCT;
 
+/// The batched deduct (`lua/deduct_batch.lua`), the buy path's script.
+pub static DEDUCT_BATCH_LUA: &str = flashgate_common::scripts::DEDUCT_BATCH;
+
 pub struct RedisClient {
     config: RedisConfig,
     conn: OnceCell<RedisHandle>,
     pub deduct: redis::Script,
+    pub deduct_batch: redis::Script,
     /// Shared with the admin listener, which reports its state.
     pub breaker: Arc<Breaker>,
 }
@@ -68,7 +77,13 @@ pub struct RedisClient {
 impl RedisClient {
     /// A client of the deployment `config` names; nothing connects yet.
     pub fn new(config: RedisConfig, breaker: Breaker) -> Self {
-        Self { config, breaker: Arc::new(breaker), conn: OnceCell::new(), deduct: redis::Script::new(DEDUCT_LUA) }
+        Self {
+            config,
+            breaker: Arc::new(breaker),
+            conn: OnceCell::new(),
+            deduct: redis::Script::new(DEDUCT_LUA),
+            deduct_batch: redis::Script::new(DEDUCT_BATCH_LUA),
+        }
     }
 
     /// A client of the standalone Redis at `url` (tests, tools).
@@ -93,6 +108,7 @@ impl RedisClient {
                 };
                 let mut conn = RedisHandle::connect(&self.config, &tuning).await?;
                 conn.load_script(DEDUCT_LUA).await?;
+                conn.load_script(DEDUCT_BATCH_LUA).await?;
                 Ok::<_, RedisError>(conn)
             }))
             .await??;

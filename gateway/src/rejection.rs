@@ -111,6 +111,7 @@ pub fn unavailable(metrics: &Metrics, error: &RedisError) -> Rejection {
         RedisError::Redis(_) => "error",
         RedisError::Timeout(_) => "timeout",
         RedisError::CircuitOpen => "circuit_open",
+        RedisError::QueueFull => "queue_full",
     };
     metrics.redis_errors.with_label_values(&[kind]).inc();
     tracing::debug!(%error, "redis unavailable");

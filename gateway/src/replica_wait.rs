@@ -196,6 +196,7 @@ fn copy_of(error: &RedisError) -> RedisError {
     match error {
         RedisError::Timeout(limit) => RedisError::Timeout(*limit),
         RedisError::CircuitOpen => RedisError::CircuitOpen,
+        RedisError::QueueFull => RedisError::QueueFull,
         RedisError::Redis(e) => RedisError::Redis(redis::RedisError::from((e.kind(), "replica WAIT failed", e.to_string()))),
     }
 }

@@ -17,6 +17,7 @@ use crate::breaker::Breaker;
 use crate::buy::BuyService;
 use crate::challenge::ChallengeGate;
 use crate::clock::SystemClock;
+use crate::deduct_batch::DeductBatcher;
 use crate::draw::Draws;
 use crate::events::EventListener;
 use crate::forwarder::{forwarder, ForwardWorker};
@@ -72,6 +73,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         admission: admission.clone(),
         challenge: Arc::new(challenge),
         redis: redis.clone(),
+        deducts: Arc::new(DeductBatcher::new(redis.clone(), metrics.deduct_batch_size.clone())),
         sales: sales.clone(),
         switches: switches.clone(),
         orders: orders.clone(),

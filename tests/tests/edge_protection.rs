@@ -121,13 +121,15 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     assert!(sellout.iter().any(|o| o.status == 410));
 
     // Only the deduct script counts: the backend runs its own scripts on timers.
-    let deduct_sha = redis::Script::new(flashgate_common::scripts::DEDUCT).get_hash().to_owned();
+    // The buy path sends `deduct_batch.lua`; `deduct.lua` is its one-attempt form.
+    let deduct_shas = [flashgate_common::scripts::DEDUCT, flashgate_common::scripts::DEDUCT_BATCH]
+        .map(|body| redis::Script::new(body).get_hash().to_owned());
     let monitor = stack.redis.monitor().await;
     let attempts = || (0..10_000).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect::<Vec<_>>();
     let first = buy_all(stack.gateway_addr, "gone", attempts(), 64).await;
     let second = buy_all(second_addr, "gone", attempts(), 64).await;
     assert!(first.iter().chain(&second).all(|o| o.status == 410), "every late buyer is told sold out");
-    let deducts = monitor.commands().await.into_iter().filter(|c| c.contains(&deduct_sha)).count();
+    let deducts = monitor.commands().await.into_iter().filter(|c| deduct_shas.iter().any(|sha| c.contains(sha))).count();
     assert_eq!(deducts, 0, "a sold-out buy ran the deduct script");
 
     // An operator restock clears the flag everywhere.

@@ -25,7 +25,7 @@ impl Fixture {
             draw_window_ms: 0,
             buckets: 1,
         };
-        deduct(&self.service.redis, &attempt).await.unwrap()
+        self.service.deducts.deduct(&attempt).await.unwrap()
     }
 
     /// A fresh call (new reservation id and nonce).

@@ -11,7 +11,8 @@
 //!   (the proxy reads the body here)
 //! buy     local decision from the sale cache: sold-out flag, switches,
 //!         window (not started, ended, paused), unknown sale
-//!           ├─ open ─────► deduct script (one EVALSHA); in a sale's draw
+//!           ├─ open ─────► deduct script (one EVALSHA, shared with the
+//!           │              sale's concurrent buys: `deduct_batch`); in a sale's draw
 //!           │              window it enters the draw instead and the buy
 //!           │              is held until the draw decides it (`draw`;
 //!           │              a sold out it decides is flagged as below)
@@ -47,7 +48,8 @@ use crate::admission::Admission;
 use crate::challenge::token::POW_HEADER;
 use crate::challenge::{BuyChallenge, ChallengeGate};
 use crate::clock::{SystemClock, WallClock};
-use crate::deduct::{deduct, remembered, BuyAttempt, Decision, DeductOutcome};
+use crate::deduct::{remembered, BuyAttempt, Decision, DeductOutcome};
+use crate::deduct_batch::DeductBatcher;
 use crate::draw::{Draws, Entrant, NotSettled};
 use crate::forwarder::Forwarder;
 use crate::limits::RouteClass;
@@ -66,6 +68,10 @@ pub struct BuyService<C: WallClock = SystemClock> {
     /// The proof of work a buy must carry, when configured.
     pub challenge: Arc<ChallengeGate>,
     pub redis: Arc<RedisClient>,
+    /// Every deduct of the buy path (live buys, bucketed refills, draw
+    /// entries) goes through it: the concurrent ones of a sale share one
+    /// script call.
+    pub deducts: Arc<DeductBatcher>,
     /// Windows and sold-out flags, shared with the sale routes and the
     /// events listener.
     pub sales: Arc<SaleCache>,
@@ -337,7 +343,8 @@ impl<C: WallClock> BuyService<C> {
         }
     }
 
-    /// Runs the deduct script; a sold-out answer found just now is flagged
+    /// Runs the deduct script (batched with the sale's concurrent deducts);
+    /// a sold-out answer found just now is flagged
     /// here and announced to every other gateway. A replayed one is not:
     /// it tells what an earlier attempt got, not whether stock is left.
     async fn deduct(&self, sale_id: &str, buckets: u32, user: &str, idempotency_key: &str, rid: &str) -> Result<Decision, Rejection> {
@@ -353,7 +360,7 @@ impl<C: WallClock> BuyService<C> {
             buckets,
         };
         let timer = self.metrics.script_duration.start_timer();
-        let decision = deduct(&self.redis, &attempt).await.map_err(|e| self.unavailable(&e))?;
+        let decision = self.deducts.deduct(&attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
         if buckets > 1 {
             // Flagged per bucket by the caller (`refill`).

@@ -29,7 +29,7 @@ pub(super) struct Fixture {
 }
 
 pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
-    let redis = RedisServer::private();
+    let redis_server = RedisServer::private();
     let limits = LimitsConfig {
         trusted_proxies: vec![],
         client_ip_header: Default::default(),
@@ -53,10 +53,12 @@ pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
     let switches = Arc::new(Switches::default());
     switches.set_all_paused(false);
     let clock = ManualClock::at(now_ms());
+    let redis = Arc::new(RedisClient::standalone(&redis_server.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1))));
     let service = BuyService {
         admission,
         challenge: Arc::new(crate::challenge::ChallengeGate::off(metrics.clone())),
-        redis: Arc::new(RedisClient::standalone(&redis.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1)))),
+        deducts: Arc::new(crate::deduct_batch::DeductBatcher::new(redis.clone(), metrics.deduct_batch_size.clone())),
+        redis,
         sales: Arc::new(SaleCache::new(Duration::from_millis(250))),
         switches,
         order_lookups: Arc::new(OrderLookups::new(orders.clone())),
@@ -73,7 +75,7 @@ pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
         idempotency_ttl: Duration::from_secs(600),
         clock: clock.clone(),
     };
-    Fixture { redis, service, clock }
+    Fixture { redis: redis_server, service, clock }
 }
 
 impl Fixture {
@@ -275,4 +277,48 @@ async fn a_refill_confirmed_dry_before_a_bucket_was_stocked_does_not_flag_the_sa
     let clears = sales.clears("s");
     f.service.confirmed_dry("s", clears);
     assert!(sales.is_sold_out("s"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wins() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 50).await;
+    // The sale's window cached: every buy below goes straight to the deduct.
+    let BuyOutcome::Won { reservation_id: first } = f.buy("s", "first", "").await else { panic!("no win") };
+    let buyers: Vec<(String, String)> =
+        (0..400).map(|i| (format!("u{i}"), if i % 2 == 0 { format!("k{i}") } else { String::new() })).collect();
+    let outcomes = futures_util::future::join_all(buyers.iter().map(|(user, key)| f.buy("s", user, key))).await;
+    let mut won: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            BuyOutcome::Won { reservation_id } => Some(reservation_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(won.len(), 49, "exactly the stock wins");
+    assert!(outcomes.iter().all(|o| matches!(o, BuyOutcome::Won { .. } | BuyOutcome::Refused(Rejection::SoldOut))), "{outcomes:?}");
+    won.push(first);
+    won.sort();
+    won.dedup();
+    assert_eq!(won.len(), 50, "every winner has a reservation of its own");
+
+    let keys = SaleKeys::new("s");
+    let mut conn = f.redis.conn().await;
+    let records: Vec<(String, std::collections::HashMap<String, String>)> =
+        redis::cmd("XRANGE").arg(&keys.stream).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let mut recorded: Vec<String> = records.into_iter().map(|(_, fields)| fields["rid"].clone()).collect();
+    recorded.sort();
+    assert_eq!(recorded, won, "one stream record per winner");
+    let remaining: i64 = redis::cmd("GET").arg(&keys.remaining).query_async(&mut conn).await.unwrap();
+    assert_eq!(remaining, 0);
+
+    let sizes = &f.service.metrics.deduct_batch_size;
+    assert!(sizes.get_sample_sum() as u64 >= 50, "every win was decided by a script call");
+    assert!(
+        sizes.get_sample_sum() > sizes.get_sample_count() as f64,
+        "no script call decided more than one attempt: {} attempts in {} calls",
+        sizes.get_sample_sum(),
+        sizes.get_sample_count()
+    );
+    assert_eq!(f.redis.command_calls("evalsha").await, sizes.get_sample_count(), "one EVALSHA per batch");
 }

@@ -1,0 +1,183 @@
+-- Flashgate deduct-and-reserve as a function, shared by lua/deduct.lua (one
+-- attempt per call) and lua/deduct_batch.lua (the concurrent attempts of one
+-- sale in one call): each of those scripts is lua/lib/decide.lua, this file
+-- and its own body (see common/src/scripts.rs), so an attempt in a batch is
+-- decided by exactly the code of an attempt on its own.
+--
+-- fg_deduct(K, A) decides one attempt: K and A are the KEYS and ARGV of
+-- lua/deduct.lua (their layout, the replies and the rules are documented
+-- there); it returns that script's reply. It reads `master_replid` through
+-- fg_replid(), at most once per script call however many attempts it
+-- decides; the same for the values no attempt changes (fg_call below).
+
+-- What no attempt can change, read at most once per script call however
+-- many attempts it decides: the sale's meta, its fence (`synced`) and the
+-- time (the attempts of one call are decided at one instant: every win's
+-- reservation `ts` is that call's time). The draw's state is not among
+-- them: an earlier attempt of the call may open the draw.
+local fg_call = {}
+local function fg_call_meta(key)
+  fg_call.meta = fg_call.meta or redis.call('HMGET', key, 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms')
+  return fg_call.meta
+end
+local function fg_call_synced(key)
+  if fg_call.synced == nil then
+    fg_call.synced = redis.call('GET', key)
+  end
+  return fg_call.synced
+end
+local function fg_call_now()
+  if not fg_call.now then
+    local t = redis.call('TIME')
+    fg_call.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return fg_call.now
+end
+
+local function fg_deduct(K, A)
+  local idem = A[2]
+  local nonce = A[7] or ''
+  if idem ~= '' then
+    local first = redis.call('GET', K[4]) or redis.call('HGET', K[7], idem)
+    if first then
+      local sep = string.find(first, '|', 1, true)
+      local outcome = string.sub(first, 1, sep - 1)
+      if outcome == 'won' then
+        return {'replay:won', string.sub(first, sep + 1), fg_replid()}
+      end
+      return {'replay:' .. outcome, string.sub(first, sep + 1)}
+    end
+  elseif nonce ~= '' then
+    -- This very call ran before and won: the same answer, nothing taken.
+    local won = redis.call('GET', K[4])
+    if won then
+      local sep = string.find(won, '|', 1, true)
+      return {'won', string.sub(won, 1, sep - 1), string.sub(won, sep + 1), fg_replid()}
+    end
+  end
+
+  local meta = fg_call_meta(K[1])
+  if not meta[1] then
+    return {'not_found', ''}
+  end
+
+  local user = A[1]
+  local a = {user = user, idem = idem, rid = A[3], idem_key = K[4], misses_key = K[7],
+             ttl = A[4], misses_cap = tonumber(A[6]), sale = A[5], bucket = A[9] == '1'}
+  local k = {remaining = K[2], buyers = K[3], stream = K[5], resv = K[6]}
+
+  local function final(outcome, detail)
+    fg_final(a, outcome, detail)
+    return {outcome, detail}
+  end
+
+  -- The opening draw. A buy it already holds (the same Idempotency-Key, or
+  -- the same call re-sent) is that entry, never a second attempt: its
+  -- outcome once decided, else "entered" again.
+  local draw = K[9] and {state = K[9], entries = K[10], index = K[11], outcomes = K[12]}
+  local draw_state = draw and redis.call('HMGET', draw.state, 'closes_at_ms', 'done') or {}
+  local entry_name = draw and fg_draw_entry_name(user, idem, nonce)
+  local now = fg_call_now()
+  if draw_state[1] and entry_name then
+    local entry = redis.call('HGET', draw.index, entry_name)
+    if entry then
+      local decided = redis.call('HGET', draw.outcomes, entry)
+      local left = tostring(math.max(0, tonumber(draw_state[1]) - now))
+      if idem == '' then
+        -- Named by the call's nonce: this very call re-sent (same arguments,
+        -- its reservation id included), not a client's replay. It gets the
+        -- answer the first send would have got: "entered", or the outcome
+        -- as decided (a win with its reservation time, as a fresh win).
+        if not decided then
+          return {'entered', entry, left}
+        end
+        local d = cjson.decode(decided)
+        if d.o == 'won' then
+          return {'won', d.d, tostring(d.ts), d.node}
+        end
+        return {d.o, d.d}
+      end
+      if decided then
+        local d = cjson.decode(decided)
+        if d.o == 'won' then
+          return {'replay:won', d.d, d.node}
+        end
+        return {'replay:' .. d.o, d.d}
+      end
+      return {'joined', entry, left}
+    end
+  end
+
+  if now >= tonumber(meta[2]) then
+    return final('ended', '')
+  end
+  if meta[4] == '1' then
+    return {'paused', ''}
+  end
+  if now < tonumber(meta[1]) then
+    return {'not_started', meta[1]}
+  end
+
+  -- The fence, last before the sale's counters: a sale that has ended, is
+  -- paused or has not started is answered as such.
+  if fg_call_synced(K[8]) ~= fg_replid() then
+    return {'fenced', ''}
+  end
+
+  if draw then
+    -- The window is fixed by the draw's first entry (`closes_at_ms`): an
+    -- operator's later change does not move a draw under way.
+    local window = tonumber(meta[5] or A[8] or '0') or 0
+    local closes = tonumber(draw_state[1] or '') or (tonumber(meta[1]) + window)
+    if window > 0 and now < closes then
+      -- Nothing the draw could give: answered now, as after the window.
+      local bought = tonumber(redis.call('HGET', k.buyers, user) or '0')
+      if bought >= tonumber(meta[3]) then
+        return final('limit_reached', '')
+      end
+      -- One user holds at most per_user_limit entries, counting the items
+      -- already bought (a draw an operator opened mid-sale): more (under
+      -- other keys) could not win more, only make an earlier decision likelier.
+      local count_name = fg_draw_count_name(user)
+      if bought + tonumber(redis.call('HGET', draw.index, count_name) or '0') >= tonumber(meta[3]) then
+        return final('limit_reached', '')
+      end
+      if tonumber(redis.call('GET', k.remaining) or '0') <= 0 then
+        return final('sold_out', '')
+      end
+      local entry = redis.call('HLEN', draw.entries) + 1
+      redis.call('HSET', draw.entries, entry, cjson.encode({user = user, idem = idem, nonce = nonce, rid = a.rid, at = now}))
+      if entry_name then
+        redis.call('HSET', draw.index, entry_name, entry)
+      end
+      redis.call('HINCRBY', draw.index, count_name, 1)
+      if not draw_state[1] then
+        redis.call('HSET', draw.state, 'closes_at_ms', closes, 'opened_at_ms', now)
+        -- A draw nobody runs (every gateway gone) is not kept for ever.
+        -- lua/draw_run.lua leaves these TTLs alone while it runs and sets
+        -- the record's final TTL when the draw is done.
+        local keep = tonumber(A[4]) + 3600
+        for _, key in ipairs({draw.state, draw.entries, draw.index}) do
+          redis.call('EXPIRE', key, keep)
+        end
+      end
+      return {'entered', tostring(entry), tostring(closes - now)}
+    end
+    if draw_state[1] and draw_state[2] ~= '1' then
+      return {'draw_pending', ''}
+    end
+  end
+
+  local outcome = fg_take(k, a, tonumber(meta[3]), now)
+  if outcome ~= 'won' then
+    return {outcome, ''}
+  end
+  local rid = a.rid
+  if idem == '' and nonce ~= '' then
+    -- A re-sent call comes within the client's retries (well under a second).
+    redis.call('SET', K[4], rid .. '|' .. tostring(now), 'EX', 60)
+  end
+  -- The record's time goes back with the win, so the gateway's forward
+  -- carries the same reservation time as the stream entry.
+  return {'won', rid, tostring(now), fg_replid()}
+end
