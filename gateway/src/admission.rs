@@ -81,6 +81,19 @@ impl Admission {
     /// # Errors
     /// `Denied`, `RateLimited` or `Unauthorized`.
     pub fn user(&self, class: RouteClass, peer: IpAddr, headers: &HeaderMap) -> Result<String, Rejection> {
+        let user = self.identify(class, peer, headers)?;
+        self.limit_user(class, &user)?;
+        Ok(user)
+    }
+
+    /// The first half of [`Admission::user`]: the IP's deny list and
+    /// bucket, the token and the user's deny list. A caller that can answer
+    /// the verified user locally (a buy of a sold-out sale) does so before
+    /// [`Admission::limit_user`] spends a bucket on it.
+    ///
+    /// # Errors
+    /// `Denied`, `RateLimited` or `Unauthorized`.
+    pub fn identify(&self, class: RouteClass, peer: IpAddr, headers: &HeaderMap) -> Result<String, Rejection> {
         let edge = self.edge.load();
         let ip = edge.client_ip(peer, headers);
         if edge.deny.denies_ip(ip) {
@@ -94,8 +107,16 @@ impl Admission {
         if edge.deny.users.contains(&user) {
             return Err(Rejection::Denied);
         }
-        edge.limiters.check_user_then_global(class, Some(&user)).map_err(Rejection::RateLimited)?;
         Ok(user)
+    }
+
+    /// The second half of [`Admission::user`]: the verified user's bucket,
+    /// then the global one.
+    ///
+    /// # Errors
+    /// `RateLimited`.
+    pub fn limit_user(&self, class: RouteClass, user: &str) -> Result<(), Rejection> {
+        self.edge.load().limiters.check_user_then_global(class, Some(user)).map_err(Rejection::RateLimited)
     }
 
     /// The client address the limits and deny lists see (the peer, or a

@@ -54,6 +54,9 @@ pub struct Metrics {
     pub circuit_state: IntGauge,
     /// Buys decided from local sale state without Redis, by decision.
     pub local_decisions: IntCounterVec,
+    /// `local_decisions{decision="sold_out"}`, resolved once: the
+    /// commonest answer of a flash sale.
+    pub local_sold_out: IntCounter,
     /// Winner forwards that failed (the order then comes from the stream).
     pub forward_failures: IntCounterVec,
     /// Buys the deduct script refused because their sale is fenced (its
@@ -176,6 +179,7 @@ impl Metrics {
             forward_duration,
             redis_errors,
             circuit_state,
+            local_sold_out: local_decisions.with_label_values(&["sold_out"]),
             local_decisions,
             forward_failures,
             fenced_buys,

@@ -67,19 +67,17 @@ impl MysqlDatabase {
     /// Creates `flashgate_t_<unix seconds>_<random>` (the backend's store
     /// tests name theirs the same way and drop leftovers older than an hour).
     pub async fn create() -> Self {
-        use sqlx::Connection;
-        sqlx::any::install_default_drivers();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-        let name = format!("flashgate_t_{now}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
-        let mut conn = sqlx::AnyConnection::connect(MYSQL_SERVER).await.expect("MariaDB on 127.0.0.1:3306 (make test starts it)");
-        sqlx::query(&format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")).execute(&mut conn).await.unwrap();
-        conn.close().await.ok();
+        let name = database_name();
+        let create = format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin");
+        administer(MYSQL_SERVER, &[&create]).await.expect("a database created on MariaDB at 127.0.0.1:3306 (make test starts it)");
         Self { url: format!("{MYSQL_SERVER}/{name}"), name }
     }
 }
 
 /// The shared PostgreSQL server the tests use (trust auth).
 pub const POSTGRES_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+/// Where databases are created and dropped on [`POSTGRES_SERVER`].
+const POSTGRES_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// A database of its own on [`POSTGRES_SERVER`], dropped with this value.
 pub struct PostgresDatabase {
@@ -91,13 +89,10 @@ pub struct PostgresDatabase {
 impl PostgresDatabase {
     /// Creates `flashgate_t_<unix seconds>_<random>`.
     pub async fn create() -> Self {
-        use sqlx::Connection;
-        sqlx::any::install_default_drivers();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-        let name = format!("flashgate_t_{now}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
-        let mut conn = sqlx::AnyConnection::connect(&format!("{POSTGRES_SERVER}/postgres")).await.expect("PostgreSQL on 127.0.0.1:5432");
-        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
-        conn.close().await.ok();
+        let name = database_name();
+        administer(POSTGRES_ADMIN, &[&format!("CREATE DATABASE {name}")])
+            .await
+            .expect("a database created on PostgreSQL at 127.0.0.1:5432");
         Self { url: format!("{POSTGRES_SERVER}/{name}"), name }
     }
 }
@@ -105,36 +100,48 @@ impl PostgresDatabase {
 impl Drop for PostgresDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        // Not from inside the test's runtime: a thread with its own.
-        let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                if let Ok(mut conn) = sqlx::AnyConnection::connect(&format!("{POSTGRES_SERVER}/postgres")).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await;
-                    let _ = conn.close().await;
-                }
-            });
-        })
-        .join();
+        drop_database(POSTGRES_ADMIN, vec![format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")]);
     }
 }
 
 impl Drop for MysqlDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        // Not from inside the test's runtime: a thread with its own.
-        let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                if let Ok(mut conn) = sqlx::AnyConnection::connect(MYSQL_SERVER).await {
-                    let _ = sqlx::query("SET SESSION lock_wait_timeout = 5").execute(&mut conn).await;
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS `{name}`")).execute(&mut conn).await;
-                    let _ = conn.close().await;
-                }
-            });
-        })
-        .join();
+        drop_database(MYSQL_SERVER, vec!["SET SESSION lock_wait_timeout = 5".into(), format!("DROP DATABASE IF EXISTS `{name}`")]);
     }
+}
+
+/// `flashgate_t_<unix seconds>_<random>`.
+fn database_name() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    format!("flashgate_t_{now}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// Runs every one of `statements` on one connection to `admin`; the first
+/// error, if any.
+async fn administer(admin: &str, statements: &[&str]) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(admin).await?;
+    let mut first_error = None;
+    for statement in statements {
+        if let Err(e) = sqlx::query(statement).execute(&mut conn).await {
+            first_error.get_or_insert(e);
+        }
+    }
+    conn.close().await.ok();
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Drops a test's database from a `Drop`: not from inside the test's
+/// runtime, but on a thread with its own; a failure leaves the database
+/// behind (on MySQL, the backend's store tests drop those older than an
+/// hour).
+fn drop_database(admin: &'static str, statements: Vec<String>) {
+    let _ = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
+        let _ = runtime.block_on(administer(admin, &statements));
+    })
+    .join();
 }

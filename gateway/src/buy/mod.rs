@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! admit   sold out and no Idempotency-Key? ─► 410, before any other work
-//!         admission: IP deny/bucket, token, user deny/bucket, global bucket
-//!         Idempotency-Key checked; proof of work (when configured and
+//!         admission: IP deny/bucket, token, user deny list
+//!         Idempotency-Key checked
+//!         sold out and the user never won it (winners already read)?
+//!           ─► 410 (no key of the user's can be owed another answer)
+//!         admission: user bucket, global bucket
+//!         proof of work (when configured and
 //!         the sale is not flagged sold out; one SET NX)
 //!         cluster bucket (Redis, when configured)
 //!   (the proxy reads the body here)
@@ -106,11 +110,20 @@ impl<C: WallClock> BuyService<C> {
         // Idempotency-Key there is nothing to replay, and "sold out" says
         // nothing about the caller, so it is answered before any other work.
         if key.is_none() && self.sales.is_sold_out(sale_id) {
-            self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
+            self.metrics.local_sold_out.inc();
             return Err(Rejection::SoldOut);
         }
-        let user = self.admission.user(RouteClass::Buy, peer, headers)?;
+        let user = self.admission.identify(RouteClass::Buy, peer, headers)?;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
+        // Keyed, but by a user who never won this sold-out sale: no key of
+        // theirs can be owed another answer, so neither their bucket, nor
+        // the global one, nor the body is spent on them (`decide` answers
+        // the same from the same flag, and reads the winners this needs).
+        if self.sales.surely_never_won(sale_id, &user).await {
+            self.metrics.local_sold_out.inc();
+            return Err(Rejection::SoldOut);
+        }
+        self.admission.limit_user(RouteClass::Buy, &user)?;
         let unchallenged = self.check_challenge(sale_id, &user, &idempotency_key, peer, headers).await?;
         self.admission.cluster(&self.redis, &self.metrics).await?;
         Ok(Admitted { user, idempotency_key, unchallenged })
@@ -311,7 +324,7 @@ impl<C: WallClock> BuyService<C> {
     /// unknown sale, paused, not started, ended (from the cached window).
     async fn local_rejection(&self, sale_id: &str) -> Result<Option<Rejection>, Rejection> {
         if self.sales.is_sold_out(sale_id) {
-            self.metrics.local_decisions.with_label_values(&["sold_out"]).inc();
+            self.metrics.local_sold_out.inc();
             return Ok(Some(Rejection::SoldOut));
         }
         if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {

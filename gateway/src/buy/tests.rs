@@ -29,13 +29,18 @@ pub(super) struct Fixture {
 }
 
 pub(super) async fn fixture(deny_users: &[&str]) -> Fixture {
+    fixture_with(deny_users, RouteLimits::default()).await
+}
+
+/// A fixture whose buys pass the buckets of `buy`.
+async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
     let redis_server = RedisServer::private();
     let limits = LimitsConfig {
         trusted_proxies: vec![],
         client_ip_header: Default::default(),
         max_tracked_keys: 1000,
         idle: Duration::from_secs(60),
-        buy: RouteLimits::default(),
+        buy,
         read: RouteLimits::default(),
         cluster_global: None,
     };
@@ -226,6 +231,38 @@ async fn a_sold_out_keyed_retry_of_a_user_who_never_won_reads_no_key() {
     assert_eq!(f.buy("s", "other", "k").await, BuyOutcome::Refused(Rejection::SoldOut));
     assert_eq!(f.redis.command_calls("get").await, gets, "a user who never won read a key");
     assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Replayed { .. }), "the winner's retry still replays");
+}
+
+#[tokio::test]
+async fn a_sold_out_keyed_buy_of_a_user_who_never_won_spends_no_bucket() {
+    use flashgate_common::config::Bucket;
+    let bucket = Bucket::new(1, 1);
+    let f = fixture_with(&[], RouteLimits { user: bucket, ip: None, global: Bucket::new(1, 2) }).await;
+    f.open_sale("s", 1).await;
+    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
+    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    // Until a keyed buy has read the sale's winners, admission asks no
+    // Redis and takes the buckets as for any buy (one of the global two).
+    assert!(f.service.admit("s", PEER, &headers(Some("early"), Some("e-1"))).await.is_ok());
+    assert_eq!(f.buy("s", "early", "e-1").await, BuyOutcome::Refused(Rejection::SoldOut));
+    let sold_out = f.local_decisions("sold_out");
+    for i in 0..3 {
+        let key = format!("late-{i}");
+        assert_eq!(f.service.admit("s", PEER, &headers(Some("late"), Some(&key))).await, Err(Rejection::SoldOut));
+    }
+    assert_eq!(f.local_decisions("sold_out"), sold_out + 3);
+    // Neither the user's bucket nor the global one was spent on them.
+    f.open_sale("t", 5).await;
+    assert!(f.service.admit("t", PEER, &headers(Some("late"), Some("t-1"))).await.is_ok());
+    let global = f.service.admit("t", PEER, &headers(Some("third"), Some("t-2"))).await;
+    assert!(matches!(global, Err(Rejection::RateLimited(_))), "the global bucket held two: {global:?}");
+    // A past winner's keyed retry is admitted to replay, and pays its bucket.
+    let g = fixture_with(&[], RouteLimits { user: bucket, ip: None, global: None }).await;
+    g.open_sale("s", 1).await;
+    assert!(matches!(g.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
+    assert_eq!(g.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert!(g.service.admit("s", PEER, &headers(Some("winner"), Some("k"))).await.is_ok());
+    assert!(matches!(g.service.admit("s", PEER, &headers(Some("winner"), Some("k"))).await, Err(Rejection::RateLimited(_))));
 }
 
 #[tokio::test]

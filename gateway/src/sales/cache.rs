@@ -310,6 +310,15 @@ impl SaleCache {
         }
     }
 
+    /// True only when `sale_id` is flagged sold out and its winners, already
+    /// read by [`SaleCache::ever_won`], do not hold `user`. Never asks
+    /// Redis: it answers before the buyer's buckets are taken, so it may
+    /// not cost what they guard.
+    pub async fn surely_never_won(&self, sale_id: &str, user: &str) -> bool {
+        let Some(flag) = self.sold_out.get(sale_id) else { return false };
+        matches!(self.winners.get(&flag).await, Some(Some(winners)) if !winners.contains(user))
+    }
+
     /// What the backend says of a sale Redis does not have. One backend
     /// call per sale per [`MISSING_TTL`]; each call also drops the sale's
     /// snapshot, so a restored sale sells again at once.

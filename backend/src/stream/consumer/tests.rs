@@ -399,6 +399,25 @@ async fn entries_the_forward_already_wrote_are_acknowledged_without_asking_redis
     stop(tx, task).await;
 }
 
+/// A sale of 10 in PostgreSQL, whose stream is on a Redis of its own.
+struct OpenSale {
+    redis: RedisServer,
+    conn: MultiplexedConnection,
+    store: Store,
+    sale_id: String,
+}
+
+impl OpenSale {
+    async fn new() -> Self {
+        let redis = RedisServer::start().await;
+        let conn = redis.conn().await;
+        let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+        let sale_id = unique("s");
+        store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+        Self { redis, conn, store, sale_id }
+    }
+}
+
 /// [`settings`] with `grace`, on a consumer named `c1` that claims nothing.
 fn settings_with_grace(redis: &RedisServer, grace: Duration) -> Settings {
     Settings { forward_grace: grace, ..settings(redis, "c1", Duration::from_secs(60)) }
@@ -421,11 +440,7 @@ async fn wait_until_acknowledged(redis: &RedisServer, conn: &mut MultiplexedConn
 
 #[tokio::test]
 async fn with_a_grace_orders_the_forward_wrote_in_time_are_only_acknowledged_by_the_consumer() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
-    let sale_id = unique("s");
-    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
     let settings = settings_with_grace(&redis, Duration::from_secs(2));
     let metrics = settings.metrics.clone();
     let (tx, task) = spawn(&sale_id, &store, settings);
@@ -447,11 +462,7 @@ async fn with_a_grace_orders_the_forward_wrote_in_time_are_only_acknowledged_by_
 
 #[tokio::test]
 async fn with_a_grace_the_consumer_writes_every_order_the_forward_missed() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
-    let sale_id = unique("s");
-    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
     let settings = settings_with_grace(&redis, Duration::from_millis(300));
     let metrics = settings.metrics.clone();
     let (tx, task) = spawn(&sale_id, &store, settings);
@@ -466,11 +477,7 @@ async fn with_a_grace_the_consumer_writes_every_order_the_forward_missed() {
 
 #[tokio::test]
 async fn an_entry_held_for_the_grace_at_shutdown_stays_pending_and_is_written_at_the_next_start() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
-    let sale_id = unique("s");
-    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
     let (tx, task) = spawn(&sale_id, &store, settings_with_grace(&redis, Duration::from_secs(30)));
     reserve(&mut conn, &reservation(&sale_id, "u0")).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -491,11 +498,7 @@ async fn an_entry_held_for_the_grace_at_shutdown_stays_pending_and_is_written_at
 
 #[tokio::test]
 async fn a_crash_between_commit_and_ack_loses_nothing_and_doubles_nothing() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
-    let sale_id = unique("s");
-    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
     create_group(&mut conn, &sale_id).await;
     let winners: Vec<_> = (0..4).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
     for r in &winners {
@@ -522,11 +525,7 @@ async fn a_crash_between_commit_and_ack_loses_nothing_and_doubles_nothing() {
 
 #[tokio::test]
 async fn with_the_forward_dead_entries_after_the_first_batch_are_written_without_waiting_the_grace() {
-    let redis = RedisServer::start().await;
-    let mut conn = redis.conn().await;
-    let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
-    let sale_id = unique("s");
-    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
     let grace = Duration::from_secs(6);
     let settings = settings_with_grace(&redis, grace);
     let metrics = settings.metrics.clone();
