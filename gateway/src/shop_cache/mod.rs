@@ -16,7 +16,9 @@
 //!   or defeat the coalescing of others by sending a cookie.
 //! - Coalescing: the first miss of a URL fetches it; concurrent misses wait
 //!   on pingora's cache lock (up to `shop.cache.lock_timeout_ms`) and are then
-//!   answered from the stored copy. A response found uncacheable releases the
+//!   answered from the stored copy; a miss whose lookup ran just before the
+//!   copy landed looks again rather than fetching it twice
+//!   ([`fill_lock`]). A response found uncacheable releases the
 //!   waiters to the shop; a 5xx instead lets one of them fetch again (so a
 //!   failing shop is not hit by the whole crowd at once). Nothing is
 //!   remembered about a URL beyond its stored copy: no uncacheable
@@ -49,6 +51,7 @@
 //! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
 
+pub mod fill_lock;
 pub mod policy;
 pub mod purge_api;
 pub mod storage;
@@ -62,11 +65,12 @@ use flashgate_common::keys::SaleEvent;
 use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
 use pingora::cache::key::CacheHashKey;
-use pingora::cache::lock::{CacheKeyLockImpl, CacheLock};
+use pingora::cache::lock::CacheKeyLockImpl;
 use pingora::cache::{CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
 use pingora::http::ResponseHeader;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
+use fill_lock::FillLock;
 use storage::{MemoryStore, StoreGauges};
 
 /// Fills in progress hold at most `max_bytes / FILL_SHARE`; stored entries
@@ -232,11 +236,12 @@ impl ShopCache {
         // Fills in progress and stored entries share max_bytes.
         let fill_budget = config.max_bytes / FILL_SHARE;
         let stale_if_error = u32::try_from(config.stale_if_error.as_secs()).unwrap_or(u32::MAX);
+        let store: &'static MemoryStore = Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, fill_budget, gauges)));
         Self {
             id: format!("{:016x}", rand::random::<u64>()),
-            store: Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, fill_budget, gauges))),
+            store,
             eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes - fill_budget))),
-            lock: Box::leak(Box::new(CacheLock::new(config.lock_timeout))),
+            lock: Box::leak(Box::new(FillLock::new(config.lock_timeout, store))),
             defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
             max_object_bytes: config.max_object_bytes,
             lock_timeout: config.lock_timeout,

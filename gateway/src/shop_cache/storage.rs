@@ -191,6 +191,12 @@ impl MemoryStore {
         true
     }
 
+    /// Whether `key` is stored now (complete: fills become visible only
+    /// when finished).
+    pub fn holds(&self, key: &impl CacheHashKey) -> bool {
+        self.entries.read().unwrap_or_else(|p| p.into_inner()).contains_key(&slot(key))
+    }
+
     fn remove(&self, key: &CompactCacheKey) -> bool {
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         let removed = entries.remove(&slot(key));
@@ -398,15 +404,15 @@ impl HandleMiss for Fill {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use pingora::http::ResponseHeader;
 
-    fn nop() -> SpanHandle {
+    pub(in crate::shop_cache) fn nop() -> SpanHandle {
         pingora::cache::trace::Span::inactive().handle()
     }
 
-    fn store() -> &'static MemoryStore {
+    pub(in crate::shop_cache) fn store() -> &'static MemoryStore {
         let gauges = StoreGauges {
             bytes: IntGauge::new("b", "b").unwrap(),
             objects: IntGauge::new("o", "o").unwrap(),
@@ -415,16 +421,16 @@ mod tests {
         Box::leak(Box::new(MemoryStore::new(1024, 4096, gauges)))
     }
 
-    fn meta() -> CacheMeta {
+    pub(in crate::shop_cache) fn meta() -> CacheMeta {
         let now = SystemTime::now();
         CacheMeta::new(now + std::time::Duration::from_secs(60), now, 0, 0, ResponseHeader::build(200, None).unwrap())
     }
 
-    fn key(path: &str) -> CacheKey {
+    pub(in crate::shop_cache) fn key(path: &str) -> CacheKey {
         CacheKey::new(format!("shop{KEY_SEPARATOR}{path}"), "")
     }
 
-    async fn fill(store: &'static MemoryStore, path: &str, body: &'static [u8]) -> MissFinishType {
+    pub(in crate::shop_cache) async fn fill(store: &'static MemoryStore, path: &str, body: &'static [u8]) -> MissFinishType {
         let mut miss = store.get_miss_handler(&key(path), &meta(), &nop()).await.unwrap();
         miss.write_body(Bytes::from_static(body), true).await.unwrap();
         miss.finish().await.unwrap()
