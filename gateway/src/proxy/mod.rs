@@ -235,6 +235,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Option<ForcedFreshness>> {
         let Some(cache) = &self.shop_cache else { return Ok(None) };
+        // Only credentialed requests are force-missed, and they hold no cache
+        // lock: a locked request force-missed on a stored copy would be sent
+        // back to look again by `FillLock` until pingora's retry limit.
         if !cache.may_serve(ctx.cache, meta) {
             return Ok(Some(ForcedFreshness::ForceMiss));
         }

@@ -10,10 +10,17 @@
 //! at the store once more when it grants a write lock for a miss: if the
 //! key is stored now, the request gets a read lock that is already
 //! released, so pingora looks the key up again and answers from the copy.
+//!
+//! Only keys without a variance are checked. A stored variant (`Vary`) can
+//! be present yet refused by pingora's lookup (older than its primary's
+//! provenance, pingora's tombstone for every variant); sending such a miss
+//! back to look again would keep it from ever replacing the refused copy.
+//! A variant keeps pingora's plain lock, and with it the rare second fetch.
 
 use std::time::Duration;
 
 use http::Extensions;
+use pingora::cache::key::CacheHashKey;
 use pingora::cache::lock::{CacheKeyLock, CacheLock, LockStatus, Locked, WritePermit};
 use pingora::cache::CacheKey;
 
@@ -38,8 +45,9 @@ impl CacheKeyLock for FillLock {
     fn lock(&self, key: &CacheKey, stale_writer: bool) -> Locked {
         let locked = self.inner.lock(key, stale_writer);
         let Locked::Write(permit) = locked else { return locked };
-        // A revalidation writer found the stored copy stale on purpose.
-        if stale_writer || !self.store.holds(key) {
+        // A revalidation writer found the stored copy stale on purpose; a
+        // variant may be stored and still refused by the lookup (above).
+        if stale_writer || key.variance_bin().is_some() || !self.store.holds(key) {
             return Locked::Write(permit);
         }
         // Stored after this request's lookup: give the key back (anyone who
@@ -57,8 +65,9 @@ impl CacheKeyLock for FillLock {
 
 #[cfg(test)]
 mod tests {
-    use super::super::storage::tests::{fill, key, store};
+    use super::super::storage::tests::{fill, key, meta, nop, store};
     use super::*;
+    use pingora::cache::Storage;
 
     #[tokio::test]
     async fn a_miss_of_an_absent_key_becomes_the_writer_and_the_next_waits() {
@@ -93,5 +102,19 @@ mod tests {
         fill(store, "/a", b"page").await;
         let Locked::Write(permit) = lock.lock(&key("/a"), true) else { panic!("a revalidation writes") };
         lock.release(&key("/a"), permit, LockStatus::Done);
+    }
+
+    #[tokio::test]
+    async fn a_miss_of_a_stored_variant_keeps_the_plain_lock_and_writes() {
+        let store = store();
+        let lock = FillLock::new(Duration::from_secs(10), store);
+        let mut variant = key("/v");
+        variant.set_variance_key(*b"0123456789abcdef");
+        let mut miss = store.get_miss_handler(&variant, &meta(), &nop()).await.unwrap();
+        miss.write_body(bytes::Bytes::from_static(b"gzip page"), true).await.unwrap();
+        miss.finish().await.unwrap();
+        assert!(store.holds(&variant));
+        let Locked::Write(permit) = lock.lock(&variant, false) else { panic!("a stored variant the lookup refused must be replaceable") };
+        lock.release(&variant, permit, LockStatus::Done);
     }
 }
