@@ -65,9 +65,8 @@ impl CacheKeyLock for FillLock {
 
 #[cfg(test)]
 mod tests {
-    use super::super::storage::tests::{fill, key, meta, nop, store};
+    use super::super::storage::tests::{fill, fill_key, key, store};
     use super::*;
-    use pingora::cache::Storage;
 
     #[tokio::test]
     async fn a_miss_of_an_absent_key_becomes_the_writer_and_the_next_waits() {
@@ -110,9 +109,7 @@ mod tests {
         let lock = FillLock::new(Duration::from_secs(10), store);
         let mut variant = key("/v");
         variant.set_variance_key(*b"0123456789abcdef");
-        let mut miss = store.get_miss_handler(&variant, &meta(), &nop()).await.unwrap();
-        miss.write_body(bytes::Bytes::from_static(b"gzip page"), true).await.unwrap();
-        miss.finish().await.unwrap();
+        fill_key(store, &variant, b"gzip page").await;
         assert!(store.holds(&variant));
         let Locked::Write(permit) = lock.lock(&variant, false) else { panic!("a stored variant the lookup refused must be replaceable") };
         lock.release(&variant, permit, LockStatus::Done);

@@ -431,7 +431,12 @@ pub(super) mod tests {
     }
 
     pub(in crate::shop_cache) async fn fill(store: &'static MemoryStore, path: &str, body: &'static [u8]) -> MissFinishType {
-        let mut miss = store.get_miss_handler(&key(path), &meta(), &nop()).await.unwrap();
+        fill_key(store, &key(path), body).await
+    }
+
+    /// [`fill`] under any key (a `Vary` variant's, say).
+    pub(in crate::shop_cache) async fn fill_key(store: &'static MemoryStore, key: &CacheKey, body: &'static [u8]) -> MissFinishType {
+        let mut miss = store.get_miss_handler(key, &meta(), &nop()).await.unwrap();
         miss.write_body(Bytes::from_static(body), true).await.unwrap();
         miss.finish().await.unwrap()
     }
