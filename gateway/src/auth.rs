@@ -10,11 +10,11 @@
 //! A token is verified once: its user id and `exp` are then remembered
 //! under the SHA-256 digest of the token's bytes (a client chooses those
 //! bytes, so only a collision-resistant digest may stand for them; the
-//! digest is also a fixed 32 bytes, cheap to hash and store). A remembered
-//! token is still refused from its `exp` (plus the same leeway) on, as
-//! the full check would.
+//! digest is also a fixed 32 bytes, cheap to index and compare). A
+//! remembered token is still refused from its `exp` (plus the same
+//! leeway) on, as the full check would.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use flashgate_common::config::AuthConfig;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -56,17 +56,18 @@ pub enum AuthError {
     Invalid,
 }
 
-/// Verified tokens remembered, so a buyer hammering with one token pays
-/// for the signature check once, not per request.
-const MAX_CACHED_TOKENS: u64 = 50_000;
+/// Slots of remembered tokens, so a buyer hammering with one token pays
+/// for the signature check once, not per request (a power of two: the
+/// digest's low bits pick the slot): about 5 MiB.
+const REMEMBERED_SLOTS: usize = 1 << 16;
 /// Clock leeway on `exp` and `nbf`, as in the full check.
 const LEEWAY_SECONDS: u64 = 5;
 /// Longest lifetime [`mint`] gives a token.
 pub const MAX_MINT_TTL_SECONDS: u64 = 366 * 86_400;
 
-/// How long a verified token is remembered at most (its `exp` ends it
-/// sooner).
-const CACHED_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long a verified token is remembered at most, in seconds (its
+/// `exp` ends it sooner).
+const REMEMBERED_SECONDS: u64 = 300;
 
 /// The SHA-256 of a token's bytes: what a verified token is remembered by.
 type TokenDigest = [u8; 32];
@@ -75,9 +76,57 @@ type TokenDigest = [u8; 32];
 pub struct Verifier {
     key: DecodingKey,
     validation: Validation,
-    /// Digest of the token -> (user id, exp); entries are still checked
-    /// against `exp`. The digests are uniform, so a fast hasher is safe.
-    verified: moka::sync::Cache<TokenDigest, (Arc<str>, u64), ahash::RandomState>,
+    verified: Remembered,
+}
+
+/// Verified tokens in a fixed table of slots, one token per slot, the slot
+/// picked by the token's digest.
+///
+/// Why not a cache crate: in a sale with more buyers than slots most
+/// tokens are seen about once, and then a general cache's admission,
+/// eviction and rehashing cost more than the signature check they would
+/// save. Here a lookup or a store is one slot lock and a 32-byte compare,
+/// and the table never grows or runs maintenance. A token stored into a
+/// taken slot replaces its occupant, which is verified in full again when
+/// it comes back. The digests are SHA-256 of client-chosen bytes: crafting
+/// tokens that share a slot takes grinding digests, and only buys the
+/// re-verification of the tokens they push out.
+struct Remembered {
+    slots: Box<[Mutex<Option<RememberedToken>>]>,
+}
+
+struct RememberedToken {
+    digest: TokenDigest,
+    user: Arc<str>,
+    /// The token's `exp`.
+    exp: u64,
+    /// Forgotten from then on (seconds), whatever `exp` says.
+    until: u64,
+}
+
+impl Remembered {
+    fn new(slots: usize) -> Self {
+        Self { slots: (0..slots.max(1)).map(|_| Mutex::new(None)).collect() }
+    }
+
+    fn slot(&self, digest: &TokenDigest) -> &Mutex<Option<RememberedToken>> {
+        let low = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
+        &self.slots[(low % self.slots.len() as u64) as usize]
+    }
+
+    /// The user id and `exp` of a token remembered under `digest`. A slot
+    /// another thread holds right now answers "not remembered": the
+    /// caller verifies in full rather than wait.
+    fn get(&self, digest: &TokenDigest, now: u64) -> Option<(Arc<str>, u64)> {
+        let slot = self.slot(digest).try_lock().ok()?;
+        slot.as_ref().filter(|t| t.digest == *digest && now < t.until).map(|t| (t.user.clone(), t.exp))
+    }
+
+    fn remember(&self, digest: TokenDigest, user: Arc<str>, exp: u64, now: u64) {
+        if let Ok(mut slot) = self.slot(&digest).try_lock() {
+            *slot = Some(RememberedToken { digest, user, exp, until: now.saturating_add(REMEMBERED_SECONDS) });
+        }
+    }
 }
 
 impl Verifier {
@@ -102,11 +151,7 @@ impl Verifier {
         validation.set_required_spec_claims(&required);
         validation.leeway = LEEWAY_SECONDS;
         validation.validate_nbf = true;
-        let verified = moka::sync::Cache::builder()
-            .max_capacity(MAX_CACHED_TOKENS)
-            .time_to_live(CACHED_TOKEN_TTL)
-            .build_with_hasher(ahash::RandomState::new());
-        Self { key: DecodingKey::from_secret(secret), validation, verified }
+        Self { key: DecodingKey::from_secret(secret), validation, verified: Remembered::new(REMEMBERED_SLOTS) }
     }
 
     /// Returns the user id of a valid `Authorization: Bearer <jwt>` value.
@@ -119,7 +164,7 @@ impl Verifier {
         let token = header.strip_prefix(b"Bearer ").and_then(|t| std::str::from_utf8(t).ok()).ok_or(AuthError::Missing)?.trim();
         let now = flashgate_common::now_ms().max(0) as u64 / 1000;
         let digest: TokenDigest = Sha256::digest(token.as_bytes()).into();
-        if let Some((user, exp)) = self.verified.get(&digest) {
+        if let Some((user, exp)) = self.verified.get(&digest, now) {
             // Saturating: a token signed with our secret may say any `exp`.
             // As jsonwebtoken's check: refused once `exp + leeway < now`.
             if now <= exp.saturating_add(LEEWAY_SECONDS) {
@@ -134,7 +179,7 @@ impl Verifier {
         if !valid_user_id(&data.claims.sub) {
             return Err(AuthError::Invalid);
         }
-        self.verified.insert(digest, (Arc::from(data.claims.sub.as_str()), data.claims.exp));
+        self.verified.remember(digest, Arc::from(data.claims.sub.as_str()), data.claims.exp, now);
         Ok(data.claims.sub)
     }
 }
@@ -197,8 +242,32 @@ mod tests {
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
         // Second time from the cache: same answer.
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
-        v.verified.insert(Sha256::digest(t.as_bytes()).into(), (Arc::from("alice"), 1000));
+        let now = flashgate_common::now_ms() as u64 / 1000;
+        v.verified.remember(Sha256::digest(t.as_bytes()).into(), Arc::from("alice"), 1000, now);
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn a_remembered_token_is_checked_in_full_again_after_its_time() {
+        let v = Verifier::new(b"k");
+        let t = mint(b"k", "alice", 60, &AuthConfig::default()).unwrap();
+        // Remembered for someone else, but so long ago that it is forgotten:
+        // the answer comes from the full check.
+        v.verified.remember(Sha256::digest(t.as_bytes()).into(), Arc::from("mallory"), u64::MAX, 0);
+        assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
+    }
+
+    #[test]
+    fn tokens_sharing_a_slot_replace_each_other_and_each_still_answers_its_own_user() {
+        let v = Verifier { verified: Remembered::new(1), ..Verifier::new(b"k") };
+        let (a, b) = (mint(b"k", "alice", 60, &AuthConfig::default()).unwrap(), mint(b"k", "bob", 60, &AuthConfig::default()).unwrap());
+        for _ in 0..3 {
+            assert_eq!(v.verify(Some(&bearer(&a))), Ok("alice".into()));
+            assert_eq!(v.verify(Some(&bearer(&b))), Ok("bob".into()));
+        }
+        let now = flashgate_common::now_ms() as u64 / 1000;
+        assert!(v.verified.get(&Sha256::digest(a.as_bytes()).into(), now).is_none(), "alice's token was pushed out by bob's");
+        assert_eq!(v.verified.get(&Sha256::digest(b.as_bytes()).into(), now).map(|(u, _)| u.to_string()), Some("bob".into()));
     }
 
     #[test]
