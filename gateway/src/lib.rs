@@ -56,6 +56,10 @@
 // invariant that makes it impossible (tests may unwrap: clippy.toml).
 #![warn(clippy::unwrap_used)]
 #![forbid(unsafe_code)]
+// The request futures hold boxed sub-futures (kept out of line to keep the
+// per-request future small); proving them `Send` nests deeper than the
+// default limit.
+#![recursion_limit = "256"]
 
 pub mod admin;
 pub mod admission;

@@ -97,21 +97,26 @@ impl RedisClient {
     /// # Errors
     /// When Redis cannot be reached within the timeout.
     pub async fn conn(&self) -> Result<RedisHandle, RedisError> {
-        let conn = self
-            .bounded(self.conn.get_or_try_init(|| async {
-                let tuning = Tuning {
-                    connection_timeout: self.config.timeout,
-                    // A call may queue behind a replica WAIT on this connection.
-                    response_timeout: self.config.call_timeout(),
-                    reconnect_retries: 1,
-                    max_reconnect_delay: Some(Duration::from_millis(500)),
-                };
-                let mut conn = RedisHandle::connect(&self.config, &tuning).await?;
-                conn.load_script(DEDUCT_LUA).await?;
-                conn.load_script(DEDUCT_BATCH_LUA).await?;
-                Ok::<_, RedisError>(conn)
-            }))
-            .await??;
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        // Boxed: connecting is a future of kilobytes, and held inline it
+        // would grow the future of every request that calls Redis (moved
+        // into its box on each request), where only the first call needs it.
+        let conn = Box::pin(self.bounded(self.conn.get_or_try_init(|| async {
+            let tuning = Tuning {
+                connection_timeout: self.config.timeout,
+                // A call may queue behind a replica WAIT on this connection.
+                response_timeout: self.config.call_timeout(),
+                reconnect_retries: 1,
+                max_reconnect_delay: Some(Duration::from_millis(500)),
+            };
+            let mut conn = RedisHandle::connect(&self.config, &tuning).await?;
+            conn.load_script(DEDUCT_LUA).await?;
+            conn.load_script(DEDUCT_BATCH_LUA).await?;
+            Ok::<_, RedisError>(conn)
+        })))
+        .await??;
         Ok(conn.clone())
     }
 

@@ -400,7 +400,12 @@ impl Gateway {
                 let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
                 read_buy_body(session, self.config.gateway.body_read_timeout).await?;
                 let (user, idempotency_key, unchallenged) = (&admitted.user, &admitted.idempotency_key, admitted.unchallenged);
-                let outcome = self.buy.buy(BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id, unchallenged }).await;
+                // Boxed, as the reservation lookup below: these futures are
+                // the largest of any route, and held inline they would grow
+                // every request's future (moved into its box per request),
+                // the static pages' and the sold-out answers' included.
+                let buy = BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id, unchallenged };
+                let outcome = Box::pin(self.buy.buy(buy)).await;
                 ctx.outcome = match &outcome {
                     BuyOutcome::Won { .. } => Outcome::Won,
                     BuyOutcome::Replayed { .. } => Outcome::Replay,
@@ -418,7 +423,8 @@ impl Gateway {
             }
             Route::Reservation(rid) => {
                 let user = self.admission.user(RouteClass::Read, peer(session), headers)?;
-                let view = crate::reservations::lookup(&self.redis, &self.sales, &self.order_lookups, &self.metrics, &user, rid).await?;
+                let view =
+                    Box::pin(crate::reservations::lookup(&self.redis, &self.sales, &self.order_lookups, &self.metrics, &user, rid)).await?;
                 Ok(Reply::json(200, &view))
             }
             // Answered in `request_filter`, with their prebuilt heads.

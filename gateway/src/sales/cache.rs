@@ -143,13 +143,15 @@ impl SaleCache {
                 })
                 .await;
         }
-        let held = self
-            .snapshots
-            .try_get_with_by_ref(sale_id, async {
-                let snapshot = read_snapshot(redis, sale_id).await?;
-                Ok::<_, RedisError>(Held { snapshot: snapshot.map(Arc::new), read_at: Instant::now() })
-            })
-            .await?;
+        // Boxed: moka's single-flight future is many kilobytes, and held
+        // inline it would grow the future of every request that can reach
+        // here (moved into its box on each request), where only a miss
+        // needs it.
+        let held = Box::pin(self.snapshots.try_get_with_by_ref(sale_id, async {
+            let snapshot = read_snapshot(redis, sale_id).await?;
+            Ok::<_, RedisError>(Held { snapshot: snapshot.map(Arc::new), read_at: Instant::now() })
+        }))
+        .await?;
         if let Some(s) = &held.snapshot {
             self.bucket_counts.insert(sale_id.to_owned(), s.window.buckets);
         }
@@ -299,7 +301,11 @@ impl SaleCache {
     /// answers true: the caller then asks Redis.
     pub async fn ever_won(&self, redis: &RedisClient, sale_id: &str, buckets: u32, user: &str) -> bool {
         let Some(flag) = self.sold_out.get(sale_id) else { return true };
-        let held = self.winners.try_get_with(flag, read_winners(redis, sale_id, buckets)).await;
+        let held = match self.winners.get(&flag).await {
+            Some(held) => Ok(held),
+            // Boxed, as in `snapshot`.
+            None => Box::pin(self.winners.try_get_with(flag, read_winners(redis, sale_id, buckets))).await,
+        };
         match held {
             Ok(Some(winners)) => winners.contains(user),
             Ok(None) => true,
@@ -323,20 +329,20 @@ impl SaleCache {
     /// call per sale per [`MISSING_TTL`]; each call also drops the sale's
     /// snapshot, so a restored sale sells again at once.
     pub async fn missing(&self, backend: &OrderClient, sale_id: &str) -> MissingSale {
-        self.missing
-            .get_with_by_ref(sale_id, async {
-                self.snapshots.invalidate(sale_id).await;
-                self.absent.invalidate(sale_id).await;
-                match backend.sale_exists(sale_id).await {
-                    Ok(true) => MissingSale::Restoring,
-                    Ok(false) => MissingSale::Unknown,
-                    Err(error) => {
-                        tracing::warn!(%error, sale = sale_id, "cannot ask the backend about a sale missing from redis");
-                        MissingSale::NoAnswer
-                    }
+        // Boxed, as in `snapshot`.
+        Box::pin(self.missing.get_with_by_ref(sale_id, async {
+            self.snapshots.invalidate(sale_id).await;
+            self.absent.invalidate(sale_id).await;
+            match backend.sale_exists(sale_id).await {
+                Ok(true) => MissingSale::Restoring,
+                Ok(false) => MissingSale::Unknown,
+                Err(error) => {
+                    tracing::warn!(%error, sale = sale_id, "cannot ask the backend about a sale missing from redis");
+                    MissingSale::NoAnswer
                 }
-            })
-            .await
+            }
+        }))
+        .await
     }
 }
 
