@@ -98,7 +98,9 @@ impl RedisClient {
     /// When Redis cannot be reached within the timeout.
     pub async fn conn(&self) -> Result<RedisHandle, RedisError> {
         if let Some(conn) = self.conn.get() {
-            return Ok(conn.clone());
+            // Through the breaker as a first connect is: an open one
+            // refuses here, before the caller builds its call.
+            return self.bounded(std::future::ready(Ok::<_, RedisError>(conn.clone()))).await?;
         }
         // Boxed: connecting is a future of kilobytes, and held inline it
         // would grow the future of every request that calls Redis (moved
