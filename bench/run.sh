@@ -51,11 +51,13 @@ log "building release binaries"
 # What verifying a proof-of-work solution costs per buy, quoted in the report.
 log "measuring proof-of-work verification"
 "$CARGO" bench -p flashgate --bench challenge_verify > target/challenge_verify.txt
+# What verifying a buyer's token costs, remembered or not, quoted too.
+"$CARGO" bench -p flashgate --bench token_verify > target/token_verify.txt
 
 log "load before the run: $(uptime)"
 timeout --signal=TERM --kill-after=30 "$BENCH_TIMEOUT" \
   target/release/flashgate-bench run --peers-dir "$PEERS_DIR" --bin-dir target/release --out-dir bench \
-  --challenge-verify target/challenge_verify.txt "$@" &
+  --challenge-verify target/challenge_verify.txt --token-verify target/token_verify.txt "$@" &
 pid=$!
 # The bench stops everything it started when it gets SIGTERM.
 trap 'kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' INT TERM

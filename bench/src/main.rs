@@ -102,6 +102,17 @@ struct RunArgs {
     /// quoted in the report (bench/run.sh writes it).
     #[arg(long)]
     challenge_verify: Option<PathBuf>,
+    /// The output of `cargo bench -p flashgate --bench token_verify`,
+    /// quoted in the report (bench/run.sh writes it).
+    #[arg(long)]
+    token_verify: Option<PathBuf>,
+}
+
+/// The "... per call" lines of a micro-benchmark's output file.
+fn per_call_lines(path: Option<&PathBuf>) -> anyhow::Result<Vec<String>> {
+    let Some(path) = path else { return Ok(Vec::new()) };
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(text.lines().filter(|l| l.contains("per call")).map(str::to_owned).collect())
 }
 
 #[derive(clap::Args)]
@@ -202,10 +213,8 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
         },
     };
     let mut results = run::run(settings).await?;
-    if let Some(path) = &a.challenge_verify {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        results.pow_verify = text.lines().filter(|l| l.contains("per call")).map(str::to_owned).collect();
-    }
+    results.pow_verify = per_call_lines(a.challenge_verify.as_ref())?;
+    results.token_verify = per_call_lines(a.token_verify.as_ref())?;
     std::fs::create_dir_all(&out_dir)?;
     let png = out_dir.join("bench.png");
     let chart = match chart::draw(&results, &png) {

@@ -519,6 +519,18 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         let _ = writeln!(md, "```text\n{}\n```\n", r.pow_verify.join("\n"));
     }
 
+    if !r.token_verify.is_empty() {
+        let _ = writeln!(md, "## Buyer token verification cost (quoted)\n");
+        let _ = writeln!(
+            md,
+            "What checking a buyer's bearer token costs the gateway per request, from `cargo bench -p flashgate --bench \
+             token_verify` on this machine before the run: a token seen before is answered from the remembered tokens \
+             (SHA-256 of the token, one slot); a first sighting is the full HS256 check. Row d (every request a buyer \
+             among 300,000, each seen about once a round) is mostly first sightings.\n"
+        );
+        let _ = writeln!(md, "```text\n{}\n```\n", r.token_verify.join("\n"));
+    }
+
     if !r.evalsha.is_empty() {
         let _ = writeln!(md, "## Redis deduct ceiling (peers/redis-evalsha, quoted)\n");
         let _ = writeln!(

@@ -128,6 +128,8 @@ pub struct Results {
     pub wall_s: f64,
     /// `cargo bench -p flashgate --bench challenge_verify` output, quoted.
     pub pow_verify: Vec<String>,
+    /// `cargo bench -p flashgate --bench token_verify` output, quoted.
+    pub token_verify: Vec<String>,
     /// The bucketed-stock rows ([`crate::buckets`]).
     pub buckets: Vec<BucketRound>,
 }

@@ -204,6 +204,7 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         perf_available: perf_available(),
         wall_s: 0.0,
         pow_verify: Vec::new(),
+        token_verify: Vec::new(),
         buckets,
     };
 
