@@ -16,7 +16,7 @@ use flashgate_common::config::RedisConfig;
 use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use tokio::sync::OnceCell;
 
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, BreakerState};
 
 /// Why a Redis call did not produce an answer. Clone: one batched deduct's
 /// failure is every attempt's in it (`crate::deduct_batch`).
@@ -98,9 +98,15 @@ impl RedisClient {
     /// When Redis cannot be reached within the timeout.
     pub async fn conn(&self) -> Result<RedisHandle, RedisError> {
         if let Some(conn) = self.conn.get() {
-            // Through the breaker as a first connect is: an open one
-            // refuses here, before the caller builds its call.
-            return self.bounded(std::future::ready(Ok::<_, RedisError>(conn.clone()))).await?;
+            // Refused while the breaker is open, before the caller builds
+            // its call. Nothing is reported to the breaker: a handle in hand
+            // says nothing of Redis, and counting it a success would reset
+            // the failures of the calls between (the breaker would never
+            // open under load) and spend the half-open probe on no call.
+            if self.breaker.state() == BreakerState::Open {
+                return Err(RedisError::CircuitOpen);
+            }
+            return Ok(conn.clone());
         }
         // Boxed: connecting is a future of kilobytes, and held inline it
         // would grow the future of every request that calls Redis (moved
@@ -156,5 +162,44 @@ impl RedisClient {
     /// Where Redis is, for connections of their own (pub/sub, checks).
     pub fn config(&self) -> &RedisConfig {
         &self.config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::RedisServer;
+
+    async fn failing_call(redis: &RedisClient) {
+        let _ = redis.conn().await.expect("connected, breaker not open");
+        let outcome = redis.bounded(async { Err::<(), _>(RedisError::QueueFull) }).await;
+        assert!(matches!(outcome, Ok(Err(RedisError::QueueFull))), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn failed_calls_open_the_breaker_though_each_first_takes_the_connection() {
+        let server = RedisServer::private();
+        let redis = RedisClient::standalone(&server.url(), Duration::from_millis(500), Breaker::new(3, Duration::from_secs(60)));
+        redis.conn().await.expect("first connect");
+        for _ in 0..3 {
+            failing_call(&redis).await;
+        }
+        assert_eq!(redis.breaker.state(), BreakerState::Open);
+        assert!(matches!(redis.conn().await, Err(RedisError::CircuitOpen)), "an open breaker refuses the handle");
+    }
+
+    #[tokio::test]
+    async fn the_half_open_probe_is_the_first_real_call_not_the_handle() {
+        let server = RedisServer::private();
+        let redis = RedisClient::standalone(&server.url(), Duration::from_millis(500), Breaker::new(1, Duration::ZERO));
+        redis.conn().await.expect("first connect");
+        failing_call(&redis).await;
+        assert_eq!(redis.breaker.state(), BreakerState::HalfOpen);
+        // Taking the handle neither closes the breaker nor spends the probe.
+        let mut conn = redis.conn().await.expect("half-open lets the handle through");
+        assert_eq!(redis.breaker.state(), BreakerState::HalfOpen);
+        let pong: String = redis.bounded(redis::cmd("PING").query_async(&mut conn)).await.expect("the probe").expect("PONG");
+        assert_eq!(pong, "PONG");
+        assert_eq!(redis.breaker.state(), BreakerState::Closed, "the real call's success closed it");
     }
 }
