@@ -162,7 +162,7 @@ impl Verifier {
     pub fn verify(&self, authorization: Option<&[u8]>) -> Result<String, AuthError> {
         let header = authorization.ok_or(AuthError::Missing)?;
         let token = header.strip_prefix(b"Bearer ").and_then(|t| std::str::from_utf8(t).ok()).ok_or(AuthError::Missing)?.trim();
-        let now = flashgate_common::now_ms().max(0) as u64 / 1000;
+        let now = now_seconds();
         let digest: TokenDigest = Sha256::digest(token.as_bytes()).into();
         if let Some((user, exp)) = self.verified.get(&digest, now) {
             // Saturating: a token signed with our secret may say any `exp`.
@@ -184,6 +184,11 @@ impl Verifier {
     }
 }
 
+/// The wall clock in whole seconds, as `exp`, `nbf` and `iat` count.
+fn now_seconds() -> u64 {
+    flashgate_common::now_ms().max(0) as u64 / 1000
+}
+
 /// User ids are 1 to 128 characters of `[A-Za-z0-9._@-]`: no `:` (the
 /// separator inside idempotency keys) and nothing that needs escaping.
 pub fn valid_user_id(id: &str) -> bool {
@@ -200,7 +205,7 @@ pub fn valid_user_id(id: &str) -> bool {
 pub fn mint(secret: &[u8], user: &str, ttl_seconds: u64, expected: &AuthConfig) -> anyhow::Result<String> {
     anyhow::ensure!(valid_user_id(user), "user id must be 1 to 128 characters of A-Z a-z 0-9 . _ @ -");
     anyhow::ensure!(ttl_seconds <= MAX_MINT_TTL_SECONDS, "ttl must be at most {} days", MAX_MINT_TTL_SECONDS / 86_400);
-    let now = flashgate_common::now_ms().max(0) as u64 / 1000;
+    let now = now_seconds();
     let claims = MintedClaims {
         claims: Claims { sub: user.to_owned(), exp: now.saturating_add(ttl_seconds), iat: Some(now) },
         aud: expected.audience.as_deref(),
@@ -242,7 +247,7 @@ mod tests {
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
         // Second time from the cache: same answer.
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
-        let now = flashgate_common::now_ms() as u64 / 1000;
+        let now = now_seconds();
         v.verified.remember(Sha256::digest(t.as_bytes()).into(), Arc::from("alice"), 1000, now);
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
     }
@@ -265,7 +270,7 @@ mod tests {
             assert_eq!(v.verify(Some(&bearer(&a))), Ok("alice".into()));
             assert_eq!(v.verify(Some(&bearer(&b))), Ok("bob".into()));
         }
-        let now = flashgate_common::now_ms() as u64 / 1000;
+        let now = now_seconds();
         assert!(v.verified.get(&Sha256::digest(a.as_bytes()).into(), now).is_none(), "alice's token was pushed out by bob's");
         assert_eq!(v.verified.get(&Sha256::digest(b.as_bytes()).into(), now).map(|(u, _)| u.to_string()), Some("bob".into()));
     }
@@ -356,7 +361,7 @@ mod tests {
             nbf: u64,
         }
         let v = Verifier::new(b"k");
-        let now = flashgate_common::now_ms() as u64 / 1000;
+        let now = now_seconds();
         let early = WithNbf { sub: "alice", exp: now + 7200, nbf: now + 3600 };
         let t = jsonwebtoken::encode(&Header::default(), &early, &EncodingKey::from_secret(b"k")).unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
