@@ -6,21 +6,14 @@
 //! assertion: a figure for the docs, not a test).
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use flashgate_common::config::AuthConfig;
 use flashgate_gateway::auth::{mint, Verifier};
 
-const SECRET: &[u8] = b"a benchmark secret of at least thirty-two bytes";
+mod common;
+use common::per_call;
 
-fn per_call(name: &str, rounds: usize, mut f: impl FnMut(usize)) {
-    let started = Instant::now();
-    for i in 0..rounds {
-        f(i);
-    }
-    let ns = started.elapsed().as_nanos() as f64 / rounds as f64;
-    println!("{name}: {:.2} µs per call ({rounds} calls)", ns / 1000.0);
-}
+const SECRET: &[u8] = b"a benchmark secret of at least thirty-two bytes";
 
 fn bearer(user: &str) -> Vec<u8> {
     format!("Bearer {}", mint(SECRET, user, 3600, &AuthConfig::default()).expect("mint")).into_bytes()
@@ -29,19 +22,19 @@ fn bearer(user: &str) -> Vec<u8> {
 fn main() {
     let one = bearer("buyer-42");
     let verifier = Verifier::new(SECRET);
-    per_call("one token, seen before", 1_000_000, |_| {
+    per_call("one token, seen before", 0, 1_000_000, |_| {
         black_box(verifier.verify(Some(black_box(&one))).ok());
     });
     let crowd: Vec<Vec<u8>> = (0..300_000).map(|i| bearer(&format!("buyer-{i}"))).collect();
     let verifier = Verifier::new(SECRET);
-    per_call("300,000 tokens, first sighting", crowd.len(), |i| {
+    per_call("300,000 tokens, first sighting", 0, crowd.len(), |i| {
         black_box(verifier.verify(Some(black_box(&crowd[i]))).ok());
     });
-    per_call("300,000 tokens, second sighting", crowd.len(), |i| {
+    per_call("300,000 tokens, second sighting", 0, crowd.len(), |i| {
         black_box(verifier.verify(Some(black_box(&crowd[i]))).ok());
     });
     let few = &crowd[..20_000];
-    per_call("20,000 tokens, cycled 10 times", few.len() * 10, |i| {
+    per_call("20,000 tokens, cycled 10 times", 0, few.len() * 10, |i| {
         black_box(verifier.verify(Some(black_box(&few[i % few.len()]))).ok());
     });
 }

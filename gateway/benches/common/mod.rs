@@ -1,0 +1,20 @@
+//! The timing loop of the gateway's micro-benchmarks (no harness: each
+//! prints a figure for the docs and the bench report, not a test).
+
+use std::time::Instant;
+
+/// Runs `f(i)` for `i` in `0..warmup` untimed, then for `i` in
+/// `0..rounds` timed, and prints the mean per call as
+/// "<name>: <µs> µs per call (<rounds> calls)": the line the bench
+/// report quotes.
+pub fn per_call(name: &str, warmup: usize, rounds: usize, mut f: impl FnMut(usize)) {
+    for i in 0..warmup {
+        f(i);
+    }
+    let started = Instant::now();
+    for i in 0..rounds {
+        f(i);
+    }
+    let ns = started.elapsed().as_nanos() as f64 / rounds as f64;
+    println!("{name}: {:.2} µs per call ({rounds} calls)", ns / 1000.0);
+}
