@@ -32,7 +32,9 @@
 --         bucket for this user, see common/src/buckets.rs), ARGV[5] still
 --         the sale's id: a `sold_out` is then not remembered under the
 --         Idempotency-Key, since the gateway moves items into the bucket
---         (lua/xfer_*.lua) and runs this again with the same key
+--         (lua/xfer_*.lua) and runs this again with the same key; once
+--         every bucket is confirmed dry it runs it once more with "0", so
+--         that the key's `sold_out` is remembered like any final answer
 --
 -- All keys share the sale's hash tag, so this runs on Redis Cluster too.
 -- The body is fg_deduct in lua/lib/deduct.lua (shared with
@@ -43,7 +45,9 @@
 --                   time (Redis TIME, ms), the same `ts` as in the stream,
 --                   and this Redis's replication id (`master_replid`: a
 --                   replica WAIT confirms the win only on this same Redis)
---   "sold_out"      ""
+--   "sold_out"      "", and the sale's stock epoch (its meta's `epoch`,
+--                   "0" when unset): the gateway flags the sale sold out
+--                   only if it knows no newer epoch (lua/release.lua)
 --   "limit_reached" ""
 --   "ended"         ""
 --   "not_started"   starts_at_ms

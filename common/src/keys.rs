@@ -321,8 +321,11 @@ pub const EVENTS_CHANNEL: &str = "fg:events";
 /// A message on [`EVENTS_CHANNEL`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SaleEvent {
-    /// A gateway saw the script answer "sold out": stop sending buys to Redis.
-    SoldOut(String),
+    /// A gateway saw the script answer "sold out" at the sale's stock
+    /// `epoch` (`lua/release.lua`): stop sending unkeyed buys to Redis,
+    /// unless a newer epoch is known (the stock came back since). Encoded
+    /// `sold_out:ID:eEPOCH`; the older `sold_out:ID` decodes as epoch 0.
+    SoldOut { sale: String, epoch: u64 },
     /// Bucket `bucket` of a bucketed sale was found empty (a deduct's
     /// `sold_out`, or a transfer finding nothing to give): gateways flag
     /// that bucket; the sale is answered sold out once every bucket is.
@@ -365,7 +368,7 @@ fn decode_purge(rest: &str) -> Option<SaleEvent> {
 impl SaleEvent {
     pub fn encode(&self) -> String {
         match self {
-            SaleEvent::SoldOut(id) => format!("sold_out:{id}"),
+            SaleEvent::SoldOut { sale, epoch } => format!("sold_out:{sale}:e{epoch}"),
             SaleEvent::BucketSoldOut { sale, bucket } => format!("sold_out:{}", crate::buckets::bucket_id(sale, *bucket)),
             SaleEvent::BucketStocked { sale, bucket } => format!("stocked:{}", crate::buckets::bucket_id(sale, *bucket)),
             SaleEvent::Changed(id) => format!("changed:{id}"),
@@ -383,6 +386,12 @@ impl SaleEvent {
             ("purge", rest) => return decode_purge(rest),
             _ => {}
         }
+        if let Some((sale, epoch)) = id.split_once(":e") {
+            let epoch: u64 = epoch.parse().ok()?;
+            let canonical = epoch.to_string() == id[sale.len() + 2..];
+            return (kind == "sold_out" && canonical && crate::sale::valid_sale_id(sale))
+                .then(|| SaleEvent::SoldOut { sale: sale.to_owned(), epoch });
+        }
         if let Some((sale, bucket)) = id.split_once(":b") {
             let bucket: u32 = bucket.parse().ok().filter(|b| i64::from(*b) < crate::buckets::MAX_BUCKETS)?;
             if !crate::sale::valid_sale_id(sale) || bucket.to_string() != id[sale.len() + 2..] {
@@ -399,7 +408,7 @@ impl SaleEvent {
             return None;
         }
         match kind {
-            "sold_out" => Some(SaleEvent::SoldOut(id.to_owned())),
+            "sold_out" => Some(SaleEvent::SoldOut { sale: id.to_owned(), epoch: 0 }),
             "changed" => Some(SaleEvent::Changed(id.to_owned())),
             _ => None,
         }
@@ -421,9 +430,12 @@ mod event_tests {
 
     #[test]
     fn events_round_trip_and_garbage_is_ignored() {
-        for e in
-            [SaleEvent::SoldOut("s-1".into()), SaleEvent::Changed("s_2".into()), SaleEvent::AllPaused(true), SaleEvent::AllPaused(false)]
-        {
+        for e in [
+            SaleEvent::SoldOut { sale: "s-1".into(), epoch: 1_733_000_000_007 },
+            SaleEvent::Changed("s_2".into()),
+            SaleEvent::AllPaused(true),
+            SaleEvent::AllPaused(false),
+        ] {
             assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
         }
         assert_eq!(SaleEvent::decode("sold_out:a b"), None);
@@ -432,7 +444,11 @@ mod event_tests {
 
     #[test]
     fn bucket_events_round_trip_and_one_bucket_keeps_the_old_form() {
-        assert_eq!(SaleEvent::SoldOut("s".into()).encode(), "sold_out:s");
+        assert_eq!(SaleEvent::SoldOut { sale: "s".into(), epoch: 3 }.encode(), "sold_out:s:e3");
+        assert_eq!(SaleEvent::decode("sold_out:s"), Some(SaleEvent::SoldOut { sale: "s".into(), epoch: 0 }), "the older form");
+        for bad in ["sold_out:s:e", "sold_out:s:e03", "sold_out:s:ex", "sold_out::e1", "changed:s:e1", "sold_out:a b:e1"] {
+            assert_eq!(SaleEvent::decode(bad), None, "{bad}");
+        }
         let e = SaleEvent::BucketSoldOut { sale: "s-1".into(), bucket: 3 };
         assert_eq!(e.encode(), "sold_out:s-1:b3");
         assert_eq!(SaleEvent::decode("sold_out:s-1:b3"), Some(e));

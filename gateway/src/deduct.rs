@@ -64,6 +64,9 @@ pub struct Decision {
     /// of the Redis that holds it. A replica `WAIT` confirms the win only
     /// if its mark ran on that same Redis (see `replica_wait`).
     pub node: Option<String>,
+    /// For a fresh `sold_out`: the sale's stock epoch it was decided at
+    /// (`lua/release.lua`); 0 otherwise.
+    pub epoch: u64,
 }
 
 impl Decision {
@@ -94,6 +97,10 @@ pub struct BuyAttempt<'a> {
     /// The sale's bucket count: above 1 the script runs on the user's home
     /// bucket (`flashgate_common::buckets`), without a draw.
     pub buckets: u32,
+    /// For a bucketed sale: every bucket was confirmed dry, so the home
+    /// bucket's `sold_out` is remembered under the key like any final
+    /// answer (otherwise it is not: items may be moved into the bucket).
+    pub dry_is_final: bool,
 }
 
 /// Runs the deduct script once, for one attempt of its own. The buy path
@@ -203,7 +210,7 @@ fn push_args(invocation: &mut redis::ScriptInvocation<'_>, attempt: &BuyAttempt<
         .arg(MISSES_REMEMBERED_PER_USER)
         .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" })
         .arg(attempt.draw_window_ms)
-        .arg(if attempt.buckets > 1 { "1" } else { "0" });
+        .arg(if attempt.buckets > 1 && !attempt.dry_is_final { "1" } else { "0" });
 }
 
 /// One attempt's reply, parsed.
@@ -211,6 +218,10 @@ fn decision_of(reply: &[String]) -> Result<Decision, RedisError> {
     let parsed = match reply {
         [code, entry, closes_in] if code == "entered" || code == "joined" => parse_entered(entry, closes_in, code == "joined"),
         [code, detail] => parse_reply(code, detail.clone(), None, None),
+        // A fresh sold out, with the stock epoch it was decided at.
+        [code, detail, epoch] if code == "sold_out" => {
+            epoch.parse().ok().and_then(|epoch| Some(Decision { epoch, ..parse_reply(code, detail.clone(), None, None)? }))
+        }
         // A remembered win, with the id of the Redis holding it.
         [code, detail, node] => parse_reply(code, detail.clone(), None, Some(node)),
         [code, detail, at, node] => parse_reply(code, detail.clone(), Some(at), Some(node)),
@@ -256,14 +267,14 @@ static REMEMBERED: std::sync::LazyLock<redis::Script> =
 fn parse_remembered(value: &str) -> Option<Decision> {
     let (code, detail) = value.split_once('|')?;
     let outcome = parse_outcome(code, detail.to_owned(), None, true)?;
-    Some(Decision { outcome, replayed: true, node: None })
+    Some(Decision { outcome, replayed: true, node: None, epoch: 0 })
 }
 
 /// Parses an `entered` reply: the entry number and the ms until the draw
 /// closes.
 fn parse_entered(entry: &str, closes_in: &str, joined: bool) -> Option<Decision> {
     let outcome = DeductOutcome::Entered { entry: entry.parse().ok()?, closes_in_ms: closes_in.parse().ok()? };
-    Some(Decision { outcome, replayed: joined, node: None })
+    Some(Decision { outcome, replayed: joined, node: None, epoch: 0 })
 }
 
 /// Parses the script's reply; `at` is the time that comes with a live win,
@@ -274,7 +285,7 @@ fn parse_reply(code: &str, detail: String, at: Option<&str>, node: Option<&str>)
         None => (false, code),
     };
     let outcome = parse_outcome(code, detail, at, replayed)?;
-    Some(Decision { outcome, replayed, node: node.map(str::to_owned) })
+    Some(Decision { outcome, replayed, node: node.map(str::to_owned), epoch: 0 })
 }
 
 fn parse_outcome(code: &str, detail: String, at: Option<&str>, replayed: bool) -> Option<DeductOutcome> {
@@ -342,6 +353,13 @@ mod tests {
         let d = parse_remembered("sold_out|").unwrap();
         assert!(d.replayed && !d.found_sold_out());
         assert!(parse_remembered("won").is_none());
+    }
+
+    #[test]
+    fn a_fresh_sold_out_carries_its_stock_epoch() {
+        let d = decision_of(&["sold_out".into(), String::new(), "42".into()]).unwrap();
+        assert_eq!((d.outcome, d.epoch, d.replayed), (DeductOutcome::SoldOut, 42, false));
+        assert!(decision_of(&["sold_out".into(), String::new(), "x".into()]).is_err());
     }
 
     #[test]

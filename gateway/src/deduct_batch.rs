@@ -124,6 +124,7 @@ struct OwnedAttempt {
     idempotency_ttl_seconds: u64,
     draw_window_ms: u64,
     buckets: u32,
+    dry_is_final: bool,
 }
 
 impl OwnedAttempt {
@@ -137,6 +138,7 @@ impl OwnedAttempt {
             idempotency_ttl_seconds: a.idempotency_ttl_seconds,
             draw_window_ms: a.draw_window_ms,
             buckets: a.buckets,
+            dry_is_final: a.dry_is_final,
         }
     }
 
@@ -150,6 +152,7 @@ impl OwnedAttempt {
             idempotency_ttl_seconds: self.idempotency_ttl_seconds,
             draw_window_ms: self.draw_window_ms,
             buckets: self.buckets,
+            dry_is_final: self.dry_is_final,
         }
     }
 }

@@ -380,7 +380,7 @@ fn decision(o: Outcome, replayed: bool) -> Result<Decision, NotSettled> {
         "ended" => DeductOutcome::Ended,
         other => return Err(NotSettled::BadReply(other.to_owned())),
     };
-    Ok(Decision { outcome, replayed, node: o.node })
+    Ok(Decision { outcome, replayed, node: o.node, epoch: 0 })
 }
 
 #[cfg(test)]

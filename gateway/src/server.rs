@@ -136,6 +136,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     server.bootstrap();
     let events = EventListener {
         redis: config.redis.clone(),
+        client: gateway.redis.clone(),
         sales: gateway.sales.clone(),
         switches: gateway.switches.clone(),
         shop_cache: gateway.shop_cache.clone(),

@@ -17,7 +17,7 @@
 -- them: an earlier attempt of the call may open the draw.
 local fg_call = {}
 local function fg_call_meta(key)
-  fg_call.meta = fg_call.meta or redis.call('HMGET', key, 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms')
+  fg_call.meta = fg_call.meta or redis.call('HMGET', key, 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms', 'epoch')
   return fg_call.meta
 end
 local function fg_call_synced(key)
@@ -69,6 +69,11 @@ local function fg_deduct(K, A)
   local function final(outcome, detail)
     fg_final(a, outcome, detail)
     return {outcome, detail}
+  end
+  -- A fresh `sold_out` carries the stock epoch it was decided at (see
+  -- lua/release.lua): a gateway flags the sale only if no newer epoch is known.
+  local function sold_out()
+    return {'sold_out', '', meta[6] or '0'}
   end
 
   -- The opening draw. A buy it already holds (the same Idempotency-Key, or
@@ -143,7 +148,8 @@ local function fg_deduct(K, A)
         return final('limit_reached', '')
       end
       if tonumber(redis.call('GET', k.remaining) or '0') <= 0 then
-        return final('sold_out', '')
+        fg_final(a, 'sold_out', '')
+        return sold_out()
       end
       local entry = redis.call('HLEN', draw.entries) + 1
       redis.call('HSET', draw.entries, entry, cjson.encode({user = user, idem = idem, nonce = nonce, rid = a.rid, at = now}))
@@ -169,7 +175,9 @@ local function fg_deduct(K, A)
   end
 
   local outcome = fg_take(k, a, tonumber(meta[3]), now)
-  if outcome ~= 'won' then
+  if outcome == 'sold_out' then
+    return sold_out()
+  elseif outcome ~= 'won' then
     return {outcome, ''}
   end
   local rid = a.rid

@@ -192,11 +192,45 @@ async fn a_sold_out_sale_answers_410_before_any_challenge() {
     let (_, c) = fetch_challenge(&stack, "last-one", "second").await;
     let (status, _, body) = buy(&stack, "last-one", "second", Some(&solution(&c)), None).await;
     assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")));
-    // From then on the sold-out flag answers, with or without a key.
-    for key in [None, Some("k-1")] {
-        let (status, _, body) = buy(&stack, "last-one", "late", None, key).await;
-        assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{key:?}: {body}");
-    }
+    // From then on the sold-out flag answers a buy without a key.
+    let (status, _, body) = buy(&stack, "last-one", "late", None, None).await;
+    assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{body}");
+    // A keyed one is decided (and its answer remembered) by Redis, never by
+    // a flag that may be stale: it pays its proof of work like any buy.
+    let keyed = buy(&stack, "last-one", "late", None, Some("k-1")).await;
+    assert_challenge_required("keyed", &keyed, "proof of work");
+    let (status, _, body) = buy(&stack, "last-one", "late", Some(&solution(&keyed.2)), Some("k-1")).await;
+    assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buy_with_a_bad_body_is_a_400_that_spends_neither_its_proof_of_work_nor_a_cluster_token() {
+    let stack = Stack::start(StackOptions {
+        extra_toml:
+            "[challenge]\nmode = \"always\"\ndifficulty_bits = 6\nttl_seconds = 60\n\n[limits.cluster_global]\nper_second = 1\nburst = 1\n"
+                .into(),
+        ..StackOptions::default()
+    })
+    .await;
+    stack.open_sale("body", 10, 1).await;
+    let (_, ahead) = fetch_challenge(&stack, "body", "bob").await;
+    let pow = solution(&ahead);
+    let sent = stack
+        .http
+        .post(stack.url("/api/sales/body/buy"))
+        .bearer_auth(token("bob"))
+        .header("Flashgate-Pow", &pow)
+        .header("Content-Type", "application/json")
+        .body("[1, 2")
+        .send()
+        .await
+        .unwrap();
+    let status = sent.status().as_u16();
+    let body: Value = sent.json().await.unwrap();
+    assert_eq!((status, body["code"].as_str()), (400, Some("bad_request")), "{body}");
+    // The same solution, the cluster's one token: both still there.
+    let (status, _, body) = buy(&stack, "body", "bob", Some(&pow), None).await;
+    assert_eq!(status, 202, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,6 +88,7 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
                     idempotency_ttl_seconds: 86_400,
                     draw_window_ms: 0,
                     buckets: 1,
+                    dry_is_final: false,
                 };
                 let decision = deduct(&redis, &attempt).await.unwrap();
                 *outcomes.entry(format!("{:?}", decision.outcome)).or_default() += 1;
@@ -236,6 +237,7 @@ async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item(
         idempotency_ttl_seconds: 600,
         draw_window_ms: 0,
         buckets: 1,
+        dry_is_final: false,
     };
     let first = deduct(&redis, &call("again.1", "n1")).await.unwrap();
     let resent = deduct(&redis, &call("again.2", "n1")).await.unwrap();

@@ -6,16 +6,18 @@
 //! admit   sold out and no Idempotency-Key? ─► 410, before any other work
 //!         admission: IP deny/bucket, token, user deny list
 //!         Idempotency-Key checked
-//!         sold out and the user never won it (winners already read)?
-//!           ─► 410 (no key of the user's can be owed another answer)
 //!         admission: user bucket, global bucket
-//!         proof of work (when configured and
-//!         the sale is not flagged sold out; one SET NX)
+//!   (the proxy reads the body here: a bad one is a 400 that spent no
+//!   Redis state)
+//! prove   sold out and no Idempotency-Key? ─► 410
+//!         proof of work (when configured; one SET NX)
 //!         cluster bucket (Redis, when configured)
-//!   (the proxy reads the body here)
 //! buy     local decision from the sale cache: sold-out flag, switches,
 //!         window (not started, ended, paused), unknown sale
-//!           ├─ open ─────► deduct script (one EVALSHA, shared with the
+//!           ├─ open, or refused for good (sold out, ended) with an
+//!           │  Idempotency-Key (Redis decides and remembers a key's
+//!           │  answer; a local flag may be stale)
+//!           │  ─────────► deduct script (one EVALSHA, shared with the
 //!           │              sale's concurrent buys: `deduct_batch`); in a sale's draw
 //!           │              window it enters the draw instead and the buy
 //!           │              is held until the draw decides it (`draw`;
@@ -24,9 +26,10 @@
 //!           │              for the forwarder (and, with redis.wait_replicas,
 //!           │              answered once a shared WAIT says replicas have
 //!           │              it); a fresh sold out is flagged and announced
-//!           │              to every gateway
-//!           └─ refused ──► only a keyed retry that may have won reads its
-//!                          remembered outcome (one round trip), else refused
+//!           │              to every gateway, unless stale (its stock epoch)
+//!           └─ refused ──► unkeyed: refused; keyed (paused, not started,
+//!                          restoring): its remembered outcome if any (one
+//!                          round trip), else refused
 //! ```
 
 #[cfg(test)]
@@ -100,7 +103,8 @@ pub struct BuyService<C: WallClock = SystemClock> {
 }
 
 impl<C: WallClock> BuyService<C> {
-    /// Everything before the request body is read, cheapest first.
+    /// Everything before the request body is read, cheapest first; none
+    /// of it changes Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -109,48 +113,50 @@ impl<C: WallClock> BuyService<C> {
         // A sold-out sale is the commonest answer of a flash sale; without an
         // Idempotency-Key there is nothing to replay, and "sold out" says
         // nothing about the caller, so it is answered before any other work.
-        if key.is_none() && self.sales.is_sold_out(sale_id) {
-            self.metrics.local_sold_out.inc();
+        if key.is_none() && self.local_sold_out(sale_id) {
             return Err(Rejection::SoldOut);
         }
         let user = self.admission.identify(RouteClass::Buy, peer, headers)?;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
-        // Keyed, but by a user who never won this sold-out sale: no key of
-        // theirs can be owed another answer, so neither their bucket, nor
-        // the global one, nor the body is spent on them (`decide` answers
-        // the same from the same flag, and reads the winners this needs).
-        if self.sales.surely_never_won(sale_id, &user).await {
-            self.metrics.local_sold_out.inc();
-            return Err(Rejection::SoldOut);
-        }
         self.admission.limit_user(RouteClass::Buy, &user)?;
-        let unchallenged = self.check_challenge(sale_id, &user, &idempotency_key, peer, headers).await?;
-        self.admission.cluster(&self.redis, &self.metrics).await?;
-        Ok(Admitted { user, idempotency_key, unchallenged })
+        Ok(Admitted { user, idempotency_key })
     }
 
-    /// The proof of work, when `[challenge]` asks for one: after the token
-    /// (the challenge is bound to the user), before anything that costs
-    /// Redis but its one `SET NX`. A sale flagged sold out asks none: the
-    /// buy cannot win, and its answer must cost no Redis call; answers
-    /// `true` then (the proof was due but not asked).
-    async fn check_challenge(&self, sale_id: &str, user: &str, key: &str, peer: IpAddr, headers: &HeaderMap) -> Result<bool, Rejection> {
-        if !self.challenge.is_on() {
-            return Ok(false);
+    /// What a buy spends in Redis before its deduct, once its body was read
+    /// and found valid (a `400` spends nothing): the proof of work, when
+    /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
+    /// the cluster bucket. An unkeyed buy of a sale flagged sold out
+    /// meanwhile is answered first, at no Redis cost.
+    ///
+    /// # Errors
+    /// The rejection to answer with.
+    pub async fn prove(&self, sale_id: &str, admitted: &Admitted, peer: IpAddr, headers: &HeaderMap) -> Result<(), Rejection> {
+        if admitted.idempotency_key.is_empty() && self.local_sold_out(sale_id) {
+            return Err(Rejection::SoldOut);
         }
-        if self.sales.is_sold_out(sale_id) {
-            return Ok(true);
+        if self.challenge.is_on() {
+            let buy = BuyChallenge {
+                sale_id,
+                user: &admitted.user,
+                ip: self.admission.client_ip(peer, headers),
+                idempotency_key: &admitted.idempotency_key,
+                solution: headers.get(POW_HEADER).map(|v| v.as_bytes()),
+            };
+            // Boxed: its Redis calls nested in the caller's future exceed the
+            // compiler's layout depth, and only buys under a challenge pay it.
+            Box::pin(self.challenge.admit(&self.redis, buy, self.clock.now_ms())).await?;
         }
-        let buy = BuyChallenge {
-            sale_id,
-            user,
-            ip: self.admission.client_ip(peer, headers),
-            idempotency_key: key,
-            solution: headers.get(POW_HEADER).map(|v| v.as_bytes()),
-        };
-        // Boxed: its Redis calls nested in `admit`'s future exceed the
-        // compiler's layout depth, and only buys under a challenge pay it.
-        Box::pin(self.challenge.admit(&self.redis, buy, self.clock.now_ms())).await.map(|()| false)
+        self.admission.cluster(&self.redis, &self.metrics).await
+    }
+
+    /// Whether the sale is flagged sold out here (counted as a local
+    /// decision when it is).
+    fn local_sold_out(&self, sale_id: &str) -> bool {
+        let flagged = self.sales.is_sold_out(sale_id);
+        if flagged {
+            self.metrics.local_sold_out.inc();
+        }
+        flagged
     }
 
     /// Decides an admitted buy: locally when the sale cache can, else with
@@ -160,12 +166,8 @@ impl<C: WallClock> BuyService<C> {
     }
 
     async fn decide(&self, req: BuyRequest<'_>) -> Result<BuyOutcome, Rejection> {
-        let BuyRequest { sale_id, user, idempotency_key, request_id, unchallenged } = req;
-        let local = match self.local_rejection(sale_id).await? {
-            // No proof of work was asked: sold out is all it may learn.
-            None if unchallenged => Some(Rejection::SoldOut),
-            local => local,
-        };
+        let BuyRequest { sale_id, user, idempotency_key, request_id } = req;
+        let local = self.local_rejection(sale_id).await?;
         // Taken before the script runs: a snapshot read after this may
         // already count this buy's win (see `SaleCache::took_one`).
         let sent_at = std::time::Instant::now();
@@ -176,29 +178,18 @@ impl<C: WallClock> BuyService<C> {
         // Known without Redis once the sale was read (see `SaleCache::buckets`).
         let buckets = self.sales.buckets(&self.redis, sale_id).await;
         let decision = match local {
-            None => self.deduct_or_draw(sale_id, buckets, user, idempotency_key).await?,
-            // Turned away locally; only a retry of a remembered key still
-            // deserves its first outcome, so only that asks Redis: one
-            // round trip, whoever holds the sale's items now. A win whose
-            // order was cancelled (its item returned and sold again) is no
-            // longer among the buyers, yet its key must still answer
-            // `order_cancelled`, not `sold_out`. In a sold-out sale only a
-            // user who ever won can have such a key; anyone else's retry is
-            // answered here.
-            Some(Rejection::SoldOut) if !self.sales.ever_won(&self.redis, sale_id, buckets, user).await => return Err(Rejection::SoldOut),
+            // Open, or refused for good (sold out, ended) with a key: the
+            // script decides, and remembers the key's answer. A local flag
+            // may be stale (items came back, a "changed" event missed): its
+            // 410 must be neither final for a key that never asked Redis nor
+            // wrong for a key that won elsewhere.
+            None | Some(Rejection::SoldOut | Rejection::Ended) => self.deduct_or_draw(sale_id, buckets, user, idempotency_key).await?,
+            // Not final (paused, not started, restoring): only a retry of a
+            // key Redis remembers is answered otherwise, with that outcome.
             Some(rejection) => {
                 match remembered(&self.redis, sale_id, buckets, user, idempotency_key).await.map_err(|e| self.unavailable(&e))? {
                     Some(decision) => decision,
-                    // An ever-won user's key Redis does not remember may name a
-                    // draw entry still undecided when the draw's sold out
-                    // flagged the sale: only a past winner's entry can then be
-                    // decided other than `sold_out` (`limit_reached`), so the
-                    // deduct answers it (joining the entry, or its own answer:
-                    // it enforces the limit atomically). Without the proof of
-                    // work (not asked of a flagged sale) it may not reach the
-                    // deduct: the flag answers, as before.
-                    None if unchallenged || !matches!(rejection, Rejection::SoldOut) => return Err(rejection),
-                    None => self.deduct_or_draw(sale_id, buckets, user, idempotency_key).await?,
+                    None => return Err(rejection),
                 }
             }
         };
@@ -272,7 +263,7 @@ impl<C: WallClock> BuyService<C> {
             // later still, flags the sale only if stock did not come back
             // (a restock, a returned item) in between.
             let clears = self.sales.clears(sale_id);
-            let decision = self.deduct(sale_id, 1, user, idempotency_key, &rid).await?;
+            let decision = self.deduct(sale_id, 1, user, idempotency_key, &rid, false).await?;
             match decision.outcome {
                 DeductOutcome::Entered { entry, closes_in_ms } => {
                     if !decision.replayed {
@@ -300,14 +291,11 @@ impl<C: WallClock> BuyService<C> {
     /// the flag meanwhile: flagging it again would turn every gateway's
     /// buyers away while Redis has stock.
     async fn draw_found_sold_out(&self, sale_id: &str, decided: &Decision, clears: u64) {
-        if !decided.found_sold_out() {
-            return;
+        if decided.found_sold_out() {
+            // The draw's outcome carries no epoch: the newest known here,
+            // with `clears`, tells a stale one.
+            self.flag_sold_out(sale_id, None, clears).await;
         }
-        if self.sales.clears(sale_id) != clears {
-            debug!(sale = sale_id, "draw sold out decided before the sale was cleared; not flagged");
-            return;
-        }
-        self.flag_sold_out(sale_id).await;
     }
 
     fn not_settled(&self, error: &NotSettled) -> Rejection {
@@ -323,8 +311,7 @@ impl<C: WallClock> BuyService<C> {
     /// A decision this gateway can make without Redis: sold out (flagged),
     /// unknown sale, paused, not started, ended (from the cached window).
     async fn local_rejection(&self, sale_id: &str) -> Result<Option<Rejection>, Rejection> {
-        if self.sales.is_sold_out(sale_id) {
-            self.metrics.local_sold_out.inc();
+        if self.local_sold_out(sale_id) {
             return Ok(Some(Rejection::SoldOut));
         }
         if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
@@ -357,10 +344,20 @@ impl<C: WallClock> BuyService<C> {
     }
 
     /// Runs the deduct script (batched with the sale's concurrent deducts);
-    /// a sold-out answer found just now is flagged
-    /// here and announced to every other gateway. A replayed one is not:
-    /// it tells what an earlier attempt got, not whether stock is left.
-    async fn deduct(&self, sale_id: &str, buckets: u32, user: &str, idempotency_key: &str, rid: &str) -> Result<Decision, Rejection> {
+    /// a sold-out answer found just now is flagged here and announced to
+    /// every other gateway. A replayed one is not: it tells what an earlier
+    /// attempt got, not whether stock is left. `dry_is_final`: a bucket's
+    /// `sold_out` is remembered under the key (every bucket was confirmed
+    /// dry; see `refill`).
+    async fn deduct(
+        &self,
+        sale_id: &str,
+        buckets: u32,
+        user: &str,
+        idempotency_key: &str,
+        rid: &str,
+        dry_is_final: bool,
+    ) -> Result<Decision, Rejection> {
         let nonce = format!("{:016x}", rand::random::<u64>());
         let attempt = BuyAttempt {
             sale_id,
@@ -371,7 +368,11 @@ impl<C: WallClock> BuyService<C> {
             idempotency_ttl_seconds: self.idempotency_ttl.as_secs(),
             draw_window_ms: self.draws.window_ms,
             buckets,
+            dry_is_final,
         };
+        // Before the call: a clear while it is in flight makes its sold out
+        // stale, even before this gateway has read the new stock epoch.
+        let clears = self.sales.clears(sale_id);
         let timer = self.metrics.script_duration.start_timer();
         let decision = self.deducts.deduct(&attempt).await.map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
@@ -380,23 +381,20 @@ impl<C: WallClock> BuyService<C> {
             return Ok(decision);
         }
         if decision.found_sold_out() {
-            self.flag_sold_out(sale_id).await;
+            self.flag_sold_out(sale_id, Some(decision.epoch), clears).await;
         }
         Ok(decision)
     }
 
-    /// A sale found out of stock just now (by a deduct or by the draw):
-    /// flagged here, so later buys are answered without Redis, and
-    /// announced once to every other gateway.
-    async fn flag_sold_out(&self, sale_id: &str) {
-        if self.sales.is_sold_out(sale_id) {
-            return;
-        }
-        self.sales.found_sold_out(sale_id).await;
-        if let Ok(mut conn) = self.redis.conn().await {
-            if let Err(error) = crate::events::publish(&mut conn, &SaleEvent::SoldOut(sale_id.to_owned())).await {
-                warn!(%error, sale = sale_id, "could not announce sold out");
-            }
+    /// A sale found out of stock just now (by a deduct at stock `epoch`, or
+    /// by the draw), for a call sent at `clears`: flagged here, so later
+    /// unkeyed buys are answered without Redis, and announced once to every
+    /// other gateway with its epoch. A stale one (stock came back since it
+    /// was decided) flags nothing.
+    async fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: u64) {
+        let Some(epoch) = self.sales.found_sold_out(sale_id, epoch, clears).await else { return };
+        if let Err(error) = self.redis.publish(&SaleEvent::SoldOut { sale: sale_id.to_owned(), epoch }).await {
+            warn!(%error, sale = sale_id, "could not announce sold out");
         }
     }
 

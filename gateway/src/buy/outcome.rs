@@ -15,9 +15,6 @@ pub struct Admitted {
     pub user: String,
     /// Empty when the buyer sent none.
     pub idempotency_key: String,
-    /// A proof of work was due but not asked, because the sale was flagged
-    /// sold out (see [`BuyRequest::unchallenged`]).
-    pub unchallenged: bool,
 }
 
 /// One buy attempt's inputs, once admitted and its body read.
@@ -29,11 +26,6 @@ pub struct BuyRequest<'a> {
     pub idempotency_key: &'a str,
     /// Sent on with a winner, for log correlation.
     pub request_id: &'a str,
-    /// Admitted without its due proof of work because the sale was flagged
-    /// sold out: if the flag is gone by the time the body is read (items
-    /// came back), the buy is still answered sold out, never sent to the
-    /// script; its retry is asked for the proof.
-    pub unchallenged: bool,
 }
 
 /// What a buy came to.

@@ -74,7 +74,7 @@ impl<C: WallClock> BuyService<C> {
         rid: &str,
     ) -> Result<Decision, Rejection> {
         let home = home_bucket(user, buckets);
-        let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+        let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid, false).await?;
         if !decision.found_sold_out() {
             return Ok(decision);
         }
@@ -82,8 +82,13 @@ impl<C: WallClock> BuyService<C> {
         let deadline = tokio::time::Instant::now() + self.redis.config().timeout * REFILL_DEADLINE_TIMEOUTS;
         match tokio::time::timeout_at(deadline, self.refill(sale_id, buckets, user, idempotency_key, rid, home)).await {
             Ok(Ok(Some(decision))) => Ok(decision),
-            // Every bucket confirmed dry: flagged sold out by `refill`.
-            Ok(Ok(None)) => Ok(decision),
+            // Every bucket confirmed dry (flagged sold out by `refill`):
+            // final for an unkeyed buy; a key's answer is the home bucket's
+            // once more, now remembered, so the key never wins later. It may
+            // still win (items came back since), or replay the key's first
+            // answer (the same key raced itself).
+            Ok(Ok(None)) if idempotency_key.is_empty() => Ok(decision),
+            Ok(Ok(None)) => self.deduct(sale_id, buckets, user, idempotency_key, rid, true).await,
             Ok(Err(rejection)) => Err(rejection),
             Err(_) => {
                 self.metrics.bucket_transfers.with_label_values(&["deadline"]).inc();
@@ -161,7 +166,7 @@ impl<C: WallClock> BuyService<C> {
                 }
             };
             if again {
-                let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid).await?;
+                let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid, false).await?;
                 if !decision.found_sold_out() {
                     return Ok(Some(decision));
                 }
@@ -195,9 +200,7 @@ impl<C: WallClock> BuyService<C> {
     /// (answered without Redis from now), unless it was cleared or a
     /// bucket stocked since `clears` was taken.
     pub(super) fn confirmed_dry(&self, sale_id: &str, clears: u64) {
-        if self.sales.clears(sale_id) == clears {
-            self.sales.mark_sold_out(sale_id);
-        } else {
+        if self.sales.flag_sold_out(sale_id, None, Some(clears)).is_none() && !self.sales.is_sold_out(sale_id) {
             debug!(sale = sale_id, "every bucket confirmed dry, but one was stocked since; not flagged");
         }
     }
@@ -258,7 +261,7 @@ impl<C: WallClock> BuyService<C> {
         if !matches!(closed, Ok(Ok(_))) {
             warn!(sale = sale_id, donor, transfer = xid, "cannot close a delivered transfer; the backend's repair will");
         }
-        self.sales.bucket_stocked(sale_id, to).await;
+        self.sales.bucket_stocked(sale_id, to);
         self.announce(&SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: to }).await;
         Ok(())
     }
@@ -274,10 +277,8 @@ impl<C: WallClock> BuyService<C> {
     }
 
     async fn announce(&self, event: &SaleEvent) {
-        if let Ok(mut conn) = self.redis.conn().await {
-            if let Err(error) = crate::events::publish(&mut conn, event).await {
-                warn!(%error, event = event.encode(), "could not announce a bucket event");
-            }
+        if let Err(error) = self.redis.publish(event).await {
+            warn!(%error, event = event.encode(), "could not announce a bucket event");
         }
     }
 }

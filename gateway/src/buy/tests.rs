@@ -125,7 +125,7 @@ impl Fixture {
     }
 
     pub(super) async fn buy(&self, sale_id: &str, user: &str, key: &str) -> BuyOutcome {
-        self.service.buy(BuyRequest { sale_id, user, idempotency_key: key, request_id: "r", unchallenged: false }).await
+        self.service.buy(BuyRequest { sale_id, user, idempotency_key: key, request_id: "r" }).await
     }
 
     pub(super) fn local_decisions(&self, decision: &str) -> u64 {
@@ -218,51 +218,42 @@ async fn admission_checks_the_token_the_deny_list_and_the_key() {
     let long_key = "k".repeat(65);
     assert!(matches!(f.service.admit("s", PEER, &headers(Some("a"), Some(&long_key))).await, Err(Rejection::BadRequest(_))));
     let admitted = f.service.admit("s", PEER, &headers(Some("a"), Some("k1"))).await.unwrap();
-    assert_eq!(admitted, Admitted { user: "a".into(), idempotency_key: "k1".into(), unchallenged: false });
+    assert_eq!(admitted, Admitted { user: "a".into(), idempotency_key: "k1".into() });
 }
 
 #[tokio::test]
-async fn a_sold_out_keyed_retry_of_a_user_who_never_won_reads_no_key() {
+async fn a_keyed_buy_of_a_flagged_sale_is_decided_by_one_script_call_and_an_unkeyed_one_by_none() {
     let f = fixture(&[]).await;
     f.open_sale("s", 1).await;
     assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
     assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
-    let gets = f.redis.command_calls("get").await;
+    assert!(f.service.sales.is_sold_out("s"));
+    let monitor = f.redis.monitor().await;
+    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(monitor.commands().await, Vec::<String>::new(), "an unkeyed buy is answered by the flag");
+    let monitor = f.redis.monitor().await;
     assert_eq!(f.buy("s", "other", "k").await, BuyOutcome::Refused(Rejection::SoldOut));
-    assert_eq!(f.redis.command_calls("get").await, gets, "a user who never won read a key");
-    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Replayed { .. }), "the winner's retry still replays");
+    let sent: Vec<String> = monitor.commands().await.into_iter().filter(|c| !c.contains(" lua]")).collect();
+    assert!(sent.len() == 1 && sent[0].contains("EVALSHA"), "one script call decides it: {sent:?}");
+    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Replayed { .. }), "the winner's retry replays");
+    let remembered: bool = redis::cmd("HEXISTS")
+        .arg(SaleKeys::new("s").idempotency_misses("other"))
+        .arg("k")
+        .query_async(&mut f.redis.conn().await)
+        .await
+        .unwrap();
+    assert!(remembered, "the keyed sold out is remembered under its key");
 }
 
 #[tokio::test]
-async fn a_sold_out_keyed_buy_of_a_user_who_never_won_spends_no_bucket() {
+async fn a_buy_spends_its_buckets_before_the_body_and_nothing_in_redis() {
     use flashgate_common::config::Bucket;
-    let bucket = Bucket::new(1, 1);
-    let f = fixture_with(&[], RouteLimits { user: bucket, ip: None, global: Bucket::new(1, 2) }).await;
+    let f = fixture_with(&[], RouteLimits { user: Bucket::new(1, 1), ip: None, global: None }).await;
     f.open_sale("s", 1).await;
-    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
-    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
-    // Until a keyed buy has read the sale's winners, admission asks no
-    // Redis and takes the buckets as for any buy (one of the global two).
-    assert!(f.service.admit("s", PEER, &headers(Some("early"), Some("e-1"))).await.is_ok());
-    assert_eq!(f.buy("s", "early", "e-1").await, BuyOutcome::Refused(Rejection::SoldOut));
-    let sold_out = f.local_decisions("sold_out");
-    for i in 0..3 {
-        let key = format!("late-{i}");
-        assert_eq!(f.service.admit("s", PEER, &headers(Some("late"), Some(&key))).await, Err(Rejection::SoldOut));
-    }
-    assert_eq!(f.local_decisions("sold_out"), sold_out + 3);
-    // Neither the user's bucket nor the global one was spent on them.
-    f.open_sale("t", 5).await;
-    assert!(f.service.admit("t", PEER, &headers(Some("late"), Some("t-1"))).await.is_ok());
-    let global = f.service.admit("t", PEER, &headers(Some("third"), Some("t-2"))).await;
-    assert!(matches!(global, Err(Rejection::RateLimited(_))), "the global bucket held two: {global:?}");
-    // A past winner's keyed retry is admitted to replay, and pays its bucket.
-    let g = fixture_with(&[], RouteLimits { user: bucket, ip: None, global: None }).await;
-    g.open_sale("s", 1).await;
-    assert!(matches!(g.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
-    assert_eq!(g.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
-    assert!(g.service.admit("s", PEER, &headers(Some("winner"), Some("k"))).await.is_ok());
-    assert!(matches!(g.service.admit("s", PEER, &headers(Some("winner"), Some("k"))).await, Err(Rejection::RateLimited(_))));
+    let monitor = f.redis.monitor().await;
+    assert!(f.service.admit("s", PEER, &headers(Some("a"), Some("k"))).await.is_ok());
+    assert_eq!(monitor.commands().await, Vec::<String>::new(), "admission reads and writes nothing in Redis");
+    assert!(matches!(f.service.admit("s", PEER, &headers(Some("a"), Some("k"))).await, Err(Rejection::RateLimited(_))));
 }
 
 #[tokio::test]
@@ -290,24 +281,12 @@ async fn a_sale_synced_on_another_redis_is_fenced_sells_nothing_and_remembers_no
 }
 
 #[tokio::test]
-async fn a_buy_admitted_unchallenged_while_sold_out_never_reaches_the_script() {
-    let f = fixture(&[]).await;
-    f.open_sale("s", 5).await;
-    // Admitted while the sale was flagged sold out (no proof asked); the
-    // flag is gone by the time its body is read.
-    let scripts = f.redis.command_calls("evalsha").await;
-    let req = BuyRequest { sale_id: "s", user: "bot", idempotency_key: "", request_id: "r", unchallenged: true };
-    assert_eq!(f.service.buy(req).await, BuyOutcome::Refused(Rejection::SoldOut));
-    assert_eq!(f.redis.command_calls("evalsha").await, scripts);
-}
-
-#[tokio::test]
 async fn a_refill_confirmed_dry_before_a_bucket_was_stocked_does_not_flag_the_sale_sold_out() {
     let f = fixture(&[]).await;
     let sales = &f.service.sales;
     // Taken before the confirmation; a `stocked` event arrives meanwhile.
     let clears = sales.clears("s");
-    sales.bucket_stocked("s", 1).await;
+    sales.bucket_stocked("s", 1);
     f.service.confirmed_dry("s", clears);
     assert!(!sales.is_sold_out("s"), "stock came back after the confirmation read it");
     // Nothing stocked between the snapshot and the confirmation: flagged.
@@ -358,4 +337,68 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
         sizes.get_sample_count()
     );
     assert_eq!(f.redis.command_calls("evalsha").await, sizes.get_sample_count(), "one EVALSHA per batch");
+}
+
+/// Gives an item of `user`'s back to a one-bucket sale in Redis, as the
+/// backend's return does (`lua/release.lua`), without telling this gateway.
+async fn return_item_unannounced(f: &Fixture, sale_id: &str, reservation_id: &str, user: &str) {
+    let keys = SaleKeys::new(sale_id);
+    let script = redis::Script::new(include_str!("../../../lua/release.lua"));
+    let returned: i64 = script
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.buyers)
+        .key(&keys.reservations)
+        .key(&keys.released)
+        .arg(reservation_id)
+        .arg(user)
+        .invoke_async(&mut f.redis.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(returned, 1);
+}
+
+#[tokio::test]
+async fn a_winners_keyed_retry_on_a_gateway_that_missed_the_restock_replays_the_win() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 1).await;
+    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else { panic!("no win") };
+    assert_eq!(f.buy("s", "b", "kb").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(f.buy("s", "c", "kc").await, BuyOutcome::Refused(Rejection::SoldOut));
+    // The item comes back and this gateway misses the news; another
+    // gateway's buyer wins it with key `kz`, but never hears the 202.
+    return_item_unannounced(&f, "s", &reservation_id, "a").await;
+    let other = BuyAttempt {
+        sale_id: "s",
+        user_id: "z",
+        idempotency_key: "kz",
+        reservation_id: "s.z-1",
+        call_nonce: "n",
+        idempotency_ttl_seconds: 600,
+        draw_window_ms: 0,
+        buckets: 1,
+        dry_is_final: false,
+    };
+    let won = f.service.deducts.deduct(&other).await.unwrap();
+    assert!(matches!(won.outcome, DeductOutcome::Won { .. }), "{won:?}");
+    // Z's retry lands here, where the sale is still flagged sold out.
+    assert!(f.service.sales.is_sold_out("s"));
+    let retry = f.buy("s", "z", "kz").await;
+    assert!(matches!(&retry, BuyOutcome::Replayed { reservation_id, .. } if reservation_id == "s.z-1"), "{retry:?}");
+}
+
+#[tokio::test]
+async fn a_keyed_buy_answered_sold_out_by_the_flag_never_wins_later() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 1).await;
+    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else { panic!("no win") };
+    assert_eq!(f.buy("s", "b", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert!(f.service.sales.is_sold_out("s"));
+    // Answered while the sale is flagged here: final for its key.
+    assert_eq!(f.buy("s", "c", "kc").await, BuyOutcome::Refused(Rejection::SoldOut));
+    // The item comes back, and this gateway hears of it.
+    return_item_unannounced(&f, "s", &reservation_id, "a").await;
+    f.service.sales.forget("s", None).await;
+    assert_eq!(f.buy("s", "c", "kc").await, BuyOutcome::Refused(Rejection::SoldOut), "the same key, a second answer");
+    assert!(matches!(f.buy("s", "c", "kc2").await, BuyOutcome::Won { .. }), "a new key buys the item that came back");
 }

@@ -151,18 +151,28 @@ fn attempt<'a>(sale_id: &'a str, t: &'a Try) -> BuyAttempt<'a> {
 /// An attempt in sale `sale_id` of `buckets` buckets.
 fn attempt_in<'a>(sale_id: &'a str, buckets: u32, t: &'a Try) -> BuyAttempt<'a> {
     let (user_id, idempotency_key, reservation_id, call_nonce) = *t;
-    BuyAttempt { sale_id, user_id, idempotency_key, reservation_id, call_nonce, idempotency_ttl_seconds: 600, draw_window_ms: 0, buckets }
+    BuyAttempt {
+        sale_id,
+        user_id,
+        idempotency_key,
+        reservation_id,
+        call_nonce,
+        idempotency_ttl_seconds: 600,
+        draw_window_ms: 0,
+        buckets,
+        dry_is_final: false,
+    }
 }
 
 /// A decision with the server's own clock and replication id reduced to
 /// whether they were there; an error to "error".
 fn comparable(d: Result<Decision, crate::redis_client::RedisError>) -> String {
     match d {
-        Ok(Decision { outcome: DeductOutcome::Won { reservation_id, reserved_at_ms }, replayed, node }) => {
+        Ok(Decision { outcome: DeductOutcome::Won { reservation_id, reserved_at_ms }, replayed, node, .. }) => {
             format!("won {reservation_id} at={} replayed={replayed} node={}", reserved_at_ms.is_some(), node.is_some())
         }
         // How long the draw stays open is the server's clock.
-        Ok(Decision { outcome: DeductOutcome::Entered { entry, .. }, replayed, node }) => {
+        Ok(Decision { outcome: DeductOutcome::Entered { entry, .. }, replayed, node, .. }) => {
             format!("Entered {entry} replayed={replayed} node={}", node.is_some())
         }
         Ok(d) => format!("{:?} replayed={} node={}", d.outcome, d.replayed, d.node.is_some()),
@@ -399,6 +409,7 @@ async fn a_sale_with_a_full_queue_answers_more_buys_at_once_and_every_waiter_is_
                 idempotency_ttl_seconds: 600,
                 draw_window_ms: 0,
                 buckets: 1,
+                dry_is_final: false,
             };
             batcher.deduct(&a).await
         }));
@@ -431,6 +442,7 @@ fn waiter(ago: Duration) -> (Waiter, tokio::sync::oneshot::Receiver<Result<Decis
         idempotency_ttl_seconds: 600,
         draw_window_ms: 0,
         buckets: 1,
+        dry_is_final: false,
     };
     (Waiter { attempt, enqueued: std::time::Instant::now() - ago, answer }, rx)
 }

@@ -7,7 +7,7 @@
 //! early_request_filter   idle timeout of a reusable connection, request id
 //! request_filter         headers too large? ─► 431
 //!                        route::classify
-//!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::buy ─► BuyOutcome
+//!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::prove ─► BuyService::buy ─► BuyOutcome
 //!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
 //!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
 //!   ├─ Route::Reservation ► Admission::user ─► reservations::lookup
@@ -399,12 +399,14 @@ impl Gateway {
             Route::Buy(sale_id) => {
                 let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
                 read_buy_body(session, self.config.gateway.body_read_timeout).await?;
-                let (user, idempotency_key, unchallenged) = (&admitted.user, &admitted.idempotency_key, admitted.unchallenged);
+                let headers = &session.req_header().headers;
+                self.buy.prove(sale_id, &admitted, peer(session), headers).await?;
+                let (user, idempotency_key) = (&admitted.user, &admitted.idempotency_key);
                 // Boxed, as the reservation lookup below: these futures are
                 // the largest of any route, and held inline they would grow
                 // every request's future (moved into its box per request),
                 // the static pages' and the sold-out answers' included.
-                let buy = BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id, unchallenged };
+                let buy = BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id };
                 let outcome = Box::pin(self.buy.buy(buy)).await;
                 ctx.outcome = match &outcome {
                     BuyOutcome::Won { .. } => Outcome::Won,

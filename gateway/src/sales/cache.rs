@@ -1,11 +1,10 @@
 //! [`SaleCache`]: everything one gateway holds about its sales.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashgate_common::keys::{SaleKeys, SALES_INDEX};
+use flashgate_common::keys::SALES_INDEX;
 use moka::ops::compute::Op;
 
 use super::snapshot::{read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow};
@@ -20,9 +19,6 @@ pub const SOLD_OUT_TTL: Duration = Duration::from_secs(30);
 pub const MISSING_TTL: Duration = Duration::from_secs(1);
 /// Most sales tracked at once.
 const MAX_SALES: u64 = 10_000;
-/// Most winners of one sale held in the winner sets; a sale with more has
-/// every keyed sold-out buy ask Redis.
-const MAX_WINNERS_HELD: usize = 200_000;
 
 /// A snapshot and when it was read. `None`: the sale is not in Redis
 /// (cached too, so a flood of requests for an unknown sale costs one Redis
@@ -44,8 +40,29 @@ pub enum MissingSale {
     NoAnswer,
 }
 
-/// The users who ever won in a sale; `None` when there are too many to hold.
-type Winners = Option<Arc<HashSet<String, Hasher>>>;
+/// What one gateway knows of a sale's stock: its sold-out flag, and what
+/// tells a stale `sold_out` from a fresh one.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stock {
+    /// The newest stock epoch known (`lua/release.lua`): from `sold_out`
+    /// answers and events, and read from Redis on each `changed` event. A
+    /// `sold_out` decided at an older epoch was decided before items came
+    /// back, and flags nothing.
+    epoch: u64,
+    /// Flagged sold out until then: unkeyed buys are answered without Redis.
+    sold_out_until: Option<Instant>,
+    /// The number of the sale's last clear (a change, items back, a bucket
+    /// stocked), from [`SaleCache::clears`]: a `sold_out` whose call was
+    /// sent before it flags nothing, whatever its epoch (this gateway may
+    /// not have read the new epoch yet).
+    clears: u64,
+}
+
+impl Stock {
+    fn flagged(&self) -> bool {
+        self.sold_out_until.is_some_and(|until| Instant::now() < until)
+    }
+}
 
 /// The hasher of every table here: aHash, seeded at random per process.
 /// Sale ids come from request paths, so a client chooses the ones it asks
@@ -66,20 +83,14 @@ pub struct SaleCache {
     /// snapshots real sales' buys use.
     absent: moka::future::Cache<String, Instant, Hasher>,
     view_ttl: Duration,
-    /// Sold-out sales, each with the number of its flag: a flag set anew
-    /// (after being cleared or expiring) gets a new number, so winners read
-    /// under an earlier flag are never used under a later one.
-    sold_out: moka::sync::Cache<String, u64, Hasher>,
-    flags: AtomicU64,
+    /// Each sale's sold-out flag, stock epoch and clears (see [`Stock`]).
+    /// A flag answers only buys without an Idempotency-Key: a keyed buy is
+    /// always decided by Redis, which remembers its answer, so no key ever
+    /// gets a final answer from a flag that may be stale.
+    stock: moka::sync::Cache<String, Stock, Hasher>,
+    /// Numbers the clears of every sale.
+    clear_count: AtomicU64,
     missing: moka::future::Cache<String, MissingSale, Hasher>,
-    /// The number of each sale's last [`SaleCache::forget`] (from
-    /// `flags`): a sold out decided before it (the draw's, read later) is
-    /// stale and must not flag the sale again.
-    cleared: moka::sync::Cache<String, u64, Hasher>,
-    /// Winners of a sold-out sale, by flag number: each flag of any sale
-    /// gets a number of its own, so the number alone names the sale's flag
-    /// (and a lookup needs no key built from the sale id).
-    winners: moka::future::Cache<u64, Winners, Hasher>,
     /// Empty buckets of bucketed sales, by sale and bucket: set from a
     /// deduct's `sold_out` on a bucket or a transfer finding a bucket empty
     /// (here or announced), cleared when items move into the bucket. The
@@ -104,11 +115,9 @@ impl SaleCache {
                 .time_to_live(view_ttl.max(WINDOW_TTL))
                 .build_with_hasher(Hasher::new()),
             view_ttl,
-            sold_out: moka::sync::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build_with_hasher(Hasher::new()),
-            flags: AtomicU64::new(0),
+            stock: moka::sync::Cache::builder().max_capacity(MAX_SALES).build_with_hasher(Hasher::new()),
+            clear_count: AtomicU64::new(0),
             missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build_with_hasher(Hasher::new()),
-            cleared: moka::sync::Cache::builder().max_capacity(MAX_SALES).build_with_hasher(Hasher::new()),
-            winners: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(SOLD_OUT_TTL).build_with_hasher(Hasher::new()),
             empty_buckets: moka::sync::Cache::builder()
                 .max_capacity(MAX_SALES * 4)
                 .time_to_live(SOLD_OUT_TTL)
@@ -215,31 +224,71 @@ impl SaleCache {
         }
     }
 
+    /// Whether the sale is flagged sold out here: an unkeyed buy is then
+    /// answered without Redis.
     pub fn is_sold_out(&self, sale_id: &str) -> bool {
-        self.sold_out.contains_key(sale_id)
+        self.stock.get(sale_id).is_some_and(|s| s.flagged())
     }
 
-    /// Flags a sale sold out, or renews its flag (its TTL starts again; the
-    /// flag keeps its number, as nobody can have won meanwhile).
-    pub fn mark_sold_out(&self, sale_id: &str) {
-        let flag = self.sold_out.get(sale_id).unwrap_or_else(|| self.flags.fetch_add(1, Ordering::Relaxed));
-        self.sold_out.insert(sale_id.to_owned(), flag);
+    /// Flags the sale sold out (or renews its flag) for a `sold_out`
+    /// decided at stock `epoch` (`None`: at the newest epoch known here),
+    /// unless a newer epoch is known, or `clears` (taken before the call
+    /// that found it) is not the sale's clears any more: then stock came
+    /// back after it was decided. The epoch flagged at when the sale was not
+    /// flagged before (the caller announces it with that epoch).
+    pub fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Option<u64>) -> Option<u64> {
+        let mut newly = None;
+        self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
+            let mut stock = held.map(|e| e.into_value()).unwrap_or_default();
+            let epoch = epoch.unwrap_or(stock.epoch);
+            if epoch >= stock.epoch && clears.is_none_or(|c| c == stock.clears) {
+                newly = (!stock.flagged()).then_some(epoch);
+                stock.epoch = epoch;
+                stock.sold_out_until = Some(Instant::now() + SOLD_OUT_TTL);
+            }
+            stock
+        });
+        newly
     }
 
-    /// The script found `sale_id` sold out just now: flag it, and show no
-    /// stock left in its snapshot.
-    pub async fn found_sold_out(&self, sale_id: &str) {
-        self.mark_sold_out(sale_id);
-        if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
-            s.sold_out();
+    /// The script found `sale_id` sold out just now, at stock `epoch`, for
+    /// a call sent at `clears`: flagged as [`SaleCache::flag_sold_out`]
+    /// does, and its snapshot shows no stock left.
+    pub async fn found_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: u64) -> Option<u64> {
+        let newly = self.flag_sold_out(sale_id, epoch, Some(clears));
+        if self.is_sold_out(sale_id) {
+            if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
+                s.sold_out();
+            }
         }
+        newly
     }
 
     /// Where the sale stands in its clears: [`SaleCache::forget`] and
-    /// [`SaleCache::bucket_stocked`] change it. Taken before a call whose sold out is read later (a draw
-    /// entrant's), it tells whether stock may have come back since.
+    /// [`SaleCache::bucket_stocked`] change it. Taken before a call whose
+    /// sold out is read later, it tells whether stock may have come back
+    /// since.
     pub fn clears(&self, sale_id: &str) -> u64 {
-        self.cleared.get(sale_id).unwrap_or(0)
+        self.stock.get(sale_id).map_or(0, |s| s.clears)
+    }
+
+    /// Clears the sale's flag and counts a clear; the stock epoch rises to
+    /// `epoch` when one is given.
+    fn clear(&self, sale_id: &str, epoch: Option<u64>) {
+        let clears = self.clear_count.fetch_add(1, Ordering::Relaxed) + 1;
+        self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
+            let held = held.map(|e| e.into_value()).unwrap_or_default();
+            Stock { epoch: held.epoch.max(epoch.unwrap_or(0)), sold_out_until: None, clears }
+        });
+    }
+
+    /// Every sold-out flag cleared, the epochs kept: sale events may have
+    /// been missed (the subscription was down), so no flag can be trusted.
+    pub fn clear_all_flags(&self) {
+        for (sale_id, _) in &self.stock {
+            self.clear(&sale_id, None);
+        }
+        self.empty_buckets.invalidate_all();
     }
 
     /// The sale's bucket count, from its snapshot (at most [`WINDOW_TTL`]
@@ -268,61 +317,22 @@ impl SaleCache {
     /// neither is the sale. It counts as a clear ([`SaleCache::clears`]):
     /// a refill that confirmed every bucket dry before this then does not
     /// flag the sale sold out again.
-    pub async fn bucket_stocked(&self, sale_id: &str, bucket: u32) {
-        self.cleared.insert(sale_id.to_owned(), self.flags.fetch_add(1, Ordering::Relaxed) + 1);
+    pub fn bucket_stocked(&self, sale_id: &str, bucket: u32) {
+        self.clear(sale_id, None);
         self.empty_buckets.invalidate(&(sale_id.to_owned(), bucket));
-        if let Some(flag) = self.sold_out.remove(sale_id) {
-            self.winners.invalidate(&flag).await;
-        }
     }
 
     /// Forgets everything about a sale: an operator changed it, or items
-    /// went back to its stock (so someone may win in it again).
-    pub async fn forget(&self, sale_id: &str) {
-        self.cleared.insert(sale_id.to_owned(), self.flags.fetch_add(1, Ordering::Relaxed) + 1);
-        if let Some(flag) = self.sold_out.remove(sale_id) {
-            self.winners.invalidate(&flag).await;
-        }
+    /// went back to its stock (so someone may win in it again). `epoch`:
+    /// the sale's stock epoch read after the change, when known.
+    pub async fn forget(&self, sale_id: &str, epoch: Option<u64>) {
+        self.clear(sale_id, epoch);
         self.snapshots.invalidate(sale_id).await;
         self.absent.invalidate(sale_id).await;
         self.bucket_counts.invalidate(sale_id);
         for k in 0..flashgate_common::buckets::MAX_BUCKETS as u32 {
             self.empty_buckets.invalidate(&(sale_id.to_owned(), k));
         }
-    }
-
-    /// Whether `user` ever won in sold-out `sale_id`, so may hold a won
-    /// Idempotency-Key to replay. Read when the sale is flagged, again at
-    /// most every [`SOLD_OUT_TTL`] while it stays flagged (a failed read is
-    /// not kept) (`HLEN` then `HVALS` of the reservation index, which keeps a
-    /// reservation after its item went back; shared by concurrent callers).
-    /// Nobody wins in a sold-out sale until items come back, which clears
-    /// the flag. Unsure (not flagged, Redis error, too many winners to hold)
-    /// answers true: the caller then asks Redis.
-    pub async fn ever_won(&self, redis: &RedisClient, sale_id: &str, buckets: u32, user: &str) -> bool {
-        let Some(flag) = self.sold_out.get(sale_id) else { return true };
-        let held = match self.winners.get(&flag).await {
-            Some(held) => Ok(held),
-            // Boxed, as in `snapshot`.
-            None => Box::pin(self.winners.try_get_with(flag, read_winners(redis, sale_id, buckets))).await,
-        };
-        match held {
-            Ok(Some(winners)) => winners.contains(user),
-            Ok(None) => true,
-            Err(error) => {
-                tracing::debug!(%error, sale = sale_id, "cannot read a sold-out sale's winners; asking for the key");
-                true
-            }
-        }
-    }
-
-    /// True only when `sale_id` is flagged sold out and its winners, already
-    /// read by [`SaleCache::ever_won`], do not hold `user`. Never asks
-    /// Redis: it answers before the buyer's buckets are taken, so it may
-    /// not cost what they guard.
-    pub async fn surely_never_won(&self, sale_id: &str, user: &str) -> bool {
-        let Some(flag) = self.sold_out.get(sale_id) else { return false };
-        matches!(self.winners.get(&flag).await, Some(Some(winners)) if !winners.contains(user))
     }
 
     /// What the backend says of a sale Redis does not have. One backend
@@ -346,24 +356,31 @@ impl SaleCache {
     }
 }
 
-/// Reads the winners of a sale from its reservation index, or from every
-/// bucket's of a bucketed sale.
-async fn read_winners(redis: &RedisClient, sale_id: &str, buckets: u32) -> Result<Winners, RedisError> {
-    let indexes: Vec<SaleKeys> =
-        if buckets > 1 { (0..buckets).map(|k| SaleKeys::bucket(sale_id, k)).collect() } else { vec![SaleKeys::new(sale_id)] };
-    let mut conn = redis.conn().await?;
-    let mut count = 0;
-    for keys in &indexes {
-        let n: usize = redis.bounded(redis::cmd("HLEN").arg(&keys.reservations).query_async(&mut conn)).await??;
-        count += n;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sold_out_older_than_the_known_epoch_or_sent_before_a_clear_flags_nothing() {
+        let sales = SaleCache::new(Duration::from_millis(250));
+        assert_eq!(sales.flag_sold_out("s", Some(7), None), Some(7), "flagged, to be announced at its epoch");
+        assert_eq!(sales.flag_sold_out("s", Some(7), None), None, "renewed, not announced again");
+        // A change whose new epoch was read clears it; an older sold out is stale.
+        sales.clear("s", Some(9));
+        assert!(!sales.is_sold_out("s"));
+        assert_eq!(sales.flag_sold_out("s", Some(8), None), None);
+        assert!(!sales.is_sold_out("s"));
+        // A call sent before a clear is stale whatever its epoch: this
+        // gateway may not have read the new one yet.
+        let clears = sales.clears("s");
+        sales.clear("s", None);
+        assert_eq!(sales.flag_sold_out("s", Some(9), Some(clears)), None);
+        assert_eq!(sales.flag_sold_out("s", Some(9), Some(sales.clears("s"))), Some(9));
+        // Without an epoch of its own (the draw's): at the newest known.
+        sales.clear("s", None);
+        assert_eq!(sales.flag_sold_out("s", None, None), Some(9));
+        sales.clear_all_flags();
+        assert!(!sales.is_sold_out("s"), "cleared with every flag");
+        assert_eq!(sales.flag_sold_out("s", Some(8), None), None, "the epoch outlives the flags");
     }
-    if count > MAX_WINNERS_HELD {
-        return Ok(None);
-    }
-    let mut winners = HashSet::with_capacity_and_hasher(count, Hasher::new());
-    for keys in &indexes {
-        let users: Vec<String> = redis.bounded(redis::cmd("HVALS").arg(&keys.reservations).query_async(&mut conn)).await??;
-        winners.extend(users);
-    }
-    Ok(Some(Arc::new(winners)))
 }

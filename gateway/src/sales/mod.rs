@@ -15,18 +15,21 @@
 //!   so a buyer's next view shows their item gone.
 //! - **The sold-out flag**: set when the deduct script answers sold out,
 //!   here or on another gateway (announced on the events channel). While it
-//!   is set, buys get `410 sold_out` without running the script. An
-//!   operator's change to the sale, or items of cancelled orders going back
-//!   to its stock, clears it everywhere (the backend announces both as
-//!   "changed", which also drops the snapshot). It also expires after
-//!   [`SOLD_OUT_TTL`], so a missed "changed" event costs one script call per
-//!   gateway per TTL, never a sale that stays closed. The flag comes from
-//!   the script and the events channel, not from the meta hash, so it lives
-//!   beside the snapshot with its own TTL.
-//! - **The users who ever won in a sold-out sale**
-//!   ([`SaleCache::ever_won`]): only they can have a won Idempotency-Key to
-//!   replay, so only their keyed buys read that key's outcome from Redis.
-//!   Read once per sale per sold-out flag.
+//!   is set, buys without an Idempotency-Key get `410 sold_out` without
+//!   running the script; a keyed buy is always decided (and its answer
+//!   remembered) by Redis, so a flag that may be stale never gives a key
+//!   its final answer. An operator's change to the sale, or items of
+//!   cancelled orders going back to its stock, clears it everywhere (the
+//!   backend announces both as "changed", which also drops the snapshot).
+//!   It also expires after [`SOLD_OUT_TTL`], and every flag is cleared when
+//!   the events subscription is (re-)established, so a missed "changed"
+//!   event costs script calls, never a sale that stays closed.
+//! - **The stock epoch**: Redis counts up a sale's epoch whenever items
+//!   come back (returns, restocks, re-syncs; `lua/release.lua`), and a
+//!   fresh `sold_out` carries the epoch it was decided at. On a "changed"
+//!   event each gateway reads the new epoch; a `sold_out` older than the
+//!   newest epoch known (an answer decided just before items came back,
+//!   handled or announced after) flags nothing, here or anywhere.
 //! - **Whether a sale missing from Redis exists in the backend's database**
 //!   ([`SaleCache::missing`]): if it does, Redis lost it and the backend is
 //!   restoring it. The answer is cached for [`MISSING_TTL`], so a flood of
@@ -39,4 +42,4 @@ mod cache;
 mod snapshot;
 
 pub use cache::{MissingSale, SaleCache, MISSING_TTL, SOLD_OUT_TTL, WINDOW_TTL};
-pub use snapshot::{parse, read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow, WindowCheck};
+pub use snapshot::{parse, read_snapshot, read_stock_epoch, SaleSnapshot, SaleSummary, SaleView, SaleWindow, WindowCheck};

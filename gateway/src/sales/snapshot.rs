@@ -161,6 +161,18 @@ pub async fn read_snapshot(redis: &RedisClient, sale_id: &str) -> Result<Option<
     Ok(Some(snapshot))
 }
 
+/// The sale's stock epoch (`lua/release.lua`; 0 when unset or the sale
+/// is absent).
+///
+/// # Errors
+/// When Redis fails or times out.
+pub async fn read_stock_epoch(redis: &RedisClient, sale_id: &str) -> Result<u64, RedisError> {
+    let meta = SaleKeys::new(sale_id).meta;
+    let mut conn = redis.conn().await?;
+    let epoch: Option<u64> = redis.bounded(redis::cmd("HGET").arg(meta).arg("epoch").query_async(&mut conn)).await??;
+    Ok(epoch.unwrap_or(0))
+}
+
 /// A snapshot from the meta hash: a sale exists for buys when its window
 /// parses, for the view when every listed field does.
 pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> Option<SaleSnapshot> {
