@@ -66,7 +66,7 @@ use crate::orders::OrderClient;
 use crate::redis_client::{RedisClient, RedisError};
 use crate::rejection::{unavailable, Rejection};
 use crate::replica_wait::{NotConfirmed, ReplicaWait};
-use crate::sales::{MissingSale, SaleCache, WindowCheck};
+use crate::sales::{Clears, MissingSale, SaleCache, WindowCheck};
 use crate::switches::Switches;
 
 /// Everything a buy is decided with; one per gateway.
@@ -290,7 +290,7 @@ impl<C: WallClock> BuyService<C> {
     /// it was read, and an operator's restock or a returned item clears
     /// the flag meanwhile: flagging it again would turn every gateway's
     /// buyers away while Redis has stock.
-    async fn draw_found_sold_out(&self, sale_id: &str, decided: &Decision, clears: u64) {
+    async fn draw_found_sold_out(&self, sale_id: &str, decided: &Decision, clears: Clears) {
         if decided.found_sold_out() {
             // The draw's outcome carries no epoch: the newest known here,
             // with `clears`, tells a stale one.
@@ -391,7 +391,7 @@ impl<C: WallClock> BuyService<C> {
     /// unkeyed buys are answered without Redis, and announced once to every
     /// other gateway with its epoch. A stale one (stock came back since it
     /// was decided) flags nothing.
-    async fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: u64) {
+    async fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Clears) {
         let Some(epoch) = self.sales.found_sold_out(sale_id, epoch, clears).await else { return };
         if let Err(error) = self.redis.publish(&SaleEvent::SoldOut { sale: sale_id.to_owned(), epoch }).await {
             warn!(%error, sale = sale_id, "could not announce sold out");

@@ -199,7 +199,7 @@ impl<C: WallClock> BuyService<C> {
     /// Every bucket was confirmed dry: the sale is flagged sold out here
     /// (answered without Redis from now), unless it was cleared or a
     /// bucket stocked since `clears` was taken.
-    pub(super) fn confirmed_dry(&self, sale_id: &str, clears: u64) {
+    pub(super) fn confirmed_dry(&self, sale_id: &str, clears: crate::sales::Clears) {
         if self.sales.flag_sold_out(sale_id, None, Some(clears)).is_none() && !self.sales.is_sold_out(sale_id) {
             debug!(sale = sale_id, "every bucket confirmed dry, but one was stocked since; not flagged");
         }

@@ -51,11 +51,22 @@ struct Stock {
     epoch: u64,
     /// Flagged sold out until then: unkeyed buys are answered without Redis.
     sold_out_until: Option<Instant>,
-    /// The number of the sale's last clear (a change, items back, a bucket
-    /// stocked), from [`SaleCache::clears`]: a `sold_out` whose call was
-    /// sent before it flags nothing, whatever its epoch (this gateway may
-    /// not have read the new epoch yet).
-    clears: u64,
+    /// The sale's clears so far (see [`Clears`]).
+    clears: Clears,
+}
+
+/// Where a sale stands in its clears (a change, items back, a bucket
+/// stocked, the subscription re-established): taken before a call whose
+/// `sold_out` is read later, it tells whether stock may have come back
+/// since ([`SaleCache::flag_sold_out`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Clears {
+    /// The number of the sale's last clear of any kind.
+    all: u64,
+    /// The number of its last clear whose new stock epoch is not known
+    /// here (its read failed, or it has none: a bucket stocked): only
+    /// these can make a `sold_out` that carries its epoch stale unseen.
+    blind: u64,
 }
 
 impl Stock {
@@ -231,17 +242,20 @@ impl SaleCache {
     }
 
     /// Flags the sale sold out (or renews its flag) for a `sold_out`
-    /// decided at stock `epoch` (`None`: at the newest epoch known here),
-    /// unless a newer epoch is known, or `clears` (taken before the call
-    /// that found it) is not the sale's clears any more: then stock came
-    /// back after it was decided. The epoch flagged at when the sale was not
+    /// decided at stock `epoch`, unless stock came back after it was
+    /// decided: a newer epoch is known, or the sale was cleared since
+    /// `clears` was taken (before the call that found it) in a way its
+    /// epoch cannot tell. Without an epoch (the draw's outcome, a bucketed
+    /// sale confirmed dry) it is judged at the newest epoch known, by every
+    /// clear since `clears`. The epoch flagged at when the sale was not
     /// flagged before (the caller announces it with that epoch).
-    pub fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Option<u64>) -> Option<u64> {
+    pub fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Option<Clears>) -> Option<u64> {
         let mut newly = None;
         self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
             let mut stock = held.map(|e| e.into_value()).unwrap_or_default();
+            let cleared = clears.is_some_and(|c| if epoch.is_some() { c.blind != stock.clears.blind } else { c != stock.clears });
             let epoch = epoch.unwrap_or(stock.epoch);
-            if epoch >= stock.epoch && clears.is_none_or(|c| c == stock.clears) {
+            if epoch >= stock.epoch && !cleared {
                 newly = (!stock.flagged()).then_some(epoch);
                 stock.epoch = epoch;
                 stock.sold_out_until = Some(Instant::now() + SOLD_OUT_TTL);
@@ -254,7 +268,7 @@ impl SaleCache {
     /// The script found `sale_id` sold out just now, at stock `epoch`, for
     /// a call sent at `clears`: flagged as [`SaleCache::flag_sold_out`]
     /// does, and its snapshot shows no stock left.
-    pub async fn found_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: u64) -> Option<u64> {
+    pub async fn found_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Clears) -> Option<u64> {
         let newly = self.flag_sold_out(sale_id, epoch, Some(clears));
         if self.is_sold_out(sale_id) {
             if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
@@ -264,21 +278,19 @@ impl SaleCache {
         newly
     }
 
-    /// Where the sale stands in its clears: [`SaleCache::forget`] and
-    /// [`SaleCache::bucket_stocked`] change it. Taken before a call whose
-    /// sold out is read later, it tells whether stock may have come back
-    /// since.
-    pub fn clears(&self, sale_id: &str) -> u64 {
-        self.stock.get(sale_id).map_or(0, |s| s.clears)
+    /// Where the sale stands in its clears ([`Clears`]).
+    pub fn clears(&self, sale_id: &str) -> Clears {
+        self.stock.get(sale_id).map(|s| s.clears).unwrap_or_default()
     }
 
     /// Clears the sale's flag and counts a clear; the stock epoch rises to
-    /// `epoch` when one is given.
+    /// `epoch` when one is given (else the clear is a blind one).
     fn clear(&self, sale_id: &str, epoch: Option<u64>) {
-        let clears = self.clear_count.fetch_add(1, Ordering::Relaxed) + 1;
+        let number = self.clear_count.fetch_add(1, Ordering::Relaxed) + 1;
         self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
             let held = held.map(|e| e.into_value()).unwrap_or_default();
-            Stock { epoch: held.epoch.max(epoch.unwrap_or(0)), sold_out_until: None, clears }
+            let blind = if epoch.is_some() { held.clears.blind } else { number };
+            Stock { epoch: held.epoch.max(epoch.unwrap_or(0)), sold_out_until: None, clears: Clears { all: number, blind } }
         });
     }
 
@@ -370,14 +382,22 @@ mod tests {
         assert!(!sales.is_sold_out("s"));
         assert_eq!(sales.flag_sold_out("s", Some(8), None), None);
         assert!(!sales.is_sold_out("s"));
-        // A call sent before a clear is stale whatever its epoch: this
-        // gateway may not have read the new one yet.
+        // A call sent before a clear whose epoch was read is judged by its
+        // epoch: decided after the change, it flags the sale.
+        let clears = sales.clears("s");
+        sales.clear("s", Some(9));
+        assert_eq!(sales.flag_sold_out("s", Some(9), Some(clears)), Some(9));
+        // Before a clear whose epoch is not known (its read failed): stale
+        // whatever its epoch, as this gateway cannot tell.
         let clears = sales.clears("s");
         sales.clear("s", None);
         assert_eq!(sales.flag_sold_out("s", Some(9), Some(clears)), None);
         assert_eq!(sales.flag_sold_out("s", Some(9), Some(sales.clears("s"))), Some(9));
-        // Without an epoch of its own (the draw's): at the newest known.
-        sales.clear("s", None);
+        // Without an epoch of its own (the draw's): at the newest known,
+        // and stale after any clear since its call was sent.
+        let clears = sales.clears("s");
+        sales.clear("s", Some(9));
+        assert_eq!(sales.flag_sold_out("s", None, Some(clears)), None);
         assert_eq!(sales.flag_sold_out("s", None, None), Some(9));
         sales.clear_all_flags();
         assert!(!sales.is_sold_out("s"), "cleared with every flag");
