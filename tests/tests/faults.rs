@@ -206,3 +206,54 @@ async fn network_to_the_backend_cut_for_three_seconds_loses_no_winner() {
     let outcomes = first.await.unwrap();
     settle_and_check(&stack, "backend_network_cut_3s", "f-backend-cut", outcomes).await;
 }
+
+/// Buys on the gateway at `addr` until it answers a status in `wanted` (or 10 s pass).
+async fn buy_until(stack: &Stack, addr: std::net::SocketAddr, sale: &str, user: &str, key: Option<&str>, wanted: &[u16]) -> u16 {
+    let token = flashgate_tests::token(user);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = flashgate_tests::buy(&stack.http, addr, sale, &token, key).await;
+        if wanted.contains(&status) || Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sale events are lost while the gateways' subscriptions are down (pub/sub
+/// delivers at most once): an item comes back unannounced to a gateway
+/// still flagging the sale sold out, a buyer wins it elsewhere and never
+/// hears the 202; its retry on that gateway must replay the win, and the
+/// gateway must sell again soon, not after its flag's 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_events_lost_while_subscriptions_drop_never_turn_a_winners_key_away() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let (_second, second) = stack.start_second_gateway();
+    stack.open_sale("lost", 1, 1).await;
+    assert_eq!(stack.buy("lost", &random_user(), Some("k")).await.0, 202);
+    // Both gateways flag it: one from its own answer, one from the event.
+    assert_eq!(buy_until(&stack, stack.gateway_addr, "lost", &random_user(), None, &[410]).await, 410);
+    assert_eq!(buy_until(&stack, second, "lost", &random_user(), None, &[410]).await, 410);
+
+    // Every subscription drops, and the restock's `changed` goes out
+    // before they stand again (their first retry waits 100 ms).
+    let mut conn = stack.redis.conn().await;
+    let dropped: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.unwrap();
+    assert!(dropped >= 2, "{dropped} subscriptions dropped");
+    stack.put_sale("lost", 3, 1, Duration::ZERO, Duration::from_secs(3600)).await;
+
+    // A buyer wins on the first gateway (a keyed buy asks Redis, whatever
+    // the flag), loses the answer, and retries on the second.
+    let z = random_user();
+    assert_eq!(buy_until(&stack, stack.gateway_addr, "lost", &z, Some("kz"), &[202]).await, 202);
+    let (status, v) = flashgate_tests::buy(&stack.http, second, "lost", &flashgate_tests::token(&z), Some("kz")).await;
+    assert!(matches!(status, 201 | 202), "a winner's retry was answered {status}: {v}");
+    // The second gateway's flag went with its subscription: it sells the last item.
+    let started = Instant::now();
+    assert_eq!(
+        buy_until(&stack, second, "lost", &random_user(), None, &[202]).await,
+        202,
+        "the restocked item never sold on the second gateway"
+    );
+    println!("fault=events_lost redis=standalone resold_after_ms={}", started.elapsed().as_millis());
+}
