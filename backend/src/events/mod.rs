@@ -28,8 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flashgate_common::config::EventsConfig;
+use flashgate_common::metrics::Registry;
 use futures_util::StreamExt;
-use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, Opts};
 use tokio::sync::watch;
 
 use crate::store::outbox::{Failure, OutboxEvent};
