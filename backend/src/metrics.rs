@@ -10,8 +10,9 @@
 //! The `sale` label is bounded by the number of sales, which operators
 //! create; no user, order or reservation ids are labels.
 
+use flashgate_common::metrics::Registry;
 use flashgate_common::stream_info::Backlog;
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, TextEncoder};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -58,7 +59,7 @@ impl Metrics {
     /// # Panics
     /// Only if two metrics share a name, a programming error the tests catch.
     pub fn register() -> Self {
-        let registry = Registry::new_custom(Some("flashgate".into()), None).expect("valid prefix");
+        let registry = Registry::with_prefix("flashgate").expect("valid prefix");
         macro_rules! reg {
             ($m:expr) => {{
                 let m = $m.expect("valid metric");

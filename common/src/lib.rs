@@ -22,6 +22,7 @@
 //! - [`secret`]: constant-time comparison of bearer tokens.
 //! - [`backoff`]: capped exponential backoff with jitter.
 //! - [`dependency`]: what a process waits for, checked and logged once per change.
+//! - [`metrics`]: the Prometheus registry, which also lists every family's name.
 
 // Product code: a panic is a bug. Handle the error, or `expect` with the
 // invariant that makes it impossible (tests may unwrap: clippy.toml).
@@ -34,6 +35,7 @@ pub mod config;
 pub mod dependency;
 pub mod draw;
 pub mod keys;
+pub mod metrics;
 pub mod redis_conn;
 pub mod reservation;
 pub mod sale;

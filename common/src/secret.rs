@@ -30,6 +30,28 @@ pub fn required<'a>(name: &'static str, value: Option<&'a str>) -> Result<&'a st
     }
 }
 
+/// The `WWW-Authenticate` challenge of a 401 to a request that sent no
+/// bearer token: the scheme and realm, and no error code (RFC 6750 §3).
+pub const BEARER_CHALLENGE: &str = r#"Bearer realm="flashgate""#;
+
+/// The `WWW-Authenticate` challenge of a 401 to a request whose bearer
+/// token was refused (wrong, expired or malformed; RFC 6750 §3.1).
+pub const BEARER_INVALID_TOKEN: &str = r#"Bearer realm="flashgate", error="invalid_token""#;
+
+/// The challenge of a 401 to a request whose `Authorization` was `header`:
+/// [`BEARER_INVALID_TOKEN`] when it carried a bearer token (the scheme in
+/// any case), [`BEARER_CHALLENGE`] when it carried none or another scheme.
+pub fn bearer_challenge(header: Option<&str>) -> &'static str {
+    let sent = header
+        .and_then(|h| h.split_once(' '))
+        .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("Bearer") && !token.trim().is_empty());
+    if sent {
+        BEARER_INVALID_TOKEN
+    } else {
+        BEARER_CHALLENGE
+    }
+}
+
 /// Checks an `Authorization` header value (`Bearer <token>`, the scheme in
 /// any case, RFC 9110 §11.1) against the expected bearer token in constant
 /// time, so the token cannot be guessed byte by byte, nor its length
@@ -58,7 +80,16 @@ fn equal_padded(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_matches;
+    use super::{bearer_challenge, bearer_matches, BEARER_CHALLENGE, BEARER_INVALID_TOKEN};
+
+    #[test]
+    fn a_401_names_invalid_token_only_when_a_bearer_token_was_sent() {
+        assert_eq!(bearer_challenge(None), BEARER_CHALLENGE);
+        assert_eq!(bearer_challenge(Some("Basic YTpi")), BEARER_CHALLENGE);
+        assert_eq!(bearer_challenge(Some("Bearer ")), BEARER_CHALLENGE);
+        assert_eq!(bearer_challenge(Some("Bearer x")), BEARER_INVALID_TOKEN);
+        assert_eq!(bearer_challenge(Some("bearer x")), BEARER_INVALID_TOKEN);
+    }
 
     #[test]
     fn only_the_exact_bearer_token_matches() {

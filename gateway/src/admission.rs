@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use flashgate_common::config::{Config, DenyConfig, LimitsConfig};
 use http::HeaderMap;
 
-use crate::auth::{AuthError, Verifier};
+use crate::auth::Verifier;
 use crate::client_ip::client_ip;
 use crate::cluster_limit::ClusterLimit;
 use crate::limits::{Limiters, RouteClass};
@@ -100,10 +100,7 @@ impl Admission {
             return Err(Rejection::Denied);
         }
         edge.limiters.check_ip(class, ip).map_err(Rejection::RateLimited)?;
-        let user = self
-            .verifier
-            .verify(headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes()))
-            .map_err(|e| Rejection::Unauthorized(auth_message(e)))?;
+        let user = self.verifier.verify(headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes())).map_err(Rejection::Unauthorized)?;
         if edge.deny.users.contains(&user) {
             return Err(Rejection::Denied);
         }
@@ -135,13 +132,5 @@ impl Admission {
             Some(limit) => limit.check(redis).await.map_err(|e| unavailable(metrics, &e))?.map_err(Rejection::RateLimited),
             None => Ok(()),
         }
-    }
-}
-
-fn auth_message(e: AuthError) -> &'static str {
-    match e {
-        AuthError::Missing => "missing bearer token",
-        AuthError::Expired => "token expired",
-        AuthError::Invalid => "invalid token",
     }
 }

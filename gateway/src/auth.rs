@@ -56,6 +56,17 @@ pub enum AuthError {
     Invalid,
 }
 
+impl AuthError {
+    /// The message of the 401's body.
+    pub fn message(self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing bearer token",
+            AuthError::Expired => "token expired",
+            AuthError::Invalid => "invalid token",
+        }
+    }
+}
+
 /// Slots of remembered tokens, so a buyer hammering with one token pays
 /// for the signature check once, not per request (a power of two: the
 /// digest's low bits pick the slot): about 5 MiB.

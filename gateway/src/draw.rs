@@ -31,7 +31,8 @@ use std::time::Duration;
 use flashgate_common::config::FairnessConfig;
 use flashgate_common::draw::Outcome;
 use flashgate_common::keys::SaleKeys;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use flashgate_common::metrics::Registry;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
 use tokio::time::Instant;
 use tracing::debug;
 

@@ -38,7 +38,8 @@
 //! - [`limits`]: user, IP and global token buckets in bounded caches.
 //! - [`cluster_limit`]: the optional Redis-side global bucket shared by all gateways.
 //! - [`client_ip`]: the client address, believing only trusted proxies.
-//! - [`reload`]: live reload of limits and deny lists.
+//! - [`reload`]: live reload of limits and deny lists, and SIGHUP asking
+//!   every watcher to reload at once.
 //! - [`runtime_dir`]: the private directory of the upgrade socket and pid file.
 //! - [`events`]: sale events between gateways over pub/sub.
 //! - [`switches`]: global pause switch and backlog pause.

@@ -12,7 +12,8 @@
 
 use std::sync::OnceLock;
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use flashgate_common::metrics::Registry;
+use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, TextEncoder};
 
 use crate::route::RouteKind;
 
@@ -94,7 +95,7 @@ impl Metrics {
     /// # Panics
     /// Only if two metrics share a name, a programming error caught by the tests.
     pub fn register() -> Self {
-        let registry = Registry::new_custom(Some("flashgate".into()), None).expect("valid prefix");
+        let registry = Registry::with_prefix("flashgate").expect("valid prefix");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
             registry.register(Box::new(c.clone())).expect("unique metric");

@@ -2,6 +2,7 @@
 //! a code, a metric label and a message. The HTTP status and headers of
 //! each are decided in `reply`, the only place that knows HTTP.
 
+use crate::auth::AuthError;
 use crate::challenge::token::{Issued, Refusal};
 use crate::metrics::Metrics;
 use crate::redis_client::RedisError;
@@ -10,7 +11,8 @@ use crate::redis_client::RedisError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejection {
     BadRequest(&'static str),
-    Unauthorized(&'static str),
+    /// No token, or a refused one: the 401 says which (`reply`).
+    Unauthorized(AuthError),
     NotFound(&'static str),
     MethodNotAllowed(&'static str),
     PayloadTooLarge,
@@ -75,7 +77,8 @@ impl Rejection {
     /// The human-readable message of the error body.
     pub fn message(&self) -> &'static str {
         match self {
-            Rejection::BadRequest(m) | Rejection::Unauthorized(m) | Rejection::NotFound(m) => m,
+            Rejection::BadRequest(m) | Rejection::NotFound(m) => m,
+            Rejection::Unauthorized(e) => e.message(),
             Rejection::MethodNotAllowed(_) => "method not allowed on this path",
             Rejection::PayloadTooLarge => "request body too large",
             Rejection::HeadersTooLarge => "request headers too large",

@@ -6,6 +6,9 @@
 use bytes::Bytes;
 use serde::Serialize;
 
+use flashgate_common::secret::{BEARER_CHALLENGE, BEARER_INVALID_TOKEN};
+
+use crate::auth::AuthError;
 use crate::buy::BuyOutcome;
 use crate::challenge::token::Issued;
 pub use crate::rejection::Rejection;
@@ -134,6 +137,9 @@ impl From<Rejection> for Reply {
             Rejection::Unavailable | Rejection::NotReplicated => reply.header("Retry-After", "1"),
             Rejection::Paused => reply.header("Retry-After", "5"),
             Rejection::MethodNotAllowed(allow) => reply.header("Allow", allow),
+            // RFC 6750 §3: an error code only when a token was sent.
+            Rejection::Unauthorized(AuthError::Missing) => reply.header("WWW-Authenticate", BEARER_CHALLENGE),
+            Rejection::Unauthorized(AuthError::Expired | AuthError::Invalid) => reply.header("WWW-Authenticate", BEARER_INVALID_TOKEN),
             _ => reply,
         }
     }

@@ -27,7 +27,7 @@ use crate::orders::OrderClient;
 use crate::proxy::Gateway;
 use crate::readiness::{DependencyWatcher, Readiness};
 use crate::redis_client::RedisClient;
-use crate::reload::ConfigWatcher;
+use crate::reload::{ConfigWatcher, Hangup};
 use crate::replica_wait::ReplicaWait;
 use crate::runtime_dir::RuntimePaths;
 use crate::sales::SaleCache;
@@ -106,7 +106,8 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 }
 
 /// Runs the gateway until SIGTERM (graceful), SIGINT (immediate) or
-/// SIGQUIT (hand the sockets to a new process started with `upgrade`).
+/// SIGQUIT (hand the sockets to a new process started with `upgrade`);
+/// SIGHUP reloads what the watchers reload ([`crate::reload`]).
 ///
 /// # Errors
 /// When the gateway cannot be built.
@@ -117,8 +118,13 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     // with the key that names it.
     let certs = config.gateway.tls.as_ref().map(CertSet::load).transpose()?.map(|set| Arc::new(ArcSwap::from_pointee(set)));
     gateway.certs.clone_from(&certs);
-    let watcher =
-        ConfigWatcher { path: config_path.to_owned(), edge: gateway.admission.edge.clone(), interval: std::time::Duration::from_secs(1) };
+    let (hangup, requests) = Hangup::new();
+    let watcher = ConfigWatcher {
+        path: config_path.to_owned(),
+        edge: gateway.admission.edge.clone(),
+        interval: std::time::Duration::from_secs(1),
+        requests: requests.clone(),
+    };
     // Checked before the server exists: the upgrade socket must not be
     // somewhere another user can reach first.
     crate::runtime_dir::prepare(&config.gateway.runtime_dir)?;
@@ -148,7 +154,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         interval: config.gateway.backlog_check,
         timeout: config.redis.timeout,
     };
-    let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval };
+    let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval, requests: requests.clone() };
     let shop_health = pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
     let readiness = Arc::new(Readiness::default());
     let dependencies = DependencyWatcher {
@@ -180,7 +186,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
         let settings = crate::tls::listener_settings(certs.clone()).map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
-        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry, failing: tls_failing };
+        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry, failing: tls_failing, requests };
         server.add_service(pingora::services::background::background_service("TLS certificate watcher", watcher));
         tracing::info!(listen = %tls.listen, redirect_http = tls.redirect_http, "flashgate listening for HTTPS (HTTP/2 and HTTP/1.1)");
     }
@@ -193,6 +199,9 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     server.add_service(pingora::services::background::background_service("config watcher", watcher));
     server.add_service(pingora::services::background::background_service("static pages watcher", pages_watcher));
     server.add_service(shop_health);
+    // Added last, so started first (Pingora starts the last added first):
+    // SIGHUP stops ending the process as early as it can.
+    server.add_service(pingora::services::background::background_service("SIGHUP reload", hangup));
     if config.limits.buy.user.is_none() && config.limits.buy.ip.is_none() && config.limits.buy.global.is_none() {
         tracing::warn!("no [limits.buy] bucket is configured: buys are not rate-limited (see docs/CONFIG.md)");
     }

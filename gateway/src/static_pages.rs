@@ -295,22 +295,31 @@ struct AssetHeaders<'a> {
     negotiated: bool,
 }
 
-/// Periodically reloads the pages when files under the directory change.
+/// Reloads the pages when files under the directory change: checked every
+/// `interval`, and at once on SIGHUP.
 pub struct PagesWatcher {
     pub pages: Arc<StaticPages>,
+    /// How often the files are compared; zero: only on SIGHUP.
     pub interval: Duration,
+    /// SIGHUP: compare the files now.
+    pub requests: crate::reload::ReloadRequests,
 }
 
 #[async_trait]
 impl BackgroundService for PagesWatcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        if self.interval.is_zero() {
-            return;
-        }
+        let mut requests = self.requests.clone();
         loop {
+            let timer = async {
+                if self.interval.is_zero() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(self.interval).await;
+            };
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(self.interval) => {}
+                _ = timer => {}
+                _ = requests.next() => {}
             }
             let pages = self.pages.clone();
             // Reading and compressing files is blocking work.

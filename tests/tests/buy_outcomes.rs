@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flashgate_tests::{random_user, token, token_with, Stack, StackOptions};
+use flashgate_tests::{random_user, token, token_with, Stack, StackOptions, JWT_SECRET};
 use serde_json::Value;
 
 async fn post(
@@ -29,6 +29,60 @@ fn assert_error(got: &(u16, reqwest::header::HeaderMap, Value), status: u16, cod
     assert_eq!(got.0, status, "{:?}", got.2);
     assert_eq!(got.2["code"], code, "{:?}", got.2);
     assert!(got.2["message"].is_string());
+}
+
+/// Status and `WWW-Authenticate` of a request with `authorization`.
+async fn challenge(stack: &Stack, method: reqwest::Method, url: &str, authorization: Option<&str>) -> (u16, Option<String>) {
+    let mut req = stack.http.request(method, url);
+    if let Some(value) = authorization {
+        req = req.header("Authorization", value);
+    }
+    let resp = req.timeout(Duration::from_secs(10)).send().await.unwrap();
+    let value = resp.headers().get("www-authenticate").map(|v| v.to_str().unwrap().to_owned());
+    (resp.status().as_u16(), value)
+}
+
+/// Every 401 names the scheme that would be accepted (RFC 9110 §11.6.1):
+/// `Bearer realm="flashgate"`, with `error="invalid_token"` when a bearer
+/// token was sent and refused, and no error code when none was (RFC 6750
+/// §3): the buyer API and the admin purge of the gateway, and the admin,
+/// gateway and shop APIs of the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_401_carries_a_bearer_challenge_with_invalid_token_only_when_a_token_was_sent() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("auth", 5, 1).await;
+    let no_token = Some(r#"Bearer realm="flashgate""#.to_owned());
+    let refused = Some(r#"Bearer realm="flashgate", error="invalid_token""#.to_owned());
+    let bearer = |t: &str| format!("Bearer {t}");
+    let expired = bearer(&token_with("alice", JWT_SECRET, -60));
+    let forged = bearer(&token_with("alice", "not-the-jwt-secret-but-long-enough-0000", 60));
+    let wrong = bearer("not-the-right-token-but-long-enough-000000");
+    let buy = stack.url("/api/sales/auth/buy");
+    let purge = format!("http://{}/cache/purge", stack.gateway_admin_addr);
+    let admin = stack.admin_url("/admin/sales");
+    let internal = format!("http://{}/internal/sales/auth", stack.backend_addr);
+    let pay = format!("http://{}/internal/orders/o1/pay", stack.backend_addr);
+    let (get, post) = (reqwest::Method::GET, reqwest::Method::POST);
+    let cases: [(&reqwest::Method, &str, Option<&str>, &Option<String>); 14] = [
+        (&post, &buy, None, &no_token),
+        (&post, &buy, Some("Basic YWxpY2U6c2VjcmV0"), &no_token),
+        (&post, &buy, Some("Bearer not.a.jwt"), &refused),
+        (&post, &buy, Some(&expired), &refused),
+        (&post, &buy, Some(&forged), &refused),
+        (&post, &purge, None, &no_token),
+        (&post, &purge, Some(&wrong), &refused),
+        (&get, &admin, None, &no_token),
+        (&get, &admin, Some("Basic YWxpY2U6c2VjcmV0"), &no_token),
+        (&get, &admin, Some(&wrong), &refused),
+        (&get, &internal, None, &no_token),
+        (&get, &internal, Some(&wrong), &refused),
+        (&post, &pay, None, &no_token),
+        (&post, &pay, Some(&wrong), &refused),
+    ];
+    for (method, url, authorization, expected) in cases {
+        let got = challenge(&stack, method.clone(), url, authorization).await;
+        assert_eq!(got, (401, expected.clone()), "{method} {url} with {authorization:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,3 +117,47 @@ async fn outcome_counters_equal_what_clients_saw() {
     assert_eq!(created as i64, winners, "{backend_text}");
     promtool_check(&backend_text);
 }
+
+/// Endings OpenMetrics gives a family's series (and drops from a counter's
+/// family name): a family named as another plus one of them is one family
+/// with it to an OpenMetrics or OpenTelemetry scraper, and invalid.
+const RESERVED_SUFFIXES: [&str; 5] = ["_total", "_count", "_sum", "_bucket", "_created"];
+
+/// Every family of the gateway's registry as the server builds it (the
+/// shop cache on, so its families are there too).
+fn gateway_families() -> Vec<String> {
+    struct Secrets;
+    impl flashgate_common::config::Env for Secrets {
+        fn var(&self, name: &str) -> Option<String> {
+            match name {
+                flashgate_common::config::ENV_JWT_SECRET => Some(flashgate_tests::JWT_SECRET.into()),
+                flashgate_common::config::ENV_INTERNAL_TOKEN => Some(flashgate_tests::INTERNAL_TOKEN.into()),
+                _ => None,
+            }
+        }
+    }
+    let static_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
+    let text = format!("[gateway]\nstatic_dir = \"{}\"\n[shop.cache]\nenabled = true\n", static_dir.display());
+    let config = flashgate_common::config::Config::from_toml_str(&text, &Secrets, 0).unwrap();
+    let (gateway, _worker) = flashgate_gateway::server::build_gateway(std::sync::Arc::new(config)).unwrap();
+    gateway.metrics.registry.family_names()
+}
+
+#[test]
+fn no_metric_family_is_named_as_another_plus_an_openmetrics_suffix() {
+    let gateway = gateway_families();
+    let backend = flashgate_backend::metrics::Metrics::register().registry.family_names();
+    // Families with no series yet are listed too.
+    for name in ["flashgate_tls_reloads_total", "flashgate_shop_cache_evictions_total", "flashgate_draw_runs_total"] {
+        assert!(gateway.iter().any(|n| n == name), "{name} missing from {gateway:?}");
+    }
+    assert!(backend.iter().any(|n| n == "flashgate_sale_bucket_backlog_reservations"), "{backend:?}");
+    let all: std::collections::BTreeSet<&str> = gateway.iter().chain(&backend).map(String::as_str).collect();
+    let clashes: Vec<String> = all
+        .iter()
+        .flat_map(|base| RESERVED_SUFFIXES.iter().map(move |suffix| (base, suffix)))
+        .filter(|(base, suffix)| all.contains(format!("{base}{suffix}").as_str()))
+        .map(|(base, suffix)| format!("{base} and {base}{suffix}"))
+        .collect();
+    assert!(clashes.is_empty(), "families named as another plus an OpenMetrics suffix: {clashes:?}");
+}

@@ -81,6 +81,34 @@ async fn a_reload_changes_a_limit_in_a_running_gateway() {
     assert!(a == 429 || b == 429, "the running limit was lost: {a}, {b}");
 }
 
+/// `systemctl reload` sends SIGHUP: the gateway applies the config file at
+/// once and keeps serving. The edit keeps the file's modification time, so
+/// the once-a-second check of it cannot be what applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_the_config_file_at_once_and_the_gateway_keeps_serving() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("hup", 1000, 1000).await;
+    let buy = |stack: &Stack, user: &str| {
+        let (http, addr, token) = (stack.http.clone(), stack.gateway_addr, token(user));
+        async move { flashgate_tests::buy(&http, addr, "hup", &token, None).await.0 }
+    };
+    assert_eq!(buy(&stack, "mallory").await, 202, "not denied yet");
+    let modified = std::fs::metadata(&stack.config_path).unwrap().modified().unwrap();
+    stack.edit_config(|t| format!("{t}\n[deny]\nusers = [\"mallory\"]\n"));
+    std::fs::File::options().write(true).open(&stack.config_path).unwrap().set_modified(modified).unwrap();
+    let before = stack.log("flashgate").matches("config reloaded").count();
+    stack.gateway.as_ref().unwrap().signal("HUP");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && stack.log("flashgate").matches("config reloaded").count() == before {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let exited = stack.gateway.as_mut().unwrap().child.try_wait().unwrap();
+    assert_eq!(exited, None, "SIGHUP stopped the gateway: {}", stack.log("flashgate"));
+    assert_eq!(buy(&stack, "mallory").await, 403, "the deny list was not applied: {}", stack.log("flashgate"));
+    assert_eq!(buy(&stack, "steady").await, 202, "the gateway still serves the others");
+}
+
 #[test]
 fn the_compose_file_is_accepted_by_compose() {
     let file = workspace_file("deploy/docker-compose.yml");

@@ -468,7 +468,9 @@ async fn dead_events_are_listed_counted_and_delivered_once_retried() {
     let scrape = || async { reqwest::get(format!("http://{}/metrics", stack.backend_addr)).await.unwrap().text().await.unwrap() };
     let mut text = scrape().await;
     // The gauges are read from the outbox once a second.
-    while metric("flashgate_order_events_dead", &text) != Some(1.0) || metric("flashgate_order_events_dead_total", &text) != Some(1.0) {
+    while metric("flashgate_order_events_dead_in_outbox", &text) != Some(1.0)
+        || metric("flashgate_order_events_dead_total", &text) != Some(1.0)
+    {
         assert!(Instant::now() < deadline, "dead metrics: {text}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         text = scrape().await;

@@ -368,6 +368,67 @@ async fn tls_1_1_is_refused_and_tls_1_2_accepted() {
     assert!(r.log.contains("TLSv1.3"), "{}", r.log);
 }
 
+/// The key exchange group a handshake agreed on, by name.
+fn agreed_group(ssl: &openssl::ssl::SslRef) -> String {
+    let key = ssl.peer_tmp_key().expect("an ephemeral key exchange");
+    match key.id() {
+        openssl::pkey::Id::X25519 => "X25519".into(),
+        openssl::pkey::Id::X448 => "X448".into(),
+        openssl::pkey::Id::EC => match key.ec_key().unwrap().group().curve_name() {
+            Some(openssl::nid::Nid::X9_62_PRIME256V1) => "P-256".into(),
+            Some(openssl::nid::Nid::SECP384R1) => "P-384".into(),
+            Some(openssl::nid::Nid::SECP521R1) => "P-521".into(),
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
+    }
+}
+
+/// A handshake at exactly `version` by a client offering the key exchange
+/// groups `groups` (in its order of preference, which the server follows)
+/// and, in TLS 1.2, only ECDHE suites, so no other key exchange can stand
+/// in; the group agreed, or the error.
+fn handshake_offering(port: u16, version: SslVersion, groups: &str) -> Result<String, String> {
+    let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_groups_list(groups).unwrap();
+    b.set_min_proto_version(Some(version)).unwrap();
+    b.set_max_proto_version(Some(version)).unwrap();
+    if version == SslVersion::TLS1_2 {
+        b.set_cipher_list("ECDHE").unwrap();
+    }
+    b.set_verify(SslVerifyMode::NONE);
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    b.build().connect("a.test", tcp).map(|s| agreed_group(s.ssl())).map_err(|e| e.to_string())
+}
+
+/// Mozilla's intermediate profile: key exchange over X25519, P-256 or
+/// P-384 only; X448, P-521 and the finite-field groups that OpenSSL
+/// offers by default are refused. In TLS 1.3 a client offering only a
+/// refused group fails its handshake. In TLS 1.2 the one list also names
+/// the curves the certificate's signature may use, so the client offers
+/// P-256 (the test certificates' curve) after the group tried: the server
+/// takes the client's first group it accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_exchange_groups_are_those_of_mozillas_intermediate_profile() {
+    let certs = Certs::new();
+    let (_stack, port) = tls_stack(&certs, "", "").await;
+    let offer = |version: SslVersion, groups: String| tokio::task::spawn_blocking(move || handshake_offering(port, version, &groups));
+    for group in ["X25519", "P-256", "P-384"] {
+        assert_eq!(offer(SslVersion::TLS1_3, group.into()).await.unwrap().as_deref(), Ok(group), "TLS 1.3");
+        let groups = if group == "P-256" { group.to_owned() } else { format!("{group}:P-256") };
+        assert_eq!(offer(SslVersion::TLS1_2, groups).await.unwrap().as_deref(), Ok(group), "TLS 1.2");
+    }
+    for group in ["X448", "P-521", "ffdhe2048"] {
+        let got = offer(SslVersion::TLS1_3, group.into()).await.unwrap();
+        assert!(got.is_err(), "{group} over TLS 1.3 was accepted: {got:?}");
+    }
+    for group in ["X448", "P-521"] {
+        let got = offer(SslVersion::TLS1_2, format!("{group}:P-256")).await.unwrap();
+        assert_eq!(got.as_deref(), Ok("P-256"), "{group} offered first over TLS 1.2");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears_https() {
     let certs = Certs::new();

@@ -13,10 +13,10 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use flashgate_common::secret::bearer_matches;
+use flashgate_common::secret::{bearer_challenge, bearer_matches};
 
 use super::error::ApiError;
 
@@ -56,13 +56,16 @@ impl ApiTokens {
 pub struct Guard(Arc<str>);
 
 /// Runs the request only when it carries `Authorization: Bearer <token>`
-/// with the guard's token; `401` JSON otherwise.
+/// with the guard's token; `401` JSON otherwise, with a `WWW-Authenticate`
+/// challenge (`error="invalid_token"` when a bearer token was sent).
 pub async fn require(State(guard): State<Guard>, request: Request, next: Next) -> Response {
     let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     if bearer_matches(header, &guard.0) {
         next.run(request).await
     } else {
-        ApiError::unauthorized().into_response()
+        let mut response = ApiError::unauthorized().into_response();
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(bearer_challenge(header)));
+        response
     }
 }
 

@@ -28,8 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flashgate_common::config::EventsConfig;
+use flashgate_common::metrics::Registry;
 use futures_util::StreamExt;
-use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, Opts};
 use tokio::sync::watch;
 
 use crate::store::outbox::{Failure, OutboxEvent};
@@ -51,7 +52,9 @@ pub struct EventMetrics {
     pub failed_attempts: IntCounterVec,
     /// Events that became dead (gave up after `events.max_attempts`).
     pub dead_total: IntCounter,
-    /// Dead events in the outbox now.
+    /// Dead events in the outbox now (`order_events_dead_in_outbox`: plain
+    /// `order_events_dead` is the family of `dead_total` to an OpenMetrics
+    /// scraper, which drops a counter's `_total`).
     pub dead: IntGauge,
     /// Events waiting to be delivered now.
     pub backlog: IntGauge,
@@ -76,7 +79,10 @@ impl EventMetrics {
                 by_sink("order_events_failed_attempts_total", "Order event deliveries that failed (sink: webhook, amqp)."),
             ),
             dead_total: reg(registry, IntCounter::new("order_events_dead_total", "Order events given up after events.max_attempts.")),
-            dead: reg(registry, IntGauge::new("order_events_dead", "Dead order events in the outbox (see GET /admin/events/dead).")),
+            dead: reg(
+                registry,
+                IntGauge::new("order_events_dead_in_outbox", "Dead order events in the outbox (see GET /admin/events/dead)."),
+            ),
             backlog: reg(registry, IntGauge::new("order_events_backlog", "Order events waiting in the outbox to be delivered.")),
             lag_seconds: reg(registry, Gauge::new("order_events_lag_seconds", "Age of the oldest order event waiting to be delivered.")),
         }

@@ -271,7 +271,7 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     assert_eq!(metrics.events.failed_attempts.with_label_values(&["webhook"]).get(), 3);
     assert_eq!(metrics.events.dead_total.get(), 1);
     deliverer.refresh_stats().await;
-    assert!(metrics.render().contains("flashgate_order_events_dead 1"), "{}", metrics.render());
+    assert!(metrics.render().contains("flashgate_order_events_dead_in_outbox 1"), "{}", metrics.render());
     let dead = store.dead_events(10).await.unwrap();
     assert_eq!(dead[0].last_error.as_deref(), Some("webhook answered 503"));
     deliverer.deliver_once().await.unwrap();

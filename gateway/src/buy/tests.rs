@@ -213,7 +213,7 @@ async fn paused_switches_and_unknown_sales_are_answered_locally() {
 async fn admission_checks_the_token_the_deny_list_and_the_key() {
     let f = fixture(&["banned"]).await;
     f.open_sale("s", 5).await;
-    assert_eq!(f.service.admit("s", PEER, &headers(None, None)).await, Err(Rejection::Unauthorized("missing bearer token")));
+    assert_eq!(f.service.admit("s", PEER, &headers(None, None)).await, Err(Rejection::Unauthorized(crate::auth::AuthError::Missing)));
     assert_eq!(f.service.admit("s", PEER, &headers(Some("banned"), None)).await, Err(Rejection::Denied));
     let long_key = "k".repeat(65);
     assert!(matches!(f.service.admit("s", PEER, &headers(Some("a"), Some(&long_key))).await, Err(Rejection::BadRequest(_))));

@@ -62,13 +62,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flashgate_common::config::ShopCacheConfig;
 use flashgate_common::keys::SaleEvent;
+use flashgate_common::metrics::Registry;
 use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
 use pingora::cache::key::CacheHashKey;
 use pingora::cache::lock::CacheKeyLockImpl;
 use pingora::cache::{CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
 use pingora::http::ResponseHeader;
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, Opts};
 
 use fill_lock::FillLock;
 use storage::{MemoryStore, StoreGauges};

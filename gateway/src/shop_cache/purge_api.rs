@@ -12,13 +12,13 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{publish, valid_purge_path, SaleEvent};
 use flashgate_common::redis_conn::{RedisHandle, Tuning};
-use flashgate_common::secret::bearer_matches;
+use flashgate_common::secret::{bearer_challenge, bearer_matches};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -83,7 +83,10 @@ fn target(body: PurgeBody) -> Result<PurgeTarget, &'static str> {
 pub async fn purge(State(api): State<PurgeApi>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     let authorization = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     if !api.admin_token.as_deref().is_some_and(|token| bearer_matches(authorization, token)) {
-        return error(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <FLASHGATE_ADMIN_TOKEN>");
+        let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <FLASHGATE_ADMIN_TOKEN>");
+        let challenge = HeaderValue::from_static(bearer_challenge(authorization));
+        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
+        return response;
     }
     let Some(cache) = api.cache else {
         return error(StatusCode::NOT_FOUND, "cache_off", "the shop cache is off (shop.cache.enabled = false)");

@@ -12,7 +12,10 @@
 //! terminates TLS. The listener starts from Mozilla's intermediate profile
 //! (TLS 1.2 and 1.3, AEAD ciphers only, ECDHE key exchange and, for TLS 1.2
 //! with RSA certificates, DHE over ffdhe2048), with TLS 1.2 also set as
-//! the floor explicitly, and offers HTTP/2 then HTTP/1.1 by ALPN.
+//! the floor explicitly, and offers HTTP/2 then HTTP/1.1 by ALPN. The
+//! key exchange groups are set too ([`GROUPS`]): the profile names them,
+//! but OpenSSL's defaults, which it would otherwise keep, add X448, P-521
+//! and the finite-field groups of TLS 1.3.
 
 pub mod certs;
 pub mod redirect;
@@ -50,8 +53,13 @@ impl TlsAccept for CertResolver {
     }
 }
 
+/// The key exchange groups of Mozilla's intermediate profile, in its
+/// order of preference (ECDHE in TLS 1.2, key shares in TLS 1.3).
+pub const GROUPS: &str = "X25519:P-256:P-384";
+
 /// The HTTPS listener's settings: certificates from `certs`, TLS 1.2 at
-/// least, HTTP/2 preferred by ALPN with HTTP/1.1 still served.
+/// least, the key exchange over [`GROUPS`] only, HTTP/2 preferred by ALPN
+/// with HTTP/1.1 still served.
 ///
 /// # Errors
 /// When OpenSSL refuses the settings (not expected with a working libssl).
@@ -60,6 +68,9 @@ pub fn listener_settings(certs: Arc<ArcSwap<CertSet>>) -> pingora::Result<TlsSet
     settings
         .set_min_proto_version(Some(SslVersion::TLS1_2))
         .map_err(|e| pingora::Error::because(pingora::ErrorType::InternalError, "cannot set the minimum TLS version", e))?;
+    settings
+        .set_groups_list(GROUPS)
+        .map_err(|e| pingora::Error::because(pingora::ErrorType::InternalError, "cannot set the key exchange groups", e))?;
     settings.enable_h2();
     Ok(settings)
 }

@@ -1,7 +1,8 @@
 //! Reloads the listener's certificates when their files change.
 //!
-//! Every `gateway.tls.reload_interval_ms` the files are read and compared
-//! with what was loaded. On a change the whole set is loaded and checked
+//! Every `gateway.tls.reload_interval_ms`, and at once on SIGHUP
+//! ([`crate::reload::Hangup`]), the files are read and compared with what
+//! was loaded. On a change the whole set is loaded and checked
 //! again, then swapped in: handshakes from then on use it, connections
 //! already open keep theirs (a certificate only matters in a handshake).
 //! A set that fails to load (unreadable file, key not matching its
@@ -24,6 +25,7 @@ use tracing::{info, warn};
 
 use super::certs::{read_all, FileBytes};
 use super::CertSet;
+use crate::reload::ReloadRequests;
 
 pub struct CertWatcher {
     pub config: TlsConfig,
@@ -35,6 +37,8 @@ pub struct CertWatcher {
     /// `flashgate_tls_reload_failing`: 1 from a failed try until the files
     /// load (or are back to those in use).
     pub failing: IntGauge,
+    /// SIGHUP: compare the files now, not at the next interval.
+    pub requests: ReloadRequests,
 }
 
 /// What one check of the files did.
@@ -103,10 +107,12 @@ impl BackgroundService for CertWatcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         self.expiry.set(self.certs.load().earliest_expiry_unix());
         let mut failed = None;
+        let mut requests = self.requests.clone();
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tokio::time::sleep(self.config.reload_interval) => {}
+                _ = requests.next() => {}
             }
             self.check(&mut failed);
         }
