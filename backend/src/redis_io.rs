@@ -17,7 +17,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
-static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/update_sale.lua")));
+static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::UPDATE_SALE));
 
 /// Runs `lua/update_sale.lua` with `spec`: `[1, remaining]` changed,
 /// `[0, sold]` the stock is below what is sold (nothing changed),
