@@ -1,4 +1,6 @@
-//! Redis connections and the Lua scripts the backend runs.
+//! Redis connections, the sale update script (`lua/update_sale.lua`), and
+//! announcing sale events. Every other script is run by the module it
+//! serves, built from `flashgate_common::scripts`.
 //!
 //! Two kinds of connection, on purpose, both [`RedisHandle`]s in the
 //! configured `redis.mode`: the HTTP handlers and background loops share one
