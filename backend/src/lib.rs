@@ -21,7 +21,15 @@
 //! - [`sales`]: preheating sales into Redis, changing them, operator views.
 //! - [`switches`]: per-sale pauses and the global switch, database first,
 //!   and the sync that brings Redis's copies in line.
-//! - [`redis_io`]: Redis connections, the Lua scripts, announcing sale events.
+//! - [`counted`]: the one way an order enters the database, only while
+//!   the sale's Redis counts its reservation (check and insert in one
+//!   transaction).
+//! - [`fence`]: the failover fence: sales whose Redis may have gone back in
+//!   time sell nothing until re-synced from the database (bucket by bucket
+//!   for a bucketed sale).
+//! - [`redis_io`]: Redis connections, the sale update script, announcing
+//!   sale events (each module builds its own scripts from
+//!   `flashgate_common::scripts`).
 //! - [`recovery`]: restoring a sale Redis lost; returning cancelled items.
 //! - [`buckets`]: bucketed sales: installing their buckets, copying the
 //!   definition to them, the transit repair of transfers between them,
@@ -35,7 +43,8 @@
 //! No two modules import each other: [`server`] wires the rest, [`api`]
 //! calls into [`sales`], [`switches`], [`reconcile`], [`buckets`] and [`stream`],
 //! [`reconcile`] into [`buckets`],
-//! [`sales`] preheats through [`recovery`], and everything uses [`store`],
+//! [`sales`] preheats through [`recovery`], orders are written through
+//! [`counted`], sales re-synced through [`fence`], and everything uses [`store`],
 //! [`redis_io`] and [`error`], which import nothing above them.
 
 // Product code: a panic is a bug. Handle the error, or `expect` with the
@@ -65,3 +74,18 @@ pub use server::{run, StartError};
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_layout_names_every_module() {
+        let lib = include_str!("lib.rs");
+        let layout = lib.split("\n//! Layout:").nth(1).and_then(|l| l.split("\n//!\n").next()).expect("a Layout list");
+        let missing: Vec<&str> = lib
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+            .filter(|m| !layout.contains(&format!("[`{m}`]")) && !layout.contains(&format!("[`{m}::")))
+            .collect();
+        assert!(missing.is_empty(), "modules missing from the Layout list of backend/src/lib.rs: {missing:?}");
+    }
+}

@@ -68,10 +68,10 @@ use crate::store::{OrderRow, OrderStatus, Store};
 use crate::switches;
 
 /// Returns one cancelled reservation's item (`lua/release.lua`).
-pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
+pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::RELEASE));
 
 /// Makes Redis count an order it forgot (`lua/adopt.lua`).
-static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/adopt.lua")));
+static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::ADOPT));
 
 /// Makes Redis count `order` (its item out of `remaining`, its buyer in
 /// `buyers`, its reservation in `resv`) unless Redis already knows the
@@ -104,16 +104,13 @@ async fn order_script<C: ConnectionLike + Send>(
 }
 
 /// Installs a rebuilt sale, paused, if still absent, for the lock holder only (`lua/preheat.lua`).
-static INSTALL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/preheat.lua")));
+static INSTALL: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT));
 
-/// Extends the lock only while it holds our token.
-static RENEW_LOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0")
-});
+/// Extends the lock only while it holds our token (`lua/restore_lock_renew.lua`).
+static RENEW_LOCK: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_RENEW));
 
-/// Frees the lock only while it holds our token.
-static FREE_LOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"));
+/// Frees the lock only while it holds our token (`lua/restore_lock_free.lua`).
+static FREE_LOCK: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_FREE));
 
 /// Redis commands per pipeline while rebuilding a sale.
 const CHUNK: usize = 1000;

@@ -1,4 +1,6 @@
-//! Redis connections and the Lua scripts the backend runs.
+//! Redis connections, the sale update script (`lua/update_sale.lua`), and
+//! announcing sale events. Every other script is run by the module it
+//! serves, built from `flashgate_common::scripts`.
 //!
 //! Two kinds of connection, on purpose, both [`RedisHandle`]s in the
 //! configured `redis.mode`: the HTTP handlers and background loops share one
@@ -17,7 +19,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
-static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/update_sale.lua")));
+static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::UPDATE_SALE));
 
 /// Runs `lua/update_sale.lua` with `spec`: `[1, remaining]` changed,
 /// `[0, sold]` the stock is below what is sold (nothing changed),

@@ -57,16 +57,16 @@ pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Store, i
 /// Redis failed.
 async fn apply_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: bool) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
-    let script = redis::Script::new(
-        "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], 'paused', ARGV[1]) return 1",
-    );
-    let existed: i64 = script.key(&keys.meta).arg(if paused { "1" } else { "0" }).invoke_async(conn).await?;
+    let existed: i64 = PAUSE.key(&keys.meta).arg(if paused { "1" } else { "0" }).invoke_async(conn).await?;
     if existed == 1 {
         crate::buckets::copy_pause(conn, id).await?;
         announce(conn, &SaleEvent::Changed(id.to_owned())).await;
     }
     Ok(existed == 1)
 }
+
+/// Writes a sale's pause only if the sale is there (`lua/pause.lua`).
+static PAUSE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE));
 
 /// Turns the global switch: `paused` stops every buy on every gateway.
 /// Written to the database first, then to Redis.
@@ -84,21 +84,14 @@ pub async fn set_all_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
 
 /// Sets a key only while it still holds what the caller read, so a sync
 /// never writes over a value an operator wrote after that read.
-static SWAP_SWITCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end return 0")
-});
+/// (`lua/switch_swap.lua`)
+static SWAP_SWITCH: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::SWITCH_SWAP));
 
 /// Sets a present sale's pause only while it still holds what the caller
 /// read and no restore other than the caller's (ARGV[3], its lock token)
 /// holds the sale's lock: a restore applies the recorded pause itself.
-static SWAP_PAUSE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local lock = redis.call('GET', KEYS[2]) \
-         if lock and lock ~= ARGV[3] then return 0 end \
-         if redis.call('HGET', KEYS[1], 'paused') ~= ARGV[1] then return 0 end \
-         redis.call('HSET', KEYS[1], 'paused', ARGV[2]) return 1",
-    )
-});
+/// (`lua/pause_swap.lua`)
+static SWAP_PAUSE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE_SWAP));
 
 /// Sets sale `id`'s pause in Redis to `paused` if it still holds `seen`
 /// (read before the database was) and no other restore holds the sale

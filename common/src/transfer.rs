@@ -47,9 +47,9 @@ use crate::keys::SaleKeys;
 pub const REPAIR_AFTER_MS: i64 = 2_000;
 
 static XFER_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_OUT));
-static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_in.lua")));
-static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/xfer_ack.lua")));
-static BUCKET_STATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/bucket_state.lua")));
+static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_IN));
+static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_ACK));
+static BUCKET_STATE: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::BUCKET_STATE));
 
 /// What the donor side of a transfer answered.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -123,3 +123,20 @@ async fn a_sentinel_handle_leaves_a_silent_primary_while_its_caller_bounds_every
     assert_ne!(info_field(&info, "tcp_port"), port, "answered by the old primary");
     assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
 }
+
+#[tokio::test]
+async fn check_connect_loads_every_script_of_the_one_list_on_a_standalone_redis() {
+    let server = flashgate_testkit::RedisServer::private();
+    let found = flashgate_common::redis_conn::probe(&config(RedisTarget::Standalone { url: server.url() })).await.unwrap();
+    assert!(found.iter().any(|line| line.contains("every script loaded")), "{found:?}");
+    let mut exists = redis::cmd("SCRIPT");
+    exists.arg("EXISTS");
+    for (_, body) in flashgate_common::scripts::ALL {
+        exists.arg(redis::Script::new(body).get_hash());
+    }
+    let loaded: Vec<i64> = exists.query_async(&mut server.conn().await).await.unwrap();
+    let missing: Vec<&str> =
+        flashgate_common::scripts::ALL.iter().zip(&loaded).filter(|(_, l)| **l != 1).map(|((name, _), _)| *name).collect();
+    assert_eq!(loaded.len(), flashgate_common::scripts::ALL.len());
+    assert!(missing.is_empty(), "not loaded by check --connect: {missing:?}");
+}

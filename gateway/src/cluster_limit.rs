@@ -27,7 +27,7 @@ pub struct ClusterLimit {
 
 impl ClusterLimit {
     pub fn new(bucket: Bucket) -> Self {
-        Self { bucket, script: redis::Script::new(include_str!("../../lua/gcra.lua")) }
+        Self { bucket, script: redis::Script::new(flashgate_common::scripts::GCRA) }
     }
 
     /// Takes one token from the shared bucket.

@@ -261,7 +261,7 @@ pub async fn remembered(
 
 /// Reads a remembered outcome (`lua/remembered.lua`).
 static REMEMBERED: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/remembered.lua")));
+    std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::REMEMBERED));
 
 /// Parses an outcome as the script stores it (`code|detail`): a replay.
 fn parse_remembered(value: &str) -> Option<Decision> {

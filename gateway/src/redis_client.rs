@@ -6,13 +6,16 @@
 //! created lazily on first use because redis-rs spawns the connection's
 //! driver on the runtime that creates it, and that must be the proxy's
 //! runtime, not a temporary one in `main`. Every call is bounded by the
-//! configured timeout, so a stalled Redis yields a quick 503, not a hang.
+//! configured timeout and the circuit breaker ([`RedisClient::bounded`];
+//! [`RedisClient::publish`] for announcements on `fg:events`), so a stalled
+//! Redis yields a quick 503, not a hang.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flashgate_common::config::RedisConfig;
+use flashgate_common::keys::SaleEvent;
 use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use tokio::sync::OnceCell;
 
@@ -170,6 +173,19 @@ impl RedisClient {
         }
     }
 
+    /// Announces `event` to every gateway and backend on `fg:events`, on
+    /// the shared connection and through [`RedisClient::bounded`], like any
+    /// other call: it is refused while the breaker is open, and its
+    /// failure or timeout counts.
+    ///
+    /// # Errors
+    /// [`RedisError::CircuitOpen`], [`RedisError::Timeout`], or Redis's error.
+    pub async fn publish(&self, event: &SaleEvent) -> Result<(), RedisError> {
+        let mut conn = self.conn().await?;
+        self.bounded(flashgate_common::keys::publish(&mut conn, event)).await??;
+        Ok(())
+    }
+
     /// Where Redis is, for connections of their own (pub/sub, checks).
     pub fn config(&self) -> &RedisConfig {
         &self.config
@@ -197,6 +213,27 @@ mod tests {
         }
         assert_eq!(redis.breaker.state(), BreakerState::Open);
         assert!(matches!(redis.conn().await, Err(RedisError::CircuitOpen)), "an open breaker refuses the handle");
+    }
+
+    #[tokio::test]
+    async fn a_publish_goes_through_the_breaker_which_counts_its_failure_and_then_refuses_it() {
+        let server = RedisServer::private();
+        let redis = RedisClient::standalone(&server.url(), Duration::from_millis(500), Breaker::new(1, Duration::from_secs(60)));
+        let event = SaleEvent::SoldOut("s".into());
+        redis.publish(&event).await.expect("published");
+        assert_eq!(server.command_calls("publish").await, 1);
+        assert_eq!(redis.breaker.state(), BreakerState::Closed);
+
+        // Redis refuses the next publish: one failure opens this breaker.
+        let () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("-publish").query_async(&mut server.conn().await).await.unwrap();
+        let refused = redis.publish(&event).await;
+        assert!(matches!(refused, Err(RedisError::Redis(_))), "{refused:?}");
+        assert_eq!(redis.breaker.state(), BreakerState::Open, "the failed publish fed the breaker");
+
+        // While open, a publish is not even sent.
+        let () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("+publish").query_async(&mut server.conn().await).await.unwrap();
+        assert!(matches!(redis.publish(&event).await, Err(RedisError::CircuitOpen)));
+        assert_eq!(server.command_calls("publish").await, 1);
     }
 
     #[tokio::test]

@@ -186,3 +186,48 @@ fn the_kubernetes_example_trusts_no_pod_network_and_lets_only_the_ingress_reach_
     assert!(policy.contains("policyTypes: [Ingress]") && policy.contains("port: http"), "{policy}");
     assert!(policy.contains("app.kubernetes.io/name: ingress-nginx"), "{policy}");
 }
+
+/// The text of every `.rs` file under `dir` (a crate's `src/`).
+fn sources_under(dir: &std::path::Path) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            text.push_str(&sources_under(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            text.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    text
+}
+
+#[test]
+fn the_metrics_table_lists_each_metric_once_in_one_table_and_each_is_in_the_code() {
+    let doc = std::fs::read_to_string(workspace_file("docs/OPERATIONS.md")).unwrap();
+    let section = doc.split("\n## Metrics\n").nth(1).and_then(|s| s.split("\n## ").next()).expect("a Metrics section");
+    let lines: Vec<&str> = section.lines().collect();
+    let first = lines.iter().position(|l| l.starts_with("| Metric |")).expect("a metrics table");
+    let table: Vec<&str> = lines[first..].iter().take_while(|l| l.starts_with('|')).copied().collect();
+    let after: Vec<&str> = lines[first + table.len()..].iter().filter(|l| l.starts_with("| `flashgate_")).copied().collect();
+    assert!(after.is_empty(), "metric rows after the table ended (a blank line inside it?): {after:?}");
+
+    let names: Vec<&str> = table.iter().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).collect();
+    assert!(names.len() > 40, "{names:?}");
+    let mut twice: Vec<&str> = names.iter().filter(|n| names.iter().filter(|m| m == n).count() > 1).copied().collect();
+    twice.dedup();
+    assert!(twice.is_empty(), "listed more than once: {twice:?}");
+
+    // Registered as `flashgate_` + name (the gateway), or by the full name
+    // or `backend_`-less name (the backend).
+    let code = sources_under(&workspace_file("gateway/src")) + &sources_under(&workspace_file("backend/src"));
+    let unknown: Vec<&str> = names
+        .iter()
+        .filter(|name| {
+            let short = name.strip_prefix("flashgate_").unwrap_or(name);
+            let shorter = short.strip_prefix("backend_").unwrap_or(short);
+            ![*name, short, shorter].iter().any(|n| code.contains(&format!("\"{n}\"")))
+        })
+        .copied()
+        .collect();
+    assert!(unknown.is_empty(), "documented metrics no code registers: {unknown:?}");
+}

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use flashgate_common::reservation::reservation_id;
 use flashgate_gateway::breaker::Breaker;
 use flashgate_gateway::deduct::{deduct, BuyAttempt};
+use flashgate_gateway::deduct_batch::DeductBatcher;
+use flashgate_gateway::metrics::Metrics;
 use flashgate_gateway::redis_client::RedisClient;
 use flashgate_tests::{buy_all, random_user, token, Attempt, Stack, StackOptions};
 use serde_json::Value;
@@ -67,13 +69,16 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
     assert_eq!(stack.buy("keys", "alice", Some("first")).await.0, 202);
     let before = redis_used_memory(&stack).await;
 
-    // The gateway's own deduct call (the script, its keys and arguments),
+    // The gateway's own deduct path (the batcher a buy goes through, so
+    // `lua/deduct_batch.lua` with the buy path's keys and arguments),
     // without HTTP in front: 100,000 requests through a debug gateway would
     // take minutes on a small machine.
     let redis = Arc::new(RedisClient::standalone(&stack.redis.url(), Duration::from_secs(5), Breaker::new(1000, Duration::from_secs(1))));
+    let batch_sizes = Metrics::register().deduct_batch_size;
+    let deducts = Arc::new(DeductBatcher::new(redis, batch_sizes.clone()));
     let mut workers = Vec::new();
     for _ in 0..CONCURRENCY {
-        let redis = redis.clone();
+        let deducts = deducts.clone();
         workers.push(tokio::spawn(async move {
             let mut outcomes: HashMap<String, usize> = HashMap::new();
             for _ in 0..ATTEMPTS / CONCURRENCY {
@@ -84,13 +89,13 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
                     user_id: "alice",
                     idempotency_key: &key,
                     reservation_id: &rid,
-                    call_nonce: "",
+                    call_nonce: &format!("{:016x}", rand::random::<u64>()),
                     idempotency_ttl_seconds: 86_400,
                     draw_window_ms: 0,
                     buckets: 1,
                     dry_is_final: false,
                 };
-                let decision = deduct(&redis, &attempt).await.unwrap();
+                let decision = deducts.deduct(&attempt).await.unwrap();
                 *outcomes.entry(format!("{:?}", decision.outcome)).or_default() += 1;
             }
             outcomes
@@ -104,7 +109,15 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
     }
     assert_eq!(outcomes.get("LimitReached"), Some(&(ATTEMPTS / CONCURRENCY * CONCURRENCY)), "{outcomes:?}");
 
+    assert!(
+        batch_sizes.get_sample_count() < batch_sizes.get_sample_sum() as u64,
+        "the attempts went in batches ({} calls for {} attempts)",
+        batch_sizes.get_sample_count(),
+        batch_sizes.get_sample_sum()
+    );
+
     let grown = redis_used_memory(&stack).await - before;
+    eprintln!("100,000 random keys grew Redis by {grown} bytes");
     assert!(grown < 1024 * 1024, "100,000 random keys grew Redis by {grown} bytes");
     // The winning key still replays its win.
     let (status, body) = stack.buy("keys", "alice", Some("first")).await;

@@ -27,7 +27,7 @@ pub mod stock;
 static PREHEAT_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT_BUCKET));
 
 /// Writes fields into a present meta hash (`lua/bucket_meta.lua`).
-static BUCKET_META: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/bucket_meta.lua")));
+static BUCKET_META: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::BUCKET_META));
 
 /// Installs every bucket of `spec` that is absent, each with its share of
 /// the stock, paused (the restore then applies the recorded pause to the

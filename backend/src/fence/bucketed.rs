@@ -61,7 +61,7 @@ use crate::store::{Store, SyncedOrder};
 
 /// Reconciles one bucket's transfers and base (`lua/resync_transfers.lua`).
 static RESYNC_TRANSFERS: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(include_str!("../../../lua/resync_transfers.lua")));
+    std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::RESYNC_TRANSFERS));
 
 /// Re-syncs every fenced bucket of `sale_id` (`buckets` of them; see the
 /// module doc). Answers `Synced` (summed over the buckets re-synced now)

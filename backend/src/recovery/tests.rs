@@ -328,7 +328,7 @@ async fn a_pause_sent_during_a_restore_holds_even_if_the_restorer_dies_after_the
     let mut conn = redis.conn().await;
     // Loaded already, so the install is one EVALSHA and nothing after it
     // is needed for it to take effect.
-    let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(include_str!("../../../lua/preheat.lua")).query_async(&mut conn).await.unwrap();
+    let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(flashgate_common::scripts::PREHEAT).query_async(&mut conn).await.unwrap();
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     store.upsert_sale(&sale(&id, 10)).await.unwrap();

@@ -251,7 +251,7 @@ async fn trim_stream<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale
 
 /// `lua/trim.lua`: `XTRIM MINID` only while the group still stands past the
 /// bound (see the script).
-static TRIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../../lua/trim.lua")));
+static TRIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::TRIM));
 
 /// The ids of the archived sales.
 ///

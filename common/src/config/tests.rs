@@ -36,18 +36,78 @@ const OPTIONAL_KEYS: &[&str] = &[
     "gateway.tls.redirect_port",
 ];
 
-#[test]
-fn the_config_reference_lists_every_key_with_its_default() {
-    let doc = include_str!("../../../docs/CONFIG.md");
-    let rows: Vec<(String, String)> = doc
+/// `(key, default)` of every key row of docs/CONFIG.md's tables:
+/// `section.key`, and `sales[].key` for the sales table.
+fn reference_rows() -> Vec<(String, String)> {
+    include_str!("../../../docs/CONFIG.md")
         .lines()
         .filter_map(|l| {
             let cells: Vec<&str> = l.split('|').map(str::trim).collect();
             let key = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
             let default = cells.get(2)?.trim_matches('`');
-            (key.contains('.') && !key.starts_with("sales")).then(|| (key.to_owned(), default.to_owned()))
+            key.contains('.').then(|| (key.to_owned(), default.to_owned()))
         })
-        .collect();
+        .collect()
+}
+
+/// Every key `config/flashgate.toml` shows, set or commented out, in the
+/// notation of docs/CONFIG.md (`section.key`; `array[].key` in a `[[array]]`
+/// table), and the name of every table it shows.
+fn shipped_keys() -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut table = String::new();
+    for line in include_str!("../../../config/flashgate.toml").lines() {
+        let line = line.trim_start_matches(|c: char| c == '#' || c.is_whitespace());
+        if let Some(name) = line.strip_prefix("[[").and_then(|l| l.split_once("]]")).map(|(n, _)| n) {
+            keys.push(name.to_owned());
+            table = format!("{name}[]");
+        } else if let Some(name) = line.strip_prefix('[').and_then(|l| l.split_once(']')).map(|(n, _)| n) {
+            keys.push(name.to_owned());
+            table = name.to_owned();
+        } else if let Some((key, _)) = line.split_once('=') {
+            let key = key.trim();
+            if !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+                keys.push(if table.is_empty() { key.to_owned() } else { format!("{table}.{key}") });
+            }
+        }
+    }
+    keys
+}
+
+/// Whether the file parser takes `key` (in the notation of
+/// [`shipped_keys`]): set to a value of the wrong type, it must be refused
+/// for its type, not as an unknown field.
+fn parser_takes(key: &str) -> bool {
+    let doc = match key.rsplit_once('.') {
+        Some((table, field)) => match table.strip_suffix("[]") {
+            Some(array) => format!("[[{array}]]\n{field} = 0\n"),
+            None => format!("[{table}]\n{field} = 0\n"),
+        },
+        None => format!("{key} = 0\n"),
+    };
+    match toml::from_str::<file::File>(&doc) {
+        Ok(_) => true,
+        Err(e) => !e.to_string().contains("unknown field"),
+    }
+}
+
+#[test]
+fn every_key_of_the_config_reference_is_shown_in_the_shipped_file_and_taken_by_the_parser() {
+    let shipped = shipped_keys();
+    let missing: Vec<String> = reference_rows().into_iter().map(|(key, _)| key).filter(|key| !shipped.iter().any(|k| k == key)).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/CONFIG.md keys missing from config/flashgate.toml (add them, commented out with their default): {missing:?}"
+    );
+
+    assert!(!parser_takes("gateway.thredas") && !parser_takes("sales[].stok"), "a misspelled key must be refused");
+    let unknown: Vec<String> = reference_rows().into_iter().map(|(key, _)| key).chain(shipped).filter(|key| !parser_takes(key)).collect();
+    assert!(unknown.is_empty(), "keys in docs/CONFIG.md or config/flashgate.toml that the config refuses: {unknown:?}");
+}
+
+#[test]
+fn the_config_reference_lists_every_key_with_its_default() {
+    let rows: Vec<(String, String)> = reference_rows().into_iter().filter(|(key, _)| !key.starts_with("sales")).collect();
     let defaults = documented_defaults();
     for (key, default) in &defaults {
         let row = rows.iter().find(|(k, _)| k == key);

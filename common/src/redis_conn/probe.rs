@@ -1,9 +1,10 @@
 //! `flashgate check --connect`: does the deployment answer as `redis.mode`
 //! says it should?
 //!
-//! - standalone: `PING` on `redis.url`;
+//! - standalone: `PING` on `redis.url`, and it loads every script
+//!   (`SCRIPT LOAD` of [`crate::scripts::ALL`]);
 //! - cluster: `CLUSTER INFO` says `cluster_state:ok` on every seed node, and
-//!   every master loads every script (`SCRIPT LOAD`);
+//!   every master loads every script;
 //! - sentinel: a sentinel knows `redis.master_name`, the address it gives
 //!   answers `ROLE` as a master, and loads every script;
 //! - with `redis.wait_replicas` set, in every mode: each master has at
@@ -42,8 +43,9 @@ pub async fn probe(config: &RedisConfig) -> Result<Vec<String>, ProbeError> {
         RedisTarget::Standalone { url } => {
             let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("redis.url: {url}: {e}")))?;
             redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| ProbeError(format!("redis.url: {url}: PING: {e}")))?;
+            load_every_script(&mut conn, &format!("redis.url: {url}")).await?;
             let replid = fence_reads(&mut conn, url).await?;
-            let mut found = vec![format!("{url}: answers PING, replication id {replid}")];
+            let mut found = vec![format!("{url}: answers PING, every script loaded, replication id {replid}")];
             if config.wait_replicas > 0 {
                 let info = redis::cmd("INFO").arg("replication").query_async::<String>(&mut conn).await;
                 found.push(enough_replicas(url, info, config.wait_replicas)?);
@@ -109,8 +111,10 @@ async fn cluster(nodes: &[String], timeout: Duration, wait_replicas: u32) -> Res
             masters.insert(master);
         }
     }
-    let replies =
-        conn.each_master(&fence_script()).await.map_err(|e| ProbeError(format!("redis.nodes: {FENCE_READ} on every master: {e}")))?;
+    let replies = conn
+        .each_master(&fence_script())
+        .await
+        .map_err(|e| ProbeError(format!("redis.nodes: the fence's read of INFO replication on every master: {e}")))?;
     for (master, reply) in replies {
         reply.map_err(|e| fence_error(&format!("cluster master {master}"), &e))?;
     }
@@ -162,14 +166,7 @@ async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration, wa
     if role != "master" {
         return Err(ProbeError(format!("redis.master_name: `{master_name}` at {host}:{port} answers ROLE {role}, not master")));
     }
-    for (name, body) in crate::scripts::ALL {
-        redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(*body)
-            .query_async::<String>(&mut conn)
-            .await
-            .map_err(|e| ProbeError(format!("master {host}:{port}: SCRIPT LOAD {name}: {e}")))?;
-    }
+    load_every_script(&mut conn, &format!("master {host}:{port}")).await?;
     let replid = fence_reads(&mut conn, &format!("master {host}:{port}")).await?;
     found.push(format!("master {host}:{port}: ROLE master, every script loaded, replication id {replid}"));
     if wait_replicas > 0 {
@@ -179,13 +176,26 @@ async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration, wa
     Ok(found)
 }
 
-/// What the fence runs inside the deduct script, on its own.
-const FENCE_READ: &str = "return string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')";
-
+/// What the fence runs inside the deduct script, on its own
+/// (`lua/fence_read.lua`).
 fn fence_script() -> redis::Cmd {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(FENCE_READ).arg(0);
+    cmd.arg(crate::scripts::FENCE_READ).arg(0);
     cmd
+}
+
+/// Loads every script of [`crate::scripts::ALL`] on the master `conn`
+/// reaches (`node` names it in errors).
+async fn load_every_script(conn: &mut MultiplexedConnection, node: &str) -> Result<(), ProbeError> {
+    for (name, body) in crate::scripts::ALL {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(*body)
+            .query_async::<String>(conn)
+            .await
+            .map_err(|e| ProbeError(format!("{node}: SCRIPT LOAD {name}: {e}")))?;
+    }
+    Ok(())
 }
 
 fn fence_error(node: &str, e: &redis::RedisError) -> ProbeError {

@@ -1,0 +1,5 @@
+-- Flashgate fence read, on its own: what the failover fence reads inside
+-- the deduct scripts, this Redis's replication id (`master_replid` of
+-- `INFO replication`). `flashgate check --connect` runs it on every master:
+-- a Redis user without `+info` could sell nothing.
+return string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
