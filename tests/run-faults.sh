@@ -5,7 +5,9 @@
 # Each run goes through the suite twice: on a standalone Redis (every case),
 # then on a Redis Cluster (FLASHGATE_FAULTS_REDIS=cluster; the gateway,
 # backend and database cases: a Redis killed in a cluster is a failover,
-# tests/tests/failover.rs, run here once per run as well).
+# tests/tests/failover.rs, run here once per run as well). The stock raise
+# case (tests/tests/faults/stock_raise.rs) runs on the PostgreSQL at
+# 127.0.0.1:5432, whose sessions it cuts.
 set -euo pipefail
 runs="${1:-10}"
 cargo="${CARGO:-cargo}"

@@ -186,7 +186,12 @@ async fn a_stock_raise_cut_before_its_commit_while_buyers_hammer_never_sells_pas
         let (live, stock) = settle(&stack, sale, fault, &won).await;
         assert_eq!(stock, OPENING, "{fault}: the cut commit changed nothing");
         assert_eq!(live, OPENING, "{fault}: nothing more was sold");
-        println!("fault={fault} redis={} sent={sent} winners={} orders={live} stock={stock}", redis_label(&stack), winners.len());
+        println!(
+            "fault={fault} redis={} sent={sent} winners={} orders={live} remaining={} stock={stock}",
+            redis_label(&stack),
+            winners.len(),
+            stock - live
+        );
     }
 
     // A raise that commits goes live after its commit, all of it.
