@@ -3,6 +3,12 @@
 -- no item already sold is sold again.
 --
 -- KEYS[1] meta       KEYS[2] remaining
+-- KEYS[3] synced (optional): given, a stock change on a sale fenced after
+--         a failover (`synced` is not this Redis's replication id, see
+--         lua/fence.lua) is refused with {-3, 0}: its count may lack the
+--         last deducts, so the check against what is sold would be wrong.
+--         The re-sync itself passes no KEYS[3]: it applies the definition
+--         after counting the orders, before it lifts the fence.
 -- ARGV[1] name  ARGV[2] stock  ARGV[3] per_user_limit
 -- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms
 -- ARGV[6] draw_window_ms, the sale's own draw window ("": none, the sale
@@ -15,7 +21,8 @@
 -- Reply: {1, remaining} when updated; {0, sold} when the new stock is below
 -- the items already sold (nothing changes); {-1, 0} when the sale is absent;
 -- {-2, buckets} when Redis holds the sale with another bucket count
--- (nothing changes: gateways find the items by that count).
+-- (nothing changes: gateways find the items by that count); {-3, 0} when
+-- the stock changes on a fenced sale (KEYS[3] given; nothing changes).
 
 local old = redis.call('HGET', KEYS[1], 'stock')
 if not old then
@@ -38,9 +45,13 @@ if held > 1 then
   definition()
   return {1, 0}
 end
+local stock = tonumber(ARGV[2])
+if KEYS[3] and stock ~= tonumber(old) and
+   redis.call('GET', KEYS[3]) ~= string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') then
+  return {-3, 0}
+end
 local left = tonumber(redis.call('GET', KEYS[2]) or '0')
 local sold = tonumber(old) - left
-local stock = tonumber(ARGV[2])
 if stock < sold then
   return {0, sold}
 end

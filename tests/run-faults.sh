@@ -8,7 +8,9 @@
 # tests/tests/failover.rs, run here once per run as well). Each run also
 # repeats the gateway's tests of stale sold-out answers (the stock epoch,
 # gateway/src/events.rs and gateway/src/buy/tests.rs), whose outcome
-# depends on when events and replies interleave.
+# depends on when events and replies interleave. The stock raise
+# case (tests/tests/faults/stock_raise.rs) runs on the PostgreSQL at
+# 127.0.0.1:5432, whose sessions it cuts.
 set -euo pipefail
 runs="${1:-10}"
 cargo="${CARGO:-cargo}"

@@ -34,4 +34,9 @@ pub enum SaleError {
     /// reconciliation, logged).
     #[error("bucket {bucket} of the sale is {why}; its stock cannot change now")]
     BucketUnavailable { bucket: u32, why: &'static str },
+    /// The sale's Redis failed over and the sale is not re-synced yet
+    /// (`crate::fence`): its stock cannot change until it is, as its count
+    /// may lack the last deducts. Nothing changed.
+    #[error("the sale is fenced after a redis failover until it is re-synced; its stock cannot change now")]
+    Fenced,
 }

@@ -60,7 +60,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use crate::error::SaleError;
-use crate::redis_io::{announce, update_sale};
+use crate::redis_io::{announce, update_sale, IfFenced};
 use crate::store::{OrderStatus, Store, SyncedOrder};
 
 /// Asks whether a sale is fenced, and lifts the fence (`lua/fence.lua`).
@@ -122,6 +122,19 @@ async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &s
     let (replid, synced, present, lifted): (String, String, i64, i64) =
         FENCE.key(&keys.meta).key(&keys.synced).arg(lift).invoke_async(conn).await?;
     Ok(Fence { replid, synced, present: present == 1, lifted: lifted == 1 })
+}
+
+/// Whether sale `sale_id` is fenced on the Redis that holds it now
+/// (present there, and not re-synced since that Redis became a master):
+/// its stock cannot change until the re-sync. `lua/update_sale.lua`
+/// refuses such a change itself; this asks first for a raise, which goes
+/// to Redis only after its commit (`api::admin`).
+///
+/// # Errors
+/// Redis failed.
+pub async fn is_fenced<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) -> Result<bool, SaleError> {
+    let seen = fence(conn, &SaleKeys::new(sale_id), "").await?;
+    Ok(seen.present && seen.synced != seen.replid)
 }
 
 /// Re-syncs fenced sales: what the recovery loop, the start-up preheat
@@ -217,7 +230,7 @@ async fn resync<C: ConnectionLike + Send>(
     // this Redis lacks. Its remaining moves by the change in stock, so the
     // orders counted above stay counted.
     if let Some(spec) = hold.sale(sale_id).await? {
-        let reply = update_sale(conn, &spec).await?;
+        let reply = update_sale(conn, &spec, IfFenced::Apply).await?;
         scripts.inc();
         match reply.as_slice() {
             [1, _] => {}

@@ -38,6 +38,11 @@ pub struct Metrics {
     /// Runs of `lua/fence.lua` and `lua/resync.lua` by the recovery loop
     /// (one fence check per sale and pass, on a timer like the trims).
     pub fence_scripts: IntCounter,
+    /// Operators' changes whose commit failed and whose definition could
+    /// not be put back in Redis because more items were sold meanwhile
+    /// than the database's stock: Redis then sells a stock the database
+    /// does not hold, until an operator resolves it (docs/OPERATIONS.md).
+    pub stock_reverts_refused: IntCounter,
     /// Orders cancelled by the payment timeout.
     pub orders_expired: IntCounter,
     /// Reservation lookups answered for gateways (`GET /internal/reservations/{rid}`).
@@ -97,6 +102,10 @@ impl Metrics {
             fence_scripts: reg!(IntCounter::new(
                 "backend_fence_scripts_total",
                 "Runs of the fence check and re-sync scripts by the recovery loop."
+            )),
+            stock_reverts_refused: reg!(IntCounter::new(
+                "backend_stock_reverts_refused_total",
+                "Sale changes whose failed commit could not be undone in Redis (more items sold than the database's stock)."
             )),
             orders_expired: reg!(IntCounter::new("orders_expired_total", "Orders cancelled unpaid after the payment timeout.")),
             order_lookups: reg!(IntCounter::new(

@@ -25,7 +25,11 @@
 //! A bucketed sale is reconciled bucket by bucket against the orders of
 //! the buyers at home there, and then its buckets' bases against the
 //! database's stock, repaired under the sale's hold ([`reconcile_bucketed`],
-//! [`repair_bases`]).
+//! [`repair_bases`]). A sale of one bucket has the stock Redis sells from
+//! compared with the database's row and repaired the same way first
+//! ([`repair_stock`]): the drift above counts the items sold against
+//! Redis's own stock, so a stock Redis holds that the database does not
+//! is added to it (`bases_off`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -115,15 +119,17 @@ pub struct Report {
     /// False when buys kept changing the sale while it was read: the drift
     /// is then not exact, and not exported.
     pub settled: bool,
-    /// Bucketed sale: items the repair of Σ bases = stock added (> 0) or
-    /// removed (< 0) now; 0 when they agreed.
+    /// Items the repair of the stock Redis sells from (Σ bases of a
+    /// bucketed sale, the sale's own `stock` for one bucket) = the
+    /// database's stock added (> 0) or removed (< 0) now; 0 when they
+    /// agreed.
     pub bases_moved: i64,
-    /// Bucketed sale: Σ bases − stock left after that repair (items sold
-    /// or in transit cannot be removed); 0 when they agree.
+    /// That stock in Redis − the database's stock, left after the repair
+    /// (items sold or in transit cannot be removed); 0 when they agree.
     pub bases_off: i64,
-    /// Bucketed sale: Σ bases differ from the stock but were not repaired
-    /// now (a bucket is fenced or absent in Redis); the next pass tries
-    /// again. `bases_off` then shows the whole difference.
+    /// The stocks differ but were not repaired now (a bucket, or the
+    /// sale, is fenced, or a bucket absent, in Redis); the next pass or
+    /// the re-sync repairs it. `bases_off` then shows the whole difference.
     pub bases_unrepaired: bool,
 }
 
@@ -156,9 +162,80 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
 /// Redis or the database failed.
 pub async fn reconcile_spec<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Option<Report>, SaleError> {
     if spec.buckets > 1 {
-        reconcile_bucketed(conn, store, spec).await
-    } else {
-        reconcile_sale(conn, store, &spec.id).await
+        return reconcile_bucketed(conn, store, spec).await;
+    }
+    // The stock first: the counts below are then read against the stock
+    // Redis sells from after the repair.
+    let repair = repair_stock(conn, store, &spec.id).await?;
+    let Some(mut report) = reconcile_sale(conn, store, &spec.id).await? else { return Ok(None) };
+    report.bases_moved = repair.moved;
+    report.bases_off = repair.off;
+    report.bases_unrepaired = repair.unrepaired;
+    report.drift += repair.off;
+    if repair.off != 0 && report.settled {
+        tracing::warn!(sale = %spec.id, drift = report.drift, ?report, "redis sells from another stock than the database holds");
+    }
+    Ok(Some(report))
+}
+
+/// Makes the stock one-bucket sale `id` sells from in Redis (its meta's
+/// `stock`) equal the database's, under the exclusive hold of the sale's
+/// row, as [`repair_bases`] does for a bucketed sale: a difference is left
+/// by a stock change that died between its Redis part and its commit (too
+/// few items: a raise committed, not applied yet; too many: a change made
+/// before the ordering of `api::admin`, or a put-back that was refused).
+/// Missing items are added; a surplus is taken if still unsold, else
+/// nothing moves (`lua/update_sale.lua` is all or nothing) and it stays as
+/// `off`, logged. A fenced sale is skipped (`unrepaired`): its re-sync
+/// applies the database's definition.
+///
+/// # Errors
+/// Redis or the database failed.
+pub async fn repair_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str) -> Result<BasesRepair, SaleError> {
+    // Read without the hold first, as `repair_bases` does.
+    let saved = store.sale(id).await?.map(|s| s.stock);
+    let held = crate::sales::stock_in_redis(conn, id).await?;
+    if saved.is_none() || held.is_none() || saved == held {
+        return Ok(BasesRepair::default());
+    }
+    let mut hold = store.begin_resync(id).await?;
+    let Some(spec) = hold.sale(id).await? else { return Ok(BasesRepair::default()) };
+    let Some(before) = crate::sales::stock_in_redis(conn, id).await? else { return Ok(BasesRepair::default()) };
+    if before == spec.stock {
+        hold.commit().await?;
+        return Ok(BasesRepair::default());
+    }
+    let applied = crate::sales::apply_present(conn, &spec).await;
+    hold.commit().await?;
+    let off = before - spec.stock;
+    match applied {
+        Ok(Some(crate::sales::Applied::StockBelowSold { sold })) => {
+            tracing::error!(
+                sale = id,
+                redis_stock = before,
+                stock = spec.stock,
+                sold,
+                "redis sells from more than the database's stock and the surplus is sold: not repaired"
+            );
+            Ok(BasesRepair { moved: 0, off, unrepaired: false })
+        }
+        Ok(Some(_)) => {
+            tracing::warn!(sale = id, redis_stock = before, stock = spec.stock, "redis's stock moved to the database's");
+            // Items may be back: gateways forget a sold-out flag.
+            crate::redis_io::announce(conn, &flashgate_common::keys::SaleEvent::Changed(id.to_owned())).await;
+            Ok(BasesRepair { moved: -off, off: 0, unrepaired: false })
+        }
+        Ok(None) => Ok(BasesRepair::default()),
+        Err(SaleError::Fenced) => {
+            tracing::warn!(
+                sale = id,
+                redis_stock = before,
+                stock = spec.stock,
+                "redis's stock differs from the database's; the sale is fenced, its re-sync repairs it"
+            );
+            Ok(BasesRepair { moved: 0, off, unrepaired: true })
+        }
+        Err(other) => Err(other),
     }
 }
 

@@ -21,18 +21,38 @@ use redis::{RedisError, Script};
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
 static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::UPDATE_SALE));
 
+/// What `lua/update_sale.lua` does with a stock change on a fenced sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfFenced {
+    /// Refuse it (`[-3, 0]`): the fenced count may lack the last deducts,
+    /// so what is sold is not known yet. An operator's change and
+    /// reconciliation's repair.
+    Refuse,
+    /// Apply it: the re-sync, which has just counted every order and is
+    /// the one that lifts the fence.
+    Apply,
+}
+
 /// Runs `lua/update_sale.lua` with `spec`: `[1, remaining]` changed,
 /// `[0, sold]` the stock is below what is sold (nothing changed),
-/// `[-1, 0]` the sale is absent.
+/// `[-1, 0]` the sale is absent, `[-2, held]` Redis holds another bucket
+/// count, `[-3, 0]` the stock would change on a fenced sale
+/// ([`IfFenced::Refuse`] only; nothing changed).
 ///
 /// # Errors
 /// Redis failed.
-pub async fn update_sale<C: ConnectionLike + Send>(conn: &mut C, spec: &flashgate_common::sale::SaleSpec) -> Result<Vec<i64>, RedisError> {
+pub async fn update_sale<C: ConnectionLike + Send>(
+    conn: &mut C,
+    spec: &flashgate_common::sale::SaleSpec,
+    fenced: IfFenced,
+) -> Result<Vec<i64>, RedisError> {
     let keys = flashgate_common::keys::SaleKeys::new(&spec.id);
-    UPDATE_SALE
-        .key(&keys.meta)
-        .key(&keys.remaining)
-        .arg(&spec.name)
+    let mut call = UPDATE_SALE.key(&keys.meta);
+    call.key(&keys.remaining);
+    if fenced == IfFenced::Refuse {
+        call.key(&keys.synced);
+    }
+    call.arg(&spec.name)
         .arg(spec.stock)
         .arg(spec.per_user_limit)
         .arg(spec.starts_at_ms)

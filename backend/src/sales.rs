@@ -13,7 +13,7 @@
 //!
 //! Operators' pauses and the global switch are in [`crate::switches`].
 
-use flashgate_common::keys::{SaleEvent, SaleKeys};
+use flashgate_common::keys::SaleKeys;
 use flashgate_common::sale::{SaleSpec, SaleState};
 use flashgate_common::{now_ms, rfc3339};
 use redis::aio::ConnectionLike;
@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::error::SaleError;
 use crate::recovery::{self, Restored};
-use crate::redis_io::{announce, update_sale};
+use crate::redis_io::{update_sale, IfFenced};
 use crate::store::Store;
 
 /// What preheating did.
@@ -76,39 +76,65 @@ fn preheat_restored(restored: Restored) -> Result<Preheat, SaleError> {
 }
 
 /// Applies a new definition to Redis: changes a preheated sale atomically
-/// (keeping what is sold), or preheats an absent one.
+/// (keeping what is sold), or preheats an absent one. Gateways are not
+/// told: the caller announces the change (`changed:ID`) once it is final,
+/// after its commit (see `api::admin`), so no gateway acts on a change
+/// the database may still refuse. A stock change on a sale fenced after a
+/// failover is refused ([`SaleError::Fenced`]): what it has sold is not
+/// known until the re-sync.
 ///
 /// # Errors
-/// Redis or the database failed, or the script answered nonsense.
+/// Redis or the database failed, the sale is fenced and the stock would
+/// change, or the script answered nonsense.
 pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
-    let reply = update_sale(conn, spec).await?;
-    match reply.as_slice() {
-        // A bucketed sale: its own `remaining` is 0 and stays so (its
-        // stock is in its buckets' bases, which the admin API moved
-        // before, `crate::buckets::stock`); the new definition is copied
-        // to every bucket.
-        [1, _] if spec.buckets > 1 => {
-            crate::buckets::copy_fields(conn, &spec.id, spec.buckets, &crate::buckets::definition_fields(spec)).await?;
-            announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
-            let (remaining, _, _) = crate::buckets::counters(conn, &spec.id, spec.buckets).await?;
-            Ok(Applied::Updated { remaining })
-        }
-        [1, remaining] => {
-            announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
-            Ok(Applied::Updated { remaining: *remaining })
-        }
-        [0, sold] => Ok(Applied::StockBelowSold { sold: *sold }),
-        [-2, held] => Err(SaleError::BucketsDiffer { held: *held, given: spec.buckets }),
+    match apply_present(conn, spec).await? {
+        Some(applied) => Ok(applied),
         // Absent: load it with this definition, which the caller has not
         // committed yet (the database would still give the old one).
-        [-1, _] => Ok(match preheat_restored(recovery::restore_given(conn, store, spec).await?)? {
+        None => Ok(match preheat_restored(recovery::restore_given(conn, store, spec).await?)? {
             Preheat::Loaded { remaining } => Applied::Preheated { remaining },
             Preheat::StockBelowSold { sold } => Applied::StockBelowSold { sold },
             // Someone preheated it between the two scripts: apply again.
             Preheat::AlreadyThere => return Box::pin(apply(conn, store, spec)).await,
         }),
+    }
+}
+
+/// [`apply`] to a sale Redis holds; `None` (nothing done) when it is
+/// absent: for callers that hold the sale's row, which a restore would
+/// wait for.
+///
+/// # Errors
+/// As [`apply`].
+pub async fn apply_present<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec) -> Result<Option<Applied>, SaleError> {
+    let reply = update_sale(conn, spec, IfFenced::Refuse).await?;
+    match reply.as_slice() {
+        // A bucketed sale: its own `remaining` is 0 and stays so (its
+        // stock is in its buckets' bases, which the admin API moves,
+        // `crate::buckets::stock`); the new definition is copied to every
+        // bucket.
+        [1, _] if spec.buckets > 1 => {
+            crate::buckets::copy_fields(conn, &spec.id, spec.buckets, &crate::buckets::definition_fields(spec)).await?;
+            let (remaining, _, _) = crate::buckets::counters(conn, &spec.id, spec.buckets).await?;
+            Ok(Some(Applied::Updated { remaining }))
+        }
+        [1, remaining] => Ok(Some(Applied::Updated { remaining: *remaining })),
+        [0, sold] => Ok(Some(Applied::StockBelowSold { sold: *sold })),
+        [-1, _] => Ok(None),
+        [-2, held] => Err(SaleError::BucketsDiffer { held: *held, given: spec.buckets }),
+        [-3, _] => Err(SaleError::Fenced),
         _ => Err(SaleError::BadReply(reply)),
     }
+}
+
+/// The stock Redis sells sale `id` from (its meta's `stock`; for a
+/// bucketed sale the sum of its buckets' bases is the one that counts,
+/// see `crate::buckets::stock`); `None` when the sale is not in Redis.
+///
+/// # Errors
+/// Redis failed.
+pub async fn stock_in_redis<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<Option<i64>, RedisError> {
+    redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("stock").query_async(conn).await
 }
 
 /// A sale as operators see it: its definition and live counters.

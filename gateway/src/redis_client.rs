@@ -131,17 +131,6 @@ impl RedisClient {
         Ok(conn.clone())
     }
 
-    /// Announces `event` on the events channel to every gateway, as
-    /// [`RedisClient::bounded`] runs every call.
-    ///
-    /// # Errors
-    /// As [`RedisClient::bounded`].
-    pub async fn publish(&self, event: &flashgate_common::keys::SaleEvent) -> Result<(), RedisError> {
-        let mut conn = self.conn().await?;
-        self.bounded(flashgate_common::keys::publish(&mut conn, event)).await??;
-        Ok(())
-    }
-
     /// Runs a Redis call through the circuit breaker, with the configured
     /// timeout (`redis.timeout_ms`, plus `redis.wait_timeout_ms` when wins
     /// wait for replicas: a call may queue behind a `WAIT`). Its outcome

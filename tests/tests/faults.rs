@@ -12,6 +12,9 @@
 //! repeatedly. Every wait is bounded by a deadline, and every process is
 //! killed by PID when the stack drops.
 //!
+//! A stock raise cut between its Redis step and its commit while buyers
+//! hammer is in [`stock_raise`] (on PostgreSQL, whose sessions it cuts).
+//!
 //! The cases that fail the gateway, the backend or the database run on the
 //! Redis named by `FLASHGATE_FAULTS_REDIS`: `standalone` (the default) or
 //! `cluster` (3 masters with a replica each); `make faults` runs them in
@@ -23,6 +26,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use flashgate_tests::{buy_all, random_user, Attempt, Outcome, RedisMode, Stack, StackOptions};
+
+#[path = "faults/stock_raise.rs"]
+mod stock_raise;
 
 const STOCK: i64 = 100;
 const FIRST_BURST: usize = 400;

@@ -4,11 +4,19 @@
 //!
 //! A change must agree in Redis (where the gateway sells) and in the
 //! database (the truth that survives Redis). The database write is opened
-//! in a transaction, Redis is updated, and only then is the transaction
-//! committed; when Redis refuses (new stock below what is sold) the
-//! transaction is dropped, so neither side changes. A bucketed sale's new
-//! stock moves its buckets' bases first (`crate::buckets::stock`), under
-//! the same hold of the row; a failure after that moves them back.
+//! in a transaction that holds the sale's row, Redis is updated, and only
+//! then is the transaction committed; when Redis refuses (new stock below
+//! what is sold) the transaction is dropped, so neither side changes.
+//!
+//! Redis never sells more than the database holds, whatever fails or dies
+//! between the two steps: a stock decrease is made in Redis before the
+//! commit, an increase only after it, under a new hold of the row
+//! ([`raise_after_commit`]); a crash in between leaves too few items in
+//! Redis, which reconciliation adds back. The same for a sale of one
+//! bucket (its stock in Redis) and a bucketed one (its buckets' bases,
+//! `crate::buckets::stock`). Gateways are told (`changed:ID`) only after
+//! the commit. A failed commit puts back what the database holds
+//! ([`after_failed_commit`]); a refusal to do so is logged and counted.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -16,12 +24,15 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use flashgate_common::keys::SaleEvent;
 use flashgate_common::sale::{valid_sale_id, SaleSpec};
+use prometheus::IntCounter;
 use serde::Deserialize;
 
 use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::buckets::stock;
+use crate::redis_io::announce;
 use crate::sales::{self, Applied, SaleView};
 use crate::store::Store;
 use crate::stream::dead_letter;
@@ -123,20 +134,34 @@ pub async fn put(
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the sale before changing it");
         return Err(ApiError::unavailable("redis failed before the change; nothing was changed, send it again"));
     }
-    // A bucketed sale's stock is its buckets' bases, as Redis holds them
-    // (whether or not the database has the row yet): a decrease moves them
-    // before the commit, under the row's hold, so a crash leaves too few
-    // items (reconciliation adds them back); an increase moves them only
-    // after the commit (docs/ARCHITECTURE.md, "Stock change").
-    let plan = if spec.buckets > 1 { plan_bases(&mut redis, previous.as_ref(), &spec).await? } else { None };
+    // The stock Redis sells from (a bucketed sale's buckets' bases, a sale
+    // of one bucket its own stock), as Redis holds it, whether or not the
+    // database has the row yet: a decrease moves it before the commit,
+    // under the row's hold, so a crash leaves too few items (reconciliation
+    // adds them back); an increase moves it only after the commit
+    // (docs/ARCHITECTURE.md, "Stock change").
+    let held = if spec.buckets > 1 { None } else { sales::stock_in_redis(&mut redis, &spec.id).await? };
+    let plan =
+        if spec.buckets > 1 { plan_bases(&mut redis, previous.as_ref(), &spec).await? } else { plan_stock(held, previous.as_ref(), &spec) };
     // A decrease keeps its buckets' `moving` markers until it is final
     // (committed, or moved back): until then no gateway confirms the sale
     // dry from buckets it may give items back to.
     let (decreased, markers) = match plan {
-        Some(from) if spec.stock < from => decrease_bases(&mut redis, &spec, from).await?,
+        Some(from) if spec.stock < from && spec.buckets > 1 => decrease_bases(&mut redis, &spec, from).await?,
         _ => (None, stock::Markers::default()),
     };
-    let applied = match sales::apply(&mut redis, &state.store, &spec).await {
+    // A fenced sale's stock does not change until its re-sync (what it
+    // sold is not known yet): `lua/update_sale.lua` and
+    // `lua/bucket_stock.lua` refuse a decrease, and a raise, which reaches
+    // Redis only after the commit, is refused here before it.
+    if matches!(plan, Some(from) if spec.stock > from) {
+        if spec.buckets > 1 {
+            stock::check(&mut redis, &spec.id, spec.buckets).await?;
+        } else if crate::fence::is_fenced(&mut redis, &spec.id).await? {
+            return Err(crate::error::SaleError::Fenced.into());
+        }
+    }
+    let applied = match sales::apply(&mut redis, &state.store, &before_commit(&spec, held, plan)).await {
         Ok(applied) => applied,
         Err(error) => {
             revert_bases(&mut redis, &spec, decreased).await;
@@ -156,18 +181,24 @@ pub async fn put(
     if let Err(error) = write.commit().await {
         // Redis has the new definition, and the commit may have happened
         // after all: Redis is made to match what the database holds now.
-        after_failed_commit(&mut redis, &state.store, &spec, previous.as_ref(), decreased).await;
+        let refused = &state.metrics.stock_reverts_refused;
+        after_failed_commit(&mut redis, &state.store, &spec, previous.as_ref(), decreased, refused).await;
         markers.end(&mut redis).await;
         return Err(error.into());
     }
     markers.end(&mut redis).await;
-    if matches!(plan, Some(from) if spec.stock > from) {
-        if let Err(error) = increase_bases(&mut redis, &state.store, &spec.id).await {
-            tracing::warn!(%error, sale = %spec.id, "the raised stock is saved but its items are not in the buckets yet");
-            return Err(ApiError::unavailable(
-                "the stock is saved, but its new items are not in the buckets yet (redis failed); send the change again or let reconciliation add them",
-            ));
-        }
+    let raised = match plan {
+        Some(from) if spec.stock > from => raise_after_commit(&mut redis, &state.store, &spec.id).await,
+        _ => Ok(()),
+    };
+    // Final now: gateways re-read the sale (and forget a sold-out flag the
+    // raise made wrong).
+    announce(&mut redis, &SaleEvent::Changed(spec.id.clone())).await;
+    if let Err(error) = raised {
+        tracing::warn!(%error, sale = %spec.id, "the raised stock is saved but its items are not in redis yet");
+        return Err(ApiError::unavailable(
+            "the stock is saved, but its new items are not in redis yet (redis failed, or the sale is fenced until its re-sync); send the change again or let reconciliation add them",
+        ));
     }
     // Archived again meanwhile (the archiver read the old window): live
     // again. The change is saved either way; an operator told 503 sends it
@@ -234,6 +265,36 @@ async fn plan_bases<C: redis::aio::ConnectionLike + Send>(
     Ok(Some(from))
 }
 
+/// Whether the stock one-bucket sale `new` sells from in Redis (`held`,
+/// `None` when absent) moves, and from what: as [`plan_bases`], decided
+/// by Redis. `None` when it stays: the same stock; a surplus while the
+/// saved stock is unchanged (reconciliation's to take, so a rename never
+/// gets a 409); or the sale is absent, and `sales::apply` installs it
+/// fenced with the new stock (it sells once re-synced after the commit).
+fn plan_stock(held: Option<i64>, old: Option<&SaleSpec>, new: &SaleSpec) -> Option<i64> {
+    let from = held?;
+    let unchanged = old.is_some_and(|o| o.stock == new.stock);
+    if from == new.stock || (unchanged && from > new.stock) {
+        return None;
+    }
+    Some(from)
+}
+
+/// The definition Redis gets before the commit: `spec`, except that a
+/// one-bucket sale keeps the stock Redis sells from (`held`) when it would
+/// rise (raised after the commit, [`raise_after_commit`]) or when
+/// [`plan_stock`] leaves it in place (`plan` `None`). A bucketed sale's
+/// stock is in its bases, moved apart.
+fn before_commit(spec: &SaleSpec, held: Option<i64>, plan: Option<i64>) -> SaleSpec {
+    let stock = match (held, plan) {
+        _ if spec.buckets > 1 => spec.stock,
+        (Some(held), None) => held,
+        (_, Some(from)) if spec.stock > from => from,
+        _ => spec.stock,
+    };
+    SaleSpec { stock, ..spec.clone() }
+}
+
 /// Takes the buckets' bases of `new` down from Σ `from` to `new.stock`,
 /// all or nothing; answers the Σ to move them back to if the change fails
 /// before its commit, and the markers of the buckets lowered, for the
@@ -258,10 +319,16 @@ async fn decrease_bases<C: redis::aio::ConnectionLike + Send>(
 }
 
 /// After the commit of a raised stock: under the sale's row hold (no other
-/// change, repair or re-sync meanwhile), moves the bases to the stock the
-/// database holds now. A crash before this leaves too few items in the
-/// buckets, which reconciliation adds.
-async fn increase_bases<C: redis::aio::ConnectionLike + Send>(
+/// change, repair or re-sync meanwhile), moves the stock Redis sells from
+/// to the one the database holds now: the buckets' bases, or a one-bucket
+/// sale's stock (its saved definition applied). Until this runs no buyer
+/// can take an item the database may not hold; a crash before it leaves
+/// too few items in Redis, which reconciliation adds.
+///
+/// # Errors
+/// Redis or the database failed, or the sale is fenced (its re-sync then
+/// applies the saved stock).
+async fn raise_after_commit<C: redis::aio::ConnectionLike + Send>(
     redis: &mut C,
     store: &Store,
     id: &str,
@@ -269,12 +336,16 @@ async fn increase_bases<C: redis::aio::ConnectionLike + Send>(
     let mut hold = store.begin_resync(id).await?;
     let saved = hold.sale(id).await?;
     let moved = match &saved {
-        Some(spec) if spec.buckets > 1 => stock::move_to(redis, id, spec.buckets, spec.stock, stock::Short::Keep).await.map(Some),
-        _ => Ok(None),
+        Some(spec) if spec.buckets > 1 => {
+            stock::move_to(redis, id, spec.buckets, spec.stock, stock::Short::Keep).await.map(|m| Some(format!("{m:?}")))
+        }
+        // Absent: the restore loop installs it from the row.
+        Some(spec) => sales::apply_present(redis, spec).await.map(|a| a.map(|a| format!("{a:?}"))),
+        None => Ok(None),
     };
     hold.commit().await?;
-    if let Some(stock::Moved::Done { changes, missing }) = moved? {
-        tracing::info!(sale = id, ?changes, missing, "bucket bases raised by a stock change");
+    if let Some(moved) = moved? {
+        tracing::info!(sale = id, moved, "stock raised in redis after its commit");
     }
     Ok(())
 }
@@ -299,32 +370,31 @@ async fn revert_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, spec:
 /// bases go back to Σ `decreased_from` if they were lowered. The database
 /// unreachable: the definition read before the change (`previous`) goes
 /// back, as the commit most likely did not happen, and the bases stay
-/// (lowered ones are below the stock either way). Failures are logged;
-/// reconciliation and the re-sync repair them.
+/// (lowered ones are below the stock either way). Gateways are told at
+/// the end. Failures are logged, a refused put-back also counted in
+/// `refused` ([`put_back`]); reconciliation and the re-sync repair them.
 pub(super) async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + Clone>(
     redis: &mut C,
     store: &Store,
     spec: &SaleSpec,
     previous: Option<&SaleSpec>,
     decreased_from: Option<i64>,
+    refused: &IntCounter,
 ) {
     let mut hold = match store.begin_resync(&spec.id).await {
         Ok(hold) => hold,
         Err(error) => {
             tracing::error!(%error, sale = %spec.id, "cannot hold the sale after a failed commit; reconciliation repairs its bases");
             if let Some(old) = previous {
-                if let Err(revert) = sales::apply(redis, store, old).await {
-                    tracing::error!(%revert, sale = %spec.id, "cannot revert redis after a failed commit");
-                }
+                put_back(redis, store, old, refused).await;
             }
+            announce(redis, &SaleEvent::Changed(spec.id.clone())).await;
             return;
         }
     };
     match hold.sale(&spec.id).await {
         Ok(Some(saved)) => {
-            if let Err(error) = sales::apply(redis, store, &saved).await {
-                tracing::error!(%error, sale = %spec.id, "cannot put the saved definition back in redis after a failed commit");
-            }
+            put_back(redis, store, &saved, refused).await;
             if saved.buckets > 1 && crate::buckets::present(redis, &saved.id, saved.buckets).await.is_ok_and(|n| n == saved.buckets) {
                 revert_bases(redis, &saved, Some(saved.stock)).await;
             }
@@ -336,6 +406,33 @@ pub(super) async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + C
     }
     if let Err(error) = hold.commit().await {
         tracing::warn!(%error, sale = %spec.id, "cannot end the hold after a failed commit");
+    }
+    announce(redis, &SaleEvent::Changed(spec.id.clone())).await;
+}
+
+/// Puts definition `saved` (what the database holds) back in Redis after a
+/// failed commit. Refused (more items are sold than `saved.stock`: Redis
+/// sold items the database does not hold) is an error, never an outcome
+/// to pass over: logged and counted in `refused`
+/// (`flashgate_backend_stock_reverts_refused_total`), and reconciliation
+/// reports the surplus as drift. The change order of [`put`] makes it
+/// unreachable but for a surplus Redis held before the change.
+async fn put_back<C: redis::aio::ConnectionLike + Send + Clone>(redis: &mut C, store: &Store, saved: &SaleSpec, refused: &IntCounter) {
+    match sales::apply(redis, store, saved).await {
+        Ok(Applied::Updated { .. } | Applied::Preheated { .. }) => {}
+        Ok(Applied::StockBelowSold { sold }) => {
+            refused.inc();
+            tracing::error!(
+                sale = %saved.id,
+                stock = saved.stock,
+                sold,
+                "cannot put the saved stock back in redis after a failed commit: more items are sold; redis sells more than the database holds"
+            );
+        }
+        Err(crate::error::SaleError::Fenced) => {
+            tracing::warn!(sale = %saved.id, "the sale is fenced; its re-sync puts the saved definition back in redis")
+        }
+        Err(error) => tracing::error!(%error, sale = %saved.id, "cannot put the saved definition back in redis after a failed commit"),
     }
 }
 

@@ -18,6 +18,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Sent as `Retry-After` (seconds) when the failure passes on its own.
+    pub retry_after_seconds: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -28,7 +30,12 @@ struct Body<'a> {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self { status, code, message: message.into(), retry_after_seconds: None }
+    }
+
+    /// The same error, telling the client to try again in `seconds`.
+    pub fn retry_after(self, seconds: u32) -> Self {
+        Self { retry_after_seconds: Some(seconds), ..self }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -51,7 +58,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(Body { code: self.code, message: &self.message });
-        (self.status, body).into_response()
+        let mut response = (self.status, body).into_response();
+        if let Some(seconds) = self.retry_after_seconds {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
@@ -78,6 +89,11 @@ impl From<crate::counted::WriteError> for ApiError {
     }
 }
 
+/// How long an operator is told to wait before sending a stock change to a
+/// fenced sale again: the recovery loop re-syncs fenced sales every pass
+/// (about a second apart).
+const FENCED_RETRY_AFTER_SECONDS: u32 = 2;
+
 impl From<SaleError> for ApiError {
     fn from(error: SaleError) -> Self {
         match error {
@@ -99,6 +115,12 @@ impl From<SaleError> for ApiError {
                 "bucket {bucket} of the sale is {why} in redis; its stock did not change (items moved before were moved back, else reconciliation repairs them), send it again later"
             ))
             }
+            SaleError::Fenced => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "sale_fenced",
+                "the sale's redis failed over and the sale is not re-synced yet; its stock did not change, send the change again shortly",
+            )
+            .retry_after(FENCED_RETRY_AFTER_SECONDS),
             SaleError::BadReply(_) => {
                 tracing::error!(%error, "sale script failure");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply from redis")

@@ -708,7 +708,15 @@ async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_o
     let moved = crate::buckets::stock::move_to(&mut conn, &id, 2, 5, crate::buckets::stock::Short::GiveBack).await.unwrap();
     assert!(matches!(moved, crate::buckets::stock::Moved::Done { missing: 0, .. }), "{moved:?}");
     crate::sales::apply(&mut f.state.redis.clone(), &f.state.store, &lowered).await.unwrap();
-    super::admin::after_failed_commit(&mut f.state.redis.clone(), &f.state.store, &lowered, Some(&old), Some(8)).await;
+    super::admin::after_failed_commit(
+        &mut f.state.redis.clone(),
+        &f.state.store,
+        &lowered,
+        Some(&old),
+        Some(8),
+        &f.state.metrics.stock_reverts_refused,
+    )
+    .await;
     assert_eq!(bases_sum(&mut conn, &id, 2).await, 8);
     assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 8);
 
@@ -718,7 +726,15 @@ async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_o
     raised.stock = 12;
     f.state.store.upsert_sale(&raised).await.unwrap();
     crate::sales::apply(&mut f.state.redis.clone(), &f.state.store, &raised).await.unwrap();
-    super::admin::after_failed_commit(&mut f.state.redis.clone(), &f.state.store, &raised, Some(&old), None).await;
+    super::admin::after_failed_commit(
+        &mut f.state.redis.clone(),
+        &f.state.store,
+        &raised,
+        Some(&old),
+        None,
+        &f.state.metrics.stock_reverts_refused,
+    )
+    .await;
     assert_eq!(bases_sum(&mut conn, &id, 2).await, 12);
     assert_eq!(conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock").await.unwrap(), 12);
 }
@@ -757,3 +773,5 @@ async fn a_decreases_stock_move_markers_stay_until_it_is_committed_or_moved_back
     assert!(!moving(&mut conn, 0).await && !moving(&mut conn, 1).await, "committed: the markers end");
     assert_eq!(bases_sum(&mut conn, &id, 2).await, 7);
 }
+
+mod stock_changes;
