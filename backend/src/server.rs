@@ -62,6 +62,8 @@ pub enum StartError {
     Serve(#[source] std::io::Error),
     #[error(transparent)]
     Events(#[from] crate::events::EventsError),
+    #[error(transparent)]
+    RedisCaFile(#[from] flashgate_common::redis_conn::CaFileError),
 }
 
 impl From<TokenError> for StartError {
@@ -99,6 +101,10 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
         secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())?,
         secret::required(ENV_SHOP_TOKEN, config.shop_token.as_deref())?,
     )?;
+    // `redis.ca_file` likewise: read now, a bad one stops the start.
+    if let Some(certificates) = flashgate_common::redis_conn::check_ca_file(&config.redis)? {
+        tracing::info!(certificates, "redis: trusting the CA certificates of redis.ca_file besides the system's");
+    }
     // Order event destinations: `events.ca_file` is read now, so a bad one
     // stops the backend before it waits for anything.
     let destinations = config.events.enabled().then(|| crate::events::Destinations::new(&config.events)).transpose()?;

@@ -68,6 +68,7 @@ async fn run_on(s: &Settings, dir: &Path, database_url: &str, pg: &sqlx::PgPool)
             replicas_per_master: 0,
             node_timeout: Duration::from_secs(15),
             appendonly: false,
+            tls: None,
         })
     })
     .await

@@ -71,7 +71,7 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
 
 /// `check`: the file is valid (it was loaded), the secrets the gateway
 /// would refuse to start without are there, the TLS certificates load and
-/// match their keys; with `connect`, Redis answers as its mode expects.
+/// match their keys, `redis.ca_file` reads; with `connect`, Redis answers as its mode expects.
 fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Result<()> {
     if let Err(e) = config.required_challenge_secret() {
         anyhow::bail!("challenge.mode = \"{}\" needs a signing secret: {e}", config.challenge.mode.as_str());
@@ -79,6 +79,9 @@ fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Resu
     if let Some(tls) = &config.gateway.tls {
         let certs = flashgate_gateway::tls::CertSet::load(tls)?;
         println!("gateway.tls: ok (default certificate for {:?}; by SNI: {:?})", certs.default_names(), certs.sni_names());
+    }
+    if let Some(certificates) = flashgate_common::redis_conn::check_ca_file(&config.redis)? {
+        println!("redis.ca_file: ok ({certificates} CA certificates, trusted besides the system's)");
     }
     if connect {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

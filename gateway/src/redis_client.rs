@@ -208,7 +208,7 @@ mod tests {
     async fn a_publish_goes_through_the_breaker_which_counts_its_failure_and_then_refuses_it() {
         let server = RedisServer::private();
         let redis = RedisClient::standalone(&server.url(), Duration::from_millis(500), Breaker::new(1, Duration::from_secs(60)));
-        let event = SaleEvent::SoldOut("s".into());
+        let event = SaleEvent::SoldOut { sale: "s".into(), epoch: 1 };
         redis.publish(&event).await.expect("published");
         assert_eq!(server.command_calls("publish").await, 1);
         assert_eq!(redis.breaker.state(), BreakerState::Closed);

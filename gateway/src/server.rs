@@ -112,6 +112,11 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 /// # Errors
 /// When the gateway cannot be built.
 pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyhow::Result<()> {
+    // `redis.ca_file` is read now: a bad one stops the start with its key,
+    // not every connection afterwards.
+    if let Some(certificates) = flashgate_common::redis_conn::check_ca_file(&config.redis)? {
+        tracing::info!(certificates, "redis: trusting the CA certificates of redis.ca_file besides the system's");
+    }
     let config = Arc::new(config);
     let (mut gateway, forward_worker) = build_gateway(config.clone())?;
     // Read and checked before anything listens: a bad file stops the start

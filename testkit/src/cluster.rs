@@ -33,11 +33,17 @@ pub struct ClusterOptions {
     pub node_timeout: Duration,
     /// AOF with `appendfsync always` on every node (for restart tests).
     pub appendonly: bool,
+    /// Every node also serves TLS with these files, on a port of its own
+    /// ([`RedisCluster::tls_nodes`]), and the nodes talk to each other over
+    /// TLS (`tls-cluster`, `tls-replication`). Redis answers `CLUSTER
+    /// SLOTS` with the ports of the connection's kind, so the plain ports
+    /// keep working for the test's own checks.
+    pub tls: Option<crate::redis::TlsFiles>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { masters: 3, replicas_per_master: 1, node_timeout: Duration::from_millis(1000), appendonly: false }
+        Self { masters: 3, replicas_per_master: 1, node_timeout: Duration::from_millis(1000), appendonly: false, tls: None }
     }
 }
 
@@ -98,6 +104,8 @@ impl NodeInfo {
 
 struct Node {
     port: u16,
+    /// Its TLS port, in a cluster started with [`ClusterOptions::tls`].
+    tls_port: Option<u16>,
     /// `None` once the test killed it.
     proc: Option<Proc>,
 }
@@ -126,23 +134,33 @@ impl RedisCluster {
         let nodes: Vec<Node> = (0..count)
             .map(|_| {
                 let port = free_port_with_bus();
+                let tls_port = options.tls.as_ref().map(|_| crate::ports::free_port());
                 let node_dir = dir.0.join(port.to_string());
                 std::fs::create_dir_all(&node_dir).unwrap();
-                Node { port, proc: Some(start_node(&node_dir, port, &options)) }
+                Node { port, tls_port, proc: Some(start_node(&node_dir, port, tls_port, &options)) }
             })
             .collect();
         for node in &nodes {
             assert!(wait_port(([127, 0, 0, 1], node.port).into(), Duration::from_secs(10)), "cluster node {} did not start", node.port);
         }
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
-            .args(["--cluster-replicas", &options.replicas_per_master.to_string(), "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli on PATH");
-        assert!(out.status.success(), "redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        // Bounded: redis-cli waits for good for nodes that cannot meet
+        // (a cluster bus whose TLS handshake fails, say).
+        let out_file = dir.0.join("create.out");
+        let mut create = Proc {
+            child: Command::new("redis-cli")
+                .arg("--cluster")
+                .arg("create")
+                .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+                .args(["--cluster-replicas", &options.replicas_per_master.to_string(), "--cluster-yes"])
+                .stdin(Stdio::null())
+                .stdout(std::fs::File::create(&out_file).unwrap())
+                .spawn()
+                .expect("redis-cli on PATH"),
+            name: "redis-cli --cluster create",
+        };
+        let status = create.wait_exit(Duration::from_secs(60));
+        let out = std::fs::read_to_string(&out_file).unwrap_or_default();
+        assert!(status.is_some_and(|s| s.success()), "redis-cli --cluster create failed or hung: {out}");
         let cluster = Self { nodes, options, _dir: dir };
         cluster.wait_formed(Duration::from_secs(30));
         cluster
@@ -191,6 +209,13 @@ impl RedisCluster {
     /// Seed URLs of every running node, for `redis::cluster::ClusterClient`.
     pub fn nodes(&self) -> Vec<String> {
         self.live_ports().into_iter().map(node_url).collect()
+    }
+
+    /// `rediss://` seed URLs of every running node, in a cluster started
+    /// with [`ClusterOptions::tls`].
+    pub fn tls_nodes(&self) -> Vec<String> {
+        let tls_url = |port| format!("rediss://127.0.0.1:{port}/");
+        self.nodes.iter().filter(|n| n.proc.is_some()).filter_map(|n| n.tls_port).map(tls_url).collect()
     }
 
     /// A cluster client seeded with every running node.
@@ -439,7 +464,7 @@ fn move_keys(slot: u16, source: u16, target: u16, max_keys: usize) -> usize {
     keys.len()
 }
 
-fn start_node(dir: &Path, port: u16, options: &ClusterOptions) -> Proc {
+fn start_node(dir: &Path, port: u16, tls_port: Option<u16>, options: &ClusterOptions) -> Proc {
     let mut cmd = Command::new("redis-server");
     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
         .arg(dir)
@@ -453,6 +478,19 @@ fn start_node(dir: &Path, port: u16, options: &ClusterOptions) -> Proc {
         .args(["--appendonly", if options.appendonly { "yes" } else { "no" }, "--appendfsync", "always"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    if let (Some(files), Some(tls_port)) = (&options.tls, tls_port) {
+        // The bus stays on port + 10000 (what `free_port_with_bus` keeps
+        // free); with `tls-cluster` Redis would otherwise put it beside the
+        // TLS port.
+        cmd.args(files.args(tls_port)).args([
+            "--tls-cluster",
+            "yes",
+            "--tls-replication",
+            "yes",
+            "--cluster-port",
+            &(port + 10_000).to_string(),
+        ]);
+    }
     Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server (cluster node)" }
 }
 

@@ -9,7 +9,8 @@
 //! - [`ports`]: listening ports never handed to two tests at once.
 //! - [`process`]: a child process killed on drop, temp dirs, waits for a
 //!   port and for `GET /ready`.
-//! - [`redis`]: a redis-server of the test's own, `MONITOR`, large AOFs.
+//! - [`redis`]: a redis-server of the test's own (with TLS too, on
+//!   certificates the test makes), `MONITOR`, large AOFs.
 //! - [`cluster`]: a Redis Cluster of the test's own: masters, replicas,
 //!   failover, live slot migration.
 //! - [`sentinel`]: a primary, a replica and three Sentinels; failover.
@@ -26,5 +27,5 @@ pub use cluster::{ClusterOptions, RedisCluster, SlotMigration};
 pub use ports::{free_port, free_port_with_bus};
 pub use postgres::PrivatePostgres;
 pub use process::{bin, wait_http_ready, wait_port, Proc, TempDir};
-pub use redis::{aof_bytes, prepare_large_aof, wait_redis_loaded, Monitor, RedisServer};
+pub use redis::{aof_bytes, prepare_large_aof, wait_redis_loaded, Monitor, RedisServer, TlsFiles};
 pub use sentinel::RedisSentinels;

@@ -8,11 +8,43 @@ use std::time::{Duration, Instant};
 use crate::ports::free_port;
 use crate::process::{wait_port, Proc, TempDir};
 
+/// The certificate files a redis-server serves TLS with; the test makes
+/// them (a CA of its own and a certificate for 127.0.0.1).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    /// The server's certificate chain (PEM).
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The CA redis-server trusts for client certificates and, with
+    /// `tls-replication`/`tls-cluster`, for its peers.
+    pub ca_file: PathBuf,
+}
+
+impl TlsFiles {
+    /// redis-server arguments for TLS on `tls_port` (beside its plain
+    /// port, which the tests' own checks keep using); clients need no
+    /// certificate of their own.
+    pub fn args(&self, tls_port: u16) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec!["--tls-port".into(), tls_port.to_string().into()];
+        for (flag, path) in
+            [("--tls-cert-file", &self.cert_file), ("--tls-key-file", &self.key_file), ("--tls-ca-cert-file", &self.ca_file)]
+        {
+            args.push(flag.into());
+            args.push(path.into());
+        }
+        args.extend(["--tls-auth-clients", "no"].map(Into::into));
+        args
+    }
+}
+
 /// A redis-server of the test's own.
 pub struct RedisServer {
     pub proc: Proc,
     pub port: u16,
     pub dir: PathBuf,
+    /// The port it also serves TLS on ([`RedisServer::start_tls`]).
+    pub tls_port: Option<u16>,
+    tls: Option<TlsFiles>,
     appendonly: bool,
     /// The temp dir of a server started by [`RedisServer::private`],
     /// removed after the server is killed (fields drop in order).
@@ -29,15 +61,40 @@ impl RedisServer {
     /// Starts redis-server on `port` with its files under `dir`; returns
     /// once the port is open (a Redis loading its AOF still answers `LOADING`).
     pub fn start_on(dir: &Path, port: u16, appendonly: bool) -> Self {
+        Self::spawn(dir, port, appendonly, None)
+    }
+
+    /// Starts redis-server on a free port with its files under `dir`, also
+    /// serving TLS with `tls` on another free port ([`RedisServer::tls_url`]).
+    pub fn start_tls(dir: &Path, appendonly: bool, tls: &TlsFiles) -> Self {
+        Self::spawn(dir, free_port(), appendonly, Some((tls.clone(), free_port())))
+    }
+
+    fn spawn(dir: &Path, port: u16, appendonly: bool, tls: Option<(TlsFiles, u16)>) -> Self {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
             .arg(dir)
             .args(["--appendonly", if appendonly { "yes" } else { "no" }, "--appendfsync", "always"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some((files, tls_port)) = &tls {
+            cmd.args(files.args(*tls_port));
+        }
         let proc = Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server" };
         assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "redis-server did not start");
-        Self { proc, port, dir: dir.to_owned(), appendonly, owned_dir: None }
+        if let Some((_, tls_port)) = &tls {
+            assert!(wait_port(([127, 0, 0, 1], *tls_port).into(), Duration::from_secs(10)), "redis-server did not listen for TLS");
+        }
+        let (tls, tls_port) = tls.map_or((None, None), |(files, port)| (Some(files), Some(port)));
+        Self { proc, port, dir: dir.to_owned(), tls_port, tls, appendonly, owned_dir: None }
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT/`, for a server started with TLS.
+    ///
+    /// # Panics
+    /// The server was started without TLS.
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.tls_port.expect("a server started with TLS"))
     }
 
     /// A throwaway server (no persistence) in a temp dir of its own;
@@ -74,7 +131,7 @@ impl RedisServer {
             .stderr(Stdio::null());
         let proc = Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server" };
         assert!(wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)), "redis replica did not start");
-        let replica = Self { proc, port, dir: dir.0.clone(), appendonly: false, owned_dir: Some(dir) };
+        let replica = Self { proc, port, dir: dir.0.clone(), tls_port: None, tls: None, appendonly: false, owned_dir: Some(dir) };
         let started = Instant::now();
         while !replica.replication_info().contains("master_link_status:up") {
             assert!(started.elapsed() < Duration::from_secs(10), "replica on {port} never linked to {primary}");
@@ -92,7 +149,8 @@ impl RedisServer {
     pub fn restart(&mut self) {
         let _ = self.proc.child.kill();
         let _ = self.proc.child.wait();
-        let mut fresh = Self::start_on(&self.dir.clone(), self.port, self.appendonly);
+        let tls = self.tls.take().zip(self.tls_port);
+        let mut fresh = Self::spawn(&self.dir.clone(), self.port, self.appendonly, tls);
         fresh.owned_dir = self.owned_dir.take();
         *self = fresh;
     }

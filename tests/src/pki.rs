@@ -87,12 +87,28 @@ impl TestCa {
 
     /// A server certificate with common name `cn` for `dns` names and `ips`.
     pub fn leaf(&self, cn: &str, dns: &[&str], ips: &[&str]) -> Leaf {
+        self.leaf_for(cn, dns, ips, false)
+    }
+
+    /// As [`TestCa::leaf`], also good as a client certificate: a Redis
+    /// Cluster node shows its one certificate on both ends of a cluster-bus
+    /// link, and the accepting node verifies it as a client's.
+    pub fn peer_leaf(&self, cn: &str, dns: &[&str], ips: &[&str]) -> Leaf {
+        self.leaf_for(cn, dns, ips, true)
+    }
+
+    fn leaf_for(&self, cn: &str, dns: &[&str], ips: &[&str], client_too: bool) -> Leaf {
         let key = new_key();
         let mut b = builder(cn, &key);
         b.set_issuer_name(self.cert.subject_name()).unwrap();
         b.append_extension(BasicConstraints::new().critical().build().unwrap()).unwrap();
         b.append_extension(KeyUsage::new().critical().digital_signature().build().unwrap()).unwrap();
-        b.append_extension(ExtendedKeyUsage::new().server_auth().build().unwrap()).unwrap();
+        let mut usage = ExtendedKeyUsage::new();
+        usage.server_auth();
+        if client_too {
+            usage.client_auth();
+        }
+        b.append_extension(usage.build().unwrap()).unwrap();
         let mut san = SubjectAlternativeName::new();
         for d in dns {
             san.dns(d);

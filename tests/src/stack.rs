@@ -55,6 +55,13 @@ pub struct StackOptions {
     /// `wait_replicas = 1`): `extra_toml` lands after `[backend]`, where a
     /// Redis key would be read as the backend's.
     pub redis_extra: String,
+    /// The stack's Redis deployment also serves TLS, on certificates from
+    /// a CA the stack makes (`redis-ca.pem` in its dir), and the processes
+    /// reach it only there (`rediss://`). Standalone: the CA is
+    /// `redis.ca_file`. Cluster and sentinel (where the redis crate trusts
+    /// the system's store only): the processes' OpenSSL is pointed at the
+    /// CA with `SSL_CERT_FILE`. The test's own checks keep the plain ports.
+    pub redis_tls: bool,
 }
 
 /// Which Redis deployment a test stack runs on.
@@ -76,11 +83,29 @@ pub enum Deployment {
 }
 
 impl Deployment {
-    fn start(mode: RedisMode) -> Self {
-        match mode {
-            RedisMode::Standalone => Self::Standalone,
-            RedisMode::Cluster => Self::Cluster(RedisCluster::start()),
-            RedisMode::Sentinel => Self::Sentinel(RedisSentinels::start()),
+    /// The deployment of `mode`, also serving TLS with `tls` (a small
+    /// cluster then: three masters, no replicas).
+    fn start_with(mode: RedisMode, tls: Option<&flashgate_testkit::TlsFiles>) -> Self {
+        match (mode, tls) {
+            (RedisMode::Standalone, _) => Self::Standalone,
+            (RedisMode::Cluster, None) => Self::Cluster(RedisCluster::start()),
+            (RedisMode::Cluster, Some(tls)) => Self::Cluster(RedisCluster::start_with(flashgate_testkit::ClusterOptions {
+                replicas_per_master: 0,
+                tls: Some(tls.clone()),
+                ..Default::default()
+            })),
+            (RedisMode::Sentinel, None) => Self::Sentinel(RedisSentinels::start()),
+            (RedisMode::Sentinel, Some(tls)) => Self::Sentinel(RedisSentinels::start_tls(tls)),
+        }
+    }
+
+    /// Where the processes find Redis over TLS (`redis` serves the
+    /// standalone mode).
+    fn tls_target(&self, redis: &RedisServer) -> RedisTarget {
+        match self {
+            Self::Standalone => RedisTarget::Standalone { url: redis.tls_url() },
+            Self::Cluster(c) => RedisTarget::Cluster { nodes: c.tls_nodes() },
+            Self::Sentinel(s) => RedisTarget::Sentinel { sentinels: s.tls_sentinels(), master_name: s.master_name().to_owned() },
         }
     }
 
@@ -112,6 +137,7 @@ impl Default for StackOptions {
             skip_ready_wait: false,
             redis_mode: RedisMode::Standalone,
             redis_extra: String::new(),
+            redis_tls: false,
         }
     }
 }
@@ -189,16 +215,37 @@ pub struct Stack {
     pub config_path: PathBuf,
     pub http: reqwest::Client,
     pub dir: TempDir,
+    /// `SSL_CERT_FILE` of the stack's processes: the CA bundle their
+    /// OpenSSL takes as the system's roots (a TLS cluster or sentinel set).
+    pub ssl_cert_file: Option<PathBuf>,
 }
 
 impl Stack {
     /// Starts everything and waits until each listener answers.
-    pub async fn start(opts: StackOptions) -> Self {
+    pub async fn start(mut opts: StackOptions) -> Self {
         let dir = TempDir::new("stack");
-        let deployment = Deployment::start(opts.redis_mode);
-        let redis = RedisServer::start(&dir.0, opts.appendonly);
-        let layout = Layout::new(&opts, &dir, deployment.target(redis.port));
+        let tls = opts.redis_tls.then(|| redis_tls_files(&dir.0));
+        let deployment = Deployment::start_with(opts.redis_mode, tls.as_ref());
+        let (redis, target, trust) = match &tls {
+            None => {
+                let redis = RedisServer::start(&dir.0, opts.appendonly);
+                let target = deployment.target(redis.port);
+                (redis, target, None)
+            }
+            Some(files) => {
+                let redis = RedisServer::start_tls(&dir.0, opts.appendonly, files);
+                let target = deployment.tls_target(&redis);
+                if opts.redis_mode == RedisMode::Standalone {
+                    opts.redis_extra.push_str(&format!("\nca_file = {:?}\n", files.ca_file.display().to_string()));
+                    (redis, target, None)
+                } else {
+                    (redis, target, Some(files.ca_file.clone()))
+                }
+            }
+        };
+        let layout = Layout::new(&opts, &dir, target);
         let mut stack = layout.into_stack(dir, redis, deployment);
+        stack.ssl_cert_file = trust;
         if opts.skip_ready_wait {
             stack.spawn_backend();
             stack.spawn_gateway();
@@ -246,8 +293,24 @@ impl Stack {
     }
 
     fn spawn(&self, name: &'static str, extra: &[&str]) -> Proc {
-        spawn_in(&self.dir.0, &self.config_path, name, extra)
+        let env: Vec<(&str, &Path)> = self.ssl_cert_file.iter().map(|f| ("SSL_CERT_FILE", f.as_path())).collect();
+        spawn_with_env(&self.dir.0, &self.config_path, name, name, extra, &env)
     }
+}
+
+/// A CA of the stack's own (`redis-ca.pem`) and a certificate it signed
+/// for 127.0.0.1 and localhost (server and client use: cluster nodes and
+/// replicas show it to each other), written under `dir` for redis-server.
+pub fn redis_tls_files(dir: &Path) -> flashgate_testkit::TlsFiles {
+    let ca = crate::pki::TestCa::root("flashgate test Redis CA");
+    let files = flashgate_testkit::TlsFiles {
+        cert_file: dir.join("redis.crt"),
+        key_file: dir.join("redis.key"),
+        ca_file: dir.join("redis-ca.pem"),
+    };
+    ca.peer_leaf("127.0.0.1", &["localhost"], &["127.0.0.1"]).write(&files.cert_file, &files.key_file);
+    crate::pki::write_replacing(&files.ca_file, &ca.pem());
+    files
 }
 
 /// What a test stack is told about itself before its Redis runs.
@@ -361,6 +424,7 @@ sale_poll_ms = 100
             config_path: self.config_path,
             http: reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap(),
             dir,
+            ssl_cert_file: None,
         }
     }
 }
@@ -373,6 +437,11 @@ fn spawn_in(dir: &Path, config_path: &Path, name: &'static str, extra: &[&str]) 
 /// Starts `binary` with a config file and the test secrets; its output goes
 /// to `DIR/NAME.log` and `name` tells it apart from another instance.
 pub fn spawn_as(dir: &Path, config_path: &Path, binary: &str, name: &'static str, extra: &[&str]) -> Proc {
+    spawn_with_env(dir, config_path, binary, name, extra, &[])
+}
+
+/// [`spawn_as`] with `env` set too.
+fn spawn_with_env(dir: &Path, config_path: &Path, binary: &str, name: &'static str, extra: &[&str], env: &[(&str, &Path)]) -> Proc {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
     let child = Command::new(bin(binary))
         .arg("--config")
@@ -385,6 +454,7 @@ pub fn spawn_as(dir: &Path, config_path: &Path, binary: &str, name: &'static str
         .env("FLASHGATE_CHALLENGE_SECRET", CHALLENGE_SECRET)
         .env("FLASHGATE_WEBHOOK_SECRET", crate::WEBHOOK_SECRET)
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()

@@ -302,6 +302,9 @@ pub struct Redis {
     pub wait_replicas: u32,
     /// How long a win waits for those replicas before its buyer gets 503.
     pub wait_timeout_ms: u64,
+    /// PEM file of CA certificates trusted, besides the system's roots, for
+    /// a `rediss://` server's certificate: a Redis behind a private CA.
+    pub ca_file: Option<String>,
 }
 
 /// The default of `redis.url`; another value in cluster or sentinel mode
@@ -321,6 +324,7 @@ impl Default for Redis {
             breaker_cooldown_ms: 1000,
             wait_replicas: 0,
             wait_timeout_ms: 500,
+            ca_file: None,
         }
     }
 }

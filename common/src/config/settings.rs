@@ -145,6 +145,11 @@ pub struct RedisConfig {
     pub wait_replicas: u32,
     /// How long a win waits for `wait_replicas` before its buyer gets 503.
     pub wait_timeout: Duration,
+    /// CA certificates (PEM) trusted besides the system's roots for a
+    /// `rediss://` server (standalone only); read when a connection is
+    /// made, and checked at start by [`crate::redis_conn::check_ca_file`]
+    /// (parsing the config reads no file).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl RedisConfig {
@@ -157,6 +162,7 @@ impl RedisConfig {
             breaker_cooldown: Duration::from_secs(1),
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(500),
+            ca_file: None,
         }
     }
 

@@ -33,6 +33,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "events.webhook_url",
     "events.amqp_url",
     "events.ca_file",
+    "redis.ca_file",
     "gateway.tls.redirect_port",
 ];
 
@@ -376,6 +377,42 @@ fn each_redis_mode_builds_its_target() {
         let text = format!("[redis]\n{}\n", target.to_toml());
         assert_eq!(Config::from_toml_str(&text, &NoEnv, 0).unwrap().redis.target, target, "{text}");
     }
+}
+
+#[test]
+fn redis_tls_takes_a_ca_file_for_a_standalone_rediss_url_and_refuses_what_would_skip_or_ignore_it() {
+    let problems = |text: &str| match Config::from_toml_str(text, &NoEnv, 0) {
+        Err(ConfigError::Invalid(p)) => p,
+        other => panic!("accepted: {other:?}"),
+    };
+    let c = Config::from_toml_str("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\nca_file = \"ca.pem\"\n", &NoEnv, 0).unwrap();
+    assert_eq!(c.redis.ca_file, Some(PathBuf::from("ca.pem")));
+    assert_eq!(Config::from_toml_str("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\n", &NoEnv, 0).unwrap().redis.ca_file, None);
+    let tls_cluster = "[redis]\nmode = \"cluster\"\nnodes = [\"rediss://10.0.0.1:7000\", \"rediss://10.0.0.2:7000\"]\n";
+    assert!(Config::from_toml_str(tls_cluster, &NoEnv, 0).is_ok(), "rediss:// cluster nodes are URLs");
+    let tls_sentinels = "[redis]\nmode = \"sentinel\"\nsentinels = [\"rediss://10.0.0.1:26379\"]\nmaster_name = \"m\"\n";
+    assert!(Config::from_toml_str(tls_sentinels, &NoEnv, 0).is_ok(), "rediss:// sentinels are URLs");
+
+    assert_eq!(problems("[redis]\nca_file = \"ca.pem\"\n"), ["redis.ca_file: needs a rediss:// redis.url (TLS)"]);
+    assert_eq!(
+        problems("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\nca_file = \" \"\n"),
+        ["redis.ca_file: must not be empty (leave it out for the system's roots only)"]
+    );
+    let err = problems(&format!("{tls_cluster}ca_file = \"ca.pem\"\n")).join("\n");
+    assert!(
+        err.starts_with("redis.ca_file: only used with mode = \"standalone\": in cluster mode") && err.contains("trust store"),
+        "{err}"
+    );
+    let err = problems(&format!("{tls_sentinels}ca_file = \"ca.pem\"\n")).join("\n");
+    assert!(err.starts_with("redis.ca_file: only used with mode = \"standalone\": in sentinel mode"), "{err}");
+    let err = problems("[redis]\nurl = \"rediss://10.0.0.1:6380/#insecure\"\n").join("\n");
+    assert!(err.starts_with("redis.url: `#insecure` turns off the check of the server's certificate"), "{err}");
+    let err = problems("[redis]\nmode = \"cluster\"\nnodes = [\"rediss://a:1/#insecure\"]\n").join("\n");
+    assert!(err.starts_with("redis.nodes[0]: `#insecure`"), "{err}");
+    assert_eq!(
+        problems("[redis]\nmode = \"cluster\"\nnodes = [\"rediss://a:1\", \"redis://b:2\"]\n"),
+        ["redis.nodes: mixes redis:// and rediss:// URLs: use one scheme for every node"]
+    );
 }
 
 #[test]

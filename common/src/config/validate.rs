@@ -116,6 +116,7 @@ fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
     // WAIT with a timeout of 0 blocks for good.
     check.between("redis.wait_timeout_ms", f.wait_timeout_ms, 1, 60_000);
     let target = redis_target(check, &f);
+    let ca_file = redis_ca_file(check, &f, &target);
     RedisConfig {
         target,
         timeout: Duration::from_millis(f.timeout_ms),
@@ -123,8 +124,45 @@ fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
         breaker_cooldown: Duration::from_millis(f.breaker_cooldown_ms),
         wait_replicas: f.wait_replicas,
         wait_timeout: Duration::from_millis(f.wait_timeout_ms),
+        ca_file,
     }
 }
+
+/// `redis.ca_file`: a path, for a `rediss://` standalone Redis. The redis
+/// crate on OpenSSL (native-tls) takes extra roots only for a single
+/// server: its cluster and sentinel clients verify against the system's
+/// trust store alone, so a file there would be silently ignored.
+fn redis_ca_file(check: &mut Check, f: &file::Redis, target: &RedisTarget) -> Option<PathBuf> {
+    let path = f.ca_file.as_deref()?;
+    check.that(!path.trim().is_empty(), "redis.ca_file", "must not be empty").note("leave it out for the system's roots only");
+    match target {
+        RedisTarget::Standalone { url } => {
+            check.that(url.starts_with("rediss://"), "redis.ca_file", "needs a rediss:// redis.url (TLS)");
+        }
+        other => {
+            check.fail(
+                "redis.ca_file",
+                format_args!(
+                    "only used with mode = \"standalone\": in {} mode the server certificates are verified against the system's \
+                     trust store only (add the CA there, e.g. update-ca-certificates, or point SSL_CERT_FILE at a bundle that holds it)",
+                    other.mode()
+                ),
+            );
+        }
+    }
+    Some(PathBuf::from(path))
+}
+
+/// Whether `url` asks the redis crate to skip the certificate check
+/// (`rediss://host/#insecure`).
+fn skips_verification(url: &str) -> bool {
+    url.starts_with("rediss://") && url.split_once('#').is_some_and(|(_, fragment)| fragment == "insecure")
+}
+
+/// Why `#insecure` is refused: a server that cannot be told from an
+/// impostor would be handed every buy.
+const INSECURE: &str =
+    "`#insecure` turns off the check of the server's certificate; trust its CA instead (redis.ca_file, or the system's trust store)";
 
 /// Whether `url` is a Redis URL the redis crate takes.
 fn redis_url(url: &str) -> bool {
@@ -143,7 +181,11 @@ fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
     let urls = |check: &mut Check, key: &str, urls: &[String]| {
         for (i, url) in urls.iter().enumerate() {
             check.that(redis_url(url), format_args!("{key}[{i}]"), format_args!("`{url}` is not a redis:// or rediss:// URL"));
+            check.that(!skips_verification(url), format_args!("{key}[{i}]"), INSECURE);
         }
+        // The client takes the first URL's scheme for every node it finds.
+        let tls = urls.iter().filter(|u| u.starts_with("rediss://")).count();
+        check.that(tls == 0 || tls == urls.len(), key, "mixes redis:// and rediss:// URLs: use one scheme for every node");
     };
     if f.mode != RedisMode::Standalone {
         check.that(f.url == file::DEFAULT_REDIS_URL, "redis.url", format_args!("not used in {mode} mode"));
@@ -162,6 +204,7 @@ fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
                 "redis.url",
                 "must start with redis:// or rediss://",
             );
+            check.that(!skips_verification(&f.url), "redis.url", INSECURE);
             RedisTarget::Standalone { url: f.url.clone() }
         }
         RedisMode::Cluster => {

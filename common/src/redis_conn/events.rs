@@ -43,17 +43,12 @@ impl EventSubscription {
     pub async fn subscribe(config: &RedisConfig, channel: &str) -> RedisResult<Self> {
         let inner = match &config.target {
             RedisTarget::Standalone { url } => {
-                let mut pubsub = redis::Client::open(url.as_str())?.get_async_pubsub().await?;
+                let mut pubsub = super::tls::client(url, config.ca_file.as_deref())?.get_async_pubsub().await?;
                 pubsub.subscribe(channel).await?;
                 Inner::Node(pubsub.into_on_message())
             }
             RedisTarget::Sentinel { sentinels, master_name } => {
-                let mut client = redis::sentinel::SentinelClient::build(
-                    sentinels.clone(),
-                    master_name.clone(),
-                    None,
-                    redis::sentinel::SentinelServerType::Master,
-                )?;
+                let mut client = super::sentinel::client(sentinels, master_name)?;
                 let mut pubsub = client.async_get_client().await?.get_async_pubsub().await?;
                 pubsub.subscribe(channel).await?;
                 Inner::Node(pubsub.into_on_message())

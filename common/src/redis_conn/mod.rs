@@ -20,6 +20,9 @@
 //!   or `MASTERDOWN` (one lookup at a time however many calls fail); the
 //!   failed call itself returns its error.
 //!
+//! `rediss://` in every mode: see [`tls`] for what the server's
+//! certificate is verified against.
+//!
 //! Also here: the subscription to sale events ([`EventSubscription`]), the
 //! per-master helpers [`RedisHandle::on_master_of`] and
 //! [`RedisHandle::each_master`], and [`probe`] (`flashgate check --connect`).
@@ -28,16 +31,18 @@ mod cluster;
 mod events;
 mod probe;
 mod sentinel;
+mod tls;
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, Cmd, RedisFuture, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Cmd, RedisFuture, RedisResult, Value};
 
 pub use cluster::ClusterHandle;
 pub use events::EventSubscription;
 pub use probe::{probe, ProbeError};
 pub use sentinel::SentinelHandle;
+pub use tls::{check_ca_file, CaFileError};
 
 use crate::config::{RedisConfig, RedisTarget};
 
@@ -89,7 +94,8 @@ impl RedisHandle {
                 if let Some(delay) = tuning.max_reconnect_delay {
                     settings = settings.set_max_delay(delay);
                 }
-                Ok(Self::Standalone(ConnectionManager::new_with_config(Client::open(url.as_str())?, settings).await?))
+                let client = tls::client(url, config.ca_file.as_deref())?;
+                Ok(Self::Standalone(ConnectionManager::new_with_config(client, settings).await?))
             }
             RedisTarget::Cluster { nodes } => {
                 Ok(Self::Cluster(ClusterHandle::connect(nodes, tuning.connection_timeout, tuning.response_timeout).await?))
@@ -111,7 +117,8 @@ impl RedisHandle {
         let tuning = Tuning { connection_timeout, response_timeout, reconnect_retries: 0, max_reconnect_delay: None };
         match &config.target {
             RedisTarget::Standalone { url } => {
-                Ok(Self::Direct(Client::open(url.as_str())?.get_multiplexed_async_connection_with_config(&node_config(&tuning)).await?))
+                let client = tls::client(url, config.ca_file.as_deref())?;
+                Ok(Self::Direct(client.get_multiplexed_async_connection_with_config(&node_config(&tuning)).await?))
             }
             RedisTarget::Cluster { nodes } => Ok(Self::Cluster(ClusterHandle::connect(nodes, connection_timeout, response_timeout).await?)),
             RedisTarget::Sentinel { sentinels, master_name } => {

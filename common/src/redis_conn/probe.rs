@@ -21,7 +21,7 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Value};
+use redis::{AsyncConnectionConfig, Value};
 
 use super::{ClusterHandle, RedisHandle};
 use crate::config::{RedisConfig, RedisTarget};
@@ -41,7 +41,7 @@ pub async fn probe(config: &RedisConfig) -> Result<Vec<String>, ProbeError> {
     let timeout = config.timeout.max(Duration::from_secs(1));
     match &config.target {
         RedisTarget::Standalone { url } => {
-            let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("redis.url: {url}: {e}")))?;
+            let mut conn = node(url, config.ca_file.as_deref(), timeout).await.map_err(|e| ProbeError(format!("redis.url: {url}: {e}")))?;
             redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| ProbeError(format!("redis.url: {url}: PING: {e}")))?;
             load_every_script(&mut conn, &format!("redis.url: {url}")).await?;
             let replid = fence_reads(&mut conn, url).await?;
@@ -75,17 +75,18 @@ fn connected_replicas(info: &str) -> u32 {
     info.lines().find_map(|l| l.trim().strip_prefix("connected_slaves:")).and_then(|n| n.parse().ok()).unwrap_or(0)
 }
 
-/// A plain connection to one node.
-async fn node(url: &str, timeout: Duration) -> redis::RedisResult<MultiplexedConnection> {
+/// A plain connection to one node (TLS for `rediss://`, trusting `ca_file`
+/// too when given).
+async fn node(url: &str, ca_file: Option<&std::path::Path>, timeout: Duration) -> redis::RedisResult<MultiplexedConnection> {
     let config = AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
-    Client::open(url)?.get_multiplexed_async_connection_with_config(&config).await
+    super::tls::client(url, ca_file)?.get_multiplexed_async_connection_with_config(&config).await
 }
 
 async fn cluster(nodes: &[String], timeout: Duration, wait_replicas: u32) -> Result<Vec<String>, ProbeError> {
     let mut found = Vec::new();
     for (i, url) in nodes.iter().enumerate() {
         let key = format!("redis.nodes[{i}]");
-        let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
+        let mut conn = node(url, None, timeout).await.map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
         let info: String = redis::cmd("CLUSTER")
             .arg("INFO")
             .query_async(&mut conn)
@@ -137,7 +138,7 @@ async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration, wa
     let mut master = None;
     for (i, url) in sentinels.iter().enumerate() {
         let key = format!("redis.sentinels[{i}]");
-        let mut conn = node(url, timeout).await.map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
+        let mut conn = node(url, None, timeout).await.map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
         let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(master_name)
@@ -151,9 +152,12 @@ async fn sentinel(sentinels: &[String], master_name: &str, timeout: Duration, wa
         master.get_or_insert((host, port));
     }
     let Some((host, port)) = master else { return Err(ProbeError("redis.sentinels: no sentinel given".into())) };
-    let url = format!("redis://{host}:{port}/");
-    let mut conn =
-        node(&url, timeout).await.map_err(|e| ProbeError(format!("redis.master_name: master `{master_name}` at {host}:{port}: {e}")))?;
+    // The primary is reached as the sentinels are: TLS when they are.
+    let scheme = if sentinels.iter().any(|s| s.starts_with("rediss://")) { "rediss" } else { "redis" };
+    let url = format!("{scheme}://{host}:{port}/");
+    let mut conn = node(&url, None, timeout)
+        .await
+        .map_err(|e| ProbeError(format!("redis.master_name: master `{master_name}` at {host}:{port}: {e}")))?;
     let role: Vec<Value> = redis::cmd("ROLE")
         .query_async(&mut conn)
         .await

@@ -17,7 +17,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 use tokio::sync::Mutex;
 
@@ -48,9 +48,15 @@ pub struct SentinelHandle {
     shared: Arc<Shared>,
 }
 
-/// A client that asks `sentinels` for the primary `master_name`.
-fn client(sentinels: &[String], master_name: &str) -> RedisResult<SentinelClient> {
-    SentinelClient::build(sentinels.to_vec(), master_name.to_owned(), None, SentinelServerType::Master)
+/// A client that asks `sentinels` for the primary `master_name`; with
+/// `rediss://` sentinels it reaches the primary over TLS too (a sentinel
+/// names only an address; the crate's default would be plain TCP).
+pub(super) fn client(sentinels: &[String], master_name: &str) -> RedisResult<SentinelClient> {
+    let node = sentinels
+        .iter()
+        .any(|s| s.starts_with("rediss://"))
+        .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure));
+    SentinelClient::build(sentinels.to_vec(), master_name.to_owned(), node, SentinelServerType::Master)
 }
 
 /// One connection to the current primary, not followed afterwards.
