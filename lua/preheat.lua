@@ -85,8 +85,7 @@ if ARGV[13] and ARGV[13] ~= '' then
 end
 redis.call('SET', KEYS[2], ARGV[6])
 redis.call('DEL', KEYS[11])
--- The sale's stock epoch (see lua/release.lua): a restored sale starts at
--- the time in ms, past any epoch of the sale it replaces that a gateway may
--- still hold.
-redis.call('HSET', KEYS[1], 'epoch', redis.call('TIME')[1] .. '000')
+-- A restored sale's stock epoch starts past any of the sale it replaces
+-- that a gateway may still hold (lua/lib/epoch.lua).
+fg_bump_epoch(KEYS[1])
 return 1

@@ -14,11 +14,7 @@
 --         Redis never counted; otherwise the user `resv` holds is freed)
 -- All keys share the sale's hash tag.
 --
--- The sale's stock epoch (field `epoch` of its meta) goes up with every item
--- that comes back, here, in lua/update_sale.lua and in lua/resync.lua: a
--- `sold_out` the deduct answered carries the epoch it was decided at, and a
--- gateway ignores one older than an epoch it already knows (its stock may
--- have come back since; gateway/src/sales/cache.rs).
+-- An item given back moves the sale's stock epoch on (lua/lib/epoch.lua).
 -- Reply: 1 the item went back now; 0 it had already gone back;
 --        2 Redis never counted it: nothing to give back, recorded as returned;
 --       -1 the sale is not in Redis (it is being restored: call again later,
@@ -38,7 +34,7 @@ if not owner then
 end
 redis.call('SADD', KEYS[5], ARGV[1])
 redis.call('INCR', KEYS[2])
-redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+fg_bump_epoch(KEYS[1])
 local left = redis.call('HINCRBY', KEYS[3], owner, -1)
 if left <= 0 then
   redis.call('HDEL', KEYS[3], owner)

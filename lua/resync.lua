@@ -51,6 +51,6 @@ for i = 1, #ARGV, 5 do
     redis.call('SET', KEYS[key], 'won|' .. rid, 'EX', ARGV[i + 4], 'NX')
   end
 end
--- Counted again: a newer stock epoch (see lua/release.lua).
-redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+-- Counted again: a newer stock epoch (lua/lib/epoch.lua).
+fg_bump_epoch(KEYS[1])
 return {replid, adopted, returned}

@@ -57,6 +57,6 @@ if stock < sold then
 end
 definition()
 redis.call('SET', KEYS[2], stock - sold)
--- Items may have come back: a newer stock epoch (see lua/release.lua).
-redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+-- Items may have come back: a newer stock epoch (lua/lib/epoch.lua).
+fg_bump_epoch(KEYS[1])
 return {1, stock - sold}

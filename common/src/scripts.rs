@@ -59,11 +59,11 @@ pub const PAUSE_SWAP: &str = include_str!("../../lua/pause_swap.lua");
 /// `lua/pow_use.lua`.
 pub const POW_USE: &str = include_str!("../../lua/pow_use.lua");
 
-/// `lua/preheat.lua`.
-pub const PREHEAT: &str = include_str!("../../lua/preheat.lua");
+/// `lua/preheat.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
+pub const PREHEAT: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/preheat.lua"));
 
-/// `lua/release.lua`.
-pub const RELEASE: &str = include_str!("../../lua/release.lua");
+/// `lua/release.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
+pub const RELEASE: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/release.lua"));
 
 /// `lua/remembered.lua`.
 pub const REMEMBERED: &str = include_str!("../../lua/remembered.lua");
@@ -74,8 +74,8 @@ pub const RESTORE_LOCK_FREE: &str = include_str!("../../lua/restore_lock_free.lu
 /// `lua/restore_lock_renew.lua`.
 pub const RESTORE_LOCK_RENEW: &str = include_str!("../../lua/restore_lock_renew.lua");
 
-/// `lua/resync.lua`.
-pub const RESYNC: &str = include_str!("../../lua/resync.lua");
+/// `lua/resync.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
+pub const RESYNC: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/resync.lua"));
 
 /// `lua/resync_transfers.lua`.
 pub const RESYNC_TRANSFERS: &str = include_str!("../../lua/resync_transfers.lua");
@@ -86,8 +86,8 @@ pub const SWITCH_SWAP: &str = include_str!("../../lua/switch_swap.lua");
 /// `lua/trim.lua`.
 pub const TRIM: &str = include_str!("../../lua/trim.lua");
 
-/// `lua/update_sale.lua`.
-pub const UPDATE_SALE: &str = include_str!("../../lua/update_sale.lua");
+/// `lua/update_sale.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
+pub const UPDATE_SALE: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/update_sale.lua"));
 
 /// `lua/wait_mark.lua`.
 pub const WAIT_MARK: &str = include_str!("../../lua/wait_mark.lua");

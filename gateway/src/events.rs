@@ -125,7 +125,7 @@ mod tests {
         let sales = Arc::new(SaleCache::new(Duration::from_millis(250)));
         let client = Arc::new(RedisClient::standalone(&redis.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1))));
         let listener = EventListener {
-            redis: RedisConfig::standalone(&redis.url()),
+            redis: RedisConfig::standalone(redis.url()),
             client,
             sales: sales.clone(),
             switches: Arc::new(Switches::default()),

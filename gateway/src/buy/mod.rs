@@ -172,7 +172,12 @@ impl<C: WallClock> BuyService<C> {
         // already count this buy's win (see `SaleCache::took_one`).
         let sent_at = std::time::Instant::now();
         let local = match local {
-            Some(rejection) if idempotency_key.is_empty() => return Err(rejection),
+            Some(rejection) if idempotency_key.is_empty() => {
+                if rejection == Rejection::SoldOut {
+                    self.metrics.local_sold_out.inc();
+                }
+                return Err(rejection);
+            }
             local => local,
         };
         // Known without Redis once the sale was read (see `SaleCache::buckets`).
@@ -308,15 +313,18 @@ impl<C: WallClock> BuyService<C> {
         }
     }
 
-    /// A decision this gateway can make without Redis: sold out (flagged),
-    /// unknown sale, paused, not started, ended (from the cached window).
+    /// A decision this gateway can make without Redis: global switch and
+    /// backlog pause (first: only the gateway enforces them, so a keyed buy
+    /// that goes on to the deduct must never pass them), sold out
+    /// (flagged), unknown sale, paused, not started, ended (from the cached
+    /// window).
     async fn local_rejection(&self, sale_id: &str) -> Result<Option<Rejection>, Rejection> {
-        if self.local_sold_out(sale_id) {
-            return Ok(Some(Rejection::SoldOut));
-        }
         if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
             self.metrics.local_decisions.with_label_values(&["paused"]).inc();
             return Ok(Some(Rejection::Paused));
+        }
+        if self.sales.is_sold_out(sale_id) {
+            return Ok(Some(Rejection::SoldOut));
         }
         let window = self.sales.window(&self.redis, sale_id).await.map_err(|e| self.unavailable(&e))?;
         let rejection = match window.map(|w| w.check(self.clock.now_ms())) {

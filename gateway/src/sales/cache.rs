@@ -53,6 +53,12 @@ struct Stock {
     sold_out_until: Option<Instant>,
     /// The sale's clears so far (see [`Clears`]).
     clears: Clears,
+    /// Since a blind clear (its epoch unknown here): another gateway's
+    /// `sold_out` may be older than the change and this gateway cannot
+    /// tell, so announced ones flag nothing until an epoch is known again
+    /// (a clear whose epoch was read, or a `sold_out` of its own deducts
+    /// sent after the clear).
+    distrust_announced: bool,
 }
 
 /// Where a sale stands in its clears (a change, items back, a bucket
@@ -253,10 +259,17 @@ impl SaleCache {
         let mut newly = None;
         self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
             let mut stock = held.map(|e| e.into_value()).unwrap_or_default();
-            let cleared = clears.is_some_and(|c| if epoch.is_some() { c.blind != stock.clears.blind } else { c != stock.clears });
+            let cleared = match clears {
+                Some(c) if epoch.is_some() => c.blind != stock.clears.blind,
+                Some(c) => c != stock.clears,
+                // Announced by another gateway.
+                None => stock.distrust_announced,
+            };
+            let carried = epoch.is_some();
             let epoch = epoch.unwrap_or(stock.epoch);
             if epoch >= stock.epoch && !cleared {
                 newly = (!stock.flagged()).then_some(epoch);
+                stock.distrust_announced &= !(carried && clears.is_some());
                 stock.epoch = epoch;
                 stock.sold_out_until = Some(Instant::now() + SOLD_OUT_TTL);
             }
@@ -290,7 +303,12 @@ impl SaleCache {
         self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
             let held = held.map(|e| e.into_value()).unwrap_or_default();
             let blind = if epoch.is_some() { held.clears.blind } else { number };
-            Stock { epoch: held.epoch.max(epoch.unwrap_or(0)), sold_out_until: None, clears: Clears { all: number, blind } }
+            Stock {
+                epoch: held.epoch.max(epoch.unwrap_or(0)),
+                sold_out_until: None,
+                clears: Clears { all: number, blind },
+                distrust_announced: epoch.is_none(),
+            }
         });
     }
 
@@ -401,6 +419,13 @@ mod tests {
         assert_eq!(sales.flag_sold_out("s", None, None), Some(9));
         sales.clear_all_flags();
         assert!(!sales.is_sold_out("s"), "cleared with every flag");
-        assert_eq!(sales.flag_sold_out("s", Some(8), None), None, "the epoch outlives the flags");
+        assert_eq!(sales.flag_sold_out("s", Some(8), Some(sales.clears("s"))), None, "the epoch outlives the flags");
+        // After a blind clear, an announced sold out cannot be judged: it
+        // flags nothing until this gateway's own deduct (sent after the
+        // clear) tells the epoch again.
+        assert_eq!(sales.flag_sold_out("s", Some(10), None), None);
+        assert_eq!(sales.flag_sold_out("s", Some(10), Some(sales.clears("s"))), Some(10));
+        sales.clear("s", Some(11));
+        assert_eq!(sales.flag_sold_out("s", Some(11), None), Some(11), "announced, once the epoch is known");
     }
 }
