@@ -658,3 +658,34 @@ async fn a_sale_declared_with_buckets_in_the_config_file_is_preheated_in_its_buc
     let books = transfer::books(&mut conn, "filed", 6).await.unwrap();
     assert_eq!((books.remaining[5], books.reserved, books.total()), (1, 1, 14), "the buyer's home bucket sold it: {books:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_buy_of_a_bucketed_sale_confirmed_dry_costs_the_confirmation_not_the_transfers_and_keeps_its_answer() {
+    const BUCKETS: u32 = 4;
+    let stack = Stack::start(StackOptions::default()).await;
+    let id = sale_id("dry");
+    stack.open_bucketed_sale(&id, 4, 1, BUCKETS).await;
+    let sellout = buy_all(stack.gateway_addr, &id, (0..40).map(|i| Attempt::by(&format!("{id}-u{i}"))).collect(), 8).await;
+    assert_eq!(sellout.iter().filter(|o| o.won()).count(), 4);
+    // Until this gateway has confirmed every bucket dry (its flag).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let scripts = || async { stack.redis.command_calls("evalsha").await };
+    loop {
+        let before = scripts().await;
+        let (status, _) = flashgate_tests::buy(&stack.http, stack.gateway_addr, &id, &flashgate_tests::token("late"), None).await;
+        if status == 410 && scripts().await == before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the sale was never flagged sold out");
+    }
+    let monitor = stack.redis.monitor().await;
+    let (status, v) = flashgate_tests::buy(&stack.http, stack.gateway_addr, &id, &flashgate_tests::token("keyed"), Some("k")).await;
+    assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
+    let sent: Vec<String> = monitor.commands().await.into_iter().filter(|c| !c.contains(" lua]")).collect();
+    assert!(sent.len() <= 2 * BUCKETS as usize + 1, "more than the confirmation and one deduct: {sent:#?}");
+    // Remembered under the key: a restock does not change its answer.
+    let keys = SaleKeys::bucket(&id, home_bucket("keyed", BUCKETS));
+    let remembered: bool =
+        redis::cmd("HEXISTS").arg(keys.idempotency_misses("keyed")).arg("k").query_async(&mut stack.redis.conn().await).await.unwrap();
+    assert!(remembered, "the key's sold out is not remembered in its home bucket");
+}

@@ -36,7 +36,11 @@
 //! hears `sold_out` or `unavailable`. Cutting the loop mid-transfer is safe:
 //! the transfer stays open and the backend's transit repair completes it.
 //! The sale is answered sold out locally (0 Redis calls) only once this
-//! gateway confirmed every bucket dry; per-bucket flags only order donors.
+//! gateway confirmed every bucket dry, and only to buys without an
+//! Idempotency-Key; per-bucket flags only order donors. A keyed buy of a
+//! sale so flagged has the confirmation run again (2 × N reads, no
+//! transfers) and, still dry, its home bucket's `sold_out` remembered
+//! under its key.
 
 use std::collections::HashSet;
 
@@ -74,6 +78,13 @@ impl<C: WallClock> BuyService<C> {
         rid: &str,
     ) -> Result<Decision, Rejection> {
         let home = home_bucket(user, buckets);
+        // A keyed buy of a sale this gateway confirmed dry since its last
+        // clear: the confirmation runs again (2 × N reads, no transfers)
+        // rather than trusting the flag; still dry, the key's answer is the
+        // home bucket's, remembered.
+        if !idempotency_key.is_empty() && self.sales.is_sold_out(sale_id) && self.confirm_dry(sale_id, buckets).await? {
+            return self.deduct(sale_id, buckets, user, idempotency_key, rid, true).await;
+        }
         let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid, false).await?;
         if !decision.found_sold_out() {
             return Ok(decision);
@@ -177,6 +188,16 @@ impl<C: WallClock> BuyService<C> {
             // A donor fenced or absent: its items cannot be reached now.
             return Err(Rejection::Unavailable);
         }
+        if self.confirm_dry(sale_id, buckets).await? {
+            Ok(None)
+        } else {
+            Err(Rejection::Unavailable)
+        }
+    }
+
+    /// Whether every bucket is dry in Redis (`transfer::confirm_dry`, 2 × N
+    /// calls); when it is, the sale is flagged sold out here.
+    async fn confirm_dry(&self, sale_id: &str, buckets: u32) -> Result<bool, Rejection> {
         // Taken before the confirmation: items stocked into a bucket after
         // it read that bucket (a `stocked` event, or a clear) must not be
         // hidden behind a sold-out flag set after them.
@@ -190,10 +211,8 @@ impl<C: WallClock> BuyService<C> {
             .map_err(|e| self.unavailable(&RedisError::from(e)))?;
         if confirmed {
             self.confirmed_dry(sale_id, clears);
-            Ok(None)
-        } else {
-            Err(Rejection::Unavailable)
         }
+        Ok(confirmed)
     }
 
     /// Every bucket was confirmed dry: the sale is flagged sold out here
