@@ -20,6 +20,7 @@
 //! - [`sale`]: a sale's definition and the state a buyer sees.
 //! - [`stream_info`]: a sale stream's unpersisted backlog.
 //! - [`secret`]: constant-time comparison of bearer tokens.
+//! - [`ca_file`]: the CA certificates of a `*.ca_file` key, errors named by it.
 //! - [`backoff`]: capped exponential backoff with jitter.
 //! - [`dependency`]: what a process waits for, checked and logged once per change.
 //! - [`metrics`]: the Prometheus registry, which also lists every family's name.
@@ -31,6 +32,7 @@
 
 pub mod backoff;
 pub mod buckets;
+pub mod ca_file;
 pub mod config;
 pub mod dependency;
 pub mod draw;

@@ -15,18 +15,11 @@
 //! is, usually a configuration mistake, not a shop that is down.
 
 use std::error::Error;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// Why `events.ca_file` cannot be used (each message starts with the key).
-#[derive(Debug, thiserror::Error)]
-pub enum CaFileError {
-    #[error("events.ca_file: cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("events.ca_file: {path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")]
-    NoCertificate { path: PathBuf },
-    #[error("events.ca_file: {path} is not a PEM file of certificates: {detail}")]
-    NotPem { path: PathBuf, detail: String },
-}
+pub use flashgate_common::ca_file::CaFileError;
+
+const KEY: &str = "events.ca_file";
 
 /// The CA certificates of `events.ca_file`, trusted besides the system's
 /// roots.
@@ -52,17 +45,10 @@ impl ExtraRoots {
     /// # Errors
     /// [`CaFileError`], naming `events.ca_file`.
     pub fn load(path: &Path) -> Result<Self, CaFileError> {
-        let bytes = std::fs::read(path).map_err(|source| CaFileError::Read { path: path.to_owned(), source })?;
-        Self::from_pem(path, bytes)
-    }
-
-    /// Parses the bytes of `path` (named in errors).
-    fn from_pem(path: &Path, bytes: Vec<u8>) -> Result<Self, CaFileError> {
-        let not_pem = |detail: String| CaFileError::NotPem { path: path.to_owned(), detail };
-        let pem = String::from_utf8(bytes).map_err(|_| not_pem("not text".into()))?;
-        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| not_pem(chain(&e)))?;
+        let pem = flashgate_common::ca_file::read_pem(KEY, path)?;
+        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| CaFileError::not_pem(KEY, path, chain(&e)))?;
         if certificates.is_empty() {
-            return Err(CaFileError::NoCertificate { path: path.to_owned() });
+            return Err(CaFileError::no_certificate(KEY, path));
         }
         Ok(Self { certificates, pem })
     }
@@ -135,6 +121,8 @@ pub fn chain(error: &(dyn Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     /// A self-signed CA certificate (EC P-256), made once with

@@ -14,25 +14,16 @@
 //! so there the system's trust store alone decides; the config refuses
 //! `redis.ca_file` in those modes rather than ignore it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use redis::{Client, RedisError, RedisResult, TlsCertificates};
 
+pub use crate::ca_file::CaFileError;
 use crate::config::{RedisConfig, RedisTarget};
 
 const PEM_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-
-/// Why `redis.ca_file` cannot be used (each message starts with the key).
-#[derive(Debug, thiserror::Error)]
-pub enum CaFileError {
-    #[error("redis.ca_file: cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("redis.ca_file: {path} holds no PEM certificate ({PEM_BEGIN})")]
-    NoCertificate { path: PathBuf },
-    #[error("redis.ca_file: {path} is not a PEM file of certificates: {detail}")]
-    NotPem { path: PathBuf, detail: String },
-}
+const KEY: &str = "redis.ca_file";
 
 impl From<CaFileError> for RedisError {
     fn from(e: CaFileError) -> Self {
@@ -55,7 +46,7 @@ pub fn check_ca_file(config: &RedisConfig) -> Result<Option<usize>, CaFileError>
     let (pem, count) = file_roots(path)?;
     tls_client(url, path, pem).map_err(|e| match e {
         TlsClientError::CaFile(e) => e,
-        TlsClientError::Redis(e) => CaFileError::NotPem { path: path.to_owned(), detail: e.to_string() },
+        TlsClientError::Redis(e) => CaFileError::not_pem(KEY, path, e.to_string()),
     })?;
     Ok(Some(count))
 }
@@ -92,7 +83,7 @@ fn tls_client(url: &str, path: &Path, mut pem: Vec<u8>) -> Result<Client, TlsCli
     Client::build_with_tls(url, TlsCertificates { client_tls: None, root_cert: Some(pem) }).map_err(|e| {
         // The crate reports a certificate it cannot parse as an I/O error.
         if e.is_io_error() {
-            TlsClientError::CaFile(CaFileError::NotPem { path: path.to_owned(), detail: e.to_string() })
+            TlsClientError::CaFile(CaFileError::not_pem(KEY, path, e.to_string()))
         } else {
             TlsClientError::Redis(e)
         }
@@ -101,13 +92,12 @@ fn tls_client(url: &str, path: &Path, mut pem: Vec<u8>) -> Result<Client, TlsCli
 
 /// The PEM text of `path` and how many certificates it holds.
 fn file_roots(path: &Path) -> Result<(Vec<u8>, usize), CaFileError> {
-    let pem = std::fs::read(path).map_err(|source| CaFileError::Read { path: path.to_owned(), source })?;
-    let text = std::str::from_utf8(&pem).map_err(|_| CaFileError::NotPem { path: path.to_owned(), detail: "not text".into() })?;
-    let count = text.matches(PEM_BEGIN).count();
+    let pem = crate::ca_file::read_pem(KEY, path)?;
+    let count = pem.matches(PEM_BEGIN).count();
     if count == 0 {
-        return Err(CaFileError::NoCertificate { path: path.to_owned() });
+        return Err(CaFileError::no_certificate(KEY, path));
     }
-    Ok((pem, count))
+    Ok((pem.into_bytes(), count))
 }
 
 /// The system's CA certificates as PEM, where OpenSSL finds them

@@ -12,7 +12,7 @@
 //! prove   sold out and no Idempotency-Key? ─► 410
 //!         proof of work (when configured; one SET NX)
 //!         cluster bucket (Redis, when configured)
-//! buy     local decision from the sale cache: sold-out flag, switches,
+//! buy     local decision from the sale cache: switches, sold-out flag,
 //!         window (not started, ended, paused), unknown sale
 //!           ├─ open, or refused for good (sold out, ended) with an
 //!           │  Idempotency-Key (Redis decides and remembers a key's
