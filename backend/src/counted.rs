@@ -48,7 +48,8 @@ pub struct Written {
 /// Bucket counts of saved sales, read once per process: a saved sale's
 /// count never changes (`PUT /admin/sales/{id}` refuses it, the upsert
 /// keeps it), so every batch need not ask the database again.
-static BUCKETS: LazyLock<RwLock<HashMap<String, u32>>> = LazyLock::new(|| RwLock::new(HashMap::new()));
+static BUCKETS: LazyLock<RwLock<HashMap<String, u32>>> =
+    LazyLock::new(|| RwLock::new(HashMap::new()));
 
 /// Sale `id`'s bucket count (1 for a sale the database does not hold:
 /// not remembered, it may be created later).
@@ -56,7 +57,9 @@ async fn bucket_count(store: &Store, id: &str) -> Result<u32, crate::store::Stor
     if let Some(n) = BUCKETS.read().ok().and_then(|m| m.get(id).copied()) {
         return Ok(n);
     }
-    let Some(spec) = store.sale(id).await? else { return Ok(1) };
+    let Some(spec) = store.sale(id).await? else {
+        return Ok(1);
+    };
     if let Ok(mut m) = BUCKETS.write() {
         m.insert(id.to_owned(), spec.buckets);
     }
@@ -69,7 +72,11 @@ async fn bucket_count(store: &Store, id: &str) -> Result<u32, crate::store::Stor
 ///
 /// # Errors
 /// Redis or the database failed; nothing is written then.
-pub async fn write_counted<C: ConnectionLike + Send>(store: &Store, conn: &mut C, batch: &[Reservation]) -> Result<Written, WriteError> {
+pub async fn write_counted<C: ConnectionLike + Send>(
+    store: &Store,
+    conn: &mut C,
+    batch: &[Reservation],
+) -> Result<Written, WriteError> {
     if batch.is_empty() {
         return Ok(Written::default());
     }
@@ -85,7 +92,10 @@ pub async fn write_counted<C: ConnectionLike + Send>(store: &Store, conn: &mut C
     let mut pipe = redis::pipe();
     for r in batch {
         let n = buckets.get(r.sale_id.as_str()).copied().unwrap_or(1);
-        pipe.hget(SaleKeys::home(&r.sale_id, n, &r.user_id).reservations, &r.reservation_id);
+        pipe.hget(
+            SaleKeys::home(&r.sale_id, n, &r.user_id).reservations,
+            &r.reservation_id,
+        );
     }
     let holders: Vec<Option<String>> = pipe.query_async(conn).await?;
     let mut seen = HashSet::with_capacity(batch.len());
@@ -102,5 +112,9 @@ pub async fn write_counted<C: ConnectionLike + Send>(store: &Store, conn: &mut C
     uncounted.retain(|r| !seen.contains(&r.reservation_id));
     let created = write.insert(&counted).await?;
     write.commit().await?;
-    Ok(Written { counted, created, uncounted })
+    Ok(Written {
+        counted,
+        created,
+        uncounted,
+    })
 }

@@ -64,10 +64,12 @@ use crate::redis_io::{announce, update_sale, IfFenced};
 use crate::store::{OrderStatus, Store, SyncedOrder};
 
 /// Asks whether a sale is fenced, and lifts the fence (`lua/fence.lua`).
-static FENCE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::FENCE));
+static FENCE: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::FENCE));
 
 /// Counts a page of the database's orders in Redis (`lua/resync.lua`).
-static RESYNC: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::RESYNC));
+static RESYNC: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::RESYNC));
 
 /// Orders per `lua/resync.lua` call: one call keeps Redis busy for about a
 /// millisecond per thousand.
@@ -118,10 +120,23 @@ impl Fence {
     }
 }
 
-async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &str) -> Result<Fence, SaleError> {
-    let (replid, synced, present, lifted): (String, String, i64, i64) =
-        FENCE.key(&keys.meta).key(&keys.synced).arg(lift).invoke_async(conn).await?;
-    Ok(Fence { replid, synced, present: present == 1, lifted: lifted == 1 })
+async fn fence<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+    lift: &str,
+) -> Result<Fence, SaleError> {
+    let (replid, synced, present, lifted): (String, String, i64, i64) = FENCE
+        .key(&keys.meta)
+        .key(&keys.synced)
+        .arg(lift)
+        .invoke_async(conn)
+        .await?;
+    Ok(Fence {
+        replid,
+        synced,
+        present: present == 1,
+        lifted: lifted == 1,
+    })
 }
 
 /// Whether sale `sale_id` is fenced on the Redis that holds it now
@@ -132,7 +147,10 @@ async fn fence<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, lift: &s
 ///
 /// # Errors
 /// Redis failed.
-pub async fn is_fenced<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) -> Result<bool, SaleError> {
+pub async fn is_fenced<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+) -> Result<bool, SaleError> {
     let seen = fence(conn, &SaleKeys::new(sale_id), "").await?;
     Ok(seen.present && seen.synced != seen.replid)
 }
@@ -151,7 +169,10 @@ impl Resyncer {
     /// Idempotency-Keys written back live at most `idempotency_ttl` after
     /// their win; every script call is counted in `scripts`.
     pub fn new(idempotency_ttl: Duration, scripts: IntCounter) -> Self {
-        Self { idempotency_ttl, scripts }
+        Self {
+            idempotency_ttl,
+            scripts,
+        }
     }
 
     /// Re-syncs sale `sale_id` if it is fenced (see the module doc).
@@ -159,7 +180,12 @@ impl Resyncer {
     /// # Errors
     /// Redis or the database failed; the sale stays fenced and what was
     /// counted stays counted (the next pass counts nothing twice).
-    pub async fn resync<C: ConnectionLike + Send>(&self, conn: &mut C, store: &Store, sale_id: &str) -> Result<Resynced, SaleError> {
+    pub async fn resync<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        store: &Store,
+        sale_id: &str,
+    ) -> Result<Resynced, SaleError> {
         let buckets = crate::buckets::in_redis(conn, sale_id).await?;
         if buckets > 1 {
             return bucketed::resync(conn, store, sale_id, buckets, self).await;
@@ -170,7 +196,12 @@ impl Resyncer {
     /// Re-syncs every fenced sale among `sales` (one pass of the recovery
     /// loop), those open now first; returns how many were re-synced. A
     /// failure on one sale is logged and the others are still tried.
-    pub async fn resync_fenced<C: ConnectionLike + Send>(&self, conn: &mut C, store: &Store, sales: &[SaleSpec]) -> usize {
+    pub async fn resync_fenced<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        store: &Store,
+        sales: &[SaleSpec],
+    ) -> usize {
         let now = flashgate_common::now_ms();
         let mut order: Vec<&SaleSpec> = sales.iter().collect();
         // Open sales first, then those to come, the ended last: after a
@@ -184,7 +215,9 @@ impl Resyncer {
                     synced += 1;
                     tracing::warn!(sale = %spec.id, adopted, returned, "sale re-synced with the database after its redis changed; selling again");
                 }
-                Ok(Resynced::Moved) => tracing::warn!(sale = %spec.id, "redis changed again during the re-sync; still fenced"),
+                Ok(Resynced::Moved) => {
+                    tracing::warn!(sale = %spec.id, "redis changed again during the re-sync; still fenced")
+                }
                 Ok(Resynced::StockBelowSold { sold }) => tracing::error!(
                     sale = %spec.id,
                     stock = spec.stock,
@@ -195,7 +228,9 @@ impl Resyncer {
                     tracing::error!(sale = %spec.id, "a fenced bucket cannot be re-synced from unreadable transfer records; still fenced")
                 }
                 Ok(Resynced::NotNeeded | Resynced::Absent) => {}
-                Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot re-sync the fenced sale yet"),
+                Err(error) => {
+                    tracing::warn!(%error, sale = %spec.id, "cannot re-sync the fenced sale yet")
+                }
             }
         }
         synced
@@ -222,10 +257,11 @@ async fn resync<C: ConnectionLike + Send>(
         return Ok(settled);
     }
     let orders = hold.orders(sale_id).await?;
-    let (adopted, returned) = match count_orders(conn, &keys, &orders, &seen.replid, idempotency_ttl, scripts).await? {
-        Ok(counted) => counted,
-        Err(stopped) => return Ok(stopped),
-    };
+    let (adopted, returned) =
+        match count_orders(conn, &keys, &orders, &seen.replid, idempotency_ttl, scripts).await? {
+            Ok(counted) => counted,
+            Err(stopped) => return Ok(stopped),
+        };
     // The definition too: an operator's change may be among the writes
     // this Redis lacks. Its remaining moves by the change in stock, so the
     // orders counted above stay counted.
@@ -285,7 +321,12 @@ async fn count_page<C: ConnectionLike + Send>(
     idempotency_ttl: Duration,
 ) -> Result<(String, i64, i64), SaleError> {
     let mut invocation = RESYNC.prepare_invoke();
-    invocation.key(&keys.meta).key(&keys.remaining).key(&keys.buyers).key(&keys.reservations).key(&keys.released);
+    invocation
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.buyers)
+        .key(&keys.reservations)
+        .key(&keys.released);
     let now = flashgate_common::now_ms();
     let mut next_key = 6;
     for o in page {

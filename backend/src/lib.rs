@@ -80,12 +80,21 @@ mod tests {
     #[test]
     fn the_layout_names_every_module() {
         let lib = include_str!("lib.rs");
-        let layout = lib.split("\n//! Layout:").nth(1).and_then(|l| l.split("\n//!\n").next()).expect("a Layout list");
+        let layout = lib
+            .split("\n//! Layout:")
+            .nth(1)
+            .and_then(|l| l.split("\n//!\n").next())
+            .expect("a Layout list");
         let missing: Vec<&str> = lib
             .lines()
             .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
-            .filter(|m| !layout.contains(&format!("[`{m}`]")) && !layout.contains(&format!("[`{m}::")))
+            .filter(|m| {
+                !layout.contains(&format!("[`{m}`]")) && !layout.contains(&format!("[`{m}::"))
+            })
             .collect();
-        assert!(missing.is_empty(), "modules missing from the Layout list of backend/src/lib.rs: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "modules missing from the Layout list of backend/src/lib.rs: {missing:?}"
+        );
     }
 }

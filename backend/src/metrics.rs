@@ -12,7 +12,9 @@
 
 use flashgate_common::metrics::Registry;
 use flashgate_common::stream_info::Backlog;
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, TextEncoder,
+};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -68,7 +70,9 @@ impl Metrics {
         macro_rules! reg {
             ($m:expr) => {{
                 let m = $m.expect("valid metric");
-                registry.register(Box::new(m.clone())).expect("unique metric");
+                registry
+                    .register(Box::new(m.clone()))
+                    .expect("unique metric");
                 m
             }};
         }
@@ -168,7 +172,12 @@ pub async fn refresh_sales<C: redis::aio::ConnectionLike + Send>(
     for sale in store.sales().await? {
         let id = sale.id.as_str();
         if archived.contains(id) {
-            for gauge in [&metrics.remaining, &metrics.stream_lag, &metrics.backlog, &metrics.drift] {
+            for gauge in [
+                &metrics.remaining,
+                &metrics.stream_lag,
+                &metrics.backlog,
+                &metrics.drift,
+            ] {
                 let _ = gauge.remove_label_values(&[id]);
             }
             for k in 0..sale.buckets {
@@ -182,14 +191,26 @@ pub async fn refresh_sales<C: redis::aio::ConnectionLike + Send>(
         if let Some(r) = counters.remaining {
             metrics.remaining.with_label_values(&[id]).set(r);
         }
-        metrics.stream_lag.with_label_values(&[id]).set(counters.backlogs.iter().map(|b| b.lag).sum());
-        metrics.backlog.with_label_values(&[id]).set(counters.backlogs.iter().map(Backlog::unpersisted).sum());
+        metrics
+            .stream_lag
+            .with_label_values(&[id])
+            .set(counters.backlogs.iter().map(|b| b.lag).sum());
+        metrics
+            .backlog
+            .with_label_values(&[id])
+            .set(counters.backlogs.iter().map(Backlog::unpersisted).sum());
         for (k, left) in counters.bucket_left.iter().enumerate() {
             let bucket = k.to_string();
-            metrics.bucket_remaining.with_label_values(&[id, &bucket]).set(*left);
+            metrics
+                .bucket_remaining
+                .with_label_values(&[id, &bucket])
+                .set(*left);
             // Index 0 of the backlogs is the sale's own stream.
             let backlog = counters.backlogs.get(k + 1).map_or(0, Backlog::unpersisted);
-            metrics.bucket_backlog.with_label_values(&[id, &bucket]).set(backlog);
+            metrics
+                .bucket_backlog
+                .with_label_values(&[id, &bucket])
+                .set(backlog);
         }
     }
     Ok(())
@@ -240,18 +261,36 @@ pub async fn sale_counters<C: redis::aio::ConnectionLike + Send>(
     let backlogs = flashgate_common::stream_info::sale_backlogs(conn, sale_id, buckets).await?;
     if buckets <= 1 {
         let keys = flashgate_common::keys::SaleKeys::new(sale_id);
-        let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
-        return Ok(SaleCounters { remaining, backlogs, bucket_left: Vec::new() });
+        let remaining: Option<i64> = redis::cmd("GET")
+            .arg(&keys.remaining)
+            .query_async(conn)
+            .await?;
+        return Ok(SaleCounters {
+            remaining,
+            backlogs,
+            bucket_left: Vec::new(),
+        });
     }
-    let preheated: bool = redis::cmd("EXISTS").arg(flashgate_common::keys::SaleKeys::new(sale_id).meta).query_async(conn).await?;
+    let preheated: bool = redis::cmd("EXISTS")
+        .arg(flashgate_common::keys::SaleKeys::new(sale_id).meta)
+        .query_async(conn)
+        .await?;
     if !preheated {
-        return Ok(SaleCounters { remaining: None, backlogs, bucket_left: Vec::new() });
+        return Ok(SaleCounters {
+            remaining: None,
+            backlogs,
+            bucket_left: Vec::new(),
+        });
     }
     let mut bucket_left = Vec::with_capacity(buckets as usize);
     for k in 0..buckets {
         bucket_left.push(flashgate_common::transfer::left_in(conn, sale_id, k).await?);
     }
-    Ok(SaleCounters { remaining: Some(bucket_left.iter().sum()), backlogs, bucket_left })
+    Ok(SaleCounters {
+        remaining: Some(bucket_left.iter().sum()),
+        backlogs,
+        bucket_left,
+    })
 }
 
 #[cfg(test)]
@@ -262,7 +301,9 @@ mod tests {
     fn metrics_register_with_the_prefix_and_render() {
         let m = Metrics::register();
         m.orders_created.with_label_values(&["stream"]).inc_by(3);
-        assert!(m.render().contains("flashgate_backend_orders_created_total{source=\"stream\"} 3"));
+        assert!(m
+            .render()
+            .contains("flashgate_backend_orders_created_total{source=\"stream\"} 3"));
         let _second = Metrics::register();
     }
 }

@@ -92,7 +92,11 @@ impl Readiness {
 
     fn report(&self) -> serde_json::Value {
         let deps = [&self.0.database, &self.0.redis, &self.0.sales];
-        let waiting: Vec<&str> = deps.iter().filter(|d| !d.is_ready()).map(|d| d.name()).collect();
+        let waiting: Vec<&str> = deps
+            .iter()
+            .filter(|d| !d.is_ready())
+            .map(|d| d.name())
+            .collect();
         serde_json::json!({
             "ready": waiting.is_empty(),
             "waiting_for": waiting,
@@ -128,7 +132,11 @@ pub async fn live() -> Json<serde_json::Value> {
 
 /// `GET /ready`: 200 when ready, else 503; the body says what is awaited.
 pub async fn ready(State(readiness): State<Readiness>) -> Response {
-    let status = if readiness.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if readiness.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, Json(readiness.report())).into_response()
 }
 
@@ -143,7 +151,12 @@ pub async fn sleep_or_stop(wait: Duration, shutdown: &mut watch::Receiver<bool>)
 
 /// Checks the database and Redis until `shutdown`: every second while both
 /// answer, with backoff while one does not.
-pub async fn monitor(readiness: Readiness, store: Store, redis: RedisHandle, mut shutdown: watch::Receiver<bool>) {
+pub async fn monitor(
+    readiness: Readiness,
+    store: Store,
+    redis: RedisHandle,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut backoff = Backoff::default();
     loop {
         // Side by side: a database ping waiting out its timeout in an
@@ -153,7 +166,9 @@ pub async fn monitor(readiness: Readiness, store: Store, redis: RedisHandle, mut
         if database {
             readiness.database().ready();
         } else {
-            readiness.database().observe(DepState::Unreachable, "the database does not answer");
+            readiness
+                .database()
+                .observe(DepState::Unreachable, "the database does not answer");
         }
         match redis_ping {
             Ok(()) => readiness.redis().ready(),

@@ -70,27 +70,47 @@ pub struct Drift {
 impl Drift {
     /// The gauge of `sale_id`, created at 0 if new.
     pub fn gauge(&self, sale_id: &str) -> Arc<AtomicI64> {
-        if let Some(g) = self.sales.read().unwrap_or_else(|e| e.into_inner()).get(sale_id) {
+        if let Some(g) = self
+            .sales
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sale_id)
+        {
             return g.clone();
         }
-        self.sales.write().unwrap_or_else(|e| e.into_inner()).entry(sale_id.to_owned()).or_default().clone()
+        self.sales
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(sale_id.to_owned())
+            .or_default()
+            .clone()
     }
 
     /// The last drift of `sale_id`, `None` before its first reconcile.
     pub fn get(&self, sale_id: &str) -> Option<i64> {
-        self.sales.read().unwrap_or_else(|e| e.into_inner()).get(sale_id).map(|g| g.load(Ordering::Relaxed))
+        self.sales
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sale_id)
+            .map(|g| g.load(Ordering::Relaxed))
     }
 
     /// Forgets the drift of every sale in `sales` (archived sales: not
     /// reconciled any more, so their last drift is not exported either).
     pub fn forget(&self, sales: &HashSet<String>) {
-        self.sales.write().unwrap_or_else(|e| e.into_inner()).retain(|id, _| !sales.contains(id));
+        self.sales
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|id, _| !sales.contains(id));
     }
 
     /// Every sale's last drift, sorted by sale id.
     pub fn snapshot(&self) -> Vec<(String, i64)> {
         let map = self.sales.read().unwrap_or_else(|e| e.into_inner());
-        let mut all: Vec<_> = map.iter().map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed))).collect();
+        let mut all: Vec<_> = map
+            .iter()
+            .map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed)))
+            .collect();
         all.sort();
         all
     }
@@ -138,7 +158,11 @@ pub struct Report {
 ///
 /// # Errors
 /// Redis or the database failed.
-pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<Option<Report>, SaleError> {
+pub async fn reconcile_sale<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+) -> Result<Option<Report>, SaleError> {
     let keys = SaleKeys::new(sale_id);
     // Orders first, Redis second: a reservation is in Redis before its order
     // is written, so every order read here is in the snapshot unless Redis
@@ -146,11 +170,20 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
     // two reads for lost ones (harmless, but a script call each).
     let orders = store.sale_orders(sale_id).await?;
     let all: Vec<&OrderRow> = orders.iter().collect();
-    let Some(Part { mut report, .. }) = reconcile_part(conn, store, sale_id, &keys, &all, None).await? else { return Ok(None) };
+    let Some(Part { mut report, .. }) =
+        reconcile_part(conn, store, sale_id, &keys, &all, None).await?
+    else {
+        return Ok(None);
+    };
     report.drift = (report.stock - report.remaining) - (report.live_orders + report.returning);
     // A sale that moved while it was read has no meaningful drift.
     if report.drift != 0 && report.settled {
-        tracing::warn!(sale = sale_id, drift = report.drift, ?report, "stock drift between redis and the order table");
+        tracing::warn!(
+            sale = sale_id,
+            drift = report.drift,
+            ?report,
+            "stock drift between redis and the order table"
+        );
     }
     Ok(Some(report))
 }
@@ -160,14 +193,20 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
 ///
 /// # Errors
 /// Redis or the database failed.
-pub async fn reconcile_spec<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Option<Report>, SaleError> {
+pub async fn reconcile_spec<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+) -> Result<Option<Report>, SaleError> {
     if spec.buckets > 1 {
         return reconcile_bucketed(conn, store, spec).await;
     }
     // The stock first: the counts below are then read against the stock
     // Redis sells from after the repair.
     let repair = repair_stock(conn, store, &spec.id).await?;
-    let Some(mut report) = reconcile_sale(conn, store, &spec.id).await? else { return Ok(None) };
+    let Some(mut report) = reconcile_sale(conn, store, &spec.id).await? else {
+        return Ok(None);
+    };
     report.bases_moved = repair.moved;
     report.bases_off = repair.off;
     report.bases_unrepaired = repair.unrepaired;
@@ -191,7 +230,11 @@ pub async fn reconcile_spec<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
 ///
 /// # Errors
 /// Redis or the database failed.
-pub async fn repair_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str) -> Result<BasesRepair, SaleError> {
+pub async fn repair_stock<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    id: &str,
+) -> Result<BasesRepair, SaleError> {
     // Read without the hold first, as `repair_bases` does.
     let saved = store.sale(id).await?.map(|s| s.stock);
     let held = crate::sales::stock_in_redis(conn, id).await?;
@@ -199,8 +242,12 @@ pub async fn repair_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
         return Ok(BasesRepair::default());
     }
     let mut hold = store.begin_resync(id).await?;
-    let Some(spec) = hold.sale(id).await? else { return Ok(BasesRepair::default()) };
-    let Some(before) = crate::sales::stock_in_redis(conn, id).await? else { return Ok(BasesRepair::default()) };
+    let Some(spec) = hold.sale(id).await? else {
+        return Ok(BasesRepair::default());
+    };
+    let Some(before) = crate::sales::stock_in_redis(conn, id).await? else {
+        return Ok(BasesRepair::default());
+    };
     if before == spec.stock {
         hold.commit().await?;
         return Ok(BasesRepair::default());
@@ -217,13 +264,30 @@ pub async fn repair_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
                 sold,
                 "redis sells from more than the database's stock and the surplus is sold: not repaired"
             );
-            Ok(BasesRepair { moved: 0, off, unrepaired: false })
+            Ok(BasesRepair {
+                moved: 0,
+                off,
+                unrepaired: false,
+            })
         }
         Ok(Some(_)) => {
-            tracing::warn!(sale = id, redis_stock = before, stock = spec.stock, "redis's stock moved to the database's");
+            tracing::warn!(
+                sale = id,
+                redis_stock = before,
+                stock = spec.stock,
+                "redis's stock moved to the database's"
+            );
             // Items may be back: gateways forget a sold-out flag.
-            crate::redis_io::announce(conn, &flashgate_common::keys::SaleEvent::Changed(id.to_owned())).await;
-            Ok(BasesRepair { moved: -off, off: 0, unrepaired: false })
+            crate::redis_io::announce(
+                conn,
+                &flashgate_common::keys::SaleEvent::Changed(id.to_owned()),
+            )
+            .await;
+            Ok(BasesRepair {
+                moved: -off,
+                off: 0,
+                unrepaired: false,
+            })
         }
         Ok(None) => Ok(BasesRepair::default()),
         Err(SaleError::Fenced) => {
@@ -233,7 +297,11 @@ pub async fn repair_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
                 stock = spec.stock,
                 "redis's stock differs from the database's; the sale is fenced, its re-sync repairs it"
             );
-            Ok(BasesRepair { moved: 0, off, unrepaired: true })
+            Ok(BasesRepair {
+                moved: 0,
+                off,
+                unrepaired: true,
+            })
         }
         Err(other) => Err(other),
     }
@@ -263,11 +331,20 @@ pub async fn reconcile_bucketed<C: ConnectionLike + Send>(
         by_home[home_bucket(&o.user_id, n) as usize].push(o);
     }
     let own = SaleKeys::new(id);
-    let mut report = Report { sale_id: id.to_owned(), stock: spec.stock, settled: true, ..Report::default() };
+    let mut report = Report {
+        sale_id: id.to_owned(),
+        stock: spec.stock,
+        settled: true,
+        ..Report::default()
+    };
     for (k, home) in (0..n).zip(&by_home) {
         let keys = SaleKeys::bucket(id, k);
         // A dead letter put back goes to the sale's own stream.
-        let Some(Part { report: b, reserved }) = reconcile_part(conn, store, id, &keys, home, Some(&own.stream)).await? else {
+        let Some(Part {
+            report: b,
+            reserved,
+        }) = reconcile_part(conn, store, id, &keys, home, Some(&own.stream)).await?
+        else {
             return Ok(None);
         };
         let drift = reserved - (b.live_orders + b.returning);
@@ -292,7 +369,12 @@ pub async fn reconcile_bucketed<C: ConnectionLike + Send>(
     report.drift += repair.off;
     report.remaining = flashgate_common::transfer::left(conn, id, n).await?;
     if report.drift != 0 && report.settled {
-        tracing::warn!(sale = id, drift = report.drift, ?report, "stock drift between the buckets and the order table");
+        tracing::warn!(
+            sale = id,
+            drift = report.drift,
+            ?report,
+            "stock drift between the buckets and the order table"
+        );
     }
     Ok(Some(report))
 }
@@ -320,23 +402,45 @@ pub struct BasesRepair {
 ///
 /// # Errors
 /// Redis or the database failed.
-pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str, buckets: u32) -> Result<BasesRepair, SaleError> {
+pub async fn repair_bases<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    id: &str,
+    buckets: u32,
+) -> Result<BasesRepair, SaleError> {
     // Read without the hold first: equal, nothing to repair (a change in
     // flight that moved the bases already shows as a difference, and the
     // hold below waits for it to end), and no pass takes the hold for
     // nothing.
     let saved = store.sale(id).await?.map(|s| s.stock);
-    if saved.is_none() || saved == Some(crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum()) {
+    if saved.is_none()
+        || saved
+            == Some(
+                crate::buckets::stock::bases(conn, id, buckets)
+                    .await?
+                    .iter()
+                    .sum(),
+            )
+    {
         return Ok(BasesRepair::default());
     }
     let mut hold = store.begin_resync(id).await?;
-    let Some(spec) = hold.sale(id).await? else { return Ok(BasesRepair::default()) };
-    let before: i64 = crate::buckets::stock::bases(conn, id, buckets).await?.iter().sum();
+    let Some(spec) = hold.sale(id).await? else {
+        return Ok(BasesRepair::default());
+    };
+    let before: i64 = crate::buckets::stock::bases(conn, id, buckets)
+        .await?
+        .iter()
+        .sum();
     if before == spec.stock {
         hold.commit().await?;
         return Ok(BasesRepair::default());
     }
-    let unrepaired = BasesRepair { moved: 0, off: before - spec.stock, unrepaired: true };
+    let unrepaired = BasesRepair {
+        moved: 0,
+        off: before - spec.stock,
+        unrepaired: true,
+    };
     if let Err(error) = crate::buckets::stock::check(conn, id, buckets).await {
         hold.commit().await?;
         return match error {
@@ -361,14 +465,26 @@ pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
         Ok(Moved::Refused { .. }) => return Ok(unrepaired),
         // Fenced between the check and the move: what moved was moved back.
         Err(SaleError::BucketUnavailable { bucket, why }) => {
-            tracing::error!(sale = id, bucket, why, "a bucket became unavailable during the repair of the bases: not repaired");
+            tracing::error!(
+                sale = id,
+                bucket,
+                why,
+                "a bucket became unavailable during the repair of the bases: not repaired"
+            );
             return Ok(unrepaired);
         }
         Err(other) => return Err(other),
     };
     let made: i64 = changes.iter().sum();
     let off = before + made - spec.stock;
-    tracing::warn!(sale = id, bases = before, stock = spec.stock, ?changes, off, "bucket bases moved to the database's stock");
+    tracing::warn!(
+        sale = id,
+        bases = before,
+        stock = spec.stock,
+        ?changes,
+        off,
+        "bucket bases moved to the database's stock"
+    );
     if missing > 0 {
         tracing::error!(
             sale = id,
@@ -376,7 +492,11 @@ pub async fn repair_bases<C: ConnectionLike + Send>(conn: &mut C, store: &Store,
             "bucket bases stay above the stock: those items are sold or in transit; the next pass tries again"
         );
     }
-    Ok(BasesRepair { moved: made, off, unrepaired: false })
+    Ok(BasesRepair {
+        moved: made,
+        off,
+        unrepaired: false,
+    })
 }
 
 /// One sale's or one bucket's reconciliation, before its drift: the report
@@ -398,11 +518,30 @@ async fn reconcile_part<C: ConnectionLike + Send>(
     orders: &[&OrderRow],
     also_stream: Option<&str>,
 ) -> Result<Option<Part>, SaleError> {
-    let Some(snapshot) = redis_snapshot(conn, keys).await? else { return Ok(None) };
-    let Snapshot { counters: Counters { stock, remaining, dead_letters, reservations, released: released_count }, resv, released, settled } =
-        snapshot;
+    let Some(snapshot) = redis_snapshot(conn, keys).await? else {
+        return Ok(None);
+    };
+    let Snapshot {
+        counters:
+            Counters {
+                stock,
+                remaining,
+                dead_letters,
+                reservations,
+                released: released_count,
+            },
+        resv,
+        released,
+        settled,
+    } = snapshot;
 
-    let mut report = Report { sale_id: sale_id.to_owned(), stock, dead_letters, settled, ..Report::default() };
+    let mut report = Report {
+        sale_id: sale_id.to_owned(),
+        stock,
+        dead_letters,
+        settled,
+        ..Report::default()
+    };
     let with_order: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     let mut adopted = 0;
     for o in orders {
@@ -427,8 +566,11 @@ async fn reconcile_part<C: ConnectionLike + Send>(
     report.adopted = adopted;
     report.remaining = remaining - adopted;
 
-    let missing: HashSet<&str> =
-        resv.keys().map(String::as_str).filter(|rid| !with_order.contains(rid) && !released.contains(*rid)).collect();
+    let missing: HashSet<&str> = resv
+        .keys()
+        .map(String::as_str)
+        .filter(|rid| !with_order.contains(rid) && !released.contains(*rid))
+        .collect();
     if !missing.is_empty() {
         let mut found = find_in_stream(conn, &keys.stream, &missing).await?;
         if let Some(also) = also_stream.filter(|_| found.len() < missing.len()) {
@@ -437,19 +579,22 @@ async fn reconcile_part<C: ConnectionLike + Send>(
         let mut unrepaired: Vec<&str> = Vec::new();
         for rid in &missing {
             match found.get(*rid) {
-                Some(r) => match crate::counted::write_counted(store, conn, std::slice::from_ref(r)).await {
-                    Ok(written) if !written.counted.is_empty() => {
-                        report.repaired += 1;
-                        report.live_orders += 1;
+                Some(r) => {
+                    match crate::counted::write_counted(store, conn, std::slice::from_ref(r)).await
+                    {
+                        Ok(written) if !written.counted.is_empty() => {
+                            report.repaired += 1;
+                            report.live_orders += 1;
+                        }
+                        // Redis no longer counts it (it failed over since the
+                        // snapshot): the re-sync of the sale decides.
+                        Ok(_) => unrepaired.push(rid),
+                        Err(error) => {
+                            tracing::warn!(%error, sale = sale_id, reservation = rid, "cannot write the order of an unprocessed entry");
+                            unrepaired.push(rid);
+                        }
                     }
-                    // Redis no longer counts it (it failed over since the
-                    // snapshot): the re-sync of the sale decides.
-                    Ok(_) => unrepaired.push(rid),
-                    Err(error) => {
-                        tracing::warn!(%error, sale = sale_id, reservation = rid, "cannot write the order of an unprocessed entry");
-                        unrepaired.push(rid);
-                    }
-                },
+                }
                 None => unrepaired.push(rid),
             }
         }
@@ -464,9 +609,16 @@ async fn reconcile_part<C: ConnectionLike + Send>(
         }
     }
     if report.repaired > 0 {
-        tracing::warn!(sale = sale_id, repaired = report.repaired, "orders written from stream entries nobody had processed");
+        tracing::warn!(
+            sale = sale_id,
+            repaired = report.repaired,
+            "orders written from stream entries nobody had processed"
+        );
     }
-    Ok(Some(Part { report, reserved: reservations + adopted - released_count }))
+    Ok(Some(Part {
+        report,
+        reserved: reservations + adopted - released_count,
+    }))
 }
 
 /// A sale's counters, read in one atomic step (each O(1) in Redis).
@@ -479,8 +631,17 @@ struct Counters {
     dead_letters: i64,
 }
 
-async fn counters<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> Result<Option<Counters>, SaleError> {
-    let (stock, remaining, reservations, released, dead_letters): (Option<i64>, Option<i64>, i64, i64, i64) = redis::pipe()
+async fn counters<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+) -> Result<Option<Counters>, SaleError> {
+    let (stock, remaining, reservations, released, dead_letters): (
+        Option<i64>,
+        Option<i64>,
+        i64,
+        i64,
+        i64,
+    ) = redis::pipe()
         .atomic()
         .hget(&keys.meta, "stock")
         .get(&keys.remaining)
@@ -489,8 +650,16 @@ async fn counters<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> Re
         .xlen(&keys.dead)
         .query_async(conn)
         .await?;
-    let (Some(stock), Some(remaining)) = (stock, remaining) else { return Ok(None) };
-    Ok(Some(Counters { stock, remaining, reservations, released, dead_letters }))
+    let (Some(stock), Some(remaining)) = (stock, remaining) else {
+        return Ok(None);
+    };
+    Ok(Some(Counters {
+        stock,
+        remaining,
+        reservations,
+        released,
+        dead_letters,
+    }))
 }
 
 /// The reservation index and the returned items, read page by page, with
@@ -509,29 +678,59 @@ struct Snapshot {
 /// counter reads, so a large sale never blocks Redis for one huge reply.
 /// Retried while buys move the counters; `None` when the sale is not in
 /// Redis.
-async fn redis_snapshot<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> Result<Option<Snapshot>, SaleError> {
+async fn redis_snapshot<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+) -> Result<Option<Snapshot>, SaleError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let Some(before) = counters(conn, keys).await? else { return Ok(None) };
-        let resv: HashMap<String, String> = scan(conn, "HSCAN", &keys.reservations).await?.into_iter().collect();
-        let released: HashSet<String> = scan(conn, "SSCAN", &keys.released).await?.into_iter().map(|(m, _)| m).collect();
-        let Some(after) = counters(conn, keys).await? else { return Ok(None) };
-        let settled = before == after && resv.len() as i64 == after.reservations && released.len() as i64 == after.released;
+        let Some(before) = counters(conn, keys).await? else {
+            return Ok(None);
+        };
+        let resv: HashMap<String, String> = scan(conn, "HSCAN", &keys.reservations)
+            .await?
+            .into_iter()
+            .collect();
+        let released: HashSet<String> = scan(conn, "SSCAN", &keys.released)
+            .await?
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect();
+        let Some(after) = counters(conn, keys).await? else {
+            return Ok(None);
+        };
+        let settled = before == after
+            && resv.len() as i64 == after.reservations
+            && released.len() as i64 == after.released;
         if settled || attempt == SNAPSHOT_ATTEMPTS {
-            return Ok(Some(Snapshot { counters: after, resv, released, settled }));
+            return Ok(Some(Snapshot {
+                counters: after,
+                resv,
+                released,
+                settled,
+            }));
         }
     }
 }
 
 /// Every element of a hash (`HSCAN`: field/value pairs) or set (`SSCAN`:
 /// each member paired with an empty string), [`SCAN_PAGE`] per call.
-async fn scan<C: ConnectionLike + Send>(conn: &mut C, command: &str, key: &str) -> Result<Vec<(String, String)>, SaleError> {
+async fn scan<C: ConnectionLike + Send>(
+    conn: &mut C,
+    command: &str,
+    key: &str,
+) -> Result<Vec<(String, String)>, SaleError> {
     let mut all = Vec::new();
     let mut cursor = 0_u64;
     loop {
-        let (next, page): (u64, Vec<String>) =
-            redis::cmd(command).arg(key).arg(cursor).arg("COUNT").arg(SCAN_PAGE).query_async(conn).await?;
+        let (next, page): (u64, Vec<String>) = redis::cmd(command)
+            .arg(key)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(SCAN_PAGE)
+            .query_async(conn)
+            .await?;
         if command == "HSCAN" {
             let mut it = page.into_iter();
             while let (Some(field), Some(value)) = (it.next(), it.next()) {
@@ -556,8 +755,14 @@ async fn find_in_stream<C: ConnectionLike + Send>(
     let mut found = HashMap::new();
     let mut start = "-".to_owned();
     loop {
-        let reply: redis::streams::StreamRangeReply =
-            redis::cmd("XRANGE").arg(stream).arg(&start).arg("+").arg("COUNT").arg(SCAN_CHUNK).query_async(conn).await?;
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(SCAN_CHUNK)
+            .query_async(conn)
+            .await?;
         let n = reply.ids.len();
         for entry in &reply.ids {
             if let Ok(r) = parse_entry(entry) {
@@ -567,7 +772,9 @@ async fn find_in_stream<C: ConnectionLike + Send>(
             }
         }
         match reply.ids.last() {
-            Some(last) if n == SCAN_CHUNK && found.len() < wanted.len() => start = format!("({}", last.id),
+            Some(last) if n == SCAN_CHUNK && found.len() < wanted.len() => {
+                start = format!("({}", last.id)
+            }
             _ => return Ok(found),
         }
     }
@@ -577,15 +784,26 @@ async fn find_in_stream<C: ConnectionLike + Send>(
 ///
 /// # Errors
 /// The database failed listing sales; a failure on one sale is logged.
-pub async fn reconcile_all<C: ConnectionLike + Send>(conn: &mut C, store: &Store, drift: &Drift) -> Result<Vec<Report>, SaleError> {
+pub async fn reconcile_all<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    drift: &Drift,
+) -> Result<Vec<Report>, SaleError> {
     let mut reports = Vec::new();
     // Archived sales are finished and were drained when archived.
-    let archived = crate::stream::retention::archived(conn).await.unwrap_or_else(|error| {
-        tracing::debug!(%error, "cannot read the archived sales; reconciling every sale");
-        HashSet::new()
-    });
+    let archived = crate::stream::retention::archived(conn)
+        .await
+        .unwrap_or_else(|error| {
+            tracing::debug!(%error, "cannot read the archived sales; reconciling every sale");
+            HashSet::new()
+        });
     drift.forget(&archived);
-    for spec in store.sales().await?.into_iter().filter(|s| !archived.contains(&s.id)) {
+    for spec in store
+        .sales()
+        .await?
+        .into_iter()
+        .filter(|s| !archived.contains(&s.id))
+    {
         match reconcile_spec(conn, store, &spec).await {
             Ok(Some(report)) => {
                 if report.settled {

@@ -68,7 +68,8 @@ use crate::store::{OrderRow, OrderStatus, Store};
 use crate::switches;
 
 /// Returns one cancelled reservation's item (`lua/release.lua`).
-pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::RELEASE));
+pub static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::RELEASE));
 
 /// Makes Redis count an order it forgot (`lua/adopt.lua`).
 static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::ADOPT));
@@ -79,7 +80,11 @@ static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::
 ///
 /// # Errors
 /// Redis failed.
-pub async fn adopt<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, order: &OrderRow) -> redis::RedisResult<bool> {
+pub async fn adopt<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+    order: &OrderRow,
+) -> redis::RedisResult<bool> {
     Ok(order_script(&ADOPT, conn, keys, order).await? == 1)
 }
 
@@ -104,13 +109,16 @@ async fn order_script<C: ConnectionLike + Send>(
 }
 
 /// Installs a rebuilt sale, paused, if still absent, for the lock holder only (`lua/preheat.lua`).
-static INSTALL: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT));
+static INSTALL: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT));
 
 /// Extends the lock only while it holds our token (`lua/restore_lock_renew.lua`).
-static RENEW_LOCK: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_RENEW));
+static RENEW_LOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_RENEW));
 
 /// Frees the lock only while it holds our token (`lua/restore_lock_free.lua`).
-static FREE_LOCK: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_FREE));
+static FREE_LOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_FREE));
 
 /// Redis commands per pipeline while rebuilding a sale.
 const CHUNK: usize = 1000;
@@ -130,7 +138,11 @@ const RETURN_BATCH: i64 = 500;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restored {
     /// The sale was rebuilt with this many items left.
-    Loaded { remaining: i64, live_orders: i64, in_flight: i64 },
+    Loaded {
+        remaining: i64,
+        live_orders: i64,
+        in_flight: i64,
+    },
     /// The sale was in Redis already (or another backend installed it
     /// first), or the database no longer has it; nothing changed.
     NotNeeded,
@@ -157,7 +169,11 @@ pub enum Restored {
 /// Redis or the database failed; nothing is installed then, or the sale is
 /// installed paused and the next pass of the loop applies its pause (scratch
 /// keys may be left; they expire).
-pub async fn restore<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, id: &str) -> Result<Restored, SaleError> {
+pub async fn restore<C: ConnectionLike + Send + Clone>(
+    conn: &mut C,
+    store: &Store,
+    id: &str,
+) -> Result<Restored, SaleError> {
     restore_sale(conn, store, id, None).await
 }
 
@@ -167,7 +183,11 @@ pub async fn restore<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Sto
 ///
 /// # Errors
 /// As [`restore`].
-pub async fn restore_given<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Restored, SaleError> {
+pub async fn restore_given<C: ConnectionLike + Send + Clone>(
+    conn: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+) -> Result<Restored, SaleError> {
     restore_sale(conn, store, &spec.id, Some(spec)).await
 }
 
@@ -183,8 +203,14 @@ async fn restore_sale<C: ConnectionLike + Send + Clone>(
         return Ok(Restored::NotNeeded);
     }
     let token = uuid::Uuid::new_v4().simple().to_string();
-    let locked: Option<String> =
-        redis::cmd("SET").arg(&keys.restoring).arg(&token).arg("NX").arg("PX").arg(RESTORE_LOCK_MS).query_async(conn).await?;
+    let locked: Option<String> = redis::cmd("SET")
+        .arg(&keys.restoring)
+        .arg(&token)
+        .arg("NX")
+        .arg("PX")
+        .arg(RESTORE_LOCK_MS)
+        .query_async(conn)
+        .await?;
     if locked.is_none() {
         return Ok(Restored::Busy);
     }
@@ -193,7 +219,11 @@ async fn restore_sale<C: ConnectionLike + Send + Clone>(
         result = restore_locked(conn, store, id, given, &keys, &token) => result,
         never = keep_lock(renewer, &keys.restoring, &token) => match never {},
     };
-    let freed: Result<i64, RedisError> = FREE_LOCK.key(&keys.restoring).arg(&token).invoke_async(conn).await;
+    let freed: Result<i64, RedisError> = FREE_LOCK
+        .key(&keys.restoring)
+        .arg(&token)
+        .invoke_async(conn)
+        .await;
     if let Err(error) = freed {
         // It expires on its own; the restore itself is done or failed already.
         tracing::warn!(%error, sale = id, "cannot free the restore lock");
@@ -201,7 +231,10 @@ async fn restore_sale<C: ConnectionLike + Send + Clone>(
     result
 }
 
-async fn sale_present<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -> Result<bool, RedisError> {
+async fn sale_present<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+) -> Result<bool, RedisError> {
     redis::cmd("EXISTS").arg(&keys.meta).query_async(conn).await
 }
 
@@ -211,11 +244,19 @@ async fn sale_present<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) -
 async fn keep_lock<C: ConnectionLike + Send>(mut conn: C, lock: &str, token: &str) -> Infallible {
     loop {
         tokio::time::sleep(RENEW_EVERY).await;
-        let renewed: Result<i64, RedisError> = RENEW_LOCK.key(lock).arg(token).arg(RESTORE_LOCK_MS).invoke_async(&mut conn).await;
+        let renewed: Result<i64, RedisError> = RENEW_LOCK
+            .key(lock)
+            .arg(token)
+            .arg(RESTORE_LOCK_MS)
+            .invoke_async(&mut conn)
+            .await;
         match renewed {
             Ok(1) => {}
             Ok(_) => {
-                tracing::warn!(lock, "the restore lock was lost; this restore will install nothing");
+                tracing::warn!(
+                    lock,
+                    "the restore lock was lost; this restore will install nothing"
+                );
                 return std::future::pending().await;
             }
             Err(error) => tracing::warn!(%error, lock, "cannot renew the restore lock"),
@@ -267,8 +308,14 @@ async fn restore_locked<C: ConnectionLike + Send>(
     }
     let known: HashSet<&str> = orders.iter().map(|o| o.reservation_id.as_str()).collect();
     // Reservations Redis still has that have no order yet: in flight.
-    let surviving: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.reservations).query_async(conn).await?;
-    let in_flight: Vec<(&String, &String)> = surviving.iter().filter(|(rid, _)| !known.contains(rid.as_str())).collect();
+    let surviving: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(&keys.reservations)
+        .query_async(conn)
+        .await?;
+    let in_flight: Vec<(&String, &String)> = surviving
+        .iter()
+        .filter(|(rid, _)| !known.contains(rid.as_str()))
+        .collect();
 
     let mut buyers: HashMap<&str, i64> = HashMap::new();
     let mut live = 0_i64;
@@ -289,7 +336,12 @@ async fn restore_locked<C: ConnectionLike + Send>(
     }
     let sold = live + in_flight.len() as i64;
     if sold > spec.stock {
-        tracing::error!(sale = id, stock = spec.stock, sold, "cannot restore: more sold than the stock");
+        tracing::error!(
+            sale = id,
+            stock = spec.stock,
+            sold,
+            "cannot restore: more sold than the stock"
+        );
         return Ok(Restored::StockBelowSold { sold });
     }
 
@@ -305,7 +357,11 @@ async fn restore_locked<C: ConnectionLike + Send>(
         let mut pipe = redis::pipe();
         pipe.atomic();
         for (rid, user) in chunk {
-            pipe.cmd("HSET").arg(&scratch.reservations).arg(*rid).arg(*user).ignore();
+            pipe.cmd("HSET")
+                .arg(&scratch.reservations)
+                .arg(*rid)
+                .arg(*user)
+                .ignore();
         }
         expire(&mut pipe);
         let () = pipe.query_async(conn).await?;
@@ -315,7 +371,11 @@ async fn restore_locked<C: ConnectionLike + Send>(
         let mut pipe = redis::pipe();
         pipe.atomic();
         for (user, n) in chunk {
-            pipe.cmd("HSET").arg(&scratch.buyers).arg(*user).arg(*n).ignore();
+            pipe.cmd("HSET")
+                .arg(&scratch.buyers)
+                .arg(*user)
+                .arg(*n)
+                .ignore();
         }
         expire(&mut pipe);
         let () = pipe.query_async(conn).await?;
@@ -354,8 +414,16 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .arg(buyers.len())
         .arg(index.len())
         .arg(cancelled.len())
-        .arg(spec.draw_window_ms.map(|w| w.to_string()).unwrap_or_default())
-        .arg(if spec.buckets > 1 { spec.buckets.to_string() } else { String::new() })
+        .arg(
+            spec.draw_window_ms
+                .map(|w| w.to_string())
+                .unwrap_or_default(),
+        )
+        .arg(if spec.buckets > 1 {
+            spec.buckets.to_string()
+        } else {
+            String::new()
+        })
         .invoke_async(conn)
         .await?;
     match installed {
@@ -363,7 +431,10 @@ async fn restore_locked<C: ConnectionLike + Send>(
         0 => return Ok(Restored::NotNeeded),
         -2 => return Ok(Restored::Busy),
         -3 => {
-            tracing::warn!(sale = id, "the restore outlived its scratch keys; installing nothing, will retry");
+            tracing::warn!(
+                sale = id,
+                "the restore outlived its scratch keys; installing nothing, will retry"
+            );
             return Ok(Restored::Retry);
         }
         other => return Err(SaleError::BadReply(vec![other])),
@@ -371,7 +442,11 @@ async fn restore_locked<C: ConnectionLike + Send>(
     // The index is outside the sale's hash slot, so it cannot be written by
     // the script; adding it again is harmless (and every pass of the loop
     // does, should this backend die right here).
-    let () = redis::cmd("SADD").arg(SALES_INDEX).arg(id).query_async(conn).await?;
+    let () = redis::cmd("SADD")
+        .arg(SALES_INDEX)
+        .arg(id)
+        .query_async(conn)
+        .await?;
     // The sale is installed paused. Orders committed after the snapshot
     // were made from reservations the lost Redis had checked: count them
     // now, before anyone can buy, so their items are not sold again and a
@@ -382,12 +457,20 @@ async fn restore_locked<C: ConnectionLike + Send>(
     // the restore (the database was written first) is never lost. Redis is
     // read before the database and swapped only if unchanged, so a pause
     // applied meanwhile is not undone either.
-    let seen: Option<String> = redis::cmd("HGET").arg(&keys.meta).arg("paused").query_async(conn).await?;
+    let seen: Option<String> = redis::cmd("HGET")
+        .arg(&keys.meta)
+        .arg("paused")
+        .query_async(conn)
+        .await?;
     let paused = store.sale_paused(id).await?.unwrap_or(false);
     if let Some(seen) = seen.filter(|seen| *seen != if paused { "1" } else { "0" }) {
         switches::swap_pause(conn, id, &seen, paused, token).await?;
     }
-    Ok(Restored::Loaded { remaining: remaining - late, live_orders: live + late, in_flight: in_flight.len() as i64 })
+    Ok(Restored::Loaded {
+        remaining: remaining - late,
+        live_orders: live + late,
+        in_flight: in_flight.len() as i64,
+    })
 }
 
 /// Counts the live orders of sale `id` the install did not (written after
@@ -422,7 +505,10 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
 /// # Errors
 /// The database failed (listing sales); a failure on one sale is logged
 /// and the others are still tried.
-pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store) -> Result<usize, SaleError> {
+pub async fn restore_missing<C: ConnectionLike + Send + Clone>(
+    conn: &mut C,
+    store: &Store,
+) -> Result<usize, SaleError> {
     // A Redis that lost every sale lost the global switch too: put it back
     // even when there is no sale to restore, and correct it when it differs
     // from the database.
@@ -433,15 +519,27 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
     let mut restored = 0;
     for spec in &sales {
         match restore(conn, store, &spec.id).await {
-            Ok(Restored::Loaded { remaining, live_orders, in_flight }) => {
+            Ok(Restored::Loaded {
+                remaining,
+                live_orders,
+                in_flight,
+            }) => {
                 restored += 1;
                 tracing::warn!(sale = %spec.id, remaining, live_orders, in_flight, "sale was missing from redis; restored from the database");
                 // Gateways forget what they cached of the sale: its
                 // sold-out flag is stale, someone may win in it again.
                 announce(conn, &SaleEvent::Changed(spec.id.clone())).await;
             }
-            Ok(Restored::NotNeeded | Restored::Busy | Restored::Retry | Restored::StockBelowSold { .. } | Restored::LeftAbsent) => {}
-            Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot restore the sale into redis yet"),
+            Ok(
+                Restored::NotNeeded
+                | Restored::Busy
+                | Restored::Retry
+                | Restored::StockBelowSold { .. }
+                | Restored::LeftAbsent,
+            ) => {}
+            Err(error) => {
+                tracing::warn!(%error, sale = %spec.id, "cannot restore the sale into redis yet")
+            }
         }
     }
     if let Err(error) = switches::sync_pauses(conn, store, &sales).await {
@@ -461,7 +559,10 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(conn: &mut C, sto
 ///
 /// # Errors
 /// Redis or the database failed; what was done stays done.
-pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store) -> Result<u64, SaleError> {
+pub async fn return_stock<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+) -> Result<u64, SaleError> {
     let mut returned = 0;
     // Sales that got items back this pass: announced once each.
     let mut restocked = HashSet::new();
@@ -511,7 +612,9 @@ pub async fn return_stock<C: ConnectionLike + Send>(conn: &mut C, store: &Store)
                 ),
                 _ => {}
             }
-            store.mark_released(&order.order_id, flashgate_common::now_ms()).await?;
+            store
+                .mark_released(&order.order_id, flashgate_common::now_ms())
+                .await?;
         }
         if !full {
             break;
@@ -550,7 +653,9 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
                 fence.resync_fenced(&mut c, &store, &sales).await;
                 crate::buckets::repair_all(&mut c, &sales).await;
             }
-            Err(error) => tracing::warn!(%error, "cannot list the sales to check their fences; will retry"),
+            Err(error) => {
+                tracing::warn!(%error, "cannot list the sales to check their fences; will retry")
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

@@ -19,7 +19,8 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
 /// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
-static UPDATE_SALE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::UPDATE_SALE));
+static UPDATE_SALE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::UPDATE_SALE));
 
 /// What `lua/update_sale.lua` does with a stock change on a fenced sale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +58,11 @@ pub async fn update_sale<C: ConnectionLike + Send>(
         .arg(spec.per_user_limit)
         .arg(spec.starts_at_ms)
         .arg(spec.ends_at_ms)
-        .arg(spec.draw_window_ms.map(|w| w.to_string()).unwrap_or_default())
+        .arg(
+            spec.draw_window_ms
+                .map(|w| w.to_string())
+                .unwrap_or_default(),
+        )
         .arg(spec.buckets)
         .invoke_async(conn)
         .await
@@ -72,7 +77,10 @@ const BLOCK_MARGIN: Duration = Duration::from_secs(5);
 /// # Errors
 /// The URL is invalid or Redis does not answer.
 pub async fn shared_connection(config: &RedisConfig) -> Result<RedisHandle, RedisError> {
-    let tuning = Tuning { connection_timeout: config.timeout.max(Duration::from_secs(1)), ..Tuning::new(config.timeout) };
+    let tuning = Tuning {
+        connection_timeout: config.timeout.max(Duration::from_secs(1)),
+        ..Tuning::new(config.timeout)
+    };
     RedisHandle::connect(config, &tuning).await
 }
 
@@ -84,8 +92,16 @@ pub async fn shared_connection(config: &RedisConfig) -> Result<RedisHandle, Redi
 ///
 /// # Errors
 /// The URL is invalid or Redis does not answer.
-pub async fn consumer_connection(config: &RedisConfig, block: Duration) -> Result<RedisHandle, RedisError> {
-    RedisHandle::dedicated(config, config.timeout.max(Duration::from_secs(1)), block + BLOCK_MARGIN).await
+pub async fn consumer_connection(
+    config: &RedisConfig,
+    block: Duration,
+) -> Result<RedisHandle, RedisError> {
+    RedisHandle::dedicated(
+        config,
+        config.timeout.max(Duration::from_secs(1)),
+        block + BLOCK_MARGIN,
+    )
+    .await
 }
 
 /// Publishes `event` to every gateway. A failure is logged, not returned:

@@ -86,17 +86,23 @@ fn preheat_restored(restored: Restored) -> Result<Preheat, SaleError> {
 /// # Errors
 /// Redis or the database failed, the sale is fenced and the stock would
 /// change, or the script answered nonsense.
-pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store, spec: &SaleSpec) -> Result<Applied, SaleError> {
+pub async fn apply<C: ConnectionLike + Send + Clone>(
+    conn: &mut C,
+    store: &Store,
+    spec: &SaleSpec,
+) -> Result<Applied, SaleError> {
     match apply_present(conn, spec).await? {
         Some(applied) => Ok(applied),
         // Absent: load it with this definition, which the caller has not
         // committed yet (the database would still give the old one).
-        None => Ok(match preheat_restored(recovery::restore_given(conn, store, spec).await?)? {
-            Preheat::Loaded { remaining } => Applied::Preheated { remaining },
-            Preheat::StockBelowSold { sold } => Applied::StockBelowSold { sold },
-            // Someone preheated it between the two scripts: apply again.
-            Preheat::AlreadyThere => return Box::pin(apply(conn, store, spec)).await,
-        }),
+        None => Ok(
+            match preheat_restored(recovery::restore_given(conn, store, spec).await?)? {
+                Preheat::Loaded { remaining } => Applied::Preheated { remaining },
+                Preheat::StockBelowSold { sold } => Applied::StockBelowSold { sold },
+                // Someone preheated it between the two scripts: apply again.
+                Preheat::AlreadyThere => return Box::pin(apply(conn, store, spec)).await,
+            },
+        ),
     }
 }
 
@@ -106,7 +112,10 @@ pub async fn apply<C: ConnectionLike + Send + Clone>(conn: &mut C, store: &Store
 ///
 /// # Errors
 /// As [`apply`].
-pub async fn apply_present<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec) -> Result<Option<Applied>, SaleError> {
+pub async fn apply_present<C: ConnectionLike + Send>(
+    conn: &mut C,
+    spec: &SaleSpec,
+) -> Result<Option<Applied>, SaleError> {
     let reply = update_sale(conn, spec, IfFenced::Refuse).await?;
     match reply.as_slice() {
         // A bucketed sale: its own `remaining` is 0 and stays so (its
@@ -114,14 +123,25 @@ pub async fn apply_present<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSp
         // `crate::buckets::stock`); the new definition is copied to every
         // bucket.
         [1, _] if spec.buckets > 1 => {
-            crate::buckets::copy_fields(conn, &spec.id, spec.buckets, &crate::buckets::definition_fields(spec)).await?;
+            crate::buckets::copy_fields(
+                conn,
+                &spec.id,
+                spec.buckets,
+                &crate::buckets::definition_fields(spec),
+            )
+            .await?;
             let (remaining, _, _) = crate::buckets::counters(conn, &spec.id, spec.buckets).await?;
             Ok(Some(Applied::Updated { remaining }))
         }
-        [1, remaining] => Ok(Some(Applied::Updated { remaining: *remaining })),
+        [1, remaining] => Ok(Some(Applied::Updated {
+            remaining: *remaining,
+        })),
         [0, sold] => Ok(Some(Applied::StockBelowSold { sold: *sold })),
         [-1, _] => Ok(None),
-        [-2, held] => Err(SaleError::BucketsDiffer { held: *held, given: spec.buckets }),
+        [-2, held] => Err(SaleError::BucketsDiffer {
+            held: *held,
+            given: spec.buckets,
+        }),
         [-3, _] => Err(SaleError::Fenced),
         _ => Err(SaleError::BadReply(reply)),
     }
@@ -133,8 +153,15 @@ pub async fn apply_present<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSp
 ///
 /// # Errors
 /// Redis failed.
-pub async fn stock_in_redis<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<Option<i64>, RedisError> {
-    redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("stock").query_async(conn).await
+pub async fn stock_in_redis<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+) -> Result<Option<i64>, RedisError> {
+    redis::cmd("HGET")
+        .arg(SaleKeys::new(id).meta)
+        .arg("stock")
+        .query_async(conn)
+        .await
 }
 
 /// A sale as operators see it: its definition and live counters.
@@ -173,19 +200,41 @@ struct Counters {
     pending: i64,
 }
 
-async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<Counters, RedisError> {
+async fn counters<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+) -> Result<Counters, RedisError> {
     let keys = SaleKeys::new(id);
     if buckets > 1 {
-        let paused: Option<String> = redis::cmd("HGET").arg(&keys.meta).arg("paused").query_async(conn).await?;
+        let paused: Option<String> = redis::cmd("HGET")
+            .arg(&keys.meta)
+            .arg("paused")
+            .query_async(conn)
+            .await?;
         let (left, reservations, pending) = crate::buckets::counters(conn, id, buckets).await?;
         // Absent meta: not in Redis, as for a sale of one bucket.
         let remaining = paused.is_some().then_some(left);
-        return Ok(Counters { remaining, reservations, paused: paused.as_deref() == Some("1"), pending });
+        return Ok(Counters {
+            remaining,
+            reservations,
+            paused: paused.as_deref() == Some("1"),
+            pending,
+        });
     }
-    let (remaining, reservations, paused): (Option<i64>, i64, Option<String>) =
-        redis::pipe().get(&keys.remaining).hlen(&keys.reservations).hget(&keys.meta, "paused").query_async(conn).await?;
+    let (remaining, reservations, paused): (Option<i64>, i64, Option<String>) = redis::pipe()
+        .get(&keys.remaining)
+        .hlen(&keys.reservations)
+        .hget(&keys.meta, "paused")
+        .query_async(conn)
+        .await?;
     let pending = flashgate_common::stream_info::pending(conn, &keys.stream).await?;
-    Ok(Counters { remaining, reservations, paused: paused.as_deref() == Some("1"), pending })
+    Ok(Counters {
+        remaining,
+        reservations,
+        paused: paused.as_deref() == Some("1"),
+        pending,
+    })
 }
 
 /// Builds the operator view of `spec`. Redis being down leaves its counters
@@ -193,7 +242,11 @@ async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32
 ///
 /// # Errors
 /// The database failed.
-pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: SaleSpec) -> Result<SaleView, SaleError> {
+pub async fn view<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    spec: SaleSpec,
+) -> Result<SaleView, SaleError> {
     let orders = store.count_live_orders(&spec.id).await?;
     let payment_timeout_seconds = store.payment_timeout(&spec.id).await?;
     let live = match counters(conn, &spec.id, spec.buckets).await {
@@ -205,7 +258,12 @@ pub async fn view<C: ConnectionLike + Send>(conn: &mut C, store: &Store, spec: S
     };
     let remaining = live.as_ref().and_then(|c| c.remaining);
     let paused = live.as_ref().is_some_and(|c| c.paused);
-    let state = SaleState::at(now_ms(), &spec, paused, remaining.unwrap_or(spec.stock - orders));
+    let state = SaleState::at(
+        now_ms(),
+        &spec,
+        paused,
+        remaining.unwrap_or(spec.stock - orders),
+    );
     Ok(SaleView {
         starts_at: rfc3339(spec.starts_at_ms),
         ends_at: rfc3339(spec.ends_at_ms),

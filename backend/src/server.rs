@@ -46,7 +46,9 @@ use crate::stream::consumer;
 /// are waited for).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("FLASHGATE_ADMIN_TOKEN is not set: the backend refuses to start with an open admin API")]
+    #[error(
+        "FLASHGATE_ADMIN_TOKEN is not set: the backend refuses to start with an open admin API"
+    )]
     NoAdminToken,
     #[error("an order API token is empty: the backend refuses to start with an open order API")]
     NoApiToken,
@@ -55,9 +57,17 @@ pub enum StartError {
     #[error("sale `{sale}` declares stock {stock}, below the {sold} orders the database holds")]
     StockBelowSold { sale: String, stock: i64, sold: i64 },
     #[error("sales[{index}].buckets: sale `{sale}` was saved with {saved} bucket(s), the file declares {declared}; a saved sale's bucket count cannot change")]
-    BucketsChanged { index: usize, sale: String, saved: u32, declared: u32 },
+    BucketsChanged {
+        index: usize,
+        sale: String,
+        saved: u32,
+        declared: u32,
+    },
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
     #[error(transparent)]
@@ -95,7 +105,11 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 /// # Errors
 /// See [`run`].
 pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), StartError> {
-    let token = config.admin_token.clone().filter(|t| !t.is_empty()).ok_or(StartError::NoAdminToken)?;
+    let token = config
+        .admin_token
+        .clone()
+        .filter(|t| !t.is_empty())
+        .ok_or(StartError::NoAdminToken)?;
     let tokens = ApiTokens::new(
         &token,
         secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())?,
@@ -103,12 +117,23 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
     )?;
     // `redis.ca_file` likewise: read now, a bad one stops the start.
     if let Some(certificates) = flashgate_common::redis_conn::check_ca_file(&config.redis)? {
-        tracing::info!(certificates, "redis: trusting the CA certificates of redis.ca_file besides the system's");
+        tracing::info!(
+            certificates,
+            "redis: trusting the CA certificates of redis.ca_file besides the system's"
+        );
     }
     // Order event destinations: `events.ca_file` is read now, so a bad one
     // stops the backend before it waits for anything.
-    let destinations = config.events.enabled().then(|| crate::events::Destinations::new(&config.events)).transpose()?;
-    let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
+    let destinations = config
+        .events
+        .enabled()
+        .then(|| crate::events::Destinations::new(&config.events))
+        .transpose()?;
+    let bind = |addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })
+    };
     let orders = bind(config.backend.listen).await?;
     let admin = bind(config.backend.admin_listen).await?;
     tracing::info!(orders = %config.backend.listen, admin = %config.backend.admin_listen, "backend listening; waiting for its dependencies");
@@ -126,22 +151,42 @@ pub async fn run_until(config: Config, shutdown: watch::Receiver<bool>) -> Resul
     let readiness = Readiness::default();
     let order_api = Arc::new(OnceLock::new());
     let admin_api = Arc::new(OnceLock::new());
-    let probes = Router::new().route("/live", get(readiness::live)).route("/ready", get(readiness::ready)).with_state(readiness.clone());
+    let probes = Router::new()
+        .route("/live", get(readiness::live))
+        .route("/ready", get(readiness::ready))
+        .with_state(readiness.clone());
     let serve = |listener, router: Router, mut stopping: watch::Receiver<bool>| {
         axum::serve(listener, router).with_graceful_shutdown(async move {
             let _ = stopping.wait_for(|stop| *stop).await;
         })
     };
     let work = async {
-        let result = start_and_run(&config, &tokens, destinations, &readiness, &order_api, &admin_api, shutdown.clone()).await;
+        let result = start_and_run(
+            &config,
+            &tokens,
+            destinations,
+            &readiness,
+            &order_api,
+            &admin_api,
+            shutdown.clone(),
+        )
+        .await;
         if result.is_err() {
             let _ = stop.send(true);
         }
         result
     };
     let (orders, admin, work) = tokio::join!(
-        serve(orders, probes.fallback(gate(order_api.clone())), stopping.clone()),
-        serve(admin, Router::new().fallback(gate(admin_api.clone())), stopping.clone()),
+        serve(
+            orders,
+            probes.fallback(gate(order_api.clone())),
+            stopping.clone()
+        ),
+        serve(
+            admin,
+            Router::new().fallback(gate(admin_api.clone())),
+            stopping.clone()
+        ),
         work,
     );
     work?;
@@ -163,9 +208,13 @@ fn gate(cell: Arc<OnceLock<Router>>) -> impl Fn(Request) -> BoxedResponse + Clon
                     Err(never) => match never {},
                 },
                 None => {
-                    let mut response =
-                        ApiError::unavailable("the backend is starting: waiting for its dependencies (see GET /ready)").into_response();
-                    response.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+                    let mut response = ApiError::unavailable(
+                        "the backend is starting: waiting for its dependencies (see GET /ready)",
+                    )
+                    .into_response();
+                    response
+                        .headers_mut()
+                        .insert("retry-after", axum::http::HeaderValue::from_static("1"));
                     response
                 }
             }
@@ -184,14 +233,31 @@ async fn start_and_run(
     admin_api: &OnceLock<Router>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), StartError> {
-    let Some(store) = connect_store(&config.backend.database_url, readiness, &mut shutdown).await else { return Ok(()) };
+    let Some(store) = connect_store(&config.backend.database_url, readiness, &mut shutdown).await
+    else {
+        return Ok(());
+    };
     let store = store.with_order_events(config.events.enabled());
     let Some(redis) = connect_redis(config, readiness, &mut shutdown).await else {
         store.close().await;
         return Ok(());
     };
-    let state = AppState::new(store.clone(), redis.clone(), tokens.clone(), config.gateway.idempotency_ttl);
-    if !preheat_declared(config, &store, &redis, &state.fence, readiness, &mut shutdown).await? {
+    let state = AppState::new(
+        store.clone(),
+        redis.clone(),
+        tokens.clone(),
+        config.gateway.idempotency_ttl,
+    );
+    if !preheat_declared(
+        config,
+        &store,
+        &redis,
+        &state.fence,
+        readiness,
+        &mut shutdown,
+    )
+    .await?
+    {
         store.close().await;
         return Ok(());
     }
@@ -201,8 +267,14 @@ async fn start_and_run(
         ..consumer::Settings::new(&config.redis, &config.backend, state.metrics.clone())
     };
     // Order events to the shop, when a destination is configured.
-    let deliverer =
-        destinations.map(|d| crate::events::Deliverer::with_destinations(store.clone(), d, &config.events, state.metrics.events.clone()));
+    let deliverer = destinations.map(|d| {
+        crate::events::Deliverer::with_destinations(
+            store.clone(),
+            d,
+            &config.events,
+            state.metrics.events.clone(),
+        )
+    });
     let _ = order_api.set(order_router(state.clone()));
     let _ = admin_api.set(admin_router(state.clone()));
     tracing::info!("backend ready");
@@ -211,7 +283,12 @@ async fn start_and_run(
     let events = deliverer.map(|d| tokio::spawn(d.run(readiness.clone(), shutdown.clone())));
     let backend = &config.backend;
     let background = [
-        tokio::spawn(readiness::monitor(readiness.clone(), store.clone(), redis.clone(), shutdown.clone())),
+        tokio::spawn(readiness::monitor(
+            readiness.clone(),
+            store.clone(),
+            redis.clone(),
+            shutdown.clone(),
+        )),
         tokio::spawn(crate::recovery::watch(
             redis.clone(),
             store.clone(),
@@ -259,7 +336,11 @@ async fn start_and_run(
 
 /// Connects to the database and migrates it, retrying until it works;
 /// `None` on shutdown.
-async fn connect_store(url: &str, readiness: &Readiness, shutdown: &mut watch::Receiver<bool>) -> Option<Store> {
+async fn connect_store(
+    url: &str,
+    readiness: &Readiness,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Store> {
     let mut backoff = Backoff::default();
     loop {
         match Store::connect(url).await {
@@ -277,7 +358,11 @@ async fn connect_store(url: &str, readiness: &Readiness, shutdown: &mut watch::R
 
 /// Connects to Redis and waits until it answers `PING` (a Redis loading
 /// its dataset answers `LOADING`: not yet); `None` on shutdown.
-async fn connect_redis(config: &Config, readiness: &Readiness, shutdown: &mut watch::Receiver<bool>) -> Option<RedisHandle> {
+async fn connect_redis(
+    config: &Config,
+    readiness: &Readiness,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<RedisHandle> {
     let mut backoff = Backoff::default();
     let mut conn = None;
     loop {
@@ -339,15 +424,22 @@ async fn preheat_declared(
                 Err(PreheatFailure::Database(error)) => {
                     let state = store_state(&error);
                     readiness.database().observe(state, &error);
-                    readiness.sales().observe(state, format_args!("sale `{}`: {error}", declared.id));
+                    readiness
+                        .sales()
+                        .observe(state, format_args!("sale `{}`: {error}", declared.id));
                 }
                 Err(PreheatFailure::Redis(error)) => {
                     readiness.redis().redis_failed(&error);
                     let state = flashgate_common::dependency::redis_state(&error);
-                    readiness.sales().observe(state, format_args!("sale `{}`: redis: {error}", declared.id));
+                    readiness.sales().observe(
+                        state,
+                        format_args!("sale `{}`: redis: {error}", declared.id),
+                    );
                 }
                 Err(PreheatFailure::Retry(state, error)) => {
-                    readiness.sales().observe(state, format_args!("sale `{}`: {error}", declared.id));
+                    readiness
+                        .sales()
+                        .observe(state, format_args!("sale `{}`: {error}", declared.id));
                 }
             }
             if sleep_or_stop(backoff.next_wait(), shutdown).await {
@@ -370,12 +462,19 @@ async fn preheat_one(
     let db = PreheatFailure::Database;
     if store.insert_sale_if_absent(declared).await.map_err(db)? {
         if let Some(timeout) = config.payment_timeouts.get(&declared.id) {
-            store.set_payment_timeout(&declared.id, timeout.as_secs() as i64).await.map_err(db)?;
+            store
+                .set_payment_timeout(&declared.id, timeout.as_secs() as i64)
+                .await
+                .map_err(db)?;
         }
         tracing::info!(sale = %declared.id, "sale from the configuration file written to the database");
     }
     // The row, not the file, is the truth once written.
-    let spec = store.sale(&declared.id).await.map_err(db)?.unwrap_or_else(|| declared.clone());
+    let spec = store
+        .sale(&declared.id)
+        .await
+        .map_err(db)?
+        .unwrap_or_else(|| declared.clone());
     // Gateways and backends must agree on where a sale's items are: a saved
     // sale's bucket count never changes, and the file saying otherwise is
     // refused rather than silently ignored.
@@ -388,10 +487,18 @@ async fn preheat_one(
         }));
     }
     match sales::preheat_from_store(redis, store, &spec).await {
-        Ok(Preheat::Loaded { remaining }) => tracing::info!(sale = %spec.id, remaining, "sale preheated"),
-        Ok(Preheat::AlreadyThere) => tracing::info!(sale = %spec.id, "sale already in redis; left as is"),
+        Ok(Preheat::Loaded { remaining }) => {
+            tracing::info!(sale = %spec.id, remaining, "sale preheated")
+        }
+        Ok(Preheat::AlreadyThere) => {
+            tracing::info!(sale = %spec.id, "sale already in redis; left as is")
+        }
         Ok(Preheat::StockBelowSold { sold }) => {
-            return Err(PreheatFailure::Fatal(StartError::StockBelowSold { sale: spec.id, stock: spec.stock, sold }))
+            return Err(PreheatFailure::Fatal(StartError::StockBelowSold {
+                sale: spec.id,
+                stock: spec.stock,
+                sold,
+            }))
         }
         Err(crate::error::SaleError::Redis(error)) => return Err(PreheatFailure::Redis(error)),
         Err(crate::error::SaleError::Store(error)) => return Err(PreheatFailure::Database(error)),
@@ -399,7 +506,10 @@ async fn preheat_one(
         // finds it loaded; if that backend dies, its lock expires and this
         // one restores it.
         Err(crate::error::SaleError::Restoring) => {
-            return Err(PreheatFailure::Retry(DepState::Starting, "another backend is loading the sale".into()))
+            return Err(PreheatFailure::Retry(
+                DepState::Starting,
+                "another backend is loading the sale".into(),
+            ))
         }
         // Fail closed, without blocking the start: the sale answers 503.
         Err(crate::error::SaleError::LeftAbsent) => {
@@ -462,7 +572,11 @@ mod tests {
     const SHOP: &str = "shop-token-of-the-backend-tests-012345678";
 
     /// The admin token given, and the order API tokens (`None`: unset).
-    struct Token(Option<&'static str>, Option<&'static str>, Option<&'static str>);
+    struct Token(
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+    );
     impl Env for Token {
         fn var(&self, name: &str) -> Option<String> {
             use flashgate_common::config::ENV_ADMIN_TOKEN;
@@ -476,8 +590,20 @@ mod tests {
         }
     }
 
-    fn config(redis: &RedisServer, db: &str, sale: &str, token: Option<&'static str>, now_ms: i64) -> Config {
-        config_with(redis, db, sale, &Token(token, Some(INTERNAL), Some(SHOP)), now_ms)
+    fn config(
+        redis: &RedisServer,
+        db: &str,
+        sale: &str,
+        token: Option<&'static str>,
+        now_ms: i64,
+    ) -> Config {
+        config_with(
+            redis,
+            db,
+            sale,
+            &Token(token, Some(INTERNAL), Some(SHOP)),
+            now_ms,
+        )
     }
 
     fn config_with(redis: &RedisServer, db: &str, sale: &str, env: &Token, now_ms: i64) -> Config {
@@ -493,14 +619,28 @@ mod tests {
     async fn the_backend_refuses_to_start_without_order_api_tokens_of_32_bytes() {
         let redis = RedisServer::start().await;
         let cases = [
-            (Token(Some(ADMIN_TOKEN), None, Some(SHOP)), ENV_INTERNAL_TOKEN),
-            (Token(Some(ADMIN_TOKEN), Some(INTERNAL), None), ENV_SHOP_TOKEN),
-            (Token(Some(ADMIN_TOKEN), Some("short"), Some(SHOP)), ENV_INTERNAL_TOKEN),
-            (Token(Some(ADMIN_TOKEN), Some(INTERNAL), Some(&SHOP[..31])), ENV_SHOP_TOKEN),
+            (
+                Token(Some(ADMIN_TOKEN), None, Some(SHOP)),
+                ENV_INTERNAL_TOKEN,
+            ),
+            (
+                Token(Some(ADMIN_TOKEN), Some(INTERNAL), None),
+                ENV_SHOP_TOKEN,
+            ),
+            (
+                Token(Some(ADMIN_TOKEN), Some("short"), Some(SHOP)),
+                ENV_INTERNAL_TOKEN,
+            ),
+            (
+                Token(Some(ADMIN_TOKEN), Some(INTERNAL), Some(&SHOP[..31])),
+                ENV_SHOP_TOKEN,
+            ),
         ];
         for (env, name) in cases {
             let (_stop, stopped) = watch::channel(false);
-            let err = run_until(config_with(&redis, &sqlite_url(), "s", &env, 0), stopped).await.unwrap_err();
+            let err = run_until(config_with(&redis, &sqlite_url(), "s", &env, 0), stopped)
+                .await
+                .unwrap_err();
             assert!(matches!(err, StartError::Secret(_)), "{err}");
             assert!(err.to_string().contains(name), "{err}");
         }
@@ -513,16 +653,27 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!task.is_finished(), "{:?}", task.await);
         stop.send(true).unwrap();
-        let result = tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("stops on shutdown")
+            .unwrap();
         result.unwrap();
     }
 
     #[tokio::test]
     async fn a_redis_failure_while_preheating_is_reported_on_redis_not_only_on_the_sales() {
         let redis = RedisServer::start().await;
-        let config = config(&redis, &sqlite_url(), &unique("s"), Some(ADMIN_TOKEN), flashgate_common::now_ms());
+        let config = config(
+            &redis,
+            &sqlite_url(),
+            &unique("s"),
+            Some(ADMIN_TOKEN),
+            flashgate_common::now_ms(),
+        );
         let store = Store::connect(&config.backend.database_url).await.unwrap();
-        let conn = crate::redis_io::shared_connection(&config.redis).await.unwrap();
+        let conn = crate::redis_io::shared_connection(&config.redis)
+            .await
+            .unwrap();
         let readiness = Readiness::default();
         // As the start leaves it: both answered, then Redis goes away
         // before the declared sale is preheated.
@@ -532,19 +683,33 @@ mod tests {
         let (stop, mut stopped) = watch::channel(false);
         let task = {
             let readiness = readiness.clone();
-            let fence = crate::fence::Resyncer::new(Duration::from_secs(600), prometheus::IntCounter::new("s", "s").unwrap());
-            tokio::spawn(async move { preheat_declared(&config, &store, &conn, &fence, &readiness, &mut stopped).await })
+            let fence = crate::fence::Resyncer::new(
+                Duration::from_secs(600),
+                prometheus::IntCounter::new("s", "s").unwrap(),
+            );
+            tokio::spawn(async move {
+                preheat_declared(&config, &store, &conn, &fence, &readiness, &mut stopped).await
+            })
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while readiness.sales().state() == DepState::Starting {
-            assert!(std::time::Instant::now() < deadline, "preheating never failed");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "preheating never failed"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(readiness.redis().state(), DepState::Unreachable);
         assert_eq!(readiness.database().state(), DepState::Ready);
-        assert!(!readiness.dependencies_ready(), "the background loops wait for Redis");
+        assert!(
+            !readiness.dependencies_ready(),
+            "the background loops wait for Redis"
+        );
         stop.send(true).unwrap();
-        let preheated = tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").unwrap();
+        let preheated = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("stops on shutdown")
+            .unwrap();
         assert!(!preheated.unwrap());
     }
 
@@ -567,7 +732,13 @@ mod tests {
         // Another backend, started at the same moment on the empty Redis,
         // holds the restore lock.
         let () = conn.set(&keys.restoring, "another-backend").await.unwrap();
-        let mut config = config(&redis, &sqlite_url(), &sale, Some(ADMIN_TOKEN), flashgate_common::now_ms());
+        let mut config = config(
+            &redis,
+            &sqlite_url(),
+            &sale,
+            Some(ADMIN_TOKEN),
+            flashgate_common::now_ms(),
+        );
         config.backend.restore_poll = Duration::from_millis(50);
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run_until(config, stopped));
@@ -577,12 +748,19 @@ mod tests {
         let () = conn.del(&keys.restoring).await.unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !conn.exists::<_, bool>(&keys.meta).await.unwrap() {
-            assert!(std::time::Instant::now() < deadline, "the sale was never loaded");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sale was never loaded"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 10);
         stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("stops on shutdown")
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]
@@ -600,12 +778,22 @@ mod tests {
         let () = conn.decr(&keys.remaining, 4).await.unwrap();
 
         // A later start whose file leaves starts_at to "now".
-        run_briefly(config(&redis, &db, &sale, Some(ADMIN_TOKEN), first_start + 60_000)).await;
+        run_briefly(config(
+            &redis,
+            &db,
+            &sale,
+            Some(ADMIN_TOKEN),
+            first_start + 60_000,
+        ))
+        .await;
         let remaining: i64 = conn.get(&keys.remaining).await.unwrap();
         assert_eq!(remaining, 6, "a restart must not reset the stock");
         let starts: i64 = conn.hget(&keys.meta, "starts_at_ms").await.unwrap();
         assert_eq!(starts, first_start);
         let store = Store::connect(&db).await.unwrap();
-        assert_eq!(store.sale(&sale).await.unwrap().unwrap().starts_at_ms, first_start);
+        assert_eq!(
+            store.sale(&sale).await.unwrap().unwrap().starts_at_ms,
+            first_start
+        );
     }
 }

@@ -43,11 +43,20 @@ pub enum Paused {
 /// The database or Redis failed. After a Redis failure the database holds
 /// the new value and the restore loop writes it into Redis within a pass
 /// (see [`sync_pauses`]).
-pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Store, id: &str, paused: bool) -> Result<Paused, SaleError> {
+pub async fn set_paused<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    id: &str,
+    paused: bool,
+) -> Result<Paused, SaleError> {
     if !store.set_sale_paused(id, paused).await? {
         return Ok(Paused::Unknown);
     }
-    Ok(if apply_pause(conn, id, paused).await? { Paused::Applied } else { Paused::Recorded })
+    Ok(if apply_pause(conn, id, paused).await? {
+        Paused::Applied
+    } else {
+        Paused::Recorded
+    })
 }
 
 /// Writes a sale's pause into Redis, only if the sale is there (never
@@ -55,9 +64,17 @@ pub async fn set_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Store, i
 ///
 /// # Errors
 /// Redis failed.
-async fn apply_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str, paused: bool) -> Result<bool, RedisError> {
+async fn apply_pause<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    paused: bool,
+) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
-    let existed: i64 = PAUSE.key(&keys.meta).arg(if paused { "1" } else { "0" }).invoke_async(conn).await?;
+    let existed: i64 = PAUSE
+        .key(&keys.meta)
+        .arg(if paused { "1" } else { "0" })
+        .invoke_async(conn)
+        .await?;
     if existed == 1 {
         crate::buckets::copy_pause(conn, id).await?;
         announce(conn, &SaleEvent::Changed(id.to_owned())).await;
@@ -75,9 +92,17 @@ static PAUSE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::
 /// The database or Redis failed. After a Redis failure the database holds
 /// the new value and the restore loop writes it into Redis within a pass
 /// (see [`sync_switch`]).
-pub async fn set_all_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Store, paused: bool) -> Result<(), SaleError> {
+pub async fn set_all_paused<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    paused: bool,
+) -> Result<(), SaleError> {
     store.set_all_paused(paused).await?;
-    let () = redis::cmd("SET").arg(GLOBAL_SWITCH).arg(switch_value(paused)).query_async(conn).await?;
+    let () = redis::cmd("SET")
+        .arg(GLOBAL_SWITCH)
+        .arg(switch_value(paused))
+        .query_async(conn)
+        .await?;
     announce(conn, &SaleEvent::AllPaused(paused)).await;
     Ok(())
 }
@@ -85,13 +110,15 @@ pub async fn set_all_paused<C: ConnectionLike + Send>(conn: &mut C, store: &Stor
 /// Sets a key only while it still holds what the caller read, so a sync
 /// never writes over a value an operator wrote after that read.
 /// (`lua/switch_swap.lua`)
-static SWAP_SWITCH: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::SWITCH_SWAP));
+static SWAP_SWITCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::SWITCH_SWAP));
 
 /// Sets a present sale's pause only while it still holds what the caller
 /// read and no restore other than the caller's (ARGV[3], its lock token)
 /// holds the sale's lock: a restore applies the recorded pause itself.
 /// (`lua/pause_swap.lua`)
-static SWAP_PAUSE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE_SWAP));
+static SWAP_PAUSE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE_SWAP));
 
 /// Sets sale `id`'s pause in Redis to `paused` if it still holds `seen`
 /// (read before the database was) and no other restore holds the sale
@@ -109,7 +136,14 @@ pub async fn swap_pause<C: ConnectionLike + Send>(
 ) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
     let want = if paused { "1" } else { "0" };
-    let set: i64 = SWAP_PAUSE.key(&keys.meta).key(&keys.restoring).arg(seen).arg(want).arg(token).invoke_async(conn).await?;
+    let set: i64 = SWAP_PAUSE
+        .key(&keys.meta)
+        .key(&keys.restoring)
+        .arg(seen)
+        .arg(want)
+        .arg(token)
+        .invoke_async(conn)
+        .await?;
     if set == 1 {
         crate::buckets::copy_pause(conn, id).await?;
         announce(conn, &SaleEvent::Changed(id.to_owned())).await;
@@ -126,13 +160,22 @@ pub async fn swap_pause<C: ConnectionLike + Send>(
 ///
 /// # Errors
 /// The database or Redis failed.
-pub async fn sync_switch<C: ConnectionLike + Send>(conn: &mut C, store: &Store) -> Result<(), SaleError> {
-    let current: Option<String> = redis::cmd("GET").arg(GLOBAL_SWITCH).query_async(conn).await?;
+pub async fn sync_switch<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+) -> Result<(), SaleError> {
+    let current: Option<String> = redis::cmd("GET")
+        .arg(GLOBAL_SWITCH)
+        .query_async(conn)
+        .await?;
     let paused = match (store.all_paused().await?, current.as_deref()) {
         (Some(recorded), _) => recorded,
         (None, Some(found)) => {
             store.adopt_all_paused(found == "paused").await?;
-            tracing::info!(switch = found, "global switch taken from redis into the database, which had none");
+            tracing::info!(
+                switch = found,
+                "global switch taken from redis into the database, which had none"
+            );
             return Ok(());
         }
         (None, None) => false,
@@ -142,8 +185,22 @@ pub async fn sync_switch<C: ConnectionLike + Send>(conn: &mut C, store: &Store) 
         return Ok(());
     }
     let written = match &current {
-        None => redis::cmd("SET").arg(GLOBAL_SWITCH).arg(want).arg("NX").query_async::<Option<String>>(conn).await?.is_some(),
-        Some(seen) => SWAP_SWITCH.key(GLOBAL_SWITCH).arg(seen).arg(want).invoke_async::<i64>(conn).await? == 1,
+        None => redis::cmd("SET")
+            .arg(GLOBAL_SWITCH)
+            .arg(want)
+            .arg("NX")
+            .query_async::<Option<String>>(conn)
+            .await?
+            .is_some(),
+        Some(seen) => {
+            SWAP_SWITCH
+                .key(GLOBAL_SWITCH)
+                .arg(seen)
+                .arg(want)
+                .invoke_async::<i64>(conn)
+                .await?
+                == 1
+        }
     };
     if written {
         tracing::warn!(paused, was = ?current, "global switch in redis differed from the database; set from the database");
@@ -159,11 +216,22 @@ pub async fn sync_switch<C: ConnectionLike + Send>(conn: &mut C, store: &Store) 
 ///
 /// # Errors
 /// The database or Redis failed.
-pub async fn restore_switch<C: ConnectionLike + Send>(conn: &mut C, store: &Store) -> Result<(), SaleError> {
+pub async fn restore_switch<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+) -> Result<(), SaleError> {
     let paused = store.all_paused().await?.unwrap_or(false);
-    let written: Option<String> = redis::cmd("SET").arg(GLOBAL_SWITCH).arg(switch_value(paused)).arg("NX").query_async(conn).await?;
+    let written: Option<String> = redis::cmd("SET")
+        .arg(GLOBAL_SWITCH)
+        .arg(switch_value(paused))
+        .arg("NX")
+        .query_async(conn)
+        .await?;
     if written.is_some() {
-        tracing::warn!(paused, "global switch was missing from redis; restored from the database");
+        tracing::warn!(
+            paused,
+            "global switch was missing from redis; restored from the database"
+        );
         announce(conn, &SaleEvent::AllPaused(paused)).await;
     }
     Ok(())
@@ -181,7 +249,11 @@ const SYNC_CHUNK: usize = 500;
 ///
 /// # Errors
 /// The database or Redis failed.
-pub async fn sync_pauses<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sales: &[SaleSpec]) -> Result<(), SaleError> {
+pub async fn sync_pauses<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sales: &[SaleSpec],
+) -> Result<(), SaleError> {
     // Redis first, then the database: a value compared and swapped below
     // was read before the database, so an operator's change made after that
     // read either is in what the database answered or makes the swap fail.
@@ -192,9 +264,13 @@ pub async fn sync_pauses<C: ConnectionLike + Send>(conn: &mut C, store: &Store, 
             let keys = SaleKeys::new(&spec.id);
             pipe.hget(&keys.meta, "paused").exists(&keys.restoring);
         }
-        seen.extend(pipe.query_async::<Vec<(Option<String>, bool)>>(conn).await?);
+        seen.extend(
+            pipe.query_async::<Vec<(Option<String>, bool)>>(conn)
+                .await?,
+        );
     }
-    let recorded: std::collections::HashMap<String, Option<bool>> = store.sale_pauses().await?.into_iter().collect();
+    let recorded: std::collections::HashMap<String, Option<bool>> =
+        store.sale_pauses().await?.into_iter().collect();
     let now = now_ms();
     let mut listed = Vec::new();
     for (spec, (paused, restoring)) in sales.iter().zip(seen) {
@@ -225,7 +301,11 @@ pub async fn sync_pauses<C: ConnectionLike + Send>(conn: &mut C, store: &Store, 
         }
     }
     for chunk in listed.chunks(SYNC_CHUNK) {
-        let () = redis::cmd("SADD").arg(SALES_INDEX).arg(chunk).query_async(conn).await?;
+        let () = redis::cmd("SADD")
+            .arg(SALES_INDEX)
+            .arg(chunk)
+            .query_async(conn)
+            .await?;
     }
     Ok(())
 }

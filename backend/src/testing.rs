@@ -21,26 +21,44 @@ pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// fresh schema instead of a checksum mismatch.
 pub async fn postgres_url() -> String {
     use sqlx::Connection;
-    let schema = format!("flashgate_test_{}", crate::store::schema::fingerprint(crate::store::Flavour::Postgres));
+    let schema = format!(
+        "flashgate_test_{}",
+        crate::store::schema::fingerprint(crate::store::Flavour::Postgres)
+    );
     sqlx::any::install_default_drivers();
-    let mut conn = sqlx::AnyConnection::connect(POSTGRES_URL).await.expect("postgres (is it running?)");
+    let mut conn = sqlx::AnyConnection::connect(POSTGRES_URL)
+        .await
+        .expect("postgres (is it running?)");
     // Tests start at once; concurrent `CREATE SCHEMA IF NOT EXISTS` can
     // still collide in the catalog, so they take turns.
-    sqlx::query("SELECT pg_advisory_lock(7220412)").execute(&mut conn).await.expect("lock");
-    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).execute(&mut conn).await.expect("create the test schema");
-    sqlx::query("SELECT pg_advisory_unlock(7220412)").execute(&mut conn).await.expect("unlock");
+    sqlx::query("SELECT pg_advisory_lock(7220412)")
+        .execute(&mut conn)
+        .await
+        .expect("lock");
+    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        .execute(&mut conn)
+        .await
+        .expect("create the test schema");
+    sqlx::query("SELECT pg_advisory_unlock(7220412)")
+        .execute(&mut conn)
+        .await
+        .expect("unlock");
     conn.close().await.ok();
     format!("{POSTGRES_URL}?options[search_path]={schema}")
 }
 
 /// A random lowercase hex string, unique enough to namespace a test.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 /// A fresh SQLite database file URL under the temp dir.
 pub fn sqlite_url() -> String {
-    let path = std::env::temp_dir().join(format!("{}/orders.db", unique("flashgate-backend-test-")));
+    let path =
+        std::env::temp_dir().join(format!("{}/orders.db", unique("flashgate-backend-test-")));
     format!("sqlite://{}", path.display())
 }
 
@@ -62,8 +80,14 @@ impl MysqlDatabase {
     pub async fn create() -> Self {
         use sqlx::Connection;
         sqlx::any::install_default_drivers();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-        let name = format!("flashgate_t_{now}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let name = format!(
+            "flashgate_t_{now}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
         let mut conn = sqlx::AnyConnection::connect(MYSQL_SERVER)
             .await
             .expect("MariaDB on 127.0.0.1:3306 (deploy/local/install-deps.sh --test starts it)");
@@ -73,15 +97,22 @@ impl MysqlDatabase {
             .expect("list test databases");
         for row in rows {
             let old: String = sqlx::Row::try_get(&row, 0).expect("database name");
-            let made: Option<u64> = old.strip_prefix("flashgate_t_").and_then(|r| r.split('_').next()).and_then(|t| t.parse().ok());
+            let made: Option<u64> = old
+                .strip_prefix("flashgate_t_")
+                .and_then(|r| r.split('_').next())
+                .and_then(|t| t.parse().ok());
             if made.is_some_and(|t| t + MYSQL_LEFTOVER_SECONDS < now) {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS `{old}`")).execute(&mut conn).await;
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS `{old}`"))
+                    .execute(&mut conn)
+                    .await;
             }
         }
-        sqlx::query(&format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"))
-            .execute(&mut conn)
-            .await
-            .expect("create the test database");
+        sqlx::query(&format!(
+            "CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+        ))
+        .execute(&mut conn)
+        .await
+        .expect("create the test database");
         conn.close().await.ok();
         let url = format!("{MYSQL_SERVER}/{name}");
         Self { name, url }
@@ -92,7 +123,13 @@ impl Drop for MysqlDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
         // A connection still in a transaction on it must not hang the test.
-        drop_on_server(MYSQL_SERVER, ["SET SESSION lock_wait_timeout = 5".to_owned(), format!("DROP DATABASE IF EXISTS `{name}`")]);
+        drop_on_server(
+            MYSQL_SERVER,
+            [
+                "SET SESSION lock_wait_timeout = 5".to_owned(),
+                format!("DROP DATABASE IF EXISTS `{name}`"),
+            ],
+        );
     }
 }
 
@@ -101,7 +138,10 @@ impl Drop for MysqlDatabase {
 /// cannot be blocked on. Errors are ignored (the test is over).
 fn drop_on_server(server: &'static str, statements: [String; 2]) {
     let dropper = std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
             return;
         };
         runtime.block_on(async move {
@@ -129,17 +169,31 @@ impl PostgresSchema {
         use sqlx::Connection;
         sqlx::any::install_default_drivers();
         let name = unique("flashgate_own_");
-        let mut conn = sqlx::AnyConnection::connect(POSTGRES_URL).await.expect("postgres (is it running?)");
-        sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&mut conn).await.expect("create a test schema");
+        let mut conn = sqlx::AnyConnection::connect(POSTGRES_URL)
+            .await
+            .expect("postgres (is it running?)");
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create a test schema");
         conn.close().await.ok();
-        Self { url: format!("{POSTGRES_URL}?options[search_path]={name}"), name }
+        Self {
+            url: format!("{POSTGRES_URL}?options[search_path]={name}"),
+            name,
+        }
     }
 }
 
 impl Drop for PostgresSchema {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        drop_on_server(POSTGRES_URL, ["SET lock_timeout = '5s'".to_owned(), format!("DROP SCHEMA IF EXISTS {name} CASCADE")]);
+        drop_on_server(
+            POSTGRES_URL,
+            [
+                "SET lock_timeout = '5s'".to_owned(),
+                format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
+            ],
+        );
     }
 }
 
@@ -161,18 +215,40 @@ impl std::ops::Deref for TestStore {
 /// A store on a fresh MySQL database.
 pub async fn mysql_store() -> TestStore {
     let db = MysqlDatabase::create().await;
-    let store = Store::connect(&db.url).await.expect("mysql store (is MariaDB running?)");
-    TestStore { store, _mysql: Some(db), _postgres: None }
+    let store = Store::connect(&db.url)
+        .await
+        .expect("mysql store (is MariaDB running?)");
+    TestStore {
+        store,
+        _mysql: Some(db),
+        _postgres: None,
+    }
 }
 
 /// Every database, each with nothing but what the test writes (a fresh
 /// SQLite file, PostgreSQL schema and MySQL database).
 pub async fn isolated_stores() -> Vec<(&'static str, TestStore)> {
     let schema = PostgresSchema::create().await;
-    let postgres = Store::connect(&schema.url).await.expect("postgres store (is it running?)");
+    let postgres = Store::connect(&schema.url)
+        .await
+        .expect("postgres store (is it running?)");
     vec![
-        ("sqlite", TestStore { store: Store::connect(&sqlite_url()).await.expect("sqlite store"), _mysql: None, _postgres: None }),
-        ("postgres", TestStore { store: postgres, _mysql: None, _postgres: Some(schema) }),
+        (
+            "sqlite",
+            TestStore {
+                store: Store::connect(&sqlite_url()).await.expect("sqlite store"),
+                _mysql: None,
+                _postgres: None,
+            },
+        ),
+        (
+            "postgres",
+            TestStore {
+                store: postgres,
+                _mysql: None,
+                _postgres: Some(schema),
+            },
+        ),
         ("mysql", mysql_store().await),
     ]
 }
@@ -180,11 +256,20 @@ pub async fn isolated_stores() -> Vec<(&'static str, TestStore)> {
 /// Every database, each as a connected store.
 pub async fn stores() -> Vec<(&'static str, TestStore)> {
     vec![
-        ("sqlite", TestStore { store: Store::connect(&sqlite_url()).await.expect("sqlite store"), _mysql: None, _postgres: None }),
+        (
+            "sqlite",
+            TestStore {
+                store: Store::connect(&sqlite_url()).await.expect("sqlite store"),
+                _mysql: None,
+                _postgres: None,
+            },
+        ),
         (
             "postgres",
             TestStore {
-                store: Store::connect(&postgres_url().await).await.expect("postgres store (is it running?)"),
+                store: Store::connect(&postgres_url().await)
+                    .await
+                    .expect("postgres store (is it running?)"),
                 _mysql: None,
                 _postgres: None,
             },
@@ -196,7 +281,10 @@ pub async fn stores() -> Vec<(&'static str, TestStore)> {
 /// A well-formed reservation of `sale_id` by `user`.
 pub fn reservation(sale_id: &str, user: &str) -> Reservation {
     Reservation {
-        reservation_id: flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128()),
+        reservation_id: flashgate_common::reservation::reservation_id(
+            sale_id,
+            uuid::Uuid::new_v4().as_u128(),
+        ),
         sale_id: sale_id.to_owned(),
         user_id: user.to_owned(),
         idempotency_key: String::new(),
@@ -230,7 +318,10 @@ impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub async fn start() -> Self {
         let server = flashgate_testkit::RedisServer::private();
-        Self { url: server.url(), server }
+        Self {
+            url: server.url(),
+            server,
+        }
     }
 
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
@@ -260,17 +351,31 @@ impl RedisServer {
 
 /// One buy attempt through the gateway's own script (`lua/deduct.lua`), as
 /// a gateway would run it; answers the outcome (`won`, `limit_reached`, ...).
-pub async fn buy(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: &str) -> String {
+pub async fn buy(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sale_id: &str,
+    user: &str,
+) -> String {
     let reply = buy_with_key(conn, sale_id, user, "").await;
-    reply.into_iter().next().expect("the script answers an outcome first")
+    reply
+        .into_iter()
+        .next()
+        .expect("the script answers an outcome first")
 }
 
 /// [`buy`] with an Idempotency-Key; answers the script's whole reply
 /// (outcome, detail such as the reservation id, ...).
-pub async fn buy_with_key(conn: &mut redis::aio::MultiplexedConnection, sale_id: &str, user: &str, key: &str) -> Vec<String> {
-    static DEDUCT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::DEDUCT));
+pub async fn buy_with_key(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sale_id: &str,
+    user: &str,
+    key: &str,
+) -> Vec<String> {
+    static DEDUCT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::DEDUCT));
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
-    let rid = flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
+    let rid =
+        flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
     DEDUCT
         .key(&keys.meta)
         .key(&keys.remaining)
@@ -316,8 +421,16 @@ impl Gate {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (state, _) = tokio::sync::watch::channel(GateState::Armed);
-        let gate = std::sync::Arc::new(Self { url: format!("redis://{}/", listener.local_addr().unwrap()), state, patterns });
-        let upstream = redis.url.trim_start_matches("redis://").trim_end_matches('/').to_owned();
+        let gate = std::sync::Arc::new(Self {
+            url: format!("redis://{}/", listener.local_addr().unwrap()),
+            state,
+            patterns,
+        });
+        let upstream = redis
+            .url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_owned();
         let relay = gate.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -336,7 +449,10 @@ impl Gate {
                             Ok(n) => n,
                         };
                         let chunk = &buf[..n];
-                        let hit = gate.patterns.iter().any(|p| chunk.windows(p.len()).any(|w| w == *p));
+                        let hit = gate
+                            .patterns
+                            .iter()
+                            .any(|p| chunk.windows(p.len()).any(|w| w == *p));
                         if hit && *gate.state.borrow() == GateState::Armed {
                             gate.state.send_replace(GateState::Holding);
                             let mut open = gate.state.subscribe();

@@ -38,7 +38,11 @@ pub struct ExpiryPass {
 /// # Errors
 /// Redis or the database failed; what was done stays done and the next
 /// pass carries on.
-pub async fn expire_once<C: ConnectionLike + Send>(conn: &mut C, store: &Store, now_ms: i64) -> Result<ExpiryPass, SaleError> {
+pub async fn expire_once<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    now_ms: i64,
+) -> Result<ExpiryPass, SaleError> {
     let mut pass = ExpiryPass::default();
     loop {
         let expired = store.expired_orders(now_ms, EXPIRY_BATCH).await?;

@@ -23,22 +23,34 @@ struct Database {
 }
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 impl Database {
     fn sqlite() -> Self {
         let dir = std::env::temp_dir().join(unique("flashgate-upgrade-"));
         std::fs::create_dir_all(&dir).unwrap();
-        Self { url: format!("sqlite://{}", dir.join("orders.db").display()), schema: None }
+        Self {
+            url: format!("sqlite://{}", dir.join("orders.db").display()),
+            schema: None,
+        }
     }
 
     async fn postgres() -> Self {
         let schema = unique("flashgate_upgrade_");
         let server = raw_pool(POSTGRES_SERVER).await;
-        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&server).await.expect("postgres on 127.0.0.1:5432, database test");
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&server)
+            .await
+            .expect("postgres on 127.0.0.1:5432, database test");
         server.close().await;
-        Self { url: format!("{POSTGRES_SERVER}?options[search_path]={schema}"), schema: Some(schema) }
+        Self {
+            url: format!("{POSTGRES_SERVER}?options[search_path]={schema}"),
+            schema: Some(schema),
+        }
     }
 
     fn name(&self) -> &'static str {
@@ -70,7 +82,13 @@ impl Database {
              FROM sqlite_master m JOIN pragma_table_info(m.name) c WHERE m.type = 'table' AND m.name IN ('sales', 'orders', 'settings') \
              UNION ALL SELECT 'index ' || name FROM sqlite_master WHERE type = 'index' AND tbl_name IN ('sales', 'orders', 'settings')"
         };
-        let mut described: Vec<String> = sqlx::query(query).fetch_all(&pool).await.unwrap().iter().map(|r| r.get(0)).collect();
+        let mut described: Vec<String> = sqlx::query(query)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         described.sort();
         pool.close().await;
         described
@@ -83,13 +101,18 @@ impl Database {
         let query = "SELECT version, CASE WHEN success THEN 1 ELSE 0 END FROM _sqlx_migrations ORDER BY version";
         let rows = sqlx::query(query).fetch_all(&pool).await.unwrap();
         pool.close().await;
-        rows.iter().map(|r| (r.get::<i64, _>(0), r.get::<i64, _>(1) == 1)).collect()
+        rows.iter()
+            .map(|r| (r.get::<i64, _>(0), r.get::<i64, _>(1) == 1))
+            .collect()
     }
 
     async fn drop(self) {
         if let Some(schema) = self.schema {
             let server = raw_pool(POSTGRES_SERVER).await;
-            sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&server).await.unwrap();
+            sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                .execute(&server)
+                .await
+                .unwrap();
             server.close().await;
         }
     }
@@ -111,7 +134,11 @@ async fn databases() -> Vec<Database> {
 
 /// The schema a database this build creates from nothing has.
 async fn fresh_schema(flavour_of: &Database) -> Vec<String> {
-    let fresh = if flavour_of.schema.is_some() { Database::postgres().await } else { Database::sqlite() };
+    let fresh = if flavour_of.schema.is_some() {
+        Database::postgres().await
+    } else {
+        Database::sqlite()
+    };
     Store::connect(&fresh.url).await.unwrap().close().await;
     let schema = fresh.schema().await;
     fresh.drop().await;
@@ -120,7 +147,10 @@ async fn fresh_schema(flavour_of: &Database) -> Vec<String> {
 
 fn reservation(sale_id: &str, user: &str) -> Reservation {
     Reservation {
-        reservation_id: flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128()),
+        reservation_id: flashgate_common::reservation::reservation_id(
+            sale_id,
+            uuid::Uuid::new_v4().as_u128(),
+        ),
         sale_id: sale_id.to_owned(),
         user_id: user.to_owned(),
         idempotency_key: "k".into(),
@@ -133,7 +163,9 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
     for db in databases().await {
         let name = db.name();
         db.create_as_released(RELEASE_7858481).await;
-        let store = Store::connect(&db.url).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let store = Store::connect(&db.url)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
 
         // The rows are intact.
         let spring = SaleSpec {
@@ -146,55 +178,144 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             draw_window_ms: None,
             buckets: 1,
         };
-        assert_eq!(store.sale("spring").await.unwrap(), Some(spring.clone()), "{name}");
+        assert_eq!(
+            store.sale("spring").await.unwrap(),
+            Some(spring.clone()),
+            "{name}"
+        );
         assert_eq!(store.sales().await.unwrap().len(), 2, "{name}");
-        assert_eq!(store.payment_timeout("spring").await.unwrap(), Some(600), "{name}");
-        assert_eq!(store.sale_paused("spring").await.unwrap(), Some(true), "{name}");
-        assert_eq!(store.sale_paused("legacy").await.unwrap(), None, "{name}: never recorded stays never recorded");
+        assert_eq!(
+            store.payment_timeout("spring").await.unwrap(),
+            Some(600),
+            "{name}"
+        );
+        assert_eq!(
+            store.sale_paused("spring").await.unwrap(),
+            Some(true),
+            "{name}"
+        );
+        assert_eq!(
+            store.sale_paused("legacy").await.unwrap(),
+            None,
+            "{name}: never recorded stays never recorded"
+        );
         assert_eq!(store.all_paused().await.unwrap(), Some(true), "{name}");
-        let mut statuses: Vec<(String, OrderStatus, Option<i64>)> =
-            store.sale_orders("spring").await.unwrap().into_iter().map(|o| (o.reservation_id, o.status, o.released_at_ms)).collect();
+        let mut statuses: Vec<(String, OrderStatus, Option<i64>)> = store
+            .sale_orders("spring")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| (o.reservation_id, o.status, o.released_at_ms))
+            .collect();
         statuses.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
             statuses,
             vec![
                 ("spring.r1".into(), OrderStatus::Created, None),
                 ("spring.r2".into(), OrderStatus::Paid, None),
-                ("spring.r3".into(), OrderStatus::Cancelled, Some(1_700_000_900_000)),
+                (
+                    "spring.r3".into(),
+                    OrderStatus::Cancelled,
+                    Some(1_700_000_900_000)
+                ),
                 ("spring.r4".into(), OrderStatus::Cancelled, None),
             ],
             "{name}"
         );
-        assert_eq!(store.count_live_orders("spring").await.unwrap(), 2, "{name}");
-        assert_eq!(store.sale("spring").await.unwrap().unwrap().buckets, 1, "{name}: a sale from before buckets has one");
-        let unreleased: Vec<String> = store.unreleased_cancelled("", 10).await.unwrap().into_iter().map(|o| o.reservation_id).collect();
+        assert_eq!(
+            store.count_live_orders("spring").await.unwrap(),
+            2,
+            "{name}"
+        );
+        assert_eq!(
+            store.sale("spring").await.unwrap().unwrap().buckets,
+            1,
+            "{name}: a sale from before buckets has one"
+        );
+        let unreleased: Vec<String> = store
+            .unreleased_cancelled("", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.reservation_id)
+            .collect();
         assert_eq!(unreleased, vec!["spring.r4".to_owned()], "{name}");
-        let view = store.order_by_reservation("spring.r2").await.unwrap().unwrap();
-        assert_eq!((view.user_id.as_str(), view.status), ("bob", ReservationStatus::Confirmed), "{name}");
+        let view = store
+            .order_by_reservation("spring.r2")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (view.user_id.as_str(), view.status),
+            ("bob", ReservationStatus::Confirmed),
+            "{name}"
+        );
 
         // The migrations are recorded, and the schema is the one a fresh
         // database gets.
-        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true), (30, true)], "{name}");
+        assert_eq!(
+            db.migrations().await,
+            vec![(1, true), (10, true), (20, true), (30, true)],
+            "{name}"
+        );
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
 
         // The store works: an order is written, a sale changed and created.
         let r = reservation("spring", "erin");
-        assert_eq!(store.insert_orders(std::slice::from_ref(&r)).await.unwrap(), 1, "{name}");
-        assert_eq!(store.count_live_orders("spring").await.unwrap(), 3, "{name}");
-        store.upsert_sale(&SaleSpec { stock: 12, ..spring }).await.unwrap();
-        assert_eq!(store.sale("spring").await.unwrap().unwrap().stock, 12, "{name}");
-        assert_eq!(store.sale_paused("spring").await.unwrap(), Some(true), "{name}: a change keeps the pause");
+        assert_eq!(
+            store.insert_orders(std::slice::from_ref(&r)).await.unwrap(),
+            1,
+            "{name}"
+        );
+        assert_eq!(
+            store.count_live_orders("spring").await.unwrap(),
+            3,
+            "{name}"
+        );
+        store
+            .upsert_sale(&SaleSpec {
+                stock: 12,
+                ..spring
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            store.sale("spring").await.unwrap().unwrap().stock,
+            12,
+            "{name}"
+        );
+        assert_eq!(
+            store.sale_paused("spring").await.unwrap(),
+            Some(true),
+            "{name}: a change keeps the pause"
+        );
         let mut summer = store.sale("spring").await.unwrap().unwrap();
         summer.id = "summer".into();
         store.upsert_sale(&summer).await.unwrap();
-        assert_eq!(store.sale_paused("summer").await.unwrap(), Some(false), "{name}");
-        assert_eq!(store.payment_timeout("summer").await.unwrap(), Some(900), "{name}");
+        assert_eq!(
+            store.sale_paused("summer").await.unwrap(),
+            Some(false),
+            "{name}"
+        );
+        assert_eq!(
+            store.payment_timeout("summer").await.unwrap(),
+            Some(900),
+            "{name}"
+        );
         store.close().await;
 
         // Starting again changes nothing.
         let store = Store::connect(&db.url).await.unwrap();
-        assert_eq!(store.count_live_orders("spring").await.unwrap(), 3, "{name}");
-        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true), (30, true)], "{name}");
+        assert_eq!(
+            store.count_live_orders("spring").await.unwrap(),
+            3,
+            "{name}"
+        );
+        assert_eq!(
+            db.migrations().await,
+            vec![(1, true), (10, true), (20, true), (30, true)],
+            "{name}"
+        );
         store.close().await;
         db.drop().await;
     }
@@ -205,32 +326,73 @@ async fn a_database_of_the_first_release_gains_the_columns_added_since() {
     for db in databases().await {
         let name = db.name();
         db.create_as_released(FIRST_RELEASE).await;
-        let store = Store::connect(&db.url).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let store = Store::connect(&db.url)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
 
         assert_eq!(store.sale("old").await.unwrap().unwrap().stock, 5, "{name}");
-        assert_eq!(store.payment_timeout("old").await.unwrap(), Some(900), "{name}: the default timeout");
-        assert_eq!(store.sale_paused("old").await.unwrap(), None, "{name}: never recorded");
-        assert_eq!(store.all_paused().await.unwrap(), None, "{name}: never recorded");
+        assert_eq!(
+            store.payment_timeout("old").await.unwrap(),
+            Some(900),
+            "{name}: the default timeout"
+        );
+        assert_eq!(
+            store.sale_paused("old").await.unwrap(),
+            None,
+            "{name}: never recorded"
+        );
+        assert_eq!(
+            store.all_paused().await.unwrap(),
+            None,
+            "{name}: never recorded"
+        );
         assert_eq!(store.count_live_orders("old").await.unwrap(), 1, "{name}");
         // A cancelled order of that release never had its item returned.
-        let unreleased: Vec<String> = store.unreleased_cancelled("", 10).await.unwrap().into_iter().map(|o| o.reservation_id).collect();
+        let unreleased: Vec<String> = store
+            .unreleased_cancelled("", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.reservation_id)
+            .collect();
         assert_eq!(unreleased, vec!["old.r2".to_owned()], "{name}");
 
-        assert_eq!(db.migrations().await, vec![(1, true), (10, true), (20, true), (30, true)], "{name}");
+        assert_eq!(
+            db.migrations().await,
+            vec![(1, true), (10, true), (20, true), (30, true)],
+            "{name}"
+        );
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
 
         // What the added columns and table serve works.
         let order = store.order_by_reservation("old.r2").await.unwrap().unwrap();
         store.mark_released(&order.order_id, 1).await.unwrap();
-        assert!(store.unreleased_cancelled("", 10).await.unwrap().is_empty(), "{name}");
+        assert!(
+            store.unreleased_cancelled("", 10).await.unwrap().is_empty(),
+            "{name}"
+        );
         store.set_all_paused(true).await.unwrap();
         assert_eq!(store.all_paused().await.unwrap(), Some(true), "{name}");
-        assert!(store.adopt_sale_paused("old", true).await.unwrap(), "{name}");
-        assert_eq!(store.insert_orders(&[reservation("old", "carol")]).await.unwrap(), 1, "{name}");
+        assert!(
+            store.adopt_sale_paused("old", true).await.unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .insert_orders(&[reservation("old", "carol")])
+                .await
+                .unwrap(),
+            1,
+            "{name}"
+        );
         store.close().await;
 
         let store = Store::connect(&db.url).await.unwrap();
-        assert_eq!(store.sale_paused("old").await.unwrap(), Some(true), "{name}");
+        assert_eq!(
+            store.sale_paused("old").await.unwrap(),
+            Some(true),
+            "{name}"
+        );
         store.close().await;
         db.drop().await;
     }

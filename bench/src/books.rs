@@ -24,7 +24,8 @@ pub async fn check_flashgate(
     let deadline = t + Duration::from_secs(120);
     let view = loop {
         let v = fg.admin_sale(sale).await?;
-        let settled = v["orders"].as_i64() == v["reservations"].as_i64() && v["pending"].as_i64() == Some(0);
+        let settled =
+            v["orders"].as_i64() == v["reservations"].as_i64() && v["pending"].as_i64() == Some(0);
         if settled || Instant::now() > deadline {
             break v;
         }
@@ -46,8 +47,12 @@ pub async fn check_flashgate(
     // one of the backend's trims.
     let buy_calls = calls.saturating_sub(trims);
     let script_ok = reached.is_none_or(|r| buy_calls <= r && (r == 0 || calls > 0));
-    let ok =
-        winners as i64 == decrements && decrements == reservations && reservations == orders && most <= 1 && remaining >= 0 && script_ok;
+    let ok = winners as i64 == decrements
+        && decrements == reservations
+        && reservations == orders
+        && most <= 1
+        && remaining >= 0
+        && script_ok;
     let text = format!(
         "winners {winners} = decrements {decrements} = reservations {reservations} = orders {orders}; most orders of one user {most} (limit 1); drained in {:.1}s; script calls {calls} (the backend's timed trims among them: at most {trims}){}",
         t.elapsed().as_secs_f64(),
@@ -55,5 +60,9 @@ pub async fn check_flashgate(
     );
     // The calls the buys account for: every trim is not theirs.
     let for_buys = reached.map(|r| (buy_calls, r));
-    Ok(Check { ok, text, script_calls: for_buys })
+    Ok(Check {
+        ok,
+        text,
+        script_calls: for_buys,
+    })
 }

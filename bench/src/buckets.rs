@@ -45,10 +45,16 @@ pub async fn run(s: &Settings, dir: &Path) -> anyhow::Result<Vec<BucketRound>> {
     // A database of its own: on the run's database the backend would see
     // the other scenarios' sales, restore them into the cluster and poll
     // their streams, which would count as the buys' Redis work.
-    let admin = sqlx::PgPool::connect(&s.pg_url).await.with_context(|| format!("connect {}", s.pg_url))?;
+    let admin = sqlx::PgPool::connect(&s.pg_url)
+        .await
+        .with_context(|| format!("connect {}", s.pg_url))?;
     let name = format!("{}_buckets", s.db_name);
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&admin).await?;
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&admin)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await?;
     let database_url = match s.pg_url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{name}"),
         None => anyhow::bail!("pg url without a database: {}", s.pg_url),
@@ -56,12 +62,19 @@ pub async fn run(s: &Settings, dir: &Path) -> anyhow::Result<Vec<BucketRound>> {
     let pg = sqlx::PgPool::connect(&database_url).await?;
     let rounds = run_on(s, dir, &database_url, &pg).await;
     pg.close().await;
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&admin).await;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&admin)
+        .await;
     admin.close().await;
     rounds
 }
 
-async fn run_on(s: &Settings, dir: &Path, database_url: &str, pg: &sqlx::PgPool) -> anyhow::Result<Vec<BucketRound>> {
+async fn run_on(
+    s: &Settings,
+    dir: &Path,
+    database_url: &str,
+    pg: &sqlx::PgPool,
+) -> anyhow::Result<Vec<BucketRound>> {
     let cluster = tokio::task::spawn_blocking(|| {
         RedisCluster::start_with(ClusterOptions {
             masters: MASTERS,
@@ -74,7 +87,9 @@ async fn run_on(s: &Settings, dir: &Path, database_url: &str, pg: &sqlx::PgPool)
     .await
     .context("starting the bench's Redis Cluster")?;
     let mut redis = RedisConfig::standalone("");
-    redis.target = RedisTarget::Cluster { nodes: cluster.nodes() };
+    redis.target = RedisTarget::Cluster {
+        nodes: cluster.nodes(),
+    };
     let dir = dir.join("buckets");
     std::fs::create_dir_all(&dir)?;
     let fg = Flashgate::start(
@@ -90,15 +105,24 @@ async fn run_on(s: &Settings, dir: &Path, database_url: &str, pg: &sqlx::PgPool)
     )
     .await?;
     let ids = random_users(s.user_pool);
-    let users = Users { headers: std::sync::Arc::new(mint_bearers(&fg.jwt_secret, &ids, 7200)) };
+    let users = Users {
+        headers: std::sync::Arc::new(mint_bearers(&fg.jwt_secret, &ids, 7200)),
+    };
     let masters = cluster.masters().await;
     let mut nodes = Vec::new();
     for port in &masters {
-        let pid = cluster.pid(*port).context("a master of the bench's cluster is not running")?;
-        let conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?.get_multiplexed_async_connection().await?;
+        let pid = cluster
+            .pid(*port)
+            .context("a master of the bench's cluster is not running")?;
+        let conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+            .get_multiplexed_async_connection()
+            .await?;
         nodes.push((*port, pid, conn));
     }
-    eprintln!("bench: bucketed stock on a cluster of masters {masters:?}, gateway {}", fg.gateway_addr);
+    eprintln!(
+        "bench: bucketed stock on a cluster of masters {masters:?}, gateway {}",
+        fg.gateway_addr
+    );
 
     let mut rounds = Vec::new();
     for round in 1..=s.rounds {
@@ -135,19 +159,32 @@ async fn bucket_round(
     fg.put_bucketed_sale(&sale, STOCK, 1, buckets).await?;
     let mut buckets_per_master = vec![0; nodes.len()];
     for k in 0..buckets {
-        let key = if buckets > 1 { SaleKeys::bucket(&sale, k).meta } else { SaleKeys::new(&sale).meta };
+        let key = if buckets > 1 {
+            SaleKeys::bucket(&sale, k).meta
+        } else {
+            SaleKeys::new(&sale).meta
+        };
         let port = cluster.master_for_key(&key).await;
         if let Some(i) = nodes.iter().position(|(p, _, _)| *p == port) {
             buckets_per_master[i] += 1;
         }
     }
     for (_, _, conn) in nodes.iter_mut() {
-        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async::<()>(conn)
+            .await?;
     }
-    let moved_before = fg.gateway_metric("flashgate_bucket_transfers_total", "result=\"moved\"").await;
+    let moved_before = fg
+        .gateway_metric("flashgate_bucket_transfers_total", "result=\"moved\"")
+        .await;
     let trims_before = fg.timed_scripts().await;
     let mut watched = fg.watched();
-    watched.extend(nodes.iter().map(|(port, pid, _)| Watched::pids(&format!("m{port}"), vec![*pid])));
+    watched.extend(
+        nodes
+            .iter()
+            .map(|(port, pid, _)| Watched::pids(&format!("m{port}"), vec![*pid])),
+    );
     let spec = LoadSpec {
         addr: fg.gateway_addr,
         conns: s.conns,
@@ -155,7 +192,11 @@ async fn bucket_round(
         warmup: Duration::from_secs_f64(s.warmup),
         duration: Duration::from_secs_f64(s.secs),
         timeout: Duration::from_secs(5),
-        target: Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: users.clone(), pick: Pick::Distinct },
+        target: Target::FlashBuy {
+            path: format!("/api/sales/{sale}/buy"),
+            users: users.clone(),
+            pick: Pick::Distinct,
+        },
         tag: format!("k{buckets}r{round}{}", crate::stack::random_hex(3)),
     };
     let (summary, a, b) = load::run(spec, move || snap(&watched)).await;
@@ -166,13 +207,27 @@ async fn bucket_round(
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let trims = fg.timed_scripts().await.saturating_sub(trims_before);
-    let transfers = (fg.gateway_metric("flashgate_bucket_transfers_total", "result=\"moved\"").await - moved_before).max(0.0) as u64;
+    let transfers = (fg
+        .gateway_metric("flashgate_bucket_transfers_total", "result=\"moved\"")
+        .await
+        - moved_before)
+        .max(0.0) as u64;
     let clean = summary.errors == 0 && summary.timeouts == 0;
     // Every buy of one bucket runs one script; a bucketed sale's also runs
     // the transfers' scripts (three per transfer) when a bucket runs dry.
-    let reached = clean.then(|| summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410));
+    let reached =
+        clean.then(|| summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410));
     let winners = summary.total_in(200..=299);
-    let mut check = check_flashgate(fg, pg, &sale, STOCK, winners, (calls.saturating_sub(3 * transfers), trims), reached).await?;
+    let mut check = check_flashgate(
+        fg,
+        pg,
+        &sale,
+        STOCK,
+        winners,
+        (calls.saturating_sub(3 * transfers), trims),
+        reached,
+    )
+    .await?;
     check.text.push_str(&format!(", transfers {transfers}"));
     Ok(BucketRound {
         buckets,

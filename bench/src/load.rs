@@ -54,9 +54,17 @@ pub enum Target {
     /// A plain GET of `path`.
     Get { path: String },
     /// Flashgate's `POST /api/sales/{id}/buy`: bearer token and Idempotency-Key.
-    FlashBuy { path: String, users: Users, pick: Pick },
+    FlashBuy {
+        path: String,
+        users: Users,
+        pick: Pick,
+    },
     /// The OpenResty peer's `POST /api/seckill/{id}/buy`: X-User-Id, X-Request-Id.
-    PeerBuy { path: String, users: Users, pick: Pick },
+    PeerBuy {
+        path: String,
+        users: Users,
+        pick: Pick,
+    },
 }
 
 /// The pace of a run.
@@ -132,7 +140,11 @@ pub struct Summary {
 impl Summary {
     /// Responses of the whole run with a status in `range`.
     pub fn total_in(&self, range: std::ops::RangeInclusive<u16>) -> u64 {
-        self.total_statuses.iter().filter(|(s, _)| range.contains(s)).map(|(_, n)| n).sum()
+        self.total_statuses
+            .iter()
+            .filter(|(s, _)| range.contains(s))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     pub fn total_of(&self, status: u16) -> u64 {
@@ -141,7 +153,11 @@ impl Summary {
 
     /// `201×9000 409×3` style, window counts.
     pub fn statuses_text(&self) -> String {
-        let mut parts: Vec<String> = self.statuses.iter().map(|(s, n)| format!("{s}×{n}")).collect();
+        let mut parts: Vec<String> = self
+            .statuses
+            .iter()
+            .map(|(s, n)| format!("{s}×{n}"))
+            .collect();
         if self.errors > 0 {
             parts.push(format!("err×{}", self.errors));
         }
@@ -211,15 +227,26 @@ impl Tally {
     }
 
     fn summary(&self, window_start: Instant) -> Summary {
-        let to_map =
-            |a: &[u64; 600]| a.iter().enumerate().filter(|(_, n)| **n > 0).map(|(s, n)| (s as u16, *n)).collect::<BTreeMap<_, _>>();
+        let to_map = |a: &[u64; 600]| {
+            a.iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(s, n)| (s as u16, *n))
+                .collect::<BTreeMap<_, _>>()
+        };
         let requests: u64 = self.window.iter().sum();
-        let elapsed = self.last_done.map_or(0.0, |t| t.saturating_duration_since(window_start).as_secs_f64());
+        let elapsed = self.last_done.map_or(0.0, |t| {
+            t.saturating_duration_since(window_start).as_secs_f64()
+        });
         let q = |p: f64| self.hist.value_at_quantile(p) as f64 / 1000.0;
         Summary {
             requests,
             elapsed_s: elapsed,
-            rps: if elapsed > 0.0 { requests as f64 / elapsed } else { 0.0 },
+            rps: if elapsed > 0.0 {
+                requests as f64 / elapsed
+            } else {
+                0.0
+            },
             p50_ms: q(0.50),
             p90_ms: q(0.90),
             p99_ms: q(0.99),
@@ -243,15 +270,23 @@ const BUY_BODY: &[u8] = br#"{"qty":1}"#;
 fn build(target: &Target, host: &HeaderValue, user: usize, key: &str) -> Request<Full<Bytes>> {
     let (method, path, body) = match target {
         Target::Get { path } => (Method::GET, path, Bytes::new()),
-        Target::FlashBuy { path, .. } | Target::PeerBuy { path, .. } => (Method::POST, path, Bytes::from_static(BUY_BODY)),
+        Target::FlashBuy { path, .. } | Target::PeerBuy { path, .. } => {
+            (Method::POST, path, Bytes::from_static(BUY_BODY))
+        }
     };
-    let mut req = Request::builder().method(method).uri(path.as_str()).header(http::header::HOST, host.clone());
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path.as_str())
+        .header(http::header::HOST, host.clone());
     match target {
         Target::Get { .. } => {}
         Target::FlashBuy { users, .. } => {
             let users = &users.headers;
             req = req
-                .header(http::header::AUTHORIZATION, users[user % users.len()].clone())
+                .header(
+                    http::header::AUTHORIZATION,
+                    users[user % users.len()].clone(),
+                )
                 .header("idempotency-key", key)
                 .header(http::header::CONTENT_TYPE, "application/json");
         }
@@ -376,7 +411,9 @@ pub async fn run<S>(spec: LoadSpec, probe: impl Probe<S>) -> (Summary, S, S) {
                 };
                 let key = format!("{}-{seq}", spec.tag);
                 let req = build(&spec.target, &host, user, &key);
-                if let Some(status) = send_bounded(&mut conn, spec.addr, req, spec.timeout, &mut tally).await {
+                if let Some(status) =
+                    send_bounded(&mut conn, spec.addr, req, spec.timeout, &mut tally).await
+                {
                     let done = Instant::now();
                     tally.record(status, done - due, due >= window_start, done);
                 }
@@ -424,8 +461,13 @@ pub async fn burst<S>(spec: BurstSpec, probe: impl Probe<S>) -> (Summary, S, S) 
                     let req = build(&spec.target, &host, user, &key);
                     let sent = Instant::now();
                     // The last attempt waits as long as it takes (bounded).
-                    let patience = if attempts == spec.max_attempts { Duration::from_secs(5) } else { spec.patience };
-                    let status = send_bounded(&mut conn, spec.addr, req, patience, &mut tally).await;
+                    let patience = if attempts == spec.max_attempts {
+                        Duration::from_secs(5)
+                    } else {
+                        spec.patience
+                    };
+                    let status =
+                        send_bounded(&mut conn, spec.addr, req, patience, &mut tally).await;
                     if let Some(status) = status {
                         let done = Instant::now();
                         tally.record(status, done - sent, true, done);
@@ -471,13 +513,26 @@ mod tests {
 
     #[test]
     fn buy_requests_carry_the_user_and_a_key() {
-        let users = Users { headers: Arc::new(vec![HeaderValue::from_static("Bearer a"), HeaderValue::from_static("Bearer b")]) };
+        let users = Users {
+            headers: Arc::new(vec![
+                HeaderValue::from_static("Bearer a"),
+                HeaderValue::from_static("Bearer b"),
+            ]),
+        };
         let host = HeaderValue::from_static("127.0.0.1:1");
-        let t = Target::FlashBuy { path: "/api/sales/s/buy".into(), users: users.clone(), pick: Pick::Distinct };
+        let t = Target::FlashBuy {
+            path: "/api/sales/s/buy".into(),
+            users: users.clone(),
+            pick: Pick::Distinct,
+        };
         let r = build(&t, &host, 3, "k-1");
         assert_eq!(r.headers()["authorization"], "Bearer b");
         assert_eq!(r.headers()["idempotency-key"], "k-1");
-        let t = Target::PeerBuy { path: "/api/seckill/1001/buy".into(), users, pick: Pick::One(0) };
+        let t = Target::PeerBuy {
+            path: "/api/seckill/1001/buy".into(),
+            users,
+            pick: Pick::One(0),
+        };
         let r = build(&t, &host, 0, "k-2");
         assert_eq!(r.headers()["x-user-id"], "Bearer a");
         assert_eq!(r.headers()["x-request-id"], "k-2");

@@ -12,7 +12,11 @@ use flashgate_bench::run::{self, Profiling, Settings};
 use flashgate_bench::{chart, report, stack};
 
 #[derive(Parser)]
-#[command(name = "flashgate-bench", version, about = "Flashgate load generator and benchmark")]
+#[command(
+    name = "flashgate-bench",
+    version,
+    about = "Flashgate load generator and benchmark"
+)]
 struct Cli {
     /// Worker threads of the load generator.
     #[arg(long, global = true, default_value_t = 2)]
@@ -110,9 +114,16 @@ struct RunArgs {
 
 /// The "... per call" lines of a micro-benchmark's output file.
 fn per_call_lines(path: Option<&PathBuf>) -> anyhow::Result<Vec<String>> {
-    let Some(path) = path else { return Ok(Vec::new()) };
-    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(text.lines().filter(|l| l.contains("per call")).map(str::to_owned).collect())
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter(|l| l.contains("per call"))
+        .map(str::to_owned)
+        .collect())
 }
 
 #[derive(clap::Args)]
@@ -149,7 +160,11 @@ struct LoadArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(cli.loadgen_threads.max(1)).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.loadgen_threads.max(1))
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("flashgate-bench: {e}");
@@ -182,7 +197,9 @@ fn main() -> ExitCode {
 }
 
 async fn run_all(a: RunArgs) -> anyhow::Result<()> {
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let out_dir = a.out_dir.clone();
     let settings = Settings {
         secs: a.secs,
@@ -196,8 +213,10 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
         burst_stock: a.burst_stock,
         drain_orders: a.drain_orders,
         user_bucket: (a.user_per_second.max(1), a.user_burst.max(1)),
-        peers_dir: std::fs::canonicalize(&a.peers_dir).map_err(|e| anyhow::anyhow!("peers dir {}: {e}", a.peers_dir.display()))?,
-        bin_dir: std::fs::canonicalize(&a.bin_dir).map_err(|e| anyhow::anyhow!("bin dir {}: {e}", a.bin_dir.display()))?,
+        peers_dir: std::fs::canonicalize(&a.peers_dir)
+            .map_err(|e| anyhow::anyhow!("peers dir {}: {e}", a.peers_dir.display()))?,
+        bin_dir: std::fs::canonicalize(&a.bin_dir)
+            .map_err(|e| anyhow::anyhow!("bin dir {}: {e}", a.bin_dir.display()))?,
         out_dir: out_dir.clone(),
         pg_url: a.pg_url,
         mysql_url: Some(a.mysql_url).filter(|u| !u.is_empty()),
@@ -208,7 +227,11 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
         profile: a.profile,
         scenarios: a.scenarios,
         redis: match &a.redis_config {
-            Some(path) => Some(flashgate_common::config::Config::load(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.redis),
+            Some(path) => Some(
+                flashgate_common::config::Config::load(path)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+                    .redis,
+            ),
             None => None,
         },
     };
@@ -226,26 +249,56 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
     };
     let md = report::markdown(&results, chart);
     std::fs::write(out_dir.join("REPORT.md"), &md)?;
-    eprintln!("flashgate-bench: wrote {} and {}", out_dir.join("REPORT.md").display(), png.display());
+    eprintln!(
+        "flashgate-bench: wrote {} and {}",
+        out_dir.join("REPORT.md").display(),
+        png.display()
+    );
     for t in report::targets(&results) {
-        eprintln!("target {:<48} {:<10} {}", t.name, t.met.map_or("n/a", |m| if m { "met" } else { "MISSED" }), t.figures);
+        eprintln!(
+            "target {:<48} {:<10} {}",
+            t.name,
+            t.met.map_or("n/a", |m| if m { "met" } else { "MISSED" }),
+            t.figures
+        );
     }
     Ok(())
 }
 
 async fn load_one(a: LoadArgs) -> anyhow::Result<()> {
-    let hostport = a.url.strip_prefix("http://").ok_or_else(|| anyhow::anyhow!("--url must be http://host:port"))?.trim_end_matches('/');
-    let addr = hostport.to_socket_addrs()?.next().ok_or_else(|| anyhow::anyhow!("{hostport} does not resolve"))?;
-    anyhow::ensure!(addr.ip().is_loopback() || a.allow_remote, "{addr} is not loopback; pass --allow-remote for a deployment you own");
+    let hostport = a
+        .url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("--url must be http://host:port"))?
+        .trim_end_matches('/');
+    let addr = hostport
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{hostport} does not resolve"))?;
+    anyhow::ensure!(
+        addr.ip().is_loopback() || a.allow_remote,
+        "{addr} is not loopback; pass --allow-remote for a deployment you own"
+    );
     let target = match (&a.get, &a.buy) {
         (Some(path), _) => Target::Get { path: path.clone() },
         (None, Some(sale)) => {
-            let secret = std::env::var("FLASHGATE_JWT_SECRET")
-                .map_err(|_| anyhow::anyhow!("--buy needs FLASHGATE_JWT_SECRET (the gateway's token secret)"))?;
+            let secret = std::env::var("FLASHGATE_JWT_SECRET").map_err(|_| {
+                anyhow::anyhow!("--buy needs FLASHGATE_JWT_SECRET (the gateway's token secret)")
+            })?;
             let users = stack::random_users(if a.one_user { 1 } else { a.users.max(1) });
             let headers = stack::mint_bearers(&secret, &users, 3600);
-            let pick = if a.one_user { Pick::One(0) } else { Pick::Distinct };
-            Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: Users { headers: std::sync::Arc::new(headers) }, pick }
+            let pick = if a.one_user {
+                Pick::One(0)
+            } else {
+                Pick::Distinct
+            };
+            Target::FlashBuy {
+                path: format!("/api/sales/{sale}/buy"),
+                users: Users {
+                    headers: std::sync::Arc::new(headers),
+                },
+                pick,
+            }
         }
         (None, None) => anyhow::bail!("give --get PATH or --buy SALE"),
     };

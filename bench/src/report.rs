@@ -5,7 +5,9 @@
 
 use std::fmt::Write as _;
 
-use crate::results::{Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS};
+use crate::results::{
+    Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS,
+};
 use crate::sys::DATABASE;
 
 /// One target of the issue, evaluated.
@@ -25,7 +27,12 @@ fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
 }
 
 /// Mean over rounds of `f`.
-pub fn avg(r: &Results, scenario: &str, side: Side, f: impl Fn(&RoundResult) -> Option<f64>) -> Option<f64> {
+pub fn avg(
+    r: &Results,
+    scenario: &str,
+    side: Side,
+    f: impl Fn(&RoundResult) -> Option<f64>,
+) -> Option<f64> {
     let v: Vec<f64> = r.of(scenario, side).into_iter().filter_map(f).collect();
     mean(v.into_iter())
 }
@@ -39,7 +46,12 @@ pub fn rps(r: &Results, scenario: &str, side: Side) -> Option<f64> {
 fn all_cpu(r: &Results, scenario: &str, side: Side) -> Option<f64> {
     avg(r, scenario, side, |x| {
         let of = |name| x.cpu.ms_per_k(name, x.summary.requests);
-        Some(of("gateway")? + of("redis")? + of("backend").unwrap_or(0.0) + of(DATABASE).unwrap_or(0.0))
+        Some(
+            of("gateway")?
+                + of("redis")?
+                + of("backend").unwrap_or(0.0)
+                + of(DATABASE).unwrap_or(0.0),
+        )
     })
 }
 
@@ -64,7 +76,12 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 /// Median over a scenario's Flashgate rounds of `f`.
 fn median(r: &Results, scenario: &str, f: impl Fn(&RoundResult) -> Option<f64>) -> Option<f64> {
-    median_of(r.of(scenario, Side::Flashgate).into_iter().filter_map(f).collect())
+    median_of(
+        r.of(scenario, Side::Flashgate)
+            .into_iter()
+            .filter_map(f)
+            .collect(),
+    )
 }
 
 fn median_of(mut v: Vec<f64>) -> Option<f64> {
@@ -79,7 +96,10 @@ fn median_of(mut v: Vec<f64>) -> Option<f64> {
 /// The durability rows: each setting's "buy in stock" figures, medians of
 /// rounds, and its cost against the cheaper setting of its pair.
 fn durability_section(md: &mut String, r: &Results) {
-    if DURABILITY.iter().all(|d| r.of(d.id, Side::Flashgate).is_empty()) {
+    if DURABILITY
+        .iter()
+        .all(|d| r.of(d.id, Side::Flashgate).is_empty())
+    {
         return;
     }
     let _ = writeln!(md, "## Durability settings (median of rounds)\n");
@@ -124,9 +144,14 @@ fn buckets_section(md: &mut String, r: &Results) {
     if r.buckets.is_empty() {
         return;
     }
-    let of = |b: u32| -> Vec<&BucketRound> { r.buckets.iter().filter(|x| x.buckets == b).collect() };
-    let med = |b: u32, f: &dyn Fn(&BucketRound) -> f64| median_of(of(b).into_iter().map(f).collect());
-    let _ = writeln!(md, "## Bucketed stock: one hot sale on a {MASTERS}-master Redis Cluster (median of rounds)\n");
+    let of =
+        |b: u32| -> Vec<&BucketRound> { r.buckets.iter().filter(|x| x.buckets == b).collect() };
+    let med =
+        |b: u32, f: &dyn Fn(&BucketRound) -> f64| median_of(of(b).into_iter().map(f).collect());
+    let _ = writeln!(
+        md,
+        "## Bucketed stock: one hot sale on a {MASTERS}-master Redis Cluster (median of rounds)\n"
+    );
     let _ = writeln!(
         md,
         "\"Buy in stock\" (closed loop, distinct users, as c.) on a second Flashgate (gateway and backend, a PostgreSQL database of its own) whose Redis is a \
@@ -143,7 +168,9 @@ fn buckets_section(md: &mut String, r: &Results) {
     let mut cost = Vec::new();
     for b in BUCKET_COUNTS {
         let rounds = of(b);
-        let Some(first) = rounds.first() else { continue };
+        let Some(first) = rounds.first() else {
+            continue;
+        };
         // Busiest first in each round: which master serves a bucket's slot
         // differs from round to round (a new sale, a new tag).
         let by_load = |x: &BucketRound| {
@@ -151,39 +178,65 @@ fn buckets_section(md: &mut String, r: &Results) {
             v.sort_by(|a, b| b.total_cmp(a));
             v
         };
-        let per_master: Vec<Option<f64>> =
-            (0..first.masters.len()).map(|i| med(b, &|x| by_load(x).get(i).copied().unwrap_or(0.0))).collect();
+        let per_master: Vec<Option<f64>> = (0..first.masters.len())
+            .map(|i| med(b, &|x| by_load(x).get(i).copied().unwrap_or(0.0)))
+            .collect();
         let total = med(b, &|x| x.master_ms_per_k().iter().sum());
-        let busiest = med(b, &|x| x.master_ms_per_k().iter().copied().fold(0.0, f64::max));
+        let busiest = med(b, &|x| {
+            x.master_ms_per_k().iter().copied().fold(0.0, f64::max)
+        });
         let share = ratio(busiest, total);
         cost.push((b, total, busiest));
-        let books = if rounds.iter().all(|x| x.check.ok) { "ok" } else { "WRONG" };
+        let books = if rounds.iter().all(|x| x.check.ok) {
+            "ok"
+        } else {
+            "WRONG"
+        };
         let _ = writeln!(
             md,
             "| {b} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {books} |",
-            first.buckets_per_master.iter().map(u32::to_string).collect::<Vec<_>>().join(" / "),
+            first
+                .buckets_per_master
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" / "),
             f0(med(b, &|x| x.summary.rps)),
             f2(med(b, &|x| x.summary.p50_ms)),
             f2(med(b, &|x| x.summary.p99_ms)),
-            per_master.iter().map(|v| f0(*v)).collect::<Vec<_>>().join(" / "),
+            per_master
+                .iter()
+                .map(|v| f0(*v))
+                .collect::<Vec<_>>()
+                .join(" / "),
             f0(total),
             share.map_or("–".into(), |q| format!("{:.0} %", q * 100.0)),
             f2(med(b, &|x| x.transfers_per_k())),
-            f0(med(b, &|x| x.cpu.ms_per_k("gateway", x.summary.requests).unwrap_or(0.0))),
+            f0(med(b, &|x| x
+                .cpu
+                .ms_per_k("gateway", x.summary.requests)
+                .unwrap_or(0.0))),
         );
     }
     md.push('\n');
     let _ = writeln!(
         md,
         "Books of every round: {}\n",
-        r.buckets.iter().map(|x| format!("b{} r{}: {}", x.buckets, x.round, x.check.text)).collect::<Vec<_>>().join("; ")
+        r.buckets
+            .iter()
+            .map(|x| format!("b{} r{}: {}", x.buckets, x.round, x.check.text))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
 
     // A master saturates at one core: 1,000 ms of CPU per second. One
     // bucket's buys all cost its one master; N buckets spread over M
     // masters cost each about total / M, as evenly as measured here.
     let _ = writeln!(md, "**Projection** (deducts/s when the busiest master runs one core flat out, from the per-master CPU above; this machine has 2 cores, so the cluster's 3 masters here share them with the gateway and the load):\n");
-    let _ = writeln!(md, "| masters | 1 bucket | 6 buckets or more, spread as measured |\n|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| masters | 1 bucket | 6 buckets or more, spread as measured |\n|---:|---:|---:|"
+    );
     let one = cost.iter().find(|c| c.0 == 1).and_then(|c| c.2);
     let many = cost.iter().find(|c| c.0 > 1);
     for m in [3_u32, 10, 30] {
@@ -197,9 +250,15 @@ fn buckets_section(md: &mut String, r: &Results) {
         let _ = writeln!(md, "| {m} | {} | {} |", f0(single), f0(spread));
     }
     let gateway_ms = median_of(
-        r.buckets.iter().filter(|x| x.buckets > 1).map(|x| x.cpu.ms_per_k("gateway", x.summary.requests).unwrap_or(0.0)).collect(),
+        r.buckets
+            .iter()
+            .filter(|x| x.buckets > 1)
+            .map(|x| x.cpu.ms_per_k("gateway", x.summary.requests).unwrap_or(0.0))
+            .collect(),
     );
-    let at_30 = many.and_then(|(_, total, busiest)| Some(30.0 * ((*total)? / MASTERS as f64) / (*busiest)? * 1e6 / (*total)?));
+    let at_30 = many.and_then(|(_, total, busiest)| {
+        Some(30.0 * ((*total)? / MASTERS as f64) / (*busiest)? * 1e6 / (*total)?)
+    });
     let drain = r.drain.as_ref().map(crate::results::Drain::rate);
     let _ = writeln!(
         md,
@@ -220,9 +279,14 @@ fn buckets_section(md: &mut String, r: &Results) {
 /// Evaluates every target from the results.
 pub fn targets(r: &Results) -> Vec<TargetEval> {
     let mut out = Vec::new();
-    let (fa, pa) = (rps(r, "a_static", Side::Flashgate), rps(r, "a_static", Side::Peer));
-    let (fp99, pp99) =
-        (avg(r, "a_static", Side::Flashgate, |x| Some(x.summary.p99_ms)), avg(r, "a_static", Side::Peer, |x| Some(x.summary.p99_ms)));
+    let (fa, pa) = (
+        rps(r, "a_static", Side::Flashgate),
+        rps(r, "a_static", Side::Peer),
+    );
+    let (fp99, pp99) = (
+        avg(r, "a_static", Side::Flashgate, |x| Some(x.summary.p99_ms)),
+        avg(r, "a_static", Side::Peer, |x| Some(x.summary.p99_ms)),
+    );
     out.push(TargetEval {
         id: "static",
         name: "Static page vs nginx",
@@ -236,11 +300,19 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             f2(pp99),
             f0(rps(r, "a_floor", Side::Flashgate)),
             f0(rps(r, "a_floor", Side::Peer)),
-            f2(ratio(rps(r, "a_floor", Side::Flashgate), rps(r, "a_floor", Side::Peer)))
+            f2(ratio(
+                rps(r, "a_floor", Side::Flashgate),
+                rps(r, "a_floor", Side::Peer)
+            ))
         ),
-        met: ratio(fa, pa).zip(fp99.zip(pp99)).map(|(q, (f, p))| q >= 1.0 && f <= p),
+        met: ratio(fa, pa)
+            .zip(fp99.zip(pp99))
+            .map(|(q, (f, p))| q >= 1.0 && f <= p),
     });
-    let (fc, pc) = (rps(r, "c_buy", Side::Flashgate), rps(r, "c_buy", Side::Peer));
+    let (fc, pc) = (
+        rps(r, "c_buy", Side::Flashgate),
+        rps(r, "c_buy", Side::Peer),
+    );
     out.push(TargetEval {
         id: "buy",
         name: "Buy while in stock vs OpenResty",
@@ -248,7 +320,10 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         figures: format!("{} vs {} req/s = {}×", f0(fc), f0(pc), f2(ratio(fc, pc))),
         met: ratio(fc, pc).map(|q| q >= 2.0),
     });
-    let (fcpu, pcpu) = (all_cpu(r, "c_buy", Side::Flashgate), all_cpu(r, "c_buy", Side::Peer));
+    let (fcpu, pcpu) = (
+        all_cpu(r, "c_buy", Side::Flashgate),
+        all_cpu(r, "c_buy", Side::Peer),
+    );
     out.push(TargetEval {
         id: "buy_cpu",
         name: "CPU per buy in stock, every process",
@@ -271,7 +346,13 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         id: "open_tail",
         name: "Buy in stock, open loop (fixed rate): tail latency",
         goal: "p99 ≤ 1.5× the peer's p99 at the same rate",
-        figures: format!("p99 {} vs {} ms = {}× at {} buys/s", f2(fo), f2(po), f2(ratio(fo, po)), f0(rps(r, "c_buy_open", Side::Peer))),
+        figures: format!(
+            "p99 {} vs {} ms = {}× at {} buys/s",
+            f2(fo),
+            f2(po),
+            f2(ratio(fo, po)),
+            f0(rps(r, "c_buy_open", Side::Peer))
+        ),
         met: ratio(fo, po).map(|q| q <= 1.5),
     });
     let fd = rps(r, "d_soldout", Side::Flashgate);
@@ -337,7 +418,11 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         id: "books",
         name: "Books balance after every buy run",
         goal: "winners = decrements = reservations = orders, no user above the limit",
-        figures: format!("{} of {} buy runs balanced (both sides)", checks.iter().filter(|c| c.ok).count(), checks.len()),
+        figures: format!(
+            "{} of {} buy runs balanced (both sides)",
+            checks.iter().filter(|c| c.ok).count(),
+            checks.len()
+        ),
         met: (!checks.is_empty()).then(|| checks.iter().all(|c| c.ok)),
     });
     out
@@ -354,7 +439,11 @@ fn verdict(met: Option<bool>) -> &'static str {
 fn side_name(scenario: &str, side: Side) -> &'static str {
     match side {
         Side::Flashgate => "Flashgate",
-        Side::Peer => SCENARIOS.iter().find(|s| s.id == scenario).and_then(|s| s.peer).unwrap_or("peer"),
+        Side::Peer => SCENARIOS
+            .iter()
+            .find(|s| s.id == scenario)
+            .and_then(|s| s.peer)
+            .unwrap_or("peer"),
     }
 }
 
@@ -374,14 +463,27 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
     );
 
     let _ = writeln!(md, "## Targets\n");
-    let _ = writeln!(md, "| target | goal | figures (mean of rounds) | verdict |\n|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| target | goal | figures (mean of rounds) | verdict |\n|---|---|---|---|"
+    );
     for t in targets(r) {
-        let _ = writeln!(md, "| {} | {} | {} | {} |", t.name, t.goal, t.figures, verdict(t.met));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            t.name,
+            t.goal,
+            t.figures,
+            verdict(t.met)
+        );
     }
     md.push('\n');
 
     if let Some(chart) = chart {
-        let _ = writeln!(md, "![Throughput and latency, Flashgate beside its peers]({chart})\n");
+        let _ = writeln!(
+            md,
+            "![Throughput and latency, Flashgate beside its peers]({chart})\n"
+        );
     }
 
     let _ = writeln!(md, "## Results by scenario (mean of rounds)\n");
@@ -405,7 +507,9 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
             let x = rps(r, sc.id, side);
             let ratio_text = match side {
                 Side::Flashgate => "1.00".to_owned(),
-                Side::Peer => ratio(f_rps, x).map_or("–".into(), |q| format!("Flashgate {q:.2}×")),
+                Side::Peer => {
+                    ratio(f_rps, x).map_or("–".into(), |q| format!("Flashgate {q:.2}×"))
+                }
             };
             let _ = writeln!(
                 md,
@@ -532,7 +636,10 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
     }
 
     if !r.evalsha.is_empty() {
-        let _ = writeln!(md, "## Redis deduct ceiling (peers/redis-evalsha, quoted)\n");
+        let _ = writeln!(
+            md,
+            "## Redis deduct ceiling (peers/redis-evalsha, quoted)\n"
+        );
         let _ = writeln!(
             md,
             "redis-benchmark calling the peer's deduct script by EVALSHA, 50 clients, without and with pipelining; run after both sides were stopped.\n"
@@ -544,7 +651,12 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         let _ = writeln!(md, "## Profiles\n");
         let _ = writeln!(md, "`perf record -e cpu-clock -F 499` on the process (hardware counters are not available on this machine), `perf report --no-children --sort dso,symbol`: top frames by self time.\n");
         for p in &r.profiles {
-            let _ = writeln!(md, "### {}\n\n```text\n{}\n```\n", p.what, p.lines.join("\n"));
+            let _ = writeln!(
+                md,
+                "### {}\n\n```text\n{}\n```\n",
+                p.what,
+                p.lines.join("\n")
+            );
         }
     } else if !r.perf_available {
         let _ = writeln!(md, "## Profiles\n\n`perf record` is not usable here; use `valgrind --tool=callgrind` on a short run instead.\n");

@@ -44,10 +44,26 @@ pub const SCENARIOS: &[Scenario] = &[
 /// rounds alternating within each pair. `g_*` run with a replica attached
 /// to the bench's Redis, `h_*` without one and with the AOF on.
 pub const DURABILITY: &[Scenario] = &[
-    Scenario { id: "g_wait0", title: "redis.wait_replicas = 0 (a replica attached)", peer: None },
-    Scenario { id: "g_wait1", title: "redis.wait_replicas = 1 (shared WAIT)", peer: None },
-    Scenario { id: "h_fsync_everysec", title: "appendonly yes, appendfsync everysec", peer: None },
-    Scenario { id: "h_fsync_always", title: "appendonly yes, appendfsync always", peer: None },
+    Scenario {
+        id: "g_wait0",
+        title: "redis.wait_replicas = 0 (a replica attached)",
+        peer: None,
+    },
+    Scenario {
+        id: "g_wait1",
+        title: "redis.wait_replicas = 1 (shared WAIT)",
+        peer: None,
+    },
+    Scenario {
+        id: "h_fsync_everysec",
+        title: "appendonly yes, appendfsync everysec",
+        peer: None,
+    },
+    Scenario {
+        id: "h_fsync_always",
+        title: "appendonly yes, appendfsync always",
+        peer: None,
+    },
 ];
 
 /// Measured seconds of a durability round (at most the run's `--secs`).
@@ -136,7 +152,10 @@ pub struct Results {
 
 impl Results {
     pub fn of(&self, scenario: &str, side: Side) -> Vec<&RoundResult> {
-        self.rounds.iter().filter(|r| r.scenario == scenario && r.side == side).collect()
+        self.rounds
+            .iter()
+            .filter(|r| r.scenario == scenario && r.side == side)
+            .collect()
     }
 }
 
@@ -163,7 +182,14 @@ impl BucketRound {
     /// Each master's Redis CPU milliseconds per 1,000 buys of the measured
     /// window, in the order of [`Self::masters`].
     pub fn master_ms_per_k(&self) -> Vec<f64> {
-        self.masters.iter().map(|p| self.cpu.ms_per_k(&format!("m{p}"), self.summary.requests).unwrap_or(0.0)).collect()
+        self.masters
+            .iter()
+            .map(|p| {
+                self.cpu
+                    .ms_per_k(&format!("m{p}"), self.summary.requests)
+                    .unwrap_or(0.0)
+            })
+            .collect()
     }
 
     /// Transfers per 1,000 buys answered in the round (warmup included, as

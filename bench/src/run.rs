@@ -14,9 +14,12 @@ use http::HeaderValue;
 use crate::books::check_flashgate;
 use crate::load::{self, BurstSpec, LoadSpec, Pace, Pick, Target, Users};
 use crate::results::{
-    Check, Drain, Machine, Profile, Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS,
+    Check, Drain, Machine, Profile, Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS,
+    DURABILITY_SECS, SCENARIOS,
 };
-use crate::stack::{command_calls, mint_bearers, random_users, start_replica, Flashgate, FlashgateOptions, Peers};
+use crate::stack::{
+    command_calls, mint_bearers, random_users, start_replica, Flashgate, FlashgateOptions, Peers,
+};
 use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
 
 pub use crate::settings::{Profiling, Settings};
@@ -64,20 +67,40 @@ pub async fn run(s: Settings) -> anyhow::Result<Results> {
     eprintln!("bench: work dir {}", work.0.display());
 
     // The bench's own database, dropped at the end.
-    let admin_pg = sqlx::PgPool::connect(&s.pg_url).await.with_context(|| format!("connect {}", s.pg_url))?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", s.db_name)).execute(&admin_pg).await?;
-    sqlx::query(&format!("CREATE DATABASE {}", s.db_name)).execute(&admin_pg).await?;
+    let admin_pg = sqlx::PgPool::connect(&s.pg_url)
+        .await
+        .with_context(|| format!("connect {}", s.pg_url))?;
+    sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        s.db_name
+    ))
+    .execute(&admin_pg)
+    .await?;
+    sqlx::query(&format!("CREATE DATABASE {}", s.db_name))
+        .execute(&admin_pg)
+        .await?;
     let db_url = match s.pg_url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{}", s.db_name),
         None => anyhow::bail!("pg url without a database: {}", s.pg_url),
     };
     let result = run_with_db(&s, &work, &db_url, machine, started).await;
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", s.db_name)).execute(&admin_pg).await;
+    let _ = sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        s.db_name
+    ))
+    .execute(&admin_pg)
+    .await;
     admin_pg.close().await;
     result
 }
 
-async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Machine, started: Instant) -> anyhow::Result<Results> {
+async fn run_with_db(
+    s: &Settings,
+    work: &WorkDir,
+    db_url: &str,
+    mut machine: Machine,
+    started: Instant,
+) -> anyhow::Result<Results> {
     let page = s.peers_dir.join("html/p/1001.html");
     let fg = Flashgate::start(
         &work.0,
@@ -92,7 +115,10 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     )
     .await?;
     let wanted = |id: &str| s.scenarios.is_empty() || s.scenarios.iter().any(|x| x == id);
-    let peers = if SCENARIOS.iter().any(|sc| sc.peer.is_some() && wanted(sc.id)) {
+    let peers = if SCENARIOS
+        .iter()
+        .any(|sc| sc.peer.is_some() && wanted(sc.id))
+    {
         let peers = Peers::start(&work.0, &s.peers_dir, &s.bin_dir, s.threads).await?;
         eprintln!(
             "bench: flashgate on {}, nginx-static on {}, pingora-floor on {}, openresty-gateway on {}",
@@ -100,11 +126,17 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         );
         Some(peers)
     } else {
-        eprintln!("bench: flashgate on {}; no peer needed by the selected scenarios", fg.gateway_addr);
+        eprintln!(
+            "bench: flashgate on {}; no peer needed by the selected scenarios",
+            fg.gateway_addr
+        );
         None
     };
     let pg = sqlx::PgPool::connect(db_url).await?;
-    if let Ok((v,)) = sqlx::query_as::<_, (String,)>("SHOW server_version").fetch_one(&pg).await {
+    if let Ok((v,)) = sqlx::query_as::<_, (String,)>("SHOW server_version")
+        .fetch_one(&pg)
+        .await
+    {
         machine.versions.push(("PostgreSQL".into(), v));
     }
 
@@ -114,15 +146,28 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     // Two per round (Flashgate, peer), one per round of the challenged row.
     let hammer = random_users(3 * s.rounds + 3);
     let hammer_bearers = mint_bearers(&fg.jwt_secret, &hammer, 7200);
-    eprintln!("bench: minted {} tokens in {:.2}s", bearers.len() + hammer_bearers.len(), t.elapsed().as_secs_f64());
-    let header_values =
-        |v: &[String]| Users { headers: std::sync::Arc::new(v.iter().map(|u| HeaderValue::from_str(u).expect("uuid")).collect()) };
+    eprintln!(
+        "bench: minted {} tokens in {:.2}s",
+        bearers.len() + hammer_bearers.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let header_values = |v: &[String]| Users {
+        headers: std::sync::Arc::new(
+            v.iter()
+                .map(|u| HeaderValue::from_str(u).expect("uuid"))
+                .collect(),
+        ),
+    };
     let mut ctx = Ctx {
         s: s.clone(),
         peer_ids: header_values(&ids),
-        bearers: Users { headers: std::sync::Arc::new(bearers) },
+        bearers: Users {
+            headers: std::sync::Arc::new(bearers),
+        },
         hammer_ids: header_values(&hammer),
-        hammer_bearers: Users { headers: std::sync::Arc::new(hammer_bearers) },
+        hammer_bearers: Users {
+            headers: std::sync::Arc::new(hammer_bearers),
+        },
         fg,
         peers,
         pg,
@@ -132,8 +177,14 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
     };
     // Stopped when dropped, at the end of the run.
     let _challenge_gateway = if CHALLENGED.iter().any(|(id, _)| wanted(id)) {
-        let (gateway, addr) =
-            ctx.fg.start_gateway_with("flashgate-pow", "", "[challenge]\nmode = \"always\"\ndifficulty_bits = 14\n").await?;
+        let (gateway, addr) = ctx
+            .fg
+            .start_gateway_with(
+                "flashgate-pow",
+                "",
+                "[challenge]\nmode = \"always\"\ndifficulty_bits = 14\n",
+            )
+            .await?;
         ctx.challenge_gateway = Some((addr, gateway.pid));
         Some(gateway)
     } else {
@@ -153,11 +204,15 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
             eprintln!("bench: open-loop buy rate {open_rate:.0}/s (half the slower side's closed-loop rate)");
         }
         for round in 1..=s.rounds {
-            let r = flashgate_round(&ctx, sc.id, round, open_rate).await.with_context(|| format!("{} flashgate round {round}", sc.id))?;
+            let r = flashgate_round(&ctx, sc.id, round, open_rate)
+                .await
+                .with_context(|| format!("{} flashgate round {round}", sc.id))?;
             eprintln!("{}", line(&r));
             rounds.push(r);
             if sc.peer.is_some() {
-                let r = peer_round(&ctx, sc.id, round, open_rate).await.with_context(|| format!("{} peer round {round}", sc.id))?;
+                let r = peer_round(&ctx, sc.id, round, open_rate)
+                    .await
+                    .with_context(|| format!("{} peer round {round}", sc.id))?;
                 eprintln!("{}", line(&r));
                 rounds.push(r);
             }
@@ -166,27 +221,50 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
 
     if DURABILITY.iter().any(|sc| wanted(sc.id)) {
         if ctx.fg.redis.is_some() {
-            rounds.extend(durability(&mut ctx, &work.0, &wanted).await.context("durability rows")?);
+            rounds.extend(
+                durability(&mut ctx, &work.0, &wanted)
+                    .await
+                    .context("durability rows")?,
+            );
         } else {
             eprintln!("bench: durability rows skipped: they change the bench's own Redis, not one given with --redis-config");
         }
     }
 
-    let buckets =
-        if wanted(crate::buckets::SCENARIO) { crate::buckets::run(s, &work.0).await.context("bucketed stock rows")? } else { Vec::new() };
+    let buckets = if wanted(crate::buckets::SCENARIO) {
+        crate::buckets::run(s, &work.0)
+            .await
+            .context("bucketed stock rows")?
+    } else {
+        Vec::new()
+    };
 
     let drain = if s.drain_orders > 0 {
         let counter = OrderCounter::Postgres(ctx.pg.clone());
         let d = measure_drain(&mut ctx, "drain", s.drain_orders, None, &counter).await?;
-        eprintln!("bench: drain {} orders in {:.2}s = {:.0}/s (ok={})", d.orders, d.total_s, d.rate(), d.ok);
+        eprintln!(
+            "bench: drain {} orders in {:.2}s = {:.0}/s (ok={})",
+            d.orders,
+            d.total_s,
+            d.rate(),
+            d.ok
+        );
         Some(d)
     } else {
         None
     };
     let drain_mysql = match (&s.mysql_url, s.drain_orders) {
         (Some(url), n) if n > 0 => {
-            let d = mysql_drain(&mut ctx, url, n, &mut machine).await.context("the MySQL drain")?;
-            eprintln!("bench: drain into MySQL {} orders in {:.2}s = {:.0}/s (ok={})", d.orders, d.total_s, d.rate(), d.ok);
+            let d = mysql_drain(&mut ctx, url, n, &mut machine)
+                .await
+                .context("the MySQL drain")?;
+            eprintln!(
+                "bench: drain into MySQL {} orders in {:.2}s = {:.0}/s (ok={})",
+                d.orders,
+                d.total_s,
+                d.rate(),
+                d.ok
+            );
             Some(d)
         }
         _ => None,
@@ -210,25 +288,37 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
 
     if s.profile != Profiling::Never && results.perf_available {
         let targets = crate::report::targets(&results);
-        let missed = |id: &str| s.profile == Profiling::Always || targets.iter().any(|t| t.id == id && t.met == Some(false));
+        let missed = |id: &str| {
+            s.profile == Profiling::Always
+                || targets.iter().any(|t| t.id == id && t.met == Some(false))
+        };
         if missed("static") {
-            results.profiles.extend(profile_load(&ctx, "a_static").await?);
+            results
+                .profiles
+                .extend(profile_load(&ctx, "a_static").await?);
         }
         if missed("buy") || missed("buy_cpu") || missed("open_tail") {
             results.profiles.extend(profile_load(&ctx, "c_buy").await?);
         }
         if missed("soldout") {
-            results.profiles.extend(profile_load(&ctx, "d_soldout").await?);
+            results
+                .profiles
+                .extend(profile_load(&ctx, "d_soldout").await?);
         }
         if missed("ratelimited") {
-            results.profiles.extend(profile_load(&ctx, "e_hammer").await?);
+            results
+                .profiles
+                .extend(profile_load(&ctx, "e_hammer").await?);
         }
         if missed("drain") {
             let n = (s.drain_orders / 3).max(1000);
             let mut lines = Vec::new();
             let counter = OrderCounter::Postgres(ctx.pg.clone());
             measure_drain(&mut ctx, "drain-profiled", n, Some(&mut lines), &counter).await?;
-            results.profiles.push(Profile { what: format!("backend draining {n} preloaded reservations (perf, self time)"), lines });
+            results.profiles.push(Profile {
+                what: format!("backend draining {n} preloaded reservations (perf, self time)"),
+                lines,
+            });
         }
     }
 
@@ -241,13 +331,28 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
         ("measured seconds per round".into(), format!("{}", s.secs)),
         ("warmup seconds".into(), format!("{}", s.warmup)),
         ("connections".into(), s.conns.to_string()),
-        ("gateway threads = nginx workers".into(), s.threads.to_string()),
+        (
+            "gateway threads = nginx workers".into(),
+            s.threads.to_string(),
+        ),
         ("rounds per side".into(), s.rounds.to_string()),
         ("load generator threads".into(), "2 (tokio)".into()),
         ("open-loop buy rate".into(), format!("{open_rate:.0}/s")),
-        ("distinct users (tokens minted)".into(), s.user_pool.max(s.burst_users).to_string()),
-        ("Flashgate [limits.buy] user".into(), format!("per_second = {}, burst = {}", s.user_bucket.0, s.user_bucket.1)),
-        ("peer limits".into(), "user 30 per 60 s, IP and global 1e9 (as in its own scenarios)".into()),
+        (
+            "distinct users (tokens minted)".into(),
+            s.user_pool.max(s.burst_users).to_string(),
+        ),
+        (
+            "Flashgate [limits.buy] user".into(),
+            format!(
+                "per_second = {}, burst = {}",
+                s.user_bucket.0, s.user_bucket.1
+            ),
+        ),
+        (
+            "peer limits".into(),
+            "user 30 per 60 s, IP and global 1e9 (as in its own scenarios)".into(),
+        ),
     ];
     results.wall_s = started.elapsed().as_secs_f64();
     Ok(results)
@@ -258,18 +363,27 @@ async fn run_with_db(s: &Settings, work: &WorkDir, db_url: &str, mut machine: Ma
 /// `appendfsync` everysec and always (replica gone, switched live with
 /// `CONFIG SET`); rounds alternate within each pair. Redis is left as it
 /// was found (no AOF, no replica).
-async fn durability(ctx: &mut Ctx, dir: &std::path::Path, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<Vec<RoundResult>> {
+async fn durability(
+    ctx: &mut Ctx,
+    dir: &std::path::Path,
+    wanted: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<Vec<RoundResult>> {
     let mut rounds = Vec::new();
     let port = match &ctx.fg.redis_config.target {
-        flashgate_common::config::RedisTarget::Standalone { url } => {
-            url.trim_end_matches('/').rsplit(':').next().and_then(|p| p.parse::<u16>().ok())
-        }
+        flashgate_common::config::RedisTarget::Standalone { url } => url
+            .trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok()),
         _ => None,
     }
     .context("the bench's own Redis has a port")?;
     if wanted("g_wait0") || wanted("g_wait1") {
         let (mut replica, _) = start_replica(dir, "flashgate-redis-replica", port).await?;
-        let (mut gateway, addr) = ctx.fg.start_gateway_with("flashgate-wait1", "wait_replicas = 1", "").await?;
+        let (mut gateway, addr) = ctx
+            .fg
+            .start_gateway_with("flashgate-wait1", "wait_replicas = 1", "")
+            .await?;
         ctx.wait_gateway = Some((addr, gateway.pid));
         let result = durability_pair(ctx, ["g_wait0", "g_wait1"], wanted, &mut rounds).await;
         ctx.wait_gateway = None;
@@ -279,20 +393,50 @@ async fn durability(ctx: &mut Ctx, dir: &std::path::Path, wanted: &dyn Fn(&str) 
     }
     if wanted("h_fsync_everysec") || wanted("h_fsync_always") {
         let mut redis = ctx.fg.redis().await?;
-        redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes").query_async::<()>(&mut redis).await?;
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendonly")
+            .arg("yes")
+            .query_async::<()>(&mut redis)
+            .await?;
         // Turning the AOF on rewrites it in the background first.
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let info: String = redis::cmd("INFO").arg("persistence").query_async(&mut redis).await?;
-            if info.contains("aof_enabled:1") && info.contains("aof_rewrite_in_progress:0") && !info.contains("aof_rewrite_scheduled:1") {
+            let info: String = redis::cmd("INFO")
+                .arg("persistence")
+                .query_async(&mut redis)
+                .await?;
+            if info.contains("aof_enabled:1")
+                && info.contains("aof_rewrite_in_progress:0")
+                && !info.contains("aof_rewrite_scheduled:1")
+            {
                 break;
             }
-            anyhow::ensure!(Instant::now() < deadline, "the AOF rewrite did not finish in 120 s");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the AOF rewrite did not finish in 120 s"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let result = durability_pair(ctx, ["h_fsync_everysec", "h_fsync_always"], wanted, &mut rounds).await;
-        redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("no").query_async::<()>(&mut redis).await?;
-        redis::cmd("CONFIG").arg("SET").arg("appendfsync").arg("everysec").query_async::<()>(&mut redis).await?;
+        let result = durability_pair(
+            ctx,
+            ["h_fsync_everysec", "h_fsync_always"],
+            wanted,
+            &mut rounds,
+        )
+        .await;
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendonly")
+            .arg("no")
+            .query_async::<()>(&mut redis)
+            .await?;
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg("everysec")
+            .query_async::<()>(&mut redis)
+            .await?;
         result?;
     }
     Ok(rounds)
@@ -310,9 +454,16 @@ async fn durability_pair(
         for scenario in pair.into_iter().filter(|id| wanted(id)) {
             if let Some(mode) = scenario.strip_prefix("h_fsync_") {
                 let mut redis = ctx.fg.redis().await?;
-                redis::cmd("CONFIG").arg("SET").arg("appendfsync").arg(mode).query_async::<()>(&mut redis).await?;
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("appendfsync")
+                    .arg(mode)
+                    .query_async::<()>(&mut redis)
+                    .await?;
             }
-            let r = flashgate_round(ctx, scenario, round, 0.0).await.with_context(|| format!("{scenario} round {round}"))?;
+            let r = flashgate_round(ctx, scenario, round, 0.0)
+                .await
+                .with_context(|| format!("{scenario} round {round}"))?;
             eprintln!("{}", line(&r));
             rounds.push(r);
         }
@@ -332,13 +483,21 @@ fn line(r: &RoundResult) -> String {
         r.summary.p99_ms,
         r.summary.p999_ms,
         r.summary.statuses_text(),
-        r.check.as_ref().map_or(String::new(), |c| format!("  check {}: {}", if c.ok { "OK" } else { "FAIL" }, c.text)),
+        r.check.as_ref().map_or(String::new(), |c| format!(
+            "  check {}: {}",
+            if c.ok { "OK" } else { "FAIL" },
+            c.text
+        )),
     )
 }
 
 fn auto_open_rate(rounds: &[RoundResult]) -> f64 {
     let mean = |side| {
-        let v: Vec<f64> = rounds.iter().filter(|r| r.scenario == "c_buy" && r.side == side).map(|r| r.summary.rps).collect();
+        let v: Vec<f64> = rounds
+            .iter()
+            .filter(|r| r.scenario == "c_buy" && r.side == side)
+            .map(|r| r.summary.rps)
+            .collect();
         if v.is_empty() {
             f64::INFINITY
         } else {
@@ -354,7 +513,13 @@ fn auto_open_rate(rounds: &[RoundResult]) -> f64 {
 }
 
 impl Ctx {
-    fn spec(&self, addr: std::net::SocketAddr, target: Target, pace: Pace, tag: String) -> LoadSpec {
+    fn spec(
+        &self,
+        addr: std::net::SocketAddr,
+        target: Target,
+        pace: Pace,
+        tag: String,
+    ) -> LoadSpec {
         LoadSpec {
             addr,
             conns: self.s.conns,
@@ -382,44 +547,112 @@ impl Ctx {
     }
 }
 
-async fn reset_script_stats(conn: &mut (impl redis::aio::ConnectionLike + Send)) -> anyhow::Result<()> {
-    redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(conn).await?;
+async fn reset_script_stats(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+) -> anyhow::Result<()> {
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async::<()>(conn)
+        .await?;
     Ok(())
 }
 
-async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {
+async fn flashgate_round(
+    ctx: &Ctx,
+    scenario: &'static str,
+    round: usize,
+    open_rate: f64,
+) -> anyhow::Result<RoundResult> {
     let fg = &ctx.fg;
     let mut addr = fg.gateway_addr;
     let mut watched = fg.watched();
     if let (Some((wait_addr, pid)), "g_wait1") = (ctx.wait_gateway, scenario) {
         addr = wait_addr;
-        watched.iter_mut().filter(|w| w.name == "gateway").for_each(|w| w.pids = vec![pid]);
+        watched
+            .iter_mut()
+            .filter(|w| w.name == "gateway")
+            .for_each(|w| w.pids = vec![pid]);
     }
     let challenged = CHALLENGED.iter().any(|(id, _)| *id == scenario);
     if challenged {
-        let (pow_addr, pid) = ctx.challenge_gateway.context("the challenge gateway was not started")?;
+        let (pow_addr, pid) = ctx
+            .challenge_gateway
+            .context("the challenge gateway was not started")?;
         addr = pow_addr;
-        watched.iter_mut().filter(|w| w.name == "gateway").for_each(|w| w.pids = vec![pid]);
+        watched
+            .iter_mut()
+            .filter(|w| w.name == "gateway")
+            .for_each(|w| w.pids = vec![pid]);
     }
     let tag = format!("{}{}f{round}", ctx.tag, &scenario[..1]);
     let sale = format!("{}-r{round}", scenario.replace('_', "-"));
     let buy_path = format!("/api/sales/{sale}/buy");
     let bearers = ctx.bearers.clone();
-    let hammer_user = if challenged { 2 * ctx.s.rounds + 2 + round } else { 2 * round };
+    let hammer_user = if challenged {
+        2 * ctx.s.rounds + 2 + round
+    } else {
+        2 * round
+    };
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
-        "a_static" | "a_floor" => (0, Target::Get { path: SALE_PAGE_PATH.into() }, Pace::Closed),
-        "b_state" => (0, Target::Get { path: "/api/sales/state".into() }, Pace::Closed),
-        "c_buy" | "g_wait0" | "g_wait1" | "h_fsync_everysec" | "h_fsync_always" => {
-            (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed)
-        }
-        "c_buy_open" => {
-            (BIG_STOCK, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Open { rate: open_rate })
-        }
-        "d_soldout" | "d_soldout_pow" => (0, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
-        "e_hammer" | "e_hammer_pow" => {
-            (BIG_STOCK, Target::FlashBuy { path: buy_path, users: ctx.hammer_bearers.clone(), pick: Pick::One(hammer_user) }, Pace::Closed)
-        }
-        "f_burst" => (ctx.s.burst_stock, Target::FlashBuy { path: buy_path, users: bearers, pick: Pick::Distinct }, Pace::Closed),
+        "a_static" | "a_floor" => (
+            0,
+            Target::Get {
+                path: SALE_PAGE_PATH.into(),
+            },
+            Pace::Closed,
+        ),
+        "b_state" => (
+            0,
+            Target::Get {
+                path: "/api/sales/state".into(),
+            },
+            Pace::Closed,
+        ),
+        "c_buy" | "g_wait0" | "g_wait1" | "h_fsync_everysec" | "h_fsync_always" => (
+            BIG_STOCK,
+            Target::FlashBuy {
+                path: buy_path,
+                users: bearers,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
+        "c_buy_open" => (
+            BIG_STOCK,
+            Target::FlashBuy {
+                path: buy_path,
+                users: bearers,
+                pick: Pick::Distinct,
+            },
+            Pace::Open { rate: open_rate },
+        ),
+        "d_soldout" | "d_soldout_pow" => (
+            0,
+            Target::FlashBuy {
+                path: buy_path,
+                users: bearers,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
+        "e_hammer" | "e_hammer_pow" => (
+            BIG_STOCK,
+            Target::FlashBuy {
+                path: buy_path,
+                users: ctx.hammer_bearers.clone(),
+                pick: Pick::One(hammer_user),
+            },
+            Pace::Closed,
+        ),
+        "f_burst" => (
+            ctx.s.burst_stock,
+            Target::FlashBuy {
+                path: buy_path,
+                users: bearers,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
         other => anyhow::bail!("unknown scenario {other}"),
     };
     let is_buy = matches!(target, Target::FlashBuy { .. });
@@ -447,7 +680,8 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     };
     let cpu = CpuUse::between(&a, &b);
     let check = if is_buy {
-        let calls = command_calls(&mut redis, "evalsha").await? + command_calls(&mut redis, "eval").await?;
+        let calls =
+            command_calls(&mut redis, "evalsha").await? + command_calls(&mut redis, "eval").await?;
         // The backend's stream maintenance and fence checks run scripts on
         // a timer, whatever the load: not a buy's script calls. Counted over a window
         // that encloses Redis's (read before the reset, and after the count
@@ -461,25 +695,45 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
         let clean = summary.errors == 0 && summary.timeouts == 0;
         // Buys whose answer could only come from the script.
         let reached = match scenario {
-            "c_buy" | "c_buy_open" | "g_wait0" | "g_wait1" | "h_fsync_everysec" | "h_fsync_always" => {
-                clean.then(|| summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410))
-            }
+            "c_buy" | "c_buy_open" | "g_wait0" | "g_wait1" | "h_fsync_everysec"
+            | "h_fsync_always" => clean.then(|| {
+                summary.total_in(200..=299) + summary.total_of(409) + summary.total_of(410)
+            }),
             "e_hammer" => clean.then(|| summary.total_in(200..=299) + summary.total_of(409)),
             _ => None,
         };
-        let winners = summary.winners.unwrap_or_else(|| summary.total_in(200..=299));
-        let mut check = check_flashgate(&ctx.fg, &ctx.pg, &sale, stock, winners, (calls, trims), reached).await?;
+        let winners = summary
+            .winners
+            .unwrap_or_else(|| summary.total_in(200..=299));
+        let mut check = check_flashgate(
+            &ctx.fg,
+            &ctx.pg,
+            &sale,
+            stock,
+            winners,
+            (calls, trims),
+            reached,
+        )
+        .await?;
         match scenario {
             "e_hammer" | "e_hammer_pow" => {
                 // Admitted by the user bucket: at most burst + rate × time (+1 for rounding).
-                let admitted = summary.total_statuses.iter().filter(|(s, _)| **s != 429).map(|(_, n)| n).sum::<u64>();
+                let admitted = summary
+                    .total_statuses
+                    .iter()
+                    .filter(|(s, _)| **s != 429)
+                    .map(|(_, n)| n)
+                    .sum::<u64>();
                 let secs = ctx.s.warmup + summary.elapsed_s + 0.1;
-                let bound = f64::from(ctx.s.user_bucket.1) + f64::from(ctx.s.user_bucket.0) * secs + 1.0;
+                let bound =
+                    f64::from(ctx.s.user_bucket.1) + f64::from(ctx.s.user_bucket.0) * secs + 1.0;
                 // Challenged, the admitted buys are asked for a proof (428)
                 // the load does not solve: none wins.
                 let ok = admitted as f64 <= bound && winners == u64::from(scenario == "e_hammer");
                 check.ok &= ok;
-                check.text.push_str(&format!(", admitted past the user bucket {admitted} (bound {bound:.0})"));
+                check.text.push_str(&format!(
+                    ", admitted past the user bucket {admitted} (bound {bound:.0})"
+                ));
             }
             "g_wait0" | "g_wait1" => {
                 // The sharing, visible: WAITs sent for the round's winners.
@@ -490,7 +744,11 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
             "f_burst" => {
                 let sold_out = winners as i64 == stock;
                 check.ok &= sold_out || summary.users_done.unwrap_or(0) < ctx.s.burst_users as u64;
-                check.text.push_str(&format!(", users done {}/{}", summary.users_done.unwrap_or(0), ctx.s.burst_users));
+                check.text.push_str(&format!(
+                    ", users done {}/{}",
+                    summary.users_done.unwrap_or(0),
+                    ctx.s.burst_users
+                ));
             }
             _ => {}
         }
@@ -498,39 +756,110 @@ async fn flashgate_round(ctx: &Ctx, scenario: &'static str, round: usize, open_r
     } else {
         None
     };
-    Ok(RoundResult { scenario, side: Side::Flashgate, round, loadavg_before, summary, cpu, check })
+    Ok(RoundResult {
+        scenario,
+        side: Side::Flashgate,
+        round,
+        loadavg_before,
+        summary,
+        cpu,
+        check,
+    })
 }
 
 /// Sends one buy of `sale` through the bench's first gateway (no
 /// challenge) and waits until the sale's sold-out announcement has reached
 /// the other gateways.
 async fn announce_sold_out(ctx: &Ctx, sale: &str) -> anyhow::Result<()> {
-    let bearer = ctx.bearers.headers.first().context("no bearer minted")?.clone();
+    let bearer = ctx
+        .bearers
+        .headers
+        .first()
+        .context("no bearer minted")?
+        .clone();
     let resp = ctx
         .fg
         .http
-        .post(format!("http://{}/api/sales/{sale}/buy", ctx.fg.gateway_addr))
+        .post(format!(
+            "http://{}/api/sales/{sale}/buy",
+            ctx.fg.gateway_addr
+        ))
         .header(http::header::AUTHORIZATION, bearer)
         .send()
         .await?;
-    anyhow::ensure!(resp.status().as_u16() == 410, "a buy of the empty sale {sale}: {}", resp.status());
+    anyhow::ensure!(
+        resp.status().as_u16() == 410,
+        "a buy of the empty sale {sale}: {}",
+        resp.status()
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
 }
 
-async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: f64) -> anyhow::Result<RoundResult> {
+async fn peer_round(
+    ctx: &Ctx,
+    scenario: &'static str,
+    round: usize,
+    open_rate: f64,
+) -> anyhow::Result<RoundResult> {
     let peers = ctx.peers.as_ref().context("the peers were not started")?;
     let tag = format!("{}{}p{round}", ctx.tag, &scenario[..1]);
     let path = "/api/seckill/1001/buy".to_owned();
     let ids = ctx.peer_ids.clone();
     let hammer_user = 2 * round + 1;
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
-        "a_static" | "a_floor" => (0, Target::Get { path: "/p/1001.html".into() }, Pace::Closed),
-        "c_buy" => (BIG_STOCK, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
-        "c_buy_open" => (BIG_STOCK, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Open { rate: open_rate }),
-        "d_soldout" => (0, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
-        "e_hammer" => (BIG_STOCK, Target::PeerBuy { path, users: ctx.hammer_ids.clone(), pick: Pick::One(hammer_user) }, Pace::Closed),
-        "f_burst" => (ctx.s.burst_stock, Target::PeerBuy { path, users: ids, pick: Pick::Distinct }, Pace::Closed),
+        "a_static" | "a_floor" => (
+            0,
+            Target::Get {
+                path: "/p/1001.html".into(),
+            },
+            Pace::Closed,
+        ),
+        "c_buy" => (
+            BIG_STOCK,
+            Target::PeerBuy {
+                path,
+                users: ids,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
+        "c_buy_open" => (
+            BIG_STOCK,
+            Target::PeerBuy {
+                path,
+                users: ids,
+                pick: Pick::Distinct,
+            },
+            Pace::Open { rate: open_rate },
+        ),
+        "d_soldout" => (
+            0,
+            Target::PeerBuy {
+                path,
+                users: ids,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
+        "e_hammer" => (
+            BIG_STOCK,
+            Target::PeerBuy {
+                path,
+                users: ctx.hammer_ids.clone(),
+                pick: Pick::One(hammer_user),
+            },
+            Pace::Closed,
+        ),
+        "f_burst" => (
+            ctx.s.burst_stock,
+            Target::PeerBuy {
+                path,
+                users: ids,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
         other => anyhow::bail!("no peer for {other}"),
     };
     let is_buy = matches!(target, Target::PeerBuy { .. });
@@ -551,17 +880,29 @@ async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: 
     let cpu = CpuUse::between(&a, &b);
     let check = if is_buy {
         let mut c = peers.redis().await?;
-        let left: i64 = redis::cmd("GET").arg("seckill:stock:1001").query_async::<Option<i64>>(&mut c).await?.unwrap_or(-1);
-        let buyers: i64 = redis::cmd("SCARD").arg("seckill:users:1001").query_async(&mut c).await?;
-        let stream: i64 = redis::cmd("XLEN").arg("seckill:stream:1001").query_async(&mut c).await?;
+        let left: i64 = redis::cmd("GET")
+            .arg("seckill:stock:1001")
+            .query_async::<Option<i64>>(&mut c)
+            .await?
+            .unwrap_or(-1);
+        let buyers: i64 = redis::cmd("SCARD")
+            .arg("seckill:users:1001")
+            .query_async(&mut c)
+            .await?;
+        let stream: i64 = redis::cmd("XLEN")
+            .arg("seckill:stream:1001")
+            .query_async(&mut c)
+            .await?;
         let winners = summary.winners.unwrap_or_else(|| summary.total_of(200));
         let decrements = stock - left;
-        let mut ok = left >= 0 && winners as i64 == decrements && decrements == buyers && buyers == stream;
+        let mut ok =
+            left >= 0 && winners as i64 == decrements && decrements == buyers && buyers == stream;
         if scenario == "e_hammer" {
             ok &= winners == 1;
         }
         if scenario == "f_burst" {
-            ok &= winners as i64 == stock || summary.users_done.unwrap_or(0) < ctx.s.burst_users as u64;
+            ok &= winners as i64 == stock
+                || summary.users_done.unwrap_or(0) < ctx.s.burst_users as u64;
         }
         let calls = command_calls(&mut c, "evalsha").await? + command_calls(&mut c, "eval").await?;
         Some(Check {
@@ -575,7 +916,15 @@ async fn peer_round(ctx: &Ctx, scenario: &'static str, round: usize, open_rate: 
     } else {
         None
     };
-    Ok(RoundResult { scenario, side: Side::Peer, round, loadavg_before, summary, cpu, check })
+    Ok(RoundResult {
+        scenario,
+        side: Side::Peer,
+        round,
+        loadavg_before,
+        summary,
+        cpu,
+        check,
+    })
 }
 
 /// Preloads `n` reservations into a sale's stream in the gateway's record
@@ -614,18 +963,31 @@ async fn measure_drain(
                 .arg("ts")
                 .arg(&now)
                 .ignore();
-            pipe.cmd("HSET").arg(&keys.reservations).arg(&rid).arg(&user).ignore();
+            pipe.cmd("HSET")
+                .arg(&keys.reservations)
+                .arg(&rid)
+                .arg(&user)
+                .ignore();
         }
         pipe.query_async::<()>(&mut redis).await?;
     }
-    redis::cmd("DECRBY").arg(&keys.remaining).arg(n).query_async::<()>(&mut redis).await?;
+    redis::cmd("DECRBY")
+        .arg(&keys.remaining)
+        .arg(n)
+        .query_async::<()>(&mut redis)
+        .await?;
     let preload_s = t.elapsed().as_secs_f64();
 
     let t0 = Instant::now();
     ctx.fg.start_backend().await?;
     let pid = ctx.fg.backend_pid();
     let perf = match profile.is_some() {
-        true => Some(start_perf(pid, &std::env::temp_dir().join(format!("flashgate-bench-drain-{}.data", std::process::id())), 60)?),
+        true => Some(start_perf(
+            pid,
+            &std::env::temp_dir()
+                .join(format!("flashgate-bench-drain-{}.data", std::process::id())),
+            60,
+        )?),
         false => None,
     };
     let cpu0 = sys::pid_ticks(pid);
@@ -668,8 +1030,20 @@ impl OrderCounter {
     async fn count(&self, sale: &str) -> anyhow::Result<i64> {
         const COUNT: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = ";
         Ok(match self {
-            Self::Postgres(pg) => sqlx::query_as::<_, (i64,)>(&format!("{COUNT}$1")).bind(sale).fetch_one(pg).await?.0,
-            Self::Mysql(my) => sqlx::query_as::<_, (i64,)>(&format!("{COUNT}?")).bind(sale).fetch_one(my).await?.0,
+            Self::Postgres(pg) => {
+                sqlx::query_as::<_, (i64,)>(&format!("{COUNT}$1"))
+                    .bind(sale)
+                    .fetch_one(pg)
+                    .await?
+                    .0
+            }
+            Self::Mysql(my) => {
+                sqlx::query_as::<_, (i64,)>(&format!("{COUNT}?"))
+                    .bind(sale)
+                    .fetch_one(my)
+                    .await?
+                    .0
+            }
         })
     }
 }
@@ -677,16 +1051,35 @@ impl OrderCounter {
 /// The backend drain again, into a fresh MySQL/MariaDB database on
 /// `server` (`flashgate_bench`, dropped after): the backend is restarted on
 /// it (`FLASHGATE_DATABASE_URL`), drains, and goes back to PostgreSQL.
-async fn mysql_drain(ctx: &mut Ctx, server: &str, n: usize, machine: &mut Machine) -> anyhow::Result<Drain> {
+async fn mysql_drain(
+    ctx: &mut Ctx,
+    server: &str,
+    n: usize,
+    machine: &mut Machine,
+) -> anyhow::Result<Drain> {
     sqlx::any::install_default_drivers();
     let server = server.trim_end_matches('/');
-    let admin = sqlx::AnyPool::connect(server).await.with_context(|| format!("connect {server}"))?;
-    if let Ok(row) = sqlx::query("SELECT CAST(VERSION() AS CHAR)").fetch_one(&admin).await {
-        machine.versions.push(("MySQL/MariaDB".into(), sqlx::Row::try_get::<String, _>(&row, 0).unwrap_or_default()));
+    let admin = sqlx::AnyPool::connect(server)
+        .await
+        .with_context(|| format!("connect {server}"))?;
+    if let Ok(row) = sqlx::query("SELECT CAST(VERSION() AS CHAR)")
+        .fetch_one(&admin)
+        .await
+    {
+        machine.versions.push((
+            "MySQL/MariaDB".into(),
+            sqlx::Row::try_get::<String, _>(&row, 0).unwrap_or_default(),
+        ));
     }
     let db = "flashgate_bench";
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {db}")).execute(&admin).await?;
-    sqlx::query(&format!("CREATE DATABASE {db} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")).execute(&admin).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db}"))
+        .execute(&admin)
+        .await?;
+    sqlx::query(&format!(
+        "CREATE DATABASE {db} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    ))
+    .execute(&admin)
+    .await?;
     let url = format!("{server}/{db}");
     ctx.fg.stop_backend();
     ctx.fg.database_override = Some(url.clone());
@@ -695,8 +1088,18 @@ async fn mysql_drain(ctx: &mut Ctx, server: &str, n: usize, machine: &mut Machin
         // Migrating the new database comes first: the admin API answers 503 until then.
         let ready = format!("http://{}/ready", ctx.fg.backend_addr);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !ctx.fg.http.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
-            anyhow::ensure!(Instant::now() < deadline, "the backend on MySQL did not get ready");
+        while !ctx
+            .fg
+            .http
+            .get(&ready)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the backend on MySQL did not get ready"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let counter = OrderCounter::Mysql(sqlx::AnyPool::connect(&url).await?);
@@ -706,14 +1109,25 @@ async fn mysql_drain(ctx: &mut Ctx, server: &str, n: usize, machine: &mut Machin
     ctx.fg.stop_backend();
     ctx.fg.database_override = None;
     ctx.fg.start_backend().await?;
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db}")).execute(&admin).await;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db}"))
+        .execute(&admin)
+        .await;
     admin.close().await;
     result
 }
 
 fn perf_available() -> bool {
     std::process::Command::new("perf")
-        .args(["record", "-e", "cpu-clock", "-o", "/dev/null", "-q", "--", "true"])
+        .args([
+            "record",
+            "-e",
+            "cpu-clock",
+            "-o",
+            "/dev/null",
+            "-q",
+            "--",
+            "true",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -723,7 +1137,17 @@ fn perf_available() -> bool {
 /// `perf record` (software clock, 499 Hz, self time) on one PID.
 fn start_perf(pid: u32, file: &std::path::Path, secs: u64) -> anyhow::Result<(Proc, PathBuf)> {
     let child = std::process::Command::new("perf")
-        .args(["record", "-e", "cpu-clock", "-F", "499", "-q", "-p", &pid.to_string(), "-o"])
+        .args([
+            "record",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "499",
+            "-q",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
         .arg(file)
         .args(["--", "sleep", &secs.to_string()])
         .stdout(std::process::Stdio::null())
@@ -735,7 +1159,10 @@ fn start_perf(pid: u32, file: &std::path::Path, secs: u64) -> anyhow::Result<(Pr
 impl Proc {
     /// Ends a `perf record` early (SIGINT writes its data) and waits.
     fn stop_interrupt(&mut self) {
-        let _ = std::process::Command::new("kill").arg("-INT").arg(self.pid.to_string()).status();
+        let _ = std::process::Command::new("kill")
+            .arg("-INT")
+            .arg(self.pid.to_string())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.alive() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
@@ -746,20 +1173,42 @@ impl Proc {
 /// The top `n` symbols by self time of a perf data file.
 fn perf_top(file: &std::path::Path, n: usize) -> Vec<String> {
     let out = std::process::Command::new("perf")
-        .args(["report", "--stdio", "--no-children", "--sort", "dso,symbol", "-i"])
+        .args([
+            "report",
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "dso,symbol",
+            "-i",
+        ])
         .arg(file)
         .stderr(std::process::Stdio::null())
         .output();
-    let Ok(out) = out else { return vec!["perf report failed".into()] };
+    let Ok(out) = out else {
+        return vec!["perf report failed".into()];
+    };
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| !l.starts_with('#') && l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .filter(|l| {
+            !l.starts_with('#')
+                && l.trim_start()
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit())
+        })
         .take(n)
         .map(|l| {
             let l = l.split_whitespace().collect::<Vec<_>>().join(" ");
             let l = l.as_str();
             if l.len() > 150 {
-                format!("{}…", &l[..l.char_indices().take_while(|(i, _)| *i < 150).last().map_or(0, |(i, _)| i)])
+                format!(
+                    "{}…",
+                    &l[..l
+                        .char_indices()
+                        .take_while(|(i, _)| *i < 150)
+                        .last()
+                        .map_or(0, |(i, _)| i)]
+                )
             } else {
                 l.to_owned()
             }
@@ -771,26 +1220,52 @@ fn perf_top(file: &std::path::Path, n: usize) -> Vec<String> {
 /// backend and Redis.
 async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<Profile>> {
     let secs = 6;
-    let targets = [("gateway", ctx.fg.gateway.pid), ("backend", ctx.fg.backend_pid()), ("redis", ctx.fg.redis_pid())];
+    let targets = [
+        ("gateway", ctx.fg.gateway.pid),
+        ("backend", ctx.fg.backend_pid()),
+        ("redis", ctx.fg.redis_pid()),
+    ];
     let mut perfs = Vec::new();
     for (name, pid) in targets {
-        let file = std::env::temp_dir().join(format!("flashgate-bench-{scenario}-{name}-{}.data", std::process::id()));
+        let file = std::env::temp_dir().join(format!(
+            "flashgate-bench-{scenario}-{name}-{}.data",
+            std::process::id()
+        ));
         perfs.push((name, start_perf(pid, &file, secs)?));
     }
     let sale = format!("profile-{}", scenario.replace('_', "-"));
-    let stock = if scenario == "d_soldout" { 0 } else { BIG_STOCK };
+    let stock = if scenario == "d_soldout" {
+        0
+    } else {
+        BIG_STOCK
+    };
     let target = match scenario {
-        "a_static" => Target::Get { path: SALE_PAGE_PATH.into() },
+        "a_static" => Target::Get {
+            path: SALE_PAGE_PATH.into(),
+        },
         "e_hammer" => {
             ctx.fg.put_sale(&sale, stock, 1).await?;
-            Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: ctx.hammer_bearers.clone(), pick: Pick::One(0) }
+            Target::FlashBuy {
+                path: format!("/api/sales/{sale}/buy"),
+                users: ctx.hammer_bearers.clone(),
+                pick: Pick::One(0),
+            }
         }
         _ => {
             ctx.fg.put_sale(&sale, stock, 1).await?;
-            Target::FlashBuy { path: format!("/api/sales/{sale}/buy"), users: ctx.bearers.clone(), pick: Pick::Distinct }
+            Target::FlashBuy {
+                path: format!("/api/sales/{sale}/buy"),
+                users: ctx.bearers.clone(),
+                pick: Pick::Distinct,
+            }
         }
     };
-    let mut spec = ctx.spec(ctx.fg.gateway_addr, target, Pace::Closed, format!("{}prof{}", ctx.tag, &scenario[..1]));
+    let mut spec = ctx.spec(
+        ctx.fg.gateway_addr,
+        target,
+        Pace::Closed,
+        format!("{}prof{}", ctx.tag, &scenario[..1]),
+    );
     spec.warmup = Duration::from_millis(300);
     spec.duration = Duration::from_secs(secs - 1);
     let (summary, _, _) = load::run(spec, || ()).await;
@@ -800,7 +1275,10 @@ async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<P
         let lines = perf_top(&file, if name == "gateway" { 25 } else { 12 });
         let _ = std::fs::remove_file(&file);
         out.push(Profile {
-            what: format!("{name} during {scenario} ({:.0} req/s under perf, {} s, self time by symbol)", summary.rps, secs),
+            what: format!(
+                "{name} during {scenario} ({:.0} req/s under perf, {} s, self time by symbol)",
+                summary.rps, secs
+            ),
             lines,
         });
     }
@@ -833,16 +1311,43 @@ fn machine() -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu_model = cpuinfo
         .lines()
-        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
         .unwrap_or_else(|| "unknown".into());
-    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap_or_default();
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"))
+        .unwrap_or_default();
     let lock_version = |name: &str| {
         let needle = format!("name = \"{name}\"\nversion = \"");
-        lock.split(&needle).nth(1).and_then(|r| r.split('"').next()).unwrap_or("?").to_owned()
+        lock.split(&needle)
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("?")
+            .to_owned()
     };
-    let git = sys::version_of("git", &["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"]);
+    let git = sys::version_of(
+        "git",
+        &[
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short",
+            "HEAD",
+        ],
+    );
     let dirty = std::process::Command::new("git")
-        .args(["-C", env!("CARGO_MANIFEST_DIR"), "status", "--porcelain", "--", "../gateway", "../backend", "../common", "../lua"])
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "status",
+            "--porcelain",
+            "--",
+            "../gateway",
+            "../backend",
+            "../common",
+            "../lua",
+        ])
         .output()
         .is_ok_and(|o| !o.stdout.is_empty());
     Machine {
@@ -851,11 +1356,17 @@ fn machine() -> Machine {
         cpu_model,
         kernel: sys::version_of("uname", &["-sr"]),
         versions: vec![
-            ("Flashgate (git)".into(), format!("{git}{}", if dirty { " + uncommitted changes" } else { "" })),
+            (
+                "Flashgate (git)".into(),
+                format!("{git}{}", if dirty { " + uncommitted changes" } else { "" }),
+            ),
             ("Pingora".into(), lock_version("pingora")),
             ("rustc".into(), sys::version_of("rustc", &["--version"])),
             ("nginx".into(), sys::version_of("nginx", &["-v"])),
-            ("redis-server".into(), sys::version_of("redis-server", &["--version"])),
+            (
+                "redis-server".into(),
+                sys::version_of("redis-server", &["--version"]),
+            ),
         ],
     }
 }

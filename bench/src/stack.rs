@@ -23,7 +23,9 @@ use crate::sys::{children_of, free_port, loopback, wait_port, Proc, Watched, DAT
 
 /// A random hex string of `bytes` random bytes.
 pub fn random_hex(bytes: usize) -> String {
-    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+    (0..bytes)
+        .map(|_| format!("{:02x}", rand::random::<u8>()))
+        .collect()
 }
 
 /// `n` random, UUID-like user ids.
@@ -53,20 +55,35 @@ pub fn mint_bearers(secret: &str, users: &[String], ttl_secs: i64) -> Vec<Header
                 s.spawn(move || {
                     part.iter()
                         .map(|u| {
-                            let t = jsonwebtoken::encode(header, &Claims { sub: u, exp: now + ttl_secs, iat: now }, key)
-                                .expect("HS256 encoding cannot fail");
-                            HeaderValue::from_str(&format!("Bearer {t}")).expect("a JWT is a valid header value")
+                            let t = jsonwebtoken::encode(
+                                header,
+                                &Claims {
+                                    sub: u,
+                                    exp: now + ttl_secs,
+                                    iat: now,
+                                },
+                                key,
+                            )
+                            .expect("HS256 encoding cannot fail");
+                            HeaderValue::from_str(&format!("Bearer {t}"))
+                                .expect("a JWT is a valid header value")
                         })
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("minting thread")).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("minting thread"))
+            .collect()
     })
 }
 
 fn log_file(dir: &Path, name: &str) -> anyhow::Result<(Stdio, Stdio)> {
-    let f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log")))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))?;
     Ok((Stdio::from(f.try_clone()?), Stdio::from(f)))
 }
 
@@ -77,11 +94,26 @@ pub async fn start_redis(dir: &Path, name: &str) -> anyhow::Result<(Proc, u16)> 
 
 /// `redis-server` on a free port with its files under `data_dir`, nothing
 /// persisted, `extra` appended to its arguments; returns once it listens.
-async fn spawn_redis(dir: &Path, data_dir: &Path, name: &str, extra: &[&str]) -> anyhow::Result<(Proc, u16)> {
+async fn spawn_redis(
+    dir: &Path,
+    data_dir: &Path,
+    name: &str,
+    extra: &[&str],
+) -> anyhow::Result<(Proc, u16)> {
     let port = free_port();
     let (out, err) = log_file(dir, name)?;
     let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+        ])
         .arg(data_dir)
         .args(extra)
         .stdout(out)
@@ -89,7 +121,10 @@ async fn spawn_redis(dir: &Path, data_dir: &Path, name: &str, extra: &[&str]) ->
         .spawn()
         .context("redis-server on PATH")?;
     let proc = Proc::child(name, child);
-    ensure!(wait_port(loopback(port), Duration::from_secs(10)).await, "{name} did not start");
+    ensure!(
+        wait_port(loopback(port), Duration::from_secs(10)).await,
+        "{name} did not start"
+    );
     Ok((proc, port))
 }
 
@@ -101,19 +136,40 @@ async fn spawn_redis(dir: &Path, data_dir: &Path, name: &str, extra: &[&str]) ->
 pub async fn start_replica(dir: &Path, name: &str, primary: u16) -> anyhow::Result<(Proc, u16)> {
     // The first sync starts at once, not after the default 5 s wait for
     // more replicas.
-    let mut primary_conn = redis::Client::open(format!("redis://127.0.0.1:{primary}/"))?.get_multiplexed_async_connection().await?;
-    redis::cmd("CONFIG").arg("SET").arg("repl-diskless-sync-delay").arg(0).query_async::<()>(&mut primary_conn).await?;
+    let mut primary_conn = redis::Client::open(format!("redis://127.0.0.1:{primary}/"))?
+        .get_multiplexed_async_connection()
+        .await?;
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("repl-diskless-sync-delay")
+        .arg(0)
+        .query_async::<()>(&mut primary_conn)
+        .await?;
     let replica_dir = dir.join(name);
     std::fs::create_dir_all(&replica_dir)?;
-    let (proc, port) = spawn_redis(dir, &replica_dir, name, &["--replicaof", "127.0.0.1", &primary.to_string()]).await?;
-    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?.get_multiplexed_async_connection().await?;
+    let (proc, port) = spawn_redis(
+        dir,
+        &replica_dir,
+        name,
+        &["--replicaof", "127.0.0.1", &primary.to_string()],
+    )
+    .await?;
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+        .get_multiplexed_async_connection()
+        .await?;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await?;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await?;
         if info.contains("master_link_status:up") {
             return Ok((proc, port));
         }
-        ensure!(std::time::Instant::now() < deadline, "{name} never linked to its primary on {primary}");
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{name} never linked to its primary on {primary}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -171,18 +227,26 @@ impl Flashgate {
     /// When a binary is missing or a process does not come up.
     pub async fn start(dir: &Path, opts: &FlashgateOptions) -> anyhow::Result<Self> {
         for b in ["flashgate", "flashgate-backend"] {
-            ensure!(opts.bin_dir.join(b).exists(), "{} not built (cargo build --release)", opts.bin_dir.join(b).display());
+            ensure!(
+                opts.bin_dir.join(b).exists(),
+                "{} not built (cargo build --release)",
+                opts.bin_dir.join(b).display()
+            );
         }
         let (redis, redis_config) = match &opts.redis {
             Some(config) => (None, config.clone()),
             None => {
                 let (redis, port) = start_redis(dir, "flashgate-redis").await?;
-                (Some(redis), RedisConfig::standalone(format!("redis://127.0.0.1:{port}/")))
+                (
+                    Some(redis),
+                    RedisConfig::standalone(format!("redis://127.0.0.1:{port}/")),
+                )
             }
         };
         let static_dir = dir.join("static");
         std::fs::create_dir_all(&static_dir)?;
-        std::fs::copy(&opts.page, static_dir.join("sale.html")).with_context(|| format!("copy {}", opts.page.display()))?;
+        std::fs::copy(&opts.page, static_dir.join("sale.html"))
+            .with_context(|| format!("copy {}", opts.page.display()))?;
         let gateway_addr = loopback(free_port());
         let gateway_admin_addr = loopback(free_port());
         let backend_addr = loopback(free_port());
@@ -259,12 +323,17 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             config_path,
             bin_dir: opts.bin_dir.clone(),
             dir: dir.to_owned(),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()?,
             database_override: None,
         };
         fg.start_backend().await?;
         if !wait_port(gateway_addr, Duration::from_secs(30)).await {
-            bail!("gateway did not start:\n{}", std::fs::read_to_string(dir.join("flashgate.log")).unwrap_or_default());
+            bail!(
+                "gateway did not start:\n{}",
+                std::fs::read_to_string(dir.join("flashgate.log")).unwrap_or_default()
+            );
         }
         Ok(fg)
     }
@@ -277,20 +346,44 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     ///
     /// # Errors
     /// When it does not come up within 30 s.
-    pub async fn start_gateway_with(&self, name: &str, redis_keys: &str, tables: &str) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
+    pub async fn start_gateway_with(
+        &self,
+        name: &str,
+        redis_keys: &str,
+        tables: &str,
+    ) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
         let addr = loopback(free_port());
         let admin = loopback(free_port());
         let config = std::fs::read_to_string(&self.config_path)?
-            .replace(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\""))
-            .replace(&format!("admin_listen = \"{}\"", self.gateway_admin_addr), &format!("admin_listen = \"{admin}\""))
-            .replace("timeout_ms = 1000\n", &format!("timeout_ms = 1000\n{redis_keys}\n"))
-            .replace(&self.dir.join("run").display().to_string(), &self.dir.join(format!("run-{name}")).display().to_string());
+            .replace(
+                &format!("listen = \"{}\"", self.gateway_addr),
+                &format!("listen = \"{addr}\""),
+            )
+            .replace(
+                &format!("admin_listen = \"{}\"", self.gateway_admin_addr),
+                &format!("admin_listen = \"{admin}\""),
+            )
+            .replace(
+                "timeout_ms = 1000\n",
+                &format!("timeout_ms = 1000\n{redis_keys}\n"),
+            )
+            .replace(
+                &self.dir.join("run").display().to_string(),
+                &self.dir.join(format!("run-{name}")).display().to_string(),
+            );
         let path = self.dir.join(format!("{name}.toml"));
         std::fs::write(&path, format!("{config}\n{tables}\n"))?;
-        let child = self.command("flashgate", &path, name)?.env("FLASHGATE_CHALLENGE_SECRET", random_hex(32)).arg("serve").spawn()?;
+        let child = self
+            .command("flashgate", &path, name)?
+            .env("FLASHGATE_CHALLENGE_SECRET", random_hex(32))
+            .arg("serve")
+            .spawn()?;
         let gateway = Proc::child(name, child);
         if !wait_port(addr, Duration::from_secs(30)).await {
-            bail!("{name} did not start:\n{}", std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default());
+            bail!(
+                "{name} did not start:\n{}",
+                std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+            );
         }
         Ok((gateway, addr))
     }
@@ -320,10 +413,15 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     /// # Errors
     /// When it does not come up within 30 s.
     pub async fn start_backend(&mut self) -> anyhow::Result<()> {
-        let child = self.command("flashgate-backend", &self.config_path, "flashgate-backend")?.spawn()?;
+        let child = self
+            .command("flashgate-backend", &self.config_path, "flashgate-backend")?
+            .spawn()?;
         self.backend = Some(Proc::child("flashgate-backend", child));
         if !wait_port(self.admin_addr, Duration::from_secs(30)).await {
-            bail!("backend did not start:\n{}", std::fs::read_to_string(self.dir.join("flashgate-backend.log")).unwrap_or_default());
+            bail!(
+                "backend did not start:\n{}",
+                std::fs::read_to_string(self.dir.join("flashgate-backend.log")).unwrap_or_default()
+            );
         }
         Ok(())
     }
@@ -374,7 +472,13 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     ///
     /// # Errors
     /// When the admin API refuses it.
-    pub async fn put_bucketed_sale(&self, id: &str, stock: i64, per_user_limit: i64, buckets: u32) -> anyhow::Result<()> {
+    pub async fn put_bucketed_sale(
+        &self,
+        id: &str,
+        stock: i64,
+        per_user_limit: i64,
+        buckets: u32,
+    ) -> anyhow::Result<()> {
         let now = flashgate_common::now_ms();
         let body = serde_json::json!({
             "name": format!("Bench sale {id}"),
@@ -384,10 +488,19 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             "ends_at": flashgate_common::rfc3339(now + 3_600_000),
             "buckets": buckets,
         });
-        let resp =
-            self.http.put(format!("http://{}/admin/sales/{id}", self.admin_addr)).bearer_auth(&self.admin_token).json(&body).send().await?;
+        let resp = self
+            .http
+            .put(format!("http://{}/admin/sales/{id}", self.admin_addr))
+            .bearer_auth(&self.admin_token)
+            .json(&body)
+            .send()
+            .await?;
         let status = resp.status();
-        ensure!(status.is_success(), "PUT /admin/sales/{id}: {status} {}", resp.text().await.unwrap_or_default());
+        ensure!(
+            status.is_success(),
+            "PUT /admin/sales/{id}: {status} {}",
+            resp.text().await.unwrap_or_default()
+        );
         Ok(())
     }
 
@@ -395,14 +508,24 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     /// checks), from its `/metrics` (0 while it cannot be read): the
     /// scripts Flashgate runs on a timer, not per buy.
     pub async fn timed_scripts(&self) -> u64 {
-        let Ok(resp) = self.http.get(format!("http://{}/metrics", self.backend_addr)).send().await else { return 0 };
+        let Ok(resp) = self
+            .http
+            .get(format!("http://{}/metrics", self.backend_addr))
+            .send()
+            .await
+        else {
+            return 0;
+        };
         let text = resp.text().await.unwrap_or_default();
-        ["flashgate_backend_stream_trim_scripts_total ", "flashgate_backend_fence_scripts_total "]
-            .iter()
-            .filter_map(|name| text.lines().find_map(|l| l.strip_prefix(name)))
-            .filter_map(|v| v.trim().parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum()
+        [
+            "flashgate_backend_stream_trim_scripts_total ",
+            "flashgate_backend_fence_scripts_total ",
+        ]
+        .iter()
+        .filter_map(|name| text.lines().find_map(|l| l.strip_prefix(name)))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
     }
 
     /// `GET /admin/sales/{id}`.
@@ -413,7 +536,14 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     /// `labels` (e.g. `result="moved"`), from its `/metrics`; 0 while it
     /// cannot be read.
     pub async fn gateway_metric(&self, metric: &str, labels: &str) -> f64 {
-        let Ok(resp) = self.http.get(format!("http://{}/metrics", self.gateway_admin_addr)).send().await else { return 0.0 };
+        let Ok(resp) = self
+            .http
+            .get(format!("http://{}/metrics", self.gateway_admin_addr))
+            .send()
+            .await
+        else {
+            return 0.0;
+        };
         let text = resp.text().await.unwrap_or_default();
         text.lines()
             .filter(|l| l.starts_with(metric) && l.contains(labels))
@@ -422,8 +552,17 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     }
 
     pub async fn admin_sale(&self, id: &str) -> anyhow::Result<serde_json::Value> {
-        let resp = self.http.get(format!("http://{}/admin/sales/{id}", self.admin_addr)).bearer_auth(&self.admin_token).send().await?;
-        ensure!(resp.status().is_success(), "GET /admin/sales/{id}: {}", resp.status());
+        let resp = self
+            .http
+            .get(format!("http://{}/admin/sales/{id}", self.admin_addr))
+            .bearer_auth(&self.admin_token)
+            .send()
+            .await?;
+        ensure!(
+            resp.status().is_success(),
+            "GET /admin/sales/{id}: {}",
+            resp.status()
+        );
         Ok(resp.json().await?)
     }
 }
@@ -443,8 +582,16 @@ pub struct Peers {
 }
 
 /// Renders a peers' nginx template the way `peers/lib/common.sh` does.
-fn render_conf(template: &Path, work: &Path, port: u16, workers: usize, peers: &Path, out: &Path) -> anyhow::Result<()> {
-    let t = std::fs::read_to_string(template).with_context(|| format!("read {}", template.display()))?;
+fn render_conf(
+    template: &Path,
+    work: &Path,
+    port: u16,
+    workers: usize,
+    peers: &Path,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let t = std::fs::read_to_string(template)
+        .with_context(|| format!("read {}", template.display()))?;
     let text = t
         .replace("@WORK@", &work.display().to_string())
         .replace("@WORKERS@", &workers.to_string())
@@ -455,9 +602,17 @@ fn render_conf(template: &Path, work: &Path, port: u16, workers: usize, peers: &
 }
 
 /// Starts `pingora_floor` serving `page` with `threads` threads.
-async fn start_floor(bin_dir: &Path, page: &Path, threads: usize) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
+async fn start_floor(
+    bin_dir: &Path,
+    page: &Path,
+    threads: usize,
+) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
     let bin = bin_dir.join("pingora_floor");
-    ensure!(bin.exists(), "{} not built (cargo build --release -p flashgate-bench --bins)", bin.display());
+    ensure!(
+        bin.exists(),
+        "{} not built (cargo build --release -p flashgate-bench --bins)",
+        bin.display()
+    );
     let addr = loopback(free_port());
     let child = Command::new(bin)
         .arg("--listen")
@@ -470,11 +625,20 @@ async fn start_floor(bin_dir: &Path, page: &Path, threads: usize) -> anyhow::Res
         .stderr(Stdio::null())
         .spawn()?;
     let floor = Proc::child("pingora-floor", child);
-    ensure!(wait_port(addr, Duration::from_secs(10)).await, "pingora_floor did not listen on {addr}");
+    ensure!(
+        wait_port(addr, Duration::from_secs(10)).await,
+        "pingora_floor did not listen on {addr}"
+    );
     Ok((floor, addr))
 }
 
-async fn start_nginx(name: &str, work: &Path, conf: &Path, port: u16, env: &[(&str, String)]) -> anyhow::Result<Proc> {
+async fn start_nginx(
+    name: &str,
+    work: &Path,
+    conf: &Path,
+    port: u16,
+    env: &[(&str, String)],
+) -> anyhow::Result<Proc> {
     std::fs::create_dir_all(work.join("tmp"))?;
     let test = Command::new("nginx")
         .arg("-t")
@@ -485,11 +649,28 @@ async fn start_nginx(name: &str, work: &Path, conf: &Path, port: u16, env: &[(&s
         .arg(conf)
         .envs(env.iter().map(|(k, v)| (*k, v)))
         .status()?;
-    ensure!(test.success(), "{name}: nginx config test failed ({})", conf.display());
-    let started = Command::new("nginx").arg("-p").arg(work).arg("-c").arg(conf).envs(env.iter().map(|(k, v)| (*k, v))).status()?;
-    ensure!(started.success(), "{name}: nginx did not start (see {}/error.log)", work.display());
+    ensure!(
+        test.success(),
+        "{name}: nginx config test failed ({})",
+        conf.display()
+    );
+    let started = Command::new("nginx")
+        .arg("-p")
+        .arg(work)
+        .arg("-c")
+        .arg(conf)
+        .envs(env.iter().map(|(k, v)| (*k, v)))
+        .status()?;
+    ensure!(
+        started.success(),
+        "{name}: nginx did not start (see {}/error.log)",
+        work.display()
+    );
     let proc = Proc::from_pidfile(name, &work.join("nginx.pid"))?;
-    ensure!(wait_port(loopback(port), Duration::from_secs(10)).await, "{name}: nothing listening on {port}");
+    ensure!(
+        wait_port(loopback(port), Duration::from_secs(10)).await,
+        "{name}: nothing listening on {port}"
+    );
     for _ in 0..100 {
         if !children_of(proc.pid).is_empty() {
             return Ok(proc);
@@ -507,18 +688,44 @@ impl Peers {
     ///
     /// # Errors
     /// When nginx or its modules are missing, or a process does not come up.
-    pub async fn start(dir: &Path, peers_dir: &Path, bin_dir: &Path, workers: usize) -> anyhow::Result<Self> {
+    pub async fn start(
+        dir: &Path,
+        peers_dir: &Path,
+        bin_dir: &Path,
+        workers: usize,
+    ) -> anyhow::Result<Self> {
         let (redis, redis_port) = start_redis(dir, "peer-redis").await?;
         let static_port = free_port();
         let work = dir.join("nginx-static");
         std::fs::create_dir_all(&work)?;
-        render_conf(&peers_dir.join("conf/nginx-static.conf.in"), &work, static_port, workers, peers_dir, &work.join("nginx.conf"))?;
-        let static_nginx = start_nginx("nginx-static", &work, &work.join("nginx.conf"), static_port, &[]).await?;
+        render_conf(
+            &peers_dir.join("conf/nginx-static.conf.in"),
+            &work,
+            static_port,
+            workers,
+            peers_dir,
+            &work.join("nginx.conf"),
+        )?;
+        let static_nginx = start_nginx(
+            "nginx-static",
+            &work,
+            &work.join("nginx.conf"),
+            static_port,
+            &[],
+        )
+        .await?;
 
         let gw_port = free_port();
         let work = dir.join("openresty-gateway");
         std::fs::create_dir_all(&work)?;
-        render_conf(&peers_dir.join("conf/openresty-gateway.conf.in"), &work, gw_port, workers, peers_dir, &work.join("nginx.conf"))?;
+        render_conf(
+            &peers_dir.join("conf/openresty-gateway.conf.in"),
+            &work,
+            gw_port,
+            workers,
+            peers_dir,
+            &work.join("nginx.conf"),
+        )?;
         let high = "1000000000".to_owned();
         let env = [
             ("GW_USER_LIMIT", "30".to_owned()),
@@ -527,8 +734,16 @@ impl Peers {
             ("GW_REDIS_HOST", "127.0.0.1".to_owned()),
             ("GW_REDIS_PORT", redis_port.to_string()),
         ];
-        let gw_nginx = start_nginx("openresty-gateway", &work, &work.join("nginx.conf"), gw_port, &env).await?;
-        let (floor, floor_addr) = start_floor(bin_dir, &peers_dir.join("html/p/1001.html"), workers).await?;
+        let gw_nginx = start_nginx(
+            "openresty-gateway",
+            &work,
+            &work.join("nginx.conf"),
+            gw_port,
+            &env,
+        )
+        .await?;
+        let (floor, floor_addr) =
+            start_floor(bin_dir, &peers_dir.join("html/p/1001.html"), workers).await?;
         Ok(Self {
             static_nginx,
             floor,
@@ -554,7 +769,10 @@ impl Peers {
     pub fn gw_watched(&self) -> Vec<Watched> {
         let mut pids = children_of(self.gw_nginx.pid);
         pids.push(self.gw_nginx.pid);
-        vec![Watched::pids("gateway", pids), Watched::pids("redis", vec![self.redis.pid])]
+        vec![
+            Watched::pids("gateway", pids),
+            Watched::pids("redis", vec![self.redis.pid]),
+        ]
     }
 
     pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
@@ -570,20 +788,43 @@ impl Peers {
     pub async fn reset(&self, stock: i64) -> anyhow::Result<()> {
         let mut c = self.redis().await?;
         redis::cmd("FLUSHALL").query_async::<()>(&mut c).await?;
-        redis::cmd("CONFIG").arg("RESETSTAT").query_async::<()>(&mut c).await?;
-        redis::cmd("SCRIPT").arg("FLUSH").query_async::<()>(&mut c).await?;
-        redis::cmd("SET").arg("seckill:stock:1001").arg(stock).query_async::<()>(&mut c).await?;
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async::<()>(&mut c)
+            .await?;
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async::<()>(&mut c)
+            .await?;
+        redis::cmd("SET")
+            .arg("seckill:stock:1001")
+            .arg(stock)
+            .query_async::<()>(&mut c)
+            .await?;
         Ok(())
     }
 }
 
 /// Calls of one command that ran, from INFO commandstats: `calls` less
 /// `failed_calls` (0 when never called).
-pub async fn command_calls(conn: &mut (impl redis::aio::ConnectionLike + Send), command: &str) -> anyhow::Result<u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+pub async fn command_calls(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    command: &str,
+) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
     let prefix = format!("cmdstat_{command}:");
-    let Some(stats) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else { return Ok(0) };
-    let field = |name: &str| -> u64 { stats.split(',').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok()).unwrap_or(0) };
+    let Some(stats) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+        return Ok(0);
+    };
+    let field = |name: &str| -> u64 {
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
     // A failed call ran nothing: an `EVALSHA` answered NOSCRIPT (the first
     // call of a script on a Redis that has not cached it, which the client
     // follows with an `EVAL`) is counted by Redis in both.

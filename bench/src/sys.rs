@@ -20,17 +20,32 @@ pub struct Proc {
 
 impl Proc {
     pub fn child(name: &str, child: Child) -> Self {
-        Self { name: name.to_owned(), pid: child.id(), child: Some(child) }
+        Self {
+            name: name.to_owned(),
+            pid: child.id(),
+            child: Some(child),
+        }
     }
 
     /// A daemon that wrote its PID into `pidfile`; waits up to 5 s for it.
     pub fn from_pidfile(name: &str, pidfile: &Path) -> anyhow::Result<Self> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if let Some(pid) = std::fs::read_to_string(pidfile).ok().and_then(|s| s.trim().parse().ok()) {
-                return Ok(Self { name: name.to_owned(), pid, child: None });
+            if let Some(pid) = std::fs::read_to_string(pidfile)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return Ok(Self {
+                    name: name.to_owned(),
+                    pid,
+                    child: None,
+                });
             }
-            anyhow::ensure!(Instant::now() < deadline, "{name}: no pid in {}", pidfile.display());
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{name}: no pid in {}",
+                pidfile.display()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -53,7 +68,10 @@ impl Proc {
             std::thread::sleep(Duration::from_millis(20));
         }
         if self.alive() {
-            eprintln!("bench: {} (pid {}) ignored SIGTERM; sending SIGKILL", self.name, self.pid);
+            eprintln!(
+                "bench: {} (pid {}) ignored SIGTERM; sending SIGKILL",
+                self.name, self.pid
+            );
             signal(self.pid, "KILL");
         }
         if let Some(c) = &mut self.child {
@@ -69,12 +87,19 @@ impl Drop for Proc {
 }
 
 fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(std::process::Stdio::null()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
 }
 
 pub fn loopback(port: u16) -> SocketAddr {
@@ -108,8 +133,12 @@ pub fn clk_tck() -> f64 {
 
 /// utime + stime of a process in ticks (0 when it is gone).
 pub fn pid_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
-    let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else { return 0 };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+        return 0;
+    };
     let f: Vec<&str> = rest.split_whitespace().collect();
     // rest starts at field 3 (state): utime is field 14, stime 15.
     let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
@@ -119,11 +148,20 @@ pub fn pid_ticks(pid: u32) -> u64 {
 /// PIDs whose parent is `ppid` (nginx workers of a master).
 pub fn children_of(ppid: u32) -> Vec<u32> {
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
     for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let parent = stat.rsplit_once(") ").and_then(|(_, r)| r.split_whitespace().nth(1)).and_then(|v| v.parse::<u32>().ok());
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let parent = stat
+            .rsplit_once(") ")
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
         if parent == Some(ppid) {
             out.push(pid);
         }
@@ -135,7 +173,14 @@ pub fn children_of(ppid: u32) -> Vec<u32> {
 /// Busy and total ticks of the whole machine (all cores), from `/proc/stat`.
 pub fn machine_ticks() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> = text.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let v: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
     let g = |i: usize| v.get(i).copied().unwrap_or(0);
     // user nice system idle iowait irq softirq steal
     let busy = g(0) + g(1) + g(2) + g(5) + g(6);
@@ -144,7 +189,9 @@ pub fn machine_ticks() -> (u64, u64) {
 
 /// The first three fields of `/proc/loadavg`.
 pub fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// The watched group of the order database's server processes.
@@ -163,13 +210,21 @@ pub struct Watched {
 
 impl Watched {
     pub fn pids(name: &str, pids: Vec<u32>) -> Self {
-        Self { name: name.to_owned(), pids, comm: None }
+        Self {
+            name: name.to_owned(),
+            pids,
+            comm: None,
+        }
     }
 
     /// Every process named `comm` (e.g. `postgres`: the server and its
     /// per-connection backends).
     pub fn command(name: &str, comm: &'static str) -> Self {
-        Self { name: name.to_owned(), pids: Vec::new(), comm: Some(comm) }
+        Self {
+            name: name.to_owned(),
+            pids: Vec::new(),
+            comm: Some(comm),
+        }
     }
 
     /// Ticks per PID of the group now.
@@ -186,10 +241,14 @@ impl Watched {
 
 /// PIDs of the processes whose command name (`/proc/PID/comm`) is `comm`.
 pub fn processes_named(comm: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
-        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
+        })
         .collect()
 }
 
@@ -217,7 +276,9 @@ pub fn snap(watched: &[Watched]) -> Snap {
 /// started in between counts from its start, not from a total of another
 /// set of PIDs.
 fn group_ticks(a: &[(u32, u64)], b: &[(u32, u64)]) -> u64 {
-    b.iter().map(|(pid, t)| t.saturating_sub(a.iter().find(|(p, _)| p == pid).map_or(0, |(_, t0)| *t0))).sum()
+    b.iter()
+        .map(|(pid, t)| t.saturating_sub(a.iter().find(|(p, _)| p == pid).map_or(0, |(_, t0)| *t0)))
+        .sum()
 }
 
 /// CPU use between two snaps.
@@ -235,15 +296,26 @@ pub struct CpuUse {
 impl CpuUse {
     pub fn between(a: &Snap, b: &Snap) -> Self {
         let tck = clk_tck();
-        let mut secs: Vec<(String, f64)> =
-            a.ticks.iter().zip(&b.ticks).map(|((n, x), (_, y))| (n.clone(), group_ticks(x, y) as f64 / tck)).collect();
+        let mut secs: Vec<(String, f64)> = a
+            .ticks
+            .iter()
+            .zip(&b.ticks)
+            .map(|((n, x), (_, y))| (n.clone(), group_ticks(x, y) as f64 / tck))
+            .collect();
         secs.push(("loadgen".into(), b.own.saturating_sub(a.own) as f64 / tck));
         let wall = b.at.duration_since(a.at).as_secs_f64().max(1e-6);
-        let (busy, total) = (b.machine.0.saturating_sub(a.machine.0), b.machine.1.saturating_sub(a.machine.1).max(1));
+        let (busy, total) = (
+            b.machine.0.saturating_sub(a.machine.0),
+            b.machine.1.saturating_sub(a.machine.1).max(1),
+        );
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let machine_busy_cores = ncpu * busy as f64 / total as f64;
         let ours: f64 = secs.iter().map(|(_, s)| s).sum::<f64>() / wall;
-        Self { secs, machine_busy_cores, other_cores: (machine_busy_cores - ours).max(0.0) }
+        Self {
+            secs,
+            machine_busy_cores,
+            other_cores: (machine_busy_cores - ours).max(0.0),
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<f64> {
@@ -252,7 +324,12 @@ impl CpuUse {
 
     /// CPU milliseconds per 1,000 requests of a group.
     pub fn ms_per_k(&self, name: &str, requests: u64) -> Option<f64> {
-        (requests > 0).then(|| self.get(name).map(|s| s * 1000.0 * 1000.0 / requests as f64)).flatten()
+        (requests > 0)
+            .then(|| {
+                self.get(name)
+                    .map(|s| s * 1000.0 * 1000.0 / requests as f64)
+            })
+            .flatten()
     }
 }
 
@@ -261,7 +338,11 @@ pub struct WorkDir(pub PathBuf);
 
 impl WorkDir {
     pub fn new() -> anyhow::Result<Self> {
-        let p = std::env::temp_dir().join(format!("flashgate-bench-{}-{:08x}", std::process::id(), rand::random::<u32>()));
+        let p = std::env::temp_dir().join(format!(
+            "flashgate-bench-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
         std::fs::create_dir_all(&p)?;
         Ok(Self(p))
     }
@@ -281,8 +362,17 @@ impl Drop for WorkDir {
 pub fn version_of(cmd: &str, args: &[&str]) -> String {
     match Command::new(cmd).args(args).output() {
         Ok(o) => {
-            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
-            String::from_utf8_lossy(&text).lines().next().unwrap_or("").trim().to_owned()
+            let text = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
         }
         Err(_) => "not found".into(),
     }
@@ -315,7 +405,10 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(!before.iter().any(|(p, _)| *p == pid));
-        assert!(after.iter().any(|(p, _)| *p == pid), "the sleep started after the group was named is in it");
+        assert!(
+            after.iter().any(|(p, _)| *p == pid),
+            "the sleep started after the group was named is in it"
+        );
     }
 
     #[test]

@@ -23,17 +23,30 @@ pub struct Backoff {
 impl Backoff {
     /// Waits growing from `base` to at most `cap`.
     pub fn new(base: Duration, cap: Duration) -> Self {
-        Self { base, cap: cap.max(base), failures: 0, random: RandomState::new() }
+        Self {
+            base,
+            cap: cap.max(base),
+            failures: 0,
+            random: RandomState::new(),
+        }
     }
 
     /// The wait before the next attempt, between half and all of
     /// `min(cap, base * 2^failures)`.
     pub fn next_wait(&mut self) -> Duration {
-        let step = self.base.saturating_mul(1u32 << self.failures.min(16)).min(self.cap);
+        let step = self
+            .base
+            .saturating_mul(1u32 << self.failures.min(16))
+            .min(self.cap);
         self.failures = self.failures.saturating_add(1);
         let mut hasher = self.random.build_hasher();
         hasher.write_u32(self.failures);
-        hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
         let fraction = (hasher.finish() % 1000) as u32;
         step / 2 + (step / 2) * fraction / 1000
     }
@@ -63,7 +76,11 @@ mod tests {
         for step in steps {
             let wait = b.next_wait();
             let step = Duration::from_millis(step);
-            assert!(wait >= step / 2 && wait <= step, "{wait:?} outside [{:?}, {step:?}]", step / 2);
+            assert!(
+                wait >= step / 2 && wait <= step,
+                "{wait:?} outside [{:?}, {step:?}]",
+                step / 2
+            );
         }
         b.reset();
         assert!(b.next_wait() <= Duration::from_millis(100));

@@ -79,7 +79,15 @@ mod tests {
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(home_bucket("alice", 6), (fnv1a64(b"alice") % 6) as u32);
-        assert_eq!([home_bucket("alice", 6), home_bucket("bob", 6), home_bucket("u-1", 6), home_bucket("u-2", 6)], PINNED);
+        assert_eq!(
+            [
+                home_bucket("alice", 6),
+                home_bucket("bob", 6),
+                home_bucket("u-1", 6),
+                home_bucket("u-2", 6)
+            ],
+            PINNED
+        );
         assert_eq!(home_bucket("alice", 1), 0);
         assert_eq!(home_bucket("alice", 0), 0);
         let mut seen = [0_u32; 6];
@@ -104,7 +112,9 @@ mod tests {
     fn bucket_counts_are_validated_by_key() {
         assert_eq!(validate("buckets", 1), Ok(1));
         assert_eq!(validate("buckets", 64), Ok(64));
-        assert!(validate("sales[0].buckets", 0).unwrap_err().starts_with("sales[0].buckets: "));
+        assert!(validate("sales[0].buckets", 0)
+            .unwrap_err()
+            .starts_with("sales[0].buckets: "));
         assert!(validate("buckets", 65).is_err());
     }
 }

@@ -61,14 +61,20 @@ pub struct Dependency {
 
 impl Dependency {
     pub const fn new(name: &'static str) -> Self {
-        Self { name, state: AtomicU8::new(DepState::Starting as u8) }
+        Self {
+            name,
+            state: AtomicU8::new(DepState::Starting as u8),
+        }
     }
 
     /// One assumed to answer until a call to it fails: for a loop that
     /// logs its failures once per change, where the first success says
     /// nothing new.
     pub const fn assumed_ready(name: &'static str) -> Self {
-        Self { name, state: AtomicU8::new(DepState::Ready as u8) }
+        Self {
+            name,
+            state: AtomicU8::new(DepState::Ready as u8),
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -116,7 +122,11 @@ impl Dependency {
 pub fn redis_state(error: &RedisError) -> DepState {
     if error.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading) {
         DepState::Loading
-    } else if error.is_io_error() || error.is_connection_refusal() || error.is_connection_dropped() || error.is_timeout() {
+    } else if error.is_io_error()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.is_timeout()
+    {
         DepState::Unreachable
     } else {
         DepState::Failing
@@ -139,7 +149,8 @@ mod tests {
 
     #[test]
     fn a_loading_answer_is_not_yet_and_a_refused_connection_is_absent() {
-        let loading = RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        let loading =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
         assert_eq!(redis_state(&loading), DepState::Loading);
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(redis_state(&refused), DepState::Unreachable);

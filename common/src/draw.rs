@@ -63,7 +63,9 @@ pub struct Outcome {
 pub fn decided_order(seed: &str, entrants: u64) -> Vec<u64> {
     let mut p: Vec<u64> = (1..=entrants).collect();
     for i in 1..=entrants {
-        let digest = sha1_smol::Sha1::from(format!("{seed}:{i}")).digest().to_string();
+        let digest = sha1_smol::Sha1::from(format!("{seed}:{i}"))
+            .digest()
+            .to_string();
         // 13 hex digits always parse: a SHA-1 digest is 40 of them.
         let r = u64::from_str_radix(&digest[..13], 16).unwrap_or(0);
         let j = i + r % (entrants - i + 1);
@@ -92,17 +94,32 @@ pub struct Record {
 ///
 /// # Errors
 /// Redis failed, or a stored entry is not the JSON the scripts write.
-pub async fn read_record(conn: &mut impl redis::aio::ConnectionLike, sale_id: &str) -> redis::RedisResult<Option<Record>> {
+pub async fn read_record(
+    conn: &mut impl redis::aio::ConnectionLike,
+    sale_id: &str,
+) -> redis::RedisResult<Option<Record>> {
     let keys = SaleKeys::new(sale_id);
     let d = &keys.draw;
     // One key per command: a plain pipeline is fine on a cluster (same slot).
     type ByEntry = HashMap<u64, String>;
     let (state, entries, order, outcomes): (HashMap<String, String>, ByEntry, Vec<u64>, ByEntry) =
-        redis::pipe().hgetall(&d.state).hgetall(&d.entries).lrange(&d.order, 0, -1).hgetall(&d.outcomes).query_async(conn).await?;
+        redis::pipe()
+            .hgetall(&d.state)
+            .hgetall(&d.entries)
+            .lrange(&d.order, 0, -1)
+            .hgetall(&d.outcomes)
+            .query_async(conn)
+            .await?;
     if state.is_empty() {
         return Ok(None);
     }
-    let bad = |e: serde_json::Error| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "bad draw record", e.to_string()));
+    let bad = |e: serde_json::Error| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "bad draw record",
+            e.to_string(),
+        ))
+    };
     let mut entrants = entries
         .into_iter()
         .map(|(n, v)| serde_json::from_str(&v).map(|e| (n, e)).map_err(bad))
@@ -113,11 +130,22 @@ pub async fn read_record(conn: &mut impl redis::aio::ConnectionLike, sale_id: &s
         .map(|(n, v)| serde_json::from_str(&v).map(|o| (n, o)).map_err(bad))
         .collect::<redis::RedisResult<Vec<(u64, Outcome)>>>()?;
     outcomes.sort_by_key(|(n, _)| *n);
-    let order_matches_seed = match (state.get("seed"), state.get("entrants").and_then(|n| n.parse::<u64>().ok())) {
-        (Some(seed), Some(n)) => Some(decided_order(seed, n).get(..order.len()) == Some(&order[..])),
+    let order_matches_seed = match (
+        state.get("seed"),
+        state.get("entrants").and_then(|n| n.parse::<u64>().ok()),
+    ) {
+        (Some(seed), Some(n)) => {
+            Some(decided_order(seed, n).get(..order.len()) == Some(&order[..]))
+        }
         _ => None,
     };
-    Ok(Some(Record { state, entrants, order, outcomes, order_matches_seed }))
+    Ok(Some(Record {
+        state,
+        entrants,
+        order,
+        outcomes,
+        order_matches_seed,
+    }))
 }
 
 #[cfg(test)]
@@ -142,7 +170,9 @@ mod tests {
         use crate::sale::{draw_window_ms, MAX_DRAW_WINDOW_MS};
         assert_eq!(draw_window_ms("fairness.window_ms", 0), Ok(0));
         assert_eq!(draw_window_ms("fairness.window_ms", 200), Ok(200));
-        assert!(draw_window_ms("draw_window_ms", -1).unwrap_err().starts_with("draw_window_ms:"));
+        assert!(draw_window_ms("draw_window_ms", -1)
+            .unwrap_err()
+            .starts_with("draw_window_ms:"));
         assert!(draw_window_ms("draw_window_ms", MAX_DRAW_WINDOW_MS + 1).is_err());
     }
 }

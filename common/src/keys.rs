@@ -217,7 +217,11 @@ impl SaleKeys {
     /// sale's slot, so the install script can rename them into place.
     pub fn restore_scratch(&self, token: &str) -> RestoreScratch {
         let prefix = format!("{}{token}:", self.restore_prefix);
-        RestoreScratch { buyers: format!("{prefix}buyers"), reservations: format!("{prefix}resv"), released: format!("{prefix}released") }
+        RestoreScratch {
+            buyers: format!("{prefix}buyers"),
+            reservations: format!("{prefix}resv"),
+            released: format!("{prefix}released"),
+        }
     }
 }
 
@@ -254,9 +258,18 @@ pub fn home_id(sale_id: &str, buckets: u32, user: &str) -> String {
 ///
 /// # Errors
 /// Redis failed.
-pub async fn buckets_in_redis<C: redis::aio::ConnectionLike + Send>(conn: &mut C, id: &str) -> redis::RedisResult<u32> {
-    let n: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("buckets").query_async(conn).await?;
-    Ok(n.and_then(|n| n.parse().ok()).filter(|n| (1..=crate::buckets::MAX_BUCKETS as u32).contains(n)).unwrap_or(1))
+pub async fn buckets_in_redis<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+) -> redis::RedisResult<u32> {
+    let n: Option<String> = redis::cmd("HGET")
+        .arg(SaleKeys::new(id).meta)
+        .arg("buckets")
+        .query_async(conn)
+        .await?;
+    Ok(n.and_then(|n| n.parse().ok())
+        .filter(|n| (1..=crate::buckets::MAX_BUCKETS as u32).contains(n))
+        .unwrap_or(1))
 }
 
 #[cfg(test)]
@@ -270,7 +283,10 @@ mod tests {
         let b = SaleKeys::bucket("s1", 3);
         assert_eq!(b.meta, "fg:{sale:s1:b3}:meta");
         assert_eq!(b.remaining, "fg:{sale:s1:b3}:remaining");
-        assert_eq!(SaleKeys::home("s1", 6, "alice"), SaleKeys::bucket("s1", crate::buckets::home_bucket("alice", 6)));
+        assert_eq!(
+            SaleKeys::home("s1", 6, "alice"),
+            SaleKeys::bucket("s1", crate::buckets::home_bucket("alice", 6))
+        );
     }
 
     #[test]
@@ -309,8 +325,14 @@ mod tests {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
         // lua/draw_run.lua names an entrant's keys from the prefix.
-        assert_eq!(k.idempotency("u", "i"), format!("{}idem:u:i", k.draw.prefix));
-        assert_eq!(k.idempotency_misses("u"), format!("{}idem-misses:u", k.draw.prefix));
+        assert_eq!(
+            k.idempotency("u", "i"),
+            format!("{}idem:u:i", k.draw.prefix)
+        );
+        assert_eq!(
+            k.idempotency_misses("u"),
+            format!("{}idem-misses:u", k.draw.prefix)
+        );
         assert_eq!(k.call("u", "n"), format!("{}call:u:n", k.draw.prefix));
     }
 }
@@ -341,7 +363,11 @@ pub enum SaleEvent {
     /// An operator purged the shop cache of gateway `from`
     /// (`POST /cache/purge`); every other gateway purges the same: one URL
     /// (path and query), or every path under a prefix.
-    ShopPurge { from: String, prefix: bool, path: String },
+    ShopPurge {
+        from: String,
+        prefix: bool,
+        path: String,
+    },
 }
 
 /// Longest path a [`SaleEvent::ShopPurge`] carries.
@@ -350,7 +376,9 @@ pub const MAX_PURGE_PATH_BYTES: usize = 4096;
 /// Whether `path` may be purged: a path (and query) of at most
 /// [`MAX_PURGE_PATH_BYTES`], without control characters.
 pub fn valid_purge_path(path: &str) -> bool {
-    path.starts_with('/') && path.len() <= MAX_PURGE_PATH_BYTES && !path.bytes().any(|b| b.is_ascii_control())
+    path.starts_with('/')
+        && path.len() <= MAX_PURGE_PATH_BYTES
+        && !path.bytes().any(|b| b.is_ascii_control())
 }
 
 fn decode_purge(rest: &str) -> Option<SaleEvent> {
@@ -362,19 +390,30 @@ fn decode_purge(rest: &str) -> Option<SaleEvent> {
         _ => return None,
     };
     let from_ok = (1..=32).contains(&from.len()) && from.bytes().all(|b| b.is_ascii_alphanumeric());
-    (from_ok && valid_purge_path(path)).then(|| SaleEvent::ShopPurge { from: from.to_owned(), prefix, path: path.to_owned() })
+    (from_ok && valid_purge_path(path)).then(|| SaleEvent::ShopPurge {
+        from: from.to_owned(),
+        prefix,
+        path: path.to_owned(),
+    })
 }
 
 impl SaleEvent {
     pub fn encode(&self) -> String {
         match self {
             SaleEvent::SoldOut { sale, epoch } => format!("sold_out:{sale}:e{epoch}"),
-            SaleEvent::BucketSoldOut { sale, bucket } => format!("sold_out:{}", crate::buckets::bucket_id(sale, *bucket)),
-            SaleEvent::BucketStocked { sale, bucket } => format!("stocked:{}", crate::buckets::bucket_id(sale, *bucket)),
+            SaleEvent::BucketSoldOut { sale, bucket } => {
+                format!("sold_out:{}", crate::buckets::bucket_id(sale, *bucket))
+            }
+            SaleEvent::BucketStocked { sale, bucket } => {
+                format!("stocked:{}", crate::buckets::bucket_id(sale, *bucket))
+            }
             SaleEvent::Changed(id) => format!("changed:{id}"),
             SaleEvent::AllPaused(true) => "switch:paused".into(),
             SaleEvent::AllPaused(false) => "switch:open".into(),
-            SaleEvent::ShopPurge { from, prefix, path } => format!("purge:{from}:{}:{path}", if *prefix { "prefix" } else { "url" }),
+            SaleEvent::ShopPurge { from, prefix, path } => format!(
+                "purge:{from}:{}:{path}",
+                if *prefix { "prefix" } else { "url" }
+            ),
         }
     }
 
@@ -389,11 +428,18 @@ impl SaleEvent {
         if let Some((sale, epoch)) = id.split_once(":e") {
             let epoch: u64 = epoch.parse().ok()?;
             let canonical = epoch.to_string() == id[sale.len() + 2..];
-            return (kind == "sold_out" && canonical && crate::sale::valid_sale_id(sale))
-                .then(|| SaleEvent::SoldOut { sale: sale.to_owned(), epoch });
+            return (kind == "sold_out" && canonical && crate::sale::valid_sale_id(sale)).then(
+                || SaleEvent::SoldOut {
+                    sale: sale.to_owned(),
+                    epoch,
+                },
+            );
         }
         if let Some((sale, bucket)) = id.split_once(":b") {
-            let bucket: u32 = bucket.parse().ok().filter(|b| i64::from(*b) < crate::buckets::MAX_BUCKETS)?;
+            let bucket: u32 = bucket
+                .parse()
+                .ok()
+                .filter(|b| i64::from(*b) < crate::buckets::MAX_BUCKETS)?;
             if !crate::sale::valid_sale_id(sale) || bucket.to_string() != id[sale.len() + 2..] {
                 return None;
             }
@@ -408,7 +454,10 @@ impl SaleEvent {
             return None;
         }
         match kind {
-            "sold_out" => Some(SaleEvent::SoldOut { sale: id.to_owned(), epoch: 0 }),
+            "sold_out" => Some(SaleEvent::SoldOut {
+                sale: id.to_owned(),
+                epoch: 0,
+            }),
             "changed" => Some(SaleEvent::Changed(id.to_owned())),
             _ => None,
         }
@@ -420,8 +469,15 @@ impl SaleEvent {
 ///
 /// # Errors
 /// When Redis cannot be reached.
-pub async fn publish(conn: &mut impl redis::aio::ConnectionLike, event: &SaleEvent) -> redis::RedisResult<()> {
-    redis::cmd("PUBLISH").arg(EVENTS_CHANNEL).arg(event.encode()).query_async(conn).await
+pub async fn publish(
+    conn: &mut impl redis::aio::ConnectionLike,
+    event: &SaleEvent,
+) -> redis::RedisResult<()> {
+    redis::cmd("PUBLISH")
+        .arg(EVENTS_CHANNEL)
+        .arg(event.encode())
+        .query_async(conn)
+        .await
 }
 
 #[cfg(test)]
@@ -431,7 +487,10 @@ mod event_tests {
     #[test]
     fn events_round_trip_and_garbage_is_ignored() {
         for e in [
-            SaleEvent::SoldOut { sale: "s-1".into(), epoch: 1_733_000_000_007 },
+            SaleEvent::SoldOut {
+                sale: "s-1".into(),
+                epoch: 1_733_000_000_007,
+            },
             SaleEvent::Changed("s_2".into()),
             SaleEvent::AllPaused(true),
             SaleEvent::AllPaused(false),
@@ -439,24 +498,62 @@ mod event_tests {
             assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
         }
         assert_eq!(SaleEvent::decode("sold_out:a b"), None);
-        assert_eq!(SaleEvent::decode("stocked:s"), None, "stocked is per bucket only");
+        assert_eq!(
+            SaleEvent::decode("stocked:s"),
+            None,
+            "stocked is per bucket only"
+        );
     }
 
     #[test]
     fn bucket_events_round_trip_and_one_bucket_keeps_the_old_form() {
-        assert_eq!(SaleEvent::SoldOut { sale: "s".into(), epoch: 3 }.encode(), "sold_out:s:e3");
-        assert_eq!(SaleEvent::decode("sold_out:s"), Some(SaleEvent::SoldOut { sale: "s".into(), epoch: 0 }), "the older form");
-        for bad in ["sold_out:s:e", "sold_out:s:e03", "sold_out:s:ex", "sold_out::e1", "changed:s:e1", "sold_out:a b:e1"] {
+        assert_eq!(
+            SaleEvent::SoldOut {
+                sale: "s".into(),
+                epoch: 3
+            }
+            .encode(),
+            "sold_out:s:e3"
+        );
+        assert_eq!(
+            SaleEvent::decode("sold_out:s"),
+            Some(SaleEvent::SoldOut {
+                sale: "s".into(),
+                epoch: 0
+            }),
+            "the older form"
+        );
+        for bad in [
+            "sold_out:s:e",
+            "sold_out:s:e03",
+            "sold_out:s:ex",
+            "sold_out::e1",
+            "changed:s:e1",
+            "sold_out:a b:e1",
+        ] {
             assert_eq!(SaleEvent::decode(bad), None, "{bad}");
         }
-        let e = SaleEvent::BucketSoldOut { sale: "s-1".into(), bucket: 3 };
+        let e = SaleEvent::BucketSoldOut {
+            sale: "s-1".into(),
+            bucket: 3,
+        };
         assert_eq!(e.encode(), "sold_out:s-1:b3");
         assert_eq!(SaleEvent::decode("sold_out:s-1:b3"), Some(e));
-        let e = SaleEvent::BucketStocked { sale: "s".into(), bucket: 63 };
+        let e = SaleEvent::BucketStocked {
+            sale: "s".into(),
+            bucket: 63,
+        };
         assert_eq!(e.encode(), "stocked:s:b63");
         assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
-        for bad in ["sold_out:s:b", "sold_out:s:b64", "sold_out:s:b03", "sold_out:s:bx", "sold_out::b1", "changed:s:b1", "sold_out:a b:b1"]
-        {
+        for bad in [
+            "sold_out:s:b",
+            "sold_out:s:b64",
+            "sold_out:s:b03",
+            "sold_out:s:bx",
+            "sold_out::b1",
+            "changed:s:b1",
+            "sold_out:a b:b1",
+        ] {
             assert_eq!(SaleEvent::decode(bad), None, "{bad}");
         }
         assert_eq!(SaleEvent::decode("bogus:s"), None);
@@ -465,14 +562,35 @@ mod event_tests {
     #[test]
     fn shop_purges_round_trip_and_bad_paths_are_ignored() {
         for e in [
-            SaleEvent::ShopPurge { from: "a1".into(), prefix: false, path: "/p?x=1:2".into() },
-            SaleEvent::ShopPurge { from: "b2".into(), prefix: true, path: "/products/".into() },
+            SaleEvent::ShopPurge {
+                from: "a1".into(),
+                prefix: false,
+                path: "/p?x=1:2".into(),
+            },
+            SaleEvent::ShopPurge {
+                from: "b2".into(),
+                prefix: true,
+                path: "/products/".into(),
+            },
         ] {
             assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
         }
-        for bad in ["purge:a1:url:p", "purge:a1:all:/p", "purge:a-1:url:/p", "purge::url:/p", "purge:a1:url:/p\r\nx", "purge:a1:/p"] {
+        for bad in [
+            "purge:a1:url:p",
+            "purge:a1:all:/p",
+            "purge:a-1:url:/p",
+            "purge::url:/p",
+            "purge:a1:url:/p\r\nx",
+            "purge:a1:/p",
+        ] {
             assert_eq!(SaleEvent::decode(bad), None, "{bad}");
         }
-        assert_eq!(SaleEvent::decode(&format!("purge:a1:url:/{}", "x".repeat(super::MAX_PURGE_PATH_BYTES))), None);
+        assert_eq!(
+            SaleEvent::decode(&format!(
+                "purge:a1:url:/{}",
+                "x".repeat(super::MAX_PURGE_PATH_BYTES)
+            )),
+            None
+        );
     }
 }

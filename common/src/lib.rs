@@ -66,14 +66,18 @@ pub struct BadTime {
 /// # Errors
 /// `value` is not RFC 3339; the error names `field` and `value`.
 pub fn parse_rfc3339(field: &str, value: &str) -> Result<i64, BadTime> {
-    chrono::DateTime::parse_from_rfc3339(value).map(|t| t.timestamp_millis()).map_err(|source| BadTime {
-        field: field.to_owned(),
-        value: value.to_owned(),
-        source,
-    })
+    chrono::DateTime::parse_from_rfc3339(value)
+        .map(|t| t.timestamp_millis())
+        .map_err(|source| BadTime {
+            field: field.to_owned(),
+            value: value.to_owned(),
+            source,
+        })
 }
 
 /// Formats Unix milliseconds as an RFC 3339 UTC timestamp.
 pub fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

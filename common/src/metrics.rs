@@ -30,7 +30,11 @@ impl Registry {
     /// An empty prefix.
     pub fn with_prefix(prefix: &str) -> prometheus::Result<Self> {
         let inner = prometheus::Registry::new_custom(Some(prefix.to_owned()), None)?;
-        Ok(Self { inner, prefix: prefix.to_owned(), names: Arc::default() })
+        Ok(Self {
+            inner,
+            prefix: prefix.to_owned(),
+            names: Arc::default(),
+        })
     }
 
     /// Registers a collector, as [`prometheus::Registry::register`].
@@ -38,9 +42,16 @@ impl Registry {
     /// # Errors
     /// A name registered already, or registered with other labels or help.
     pub fn register(&self, collector: Box<dyn Collector>) -> prometheus::Result<()> {
-        let names: Vec<String> = collector.desc().iter().map(|d| format!("{}_{}", self.prefix, d.fq_name)).collect();
+        let names: Vec<String> = collector
+            .desc()
+            .iter()
+            .map(|d| format!("{}_{}", self.prefix, d.fq_name))
+            .collect();
         self.inner.register(collector)?;
-        self.names.lock().unwrap_or_else(PoisonError::into_inner).extend(names);
+        self.names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(names);
         Ok(())
     }
 
@@ -52,7 +63,11 @@ impl Registry {
     /// The names of every family registered, with or without a series,
     /// sorted.
     pub fn family_names(&self) -> Vec<String> {
-        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut names = self
+            .names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         names.sort();
         names
     }
@@ -67,12 +82,26 @@ mod tests {
     #[test]
     fn family_names_include_families_no_scrape_shows_yet() {
         let registry = Registry::with_prefix("fg").unwrap();
-        registry.register(Box::new(IntCounter::new("a_total", "a").unwrap())).unwrap();
+        registry
+            .register(Box::new(IntCounter::new("a_total", "a").unwrap()))
+            .unwrap();
         let unused = IntCounterVec::new(Opts::new("b_total", "b"), &["kind"]).unwrap();
         registry.register(Box::new(unused)).unwrap();
-        assert_eq!(registry.gather().iter().map(|f| f.name().to_owned()).collect::<Vec<_>>(), ["fg_a_total"]);
+        assert_eq!(
+            registry
+                .gather()
+                .iter()
+                .map(|f| f.name().to_owned())
+                .collect::<Vec<_>>(),
+            ["fg_a_total"]
+        );
         assert_eq!(registry.family_names(), ["fg_a_total", "fg_b_total"]);
-        assert!(registry.register(Box::new(IntCounter::new("a_total", "a").unwrap())).is_err(), "a name is taken once");
+        assert!(
+            registry
+                .register(Box::new(IntCounter::new("a_total", "a").unwrap()))
+                .is_err(),
+            "a name is taken once"
+        );
         assert_eq!(registry.family_names().len(), 2);
     }
 }

@@ -31,14 +31,24 @@ pub struct Reservation {
 impl Reservation {
     /// Builds a record from a stream entry's field/value pairs.
     /// Returns the name of the first missing or malformed field on failure.
-    pub fn from_fields<'a>(mut get: impl FnMut(&str) -> Option<&'a str>) -> Result<Self, &'static str> {
+    pub fn from_fields<'a>(
+        mut get: impl FnMut(&str) -> Option<&'a str>,
+    ) -> Result<Self, &'static str> {
         let mut field = |name: &'static str| get(name).ok_or(name);
         let reservation_id = field(fields::RESERVATION_ID)?.to_owned();
         let sale_id = field(fields::SALE_ID)?.to_owned();
         let user_id = field(fields::USER_ID)?.to_owned();
         let idempotency_key = field(fields::IDEMPOTENCY_KEY).unwrap_or("").to_owned();
-        let reserved_at_ms = field(fields::RESERVED_AT_MS)?.parse().map_err(|_| fields::RESERVED_AT_MS)?;
-        Ok(Self { reservation_id, sale_id, user_id, idempotency_key, reserved_at_ms })
+        let reserved_at_ms = field(fields::RESERVED_AT_MS)?
+            .parse()
+            .map_err(|_| fields::RESERVED_AT_MS)?;
+        Ok(Self {
+            reservation_id,
+            sale_id,
+            user_id,
+            idempotency_key,
+            reserved_at_ms,
+        })
     }
 }
 
@@ -113,11 +123,22 @@ mod tests {
 
     #[test]
     fn record_parses_from_stream_fields_and_names_missing_ones() {
-        let pairs = [("rid", "s.1"), ("sale", "s"), ("user", "u"), ("idem", ""), ("ts", "5")];
+        let pairs = [
+            ("rid", "s.1"),
+            ("sale", "s"),
+            ("user", "u"),
+            ("idem", ""),
+            ("ts", "5"),
+        ];
         let get = |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
         let r = Reservation::from_fields(get).unwrap();
         assert_eq!(r.reserved_at_ms, 5);
-        let get = |k: &str| pairs.iter().find(|(n, _)| *n == k && k != "user").map(|(_, v)| *v);
+        let get = |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k && k != "user")
+                .map(|(_, v)| *v)
+        };
         assert_eq!(Reservation::from_fields(get), Err("user"));
     }
 }

@@ -8,7 +8,11 @@ pub const MAX_SALE_ID_LEN: usize = 64;
 /// Sale ids are 1 to 64 characters of `[A-Za-z0-9_-]`: they appear in URLs,
 /// Redis keys and reservation ids, so nothing there needs escaping.
 pub fn valid_sale_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_SALE_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    !id.is_empty()
+        && id.len() <= MAX_SALE_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Payment timeout of a sale when its declaration leaves it out.
@@ -21,7 +25,9 @@ pub fn payment_timeout(seconds: i64) -> Result<std::time::Duration, String> {
     if (1..=MAX_PAYMENT_TIMEOUT_SECONDS).contains(&seconds) {
         Ok(std::time::Duration::from_secs(seconds as u64))
     } else {
-        Err(format!("payment_timeout_seconds: must be between 1 and {MAX_PAYMENT_TIMEOUT_SECONDS}"))
+        Err(format!(
+            "payment_timeout_seconds: must be between 1 and {MAX_PAYMENT_TIMEOUT_SECONDS}"
+        ))
     }
 }
 
@@ -37,7 +43,9 @@ pub fn draw_window_ms(key: &str, value: i64) -> Result<u64, String> {
     if (0..=MAX_DRAW_WINDOW_MS).contains(&value) {
         Ok(value as u64)
     } else {
-        Err(format!("{key}: must be between 0 and {MAX_DRAW_WINDOW_MS} (0 = no draw)"))
+        Err(format!(
+            "{key}: must be between 0 and {MAX_DRAW_WINDOW_MS} (0 = no draw)"
+        ))
     }
 }
 
@@ -166,7 +174,10 @@ mod tests {
         s.buckets = 4;
         assert!(s.validate().is_ok());
         s.draw_window_ms = Some(100);
-        assert!(s.validate().unwrap_err().starts_with("buckets"), "a draw is one slot");
+        assert!(
+            s.validate().unwrap_err().starts_with("buckets"),
+            "a draw is one slot"
+        );
         assert!(spec().validate().is_ok());
     }
 

@@ -12,25 +12,43 @@
 /// `lua/deduct.lua` as it runs: the shared buy rules (`lua/lib/decide.lua`),
 /// the deduct itself as a function (`lua/lib/deduct.lua`), then the
 /// script's own body, which calls it once.
-pub const DEDUCT: &str =
-    concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/lib/deduct.lua"), include_str!("../../lua/deduct.lua"));
+pub const DEDUCT: &str = concat!(
+    include_str!("../../lua/lib/decide.lua"),
+    include_str!("../../lua/lib/deduct.lua"),
+    include_str!("../../lua/deduct.lua")
+);
 
 /// `lua/deduct_batch.lua` as it runs: the same function as [`DEDUCT`],
 /// called once per attempt of the batch.
-pub const DEDUCT_BATCH: &str =
-    concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/lib/deduct.lua"), include_str!("../../lua/deduct_batch.lua"));
+pub const DEDUCT_BATCH: &str = concat!(
+    include_str!("../../lua/lib/decide.lua"),
+    include_str!("../../lua/lib/deduct.lua"),
+    include_str!("../../lua/deduct_batch.lua")
+);
 
 /// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT`].
-pub const DRAW_RUN: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/draw_run.lua"));
+pub const DRAW_RUN: &str = concat!(
+    include_str!("../../lua/lib/decide.lua"),
+    include_str!("../../lua/draw_run.lua")
+);
 
 /// `lua/xfer_out.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub const XFER_OUT: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/xfer_out.lua"));
+pub const XFER_OUT: &str = concat!(
+    include_str!("../../lua/lib/decide.lua"),
+    include_str!("../../lua/xfer_out.lua")
+);
 
 /// `lua/preheat_bucket.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub const PREHEAT_BUCKET: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/preheat_bucket.lua"));
+pub const PREHEAT_BUCKET: &str = concat!(
+    include_str!("../../lua/lib/decide.lua"),
+    include_str!("../../lua/preheat_bucket.lua")
+);
 
 /// `lua/bucket_stock.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub const BUCKET_STOCK: &str = concat!(include_str!("../../lua/lib/decide.lua"), include_str!("../../lua/bucket_stock.lua"));
+pub const BUCKET_STOCK: &str = concat!(
+    include_str!("../../lua/lib/decide.lua"),
+    include_str!("../../lua/bucket_stock.lua")
+);
 
 /// `lua/adopt.lua`.
 pub const ADOPT: &str = include_str!("../../lua/adopt.lua");
@@ -60,10 +78,16 @@ pub const PAUSE_SWAP: &str = include_str!("../../lua/pause_swap.lua");
 pub const POW_USE: &str = include_str!("../../lua/pow_use.lua");
 
 /// `lua/preheat.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const PREHEAT: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/preheat.lua"));
+pub const PREHEAT: &str = concat!(
+    include_str!("../../lua/lib/epoch.lua"),
+    include_str!("../../lua/preheat.lua")
+);
 
 /// `lua/release.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const RELEASE: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/release.lua"));
+pub const RELEASE: &str = concat!(
+    include_str!("../../lua/lib/epoch.lua"),
+    include_str!("../../lua/release.lua")
+);
 
 /// `lua/remembered.lua`.
 pub const REMEMBERED: &str = include_str!("../../lua/remembered.lua");
@@ -75,7 +99,10 @@ pub const RESTORE_LOCK_FREE: &str = include_str!("../../lua/restore_lock_free.lu
 pub const RESTORE_LOCK_RENEW: &str = include_str!("../../lua/restore_lock_renew.lua");
 
 /// `lua/resync.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const RESYNC: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/resync.lua"));
+pub const RESYNC: &str = concat!(
+    include_str!("../../lua/lib/epoch.lua"),
+    include_str!("../../lua/resync.lua")
+);
 
 /// `lua/resync_transfers.lua`.
 pub const RESYNC_TRANSFERS: &str = include_str!("../../lua/resync_transfers.lua");
@@ -87,7 +114,10 @@ pub const SWITCH_SWAP: &str = include_str!("../../lua/switch_swap.lua");
 pub const TRIM: &str = include_str!("../../lua/trim.lua");
 
 /// `lua/update_sale.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const UPDATE_SALE: &str = concat!(include_str!("../../lua/lib/epoch.lua"), include_str!("../../lua/update_sale.lua"));
+pub const UPDATE_SALE: &str = concat!(
+    include_str!("../../lua/lib/epoch.lua"),
+    include_str!("../../lua/update_sale.lua")
+);
 
 /// `lua/wait_mark.lua`.
 pub const WAIT_MARK: &str = include_str!("../../lua/wait_mark.lua");
@@ -135,8 +165,15 @@ pub const ALL: &[(&str, &str)] = &[
 /// The body of the script whose SHA-1 is `sha` (as `EVALSHA` names it).
 pub fn body_of(sha: &[u8]) -> Option<&'static str> {
     static BY_SHA: std::sync::LazyLock<Vec<(String, &'static str)>> =
-        std::sync::LazyLock::new(|| ALL.iter().map(|(_, body)| (redis::Script::new(body).get_hash().to_owned(), *body)).collect());
-    BY_SHA.iter().find(|(hash, _)| hash.as_bytes().eq_ignore_ascii_case(sha)).map(|(_, body)| *body)
+        std::sync::LazyLock::new(|| {
+            ALL.iter()
+                .map(|(_, body)| (redis::Script::new(body).get_hash().to_owned(), *body))
+                .collect()
+        });
+    BY_SHA
+        .iter()
+        .find(|(hash, _)| hash.as_bytes().eq_ignore_ascii_case(sha))
+        .map(|(_, body)| *body)
 }
 
 #[cfg(test)]
@@ -170,7 +207,10 @@ mod tests {
             for entry in std::fs::read_dir(&dir).unwrap() {
                 let path = entry.unwrap().path();
                 let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                if path.is_dir() && !name.starts_with('.') && !["target", "node_modules", "data"].contains(&name.as_str()) {
+                if path.is_dir()
+                    && !name.starts_with('.')
+                    && !["target", "node_modules", "data"].contains(&name.as_str())
+                {
                     dirs.push(path);
                 } else if name.ends_with(".rs") && path.canonicalize().unwrap() != this {
                     files.push(path);
@@ -190,7 +230,8 @@ mod tests {
             for (n, line) in text.lines().enumerate() {
                 // Inline Lua (every script calls Redis), or a script file
                 // compiled in past this list.
-                let inline = line.contains(concat!("redis.", "call(")) || line.contains(concat!("redis.", "pcall("));
+                let inline = line.contains(concat!("redis.", "call("))
+                    || line.contains(concat!("redis.", "pcall("));
                 let included = line.contains("include_str!") && line.contains(".lua\")");
                 if inline || included {
                     strays.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));

@@ -44,7 +44,9 @@ pub const BEARER_INVALID_TOKEN: &str = r#"Bearer realm="flashgate", error="inval
 pub fn bearer_challenge(header: Option<&str>) -> &'static str {
     let sent = header
         .and_then(|h| h.split_once(' '))
-        .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("Bearer") && !token.trim().is_empty());
+        .is_some_and(|(scheme, token)| {
+            scheme.eq_ignore_ascii_case("Bearer") && !token.trim().is_empty()
+        });
     if sent {
         BEARER_INVALID_TOKEN
     } else {
@@ -61,7 +63,9 @@ pub fn bearer_matches(header: Option<&str>, expected: &str) -> bool {
         return false;
     };
     let token = token.trim_start_matches(' ');
-    scheme.eq_ignore_ascii_case("Bearer") && !expected.is_empty() && equal_padded(token.as_bytes(), expected.as_bytes())
+    scheme.eq_ignore_ascii_case("Bearer")
+        && !expected.is_empty()
+        && equal_padded(token.as_bytes(), expected.as_bytes())
 }
 
 /// Compares `a` and `b` byte for byte over the longer of the two (the
@@ -102,7 +106,12 @@ mod tests {
 
     #[test]
     fn the_bearer_scheme_is_matched_in_any_case() {
-        for header in ["bearer s3cret", "BEARER s3cret", "BeArEr s3cret", "Bearer  s3cret"] {
+        for header in [
+            "bearer s3cret",
+            "BEARER s3cret",
+            "BeArEr s3cret",
+            "Bearer  s3cret",
+        ] {
             assert!(bearer_matches(Some(header), "s3cret"), "{header}");
         }
         assert!(!bearer_matches(Some("Basic s3cret"), "s3cret"));
@@ -113,7 +122,10 @@ mod tests {
     fn tokens_of_other_lengths_or_zero_padding_never_match() {
         use super::equal_padded;
         assert!(equal_padded(b"abc", b"abc"));
-        assert!(!equal_padded(b"abc", b"abc\0"), "same bytes, zero-padded, other length");
+        assert!(
+            !equal_padded(b"abc", b"abc\0"),
+            "same bytes, zero-padded, other length"
+        );
         assert!(!equal_padded(b"abc\0", b"abc"));
         assert!(!equal_padded(b"", b"\0"));
         assert!(!bearer_matches(Some("Bearer s3cret\0"), "s3cret"));
@@ -125,7 +137,10 @@ mod tests {
         use super::{required, SecretError};
         assert_eq!(required("X", None), Err(SecretError::Missing("X")));
         assert_eq!(required("X", Some("")), Err(SecretError::Missing("X")));
-        assert_eq!(required("X", Some(&"k".repeat(31))), Err(SecretError::TooShort { name: "X", len: 31 }));
+        assert_eq!(
+            required("X", Some(&"k".repeat(31))),
+            Err(SecretError::TooShort { name: "X", len: 31 })
+        );
         let long = "k".repeat(32);
         assert_eq!(required("X", Some(&long)), Ok(long.as_str()));
     }

@@ -8,23 +8,44 @@ use crate::keys::CONSUMER_GROUP;
 ///
 /// # Errors
 /// Redis failed (other than the stream being absent).
-pub async fn group_backlog<C: redis::aio::ConnectionLike + Send>(conn: &mut C, stream: &str) -> redis::RedisResult<(i64, i64)> {
-    let groups: redis::Value = match redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(conn).await {
+pub async fn group_backlog<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    stream: &str,
+) -> redis::RedisResult<(i64, i64)> {
+    let groups: redis::Value = match redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await
+    {
         Ok(v) => v,
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => return Ok((0, 0)),
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {
+            return Ok((0, 0))
+        }
         Err(e) => return Err(e),
     };
-    let redis::Value::Array(groups) = groups else { return Ok((0, 0)) };
+    let redis::Value::Array(groups) = groups else {
+        return Ok((0, 0));
+    };
     for group in groups {
-        let Ok(fields) = <Vec<(String, redis::Value)> as redis::FromRedisValue>::from_redis_value(group) else { continue };
-        let int = |name: &str| {
-            fields.iter().find(|(k, _)| k == name).and_then(|(_, v)| match v {
-                redis::Value::Int(n) => Some((*n).max(0)),
-                _ => None,
-            })
+        let Ok(fields) =
+            <Vec<(String, redis::Value)> as redis::FromRedisValue>::from_redis_value(group)
+        else {
+            continue;
         };
-        let is_orders =
-            fields.iter().any(|(k, v)| k == "name" && matches!(v, redis::Value::BulkString(b) if b == CONSUMER_GROUP.as_bytes()));
+        let int = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| match v {
+                    redis::Value::Int(n) => Some((*n).max(0)),
+                    _ => None,
+                })
+        };
+        let is_orders = fields.iter().any(|(k, v)| {
+            k == "name"
+                && matches!(v, redis::Value::BulkString(b) if b == CONSUMER_GROUP.as_bytes())
+        });
         if is_orders {
             // `lag` is nil when Redis cannot compute it; count pending alone then.
             return Ok((int("lag").unwrap_or(0), int("pending").unwrap_or(0)));
@@ -39,8 +60,16 @@ pub async fn group_backlog<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
 ///
 /// # Errors
 /// Redis failed.
-pub async fn pending<C: redis::aio::ConnectionLike + Send>(conn: &mut C, stream: &str) -> redis::RedisResult<i64> {
-    match redis::cmd("XPENDING").arg(stream).arg(CONSUMER_GROUP).query_async::<redis::Value>(conn).await {
+pub async fn pending<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    stream: &str,
+) -> redis::RedisResult<i64> {
+    match redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(CONSUMER_GROUP)
+        .query_async::<redis::Value>(conn)
+        .await
+    {
         Ok(redis::Value::Array(items)) => match items.first() {
             Some(redis::Value::Int(n)) => Ok(*n),
             _ => Ok(0),

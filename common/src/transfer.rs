@@ -63,7 +63,12 @@ pub enum Taken {
     /// ([`complete`]).
     /// `replid` is the donor Redis's replication id, what the give of
     /// that transfer carries (the token fence).
-    InTransit { to: u32, xid: String, n: i64, replid: String },
+    InTransit {
+        to: u32,
+        xid: String,
+        n: i64,
+        replid: String,
+    },
     /// The donor bucket is not in Redis.
     NotFound,
     /// The donor's Redis failed over since it was installed.
@@ -78,7 +83,14 @@ pub enum Taken {
 ///
 /// # Errors
 /// Redis failed, or answered something the script never returns.
-pub async fn take<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, to: u32, xid: &str, most: i64) -> RedisResult<Taken> {
+pub async fn take<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    from: u32,
+    to: u32,
+    xid: &str,
+    most: i64,
+) -> RedisResult<Taken> {
     Ok(take_on(conn, sale_id, from, to, xid, most).await?.0)
 }
 
@@ -111,11 +123,19 @@ pub async fn take_on<C: ConnectionLike + Send>(
         .await?;
     let parsed = match reply.as_slice() {
         [code, n, node] if code == "moved" => {
-            return n.parse().map(|n| (Taken::Moved(n), Some(node.clone()))).map_err(|_| bad_take(&reply))
+            return n
+                .parse()
+                .map(|n| (Taken::Moved(n), Some(node.clone())))
+                .map_err(|_| bad_take(&reply))
         }
         [code, _] if code == "empty" => Some(Taken::Empty),
         [code, to, xid, n, replid] if code == "in_transit" => match (to.parse(), n.parse()) {
-            (Ok(to), Ok(n)) => Some(Taken::InTransit { to, xid: xid.clone(), n, replid: replid.clone() }),
+            (Ok(to), Ok(n)) => Some(Taken::InTransit {
+                to,
+                xid: xid.clone(),
+                n,
+                replid: replid.clone(),
+            }),
             _ => None,
         },
         [code, _] if code == "not_found" => Some(Taken::NotFound),
@@ -127,7 +147,11 @@ pub async fn take_on<C: ConnectionLike + Send>(
 }
 
 fn bad_take(reply: &[String]) -> redis::RedisError {
-    redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unknown xfer_out reply", reply.join("|")))
+    redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unknown xfer_out reply",
+        reply.join("|"),
+    ))
 }
 
 /// What the receiving side of a transfer answered ([`give`]).
@@ -192,9 +216,19 @@ pub async fn give<C: ConnectionLike + Send>(
 ///
 /// # Errors
 /// Redis failed.
-pub async fn close<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, from: u32, xid: &str) -> RedisResult<bool> {
+pub async fn close<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    from: u32,
+    xid: &str,
+) -> RedisResult<bool> {
     let d = SaleKeys::bucket(sale_id, from);
-    let closed: i64 = XFER_ACK.key(&d.xfer_out).key(&d.xfer_open).arg(xid).invoke_async(conn).await?;
+    let closed: i64 = XFER_ACK
+        .key(&d.xfer_out)
+        .key(&d.xfer_open)
+        .arg(xid)
+        .invoke_async(conn)
+        .await?;
     Ok(closed == 1)
 }
 
@@ -216,7 +250,10 @@ pub async fn complete<C: ConnectionLike + Send>(
     n: i64,
     replid: &str,
 ) -> RedisResult<bool> {
-    if !give(conn, sale_id, from, to, xid, n, replid).await?.landed() {
+    if !give(conn, sale_id, from, to, xid, n, replid)
+        .await?
+        .landed()
+    {
         return Ok(false);
     }
     close(conn, sale_id, from, xid).await?;
@@ -259,7 +296,11 @@ impl BucketState {
 ///
 /// # Errors
 /// Redis failed.
-pub async fn state<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<BucketState> {
+pub async fn state<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    k: u32,
+) -> RedisResult<BucketState> {
     let keys = SaleKeys::bucket(sale_id, k);
     let r: (i64, i64, i64, i64, i64, i64, i64, i64) = BUCKET_STATE
         .key(&keys.meta)
@@ -298,7 +339,11 @@ pub async fn state<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32
 ///
 /// # Errors
 /// Redis failed (the caller answers unavailable, never sold out).
-pub async fn confirm_dry<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<bool> {
+pub async fn confirm_dry<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+) -> RedisResult<bool> {
     let mut first = Vec::with_capacity(buckets as usize);
     for k in 0..buckets {
         let s = state(conn, sale_id, k).await?;
@@ -344,12 +389,23 @@ impl Received {
         if let Ok(n) = raw.parse::<i64>() {
             return Some(Self { from: None, n });
         }
-        serde_json::from_str::<Json>(raw).ok().map(|j| Self { from: Some(j.from), n: j.n })
+        serde_json::from_str::<Json>(raw).ok().map(|j| Self {
+            from: Some(j.from),
+            n: j.n,
+        })
     }
 }
 
-async fn record<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, xid: &str) -> RedisResult<Option<Record>> {
-    let raw: Option<String> = redis::cmd("HGET").arg(&keys.xfer_out).arg(xid).query_async(conn).await?;
+async fn record<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+    xid: &str,
+) -> RedisResult<Option<Record>> {
+    let raw: Option<String> = redis::cmd("HGET")
+        .arg(&keys.xfer_out)
+        .arg(xid)
+        .query_async(conn)
+        .await?;
     Ok(raw.and_then(|r| serde_json::from_str(&r).ok()))
 }
 
@@ -359,7 +415,12 @@ async fn record<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, xid: &s
 ///
 /// # Errors
 /// Redis failed; what was done stays done, the next pass does the rest.
-pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, now_ms: i64) -> RedisResult<u64> {
+pub async fn repair<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+    now_ms: i64,
+) -> RedisResult<u64> {
     let mut closed = 0;
     for from in 0..buckets {
         let d = SaleKeys::bucket(sale_id, from);
@@ -373,10 +434,14 @@ pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, bucke
             .query_async(conn)
             .await?;
         for xid in stale {
-            let Some(r) = record(conn, &d, &xid).await? else { continue };
+            let Some(r) = record(conn, &d, &xid).await? else {
+                continue;
+            };
             // The same transfer id asked again: the replication id of the
             // Redis holding the record, which the give carries.
-            let (_, Some(replid)) = take_on(conn, sale_id, from, r.to, &xid, r.n).await? else { continue };
+            let (_, Some(replid)) = take_on(conn, sale_id, from, r.to, &xid, r.n).await? else {
+                continue;
+            };
             let given = give(conn, sale_id, from, r.to, &xid, r.n, &replid).await?;
             match given {
                 Given::Absent => {
@@ -391,7 +456,10 @@ pub async fn repair<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, bucke
             }
             if given == Given::Added {
                 // Gateways that flagged the target empty learn it holds items.
-                let stocked = crate::keys::SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: r.to };
+                let stocked = crate::keys::SaleEvent::BucketStocked {
+                    sale: sale_id.to_owned(),
+                    bucket: r.to,
+                };
                 if let Err(error) = crate::keys::publish(conn, &stocked).await {
                     tracing::warn!(%error, sale = sale_id, bucket = r.to, "cannot announce a repaired transfer");
                 }
@@ -430,19 +498,47 @@ impl Books {
 ///
 /// # Errors
 /// Redis failed.
-pub async fn books<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<Books> {
-    let mut out = Books { remaining: Vec::with_capacity(buckets as usize), in_transit: 0, reserved: 0 };
+pub async fn books<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+) -> RedisResult<Books> {
+    let mut out = Books {
+        remaining: Vec::with_capacity(buckets as usize),
+        in_transit: 0,
+        reserved: 0,
+    };
     for k in 0..buckets {
         let keys = SaleKeys::bucket(sale_id, k);
-        let remaining: Option<i64> = redis::cmd("GET").arg(&keys.remaining).query_async(conn).await?;
+        let remaining: Option<i64> = redis::cmd("GET")
+            .arg(&keys.remaining)
+            .query_async(conn)
+            .await?;
         out.remaining.push(remaining.unwrap_or(0));
-        let resv: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
-        let released: i64 = redis::cmd("SCARD").arg(&keys.released).query_async(conn).await?;
+        let resv: i64 = redis::cmd("HLEN")
+            .arg(&keys.reservations)
+            .query_async(conn)
+            .await?;
+        let released: i64 = redis::cmd("SCARD")
+            .arg(&keys.released)
+            .query_async(conn)
+            .await?;
         out.reserved += resv - released;
-        let open: Vec<String> = redis::cmd("ZRANGE").arg(&keys.xfer_open).arg(0).arg(-1).query_async(conn).await?;
+        let open: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.xfer_open)
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await?;
         for xid in open {
-            let Some(r) = record(conn, &keys, &xid).await? else { continue };
-            let added: bool = redis::cmd("HEXISTS").arg(SaleKeys::bucket(sale_id, r.to).xfer_in).arg(&xid).query_async(conn).await?;
+            let Some(r) = record(conn, &keys, &xid).await? else {
+                continue;
+            };
+            let added: bool = redis::cmd("HEXISTS")
+                .arg(SaleKeys::bucket(sale_id, r.to).xfer_in)
+                .arg(&xid)
+                .query_async(conn)
+                .await?;
             if !added {
                 out.in_transit += r.n;
             }
@@ -479,7 +575,11 @@ impl Ledger {
 ///
 /// # Errors
 /// Redis failed.
-pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<Ledger> {
+pub async fn ledger<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    k: u32,
+) -> RedisResult<Ledger> {
     let keys = SaleKeys::bucket(sale_id, k);
     let mut pipe = redis::pipe();
     pipe.atomic()
@@ -489,16 +589,31 @@ pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u3
         .scard(&keys.released)
         .hgetall(&keys.xfer_out)
         .hvals(&keys.xfer_in);
-    type Read = (Option<i64>, Option<i64>, i64, i64, std::collections::HashMap<String, String>, Vec<String>);
+    type Read = (
+        Option<i64>,
+        Option<i64>,
+        i64,
+        i64,
+        std::collections::HashMap<String, String>,
+        Vec<String>,
+    );
     let (stock, remaining, resv, released, out, into): Read = pipe.query_async(conn).await?;
-    let sent =
-        out.iter().filter(|(xid, _)| !xid.starts_with('#')).filter_map(|(_, r)| serde_json::from_str::<Record>(r).ok()).map(|r| r.n).sum();
+    let sent = out
+        .iter()
+        .filter(|(xid, _)| !xid.starts_with('#'))
+        .filter_map(|(_, r)| serde_json::from_str::<Record>(r).ok())
+        .map(|r| r.n)
+        .sum();
     Ok(Ledger {
         stock: stock.unwrap_or(0),
         remaining: remaining.unwrap_or(0),
         reserved: resv - released,
         sent,
-        received: into.iter().filter_map(|r| Received::parse(r)).map(|r| r.n).sum(),
+        received: into
+            .iter()
+            .filter_map(|r| Received::parse(r))
+            .map(|r| r.n)
+            .sum(),
     })
 }
 
@@ -509,7 +624,11 @@ pub async fn ledger<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u3
 ///
 /// # Errors
 /// Redis failed.
-pub async fn left<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32) -> RedisResult<i64> {
+pub async fn left<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+) -> RedisResult<i64> {
     let mut total = 0;
     for k in 0..buckets {
         total += left_in(conn, sale_id, k).await?;
@@ -522,7 +641,11 @@ pub async fn left<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets
 ///
 /// # Errors
 /// Redis failed.
-pub async fn left_in<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, k: u32) -> RedisResult<i64> {
+pub async fn left_in<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    k: u32,
+) -> RedisResult<i64> {
     let keys = SaleKeys::bucket(sale_id, k);
     let mut pipe = redis::pipe();
     pipe.get(&keys.remaining).hget(&keys.xfer_out, "#open");
@@ -537,7 +660,12 @@ mod tests {
 
     /// A bucketed sale of `stock` over `buckets`, installed as the
     /// backend's preheat does (open, synced).
-    async fn install(conn: &mut redis::aio::MultiplexedConnection, sale: &str, stock: i64, buckets: u32) {
+    async fn install(
+        conn: &mut redis::aio::MultiplexedConnection,
+        sale: &str,
+        stock: i64,
+        buckets: u32,
+    ) {
         let script = Script::new(crate::scripts::PREHEAT_BUCKET);
         for (k, share) in split_stock(stock, buckets).into_iter().enumerate() {
             let keys = SaleKeys::bucket(sale, k as u32);
@@ -564,109 +692,305 @@ mod tests {
 
     /// This Redis's replication id.
     async fn replid(conn: &mut redis::aio::MultiplexedConnection) -> String {
-        let info: String = redis::cmd("INFO").arg("replication").query_async(conn).await.unwrap();
-        info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned()
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(conn)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))
+            .unwrap()
+            .trim()
+            .to_owned()
     }
 
     #[tokio::test]
     async fn a_give_of_a_take_made_on_a_fenced_off_donor_redis_is_refused_and_changes_nothing() {
         let redis = flashgate_testkit::redis::RedisServer::private();
-        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        let mut conn = redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         install(&mut conn, "s", 10, 2).await;
         // Bucket 0's re-sync fenced off its old Redis "old" in bucket 1.
-        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket("s", 1).xfer_refuse).arg("0:old").query_async(&mut conn).await.unwrap();
-        assert_eq!(give(&mut conn, "s", 0, 1, "late", 3, "old").await.unwrap(), Given::Refused);
-        assert!(!complete(&mut conn, "s", 0, 1, "late", 3, "old").await.unwrap(), "a refused give leaves the transfer open");
-        assert_eq!(books(&mut conn, "s", 2).await.unwrap().remaining, vec![5, 5], "nothing added");
-        let raw: Option<String> =
-            redis::cmd("HGET").arg(SaleKeys::bucket("s", 1).xfer_in).arg("late").query_async(&mut conn).await.unwrap();
+        let _: i64 = redis::cmd("SADD")
+            .arg(SaleKeys::bucket("s", 1).xfer_refuse)
+            .arg("0:old")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            give(&mut conn, "s", 0, 1, "late", 3, "old").await.unwrap(),
+            Given::Refused
+        );
+        assert!(
+            !complete(&mut conn, "s", 0, 1, "late", 3, "old")
+                .await
+                .unwrap(),
+            "a refused give leaves the transfer open"
+        );
+        assert_eq!(
+            books(&mut conn, "s", 2).await.unwrap().remaining,
+            vec![5, 5],
+            "nothing added"
+        );
+        let raw: Option<String> = redis::cmd("HGET")
+            .arg(SaleKeys::bucket("s", 1).xfer_in)
+            .arg("late")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert_eq!(raw, None, "nothing recorded");
         // The same donor's take on its new Redis, and another donor, pass.
-        assert_eq!(give(&mut conn, "s", 0, 1, "new", 2, "new").await.unwrap(), Given::Added);
-        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket("s", 0).xfer_refuse).arg("0:old").query_async(&mut conn).await.unwrap();
-        assert_eq!(give(&mut conn, "s", 1, 0, "other", 1, "old").await.unwrap(), Given::Added, "the token names its donor");
+        assert_eq!(
+            give(&mut conn, "s", 0, 1, "new", 2, "new").await.unwrap(),
+            Given::Added
+        );
+        let _: i64 = redis::cmd("SADD")
+            .arg(SaleKeys::bucket("s", 0).xfer_refuse)
+            .arg("0:old")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            give(&mut conn, "s", 1, 0, "other", 1, "old").await.unwrap(),
+            Given::Added,
+            "the token names its donor"
+        );
         // A give that landed before the fence stays landed, once.
-        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket("s", 1).xfer_refuse).arg("0:new").query_async(&mut conn).await.unwrap();
-        assert_eq!(give(&mut conn, "s", 0, 1, "new", 2, "new").await.unwrap(), Given::Before);
-        assert_eq!(books(&mut conn, "s", 2).await.unwrap().remaining, vec![6, 7]);
+        let _: i64 = redis::cmd("SADD")
+            .arg(SaleKeys::bucket("s", 1).xfer_refuse)
+            .arg("0:new")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            give(&mut conn, "s", 0, 1, "new", 2, "new").await.unwrap(),
+            Given::Before
+        );
+        assert_eq!(
+            books(&mut conn, "s", 2).await.unwrap().remaining,
+            vec![6, 7]
+        );
     }
 
     #[tokio::test]
     async fn every_side_of_a_transfer_is_idempotent_on_retries() {
         let redis = flashgate_testkit::redis::RedisServer::private();
-        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        let mut conn = redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         install(&mut conn, "s", 10, 2).await;
         // Bucket 0 holds 5: half, rounded up, capped at 8, is 3.
-        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3));
-        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a retry takes nothing more");
+        assert_eq!(
+            take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(),
+            Taken::Moved(3)
+        );
+        assert_eq!(
+            take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(),
+            Taken::Moved(3),
+            "a retry takes nothing more"
+        );
         let here = replid(&mut conn).await;
-        assert_eq!(take_on(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), (Taken::Moved(3), Some(here)), "the Redis holding the take");
+        assert_eq!(
+            take_on(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(),
+            (Taken::Moved(3), Some(here)),
+            "the Redis holding the take"
+        );
         let b = books(&mut conn, "s", 2).await.unwrap();
-        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 5], 3, 10));
+        assert_eq!(
+            (b.remaining.clone(), b.in_transit, b.total()),
+            (vec![2, 5], 3, 10)
+        );
         for k in 0..2 {
-            assert!(ledger(&mut conn, "s", k).await.unwrap().balances(), "bucket {k} while in transit");
+            assert!(
+                ledger(&mut conn, "s", k).await.unwrap().balances(),
+                "bucket {k} while in transit"
+            );
         }
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
-        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3, "r").await.unwrap(), Given::Added);
-        assert_eq!(give(&mut conn, "s", 0, 1, "x1", 3, "r").await.unwrap(), Given::Before, "added once");
-        let raw: String = redis::cmd("HGET").arg(SaleKeys::bucket("s", 1).xfer_in).arg("x1").query_async(&mut conn).await.unwrap();
-        assert_eq!(Received::parse(&raw), Some(Received { from: Some(0), n: 3 }), "the record names its donor: {raw}");
+        assert_eq!(
+            give(&mut conn, "s", 0, 1, "x1", 3, "r").await.unwrap(),
+            Given::Added
+        );
+        assert_eq!(
+            give(&mut conn, "s", 0, 1, "x1", 3, "r").await.unwrap(),
+            Given::Before,
+            "added once"
+        );
+        let raw: String = redis::cmd("HGET")
+            .arg(SaleKeys::bucket("s", 1).xfer_in)
+            .arg("x1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            Received::parse(&raw),
+            Some(Received {
+                from: Some(0),
+                n: 3
+            }),
+            "the record names its donor: {raw}"
+        );
         let b = books(&mut conn, "s", 2).await.unwrap();
-        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 8], 0, 10));
+        assert_eq!(
+            (b.remaining.clone(), b.in_transit, b.total()),
+            (vec![2, 8], 0, 10)
+        );
         assert!(close(&mut conn, "s", 0, "x1").await.unwrap());
-        assert!(!close(&mut conn, "s", 0, "x1").await.unwrap(), "closed once");
-        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(3), "a late retry of a closed transfer");
+        assert!(
+            !close(&mut conn, "s", 0, "x1").await.unwrap(),
+            "closed once"
+        );
+        assert_eq!(
+            take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(),
+            Taken::Moved(3),
+            "a late retry of a closed transfer"
+        );
         let b = books(&mut conn, "s", 2).await.unwrap();
-        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 8], 0, 10));
-        let (d, k) = (ledger(&mut conn, "s", 0).await.unwrap(), ledger(&mut conn, "s", 1).await.unwrap());
+        assert_eq!(
+            (b.remaining.clone(), b.in_transit, b.total()),
+            (vec![2, 8], 0, 10)
+        );
+        let (d, k) = (
+            ledger(&mut conn, "s", 0).await.unwrap(),
+            ledger(&mut conn, "s", 1).await.unwrap(),
+        );
         assert!(d.balances() && k.balances(), "{d:?} {k:?}");
         assert_eq!((d.sent, k.received), (3, 3));
         assert_eq!(left(&mut conn, "s", 2).await.unwrap(), 10);
-        assert_eq!(give(&mut conn, "s", 0, 7, "x9", 1, "r").await.unwrap(), Given::Absent, "an absent bucket gains nothing");
-        assert_eq!(Received::parse("4"), Some(Received { from: None, n: 4 }), "a record without its donor");
+        assert_eq!(
+            give(&mut conn, "s", 0, 7, "x9", 1, "r").await.unwrap(),
+            Given::Absent,
+            "an absent bucket gains nothing"
+        );
+        assert_eq!(
+            Received::parse("4"),
+            Some(Received { from: None, n: 4 }),
+            "a record without its donor"
+        );
     }
 
     #[tokio::test]
     async fn a_sale_is_confirmed_dry_only_with_no_item_left_nor_in_transit() {
         let redis = flashgate_testkit::redis::RedisServer::private();
-        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        let mut conn = redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         install(&mut conn, "s", 2, 2).await;
-        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "both buckets hold an item");
+        assert!(
+            !confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "both buckets hold an item"
+        );
         // A bucket asked to give to itself while it holds items takes nothing.
-        assert_eq!(take(&mut conn, "s", 0, 0, "self", 8).await.unwrap(), Taken::Stocked);
-        assert_eq!(books(&mut conn, "s", 2).await.unwrap().remaining, vec![1, 1]);
+        assert_eq!(
+            take(&mut conn, "s", 0, 0, "self", 8).await.unwrap(),
+            Taken::Stocked
+        );
+        assert_eq!(
+            books(&mut conn, "s", 2).await.unwrap().remaining,
+            vec![1, 1]
+        );
         // Both items leave bucket 1's and bucket 0's remaining, one of them
         // still in transit: not dry.
-        assert_eq!(take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(), Taken::Moved(1));
-        let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
-        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "an item in transit");
+        assert_eq!(
+            take(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(),
+            Taken::Moved(1)
+        );
+        let _: i64 = redis::cmd("DECRBY")
+            .arg(SaleKeys::bucket("s", 1).remaining)
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "an item in transit"
+        );
         assert!(complete(&mut conn, "s", 0, 1, "x1", 1, "r").await.unwrap());
-        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "the item arrived in bucket 1");
-        let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", 1).remaining).arg(1).query_async(&mut conn).await.unwrap();
-        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "nothing left anywhere");
-        assert!(!confirm_dry(&mut conn, "s", 3).await.unwrap(), "an absent bucket is never confirmed dry");
+        assert!(
+            !confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "the item arrived in bucket 1"
+        );
+        let _: i64 = redis::cmd("DECRBY")
+            .arg(SaleKeys::bucket("s", 1).remaining)
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "nothing left anywhere"
+        );
+        assert!(
+            !confirm_dry(&mut conn, "s", 3).await.unwrap(),
+            "an absent bucket is never confirmed dry"
+        );
     }
 
     #[tokio::test]
     async fn a_stock_move_in_flight_a_moved_base_or_a_fenced_bucket_is_never_confirmed_dry() {
         let redis = flashgate_testkit::redis::RedisServer::private();
-        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        let mut conn = redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         install(&mut conn, "s", 2, 2).await;
         for k in 0..2 {
-            let _: i64 = redis::cmd("DECRBY").arg(SaleKeys::bucket("s", k).remaining).arg(1).query_async(&mut conn).await.unwrap();
+            let _: i64 = redis::cmd("DECRBY")
+                .arg(SaleKeys::bucket("s", k).remaining)
+                .arg(1)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
         }
-        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "every item sold");
+        assert!(
+            confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "every item sold"
+        );
         // A stock move in flight on bucket 1 (it may give items back).
         let moving = SaleKeys::bucket("s", 1).moving;
-        let _: () = redis::cmd("SET").arg(&moving).arg("1").arg("PX").arg(10_000).query_async(&mut conn).await.unwrap();
-        assert!(!state(&mut conn, "s", 1).await.unwrap().dry(), "a bucket with a move in flight is not dry");
-        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "a stock move in flight");
-        let _: i64 = redis::cmd("DEL").arg(&moving).query_async(&mut conn).await.unwrap();
-        assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "the move ended");
+        let _: () = redis::cmd("SET")
+            .arg(&moving)
+            .arg("1")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !state(&mut conn, "s", 1).await.unwrap().dry(),
+            "a bucket with a move in flight is not dry"
+        );
+        assert!(
+            !confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "a stock move in flight"
+        );
+        let _: i64 = redis::cmd("DEL")
+            .arg(&moving)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "the move ended"
+        );
         // A base moved between two reads (items added and sold meanwhile):
         // the reads differ, so the pair never confirms dry.
         let before = state(&mut conn, "s", 0).await.unwrap();
-        let _: i64 = redis::cmd("HINCRBY").arg(SaleKeys::bucket("s", 0).meta).arg("stock").arg(1).query_async(&mut conn).await.unwrap();
+        let _: i64 = redis::cmd("HINCRBY")
+            .arg(SaleKeys::bucket("s", 0).meta)
+            .arg("stock")
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         let after = state(&mut conn, "s", 0).await.unwrap();
         assert!(before.dry() && after.dry());
         assert_eq!(after.base, before.base + 1);
@@ -675,33 +999,87 @@ mod tests {
         // is another replication id) may lack a transfer or a return: never
         // dry until its re-sync writes `synced` again.
         let synced = SaleKeys::bucket("s", 1).synced;
-        let replid: String = redis::cmd("GET").arg(&synced).query_async(&mut conn).await.unwrap();
-        let _: () = redis::cmd("SET").arg(&synced).arg("an-earlier-master").query_async(&mut conn).await.unwrap();
+        let replid: String = redis::cmd("GET")
+            .arg(&synced)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(&synced)
+            .arg("an-earlier-master")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert!(state(&mut conn, "s", 1).await.unwrap().fenced);
-        assert!(!confirm_dry(&mut conn, "s", 2).await.unwrap(), "a fenced bucket");
-        let _: () = redis::cmd("SET").arg(&synced).arg(&replid).query_async(&mut conn).await.unwrap();
+        assert!(
+            !confirm_dry(&mut conn, "s", 2).await.unwrap(),
+            "a fenced bucket"
+        );
+        let _: () = redis::cmd("SET")
+            .arg(&synced)
+            .arg(&replid)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert!(confirm_dry(&mut conn, "s", 2).await.unwrap(), "re-synced");
     }
 
     #[tokio::test]
     async fn an_empty_donor_points_at_its_items_in_transit_and_repair_delivers_them() {
         let redis = flashgate_testkit::redis::RedisServer::private();
-        let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+        let mut conn = redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         install(&mut conn, "s", 2, 2).await;
         // Bucket 1 holds 1: it all goes, and the taker "dies".
-        assert_eq!(take(&mut conn, "s", 1, 0, "x1", 8).await.unwrap(), Taken::Moved(1));
+        assert_eq!(
+            take(&mut conn, "s", 1, 0, "x1", 8).await.unwrap(),
+            Taken::Moved(1)
+        );
         assert_eq!(
             take(&mut conn, "s", 1, 0, "x2", 8).await.unwrap(),
-            Taken::InTransit { to: 0, xid: "x1".into(), n: 1, replid: replid(&mut conn).await }
+            Taken::InTransit {
+                to: 0,
+                xid: "x1".into(),
+                n: 1,
+                replid: replid(&mut conn).await
+            }
         );
         assert_eq!(books(&mut conn, "s", 2).await.unwrap().in_transit, 1);
         // Too young: left to its gateway.
-        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() - 10 * REPAIR_AFTER_MS).await.unwrap(), 0);
-        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 1);
-        assert_eq!(repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS).await.unwrap(), 0, "nothing twice");
+        assert_eq!(
+            repair(&mut conn, "s", 2, crate::now_ms() - 10 * REPAIR_AFTER_MS)
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            repair(&mut conn, "s", 2, crate::now_ms() + REPAIR_AFTER_MS)
+                .await
+                .unwrap(),
+            0,
+            "nothing twice"
+        );
         let b = books(&mut conn, "s", 2).await.unwrap();
-        assert_eq!((b.remaining.clone(), b.in_transit, b.total()), (vec![2, 0], 0, 2));
-        assert_eq!(take(&mut conn, "s", 1, 0, "x3", 8).await.unwrap(), Taken::Empty);
-        assert_eq!(take(&mut conn, "s", 5, 0, "x4", 8).await.unwrap(), Taken::NotFound);
+        assert_eq!(
+            (b.remaining.clone(), b.in_transit, b.total()),
+            (vec![2, 0], 0, 2)
+        );
+        assert_eq!(
+            take(&mut conn, "s", 1, 0, "x3", 8).await.unwrap(),
+            Taken::Empty
+        );
+        assert_eq!(
+            take(&mut conn, "s", 5, 0, "x4", 8).await.unwrap(),
+            Taken::NotFound
+        );
     }
 }

@@ -16,16 +16,32 @@ fn main() {
     let now = flashgate_common::now_ms();
     let issued = signer.issue("buyer-42", "spring-drop", 14, now + 300_000, [9; 12]);
     let header = solve(&issued.challenge, 14, 0);
-    assert!(signer.verify(header.as_bytes(), "buyer-42", "spring-drop", now, 14).is_ok());
+    assert!(signer
+        .verify(header.as_bytes(), "buyer-42", "spring-drop", now, 14)
+        .is_ok());
     let (challenge, nonce) = header.rsplit_once('.').expect("challenge.nonce");
     let last = if challenge.ends_with('A') { 'B' } else { 'A' };
     let forged = format!("{}{last}.{nonce}", &challenge[..challenge.len() - 1]);
     let rounds = 200_000;
     per_call("verify a valid solution", rounds / 10, rounds, |_| {
-        black_box(signer.verify(black_box(header.as_bytes()), "buyer-42", "spring-drop", now, 14)).ok();
+        black_box(signer.verify(
+            black_box(header.as_bytes()),
+            "buyer-42",
+            "spring-drop",
+            now,
+            14,
+        ))
+        .ok();
     });
     per_call("refuse a forged challenge", rounds / 10, rounds, |_| {
-        black_box(signer.verify(black_box(forged.as_bytes()), "buyer-42", "spring-drop", now, 14)).ok();
+        black_box(signer.verify(
+            black_box(forged.as_bytes()),
+            "buyer-42",
+            "spring-drop",
+            now,
+            14,
+        ))
+        .ok();
     });
     per_call("issue a challenge", rounds / 10, rounds, |_| {
         black_box(signer.issue("buyer-42", "spring-drop", 14, now, black_box([1; 12])));

@@ -16,7 +16,11 @@ use common::per_call;
 const SECRET: &[u8] = b"a benchmark secret of at least thirty-two bytes";
 
 fn bearer(user: &str) -> Vec<u8> {
-    format!("Bearer {}", mint(SECRET, user, 3600, &AuthConfig::default()).expect("mint")).into_bytes()
+    format!(
+        "Bearer {}",
+        mint(SECRET, user, 3600, &AuthConfig::default()).expect("mint")
+    )
+    .into_bytes()
 }
 
 fn main() {
@@ -25,7 +29,9 @@ fn main() {
     per_call("one token, seen before", 0, 1_000_000, |_| {
         black_box(verifier.verify(Some(black_box(&one))).ok());
     });
-    let crowd: Vec<Vec<u8>> = (0..300_000).map(|i| bearer(&format!("buyer-{i}"))).collect();
+    let crowd: Vec<Vec<u8>> = (0..300_000)
+        .map(|i| bearer(&format!("buyer-{i}")))
+        .collect();
     let verifier = Verifier::new(SECRET);
     per_call("300,000 tokens, first sighting", 0, crowd.len(), |i| {
         black_box(verifier.verify(Some(black_box(&crowd[i]))).ok());

@@ -50,18 +50,28 @@ impl AdminServer {
                             BreakerState::Open => 1,
                             BreakerState::HalfOpen => 2,
                         });
-                        ([("content-type", "text/plain; version=0.0.4")], metrics.render())
+                        (
+                            [("content-type", "text/plain; version=0.0.4")],
+                            metrics.render(),
+                        )
                     }
                 }),
             )
             .route("/live", get(|| async { "ok" }))
-            .route("/cache/purge", post(purge_api::purge).with_state(self.purge.clone()))
+            .route(
+                "/cache/purge",
+                post(purge_api::purge).with_state(self.purge.clone()),
+            )
             .route(
                 "/ready",
                 get(move || {
                     let (breaker, readiness) = (ready_breaker.clone(), readiness.clone());
                     async move {
-                        let status = if readiness.is_ready(&breaker) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+                        let status = if readiness.is_ready(&breaker) {
+                            StatusCode::OK
+                        } else {
+                            StatusCode::SERVICE_UNAVAILABLE
+                        };
                         (status, axum::Json(readiness.report(&breaker))).into_response()
                     }
                 }),

@@ -41,13 +41,21 @@ impl Edge {
             limits: config.limits.clone(),
             limiters,
             deny: config.deny.clone(),
-            cluster: config.limits.cluster_global.map(|b| Arc::new(ClusterLimit::new(b))),
+            cluster: config
+                .limits
+                .cluster_global
+                .map(|b| Arc::new(ClusterLimit::new(b))),
         }
     }
 
     /// The client address used for limits and deny lists.
     fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        client_ip(peer, headers, &self.limits.trusted_proxies, self.limits.client_ip_header)
+        client_ip(
+            peer,
+            headers,
+            &self.limits.trusted_proxies,
+            self.limits.client_ip_header,
+        )
     }
 }
 
@@ -69,8 +77,12 @@ impl Admission {
         if edge.deny.denies_ip(ip) {
             return Err(Rejection::Denied);
         }
-        edge.limiters.check_ip(RouteClass::Read, ip).map_err(Rejection::RateLimited)?;
-        edge.limiters.check_user_then_global(RouteClass::Read, None).map_err(Rejection::RateLimited)
+        edge.limiters
+            .check_ip(RouteClass::Read, ip)
+            .map_err(Rejection::RateLimited)?;
+        edge.limiters
+            .check_user_then_global(RouteClass::Read, None)
+            .map_err(Rejection::RateLimited)
     }
 
     /// Everything a signed-in user's request (a buy, a reservation
@@ -80,7 +92,12 @@ impl Admission {
     ///
     /// # Errors
     /// `Denied`, `RateLimited` or `Unauthorized`.
-    pub fn user(&self, class: RouteClass, peer: IpAddr, headers: &HeaderMap) -> Result<String, Rejection> {
+    pub fn user(
+        &self,
+        class: RouteClass,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<String, Rejection> {
         let user = self.identify(class, peer, headers)?;
         self.limit_user(class, &user)?;
         Ok(user)
@@ -93,14 +110,28 @@ impl Admission {
     ///
     /// # Errors
     /// `Denied`, `RateLimited` or `Unauthorized`.
-    pub fn identify(&self, class: RouteClass, peer: IpAddr, headers: &HeaderMap) -> Result<String, Rejection> {
+    pub fn identify(
+        &self,
+        class: RouteClass,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<String, Rejection> {
         let edge = self.edge.load();
         let ip = edge.client_ip(peer, headers);
         if edge.deny.denies_ip(ip) {
             return Err(Rejection::Denied);
         }
-        edge.limiters.check_ip(class, ip).map_err(Rejection::RateLimited)?;
-        let user = self.verifier.verify(headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes())).map_err(Rejection::Unauthorized)?;
+        edge.limiters
+            .check_ip(class, ip)
+            .map_err(Rejection::RateLimited)?;
+        let user = self
+            .verifier
+            .verify(
+                headers
+                    .get(http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            )
+            .map_err(Rejection::Unauthorized)?;
         if edge.deny.users.contains(&user) {
             return Err(Rejection::Denied);
         }
@@ -113,7 +144,11 @@ impl Admission {
     /// # Errors
     /// `RateLimited`.
     pub fn limit_user(&self, class: RouteClass, user: &str) -> Result<(), Rejection> {
-        self.edge.load().limiters.check_user_then_global(class, Some(user)).map_err(Rejection::RateLimited)
+        self.edge
+            .load()
+            .limiters
+            .check_user_then_global(class, Some(user))
+            .map_err(Rejection::RateLimited)
     }
 
     /// The client address the limits and deny lists see (the peer, or a
@@ -129,7 +164,11 @@ impl Admission {
     pub async fn cluster(&self, redis: &RedisClient, metrics: &Metrics) -> Result<(), Rejection> {
         let cluster = self.edge.load().cluster.clone();
         match cluster {
-            Some(limit) => limit.check(redis).await.map_err(|e| unavailable(metrics, &e))?.map_err(Rejection::RateLimited),
+            Some(limit) => limit
+                .check(redis)
+                .await
+                .map_err(|e| unavailable(metrics, &e))?
+                .map_err(Rejection::RateLimited),
             None => Ok(()),
         }
     }

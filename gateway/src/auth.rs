@@ -117,7 +117,9 @@ struct RememberedToken {
 
 impl Remembered {
     fn new(slots: usize) -> Self {
-        Self { slots: (0..slots.max(1)).map(|_| Mutex::new(None)).collect() }
+        Self {
+            slots: (0..slots.max(1)).map(|_| Mutex::new(None)).collect(),
+        }
     }
 
     fn slot(&self, digest: &TokenDigest) -> &Mutex<Option<RememberedToken>> {
@@ -130,12 +132,19 @@ impl Remembered {
     /// caller verifies in full rather than wait.
     fn get(&self, digest: &TokenDigest, now: u64) -> Option<(Arc<str>, u64)> {
         let slot = self.slot(digest).try_lock().ok()?;
-        slot.as_ref().filter(|t| t.digest == *digest && now < t.until).map(|t| (t.user.clone(), t.exp))
+        slot.as_ref()
+            .filter(|t| t.digest == *digest && now < t.until)
+            .map(|t| (t.user.clone(), t.exp))
     }
 
     fn remember(&self, digest: TokenDigest, user: Arc<str>, exp: u64, now: u64) {
         if let Ok(mut slot) = self.slot(&digest).try_lock() {
-            *slot = Some(RememberedToken { digest, user, exp, until: now.saturating_add(REMEMBERED_SECONDS) });
+            *slot = Some(RememberedToken {
+                digest,
+                user,
+                exp,
+                until: now.saturating_add(REMEMBERED_SECONDS),
+            });
         }
     }
 }
@@ -162,7 +171,11 @@ impl Verifier {
         validation.set_required_spec_claims(&required);
         validation.leeway = LEEWAY_SECONDS;
         validation.validate_nbf = true;
-        Self { key: DecodingKey::from_secret(secret), validation, verified: Remembered::new(REMEMBERED_SLOTS) }
+        Self {
+            key: DecodingKey::from_secret(secret),
+            validation,
+            verified: Remembered::new(REMEMBERED_SLOTS),
+        }
     }
 
     /// Returns the user id of a valid `Authorization: Bearer <jwt>` value.
@@ -172,7 +185,11 @@ impl Verifier {
     /// or one whose `sub` is not a valid user id.
     pub fn verify(&self, authorization: Option<&[u8]>) -> Result<String, AuthError> {
         let header = authorization.ok_or(AuthError::Missing)?;
-        let token = header.strip_prefix(b"Bearer ").and_then(|t| std::str::from_utf8(t).ok()).ok_or(AuthError::Missing)?.trim();
+        let token = header
+            .strip_prefix(b"Bearer ")
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .ok_or(AuthError::Missing)?
+            .trim();
         let now = now_seconds();
         let digest: TokenDigest = Sha256::digest(token.as_bytes()).into();
         if let Some((user, exp)) = self.verified.get(&digest, now) {
@@ -183,14 +200,21 @@ impl Verifier {
             }
             return Err(AuthError::Expired);
         }
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| match e.kind() {
-            jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
-            _ => AuthError::Invalid,
-        })?;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
+            |e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
+                _ => AuthError::Invalid,
+            },
+        )?;
         if !valid_user_id(&data.claims.sub) {
             return Err(AuthError::Invalid);
         }
-        self.verified.remember(digest, Arc::from(data.claims.sub.as_str()), data.claims.exp, now);
+        self.verified.remember(
+            digest,
+            Arc::from(data.claims.sub.as_str()),
+            data.claims.exp,
+            now,
+        );
         Ok(data.claims.sub)
     }
 }
@@ -203,7 +227,11 @@ fn now_seconds() -> u64 {
 /// User ids are 1 to 128 characters of `[A-Za-z0-9._@-]`: no `:` (the
 /// separator inside idempotency keys) and nothing that needs escaping.
 pub fn valid_user_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_USER_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
+    !id.is_empty()
+        && id.len() <= MAX_USER_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
 }
 
 /// Mints a token for `user` valid for `ttl_seconds`, with the configured
@@ -213,16 +241,36 @@ pub fn valid_user_id(id: &str) -> bool {
 /// # Errors
 /// When `user` is not a valid user id, or `ttl_seconds` is more than
 /// [`MAX_MINT_TTL_SECONDS`].
-pub fn mint(secret: &[u8], user: &str, ttl_seconds: u64, expected: &AuthConfig) -> anyhow::Result<String> {
-    anyhow::ensure!(valid_user_id(user), "user id must be 1 to 128 characters of A-Z a-z 0-9 . _ @ -");
-    anyhow::ensure!(ttl_seconds <= MAX_MINT_TTL_SECONDS, "ttl must be at most {} days", MAX_MINT_TTL_SECONDS / 86_400);
+pub fn mint(
+    secret: &[u8],
+    user: &str,
+    ttl_seconds: u64,
+    expected: &AuthConfig,
+) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        valid_user_id(user),
+        "user id must be 1 to 128 characters of A-Z a-z 0-9 . _ @ -"
+    );
+    anyhow::ensure!(
+        ttl_seconds <= MAX_MINT_TTL_SECONDS,
+        "ttl must be at most {} days",
+        MAX_MINT_TTL_SECONDS / 86_400
+    );
     let now = now_seconds();
     let claims = MintedClaims {
-        claims: Claims { sub: user.to_owned(), exp: now.saturating_add(ttl_seconds), iat: Some(now) },
+        claims: Claims {
+            sub: user.to_owned(),
+            exp: now.saturating_add(ttl_seconds),
+            iat: Some(now),
+        },
         aud: expected.audience.as_deref(),
         iss: expected.issuer.as_deref(),
     };
-    Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret))?)
+    Ok(jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )?)
 }
 
 #[cfg(test)]
@@ -236,7 +284,10 @@ mod tests {
     #[test]
     fn a_minted_token_verifies_to_its_user() {
         let t = mint(b"k", "alice", 60, &AuthConfig::default()).unwrap();
-        assert_eq!(Verifier::new(b"k").verify(Some(&bearer(&t))), Ok("alice".into()));
+        assert_eq!(
+            Verifier::new(b"k").verify(Some(&bearer(&t))),
+            Ok("alice".into())
+        );
     }
 
     #[test]
@@ -246,8 +297,13 @@ mod tests {
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
         assert_eq!(v.verify(None), Err(AuthError::Missing));
         assert_eq!(v.verify(Some(b"Basic abc")), Err(AuthError::Missing));
-        let old = Claims { sub: "alice".into(), exp: 1000, iat: None };
-        let t = jsonwebtoken::encode(&Header::default(), &old, &EncodingKey::from_secret(b"k")).unwrap();
+        let old = Claims {
+            sub: "alice".into(),
+            exp: 1000,
+            iat: None,
+        };
+        let t = jsonwebtoken::encode(&Header::default(), &old, &EncodingKey::from_secret(b"k"))
+            .unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
     }
 
@@ -259,7 +315,12 @@ mod tests {
         // Second time from the cache: same answer.
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
         let now = now_seconds();
-        v.verified.remember(Sha256::digest(t.as_bytes()).into(), Arc::from("alice"), 1000, now);
+        v.verified.remember(
+            Sha256::digest(t.as_bytes()).into(),
+            Arc::from("alice"),
+            1000,
+            now,
+        );
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Expired));
     }
 
@@ -269,27 +330,51 @@ mod tests {
         let t = mint(b"k", "alice", 60, &AuthConfig::default()).unwrap();
         // Remembered for someone else, but so long ago that it is forgotten:
         // the answer comes from the full check.
-        v.verified.remember(Sha256::digest(t.as_bytes()).into(), Arc::from("mallory"), u64::MAX, 0);
+        v.verified.remember(
+            Sha256::digest(t.as_bytes()).into(),
+            Arc::from("mallory"),
+            u64::MAX,
+            0,
+        );
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
     }
 
     #[test]
     fn tokens_sharing_a_slot_replace_each_other_and_each_still_answers_its_own_user() {
-        let v = Verifier { verified: Remembered::new(1), ..Verifier::new(b"k") };
-        let (a, b) = (mint(b"k", "alice", 60, &AuthConfig::default()).unwrap(), mint(b"k", "bob", 60, &AuthConfig::default()).unwrap());
+        let v = Verifier {
+            verified: Remembered::new(1),
+            ..Verifier::new(b"k")
+        };
+        let (a, b) = (
+            mint(b"k", "alice", 60, &AuthConfig::default()).unwrap(),
+            mint(b"k", "bob", 60, &AuthConfig::default()).unwrap(),
+        );
         for _ in 0..3 {
             assert_eq!(v.verify(Some(&bearer(&a))), Ok("alice".into()));
             assert_eq!(v.verify(Some(&bearer(&b))), Ok("bob".into()));
         }
         let now = now_seconds();
-        assert!(v.verified.get(&Sha256::digest(a.as_bytes()).into(), now).is_none(), "alice's token was pushed out by bob's");
-        assert_eq!(v.verified.get(&Sha256::digest(b.as_bytes()).into(), now).map(|(u, _)| u.to_string()), Some("bob".into()));
+        assert!(
+            v.verified
+                .get(&Sha256::digest(a.as_bytes()).into(), now)
+                .is_none(),
+            "alice's token was pushed out by bob's"
+        );
+        assert_eq!(
+            v.verified
+                .get(&Sha256::digest(b.as_bytes()).into(), now)
+                .map(|(u, _)| u.to_string()),
+            Some("bob".into())
+        );
     }
 
     #[test]
     fn remembered_tokens_each_answer_their_own_user() {
         let v = Verifier::new(b"k");
-        let (a, b) = (mint(b"k", "alice", 60, &AuthConfig::default()).unwrap(), mint(b"k", "bob", 60, &AuthConfig::default()).unwrap());
+        let (a, b) = (
+            mint(b"k", "alice", 60, &AuthConfig::default()).unwrap(),
+            mint(b"k", "bob", 60, &AuthConfig::default()).unwrap(),
+        );
         for _ in 0..2 {
             assert_eq!(v.verify(Some(&bearer(&a))), Ok("alice".into()));
             assert_eq!(v.verify(Some(&bearer(&b))), Ok("bob".into()));
@@ -306,24 +391,41 @@ mod tests {
     fn alg_none_and_tokens_without_exp_are_rejected() {
         let v = Verifier::new(b"k");
         // {"alg":"none","typ":"JWT"}.{"sub":"alice","exp":9999999999}.
-        let none = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6OTk5OTk5OTk5OX0.";
+        let none =
+            "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6OTk5OTk5OTk5OX0.";
         assert_eq!(v.verify(Some(&bearer(none))), Err(AuthError::Invalid));
         #[derive(Serialize)]
         struct NoExp {
             sub: &'static str,
         }
-        let t = jsonwebtoken::encode(&Header::default(), &NoExp { sub: "alice" }, &EncodingKey::from_secret(b"k")).unwrap();
+        let t = jsonwebtoken::encode(
+            &Header::default(),
+            &NoExp { sub: "alice" },
+            &EncodingKey::from_secret(b"k"),
+        )
+        .unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
     }
 
     fn token_with(aud: Option<&str>, iss: Option<&str>) -> String {
-        let claims = MintedClaims { claims: Claims { sub: "alice".into(), exp: 9_999_999_999, iat: None }, aud, iss };
+        let claims = MintedClaims {
+            claims: Claims {
+                sub: "alice".into(),
+                exp: 9_999_999_999,
+                iat: None,
+            },
+            aud,
+            iss,
+        };
         jsonwebtoken::encode(&Header::default(), &claims, &EncodingKey::from_secret(b"k")).unwrap()
     }
 
     #[test]
     fn with_audience_and_issuer_configured_a_token_must_carry_both() {
-        let expected = AuthConfig { audience: Some("flashgate".into()), issuer: Some("https://shop.example".into()) };
+        let expected = AuthConfig {
+            audience: Some("flashgate".into()),
+            issuer: Some("https://shop.example".into()),
+        };
         let v = Verifier::expecting(b"k", &expected);
         let good = token_with(Some("flashgate"), Some("https://shop.example"));
         assert_eq!(v.verify(Some(&bearer(&good))), Ok("alice".into()));
@@ -334,23 +436,42 @@ mod tests {
             token_with(Some("flashgate"), None),
             token_with(None, None),
         ] {
-            assert_eq!(v.verify(Some(&bearer(&bad))), Err(AuthError::Invalid), "{bad}");
+            assert_eq!(
+                v.verify(Some(&bearer(&bad))),
+                Err(AuthError::Invalid),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn a_minted_token_carries_the_configured_claims() {
-        let expected = AuthConfig { audience: Some("flashgate".into()), issuer: Some("shop".into()) };
+        let expected = AuthConfig {
+            audience: Some("flashgate".into()),
+            issuer: Some("shop".into()),
+        };
         let t = mint(b"k", "alice", 60, &expected).unwrap();
-        assert_eq!(Verifier::expecting(b"k", &expected).verify(Some(&bearer(&t))), Ok("alice".into()));
-        assert_eq!(Verifier::new(b"k").verify(Some(&bearer(&t))), Err(AuthError::Invalid), "an aud meant for someone else");
+        assert_eq!(
+            Verifier::expecting(b"k", &expected).verify(Some(&bearer(&t))),
+            Ok("alice".into())
+        );
+        assert_eq!(
+            Verifier::new(b"k").verify(Some(&bearer(&t))),
+            Err(AuthError::Invalid),
+            "an aud meant for someone else"
+        );
     }
 
     #[test]
     fn a_token_expiring_at_the_end_of_time_is_valid_and_does_not_overflow() {
         let v = Verifier::new(b"k");
-        let claims = Claims { sub: "alice".into(), exp: u64::MAX, iat: None };
-        let t = jsonwebtoken::encode(&Header::default(), &claims, &EncodingKey::from_secret(b"k")).unwrap();
+        let claims = Claims {
+            sub: "alice".into(),
+            exp: u64::MAX,
+            iat: None,
+        };
+        let t = jsonwebtoken::encode(&Header::default(), &claims, &EncodingKey::from_secret(b"k"))
+            .unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
         // Again from the remembered tokens, where `exp` plus the leeway is computed.
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
@@ -373,11 +494,21 @@ mod tests {
         }
         let v = Verifier::new(b"k");
         let now = now_seconds();
-        let early = WithNbf { sub: "alice", exp: now + 7200, nbf: now + 3600 };
-        let t = jsonwebtoken::encode(&Header::default(), &early, &EncodingKey::from_secret(b"k")).unwrap();
+        let early = WithNbf {
+            sub: "alice",
+            exp: now + 7200,
+            nbf: now + 3600,
+        };
+        let t = jsonwebtoken::encode(&Header::default(), &early, &EncodingKey::from_secret(b"k"))
+            .unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Err(AuthError::Invalid));
-        let ready = WithNbf { sub: "alice", exp: now + 7200, nbf: now - 60 };
-        let t = jsonwebtoken::encode(&Header::default(), &ready, &EncodingKey::from_secret(b"k")).unwrap();
+        let ready = WithNbf {
+            sub: "alice",
+            exp: now + 7200,
+            nbf: now - 60,
+        };
+        let t = jsonwebtoken::encode(&Header::default(), &ready, &EncodingKey::from_secret(b"k"))
+            .unwrap();
         assert_eq!(v.verify(Some(&bearer(&t))), Ok("alice".into()));
     }
 

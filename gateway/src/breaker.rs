@@ -78,13 +78,20 @@ impl<C: Clock> Breaker<C> {
             BreakerState::Open => return None,
             // One probe at a time.
             BreakerState::HalfOpen => {
-                if self.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                if self
+                    .probing
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
                     return None;
                 }
                 true
             }
         };
-        Some(Permit { breaker: self, probe })
+        Some(Permit {
+            breaker: self,
+            probe,
+        })
     }
 
     fn success(&self) {
@@ -201,7 +208,11 @@ mod tests {
         let clock = FakeRelativeClock::default();
         let b = Breaker::with_clock(2, Duration::from_secs(5), clock.clone());
         fail(&b);
-        assert_eq!(b.state(), BreakerState::Closed, "one failure is under the threshold");
+        assert_eq!(
+            b.state(),
+            BreakerState::Closed,
+            "one failure is under the threshold"
+        );
         fail(&b);
         assert_eq!(b.state(), BreakerState::Open);
         clock.advance(Duration::from_millis(4_999));

@@ -27,7 +27,10 @@ pub struct ClusterLimit {
 
 impl ClusterLimit {
     pub fn new(bucket: Bucket) -> Self {
-        Self { bucket, script: redis::Script::new(flashgate_common::scripts::GCRA) }
+        Self {
+            bucket,
+            script: redis::Script::new(flashgate_common::scripts::GCRA),
+        }
     }
 
     /// Takes one token from the shared bucket.
@@ -39,8 +42,12 @@ impl ClusterLimit {
         let tolerance_ms = interval_ms * f64::from(self.bucket.burst.get() - 1);
         let mut conn = redis.conn().await?;
         let mut invocation = self.script.prepare_invoke();
-        invocation.key(CLUSTER_LIMIT_KEY).arg(interval_ms).arg(tolerance_ms);
-        let (allowed, wait_ms): (i64, i64) = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+        invocation
+            .key(CLUSTER_LIMIT_KEY)
+            .arg(interval_ms)
+            .arg(tolerance_ms);
+        let (allowed, wait_ms): (i64, i64) =
+            redis.bounded(invocation.invoke_async(&mut conn)).await??;
         Ok(if allowed == 1 {
             Ok(())
         } else {

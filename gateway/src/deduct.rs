@@ -125,7 +125,11 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
         .key(keys.idempotency_misses(attempt.user_id))
         .key(&keys.synced);
     if with_draw_keys(redis, attempt.buckets) {
-        invocation.key(&keys.draw.state).key(&keys.draw.entries).key(&keys.draw.index).key(&keys.draw.outcomes);
+        invocation
+            .key(&keys.draw.state)
+            .key(&keys.draw.entries)
+            .key(&keys.draw.index)
+            .key(&keys.draw.outcomes);
     }
     push_args(&mut invocation, attempt);
     let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
@@ -143,25 +147,45 @@ pub async fn deduct(redis: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Dec
 /// # Errors
 /// [`RedisError`] when Redis fails, times out, or answers a reply of the
 /// wrong shape.
-pub async fn deduct_many(redis: &RedisClient, attempts: &[BuyAttempt<'_>]) -> Result<Vec<Result<Decision, RedisError>>, RedisError> {
-    let Some(first) = attempts.first() else { return Ok(Vec::new()) };
+pub async fn deduct_many(
+    redis: &RedisClient,
+    attempts: &[BuyAttempt<'_>],
+) -> Result<Vec<Result<Decision, RedisError>>, RedisError> {
+    let Some(first) = attempts.first() else {
+        return Ok(Vec::new());
+    };
     let keys = SaleKeys::home(first.sale_id, first.buckets, first.user_id);
     let mut conn = redis.conn().await?;
     let mut invocation = redis.deduct_batch.prepare_invoke();
-    invocation.key(&keys.meta).key(&keys.remaining).key(&keys.buyers).key(&keys.stream).key(&keys.reservations).key(&keys.synced);
+    invocation
+        .key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.buyers)
+        .key(&keys.stream)
+        .key(&keys.reservations)
+        .key(&keys.synced);
     if with_draw_keys(redis, first.buckets) {
-        invocation.key(&keys.draw.state).key(&keys.draw.entries).key(&keys.draw.index).key(&keys.draw.outcomes);
+        invocation
+            .key(&keys.draw.state)
+            .key(&keys.draw.entries)
+            .key(&keys.draw.index)
+            .key(&keys.draw.outcomes);
     }
     invocation.arg(attempts.len());
     for attempt in attempts {
-        invocation.key(attempt_key(&keys, attempt)).key(keys.idempotency_misses(attempt.user_id));
+        invocation
+            .key(attempt_key(&keys, attempt))
+            .key(keys.idempotency_misses(attempt.user_id));
         push_args(&mut invocation, attempt);
     }
     // Each attempt's reply parsed on its own: one malformed reply is that
     // attempt's error, and the others (wins among them) keep theirs.
     let replies: Vec<redis::Value> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
     if replies.len() != attempts.len() {
-        return Err(unexpected("deduct batch answered another number of attempts", format!("{} for {}", replies.len(), attempts.len())));
+        return Err(unexpected(
+            "deduct batch answered another number of attempts",
+            format!("{} for {}", replies.len(), attempts.len()),
+        ));
     }
     Ok(replies.into_iter().map(attempt_decision).collect())
 }
@@ -170,7 +194,8 @@ pub async fn deduct_many(redis: &RedisClient, attempts: &[BuyAttempt<'_>]) -> Re
 /// error (`{"error", message}`), or a reply of the wrong shape.
 fn attempt_decision(reply: redis::Value) -> Result<Decision, RedisError> {
     let shown = format!("{reply:?}");
-    let reply: Vec<String> = redis::from_redis_value(reply).map_err(|_| unexpected("unknown deduct reply", shown))?;
+    let reply: Vec<String> =
+        redis::from_redis_value(reply).map_err(|_| unexpected("unknown deduct reply", shown))?;
     match reply.as_slice() {
         [code, message] if code == "error" => Err(RedisError::Redis(redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
@@ -208,20 +233,33 @@ fn push_args(invocation: &mut redis::ScriptInvocation<'_>, attempt: &BuyAttempt<
         .arg(attempt.idempotency_ttl_seconds)
         .arg(attempt.sale_id)
         .arg(MISSES_REMEMBERED_PER_USER)
-        .arg(if attempt.idempotency_key.is_empty() { attempt.call_nonce } else { "" })
+        .arg(if attempt.idempotency_key.is_empty() {
+            attempt.call_nonce
+        } else {
+            ""
+        })
         .arg(attempt.draw_window_ms)
-        .arg(if attempt.buckets > 1 && !attempt.dry_is_final { "1" } else { "0" });
+        .arg(if attempt.buckets > 1 && !attempt.dry_is_final {
+            "1"
+        } else {
+            "0"
+        });
 }
 
 /// One attempt's reply, parsed.
 fn decision_of(reply: &[String]) -> Result<Decision, RedisError> {
     let parsed = match reply {
-        [code, entry, closes_in] if code == "entered" || code == "joined" => parse_entered(entry, closes_in, code == "joined"),
+        [code, entry, closes_in] if code == "entered" || code == "joined" => {
+            parse_entered(entry, closes_in, code == "joined")
+        }
         [code, detail] => parse_reply(code, detail.clone(), None, None),
         // A fresh sold out, with the stock epoch it was decided at.
-        [code, detail, epoch] if code == "sold_out" => {
-            epoch.parse().ok().and_then(|epoch| Some(Decision { epoch, ..parse_reply(code, detail.clone(), None, None)? }))
-        }
+        [code, detail, epoch] if code == "sold_out" => epoch.parse().ok().and_then(|epoch| {
+            Some(Decision {
+                epoch,
+                ..parse_reply(code, detail.clone(), None, None)?
+            })
+        }),
         // A remembered win, with the id of the Redis holding it.
         [code, detail, node] => parse_reply(code, detail.clone(), None, Some(node)),
         [code, detail, at, node] => parse_reply(code, detail.clone(), Some(at), Some(node)),
@@ -231,7 +269,11 @@ fn decision_of(reply: &[String]) -> Result<Decision, RedisError> {
 }
 
 fn unexpected(what: &'static str, detail: String) -> RedisError {
-    RedisError::Redis(redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, what, detail)))
+    RedisError::Redis(redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        what,
+        detail,
+    )))
 }
 
 /// The remembered outcome of `user`'s Idempotency-Key, without running the
@@ -254,9 +296,16 @@ pub async fn remembered(
     // the user's capped hash. One round trip for both, and the id of the
     // Redis that answers (a remembered win waits for replicas there).
     let mut invocation = REMEMBERED.prepare_invoke();
-    invocation.key(keys.idempotency(user_id, idempotency_key)).key(keys.idempotency_misses(user_id)).arg(idempotency_key);
-    let (first, node): (String, String) = redis.bounded(invocation.invoke_async(&mut conn)).await??;
-    Ok(parse_remembered(&first).map(|d| Decision { node: Some(node), ..d }))
+    invocation
+        .key(keys.idempotency(user_id, idempotency_key))
+        .key(keys.idempotency_misses(user_id))
+        .arg(idempotency_key);
+    let (first, node): (String, String) =
+        redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    Ok(parse_remembered(&first).map(|d| Decision {
+        node: Some(node),
+        ..d
+    }))
 }
 
 /// Reads a remembered outcome (`lua/remembered.lua`).
@@ -267,36 +316,72 @@ static REMEMBERED: std::sync::LazyLock<redis::Script> =
 fn parse_remembered(value: &str) -> Option<Decision> {
     let (code, detail) = value.split_once('|')?;
     let outcome = parse_outcome(code, detail.to_owned(), None, true)?;
-    Some(Decision { outcome, replayed: true, node: None, epoch: 0 })
+    Some(Decision {
+        outcome,
+        replayed: true,
+        node: None,
+        epoch: 0,
+    })
 }
 
 /// Parses an `entered` reply: the entry number and the ms until the draw
 /// closes.
 fn parse_entered(entry: &str, closes_in: &str, joined: bool) -> Option<Decision> {
-    let outcome = DeductOutcome::Entered { entry: entry.parse().ok()?, closes_in_ms: closes_in.parse().ok()? };
-    Some(Decision { outcome, replayed: joined, node: None, epoch: 0 })
+    let outcome = DeductOutcome::Entered {
+        entry: entry.parse().ok()?,
+        closes_in_ms: closes_in.parse().ok()?,
+    };
+    Some(Decision {
+        outcome,
+        replayed: joined,
+        node: None,
+        epoch: 0,
+    })
 }
 
 /// Parses the script's reply; `at` is the time that comes with a live win,
 /// `node` the replication id that comes with every win.
-fn parse_reply(code: &str, detail: String, at: Option<&str>, node: Option<&str>) -> Option<Decision> {
+fn parse_reply(
+    code: &str,
+    detail: String,
+    at: Option<&str>,
+    node: Option<&str>,
+) -> Option<Decision> {
     let (replayed, code) = match code.strip_prefix("replay:") {
         Some(rest) => (true, rest),
         None => (false, code),
     };
     let outcome = parse_outcome(code, detail, at, replayed)?;
-    Some(Decision { outcome, replayed, node: node.map(str::to_owned), epoch: 0 })
+    Some(Decision {
+        outcome,
+        replayed,
+        node: node.map(str::to_owned),
+        epoch: 0,
+    })
 }
 
-fn parse_outcome(code: &str, detail: String, at: Option<&str>, replayed: bool) -> Option<DeductOutcome> {
+fn parse_outcome(
+    code: &str,
+    detail: String,
+    at: Option<&str>,
+    replayed: bool,
+) -> Option<DeductOutcome> {
     Some(match code {
         // A live win always carries its time; a replay never needs it.
-        "won" if replayed => DeductOutcome::Won { reservation_id: detail, reserved_at_ms: None },
-        "won" => DeductOutcome::Won { reservation_id: detail, reserved_at_ms: Some(at?.parse().ok()?) },
+        "won" if replayed => DeductOutcome::Won {
+            reservation_id: detail,
+            reserved_at_ms: None,
+        },
+        "won" => DeductOutcome::Won {
+            reservation_id: detail,
+            reserved_at_ms: Some(at?.parse().ok()?),
+        },
         "sold_out" => DeductOutcome::SoldOut,
         "limit_reached" => DeductOutcome::LimitReached,
         "ended" => DeductOutcome::Ended,
-        "not_started" => DeductOutcome::NotStarted { starts_at_ms: detail.parse().ok()? },
+        "not_started" => DeductOutcome::NotStarted {
+            starts_at_ms: detail.parse().ok()?,
+        },
         "paused" => DeductOutcome::Paused,
         "not_found" => DeductOutcome::NotFound,
         "fenced" => DeductOutcome::Fenced,
@@ -313,34 +398,86 @@ mod tests {
     fn replies_parse_into_outcomes() {
         let d = parse_reply("replay:won", "s.1".into(), None, Some("ab")).unwrap();
         assert!(d.replayed);
-        assert_eq!(d.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: None });
+        assert_eq!(
+            d.outcome,
+            DeductOutcome::Won {
+                reservation_id: "s.1".into(),
+                reserved_at_ms: None
+            }
+        );
         let d = parse_reply("won", "s.1".into(), Some("1700"), Some("ab")).unwrap();
-        assert_eq!(d.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: Some(1700) });
-        assert!(parse_reply("won", "s.1".into(), None, None).is_none(), "a live win without its time is malformed");
+        assert_eq!(
+            d.outcome,
+            DeductOutcome::Won {
+                reservation_id: "s.1".into(),
+                reserved_at_ms: Some(1700)
+            }
+        );
+        assert!(
+            parse_reply("won", "s.1".into(), None, None).is_none(),
+            "a live win without its time is malformed"
+        );
         let d = parse_reply("not_started", "1700".into(), None, None).unwrap();
         assert_eq!(d.outcome, DeductOutcome::NotStarted { starts_at_ms: 1700 });
         assert!(parse_reply("bogus", String::new(), None, None).is_none());
         assert!(parse_reply("not_started", "x".into(), None, None).is_none());
-        assert_eq!(parse_reply("draw_pending", String::new(), None, None).unwrap().outcome, DeductOutcome::DrawPending);
-        assert!(parse_reply("replay:draw_pending", String::new(), None, None).is_none(), "never remembered");
+        assert_eq!(
+            parse_reply("draw_pending", String::new(), None, None)
+                .unwrap()
+                .outcome,
+            DeductOutcome::DrawPending
+        );
+        assert!(
+            parse_reply("replay:draw_pending", String::new(), None, None).is_none(),
+            "never remembered"
+        );
     }
 
     #[test]
     fn a_malformed_attempt_reply_is_only_that_attempts_error() {
-        let text = |parts: &[&str]| redis::Value::Array(parts.iter().map(|p| redis::Value::BulkString(p.as_bytes().to_vec())).collect());
+        let text = |parts: &[&str]| {
+            redis::Value::Array(
+                parts
+                    .iter()
+                    .map(|p| redis::Value::BulkString(p.as_bytes().to_vec()))
+                    .collect(),
+            )
+        };
         let win = attempt_decision(text(&["won", "s.1", "1700", "ab"])).unwrap();
-        assert_eq!(win.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: Some(1700) });
-        assert!(attempt_decision(redis::Value::Int(3)).is_err(), "not an array");
-        assert!(attempt_decision(redis::Value::Array(vec![redis::Value::Nil])).is_err(), "not text");
+        assert_eq!(
+            win.outcome,
+            DeductOutcome::Won {
+                reservation_id: "s.1".into(),
+                reserved_at_ms: Some(1700)
+            }
+        );
+        assert!(
+            attempt_decision(redis::Value::Int(3)).is_err(),
+            "not an array"
+        );
+        assert!(
+            attempt_decision(redis::Value::Array(vec![redis::Value::Nil])).is_err(),
+            "not text"
+        );
         assert!(attempt_decision(text(&["bogus", ""])).is_err());
-        let own = attempt_decision(text(&["error", "WRONGTYPE Operation against a key"])).unwrap_err();
+        let own =
+            attempt_decision(text(&["error", "WRONGTYPE Operation against a key"])).unwrap_err();
         assert!(own.to_string().contains("WRONGTYPE"), "{own}");
     }
 
     #[test]
     fn draw_entries_parse_with_their_closing_time() {
         let d = parse_entered("7", "120", false).unwrap();
-        assert_eq!((d.outcome, d.replayed), (DeductOutcome::Entered { entry: 7, closes_in_ms: 120 }, false));
+        assert_eq!(
+            (d.outcome, d.replayed),
+            (
+                DeductOutcome::Entered {
+                    entry: 7,
+                    closes_in_ms: 120
+                },
+                false
+            )
+        );
         assert!(parse_entered("7", "120", true).unwrap().replayed);
         assert!(parse_entered("x", "120", false).is_none());
         assert!(parse_entered("7", "-1", false).is_none());
@@ -349,7 +486,16 @@ mod tests {
     #[test]
     fn remembered_outcomes_parse_as_replays() {
         let d = parse_remembered("won|s.1").unwrap();
-        assert_eq!((d.outcome, d.replayed), (DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: None }, true));
+        assert_eq!(
+            (d.outcome, d.replayed),
+            (
+                DeductOutcome::Won {
+                    reservation_id: "s.1".into(),
+                    reserved_at_ms: None
+                },
+                true
+            )
+        );
         let d = parse_remembered("sold_out|").unwrap();
         assert!(d.replayed && !d.found_sold_out());
         assert!(parse_remembered("won").is_none());
@@ -358,14 +504,23 @@ mod tests {
     #[test]
     fn a_fresh_sold_out_carries_its_stock_epoch() {
         let d = decision_of(&["sold_out".into(), String::new(), "42".into()]).unwrap();
-        assert_eq!((d.outcome, d.epoch, d.replayed), (DeductOutcome::SoldOut, 42, false));
+        assert_eq!(
+            (d.outcome, d.epoch, d.replayed),
+            (DeductOutcome::SoldOut, 42, false)
+        );
         assert!(decision_of(&["sold_out".into(), String::new(), "x".into()]).is_err());
     }
 
     #[test]
     fn only_a_live_sold_out_answer_finds_the_sale_sold_out() {
-        assert!(parse_reply("sold_out", String::new(), None, None).unwrap().found_sold_out());
-        assert!(!parse_reply("replay:sold_out", String::new(), None, None).unwrap().found_sold_out());
-        assert!(!parse_reply("limit_reached", String::new(), None, None).unwrap().found_sold_out());
+        assert!(parse_reply("sold_out", String::new(), None, None)
+            .unwrap()
+            .found_sold_out());
+        assert!(!parse_reply("replay:sold_out", String::new(), None, None)
+            .unwrap()
+            .found_sold_out());
+        assert!(!parse_reply("limit_reached", String::new(), None, None)
+            .unwrap()
+            .found_sold_out());
     }
 }

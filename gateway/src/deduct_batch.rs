@@ -95,7 +95,9 @@ impl Queue {
     fn next_batch(&mut self, max_wait: Duration) -> Vec<Waiter> {
         let mut batch = Vec::with_capacity(self.waiting.len().min(MAX_BATCH));
         while batch.len() < MAX_BATCH {
-            let Some(waiter) = self.waiting.pop_front() else { break };
+            let Some(waiter) = self.waiting.pop_front() else {
+                break;
+            };
             if waiter.enqueued.elapsed() >= max_wait {
                 let _ = waiter.answer.send(Err(RedisError::Timeout(max_wait)));
             } else {
@@ -160,7 +162,11 @@ impl OwnedAttempt {
 impl DeductBatcher {
     /// A batcher sending on `redis`, recording each call's size in `sizes`.
     pub fn new(redis: Arc<RedisClient>, sizes: Histogram) -> Self {
-        Self { redis, sizes, lanes: Mutex::new(HashMap::new()) }
+        Self {
+            redis,
+            sizes,
+            lanes: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Decides `attempt`, in a call of its own when its sale has a call
@@ -172,8 +178,14 @@ impl DeductBatcher {
     /// [`RedisError::Timeout`] when it waited too long (in the queue, or
     /// twice the call timeout in all); [`RedisError::QueueFull`] when its
     /// sale already has [`MAX_QUEUED`] attempts waiting.
-    pub async fn deduct(self: &Arc<Self>, attempt: &BuyAttempt<'_>) -> Result<Decision, RedisError> {
-        let lane = Lane { home: home_id(attempt.sale_id, attempt.buckets, attempt.user_id), bucketed: attempt.buckets > 1 };
+    pub async fn deduct(
+        self: &Arc<Self>,
+        attempt: &BuyAttempt<'_>,
+    ) -> Result<Decision, RedisError> {
+        let lane = Lane {
+            home: home_id(attempt.sale_id, attempt.buckets, attempt.user_id),
+            bucketed: attempt.buckets > 1,
+        };
         let max_wait = self.max_wait();
         let (answer, decision) = oneshot::channel();
         let batch = {
@@ -182,7 +194,11 @@ impl DeductBatcher {
             if queue.waiting.len() >= MAX_QUEUED {
                 return Err(RedisError::QueueFull);
             }
-            queue.waiting.push_back(Waiter { attempt: OwnedAttempt::of(attempt), enqueued: Instant::now(), answer });
+            queue.waiting.push_back(Waiter {
+                attempt: OwnedAttempt::of(attempt),
+                enqueued: Instant::now(),
+                answer,
+            });
             (queue.in_flight < IN_FLIGHT_PER_SALE).then(|| {
                 queue.in_flight += 1;
                 queue.next_batch(max_wait)
@@ -192,7 +208,11 @@ impl DeductBatcher {
             // The slot is held from here: if the task never runs (the
             // runtime shutting down drops it unpolled), dropping it frees
             // the slot, as when the task ends early.
-            let slot = CallSlot { batcher: Arc::clone(self), lane, held: true };
+            let slot = CallSlot {
+                batcher: Arc::clone(self),
+                lane,
+                held: true,
+            };
             tokio::spawn(slot.run(batch));
         }
         // A backstop: the attempt waits at most `max_wait` in the queue and
@@ -200,7 +220,10 @@ impl DeductBatcher {
         // (see `CallSlot`) closes the channel.
         match tokio::time::timeout(2 * max_wait, decision).await {
             Ok(Ok(decision)) => decision,
-            Ok(Err(_)) => Err(RedisError::Redis(redis::RedisError::from((redis::ErrorKind::Client, "deduct batch abandoned")))),
+            Ok(Err(_)) => Err(RedisError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "deduct batch abandoned",
+            )))),
             // Dropping the receiver: should its call still decide it, the
             // decision is dropped as a gone buyer's (see `send`).
             Err(_) => Err(RedisError::Timeout(2 * max_wait)),
@@ -218,7 +241,10 @@ impl DeductBatcher {
     async fn send(&self, batch: Vec<Waiter>) {
         // A buyer gone before its attempt was sent never made it: skipped,
         // as a request future dropped before its call was.
-        let batch: Vec<Waiter> = batch.into_iter().filter(|w| !w.answer.is_closed()).collect();
+        let batch: Vec<Waiter> = batch
+            .into_iter()
+            .filter(|w| !w.answer.is_closed())
+            .collect();
         if batch.is_empty() {
             return;
         }
@@ -272,7 +298,9 @@ impl CallSlot {
         loop {
             self.batcher.send(batch).await;
             let mut lanes = self.batcher.lanes();
-            let Some(queue) = lanes.get_mut(&self.lane) else { break };
+            let Some(queue) = lanes.get_mut(&self.lane) else {
+                break;
+            };
             if queue.waiting.is_empty() {
                 queue.in_flight -= 1;
                 if queue.in_flight == 0 {

@@ -52,7 +52,9 @@ const MAX_BACKOFF: Duration = Duration::from_millis(200);
 
 /// Settle-time buckets, seconds: a draw of a few hundred entrants settles
 /// in milliseconds, of a hundred thousand in about a second.
-const SETTLE_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const SETTLE_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
 /// The draw's metrics (registered into the gateway's registry).
 pub struct DrawMetrics {
@@ -74,21 +76,38 @@ impl DrawMetrics {
     pub fn register(registry: &Registry) -> Self {
         let plain = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("valid counter");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
         let entrants = plain("draw_entrants_total", "Buys entered into an opening draw.");
         let winners = plain("draw_winners_total", "Draw entrants answered as winners.");
         let settle = Histogram::with_opts(
-            HistogramOpts::new("draw_settle_seconds", "From a draw window's close to an entrant's answer.")
-                .buckets(SETTLE_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "draw_settle_seconds",
+                "From a draw window's close to an entrant's answer.",
+            )
+            .buckets(SETTLE_BUCKETS.to_vec()),
         )
         .expect("valid histogram");
-        registry.register(Box::new(settle.clone())).expect("unique metric");
-        let runs =
-            IntCounterVec::new(Opts::new("draw_runs_total", "Draw script calls by what they found."), &["result"]).expect("valid counter");
-        registry.register(Box::new(runs.clone())).expect("unique metric");
-        Self { entrants, winners, settle, runs }
+        registry
+            .register(Box::new(settle.clone()))
+            .expect("unique metric");
+        let runs = IntCounterVec::new(
+            Opts::new("draw_runs_total", "Draw script calls by what they found."),
+            &["result"],
+        )
+        .expect("valid counter");
+        registry
+            .register(Box::new(runs.clone()))
+            .expect("unique metric");
+        Self {
+            entrants,
+            winners,
+            settle,
+            runs,
+        }
     }
 }
 
@@ -262,9 +281,17 @@ impl Draws {
     /// One `lua/draw_run.lua` call, one per sale at a time from this
     /// gateway; none once a call here found the draw decided (a minute ago
     /// at most: a sale's draw is decided once).
-    async fn run(&self, redis: &RedisClient, sale_id: &str, keys: &SaleKeys) -> Result<Run, NotSettled> {
+    async fn run(
+        &self,
+        redis: &RedisClient,
+        sale_id: &str,
+        keys: &SaleKeys,
+    ) -> Result<Run, NotSettled> {
         let lock = {
-            let mut running = self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut running = self
+                .running
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             running.entry(sale_id.to_owned()).or_default().clone()
         };
         let mut decided = lock.lock().await;
@@ -273,18 +300,35 @@ impl Draws {
         }
         let seed = format!("{:032x}", rand::random::<u128>());
         let mut conn = redis.conn().await?;
-        let invocation = draw_run_call(&self.script, keys, sale_id, &seed, CHUNK, self.idempotency_ttl_seconds);
-        let reply: Vec<String> = redis.bounded(invocation.invoke_async(&mut conn)).await?.map_err(RedisError::from)?;
+        let invocation = draw_run_call(
+            &self.script,
+            keys,
+            sale_id,
+            &seed,
+            CHUNK,
+            self.idempotency_ttl_seconds,
+        );
+        let reply: Vec<String> = redis
+            .bounded(invocation.invoke_async(&mut conn))
+            .await?
+            .map_err(RedisError::from)?;
         let run = match reply.as_slice() {
             [state, _] if state == "pending" => Run::Pending,
             [state, _] if state == "done" => Run::Done,
             [state, _] if state == "none" || state == "not_found" => Run::None,
             [state, _] if state == "paused" => Run::Paused,
             [state, _] if state == "fenced" => Run::Fenced,
-            [state, ms] if state == "open" => Run::Open { ms: ms.parse().map_err(|_| NotSettled::BadReply(reply.join("|")))? },
+            [state, ms] if state == "open" => Run::Open {
+                ms: ms
+                    .parse()
+                    .map_err(|_| NotSettled::BadReply(reply.join("|")))?,
+            },
             _ => return Err(NotSettled::BadReply(reply.join("|"))),
         };
-        self.metrics.runs.with_label_values(&[reply[0].as_str()]).inc();
+        self.metrics
+            .runs
+            .with_label_values(&[reply[0].as_str()])
+            .inc();
         if run == Run::Done {
             *decided = Some(Instant::now());
         }
@@ -292,11 +336,24 @@ impl Draws {
     }
 
     /// The decided outcome of `entry`, if any.
-    async fn read(&self, redis: &RedisClient, keys: &SaleKeys, entry: u64) -> Result<Option<Outcome>, NotSettled> {
+    async fn read(
+        &self,
+        redis: &RedisClient,
+        keys: &SaleKeys,
+        entry: u64,
+    ) -> Result<Option<Outcome>, NotSettled> {
         let mut conn = redis.conn().await?;
-        let value: Option<String> =
-            redis.bounded(redis::AsyncCommands::hget(&mut conn, &keys.draw.outcomes, entry)).await?.map_err(RedisError::from)?;
-        value.map(|v| serde_json::from_str(&v).map_err(|e| NotSettled::BadReply(e.to_string()))).transpose()
+        let value: Option<String> = redis
+            .bounded(redis::AsyncCommands::hget(
+                &mut conn,
+                &keys.draw.outcomes,
+                entry,
+            ))
+            .await?
+            .map_err(RedisError::from)?;
+        value
+            .map(|v| serde_json::from_str(&v).map_err(|e| NotSettled::BadReply(e.to_string())))
+            .transpose()
     }
 }
 
@@ -375,13 +432,21 @@ pub(crate) fn draw_run_call<'a>(
 /// deduct win.
 fn decision(o: Outcome, replayed: bool) -> Result<Decision, NotSettled> {
     let outcome = match o.outcome.as_str() {
-        "won" => DeductOutcome::Won { reservation_id: o.detail, reserved_at_ms: (!replayed).then_some(o.ts) },
+        "won" => DeductOutcome::Won {
+            reservation_id: o.detail,
+            reserved_at_ms: (!replayed).then_some(o.ts),
+        },
         "sold_out" => DeductOutcome::SoldOut,
         "limit_reached" => DeductOutcome::LimitReached,
         "ended" => DeductOutcome::Ended,
         other => return Err(NotSettled::BadReply(other.to_owned())),
     };
-    Ok(Decision { outcome, replayed, node: o.node, epoch: 0 })
+    Ok(Decision {
+        outcome,
+        replayed,
+        node: o.node,
+        epoch: 0,
+    })
 }
 
 #[cfg(test)]
@@ -389,25 +454,64 @@ mod tests {
     use super::*;
 
     fn outcome(o: &str, d: &str) -> Outcome {
-        Outcome { outcome: o.into(), detail: d.into(), ts: 1700, node: Some("ab".into()), user: "u".into(), rid: "s.1".into() }
+        Outcome {
+            outcome: o.into(),
+            detail: d.into(),
+            ts: 1700,
+            node: Some("ab".into()),
+            user: "u".into(),
+            rid: "s.1".into(),
+        }
     }
 
     #[test]
     fn another_entrants_outcome_is_not_taken() {
         let o = outcome("won", "s.1");
-        assert!(Entrant { user: "u", rid: Some("s.1") }.owns(&o));
-        assert!(Entrant { user: "u", rid: None }.owns(&o), "a re-send that joined knows only the user");
-        assert!(!Entrant { user: "u", rid: Some("s.2") }.owns(&o), "entry number reused after a failover");
-        assert!(!Entrant { user: "v", rid: None }.owns(&o));
+        assert!(Entrant {
+            user: "u",
+            rid: Some("s.1")
+        }
+        .owns(&o));
+        assert!(
+            Entrant {
+                user: "u",
+                rid: None
+            }
+            .owns(&o),
+            "a re-send that joined knows only the user"
+        );
+        assert!(
+            !Entrant {
+                user: "u",
+                rid: Some("s.2")
+            }
+            .owns(&o),
+            "entry number reused after a failover"
+        );
+        assert!(!Entrant {
+            user: "v",
+            rid: None
+        }
+        .owns(&o));
     }
 
     #[test]
     fn only_errors_that_may_pass_are_retried_while_held() {
-        let server = |kind, text: &'static str| NotSettled::Redis(RedisError::Redis(redis::RedisError::from((kind, text))));
-        let code =
-            |code: &str| NotSettled::Redis(RedisError::Redis(redis::make_extension_error(code.to_owned(), Some("try later".to_owned()))));
-        let io = NotSettled::Redis(RedisError::Redis(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into()));
-        assert!(is_transient(&NotSettled::Redis(RedisError::Timeout(Duration::from_millis(300)))));
+        let server = |kind, text: &'static str| {
+            NotSettled::Redis(RedisError::Redis(redis::RedisError::from((kind, text))))
+        };
+        let code = |code: &str| {
+            NotSettled::Redis(RedisError::Redis(redis::make_extension_error(
+                code.to_owned(),
+                Some("try later".to_owned()),
+            )))
+        };
+        let io = NotSettled::Redis(RedisError::Redis(
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset).into(),
+        ));
+        assert!(is_transient(&NotSettled::Redis(RedisError::Timeout(
+            Duration::from_millis(300)
+        ))));
         assert!(is_transient(&NotSettled::Redis(RedisError::CircuitOpen)));
         assert!(is_transient(&io));
         assert!(is_transient(&code("BUSY")), "a script still running");
@@ -418,11 +522,20 @@ mod tests {
             redis::ServerErrorKind::ReadOnly,
             redis::ServerErrorKind::ClusterDown,
         ] {
-            assert!(is_transient(&server(redis::ErrorKind::Server(kind), "later")), "{kind:?}");
+            assert!(
+                is_transient(&server(redis::ErrorKind::Server(kind), "later")),
+                "{kind:?}"
+            );
         }
-        assert!(!is_transient(&server(redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError), "WRONGTYPE")));
+        assert!(!is_transient(&server(
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "WRONGTYPE"
+        )));
         assert!(!is_transient(&code("WRONGTYPE")));
-        assert!(!is_transient(&server(redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError), "ERR user_script:1: bad")));
+        assert!(!is_transient(&server(
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "ERR user_script:1: bad"
+        )));
         assert!(!is_transient(&NotSettled::BadReply("x".into())));
         assert!(!is_transient(&NotSettled::TimedOut));
     }
@@ -430,11 +543,29 @@ mod tests {
     #[test]
     fn outcomes_become_decisions() {
         let won = decision(outcome("won", "s.1"), false).unwrap();
-        assert_eq!(won.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: Some(1700) });
+        assert_eq!(
+            won.outcome,
+            DeductOutcome::Won {
+                reservation_id: "s.1".into(),
+                reserved_at_ms: Some(1700)
+            }
+        );
         assert_eq!(won.node.as_deref(), Some("ab"));
         let replayed = decision(outcome("won", "s.1"), true).unwrap();
-        assert_eq!(replayed.outcome, DeductOutcome::Won { reservation_id: "s.1".into(), reserved_at_ms: None });
-        assert_eq!(decision(outcome("sold_out", ""), false).unwrap().outcome, DeductOutcome::SoldOut);
-        assert!(decision(outcome("paused", ""), false).is_err(), "never an outcome of the draw");
+        assert_eq!(
+            replayed.outcome,
+            DeductOutcome::Won {
+                reservation_id: "s.1".into(),
+                reserved_at_ms: None
+            }
+        );
+        assert_eq!(
+            decision(outcome("sold_out", ""), false).unwrap().outcome,
+            DeductOutcome::SoldOut
+        );
+        assert!(
+            decision(outcome("paused", ""), false).is_err(),
+            "never an outcome of the draw"
+        );
     }
 }

@@ -48,8 +48,12 @@ impl EventListener {
                 Some(SaleEvent::SoldOut { sale, epoch }) => {
                     self.sales.flag_sold_out(&sale, Some(epoch), None);
                 }
-                Some(SaleEvent::BucketSoldOut { sale, bucket }) => self.sales.mark_bucket_empty(&sale, bucket),
-                Some(SaleEvent::BucketStocked { sale, bucket }) => self.sales.bucket_stocked(&sale, bucket),
+                Some(SaleEvent::BucketSoldOut { sale, bucket }) => {
+                    self.sales.mark_bucket_empty(&sale, bucket)
+                }
+                Some(SaleEvent::BucketStocked { sale, bucket }) => {
+                    self.sales.bucket_stocked(&sale, bucket)
+                }
                 Some(SaleEvent::Changed(id)) => {
                     // Read before the next event is applied: a `sold_out`
                     // announced after this one but decided before the
@@ -93,7 +97,10 @@ impl BackgroundService for EventListener {
                 }
                 up = Some(true);
             }
-            let error = result.err().map(|e| e.to_string()).unwrap_or_else(|| "subscription ended".into());
+            let error = result
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "subscription ended".into());
             if up != Some(false) {
                 warn!(%error, "sale events subscription down; retrying until redis answers");
                 up = Some(false);
@@ -123,7 +130,11 @@ mod tests {
     /// A listener of its own Redis, running until `shutdown` says so.
     fn listening(redis: &RedisServer) -> (Arc<SaleCache>, tokio::sync::watch::Sender<bool>) {
         let sales = Arc::new(SaleCache::new(Duration::from_millis(250)));
-        let client = Arc::new(RedisClient::standalone(&redis.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1))));
+        let client = Arc::new(RedisClient::standalone(
+            &redis.url(),
+            Duration::from_millis(500),
+            Breaker::new(5, Duration::from_secs(1)),
+        ));
         let listener = EventListener {
             redis: RedisConfig::standalone(redis.url()),
             client,
@@ -137,7 +148,12 @@ mod tests {
     }
 
     async fn publish(redis: &RedisServer, message: &str) {
-        let () = redis::cmd("PUBLISH").arg(EVENTS_CHANNEL).arg(message).query_async(&mut redis.conn().await).await.unwrap();
+        let () = redis::cmd("PUBLISH")
+            .arg(EVENTS_CHANNEL)
+            .arg(message)
+            .query_async(&mut redis.conn().await)
+            .await
+            .unwrap();
     }
 
     /// Waits until `sale` is flagged sold out on `sales` (events are applied in order).
@@ -156,18 +172,33 @@ mod tests {
     async fn a_sold_out_announced_after_a_change_but_decided_before_it_flags_nothing() {
         let redis = RedisServer::private();
         let meta = SaleKeys::new("s").meta;
-        let () = redis::cmd("HSET").arg(&meta).arg("epoch").arg(5).query_async(&mut redis.conn().await).await.unwrap();
+        let () = redis::cmd("HSET")
+            .arg(&meta)
+            .arg("epoch")
+            .arg(5)
+            .query_async(&mut redis.conn().await)
+            .await
+            .unwrap();
         let (sales, _shutdown) = listening(&redis);
         until_flagged(&sales, "s", &redis, "sold_out:s:e5").await;
         // Items come back (the epoch moves on) and the backend announces it.
-        let () = redis::cmd("HINCRBY").arg(&meta).arg("epoch").arg(1).query_async(&mut redis.conn().await).await.unwrap();
+        let () = redis::cmd("HINCRBY")
+            .arg(&meta)
+            .arg("epoch")
+            .arg(1)
+            .query_async(&mut redis.conn().await)
+            .await
+            .unwrap();
         publish(&redis, "changed:s").await;
         // A gateway's sold out decided before the change, announced after
         // it, in either form; then a marker, applied after both.
         publish(&redis, "sold_out:s:e5").await;
         publish(&redis, "sold_out:s").await;
         until_flagged(&sales, "marker", &redis, "sold_out:marker:e1").await;
-        assert!(!sales.is_sold_out("s"), "a stale sold out flagged the sale while Redis holds stock");
+        assert!(
+            !sales.is_sold_out("s"),
+            "a stale sold out flagged the sale while Redis holds stock"
+        );
         // A sold out decided at the new epoch flags it.
         until_flagged(&sales, "s", &redis, "sold_out:s:e6").await;
     }
@@ -178,7 +209,13 @@ mod tests {
         let (sales, _shutdown) = listening(&redis);
         until_flagged(&sales, "s", &redis, "sold_out:s:e1").await;
         // The subscription drops: a `changed` sent meanwhile would be lost.
-        let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut redis.conn().await).await.unwrap();
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut redis.conn().await)
+            .await
+            .unwrap();
         for _ in 0..100 {
             if !sales.is_sold_out("s") {
                 return;

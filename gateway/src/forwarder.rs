@@ -56,7 +56,14 @@ pub struct ForwardWorker {
 /// A forwarder and the worker that drains it.
 pub fn forwarder(orders: Arc<OrderClient>, metrics: Arc<Metrics>) -> (Forwarder, ForwardWorker) {
     let (tx, rx) = mpsc::channel(QUEUE);
-    (Forwarder { tx }, ForwardWorker { rx: Mutex::new(rx), orders, metrics })
+    (
+        Forwarder { tx },
+        ForwardWorker {
+            rx: Mutex::new(rx),
+            orders,
+            metrics,
+        },
+    )
 }
 
 #[async_trait]
@@ -80,9 +87,22 @@ impl BackgroundService for ForwardWorker {
             match sent {
                 Ok(_) => forwarding.ready(),
                 Err(error) => {
-                    self.metrics.forward_failures.with_label_values(&[error.kind()]).inc_by(batch.len() as u64);
-                    let state = if matches!(error, BackendError::Http(_)) { DepState::Unreachable } else { DepState::Failing };
-                    forwarding.observe(state, format_args!("{error}; {} winners' orders will come from the stream", batch.len()));
+                    self.metrics
+                        .forward_failures
+                        .with_label_values(&[error.kind()])
+                        .inc_by(batch.len() as u64);
+                    let state = if matches!(error, BackendError::Http(_)) {
+                        DepState::Unreachable
+                    } else {
+                        DepState::Failing
+                    };
+                    forwarding.observe(
+                        state,
+                        format_args!(
+                            "{error}; {} winners' orders will come from the stream",
+                            batch.len()
+                        ),
+                    );
                 }
             }
             batch.clear();
@@ -96,7 +116,11 @@ impl BackgroundService for ForwardWorker {
 /// Adds to `batch` what arrives within [`LINGER`], up to [`MAX_BATCH`].
 /// True when the gateway is stopping or the queue closed: the batch is
 /// then sent as it is, and nothing after it.
-async fn linger(rx: &mut mpsc::Receiver<ForwardedWinner>, batch: &mut Vec<ForwardedWinner>, shutdown: &mut ShutdownWatch) -> bool {
+async fn linger(
+    rx: &mut mpsc::Receiver<ForwardedWinner>,
+    batch: &mut Vec<ForwardedWinner>,
+    shutdown: &mut ShutdownWatch,
+) -> bool {
     let until = tokio::time::Instant::now() + LINGER;
     while batch.len() < MAX_BATCH {
         let room = MAX_BATCH - batch.len();
@@ -124,11 +148,17 @@ mod tests {
             idempotency_key: String::new(),
             reserved_at_ms: 1,
         };
-        ForwardedWinner { reservation, request_id: String::new() }
+        ForwardedWinner {
+            reservation,
+            request_id: String::new(),
+        }
     }
 
     fn ids(batch: &[ForwardedWinner]) -> Vec<&str> {
-        batch.iter().map(|w| w.reservation.reservation_id.as_str()).collect()
+        batch
+            .iter()
+            .map(|w| w.reservation.reservation_id.as_str())
+            .collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -149,7 +179,11 @@ mod tests {
         assert_eq!(ids(&batch), ["s.0", "s.1"]);
         batch.clear();
         rx.recv_many(&mut batch, MAX_BATCH).await;
-        assert_eq!(ids(&batch), ["s.2"], "the next batch starts with the one that came too late");
+        assert_eq!(
+            ids(&batch),
+            ["s.2"],
+            "the next batch starts with the one that came too late"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -181,6 +215,9 @@ mod tests {
         let mut closed = Vec::new();
         rx.recv_many(&mut closed, 1).await;
         let (_stop, mut shutdown) = watch::channel(false);
-        assert!(linger(&mut rx, &mut closed, &mut shutdown).await, "a closed queue ends the worker");
+        assert!(
+            linger(&mut rx, &mut closed, &mut shutdown).await,
+            "a closed queue ends the worker"
+        );
     }
 }

@@ -73,13 +73,29 @@ impl Limited {
     /// `RateLimit-Policy` per draft-ietf-httpapi-ratelimit-headers: the
     /// quota `q` and the window `w` (seconds) in which a full bucket refills.
     pub fn policy_header(&self) -> String {
-        let window = self.bucket.burst.get().div_ceil(self.bucket.per_second.get()).max(1);
-        format!("\"{}-{}\";q={};w={}", self.class.as_str(), self.scope.as_str(), self.bucket.burst, window)
+        let window = self
+            .bucket
+            .burst
+            .get()
+            .div_ceil(self.bucket.per_second.get())
+            .max(1);
+        format!(
+            "\"{}-{}\";q={};w={}",
+            self.class.as_str(),
+            self.scope.as_str(),
+            self.bucket.burst,
+            window
+        )
     }
 
     /// `RateLimit`: nothing remaining, reset in `t` seconds.
     pub fn state_header(&self) -> String {
-        format!("\"{}-{}\";r=0;t={}", self.class.as_str(), self.scope.as_str(), self.retry_after_secs())
+        format!(
+            "\"{}-{}\";r=0;t={}",
+            self.class.as_str(),
+            self.scope.as_str(),
+            self.retry_after_secs()
+        )
     }
 }
 
@@ -110,13 +126,21 @@ struct Keyed<K: std::hash::Hash + Eq + Send + Sync + 'static, C: Clock> {
     cache: moka::sync::Cache<K, Arc<Bucket1<C>>, ahash::RandomState>,
 }
 
-impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static, C: Clock + Clone + Send + Sync + 'static> Keyed<K, C> {
+impl<
+        K: std::hash::Hash + Eq + Send + Sync + Clone + 'static,
+        C: Clock + Clone + Send + Sync + 'static,
+    > Keyed<K, C>
+{
     fn new(bucket: Bucket, cfg: &LimitsConfig) -> Self {
         let cache = moka::sync::Cache::builder()
             .max_capacity(cfg.max_tracked_keys)
             .time_to_idle(cfg.idle)
             .build_with_hasher(ahash::RandomState::new());
-        Self { bucket, quota: quota(bucket), cache }
+        Self {
+            bucket,
+            quota: quota(bucket),
+            cache,
+        }
     }
 
     fn check<Q>(&self, key: &Q, clock: &C) -> Result<(), Duration>
@@ -129,9 +153,13 @@ impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static, C: Clock + Clone +
             // Each bucket gets a clone of the one clock: building a fresh
             // clock per key would query the CPU (cpuid) every time, which
             // traps to the hypervisor on virtual machines.
-            None => self.cache.get_with(key.to_owned(), || Arc::new(RateLimiter::direct_with_clock(self.quota, clock.clone()))),
+            None => self.cache.get_with(key.to_owned(), || {
+                Arc::new(RateLimiter::direct_with_clock(self.quota, clock.clone()))
+            }),
         };
-        limiter.check().map_err(|not_until| not_until.wait_time_from(clock.now()))
+        limiter
+            .check()
+            .map_err(|not_until| not_until.wait_time_from(clock.now()))
     }
 }
 
@@ -149,12 +177,19 @@ impl<C: Clock + Clone + Send + Sync + 'static> ClassLimiter<C> {
             class,
             user: limits.user.map(|b| Keyed::new(b, cfg)),
             ip: limits.ip.map(|b| Keyed::new(b, cfg)),
-            global: limits.global.map(|b| (b, RateLimiter::direct_with_clock(quota(b), clock.clone()))),
+            global: limits
+                .global
+                .map(|b| (b, RateLimiter::direct_with_clock(quota(b), clock.clone()))),
         }
     }
 
     fn limited(&self, scope: Scope, bucket: Bucket, retry_after: Duration) -> Limited {
-        Limited { class: self.class, scope, bucket, retry_after }
+        Limited {
+            class: self.class,
+            scope,
+            bucket,
+            retry_after,
+        }
     }
 }
 
@@ -195,7 +230,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Limiters<C> {
     pub fn check_ip(&self, class: RouteClass, ip: IpAddr) -> Result<(), Limited> {
         let c = self.class(class);
         match &c.ip {
-            Some(k) => k.check(&ip_key(ip), &self.clock).map_err(|wait| c.limited(Scope::Ip, k.bucket, wait)),
+            Some(k) => k
+                .check(&ip_key(ip), &self.clock)
+                .map_err(|wait| c.limited(Scope::Ip, k.bucket, wait)),
             None => Ok(()),
         }
     }
@@ -205,13 +242,20 @@ impl<C: Clock + Clone + Send + Sync + 'static> Limiters<C> {
     ///
     /// # Errors
     /// [`Limited`] when a bucket is empty.
-    pub fn check_user_then_global(&self, class: RouteClass, user: Option<&str>) -> Result<(), Limited> {
+    pub fn check_user_then_global(
+        &self,
+        class: RouteClass,
+        user: Option<&str>,
+    ) -> Result<(), Limited> {
         let c = self.class(class);
         if let (Some(k), Some(user)) = (&c.user, user) {
-            k.check(user, &self.clock).map_err(|wait| c.limited(Scope::User, k.bucket, wait))?;
+            k.check(user, &self.clock)
+                .map_err(|wait| c.limited(Scope::User, k.bucket, wait))?;
         }
         if let Some((bucket, limiter)) = &c.global {
-            limiter.check().map_err(|nu| c.limited(Scope::Global, *bucket, nu.wait_time_from(self.clock.now())))?;
+            limiter.check().map_err(|nu| {
+                c.limited(Scope::Global, *bucket, nu.wait_time_from(self.clock.now()))
+            })?;
         }
         Ok(())
     }
@@ -263,33 +307,69 @@ mod tests {
 
     #[test]
     fn a_user_gets_exactly_the_burst_then_is_limited_with_a_wait() {
-        let l = Limiters::new(&cfg(RouteLimits { user: Bucket::new(1, 3), ..Default::default() }));
+        let l = Limiters::new(&cfg(RouteLimits {
+            user: Bucket::new(1, 3),
+            ..Default::default()
+        }));
         for _ in 0..3 {
             assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
         }
-        let err = l.check_user_then_global(RouteClass::Buy, Some("u")).unwrap_err();
+        let err = l
+            .check_user_then_global(RouteClass::Buy, Some("u"))
+            .unwrap_err();
         assert_eq!(err.scope, Scope::User);
         assert_eq!(err.retry_after_secs(), 1);
         assert_eq!(err.policy_header(), "\"buy-user\";q=3;w=3");
-        assert!(l.check_user_then_global(RouteClass::Buy, Some("other")).is_ok(), "buckets are per user");
-        assert!(l.check_user_then_global(RouteClass::Read, Some("u")).is_ok(), "classes are separate");
+        assert!(
+            l.check_user_then_global(RouteClass::Buy, Some("other"))
+                .is_ok(),
+            "buckets are per user"
+        );
+        assert!(
+            l.check_user_then_global(RouteClass::Read, Some("u"))
+                .is_ok(),
+            "classes are separate"
+        );
     }
 
     #[test]
     fn ipv6_clients_share_a_bucket_per_slash_64() {
-        let l = Limiters::new(&cfg(RouteLimits { ip: Bucket::new(1, 1), ..Default::default() }));
-        assert!(l.check_ip(RouteClass::Buy, "2001:db8::1".parse().unwrap()).is_ok());
-        assert_eq!(l.check_ip(RouteClass::Buy, "2001:db8::2".parse().unwrap()).unwrap_err().scope, Scope::Ip);
-        assert!(l.check_ip(RouteClass::Buy, "2001:db8:0:1::1".parse().unwrap()).is_ok());
+        let l = Limiters::new(&cfg(RouteLimits {
+            ip: Bucket::new(1, 1),
+            ..Default::default()
+        }));
+        assert!(l
+            .check_ip(RouteClass::Buy, "2001:db8::1".parse().unwrap())
+            .is_ok());
+        assert_eq!(
+            l.check_ip(RouteClass::Buy, "2001:db8::2".parse().unwrap())
+                .unwrap_err()
+                .scope,
+            Scope::Ip
+        );
+        assert!(l
+            .check_ip(RouteClass::Buy, "2001:db8:0:1::1".parse().unwrap())
+            .is_ok());
     }
 
     #[test]
     fn ipv4_mapped_clients_get_their_own_ipv4_bucket() {
-        let l = Limiters::new(&cfg(RouteLimits { ip: Bucket::new(1, 1), ..Default::default() }));
-        assert!(l.check_ip(RouteClass::Buy, "::ffff:192.0.2.1".parse().unwrap()).is_ok());
-        assert!(l.check_ip(RouteClass::Buy, "::ffff:192.0.2.2".parse().unwrap()).is_ok(), "not one /64 for all IPv4");
+        let l = Limiters::new(&cfg(RouteLimits {
+            ip: Bucket::new(1, 1),
+            ..Default::default()
+        }));
+        assert!(l
+            .check_ip(RouteClass::Buy, "::ffff:192.0.2.1".parse().unwrap())
+            .is_ok());
+        assert!(
+            l.check_ip(RouteClass::Buy, "::ffff:192.0.2.2".parse().unwrap())
+                .is_ok(),
+            "not one /64 for all IPv4"
+        );
         assert_eq!(
-            l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap()).unwrap_err().scope,
+            l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap())
+                .unwrap_err()
+                .scope,
             Scope::Ip,
             "same bucket as its IPv4 spelling"
         );
@@ -299,16 +379,25 @@ mod tests {
     fn the_longest_idle_time_the_config_accepts_builds_the_limiters() {
         // The cache refuses (panics on) idle times over 1000 years; the
         // config stops far below, at a day.
-        let mut c = cfg(RouteLimits { user: Bucket::new(1, 1), ip: Bucket::new(1, 1), ..Default::default() });
+        let mut c = cfg(RouteLimits {
+            user: Bucket::new(1, 1),
+            ip: Bucket::new(1, 1),
+            ..Default::default()
+        });
         c.idle = Duration::from_secs(flashgate_common::config::MAX_LIMITS_IDLE_SECONDS);
         let l = Limiters::new(&c);
-        assert!(l.check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap()).is_ok());
+        assert!(l
+            .check_ip(RouteClass::Buy, "192.0.2.1".parse().unwrap())
+            .is_ok());
         assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
     }
 
     #[test]
     fn tracked_keys_stay_under_the_cap() {
-        let mut c = cfg(RouteLimits { user: Bucket::new(1, 1), ..Default::default() });
+        let mut c = cfg(RouteLimits {
+            user: Bucket::new(1, 1),
+            ..Default::default()
+        });
         c.max_tracked_keys = 100;
         let l = Limiters::new(&c);
         for i in 0..5000 {
@@ -320,19 +409,48 @@ mod tests {
     #[test]
     fn an_empty_bucket_refills_as_its_clock_advances() {
         let clock = governor::clock::FakeRelativeClock::default();
-        let l = Limiters::with_clock(&cfg(RouteLimits { user: Bucket::new(2, 2), ..Default::default() }), clock.clone());
+        let l = Limiters::with_clock(
+            &cfg(RouteLimits {
+                user: Bucket::new(2, 2),
+                ..Default::default()
+            }),
+            clock.clone(),
+        );
         assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
         assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok());
-        let err = l.check_user_then_global(RouteClass::Buy, Some("u")).unwrap_err();
-        assert_eq!((err.scope, err.retry_after), (Scope::User, Duration::from_millis(500)));
+        let err = l
+            .check_user_then_global(RouteClass::Buy, Some("u"))
+            .unwrap_err();
+        assert_eq!(
+            (err.scope, err.retry_after),
+            (Scope::User, Duration::from_millis(500))
+        );
         clock.advance(Duration::from_millis(499));
-        assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_err(), "not yet refilled");
+        assert!(
+            l.check_user_then_global(RouteClass::Buy, Some("u"))
+                .is_err(),
+            "not yet refilled"
+        );
         clock.advance(Duration::from_millis(1));
-        assert!(l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok(), "one request's worth after 500 ms");
+        assert!(
+            l.check_user_then_global(RouteClass::Buy, Some("u")).is_ok(),
+            "one request's worth after 500 ms"
+        );
         // The global bucket, on the same clock.
-        let l = Limiters::with_clock(&cfg(RouteLimits { global: Bucket::new(10, 1), ..Default::default() }), clock.clone());
+        let l = Limiters::with_clock(
+            &cfg(RouteLimits {
+                global: Bucket::new(10, 1),
+                ..Default::default()
+            }),
+            clock.clone(),
+        );
         assert!(l.check_user_then_global(RouteClass::Buy, None).is_ok());
-        assert_eq!(l.check_user_then_global(RouteClass::Buy, None).unwrap_err().scope, Scope::Global);
+        assert_eq!(
+            l.check_user_then_global(RouteClass::Buy, None)
+                .unwrap_err()
+                .scope,
+            Scope::Global
+        );
         clock.advance(Duration::from_millis(100));
         assert!(l.check_user_then_global(RouteClass::Buy, None).is_ok());
     }

@@ -58,7 +58,9 @@ enum Command {
 
 fn parse_ttl(s: &str) -> Result<u64, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().map_err(|_| format!("`{s}` is not a duration like 90s, 30m, 1h"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 90s, 30m, 1h"))?;
     let mult = match unit {
         "" | "s" => 1,
         "m" => 60,
@@ -66,7 +68,9 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
         "d" => 86_400,
         _ => return Err(format!("`{s}`: unit must be s, m, h or d")),
     };
-    n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("`{s}` is out of range"))
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("`{s}` is out of range"))
 }
 
 /// `check`: the file is valid (it was loaded), the secrets the gateway
@@ -74,17 +78,28 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
 /// match their keys, `redis.ca_file` reads; with `connect`, Redis answers as its mode expects.
 fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Result<()> {
     if let Err(e) = config.required_challenge_secret() {
-        anyhow::bail!("challenge.mode = \"{}\" needs a signing secret: {e}", config.challenge.mode.as_str());
+        anyhow::bail!(
+            "challenge.mode = \"{}\" needs a signing secret: {e}",
+            config.challenge.mode.as_str()
+        );
     }
     if let Some(tls) = &config.gateway.tls {
         let certs = flashgate_gateway::tls::CertSet::load(tls)?;
-        println!("gateway.tls: ok (default certificate for {:?}; by SNI: {:?})", certs.default_names(), certs.sni_names());
+        println!(
+            "gateway.tls: ok (default certificate for {:?}; by SNI: {:?})",
+            certs.default_names(),
+            certs.sni_names()
+        );
     }
     if let Some(certificates) = flashgate_common::redis_conn::check_ca_file(&config.redis)? {
-        println!("redis.ca_file: ok ({certificates} CA certificates, trusted besides the system's)");
+        println!(
+            "redis.ca_file: ok ({certificates} CA certificates, trusted besides the system's)"
+        );
     }
     if connect {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let found = runtime.block_on(flashgate_common::redis_conn::probe(&config.redis))?;
         for line in found {
             println!("redis ({}): {line}", config.redis.target.mode());
@@ -96,9 +111,13 @@ fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Resu
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     if cli.log_json {
-        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
@@ -113,7 +132,10 @@ fn main() -> ExitCode {
         Command::Serve { upgrade } => flashgate_gateway::server::run(config, &cli.config, upgrade),
         Command::Check { connect } => check(&cli.config, &config, connect),
         Command::Token { user, ttl } => match &config.jwt_secret {
-            Some(secret) => flashgate_gateway::auth::mint(secret.as_bytes(), &user, ttl, &config.auth).map(|t| println!("{t}")),
+            Some(secret) => {
+                flashgate_gateway::auth::mint(secret.as_bytes(), &user, ttl, &config.auth)
+                    .map(|t| println!("{t}"))
+            }
             None => Err(anyhow::anyhow!("no JWT secret: set {ENV_JWT_SECRET}")),
         },
     };

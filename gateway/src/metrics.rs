@@ -13,21 +13,30 @@
 use std::sync::OnceLock;
 
 use flashgate_common::metrics::Registry;
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    TextEncoder,
+};
 
 use crate::route::RouteKind;
 
 /// Latency buckets from 100 µs to 5 s: edge answers are sub-millisecond,
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
-const LATENCY_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 
 /// Attempts per batched deduct call: 1 at low load, up to
 /// `deduct_batch::MAX_BATCH`.
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0];
-const _: () = assert!(BATCH_SIZE_BUCKETS[BATCH_SIZE_BUCKETS.len() - 1] as usize == crate::deduct_batch::MAX_BATCH);
+const _: () = assert!(
+    BATCH_SIZE_BUCKETS[BATCH_SIZE_BUCKETS.len() - 1] as usize == crate::deduct_batch::MAX_BATCH
+);
 
 /// Difficulty buckets, in bits: each bit doubles the work.
-const DIFFICULTY_BUCKETS: &[f64] = &[0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 28.0, 32.0];
+const DIFFICULTY_BUCKETS: &[f64] = &[
+    0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 28.0, 32.0,
+];
 
 pub struct Metrics {
     pub registry: Registry,
@@ -98,76 +107,151 @@ impl Metrics {
         let registry = Registry::with_prefix("flashgate").expect("valid prefix");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
         let histogram = |name: &str, help: &str| {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec())).expect("valid histogram");
-            registry.register(Box::new(h.clone())).expect("unique metric");
+            let h = Histogram::with_opts(
+                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+            )
+            .expect("valid histogram");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric");
             h
         };
-        let requests = counter("requests_total", "Requests by route and outcome.", &["route", "outcome"]);
-        let buy_outcomes = counter("buy_outcomes_total", "Buy attempts by outcome.", &["outcome"]);
-        let redis_errors = counter("redis_errors_total", "Failed Redis calls by kind.", &["kind"]);
-        let local_decisions = counter("local_decisions_total", "Buys answered from local sale state, without Redis.", &["decision"]);
-        let forward_failures = counter("backend_forward_failures_total", "Winner forwards that failed, by reason.", &["reason"]);
+        let requests = counter(
+            "requests_total",
+            "Requests by route and outcome.",
+            &["route", "outcome"],
+        );
+        let buy_outcomes = counter(
+            "buy_outcomes_total",
+            "Buy attempts by outcome.",
+            &["outcome"],
+        );
+        let redis_errors = counter(
+            "redis_errors_total",
+            "Failed Redis calls by kind.",
+            &["kind"],
+        );
+        let local_decisions = counter(
+            "local_decisions_total",
+            "Buys answered from local sale state, without Redis.",
+            &["decision"],
+        );
+        let forward_failures = counter(
+            "backend_forward_failures_total",
+            "Winner forwards that failed, by reason.",
+            &["reason"],
+        );
         let bucket_transfers = counter(
             "bucket_transfers_total",
             "Transfers of items between the buckets of bucketed sales, by the donor's answer.",
             &["result"],
         );
         let request_duration = HistogramVec::new(
-            HistogramOpts::new("request_duration_seconds", "Edge request latency by route.").buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new("request_duration_seconds", "Edge request latency by route.")
+                .buckets(LATENCY_BUCKETS.to_vec()),
             &["route"],
         )
         .expect("valid histogram");
-        registry.register(Box::new(request_duration.clone())).expect("unique metric");
-        let script_duration =
-            histogram("redis_script_duration_seconds", "Latency of one deduct as its buyer waits for it (its batch's call included).");
+        registry
+            .register(Box::new(request_duration.clone()))
+            .expect("unique metric");
+        let script_duration = histogram(
+            "redis_script_duration_seconds",
+            "Latency of one deduct as its buyer waits for it (its batch's call included).",
+        );
         let deduct_batch_size = Histogram::with_opts(
-            HistogramOpts::new("deduct_batch_size", "Buy attempts decided per deduct script call.").buckets(BATCH_SIZE_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "deduct_batch_size",
+                "Buy attempts decided per deduct script call.",
+            )
+            .buckets(BATCH_SIZE_BUCKETS.to_vec()),
         )
         .expect("valid histogram");
-        registry.register(Box::new(deduct_batch_size.clone())).expect("unique metric");
-        let forward_duration = histogram("backend_forward_duration_seconds", "Latency of one winner forward to the backend.");
-        let circuit_state =
-            IntGauge::new("redis_circuit_state", "Redis circuit breaker: 0 closed, 1 open, 2 half-open.").expect("valid gauge");
-        registry.register(Box::new(circuit_state.clone())).expect("unique metric");
+        registry
+            .register(Box::new(deduct_batch_size.clone()))
+            .expect("unique metric");
+        let forward_duration = histogram(
+            "backend_forward_duration_seconds",
+            "Latency of one winner forward to the backend.",
+        );
+        let circuit_state = IntGauge::new(
+            "redis_circuit_state",
+            "Redis circuit breaker: 0 closed, 1 open, 2 half-open.",
+        )
+        .expect("valid gauge");
+        registry
+            .register(Box::new(circuit_state.clone()))
+            .expect("unique metric");
         let plain_counter = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("valid counter");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
-        let fenced_buys =
-            plain_counter("fenced_buys_total", "Buys refused with 503 because their sale is fenced until the backend re-syncs it.");
-        let replica_waits = plain_counter("gateway_replica_waits_total", "Redis WAIT calls for replica acknowledgement of wins.");
+        let fenced_buys = plain_counter(
+            "fenced_buys_total",
+            "Buys refused with 503 because their sale is fenced until the backend re-syncs it.",
+        );
+        let replica_waits = plain_counter(
+            "gateway_replica_waits_total",
+            "Redis WAIT calls for replica acknowledgement of wins.",
+        );
         let replica_wait_timeouts = plain_counter(
             "gateway_replica_wait_timeouts_total",
             "Wins answered 503: fewer replicas than redis.wait_replicas acknowledged in time.",
         );
-        let challenges_issued = plain_counter("challenges_issued_total", "Proof-of-work challenges issued.");
-        let challenges_solved = plain_counter("challenges_solved_total", "Proof-of-work solutions accepted (each once).");
-        let challenges_rejected =
-            counter("challenges_rejected_total", "Buys refused for their proof-of-work solution, by reason.", &["reason"]);
+        let challenges_issued = plain_counter(
+            "challenges_issued_total",
+            "Proof-of-work challenges issued.",
+        );
+        let challenges_solved = plain_counter(
+            "challenges_solved_total",
+            "Proof-of-work solutions accepted (each once).",
+        );
+        let challenges_rejected = counter(
+            "challenges_rejected_total",
+            "Buys refused for their proof-of-work solution, by reason.",
+            &["reason"],
+        );
         let challenge_difficulty = Histogram::with_opts(
-            HistogramOpts::new("challenge_difficulty", "Difficulty of the challenges issued: leading zero bits asked of the hash.")
-                .buckets(DIFFICULTY_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "challenge_difficulty",
+                "Difficulty of the challenges issued: leading zero bits asked of the hash.",
+            )
+            .buckets(DIFFICULTY_BUCKETS.to_vec()),
         )
         .expect("valid histogram");
-        registry.register(Box::new(challenge_difficulty.clone())).expect("unique metric");
-        let tls_reloads = counter("tls_reloads_total", "Certificate reloads of the HTTPS listener, by result.", &["result"]);
+        registry
+            .register(Box::new(challenge_difficulty.clone()))
+            .expect("unique metric");
+        let tls_reloads = counter(
+            "tls_reloads_total",
+            "Certificate reloads of the HTTPS listener, by result.",
+            &["result"],
+        );
         let tls_certificate_expiry = IntGauge::new(
             "tls_certificate_expiry_timestamp_seconds",
             "When the first certificate the HTTPS listener uses expires, in Unix seconds.",
         )
         .expect("valid gauge");
-        registry.register(Box::new(tls_certificate_expiry.clone())).expect("unique metric");
+        registry
+            .register(Box::new(tls_certificate_expiry.clone()))
+            .expect("unique metric");
         let tls_reload_failing = IntGauge::new(
             "tls_reload_failing",
             "1 while the HTTPS listener's certificate files cannot be loaded and older ones are served, else 0.",
         )
         .expect("valid gauge");
-        registry.register(Box::new(tls_reload_failing.clone())).expect("unique metric");
+        registry
+            .register(Box::new(tls_reload_failing.clone()))
+            .expect("unique metric");
         let per_request = RequestMetrics::new(&requests, &request_duration, &buy_outcomes);
         Self {
             registry,
@@ -219,13 +303,19 @@ struct Kept<M> {
 
 impl<M> Kept<M> {
     fn new() -> Self {
-        Self { slots: std::array::from_fn(|_| OnceLock::new()) }
+        Self {
+            slots: std::array::from_fn(|_| OnceLock::new()),
+        }
     }
 
     /// The child for `label`, made with `make` when a slot is free; `None`
     /// when every slot holds another label.
     fn get(&self, label: &'static str, make: impl Fn() -> M) -> Option<&M> {
-        self.slots.iter().map(|slot| slot.get_or_init(|| (label, make()))).find(|(l, _)| *l == label).map(|(_, m)| m)
+        self.slots
+            .iter()
+            .map(|slot| slot.get_or_init(|| (label, make())))
+            .find(|(l, _)| *l == label)
+            .map(|(_, m)| m)
     }
 }
 
@@ -240,7 +330,11 @@ pub struct RequestMetrics {
 }
 
 impl RequestMetrics {
-    fn new(requests: &IntCounterVec, durations: &HistogramVec, buy_outcomes: &IntCounterVec) -> Self {
+    fn new(
+        requests: &IntCounterVec,
+        durations: &HistogramVec,
+        buy_outcomes: &IntCounterVec,
+    ) -> Self {
         Self {
             requests: requests.clone(),
             durations: durations.clone(),
@@ -257,19 +351,33 @@ impl RequestMetrics {
         // is counted without a kept child, never a panic on a request.
         match self.by_route.get(route.index()) {
             Some((duration, outcomes)) => {
-                duration.get_or_init(|| self.durations.with_label_values(&[route.as_str()])).observe(seconds);
-                match outcomes.get(outcome, || self.requests.with_label_values(&[route.as_str(), outcome])) {
+                duration
+                    .get_or_init(|| self.durations.with_label_values(&[route.as_str()]))
+                    .observe(seconds);
+                match outcomes.get(outcome, || {
+                    self.requests.with_label_values(&[route.as_str(), outcome])
+                }) {
                     Some(counter) => counter.inc(),
-                    None => self.requests.with_label_values(&[route.as_str(), outcome]).inc(),
+                    None => self
+                        .requests
+                        .with_label_values(&[route.as_str(), outcome])
+                        .inc(),
                 }
             }
             None => {
-                self.durations.with_label_values(&[route.as_str()]).observe(seconds);
-                self.requests.with_label_values(&[route.as_str(), outcome]).inc();
+                self.durations
+                    .with_label_values(&[route.as_str()])
+                    .observe(seconds);
+                self.requests
+                    .with_label_values(&[route.as_str(), outcome])
+                    .inc();
             }
         }
         if route == RouteKind::Buy {
-            match self.buys.get(outcome, || self.buy_outcomes.with_label_values(&[outcome])) {
+            match self
+                .buys
+                .get(outcome, || self.buy_outcomes.with_label_values(&[outcome]))
+            {
                 Some(counter) => counter.inc(),
                 None => self.buy_outcomes.with_label_values(&[outcome]).inc(),
             }
@@ -286,7 +394,10 @@ mod tests {
         let m = Metrics::register();
         m.buy_outcomes.with_label_values(&["won"]).inc();
         let text = m.render();
-        assert!(text.contains("flashgate_buy_outcomes_total{outcome=\"won\"} 1"), "{text}");
+        assert!(
+            text.contains("flashgate_buy_outcomes_total{outcome=\"won\"} 1"),
+            "{text}"
+        );
         // Two gateways in one process do not clash.
         let _second = Metrics::register();
     }
@@ -298,25 +409,61 @@ mod tests {
         m.per_request.record(RouteKind::Page, "ok", 0.001);
         m.per_request.record(RouteKind::Buy, "sold_out", 0.002);
         let text = m.render();
-        assert!(text.contains("flashgate_requests_total{outcome=\"ok\",route=\"page\"} 2"), "{text}");
-        assert!(text.contains("flashgate_requests_total{outcome=\"sold_out\",route=\"buy\"} 1"), "{text}");
-        assert!(text.contains("flashgate_buy_outcomes_total{outcome=\"sold_out\"} 1"), "{text}");
-        assert!(text.contains("flashgate_request_duration_seconds_count{route=\"page\"} 2"), "{text}");
-        assert!(!text.contains("route=\"asset\""), "no series for a route never asked: {text}");
-        assert!(!text.contains("flashgate_buy_outcomes_total{outcome=\"ok\"}"), "pages are not buys: {text}");
+        assert!(
+            text.contains("flashgate_requests_total{outcome=\"ok\",route=\"page\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flashgate_requests_total{outcome=\"sold_out\",route=\"buy\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flashgate_buy_outcomes_total{outcome=\"sold_out\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flashgate_request_duration_seconds_count{route=\"page\"} 2"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("route=\"asset\""),
+            "no series for a route never asked: {text}"
+        );
+        assert!(
+            !text.contains("flashgate_buy_outcomes_total{outcome=\"ok\"}"),
+            "pages are not buys: {text}"
+        );
     }
 
     #[test]
     fn outcomes_past_the_kept_ones_are_still_counted() {
         let m = Metrics::register();
-        let labels: Vec<&'static str> = (0..KEPT_OUTCOMES + 3).map(|i| &*Box::leak(format!("o{i}").into_boxed_str())).collect();
+        let labels: Vec<&'static str> = (0..KEPT_OUTCOMES + 3)
+            .map(|i| &*Box::leak(format!("o{i}").into_boxed_str()))
+            .collect();
         for label in &labels {
             m.per_request.record(RouteKind::Buy, label, 0.0);
         }
-        m.per_request.record(RouteKind::Buy, labels[KEPT_OUTCOMES + 2], 0.0);
+        m.per_request
+            .record(RouteKind::Buy, labels[KEPT_OUTCOMES + 2], 0.0);
         let text = m.render();
-        assert!(text.contains(&format!("flashgate_requests_total{{outcome=\"o{}\",route=\"buy\"}} 2", KEPT_OUTCOMES + 2)), "{text}");
-        assert!(text.contains("flashgate_requests_total{outcome=\"o0\",route=\"buy\"} 1"), "{text}");
-        assert!(text.contains(&format!("flashgate_buy_outcomes_total{{outcome=\"o{}\"}} 2", KEPT_OUTCOMES + 2)), "{text}");
+        assert!(
+            text.contains(&format!(
+                "flashgate_requests_total{{outcome=\"o{}\",route=\"buy\"}} 2",
+                KEPT_OUTCOMES + 2
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("flashgate_requests_total{outcome=\"o0\",route=\"buy\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "flashgate_buy_outcomes_total{{outcome=\"o{}\"}} 2",
+                KEPT_OUTCOMES + 2
+            )),
+            "{text}"
+        );
     }
 }

@@ -30,7 +30,10 @@ pub struct OrderLookups {
 
 impl OrderLookups {
     pub fn new(backend: Arc<OrderClient>) -> Self {
-        let orders = moka::future::Cache::builder().max_capacity(MAX_ORDERS).time_to_live(ORDER_TTL).build();
+        let orders = moka::future::Cache::builder()
+            .max_capacity(MAX_ORDERS)
+            .time_to_live(ORDER_TTL)
+            .build();
         Self { backend, orders }
     }
 

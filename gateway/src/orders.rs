@@ -45,16 +45,21 @@ impl OrderClient {
     /// When the HTTP client cannot be built (a token that is not a valid
     /// header value included).
     pub fn new(base_url: &str, timeout: Duration, token: &str) -> Result<Self, BackendError> {
-        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| BackendError::BadToken)?;
+        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| BackendError::BadToken)?;
         auth.set_sensitive(true);
-        let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, auth)]);
+        let headers =
+            reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, auth)]);
         let http = reqwest::Client::builder()
             .default_headers(headers)
             .timeout(timeout)
             .connect_timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
-        Ok(Self { http, base: base_url.to_owned() })
+        Ok(Self {
+            http,
+            base: base_url.to_owned(),
+        })
     }
 
     /// Hands a batch of winners over in one request; the backend writes
@@ -63,7 +68,12 @@ impl OrderClient {
     /// # Errors
     /// When the backend is unreachable, slow, or refuses.
     pub async fn create_orders(&self, winners: &[ForwardedWinner]) -> Result<u64, BackendError> {
-        let resp = self.http.post(format!("{}/internal/orders/batch", self.base)).json(winners).send().await?;
+        let resp = self
+            .http
+            .post(format!("{}/internal/orders/batch", self.base))
+            .json(winners)
+            .send()
+            .await?;
         if !resp.status().is_success() {
             return Err(BackendError::Status(resp.status().as_u16()));
         }
@@ -89,7 +99,11 @@ impl OrderClient {
     /// # Errors
     /// When the backend is unreachable, slow, or answers neither 200 nor 404.
     pub async fn sale_exists(&self, sale_id: &str) -> Result<bool, BackendError> {
-        let resp = self.http.get(format!("{}/internal/sales/{sale_id}", self.base)).send().await?;
+        let resp = self
+            .http
+            .get(format!("{}/internal/sales/{sale_id}", self.base))
+            .send()
+            .await?;
         match resp.status().as_u16() {
             200 => Ok(true),
             404 => Ok(false),
@@ -102,7 +116,14 @@ impl OrderClient {
     /// # Errors
     /// When the backend is unreachable or slow.
     pub async fn order(&self, reservation_id: &str) -> Result<Option<OrderView>, BackendError> {
-        let resp = self.http.get(format!("{}/internal/reservations/{reservation_id}", self.base)).send().await?;
+        let resp = self
+            .http
+            .get(format!(
+                "{}/internal/reservations/{reservation_id}",
+                self.base
+            ))
+            .send()
+            .await?;
         match resp.status().as_u16() {
             404 => Ok(None),
             s if (200..300).contains(&s) => Ok(Some(resp.json().await?)),

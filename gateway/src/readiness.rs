@@ -39,7 +39,10 @@ pub struct Readiness {
 
 impl Default for Readiness {
     fn default() -> Self {
-        Self { redis: Dependency::new("redis"), backend: Dependency::new("backend") }
+        Self {
+            redis: Dependency::new("redis"),
+            backend: Dependency::new("backend"),
+        }
     }
 }
 

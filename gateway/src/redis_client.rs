@@ -40,7 +40,14 @@ pub enum RedisError {
 /// Server error codes that say "not now" (a script running, a dump
 /// loading, a failover under way), never "not this": the same call may
 /// succeed a moment later.
-const TRANSIENT_CODES: &[&str] = &["BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN"];
+const TRANSIENT_CODES: &[&str] = &[
+    "BUSY",
+    "LOADING",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "READONLY",
+    "CLUSTERDOWN",
+];
 
 impl RedisError {
     /// Whether the same call may succeed if sent again shortly: a timeout,
@@ -91,7 +98,13 @@ impl RedisClient {
 
     /// A client of the standalone Redis at `url` (tests, tools).
     pub fn standalone(url: &str, timeout: Duration, breaker: Breaker) -> Self {
-        Self::new(RedisConfig { timeout, ..RedisConfig::standalone(url) }, breaker)
+        Self::new(
+            RedisConfig {
+                timeout,
+                ..RedisConfig::standalone(url)
+            },
+            breaker,
+        )
     }
 
     /// A handle on the shared connection, connecting (and loading the
@@ -139,7 +152,10 @@ impl RedisClient {
     /// # Errors
     /// [`RedisError::CircuitOpen`] without trying while the breaker is open,
     /// [`RedisError::Timeout`] when the call takes longer, or the call's error.
-    pub async fn bounded<T, E>(&self, fut: impl Future<Output = Result<T, E>>) -> Result<Result<T, E>, RedisError> {
+    pub async fn bounded<T, E>(
+        &self,
+        fut: impl Future<Output = Result<T, E>>,
+    ) -> Result<Result<T, E>, RedisError> {
         // Dropped unreported if this future is (the client went away
         // mid-call): a probe then leaves its turn to the next call.
         let Some(permit) = self.breaker.allow() else {
@@ -171,7 +187,8 @@ impl RedisClient {
     /// [`RedisError::CircuitOpen`], [`RedisError::Timeout`], or Redis's error.
     pub async fn publish(&self, event: &SaleEvent) -> Result<(), RedisError> {
         let mut conn = self.conn().await?;
-        self.bounded(flashgate_common::keys::publish(&mut conn, event)).await??;
+        self.bounded(flashgate_common::keys::publish(&mut conn, event))
+            .await??;
         Ok(())
     }
 
@@ -188,55 +205,108 @@ mod tests {
 
     async fn failing_call(redis: &RedisClient) {
         let _ = redis.conn().await.expect("connected, breaker not open");
-        let outcome = redis.bounded(async { Err::<(), _>(RedisError::QueueFull) }).await;
-        assert!(matches!(outcome, Ok(Err(RedisError::QueueFull))), "{outcome:?}");
+        let outcome = redis
+            .bounded(async { Err::<(), _>(RedisError::QueueFull) })
+            .await;
+        assert!(
+            matches!(outcome, Ok(Err(RedisError::QueueFull))),
+            "{outcome:?}"
+        );
     }
 
     #[tokio::test]
     async fn failed_calls_open_the_breaker_though_each_first_takes_the_connection() {
         let server = RedisServer::private();
-        let redis = RedisClient::standalone(&server.url(), Duration::from_millis(500), Breaker::new(3, Duration::from_secs(60)));
+        let redis = RedisClient::standalone(
+            &server.url(),
+            Duration::from_millis(500),
+            Breaker::new(3, Duration::from_secs(60)),
+        );
         redis.conn().await.expect("first connect");
         for _ in 0..3 {
             failing_call(&redis).await;
         }
         assert_eq!(redis.breaker.state(), BreakerState::Open);
-        assert!(matches!(redis.conn().await, Err(RedisError::CircuitOpen)), "an open breaker refuses the handle");
+        assert!(
+            matches!(redis.conn().await, Err(RedisError::CircuitOpen)),
+            "an open breaker refuses the handle"
+        );
     }
 
     #[tokio::test]
     async fn a_publish_goes_through_the_breaker_which_counts_its_failure_and_then_refuses_it() {
         let server = RedisServer::private();
-        let redis = RedisClient::standalone(&server.url(), Duration::from_millis(500), Breaker::new(1, Duration::from_secs(60)));
-        let event = SaleEvent::SoldOut { sale: "s".into(), epoch: 1 };
+        let redis = RedisClient::standalone(
+            &server.url(),
+            Duration::from_millis(500),
+            Breaker::new(1, Duration::from_secs(60)),
+        );
+        let event = SaleEvent::SoldOut {
+            sale: "s".into(),
+            epoch: 1,
+        };
         redis.publish(&event).await.expect("published");
         assert_eq!(server.command_calls("publish").await, 1);
         assert_eq!(redis.breaker.state(), BreakerState::Closed);
 
         // Redis refuses the next publish: one failure opens this breaker.
-        let () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("-publish").query_async(&mut server.conn().await).await.unwrap();
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("default")
+            .arg("-publish")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
         let refused = redis.publish(&event).await;
         assert!(matches!(refused, Err(RedisError::Redis(_))), "{refused:?}");
-        assert_eq!(redis.breaker.state(), BreakerState::Open, "the failed publish fed the breaker");
+        assert_eq!(
+            redis.breaker.state(),
+            BreakerState::Open,
+            "the failed publish fed the breaker"
+        );
 
         // While open, a publish is not even sent.
-        let () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("+publish").query_async(&mut server.conn().await).await.unwrap();
-        assert!(matches!(redis.publish(&event).await, Err(RedisError::CircuitOpen)));
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("default")
+            .arg("+publish")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        assert!(matches!(
+            redis.publish(&event).await,
+            Err(RedisError::CircuitOpen)
+        ));
         assert_eq!(server.command_calls("publish").await, 1);
     }
 
     #[tokio::test]
     async fn the_half_open_probe_is_the_first_real_call_not_the_handle() {
         let server = RedisServer::private();
-        let redis = RedisClient::standalone(&server.url(), Duration::from_millis(500), Breaker::new(1, Duration::ZERO));
+        let redis = RedisClient::standalone(
+            &server.url(),
+            Duration::from_millis(500),
+            Breaker::new(1, Duration::ZERO),
+        );
         redis.conn().await.expect("first connect");
         failing_call(&redis).await;
         assert_eq!(redis.breaker.state(), BreakerState::HalfOpen);
         // Taking the handle neither closes the breaker nor spends the probe.
-        let mut conn = redis.conn().await.expect("half-open lets the handle through");
+        let mut conn = redis
+            .conn()
+            .await
+            .expect("half-open lets the handle through");
         assert_eq!(redis.breaker.state(), BreakerState::HalfOpen);
-        let pong: String = redis.bounded(redis::cmd("PING").query_async(&mut conn)).await.expect("the probe").expect("PONG");
+        let pong: String = redis
+            .bounded(redis::cmd("PING").query_async(&mut conn))
+            .await
+            .expect("the probe")
+            .expect("PONG");
         assert_eq!(pong, "PONG");
-        assert_eq!(redis.breaker.state(), BreakerState::Closed, "the real call's success closed it");
+        assert_eq!(
+            redis.breaker.state(),
+            BreakerState::Closed,
+            "the real call's success closed it"
+        );
     }
 }

@@ -88,7 +88,9 @@ impl Rejection {
             Rejection::NotStarted(_) => "the sale has not started yet",
             Rejection::Paused => "the sale is paused, try again shortly",
             Rejection::Unavailable => "temporarily unavailable, try again shortly",
-            Rejection::NotReplicated => "not confirmed yet, retry shortly with the same Idempotency-Key",
+            Rejection::NotReplicated => {
+                "not confirmed yet, retry shortly with the same Idempotency-Key"
+            }
             Rejection::RateLimited(_) => "too many requests, slow down",
             Rejection::Denied => "access denied",
             Rejection::ChallengeRequired(_, why) => why.message(),

@@ -89,7 +89,9 @@ pub struct ConfigWatcher {
 
 impl ConfigWatcher {
     fn modified(&self) -> Option<SystemTime> {
-        std::fs::metadata(&self.path).and_then(|m| m.modified()).ok()
+        std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok()
     }
 
     /// Loads the file and swaps in its limits and deny lists.
@@ -104,9 +106,17 @@ impl ConfigWatcher {
         let current = self.edge.load();
         let limits_changed = current.limits != config.limits;
         // Keep the running buckets when only the deny lists changed.
-        let limiters = if limits_changed { Arc::new(Limiters::new(&config.limits)) } else { current.limiters.clone() };
-        self.edge.store(Arc::new(Edge::with_limiters(&config, limiters)));
-        info!(limits_changed, "config reloaded: limits and deny lists applied; other sections apply at restart");
+        let limiters = if limits_changed {
+            Arc::new(Limiters::new(&config.limits))
+        } else {
+            current.limiters.clone()
+        };
+        self.edge
+            .store(Arc::new(Edge::with_limiters(&config, limiters)));
+        info!(
+            limits_changed,
+            "config reloaded: limits and deny lists applied; other sections apply at restart"
+        );
     }
 }
 

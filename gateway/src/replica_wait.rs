@@ -85,8 +85,19 @@ pub struct ReplicaWait {
 
 impl ReplicaWait {
     /// Waits for `replicas` (at least 1) for up to `timeout` per `WAIT`.
-    pub fn new(redis: Arc<RedisClient>, metrics: Arc<Metrics>, replicas: u32, timeout: Duration) -> Self {
-        Self { redis, metrics, replicas, timeout, rounds: Mutex::new(HashMap::new()) }
+    pub fn new(
+        redis: Arc<RedisClient>,
+        metrics: Arc<Metrics>,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            redis,
+            metrics,
+            replicas,
+            timeout,
+            rounds: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Returns once `redis.wait_replicas` replicas hold the win in
@@ -97,7 +108,11 @@ impl ReplicaWait {
     /// [`NotConfirmed::TooFewReplicas`] when fewer acknowledged in time (or
     /// the master changed since the win), [`NotConfirmed::Redis`] when the
     /// round failed.
-    pub async fn confirm(self: &Arc<Self>, sale_id: &str, node: Option<&str>) -> Result<(), NotConfirmed> {
+    pub async fn confirm(
+        self: &Arc<Self>,
+        sale_id: &str,
+        node: Option<&str>,
+    ) -> Result<(), NotConfirmed> {
         let mut round = self.join(self.group_of(sale_id));
         // Bounded on its own too: a round's task that died (a panic, the
         // runtime stopping) must not hold a winner for ever.
@@ -107,7 +122,9 @@ impl ReplicaWait {
             Ok(Err(_)) | Err(_) => None,
         };
         match answer {
-            Some(Ok(ack)) if ack.replicas >= self.replicas && node == Some(ack.node.as_str()) => Ok(()),
+            Some(Ok(ack)) if ack.replicas >= self.replicas && node == Some(ack.node.as_str()) => {
+                Ok(())
+            }
             Some(Ok(_)) | None => {
                 self.metrics.replica_wait_timeouts.inc();
                 Err(NotConfirmed::TooFewReplicas)
@@ -128,7 +145,10 @@ impl ReplicaWait {
 
     /// Joins the next round of `group`, starting the group's task if none runs.
     fn join(self: &Arc<Self>, group: String) -> watch::Receiver<RoundResult> {
-        let mut rounds = self.rounds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut rounds = self
+            .rounds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let start = !rounds.contains_key(&group);
         let next = rounds.entry(group.clone()).or_default();
         let receiver = match next {
@@ -151,10 +171,17 @@ impl ReplicaWait {
     async fn drive(self: Arc<Self>, group: String) {
         // The mark, in the sale's slot on a cluster (which routes the round
         // to the master that holds the sale); one key otherwise.
-        let mark = if group.is_empty() { "fg:wait-mark".to_owned() } else { SaleKeys::new(&group).wait_mark };
+        let mark = if group.is_empty() {
+            "fg:wait-mark".to_owned()
+        } else {
+            SaleKeys::new(&group).wait_mark
+        };
         loop {
             let sender = {
-                let mut rounds = self.rounds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut rounds = self
+                    .rounds
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 match rounds.get_mut(&group).and_then(Option::take) {
                     Some(sender) => sender,
                     None => {
@@ -174,13 +201,24 @@ impl ReplicaWait {
         let mut conn = self.redis.conn().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("EVAL").arg(WAIT_MARK).arg(1).arg(mark);
-        pipe.cmd("WAIT").arg(self.replicas).arg(self.timeout.as_millis() as u64);
+        pipe.cmd("WAIT")
+            .arg(self.replicas)
+            .arg(self.timeout.as_millis() as u64);
         self.metrics.replica_waits.inc();
-        let replies = self.redis.bounded(conn.pipeline_on_master_of(mark, &pipe)).await??;
-        let [node, replicas] = <[redis::Value; 2]>::try_from(replies)
-            .map_err(|_| redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "a replica wait round answers two replies")))?;
-        let node = redis::from_redis_value::<String>(node.extract_error()?).map_err(redis::RedisError::from)?;
-        let replicas = redis::from_redis_value::<u32>(replicas.extract_error()?).map_err(redis::RedisError::from)?;
+        let replies = self
+            .redis
+            .bounded(conn.pipeline_on_master_of(mark, &pipe))
+            .await??;
+        let [node, replicas] = <[redis::Value; 2]>::try_from(replies).map_err(|_| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "a replica wait round answers two replies",
+            ))
+        })?;
+        let node = redis::from_redis_value::<String>(node.extract_error()?)
+            .map_err(redis::RedisError::from)?;
+        let replicas = redis::from_redis_value::<u32>(replicas.extract_error()?)
+            .map_err(redis::RedisError::from)?;
         Ok(Ack { replicas, node })
     }
 }
@@ -197,7 +235,11 @@ fn copy_of(error: &RedisError) -> RedisError {
         RedisError::Timeout(limit) => RedisError::Timeout(*limit),
         RedisError::CircuitOpen => RedisError::CircuitOpen,
         RedisError::QueueFull => RedisError::QueueFull,
-        RedisError::Redis(e) => RedisError::Redis(redis::RedisError::from((e.kind(), "replica WAIT failed", e.to_string()))),
+        RedisError::Redis(e) => RedisError::Redis(redis::RedisError::from((
+            e.kind(),
+            "replica WAIT failed",
+            e.to_string(),
+        ))),
     }
 }
 
@@ -216,14 +258,30 @@ mod tests {
             timeout: Duration::from_millis(500),
             ..flashgate_common::config::RedisConfig::standalone(redis.url())
         };
-        let client = Arc::new(RedisClient::new(config, Breaker::new(5, Duration::from_secs(1))));
-        Arc::new(ReplicaWait::new(client, Arc::new(Metrics::register()), replicas, wait_timeout))
+        let client = Arc::new(RedisClient::new(
+            config,
+            Breaker::new(5, Duration::from_secs(1)),
+        ));
+        Arc::new(ReplicaWait::new(
+            client,
+            Arc::new(Metrics::register()),
+            replicas,
+            wait_timeout,
+        ))
     }
 
     /// The replication id of the Redis behind `conn`.
     async fn replid(conn: &mut redis::aio::MultiplexedConnection) -> String {
-        let info: String = redis::cmd("INFO").arg("replication").query_async(conn).await.unwrap();
-        info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned()
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(conn)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))
+            .unwrap()
+            .trim()
+            .to_owned()
     }
 
     #[tokio::test]
@@ -235,15 +293,29 @@ mod tests {
         // A win written on another connection than the round's: the mark
         // before the WAIT covers it all the same.
         let mut other = redis.conn().await;
-        let _: () = redis::cmd("SET").arg("win").arg("v").query_async(&mut other).await.unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("win")
+            .arg("v")
+            .query_async(&mut other)
+            .await
+            .unwrap();
         let node = replid(&mut other).await;
         waits.confirm("s", Some(&node)).await.unwrap();
         // A win another master answered (the id before a failover), or one
         // without an id: not confirmed.
-        assert!(matches!(waits.confirm("s", Some("0123abcd")).await, Err(NotConfirmed::TooFewReplicas)));
-        assert!(matches!(waits.confirm("s", None).await, Err(NotConfirmed::TooFewReplicas)));
+        assert!(matches!(
+            waits.confirm("s", Some("0123abcd")).await,
+            Err(NotConfirmed::TooFewReplicas)
+        ));
+        assert!(matches!(
+            waits.confirm("s", None).await,
+            Err(NotConfirmed::TooFewReplicas)
+        ));
         assert_eq!(waits.metrics.replica_wait_timeouts.get(), 2);
-        assert_eq!(redis.command_calls("wait").await, waits.metrics.replica_waits.get());
+        assert_eq!(
+            redis.command_calls("wait").await,
+            waits.metrics.replica_waits.get()
+        );
     }
 
     #[tokio::test]
@@ -253,7 +325,13 @@ mod tests {
         let node = replid(&mut redis.conn().await).await;
         let err = waits.confirm("s", Some(&node)).await.unwrap_err();
         assert!(matches!(err, NotConfirmed::TooFewReplicas), "{err:?}");
-        assert_eq!((waits.metrics.replica_wait_timeouts.get(), waits.metrics.replica_waits.get()), (1, 1));
+        assert_eq!(
+            (
+                waits.metrics.replica_wait_timeouts.get(),
+                waits.metrics.replica_waits.get()
+            ),
+            (1, 1)
+        );
     }
 
     #[tokio::test]
@@ -266,13 +344,18 @@ mod tests {
             async move { waits.confirm("s", Some("ab")).await }
         });
         let answers = futures_util::future::join_all(all).await;
-        assert!(answers.iter().all(|a| matches!(a, Err(NotConfirmed::TooFewReplicas))));
+        assert!(answers
+            .iter()
+            .all(|a| matches!(a, Err(NotConfirmed::TooFewReplicas))));
         let sent = waits.metrics.replica_waits.get();
         println!("{winners} winners, {sent} WAIT calls");
         // The first round covers the first winner; every later one joins
         // the round after it at the latest.
         assert!(sent <= 2, "{sent} WAITs for {winners} winners");
         assert_eq!(redis.command_calls("wait").await, sent);
-        assert!(waits.rounds.lock().unwrap().is_empty(), "the group's task ended");
+        assert!(
+            waits.rounds.lock().unwrap().is_empty(),
+            "the group's task ended"
+        );
     }
 }

@@ -27,7 +27,12 @@ impl Reply {
     pub fn json(status: u16, value: &impl Serialize) -> Self {
         // Serializing plain structs of strings and numbers cannot fail.
         let body = serde_json::to_vec(value).unwrap_or_default();
-        Self { status, content_type: "application/json", headers: Vec::new(), body: body.into() }
+        Self {
+            status,
+            content_type: "application/json",
+            headers: Vec::new(),
+            body: body.into(),
+        }
     }
 
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
@@ -79,9 +84,10 @@ pub fn replayed_order(order: &flashgate_common::reservation::OrderView) -> Reply
                 "order_id": ids.1,
             }),
         ),
-        ReservationStatus::Confirmed | ReservationStatus::Queued => {
-            Reply::json(201, &serde_json::json!({"status": ReservationStatus::Confirmed, "reservation_id": ids.0, "order_id": ids.1}))
-        }
+        ReservationStatus::Confirmed | ReservationStatus::Queued => Reply::json(
+            201,
+            &serde_json::json!({"status": ReservationStatus::Confirmed, "reservation_id": ids.0, "order_id": ids.1}),
+        ),
     }
 }
 
@@ -93,7 +99,10 @@ impl From<BuyOutcome> for Reply {
     fn from(outcome: BuyOutcome) -> Self {
         match outcome {
             BuyOutcome::Won { reservation_id } => queued(&reservation_id),
-            BuyOutcome::Replayed { reservation_id, order } => {
+            BuyOutcome::Replayed {
+                reservation_id,
+                order,
+            } => {
                 let reply = match order {
                     Some(order) => replayed_order(&order),
                     None => queued(&reservation_id),
@@ -106,7 +115,10 @@ impl From<BuyOutcome> for Reply {
 }
 
 fn queued(reservation_id: &str) -> Reply {
-    Reply::json(202, &serde_json::json!({"status": "queued", "reservation_id": reservation_id}))
+    Reply::json(
+        202,
+        &serde_json::json!({"status": "queued", "reservation_id": reservation_id}),
+    )
 }
 
 /// A challenge as JSON: the 428's extra fields, and the whole answer of
@@ -115,7 +127,10 @@ pub fn challenge_fields(issued: &Issued) -> serde_json::Map<String, serde_json::
     let mut fields = serde_json::Map::new();
     fields.insert("challenge".into(), issued.challenge.clone().into());
     fields.insert("difficulty_bits".into(), issued.difficulty_bits.into());
-    fields.insert("expires_at".into(), flashgate_common::rfc3339(issued.expires_at_ms).into());
+    fields.insert(
+        "expires_at".into(),
+        flashgate_common::rfc3339(issued.expires_at_ms).into(),
+    );
     fields
 }
 
@@ -127,7 +142,13 @@ impl From<Rejection> for Reply {
             body.insert("message".into(), r.message().into());
             return Reply::json(r.status(), &body).header("Cache-Control", "no-store");
         }
-        let reply = Reply::json(r.status(), &ErrorBody { code: r.code(), message: r.message() });
+        let reply = Reply::json(
+            r.status(),
+            &ErrorBody {
+                code: r.code(),
+                message: r.message(),
+            },
+        );
         match r {
             Rejection::RateLimited(l) => reply
                 .header("Retry-After", l.retry_after_secs().to_string())
@@ -138,8 +159,12 @@ impl From<Rejection> for Reply {
             Rejection::Paused => reply.header("Retry-After", "5"),
             Rejection::MethodNotAllowed(allow) => reply.header("Allow", allow),
             // RFC 6750 §3: an error code only when a token was sent.
-            Rejection::Unauthorized(AuthError::Missing) => reply.header("WWW-Authenticate", BEARER_CHALLENGE),
-            Rejection::Unauthorized(AuthError::Expired | AuthError::Invalid) => reply.header("WWW-Authenticate", BEARER_INVALID_TOKEN),
+            Rejection::Unauthorized(AuthError::Missing) => {
+                reply.header("WWW-Authenticate", BEARER_CHALLENGE)
+            }
+            Rejection::Unauthorized(AuthError::Expired | AuthError::Invalid) => {
+                reply.header("WWW-Authenticate", BEARER_INVALID_TOKEN)
+            }
             _ => reply,
         }
     }
@@ -170,25 +195,53 @@ mod tests {
         };
         let r = replayed_order(&order);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        assert_eq!((r.status, v["code"].as_str(), v["status"].as_str()), (410, Some("order_cancelled"), Some("cancelled")));
-        assert_eq!((v["order_id"].as_str(), v["message"].is_string()), (Some("o-1"), true));
+        assert_eq!(
+            (r.status, v["code"].as_str(), v["status"].as_str()),
+            (410, Some("order_cancelled"), Some("cancelled"))
+        );
+        assert_eq!(
+            (v["order_id"].as_str(), v["message"].is_string()),
+            (Some("o-1"), true)
+        );
         order.status = ReservationStatus::Confirmed;
         let r = replayed_order(&order);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        assert_eq!((r.status, v["status"].as_str(), v["order_id"].as_str()), (201, Some("confirmed"), Some("o-1")));
+        assert_eq!(
+            (r.status, v["status"].as_str(), v["order_id"].as_str()),
+            (201, Some("confirmed"), Some("o-1"))
+        );
     }
 
     #[test]
     fn a_required_challenge_is_428_with_exactly_the_challenge_fields() {
         use crate::challenge::token::Refusal;
-        let issued = Issued { challenge: "c".repeat(72), difficulty_bits: 14, expires_at_ms: 1_800_000_000_000 };
-        let r = Reply::from(Rejection::ChallengeRequired(Box::new(issued), Refusal::Replayed));
+        let issued = Issued {
+            challenge: "c".repeat(72),
+            difficulty_bits: 14,
+            expires_at_ms: 1_800_000_000_000,
+        };
+        let r = Reply::from(Rejection::ChallengeRequired(
+            Box::new(issued),
+            Refusal::Replayed,
+        ));
         assert_eq!(r.status, 428);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["challenge", "code", "difficulty_bits", "expires_at", "message"]);
-        assert_eq!((v["code"].as_str(), v["difficulty_bits"].as_u64()), (Some("challenge_required"), Some(14)));
+        assert_eq!(
+            keys,
+            [
+                "challenge",
+                "code",
+                "difficulty_bits",
+                "expires_at",
+                "message"
+            ]
+        );
+        assert_eq!(
+            (v["code"].as_str(), v["difficulty_bits"].as_u64()),
+            (Some("challenge_required"), Some(14))
+        );
         assert_eq!(v["expires_at"], "2027-01-15T08:00:00.000Z");
         assert!(v["message"].as_str().unwrap().contains("already used"));
     }
@@ -202,7 +255,11 @@ mod tests {
         assert!(r.headers.iter().any(|(n, _)| *n == "Retry-After"));
         let r = Reply::from(Rejection::NotReplicated);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        assert_eq!((r.status, v["code"].as_str()), (503, Some("unavailable")), "a win not on enough replicas answers like any 503");
+        assert_eq!(
+            (r.status, v["code"].as_str()),
+            (503, Some("unavailable")),
+            "a win not on enough replicas answers like any 503"
+        );
         assert!(r.headers.contains(&("Retry-After", "1".to_string())));
     }
 }

@@ -40,7 +40,11 @@ pub async fn lookup(
     let keys = SaleKeys::home(sale, buckets, user);
     let mut conn = redis.conn().await.map_err(|e| unavailable(metrics, &e))?;
     let owner: Option<String> = redis
-        .bounded(redis::AsyncCommands::hget(&mut conn, &keys.reservations, rid))
+        .bounded(redis::AsyncCommands::hget(
+            &mut conn,
+            &keys.reservations,
+            rid,
+        ))
         .await
         .and_then(|r| r.map_err(RedisError::from))
         .map_err(|e| unavailable(metrics, &e))?;
@@ -48,7 +52,15 @@ pub async fn lookup(
         return Err(Rejection::NotFound("no such reservation"));
     }
     Ok(match orders.order(rid).await {
-        Some(order) => ReservationView { order_id: Some(order.order_id), reservation_id: rid.to_owned(), status: order.status },
-        None => ReservationView { order_id: None, reservation_id: rid.to_owned(), status: ReservationStatus::Queued },
+        Some(order) => ReservationView {
+            order_id: Some(order.order_id),
+            reservation_id: rid.to_owned(),
+            status: order.status,
+        },
+        None => ReservationView {
+            order_id: None,
+            reservation_id: rid.to_owned(),
+            status: ReservationStatus::Queued,
+        },
     })
 }

@@ -141,21 +141,48 @@ mod tests {
     #[test]
     fn sale_api_paths_route_by_method() {
         assert_eq!(classify(&Method::GET, "/api/sales"), Ok(Route::ListSales));
-        assert_eq!(classify(&Method::GET, "/api/sales/s1"), Ok(Route::SaleState("s1")));
-        assert_eq!(classify(&Method::POST, "/api/sales/s1/buy"), Ok(Route::Buy("s1")));
-        assert_eq!(classify(&Method::GET, "/api/sales/s1/buy"), Err(RouteError::MethodNotAllowed("POST")));
-        assert_eq!(classify(&Method::GET, "/api/sales/s1/challenge"), Ok(Route::Challenge("s1")));
-        assert_eq!(classify(&Method::POST, "/api/sales/s1/challenge"), Err(RouteError::MethodNotAllowed("GET, HEAD")));
-        assert_eq!(classify(&Method::DELETE, "/api/sales/s1"), Err(RouteError::MethodNotAllowed("GET, HEAD")));
-        assert_eq!(classify(&Method::GET, "/api/sales/s1/nope"), Err(RouteError::NotFound));
+        assert_eq!(
+            classify(&Method::GET, "/api/sales/s1"),
+            Ok(Route::SaleState("s1"))
+        );
+        assert_eq!(
+            classify(&Method::POST, "/api/sales/s1/buy"),
+            Ok(Route::Buy("s1"))
+        );
+        assert_eq!(
+            classify(&Method::GET, "/api/sales/s1/buy"),
+            Err(RouteError::MethodNotAllowed("POST"))
+        );
+        assert_eq!(
+            classify(&Method::GET, "/api/sales/s1/challenge"),
+            Ok(Route::Challenge("s1"))
+        );
+        assert_eq!(
+            classify(&Method::POST, "/api/sales/s1/challenge"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD"))
+        );
+        assert_eq!(
+            classify(&Method::DELETE, "/api/sales/s1"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD"))
+        );
+        assert_eq!(
+            classify(&Method::GET, "/api/sales/s1/nope"),
+            Err(RouteError::NotFound)
+        );
     }
 
     #[test]
     fn absurd_ids_are_bad_requests() {
         let long = format!("/api/sales/{}/buy", "x".repeat(300));
         assert_eq!(classify(&Method::POST, &long), Err(RouteError::BadId));
-        assert_eq!(classify(&Method::POST, "/api/sales/a%20b/buy"), Err(RouteError::BadId));
-        assert_eq!(classify(&Method::GET, "/api/reservations/garbage"), Err(RouteError::BadId));
+        assert_eq!(
+            classify(&Method::POST, "/api/sales/a%20b/buy"),
+            Err(RouteError::BadId)
+        );
+        assert_eq!(
+            classify(&Method::GET, "/api/reservations/garbage"),
+            Err(RouteError::BadId)
+        );
     }
 
     #[test]

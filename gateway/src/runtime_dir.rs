@@ -20,7 +20,10 @@ pub struct RuntimePaths {
 
 impl RuntimePaths {
     pub fn new(dir: &Path, port: u16) -> Self {
-        Self { pid_file: dir.join(format!("flashgate-{port}.pid")), upgrade_sock: dir.join(format!("flashgate-{port}-upgrade.sock")) }
+        Self {
+            pid_file: dir.join(format!("flashgate-{port}.pid")),
+            upgrade_sock: dir.join(format!("flashgate-{port}-upgrade.sock")),
+        }
     }
 }
 
@@ -28,7 +31,10 @@ impl RuntimePaths {
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeDirError {
     #[error("gateway.runtime_dir: cannot create {dir}: {source}")]
-    Create { dir: PathBuf, source: std::io::Error },
+    Create {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("gateway.runtime_dir: {dir} is not a directory")]
     NotADirectory { dir: PathBuf },
     #[error("gateway.runtime_dir: {dir} is a symbolic link; name the directory itself")]
@@ -54,28 +60,47 @@ pub fn prepare(dir: &Path) -> Result<(), RuntimeDirError> {
     let dir: PathBuf = dir.components().collect();
     let dir = dir.as_path();
     if dir.to_str().is_none() {
-        return Err(RuntimeDirError::NotUtf8 { dir: dir.to_owned() });
+        return Err(RuntimeDirError::NotUtf8 {
+            dir: dir.to_owned(),
+        });
     }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|source| RuntimeDirError::Create { dir: dir.to_owned(), source })?;
+        .map_err(|source| RuntimeDirError::Create {
+            dir: dir.to_owned(),
+            source,
+        })?;
     // Not followed: the checks below must be about the directory itself.
-    let meta = std::fs::symlink_metadata(dir).map_err(|source| RuntimeDirError::Create { dir: dir.to_owned(), source })?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|source| RuntimeDirError::Create {
+        dir: dir.to_owned(),
+        source,
+    })?;
     if meta.file_type().is_symlink() {
-        return Err(RuntimeDirError::Symlink { dir: dir.to_owned() });
+        return Err(RuntimeDirError::Symlink {
+            dir: dir.to_owned(),
+        });
     }
     if !meta.is_dir() {
-        return Err(RuntimeDirError::NotADirectory { dir: dir.to_owned() });
+        return Err(RuntimeDirError::NotADirectory {
+            dir: dir.to_owned(),
+        });
     }
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
-        return Err(RuntimeDirError::OtherOwner { dir: dir.to_owned(), owner: meta.uid(), me });
+        return Err(RuntimeDirError::OtherOwner {
+            dir: dir.to_owned(),
+            owner: meta.uid(),
+            me,
+        });
     }
     let mode = meta.mode() & 0o7777;
     if mode & 0o022 != 0 {
-        return Err(RuntimeDirError::WorldWritable { dir: dir.to_owned(), mode });
+        return Err(RuntimeDirError::WorldWritable {
+            dir: dir.to_owned(),
+            mode,
+        });
     }
     Ok(())
 }
@@ -87,7 +112,11 @@ mod tests {
     use super::*;
 
     fn scratch(tag: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("fg-rt-{tag}-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        let p = std::env::temp_dir().join(format!(
+            "fg-rt-{tag}-{}-{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
         let _ = std::fs::remove_dir_all(&p);
         p
     }
@@ -95,15 +124,24 @@ mod tests {
     #[test]
     fn the_paths_derive_from_the_directory_and_the_port() {
         let p = RuntimePaths::new(Path::new("/run/flashgate"), 8080);
-        assert_eq!(p.pid_file, PathBuf::from("/run/flashgate/flashgate-8080.pid"));
-        assert_eq!(p.upgrade_sock, PathBuf::from("/run/flashgate/flashgate-8080-upgrade.sock"));
+        assert_eq!(
+            p.pid_file,
+            PathBuf::from("/run/flashgate/flashgate-8080.pid")
+        );
+        assert_eq!(
+            p.upgrade_sock,
+            PathBuf::from("/run/flashgate/flashgate-8080-upgrade.sock")
+        );
     }
 
     #[test]
     fn a_missing_directory_is_created_private() {
         let dir = scratch("new").join("run");
         prepare(&dir).unwrap();
-        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         prepare(&dir).unwrap();
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
@@ -121,7 +159,10 @@ mod tests {
 
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o770)).unwrap();
         let err = prepare(&target).unwrap_err();
-        assert!(matches!(err, RuntimeDirError::WorldWritable { .. }), "{err}");
+        assert!(
+            matches!(err, RuntimeDirError::WorldWritable { .. }),
+            "{err}"
+        );
         std::fs::remove_file(&link).unwrap();
         std::fs::remove_dir_all(&target).unwrap();
     }
@@ -132,7 +173,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
         let err = prepare(&dir).unwrap_err();
-        assert!(matches!(err, RuntimeDirError::WorldWritable { .. }), "{err}");
+        assert!(
+            matches!(err, RuntimeDirError::WorldWritable { .. }),
+            "{err}"
+        );
         assert!(err.to_string().starts_with("gateway.runtime_dir"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -43,18 +43,33 @@ use crate::upstreams::Upstreams;
 /// # Errors
 /// With a message naming what is missing or wrong.
 pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWorker)> {
-    let secret = config.jwt_secret.clone().with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
+    let secret = config
+        .jwt_secret
+        .clone()
+        .with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
     let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
-        .with_context(|| format!("gateway.static_dir: cannot read {}", config.gateway.static_dir.display()))?;
+        .with_context(|| {
+            format!(
+                "gateway.static_dir: cannot read {}",
+                config.gateway.static_dir.display()
+            )
+        })?;
     let metrics = Arc::new(Metrics::register());
     let backend_token = secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())
         .context("the backend's order API needs the gateways' token")?;
     let orders = Arc::new(
-        OrderClient::new(&config.gateway.backend_url, config.gateway.forward_timeout, backend_token).context("gateway.backend_url")?,
+        OrderClient::new(
+            &config.gateway.backend_url,
+            config.gateway.forward_timeout,
+            backend_token,
+        )
+        .context("gateway.backend_url")?,
     );
     let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
-    let redis =
-        Arc::new(RedisClient::new(config.redis.clone(), Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown)));
+    let redis = Arc::new(RedisClient::new(
+        config.redis.clone(),
+        Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown),
+    ));
     let admission = Arc::new(Admission {
         edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
         verifier: Verifier::expecting(secret.as_bytes(), &config.auth),
@@ -62,31 +77,57 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     let sales = Arc::new(SaleCache::new(config.pages.state_ttl));
     let switches = Arc::new(Switches::default());
     let order_lookups = Arc::new(OrderLookups::new(orders.clone()));
-    let challenge_secret = config
-        .required_challenge_secret()
-        .with_context(|| format!("challenge.mode = \"{}\" needs a signing secret", config.challenge.mode.as_str()))?;
+    let challenge_secret = config.required_challenge_secret().with_context(|| {
+        format!(
+            "challenge.mode = \"{}\" needs a signing secret",
+            config.challenge.mode.as_str()
+        )
+    })?;
     let challenge = match challenge_secret {
-        Some(secret) => ChallengeGate::new(&config.challenge, secret, config.limits.max_tracked_keys, metrics.clone()),
+        Some(secret) => ChallengeGate::new(
+            &config.challenge,
+            secret,
+            config.limits.max_tracked_keys,
+            metrics.clone(),
+        ),
         None => ChallengeGate::off(metrics.clone()),
     };
     let buy = BuyService {
         admission: admission.clone(),
         challenge: Arc::new(challenge),
         redis: redis.clone(),
-        deducts: Arc::new(DeductBatcher::new(redis.clone(), metrics.deduct_batch_size.clone())),
+        deducts: Arc::new(DeductBatcher::new(
+            redis.clone(),
+            metrics.deduct_batch_size.clone(),
+        )),
         sales: sales.clone(),
         switches: switches.clone(),
         orders: orders.clone(),
         order_lookups: order_lookups.clone(),
         forwarder,
-        replica_wait: (config.redis.wait_replicas > 0)
-            .then(|| Arc::new(ReplicaWait::new(redis.clone(), metrics.clone(), config.redis.wait_replicas, config.redis.wait_timeout))),
-        draws: Arc::new(Draws::new(config.fairness, config.gateway.idempotency_ttl, &metrics.registry)),
+        replica_wait: (config.redis.wait_replicas > 0).then(|| {
+            Arc::new(ReplicaWait::new(
+                redis.clone(),
+                metrics.clone(),
+                config.redis.wait_replicas,
+                config.redis.wait_timeout,
+            ))
+        }),
+        draws: Arc::new(Draws::new(
+            config.fairness,
+            config.gateway.idempotency_ttl,
+            &metrics.registry,
+        )),
         metrics: metrics.clone(),
         idempotency_ttl: config.gateway.idempotency_ttl,
         clock: SystemClock,
     };
-    let shop_cache = config.shop.cache.enabled.then(|| Arc::new(crate::shop_cache::ShopCache::new(&config.shop.cache, &metrics.registry)));
+    let shop_cache = config.shop.cache.enabled.then(|| {
+        Arc::new(crate::shop_cache::ShopCache::new(
+            &config.shop.cache,
+            &metrics.registry,
+        ))
+    });
     let gateway = Gateway {
         shop_cache,
         admission,
@@ -115,13 +156,22 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     // `redis.ca_file` is read now: a bad one stops the start with its key,
     // not every connection afterwards.
     if let Some(certificates) = flashgate_common::redis_conn::check_ca_file(&config.redis)? {
-        tracing::info!(certificates, "redis: trusting the CA certificates of redis.ca_file besides the system's");
+        tracing::info!(
+            certificates,
+            "redis: trusting the CA certificates of redis.ca_file besides the system's"
+        );
     }
     let config = Arc::new(config);
     let (mut gateway, forward_worker) = build_gateway(config.clone())?;
     // Read and checked before anything listens: a bad file stops the start
     // with the key that names it.
-    let certs = config.gateway.tls.as_ref().map(CertSet::load).transpose()?.map(|set| Arc::new(ArcSwap::from_pointee(set)));
+    let certs = config
+        .gateway
+        .tls
+        .as_ref()
+        .map(CertSet::load)
+        .transpose()?
+        .map(|set| Arc::new(ArcSwap::from_pointee(set)));
     gateway.certs.clone_from(&certs);
     let (hangup, requests) = Hangup::new();
     let watcher = ConfigWatcher {
@@ -142,7 +192,10 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     };
-    let opt = Opt { upgrade, ..Opt::default() };
+    let opt = Opt {
+        upgrade,
+        ..Opt::default()
+    };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let events = EventListener {
@@ -159,8 +212,15 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         interval: config.gateway.backlog_check,
         timeout: config.redis.timeout,
     };
-    let pages_watcher = PagesWatcher { pages: gateway.pages.clone(), interval: config.pages.reload_interval, requests: requests.clone() };
-    let shop_health = pingora::services::background::GenBackgroundService::new("BG shop health check".into(), gateway.shop.lb.clone());
+    let pages_watcher = PagesWatcher {
+        pages: gateway.pages.clone(),
+        interval: config.pages.reload_interval,
+        requests: requests.clone(),
+    };
+    let shop_health = pingora::services::background::GenBackgroundService::new(
+        "BG shop health check".into(),
+        gateway.shop.lb.clone(),
+    );
     let readiness = Arc::new(Readiness::default());
     let dependencies = DependencyWatcher {
         redis: config.redis.clone(),
@@ -179,36 +239,81 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
             redis: config.redis.clone(),
         },
     };
-    let (tls_reloads, tls_expiry, tls_failing) =
-        (gateway.metrics.tls_reloads.clone(), gateway.metrics.tls_certificate_expiry.clone(), gateway.metrics.tls_reload_failing.clone());
+    let (tls_reloads, tls_expiry, tls_failing) = (
+        gateway.metrics.tls_reloads.clone(),
+        gateway.metrics.tls_certificate_expiry.clone(),
+        gateway.metrics.tls_reload_failing.clone(),
+    );
     // HTTP/1.1 connections get the idle timeout per request (keepalive);
     // HTTP/2 ones only through this option, or an idle client would hold
     // its connection forever.
     let mut options = HttpServerOptions::default();
     options.h2_idle_timeout = Some(config.gateway.keepalive);
-    let mut service = pingora::proxy::ProxyServiceBuilder::new(&server.configuration, gateway).server_options(options).build();
+    let mut service = pingora::proxy::ProxyServiceBuilder::new(&server.configuration, gateway)
+        .server_options(options)
+        .build();
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
-        let settings = crate::tls::listener_settings(certs.clone()).map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
+        let settings = crate::tls::listener_settings(certs.clone())
+            .map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
-        let watcher = CertWatcher { config: tls.clone(), certs, reloads: tls_reloads, expiry: tls_expiry, failing: tls_failing, requests };
-        server.add_service(pingora::services::background::background_service("TLS certificate watcher", watcher));
+        let watcher = CertWatcher {
+            config: tls.clone(),
+            certs,
+            reloads: tls_reloads,
+            expiry: tls_expiry,
+            failing: tls_failing,
+            requests,
+        };
+        server.add_service(pingora::services::background::background_service(
+            "TLS certificate watcher",
+            watcher,
+        ));
         tracing::info!(listen = %tls.listen, redirect_http = tls.redirect_http, "flashgate listening for HTTPS (HTTP/2 and HTTP/1.1)");
     }
     server.add_service(service);
-    server.add_service(pingora::services::background::background_service("winner forwarder", forward_worker));
-    server.add_service(pingora::services::background::background_service("admin listener", admin));
-    server.add_service(pingora::services::background::background_service("dependencies", dependencies));
-    server.add_service(pingora::services::background::background_service("switches", switch_watcher));
-    server.add_service(pingora::services::background::background_service("sale events", events));
-    server.add_service(pingora::services::background::background_service("config watcher", watcher));
-    server.add_service(pingora::services::background::background_service("static pages watcher", pages_watcher));
+    server.add_service(pingora::services::background::background_service(
+        "winner forwarder",
+        forward_worker,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "admin listener",
+        admin,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "dependencies",
+        dependencies,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "switches",
+        switch_watcher,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "sale events",
+        events,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "config watcher",
+        watcher,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "static pages watcher",
+        pages_watcher,
+    ));
     server.add_service(shop_health);
     // Added last, so started first (Pingora starts the last added first):
     // SIGHUP stops ending the process as early as it can.
-    server.add_service(pingora::services::background::background_service("SIGHUP reload", hangup));
-    if config.limits.buy.user.is_none() && config.limits.buy.ip.is_none() && config.limits.buy.global.is_none() {
-        tracing::warn!("no [limits.buy] bucket is configured: buys are not rate-limited (see docs/CONFIG.md)");
+    server.add_service(pingora::services::background::background_service(
+        "SIGHUP reload",
+        hangup,
+    ));
+    if config.limits.buy.user.is_none()
+        && config.limits.buy.ip.is_none()
+        && config.limits.buy.global.is_none()
+    {
+        tracing::warn!(
+            "no [limits.buy] bucket is configured: buys are not rate-limited (see docs/CONFIG.md)"
+        );
     }
     tracing::info!(listen = %config.gateway.listen, shop = ?config.shop.upstreams, "flashgate listening");
     server.run_forever()

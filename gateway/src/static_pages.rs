@@ -74,7 +74,11 @@ impl Default for CachePolicy {
 
 impl From<&PagesConfig> for CachePolicy {
     fn from(c: &PagesConfig) -> Self {
-        Self { page_max_age: c.page_max_age, asset_max_age: c.asset_max_age, fingerprinted_max_age: c.fingerprinted_max_age }
+        Self {
+            page_max_age: c.page_max_age,
+            asset_max_age: c.asset_max_age,
+            fingerprinted_max_age: c.fingerprinted_max_age,
+        }
     }
 }
 
@@ -84,7 +88,10 @@ impl CachePolicy {
         if name.ends_with(".html") {
             format!("public, max-age={}", self.page_max_age.as_secs())
         } else if is_fingerprinted(name) {
-            format!("public, max-age={}, immutable", self.fingerprinted_max_age.as_secs())
+            format!(
+                "public, max-age={}, immutable",
+                self.fingerprinted_max_age.as_secs()
+            )
         } else {
             format!("public, max-age={}", self.asset_max_age.as_secs())
         }
@@ -162,9 +169,15 @@ pub struct PageRequest<'a> {
 impl<'a> PageRequest<'a> {
     pub fn from_headers(headers: &'a http::HeaderMap) -> Self {
         Self {
-            if_none_match: headers.get(http::header::IF_NONE_MATCH).map(|v| v.as_bytes()),
-            if_modified_since: headers.get(http::header::IF_MODIFIED_SINCE).map(|v| v.as_bytes()),
-            accept_encoding: headers.get(http::header::ACCEPT_ENCODING).map(|v| v.as_bytes()),
+            if_none_match: headers
+                .get(http::header::IF_NONE_MATCH)
+                .map(|v| v.as_bytes()),
+            if_modified_since: headers
+                .get(http::header::IF_MODIFIED_SINCE)
+                .map(|v| v.as_bytes()),
+            accept_encoding: headers
+                .get(http::header::ACCEPT_ENCODING)
+                .map(|v| v.as_bytes()),
         }
     }
 }
@@ -202,7 +215,11 @@ impl StaticPages {
     /// When the directory or a file cannot be read.
     pub fn load_with(dir: &Path, policy: CachePolicy) -> std::io::Result<Self> {
         let set = load_set(dir, &policy)?;
-        Ok(Self { dir: dir.to_owned(), policy, set: ArcSwap::from_pointee(set) })
+        Ok(Self {
+            dir: dir.to_owned(),
+            policy,
+            set: ArcSwap::from_pointee(set),
+        })
     }
 
     /// Reloads the directory if any file was added, removed or changed.
@@ -234,7 +251,11 @@ impl StaticPages {
         let Some(asset) = safe_path(rel).and_then(|p| set.files.get(p.as_ref())) else {
             return Err(Rejection::NotFound("no such file"));
         };
-        let encoding = negotiate(req.accept_encoding, asset.gzip.is_some(), asset.brotli.is_some());
+        let encoding = negotiate(
+            req.accept_encoding,
+            asset.gzip.is_some(),
+            asset.brotli.is_some(),
+        );
         let variant = asset.variant(encoding);
         let not_modified = match (req.if_none_match, req.if_modified_since) {
             (Some(inm), _) => etag_matches(inm, &variant.etag),
@@ -246,9 +267,15 @@ impl StaticPages {
             (None, None) => false,
         };
         Ok(if not_modified {
-            Page { head: Box::new(variant.not_modified.clone()), body: Bytes::new() }
+            Page {
+                head: Box::new(variant.not_modified.clone()),
+                body: Bytes::new(),
+            }
         } else {
-            Page { head: Box::new(variant.ok.clone()), body: variant.body.clone() }
+            Page {
+                head: Box::new(variant.ok.clone()),
+                body: variant.body.clone(),
+            }
         })
     }
 }
@@ -284,7 +311,12 @@ fn variant_heads(
     // cache copying it onto the stored page must not see 0); Pingora sends
     // no body with it either way.
     let built = head(200, body.len()).and_then(|ok| Ok((ok, head(304, body.len())?)));
-    built.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a header of this file cannot be sent: {e}")))
+    built.map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a header of this file cannot be sent: {e}"),
+        )
+    })
 }
 
 /// What every variant's head of one file shares.
@@ -326,7 +358,9 @@ impl BackgroundService for PagesWatcher {
             match tokio::task::spawn_blocking(move || pages.reload_if_changed()).await {
                 Ok(Ok(true)) => info!(dir = %self.pages.dir.display(), "static files reloaded"),
                 Ok(Ok(false)) => {}
-                Ok(Err(error)) => warn!(%error, dir = %self.pages.dir.display(), "static reload failed; serving the previous files"),
+                Ok(Err(error)) => {
+                    warn!(%error, dir = %self.pages.dir.display(), "static reload failed; serving the previous files")
+                }
                 Err(error) => warn!(%error, "static reload task failed"),
             }
         }
@@ -335,8 +369,16 @@ impl BackgroundService for PagesWatcher {
 
 /// The decoded, checked relative path, or `None` when it must not be served.
 fn safe_path(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
-    let path = if raw.contains('%') { std::borrow::Cow::Owned(percent_decode(raw)?) } else { std::borrow::Cow::Borrowed(raw) };
-    let ok = !path.is_empty() && !path.contains(['\\', '\0']) && path.split('/').all(|seg| !seg.is_empty() && !seg.starts_with('.'));
+    let path = if raw.contains('%') {
+        std::borrow::Cow::Owned(percent_decode(raw)?)
+    } else {
+        std::borrow::Cow::Borrowed(raw)
+    };
+    let ok = !path.is_empty()
+        && !path.contains(['\\', '\0'])
+        && path
+            .split('/')
+            .all(|seg| !seg.is_empty() && !seg.starts_with('.'));
     ok.then_some(path)
 }
 
@@ -361,13 +403,19 @@ fn percent_decode(s: &str) -> Option<String> {
 /// Picks the encoding: brotli, then gzip, when the client accepts it with a
 /// non-zero q-value (explicitly or through `*`); identity otherwise.
 pub fn negotiate(accept_encoding: Option<&[u8]>, has_gzip: bool, has_brotli: bool) -> Encoding {
-    let Some(header) = accept_encoding else { return Encoding::Identity };
+    let Some(header) = accept_encoding else {
+        return Encoding::Identity;
+    };
     let (mut gzip, mut br, mut star) = (None, None, None);
     for item in header.split(|b| *b == b',') {
         let mut parts = item.split(|b| *b == b';');
         let coding = parts.next().unwrap_or_default().trim_ascii();
         let q = parts
-            .find_map(|p| p.trim_ascii().strip_prefix(b"q=").or_else(|| p.trim_ascii().strip_prefix(b"Q=")))
+            .find_map(|p| {
+                p.trim_ascii()
+                    .strip_prefix(b"q=")
+                    .or_else(|| p.trim_ascii().strip_prefix(b"Q="))
+            })
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|v| v.trim().parse::<f32>().ok())
             .unwrap_or(1.0);
@@ -400,7 +448,10 @@ fn etag_matches(if_none_match: &[u8], etag: &str) -> bool {
 /// `name.<8 to 64 hex digits>.ext`.
 fn is_fingerprinted(name: &str) -> bool {
     let parts: Vec<&str> = name.split('.').collect();
-    parts.len() >= 3 && parts[1..parts.len() - 1].iter().any(|p| (8..=64).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    parts.len() >= 3
+        && parts[1..parts.len() - 1]
+            .iter()
+            .any(|p| (8..=64).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Every regular file under `dir` with its relative path and metadata,
@@ -411,7 +462,11 @@ fn list_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, std::fs::Meta
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d)? {
             let entry = entry?;
-            if entry.file_name().to_str().is_none_or(|n| n.starts_with('.')) {
+            if entry
+                .file_name()
+                .to_str()
+                .is_none_or(|n| n.starts_with('.'))
+            {
                 continue;
             }
             let path = entry.path();
@@ -423,7 +478,9 @@ fn list_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, std::fs::Meta
             if !meta.is_file() {
                 continue;
             }
-            let Some(rel) = path.strip_prefix(dir).ok().and_then(|r| r.to_str()) else { continue };
+            let Some(rel) = path.strip_prefix(dir).ok().and_then(|r| r.to_str()) else {
+                continue;
+            };
             out.push((rel.replace('\\', "/"), path, meta));
         }
     }
@@ -448,7 +505,9 @@ fn load_set(dir: &Path, policy: &CachePolicy) -> std::io::Result<FileSet> {
         let body = Bytes::from(std::fs::read(path)?);
         let content_type = content_type(rel);
         let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        let modified_secs = modified.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let modified_secs = modified
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         let hash = content_hash(&body);
         let compress = compressible(content_type) && body.len() >= MIN_COMPRESS_BYTES;
         let smaller = |c: Vec<u8>| (c.len() < body.len()).then(|| Bytes::from(c));
@@ -464,12 +523,21 @@ fn load_set(dir: &Path, policy: &CachePolicy) -> std::io::Result<FileSet> {
         };
         let variant = |body: Bytes, etag: String, encoding: Encoding| -> std::io::Result<Variant> {
             let (ok, not_modified) = variant_heads(&shared, &body, &etag, encoding)?;
-            Ok(Variant { body, etag, ok, not_modified })
+            Ok(Variant {
+                body,
+                etag,
+                ok,
+                not_modified,
+            })
         };
         let asset = Asset {
             content_type,
-            gzip: gzip.map(|body| variant(body, format!("\"{hash}-gz\""), Encoding::Gzip)).transpose()?,
-            brotli: brotli.map(|body| variant(body, format!("\"{hash}-br\""), Encoding::Brotli)).transpose()?,
+            gzip: gzip
+                .map(|body| variant(body, format!("\"{hash}-gz\""), Encoding::Gzip))
+                .transpose()?,
+            brotli: brotli
+                .map(|body| variant(body, format!("\"{hash}-br\""), Encoding::Brotli))
+                .transpose()?,
             identity: variant(body, format!("\"{hash}\""), Encoding::Identity)?,
             cache_control,
             last_modified,
@@ -477,7 +545,10 @@ fn load_set(dir: &Path, policy: &CachePolicy) -> std::io::Result<FileSet> {
         };
         files.insert(rel.clone(), asset);
     }
-    Ok(FileSet { files, signature: signature(&listing) })
+    Ok(FileSet {
+        files,
+        signature: signature(&listing),
+    })
 }
 
 /// A content hash with the length, as hex: `<hash>-<len>`.
@@ -488,7 +559,10 @@ fn content_hash(body: &[u8]) -> String {
 }
 
 fn gzip(body: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 2), flate2::Compression::best());
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 2),
+        flate2::Compression::best(),
+    );
     // Writing into a Vec cannot fail.
     let _ = enc.write_all(body);
     enc.finish().unwrap_or_default()
@@ -496,7 +570,11 @@ fn gzip(body: &[u8]) -> Vec<u8> {
 
 fn brotli(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() / 2);
-    let params = brotli::enc::BrotliEncoderParams { quality: 11, lgwin: 22, ..Default::default() };
+    let params = brotli::enc::BrotliEncoderParams {
+        quality: 11,
+        lgwin: 22,
+        ..Default::default()
+    };
     // Reading from a slice and writing into a Vec cannot fail.
     let _ = brotli::BrotliCompress(&mut &body[..], &mut out, &params);
     out
@@ -547,7 +625,11 @@ mod tests {
         std::fs::create_dir_all(dir.join("css")).unwrap();
         std::fs::write(dir.join("sale.html"), "<html></html>").unwrap();
         std::fs::write(dir.join("css/app.css"), "body{}").unwrap();
-        std::fs::write(dir.join("app.0123abcd.js"), "console.log('hello, flash sale');\n".repeat(20)).unwrap();
+        std::fs::write(
+            dir.join("app.0123abcd.js"),
+            "console.log('hello, flash sale');\n".repeat(20),
+        )
+        .unwrap();
         std::fs::write(dir.join(".env"), "SECRET=1").unwrap();
         Dir(dir)
     }
@@ -561,7 +643,10 @@ mod tests {
     }
 
     fn status(p: &StaticPages, rel: &str, req: &PageRequest<'_>) -> u16 {
-        p.serve(rel, req).map_or_else(|r| crate::reply::Reply::from(r).status, |page| page.status())
+        p.serve(rel, req).map_or_else(
+            |r| crate::reply::Reply::from(r).status,
+            |page| page.status(),
+        )
     }
 
     #[test]
@@ -569,11 +654,21 @@ mod tests {
         let d = dir();
         let p = StaticPages::load(&d.0).unwrap();
         let r = serve(&p, "css/app.css", &PageRequest::default());
-        assert_eq!((r.status(), header(&r, "Content-Type")), (200, Some("text/css; charset=utf-8")));
+        assert_eq!(
+            (r.status(), header(&r, "Content-Type")),
+            (200, Some("text/css; charset=utf-8"))
+        );
         assert_eq!(header(&r, "Content-Length"), Some("6"));
         let etag = header(&r, "ETag").unwrap().to_owned();
         let lm = header(&r, "Last-Modified").unwrap().to_owned();
-        let r = serve(&p, "css/app.css", &PageRequest { if_none_match: Some(etag.as_bytes()), ..Default::default() });
+        let r = serve(
+            &p,
+            "css/app.css",
+            &PageRequest {
+                if_none_match: Some(etag.as_bytes()),
+                ..Default::default()
+            },
+        );
         assert_eq!(r.status(), 304);
         assert!(r.body.is_empty());
         assert_eq!(
@@ -582,11 +677,51 @@ mod tests {
             "a 304 keeps the validators"
         );
         let weak = format!("\"nope\", W/{etag}");
-        assert_eq!(status(&p, "css/app.css", &PageRequest { if_none_match: Some(weak.as_bytes()), ..Default::default() }), 304);
-        assert_eq!(status(&p, "css/app.css", &PageRequest { if_none_match: Some(b"\"other\""), ..Default::default() }), 200);
-        assert_eq!(status(&p, "css/app.css", &PageRequest { if_modified_since: Some(lm.as_bytes()), ..Default::default() }), 304);
+        assert_eq!(
+            status(
+                &p,
+                "css/app.css",
+                &PageRequest {
+                    if_none_match: Some(weak.as_bytes()),
+                    ..Default::default()
+                }
+            ),
+            304
+        );
+        assert_eq!(
+            status(
+                &p,
+                "css/app.css",
+                &PageRequest {
+                    if_none_match: Some(b"\"other\""),
+                    ..Default::default()
+                }
+            ),
+            200
+        );
+        assert_eq!(
+            status(
+                &p,
+                "css/app.css",
+                &PageRequest {
+                    if_modified_since: Some(lm.as_bytes()),
+                    ..Default::default()
+                }
+            ),
+            304
+        );
         let old = b"Thu, 01 Jan 2004 00:00:00 GMT";
-        assert_eq!(status(&p, "css/app.css", &PageRequest { if_modified_since: Some(old), ..Default::default() }), 200);
+        assert_eq!(
+            status(
+                &p,
+                "css/app.css",
+                &PageRequest {
+                    if_modified_since: Some(old),
+                    ..Default::default()
+                }
+            ),
+            200
+        );
     }
 
     #[test]
@@ -594,30 +729,66 @@ mod tests {
         let d = dir();
         let p = StaticPages::load(&d.0).unwrap();
         let plain = serve(&p, "app.0123abcd.js", &PageRequest::default());
-        let gz = serve(&p, "app.0123abcd.js", &PageRequest { accept_encoding: Some(b"gzip, deflate"), ..Default::default() });
-        let br = serve(&p, "app.0123abcd.js", &PageRequest { accept_encoding: Some(b"gzip, deflate, br"), ..Default::default() });
+        let gz = serve(
+            &p,
+            "app.0123abcd.js",
+            &PageRequest {
+                accept_encoding: Some(b"gzip, deflate"),
+                ..Default::default()
+            },
+        );
+        let br = serve(
+            &p,
+            "app.0123abcd.js",
+            &PageRequest {
+                accept_encoding: Some(b"gzip, deflate, br"),
+                ..Default::default()
+            },
+        );
         assert_eq!(header(&plain, "Content-Encoding"), None);
         assert_eq!(header(&gz, "Content-Encoding"), Some("gzip"));
         assert_eq!(header(&br, "Content-Encoding"), Some("br"));
         for r in [&plain, &gz, &br] {
             assert_eq!(header(r, "Vary"), Some("Accept-Encoding"));
-            assert_eq!(header(r, "Content-Length"), Some(r.body.len().to_string().as_str()), "each variant's own length");
+            assert_eq!(
+                header(r, "Content-Length"),
+                Some(r.body.len().to_string().as_str()),
+                "each variant's own length"
+            );
         }
         let etag = header(&gz, "ETag").unwrap().to_owned();
         let revalidated = serve(
             &p,
             "app.0123abcd.js",
-            &PageRequest { if_none_match: Some(etag.as_bytes()), accept_encoding: Some(b"gzip"), ..Default::default() },
+            &PageRequest {
+                if_none_match: Some(etag.as_bytes()),
+                accept_encoding: Some(b"gzip"),
+                ..Default::default()
+            },
         );
-        assert_eq!((revalidated.status(), header(&revalidated, "Content-Encoding")), (304, None), "a 304 has no body to encode");
+        assert_eq!(
+            (
+                revalidated.status(),
+                header(&revalidated, "Content-Encoding")
+            ),
+            (304, None),
+            "a 304 has no body to encode"
+        );
         assert_eq!(header(&revalidated, "Vary"), Some("Accept-Encoding"));
-        let etags: std::collections::HashSet<_> = [&plain, &gz, &br].iter().map(|r| header(r, "ETag").unwrap()).collect();
+        let etags: std::collections::HashSet<_> = [&plain, &gz, &br]
+            .iter()
+            .map(|r| header(r, "ETag").unwrap())
+            .collect();
         assert_eq!(etags.len(), 3);
         let mut unzipped = Vec::new();
-        flate2::read::GzDecoder::new(&gz.body[..]).read_to_end(&mut unzipped).unwrap();
+        flate2::read::GzDecoder::new(&gz.body[..])
+            .read_to_end(&mut unzipped)
+            .unwrap();
         assert_eq!(unzipped, plain.body);
         let mut unbrotli = Vec::new();
-        brotli::Decompressor::new(&br.body[..], 4096).read_to_end(&mut unbrotli).unwrap();
+        brotli::Decompressor::new(&br.body[..], 4096)
+            .read_to_end(&mut unbrotli)
+            .unwrap();
         assert_eq!(unbrotli, plain.body);
     }
 
@@ -627,7 +798,10 @@ mod tests {
         assert_eq!(negotiate(Some(b"br;q=0, gzip"), true, true), Encoding::Gzip);
         assert_eq!(negotiate(Some(b"*"), true, true), Encoding::Brotli);
         assert_eq!(negotiate(Some(b"*, br;q=0"), true, true), Encoding::Gzip);
-        assert_eq!(negotiate(Some(b"gzip;q=0, br;q=0"), true, true), Encoding::Identity);
+        assert_eq!(
+            negotiate(Some(b"gzip;q=0, br;q=0"), true, true),
+            Encoding::Identity
+        );
         assert_eq!(negotiate(Some(b"BR"), true, false), Encoding::Identity);
         assert_eq!(negotiate(Some(b"identity"), true, true), Encoding::Identity);
     }
@@ -636,7 +810,11 @@ mod tests {
     fn cache_control_is_short_for_pages_and_immutable_for_fingerprinted_assets() {
         let d = dir();
         let p = StaticPages::load(&d.0).unwrap();
-        let cc = |rel| header(&serve(&p, rel, &PageRequest::default()), "Cache-Control").unwrap().to_owned();
+        let cc = |rel| {
+            header(&serve(&p, rel, &PageRequest::default()), "Cache-Control")
+                .unwrap()
+                .to_owned()
+        };
         assert_eq!(cc("sale.html"), "public, max-age=10");
         assert_eq!(cc("css/app.css"), "public, max-age=60");
         assert_eq!(cc("app.0123abcd.js"), "public, max-age=31536000, immutable");
@@ -671,6 +849,9 @@ mod tests {
         assert!(!p.reload_if_changed().unwrap());
         std::fs::write(d.0.join("new.txt"), "fresh").unwrap();
         assert!(p.reload_if_changed().unwrap());
-        assert_eq!(&serve(&p, "new.txt", &PageRequest::default()).body[..], b"fresh");
+        assert_eq!(
+            &serve(&p, "new.txt", &PageRequest::default()).body[..],
+            b"fresh"
+        );
     }
 }

@@ -46,7 +46,10 @@ pub struct Switches {
 impl Default for Switches {
     /// Paused until the switch is known.
     fn default() -> Self {
-        Self { all_paused: AtomicBool::new(true), backlog_paused: RwLock::default() }
+        Self {
+            all_paused: AtomicBool::new(true),
+            backlog_paused: RwLock::default(),
+        }
     }
 }
 
@@ -70,15 +73,23 @@ impl Switches {
     }
 
     pub fn backlog_paused(&self, sale_id: &str) -> bool {
-        self.backlog_paused.read().map(|s| s.contains(sale_id)).unwrap_or(false)
+        self.backlog_paused
+            .read()
+            .map(|s| s.contains(sale_id))
+            .unwrap_or(false)
     }
 
     /// Applies a sale's backlog to its pause flag, with hysteresis: pause
     /// above `threshold`, resume below half of it.
     fn apply_backlog(&self, sale_id: &str, backlog: u64, threshold: u64) {
-        let Ok(mut set) = self.backlog_paused.write() else { return };
+        let Ok(mut set) = self.backlog_paused.write() else {
+            return;
+        };
         if backlog > threshold && set.insert(sale_id.to_owned()) {
-            warn!(sale = sale_id, backlog, threshold, "sale paused: unpersisted reservation backlog too large");
+            warn!(
+                sale = sale_id,
+                backlog, threshold, "sale paused: unpersisted reservation backlog too large"
+            );
         } else if backlog <= threshold / 2 && set.remove(sale_id) {
             info!(sale = sale_id, backlog, "sale resumed: backlog drained");
         }
@@ -98,7 +109,10 @@ pub struct SwitchWatcher {
 
 impl SwitchWatcher {
     async fn poll(&self, conn: &mut RedisHandle) -> redis::RedisResult<()> {
-        let switch: Option<String> = redis::cmd("GET").arg(GLOBAL_SWITCH).query_async(conn).await?;
+        let switch: Option<String> = redis::cmd("GET")
+            .arg(GLOBAL_SWITCH)
+            .query_async(conn)
+            .await?;
         // Absent means a Redis that restarted empty: keep what we know (paused
         // at start) until the backend puts the recorded switch back.
         self.switches.observe(switch.as_deref());
@@ -107,16 +121,24 @@ impl SwitchWatcher {
         }
         // Two reads however many sales; an archived sale has nothing left
         // to write, so its backlog is not read.
-        let (sales, archived): (Vec<String>, HashSet<String>) =
-            redis::pipe().smembers(SALES_INDEX).smembers(ARCHIVED_SALES).query_async(conn).await?;
+        let (sales, archived): (Vec<String>, HashSet<String>) = redis::pipe()
+            .smembers(SALES_INDEX)
+            .smembers(ARCHIVED_SALES)
+            .query_async(conn)
+            .await?;
         for sale in &archived {
             self.switches.apply_backlog(sale, 0, self.backlog_threshold);
         }
         for sale in sales.into_iter().filter(|s| !archived.contains(s)) {
             // A bucketed sale's reservations wait in its buckets' streams.
             let buckets = buckets_in_redis(conn, &sale).await?;
-            let backlog: i64 = sale_backlogs(conn, &sale, buckets).await?.iter().map(Backlog::unpersisted).sum();
-            self.switches.apply_backlog(&sale, backlog.max(0) as u64, self.backlog_threshold);
+            let backlog: i64 = sale_backlogs(conn, &sale, buckets)
+                .await?
+                .iter()
+                .map(Backlog::unpersisted)
+                .sum();
+            self.switches
+                .apply_backlog(&sale, backlog.max(0) as u64, self.backlog_threshold);
         }
         Ok(())
     }
@@ -137,7 +159,9 @@ impl BackgroundService for SwitchWatcher {
             }
             first = false;
             if conn.is_none() {
-                conn = RedisHandle::dedicated(&self.redis, self.timeout, self.timeout).await.ok();
+                conn = RedisHandle::dedicated(&self.redis, self.timeout, self.timeout)
+                    .await
+                    .ok();
             }
             let Some(c) = conn.as_mut() else { continue };
             if let Err(error) = self.poll(c).await {
@@ -161,7 +185,10 @@ mod tests {
         s.observe(Some("open"));
         assert!(!s.all_paused());
         s.observe(None);
-        assert!(!s.all_paused(), "a known switch is kept while the key is absent");
+        assert!(
+            !s.all_paused(),
+            "a known switch is kept while the key is absent"
+        );
         s.observe(Some("paused"));
         assert!(s.all_paused());
     }

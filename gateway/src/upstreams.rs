@@ -48,14 +48,23 @@ impl Upstreams {
     pub fn new(config: &ShopConfig) -> std::io::Result<Self> {
         let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(config.upstreams.iter().copied())?;
         if lb.backends().get_backend().is_empty() {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "no shop upstream"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no shop upstream",
+            ));
         }
         let mut check = TcpHealthCheck::new();
-        check.peer_template.options.connection_timeout = Some(config.connect_timeout.min(Duration::from_secs(1)));
+        check.peer_template.options.connection_timeout =
+            Some(config.connect_timeout.min(Duration::from_secs(1)));
         lb.set_health_check(check);
         lb.health_check_frequency = Some(config.health_check_interval);
         lb.parallel_health_check = true;
-        Ok(Self { lb: Arc::new(lb), connect_timeout: config.connect_timeout, read_timeout: config.read_timeout, h2: config.h2 })
+        Ok(Self {
+            lb: Arc::new(lb),
+            connect_timeout: config.connect_timeout,
+            read_timeout: config.read_timeout,
+            h2: config.h2,
+        })
     }
 
     /// How many upstreams there are, healthy or not.
@@ -87,31 +96,51 @@ impl Upstreams {
 /// Hop-by-hop headers: they describe one connection and are never forwarded.
 /// `Transfer-Encoding` is not listed: Pingora frames bodies itself and
 /// rewrites it per connection.
-pub const HOP_BY_HOP: [&str; 7] =
-    ["connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer"];
+pub const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+];
 
 /// The headers to remove before forwarding: the hop-by-hop ones and those
 /// named in `Connection`. An `Upgrade` (WebSocket) handshake keeps
 /// `Connection` and `Upgrade`, which Pingora needs to switch protocols.
 /// Allocates only when there is something to remove.
 pub fn hop_by_hop(headers: &http::HeaderMap) -> Vec<http::HeaderName> {
-    let connection_tokens =
-        || headers.get_all(http::header::CONNECTION).iter().flat_map(|v| v.as_bytes().split(|b| *b == b',')).map(<[u8]>::trim_ascii);
-    let upgrade = headers.contains_key(http::header::UPGRADE) && connection_tokens().any(|t| t.eq_ignore_ascii_case(b"upgrade"));
+    let connection_tokens = || {
+        headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+    };
+    let upgrade = headers.contains_key(http::header::UPGRADE)
+        && connection_tokens().any(|t| t.eq_ignore_ascii_case(b"upgrade"));
     let mut out = Vec::new();
     for name in connection_tokens().filter_map(|t| http::HeaderName::from_bytes(t).ok()) {
-        let framing = name == http::header::TRANSFER_ENCODING || name == http::header::CONTENT_LENGTH;
+        let framing =
+            name == http::header::TRANSFER_ENCODING || name == http::header::CONTENT_LENGTH;
         let kept = framing || (upgrade && name == http::header::UPGRADE);
         if !kept && headers.contains_key(&name) && !out.contains(&name) {
             out.push(name);
         }
     }
     for name in HOP_BY_HOP {
-        if headers.contains_key(name) && !(upgrade && name == "connection") && !out.iter().any(|n| n == name) {
+        if headers.contains_key(name)
+            && !(upgrade && name == "connection")
+            && !out.iter().any(|n| n == name)
+        {
             out.push(http::HeaderName::from_static(name));
         }
     }
-    if !upgrade && headers.contains_key(http::header::UPGRADE) && !out.contains(&http::header::UPGRADE) {
+    if !upgrade
+        && headers.contains_key(http::header::UPGRADE)
+        && !out.contains(&http::header::UPGRADE)
+    {
         out.push(http::header::UPGRADE);
     }
     out
@@ -181,7 +210,11 @@ mod tests {
         for name in hop_by_hop(&h) {
             h.remove(name);
         }
-        assert!(h.contains_key("connection") && h.contains_key("upgrade") && !h.contains_key("keep-alive"));
+        assert!(
+            h.contains_key("connection")
+                && h.contains_key("upgrade")
+                && !h.contains_key("keep-alive")
+        );
     }
 
     #[test]

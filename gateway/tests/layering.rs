@@ -13,7 +13,11 @@ fn the_buy_rules_and_the_sale_cache_never_see_pingora() {
             let path = entry.unwrap().path();
             let text = std::fs::read_to_string(&path).unwrap();
             assert!(!text.contains("pingora"), "{} uses pingora", path.display());
-            assert!(!text.contains("crate::reply"), "{} builds HTTP replies", path.display());
+            assert!(
+                !text.contains("crate::reply"),
+                "{} builds HTTP replies",
+                path.display()
+            );
         }
     }
 }

@@ -18,8 +18,11 @@ const RSS_GROWTH_CAP_BYTES: u64 = 128 * 1024 * 1024;
 
 fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 =
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
     kib * 1024
 }
 
@@ -31,7 +34,11 @@ fn a_million_ips_and_a_million_users_keep_memory_under_the_cap() {
         client_ip_header: Default::default(),
         max_tracked_keys: 100_000,
         idle: Duration::from_secs(120),
-        buy: RouteLimits { user: bucket, ip: bucket, global: None },
+        buy: RouteLimits {
+            user: bucket,
+            ip: bucket,
+            global: None,
+        },
         read: RouteLimits::default(),
         cluster_global: None,
     };
@@ -40,15 +47,26 @@ fn a_million_ips_and_a_million_users_keep_memory_under_the_cap() {
     let mut user = String::with_capacity(24);
     for i in 0u32..1_000_000 {
         let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
-        assert!(limiters.check_ip(RouteClass::Buy, ip).is_ok(), "a fresh IP has a full bucket");
+        assert!(
+            limiters.check_ip(RouteClass::Buy, ip).is_ok(),
+            "a fresh IP has a full bucket"
+        );
         user.clear();
         use std::fmt::Write;
         write!(user, "user-{:08x}", i.wrapping_mul(2_654_435_761)).unwrap();
-        assert!(limiters.check_user_then_global(RouteClass::Buy, Some(&user)).is_ok());
+        assert!(limiters
+            .check_user_then_global(RouteClass::Buy, Some(&user))
+            .is_ok());
     }
     let tracked = limiters.tracked_keys();
     let growth = rss_bytes().saturating_sub(before);
-    println!("tracked keys: {tracked}; RSS growth: {} MiB", growth / (1024 * 1024));
-    assert!(tracked <= 200_000, "caches exceeded their capacity: {tracked}");
+    println!(
+        "tracked keys: {tracked}; RSS growth: {} MiB",
+        growth / (1024 * 1024)
+    );
+    assert!(
+        tracked <= 200_000,
+        "caches exceeded their capacity: {tracked}"
+    );
     assert!(growth < RSS_GROWTH_CAP_BYTES, "RSS grew by {growth} bytes");
 }

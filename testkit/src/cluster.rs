@@ -43,7 +43,13 @@ pub struct ClusterOptions {
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { masters: 3, replicas_per_master: 1, node_timeout: Duration::from_millis(1000), appendonly: false, tls: None }
+        Self {
+            masters: 3,
+            replicas_per_master: 1,
+            node_timeout: Duration::from_millis(1000),
+            appendonly: false,
+            tls: None,
+        }
     }
 }
 
@@ -128,7 +134,10 @@ impl RedisCluster {
     /// reports `cluster_state:ok`, knows every other node, and every replica
     /// has synced with its master.
     pub fn start_with(options: ClusterOptions) -> Self {
-        assert!(options.masters >= 3, "redis-cli --cluster create needs at least 3 masters");
+        assert!(
+            options.masters >= 3,
+            "redis-cli --cluster create needs at least 3 masters"
+        );
         let dir = TempDir::new("cluster");
         let count = options.masters * (1 + options.replicas_per_master);
         let nodes: Vec<Node> = (0..count)
@@ -137,11 +146,19 @@ impl RedisCluster {
                 let tls_port = options.tls.as_ref().map(|_| crate::ports::free_port());
                 let node_dir = dir.0.join(port.to_string());
                 std::fs::create_dir_all(&node_dir).unwrap();
-                Node { port, tls_port, proc: Some(start_node(&node_dir, port, tls_port, &options)) }
+                Node {
+                    port,
+                    tls_port,
+                    proc: Some(start_node(&node_dir, port, tls_port, &options)),
+                }
             })
             .collect();
         for node in &nodes {
-            assert!(wait_port(([127, 0, 0, 1], node.port).into(), Duration::from_secs(10)), "cluster node {} did not start", node.port);
+            assert!(
+                wait_port(([127, 0, 0, 1], node.port).into(), Duration::from_secs(10)),
+                "cluster node {} did not start",
+                node.port
+            );
         }
         // Bounded: redis-cli waits for good for nodes that cannot meet
         // (a cluster bus whose TLS handshake fails, say).
@@ -151,7 +168,11 @@ impl RedisCluster {
                 .arg("--cluster")
                 .arg("create")
                 .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
-                .args(["--cluster-replicas", &options.replicas_per_master.to_string(), "--cluster-yes"])
+                .args([
+                    "--cluster-replicas",
+                    &options.replicas_per_master.to_string(),
+                    "--cluster-yes",
+                ])
                 .stdin(Stdio::null())
                 .stdout(std::fs::File::create(&out_file).unwrap())
                 .spawn()
@@ -160,8 +181,15 @@ impl RedisCluster {
         };
         let status = create.wait_exit(Duration::from_secs(60));
         let out = std::fs::read_to_string(&out_file).unwrap_or_default();
-        assert!(status.is_some_and(|s| s.success()), "redis-cli --cluster create failed or hung: {out}");
-        let cluster = Self { nodes, options, _dir: dir };
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "redis-cli --cluster create failed or hung: {out}"
+        );
+        let cluster = Self {
+            nodes,
+            options,
+            _dir: dir,
+        };
         cluster.wait_formed(Duration::from_secs(30));
         cluster
     }
@@ -175,14 +203,26 @@ impl RedisCluster {
                 for &port in &ports {
                     let info: String = query(port, redis::cmd("CLUSTER").arg("INFO"))?;
                     let known = format!("cluster_known_nodes:{}", ports.len());
-                    if !info.contains("cluster_state:ok") || !info.contains(&known) || !info.contains("cluster_slots_ok:16384") {
+                    if !info.contains("cluster_state:ok")
+                        || !info.contains(&known)
+                        || !info.contains("cluster_slots_ok:16384")
+                    {
                         return Ok(false);
                     }
                 }
                 let nodes = cluster_nodes(ports[0])?;
-                let owners: Vec<&NodeInfo> = nodes.iter().filter(|n| n.is_master() && !n.slots.is_empty()).collect();
+                let owners: Vec<&NodeInfo> = nodes
+                    .iter()
+                    .filter(|n| n.is_master() && !n.slots.is_empty())
+                    .collect();
                 let full = owners.len() == masters
-                    && owners.iter().all(|m| nodes.iter().filter(|n| n.master_id.as_ref() == Some(&m.id)).count() == replicas);
+                    && owners.iter().all(|m| {
+                        nodes
+                            .iter()
+                            .filter(|n| n.master_id.as_ref() == Some(&m.id))
+                            .count()
+                            == replicas
+                    });
                 if !full {
                     return Ok(false);
                 }
@@ -197,13 +237,20 @@ impl RedisCluster {
             if let Ok(true) = formed {
                 return;
             }
-            assert!(Instant::now() < deadline, "the cluster did not form in {limit:?}: {formed:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not form in {limit:?}: {formed:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     fn live_ports(&self) -> Vec<u16> {
-        self.nodes.iter().filter(|n| n.proc.is_some()).map(|n| n.port).collect()
+        self.nodes
+            .iter()
+            .filter(|n| n.proc.is_some())
+            .map(|n| n.port)
+            .collect()
     }
 
     /// Seed URLs of every running node, for `redis::cluster::ClusterClient`.
@@ -215,7 +262,12 @@ impl RedisCluster {
     /// with [`ClusterOptions::tls`].
     pub fn tls_nodes(&self) -> Vec<String> {
         let tls_url = |port| format!("rediss://127.0.0.1:{port}/");
-        self.nodes.iter().filter(|n| n.proc.is_some()).filter_map(|n| n.tls_port).map(tls_url).collect()
+        self.nodes
+            .iter()
+            .filter(|n| n.proc.is_some())
+            .filter_map(|n| n.tls_port)
+            .map(tls_url)
+            .collect()
     }
 
     /// A cluster client seeded with every running node.
@@ -237,7 +289,12 @@ impl RedisCluster {
 
     /// Ports of the masters serving slots, as a running node sees them.
     pub async fn masters(&self) -> Vec<u16> {
-        self.topology().await.into_iter().filter(|n| n.is_master() && !n.slots.is_empty()).map(|n| n.port).collect()
+        self.topology()
+            .await
+            .into_iter()
+            .filter(|n| n.is_master() && !n.slots.is_empty())
+            .map(|n| n.port)
+            .collect()
     }
 
     /// The slot of `key` (`CLUSTER KEYSLOT`, so hash tags count as Redis
@@ -250,7 +307,9 @@ impl RedisCluster {
     /// Port of the master serving `slot`.
     pub async fn master_for_slot(&self, slot: u16) -> u16 {
         let nodes = self.topology().await;
-        owner(&nodes, slot).unwrap_or_else(|| panic!("no master serves slot {slot}: {nodes:?}")).port
+        owner(&nodes, slot)
+            .unwrap_or_else(|| panic!("no master serves slot {slot}: {nodes:?}"))
+            .port
     }
 
     /// Port of the master serving `key`'s slot.
@@ -269,27 +328,53 @@ impl RedisCluster {
     /// Port of the (first) replica of the master on `master`.
     pub async fn replica_of(&self, master: u16) -> u16 {
         let nodes = self.topology().await;
-        let id = &nodes.iter().find(|n| n.port == master).unwrap_or_else(|| panic!("no node on {master}")).id;
-        nodes.iter().find(|n| n.master_id.as_ref() == Some(id)).unwrap_or_else(|| panic!("master {master} has no replica: {nodes:?}")).port
+        let id = &nodes
+            .iter()
+            .find(|n| n.port == master)
+            .unwrap_or_else(|| panic!("no node on {master}"))
+            .id;
+        nodes
+            .iter()
+            .find(|n| n.master_id.as_ref() == Some(id))
+            .unwrap_or_else(|| panic!("master {master} has no replica: {nodes:?}"))
+            .port
     }
 
     /// Sends a signal by name to the running node on `port`: `STOP` freezes
     /// it (a replica stops taking its master's writes), `CONT` resumes it.
     pub fn signal(&self, port: u16, sig: &str) {
-        let node = self.nodes.iter().find(|n| n.port == port).unwrap_or_else(|| panic!("no node on {port}"));
-        node.proc.as_ref().unwrap_or_else(|| panic!("node {port} was killed")).signal(sig);
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no node on {port}"));
+        node.proc
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {port} was killed"))
+            .signal(sig);
     }
 
     /// The process id of the running node on `port` (`None` once killed),
     /// for measuring its CPU.
     pub fn pid(&self, port: u16) -> Option<u32> {
-        self.nodes.iter().find(|n| n.port == port).and_then(|n| n.proc.as_ref()).map(Proc::pid)
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .and_then(|n| n.proc.as_ref())
+            .map(Proc::pid)
     }
 
     /// Kills (SIGKILL) the node on `port` and reaps it.
     pub fn kill(&mut self, port: u16) {
-        let node = self.nodes.iter_mut().find(|n| n.port == port).unwrap_or_else(|| panic!("no node on {port}"));
-        let mut proc = node.proc.take().unwrap_or_else(|| panic!("node {port} already killed"));
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no node on {port}"));
+        let mut proc = node
+            .proc
+            .take()
+            .unwrap_or_else(|| panic!("node {port} already killed"));
         let _ = proc.child.kill();
         let _ = proc.child.wait();
     }
@@ -308,10 +393,14 @@ impl RedisCluster {
                     for &port in &ports {
                         let info: String = query(port, redis::cmd("CLUSTER").arg("INFO"))?;
                         let nodes = cluster_nodes(port)?;
-                        let Some(master) = owner(&nodes, slot).filter(|m| ports.contains(&m.port) && !m.is_failing()) else {
+                        let Some(master) = owner(&nodes, slot)
+                            .filter(|m| ports.contains(&m.port) && !m.is_failing())
+                        else {
                             return Ok(None);
                         };
-                        if !info.contains("cluster_state:ok") || agreed.is_some_and(|p| p != master.port) {
+                        if !info.contains("cluster_state:ok")
+                            || agreed.is_some_and(|p| p != master.port)
+                        {
                             return Ok(None);
                         }
                         agreed = Some(master.port);
@@ -321,7 +410,10 @@ impl RedisCluster {
                 if let Ok(Some(port)) = settled {
                     return port;
                 }
-                assert!(Instant::now() < deadline, "slot {slot} not failed over in {limit:?}: {settled:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "slot {slot} not failed over in {limit:?}: {settled:?}"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         })
@@ -334,14 +426,25 @@ impl RedisCluster {
         let ports = self.live_ports();
         blocking(move || {
             let deadline = Instant::now() + limit;
-            let offset =
-                |info: &str, field: &str| info.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse::<u64>().ok());
+            let offset = |info: &str, field: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
             loop {
                 let behind = (|| -> RedisResult<Vec<u16>> {
                     let nodes = topology(&ports);
                     let mut behind = Vec::new();
-                    for replica in nodes.iter().filter(|n| n.master_id.is_some() && ports.contains(&n.port)) {
-                        let Some(master) = nodes.iter().find(|m| Some(&m.id) == replica.master_id.as_ref()) else { continue };
+                    for replica in nodes
+                        .iter()
+                        .filter(|n| n.master_id.is_some() && ports.contains(&n.port))
+                    {
+                        let Some(master) = nodes
+                            .iter()
+                            .find(|m| Some(&m.id) == replica.master_id.as_ref())
+                        else {
+                            continue;
+                        };
                         if !ports.contains(&master.port) {
                             continue;
                         }
@@ -357,7 +460,10 @@ impl RedisCluster {
                 if behind.as_ref().is_ok_and(Vec::is_empty) {
                     return;
                 }
-                assert!(Instant::now() < deadline, "replicas did not catch up in {limit:?}: {behind:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "replicas did not catch up in {limit:?}: {behind:?}"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
         })
@@ -379,20 +485,46 @@ impl RedisCluster {
         let ports = self.live_ports();
         blocking(move || {
             let nodes = topology(&ports);
-            let source = owner(&nodes, slot).unwrap_or_else(|| panic!("no master serves slot {slot}")).clone();
-            let target = nodes.iter().find(|n| n.port == to && n.is_master()).unwrap_or_else(|| panic!("{to} is not a master")).clone();
+            let source = owner(&nodes, slot)
+                .unwrap_or_else(|| panic!("no master serves slot {slot}"))
+                .clone();
+            let target = nodes
+                .iter()
+                .find(|n| n.port == to && n.is_master())
+                .unwrap_or_else(|| panic!("{to} is not a master"))
+                .clone();
             assert_ne!(source.port, target.port, "slot {slot} is already on {to}");
             let others = nodes
                 .iter()
-                .filter(|n| n.is_master() && !n.is_failing() && ports.contains(&n.port) && n.port != source.port && n.port != target.port)
+                .filter(|n| {
+                    n.is_master()
+                        && !n.is_failing()
+                        && ports.contains(&n.port)
+                        && n.port != source.port
+                        && n.port != target.port
+                })
                 .map(|n| n.port)
                 .collect();
             let setslot = |port: u16, state: &str, id: &str| {
-                let () = query(port, redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(id)).unwrap();
+                let () = query(
+                    port,
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(slot)
+                        .arg(state)
+                        .arg(id),
+                )
+                .unwrap();
             };
             setslot(target.port, "IMPORTING", &source.id);
             setslot(source.port, "MIGRATING", &target.id);
-            SlotMigration { slot, source: source.port, target: target.port, target_id: target.id, others }
+            SlotMigration {
+                slot,
+                source: source.port,
+                target: target.port,
+                target_id: target.id,
+                others,
+            }
         })
         .await
     }
@@ -406,7 +538,11 @@ impl RedisCluster {
             let mut conn = connect(ports[0]).unwrap();
             let (mut ids, mut used) = (Vec::new(), Vec::new());
             for id in 1..10_000u32 {
-                let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(format!("{{sale:{id}}}")).query(&mut conn).unwrap();
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(format!("{{sale:{id}}}"))
+                    .query(&mut conn)
+                    .unwrap();
                 let master = owner(&nodes, slot).unwrap().port;
                 if !used.contains(&master) {
                     used.push(master);
@@ -449,7 +585,15 @@ impl SlotMigration {
         blocking(move || {
             while move_keys(self.slot, self.source, self.target, 100) > 0 {}
             for port in [self.target, self.source].into_iter().chain(self.others) {
-                let () = query(port, redis::cmd("CLUSTER").arg("SETSLOT").arg(self.slot).arg("NODE").arg(&self.target_id)).unwrap();
+                let () = query(
+                    port,
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(self.slot)
+                        .arg("NODE")
+                        .arg(&self.target_id),
+                )
+                .unwrap();
             }
         })
         .await
@@ -457,27 +601,73 @@ impl SlotMigration {
 }
 
 fn move_keys(slot: u16, source: u16, target: u16, max_keys: usize) -> usize {
-    let keys: Vec<String> = query(source, redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(max_keys)).unwrap();
+    let keys: Vec<String> = query(
+        source,
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(max_keys),
+    )
+    .unwrap();
     if !keys.is_empty() {
-        let () = query(source, redis::cmd("MIGRATE").arg("127.0.0.1").arg(target).arg("").arg(0).arg(5000).arg("KEYS").arg(&keys)).unwrap();
+        let () = query(
+            source,
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(target)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys),
+        )
+        .unwrap();
     }
     keys.len()
 }
 
 fn start_node(dir: &Path, port: u16, tls_port: Option<u16>, options: &ClusterOptions) -> Proc {
     let mut cmd = Command::new("redis-server");
-    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
-        .arg(dir)
-        .args(["--logfile", "redis.log", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
-        .args(["--cluster-node-timeout", &options.node_timeout.as_millis().to_string()])
-        // A replica takes over however long it was cut off, and stays
-        // with its master: failover tests know who replaces whom.
-        .args(["--cluster-replica-validity-factor", "0", "--cluster-allow-replica-migration", "no"])
-        // Replicas sync at once, not after the default 5 s diskless delay.
-        .args(["--repl-diskless-sync-delay", "0"])
-        .args(["--appendonly", if options.appendonly { "yes" } else { "no" }, "--appendfsync", "always"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--dir",
+    ])
+    .arg(dir)
+    .args([
+        "--logfile",
+        "redis.log",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ])
+    .args([
+        "--cluster-node-timeout",
+        &options.node_timeout.as_millis().to_string(),
+    ])
+    // A replica takes over however long it was cut off, and stays
+    // with its master: failover tests know who replaces whom.
+    .args([
+        "--cluster-replica-validity-factor",
+        "0",
+        "--cluster-allow-replica-migration",
+        "no",
+    ])
+    // Replicas sync at once, not after the default 5 s diskless delay.
+    .args(["--repl-diskless-sync-delay", "0"])
+    .args([
+        "--appendonly",
+        if options.appendonly { "yes" } else { "no" },
+        "--appendfsync",
+        "always",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
     if let (Some(files), Some(tls_port)) = (&options.tls, tls_port) {
         // The bus stays on port + 10000 (what `free_port_with_bus` keeps
         // free); with `tls-cluster` Redis would otherwise put it beside the
@@ -491,7 +681,10 @@ fn start_node(dir: &Path, port: u16, tls_port: Option<u16>, options: &ClusterOpt
             &(port + 10_000).to_string(),
         ]);
     }
-    Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server (cluster node)" }
+    Proc {
+        child: cmd.spawn().expect("redis-server on PATH"),
+        name: "redis-server (cluster node)",
+    }
 }
 
 fn cluster_nodes(port: u16) -> RedisResult<Vec<NodeInfo>> {
@@ -528,8 +721,14 @@ mod tests {
         assert!(master.is_master() && !master.is_failing());
         assert_eq!(master.slots, vec![0..=5460, 5461..=5461]);
         assert!(master.serves(5461) && !master.serves(5462));
-        let replica = NodeInfo::parse("07c3 127.0.0.1:20004@30004,host slave e7d1 0 1426238317239 4 connected").unwrap();
-        assert_eq!((replica.port, replica.master_id.as_deref()), (20004, Some("e7d1")));
+        let replica = NodeInfo::parse(
+            "07c3 127.0.0.1:20004@30004,host slave e7d1 0 1426238317239 4 connected",
+        )
+        .unwrap();
+        assert_eq!(
+            (replica.port, replica.master_id.as_deref()),
+            (20004, Some("e7d1"))
+        );
         let failed = NodeInfo::parse("9a1b :0@0 master,fail - 1 2 3 disconnected").unwrap();
         assert!(failed.is_failing() && failed.slots.is_empty());
     }

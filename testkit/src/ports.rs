@@ -42,13 +42,22 @@ fn lock_dir() -> PathBuf {
 /// Where to start scanning a range: differs between test processes, so
 /// parallel tests rarely contend for the same lock files.
 fn seed() -> u32 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0) ^ std::process::id().wrapping_mul(2_654_435_761)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id().wrapping_mul(2_654_435_761)
 }
 
 /// Claims `port`: locks its file and checks nothing listens there now.
 /// The lock is released when the returned file is dropped.
 fn claim(dir: &std::path::Path, port: u16) -> Option<File> {
-    let file = File::options().create(true).truncate(false).write(true).open(dir.join(port.to_string())).ok()?;
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+        .ok()?;
     file.try_lock().ok()?;
     // Held by nobody else; make sure nothing outside the tests listens there.
     // (A host without IPv6 only fails the second bind for another reason.)
@@ -87,7 +96,9 @@ pub fn free_port() -> u16 {
 pub fn free_port_with_bus() -> u16 {
     let dir = lock_dir();
     for port in scan(BUS_RANGE) {
-        let Some(client) = claim(&dir, port) else { continue };
+        let Some(client) = claim(&dir, port) else {
+            continue;
+        };
         // Dropping `client` on failure releases it for the next caller.
         if let Some(bus) = claim(&dir, port + CLUSTER_BUS_OFFSET) {
             hold([client, bus]);
@@ -106,11 +117,17 @@ mod tests {
         let port = free_port_with_bus();
         assert!(BUS_RANGE.contains(&port));
         let bus = port + CLUSTER_BUS_OFFSET;
-        assert!(RANGE.contains(&bus) && bus < 32_768, "the bus port stays below the ephemeral range");
+        assert!(
+            RANGE.contains(&bus) && bus < 32_768,
+            "the bus port stays below the ephemeral range"
+        );
         // flock conflicts between two open files even in one process: the
         // lock free_port would need for either port is taken.
         for p in [port, bus] {
-            let again = File::options().write(true).open(lock_dir().join(p.to_string())).unwrap();
+            let again = File::options()
+                .write(true)
+                .open(lock_dir().join(p.to_string()))
+                .unwrap();
             assert!(again.try_lock().is_err(), "port {p} is not held");
         }
         for _ in 0..50 {

@@ -27,13 +27,32 @@ impl PrivatePostgres {
             .find(|b| b.join("initdb").exists())?;
         let dir = TempDir::new("pg");
         let data = dir.0.join("data");
-        let pg = Self { port, dir, bin, running: false };
+        let pg = Self {
+            port,
+            dir,
+            bin,
+            running: false,
+        };
         if is_root() {
-            let ok = Command::new("chown").arg("-R").arg("postgres").arg(&pg.dir.0).status().unwrap();
+            let ok = Command::new("chown")
+                .arg("-R")
+                .arg("postgres")
+                .arg(&pg.dir.0)
+                .status()
+                .unwrap();
             assert!(ok.success(), "chown of the PostgreSQL dir failed");
         }
-        let out = pg.command("initdb").args(["-A", "trust", "-U", "postgres", "-D"]).arg(&data).output().unwrap();
-        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = pg
+            .command("initdb")
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Some(pg)
     }
 
@@ -56,7 +75,11 @@ impl PrivatePostgres {
     /// Starts the server (`pg_ctl start`) and waits until it accepts connections.
     pub fn start(&mut self) {
         let data = self.dir.0.join("data");
-        let options = format!("-p {} -c listen_addresses=127.0.0.1 -k {}", self.port, self.dir.0.display());
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {}",
+            self.port,
+            self.dir.0.display()
+        );
         let out = self
             .command("pg_ctl")
             .arg("-D")
@@ -66,7 +89,11 @@ impl PrivatePostgres {
             .args(["-w", "-t", "60", "start"])
             .output()
             .unwrap();
-        assert!(out.status.success(), "pg_ctl start failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         self.running = true;
     }
 
@@ -74,7 +101,12 @@ impl PrivatePostgres {
     pub fn stop(&mut self) {
         if std::mem::take(&mut self.running) {
             let data = self.dir.0.join("data");
-            let _ = self.command("pg_ctl").arg("-D").arg(&data).args(["-m", "immediate", "-w", "stop"]).output();
+            let _ = self
+                .command("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .args(["-m", "immediate", "-w", "stop"])
+                .output();
         }
     }
 }

@@ -11,9 +11,17 @@ use std::time::{Duration, Instant};
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap();
-    let dir = if dir.ends_with("deps") { dir.parent().unwrap() } else { dir };
+    let dir = if dir.ends_with("deps") {
+        dir.parent().unwrap()
+    } else {
+        dir
+    };
     let path = dir.join(name);
-    assert!(path.exists(), "{} not built: run `cargo build --workspace --bins` (make test does)", path.display());
+    assert!(
+        path.exists(),
+        "{} not built: run `cargo build --workspace --bins` (make test does)",
+        path.display()
+    );
     path
 }
 
@@ -30,7 +38,11 @@ impl Proc {
 
     /// Sends a signal by name (TERM, STOP, CONT, KILL).
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status().unwrap();
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
         assert!(ok.success(), "kill -{sig} {} failed", self.name);
     }
 
@@ -51,7 +63,11 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = Command::new("kill").arg("-CONT").arg(self.pid().to_string()).stderr(Stdio::null()).status();
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.pid().to_string())
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -80,7 +96,10 @@ pub fn wait_http_ready(addr: SocketAddr, limit: Duration) -> bool {
         if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
             let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
             let mut head = [0u8; 12];
-            let asked = s.write_all(format!("GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes());
+            let asked = s.write_all(
+                format!("GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
             if asked.is_ok() && s.read_exact(&mut head).is_ok() && head.ends_with(b" 200") {
                 return true;
             }
@@ -96,7 +115,11 @@ pub struct TempDir(pub PathBuf);
 impl TempDir {
     pub fn new(tag: &str) -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!("fg-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let p = std::env::temp_dir().join(format!(
+            "fg-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&p).unwrap();
         Self(p)
     }
@@ -110,7 +133,10 @@ impl Drop for TempDir {
 
 /// Whether this process runs as root.
 pub(crate) fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
 /// Runs blocking work (process waits, blocking Redis queries) off the async

@@ -77,26 +77,58 @@ impl RedisSentinels {
         // What the others reach the primary at.
         let primary_at = primary_tls.unwrap_or(primary);
         let servers = vec![
-            Server { port: primary, tls_port: primary_tls, proc: Some(start_server(&dir.0, (primary, primary_tls), None, tls)) },
+            Server {
+                port: primary,
+                tls_port: primary_tls,
+                proc: Some(start_server(&dir.0, (primary, primary_tls), None, tls)),
+            },
             Server {
                 port: replica,
                 tls_port: replica_tls,
-                proc: Some(start_server(&dir.0, (replica, replica_tls), Some(primary_at), tls)),
+                proc: Some(start_server(
+                    &dir.0,
+                    (replica, replica_tls),
+                    Some(primary_at),
+                    tls,
+                )),
             },
         ];
         for s in &servers {
-            assert!(wait_port(([127, 0, 0, 1], s.port).into(), Duration::from_secs(10)), "redis-server {} did not start", s.port);
+            assert!(
+                wait_port(([127, 0, 0, 1], s.port).into(), Duration::from_secs(10)),
+                "redis-server {} did not start",
+                s.port
+            );
         }
         let sentinels: Vec<Server> = (0..SENTINELS)
             .map(|_| {
                 let (port, tls_port) = ports();
-                Server { port, tls_port, proc: Some(start_sentinel(&dir.0, (port, tls_port), master_name, primary_at, tls)) }
+                Server {
+                    port,
+                    tls_port,
+                    proc: Some(start_sentinel(
+                        &dir.0,
+                        (port, tls_port),
+                        master_name,
+                        primary_at,
+                        tls,
+                    )),
+                }
             })
             .collect();
         for s in &sentinels {
-            assert!(wait_port(([127, 0, 0, 1], s.port).into(), Duration::from_secs(10)), "sentinel {} did not start", s.port);
+            assert!(
+                wait_port(([127, 0, 0, 1], s.port).into(), Duration::from_secs(10)),
+                "sentinel {} did not start",
+                s.port
+            );
         }
-        let set = Self { servers, sentinels, master_name: master_name.to_owned(), _dir: dir };
+        let set = Self {
+            servers,
+            sentinels,
+            master_name: master_name.to_owned(),
+            _dir: dir,
+        };
         set.wait_ready(replica, Duration::from_secs(30));
         set
     }
@@ -110,9 +142,24 @@ impl RedisSentinels {
                     return Ok(false);
                 }
                 for s in &self.sentinels {
-                    let _: String = query(s.port, redis::cmd("SENTINEL").arg("CKQUORUM").arg(&self.master_name))?;
-                    let replicas: Vec<redis::Value> = query(s.port, redis::cmd("SENTINEL").arg("REPLICAS").arg(&self.master_name))?;
-                    let peers: Vec<redis::Value> = query(s.port, redis::cmd("SENTINEL").arg("SENTINELS").arg(&self.master_name))?;
+                    let _: String = query(
+                        s.port,
+                        redis::cmd("SENTINEL")
+                            .arg("CKQUORUM")
+                            .arg(&self.master_name),
+                    )?;
+                    let replicas: Vec<redis::Value> = query(
+                        s.port,
+                        redis::cmd("SENTINEL")
+                            .arg("REPLICAS")
+                            .arg(&self.master_name),
+                    )?;
+                    let peers: Vec<redis::Value> = query(
+                        s.port,
+                        redis::cmd("SENTINEL")
+                            .arg("SENTINELS")
+                            .arg(&self.master_name),
+                    )?;
                     if replicas.is_empty() || peers.len() != SENTINELS - 1 {
                         return Ok(false);
                     }
@@ -122,7 +169,10 @@ impl RedisSentinels {
             if let Ok(true) = ready {
                 return;
             }
-            assert!(Instant::now() < deadline, "the sentinels did not settle in {limit:?}: {ready:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not settle in {limit:?}: {ready:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -134,19 +184,32 @@ impl RedisSentinels {
 
     /// URLs of the running Sentinels.
     pub fn sentinels(&self) -> Vec<String> {
-        self.sentinels.iter().filter(|s| s.proc.is_some()).map(|s| node_url(s.port)).collect()
+        self.sentinels
+            .iter()
+            .filter(|s| s.proc.is_some())
+            .map(|s| node_url(s.port))
+            .collect()
     }
 
     /// `rediss://` URLs of the running Sentinels, in a set started with
     /// [`RedisSentinels::start_tls`].
     pub fn tls_sentinels(&self) -> Vec<String> {
         let tls_url = |port| format!("rediss://127.0.0.1:{port}/");
-        self.sentinels.iter().filter(|s| s.proc.is_some()).filter_map(|s| s.tls_port).map(tls_url).collect()
+        self.sentinels
+            .iter()
+            .filter(|s| s.proc.is_some())
+            .filter_map(|s| s.tls_port)
+            .map(tls_url)
+            .collect()
     }
 
     /// Ports of the running data servers (primary or replica, whichever is which now).
     pub fn servers(&self) -> Vec<u16> {
-        self.servers.iter().filter(|s| s.proc.is_some()).map(|s| s.port).collect()
+        self.servers
+            .iter()
+            .filter(|s| s.proc.is_some())
+            .map(|s| s.port)
+            .collect()
     }
 
     /// A client of the redis crate that asks the Sentinels for the master.
@@ -181,23 +244,43 @@ impl RedisSentinels {
     /// master (the replica).
     pub async fn replica(&self) -> u16 {
         let master = self.master_addr().await.port();
-        let replica = self.servers.iter().find(|s| s.proc.is_some() && !s.has_port(master));
-        replica.map(|s| s.port).unwrap_or_else(|| panic!("no running replica of {master}"))
+        let replica = self
+            .servers
+            .iter()
+            .find(|s| s.proc.is_some() && !s.has_port(master));
+        replica
+            .map(|s| s.port)
+            .unwrap_or_else(|| panic!("no running replica of {master}"))
     }
 
     /// Sends a signal by name to the running data server on `port`: `STOP`
     /// freezes it (a replica stops taking the primary's writes), `CONT`
     /// resumes it.
     pub fn signal(&self, port: u16, sig: &str) {
-        let server = self.servers.iter().find(|s| s.has_port(port)).unwrap_or_else(|| panic!("no server on {port}"));
-        server.proc.as_ref().unwrap_or_else(|| panic!("server {port} was killed")).signal(sig);
+        let server = self
+            .servers
+            .iter()
+            .find(|s| s.has_port(port))
+            .unwrap_or_else(|| panic!("no server on {port}"));
+        server
+            .proc
+            .as_ref()
+            .unwrap_or_else(|| panic!("server {port} was killed"))
+            .signal(sig);
     }
 
     /// Kills (SIGKILL) the server the Sentinels report as master; returns its port.
     pub async fn kill_primary(&mut self) -> u16 {
         let port = self.master_addr().await.port();
-        let server = self.servers.iter_mut().find(|s| s.has_port(port)).unwrap_or_else(|| panic!("the master {port} is not ours"));
-        let mut proc = server.proc.take().unwrap_or_else(|| panic!("the master {port} is already dead"));
+        let server = self
+            .servers
+            .iter_mut()
+            .find(|s| s.has_port(port))
+            .unwrap_or_else(|| panic!("the master {port} is not ours"));
+        let mut proc = server
+            .proc
+            .take()
+            .unwrap_or_else(|| panic!("the master {port} is already dead"));
         let _ = proc.child.kill();
         let _ = proc.child.wait();
         port
@@ -208,8 +291,12 @@ impl RedisSentinels {
     pub async fn wait_failover(&self, limit: Duration) -> SocketAddr {
         // Where the Sentinels name each running server (its TLS port in a
         // TLS set), and its plain port for the check of its role.
-        let live: Vec<(u16, u16)> =
-            self.servers.iter().filter(|s| s.proc.is_some()).map(|s| (s.tls_port.unwrap_or(s.port), s.port)).collect();
+        let live: Vec<(u16, u16)> = self
+            .servers
+            .iter()
+            .filter(|s| s.proc.is_some())
+            .map(|s| (s.tls_port.unwrap_or(s.port), s.port))
+            .collect();
         let (ports, name) = (self.sentinel_ports(), self.master_name.clone());
         blocking(move || {
             let deadline = Instant::now() + limit;
@@ -218,21 +305,29 @@ impl RedisSentinels {
                     let mut agreed = None;
                     for &port in &ports {
                         let addr = master_addr_from(port, &name)?;
-                        if !live.iter().any(|(at, _)| *at == addr.port()) || agreed.is_some_and(|a| a != addr) {
+                        if !live.iter().any(|(at, _)| *at == addr.port())
+                            || agreed.is_some_and(|a| a != addr)
+                        {
                             return Ok(None);
                         }
                         agreed = Some(addr);
                     }
                     let Some(addr) = agreed else { return Ok(None) };
-                    let Some(&(_, plain)) = live.iter().find(|(at, _)| *at == addr.port()) else { return Ok(None) };
+                    let Some(&(_, plain)) = live.iter().find(|(at, _)| *at == addr.port()) else {
+                        return Ok(None);
+                    };
                     let role: Vec<redis::Value> = query(plain, &redis::cmd("ROLE"))?;
-                    let is_master = matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master");
+                    let is_master =
+                        matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master");
                     Ok(is_master.then_some(addr))
                 })();
                 if let Ok(Some(addr)) = settled {
                     return addr;
                 }
-                assert!(Instant::now() < deadline, "{name} not failed over in {limit:?}: {settled:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "{name} not failed over in {limit:?}: {settled:?}"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         })
@@ -240,36 +335,72 @@ impl RedisSentinels {
     }
 
     fn sentinel_ports(&self) -> Vec<u16> {
-        self.sentinels.iter().filter(|s| s.proc.is_some()).map(|s| s.port).collect()
+        self.sentinels
+            .iter()
+            .filter(|s| s.proc.is_some())
+            .map(|s| s.port)
+            .collect()
     }
 }
 
 fn master_addr_from(sentinel: u16, name: &str) -> RedisResult<SocketAddr> {
-    let (host, port): (String, u16) = query(sentinel, redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(name))?;
-    host.parse().map(|ip| SocketAddr::new(ip, port)).map_err(|_| (redis::ErrorKind::Parse, "master host is not an IP", host).into())
+    let (host, port): (String, u16) = query(
+        sentinel,
+        redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(name),
+    )?;
+    host.parse()
+        .map(|ip| SocketAddr::new(ip, port))
+        .map_err(|_| (redis::ErrorKind::Parse, "master host is not an IP", host).into())
 }
 
 /// A data server on `port` (and TLS port), a replica of `replica_of`.
-fn start_server(dir: &Path, (port, tls_port): (u16, Option<u16>), replica_of: Option<u16>, tls: Option<&TlsFiles>) -> Proc {
+fn start_server(
+    dir: &Path,
+    (port, tls_port): (u16, Option<u16>),
+    replica_of: Option<u16>,
+    tls: Option<&TlsFiles>,
+) -> Proc {
     let dir = dir.join(port.to_string());
     std::fs::create_dir_all(&dir).unwrap();
     let mut cmd = Command::new("redis-server");
-    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
-        .arg(&dir)
-        // Replicas sync at once, not after the default 5 s diskless delay.
-        .args(["--logfile", "redis.log", "--repl-diskless-sync-delay", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+    ])
+    .arg(&dir)
+    // Replicas sync at once, not after the default 5 s diskless delay.
+    .args(["--logfile", "redis.log", "--repl-diskless-sync-delay", "0"])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
     if let Some(primary) = replica_of {
         cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
     }
     if let (Some(files), Some(tls_port)) = (tls, tls_port) {
-        cmd.args(files.args(tls_port)).args(["--tls-replication", "yes"]);
+        cmd.args(files.args(tls_port))
+            .args(["--tls-replication", "yes"]);
     }
-    Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-server (sentinel-managed)" }
+    Proc {
+        child: cmd.spawn().expect("redis-server on PATH"),
+        name: "redis-server (sentinel-managed)",
+    }
 }
 
-fn start_sentinel(dir: &Path, (port, tls_port): (u16, Option<u16>), master_name: &str, primary: u16, tls: Option<&TlsFiles>) -> Proc {
+fn start_sentinel(
+    dir: &Path,
+    (port, tls_port): (u16, Option<u16>),
+    master_name: &str,
+    primary: u16,
+    tls: Option<&TlsFiles>,
+) -> Proc {
     let dir = dir.join(format!("sentinel-{port}"));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("sentinel.conf");
@@ -296,6 +427,12 @@ fn start_sentinel(dir: &Path, (port, tls_port): (u16, Option<u16>), master_name:
     )
     .unwrap();
     let mut cmd = Command::new("redis-server");
-    cmd.arg(&conf).arg("--sentinel").stdout(Stdio::null()).stderr(Stdio::null());
-    Proc { child: cmd.spawn().expect("redis-server on PATH"), name: "redis-sentinel" }
+    cmd.arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    Proc {
+        child: cmd.spawn().expect("redis-server on PATH"),
+        name: "redis-sentinel",
+    }
 }

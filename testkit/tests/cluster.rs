@@ -10,7 +10,11 @@ use flashgate_testkit::RedisCluster;
 use redis::AsyncCommands;
 
 async fn node(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_multiplexed_async_connection().await.unwrap()
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -18,12 +22,26 @@ async fn a_cluster_has_three_masters_with_a_replica_each_and_serves_every_slot()
     let cluster = RedisCluster::start();
     assert_eq!(cluster.nodes().len(), 6);
     let nodes = cluster.topology().await;
-    let masters: Vec<_> = nodes.iter().filter(|n| n.is_master() && !n.slots.is_empty()).collect();
+    let masters: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.is_master() && !n.slots.is_empty())
+        .collect();
     assert_eq!(masters.len(), 3, "{nodes:?}");
     for m in &masters {
-        assert_eq!(nodes.iter().filter(|n| n.master_id.as_ref() == Some(&m.id)).count(), 1, "replicas of {m:?}");
+        assert_eq!(
+            nodes
+                .iter()
+                .filter(|n| n.master_id.as_ref() == Some(&m.id))
+                .count(),
+            1,
+            "replicas of {m:?}"
+        );
     }
-    let covered: usize = masters.iter().flat_map(|m| &m.slots).map(|r| r.clone().count()).sum();
+    let covered: usize = masters
+        .iter()
+        .flat_map(|m| &m.slots)
+        .map(|r| r.clone().count())
+        .sum();
     assert_eq!(covered, 16384);
 
     // The redis crate's cluster client routes every key to its master.
@@ -36,7 +54,10 @@ async fn a_cluster_has_three_masters_with_a_replica_each_and_serves_every_slot()
         assert_eq!(v, i);
     }
     for port in cluster.masters().await {
-        let size: u64 = redis::cmd("DBSIZE").query_async(&mut node(port).await).await.unwrap();
+        let size: u64 = redis::cmd("DBSIZE")
+            .query_async(&mut node(port).await)
+            .await
+            .unwrap();
         assert!(size > 0, "no key landed on master {port}");
     }
 
@@ -45,7 +66,11 @@ async fn a_cluster_has_three_masters_with_a_replica_each_and_serves_every_slot()
     assert_eq!(ids.len(), 3);
     let mut owners = Vec::new();
     for id in &ids {
-        owners.push(cluster.master_for_key(&format!("fg:{{sale:{id}}}:remaining")).await);
+        owners.push(
+            cluster
+                .master_for_key(&format!("fg:{{sale:{id}}}:remaining"))
+                .await,
+        );
     }
     owners.sort_unstable();
     owners.dedup();
@@ -58,12 +83,18 @@ async fn killing_the_master_of_a_key_promotes_its_replica_and_the_key_is_served_
     let key = "fg:{sale:1}:remaining";
     let mut conn = cluster.conn().await;
     let () = conn.set(key, 42).await.unwrap();
-    cluster.wait_replicas_caught_up(Duration::from_secs(10)).await;
+    cluster
+        .wait_replicas_caught_up(Duration::from_secs(10))
+        .await;
 
     let old = cluster.master_for_key(key).await;
     let nodes = cluster.topology().await;
     let old_id = &nodes.iter().find(|n| n.port == old).unwrap().id;
-    let replica = nodes.iter().find(|n| n.master_id.as_ref() == Some(old_id)).unwrap().port;
+    let replica = nodes
+        .iter()
+        .find(|n| n.master_id.as_ref() == Some(old_id))
+        .unwrap()
+        .port;
 
     assert_eq!(cluster.kill_master_for_key(key).await, old);
     let new = cluster.wait_failover(key, Duration::from_secs(30)).await;
@@ -90,7 +121,12 @@ async fn a_slot_moves_to_another_master_while_the_cluster_client_keeps_reading()
     }
     let slot = cluster.slot_of(&keys[0]).await;
     let from = cluster.master_for_slot(slot).await;
-    let to = cluster.masters().await.into_iter().find(|&p| p != from).unwrap();
+    let to = cluster
+        .masters()
+        .await
+        .into_iter()
+        .find(|&p| p != from)
+        .unwrap();
 
     // A reader that runs through the whole migration: no read may fail.
     let stop = Arc::new(AtomicBool::new(false));
@@ -100,7 +136,10 @@ async fn a_slot_moves_to_another_master_while_the_cluster_client_keeps_reading()
             let mut reads = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 for k in &keys {
-                    let v: String = conn.get(k).await.unwrap_or_else(|e| panic!("read of {k} failed during the migration: {e}"));
+                    let v: String = conn
+                        .get(k)
+                        .await
+                        .unwrap_or_else(|e| panic!("read of {k} failed during the migration: {e}"));
                     assert_eq!(&v, k);
                     reads += 1;
                 }
@@ -112,9 +151,19 @@ async fn a_slot_moves_to_another_master_while_the_cluster_client_keeps_reading()
     let migration = cluster.begin_migration(slot, to).await;
     assert_eq!(migration.move_keys(150).await, 150);
     // Halfway: the source sends the client elsewhere (ASK) for moved keys.
-    let moved: Vec<String> = redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1000).query_async(&mut node(to).await).await.unwrap();
+    let moved: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query_async(&mut node(to).await)
+        .await
+        .unwrap();
     assert_eq!(moved.len(), 150);
-    let asked = node(from).await.get::<_, String>(&moved[0]).await.unwrap_err();
+    let asked = node(from)
+        .await
+        .get::<_, String>(&moved[0])
+        .await
+        .unwrap_err();
     assert_eq!(asked.code(), Some("ASK"), "{asked}");
     for k in &keys {
         let v: String = conn.get(k).await.unwrap();
@@ -125,9 +174,18 @@ async fn a_slot_moves_to_another_master_while_the_cluster_client_keeps_reading()
 
     migration.finish().await;
     assert_eq!(cluster.master_for_slot(slot).await, to);
-    let gone: u64 = redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot).query_async(&mut node(from).await).await.unwrap();
+    let gone: u64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query_async(&mut node(from).await)
+        .await
+        .unwrap();
     assert_eq!(gone, 0);
-    let moved = node(from).await.get::<_, String>(&keys[0]).await.unwrap_err();
+    let moved = node(from)
+        .await
+        .get::<_, String>(&keys[0])
+        .await
+        .unwrap_err();
     assert_eq!(moved.code(), Some("MOVED"), "{moved}");
     for k in &keys {
         let v: String = conn.get(k).await.unwrap();

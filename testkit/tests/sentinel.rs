@@ -17,10 +17,26 @@ async fn after_the_primary_dies_the_sentinels_promote_the_replica_and_a_sentinel
     let mut client = set.client();
     let mut conn = client.get_async_connection().await.unwrap();
     let () = conn.set("fg:{sale:1}:remaining", 5).await.unwrap();
-    let mut direct = redis::Client::open(format!("redis://{before}/")).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut conn).await.unwrap();
-    assert_eq!(acked, 1, "the replica has the write before the primary dies");
-    let role: String = redis::cmd("INFO").arg("replication").query_async(&mut direct).await.unwrap();
+    let mut direct = redis::Client::open(format!("redis://{before}/"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        acked, 1,
+        "the replica has the write before the primary dies"
+    );
+    let role: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut direct)
+        .await
+        .unwrap();
     assert!(role.contains("role:master"), "{role}");
 
     assert_eq!(set.kill_primary().await, before.port());
@@ -34,8 +50,19 @@ async fn after_the_primary_dies_the_sentinels_promote_the_replica_and_a_sentinel
     let mut conn = client.get_async_connection().await.unwrap();
     let v: i64 = conn.decr("fg:{sale:1}:remaining", 1).await.unwrap();
     assert_eq!(v, 4);
-    let server: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await.unwrap();
-    assert!(server.contains(&format!("tcp_port:{}\r\n", after.port())), "connected to the wrong server: {server}");
-    let role: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+    let server: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        server.contains(&format!("tcp_port:{}\r\n", after.port())),
+        "connected to the wrong server: {server}"
+    );
+    let role: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(role.contains("role:master"), "{role}");
 }

@@ -11,14 +11,29 @@ use crate::JWT_SECRET;
 ///
 /// # Panics
 /// When no answer comes (use [`try_buy`] where the gateway may die).
-pub async fn buy(http: &reqwest::Client, gateway: SocketAddr, sale: &str, token: &str, idempotency_key: Option<&str>) -> (u16, Value) {
-    send_buy(http, gateway, sale, token, idempotency_key).await.unwrap_or_else(|e| panic!("buy at {gateway}: {e}"))
+pub async fn buy(
+    http: &reqwest::Client,
+    gateway: SocketAddr,
+    sale: &str,
+    token: &str,
+    idempotency_key: Option<&str>,
+) -> (u16, Value) {
+    send_buy(http, gateway, sale, token, idempotency_key)
+        .await
+        .unwrap_or_else(|e| panic!("buy at {gateway}: {e}"))
 }
 
 /// A buy that never panics: status 0 when no answer came (connection
 /// refused or cut, as when the gateway dies mid-request).
-pub async fn try_buy(http: &reqwest::Client, gateway: SocketAddr, sale: &str, token: &str) -> (u16, Value) {
-    send_buy(http, gateway, sale, token, None).await.unwrap_or((0, Value::Null))
+pub async fn try_buy(
+    http: &reqwest::Client,
+    gateway: SocketAddr,
+    sale: &str,
+    token: &str,
+) -> (u16, Value) {
+    send_buy(http, gateway, sale, token, None)
+        .await
+        .unwrap_or((0, Value::Null))
 }
 
 async fn send_buy(
@@ -28,7 +43,10 @@ async fn send_buy(
     token: &str,
     idempotency_key: Option<&str>,
 ) -> reqwest::Result<(u16, Value)> {
-    let mut req = http.post(format!("http://{gateway}/api/sales/{sale}/buy")).bearer_auth(token).timeout(Duration::from_secs(10));
+    let mut req = http
+        .post(format!("http://{gateway}/api/sales/{sale}/buy"))
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(10));
     if let Some(k) = idempotency_key {
         req = req.header("Idempotency-Key", k);
     }
@@ -46,7 +64,12 @@ pub fn token(user: &str) -> String {
 pub fn token_with(user: &str, secret: &str, ttl_seconds: i64) -> String {
     let exp = flashgate_common::now_ms() / 1000 + ttl_seconds;
     let claims = serde_json::json!({ "sub": user, "exp": exp });
-    jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes())).unwrap()
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
 }
 
 /// A random, non-sequential user id.
@@ -64,7 +87,10 @@ pub struct Attempt {
 impl Attempt {
     /// One attempt by `user`, without an Idempotency-Key.
     pub fn by(user: &str) -> Self {
-        Self { user: user.to_owned(), idempotency_key: None }
+        Self {
+            user: user.to_owned(),
+            idempotency_key: None,
+        }
     }
 }
 
@@ -97,8 +123,16 @@ impl Outcome {
 /// returns the outcomes in the order given. Never panics on a lost
 /// connection: an attempt nobody answered has status 0, so a burst
 /// survives a gateway that dies in the middle of it.
-pub async fn buy_all(gateway: SocketAddr, sale: &str, attempts: Vec<Attempt>, concurrency: usize) -> Vec<Outcome> {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(concurrency).build().unwrap();
+pub async fn buy_all(
+    gateway: SocketAddr,
+    sale: &str,
+    attempts: Vec<Attempt>,
+    concurrency: usize,
+) -> Vec<Outcome> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()
+        .unwrap();
     let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
     let mut tasks = Vec::with_capacity(attempts.len());
     for attempt in attempts {
@@ -107,9 +141,22 @@ pub async fn buy_all(gateway: SocketAddr, sale: &str, attempts: Vec<Attempt>, co
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire_owned().await.unwrap();
             let sent = Instant::now();
-            let (status, body) =
-                send_buy(&http, gateway, &sale, &tok, attempt.idempotency_key.as_deref()).await.unwrap_or((0, Value::Null));
-            Outcome { attempt, status, body, sent, answered: Instant::now() }
+            let (status, body) = send_buy(
+                &http,
+                gateway,
+                &sale,
+                &tok,
+                attempt.idempotency_key.as_deref(),
+            )
+            .await
+            .unwrap_or((0, Value::Null));
+            Outcome {
+                attempt,
+                status,
+                body,
+                sent,
+                answered: Instant::now(),
+            }
         }));
     }
     let mut out = Vec::with_capacity(tasks.len());

@@ -14,8 +14,14 @@ fn dialect(database_url: &str, sql: &str) -> String {
 pub async fn db_orders(database_url: &str, sale: &str) -> (i64, i64, i64) {
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(database_url).await.unwrap();
-    let (total,): (i64,) =
-        sqlx::query_as(&dialect(database_url, "SELECT COUNT(*) FROM orders WHERE sale_id = $1")).bind(sale).fetch_one(&pool).await.unwrap();
+    let (total,): (i64,) = sqlx::query_as(&dialect(
+        database_url,
+        "SELECT COUNT(*) FROM orders WHERE sale_id = $1",
+    ))
+    .bind(sale)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     let (users, most): (i64, i64) = sqlx::query_as(&dialect(
         database_url,
         "SELECT COUNT(*), COALESCE(MAX(n), 0) FROM \
@@ -42,14 +48,23 @@ pub struct OrderRow {
 pub async fn db_order_rows(database_url: &str, sale: &str) -> Vec<OrderRow> {
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(database_url).await.unwrap();
-    let rows: Vec<(String, String, String, String)> =
-        sqlx::query_as(&dialect(database_url, "SELECT order_id, reservation_id, user_id, status FROM orders WHERE sale_id = $1"))
-            .bind(sale)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(&dialect(
+        database_url,
+        "SELECT order_id, reservation_id, user_id, status FROM orders WHERE sale_id = $1",
+    ))
+    .bind(sale)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     pool.close().await;
-    rows.into_iter().map(|(order_id, reservation_id, user_id, status)| OrderRow { order_id, reservation_id, user_id, status }).collect()
+    rows.into_iter()
+        .map(|(order_id, reservation_id, user_id, status)| OrderRow {
+            order_id,
+            reservation_id,
+            user_id,
+            status,
+        })
+        .collect()
 }
 
 /// The MariaDB (MySQL) server the tests use: root, no password
@@ -69,8 +84,13 @@ impl MysqlDatabase {
     pub async fn create() -> Self {
         let name = database_name();
         let create = format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin");
-        administer(MYSQL_SERVER, &[&create]).await.expect("a database created on MariaDB at 127.0.0.1:3306 (make test starts it)");
-        Self { url: format!("{MYSQL_SERVER}/{name}"), name }
+        administer(MYSQL_SERVER, &[&create])
+            .await
+            .expect("a database created on MariaDB at 127.0.0.1:3306 (make test starts it)");
+        Self {
+            url: format!("{MYSQL_SERVER}/{name}"),
+            name,
+        }
     }
 }
 
@@ -93,28 +113,46 @@ impl PostgresDatabase {
         administer(POSTGRES_ADMIN, &[&format!("CREATE DATABASE {name}")])
             .await
             .expect("a database created on PostgreSQL at 127.0.0.1:5432");
-        Self { url: format!("{POSTGRES_SERVER}/{name}"), name }
+        Self {
+            url: format!("{POSTGRES_SERVER}/{name}"),
+            name,
+        }
     }
 }
 
 impl Drop for PostgresDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        drop_database(POSTGRES_ADMIN, vec![format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")]);
+        drop_database(
+            POSTGRES_ADMIN,
+            vec![format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")],
+        );
     }
 }
 
 impl Drop for MysqlDatabase {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.name);
-        drop_database(MYSQL_SERVER, vec!["SET SESSION lock_wait_timeout = 5".into(), format!("DROP DATABASE IF EXISTS `{name}`")]);
+        drop_database(
+            MYSQL_SERVER,
+            vec![
+                "SET SESSION lock_wait_timeout = 5".into(),
+                format!("DROP DATABASE IF EXISTS `{name}`"),
+            ],
+        );
     }
 }
 
 /// `flashgate_t_<unix seconds>_<random>`.
 fn database_name() -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    format!("flashgate_t_{now}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    format!(
+        "flashgate_t_{now}_{:012x}",
+        rand::random::<u64>() & 0xffff_ffff_ffff
+    )
 }
 
 /// Runs every one of `statements` on one connection to `admin`; the first
@@ -139,7 +177,12 @@ async fn administer(admin: &str, statements: &[&str]) -> Result<(), sqlx::Error>
 /// hour).
 fn drop_database(admin: &'static str, statements: Vec<String>) {
     let _ = std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
         let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
         let _ = runtime.block_on(administer(admin, &statements));
     })

@@ -23,11 +23,14 @@ pub mod local_run;
 pub mod pki;
 pub mod stack;
 
-pub use client::{buy, buy_all, get_json, random_user, token, token_with, try_buy, wait_ready, Attempt, Outcome};
+pub use client::{
+    buy, buy_all, get_json, random_user, token, token_with, try_buy, wait_ready, Attempt, Outcome,
+};
 pub use db::{db_order_rows, db_orders, MysqlDatabase, OrderRow, PostgresDatabase};
 pub use flashgate_testkit::*;
 pub use stack::{
-    node, redis_tls_files, redis_toml, spawn_as, wait_subscribers, Deployment, Early, RedisMode, SaleInRedis, Stack, StackOptions,
+    node, redis_tls_files, redis_toml, spawn_as, wait_subscribers, Deployment, Early, RedisMode,
+    SaleInRedis, Stack, StackOptions,
 };
 
 /// Secret the test gateways verify buyer tokens with (secrets under 32

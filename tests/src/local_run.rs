@@ -23,7 +23,14 @@ pub struct LocalRun {
 impl LocalRun {
     /// Ports of its own; `extra` is appended to the config (sales, ...).
     pub fn new(data: &Path, extra: &str) -> Self {
-        let ports = [free_port(), free_port(), free_port(), free_port(), free_port(), free_port()];
+        let ports = [
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        ];
         let [redis, shop, gateway, gateway_admin, backend, backend_admin] = ports;
         let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
         let config = data.join("run.toml");
@@ -41,7 +48,11 @@ impl LocalRun {
             ),
         )
         .unwrap();
-        Self { data: data.to_owned(), config, ports }
+        Self {
+            data: data.to_owned(),
+            config,
+            ports,
+        }
     }
 
     /// The script, on this run's ports and data dir, with `env` on top.
@@ -57,9 +68,15 @@ impl LocalRun {
             .env("FLASHGATE_REDIS_PORT", redis.to_string())
             .env("FLASHGATE_SHOP_ADDR", format!("127.0.0.1:{shop}"))
             .env("FLASHGATE_GATEWAY_ADDR", format!("127.0.0.1:{gateway}"))
-            .env("FLASHGATE_GATEWAY_ADMIN_ADDR", format!("127.0.0.1:{gateway_admin}"))
+            .env(
+                "FLASHGATE_GATEWAY_ADMIN_ADDR",
+                format!("127.0.0.1:{gateway_admin}"),
+            )
             .env("FLASHGATE_BACKEND_ADDR", format!("127.0.0.1:{backend}"))
-            .env("FLASHGATE_BACKEND_ADMIN_ADDR", format!("127.0.0.1:{backend_admin}"))
+            .env(
+                "FLASHGATE_BACKEND_ADMIN_ADDR",
+                format!("127.0.0.1:{backend_admin}"),
+            )
             .env("FLASHGATE_READY_TIMEOUT", READY_LIMIT.as_secs().to_string())
             .env_remove("FLASHGATE_JWT_SECRET")
             .env_remove("FLASHGATE_ADMIN_TOKEN")
@@ -76,7 +93,10 @@ impl LocalRun {
     /// status and what it wrote to stderr.
     pub fn run_to_exit(&self, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
         let out = self.command(env).stdout(Stdio::null()).output().unwrap();
-        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// Runs the script until it prints its URLs; its output so far. The
@@ -92,7 +112,8 @@ impl LocalRun {
                 let _ = tx.send(line);
             }
         });
-        let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+        let errors =
+            std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
         let mut out = String::new();
         let deadline = Instant::now() + READY_LIMIT;
         while Instant::now() < deadline {
@@ -109,7 +130,10 @@ impl LocalRun {
             }
         }
         drop(guard);
-        panic!("run.sh did not print its URLs:\n{out}\nstderr:\n{}", errors.join().unwrap_or_default());
+        panic!(
+            "run.sh did not print its URLs:\n{out}\nstderr:\n{}",
+            errors.join().unwrap_or_default()
+        );
     }
 
     pub fn admin_addr(&self) -> String {
@@ -129,7 +153,10 @@ impl Drop for RunGuard {
         while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.0.wait();
     }
 }

@@ -15,7 +15,9 @@ use openssl::ec::{EcGroup, EcKey};
 use openssl::hash::{hash, MessageDigest};
 use openssl::nid::Nid;
 use openssl::pkey::{PKey, Private};
-use openssl::x509::extension::{BasicConstraints, ExtendedKeyUsage, KeyUsage, SubjectAlternativeName};
+use openssl::x509::extension::{
+    BasicConstraints, ExtendedKeyUsage, KeyUsage, SubjectAlternativeName,
+};
 use openssl::x509::{X509Builder, X509Name, X509};
 
 static SERIAL: AtomicU32 = AtomicU32::new(1);
@@ -36,11 +38,14 @@ fn builder(cn: &str, key: &PKey<Private>) -> X509Builder {
     let mut b = X509Builder::new().unwrap();
     b.set_version(2).unwrap();
     let serial = BigNum::from_u32(SERIAL.fetch_add(1, Ordering::Relaxed)).unwrap();
-    b.set_serial_number(&Asn1Integer::from_bn(&serial).unwrap()).unwrap();
+    b.set_serial_number(&Asn1Integer::from_bn(&serial).unwrap())
+        .unwrap();
     b.set_subject_name(&name(cn)).unwrap();
     let now = flashgate_common::now_ms() / 1000;
-    b.set_not_before(&Asn1Time::from_unix(now - 3600).unwrap()).unwrap();
-    b.set_not_after(&Asn1Time::from_unix(now + 86_400).unwrap()).unwrap();
+    b.set_not_before(&Asn1Time::from_unix(now - 3600).unwrap())
+        .unwrap();
+    b.set_not_after(&Asn1Time::from_unix(now + 86_400).unwrap())
+        .unwrap();
     b.set_pubkey(key).unwrap();
     b
 }
@@ -60,10 +65,23 @@ impl TestCa {
         let key = new_key();
         let mut b = builder(cn, &key);
         b.set_issuer_name(&name(cn)).unwrap();
-        b.append_extension(BasicConstraints::new().critical().ca().build().unwrap()).unwrap();
-        b.append_extension(KeyUsage::new().critical().key_cert_sign().crl_sign().build().unwrap()).unwrap();
+        b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+            .unwrap();
+        b.append_extension(
+            KeyUsage::new()
+                .critical()
+                .key_cert_sign()
+                .crl_sign()
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
         b.sign(&key, MessageDigest::sha256()).unwrap();
-        Self { cert: b.build(), key, chain: Vec::new() }
+        Self {
+            cert: b.build(),
+            key,
+            chain: Vec::new(),
+        }
     }
 
     /// An intermediate CA signed by this one.
@@ -71,8 +89,24 @@ impl TestCa {
         let key = new_key();
         let mut b = builder(cn, &key);
         b.set_issuer_name(self.cert.subject_name()).unwrap();
-        b.append_extension(BasicConstraints::new().critical().ca().pathlen(0).build().unwrap()).unwrap();
-        b.append_extension(KeyUsage::new().critical().key_cert_sign().crl_sign().build().unwrap()).unwrap();
+        b.append_extension(
+            BasicConstraints::new()
+                .critical()
+                .ca()
+                .pathlen(0)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        b.append_extension(
+            KeyUsage::new()
+                .critical()
+                .key_cert_sign()
+                .crl_sign()
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
         b.sign(&self.key, MessageDigest::sha256()).unwrap();
         let cert = b.build();
         let mut chain = vec![cert.clone()];
@@ -101,8 +135,16 @@ impl TestCa {
         let key = new_key();
         let mut b = builder(cn, &key);
         b.set_issuer_name(self.cert.subject_name()).unwrap();
-        b.append_extension(BasicConstraints::new().critical().build().unwrap()).unwrap();
-        b.append_extension(KeyUsage::new().critical().digital_signature().build().unwrap()).unwrap();
+        b.append_extension(BasicConstraints::new().critical().build().unwrap())
+            .unwrap();
+        b.append_extension(
+            KeyUsage::new()
+                .critical()
+                .digital_signature()
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
         let mut usage = ExtendedKeyUsage::new();
         usage.server_auth();
         if client_too {
@@ -116,7 +158,11 @@ impl TestCa {
         for ip in ips {
             san.ip(ip);
         }
-        b.append_extension(san.build(&b.x509v3_context(Some(&self.cert), None)).unwrap()).unwrap();
+        b.append_extension(
+            san.build(&b.x509v3_context(Some(&self.cert), None))
+                .unwrap(),
+        )
+        .unwrap();
         b.sign(&self.key, MessageDigest::sha256()).unwrap();
         let cert = b.build();
         let spki = cert.public_key().unwrap().public_key_to_der().unwrap();

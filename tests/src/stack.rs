@@ -22,8 +22,8 @@ use flashgate_testkit::{RedisCluster, RedisSentinels};
 use crate::client::{buy, token};
 use crate::db::{db_order_rows, db_orders, OrderRow};
 use crate::{
-    bin, free_port, wait_http_ready, wait_port, Proc, RedisServer, TempDir, ADMIN_TOKEN, CHALLENGE_SECRET, INTERNAL_TOKEN, JWT_SECRET,
-    SHOP_TOKEN,
+    bin, free_port, wait_http_ready, wait_port, Proc, RedisServer, TempDir, ADMIN_TOKEN,
+    CHALLENGE_SECRET, INTERNAL_TOKEN, JWT_SECRET, SHOP_TOKEN,
 };
 
 /// Settings of a test stack.
@@ -89,11 +89,13 @@ impl Deployment {
         match (mode, tls) {
             (RedisMode::Standalone, _) => Self::Standalone,
             (RedisMode::Cluster, None) => Self::Cluster(RedisCluster::start()),
-            (RedisMode::Cluster, Some(tls)) => Self::Cluster(RedisCluster::start_with(flashgate_testkit::ClusterOptions {
-                replicas_per_master: 0,
-                tls: Some(tls.clone()),
-                ..Default::default()
-            })),
+            (RedisMode::Cluster, Some(tls)) => Self::Cluster(RedisCluster::start_with(
+                flashgate_testkit::ClusterOptions {
+                    replicas_per_master: 0,
+                    tls: Some(tls.clone()),
+                    ..Default::default()
+                },
+            )),
             (RedisMode::Sentinel, None) => Self::Sentinel(RedisSentinels::start()),
             (RedisMode::Sentinel, Some(tls)) => Self::Sentinel(RedisSentinels::start_tls(tls)),
         }
@@ -103,18 +105,30 @@ impl Deployment {
     /// standalone mode).
     fn tls_target(&self, redis: &RedisServer) -> RedisTarget {
         match self {
-            Self::Standalone => RedisTarget::Standalone { url: redis.tls_url() },
-            Self::Cluster(c) => RedisTarget::Cluster { nodes: c.tls_nodes() },
-            Self::Sentinel(s) => RedisTarget::Sentinel { sentinels: s.tls_sentinels(), master_name: s.master_name().to_owned() },
+            Self::Standalone => RedisTarget::Standalone {
+                url: redis.tls_url(),
+            },
+            Self::Cluster(c) => RedisTarget::Cluster {
+                nodes: c.tls_nodes(),
+            },
+            Self::Sentinel(s) => RedisTarget::Sentinel {
+                sentinels: s.tls_sentinels(),
+                master_name: s.master_name().to_owned(),
+            },
         }
     }
 
     /// Where the processes find Redis; `standalone_port` in standalone mode.
     fn target(&self, standalone_port: u16) -> RedisTarget {
         match self {
-            Self::Standalone => RedisTarget::Standalone { url: format!("redis://127.0.0.1:{standalone_port}/") },
+            Self::Standalone => RedisTarget::Standalone {
+                url: format!("redis://127.0.0.1:{standalone_port}/"),
+            },
             Self::Cluster(c) => RedisTarget::Cluster { nodes: c.nodes() },
-            Self::Sentinel(s) => RedisTarget::Sentinel { sentinels: s.sentinels(), master_name: s.master_name().to_owned() },
+            Self::Sentinel(s) => RedisTarget::Sentinel {
+                sentinels: s.sentinels(),
+                master_name: s.master_name().to_owned(),
+            },
         }
     }
 }
@@ -145,7 +159,10 @@ impl Default for StackOptions {
 impl StackOptions {
     /// The shipped configuration, as `make run` starts it.
     pub fn shipped() -> Self {
-        Self { shipped_config: true, ..Self::default() }
+        Self {
+            shipped_config: true,
+            ..Self::default()
+        }
     }
 }
 
@@ -167,17 +184,32 @@ fn shipped_config(at: &Placement<'_>) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/flashgate.toml");
     let mut doc: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
     let mut set = |section: &str, key: &str, value: String| {
-        let table = doc.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table.as_table_mut().unwrap().insert(key.to_owned(), toml::Value::String(value));
+        let table = doc
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table
+            .as_table_mut()
+            .unwrap()
+            .insert(key.to_owned(), toml::Value::String(value));
     };
-    let RedisTarget::Standalone { url } = &at.redis else { panic!("the shipped config runs on a standalone Redis") };
+    let RedisTarget::Standalone { url } = &at.redis else {
+        panic!("the shipped config runs on a standalone Redis")
+    };
     set("redis", "url", url.clone());
     set("gateway", "listen", at.gateway_addr.to_string());
     set("gateway", "admin_listen", at.gateway_admin_addr.to_string());
     set("gateway", "shop_upstream", at.shop_addr.to_string());
-    set("gateway", "backend_url", format!("http://{}", at.backend_addr));
+    set(
+        "gateway",
+        "backend_url",
+        format!("http://{}", at.backend_addr),
+    );
     set("gateway", "static_dir", at.static_dir.display().to_string());
-    set("gateway", "runtime_dir", at.runtime_dir.display().to_string());
+    set(
+        "gateway",
+        "runtime_dir",
+        at.runtime_dir.display().to_string(),
+    );
     set("backend", "listen", at.backend_addr.to_string());
     set("backend", "admin_listen", at.admin_addr.to_string());
     set("backend", "database_url", at.database_url.to_owned());
@@ -236,7 +268,10 @@ impl Stack {
                 let redis = RedisServer::start_tls(&dir.0, opts.appendonly, files);
                 let target = deployment.tls_target(&redis);
                 if opts.redis_mode == RedisMode::Standalone {
-                    opts.redis_extra.push_str(&format!("\nca_file = {:?}\n", files.ca_file.display().to_string()));
+                    opts.redis_extra.push_str(&format!(
+                        "\nca_file = {:?}\n",
+                        files.ca_file.display().to_string()
+                    ));
                     (redis, target, None)
                 } else {
                     (redis, target, Some(files.ca_file.clone()))
@@ -253,7 +288,10 @@ impl Stack {
             stack.start_backend();
             stack.start_gateway();
         }
-        assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
+        assert!(
+            wait_port(stack.shop_addr, Duration::from_secs(10)),
+            "demo shop did not start"
+        );
         stack
     }
 
@@ -268,14 +306,29 @@ impl Stack {
     {
         let dir = TempDir::new("stack");
         let redis_port = free_port();
-        assert_eq!(opts.redis_mode, RedisMode::Standalone, "Redis last: a standalone Redis only");
+        assert_eq!(
+            opts.redis_mode,
+            RedisMode::Standalone,
+            "Redis last: a standalone Redis only"
+        );
         let layout = Layout::new(&opts, &dir, Deployment::Standalone.target(redis_port));
-        let spawn = |name: &'static str, extra: &[&str]| spawn_in(&dir.0, &layout.config_path, name, extra);
+        let spawn =
+            |name: &'static str, extra: &[&str]| spawn_in(&dir.0, &layout.config_path, name, extra);
         let backend = spawn("flashgate-backend", &[]);
         let gateway = spawn("flashgate", &["serve"]);
-        let log = |name: &str| std::fs::read_to_string(dir.0.join(format!("{name}.log"))).unwrap_or_default();
-        assert!(wait_port(layout.backend_addr, Duration::from_secs(30)), "backend did not listen:\n{}", log("flashgate-backend"));
-        assert!(wait_port(layout.gateway_addr, Duration::from_secs(30)), "gateway did not listen:\n{}", log("flashgate"));
+        let log = |name: &str| {
+            std::fs::read_to_string(dir.0.join(format!("{name}.log"))).unwrap_or_default()
+        };
+        assert!(
+            wait_port(layout.backend_addr, Duration::from_secs(30)),
+            "backend did not listen:\n{}",
+            log("flashgate-backend")
+        );
+        assert!(
+            wait_port(layout.gateway_addr, Duration::from_secs(30)),
+            "gateway did not listen:\n{}",
+            log("flashgate")
+        );
         let early = Early {
             dir: dir.0.clone(),
             redis_port,
@@ -284,16 +337,26 @@ impl Stack {
             gateway_admin_addr: layout.gateway_admin_addr,
         };
         let redis = start_redis(early).await;
-        assert_eq!(redis.port, redis_port, "start Redis on the port the stack was configured with");
+        assert_eq!(
+            redis.port, redis_port,
+            "start Redis on the port the stack was configured with"
+        );
         let mut stack = layout.into_stack(dir, redis, Deployment::Standalone);
         stack.backend = Some(backend);
         stack.gateway = Some(gateway);
-        assert!(wait_port(stack.shop_addr, Duration::from_secs(10)), "demo shop did not start");
+        assert!(
+            wait_port(stack.shop_addr, Duration::from_secs(10)),
+            "demo shop did not start"
+        );
         stack
     }
 
     fn spawn(&self, name: &'static str, extra: &[&str]) -> Proc {
-        let env: Vec<(&str, &Path)> = self.ssl_cert_file.iter().map(|f| ("SSL_CERT_FILE", f.as_path())).collect();
+        let env: Vec<(&str, &Path)> = self
+            .ssl_cert_file
+            .iter()
+            .map(|f| ("SSL_CERT_FILE", f.as_path()))
+            .collect();
         spawn_with_env(&self.dir.0, &self.config_path, name, name, extra, &env)
     }
 }
@@ -308,7 +371,8 @@ pub fn redis_tls_files(dir: &Path) -> flashgate_testkit::TlsFiles {
         key_file: dir.join("redis.key"),
         ca_file: dir.join("redis-ca.pem"),
     };
-    ca.peer_leaf("127.0.0.1", &["localhost"], &["127.0.0.1"]).write(&files.cert_file, &files.key_file);
+    ca.peer_leaf("127.0.0.1", &["localhost"], &["127.0.0.1"])
+        .write(&files.cert_file, &files.key_file);
     crate::pki::write_replacing(&files.ca_file, &ca.pem());
     files
 }
@@ -338,9 +402,13 @@ impl Layout {
     /// Picks the ports, writes the config, starts the demo shop.
     fn new(opts: &StackOptions, dir: &TempDir, redis: RedisTarget) -> Self {
         let port = |_| -> SocketAddr { ([127, 0, 0, 1], free_port()).into() };
-        let (gateway_addr, backend_addr, admin_addr, shop_addr) = (port(0), port(1), port(2), port(3));
+        let (gateway_addr, backend_addr, admin_addr, shop_addr) =
+            (port(0), port(1), port(2), port(3));
         let gateway_admin_addr = port(4);
-        let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/flashgate.db", dir.0.display()));
+        let database_url = opts
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}/flashgate.db", dir.0.display()));
         let config_path = dir.0.join("flashgate.toml");
         let static_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
         let runtime_dir = dir.0.join("run");
@@ -404,8 +472,20 @@ sale_poll_ms = 100
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
-        let shop = Proc { child: shop, name: "demo-shop" };
-        Self { gateway_addr, gateway_admin_addr, backend_addr, admin_addr, shop_addr, database_url, config_path, shop }
+        let shop = Proc {
+            child: shop,
+            name: "demo-shop",
+        };
+        Self {
+            gateway_addr,
+            gateway_admin_addr,
+            backend_addr,
+            admin_addr,
+            shop_addr,
+            database_url,
+            config_path,
+            shop,
+        }
     }
 
     fn into_stack(self, dir: TempDir, redis: RedisServer, deployment: Deployment) -> Stack {
@@ -422,7 +502,10 @@ sale_poll_ms = 100
             shop_addr: self.shop_addr,
             database_url: self.database_url,
             config_path: self.config_path,
-            http: reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap(),
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(256)
+                .build()
+                .unwrap(),
             dir,
             ssl_cert_file: None,
         }
@@ -436,13 +519,30 @@ fn spawn_in(dir: &Path, config_path: &Path, name: &'static str, extra: &[&str]) 
 
 /// Starts `binary` with a config file and the test secrets; its output goes
 /// to `DIR/NAME.log` and `name` tells it apart from another instance.
-pub fn spawn_as(dir: &Path, config_path: &Path, binary: &str, name: &'static str, extra: &[&str]) -> Proc {
+pub fn spawn_as(
+    dir: &Path,
+    config_path: &Path,
+    binary: &str,
+    name: &'static str,
+    extra: &[&str],
+) -> Proc {
     spawn_with_env(dir, config_path, binary, name, extra, &[])
 }
 
 /// [`spawn_as`] with `env` set too.
-fn spawn_with_env(dir: &Path, config_path: &Path, binary: &str, name: &'static str, extra: &[&str], env: &[(&str, &Path)]) -> Proc {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
+fn spawn_with_env(
+    dir: &Path,
+    config_path: &Path,
+    binary: &str,
+    name: &'static str,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> Proc {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .unwrap();
     let child = Command::new(bin(binary))
         .arg("--config")
         .arg(config_path)
@@ -472,7 +572,10 @@ impl Stack {
     pub fn start_backend(&mut self) {
         self.spawn_backend();
         if !wait_http_ready(self.backend_addr, Duration::from_secs(30)) {
-            panic!("backend did not get ready:\n{}", self.log("flashgate-backend"));
+            panic!(
+                "backend did not get ready:\n{}",
+                self.log("flashgate-backend")
+            );
         }
     }
 
@@ -480,7 +583,9 @@ impl Stack {
     /// tests of what it does while its dependencies are away).
     pub fn spawn_backend(&mut self) {
         self.backend = Some(self.spawn("flashgate-backend", &[]));
-        if !wait_port(self.backend_addr, Duration::from_secs(30)) || !wait_port(self.admin_addr, Duration::from_secs(5)) {
+        if !wait_port(self.backend_addr, Duration::from_secs(30))
+            || !wait_port(self.admin_addr, Duration::from_secs(5))
+        {
             panic!("backend did not start:\n{}", self.log("flashgate-backend"));
         }
     }
@@ -513,16 +618,28 @@ impl Stack {
     pub fn start_gateway_via(&self, backend: SocketAddr) -> (Proc, SocketAddr) {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let text = std::fs::read_to_string(&self.config_path).unwrap();
-        let text =
-            text.replacen(&format!("backend_url = \"http://{}\"", self.backend_addr), &format!("backend_url = \"http://{backend}\""), 1);
-        let text = text.replacen(&format!("listen = \"{}\"", self.gateway_addr), &format!("listen = \"{addr}\""), 1);
+        let text = text.replacen(
+            &format!("backend_url = \"http://{}\"", self.backend_addr),
+            &format!("backend_url = \"http://{backend}\""),
+            1,
+        );
+        let text = text.replacen(
+            &format!("listen = \"{}\"", self.gateway_addr),
+            &format!("listen = \"{addr}\""),
+            1,
+        );
         let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-        let text = text.replacen(&format!("admin_listen = \"{}\"", self.gateway_admin_addr), &format!("admin_listen = \"{admin}\""), 1);
+        let text = text.replacen(
+            &format!("admin_listen = \"{}\"", self.gateway_admin_addr),
+            &format!("admin_listen = \"{admin}\""),
+            1,
+        );
         let path = self.dir.0.join("flashgate-2.toml");
         std::fs::write(&path, text).unwrap();
         let proc = spawn_as(&self.dir.0, &path, "flashgate", "flashgate-2", &["serve"]);
         assert!(
-            wait_port(addr, Duration::from_secs(30)) && wait_http_ready(admin, Duration::from_secs(30)),
+            wait_port(addr, Duration::from_secs(30))
+                && wait_http_ready(admin, Duration::from_secs(30)),
             "second gateway did not start or get ready:\n{}",
             self.log("flashgate-2")
         );
@@ -532,28 +649,59 @@ impl Stack {
     /// Starts a second backend (consumer `backend-2`) on its own ports, same
     /// Redis and database; returns it once ready, and its order API address.
     pub fn start_second_backend(&self) -> (Proc, SocketAddr) {
-        let (addr, admin): (SocketAddr, SocketAddr) = (([127, 0, 0, 1], free_port()).into(), ([127, 0, 0, 1], free_port()).into());
+        let (addr, admin): (SocketAddr, SocketAddr) = (
+            ([127, 0, 0, 1], free_port()).into(),
+            ([127, 0, 0, 1], free_port()).into(),
+        );
         let text = std::fs::read_to_string(&self.config_path).unwrap();
-        let text = text.replacen(&format!("listen = \"{}\"", self.backend_addr), &format!("listen = \"{addr}\""), 1);
-        let text = text.replacen(&format!("admin_listen = \"{}\"", self.admin_addr), &format!("admin_listen = \"{admin}\""), 1);
-        let text = text.replacen("consumer_name = \"backend-1\"", "consumer_name = \"backend-2\"", 1);
+        let text = text.replacen(
+            &format!("listen = \"{}\"", self.backend_addr),
+            &format!("listen = \"{addr}\""),
+            1,
+        );
+        let text = text.replacen(
+            &format!("admin_listen = \"{}\"", self.admin_addr),
+            &format!("admin_listen = \"{admin}\""),
+            1,
+        );
+        let text = text.replacen(
+            "consumer_name = \"backend-1\"",
+            "consumer_name = \"backend-2\"",
+            1,
+        );
         let path = self.dir.0.join("flashgate-backend-2.toml");
         std::fs::write(&path, text).unwrap();
-        let proc = spawn_as(&self.dir.0, &path, "flashgate-backend", "flashgate-backend-2", &[]);
-        assert!(wait_http_ready(addr, Duration::from_secs(30)), "second backend did not get ready:\n{}", self.log("flashgate-backend-2"));
+        let proc = spawn_as(
+            &self.dir.0,
+            &path,
+            "flashgate-backend",
+            "flashgate-backend-2",
+            &[],
+        );
+        assert!(
+            wait_http_ready(addr, Duration::from_secs(30)),
+            "second backend did not get ready:\n{}",
+            self.log("flashgate-backend-2")
+        );
         (proc, addr)
     }
 
     /// Where the processes find Redis, in the stack's mode.
     pub fn redis_config(&self) -> RedisConfig {
-        RedisConfig { timeout: Duration::from_secs(5), target: self.deployment.target(self.redis.port), ..RedisConfig::standalone("") }
+        RedisConfig {
+            timeout: Duration::from_secs(5),
+            target: self.deployment.target(self.redis.port),
+            ..RedisConfig::standalone("")
+        }
     }
 
     /// A connection to the Redis the processes use, in the stack's mode.
     pub async fn redis_handle(&self) -> RedisHandle {
         match self.deployment {
             Deployment::Standalone => RedisHandle::Direct(self.redis.conn().await),
-            _ => RedisHandle::connect(&self.redis_config(), &Tuning::new(Duration::from_secs(5))).await.unwrap(),
+            _ => RedisHandle::connect(&self.redis_config(), &Tuning::new(Duration::from_secs(5)))
+                .await
+                .unwrap(),
         }
     }
 
@@ -588,7 +736,14 @@ impl Stack {
     }
 
     /// Creates (or updates) a sale through the admin API.
-    pub async fn put_sale(&self, id: &str, stock: i64, per_user_limit: i64, starts_in: Duration, lasts: Duration) -> Value {
+    pub async fn put_sale(
+        &self,
+        id: &str,
+        stock: i64,
+        per_user_limit: i64,
+        starts_in: Duration,
+        lasts: Duration,
+    ) -> Value {
         let now = flashgate_common::now_ms();
         let starts = now + starts_in.as_millis() as i64;
         let body = serde_json::json!({
@@ -598,21 +753,44 @@ impl Stack {
             "starts_at": flashgate_common::rfc3339(starts),
             "ends_at": flashgate_common::rfc3339(starts + lasts.as_millis() as i64),
         });
-        let resp = self.http.put(self.admin_url(&format!("/admin/sales/{id}"))).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
+        let resp = self
+            .http
+            .put(self.admin_url(&format!("/admin/sales/{id}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         let status = resp.status().as_u16();
         let v: Value = resp.json().await.unwrap();
-        assert!(status == 200 || status == 201, "PUT sale {id}: {status} {v}");
+        assert!(
+            status == 200 || status == 201,
+            "PUT sale {id}: {status} {v}"
+        );
         v
     }
 
     /// An open sale: started a second ago, lasting an hour.
     pub async fn open_sale(&self, id: &str, stock: i64, per_user_limit: i64) {
-        self.put_sale(id, stock, per_user_limit, Duration::ZERO, Duration::from_secs(3600)).await;
+        self.put_sale(
+            id,
+            stock,
+            per_user_limit,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        )
+        .await;
     }
 
     /// An open sale with its stock split over `buckets` buckets (`"buckets"`
     /// on `PUT /admin/sales/{id}`); asserts it was created so.
-    pub async fn open_bucketed_sale(&self, id: &str, stock: i64, per_user_limit: i64, buckets: u32) {
+    pub async fn open_bucketed_sale(
+        &self,
+        id: &str,
+        stock: i64,
+        per_user_limit: i64,
+        buckets: u32,
+    ) {
         let now = flashgate_common::now_ms();
         let body = serde_json::json!({
             "name": format!("Sale {id}"),
@@ -622,14 +800,31 @@ impl Stack {
             "ends_at": flashgate_common::rfc3339(now + 3_600_000),
             "buckets": buckets,
         });
-        let (status, v) = self.admin(reqwest::Method::PUT, &format!("/admin/sales/{id}"), Some(body)).await;
+        let (status, v) = self
+            .admin(
+                reqwest::Method::PUT,
+                &format!("/admin/sales/{id}"),
+                Some(body),
+            )
+            .await;
         assert_eq!(status, 201, "PUT sale {id}: {v}");
-        assert_eq!((v["buckets"].as_u64(), v["remaining"].as_i64()), (Some(u64::from(buckets)), Some(stock)), "{v}");
+        assert_eq!(
+            (v["buckets"].as_u64(), v["remaining"].as_i64()),
+            (Some(u64::from(buckets)), Some(stock)),
+            "{v}"
+        );
     }
 
     /// `POST /api/sales/{sale}/buy` as `user`; returns status and JSON body.
     pub async fn buy(&self, sale: &str, user: &str, idempotency_key: Option<&str>) -> (u16, Value) {
-        buy(&self.http, self.gateway_addr, sale, &token(user), idempotency_key).await
+        buy(
+            &self.http,
+            self.gateway_addr,
+            sale,
+            &token(user),
+            idempotency_key,
+        )
+        .await
     }
 
     /// The order id of `user`'s reservation `rid`, once the backend has
@@ -637,7 +832,13 @@ impl Stack {
     pub async fn order_id_of(&self, user: &str, rid: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let resp = self.http.get(self.url(&format!("/api/reservations/{rid}"))).bearer_auth(token(user)).send().await.unwrap();
+            let resp = self
+                .http
+                .get(self.url(&format!("/api/reservations/{rid}")))
+                .bearer_auth(token(user))
+                .send()
+                .await
+                .unwrap();
             let v: Value = resp.json().await.unwrap_or(Value::Null);
             if let Some(order) = v["order_id"].as_str() {
                 return order.to_owned();
@@ -649,7 +850,15 @@ impl Stack {
 
     /// Admin view of a sale.
     pub async fn admin_sale(&self, id: &str) -> Value {
-        self.http.get(self.admin_url(&format!("/admin/sales/{id}"))).bearer_auth(ADMIN_TOKEN).send().await.unwrap().json().await.unwrap()
+        self.http
+            .get(self.admin_url(&format!("/admin/sales/{id}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     /// Orders of a sale in the database: (orders, distinct users, most orders of one user).
@@ -672,7 +881,12 @@ impl Stack {
     /// Remaining stock in Redis.
     pub async fn remaining(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        redis::cmd("GET").arg(&keys.remaining).query_async::<Option<i64>>(&mut self.redis_handle().await).await.unwrap().unwrap_or(-1)
+        redis::cmd("GET")
+            .arg(&keys.remaining)
+            .query_async::<Option<i64>>(&mut self.redis_handle().await)
+            .await
+            .unwrap()
+            .unwrap_or(-1)
     }
 
     /// Entries in the sale's reservation stream.
@@ -682,7 +896,11 @@ impl Stack {
     pub async fn stream_len(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
         let info: redis::RedisResult<std::collections::HashMap<String, redis::Value>> =
-            redis::cmd("XINFO").arg("STREAM").arg(&keys.stream).query_async(&mut self.redis_handle().await).await;
+            redis::cmd("XINFO")
+                .arg("STREAM")
+                .arg(&keys.stream)
+                .query_async(&mut self.redis_handle().await)
+                .await;
         match info.ok().and_then(|i| i.get("entries-added").cloned()) {
             Some(redis::Value::Int(n)) => n,
             _ => 0,
@@ -694,7 +912,12 @@ impl Stack {
     /// a sale shares one slot, so this works on a cluster too).
     pub async fn sale_in_redis(&self, sale: &str) -> SaleInRedis {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        type Reply = (Option<i64>, HashMap<String, String>, HashSet<String>, HashMap<String, i64>);
+        type Reply = (
+            Option<i64>,
+            HashMap<String, String>,
+            HashSet<String>,
+            HashMap<String, i64>,
+        );
         let (remaining, reservations, released, buyers): Reply = redis::pipe()
             .atomic()
             .get(&keys.remaining)
@@ -704,13 +927,22 @@ impl Stack {
             .query_async(&mut self.redis_handle().await)
             .await
             .unwrap();
-        SaleInRedis { remaining: remaining.unwrap_or(-1), reservations, released, buyers }
+        SaleInRedis {
+            remaining: remaining.unwrap_or(-1),
+            reservations,
+            released,
+            buyers,
+        }
     }
 
     /// Entries the sale's stream holds now (`XLEN`).
     pub async fn stream_entries_kept(&self, sale: &str) -> i64 {
         let keys = flashgate_common::keys::SaleKeys::new(sale);
-        redis::cmd("XLEN").arg(&keys.stream).query_async(&mut self.redis_handle().await).await.unwrap()
+        redis::cmd("XLEN")
+            .arg(&keys.stream)
+            .query_async(&mut self.redis_handle().await)
+            .await
+            .unwrap()
     }
 }
 
@@ -728,14 +960,28 @@ impl Stack {
     /// `POST` to the backend's order API as the shop (a payment, with
     /// [`SHOP_TOKEN`]); status and JSON.
     pub async fn backend_post(&self, path: &str) -> (u16, Value) {
-        let resp = self.http.post(format!("http://{}{}", self.backend_addr, path)).bearer_auth(SHOP_TOKEN).send().await.unwrap();
+        let resp = self
+            .http
+            .post(format!("http://{}{}", self.backend_addr, path))
+            .bearer_auth(SHOP_TOKEN)
+            .send()
+            .await
+            .unwrap();
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
     /// A request to the admin API with the admin token; status and JSON.
-    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = self.http.request(method, self.admin_url(path)).bearer_auth(ADMIN_TOKEN);
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, self.admin_url(path))
+            .bearer_auth(ADMIN_TOKEN);
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -760,7 +1006,11 @@ impl Stack {
 /// A plain connection to one Redis node on 127.0.0.1 (a cluster node, a
 /// replica): for reading or changing that node alone.
 pub async fn node(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_multiplexed_async_connection().await.unwrap()
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
 }
 
 /// Waits until `n` gateways are subscribed to sale events, over the
@@ -769,15 +1019,28 @@ pub async fn wait_subscribers(cluster: &RedisCluster, n: i64) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let mut total = 0;
-        for port in cluster.topology().await.into_iter().filter(|t| !t.is_failing()).map(|t| t.port) {
-            let subs: Vec<(String, i64)> =
-                redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut node(port).await).await.unwrap();
+        for port in cluster
+            .topology()
+            .await
+            .into_iter()
+            .filter(|t| !t.is_failing())
+            .map(|t| t.port)
+        {
+            let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("fg:events")
+                .query_async(&mut node(port).await)
+                .await
+                .unwrap();
             total += subs[0].1;
         }
         if total >= n {
             return;
         }
-        assert!(Instant::now() < deadline, "{total} of {n} gateways subscribed to sale events");
+        assert!(
+            Instant::now() < deadline,
+            "{total} of {n} gateways subscribed to sale events"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -17,13 +17,25 @@ fn raw(addr: SocketAddr, request: &[u8]) -> (u16, Vec<u8>) {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out);
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.windows(4).position(|w| w == b"\r\n\r\n").map(|i| out[i + 4..].to_vec()).unwrap_or_default();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| out[i + 4..].to_vec())
+        .unwrap_or_default();
     (status, body)
 }
 
 fn request(method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Vec<u8> {
-    let mut r = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n", body.len()).into_bytes();
+    let mut r = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    )
+    .into_bytes();
     for (k, v) in headers {
         r.extend_from_slice(k.as_bytes());
         r.extend_from_slice(b": ");
@@ -36,9 +48,17 @@ fn request(method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> 
 }
 
 fn assert_json_4xx(case: &str, (status, body): (u16, Vec<u8>)) {
-    assert!((400..500).contains(&status), "{case}: status {status}: {}", String::from_utf8_lossy(&body));
-    let v: Value = serde_json::from_slice(&body).unwrap_or_else(|_| panic!("{case}: not JSON: {}", String::from_utf8_lossy(&body)));
-    assert!(v["code"].is_string() && v["message"].is_string(), "{case}: {v}");
+    assert!(
+        (400..500).contains(&status),
+        "{case}: status {status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    let v: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| panic!("{case}: not JSON: {}", String::from_utf8_lossy(&body)));
+    assert!(
+        v["code"].is_string() && v["message"].is_string(),
+        "{case}: {v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,37 +69,153 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
     let good = good.as_bytes();
     let forged = format!("Bearer {}", token_with("alice", "not-the-secret", 60));
     // {"alg":"none"} with a valid-looking payload and no signature.
-    let none = b"Bearer eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6OTk5OTk5OTk5OX0.";
-    let (hs256_header, _) = token("alice").split_once('.').map(|(h, r)| (h.to_owned(), r.to_owned())).unwrap();
+    let none =
+        b"Bearer eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJhbGljZSIsImV4cCI6OTk5OTk5OTk5OX0.";
+    let (hs256_header, _) = token("alice")
+        .split_once('.')
+        .map(|(h, r)| (h.to_owned(), r.to_owned()))
+        .unwrap();
     let swapped = format!("Bearer {hs256_header}.eyJzdWIiOiJib2IiLCJleHAiOjk5OTk5OTk5OTl9.AAAA");
     let long_key = "k".repeat(65);
     let big_body = vec![b'{'; 64 * 1024];
     let absurd = format!("/api/sales/{}/buy", "9".repeat(5000));
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("bad JSON", request("POST", "/api/sales/bad/buy", &[("Authorization", good)], b"{\"a\":")),
-        ("JSON that is not an object", request("POST", "/api/sales/bad/buy", &[("Authorization", good)], b"\"x\"")),
-        ("invalid UTF-8 body", request("POST", "/api/sales/bad/buy", &[("Authorization", good)], b"{\"a\":\"\xff\xfe\"}")),
-        ("oversized body", request("POST", "/api/sales/bad/buy", &[("Authorization", good)], &big_body)),
+        (
+            "bad JSON",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", good)],
+                b"{\"a\":",
+            ),
+        ),
+        (
+            "JSON that is not an object",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", good)],
+                b"\"x\"",
+            ),
+        ),
+        (
+            "invalid UTF-8 body",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", good)],
+                b"{\"a\":\"\xff\xfe\"}",
+            ),
+        ),
+        (
+            "oversized body",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", good)],
+                &big_body,
+            ),
+        ),
         (
             "overlong Idempotency-Key",
-            request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", long_key.as_bytes())], b""),
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[
+                    ("Authorization", good),
+                    ("Idempotency-Key", long_key.as_bytes()),
+                ],
+                b"",
+            ),
         ),
         (
             "non-ASCII Idempotency-Key",
-            request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", "clé".as_bytes())], b""),
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[
+                    ("Authorization", good),
+                    ("Idempotency-Key", "clé".as_bytes()),
+                ],
+                b"",
+            ),
         ),
         (
             "invalid UTF-8 Idempotency-Key",
-            request("POST", "/api/sales/bad/buy", &[("Authorization", good), ("Idempotency-Key", b"k\xff")], b""),
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", good), ("Idempotency-Key", b"k\xff")],
+                b"",
+            ),
         ),
-        ("invalid UTF-8 token", request("POST", "/api/sales/bad/buy", &[("Authorization", b"Bearer \xff\xfe")], b"")),
-        ("forged token", request("POST", "/api/sales/bad/buy", &[("Authorization", forged.as_bytes())], b"")),
-        ("alg none token", request("POST", "/api/sales/bad/buy", &[("Authorization", none)], b"")),
-        ("payload swapped under a real header", request("POST", "/api/sales/bad/buy", &[("Authorization", swapped.as_bytes())], b"")),
-        ("absurd sale id", request("POST", &absurd, &[("Authorization", good)], b"")),
-        ("sale id with odd bytes", request("POST", "/api/sales/%00%ff/buy", &[("Authorization", good)], b"")),
-        ("malformed reservation id", request("GET", "/api/reservations/..%2f..", &[("Authorization", good)], b"")),
-        ("unknown sale", request("POST", "/api/sales/nosuchsale/buy", &[("Authorization", good)], b"")),
+        (
+            "invalid UTF-8 token",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", b"Bearer \xff\xfe")],
+                b"",
+            ),
+        ),
+        (
+            "forged token",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", forged.as_bytes())],
+                b"",
+            ),
+        ),
+        (
+            "alg none token",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", none)],
+                b"",
+            ),
+        ),
+        (
+            "payload swapped under a real header",
+            request(
+                "POST",
+                "/api/sales/bad/buy",
+                &[("Authorization", swapped.as_bytes())],
+                b"",
+            ),
+        ),
+        (
+            "absurd sale id",
+            request("POST", &absurd, &[("Authorization", good)], b""),
+        ),
+        (
+            "sale id with odd bytes",
+            request(
+                "POST",
+                "/api/sales/%00%ff/buy",
+                &[("Authorization", good)],
+                b"",
+            ),
+        ),
+        (
+            "malformed reservation id",
+            request(
+                "GET",
+                "/api/reservations/..%2f..",
+                &[("Authorization", good)],
+                b"",
+            ),
+        ),
+        (
+            "unknown sale",
+            request(
+                "POST",
+                "/api/sales/nosuchsale/buy",
+                &[("Authorization", good)],
+                b"",
+            ),
+        ),
     ];
     for (case, req) in &cases {
         assert_json_4xx(case, raw(stack.gateway_addr, req));
@@ -109,8 +245,16 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
         assert_json_4xx(case, raw(*addr, req));
     }
 
-    assert_eq!(stack.remaining("bad").await, 5, "a rejected request changed the stock");
-    assert_eq!(stack.stream_len("bad").await, 0, "a rejected request reached the stream");
+    assert_eq!(
+        stack.remaining("bad").await,
+        5,
+        "a rejected request changed the stock"
+    );
+    assert_eq!(
+        stack.stream_len("bad").await,
+        0,
+        "a rejected request reached the stream"
+    );
     assert_eq!(stack.db_orders("bad").await.0, 0);
     let _ = JWT_SECRET;
 }
@@ -123,7 +267,12 @@ async fn oversized_headers_get_4xx_json_and_change_nothing() {
     stack.open_sale("hdr", 5, 1).await;
     let good = format!("Bearer {}", token("alice"));
     let huge = vec![b'a'; 128 * 1024];
-    let req = request("POST", "/api/sales/hdr/buy", &[("Authorization", good.as_bytes()), ("X-Huge", &huge)], b"");
+    let req = request(
+        "POST",
+        "/api/sales/hdr/buy",
+        &[("Authorization", good.as_bytes()), ("X-Huge", &huge)],
+        b"",
+    );
     assert_json_4xx("oversized header", raw(stack.gateway_addr, &req));
     assert_eq!(stack.remaining("hdr").await, 5);
 }

@@ -42,8 +42,15 @@ async fn the_sale_page_works_in_chromium_over_https_and_http2() {
         cert.display(),
         key.display()
     );
-    let stack = Stack::start(StackOptions { extra_toml: extra, ..StackOptions::shipped() }).await;
-    let https = Https::On { base: format!("https://localhost:{port}"), spki: leaf.spki_sha256 };
+    let stack = Stack::start(StackOptions {
+        extra_toml: extra,
+        ..StackOptions::shipped()
+    })
+    .await;
+    let https = Https::On {
+        base: format!("https://localhost:{port}"),
+        spki: leaf.spki_sha256,
+    };
     run_sale_page(&stack, "browser-https-drop", false, &https).await;
 }
 
@@ -54,7 +61,11 @@ async fn with_a_proof_of_work_asked_the_page_solves_it_during_the_countdown_and_
     let mut stack = Stack::start(StackOptions::shipped()).await;
     stack.kill_gateway();
     stack.edit_config(|text| {
-        assert_eq!(text.matches("mode = \"off\"").count(), 1, "one [challenge] mode in the shipped file");
+        assert_eq!(
+            text.matches("mode = \"off\"").count(),
+            1,
+            "one [challenge] mode in the shipped file"
+        );
         text.replace("mode = \"off\"", "mode = \"always\"")
     });
     stack.start_gateway();
@@ -71,7 +82,12 @@ async fn the_demo_stack_signs_in_a_shopper_whose_click_on_buy_wins() {
     );
     let (guard, out) = run.start(&[]);
     // With the sign-in on, the shop's home page leads to it.
-    let home = reqwest::get(format!("http://127.0.0.1:{}/", run.ports[2])).await.unwrap().text().await.unwrap();
+    let home = reqwest::get(format!("http://127.0.0.1:{}/", run.ports[2]))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(home.contains("/demo/sign-in?next=/sales/demo"), "{home}");
     let url = out
         .lines()
@@ -87,7 +103,10 @@ async fn the_demo_stack_signs_in_a_shopper_whose_click_on_buy_wins() {
         .env("CHROMIUM", chromium())
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), node).await.expect("browser test timed out").unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(120), node)
+        .await
+        .expect("browser test timed out")
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     drop(guard);
@@ -115,7 +134,11 @@ enum Https {
 fn browser_dir() -> std::path::PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("browser");
     if !dir.join("node_modules/playwright-core").exists() {
-        let ok = Command::new("npm").args(["ci", "--no-audit", "--no-fund"]).current_dir(&dir).status().expect("npm on PATH");
+        let ok = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm on PATH");
         assert!(ok.success(), "npm ci in tests/browser failed");
     }
     dir
@@ -123,7 +146,10 @@ fn browser_dir() -> std::path::PathBuf {
 
 fn chromium() -> String {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(Path::new(&chromium).exists(), "{chromium} missing: run `bash deploy/local/install-deps.sh` (make test does)");
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium} missing: run `bash deploy/local/install-deps.sh` (make test does)"
+    );
     chromium
 }
 
@@ -135,11 +161,23 @@ async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool, https: &Http
     let chromium = chromium();
     let (base, args, protocol) = match https {
         Https::Off => (format!("http://{}", stack.gateway_addr), String::new(), ""),
-        Https::On { base, spki } => (base.clone(), format!("--ignore-certificate-errors-spki-list={spki}"), "h2"),
+        Https::On { base, spki } => (
+            base.clone(),
+            format!("--ignore-certificate-errors-spki-list={spki}"),
+            "h2",
+        ),
     };
 
     // One item; the start leaves time for the browser to open the page first.
-    stack.put_sale(sale, 1, 1, Duration::from_secs(12), Duration::from_secs(3600)).await;
+    stack
+        .put_sale(
+            sale,
+            1,
+            1,
+            Duration::from_secs(12),
+            Duration::from_secs(3600),
+        )
+        .await;
     let artifacts = root.join("target/browser-artifacts").join(sale);
     let node = tokio::process::Command::new("node")
         .arg(dir.join("sale.mjs"))
@@ -154,11 +192,19 @@ async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool, https: &Http
         .env("EXPECT_POW", if expect_pow { "1" } else { "0" })
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), node).await.expect("browser test timed out").unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(180), node)
+        .await
+        .expect("browser test timed out")
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    assert!(out.status.success(), "sale.mjs failed ({}), screenshots in {}:\n{stdout}\n{stderr}", out.status, artifacts.display());
+    assert!(
+        out.status.success(),
+        "sale.mjs failed ({}), screenshots in {}:\n{stdout}\n{stderr}",
+        out.status,
+        artifacts.display()
+    );
 
     let (orders, users, _) = stack.wait_orders(sale, 1, Duration::from_secs(10)).await;
     assert_eq!((orders, users), (1, 1), "exactly one order, for buyer A");

@@ -9,7 +9,11 @@ use std::time::Duration;
 use flashgate_tests::{wait_port, Stack, StackOptions};
 
 async fn stack_with(extra: &str) -> Stack {
-    let stack = Stack::start(StackOptions { extra_toml: extra.into(), ..StackOptions::default() }).await;
+    let stack = Stack::start(StackOptions {
+        extra_toml: extra.into(),
+        ..StackOptions::default()
+    })
+    .await;
     stack.open_sale("addr", 1_000_000, 1_000_000).await;
     stack
 }
@@ -18,25 +22,44 @@ async fn stack_with(extra: &str) -> Stack {
 /// appended to `X-Forwarded-For`, and the client's own `Forwarded` passed
 /// through unchanged.
 async fn read_via_proxy(stack: &Stack, xff: &str, forwarded: &str) -> u16 {
-    let resp =
-        stack.http.get(stack.url("/api/sales/addr")).header("X-Forwarded-For", xff).header("Forwarded", forwarded).send().await.unwrap();
+    let resp = stack
+        .http
+        .get(stack.url("/api/sales/addr"))
+        .header("X-Forwarded-For", xff)
+        .header("Forwarded", forwarded)
+        .send()
+        .await
+        .unwrap();
     resp.status().as_u16()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forwarded_header_behind_a_trusted_proxy_neither_picks_the_limiter_key_nor_escapes_the_deny_list() {
+async fn a_forwarded_header_behind_a_trusted_proxy_neither_picks_the_limiter_key_nor_escapes_the_deny_list(
+) {
     let stack = stack_with(
         "[limits]\ntrusted_proxies = [\"127.0.0.1/32\"]\n[limits.read]\nip = { per_second = 1, burst = 1 }\n\
          [deny]\nips = [\"198.51.100.66\"]\n",
     )
     .await;
     // A denied client naming someone else in Forwarded is still denied.
-    assert_eq!(read_via_proxy(&stack, "198.51.100.66", "for=1.2.3.4").await, 403);
+    assert_eq!(
+        read_via_proxy(&stack, "198.51.100.66", "for=1.2.3.4").await,
+        403
+    );
     // One client, a new Forwarded each time: still one bucket.
-    assert_eq!(read_via_proxy(&stack, "198.51.100.7", "for=1.2.3.5").await, 200);
-    assert_eq!(read_via_proxy(&stack, "198.51.100.7", "for=1.2.3.6").await, 429);
+    assert_eq!(
+        read_via_proxy(&stack, "198.51.100.7", "for=1.2.3.5").await,
+        200
+    );
+    assert_eq!(
+        read_via_proxy(&stack, "198.51.100.7", "for=1.2.3.6").await,
+        429
+    );
     // Another client behind the same proxy has a bucket of its own.
-    assert_eq!(read_via_proxy(&stack, "198.51.100.8", "for=1.2.3.5").await, 200);
+    assert_eq!(
+        read_via_proxy(&stack, "198.51.100.8", "for=1.2.3.5").await,
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,8 +69,14 @@ async fn with_forwarded_configured_only_forwarded_names_the_client() {
          [deny]\nips = [\"198.51.100.66\"]\n",
     )
     .await;
-    assert_eq!(read_via_proxy(&stack, "203.0.113.1", "for=198.51.100.66").await, 403);
-    assert_eq!(read_via_proxy(&stack, "198.51.100.66", "for=203.0.113.1").await, 200);
+    assert_eq!(
+        read_via_proxy(&stack, "203.0.113.1", "for=198.51.100.66").await,
+        403
+    );
+    assert_eq!(
+        read_via_proxy(&stack, "198.51.100.66", "for=203.0.113.1").await,
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,26 +93,54 @@ async fn the_shop_never_receives_a_clients_forwarded_header() {
     assert_eq!(resp.status().as_u16(), 200);
     let echo: serde_json::Value = resp.json().await.unwrap();
     let headers = &echo["headers"];
-    assert!(headers.get("forwarded").is_none(), "the shop got the client's Forwarded: {headers}");
-    assert_eq!(headers["x-forwarded-for"], "192.0.2.1, 127.0.0.1", "{headers}");
+    assert!(
+        headers.get("forwarded").is_none(),
+        "the shop got the client's Forwarded: {headers}"
+    );
+    assert_eq!(
+        headers["x-forwarded-for"], "192.0.2.1, 127.0.0.1",
+        "{headers}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipv4_clients_on_a_dual_stack_listener_match_ipv4_deny_lists_and_get_their_own_bucket() {
-    let mut stack = stack_with("[limits.read]\nip = { per_second = 1, burst = 1 }\n[deny]\nips = [\"127.0.0.3\"]\n").await;
+    let mut stack = stack_with(
+        "[limits.read]\nip = { per_second = 1, burst = 1 }\n[deny]\nips = [\"127.0.0.3\"]\n",
+    )
+    .await;
     // Listen on [::] instead: IPv4 clients then arrive as ::ffff:a.b.c.d.
     stack.kill_gateway();
     let port = stack.gateway_addr.port();
-    stack.edit_config(|t| t.replacen(&format!("listen = \"{}\"", stack.gateway_addr), &format!("listen = \"[::]:{port}\""), 1));
+    stack.edit_config(|t| {
+        t.replacen(
+            &format!("listen = \"{}\"", stack.gateway_addr),
+            &format!("listen = \"[::]:{port}\""),
+            1,
+        )
+    });
     stack.start_gateway();
     assert!(wait_port(stack.gateway_addr, Duration::from_secs(10)));
-    let from = |last: u8| reqwest::Client::builder().local_address(IpAddr::from([127, 0, 0, last])).build().unwrap();
+    let from = |last: u8| {
+        reqwest::Client::builder()
+            .local_address(IpAddr::from([127, 0, 0, last]))
+            .build()
+            .unwrap()
+    };
     let read = |client: reqwest::Client| {
         let url = stack.url("/api/sales/addr");
         async move { client.get(url).send().await.unwrap().status().as_u16() }
     };
     assert_eq!(read(from(1)).await, 200);
-    assert_eq!(read(from(2)).await, 200, "each IPv4 client has its own bucket, not one /64 for all");
+    assert_eq!(
+        read(from(2)).await,
+        200,
+        "each IPv4 client has its own bucket, not one /64 for all"
+    );
     assert_eq!(read(from(1)).await, 429, "and the bucket still limits");
-    assert_eq!(read(from(3)).await, 403, "an IPv4 deny entry matches a client on the dual-stack listener");
+    assert_eq!(
+        read(from(3)).await,
+        403,
+        "an IPv4 deny entry matches a client on the dual-stack listener"
+    );
 }

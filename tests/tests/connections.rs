@@ -16,13 +16,22 @@ fn read_response(conn: &mut TcpStream) -> String {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(conn.read(&mut byte).unwrap(), 1, "connection closed inside a response head: {}", String::from_utf8_lossy(&head));
+        assert_eq!(
+            conn.read(&mut byte).unwrap(),
+            1,
+            "connection closed inside a response head: {}",
+            String::from_utf8_lossy(&head)
+        );
         head.push(byte[0]);
     }
     let head = String::from_utf8(head).unwrap();
     let length: usize = head
         .lines()
-        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.trim().parse().unwrap()))
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .map(|(_, v)| v.trim().parse().unwrap())
+        })
         .unwrap_or_else(|| panic!("no Content-Length: {head}"));
     let mut body = vec![0u8; length];
     conn.read_exact(&mut body).unwrap();
@@ -39,8 +48,18 @@ fn answered_then_closed(addr: SocketAddr, request: &str) -> (String, bool) {
     let mut rest = [0u8; 64];
     let closed = match conn.read(&mut rest) {
         Ok(0) => true,
-        Ok(n) => panic!("unexpected bytes after the response: {:?}", String::from_utf8_lossy(&rest[..n])),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => false,
+        Ok(n) => panic!(
+            "unexpected bytes after the response: {:?}",
+            String::from_utf8_lossy(&rest[..n])
+        ),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            false
+        }
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
         Err(e) => panic!("read failed: {e}"),
     };

@@ -17,13 +17,32 @@ async fn one_user_hammering_buy_on_the_shipped_config_gets_429_with_ratelimit_he
     let mut tasks = Vec::new();
     let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(16));
     for i in 0..400 {
-        let (http, url, bearer, in_flight) = (stack.http.clone(), url.clone(), bearer.clone(), in_flight.clone());
+        let (http, url, bearer, in_flight) = (
+            stack.http.clone(),
+            url.clone(),
+            bearer.clone(),
+            in_flight.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let _permit = in_flight.acquire_owned().await.unwrap();
-            let resp = http.post(url).bearer_auth(bearer).header("Idempotency-Key", format!("hammer-{i}")).send().await.unwrap();
+            let resp = http
+                .post(url)
+                .bearer_auth(bearer)
+                .header("Idempotency-Key", format!("hammer-{i}"))
+                .send()
+                .await
+                .unwrap();
             let status = resp.status().as_u16();
-            let header = |name: &str| resp.headers().get(name).map(|v| v.to_str().unwrap().to_owned());
-            let headers = (header("retry-after"), header("ratelimit-policy"), header("ratelimit"));
+            let header = |name: &str| {
+                resp.headers()
+                    .get(name)
+                    .map(|v| v.to_str().unwrap().to_owned())
+            };
+            let headers = (
+                header("retry-after"),
+                header("ratelimit-policy"),
+                header("ratelimit"),
+            );
             let body: Value = resp.json().await.unwrap_or(Value::Null);
             (status, headers, body)
         }));
@@ -38,9 +57,25 @@ async fn one_user_hammering_buy_on_the_shipped_config_gets_429_with_ratelimit_he
     assert!(!limited.is_empty(), "400 buys of one user and not one 429");
     for (_, (retry_after, policy, state), body) in limited {
         assert_eq!(body["code"], "rate_limited");
-        assert!(retry_after.as_deref().and_then(|v| v.parse::<u64>().ok()).is_some_and(|s| s >= 1), "{retry_after:?}");
-        assert!(policy.as_deref().is_some_and(|p| p.starts_with("\"buy-") && p.contains(";q=") && p.contains(";w=")), "{policy:?}");
-        assert!(state.as_deref().is_some_and(|s| s.starts_with("\"buy-") && s.contains(";r=0;t=")), "{state:?}");
+        assert!(
+            retry_after
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|s| s >= 1),
+            "{retry_after:?}"
+        );
+        assert!(
+            policy
+                .as_deref()
+                .is_some_and(|p| p.starts_with("\"buy-") && p.contains(";q=") && p.contains(";w=")),
+            "{policy:?}"
+        );
+        assert!(
+            state
+                .as_deref()
+                .is_some_and(|s| s.starts_with("\"buy-") && s.contains(";r=0;t=")),
+            "{state:?}"
+        );
     }
 }
 
@@ -55,24 +90,54 @@ async fn a_sale_pages_traffic_and_the_demo_curl_on_the_shipped_config_are_never_
     for user in &buyers {
         let bearer = token(user);
         let get = |path: String| stack.http.get(stack.url(&path)).bearer_auth(&bearer).send();
-        statuses.push(("page", get(format!("/sales/{SALE}")).await.unwrap().status().as_u16()));
+        statuses.push((
+            "page",
+            get(format!("/sales/{SALE}"))
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        ));
         for _ in 0..3 {
-            statuses.push(("state", get(format!("/api/sales/{SALE}")).await.unwrap().status().as_u16()));
+            statuses.push((
+                "state",
+                get(format!("/api/sales/{SALE}"))
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16(),
+            ));
         }
         let key = format!("click-{user}");
         let mut rid = None;
         for _ in 0..3 {
-            let (status, body) = flashgate_tests::buy(&stack.http, stack.gateway_addr, SALE, &bearer, Some(&key)).await;
+            let (status, body) =
+                flashgate_tests::buy(&stack.http, stack.gateway_addr, SALE, &bearer, Some(&key))
+                    .await;
             statuses.push(("buy", status));
             rid = rid.or(body["reservation_id"].as_str().map(str::to_owned));
         }
         let rid = rid.expect("the buyer won");
         for _ in 0..3 {
-            statuses.push(("reservation", get(format!("/api/reservations/{rid}")).await.unwrap().status().as_u16()));
+            statuses.push((
+                "reservation",
+                get(format!("/api/reservations/{rid}"))
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16(),
+            ));
         }
     }
     for _ in 0..2 {
-        let (status, _) = flashgate_tests::buy(&stack.http, stack.gateway_addr, SALE, &token("demo-user"), Some("demo-curl")).await;
+        let (status, _) = flashgate_tests::buy(
+            &stack.http,
+            stack.gateway_addr,
+            SALE,
+            &token("demo-user"),
+            Some("demo-curl"),
+        )
+        .await;
         statuses.push(("curl", status));
     }
     let limited: Vec<_> = statuses.iter().filter(|(_, s)| *s == 429).collect();

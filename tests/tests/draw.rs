@@ -27,7 +27,14 @@ async fn stack_with_draws(extra: &str) -> Stack {
 
 /// Creates sale `id` starting `starts_in` from now, for an hour, with the
 /// given own draw window (`None`: the global one); returns its start (ms).
-async fn put_sale(stack: &Stack, id: &str, stock: i64, per_user_limit: i64, starts_in: Duration, window: Option<i64>) -> i64 {
+async fn put_sale(
+    stack: &Stack,
+    id: &str,
+    stock: i64,
+    per_user_limit: i64,
+    starts_in: Duration,
+    window: Option<i64>,
+) -> i64 {
     let starts = flashgate_common::now_ms() + starts_in.as_millis() as i64;
     let mut body = json!({
         "name": format!("Sale {id}"),
@@ -39,7 +46,13 @@ async fn put_sale(stack: &Stack, id: &str, stock: i64, per_user_limit: i64, star
     if let Some(w) = window {
         body["draw_window_ms"] = json!(w);
     }
-    let (status, v) = stack.admin(reqwest::Method::PUT, &format!("/admin/sales/{id}"), Some(body)).await;
+    let (status, v) = stack
+        .admin(
+            reqwest::Method::PUT,
+            &format!("/admin/sales/{id}"),
+            Some(body),
+        )
+        .await;
     assert!(status == 200 || status == 201, "PUT {id}: {status} {v}");
     starts
 }
@@ -53,7 +66,13 @@ async fn sleep_until_ms(at_ms: i64) {
 }
 
 /// One buy with an Idempotency-Key; status and body (0 when nothing answered).
-async fn buy(http: &reqwest::Client, gateway: SocketAddr, sale: &str, user: &str, key: &str) -> (u16, Value) {
+async fn buy(
+    http: &reqwest::Client,
+    gateway: SocketAddr,
+    sale: &str,
+    user: &str,
+    key: &str,
+) -> (u16, Value) {
     let resp = http
         .post(format!("http://{gateway}/api/sales/{sale}/buy"))
         .bearer_auth(token(user))
@@ -91,12 +110,26 @@ fn send_group(
 /// each user's token verified (and cached) by the gateway, so a burst of
 /// their buys waits for neither.
 async fn warm_client(gateway: SocketAddr, sale: &str, users: &[String]) -> reqwest::Client {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(users.len()).build().unwrap();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(users.len())
+        .build()
+        .unwrap();
     let warm: Vec<_> = users
         .iter()
         .map(|user| {
-            let (http, url, bearer) = (http.clone(), format!("http://{gateway}/api/sales/{sale}/challenge"), token(user));
-            tokio::spawn(async move { http.get(url).bearer_auth(bearer).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
+            let (http, url, bearer) = (
+                http.clone(),
+                format!("http://{gateway}/api/sales/{sale}/challenge"),
+                token(user),
+            );
+            tokio::spawn(async move {
+                http.get(url)
+                    .bearer_auth(bearer)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            })
         })
         .collect();
     for w in warm {
@@ -114,8 +147,16 @@ struct Burst {
 }
 
 /// Two groups of `size` buyers of `sale`, and a client warmed for them.
-async fn groups(stack: &Stack, sale: &str, size: usize) -> (Vec<String>, Vec<String>, reqwest::Client) {
-    let group = |tag: &str| (0..size).map(|i| format!("{sale}-{tag}{i:03}")).collect::<Vec<_>>();
+async fn groups(
+    stack: &Stack,
+    sale: &str,
+    size: usize,
+) -> (Vec<String>, Vec<String>, reqwest::Client) {
+    let group = |tag: &str| {
+        (0..size)
+            .map(|i| format!("{sale}-{tag}{i:03}"))
+            .collect::<Vec<_>>()
+    };
     let (a, b) = (group("a"), group("b"));
     let http = warm_client(stack.gateway_addr, sale, &[a.clone(), b.clone()].concat()).await;
     (a, b, http)
@@ -123,9 +164,15 @@ async fn groups(stack: &Stack, sale: &str, size: usize) -> (Vec<String>, Vec<Str
 
 /// Group A buys at the sale's start, group B 50 ms later; every buyer
 /// must get a final answer (won or sold out).
-async fn two_groups(stack: &Stack, sale: &str, starts: i64, (a, b, http): (Vec<String>, Vec<String>, reqwest::Client)) -> Burst {
+async fn two_groups(
+    stack: &Stack,
+    sale: &str,
+    starts: i64,
+    (a, b, http): (Vec<String>, Vec<String>, reqwest::Client),
+) -> Burst {
     // The gateway reads the new sale now, not when the burst arrives.
-    let (status, _) = flashgate_tests::client::get_json(&http, &stack.url(&format!("/api/sales/{sale}"))).await;
+    let (status, _) =
+        flashgate_tests::client::get_json(&http, &stack.url(&format!("/api/sales/{sale}"))).await;
     assert_eq!(status, 200);
     sleep_until_ms(starts + 5).await;
     let first = send_group(&http, stack.gateway_addr, sale, a.clone());
@@ -136,10 +183,26 @@ async fn two_groups(stack: &Stack, sale: &str, starts: i64, (a, b, http): (Vec<S
     for task in first.into_iter().chain(second) {
         let (user, status, body) = task.await.unwrap();
         if !(status == 202 || status == 410) {
-            let m = stack.http.get(format!("http://{}/metrics", stack.gateway_admin_addr)).send().await.unwrap().text().await.unwrap();
-            let m: Vec<&str> =
-                m.lines().filter(|l| l.contains("draw") || l.contains("redis_errors") || l.contains("buy_outcomes")).collect();
-            panic!("{user}: no final answer: {status} {body}\n{}\n{}", m.join("\n"), stack.log("flashgate"));
+            let m = stack
+                .http
+                .get(format!("http://{}/metrics", stack.gateway_admin_addr))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let m: Vec<&str> = m
+                .lines()
+                .filter(|l| {
+                    l.contains("draw") || l.contains("redis_errors") || l.contains("buy_outcomes")
+                })
+                .collect();
+            panic!(
+                "{user}: no final answer: {status} {body}\n{}\n{}",
+                m.join("\n"),
+                stack.log("flashgate")
+            );
         }
         if status == 202 {
             if a.contains(&user) {
@@ -150,14 +213,23 @@ async fn two_groups(stack: &Stack, sale: &str, starts: i64, (a, b, http): (Vec<S
         } else {
             assert_eq!(body["code"], "sold_out", "{user}: {body}");
         }
-        answers.insert(user, (status, body["reservation_id"].as_str().map(str::to_owned)));
+        answers.insert(
+            user,
+            (status, body["reservation_id"].as_str().map(str::to_owned)),
+        );
     }
     Burst { won, answers }
 }
 
 /// The sale's draw record from the admin API.
 async fn record(stack: &Stack, sale: &str) -> Value {
-    let (status, v) = stack.admin(reqwest::Method::GET, &format!("/admin/sales/{sale}/draw"), None).await;
+    let (status, v) = stack
+        .admin(
+            reqwest::Method::GET,
+            &format!("/admin/sales/{sale}/draw"),
+            None,
+        )
+        .await;
     assert_eq!(status, 200, "{v}");
     v
 }
@@ -171,19 +243,42 @@ async fn assert_exact_books(stack: &Stack, sale: &str, stock: i64, burst: &Burst
     assert_eq!(stack.stream_len(sale).await, stock);
     let books = stack.sale_in_redis(sale).await;
     assert_eq!(books.reservations.len() as i64, stock);
-    let won: HashSet<&str> = burst.answers.values().filter_map(|(_, rid)| rid.as_deref()).collect();
+    let won: HashSet<&str> = burst
+        .answers
+        .values()
+        .filter_map(|(_, rid)| rid.as_deref())
+        .collect();
     assert_eq!(won.len() as i64, stock, "one reservation per winner");
-    assert!(won.iter().all(|rid| books.reservations.contains_key(*rid)), "every answered win is in the books");
-    let (orders, _, _) = stack.wait_orders(sale, stock, Duration::from_secs(20)).await;
+    assert!(
+        won.iter().all(|rid| books.reservations.contains_key(*rid)),
+        "every answered win is in the books"
+    );
+    let (orders, _, _) = stack
+        .wait_orders(sale, stock, Duration::from_secs(20))
+        .await;
     assert_eq!(orders, stock, "one order per winner");
     // A retry with the same key after the draw: the same final answer.
     for (user, (status, rid)) in burst.answers.iter().take(40) {
-        let (again, body) = buy(&stack.http, stack.gateway_addr, sale, user, &format!("k-{user}")).await;
+        let (again, body) = buy(
+            &stack.http,
+            stack.gateway_addr,
+            sale,
+            user,
+            &format!("k-{user}"),
+        )
+        .await;
         if *status == 202 {
-            assert!(again == 201 || again == 202, "{user}: a winner's retry: {again} {body}");
+            assert!(
+                again == 201 || again == 202,
+                "{user}: a winner's retry: {again} {body}"
+            );
             assert_eq!(body["reservation_id"].as_str(), rid.as_deref(), "{user}");
         } else {
-            assert_eq!((again, body["code"].as_str()), (410, Some("sold_out")), "{user}: {body}");
+            assert_eq!(
+                (again, body["code"].as_str()),
+                (410, Some("sold_out")),
+                "{user}: {body}"
+            );
         }
     }
 }
@@ -193,7 +288,9 @@ async fn assert_exact_books(stack: &Stack, sale: &str, stock: i64, burst: &Burst
 fn five_sigma_band(stock: f64, ka: f64, kb: f64) -> (f64, f64) {
     let n = ka + kb;
     let mean = stock * ka / n;
-    let sigma = (stock * (ka / n) * (kb / n) * (n - stock) / (n - 1.0)).max(0.0).sqrt();
+    let sigma = (stock * (ka / n) * (kb / n) * (n - stock) / (n - 1.0))
+        .max(0.0)
+        .sqrt();
     (mean, 5.0 * sigma)
 }
 
@@ -217,19 +314,38 @@ async fn a_draw_gives_early_and_late_buyers_of_its_window_even_chances() {
     const WINDOW_MS: i64 = 1000;
 
     let buyers = groups(&stack, "fair", SIZE).await;
-    let starts = put_sale(&stack, "fair", STOCK, 1, Duration::from_millis(1500), Some(WINDOW_MS)).await;
+    let starts = put_sale(
+        &stack,
+        "fair",
+        STOCK,
+        1,
+        Duration::from_millis(1500),
+        Some(WINDOW_MS),
+    )
+    .await;
     let drawn = two_groups(&stack, "fair", starts, buyers).await;
     let rec = record(&stack, "fair").await;
     let seed = rec["state"]["seed"].as_str().unwrap().to_owned();
     let entrants: usize = rec["state"]["entrants"].as_str().unwrap().parse().unwrap();
     // Entrants of each group (a buy of the window's tail may come late on
     // a loaded machine, then it is first come, first served after the draw).
-    let entered_a = rec["entrants"].as_array().unwrap().iter().filter(|e| e[1]["user"].as_str().unwrap().starts_with("fair-a")).count();
+    let entered_a = rec["entrants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e[1]["user"].as_str().unwrap().starts_with("fair-a"))
+        .count();
     let entered_b = entrants - entered_a;
-    eprintln!("draw seed {seed}: entrants A {entered_a} B {entered_b}, winners A {} B {}", drawn.won.0, drawn.won.1);
+    eprintln!(
+        "draw seed {seed}: entrants A {entered_a} B {entered_b}, winners A {} B {}",
+        drawn.won.0, drawn.won.1
+    );
     // At least half of each group: then at least 120 entrants for the 100
     // items, so the draw decides who goes without.
-    assert!(entered_a >= SIZE / 2 && entered_b >= SIZE / 2, "too few buys arrived within the window: A {entered_a}, B {entered_b}");
+    assert!(
+        entered_a >= SIZE / 2 && entered_b >= SIZE / 2,
+        "too few buys arrived within the window: A {entered_a}, B {entered_b}"
+    );
     // 100 winners drawn without replacement from the entrants: group A's
     // count is hypergeometric, mean 100·Ka/N, variance
     // 100·(Ka/N)·(Kb/N)·(N-100)/(N-1): with every buyer in (80 + 80) that
@@ -237,7 +353,10 @@ async fn a_draw_gives_early_and_late_buyers_of_its_window_even_chances() {
     // million runs). The seed above reproduces a failure.
     let (mean, band) = five_sigma_band(STOCK as f64, entered_a as f64, entered_b as f64);
     let a = drawn.won.0 as f64;
-    assert!((a - mean).abs() <= band, "group A won {a} of {STOCK}, expected {mean:.1} ± {band:.1} (5 sigma); seed {seed}");
+    assert!(
+        (a - mean).abs() <= band,
+        "group A won {a} of {STOCK}, expected {mean:.1} ± {band:.1} (5 sigma); seed {seed}"
+    );
     assert_eq!(rec["order_matches_seed"], true);
     assert_exact_books(&stack, "fair", STOCK, &drawn).await;
 
@@ -249,18 +368,46 @@ async fn a_draw_gives_early_and_late_buyers_of_its_window_even_chances() {
     // buyer in (50 + 15.4 = 65.4): the check above would catch a draw
     // that served arrival order.
     let buyers = groups(&stack, "fcfs", SIZE).await;
-    let starts = put_sale(&stack, "fcfs", STOCK, 1, Duration::from_millis(1500), Some(0)).await;
+    let starts = put_sale(
+        &stack,
+        "fcfs",
+        STOCK,
+        1,
+        Duration::from_millis(1500),
+        Some(0),
+    )
+    .await;
     let first_come = two_groups(&stack, "fcfs", starts, buyers).await;
-    eprintln!("no draw: winners A {} B {}", first_come.won.0, first_come.won.1);
+    eprintln!(
+        "no draw: winners A {} B {}",
+        first_come.won.0, first_come.won.1
+    );
     let (_, all_in_band) = five_sigma_band(STOCK as f64, SIZE as f64, SIZE as f64);
-    assert!(70.0 > 50.0 + all_in_band, "the threshold below must lie outside the draw's band");
-    assert!(first_come.won.0 >= 70, "without a draw the early group should win nearly all of its {SIZE}, won {}", first_come.won.0);
-    let (status, _) = stack.admin(reqwest::Method::GET, "/admin/sales/fcfs/draw", None).await;
+    assert!(
+        70.0 > 50.0 + all_in_band,
+        "the threshold below must lie outside the draw's band"
+    );
+    assert!(
+        first_come.won.0 >= 70,
+        "without a draw the early group should win nearly all of its {SIZE}, won {}",
+        first_come.won.0
+    );
+    let (status, _) = stack
+        .admin(reqwest::Method::GET, "/admin/sales/fcfs/draw", None)
+        .await;
     assert_eq!(status, 404, "a sale without a draw has no record");
     assert_exact_books(&stack, "fcfs", STOCK, &first_come).await;
 
     // The gateway counts what it did.
-    let metrics = stack.http.get(format!("http://{}/metrics", stack.gateway_admin_addr)).send().await.unwrap().text().await.unwrap();
+    let metrics = stack
+        .http
+        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let value = |name: &str| -> f64 {
         metrics
             .lines()
@@ -269,12 +416,20 @@ async fn a_draw_gives_early_and_late_buyers_of_its_window_even_chances() {
     };
     assert_eq!(value("flashgate_draw_entrants_total "), entrants as f64);
     assert_eq!(value("flashgate_draw_winners_total "), STOCK as f64);
-    assert_eq!(value("flashgate_draw_settle_seconds_count "), entrants as f64);
+    assert_eq!(
+        value("flashgate_draw_settle_seconds_count "),
+        entrants as f64
+    );
 }
 
 /// Decides the entrants in `order` by the buy rules (per-user limit, then
 /// stock), as the draw must: entry number -> outcome.
-fn expected_outcomes(order: &[u64], users: &HashMap<u64, String>, stock: i64, limit: i64) -> HashMap<u64, &'static str> {
+fn expected_outcomes(
+    order: &[u64],
+    users: &HashMap<u64, String>,
+    stock: i64,
+    limit: i64,
+) -> HashMap<u64, &'static str> {
     let (mut left, mut bought) = (stock, HashMap::<&str, i64>::new());
     let mut out = HashMap::new();
     for e in order {
@@ -300,18 +455,39 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
 
     // Bad windows are refused by name and change nothing.
     for bad in [-1, 60_001] {
-        let body =
-            json!({"name": "x", "stock": 1, "starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-02T00:00:00Z", "draw_window_ms": bad});
-        let (status, v) = stack.admin(reqwest::Method::PUT, "/admin/sales/bad", Some(body)).await;
-        assert_eq!((status, v["code"].as_str()), (400, Some("bad_request")), "{v}");
-        assert!(v["message"].as_str().unwrap().starts_with("draw_window_ms:"), "{v}");
+        let body = json!({"name": "x", "stock": 1, "starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-02T00:00:00Z", "draw_window_ms": bad});
+        let (status, v) = stack
+            .admin(reqwest::Method::PUT, "/admin/sales/bad", Some(body))
+            .await;
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (400, Some("bad_request")),
+            "{v}"
+        );
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("draw_window_ms:"),
+            "{v}"
+        );
     }
-    let (status, _) = stack.admin(reqwest::Method::GET, "/admin/sales/bad", None).await;
+    let (status, _) = stack
+        .admin(reqwest::Method::GET, "/admin/sales/bad", None)
+        .await;
     assert_eq!(status, 404);
 
     // 6 items, at most 2 per user, a 400 ms window of the sale's own.
     const STOCK: i64 = 6;
-    let starts = put_sale(&stack, "shared", STOCK, 2, Duration::from_millis(2000), Some(400)).await;
+    let starts = put_sale(
+        &stack,
+        "shared",
+        STOCK,
+        2,
+        Duration::from_millis(2000),
+        Some(400),
+    )
+    .await;
     let gateways = [stack.gateway_addr, second_addr];
     let http = reqwest::Client::new();
     sleep_until_ms(starts + 5).await;
@@ -320,10 +496,18 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
     // entries); "twice" sends one key to both gateways at once.
     let mut sends = Vec::new();
     for i in 0..12 {
-        sends.push((format!("user{i:02}"), format!("k-user{i:02}"), gateways[i % 2]));
+        sends.push((
+            format!("user{i:02}"),
+            format!("k-user{i:02}"),
+            gateways[i % 2],
+        ));
     }
     for i in 0..4 {
-        sends.push(("greedy".to_owned(), format!("k-greedy-{i}"), gateways[i % 2]));
+        sends.push((
+            "greedy".to_owned(),
+            format!("k-greedy-{i}"),
+            gateways[i % 2],
+        ));
     }
     sends.push(("twice".to_owned(), "k-twice".to_owned(), gateways[0]));
     sends.push(("twice".to_owned(), "k-twice".to_owned(), gateways[1]));
@@ -341,30 +525,69 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
     let mut answers = Vec::new();
     for (task, (user, key, _)) in tasks.into_iter().zip(&sends) {
         let (status, body) = task.await.unwrap();
-        assert!(matches!(status, 202 | 201 | 409 | 410), "{user}/{key}: no final answer: {status} {body}");
+        assert!(
+            matches!(status, 202 | 201 | 409 | 410),
+            "{user}/{key}: no final answer: {status} {body}"
+        );
         answers.push((user.clone(), key.clone(), status, body));
     }
     let first_user00 = answers.iter().find(|(u, ..)| u == "user00").unwrap();
     let won = |s: u16| s == 201 || s == 202;
-    assert_eq!(won(retried.0), won(first_user00.2), "the retry joined the entry: {retried:?} {first_user00:?}");
-    assert_eq!(retried.1["reservation_id"], first_user00.3["reservation_id"]);
+    assert_eq!(
+        won(retried.0),
+        won(first_user00.2),
+        "the retry joined the entry: {retried:?} {first_user00:?}"
+    );
+    assert_eq!(
+        retried.1["reservation_id"],
+        first_user00.3["reservation_id"]
+    );
 
     // The record: every buy entered once (the re-sends joined), across
     // both gateways, greedy's with no more entries than its limit, and its
     // order is the one its seed gives.
     let rec = record(&stack, "shared").await;
     let entrants = rec["entrants"].as_array().unwrap();
-    assert_eq!(entrants.len(), 12 + 2 + 1, "one entry per buy, whatever gateway, re-sends joined, at most 2 per user");
+    assert_eq!(
+        entrants.len(),
+        12 + 2 + 1,
+        "one entry per buy, whatever gateway, re-sends joined, at most 2 per user"
+    );
     let seed = rec["state"]["seed"].as_str().unwrap();
-    let order: Vec<u64> = rec["order"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-    assert_eq!(order, decided_order(seed, entrants.len() as u64), "the order recomputed from the seed (docs/RELIABILITY.md)");
+    let order: Vec<u64> = rec["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        decided_order(seed, entrants.len() as u64),
+        "the order recomputed from the seed (docs/RELIABILITY.md)"
+    );
     assert_eq!(rec["order_matches_seed"], true);
     // Each outcome is what the buy rules give in that order.
-    let users: HashMap<u64, String> =
-        entrants.iter().map(|e| (e[0].as_u64().unwrap(), e[1]["user"].as_str().unwrap().to_owned())).collect();
+    let users: HashMap<u64, String> = entrants
+        .iter()
+        .map(|e| {
+            (
+                e[0].as_u64().unwrap(),
+                e[1]["user"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
     let expected = expected_outcomes(&order, &users, STOCK, 2);
-    let recorded: HashMap<u64, String> =
-        rec["outcomes"].as_array().unwrap().iter().map(|o| (o[0].as_u64().unwrap(), o[1]["o"].as_str().unwrap().to_owned())).collect();
+    let recorded: HashMap<u64, String> = rec["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o[0].as_u64().unwrap(),
+                o[1]["o"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
     assert_eq!(recorded.len(), entrants.len());
     for (e, outcome) in &expected {
         assert_eq!(recorded[e], *outcome, "entry {e} ({})", users[e]);
@@ -372,12 +595,25 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
     // What buyers were told matches the record; the per-user limit held.
     let by_key: HashMap<String, u64> = entrants
         .iter()
-        .map(|e| (format!("{}/{}", e[1]["user"].as_str().unwrap(), e[1]["idem"].as_str().unwrap()), e[0].as_u64().unwrap()))
+        .map(|e| {
+            (
+                format!(
+                    "{}/{}",
+                    e[1]["user"].as_str().unwrap(),
+                    e[1]["idem"].as_str().unwrap()
+                ),
+                e[0].as_u64().unwrap(),
+            )
+        })
         .collect();
     for (user, key, status, body) in &answers {
         let Some(&e) = by_key.get(&format!("{user}/{key}")) else {
             // Not entered: a user already holding their limit of entries.
-            assert_eq!((user.as_str(), *status, body["code"].as_str()), ("greedy", 409, Some("limit_reached")), "{key}: {body}");
+            assert_eq!(
+                (user.as_str(), *status, body["code"].as_str()),
+                ("greedy", 409, Some("limit_reached")),
+                "{key}: {body}"
+            );
             continue;
         };
         let want = match expected[&e] {
@@ -385,24 +621,55 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
             "limit_reached" => vec![409],
             _ => vec![410],
         };
-        assert!(want.contains(status), "{user}/{key}: told {status} {body}, the draw says {}", expected[&e]);
+        assert!(
+            want.contains(status),
+            "{user}/{key}: told {status} {body}, the draw says {}",
+            expected[&e]
+        );
     }
-    let greedy_won = answers.iter().filter(|(u, _, s, _)| u == "greedy" && (*s == 201 || *s == 202)).count();
-    assert!(greedy_won <= 2, "the per-user limit holds in the draw: greedy won {greedy_won}");
+    let greedy_won = answers
+        .iter()
+        .filter(|(u, _, s, _)| u == "greedy" && (*s == 201 || *s == 202))
+        .count();
+    assert!(
+        greedy_won <= 2,
+        "the per-user limit holds in the draw: greedy won {greedy_won}"
+    );
     let twice: Vec<_> = answers.iter().filter(|(u, ..)| u == "twice").collect();
-    assert_eq!(twice[0].2 == 410, twice[1].2 == 410, "one key, one answer: {twice:?}");
+    assert_eq!(
+        twice[0].2 == 410,
+        twice[1].2 == 410,
+        "one key, one answer: {twice:?}"
+    );
     assert_eq!(twice[0].3["reservation_id"], twice[1].3["reservation_id"]);
 
     // Exact books; after the draw the sale is first come, first served.
     assert_eq!(stack.remaining("shared").await, 0);
     assert_eq!(stack.stream_len("shared").await, STOCK);
-    let (orders, _, _) = stack.wait_orders("shared", STOCK, Duration::from_secs(20)).await;
+    let (orders, _, _) = stack
+        .wait_orders("shared", STOCK, Duration::from_secs(20))
+        .await;
     assert_eq!(orders, STOCK);
     let (late, body) = buy(&http, gateways[1], "shared", "late", "k-late").await;
-    assert_eq!((late, body["code"].as_str()), (410, Some("sold_out")), "{body}");
+    assert_eq!(
+        (late, body["code"].as_str()),
+        (410, Some("sold_out")),
+        "{body}"
+    );
     // This gateway counted its share of the entrants.
-    let text = http.get(format!("http://{}/metrics", stack.gateway_admin_addr)).send().await.unwrap().text().await.unwrap();
-    assert!(text.lines().any(|l| l.starts_with("flashgate_draw_entrants_total ") && !l.ends_with(" 0")), "{text}");
+    let text = http
+        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("flashgate_draw_entrants_total ") && !l.ends_with(" 0")),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,7 +677,15 @@ async fn an_entrant_held_past_the_settle_time_gets_503_and_its_retry_the_outcome
     let stack = stack_with_draws("settle_ms = 300\n").await;
     // A window of the sale's own, 1 s: the pause sent 80 ms after the buy
     // lands within it even when a loaded machine is slow to apply it.
-    let starts = put_sale(&stack, "held", 1, 1, Duration::from_millis(1500), Some(1000)).await;
+    let starts = put_sale(
+        &stack,
+        "held",
+        1,
+        1,
+        Duration::from_millis(1500),
+        Some(1000),
+    )
+    .await;
     sleep_until_ms(starts + 5).await;
     let http = reqwest::Client::new();
     let task = {
@@ -419,12 +694,24 @@ async fn an_entrant_held_past_the_settle_time_gets_503_and_its_retry_the_outcome
     };
     // Paused within the window: the draw decides nothing until resumed.
     tokio::time::sleep(Duration::from_millis(80)).await;
-    let (status, v) = stack.admin(reqwest::Method::POST, "/admin/sales/held/pause", None).await;
+    let (status, v) = stack
+        .admin(reqwest::Method::POST, "/admin/sales/held/pause", None)
+        .await;
     assert_eq!(status, 200, "{v}");
     let (status, body) = task.await.unwrap();
-    assert_eq!((status, body["code"].as_str()), (503, Some("unavailable")), "{body}");
-    assert_eq!(stack.remaining("held").await, 1, "nothing decided while paused");
-    let (status, v) = stack.admin(reqwest::Method::POST, "/admin/sales/held/resume", None).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("unavailable")),
+        "{body}"
+    );
+    assert_eq!(
+        stack.remaining("held").await,
+        1,
+        "nothing decided while paused"
+    );
+    let (status, v) = stack
+        .admin(reqwest::Method::POST, "/admin/sales/held/resume", None)
+        .await;
     assert_eq!(status, 200, "{v}");
     // The retry joins the entry; the draw runs and it wins.
     let mut answer = (0, Value::Null);
@@ -437,6 +724,10 @@ async fn an_entrant_held_past_the_settle_time_gets_503_and_its_retry_the_outcome
     }
     assert!(answer.0 == 201 || answer.0 == 202, "{:?}", answer);
     let rec = record(&stack, "held").await;
-    assert_eq!(rec["entrants"].as_array().unwrap().len(), 1, "the retry joined the entry");
+    assert_eq!(
+        rec["entrants"].as_array().unwrap().len(),
+        1,
+        "the retry joined the entry"
+    );
     assert_eq!(stack.stream_len("held").await, 1);
 }

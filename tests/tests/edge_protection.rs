@@ -9,7 +9,10 @@ use flashgate_tests::{buy_all, random_user, token, Attempt, Stack, StackOptions}
 use serde_json::Value;
 
 async fn buy_status(stack: &Stack, user: &str, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut req = stack.http.post(stack.url("/api/sales/edge/buy")).bearer_auth(token(user));
+    let mut req = stack
+        .http
+        .post(stack.url("/api/sales/edge/buy"))
+        .bearer_auth(token(user));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -24,11 +27,18 @@ fn assert_limited(resp: &reqwest::Response, policy: &str) {
     let p = h["ratelimit-policy"].to_str().unwrap();
     assert!(p.starts_with(&format!("\"{policy}\";q=")), "{p}");
     let state = h["ratelimit"].to_str().unwrap();
-    assert!(state.starts_with(&format!("\"{policy}\";r=0;t=")), "{state}");
+    assert!(
+        state.starts_with(&format!("\"{policy}\";r=0;t=")),
+        "{state}"
+    );
 }
 
 async fn stack_with(extra: &str) -> Stack {
-    let stack = Stack::start(StackOptions { extra_toml: extra.into(), ..StackOptions::default() }).await;
+    let stack = Stack::start(StackOptions {
+        extra_toml: extra.into(),
+        ..StackOptions::default()
+    })
+    .await;
     stack.open_sale("edge", 1_000_000, 1_000_000).await;
     stack
 }
@@ -37,20 +47,35 @@ async fn stack_with(extra: &str) -> Stack {
 async fn a_user_over_their_bucket_gets_429_with_ratelimit_headers() {
     let stack = stack_with("[limits.buy]\nuser = { per_second = 1, burst = 2 }\n").await;
     for _ in 0..2 {
-        assert_eq!(buy_status(&stack, "hammer", &[]).await.status().as_u16(), 202);
+        assert_eq!(
+            buy_status(&stack, "hammer", &[]).await.status().as_u16(),
+            202
+        );
     }
     let resp = buy_status(&stack, "hammer", &[]).await;
     assert_limited(&resp, "buy-user");
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "rate_limited");
-    assert_eq!(buy_status(&stack, "someone-else", &[]).await.status().as_u16(), 202);
+    assert_eq!(
+        buy_status(&stack, "someone-else", &[])
+            .await
+            .status()
+            .as_u16(),
+        202
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_ip_over_its_bucket_gets_429_whoever_the_user() {
     let stack = stack_with("[limits.buy]\nip = { per_second = 1, burst = 3 }\n").await;
     for i in 0..3 {
-        assert_eq!(buy_status(&stack, &format!("u{i}"), &[]).await.status().as_u16(), 202);
+        assert_eq!(
+            buy_status(&stack, &format!("u{i}"), &[])
+                .await
+                .status()
+                .as_u16(),
+            202
+        );
     }
     assert_limited(&buy_status(&stack, "u9", &[]).await, "buy-ip");
 }
@@ -59,7 +84,13 @@ async fn one_ip_over_its_bucket_gets_429_whoever_the_user() {
 async fn the_global_bucket_limits_all_users_together() {
     let stack = stack_with("[limits.buy]\nglobal = { per_second = 1, burst = 4 }\n").await;
     for i in 0..4 {
-        assert_eq!(buy_status(&stack, &format!("g{i}"), &[]).await.status().as_u16(), 202);
+        assert_eq!(
+            buy_status(&stack, &format!("g{i}"), &[])
+                .await
+                .status()
+                .as_u16(),
+            202
+        );
     }
     assert_limited(&buy_status(&stack, "g9", &[]).await, "buy-global");
 }
@@ -68,14 +99,26 @@ async fn the_global_bucket_limits_all_users_together() {
 async fn a_spoofed_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy() {
     // Untrusted peer (loopback is not in 10.0.0.0/8): the header cannot change the key.
     let stack = stack_with("[limits]\ntrusted_proxies = [\"10.0.0.0/8\"]\n[limits.read]\nip = { per_second = 1, burst = 1 }\n").await;
-    let get = |xff: &'static str| stack.http.get(stack.url("/api/sales/edge")).header("X-Forwarded-For", xff).send();
+    let get = |xff: &'static str| {
+        stack
+            .http
+            .get(stack.url("/api/sales/edge"))
+            .header("X-Forwarded-For", xff)
+            .send()
+    };
     assert_eq!(get("198.51.100.1").await.unwrap().status().as_u16(), 200);
     assert_limited(&get("198.51.100.2").await.unwrap(), "read-ip");
     drop(stack);
 
     // Trusted peer: each forwarded client gets its own bucket.
     let stack = stack_with("[limits]\ntrusted_proxies = [\"127.0.0.1/32\"]\n[limits.read]\nip = { per_second = 1, burst = 1 }\n").await;
-    let get = |xff: &'static str| stack.http.get(stack.url("/api/sales/edge")).header("X-Forwarded-For", xff).send();
+    let get = |xff: &'static str| {
+        stack
+            .http
+            .get(stack.url("/api/sales/edge"))
+            .header("X-Forwarded-For", xff)
+            .send()
+    };
     assert_eq!(get("198.51.100.1").await.unwrap().status().as_u16(), 200);
     assert_eq!(get("198.51.100.2").await.unwrap().status().as_u16(), 200);
     assert_limited(&get("198.51.100.1").await.unwrap(), "read-ip");
@@ -107,29 +150,61 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     // Both gateways subscribed to sale events.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let subs: Vec<(String, i64)> =
-            redis::cmd("PUBSUB").arg("NUMSUB").arg("fg:events").query_async(&mut stack.redis.conn().await).await.unwrap();
+        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("fg:events")
+            .query_async(&mut stack.redis.conn().await)
+            .await
+            .unwrap();
         if subs[0].1 >= 2 || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stack.open_sale("gone", 5, 1).await;
-    let sellout =
-        buy_all(stack.gateway_addr, "gone", (0..50).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect(), 16).await;
+    let sellout = buy_all(
+        stack.gateway_addr,
+        "gone",
+        (0..50)
+            .map(|_| Attempt {
+                user: random_user(),
+                idempotency_key: None,
+            })
+            .collect(),
+        16,
+    )
+    .await;
     assert_eq!(sellout.iter().filter(|o| o.won()).count(), 5);
     assert!(sellout.iter().any(|o| o.status == 410));
 
     // Only the deduct script counts: the backend runs its own scripts on timers.
     // The buy path sends `deduct_batch.lua`; `deduct.lua` is its one-attempt form.
-    let deduct_shas = [flashgate_common::scripts::DEDUCT, flashgate_common::scripts::DEDUCT_BATCH]
-        .map(|body| redis::Script::new(body).get_hash().to_owned());
+    let deduct_shas = [
+        flashgate_common::scripts::DEDUCT,
+        flashgate_common::scripts::DEDUCT_BATCH,
+    ]
+    .map(|body| redis::Script::new(body).get_hash().to_owned());
     let monitor = stack.redis.monitor().await;
-    let attempts = || (0..10_000).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect::<Vec<_>>();
+    let attempts = || {
+        (0..10_000)
+            .map(|_| Attempt {
+                user: random_user(),
+                idempotency_key: None,
+            })
+            .collect::<Vec<_>>()
+    };
     let first = buy_all(stack.gateway_addr, "gone", attempts(), 64).await;
     let second = buy_all(second_addr, "gone", attempts(), 64).await;
-    assert!(first.iter().chain(&second).all(|o| o.status == 410), "every late buyer is told sold out");
-    let deducts = monitor.commands().await.into_iter().filter(|c| deduct_shas.iter().any(|sha| c.contains(sha))).count();
+    assert!(
+        first.iter().chain(&second).all(|o| o.status == 410),
+        "every late buyer is told sold out"
+    );
+    let deducts = monitor
+        .commands()
+        .await
+        .into_iter()
+        .filter(|c| deduct_shas.iter().any(|sha| c.contains(sha)))
+        .count();
     assert_eq!(deducts, 0, "a sold-out buy ran the deduct script");
 
     // An operator restock clears the flag everywhere.
@@ -137,13 +212,25 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut status = 0;
     while Instant::now() < deadline && status != 202 {
-        status = flashgate_tests::buy(&stack.http, second_addr, "gone", &token(&random_user()), None).await.0;
+        status = flashgate_tests::buy(
+            &stack.http,
+            second_addr,
+            "gone",
+            &token(&random_user()),
+            None,
+        )
+        .await
+        .0;
     }
-    assert_eq!(status, 202, "restock did not reopen the sale on the second gateway");
+    assert_eq!(
+        status, 202,
+        "restock did not reopen the sale on the second gateway"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sold_out_keyed_buy_is_answered_by_redis_and_keeps_its_answer_while_an_unkeyed_one_costs_no_call() {
+async fn a_sold_out_keyed_buy_is_answered_by_redis_and_keeps_its_answer_while_an_unkeyed_one_costs_no_call(
+) {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("kept", 3, 1).await;
     let winners: Vec<String> = (0..3).map(|_| random_user()).collect();
@@ -154,22 +241,60 @@ async fn a_sold_out_keyed_buy_is_answered_by_redis_and_keeps_its_answer_while_an
     assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
 
     let scripts_before = stack.redis.command_calls("evalsha").await;
-    let unkeyed = (0..50).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect();
+    let unkeyed = (0..50)
+        .map(|_| Attempt {
+            user: random_user(),
+            idempotency_key: None,
+        })
+        .collect();
     let late = buy_all(stack.gateway_addr, "kept", unkeyed, 16).await;
-    assert!(late.iter().all(|o| o.status == 410 && o.body["code"] == "sold_out"), "every late buyer is told sold out");
-    assert_eq!(stack.redis.command_calls("evalsha").await, scripts_before, "an unkeyed buy is answered by the flag");
+    assert!(
+        late.iter()
+            .all(|o| o.status == 410 && o.body["code"] == "sold_out"),
+        "every late buyer is told sold out"
+    );
+    assert_eq!(
+        stack.redis.command_calls("evalsha").await,
+        scripts_before,
+        "an unkeyed buy is answered by the flag"
+    );
 
     let late_users: Vec<String> = (0..50).map(|_| random_user()).collect();
-    let keyed = late_users.iter().map(|u| Attempt { user: u.clone(), idempotency_key: Some("late".into()) }).collect();
+    let keyed = late_users
+        .iter()
+        .map(|u| Attempt {
+            user: u.clone(),
+            idempotency_key: Some("late".into()),
+        })
+        .collect();
     let late = buy_all(stack.gateway_addr, "kept", keyed, 16).await;
-    assert!(late.iter().all(|o| o.status == 410 && o.body["code"] == "sold_out"), "every late keyed buyer is told sold out");
+    assert!(
+        late.iter()
+            .all(|o| o.status == 410 && o.body["code"] == "sold_out"),
+        "every late keyed buyer is told sold out"
+    );
     // A winner's retry replays its win.
     let (status, v) = stack.buy("kept", &winners[0], Some("k1")).await;
-    assert!(matches!(status, 201 | 202) && v["reservation_id"].is_string(), "{status} {v}");
+    assert!(
+        matches!(status, 201 | 202) && v["reservation_id"].is_string(),
+        "{status} {v}"
+    );
     // An item comes back: a late key keeps its answer, a new key buys it.
-    stack.put_sale("kept", 4, 1, std::time::Duration::ZERO, std::time::Duration::from_secs(3600)).await;
+    stack
+        .put_sale(
+            "kept",
+            4,
+            1,
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(3600),
+        )
+        .await;
     let (status, v) = stack.buy("kept", &late_users[0], Some("late")).await;
-    assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "the key's answer is final: {v}");
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (410, Some("sold_out")),
+        "the key's answer is final: {v}"
+    );
     let mut won = 0;
     for _ in 0..50 {
         if stack.buy("kept", &late_users[1], Some("fresh")).await.0 == 202 {
@@ -190,7 +315,9 @@ async fn a_sold_out_sale_sells_again_soon_after_an_unpaid_orders_item_comes_back
         "starts_at": flashgate_common::rfc3339(now - 1000), "ends_at": flashgate_common::rfc3339(now + 3_600_000),
         "payment_timeout_seconds": 1,
     });
-    let (status, v) = stack.admin(reqwest::Method::PUT, "/admin/sales/back", Some(body)).await;
+    let (status, v) = stack
+        .admin(reqwest::Method::PUT, "/admin/sales/back", Some(body))
+        .await;
     assert_eq!(status, 201, "{v}");
     let (status, won) = stack.buy("back", &random_user(), None).await;
     assert_eq!(status, 202, "{won}");
@@ -200,7 +327,10 @@ async fn a_sold_out_sale_sells_again_soon_after_an_unpaid_orders_item_comes_back
     // Not paid in time: the item goes back to the stock.
     let deadline = Instant::now() + Duration::from_secs(20);
     while stack.remaining("back").await != 1 {
-        assert!(Instant::now() < deadline, "the unpaid order's item did not come back");
+        assert!(
+            Instant::now() < deadline,
+            "the unpaid order's item did not come back"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Every gateway hears of it: the sale is not answered sold out for the
@@ -217,15 +347,29 @@ async fn a_sold_out_sale_sells_again_soon_after_an_unpaid_orders_item_comes_back
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_redis_gets_503s_not_hangs_and_sales_resume_after() {
-    let stack = Stack::start(StackOptions { redis_timeout_ms: 200, ..StackOptions::default() }).await;
+    let stack = Stack::start(StackOptions {
+        redis_timeout_ms: 200,
+        ..StackOptions::default()
+    })
+    .await;
     stack.open_sale("stall", 100, 1).await;
     // Warm the gateway's local copy of the window.
     assert_eq!(stack.buy("stall", &random_user(), None).await.0, 202);
 
     stack.redis.proc.signal("STOP");
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     for _ in 0..10 {
-        let (status, body) = flashgate_tests::buy(&client, stack.gateway_addr, "stall", &token(&random_user()), None).await;
+        let (status, body) = flashgate_tests::buy(
+            &client,
+            stack.gateway_addr,
+            "stall",
+            &token(&random_user()),
+            None,
+        )
+        .await;
         assert_eq!((status, body["code"].as_str()), (503, Some("unavailable")));
     }
     stack.redis.proc.signal("CONT");
@@ -251,20 +395,40 @@ async fn a_bucketed_sale_pauses_on_the_backlog_of_all_its_buckets_streams() {
     let stack = pauses_on_its_backlog_and_resumes("backlog-b", 3).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let text = stack.http.get(format!("http://{}/metrics", stack.backend_addr)).send().await.unwrap().text().await.unwrap();
+        let text = stack
+            .http
+            .get(format!("http://{}/metrics", stack.backend_addr))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let gauge = |name: &str, bucket: u32| -> Option<i64> {
             let prefix = format!("{name}{{bucket=\"{bucket}\",sale=\"backlog-b\"}} ");
-            text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.parse().ok())
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.parse().ok())
         };
-        let left: Option<Vec<i64>> = (0..3).map(|k| gauge("flashgate_sale_bucket_remaining_items", k)).collect();
-        let backlog: Option<Vec<i64>> = (0..3).map(|k| gauge("flashgate_sale_bucket_backlog_reservations", k)).collect();
-        let remaining = flashgate_common::transfer::left(&mut stack.redis_handle().await, "backlog-b", 3).await.unwrap();
+        let left: Option<Vec<i64>> = (0..3)
+            .map(|k| gauge("flashgate_sale_bucket_remaining_items", k))
+            .collect();
+        let backlog: Option<Vec<i64>> = (0..3)
+            .map(|k| gauge("flashgate_sale_bucket_backlog_reservations", k))
+            .collect();
+        let remaining =
+            flashgate_common::transfer::left(&mut stack.redis_handle().await, "backlog-b", 3)
+                .await
+                .unwrap();
         if let (Some(left), Some(backlog)) = (left, backlog) {
             if left.iter().sum::<i64>() == remaining && backlog.iter().all(|b| *b == 0) {
                 break;
             }
         }
-        assert!(Instant::now() < deadline, "per-bucket gauges never matched the sale ({remaining} left): {text}");
+        assert!(
+            Instant::now() < deadline,
+            "per-bucket gauges never matched the sale ({remaining} left): {text}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
@@ -272,8 +436,17 @@ async fn a_bucketed_sale_pauses_on_the_backlog_of_all_its_buckets_streams() {
 /// Pauses sale `id` (of `buckets` buckets) by letting its winners pile up
 /// unpersisted, then resumes it by starting the backend again.
 async fn pauses_on_its_backlog_and_resumes(id: &str, buckets: u32) -> Stack {
-    let mut stack = Stack::start(StackOptions { extra_toml: String::new(), ..StackOptions::default() }).await;
-    stack.edit_config(|t| t.replace("[gateway]\n", "[gateway]\nbacklog_pause_threshold = 4\nbacklog_check_ms = 50\n"));
+    let mut stack = Stack::start(StackOptions {
+        extra_toml: String::new(),
+        ..StackOptions::default()
+    })
+    .await;
+    stack.edit_config(|t| {
+        t.replace(
+            "[gateway]\n",
+            "[gateway]\nbacklog_pause_threshold = 4\nbacklog_check_ms = 50\n",
+        )
+    });
     stack.kill_gateway();
     stack.start_gateway();
     if buckets > 1 {
@@ -294,7 +467,11 @@ async fn pauses_on_its_backlog_and_resumes(id: &str, buckets: u32) -> Stack {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(statuses.last(), Some(&503), "the sale never paused: {statuses:?}");
+    assert_eq!(
+        statuses.last(),
+        Some(&503),
+        "the sale never paused: {statuses:?}"
+    );
     let (status, body) = stack.buy(id, &random_user(), None).await;
     assert_eq!((status, body["code"].as_str()), (503, Some("paused")));
 
@@ -305,7 +482,10 @@ async fn pauses_on_its_backlog_and_resumes(id: &str, buckets: u32) -> Stack {
         status = stack.buy(id, &random_user(), None).await.0;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(status, 202, "the sale did not resume after the backlog drained");
+    assert_eq!(
+        status, 202,
+        "the sale did not resume after the backlog drained"
+    );
     stack
 }
 
@@ -326,7 +506,10 @@ async fn the_global_switch_pauses_every_sale_at_once() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut code = String::new();
     while Instant::now() < deadline && code != "paused" {
-        code = stack.buy("sw", &random_user(), None).await.1["code"].as_str().unwrap_or("").to_owned();
+        code = stack.buy("sw", &random_user(), None).await.1["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
     }
     assert_eq!(code, "paused");
     stack
@@ -350,14 +533,50 @@ async fn an_operator_pauses_and_resumes_one_sale() {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("p1", 100, 1).await;
     stack.open_sale("p2", 100, 1).await;
-    let admin = |path: &str| stack.http.post(stack.admin_url(path)).bearer_auth(flashgate_tests::ADMIN_TOKEN).send();
-    assert_eq!(admin("/admin/sales/p1/pause").await.unwrap().status().as_u16(), 200);
+    let admin = |path: &str| {
+        stack
+            .http
+            .post(stack.admin_url(path))
+            .bearer_auth(flashgate_tests::ADMIN_TOKEN)
+            .send()
+    };
+    assert_eq!(
+        admin("/admin/sales/p1/pause")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
     let (status, body) = stack.buy("p1", &random_user(), None).await;
-    assert_eq!((status, body["code"].as_str()), (503, Some("paused")), "{body}");
-    assert_eq!(stack.buy("p2", &random_user(), None).await.0, 202, "only the paused sale stops");
-    let state: serde_json::Value = stack.http.get(stack.url("/api/sales/p1")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("paused")),
+        "{body}"
+    );
+    assert_eq!(
+        stack.buy("p2", &random_user(), None).await.0,
+        202,
+        "only the paused sale stops"
+    );
+    let state: serde_json::Value = stack
+        .http
+        .get(stack.url("/api/sales/p1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(state["state"], "paused");
-    assert_eq!(admin("/admin/sales/p1/resume").await.unwrap().status().as_u16(), 200);
+    assert_eq!(
+        admin("/admin/sales/p1/resume")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
     // The gateway answers from its cached window until the resume's
     // announcement reaches it (milliseconds; bounded here by 10 s).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -369,7 +588,14 @@ async fn an_operator_pauses_and_resumes_one_sale() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert_eq!(status, 202, "{body}");
-    assert_eq!(admin("/admin/sales/nosuch/pause").await.unwrap().status().as_u16(), 404);
+    assert_eq!(
+        admin("/admin/sales/nosuch/pause")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        404
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,7 +603,18 @@ async fn the_cluster_wide_limit_is_shared_by_every_gateway() {
     let stack = stack_with("[limits.cluster_global]\nper_second = 1\nburst = 2\n").await;
     let (_second, second_addr) = stack.start_second_gateway();
     assert_eq!(stack.buy("edge", "c1", None).await.0, 202);
-    assert_eq!(flashgate_tests::buy(&stack.http, second_addr, "edge", &token("c2"), None).await.0, 202);
-    let resp = stack.http.post(format!("http://{second_addr}/api/sales/edge/buy")).bearer_auth(token("c3")).send().await.unwrap();
+    assert_eq!(
+        flashgate_tests::buy(&stack.http, second_addr, "edge", &token("c2"), None)
+            .await
+            .0,
+        202
+    );
+    let resp = stack
+        .http
+        .post(format!("http://{second_addr}/api/sales/edge/buy"))
+        .bearer_auth(token("c3"))
+        .send()
+        .await
+        .unwrap();
     assert_limited(&resp, "buy-cluster");
 }

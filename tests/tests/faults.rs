@@ -47,13 +47,19 @@ fn faults_redis() -> RedisMode {
     match std::env::var("FLASHGATE_FAULTS_REDIS").as_deref() {
         Err(_) | Ok("") | Ok("standalone") => RedisMode::Standalone,
         Ok("cluster") => RedisMode::Cluster,
-        Ok(other) => panic!("FLASHGATE_FAULTS_REDIS={other:?}: expected \"standalone\" or \"cluster\""),
+        Ok(other) => {
+            panic!("FLASHGATE_FAULTS_REDIS={other:?}: expected \"standalone\" or \"cluster\"")
+        }
     }
 }
 
 /// A stack on the Redis of [`faults_redis`].
 async fn stack() -> Stack {
-    Stack::start(StackOptions { redis_mode: faults_redis(), ..StackOptions::default() }).await
+    Stack::start(StackOptions {
+        redis_mode: faults_redis(),
+        ..StackOptions::default()
+    })
+    .await
 }
 
 /// The `redis=` field of a report line.
@@ -92,7 +98,10 @@ async fn settle_and_check(stack: &Stack, fault: &str, sale: &str, mut outcomes: 
         let remaining = stack.remaining(sale).await;
         let live = rows.iter().filter(|r| r.status != "cancelled").count() as i64;
         let with_order: HashSet<&str> = rows.iter().map(|r| r.reservation_id.as_str()).collect();
-        let all_winners = winners.iter().all(|w| w.reservation_id().is_some_and(|rid| with_order.contains(rid)));
+        let all_winners = winners.iter().all(|w| {
+            w.reservation_id()
+                .is_some_and(|rid| with_order.contains(rid))
+        });
         if remaining >= 0 && remaining + live == STOCK && all_winners {
             break (rows, remaining);
         }
@@ -105,22 +114,46 @@ async fn settle_and_check(stack: &Stack, fault: &str, sale: &str, mut outcomes: 
     };
 
     let live = rows.iter().filter(|r| r.status != "cancelled").count() as i64;
-    assert!(live <= STOCK, "{fault}: oversold: {live} orders for {STOCK} items");
+    assert!(
+        live <= STOCK,
+        "{fault}: oversold: {live} orders for {STOCK} items"
+    );
     let mut per_rid: HashMap<&str, usize> = HashMap::new();
     let mut per_user: HashMap<&str, usize> = HashMap::new();
     for r in &rows {
         *per_rid.entry(&r.reservation_id).or_default() += 1;
         *per_user.entry(&r.user_id).or_default() += 1;
     }
-    assert!(per_rid.values().all(|&n| n == 1), "{fault}: duplicate order for one reservation");
-    assert!(per_user.values().all(|&n| n == 1), "{fault}: a user holds two orders at per_user_limit 1");
-    let by_rid: HashMap<&str, &str> = rows.iter().map(|r| (r.reservation_id.as_str(), r.user_id.as_str())).collect();
+    assert!(
+        per_rid.values().all(|&n| n == 1),
+        "{fault}: duplicate order for one reservation"
+    );
+    assert!(
+        per_user.values().all(|&n| n == 1),
+        "{fault}: a user holds two orders at per_user_limit 1"
+    );
+    let by_rid: HashMap<&str, &str> = rows
+        .iter()
+        .map(|r| (r.reservation_id.as_str(), r.user_id.as_str()))
+        .collect();
     for w in &winners {
         let rid = w.reservation_id().unwrap_or_default();
-        assert_eq!(by_rid.get(rid).copied(), Some(w.attempt.user.as_str()), "{fault}: winner {} has no order of its own", w.attempt.user);
+        assert_eq!(
+            by_rid.get(rid).copied(),
+            Some(w.attempt.user.as_str()),
+            "{fault}: winner {} has no order of its own",
+            w.attempt.user
+        );
     }
-    let unexpected: Vec<u16> = outcomes.iter().map(|o| o.status).filter(|s| ![0, 201, 202, 410, 503].contains(s)).collect();
-    assert!(unexpected.is_empty(), "{fault}: unexpected statuses {unexpected:?}");
+    let unexpected: Vec<u16> = outcomes
+        .iter()
+        .map(|o| o.status)
+        .filter(|s| ![0, 201, 202, 410, 503].contains(s))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "{fault}: unexpected statuses {unexpected:?}"
+    );
     println!(
         "fault={fault} redis={} sent={} winners={} orders={} remaining={remaining}",
         redis_label(stack),
@@ -132,7 +165,11 @@ async fn settle_and_check(stack: &Stack, fault: &str, sale: &str, mut outcomes: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_sale_with_aof_always_loses_no_winner() {
-    let mut stack = Stack::start(StackOptions { appendonly: true, ..StackOptions::default() }).await;
+    let mut stack = Stack::start(StackOptions {
+        appendonly: true,
+        ..StackOptions::default()
+    })
+    .await;
     stack.open_sale("f-redis-kill", STOCK, 1).await;
     let first = burst(&stack, "f-redis-kill", FIRST_BURST);
     mid_burst().await;
@@ -184,11 +221,18 @@ async fn database_locked_for_five_seconds_loses_no_winner() {
     let stack = stack().await;
     stack.open_sale("f-db-lock", STOCK, 1).await;
     sqlx::any::install_default_drivers();
-    let pool = sqlx::any::AnyPoolOptions::new().max_connections(1).connect(&stack.database_url).await.unwrap();
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.database_url)
+        .await
+        .unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let first = burst(&stack, "f-db-lock", FIRST_BURST);
     // Every write waits on this lock (and fails past SQLite's busy timeout).
-    sqlx::query("BEGIN EXCLUSIVE").execute(&mut *conn).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
     drop(conn);
@@ -214,7 +258,14 @@ async fn network_to_the_backend_cut_for_three_seconds_loses_no_winner() {
 }
 
 /// Buys on the gateway at `addr` until it answers a status in `wanted` (or 10 s pass).
-async fn buy_until(stack: &Stack, addr: std::net::SocketAddr, sale: &str, user: &str, key: Option<&str>, wanted: &[u16]) -> u16 {
+async fn buy_until(
+    stack: &Stack,
+    addr: std::net::SocketAddr,
+    sale: &str,
+    user: &str,
+    key: Option<&str>,
+    wanted: &[u16],
+) -> u16 {
     let token = flashgate_tests::token(user);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -238,22 +289,57 @@ async fn redis_events_lost_while_subscriptions_drop_never_turn_a_winners_key_awa
     stack.open_sale("lost", 1, 1).await;
     assert_eq!(stack.buy("lost", &random_user(), Some("k")).await.0, 202);
     // Both gateways flag it: one from its own answer, one from the event.
-    assert_eq!(buy_until(&stack, stack.gateway_addr, "lost", &random_user(), None, &[410]).await, 410);
-    assert_eq!(buy_until(&stack, second, "lost", &random_user(), None, &[410]).await, 410);
+    assert_eq!(
+        buy_until(
+            &stack,
+            stack.gateway_addr,
+            "lost",
+            &random_user(),
+            None,
+            &[410]
+        )
+        .await,
+        410
+    );
+    assert_eq!(
+        buy_until(&stack, second, "lost", &random_user(), None, &[410]).await,
+        410
+    );
 
     // Every subscription drops, and the restock's `changed` goes out
     // before they stand again (their first retry waits 100 ms).
     let mut conn = stack.redis.conn().await;
-    let dropped: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.unwrap();
+    let dropped: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(dropped >= 2, "{dropped} subscriptions dropped");
-    stack.put_sale("lost", 3, 1, Duration::ZERO, Duration::from_secs(3600)).await;
+    stack
+        .put_sale("lost", 3, 1, Duration::ZERO, Duration::from_secs(3600))
+        .await;
 
     // A buyer wins on the first gateway (a keyed buy asks Redis, whatever
     // the flag), loses the answer, and retries on the second.
     let z = random_user();
-    assert_eq!(buy_until(&stack, stack.gateway_addr, "lost", &z, Some("kz"), &[202]).await, 202);
-    let (status, v) = flashgate_tests::buy(&stack.http, second, "lost", &flashgate_tests::token(&z), Some("kz")).await;
-    assert!(matches!(status, 201 | 202), "a winner's retry was answered {status}: {v}");
+    assert_eq!(
+        buy_until(&stack, stack.gateway_addr, "lost", &z, Some("kz"), &[202]).await,
+        202
+    );
+    let (status, v) = flashgate_tests::buy(
+        &stack.http,
+        second,
+        "lost",
+        &flashgate_tests::token(&z),
+        Some("kz"),
+    )
+    .await;
+    assert!(
+        matches!(status, 201 | 202),
+        "a winner's retry was answered {status}: {v}"
+    );
     // The second gateway's flag went with its subscription: it sells the last item.
     let started = Instant::now();
     assert_eq!(
@@ -261,5 +347,8 @@ async fn redis_events_lost_while_subscriptions_drop_never_turn_a_winners_key_awa
         202,
         "the restocked item never sold on the second gateway"
     );
-    println!("fault=events_lost redis=standalone resold_after_ms={}", started.elapsed().as_millis());
+    println!(
+        "fault=events_lost redis=standalone resold_after_ms={}",
+        started.elapsed().as_millis()
+    );
 }

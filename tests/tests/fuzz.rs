@@ -9,11 +9,22 @@ use http::Method;
 use proptest::prelude::*;
 
 fn methods() -> impl Strategy<Value = Method> {
-    prop_oneof![Just(Method::GET), Just(Method::HEAD), Just(Method::POST), Just(Method::PUT), Just(Method::DELETE)]
+    prop_oneof![
+        Just(Method::GET),
+        Just(Method::HEAD),
+        Just(Method::POST),
+        Just(Method::PUT),
+        Just(Method::DELETE)
+    ]
 }
 
 fn paths() -> impl Strategy<Value = String> {
-    prop_oneof![any::<String>(), "/api/sales/[a-zA-Z0-9_%./-]{0,80}(/buy)?", "/api/reservations/[a-z0-9.]{0,80}", "/(sales|static)/.{0,40}",]
+    prop_oneof![
+        any::<String>(),
+        "/api/sales/[a-zA-Z0-9_%./-]{0,80}(/buy)?",
+        "/api/reservations/[a-z0-9.]{0,80}",
+        "/(sales|static)/.{0,40}",
+    ]
 }
 
 proptest! {

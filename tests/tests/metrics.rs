@@ -10,7 +10,11 @@ use std::time::Duration;
 use flashgate_tests::{token, Stack, StackOptions};
 
 /// The outcome label a client can infer from a buy answer.
-fn client_label(resp_status: u16, headers: &reqwest::header::HeaderMap, body: &serde_json::Value) -> String {
+fn client_label(
+    resp_status: u16,
+    headers: &reqwest::header::HeaderMap,
+    body: &serde_json::Value,
+) -> String {
     if headers.get("idempotent-replayed").is_some() {
         return "replay".into();
     }
@@ -20,7 +24,11 @@ fn client_label(resp_status: u16, headers: &reqwest::header::HeaderMap, body: &s
     let code = body["code"].as_str().unwrap_or("none").to_owned();
     if code == "rate_limited" {
         let policy = headers["ratelimit-policy"].to_str().unwrap();
-        let scope = policy.trim_start_matches("\"buy-").split('"').next().unwrap();
+        let scope = policy
+            .trim_start_matches("\"buy-")
+            .split('"')
+            .next()
+            .unwrap();
         return format!("rate_limited_{scope}");
     }
     code
@@ -33,7 +41,10 @@ fn counters(text: &str, metric: &str, label: &str) -> BTreeMap<String, f64> {
         .filter_map(|l| l.strip_prefix(&prefix))
         .filter_map(|rest| {
             let (labels, value) = rest.rsplit_once("} ")?;
-            let key = labels.split(',').find_map(|kv| kv.strip_prefix(&format!("{label}=\"")))?.trim_end_matches('"');
+            let key = labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{label}=\"")))?
+                .trim_end_matches('"');
             Some((key.to_owned(), value.parse::<f64>().ok()?))
         })
         .fold(BTreeMap::new(), |mut m, (k, v)| {
@@ -50,23 +61,45 @@ fn promtool_check(text: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("promtool (make test installs Debian's prometheus package)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcome_counters_equal_what_clients_saw() {
-    let stack =
-        Stack::start(StackOptions { extra_toml: "[limits.buy]\nuser = { per_second = 1, burst = 3 }\n".into(), ..StackOptions::default() })
-            .await;
+    let stack = Stack::start(StackOptions {
+        extra_toml: "[limits.buy]\nuser = { per_second = 1, burst = 3 }\n".into(),
+        ..StackOptions::default()
+    })
+    .await;
     stack.open_sale("metered", 3, 1).await;
     stack.open_sale("plenty", 100, 100).await;
-    stack.put_sale("soon", 5, 1, Duration::from_secs(600), Duration::from_secs(600)).await;
+    stack
+        .put_sale(
+            "soon",
+            5,
+            1,
+            Duration::from_secs(600),
+            Duration::from_secs(600),
+        )
+        .await;
 
     let mut seen: BTreeMap<String, f64> = BTreeMap::new();
     let send = |sale: &'static str, auth: Option<String>, key: Option<&'static str>| {
-        let mut req = stack.http.post(stack.url(&format!("/api/sales/{sale}/buy")));
+        let mut req = stack
+            .http
+            .post(stack.url(&format!("/api/sales/{sale}/buy")));
         if let Some(t) = auth {
             req = req.bearer_auth(t);
         }
@@ -95,25 +128,72 @@ async fn outcome_counters_equal_what_clients_saw() {
     record(send("nosuch", Some(token("g")), None).await); // not_found
     record(send("soon", Some(token("h")), None).await); // not_started
 
-    for expected in ["won", "replay", "limit_reached", "sold_out", "rate_limited_user", "unauthorized", "not_found", "not_started"] {
-        assert!(seen.contains_key(expected), "the script did not produce {expected}: {seen:?}");
+    for expected in [
+        "won",
+        "replay",
+        "limit_reached",
+        "sold_out",
+        "rate_limited_user",
+        "unauthorized",
+        "not_found",
+        "not_started",
+    ] {
+        assert!(
+            seen.contains_key(expected),
+            "the script did not produce {expected}: {seen:?}"
+        );
     }
 
-    let gateway_text = stack.http.get(format!("http://{}/metrics", stack.gateway_admin_addr)).send().await.unwrap().text().await.unwrap();
+    let gateway_text = stack
+        .http
+        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let scraped = counters(&gateway_text, "flashgate_buy_outcomes_total", "outcome");
-    assert_eq!(scraped, seen, "gateway buy outcome counters differ from what clients saw");
+    assert_eq!(
+        scraped, seen,
+        "gateway buy outcome counters differ from what clients saw"
+    );
     let requests = counters(&gateway_text, "flashgate_requests_total", "route");
-    assert_eq!(requests.get("buy").copied(), Some(seen.values().sum::<f64>()));
+    assert_eq!(
+        requests.get("buy").copied(),
+        Some(seen.values().sum::<f64>())
+    );
     promtool_check(&gateway_text);
 
     // Every winner is persisted, and the backend counts it once.
     let winners = seen["won"] as i64;
     assert_eq!(
-        stack.wait_orders("metered", 3, Duration::from_secs(20)).await.0 + stack.wait_orders("plenty", 3, Duration::from_secs(20)).await.0,
+        stack
+            .wait_orders("metered", 3, Duration::from_secs(20))
+            .await
+            .0
+            + stack
+                .wait_orders("plenty", 3, Duration::from_secs(20))
+                .await
+                .0,
         winners
     );
-    let backend_text = stack.http.get(format!("http://{}/metrics", stack.backend_addr)).send().await.unwrap().text().await.unwrap();
-    let created: f64 = counters(&backend_text, "flashgate_backend_orders_created_total", "source").values().sum();
+    let backend_text = stack
+        .http
+        .get(format!("http://{}/metrics", stack.backend_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let created: f64 = counters(
+        &backend_text,
+        "flashgate_backend_orders_created_total",
+        "source",
+    )
+    .values()
+    .sum();
     assert_eq!(created as i64, winners, "{backend_text}");
     promtool_check(&backend_text);
 }
@@ -130,34 +210,60 @@ fn gateway_families() -> Vec<String> {
     impl flashgate_common::config::Env for Secrets {
         fn var(&self, name: &str) -> Option<String> {
             match name {
-                flashgate_common::config::ENV_JWT_SECRET => Some(flashgate_tests::JWT_SECRET.into()),
-                flashgate_common::config::ENV_INTERNAL_TOKEN => Some(flashgate_tests::INTERNAL_TOKEN.into()),
+                flashgate_common::config::ENV_JWT_SECRET => {
+                    Some(flashgate_tests::JWT_SECRET.into())
+                }
+                flashgate_common::config::ENV_INTERNAL_TOKEN => {
+                    Some(flashgate_tests::INTERNAL_TOKEN.into())
+                }
                 _ => None,
             }
         }
     }
     let static_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../static");
-    let text = format!("[gateway]\nstatic_dir = \"{}\"\n[shop.cache]\nenabled = true\n", static_dir.display());
+    let text = format!(
+        "[gateway]\nstatic_dir = \"{}\"\n[shop.cache]\nenabled = true\n",
+        static_dir.display()
+    );
     let config = flashgate_common::config::Config::from_toml_str(&text, &Secrets, 0).unwrap();
-    let (gateway, _worker) = flashgate_gateway::server::build_gateway(std::sync::Arc::new(config)).unwrap();
+    let (gateway, _worker) =
+        flashgate_gateway::server::build_gateway(std::sync::Arc::new(config)).unwrap();
     gateway.metrics.registry.family_names()
 }
 
 #[test]
 fn no_metric_family_is_named_as_another_plus_an_openmetrics_suffix() {
     let gateway = gateway_families();
-    let backend = flashgate_backend::metrics::Metrics::register().registry.family_names();
+    let backend = flashgate_backend::metrics::Metrics::register()
+        .registry
+        .family_names();
     // Families with no series yet are listed too.
-    for name in ["flashgate_tls_reloads_total", "flashgate_shop_cache_evictions_total", "flashgate_draw_runs_total"] {
-        assert!(gateway.iter().any(|n| n == name), "{name} missing from {gateway:?}");
+    for name in [
+        "flashgate_tls_reloads_total",
+        "flashgate_shop_cache_evictions_total",
+        "flashgate_draw_runs_total",
+    ] {
+        assert!(
+            gateway.iter().any(|n| n == name),
+            "{name} missing from {gateway:?}"
+        );
     }
-    assert!(backend.iter().any(|n| n == "flashgate_sale_bucket_backlog_reservations"), "{backend:?}");
-    let all: std::collections::BTreeSet<&str> = gateway.iter().chain(&backend).map(String::as_str).collect();
+    assert!(
+        backend
+            .iter()
+            .any(|n| n == "flashgate_sale_bucket_backlog_reservations"),
+        "{backend:?}"
+    );
+    let all: std::collections::BTreeSet<&str> =
+        gateway.iter().chain(&backend).map(String::as_str).collect();
     let clashes: Vec<String> = all
         .iter()
         .flat_map(|base| RESERVED_SUFFIXES.iter().map(move |suffix| (base, suffix)))
         .filter(|(base, suffix)| all.contains(format!("{base}{suffix}").as_str()))
         .map(|(base, suffix)| format!("{base} and {base}{suffix}"))
         .collect();
-    assert!(clashes.is_empty(), "families named as another plus an OpenMetrics suffix: {clashes:?}");
+    assert!(
+        clashes.is_empty(),
+        "families named as another plus an OpenMetrics suffix: {clashes:?}"
+    );
 }

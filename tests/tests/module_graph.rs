@@ -18,7 +18,10 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 /// Module path of a source file relative to `src/`: `a/b.rs` and
 /// `a/b/mod.rs` are `a::b`; `lib.rs` and `main.rs` are the root, "".
 fn module_of(rel: &Path) -> String {
-    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
     let last = parts.pop().unwrap_or_default();
     let stem = last.trim_end_matches(".rs");
     if !matches!(stem, "mod" | "lib" | "main") || !parts.is_empty() && stem != "mod" {
@@ -50,7 +53,8 @@ fn source_files(dir: &Path) -> Vec<PathBuf> {
 /// `{a::{b, c}, d}` every leaf: `a::b`, `a::c`, `d`.
 fn paths_after(text: &str) -> Vec<String> {
     fn ident(s: &str) -> usize {
-        s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len())
+        s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len())
     }
     fn walk(s: &str, prefix: &str, out: &mut Vec<String>) -> usize {
         // Parses `ident(::ident)*(::{ ... })?` from s; returns bytes consumed.
@@ -107,32 +111,55 @@ fn paths_after(text: &str) -> Vec<String> {
 /// The deepest module of `modules` that `path` names.
 fn resolve(path: &str, modules: &BTreeSet<String>) -> Option<String> {
     let parts: Vec<&str> = path.split("::").collect();
-    (1..=parts.len()).rev().map(|n| parts[..n].join("::")).find(|m| modules.contains(m))
+    (1..=parts.len())
+        .rev()
+        .map(|n| parts[..n].join("::"))
+        .find(|m| modules.contains(m))
 }
 
 fn related(a: &str, b: &str) -> bool {
-    let inside = |outer: &str, inner: &str| outer.is_empty() || inner.starts_with(&format!("{outer}::"));
+    let inside =
+        |outer: &str, inner: &str| outer.is_empty() || inner.starts_with(&format!("{outer}::"));
     a == b || inside(a, b) || inside(b, a)
 }
 
 fn graph_of(krate: &str) -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(krate).join("src");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
+        .join("src");
     let files = source_files(&src);
-    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f.strip_prefix(&src).unwrap())).collect();
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|f| module_of(f.strip_prefix(&src).unwrap()))
+        .collect();
     let mut graph = Graph::new();
     for file in &files {
         let me = module_of(file.strip_prefix(&src).unwrap());
-        let text: String =
-            std::fs::read_to_string(file).unwrap().lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+        let text: String = std::fs::read_to_string(file)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
         let deps = graph.entry(me.clone()).or_default();
-        let parent = me.rsplit_once("::").map(|(p, _)| p.to_owned()).unwrap_or_default();
+        let parent = me
+            .rsplit_once("::")
+            .map(|(p, _)| p.to_owned())
+            .unwrap_or_default();
         for (anchor, base) in [("crate::", String::new()), ("super::", parent)] {
             for (i, _) in text.match_indices(anchor) {
-                if anchor == "crate::" && text[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+                if anchor == "crate::"
+                    && text[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                {
                     continue; // `flashgate_crate::` and the like
                 }
                 for path in paths_after(&text[i + anchor.len()..]) {
-                    let full = if base.is_empty() { path } else { format!("{base}::{path}") };
+                    let full = if base.is_empty() {
+                        path
+                    } else {
+                        format!("{base}::{path}")
+                    };
                     if let Some(target) = resolve(&full, &modules) {
                         if !related(&me, &target) {
                             deps.insert(target);
@@ -190,7 +217,14 @@ fn cycles(graph: &Graph) -> Vec<Vec<String>> {
             }
         }
     }
-    let mut walk = Walk { graph, index: BTreeMap::new(), low: BTreeMap::new(), stack: vec![], on_stack: BTreeSet::new(), found: vec![] };
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: vec![],
+        on_stack: BTreeSet::new(),
+        found: vec![],
+    };
     for v in graph.keys() {
         if !walk.index.contains_key(v.as_str()) {
             walk.visit(v);
@@ -203,15 +237,25 @@ fn cycles(graph: &Graph) -> Vec<Vec<String>> {
 fn the_graph_reader_sees_grouped_and_nested_imports() {
     assert_eq!(paths_after("a::b::C;"), ["a::b::C"]);
     assert_eq!(paths_after("{a::{b, c::D}, e};"), ["a::b", "a::c::D", "e"]);
-    assert_eq!(paths_after("{\n    a::X,\n    b::{self, Y},\n};"), ["a::X", "b::self", "b::Y"]);
+    assert_eq!(
+        paths_after("{\n    a::X,\n    b::{self, Y},\n};"),
+        ["a::X", "b::self", "b::Y"]
+    );
     assert_eq!(module_of(Path::new("buy/mod.rs")), "buy");
-    assert_eq!(module_of(Path::new("stream/consumer.rs")), "stream::consumer");
+    assert_eq!(
+        module_of(Path::new("stream/consumer.rs")),
+        "stream::consumer"
+    );
     assert_eq!(module_of(Path::new("lib.rs")), "");
     let graph: Graph = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
         .iter()
         .map(|(from, to)| ((*from).to_owned(), BTreeSet::from([(*to).to_owned()])))
         .collect();
-    assert_eq!(cycles(&graph), [["a", "b", "c"]], "a three-module cycle is found, the module leaning on it is not in it");
+    assert_eq!(
+        cycles(&graph),
+        [["a", "b", "c"]],
+        "a three-module cycle is found, the module leaning on it is not in it"
+    );
 }
 
 #[test]
@@ -220,7 +264,14 @@ fn no_crate_has_an_import_cycle() {
     for krate in CRATES {
         let graph = graph_of(krate);
         assert!(graph.len() > 2, "no modules read for {krate}: {graph:?}");
-        found.extend(cycles(&graph).into_iter().map(|c| format!("{krate}: {}", c.join(" -> "))));
+        found.extend(
+            cycles(&graph)
+                .into_iter()
+                .map(|c| format!("{krate}: {}", c.join(" -> "))),
+        );
     }
-    assert!(found.is_empty(), "modules that import each other (directly or around a cycle): {found:#?}");
+    assert!(
+        found.is_empty(),
+        "modules that import each other (directly or around a cycle): {found:#?}"
+    );
 }

@@ -7,14 +7,25 @@ use std::time::{Duration, Instant};
 use flashgate_tests::{bin, token, Stack, StackOptions, TempDir, JWT_SECRET};
 
 fn workspace_file(rel: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
 }
 
 #[test]
 fn check_accepts_the_shipped_config() {
     for file in ["config/flashgate.toml", "deploy/compose/flashgate.toml"] {
-        let out = Command::new(bin("flashgate")).arg("--config").arg(workspace_file(file)).arg("check").output().unwrap();
-        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(bin("flashgate"))
+            .arg("--config")
+            .arg(workspace_file(file))
+            .arg("check")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
     }
 }
@@ -24,17 +35,30 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
     let dir = TempDir::new("badcfg");
     let cases = [
         ("[gateway]\nthreads = 2\nthredas = 4\n", "thredas"),
-        ("[limits.buy]\nuser = { per_second = 0, burst = 1 }\n", "limits.buy.user"),
+        (
+            "[limits.buy]\nuser = { per_second = 0, burst = 1 }\n",
+            "limits.buy.user",
+        ),
         ("[redis]\nurl = \"http://nope\"\n", "redis.url"),
         // Values that would fail only later: a Redis SET EX after the buy
         // ran, the limiter cache at start or reload.
-        ("[gateway]\nidempotency_ttl_seconds = 9999999999\n", "gateway.idempotency_ttl_seconds"),
-        ("[limits]\nidle_seconds = 99999999999\n", "limits.idle_seconds"),
+        (
+            "[gateway]\nidempotency_ttl_seconds = 9999999999\n",
+            "gateway.idempotency_ttl_seconds",
+        ),
+        (
+            "[limits]\nidle_seconds = 99999999999\n",
+            "limits.idle_seconds",
+        ),
     ];
     for (text, key) in cases {
         let path = dir.0.join("bad.toml");
         std::fs::write(&path, text).unwrap();
-        for (binary, args) in [("flashgate", vec!["check"]), ("flashgate", vec!["serve"]), ("flashgate-backend", vec![])] {
+        for (binary, args) in [
+            ("flashgate", vec!["check"]),
+            ("flashgate", vec!["serve"]),
+            ("flashgate-backend", vec![]),
+        ] {
             let out = Command::new(bin(binary))
                 .arg("--config")
                 .arg(&path)
@@ -44,8 +68,14 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
                 .output()
                 .unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success(), "{binary} {args:?} accepted a bad config: {text}");
-            assert!(stderr.contains(key), "{binary}: `{key}` not named in: {stderr}");
+            assert!(
+                !out.status.success(),
+                "{binary} {args:?} accepted a bad config: {text}"
+            );
+            assert!(
+                stderr.contains(key),
+                "{binary}: `{key}` not named in: {stderr}"
+            );
         }
     }
 }
@@ -75,7 +105,11 @@ async fn a_reload_changes_a_limit_in_a_running_gateway() {
     while Instant::now() < deadline && !stack.log("flashgate").contains("config reload rejected") {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(stack.log("flashgate").contains("config reload rejected"), "{}", stack.log("flashgate"));
+    assert!(
+        stack.log("flashgate").contains("config reload rejected"),
+        "{}",
+        stack.log("flashgate")
+    );
     // The bucket may have refilled one token meanwhile; two in a row cannot both pass.
     let (a, b) = (buy().await.0, buy().await.0);
     assert!(a == 429 || b == 429, "the running limit was lost: {a}, {b}");
@@ -90,29 +124,60 @@ async fn sighup_applies_the_config_file_at_once_and_the_gateway_keeps_serving() 
     stack.open_sale("hup", 1000, 1000).await;
     let buy = |stack: &Stack, user: &str| {
         let (http, addr, token) = (stack.http.clone(), stack.gateway_addr, token(user));
-        async move { flashgate_tests::buy(&http, addr, "hup", &token, None).await.0 }
+        async move {
+            flashgate_tests::buy(&http, addr, "hup", &token, None)
+                .await
+                .0
+        }
     };
     assert_eq!(buy(&stack, "mallory").await, 202, "not denied yet");
-    let modified = std::fs::metadata(&stack.config_path).unwrap().modified().unwrap();
+    let modified = std::fs::metadata(&stack.config_path)
+        .unwrap()
+        .modified()
+        .unwrap();
     stack.edit_config(|t| format!("{t}\n[deny]\nusers = [\"mallory\"]\n"));
-    std::fs::File::options().write(true).open(&stack.config_path).unwrap().set_modified(modified).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&stack.config_path)
+        .unwrap()
+        .set_modified(modified)
+        .unwrap();
     let before = stack.log("flashgate").matches("config reloaded").count();
     stack.gateway.as_ref().unwrap().signal("HUP");
 
     let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && stack.log("flashgate").matches("config reloaded").count() == before {
+    while Instant::now() < deadline
+        && stack.log("flashgate").matches("config reloaded").count() == before
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let exited = stack.gateway.as_mut().unwrap().child.try_wait().unwrap();
-    assert_eq!(exited, None, "SIGHUP stopped the gateway: {}", stack.log("flashgate"));
-    assert_eq!(buy(&stack, "mallory").await, 403, "the deny list was not applied: {}", stack.log("flashgate"));
-    assert_eq!(buy(&stack, "steady").await, 202, "the gateway still serves the others");
+    assert_eq!(
+        exited,
+        None,
+        "SIGHUP stopped the gateway: {}",
+        stack.log("flashgate")
+    );
+    assert_eq!(
+        buy(&stack, "mallory").await,
+        403,
+        "the deny list was not applied: {}",
+        stack.log("flashgate")
+    );
+    assert_eq!(
+        buy(&stack, "steady").await,
+        202,
+        "the gateway still serves the others"
+    );
 }
 
 #[test]
 fn the_compose_file_is_accepted_by_compose() {
     let file = workspace_file("deploy/docker-compose.yml");
-    let v2 = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
+    let v2 = Command::new("docker")
+        .args(["compose", "version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     let mut cmd = if v2 {
         let mut c = Command::new("docker");
         c.arg("compose");
@@ -130,7 +195,11 @@ fn the_compose_file_is_accepted_by_compose() {
         .env("FLASHGATE_SHOP_TOKEN", "x")
         .output()
         .expect("docker compose or docker-compose (make test installs it)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -140,32 +209,56 @@ fn prometheus_alert_rules_pass_promtool() {
         .arg(workspace_file("deploy/prometheus/alerts.yml"))
         .output()
         .expect("promtool (make test installs Debian's prometheus package)");
-    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn the_gateway_refuses_to_start_without_a_backend_token_of_32_bytes() {
     let dir = TempDir::new("notoken");
     let path = dir.0.join("ok.toml");
-    std::fs::write(&path, format!("[gateway]\nstatic_dir = \"{}\"\n", workspace_file("static").display())).unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "[gateway]\nstatic_dir = \"{}\"\n",
+            workspace_file("static").display()
+        ),
+    )
+    .unwrap();
     for token in [None, Some("short")] {
         let mut cmd = Command::new(bin("flashgate"));
-        cmd.arg("--config").arg(&path).arg("serve").env("FLASHGATE_JWT_SECRET", JWT_SECRET).env_remove("FLASHGATE_INTERNAL_TOKEN");
+        cmd.arg("--config")
+            .arg(&path)
+            .arg("serve")
+            .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+            .env_remove("FLASHGATE_INTERNAL_TOKEN");
         if let Some(t) = token {
             cmd.env("FLASHGATE_INTERNAL_TOKEN", t);
         }
         let out = cmd.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{token:?}: started");
-        assert!(stderr.contains("FLASHGATE_INTERNAL_TOKEN"), "{token:?}: {stderr}");
+        assert!(
+            stderr.contains("FLASHGATE_INTERNAL_TOKEN"),
+            "{token:?}: {stderr}"
+        );
     }
 }
 
 /// The `flashgate.toml` embedded in `deploy/k8s/configmap.yaml`.
 fn kubernetes_config() -> String {
     let yaml = std::fs::read_to_string(workspace_file("deploy/k8s/configmap.yaml")).unwrap();
-    let (_, body) = yaml.split_once("flashgate.toml: |\n").expect("the configmap embeds flashgate.toml");
-    body.lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n")
+    let (_, body) = yaml
+        .split_once("flashgate.toml: |\n")
+        .expect("the configmap embeds flashgate.toml");
+    body.lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[test]
@@ -173,18 +266,37 @@ fn the_kubernetes_example_trusts_no_pod_network_and_lets_only_the_ingress_reach_
     use flashgate_common::config::{Config, NoEnv};
     let text = kubernetes_config();
     // Shipped as is, it names the key to fill in rather than trusting a range.
-    let err = Config::from_toml_str(&text, &NoEnv, 0).unwrap_err().to_string();
+    let err = Config::from_toml_str(&text, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("limits.trusted_proxies"), "{err}");
     let filled = text.replace("REPLACE-WITH-INGRESS-CONTROLLER-ADDRESSES", "10.42.7.19");
     let config = Config::from_toml_str(&filled, &NoEnv, 0).unwrap();
-    let trusted: Vec<String> = config.limits.trusted_proxies.iter().map(ToString::to_string).collect();
+    let trusted: Vec<String> = config
+        .limits
+        .trusted_proxies
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert_eq!(trusted, ["10.42.7.19/32"]);
 
     let gateway = std::fs::read_to_string(workspace_file("deploy/k8s/gateway.yaml")).unwrap();
-    let policy = gateway.split("\n---\n").find(|doc| doc.contains("kind: NetworkPolicy")).expect("a NetworkPolicy for the gateway");
-    assert!(policy.contains("matchLabels: { app: flashgate-gateway }"), "{policy}");
-    assert!(policy.contains("policyTypes: [Ingress]") && policy.contains("port: http"), "{policy}");
-    assert!(policy.contains("app.kubernetes.io/name: ingress-nginx"), "{policy}");
+    let policy = gateway
+        .split("\n---\n")
+        .find(|doc| doc.contains("kind: NetworkPolicy"))
+        .expect("a NetworkPolicy for the gateway");
+    assert!(
+        policy.contains("matchLabels: { app: flashgate-gateway }"),
+        "{policy}"
+    );
+    assert!(
+        policy.contains("policyTypes: [Ingress]") && policy.contains("port: http"),
+        "{policy}"
+    );
+    assert!(
+        policy.contains("app.kubernetes.io/name: ingress-nginx"),
+        "{policy}"
+    );
 }
 
 /// The text of every `.rs` file under `dir` (a crate's `src/`).
@@ -204,30 +316,61 @@ fn sources_under(dir: &std::path::Path) -> String {
 #[test]
 fn the_metrics_table_lists_each_metric_once_in_one_table_and_each_is_in_the_code() {
     let doc = std::fs::read_to_string(workspace_file("docs/OPERATIONS.md")).unwrap();
-    let section = doc.split("\n## Metrics\n").nth(1).and_then(|s| s.split("\n## ").next()).expect("a Metrics section");
+    let section = doc
+        .split("\n## Metrics\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Metrics section");
     let lines: Vec<&str> = section.lines().collect();
-    let first = lines.iter().position(|l| l.starts_with("| Metric |")).expect("a metrics table");
-    let table: Vec<&str> = lines[first..].iter().take_while(|l| l.starts_with('|')).copied().collect();
-    let after: Vec<&str> = lines[first + table.len()..].iter().filter(|l| l.starts_with("| `flashgate_")).copied().collect();
-    assert!(after.is_empty(), "metric rows after the table ended (a blank line inside it?): {after:?}");
+    let first = lines
+        .iter()
+        .position(|l| l.starts_with("| Metric |"))
+        .expect("a metrics table");
+    let table: Vec<&str> = lines[first..]
+        .iter()
+        .take_while(|l| l.starts_with('|'))
+        .copied()
+        .collect();
+    let after: Vec<&str> = lines[first + table.len()..]
+        .iter()
+        .filter(|l| l.starts_with("| `flashgate_"))
+        .copied()
+        .collect();
+    assert!(
+        after.is_empty(),
+        "metric rows after the table ended (a blank line inside it?): {after:?}"
+    );
 
-    let names: Vec<&str> = table.iter().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).collect();
+    let names: Vec<&str> = table
+        .iter()
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .collect();
     assert!(names.len() > 40, "{names:?}");
-    let mut twice: Vec<&str> = names.iter().filter(|n| names.iter().filter(|m| m == n).count() > 1).copied().collect();
+    let mut twice: Vec<&str> = names
+        .iter()
+        .filter(|n| names.iter().filter(|m| m == n).count() > 1)
+        .copied()
+        .collect();
     twice.dedup();
     assert!(twice.is_empty(), "listed more than once: {twice:?}");
 
     // Registered as `flashgate_` + name (the gateway), or by the full name
     // or `backend_`-less name (the backend).
-    let code = sources_under(&workspace_file("gateway/src")) + &sources_under(&workspace_file("backend/src"));
+    let code = sources_under(&workspace_file("gateway/src"))
+        + &sources_under(&workspace_file("backend/src"));
     let unknown: Vec<&str> = names
         .iter()
         .filter(|name| {
             let short = name.strip_prefix("flashgate_").unwrap_or(name);
             let shorter = short.strip_prefix("backend_").unwrap_or(short);
-            ![*name, short, shorter].iter().any(|n| code.contains(&format!("\"{n}\"")))
+            ![*name, short, shorter]
+                .iter()
+                .any(|n| code.contains(&format!("\"{n}\"")))
         })
         .copied()
         .collect();
-    assert!(unknown.is_empty(), "documented metrics no code registers: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "documented metrics no code registers: {unknown:?}"
+    );
 }

@@ -17,11 +17,21 @@ fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String, Vec<u8>) {
     s.write_all(request).unwrap();
     let mut buf = Vec::new();
     let _ = s.read_to_end(&mut buf);
-    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete response head");
     let head = String::from_utf8_lossy(&buf[..split]).into_owned();
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let mut body = buf[split + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = dechunk(&body);
     }
     (status, head, body)
@@ -31,7 +41,16 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
         let eol = b.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().split(';').next().unwrap().trim(), 16).unwrap();
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&b[..eol])
+                .unwrap()
+                .split(';')
+                .next()
+                .unwrap()
+                .trim(),
+            16,
+        )
+        .unwrap();
         if size == 0 {
             return out;
         }
@@ -50,32 +69,76 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sale_page_revalidates_with_etag_to_304_and_answers_head_without_body() {
     let stack = Stack::start(StackOptions::default()).await;
-    let r = stack.http.get(stack.url("/sales/demo")).send().await.unwrap();
+    let r = stack
+        .http
+        .get(stack.url("/sales/demo"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let h = r.headers().clone();
     assert_eq!(h["content-type"], "text/html; charset=utf-8");
     assert_eq!(h["cache-control"], "public, max-age=10");
     assert!(h.contains_key("last-modified"));
     let etag = h["etag"].to_str().unwrap().to_owned();
-    assert!(etag.starts_with('"') && etag.ends_with('"'), "strong ETag: {etag}");
+    assert!(
+        etag.starts_with('"') && etag.ends_with('"'),
+        "strong ETag: {etag}"
+    );
     let page = r.bytes().await.unwrap();
-    assert!(std::str::from_utf8(&page).unwrap().contains("/static/sale.js"));
+    assert!(std::str::from_utf8(&page)
+        .unwrap()
+        .contains("/static/sale.js"));
 
-    let r = stack.http.get(stack.url("/sales/another-sale")).header("If-None-Match", &etag).send().await.unwrap();
+    let r = stack
+        .http
+        .get(stack.url("/sales/another-sale"))
+        .header("If-None-Match", &etag)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 304, "every sale shares the page");
     assert_eq!(r.headers()["etag"].to_str().unwrap(), etag);
     assert!(r.bytes().await.unwrap().is_empty());
-    let r = stack.http.get(stack.url("/sales/demo")).header("If-None-Match", "\"stale\"").send().await.unwrap();
+    let r = stack
+        .http
+        .get(stack.url("/sales/demo"))
+        .header("If-None-Match", "\"stale\"")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 
-    let (status, head, body) = raw(stack.gateway_addr, b"HEAD /static/sale.css HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let (status, head, body) = raw(
+        stack.gateway_addr,
+        b"HEAD /static/sale.css HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     assert_eq!(status, 200);
     assert!(body.is_empty(), "HEAD has no body");
-    let css = stack.http.get(stack.url("/static/sale.css")).send().await.unwrap().bytes().await.unwrap();
-    assert_eq!(header(&head, "content-length"), Some(css.len().to_string().as_str()));
-    assert_eq!(header(&head, "content-type"), Some("text/css; charset=utf-8"));
+    let css = stack
+        .http
+        .get(stack.url("/static/sale.css"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&head, "content-length"),
+        Some(css.len().to_string().as_str())
+    );
+    assert_eq!(
+        header(&head, "content-type"),
+        Some("text/css; charset=utf-8")
+    );
 
-    let r = stack.http.post(stack.url("/static/sale.css")).send().await.unwrap();
+    let r = stack
+        .http
+        .post(stack.url("/static/sale.css"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 405);
 }
 
@@ -101,21 +164,31 @@ async fn assets_are_sent_gzip_or_brotli_as_accept_encoding_asks() {
     assert_eq!(gz_h["content-encoding"], "gzip");
     assert_eq!(gz_h["vary"], "Accept-Encoding");
     let mut unzipped = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut unzipped).unwrap();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut unzipped)
+        .unwrap();
     assert_eq!(unzipped, plain);
     assert!(gz.len() < plain.len());
 
     let (br_h, br) = get(Some("gzip, deflate, br")).await;
     assert_eq!(br_h["content-encoding"], "br");
     let mut unbrotli = Vec::new();
-    brotli::Decompressor::new(&br[..], 4096).read_to_end(&mut unbrotli).unwrap();
+    brotli::Decompressor::new(&br[..], 4096)
+        .read_to_end(&mut unbrotli)
+        .unwrap();
     assert_eq!(unbrotli, plain);
 
     let (h, _) = get(Some("br;q=0, gzip;q=0")).await;
-    assert!(!h.contains_key("content-encoding"), "q=0 refuses an encoding");
+    assert!(
+        !h.contains_key("content-encoding"),
+        "q=0 refuses an encoding"
+    );
 
     let etags = [&plain_h, &gz_h, &br_h].map(|h| h["etag"].to_str().unwrap().to_owned());
-    assert!(etags[0] != etags[1] && etags[1] != etags[2] && etags[0] != etags[2], "{etags:?}");
+    assert!(
+        etags[0] != etags[1] && etags[1] != etags[2] && etags[0] != etags[2],
+        "{etags:?}"
+    );
     // A gzip revalidation matches the gzip representation only.
     let r = stack
         .http
@@ -126,7 +199,13 @@ async fn assets_are_sent_gzip_or_brotli_as_accept_encoding_asks() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 304);
-    let r = stack.http.get(stack.url("/static/sale.js")).header("If-None-Match", &etags[1]).send().await.unwrap();
+    let r = stack
+        .http
+        .get(stack.url("/static/sale.js"))
+        .header("If-None-Match", &etags[1])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
 
@@ -153,7 +232,10 @@ async fn path_traversal_attempts_never_leave_the_static_dir() {
         let (status, _, body) = raw(stack.gateway_addr, req.as_bytes());
         let body = String::from_utf8_lossy(&body);
         assert!(status == 404 || status == 400, "{path}: {status} {body}");
-        assert!(!body.contains("[workspace]") && !body.contains("root:") && !body.contains("fn main"), "{path} leaked: {body}");
+        assert!(
+            !body.contains("[workspace]") && !body.contains("root:") && !body.contains("fn main"),
+            "{path} leaked: {body}"
+        );
     }
 }
 
@@ -173,8 +255,19 @@ async fn proxied_requests_drop_hop_by_hop_headers_gain_forwarded_ones_and_stream
     let (status, _, body) = raw(stack.gateway_addr, req.as_bytes());
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let v: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!((v["method"].as_str(), v["path"].as_str(), v["query"].as_str()), (Some("POST"), Some("/echo/cart"), Some("item=7&x=%20y")));
-    assert_eq!(v["body"].as_str().map(str::len), Some(4 * chunk.len()), "the whole chunked body arrives");
+    assert_eq!(
+        (
+            v["method"].as_str(),
+            v["path"].as_str(),
+            v["query"].as_str()
+        ),
+        (Some("POST"), Some("/echo/cart"), Some("item=7&x=%20y"))
+    );
+    assert_eq!(
+        v["body"].as_str().map(str::len),
+        Some(4 * chunk.len()),
+        "the whole chunked body arrives"
+    );
     let h = &v["headers"];
     for gone in ["x-hop-secret", "keep-alive", "proxy-authorization", "te"] {
         assert!(h.get(gone).is_none(), "{gone} was forwarded: {h}");
@@ -239,11 +332,22 @@ fn silent_upstream() -> SocketAddr {
 async fn several_shop_upstreams_share_the_load_and_a_dead_one_is_skipped() {
     let (a, b) = (named_upstream("a"), named_upstream("b"));
     let dead: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let extra_toml = format!("[shop]\nupstreams = [\"{dead}\", \"{a}\", \"{b}\"]\nhealth_check_interval_ms = 200\n");
-    let stack = Stack::start(StackOptions { extra_toml, ..StackOptions::default() }).await;
+    let extra_toml = format!(
+        "[shop]\nupstreams = [\"{dead}\", \"{a}\", \"{b}\"]\nhealth_check_interval_ms = 200\n"
+    );
+    let stack = Stack::start(StackOptions {
+        extra_toml,
+        ..StackOptions::default()
+    })
+    .await;
     let mut seen = std::collections::HashSet::new();
     for i in 0..30 {
-        let r = stack.http.get(stack.url(&format!("/products/{i}"))).send().await.unwrap();
+        let r = stack
+            .http
+            .get(stack.url(&format!("/products/{i}")))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200, "request {i}");
         let h = r.headers().clone();
         for gone in ["x-hop-secret", "keep-alive", "proxy-authenticate"] {
@@ -268,14 +372,28 @@ async fn a_down_shop_answers_502_json() {
         assert!(v["message"].is_string());
     }
     // The gateway's own routes do not depend on the shop.
-    assert_eq!(stack.http.get(stack.url("/sales/demo")).send().await.unwrap().status().as_u16(), 200);
+    assert_eq!(
+        stack
+            .http
+            .get(stack.url("/sales/demo"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shop_that_does_not_answer_in_time_gets_504_json() {
     let silent = silent_upstream();
     let extra_toml = format!("[shop]\nupstreams = [\"{silent}\"]\nread_timeout_ms = 300\n");
-    let stack = Stack::start(StackOptions { extra_toml, ..StackOptions::default() }).await;
+    let stack = Stack::start(StackOptions {
+        extra_toml,
+        ..StackOptions::default()
+    })
+    .await;
     let r = stack.http.get(stack.url("/slow")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 504);
     let v: Value = r.json().await.unwrap();
@@ -286,28 +404,42 @@ async fn a_shop_that_does_not_answer_in_time_gets_504_json() {
 async fn two_thousand_concurrent_state_reads_cost_a_handful_of_redis_reads() {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("hot", 50, 1).await;
-    let http = reqwest::Client::builder().pool_max_idle_per_host(2000).build().unwrap();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(2000)
+        .build()
+        .unwrap();
     let before = stack.redis.command_calls("hgetall").await;
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(2000);
     for _ in 0..2000 {
         let (http, url) = (http.clone(), stack.url("/api/sales/hot"));
         tasks.push(tokio::spawn(async move {
-            let r = http.get(url).timeout(Duration::from_secs(30)).send().await.unwrap();
+            let r = http
+                .get(url)
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+                .unwrap();
             (r.status().as_u16(), r.json::<Value>().await.unwrap())
         }));
     }
     for t in tasks {
         let (status, v) = t.await.unwrap();
         assert_eq!(status, 200, "{v}");
-        assert_eq!((v["remaining"].as_i64(), v["state"].as_str()), (Some(50), Some("open")));
+        assert_eq!(
+            (v["remaining"].as_i64(), v["state"].as_str()),
+            (Some(50), Some("open"))
+        );
     }
     let elapsed = started.elapsed();
     let reads = stack.redis.command_calls("hgetall").await - before;
     println!("2000 concurrent reads of one sale in {elapsed:?}: {reads} Redis reads");
     // At most one read per TTL (250 ms) that the burst spanned, plus the first.
     let windows = 1 + elapsed.as_millis() as u64 / 250;
-    assert!(reads >= 1 && reads <= windows + 1, "{reads} Redis reads over {windows} TTL windows");
+    assert!(
+        reads >= 1 && reads <= windows + 1,
+        "{reads} Redis reads over {windows} TTL windows"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,14 +447,27 @@ async fn without_flashgate_demo_signin_the_demo_shop_neither_signs_in_nor_links_
     // The test stack starts the demo shop as production would: without
     // FLASHGATE_DEMO_SIGNIN (only `make run` sets it).
     let stack = Stack::start(StackOptions::default()).await;
-    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    let resp = http.get(stack.url("/demo/sign-in?next=/sales/demo")).send().await.unwrap();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let resp = http
+        .get(stack.url("/demo/sign-in?next=/sales/demo"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
-    assert!(resp.headers().get("set-cookie").is_none(), "no token handed out");
+    assert!(
+        resp.headers().get("set-cookie").is_none(),
+        "no token handed out"
+    );
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "not_found");
     let home = http.get(stack.url("/")).send().await.unwrap();
     assert_eq!(home.status().as_u16(), 200);
     let home = home.text().await.unwrap();
-    assert!(home.contains("Demo shop") && !home.contains("/demo/sign-in"), "{home}");
+    assert!(
+        home.contains("Demo shop") && !home.contains("/demo/sign-in"),
+        "{home}"
+    );
 }

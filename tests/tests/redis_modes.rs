@@ -7,15 +7,21 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use flashgate_tests::{
-    bin, buy_all, get_json, random_user, redis_toml, token, wait_subscribers, Attempt, Deployment, RedisCluster, RedisMode, RedisSentinels,
-    Stack, StackOptions, TempDir,
+    bin, buy_all, get_json, random_user, redis_toml, token, wait_subscribers, Attempt, Deployment,
+    RedisCluster, RedisMode, RedisSentinels, Stack, StackOptions, TempDir,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_backends() {
-    let opts = StackOptions { redis_mode: RedisMode::Cluster, redis_timeout_ms: 3000, ..StackOptions::default() };
+    let opts = StackOptions {
+        redis_mode: RedisMode::Cluster,
+        redis_timeout_ms: 3000,
+        ..StackOptions::default()
+    };
     let stack = Stack::start(opts).await;
-    let Deployment::Cluster(cluster) = &stack.deployment else { unreachable!("cluster mode") };
+    let Deployment::Cluster(cluster) = &stack.deployment else {
+        unreachable!("cluster mode")
+    };
     let (_backend2, backend2_addr) = stack.start_second_backend();
     let (_gateway2, gateway2_addr) = stack.start_gateway_via(backend2_addr);
     let gateways = [stack.gateway_addr, gateway2_addr];
@@ -28,7 +34,11 @@ async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_
     let masters: HashSet<u16> = {
         let mut m = HashSet::new();
         for id in &sales {
-            m.insert(cluster.master_for_key(&format!("fg:{{sale:{id}}}:meta")).await);
+            m.insert(
+                cluster
+                    .master_for_key(&format!("fg:{{sale:{id}}}:meta"))
+                    .await,
+            );
         }
         m
     };
@@ -43,10 +53,14 @@ async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_
     let mut runs = Vec::new();
     for id in &sales {
         for (g, gateway) in gateways.iter().enumerate() {
-            let attempts: Vec<Attempt> =
-                (0..ATTEMPTS_PER_SALE).filter(|i| i % 2 == g).map(|i| Attempt::by(&format!("u{id}-{}", i % USERS_PER_SALE))).collect();
+            let attempts: Vec<Attempt> = (0..ATTEMPTS_PER_SALE)
+                .filter(|i| i % 2 == g)
+                .map(|i| Attempt::by(&format!("u{id}-{}", i % USERS_PER_SALE)))
+                .collect();
             let (gateway, id) = (*gateway, id.clone());
-            runs.push(tokio::spawn(async move { (id.clone(), buy_all(gateway, &id, attempts, 24).await) }));
+            runs.push(tokio::spawn(async move {
+                (id.clone(), buy_all(gateway, &id, attempts, 24).await)
+            }));
         }
     }
     let mut outcomes: HashMap<String, Vec<flashgate_tests::Outcome>> = HashMap::new();
@@ -60,24 +74,51 @@ async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_
         let got = &outcomes[id];
         assert_eq!(got.len(), ATTEMPTS_PER_SALE);
         let statuses: HashSet<u16> = got.iter().map(|o| o.status).collect();
-        assert!(statuses.iter().all(|s| [202, 409, 410].contains(s)), "sale {id}: unexpected answers {statuses:?}");
-        let winners: Vec<&str> = got.iter().filter(|o| o.won()).map(|o| o.reservation_id().unwrap()).collect();
-        assert_eq!(winners.len() as i64, STOCK, "sale {id}: exactly the stock wins");
+        assert!(
+            statuses.iter().all(|s| [202, 409, 410].contains(s)),
+            "sale {id}: unexpected answers {statuses:?}"
+        );
+        let winners: Vec<&str> = got
+            .iter()
+            .filter(|o| o.won())
+            .map(|o| o.reservation_id().unwrap())
+            .collect();
+        assert_eq!(
+            winners.len() as i64,
+            STOCK,
+            "sale {id}: exactly the stock wins"
+        );
         let (orders, users, most) = stack.wait_orders(id, STOCK, Duration::from_secs(30)).await;
-        assert_eq!((orders, users, most), (STOCK, STOCK, 1), "sale {id}: one order per winner, per-user limit held");
-        let rows: HashSet<String> = stack.order_rows(id).await.into_iter().map(|r| r.reservation_id).collect();
-        assert!(winners.iter().all(|rid| rows.contains(*rid)), "sale {id}: a winner has no order");
+        assert_eq!(
+            (orders, users, most),
+            (STOCK, STOCK, 1),
+            "sale {id}: one order per winner, per-user limit held"
+        );
+        let rows: HashSet<String> = stack
+            .order_rows(id)
+            .await
+            .into_iter()
+            .map(|r| r.reservation_id)
+            .collect();
+        assert!(
+            winners.iter().all(|rid| rows.contains(*rid)),
+            "sale {id}: a winner has no order"
+        );
         assert_eq!(stack.remaining(id).await, 0, "sale {id}");
         for gateway in gateways {
             // The page state is cached for `pages.state_ttl_ms`.
             let deadline = Instant::now() + Duration::from_secs(3);
             loop {
-                let (status, view) = get_json(&stack.http, &format!("http://{gateway}/api/sales/{id}")).await;
+                let (status, view) =
+                    get_json(&stack.http, &format!("http://{gateway}/api/sales/{id}")).await;
                 assert_eq!(status, 200, "sale page of {id} on {gateway}: {view}");
                 if view["state"].as_str() == Some("sold_out") {
                     break;
                 }
-                assert!(Instant::now() < deadline, "sale page of {id} on {gateway}: {view}");
+                assert!(
+                    Instant::now() < deadline,
+                    "sale page of {id} on {gateway}: {view}"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -86,22 +127,50 @@ async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_
     // The sold-out broadcast: a sale sold out through the first gateway only;
     // then neither gateway runs the deduct script for it again.
     stack.open_sale("bcast", 5, 1).await;
-    let sellout = buy_all(stack.gateway_addr, "bcast", (0..50).map(|_| Attempt::by(&random_user())).collect(), 16).await;
+    let sellout = buy_all(
+        stack.gateway_addr,
+        "bcast",
+        (0..50).map(|_| Attempt::by(&random_user())).collect(),
+        16,
+    )
+    .await;
     assert_eq!(sellout.iter().filter(|o| o.won()).count(), 5);
     let master = cluster.master_for_key("fg:{sale:bcast}:meta").await;
     // The buy path sends `deduct_batch.lua`; `deduct.lua` is its one-attempt form.
-    let deduct_shas = [flashgate_common::scripts::DEDUCT, flashgate_common::scripts::DEDUCT_BATCH]
-        .map(|body| redis::Script::new(body).get_hash().to_owned());
+    let deduct_shas = [
+        flashgate_common::scripts::DEDUCT,
+        flashgate_common::scripts::DEDUCT_BATCH,
+    ]
+    .map(|body| redis::Script::new(body).get_hash().to_owned());
     let watch = flashgate_tests::Monitor::start(master).await;
-    let late = |gateway| buy_all(gateway, "bcast", (0..2_000).map(|_| Attempt::by(&random_user())).collect(), 32);
+    let late = |gateway| {
+        buy_all(
+            gateway,
+            "bcast",
+            (0..2_000).map(|_| Attempt::by(&random_user())).collect(),
+            32,
+        )
+    };
     let (first, second) = tokio::join!(late(stack.gateway_addr), late(gateway2_addr));
-    assert!(first.iter().chain(&second).all(|o| o.status == 410), "every late buyer is told sold out");
-    let deducts = watch.commands().await.into_iter().filter(|c| deduct_shas.iter().any(|sha| c.contains(sha))).count();
+    assert!(
+        first.iter().chain(&second).all(|o| o.status == 410),
+        "every late buyer is told sold out"
+    );
+    let deducts = watch
+        .commands()
+        .await
+        .into_iter()
+        .filter(|c| deduct_shas.iter().any(|sha| c.contains(sha)))
+        .count();
     assert_eq!(deducts, 0, "a sold-out buy ran the deduct script");
 }
 
 /// A `POST .../buy` as a new user: status, `Retry-After` present, JSON body.
-async fn buy_once(http: &reqwest::Client, gateway: std::net::SocketAddr, sale: &str) -> (u16, bool, serde_json::Value) {
+async fn buy_once(
+    http: &reqwest::Client,
+    gateway: std::net::SocketAddr,
+    sale: &str,
+) -> (u16, bool, serde_json::Value) {
     let resp = http
         .post(format!("http://{gateway}/api/sales/{sale}/buy"))
         .bearer_auth(token(&random_user()))
@@ -111,25 +180,54 @@ async fn buy_once(http: &reqwest::Client, gateway: std::net::SocketAddr, sale: &
         .unwrap();
     let status = resp.status().as_u16();
     let retry_after = resp.headers().contains_key("retry-after");
-    (status, retry_after, resp.json().await.unwrap_or(serde_json::Value::Null))
+    (
+        status,
+        retry_after,
+        resp.json().await.unwrap_or(serde_json::Value::Null),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_sentinel_a_sale_sells_exactly_and_both_processes_follow_the_promoted_primary() {
-    let mut stack = Stack::start(StackOptions { redis_mode: RedisMode::Sentinel, ..StackOptions::default() }).await;
+    let mut stack = Stack::start(StackOptions {
+        redis_mode: RedisMode::Sentinel,
+        ..StackOptions::default()
+    })
+    .await;
     stack.open_sale("exact", 50, 1).await;
-    let got = buy_all(stack.gateway_addr, "exact", (0..400).map(|_| Attempt::by(&random_user())).collect(), 16).await;
+    let got = buy_all(
+        stack.gateway_addr,
+        "exact",
+        (0..400).map(|_| Attempt::by(&random_user())).collect(),
+        16,
+    )
+    .await;
     assert_eq!(got.iter().filter(|o| o.won()).count(), 50);
-    assert_eq!(stack.wait_orders("exact", 50, Duration::from_secs(20)).await, (50, 50, 1));
+    assert_eq!(
+        stack
+            .wait_orders("exact", 50, Duration::from_secs(20))
+            .await,
+        (50, 50, 1)
+    );
 
     stack.open_sale("live", 1_000, 1).await;
     for _ in 0..5 {
-        assert_eq!(buy_once(&stack.http, stack.gateway_addr, "live").await.0, 202);
+        assert_eq!(
+            buy_once(&stack.http, stack.gateway_addr, "live").await.0,
+            202
+        );
     }
     // The replica has the sale before its primary dies.
-    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query_async(&mut stack.redis_handle().await).await.unwrap();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut stack.redis_handle().await)
+        .await
+        .unwrap();
     assert_eq!(acked, 1);
-    let Deployment::Sentinel(set) = &mut stack.deployment else { unreachable!("sentinel mode") };
+    let Deployment::Sentinel(set) = &mut stack.deployment else {
+        unreachable!("sentinel mode")
+    };
     let old_primary = set.kill_primary().await;
     let killed = Instant::now();
 
@@ -144,62 +242,120 @@ async fn on_sentinel_a_sale_sells_exactly_and_both_processes_follow_the_promoted
             break;
         }
         assert_eq!(status, 503, "during the failover: {status} {body}");
-        assert!(retry_after && body["code"].is_string(), "a 503 without Retry-After or JSON: {body}");
+        assert!(
+            retry_after && body["code"].is_string(),
+            "a 503 without Retry-After or JSON: {body}"
+        );
         refused += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let recovered = recovered.expect("the gateway never sold again after the failover");
     eprintln!("selling again {recovered:?} after the primary was killed ({refused} buys answered 503 meanwhile)");
-    assert!(refused > 0, "a buy succeeded while no primary was promoted yet");
+    assert!(
+        refused > 0,
+        "a buy succeeded while no primary was promoted yet"
+    );
     let promoted = set.wait_failover(Duration::from_secs(30)).await;
     assert_ne!(promoted.port(), old_primary);
 
     // The backend follows too: the winners after the failover become orders.
-    let after = buy_all(stack.gateway_addr, "live", (0..20).map(|_| Attempt::by(&random_user())).collect(), 4).await;
-    let winners: Vec<String> = after.iter().filter(|o| o.won()).map(|o| o.reservation_id().unwrap().to_owned()).collect();
+    let after = buy_all(
+        stack.gateway_addr,
+        "live",
+        (0..20).map(|_| Attempt::by(&random_user())).collect(),
+        4,
+    )
+    .await;
+    let winners: Vec<String> = after
+        .iter()
+        .filter(|o| o.won())
+        .map(|o| o.reservation_id().unwrap().to_owned())
+        .collect();
     assert_eq!(winners.len(), 20);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let rows: HashSet<String> = stack.order_rows("live").await.into_iter().map(|r| r.reservation_id).collect();
+        let rows: HashSet<String> = stack
+            .order_rows("live")
+            .await
+            .into_iter()
+            .map(|r| r.reservation_id)
+            .collect();
         if winners.iter().all(|rid| rows.contains(rid)) {
             break;
         }
-        assert!(Instant::now() < deadline, "the backend did not write the orders of the new primary's winners");
+        assert!(
+            Instant::now() < deadline,
+            "the backend did not write the orders of the new primary's winners"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (orders, _, most) = stack.db_orders("live").await;
-    assert!(orders <= 1_000 && most <= 1, "oversold: {orders} orders, {most} for one user");
+    assert!(
+        orders <= 1_000 && most <= 1,
+        "oversold: {orders} orders, {most} for one user"
+    );
 }
 
 /// `flashgate --config FILE check --connect` with `redis` as the `[redis]` keys.
 fn check_connect(dir: &TempDir, redis: &str) -> std::process::Output {
     let path = dir.0.join(format!("check-{}.toml", rand::random::<u32>()));
     std::fs::write(&path, format!("[redis]\n{redis}\ntimeout_ms = 2000\n")).unwrap();
-    Command::new(bin("flashgate")).arg("--config").arg(&path).args(["check", "--connect"]).output().unwrap()
+    Command::new(bin("flashgate"))
+        .arg("--config")
+        .arg(&path)
+        .args(["check", "--connect"])
+        .output()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_connect_accepts_a_cluster_and_a_sentinel_set_and_names_an_unknown_master() {
     let dir = TempDir::new("check");
     let cluster = RedisCluster::start();
-    let out = check_connect(&dir, &redis_toml(&flashgate_common::config::RedisTarget::Cluster { nodes: cluster.nodes() }));
+    let out = check_connect(
+        &dir,
+        &redis_toml(&flashgate_common::config::RedisTarget::Cluster {
+            nodes: cluster.nodes(),
+        }),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.matches("cluster_state:ok").count(), cluster.nodes().len(), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.matches("cluster_state:ok").count(),
+        cluster.nodes().len(),
+        "{stdout}"
+    );
     assert_eq!(stdout.matches("every script loaded").count(), 3, "{stdout}");
     drop(cluster);
 
     let set = RedisSentinels::start();
-    let target = |name: &str| flashgate_common::config::RedisTarget::Sentinel { sentinels: set.sentinels(), master_name: name.to_owned() };
+    let target = |name: &str| flashgate_common::config::RedisTarget::Sentinel {
+        sentinels: set.sentinels(),
+        master_name: name.to_owned(),
+    };
     let out = check_connect(&dir, &redis_toml(&target(set.master_name())));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("ROLE master, every script loaded"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ROLE master, every script loaded"),
+        "{stdout}"
+    );
 
     let out = check_connect(&dir, &redis_toml(&target("no-such-master")));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("redis.master_name") && stderr.contains("no-such-master"), "{stderr}");
+    assert!(
+        stderr.contains("redis.master_name") && stderr.contains("no-such-master"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]
@@ -219,11 +375,25 @@ async fn check_connect_names_a_redis_user_whose_scripts_cannot_read_info() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let out = check_connect(&dir, &format!("url = \"redis://fg:secret@127.0.0.1:{}/\"", redis.port));
+    let out = check_connect(
+        &dir,
+        &format!("url = \"redis://fg:secret@127.0.0.1:{}/\"", redis.port),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(stderr.contains("INFO replication") && stderr.contains("+info"), "{stderr}");
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("INFO replication") && stderr.contains("+info"),
+        "{stderr}"
+    );
     let out = check_connect(&dir, &format!("url = \"{}\"", redis.url()));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && stdout.contains("replication id"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("replication id"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -12,7 +12,9 @@ use flashgate_tests::{bin, buy_all, random_user, Attempt, RedisMode, Stack, Stac
 /// `SSL_CERT_FILE` if it has one.
 fn check_connect(stack: &Stack) -> std::process::Output {
     let mut cmd = Command::new(bin("flashgate"));
-    cmd.arg("--config").arg(&stack.config_path).args(["check", "--connect"]);
+    cmd.arg("--config")
+        .arg(&stack.config_path)
+        .args(["check", "--connect"]);
     if let Some(bundle) = &stack.ssl_cert_file {
         cmd.env("SSL_CERT_FILE", bundle);
     }
@@ -29,20 +31,43 @@ async fn sells_exactly(stack: &Stack, sale: &str, stock: i64) {
     let mut wins = 0;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let got = buy_all(stack.gateway_addr, sale, (0..(stock as usize * 4)).map(|_| Attempt::by(&random_user())).collect(), 16).await;
+        let got = buy_all(
+            stack.gateway_addr,
+            sale,
+            (0..(stock as usize * 4))
+                .map(|_| Attempt::by(&random_user()))
+                .collect(),
+            16,
+        )
+        .await;
         let paused = |o: &flashgate_tests::Outcome| o.status == 503 && o.body["code"] == "paused";
-        let odd: Vec<(u16, &serde_json::Value)> =
-            got.iter().filter(|o| ![202, 410].contains(&o.status) && !paused(o)).map(|o| (o.status, &o.body)).collect();
-        assert!(odd.is_empty(), "answers other than won, sold out or paused: {odd:?}");
+        let odd: Vec<(u16, &serde_json::Value)> = got
+            .iter()
+            .filter(|o| ![202, 410].contains(&o.status) && !paused(o))
+            .map(|o| (o.status, &o.body))
+            .collect();
+        assert!(
+            odd.is_empty(),
+            "answers other than won, sold out or paused: {odd:?}"
+        );
         wins += got.iter().filter(|o| o.won()).count() as i64;
         if got.iter().any(|o| o.status == 410) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "sale {sale} never sold out: {wins} wins");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sale {sale} never sold out: {wins} wins"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(wins, stock, "exactly the stock wins");
-    assert_eq!(stack.wait_orders(sale, stock, Duration::from_secs(20)).await, (stock, stock, 1), "one order per winner");
+    assert_eq!(
+        stack
+            .wait_orders(sale, stock, Duration::from_secs(20))
+            .await,
+        (stock, stock, 1),
+        "one order per winner"
+    );
 }
 
 /// In cluster and sentinel modes the processes trust the system's store
@@ -51,7 +76,11 @@ async fn sells_exactly(stack: &Stack, sale: &str, stock: i64) {
 fn check_connect_needs_the_ca_in_the_system_store(stack: &Stack, expect: &str) {
     let out = check_connect(stack);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains(expect), "{stdout}");
     let out = Command::new(bin("flashgate"))
         .arg("--config")
@@ -61,33 +90,55 @@ fn check_connect_needs_the_ca_in_the_system_store(stack: &Stack, expect: &str) {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("certificate verify failed"), "{stderr}");
+    assert!(
+        !out.status.success() && stderr.contains("certificate verify failed"),
+        "{stderr}"
+    );
 }
 
 fn tls_stack() -> StackOptions {
-    StackOptions { redis_tls: true, redis_timeout_ms: 2000, ..StackOptions::default() }
+    StackOptions {
+        redis_tls: true,
+        redis_timeout_ms: 2000,
+        ..StackOptions::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn through_rediss_with_redis_ca_file_a_sale_sells_exactly() {
     let stack = Stack::start(tls_stack()).await;
     let text = std::fs::read_to_string(&stack.config_path).unwrap();
-    assert!(text.contains("url = \"rediss://127.0.0.1:") && text.contains("ca_file = "), "{text}");
+    assert!(
+        text.contains("url = \"rediss://127.0.0.1:") && text.contains("ca_file = "),
+        "{text}"
+    );
 
     sells_exactly(&stack, "tls", 50).await;
     assert_eq!(stack.remaining("tls").await, 0);
 
     let out = check_connect(&stack);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("redis.ca_file: ok (1 CA certificates") && stdout.contains("rediss://127.0.0.1:"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("redis.ca_file: ok (1 CA certificates")
+            && stdout.contains("rediss://127.0.0.1:"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_whose_certificate_no_trusted_ca_signed_is_refused_and_nothing_sells() {
     let mut stack = Stack::start(tls_stack()).await;
     stack.open_sale("guarded", 10, 1).await;
-    assert_eq!(stack.buy("guarded", &random_user(), None).await.0, 202, "the trusted CA: a buy is won");
+    assert_eq!(
+        stack.buy("guarded", &random_user(), None).await.0,
+        202,
+        "the trusted CA: a buy is won"
+    );
 
     // Another CA in redis.ca_file: the server's certificate chains to
     // none the processes trust (the system's roots do not know it either).
@@ -97,57 +148,123 @@ async fn a_redis_whose_certificate_no_trusted_ca_signed_is_refused_and_nothing_s
     stack.edit_config(|t| t.replace(&ca, &other.display().to_string()));
     let out = check_connect(&stack);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(stderr.contains("redis.url: rediss://127.0.0.1:") && stderr.contains("certificate verify failed"), "{stderr}");
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("redis.url: rediss://127.0.0.1:")
+            && stderr.contains("certificate verify failed"),
+        "{stderr}"
+    );
 
     stack.kill_gateway();
     stack.kill_backend();
     stack.spawn_gateway();
     for _ in 0..5 {
         let (status, body) = stack.buy("guarded", &random_user(), None).await;
-        assert_eq!(status, 503, "a Redis that cannot be verified is not used: {body}");
+        assert_eq!(
+            status, 503,
+            "a Redis that cannot be verified is not used: {body}"
+        );
     }
-    assert_eq!(stack.remaining("guarded").await, 9, "nothing sold past the refused handshake");
+    assert_eq!(
+        stack.remaining("guarded").await,
+        9,
+        "nothing sold past the refused handshake"
+    );
     // The readiness check says why, once it has tried.
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while !stack.log("flashgate").contains("certificate verify failed") {
-        assert!(std::time::Instant::now() < deadline, "the gateway does not say why: {}", stack.log("flashgate"));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gateway does not say why: {}",
+            stack.log("flashgate")
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // No redis.ca_file: the system's roots alone do not know the test CA.
     stack.kill_gateway();
-    stack.edit_config(|t| t.lines().filter(|l| !l.starts_with("ca_file = ")).map(|l| format!("{l}\n")).collect());
+    stack.edit_config(|t| {
+        t.lines()
+            .filter(|l| !l.starts_with("ca_file = "))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    });
     let out = check_connect(&stack);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("certificate verify failed"));
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("certificate verify failed")
+    );
 
     // A redis.ca_file that cannot be read stops the gateway at start, by key.
     let missing = stack.dir.0.join("missing-ca.pem");
-    stack.edit_config(|t| t.replacen("[redis]\n", &format!("[redis]\nca_file = {:?}\n", missing.display().to_string()), 1));
-    let mut gateway = flashgate_tests::spawn_as(&stack.dir.0, &stack.config_path, "flashgate", "flashgate-bad-ca", &["serve"]);
-    let exit = gateway.wait_exit(Duration::from_secs(20)).expect("the gateway starts with an unreadable redis.ca_file");
+    stack.edit_config(|t| {
+        t.replacen(
+            "[redis]\n",
+            &format!("[redis]\nca_file = {:?}\n", missing.display().to_string()),
+            1,
+        )
+    });
+    let mut gateway = flashgate_tests::spawn_as(
+        &stack.dir.0,
+        &stack.config_path,
+        "flashgate",
+        "flashgate-bad-ca",
+        &["serve"],
+    );
+    let exit = gateway
+        .wait_exit(Duration::from_secs(20))
+        .expect("the gateway starts with an unreadable redis.ca_file");
     assert!(!exit.success());
     let log = stack.log("flashgate-bad-ca");
-    assert!(log.contains(&format!("redis.ca_file: cannot read {}", missing.display())), "{log}");
+    assert!(
+        log.contains(&format!("redis.ca_file: cannot read {}", missing.display())),
+        "{log}"
+    );
     let out = check_connect(&stack);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("redis.ca_file: cannot read"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("redis.ca_file: cannot read"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_tls_cluster_a_sale_sells_exactly_through_rediss_seed_nodes() {
-    let stack = Stack::start(StackOptions { redis_mode: RedisMode::Cluster, ..tls_stack() }).await;
+    let stack = Stack::start(StackOptions {
+        redis_mode: RedisMode::Cluster,
+        ..tls_stack()
+    })
+    .await;
     let text = std::fs::read_to_string(&stack.config_path).unwrap();
-    assert!(text.contains("nodes = [\"rediss://127.0.0.1:") && !text.contains("\"redis://"), "{text}");
+    assert!(
+        text.contains("nodes = [\"rediss://127.0.0.1:") && !text.contains("\"redis://"),
+        "{text}"
+    );
     sells_exactly(&stack, "tls-cluster", 30).await;
-    assert_eq!(stack.remaining("tls-cluster").await, 0, "read over the plain ports");
+    assert_eq!(
+        stack.remaining("tls-cluster").await,
+        0,
+        "read over the plain ports"
+    );
     check_connect_needs_the_ca_in_the_system_store(&stack, "every script loaded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_tls_sentinel_set_a_sale_sells_exactly_through_rediss_sentinels_and_primary() {
-    let stack = Stack::start(StackOptions { redis_mode: RedisMode::Sentinel, ..tls_stack() }).await;
+    let stack = Stack::start(StackOptions {
+        redis_mode: RedisMode::Sentinel,
+        ..tls_stack()
+    })
+    .await;
     let text = std::fs::read_to_string(&stack.config_path).unwrap();
-    assert!(text.contains("sentinels = [\"rediss://127.0.0.1:") && !text.contains("\"redis://"), "{text}");
+    assert!(
+        text.contains("sentinels = [\"rediss://127.0.0.1:") && !text.contains("\"redis://"),
+        "{text}"
+    );
     sells_exactly(&stack, "tls-sentinel", 30).await;
     check_connect_needs_the_ca_in_the_system_store(&stack, "ROLE master, every script loaded");
 }

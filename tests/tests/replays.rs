@@ -19,13 +19,28 @@ use serde_json::Value;
 
 /// `used_memory` of the stack's Redis, bytes.
 async fn redis_used_memory(stack: &Stack) -> i64 {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut stack.redis.conn().await).await.unwrap();
-    info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap()
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut stack.redis.conn().await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
 }
 
 /// A counter of the backend's `/metrics` (0 when not exported yet).
 async fn backend_counter(stack: &Stack, name: &str) -> u64 {
-    let text = stack.http.get(format!("http://{}/metrics", stack.backend_addr)).send().await.unwrap().text().await.unwrap();
+    let text = stack
+        .http
+        .get(format!("http://{}/metrics", stack.backend_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
@@ -37,7 +52,11 @@ async fn a_replayed_sold_out_key_does_not_close_a_restocked_sale() {
     stack.open_sale("restock", 1, 1).await;
     assert_eq!(stack.buy("restock", "alice", Some("a1")).await.0, 202);
     let (status, body) = stack.buy("restock", "bob", Some("k")).await;
-    assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{body}");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (410, Some("sold_out")),
+        "{body}"
+    );
 
     // The operator adds one item.
     stack.open_sale("restock", 2, 1).await;
@@ -53,10 +72,18 @@ async fn a_replayed_sold_out_key_does_not_close_a_restocked_sale() {
 
     // bob's retry gets his first answer again...
     let (status, body) = stack.buy("restock", "bob", Some("k")).await;
-    assert_eq!((status, body["code"].as_str()), (410, Some("sold_out")), "{body}");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (410, Some("sold_out")),
+        "{body}"
+    );
     // ...and that old answer does not close the sale: the free item sells.
     let (status, body) = stack.buy("restock", "carol", Some("c1")).await;
-    assert_eq!((status, body["status"].as_str()), (202, Some("queued")), "{body}");
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (202, Some("queued")),
+        "{body}"
+    );
     assert_eq!(stack.remaining("restock").await, 0);
 }
 
@@ -73,7 +100,11 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
     // `lua/deduct_batch.lua` with the buy path's keys and arguments),
     // without HTTP in front: 100,000 requests through a debug gateway would
     // take minutes on a small machine.
-    let redis = Arc::new(RedisClient::standalone(&stack.redis.url(), Duration::from_secs(5), Breaker::new(1000, Duration::from_secs(1))));
+    let redis = Arc::new(RedisClient::standalone(
+        &stack.redis.url(),
+        Duration::from_secs(5),
+        Breaker::new(1000, Duration::from_secs(1)),
+    ));
     let batch_sizes = Metrics::register().deduct_batch_size;
     let deducts = Arc::new(DeductBatcher::new(redis, batch_sizes.clone()));
     let mut workers = Vec::new();
@@ -96,7 +127,9 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
                     dry_is_final: false,
                 };
                 let decision = deducts.deduct(&attempt).await.unwrap();
-                *outcomes.entry(format!("{:?}", decision.outcome)).or_default() += 1;
+                *outcomes
+                    .entry(format!("{:?}", decision.outcome))
+                    .or_default() += 1;
             }
             outcomes
         }));
@@ -107,7 +140,11 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
             *outcomes.entry(outcome).or_default() += n;
         }
     }
-    assert_eq!(outcomes.get("LimitReached"), Some(&(ATTEMPTS / CONCURRENCY * CONCURRENCY)), "{outcomes:?}");
+    assert_eq!(
+        outcomes.get("LimitReached"),
+        Some(&(ATTEMPTS / CONCURRENCY * CONCURRENCY)),
+        "{outcomes:?}"
+    );
 
     assert!(
         batch_sizes.get_sample_count() < batch_sizes.get_sample_sum() as u64,
@@ -118,7 +155,10 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
 
     let grown = redis_used_memory(&stack).await - before;
     eprintln!("100,000 random keys grew Redis by {grown} bytes");
-    assert!(grown < 1024 * 1024, "100,000 random keys grew Redis by {grown} bytes");
+    assert!(
+        grown < 1024 * 1024,
+        "100,000 random keys grew Redis by {grown} bytes"
+    );
     // The winning key still replays its win.
     let (status, body) = stack.buy("keys", "alice", Some("first")).await;
     assert!(status == 201 || status == 202, "{status} {body}");
@@ -133,30 +173,74 @@ async fn an_order_from_the_forward_has_the_stream_records_reservation_time() {
     // stream consumer is refused its reads (a Redis ACL on the one user
     // every process shares) until the orders are written.
     let mut redis = stack.redis.conn().await;
-    let _: () =
-        redis::cmd("ACL").arg("SETUSER").arg("default").arg("-xreadgroup").arg("-xautoclaim").query_async(&mut redis).await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-xreadgroup")
+        .arg("-xautoclaim")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
 
-    let attempts = (0..60).map(|_| Attempt { user: random_user(), idempotency_key: None }).collect();
+    let attempts = (0..60)
+        .map(|_| Attempt {
+            user: random_user(),
+            idempotency_key: None,
+        })
+        .collect();
     let outcomes = buy_all(stack.gateway_addr, "ts", attempts, 8).await;
-    assert!(outcomes.iter().all(|o| o.status == 202), "{:?}", outcomes.iter().map(|o| o.status).collect::<Vec<_>>());
+    assert!(
+        outcomes.iter().all(|o| o.status == 202),
+        "{:?}",
+        outcomes.iter().map(|o| o.status).collect::<Vec<_>>()
+    );
     let (orders, _, _) = stack.wait_orders("ts", 60, Duration::from_secs(20)).await;
     assert_eq!(orders, 60);
-    let _: () =
-        redis::cmd("ACL").arg("SETUSER").arg("default").arg("+xreadgroup").arg("+xautoclaim").query_async(&mut redis).await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("+xreadgroup")
+        .arg("+xautoclaim")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
 
     let keys = flashgate_common::keys::SaleKeys::new("ts");
-    let entries: redis::streams::StreamRangeReply =
-        redis::cmd("XRANGE").arg(&keys.stream).arg("-").arg("+").query_async(&mut redis).await.unwrap();
-    let stream_ts: HashMap<String, i64> =
-        entries.ids.iter().map(|e| (e.get::<String>("rid").unwrap(), e.get::<String>("ts").unwrap().parse().unwrap())).collect();
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&keys.stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let stream_ts: HashMap<String, i64> = entries
+        .ids
+        .iter()
+        .map(|e| {
+            (
+                e.get::<String>("rid").unwrap(),
+                e.get::<String>("ts").unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(&stack.database_url).await.unwrap();
     let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT reservation_id, reserved_at_ms FROM orders WHERE sale_id = $1").bind("ts").fetch_all(&pool).await.unwrap();
+        sqlx::query_as("SELECT reservation_id, reserved_at_ms FROM orders WHERE sale_id = $1")
+            .bind("ts")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     pool.close().await;
     assert_eq!(rows.len(), 60);
-    let differing: Vec<_> = rows.iter().filter(|(rid, at)| stream_ts.get(rid) != Some(at)).collect();
-    assert!(differing.is_empty(), "orders whose time is not the stream record's: {differing:?}");
+    let differing: Vec<_> = rows
+        .iter()
+        .filter(|(rid, at)| stream_ts.get(rid) != Some(at))
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "orders whose time is not the stream record's: {differing:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,7 +256,11 @@ async fn a_confirmed_win_polled_and_replayed_costs_one_backend_lookup_per_second
     let started = Instant::now();
     for _ in 0..20 {
         let (status, body) = stack.buy("poll", "alice", Some("k")).await;
-        assert_eq!((status, body["order_id"].as_str()), (201, Some(order_id.as_str())), "{body}");
+        assert_eq!(
+            (status, body["order_id"].as_str()),
+            (201, Some(order_id.as_str())),
+            "{body}"
+        );
         let v: Value = stack
             .http
             .get(stack.url(&format!("/api/reservations/{rid}")))
@@ -183,13 +271,21 @@ async fn a_confirmed_win_polled_and_replayed_costs_one_backend_lookup_per_second
             .json()
             .await
             .unwrap();
-        assert_eq!((v["status"].as_str(), v["order_id"].as_str()), (Some("confirmed"), Some(order_id.as_str())), "{v}");
+        assert_eq!(
+            (v["status"].as_str(), v["order_id"].as_str()),
+            (Some("confirmed"), Some(order_id.as_str())),
+            "{v}"
+        );
     }
     let elapsed = started.elapsed();
-    let lookups = backend_counter(&stack, "flashgate_backend_order_lookups_total").await - lookups_before;
+    let lookups =
+        backend_counter(&stack, "flashgate_backend_order_lookups_total").await - lookups_before;
     // An order found is kept for a second: each second of polling costs at
     // most one lookup, however many requests it saw.
-    assert!(lookups <= elapsed.as_secs() + 1, "40 requests in {elapsed:?} cost {lookups} backend lookups");
+    assert!(
+        lookups <= elapsed.as_secs() + 1,
+        "40 requests in {elapsed:?} cost {lookups} backend lookups"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,12 +297,16 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
         "starts_at": flashgate_common::rfc3339(now - 1000), "ends_at": flashgate_common::rfc3339(now + 3_600_000),
         "payment_timeout_seconds": 2,
     });
-    let (status, v) = stack.admin(reqwest::Method::PUT, "/admin/sales/again", Some(body)).await;
+    let (status, v) = stack
+        .admin(reqwest::Method::PUT, "/admin/sales/again", Some(body))
+        .await;
     assert_eq!(status, 201, "{v}");
     let (first, next, late) = (random_user(), random_user(), random_user());
     let (status, won) = stack.buy("again", &first, Some("k1")).await;
     assert_eq!(status, 202, "{won}");
-    let order = stack.order_id_of(&first, won["reservation_id"].as_str().unwrap()).await;
+    let order = stack
+        .order_id_of(&first, won["reservation_id"].as_str().unwrap())
+        .await;
 
     // Not paid in time: cancelled, and the item goes back on sale. Waits
     // until the gateway's short order cache says so too, so the replay
@@ -214,13 +314,29 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
     let rid = won["reservation_id"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let cancelled = stack.order_rows("again").await.iter().any(|r| r.order_id == order && r.status == "cancelled");
-        let lookup = stack.http.get(stack.url(&format!("/api/reservations/{rid}"))).bearer_auth(token(&first));
-        let seen: Value = lookup.send().await.unwrap().json().await.unwrap_or(Value::Null);
+        let cancelled = stack
+            .order_rows("again")
+            .await
+            .iter()
+            .any(|r| r.order_id == order && r.status == "cancelled");
+        let lookup = stack
+            .http
+            .get(stack.url(&format!("/api/reservations/{rid}")))
+            .bearer_auth(token(&first));
+        let seen: Value = lookup
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or(Value::Null);
         if cancelled && seen["status"] == "cancelled" && stack.remaining("again").await == 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "the unpaid order was not cancelled");
+        assert!(
+            Instant::now() < deadline,
+            "the unpaid order was not cancelled"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Sold again, and flagged sold out on the gateway.
@@ -230,7 +346,11 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
 
     // The first buyer's retry of their won key tells them what became of it.
     let (status, v) = stack.buy("again", &first, Some("k1")).await;
-    assert_eq!((status, v["code"].as_str()), (410, Some("order_cancelled")), "{v}");
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (410, Some("order_cancelled")),
+        "{v}"
+    );
     assert_eq!(v["order_id"].as_str(), Some(order.as_str()), "{v}");
 }
 
@@ -238,7 +358,11 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
 async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item() {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("again", 10, 5).await;
-    let redis = RedisClient::standalone(&stack.redis.url(), Duration::from_secs(5), Breaker::new(1000, Duration::from_secs(1)));
+    let redis = RedisClient::standalone(
+        &stack.redis.url(),
+        Duration::from_secs(5),
+        Breaker::new(1000, Duration::from_secs(1)),
+    );
     // What the cluster client does with a call whose connection dropped
     // after Redis ran it: the same call, sent again.
     let call = |rid: &'static str, nonce: &'static str| BuyAttempt {
@@ -255,7 +379,10 @@ async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item(
     let first = deduct(&redis, &call("again.1", "n1")).await.unwrap();
     let resent = deduct(&redis, &call("again.2", "n1")).await.unwrap();
     assert_eq!(resent, first, "the same answer, time included");
-    assert!(!resent.replayed, "the buyer sent one request: a win, not a replay");
+    assert!(
+        !resent.replayed,
+        "the buyer sent one request: a win, not a replay"
+    );
     assert_eq!(stack.stream_len("again").await, 1, "one item taken");
     // Another call of the same buyer is a new buy (limit 5).
     let other = deduct(&redis, &call("again.3", "n2")).await.unwrap();

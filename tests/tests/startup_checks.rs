@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flashgate_tests::{
-    bin, free_port, spawn_as, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN, CHALLENGE_SECRET, INTERNAL_TOKEN, JWT_SECRET,
+    bin, free_port, spawn_as, token, Proc, Stack, StackOptions, TempDir, ADMIN_TOKEN,
+    CHALLENGE_SECRET, INTERNAL_TOKEN, JWT_SECRET,
 };
 
 /// A config on free ports that would otherwise start; Redis is not needed
@@ -33,7 +34,13 @@ fn write_config(dir: &Path, extra: &str) -> std::path::PathBuf {
 }
 
 /// Starts `binary` and waits for it to exit; `None` if it keeps running.
-fn start_and_wait(binary: &'static str, args: &[&str], config: &Path, env: &[(&str, &str)], log: &Path) -> Option<(bool, String)> {
+fn start_and_wait(
+    binary: &'static str,
+    args: &[&str],
+    config: &Path,
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Option<(bool, String)> {
     let out = std::fs::File::create(log).unwrap();
     let child = Command::new(bin(binary))
         .arg("--config")
@@ -47,7 +54,10 @@ fn start_and_wait(binary: &'static str, args: &[&str], config: &Path, env: &[(&s
         .stderr(out)
         .spawn()
         .unwrap();
-    let mut proc = Proc { child, name: binary };
+    let mut proc = Proc {
+        child,
+        name: binary,
+    };
     let status = proc.wait_exit(Duration::from_secs(20))?;
     Some((status.success(), std::fs::read_to_string(log).unwrap()))
 }
@@ -60,27 +70,40 @@ fn short_secrets_are_refused_at_start_naming_the_variable() {
         (
             "flashgate",
             vec!["serve"],
-            [("FLASHGATE_JWT_SECRET", "replace-me"), ("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)],
+            [
+                ("FLASHGATE_JWT_SECRET", "replace-me"),
+                ("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+            ],
             "FLASHGATE_JWT_SECRET",
         ),
         (
             "flashgate-backend",
             vec![],
-            [("FLASHGATE_JWT_SECRET", JWT_SECRET), ("FLASHGATE_ADMIN_TOKEN", "replace-me")],
+            [
+                ("FLASHGATE_JWT_SECRET", JWT_SECRET),
+                ("FLASHGATE_ADMIN_TOKEN", "replace-me"),
+            ],
             "FLASHGATE_ADMIN_TOKEN",
         ),
         (
             "flashgate",
             vec!["token", "--user", "alice"],
-            [("FLASHGATE_JWT_SECRET", "0123456789abcdef0123456789abcde"), ("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN)],
+            [
+                ("FLASHGATE_JWT_SECRET", "0123456789abcdef0123456789abcde"),
+                ("FLASHGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+            ],
             "FLASHGATE_JWT_SECRET",
         ),
     ];
     for (binary, args, env, variable) in cases {
         let outcome = start_and_wait(binary, &args, &config, &env, &dir.0.join("out.log"));
-        let (ok, stderr) = outcome.unwrap_or_else(|| panic!("{binary} {args:?} kept running with a short {variable}"));
+        let (ok, stderr) = outcome
+            .unwrap_or_else(|| panic!("{binary} {args:?} kept running with a short {variable}"));
         assert!(!ok, "{binary} {args:?} accepted a short {variable}");
-        assert!(stderr.contains(variable) && stderr.contains("at least 32 bytes"), "{binary}: {stderr}");
+        assert!(
+            stderr.contains(variable) && stderr.contains("at least 32 bytes"),
+            "{binary}: {stderr}"
+        );
     }
 }
 
@@ -91,11 +114,24 @@ fn a_world_writable_runtime_dir_is_refused_at_start() {
     let run = dir.0.join("run");
     std::fs::create_dir_all(&run).unwrap();
     std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let env = [("FLASHGATE_JWT_SECRET", JWT_SECRET), ("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)];
-    let outcome = start_and_wait("flashgate", &["serve"], &config, &env, &dir.0.join("out.log"));
+    let env = [
+        ("FLASHGATE_JWT_SECRET", JWT_SECRET),
+        ("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN),
+    ];
+    let outcome = start_and_wait(
+        "flashgate",
+        &["serve"],
+        &config,
+        &env,
+        &dir.0.join("out.log"),
+    );
     let (ok, stderr) = outcome.expect("the gateway kept running with a world-writable runtime_dir");
     assert!(!ok);
-    assert!(stderr.contains("gateway.runtime_dir") && stderr.contains("writable by its group or by everyone"), "{stderr}");
+    assert!(
+        stderr.contains("gateway.runtime_dir")
+            && stderr.contains("writable by its group or by everyone"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,24 +139,49 @@ async fn the_upgrade_socket_lives_in_the_runtime_dir_and_hands_the_listener_over
     let mut stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("upgrade", 10, 1).await;
     let run = stack.dir.0.join("run");
-    assert_eq!(std::fs::metadata(&run).unwrap().permissions().mode() & 0o777, 0o700, "created private");
+    assert_eq!(
+        std::fs::metadata(&run).unwrap().permissions().mode() & 0o777,
+        0o700,
+        "created private"
+    );
     let port = stack.gateway_addr.port();
     let socket = run.join(format!("flashgate-{port}-upgrade.sock"));
 
     // The new binary waits on the upgrade socket for the old one's listeners.
-    let _new = spawn_as(&stack.dir.0, &stack.config_path, "flashgate", "flashgate-new", &["serve", "--upgrade"]);
+    let _new = spawn_as(
+        &stack.dir.0,
+        &stack.config_path,
+        "flashgate",
+        "flashgate-new",
+        &["serve", "--upgrade"],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(socket.exists(), "no upgrade socket in {}", run.display());
-    assert!(!Path::new(&format!("/tmp/flashgate-{port}-upgrade.sock")).exists(), "nothing in the shared temp dir");
+    assert!(
+        !Path::new(&format!("/tmp/flashgate-{port}-upgrade.sock")).exists(),
+        "nothing in the shared temp dir"
+    );
 
     let mut old = stack.gateway.take().unwrap();
     old.signal("QUIT");
-    assert!(old.wait_exit(Duration::from_secs(20)).is_some(), "the old gateway did not hand over and exit");
-    let resp = stack.http.get(stack.url("/api/sales/upgrade")).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "the new gateway serves on the same port");
+    assert!(
+        old.wait_exit(Duration::from_secs(20)).is_some(),
+        "the old gateway did not hand over and exit"
+    );
+    let resp = stack
+        .http
+        .get(stack.url("/api/sales/upgrade"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "the new gateway serves on the same port"
+    );
     let (status, _) = stack.buy("upgrade", "after-upgrade", None).await;
     assert_eq!(status, 202);
 }
@@ -140,15 +201,31 @@ async fn a_token_with_the_wrong_audience_or_issuer_is_401_when_configured() {
     let exp = flashgate_common::now_ms() / 1000 + 3600;
     let refused = [
         token("no-claims"),
-        signed(serde_json::json!({"sub": "wrong-aud", "exp": exp, "aud": "another-service", "iss": "test-shop"})),
-        signed(serde_json::json!({"sub": "wrong-iss", "exp": exp, "aud": "flashgate-test", "iss": "someone-else"})),
+        signed(
+            serde_json::json!({"sub": "wrong-aud", "exp": exp, "aud": "another-service", "iss": "test-shop"}),
+        ),
+        signed(
+            serde_json::json!({"sub": "wrong-iss", "exp": exp, "aud": "flashgate-test", "iss": "someone-else"}),
+        ),
     ];
     for t in &refused {
-        let (status, body) = flashgate_tests::buy(&stack.http, stack.gateway_addr, "claims", t, None).await;
-        assert_eq!((status, body["code"].as_str()), (401, Some("unauthorized")), "{t}");
+        let (status, body) =
+            flashgate_tests::buy(&stack.http, stack.gateway_addr, "claims", t, None).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (401, Some("unauthorized")),
+            "{t}"
+        );
     }
-    let right = signed(serde_json::json!({"sub": "right", "exp": exp, "aud": "flashgate-test", "iss": "test-shop"}));
-    assert_eq!(flashgate_tests::buy(&stack.http, stack.gateway_addr, "claims", &right, None).await.0, 202);
+    let right = signed(
+        serde_json::json!({"sub": "right", "exp": exp, "aud": "flashgate-test", "iss": "test-shop"}),
+    );
+    assert_eq!(
+        flashgate_tests::buy(&stack.http, stack.gateway_addr, "claims", &right, None)
+            .await
+            .0,
+        202
+    );
 
     // `flashgate token` with the same file mints tokens that pass.
     let out = Command::new(bin("flashgate"))
@@ -158,9 +235,24 @@ async fn a_token_with_the_wrong_audience_or_issuer_is_401_when_configured() {
         .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let minted = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(flashgate_tests::buy(&stack.http, stack.gateway_addr, "claims", minted.trim(), None).await.0, 202);
+    assert_eq!(
+        flashgate_tests::buy(
+            &stack.http,
+            stack.gateway_addr,
+            "claims",
+            minted.trim(),
+            None
+        )
+        .await
+        .0,
+        202
+    );
 }
 
 #[test]
@@ -169,21 +261,47 @@ fn with_challenges_on_check_and_serve_name_the_missing_challenge_secret() {
     let config = write_config(&dir.0, "[challenge]\nmode = \"adaptive\"\n");
     let check = |secret: Option<&str>| {
         let mut cmd = Command::new(bin("flashgate"));
-        cmd.arg("--config").arg(&config).arg("check").env_remove("FLASHGATE_CHALLENGE_SECRET");
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("check")
+            .env_remove("FLASHGATE_CHALLENGE_SECRET");
         if let Some(s) = secret {
             cmd.env("FLASHGATE_CHALLENGE_SECRET", s);
         }
         let out = cmd.output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (ok, stderr) = check(None);
-    assert!(!ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET is not set") && stderr.contains("challenge.mode"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET is not set")
+            && stderr.contains("challenge.mode"),
+        "{stderr}"
+    );
     let (ok, stderr) = check(Some("too-short"));
-    assert!(!ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET") && stderr.contains("at least 32 bytes"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET")
+            && stderr.contains("at least 32 bytes"),
+        "{stderr}"
+    );
     assert_eq!(check(Some(CHALLENGE_SECRET)), (true, String::new()));
 
-    let env = [("FLASHGATE_JWT_SECRET", JWT_SECRET), ("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN)];
-    let outcome = start_and_wait("flashgate", &["serve"], &config, &env, &dir.0.join("out.log"));
+    let env = [
+        ("FLASHGATE_JWT_SECRET", JWT_SECRET),
+        ("FLASHGATE_INTERNAL_TOKEN", INTERNAL_TOKEN),
+    ];
+    let outcome = start_and_wait(
+        "flashgate",
+        &["serve"],
+        &config,
+        &env,
+        &dir.0.join("out.log"),
+    );
     let (ok, stderr) = outcome.expect("the gateway kept running without a challenge secret");
-    assert!(!ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("FLASHGATE_CHALLENGE_SECRET"),
+        "{stderr}"
+    );
 }

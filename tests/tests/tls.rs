@@ -30,10 +30,19 @@ struct Certs {
 
 impl Certs {
     fn new() -> Self {
-        let certs = Self { dir: TempDir::new("tls"), ca: TestCa::root("Flashgate Test Root") };
+        let certs = Self {
+            dir: TempDir::new("tls"),
+            ca: TestCa::root("Flashgate Test Root"),
+        };
         write_replacing(&certs.path("ca.pem"), &certs.ca.pem());
-        certs.ca.leaf("default.test", &["localhost"], &["127.0.0.1"]).write(&certs.path("default.pem"), &certs.path("default.key"));
-        certs.ca.leaf("a.test", &["a.test"], &[]).write(&certs.path("a.pem"), &certs.path("a.key"));
+        certs
+            .ca
+            .leaf("default.test", &["localhost"], &["127.0.0.1"])
+            .write(&certs.path("default.pem"), &certs.path("default.key"));
+        certs
+            .ca
+            .leaf("a.test", &["a.test"], &[])
+            .write(&certs.path("a.pem"), &certs.path("a.key"));
         certs
             .ca
             .intermediate("Flashgate Test Intermediate")
@@ -67,7 +76,10 @@ impl Certs {
 /// `extra` after it.
 async fn tls_stack(certs: &Certs, tls_extra: &str, extra: &str) -> (Stack, u16) {
     let port = free_port();
-    let opts = StackOptions { extra_toml: format!("{}\n{extra}", certs.toml(port, tls_extra)), ..StackOptions::default() };
+    let opts = StackOptions {
+        extra_toml: format!("{}\n{extra}", certs.toml(port, tls_extra)),
+        ..StackOptions::default()
+    };
     let stack = Stack::start(opts).await;
     assert!(
         flashgate_tests::wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)),
@@ -91,8 +103,13 @@ struct Curl {
 impl Curl {
     /// The common name of the certificate the server presented.
     fn subject_cn(&self) -> Option<&str> {
-        let line = self.log.lines().find(|l| l.trim_start_matches(['*', ' ']).starts_with("subject:"))?;
-        line.split("CN=").nth(1).map(|cn| cn.split([',', '/']).next().unwrap_or(cn).trim())
+        let line = self
+            .log
+            .lines()
+            .find(|l| l.trim_start_matches(['*', ' ']).starts_with("subject:"))?;
+        line.split("CN=")
+            .nth(1)
+            .map(|cn| cn.split([',', '/']).next().unwrap_or(cn).trim())
     }
 
     fn json(&self) -> Value {
@@ -106,7 +123,12 @@ fn curl(certs: &Certs, host: &str, port: u16, path: &str, args: &[&str]) -> Curl
     let out = Command::new("curl")
         .args(["-sS", "-v", "--max-time", "10", "--cacert"])
         .arg(certs.path("ca.pem"))
-        .args(["--resolve", &format!("{host}:{port}:127.0.0.1"), "-w", "\n%{http_code} %{http_version}"])
+        .args([
+            "--resolve",
+            &format!("{host}:{port}:127.0.0.1"),
+            "-w",
+            "\n%{http_code} %{http_version}",
+        ])
         .args(args)
         .arg(format!("https://{host}:{port}{path}"))
         .output()
@@ -129,18 +151,39 @@ async fn curl_gets_http2_or_http1_and_the_certificate_of_each_sni_name() {
     let (stack, port) = tls_stack(&certs, "", "").await;
     stack.open_sale("tls-sale", 5, 1).await;
 
-    for (host, cn) in [("a.test", "a.test"), ("b.test", "b.test"), ("shop.b.test", "b.test"), ("localhost", "default.test")] {
+    for (host, cn) in [
+        ("a.test", "a.test"),
+        ("b.test", "b.test"),
+        ("shop.b.test", "b.test"),
+        ("localhost", "default.test"),
+    ] {
         for (flag, version) in [("--http2", "2"), ("--http1.1", "1.1")] {
             let r = curl(&certs, host, port, "/api/sales/tls-sale", &[flag]);
-            assert!(r.ok && r.status == 200, "{host} {flag}: {} {}\n{}", r.status, r.body, r.log);
+            assert!(
+                r.ok && r.status == 200,
+                "{host} {flag}: {} {}\n{}",
+                r.status,
+                r.body,
+                r.log
+            );
             assert_eq!(r.version, version, "{host} {flag}: negotiated protocol");
-            assert_eq!(r.subject_cn(), Some(cn), "{host} {flag}: certificate chosen\n{}", r.log);
+            assert_eq!(
+                r.subject_cn(),
+                Some(cn),
+                "{host} {flag}: certificate chosen\n{}",
+                r.log
+            );
             assert_eq!(r.json()["remaining"], 5);
         }
     }
     // ALPN is what chose HTTP/2, not prior knowledge.
     let r = curl(&certs, "a.test", port, "/static/sale.css", &["--http2"]);
-    assert!(r.log.contains("ALPN: server accepted h2") || r.log.contains("ALPN, server accepted to use h2"), "{}", r.log);
+    assert!(
+        r.log.contains("ALPN: server accepted h2")
+            || r.log.contains("ALPN, server accepted to use h2"),
+        "{}",
+        r.log
+    );
     // A name no certificate covers gets the default one, which curl then
     // refuses for that name: the gateway never picks a certificate by guess.
     let r = curl(&certs, "other.test", port, "/", &["--http2"]);
@@ -148,15 +191,35 @@ async fn curl_gets_http2_or_http1_and_the_certificate_of_each_sni_name() {
     assert!(r.log.contains("CN=default.test"), "{}", r.log);
     // A buy over HTTP/2 works like one over plain HTTP.
     let auth = format!("Authorization: Bearer {}", token("tls-buyer"));
-    let r =
-        curl(&certs, "a.test", port, "/api/sales/tls-sale/buy", &["--http2", "-X", "POST", "-H", &auth, "-H", "Idempotency-Key: tls-k1"]);
+    let r = curl(
+        &certs,
+        "a.test",
+        port,
+        "/api/sales/tls-sale/buy",
+        &[
+            "--http2",
+            "-X",
+            "POST",
+            "-H",
+            &auth,
+            "-H",
+            "Idempotency-Key: tls-k1",
+        ],
+    );
     assert_eq!(r.status, 202, "{}", r.body);
     assert_eq!(r.json()["status"], "queued");
 }
 
 /// An HTTP/2 connection over TLS to `port` with SNI `host`, trusting the
 /// test root; the request sender and the common name of the certificate.
-async fn h2_connection(certs: &Certs, host: &str, port: u16) -> (hyper::client::conn::http2::SendRequest<Empty<Bytes>>, String) {
+async fn h2_connection(
+    certs: &Certs,
+    host: &str,
+    port: u16,
+) -> (
+    hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+    String,
+) {
     let (sender, cn, _conn) = h2_connect(certs, host, port).await;
     (sender, cn)
 }
@@ -167,13 +230,19 @@ async fn h2_connect<B>(
     certs: &Certs,
     host: &str,
     port: u16,
-) -> (hyper::client::conn::http2::SendRequest<B>, String, tokio::task::JoinHandle<hyper::Result<()>>)
+) -> (
+    hyper::client::conn::http2::SendRequest<B>,
+    String,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+)
 where
     B: hyper::body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
     let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
     b.set_ca_file(certs.path("ca.pem")).unwrap();
     b.set_alpn_protos(b"\x02h2").unwrap();
@@ -182,18 +251,31 @@ where
     Pin::new(&mut stream).connect().await.unwrap();
     assert_eq!(stream.ssl().selected_alpn_protocol(), Some(&b"h2"[..]));
     let cn = common_name(&stream.ssl().peer_certificate().unwrap());
-    let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
     (sender, cn, tokio::spawn(conn))
 }
 
 fn common_name(cert: &X509) -> String {
-    let entry = cert.subject_name().entries_by_nid(openssl::nid::Nid::COMMONNAME).next().unwrap();
+    let entry = cert
+        .subject_name()
+        .entries_by_nid(openssl::nid::Nid::COMMONNAME)
+        .next()
+        .unwrap();
     entry.data().to_string().unwrap()
 }
 
-async fn h2_get(sender: &mut hyper::client::conn::http2::SendRequest<Empty<Bytes>>, url: &str) -> (u16, String) {
+async fn h2_get(
+    sender: &mut hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+    url: &str,
+) -> (u16, String) {
     let req = http::Request::get(url).body(Empty::new()).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req)).await.expect("answer in time").unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+        .await
+        .expect("answer in time")
+        .unwrap();
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
@@ -214,17 +296,32 @@ async fn wait_for_cn(certs: &Certs, host: &str, port: u16, want: &str) -> String
 
 /// The value of the gateway's metric line starting with `series ` (0 when absent).
 async fn metric(stack: &Stack, series: &str) -> i64 {
-    let text = stack.http.get(format!("http://{}/metrics", stack.gateway_admin_addr)).send().await.unwrap().text().await.unwrap();
+    let text = stack
+        .http
+        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let needle = format!("{series} ");
-    text.lines().find_map(|l| l.strip_prefix(&needle)).map_or(0, |v| v.trim().parse::<f64>().unwrap() as i64)
+    text.lines()
+        .find_map(|l| l.strip_prefix(&needle))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as i64)
 }
 
 async fn tls_reloads(stack: &Stack, result: &str) -> i64 {
-    metric(stack, &format!("flashgate_tls_reloads_total{{result=\"{result}\"}}")).await
+    metric(
+        stack,
+        &format!("flashgate_tls_reloads_total{{result=\"{result}\"}}"),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_connection_keeps_working() {
+async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_connection_keeps_working(
+) {
     let certs = Certs::new();
     let (stack, port) = tls_stack(&certs, "", "").await;
     stack.open_sale("reload-sale", 5, 1).await;
@@ -235,21 +332,38 @@ async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_conne
     // The test's certificates expire a day from now.
     let expiry = metric(&stack, "flashgate_tls_certificate_expiry_timestamp_seconds").await;
     let now = flashgate_common::now_ms() / 1000;
-    assert!((now + 23 * 3600..now + 25 * 3600).contains(&expiry), "expiry gauge {expiry}, now {now}");
+    assert!(
+        (now + 23 * 3600..now + 25 * 3600).contains(&expiry),
+        "expiry gauge {expiry}, now {now}"
+    );
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
 
     // Rotation: a new certificate for the same name (another CN, to tell them apart).
-    certs.ca.leaf("a.test rotated", &["a.test"], &[]).write(&certs.path("a.pem"), &certs.path("a.key"));
-    assert_eq!(wait_for_cn(&certs, "a.test", port, "a.test rotated").await, "a.test rotated", "new handshakes get the new certificate");
+    certs
+        .ca
+        .leaf("a.test rotated", &["a.test"], &[])
+        .write(&certs.path("a.pem"), &certs.path("a.key"));
+    assert_eq!(
+        wait_for_cn(&certs, "a.test", port, "a.test rotated").await,
+        "a.test rotated",
+        "new handshakes get the new certificate"
+    );
     let (status, body) = h2_get(&mut open, &url).await;
-    assert_eq!(status, 200, "the connection opened before the reload still serves: {body}");
+    assert_eq!(
+        status, 200,
+        "the connection opened before the reload still serves: {body}"
+    );
     assert!(tls_reloads(&stack, "ok").await >= 1);
 
     // A broken rotation (a key that is not the certificate's) keeps the
     // running certificate, and is logged and counted once. The rotation
     // above writes two files, so a check between them may already have
     // counted an error: only the rise from here is this rotation's.
-    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 0, "the rotation completed");
+    assert_eq!(
+        metric(&stack, "flashgate_tls_reload_failing").await,
+        0,
+        "the rotation completed"
+    );
     let errors_before = tls_reloads(&stack, "error").await;
     let other: Leaf = certs.ca.leaf("a.test broken", &["a.test"], &[]);
     write_replacing(&certs.path("a.pem"), &other.cert_pem);
@@ -259,19 +373,47 @@ async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_conne
     }
     let errors = tls_reloads(&stack, "error").await;
     assert!(errors > errors_before, "the failed reload is counted");
-    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 1, "and flagged");
+    assert_eq!(
+        metric(&stack, "flashgate_tls_reload_failing").await,
+        1,
+        "and flagged"
+    );
     // Three more checks of the same files.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(tls_reloads(&stack, "error").await, errors, "and counted once, not at every check");
-    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 1, "still flagged");
-    assert_eq!(h2_connection(&certs, "a.test", port).await.1, "a.test rotated", "the running certificate stays");
-    assert!(stack.log("flashgate").contains("gateway.tls.certificates[0].key_file: the key in"), "the log names the key");
+    assert_eq!(
+        tls_reloads(&stack, "error").await,
+        errors,
+        "and counted once, not at every check"
+    );
+    assert_eq!(
+        metric(&stack, "flashgate_tls_reload_failing").await,
+        1,
+        "still flagged"
+    );
+    assert_eq!(
+        h2_connection(&certs, "a.test", port).await.1,
+        "a.test rotated",
+        "the running certificate stays"
+    );
+    assert!(
+        stack
+            .log("flashgate")
+            .contains("gateway.tls.certificates[0].key_file: the key in"),
+        "the log names the key"
+    );
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
 
     // Fixing the key completes the rotation.
     write_replacing(&certs.path("a.key"), &other.key_pem);
-    assert_eq!(wait_for_cn(&certs, "a.test", port, "a.test broken").await, "a.test broken");
-    assert_eq!(metric(&stack, "flashgate_tls_reload_failing").await, 0, "no longer flagged");
+    assert_eq!(
+        wait_for_cn(&certs, "a.test", port, "a.test broken").await,
+        "a.test broken"
+    );
+    assert_eq!(
+        metric(&stack, "flashgate_tls_reload_failing").await,
+        0,
+        "no longer flagged"
+    );
     assert_eq!(h2_get(&mut open, &url).await.0, 200);
 }
 
@@ -286,7 +428,9 @@ impl hyper::body::Body for Trickle {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|piece| piece.map(|b| Ok(hyper::body::Frame::data(b))))
+        self.0
+            .poll_recv(cx)
+            .map(|piece| piece.map(|b| Ok(hyper::body::Frame::data(b))))
     }
 }
 
@@ -298,10 +442,16 @@ async fn over_http2_an_idle_connection_is_closed_and_a_trickled_buy_body_is_cut_
     stack.kill_gateway();
     stack.edit_config(|text| {
         assert_eq!(text.matches("threads = 2\n").count(), 1);
-        text.replace("threads = 2\n", "threads = 2\nkeepalive_seconds = 1\nbody_read_timeout_ms = 1000\n")
+        text.replace(
+            "threads = 2\n",
+            "threads = 2\nkeepalive_seconds = 1\nbody_read_timeout_ms = 1000\n",
+        )
     });
     stack.start_gateway();
-    assert!(flashgate_tests::wait_port(([127, 0, 0, 1], port).into(), Duration::from_secs(10)));
+    assert!(flashgate_tests::wait_port(
+        ([127, 0, 0, 1], port).into(),
+        Duration::from_secs(10)
+    ));
 
     // A buy whose body comes a byte every 200 ms, each well within the
     // per-read timeout, and never ends: the gateway answers anyway.
@@ -323,15 +473,28 @@ async fn over_http2_an_idle_connection_is_closed_and_a_trickled_buy_body_is_cut_
         .unwrap();
     feeder.abort();
     assert_eq!(resp.status().as_u16(), 400);
-    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let body: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["code"], "bad_request", "{body}");
-    assert_eq!(body["message"], "request body not received in time", "{body}");
-    let (_, sale) = flashgate_tests::get_json(&stack.http, &stack.url("/api/sales/trickle-sale")).await;
+    assert_eq!(
+        body["message"], "request body not received in time",
+        "{body}"
+    );
+    let (_, sale) =
+        flashgate_tests::get_json(&stack.http, &stack.url("/api/sales/trickle-sale")).await;
     assert_eq!(sale["remaining"], 5, "nothing was bought");
 
     // An HTTP/2 connection left idle after a request is closed by the gateway.
     let (mut idle, _, conn) = h2_connect::<Empty<Bytes>>(&certs, "a.test", port).await;
-    assert_eq!(h2_get(&mut idle, &format!("https://a.test:{port}/api/sales/trickle-sale")).await.0, 200);
+    assert_eq!(
+        h2_get(
+            &mut idle,
+            &format!("https://a.test:{port}/api/sales/trickle-sale")
+        )
+        .await
+        .0,
+        200
+    );
     let closed = tokio::time::timeout(Duration::from_secs(15), conn).await;
     assert!(closed.is_ok(), "the idle HTTP/2 connection is still open");
 }
@@ -359,12 +522,25 @@ fn handshake_up_to(port: u16, max: SslVersion) -> Result<String, String> {
 async fn tls_1_1_is_refused_and_tls_1_2_accepted() {
     let certs = Certs::new();
     let (_stack, port) = tls_stack(&certs, "", "").await;
-    let old = tokio::task::spawn_blocking(move || handshake_up_to(port, SslVersion::TLS1_1)).await.unwrap();
+    let old = tokio::task::spawn_blocking(move || handshake_up_to(port, SslVersion::TLS1_1))
+        .await
+        .unwrap();
     let err = old.expect_err("a TLS 1.1 handshake must fail");
-    assert!(err.contains("protocol version"), "the server refuses the version (alert protocol_version): {err}");
-    let v12 = tokio::task::spawn_blocking(move || handshake_up_to(port, SslVersion::TLS1_2)).await.unwrap();
+    assert!(
+        err.contains("protocol version"),
+        "the server refuses the version (alert protocol_version): {err}"
+    );
+    let v12 = tokio::task::spawn_blocking(move || handshake_up_to(port, SslVersion::TLS1_2))
+        .await
+        .unwrap();
     assert_eq!(v12.as_deref(), Ok("TLSv1.2"));
-    let r = curl(&certs, "a.test", port, "/", &["--tlsv1.3", "-o", "/dev/null"]);
+    let r = curl(
+        &certs,
+        "a.test",
+        port,
+        "/",
+        &["--tlsv1.3", "-o", "/dev/null"],
+    );
     assert!(r.log.contains("TLSv1.3"), "{}", r.log);
 }
 
@@ -399,7 +575,10 @@ fn handshake_offering(port: u16, version: SslVersion, groups: &str) -> Result<St
     b.set_verify(SslVerifyMode::NONE);
     let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    b.build().connect("a.test", tcp).map(|s| agreed_group(s.ssl())).map_err(|e| e.to_string())
+    b.build()
+        .connect("a.test", tcp)
+        .map(|s| agreed_group(s.ssl()))
+        .map_err(|e| e.to_string())
 }
 
 /// Mozilla's intermediate profile: key exchange over X25519, P-256 or
@@ -413,19 +592,42 @@ fn handshake_offering(port: u16, version: SslVersion, groups: &str) -> Result<St
 async fn the_key_exchange_groups_are_those_of_mozillas_intermediate_profile() {
     let certs = Certs::new();
     let (_stack, port) = tls_stack(&certs, "", "").await;
-    let offer = |version: SslVersion, groups: String| tokio::task::spawn_blocking(move || handshake_offering(port, version, &groups));
+    let offer = |version: SslVersion, groups: String| {
+        tokio::task::spawn_blocking(move || handshake_offering(port, version, &groups))
+    };
     for group in ["X25519", "P-256", "P-384"] {
-        assert_eq!(offer(SslVersion::TLS1_3, group.into()).await.unwrap().as_deref(), Ok(group), "TLS 1.3");
-        let groups = if group == "P-256" { group.to_owned() } else { format!("{group}:P-256") };
-        assert_eq!(offer(SslVersion::TLS1_2, groups).await.unwrap().as_deref(), Ok(group), "TLS 1.2");
+        assert_eq!(
+            offer(SslVersion::TLS1_3, group.into())
+                .await
+                .unwrap()
+                .as_deref(),
+            Ok(group),
+            "TLS 1.3"
+        );
+        let groups = if group == "P-256" {
+            group.to_owned()
+        } else {
+            format!("{group}:P-256")
+        };
+        assert_eq!(
+            offer(SslVersion::TLS1_2, groups).await.unwrap().as_deref(),
+            Ok(group),
+            "TLS 1.2"
+        );
     }
     for group in ["X448", "P-521", "ffdhe2048"] {
         let got = offer(SslVersion::TLS1_3, group.into()).await.unwrap();
         assert!(got.is_err(), "{group} over TLS 1.3 was accepted: {got:?}");
     }
     for group in ["X448", "P-521"] {
-        let got = offer(SslVersion::TLS1_2, format!("{group}:P-256")).await.unwrap();
-        assert_eq!(got.as_deref(), Ok("P-256"), "{group} offered first over TLS 1.2");
+        let got = offer(SslVersion::TLS1_2, format!("{group}:P-256"))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.as_deref(),
+            Ok("P-256"),
+            "{group} offered first over TLS 1.2"
+        );
     }
 }
 
@@ -436,9 +638,17 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
     // is not the listener's.
     let (stack, port) = tls_stack(&certs, "redirect_http = true\nredirect_port = 443", "").await;
     stack.open_sale("redir-sale", 5, 1).await;
-    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
 
-    for path in ["/sales/redir-sale", "/static/sale.css", "/echo/page?q=1", "/"] {
+    for path in [
+        "/sales/redir-sale",
+        "/static/sale.css",
+        "/echo/page?q=1",
+        "/",
+    ] {
         let resp = http.get(stack.url(path)).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 308, "GET {path}");
         let location = resp.headers()["location"].to_str().unwrap().to_owned();
@@ -449,15 +659,27 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
     // Names the certificates cover (SAN, wildcard, with the root dot) are
     // redirected to; a Host that is not a name, or one no certificate
     // covers, gets a JSON 400 and no Location built from it.
-    for (host, want) in
-        [("a.test:8080", "https://a.test/s/x"), ("shop.b.test", "https://shop.b.test/s/x"), ("A.test.", "https://a.test/s/x")]
-    {
-        let resp = http.get(stack.url("/s/x")).header("host", host).send().await.unwrap();
+    for (host, want) in [
+        ("a.test:8080", "https://a.test/s/x"),
+        ("shop.b.test", "https://shop.b.test/s/x"),
+        ("A.test.", "https://a.test/s/x"),
+    ] {
+        let resp = http
+            .get(stack.url("/s/x"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status().as_u16(), 308, "Host {host}");
         assert_eq!(resp.headers()["location"], want, "Host {host}");
     }
     for host in ["evil.example/x", "evil.example", "b.b.b.test", "10.0.0.1"] {
-        let resp = http.get(stack.url("/sales/redir-sale")).header("host", host).send().await.unwrap();
+        let resp = http
+            .get(stack.url("/sales/redir-sale"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status().as_u16(), 400, "Host {host}");
         assert!(resp.headers().get("location").is_none(), "Host {host}");
         let body: Value = resp.json().await.unwrap();
@@ -466,18 +688,32 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
 
     // The API keeps answering on plain HTTP, reads and buys alike; a POST to
     // the shop is not redirected either.
-    let (status, sale) = flashgate_tests::get_json(&http, &stack.url("/api/sales/redir-sale")).await;
+    let (status, sale) =
+        flashgate_tests::get_json(&http, &stack.url("/api/sales/redir-sale")).await;
     assert_eq!((status, sale["remaining"].as_i64()), (200, Some(5)));
-    let (status, _) = stack.buy("redir-sale", "plain-buyer", Some("plain-k1")).await;
+    let (status, _) = stack
+        .buy("redir-sale", "plain-buyer", Some("plain-k1"))
+        .await;
     assert_eq!(status, 202);
-    let resp = http.post(stack.url("/echo/form")).body("x=1").send().await.unwrap();
+    let resp = http
+        .post(stack.url("/echo/form"))
+        .body("x=1")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let echoed: Value = resp.json().await.unwrap();
     assert_eq!(echoed["headers"]["x-forwarded-proto"], "http");
 
     // Over HTTPS the same pages are served, and the shop is told https
     // (whatever the client claimed).
-    let r = curl(&certs, "a.test", port, "/echo/page", &["--http2", "-H", "X-Forwarded-Proto: http"]);
+    let r = curl(
+        &certs,
+        "a.test",
+        port,
+        "/echo/page",
+        &["--http2", "-H", "X-Forwarded-Proto: http"],
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["headers"]["x-forwarded-proto"], "https");
     let r = curl(&certs, "a.test", port, "/sales/redir-sale", &["--http2"]);
@@ -492,17 +728,35 @@ async fn h2_only_shop() -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let Ok((socket, _)) = listener.accept().await else { return };
+            let Ok((socket, _)) = listener.accept().await else {
+                return;
+            };
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
-                    let proto = req.headers().get("x-forwarded-proto").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-                    let (version, path) = (format!("{:?}", req.version()), req.uri().path().to_owned());
-                    let body = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
-                    let json = serde_json::json!({ "version": version, "path": path, "proto": proto, "body_bytes": body });
-                    Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(json.to_string()))))
-                });
-                let _ =
-                    hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(socket), service).await;
+                let service = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let proto = req
+                            .headers()
+                            .get("x-forwarded-proto")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned();
+                        let (version, path) =
+                            (format!("{:?}", req.version()), req.uri().path().to_owned());
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes().len())
+                            .unwrap_or(0);
+                        let json = serde_json::json!({ "version": version, "path": path, "proto": proto, "body_bytes": body });
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(
+                            json.to_string(),
+                        ))))
+                    },
+                );
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(socket), service)
+                    .await;
             });
         }
     });
@@ -513,11 +767,22 @@ async fn h2_only_shop() -> SocketAddr {
 async fn shop_h2_speaks_http2_to_an_http2_only_shop() {
     let shop = h2_only_shop().await;
     let certs = Certs::new();
-    let (stack, port) = tls_stack(&certs, "", &format!("[shop]\nupstreams = [\"{shop}\"]\nh2 = true\n")).await;
+    let (stack, port) = tls_stack(
+        &certs,
+        "",
+        &format!("[shop]\nupstreams = [\"{shop}\"]\nh2 = true\n"),
+    )
+    .await;
 
     // A plain HTTP/1.1 client: the gateway still speaks HTTP/2 upstream.
     for i in 0..5 {
-        let resp = stack.http.post(stack.url(&format!("/catalog/{i}"))).body(vec![b'x'; 70_000]).send().await.unwrap();
+        let resp = stack
+            .http
+            .post(stack.url(&format!("/catalog/{i}")))
+            .body(vec![b'x'; 70_000])
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status().as_u16(), 200);
         let v: Value = resp.json().await.unwrap();
         assert_eq!(v["version"], "HTTP/2.0");
@@ -535,33 +800,77 @@ async fn shop_h2_speaks_http2_to_an_http2_only_shop() {
 /// Runs `flashgate check` on a config of `[gateway.tls]` `body`.
 fn check(dir: &Path, body: &str) -> (bool, String) {
     let config = dir.join("check.toml");
-    std::fs::write(&config, format!("[gateway]\nstatic_dir = \"{}/../static\"\n{body}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let out =
-        Command::new(bin("flashgate")).arg("--config").arg(&config).arg("check").env("FLASHGATE_JWT_SECRET", JWT_SECRET).output().unwrap();
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nstatic_dir = \"{}/../static\"\n{body}",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin("flashgate"))
+        .arg("--config")
+        .arg(&config)
+        .arg("check")
+        .env("FLASHGATE_JWT_SECRET", JWT_SECRET)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
 
 #[test]
 fn bad_certificate_files_stop_the_start_naming_their_key() {
     let certs = Certs::new();
     let p = |n: &str| certs.path(n).display().to_string();
-    let good = format!("[gateway.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n", p("default.pem"), p("default.key"));
+    let good = format!(
+        "[gateway.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        p("default.pem"),
+        p("default.key")
+    );
     let (ok, out) = check(&certs.dir.0, &good);
     assert!(ok, "{out}");
     assert!(out.contains("gateway.tls: ok"), "{out}");
 
     let cases = [
         (
-            format!("{good}[[gateway.tls.certificates]]\ncert_file = \"{}\"\nkey_file = \"{}\"\n", p("a.pem"), p("b.key")),
+            format!(
+                "{good}[[gateway.tls.certificates]]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+                p("a.pem"),
+                p("b.key")
+            ),
             "gateway.tls.certificates[0].key_file: the key in",
         ),
         (
-            format!("[gateway.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n", p("missing.pem"), p("default.key")),
+            format!(
+                "[gateway.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+                p("missing.pem"),
+                p("default.key")
+            ),
             "gateway.tls.cert_file: cannot read",
         ),
-        (format!("[gateway.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n", p("default.pem"), p("ca.pem")), "gateway.tls.key_file:"),
-        (format!("[gateway.tls]\nkey_file = \"{}\"\n", p("default.key")), "gateway.tls.key_file: needs gateway.tls.cert_file"),
-        ("[gateway.tls]\nredirect_http = true\n".to_owned(), "gateway.tls.redirect_http: needs gateway.tls.cert_file"),
+        (
+            format!(
+                "[gateway.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+                p("default.pem"),
+                p("ca.pem")
+            ),
+            "gateway.tls.key_file:",
+        ),
+        (
+            format!("[gateway.tls]\nkey_file = \"{}\"\n", p("default.key")),
+            "gateway.tls.key_file: needs gateway.tls.cert_file",
+        ),
+        (
+            "[gateway.tls]\nredirect_http = true\n".to_owned(),
+            "gateway.tls.redirect_http: needs gateway.tls.cert_file",
+        ),
     ];
     for (body, want) in cases {
         let (ok, out) = check(&certs.dir.0, &body);
@@ -595,5 +904,8 @@ fn bad_certificate_files_stop_the_start_naming_their_key() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("gateway.tls.key_file: the key in"), "{stderr}");
+    assert!(
+        !out.status.success() && stderr.contains("gateway.tls.key_file: the key in"),
+        "{stderr}"
+    );
 }

@@ -77,7 +77,9 @@ fn sale_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError
     if valid_sale_id(&id) {
         Ok(id)
     } else {
-        Err(ApiError::bad_request("id: must be 1 to 64 characters of A-Z a-z 0-9 _ -"))
+        Err(ApiError::bad_request(
+            "id: must be 1 to 64 characters of A-Z a-z 0-9 _ -",
+        ))
     }
 }
 
@@ -103,12 +105,15 @@ pub async fn put(
         starts_at_ms: parse_time("starts_at", &body.starts_at)?,
         ends_at_ms: parse_time("ends_at", &body.ends_at)?,
         draw_window_ms: body.draw_window_ms,
-        buckets: flashgate_common::buckets::validate("buckets", body.buckets).map_err(ApiError::bad_request)?,
+        buckets: flashgate_common::buckets::validate("buckets", body.buckets)
+            .map_err(ApiError::bad_request)?,
     };
     spec.validate().map_err(ApiError::bad_request)?;
     // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
     if state.redis.is_cluster() && spec.draw_window_ms.is_some_and(|w| w != 0) {
-        return Err(ApiError::bad_request("draw_window_ms: must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)"));
+        return Err(ApiError::bad_request(
+            "draw_window_ms: must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)",
+        ));
     }
     if let Some(t) = body.payment_timeout_seconds {
         flashgate_common::sale::payment_timeout(t).map_err(ApiError::bad_request)?;
@@ -132,7 +137,9 @@ pub async fn put(
     // sells, whatever fails or dies after this point.
     if let Err(error) = crate::stream::retention::unarchive(&mut redis, &spec.id).await {
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the sale before changing it");
-        return Err(ApiError::unavailable("redis failed before the change; nothing was changed, send it again"));
+        return Err(ApiError::unavailable(
+            "redis failed before the change; nothing was changed, send it again",
+        ));
     }
     // The stock Redis sells from (a bucketed sale's buckets' bases, a sale
     // of one bucket its own stock), as Redis holds it, whether or not the
@@ -140,14 +147,23 @@ pub async fn put(
     // under the row's hold, so a crash leaves too few items (reconciliation
     // adds them back); an increase moves it only after the commit
     // (docs/ARCHITECTURE.md, "Stock change").
-    let held = if spec.buckets > 1 { None } else { sales::stock_in_redis(&mut redis, &spec.id).await? };
-    let plan =
-        if spec.buckets > 1 { plan_bases(&mut redis, previous.as_ref(), &spec).await? } else { plan_stock(held, previous.as_ref(), &spec) };
+    let held = if spec.buckets > 1 {
+        None
+    } else {
+        sales::stock_in_redis(&mut redis, &spec.id).await?
+    };
+    let plan = if spec.buckets > 1 {
+        plan_bases(&mut redis, previous.as_ref(), &spec).await?
+    } else {
+        plan_stock(held, previous.as_ref(), &spec)
+    };
     // A decrease keeps its buckets' `moving` markers until it is final
     // (committed, or moved back): until then no gateway confirms the sale
     // dry from buckets it may give items back to.
     let (decreased, markers) = match plan {
-        Some(from) if spec.stock < from && spec.buckets > 1 => decrease_bases(&mut redis, &spec, from).await?,
+        Some(from) if spec.stock < from && spec.buckets > 1 => {
+            decrease_bases(&mut redis, &spec, from).await?
+        }
         _ => (None, stock::Markers::default()),
     };
     // A fenced sale's stock does not change until its re-sync (what it
@@ -161,14 +177,15 @@ pub async fn put(
             return Err(crate::error::SaleError::Fenced.into());
         }
     }
-    let applied = match sales::apply(&mut redis, &state.store, &before_commit(&spec, held, plan)).await {
-        Ok(applied) => applied,
-        Err(error) => {
-            revert_bases(&mut redis, &spec, decreased).await;
-            markers.end(&mut redis).await;
-            return Err(error.into());
-        }
-    };
+    let applied =
+        match sales::apply(&mut redis, &state.store, &before_commit(&spec, held, plan)).await {
+            Ok(applied) => applied,
+            Err(error) => {
+                revert_bases(&mut redis, &spec, decreased).await;
+                markers.end(&mut redis).await;
+                return Err(error.into());
+            }
+        };
     match applied {
         Applied::StockBelowSold { sold } => {
             revert_bases(&mut redis, &spec, decreased).await;
@@ -182,13 +199,23 @@ pub async fn put(
         // Redis has the new definition, and the commit may have happened
         // after all: Redis is made to match what the database holds now.
         let refused = &state.metrics.stock_reverts_refused;
-        after_failed_commit(&mut redis, &state.store, &spec, previous.as_ref(), decreased, refused).await;
+        after_failed_commit(
+            &mut redis,
+            &state.store,
+            &spec,
+            previous.as_ref(),
+            decreased,
+            refused,
+        )
+        .await;
         markers.end(&mut redis).await;
         return Err(error.into());
     }
     markers.end(&mut redis).await;
     let raised = match plan {
-        Some(from) if spec.stock > from => raise_after_commit(&mut redis, &state.store, &spec.id).await,
+        Some(from) if spec.stock > from => {
+            raise_after_commit(&mut redis, &state.store, &spec.id).await
+        }
         _ => Ok(()),
     };
     // Final now: gateways re-read the sale (and forget a sold-out flag the
@@ -206,7 +233,9 @@ pub async fn put(
     // window is open on its own.
     if let Err(error) = crate::stream::retention::unarchive(&mut redis, &spec.id).await {
         tracing::warn!(%error, sale = %spec.id, "cannot unarchive the changed sale; its consumer stays stopped");
-        return Err(ApiError::unavailable("the sale is saved but may stay archived (redis failed); send the change again"));
+        return Err(ApiError::unavailable(
+            "the sale is saved but may stay archived (redis failed); send the change again",
+        ));
     }
     // A sale installed just now (new, or lost by Redis) is fenced until it
     // is re-synced, which holds its row: only now, after the commit. If it
@@ -215,7 +244,11 @@ pub async fn put(
         tracing::warn!(%error, sale = %spec.id, "cannot re-sync the saved sale yet; the recovery loop will");
     }
     tracing::info!(sale = %spec.id, stock = spec.stock, created = previous.is_none(), "sale saved");
-    let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if previous.is_none() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     let view = sales::view(&mut redis, &state.store, spec).await?;
     Ok((status, Json(view)).into_response())
 }
@@ -235,7 +268,11 @@ fn bucket_change(old: &SaleSpec, new: &SaleSpec) -> Result<(), ApiError> {
 
 /// 409 `stock_below_sold`: the same answer for a sale and a bucketed sale.
 fn stock_below_sold(stock: i64, sold: i64) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "stock_below_sold", format!("stock: {stock} is below the {sold} items already sold"))
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "stock_below_sold",
+        format!("stock: {stock} is below the {sold} items already sold"),
+    )
 }
 
 /// Whether the bases of bucketed sale `new` move, and from what Σ: `None`
@@ -255,7 +292,10 @@ async fn plan_bases<C: redis::aio::ConnectionLike + Send>(
         n if n < new.buckets => return Err(crate::error::SaleError::LeftAbsent.into()),
         _ => {}
     }
-    let from: i64 = stock::bases(redis, &new.id, new.buckets).await?.iter().sum();
+    let from: i64 = stock::bases(redis, &new.id, new.buckets)
+        .await?
+        .iter()
+        .sum();
     // Same stock: only items missing after a crash are added (an increase
     // is never refused); a surplus is reconciliation's to take.
     let unchanged = old.is_some_and(|o| o.stock == new.stock);
@@ -292,7 +332,10 @@ fn before_commit(spec: &SaleSpec, held: Option<i64>, plan: Option<i64>) -> SaleS
         (_, Some(from)) if spec.stock > from => from,
         _ => spec.stock,
     };
-    SaleSpec { stock, ..spec.clone() }
+    SaleSpec {
+        stock,
+        ..spec.clone()
+    }
 }
 
 /// Takes the buckets' bases of `new` down from Σ `from` to `new.stock`,
@@ -305,12 +348,22 @@ async fn decrease_bases<C: redis::aio::ConnectionLike + Send>(
     from: i64,
 ) -> Result<(Option<i64>, stock::Markers), ApiError> {
     stock::check(redis, &new.id, new.buckets).await?;
-    match stock::move_keeping_markers(redis, &new.id, new.buckets, new.stock, stock::Short::GiveBack).await? {
+    match stock::move_keeping_markers(
+        redis,
+        &new.id,
+        new.buckets,
+        new.stock,
+        stock::Short::GiveBack,
+    )
+    .await?
+    {
         (stock::Moved::Refused { sold }, markers) => {
             markers.end(redis).await;
             Err(stock_below_sold(new.stock, sold))
         }
-        (stock::Moved::Done { changes, .. }, markers) if changes.iter().all(|c| *c == 0) => Ok((None, markers)),
+        (stock::Moved::Done { changes, .. }, markers) if changes.iter().all(|c| *c == 0) => {
+            Ok((None, markers))
+        }
         (stock::Moved::Done { changes, .. }, markers) => {
             tracing::info!(sale = %new.id, from, to = new.stock, ?changes, "bucket bases lowered by a stock change");
             Ok((Some(from), markers))
@@ -337,10 +390,14 @@ async fn raise_after_commit<C: redis::aio::ConnectionLike + Send>(
     let saved = hold.sale(id).await?;
     let moved = match &saved {
         Some(spec) if spec.buckets > 1 => {
-            stock::move_to(redis, id, spec.buckets, spec.stock, stock::Short::Keep).await.map(|m| Some(format!("{m:?}")))
+            stock::move_to(redis, id, spec.buckets, spec.stock, stock::Short::Keep)
+                .await
+                .map(|m| Some(format!("{m:?}")))
         }
         // Absent: the restore loop installs it from the row.
-        Some(spec) => sales::apply_present(redis, spec).await.map(|a| a.map(|a| format!("{a:?}"))),
+        Some(spec) => sales::apply_present(redis, spec)
+            .await
+            .map(|a| a.map(|a| format!("{a:?}"))),
         None => Ok(None),
     };
     hold.commit().await?;
@@ -354,12 +411,20 @@ async fn raise_after_commit<C: redis::aio::ConnectionLike + Send>(
 /// failed before its commit (the row's hold still held), as far as unsold
 /// items allow; what cannot be moved back is logged and left to
 /// reconciliation (Σ bases = the database's stock).
-async fn revert_bases<C: redis::aio::ConnectionLike + Send>(redis: &mut C, spec: &SaleSpec, to: Option<i64>) {
+async fn revert_bases<C: redis::aio::ConnectionLike + Send>(
+    redis: &mut C,
+    spec: &SaleSpec,
+    to: Option<i64>,
+) {
     let Some(to) = to else { return };
     match stock::move_to(redis, &spec.id, spec.buckets, to, stock::Short::Keep).await {
         Ok(stock::Moved::Done { missing: 0, .. }) => {}
-        Ok(moved) => tracing::error!(sale = %spec.id, to, ?moved, "bucket bases only partly moved back; reconciliation repairs them"),
-        Err(error) => tracing::error!(%error, sale = %spec.id, to, "cannot move the bucket bases back; reconciliation repairs them"),
+        Ok(moved) => {
+            tracing::error!(sale = %spec.id, to, ?moved, "bucket bases only partly moved back; reconciliation repairs them")
+        }
+        Err(error) => {
+            tracing::error!(%error, sale = %spec.id, to, "cannot move the bucket bases back; reconciliation repairs them")
+        }
     }
 }
 
@@ -395,7 +460,11 @@ pub(super) async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + C
     match hold.sale(&spec.id).await {
         Ok(Some(saved)) => {
             put_back(redis, store, &saved, refused).await;
-            if saved.buckets > 1 && crate::buckets::present(redis, &saved.id, saved.buckets).await.is_ok_and(|n| n == saved.buckets) {
+            if saved.buckets > 1
+                && crate::buckets::present(redis, &saved.id, saved.buckets)
+                    .await
+                    .is_ok_and(|n| n == saved.buckets)
+            {
                 revert_bases(redis, &saved, Some(saved.stock)).await;
             }
         }
@@ -417,7 +486,12 @@ pub(super) async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + C
 /// (`flashgate_backend_stock_reverts_refused_total`), and reconciliation
 /// reports the surplus as drift. The change order of [`put`] makes it
 /// unreachable but for a surplus Redis held before the change.
-async fn put_back<C: redis::aio::ConnectionLike + Send + Clone>(redis: &mut C, store: &Store, saved: &SaleSpec, refused: &IntCounter) {
+async fn put_back<C: redis::aio::ConnectionLike + Send + Clone>(
+    redis: &mut C,
+    store: &Store,
+    saved: &SaleSpec,
+    refused: &IntCounter,
+) {
     match sales::apply(redis, store, saved).await {
         Ok(Applied::Updated { .. } | Applied::Preheated { .. }) => {}
         Ok(Applied::StockBelowSold { sold }) => {
@@ -432,15 +506,26 @@ async fn put_back<C: redis::aio::ConnectionLike + Send + Clone>(redis: &mut C, s
         Err(crate::error::SaleError::Fenced) => {
             tracing::warn!(sale = %saved.id, "the sale is fenced; its re-sync puts the saved definition back in redis")
         }
-        Err(error) => tracing::error!(%error, sale = %saved.id, "cannot put the saved definition back in redis after a failed commit"),
+        Err(error) => {
+            tracing::error!(%error, sale = %saved.id, "cannot put the saved definition back in redis after a failed commit")
+        }
     }
 }
 
 /// `GET /admin/sales/{id}`.
-pub async fn show(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Json<SaleView>, ApiError> {
+pub async fn show(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<SaleView>, ApiError> {
     let id = sale_id(id)?;
-    let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
-    Ok(Json(sales::view(&mut state.redis.clone(), &state.store, spec).await?))
+    let spec = state
+        .store
+        .sale(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such sale"))?;
+    Ok(Json(
+        sales::view(&mut state.redis.clone(), &state.store, spec).await?,
+    ))
 }
 
 /// `GET /admin/sales/{id}/draw`: the opening draw's record, for an audit:
@@ -449,7 +534,10 @@ pub async fn show(State(state): State<AppState>, id: Result<Path<String>, PathRe
 /// seed gives (`order_matches_seed`, recomputed here; see
 /// docs/RELIABILITY.md). 404 `not_found` when the sale has no draw (or its
 /// record has expired, an idempotency TTL after the draw).
-pub async fn draw(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn draw(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
     match flashgate_common::draw::read_record(&mut state.redis.clone(), &id).await? {
         Some(record) => Ok(Json(record).into_response()),
@@ -459,9 +547,16 @@ pub async fn draw(State(state): State<AppState>, id: Result<Path<String>, PathRe
 
 /// `GET /admin/sales/{id}/dead-letters`: entries the consumer could not
 /// turn into orders, oldest first, with their errors.
-pub async fn dead_letters(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn dead_letters(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    state
+        .store
+        .sale(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such sale"))?;
     let entries = dead_letter::list(&mut state.redis.clone(), &id).await?;
     Ok(Json(serde_json::json!({"sale_id": id, "dead_letters": entries})).into_response())
 }
@@ -475,10 +570,14 @@ pub async fn retry_dead_letter(
 ) -> Result<Response, ApiError> {
     let Path((id, entry_id)) = ids?;
     if !valid_sale_id(&id) {
-        return Err(ApiError::bad_request("id: must be 1 to 64 characters of A-Z a-z 0-9 _ -"));
+        return Err(ApiError::bad_request(
+            "id: must be 1 to 64 characters of A-Z a-z 0-9 _ -",
+        ));
     }
     if !dead_letter::valid_entry_id(&entry_id) {
-        return Err(ApiError::bad_request("entry_id: must be a stream entry id like 1700000000000-0"));
+        return Err(ApiError::bad_request(
+            "entry_id: must be a stream entry id like 1700000000000-0",
+        ));
     }
     let mut redis = state.redis.clone();
     // The entry needs a consumer again, even on a finished sale: live
@@ -493,7 +592,11 @@ pub async fn retry_dead_letter(
                 tracing::warn!(%error, sale = %id, "cannot confirm the sale is live after a dead letter was put back");
             }
             tracing::info!(sale = %id, entry = %entry_id, %requeued, "dead letter put back on the stream");
-            Ok((StatusCode::ACCEPTED, Json(serde_json::json!({"requeued_as": requeued}))).into_response())
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(serde_json::json!({"requeued_as": requeued})),
+            )
+                .into_response())
         }
         None => Err(ApiError::not_found("no such dead letter")),
     }
@@ -501,17 +604,29 @@ pub async fn retry_dead_letter(
 
 /// `POST /admin/sales/{id}/reconcile`: reconciles the sale now and answers
 /// the report (what was repaired, the drift left).
-pub async fn reconcile(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn reconcile(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    let spec = state.store.sale(&id).await?.ok_or_else(|| ApiError::not_found("no such sale"))?;
+    let spec = state
+        .store
+        .sale(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such sale"))?;
     match crate::reconcile::reconcile_spec(&mut state.redis.clone(), &state.store, &spec).await? {
         Some(report) => {
             if report.settled {
-                state.drift.gauge(&id).store(report.drift, std::sync::atomic::Ordering::Relaxed);
+                state
+                    .drift
+                    .gauge(&id)
+                    .store(report.drift, std::sync::atomic::Ordering::Relaxed);
             }
             Ok(Json(report).into_response())
         }
-        None => Err(ApiError::unavailable("the sale is not in redis yet (being restored)")),
+        None => Err(ApiError::unavailable(
+            "the sale is not in redis yet (being restored)",
+        )),
     }
 }
 
@@ -529,22 +644,33 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<SaleView>>, 
 /// of one sale on every gateway, without a restart. Kept in the database
 /// (written first), so a sale Redis lost is restored paused; while the sale
 /// is absent from Redis the answer is still 200 and the restore applies it.
-pub async fn pause(state: State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn pause(
+    state: State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     set_paused(state, id, true).await
 }
 
-pub async fn resume(state: State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn resume(
+    state: State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     set_paused(state, id, false).await
 }
 
-async fn set_paused(State(state): State<AppState>, id: Result<Path<String>, PathRejection>, paused: bool) -> Result<Response, ApiError> {
+async fn set_paused(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    paused: bool,
+) -> Result<Response, ApiError> {
     let id = sale_id(id)?;
-    let applied = match switches::set_paused(&mut state.redis.clone(), &state.store, &id, paused).await? {
-        switches::Paused::Unknown => return Err(ApiError::not_found("no such sale")),
-        switches::Paused::Applied => true,
-        // Absent from Redis (being restored): the restore applies it.
-        switches::Paused::Recorded => false,
-    };
+    let applied =
+        match switches::set_paused(&mut state.redis.clone(), &state.store, &id, paused).await? {
+            switches::Paused::Unknown => return Err(ApiError::not_found("no such sale")),
+            switches::Paused::Applied => true,
+            // Absent from Redis (being restored): the restore applies it.
+            switches::Paused::Recorded => false,
+        };
     tracing::info!(sale = %id, paused, in_redis = applied, "sale pause switched by an operator");
     Ok(Json(serde_json::json!({"sale_id": id, "paused": paused})).into_response())
 }
@@ -559,7 +685,10 @@ pub struct SwitchBody {
 /// `PUT /admin/switch` `{"paused": true|false}`: the global switch; while
 /// paused, every buy on every gateway gets `503 paused`. Kept in the
 /// database, so a Redis that restarts empty gets it back.
-pub async fn switch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn switch(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let SwitchBody { paused } = parse_json(&body?)?;
     switches::set_all_paused(&mut state.redis.clone(), &state.store, paused).await?;
     tracing::warn!(paused, "global sale switch turned by an operator");

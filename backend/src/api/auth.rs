@@ -47,7 +47,11 @@ impl ApiTokens {
         if gateway.is_empty() || shop.is_empty() {
             return Err(TokenError::NoApiToken);
         }
-        Ok(Self { admin: Guard(admin.into()), gateway: Guard(gateway.into()), shop: Guard(shop.into()) })
+        Ok(Self {
+            admin: Guard(admin.into()),
+            gateway: Guard(gateway.into()),
+            shop: Guard(shop.into()),
+        })
     }
 }
 
@@ -59,12 +63,18 @@ pub struct Guard(Arc<str>);
 /// with the guard's token; `401` JSON otherwise, with a `WWW-Authenticate`
 /// challenge (`error="invalid_token"` when a bearer token was sent).
 pub async fn require(State(guard): State<Guard>, request: Request, next: Next) -> Response {
-    let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     if bearer_matches(header, &guard.0) {
         next.run(request).await
     } else {
         let mut response = ApiError::unauthorized().into_response();
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(bearer_challenge(header)));
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(bearer_challenge(header)),
+        );
         response
     }
 }

@@ -30,12 +30,20 @@ struct Body<'a> {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after_seconds: None }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after_seconds: None,
+        }
     }
 
     /// The same error, telling the client to try again in `seconds`.
     pub fn retry_after(self, seconds: u32) -> Self {
-        Self { retry_after_seconds: Some(seconds), ..self }
+        Self {
+            retry_after_seconds: Some(seconds),
+            ..self
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -47,7 +55,11 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        )
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
@@ -57,10 +69,16 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(Body { code: self.code, message: &self.message });
+        let body = Json(Body {
+            code: self.code,
+            message: &self.message,
+        });
         let mut response = (self.status, body).into_response();
         if let Some(seconds) = self.retry_after_seconds {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
         }
         response
     }
@@ -132,7 +150,11 @@ impl From<SaleError> for ApiError {
 impl From<axum::extract::rejection::BytesRejection> for ApiError {
     fn from(rejection: axum::extract::rejection::BytesRejection) -> Self {
         let status = rejection.status();
-        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "payload_too_large" } else { "bad_request" };
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "payload_too_large"
+        } else {
+            "bad_request"
+        };
         ApiError::new(status, code, rejection.body_text())
     }
 }
@@ -146,7 +168,8 @@ impl From<axum::extract::rejection::PathRejection> for ApiError {
 /// Parses a JSON body, answering 400 with serde's message (which names
 /// the bad field, line and column) when it is malformed.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 /// Fallback for routes that do not exist.
@@ -156,5 +179,9 @@ pub async fn no_route() -> ApiError {
 
 /// Fallback for a known route called with the wrong method.
 pub async fn wrong_method() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
 }

@@ -23,7 +23,11 @@ const MAX_LIMIT: i64 = 1000;
 
 /// `ev-` and 32 lowercase hex digits, as the outbox makes them.
 fn valid_event_id(id: &str) -> bool {
-    id.strip_prefix("ev-").is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    id.strip_prefix("ev-").is_some_and(|h| {
+        h.len() == 32
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 fn limit(query: Option<&str>) -> Result<i64, ApiError> {
@@ -35,7 +39,9 @@ fn limit(query: Option<&str>) -> Result<i64, ApiError> {
                     .parse()
                     .ok()
                     .filter(|n| (1..=MAX_LIMIT).contains(n))
-                    .ok_or_else(|| ApiError::bad_request(format!("limit: must be between 1 and {MAX_LIMIT}")))?;
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("limit: must be between 1 and {MAX_LIMIT}"))
+                    })?;
             }
             _ => return Err(ApiError::bad_request("only `limit` is taken")),
         }
@@ -44,23 +50,39 @@ fn limit(query: Option<&str>) -> Result<i64, ApiError> {
 }
 
 /// `GET /admin/events/dead`.
-pub async fn dead(State(state): State<AppState>, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
+pub async fn dead(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
     let limit = limit(query.as_deref())?;
     let events = state.store.dead_events(limit).await?;
     Ok(Json(serde_json::json!({"dead_events": events})).into_response())
 }
 
 /// `POST /admin/events/{event_id}/retry`.
-pub async fn retry(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn retry(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let Path(id) = id?;
     if !valid_event_id(&id) {
-        return Err(ApiError::bad_request("event_id: must be `ev-` and 32 lowercase hex digits"));
+        return Err(ApiError::bad_request(
+            "event_id: must be `ev-` and 32 lowercase hex digits",
+        ));
     }
-    if !state.store.retry_dead_event(&id, flashgate_common::now_ms()).await? {
+    if !state
+        .store
+        .retry_dead_event(&id, flashgate_common::now_ms())
+        .await?
+    {
         return Err(ApiError::not_found("no such dead event"));
     }
     tracing::info!(event = %id, "dead order event put back in line by an operator");
-    Ok((StatusCode::ACCEPTED, Json(serde_json::json!({"event_id": id, "state": "pending"}))).into_response())
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({"event_id": id, "state": "pending"})),
+    )
+        .into_response())
 }
 
 #[cfg(test)]
@@ -68,15 +90,23 @@ mod tests {
     #[test]
     fn event_ids_and_limits_are_checked() {
         assert!(super::valid_event_id("ev-0123456789abcdef0123456789abcdef"));
-        for bad in
-            ["", "ev-", "ev-0123456789ABCDEF0123456789abcdef", "xx-0123456789abcdef0123456789abcdef", "ev-0123456789abcdef0123456789abcde'"]
-        {
+        for bad in [
+            "",
+            "ev-",
+            "ev-0123456789ABCDEF0123456789abcdef",
+            "xx-0123456789abcdef0123456789abcdef",
+            "ev-0123456789abcdef0123456789abcde'",
+        ] {
             assert!(!super::valid_event_id(bad), "{bad}");
         }
         assert_eq!(super::limit(None).unwrap(), 100);
         assert_eq!(super::limit(Some("limit=5")).unwrap(), 5);
         for bad in ["limit=0", "limit=1001", "limit=x", "other=1"] {
-            assert_eq!(super::limit(Some(bad)).unwrap_err().status, axum::http::StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(
+                super::limit(Some(bad)).unwrap_err().status,
+                axum::http::StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
         }
     }
 }

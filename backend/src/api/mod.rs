@@ -62,7 +62,12 @@ pub struct AppState {
 impl AppState {
     /// `idempotency_ttl`: how long a won Idempotency-Key is remembered
     /// (`gateway.idempotency_ttl_seconds`), for the keys a re-sync writes back.
-    pub fn new(store: Store, redis: RedisHandle, tokens: auth::ApiTokens, idempotency_ttl: std::time::Duration) -> Self {
+    pub fn new(
+        store: Store,
+        redis: RedisHandle,
+        tokens: auth::ApiTokens,
+        idempotency_ttl: std::time::Duration,
+    ) -> Self {
         let metrics = Arc::new(crate::metrics::Metrics::register());
         let fence = crate::fence::Resyncer::new(idempotency_ttl, metrics.fence_scripts.clone());
         Self {
@@ -81,13 +86,16 @@ impl AppState {
 /// The order API: the gateways' routes, the shop's payment route, and the
 /// unauthenticated probes.
 pub fn order_router(state: AppState) -> Router {
-    let guarded = |guard: &auth::Guard| axum::middleware::from_fn_with_state(guard.clone(), auth::require);
+    let guarded =
+        |guard: &auth::Guard| axum::middleware::from_fn_with_state(guard.clone(), auth::require);
     let gateways = Router::new()
         .route("/internal/orders/batch", post(orders::create_batch))
         .route("/internal/reservations/{rid}", get(orders::by_reservation))
         .route("/internal/sales/{id}", get(orders::sale_exists))
         .route_layer(guarded(&state.tokens.gateway));
-    let shop = Router::new().route("/internal/orders/{order_id}/pay", post(orders::pay)).route_layer(guarded(&state.tokens.shop));
+    let shop = Router::new()
+        .route("/internal/orders/{order_id}/pay", post(orders::pay))
+        .route_layer(guarded(&state.tokens.shop));
     Router::new()
         .merge(gateways)
         .merge(shop)
@@ -105,7 +113,10 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/admin/sales/{id}", get(admin::show).put(admin::put))
         .route("/admin/sales/{id}/dead-letters", get(admin::dead_letters))
         .route("/admin/sales/{id}/draw", get(admin::draw))
-        .route("/admin/sales/{id}/dead-letters/{entry_id}/retry", post(admin::retry_dead_letter))
+        .route(
+            "/admin/sales/{id}/dead-letters/{entry_id}/retry",
+            post(admin::retry_dead_letter),
+        )
         .route("/admin/sales/{id}/reconcile", post(admin::reconcile))
         .route("/admin/sales/{id}/pause", post(admin::pause))
         .route("/admin/sales/{id}/resume", post(admin::resume))
@@ -114,7 +125,10 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/admin/events/{event_id}/retry", post(events::retry))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
-        .layer(axum::middleware::from_fn_with_state(state.tokens.admin.clone(), auth::require))
+        .layer(axum::middleware::from_fn_with_state(
+            state.tokens.admin.clone(),
+            auth::require,
+        ))
         .with_state(state)
 }
 

@@ -28,18 +28,32 @@ pub const MAX_BATCH: usize = 1000;
 /// reservation listed more than once counts once: its first copy Redis
 /// knows for that user, or, when none is, one rejection. Answers
 /// `{"created", "existing", "rejected"}`.
-pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn create_batch(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let winners: Vec<ForwardedWinner> = parse_json(&body?)?;
     if winners.len() > MAX_BATCH {
-        return Err(ApiError::bad_request(format!("at most {MAX_BATCH} winners per batch")));
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_BATCH} winners per batch"
+        )));
     }
-    let total = winners.iter().map(|w| w.reservation.reservation_id.as_str()).collect::<HashSet<_>>().len();
+    let total = winners
+        .iter()
+        .map(|w| w.reservation.reservation_id.as_str())
+        .collect::<HashSet<_>>()
+        .len();
     let mut request_ids: HashMap<String, String> = HashMap::with_capacity(winners.len());
     let reservations: Vec<Reservation> = winners
         .into_iter()
-        .filter(|w| sale_of_reservation(&w.reservation.reservation_id) == Some(w.reservation.sale_id.as_str()))
+        .filter(|w| {
+            sale_of_reservation(&w.reservation.reservation_id)
+                == Some(w.reservation.sale_id.as_str())
+        })
         .map(|w| {
-            request_ids.entry(w.reservation.reservation_id.clone()).or_insert(w.request_id);
+            request_ids
+                .entry(w.reservation.reservation_id.clone())
+                .or_insert(w.request_id);
             w.reservation
         })
         .collect();
@@ -50,18 +64,35 @@ pub async fn create_batch(State(state): State<AppState>, body: Result<Bytes, Byt
         tracing::info!(request_id = %request_id, sale = %sale, reservation = %rid, "order created from the gateway's forward");
     }
     let created = written.created.len() as u64;
-    state.metrics.orders_created.with_label_values(&["forward"]).inc_by(created);
+    state
+        .metrics
+        .orders_created
+        .with_label_values(&["forward"])
+        .inc_by(created);
     let existing = written.counted.len() as u64 - created;
-    state.metrics.orders_existing.with_label_values(&["forward"]).inc_by(existing);
+    state
+        .metrics
+        .orders_existing
+        .with_label_values(&["forward"])
+        .inc_by(existing);
     let rejected = total - written.counted.len();
     if rejected > 0 {
-        tracing::warn!(rejected, "forwarded winners redis does not count were skipped");
+        tracing::warn!(
+            rejected,
+            "forwarded winners redis does not count were skipped"
+        );
     }
-    Ok(Json(serde_json::json!({"created": created, "existing": existing, "rejected": rejected})).into_response())
+    Ok(
+        Json(serde_json::json!({"created": created, "existing": existing, "rejected": rejected}))
+            .into_response(),
+    )
 }
 
 /// `GET /internal/reservations/{rid}`: the order made from a reservation.
-pub async fn by_reservation(State(state): State<AppState>, rid: Result<Path<String>, PathRejection>) -> Result<Json<OrderView>, ApiError> {
+pub async fn by_reservation(
+    State(state): State<AppState>,
+    rid: Result<Path<String>, PathRejection>,
+) -> Result<Json<OrderView>, ApiError> {
     let Path(rid) = rid?;
     state.metrics.order_lookups.inc();
     match state.store.order_by_reservation(&rid).await? {
@@ -84,7 +115,13 @@ pub struct PaymentView {
 
 impl PaymentView {
     fn new(o: crate::store::OrderRow) -> Self {
-        Self { status: o.status.as_str(), order_id: o.order_id, reservation_id: o.reservation_id, sale_id: o.sale_id, user_id: o.user_id }
+        Self {
+            status: o.status.as_str(),
+            order_id: o.order_id,
+            reservation_id: o.reservation_id,
+            sale_id: o.sale_id,
+            user_id: o.user_id,
+        }
     }
 }
 
@@ -92,10 +129,15 @@ impl PaymentView {
 /// 200 when the order is paid (by this call or an earlier one: calling
 /// again is harmless), 409 `order_cancelled` when the payment timeout
 /// cancelled it first (the item is already back on sale), 404 otherwise.
-pub async fn pay(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn pay(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let Path(order_id) = id?;
     if !valid_order_id(&order_id) {
-        return Err(ApiError::bad_request("order_id: must be `o-` and 32 hex digits"));
+        return Err(ApiError::bad_request(
+            "order_id: must be `o-` and 32 hex digits",
+        ));
     }
     match state.store.pay(&order_id).await? {
         Payment::Paid(order) => Ok(Json(PaymentView::new(order)).into_response()),
@@ -113,23 +155,33 @@ pub async fn pay(State(state): State<AppState>, id: Result<Path<String>, PathRej
 
 /// Order ids are `o-` and 32 lowercase hex digits (see the store).
 fn valid_order_id(id: &str) -> bool {
-    id.strip_prefix("o-").is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    id.strip_prefix("o-")
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// `GET /internal/sales/{id}`: whether the database knows the sale, for a
 /// gateway that finds it missing in Redis (then it is being restored and
 /// buyers get 503, not 404). 200 `{"id", "exists": true, "in_redis"}` or
 /// 404.
-pub async fn sale_exists(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
+pub async fn sale_exists(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
     let Path(id) = id?;
     if !flashgate_common::sale::valid_sale_id(&id) {
-        return Err(ApiError::bad_request("id: must be 1 to 64 characters of A-Z a-z 0-9 _ -"));
+        return Err(ApiError::bad_request(
+            "id: must be 1 to 64 characters of A-Z a-z 0-9 _ -",
+        ));
     }
     if state.store.sale(&id).await?.is_none() {
         return Err(ApiError::not_found("no such sale"));
     }
     let mut redis = state.redis.clone();
-    let in_redis: Option<bool> = redis::cmd("EXISTS").arg(SaleKeys::new(&id).meta).query_async(&mut redis).await.ok();
+    let in_redis: Option<bool> = redis::cmd("EXISTS")
+        .arg(SaleKeys::new(&id).meta)
+        .query_async(&mut redis)
+        .await
+        .ok();
     Ok(Json(serde_json::json!({"id": id, "exists": true, "in_redis": in_redis})).into_response())
 }
 
@@ -146,8 +198,11 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
 /// Redis gauges are refreshed in the background, see [`crate::metrics`]).
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.metrics;
-    let expired = state.orders_expired.load(std::sync::atomic::Ordering::Relaxed);
-    m.orders_expired.inc_by(expired.saturating_sub(m.orders_expired.get()));
+    let expired = state
+        .orders_expired
+        .load(std::sync::atomic::Ordering::Relaxed);
+    m.orders_expired
+        .inc_by(expired.saturating_sub(m.orders_expired.get()));
     for (sale, drift) in state.drift.snapshot() {
         m.drift.with_label_values(&[&sale]).set(drift);
     }

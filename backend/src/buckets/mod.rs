@@ -24,10 +24,12 @@ use redis::{RedisError, Script};
 pub mod stock;
 
 /// Installs one bucket if absent (`lua/preheat_bucket.lua`).
-static PREHEAT_BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT_BUCKET));
+static PREHEAT_BUCKET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT_BUCKET));
 
 /// Writes fields into a present meta hash (`lua/bucket_meta.lua`).
-static BUCKET_META: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::BUCKET_META));
+static BUCKET_META: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::BUCKET_META));
 
 /// Installs every bucket of `spec` that is absent, each with its share of
 /// the stock, paused (the restore then applies the recorded pause to the
@@ -39,9 +41,15 @@ static BUCKET_META: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_co
 ///
 /// # Errors
 /// Redis failed; buckets installed stay, the next pass installs the rest.
-pub async fn install<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec) -> Result<u32, RedisError> {
+pub async fn install<C: ConnectionLike + Send>(
+    conn: &mut C,
+    spec: &SaleSpec,
+) -> Result<u32, RedisError> {
     let mut installed = 0;
-    for (k, share) in split_stock(spec.stock, spec.buckets).into_iter().enumerate() {
+    for (k, share) in split_stock(spec.stock, spec.buckets)
+        .into_iter()
+        .enumerate()
+    {
         let k = k as u32;
         let keys = SaleKeys::bucket(&spec.id, k);
         let done: i64 = PREHEAT_BUCKET
@@ -70,10 +78,17 @@ pub async fn install<C: ConnectionLike + Send>(conn: &mut C, spec: &SaleSpec) ->
 ///
 /// # Errors
 /// Redis failed.
-pub async fn present<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<u32, RedisError> {
+pub async fn present<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+) -> Result<u32, RedisError> {
     let mut n = 0;
     for k in 0..buckets {
-        let there: bool = redis::cmd("EXISTS").arg(SaleKeys::bucket(id, k).meta).query_async(conn).await?;
+        let there: bool = redis::cmd("EXISTS")
+            .arg(SaleKeys::bucket(id, k).meta)
+            .query_async(conn)
+            .await?;
         n += u32::from(there);
     }
     Ok(n)
@@ -104,7 +119,12 @@ pub async fn copy_fields<C: ConnectionLike + Send>(
 ///
 /// # Errors
 /// Redis failed.
-pub async fn copy_fields_to<C: ConnectionLike + Send>(conn: &mut C, id: &str, k: u32, fields: &[(&str, String)]) -> Result<(), RedisError> {
+pub async fn copy_fields_to<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    k: u32,
+    fields: &[(&str, String)],
+) -> Result<(), RedisError> {
     let mut call = BUCKET_META.key(SaleKeys::bucket(id, k).meta);
     for (field, value) in fields {
         call.arg(*field).arg(value);
@@ -121,18 +141,34 @@ pub async fn copy_fields_to<C: ConnectionLike + Send>(conn: &mut C, id: &str, k:
 ///
 /// # Errors
 /// Redis failed.
-pub async fn copy_pause<C: ConnectionLike + Send>(conn: &mut C, id: &str) -> Result<(), RedisError> {
+pub async fn copy_pause<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+) -> Result<(), RedisError> {
     let buckets = in_redis(conn, id).await?;
     if buckets <= 1 {
         return Ok(());
     }
-    let paused: Option<String> = redis::cmd("HGET").arg(SaleKeys::new(id).meta).arg("paused").query_async(conn).await?;
+    let paused: Option<String> = redis::cmd("HGET")
+        .arg(SaleKeys::new(id).meta)
+        .arg("paused")
+        .query_async(conn)
+        .await?;
     let Some(paused) = paused else { return Ok(()) };
     for k in 0..buckets {
         let meta = SaleKeys::bucket(id, k).meta;
-        let copy: Option<String> = redis::cmd("HGET").arg(&meta).arg("paused").query_async(conn).await?;
+        let copy: Option<String> = redis::cmd("HGET")
+            .arg(&meta)
+            .arg("paused")
+            .query_async(conn)
+            .await?;
         if copy.is_some_and(|c| c != paused) {
-            let _: i64 = BUCKET_META.key(meta).arg("paused").arg(&paused).invoke_async(conn).await?;
+            let _: i64 = BUCKET_META
+                .key(meta)
+                .arg("paused")
+                .arg(&paused)
+                .invoke_async(conn)
+                .await?;
         }
     }
     Ok(())
@@ -158,9 +194,18 @@ pub fn definition_fields(spec: &SaleSpec) -> Vec<(&'static str, String)> {
 pub async fn repair_all<C: ConnectionLike + Send>(conn: &mut C, sales: &[SaleSpec]) -> u64 {
     let mut closed = 0;
     for spec in sales.iter().filter(|s| s.buckets > 1) {
-        match flashgate_common::transfer::repair(conn, &spec.id, spec.buckets, flashgate_common::now_ms()).await {
+        match flashgate_common::transfer::repair(
+            conn,
+            &spec.id,
+            spec.buckets,
+            flashgate_common::now_ms(),
+        )
+        .await
+        {
             Ok(n) => closed += n,
-            Err(error) => tracing::warn!(%error, sale = %spec.id, "cannot repair the sale's transfers in transit yet"),
+            Err(error) => {
+                tracing::warn!(%error, sale = %spec.id, "cannot repair the sale's transfers in transit yet")
+            }
         }
         if let Err(error) = copy_pause(conn, &spec.id).await {
             tracing::warn!(%error, sale = %spec.id, "cannot copy the sale's pause to its buckets yet");
@@ -175,12 +220,19 @@ pub async fn repair_all<C: ConnectionLike + Send>(conn: &mut C, sales: &[SaleSpe
 ///
 /// # Errors
 /// Redis failed.
-pub async fn counters<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<(i64, i64, i64), RedisError> {
+pub async fn counters<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+) -> Result<(i64, i64, i64), RedisError> {
     let left = flashgate_common::transfer::left(conn, id, buckets).await?;
     let (mut reservations, mut pending) = (0, 0);
     for k in 0..buckets {
         let keys = SaleKeys::bucket(id, k);
-        let n: i64 = redis::cmd("HLEN").arg(&keys.reservations).query_async(conn).await?;
+        let n: i64 = redis::cmd("HLEN")
+            .arg(&keys.reservations)
+            .query_async(conn)
+            .await?;
         reservations += n;
         pending += flashgate_common::stream_info::pending(conn, &keys.stream).await?;
     }

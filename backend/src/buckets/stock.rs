@@ -48,7 +48,8 @@ use crate::error::SaleError;
 use crate::redis_io::announce;
 
 /// Moves one bucket's base and remaining (`lua/bucket_stock.lua`).
-static BUCKET_STOCK: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::BUCKET_STOCK));
+static BUCKET_STOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(flashgate_common::scripts::BUCKET_STOCK));
 
 /// Passes over the buckets a decrease makes before it gives up: items
 /// move between buckets while it runs (transfers, returns), so a second
@@ -88,10 +89,18 @@ pub enum Moved {
 ///
 /// # Errors
 /// Redis failed.
-pub async fn bases<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<Vec<i64>, RedisError> {
+pub async fn bases<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+) -> Result<Vec<i64>, RedisError> {
     let mut out = Vec::with_capacity(buckets as usize);
     for k in 0..buckets {
-        let base: Option<i64> = redis::cmd("HGET").arg(SaleKeys::bucket(id, k).meta).arg("stock").query_async(conn).await?;
+        let base: Option<i64> = redis::cmd("HGET")
+            .arg(SaleKeys::bucket(id, k).meta)
+            .arg("stock")
+            .query_async(conn)
+            .await?;
         out.push(base.unwrap_or(0));
     }
     Ok(out)
@@ -99,7 +108,12 @@ pub async fn bases<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u3
 
 /// Runs `lua/bucket_stock.lua` on bucket `k`: adds `n` (> 0) or takes at
 /// most `-n` unsold items (< 0); answers the signed change made.
-async fn change<C: ConnectionLike + Send>(conn: &mut C, id: &str, k: u32, n: i64) -> Result<i64, SaleError> {
+async fn change<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    k: u32,
+    n: i64,
+) -> Result<i64, SaleError> {
     let keys = SaleKeys::bucket(id, k);
     let (code, made): (String, i64) = BUCKET_STOCK
         .key(&keys.meta)
@@ -112,8 +126,14 @@ async fn change<C: ConnectionLike + Send>(conn: &mut C, id: &str, k: u32, n: i64
         .await?;
     match code.as_str() {
         "ok" => Ok(made),
-        "absent" => Err(SaleError::BucketUnavailable { bucket: k, why: "absent" }),
-        "fenced" => Err(SaleError::BucketUnavailable { bucket: k, why: "fenced (its redis failed over)" }),
+        "absent" => Err(SaleError::BucketUnavailable {
+            bucket: k,
+            why: "absent",
+        }),
+        "fenced" => Err(SaleError::BucketUnavailable {
+            bucket: k,
+            why: "fenced (its redis failed over)",
+        }),
         _ => Err(SaleError::BadReply(vec![made])),
     }
 }
@@ -123,7 +143,11 @@ async fn change<C: ConnectionLike + Send>(conn: &mut C, id: &str, k: u32, n: i64
 ///
 /// # Errors
 /// Redis failed, or a bucket is absent or fenced.
-pub async fn check<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u32) -> Result<(), SaleError> {
+pub async fn check<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: u32,
+) -> Result<(), SaleError> {
     for k in 0..buckets {
         change(conn, id, k, 0).await?;
     }
@@ -133,13 +157,29 @@ pub async fn check<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: u3
 /// Ends the "stock move in flight" markers of the buckets `changes` moved
 /// (the TTL ends them if this fails).
 async fn moved_done<C: ConnectionLike + Send>(conn: &mut C, id: &str, changes: &[i64]) {
-    end_markers(conn, id, changes.iter().enumerate().filter(|(_, c)| **c != 0).map(|(k, _)| k as u32)).await;
+    end_markers(
+        conn,
+        id,
+        changes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c != 0)
+            .map(|(k, _)| k as u32),
+    )
+    .await;
 }
 
 /// Deletes the markers of `buckets` (logged if Redis fails: they expire).
-async fn end_markers<C: ConnectionLike + Send>(conn: &mut C, id: &str, buckets: impl Iterator<Item = u32>) {
+async fn end_markers<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    buckets: impl Iterator<Item = u32>,
+) {
     for k in buckets {
-        let done: Result<i64, RedisError> = redis::cmd("DEL").arg(SaleKeys::bucket(id, k).moving).query_async(conn).await;
+        let done: Result<i64, RedisError> = redis::cmd("DEL")
+            .arg(SaleKeys::bucket(id, k).moving)
+            .query_async(conn)
+            .await;
         if let Err(error) = done {
             tracing::warn!(%error, sale = id, bucket = k, "cannot end a bucket's stock-move marker; it expires on its own");
         }
@@ -164,8 +204,13 @@ impl Markers {
     /// final (e.g. before a commit that may take a while).
     pub async fn refresh<C: ConnectionLike + Send>(&self, conn: &mut C) {
         for k in &self.buckets {
-            let set: Result<(), RedisError> =
-                redis::cmd("SET").arg(SaleKeys::bucket(&self.id, *k).moving).arg("1").arg("PX").arg(MOVING_MS).query_async(conn).await;
+            let set: Result<(), RedisError> = redis::cmd("SET")
+                .arg(SaleKeys::bucket(&self.id, *k).moving)
+                .arg("1")
+                .arg("PX")
+                .arg(MOVING_MS)
+                .query_async(conn)
+                .await;
             if let Err(error) = set {
                 tracing::warn!(%error, sale = %self.id, bucket = k, "cannot renew a bucket's stock-move marker");
             }
@@ -195,8 +240,19 @@ pub async fn move_keeping_markers<C: ConnectionLike + Send>(
     let moved = move_inner(conn, id, target, short, &mut changes).await;
     match moved {
         Ok(moved @ Moved::Done { .. }) => {
-            let touched = changes.iter().enumerate().filter(|(_, c)| **c != 0).map(|(k, _)| k as u32).collect();
-            Ok((moved, Markers { id: id.to_owned(), buckets: touched }))
+            let touched = changes
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c != 0)
+                .map(|(k, _)| k as u32)
+                .collect();
+            Ok((
+                moved,
+                Markers {
+                    id: id.to_owned(),
+                    buckets: touched,
+                },
+            ))
         }
         other => {
             moved_done(conn, id, &changes).await;
@@ -241,8 +297,11 @@ async fn move_inner<C: ConnectionLike + Send>(
     let buckets = changes.len() as u32;
     let bases = bases(conn, id, buckets).await?;
     let sum: i64 = bases.iter().sum();
-    let result =
-        if target >= sum { add(conn, id, target - sum, changes).await } else { take(conn, id, sum - target, short, changes).await };
+    let result = if target >= sum {
+        add(conn, id, target - sum, changes).await
+    } else {
+        take(conn, id, sum - target, short, changes).await
+    };
     let missing = match result {
         Ok(missing) => missing,
         Err(error) => {
@@ -257,15 +316,33 @@ async fn move_inner<C: ConnectionLike + Send>(
     }
     for (k, c) in changes.iter().enumerate() {
         if *c > 0 {
-            announce(conn, &SaleEvent::BucketStocked { sale: id.to_owned(), bucket: k as u32 }).await;
+            announce(
+                conn,
+                &SaleEvent::BucketStocked {
+                    sale: id.to_owned(),
+                    bucket: k as u32,
+                },
+            )
+            .await;
         }
     }
-    Ok(Moved::Done { changes: changes.to_vec(), missing })
+    Ok(Moved::Done {
+        changes: changes.to_vec(),
+        missing,
+    })
 }
 
 /// Adds `delta` items, spread as a preheat spreads the stock.
-async fn add<C: ConnectionLike + Send>(conn: &mut C, id: &str, delta: i64, changes: &mut [i64]) -> Result<i64, SaleError> {
-    for (k, share) in split_stock(delta, changes.len() as u32).into_iter().enumerate() {
+async fn add<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    delta: i64,
+    changes: &mut [i64],
+) -> Result<i64, SaleError> {
+    for (k, share) in split_stock(delta, changes.len() as u32)
+        .into_iter()
+        .enumerate()
+    {
         if share > 0 {
             changes[k] += change(conn, id, k as u32, share).await?;
         }
@@ -278,12 +355,21 @@ async fn add<C: ConnectionLike + Send>(conn: &mut C, id: &str, delta: i64, chang
 /// first read already finds too few, nothing is taken at all (answering
 /// the same shortfall): taking items only to give them back would let a
 /// gateway see every bucket dry meanwhile and answer `sold_out`.
-async fn take<C: ConnectionLike + Send>(conn: &mut C, id: &str, delta: i64, short: Short, changes: &mut [i64]) -> Result<i64, SaleError> {
+async fn take<C: ConnectionLike + Send>(
+    conn: &mut C,
+    id: &str,
+    delta: i64,
+    short: Short,
+    changes: &mut [i64],
+) -> Result<i64, SaleError> {
     let mut need = delta;
     for pass in 0..TAKE_PASSES {
         let mut holding = Vec::with_capacity(changes.len());
         for k in 0..changes.len() as u32 {
-            let left: Option<i64> = redis::cmd("GET").arg(SaleKeys::bucket(id, k).remaining).query_async(conn).await?;
+            let left: Option<i64> = redis::cmd("GET")
+                .arg(SaleKeys::bucket(id, k).remaining)
+                .query_async(conn)
+                .await?;
             holding.push((k, left.unwrap_or(0)));
         }
         let unsold: i64 = holding.iter().map(|(_, left)| (*left).max(0)).sum();
@@ -317,7 +403,14 @@ async fn undo<C: ConnectionLike + Send>(conn: &mut C, id: &str, changes: &[i64])
         let back = change(conn, id, k, -c).await;
         if matches!(back, Ok(made) if made > 0) {
             // Items are back in a bucket a gateway may have seen dry.
-            announce(conn, &SaleEvent::BucketStocked { sale: id.to_owned(), bucket: k }).await;
+            announce(
+                conn,
+                &SaleEvent::BucketStocked {
+                    sale: id.to_owned(),
+                    bucket: k,
+                },
+            )
+            .await;
         }
         match back {
             Ok(made) if made == -c => {}

@@ -27,7 +27,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareO
 use lapin::tcp::{AMQPUriTcpExt, OwnedTLSConfig};
 use lapin::types::FieldTable;
 use lapin::uri::AMQPUri;
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 use tokio::sync::Mutex;
 
 use super::tls::{self, ExtraRoots};
@@ -62,7 +64,10 @@ impl From<lapin::Error> for AmqpError {
             return AmqpError::Tls(reason);
         }
         if let lapin::ErrorKind::IOError(io) = e.kind() {
-            if io.get_ref().is_some_and(|inner| inner.is::<ConnectTimedOut>()) {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<ConnectTimedOut>())
+            {
                 return AmqpError::ConnectTimeout;
             }
         }
@@ -85,7 +90,10 @@ fn amqp_uri(url: &str) -> Result<AMQPUri, AmqpError> {
     let mut uri: AMQPUri = url.parse().map_err(|_| AmqpError::BadUrl)?;
     let parsed = reqwest::Url::parse(url).map_err(|_| AmqpError::BadUrl)?;
     let host = parsed.host_str().unwrap_or_default();
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     if let Ok(ip) = host.parse::<std::net::IpAddr>() {
         uri.authority.host = ip.to_string();
     }
@@ -111,7 +119,9 @@ pub struct Amqp {
 
 impl std::fmt::Debug for Amqp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Amqp").field("exchange", &self.config.exchange).finish_non_exhaustive()
+        f.debug_struct("Amqp")
+            .field("exchange", &self.config.exchange)
+            .finish_non_exhaustive()
     }
 }
 
@@ -119,8 +129,15 @@ impl Amqp {
     /// A publisher trusting the system's roots and `extra_roots` (used
     /// only for an `amqps://` URL).
     pub fn new(config: AmqpConfig, extra_roots: Option<&ExtraRoots>) -> Self {
-        let tls = OwnedTLSConfig { identity: None, cert_chain: extra_roots.map(|roots| roots.pem().to_owned()) };
-        Self { config, tls, link: Mutex::new(None) }
+        let tls = OwnedTLSConfig {
+            identity: None,
+            cert_chain: extra_roots.map(|roots| roots.pem().to_owned()),
+        };
+        Self {
+            config,
+            tls,
+            link: Mutex::new(None),
+        }
     }
 
     /// The longest one send takes (the close of a failed connection is
@@ -150,12 +167,17 @@ impl Amqp {
         }
         let conn = self.connect().await?;
         let channel = conn.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         channel
             .exchange_declare(
                 self.config.exchange.as_str().into(),
                 ExchangeKind::Topic,
-                ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() },
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
                 FieldTable::default(),
             )
             .await?;
@@ -173,13 +195,17 @@ impl Amqp {
         let uri = amqp_uri(&self.config.url)?;
         let (tls, timeout) = (self.tls.clone(), self.config.timeout * 3 / 4);
         let runtime = lapin::runtime::default_runtime()?;
-        let connect =
-            async move |uri: AMQPUri, runtime| match tokio::time::timeout(timeout, uri.connect_with_config_async(tls.as_ref(), &runtime))
-                .await
-            {
-                Ok(stream) => Ok(stream?),
-                Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, ConnectTimedOut).into()),
-            };
+        let connect = async move |uri: AMQPUri, runtime| match tokio::time::timeout(
+            timeout,
+            uri.connect_with_config_async(tls.as_ref(), &runtime),
+        )
+        .await
+        {
+            Ok(stream) => Ok(stream?),
+            Err(_) => {
+                Err(std::io::Error::new(std::io::ErrorKind::TimedOut, ConnectTimedOut).into())
+            }
+        };
         Ok(Connection::connector(uri, runtime, connect, ConnectionProperties::default()).await?)
     }
 
@@ -224,16 +250,20 @@ impl Amqp {
             .basic_publish(
                 self.config.exchange.as_str().into(),
                 self.routing_key(event.kind).into(),
-                BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() },
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
                 event.payload.as_bytes(),
                 properties,
             )
             .await?;
         match confirm.await? {
             Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => {
-                Err(AmqpError::Unroutable { code: returned.reply_code, text: returned.reply_text.as_str().to_owned() })
-            }
+            Confirmation::Ack(Some(returned)) => Err(AmqpError::Unroutable {
+                code: returned.reply_code,
+                text: returned.reply_text.as_str().to_owned(),
+            }),
             Confirmation::Nack(_) | Confirmation::NotRequested => Err(AmqpError::Nack),
         }
     }
@@ -248,9 +278,19 @@ mod tests {
         let host = |url: &str| amqp_uri(url).unwrap().authority.host;
         assert_eq!(host("amqps://guest:guest@127.0.0.1:5671/%2f"), "127.0.0.1");
         assert_eq!(host("amqp://[::1]:5672/%2f"), "::1");
-        assert_eq!(host("amqps://fg:pw@rabbit.example:5671/%2f"), "rabbit.example");
+        assert_eq!(
+            host("amqps://fg:pw@rabbit.example:5671/%2f"),
+            "rabbit.example"
+        );
         let uri = amqp_uri("amqps://fg:p%40ss@10.0.0.7/vh").unwrap();
-        assert_eq!((uri.authority.port, uri.authority.userinfo.password.as_str(), uri.vhost.as_str()), (5671, "p@ss", "vh"));
+        assert_eq!(
+            (
+                uri.authority.port,
+                uri.authority.userinfo.password.as_str(),
+                uri.vhost.as_str()
+            ),
+            (5671, "p@ss", "vh")
+        );
         assert!(matches!(amqp_uri("rabbit:5672"), Err(AmqpError::BadUrl)));
     }
 }

@@ -66,25 +66,60 @@ impl EventMetrics {
     /// # Panics
     /// Only if a name is taken twice in `registry`, a programming error.
     pub fn register(registry: &Registry) -> Self {
-        fn reg<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, m: prometheus::Result<M>) -> M {
+        fn reg<M: prometheus::core::Collector + Clone + 'static>(
+            registry: &Registry,
+            m: prometheus::Result<M>,
+        ) -> M {
             let m = m.expect("valid metric");
-            registry.register(Box::new(m.clone())).expect("unique metric");
+            registry
+                .register(Box::new(m.clone()))
+                .expect("unique metric");
             m
         }
         let by_sink = |name: &str, help: &str| IntCounterVec::new(Opts::new(name, help), &["sink"]);
         Self {
-            delivered: reg(registry, by_sink("order_events_delivered_total", "Order events a destination took (sink: webhook, amqp).")),
+            delivered: reg(
+                registry,
+                by_sink(
+                    "order_events_delivered_total",
+                    "Order events a destination took (sink: webhook, amqp).",
+                ),
+            ),
             failed_attempts: reg(
                 registry,
-                by_sink("order_events_failed_attempts_total", "Order event deliveries that failed (sink: webhook, amqp)."),
+                by_sink(
+                    "order_events_failed_attempts_total",
+                    "Order event deliveries that failed (sink: webhook, amqp).",
+                ),
             ),
-            dead_total: reg(registry, IntCounter::new("order_events_dead_total", "Order events given up after events.max_attempts.")),
+            dead_total: reg(
+                registry,
+                IntCounter::new(
+                    "order_events_dead_total",
+                    "Order events given up after events.max_attempts.",
+                ),
+            ),
             dead: reg(
                 registry,
-                IntGauge::new("order_events_dead_in_outbox", "Dead order events in the outbox (see GET /admin/events/dead)."),
+                IntGauge::new(
+                    "order_events_dead_in_outbox",
+                    "Dead order events in the outbox (see GET /admin/events/dead).",
+                ),
             ),
-            backlog: reg(registry, IntGauge::new("order_events_backlog", "Order events waiting in the outbox to be delivered.")),
-            lag_seconds: reg(registry, Gauge::new("order_events_lag_seconds", "Age of the oldest order event waiting to be delivered.")),
+            backlog: reg(
+                registry,
+                IntGauge::new(
+                    "order_events_backlog",
+                    "Order events waiting in the outbox to be delivered.",
+                ),
+            ),
+            lag_seconds: reg(
+                registry,
+                Gauge::new(
+                    "order_events_lag_seconds",
+                    "Age of the oldest order event waiting to be delivered.",
+                ),
+            ),
         }
     }
 }
@@ -118,8 +153,15 @@ impl Destinations {
         if let (Some(roots), Some(path)) = (&roots, &config.ca_file) {
             tracing::info!(ca_file = %path.display(), certificates = roots.len(), "order events: trusting these CA certificates besides the system's");
         }
-        let webhook = config.webhook.as_ref().map(|c| webhook::Webhook::new(c, roots.as_ref())).transpose()?;
-        let amqp = config.amqp.clone().map(|c| Arc::new(amqp::Amqp::new(c, roots.as_ref())));
+        let webhook = config
+            .webhook
+            .as_ref()
+            .map(|c| webhook::Webhook::new(c, roots.as_ref()))
+            .transpose()?;
+        let amqp = config
+            .amqp
+            .clone()
+            .map(|c| Arc::new(amqp::Amqp::new(c, roots.as_ref())));
         Ok(Self { webhook, amqp })
     }
 }
@@ -137,14 +179,34 @@ pub struct Deliverer {
 impl Deliverer {
     /// # Errors
     /// See [`Destinations::new`].
-    pub fn new(store: Store, config: &EventsConfig, metrics: EventMetrics) -> Result<Self, EventsError> {
-        Ok(Self::with_destinations(store, Destinations::new(config)?, config, metrics))
+    pub fn new(
+        store: Store,
+        config: &EventsConfig,
+        metrics: EventMetrics,
+    ) -> Result<Self, EventsError> {
+        Ok(Self::with_destinations(
+            store,
+            Destinations::new(config)?,
+            config,
+            metrics,
+        ))
     }
 
     /// A deliverer to `destinations`, built beforehand from `config`.
-    pub fn with_destinations(store: Store, destinations: Destinations, config: &EventsConfig, metrics: EventMetrics) -> Self {
+    pub fn with_destinations(
+        store: Store,
+        destinations: Destinations,
+        config: &EventsConfig,
+        metrics: EventMetrics,
+    ) -> Self {
         let Destinations { webhook, amqp } = destinations;
-        Self { store, webhook, amqp, config: config.clone(), metrics }
+        Self {
+            store,
+            webhook,
+            amqp,
+            config: config.clone(),
+            metrics,
+        }
     }
 
     /// One round: claims the due events, sends them, records the outcomes.
@@ -159,7 +221,10 @@ impl Deliverer {
         let owner = format!("d-{}", uuid::Uuid::new_v4().simple());
         let lease = i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX);
         let claimed_at = flashgate_common::now_ms();
-        let events = self.store.claim_events(&owner, claimed_at, lease, i64::from(self.config.batch_size)).await?;
+        let events = self
+            .store
+            .claim_events(&owner, claimed_at, lease, i64::from(self.config.batch_size))
+            .await?;
         let claimed = events.len();
         // The whole batch at once: no event waits behind another while its
         // lease runs (the lease is validated against one delivery).
@@ -186,7 +251,11 @@ impl Deliverer {
     /// a send to each destination in turn, each bounded by its timeout,
     /// and one more timeout for the database.
     fn lease_left_for_a_delivery(&self, lease_ends_ms: i64) -> bool {
-        let timeouts = self.webhook.iter().map(|w| w.timeout()).chain(self.amqp.iter().map(|a| a.timeout()));
+        let timeouts = self
+            .webhook
+            .iter()
+            .map(|w| w.timeout())
+            .chain(self.amqp.iter().map(|a| a.timeout()));
         let longest = timeouts.clone().max().unwrap_or_default();
         let needed = timeouts.sum::<Duration>() + longest;
         let needed_ms = i64::try_from(needed.as_millis()).unwrap_or(i64::MAX);
@@ -205,7 +274,10 @@ impl Deliverer {
                     self.metrics.delivered.with_label_values(&["webhook"]).inc();
                 }
                 Err(e) => {
-                    self.metrics.failed_attempts.with_label_values(&["webhook"]).inc();
+                    self.metrics
+                        .failed_attempts
+                        .with_label_values(&["webhook"])
+                        .inc();
                     if e.is_tls() && warned.first(SINK_WEBHOOK) {
                         tls_failure_warning("webhook", &event, &e);
                     }
@@ -220,7 +292,10 @@ impl Deliverer {
                     self.metrics.delivered.with_label_values(&["amqp"]).inc();
                 }
                 Err(e) => {
-                    self.metrics.failed_attempts.with_label_values(&["amqp"]).inc();
+                    self.metrics
+                        .failed_attempts
+                        .with_label_values(&["amqp"])
+                        .inc();
                     if e.is_tls() && warned.first(SINK_AMQP) {
                         tls_failure_warning("amqp", &event, &e);
                     }
@@ -237,16 +312,33 @@ impl Deliverer {
             return;
         }
         let attempts = event.attempts.saturating_add(1);
-        let retry_at_ms = (attempts < self.config.max_attempts)
-            .then(|| flashgate_common::now_ms() + backoff_ms(self.config.backoff_initial, self.config.backoff_max, attempts));
+        let retry_at_ms = (attempts < self.config.max_attempts).then(|| {
+            flashgate_common::now_ms()
+                + backoff_ms(
+                    self.config.backoff_initial,
+                    self.config.backoff_max,
+                    attempts,
+                )
+        });
         let error = errors.join("; ");
-        let failure = Failure { attempts, sinks_done: done, error: &error, retry_at_ms };
-        match self.store.event_failed(&event.event_id, owner, &failure).await {
+        let failure = Failure {
+            attempts,
+            sinks_done: done,
+            error: &error,
+            retry_at_ms,
+        };
+        match self
+            .store
+            .event_failed(&event.event_id, owner, &failure)
+            .await
+        {
             Ok(true) if retry_at_ms.is_none() => {
                 self.metrics.dead_total.inc();
                 tracing::error!(event = %event.event_id, order = %event.order_id, kind = event.kind.as_str(), attempts, %error, "order event is dead: retry it with POST /admin/events/{{id}}/retry");
             }
-            Ok(_) => tracing::debug!(event = %event.event_id, attempts, %error, "order event delivery failed; will retry"),
+            Ok(_) => {
+                tracing::debug!(event = %event.event_id, attempts, %error, "order event delivery failed; will retry")
+            }
             Err(db) => {
                 tracing::warn!(error = %db, event = %event.event_id, "cannot record a failed order event delivery; the lease will expire")
             }
@@ -259,7 +351,9 @@ impl Deliverer {
             Ok(stats) => {
                 self.metrics.backlog.set(stats.pending);
                 self.metrics.dead.set(stats.dead);
-                let age_ms = stats.oldest_pending_ms.map_or(0, |t| (flashgate_common::now_ms() - t).max(0));
+                let age_ms = stats
+                    .oldest_pending_ms
+                    .map_or(0, |t| (flashgate_common::now_ms() - t).max(0));
                 self.metrics.lag_seconds.set(age_ms as f64 / 1000.0);
             }
             Err(error) => tracing::debug!(%error, "cannot read the outbox backlog"),
@@ -268,7 +362,11 @@ impl Deliverer {
 
     /// Delivers until `shutdown`: a full round goes again at once, else
     /// the next round waits `events.poll_ms`.
-    pub async fn run(self, readiness: crate::readiness::Readiness, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(
+        self,
+        readiness: crate::readiness::Readiness,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         let mut stats_at = tokio::time::Instant::now();
         loop {
             // The outbox is all it needs: Redis being away must not hold
@@ -334,7 +432,9 @@ fn tls_failure_warning(sink: &'static str, event: &OutboxEvent, error: &dyn std:
 /// events spread out.
 fn backoff_ms(initial: Duration, max: Duration, attempts: u32) -> i64 {
     let (initial, max) = (initial.as_millis() as u64, max.as_millis() as u64);
-    let step = initial.saturating_mul(1_u64 << attempts.saturating_sub(1).min(40)).min(max);
+    let step = initial
+        .saturating_mul(1_u64 << attempts.saturating_sub(1).min(40))
+        .min(max);
     let wait = step / 2 + rand::random_range(0..=step / 2);
     i64::try_from(wait).unwrap_or(i64::MAX)
 }

@@ -26,7 +26,10 @@ fn mac(secret: &[u8], timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
 
 /// The `Flashgate-Signature` value of `body` sent at `timestamp`.
 pub fn signature(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
-    format!("v1={}", hex::encode(mac(secret, timestamp, body).finalize().into_bytes()))
+    format!(
+        "v1={}",
+        hex::encode(mac(secret, timestamp, body).finalize().into_bytes())
+    )
 }
 
 /// Why a request does not carry a valid signature.
@@ -47,8 +50,18 @@ pub enum VerifyError {
 ///
 /// # Errors
 /// [`VerifyError`].
-pub fn verify(secret: &[u8], timestamp: &str, header: &str, body: &[u8], now_s: i64, tolerance_s: i64) -> Result<(), VerifyError> {
-    let ts: i64 = timestamp.trim().parse().map_err(|_| VerifyError::BadTimestamp)?;
+pub fn verify(
+    secret: &[u8],
+    timestamp: &str,
+    header: &str,
+    body: &[u8],
+    now_s: i64,
+    tolerance_s: i64,
+) -> Result<(), VerifyError> {
+    let ts: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| VerifyError::BadTimestamp)?;
     if now_s.abs_diff(ts) > tolerance_s.unsigned_abs() {
         return Err(VerifyError::Stale);
     }
@@ -75,19 +88,57 @@ mod tests {
         let body = br#"{"id":"ev-1","type":"order.paid"}"#;
         let sig = signature(SECRET, 1_700_000_000, body);
         assert!(sig.starts_with("v1=") && sig.len() == 3 + 64, "{sig}");
-        assert_eq!(verify(SECRET, "1700000000", &sig, body, 1_700_000_100, 300), Ok(()));
         assert_eq!(
-            verify(SECRET, "1700000000", &sig, br#"{"id":"ev-1","type":"order.cancelled"}"#, 1_700_000_100, 300),
+            verify(SECRET, "1700000000", &sig, body, 1_700_000_100, 300),
+            Ok(())
+        );
+        assert_eq!(
+            verify(
+                SECRET,
+                "1700000000",
+                &sig,
+                br#"{"id":"ev-1","type":"order.cancelled"}"#,
+                1_700_000_100,
+                300
+            ),
             Err(VerifyError::Mismatch)
         );
-        assert_eq!(verify(SECRET, "1700000001", &sig, body, 1_700_000_100, 300), Err(VerifyError::Mismatch), "the timestamp is signed");
-        assert_eq!(verify(SECRET, "1700000000", &sig, body, 1_700_000_400, 300), Err(VerifyError::Stale));
         assert_eq!(
-            verify(b"another secret of thirty-two bytes!", "1700000000", &sig, body, 1_700_000_100, 300),
+            verify(SECRET, "1700000001", &sig, body, 1_700_000_100, 300),
+            Err(VerifyError::Mismatch),
+            "the timestamp is signed"
+        );
+        assert_eq!(
+            verify(SECRET, "1700000000", &sig, body, 1_700_000_400, 300),
+            Err(VerifyError::Stale)
+        );
+        assert_eq!(
+            verify(
+                b"another secret of thirty-two bytes!",
+                "1700000000",
+                &sig,
+                body,
+                1_700_000_100,
+                300
+            ),
             Err(VerifyError::Mismatch)
         );
-        assert_eq!(verify(SECRET, "soon", &sig, body, 1_700_000_100, 300), Err(VerifyError::BadTimestamp));
-        assert_eq!(verify(SECRET, "1700000000", &format!("v1=00, {sig}"), body, 1_700_000_100, 300), Ok(()), "rotation: any v1 matches");
+        assert_eq!(
+            verify(SECRET, "soon", &sig, body, 1_700_000_100, 300),
+            Err(VerifyError::BadTimestamp)
+        );
+        assert_eq!(
+            verify(
+                SECRET,
+                "1700000000",
+                &format!("v1=00, {sig}"),
+                body,
+                1_700_000_100,
+                300
+            ),
+            Ok(()),
+            "rotation: any v1 matches"
+        );
     }
 
     #[test]
@@ -96,6 +147,9 @@ mod tests {
         let sig = signature(b"Jefe", 42, b"what do ya want for nothing?");
         let mut mac = Hmac::<Sha256>::new_from_slice(b"Jefe").unwrap();
         mac.update(b"42.what do ya want for nothing?");
-        assert_eq!(sig, format!("v1={}", hex::encode(mac.finalize().into_bytes())));
+        assert_eq!(
+            sig,
+            format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+        );
     }
 }

@@ -24,38 +24,117 @@ async fn every_order_change_writes_its_event_with_the_change() {
         let store = store.clone().with_order_events(true);
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "alice"), reservation(&sale_id, "bob"));
-        assert_eq!(store.insert_orders(&[a.clone(), b.clone()]).await.unwrap(), 2, "{db}");
-        assert_eq!(store.insert_orders(&[a.clone(), b.clone()]).await.unwrap(), 0, "{db}: a replay makes no order and no event");
-        let order_a = store.order_by_reservation(&a.reservation_id).await.unwrap().unwrap();
-        let order_b = store.order_by_reservation(&b.reservation_id).await.unwrap().unwrap();
+        assert_eq!(
+            store.insert_orders(&[a.clone(), b.clone()]).await.unwrap(),
+            2,
+            "{db}"
+        );
+        assert_eq!(
+            store.insert_orders(&[a.clone(), b.clone()]).await.unwrap(),
+            0,
+            "{db}: a replay makes no order and no event"
+        );
+        let order_a = store
+            .order_by_reservation(&a.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        let order_b = store
+            .order_by_reservation(&b.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
 
-        assert!(matches!(store.pay(&order_a.order_id).await.unwrap(), Payment::Paid(_)), "{db}");
-        assert!(matches!(store.pay(&order_a.order_id).await.unwrap(), Payment::Paid(_)), "{db}");
-        assert!(store.cancel_if_unpaid(&order_b.order_id).await.unwrap(), "{db}");
-        assert!(!store.cancel_if_unpaid(&order_b.order_id).await.unwrap(), "{db}");
-        assert!(matches!(store.pay(&order_b.order_id).await.unwrap(), Payment::Cancelled(_)), "{db}");
-        let cancelled_only: Vec<_> = store.order_events(&order_b.order_id).await.unwrap().iter().map(|e| e.kind).collect();
-        assert_eq!(cancelled_only, vec![EventType::Created], "{db}: no `cancelled` before the item is back");
-        store.mark_released(&order_b.order_id, flashgate_common::now_ms()).await.unwrap();
-        store.mark_released(&order_b.order_id, flashgate_common::now_ms()).await.unwrap();
+        assert!(
+            matches!(
+                store.pay(&order_a.order_id).await.unwrap(),
+                Payment::Paid(_)
+            ),
+            "{db}"
+        );
+        assert!(
+            matches!(
+                store.pay(&order_a.order_id).await.unwrap(),
+                Payment::Paid(_)
+            ),
+            "{db}"
+        );
+        assert!(
+            store.cancel_if_unpaid(&order_b.order_id).await.unwrap(),
+            "{db}"
+        );
+        assert!(
+            !store.cancel_if_unpaid(&order_b.order_id).await.unwrap(),
+            "{db}"
+        );
+        assert!(
+            matches!(
+                store.pay(&order_b.order_id).await.unwrap(),
+                Payment::Cancelled(_)
+            ),
+            "{db}"
+        );
+        let cancelled_only: Vec<_> = store
+            .order_events(&order_b.order_id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(
+            cancelled_only,
+            vec![EventType::Created],
+            "{db}: no `cancelled` before the item is back"
+        );
+        store
+            .mark_released(&order_b.order_id, flashgate_common::now_ms())
+            .await
+            .unwrap();
+        store
+            .mark_released(&order_b.order_id, flashgate_common::now_ms())
+            .await
+            .unwrap();
 
         let events_a = store.order_events(&order_a.order_id).await.unwrap();
         let kinds: Vec<_> = events_a.iter().map(|e| (e.seq, e.kind)).collect();
-        assert_eq!(kinds, vec![(1, EventType::Created), (2, EventType::Paid)], "{db}: one event per change, in order");
+        assert_eq!(
+            kinds,
+            vec![(1, EventType::Created), (2, EventType::Paid)],
+            "{db}: one event per change, in order"
+        );
         let created = payload(&events_a[0]);
         assert_eq!(created["id"], events_a[0].event_id.as_str(), "{db}");
         assert_eq!(created["type"], "order.created", "{db}");
-        assert_eq!(created["order"]["order_id"], order_a.order_id.as_str(), "{db}");
-        assert_eq!(created["order"]["reservation_id"], a.reservation_id.as_str(), "{db}");
+        assert_eq!(
+            created["order"]["order_id"],
+            order_a.order_id.as_str(),
+            "{db}"
+        );
+        assert_eq!(
+            created["order"]["reservation_id"],
+            a.reservation_id.as_str(),
+            "{db}"
+        );
         assert_eq!(created["order"]["user_id"], "alice", "{db}");
         assert_eq!(created["order"]["sale_id"], sale_id.as_str(), "{db}");
         assert_eq!(payload(&events_a[1])["order"]["status"], "paid", "{db}");
 
         let events_b = store.order_events(&order_b.order_id).await.unwrap();
         let kinds: Vec<_> = events_b.iter().map(|e| (e.seq, e.kind)).collect();
-        assert_eq!(kinds, vec![(1, EventType::Created), (2, EventType::Cancelled)], "{db}");
+        assert_eq!(
+            kinds,
+            vec![(1, EventType::Created), (2, EventType::Cancelled)],
+            "{db}"
+        );
         let cancelled = payload(&events_b[1]);
-        assert_eq!((cancelled["type"].as_str(), cancelled["item_returned"].as_bool()), (Some("order.cancelled"), Some(true)), "{db}");
+        assert_eq!(
+            (
+                cancelled["type"].as_str(),
+                cancelled["item_returned"].as_bool()
+            ),
+            (Some("order.cancelled"), Some(true)),
+            "{db}"
+        );
         assert_eq!(payload(&events_b[0])["item_returned"], false, "{db}");
     }
 }
@@ -65,17 +144,36 @@ async fn the_held_order_write_writes_created_events_in_its_transaction() {
     for (db, store) in stores().await {
         let store = store.clone().with_order_events(true);
         let sale_id = unique("s");
-        store.upsert_sale(&crate::testing::sale(&sale_id, 5)).await.unwrap();
+        store
+            .upsert_sale(&crate::testing::sale(&sale_id, 5))
+            .await
+            .unwrap();
         let r = reservation(&sale_id, "carol");
         let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
-        assert_eq!(write.insert(std::slice::from_ref(&r)).await.unwrap().len(), 1, "{db}");
+        assert_eq!(
+            write.insert(std::slice::from_ref(&r)).await.unwrap().len(),
+            1,
+            "{db}"
+        );
         drop(write);
-        assert_eq!(store.outbox_stats().await.unwrap().pending, 0, "{db}: rolled back with the order");
+        assert_eq!(
+            store.outbox_stats().await.unwrap().pending,
+            0,
+            "{db}: rolled back with the order"
+        );
         let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
         write.insert(std::slice::from_ref(&r)).await.unwrap();
         write.commit().await.unwrap();
-        let order = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
-        assert_eq!(store.order_events(&order.order_id).await.unwrap().len(), 1, "{db}");
+        let order = store
+            .order_by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            store.order_events(&order.order_id).await.unwrap().len(),
+            1,
+            "{db}"
+        );
         assert_eq!(store.outbox_stats().await.unwrap().pending, 1, "{db}");
     }
 }
@@ -86,9 +184,20 @@ async fn without_a_destination_no_event_is_written() {
         let sale_id = unique("s");
         let r = reservation(&sale_id, "dave");
         store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
-        let order = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        let order = store
+            .order_by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
         store.pay(&order.order_id).await.unwrap();
-        assert!(store.order_events(&order.order_id).await.unwrap().is_empty(), "{db}");
+        assert!(
+            store
+                .order_events(&order.order_id)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{db}"
+        );
     }
 }
 
@@ -99,31 +208,58 @@ async fn claims_hand_out_the_first_event_of_each_order_once() {
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
         store.insert_orders(&[a.clone(), b.clone()]).await.unwrap();
-        let order_a = store.order_by_reservation(&a.reservation_id).await.unwrap().unwrap();
+        let order_a = store
+            .order_by_reservation(&a.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
         store.pay(&order_a.order_id).await.unwrap();
         let now = flashgate_common::now_ms();
 
         let first = store.claim_events("one", now, 60_000, 100).await.unwrap();
         let kinds: Vec<_> = first.iter().map(|e| e.kind).collect();
-        assert_eq!(kinds, vec![EventType::Created, EventType::Created], "{db}: never `paid` before `created` is delivered");
-        assert!(store.claim_events("two", now, 60_000, 100).await.unwrap().is_empty(), "{db}: leased");
+        assert_eq!(
+            kinds,
+            vec![EventType::Created, EventType::Created],
+            "{db}: never `paid` before `created` is delivered"
+        );
+        assert!(
+            store
+                .claim_events("two", now, 60_000, 100)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{db}: leased"
+        );
 
-        let of_a = first.iter().find(|e| e.order_id == order_a.order_id).unwrap();
+        let of_a = first
+            .iter()
+            .find(|e| e.order_id == order_a.order_id)
+            .unwrap();
         store.event_delivered(&of_a.event_id).await.unwrap();
         let next = store.claim_events("three", now, 60_000, 100).await.unwrap();
         assert_eq!(
-            next.iter().map(|e| (e.order_id.as_str(), e.kind)).collect::<Vec<_>>(),
+            next.iter()
+                .map(|e| (e.order_id.as_str(), e.kind))
+                .collect::<Vec<_>>(),
             vec![(order_a.order_id.as_str(), EventType::Paid)],
             "{db}"
         );
 
         // A lease that passed is free again: its event goes out again, same id.
         let later = now + 61_000;
-        let again = store.claim_events("four", later, 60_000, 100).await.unwrap();
+        let again = store
+            .claim_events("four", later, 60_000, 100)
+            .await
+            .unwrap();
         let mut ids: Vec<_> = again.iter().map(|e| e.event_id.clone()).collect();
         ids.sort();
-        let mut expected: Vec<_> =
-            first.iter().filter(|e| e.order_id != order_a.order_id).chain(&next).map(|e| e.event_id.clone()).collect();
+        let mut expected: Vec<_> = first
+            .iter()
+            .filter(|e| e.order_id != order_a.order_id)
+            .chain(&next)
+            .map(|e| e.event_id.clone())
+            .collect();
         expected.sort();
         assert_eq!(ids, expected, "{db}");
     }
@@ -134,7 +270,9 @@ async fn concurrent_claims_never_share_an_event() {
     for (db, store) in stores().await {
         let store = store.clone().with_order_events(true);
         let sale_id = unique("s");
-        let batch: Vec<_> = (0..60).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+        let batch: Vec<_> = (0..60)
+            .map(|i| reservation(&sale_id, &format!("u{i}")))
+            .collect();
         let batch_len = batch.len();
         store.insert_orders(&batch).await.unwrap();
         let now = flashgate_common::now_ms();
@@ -149,8 +287,13 @@ async fn concurrent_claims_never_share_an_event() {
                 tokio::spawn(async move {
                     let mut got = Vec::new();
                     let mut round = 0;
-                    while taken.load(std::sync::atomic::Ordering::SeqCst) < batch_len && tokio::time::Instant::now() < deadline {
-                        let events = store.claim_events(&format!("c{i}-{round}"), now, 60_000, 7).await.unwrap();
+                    while taken.load(std::sync::atomic::Ordering::SeqCst) < batch_len
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        let events = store
+                            .claim_events(&format!("c{i}-{round}"), now, 60_000, 7)
+                            .await
+                            .unwrap();
                         taken.fetch_add(events.len(), std::sync::atomic::Ordering::SeqCst);
                         if events.is_empty() {
                             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -171,7 +314,14 @@ async fn concurrent_claims_never_share_an_event() {
         all.dedup();
         assert_eq!(all.len(), total, "{db}: an event was claimed twice");
         assert_eq!(total, 60, "{db}: every event was claimed");
-        assert!(store.claim_events("after", now, 60_000, 7).await.unwrap().is_empty(), "{db}: nothing left");
+        assert!(
+            store
+                .claim_events("after", now, 60_000, 7)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{db}: nothing left"
+        );
     }
 }
 
@@ -181,41 +331,127 @@ async fn a_dead_event_holds_back_its_order_until_retried() {
         let store = store.clone().with_order_events(true);
         let r = reservation(&unique("s"), "erin");
         store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
-        let order = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        let order = store
+            .order_by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
         store.pay(&order.order_id).await.unwrap();
         let now = flashgate_common::now_ms();
-        let created = store.claim_events("a", now, 60_000, 10).await.unwrap().pop().unwrap();
+        let created = store
+            .claim_events("a", now, 60_000, 10)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
 
-        let later = Failure { attempts: 1, sinks_done: 0, error: "webhook answered 500", retry_at_ms: Some(now + 5_000) };
-        assert!(!store.event_failed(&created.event_id, "someone else", &later).await.unwrap(), "{db}: only the holder records");
-        assert!(store.event_failed(&created.event_id, "a", &later).await.unwrap(), "{db}");
-        assert!(store.claim_events("b", now, 60_000, 10).await.unwrap().is_empty(), "{db}: not due yet");
-        let retried = store.claim_events("c", now + 5_000, 60_000, 10).await.unwrap();
+        let later = Failure {
+            attempts: 1,
+            sinks_done: 0,
+            error: "webhook answered 500",
+            retry_at_ms: Some(now + 5_000),
+        };
+        assert!(
+            !store
+                .event_failed(&created.event_id, "someone else", &later)
+                .await
+                .unwrap(),
+            "{db}: only the holder records"
+        );
+        assert!(
+            store
+                .event_failed(&created.event_id, "a", &later)
+                .await
+                .unwrap(),
+            "{db}"
+        );
+        assert!(
+            store
+                .claim_events("b", now, 60_000, 10)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{db}: not due yet"
+        );
+        let retried = store
+            .claim_events("c", now + 5_000, 60_000, 10)
+            .await
+            .unwrap();
         assert_eq!(
-            retried.iter().map(|e| (e.event_id.as_str(), e.attempts)).collect::<Vec<_>>(),
+            retried
+                .iter()
+                .map(|e| (e.event_id.as_str(), e.attempts))
+                .collect::<Vec<_>>(),
             vec![(created.event_id.as_str(), 1)],
             "{db}"
         );
 
-        let dead = Failure { attempts: 2, sinks_done: 0, error: &"x".repeat(5000), retry_at_ms: None };
-        assert!(store.event_failed(&created.event_id, "c", &dead).await.unwrap(), "{db}");
-        assert!(store.claim_events("d", now + 3_600_000, 60_000, 10).await.unwrap().is_empty(), "{db}: dead, and `paid` waits behind it");
+        let dead = Failure {
+            attempts: 2,
+            sinks_done: 0,
+            error: &"x".repeat(5000),
+            retry_at_ms: None,
+        };
+        assert!(
+            store
+                .event_failed(&created.event_id, "c", &dead)
+                .await
+                .unwrap(),
+            "{db}"
+        );
+        assert!(
+            store
+                .claim_events("d", now + 3_600_000, 60_000, 10)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{db}: dead, and `paid` waits behind it"
+        );
         let listed = store.dead_events(10).await.unwrap();
         assert_eq!(listed.len(), 1, "{db}");
-        assert_eq!((listed[0].event_id.as_str(), listed[0].attempts), (created.event_id.as_str(), 2), "{db}");
-        assert_eq!(listed[0].last_error.as_ref().map(String::len), Some(500), "{db}: the error is clipped");
+        assert_eq!(
+            (listed[0].event_id.as_str(), listed[0].attempts),
+            (created.event_id.as_str(), 2),
+            "{db}"
+        );
+        assert_eq!(
+            listed[0].last_error.as_ref().map(String::len),
+            Some(500),
+            "{db}: the error is clipped"
+        );
         let stats = store.outbox_stats().await.unwrap();
         assert_eq!((stats.pending, stats.dead), (1, 1), "{db}");
 
-        assert!(store.retry_dead_event(&created.event_id, now).await.unwrap(), "{db}");
-        assert!(!store.retry_dead_event(&created.event_id, now).await.unwrap(), "{db}: no longer dead");
+        assert!(
+            store
+                .retry_dead_event(&created.event_id, now)
+                .await
+                .unwrap(),
+            "{db}"
+        );
+        assert!(
+            !store
+                .retry_dead_event(&created.event_id, now)
+                .await
+                .unwrap(),
+            "{db}: no longer dead"
+        );
         let back = store.claim_events("e", now, 60_000, 10).await.unwrap();
-        assert_eq!(back.iter().map(|e| (e.kind, e.attempts)).collect::<Vec<_>>(), vec![(EventType::Created, 0)], "{db}");
+        assert_eq!(
+            back.iter()
+                .map(|e| (e.kind, e.attempts))
+                .collect::<Vec<_>>(),
+            vec![(EventType::Created, 0)],
+            "{db}"
+        );
     }
 }
 
 /// A webhook receiver on loopback answering `status` and recording bodies.
-async fn receiver(status: Arc<Mutex<u16>>, seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>>) -> String {
+async fn receiver(
+    status: Arc<Mutex<u16>>,
+    seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>>,
+) -> String {
     use axum::routing::post;
     let app = axum::Router::new().route(
         "/hook",
@@ -236,7 +472,11 @@ async fn receiver(status: Arc<Mutex<u16>>, seen: Arc<Mutex<Vec<(axum::http::Head
 
 fn config(url: &str, max_attempts: u32) -> EventsConfig {
     EventsConfig {
-        webhook: Some(WebhookConfig { url: url.to_owned(), secret: SECRET.into(), timeout: Duration::from_secs(5) }),
+        webhook: Some(WebhookConfig {
+            url: url.to_owned(),
+            secret: SECRET.into(),
+            timeout: Duration::from_secs(5),
+        }),
         amqp: None,
         ca_file: None,
         max_attempts,
@@ -250,12 +490,16 @@ fn config(url: &str, max_attempts: u32) -> EventsConfig {
 
 #[tokio::test]
 async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts() {
-    let store = Store::connect(&crate::testing::sqlite_url()).await.unwrap().with_order_events(true);
+    let store = Store::connect(&crate::testing::sqlite_url())
+        .await
+        .unwrap()
+        .with_order_events(true);
     let status = Arc::new(Mutex::new(503));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let url = receiver(status.clone(), seen.clone()).await;
     let metrics = crate::metrics::Metrics::register();
-    let deliverer = Deliverer::new(store.clone(), &config(&url, 3), metrics.events.clone()).unwrap();
+    let deliverer =
+        Deliverer::new(store.clone(), &config(&url, 3), metrics.events.clone()).unwrap();
     let r = reservation(&unique("s"), "frank");
     store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
 
@@ -268,10 +512,23 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(seen.lock().unwrap().len(), 3, "max_attempts sends, no more");
-    assert_eq!(metrics.events.failed_attempts.with_label_values(&["webhook"]).get(), 3);
+    assert_eq!(
+        metrics
+            .events
+            .failed_attempts
+            .with_label_values(&["webhook"])
+            .get(),
+        3
+    );
     assert_eq!(metrics.events.dead_total.get(), 1);
     deliverer.refresh_stats().await;
-    assert!(metrics.render().contains("flashgate_order_events_dead_in_outbox 1"), "{}", metrics.render());
+    assert!(
+        metrics
+            .render()
+            .contains("flashgate_order_events_dead_in_outbox 1"),
+        "{}",
+        metrics.render()
+    );
     let dead = store.dead_events(10).await.unwrap();
     assert_eq!(dead[0].last_error.as_deref(), Some("webhook answered 503"));
     deliverer.deliver_once().await.unwrap();
@@ -279,7 +536,10 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
 
     // Retried by an operator, it goes out, signed, with the id it always had.
     *status.lock().unwrap() = 204;
-    assert!(store.retry_dead_event(&dead[0].event_id, flashgate_common::now_ms()).await.unwrap());
+    assert!(store
+        .retry_dead_event(&dead[0].event_id, flashgate_common::now_ms())
+        .await
+        .unwrap());
     deliverer.deliver_once().await.unwrap();
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 4);
@@ -290,16 +550,37 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     assert_eq!(seen[0].1, *body, "every attempt sends the same bytes");
     let now_s = flashgate_common::now_ms() / 1000;
     assert_eq!(
-        sign::verify(SECRET.as_bytes(), &header("flashgate-timestamp"), &header("flashgate-signature"), body.as_bytes(), now_s, 300),
+        sign::verify(
+            SECRET.as_bytes(),
+            &header("flashgate-timestamp"),
+            &header("flashgate-signature"),
+            body.as_bytes(),
+            now_s,
+            300
+        ),
         Ok(())
     );
-    assert_eq!(metrics.events.delivered.with_label_values(&["webhook"]).get(), 1);
-    assert_eq!(store.outbox_stats().await.unwrap(), crate::store::outbox::OutboxStats::default(), "delivered events leave the outbox");
+    assert_eq!(
+        metrics
+            .events
+            .delivered
+            .with_label_values(&["webhook"])
+            .get(),
+        1
+    );
+    assert_eq!(
+        store.outbox_stats().await.unwrap(),
+        crate::store::outbox::OutboxStats::default(),
+        "delivered events leave the outbox"
+    );
 }
 
 #[tokio::test]
 async fn an_amqp_message_no_queue_takes_is_a_failed_attempt_and_stays_in_the_outbox() {
-    let store = Store::connect(&crate::testing::sqlite_url()).await.unwrap().with_order_events(true);
+    let store = Store::connect(&crate::testing::sqlite_url())
+        .await
+        .unwrap()
+        .with_order_events(true);
     let metrics = crate::metrics::Metrics::register();
     // A fresh exchange with no queue bound: the broker acks and returns.
     let exchange = format!("flashgate.unbound.{:x}", rand::random::<u64>());
@@ -318,19 +599,40 @@ async fn an_amqp_message_no_queue_takes_is_a_failed_attempt_and_stays_in_the_out
     store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
 
     let mut rounds = 0;
-    while metrics.events.failed_attempts.with_label_values(&["amqp"]).get() < 2 {
+    while metrics
+        .events
+        .failed_attempts
+        .with_label_values(&["amqp"])
+        .get()
+        < 2
+    {
         rounds += deliverer.deliver_once().await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(rounds < 50, "no failed AMQP attempt");
     }
-    assert_eq!(metrics.events.delivered.with_label_values(&["amqp"]).get(), 0);
-    assert_eq!(store.outbox_stats().await.unwrap().pending, 1, "the event stays in the outbox");
-    let left = store.claim_events("t", flashgate_common::now_ms() + 3_600_000, 60_000, 10).await.unwrap();
+    assert_eq!(
+        metrics.events.delivered.with_label_values(&["amqp"]).get(),
+        0
+    );
+    assert_eq!(
+        store.outbox_stats().await.unwrap().pending,
+        1,
+        "the event stays in the outbox"
+    );
+    let left = store
+        .claim_events("t", flashgate_common::now_ms() + 3_600_000, 60_000, 10)
+        .await
+        .unwrap();
     assert_eq!(left.len(), 1);
     assert!(left[0].attempts >= 2, "attempts rise: {}", left[0].attempts);
     if let Some(amqp) = &deliverer.amqp {
         if let Ok(channel) = amqp.channel().await {
-            let _ = channel.exchange_delete(exchange.as_str().into(), lapin::options::ExchangeDeleteOptions::default()).await;
+            let _ = channel
+                .exchange_delete(
+                    exchange.as_str().into(),
+                    lapin::options::ExchangeDeleteOptions::default(),
+                )
+                .await;
         }
     }
 }
@@ -360,42 +662,91 @@ impl std::io::Write for Logs {
 async fn a_tls_failure_is_warned_once_per_round_and_no_log_or_error_holds_the_urls_credentials() {
     let logs = Logs::default();
     let writer = logs.clone();
-    let subscriber =
-        tracing_subscriber::fmt().with_max_level(tracing::Level::DEBUG).with_ansi(false).with_writer(move || writer.clone()).finish();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
-    let store = Store::connect(&crate::testing::sqlite_url()).await.unwrap().with_order_events(true);
+    let store = Store::connect(&crate::testing::sqlite_url())
+        .await
+        .unwrap()
+        .with_order_events(true);
     let seen = Arc::new(Mutex::new(Vec::new()));
     // A plain HTTP receiver behind an https:// URL: every handshake fails.
     let plain = receiver(Arc::new(Mutex::new(204)), seen.clone()).await;
-    let url = plain.replace("http://", "https://u:pw@").replace("/hook", "/hook?token=s3cret");
+    let url = plain
+        .replace("http://", "https://u:pw@")
+        .replace("/hook", "/hook?token=s3cret");
     let metrics = crate::metrics::Metrics::register();
     // One attempt each: dead at once, with its error kept.
-    let deliverer = Deliverer::new(store.clone(), &config(&url, 1), metrics.events.clone()).unwrap();
+    let deliverer =
+        Deliverer::new(store.clone(), &config(&url, 1), metrics.events.clone()).unwrap();
     for user in ["ann", "bob", "cyd"] {
-        store.insert_orders(&[reservation(&unique("s"), user)]).await.unwrap();
+        store
+            .insert_orders(&[reservation(&unique("s"), user)])
+            .await
+            .unwrap();
     }
 
     assert_eq!(deliverer.deliver_once().await.unwrap(), 3);
-    assert_eq!(metrics.events.failed_attempts.with_label_values(&["webhook"]).get(), 3);
-    let warnings = |text: &str| text.matches("the TLS handshake with the destination failed").count();
-    assert_eq!(warnings(&logs.text()), 1, "one warning for the round's three failures:\n{}", logs.text());
-    let errors: Vec<String> = store.dead_events(10).await.unwrap().into_iter().filter_map(|e| e.last_error).collect();
+    assert_eq!(
+        metrics
+            .events
+            .failed_attempts
+            .with_label_values(&["webhook"])
+            .get(),
+        3
+    );
+    let warnings = |text: &str| {
+        text.matches("the TLS handshake with the destination failed")
+            .count()
+    };
+    assert_eq!(
+        warnings(&logs.text()),
+        1,
+        "one warning for the round's three failures:\n{}",
+        logs.text()
+    );
+    let errors: Vec<String> = store
+        .dead_events(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| e.last_error)
+        .collect();
     assert_eq!(errors.len(), 3);
-    assert!(errors.iter().all(|e| e.starts_with("webhook TLS handshake failed")), "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.starts_with("webhook TLS handshake failed")),
+        "{errors:?}"
+    );
     let text = logs.text();
     assert!(text.contains("webhook TLS handshake failed"), "{text}");
     assert!(seen.lock().unwrap().is_empty(), "nothing was posted");
     for secret in ["u:pw", "pw@", "s3cret", "token="] {
         assert!(!text.contains(secret), "`{secret}` in the log:\n{text}");
-        assert!(errors.iter().all(|e| !e.contains(secret)), "`{secret}` in {errors:?}");
+        assert!(
+            errors.iter().all(|e| !e.contains(secret)),
+            "`{secret}` in {errors:?}"
+        );
     }
 }
 
 /// Threads of this process now: all of them, and lapin's connection
 /// threads (named `lapin-io-loop`).
 fn threads() -> (usize, usize) {
-    let tasks: Vec<_> = std::fs::read_dir("/proc/self/task").unwrap().map(|t| t.unwrap().path()).collect();
-    let io_loops = tasks.iter().filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("lapin-io-loop"))).count();
+    let tasks: Vec<_> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|t| t.unwrap().path())
+        .collect();
+    let io_loops = tasks
+        .iter()
+        .filter(|t| {
+            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("lapin-io-loop"))
+        })
+        .count();
     (tasks.len(), io_loops)
 }
 
@@ -452,7 +803,10 @@ async fn a_broker_that_never_answers_the_tls_handshake_times_out_and_leaves_no_t
     let event = an_event();
     let err = amqp.send(&event).await.unwrap_err();
     assert!(matches!(err, amqp::AmqpError::ConnectTimeout), "{err}");
-    assert_eq!(err.to_string(), "amqp connection (TCP connect and TLS handshake) timed out");
+    assert_eq!(
+        err.to_string(),
+        "amqp connection (TCP connect and TLS handshake) timed out"
+    );
     // The first attempt may start pools that stay; later ones add nothing.
     let (after_one, io_loops) = io_loops_ended().await;
     assert_eq!(io_loops, 0, "the connection thread of the attempt ended");
@@ -462,7 +816,10 @@ async fn a_broker_that_never_answers_the_tls_handshake_times_out_and_leaves_no_t
     }
     let (after_six, io_loops) = io_loops_ended().await;
     assert_eq!(io_loops, 0, "every attempt's connection thread ended");
-    assert!(after_six <= after_one, "{after_six} threads after 6 attempts, {after_one} after 1");
+    assert!(
+        after_six <= after_one,
+        "{after_six} threads after 6 attempts, {after_one} after 1"
+    );
 
     // The connects went to 127.0.0.1 (the URL's IP, not `localhost`), and
     // every socket was closed by the client once its attempt timed out.
@@ -472,17 +829,33 @@ async fn a_broker_that_never_answers_the_tls_handshake_times_out_and_leaves_no_t
         let mut hello = Vec::new();
         let eof = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut hello)).await;
         assert!(matches!(eof, Ok(Ok(_))), "the socket is closed: {eof:?}");
-        assert_eq!(hello.first(), Some(&0x16), "a TLS ClientHello was sent first");
+        assert_eq!(
+            hello.first(),
+            Some(&0x16),
+            "a TLS ClientHello was sent first"
+        );
     }
 }
 
 #[test]
 fn backoff_doubles_up_to_its_cap_with_jitter() {
     let (initial, max) = (Duration::from_millis(1000), Duration::from_millis(8000));
-    for (attempts, step) in [(1, 1000), (2, 2000), (3, 4000), (4, 8000), (5, 8000), (40, 8000), (u32::MAX, 8000)] {
+    for (attempts, step) in [
+        (1, 1000),
+        (2, 2000),
+        (3, 4000),
+        (4, 8000),
+        (5, 8000),
+        (40, 8000),
+        (u32::MAX, 8000),
+    ] {
         for _ in 0..20 {
             let wait = backoff_ms(initial, max, attempts);
-            assert!((step / 2..=step).contains(&wait), "attempt {attempts}: {wait} outside [{}, {step}]", step / 2);
+            assert!(
+                (step / 2..=step).contains(&wait),
+                "attempt {attempts}: {wait} outside [{}, {step}]",
+                step / 2
+            );
         }
     }
 }

@@ -34,7 +34,9 @@ pub struct ExtraRoots {
 
 impl std::fmt::Debug for ExtraRoots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExtraRoots").field("certificates", &self.certificates.len()).finish()
+        f.debug_struct("ExtraRoots")
+            .field("certificates", &self.certificates.len())
+            .finish()
     }
 }
 
@@ -46,7 +48,8 @@ impl ExtraRoots {
     /// [`CaFileError`], naming `events.ca_file`.
     pub fn load(path: &Path) -> Result<Self, CaFileError> {
         let pem = flashgate_common::ca_file::read_pem(KEY, path)?;
-        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| CaFileError::not_pem(KEY, path, chain(&e)))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+            .map_err(|e| CaFileError::not_pem(KEY, path, chain(&e)))?;
         if certificates.is_empty() {
             return Err(CaFileError::no_certificate(KEY, path));
         }
@@ -93,7 +96,10 @@ pub fn handshake_failure(error: &(dyn Error + 'static)) -> Option<String> {
             return Some(tls.to_string());
         }
         // `io::Error::source` skips the error it wraps; look inside it.
-        if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             if let Some(tls) = inner.downcast_ref::<native_tls::Error>() {
                 return Some(tls.to_string());
             }
@@ -143,7 +149,11 @@ mod tests {
         let roots = ExtraRoots::load(&path).unwrap();
         assert_eq!(roots.len(), 2);
         assert!(roots.pem().contains("-----BEGIN CERTIFICATE-----"));
-        assert_eq!(extra_roots(None).unwrap().map(|r| r.len()), None, "unset: the system's roots only");
+        assert_eq!(
+            extra_roots(None).unwrap().map(|r| r.len()),
+            None,
+            "unset: the system's roots only"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -152,22 +162,54 @@ mod tests {
         let dir = dir();
         let missing = dir.join("missing.pem");
         let err = ExtraRoots::load(&missing).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("events.ca_file: cannot read {}: ", missing.display())), "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "events.ca_file: cannot read {}: ",
+                missing.display()
+            )),
+            "{err}"
+        );
 
         let empty = dir.join("key.pem");
-        std::fs::write(&empty, "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n").unwrap();
+        std::fs::write(
+            &empty,
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
         let err = ExtraRoots::load(&empty).unwrap_err().to_string();
-        assert_eq!(err, format!("events.ca_file: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", empty.display()));
+        assert_eq!(
+            err,
+            format!(
+                "events.ca_file: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                empty.display()
+            )
+        );
 
         let der = dir.join("ca.der");
         std::fs::write(&der, [0x30, 0x82, 0xff, 0x00, 0xff, 0xfe]).unwrap();
         let err = ExtraRoots::load(&der).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("events.ca_file: {} is not a PEM file of certificates", der.display())), "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "events.ca_file: {} is not a PEM file of certificates",
+                der.display()
+            )),
+            "{err}"
+        );
 
         let garbled = dir.join("garbled.pem");
-        std::fs::write(&garbled, "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n").unwrap();
+        std::fs::write(
+            &garbled,
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
         let err = ExtraRoots::load(&garbled).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("events.ca_file: {} is not a PEM file of certificates: ", garbled.display())), "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "events.ca_file: {} is not a PEM file of certificates: ",
+                garbled.display()
+            )),
+            "{err}"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -10,7 +10,9 @@
 
 use flashgate_common::config::WebhookConfig;
 
-use super::sign::{signature, EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use super::sign::{
+    signature, EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+};
 use super::tls::{self, ExtraRoots};
 use crate::store::outbox::OutboxEvent;
 
@@ -72,7 +74,9 @@ impl std::fmt::Debug for Webhook {
 /// `url` with its userinfo and query replaced by `<redacted>` (and its
 /// fragment dropped), for logs.
 pub(super) fn redacted_url(url: &str) -> String {
-    let Ok(mut parsed) = reqwest::Url::parse(url) else { return "<unparsable URL>".to_owned() };
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        return "<unparsable URL>".to_owned();
+    };
     let had_userinfo = !parsed.username().is_empty() || parsed.password().is_some();
     let had_query = parsed.query().is_some();
     let _ = parsed.set_username("");
@@ -94,7 +98,10 @@ impl Webhook {
     ///
     /// # Errors
     /// The HTTP client cannot be built (OpenSSL refuses its setup).
-    pub fn new(config: &WebhookConfig, extra_roots: Option<&ExtraRoots>) -> Result<Self, reqwest::Error> {
+    pub fn new(
+        config: &WebhookConfig,
+        extra_roots: Option<&ExtraRoots>,
+    ) -> Result<Self, reqwest::Error> {
         let mut builder = reqwest::Client::builder()
             .timeout(config.timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -103,7 +110,12 @@ impl Webhook {
             builder = builder.add_root_certificate(certificate);
         }
         let client = builder.build()?;
-        Ok(Self { client, url: config.url.clone(), secret: config.secret.clone(), timeout: config.timeout })
+        Ok(Self {
+            client,
+            url: config.url.clone(),
+            secret: config.secret.clone(),
+            timeout: config.timeout,
+        })
     }
 
     /// The longest one send takes.
@@ -124,7 +136,10 @@ impl Webhook {
             .header(EVENT_ID_HEADER, &event.event_id)
             .header(EVENT_TYPE_HEADER, event.kind.as_str())
             .header(TIMESTAMP_HEADER, timestamp.to_string())
-            .header(SIGNATURE_HEADER, signature(self.secret.as_bytes(), timestamp, event.payload.as_bytes()))
+            .header(
+                SIGNATURE_HEADER,
+                signature(self.secret.as_bytes(), timestamp, event.payload.as_bytes()),
+            )
             .body(event.payload.clone())
             .send()
             .await?;
@@ -153,7 +168,13 @@ mod tests {
         for secret in ["0123456789abcdef", "pw", "s3cret", "u:"] {
             assert!(!text.contains(secret), "`{secret}` in {text}");
         }
-        assert!(text.contains("https://<redacted>@shop.test:8443/hook?<redacted>"), "{text}");
-        assert_eq!(redacted_url("http://127.0.0.1:9/hook"), "http://127.0.0.1:9/hook");
+        assert!(
+            text.contains("https://<redacted>@shop.test:8443/hook?<redacted>"),
+            "{text}"
+        );
+        assert_eq!(
+            redacted_url("http://127.0.0.1:9/hook"),
+            "http://127.0.0.1:9/hook"
+        );
     }
 }

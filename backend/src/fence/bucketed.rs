@@ -84,7 +84,9 @@ pub(super) async fn resync<C: ConnectionLike + Send>(
         match fence(conn, &SaleKeys::bucket(sale_id, k), "").await {
             Ok(seen) if seen.settled().is_none() => due.push(k),
             Ok(_) => {}
-            Err(error) => tracing::warn!(%error, sale = sale_id, bucket = k, "cannot read the bucket's fence; this pass skips it"),
+            Err(error) => {
+                tracing::warn!(%error, sale = sale_id, bucket = k, "cannot read the bucket's fence; this pass skips it")
+            }
         }
     }
     if due.is_empty() {
@@ -96,7 +98,13 @@ pub(super) async fn resync<C: ConnectionLike + Send>(
     // Under the hold too, as the definition: a pause an operator records
     // meanwhile is not lost behind an older read.
     let paused = hold.paused(sale_id).await?;
-    let sale = Sale { id: sale_id, buckets, orders: &orders, spec: spec.as_ref(), paused };
+    let sale = Sale {
+        id: sale_id,
+        buckets,
+        orders: &orders,
+        spec: spec.as_ref(),
+        paused,
+    };
     let (mut synced, mut other, mut failed) = (None::<(i64, i64)>, None, None);
     for k in due {
         let outcome = match resync_bucket(conn, &sale, k, resyncer).await {
@@ -166,11 +174,22 @@ struct Peers {
 /// `xfer-in` has no donor or cannot be read, or a record of an `xfer-out`
 /// cannot be read (logged): it may be a take `k` lost, or a transfer into
 /// `k` whose add it lost, which cannot be told.
-async fn peers<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, k: u32) -> Result<Option<Peers>, SaleError> {
-    let mut peers = Peers { into: Vec::new(), out: Vec::new() };
+async fn peers<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+    k: u32,
+) -> Result<Option<Peers>, SaleError> {
+    let mut peers = Peers {
+        into: Vec::new(),
+        out: Vec::new(),
+    };
     for x in (0..buckets).filter(|x| *x != k) {
         let keys = SaleKeys::bucket(sale_id, x);
-        let sent: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.xfer_out).query_async(conn).await?;
+        let sent: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(&keys.xfer_out)
+            .query_async(conn)
+            .await?;
         for (xid, raw) in sent.iter().filter(|(xid, _)| !xid.starts_with('#')) {
             match serde_json::from_str::<Record>(raw) {
                 Ok(r) => {
@@ -191,10 +210,16 @@ async fn peers<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u
                 }
             }
         }
-        let received: HashMap<String, String> = redis::cmd("HGETALL").arg(&keys.xfer_in).query_async(conn).await?;
+        let received: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(&keys.xfer_in)
+            .query_async(conn)
+            .await?;
         for (xid, raw) in &received {
             match Received::parse(raw) {
-                Some(Received { from: Some(from), n }) => {
+                Some(Received {
+                    from: Some(from),
+                    n,
+                }) => {
                     if from == k {
                         peers.out.push((xid.clone(), x, n));
                     }
@@ -219,12 +244,25 @@ async fn peers<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u
 /// The change bucket `k`'s base needs so that the buckets' bases sum to
 /// the database's `stock`; 0 when a bucket's meta is absent (the sum is
 /// unknown: nothing is changed).
-async fn base_change<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, buckets: u32, stock: i64) -> Result<i64, SaleError> {
+async fn base_change<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    buckets: u32,
+    stock: i64,
+) -> Result<i64, SaleError> {
     let mut sum = 0;
     for x in 0..buckets {
-        let base: Option<i64> = redis::cmd("HGET").arg(SaleKeys::bucket(sale_id, x).meta).arg("stock").query_async(conn).await?;
+        let base: Option<i64> = redis::cmd("HGET")
+            .arg(SaleKeys::bucket(sale_id, x).meta)
+            .arg("stock")
+            .query_async(conn)
+            .await?;
         let Some(base) = base else {
-            tracing::warn!(sale = sale_id, bucket = x, "a bucket is not in redis; its base is unknown, no base change applied");
+            tracing::warn!(
+                sale = sale_id,
+                bucket = x,
+                "a bucket is not in redis; its base is unknown, no base change applied"
+            );
             return Ok(0);
         };
         sum += base;
@@ -249,7 +287,11 @@ async fn refuse_old_gives<C: ConnectionLike + Send>(
     }
     let token = format!("{k}:{}", seen.synced);
     for x in (0..buckets).filter(|x| *x != k) {
-        let _: i64 = redis::cmd("SADD").arg(SaleKeys::bucket(sale_id, x).xfer_refuse).arg(&token).query_async(conn).await?;
+        let _: i64 = redis::cmd("SADD")
+            .arg(SaleKeys::bucket(sale_id, x).xfer_refuse)
+            .arg(&token)
+            .query_async(conn)
+            .await?;
     }
     Ok(())
 }
@@ -274,7 +316,11 @@ async fn cover<C: ConnectionLike + Send>(
             }
             let xid = format!("resync-{k}-{:016x}", rand::random::<u64>());
             scripts.inc();
-            let (Taken::Moved(n), Some(replid)) = transfer::take_on(conn, sale_id, x, k, &xid, short).await? else { continue };
+            let (Taken::Moved(n), Some(replid)) =
+                transfer::take_on(conn, sale_id, x, k, &xid, short).await?
+            else {
+                continue;
+            };
             scripts.inc();
             match transfer::give(conn, sale_id, x, k, &xid, n, &replid).await? {
                 Given::Added | Given::Before => {
@@ -312,12 +358,18 @@ async fn settle_late_gives<C: ConnectionLike + Send>(
     x: u32,
     scripts: &IntCounter,
 ) -> Result<Option<Resynced>, SaleError> {
-    let received: HashMap<String, String> = redis::cmd("HGETALL").arg(SaleKeys::bucket(sale_id, x).xfer_in).query_async(conn).await?;
+    let received: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(SaleKeys::bucket(sale_id, x).xfer_in)
+        .query_async(conn)
+        .await?;
     for d in (0..buckets).filter(|d| *d != x) {
         let out: Vec<(String, u32, i64)> = received
             .iter()
             .filter_map(|(xid, raw)| match Received::parse(raw) {
-                Some(Received { from: Some(from), n }) if from == d => Some((xid.clone(), x, n)),
+                Some(Received {
+                    from: Some(from),
+                    n,
+                }) if from == d => Some((xid.clone(), x, n)),
                 _ => None,
             })
             .collect();
@@ -331,7 +383,16 @@ async fn settle_late_gives<C: ConnectionLike + Send>(
             continue;
         }
         scripts.inc();
-        let done = reconcile(conn, &keys, 0, &Peers { into: Vec::new(), out }).await?;
+        let done = reconcile(
+            conn,
+            &keys,
+            0,
+            &Peers {
+                into: Vec::new(),
+                out,
+            },
+        )
+        .await?;
         if done.status == -1 {
             continue;
         }
@@ -375,15 +436,41 @@ struct Reconciled {
     applied: i64,
 }
 
-async fn reconcile<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, change: i64, peers: &Peers) -> Result<Reconciled, SaleError> {
+async fn reconcile<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+    change: i64,
+    peers: &Peers,
+) -> Result<Reconciled, SaleError> {
     let mut call = RESYNC_TRANSFERS.prepare_invoke();
-    call.key(&keys.meta).key(&keys.remaining).key(&keys.xfer_out).key(&keys.xfer_in).key(&keys.reservations).key(&keys.released);
+    call.key(&keys.meta)
+        .key(&keys.remaining)
+        .key(&keys.xfer_out)
+        .key(&keys.xfer_in)
+        .key(&keys.reservations)
+        .key(&keys.released);
     call.arg(change).arg(peers.into.len());
     for (xid, bucket, n) in peers.into.iter().chain(&peers.out) {
         call.arg(xid).arg(*bucket).arg(*n);
     }
-    let (replid, added, taken, status, remaining, sold, applied): (String, i64, i64, i64, i64, i64, i64) = call.invoke_async(conn).await?;
-    Ok(Reconciled { replid, added, taken, status, remaining, sold, applied })
+    let (replid, added, taken, status, remaining, sold, applied): (
+        String,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+    ) = call.invoke_async(conn).await?;
+    Ok(Reconciled {
+        replid,
+        added,
+        taken,
+        status,
+        remaining,
+        sold,
+        applied,
+    })
 }
 
 async fn resync_bucket<C: ConnectionLike + Send>(
@@ -401,8 +488,22 @@ async fn resync_bucket<C: ConnectionLike + Send>(
         return Ok(settled);
     }
     refuse_old_gives(conn, sale_id, buckets, k, &seen).await?;
-    let mine: Vec<SyncedOrder> = sale.orders.iter().filter(|o| home_bucket(&o.row.user_id, buckets) == k).cloned().collect();
-    let (adopted, returned) = match count_orders(conn, &keys, &mine, &seen.replid, resyncer.idempotency_ttl, &resyncer.scripts).await? {
+    let mine: Vec<SyncedOrder> = sale
+        .orders
+        .iter()
+        .filter(|o| home_bucket(&o.row.user_id, buckets) == k)
+        .cloned()
+        .collect();
+    let (adopted, returned) = match count_orders(
+        conn,
+        &keys,
+        &mine,
+        &seen.replid,
+        resyncer.idempotency_ttl,
+        &resyncer.scripts,
+    )
+    .await?
+    {
         Ok(counted) => counted,
         Err(stopped) => return Ok(stopped),
     };
@@ -438,7 +539,16 @@ async fn resync_bucket<C: ConnectionLike + Send>(
         // raise was applied by the first call already).
         let first = done.applied;
         resyncer.scripts.inc();
-        done = reconcile(conn, &keys, change - first, &Peers { into: Vec::new(), out: Vec::new() }).await?;
+        done = reconcile(
+            conn,
+            &keys,
+            change - first,
+            &Peers {
+                into: Vec::new(),
+                out: Vec::new(),
+            },
+        )
+        .await?;
         done.applied += first;
         if done.replid != seen.replid {
             return Ok(Resynced::Moved);
@@ -473,7 +583,10 @@ async fn resync_bucket<C: ConnectionLike + Send>(
     }
     if let Some(spec) = sale.spec {
         let mut fields = crate::buckets::definition_fields(spec);
-        fields.extend(sale.paused.map(|p| ("paused", if p { "1" } else { "0" }.to_owned())));
+        fields.extend(
+            sale.paused
+                .map(|p| ("paused", if p { "1" } else { "0" }.to_owned())),
+        );
         resyncer.scripts.inc();
         crate::buckets::copy_fields_to(conn, sale_id, k, &fields).await?;
     }
@@ -483,6 +596,13 @@ async fn resync_bucket<C: ConnectionLike + Send>(
     }
     // Gateways forget what they cached, and the flag of the bucket empty.
     announce(conn, &SaleEvent::Changed(sale_id.to_owned())).await;
-    announce(conn, &SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: k }).await;
+    announce(
+        conn,
+        &SaleEvent::BucketStocked {
+            sale: sale_id.to_owned(),
+            bucket: k,
+        },
+    )
+    .await;
     Ok(Resynced::Synced { adopted, returned })
 }

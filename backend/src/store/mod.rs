@@ -36,7 +36,10 @@ pub use schema::{Flavour, SchemaError};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot prepare the SQLite file {path}: {source}")]
-    CreateDir { path: String, source: std::io::Error },
+    CreateDir {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot connect to the database: {0}")]
     Connect(#[source] sqlx::Error),
     #[error("cannot switch the SQLite file to WAL: {0}")]
@@ -133,10 +136,17 @@ impl Store {
             .map_err(StoreError::Connect)?;
         if flavour == Flavour::Sqlite {
             // WAL is a property of the file, so setting it once is enough.
-            sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await.map_err(StoreError::Wal)?;
+            sqlx::query("PRAGMA journal_mode=WAL")
+                .execute(&pool)
+                .await
+                .map_err(StoreError::Wal)?;
         }
         schema::migrate(&pool, flavour).await?;
-        Ok(Self { pool, flavour, events: false })
+        Ok(Self {
+            pool,
+            flavour,
+            events: false,
+        })
     }
 
     /// This store with order events written to the outbox (`on`) or not.
@@ -192,8 +202,14 @@ impl Store {
     ///
     /// # Errors
     /// A failed query or an unknown status value in the row.
-    pub async fn order_by_reservation(&self, reservation_id: &str) -> Result<Option<OrderView>, StoreError> {
-        let row = sqlx::query(&self.sql(sql::ORDER_BY_RESERVATION)).bind(reservation_id).fetch_optional(&self.pool).await?;
+    pub async fn order_by_reservation(
+        &self,
+        reservation_id: &str,
+    ) -> Result<Option<OrderView>, StoreError> {
+        let row = sqlx::query(&self.sql(sql::ORDER_BY_RESERVATION))
+            .bind(reservation_id)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(order_view).transpose()
     }
 
@@ -202,7 +218,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn count_live_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
-        let row = sqlx::query(&self.sql(sql::COUNT_LIVE_ORDERS)).bind(sale_id).fetch_one(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::COUNT_LIVE_ORDERS))
+            .bind(sale_id)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
 
@@ -216,15 +235,26 @@ impl Store {
     /// A failed query.
     pub async fn insert_sale_if_absent(&self, spec: &SaleSpec) -> Result<bool, StoreError> {
         if self.flavour == Flavour::Mysql {
-            let done = bind_sale(sqlx::query(&self.sql(sql::INSERT_SALE)), spec, flashgate_common::now_ms()).execute(&self.pool).await;
+            let done = bind_sale(
+                sqlx::query(&self.sql(sql::INSERT_SALE)),
+                spec,
+                flashgate_common::now_ms(),
+            )
+            .execute(&self.pool)
+            .await;
             return match done {
                 Ok(_) => Ok(true),
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
                 Err(e) => Err(e.into()),
             };
         }
-        let done =
-            bind_sale(sqlx::query(&self.sql(sql::INSERT_SALE_IF_ABSENT)), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
+        let done = bind_sale(
+            sqlx::query(&self.sql(sql::INSERT_SALE_IF_ABSENT)),
+            spec,
+            flashgate_common::now_ms(),
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -233,7 +263,13 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn upsert_sale(&self, spec: &SaleSpec) -> Result<(), StoreError> {
-        bind_sale(sqlx::query(&self.sql(sql::UPSERT_SALE)), spec, flashgate_common::now_ms()).execute(&self.pool).await?;
+        bind_sale(
+            sqlx::query(&self.sql(sql::UPSERT_SALE)),
+            spec,
+            flashgate_common::now_ms(),
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -244,7 +280,10 @@ impl Store {
     /// # Errors
     /// No connection could be taken from the pool.
     pub async fn begin_sale_write(&self) -> Result<SaleWrite, StoreError> {
-        Ok(SaleWrite { tx: self.pool.begin().await?, flavour: self.flavour })
+        Ok(SaleWrite {
+            tx: self.pool.begin().await?,
+            flavour: self.flavour,
+        })
     }
 
     /// The sale `id`, if known.
@@ -252,7 +291,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sale(&self, id: &str) -> Result<Option<SaleSpec>, StoreError> {
-        let row = sqlx::query(&self.sql(sql::SALE_BY_ID)).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::SALE_BY_ID))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(sale_from_row).transpose()
     }
 
@@ -261,7 +303,9 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sales(&self) -> Result<Vec<SaleSpec>, StoreError> {
-        let rows = sqlx::query(&self.sql(sql::ALL_SALES)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(sql::ALL_SALES))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(sale_from_row).collect()
     }
 }
@@ -310,9 +354,13 @@ impl StoreError {
     pub fn is_rejection(&self) -> bool {
         match self {
             StoreError::Query(sqlx::Error::Database(e)) => {
-                let mysql_wait =
-                    e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| MYSQL_WAITED_TOO_LONG.contains(&m.number()));
-                !mysql_wait && !e.code().is_some_and(|c| WAITED_TOO_LONG.contains(&c.as_ref()))
+                let mysql_wait = e
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|m| MYSQL_WAITED_TOO_LONG.contains(&m.number()));
+                !mysql_wait
+                    && !e
+                        .code()
+                        .is_some_and(|c| WAITED_TOO_LONG.contains(&c.as_ref()))
             }
             _ => false,
         }
@@ -325,7 +373,11 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_payment_timeout(&self, id: &str, seconds: i64) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(sql::SET_PAYMENT_TIMEOUT)).bind(seconds).bind(id).execute(&self.pool).await?;
+        sqlx::query(&self.sql(sql::SET_PAYMENT_TIMEOUT))
+            .bind(seconds)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -334,7 +386,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn payment_timeout(&self, id: &str) -> Result<Option<i64>, StoreError> {
-        let row = sqlx::query(&self.sql(sql::PAYMENT_TIMEOUT)).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::PAYMENT_TIMEOUT))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
     }
 
@@ -345,7 +400,11 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_sale_paused(&self, id: &str, paused: bool) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql(sql::SET_SALE_PAUSED)).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(&self.sql(sql::SET_SALE_PAUSED))
+            .bind(i64::from(paused))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -356,8 +415,15 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sale_paused(&self, id: &str) -> Result<Option<bool>, StoreError> {
-        let row = sqlx::query(&self.sql(sql::SALE_PAUSED)).bind(id).fetch_optional(&self.pool).await?;
-        Ok(row.map(|r| r.try_get::<Option<i64>, _>(0)).transpose()?.flatten().map(|p| p != 0))
+        let row = sqlx::query(&self.sql(sql::SALE_PAUSED))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row
+            .map(|r| r.try_get::<Option<i64>, _>(0))
+            .transpose()?
+            .flatten()
+            .map(|p| p != 0))
     }
 
     /// Every sale's recorded pause, by id; `None` where never recorded.
@@ -365,8 +431,17 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn sale_pauses(&self) -> Result<Vec<(String, Option<bool>)>, StoreError> {
-        let rows = sqlx::query(&self.sql(sql::SALE_PAUSES)).fetch_all(&self.pool).await?;
-        rows.iter().map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<Option<i64>, _>(1)?.map(|p| p != 0)))).collect()
+        let rows = sqlx::query(&self.sql(sql::SALE_PAUSES))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>(0)?,
+                    r.try_get::<Option<i64>, _>(1)?.map(|p| p != 0),
+                ))
+            })
+            .collect()
     }
 
     /// Records `paused` for sale `id` only if its row never recorded a pause
@@ -376,7 +451,11 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn adopt_sale_paused(&self, id: &str, paused: bool) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql(sql::ADOPT_SALE_PAUSED)).bind(i64::from(paused)).bind(id).execute(&self.pool).await?;
+        let done = sqlx::query(&self.sql(sql::ADOPT_SALE_PAUSED))
+            .bind(i64::from(paused))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -385,7 +464,11 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn set_all_paused(&self, paused: bool) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(sql::SET_SETTING)).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
+        sqlx::query(&self.sql(sql::SET_SETTING))
+            .bind(sql::SWITCH_SETTING)
+            .bind(switch_value(paused))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -395,7 +478,11 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn adopt_all_paused(&self, paused: bool) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(sql::ADOPT_SETTING)).bind(sql::SWITCH_SETTING).bind(switch_value(paused)).execute(&self.pool).await?;
+        sqlx::query(&self.sql(sql::ADOPT_SETTING))
+            .bind(sql::SWITCH_SETTING)
+            .bind(switch_value(paused))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -404,8 +491,14 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn all_paused(&self) -> Result<Option<bool>, StoreError> {
-        let row = sqlx::query(&self.sql(sql::SETTING)).bind(sql::SWITCH_SETTING).fetch_optional(&self.pool).await?;
-        Ok(row.map(|r| r.try_get::<String, _>(0)).transpose()?.map(|v| v == "paused"))
+        let row = sqlx::query(&self.sql(sql::SETTING))
+            .bind(sql::SWITCH_SETTING)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row
+            .map(|r| r.try_get::<String, _>(0))
+            .transpose()?
+            .map(|v| v == "paused"))
     }
 
     /// The order `order_id`, if any.
@@ -413,7 +506,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn order(&self, order_id: &str) -> Result<Option<OrderRow>, StoreError> {
-        let row = sqlx::query(&self.sql(sql::ORDER_BY_ID)).bind(order_id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::ORDER_BY_ID))
+            .bind(order_id)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(|r| order_row(r, false)).transpose()
     }
 
@@ -424,7 +520,8 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn pay(&self, order_id: &str) -> Result<Payment, StoreError> {
-        self.change_status(sql::PAY_IF_CREATED, order_id, outbox::EventType::Paid).await?;
+        self.change_status(sql::PAY_IF_CREATED, order_id, outbox::EventType::Paid)
+            .await?;
         Ok(match self.order(order_id).await? {
             Some(o) if o.status == OrderStatus::Paid => Payment::Paid(o),
             Some(o) => Payment::Cancelled(o),
@@ -441,23 +538,40 @@ impl Store {
     /// Writes no event: `order.cancelled` says the item is back in the
     /// sale's stock, so [`Store::mark_released`] writes it once it is.
     pub async fn cancel_if_unpaid(&self, order_id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql(sql::CANCEL_IF_CREATED)).bind(order_id).execute(&self.pool).await?;
+        let done = sqlx::query(&self.sql(sql::CANCEL_IF_CREATED))
+            .bind(order_id)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
     /// Runs the conditional status update `statement` on `order_id`; when it
     /// changed the row and events are on, writes the event `kind` in the
     /// same transaction. Answers whether the row changed.
-    async fn change_status(&self, statement: &str, order_id: &str, kind: outbox::EventType) -> Result<bool, StoreError> {
+    async fn change_status(
+        &self,
+        statement: &str,
+        order_id: &str,
+        kind: outbox::EventType,
+    ) -> Result<bool, StoreError> {
         if !self.events {
-            let done = sqlx::query(&self.sql(statement)).bind(order_id).execute(&self.pool).await?;
+            let done = sqlx::query(&self.sql(statement))
+                .bind(order_id)
+                .execute(&self.pool)
+                .await?;
             return Ok(done.rows_affected() == 1);
         }
         let mut tx = self.pool.begin().await?;
-        let done = sqlx::query(&self.sql(statement)).bind(order_id).execute(&mut *tx).await?;
+        let done = sqlx::query(&self.sql(statement))
+            .bind(order_id)
+            .execute(&mut *tx)
+            .await?;
         let changed = done.rows_affected() == 1;
         if changed {
-            let row = sqlx::query(&self.sql(sql::ORDER_BY_ID)).bind(order_id).fetch_one(&mut *tx).await?;
+            let row = sqlx::query(&self.sql(sql::ORDER_BY_ID))
+                .bind(order_id)
+                .fetch_one(&mut *tx)
+                .await?;
             let order = order_row(&row, false)?;
             let event = outbox::NewEvent::new(kind, &order, flashgate_common::now_ms());
             outbox::write(&mut tx, self.flavour, &[event]).await?;
@@ -470,8 +584,16 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn expired_orders(&self, now_ms: i64, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
-        let rows = sqlx::query(&self.sql(sql::EXPIRED_ORDERS)).bind(now_ms).bind(limit).fetch_all(&self.pool).await?;
+    pub async fn expired_orders(
+        &self,
+        now_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<OrderRow>, StoreError> {
+        let rows = sqlx::query(&self.sql(sql::EXPIRED_ORDERS))
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
         order_rows(&rows, OrderStatus::Created)
     }
 
@@ -480,8 +602,16 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn unreleased_cancelled(&self, after: &str, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
-        let rows = sqlx::query(&self.sql(sql::UNRELEASED_CANCELLED)).bind(after).bind(limit).fetch_all(&self.pool).await?;
+    pub async fn unreleased_cancelled(
+        &self,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<OrderRow>, StoreError> {
+        let rows = sqlx::query(&self.sql(sql::UNRELEASED_CANCELLED))
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
         order_rows(&rows, OrderStatus::Cancelled)
     }
 
@@ -490,7 +620,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn unsettled_orders(&self, sale_id: &str) -> Result<i64, StoreError> {
-        let row = sqlx::query(&self.sql(sql::UNSETTLED_ORDERS)).bind(sale_id).fetch_one(&self.pool).await?;
+        let row = sqlx::query(&self.sql(sql::UNSETTLED_ORDERS))
+            .bind(sale_id)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
 
@@ -499,7 +632,10 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn reservations_with_orders(&self, reservation_ids: &[&str]) -> Result<std::collections::HashSet<String>, StoreError> {
+    pub async fn reservations_with_orders(
+        &self,
+        reservation_ids: &[&str],
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
         let mut found = std::collections::HashSet::new();
         for chunk in reservation_ids.chunks(MAX_ROWS_PER_INSERT) {
             let statement = sql::orders_by_reservations(chunk.len());
@@ -524,15 +660,35 @@ impl Store {
     /// A failed query.
     pub async fn mark_released(&self, order_id: &str, at_ms: i64) -> Result<(), StoreError> {
         if !self.events {
-            sqlx::query(&self.sql(sql::MARK_RELEASED)).bind(at_ms).bind(order_id).execute(&self.pool).await?;
+            sqlx::query(&self.sql(sql::MARK_RELEASED))
+                .bind(at_ms)
+                .bind(order_id)
+                .execute(&self.pool)
+                .await?;
             return Ok(());
         }
         let mut tx = self.pool.begin().await?;
-        let done = sqlx::query(&self.sql(sql::MARK_RELEASED)).bind(at_ms).bind(order_id).execute(&mut *tx).await?;
+        let done = sqlx::query(&self.sql(sql::MARK_RELEASED))
+            .bind(at_ms)
+            .bind(order_id)
+            .execute(&mut *tx)
+            .await?;
         if done.rows_affected() == 1 {
-            let row = sqlx::query(&self.sql(sql::ORDER_BY_ID)).bind(order_id).fetch_one(&mut *tx).await?;
+            let row = sqlx::query(&self.sql(sql::ORDER_BY_ID))
+                .bind(order_id)
+                .fetch_one(&mut *tx)
+                .await?;
             let order = order_row(&row, false)?;
-            outbox::write(&mut tx, self.flavour, &[outbox::NewEvent::new(outbox::EventType::Cancelled, &order, at_ms)]).await?;
+            outbox::write(
+                &mut tx,
+                self.flavour,
+                &[outbox::NewEvent::new(
+                    outbox::EventType::Cancelled,
+                    &order,
+                    at_ms,
+                )],
+            )
+            .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -543,7 +699,10 @@ impl Store {
     /// # Errors
     /// A failed query or an unknown status.
     pub async fn sale_orders(&self, sale_id: &str) -> Result<Vec<OrderRow>, StoreError> {
-        let rows = sqlx::query(&self.sql(sql::SALE_ORDERS)).bind(sale_id).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(sql::SALE_ORDERS))
+            .bind(sale_id)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(|r| order_row(r, true)).collect()
     }
 
@@ -580,7 +739,11 @@ fn order_row(row: &AnyRow, with_released: bool) -> Result<OrderRow, StoreError> 
         sale_id: row.try_get("sale_id")?,
         user_id: row.try_get("user_id")?,
         status: OrderStatus::parse(&status)?,
-        released_at_ms: if with_released { row.try_get("released_at_ms")? } else { None },
+        released_at_ms: if with_released {
+            row.try_get("released_at_ms")?
+        } else {
+            None
+        },
     })
 }
 
@@ -599,9 +762,19 @@ impl SaleWrite {
     /// # Errors
     /// A failed query.
     pub async fn held(&mut self, id: &str) -> Result<Option<SaleSpec>, StoreError> {
-        let lock = if self.flavour == Flavour::Sqlite { sql::TAKE_WRITE_LOCK } else { sql::HOLD_SALE_EXCLUSIVE };
-        sqlx::query(&self.sql(lock)).bind(id).execute(&mut *self.tx).await?;
-        let row = sqlx::query(&self.sql(sql::SALE_BY_ID)).bind(id).fetch_optional(&mut *self.tx).await?;
+        let lock = if self.flavour == Flavour::Sqlite {
+            sql::TAKE_WRITE_LOCK
+        } else {
+            sql::HOLD_SALE_EXCLUSIVE
+        };
+        sqlx::query(&self.sql(lock))
+            .bind(id)
+            .execute(&mut *self.tx)
+            .await?;
+        let row = sqlx::query(&self.sql(sql::SALE_BY_ID))
+            .bind(id)
+            .fetch_optional(&mut *self.tx)
+            .await?;
         row.as_ref().map(sale_from_row).transpose()
     }
 
@@ -610,7 +783,13 @@ impl SaleWrite {
     /// # Errors
     /// A failed query.
     pub async fn upsert(&mut self, spec: &SaleSpec) -> Result<(), StoreError> {
-        bind_sale(sqlx::query(&self.sql(sql::UPSERT_SALE)), spec, flashgate_common::now_ms()).execute(&mut *self.tx).await?;
+        bind_sale(
+            sqlx::query(&self.sql(sql::UPSERT_SALE)),
+            spec,
+            flashgate_common::now_ms(),
+        )
+        .execute(&mut *self.tx)
+        .await?;
         Ok(())
     }
 
@@ -619,7 +798,11 @@ impl SaleWrite {
     /// # Errors
     /// A failed query.
     pub async fn set_payment_timeout(&mut self, id: &str, seconds: i64) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(sql::SET_PAYMENT_TIMEOUT)).bind(seconds).bind(id).execute(&mut *self.tx).await?;
+        sqlx::query(&self.sql(sql::SET_PAYMENT_TIMEOUT))
+            .bind(seconds)
+            .bind(id)
+            .execute(&mut *self.tx)
+            .await?;
         Ok(())
     }
 
@@ -662,7 +845,10 @@ fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
         draw_window_ms: row.try_get("draw_window_ms")?,
         // 1 to 64 by the validation of every writer; anything else read
         // back is treated as one bucket, the layout that needs nothing.
-        buckets: u32::try_from(row.try_get::<i64, _>("buckets")?).ok().filter(|b| (1..=64).contains(b)).unwrap_or(1),
+        buckets: u32::try_from(row.try_get::<i64, _>("buckets")?)
+            .ok()
+            .filter(|b| (1..=64).contains(b))
+            .unwrap_or(1),
     })
 }
 
@@ -674,15 +860,24 @@ fn new_order_id() -> String {
 /// Creates the directory of a SQLite file and makes sure the URL asks for
 /// the file to be created (`mode=rwc`) when it does not say otherwise.
 fn prepare_sqlite(url: &str) -> Result<String, StoreError> {
-    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
     let (path, query) = match rest.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (rest, None),
     };
     let in_memory = path.is_empty() || path == ":memory:";
     if !in_memory {
-        if let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir { path: path.to_owned(), source })?;
+        if let Some(dir) = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                path: path.to_owned(),
+                source,
+            })?;
         }
     }
     Ok(match query {
@@ -712,7 +907,9 @@ impl Store {
                 // No `INSERT ... RETURNING` through sqlx on MySQL: the rows
                 // this call made are the ones holding the order ids it chose.
                 let statement = self.sql(&sql::insert_orders(chunk.len())).into_owned();
-                bind_orders(&statement, chunk, &order_ids, now).execute(&mut **tx).await?;
+                bind_orders(&statement, chunk, &order_ids, now)
+                    .execute(&mut **tx)
+                    .await?;
                 let select = self.sql(&sql::orders_by_ids(order_ids.len())).into_owned();
                 let mut query = sqlx::query(&select);
                 for id in &order_ids {
@@ -723,7 +920,10 @@ impl Store {
                 }
             } else {
                 let statement = sql::insert_orders_returning(chunk.len());
-                for row in bind_orders(&statement, chunk, &order_ids, now).fetch_all(&mut **tx).await? {
+                for row in bind_orders(&statement, chunk, &order_ids, now)
+                    .fetch_all(&mut **tx)
+                    .await?
+                {
                     new_here.insert(row.try_get::<String, _>("reservation_id")?);
                 }
             }
@@ -746,7 +946,10 @@ mod tests;
 
 /// Order rows of a query selecting order_id, reservation_id, sale_id and
 /// user_id, all known to be in `status` and not yet released.
-fn order_rows(rows: &[sqlx::any::AnyRow], status: OrderStatus) -> Result<Vec<OrderRow>, StoreError> {
+fn order_rows(
+    rows: &[sqlx::any::AnyRow],
+    status: OrderStatus,
+) -> Result<Vec<OrderRow>, StoreError> {
     rows.iter()
         .map(|r| {
             Ok(OrderRow {

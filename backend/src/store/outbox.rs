@@ -103,27 +103,60 @@ pub struct NewEvent {
 impl NewEvent {
     /// The event `kind` of `order`, at `at_ms`.
     pub fn new(kind: EventType, order: &OrderRow, at_ms: i64) -> Self {
-        Self::build(kind, &order.order_id, &order.reservation_id, &order.sale_id, &order.user_id, at_ms)
+        Self::build(
+            kind,
+            &order.order_id,
+            &order.reservation_id,
+            &order.sale_id,
+            &order.user_id,
+            at_ms,
+        )
     }
 
     /// `order.created` of the order `order_id` made from `r`.
     pub fn created(r: &Reservation, order_id: &str, at_ms: i64) -> Self {
-        Self::build(EventType::Created, order_id, &r.reservation_id, &r.sale_id, &r.user_id, at_ms)
+        Self::build(
+            EventType::Created,
+            order_id,
+            &r.reservation_id,
+            &r.sale_id,
+            &r.user_id,
+            at_ms,
+        )
     }
 
-    fn build(kind: EventType, order_id: &str, reservation_id: &str, sale_id: &str, user_id: &str, at_ms: i64) -> Self {
+    fn build(
+        kind: EventType,
+        order_id: &str,
+        reservation_id: &str,
+        sale_id: &str,
+        user_id: &str,
+        at_ms: i64,
+    ) -> Self {
         let event_id = format!("ev-{}", uuid::Uuid::new_v4().simple());
         let body = Body {
             id: &event_id,
             kind: kind.as_str(),
             seq: kind.seq(),
             occurred_at_ms: at_ms,
-            order: BodyOrder { order_id, reservation_id, sale_id, user_id, status: kind.status() },
+            order: BodyOrder {
+                order_id,
+                reservation_id,
+                sale_id,
+                user_id,
+                status: kind.status(),
+            },
             item_returned: kind == EventType::Cancelled,
         };
         // Serialising plain strings and integers cannot fail.
         let payload = serde_json::to_string(&body).unwrap_or_default();
-        Self { event_id, order_id: order_id.to_owned(), kind, payload, at_ms }
+        Self {
+            event_id,
+            order_id: order_id.to_owned(),
+            kind,
+            payload,
+            at_ms,
+        }
     }
 }
 
@@ -193,7 +226,8 @@ const DELIVERED: &str = "DELETE FROM order_events WHERE event_id = $1";
 const FAILED: &str = "UPDATE order_events SET attempts = $1, sinks_done = $2, last_error = $3, next_attempt_at_ms = $4, state = $5, lease_owner = NULL, lease_until_ms = 0 WHERE event_id = $6 AND lease_owner = $7";
 const DEAD: &str = "SELECT event_id, order_id, seq, event_type, attempts, last_error, created_at_ms FROM order_events WHERE state = 'dead' ORDER BY created_at_ms, event_id LIMIT $1";
 const RETRY: &str = "UPDATE order_events SET state = 'pending', attempts = 0, next_attempt_at_ms = $1, lease_owner = NULL, lease_until_ms = 0 WHERE event_id = $2 AND state = 'dead'";
-const PENDING_STATS: &str = "SELECT COUNT(*) AS n, MIN(created_at_ms) AS oldest FROM order_events WHERE state = 'pending'";
+const PENDING_STATS: &str =
+    "SELECT COUNT(*) AS n, MIN(created_at_ms) AS oldest FROM order_events WHERE state = 'pending'";
 const DEAD_COUNT: &str = "SELECT COUNT(*) FROM order_events WHERE state = 'dead'";
 const OF_ORDER: &str = "SELECT event_id, order_id, seq, event_type, payload, attempts, sinks_done, created_at_ms FROM order_events WHERE order_id = $1 ORDER BY seq";
 
@@ -208,7 +242,15 @@ fn insert_events(rows: usize) -> String {
         }
         let p = row * EVENT_PARAMS;
         // `next_attempt_at_ms` starts at `created_at_ms`: due at once.
-        sql.push_str(&format!("(${}, ${}, ${}, ${}, ${}, ${}, 0, 'pending')", p + 1, p + 2, p + 3, p + 4, p + 5, p + 6));
+        sql.push_str(&format!(
+            "(${}, ${}, ${}, ${}, ${}, ${}, 0, 'pending')",
+            p + 1,
+            p + 2,
+            p + 3,
+            p + 4,
+            p + 5,
+            p + 6
+        ));
     }
     sql
 }
@@ -228,7 +270,11 @@ fn claim(n: usize) -> String {
 ///
 /// # Errors
 /// A failed statement; the transaction is then unusable.
-pub async fn write(tx: &mut sqlx::Transaction<'static, sqlx::Any>, flavour: Flavour, events: &[NewEvent]) -> Result<(), StoreError> {
+pub async fn write(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    flavour: Flavour,
+    events: &[NewEvent],
+) -> Result<(), StoreError> {
     for chunk in events.chunks(EVENTS_PER_INSERT) {
         let statement = insert_events(chunk.len());
         // `next_attempt_at_ms` is 0 in the text: due at once.
@@ -277,7 +323,13 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn claim_events(&self, owner: &str, now_ms: i64, lease_ms: i64, limit: i64) -> Result<Vec<OutboxEvent>, StoreError> {
+    pub async fn claim_events(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<OutboxEvent>, StoreError> {
         let ids: Vec<String> = sqlx::query(&self.sql(CANDIDATES))
             .bind(now_ms)
             .bind(now_ms)
@@ -292,12 +344,18 @@ impl Store {
         }
         let statement = claim(ids.len());
         let statement = self.sql(&statement);
-        let mut query = sqlx::query(&statement).bind(owner).bind(now_ms + lease_ms).bind(now_ms);
+        let mut query = sqlx::query(&statement)
+            .bind(owner)
+            .bind(now_ms + lease_ms)
+            .bind(now_ms);
         for id in &ids {
             query = query.bind(id.as_str());
         }
         query.execute(&self.pool).await?;
-        let rows = sqlx::query(&self.sql(CLAIMED)).bind(owner).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(CLAIMED))
+            .bind(owner)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(outbox_event).collect()
     }
 
@@ -306,7 +364,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn event_delivered(&self, event_id: &str) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(DELIVERED)).bind(event_id).execute(&self.pool).await?;
+        sqlx::query(&self.sql(DELIVERED))
+            .bind(event_id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -316,7 +377,12 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn event_failed(&self, event_id: &str, owner: &str, failure: &Failure<'_>) -> Result<bool, StoreError> {
+    pub async fn event_failed(
+        &self,
+        event_id: &str,
+        owner: &str,
+        failure: &Failure<'_>,
+    ) -> Result<bool, StoreError> {
         let (state, next) = match failure.retry_at_ms {
             Some(at) => ("pending", at),
             None => ("dead", 0),
@@ -339,7 +405,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn dead_events(&self, limit: i64) -> Result<Vec<DeadEvent>, StoreError> {
-        let rows = sqlx::query(&self.sql(DEAD)).bind(limit).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(DEAD))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(DeadEvent {
@@ -361,7 +430,11 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn retry_dead_event(&self, event_id: &str, now_ms: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql(RETRY)).bind(now_ms).bind(event_id).execute(&self.pool).await?;
+        let done = sqlx::query(&self.sql(RETRY))
+            .bind(now_ms)
+            .bind(event_id)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -370,9 +443,17 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn outbox_stats(&self) -> Result<OutboxStats, StoreError> {
-        let row = sqlx::query(&self.sql(PENDING_STATS)).fetch_one(&self.pool).await?;
-        let dead = sqlx::query(&self.sql(DEAD_COUNT)).fetch_one(&self.pool).await?;
-        Ok(OutboxStats { pending: row.try_get("n")?, oldest_pending_ms: row.try_get("oldest")?, dead: dead.try_get(0)? })
+        let row = sqlx::query(&self.sql(PENDING_STATS))
+            .fetch_one(&self.pool)
+            .await?;
+        let dead = sqlx::query(&self.sql(DEAD_COUNT))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(OutboxStats {
+            pending: row.try_get("n")?,
+            oldest_pending_ms: row.try_get("oldest")?,
+            dead: dead.try_get(0)?,
+        })
     }
 
     /// The events of `order_id` still in the outbox, by `seq`.
@@ -380,7 +461,10 @@ impl Store {
     /// # Errors
     /// A failed query.
     pub async fn order_events(&self, order_id: &str) -> Result<Vec<OutboxEvent>, StoreError> {
-        let rows = sqlx::query(&self.sql(OF_ORDER)).bind(order_id).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql(OF_ORDER))
+            .bind(order_id)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(outbox_event).collect()
     }
 }
@@ -391,7 +475,17 @@ mod tests {
 
     #[test]
     fn every_outbox_query_numbers_its_placeholders_in_binding_order() {
-        for text in [CANDIDATES, CLAIMED, DELIVERED, FAILED, DEAD, RETRY, PENDING_STATS, DEAD_COUNT, OF_ORDER] {
+        for text in [
+            CANDIDATES,
+            CLAIMED,
+            DELIVERED,
+            FAILED,
+            DEAD,
+            RETRY,
+            PENDING_STATS,
+            DEAD_COUNT,
+            OF_ORDER,
+        ] {
             sql::assert_placeholders_in_order(text);
         }
         sql::assert_placeholders_in_order(&insert_events(3));

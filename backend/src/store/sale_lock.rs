@@ -62,9 +62,15 @@ impl Store {
         ids.dedup();
         let mut tx = self.begin_held().await?;
         for id in ids {
-            sqlx::query(&self.sql(self.lock_statement(false))).bind(id).execute(&mut *tx).await?;
+            sqlx::query(&self.sql(self.lock_statement(false)))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
         }
-        Ok(OrderWrite { tx, store: self.clone() })
+        Ok(OrderWrite {
+            tx,
+            store: self.clone(),
+        })
     }
 
     /// Opens a transaction that holds sale `sale_id` exclusively: no order
@@ -74,8 +80,14 @@ impl Store {
     /// A failed statement, or a lock not granted in time.
     pub async fn begin_resync(&self, sale_id: &str) -> Result<SaleResync, StoreError> {
         let mut tx = self.begin_held().await?;
-        sqlx::query(&self.sql(self.lock_statement(true))).bind(sale_id).execute(&mut *tx).await?;
-        Ok(SaleResync { tx, flavour: self.flavour })
+        sqlx::query(&self.sql(self.lock_statement(true)))
+            .bind(sale_id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(SaleResync {
+            tx,
+            flavour: self.flavour,
+        })
     }
 
     /// A transaction for a hold. On PostgreSQL: read committed whatever the
@@ -107,7 +119,10 @@ impl OrderWrite {
     ///
     /// # Errors
     /// A failed statement; the transaction is then unusable.
-    pub async fn insert(&mut self, reservations: &[Reservation]) -> Result<std::collections::HashSet<String>, StoreError> {
+    pub async fn insert(
+        &mut self,
+        reservations: &[Reservation],
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
         let sorted = in_lock_order(reservations);
         self.store.insert_in(&mut self.tx, &sorted).await
     }
@@ -128,7 +143,10 @@ impl SaleResync {
     /// # Errors
     /// A failed query or an unknown status.
     pub async fn orders(&mut self, sale_id: &str) -> Result<Vec<SyncedOrder>, StoreError> {
-        let rows = sqlx::query(&sql::dialect(self.flavour, sql::SALE_ORDERS_WITH_KEYS)).bind(sale_id).fetch_all(&mut *self.tx).await?;
+        let rows = sqlx::query(&sql::dialect(self.flavour, sql::SALE_ORDERS_WITH_KEYS))
+            .bind(sale_id)
+            .fetch_all(&mut *self.tx)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(SyncedOrder {
@@ -146,7 +164,10 @@ impl SaleResync {
     /// # Errors
     /// A failed query.
     pub async fn sale(&mut self, sale_id: &str) -> Result<Option<SaleSpec>, StoreError> {
-        let row = sqlx::query(&sql::dialect(self.flavour, sql::SALE_BY_ID)).bind(sale_id).fetch_optional(&mut *self.tx).await?;
+        let row = sqlx::query(&sql::dialect(self.flavour, sql::SALE_BY_ID))
+            .bind(sale_id)
+            .fetch_optional(&mut *self.tx)
+            .await?;
         row.as_ref().map(sale_from_row).transpose()
     }
 
@@ -156,8 +177,15 @@ impl SaleResync {
     /// # Errors
     /// A failed query.
     pub async fn paused(&mut self, sale_id: &str) -> Result<Option<bool>, StoreError> {
-        let row = sqlx::query(&sql::dialect(self.flavour, sql::SALE_PAUSED)).bind(sale_id).fetch_optional(&mut *self.tx).await?;
-        Ok(row.map(|r| r.try_get::<Option<i64>, _>(0)).transpose()?.flatten().map(|p| p != 0))
+        let row = sqlx::query(&sql::dialect(self.flavour, sql::SALE_PAUSED))
+            .bind(sale_id)
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        Ok(row
+            .map(|r| r.try_get::<Option<i64>, _>(0))
+            .transpose()?
+            .flatten()
+            .map(|p| p != 0))
     }
 
     /// Ends the hold.

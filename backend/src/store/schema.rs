@@ -59,9 +59,18 @@ impl Flavour {
 
 /// `ignore_missing`: a database migrated by a newer release still serves
 /// this one (see the module doc).
-static SQLITE: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/sqlite") };
-static POSTGRES: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/postgres") };
-static MYSQL: Migrator = Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/mysql") };
+static SQLITE: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("migrations/sqlite")
+};
+static POSTGRES: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("migrations/postgres")
+};
+static MYSQL: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("migrations/mysql")
+};
 
 /// Why the schema could not be brought up to date.
 #[derive(Debug, thiserror::Error)]
@@ -86,13 +95,21 @@ pub async fn migrate(pool: &AnyPool, flavour: Flavour) -> Result<(), SchemaError
         let mut conn = pool.acquire().await.map_err(SchemaError::Adopt)?;
         adopt_sqlite(&mut conn).await.map_err(SchemaError::Adopt)?;
     }
-    flavour.migrator().run(pool).await.map_err(SchemaError::Migrate)
+    flavour
+        .migrator()
+        .run(pool)
+        .await
+        .map_err(SchemaError::Migrate)
 }
 
 /// Columns added by hand after the first release, before migrations, as
 /// (table, column, definition). Frozen: later schema changes are migrations.
 const COLUMNS_ADDED_BEFORE_MIGRATIONS: &[(&str, &str, &str)] = &[
-    ("sales", "payment_timeout_seconds", "BIGINT NOT NULL DEFAULT 900"),
+    (
+        "sales",
+        "payment_timeout_seconds",
+        "BIGINT NOT NULL DEFAULT 900",
+    ),
     ("orders", "released_at_ms", "BIGINT"),
     ("sales", "paused", "BIGINT"),
 ];
@@ -103,10 +120,12 @@ const COLUMNS_ADDED_BEFORE_MIGRATIONS: &[(&str, &str, &str)] = &[
 /// migrations have run on, or to a table that does not exist yet (the
 /// first migration creates it whole).
 async fn adopt_sqlite(conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
-    let migrated: i64 = sqlx::query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
-        .fetch_one(&mut *conn)
-        .await?
-        .try_get(0)?;
+    let migrated: i64 = sqlx::query(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get(0)?;
     if migrated > 0 {
         return Ok(());
     }
@@ -119,7 +138,11 @@ async fn adopt_sqlite(conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
             .map(|row| row.try_get(0))
             .collect::<Result<_, _>>()?;
         if !columns.is_empty() && !columns.iter().any(|c| c == column) {
-            sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}")).execute(&mut *conn).await?;
+            sqlx::query(&format!(
+                "ALTER TABLE {table} ADD COLUMN {column} {definition}"
+            ))
+            .execute(&mut *conn)
+            .await?;
         }
     }
     Ok(())
@@ -131,7 +154,13 @@ async fn adopt_sqlite(conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
 pub(crate) fn fingerprint(flavour: Flavour) -> String {
     let mut folded = [0_u8; 6];
     for migration in flavour.migrator().iter() {
-        for (i, byte) in migration.version.to_le_bytes().iter().chain(migration.checksum.iter()).enumerate() {
+        for (i, byte) in migration
+            .version
+            .to_le_bytes()
+            .iter()
+            .chain(migration.checksum.iter())
+            .enumerate()
+        {
             folded[i % folded.len()] = folded[i % folded.len()].rotate_left(3) ^ byte;
         }
     }
@@ -169,7 +198,11 @@ mod tests {
                 .iter()
                 .find(|m| m.version == version)
                 .unwrap_or_else(|| panic!("{flavour:?} migration {version} is gone"));
-            let hex: String = migration.checksum.iter().map(|b| format!("{b:02x}")).collect();
+            let hex: String = migration
+                .checksum
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
             assert_eq!(hex, checksum, "{flavour:?} migration {version} was edited after its release: add a new migration instead");
         }
     }

@@ -34,7 +34,9 @@ fn upserts(text: &str) -> Cow<'_, str> {
         return Cow::Borrowed(text);
     };
     if let Some(rest) = action.strip_prefix("DO NOTHING") {
-        return Cow::Owned(format!("{head} ON DUPLICATE KEY UPDATE {column} = {column}{rest}"));
+        return Cow::Owned(format!(
+            "{head} ON DUPLICATE KEY UPDATE {column} = {column}{rest}"
+        ));
     }
     let Some(sets) = action.strip_prefix("DO UPDATE SET ") else {
         return Cow::Borrowed(text);
@@ -44,7 +46,9 @@ fn upserts(text: &str) -> Cow<'_, str> {
     while let Some(at) = rest.find("excluded.") {
         out.push_str(&rest[..at]);
         let after = &rest[at + "excluded.".len()..];
-        let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+        let end = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
         out.push_str(&format!("VALUES({})", &after[..end]));
         rest = &after[end..];
     }
@@ -104,7 +108,10 @@ pub fn insert_orders_returning(rows: usize) -> String {
 /// `SELECT` of the reservation ids of `n` order ids (`$1..$n`).
 pub fn orders_by_ids(n: usize) -> String {
     let params: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
-    format!("SELECT reservation_id FROM orders WHERE order_id IN ({})", params.join(", "))
+    format!(
+        "SELECT reservation_id FROM orders WHERE order_id IN ({})",
+        params.join(", ")
+    )
 }
 
 /// `SELECT` of the orders of `n` reservation ids (`$1..$n`).
@@ -115,7 +122,8 @@ pub fn orders_by_reservations(n: usize) -> String {
 
 pub const ORDER_BY_RESERVATION: &str = "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE reservation_id = $1";
 
-pub const COUNT_LIVE_ORDERS: &str = "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
+pub const COUNT_LIVE_ORDERS: &str =
+    "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
 
 pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO NOTHING";
 
@@ -153,19 +161,23 @@ pub const SWITCH_SETTING: &str = "switch";
 pub const SETTING: &str = "SELECT value FROM settings WHERE name = $1";
 
 /// Records a setting only if it was never recorded.
-pub const ADOPT_SETTING: &str = "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+pub const ADOPT_SETTING: &str =
+    "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
 
 pub const SET_SETTING: &str = "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 
 pub const PAYMENT_TIMEOUT: &str = "SELECT payment_timeout_seconds FROM sales WHERE id = $1";
 
-pub const ORDER_BY_ID: &str = "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE order_id = $1";
+pub const ORDER_BY_ID: &str =
+    "SELECT order_id, reservation_id, sale_id, user_id, status FROM orders WHERE order_id = $1";
 
 /// Decides a payment once: only an order still `created` becomes `paid`.
-pub const PAY_IF_CREATED: &str = "UPDATE orders SET status = 'paid' WHERE order_id = $1 AND status = 'created'";
+pub const PAY_IF_CREATED: &str =
+    "UPDATE orders SET status = 'paid' WHERE order_id = $1 AND status = 'created'";
 
 /// Decides an expiry once: only an order still `created` is cancelled.
-pub const CANCEL_IF_CREATED: &str = "UPDATE orders SET status = 'cancelled' WHERE order_id = $1 AND status = 'created'";
+pub const CANCEL_IF_CREATED: &str =
+    "UPDATE orders SET status = 'cancelled' WHERE order_id = $1 AND status = 'created'";
 
 /// Unpaid orders past their sale's payment timeout at `$1`, oldest first.
 pub const EXPIRED_ORDERS: &str = "SELECT o.order_id, o.reservation_id, o.sale_id, o.user_id FROM orders o JOIN sales s ON s.id = o.sale_id WHERE o.status = 'created' AND o.reserved_at_ms + s.payment_timeout_seconds * 1000 < $1 ORDER BY o.reserved_at_ms LIMIT $2";
@@ -180,7 +192,8 @@ pub const UNRELEASED_CANCELLED: &str = "SELECT order_id, reservation_id, sale_id
 pub const UNSETTLED_ORDERS: &str =
     "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND (status = 'created' OR (status = 'cancelled' AND released_at_ms IS NULL))";
 
-pub const MARK_RELEASED: &str = "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2 AND released_at_ms IS NULL";
+pub const MARK_RELEASED: &str =
+    "UPDATE orders SET released_at_ms = $1 WHERE order_id = $2 AND released_at_ms IS NULL";
 
 /// Every order of a sale, for restores and reconciliation.
 pub const SALE_ORDERS: &str = "SELECT order_id, reservation_id, sale_id, user_id, status, released_at_ms FROM orders WHERE sale_id = $1";
@@ -210,7 +223,10 @@ pub const HOLD_SALE_SHARED_MYSQL: &str = "SELECT id FROM sales WHERE id = $1 LOC
 /// locks), and a wait for a row lock gives up after 5 s.
 /// (Two statements: MySQL 8 and MariaDB name the isolation variable
 /// differently, and `SET TRANSACTION` cannot be combined with others.)
-pub const MYSQL_SESSION: &[&str] = &["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION innodb_lock_wait_timeout = 5"];
+pub const MYSQL_SESSION: &[&str] = &[
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SET SESSION innodb_lock_wait_timeout = 5",
+];
 
 /// SQLite: a write that changes nothing, to take the database's one write
 /// lock at the start of a transaction (SQLite's `BEGIN` defers it).
@@ -223,8 +239,15 @@ pub(super) fn assert_placeholders_in_order(text: &str) {
     let mut expected = 1;
     let mut rest = text;
     while let Some(at) = rest.find('$') {
-        let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
-        assert_eq!(digits, expected.to_string(), "MySQL binds by position: {text}");
+        let digits: String = rest[at + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        assert_eq!(
+            digits,
+            expected.to_string(),
+            "MySQL binds by position: {text}"
+        );
         expected += 1;
         rest = &rest[at + 1 + digits.len()..];
     }
@@ -274,7 +297,10 @@ mod tests {
 
     #[test]
     fn mysql_gets_question_marks_and_duplicate_key_updates() {
-        assert_eq!(dialect(Flavour::Mysql, SET_PAYMENT_TIMEOUT), "UPDATE sales SET payment_timeout_seconds = ? WHERE id = ?");
+        assert_eq!(
+            dialect(Flavour::Mysql, SET_PAYMENT_TIMEOUT),
+            "UPDATE sales SET payment_timeout_seconds = ? WHERE id = ?"
+        );
         assert_eq!(
             dialect(Flavour::Mysql, ADOPT_SETTING),
             "INSERT INTO settings (name, value) VALUES (?, ?) ON DUPLICATE KEY UPDATE name = name"
@@ -287,14 +313,20 @@ mod tests {
         assert!(upsert.ends_with("ON DUPLICATE KEY UPDATE name = VALUES(name), stock = VALUES(stock), per_user_limit = VALUES(per_user_limit), starts_at_ms = VALUES(starts_at_ms), ends_at_ms = VALUES(ends_at_ms), draw_window_ms = VALUES(draw_window_ms)"), "{upsert}");
         let insert = dialect(Flavour::Mysql, &insert_orders(2)).into_owned();
         assert!(insert.ends_with("(?, ?, ?, ?, ?, ?, ?, 'created') ON DUPLICATE KEY UPDATE reservation_id = reservation_id"), "{insert}");
-        assert!(!insert.contains('$') && !insert.contains("IGNORE"), "{insert}");
+        assert!(
+            !insert.contains('$') && !insert.contains("IGNORE"),
+            "{insert}"
+        );
         assert_eq!(dialect(Flavour::Postgres, SET_SETTING), SET_SETTING);
     }
 
     #[test]
     fn insert_statement_numbers_every_parameter_once() {
         let sql = super::insert_orders(2);
-        assert!(sql.contains("($1, $2, $3, $4, $5, $6, $7, 'created'), ($8, "), "{sql}");
+        assert!(
+            sql.contains("($1, $2, $3, $4, $5, $6, $7, 'created'), ($8, "),
+            "{sql}"
+        );
         assert!(sql.contains("$14, 'created')"), "{sql}");
         assert!(!sql.contains("$15"));
     }

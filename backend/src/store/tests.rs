@@ -9,7 +9,9 @@ use crate::testing::{reservation, sale, stores, unique};
 async fn batch_insert_is_idempotent_on_reservation_id() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
-        let batch: Vec<_> = (0..5).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+        let batch: Vec<_> = (0..5)
+            .map(|i| reservation(&sale_id, &format!("u{i}")))
+            .collect();
         assert_eq!(store.insert_orders(&batch).await.unwrap(), 5, "{db}");
         assert_eq!(store.insert_orders(&batch).await.unwrap(), 0, "{db}");
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 5, "{db}");
@@ -21,14 +23,25 @@ async fn a_batch_mixing_new_and_known_reservations_inserts_only_the_new() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
         let first = reservation(&sale_id, "a");
-        store.insert_orders(std::slice::from_ref(&first)).await.unwrap();
-        let order = store.order_by_reservation(&first.reservation_id).await.unwrap().unwrap();
+        store
+            .insert_orders(std::slice::from_ref(&first))
+            .await
+            .unwrap();
+        let order = store
+            .order_by_reservation(&first.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
         // Same reservation id with other data must not create or change a row.
         let mut replay = first.clone();
         replay.user_id = "someone-else".into();
         let batch = vec![replay, reservation(&sale_id, "b")];
         assert_eq!(store.insert_orders(&batch).await.unwrap(), 1, "{db}");
-        let again = store.order_by_reservation(&first.reservation_id).await.unwrap().unwrap();
+        let again = store
+            .order_by_reservation(&first.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(again, order, "{db}");
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
     }
@@ -38,8 +51,14 @@ async fn a_batch_mixing_new_and_known_reservations_inserts_only_the_new() {
 async fn large_batches_are_split_below_the_parameter_limit() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
-        let batch: Vec<_> = (0..MAX_ROWS_PER_INSERT + 10).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
-        assert_eq!(store.insert_orders(&batch).await.unwrap(), batch.len() as u64, "{db}");
+        let batch: Vec<_> = (0..MAX_ROWS_PER_INSERT + 10)
+            .map(|i| reservation(&sale_id, &format!("u{i}")))
+            .collect();
+        assert_eq!(
+            store.insert_orders(&batch).await.unwrap(),
+            batch.len() as u64,
+            "{db}"
+        );
     }
 }
 
@@ -48,23 +67,60 @@ async fn order_by_reservation_maps_status_and_ids() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
         let r = reservation(&sale_id, "alice");
-        assert_eq!(store.order_by_reservation(&r.reservation_id).await.unwrap(), None, "{db}");
+        assert_eq!(
+            store.order_by_reservation(&r.reservation_id).await.unwrap(),
+            None,
+            "{db}"
+        );
         store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
-        let view = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
-        assert!(view.order_id.starts_with("o-") && view.order_id.len() == 34, "{db}: {}", view.order_id);
-        assert_eq!((view.sale_id.as_str(), view.user_id.as_str()), (sale_id.as_str(), "alice"), "{db}");
+        let view = store
+            .order_by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            view.order_id.starts_with("o-") && view.order_id.len() == 34,
+            "{db}: {}",
+            view.order_id
+        );
+        assert_eq!(
+            (view.sale_id.as_str(), view.user_id.as_str()),
+            (sale_id.as_str(), "alice"),
+            "{db}"
+        );
         assert_eq!(view.status, ReservationStatus::Confirmed, "{db}");
 
-        assert!(matches!(store.pay(&view.order_id).await.unwrap(), Payment::Paid(_)), "{db}");
-        let view = store.order_by_reservation(&r.reservation_id).await.unwrap().unwrap();
+        assert!(
+            matches!(store.pay(&view.order_id).await.unwrap(), Payment::Paid(_)),
+            "{db}"
+        );
+        let view = store
+            .order_by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(view.status, ReservationStatus::Confirmed, "{db}");
 
         // A paid order is never cancelled: an unpaid one shows it.
         let unpaid = reservation(&sale_id, "bob");
-        store.insert_orders(std::slice::from_ref(&unpaid)).await.unwrap();
-        let order = store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap();
-        assert!(store.cancel_if_unpaid(&order.order_id).await.unwrap(), "{db}");
-        let view = store.order_by_reservation(&unpaid.reservation_id).await.unwrap().unwrap();
+        store
+            .insert_orders(std::slice::from_ref(&unpaid))
+            .await
+            .unwrap();
+        let order = store
+            .order_by_reservation(&unpaid.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            store.cancel_if_unpaid(&order.order_id).await.unwrap(),
+            "{db}"
+        );
+        let view = store
+            .order_by_reservation(&unpaid.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(view.status, ReservationStatus::Cancelled, "{db}");
     }
 }
@@ -73,11 +129,23 @@ async fn order_by_reservation_maps_status_and_ids() {
 async fn cancelled_orders_are_not_live() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
-        let batch: Vec<_> = (0..3).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+        let batch: Vec<_> = (0..3)
+            .map(|i| reservation(&sale_id, &format!("u{i}")))
+            .collect();
         store.insert_orders(&batch).await.unwrap();
-        store.insert_orders(&[reservation(&unique("other"), "x")]).await.unwrap();
-        let first = store.order_by_reservation(&batch[0].reservation_id).await.unwrap().unwrap();
-        assert!(store.cancel_if_unpaid(&first.order_id).await.unwrap(), "{db}");
+        store
+            .insert_orders(&[reservation(&unique("other"), "x")])
+            .await
+            .unwrap();
+        let first = store
+            .order_by_reservation(&batch[0].reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            store.cancel_if_unpaid(&first.order_id).await.unwrap(),
+            "{db}"
+        );
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
     }
 }
@@ -138,15 +206,42 @@ async fn a_payment_and_a_cancellation_are_decided_once() {
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
         store.insert_orders(&[a.clone(), b.clone()]).await.unwrap();
-        let a = store.order_by_reservation(&a.reservation_id).await.unwrap().unwrap();
-        let b = store.order_by_reservation(&b.reservation_id).await.unwrap().unwrap();
-        assert!(matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)), "{db}");
-        assert!(matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)), "paying twice is harmless ({db})");
-        assert!(!store.cancel_if_unpaid(&a.order_id).await.unwrap(), "a paid order is never cancelled ({db})");
+        let a = store
+            .order_by_reservation(&a.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        let b = store
+            .order_by_reservation(&b.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)),
+            "{db}"
+        );
+        assert!(
+            matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)),
+            "paying twice is harmless ({db})"
+        );
+        assert!(
+            !store.cancel_if_unpaid(&a.order_id).await.unwrap(),
+            "a paid order is never cancelled ({db})"
+        );
         assert!(store.cancel_if_unpaid(&b.order_id).await.unwrap(), "{db}");
         assert!(!store.cancel_if_unpaid(&b.order_id).await.unwrap(), "{db}");
-        assert!(matches!(store.pay(&b.order_id).await.unwrap(), Payment::Cancelled(_)), "{db}");
-        assert_eq!(store.pay("o-00000000000000000000000000000000").await.unwrap(), Payment::Unknown, "{db}");
+        assert!(
+            matches!(store.pay(&b.order_id).await.unwrap(), Payment::Cancelled(_)),
+            "{db}"
+        );
+        assert_eq!(
+            store
+                .pay("o-00000000000000000000000000000000")
+                .await
+                .unwrap(),
+            Payment::Unknown,
+            "{db}"
+        );
         assert!(store.writable().await, "{db}");
     }
 }
@@ -157,7 +252,9 @@ async fn a_database_made_before_payment_timeouts_gains_the_new_columns() {
     let path = url.strip_prefix("sqlite://").unwrap();
     std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
     sqlx::any::install_default_drivers();
-    let old = sqlx::AnyPool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+    let old = sqlx::AnyPool::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
     for statement in [
         "CREATE TABLE sales (id TEXT PRIMARY KEY, name TEXT NOT NULL, stock BIGINT NOT NULL, per_user_limit BIGINT NOT NULL, starts_at_ms BIGINT NOT NULL, ends_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL)",
         "CREATE TABLE orders (order_id TEXT PRIMARY KEY, reservation_id TEXT NOT NULL UNIQUE, sale_id TEXT NOT NULL, user_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, reserved_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL, status TEXT NOT NULL)",
@@ -178,14 +275,20 @@ async fn a_database_made_before_payment_timeouts_gains_the_new_columns() {
 async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
     for (db, store) in stores().await {
         let id = unique("s");
-        assert!(!store.set_sale_paused(&id, true).await.unwrap(), "{db}: unknown sale");
+        assert!(
+            !store.set_sale_paused(&id, true).await.unwrap(),
+            "{db}: unknown sale"
+        );
         assert_eq!(store.sale_paused(&id).await.unwrap(), None, "{db}");
         let spec = sale(&id, 5);
         store.upsert_sale(&spec).await.unwrap();
         assert_eq!(store.sale_paused(&id).await.unwrap(), Some(false), "{db}");
         assert!(store.set_sale_paused(&id, true).await.unwrap(), "{db}");
         // Changing the sale's definition keeps its pause.
-        store.upsert_sale(&SaleSpec { stock: 7, ..spec }).await.unwrap();
+        store
+            .upsert_sale(&SaleSpec { stock: 7, ..spec })
+            .await
+            .unwrap();
         assert_eq!(store.sale_paused(&id).await.unwrap(), Some(true), "{db}");
         assert!(store.set_sale_paused(&id, false).await.unwrap(), "{db}");
         assert_eq!(store.sale_paused(&id).await.unwrap(), Some(false), "{db}");
@@ -195,7 +298,11 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
         store.set_all_paused(true).await.unwrap();
         assert_eq!(store.all_paused().await.unwrap(), Some(true), "{db}");
         store.adopt_all_paused(false).await.unwrap();
-        assert_eq!(store.all_paused().await.unwrap(), Some(true), "{db}: a recorded switch is never replaced by an adopted one");
+        assert_eq!(
+            store.all_paused().await.unwrap(),
+            Some(true),
+            "{db}: a recorded switch is never replaced by an adopted one"
+        );
         store.set_all_paused(false).await.unwrap();
         assert_eq!(store.all_paused().await.unwrap(), Some(false), "{db}");
         store.set_all_paused(before.unwrap_or(false)).await.unwrap();
@@ -209,20 +316,31 @@ async fn a_reservation_listed_twice_in_one_write_gets_one_order_created_by_that_
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
         store.insert_orders(std::slice::from_ref(&b)).await.unwrap();
         let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
-        let created = write.insert(&[a.clone(), b.clone(), a.clone()]).await.unwrap();
+        let created = write
+            .insert(&[a.clone(), b.clone(), a.clone()])
+            .await
+            .unwrap();
         write.commit().await.unwrap();
-        assert_eq!(created, std::collections::HashSet::from([a.reservation_id.clone()]), "{db}");
+        assert_eq!(
+            created,
+            std::collections::HashSet::from([a.reservation_id.clone()]),
+            "{db}"
+        );
         assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
     }
 }
 
 #[tokio::test]
-async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what_committed_before_it() {
+async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what_committed_before_it(
+) {
     for (db, store) in stores().await {
         let sale_id = unique("s");
         store.upsert_sale(&sale(&sale_id, 5)).await.unwrap();
         let early = reservation(&sale_id, "early");
-        store.insert_orders(std::slice::from_ref(&early)).await.unwrap();
+        store
+            .insert_orders(std::slice::from_ref(&early))
+            .await
+            .unwrap();
         let mut resync = store.begin_resync(&sale_id).await.unwrap();
         let late = reservation(&sale_id, "late");
         let writer = {
@@ -234,8 +352,17 @@ async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what
             })
         };
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert!(!writer.is_finished(), "{db}: the write must wait for the re-sync");
-        let seen: Vec<String> = resync.orders(&sale_id).await.unwrap().into_iter().map(|o| o.row.reservation_id).collect();
+        assert!(
+            !writer.is_finished(),
+            "{db}: the write must wait for the re-sync"
+        );
+        let seen: Vec<String> = resync
+            .orders(&sale_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.row.reservation_id)
+            .collect();
         assert_eq!(seen, vec![early.reservation_id.clone()], "{db}");
         resync.commit().await.unwrap();
         writer.await.unwrap();
@@ -255,9 +382,16 @@ async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what
             })
         };
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert!(!resyncer.is_finished(), "{db}: the re-sync must wait for the write");
+        assert!(
+            !resyncer.is_finished(),
+            "{db}: the re-sync must wait for the write"
+        );
         write.commit().await.unwrap();
-        assert_eq!(resyncer.await.unwrap(), 3, "{db}: the re-sync reads the write that held it up");
+        assert_eq!(
+            resyncer.await.unwrap(),
+            3,
+            "{db}: the re-sync reads the write that held it up"
+        );
     }
 }
 
@@ -268,7 +402,9 @@ async fn pauses_a_database_never_recorded_are_taken_once_and_never_over_an_opera
     std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
     sqlx::any::install_default_drivers();
     // A database made before pauses and the switch were kept in it.
-    let old = sqlx::AnyPool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+    let old = sqlx::AnyPool::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
     for statement in [
         "CREATE TABLE sales (id TEXT PRIMARY KEY, name TEXT NOT NULL, stock BIGINT NOT NULL, per_user_limit BIGINT NOT NULL, starts_at_ms BIGINT NOT NULL, ends_at_ms BIGINT NOT NULL, created_at_ms BIGINT NOT NULL)",
         "INSERT INTO sales VALUES ('old', 'old sale', 5, 1, 0, 9999999999999, 0)",
@@ -277,9 +413,16 @@ async fn pauses_a_database_never_recorded_are_taken_once_and_never_over_an_opera
     }
     old.close().await;
     let store = Store::connect(&url).await.unwrap();
-    assert_eq!(store.sale_paused("old").await.unwrap(), None, "never recorded");
+    assert_eq!(
+        store.sale_paused("old").await.unwrap(),
+        None,
+        "never recorded"
+    );
     assert_eq!(store.all_paused().await.unwrap(), None, "never recorded");
-    assert_eq!(store.sale_pauses().await.unwrap(), vec![("old".to_owned(), None)]);
+    assert_eq!(
+        store.sale_pauses().await.unwrap(),
+        vec![("old".to_owned(), None)]
+    );
     // A sale created now starts recorded, open.
     store.upsert_sale(&sale("new", 5)).await.unwrap();
     assert_eq!(store.sale_paused("new").await.unwrap(), Some(false));
@@ -287,7 +430,10 @@ async fn pauses_a_database_never_recorded_are_taken_once_and_never_over_an_opera
     assert_eq!(store.sale_paused("new").await.unwrap(), Some(false));
 
     assert!(store.adopt_sale_paused("old", true).await.unwrap());
-    assert!(!store.adopt_sale_paused("old", false).await.unwrap(), "taken once");
+    assert!(
+        !store.adopt_sale_paused("old", false).await.unwrap(),
+        "taken once"
+    );
     assert_eq!(store.sale_paused("old").await.unwrap(), Some(true));
     store.adopt_all_paused(true).await.unwrap();
     store.adopt_all_paused(false).await.unwrap();
@@ -304,7 +450,11 @@ async fn mysql_lock_waits_and_deadlocks_are_retried_and_bad_data_is_a_rejection(
     // A re-sync holds sale `a`: an order write on it waits 5 s
     // (innodb_lock_wait_timeout, error 1205) and is retried, not refused.
     let resync = store.begin_resync(&a).await.unwrap();
-    let waited = store.begin_order_write(&[&a]).await.err().expect("the hold must time out");
+    let waited = store
+        .begin_order_write(&[&a])
+        .await
+        .err()
+        .expect("the hold must time out");
     assert!(!waited.is_rejection(), "{waited}");
     drop(resync);
 
@@ -320,13 +470,20 @@ async fn mysql_lock_waits_and_deadlocks_are_retried_and_bad_data_is_a_rejection(
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         sqlx::query(&lock_a).execute(&mut *two).await
     });
-    let deadlock = first.err().or(second.err()).map(StoreError::Query).expect("one side is chosen as the deadlock victim");
+    let deadlock = first
+        .err()
+        .or(second.err())
+        .map(StoreError::Query)
+        .expect("one side is chosen as the deadlock victim");
     assert!(!deadlock.is_rejection(), "{deadlock}");
     drop((one, two));
 
     // A value the schema refuses (strict mode: too long) is the entry's fault.
     let mut long = reservation(&a, "x");
     long.user_id = "u".repeat(300);
-    let refused = store.insert_orders(&[long]).await.expect_err("a 300-character user id does not fit");
+    let refused = store
+        .insert_orders(&[long])
+        .await
+        .expect_err("a 300-character user id does not fit");
     assert!(refused.is_rejection(), "{refused}");
 }

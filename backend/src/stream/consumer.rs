@@ -75,10 +75,17 @@ pub struct Settings {
 impl Settings {
     /// The consumers' settings from the config; they count into `metrics`,
     /// the registry the backend serves.
-    pub fn new(redis: &RedisConfig, backend: &BackendConfig, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+    pub fn new(
+        redis: &RedisConfig,
+        backend: &BackendConfig,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> Self {
         Self {
             redis: redis.clone(),
-            consumer_name: backend.consumer_name.clone().unwrap_or_else(default_consumer_name),
+            consumer_name: backend
+                .consumer_name
+                .clone()
+                .unwrap_or_else(default_consumer_name),
             batch_size: backend.batch_size,
             block: backend.block,
             claim_idle: backend.claim_idle,
@@ -151,7 +158,8 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
         if let (Some(conn), Ok(sales)) = (redis.as_mut(), &sales) {
             reopen_unfinished(conn, sales, &mut archived).await;
         }
-        let maintain = last_maintenance.is_none_or(|t| t.elapsed() >= retention::MAINTENANCE_INTERVAL);
+        let maintain =
+            last_maintenance.is_none_or(|t| t.elapsed() >= retention::MAINTENANCE_INTERVAL);
         match sales {
             Ok(sales) => {
                 sale_list.ready();
@@ -159,7 +167,9 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                     last_maintenance = Some(Instant::now());
                     if let Some(conn) = redis.as_mut() {
                         for sale in &sales {
-                            if !archived.contains(&sale.id) && maintain_sale(conn, &store, &settings.metrics, sale).await {
+                            if !archived.contains(&sale.id)
+                                && maintain_sale(conn, &store, &settings.metrics, sale).await
+                            {
                                 archived.insert(sale.id.clone());
                             }
                         }
@@ -171,8 +181,14 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                             tracing::info!(sale = %sale.id, "sale archived: stream consumer stopped");
                             let _ = stop.send(true);
                         }
-                    } else if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(sale.id.clone()) {
-                        if !retention::within_grace(sale.ends_at_ms, retention::ARCHIVE_GRACE, flashgate_common::now_ms()) {
+                    } else if let std::collections::hash_map::Entry::Vacant(slot) =
+                        running.entry(sale.id.clone())
+                    {
+                        if !retention::within_grace(
+                            sale.ends_at_ms,
+                            retention::ARCHIVE_GRACE,
+                            flashgate_common::now_ms(),
+                        ) {
                             if let Some(conn) = redis.as_mut() {
                                 if maintain_sale(conn, &store, &settings.metrics, &sale).await {
                                     archived.insert(sale.id);
@@ -185,7 +201,14 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                         let (store, settings) = (store.clone(), settings.clone());
                         tasks.spawn(async move {
                             if sale.buckets > 1 {
-                                consume_buckets(sale.id.clone(), sale.buckets, store, settings, stopped).await;
+                                consume_buckets(
+                                    sale.id.clone(),
+                                    sale.buckets,
+                                    store,
+                                    settings,
+                                    stopped,
+                                )
+                                .await;
                             } else {
                                 consume_sale(sale.id.clone(), store, settings, stopped).await;
                             }
@@ -213,7 +236,11 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
 /// place that repairs an archiving a change failed to undo (an operator's
 /// new window whose unarchive failed, a race the archiver missed). Failures
 /// are logged; the next poll tries again.
-async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, sales: &[SaleSpec], archived: &mut HashSet<String>) {
+async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    sales: &[SaleSpec],
+    archived: &mut HashSet<String>,
+) {
     let unfinished: Vec<&SaleSpec> = sales.iter().filter(|s| archived.contains(&s.id)).collect();
     if unfinished.is_empty() {
         return;
@@ -226,7 +253,12 @@ async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
         // Redis sells by its own copy of the window, which a change that
         // failed half-way may have moved past the database's.
         let keys = flashgate_common::keys::SaleKeys::new(&sale.id);
-        let redis_ends: Option<i64> = redis::cmd("HGET").arg(&keys.meta).arg("ends_at_ms").query_async(conn).await.unwrap_or(None);
+        let redis_ends: Option<i64> = redis::cmd("HGET")
+            .arg(&keys.meta)
+            .arg("ends_at_ms")
+            .query_async(conn)
+            .await
+            .unwrap_or(None);
         let ends_at_ms = redis_ends.map_or(sale.ends_at_ms, |r| r.max(sale.ends_at_ms));
         if !retention::within_grace(ends_at_ms, retention::ARCHIVE_GRACE, now) {
             continue;
@@ -236,7 +268,9 @@ async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
                 tracing::warn!(sale = %sale.id, "archived sale whose window is open again made live");
                 archived.remove(&sale.id);
             }
-            Err(error) => tracing::warn!(%error, sale = %sale.id, "cannot unarchive a sale whose window is open; will retry"),
+            Err(error) => {
+                tracing::warn!(%error, sale = %sale.id, "cannot unarchive a sale whose window is open; will retry")
+            }
         }
     }
 }
@@ -244,19 +278,33 @@ async fn reopen_unfinished<C: redis::aio::ConnectionLike + Send>(conn: &mut C, s
 /// Trims the sale's written stream entries (every bucket's too) and
 /// archives it when it is finished; answers whether it is archived.
 /// Failures are logged: the next maintenance tries again.
-async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store: &Store, metrics: &Metrics, sale: &SaleSpec) -> bool {
+async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    metrics: &Metrics,
+    sale: &SaleSpec,
+) -> bool {
     let sale_id = sale.id.as_str();
     match retention::trim_all_written(conn, store, sale_id, sale.buckets).await {
         Ok((0, _)) => {}
         Ok((scripts, trimmed)) => {
             metrics.trim_scripts.inc_by(scripts);
-            tracing::debug!(sale = sale_id, trimmed, "stream entries written as orders trimmed");
+            tracing::debug!(
+                sale = sale_id,
+                trimmed,
+                "stream entries written as orders trimmed"
+            );
         }
         Err(error) => tracing::warn!(%error, sale = sale_id, "cannot trim the stream"),
     }
-    match retention::try_archive_all(conn, store, sale_id, sale.buckets, retention::ARCHIVE_GRACE).await {
+    match retention::try_archive_all(conn, store, sale_id, sale.buckets, retention::ARCHIVE_GRACE)
+        .await
+    {
         Ok(true) => {
-            tracing::info!(sale = sale_id, "sale finished and archived: no consumer, polling or reconciliation any more");
+            tracing::info!(
+                sale = sale_id,
+                "sale finished and archived: no consumer, polling or reconciliation any more"
+            );
             true
         }
         Ok(false) => false,
@@ -272,12 +320,24 @@ async fn maintain_sale<C: redis::aio::ConnectionLike + Send>(conn: &mut C, store
 /// where a dead letter retried by an operator goes back. Each stream is
 /// read in the consumer group like a sale's, so several backends share
 /// them.
-pub async fn consume_buckets(sale_id: String, buckets: u32, store: Store, settings: Settings, shutdown: watch::Receiver<bool>) {
+pub async fn consume_buckets(
+    sale_id: String,
+    buckets: u32,
+    store: Store,
+    settings: Settings,
+    shutdown: watch::Receiver<bool>,
+) {
     let mut streams = JoinSet::new();
     let own = std::iter::once(SaleKeys::new(&sale_id).stream);
     for stream in own.chain((0..buckets).map(|k| SaleKeys::bucket(&sale_id, k).stream)) {
-        let (sale_id, store, settings, shutdown) = (sale_id.clone(), store.clone(), settings.clone(), shutdown.clone());
-        streams.spawn(async move { consume_stream(sale_id, stream, store, settings, shutdown).await });
+        let (sale_id, store, settings, shutdown) = (
+            sale_id.clone(),
+            store.clone(),
+            settings.clone(),
+            shutdown.clone(),
+        );
+        streams
+            .spawn(async move { consume_stream(sale_id, stream, store, settings, shutdown).await });
     }
     while streams.join_next().await.is_some() {}
 }
@@ -285,14 +345,25 @@ pub async fn consume_buckets(sale_id: String, buckets: u32, store: Store, settin
 /// Consumes the stream of `sale_id` until `shutdown` turns true. Never
 /// gives up: Redis or database failures are logged and retried with
 /// backoff.
-pub async fn consume_sale(sale_id: String, store: Store, settings: Settings, shutdown: watch::Receiver<bool>) {
+pub async fn consume_sale(
+    sale_id: String,
+    store: Store,
+    settings: Settings,
+    shutdown: watch::Receiver<bool>,
+) {
     let stream = SaleKeys::new(&sale_id).stream;
     consume_stream(sale_id, stream, store, settings, shutdown).await;
 }
 
 /// Consumes `stream`, which holds reservations of `sale_id`, until
 /// `shutdown` turns true.
-async fn consume_stream(sale_id: String, stream: String, store: Store, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+async fn consume_stream(
+    sale_id: String,
+    stream: String,
+    store: Store,
+    settings: Settings,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut backoff = Backoff::default();
     loop {
         if *shutdown.borrow() {
@@ -303,12 +374,21 @@ async fn consume_stream(sale_id: String, stream: String, store: Store, settings:
                 return;
             }
         }
-        let mut consumer = Consumer { stream: stream.clone(), sale_id: &sale_id, store: &store, settings: &settings };
+        let mut consumer = Consumer {
+            stream: stream.clone(),
+            sale_id: &sale_id,
+            store: &store,
+            settings: &settings,
+        };
         match consumer.session(&mut shutdown, &mut backoff).await {
             Ok(()) => return,
             Err(error) => {
                 let wait = backoff.next();
-                if settings.readiness.as_ref().is_some_and(|r| !r.dependencies_ready()) {
+                if settings
+                    .readiness
+                    .as_ref()
+                    .is_some_and(|r| !r.dependencies_ready())
+                {
                     // The dependency monitor has said what is away.
                     tracing::debug!(%error, sale = %sale_id, "stream consumer paused while a dependency is away");
                 } else {
@@ -336,7 +416,8 @@ struct Backoff {
 
 impl Backoff {
     fn next(&mut self) -> Duration {
-        let wait = Duration::from_millis(200u64.saturating_mul(1 << self.failures.min(5))).min(Duration::from_secs(5));
+        let wait = Duration::from_millis(200u64.saturating_mul(1 << self.failures.min(5)))
+            .min(Duration::from_secs(5));
         self.failures = self.failures.saturating_add(1);
         wait
     }
@@ -355,8 +436,13 @@ struct Consumer<'a> {
 
 impl Consumer<'_> {
     /// One connection's worth of consuming; returns `Ok` only on shutdown.
-    async fn session(&mut self, shutdown: &mut watch::Receiver<bool>, backoff: &mut Backoff) -> Result<(), ConsumeError> {
-        let mut conn = redis_io::consumer_connection(&self.settings.redis, self.settings.block).await?;
+    async fn session(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+        backoff: &mut Backoff,
+    ) -> Result<(), ConsumeError> {
+        let mut conn =
+            redis_io::consumer_connection(&self.settings.redis, self.settings.block).await?;
         self.ensure_group(&mut conn).await?;
         let mut forward = ForwardWatch::default();
 
@@ -366,7 +452,10 @@ impl Consumer<'_> {
             let entries = self.read(&mut conn, &cursor, None).await?;
             let Some(last) = entries.last() else { break };
             cursor = last.id.clone();
-            if !self.settle(&mut conn, &entries, &mut forward, shutdown).await? {
+            if !self
+                .settle(&mut conn, &entries, &mut forward, shutdown)
+                .await?
+            {
                 return Ok(());
             }
             forward.checked(self.process(&mut conn, entries).await?);
@@ -389,7 +478,10 @@ impl Consumer<'_> {
                 _ = stopped(shutdown) => return Ok(()),
             };
             if !entries.is_empty() {
-                if !self.settle(&mut conn, &entries, &mut forward, shutdown).await? {
+                if !self
+                    .settle(&mut conn, &entries, &mut forward, shutdown)
+                    .await?
+                {
                     return Ok(());
                 }
                 forward.checked(self.process(&mut conn, entries).await?);
@@ -417,7 +509,9 @@ impl Consumer<'_> {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<bool, RedisError> {
         let grace = self.settings.forward_grace;
-        let Some(newest) = entries.iter().filter_map(|e| entry_ms(&e.id)).max() else { return Ok(true) };
+        let Some(newest) = entries.iter().filter_map(|e| entry_ms(&e.id)).max() else {
+            return Ok(true);
+        };
         if !forward.waits(grace, Instant::now()) {
             return Ok(true);
         }
@@ -434,8 +528,14 @@ impl Consumer<'_> {
     }
 
     async fn ensure_group(&self, conn: &mut RedisHandle) -> Result<(), RedisError> {
-        let created: Result<(), RedisError> =
-            redis::cmd("XGROUP").arg("CREATE").arg(&self.stream).arg(CONSUMER_GROUP).arg("0").arg("MKSTREAM").query_async(conn).await;
+        let created: Result<(), RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.stream)
+            .arg(CONSUMER_GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await;
         match created {
             Err(e) if e.code() != Some("BUSYGROUP") => Err(e),
             _ => Ok(()),
@@ -443,16 +543,29 @@ impl Consumer<'_> {
     }
 
     /// `XREADGROUP` from `id` (`>` for new entries, an id for own pending ones).
-    async fn read(&self, conn: &mut RedisHandle, id: &str, block: Option<Duration>) -> Result<Vec<StreamId>, RedisError> {
+    async fn read(
+        &self,
+        conn: &mut RedisHandle,
+        id: &str,
+        block: Option<Duration>,
+    ) -> Result<Vec<StreamId>, RedisError> {
         let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP").arg(CONSUMER_GROUP).arg(&self.settings.consumer_name).arg("COUNT").arg(self.settings.batch_size);
+        cmd.arg("GROUP")
+            .arg(CONSUMER_GROUP)
+            .arg(&self.settings.consumer_name)
+            .arg("COUNT")
+            .arg(self.settings.batch_size);
         if let Some(block) = block {
             cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
         }
         cmd.arg("STREAMS").arg(&self.stream).arg(id);
         // A timed-out BLOCK answers nil.
         let reply: Option<StreamReadReply> = cmd.query_async(conn).await?;
-        Ok(reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids).collect())
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .collect())
     }
 
     /// Takes over entries idle longer than `claim_idle` on any consumer
@@ -471,8 +584,15 @@ impl Consumer<'_> {
                 .query_async(conn)
                 .await?;
             if !reply.claimed.is_empty() {
-                self.settings.metrics.claimed_entries.inc_by(reply.claimed.len() as u64);
-                tracing::info!(sale = self.sale_id, claimed = reply.claimed.len(), "claimed idle stream entries");
+                self.settings
+                    .metrics
+                    .claimed_entries
+                    .inc_by(reply.claimed.len() as u64);
+                tracing::info!(
+                    sale = self.sale_id,
+                    claimed = reply.claimed.len(),
+                    "claimed idle stream entries"
+                );
                 self.process(conn, reply.claimed).await?;
             }
             if reply.next_stream_id == "0-0" {
@@ -488,14 +608,19 @@ impl Consumer<'_> {
     /// (written before or committed here) or the entry was moved to the
     /// dead-letter stream. Answers what the check found, for
     /// [`ForwardWatch`].
-    async fn process(&self, conn: &mut RedisHandle, entries: Vec<StreamId>) -> Result<Checked, ConsumeError> {
+    async fn process(
+        &self,
+        conn: &mut RedisHandle,
+        entries: Vec<StreamId>,
+    ) -> Result<Checked, ConsumeError> {
         let mut ids = Vec::with_capacity(entries.len());
         let mut good: Vec<(&StreamId, Reservation)> = Vec::with_capacity(entries.len());
         for entry in &entries {
             match parse(entry).and_then(|r| belongs_to(r, self.sale_id)) {
                 Ok(r) => good.push((entry, r)),
                 Err(field) => {
-                    let error = format!("malformed reservation entry: field `{field}` missing or invalid");
+                    let error =
+                        format!("malformed reservation entry: field `{field}` missing or invalid");
                     tracing::error!(sale = self.sale_id, entry = %entry.id, field, "malformed reservation entry; moving it to the dead-letter stream");
                     dead_letter::bury(conn, self.sale_id, entry, &error, 1).await?;
                     self.settings.metrics.dead_letters.inc();
@@ -508,7 +633,10 @@ impl Consumer<'_> {
         // only for the rest, usually none. Each entry is counted once per
         // check, and those found written are acknowledged even if the
         // write of the rest fails, so a retry does not count them again.
-        let rids: Vec<&str> = good.iter().map(|(_, r)| r.reservation_id.as_str()).collect();
+        let rids: Vec<&str> = good
+            .iter()
+            .map(|(_, r)| r.reservation_id.as_str())
+            .collect();
         let written = match self.store.reservations_with_orders(&rids).await {
             Ok(written) => written,
             Err(error) => {
@@ -517,10 +645,18 @@ impl Consumer<'_> {
             }
         };
         let total = good.len();
-        let (done, fresh): (Vec<_>, Vec<_>) = good.into_iter().partition(|(_, r)| written.contains(&r.reservation_id));
-        self.settings.metrics.stream_already_written.inc_by(done.len() as u64);
+        let (done, fresh): (Vec<_>, Vec<_>) = good
+            .into_iter()
+            .partition(|(_, r)| written.contains(&r.reservation_id));
+        self.settings
+            .metrics
+            .stream_already_written
+            .inc_by(done.len() as u64);
         ids.extend(done.iter().map(|(e, _)| e.id.as_str()));
-        let mut checked = Checked { entries: total, written: done.len() };
+        let mut checked = Checked {
+            entries: total,
+            written: done.len(),
+        };
         if fresh.is_empty() {
             self.settings.metrics.batch_size.observe(total as f64);
             self.ack(conn, &ids).await?;
@@ -534,13 +670,20 @@ impl Consumer<'_> {
                 checked.written += existing;
                 self.settings.metrics.batch_size.observe(total as f64);
                 ids.extend(fresh.iter().map(|(e, _)| e.id.as_str()));
-                tracing::debug!(sale = self.sale_id, read = entries.len(), written = reservations.len(), "stream batch committed");
+                tracing::debug!(
+                    sale = self.sale_id,
+                    read = entries.len(),
+                    written = reservations.len(),
+                    "stream batch committed"
+                );
             }
             Err(WriteError::Redis(error)) => {
                 self.ack(conn, &ids).await?;
                 return Err(error.into());
             }
-            Err(WriteError::Store(error)) if !error.is_rejection() || !self.store.writable().await => {
+            Err(WriteError::Store(error))
+                if !error.is_rejection() || !self.store.writable().await =>
+            {
                 self.ack(conn, &ids).await?;
                 return Err(error.into());
             }
@@ -562,10 +705,18 @@ impl Consumer<'_> {
                             return Err(e.into());
                         }
                         Err(WriteError::Store(e)) => {
-                            let deliveries = dead_letter::deliveries(conn, &self.stream, id).await?;
+                            let deliveries =
+                                dead_letter::deliveries(conn, &self.stream, id).await?;
                             if deliveries >= u64::from(self.settings.max_deliveries) {
                                 tracing::error!(error = %e, sale = self.sale_id, entry = id, deliveries, "entry keeps failing; moving it to the dead-letter stream");
-                                dead_letter::bury(conn, self.sale_id, entry, &e.to_string(), deliveries).await?;
+                                dead_letter::bury(
+                                    conn,
+                                    self.sale_id,
+                                    entry,
+                                    &e.to_string(),
+                                    deliveries,
+                                )
+                                .await?;
                                 self.settings.metrics.dead_letters.inc();
                                 ids.push(id);
                             } else {
@@ -592,11 +743,23 @@ impl Consumer<'_> {
     /// race). An entry Redis does not count was read from a Redis that
     /// failed over before its write reached the promoted one: it is not
     /// written, and acknowledging it changes nothing there.
-    async fn write(&self, conn: &mut RedisHandle, reservations: &[Reservation]) -> Result<usize, WriteError> {
+    async fn write(
+        &self,
+        conn: &mut RedisHandle,
+        reservations: &[Reservation],
+    ) -> Result<usize, WriteError> {
         let written = write_counted(self.store, conn, reservations).await?;
         let existing = written.counted.len() - written.created.len();
-        self.settings.metrics.orders_created.with_label_values(&["stream"]).inc_by(written.created.len() as u64);
-        self.settings.metrics.orders_existing.with_label_values(&["stream"]).inc_by(existing as u64);
+        self.settings
+            .metrics
+            .orders_created
+            .with_label_values(&["stream"])
+            .inc_by(written.created.len() as u64);
+        self.settings
+            .metrics
+            .orders_existing
+            .with_label_values(&["stream"])
+            .inc_by(existing as u64);
         for r in &written.uncounted {
             tracing::warn!(sale = self.sale_id, reservation = %r.reservation_id, "stream entry redis no longer counts (lost in a failover); no order written");
         }
@@ -607,7 +770,13 @@ impl Consumer<'_> {
         if ids.is_empty() {
             return Ok(());
         }
-        redis::cmd("XACK").arg(&self.stream).arg(CONSUMER_GROUP).arg(ids).query_async::<i64>(conn).await.map(drop)
+        redis::cmd("XACK")
+            .arg(&self.stream)
+            .arg(CONSUMER_GROUP)
+            .arg(ids)
+            .query_async::<i64>(conn)
+            .await
+            .map(drop)
     }
 }
 
@@ -648,7 +817,10 @@ const PROBE_GRACES: u32 = 10;
 
 impl Default for ForwardWatch {
     fn default() -> Self {
-        Self { delivering: true, last_held: None }
+        Self {
+            delivering: true,
+            last_held: None,
+        }
     }
 }
 
@@ -656,7 +828,10 @@ impl ForwardWatch {
     /// Whether a batch read at `now` is held for `grace`.
     fn waits(&self, grace: Duration, now: Instant) -> bool {
         !grace.is_zero()
-            && (self.delivering || self.last_held.is_none_or(|held| now.saturating_duration_since(held) >= grace * PROBE_GRACES))
+            && (self.delivering
+                || self
+                    .last_held
+                    .is_none_or(|held| now.saturating_duration_since(held) >= grace * PROBE_GRACES))
     }
 
     /// A batch is held, from `now`.

@@ -60,7 +60,12 @@ pub async fn bury<C: ConnectionLike + Send>(
             cmd.arg(k).arg(text(v));
         }
     }
-    cmd.arg("dead_error").arg(error).arg("dead_source_id").arg(&entry.id).arg("dead_deliveries").arg(deliveries);
+    cmd.arg("dead_error")
+        .arg(error)
+        .arg("dead_source_id")
+        .arg(&entry.id)
+        .arg("dead_deliveries")
+        .arg(deliveries);
     cmd.query_async::<String>(conn).await.map(drop)
 }
 
@@ -68,9 +73,19 @@ pub async fn bury<C: ConnectionLike + Send>(
 ///
 /// # Errors
 /// Redis failed.
-pub async fn deliveries<C: ConnectionLike + Send>(conn: &mut C, stream: &str, id: &str) -> Result<u64, RedisError> {
-    let rows: Vec<(String, String, u64, u64)> =
-        redis::cmd("XPENDING").arg(stream).arg(CONSUMER_GROUP).arg(id).arg(id).arg(1).query_async(conn).await?;
+pub async fn deliveries<C: ConnectionLike + Send>(
+    conn: &mut C,
+    stream: &str,
+    id: &str,
+) -> Result<u64, RedisError> {
+    let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(CONSUMER_GROUP)
+        .arg(id)
+        .arg(id)
+        .arg(1)
+        .query_async(conn)
+        .await?;
     Ok(rows.first().map_or(0, |r| r.3))
 }
 
@@ -78,9 +93,18 @@ pub async fn deliveries<C: ConnectionLike + Send>(conn: &mut C, stream: &str, id
 ///
 /// # Errors
 /// Redis failed.
-pub async fn list<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) -> Result<Vec<DeadLetter>, RedisError> {
-    let reply: StreamRangeReply =
-        redis::cmd("XRANGE").arg(SaleKeys::new(sale_id).dead).arg("-").arg("+").arg("COUNT").arg(MAX_LISTED).query_async(conn).await?;
+pub async fn list<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+) -> Result<Vec<DeadLetter>, RedisError> {
+    let reply: StreamRangeReply = redis::cmd("XRANGE")
+        .arg(SaleKeys::new(sale_id).dead)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(MAX_LISTED)
+        .query_async(conn)
+        .await?;
     Ok(reply.ids.iter().map(view).collect())
 }
 
@@ -112,7 +136,9 @@ pub(crate) fn view(entry: &StreamId) -> DeadLetter {
 /// Whether a string can be a stream entry id (`ms-seq`), checked before it
 /// reaches Redis.
 pub fn valid_entry_id(id: &str) -> bool {
-    let Some((ms, seq)) = id.split_once('-') else { return false };
+    let Some((ms, seq)) = id.split_once('-') else {
+        return false;
+    };
     let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
     digits(ms) && digits(seq)
 }
@@ -122,10 +148,21 @@ pub fn valid_entry_id(id: &str) -> bool {
 ///
 /// # Errors
 /// Redis failed; then nothing moved.
-pub async fn retry<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, entry_id: &str) -> Result<Option<String>, RedisError> {
+pub async fn retry<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sale_id: &str,
+    entry_id: &str,
+) -> Result<Option<String>, RedisError> {
     let keys = SaleKeys::new(sale_id);
-    let reply: StreamRangeReply = redis::cmd("XRANGE").arg(&keys.dead).arg(entry_id).arg(entry_id).query_async(conn).await?;
-    let Some(entry) = reply.ids.first() else { return Ok(None) };
+    let reply: StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&keys.dead)
+        .arg(entry_id)
+        .arg(entry_id)
+        .query_async(conn)
+        .await?;
+    let Some(entry) = reply.ids.first() else {
+        return Ok(None);
+    };
     let mut add = redis::cmd("XADD");
     add.arg(&keys.stream).arg("*");
     let mut any = false;
@@ -138,8 +175,14 @@ pub async fn retry<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str, entry_
     if !any {
         add.arg("rid").arg("");
     }
-    let (new_id, _deleted): (String, i64) =
-        redis::pipe().atomic().add_command(add).cmd("XDEL").arg(&keys.dead).arg(entry_id).query_async(conn).await?;
+    let (new_id, _deleted): (String, i64) = redis::pipe()
+        .atomic()
+        .add_command(add)
+        .cmd("XDEL")
+        .arg(&keys.dead)
+        .arg(entry_id)
+        .query_async(conn)
+        .await?;
     Ok(Some(new_id))
 }
 

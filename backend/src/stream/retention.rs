@@ -96,7 +96,10 @@ impl GroupPosition {
 ///
 /// # Errors
 /// Redis failed, or answered in a shape this version does not know.
-pub async fn position<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> RedisResult<Option<GroupPosition>> {
+pub async fn position<C: ConnectionLike + Send>(
+    conn: &mut C,
+    stream: &str,
+) -> RedisResult<Option<GroupPosition>> {
     let reply: RedisResult<(Value, Value, Value)> = redis::pipe()
         .atomic()
         .cmd("XINFO")
@@ -117,16 +120,31 @@ pub async fn position<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> R
         Ok(r) => r,
         // No such stream or group: nothing to trim, nothing pending (the
         // transaction reports a missing group as one of its commands' errors).
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) || no_group(&e) => return Ok(None),
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                || no_group(&e) =>
+        {
+            return Ok(None)
+        }
         Err(e) => return Err(e),
     };
-    let bad = |what: &str| RedisError::from((redis::ErrorKind::Client, "unexpected stream reply", what.to_owned()));
-    let Some(last_delivered) = group_last_delivered(groups) else { return Ok(None) };
+    let bad = |what: &str| {
+        RedisError::from((
+            redis::ErrorKind::Client,
+            "unexpected stream reply",
+            what.to_owned(),
+        ))
+    };
+    let Some(last_delivered) = group_last_delivered(groups) else {
+        return Ok(None);
+    };
     let last_delivered = EntryId::parse(&last_delivered).ok_or_else(|| bad("last-delivered-id"))?;
     // XPENDING summary: [count, smallest id, greatest id, consumers].
     let oldest_pending = match pending {
         Value::Array(items) => match items.get(1) {
-            Some(Value::BulkString(id)) => Some(EntryId::parse(&String::from_utf8_lossy(id)).ok_or_else(|| bad("XPENDING"))?),
+            Some(Value::BulkString(id)) => {
+                Some(EntryId::parse(&String::from_utf8_lossy(id)).ok_or_else(|| bad("XPENDING"))?)
+            }
             _ => None,
         },
         _ => None,
@@ -136,16 +154,25 @@ pub async fn position<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> R
         Some(entry) => Some(EntryId::parse(&entry.id).ok_or_else(|| bad("XREVRANGE"))?),
         None => None,
     };
-    Ok(Some(GroupPosition { last_delivered, oldest_pending, newest }))
+    Ok(Some(GroupPosition {
+        last_delivered,
+        oldest_pending,
+        newest,
+    }))
 }
 
 fn no_group(e: &RedisError) -> bool {
-    e.code() == Some("NOGROUP") || e.clone().into_server_errors().is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "NOGROUP"))
+    e.code() == Some("NOGROUP")
+        || e.clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "NOGROUP"))
 }
 
 /// The `last-delivered-id` of the `orders` group in an `XINFO GROUPS` reply.
 fn group_last_delivered(groups: Value) -> Option<String> {
-    let Value::Array(groups) = groups else { return None };
+    let Value::Array(groups) = groups else {
+        return None;
+    };
     groups.into_iter().find_map(|group| {
         let fields: Vec<(String, Value)> = redis::FromRedisValue::from_redis_value(group).ok()?;
         let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
@@ -154,7 +181,9 @@ fn group_last_delivered(groups: Value) -> Option<String> {
             Value::SimpleString(s) => Some(s.clone()),
             _ => None,
         };
-        (field("name").and_then(text)? == CONSUMER_GROUP).then(|| field("last-delivered-id").and_then(text)).flatten()
+        (field("name").and_then(text)? == CONSUMER_GROUP)
+            .then(|| field("last-delivered-id").and_then(text))
+            .flatten()
     })
 }
 
@@ -167,7 +196,11 @@ const TRIM_PAGE: usize = 500;
 ///
 /// # Errors
 /// Redis or the database failed; nothing was trimmed then.
-pub async fn trim_written<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str) -> Result<Option<u64>, SaleError> {
+pub async fn trim_written<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+) -> Result<Option<u64>, SaleError> {
     trim_stream(conn, store, sale_id, &SaleKeys::new(sale_id).stream).await
 }
 
@@ -209,21 +242,40 @@ pub async fn trim_all_written<C: ConnectionLike + Send>(
 /// The streams of sale `sale_id`: its own, then each bucket's.
 fn streams(sale_id: &str, buckets: u32) -> Vec<String> {
     let buckets = if buckets > 1 { buckets } else { 0 };
-    std::iter::once(SaleKeys::new(sale_id).stream).chain((0..buckets).map(|k| SaleKeys::bucket(sale_id, k).stream)).collect()
+    std::iter::once(SaleKeys::new(sale_id).stream)
+        .chain((0..buckets).map(|k| SaleKeys::bucket(sale_id, k).stream))
+        .collect()
 }
 
 /// Trims `stream`, one of sale `sale_id`'s (see [`trim_written`]). A
 /// dead letter stands for an entry with its id and the same fields: the
 /// dead-letter stream is the sale's, shared by every stream of a bucketed
 /// sale, whose ids may coincide.
-async fn trim_stream<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str, stream: &str) -> Result<Option<u64>, SaleError> {
-    let Some(bound) = position(conn, stream).await?.and_then(|p| p.trim_below()) else { return Ok(None) };
+async fn trim_stream<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+    stream: &str,
+) -> Result<Option<u64>, SaleError> {
+    let Some(bound) = position(conn, stream).await?.and_then(|p| p.trim_below()) else {
+        return Ok(None);
+    };
     let mut dead: Option<Vec<super::dead_letter::DeadLetter>> = None;
     let mut start = "-".to_owned();
     let keep_from = 'scan: loop {
-        let page: redis::streams::StreamRangeReply =
-            redis::cmd("XRANGE").arg(stream).arg(&start).arg(format!("({bound}")).arg("COUNT").arg(TRIM_PAGE).query_async(conn).await?;
-        let rids: Vec<Option<String>> = page.ids.iter().map(|e| super::entry::parse(e).ok().map(|r| r.reservation_id)).collect();
+        let page: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&start)
+            .arg(format!("({bound}"))
+            .arg("COUNT")
+            .arg(TRIM_PAGE)
+            .query_async(conn)
+            .await?;
+        let rids: Vec<Option<String>> = page
+            .ids
+            .iter()
+            .map(|e| super::entry::parse(e).ok().map(|r| r.reservation_id))
+            .collect();
         let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
         let with_orders = store.reservations_with_orders(&wanted).await?;
         for (entry, rid) in page.ids.iter().zip(&rids) {
@@ -234,7 +286,10 @@ async fn trim_stream<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale
                 dead = Some(super::dead_letter::list(conn, sale_id).await?);
             }
             let fields = super::dead_letter::view(entry).fields;
-            if !dead.as_ref().is_some_and(|d| d.iter().any(|d| d.source_id == entry.id && d.fields == fields)) {
+            if !dead.as_ref().is_some_and(|d| {
+                d.iter()
+                    .any(|d| d.source_id == entry.id && d.fields == fields)
+            }) {
                 break 'scan EntryId::parse(&entry.id);
             }
         }
@@ -243,22 +298,33 @@ async fn trim_stream<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale
             _ => break Some(bound),
         }
     };
-    let Some(keep_from) = keep_from else { return Ok(None) };
-    let trimmed: i64 = TRIM.key(stream).arg(CONSUMER_GROUP).arg(keep_from.to_string()).invoke_async(conn).await?;
+    let Some(keep_from) = keep_from else {
+        return Ok(None);
+    };
+    let trimmed: i64 = TRIM
+        .key(stream)
+        .arg(CONSUMER_GROUP)
+        .arg(keep_from.to_string())
+        .invoke_async(conn)
+        .await?;
     // -1: the group moved back or went away since it was read; next time.
     Ok(Some(u64::try_from(trimmed).unwrap_or(0)))
 }
 
 /// `lua/trim.lua`: `XTRIM MINID` only while the group still stands past the
 /// bound (see the script).
-static TRIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::TRIM));
+static TRIM: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::TRIM));
 
 /// The ids of the archived sales.
 ///
 /// # Errors
 /// Redis failed.
 pub async fn archived<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<HashSet<String>> {
-    redis::cmd("SMEMBERS").arg(ARCHIVED_SALES).query_async(conn).await
+    redis::cmd("SMEMBERS")
+        .arg(ARCHIVED_SALES)
+        .query_async(conn)
+        .await
 }
 
 /// Makes `sale_id` live again (its consumer restarts within
@@ -268,7 +334,12 @@ pub async fn archived<C: ConnectionLike + Send>(conn: &mut C) -> RedisResult<Has
 /// # Errors
 /// Redis failed.
 pub async fn unarchive<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) -> RedisResult<()> {
-    redis::cmd("SREM").arg(ARCHIVED_SALES).arg(sale_id).query_async::<i64>(conn).await.map(drop)
+    redis::cmd("SREM")
+        .arg(ARCHIVED_SALES)
+        .arg(sale_id)
+        .query_async::<i64>(conn)
+        .await
+        .map(drop)
 }
 
 /// Archives `sale_id` when it is finished (see the module doc): ended
@@ -279,7 +350,12 @@ pub async fn unarchive<C: ConnectionLike + Send>(conn: &mut C, sale_id: &str) ->
 ///
 /// # Errors
 /// Redis or the database failed; nothing was archived then.
-pub async fn try_archive<C: ConnectionLike + Send>(conn: &mut C, store: &Store, sale_id: &str, grace: Duration) -> Result<bool, SaleError> {
+pub async fn try_archive<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    sale_id: &str,
+    grace: Duration,
+) -> Result<bool, SaleError> {
     try_archive_all(conn, store, sale_id, 1, grace).await
 }
 
@@ -312,7 +388,11 @@ pub async fn try_archive_all<C: ConnectionLike + Send>(
             return Ok(false);
         }
     }
-    redis::cmd("SADD").arg(ARCHIVED_SALES).arg(sale_id).query_async::<i64>(conn).await?;
+    redis::cmd("SADD")
+        .arg(ARCHIVED_SALES)
+        .arg(sale_id)
+        .query_async::<i64>(conn)
+        .await?;
     // A change racing this one unarchives after it writes (an operator
     // reopening the window, a dead letter put back on the stream); these
     // re-reads after the SADD catch the other order.
@@ -324,7 +404,10 @@ pub async fn try_archive_all<C: ConnectionLike + Send>(
 }
 
 /// [`stream_done`] for every key set of `all`.
-async fn streams_done<C: ConnectionLike + Send>(conn: &mut C, all: &[SaleKeys]) -> RedisResult<bool> {
+async fn streams_done<C: ConnectionLike + Send>(
+    conn: &mut C,
+    all: &[SaleKeys],
+) -> RedisResult<bool> {
     for keys in all {
         if !stream_done(conn, keys).await? {
             return Ok(false);
@@ -340,9 +423,20 @@ async fn stream_done<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys) ->
         Some(p) => p.drained(),
         // No group to read it (or an unexpected reply): done only if
         // there is nothing to read.
-        None => redis::cmd("XLEN").arg(&keys.stream).query_async::<i64>(conn).await? == 0,
+        None => {
+            redis::cmd("XLEN")
+                .arg(&keys.stream)
+                .query_async::<i64>(conn)
+                .await?
+                == 0
+        }
     };
-    Ok(drained && redis::cmd("XLEN").arg(&keys.dead).query_async::<i64>(conn).await? == 0)
+    Ok(drained
+        && redis::cmd("XLEN")
+            .arg(&keys.dead)
+            .query_async::<i64>(conn)
+            .await?
+            == 0)
 }
 
 /// Reservations of `resv` checked against the database per page.
@@ -359,11 +453,18 @@ async fn every_reservation_has_its_order<C: ConnectionLike + Send>(
 ) -> Result<bool, SaleError> {
     let mut cursor = 0_u64;
     loop {
-        let (next, flat): (u64, Vec<String>) =
-            redis::cmd("HSCAN").arg(&keys.reservations).arg(cursor).arg("COUNT").arg(RESERVATION_PAGE).query_async(conn).await?;
+        let (next, flat): (u64, Vec<String>) = redis::cmd("HSCAN")
+            .arg(&keys.reservations)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(RESERVATION_PAGE)
+            .query_async(conn)
+            .await?;
         // HSCAN answers field, value, field, value...
         let rids: Vec<&str> = flat.iter().step_by(2).map(String::as_str).collect();
-        if store.reservations_with_orders(&rids).await?.len() < rids.iter().collect::<HashSet<_>>().len() {
+        if store.reservations_with_orders(&rids).await?.len()
+            < rids.iter().collect::<HashSet<_>>().len()
+        {
             return Ok(false);
         }
         if next == 0 {
@@ -375,9 +476,19 @@ async fn every_reservation_has_its_order<C: ConnectionLike + Send>(
 
 /// Whether the sale's window in Redis ended before Redis's clock minus
 /// `grace`; false when the sale is not in Redis (it is being restored).
-async fn ended_long_ago<C: ConnectionLike + Send>(conn: &mut C, keys: &SaleKeys, grace: Duration) -> RedisResult<bool> {
-    let ends_at_ms: Option<i64> = redis::cmd("HGET").arg(&keys.meta).arg("ends_at_ms").query_async(conn).await?;
-    let Some(end) = ends_at_ms else { return Ok(false) };
+async fn ended_long_ago<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &SaleKeys,
+    grace: Duration,
+) -> RedisResult<bool> {
+    let ends_at_ms: Option<i64> = redis::cmd("HGET")
+        .arg(&keys.meta)
+        .arg("ends_at_ms")
+        .query_async(conn)
+        .await?;
+    let Some(end) = ends_at_ms else {
+        return Ok(false);
+    };
     Ok(!within_grace(end, grace, redis_now_ms(conn).await?))
 }
 

@@ -29,7 +29,10 @@ use pingora::upstreams::peer::HttpPeer;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "pingora_floor", about = "Answers every GET with one file, as Flashgate's page path would")]
+#[command(
+    name = "pingora_floor",
+    about = "Answers every GET with one file, as Flashgate's page path would"
+)]
 struct Args {
     /// Address to listen on.
     #[arg(long)]
@@ -65,26 +68,40 @@ impl ProxyHttp for Floor {
         let body_follows = session.req_header().method != http::Method::HEAD;
         session.write_response_header(head, !body_follows).await?;
         if body_follows {
-            session.write_response_body(Some(self.body.clone()), true).await?;
+            session
+                .write_response_body(Some(self.body.clone()), true)
+                .await?;
         }
         Ok(true)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> pingora::Result<Box<HttpPeer>> {
-        pingora::Error::e_explain(pingora::ErrorType::ConnectNoRoute, "every request is answered in request_filter")
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut (),
+    ) -> pingora::Result<Box<HttpPeer>> {
+        pingora::Error::e_explain(
+            pingora::ErrorType::ConnectNoRoute,
+            "every request is answered in request_filter",
+        )
     }
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let body = Bytes::from(std::fs::read(&args.page)?);
-    let modified = std::fs::metadata(&args.page)?.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+    let modified = std::fs::metadata(&args.page)?
+        .modified()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut hash = std::collections::hash_map::DefaultHasher::new();
     body.hash(&mut hash);
     let mut head = ResponseHeader::build(200, Some(6))?;
     head.append_header("Content-Type", "text/html; charset=utf-8")?;
     head.append_header("Content-Length", body.len().to_string())?;
-    head.append_header("ETag", format!("\"{:016x}-{:x}\"", hash.finish(), body.len()))?;
+    head.append_header(
+        "ETag",
+        format!("\"{:016x}-{:x}\"", hash.finish(), body.len()),
+    )?;
     head.append_header("Last-Modified", httpdate::fmt_http_date(modified))?;
     head.append_header("Cache-Control", args.cache_control.as_str())?;
     // Flashgate sends it with every compressible page (this one is).
@@ -99,7 +116,8 @@ fn main() -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let mut service = pingora::proxy::http_proxy_service(&server.configuration, Floor { head, body });
+    let mut service =
+        pingora::proxy::http_proxy_service(&server.configuration, Floor { head, body });
     service.add_tcp(&args.listen);
     server.add_service(service);
     server.run_forever()

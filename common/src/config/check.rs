@@ -57,15 +57,29 @@ impl Check {
     }
 
     /// `min <= value <= max`.
-    pub fn between<T: PartialOrd + Display>(&mut self, key: impl Display, value: T, min: T, max: T) -> Checked<'_> {
+    pub fn between<T: PartialOrd + Display>(
+        &mut self,
+        key: impl Display,
+        value: T,
+        min: T,
+        max: T,
+    ) -> Checked<'_> {
         if min <= value && value <= max {
             return Checked { failed: None };
         }
-        self.record(format!("{key}: must be between {min} and {max}"), Some(value))
+        self.record(
+            format!("{key}: must be between {min} and {max}"),
+            Some(value),
+        )
     }
 
     /// `value <= max`.
-    pub fn at_most<T: PartialOrd + Display>(&mut self, key: impl Display, value: T, max: T) -> Checked<'_> {
+    pub fn at_most<T: PartialOrd + Display>(
+        &mut self,
+        key: impl Display,
+        value: T,
+        max: T,
+    ) -> Checked<'_> {
         if value <= max {
             return Checked { failed: None };
         }
@@ -73,7 +87,13 @@ impl Check {
     }
 
     /// `1 <= value <= max`, as the non-zero value the settings keep.
-    pub fn non_zero(&mut self, key: impl Display, value: u32, max: u32, note: &str) -> Option<NonZeroU32> {
+    pub fn non_zero(
+        &mut self,
+        key: impl Display,
+        value: u32,
+        max: u32,
+        note: &str,
+    ) -> Option<NonZeroU32> {
         let checked = self.between(key, value, 1, max);
         let ok = checked.ok();
         checked.note(note);
@@ -99,7 +119,9 @@ impl Check {
             None => bound,
         };
         self.problems.push(message);
-        Checked { failed: self.problems.last_mut().map(|m| (m, at)) }
+        Checked {
+            failed: self.problems.last_mut().map(|m| (m, at)),
+        }
     }
 }
 
@@ -111,9 +133,13 @@ mod tests {
     fn the_message_is_written_from_the_key_and_the_bound() {
         let mut check = Check::default();
         check.between("limits.buy.user.burst", 0, 1, 10_000_000);
-        check.at_most("pages.reload_interval_ms", 4_000_000u64, 3_600_000).note("0 turns reloading off");
+        check
+            .at_most("pages.reload_interval_ms", 4_000_000u64, 3_600_000)
+            .note("0 turns reloading off");
         check.between("redis.timeout_ms", 0u64, 1, 60_000);
-        check.that(false, "redis.url", "must start with redis:// or rediss://").note("TLS: rediss://");
+        check
+            .that(false, "redis.url", "must start with redis:// or rediss://")
+            .note("TLS: rediss://");
         check.fail("sales[0].id", "`a` is declared twice");
         assert_eq!(
             check.finish().unwrap_err(),
@@ -134,15 +160,34 @@ mod tests {
         check.between("b", 5, 1, 9);
         check.at_most("c", 5, 5);
         check.that(true, "d", "must hold");
-        assert_eq!(check.non_zero("e", 3, 10, "n"), std::num::NonZeroU32::new(3));
+        assert_eq!(
+            check.non_zero("e", 3, 10, "n"),
+            std::num::NonZeroU32::new(3)
+        );
         assert!(check.finish().is_ok());
     }
 
     #[test]
     fn a_zero_or_too_large_non_zero_value_is_refused_with_its_key() {
         let mut check = Check::default();
-        assert_eq!(check.non_zero("limits.read.ip.per_second", 0, 10, "leave the bucket out for no limit"), None);
-        assert_eq!(check.non_zero("limits.read.ip.burst", 11, 10, "leave the bucket out for no limit"), None);
+        assert_eq!(
+            check.non_zero(
+                "limits.read.ip.per_second",
+                0,
+                10,
+                "leave the bucket out for no limit"
+            ),
+            None
+        );
+        assert_eq!(
+            check.non_zero(
+                "limits.read.ip.burst",
+                11,
+                10,
+                "leave the bucket out for no limit"
+            ),
+            None
+        );
         assert_eq!(
             check.finish().unwrap_err(),
             [

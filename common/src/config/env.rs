@@ -61,7 +61,11 @@ pub fn runtime_dir(set: Option<String>, env: &dyn Env) -> PathBuf {
     if let Some(dir) = set {
         return PathBuf::from(dir);
     }
-    if let Some(dir) = env.var(ENV_RUNTIME_DIRECTORY).and_then(|v| v.split(':').next().map(str::to_owned)).filter(|d| !d.is_empty()) {
+    if let Some(dir) = env
+        .var(ENV_RUNTIME_DIRECTORY)
+        .and_then(|v| v.split(':').next().map(str::to_owned))
+        .filter(|d| !d.is_empty())
+    {
         return PathBuf::from(dir);
     }
     match env.var(ENV_XDG_RUNTIME_DIR) {

@@ -76,7 +76,11 @@ pub struct WebhookConfig {
 
 impl std::fmt::Debug for WebhookConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebhookConfig").field("url", &self.url).field("secret", &"<redacted>").field("timeout", &self.timeout).finish()
+        f.debug_struct("WebhookConfig")
+            .field("url", &self.url)
+            .field("secret", &"<redacted>")
+            .field("timeout", &self.timeout)
+            .finish()
     }
 }
 
@@ -130,24 +134,42 @@ impl EventsConfig {
 const MAX_BACKOFF_MS: u64 = 86_400_000;
 
 fn url_ok(url: &str, schemes: &[&str]) -> bool {
-    schemes.iter().any(|scheme| url.strip_prefix(scheme).is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/')))
-        && !url.chars().any(char::is_whitespace)
+    schemes.iter().any(|scheme| {
+        url.strip_prefix(scheme)
+            .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+    }) && !url.chars().any(char::is_whitespace)
 }
 
 pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfig {
     if let Some(url) = &f.webhook_url {
         // https:// for a shop across a network; http:// for one on the
         // same host or private network.
-        check.that(url_ok(url, &["https://", "http://"]), "events.webhook_url", "must be an https:// or http:// URL");
+        check.that(
+            url_ok(url, &["https://", "http://"]),
+            "events.webhook_url",
+            "must be an https:// or http:// URL",
+        );
     }
     if let Some(url) = &f.amqp_url {
-        check.that(url_ok(url, &["amqps://", "amqp://"]), "events.amqp_url", "must be an amqps:// or amqp:// URL");
+        check.that(
+            url_ok(url, &["amqps://", "amqp://"]),
+            "events.amqp_url",
+            "must be an amqps:// or amqp:// URL",
+        );
     }
     if let Some(path) = &f.ca_file {
-        check.that(!path.trim().is_empty(), "events.ca_file", "must be the path of a PEM file of CA certificates (or left out)");
+        check.that(
+            !path.trim().is_empty(),
+            "events.ca_file",
+            "must be the path of a PEM file of CA certificates (or left out)",
+        );
     }
     check.between("events.send_timeout_ms", f.send_timeout_ms, 100, 120_000);
-    check.that(!f.exchange.is_empty() && f.exchange.len() <= 127, "events.exchange", "must be 1 to 127 characters");
+    check.that(
+        !f.exchange.is_empty() && f.exchange.len() <= 127,
+        "events.exchange",
+        "must be 1 to 127 characters",
+    );
     for (key, value) in [
         ("events.routing_key_created", &f.routing_key_created),
         ("events.routing_key_paid", &f.routing_key_paid),
@@ -156,9 +178,19 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
         check.that(value.len() <= 255, key, "must be at most 255 characters");
     }
     check.between("events.max_attempts", f.max_attempts, 1, 1000);
-    check.between("events.backoff_initial_ms", f.backoff_initial_ms, 10, MAX_BACKOFF_MS);
+    check.between(
+        "events.backoff_initial_ms",
+        f.backoff_initial_ms,
+        10,
+        MAX_BACKOFF_MS,
+    );
     check
-        .between("events.backoff_max_ms", f.backoff_max_ms, f.backoff_initial_ms.clamp(10, MAX_BACKOFF_MS), MAX_BACKOFF_MS)
+        .between(
+            "events.backoff_max_ms",
+            f.backoff_max_ms,
+            f.backoff_initial_ms.clamp(10, MAX_BACKOFF_MS),
+            MAX_BACKOFF_MS,
+        )
         .note("at least backoff_initial_ms");
     check.between("events.poll_ms", f.poll_ms, 10, 60_000);
     // A lease shorter than one delivery would let a second backend send an
@@ -170,8 +202,13 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
     // between backends. The deliverer also skips an event whose remaining
     // lease is under that (a slow claim), leaving it to the next lease.
     let destinations = u64::from(f.webhook_url.is_some()) + u64::from(f.amqp_url.is_some());
-    let min_lease = f.send_timeout_ms.saturating_mul(destinations.max(1) + 1).clamp(1000, 3_600_000);
-    check.between("events.lease_ms", f.lease_ms, min_lease, 3_600_000).note("at least send_timeout_ms × (destinations + 1)");
+    let min_lease = f
+        .send_timeout_ms
+        .saturating_mul(destinations.max(1) + 1)
+        .clamp(1000, 3_600_000);
+    check
+        .between("events.lease_ms", f.lease_ms, min_lease, 3_600_000)
+        .note("at least send_timeout_ms × (destinations + 1)");
     check.between("events.batch_size", f.batch_size, 1, 256);
     let secret = env.var(ENV_WEBHOOK_SECRET);
     let webhook = f.webhook_url.map(|url| {
@@ -182,7 +219,11 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
                 String::new()
             }
         };
-        WebhookConfig { url, secret, timeout: Duration::from_millis(f.send_timeout_ms) }
+        WebhookConfig {
+            url,
+            secret,
+            timeout: Duration::from_millis(f.send_timeout_ms),
+        }
     });
     let amqp = f.amqp_url.map(|url| AmqpConfig {
         url,
@@ -195,7 +236,10 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
     EventsConfig {
         webhook,
         amqp,
-        ca_file: f.ca_file.filter(|p| !p.trim().is_empty()).map(PathBuf::from),
+        ca_file: f
+            .ca_file
+            .filter(|p| !p.trim().is_empty())
+            .map(PathBuf::from),
         max_attempts: f.max_attempts,
         backoff_initial: Duration::from_millis(f.backoff_initial_ms),
         backoff_max: Duration::from_millis(f.backoff_max_ms),
@@ -212,7 +256,10 @@ mod tests {
     struct Vars(&'static [(&'static str, &'static str)]);
     impl Env for Vars {
         fn var(&self, name: &str) -> Option<String> {
-            self.0.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())
+            self.0
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
         }
     }
 
@@ -230,15 +277,34 @@ mod tests {
 
     #[test]
     fn a_webhook_needs_its_secret_from_the_environment() {
-        let err = parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[])).unwrap_err();
-        assert!(err.contains("events.webhook_url is set: FLASHGATE_WEBHOOK_SECRET is not set"), "{err}");
-        let err =
-            parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[("FLASHGATE_WEBHOOK_SECRET", "short")])).unwrap_err();
-        assert!(err.contains("FLASHGATE_WEBHOOK_SECRET: must be at least 32 bytes"), "{err}");
-        let config =
-            parse("[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"", &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)])).unwrap();
+        let err = parse(
+            "[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"",
+            &Vars(&[]),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("events.webhook_url is set: FLASHGATE_WEBHOOK_SECRET is not set"),
+            "{err}"
+        );
+        let err = parse(
+            "[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"",
+            &Vars(&[("FLASHGATE_WEBHOOK_SECRET", "short")]),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("FLASHGATE_WEBHOOK_SECRET: must be at least 32 bytes"),
+            "{err}"
+        );
+        let config = parse(
+            "[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"",
+            &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)]),
+        )
+        .unwrap();
         let webhook = config.events.webhook.unwrap();
-        assert_eq!((webhook.url.as_str(), webhook.secret.as_str()), ("http://127.0.0.1:8000/hook", SECRET));
+        assert_eq!(
+            (webhook.url.as_str(), webhook.secret.as_str()),
+            ("http://127.0.0.1:8000/hook", SECRET)
+        );
         assert!(config.events.amqp.is_none());
     }
 
@@ -271,14 +337,34 @@ mod tests {
     #[test]
     fn tls_destinations_and_their_ca_file_are_taken() {
         let toml = "[events]\nwebhook_url = \"https://shop.example/hook\"\namqp_url = \"amqps://fg:pw@rabbit.example:5671/%2f\"\nca_file = \"/etc/flashgate/shop-ca.pem\"";
-        let events = parse(toml, &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)])).unwrap().events;
+        let events = parse(toml, &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)]))
+            .unwrap()
+            .events;
         assert_eq!(events.webhook.unwrap().url, "https://shop.example/hook");
-        assert_eq!(events.amqp.unwrap().url, "amqps://fg:pw@rabbit.example:5671/%2f");
-        assert_eq!(events.ca_file, Some(std::path::PathBuf::from("/etc/flashgate/shop-ca.pem")));
-        let plain = parse("[events]\namqp_url = \"amqp://127.0.0.1\"", &Vars(&[])).unwrap().events;
+        assert_eq!(
+            events.amqp.unwrap().url,
+            "amqps://fg:pw@rabbit.example:5671/%2f"
+        );
+        assert_eq!(
+            events.ca_file,
+            Some(std::path::PathBuf::from("/etc/flashgate/shop-ca.pem"))
+        );
+        let plain = parse("[events]\namqp_url = \"amqp://127.0.0.1\"", &Vars(&[]))
+            .unwrap()
+            .events;
         assert_eq!(plain.ca_file, None, "no ca_file: the system's roots only");
-        let err = parse("[events]\namqp_url = \"amqps://\"\nca_file = \" \"", &Vars(&[])).unwrap_err();
-        assert!(err.contains("events.amqp_url: must be an amqps:// or amqp:// URL"), "{err}");
-        assert!(err.contains("events.ca_file: must be the path of a PEM file"), "{err}");
+        let err = parse(
+            "[events]\namqp_url = \"amqps://\"\nca_file = \" \"",
+            &Vars(&[]),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("events.amqp_url: must be an amqps:// or amqp:// URL"),
+            "{err}"
+        );
+        assert!(
+            err.contains("events.ca_file: must be the path of a PEM file"),
+            "{err}"
+        );
     }
 }

@@ -58,7 +58,10 @@ pub struct Fairness {
 
 impl Default for Fairness {
     fn default() -> Self {
-        Self { window_ms: 0, settle_ms: 5000 }
+        Self {
+            window_ms: 0,
+            settle_ms: 5000,
+        }
     }
 }
 

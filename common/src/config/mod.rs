@@ -34,18 +34,20 @@ mod settings;
 mod validate;
 
 pub use env::{
-    Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL,
-    ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
+    Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET,
+    ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_RUNTIME_DIRECTORY,
+    ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
 pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
 pub use settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig, GatewayConfig, LimitsConfig, PagesConfig,
-    RedisConfig, RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
+    GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
+    ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 pub use validate::{
-    MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS, MAX_LIMITS_IDLE_SECONDS,
-    MAX_SALE_DURATION_SECONDS, MAX_SHOP_CACHE_BYTES,
+    MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS,
+    MAX_LIMITS_IDLE_SECONDS, MAX_SALE_DURATION_SECONDS, MAX_SHOP_CACHE_BYTES,
 };
 
 pub use crate::secret::MIN_SECRET_BYTES;
@@ -54,7 +56,10 @@ pub use crate::secret::MIN_SECRET_BYTES;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Parse(#[from] toml::de::Error),
     #[error("invalid configuration:\n  {}", .0.join("\n  "))]
@@ -68,7 +73,10 @@ impl Config {
     /// An unreadable file, a TOML error (with line and column) or every
     /// invalid value, each named by its key.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         Self::from_toml_str(&text, &ProcessEnv, crate::now_ms())
     }
 
@@ -92,7 +100,11 @@ pub fn documented_defaults() -> Vec<(String, String)> {
         match value {
             toml::Value::Table(t) => {
                 for (k, v) in t {
-                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
                     walk(&key, v, out);
                 }
             }

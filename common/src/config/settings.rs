@@ -60,7 +60,8 @@ impl Config {
         match self.challenge.mode {
             ChallengeMode::Off => Ok(None),
             ChallengeMode::Always | ChallengeMode::Adaptive => {
-                crate::secret::required(ENV_CHALLENGE_SECRET, self.challenge_secret.as_deref()).map(Some)
+                crate::secret::required(ENV_CHALLENGE_SECRET, self.challenge_secret.as_deref())
+                    .map(Some)
             }
         }
     }
@@ -103,19 +104,33 @@ pub enum RedisTarget {
     Cluster { nodes: Vec<String> },
     /// The primary that the sentinels (`redis.sentinels`) know as
     /// `redis.master_name`, followed across failovers.
-    Sentinel { sentinels: Vec<String>, master_name: String },
+    Sentinel {
+        sentinels: Vec<String>,
+        master_name: String,
+    },
 }
 
 impl RedisTarget {
     /// The `[redis]` keys that select this target, as TOML lines (for
     /// tools that write a config: the bench, the test harness).
     pub fn to_toml(&self) -> String {
-        let list = |urls: &[String]| urls.iter().map(|u| format!("{u:?}")).collect::<Vec<_>>().join(", ");
+        let list = |urls: &[String]| {
+            urls.iter()
+                .map(|u| format!("{u:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         match self {
             Self::Standalone { url } => format!("url = {url:?}"),
             Self::Cluster { nodes } => format!("mode = \"cluster\"\nnodes = [{}]", list(nodes)),
-            Self::Sentinel { sentinels, master_name } => {
-                format!("mode = \"sentinel\"\nsentinels = [{}]\nmaster_name = {master_name:?}", list(sentinels))
+            Self::Sentinel {
+                sentinels,
+                master_name,
+            } => {
+                format!(
+                    "mode = \"sentinel\"\nsentinels = [{}]\nmaster_name = {master_name:?}",
+                    list(sentinels)
+                )
             }
         }
     }
@@ -327,7 +342,10 @@ pub struct Bucket {
 impl Bucket {
     /// A bucket, or `None` when either number is zero.
     pub fn new(per_second: u32, burst: u32) -> Option<Self> {
-        Some(Self { per_second: NonZeroU32::new(per_second)?, burst: NonZeroU32::new(burst)? })
+        Some(Self {
+            per_second: NonZeroU32::new(per_second)?,
+            burst: NonZeroU32::new(burst)?,
+        })
     }
 }
 

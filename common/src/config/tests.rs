@@ -9,7 +9,10 @@ use super::*;
 struct MapEnv(&'static [(&'static str, &'static str)]);
 impl Env for MapEnv {
     fn var(&self, name: &str) -> Option<String> {
-        self.0.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        self.0
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
     }
 }
 
@@ -46,7 +49,8 @@ fn reference_rows() -> Vec<(String, String)> {
             let cells: Vec<&str> = l.split('|').map(str::trim).collect();
             let key = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
             let default = cells.get(2)?.trim_matches('`');
-            key.contains('.').then(|| (key.to_owned(), default.to_owned()))
+            key.contains('.')
+                .then(|| (key.to_owned(), default.to_owned()))
         })
         .collect()
 }
@@ -59,16 +63,32 @@ fn shipped_keys() -> Vec<String> {
     let mut table = String::new();
     for line in include_str!("../../../config/flashgate.toml").lines() {
         let line = line.trim_start_matches(|c: char| c == '#' || c.is_whitespace());
-        if let Some(name) = line.strip_prefix("[[").and_then(|l| l.split_once("]]")).map(|(n, _)| n) {
+        if let Some(name) = line
+            .strip_prefix("[[")
+            .and_then(|l| l.split_once("]]"))
+            .map(|(n, _)| n)
+        {
             keys.push(name.to_owned());
             table = format!("{name}[]");
-        } else if let Some(name) = line.strip_prefix('[').and_then(|l| l.split_once(']')).map(|(n, _)| n) {
+        } else if let Some(name) = line
+            .strip_prefix('[')
+            .and_then(|l| l.split_once(']'))
+            .map(|(n, _)| n)
+        {
             keys.push(name.to_owned());
             table = name.to_owned();
         } else if let Some((key, _)) = line.split_once('=') {
             let key = key.trim();
-            if !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
-                keys.push(if table.is_empty() { key.to_owned() } else { format!("{table}.{key}") });
+            if !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                keys.push(if table.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{table}.{key}")
+                });
             }
         }
     }
@@ -95,31 +115,57 @@ fn parser_takes(key: &str) -> bool {
 #[test]
 fn every_key_of_the_config_reference_is_shown_in_the_shipped_file_and_taken_by_the_parser() {
     let shipped = shipped_keys();
-    let missing: Vec<String> = reference_rows().into_iter().map(|(key, _)| key).filter(|key| !shipped.iter().any(|k| k == key)).collect();
+    let missing: Vec<String> = reference_rows()
+        .into_iter()
+        .map(|(key, _)| key)
+        .filter(|key| !shipped.iter().any(|k| k == key))
+        .collect();
     assert!(
         missing.is_empty(),
         "docs/CONFIG.md keys missing from config/flashgate.toml (add them, commented out with their default): {missing:?}"
     );
 
-    assert!(!parser_takes("gateway.thredas") && !parser_takes("sales[].stok"), "a misspelled key must be refused");
-    let unknown: Vec<String> = reference_rows().into_iter().map(|(key, _)| key).chain(shipped).filter(|key| !parser_takes(key)).collect();
-    assert!(unknown.is_empty(), "keys in docs/CONFIG.md or config/flashgate.toml that the config refuses: {unknown:?}");
+    assert!(
+        !parser_takes("gateway.thredas") && !parser_takes("sales[].stok"),
+        "a misspelled key must be refused"
+    );
+    let unknown: Vec<String> = reference_rows()
+        .into_iter()
+        .map(|(key, _)| key)
+        .chain(shipped)
+        .filter(|key| !parser_takes(key))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "keys in docs/CONFIG.md or config/flashgate.toml that the config refuses: {unknown:?}"
+    );
 }
 
 #[test]
 fn the_config_reference_lists_every_key_with_its_default() {
-    let rows: Vec<(String, String)> = reference_rows().into_iter().filter(|(key, _)| !key.starts_with("sales")).collect();
+    let rows: Vec<(String, String)> = reference_rows()
+        .into_iter()
+        .filter(|(key, _)| !key.starts_with("sales"))
+        .collect();
     let defaults = documented_defaults();
     for (key, default) in &defaults {
         let row = rows.iter().find(|(k, _)| k == key);
-        assert_eq!(row.map(|(_, d)| d.as_str()), Some(default.as_str()), "docs/CONFIG.md: `{key}` missing or its default is not {default}");
+        assert_eq!(
+            row.map(|(_, d)| d.as_str()),
+            Some(default.as_str()),
+            "docs/CONFIG.md: `{key}` missing or its default is not {default}"
+        );
     }
     for (key, default) in &rows {
-        let known = defaults.iter().any(|(k, _)| k == key) || (OPTIONAL_KEYS.contains(&key.as_str()) && default == "(unset)");
+        let known = defaults.iter().any(|(k, _)| k == key)
+            || (OPTIONAL_KEYS.contains(&key.as_str()) && default == "(unset)");
         assert!(known, "docs/CONFIG.md lists `{key}`, which the config does not take (or an optional key not marked (unset))");
     }
     for key in OPTIONAL_KEYS {
-        assert!(rows.iter().any(|(k, _)| k == key), "docs/CONFIG.md: optional `{key}` missing");
+        assert!(
+            rows.iter().any(|(k, _)| k == key),
+            "docs/CONFIG.md: optional `{key}` missing"
+        );
     }
 }
 
@@ -128,12 +174,16 @@ fn shipped_config_is_valid() {
     let text = include_str!("../../../config/flashgate.toml");
     let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
     assert!(!c.sales.is_empty());
-    assert!(c.jwt_secret.is_none(), "the shipped file must not carry a secret");
+    assert!(
+        c.jwt_secret.is_none(),
+        "the shipped file must not carry a secret"
+    );
 }
 
 #[test]
 fn unknown_key_is_rejected_with_its_name_and_line() {
-    let err = Config::from_toml_str("[gateway]\nthreads = 2\nthredas = 4\n", &NoEnv, 0).unwrap_err();
+    let err =
+        Config::from_toml_str("[gateway]\nthreads = 2\nthredas = 4\n", &NoEnv, 0).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("thredas"), "{msg}");
     assert!(msg.contains("line 3"), "{msg}");
@@ -142,7 +192,9 @@ fn unknown_key_is_rejected_with_its_name_and_line() {
 #[test]
 fn every_bad_value_is_reported_with_its_key() {
     let text = "[redis]\ntimeout_ms = 0\n[gateway]\nlisten = \"nope\"\n[[sales]]\nid = \"a b\"\nname = \"x\"\nstock = 1\n";
-    let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+    let msg = Config::from_toml_str(text, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     for key in ["redis.timeout_ms", "gateway.listen", "sales[0].id"] {
         assert!(msg.contains(key), "{key} missing from {msg}");
     }
@@ -151,7 +203,10 @@ fn every_bad_value_is_reported_with_its_key() {
 #[test]
 fn secrets_come_from_the_environment_over_the_file() {
     let text = "[auth]\njwt_secret = \"file-secret-file-secret-file-secret\"\n";
-    let env = MapEnv(&[("FLASHGATE_JWT_SECRET", ENV_SECRET), ("FLASHGATE_ADMIN_TOKEN", ADMIN_SECRET)]);
+    let env = MapEnv(&[
+        ("FLASHGATE_JWT_SECRET", ENV_SECRET),
+        ("FLASHGATE_ADMIN_TOKEN", ADMIN_SECRET),
+    ]);
     let c = Config::from_toml_str(text, &env, 0).unwrap();
     assert_eq!(c.jwt_secret.as_deref(), Some(ENV_SECRET));
     assert_eq!(c.admin_token.as_deref(), Some(ADMIN_SECRET));
@@ -162,70 +217,149 @@ const ADMIN_SECRET: &str = "admin-token-admin-token-admin-token";
 
 #[test]
 fn secrets_under_32_bytes_are_refused_naming_where_they_came_from() {
-    let short = MapEnv(&[("FLASHGATE_JWT_SECRET", "replace-me"), ("FLASHGATE_ADMIN_TOKEN", "replace-me")]);
-    let msg = Config::from_toml_str("", &short, 0).unwrap_err().to_string();
-    assert!(msg.contains("FLASHGATE_JWT_SECRET: must be at least 32 bytes"), "{msg}");
-    assert!(msg.contains("FLASHGATE_ADMIN_TOKEN: must be at least 32 bytes"), "{msg}");
-    let msg = Config::from_toml_str("[auth]\njwt_secret = \"short\"\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(msg.contains("auth.jwt_secret: must be at least 32 bytes"), "{msg}");
+    let short = MapEnv(&[
+        ("FLASHGATE_JWT_SECRET", "replace-me"),
+        ("FLASHGATE_ADMIN_TOKEN", "replace-me"),
+    ]);
+    let msg = Config::from_toml_str("", &short, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("FLASHGATE_JWT_SECRET: must be at least 32 bytes"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("FLASHGATE_ADMIN_TOKEN: must be at least 32 bytes"),
+        "{msg}"
+    );
+    let msg = Config::from_toml_str("[auth]\njwt_secret = \"short\"\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("auth.jwt_secret: must be at least 32 bytes"),
+        "{msg}"
+    );
     let exactly = "x".repeat(MIN_SECRET_BYTES);
-    let c = Config::from_toml_str(&format!("[auth]\njwt_secret = \"{exactly}\"\n"), &NoEnv, 0).unwrap();
+    let c =
+        Config::from_toml_str(&format!("[auth]\njwt_secret = \"{exactly}\"\n"), &NoEnv, 0).unwrap();
     assert_eq!(c.jwt_secret.as_deref(), Some(exactly.as_str()));
 }
 
 #[test]
 fn every_numeric_key_is_bounded_and_named() {
     let cases = [
-        ("[gateway]\nidempotency_ttl_seconds = 604801\n", "gateway.idempotency_ttl_seconds"),
-        ("[gateway]\nidempotency_ttl_seconds = 18446744073709551615\n", "gateway.idempotency_ttl_seconds"),
-        ("[gateway]\nbacklog_pause_threshold = 1000000001\n", "gateway.backlog_pause_threshold"),
+        (
+            "[gateway]\nidempotency_ttl_seconds = 604801\n",
+            "gateway.idempotency_ttl_seconds",
+        ),
+        (
+            "[gateway]\nidempotency_ttl_seconds = 18446744073709551615\n",
+            "gateway.idempotency_ttl_seconds",
+        ),
+        (
+            "[gateway]\nbacklog_pause_threshold = 1000000001\n",
+            "gateway.backlog_pause_threshold",
+        ),
         ("[gateway]\nruntime_dir = \"\"\n", "gateway.runtime_dir"),
         ("[limits]\nidle_seconds = 86401\n", "limits.idle_seconds"),
-        ("[limits]\nidle_seconds = 31536000000\n", "limits.idle_seconds"),
-        ("[limits]\nmax_tracked_keys = 100000001\n", "limits.max_tracked_keys"),
-        ("[limits.buy]\nuser = { per_second = 1000001, burst = 1 }\n", "limits.buy.user.per_second"),
-        ("[limits.read]\nglobal = { per_second = 1, burst = 10000001 }\n", "limits.read.global.burst"),
-        ("[limits]\ncluster_global = { per_second = 4294967295, burst = 1 }\n", "limits.cluster_global.per_second"),
-        ("[backend]\nclaim_idle_ms = 86400001\n", "backend.claim_idle_ms"),
+        (
+            "[limits]\nidle_seconds = 31536000000\n",
+            "limits.idle_seconds",
+        ),
+        (
+            "[limits]\nmax_tracked_keys = 100000001\n",
+            "limits.max_tracked_keys",
+        ),
+        (
+            "[limits.buy]\nuser = { per_second = 1000001, burst = 1 }\n",
+            "limits.buy.user.per_second",
+        ),
+        (
+            "[limits.read]\nglobal = { per_second = 1, burst = 10000001 }\n",
+            "limits.read.global.burst",
+        ),
+        (
+            "[limits]\ncluster_global = { per_second = 4294967295, burst = 1 }\n",
+            "limits.cluster_global.per_second",
+        ),
+        (
+            "[backend]\nclaim_idle_ms = 86400001\n",
+            "backend.claim_idle_ms",
+        ),
         ("[auth]\naudience = \"\"\n", "auth.audience"),
-        ("[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 1\nduration_seconds = 31536001\n", "sales[0].duration_seconds"),
+        (
+            "[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 1\nduration_seconds = 31536001\n",
+            "sales[0].duration_seconds",
+        ),
     ];
     for (text, key) in cases {
-        let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+        let msg = Config::from_toml_str(text, &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains(key), "{key} missing from {msg}");
     }
     let top = "[gateway]\nidempotency_ttl_seconds = 604800\n[limits]\nidle_seconds = 86400\n";
     let c = Config::from_toml_str(top, &NoEnv, 0).unwrap();
-    assert_eq!((c.gateway.idempotency_ttl.as_secs(), c.limits.idle.as_secs()), (604_800, 86_400));
+    assert_eq!(
+        (c.gateway.idempotency_ttl.as_secs(), c.limits.idle.as_secs()),
+        (604_800, 86_400)
+    );
 }
 
 #[test]
 fn the_client_ip_header_is_one_setting_x_forwarded_for_by_default() {
-    assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().limits.client_ip_header, ClientIpHeader::XForwardedFor);
-    let c = Config::from_toml_str("[limits]\nclient_ip_header = \"forwarded\"\n", &NoEnv, 0).unwrap();
+    assert_eq!(
+        Config::from_toml_str("", &NoEnv, 0)
+            .unwrap()
+            .limits
+            .client_ip_header,
+        ClientIpHeader::XForwardedFor
+    );
+    let c =
+        Config::from_toml_str("[limits]\nclient_ip_header = \"forwarded\"\n", &NoEnv, 0).unwrap();
     assert_eq!(c.limits.client_ip_header, ClientIpHeader::Forwarded);
-    let msg = Config::from_toml_str("[limits]\nclient_ip_header = \"x-real-ip\"\n", &NoEnv, 0).unwrap_err().to_string();
+    let msg = Config::from_toml_str("[limits]\nclient_ip_header = \"x-real-ip\"\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("client_ip_header"), "{msg}");
 }
 
 #[test]
 fn an_ipv6_entry_that_would_hold_ipv4_clients_is_refused_naming_the_key() {
-    for (key, section) in [("deny.ips", "[deny]\nips"), ("limits.trusted_proxies", "[limits]\ntrusted_proxies")] {
+    for (key, section) in [
+        ("deny.ips", "[deny]\nips"),
+        ("limits.trusted_proxies", "[limits]\ntrusted_proxies"),
+    ] {
         for net in ["::/0", "::ffff:0:0/80", "::ffff:0:0/95"] {
             let text = format!("{section} = [\"2001:db8::/32\", \"{net}\"]\n");
-            let msg = Config::from_toml_str(&text, &NoEnv, 0).unwrap_err().to_string();
-            assert!(msg.contains(&format!("{key}[1]")) && msg.contains("IPv4"), "{msg}");
+            let msg = Config::from_toml_str(&text, &NoEnv, 0)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(&format!("{key}[1]")) && msg.contains("IPv4"),
+                "{msg}"
+            );
         }
     }
     // Narrower IPv6 networks, and the mapped range itself, are fine.
-    let c = Config::from_toml_str("[deny]\nips = [\"2001:db8::/32\", \"::ffff:0:0/96\", \"64:ff9b::/96\"]\n", &NoEnv, 0).unwrap();
+    let c = Config::from_toml_str(
+        "[deny]\nips = [\"2001:db8::/32\", \"::ffff:0:0/96\", \"64:ff9b::/96\"]\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
     assert!(c.deny.denies_ip("203.0.113.1".parse().unwrap()));
     assert!(c.deny.denies_ip("2001:db8::1".parse().unwrap()));
 }
 
 #[test]
 fn ipv4_mapped_addresses_match_ipv4_deny_entries_and_back() {
-    let c = Config::from_toml_str("[deny]\nips = [\"192.0.2.0/24\", \"::ffff:198.51.100.0/120\"]\n", &NoEnv, 0).unwrap();
+    let c = Config::from_toml_str(
+        "[deny]\nips = [\"192.0.2.0/24\", \"::ffff:198.51.100.0/120\"]\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
     assert!(c.deny.denies_ip("::ffff:192.0.2.9".parse().unwrap()));
     assert!(c.deny.denies_ip("198.51.100.9".parse().unwrap()));
     assert!(!c.deny.denies_ip("::ffff:203.0.113.1".parse().unwrap()));
@@ -233,11 +367,25 @@ fn ipv4_mapped_addresses_match_ipv4_deny_entries_and_back() {
 
 #[test]
 fn the_runtime_dir_comes_from_the_setting_then_systemd_then_xdg() {
-    let dir = |text: &str, env: &dyn Env| Config::from_toml_str(text, env, 0).unwrap().gateway.runtime_dir;
-    let systemd = MapEnv(&[("RUNTIME_DIRECTORY", "/run/flashgate:/run/other"), ("XDG_RUNTIME_DIR", "/run/user/1000")]);
-    assert_eq!(dir("[gateway]\nruntime_dir = \"/srv/fg/run\"\n", &systemd), PathBuf::from("/srv/fg/run"));
+    let dir = |text: &str, env: &dyn Env| {
+        Config::from_toml_str(text, env, 0)
+            .unwrap()
+            .gateway
+            .runtime_dir
+    };
+    let systemd = MapEnv(&[
+        ("RUNTIME_DIRECTORY", "/run/flashgate:/run/other"),
+        ("XDG_RUNTIME_DIR", "/run/user/1000"),
+    ]);
+    assert_eq!(
+        dir("[gateway]\nruntime_dir = \"/srv/fg/run\"\n", &systemd),
+        PathBuf::from("/srv/fg/run")
+    );
     assert_eq!(dir("", &systemd), PathBuf::from("/run/flashgate"));
-    assert_eq!(dir("", &MapEnv(&[("XDG_RUNTIME_DIR", "/run/user/1000")])), PathBuf::from("/run/user/1000/flashgate"));
+    assert_eq!(
+        dir("", &MapEnv(&[("XDG_RUNTIME_DIR", "/run/user/1000")])),
+        PathBuf::from("/run/user/1000/flashgate")
+    );
     assert_eq!(dir("", &NoEnv), PathBuf::from("data/run"));
 }
 
@@ -245,7 +393,12 @@ fn the_runtime_dir_comes_from_the_setting_then_systemd_then_xdg() {
 fn audience_and_issuer_are_optional_claims() {
     let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
     assert_eq!(c.auth, AuthConfig::default());
-    let c = Config::from_toml_str("[auth]\naudience = \"shop\"\nissuer = \"https://shop.example\"\n", &NoEnv, 0).unwrap();
+    let c = Config::from_toml_str(
+        "[auth]\naudience = \"shop\"\nissuer = \"https://shop.example\"\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
     assert_eq!(c.auth.audience.as_deref(), Some("shop"));
     assert_eq!(c.auth.issuer.as_deref(), Some("https://shop.example"));
 }
@@ -260,23 +413,43 @@ fn limits_and_deny_lists_are_parsed_and_checked() {
     assert!(c.deny.denies_ip("192.0.2.7".parse().unwrap()));
     assert!(!c.deny.denies_ip("192.0.2.8".parse().unwrap()));
     let bad = "[limits]\ntrusted_proxies = [\"nope\"]\n[limits.read]\nip = { per_second = 0, burst = 1 }\n";
-    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
-    assert!(msg.contains("limits.trusted_proxies[0]") && msg.contains("limits.read.ip"), "{msg}");
+    let msg = Config::from_toml_str(bad, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("limits.trusted_proxies[0]") && msg.contains("limits.read.ip"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn shop_upstreams_and_page_caching_default_and_are_checked() {
-    let c = Config::from_toml_str("[gateway]\nshop_upstream = \"127.0.0.1:8000\"\n", &NoEnv, 0).unwrap();
-    assert_eq!(c.shop.upstreams, vec!["127.0.0.1:8000".parse::<SocketAddr>().unwrap()]);
+    let c = Config::from_toml_str("[gateway]\nshop_upstream = \"127.0.0.1:8000\"\n", &NoEnv, 0)
+        .unwrap();
+    assert_eq!(
+        c.shop.upstreams,
+        vec!["127.0.0.1:8000".parse::<SocketAddr>().unwrap()]
+    );
     assert_eq!(c.pages.state_ttl, Duration::from_millis(250));
-    assert_eq!(c.pages.fingerprinted_max_age, Duration::from_secs(31_536_000));
-    let text = "[shop]\nupstreams = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n[pages]\nstate_ttl_ms = 100\n";
+    assert_eq!(
+        c.pages.fingerprinted_max_age,
+        Duration::from_secs(31_536_000)
+    );
+    let text =
+        "[shop]\nupstreams = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n[pages]\nstate_ttl_ms = 100\n";
     let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
     assert_eq!(c.shop.upstreams.len(), 2);
     assert_eq!(c.pages.state_ttl, Duration::from_millis(100));
     let bad = "[shop]\nupstreams = [\"nope\"]\nconnect_timeout_ms = 0\n[pages]\nstate_ttl_ms = 0\npage_max_age_seconds = 99999999\n";
-    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
-    for key in ["shop.upstreams[0]", "shop.connect_timeout_ms", "pages.state_ttl_ms", "pages.page_max_age_seconds"] {
+    let msg = Config::from_toml_str(bad, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    for key in [
+        "shop.upstreams[0]",
+        "shop.connect_timeout_ms",
+        "pages.state_ttl_ms",
+        "pages.page_max_age_seconds",
+    ] {
         assert!(msg.contains(key), "{key} missing from {msg}");
     }
 }
@@ -285,7 +458,10 @@ fn shop_upstreams_and_page_caching_default_and_are_checked() {
 fn sale_window_defaults_to_now_plus_duration() {
     let text = "[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\nduration_seconds = 10\n";
     let c = Config::from_toml_str(text, &NoEnv, 1000).unwrap();
-    assert_eq!((c.sales[0].starts_at_ms, c.sales[0].ends_at_ms), (1000, 11_000));
+    assert_eq!(
+        (c.sales[0].starts_at_ms, c.sales[0].ends_at_ms),
+        (1000, 11_000)
+    );
     assert_eq!(c.sales[0].per_user_limit, 1);
 }
 
@@ -299,7 +475,9 @@ fn payment_timeout_and_recovery_keys_default_and_are_checked() {
     assert_eq!(c.backend.max_deliveries, 5);
     assert_eq!(c.backend.reconcile_interval, Duration::from_secs(60));
     let bad = "[backend]\nmax_deliveries = 0\nexpiry_poll_ms = 0\nrestore_poll_ms = 0\nreconcile_interval_ms = 0\n[[sales]]\nid = \"s\"\nname = \"x\"\nstock = 5\npayment_timeout_seconds = 0\n";
-    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+    let msg = Config::from_toml_str(bad, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     for key in [
         "backend.max_deliveries",
         "backend.expiry_poll_ms",
@@ -314,7 +492,9 @@ fn payment_timeout_and_recovery_keys_default_and_are_checked() {
 #[test]
 fn every_problem_is_reported_with_its_key_its_bound_and_the_value() {
     let text = "[redis]\ntimeout_ms = 0\n[limits.buy]\nuser = { per_second = 0, burst = 0 }\n[pages]\nreload_interval_ms = 3600001\n";
-    let Err(ConfigError::Invalid(problems)) = Config::from_toml_str(text, &NoEnv, 0) else { panic!("accepted") };
+    let Err(ConfigError::Invalid(problems)) = Config::from_toml_str(text, &NoEnv, 0) else {
+        panic!("accepted")
+    };
     for expected in [
         "redis.timeout_ms: must be between 1 and 60000, got 0",
         "limits.buy.user.per_second: must be between 1 and 1000000 (leave the bucket out for no limit), got 0",
@@ -329,20 +509,51 @@ fn every_problem_is_reported_with_its_key_its_bound_and_the_value() {
 #[test]
 fn replica_waits_are_off_by_default_and_their_keys_are_bounded_and_named() {
     let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
-    assert_eq!((c.redis.wait_replicas, c.redis.wait_timeout), (0, Duration::from_millis(500)));
-    assert_eq!(c.redis.call_timeout(), c.redis.timeout, "no WAIT, no longer bound");
-    let c = Config::from_toml_str("[redis]\nwait_replicas = 1\nwait_timeout_ms = 200\n", &NoEnv, 0).unwrap();
-    assert_eq!((c.redis.wait_replicas, c.redis.wait_timeout), (1, Duration::from_millis(200)));
-    assert_eq!(c.redis.call_timeout(), c.redis.timeout + Duration::from_millis(200), "a call may queue behind a WAIT");
+    assert_eq!(
+        (c.redis.wait_replicas, c.redis.wait_timeout),
+        (0, Duration::from_millis(500))
+    );
+    assert_eq!(
+        c.redis.call_timeout(),
+        c.redis.timeout,
+        "no WAIT, no longer bound"
+    );
+    let c = Config::from_toml_str(
+        "[redis]\nwait_replicas = 1\nwait_timeout_ms = 200\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        (c.redis.wait_replicas, c.redis.wait_timeout),
+        (1, Duration::from_millis(200))
+    );
+    assert_eq!(
+        c.redis.call_timeout(),
+        c.redis.timeout + Duration::from_millis(200),
+        "a call may queue behind a WAIT"
+    );
     let text = "[redis]\nwait_replicas = 17\nwait_timeout_ms = 0\n";
-    let Err(ConfigError::Invalid(problems)) = Config::from_toml_str(text, &NoEnv, 0) else { panic!("accepted") };
+    let Err(ConfigError::Invalid(problems)) = Config::from_toml_str(text, &NoEnv, 0) else {
+        panic!("accepted")
+    };
     assert_eq!(
         problems,
-        ["redis.wait_replicas: must be at most 16 (0 = no WAIT), got 17", "redis.wait_timeout_ms: must be between 1 and 60000, got 0"],
+        [
+            "redis.wait_replicas: must be at most 16 (0 = no WAIT), got 17",
+            "redis.wait_timeout_ms: must be between 1 and 60000, got 0"
+        ],
     );
-    let msg = Config::from_toml_str("[redis]\nwait_timeout_ms = 60001\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(msg.contains("redis.wait_timeout_ms: must be between 1 and 60000, got 60001"), "{msg}");
-    let msg = Config::from_toml_str("[redis]\nwait_replicas = -1\n", &NoEnv, 0).unwrap_err().to_string();
+    let msg = Config::from_toml_str("[redis]\nwait_timeout_ms = 60001\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("redis.wait_timeout_ms: must be between 1 and 60000, got 60001"),
+        "{msg}"
+    );
+    let msg = Config::from_toml_str("[redis]\nwait_replicas = -1\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("wait_replicas"), "{msg}");
 }
 
@@ -350,7 +561,13 @@ fn replica_waits_are_off_by_default_and_their_keys_are_bounded_and_named() {
 fn parsing_reads_nothing_from_the_machine() {
     // The default consumer name needs the host name: the backend picks it
     // at start; parsing leaves it unset.
-    assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().backend.consumer_name, None);
+    assert_eq!(
+        Config::from_toml_str("", &NoEnv, 0)
+            .unwrap()
+            .backend
+            .consumer_name,
+        None
+    );
     let c = Config::from_toml_str("", &MapEnv(&[("FLASHGATE_CONSUMER_NAME", "pod-7")]), 0).unwrap();
     assert_eq!(c.backend.consumer_name.as_deref(), Some("pod-7"));
     let c = Config::from_toml_str("[backend]\nconsumer_name = \"b1\"\n", &NoEnv, 0).unwrap();
@@ -360,54 +577,116 @@ fn parsing_reads_nothing_from_the_machine() {
 #[test]
 fn each_redis_mode_builds_its_target() {
     let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
-    assert_eq!(c.redis.target, RedisTarget::Standalone { url: "redis://127.0.0.1:6379/".into() });
+    assert_eq!(
+        c.redis.target,
+        RedisTarget::Standalone {
+            url: "redis://127.0.0.1:6379/".into()
+        }
+    );
     let c =
         Config::from_toml_str("[redis]\nmode = \"cluster\"\nnodes = [\"redis://127.0.0.1:7100\", \"redis://127.0.0.1:7101\"]\n", &NoEnv, 0)
             .unwrap();
-    assert_eq!(c.redis.target, RedisTarget::Cluster { nodes: vec!["redis://127.0.0.1:7100".into(), "redis://127.0.0.1:7101".into()] });
+    assert_eq!(
+        c.redis.target,
+        RedisTarget::Cluster {
+            nodes: vec![
+                "redis://127.0.0.1:7100".into(),
+                "redis://127.0.0.1:7101".into()
+            ]
+        }
+    );
     assert_eq!(c.redis.target.mode(), "cluster");
     let text = "[redis]\nmode = \"sentinel\"\nsentinels = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"shop\"\n";
     let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
-    assert_eq!(c.redis.target, RedisTarget::Sentinel { sentinels: vec!["redis://127.0.0.1:26379".into()], master_name: "shop".into() });
+    assert_eq!(
+        c.redis.target,
+        RedisTarget::Sentinel {
+            sentinels: vec!["redis://127.0.0.1:26379".into()],
+            master_name: "shop".into()
+        }
+    );
     for target in [
-        RedisTarget::Standalone { url: "redis://10.0.0.1:6379/".into() },
-        RedisTarget::Cluster { nodes: vec!["redis://a:1".into(), "redis://b:2".into()] },
-        RedisTarget::Sentinel { sentinels: vec!["redis://s:26379".into()], master_name: "m".into() },
+        RedisTarget::Standalone {
+            url: "redis://10.0.0.1:6379/".into(),
+        },
+        RedisTarget::Cluster {
+            nodes: vec!["redis://a:1".into(), "redis://b:2".into()],
+        },
+        RedisTarget::Sentinel {
+            sentinels: vec!["redis://s:26379".into()],
+            master_name: "m".into(),
+        },
     ] {
         let text = format!("[redis]\n{}\n", target.to_toml());
-        assert_eq!(Config::from_toml_str(&text, &NoEnv, 0).unwrap().redis.target, target, "{text}");
+        assert_eq!(
+            Config::from_toml_str(&text, &NoEnv, 0)
+                .unwrap()
+                .redis
+                .target,
+            target,
+            "{text}"
+        );
     }
 }
 
 #[test]
-fn redis_tls_takes_a_ca_file_for_a_standalone_rediss_url_and_refuses_what_would_skip_or_ignore_it() {
+fn redis_tls_takes_a_ca_file_for_a_standalone_rediss_url_and_refuses_what_would_skip_or_ignore_it()
+{
     let problems = |text: &str| match Config::from_toml_str(text, &NoEnv, 0) {
         Err(ConfigError::Invalid(p)) => p,
         other => panic!("accepted: {other:?}"),
     };
-    let c = Config::from_toml_str("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\nca_file = \"ca.pem\"\n", &NoEnv, 0).unwrap();
+    let c = Config::from_toml_str(
+        "[redis]\nurl = \"rediss://10.0.0.1:6380/\"\nca_file = \"ca.pem\"\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
     assert_eq!(c.redis.ca_file, Some(PathBuf::from("ca.pem")));
-    assert_eq!(Config::from_toml_str("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\n", &NoEnv, 0).unwrap().redis.ca_file, None);
+    assert_eq!(
+        Config::from_toml_str("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\n", &NoEnv, 0)
+            .unwrap()
+            .redis
+            .ca_file,
+        None
+    );
     let tls_cluster = "[redis]\nmode = \"cluster\"\nnodes = [\"rediss://10.0.0.1:7000\", \"rediss://10.0.0.2:7000\"]\n";
-    assert!(Config::from_toml_str(tls_cluster, &NoEnv, 0).is_ok(), "rediss:// cluster nodes are URLs");
+    assert!(
+        Config::from_toml_str(tls_cluster, &NoEnv, 0).is_ok(),
+        "rediss:// cluster nodes are URLs"
+    );
     let tls_sentinels = "[redis]\nmode = \"sentinel\"\nsentinels = [\"rediss://10.0.0.1:26379\"]\nmaster_name = \"m\"\n";
-    assert!(Config::from_toml_str(tls_sentinels, &NoEnv, 0).is_ok(), "rediss:// sentinels are URLs");
+    assert!(
+        Config::from_toml_str(tls_sentinels, &NoEnv, 0).is_ok(),
+        "rediss:// sentinels are URLs"
+    );
 
-    assert_eq!(problems("[redis]\nca_file = \"ca.pem\"\n"), ["redis.ca_file: needs a rediss:// redis.url (TLS)"]);
+    assert_eq!(
+        problems("[redis]\nca_file = \"ca.pem\"\n"),
+        ["redis.ca_file: needs a rediss:// redis.url (TLS)"]
+    );
     assert_eq!(
         problems("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\nca_file = \" \"\n"),
         ["redis.ca_file: must not be empty (leave it out for the system's roots only)"]
     );
     let err = problems(&format!("{tls_cluster}ca_file = \"ca.pem\"\n")).join("\n");
     assert!(
-        err.starts_with("redis.ca_file: only used with mode = \"standalone\": in cluster mode") && err.contains("trust store"),
+        err.starts_with("redis.ca_file: only used with mode = \"standalone\": in cluster mode")
+            && err.contains("trust store"),
         "{err}"
     );
     let err = problems(&format!("{tls_sentinels}ca_file = \"ca.pem\"\n")).join("\n");
-    assert!(err.starts_with("redis.ca_file: only used with mode = \"standalone\": in sentinel mode"), "{err}");
+    assert!(
+        err.starts_with("redis.ca_file: only used with mode = \"standalone\": in sentinel mode"),
+        "{err}"
+    );
     let err = problems("[redis]\nurl = \"rediss://10.0.0.1:6380/#insecure\"\n").join("\n");
-    assert!(err.starts_with("redis.url: `#insecure` turns off the check of the server's certificate"), "{err}");
-    let err = problems("[redis]\nmode = \"cluster\"\nnodes = [\"rediss://a:1/#insecure\"]\n").join("\n");
+    assert!(
+        err.starts_with("redis.url: `#insecure` turns off the check of the server's certificate"),
+        "{err}"
+    );
+    let err =
+        problems("[redis]\nmode = \"cluster\"\nnodes = [\"rediss://a:1/#insecure\"]\n").join("\n");
     assert!(err.starts_with("redis.nodes[0]: `#insecure`"), "{err}");
     assert_eq!(
         problems("[redis]\nmode = \"cluster\"\nnodes = [\"rediss://a:1\", \"redis://b:2\"]\n"),
@@ -421,7 +700,10 @@ fn a_redis_mode_without_its_keys_or_with_another_modes_keys_is_refused_by_key() 
         Err(ConfigError::Invalid(p)) => p,
         other => panic!("accepted: {other:?}"),
     };
-    assert_eq!(problems("[redis]\nmode = \"cluster\"\n"), ["redis.nodes: cluster mode needs at least one seed node"]);
+    assert_eq!(
+        problems("[redis]\nmode = \"cluster\"\n"),
+        ["redis.nodes: cluster mode needs at least one seed node"]
+    );
     assert_eq!(
         problems("[redis]\nmode = \"cluster\"\nnodes = [\"http://x:1\"]\nurl = \"redis://10.0.0.1:6379/\"\n"),
         ["redis.url: not used in cluster mode", "redis.nodes[0]: `http://x:1` is not a redis:// or rediss:// URL"]
@@ -435,10 +717,18 @@ fn a_redis_mode_without_its_keys_or_with_another_modes_keys_is_refused_by_key() 
     );
     assert_eq!(
         problems("[redis]\nnodes = [\"redis://127.0.0.1:7100\"]\nmaster_name = \"m\"\n"),
-        ["redis.nodes: only used with mode = \"cluster\"", "redis.master_name: only used with mode = \"sentinel\""]
+        [
+            "redis.nodes: only used with mode = \"cluster\"",
+            "redis.master_name: only used with mode = \"sentinel\""
+        ]
     );
-    let err = Config::from_toml_str("[redis]\nmode = \"clustered\"\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(err.contains("clustered") && err.contains("standalone"), "{err}");
+    let err = Config::from_toml_str("[redis]\nmode = \"clustered\"\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("clustered") && err.contains("standalone"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -449,7 +739,12 @@ fn a_challenge_must_expire_before_the_won_keys_it_could_be_re_sent_with() {
             .to_string();
     assert!(msg.contains("challenge.ttl_seconds: must be at least 60 s below gateway.idempotency_ttl_seconds (120)"), "{msg}");
     assert!(
-        Config::from_toml_str("[gateway]\nidempotency_ttl_seconds = 120\n[challenge]\nttl_seconds = 300\n", &NoEnv, 0).is_ok(),
+        Config::from_toml_str(
+            "[gateway]\nidempotency_ttl_seconds = 120\n[challenge]\nttl_seconds = 300\n",
+            &NoEnv,
+            0
+        )
+        .is_ok(),
         "off: no constraint"
     );
 }
@@ -457,7 +752,9 @@ fn a_challenge_must_expire_before_the_won_keys_it_could_be_re_sent_with() {
 #[test]
 fn challenge_keys_are_checked_with_their_names() {
     let text = "[challenge]\ndifficulty_bits = 33\nmax_difficulty_bits = 40\nttl_seconds = 5\nuser_rate_per_minute = 0\n";
-    let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+    let msg = Config::from_toml_str(text, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     for expected in [
         "challenge.difficulty_bits: must be between 0 and 32 (each bit doubles the work), got 33",
         "challenge.max_difficulty_bits: must be between 32 and 32, got 40",
@@ -466,9 +763,20 @@ fn challenge_keys_are_checked_with_their_names() {
     ] {
         assert!(msg.contains(expected), "{expected} missing from {msg}");
     }
-    let msg = Config::from_toml_str("[challenge]\ndifficulty_bits = 16\nmax_difficulty_bits = 12\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(msg.contains("challenge.max_difficulty_bits: must be between 16 and 32, got 12"), "{msg}");
-    let msg = Config::from_toml_str("[challenge]\nmode = \"sometimes\"\n", &NoEnv, 0).unwrap_err().to_string();
+    let msg = Config::from_toml_str(
+        "[challenge]\ndifficulty_bits = 16\nmax_difficulty_bits = 12\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("challenge.max_difficulty_bits: must be between 16 and 32, got 12"),
+        "{msg}"
+    );
+    let msg = Config::from_toml_str("[challenge]\nmode = \"sometimes\"\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("sometimes"), "{msg}");
 }
 
@@ -480,11 +788,22 @@ fn the_challenge_secret_is_required_only_when_challenges_are_on() {
     let on = Config::from_toml_str("[challenge]\nmode = \"adaptive\"\n", &NoEnv, 0).unwrap();
     let err = on.required_challenge_secret().unwrap_err().to_string();
     assert!(err.contains("FLASHGATE_CHALLENGE_SECRET"), "{err}");
-    let env = MapEnv(&[("FLASHGATE_CHALLENGE_SECRET", "a-challenge-secret-of-32-bytes-or-more")]);
+    let env = MapEnv(&[(
+        "FLASHGATE_CHALLENGE_SECRET",
+        "a-challenge-secret-of-32-bytes-or-more",
+    )]);
     let on = Config::from_toml_str("[challenge]\nmode = \"always\"\n", &env, 0).unwrap();
-    assert_eq!(on.required_challenge_secret(), Ok(Some("a-challenge-secret-of-32-bytes-or-more")));
-    let short = Config::from_toml_str("", &MapEnv(&[("FLASHGATE_CHALLENGE_SECRET", "short")]), 0).unwrap_err().to_string();
-    assert!(short.contains("FLASHGATE_CHALLENGE_SECRET") && short.contains("at least 32 bytes"), "{short}");
+    assert_eq!(
+        on.required_challenge_secret(),
+        Ok(Some("a-challenge-secret-of-32-bytes-or-more"))
+    );
+    let short = Config::from_toml_str("", &MapEnv(&[("FLASHGATE_CHALLENGE_SECRET", "short")]), 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        short.contains("FLASHGATE_CHALLENGE_SECRET") && short.contains("at least 32 bytes"),
+        "{short}"
+    );
 }
 
 #[test]
@@ -496,23 +815,57 @@ fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
         "[shop]\nread_timeout_ms = 250\n[shop.cache]\nenabled = true\nmax_bytes = 2097152\nmax_object_bytes = 4096\nstale_if_error_seconds = 0\nlock_timeout_ms = 250\n";
     let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
     assert!(c.shop.cache.enabled);
-    assert_eq!((c.shop.cache.max_bytes, c.shop.cache.max_object_bytes), (2 << 20, 4096));
-    assert_eq!((c.shop.cache.stale_if_error, c.shop.cache.lock_timeout), (Duration::ZERO, Duration::from_millis(250)));
+    assert_eq!(
+        (c.shop.cache.max_bytes, c.shop.cache.max_object_bytes),
+        (2 << 20, 4096)
+    );
+    assert_eq!(
+        (c.shop.cache.stale_if_error, c.shop.cache.lock_timeout),
+        (Duration::ZERO, Duration::from_millis(250))
+    );
     let bad =
         "[shop.cache]\nmax_bytes = 1024\nmax_object_bytes = 4194304\nstale_if_error_seconds = 100000\nlock_timeout_ms = 0\nsize = 1\n";
-    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
+    let msg = Config::from_toml_str(bad, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("unknown field `size`"), "{msg}");
     let bad = "[shop.cache]\nmax_bytes = 1048576\nmax_object_bytes = 4194304\nstale_if_error_seconds = 100000\nlock_timeout_ms = 0\n";
-    let msg = Config::from_toml_str(bad, &NoEnv, 0).unwrap_err().to_string();
-    for key in ["shop.cache.max_object_bytes", "shop.cache.stale_if_error_seconds", "shop.cache.lock_timeout_ms"] {
+    let msg = Config::from_toml_str(bad, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    for key in [
+        "shop.cache.max_object_bytes",
+        "shop.cache.stale_if_error_seconds",
+        "shop.cache.lock_timeout_ms",
+    ] {
         assert!(msg.contains(key), "{key} not named: {msg}");
     }
-    let msg = Config::from_toml_str("[shop.cache]\nlock_timeout_ms = 5000\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(msg.contains("shop.cache.lock_timeout_ms: must be between 30000") && msg.contains("shop.read_timeout_ms"), "{msg}");
-    let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1048576\nmax_object_bytes = 524288\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(msg.contains("shop.cache.max_object_bytes") && msg.contains("a quarter"), "{msg}");
-    let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1024\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(msg.contains("shop.cache.max_bytes: must be between 1048576 and"), "{msg}");
+    let msg = Config::from_toml_str("[shop.cache]\nlock_timeout_ms = 5000\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("shop.cache.lock_timeout_ms: must be between 30000")
+            && msg.contains("shop.read_timeout_ms"),
+        "{msg}"
+    );
+    let msg = Config::from_toml_str(
+        "[shop.cache]\nmax_bytes = 1048576\nmax_object_bytes = 524288\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("shop.cache.max_object_bytes") && msg.contains("a quarter"),
+        "{msg}"
+    );
+    let msg = Config::from_toml_str("[shop.cache]\nmax_bytes = 1024\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("shop.cache.max_bytes: must be between 1048576 and"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -524,24 +877,53 @@ fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
     assert_eq!(tls.listen.to_string(), "0.0.0.0:8443");
     assert!(tls.redirect_http);
     assert_eq!(tls.certificates[0].key_path, "gateway.tls.certificates[0]");
-    let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\n").unwrap_err().to_string();
-    assert!(err.contains("gateway.tls.key_file: must be set with gateway.tls.cert_file"), "{err}");
-    let err = parse("[gateway.tls]\nredirect_http = true\nlisten = \"nope\"\n").unwrap_err().to_string();
-    assert!(err.contains("gateway.tls.redirect_http: needs gateway.tls.cert_file") && err.contains("gateway.tls.listen"), "{err}");
-    let err = parse("[gateway.tls]\nlisten = \"127.0.0.1:9443\"\n").unwrap_err().to_string();
-    assert!(err.contains("gateway.tls.listen: needs gateway.tls.cert_file"), "{err}");
-    let err = parse("[gateway.tls]\nreload_interval_ms = 5000\n").unwrap_err().to_string();
-    assert!(err.contains("gateway.tls.reload_interval_ms: needs gateway.tls.cert_file"), "{err}");
+    let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gateway.tls.key_file: must be set with gateway.tls.cert_file"),
+        "{err}"
+    );
+    let err = parse("[gateway.tls]\nredirect_http = true\nlisten = \"nope\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gateway.tls.redirect_http: needs gateway.tls.cert_file")
+            && err.contains("gateway.tls.listen"),
+        "{err}"
+    );
+    let err = parse("[gateway.tls]\nlisten = \"127.0.0.1:9443\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gateway.tls.listen: needs gateway.tls.cert_file"),
+        "{err}"
+    );
+    let err = parse("[gateway.tls]\nreload_interval_ms = 5000\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gateway.tls.reload_interval_ms: needs gateway.tls.cert_file"),
+        "{err}"
+    );
     let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nlisten = \"nope\"\nreload_interval_ms = 1\n")
         .unwrap_err()
         .to_string();
-    assert!(err.contains("gateway.tls.listen") && err.contains("gateway.tls.reload_interval_ms"), "{err}");
-    let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\ncert = \"x\"\n").unwrap_err().to_string();
+    assert!(
+        err.contains("gateway.tls.listen") && err.contains("gateway.tls.reload_interval_ms"),
+        "{err}"
+    );
+    let err = parse("[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\ncert = \"x\"\n")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unknown field `cert`"), "{err}");
     let err = parse("[gateway]\nlisten = \"0.0.0.0:8443\"\n[gateway.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n")
         .unwrap_err()
         .to_string();
-    assert!(err.contains("gateway.tls.listen: must differ from gateway.listen"), "{err}");
+    assert!(
+        err.contains("gateway.tls.listen: must differ from gateway.listen"),
+        "{err}"
+    );
     assert!(parse("[shop]\nh2 = true\n").unwrap().shop.h2);
 }
 
@@ -555,13 +937,29 @@ fn the_redirect_names_redirect_port_else_the_listen_port() {
         )
     };
     assert_eq!(parse("").unwrap().gateway.tls.unwrap().redirect_port, 8443);
-    assert_eq!(parse("redirect_port = 443\n").unwrap().gateway.tls.unwrap().redirect_port, 443);
+    assert_eq!(
+        parse("redirect_port = 443\n")
+            .unwrap()
+            .gateway
+            .tls
+            .unwrap()
+            .redirect_port,
+        443
+    );
     let err = parse("redirect_port = 0\n").unwrap_err().to_string();
-    assert!(err.contains("gateway.tls.redirect_port: must be a port between 1 and 65535, got 0"), "{err}");
+    assert!(
+        err.contains("gateway.tls.redirect_port: must be a port between 1 and 65535, got 0"),
+        "{err}"
+    );
     let err = parse("redirect_port = 70000\n").unwrap_err().to_string();
     assert!(err.contains("redirect_port"), "{err}");
-    let err = Config::from_toml_str("[gateway.tls]\nredirect_port = 443\n", &NoEnv, 0).unwrap_err().to_string();
-    assert!(err.contains("gateway.tls.redirect_port: needs gateway.tls.cert_file"), "{err}");
+    let err = Config::from_toml_str("[gateway.tls]\nredirect_port = 443\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gateway.tls.redirect_port: needs gateway.tls.cert_file"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -573,13 +971,26 @@ fn draw_windows_out_of_bounds_are_refused_by_key() {
         ("[fairness]\nwindow_ms = -1\n", "fairness.window_ms"),
         ("[fairness]\nwindow_ms = 60001\n", "fairness.window_ms"),
         ("[fairness]\nsettle_ms = 10\n", "fairness.settle_ms"),
-        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = -5\n", "sales[0].draw_window_ms"),
-        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100000\n", "sales[0].draw_window_ms"),
+        (
+            "[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = -5\n",
+            "sales[0].draw_window_ms",
+        ),
+        (
+            "[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100000\n",
+            "sales[0].draw_window_ms",
+        ),
     ] {
-        let msg = Config::from_toml_str(toml, &NoEnv, 0).unwrap_err().to_string();
+        let msg = Config::from_toml_str(toml, &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains(&format!("{key}:")), "{toml}: {msg}");
     }
-    let c = Config::from_toml_str("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 0\n", &NoEnv, 0).unwrap();
+    let c = Config::from_toml_str(
+        "[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 0\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
     assert_eq!(c.sales[0].draw_window_ms, Some(0));
 }
 
@@ -588,46 +999,100 @@ fn draw_windows_are_refused_on_redis_cluster_by_key_and_mode() {
     let cluster = "[redis]\nmode = \"cluster\"\nnodes = [\"redis://127.0.0.1:7100\"]\n";
     for (extra, key) in [
         ("[fairness]\nwindow_ms = 200\n", "fairness.window_ms"),
-        ("[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100\n", "sales[0].draw_window_ms"),
+        (
+            "[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 1\ndraw_window_ms = 100\n",
+            "sales[0].draw_window_ms",
+        ),
     ] {
-        let msg = Config::from_toml_str(&format!("{cluster}{extra}"), &NoEnv, 0).unwrap_err().to_string();
-        assert!(msg.contains(&format!("{key}:")) && msg.contains("cluster"), "{extra}: {msg}");
+        let msg = Config::from_toml_str(&format!("{cluster}{extra}"), &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(&format!("{key}:")) && msg.contains("cluster"),
+            "{extra}: {msg}"
+        );
     }
-    let c = Config::from_toml_str(&format!("{cluster}[fairness]\nwindow_ms = 0\n"), &NoEnv, 0).unwrap();
+    let c =
+        Config::from_toml_str(&format!("{cluster}[fairness]\nwindow_ms = 0\n"), &NoEnv, 0).unwrap();
     assert_eq!(c.fairness.window_ms, 0);
 }
 
 #[test]
 fn sale_buckets_default_to_one_and_bad_counts_or_draws_are_refused_by_key() {
     let sale = "[[sales]]\nid = \"s\"\nname = \"S\"\nstock = 10\n";
-    assert_eq!(Config::from_toml_str(sale, &NoEnv, 0).unwrap().sales[0].buckets, 1);
-    assert_eq!(Config::from_toml_str(&format!("{sale}buckets = 6\n"), &NoEnv, 0).unwrap().sales[0].buckets, 6);
+    assert_eq!(
+        Config::from_toml_str(sale, &NoEnv, 0).unwrap().sales[0].buckets,
+        1
+    );
+    assert_eq!(
+        Config::from_toml_str(&format!("{sale}buckets = 6\n"), &NoEnv, 0)
+            .unwrap()
+            .sales[0]
+            .buckets,
+        6
+    );
     for toml in [
         format!("{sale}buckets = 0\n"),
         format!("{sale}buckets = 65\n"),
         format!("{sale}buckets = 4\ndraw_window_ms = 100\n"),
         format!("[fairness]\nwindow_ms = 200\n{sale}buckets = 4\n"),
     ] {
-        let msg = Config::from_toml_str(&toml, &NoEnv, 0).unwrap_err().to_string();
+        let msg = Config::from_toml_str(&toml, &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("sales[0].buckets:"), "{toml}: {msg}");
     }
-    let c = Config::from_toml_str(&format!("[fairness]\nwindow_ms = 200\n{sale}buckets = 4\ndraw_window_ms = 0\n"), &NoEnv, 0).unwrap();
-    assert_eq!(c.sales[0].buckets, 4, "a bucketed sale may opt out of the shared draw window");
+    let c = Config::from_toml_str(
+        &format!("[fairness]\nwindow_ms = 200\n{sale}buckets = 4\ndraw_window_ms = 0\n"),
+        &NoEnv,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        c.sales[0].buckets, 4,
+        "a bucketed sale may opt out of the shared draw window"
+    );
 }
 
 #[test]
 fn the_forward_grace_is_bounded_and_leaves_half_the_claim_idle_time_for_the_write() {
-    assert_eq!(Config::from_toml_str("", &NoEnv, 0).unwrap().backend.forward_grace.as_millis(), 1000);
-    let c = Config::from_toml_str("[backend]\nforward_grace_ms = 0\nclaim_idle_ms = 100\n", &NoEnv, 0).unwrap();
-    assert!(c.backend.forward_grace.is_zero(), "no grace fits any claim time");
-    let c = Config::from_toml_str("[backend]\nforward_grace_ms = 4500\nclaim_idle_ms = 10000\n", &NoEnv, 0).unwrap();
-    assert_eq!(c.backend.forward_grace.as_millis(), 4500, "(10000 - 1000) / 2 is the most");
+    assert_eq!(
+        Config::from_toml_str("", &NoEnv, 0)
+            .unwrap()
+            .backend
+            .forward_grace
+            .as_millis(),
+        1000
+    );
+    let c = Config::from_toml_str(
+        "[backend]\nforward_grace_ms = 0\nclaim_idle_ms = 100\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
+    assert!(
+        c.backend.forward_grace.is_zero(),
+        "no grace fits any claim time"
+    );
+    let c = Config::from_toml_str(
+        "[backend]\nforward_grace_ms = 4500\nclaim_idle_ms = 10000\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        c.backend.forward_grace.as_millis(),
+        4500,
+        "(10000 - 1000) / 2 is the most"
+    );
     for text in [
         "[backend]\nforward_grace_ms = 60001\nclaim_idle_ms = 200000\n",
         "[backend]\nforward_grace_ms = 4501\nclaim_idle_ms = 10000\n",
         "[backend]\nforward_grace_ms = 2000\nclaim_idle_ms = 2000\n",
     ] {
-        let msg = Config::from_toml_str(text, &NoEnv, 0).unwrap_err().to_string();
+        let msg = Config::from_toml_str(text, &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("backend.forward_grace_ms"), "{msg}");
     }
 }

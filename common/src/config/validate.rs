@@ -17,13 +17,14 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::check::Check;
 use super::env::{
-    self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
-    ENV_SHOP_TOKEN,
+    self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL,
+    ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN,
 };
 use super::file;
 use super::settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig, GatewayConfig, LimitsConfig, PagesConfig,
-    RedisConfig, RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
+    GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
+    ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 use crate::sale::SaleSpec;
 
@@ -88,12 +89,17 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
     // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).
     if matches!(config.redis.target, RedisTarget::Cluster { .. }) {
         if config.fairness.window_ms != 0 {
-            check.fail("fairness.window_ms", "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)");
+            check.fail(
+                "fairness.window_ms",
+                "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)",
+            );
         }
         for (i, s) in config.sales.iter().enumerate() {
             if s.draw_window_ms.is_some_and(|w| w != 0) {
-                check
-                    .fail(format_args!("sales[{i}].draw_window_ms"), "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)");
+                check.fail(
+                    format_args!("sales[{i}].draw_window_ms"),
+                    "must be 0 with redis.mode = \"cluster\" (no draws on Redis Cluster)",
+                );
             }
         }
     }
@@ -111,8 +117,15 @@ fn addr(check: &mut Check, key: &str, value: &str) -> SocketAddr {
 fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
     check.between("redis.timeout_ms", f.timeout_ms, 1, 60_000);
     check.between("redis.breaker_failures", f.breaker_failures, 1, 1000);
-    check.between("redis.breaker_cooldown_ms", f.breaker_cooldown_ms, 10, 600_000);
-    check.at_most("redis.wait_replicas", f.wait_replicas, MAX_WAIT_REPLICAS).note("0 = no WAIT");
+    check.between(
+        "redis.breaker_cooldown_ms",
+        f.breaker_cooldown_ms,
+        10,
+        600_000,
+    );
+    check
+        .at_most("redis.wait_replicas", f.wait_replicas, MAX_WAIT_REPLICAS)
+        .note("0 = no WAIT");
     // WAIT with a timeout of 0 blocks for good.
     check.between("redis.wait_timeout_ms", f.wait_timeout_ms, 1, 60_000);
     let target = redis_target(check, &f);
@@ -134,10 +147,20 @@ fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
 /// trust store alone, so a file there would be silently ignored.
 fn redis_ca_file(check: &mut Check, f: &file::Redis, target: &RedisTarget) -> Option<PathBuf> {
     let path = f.ca_file.as_deref()?;
-    check.that(!path.trim().is_empty(), "redis.ca_file", "must not be empty").note("leave it out for the system's roots only");
+    check
+        .that(
+            !path.trim().is_empty(),
+            "redis.ca_file",
+            "must not be empty",
+        )
+        .note("leave it out for the system's roots only");
     match target {
         RedisTarget::Standalone { url } => {
-            check.that(url.starts_with("rediss://"), "redis.ca_file", "needs a rediss:// redis.url (TLS)");
+            check.that(
+                url.starts_with("rediss://"),
+                "redis.ca_file",
+                "needs a rediss:// redis.url (TLS)",
+            );
         }
         other => {
             check.fail(
@@ -156,7 +179,10 @@ fn redis_ca_file(check: &mut Check, f: &file::Redis, target: &RedisTarget) -> Op
 /// Whether `url` asks the redis crate to skip the certificate check
 /// (`rediss://host/#insecure`).
 fn skips_verification(url: &str) -> bool {
-    url.starts_with("rediss://") && url.split_once('#').is_some_and(|(_, fragment)| fragment == "insecure")
+    url.starts_with("rediss://")
+        && url
+            .split_once('#')
+            .is_some_and(|(_, fragment)| fragment == "insecure")
 }
 
 /// Why `#insecure` is refused: a server that cannot be told from an
@@ -166,7 +192,8 @@ const INSECURE: &str =
 
 /// Whether `url` is a Redis URL the redis crate takes.
 fn redis_url(url: &str) -> bool {
-    (url.starts_with("redis://") || url.starts_with("rediss://")) && redis::IntoConnectionInfo::into_connection_info(url).is_ok()
+    (url.starts_with("redis://") || url.starts_with("rediss://"))
+        && redis::IntoConnectionInfo::into_connection_info(url).is_ok()
 }
 
 /// The mode's keys, checked; the keys of the other modes must be left out
@@ -180,22 +207,50 @@ fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
     };
     let urls = |check: &mut Check, key: &str, urls: &[String]| {
         for (i, url) in urls.iter().enumerate() {
-            check.that(redis_url(url), format_args!("{key}[{i}]"), format_args!("`{url}` is not a redis:// or rediss:// URL"));
-            check.that(!skips_verification(url), format_args!("{key}[{i}]"), INSECURE);
+            check.that(
+                redis_url(url),
+                format_args!("{key}[{i}]"),
+                format_args!("`{url}` is not a redis:// or rediss:// URL"),
+            );
+            check.that(
+                !skips_verification(url),
+                format_args!("{key}[{i}]"),
+                INSECURE,
+            );
         }
         // The client takes the first URL's scheme for every node it finds.
         let tls = urls.iter().filter(|u| u.starts_with("rediss://")).count();
-        check.that(tls == 0 || tls == urls.len(), key, "mixes redis:// and rediss:// URLs: use one scheme for every node");
+        check.that(
+            tls == 0 || tls == urls.len(),
+            key,
+            "mixes redis:// and rediss:// URLs: use one scheme for every node",
+        );
     };
     if f.mode != RedisMode::Standalone {
-        check.that(f.url == file::DEFAULT_REDIS_URL, "redis.url", format_args!("not used in {mode} mode"));
+        check.that(
+            f.url == file::DEFAULT_REDIS_URL,
+            "redis.url",
+            format_args!("not used in {mode} mode"),
+        );
     }
     if f.mode != RedisMode::Cluster {
-        check.that(f.nodes.is_empty(), "redis.nodes", "only used with mode = \"cluster\"");
+        check.that(
+            f.nodes.is_empty(),
+            "redis.nodes",
+            "only used with mode = \"cluster\"",
+        );
     }
     if f.mode != RedisMode::Sentinel {
-        check.that(f.sentinels.is_empty(), "redis.sentinels", "only used with mode = \"sentinel\"");
-        check.that(f.master_name.is_none(), "redis.master_name", "only used with mode = \"sentinel\"");
+        check.that(
+            f.sentinels.is_empty(),
+            "redis.sentinels",
+            "only used with mode = \"sentinel\"",
+        );
+        check.that(
+            f.master_name.is_none(),
+            "redis.master_name",
+            "only used with mode = \"sentinel\"",
+        );
     }
     match f.mode {
         RedisMode::Standalone => {
@@ -208,12 +263,22 @@ fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
             RedisTarget::Standalone { url: f.url.clone() }
         }
         RedisMode::Cluster => {
-            check.that(!f.nodes.is_empty(), "redis.nodes", "cluster mode needs at least one seed node");
+            check.that(
+                !f.nodes.is_empty(),
+                "redis.nodes",
+                "cluster mode needs at least one seed node",
+            );
             urls(check, "redis.nodes", &f.nodes);
-            RedisTarget::Cluster { nodes: f.nodes.clone() }
+            RedisTarget::Cluster {
+                nodes: f.nodes.clone(),
+            }
         }
         RedisMode::Sentinel => {
-            check.that(!f.sentinels.is_empty(), "redis.sentinels", "sentinel mode needs at least one sentinel");
+            check.that(
+                !f.sentinels.is_empty(),
+                "redis.sentinels",
+                "sentinel mode needs at least one sentinel",
+            );
             urls(check, "redis.sentinels", &f.sentinels);
             let master_name = f.master_name.clone().unwrap_or_default();
             check.that(
@@ -221,21 +286,57 @@ fn redis_target(check: &mut Check, f: &file::Redis) -> RedisTarget {
                 "redis.master_name",
                 "sentinel mode needs the name the sentinels monitor the primary under",
             );
-            RedisTarget::Sentinel { sentinels: f.sentinels.clone(), master_name }
+            RedisTarget::Sentinel {
+                sentinels: f.sentinels.clone(),
+                master_name,
+            }
         }
     }
 }
 
 fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig {
     check.between("gateway.threads", f.threads, 1, 256);
-    check.that(f.backend_url.starts_with("http://"), "gateway.backend_url", "must be an http:// URL");
-    check.between("gateway.forward_timeout_ms", f.forward_timeout_ms, 1, 60_000);
-    check.between("gateway.idempotency_ttl_seconds", f.idempotency_ttl_seconds, 1, MAX_IDEMPOTENCY_TTL_SECONDS).note("7 days");
-    check.at_most("gateway.backlog_pause_threshold", f.backlog_pause_threshold, 1_000_000_000).note("0 = never");
+    check.that(
+        f.backend_url.starts_with("http://"),
+        "gateway.backend_url",
+        "must be an http:// URL",
+    );
+    check.between(
+        "gateway.forward_timeout_ms",
+        f.forward_timeout_ms,
+        1,
+        60_000,
+    );
     check
-        .that(f.runtime_dir.as_deref().is_none_or(|d| !d.trim().is_empty()), "gateway.runtime_dir", "must not be empty")
+        .between(
+            "gateway.idempotency_ttl_seconds",
+            f.idempotency_ttl_seconds,
+            1,
+            MAX_IDEMPOTENCY_TTL_SECONDS,
+        )
+        .note("7 days");
+    check
+        .at_most(
+            "gateway.backlog_pause_threshold",
+            f.backlog_pause_threshold,
+            1_000_000_000,
+        )
+        .note("0 = never");
+    check
+        .that(
+            f.runtime_dir
+                .as_deref()
+                .is_none_or(|d| !d.trim().is_empty()),
+            "gateway.runtime_dir",
+            "must not be empty",
+        )
         .note("leave it out for the default");
-    check.between("gateway.body_read_timeout_ms", f.body_read_timeout_ms, 100, 600_000);
+    check.between(
+        "gateway.body_read_timeout_ms",
+        f.body_read_timeout_ms,
+        100,
+        600_000,
+    );
     check.between("gateway.backlog_check_ms", f.backlog_check_ms, 50, 60_000);
     check.between("gateway.keepalive_seconds", f.keepalive_seconds, 1, 3600);
     let listen = addr(check, "gateway.listen", &f.listen);
@@ -246,7 +347,10 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
         check.that(
             !clash,
             "gateway.tls.listen",
-            format_args!("must differ from gateway.listen and gateway.admin_listen, got {}", t.listen),
+            format_args!(
+                "must differ from gateway.listen and gateway.admin_listen, got {}",
+                t.listen
+            ),
         );
     }
     GatewayConfig {
@@ -270,23 +374,49 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
 /// `[gateway.tls]`: off unless `cert_file` is set; every other key of the
 /// table needs it.
 fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
-    check.between("gateway.tls.reload_interval_ms", f.reload_interval_ms, 100, 3_600_000);
+    check.between(
+        "gateway.tls.reload_interval_ms",
+        f.reload_interval_ms,
+        100,
+        3_600_000,
+    );
     let listen = addr(check, "gateway.tls.listen", &f.listen);
     let nonempty = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.trim().is_empty());
-    for (key, value) in [("gateway.tls.cert_file", &f.cert_file), ("gateway.tls.key_file", &f.key_file)] {
-        check.that(value.is_none() || nonempty(value), key, "must not be empty").note("leave it out for no TLS");
+    for (key, value) in [
+        ("gateway.tls.cert_file", &f.cert_file),
+        ("gateway.tls.key_file", &f.key_file),
+    ] {
+        check
+            .that(value.is_none() || nonempty(value), key, "must not be empty")
+            .note("leave it out for no TLS");
     }
     let Some(cert_file) = f.cert_file.filter(|v| !v.trim().is_empty()) else {
-        check.that(f.key_file.is_none(), "gateway.tls.key_file", "needs gateway.tls.cert_file");
-        check.that(f.certificates.is_empty(), "gateway.tls.certificates", "need gateway.tls.cert_file (the default certificate)");
-        check.that(!f.redirect_http, "gateway.tls.redirect_http", "needs gateway.tls.cert_file (no HTTPS listener to redirect to)");
+        check.that(
+            f.key_file.is_none(),
+            "gateway.tls.key_file",
+            "needs gateway.tls.cert_file",
+        );
+        check.that(
+            f.certificates.is_empty(),
+            "gateway.tls.certificates",
+            "need gateway.tls.cert_file (the default certificate)",
+        );
+        check.that(
+            !f.redirect_http,
+            "gateway.tls.redirect_http",
+            "needs gateway.tls.cert_file (no HTTPS listener to redirect to)",
+        );
         check.that(
             f.redirect_port.is_none(),
             "gateway.tls.redirect_port",
             "needs gateway.tls.cert_file (no HTTPS listener to redirect to)",
         );
         let unset = file::Tls::default();
-        check.that(f.listen == unset.listen, "gateway.tls.listen", "needs gateway.tls.cert_file (HTTPS is off without it)");
+        check.that(
+            f.listen == unset.listen,
+            "gateway.tls.listen",
+            "needs gateway.tls.cert_file (HTTPS is off without it)",
+        );
         check.that(
             f.reload_interval_ms == unset.reload_interval_ms,
             "gateway.tls.reload_interval_ms",
@@ -295,7 +425,10 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
         return None;
     };
     let Some(key_file) = f.key_file.filter(|v| !v.trim().is_empty()) else {
-        check.fail("gateway.tls.key_file", "must be set with gateway.tls.cert_file");
+        check.fail(
+            "gateway.tls.key_file",
+            "must be set with gateway.tls.cert_file",
+        );
         return None;
     };
     check.that(
@@ -306,18 +439,38 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
     let mut certificates = Vec::with_capacity(f.certificates.len());
     for (i, c) in f.certificates.into_iter().enumerate() {
         let key_path = format!("gateway.tls.certificates[{i}]");
-        check.that(!c.cert_file.trim().is_empty(), format_args!("{key_path}.cert_file"), "must not be empty");
-        check.that(!c.key_file.trim().is_empty(), format_args!("{key_path}.key_file"), "must not be empty");
-        certificates.push(TlsFiles { key_path, cert_file: c.cert_file.into(), key_file: c.key_file.into() });
+        check.that(
+            !c.cert_file.trim().is_empty(),
+            format_args!("{key_path}.cert_file"),
+            "must not be empty",
+        );
+        check.that(
+            !c.key_file.trim().is_empty(),
+            format_args!("{key_path}.key_file"),
+            "must not be empty",
+        );
+        certificates.push(TlsFiles {
+            key_path,
+            cert_file: c.cert_file.into(),
+            key_file: c.key_file.into(),
+        });
     }
     check
-        .that(f.redirect_port != Some(0), "gateway.tls.redirect_port", "must be a port between 1 and 65535, got 0")
+        .that(
+            f.redirect_port != Some(0),
+            "gateway.tls.redirect_port",
+            "must be a port between 1 and 65535, got 0",
+        )
         .note("leave it out for the port of gateway.tls.listen");
     let redirect_port = f.redirect_port.unwrap_or(listen.port());
     Some(TlsConfig {
         listen,
         redirect_port,
-        default: TlsFiles { key_path: "gateway.tls".into(), cert_file: cert_file.into(), key_file: key_file.into() },
+        default: TlsFiles {
+            key_path: "gateway.tls".into(),
+            cert_file: cert_file.into(),
+            key_file: key_file.into(),
+        },
         certificates,
         redirect_http: f.redirect_http,
         reload_interval: Duration::from_millis(f.reload_interval_ms),
@@ -327,13 +480,26 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
 /// `[shop]`; `gateway.shop_upstream` is the one upstream when
 /// `shop.upstreams` is empty (its own problems are `gateway`'s to report).
 fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
-    let mut upstreams: Vec<SocketAddr> =
-        f.upstreams.iter().enumerate().map(|(i, v)| addr(check, &format!("shop.upstreams[{i}]"), v)).collect();
+    let mut upstreams: Vec<SocketAddr> = f
+        .upstreams
+        .iter()
+        .enumerate()
+        .map(|(i, v)| addr(check, &format!("shop.upstreams[{i}]"), v))
+        .collect();
     if upstreams.is_empty() {
         upstreams.extend(shop_upstream.parse::<SocketAddr>().ok());
     }
-    check.that(upstreams.len() <= 64, "shop.upstreams", format_args!("must hold at most 64 upstreams, got {}", upstreams.len()));
-    check.between("shop.health_check_interval_ms", f.health_check_interval_ms, 100, 600_000);
+    check.that(
+        upstreams.len() <= 64,
+        "shop.upstreams",
+        format_args!("must hold at most 64 upstreams, got {}", upstreams.len()),
+    );
+    check.between(
+        "shop.health_check_interval_ms",
+        f.health_check_interval_ms,
+        100,
+        600_000,
+    );
     check.between("shop.connect_timeout_ms", f.connect_timeout_ms, 1, 60_000);
     check.between("shop.read_timeout_ms", f.read_timeout_ms, 1, 3_600_000);
     ShopConfig {
@@ -351,16 +517,41 @@ pub const MAX_SHOP_CACHE_BYTES: u64 = 64 << 30;
 
 /// `[shop.cache]`.
 fn shop_cache(check: &mut Check, f: file::ShopCache, shop_read_timeout_ms: u64) -> ShopCacheConfig {
-    check.between("shop.cache.max_bytes", f.max_bytes, 1 << 20, MAX_SHOP_CACHE_BYTES).note("1 MiB to 64 GiB");
+    check
+        .between(
+            "shop.cache.max_bytes",
+            f.max_bytes,
+            1 << 20,
+            MAX_SHOP_CACHE_BYTES,
+        )
+        .note("1 MiB to 64 GiB");
     // A quarter of max_bytes bounds the fills in progress (gateway shop_cache).
     check
-        .between("shop.cache.max_object_bytes", f.max_object_bytes, 1024, (f.max_bytes / 4).clamp(1024, MAX_SHOP_CACHE_BYTES))
+        .between(
+            "shop.cache.max_object_bytes",
+            f.max_object_bytes,
+            1024,
+            (f.max_bytes / 4).clamp(1024, MAX_SHOP_CACHE_BYTES),
+        )
         .note("at most a quarter of shop.cache.max_bytes");
-    check.at_most("shop.cache.stale_if_error_seconds", f.stale_if_error_seconds, 86_400).note("0 = only when the shop allows it");
+    check
+        .at_most(
+            "shop.cache.stale_if_error_seconds",
+            f.stale_if_error_seconds,
+            86_400,
+        )
+        .note("0 = only when the shop allows it");
     // Shorter than the shop's read timeout, a slow fetch would release the
     // whole crowd waiting on it to the shop.
     let lock_min = shop_read_timeout_ms.max(10);
-    check.between("shop.cache.lock_timeout_ms", f.lock_timeout_ms, lock_min, lock_min.max(60_000)).note("at least shop.read_timeout_ms");
+    check
+        .between(
+            "shop.cache.lock_timeout_ms",
+            f.lock_timeout_ms,
+            lock_min,
+            lock_min.max(60_000),
+        )
+        .note("at least shop.read_timeout_ms");
     let bytes = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     ShopCacheConfig {
         enabled: f.enabled,
@@ -372,10 +563,24 @@ fn shop_cache(check: &mut Check, f: file::ShopCache, shop_read_timeout_ms: u64) 
 }
 
 fn pages(check: &mut Check, f: file::Pages) -> PagesConfig {
-    check.at_most("pages.page_max_age_seconds", f.page_max_age_seconds, MAX_AGE_SECONDS);
-    check.at_most("pages.asset_max_age_seconds", f.asset_max_age_seconds, MAX_AGE_SECONDS);
-    check.at_most("pages.fingerprinted_max_age_seconds", f.fingerprinted_max_age_seconds, MAX_AGE_SECONDS);
-    check.at_most("pages.reload_interval_ms", f.reload_interval_ms, 3_600_000).note("0 turns reloading off");
+    check.at_most(
+        "pages.page_max_age_seconds",
+        f.page_max_age_seconds,
+        MAX_AGE_SECONDS,
+    );
+    check.at_most(
+        "pages.asset_max_age_seconds",
+        f.asset_max_age_seconds,
+        MAX_AGE_SECONDS,
+    );
+    check.at_most(
+        "pages.fingerprinted_max_age_seconds",
+        f.fingerprinted_max_age_seconds,
+        MAX_AGE_SECONDS,
+    );
+    check
+        .at_most("pages.reload_interval_ms", f.reload_interval_ms, 3_600_000)
+        .note("0 turns reloading off");
     check.between("pages.state_ttl_ms", f.state_ttl_ms, 1, 60_000);
     PagesConfig {
         page_max_age: Duration::from_secs(f.page_max_age_seconds),
@@ -386,8 +591,19 @@ fn pages(check: &mut Check, f: file::Pages) -> PagesConfig {
     }
 }
 
-fn challenge(check: &mut Check, f: file::Challenge, idempotency_ttl_seconds: u64) -> ChallengeConfig {
-    check.between("challenge.difficulty_bits", f.difficulty_bits, 0, MAX_CHALLENGE_BITS).note("each bit doubles the work");
+fn challenge(
+    check: &mut Check,
+    f: file::Challenge,
+    idempotency_ttl_seconds: u64,
+) -> ChallengeConfig {
+    check
+        .between(
+            "challenge.difficulty_bits",
+            f.difficulty_bits,
+            0,
+            MAX_CHALLENGE_BITS,
+        )
+        .note("each bit doubles the work");
     // A buy may re-send its solution with its key while the solution is
     // remembered (its TTL and a minute): its won key must outlive that, or
     // the re-send would buy again.
@@ -401,11 +617,31 @@ fn challenge(check: &mut Check, f: file::Challenge, idempotency_ttl_seconds: u64
             ),
         );
     }
-    check.between("challenge.max_difficulty_bits", f.max_difficulty_bits, f.difficulty_bits.min(MAX_CHALLENGE_BITS), MAX_CHALLENGE_BITS);
+    check.between(
+        "challenge.max_difficulty_bits",
+        f.max_difficulty_bits,
+        f.difficulty_bits.min(MAX_CHALLENGE_BITS),
+        MAX_CHALLENGE_BITS,
+    );
     check.between("challenge.ttl_seconds", f.ttl_seconds, 10, 3600);
-    check.between("challenge.user_rate_per_minute", f.user_rate_per_minute, 1, 1_000_000);
-    check.between("challenge.ip_rate_per_minute", f.ip_rate_per_minute, 1, 1_000_000);
-    check.between("challenge.sale_rate_per_second", f.sale_rate_per_second, 1, 1_000_000);
+    check.between(
+        "challenge.user_rate_per_minute",
+        f.user_rate_per_minute,
+        1,
+        1_000_000,
+    );
+    check.between(
+        "challenge.ip_rate_per_minute",
+        f.ip_rate_per_minute,
+        1,
+        1_000_000,
+    );
+    check.between(
+        "challenge.sale_rate_per_second",
+        f.sale_rate_per_second,
+        1,
+        1_000_000,
+    );
     let bits = |b: u32| u8::try_from(b.min(MAX_CHALLENGE_BITS)).unwrap_or(0);
     ChallengeConfig {
         mode: f.mode,
@@ -434,14 +670,18 @@ fn challenge_secret(check: &mut Check, env: &dyn Env) -> Option<String> {
 fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig {
     let database_url = env.var(ENV_DATABASE_URL).unwrap_or(f.database_url);
     check.that(
-        ["sqlite:", "postgres://", "postgresql://", "mysql://"].iter().any(|scheme| database_url.starts_with(scheme)),
+        ["sqlite:", "postgres://", "postgresql://", "mysql://"]
+            .iter()
+            .any(|scheme| database_url.starts_with(scheme)),
         "backend.database_url",
         "must be a sqlite:, postgres:// or mysql:// URL",
     );
     check.between("backend.batch_size", f.batch_size, 1, 10_000);
     check.between("backend.block_ms", f.block_ms, 1, 60_000);
     check.between("backend.claim_idle_ms", f.claim_idle_ms, 100, 86_400_000);
-    check.at_most("backend.forward_grace_ms", f.forward_grace_ms, 60_000).note("0 = the consumer writes at once");
+    check
+        .at_most("backend.forward_grace_ms", f.forward_grace_ms, 60_000)
+        .note("0 = the consumer writes at once");
     // An entry held for the grace is pending on its consumer, its idle
     // time growing: the grace and then the write must end well before
     // `claim_idle_ms`, or another backend claims the entries held for it
@@ -459,7 +699,12 @@ fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig 
     check.between("backend.max_deliveries", f.max_deliveries, 1, 1000);
     check.between("backend.expiry_poll_ms", f.expiry_poll_ms, 10, 600_000);
     check.between("backend.restore_poll_ms", f.restore_poll_ms, 10, 600_000);
-    check.between("backend.reconcile_interval_ms", f.reconcile_interval_ms, 10, 86_400_000);
+    check.between(
+        "backend.reconcile_interval_ms",
+        f.reconcile_interval_ms,
+        10,
+        86_400_000,
+    );
     BackendConfig {
         listen: addr(check, "backend.listen", &f.listen),
         admin_listen: addr(check, "backend.admin_listen", &f.admin_listen),
@@ -480,19 +725,43 @@ fn backend(check: &mut Check, f: file::Backend, env: &dyn Env) -> BackendConfig 
 /// A bucket with both numbers in range, or `None` (and the problems).
 fn bucket(check: &mut Check, key: &str, b: file::Bucket) -> Option<Bucket> {
     const NOTE: &str = "leave the bucket out for no limit";
-    let per_second = check.non_zero(format_args!("{key}.per_second"), b.per_second, MAX_BUCKET_PER_SECOND, NOTE);
+    let per_second = check.non_zero(
+        format_args!("{key}.per_second"),
+        b.per_second,
+        MAX_BUCKET_PER_SECOND,
+        NOTE,
+    );
     let burst = check.non_zero(format_args!("{key}.burst"), b.burst, MAX_BUCKET_BURST, NOTE);
-    Some(Bucket { per_second: per_second?, burst: burst? })
+    Some(Bucket {
+        per_second: per_second?,
+        burst: burst?,
+    })
 }
 
 fn route_limits(check: &mut Check, class: &str, f: file::RouteLimits) -> RouteLimits {
-    let mut one = |scope: &str, b: Option<file::Bucket>| b.and_then(|b| bucket(check, &format!("limits.{class}.{scope}"), b));
-    RouteLimits { user: one("user", f.user), ip: one("ip", f.ip), global: one("global", f.global) }
+    let mut one = |scope: &str, b: Option<file::Bucket>| {
+        b.and_then(|b| bucket(check, &format!("limits.{class}.{scope}"), b))
+    };
+    RouteLimits {
+        user: one("user", f.user),
+        ip: one("ip", f.ip),
+        global: one("global", f.global),
+    }
 }
 
 fn limits(check: &mut Check, f: file::Limits) -> LimitsConfig {
-    check.between("limits.max_tracked_keys", f.max_tracked_keys, 1, 100_000_000);
-    check.between("limits.idle_seconds", f.idle_seconds, 1, MAX_LIMITS_IDLE_SECONDS);
+    check.between(
+        "limits.max_tracked_keys",
+        f.max_tracked_keys,
+        1,
+        100_000_000,
+    );
+    check.between(
+        "limits.idle_seconds",
+        f.idle_seconds,
+        1,
+        MAX_LIMITS_IDLE_SECONDS,
+    );
     LimitsConfig {
         trusted_proxies: nets(check, "limits.trusted_proxies", &f.trusted_proxies),
         client_ip_header: f.client_ip_header,
@@ -500,17 +769,29 @@ fn limits(check: &mut Check, f: file::Limits) -> LimitsConfig {
         idle: Duration::from_secs(f.idle_seconds),
         buy: route_limits(check, "buy", f.buy),
         read: route_limits(check, "read", f.read),
-        cluster_global: f.cluster_global.and_then(|b| bucket(check, "limits.cluster_global", b)),
+        cluster_global: f
+            .cluster_global
+            .and_then(|b| bucket(check, "limits.cluster_global", b)),
     }
 }
 
 fn deny(check: &mut Check, f: file::Deny) -> DenyConfig {
-    DenyConfig { nets: nets(check, "deny.ips", &f.ips), users: f.users.into_iter().collect() }
+    DenyConfig {
+        nets: nets(check, "deny.ips", &f.ips),
+        users: f.users.into_iter().collect(),
+    }
 }
 
 /// The parsed networks of a list; each bad entry is a problem at `key[i]`.
 fn nets(check: &mut Check, key: &str, list: &[String]) -> Vec<IpNet> {
-    list.iter().enumerate().filter_map(|(i, v)| parse_net(v).map_err(|why| check.fail(format_args!("{key}[{i}]"), why)).ok()).collect()
+    list.iter()
+        .enumerate()
+        .filter_map(|(i, v)| {
+            parse_net(v)
+                .map_err(|why| check.fail(format_args!("{key}[{i}]"), why))
+                .ok()
+        })
+        .collect()
 }
 
 /// Parses an address or CIDR into a network (an address is a /32 or /128).
@@ -529,12 +810,15 @@ fn parse_net(s: &str) -> Result<IpNet, String> {
         .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
         .ok_or_else(|| format!("`{s}` is not an IP address or CIDR"))?;
     if let IpNet::V6(v6) = net {
-        if let (Some(v4), Some(prefix)) = (v6.addr().to_ipv4_mapped(), v6.prefix_len().checked_sub(96)) {
+        if let (Some(v4), Some(prefix)) =
+            (v6.addr().to_ipv4_mapped(), v6.prefix_len().checked_sub(96))
+        {
             if let Ok(v4) = Ipv4Net::new(v4, prefix) {
                 return Ok(IpNet::V4(v4));
             }
         }
-        let mapped = Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).expect("/96 is a valid prefix");
+        let mapped = Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96)
+            .expect("/96 is a valid prefix");
         if v6.prefix_len() < 96 && v6.contains(&mapped) {
             return Err(format!(
                 "`{s}` holds the IPv4-mapped range ::ffff:0:0/96, which never matches: IPv4 clients are compared in IPv4 form; add IPv4 entries (e.g. 0.0.0.0/0) for them"
@@ -548,13 +832,23 @@ fn parse_net(s: &str) -> Result<IpNet, String> {
 /// refused when too short ([`crate::secret::required`]), named by where it
 /// came from. The order API's tokens are checked where they are required,
 /// at start: only the process that uses one needs it.
-fn secrets(check: &mut Check, file_secret: Option<String>, env: &dyn Env) -> (Option<String>, Option<String>) {
+fn secrets(
+    check: &mut Check,
+    file_secret: Option<String>,
+    env: &dyn Env,
+) -> (Option<String>, Option<String>) {
     let jwt_secret = match env.var(ENV_JWT_SECRET) {
         Some(s) => Some((ENV_JWT_SECRET, s)),
-        None => file_secret.filter(|s| !s.is_empty()).map(|s| ("auth.jwt_secret", s)),
+        None => file_secret
+            .filter(|s| !s.is_empty())
+            .map(|s| ("auth.jwt_secret", s)),
     };
     let admin_token = env.var(ENV_ADMIN_TOKEN);
-    for (name, secret) in jwt_secret.iter().map(|(n, s)| (*n, s)).chain(admin_token.iter().map(|s| (ENV_ADMIN_TOKEN, s))) {
+    for (name, secret) in jwt_secret
+        .iter()
+        .map(|(n, s)| (*n, s))
+        .chain(admin_token.iter().map(|s| (ENV_ADMIN_TOKEN, s)))
+    {
         if let Err(e) = crate::secret::required(name, Some(secret)) {
             check.problem(e);
         }
@@ -565,20 +859,33 @@ fn secrets(check: &mut Check, file_secret: Option<String>, env: &dyn Env) -> (Op
 fn auth(check: &mut Check, f: file::Auth) -> AuthConfig {
     for (key, claim) in [("auth.audience", &f.audience), ("auth.issuer", &f.issuer)] {
         if let Some(claim) = claim {
-            check.that((1..=256).contains(&claim.len()), key, "must be 1 to 256 characters").note("leave it out for no check");
+            check
+                .that(
+                    (1..=256).contains(&claim.len()),
+                    key,
+                    "must be 1 to 256 characters",
+                )
+                .note("leave it out for no check");
         }
     }
-    AuthConfig { audience: f.audience, issuer: f.issuer }
+    AuthConfig {
+        audience: f.audience,
+        issuer: f.issuer,
+    }
 }
 
 fn fairness(check: &mut Check, f: &file::Fairness) -> FairnessConfig {
     // The rule is the admin API's too (`draw_window_ms`): `sale` owns it.
-    let window_ms = crate::sale::draw_window_ms("fairness.window_ms", f.window_ms).unwrap_or_else(|e| {
-        check.problem(e);
-        0
-    });
+    let window_ms =
+        crate::sale::draw_window_ms("fairness.window_ms", f.window_ms).unwrap_or_else(|e| {
+            check.problem(e);
+            0
+        });
     check.between("fairness.settle_ms", f.settle_ms, 100, 60_000);
-    FairnessConfig { window_ms, settle: Duration::from_millis(f.settle_ms) }
+    FairnessConfig {
+        window_ms,
+        settle: Duration::from_millis(f.settle_ms),
+    }
 }
 
 /// The payment timeout of each sale, by id.
@@ -601,11 +908,17 @@ fn payment_timeouts(check: &mut Check, sales: &[file::Sale]) -> HashMap<String, 
 fn sales(check: &mut Check, sales: &[file::Sale], now_ms: i64) -> Vec<SaleSpec> {
     let mut out: Vec<SaleSpec> = Vec::with_capacity(sales.len());
     for (i, s) in sales.iter().enumerate() {
-        check.between(format_args!("sales[{i}].duration_seconds"), s.duration_seconds, 1, MAX_SALE_DURATION_SECONDS);
+        check.between(
+            format_args!("sales[{i}].duration_seconds"),
+            s.duration_seconds,
+            1,
+            MAX_SALE_DURATION_SECONDS,
+        );
         match sale_spec(s, now_ms).and_then(|spec| spec.validate().map(|()| spec)) {
-            Ok(spec) if out.iter().any(|o| o.id == spec.id) => {
-                check.fail(format_args!("sales[{i}].id"), format_args!("`{}` is declared twice", spec.id))
-            }
+            Ok(spec) if out.iter().any(|o| o.id == spec.id) => check.fail(
+                format_args!("sales[{i}].id"),
+                format_args!("`{}` is declared twice", spec.id),
+            ),
             Ok(spec) => out.push(spec),
             Err(e) => check.problem(format_args!("sales[{i}].{e}")),
         }

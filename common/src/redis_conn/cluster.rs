@@ -8,7 +8,9 @@ use futures_util::FutureExt;
 use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{Arg, Cmd, ErrorKind, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 /// Retries of one call (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a node
@@ -34,31 +36,60 @@ impl ClusterHandle {
     ///
     /// # Errors
     /// A bad URL, or no seed node answers.
-    pub async fn connect(nodes: &[String], connection_timeout: Duration, response_timeout: Duration) -> RedisResult<Self> {
-        let conn = builder(nodes, connection_timeout, response_timeout).build()?.get_async_connection().await?;
+    pub async fn connect(
+        nodes: &[String],
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let conn = builder(nodes, connection_timeout, response_timeout)
+            .build()?
+            .get_async_connection()
+            .await?;
         Ok(Self { conn })
     }
 
     pub(super) async fn on_master_of(&mut self, key: &str, cmd: &Cmd) -> RedisResult<Value> {
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master)));
-        self.conn.route_command(cmd.clone(), route).await.and_then(Value::extract_error)
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            key,
+            SlotAddr::Master,
+        )));
+        self.conn
+            .route_command(cmd.clone(), route)
+            .await
+            .and_then(Value::extract_error)
     }
 
-    pub(super) async fn pipeline_on_master_of(&mut self, key: &str, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+    pub(super) async fn pipeline_on_master_of(
+        &mut self,
+        key: &str,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<Vec<Value>> {
         let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-        self.conn.route_pipeline(pipe.clone(), 0, pipe.len(), route).await
+        self.conn
+            .route_pipeline(pipe.clone(), 0, pipe.len(), route)
+            .await
     }
 
     pub(super) async fn ping_masters(&mut self, ping: &Cmd) -> RedisResult<()> {
-        let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(ResponsePolicy::AllSucceeded)));
+        let route = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::AllSucceeded),
+        ));
         self.conn.route_command(ping.clone(), route).await.map(drop)
     }
 
-    pub(super) async fn each_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<(String, RedisResult<Value>)>> {
+    pub(super) async fn each_master(
+        &mut self,
+        cmd: &Cmd,
+    ) -> RedisResult<Vec<(String, RedisResult<Value>)>> {
         let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
         // Without a response policy the crate answers a map: node -> reply.
         let Value::Map(replies) = self.conn.route_command(cmd.clone(), route).await? else {
-            return Err((ErrorKind::Client, "the cluster answered a fan-out without a node map").into());
+            return Err((
+                ErrorKind::Client,
+                "the cluster answered a fan-out without a node map",
+            )
+                .into());
         };
         Ok(replies
             .into_iter()
@@ -78,7 +109,11 @@ impl ClusterHandle {
 }
 
 /// The client settings of a cluster connection.
-pub(super) fn builder(nodes: &[String], connection_timeout: Duration, response_timeout: Duration) -> ClusterClientBuilder {
+pub(super) fn builder(
+    nodes: &[String],
+    connection_timeout: Duration,
+    response_timeout: Duration,
+) -> ClusterClientBuilder {
     ClusterClientBuilder::new(nodes.to_vec())
         .retries(RETRIES)
         .min_retry_wait(MIN_RETRY_WAIT_MS)
@@ -97,7 +132,9 @@ fn is_command(cmd: &Cmd, name: &[u8]) -> bool {
 /// when its script is one of ours.
 fn eval_of(evalsha: &Cmd) -> Option<Cmd> {
     let mut args = evalsha.args_iter().skip(1);
-    let Some(Arg::Simple(sha)) = args.next() else { return None };
+    let Some(Arg::Simple(sha)) = args.next() else {
+        return None;
+    };
     let body = crate::scripts::body_of(sha)?;
     let mut eval = redis::cmd("EVAL");
     eval.arg(body);
@@ -132,14 +169,22 @@ impl ConnectionLike for ClusterHandle {
         .boxed()
     }
 
-    fn req_packed_commands<'a>(&'a mut self, pipeline: &'a redis::Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
         async move {
             match self.conn.req_packed_commands(pipeline, offset, count).await {
                 // The crate refuses a pipeline on several slots before sending
                 // anything. Plain commands are then sent one by one, side by
                 // side and in order (the driver still pipelines those bound
                 // for one node); a transaction stays refused.
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) && !pipeline.is_transaction() => {
+                Err(e)
+                    if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
+                        && !pipeline.is_transaction() =>
+                {
                     let calls = pipeline.cmd_iter().map(|cmd| {
                         let mut conn = self.conn.clone();
                         async move { conn.req_packed_command(cmd).await }
@@ -167,7 +212,13 @@ mod tests {
         let (_, body) = crate::scripts::ALL[1];
         let script = redis::Script::new(body);
         let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(script.get_hash()).arg(2).arg("fg:{sale:1}:meta").arg("fg:{sale:1}:remaining").arg("u1").arg(3);
+        evalsha
+            .arg(script.get_hash())
+            .arg(2)
+            .arg("fg:{sale:1}:meta")
+            .arg("fg:{sale:1}:remaining")
+            .arg("u1")
+            .arg(3);
         let eval = eval_of(&evalsha).unwrap();
         let args: Vec<Vec<u8>> = eval
             .args_iter()
@@ -176,14 +227,24 @@ mod tests {
                 _ => Vec::new(),
             })
             .collect();
-        let expected: Vec<Vec<u8>> =
-            [b"EVAL".as_slice(), body.as_bytes(), b"2", b"fg:{sale:1}:meta", b"fg:{sale:1}:remaining", b"u1", b"3"]
-                .iter()
-                .map(|a| a.to_vec())
-                .collect();
+        let expected: Vec<Vec<u8>> = [
+            b"EVAL".as_slice(),
+            body.as_bytes(),
+            b"2",
+            b"fg:{sale:1}:meta",
+            b"fg:{sale:1}:remaining",
+            b"u1",
+            b"3",
+        ]
+        .iter()
+        .map(|a| a.to_vec())
+        .collect();
         assert_eq!(args, expected);
         let mut unknown = redis::cmd("EVALSHA");
         unknown.arg("0123").arg(0);
-        assert!(eval_of(&unknown).is_none(), "a script we do not ship is not guessed");
+        assert!(
+            eval_of(&unknown).is_none(),
+            "a script we do not ship is not guessed"
+        );
     }
 }

@@ -43,11 +43,16 @@ impl EventSubscription {
     pub async fn subscribe(config: &RedisConfig, channel: &str) -> RedisResult<Self> {
         let inner = match &config.target {
             RedisTarget::Standalone { url } => {
-                let mut pubsub = super::tls::client(url, config.ca_file.as_deref())?.get_async_pubsub().await?;
+                let mut pubsub = super::tls::client(url, config.ca_file.as_deref())?
+                    .get_async_pubsub()
+                    .await?;
                 pubsub.subscribe(channel).await?;
                 Inner::Node(pubsub.into_on_message())
             }
-            RedisTarget::Sentinel { sentinels, master_name } => {
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+            } => {
                 let mut client = super::sentinel::client(sentinels, master_name)?;
                 let mut pubsub = client.async_get_client().await?.get_async_pubsub().await?;
                 pubsub.subscribe(channel).await?;
@@ -63,7 +68,10 @@ impl EventSubscription {
                     .get_async_connection()
                     .await?;
                 conn.subscribe(channel).await?;
-                Inner::Cluster { _conn: conn, pushes }
+                Inner::Cluster {
+                    _conn: conn,
+                    pushes,
+                }
             }
         };
         Ok(Self { inner })

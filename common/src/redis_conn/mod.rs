@@ -35,7 +35,9 @@ mod tls;
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::{AsyncConnectionConfig, Cmd, RedisFuture, RedisResult, Value};
 
 pub use cluster::ClusterHandle;
@@ -62,7 +64,12 @@ pub struct Tuning {
 impl Tuning {
     /// Connection and response timeouts of `timeout`, two reconnection attempts.
     pub fn new(timeout: Duration) -> Self {
-        Self { connection_timeout: timeout, response_timeout: timeout, reconnect_retries: 2, max_reconnect_delay: None }
+        Self {
+            connection_timeout: timeout,
+            response_timeout: timeout,
+            reconnect_retries: 2,
+            max_reconnect_delay: None,
+        }
     }
 }
 
@@ -95,14 +102,26 @@ impl RedisHandle {
                     settings = settings.set_max_delay(delay);
                 }
                 let client = tls::client(url, config.ca_file.as_deref())?;
-                Ok(Self::Standalone(ConnectionManager::new_with_config(client, settings).await?))
+                Ok(Self::Standalone(
+                    ConnectionManager::new_with_config(client, settings).await?,
+                ))
             }
-            RedisTarget::Cluster { nodes } => {
-                Ok(Self::Cluster(ClusterHandle::connect(nodes, tuning.connection_timeout, tuning.response_timeout).await?))
-            }
-            RedisTarget::Sentinel { sentinels, master_name } => {
-                Ok(Self::Sentinel(SentinelHandle::connect(sentinels, master_name, &node_config(tuning), tuning.response_timeout).await?))
-            }
+            RedisTarget::Cluster { nodes } => Ok(Self::Cluster(
+                ClusterHandle::connect(nodes, tuning.connection_timeout, tuning.response_timeout)
+                    .await?,
+            )),
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+            } => Ok(Self::Sentinel(
+                SentinelHandle::connect(
+                    sentinels,
+                    master_name,
+                    &node_config(tuning),
+                    tuning.response_timeout,
+                )
+                .await?,
+            )),
         }
     }
 
@@ -113,17 +132,35 @@ impl RedisHandle {
     ///
     /// # Errors
     /// As [`RedisHandle::connect`].
-    pub async fn dedicated(config: &RedisConfig, connection_timeout: Duration, response_timeout: Duration) -> RedisResult<Self> {
-        let tuning = Tuning { connection_timeout, response_timeout, reconnect_retries: 0, max_reconnect_delay: None };
+    pub async fn dedicated(
+        config: &RedisConfig,
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let tuning = Tuning {
+            connection_timeout,
+            response_timeout,
+            reconnect_retries: 0,
+            max_reconnect_delay: None,
+        };
         match &config.target {
             RedisTarget::Standalone { url } => {
                 let client = tls::client(url, config.ca_file.as_deref())?;
-                Ok(Self::Direct(client.get_multiplexed_async_connection_with_config(&node_config(&tuning)).await?))
+                Ok(Self::Direct(
+                    client
+                        .get_multiplexed_async_connection_with_config(&node_config(&tuning))
+                        .await?,
+                ))
             }
-            RedisTarget::Cluster { nodes } => Ok(Self::Cluster(ClusterHandle::connect(nodes, connection_timeout, response_timeout).await?)),
-            RedisTarget::Sentinel { sentinels, master_name } => {
-                Ok(Self::Direct(sentinel::master_connection(sentinels, master_name, &node_config(&tuning)).await?))
-            }
+            RedisTarget::Cluster { nodes } => Ok(Self::Cluster(
+                ClusterHandle::connect(nodes, connection_timeout, response_timeout).await?,
+            )),
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+            } => Ok(Self::Direct(
+                sentinel::master_connection(sentinels, master_name, &node_config(&tuning)).await?,
+            )),
         }
     }
 
@@ -184,7 +221,10 @@ impl RedisHandle {
     pub async fn on_master_of(&mut self, key: &str, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Self::Cluster(c) => c.on_master_of(key, cmd).await,
-            other => other.req_packed_command(cmd).await.and_then(Value::extract_error),
+            other => other
+                .req_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error),
         }
     }
 
@@ -194,7 +234,11 @@ impl RedisHandle {
     ///
     /// # Errors
     /// Redis failed or refused a command.
-    pub async fn pipeline_on_master_of(&mut self, key: &str, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+    pub async fn pipeline_on_master_of(
+        &mut self,
+        key: &str,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<Vec<Value>> {
         match self {
             Self::Cluster(c) => c.pipeline_on_master_of(key, pipe).await,
             other => other.req_packed_commands(pipe, 0, pipe.len()).await,
@@ -206,12 +250,21 @@ impl RedisHandle {
     ///
     /// # Errors
     /// A master could not be reached at all.
-    pub async fn each_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<(String, RedisResult<Value>)>> {
+    pub async fn each_master(
+        &mut self,
+        cmd: &Cmd,
+    ) -> RedisResult<Vec<(String, RedisResult<Value>)>> {
         match self {
             Self::Cluster(c) => c.each_master(cmd).await,
             other => {
-                let reply = other.req_packed_command(cmd).await.and_then(Value::extract_error);
-                if reply.as_ref().is_err_and(|e| e.is_io_error() || e.is_timeout()) {
+                let reply = other
+                    .req_packed_command(cmd)
+                    .await
+                    .and_then(Value::extract_error);
+                if reply
+                    .as_ref()
+                    .is_err_and(|e| e.is_io_error() || e.is_timeout())
+                {
                     return reply.map(|_| Vec::new());
                 }
                 Ok(vec![("master".to_owned(), reply)])
@@ -230,7 +283,12 @@ impl ConnectionLike for RedisHandle {
         }
     }
 
-    fn req_packed_commands<'a>(&'a mut self, pipeline: &'a redis::Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Direct(c) => c.req_packed_commands(pipeline, offset, count),
@@ -251,5 +309,7 @@ impl ConnectionLike for RedisHandle {
 
 /// The settings of a connection to one node.
 fn node_config(tuning: &Tuning) -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new().set_connection_timeout(Some(tuning.connection_timeout)).set_response_timeout(Some(tuning.response_timeout))
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(tuning.connection_timeout))
+        .set_response_timeout(Some(tuning.response_timeout))
 }

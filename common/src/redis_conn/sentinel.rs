@@ -18,7 +18,10 @@ use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind,
+    Value,
+};
 use tokio::sync::Mutex;
 
 /// Pause after a lookup that found no usable master, so the calls failing
@@ -56,7 +59,12 @@ pub(super) fn client(sentinels: &[String], master_name: &str) -> RedisResult<Sen
         .iter()
         .any(|s| s.starts_with("rediss://"))
         .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure));
-    SentinelClient::build(sentinels.to_vec(), master_name.to_owned(), node, SentinelServerType::Master)
+    SentinelClient::build(
+        sentinels.to_vec(),
+        master_name.to_owned(),
+        node,
+        SentinelServerType::Master,
+    )
 }
 
 /// One connection to the current primary, not followed afterwards.
@@ -65,7 +73,9 @@ pub(super) async fn master_connection(
     master_name: &str,
     config: &AsyncConnectionConfig,
 ) -> RedisResult<MultiplexedConnection> {
-    client(sentinels, master_name)?.get_async_connection_with_config(config).await
+    client(sentinels, master_name)?
+        .get_async_connection_with_config(config)
+        .await
 }
 
 impl SentinelHandle {
@@ -87,7 +97,10 @@ impl SentinelHandle {
                 client: Arc::new(Mutex::new(client)),
                 config: config.clone(),
                 call_timeout: response_timeout.mul_f64(0.9),
-                current: ArcSwap::from_pointee(Current { generation: 0, conn }),
+                current: ArcSwap::from_pointee(Current {
+                    generation: 0,
+                    conn,
+                }),
             }),
         })
     }
@@ -101,16 +114,27 @@ impl SentinelHandle {
     /// primary may have moved: a new lookup, in the background.
     fn after_error(&self, generation: u64) {
         // A lookup is running: it will replace the connection.
-        let Ok(mut client) = self.shared.client.clone().try_lock_owned() else { return };
+        let Ok(mut client) = self.shared.client.clone().try_lock_owned() else {
+            return;
+        };
         let shared = self.shared.clone();
         tokio::spawn(async move {
             if shared.current.load().generation != generation {
                 return;
             }
-            match client.get_async_connection_with_config(&shared.config).await {
+            match client
+                .get_async_connection_with_config(&shared.config)
+                .await
+            {
                 Ok(conn) => {
-                    shared.current.store(Arc::new(Current { generation: generation + 1, conn }));
-                    tracing::info!(generation = generation + 1, "redis primary looked up again through the sentinels");
+                    shared.current.store(Arc::new(Current {
+                        generation: generation + 1,
+                        conn,
+                    }));
+                    tracing::info!(
+                        generation = generation + 1,
+                        "redis primary looked up again through the sentinels"
+                    );
                 }
                 Err(error) => {
                     tracing::warn!(%error, "no redis primary from the sentinels yet");
@@ -127,7 +151,10 @@ impl ConnectionLike for SentinelHandle {
         async move {
             let mut conn = current.conn.clone();
             let reply = bounded(self.shared.call_timeout, conn.req_packed_command(cmd)).await;
-            if reply.as_ref().map_or_else(primary_may_have_moved, refused_by_a_replica) {
+            if reply
+                .as_ref()
+                .map_or_else(primary_may_have_moved, refused_by_a_replica)
+            {
                 self.after_error(current.generation);
             }
             reply
@@ -135,12 +162,26 @@ impl ConnectionLike for SentinelHandle {
         .boxed()
     }
 
-    fn req_packed_commands<'a>(&'a mut self, pipeline: &'a redis::Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
         let current = self.shared.current.load_full();
         async move {
             let mut conn = current.conn.clone();
-            let reply = bounded(self.shared.call_timeout, conn.req_packed_commands(pipeline, offset, count)).await;
-            if reply.as_ref().map_or_else(primary_may_have_moved, |values| values.iter().any(refused_by_a_replica)) {
+            let reply = bounded(
+                self.shared.call_timeout,
+                conn.req_packed_commands(pipeline, offset, count),
+            )
+            .await;
+            if reply
+                .as_ref()
+                .map_or_else(primary_may_have_moved, |values| {
+                    values.iter().any(refused_by_a_replica)
+                })
+            {
                 self.after_error(current.generation);
             }
             reply
@@ -154,10 +195,17 @@ impl ConnectionLike for SentinelHandle {
 }
 
 /// `call` cut at `limit`, as a timeout error.
-async fn bounded<T>(limit: Duration, call: impl std::future::Future<Output = RedisResult<T>>) -> RedisResult<T> {
-    tokio::time::timeout(limit, call)
-        .await
-        .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer from the redis primary").into()))
+async fn bounded<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer from the redis primary",
+        )
+        .into())
+    })
 }
 
 /// Whether a reply is a refusal that only a demoted or cut-off primary
@@ -172,7 +220,10 @@ fn primary_may_have_moved(error: &RedisError) -> bool {
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
-        || matches!(error.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown))
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
 }
 
 #[cfg(test)]
@@ -185,7 +236,10 @@ mod tests {
         assert!(primary_may_have_moved(&readonly));
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert!(primary_may_have_moved(&io));
-        let refused = RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "WRONGTYPE"));
+        let refused = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "WRONGTYPE",
+        ));
         assert!(!primary_may_have_moved(&refused));
     }
 }

@@ -38,7 +38,9 @@ impl From<CaFileError> for RedisError {
 /// # Errors
 /// [`CaFileError`], naming `redis.ca_file`.
 pub fn check_ca_file(config: &RedisConfig) -> Result<Option<usize>, CaFileError> {
-    let Some(path) = &config.ca_file else { return Ok(None) };
+    let Some(path) = &config.ca_file else {
+        return Ok(None);
+    };
     let url = match &config.target {
         RedisTarget::Standalone { url } => url.as_str(),
         _ => "rediss://127.0.0.1/",
@@ -80,7 +82,14 @@ enum TlsClientError {
 fn tls_client(url: &str, path: &Path, mut pem: Vec<u8>) -> Result<Client, TlsClientError> {
     pem.push(b'\n');
     pem.extend_from_slice(system_roots());
-    Client::build_with_tls(url, TlsCertificates { client_tls: None, root_cert: Some(pem) }).map_err(|e| {
+    Client::build_with_tls(
+        url,
+        TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        },
+    )
+    .map_err(|e| {
         // The crate reports a certificate it cannot parse as an I/O error.
         if e.is_io_error() {
             TlsClientError::CaFile(CaFileError::not_pem(KEY, path, e.to_string()))
@@ -112,7 +121,9 @@ fn system_roots() -> &'static [u8] {
             pem = bundle;
         } else {
             for dir in probe.cert_dir {
-                let Ok(entries) = std::fs::read_dir(dir) else { continue };
+                let Ok(entries) = std::fs::read_dir(dir) else {
+                    continue;
+                };
                 for entry in entries.flatten() {
                     let name = entry.file_name();
                     let name = name.to_string_lossy();
@@ -126,7 +137,9 @@ fn system_roots() -> &'static [u8] {
             }
         }
         if !std::str::from_utf8(&pem).is_ok_and(|t| t.contains(PEM_BEGIN)) {
-            tracing::warn!("no system CA certificates found; a rediss:// server must chain to redis.ca_file");
+            tracing::warn!(
+                "no system CA certificates found; a rediss:// server must chain to redis.ca_file"
+            );
             pem.clear();
         }
         pem
@@ -138,7 +151,10 @@ mod tests {
     use super::*;
 
     fn config(url: &str, ca_file: &Path) -> RedisConfig {
-        RedisConfig { ca_file: Some(ca_file.to_owned()), ..RedisConfig::standalone(url) }
+        RedisConfig {
+            ca_file: Some(ca_file.to_owned()),
+            ..RedisConfig::standalone(url)
+        }
     }
 
     #[test]
@@ -146,28 +162,69 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("fg-redis-ca-{:x}", rand_suffix()));
         std::fs::create_dir_all(&dir).unwrap();
         let missing = dir.join("missing.pem");
-        let err = check_ca_file(&config("rediss://127.0.0.1:6380/", &missing)).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("redis.ca_file: cannot read {}: ", missing.display())), "{err}");
+        let err = check_ca_file(&config("rediss://127.0.0.1:6380/", &missing))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "redis.ca_file: cannot read {}: ",
+                missing.display()
+            )),
+            "{err}"
+        );
 
         let key = dir.join("key.pem");
-        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n").unwrap();
-        let err = check_ca_file(&config("rediss://127.0.0.1:6380/", &key)).unwrap_err().to_string();
-        assert_eq!(err, format!("redis.ca_file: {} holds no PEM certificate ({PEM_BEGIN})", key.display()));
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let err = check_ca_file(&config("rediss://127.0.0.1:6380/", &key))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "redis.ca_file: {} holds no PEM certificate ({PEM_BEGIN})",
+                key.display()
+            )
+        );
 
         let garbled = dir.join("garbled.pem");
-        std::fs::write(&garbled, "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n").unwrap();
-        let err = check_ca_file(&config("rediss://127.0.0.1:6380/", &garbled)).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("redis.ca_file: {} is not a PEM file of certificates: ", garbled.display())), "{err}");
+        std::fs::write(
+            &garbled,
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let err = check_ca_file(&config("rediss://127.0.0.1:6380/", &garbled))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "redis.ca_file: {} is not a PEM file of certificates: ",
+                garbled.display()
+            )),
+            "{err}"
+        );
         // A connection built from the file fails the same way.
-        let err = client("rediss://127.0.0.1:6380/", Some(&missing)).err().unwrap().to_string();
+        let err = client("rediss://127.0.0.1:6380/", Some(&missing))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("redis.ca_file: cannot read"), "{err}");
 
-        assert_eq!(check_ca_file(&RedisConfig::standalone("rediss://127.0.0.1:6380/")).unwrap(), None, "unset: nothing to read");
+        assert_eq!(
+            check_ca_file(&RedisConfig::standalone("rediss://127.0.0.1:6380/")).unwrap(),
+            None,
+            "unset: nothing to read"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
     fn rand_suffix() -> u64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id())
     }
 }

@@ -108,7 +108,12 @@ impl<C: WallClock> BuyService<C> {
     ///
     /// # Errors
     /// The rejection to answer with.
-    pub async fn admit(&self, sale_id: &str, peer: IpAddr, headers: &HeaderMap) -> Result<Admitted, Rejection> {
+    pub async fn admit(
+        &self,
+        sale_id: &str,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<Admitted, Rejection> {
         let key = headers.get("idempotency-key");
         // A sold-out sale is the commonest answer of a flash sale; without an
         // Idempotency-Key there is nothing to replay, and "sold out" says
@@ -119,7 +124,10 @@ impl<C: WallClock> BuyService<C> {
         let user = self.admission.identify(RouteClass::Buy, peer, headers)?;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
         self.admission.limit_user(RouteClass::Buy, &user)?;
-        Ok(Admitted { user, idempotency_key })
+        Ok(Admitted {
+            user,
+            idempotency_key,
+        })
     }
 
     /// What a buy spends in Redis before its deduct, once its body was read
@@ -130,7 +138,13 @@ impl<C: WallClock> BuyService<C> {
     ///
     /// # Errors
     /// The rejection to answer with.
-    pub async fn prove(&self, sale_id: &str, admitted: &Admitted, peer: IpAddr, headers: &HeaderMap) -> Result<(), Rejection> {
+    pub async fn prove(
+        &self,
+        sale_id: &str,
+        admitted: &Admitted,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<(), Rejection> {
         if admitted.idempotency_key.is_empty() && self.local_sold_out(sale_id) {
             return Err(Rejection::SoldOut);
         }
@@ -166,7 +180,12 @@ impl<C: WallClock> BuyService<C> {
     }
 
     async fn decide(&self, req: BuyRequest<'_>) -> Result<BuyOutcome, Rejection> {
-        let BuyRequest { sale_id, user, idempotency_key, request_id } = req;
+        let BuyRequest {
+            sale_id,
+            user,
+            idempotency_key,
+            request_id,
+        } = req;
         let local = self.local_rejection(sale_id).await?;
         // Taken before the script runs: a snapshot read after this may
         // already count this buy's win (see `SaleCache::took_one`).
@@ -188,11 +207,17 @@ impl<C: WallClock> BuyService<C> {
             // may be stale (items came back, a "changed" event missed): its
             // 410 must be neither final for a key that never asked Redis nor
             // wrong for a key that won elsewhere.
-            None | Some(Rejection::SoldOut | Rejection::Ended) => self.deduct_or_draw(sale_id, buckets, user, idempotency_key).await?,
+            None | Some(Rejection::SoldOut | Rejection::Ended) => {
+                self.deduct_or_draw(sale_id, buckets, user, idempotency_key)
+                    .await?
+            }
             // Not final (paused, not started, restoring): only a retry of a
             // key Redis remembers is answered otherwise, with that outcome.
             Some(rejection) => {
-                match remembered(&self.redis, sale_id, buckets, user, idempotency_key).await.map_err(|e| self.unavailable(&e))? {
+                match remembered(&self.redis, sale_id, buckets, user, idempotency_key)
+                    .await
+                    .map_err(|e| self.unavailable(&e))?
+                {
                     Some(decision) => decision,
                     None => return Err(rejection),
                 }
@@ -202,7 +227,10 @@ impl<C: WallClock> BuyService<C> {
         match decision.outcome {
             // A win just now: forwarded with the script's time, the same
             // `ts` as the stream record, whichever path writes the order.
-            DeductOutcome::Won { reservation_id, reserved_at_ms: Some(reserved_at_ms) } => {
+            DeductOutcome::Won {
+                reservation_id,
+                reserved_at_ms: Some(reserved_at_ms),
+            } => {
                 self.sales.took_one(sale_id, sent_at).await;
                 let winner = ForwardedWinner {
                     reservation: Reservation {
@@ -217,20 +245,31 @@ impl<C: WallClock> BuyService<C> {
                 // The reservation is already durable in the stream: a full
                 // queue leaves the order to the stream consumer.
                 if !self.forwarder.forward(winner) {
-                    self.metrics.forward_failures.with_label_values(&["queue_full"]).inc();
+                    self.metrics
+                        .forward_failures
+                        .with_label_values(&["queue_full"])
+                        .inc();
                 }
                 // The reservation stands either way (it is in the master and
                 // forwarded); only the answer waits for the replicas.
-                self.replicated(&home_id(sale_id, buckets, user), decision.node.as_deref()).await?;
+                self.replicated(&home_id(sale_id, buckets, user), decision.node.as_deref())
+                    .await?;
                 Ok(BuyOutcome::Won { reservation_id })
             }
             // A winner retrying with their key: the order's own state once
             // it exists. Nothing is forwarded again: the win's own forward
             // or, failing that, the stream writes the order.
-            DeductOutcome::Won { reservation_id, reserved_at_ms: None } => {
-                self.replicated(&home_id(sale_id, buckets, user), decision.node.as_deref()).await?;
+            DeductOutcome::Won {
+                reservation_id,
+                reserved_at_ms: None,
+            } => {
+                self.replicated(&home_id(sale_id, buckets, user), decision.node.as_deref())
+                    .await?;
                 let order = self.order_lookups.order(&reservation_id).await;
-                Ok(BuyOutcome::Replayed { reservation_id, order })
+                Ok(BuyOutcome::Replayed {
+                    reservation_id,
+                    order,
+                })
             }
             DeductOutcome::SoldOut => Err(Rejection::SoldOut),
             DeductOutcome::LimitReached => Err(Rejection::LimitReached),
@@ -248,7 +287,9 @@ impl<C: WallClock> BuyService<C> {
                 Err(Rejection::Unavailable)
             }
             // `deduct_or_draw` answers neither.
-            DeductOutcome::Entered { .. } | DeductOutcome::DrawPending => Err(Rejection::Unavailable),
+            DeductOutcome::Entered { .. } | DeductOutcome::DrawPending => {
+                Err(Rejection::Unavailable)
+            }
         }
     }
 
@@ -256,11 +297,19 @@ impl<C: WallClock> BuyService<C> {
     /// entrant is held until the draw decides it; a buy after the window
     /// that finds the draw undecided runs it, then buys (twice at most: a
     /// draw stays decided).
-    async fn deduct_or_draw(&self, sale_id: &str, buckets: u32, user: &str, idempotency_key: &str) -> Result<Decision, Rejection> {
+    async fn deduct_or_draw(
+        &self,
+        sale_id: &str,
+        buckets: u32,
+        user: &str,
+        idempotency_key: &str,
+    ) -> Result<Decision, Rejection> {
         if buckets > 1 {
             // No draw for a bucketed sale (validation refuses one).
             let rid = reservation_id(sale_id, rand::random());
-            return self.deduct_in_buckets(sale_id, buckets, user, idempotency_key, &rid).await;
+            return self
+                .deduct_in_buckets(sale_id, buckets, user, idempotency_key, &rid)
+                .await;
         }
         for _ in 0..2 {
             let rid = reservation_id(sale_id, rand::random());
@@ -268,20 +317,36 @@ impl<C: WallClock> BuyService<C> {
             // later still, flags the sale only if stock did not come back
             // (a restock, a returned item) in between.
             let clears = self.sales.clears(sale_id);
-            let decision = self.deduct(sale_id, 1, user, idempotency_key, &rid, false).await?;
+            let decision = self
+                .deduct(sale_id, 1, user, idempotency_key, &rid, false)
+                .await?;
             match decision.outcome {
-                DeductOutcome::Entered { entry, closes_in_ms } => {
+                DeductOutcome::Entered {
+                    entry,
+                    closes_in_ms,
+                } => {
                     if !decision.replayed {
                         self.draws.metrics.entrants.inc();
                     }
-                    let entrant = Entrant { user, rid: (!decision.replayed).then_some(rid.as_str()) };
-                    let held =
-                        self.draws.outcome(&self.redis, sale_id, entry, Duration::from_millis(closes_in_ms), decision.replayed, entrant);
+                    let entrant = Entrant {
+                        user,
+                        rid: (!decision.replayed).then_some(rid.as_str()),
+                    };
+                    let held = self.draws.outcome(
+                        &self.redis,
+                        sale_id,
+                        entry,
+                        Duration::from_millis(closes_in_ms),
+                        decision.replayed,
+                        entrant,
+                    );
                     let decided = Box::pin(held).await.map_err(|e| self.not_settled(&e))?;
                     self.draw_found_sold_out(sale_id, &decided, clears).await;
                     return Ok(decided);
                 }
-                DeductOutcome::DrawPending => Box::pin(self.draws.settle(&self.redis, sale_id)).await.map_err(|e| self.not_settled(&e))?,
+                DeductOutcome::DrawPending => Box::pin(self.draws.settle(&self.redis, sale_id))
+                    .await
+                    .map_err(|e| self.not_settled(&e))?,
                 _ => return Ok(decision),
             }
         }
@@ -320,13 +385,20 @@ impl<C: WallClock> BuyService<C> {
     /// window).
     async fn local_rejection(&self, sale_id: &str) -> Result<Option<Rejection>, Rejection> {
         if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
-            self.metrics.local_decisions.with_label_values(&["paused"]).inc();
+            self.metrics
+                .local_decisions
+                .with_label_values(&["paused"])
+                .inc();
             return Ok(Some(Rejection::Paused));
         }
         if self.sales.is_sold_out(sale_id) {
             return Ok(Some(Rejection::SoldOut));
         }
-        let window = self.sales.window(&self.redis, sale_id).await.map_err(|e| self.unavailable(&e))?;
+        let window = self
+            .sales
+            .window(&self.redis, sale_id)
+            .await
+            .map_err(|e| self.unavailable(&e))?;
         let rejection = match window.map(|w| w.check(self.clock.now_ms())) {
             None => Some(self.missing(sale_id).await),
             Some(WindowCheck::Open) => None,
@@ -335,7 +407,10 @@ impl<C: WallClock> BuyService<C> {
             Some(WindowCheck::NotStarted { wait_secs }) => Some(Rejection::NotStarted(wait_secs)),
         };
         if let Some(r) = &rejection {
-            self.metrics.local_decisions.with_label_values(&[r.code()]).inc();
+            self.metrics
+                .local_decisions
+                .with_label_values(&[r.code()])
+                .inc();
         }
         Ok(rejection)
     }
@@ -382,14 +457,19 @@ impl<C: WallClock> BuyService<C> {
         // stale, even before this gateway has read the new stock epoch.
         let clears = self.sales.clears(sale_id);
         let timer = self.metrics.script_duration.start_timer();
-        let decision = self.deducts.deduct(&attempt).await.map_err(|e| self.unavailable(&e))?;
+        let decision = self
+            .deducts
+            .deduct(&attempt)
+            .await
+            .map_err(|e| self.unavailable(&e))?;
         timer.observe_duration();
         if buckets > 1 {
             // Flagged per bucket by the caller (`refill`).
             return Ok(decision);
         }
         if decision.found_sold_out() {
-            self.flag_sold_out(sale_id, Some(decision.epoch), clears).await;
+            self.flag_sold_out(sale_id, Some(decision.epoch), clears)
+                .await;
         }
         Ok(decision)
     }
@@ -400,8 +480,17 @@ impl<C: WallClock> BuyService<C> {
     /// other gateway with its epoch. A stale one (stock came back since it
     /// was decided) flags nothing.
     async fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Clears) {
-        let Some(epoch) = self.sales.found_sold_out(sale_id, epoch, clears).await else { return };
-        if let Err(error) = self.redis.publish(&SaleEvent::SoldOut { sale: sale_id.to_owned(), epoch }).await {
+        let Some(epoch) = self.sales.found_sold_out(sale_id, epoch, clears).await else {
+            return;
+        };
+        if let Err(error) = self
+            .redis
+            .publish(&SaleEvent::SoldOut {
+                sale: sale_id.to_owned(),
+                epoch,
+            })
+            .await
+        {
             warn!(%error, sale = sale_id, "could not announce sold out");
         }
     }
@@ -411,7 +500,9 @@ impl<C: WallClock> BuyService<C> {
     /// it answered among them), sharing one round with the other winners
     /// of the moment.
     async fn replicated(&self, sale_id: &str, node: Option<&str>) -> Result<(), Rejection> {
-        let Some(waits) = &self.replica_wait else { return Ok(()) };
+        let Some(waits) = &self.replica_wait else {
+            return Ok(());
+        };
         waits.confirm(sale_id, node).await.map_err(|e| match e {
             NotConfirmed::TooFewReplicas => Rejection::NotReplicated,
             NotConfirmed::Redis(e) => self.unavailable(&e),

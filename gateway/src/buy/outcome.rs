@@ -36,7 +36,10 @@ pub enum BuyOutcome {
     Won { reservation_id: String },
     /// A won Idempotency-Key retried: its order once written (`201
     /// confirmed` or `410 order_cancelled`), else `202 queued` again.
-    Replayed { reservation_id: String, order: Option<OrderView> },
+    Replayed {
+        reservation_id: String,
+        order: Option<OrderView>,
+    },
     /// Turned down, here or by the script (a remembered refusal included).
     Refused(Rejection),
 }
@@ -59,9 +62,12 @@ impl BuyOutcome {
 /// `BadRequest` for anything else.
 pub fn idempotency_key(value: Option<&[u8]>) -> Result<&str, Rejection> {
     let Some(v) = value else { return Ok("") };
-    let ok = (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&v.len()) && v.iter().all(|b| (0x20..0x7f).contains(b));
+    let ok = (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&v.len())
+        && v.iter().all(|b| (0x20..0x7f).contains(b));
     if !ok {
-        return Err(Rejection::BadRequest("Idempotency-Key must be 1 to 64 printable ASCII characters"));
+        return Err(Rejection::BadRequest(
+            "Idempotency-Key must be 1 to 64 printable ASCII characters",
+        ));
     }
     // Checked ASCII above.
     std::str::from_utf8(v).map_err(|_| Rejection::BadRequest("Idempotency-Key must be ASCII"))

@@ -82,16 +82,29 @@ impl<C: WallClock> BuyService<C> {
         // clear: the confirmation runs again (2 × N reads, no transfers)
         // rather than trusting the flag; still dry, the key's answer is the
         // home bucket's, remembered.
-        if !idempotency_key.is_empty() && self.sales.is_sold_out(sale_id) && self.confirm_dry(sale_id, buckets).await? {
-            return self.deduct(sale_id, buckets, user, idempotency_key, rid, true).await;
+        if !idempotency_key.is_empty()
+            && self.sales.is_sold_out(sale_id)
+            && self.confirm_dry(sale_id, buckets).await?
+        {
+            return self
+                .deduct(sale_id, buckets, user, idempotency_key, rid, true)
+                .await;
         }
-        let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid, false).await?;
+        let decision = self
+            .deduct(sale_id, buckets, user, idempotency_key, rid, false)
+            .await?;
         if !decision.found_sold_out() {
             return Ok(decision);
         }
         self.flag_empty(sale_id, home).await;
-        let deadline = tokio::time::Instant::now() + self.redis.config().timeout * REFILL_DEADLINE_TIMEOUTS;
-        match tokio::time::timeout_at(deadline, self.refill(sale_id, buckets, user, idempotency_key, rid, home)).await {
+        let deadline =
+            tokio::time::Instant::now() + self.redis.config().timeout * REFILL_DEADLINE_TIMEOUTS;
+        match tokio::time::timeout_at(
+            deadline,
+            self.refill(sale_id, buckets, user, idempotency_key, rid, home),
+        )
+        .await
+        {
             Ok(Ok(Some(decision))) => Ok(decision),
             // Every bucket confirmed dry (flagged sold out by `refill`):
             // final for an unkeyed buy; a key's answer is the home bucket's
@@ -99,10 +112,16 @@ impl<C: WallClock> BuyService<C> {
             // still win (items came back since), or replay the key's first
             // answer (the same key raced itself).
             Ok(Ok(None)) if idempotency_key.is_empty() => Ok(decision),
-            Ok(Ok(None)) => self.deduct(sale_id, buckets, user, idempotency_key, rid, true).await,
+            Ok(Ok(None)) => {
+                self.deduct(sale_id, buckets, user, idempotency_key, rid, true)
+                    .await
+            }
             Ok(Err(rejection)) => Err(rejection),
             Err(_) => {
-                self.metrics.bucket_transfers.with_label_values(&["deadline"]).inc();
+                self.metrics
+                    .bucket_transfers
+                    .with_label_values(&["deadline"])
+                    .inc();
                 Err(Rejection::Unavailable)
             }
         }
@@ -131,7 +150,10 @@ impl<C: WallClock> BuyService<C> {
             let donor = next.take().filter(|d| !tried.contains(d)).or_else(|| {
                 let mut untried = order.filter(|d| !tried.contains(d));
                 let all: Vec<u32> = untried.by_ref().collect();
-                all.iter().copied().find(|d| !self.sales.bucket_empty(sale_id, *d)).or_else(|| all.first().copied())
+                all.iter()
+                    .copied()
+                    .find(|d| !self.sales.bucket_empty(sale_id, *d))
+                    .or_else(|| all.first().copied())
             });
             let Some(donor) = donor else { break };
             tried.insert(donor);
@@ -140,9 +162,21 @@ impl<C: WallClock> BuyService<C> {
             let (taken, node) = self.take(sale_id, donor, home, &xid).await?;
             let again = match taken {
                 Taken::Moved(n) => {
-                    self.take_replicated(sale_id, donor, node.as_deref()).await?;
-                    self.metrics.bucket_transfers.with_label_values(&["moved"]).inc();
-                    self.deliver(sale_id, donor, home, &xid, n, node.as_deref().unwrap_or_default()).await?;
+                    self.take_replicated(sale_id, donor, node.as_deref())
+                        .await?;
+                    self.metrics
+                        .bucket_transfers
+                        .with_label_values(&["moved"])
+                        .inc();
+                    self.deliver(
+                        sale_id,
+                        donor,
+                        home,
+                        &xid,
+                        n,
+                        node.as_deref().unwrap_or_default(),
+                    )
+                    .await?;
                     // If others of this bucket take the batch first, the
                     // donor kept half of what it had: ask it again.
                     tried.remove(&donor);
@@ -153,7 +187,10 @@ impl<C: WallClock> BuyService<C> {
                     true
                 }
                 Taken::Empty => {
-                    self.metrics.bucket_transfers.with_label_values(&["empty"]).inc();
+                    self.metrics
+                        .bucket_transfers
+                        .with_label_values(&["empty"])
+                        .inc();
                     dry.insert(donor);
                     self.flag_empty(sale_id, donor).await;
                     false
@@ -162,7 +199,10 @@ impl<C: WallClock> BuyService<C> {
                     // Items on their way (a gateway between the two sides of
                     // a transfer, or one that died there): completed here,
                     // which is harmless if their taker completes it too.
-                    self.metrics.bucket_transfers.with_label_values(&["in_transit"]).inc();
+                    self.metrics
+                        .bucket_transfers
+                        .with_label_values(&["in_transit"])
+                        .inc();
                     self.deliver(sale_id, donor, to, &xid, n, &replid).await?;
                     tried.remove(&donor);
                     if to != home {
@@ -172,12 +212,17 @@ impl<C: WallClock> BuyService<C> {
                     to == home
                 }
                 Taken::NotFound | Taken::Fenced => {
-                    self.metrics.bucket_transfers.with_label_values(&["unavailable"]).inc();
+                    self.metrics
+                        .bucket_transfers
+                        .with_label_values(&["unavailable"])
+                        .inc();
                     false
                 }
             };
             if again {
-                let decision = self.deduct(sale_id, buckets, user, idempotency_key, rid, false).await?;
+                let decision = self
+                    .deduct(sale_id, buckets, user, idempotency_key, rid, false)
+                    .await?;
                 if !decision.found_sold_out() {
                     return Ok(Some(decision));
                 }
@@ -219,17 +264,38 @@ impl<C: WallClock> BuyService<C> {
     /// (answered without Redis from now), unless it was cleared or a
     /// bucket stocked since `clears` was taken.
     pub(super) fn confirmed_dry(&self, sale_id: &str, clears: crate::sales::Clears) {
-        if self.sales.flag_sold_out(sale_id, None, Some(clears)).is_none() && !self.sales.is_sold_out(sale_id) {
-            debug!(sale = sale_id, "every bucket confirmed dry, but one was stocked since; not flagged");
+        if self
+            .sales
+            .flag_sold_out(sale_id, None, Some(clears))
+            .is_none()
+            && !self.sales.is_sold_out(sale_id)
+        {
+            debug!(
+                sale = sale_id,
+                "every bucket confirmed dry, but one was stocked since; not flagged"
+            );
         }
     }
 
     /// Step 1 of a transfer, on the donor; with the replication id of the
     /// donor's Redis when items moved.
-    async fn take(&self, sale_id: &str, donor: u32, home: u32, xid: &str) -> Result<(Taken, Option<String>), Rejection> {
+    async fn take(
+        &self,
+        sale_id: &str,
+        donor: u32,
+        home: u32,
+        xid: &str,
+    ) -> Result<(Taken, Option<String>), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         self.redis
-            .bounded(transfer::take_on(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX))
+            .bounded(transfer::take_on(
+                &mut conn,
+                sale_id,
+                donor,
+                home,
+                xid,
+                TRANSFER_BATCH_MAX,
+            ))
             .await
             .map_err(|e| self.unavailable(&e))?
             .map_err(|e| self.unavailable(&RedisError::from(e)))
@@ -247,7 +313,12 @@ impl<C: WallClock> BuyService<C> {
     /// re-sync of a failed-over donor has read its target's records, a
     /// give of a take made on the donor's old Redis is refused
     /// (`flashgate_common::transfer`, `backend/src/fence/bucketed.rs`).
-    async fn take_replicated(&self, sale_id: &str, donor: u32, node: Option<&str>) -> Result<(), Rejection> {
+    async fn take_replicated(
+        &self,
+        sale_id: &str,
+        donor: u32,
+        node: Option<&str>,
+    ) -> Result<(), Rejection> {
         if self.replica_wait.is_none() {
             return Ok(());
         }
@@ -262,26 +333,57 @@ impl<C: WallClock> BuyService<C> {
     /// take ran (the token fence, `flashgate_common::transfer`). A failure
     /// leaves the transfer open: the backend's transit repair completes it
     /// (`flashgate_common::transfer::repair`).
-    async fn deliver(&self, sale_id: &str, donor: u32, to: u32, xid: &str, n: i64, replid: &str) -> Result<(), Rejection> {
+    async fn deliver(
+        &self,
+        sale_id: &str,
+        donor: u32,
+        to: u32,
+        xid: &str,
+        n: i64,
+        replid: &str,
+    ) -> Result<(), Rejection> {
         let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
-        let given =
-            self.redis.bounded(transfer::give(&mut conn, sale_id, donor, to, xid, n, replid)).await.map_err(|e| self.unavailable(&e))?;
+        let given = self
+            .redis
+            .bounded(transfer::give(
+                &mut conn, sale_id, donor, to, xid, n, replid,
+            ))
+            .await
+            .map_err(|e| self.unavailable(&e))?;
         match given.map_err(|e| self.unavailable(&RedisError::from(e)))? {
             Given::Added | Given::Before => {}
             // The home bucket is gone (its Redis lost it): left open.
             Given::Absent => return Err(Rejection::Unavailable),
             Given::Refused => {
                 // The donor's re-sync fenced off the Redis the take ran on.
-                warn!(sale = sale_id, donor, to, transfer = xid, "a transfer's give was refused by the token fence; left open");
+                warn!(
+                    sale = sale_id,
+                    donor,
+                    to,
+                    transfer = xid,
+                    "a transfer's give was refused by the token fence; left open"
+                );
                 return Err(Rejection::Unavailable);
             }
         }
-        let closed = self.redis.bounded(transfer::close(&mut conn, sale_id, donor, xid)).await;
+        let closed = self
+            .redis
+            .bounded(transfer::close(&mut conn, sale_id, donor, xid))
+            .await;
         if !matches!(closed, Ok(Ok(_))) {
-            warn!(sale = sale_id, donor, transfer = xid, "cannot close a delivered transfer; the backend's repair will");
+            warn!(
+                sale = sale_id,
+                donor,
+                transfer = xid,
+                "cannot close a delivered transfer; the backend's repair will"
+            );
         }
         self.sales.bucket_stocked(sale_id, to);
-        self.announce(&SaleEvent::BucketStocked { sale: sale_id.to_owned(), bucket: to }).await;
+        self.announce(&SaleEvent::BucketStocked {
+            sale: sale_id.to_owned(),
+            bucket: to,
+        })
+        .await;
         Ok(())
     }
 
@@ -292,7 +394,11 @@ impl<C: WallClock> BuyService<C> {
             return;
         }
         self.sales.mark_bucket_empty(sale_id, bucket);
-        self.announce(&SaleEvent::BucketSoldOut { sale: sale_id.to_owned(), bucket }).await;
+        self.announce(&SaleEvent::BucketSoldOut {
+            sale: sale_id.to_owned(),
+            bucket,
+        })
+        .await;
     }
 
     async fn announce(&self, event: &SaleEvent) {

@@ -47,22 +47,36 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
     let edge = Edge {
         limiters: Arc::new(Limiters::new(&limits)),
         limits,
-        deny: DenyConfig { users: deny_users.iter().map(|u| (*u).to_owned()).collect(), nets: vec![] },
+        deny: DenyConfig {
+            users: deny_users.iter().map(|u| (*u).to_owned()).collect(),
+            nets: vec![],
+        },
         cluster: None,
     };
-    let admission = Arc::new(Admission { edge: Arc::new(arc_swap::ArcSwap::from_pointee(edge)), verifier: Verifier::new(SECRET) });
+    let admission = Arc::new(Admission {
+        edge: Arc::new(arc_swap::ArcSwap::from_pointee(edge)),
+        verifier: Verifier::new(SECRET),
+    });
     // Nobody listens there: the backend "does not answer".
-    let orders = Arc::new(OrderClient::new("http://127.0.0.1:9", Duration::from_millis(200), "t").unwrap());
+    let orders =
+        Arc::new(OrderClient::new("http://127.0.0.1:9", Duration::from_millis(200), "t").unwrap());
     let metrics = Arc::new(Metrics::register());
     let (forwarder, _worker) = crate::forwarder::forwarder(orders.clone(), metrics.clone());
     let switches = Arc::new(Switches::default());
     switches.set_all_paused(false);
     let clock = ManualClock::at(now_ms());
-    let redis = Arc::new(RedisClient::standalone(&redis_server.url(), Duration::from_millis(500), Breaker::new(5, Duration::from_secs(1))));
+    let redis = Arc::new(RedisClient::standalone(
+        &redis_server.url(),
+        Duration::from_millis(500),
+        Breaker::new(5, Duration::from_secs(1)),
+    ));
     let service = BuyService {
         admission,
         challenge: Arc::new(crate::challenge::ChallengeGate::off(metrics.clone())),
-        deducts: Arc::new(crate::deduct_batch::DeductBatcher::new(redis.clone(), metrics.deduct_batch_size.clone())),
+        deducts: Arc::new(crate::deduct_batch::DeductBatcher::new(
+            redis.clone(),
+            metrics.deduct_batch_size.clone(),
+        )),
         redis,
         sales: Arc::new(SaleCache::new(Duration::from_millis(250))),
         switches,
@@ -72,7 +86,10 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
         replica_wait: None,
         // No draw unless a sale has a window of its own (`draw_sale`).
         draws: Arc::new(crate::draw::Draws::new(
-            FairnessConfig { window_ms: 0, settle: Duration::from_secs(5) },
+            FairnessConfig {
+                window_ms: 0,
+                settle: Duration::from_secs(5),
+            },
             Duration::from_secs(600),
             &metrics.registry,
         )),
@@ -80,25 +97,52 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
         idempotency_ttl: Duration::from_secs(600),
         clock: clock.clone(),
     };
-    Fixture { redis: redis_server, service, clock }
+    Fixture {
+        redis: redis_server,
+        service,
+        clock,
+    }
 }
 
 impl Fixture {
     /// A sale as the backend's preheat leaves it, open from `starts` to `ends`.
     async fn sale(&self, id: &str, stock: i64, starts_at_ms: i64, ends_at_ms: i64) {
-        self.sale_with(id, stock, 1, starts_at_ms, ends_at_ms, None).await;
+        self.sale_with(id, stock, 1, starts_at_ms, ends_at_ms, None)
+            .await;
     }
 
     /// An open sale whose own opening draw closes `closes_in` from now.
-    pub(super) async fn draw_sale(&self, id: &str, stock: i64, per_user_limit: i64, closes_in: Duration) {
+    pub(super) async fn draw_sale(
+        &self,
+        id: &str,
+        stock: i64,
+        per_user_limit: i64,
+        closes_in: Duration,
+    ) {
         // Started by the fixture's clock (the window is checked on it), its
         // draw window counted from that start, in Redis time.
         let starts = self.clock.now_ms() - 1000;
         let window = now_ms() - starts + closes_in.as_millis() as i64;
-        self.sale_with(id, stock, per_user_limit, starts, now_ms() + 3_600_000, Some(window)).await;
+        self.sale_with(
+            id,
+            stock,
+            per_user_limit,
+            starts,
+            now_ms() + 3_600_000,
+            Some(window),
+        )
+        .await;
     }
 
-    async fn sale_with(&self, id: &str, stock: i64, per_user_limit: i64, starts_at_ms: i64, ends_at_ms: i64, draw_window_ms: Option<i64>) {
+    async fn sale_with(
+        &self,
+        id: &str,
+        stock: i64,
+        per_user_limit: i64,
+        starts_at_ms: i64,
+        ends_at_ms: i64,
+        draw_window_ms: Option<i64>,
+    ) {
         let keys = SaleKeys::new(id);
         let mut conn = self.redis.conn().await;
         let mut meta = vec![
@@ -112,11 +156,30 @@ impl Fixture {
         if let Some(w) = draw_window_ms {
             meta.push(("draw_window_ms", w.to_string()));
         }
-        let _: () = redis::pipe().hset_multiple(&keys.meta, &meta).set(&keys.remaining, stock).query_async(&mut conn).await.unwrap();
+        let _: () = redis::pipe()
+            .hset_multiple(&keys.meta, &meta)
+            .set(&keys.remaining, stock)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         // Installed by a backend: agreeing with the database on this Redis.
-        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
-        let replid = info.lines().find_map(|l| l.strip_prefix("master_replid:")).unwrap().trim().to_owned();
-        let () = redis::cmd("SET").arg(&keys.synced).arg(replid).query_async(&mut conn).await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let replid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        let () = redis::cmd("SET")
+            .arg(&keys.synced)
+            .arg(replid)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
     }
 
     pub(super) async fn open_sale(&self, id: &str, stock: i64) {
@@ -125,11 +188,22 @@ impl Fixture {
     }
 
     pub(super) async fn buy(&self, sale_id: &str, user: &str, key: &str) -> BuyOutcome {
-        self.service.buy(BuyRequest { sale_id, user, idempotency_key: key, request_id: "r" }).await
+        self.service
+            .buy(BuyRequest {
+                sale_id,
+                user,
+                idempotency_key: key,
+                request_id: "r",
+            })
+            .await
     }
 
     pub(super) fn local_decisions(&self, decision: &str) -> u64 {
-        self.service.metrics.local_decisions.with_label_values(&[decision]).get()
+        self.service
+            .metrics
+            .local_decisions
+            .with_label_values(&[decision])
+            .get()
     }
 }
 
@@ -150,20 +224,39 @@ async fn the_first_buyers_win_until_the_stock_is_gone_then_the_sale_is_flagged()
     let f = fixture(&[]).await;
     f.open_sale("s", 2).await;
     assert!(matches!(f.buy("s", "a", "").await, BuyOutcome::Won { .. }));
-    assert_eq!(f.buy("s", "a", "").await, BuyOutcome::Refused(Rejection::LimitReached));
+    assert_eq!(
+        f.buy("s", "a", "").await,
+        BuyOutcome::Refused(Rejection::LimitReached)
+    );
     assert!(matches!(f.buy("s", "b", "").await, BuyOutcome::Won { .. }));
-    assert_eq!(f.buy("s", "c", "").await, BuyOutcome::Refused(Rejection::SoldOut));
-    assert!(f.service.sales.is_sold_out("s"), "a fresh sold-out answer flags the sale");
+    assert_eq!(
+        f.buy("s", "c", "").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    assert!(
+        f.service.sales.is_sold_out("s"),
+        "a fresh sold-out answer flags the sale"
+    );
 
     // Flagged: the next buy is answered without the script.
     let scripts = f.redis.command_calls("evalsha").await;
-    assert_eq!(f.buy("s", "d", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(
+        f.buy("s", "d", "").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
     assert_eq!(f.redis.command_calls("evalsha").await, scripts);
     // Without an Idempotency-Key it is refused before admission (no token needed).
-    assert_eq!(f.service.admit("s", PEER, &headers(None, None)).await, Err(Rejection::SoldOut));
+    assert_eq!(
+        f.service.admit("s", PEER, &headers(None, None)).await,
+        Err(Rejection::SoldOut)
+    );
     assert_eq!(f.local_decisions("sold_out"), 2);
     let keys = SaleKeys::new("s");
-    let entries: u64 = redis::cmd("XLEN").arg(&keys.stream).query_async(&mut f.redis.conn().await).await.unwrap();
+    let entries: u64 = redis::cmd("XLEN")
+        .arg(&keys.stream)
+        .query_async(&mut f.redis.conn().await)
+        .await
+        .unwrap();
     assert_eq!(entries, 2, "one stream record per winner");
 }
 
@@ -171,15 +264,33 @@ async fn the_first_buyers_win_until_the_stock_is_gone_then_the_sale_is_flagged()
 async fn a_won_key_replays_its_win_and_nothing_is_deducted_again() {
     let f = fixture(&[]).await;
     f.open_sale("s", 5).await;
-    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "k1").await else { panic!("no win") };
+    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "k1").await else {
+        panic!("no win")
+    };
     let replay = f.buy("s", "a", "k1").await;
     // The backend does not answer: the order is reported queued.
-    assert_eq!(replay, BuyOutcome::Replayed { reservation_id: reservation_id.clone(), order: None });
+    assert_eq!(
+        replay,
+        BuyOutcome::Replayed {
+            reservation_id: reservation_id.clone(),
+            order: None
+        }
+    );
     assert_eq!(replay.label(), "replay");
-    let remaining: i64 = redis::cmd("GET").arg(&SaleKeys::new("s").remaining).query_async(&mut f.redis.conn().await).await.unwrap();
+    let remaining: i64 = redis::cmd("GET")
+        .arg(&SaleKeys::new("s").remaining)
+        .query_async(&mut f.redis.conn().await)
+        .await
+        .unwrap();
     assert_eq!(remaining, 4);
     // The buy path read the snapshot before the win; the view shows the win anyway.
-    let view = f.service.sales.view(&f.service.redis, "s", now_ms()).await.unwrap().unwrap();
+    let view = f
+        .service
+        .sales
+        .view(&f.service.redis, "s", now_ms())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(view.remaining, 4);
 }
 
@@ -190,11 +301,24 @@ async fn the_window_is_checked_locally_on_the_injected_clock() {
     f.sale("s", 5, now - 1000, now + 60_000).await;
     let scripts = f.redis.command_calls("evalsha").await;
     f.clock.advance(Duration::from_secs(61));
-    assert_eq!(f.buy("s", "a", "").await, BuyOutcome::Refused(Rejection::Ended));
+    assert_eq!(
+        f.buy("s", "a", "").await,
+        BuyOutcome::Refused(Rejection::Ended)
+    );
     f.sale("later", 5, now + 90_000, now + 120_000).await;
-    assert_eq!(f.buy("later", "a", "").await, BuyOutcome::Refused(Rejection::NotStarted(29)));
-    assert_eq!(f.redis.command_calls("evalsha").await, scripts, "decided without the script");
-    assert_eq!((f.local_decisions("ended"), f.local_decisions("not_started")), (1, 1));
+    assert_eq!(
+        f.buy("later", "a", "").await,
+        BuyOutcome::Refused(Rejection::NotStarted(29))
+    );
+    assert_eq!(
+        f.redis.command_calls("evalsha").await,
+        scripts,
+        "decided without the script"
+    );
+    assert_eq!(
+        (f.local_decisions("ended"), f.local_decisions("not_started")),
+        (1, 1)
+    );
 }
 
 #[tokio::test]
@@ -202,10 +326,16 @@ async fn paused_switches_and_unknown_sales_are_answered_locally() {
     let f = fixture(&[]).await;
     f.open_sale("s", 5).await;
     f.service.switches.set_all_paused(true);
-    assert_eq!(f.buy("s", "a", "").await, BuyOutcome::Refused(Rejection::Paused));
+    assert_eq!(
+        f.buy("s", "a", "").await,
+        BuyOutcome::Refused(Rejection::Paused)
+    );
     f.service.switches.set_all_paused(false);
     // Not in Redis and the backend cannot be asked: unavailable, never 404.
-    assert_eq!(f.buy("ghost", "a", "").await, BuyOutcome::Refused(Rejection::Unavailable));
+    assert_eq!(
+        f.buy("ghost", "a", "").await,
+        BuyOutcome::Refused(Rejection::Unavailable)
+    );
     assert_eq!(f.redis.command_calls("evalsha").await, 0);
 }
 
@@ -213,29 +343,79 @@ async fn paused_switches_and_unknown_sales_are_answered_locally() {
 async fn admission_checks_the_token_the_deny_list_and_the_key() {
     let f = fixture(&["banned"]).await;
     f.open_sale("s", 5).await;
-    assert_eq!(f.service.admit("s", PEER, &headers(None, None)).await, Err(Rejection::Unauthorized(crate::auth::AuthError::Missing)));
-    assert_eq!(f.service.admit("s", PEER, &headers(Some("banned"), None)).await, Err(Rejection::Denied));
+    assert_eq!(
+        f.service.admit("s", PEER, &headers(None, None)).await,
+        Err(Rejection::Unauthorized(crate::auth::AuthError::Missing))
+    );
+    assert_eq!(
+        f.service
+            .admit("s", PEER, &headers(Some("banned"), None))
+            .await,
+        Err(Rejection::Denied)
+    );
     let long_key = "k".repeat(65);
-    assert!(matches!(f.service.admit("s", PEER, &headers(Some("a"), Some(&long_key))).await, Err(Rejection::BadRequest(_))));
-    let admitted = f.service.admit("s", PEER, &headers(Some("a"), Some("k1"))).await.unwrap();
-    assert_eq!(admitted, Admitted { user: "a".into(), idempotency_key: "k1".into() });
+    assert!(matches!(
+        f.service
+            .admit("s", PEER, &headers(Some("a"), Some(&long_key)))
+            .await,
+        Err(Rejection::BadRequest(_))
+    ));
+    let admitted = f
+        .service
+        .admit("s", PEER, &headers(Some("a"), Some("k1")))
+        .await
+        .unwrap();
+    assert_eq!(
+        admitted,
+        Admitted {
+            user: "a".into(),
+            idempotency_key: "k1".into()
+        }
+    );
 }
 
 #[tokio::test]
 async fn a_keyed_buy_of_a_flagged_sale_is_decided_by_one_script_call_and_an_unkeyed_one_by_none() {
     let f = fixture(&[]).await;
     f.open_sale("s", 1).await;
-    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Won { .. }));
-    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert!(matches!(
+        f.buy("s", "winner", "k").await,
+        BuyOutcome::Won { .. }
+    ));
+    assert_eq!(
+        f.buy("s", "late", "").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
     assert!(f.service.sales.is_sold_out("s"));
     let monitor = f.redis.monitor().await;
-    assert_eq!(f.buy("s", "late", "").await, BuyOutcome::Refused(Rejection::SoldOut));
-    assert_eq!(monitor.commands().await, Vec::<String>::new(), "an unkeyed buy is answered by the flag");
+    assert_eq!(
+        f.buy("s", "late", "").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    assert_eq!(
+        monitor.commands().await,
+        Vec::<String>::new(),
+        "an unkeyed buy is answered by the flag"
+    );
     let monitor = f.redis.monitor().await;
-    assert_eq!(f.buy("s", "other", "k").await, BuyOutcome::Refused(Rejection::SoldOut));
-    let sent: Vec<String> = monitor.commands().await.into_iter().filter(|c| !c.contains(" lua]")).collect();
-    assert!(sent.len() == 1 && sent[0].contains("EVALSHA"), "one script call decides it: {sent:?}");
-    assert!(matches!(f.buy("s", "winner", "k").await, BuyOutcome::Replayed { .. }), "the winner's retry replays");
+    assert_eq!(
+        f.buy("s", "other", "k").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    let sent: Vec<String> = monitor
+        .commands()
+        .await
+        .into_iter()
+        .filter(|c| !c.contains(" lua]"))
+        .collect();
+    assert!(
+        sent.len() == 1 && sent[0].contains("EVALSHA"),
+        "one script call decides it: {sent:?}"
+    );
+    assert!(
+        matches!(f.buy("s", "winner", "k").await, BuyOutcome::Replayed { .. }),
+        "the winner's retry replays"
+    );
     let remembered: bool = redis::cmd("HEXISTS")
         .arg(SaleKeys::new("s").idempotency_misses("other"))
         .arg("k")
@@ -248,12 +428,33 @@ async fn a_keyed_buy_of_a_flagged_sale_is_decided_by_one_script_call_and_an_unke
 #[tokio::test]
 async fn a_buy_spends_its_buckets_before_the_body_and_nothing_in_redis() {
     use flashgate_common::config::Bucket;
-    let f = fixture_with(&[], RouteLimits { user: Bucket::new(1, 1), ip: None, global: None }).await;
+    let f = fixture_with(
+        &[],
+        RouteLimits {
+            user: Bucket::new(1, 1),
+            ip: None,
+            global: None,
+        },
+    )
+    .await;
     f.open_sale("s", 1).await;
     let monitor = f.redis.monitor().await;
-    assert!(f.service.admit("s", PEER, &headers(Some("a"), Some("k"))).await.is_ok());
-    assert_eq!(monitor.commands().await, Vec::<String>::new(), "admission reads and writes nothing in Redis");
-    assert!(matches!(f.service.admit("s", PEER, &headers(Some("a"), Some("k"))).await, Err(Rejection::RateLimited(_))));
+    assert!(f
+        .service
+        .admit("s", PEER, &headers(Some("a"), Some("k")))
+        .await
+        .is_ok());
+    assert_eq!(
+        monitor.commands().await,
+        Vec::<String>::new(),
+        "admission reads and writes nothing in Redis"
+    );
+    assert!(matches!(
+        f.service
+            .admit("s", PEER, &headers(Some("a"), Some("k")))
+            .await,
+        Err(Rejection::RateLimited(_))
+    ));
 }
 
 #[tokio::test]
@@ -262,22 +463,51 @@ async fn a_sale_synced_on_another_redis_is_fenced_sells_nothing_and_remembers_no
     f.open_sale("s", 5).await;
     let keys = SaleKeys::new("s");
     let mut conn = f.redis.conn().await;
-    assert!(matches!(f.buy("s", "a", "k1").await, BuyOutcome::Won { .. }));
+    assert!(matches!(
+        f.buy("s", "a", "k1").await,
+        BuyOutcome::Won { .. }
+    ));
     // As after a failover: the sale was made to agree with the database on
     // a Redis whose replication id this one does not have.
-    let () = redis::cmd("SET").arg(&keys.synced).arg("0123456789abcdef").query_async(&mut conn).await.unwrap();
-    assert_eq!(f.buy("s", "b", "k2").await, BuyOutcome::Refused(Rejection::Unavailable));
+    let () = redis::cmd("SET")
+        .arg(&keys.synced)
+        .arg("0123456789abcdef")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.buy("s", "b", "k2").await,
+        BuyOutcome::Refused(Rejection::Unavailable)
+    );
     assert_eq!(f.service.metrics.fenced_buys.get(), 1);
     // A win recorded before the fence is still answered from its key.
-    assert!(matches!(f.buy("s", "a", "k1").await, BuyOutcome::Replayed { .. }));
-    let remaining: i64 = redis::cmd("GET").arg(&keys.remaining).query_async(&mut conn).await.unwrap();
+    assert!(matches!(
+        f.buy("s", "a", "k1").await,
+        BuyOutcome::Replayed { .. }
+    ));
+    let remaining: i64 = redis::cmd("GET")
+        .arg(&keys.remaining)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(remaining, 4, "nothing sold while fenced");
-    let remembered: bool = redis::cmd("EXISTS").arg(keys.idempotency_misses("b")).query_async(&mut conn).await.unwrap();
+    let remembered: bool = redis::cmd("EXISTS")
+        .arg(keys.idempotency_misses("b"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(!remembered, "the fenced answer is not an outcome to replay");
     assert!(!f.service.sales.is_sold_out("s"));
     // Without the key at all (a sale written by an older release) it is fenced too.
-    let () = redis::cmd("DEL").arg(&keys.synced).query_async(&mut conn).await.unwrap();
-    assert_eq!(f.buy("s", "b", "k2").await, BuyOutcome::Refused(Rejection::Unavailable));
+    let () = redis::cmd("DEL")
+        .arg(&keys.synced)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.buy("s", "b", "k2").await,
+        BuyOutcome::Refused(Rejection::Unavailable)
+    );
 }
 
 #[tokio::test]
@@ -288,7 +518,10 @@ async fn a_refill_confirmed_dry_before_a_bucket_was_stocked_does_not_flag_the_sa
     let clears = sales.clears("s");
     sales.bucket_stocked("s", 1);
     f.service.confirmed_dry("s", clears);
-    assert!(!sales.is_sold_out("s"), "stock came back after the confirmation read it");
+    assert!(
+        !sales.is_sold_out("s"),
+        "stock came back after the confirmation read it"
+    );
     // Nothing stocked between the snapshot and the confirmation: flagged.
     let clears = sales.clears("s");
     f.service.confirmed_dry("s", clears);
@@ -300,10 +533,27 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
     let f = fixture(&[]).await;
     f.open_sale("s", 50).await;
     // The sale's window cached: every buy below goes straight to the deduct.
-    let BuyOutcome::Won { reservation_id: first } = f.buy("s", "first", "").await else { panic!("no win") };
-    let buyers: Vec<(String, String)> =
-        (0..400).map(|i| (format!("u{i}"), if i % 2 == 0 { format!("k{i}") } else { String::new() })).collect();
-    let outcomes = futures_util::future::join_all(buyers.iter().map(|(user, key)| f.buy("s", user, key))).await;
+    let BuyOutcome::Won {
+        reservation_id: first,
+    } = f.buy("s", "first", "").await
+    else {
+        panic!("no win")
+    };
+    let buyers: Vec<(String, String)> = (0..400)
+        .map(|i| {
+            (
+                format!("u{i}"),
+                if i % 2 == 0 {
+                    format!("k{i}")
+                } else {
+                    String::new()
+                },
+            )
+        })
+        .collect();
+    let outcomes =
+        futures_util::future::join_all(buyers.iter().map(|(user, key)| f.buy("s", user, key)))
+            .await;
     let mut won: Vec<String> = outcomes
         .iter()
         .filter_map(|o| match o {
@@ -312,7 +562,13 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
         })
         .collect();
     assert_eq!(won.len(), 49, "exactly the stock wins");
-    assert!(outcomes.iter().all(|o| matches!(o, BuyOutcome::Won { .. } | BuyOutcome::Refused(Rejection::SoldOut))), "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(
+            o,
+            BuyOutcome::Won { .. } | BuyOutcome::Refused(Rejection::SoldOut)
+        )),
+        "{outcomes:?}"
+    );
     won.push(first);
     won.sort();
     won.dedup();
@@ -320,23 +576,42 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
 
     let keys = SaleKeys::new("s");
     let mut conn = f.redis.conn().await;
-    let records: Vec<(String, std::collections::HashMap<String, String>)> =
-        redis::cmd("XRANGE").arg(&keys.stream).arg("-").arg("+").query_async(&mut conn).await.unwrap();
-    let mut recorded: Vec<String> = records.into_iter().map(|(_, fields)| fields["rid"].clone()).collect();
+    let records: Vec<(String, std::collections::HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&keys.stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut recorded: Vec<String> = records
+        .into_iter()
+        .map(|(_, fields)| fields["rid"].clone())
+        .collect();
     recorded.sort();
     assert_eq!(recorded, won, "one stream record per winner");
-    let remaining: i64 = redis::cmd("GET").arg(&keys.remaining).query_async(&mut conn).await.unwrap();
+    let remaining: i64 = redis::cmd("GET")
+        .arg(&keys.remaining)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(remaining, 0);
 
     let sizes = &f.service.metrics.deduct_batch_size;
-    assert!(sizes.get_sample_sum() as u64 >= 50, "every win was decided by a script call");
+    assert!(
+        sizes.get_sample_sum() as u64 >= 50,
+        "every win was decided by a script call"
+    );
     assert!(
         sizes.get_sample_sum() > sizes.get_sample_count() as f64,
         "no script call decided more than one attempt: {} attempts in {} calls",
         sizes.get_sample_sum(),
         sizes.get_sample_count()
     );
-    assert_eq!(f.redis.command_calls("evalsha").await, sizes.get_sample_count(), "one EVALSHA per batch");
+    assert_eq!(
+        f.redis.command_calls("evalsha").await,
+        sizes.get_sample_count(),
+        "one EVALSHA per batch"
+    );
 }
 
 /// Gives an item of `user`'s back to a one-bucket sale in Redis, as the
@@ -362,9 +637,17 @@ async fn return_item_unannounced(f: &Fixture, sale_id: &str, reservation_id: &st
 async fn a_winners_keyed_retry_on_a_gateway_that_missed_the_restock_replays_the_win() {
     let f = fixture(&[]).await;
     f.open_sale("s", 1).await;
-    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else { panic!("no win") };
-    assert_eq!(f.buy("s", "b", "kb").await, BuyOutcome::Refused(Rejection::SoldOut));
-    assert_eq!(f.buy("s", "c", "kc").await, BuyOutcome::Refused(Rejection::SoldOut));
+    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else {
+        panic!("no win")
+    };
+    assert_eq!(
+        f.buy("s", "b", "kb").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    assert_eq!(
+        f.buy("s", "c", "kc").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
     // The item comes back and this gateway misses the news; another
     // gateway's buyer wins it with key `kz`, but never hears the 202.
     return_item_unannounced(&f, "s", &reservation_id, "a").await;
@@ -384,21 +667,39 @@ async fn a_winners_keyed_retry_on_a_gateway_that_missed_the_restock_replays_the_
     // Z's retry lands here, where the sale is still flagged sold out.
     assert!(f.service.sales.is_sold_out("s"));
     let retry = f.buy("s", "z", "kz").await;
-    assert!(matches!(&retry, BuyOutcome::Replayed { reservation_id, .. } if reservation_id == "s.z-1"), "{retry:?}");
+    assert!(
+        matches!(&retry, BuyOutcome::Replayed { reservation_id, .. } if reservation_id == "s.z-1"),
+        "{retry:?}"
+    );
 }
 
 #[tokio::test]
 async fn a_keyed_buy_answered_sold_out_by_the_flag_never_wins_later() {
     let f = fixture(&[]).await;
     f.open_sale("s", 1).await;
-    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else { panic!("no win") };
-    assert_eq!(f.buy("s", "b", "").await, BuyOutcome::Refused(Rejection::SoldOut));
+    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else {
+        panic!("no win")
+    };
+    assert_eq!(
+        f.buy("s", "b", "").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
     assert!(f.service.sales.is_sold_out("s"));
     // Answered while the sale is flagged here: final for its key.
-    assert_eq!(f.buy("s", "c", "kc").await, BuyOutcome::Refused(Rejection::SoldOut));
+    assert_eq!(
+        f.buy("s", "c", "kc").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
     // The item comes back, and this gateway hears of it.
     return_item_unannounced(&f, "s", &reservation_id, "a").await;
     f.service.sales.forget("s", None).await;
-    assert_eq!(f.buy("s", "c", "kc").await, BuyOutcome::Refused(Rejection::SoldOut), "the same key, a second answer");
-    assert!(matches!(f.buy("s", "c", "kc2").await, BuyOutcome::Won { .. }), "a new key buys the item that came back");
+    assert_eq!(
+        f.buy("s", "c", "kc").await,
+        BuyOutcome::Refused(Rejection::SoldOut),
+        "the same key, a second answer"
+    );
+    assert!(
+        matches!(f.buy("s", "c", "kc2").await, BuyOutcome::Won { .. }),
+        "a new key buys the item that came back"
+    );
 }

@@ -52,7 +52,8 @@ const USED_MARGIN_MS: i64 = 60_000;
 pub const MAX_RESENDS: u32 = 3;
 
 /// Records a solution's use (`lua/pow_use.lua`).
-static POW_USE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::POW_USE));
+static POW_USE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::POW_USE));
 
 /// What a buy brings to the challenge check.
 #[derive(Debug, Clone, Copy)]
@@ -84,18 +85,33 @@ struct Active {
 impl ChallengeGate {
     /// No challenge: every buy passes, nothing is counted.
     pub fn off(metrics: Arc<Metrics>) -> Self {
-        Self { active: None, metrics }
+        Self {
+            active: None,
+            metrics,
+        }
     }
 
     /// The gate `config` describes, signing with `secret`; off when the
     /// mode is off. `max_keys` bounds each adaptive rate cache.
-    pub fn new(config: &ChallengeConfig, secret: &str, max_keys: u64, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        config: &ChallengeConfig,
+        secret: &str,
+        max_keys: u64,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let rates = match config.mode {
             ChallengeMode::Off => return Self::off(metrics),
             ChallengeMode::Always => None,
             ChallengeMode::Adaptive => Some(Rates::new(config, max_keys)),
         };
-        Self { active: Some(Active { signer: Signer::new(secret.as_bytes()), config: config.clone(), rates }), metrics }
+        Self {
+            active: Some(Active {
+                signer: Signer::new(secret.as_bytes()),
+                config: config.clone(),
+                rates,
+            }),
+            metrics,
+        }
     }
 
     pub fn is_on(&self) -> bool {
@@ -111,13 +127,27 @@ impl ChallengeGate {
 
     /// A challenge, counted in the rates: a fetch (`buy == false`) for its
     /// user only, a refused buy for its user, IP and sale.
-    fn issue(&self, active: &Active, sale_id: &str, user: &str, ip: IpAddr, now_ms: i64, buy: bool) -> Issued {
+    fn issue(
+        &self,
+        active: &Active,
+        sale_id: &str,
+        user: &str,
+        ip: IpAddr,
+        now_ms: i64,
+        buy: bool,
+    ) -> Issued {
         let bits = match &active.rates {
             Some(rates) => rates.hit(user, ip, sale_id, Instant::now(), buy),
             None => active.config.difficulty_bits,
         };
         let expires_at_ms = now_ms.saturating_add(active.config.ttl.as_millis() as i64);
-        let issued = active.signer.issue(user, sale_id, bits, expires_at_ms, rand::random::<[u8; ID_BYTES]>());
+        let issued = active.signer.issue(
+            user,
+            sale_id,
+            bits,
+            expires_at_ms,
+            rand::random::<[u8; ID_BYTES]>(),
+        );
         self.metrics.challenges_issued.inc();
         self.metrics.challenge_difficulty.observe(f64::from(bits));
         issued
@@ -130,11 +160,24 @@ impl ChallengeGate {
     /// missing, forged, for another user or sale, expired, too easy or
     /// used; `400 bad_request` when the header is malformed; `503
     /// unavailable` when Redis cannot record the solution.
-    pub async fn admit(&self, redis: &RedisClient, buy: BuyChallenge<'_>, now_ms: i64) -> Result<(), Rejection> {
-        let Some(active) = &self.active else { return Ok(()) };
+    pub async fn admit(
+        &self,
+        redis: &RedisClient,
+        buy: BuyChallenge<'_>,
+        now_ms: i64,
+    ) -> Result<(), Rejection> {
+        let Some(active) = &self.active else {
+            return Ok(());
+        };
         let refusal = match buy.solution {
             None => Refusal::Missing,
-            Some(header) => match active.signer.verify(header, buy.user, buy.sale_id, now_ms, active.config.difficulty_bits) {
+            Some(header) => match active.signer.verify(
+                header,
+                buy.user,
+                buy.sale_id,
+                now_ms,
+                active.config.difficulty_bits,
+            ) {
                 Ok(solved) => match self.record_use(redis, &buy, &solved, now_ms).await {
                     Ok(true) => return Ok(()),
                     Ok(false) => Refusal::Replayed,
@@ -143,7 +186,10 @@ impl ChallengeGate {
                 Err(refusal) => refusal,
             },
         };
-        self.metrics.challenges_rejected.with_label_values(&[refusal.as_str()]).inc();
+        self.metrics
+            .challenges_rejected
+            .with_label_values(&[refusal.as_str()])
+            .inc();
         if refusal == Refusal::Malformed {
             return Err(Rejection::BadRequest(refusal.message()));
         }
@@ -155,13 +201,23 @@ impl ChallengeGate {
     /// when it was not used before, or is re-sent by this same buy (same
     /// non-empty Idempotency-Key) at most [`MAX_RESENDS`] times;
     /// `Ok(false)` otherwise.
-    async fn record_use(&self, redis: &RedisClient, buy: &BuyChallenge<'_>, solved: &Solved, now_ms: i64) -> Result<bool, RedisError> {
+    async fn record_use(
+        &self,
+        redis: &RedisClient,
+        buy: &BuyChallenge<'_>,
+        solved: &Solved,
+        now_ms: i64,
+    ) -> Result<bool, RedisError> {
         let key = SaleKeys::new(buy.sale_id).pow(&solved.id);
         let marker = format!("k:{}", buy.idempotency_key);
         let ttl_ms = (solved.expires_at_ms - now_ms).max(0) + USED_MARGIN_MS;
         let mut conn = redis.conn().await?;
         let mut invocation = POW_USE.prepare_invoke();
-        invocation.key(&key).arg(&marker).arg(ttl_ms).arg(MAX_RESENDS);
+        invocation
+            .key(&key)
+            .arg(&marker)
+            .arg(ttl_ms)
+            .arg(MAX_RESENDS);
         let used: i64 = redis.bounded(invocation.invoke_async(&mut conn)).await??;
         if used == 1 {
             self.metrics.challenges_solved.inc();

@@ -41,7 +41,10 @@ struct Decayed {
 impl Decayed {
     /// This count at `now`, with one more request.
     fn bumped(prev: Option<Self>, now: Instant) -> Self {
-        Self { count: Self::at(prev, now) + 1.0, at: now }
+        Self {
+            count: Self::at(prev, now) + 1.0,
+            at: now,
+        }
     }
 
     /// This count, decayed to `now`.
@@ -62,7 +65,13 @@ struct Scope<K: std::hash::Hash + Eq + Send + Sync + 'static> {
 
 impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Scope<K> {
     fn new(threshold_per_minute: f64, max_keys: u64) -> Self {
-        Self { threshold_per_minute, counts: Cache::builder().max_capacity(max_keys).time_to_idle(IDLE).build() }
+        Self {
+            threshold_per_minute,
+            counts: Cache::builder()
+                .max_capacity(max_keys)
+                .time_to_idle(IDLE)
+                .build(),
+        }
     }
 
     /// Counts one request of `key` and returns the bits it adds now.
@@ -71,7 +80,10 @@ impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Scope<K> {
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let entry = self.counts.entry_by_ref(key).and_upsert_with(|prev| Decayed::bumped(prev.map(|e| e.into_value()), now));
+        let entry = self
+            .counts
+            .entry_by_ref(key)
+            .and_upsert_with(|prev| Decayed::bumped(prev.map(|e| e.into_value()), now));
         extra_bits(entry.into_value().count, self.threshold_per_minute)
     }
 
@@ -81,7 +93,10 @@ impl<K: std::hash::Hash + Eq + Send + Sync + Clone + 'static> Scope<K> {
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
     {
-        extra_bits(Decayed::at(self.counts.get(key), now), self.threshold_per_minute)
+        extra_bits(
+            Decayed::at(self.counts.get(key), now),
+            self.threshold_per_minute,
+        )
     }
 }
 
@@ -111,7 +126,10 @@ impl Rates {
             users: Scope::new(f64::from(config.user_rate_per_minute), max_keys),
             ips: Scope::new(f64::from(config.ip_rate_per_minute), max_keys),
             // Sales are few; a small cache suffices.
-            sales: Scope::new(f64::from(config.sale_rate_per_second) * 60.0, max_keys.min(10_000)),
+            sales: Scope::new(
+                f64::from(config.sale_rate_per_second) * 60.0,
+                max_keys.min(10_000),
+            ),
         }
     }
 
@@ -125,7 +143,9 @@ impl Rates {
         } else {
             self.ips.peek(&ip, now).max(self.sales.peek(sale, now))
         };
-        self.base.saturating_add(self.users.hit(user, now).max(shared)).min(self.max)
+        self.base
+            .saturating_add(self.users.hit(user, now).max(shared))
+            .min(self.max)
     }
 }
 
@@ -155,7 +175,11 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..30 {
             // One request every 20 s: 3 a minute, under the 6 allowed.
-            assert_eq!(r.hit("calm", IP, "drop", t0 + Duration::from_secs(20 * i), true), 10, "request {i}");
+            assert_eq!(
+                r.hit("calm", IP, "drop", t0 + Duration::from_secs(20 * i), true),
+                10,
+                "request {i}"
+            );
         }
     }
 
@@ -163,21 +187,34 @@ mod tests {
     fn a_burst_raises_the_difficulty_one_bit_per_doubling_up_to_the_cap() {
         let r = rates();
         let t0 = Instant::now();
-        let asked: Vec<u8> = (0..200).map(|_| r.hit("script", IP, "drop", t0, true)).collect();
+        let asked: Vec<u8> = (0..200)
+            .map(|_| r.hit("script", IP, "drop", t0, true))
+            .collect();
         assert_eq!(&asked[..6], &[10; 6], "the first six are free");
         assert_eq!(asked[6], 11, "the 7th is above 6 a minute");
         assert_eq!(asked[12], 12, "13 > 2 x 6");
         assert_eq!(asked[24], 13, "25 > 4 x 6");
         assert_eq!(asked[199], 16, "200 / 6 = 33: five doublings and a bit");
-        assert!(asked.windows(2).all(|w| w[0] <= w[1]), "never falls during a burst: {asked:?}");
+        assert!(
+            asked.windows(2).all(|w| w[0] <= w[1]),
+            "never falls during a burst: {asked:?}"
+        );
         for _ in 0..10_000 {
             r.hit("script", IP, "drop", t0, true);
         }
-        assert_eq!(r.hit("script", IP, "drop", t0, true), 18, "capped at max_difficulty_bits");
+        assert_eq!(
+            r.hit("script", IP, "drop", t0, true),
+            18,
+            "capped at max_difficulty_bits"
+        );
         // Another user on the same IP pays for the IP's rate (10,201 a minute).
         assert_eq!(r.hit("neighbour", IP, "drop", t0, true), 18);
         let elsewhere: IpAddr = "198.51.100.7".parse().unwrap();
-        assert_eq!(r.hit("neighbour", elsewhere, "other-sale", t0, true), 10, "the script's heat stays with its own keys");
+        assert_eq!(
+            r.hit("neighbour", elsewhere, "other-sale", t0, true),
+            10,
+            "the script's heat stays with its own keys"
+        );
     }
 
     #[test]
@@ -187,12 +224,22 @@ mod tests {
         for _ in 0..2000 {
             r.hit("fetcher", IP, "drop", t0, false);
         }
-        assert!(r.hit("fetcher", IP, "drop", t0, false) > 10, "the fetcher pays for its fetches");
-        assert_eq!(r.hit("neighbour", IP, "drop", t0, true), 10, "its fetches raise nothing for the IP or the sale");
+        assert!(
+            r.hit("fetcher", IP, "drop", t0, false) > 10,
+            "the fetcher pays for its fetches"
+        );
+        assert_eq!(
+            r.hit("neighbour", IP, "drop", t0, true),
+            10,
+            "its fetches raise nothing for the IP or the sale"
+        );
         for _ in 0..2000 {
             r.hit("buyer", IP, "drop", t0, true);
         }
-        assert!(r.hit("neighbour", IP, "drop", t0, true) > 10, "buys heat the IP and the sale");
+        assert!(
+            r.hit("neighbour", IP, "drop", t0, true) > 10,
+            "buys heat the IP and the sale"
+        );
     }
 
     #[test]
@@ -204,7 +251,10 @@ mod tests {
         }
         assert!(r.hit("burst", IP, "drop", t0, true) > 10);
         // After ten minutes 101 requests decay to under 0.01.
-        assert_eq!(r.hit("burst", IP, "drop", t0 + Duration::from_secs(600), true), 10);
+        assert_eq!(
+            r.hit("burst", IP, "drop", t0 + Duration::from_secs(600), true),
+            10
+        );
     }
 
     #[test]

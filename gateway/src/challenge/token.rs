@@ -129,7 +129,9 @@ pub struct Signer {
 impl Signer {
     pub fn new(secret: &[u8]) -> Self {
         // HMAC takes keys of any length.
-        Self { mac: Hmac::new_from_slice(secret).expect("HMAC accepts any key length") }
+        Self {
+            mac: Hmac::new_from_slice(secret).expect("HMAC accepts any key length"),
+        }
     }
 
     fn keyed(&self, domain: u8, data: &[u8]) -> Hmac<Sha256> {
@@ -149,7 +151,14 @@ impl Signer {
 
     /// A challenge for `user` buying in `sale`, asking `difficulty_bits`,
     /// valid until `expires_at_ms`, named by the random `id`.
-    pub fn issue(&self, user: &str, sale: &str, difficulty_bits: u8, expires_at_ms: i64, id: [u8; ID_BYTES]) -> Issued {
+    pub fn issue(
+        &self,
+        user: &str,
+        sale: &str,
+        difficulty_bits: u8,
+        expires_at_ms: i64,
+        id: [u8; ID_BYTES],
+    ) -> Issued {
         let mut raw = [0u8; RAW_BYTES];
         raw[0] = VERSION;
         raw[1] = difficulty_bits;
@@ -158,9 +167,16 @@ impl Signer {
         let at = 10 + ID_BYTES;
         raw[at..at + BIND_BYTES].copy_from_slice(&self.binding(DOMAIN_USER, user));
         raw[at + BIND_BYTES..PAYLOAD_BYTES].copy_from_slice(&self.binding(DOMAIN_SALE, sale));
-        let tag = self.keyed(DOMAIN_TAG, &raw[..PAYLOAD_BYTES]).finalize().into_bytes();
+        let tag = self
+            .keyed(DOMAIN_TAG, &raw[..PAYLOAD_BYTES])
+            .finalize()
+            .into_bytes();
         raw[PAYLOAD_BYTES..].copy_from_slice(&tag[..TAG_BYTES]);
-        Issued { challenge: URL_SAFE_NO_PAD.encode(raw), difficulty_bits, expires_at_ms }
+        Issued {
+            challenge: URL_SAFE_NO_PAD.encode(raw),
+            difficulty_bits,
+            expires_at_ms,
+        }
     }
 
     /// Checks a `Flashgate-Pow` header value for `user` buying in `sale`
@@ -169,7 +185,14 @@ impl Signer {
     /// # Errors
     /// The first [`Refusal`] found, in this order: malformed, forged,
     /// other user, other sale, expired, too easy.
-    pub fn verify(&self, header: &[u8], user: &str, sale: &str, now_ms: i64, min_bits: u8) -> Result<Solved, Refusal> {
+    pub fn verify(
+        &self,
+        header: &[u8],
+        user: &str,
+        sale: &str,
+        now_ms: i64,
+        min_bits: u8,
+    ) -> Result<Solved, Refusal> {
         let challenge = split(header)?;
         let mut raw = [0u8; RAW_BYTES];
         match URL_SAFE_NO_PAD.decode_slice(challenge, &mut raw) {
@@ -177,7 +200,8 @@ impl Signer {
             _ => return Err(Refusal::Malformed),
         }
         let tag = self.keyed(DOMAIN_TAG, &raw[..PAYLOAD_BYTES]);
-        tag.verify_truncated_left(&raw[PAYLOAD_BYTES..]).map_err(|_| Refusal::Forged)?;
+        tag.verify_truncated_left(&raw[PAYLOAD_BYTES..])
+            .map_err(|_| Refusal::Forged)?;
         if raw[0] != VERSION {
             return Err(Refusal::Forged);
         }
@@ -198,7 +222,11 @@ impl Signer {
         if difficulty_bits < min_bits || solution_bits(header) < u32::from(difficulty_bits) {
             return Err(Refusal::TooEasy);
         }
-        Ok(Solved { id: URL_SAFE_NO_PAD.encode(&raw[10..10 + ID_BYTES]), expires_at_ms, difficulty_bits })
+        Ok(Solved {
+            id: URL_SAFE_NO_PAD.encode(&raw[10..10 + ID_BYTES]),
+            expires_at_ms,
+            difficulty_bits,
+        })
     }
 }
 
@@ -206,10 +234,15 @@ impl Signer {
 /// part checked for shape (the challenge's exact length, the nonce's
 /// alphabet and length).
 fn split(header: &[u8]) -> Result<&[u8], Refusal> {
-    let dot = header.iter().rposition(|&b| b == b'.').ok_or(Refusal::Malformed)?;
+    let dot = header
+        .iter()
+        .rposition(|&b| b == b'.')
+        .ok_or(Refusal::Malformed)?;
     let (challenge, nonce) = (&header[..dot], &header[dot + 1..]);
-    let nonce_ok =
-        (1..=MAX_NONCE_CHARS).contains(&nonce.len()) && nonce.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let nonce_ok = (1..=MAX_NONCE_CHARS).contains(&nonce.len())
+        && nonce
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if challenge.len() != CHALLENGE_CHARS || !nonce_ok {
         return Err(Refusal::Malformed);
     }
@@ -259,14 +292,23 @@ mod tests {
 
     /// A header whose hash has fewer than `bits` leading zero bits.
     fn unsolved(challenge: &str, bits: u8) -> String {
-        (0..).map(|n| format!("{challenge}.{n}")).find(|c| solution_bits(c.as_bytes()) < u32::from(bits)).unwrap()
+        (0..)
+            .map(|n| format!("{challenge}.{n}"))
+            .find(|c| solution_bits(c.as_bytes()) < u32::from(bits))
+            .unwrap()
     }
 
     #[test]
     fn a_challenge_is_72_url_safe_characters_without_a_dot() {
         let c = issued(8);
         assert_eq!(c.challenge.len(), CHALLENGE_CHARS);
-        assert!(c.challenge.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{}", c.challenge);
+        assert!(
+            c.challenge
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "{}",
+            c.challenge
+        );
         assert_eq!((c.difficulty_bits, c.expires_at_ms), (8, NOW + 60_000));
     }
 
@@ -274,30 +316,66 @@ mod tests {
     fn a_solution_passes_for_its_user_and_sale_until_it_expires() {
         let c = issued(8);
         let header = solve(&c.challenge, 8, 0);
-        let solved = signer().verify(header.as_bytes(), "alice", "drop", NOW, 8).unwrap();
-        assert_eq!((solved.difficulty_bits, solved.expires_at_ms, solved.id.len()), (8, NOW + 60_000, 16));
-        assert_eq!(signer().verify(header.as_bytes(), "alice", "drop", NOW + 60_000, 8).map(|s| s.id), Ok(solved.id));
-        assert_eq!(signer().verify(header.as_bytes(), "alice", "drop", NOW + 60_001, 8), Err(Refusal::Expired));
+        let solved = signer()
+            .verify(header.as_bytes(), "alice", "drop", NOW, 8)
+            .unwrap();
+        assert_eq!(
+            (
+                solved.difficulty_bits,
+                solved.expires_at_ms,
+                solved.id.len()
+            ),
+            (8, NOW + 60_000, 16)
+        );
+        assert_eq!(
+            signer()
+                .verify(header.as_bytes(), "alice", "drop", NOW + 60_000, 8)
+                .map(|s| s.id),
+            Ok(solved.id)
+        );
+        assert_eq!(
+            signer().verify(header.as_bytes(), "alice", "drop", NOW + 60_001, 8),
+            Err(Refusal::Expired)
+        );
     }
 
     #[test]
     fn a_challenge_for_another_user_or_sale_is_refused_as_such() {
         let c = issued(4);
         let header = solve(&c.challenge, 4, 0);
-        assert_eq!(signer().verify(header.as_bytes(), "bob", "drop", NOW, 4), Err(Refusal::OtherUser));
-        assert_eq!(signer().verify(header.as_bytes(), "alice", "other", NOW, 4), Err(Refusal::OtherSale));
+        assert_eq!(
+            signer().verify(header.as_bytes(), "bob", "drop", NOW, 4),
+            Err(Refusal::OtherUser)
+        );
+        assert_eq!(
+            signer().verify(header.as_bytes(), "alice", "other", NOW, 4),
+            Err(Refusal::OtherSale)
+        );
     }
 
     #[test]
     fn a_changed_byte_or_another_secret_is_forged() {
         let c = issued(0);
         let other = Signer::new(b"another secret of at least thirty-two bytes!!");
-        assert_eq!(other.verify(format!("{}.1", c.challenge).as_bytes(), "alice", "drop", NOW, 0), Err(Refusal::Forged));
+        assert_eq!(
+            other.verify(
+                format!("{}.1", c.challenge).as_bytes(),
+                "alice",
+                "drop",
+                NOW,
+                0
+            ),
+            Err(Refusal::Forged)
+        );
         let mut raw = URL_SAFE_NO_PAD.decode(&c.challenge).unwrap();
         for i in [0, 1, 5, 12, 25, 40, RAW_BYTES - 1] {
             raw[i] ^= 1;
             let tampered = format!("{}.1", URL_SAFE_NO_PAD.encode(&raw));
-            assert_eq!(signer().verify(tampered.as_bytes(), "alice", "drop", NOW, 0), Err(Refusal::Forged), "byte {i}");
+            assert_eq!(
+                signer().verify(tampered.as_bytes(), "alice", "drop", NOW, 0),
+                Err(Refusal::Forged),
+                "byte {i}"
+            );
             raw[i] ^= 1;
         }
     }
@@ -306,10 +384,16 @@ mod tests {
     fn too_few_zero_bits_or_an_easier_challenge_than_the_base_is_too_easy() {
         let c = issued(12);
         let header = unsolved(&c.challenge, 12);
-        assert_eq!(signer().verify(header.as_bytes(), "alice", "drop", NOW, 12), Err(Refusal::TooEasy));
+        assert_eq!(
+            signer().verify(header.as_bytes(), "alice", "drop", NOW, 12),
+            Err(Refusal::TooEasy)
+        );
         let easy = issued(2);
         let header = solve(&easy.challenge, 2, 0);
-        assert_eq!(signer().verify(header.as_bytes(), "alice", "drop", NOW, 10), Err(Refusal::TooEasy));
+        assert_eq!(
+            signer().verify(header.as_bytes(), "alice", "drop", NOW, 10),
+            Err(Refusal::TooEasy)
+        );
     }
 
     #[test]
@@ -331,9 +415,16 @@ mod tests {
             format!("{}=.1", &c[1..]),
         ];
         for h in &cases {
-            assert_eq!(signer().verify(h.as_bytes(), "alice", "drop", NOW, 0), Err(Refusal::Malformed), "{h:?}");
+            assert_eq!(
+                signer().verify(h.as_bytes(), "alice", "drop", NOW, 0),
+                Err(Refusal::Malformed),
+                "{h:?}"
+            );
         }
-        assert_eq!(signer().verify(&[0xff; 80], "alice", "drop", NOW, 0), Err(Refusal::Malformed));
+        assert_eq!(
+            signer().verify(&[0xff; 80], "alice", "drop", NOW, 0),
+            Err(Refusal::Malformed)
+        );
     }
 
     #[test]

@@ -41,7 +41,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use flashgate_common::config::Config;
 use pingora::cache::key::HashBinary;
-use pingora::cache::{CacheKey, CacheMeta, ForcedFreshness, HitHandler, NoCacheReason, RespCacheable};
+use pingora::cache::{
+    CacheKey, CacheMeta, ForcedFreshness, HitHandler, NoCacheReason, RespCacheable,
+};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
@@ -66,7 +68,9 @@ use crate::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
 use crate::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::switches::Switches;
 use crate::upstreams::{hop_by_hop, ShopFailure, Upstreams};
-use session::{keep_alive_after_early_answer, peer, read_buy_body, request_id, write_page, write_reply};
+use session::{
+    keep_alive_after_early_answer, peer, read_buy_body, request_id, write_page, write_reply,
+};
 
 /// Shared state of the gateway, built once in `server`.
 pub struct Gateway {
@@ -103,7 +107,11 @@ impl ProxyHttp for Gateway {
         RequestCtx::new()
     }
 
-    async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
         // Pingora has already decided from the request whether the
         // connection may carry another one: not after `Connection: close`,
         // an HTTP/1.0 request without keep-alive, or a request with both
@@ -121,7 +129,11 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<bool> {
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
         if session::headers_too_large(session.req_header()) {
             ctx.route = RouteKind::Invalid;
             ctx.outcome = Outcome::Rejected(Rejection::HeadersTooLarge);
@@ -134,7 +146,8 @@ impl ProxyHttp for Gateway {
         // `http://host/path`) to a path the shop never sees.
         if session.req_header().raw_path().first() != Some(&b'/') {
             ctx.route = RouteKind::Invalid;
-            let rejection = Rejection::BadRequest("the request target must be a path starting with /");
+            let rejection =
+                Rejection::BadRequest("the request target must be a path starting with /");
             ctx.outcome = Outcome::Rejected(rejection.clone());
             return write_reply(session, rejection.into(), ctx).await;
         }
@@ -161,7 +174,10 @@ impl ProxyHttp for Gateway {
                 };
                 // A missing file is answered like any 404 but keeps the
                 // `ok` outcome label pages always had.
-                return match self.pages.serve(rel, &PageRequest::from_headers(&session.req_header().headers)) {
+                return match self.pages.serve(
+                    rel,
+                    &PageRequest::from_headers(&session.req_header().headers),
+                ) {
                     Ok(page) => write_page(session, page, ctx).await,
                     Err(rejection) => write_reply(session, rejection.into(), ctx).await,
                 };
@@ -184,21 +200,47 @@ impl ProxyHttp for Gateway {
     }
 
     /// Records each request once, whoever answered it.
-    async fn logging(&self, session: &mut Session, error: Option<&pingora::Error>, ctx: &mut RequestCtx) {
+    async fn logging(
+        &self,
+        session: &mut Session,
+        error: Option<&pingora::Error>,
+        ctx: &mut RequestCtx,
+    ) {
         let m = &self.metrics;
         if ctx.route == RouteKind::Shop {
-            ctx.outcome = Outcome::of_shop(session.response_written().map(|r| r.status.as_u16()), error.is_some());
+            ctx.outcome = Outcome::of_shop(
+                session.response_written().map(|r| r.status.as_u16()),
+                error.is_some(),
+            );
         }
-        m.per_request.record(ctx.route, ctx.outcome.as_str(), ctx.started.elapsed().as_secs_f64());
+        m.per_request.record(
+            ctx.route,
+            ctx.outcome.as_str(),
+            ctx.started.elapsed().as_secs_f64(),
+        );
         // A background refresh (stale-while-revalidate) is not a client's request.
-        if let (Some(cache), RouteKind::Shop, None) = (&self.shop_cache, ctx.route, &session.subrequest_ctx) {
-            let result = if ctx.stale_on_error { CacheResult::Stale } else { CacheResult::of(session.cache.phase()) };
-            cache.metrics.results.with_label_values(&[result.label()]).inc();
+        if let (Some(cache), RouteKind::Shop, None) =
+            (&self.shop_cache, ctx.route, &session.subrequest_ctx)
+        {
+            let result = if ctx.stale_on_error {
+                CacheResult::Stale
+            } else {
+                CacheResult::of(session.cache.phase())
+            };
+            cache
+                .metrics
+                .results
+                .with_label_values(&[result.label()])
+                .inc();
         }
     }
 
     /// Only shop requests get here (gateway routes answered in `request_filter`).
-    fn request_cache_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    fn request_cache_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
         if let Some(cache) = &self.shop_cache {
             ctx.cache = policy::request_use(session.req_header());
             cache.enable(&mut session.cache, ctx.cache);
@@ -206,19 +248,33 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    fn cache_key_callback(&self, session: &Session, _ctx: &mut RequestCtx) -> pingora::Result<CacheKey> {
+    fn cache_key_callback(
+        &self,
+        session: &Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<CacheKey> {
         let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         Ok(policy::cache_key(session.req_header(), tls))
     }
 
-    fn response_cache_filter(&self, _session: &Session, resp: &ResponseHeader, ctx: &mut RequestCtx) -> pingora::Result<RespCacheable> {
+    fn response_cache_filter(
+        &self,
+        _session: &Session,
+        resp: &ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<RespCacheable> {
         Ok(match &self.shop_cache {
             Some(cache) => cache.cacheable(ctx.cache, resp),
             None => RespCacheable::Uncacheable(NoCacheReason::NeverEnabled),
         })
     }
 
-    fn cache_vary_filter(&self, meta: &CacheMeta, _ctx: &mut RequestCtx, req: &RequestHeader) -> Option<HashBinary> {
+    fn cache_vary_filter(
+        &self,
+        meta: &CacheMeta,
+        _ctx: &mut RequestCtx,
+        req: &RequestHeader,
+    ) -> Option<HashBinary> {
         policy::variance(meta, req)
     }
 
@@ -234,7 +290,9 @@ impl ProxyHttp for Gateway {
         is_fresh: bool,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Option<ForcedFreshness>> {
-        let Some(cache) = &self.shop_cache else { return Ok(None) };
+        let Some(cache) = &self.shop_cache else {
+            return Ok(None);
+        };
         // Only credentialed requests are force-missed, and they hold no cache
         // lock: a locked request force-missed on a stored copy would be sent
         // back to look again by `FillLock` until pingora's retry limit.
@@ -252,7 +310,12 @@ impl ProxyHttp for Gateway {
     /// error, any failure but the client's own serves stale if allowed.
     /// A shop failure is remembered for the requests after it
     /// (`cache_hit_filter`).
-    fn should_serve_stale(&self, session: &mut Session, _ctx: &mut RequestCtx, error: Option<&pingora::Error>) -> bool {
+    fn should_serve_stale(
+        &self,
+        session: &mut Session,
+        _ctx: &mut RequestCtx,
+        error: Option<&pingora::Error>,
+    ) -> bool {
         let Some(error) = error else { return true };
         let shop_failed = *error.esource() != pingora::ErrorSource::Downstream;
         if let (true, Some(cache)) = (shop_failed && session.cache.enabled(), &self.shop_cache) {
@@ -261,10 +324,17 @@ impl ProxyHttp for Gateway {
         shop_failed
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
         match self.shop.peer() {
             Some(peer) => Ok(Box::new(peer)),
-            None => pingora::Error::e_explain(pingora::ErrorType::ConnectNoRoute, "no healthy shop upstream"),
+            None => pingora::Error::e_explain(
+                pingora::ErrorType::ConnectNoRoute,
+                "no healthy shop upstream",
+            ),
         }
     }
 
@@ -283,7 +353,11 @@ impl ProxyHttp for Gateway {
         upstream.remove_header("forwarded");
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
             let peer = peer.ip().to_canonical();
-            let xff = match upstream.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            let xff = match upstream
+                .headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+            {
                 Some(prev) => format!("{prev}, {peer}"),
                 None => peer.to_string(),
             };
@@ -299,7 +373,12 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn response_filter(&self, session: &mut Session, response: &mut ResponseHeader, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
         for name in hop_by_hop(&response.headers) {
             response.remove_header(&name);
         }
@@ -331,11 +410,24 @@ impl ProxyHttp for Gateway {
 
     /// The shop could not be reached or answered too slowly: a JSON 502 or
     /// 504, if nothing of the response was sent yet.
-    async fn fail_to_proxy(&self, session: &mut Session, e: &pingora::Error, ctx: &mut RequestCtx) -> pingora::proxy::FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &pingora::Error,
+        ctx: &mut RequestCtx,
+    ) -> pingora::proxy::FailToProxy {
         let client_gone = *e.esource() == pingora::ErrorSource::Downstream
-            && matches!(e.etype(), pingora::ErrorType::WriteError | pingora::ErrorType::ReadError | pingora::ErrorType::ConnectionClosed);
+            && matches!(
+                e.etype(),
+                pingora::ErrorType::WriteError
+                    | pingora::ErrorType::ReadError
+                    | pingora::ErrorType::ConnectionClosed
+            );
         if client_gone || session.response_written().is_some() {
-            return pingora::proxy::FailToProxy { error_code: 0, can_reuse_downstream: false };
+            return pingora::proxy::FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
         }
         let failure = ShopFailure::classify(e);
         warn!(error = %e, ?failure, "shop request failed");
@@ -346,7 +438,10 @@ impl ProxyHttp for Gateway {
         if let Err(error) = write_reply(session, reply, ctx).await {
             debug!(%error, "could not answer the client");
         }
-        pingora::proxy::FailToProxy { error_code, can_reuse_downstream: false }
+        pingora::proxy::FailToProxy {
+            error_code,
+            can_reuse_downstream: false,
+        }
     }
 }
 
@@ -354,14 +449,28 @@ impl Gateway {
     /// The HTTPS port to send plain page requests to, when
     /// `gateway.tls.redirect_http` is on and this request is plain.
     fn https_redirect_port(&self, ctx: &RequestCtx) -> Option<u16> {
-        let tls = self.config.gateway.tls.as_ref().filter(|t| t.redirect_http)?;
+        let tls = self
+            .config
+            .gateway
+            .tls
+            .as_ref()
+            .filter(|t| t.redirect_http)?;
         (!ctx.tls).then_some(tls.redirect_port)
     }
 
     /// `308` to the same path over HTTPS, or `400` when the request names
     /// no host that can go into a `Location` (see `tls::redirect::location`).
-    fn redirect_to_https(&self, req: &RequestHeader, https_port: u16, ctx: &mut RequestCtx) -> Reply {
-        let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.host());
+    fn redirect_to_https(
+        &self,
+        req: &RequestHeader,
+        https_port: u16,
+        ctx: &mut RequestCtx,
+    ) -> Reply {
+        let host = req
+            .headers
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| req.uri.host());
         let target = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let certs = self.certs.as_ref().map(|c| c.load());
         let covers = |h: &str| certs.as_ref().is_some_and(|c| c.covers(h));
@@ -380,18 +489,32 @@ impl Gateway {
     }
 
     /// Runs the handler of a gateway route: plain calls, one per route.
-    async fn handle(&self, route: Route<'_>, session: &mut Session, ctx: &mut RequestCtx) -> Result<Reply, Rejection> {
+    async fn handle(
+        &self,
+        route: Route<'_>,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Reply, Rejection> {
         let headers = &session.req_header().headers;
         let now_ms = flashgate_common::now_ms;
         match route {
             Route::ListSales => {
                 self.admission.read(peer(session), headers)?;
-                let sales = self.sales.list(&self.redis, now_ms()).await.map_err(|e| unavailable(&self.metrics, &e))?;
+                let sales = self
+                    .sales
+                    .list(&self.redis, now_ms())
+                    .await
+                    .map_err(|e| unavailable(&self.metrics, &e))?;
                 Ok(Reply::json(200, &json!({ "sales": sales })))
             }
             Route::SaleState(id) => {
                 self.admission.read(peer(session), headers)?;
-                match self.sales.view(&self.redis, id, now_ms()).await.map_err(|e| unavailable(&self.metrics, &e))? {
+                match self
+                    .sales
+                    .view(&self.redis, id, now_ms())
+                    .await
+                    .map_err(|e| unavailable(&self.metrics, &e))?
+                {
                     Some(view) => Ok(Reply::json(200, &view)),
                     None => Err(Rejection::NotFound("no such sale")),
                 }
@@ -400,13 +523,20 @@ impl Gateway {
                 let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
                 read_buy_body(session, self.config.gateway.body_read_timeout).await?;
                 let headers = &session.req_header().headers;
-                self.buy.prove(sale_id, &admitted, peer(session), headers).await?;
+                self.buy
+                    .prove(sale_id, &admitted, peer(session), headers)
+                    .await?;
                 let (user, idempotency_key) = (&admitted.user, &admitted.idempotency_key);
                 // Boxed, as the reservation lookup below: these futures are
                 // the largest of any route, and held inline they would grow
                 // every request's future (moved into its box per request),
                 // the static pages' and the sold-out answers' included.
-                let buy = BuyRequest { sale_id, user, idempotency_key, request_id: &ctx.request_id };
+                let buy = BuyRequest {
+                    sale_id,
+                    user,
+                    idempotency_key,
+                    request_id: &ctx.request_id,
+                };
                 let outcome = Box::pin(self.buy.buy(buy)).await;
                 ctx.outcome = match &outcome {
                     BuyOutcome::Won { .. } => Outcome::Won,
@@ -416,21 +546,37 @@ impl Gateway {
                 Ok(Reply::from(outcome))
             }
             Route::Challenge(sale_id) => {
-                let user = self.admission.user(RouteClass::Read, peer(session), headers)?;
+                let user = self
+                    .admission
+                    .user(RouteClass::Read, peer(session), headers)?;
                 let ip = self.admission.client_ip(peer(session), headers);
                 match self.buy.challenge.offer(sale_id, &user, ip, now_ms()) {
-                    Some(issued) => Ok(Reply::json(200, &crate::reply::challenge_fields(&issued)).header("Cache-Control", "no-store")),
-                    None => Err(Rejection::NotFound("this gateway asks no proof of work: buy without one")),
+                    Some(issued) => Ok(Reply::json(200, &crate::reply::challenge_fields(&issued))
+                        .header("Cache-Control", "no-store")),
+                    None => Err(Rejection::NotFound(
+                        "this gateway asks no proof of work: buy without one",
+                    )),
                 }
             }
             Route::Reservation(rid) => {
-                let user = self.admission.user(RouteClass::Read, peer(session), headers)?;
-                let view =
-                    Box::pin(crate::reservations::lookup(&self.redis, &self.sales, &self.order_lookups, &self.metrics, &user, rid)).await?;
+                let user = self
+                    .admission
+                    .user(RouteClass::Read, peer(session), headers)?;
+                let view = Box::pin(crate::reservations::lookup(
+                    &self.redis,
+                    &self.sales,
+                    &self.order_lookups,
+                    &self.metrics,
+                    &user,
+                    rid,
+                ))
+                .await?;
                 Ok(Reply::json(200, &view))
             }
             // Answered in `request_filter`, with their prebuilt heads.
-            Route::SalePage(_) | Route::Asset(_) | Route::Shop => Err(Rejection::NotFound("not a gateway route")),
+            Route::SalePage(_) | Route::Asset(_) | Route::Shop => {
+                Err(Rejection::NotFound("not a gateway route"))
+            }
         }
     }
 }

@@ -19,13 +19,20 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
 /// Whether the request's headers add up to more than we accept.
 pub fn headers_too_large(req: &RequestHeader) -> bool {
-    let header_bytes: usize = req.headers.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
+    let header_bytes: usize = req
+        .headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
     header_bytes > MAX_HEADER_BYTES
 }
 
 /// The socket peer (0.0.0.0 when it is not an IP socket).
 pub fn peer(session: &Session) -> IpAddr {
-    session.client_addr().and_then(|a| a.as_inet()).map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip())
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip())
 }
 
 /// Most answers of gateway routes (429, 410, 401, ...) are written before
@@ -36,7 +43,11 @@ pub fn peer(session: &Session) -> IpAddr {
 pub fn keep_alive_after_early_answer(session: &mut Session) {
     let headers = &session.req_header().headers;
     let small = match headers.get(http::header::CONTENT_LENGTH) {
-        Some(v) => v.to_str().ok().and_then(|v| v.parse::<usize>().ok()).is_some_and(|n| n <= MAX_BUY_BODY_BYTES),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .is_some_and(|n| n <= MAX_BUY_BODY_BYTES),
         None => !headers.contains_key(http::header::TRANSFER_ENCODING),
     };
     if small {
@@ -52,7 +63,10 @@ pub fn keep_alive_after_early_answer(session: &mut Session) {
 /// HTTP/2 pingora's per-read timeout does not apply, and even over
 /// HTTP/1.1 a client sending a byte just before each read timeout would
 /// otherwise hold its admitted buy open for as long as it likes.
-pub async fn read_buy_body(session: &mut Session, limit: std::time::Duration) -> Result<(), Rejection> {
+pub async fn read_buy_body(
+    session: &mut Session,
+    limit: std::time::Duration,
+) -> Result<(), Rejection> {
     match tokio::time::timeout(limit, read_bounded_body(session)).await {
         Ok(result) => result,
         Err(_) => {
@@ -64,7 +78,12 @@ pub async fn read_buy_body(session: &mut Session, limit: std::time::Duration) ->
 }
 
 async fn read_bounded_body(session: &mut Session) -> Result<(), Rejection> {
-    let declared = session.req_header().headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let declared = session
+        .req_header()
+        .headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BUY_BODY_BYTES) {
         return Err(Rejection::PayloadTooLarge);
     }
@@ -93,14 +112,20 @@ async fn read_bounded_body(session: &mut Session) -> Result<(), Rejection> {
 /// The client's `X-Request-Id` when it is short and printable, else a new one.
 pub fn request_id(req: &RequestHeader) -> String {
     match req.headers.get("x-request-id").map(|v| v.as_bytes()) {
-        Some(v) if (1..=64).contains(&v.len()) && v.iter().all(|b| b.is_ascii_graphic()) => String::from_utf8_lossy(v).into_owned(),
+        Some(v) if (1..=64).contains(&v.len()) && v.iter().all(|b| b.is_ascii_graphic()) => {
+            String::from_utf8_lossy(v).into_owned()
+        }
         _ => format!("{:032x}", rand::random::<u128>()),
     }
 }
 
 /// Writes a reply: always with `Content-Length` (a response without it is
 /// close-delimited and ends keepalive), without a body for HEAD and 304.
-pub async fn write_reply(session: &mut Session, reply: Reply, ctx: &RequestCtx) -> pingora::Result<bool> {
+pub async fn write_reply(
+    session: &mut Session,
+    reply: Reply,
+    ctx: &RequestCtx,
+) -> pingora::Result<bool> {
     let head = session.req_header().method == http::Method::HEAD;
     let mut header = ResponseHeader::build(reply.status, Some(reply.headers.len() + 4))?;
     header.insert_header("Content-Type", reply.content_type)?;
@@ -113,7 +138,9 @@ pub async fn write_reply(session: &mut Session, reply: Reply, ctx: &RequestCtx) 
         header.insert_header(name, value)?;
     }
     let body_follows = !head && reply.status != 304 && !reply.body.is_empty();
-    session.write_response_header(Box::new(header), !body_follows).await?;
+    session
+        .write_response_header(Box::new(header), !body_follows)
+        .await?;
     if body_follows {
         session.write_response_body(Some(reply.body), true).await?;
     }
@@ -122,7 +149,11 @@ pub async fn write_reply(session: &mut Session, reply: Reply, ctx: &RequestCtx) 
 
 /// Writes a static file's answer: its head built at load plus the request
 /// id, without a body for HEAD and 304 (as [`write_reply`]).
-pub async fn write_page(session: &mut Session, page: Page, ctx: &RequestCtx) -> pingora::Result<bool> {
+pub async fn write_page(
+    session: &mut Session,
+    page: Page,
+    ctx: &RequestCtx,
+) -> pingora::Result<bool> {
     let Page { mut head, body } = page;
     head.append_header("X-Request-Id", &ctx.request_id)?;
     let body_follows = session.req_header().method != http::Method::HEAD && !body.is_empty();

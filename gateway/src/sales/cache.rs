@@ -77,7 +77,8 @@ pub struct Clears {
 
 impl Stock {
     fn flagged(&self) -> bool {
-        self.sold_out_until.is_some_and(|until| Instant::now() < until)
+        self.sold_out_until
+            .is_some_and(|until| Instant::now() < until)
     }
 }
 
@@ -132,14 +133,21 @@ impl SaleCache {
                 .time_to_live(view_ttl.max(WINDOW_TTL))
                 .build_with_hasher(Hasher::new()),
             view_ttl,
-            stock: moka::sync::Cache::builder().max_capacity(MAX_SALES).build_with_hasher(Hasher::new()),
+            stock: moka::sync::Cache::builder()
+                .max_capacity(MAX_SALES)
+                .build_with_hasher(Hasher::new()),
             clear_count: AtomicU64::new(0),
-            missing: moka::future::Cache::builder().max_capacity(MAX_SALES).time_to_live(MISSING_TTL).build_with_hasher(Hasher::new()),
+            missing: moka::future::Cache::builder()
+                .max_capacity(MAX_SALES)
+                .time_to_live(MISSING_TTL)
+                .build_with_hasher(Hasher::new()),
             empty_buckets: moka::sync::Cache::builder()
                 .max_capacity(MAX_SALES * 4)
                 .time_to_live(SOLD_OUT_TTL)
                 .build_with_hasher(Hasher::new()),
-            bucket_counts: moka::sync::Cache::builder().max_capacity(MAX_SALES).build_with_hasher(Hasher::new()),
+            bucket_counts: moka::sync::Cache::builder()
+                .max_capacity(MAX_SALES)
+                .build_with_hasher(Hasher::new()),
         }
     }
 
@@ -151,7 +159,12 @@ impl SaleCache {
     /// # Errors
     /// When Redis cannot be read; nothing is cached then, every waiter gets
     /// the error and the next call retries.
-    async fn snapshot(&self, redis: &RedisClient, sale_id: &str, max_age: Duration) -> Result<Option<Arc<SaleSnapshot>>, Arc<RedisError>> {
+    async fn snapshot(
+        &self,
+        redis: &RedisClient,
+        sale_id: &str,
+        max_age: Duration,
+    ) -> Result<Option<Arc<SaleSnapshot>>, Arc<RedisError>> {
         if let Some(read_at) = self.absent.get(sale_id).await {
             if read_at.elapsed() <= max_age {
                 return Ok(None);
@@ -175,11 +188,15 @@ impl SaleCache {
         // needs it.
         let held = Box::pin(self.snapshots.try_get_with_by_ref(sale_id, async {
             let snapshot = read_snapshot(redis, sale_id).await?;
-            Ok::<_, RedisError>(Held { snapshot: snapshot.map(Arc::new), read_at: Instant::now() })
+            Ok::<_, RedisError>(Held {
+                snapshot: snapshot.map(Arc::new),
+                read_at: Instant::now(),
+            })
         }))
         .await?;
         if let Some(s) = &held.snapshot {
-            self.bucket_counts.insert(sale_id.to_owned(), s.window.buckets);
+            self.bucket_counts
+                .insert(sale_id.to_owned(), s.window.buckets);
         }
         if held.snapshot.is_none() {
             self.snapshots.invalidate(sale_id).await;
@@ -193,8 +210,15 @@ impl SaleCache {
     ///
     /// # Errors
     /// When Redis cannot be read.
-    pub async fn window(&self, redis: &RedisClient, sale_id: &str) -> Result<Option<SaleWindow>, Arc<RedisError>> {
-        Ok(self.snapshot(redis, sale_id, WINDOW_TTL).await?.map(|s| s.window))
+    pub async fn window(
+        &self,
+        redis: &RedisClient,
+        sale_id: &str,
+    ) -> Result<Option<SaleWindow>, Arc<RedisError>> {
+        Ok(self
+            .snapshot(redis, sale_id, WINDOW_TTL)
+            .await?
+            .map(|s| s.window))
     }
 
     /// The sale's view at `now_ms`, from a snapshot at most
@@ -202,8 +226,16 @@ impl SaleCache {
     ///
     /// # Errors
     /// When Redis cannot be read.
-    pub async fn view(&self, redis: &RedisClient, sale_id: &str, now_ms: i64) -> Result<Option<SaleView>, Arc<RedisError>> {
-        Ok(self.snapshot(redis, sale_id, self.view_ttl).await?.and_then(|s| s.view(now_ms)))
+    pub async fn view(
+        &self,
+        redis: &RedisClient,
+        sale_id: &str,
+        now_ms: i64,
+    ) -> Result<Option<SaleView>, Arc<RedisError>> {
+        Ok(self
+            .snapshot(redis, sale_id, self.view_ttl)
+            .await?
+            .and_then(|s| s.view(now_ms)))
     }
 
     /// Every preheated sale, sorted by start time. Each sale comes from its
@@ -211,15 +243,27 @@ impl SaleCache {
     ///
     /// # Errors
     /// When Redis fails or times out.
-    pub async fn list(&self, redis: &RedisClient, now_ms: i64) -> Result<Vec<SaleSummary>, Arc<RedisError>> {
+    pub async fn list(
+        &self,
+        redis: &RedisClient,
+        now_ms: i64,
+    ) -> Result<Vec<SaleSummary>, Arc<RedisError>> {
         let mut conn = redis.conn().await?;
         let ids: Vec<String> = redis
-            .bounded(redis::cmd("SMEMBERS").arg(SALES_INDEX).query_async(&mut conn))
+            .bounded(
+                redis::cmd("SMEMBERS")
+                    .arg(SALES_INDEX)
+                    .query_async(&mut conn),
+            )
             .await
             .and_then(|r| r.map_err(RedisError::from))?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            if let Some(s) = self.snapshot(redis, &id, self.view_ttl).await?.and_then(|s| s.summary(now_ms)) {
+            if let Some(s) = self
+                .snapshot(redis, &id, self.view_ttl)
+                .await?
+                .and_then(|s| s.summary(now_ms))
+            {
                 out.push(s);
             }
         }
@@ -234,7 +278,11 @@ impl SaleCache {
     /// counting it twice would show items gone that are still for sale
     /// (an over-report until the next refresh is the lesser error).
     pub async fn took_one(&self, sale_id: &str, sent_at: Instant) {
-        if let Some(Held { snapshot: Some(s), read_at }) = self.snapshots.get(sale_id).await {
+        if let Some(Held {
+            snapshot: Some(s),
+            read_at,
+        }) = self.snapshots.get(sale_id).await
+        {
             if read_at < sent_at {
                 s.took_one();
             }
@@ -255,7 +303,12 @@ impl SaleCache {
     /// sale confirmed dry) it is judged at the newest epoch known, by every
     /// clear since `clears`. The epoch flagged at when the sale was not
     /// flagged before (the caller announces it with that epoch).
-    pub fn flag_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Option<Clears>) -> Option<u64> {
+    pub fn flag_sold_out(
+        &self,
+        sale_id: &str,
+        epoch: Option<u64>,
+        clears: Option<Clears>,
+    ) -> Option<u64> {
         let mut newly = None;
         self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
             let mut stock = held.map(|e| e.into_value()).unwrap_or_default();
@@ -281,10 +334,18 @@ impl SaleCache {
     /// The script found `sale_id` sold out just now, at stock `epoch`, for
     /// a call sent at `clears`: flagged as [`SaleCache::flag_sold_out`]
     /// does, and its snapshot shows no stock left.
-    pub async fn found_sold_out(&self, sale_id: &str, epoch: Option<u64>, clears: Clears) -> Option<u64> {
+    pub async fn found_sold_out(
+        &self,
+        sale_id: &str,
+        epoch: Option<u64>,
+        clears: Clears,
+    ) -> Option<u64> {
         let newly = self.flag_sold_out(sale_id, epoch, Some(clears));
         if self.is_sold_out(sale_id) {
-            if let Some(Held { snapshot: Some(s), .. }) = self.snapshots.get(sale_id).await {
+            if let Some(Held {
+                snapshot: Some(s), ..
+            }) = self.snapshots.get(sale_id).await
+            {
                 s.sold_out();
             }
         }
@@ -293,7 +354,10 @@ impl SaleCache {
 
     /// Where the sale stands in its clears ([`Clears`]).
     pub fn clears(&self, sale_id: &str) -> Clears {
-        self.stock.get(sale_id).map(|s| s.clears).unwrap_or_default()
+        self.stock
+            .get(sale_id)
+            .map(|s| s.clears)
+            .unwrap_or_default()
     }
 
     /// Clears the sale's flag and counts a clear; the stock epoch rises to
@@ -302,7 +366,11 @@ impl SaleCache {
         let number = self.clear_count.fetch_add(1, Ordering::Relaxed) + 1;
         self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
             let held = held.map(|e| e.into_value()).unwrap_or_default();
-            let blind = if epoch.is_some() { held.clears.blind } else { number };
+            let blind = if epoch.is_some() {
+                held.clears.blind
+            } else {
+                number
+            };
             Stock {
                 epoch: held.epoch.max(epoch.unwrap_or(0)),
                 sold_out_until: None,
@@ -328,12 +396,17 @@ impl SaleCache {
         if let Some(n) = self.bucket_counts.get(sale_id) {
             return n;
         }
-        self.window(redis, sale_id).await.ok().flatten().map_or(1, |w| w.buckets)
+        self.window(redis, sale_id)
+            .await
+            .ok()
+            .flatten()
+            .map_or(1, |w| w.buckets)
     }
 
     /// Whether bucket `bucket` of `sale_id` is flagged empty here.
     pub fn bucket_empty(&self, sale_id: &str, bucket: u32) -> bool {
-        self.empty_buckets.contains_key(&(sale_id.to_owned(), bucket))
+        self.empty_buckets
+            .contains_key(&(sale_id.to_owned(), bucket))
     }
 
     /// Flags bucket `bucket` of a sale empty: a hint for choosing donors
@@ -393,8 +466,16 @@ mod tests {
     #[test]
     fn a_sold_out_older_than_the_known_epoch_or_sent_before_a_clear_flags_nothing() {
         let sales = SaleCache::new(Duration::from_millis(250));
-        assert_eq!(sales.flag_sold_out("s", Some(7), None), Some(7), "flagged, to be announced at its epoch");
-        assert_eq!(sales.flag_sold_out("s", Some(7), None), None, "renewed, not announced again");
+        assert_eq!(
+            sales.flag_sold_out("s", Some(7), None),
+            Some(7),
+            "flagged, to be announced at its epoch"
+        );
+        assert_eq!(
+            sales.flag_sold_out("s", Some(7), None),
+            None,
+            "renewed, not announced again"
+        );
         // A change whose new epoch was read clears it; an older sold out is stale.
         sales.clear("s", Some(9));
         assert!(!sales.is_sold_out("s"));
@@ -410,7 +491,10 @@ mod tests {
         let clears = sales.clears("s");
         sales.clear("s", None);
         assert_eq!(sales.flag_sold_out("s", Some(9), Some(clears)), None);
-        assert_eq!(sales.flag_sold_out("s", Some(9), Some(sales.clears("s"))), Some(9));
+        assert_eq!(
+            sales.flag_sold_out("s", Some(9), Some(sales.clears("s"))),
+            Some(9)
+        );
         // Without an epoch of its own (the draw's): at the newest known,
         // and stale after any clear since its call was sent.
         let clears = sales.clears("s");
@@ -419,13 +503,24 @@ mod tests {
         assert_eq!(sales.flag_sold_out("s", None, None), Some(9));
         sales.clear_all_flags();
         assert!(!sales.is_sold_out("s"), "cleared with every flag");
-        assert_eq!(sales.flag_sold_out("s", Some(8), Some(sales.clears("s"))), None, "the epoch outlives the flags");
+        assert_eq!(
+            sales.flag_sold_out("s", Some(8), Some(sales.clears("s"))),
+            None,
+            "the epoch outlives the flags"
+        );
         // After a blind clear, an announced sold out cannot be judged: it
         // flags nothing until this gateway's own deduct (sent after the
         // clear) tells the epoch again.
         assert_eq!(sales.flag_sold_out("s", Some(10), None), None);
-        assert_eq!(sales.flag_sold_out("s", Some(10), Some(sales.clears("s"))), Some(10));
+        assert_eq!(
+            sales.flag_sold_out("s", Some(10), Some(sales.clears("s"))),
+            Some(10)
+        );
         sales.clear("s", Some(11));
-        assert_eq!(sales.flag_sold_out("s", Some(11), None), Some(11), "announced, once the epoch is known");
+        assert_eq!(
+            sales.flag_sold_out("s", Some(11), None),
+            Some(11),
+            "announced, once the epoch is known"
+        );
     }
 }

@@ -42,4 +42,7 @@ mod cache;
 mod snapshot;
 
 pub use cache::{Clears, MissingSale, SaleCache, MISSING_TTL, SOLD_OUT_TTL, WINDOW_TTL};
-pub use snapshot::{parse, read_snapshot, read_stock_epoch, SaleSnapshot, SaleSummary, SaleView, SaleWindow, WindowCheck};
+pub use snapshot::{
+    parse, read_snapshot, read_stock_epoch, SaleSnapshot, SaleSummary, SaleView, SaleWindow,
+    WindowCheck,
+};

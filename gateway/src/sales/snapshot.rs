@@ -46,7 +46,9 @@ impl SaleWindow {
         } else if self.paused {
             WindowCheck::Paused
         } else if now_ms < self.starts_at_ms {
-            WindowCheck::NotStarted { wait_secs: ((self.starts_at_ms - now_ms) as u64).div_ceil(1000) }
+            WindowCheck::NotStarted {
+                wait_secs: ((self.starts_at_ms - now_ms) as u64).div_ceil(1000),
+            }
         } else {
             WindowCheck::Open
         }
@@ -126,7 +128,13 @@ impl SaleSnapshot {
     /// The sale's entry in the list at `now_ms`.
     pub fn summary(&self, now_ms: i64) -> Option<SaleSummary> {
         let v = self.view(now_ms)?;
-        Some(SaleSummary { id: v.id, name: v.name, state: v.state, starts_at: v.starts_at, ends_at: v.ends_at })
+        Some(SaleSummary {
+            id: v.id,
+            name: v.name,
+            state: v.state,
+            starts_at: v.starts_at,
+            ends_at: v.ends_at,
+        })
     }
 }
 
@@ -136,13 +144,19 @@ impl SaleSnapshot {
 ///
 /// # Errors
 /// When Redis fails or times out.
-pub async fn read_snapshot(redis: &RedisClient, sale_id: &str) -> Result<Option<SaleSnapshot>, RedisError> {
+pub async fn read_snapshot(
+    redis: &RedisClient,
+    sale_id: &str,
+) -> Result<Option<SaleSnapshot>, RedisError> {
     let keys = SaleKeys::new(sale_id);
     let mut conn = redis.conn().await?;
     let mut pipe = redis::pipe();
     pipe.hgetall(&keys.meta).get(&keys.remaining);
-    let (meta, remaining): (HashMap<String, String>, Option<i64>) = redis.bounded(pipe.query_async(&mut conn)).await??;
-    let Some(snapshot) = parse(sale_id, &meta, remaining.unwrap_or(0)) else { return Ok(None) };
+    let (meta, remaining): (HashMap<String, String>, Option<i64>) =
+        redis.bounded(pipe.query_async(&mut conn)).await??;
+    let Some(snapshot) = parse(sale_id, &meta, remaining.unwrap_or(0)) else {
+        return Ok(None);
+    };
     if snapshot.window.buckets > 1 {
         // The items are in the buckets (and in transit between them): a
         // display figure for `GET /api/sales/{id}` only. The buy path needs
@@ -150,10 +164,17 @@ pub async fn read_snapshot(redis: &RedisClient, sale_id: &str) -> Result<Option<
         // the sum (logged) rather than failing the snapshot.
         let mut left = 0;
         for k in 0..snapshot.window.buckets {
-            match redis.bounded(flashgate_common::transfer::left_in(&mut conn, sale_id, k)).await {
+            match redis
+                .bounded(flashgate_common::transfer::left_in(&mut conn, sale_id, k))
+                .await
+            {
                 Ok(Ok(n)) => left += n,
-                Ok(Err(error)) => tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items"),
-                Err(error) => tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items"),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items")
+                }
+                Err(error) => {
+                    tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items")
+                }
             }
         }
         snapshot.remaining.store(left, Ordering::Relaxed);
@@ -169,19 +190,33 @@ pub async fn read_snapshot(redis: &RedisClient, sale_id: &str) -> Result<Option<
 pub async fn read_stock_epoch(redis: &RedisClient, sale_id: &str) -> Result<u64, RedisError> {
     let meta = SaleKeys::new(sale_id).meta;
     let mut conn = redis.conn().await?;
-    let epoch: Option<u64> = redis.bounded(redis::cmd("HGET").arg(meta).arg("epoch").query_async(&mut conn)).await??;
+    let epoch: Option<u64> = redis
+        .bounded(
+            redis::cmd("HGET")
+                .arg(meta)
+                .arg("epoch")
+                .query_async(&mut conn),
+        )
+        .await??;
     Ok(epoch.unwrap_or(0))
 }
 
 /// A snapshot from the meta hash: a sale exists for buys when its window
 /// parses, for the view when every listed field does.
-pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> Option<SaleSnapshot> {
+pub fn parse(
+    sale_id: &str,
+    meta: &HashMap<String, String>,
+    remaining: i64,
+) -> Option<SaleSnapshot> {
     let int = |k: &str| meta.get(k).and_then(|v| v.parse::<i64>().ok());
     let window = SaleWindow {
         starts_at_ms: int("starts_at_ms")?,
         ends_at_ms: int("ends_at_ms")?,
         paused: meta.get("paused").is_some_and(|p| p == "1"),
-        buckets: int("buckets").and_then(|b| u32::try_from(b).ok()).filter(|b| (1..=64).contains(b)).unwrap_or(1),
+        buckets: int("buckets")
+            .and_then(|b| u32::try_from(b).ok())
+            .filter(|b| (1..=64).contains(b))
+            .unwrap_or(1),
     };
     let spec = (|| {
         Some(SaleSpec {
@@ -195,7 +230,11 @@ pub fn parse(sale_id: &str, meta: &HashMap<String, String>, remaining: i64) -> O
             buckets: window.buckets,
         })
     })();
-    Some(SaleSnapshot { window, spec, remaining: AtomicI64::new(remaining) })
+    Some(SaleSnapshot {
+        window,
+        spec,
+        remaining: AtomicI64::new(remaining),
+    })
 }
 
 #[cfg(test)]
@@ -203,18 +242,33 @@ mod tests {
     use super::*;
 
     fn meta(fields: &[(&str, &str)]) -> HashMap<String, String> {
-        fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     #[test]
     fn the_view_is_rendered_at_request_time() {
-        let m = meta(&[("name", "Sneaker"), ("stock", "10"), ("per_user_limit", "1"), ("starts_at_ms", "1000"), ("ends_at_ms", "5000")]);
+        let m = meta(&[
+            ("name", "Sneaker"),
+            ("stock", "10"),
+            ("per_user_limit", "1"),
+            ("starts_at_ms", "1000"),
+            ("ends_at_ms", "5000"),
+        ]);
         let s = parse("s", &m, 3).unwrap();
         assert_eq!(s.view(999).unwrap().state, SaleState::Upcoming);
         let open = s.view(1000).unwrap();
-        assert_eq!((open.state, open.remaining, open.stock), (SaleState::Open, 3, 10));
+        assert_eq!(
+            (open.state, open.remaining, open.stock),
+            (SaleState::Open, 3, 10)
+        );
         assert_eq!(open.server_time, rfc3339(1000));
-        assert_eq!(parse("s", &m, 0).unwrap().view(2000).unwrap().state, SaleState::SoldOut);
+        assert_eq!(
+            parse("s", &m, 0).unwrap().view(2000).unwrap().state,
+            SaleState::SoldOut
+        );
         assert!(parse("s", &HashMap::new(), 3).is_none());
     }
 
@@ -222,22 +276,48 @@ mod tests {
     fn the_bucket_count_comes_from_the_meta_and_defaults_to_one() {
         let m = meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000")]);
         assert_eq!(parse("s", &m, 3).unwrap().window.buckets, 1);
-        let m = meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000"), ("buckets", "6")]);
+        let m = meta(&[
+            ("starts_at_ms", "1000"),
+            ("ends_at_ms", "5000"),
+            ("buckets", "6"),
+        ]);
         assert_eq!(parse("s", &m, 3).unwrap().window.buckets, 6);
-        let m = meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000"), ("buckets", "0")]);
-        assert_eq!(parse("s", &m, 3).unwrap().window.buckets, 1, "nonsense is one bucket");
+        let m = meta(&[
+            ("starts_at_ms", "1000"),
+            ("ends_at_ms", "5000"),
+            ("buckets", "0"),
+        ]);
+        assert_eq!(
+            parse("s", &m, 3).unwrap().window.buckets,
+            1,
+            "nonsense is one bucket"
+        );
     }
 
     #[test]
     fn a_window_without_the_listing_still_answers_buys_but_no_view() {
-        let s = parse("s", &meta(&[("starts_at_ms", "1000"), ("ends_at_ms", "5000"), ("paused", "1")]), 3).unwrap();
+        let s = parse(
+            "s",
+            &meta(&[
+                ("starts_at_ms", "1000"),
+                ("ends_at_ms", "5000"),
+                ("paused", "1"),
+            ]),
+            3,
+        )
+        .unwrap();
         assert!(s.view(2000).is_none());
         assert_eq!(s.window.check(2000), WindowCheck::Paused);
     }
 
     #[test]
     fn window_checks_follow_the_scripts_order() {
-        let w = SaleWindow { starts_at_ms: 10_000, ends_at_ms: 20_000, paused: false, buckets: 1 };
+        let w = SaleWindow {
+            starts_at_ms: 10_000,
+            ends_at_ms: 20_000,
+            paused: false,
+            buckets: 1,
+        };
         assert_eq!(w.check(8_500), WindowCheck::NotStarted { wait_secs: 2 });
         assert_eq!(w.check(10_000), WindowCheck::Open);
         assert_eq!(w.check(20_000), WindowCheck::Ended);

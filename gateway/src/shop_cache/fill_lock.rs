@@ -37,14 +37,19 @@ impl FillLock {
     /// `age_timeout`: how long a writer may hold a key before waiters
     /// compete for it again (`shop.cache.lock_timeout_ms`).
     pub fn new(age_timeout: Duration, store: &'static MemoryStore) -> Self {
-        Self { inner: CacheLock::new(age_timeout), store }
+        Self {
+            inner: CacheLock::new(age_timeout),
+            store,
+        }
     }
 }
 
 impl CacheKeyLock for FillLock {
     fn lock(&self, key: &CacheKey, stale_writer: bool) -> Locked {
         let locked = self.inner.lock(key, stale_writer);
-        let Locked::Write(permit) = locked else { return locked };
+        let Locked::Write(permit) = locked else {
+            return locked;
+        };
         // A revalidation writer found the stored copy stale on purpose; a
         // variant may be stored and still refused by the lookup (above).
         if stale_writer || key.variance_bin().is_some() || !self.store.holds(key) {
@@ -71,8 +76,12 @@ mod tests {
     #[tokio::test]
     async fn a_miss_of_an_absent_key_becomes_the_writer_and_the_next_waits() {
         let lock = FillLock::new(Duration::from_secs(10), store());
-        let Locked::Write(permit) = lock.lock(&key("/a"), false) else { panic!("the first miss writes") };
-        let Locked::Read(waiter) = lock.lock(&key("/a"), false) else { panic!("the second miss waits") };
+        let Locked::Write(permit) = lock.lock(&key("/a"), false) else {
+            panic!("the first miss writes")
+        };
+        let Locked::Read(waiter) = lock.lock(&key("/a"), false) else {
+            panic!("the second miss waits")
+        };
         assert!(waiter.locked());
         lock.release(&key("/a"), permit, LockStatus::Done);
         assert!(!waiter.locked());
@@ -85,12 +94,16 @@ mod tests {
         // The writer's fill lands and its lock is released before the late
         // miss asks for the lock.
         fill(store, "/a", b"page").await;
-        let Locked::Read(late) = lock.lock(&key("/a"), false) else { panic!("a stored key is not fetched again") };
+        let Locked::Read(late) = lock.lock(&key("/a"), false) else {
+            panic!("a stored key is not fetched again")
+        };
         assert!(!late.locked(), "released at once");
         assert_eq!(late.lock_status(), LockStatus::Done);
         // The key's lock was given back: once the copy is gone, a miss writes.
         store.purge_where(|_| true);
-        let Locked::Write(permit) = lock.lock(&key("/a"), false) else { panic!("a miss of a purged key writes") };
+        let Locked::Write(permit) = lock.lock(&key("/a"), false) else {
+            panic!("a miss of a purged key writes")
+        };
         lock.release(&key("/a"), permit, LockStatus::Done);
     }
 
@@ -99,7 +112,9 @@ mod tests {
         let store = store();
         let lock = FillLock::new(Duration::from_secs(10), store);
         fill(store, "/a", b"page").await;
-        let Locked::Write(permit) = lock.lock(&key("/a"), true) else { panic!("a revalidation writes") };
+        let Locked::Write(permit) = lock.lock(&key("/a"), true) else {
+            panic!("a revalidation writes")
+        };
         lock.release(&key("/a"), permit, LockStatus::Done);
     }
 
@@ -111,7 +126,9 @@ mod tests {
         variant.set_variance_key(*b"0123456789abcdef");
         fill_key(store, &variant, b"gzip page").await;
         assert!(store.holds(&variant));
-        let Locked::Write(permit) = lock.lock(&variant, false) else { panic!("a stored variant the lookup refused must be replaceable") };
+        let Locked::Write(permit) = lock.lock(&variant, false) else {
+            panic!("a stored variant the lookup refused must be replaceable")
+        };
         lock.release(&variant, permit, LockStatus::Done);
     }
 }

@@ -67,7 +67,9 @@ use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
 use pingora::cache::key::CacheHashKey;
 use pingora::cache::lock::CacheKeyLockImpl;
-use pingora::cache::{CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable};
+use pingora::cache::{
+    CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable,
+};
 use pingora::http::ResponseHeader;
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
@@ -117,7 +119,10 @@ impl CacheResult {
             CachePhase::Stale | CachePhase::StaleUpdating => CacheResult::Stale,
             CachePhase::Miss | CachePhase::Expired => CacheResult::Miss,
             CachePhase::Revalidated | CachePhase::RevalidatedNoCache(_) => CacheResult::Revalidated,
-            CachePhase::Disabled(_) | CachePhase::Bypass | CachePhase::Uninit | CachePhase::CacheKey => CacheResult::Bypass,
+            CachePhase::Disabled(_)
+            | CachePhase::Bypass
+            | CachePhase::Uninit
+            | CachePhase::CacheKey => CacheResult::Bypass,
         }
     }
 
@@ -167,7 +172,11 @@ impl PurgeTarget {
             PurgeTarget::Url(p) => (false, p),
             PurgeTarget::Prefix(p) => (true, p),
         };
-        SaleEvent::ShopPurge { from: from.to_owned(), prefix, path: path.clone() }
+        SaleEvent::ShopPurge {
+            from: from.to_owned(),
+            prefix,
+            path: path.clone(),
+        }
     }
 }
 
@@ -208,21 +217,35 @@ impl ShopCache {
     pub fn new(config: &ShopCacheConfig, registry: &Registry) -> Self {
         let gauge = |name: &str, help: &str| {
             let g = IntGauge::new(name, help).expect("valid gauge");
-            registry.register(Box::new(g.clone())).expect("unique metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
             g
         };
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
-        let evictions =
-            prometheus::IntCounter::new("shop_cache_evictions_total", "Shop responses evicted to stay under shop.cache.max_bytes.")
-                .expect("valid counter");
-        registry.register(Box::new(evictions.clone())).expect("unique metric");
+        let evictions = prometheus::IntCounter::new(
+            "shop_cache_evictions_total",
+            "Shop responses evicted to stay under shop.cache.max_bytes.",
+        )
+        .expect("valid counter");
+        registry
+            .register(Box::new(evictions.clone()))
+            .expect("unique metric");
         let gauges = StoreGauges {
-            bytes: gauge("shop_cache_bytes", "Bytes of shop responses (headers and bodies) held in the edge cache."),
-            objects: gauge("shop_cache_objects", "Shop responses held in the edge cache."),
+            bytes: gauge(
+                "shop_cache_bytes",
+                "Bytes of shop responses (headers and bodies) held in the edge cache.",
+            ),
+            objects: gauge(
+                "shop_cache_objects",
+                "Shop responses held in the edge cache.",
+            ),
             evictions,
         };
         let metrics = CacheMetrics {
@@ -231,17 +254,31 @@ impl ShopCache {
                 "Proxied shop requests by cache result (hit, miss, stale, revalidated, bypass).",
                 &["result"],
             ),
-            purges: counter("shop_cache_purges_total", "Cache purges by kind (url, prefix).", &["kind"]),
-            purged_objects: counter("shop_cache_purged_objects_total", "Cached responses removed by purges, by kind.", &["kind"]),
+            purges: counter(
+                "shop_cache_purges_total",
+                "Cache purges by kind (url, prefix).",
+                &["kind"],
+            ),
+            purged_objects: counter(
+                "shop_cache_purged_objects_total",
+                "Cached responses removed by purges, by kind.",
+                &["kind"],
+            ),
         };
         // Fills in progress and stored entries share max_bytes.
         let fill_budget = config.max_bytes / FILL_SHARE;
         let stale_if_error = u32::try_from(config.stale_if_error.as_secs()).unwrap_or(u32::MAX);
-        let store: &'static MemoryStore = Box::leak(Box::new(MemoryStore::new(config.max_object_bytes, fill_budget, gauges)));
+        let store: &'static MemoryStore = Box::leak(Box::new(MemoryStore::new(
+            config.max_object_bytes,
+            fill_budget,
+            gauges,
+        )));
         Self {
             id: format!("{:016x}", rand::random::<u64>()),
             store,
-            eviction: Box::leak(Box::new(simple_lru::Manager::new(config.max_bytes - fill_budget))),
+            eviction: Box::leak(Box::new(simple_lru::Manager::new(
+                config.max_bytes - fill_budget,
+            ))),
             lock: Box::leak(Box::new(FillLock::new(config.lock_timeout, store))),
             defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
             max_object_bytes: config.max_object_bytes,
@@ -287,15 +324,20 @@ impl ShopCache {
             }
             PurgeTarget::Prefix(prefix) => {
                 let prefix = prefix.clone();
-                self.store.purge_where(move |path| path.starts_with(prefix.as_str()))
+                self.store
+                    .purge_where(move |path| path.starts_with(prefix.as_str()))
             }
         };
         for key in &removed {
-            self.eviction.remove(CacheEntryKeyRef::from_entry_id(key, None));
+            self.eviction
+                .remove(CacheEntryKeyRef::from_entry_id(key, None));
         }
         let kind = target.label();
         self.metrics.purges.with_label_values(&[kind]).inc();
-        self.metrics.purged_objects.with_label_values(&[kind]).inc_by(removed.len() as u64);
+        self.metrics
+            .purged_objects
+            .with_label_values(&[kind])
+            .inc_by(removed.len() as u64);
         removed.len()
     }
 
@@ -304,7 +346,11 @@ impl ShopCache {
     pub fn apply_announced(&self, event: &SaleEvent) -> bool {
         match event {
             SaleEvent::ShopPurge { from, prefix, path } if *from != self.id => {
-                let target = if *prefix { PurgeTarget::Prefix(path.clone()) } else { PurgeTarget::Url(path.clone()) };
+                let target = if *prefix {
+                    PurgeTarget::Prefix(path.clone())
+                } else {
+                    PurgeTarget::Url(path.clone())
+                };
                 let purged = self.purge(&target);
                 tracing::info!(kind = target.label(), purged, from = %from, "shop cache purged as announced");
                 true
@@ -315,7 +361,10 @@ impl ShopCache {
 
     /// Notes that the shop failed to answer `key` (5xx, refused, timeout).
     pub fn fetch_failed(&self, key: &pingora::cache::CacheKey) {
-        let mut failed = self.failed_fetches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failed = self
+            .failed_fetches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if failed.len() >= MAX_FAILED_FETCHES {
             failed.retain(|_, at| at.elapsed() < FAILED_FETCH_HOLD);
             if failed.len() >= MAX_FAILED_FETCHES {
@@ -330,9 +379,18 @@ impl ShopCache {
     /// stale-if-error window. Without this, requests waiting on the lock
     /// would each ask the failing shop in turn once the failed fetch
     /// releases it.
-    pub fn serve_stale_on_recent_failure(&self, key: &pingora::cache::CacheKey, meta: &CacheMeta) -> bool {
-        let failed = self.failed_fetches.lock().unwrap_or_else(|p| p.into_inner());
-        let recent = failed.get(&u128::from_be_bytes(key.primary_bin())).is_some_and(|at| at.elapsed() < FAILED_FETCH_HOLD);
+    pub fn serve_stale_on_recent_failure(
+        &self,
+        key: &pingora::cache::CacheKey,
+        meta: &CacheMeta,
+    ) -> bool {
+        let failed = self
+            .failed_fetches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let recent = failed
+            .get(&u128::from_be_bytes(key.primary_bin()))
+            .is_some_and(|at| at.elapsed() < FAILED_FETCH_HOLD);
         recent && meta.serve_stale_if_error(SystemTime::now())
     }
 

@@ -6,7 +6,9 @@ use http::{header, Method, StatusCode};
 use pingora::cache::cache_control::CacheControl;
 use pingora::cache::filters::resp_cacheable;
 use pingora::cache::key::HashBinary;
-use pingora::cache::{CacheKey, CacheMeta, CacheMetaDefaults, NoCacheReason, RespCacheable, VarianceBuilder};
+use pingora::cache::{
+    CacheKey, CacheMeta, CacheMetaDefaults, NoCacheReason, RespCacheable, VarianceBuilder,
+};
 use pingora::http::{RequestHeader, ResponseHeader};
 
 use super::storage::KEY_SEPARATOR;
@@ -33,8 +35,14 @@ pub const MAX_CACHED_TARGET_BYTES: usize = 8 * 1024;
 /// that uses the cache (`X-Forwarded-Host` is set again to the keyed host).
 /// Headers a shop varies its answer on otherwise (`Accept`,
 /// `Accept-Language`, ...) need a `Vary` from the shop.
-pub const UNKEYED_REWRITE_HEADERS: [&str; 6] =
-    ["x-forwarded-host", "x-forwarded-port", "x-forwarded-prefix", "x-original-url", "x-rewrite-url", "x-http-method-override"];
+pub const UNKEYED_REWRITE_HEADERS: [&str; 6] = [
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+];
 
 /// Drops [`UNKEYED_REWRITE_HEADERS`] from the shop's request and names the
 /// keyed host (lower case) in `X-Forwarded-Host`.
@@ -42,7 +50,11 @@ pub fn strip_unkeyed(upstream: &mut RequestHeader) -> pingora::Result<()> {
     for name in UNKEYED_REWRITE_HEADERS {
         upstream.remove_header(name);
     }
-    if let Some(host) = upstream.headers.get(header::HOST).map(|v| v.as_bytes().to_ascii_lowercase()) {
+    if let Some(host) = upstream
+        .headers
+        .get(header::HOST)
+        .map(|v| v.as_bytes().to_ascii_lowercase())
+    {
         upstream.insert_header("X-Forwarded-Host", host)?;
     }
     Ok(())
@@ -55,13 +67,19 @@ pub fn strip_unkeyed(upstream: &mut RequestHeader) -> pingora::Result<()> {
 /// credentialed.
 pub fn request_use(req: &RequestHeader) -> CacheUse {
     let h = &req.headers;
-    let has_body =
-        h.contains_key(header::TRANSFER_ENCODING) || h.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes().iter().any(|b| *b != b'0'));
-    if !(req.method == Method::GET || req.method == Method::HEAD) || has_body || h.contains_key(header::UPGRADE) {
+    let has_body = h.contains_key(header::TRANSFER_ENCODING)
+        || h.get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes().iter().any(|b| *b != b'0'));
+    if !(req.method == Method::GET || req.method == Method::HEAD)
+        || has_body
+        || h.contains_key(header::UPGRADE)
+    {
         return CacheUse::Off;
     }
     let target = req.raw_path();
-    let keyable = target.first() == Some(&b'/') && target.len() <= MAX_CACHED_TARGET_BYTES && std::str::from_utf8(target).is_ok();
+    let keyable = target.first() == Some(&b'/')
+        && target.len() <= MAX_CACHED_TARGET_BYTES
+        && std::str::from_utf8(target).is_ok();
     let host = h.get(header::HOST).is_some_and(|v| !v.is_empty());
     if !keyable || !host {
         return CacheUse::Off;
@@ -82,12 +100,20 @@ pub fn request_use(req: &RequestHeader) -> CacheUse {
 /// `http` to `https` must not have that redirect answered to `https`
 /// requests. Only called for requests [`request_use`] let in.
 pub fn cache_key(req: &RequestHeader, tls: bool) -> CacheKey {
-    let host = req.headers.get(header::HOST).map(|v| v.as_bytes()).unwrap_or_default();
+    let host = req
+        .headers
+        .get(header::HOST)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
     let path = req.raw_path();
     let scheme: &[u8] = if tls { b"https://" } else { b"http://" };
     let mut primary = Vec::with_capacity(scheme.len() + host.len() + 1 + path.len());
     primary.extend_from_slice(scheme);
-    primary.extend(host.iter().map(u8::to_ascii_lowercase).filter(|b| *b != KEY_SEPARATOR as u8));
+    primary.extend(
+        host.iter()
+            .map(u8::to_ascii_lowercase)
+            .filter(|b| *b != KEY_SEPARATOR as u8),
+    );
     primary.push(KEY_SEPARATOR as u8);
     primary.extend_from_slice(path);
     CacheKey::new(primary, "")
@@ -96,7 +122,10 @@ pub fn cache_key(req: &RequestHeader, tls: bool) -> CacheKey {
 /// Statuses stored when the shop gives them a lifetime (RFC 9110 §15.1's
 /// heuristically cacheable ones, without 206, 405, 414, 501).
 fn storable_status(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 200 | 203 | 204 | 300 | 301 | 308 | 404 | 410)
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 410
+    )
 }
 
 /// The request header names the response's `Vary` lists, lower case;
@@ -104,7 +133,13 @@ fn storable_status(status: StatusCode) -> bool {
 fn vary_names(resp: &ResponseHeader) -> Option<Vec<String>> {
     let mut names = Vec::new();
     for value in resp.headers.get_all(header::VARY) {
-        for name in value.to_str().ok()?.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        for name in value
+            .to_str()
+            .ok()?
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
             if name == "*" {
                 return None;
             }
@@ -118,7 +153,11 @@ fn vary_names(resp: &ResponseHeader) -> Option<Vec<String>> {
 }
 
 /// Whether the shop's response may be stored, with its lifetime.
-pub fn response_cacheable(using: CacheUse, resp: &ResponseHeader, defaults: &CacheMetaDefaults) -> RespCacheable {
+pub fn response_cacheable(
+    using: CacheUse,
+    resp: &ResponseHeader,
+    defaults: &CacheMetaDefaults,
+) -> RespCacheable {
     if resp.status.is_server_error() {
         // Like a failed fetch: the lock passes to one waiter, which fetches
         // again, instead of releasing the whole crowd to a failing shop.
@@ -162,7 +201,12 @@ pub fn variance(meta: &CacheMeta, req: &RequestHeader) -> Option<HashBinary> {
     }
     let mut variance = VarianceBuilder::new();
     for name in names {
-        let value: Vec<u8> = req.headers.get_all(name.as_str()).iter().flat_map(|v| v.as_bytes().iter().copied().chain([b','])).collect();
+        let value: Vec<u8> = req
+            .headers
+            .get_all(name.as_str())
+            .iter()
+            .flat_map(|v| v.as_bytes().iter().copied().chain([b',']))
+            .collect();
         variance.add_owned_name_value(name, value);
     }
     variance.finalize()
@@ -202,16 +246,36 @@ mod tests {
         assert_eq!(request_use(&req("GET", &[])), CacheUse::Shared);
         assert_eq!(request_use(&req("HEAD", &[])), CacheUse::Shared);
         assert_eq!(request_use(&req("POST", &[])), CacheUse::Off);
-        assert_eq!(request_use(&req("GET", &[("content-length", "3")])), CacheUse::Off);
-        assert_eq!(request_use(&req("GET", &[("content-length", "0")])), CacheUse::Shared);
-        assert_eq!(request_use(&req("GET", &[("upgrade", "websocket")])), CacheUse::Off);
-        assert_eq!(request_use(&req("GET", &[("cookie", "sid=1")])), CacheUse::Credentialed);
-        assert_eq!(request_use(&req("GET", &[("authorization", "Bearer x")])), CacheUse::Credentialed);
+        assert_eq!(
+            request_use(&req("GET", &[("content-length", "3")])),
+            CacheUse::Off
+        );
+        assert_eq!(
+            request_use(&req("GET", &[("content-length", "0")])),
+            CacheUse::Shared
+        );
+        assert_eq!(
+            request_use(&req("GET", &[("upgrade", "websocket")])),
+            CacheUse::Off
+        );
+        assert_eq!(
+            request_use(&req("GET", &[("cookie", "sid=1")])),
+            CacheUse::Credentialed
+        );
+        assert_eq!(
+            request_use(&req("GET", &[("authorization", "Bearer x")])),
+            CacheUse::Credentialed
+        );
         let mut no_host = RequestHeader::build("GET", b"/products/1", None).unwrap();
         assert_eq!(request_use(&no_host), CacheUse::Off, "no Host");
         no_host.insert_header("host", "").unwrap();
         assert_eq!(request_use(&no_host), CacheUse::Off, "empty Host");
-        let mut long = RequestHeader::build("GET", format!("/{}", "a".repeat(MAX_CACHED_TARGET_BYTES)).as_bytes(), None).unwrap();
+        let mut long = RequestHeader::build(
+            "GET",
+            format!("/{}", "a".repeat(MAX_CACHED_TARGET_BYTES)).as_bytes(),
+            None,
+        )
+        .unwrap();
         long.insert_header("host", "shop.example").unwrap();
         assert_eq!(request_use(&long), CacheUse::Off, "target too long");
     }
@@ -219,8 +283,14 @@ mod tests {
     #[test]
     fn the_key_is_the_scheme_the_lower_case_host_and_the_path_with_query() {
         let key = cache_key(&req("GET", &[]), false);
-        assert_eq!(key.primary_key_str(), Some("http://shop.example\n/products/1?color=red"));
-        assert_eq!(cache_key(&req("GET", &[]), true).primary_key_str(), Some("https://shop.example\n/products/1?color=red"));
+        assert_eq!(
+            key.primary_key_str(),
+            Some("http://shop.example\n/products/1?color=red")
+        );
+        assert_eq!(
+            cache_key(&req("GET", &[]), true).primary_key_str(),
+            Some("https://shop.example\n/products/1?color=red")
+        );
         let mut other = req("GET", &[]);
         other.insert_header("host", "evil.example").unwrap();
         assert_ne!(cache_key(&other, false).primary_key(), key.primary_key());
@@ -229,30 +299,82 @@ mod tests {
     #[test]
     fn lifetimes_and_directives_decide_what_is_stored() {
         assert!(stored(CacheUse::Shared, &[("cache-control", "max-age=60")]));
-        assert!(stored(CacheUse::Shared, &[("cache-control", "s-maxage=60, max-age=0")]));
+        assert!(stored(
+            CacheUse::Shared,
+            &[("cache-control", "s-maxage=60, max-age=0")]
+        ));
         assert!(!stored(CacheUse::Shared, &[]), "no lifetime, no heuristic");
-        assert!(!stored(CacheUse::Shared, &[("cache-control", "private, max-age=60")]));
-        assert!(!stored(CacheUse::Shared, &[("cache-control", "no-store, max-age=60")]));
-        assert!(!stored(CacheUse::Shared, &[("cache-control", "max-age=60"), ("set-cookie", "sid=1")]));
-        assert!(!stored(CacheUse::Shared, &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding, *")]));
-        assert!(stored(CacheUse::Shared, &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding")]));
-        let error = response_cacheable(CacheUse::Shared, &resp(500, &[("cache-control", "max-age=60")]), &defaults());
+        assert!(!stored(
+            CacheUse::Shared,
+            &[("cache-control", "private, max-age=60")]
+        ));
+        assert!(!stored(
+            CacheUse::Shared,
+            &[("cache-control", "no-store, max-age=60")]
+        ));
+        assert!(!stored(
+            CacheUse::Shared,
+            &[("cache-control", "max-age=60"), ("set-cookie", "sid=1")]
+        ));
+        assert!(!stored(
+            CacheUse::Shared,
+            &[
+                ("cache-control", "max-age=60"),
+                ("vary", "Accept-Encoding, *")
+            ]
+        ));
+        assert!(stored(
+            CacheUse::Shared,
+            &[("cache-control", "max-age=60"), ("vary", "Accept-Encoding")]
+        ));
+        let error = response_cacheable(
+            CacheUse::Shared,
+            &resp(500, &[("cache-control", "max-age=60")]),
+            &defaults(),
+        );
         assert!(!error.is_cacheable());
     }
 
     #[test]
     fn credentialed_answers_are_stored_only_when_public() {
-        assert!(!stored(CacheUse::Credentialed, &[("cache-control", "max-age=60")]));
-        assert!(stored(CacheUse::Credentialed, &[("cache-control", "public, max-age=60")]));
-        assert!(stored(CacheUse::Credentialed, &[("cache-control", "s-maxage=60")]));
-        match response_cacheable(CacheUse::Credentialed, &resp(200, &[("cache-control", "max-age=60")]), &defaults()) {
-            RespCacheable::Uncacheable(NoCacheReason::Custom(reason)) => assert_eq!(reason, CREDENTIALED),
+        assert!(!stored(
+            CacheUse::Credentialed,
+            &[("cache-control", "max-age=60")]
+        ));
+        assert!(stored(
+            CacheUse::Credentialed,
+            &[("cache-control", "public, max-age=60")]
+        ));
+        assert!(stored(
+            CacheUse::Credentialed,
+            &[("cache-control", "s-maxage=60")]
+        ));
+        match response_cacheable(
+            CacheUse::Credentialed,
+            &resp(200, &[("cache-control", "max-age=60")]),
+            &defaults(),
+        ) {
+            RespCacheable::Uncacheable(NoCacheReason::Custom(reason)) => {
+                assert_eq!(reason, CREDENTIALED)
+            }
             other => panic!("{other:?}"),
         }
-        assert!(shared_with_credentials(&resp(200, &[("cache-control", "public, max-age=5")])));
-        assert!(!shared_with_credentials(&resp(200, &[("cache-control", "max-age=5")])));
-        assert!(!shared_with_credentials(&resp(200, &[("cache-control", "max-age=60, must-revalidate")])));
-        assert!(!stored(CacheUse::Credentialed, &[("cache-control", "max-age=60, must-revalidate")]));
+        assert!(shared_with_credentials(&resp(
+            200,
+            &[("cache-control", "public, max-age=5")]
+        )));
+        assert!(!shared_with_credentials(&resp(
+            200,
+            &[("cache-control", "max-age=5")]
+        )));
+        assert!(!shared_with_credentials(&resp(
+            200,
+            &[("cache-control", "max-age=60, must-revalidate")]
+        )));
+        assert!(!stored(
+            CacheUse::Credentialed,
+            &[("cache-control", "max-age=60, must-revalidate")]
+        ));
     }
 
     #[test]
@@ -262,8 +384,14 @@ mod tests {
         let gzip = variance(&meta, &req("GET", &[("accept-encoding", "gzip")]));
         let br = variance(&meta, &req("GET", &[("accept-encoding", "br")]));
         assert!(gzip.is_some() && br.is_some() && gzip != br);
-        assert_eq!(gzip, variance(&meta, &req("GET", &[("accept-encoding", "gzip")])));
+        assert_eq!(
+            gzip,
+            variance(&meta, &req("GET", &[("accept-encoding", "gzip")]))
+        );
         let plain = CacheMeta::new(now, now, 0, 0, resp(200, &[]));
-        assert_eq!(variance(&plain, &req("GET", &[("accept-encoding", "gzip")])), None);
+        assert_eq!(
+            variance(&plain, &req("GET", &[("accept-encoding", "gzip")])),
+            None
+        );
     }
 }

@@ -80,20 +80,46 @@ fn target(body: PurgeBody) -> Result<PurgeTarget, &'static str> {
 }
 
 /// The handler of `POST /cache/purge`.
-pub async fn purge(State(api): State<PurgeApi>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    let authorization = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if !api.admin_token.as_deref().is_some_and(|token| bearer_matches(authorization, token)) {
-        let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", "send Authorization: Bearer <FLASHGATE_ADMIN_TOKEN>");
+pub async fn purge(
+    State(api): State<PurgeApi>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let authorization = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !api
+        .admin_token
+        .as_deref()
+        .is_some_and(|token| bearer_matches(authorization, token))
+    {
+        let mut response = error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send Authorization: Bearer <FLASHGATE_ADMIN_TOKEN>",
+        );
         let challenge = HeaderValue::from_static(bearer_challenge(authorization));
-        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, challenge);
+        response
+            .headers_mut()
+            .insert(http::header::WWW_AUTHENTICATE, challenge);
         return response;
     }
     let Some(cache) = api.cache else {
-        return error(StatusCode::NOT_FOUND, "cache_off", "the shop cache is off (shop.cache.enabled = false)");
+        return error(
+            StatusCode::NOT_FOUND,
+            "cache_off",
+            "the shop cache is off (shop.cache.enabled = false)",
+        );
     };
     let body: PurgeBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
-        Err(_) => return error(StatusCode::BAD_REQUEST, "bad_request", "body must be {\"url\": \"/path\"} or {\"prefix\": \"/path\"}"),
+        Err(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "body must be {\"url\": \"/path\"} or {\"prefix\": \"/path\"}",
+            )
+        }
     };
     let target = match target(body) {
         Ok(t) => t,
@@ -101,8 +127,17 @@ pub async fn purge(State(api): State<PurgeApi>, headers: HeaderMap, body: axum::
     };
     let purged = cache.purge(&target);
     let announced = announce(&api.redis, &target.event(&cache.id)).await;
-    tracing::info!(kind = target.label(), purged, announced, "shop cache purged");
-    (StatusCode::OK, Json(json!({ "kind": target.label(), "purged": purged, "announced": announced }))).into_response()
+    tracing::info!(
+        kind = target.label(),
+        purged,
+        announced,
+        "shop cache purged"
+    );
+    (
+        StatusCode::OK,
+        Json(json!({ "kind": target.label(), "purged": purged, "announced": announced })),
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -110,13 +145,22 @@ mod tests {
     use super::*;
 
     fn body(url: Option<&str>, prefix: Option<&str>) -> PurgeBody {
-        PurgeBody { url: url.map(str::to_owned), prefix: prefix.map(str::to_owned) }
+        PurgeBody {
+            url: url.map(str::to_owned),
+            prefix: prefix.map(str::to_owned),
+        }
     }
 
     #[test]
     fn a_purge_names_exactly_one_path() {
-        assert_eq!(target(body(Some("/a?b=1"), None)), Ok(PurgeTarget::Url("/a?b=1".into())));
-        assert_eq!(target(body(None, Some("/p/"))), Ok(PurgeTarget::Prefix("/p/".into())));
+        assert_eq!(
+            target(body(Some("/a?b=1"), None)),
+            Ok(PurgeTarget::Url("/a?b=1".into()))
+        );
+        assert_eq!(
+            target(body(None, Some("/p/"))),
+            Ok(PurgeTarget::Prefix("/p/".into()))
+        );
         assert!(target(body(None, None)).is_err());
         assert!(target(body(Some("/a"), Some("/b"))).is_err());
         assert!(target(body(Some("http://x/a"), None)).is_err());

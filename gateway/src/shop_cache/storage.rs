@@ -33,7 +33,10 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use pingora::cache::key::{CacheHashKey, CompactCacheKey};
-use pingora::cache::storage::{HandleHit, HandleMiss, HitHandler, MissFinishType, MissHandler, PurgeOutcome, PurgeTarget, PurgeType};
+use pingora::cache::storage::{
+    HandleHit, HandleMiss, HitHandler, MissFinishType, MissHandler, PurgeOutcome, PurgeTarget,
+    PurgeType,
+};
 use pingora::cache::trace::SpanHandle;
 use pingora::cache::{CacheKey, CacheMeta, Storage};
 use pingora::{Error, ErrorType, Result};
@@ -124,7 +127,12 @@ impl MemoryStore {
             if next > self.fill_budget {
                 return Err(internal("fills in progress hold their whole budget"));
             }
-            match self.filling.compare_exchange_weak(held, next, Ordering::Relaxed, Ordering::Relaxed) {
+            match self.filling.compare_exchange_weak(
+                held,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Ok(()),
                 Err(now) => held = now,
             }
@@ -140,7 +148,10 @@ impl MemoryStore {
     /// (for the eviction manager). Runs over all entries under the write
     /// lock: entries are bounded by `shop.cache.max_bytes`, and purges are
     /// rare operator actions.
-    pub fn purge_where(&self, matches: impl Fn(&str) -> bool + Send + Sync + 'static) -> Vec<CompactCacheKey> {
+    pub fn purge_where(
+        &self,
+        matches: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Vec<CompactCacheKey> {
         let matches: PathMatch = Arc::new(matches);
         let mut removed = Vec::new();
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
@@ -167,8 +178,12 @@ impl MemoryStore {
     }
 
     fn publish(&self, entries: &HashMap<u128, Entry>) {
-        self.gauges.bytes.set(i64::try_from(self.bytes()).unwrap_or(i64::MAX));
-        self.gauges.objects.set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
+        self.gauges
+            .bytes
+            .set(i64::try_from(self.bytes()).unwrap_or(i64::MAX));
+        self.gauges
+            .objects
+            .set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
     }
 
     fn insert(&self, epoch: u64, entry: Entry) -> bool {
@@ -179,7 +194,11 @@ impl MemoryStore {
         if self.purge_epoch.load(Ordering::SeqCst) != epoch {
             let recent = self.recent_purges.lock().unwrap_or_else(|p| p.into_inner());
             let known = recent.front().is_some_and(|(first, _)| *first <= epoch + 1);
-            if !known || recent.iter().any(|(e, matches)| *e > epoch && matches(&entry.path)) {
+            if !known
+                || recent
+                    .iter()
+                    .any(|(e, matches)| *e > epoch && matches(&entry.path))
+            {
                 return false;
             }
         }
@@ -194,7 +213,10 @@ impl MemoryStore {
     /// Whether `key` is stored now (complete: fills become visible only
     /// when finished).
     pub fn holds(&self, key: &impl CacheHashKey) -> bool {
-        self.entries.read().unwrap_or_else(|p| p.into_inner()).contains_key(&slot(key))
+        self.entries
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&slot(key))
     }
 
     fn remove(&self, key: &CompactCacheKey) -> bool {
@@ -210,26 +232,54 @@ impl MemoryStore {
 
 #[async_trait]
 impl Storage for MemoryStore {
-    async fn lookup(&'static self, key: &CacheKey, _trace: &SpanHandle) -> Result<Option<(CacheMeta, HitHandler)>> {
+    async fn lookup(
+        &'static self,
+        key: &CacheKey,
+        _trace: &SpanHandle,
+    ) -> Result<Option<(CacheMeta, HitHandler)>> {
         let found = {
             let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
-            entries.get(&slot(key)).map(|e| (e.meta.clone(), e.body.clone(), e.size))
+            entries
+                .get(&slot(key))
+                .map(|e| (e.meta.clone(), e.body.clone(), e.size))
         };
-        let Some((meta, body, size)) = found else { return Ok(None) };
+        let Some((meta, body, size)) = found else {
+            return Ok(None);
+        };
         let meta = CacheMeta::deserialize(&meta.0, &meta.1)?;
         let end = body.len();
-        Ok(Some((meta, Box::new(Hit { body, size, done: false, start: 0, end }))))
+        Ok(Some((
+            meta,
+            Box::new(Hit {
+                body,
+                size,
+                done: false,
+                start: 0,
+                end,
+            }),
+        )))
     }
 
-    async fn get_miss_handler(&'static self, key: &CacheKey, meta: &CacheMeta, _trace: &SpanHandle) -> Result<MissHandler> {
-        let path = key.primary_key_str().and_then(|k| k.split_once(KEY_SEPARATOR)).map_or("", |(_, path)| path);
+    async fn get_miss_handler(
+        &'static self,
+        key: &CacheKey,
+        meta: &CacheMeta,
+        _trace: &SpanHandle,
+    ) -> Result<MissHandler> {
+        let path = key
+            .primary_key_str()
+            .and_then(|k| k.split_once(KEY_SEPARATOR))
+            .map_or("", |(_, path)| path);
         let meta = meta.serialize()?;
         let base = meta.0.len() + meta.1.len() + path.len() + ENTRY_OVERHEAD;
         // Over budget, the fill is abandoned from the start: the response
         // still reaches the client, it is just not stored.
         let abandoned = self.reserve(base).is_err();
         Ok(Box::new(Fill {
-            reserved: Reserved { store: self, bytes: if abandoned { 0 } else { base } },
+            reserved: Reserved {
+                store: self,
+                bytes: if abandoned { 0 } else { base },
+            },
             abandoned,
             epoch: self.purge_epoch.load(Ordering::SeqCst),
             meta,
@@ -240,7 +290,12 @@ impl Storage for MemoryStore {
         }))
     }
 
-    async fn purge(&'static self, target: PurgeTarget<'_>, kind: PurgeType, _trace: &SpanHandle) -> Result<PurgeOutcome> {
+    async fn purge(
+        &'static self,
+        target: PurgeTarget<'_>,
+        kind: PurgeType,
+        _trace: &SpanHandle,
+    ) -> Result<PurgeOutcome> {
         if !self.remove(target.key()) {
             return Ok(PurgeOutcome::NotFound);
         }
@@ -250,9 +305,15 @@ impl Storage for MemoryStore {
         Ok(PurgeOutcome::Purged(None))
     }
 
-    async fn expire(&'static self, target: PurgeTarget<'_>, _trace: &SpanHandle) -> Result<PurgeOutcome> {
+    async fn expire(
+        &'static self,
+        target: PurgeTarget<'_>,
+        _trace: &SpanHandle,
+    ) -> Result<PurgeOutcome> {
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
-        let Some(entry) = entries.get_mut(&slot(target.key())) else { return Ok(PurgeOutcome::NotFound) };
+        let Some(entry) = entries.get_mut(&slot(target.key())) else {
+            return Ok(PurgeOutcome::NotFound);
+        };
         let mut meta = CacheMeta::deserialize(&entry.meta.0, &entry.meta.1)?;
         meta.expire_at(SystemTime::now());
         entry.meta = meta.serialize()?;
@@ -261,12 +322,19 @@ impl Storage for MemoryStore {
 
     /// A revalidated (304) response's new freshness. The entry may have been
     /// purged or evicted meanwhile: then there is nothing to update.
-    async fn update_meta(&'static self, key: &CacheKey, meta: &CacheMeta, _trace: &SpanHandle) -> Result<bool> {
+    async fn update_meta(
+        &'static self,
+        key: &CacheKey,
+        meta: &CacheMeta,
+        _trace: &SpanHandle,
+    ) -> Result<bool> {
         let meta = meta.serialize()?;
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         let updated = match entries.get_mut(&slot(key)) {
             Some(entry) => {
-                let size = entry.size - entry.meta.0.len() - entry.meta.1.len() + meta.0.len() + meta.1.len();
+                let size = entry.size - entry.meta.0.len() - entry.meta.1.len()
+                    + meta.0.len()
+                    + meta.1.len();
                 self.bytes.fetch_add(size, Ordering::Relaxed);
                 self.bytes.fetch_sub(entry.size, Ordering::Relaxed);
                 entry.size = size;
@@ -307,7 +375,12 @@ impl HandleHit for Hit {
         Ok(Some(self.body.slice(self.start..self.end)))
     }
 
-    async fn finish(self: Box<Self>, _storage: &'static (dyn Storage + Sync), _key: &CacheKey, _trace: &SpanHandle) -> Result<()> {
+    async fn finish(
+        self: Box<Self>,
+        _storage: &'static (dyn Storage + Sync),
+        _key: &CacheKey,
+        _trace: &SpanHandle,
+    ) -> Result<()> {
         Ok(())
     }
 
@@ -320,7 +393,9 @@ impl HandleHit for Hit {
             return Err(internal("range start past the body"));
         }
         self.start = start;
-        self.end = end.map_or(self.body.len(), |e| e.min(self.body.len())).max(start);
+        self.end = end
+            .map_or(self.body.len(), |e| e.min(self.body.len()))
+            .max(start);
         self.done = false;
         Ok(())
     }
@@ -371,7 +446,10 @@ impl HandleMiss for Fill {
             return Err(internal("body written after its end"));
         }
         if self.body.len() + data.len() > self.reserved.store.max_object_bytes {
-            return Err(Error::explain(ErrorType::InternalError, "response larger than shop.cache.max_object_bytes"));
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "response larger than shop.cache.max_object_bytes",
+            ));
         }
         self.done |= eof;
         if self.abandoned {
@@ -381,7 +459,10 @@ impl HandleMiss for Fill {
             // Not an error: pingora would fail the client's response.
             self.abandoned = true;
             self.body = BytesMut::new();
-            self.reserved.store.filling.fetch_sub(std::mem::take(&mut self.reserved.bytes), Ordering::Relaxed);
+            self.reserved
+                .store
+                .filling
+                .fetch_sub(std::mem::take(&mut self.reserved.bytes), Ordering::Relaxed);
             return Ok(());
         }
         self.reserved.bytes += data.len();
@@ -395,7 +476,13 @@ impl HandleMiss for Fill {
         }
         let size = self.reserved.bytes;
         let store = self.reserved.store;
-        let entry = Entry { meta: self.meta, body: self.body.freeze(), size, path: self.path, key: self.key };
+        let entry = Entry {
+            meta: self.meta,
+            body: self.body.freeze(),
+            size,
+            path: self.path,
+            key: self.key,
+        };
         // A fill a purge overtook is dropped; the eviction manager then
         // tracks a key of weight 0 that is not stored, which costs nothing.
         let stored = store.insert(self.epoch, entry);
@@ -423,21 +510,37 @@ pub(super) mod tests {
 
     pub(in crate::shop_cache) fn meta() -> CacheMeta {
         let now = SystemTime::now();
-        CacheMeta::new(now + std::time::Duration::from_secs(60), now, 0, 0, ResponseHeader::build(200, None).unwrap())
+        CacheMeta::new(
+            now + std::time::Duration::from_secs(60),
+            now,
+            0,
+            0,
+            ResponseHeader::build(200, None).unwrap(),
+        )
     }
 
     pub(in crate::shop_cache) fn key(path: &str) -> CacheKey {
         CacheKey::new(format!("shop{KEY_SEPARATOR}{path}"), "")
     }
 
-    pub(in crate::shop_cache) async fn fill(store: &'static MemoryStore, path: &str, body: &'static [u8]) -> MissFinishType {
+    pub(in crate::shop_cache) async fn fill(
+        store: &'static MemoryStore,
+        path: &str,
+        body: &'static [u8],
+    ) -> MissFinishType {
         fill_key(store, &key(path), body).await
     }
 
     /// [`fill`] under any key (a `Vary` variant's, say).
-    pub(in crate::shop_cache) async fn fill_key(store: &'static MemoryStore, key: &CacheKey, body: &'static [u8]) -> MissFinishType {
+    pub(in crate::shop_cache) async fn fill_key(
+        store: &'static MemoryStore,
+        key: &CacheKey,
+        body: &'static [u8],
+    ) -> MissFinishType {
         let mut miss = store.get_miss_handler(key, &meta(), &nop()).await.unwrap();
-        miss.write_body(Bytes::from_static(body), true).await.unwrap();
+        miss.write_body(Bytes::from_static(body), true)
+            .await
+            .unwrap();
         miss.finish().await.unwrap()
     }
 
@@ -453,39 +556,66 @@ pub(super) mod tests {
         assert_eq!(hit.read_body().await.unwrap().unwrap(), "el");
         assert!(hit.seek(9, None).is_err());
         assert_eq!(store.gauges.objects.get(), 1);
-        assert_eq!(store.bytes(), usize::try_from(store.gauges.bytes.get()).unwrap());
+        assert_eq!(
+            store.bytes(),
+            usize::try_from(store.gauges.bytes.get()).unwrap()
+        );
     }
 
     #[tokio::test]
     async fn a_fill_overtaken_by_a_purge_is_not_stored_and_nothing_panics() {
         let store = store();
-        let mut miss = store.get_miss_handler(&key("/p"), &meta(), &nop()).await.unwrap();
-        miss.write_body(Bytes::from_static(b"old"), false).await.unwrap();
+        let mut miss = store
+            .get_miss_handler(&key("/p"), &meta(), &nop())
+            .await
+            .unwrap();
+        miss.write_body(Bytes::from_static(b"old"), false)
+            .await
+            .unwrap();
         assert!(store.purge_where(|p| p.starts_with("/p")).is_empty());
         miss.write_body(Bytes::new(), true).await.unwrap();
-        assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(0)));
+        assert!(matches!(
+            miss.finish().await.unwrap(),
+            MissFinishType::Created(0)
+        ));
         assert!(store.lookup(&key("/p"), &nop()).await.unwrap().is_none());
         // Revalidating an entry that is gone is not an error.
-        assert!(!store.update_meta(&key("/p"), &meta(), &nop()).await.unwrap());
+        assert!(!store
+            .update_meta(&key("/p"), &meta(), &nop())
+            .await
+            .unwrap());
         assert_eq!(store.bytes(), 0);
     }
 
     #[tokio::test]
     async fn a_purge_of_another_url_keeps_a_fill_in_progress() {
         let store = store();
-        let mut miss = store.get_miss_handler(&key("/kept"), &meta(), &nop()).await.unwrap();
-        miss.write_body(Bytes::from_static(b"new"), false).await.unwrap();
+        let mut miss = store
+            .get_miss_handler(&key("/kept"), &meta(), &nop())
+            .await
+            .unwrap();
+        miss.write_body(Bytes::from_static(b"new"), false)
+            .await
+            .unwrap();
         store.purge_where(|p| p == "/other");
         miss.write_body(Bytes::new(), true).await.unwrap();
         assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(n) if n > 0));
         assert!(store.lookup(&key("/kept"), &nop()).await.unwrap().is_some());
         // Past the purges remembered, a fill cannot tell: it is dropped.
-        let mut miss = store.get_miss_handler(&key("/old"), &meta(), &nop()).await.unwrap();
+        let mut miss = store
+            .get_miss_handler(&key("/old"), &meta(), &nop())
+            .await
+            .unwrap();
         for _ in 0..=RECENT_PURGES {
             store.purge_where(|p| p == "/other");
         }
-        miss.write_body(Bytes::from_static(b"x"), true).await.unwrap();
-        assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(0)));
+        miss.write_body(Bytes::from_static(b"x"), true)
+            .await
+            .unwrap();
+        assert!(matches!(
+            miss.finish().await.unwrap(),
+            MissFinishType::Created(0)
+        ));
     }
 
     #[tokio::test]
@@ -496,10 +626,17 @@ pub(super) mod tests {
         }
         assert_eq!(store.purge_where(|p| p.starts_with("/products/")).len(), 2);
         assert!(store.lookup(&key("/cart"), &nop()).await.unwrap().is_some());
-        assert!(store.lookup(&key("/products/1"), &nop()).await.unwrap().is_none());
+        assert!(store
+            .lookup(&key("/products/1"), &nop())
+            .await
+            .unwrap()
+            .is_none());
         let cart = key("/cart").to_compact();
         let entry = pingora::cache::CacheEntryKey::key_only(cart);
-        let gone = store.purge(PurgeTarget::Exact(&entry), PurgeType::Eviction, &nop()).await.unwrap();
+        let gone = store
+            .purge(PurgeTarget::Exact(&entry), PurgeType::Eviction, &nop())
+            .await
+            .unwrap();
         assert_eq!(gone, PurgeOutcome::Purged(None));
         assert_eq!((store.bytes(), store.gauges.evictions.get()), (0, 1));
     }
@@ -509,19 +646,33 @@ pub(super) mod tests {
         let store = store();
         let mut fills = Vec::new();
         for i in 0..8 {
-            let mut miss = store.get_miss_handler(&key(&format!("/f{i}")), &meta(), &nop()).await.unwrap();
+            let mut miss = store
+                .get_miss_handler(&key(&format!("/f{i}")), &meta(), &nop())
+                .await
+                .unwrap();
             // Past the budget a fill is abandoned, not failed.
-            miss.write_body(Bytes::from(vec![0; 512]), false).await.unwrap();
+            miss.write_body(Bytes::from(vec![0; 512]), false)
+                .await
+                .unwrap();
             assert!(store.filling() <= 4096, "{} held by fills", store.filling());
             fills.push(miss);
         }
-        assert!(store.filling() > 4096 - 1024, "{} held by fills", store.filling());
+        assert!(
+            store.filling() > 4096 - 1024,
+            "{} held by fills",
+            store.filling()
+        );
         let last = fills.pop().unwrap();
-        assert!(matches!(last.finish().await.unwrap(), MissFinishType::Created(0)), "an abandoned fill is not stored");
+        assert!(
+            matches!(last.finish().await.unwrap(), MissFinishType::Created(0)),
+            "an abandoned fill is not stored"
+        );
         assert!(store.lookup(&key("/f7"), &nop()).await.unwrap().is_none());
         drop(fills);
         assert_eq!(store.filling(), 0, "abandoned fills give their budget back");
-        assert!(matches!(fill(store, "/after", b"x").await, MissFinishType::Created(n) if n >= ENTRY_OVERHEAD + "/after".len()));
+        assert!(
+            matches!(fill(store, "/after", b"x").await, MissFinishType::Created(n) if n >= ENTRY_OVERHEAD + "/after".len())
+        );
         assert_eq!(store.filling(), 0);
     }
 
@@ -531,18 +682,32 @@ pub(super) mod tests {
         fill(store, "/r", b"x").await;
         let before = store.bytes();
         let mut header = ResponseHeader::build(200, None).unwrap();
-        header.insert_header("etag", "\"a-rather-long-entity-tag-value\"").unwrap();
+        header
+            .insert_header("etag", "\"a-rather-long-entity-tag-value\"")
+            .unwrap();
         let now = SystemTime::now();
         let longer = CacheMeta::new(now + std::time::Duration::from_secs(60), now, 0, 0, header);
-        assert!(store.update_meta(&key("/r"), &longer, &nop()).await.unwrap());
+        assert!(store
+            .update_meta(&key("/r"), &longer, &nop())
+            .await
+            .unwrap());
         assert!(store.bytes() > before, "{} after {before}", store.bytes());
-        assert_eq!(store.bytes(), usize::try_from(store.gauges.bytes.get()).unwrap());
+        assert_eq!(
+            store.bytes(),
+            usize::try_from(store.gauges.bytes.get()).unwrap()
+        );
     }
 
     #[tokio::test]
     async fn a_body_over_the_object_limit_is_refused() {
         let store = store();
-        let mut miss = store.get_miss_handler(&key("/big"), &meta(), &nop()).await.unwrap();
-        assert!(miss.write_body(Bytes::from(vec![0; 2048]), true).await.is_err());
+        let mut miss = store
+            .get_miss_handler(&key("/big"), &meta(), &nop())
+            .await
+            .unwrap();
+        assert!(miss
+            .write_body(Bytes::from(vec![0; 2048]), true)
+            .await
+            .is_err());
     }
 }

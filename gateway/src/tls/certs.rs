@@ -25,21 +25,46 @@ use pingora::tls::ext::{ssl_add_chain_cert, ssl_use_certificate, ssl_use_private
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     #[error("{key}: cannot read {path}: {source}")]
-    Read { key: String, path: String, source: std::io::Error },
+    Read {
+        key: String,
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{key}: {path} is not a PEM certificate chain: {source}")]
-    BadCert { key: String, path: String, source: ErrorStack },
+    BadCert {
+        key: String,
+        path: String,
+        source: ErrorStack,
+    },
     #[error("{key}: {path} holds no certificate")]
     NoCert { key: String, path: String },
     #[error("{key}: {path} is not a PEM private key: {source}")]
-    BadKey { key: String, path: String, source: ErrorStack },
+    BadKey {
+        key: String,
+        path: String,
+        source: ErrorStack,
+    },
     #[error("{key}: the key in {key_path} does not match the certificate in {cert_path}")]
-    KeyMismatch { key: String, key_path: String, cert_path: String },
+    KeyMismatch {
+        key: String,
+        key_path: String,
+        cert_path: String,
+    },
     #[error("{key}: the certificate in {path} names no DNS name in its subjectAltName, so no SNI can choose it")]
     NoNames { key: String, path: String },
     #[error("{key}: the certificate in {path} is not valid now (valid from {not_before} to {not_after}, Unix seconds)")]
-    NotValidNow { key: String, path: String, not_before: i64, not_after: i64 },
+    NotValidNow {
+        key: String,
+        path: String,
+        not_before: i64,
+        not_after: i64,
+    },
     #[error("{key}: in {path}, certificate {index} of the chain is not signed by the next one (leaf first, then its issuers in order)")]
-    BrokenChain { key: String, path: String, index: usize },
+    BrokenChain {
+        key: String,
+        path: String,
+        index: usize,
+    },
 }
 
 /// How far in the future a new certificate's start may be: an issuer's
@@ -64,7 +89,12 @@ impl Certified {
     /// the leaf valid now (its start up to [`NOT_BEFORE_SKEW_SECS`] ahead),
     /// each certificate signed by the next, the key the leaf's. Errors name
     /// `files`' keys.
-    fn from_pem(files: &TlsFiles, cert_pem: &[u8], key_pem: &[u8], now: i64) -> Result<Self, CertError> {
+    fn from_pem(
+        files: &TlsFiles,
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        now: i64,
+    ) -> Result<Self, CertError> {
         let cert_key = format!("{}.cert_file", files.key_path);
         let key_key = format!("{}.key_file", files.key_path);
         let cert_path = files.cert_file.display().to_string();
@@ -75,16 +105,34 @@ impl Certified {
             source,
         })?;
         let Some(leaf) = chain.first() else {
-            return Err(CertError::NoCert { key: cert_key, path: cert_path });
+            return Err(CertError::NoCert {
+                key: cert_key,
+                path: cert_path,
+            });
         };
-        let (not_before, not_after) = (unix_seconds(leaf.not_before()).unwrap_or(i64::MAX), unix_seconds(leaf.not_after()).unwrap_or(0));
+        let (not_before, not_after) = (
+            unix_seconds(leaf.not_before()).unwrap_or(i64::MAX),
+            unix_seconds(leaf.not_after()).unwrap_or(0),
+        );
         if not_before > now + NOT_BEFORE_SKEW_SECS || not_after <= now {
-            return Err(CertError::NotValidNow { key: cert_key, path: cert_path, not_before, not_after });
+            return Err(CertError::NotValidNow {
+                key: cert_key,
+                path: cert_path,
+                not_before,
+                not_after,
+            });
         }
         for (index, pair) in chain.windows(2).enumerate() {
-            let signed = pair[1].public_key().and_then(|issuer| pair[0].verify(&issuer)).unwrap_or(false);
+            let signed = pair[1]
+                .public_key()
+                .and_then(|issuer| pair[0].verify(&issuer))
+                .unwrap_or(false);
             if !signed {
-                return Err(CertError::BrokenChain { key: cert_key, path: cert_path, index });
+                return Err(CertError::BrokenChain {
+                    key: cert_key,
+                    path: cert_path,
+                    index,
+                });
             }
         }
         let key = PKey::private_key_from_pem(key_pem).map_err(|source| CertError::BadKey {
@@ -94,13 +142,30 @@ impl Certified {
         })?;
         let matches = leaf.public_key().is_ok_and(|public| public.public_eq(&key));
         if !matches {
-            return Err(CertError::KeyMismatch { key: key_key, key_path, cert_path });
+            return Err(CertError::KeyMismatch {
+                key: key_key,
+                key_path,
+                cert_path,
+            });
         }
         let sans = leaf.subject_alt_names();
         let sans: Vec<&GeneralNameRef> = sans.iter().flatten().collect();
-        let names = sans.iter().filter_map(|n| n.dnsname()).map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect();
-        let ips = sans.iter().filter_map(|n| ip_from_san(n.ipaddress()?)).collect();
-        Ok(Self { chain, key, names, ips, not_after_unix: not_after })
+        let names = sans
+            .iter()
+            .filter_map(|n| n.dnsname())
+            .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
+            .collect();
+        let ips = sans
+            .iter()
+            .filter_map(|n| ip_from_san(n.ipaddress()?))
+            .collect();
+        Ok(Self {
+            chain,
+            key,
+            names,
+            ips,
+            not_after_unix: not_after,
+        })
     }
 
     /// Puts this chain and key on the handshake.
@@ -140,7 +205,10 @@ fn unix_seconds(t: &Asn1TimeRef) -> Option<i64> {
 /// # Errors
 /// The first file that cannot be read, named by its key.
 pub fn read_all(config: &TlsConfig) -> Result<FileBytes, CertError> {
-    std::iter::once(&config.default).chain(&config.certificates).map(read_pair).collect()
+    std::iter::once(&config.default)
+        .chain(&config.certificates)
+        .map(read_pair)
+        .collect()
 }
 
 /// Both files of a pair, as bytes.
@@ -152,7 +220,10 @@ fn read_pair(files: &TlsFiles) -> Result<(Vec<u8>, Vec<u8>), CertError> {
             source,
         })
     };
-    Ok((read("cert_file", &files.cert_file)?, read("key_file", &files.key_file)?))
+    Ok((
+        read("cert_file", &files.cert_file)?,
+        read("key_file", &files.key_file)?,
+    ))
 }
 
 /// The bytes of every file of a set, in config order (default first):
@@ -186,12 +257,20 @@ impl CertSet {
     /// # Errors
     /// The first file that cannot be used, named by its key.
     pub fn from_bytes(config: &TlsConfig, bytes: FileBytes) -> Result<Self, CertError> {
-        let mut all = std::iter::once(&config.default).chain(&config.certificates).zip(&bytes);
+        let mut all = std::iter::once(&config.default)
+            .chain(&config.certificates)
+            .zip(&bytes);
         let Some((files, (cert, key))) = all.next() else {
-            return Err(CertError::NoCert { key: "gateway.tls.cert_file".into(), path: config.default.cert_file.display().to_string() });
+            return Err(CertError::NoCert {
+                key: "gateway.tls.cert_file".into(),
+                path: config.default.cert_file.display().to_string(),
+            });
         };
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()).try_into().unwrap_or(i64::MAX);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .try_into()
+            .unwrap_or(i64::MAX);
         let default = Arc::new(Certified::from_pem(files, cert, key, now)?);
         let mut by_name = HashMap::new();
         for (files, (cert, key)) in all {
@@ -203,16 +282,24 @@ impl CertSet {
                 });
             }
             for name in &certified.names {
-                by_name.entry(name.clone()).or_insert_with(|| certified.clone());
+                by_name
+                    .entry(name.clone())
+                    .or_insert_with(|| certified.clone());
             }
         }
-        Ok(Self { default, by_name, loaded_from: bytes })
+        Ok(Self {
+            default,
+            by_name,
+            loaded_from: bytes,
+        })
     }
 
     /// The certificate for an SNI name: an exact SAN match, else a
     /// wildcard covering its first label, else the default.
     pub fn select(&self, server_name: Option<&str>) -> &Certified {
-        let Some(name) = server_name else { return &self.default };
+        let Some(name) = server_name else {
+            return &self.default;
+        };
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         if let Some(c) = self.by_name.get(&name) {
             return c;
@@ -233,20 +320,38 @@ impl CertSet {
     pub fn covers(&self, host: &str) -> bool {
         let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
         let all = || std::iter::once(&self.default).chain(self.by_name.values());
-        if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+        {
             return all().any(|c| c.ips.contains(&ip));
         }
-        let wildcard = host.split_once('.').map(|(_, parent)| format!("*.{parent}"));
-        if self.by_name.contains_key(&host) || wildcard.as_ref().is_some_and(|w| self.by_name.contains_key(w)) {
+        let wildcard = host
+            .split_once('.')
+            .map(|(_, parent)| format!("*.{parent}"));
+        if self.by_name.contains_key(&host)
+            || wildcard
+                .as_ref()
+                .is_some_and(|w| self.by_name.contains_key(w))
+        {
             return true;
         }
-        self.default.names.iter().any(|n| *n == host || wildcard.as_ref() == Some(n))
+        self.default
+            .names
+            .iter()
+            .any(|n| *n == host || wildcard.as_ref() == Some(n))
     }
 
     /// When the first certificate of the set expires, in Unix seconds
     /// (`flashgate_tls_certificate_expiry_timestamp_seconds`).
     pub fn earliest_expiry_unix(&self) -> i64 {
-        self.by_name.values().map(|c| c.not_after_unix).chain([self.default.not_after_unix]).min().unwrap_or(0)
+        self.by_name
+            .values()
+            .map(|c| c.not_after_unix)
+            .chain([self.default.not_after_unix])
+            .min()
+            .unwrap_or(0)
     }
 
     /// The DNS names of the default certificate (for the log).
@@ -278,53 +383,82 @@ mod tests {
     /// A self-signed certificate for `names` (CN = the first) and its key, as PEM.
     fn self_signed(names: &[&str]) -> (Vec<u8>, Vec<u8>) {
         let (cert, key) = signed(names, (-60, 86_400), None);
-        (cert.to_pem().unwrap(), key.private_key_to_pem_pkcs8().unwrap())
+        (
+            cert.to_pem().unwrap(),
+            key.private_key_to_pem_pkcs8().unwrap(),
+        )
     }
 
     /// A certificate for `names` valid from/to `validity` seconds around
     /// now, signed by `issuer` (else by itself), and its key.
-    fn signed(names: &[&str], validity: (i64, i64), issuer: Option<(&X509, &PKey<Private>)>) -> (X509, PKey<Private>) {
-        let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
+    fn signed(
+        names: &[&str],
+        validity: (i64, i64),
+        issuer: Option<(&X509, &PKey<Private>)>,
+    ) -> (X509, PKey<Private>) {
+        let key = PKey::from_ec_key(
+            EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap(),
+        )
+        .unwrap();
         let mut name = X509Name::builder().unwrap();
-        name.append_entry_by_nid(Nid::COMMONNAME, names.first().copied().unwrap_or("none")).unwrap();
+        name.append_entry_by_nid(Nid::COMMONNAME, names.first().copied().unwrap_or("none"))
+            .unwrap();
         let name = name.build();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
         let mut b = X509Builder::new().unwrap();
         b.set_version(2).unwrap();
         b.set_subject_name(&name).unwrap();
-        b.set_issuer_name(issuer.map_or(&*name, |(c, _)| c.subject_name())).unwrap();
-        b.set_not_before(&Asn1Time::from_unix(now + validity.0).unwrap()).unwrap();
-        b.set_not_after(&Asn1Time::from_unix(now + validity.1).unwrap()).unwrap();
+        b.set_issuer_name(issuer.map_or(&*name, |(c, _)| c.subject_name()))
+            .unwrap();
+        b.set_not_before(&Asn1Time::from_unix(now + validity.0).unwrap())
+            .unwrap();
+        b.set_not_after(&Asn1Time::from_unix(now + validity.1).unwrap())
+            .unwrap();
         b.set_pubkey(&key).unwrap();
         if !names.is_empty() {
             let mut san = SubjectAlternativeName::new();
             for n in names {
                 san.dns(n);
             }
-            b.append_extension(san.build(&b.x509v3_context(None, None)).unwrap()).unwrap();
+            b.append_extension(san.build(&b.x509v3_context(None, None)).unwrap())
+                .unwrap();
         }
-        b.sign(issuer.map_or(&key, |(_, k)| k), MessageDigest::sha256()).unwrap();
+        b.sign(issuer.map_or(&key, |(_, k)| k), MessageDigest::sha256())
+            .unwrap();
         (b.build(), key)
     }
 
     fn pem(chain: &[&X509], key: &PKey<Private>) -> (Vec<u8>, Vec<u8>) {
-        (chain.iter().flat_map(|c| c.to_pem().unwrap()).collect(), key.private_key_to_pem_pkcs8().unwrap())
+        (
+            chain.iter().flat_map(|c| c.to_pem().unwrap()).collect(),
+            key.private_key_to_pem_pkcs8().unwrap(),
+        )
     }
 
     #[test]
     fn a_leaf_outside_its_validity_window_is_refused_by_its_key() {
         let load = |validity| {
             let (cert, key) = signed(&["a.test"], validity, None);
-            CertSet::from_bytes(&config(1), vec![self_signed(&["d.test"]), pem(&[&cert], &key)])
+            CertSet::from_bytes(
+                &config(1),
+                vec![self_signed(&["d.test"]), pem(&[&cert], &key)],
+            )
         };
         let expired = load((-7200, -60)).err().unwrap().to_string();
         assert!(
-            expired.starts_with("gateway.tls.certificates[0].cert_file: the certificate in") && expired.contains("not valid now"),
+            expired.starts_with("gateway.tls.certificates[0].cert_file: the certificate in")
+                && expired.contains("not valid now"),
             "{expired}"
         );
         let premature = load((3600, 7200)).err().unwrap().to_string();
         assert!(premature.contains("not valid now"), "{premature}");
-        assert!(load((60, 7200)).is_ok(), "a start a minute ahead is clock skew");
+        assert!(
+            load((60, 7200)).is_ok(),
+            "a start a minute ahead is clock skew"
+        );
     }
 
     #[test]
@@ -338,7 +472,8 @@ mod tests {
         assert!(load(&[&leaf, &inter, &root]).is_ok());
         let err = load(&[&leaf, &other]).err().unwrap().to_string();
         assert!(
-            err.starts_with("gateway.tls.cert_file: in") && err.contains("certificate 0 of the chain is not signed by the next"),
+            err.starts_with("gateway.tls.cert_file: in")
+                && err.contains("certificate 0 of the chain is not signed by the next"),
             "{err}"
         );
         let err = load(&[&leaf, &root, &inter]).err().unwrap().to_string();
@@ -348,14 +483,20 @@ mod tests {
     }
 
     fn files(key_path: &str) -> TlsFiles {
-        TlsFiles { key_path: key_path.into(), cert_file: PathBuf::from("c.pem"), key_file: PathBuf::from("k.pem") }
+        TlsFiles {
+            key_path: key_path.into(),
+            cert_file: PathBuf::from("c.pem"),
+            key_file: PathBuf::from("k.pem"),
+        }
     }
 
     fn config(extra: usize) -> TlsConfig {
         TlsConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             default: files("gateway.tls"),
-            certificates: (0..extra).map(|i| files(&format!("gateway.tls.certificates[{i}]"))).collect(),
+            certificates: (0..extra)
+                .map(|i| files(&format!("gateway.tls.certificates[{i}]")))
+                .collect(),
             redirect_http: false,
             redirect_port: 443,
             reload_interval: Duration::from_secs(1),
@@ -363,7 +504,11 @@ mod tests {
     }
 
     fn cn(c: &Certified) -> String {
-        let entry = c.chain[0].subject_name().entries_by_nid(Nid::COMMONNAME).next().unwrap();
+        let entry = c.chain[0]
+            .subject_name()
+            .entries_by_nid(Nid::COMMONNAME)
+            .next()
+            .unwrap();
         entry.data().to_string().unwrap()
     }
 
@@ -380,25 +525,55 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cn(set.select(Some("shop.test"))), "shop.test");
-        assert_eq!(cn(set.select(Some("WWW.Shop.Test."))), "shop.test", "names compare without case or the root dot");
+        assert_eq!(
+            cn(set.select(Some("WWW.Shop.Test."))),
+            "shop.test",
+            "names compare without case or the root dot"
+        );
         assert_eq!(cn(set.select(Some("eu.shop.test"))), "*.shop.test");
-        assert_eq!(cn(set.select(Some("a.eu.shop.test"))), "default.test", "a wildcard covers one label");
+        assert_eq!(
+            cn(set.select(Some("a.eu.shop.test"))),
+            "default.test",
+            "a wildcard covers one label"
+        );
         assert_eq!(cn(set.select(Some("other.test"))), "default.test");
         assert_eq!(cn(set.select(None)), "default.test");
-        assert_eq!(set.sni_names(), ["*.shop.test", "shop.test", "www.shop.test"], "a name claimed twice goes to the first");
+        assert_eq!(
+            set.sni_names(),
+            ["*.shop.test", "shop.test", "www.shop.test"],
+            "a name claimed twice goes to the first"
+        );
     }
 
     #[test]
     fn covers_the_san_names_wildcards_and_addresses_of_every_certificate() {
         let set = CertSet::from_bytes(
             &config(2),
-            vec![self_signed(&["default.test", "*.d.test"]), self_signed(&["shop.test"]), self_signed(&["*.b.test"])],
+            vec![
+                self_signed(&["default.test", "*.d.test"]),
+                self_signed(&["shop.test"]),
+                self_signed(&["*.b.test"]),
+            ],
         )
         .unwrap();
-        for host in ["default.test", "x.d.test", "shop.test", "SHOP.test.", "eu.b.test"] {
+        for host in [
+            "default.test",
+            "x.d.test",
+            "shop.test",
+            "SHOP.test.",
+            "eu.b.test",
+        ] {
             assert!(set.covers(host), "{host}");
         }
-        for host in ["other.test", "d.test", "a.x.d.test", "b.test", "127.0.0.1", "shop.test..", ""] {
+        for host in [
+            "other.test",
+            "d.test",
+            "a.x.d.test",
+            "b.test",
+            "127.0.0.1",
+            "shop.test..",
+            "",
+        ] {
             assert!(!set.covers(host), "{host}");
         }
     }
@@ -407,12 +582,32 @@ mod tests {
     fn a_key_of_another_certificate_or_a_certificate_without_names_is_refused_by_its_key() {
         let (a_cert, _) = self_signed(&["a.test"]);
         let (_, b_key) = self_signed(&["b.test"]);
-        let err = CertSet::from_bytes(&config(1), vec![self_signed(&["d.test"]), (a_cert, b_key)]).err().unwrap();
-        assert!(err.to_string().starts_with("gateway.tls.certificates[0].key_file: the key in"), "{err}");
-        let err = CertSet::from_bytes(&config(1), vec![self_signed(&["d.test"]), self_signed(&[])]).err().unwrap();
-        assert!(err.to_string().starts_with("gateway.tls.certificates[0].cert_file:"), "{err}");
-        let err = CertSet::from_bytes(&config(0), vec![(b"junk".to_vec(), b"junk".to_vec())]).err().unwrap();
-        assert!(err.to_string().starts_with("gateway.tls.cert_file:"), "{err}");
-        assert!(CertSet::from_bytes(&config(0), vec![self_signed(&[])]).is_ok(), "the default needs no name");
+        let err = CertSet::from_bytes(&config(1), vec![self_signed(&["d.test"]), (a_cert, b_key)])
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .starts_with("gateway.tls.certificates[0].key_file: the key in"),
+            "{err}"
+        );
+        let err = CertSet::from_bytes(&config(1), vec![self_signed(&["d.test"]), self_signed(&[])])
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .starts_with("gateway.tls.certificates[0].cert_file:"),
+            "{err}"
+        );
+        let err = CertSet::from_bytes(&config(0), vec![(b"junk".to_vec(), b"junk".to_vec())])
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().starts_with("gateway.tls.cert_file:"),
+            "{err}"
+        );
+        assert!(
+            CertSet::from_bytes(&config(0), vec![self_signed(&[])]).is_ok(),
+            "the default needs no name"
+        );
     }
 }

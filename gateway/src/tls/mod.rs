@@ -67,10 +67,20 @@ pub fn listener_settings(certs: Arc<ArcSwap<CertSet>>) -> pingora::Result<TlsSet
     let mut settings = TlsSettings::with_callbacks(Box::new(CertResolver { certs }))?;
     settings
         .set_min_proto_version(Some(SslVersion::TLS1_2))
-        .map_err(|e| pingora::Error::because(pingora::ErrorType::InternalError, "cannot set the minimum TLS version", e))?;
-    settings
-        .set_groups_list(GROUPS)
-        .map_err(|e| pingora::Error::because(pingora::ErrorType::InternalError, "cannot set the key exchange groups", e))?;
+        .map_err(|e| {
+            pingora::Error::because(
+                pingora::ErrorType::InternalError,
+                "cannot set the minimum TLS version",
+                e,
+            )
+        })?;
+    settings.set_groups_list(GROUPS).map_err(|e| {
+        pingora::Error::because(
+            pingora::ErrorType::InternalError,
+            "cannot set the key exchange groups",
+            e,
+        )
+    })?;
     settings.enable_h2();
     Ok(settings)
 }

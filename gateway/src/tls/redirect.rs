@@ -27,12 +27,21 @@ pub fn applies(method: &Method, path: &str, route: &Route<'_>) -> bool {
 /// into `Location` unchecked, and a browser is never sent to a name the
 /// HTTPS listener would fail its handshake for). A name's root dot is
 /// accepted and dropped, and the name is lower-cased.
-pub fn location(host: Option<&str>, path_and_query: &str, https_port: u16, covers: impl Fn(&str) -> bool) -> Option<String> {
+pub fn location(
+    host: Option<&str>,
+    path_and_query: &str,
+    https_port: u16,
+    covers: impl Fn(&str) -> bool,
+) -> Option<String> {
     let host = hostname(host?)?.to_ascii_lowercase();
     if !covers(&host) || !path_and_query.starts_with('/') {
         return None;
     }
-    let port = if https_port == 443 { String::new() } else { format!(":{https_port}") };
+    let port = if https_port == 443 {
+        String::new()
+    } else {
+        format!(":{https_port}")
+    };
     Some(format!("https://{host}{port}{path_and_query}"))
 }
 
@@ -42,8 +51,12 @@ fn hostname(value: &str) -> Option<&str> {
     let value = value.trim();
     if let Some(rest) = value.strip_prefix('[') {
         let (v6, after) = rest.split_once(']')?;
-        let port_ok = after.is_empty() || after.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok());
-        return (v6.parse::<std::net::Ipv6Addr>().is_ok() && port_ok).then(|| &value[..v6.len() + 2]);
+        let port_ok = after.is_empty()
+            || after
+                .strip_prefix(':')
+                .is_some_and(|p| p.parse::<u16>().is_ok());
+        return (v6.parse::<std::net::Ipv6Addr>().is_ok() && port_ok)
+            .then(|| &value[..v6.len() + 2]);
     }
     let host = match value.split_once(':') {
         Some((host, port)) => port.parse::<u16>().ok().map(|_| host)?,
@@ -52,9 +65,13 @@ fn hostname(value: &str) -> Option<&str> {
     let host = host.strip_suffix('.').unwrap_or(host);
     let valid = !host.is_empty()
         && host.len() <= 253
-        && host
-            .split('.')
-            .all(|label| !label.is_empty() && label.len() <= 63 && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
     valid.then_some(host)
 }
 
@@ -66,11 +83,19 @@ mod tests {
     fn pages_are_redirected_and_the_api_is_not() {
         let get = Method::GET;
         assert!(applies(&get, "/sales/demo", &Route::SalePage("demo")));
-        assert!(applies(&Method::HEAD, "/static/sale.css", &Route::Asset("sale.css")));
+        assert!(applies(
+            &Method::HEAD,
+            "/static/sale.css",
+            &Route::Asset("sale.css")
+        ));
         assert!(applies(&get, "/account", &Route::Shop));
         assert!(!applies(&Method::POST, "/account", &Route::Shop));
         assert!(!applies(&get, "/api/sales/demo", &Route::SaleState("demo")));
-        assert!(!applies(&Method::POST, "/api/sales/demo/buy", &Route::Buy("demo")));
+        assert!(!applies(
+            &Method::POST,
+            "/api/sales/demo/buy",
+            &Route::Buy("demo")
+        ));
         assert!(!applies(&get, "/api/shop-thing", &Route::Shop));
         assert!(applies(&get, "/apiary", &Route::Shop));
     }
@@ -85,16 +110,32 @@ mod tests {
             location(Some("shop.example:8080"), "/sales/a?x=1", 8443, any).as_deref(),
             Some("https://shop.example:8443/sales/a?x=1")
         );
-        assert_eq!(location(Some("shop.example"), "/", 443, any).as_deref(), Some("https://shop.example/"));
-        assert_eq!(location(Some("shop.example.:8080"), "/", 443, any).as_deref(), Some("https://shop.example/"), "root dot");
-        assert_eq!(location(Some("127.0.0.1:80"), "/s", 443, any).as_deref(), Some("https://127.0.0.1/s"));
-        assert_eq!(location(Some("[::1]:8080"), "/s", 8443, any).as_deref(), Some("https://[::1]:8443/s"));
+        assert_eq!(
+            location(Some("shop.example"), "/", 443, any).as_deref(),
+            Some("https://shop.example/")
+        );
+        assert_eq!(
+            location(Some("shop.example.:8080"), "/", 443, any).as_deref(),
+            Some("https://shop.example/"),
+            "root dot"
+        );
+        assert_eq!(
+            location(Some("127.0.0.1:80"), "/s", 443, any).as_deref(),
+            Some("https://127.0.0.1/s")
+        );
+        assert_eq!(
+            location(Some("[::1]:8080"), "/s", 8443, any).as_deref(),
+            Some("https://[::1]:8443/s")
+        );
     }
 
     #[test]
     fn only_hosts_a_certificate_covers_get_a_location() {
         let covers = |h: &str| h == "shop.example";
-        assert_eq!(location(Some("shop.example."), "/", 443, covers).as_deref(), Some("https://shop.example/"));
+        assert_eq!(
+            location(Some("shop.example."), "/", 443, covers).as_deref(),
+            Some("https://shop.example/")
+        );
         assert_eq!(location(Some("other.example"), "/", 443, covers), None);
     }
 

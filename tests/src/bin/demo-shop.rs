@@ -41,8 +41,15 @@ async fn home(State(demo): State<Arc<DemoSignIn>>) -> Html<&'static str> {
 }
 
 async fn echo(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
-    let headers: BTreeMap<String, String> =
-        headers.iter().map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+    let headers: BTreeMap<String, String> = headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
     Json(serde_json::json!({
         "method": method.as_str(),
         "path": uri.path(),
@@ -64,38 +71,67 @@ struct SignInQuery {
 
 /// Signs in a new demo shopper: the `fg_token` cookie for the sale pages,
 /// then `303` to `next` (a local path only: never another site).
-async fn sign_in(State(demo): State<Arc<DemoSignIn>>, Query(q): Query<SignInQuery>, headers: HeaderMap) -> Response {
+async fn sign_in(
+    State(demo): State<Arc<DemoSignIn>>,
+    Query(q): Query<SignInQuery>,
+    headers: HeaderMap,
+) -> Response {
     let Some(secret) = demo.jwt_secret.as_deref() else {
-        return (StatusCode::NOT_FOUND, Json(serde_json::json!({"code": "not_found", "message": "the demo sign-in is off"})))
+        return (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"code": "not_found", "message": "the demo sign-in is off"})),
+        )
             .into_response();
     };
     let shopper = format!("demo-shopper-{:08x}", rand::random::<u32>());
     let exp = flashgate_common::now_ms() / 1000 + DEMO_TOKEN_SECONDS;
     let claims = serde_json::json!({ "sub": shopper, "exp": exp });
-    let token =
-        match jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes())) {
-            Ok(t) => t,
-            Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-        };
+    let token = match jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    ) {
+        Ok(t) => t,
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
     let next = q
         .next
-        .filter(|n| n.starts_with('/') && !n.starts_with("//") && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\'))
+        .filter(|n| {
+            n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\')
+        })
         .unwrap_or_else(|| "/sales/demo".into());
     // `Secure` when the buyer came over HTTPS (the gateway says so); over
     // plain http://127.0.0.1 a Secure cookie would not be stored.
-    let https = headers.get("x-forwarded-proto").is_some_and(|v| v == "https");
-    let cookie =
-        format!("fg_token={token}; Path=/sales; SameSite=Strict; Max-Age={DEMO_TOKEN_SECONDS}{}", if https { "; Secure" } else { "" });
+    let https = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v == "https");
+    let cookie = format!(
+        "fg_token={token}; Path=/sales; SameSite=Strict; Max-Age={DEMO_TOKEN_SECONDS}{}",
+        if https { "; Secure" } else { "" }
+    );
     println!("demo sign-in: {shopper}");
-    (StatusCode::SEE_OTHER, [(header::SET_COOKIE, cookie), (header::LOCATION, next), (header::CACHE_CONTROL, "no-store".into())])
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, cookie),
+            (header::LOCATION, next),
+            (header::CACHE_CONTROL, "no-store".into()),
+        ],
+    )
         .into_response()
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:8000".into());
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:8000".into());
     let on = std::env::var(ENV_DEMO_SIGNIN).is_ok_and(|v| v == "1");
-    let jwt_secret = on.then(|| std::env::var("FLASHGATE_JWT_SECRET").ok()).flatten();
+    let jwt_secret = on
+        .then(|| std::env::var("FLASHGATE_JWT_SECRET").ok())
+        .flatten();
     let app = Router::new()
         .route("/", get(home))
         .route("/echo", any(echo))
@@ -103,7 +139,10 @@ async fn main() -> anyhow::Result<()> {
         .route("/demo/sign-in", get(sign_in))
         .with_state(Arc::new(DemoSignIn { jwt_secret }));
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    println!("demo shop on http://{addr} (demo sign-in {})", if on { "on" } else { "off" });
+    println!(
+        "demo shop on http://{addr} (demo sign-in {})",
+        if on { "on" } else { "off" }
+    );
     axum::serve(listener, app).await?;
     Ok(())
 }

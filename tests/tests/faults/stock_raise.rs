@@ -71,33 +71,54 @@ impl CommitGate {
             self.key
         );
         loop {
-            let found: Option<(i32,)> = sqlx::query_as(&query).fetch_optional(&mut self.conn).await.unwrap();
+            let found: Option<(i32,)> = sqlx::query_as(&query)
+                .fetch_optional(&mut self.conn)
+                .await
+                .unwrap();
             if let Some((pid,)) = found {
                 return pid;
             }
-            assert!(Instant::now() < deadline, "no commit came to wait at the gate");
+            assert!(
+                Instant::now() < deadline,
+                "no commit came to wait at the gate"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Terminates the database session `pid` (its transaction rolls back).
     async fn terminate(&mut self, pid: i32) {
-        let (done,): (bool,) = sqlx::query_as(&format!("SELECT pg_terminate_backend({pid})")).fetch_one(&mut self.conn).await.unwrap();
+        let (done,): (bool,) = sqlx::query_as(&format!("SELECT pg_terminate_backend({pid})"))
+            .fetch_one(&mut self.conn)
+            .await
+            .unwrap();
         assert!(done, "session {pid} terminated");
     }
 
     /// Lets commits through and removes the trigger.
     async fn open(mut self) {
-        sqlx::query(&format!("SELECT pg_advisory_unlock({})", self.key)).execute(&mut self.conn).await.unwrap();
-        sqlx::query("DROP TRIGGER IF EXISTS fg_test_commit_gate ON sales").execute(&mut self.conn).await.unwrap();
+        sqlx::query(&format!("SELECT pg_advisory_unlock({})", self.key))
+            .execute(&mut self.conn)
+            .await
+            .unwrap();
+        sqlx::query("DROP TRIGGER IF EXISTS fg_test_commit_gate ON sales")
+            .execute(&mut self.conn)
+            .await
+            .unwrap();
         self.conn.close().await.ok();
     }
 }
 
 /// The sale's stock as the database holds it.
 async fn stock_in_database(stack: &Stack, sale: &str) -> i64 {
-    let mut conn = sqlx::AnyConnection::connect(&stack.database_url).await.unwrap();
-    let (stock,): (i64,) = sqlx::query_as("SELECT stock FROM sales WHERE id = $1").bind(sale).fetch_one(&mut conn).await.unwrap();
+    let mut conn = sqlx::AnyConnection::connect(&stack.database_url)
+        .await
+        .unwrap();
+    let (stock,): (i64,) = sqlx::query_as("SELECT stock FROM sales WHERE id = $1")
+        .bind(sale)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     conn.close().await.ok();
     stock
 }
@@ -112,9 +133,16 @@ async fn settle(stack: &Stack, sale: &str, fault: &str, winners: &[&Outcome]) ->
         let rows = stack.order_rows(sale).await;
         let live = rows.iter().filter(|r| r.status != "cancelled").count() as i64;
         let stock = stock_in_database(stack, sale).await;
-        assert!(live <= stock, "{fault}: {live} orders for a stock of {stock} in the database");
-        let with_order: std::collections::HashSet<&str> = rows.iter().map(|r| r.reservation_id.as_str()).collect();
-        let all_winners = winners.iter().all(|w| w.reservation_id().is_some_and(|rid| with_order.contains(rid)));
+        assert!(
+            live <= stock,
+            "{fault}: {live} orders for a stock of {stock} in the database"
+        );
+        let with_order: std::collections::HashSet<&str> =
+            rows.iter().map(|r| r.reservation_id.as_str()).collect();
+        let all_winners = winners.iter().all(|w| {
+            w.reservation_id()
+                .is_some_and(|rid| with_order.contains(rid))
+        });
         let remaining = stack.remaining(sale).await;
         if all_winners && remaining >= 0 && remaining + live == stock {
             return (live, stock);
@@ -134,14 +162,23 @@ async fn settle(stack: &Stack, sale: &str, fault: &str, winners: &[&Outcome]) ->
 async fn cut_raise(stack: &mut Stack, sale: &str, to: i64, cut: Cut) -> Vec<Outcome> {
     let mut gate = CommitGate::close(&stack.database_url).await;
     let put = {
-        let (http, url) = (stack.http.clone(), stack.admin_url(&format!("/admin/sales/{sale}")));
+        let (http, url) = (
+            stack.http.clone(),
+            stack.admin_url(&format!("/admin/sales/{sale}")),
+        );
         let now = flashgate_common::now_ms();
         let body = serde_json::json!({
             "name": format!("Sale {sale}"), "stock": to, "per_user_limit": 1,
             "starts_at": flashgate_common::rfc3339(now - 60_000), "ends_at": flashgate_common::rfc3339(now + 3_600_000),
         });
         tokio::spawn(async move {
-            match http.put(url).bearer_auth(flashgate_tests::ADMIN_TOKEN).json(&body).send().await {
+            match http
+                .put(url)
+                .bearer_auth(flashgate_tests::ADMIN_TOKEN)
+                .json(&body)
+                .send()
+                .await
+            {
                 Ok(resp) => resp.status().as_u16(),
                 Err(_) => 0,
             }
@@ -158,7 +195,10 @@ async fn cut_raise(stack: &mut Stack, sale: &str, to: i64, cut: Cut) -> Vec<Outc
         }
     }
     let status = put.await.unwrap();
-    assert!(![200, 201].contains(&status), "the cut raise was answered {status}");
+    assert!(
+        ![200, 201].contains(&status),
+        "the cut raise was answered {status}"
+    );
     gate.open().await;
     if cut == Cut::Backend {
         stack.start_backend();
@@ -167,19 +207,28 @@ async fn cut_raise(stack: &mut Stack, sale: &str, to: i64, cut: Cut) -> Vec<Outc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stock_raise_cut_before_its_commit_while_buyers_hammer_never_sells_past_the_database_stock() {
+async fn a_stock_raise_cut_before_its_commit_while_buyers_hammer_never_sells_past_the_database_stock(
+) {
     let database = PostgresDatabase::create().await;
-    let opts = StackOptions { redis_mode: super::faults_redis(), database_url: Some(database.url.clone()), ..StackOptions::default() };
+    let opts = StackOptions {
+        redis_mode: super::faults_redis(),
+        database_url: Some(database.url.clone()),
+        ..StackOptions::default()
+    };
     let mut stack = Stack::start(opts).await;
     let sale = "f-raise-cut";
     stack.open_sale(sale, OPENING, 1).await;
-    let mut winners: Vec<Outcome> =
-        buy_all(stack.gateway_addr, sale, users(BURST), CONCURRENCY).await.into_iter().filter(Outcome::won).collect();
+    let mut winners: Vec<Outcome> = buy_all(stack.gateway_addr, sale, users(BURST), CONCURRENCY)
+        .await
+        .into_iter()
+        .filter(Outcome::won)
+        .collect();
     let mut sent = BURST;
 
-    for (fault, cut, to) in
-        [("raise_commit_connection_cut", Cut::Connection, 2 * OPENING), ("raise_commit_backend_kill9", Cut::Backend, 3 * OPENING)]
-    {
+    for (fault, cut, to) in [
+        ("raise_commit_connection_cut", Cut::Connection, 2 * OPENING),
+        ("raise_commit_backend_kill9", Cut::Backend, 3 * OPENING),
+    ] {
         winners.extend(cut_raise(&mut stack, sale, to, cut).await);
         sent += BURST;
         let won: Vec<&Outcome> = winners.iter().collect();
@@ -195,9 +244,26 @@ async fn a_stock_raise_cut_before_its_commit_while_buyers_hammer_never_sells_pas
     }
 
     // A raise that commits goes live after its commit, all of it.
-    stack.put_sale(sale, 2 * OPENING, 1, Duration::ZERO, Duration::from_secs(3600)).await;
-    winners.extend(buy_all(stack.gateway_addr, sale, users(BURST), CONCURRENCY).await.into_iter().filter(Outcome::won));
+    stack
+        .put_sale(
+            sale,
+            2 * OPENING,
+            1,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        )
+        .await;
+    winners.extend(
+        buy_all(stack.gateway_addr, sale, users(BURST), CONCURRENCY)
+            .await
+            .into_iter()
+            .filter(Outcome::won),
+    );
     let won: Vec<&Outcome> = winners.iter().collect();
     let (live, stock) = settle(&stack, sale, "raise_committed", &won).await;
-    assert_eq!((live, stock), (2 * OPENING, 2 * OPENING), "the committed raise sold out");
+    assert_eq!(
+        (live, stock),
+        (2 * OPENING, 2 * OPENING),
+        "the committed raise sold out"
+    );
 }

@@ -28,7 +28,13 @@ fn settings(redis: &RedisServer, consumer: &str, claim_idle: Duration) -> Settin
 /// What the deduct script does for a winner: the `resv` entry and the record.
 async fn reserve(conn: &mut MultiplexedConnection, r: &Reservation) {
     let keys = SaleKeys::new(&r.sale_id);
-    let () = redis::cmd("HSET").arg(&keys.reservations).arg(&r.reservation_id).arg(&r.user_id).query_async(conn).await.unwrap();
+    let () = redis::cmd("HSET")
+        .arg(&keys.reservations)
+        .arg(&r.reservation_id)
+        .arg(&r.user_id)
+        .query_async(conn)
+        .await
+        .unwrap();
     let _: String = redis::cmd("XADD")
         .arg(&keys.stream)
         .arg("*")
@@ -75,8 +81,12 @@ async fn read_without_ack(conn: &mut MultiplexedConnection, sale_id: &str, consu
 }
 
 async fn pending(conn: &mut MultiplexedConnection, sale_id: &str) -> i64 {
-    let reply: (i64, redis::Value, redis::Value, redis::Value) =
-        redis::cmd("XPENDING").arg(SaleKeys::new(sale_id).stream).arg(CONSUMER_GROUP).query_async(conn).await.unwrap();
+    let reply: (i64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+        .arg(SaleKeys::new(sale_id).stream)
+        .arg(CONSUMER_GROUP)
+        .query_async(conn)
+        .await
+        .unwrap();
     reply.0
 }
 
@@ -87,20 +97,38 @@ async fn wait_for_orders(store: &Store, sale_id: &str, expected: i64) {
         if n == expected {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "expected {expected} orders, have {n}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expected {expected} orders, have {n}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Runs a consumer for `sale_id`; stop it with the returned sender.
-fn spawn(sale_id: &str, store: &Store, settings: Settings) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+fn spawn(
+    sale_id: &str,
+    store: &Store,
+    settings: Settings,
+) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
     let (stop, stopped) = watch::channel(false);
-    (stop, tokio::spawn(consume_sale(sale_id.to_owned(), store.clone(), settings, stopped)))
+    (
+        stop,
+        tokio::spawn(consume_sale(
+            sale_id.to_owned(),
+            store.clone(),
+            settings,
+            stopped,
+        )),
+    )
 }
 
 async fn stop(stop: watch::Sender<bool>, task: tokio::task::JoinHandle<()>) {
     stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("consumer stops on shutdown").unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("consumer stops on shutdown")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -109,11 +137,17 @@ async fn stream_entries_become_orders_once_and_are_acknowledged() {
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let sale_id = unique("s");
-    let batch: Vec<_> = (0..7).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    let batch: Vec<_> = (0..7)
+        .map(|i| reservation(&sale_id, &format!("u{i}")))
+        .collect();
     for r in &batch {
         reserve(&mut conn, r).await;
     }
-    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings(&redis, "c1", Duration::from_secs(60)),
+    );
     wait_for_orders(&store, &sale_id, 7).await;
 
     // The same reservation appended again (a replayed record) adds nothing.
@@ -124,7 +158,11 @@ async fn stream_entries_become_orders_once_and_are_acknowledged() {
     assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 8);
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
     for r in &batch {
-        assert!(store.order_by_reservation(&r.reservation_id).await.unwrap().is_some());
+        assert!(store
+            .order_by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .is_some());
     }
     stop(tx, task).await;
 }
@@ -143,7 +181,11 @@ async fn a_restarted_consumer_rereads_its_own_pending_entries() {
     assert_eq!(pending(&mut conn, &sale_id).await, 4);
 
     // claim_idle is long: only the re-read of its own pending list can help.
-    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "same-name", Duration::from_secs(600)));
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings(&redis, "same-name", Duration::from_secs(600)),
+    );
     wait_for_orders(&store, &sale_id, 4).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
@@ -162,7 +204,11 @@ async fn entries_left_pending_by_a_dead_consumer_are_claimed() {
     }
     read_without_ack(&mut conn, &sale_id, "dead").await;
 
-    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "alive", Duration::from_millis(200)));
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings(&redis, "alive", Duration::from_millis(200)),
+    );
     wait_for_orders(&store, &sale_id, 5).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
@@ -206,12 +252,18 @@ async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
         .unwrap();
     reserve(&mut conn, &reservation(&sale_id, "good")).await;
 
-    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings(&redis, "c1", Duration::from_secs(60)),
+    );
     wait_for_orders(&store, &sale_id, 1).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
     assert_eq!(store.count_live_orders(&other.sale_id).await.unwrap(), 0);
-    let dead = crate::stream::dead_letter::list(&mut conn, &sale_id).await.unwrap();
+    let dead = crate::stream::dead_letter::list(&mut conn, &sale_id)
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 2, "{dead:?}");
     assert!(dead[0].error.contains("`user`"), "{dead:?}");
     assert!(dead[1].error.contains("`ts`"), "{dead:?}");
@@ -239,11 +291,17 @@ async fn an_entry_the_database_keeps_rejecting_is_dead_lettered_then_retried_onc
     reserve(&mut conn, &reservation(&sale_id, "poison")).await;
     reserve(&mut conn, &reservation(&sale_id, "after")).await;
 
-    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings(&redis, "c1", Duration::from_secs(60)),
+    );
     wait_for_orders(&store, &sale_id, 2).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let dead = loop {
-        let dead = crate::stream::dead_letter::list(&mut conn, &sale_id).await.unwrap();
+        let dead = crate::stream::dead_letter::list(&mut conn, &sale_id)
+            .await
+            .unwrap();
         if !dead.is_empty() || tokio::time::Instant::now() > deadline {
             break dead;
         }
@@ -253,14 +311,31 @@ async fn an_entry_the_database_keeps_rejecting_is_dead_lettered_then_retried_onc
     assert_eq!(dead[0].fields["user"], "poison");
     assert!(dead[0].error.contains("poison refused"), "{dead:?}");
     assert!(dead[0].deliveries >= 3, "{dead:?}");
-    assert_eq!(pending(&mut conn, &sale_id).await, 0, "the poison entry no longer blocks the stream");
+    assert_eq!(
+        pending(&mut conn, &sale_id).await,
+        0,
+        "the poison entry no longer blocks the stream"
+    );
 
-    sqlx::query("DROP TRIGGER refuse_poison").execute(&pool).await.unwrap();
-    let requeued = crate::stream::dead_letter::retry(&mut conn, &sale_id, &dead[0].entry_id).await.unwrap();
+    sqlx::query("DROP TRIGGER refuse_poison")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let requeued = crate::stream::dead_letter::retry(&mut conn, &sale_id, &dead[0].entry_id)
+        .await
+        .unwrap();
     assert!(requeued.is_some());
     wait_for_orders(&store, &sale_id, 3).await;
-    assert!(crate::stream::dead_letter::list(&mut conn, &sale_id).await.unwrap().is_empty());
-    assert_eq!(crate::stream::dead_letter::retry(&mut conn, &sale_id, &dead[0].entry_id).await.unwrap(), None);
+    assert!(crate::stream::dead_letter::list(&mut conn, &sale_id)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        crate::stream::dead_letter::retry(&mut conn, &sale_id, &dead[0].entry_id)
+            .await
+            .unwrap(),
+        None
+    );
     stop(tx, task).await;
 }
 
@@ -270,15 +345,25 @@ async fn consumers_start_for_sales_added_while_running() {
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let (stop_tx, stopped) = watch::channel(false);
-    let supervisor = tokio::spawn(run(store.clone(), settings(&redis, "c1", Duration::from_secs(60)), stopped));
+    let supervisor = tokio::spawn(run(
+        store.clone(),
+        settings(&redis, "c1", Duration::from_secs(60)),
+        stopped,
+    ));
 
     let sale_id = unique("s");
-    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    store
+        .insert_sale_if_absent(&sale(&sale_id, 10))
+        .await
+        .unwrap();
     reserve(&mut conn, &reservation(&sale_id, "u")).await;
     wait_for_orders(&store, &sale_id, 1).await;
 
     stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
+    tokio::time::timeout(Duration::from_secs(5), supervisor)
+        .await
+        .expect("supervisor stops")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -301,7 +386,10 @@ async fn a_consumer_keeps_retrying_while_redis_is_down_and_stops_on_shutdown() {
     };
     let (tx, task) = spawn("s", &store, settings);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!task.is_finished(), "the consumer must not exit on Redis errors");
+    assert!(
+        !task.is_finished(),
+        "the consumer must not exit on Redis errors"
+    );
     stop(tx, task).await;
 }
 
@@ -320,18 +408,36 @@ async fn an_archived_sale_whose_window_is_open_is_made_live_again() {
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let sale_id = unique("s");
-    store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
+    store
+        .insert_sale_if_absent(&sale(&sale_id, 10))
+        .await
+        .unwrap();
     // Archived while its window is open (an operator's change whose
     // unarchive failed): the supervisor undoes it and consumes the sale.
-    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sale_id).query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("SADD")
+        .arg(flashgate_common::keys::ARCHIVED_SALES)
+        .arg(&sale_id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let (stop_tx, stopped) = watch::channel(false);
-    let supervisor = tokio::spawn(run(store.clone(), settings(&redis, "c1", Duration::from_secs(60)), stopped));
+    let supervisor = tokio::spawn(run(
+        store.clone(),
+        settings(&redis, "c1", Duration::from_secs(60)),
+        stopped,
+    ));
     reserve(&mut conn, &reservation(&sale_id, "u")).await;
     wait_for_orders(&store, &sale_id, 1).await;
-    assert!(!retention::archived(&mut conn).await.unwrap().contains(&sale_id));
+    assert!(!retention::archived(&mut conn)
+        .await
+        .unwrap()
+        .contains(&sale_id));
 
     stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
+    tokio::time::timeout(Duration::from_secs(5), supervisor)
+        .await
+        .expect("supervisor stops")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -341,7 +447,11 @@ async fn an_archived_sale_that_redis_still_sells_by_a_later_window_is_made_live_
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let sale_id = unique("s");
     // The database holds a window that ended long ago ...
-    let ended = SaleSpec { starts_at_ms: 0, ends_at_ms: 1_000, ..sale(&sale_id, 10) };
+    let ended = SaleSpec {
+        starts_at_ms: 0,
+        ends_at_ms: 1_000,
+        ..sale(&sale_id, 10)
+    };
     store.insert_sale_if_absent(&ended).await.unwrap();
     // ... while Redis sells by a later one (a change that died between
     // Redis and the database commit), and the sale is archived.
@@ -360,16 +470,36 @@ async fn an_archived_sale_that_redis_still_sells_by_a_later_window_is_made_live_
         .query_async(&mut conn)
         .await
         .unwrap();
-    let () = redis::cmd("SET").arg(&keys.remaining).arg(10).query_async(&mut conn).await.unwrap();
-    let () = redis::cmd("SADD").arg(flashgate_common::keys::ARCHIVED_SALES).arg(&sale_id).query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("SET")
+        .arg(&keys.remaining)
+        .arg(10)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = redis::cmd("SADD")
+        .arg(flashgate_common::keys::ARCHIVED_SALES)
+        .arg(&sale_id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let (stop_tx, stopped) = watch::channel(false);
-    let supervisor = tokio::spawn(run(store.clone(), settings(&redis, "c1", Duration::from_secs(60)), stopped));
+    let supervisor = tokio::spawn(run(
+        store.clone(),
+        settings(&redis, "c1", Duration::from_secs(60)),
+        stopped,
+    ));
     reserve(&mut conn, &reservation(&sale_id, "u")).await;
     wait_for_orders(&store, &sale_id, 1).await;
-    assert!(!retention::archived(&mut conn).await.unwrap().contains(&sale_id));
+    assert!(!retention::archived(&mut conn)
+        .await
+        .unwrap()
+        .contains(&sale_id));
 
     stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), supervisor).await.expect("supervisor stops").unwrap();
+    tokio::time::timeout(Duration::from_secs(5), supervisor)
+        .await
+        .expect("supervisor stops")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -378,20 +508,33 @@ async fn entries_the_forward_already_wrote_are_acknowledged_without_asking_redis
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let sale_id = unique("s");
-    let forwarded: Vec<_> = (0..5).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    let forwarded: Vec<_> = (0..5)
+        .map(|i| reservation(&sale_id, &format!("u{i}")))
+        .collect();
     for r in &forwarded {
         reserve(&mut conn, r).await;
     }
     store.insert_orders(&forwarded).await.unwrap();
     let hgets = redis.command_calls("hget").await;
-    let (tx, task) = spawn(&sale_id, &store, settings(&redis, "c1", Duration::from_secs(60)));
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings(&redis, "c1", Duration::from_secs(60)),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while redis.command_calls("xack").await == 0 {
-        assert!(std::time::Instant::now() < deadline, "the entries were never acknowledged");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the entries were never acknowledged"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
-    assert_eq!(redis.command_calls("hget").await, hgets, "no reservation checked in redis");
+    assert_eq!(
+        redis.command_calls("hget").await,
+        hgets,
+        "no reservation checked in redis"
+    );
     // One entry the forward did not write: checked and written.
     reserve(&mut conn, &reservation(&sale_id, "new")).await;
     wait_for_orders(&store, &sale_id, 6).await;
@@ -411,58 +554,102 @@ impl OpenSale {
     async fn new() -> Self {
         let redis = RedisServer::start().await;
         let conn = redis.conn().await;
-        let store = Store::connect(&crate::testing::postgres_url().await).await.unwrap();
+        let store = Store::connect(&crate::testing::postgres_url().await)
+            .await
+            .unwrap();
         let sale_id = unique("s");
-        store.insert_sale_if_absent(&sale(&sale_id, 10)).await.unwrap();
-        Self { redis, conn, store, sale_id }
+        store
+            .insert_sale_if_absent(&sale(&sale_id, 10))
+            .await
+            .unwrap();
+        Self {
+            redis,
+            conn,
+            store,
+            sale_id,
+        }
     }
 }
 
 /// [`settings`] with `grace`, on a consumer named `c1` that claims nothing.
 fn settings_with_grace(redis: &RedisServer, grace: Duration) -> Settings {
-    Settings { forward_grace: grace, ..settings(redis, "c1", Duration::from_secs(60)) }
+    Settings {
+        forward_grace: grace,
+        ..settings(redis, "c1", Duration::from_secs(60))
+    }
 }
 
 /// Waits until the group has read every entry and acknowledged it: no lag
 /// (an entry not yet read, say the next batch's) and nothing pending.
-async fn wait_until_acknowledged(redis: &RedisServer, conn: &mut MultiplexedConnection, sale_id: &str) {
+async fn wait_until_acknowledged(
+    redis: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    sale_id: &str,
+) {
     let stream = SaleKeys::new(sale_id).stream;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let (lag, pending) = flashgate_common::stream_info::group_backlog(conn, &stream).await.unwrap();
+        let (lag, pending) = flashgate_common::stream_info::group_backlog(conn, &stream)
+            .await
+            .unwrap();
         if lag == 0 && pending == 0 && redis.command_calls("xack").await > 0 {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "the entries were never acknowledged: lag {lag}, pending {pending}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the entries were never acknowledged: lag {lag}, pending {pending}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 #[tokio::test]
 async fn with_a_grace_orders_the_forward_wrote_in_time_are_only_acknowledged_by_the_consumer() {
-    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
+    let OpenSale {
+        redis,
+        mut conn,
+        store,
+        sale_id,
+    } = OpenSale::new().await;
     let settings = settings_with_grace(&redis, Duration::from_secs(2));
     let metrics = settings.metrics.clone();
     let (tx, task) = spawn(&sale_id, &store, settings);
-    let winners: Vec<_> = (0..5).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    let winners: Vec<_> = (0..5)
+        .map(|i| reservation(&sale_id, &format!("u{i}")))
+        .collect();
     for r in &winners {
         reserve(&mut conn, r).await;
     }
     // The forward's write, as `POST /internal/orders/batch` does it.
-    let forwarded = crate::counted::write_counted(&store, &mut conn, &winners).await.unwrap();
+    let forwarded = crate::counted::write_counted(&store, &mut conn, &winners)
+        .await
+        .unwrap();
     assert_eq!(forwarded.created.len(), 5);
 
     wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
     assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 5);
-    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 0, "the consumer wrote nothing");
-    assert_eq!(metrics.orders_existing.with_label_values(&["stream"]).get(), 0, "nor tried to");
+    assert_eq!(
+        metrics.orders_created.with_label_values(&["stream"]).get(),
+        0,
+        "the consumer wrote nothing"
+    );
+    assert_eq!(
+        metrics.orders_existing.with_label_values(&["stream"]).get(),
+        0,
+        "nor tried to"
+    );
     assert_eq!(metrics.stream_already_written.get(), 5);
     stop(tx, task).await;
 }
 
 #[tokio::test]
 async fn with_a_grace_the_consumer_writes_every_order_the_forward_missed() {
-    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
+    let OpenSale {
+        redis,
+        mut conn,
+        store,
+        sale_id,
+    } = OpenSale::new().await;
     let settings = settings_with_grace(&redis, Duration::from_millis(300));
     let metrics = settings.metrics.clone();
     let (tx, task) = spawn(&sale_id, &store, settings);
@@ -471,18 +658,33 @@ async fn with_a_grace_the_consumer_writes_every_order_the_forward_missed() {
     }
     wait_for_orders(&store, &sale_id, 7).await;
     wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
-    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 7);
+    assert_eq!(
+        metrics.orders_created.with_label_values(&["stream"]).get(),
+        7
+    );
     stop(tx, task).await;
 }
 
 #[tokio::test]
 async fn an_entry_held_for_the_grace_at_shutdown_stays_pending_and_is_written_at_the_next_start() {
-    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
-    let (tx, task) = spawn(&sale_id, &store, settings_with_grace(&redis, Duration::from_secs(30)));
+    let OpenSale {
+        redis,
+        mut conn,
+        store,
+        sale_id,
+    } = OpenSale::new().await;
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings_with_grace(&redis, Duration::from_secs(30)),
+    );
     reserve(&mut conn, &reservation(&sale_id, "u0")).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while pending(&mut conn, &sale_id).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "the consumer never read the entry");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the consumer never read the entry"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Shutdown does not wait for the grace, and nothing is written.
@@ -490,7 +692,11 @@ async fn an_entry_held_for_the_grace_at_shutdown_stays_pending_and_is_written_at
     assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 0);
     assert_eq!(pending(&mut conn, &sale_id).await, 1);
 
-    let (tx, task) = spawn(&sale_id, &store, settings_with_grace(&redis, Duration::from_millis(100)));
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings_with_grace(&redis, Duration::from_millis(100)),
+    );
     wait_for_orders(&store, &sale_id, 1).await;
     wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
     stop(tx, task).await;
@@ -498,34 +704,56 @@ async fn an_entry_held_for_the_grace_at_shutdown_stays_pending_and_is_written_at
 
 #[tokio::test]
 async fn a_crash_between_commit_and_ack_loses_nothing_and_doubles_nothing() {
-    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
+    let OpenSale {
+        redis,
+        mut conn,
+        store,
+        sale_id,
+    } = OpenSale::new().await;
     create_group(&mut conn, &sale_id).await;
-    let winners: Vec<_> = (0..4).map(|i| reservation(&sale_id, &format!("u{i}"))).collect();
+    let winners: Vec<_> = (0..4)
+        .map(|i| reservation(&sale_id, &format!("u{i}")))
+        .collect();
     for r in &winners {
         reserve(&mut conn, r).await;
     }
     // Read as "c1", three of the four committed, then the process died
     // before its XACK.
     read_without_ack(&mut conn, &sale_id, "c1").await;
-    crate::counted::write_counted(&store, &mut conn, &winners[..3]).await.unwrap();
+    crate::counted::write_counted(&store, &mut conn, &winners[..3])
+        .await
+        .unwrap();
 
     let settings = settings_with_grace(&redis, Duration::from_millis(200));
     let metrics = settings.metrics.clone();
     let (tx, task) = spawn(&sale_id, &store, settings);
     wait_for_orders(&store, &sale_id, 4).await;
     wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
-    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 1);
+    assert_eq!(
+        metrics.orders_created.with_label_values(&["stream"]).get(),
+        1
+    );
     assert_eq!(metrics.stream_already_written.get(), 3);
     assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 4);
     for r in &winners {
-        assert!(store.order_by_reservation(&r.reservation_id).await.unwrap().is_some());
+        assert!(store
+            .order_by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .is_some());
     }
     stop(tx, task).await;
 }
 
 #[tokio::test]
-async fn with_the_forward_dead_entries_after_the_first_batch_are_written_without_waiting_the_grace() {
-    let OpenSale { redis, mut conn, store, sale_id } = OpenSale::new().await;
+async fn with_the_forward_dead_entries_after_the_first_batch_are_written_without_waiting_the_grace()
+{
+    let OpenSale {
+        redis,
+        mut conn,
+        store,
+        sale_id,
+    } = OpenSale::new().await;
     let grace = Duration::from_secs(6);
     let settings = settings_with_grace(&redis, grace);
     let metrics = settings.metrics.clone();
@@ -543,11 +771,17 @@ async fn with_the_forward_dead_entries_after_the_first_batch_are_written_without
     }
     let by = appended + grace / 2;
     while store.count_live_orders(&sale_id).await.unwrap() < 8 {
-        assert!(std::time::Instant::now() < by, "entries after the first batch waited for a forward that is not delivering");
+        assert!(
+            std::time::Instant::now() < by,
+            "entries after the first batch waited for a forward that is not delivering"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
-    assert_eq!(metrics.orders_created.with_label_values(&["stream"]).get(), 8);
+    assert_eq!(
+        metrics.orders_created.with_label_values(&["stream"]).get(),
+        8
+    );
     stop(tx, task).await;
 }
 
@@ -572,14 +806,38 @@ fn batches_wait_only_while_the_forward_writes_most_of_them_and_probe_for_it_othe
     assert!(!forward.waits(Duration::ZERO, start), "no grace, no wait");
 
     forward.settling(start);
-    forward.checked(Checked { entries: 4, written: 1 });
-    assert!(!forward.waits(grace, start + grace), "after a batch the forward mostly missed: at once");
-    forward.checked(Checked { entries: 0, written: 0 });
-    assert!(!forward.waits(grace, start + grace), "a batch of no reservations tells nothing");
-    assert!(forward.waits(grace, start + grace * PROBE_GRACES), "one batch in a while probes for the forward");
+    forward.checked(Checked {
+        entries: 4,
+        written: 1,
+    });
+    assert!(
+        !forward.waits(grace, start + grace),
+        "after a batch the forward mostly missed: at once"
+    );
+    forward.checked(Checked {
+        entries: 0,
+        written: 0,
+    });
+    assert!(
+        !forward.waits(grace, start + grace),
+        "a batch of no reservations tells nothing"
+    );
+    assert!(
+        forward.waits(grace, start + grace * PROBE_GRACES),
+        "one batch in a while probes for the forward"
+    );
 
-    forward.checked(Checked { entries: 4, written: 2 });
-    assert!(forward.waits(grace, start + grace), "the forward wrote half of a batch: waiting resumes");
-    forward.checked(Checked { entries: 3, written: 3 });
+    forward.checked(Checked {
+        entries: 4,
+        written: 2,
+    });
+    assert!(
+        forward.waits(grace, start + grace),
+        "the forward wrote half of a batch: waiting resumes"
+    );
+    forward.checked(Checked {
+        entries: 3,
+        written: 3,
+    });
     assert!(forward.waits(grace, start + grace));
 }
