@@ -563,6 +563,27 @@ fn spawn_with_env(
 }
 
 impl Stack {
+    /// The sum of the gateway's `/metrics` samples of the family `name`
+    /// (every label set), 0 when it has none yet.
+    pub async fn gateway_metric(&self, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("http://{}/metrics", self.gateway_admin_addr))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|r| r.starts_with(['{', ' ']))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// The log a process of this stack wrote so far.
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.0.join(format!("{name}.log"))).unwrap_or_default()

@@ -170,6 +170,15 @@ async fn reconciliation_writes_orders_nobody_processed_and_adopts_orders_redis_f
     for _ in 0..3 {
         assert_eq!(stack.buy("recon", &random_user(), None).await.0, 202);
     }
+    // The gateway's forwards of the three failed (a late one would reach
+    // the restarted backend and write the orders itself).
+    let forwards = "flashgate_backend_forward_failures_total";
+    eventually(
+        "the three forwards to fail",
+        Duration::from_secs(10),
+        || async { (stack.gateway_metric(forwards).await >= 3.0).then_some(()) },
+    )
+    .await;
     // The consumer group skips those entries: they would never be processed.
     let keys = SaleKeys::new("recon");
     let mut conn = stack.redis.conn().await;
