@@ -1,11 +1,11 @@
 //! [`SaleCache`]: everything one gateway holds about its sales.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use flashgate_common::keys::SALES_INDEX;
-use moka::ops::compute::Op;
 
 use super::snapshot::{read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow};
 use crate::orders::OrderClient;
@@ -20,12 +20,10 @@ pub const MISSING_TTL: Duration = Duration::from_secs(1);
 /// Most sales tracked at once.
 const MAX_SALES: u64 = 10_000;
 
-/// A snapshot and when it was read. `None`: the sale is not in Redis
-/// (cached too, so a flood of requests for an unknown sale costs one Redis
-/// read per TTL).
+/// A snapshot and when it was read.
 #[derive(Clone)]
 struct Held {
-    snapshot: Option<Arc<SaleSnapshot>>,
+    snapshot: Arc<SaleSnapshot>,
     read_at: Instant,
 }
 
@@ -89,76 +87,107 @@ impl Stock {
 /// cost on every buy's lookups.
 type Hasher = ahash::RandomState;
 
+/// Everything this gateway holds about one sale: one entry, so one bound
+/// and one lifetime for all of it. Each part says itself how long it is
+/// trusted (a snapshot's age, a bucket hint's deadline).
+#[derive(Default)]
+struct Sale {
+    /// The latest snapshot and when it was read; `None` before the first
+    /// read, after a change, or while Redis does not have the sale.
+    snapshot: Mutex<Option<Held>>,
+    /// Held by the one caller reading a new snapshot: concurrent callers
+    /// that find it stale wait for that read instead of making their own.
+    refresh: tokio::sync::Mutex<()>,
+    /// The sold-out flag, stock epoch and clears (see [`Stock`]).
+    stock: Mutex<Stock>,
+    /// Buckets flagged empty, each until when the hint is trusted: set
+    /// from a deduct's `sold_out` on a bucket or a transfer finding a
+    /// bucket empty (here or announced), cleared when items move into the
+    /// bucket. The sale's own flag is set only once every bucket was
+    /// confirmed dry in Redis; these are hints for choosing donors.
+    empty_buckets: Mutex<HashMap<u32, Instant>>,
+    /// The bucket count as last read (0: not read yet): it never changes
+    /// for a saved sale, so a buy answered locally finds its home bucket
+    /// without Redis.
+    buckets: AtomicU32,
+}
+
+/// A lock that a panicking holder left behind is still usable: every
+/// critical section here leaves its value whole.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Sale {
+    /// The snapshot if it was read at most `max_age` ago.
+    fn fresh(&self, max_age: Duration) -> Option<Held> {
+        locked(&self.snapshot)
+            .clone()
+            .filter(|h| h.read_at.elapsed() <= max_age)
+    }
+
+    /// Whether this entry holds nothing worth keeping: a first read found
+    /// no sale, and no event or answer ever told of one.
+    fn is_blank(&self) -> bool {
+        let stock = locked(&self.stock);
+        locked(&self.snapshot).is_none()
+            && stock.epoch == 0
+            && stock.clears == Clears::default()
+            && stock.sold_out_until.is_none()
+            && locked(&self.empty_buckets).is_empty()
+    }
+}
+
 /// One per gateway, shared by the buy path, the sale routes and the
 /// events listener.
 pub struct SaleCache {
-    /// One snapshot per sale; each reader accepts it up to its own age
-    /// ([`WINDOW_TTL`] for buys, `pages.state_ttl_ms` for views), and the
-    /// entry lives as long as the longer of the two.
-    snapshots: moka::future::Cache<String, Held, Hasher>,
+    /// One entry per sale (see [`Sale`]), at most [`MAX_SALES`], kept
+    /// until evicted by that bound.
+    sales: moka::sync::Cache<String, Arc<Sale>, Hasher>,
     /// Sale ids Redis does not have, with when that was read; apart from
-    /// `snapshots` so a flood of reads of made-up ids cannot evict the
-    /// snapshots real sales' buys use.
+    /// `sales` so a flood of reads of made-up ids cannot evict the state
+    /// real sales' buys use.
     absent: moka::future::Cache<String, Instant, Hasher>,
+    /// What the backend said of an id Redis does not have, for
+    /// [`MISSING_TTL`] (made-up ids too, hence apart from `sales` as well).
+    missing: moka::future::Cache<String, MissingSale, Hasher>,
     view_ttl: Duration,
-    /// Each sale's sold-out flag, stock epoch and clears (see [`Stock`]).
-    /// A flag answers only buys without an Idempotency-Key: a keyed buy is
-    /// always decided by Redis, which remembers its answer, so no key ever
-    /// gets a final answer from a flag that may be stale.
-    stock: moka::sync::Cache<String, Stock, Hasher>,
     /// Numbers the clears of every sale.
     clear_count: AtomicU64,
-    missing: moka::future::Cache<String, MissingSale, Hasher>,
-    /// Empty buckets of bucketed sales, by sale and bucket: set from a
-    /// deduct's `sold_out` on a bucket or a transfer finding a bucket empty
-    /// (here or announced), cleared when items move into the bucket. The
-    /// sale's own flag (`sold_out`) is set only once every bucket was
-    /// confirmed dry in Redis; these are hints for choosing donors.
-    empty_buckets: moka::sync::Cache<(String, u32), (), Hasher>,
-    /// Each sale's bucket count as last read: it never changes for a saved
-    /// sale, so a buy answered locally finds its home bucket without Redis.
-    bucket_counts: moka::sync::Cache<String, u32, Hasher>,
 }
 
 impl SaleCache {
     /// A cache whose views are at most `view_ttl` old (`pages.state_ttl_ms`).
     pub fn new(view_ttl: Duration) -> Self {
         Self {
-            snapshots: moka::future::Cache::builder()
+            sales: moka::sync::Cache::builder()
                 .max_capacity(MAX_SALES)
-                .time_to_live(view_ttl.max(WINDOW_TTL))
                 .build_with_hasher(Hasher::new()),
             absent: moka::future::Cache::builder()
                 .max_capacity(MAX_SALES)
                 .time_to_live(view_ttl.max(WINDOW_TTL))
                 .build_with_hasher(Hasher::new()),
-            view_ttl,
-            stock: moka::sync::Cache::builder()
-                .max_capacity(MAX_SALES)
-                .build_with_hasher(Hasher::new()),
-            clear_count: AtomicU64::new(0),
             missing: moka::future::Cache::builder()
                 .max_capacity(MAX_SALES)
                 .time_to_live(MISSING_TTL)
                 .build_with_hasher(Hasher::new()),
-            empty_buckets: moka::sync::Cache::builder()
-                .max_capacity(MAX_SALES * 4)
-                .time_to_live(SOLD_OUT_TTL)
-                .build_with_hasher(Hasher::new()),
-            bucket_counts: moka::sync::Cache::builder()
-                .max_capacity(MAX_SALES)
-                .build_with_hasher(Hasher::new()),
+            view_ttl,
+            clear_count: AtomicU64::new(0),
         }
     }
 
+    /// The sale's entry, made empty if it has none yet.
+    fn sale(&self, sale_id: &str) -> Arc<Sale> {
+        self.sales.get_with_by_ref(sale_id, Arc::default)
+    }
+
     /// The sale's snapshot, at most `max_age` old: from memory, or one Redis
-    /// read shared by every concurrent caller (moka's `try_get_with` is
-    /// single-flight). A stale entry is dropped only if it is still the
-    /// stale one, so callers that saw it stale together cause one read.
+    /// read shared by every concurrent caller (they queue on the entry's
+    /// `refresh` and find the snapshot the first one read).
     ///
     /// # Errors
-    /// When Redis cannot be read; nothing is cached then, every waiter gets
-    /// the error and the next call retries.
+    /// When Redis cannot be read; nothing is cached then, and the next call
+    /// retries.
     async fn snapshot(
         &self,
         redis: &RedisClient,
@@ -170,39 +199,39 @@ impl SaleCache {
                 return Ok(None);
             }
         }
-        if let Some(held) = self.snapshots.get(sale_id).await {
-            if held.read_at.elapsed() <= max_age {
-                return Ok(held.snapshot);
+        let sale = self.sale(sale_id);
+        if let Some(held) = sale.fresh(max_age) {
+            return Ok(Some(held.snapshot));
+        }
+        let _reading = sale.refresh.lock().await;
+        if let Some(held) = sale.fresh(max_age) {
+            return Ok(Some(held.snapshot));
+        }
+        if let Some(read_at) = self.absent.get(sale_id).await {
+            if read_at.elapsed() <= max_age {
+                return Ok(None);
             }
-            self.snapshots
-                .entry_by_ref(sale_id)
-                .and_compute_with(|entry| {
-                    let stale = entry.is_some_and(|e| e.value().read_at.elapsed() > max_age);
-                    std::future::ready(if stale { Op::Remove } else { Op::Nop })
-                })
-                .await;
         }
-        // Boxed: moka's single-flight future is many kilobytes, and held
-        // inline it would grow the future of every request that can reach
-        // here (moved into its box on each request), where only a miss
-        // needs it.
-        let held = Box::pin(self.snapshots.try_get_with_by_ref(sale_id, async {
-            let snapshot = read_snapshot(redis, sale_id).await?;
-            Ok::<_, RedisError>(Held {
-                snapshot: snapshot.map(Arc::new),
-                read_at: Instant::now(),
-            })
-        }))
-        .await?;
-        if let Some(s) = &held.snapshot {
-            self.bucket_counts
-                .insert(sale_id.to_owned(), s.window.buckets);
-        }
-        if held.snapshot.is_none() {
-            self.snapshots.invalidate(sale_id).await;
-            self.absent.insert(sale_id.to_owned(), held.read_at).await;
-        }
-        Ok(held.snapshot)
+        let read_at = Instant::now();
+        // Boxed: held inline, the read's future would grow the future of
+        // every request that can reach here, where only a miss needs it.
+        let read = Box::pin(read_snapshot(redis, sale_id)).await;
+        let Some(snapshot) = read.map_err(Arc::new)? else {
+            *locked(&sale.snapshot) = None;
+            if sale.is_blank() {
+                self.sales.invalidate(sale_id);
+            }
+            self.absent.insert(sale_id.to_owned(), read_at).await;
+            return Ok(None);
+        };
+        let snapshot = Arc::new(snapshot);
+        sale.buckets
+            .store(snapshot.window.buckets, Ordering::Relaxed);
+        *locked(&sale.snapshot) = Some(Held {
+            snapshot: snapshot.clone(),
+            read_at,
+        });
+        Ok(Some(snapshot))
     }
 
     /// The sale's window for a buy (`None`: not in Redis), at most
@@ -271,6 +300,13 @@ impl SaleCache {
         Ok(out)
     }
 
+    /// The held snapshot of a sale, whatever its age.
+    fn held(&self, sale_id: &str) -> Option<Held> {
+        self.sales
+            .get(sale_id)
+            .and_then(|sale| locked(&sale.snapshot).clone())
+    }
+
     /// Counts a win of this gateway's in the sale's snapshot, if held (no
     /// Redis call), so its own buyers' next view shows the item gone. Only
     /// a snapshot read before the win's script was sent (`sent_at`) is
@@ -278,13 +314,9 @@ impl SaleCache {
     /// counting it twice would show items gone that are still for sale
     /// (an over-report until the next refresh is the lesser error).
     pub async fn took_one(&self, sale_id: &str, sent_at: Instant) {
-        if let Some(Held {
-            snapshot: Some(s),
-            read_at,
-        }) = self.snapshots.get(sale_id).await
-        {
-            if read_at < sent_at {
-                s.took_one();
+        if let Some(held) = self.held(sale_id) {
+            if held.read_at < sent_at {
+                held.snapshot.took_one();
             }
         }
     }
@@ -292,7 +324,9 @@ impl SaleCache {
     /// Whether the sale is flagged sold out here: an unkeyed buy is then
     /// answered without Redis.
     pub fn is_sold_out(&self, sale_id: &str) -> bool {
-        self.stock.get(sale_id).is_some_and(|s| s.flagged())
+        self.sales
+            .get(sale_id)
+            .is_some_and(|sale| locked(&sale.stock).flagged())
     }
 
     /// Flags the sale sold out (or renews its flag) for a `sold_out`
@@ -309,25 +343,23 @@ impl SaleCache {
         epoch: Option<u64>,
         clears: Option<Clears>,
     ) -> Option<u64> {
-        let mut newly = None;
-        self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
-            let mut stock = held.map(|e| e.into_value()).unwrap_or_default();
-            let cleared = match clears {
-                Some(c) if epoch.is_some() => c.blind != stock.clears.blind,
-                Some(c) => c != stock.clears,
-                // Announced by another gateway.
-                None => stock.distrust_announced,
-            };
-            let carried = epoch.is_some();
-            let epoch = epoch.unwrap_or(stock.epoch);
-            if epoch >= stock.epoch && !cleared {
-                newly = (!stock.flagged()).then_some(epoch);
-                stock.distrust_announced &= !(carried && clears.is_some());
-                stock.epoch = epoch;
-                stock.sold_out_until = Some(Instant::now() + SOLD_OUT_TTL);
-            }
-            stock
-        });
+        let sale = self.sale(sale_id);
+        let mut stock = locked(&sale.stock);
+        let cleared = match clears {
+            Some(c) if epoch.is_some() => c.blind != stock.clears.blind,
+            Some(c) => c != stock.clears,
+            // Announced by another gateway.
+            None => stock.distrust_announced,
+        };
+        let carried = epoch.is_some();
+        let epoch = epoch.unwrap_or(stock.epoch);
+        if epoch < stock.epoch || cleared {
+            return None;
+        }
+        let newly = (!stock.flagged()).then_some(epoch);
+        stock.distrust_announced &= !(carried && clears.is_some());
+        stock.epoch = epoch;
+        stock.sold_out_until = Some(Instant::now() + SOLD_OUT_TTL);
         newly
     }
 
@@ -342,11 +374,8 @@ impl SaleCache {
     ) -> Option<u64> {
         let newly = self.flag_sold_out(sale_id, epoch, Some(clears));
         if self.is_sold_out(sale_id) {
-            if let Some(Held {
-                snapshot: Some(s), ..
-            }) = self.snapshots.get(sale_id).await
-            {
-                s.sold_out();
+            if let Some(held) = self.held(sale_id) {
+                held.snapshot.sold_out();
             }
         }
         newly
@@ -354,46 +383,49 @@ impl SaleCache {
 
     /// Where the sale stands in its clears ([`Clears`]).
     pub fn clears(&self, sale_id: &str) -> Clears {
-        self.stock
+        self.sales
             .get(sale_id)
-            .map(|s| s.clears)
+            .map(|sale| locked(&sale.stock).clears)
             .unwrap_or_default()
     }
 
     /// Clears the sale's flag and counts a clear; the stock epoch rises to
     /// `epoch` when one is given (else the clear is a blind one).
-    fn clear(&self, sale_id: &str, epoch: Option<u64>) {
+    fn clear(&self, sale: &Sale, epoch: Option<u64>) {
         let number = self.clear_count.fetch_add(1, Ordering::Relaxed) + 1;
-        self.stock.entry_by_ref(sale_id).and_upsert_with(|held| {
-            let held = held.map(|e| e.into_value()).unwrap_or_default();
-            let blind = if epoch.is_some() {
-                held.clears.blind
-            } else {
-                number
-            };
-            Stock {
-                epoch: held.epoch.max(epoch.unwrap_or(0)),
-                sold_out_until: None,
-                clears: Clears { all: number, blind },
-                distrust_announced: epoch.is_none(),
-            }
-        });
+        let mut stock = locked(&sale.stock);
+        let blind = if epoch.is_some() {
+            stock.clears.blind
+        } else {
+            number
+        };
+        *stock = Stock {
+            epoch: stock.epoch.max(epoch.unwrap_or(0)),
+            sold_out_until: None,
+            clears: Clears { all: number, blind },
+            distrust_announced: epoch.is_none(),
+        };
     }
 
     /// Every sold-out flag cleared, the epochs kept: sale events may have
     /// been missed (the subscription was down), so no flag can be trusted.
     pub fn clear_all_flags(&self) {
-        for (sale_id, _) in &self.stock {
-            self.clear(&sale_id, None);
+        for (_, sale) in &self.sales {
+            self.clear(&sale, None);
+            locked(&sale.empty_buckets).clear();
         }
-        self.empty_buckets.invalidate_all();
     }
 
     /// The sale's bucket count, from its snapshot (at most [`WINDOW_TTL`]
     /// old; 1 when Redis cannot be read: the sale's own keys then sell
     /// nothing, its buys answer 503 fenced, never a wrong win).
     pub async fn buckets(&self, redis: &RedisClient, sale_id: &str) -> u32 {
-        if let Some(n) = self.bucket_counts.get(sale_id) {
+        if let Some(n) = self
+            .sales
+            .get(sale_id)
+            .map(|sale| sale.buckets.load(Ordering::Relaxed))
+            .filter(|n| *n > 0)
+        {
             return n;
         }
         self.window(redis, sale_id)
@@ -405,15 +437,20 @@ impl SaleCache {
 
     /// Whether bucket `bucket` of `sale_id` is flagged empty here.
     pub fn bucket_empty(&self, sale_id: &str, bucket: u32) -> bool {
-        self.empty_buckets
-            .contains_key(&(sale_id.to_owned(), bucket))
+        self.sales.get(sale_id).is_some_and(|sale| {
+            locked(&sale.empty_buckets)
+                .get(&bucket)
+                .is_some_and(|until| Instant::now() < *until)
+        })
     }
 
     /// Flags bucket `bucket` of a sale empty: a hint for choosing donors
-    /// only. The sale itself is flagged sold out only after every bucket
-    /// was confirmed dry in Redis (`crate::buy` refill).
+    /// only, trusted for [`SOLD_OUT_TTL`]. The sale itself is flagged sold
+    /// out only after every bucket was confirmed dry in Redis (`crate::buy`
+    /// refill).
     pub fn mark_bucket_empty(&self, sale_id: &str, bucket: u32) {
-        self.empty_buckets.insert((sale_id.to_owned(), bucket), ());
+        let sale = self.sale(sale_id);
+        locked(&sale.empty_buckets).insert(bucket, Instant::now() + SOLD_OUT_TTL);
     }
 
     /// Items moved into bucket `bucket` of `sale_id`: it is not empty, so
@@ -421,30 +458,36 @@ impl SaleCache {
     /// a refill that confirmed every bucket dry before this then does not
     /// flag the sale sold out again.
     pub fn bucket_stocked(&self, sale_id: &str, bucket: u32) {
-        self.clear(sale_id, None);
-        self.empty_buckets.invalidate(&(sale_id.to_owned(), bucket));
+        let sale = self.sale(sale_id);
+        self.clear(&sale, None);
+        locked(&sale.empty_buckets).remove(&bucket);
     }
 
-    /// Forgets everything about a sale: an operator changed it, or items
-    /// went back to its stock (so someone may win in it again). `epoch`:
-    /// the sale's stock epoch read after the change, when known.
+    /// Forgets everything about a sale but its stock epoch and clears: an
+    /// operator changed it, or items went back to its stock (so someone may
+    /// win in it again). `epoch`: the sale's stock epoch read after the
+    /// change, when known.
     pub async fn forget(&self, sale_id: &str, epoch: Option<u64>) {
-        self.clear(sale_id, epoch);
-        self.snapshots.invalidate(sale_id).await;
+        let sale = self.sale(sale_id);
+        self.clear(&sale, epoch);
+        *locked(&sale.snapshot) = None;
+        sale.buckets.store(0, Ordering::Relaxed);
+        locked(&sale.empty_buckets).clear();
         self.absent.invalidate(sale_id).await;
-        self.bucket_counts.invalidate(sale_id);
-        for k in 0..flashgate_common::buckets::MAX_BUCKETS as u32 {
-            self.empty_buckets.invalidate(&(sale_id.to_owned(), k));
-        }
     }
 
     /// What the backend says of a sale Redis does not have. One backend
     /// call per sale per [`MISSING_TTL`]; each call also drops the sale's
     /// snapshot, so a restored sale sells again at once.
     pub async fn missing(&self, backend: &OrderClient, sale_id: &str) -> MissingSale {
-        // Boxed, as in `snapshot`.
+        // Boxed: moka's single-flight future is many kilobytes, and held
+        // inline it would grow the future of every request that can reach
+        // here (moved into its box on each request), where only a miss
+        // needs it.
         Box::pin(self.missing.get_with_by_ref(sale_id, async {
-            self.snapshots.invalidate(sale_id).await;
+            if let Some(sale) = self.sales.get(sale_id) {
+                *locked(&sale.snapshot) = None;
+            }
             self.absent.invalidate(sale_id).await;
             match backend.sale_exists(sale_id).await {
                 Ok(true) => MissingSale::Restoring,
@@ -461,7 +504,113 @@ impl SaleCache {
 
 #[cfg(test)]
 mod tests {
+    use flashgate_common::keys::SaleKeys;
+
     use super::*;
+    use crate::breaker::Breaker;
+    use crate::testing::RedisServer;
+
+    async fn put_sale(server: &RedisServer, id: &str) {
+        let now = flashgate_common::now_ms();
+        let meta = [
+            ("name", "Sneaker".to_owned()),
+            ("stock", "5".to_owned()),
+            ("per_user_limit", "1".to_owned()),
+            ("starts_at_ms", (now - 1000).to_string()),
+            ("ends_at_ms", (now + 3_600_000).to_string()),
+            ("paused", "0".to_owned()),
+        ];
+        let keys = SaleKeys::new(id);
+        let () = redis::pipe()
+            .hset_multiple(&keys.meta, &meta)
+            .set(&keys.remaining, 5)
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+    }
+
+    async fn redis_with_sale(id: &str) -> (RedisServer, RedisClient) {
+        let server = RedisServer::private();
+        put_sale(&server, id).await;
+        let client = RedisClient::standalone(
+            &server.url(),
+            Duration::from_millis(500),
+            Breaker::new(5, Duration::from_secs(1)),
+        );
+        (server, client)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_first_reads_of_a_sale_cost_one_redis_read() {
+        let (server, redis) = redis_with_sale("s").await;
+        let (redis, sales) = (
+            Arc::new(redis),
+            Arc::new(SaleCache::new(Duration::from_millis(250))),
+        );
+        let before = server.command_calls("hgetall").await;
+        let mut reads = tokio::task::JoinSet::new();
+        for _ in 0..50 {
+            let (redis, sales) = (redis.clone(), sales.clone());
+            reads.spawn(async move { sales.window(&redis, "s").await.unwrap().is_some() });
+        }
+        while let Some(found) = reads.join_next().await {
+            assert!(found.unwrap());
+        }
+        assert_eq!(server.command_calls("hgetall").await - before, 1);
+    }
+
+    #[tokio::test]
+    async fn made_up_sale_ids_hold_no_entry_and_leave_a_real_sales_flag_and_epoch() {
+        let (_server, redis) = redis_with_sale("s").await;
+        let sales = SaleCache::new(Duration::from_millis(250));
+        assert!(sales.window(&redis, "s").await.unwrap().is_some());
+        assert_eq!(sales.flag_sold_out("s", Some(7), None), Some(7));
+        for n in 0..500 {
+            let id = format!("made-up-{n}");
+            assert!(sales.window(&redis, &id).await.unwrap().is_none());
+            assert!(!sales.is_sold_out(&id));
+        }
+        sales.sales.run_pending_tasks();
+        assert_eq!(
+            sales.sales.entry_count(),
+            1,
+            "only the real sale has an entry"
+        );
+        assert!(sales.is_sold_out("s"));
+        assert_eq!(
+            sales.flag_sold_out("s", Some(6), None),
+            None,
+            "its epoch is kept: an older sold out is stale"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sale_redis_lost_keeps_its_epoch_and_reads_again_after_the_backends_answer() {
+        let (server, redis) = redis_with_sale("s").await;
+        let sales = SaleCache::new(Duration::from_millis(250));
+        assert!(sales.window(&redis, "s").await.unwrap().is_some());
+        sales.clear(&sales.sale("s"), Some(9));
+        let () = redis::cmd("FLUSHALL")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        sales.forget("s", None).await;
+        assert!(sales.window(&redis, "s").await.unwrap().is_none());
+        assert_eq!(
+            sales.flag_sold_out("s", Some(8), None),
+            None,
+            "the epoch outlives the sale's absence"
+        );
+        // Nobody listens on port 9: the backend does not answer.
+        let backend =
+            OrderClient::new("http://127.0.0.1:9", Duration::from_millis(200), "t").unwrap();
+        assert_eq!(sales.missing(&backend, "s").await, MissingSale::NoAnswer);
+        put_sale(&server, "s").await;
+        assert!(
+            sales.window(&redis, "s").await.unwrap().is_some(),
+            "read again at once, not after the absence's TTL"
+        );
+    }
 
     #[test]
     fn a_sold_out_older_than_the_known_epoch_or_sent_before_a_clear_flags_nothing() {
@@ -477,19 +626,19 @@ mod tests {
             "renewed, not announced again"
         );
         // A change whose new epoch was read clears it; an older sold out is stale.
-        sales.clear("s", Some(9));
+        sales.clear(&sales.sale("s"), Some(9));
         assert!(!sales.is_sold_out("s"));
         assert_eq!(sales.flag_sold_out("s", Some(8), None), None);
         assert!(!sales.is_sold_out("s"));
         // A call sent before a clear whose epoch was read is judged by its
         // epoch: decided after the change, it flags the sale.
         let clears = sales.clears("s");
-        sales.clear("s", Some(9));
+        sales.clear(&sales.sale("s"), Some(9));
         assert_eq!(sales.flag_sold_out("s", Some(9), Some(clears)), Some(9));
         // Before a clear whose epoch is not known (its read failed): stale
         // whatever its epoch, as this gateway cannot tell.
         let clears = sales.clears("s");
-        sales.clear("s", None);
+        sales.clear(&sales.sale("s"), None);
         assert_eq!(sales.flag_sold_out("s", Some(9), Some(clears)), None);
         assert_eq!(
             sales.flag_sold_out("s", Some(9), Some(sales.clears("s"))),
@@ -498,7 +647,7 @@ mod tests {
         // Without an epoch of its own (the draw's): at the newest known,
         // and stale after any clear since its call was sent.
         let clears = sales.clears("s");
-        sales.clear("s", Some(9));
+        sales.clear(&sales.sale("s"), Some(9));
         assert_eq!(sales.flag_sold_out("s", None, Some(clears)), None);
         assert_eq!(sales.flag_sold_out("s", None, None), Some(9));
         sales.clear_all_flags();
@@ -516,7 +665,7 @@ mod tests {
             sales.flag_sold_out("s", Some(10), Some(sales.clears("s"))),
             Some(10)
         );
-        sales.clear("s", Some(11));
+        sales.clear(&sales.sale("s"), Some(11));
         assert_eq!(
             sales.flag_sold_out("s", Some(11), None),
             Some(11),

@@ -8,9 +8,9 @@
 //!   after the end or while paused from it; a view accepts one up to
 //!   `pages.state_ttl_ms` old (about a quarter of a second: sale pages poll
 //!   every second or two, and remaining stock is never older than that).
-//!   A refresh is single-flight (moka's `try_get_with`): any number of
-//!   readers cost at most one Redis read per sale per TTL per gateway. An
-//!   unknown sale is cached too; a Redis error is not. This gateway's own
+//!   A refresh is single-flight (readers queue on the sale's entry): any
+//!   number of readers cost at most one Redis read per sale per TTL per
+//!   gateway. An unknown sale is cached too; a Redis error is not. This gateway's own
 //!   wins (and a sold-out answer) are applied to the held snapshot at once,
 //!   so a buyer's next view shows their item gone.
 //! - **The sold-out flag**: set when the deduct script answers sold out,
@@ -35,8 +35,13 @@
 //!   restoring it. The answer is cached for [`MISSING_TTL`], so a flood of
 //!   buys costs one backend call per sale per TTL.
 //!
-//! Everything is bounded (moka caches of at most 10,000 sales) and
-//! answers domain values; the HTTP answer is decided by the caller.
+//! All a gateway holds of one sale (snapshot, flag, epoch and clears,
+//! bucket hints and count) is one entry of one moka cache of at most
+//! 10,000 sales, kept until that bound evicts it. Ids Redis does not have,
+//! and the backend's word on them, live in two small caches of their own
+//! with short lifetimes, so made-up ids never take a real sale's place.
+//! Everything answers domain values; the HTTP answer is decided by the
+//! caller.
 
 mod cache;
 mod snapshot;
