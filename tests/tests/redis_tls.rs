@@ -1,24 +1,24 @@
-//! Redis over TLS (`rediss://`): the processes reach a redis-server only on
-//! its TLS port, on a certificate from a CA the test makes, trusted through
-//! `redis.ca_file`; a certificate no trusted CA signed is refused.
+//! Redis over TLS (`rediss://`), in the three modes: the processes reach
+//! the redis-servers (and the sentinels) only on their TLS ports, on a
+//! certificate from a CA the test makes, trusted through `redis.ca_file`;
+//! without it, or with another CA there, the certificate is refused.
 
 use std::process::Command;
 use std::time::Duration;
 
 use flashgate_tests::pki::{write_replacing, TestCa};
-use flashgate_tests::{bin, buy_all, random_user, Attempt, RedisMode, Stack, StackOptions};
+use flashgate_tests::{
+    bin, buy_all, get_json, random_user, Attempt, RedisMode, Stack, StackOptions,
+};
 
-/// `flashgate --config FILE check --connect`, with the stack's
-/// `SSL_CERT_FILE` if it has one.
+/// `flashgate --config FILE check --connect`.
 fn check_connect(stack: &Stack) -> std::process::Output {
-    let mut cmd = Command::new(bin("flashgate"));
-    cmd.arg("--config")
+    Command::new(bin("flashgate"))
+        .arg("--config")
         .arg(&stack.config_path)
-        .args(["check", "--connect"]);
-    if let Some(bundle) = &stack.ssl_cert_file {
-        cmd.env("SSL_CERT_FILE", bundle);
-    }
-    cmd.output().unwrap()
+        .args(["check", "--connect"])
+        .output()
+        .unwrap()
 }
 
 /// A sale of `stock` through the stack: exactly the stock wins, one order
@@ -48,7 +48,8 @@ async fn sells_exactly(stack: &Stack, sale: &str, stock: i64) {
             .collect();
         assert!(
             odd.is_empty(),
-            "answers other than won, sold out or paused: {odd:?}"
+            "answers other than won, sold out or paused: {odd:?}\n{}",
+            stack.log("flashgate")
         );
         wins += got.iter().filter(|o| o.won()).count() as i64;
         if got.iter().any(|o| o.status == 410) {
@@ -70,10 +71,9 @@ async fn sells_exactly(stack: &Stack, sale: &str, stock: i64) {
     );
 }
 
-/// In cluster and sentinel modes the processes trust the system's store
-/// only: `check --connect` passes with the stack's CA there
-/// (`SSL_CERT_FILE`) and is refused by the certificate check without it.
-fn check_connect_needs_the_ca_in_the_system_store(stack: &Stack, expect: &str) {
+/// `check --connect` passes, trusting the stack's CA through
+/// `redis.ca_file`, and finds what `expect` says.
+fn check_connect_trusts_the_ca_file(stack: &Stack, expect: &str) {
     let out = check_connect(stack);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -81,18 +81,63 @@ fn check_connect_needs_the_ca_in_the_system_store(stack: &Stack, expect: &str) {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains(expect), "{stdout}");
-    let out = Command::new(bin("flashgate"))
-        .arg("--config")
-        .arg(&stack.config_path)
-        .args(["check", "--connect"])
-        .env("SSL_CERT_FILE", stack.dir.0.join("no-such-bundle.pem"))
-        .output()
-        .unwrap();
+    assert!(
+        stdout.contains("redis.ca_file: ok (1 CA certificates") && stdout.contains(expect),
+        "{stdout}"
+    );
+}
+
+/// Without `redis.ca_file` the processes trust the system's roots alone,
+/// which do not know the stack's CA: `check --connect` is refused by the
+/// certificate check, and a backend and a gateway started so are not
+/// ready, say why in their logs, and sell nothing.
+async fn without_the_ca_file_nothing_connects(stack: &mut Stack, sale: &str) {
+    stack.kill_gateway();
+    stack.kill_backend();
+    stack.edit_config(|t| {
+        t.lines()
+            .filter(|l| !l.starts_with("ca_file = "))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    });
+    let out = check_connect(stack);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("certificate verify failed"),
         "{stderr}"
+    );
+
+    // What each process logs from now on.
+    let since = |name: &str| stack.log(name).len();
+    let (gateway_from, backend_from) = (since("flashgate"), since("flashgate-backend"));
+    stack.spawn_backend();
+    stack.spawn_gateway();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let says_why =
+            |name: &str, from: usize| stack.log(name)[from..].contains("certificate verify failed");
+        if says_why("flashgate", gateway_from) && says_why("flashgate-backend", backend_from) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a process does not say why:\n{}\n{}",
+            &stack.log("flashgate")[gateway_from..],
+            &stack.log("flashgate-backend")[backend_from..]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for ready in [
+        format!("http://{}/ready", stack.gateway_admin_addr),
+        format!("http://{}/ready", stack.backend_addr),
+    ] {
+        let (status, body) = get_json(&stack.http, &ready).await;
+        assert_eq!(status, 503, "{ready}: {body}");
+    }
+    let (status, body) = stack.buy(sale, &random_user(), None).await;
+    assert_eq!(
+        status, 503,
+        "a Redis that cannot be verified is not used: {body}"
     );
 }
 
@@ -233,15 +278,18 @@ async fn a_redis_whose_certificate_no_trusted_ca_signed_is_refused_and_nothing_s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn on_a_tls_cluster_a_sale_sells_exactly_through_rediss_seed_nodes() {
-    let stack = Stack::start(StackOptions {
+async fn on_a_tls_cluster_trusting_redis_ca_file_a_sale_sells_exactly_and_without_it_nothing_connects(
+) {
+    let mut stack = Stack::start(StackOptions {
         redis_mode: RedisMode::Cluster,
         ..tls_stack()
     })
     .await;
     let text = std::fs::read_to_string(&stack.config_path).unwrap();
     assert!(
-        text.contains("nodes = [\"rediss://127.0.0.1:") && !text.contains("\"redis://"),
+        text.contains("nodes = [\"rediss://127.0.0.1:")
+            && !text.contains("\"redis://")
+            && text.contains("ca_file = "),
         "{text}"
     );
     sells_exactly(&stack, "tls-cluster", 30).await;
@@ -250,21 +298,26 @@ async fn on_a_tls_cluster_a_sale_sells_exactly_through_rediss_seed_nodes() {
         0,
         "read over the plain ports"
     );
-    check_connect_needs_the_ca_in_the_system_store(&stack, "every script loaded");
+    check_connect_trusts_the_ca_file(&stack, "every script loaded");
+    without_the_ca_file_nothing_connects(&mut stack, "tls-cluster").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn on_a_tls_sentinel_set_a_sale_sells_exactly_through_rediss_sentinels_and_primary() {
-    let stack = Stack::start(StackOptions {
+async fn on_a_tls_sentinel_set_trusting_redis_ca_file_a_sale_sells_exactly_and_without_it_nothing_connects(
+) {
+    let mut stack = Stack::start(StackOptions {
         redis_mode: RedisMode::Sentinel,
         ..tls_stack()
     })
     .await;
     let text = std::fs::read_to_string(&stack.config_path).unwrap();
     assert!(
-        text.contains("sentinels = [\"rediss://127.0.0.1:") && !text.contains("\"redis://"),
+        text.contains("sentinels = [\"rediss://127.0.0.1:")
+            && !text.contains("\"redis://")
+            && text.contains("ca_file = "),
         "{text}"
     );
     sells_exactly(&stack, "tls-sentinel", 30).await;
-    check_connect_needs_the_ca_in_the_system_store(&stack, "ROLE master, every script loaded");
+    check_connect_trusts_the_ca_file(&stack, "ROLE master, every script loaded");
+    without_the_ca_file_nothing_connects(&mut stack, "tls-sentinel").await;
 }
