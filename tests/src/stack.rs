@@ -56,11 +56,10 @@ pub struct StackOptions {
     /// Redis key would be read as the backend's.
     pub redis_extra: String,
     /// The stack's Redis deployment also serves TLS, on certificates from
-    /// a CA the stack makes (`redis-ca.pem` in its dir), and the processes
-    /// reach it only there (`rediss://`). Standalone: the CA is
-    /// `redis.ca_file`. Cluster and sentinel (where the redis crate trusts
-    /// the system's store only): the processes' OpenSSL is pointed at the
-    /// CA with `SSL_CERT_FILE`. The test's own checks keep the plain ports.
+    /// a CA the stack makes (`redis-ca.pem` in its dir, which is
+    /// `redis.ca_file`), and the processes reach it only there
+    /// (`rediss://`), in every mode. The test's own checks keep the plain
+    /// ports.
     pub redis_tls: bool,
 }
 
@@ -247,9 +246,6 @@ pub struct Stack {
     pub config_path: PathBuf,
     pub http: reqwest::Client,
     pub dir: TempDir,
-    /// `SSL_CERT_FILE` of the stack's processes: the CA bundle their
-    /// OpenSSL takes as the system's roots (a TLS cluster or sentinel set).
-    pub ssl_cert_file: Option<PathBuf>,
 }
 
 impl Stack {
@@ -258,29 +254,24 @@ impl Stack {
         let dir = TempDir::new("stack");
         let tls = opts.redis_tls.then(|| redis_tls_files(&dir.0));
         let deployment = Deployment::start_with(opts.redis_mode, tls.as_ref());
-        let (redis, target, trust) = match &tls {
+        let (redis, target) = match &tls {
             None => {
                 let redis = RedisServer::start(&dir.0, opts.appendonly);
                 let target = deployment.target(redis.port);
-                (redis, target, None)
+                (redis, target)
             }
             Some(files) => {
                 let redis = RedisServer::start_tls(&dir.0, opts.appendonly, files);
                 let target = deployment.tls_target(&redis);
-                if opts.redis_mode == RedisMode::Standalone {
-                    opts.redis_extra.push_str(&format!(
-                        "\nca_file = {:?}\n",
-                        files.ca_file.display().to_string()
-                    ));
-                    (redis, target, None)
-                } else {
-                    (redis, target, Some(files.ca_file.clone()))
-                }
+                opts.redis_extra.push_str(&format!(
+                    "\nca_file = {:?}\n",
+                    files.ca_file.display().to_string()
+                ));
+                (redis, target)
             }
         };
         let layout = Layout::new(&opts, &dir, target);
         let mut stack = layout.into_stack(dir, redis, deployment);
-        stack.ssl_cert_file = trust;
         if opts.skip_ready_wait {
             stack.spawn_backend();
             stack.spawn_gateway();
@@ -352,12 +343,7 @@ impl Stack {
     }
 
     fn spawn(&self, name: &'static str, extra: &[&str]) -> Proc {
-        let env: Vec<(&str, &Path)> = self
-            .ssl_cert_file
-            .iter()
-            .map(|f| ("SSL_CERT_FILE", f.as_path()))
-            .collect();
-        spawn_with_env(&self.dir.0, &self.config_path, name, name, extra, &env)
+        spawn_in(&self.dir.0, &self.config_path, name, extra)
     }
 }
 
@@ -507,7 +493,6 @@ sale_poll_ms = 100
                 .build()
                 .unwrap(),
             dir,
-            ssl_cert_file: None,
         }
     }
 }
@@ -526,18 +511,6 @@ pub fn spawn_as(
     name: &'static str,
     extra: &[&str],
 ) -> Proc {
-    spawn_with_env(dir, config_path, binary, name, extra, &[])
-}
-
-/// [`spawn_as`] with `env` set too.
-fn spawn_with_env(
-    dir: &Path,
-    config_path: &Path,
-    binary: &str,
-    name: &'static str,
-    extra: &[&str],
-    env: &[(&str, &Path)],
-) -> Proc {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -554,7 +527,6 @@ fn spawn_with_env(
         .env("FLASHGATE_CHALLENGE_SECRET", CHALLENGE_SECRET)
         .env("FLASHGATE_WEBHOOK_SECRET", crate::WEBHOOK_SECRET)
         .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()

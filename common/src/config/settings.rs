@@ -160,8 +160,9 @@ pub struct RedisConfig {
     pub wait_replicas: u32,
     /// How long a win waits for `wait_replicas` before its buyer gets 503.
     pub wait_timeout: Duration,
-    /// CA certificates (PEM) trusted besides the system's roots for a
-    /// `rediss://` server (standalone only); read when a connection is
+    /// CA certificates (PEM) trusted besides the system's roots for the
+    /// `rediss://` servers of any mode (standalone, cluster nodes,
+    /// sentinels and the primary they name); read when a connection is
     /// made, and checked at start by [`crate::redis_conn::check_ca_file`]
     /// (parsing the config reads no file).
     pub ca_file: Option<PathBuf>,

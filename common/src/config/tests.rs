@@ -630,8 +630,8 @@ fn each_redis_mode_builds_its_target() {
 }
 
 #[test]
-fn redis_tls_takes_a_ca_file_for_a_standalone_rediss_url_and_refuses_what_would_skip_or_ignore_it()
-{
+fn redis_tls_takes_a_ca_file_for_rediss_urls_in_every_mode_and_refuses_what_would_skip_or_ignore_it(
+) {
     let problems = |text: &str| match Config::from_toml_str(text, &NoEnv, 0) {
         Err(ConfigError::Invalid(p)) => p,
         other => panic!("accepted: {other:?}"),
@@ -669,16 +669,17 @@ fn redis_tls_takes_a_ca_file_for_a_standalone_rediss_url_and_refuses_what_would_
         problems("[redis]\nurl = \"rediss://10.0.0.1:6380/\"\nca_file = \" \"\n"),
         ["redis.ca_file: must not be empty (leave it out for the system's roots only)"]
     );
-    let err = problems(&format!("{tls_cluster}ca_file = \"ca.pem\"\n")).join("\n");
-    assert!(
-        err.starts_with("redis.ca_file: only used with mode = \"standalone\": in cluster mode")
-            && err.contains("trust store"),
-        "{err}"
+    for tls in [tls_cluster, tls_sentinels] {
+        let c = Config::from_toml_str(&format!("{tls}ca_file = \"ca.pem\"\n"), &NoEnv, 0).unwrap();
+        assert_eq!(c.redis.ca_file, Some(PathBuf::from("ca.pem")), "{tls}");
+    }
+    assert_eq!(
+        problems("[redis]\nmode = \"cluster\"\nnodes = [\"redis://10.0.0.1:7000\"]\nca_file = \"ca.pem\"\n"),
+        ["redis.ca_file: needs rediss:// redis.nodes (TLS)"]
     );
-    let err = problems(&format!("{tls_sentinels}ca_file = \"ca.pem\"\n")).join("\n");
-    assert!(
-        err.starts_with("redis.ca_file: only used with mode = \"standalone\": in sentinel mode"),
-        "{err}"
+    assert_eq!(
+        problems("[redis]\nmode = \"sentinel\"\nsentinels = [\"redis://10.0.0.1:26379\"]\nmaster_name = \"m\"\nca_file = \"ca.pem\"\n"),
+        ["redis.ca_file: needs rediss:// redis.sentinels (TLS)"]
     );
     let err = problems("[redis]\nurl = \"rediss://10.0.0.1:6380/#insecure\"\n").join("\n");
     assert!(

@@ -141,10 +141,8 @@ fn redis(check: &mut Check, f: file::Redis) -> RedisConfig {
     }
 }
 
-/// `redis.ca_file`: a path, for a `rediss://` standalone Redis. The redis
-/// crate on OpenSSL (native-tls) takes extra roots only for a single
-/// server: its cluster and sentinel clients verify against the system's
-/// trust store alone, so a file there would be silently ignored.
+/// `redis.ca_file`: a path, for a deployment reached over TLS (`rediss://`
+/// URLs), in any mode; with `redis://` URLs nothing would read it.
 fn redis_ca_file(check: &mut Check, f: &file::Redis, target: &RedisTarget) -> Option<PathBuf> {
     let path = f.ca_file.as_deref()?;
     check
@@ -154,25 +152,15 @@ fn redis_ca_file(check: &mut Check, f: &file::Redis, target: &RedisTarget) -> Op
             "must not be empty",
         )
         .note("leave it out for the system's roots only");
-    match target {
+    let tls = |urls: &[String]| urls.iter().any(|u| u.starts_with("rediss://"));
+    let (urls, tls) = match target {
         RedisTarget::Standalone { url } => {
-            check.that(
-                url.starts_with("rediss://"),
-                "redis.ca_file",
-                "needs a rediss:// redis.url (TLS)",
-            );
+            ("a rediss:// redis.url", tls(std::slice::from_ref(url)))
         }
-        other => {
-            check.fail(
-                "redis.ca_file",
-                format_args!(
-                    "only used with mode = \"standalone\": in {} mode the server certificates are verified against the system's \
-                     trust store only (add the CA there, e.g. update-ca-certificates, or point SSL_CERT_FILE at a bundle that holds it)",
-                    other.mode()
-                ),
-            );
-        }
-    }
+        RedisTarget::Cluster { nodes } => ("rediss:// redis.nodes", tls(nodes)),
+        RedisTarget::Sentinel { sentinels, .. } => ("rediss:// redis.sentinels", tls(sentinels)),
+    };
+    check.that(tls, "redis.ca_file", format_args!("needs {urls} (TLS)"));
     Some(PathBuf::from(path))
 }
 

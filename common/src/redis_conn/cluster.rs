@@ -1,17 +1,25 @@
 //! The cluster mode: the redis crate's `ClusterConnection`, tuned for a buy
 //! path, plus the two things it leaves to its user (see the parent module):
-//! `NOSCRIPT` answered with `EVAL`, and pipelines that span slots.
+//! `NOSCRIPT` answered with `EVAL`, and pipelines that span slots. Its node
+//! connections are [`NodeConnection`]s, which trust `redis.ca_file` too
+//! (see [`super::tls`]).
 
+use std::path::Path;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use redis::aio::ConnectionLike;
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::{ClusterConnection, Connect};
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use redis::{Arg, Cmd, ErrorKind, RedisFuture, RedisResult, ServerErrorKind, Value};
+use redis::{
+    Arg, AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
+};
+
+use super::tls;
 
 /// Retries of one call (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a node
 /// reconnected): enough to ride out a failover's slot-map refresh, few
@@ -28,23 +36,26 @@ const OVERALL_TIMEOUTS: u32 = 3;
 /// node; clones share it.
 #[derive(Clone)]
 pub struct ClusterHandle {
-    conn: ClusterConnection,
+    conn: ClusterConnection<NodeConnection>,
 }
 
 impl ClusterHandle {
-    /// Connects through the first seed node that answers.
+    /// Connects through the first seed node that answers; `rediss://` nodes
+    /// are verified against the system's roots and those of `ca_file`.
     ///
     /// # Errors
-    /// A bad URL, or no seed node answers.
+    /// A bad URL, a `ca_file` that cannot be used, or no seed node answers.
     pub async fn connect(
         nodes: &[String],
+        ca_file: Option<&Path>,
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
-        let conn = builder(nodes, connection_timeout, response_timeout)
-            .build()?
-            .get_async_connection()
-            .await?;
+        let client = build(
+            builder(nodes, connection_timeout, response_timeout),
+            ca_file,
+        )?;
+        let conn = connect(&client).await?;
         Ok(Self { conn })
     }
 
@@ -121,6 +132,72 @@ pub(super) fn builder(
         .connection_timeout(connection_timeout)
         .response_timeout(response_timeout)
         .overall_response_timeout(Some(response_timeout * OVERALL_TIMEOUTS))
+}
+
+/// The client of `builder`, whose node connections trust `ca_file` too.
+///
+/// # Errors
+/// A bad URL, or a `ca_file` that cannot be used.
+pub(super) fn build(
+    builder: ClusterClientBuilder,
+    ca_file: Option<&Path>,
+) -> RedisResult<ClusterClient> {
+    tls::fix_cluster_roots(ca_file)?;
+    builder.build()
+}
+
+/// A connection of `client` (built by [`build`]) to the cluster.
+///
+/// # Errors
+/// No seed node answers.
+pub(super) async fn connect(
+    client: &ClusterClient,
+) -> RedisResult<ClusterConnection<NodeConnection>> {
+    client
+        .get_async_generic_connection::<NodeConnection>()
+        .await
+}
+
+/// A connection to one cluster node: the crate's multiplexed connection,
+/// made with the roots of the process's cluster clients
+/// ([`tls::cluster_roots`]) in its address. The crate gives a node's
+/// connection no roots of its own on native-tls.
+#[derive(Clone)]
+pub(super) struct NodeConnection(MultiplexedConnection);
+
+impl Connect for NodeConnection {
+    fn connect_with_config<'a, T>(info: T, config: AsyncConnectionConfig) -> RedisFuture<'a, Self>
+    where
+        T: IntoConnectionInfo + Send + 'a,
+    {
+        async move {
+            let client = tls::cluster_roots().client(info)?;
+            let conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            Ok(Self(conn))
+        }
+        .boxed()
+    }
+}
+
+impl ConnectionLike for NodeConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
 }
 
 /// The first argument of `cmd` (its name), if it is `name`.

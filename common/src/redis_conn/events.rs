@@ -19,6 +19,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::mpsc;
 
+use super::cluster::NodeConnection;
 use crate::config::{RedisConfig, RedisTarget};
 
 /// A standing subscription to one channel.
@@ -30,7 +31,7 @@ enum Inner {
     Node(PubSubStream),
     Cluster {
         /// Dropping it ends the subscription.
-        _conn: ClusterConnection,
+        _conn: ClusterConnection<NodeConnection>,
         pushes: mpsc::UnboundedReceiver<PushInfo>,
     },
 }
@@ -53,20 +54,22 @@ impl EventSubscription {
                 sentinels,
                 master_name,
             } => {
-                let mut client = super::sentinel::client(sentinels, master_name)?;
-                let mut pubsub = client.async_get_client().await?.get_async_pubsub().await?;
+                let mut pubsub =
+                    super::sentinel::primary(sentinels, master_name, config.ca_file.as_deref())
+                        .await?
+                        .get_async_pubsub()
+                        .await?;
                 pubsub.subscribe(channel).await?;
                 Inner::Node(pubsub.into_on_message())
             }
             RedisTarget::Cluster { nodes } => {
                 let (sender, pushes) = mpsc::unbounded_channel();
                 let timeout = config.timeout.max(std::time::Duration::from_secs(1));
-                let mut conn = super::cluster::builder(nodes, timeout, timeout)
+                let builder = super::cluster::builder(nodes, timeout, timeout)
                     .use_protocol(redis::ProtocolVersion::RESP3)
-                    .push_sender(sender)
-                    .build()?
-                    .get_async_connection()
-                    .await?;
+                    .push_sender(sender);
+                let client = super::cluster::build(builder, config.ca_file.as_deref())?;
+                let mut conn = super::cluster::connect(&client).await?;
                 conn.subscribe(channel).await?;
                 Inner::Cluster {
                     _conn: conn,

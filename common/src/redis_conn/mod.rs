@@ -107,8 +107,13 @@ impl RedisHandle {
                 ))
             }
             RedisTarget::Cluster { nodes } => Ok(Self::Cluster(
-                ClusterHandle::connect(nodes, tuning.connection_timeout, tuning.response_timeout)
-                    .await?,
+                ClusterHandle::connect(
+                    nodes,
+                    config.ca_file.as_deref(),
+                    tuning.connection_timeout,
+                    tuning.response_timeout,
+                )
+                .await?,
             )),
             RedisTarget::Sentinel {
                 sentinels,
@@ -117,6 +122,7 @@ impl RedisHandle {
                 SentinelHandle::connect(
                     sentinels,
                     master_name,
+                    config.ca_file.as_deref(),
                     &node_config(tuning),
                     tuning.response_timeout,
                 )
@@ -153,13 +159,25 @@ impl RedisHandle {
                 ))
             }
             RedisTarget::Cluster { nodes } => Ok(Self::Cluster(
-                ClusterHandle::connect(nodes, connection_timeout, response_timeout).await?,
+                ClusterHandle::connect(
+                    nodes,
+                    config.ca_file.as_deref(),
+                    connection_timeout,
+                    response_timeout,
+                )
+                .await?,
             )),
             RedisTarget::Sentinel {
                 sentinels,
                 master_name,
             } => Ok(Self::Direct(
-                sentinel::master_connection(sentinels, master_name, &node_config(&tuning)).await?,
+                sentinel::master_connection(
+                    sentinels,
+                    master_name,
+                    config.ca_file.as_deref(),
+                    &node_config(&tuning),
+                )
+                .await?,
             )),
         }
     }

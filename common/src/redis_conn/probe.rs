@@ -62,11 +62,11 @@ pub async fn probe(config: &RedisConfig) -> Result<Vec<String>, ProbeError> {
             }
             Ok(found)
         }
-        RedisTarget::Cluster { nodes } => cluster(nodes, timeout, config.wait_replicas).await,
+        RedisTarget::Cluster { nodes } => cluster(nodes, config, timeout).await,
         RedisTarget::Sentinel {
             sentinels,
             master_name,
-        } => sentinel(sentinels, master_name, timeout, config.wait_replicas).await,
+        } => sentinel(sentinels, master_name, config, timeout).await,
     }
 }
 
@@ -114,13 +114,15 @@ async fn node(
 
 async fn cluster(
     nodes: &[String],
+    config: &RedisConfig,
     timeout: Duration,
-    wait_replicas: u32,
 ) -> Result<Vec<String>, ProbeError> {
+    let ca_file = config.ca_file.as_deref();
+    let wait_replicas = config.wait_replicas;
     let mut found = Vec::new();
     for (i, url) in nodes.iter().enumerate() {
         let key = format!("redis.nodes[{i}]");
-        let mut conn = node(url, None, timeout)
+        let mut conn = node(url, ca_file, timeout)
             .await
             .map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
         let info: String = redis::cmd("CLUSTER")
@@ -144,7 +146,7 @@ async fn cluster(
         found.push(format!("{url}: cluster_state:ok"));
     }
     let mut conn = RedisHandle::Cluster(
-        ClusterHandle::connect(nodes, timeout, timeout)
+        ClusterHandle::connect(nodes, ca_file, timeout, timeout)
             .await
             .map_err(|e| ProbeError(format!("redis.nodes: no seed node answers: {e}")))?,
     );
@@ -196,14 +198,16 @@ async fn cluster(
 async fn sentinel(
     sentinels: &[String],
     master_name: &str,
+    config: &RedisConfig,
     timeout: Duration,
-    wait_replicas: u32,
 ) -> Result<Vec<String>, ProbeError> {
+    let ca_file = config.ca_file.as_deref();
+    let wait_replicas = config.wait_replicas;
     let mut found = Vec::new();
     let mut master = None;
     for (i, url) in sentinels.iter().enumerate() {
         let key = format!("redis.sentinels[{i}]");
-        let mut conn = node(url, None, timeout)
+        let mut conn = node(url, ca_file, timeout)
             .await
             .map_err(|e| ProbeError(format!("{key}: {url}: {e}")))?;
         let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
@@ -234,7 +238,7 @@ async fn sentinel(
         "redis"
     };
     let url = format!("{scheme}://{host}:{port}/");
-    let mut conn = node(&url, None, timeout).await.map_err(|e| {
+    let mut conn = node(&url, ca_file, timeout).await.map_err(|e| {
         ProbeError(format!(
             "redis.master_name: master `{master_name}` at {host}:{port}: {e}"
         ))

@@ -3,24 +3,48 @@
 //! `https://`/`amqps://` clients link too.
 //!
 //! The server's certificate is always verified (`#insecure` URLs are
-//! refused by the config): against the system's roots, plus, for a
-//! standalone Redis, the CA certificates of `redis.ca_file`. The redis
-//! crate's native-tls path *replaces* the roots with the ones it is given,
-//! so the system's bundle is handed over beside the file's certificates.
+//! refused by the config), in every mode, against [`Roots`]: the system's
+//! roots, plus the CA certificates of `redis.ca_file` when it is set. The
+//! redis crate's native-tls path *replaces* the roots with the ones it is
+//! given, so the system's bundle is handed over beside the file's.
 //!
-//! The cluster and sentinel clients of the crate take no roots of their
-//! own on native-tls (`ClusterClientBuilder::certs` and the sentinel's
-//! certificates exist only with its rustls feature, a second TLS library),
-//! so there the system's trust store alone decides; the config refuses
-//! `redis.ca_file` in those modes rather than ignore it.
+//! The roots reach a connection through its `ConnectionInfo`: the address
+//! of a `rediss://` node carries them ([`Roots::apply`]). How each mode gets
+//! there, with the crate (1.8) on native-tls, where its own ways to pass
+//! roots to a cluster (`ClusterClientBuilder::certs`) or a sentinel set
+//! (`SentinelClientBuilder::set_client_to_redis_certificates`) exist only
+//! with its rustls feature, a second TLS library the binaries do not take:
+//!
+//! - **standalone**: one client per URL, built with the roots.
+//! - **cluster**: the crate builds each node's connection itself, from the
+//!   address the cluster gives out, through the `Connect` type its
+//!   connection is generic over (`ClusterClient::get_async_generic_connection`);
+//!   [`super::cluster::NodeConnection`] applies the roots there. `Connect`
+//!   has no receiver, so these roots are the process's ([`cluster_roots`]):
+//!   set by its first cluster client, and a later one with another
+//!   `redis.ca_file` is refused (a process runs one config).
+//! - **sentinel**: the crate's `SentinelClient` keeps the roots of the
+//!   sentinels' own URLs but reaches the primary they name with the
+//!   system's roots only, so the lookup of the primary is ours
+//!   ([`super::sentinel`]), each node's client built with the roots.
+//!
+//! Not taken: pointing OpenSSL's default paths at a bundle of the system's
+//! roots and the file (`SSL_CERT_FILE`, set at start). It would change
+//! what every other OpenSSL client of the process trusts (the event
+//! destinations, which have their own `events.ca_file`), and it means
+//! writing the environment of a running process (refused by the workspace's
+//! clippy config).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use redis::{Client, RedisError, RedisResult, TlsCertificates};
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, RedisResult,
+    TlsCertificates,
+};
 
 pub use crate::ca_file::CaFileError;
-use crate::config::{RedisConfig, RedisTarget};
+use crate::config::RedisConfig;
 
 const PEM_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 const KEY: &str = "redis.ca_file";
@@ -41,16 +65,78 @@ pub fn check_ca_file(config: &RedisConfig) -> Result<Option<usize>, CaFileError>
     let Some(path) = &config.ca_file else {
         return Ok(None);
     };
-    let url = match &config.target {
-        RedisTarget::Standalone { url } => url.as_str(),
-        _ => "rediss://127.0.0.1/",
-    };
     let (pem, count) = file_roots(path)?;
-    tls_client(url, path, pem).map_err(|e| match e {
-        TlsClientError::CaFile(e) => e,
-        TlsClientError::Redis(e) => CaFileError::not_pem(KEY, path, e.to_string()),
-    })?;
+    Roots::parse(path, pem)?;
     Ok(Some(count))
+}
+
+/// What a `rediss://` connection trusts: the system's roots, plus the CA
+/// certificates of `redis.ca_file` when set. Cheap to clone.
+#[derive(Clone, Default)]
+pub(super) struct Roots {
+    /// A TLS address that carries the parsed roots (the crate names their
+    /// type nowhere public, so they are kept in the address they came in);
+    /// `None`: the crate's default, the system's roots.
+    carrier: Option<ConnectionAddr>,
+}
+
+impl Roots {
+    /// The system's roots, plus those of `ca_file`.
+    ///
+    /// # Errors
+    /// [`CaFileError`]: `ca_file` cannot be read or parsed.
+    pub(super) fn load(ca_file: Option<&Path>) -> Result<Self, CaFileError> {
+        match ca_file {
+            None => Ok(Self::default()),
+            Some(path) => Self::parse(path, file_roots(path)?.0),
+        }
+    }
+
+    /// The roots of `pem` (the text of `path`) and the system's.
+    fn parse(path: &Path, mut pem: Vec<u8>) -> Result<Self, CaFileError> {
+        pem.push(b'\n');
+        pem.extend_from_slice(system_roots());
+        let certificates = TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        };
+        // The crate parses the certificates into the address of a client.
+        let client = Client::build_with_tls("rediss://127.0.0.1/", certificates)
+            .map_err(|e| CaFileError::not_pem(KEY, path, e.to_string()))?;
+        Ok(Self {
+            carrier: Some(client.get_connection_info().addr().clone()),
+        })
+    }
+
+    /// `info`, trusting these roots if it is a TLS address.
+    pub(super) fn apply(&self, info: ConnectionInfo) -> ConnectionInfo {
+        let Some(ConnectionAddr::TcpTls { tls_params, .. }) = &self.carrier else {
+            return info;
+        };
+        let addr = match info.addr() {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => return info,
+        };
+        info.set_addr(addr)
+    }
+
+    /// A client for the node at `url`, trusting these roots.
+    ///
+    /// # Errors
+    /// A bad URL.
+    pub(super) fn client(&self, url: impl IntoConnectionInfo) -> RedisResult<Client> {
+        Client::open(self.apply(url.into_connection_info()?))
+    }
 }
 
 /// A client for the node at `url`; a `rediss://` one also trusts the
@@ -59,44 +145,49 @@ pub fn check_ca_file(config: &RedisConfig) -> Result<Option<usize>, CaFileError>
 /// # Errors
 /// A bad URL, or a `ca_file` that cannot be read or parsed.
 pub(super) fn client(url: &str, ca_file: Option<&Path>) -> RedisResult<Client> {
-    match ca_file {
-        Some(path) if url.starts_with("rediss://") => {
-            let (pem, _) = file_roots(path)?;
-            tls_client(url, path, pem).map_err(|e| match e {
-                TlsClientError::CaFile(e) => e.into(),
-                TlsClientError::Redis(e) => e,
-            })
+    Roots::load(ca_file)?.client(url)
+}
+
+/// The roots of every cluster node connection of this process
+/// ([`super::cluster::NodeConnection`]), fixed by its first cluster client
+/// with the `redis.ca_file` it was given (none included).
+static CLUSTER_ROOTS: OnceLock<(Option<PathBuf>, Roots)> = OnceLock::new();
+
+/// Fixes the roots of this process's cluster node connections to those of
+/// `ca_file`, or checks that they already are.
+///
+/// # Errors
+/// `ca_file` cannot be read or parsed, or the process's cluster
+/// connections already trust another file.
+pub(super) fn fix_cluster_roots(ca_file: Option<&Path>) -> RedisResult<()> {
+    let fixed = match CLUSTER_ROOTS.get() {
+        Some(fixed) => fixed,
+        None => {
+            let roots = Roots::load(ca_file)?;
+            CLUSTER_ROOTS.get_or_init(|| (ca_file.map(Path::to_owned), roots))
         }
-        _ => Client::open(url),
+    };
+    same_ca_file(fixed.0.as_deref(), ca_file)
+}
+
+/// The roots [`fix_cluster_roots`] fixed; the system's alone before.
+pub(super) fn cluster_roots() -> &'static Roots {
+    static SYSTEM: Roots = Roots { carrier: None };
+    CLUSTER_ROOTS.get().map_or(&SYSTEM, |(_, roots)| roots)
+}
+
+/// Whether a cluster client given `now` may share the node connections'
+/// roots, fixed with `fixed`.
+fn same_ca_file(fixed: Option<&Path>, now: Option<&Path>) -> RedisResult<()> {
+    if fixed == now {
+        return Ok(());
     }
-}
-
-/// Why a TLS client could not be built: its roots, or its URL.
-enum TlsClientError {
-    CaFile(CaFileError),
-    Redis(RedisError),
-}
-
-/// The client for `url` trusting `pem` (the file's certificates) and the
-/// system's roots.
-fn tls_client(url: &str, path: &Path, mut pem: Vec<u8>) -> Result<Client, TlsClientError> {
-    pem.push(b'\n');
-    pem.extend_from_slice(system_roots());
-    Client::build_with_tls(
-        url,
-        TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem),
-        },
-    )
-    .map_err(|e| {
-        // The crate reports a certificate it cannot parse as an I/O error.
-        if e.is_io_error() {
-            TlsClientError::CaFile(CaFileError::not_pem(KEY, path, e.to_string()))
-        } else {
-            TlsClientError::Redis(e)
-        }
-    })
+    let name = |p: Option<&Path>| p.map_or("none".to_owned(), |p| p.display().to_string());
+    Err(RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "redis.ca_file: a process's cluster connections trust one CA file",
+        format!("already {}, now asked for {}", name(fixed), name(now)),
+    )))
 }
 
 /// The PEM text of `path` and how many certificates it holds.
@@ -219,6 +310,66 @@ mod tests {
             "unset: nothing to read"
         );
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A self-signed CA certificate (its key thrown away).
+    const TEST_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBmDCCAT+gAwIBAgIUPr+toYGqzEwzm3X7KXXyp9PIl+MwCgYIKoZIzj0EAwIw
+ITEfMB0GA1UEAwwWZmxhc2hnYXRlIHVuaXQgdGVzdCBDQTAgFw0yNjEyMDMyMjQw
+NTVaGA8yMTI2MTEwOTIyNDA1NVowITEfMB0GA1UEAwwWZmxhc2hnYXRlIHVuaXQg
+dGVzdCBDQTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABKmYcVghM7sfjXvL0tj4
+3i90PxY2RxlmNZp9eGWfHAqO4up9C/Vb1QnhOcn6jGGCdjOELeJbsRUtwHh0aPig
+/FWjUzBRMB0GA1UdDgQWBBRV7c5crSaavyIX0JGFQpC+mBzjAzAfBgNVHSMEGDAW
+gBRV7c5crSaavyIX0JGFQpC+mBzjAzAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49
+BAMCA0cAMEQCICL/6kGwzOaL6axH0xFv8g+eESr7SDf4LngQcCWwscdZAiBR/q5W
+sg67QVD0SA3QF9hs5Qlhdm4qfiP4CC+Pt+hXWA==
+-----END CERTIFICATE-----
+";
+
+    #[test]
+    fn the_roots_of_a_ca_file_ride_in_tls_addresses_only() {
+        let dir = std::env::temp_dir().join(format!("fg-redis-roots-{:x}", rand_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, TEST_CA).unwrap();
+        let roots = Roots::load(Some(&ca)).unwrap();
+        let carries = |info: &ConnectionInfo| {
+            matches!(
+                info.addr(),
+                ConnectionAddr::TcpTls {
+                    tls_params: Some(_),
+                    ..
+                }
+            )
+        };
+
+        let tls = roots.apply("rediss://10.0.0.1:7000/".into_connection_info().unwrap());
+        assert!(carries(&tls), "a rediss:// node trusts the file");
+        assert!(
+            matches!(tls.addr(), ConnectionAddr::TcpTls { host, port: 7000, insecure: false, .. } if host == "10.0.0.1"),
+            "the address itself is kept: {:?}",
+            tls.addr()
+        );
+        let plain = roots.apply("redis://10.0.0.1:7000/".into_connection_info().unwrap());
+        assert!(matches!(plain.addr(), ConnectionAddr::Tcp(..)));
+        let system_only =
+            Roots::default().apply("rediss://10.0.0.1:7000/".into_connection_info().unwrap());
+        assert!(!carries(&system_only), "no file: the crate's default roots");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn cluster_connections_of_one_process_share_one_ca_file() {
+        let a = Path::new("/etc/a.pem");
+        assert!(same_ca_file(Some(a), Some(a)).is_ok());
+        assert!(same_ca_file(None, None).is_ok());
+        let err = same_ca_file(Some(a), None).unwrap_err().to_string();
+        assert!(
+            err.contains("redis.ca_file: a process's cluster connections trust one CA file")
+                && err.contains("already /etc/a.pem, now asked for none"),
+            "{err}"
+        );
+        assert!(same_ca_file(None, Some(a)).is_err());
     }
 
     fn rand_suffix() -> u64 {

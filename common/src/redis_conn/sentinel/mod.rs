@@ -1,28 +1,33 @@
 //! The sentinel mode: a connection to the primary the sentinels name, that
 //! follows a failover.
 //!
-//! The redis crate's `SentinelClient` finds the master (it skips masters the
-//! sentinels flag down and checks `ROLE` on the one it picks) but hands out
-//! a connection bound to that address for good. [`SentinelHandle`] keeps the
-//! current connection in an `ArcSwap` with a generation number; a call that
-//! fails in a way a failover explains (I/O error, timeout, `READONLY` from a
-//! demoted primary, `MASTERDOWN`) starts one lookup in the background,
-//! unless a lookup is already running or the connection was replaced since
-//! the call began. The failed call returns its error (the gateway answers
-//! 503 with Retry-After); a deduct is never re-sent across the swap.
+//! [`lookup`] finds the primary (it skips masters the sentinels flag down
+//! and checks `ROLE` on the one it picks) and hands out a client bound to
+//! that address. [`SentinelHandle`] keeps the current connection in an
+//! `ArcSwap` with a generation number; a call that fails in a way a
+//! failover explains (I/O error, timeout, `READONLY` from a demoted
+//! primary, `MASTERDOWN`) starts one lookup in the background, unless a
+//! lookup is already running or the connection was replaced since the call
+//! began. The failed call returns its error (the gateway answers 503 with
+//! Retry-After); a deduct is never re-sent across the swap.
 
+mod lookup;
+
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind,
-    Value,
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
 };
 use tokio::sync::Mutex;
+
+use super::tls::Roots;
+use lookup::Lookup;
 
 /// Pause after a lookup that found no usable master, so the calls failing
 /// meanwhile do not turn into a stream of lookups.
@@ -36,7 +41,7 @@ struct Current {
 
 struct Shared {
     /// Needs `&mut` for a lookup; the lock also makes lookups one at a time.
-    client: Arc<Mutex<SentinelClient>>,
+    lookup: Arc<Mutex<Lookup>>,
     config: AsyncConnectionConfig,
     /// Each call's own bound, a little under the response timeout, so a call
     /// to a silent primary fails here (and starts a lookup) before a caller
@@ -51,30 +56,31 @@ pub struct SentinelHandle {
     shared: Arc<Shared>,
 }
 
-/// A client that asks `sentinels` for the primary `master_name`; with
-/// `rediss://` sentinels it reaches the primary over TLS too (a sentinel
-/// names only an address; the crate's default would be plain TCP).
-pub(super) fn client(sentinels: &[String], master_name: &str) -> RedisResult<SentinelClient> {
-    let node = sentinels
-        .iter()
-        .any(|s| s.starts_with("rediss://"))
-        .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure));
-    SentinelClient::build(
-        sentinels.to_vec(),
-        master_name.to_owned(),
-        node,
-        SentinelServerType::Master,
-    )
+/// The primary's client, as `sentinels` name it: over TLS when they are
+/// `rediss://`, verified against the system's roots and those of `ca_file`.
+///
+/// # Errors
+/// A bad URL or `ca_file`, or no primary found (see [`lookup`]).
+pub(super) async fn primary(
+    sentinels: &[String],
+    master_name: &str,
+    ca_file: Option<&Path>,
+) -> RedisResult<Client> {
+    Lookup::new(sentinels, master_name, Roots::load(ca_file)?)?
+        .primary()
+        .await
 }
 
 /// One connection to the current primary, not followed afterwards.
 pub(super) async fn master_connection(
     sentinels: &[String],
     master_name: &str,
+    ca_file: Option<&Path>,
     config: &AsyncConnectionConfig,
 ) -> RedisResult<MultiplexedConnection> {
-    client(sentinels, master_name)?
-        .get_async_connection_with_config(config)
+    primary(sentinels, master_name, ca_file)
+        .await?
+        .get_multiplexed_async_connection_with_config(config)
         .await
 }
 
@@ -87,14 +93,19 @@ impl SentinelHandle {
     pub async fn connect(
         sentinels: &[String],
         master_name: &str,
+        ca_file: Option<&Path>,
         config: &AsyncConnectionConfig,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
-        let mut client = client(sentinels, master_name)?;
-        let conn = client.get_async_connection_with_config(config).await?;
+        let mut lookup = Lookup::new(sentinels, master_name, Roots::load(ca_file)?)?;
+        let conn = lookup
+            .primary()
+            .await?
+            .get_multiplexed_async_connection_with_config(config)
+            .await?;
         Ok(Self {
             shared: Arc::new(Shared {
-                client: Arc::new(Mutex::new(client)),
+                lookup: Arc::new(Mutex::new(lookup)),
                 config: config.clone(),
                 call_timeout: response_timeout.mul_f64(0.9),
                 current: ArcSwap::from_pointee(Current {
@@ -114,7 +125,7 @@ impl SentinelHandle {
     /// primary may have moved: a new lookup, in the background.
     fn after_error(&self, generation: u64) {
         // A lookup is running: it will replace the connection.
-        let Ok(mut client) = self.shared.client.clone().try_lock_owned() else {
+        let Ok(mut lookup) = self.shared.lookup.clone().try_lock_owned() else {
             return;
         };
         let shared = self.shared.clone();
@@ -122,10 +133,15 @@ impl SentinelHandle {
             if shared.current.load().generation != generation {
                 return;
             }
-            match client
-                .get_async_connection_with_config(&shared.config)
-                .await
-            {
+            let found = match lookup.primary().await {
+                Ok(client) => {
+                    client
+                        .get_multiplexed_async_connection_with_config(&shared.config)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match found {
                 Ok(conn) => {
                     shared.current.store(Arc::new(Current {
                         generation: generation + 1,
