@@ -2,7 +2,8 @@
 //!
 //! Each gateway subscribes to [`EVENTS_CHANNEL`] and applies what it hears
 //! to its [`SaleCache`]: another gateway's sold-out, an operator's change;
-//! and another gateway's shop cache purge to its [`ShopCache`].
+//! and another gateway's shop cache purge to its shop cache
+//! ([`AnnouncedPurges`]).
 //! A lost subscription is re-established with backoff. Pub/sub delivers at
 //! most once, so once it stands again every sold-out flag is cleared: a
 //! "changed" sent while it was down is lost (see `sales`).
@@ -15,14 +16,12 @@ use flashgate_common::backoff::Backoff;
 use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
 use flashgate_common::redis_conn::EventSubscription;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use tracing::{debug, info, warn};
 
 use crate::redis_client::RedisClient;
 use crate::sales::{read_stock_epoch, SaleCache};
-use crate::shop_cache::ShopCache;
 use crate::switches::Switches;
+use crate::task::{Shutdown, Task};
 
 pub struct EventListener {
     /// Where to subscribe, in the configured `redis.mode`.
@@ -32,7 +31,15 @@ pub struct EventListener {
     pub sales: Arc<SaleCache>,
     pub switches: Arc<Switches>,
     /// Applies other gateways' purges; `None` while the shop cache is off.
-    pub shop_cache: Option<Arc<ShopCache>>,
+    pub shop_cache: Option<Arc<dyn AnnouncedPurges>>,
+}
+
+/// Where another gateway's shop cache purge is applied: the edge's shop
+/// cache, which this listener knows only through this.
+pub trait AnnouncedPurges: Send + Sync {
+    /// Applies `event` if it is a purge another gateway announced; `false`
+    /// for this gateway's own announcements and other events.
+    fn apply_announced(&self, event: &SaleEvent) -> bool;
 }
 
 impl EventListener {
@@ -78,8 +85,8 @@ impl EventListener {
 }
 
 #[async_trait]
-impl BackgroundService for EventListener {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+impl Task for EventListener {
+    async fn run(&self, mut shutdown: Shutdown) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         // Logged once per change, not once per retry: Redis may be absent
         // or loading for minutes.
@@ -143,7 +150,7 @@ mod tests {
             shop_cache: None,
         };
         let (shutdown, watch) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move { listener.start(watch).await });
+        tokio::spawn(async move { listener.run(watch).await });
         (sales, shutdown)
     }
 

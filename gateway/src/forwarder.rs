@@ -16,12 +16,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashgate_common::dependency::{DepState, Dependency};
 use flashgate_common::reservation::ForwardedWinner;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use tokio::sync::{mpsc, Mutex};
 
 use crate::metrics::Metrics;
 use crate::orders::{BackendError, OrderClient};
+use crate::task::{Shutdown, Task};
 
 /// Most winners sent in one request.
 pub const MAX_BATCH: usize = 256;
@@ -67,8 +66,8 @@ pub fn forwarder(orders: Arc<OrderClient>, metrics: Arc<Metrics>) -> (Forwarder,
 }
 
 #[async_trait]
-impl BackgroundService for ForwardWorker {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+impl Task for ForwardWorker {
+    async fn run(&self, mut shutdown: Shutdown) {
         let mut rx = self.rx.lock().await;
         let mut batch = Vec::with_capacity(MAX_BATCH);
         // While the backend restarts, one line when forwards start failing
@@ -119,7 +118,7 @@ impl BackgroundService for ForwardWorker {
 async fn linger(
     rx: &mut mpsc::Receiver<ForwardedWinner>,
     batch: &mut Vec<ForwardedWinner>,
-    shutdown: &mut ShutdownWatch,
+    shutdown: &mut Shutdown,
 ) -> bool {
     let until = tokio::time::Instant::now() + LINGER;
     while batch.len() < MAX_BATCH {

@@ -44,6 +44,7 @@
 //! - [`events`]: sale events between gateways over pub/sub.
 //! - [`switches`]: global pause switch and backlog pause.
 //! - [`breaker`]: the circuit breaker on Redis.
+//! - [`task`]: long-running tasks, run by the server as Pingora background services.
 //! - [`clock`]: the wall clock of the buy rules, settable in tests.
 //! - [`readiness`]: what the gateway waits for (Redis, the backend); `/ready`.
 //! - [`redis_client`]: the shared, lazily created Redis connection.
@@ -95,6 +96,7 @@ pub mod server;
 pub mod shop_cache;
 pub mod static_pages;
 pub mod switches;
+pub mod task;
 #[cfg(test)]
 mod testing;
 pub mod tls;

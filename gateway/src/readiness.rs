@@ -21,11 +21,10 @@ use flashgate_common::backoff::Backoff;
 use flashgate_common::config::RedisConfig;
 use flashgate_common::dependency::{ping_redis, DepState, Dependency};
 use flashgate_common::redis_conn::RedisHandle;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::orders::OrderClient;
+use crate::task::{Shutdown, Task};
 
 /// How often a healthy dependency is checked again.
 const HEALTHY_CHECK: Duration = Duration::from_secs(1);
@@ -110,8 +109,8 @@ impl DependencyWatcher {
 }
 
 #[async_trait]
-impl BackgroundService for DependencyWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+impl Task for DependencyWatcher {
+    async fn run(&self, mut shutdown: Shutdown) {
         let mut conn = None;
         let mut backoff = Backoff::default();
         loop {

@@ -22,14 +22,13 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use flashgate_common::config::Config;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::admission::Edge;
 use crate::limits::Limiters;
+use crate::task::{Shutdown, Task};
 
 /// Listens for SIGHUP and asks every watcher to reload.
 pub struct Hangup {
@@ -45,8 +44,8 @@ impl Hangup {
 }
 
 #[async_trait]
-impl BackgroundService for Hangup {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+impl Task for Hangup {
+    async fn run(&self, mut shutdown: Shutdown) {
         let mut hangups = match signal(SignalKind::hangup()) {
             Ok(s) => s,
             Err(error) => {
@@ -121,8 +120,8 @@ impl ConfigWatcher {
 }
 
 #[async_trait]
-impl BackgroundService for ConfigWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+impl Task for ConfigWatcher {
+    async fn run(&self, mut shutdown: Shutdown) {
         let mut seen = self.modified();
         let mut requests = self.requests.clone();
         loop {

@@ -4,11 +4,13 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
 use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
 use flashgate_common::secret;
 use pingora::apps::HttpServerOptions;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::background::BackgroundService;
 
 use crate::admin::AdminServer;
 use crate::admission::{Admission, Edge};
@@ -19,7 +21,7 @@ use crate::challenge::ChallengeGate;
 use crate::clock::SystemClock;
 use crate::deduct_batch::DeductBatcher;
 use crate::draw::Draws;
-use crate::events::EventListener;
+use crate::events::{AnnouncedPurges, EventListener};
 use crate::forwarder::{forwarder, ForwardWorker};
 use crate::metrics::Metrics;
 use crate::order_cache::OrderLookups;
@@ -33,8 +35,19 @@ use crate::runtime_dir::RuntimePaths;
 use crate::sales::SaleCache;
 use crate::static_pages::{PagesWatcher, StaticPages};
 use crate::switches::{SwitchWatcher, Switches};
+use crate::task::Task;
 use crate::tls::{CertSet, CertWatcher};
 use crate::upstreams::Upstreams;
+
+/// A layer's [`Task`] run as one of Pingora's background services.
+struct Background<T>(T);
+
+#[async_trait]
+impl<T: Task> BackgroundService for Background<T> {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.0.run(shutdown).await;
+    }
+}
 
 /// Builds the gateway state. Fails on anything that would only break later:
 /// no JWT secret, no backend token of 32 bytes, no challenge secret of 32
@@ -203,7 +216,10 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         client: gateway.redis.clone(),
         sales: gateway.sales.clone(),
         switches: gateway.switches.clone(),
-        shop_cache: gateway.shop_cache.clone(),
+        shop_cache: gateway
+            .shop_cache
+            .clone()
+            .map(|cache| cache as Arc<dyn AnnouncedPurges>),
     };
     let switch_watcher = SwitchWatcher {
         redis: config.redis.clone(),
@@ -274,7 +290,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     server.add_service(service);
     server.add_service(pingora::services::background::background_service(
         "winner forwarder",
-        forward_worker,
+        Background(forward_worker),
     ));
     server.add_service(pingora::services::background::background_service(
         "admin listener",
@@ -282,19 +298,19 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     ));
     server.add_service(pingora::services::background::background_service(
         "dependencies",
-        dependencies,
+        Background(dependencies),
     ));
     server.add_service(pingora::services::background::background_service(
         "switches",
-        switch_watcher,
+        Background(switch_watcher),
     ));
     server.add_service(pingora::services::background::background_service(
         "sale events",
-        events,
+        Background(events),
     ));
     server.add_service(pingora::services::background::background_service(
         "config watcher",
-        watcher,
+        Background(watcher),
     ));
     server.add_service(pingora::services::background::background_service(
         "static pages watcher",
@@ -305,7 +321,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     // SIGHUP stops ending the process as early as it can.
     server.add_service(pingora::services::background::background_service(
         "SIGHUP reload",
-        hangup,
+        Background(hangup),
     ));
     if config.limits.buy.user.is_none()
         && config.limits.buy.ip.is_none()

@@ -33,9 +33,9 @@ use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{buckets_in_redis, ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
 use flashgate_common::redis_conn::RedisHandle;
 use flashgate_common::stream_info::{sale_backlogs, Backlog};
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use tracing::{info, warn};
+
+use crate::task::{Shutdown, Task};
 
 pub struct Switches {
     /// True until the switch was read once, then its value.
@@ -145,8 +145,8 @@ impl SwitchWatcher {
 }
 
 #[async_trait]
-impl BackgroundService for SwitchWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+impl Task for SwitchWatcher {
+    async fn run(&self, mut shutdown: Shutdown) {
         let mut conn = None;
         // The first read at once: until it finds the switch, buys are paused.
         let mut first = true;

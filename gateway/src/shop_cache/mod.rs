@@ -400,3 +400,9 @@ impl ShopCache {
         using != CacheUse::Credentialed || policy::shared_with_credentials(meta.response_header())
     }
 }
+
+impl crate::events::AnnouncedPurges for ShopCache {
+    fn apply_announced(&self, event: &SaleEvent) -> bool {
+        ShopCache::apply_announced(self, event)
+    }
+}
