@@ -3,7 +3,7 @@
 --
 -- An EVALSHA costs Redis far more than what lua/deduct.lua does per
 -- attempt; the gateway groups the attempts that arrive while a call of
--- the same sale is in flight (gateway/src/deduct_batch.rs) and sends them
+-- the same sale is in flight (gateway/src/buy/deduct/batch.rs) and sends them
 -- here together. Each attempt is decided in order, atomically, by the very
 -- function lua/deduct.lua runs (fg_deduct, lua/lib/deduct.lua): its own
 -- outcome, Idempotency-Key, nonce and reservation, exactly as the same

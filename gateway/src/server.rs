@@ -12,32 +12,32 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 
-use crate::admin::AdminServer;
+use crate::admission::auth::Verifier;
+use crate::admission::challenge::ChallengeGate;
+use crate::admission::reload::{ConfigWatcher, Hangup};
 use crate::admission::{Admission, Edge};
-use crate::auth::Verifier;
-use crate::breaker::Breaker;
+use crate::buy::deduct::batch::DeductBatcher;
+use crate::buy::draw::Draws;
+use crate::buy::forward::order_cache::OrderLookups;
+use crate::buy::forward::worker::{forwarder, ForwardWorker};
+use crate::buy::replica_wait::ReplicaWait;
 use crate::buy::BuyService;
-use crate::challenge::ChallengeGate;
-use crate::clock::SystemClock;
-use crate::deduct_batch::DeductBatcher;
-use crate::draw::Draws;
-use crate::events::{AnnouncedPurges, EventListener};
-use crate::forwarder::{forwarder, ForwardWorker};
-use crate::metrics::Metrics;
-use crate::order_cache::OrderLookups;
-use crate::orders::OrderClient;
-use crate::proxy::Gateway;
-use crate::readiness::{DependencyWatcher, Readiness};
-use crate::redis_client::RedisClient;
-use crate::reload::{ConfigWatcher, Hangup};
-use crate::replica_wait::ReplicaWait;
-use crate::runtime_dir::RuntimePaths;
+use crate::edge::admin::AdminServer;
+use crate::edge::proxy::Gateway;
+use crate::edge::static_pages::{PagesWatcher, StaticPages};
+use crate::edge::tls::{CertSet, CertWatcher};
+use crate::edge::upstreams::Upstreams;
+use crate::infra::breaker::Breaker;
+use crate::infra::clock::SystemClock;
+use crate::infra::metrics::Metrics;
+use crate::infra::orders::OrderClient;
+use crate::infra::readiness::{DependencyWatcher, Readiness};
+use crate::infra::redis_client::RedisClient;
+use crate::infra::runtime_dir::RuntimePaths;
+use crate::infra::task::Task;
+use crate::sales::events::{AnnouncedPurges, EventListener};
+use crate::sales::switches::{SwitchWatcher, Switches};
 use crate::sales::SaleCache;
-use crate::static_pages::{PagesWatcher, StaticPages};
-use crate::switches::{SwitchWatcher, Switches};
-use crate::task::Task;
-use crate::tls::{CertSet, CertWatcher};
-use crate::upstreams::Upstreams;
 
 /// A layer's [`Task`] run as one of Pingora's background services.
 struct Background<T>(T);
@@ -136,7 +136,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         clock: SystemClock,
     };
     let shop_cache = config.shop.cache.enabled.then(|| {
-        Arc::new(crate::shop_cache::ShopCache::new(
+        Arc::new(crate::edge::shop_cache::ShopCache::new(
             &config.shop.cache,
             &metrics.registry,
         ))
@@ -161,7 +161,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 
 /// Runs the gateway until SIGTERM (graceful), SIGINT (immediate) or
 /// SIGQUIT (hand the sockets to a new process started with `upgrade`);
-/// SIGHUP reloads what the watchers reload ([`crate::reload`]).
+/// SIGHUP reloads what the watchers reload ([`crate::admission::reload`]).
 ///
 /// # Errors
 /// When the gateway cannot be built.
@@ -195,7 +195,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     };
     // Checked before the server exists: the upgrade socket must not be
     // somewhere another user can reach first.
-    crate::runtime_dir::prepare(&config.gateway.runtime_dir)?;
+    crate::infra::runtime_dir::prepare(&config.gateway.runtime_dir)?;
     let paths = RuntimePaths::new(&config.gateway.runtime_dir, config.gateway.listen.port());
     let conf = ServerConf {
         threads: config.gateway.threads,
@@ -249,7 +249,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         metrics: gateway.metrics.clone(),
         breaker: gateway.redis.breaker.clone(),
         readiness,
-        purge: crate::shop_cache::purge_api::PurgeApi {
+        purge: crate::edge::shop_cache::purge_api::PurgeApi {
             cache: gateway.shop_cache.clone(),
             admin_token: config.admin_token.as_deref().map(Arc::from),
             redis: config.redis.clone(),
@@ -270,7 +270,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         .build();
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
-        let settings = crate::tls::listener_settings(certs.clone())
+        let settings = crate::edge::tls::listener_settings(certs.clone())
             .map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
         let watcher = CertWatcher {

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flashgate_common::reservation::reservation_id;
-use flashgate_gateway::breaker::Breaker;
-use flashgate_gateway::deduct::{deduct, BuyAttempt};
-use flashgate_gateway::deduct_batch::DeductBatcher;
-use flashgate_gateway::metrics::Metrics;
-use flashgate_gateway::redis_client::RedisClient;
+use flashgate_gateway::buy::deduct::batch::DeductBatcher;
+use flashgate_gateway::buy::deduct::{deduct, BuyAttempt};
+use flashgate_gateway::infra::breaker::Breaker;
+use flashgate_gateway::infra::metrics::Metrics;
+use flashgate_gateway::infra::redis_client::RedisClient;
 use flashgate_tests::{buy_all, random_user, token, Attempt, Stack, StackOptions};
 use serde_json::Value;
 
@@ -387,7 +387,7 @@ async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item(
     // Another call of the same buyer is a new buy (limit 5).
     let other = deduct(&redis, &call("again.3", "n2")).await.unwrap();
     assert!(
-        matches!(other.outcome, flashgate_gateway::deduct::DeductOutcome::Won { ref reservation_id, .. } if reservation_id == "again.3")
+        matches!(other.outcome, flashgate_gateway::buy::deduct::DeductOutcome::Won { ref reservation_id, .. } if reservation_id == "again.3")
     );
     assert_eq!(stack.stream_len("again").await, 2);
 }

@@ -18,7 +18,7 @@
 //!           │  Idempotency-Key (Redis decides and remembers a key's
 //!           │  answer; a local flag may be stale)
 //!           │  ─────────► deduct script (one EVALSHA, shared with the
-//!           │              sale's concurrent buys: `deduct_batch`); in a sale's draw
+//!           │              sale's concurrent buys: `deduct::batch`); in a sale's draw
 //!           │              window it enters the draw instead and the buy
 //!           │              is held until the draw decides it (`draw`;
 //!           │              a sold out it decides is flagged as below)
@@ -32,10 +32,15 @@
 //!                          round trip), else refused
 //! ```
 
+pub mod deduct;
+pub mod draw;
 #[cfg(test)]
 mod draw_tests;
+pub mod forward;
 mod outcome;
 mod refill;
+pub mod replica_wait;
+pub mod reservations;
 #[cfg(test)]
 mod tests;
 
@@ -51,23 +56,23 @@ use tracing::{debug, warn};
 
 pub use outcome::{idempotency_key, Admitted, BuyOutcome, BuyRequest, MAX_IDEMPOTENCY_KEY_LEN};
 
+use crate::admission::challenge::token::POW_HEADER;
+use crate::admission::challenge::{BuyChallenge, ChallengeGate};
+use crate::admission::limits::RouteClass;
 use crate::admission::Admission;
-use crate::challenge::token::POW_HEADER;
-use crate::challenge::{BuyChallenge, ChallengeGate};
-use crate::clock::{SystemClock, WallClock};
-use crate::deduct::{remembered, BuyAttempt, Decision, DeductOutcome};
-use crate::deduct_batch::DeductBatcher;
-use crate::draw::{Draws, Entrant, NotSettled};
-use crate::forwarder::Forwarder;
-use crate::limits::RouteClass;
-use crate::metrics::Metrics;
-use crate::order_cache::OrderLookups;
-use crate::orders::OrderClient;
-use crate::redis_client::{RedisClient, RedisError};
+use crate::buy::deduct::batch::DeductBatcher;
+use crate::buy::deduct::{remembered, BuyAttempt, Decision, DeductOutcome};
+use crate::buy::draw::{Draws, Entrant, NotSettled};
+use crate::buy::forward::order_cache::OrderLookups;
+use crate::buy::forward::worker::Forwarder;
+use crate::buy::replica_wait::{NotConfirmed, ReplicaWait};
+use crate::infra::clock::{SystemClock, WallClock};
+use crate::infra::metrics::Metrics;
+use crate::infra::orders::OrderClient;
+use crate::infra::redis_client::{RedisClient, RedisError};
 use crate::rejection::{unavailable, Rejection};
-use crate::replica_wait::{NotConfirmed, ReplicaWait};
+use crate::sales::switches::Switches;
 use crate::sales::{Clears, MissingSale, SaleCache, WindowCheck};
-use crate::switches::Switches;
 
 /// Everything a buy is decided with; one per gateway.
 pub struct BuyService<C: WallClock = SystemClock> {

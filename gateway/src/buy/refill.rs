@@ -50,9 +50,9 @@ use flashgate_common::transfer::{self, Given, Taken};
 use tracing::{debug, warn};
 
 use super::BuyService;
-use crate::clock::WallClock;
-use crate::deduct::Decision;
-use crate::redis_client::RedisError;
+use crate::buy::deduct::Decision;
+use crate::infra::clock::WallClock;
+use crate::infra::redis_client::RedisError;
 use crate::rejection::Rejection;
 
 /// Most items one transfer moves: half of what the donor holds, rounded

@@ -12,12 +12,12 @@ use flashgate_common::now_ms;
 use http::HeaderMap;
 
 use super::*;
+use crate::admission::auth::{mint, Verifier};
+use crate::admission::limits::Limiters;
 use crate::admission::Edge;
-use crate::auth::{mint, Verifier};
-use crate::breaker::Breaker;
-use crate::clock::{ManualClock, WallClock};
-use crate::limits::Limiters;
-use crate::testing::RedisServer;
+use crate::infra::breaker::Breaker;
+use crate::infra::clock::{ManualClock, WallClock};
+use crate::infra::testing::RedisServer;
 
 const SECRET: &[u8] = b"a test secret that is long enough for hs256";
 const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
@@ -61,7 +61,8 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
     let orders =
         Arc::new(OrderClient::new("http://127.0.0.1:9", Duration::from_millis(200), "t").unwrap());
     let metrics = Arc::new(Metrics::register());
-    let (forwarder, _worker) = crate::forwarder::forwarder(orders.clone(), metrics.clone());
+    let (forwarder, _worker) =
+        crate::buy::forward::worker::forwarder(orders.clone(), metrics.clone());
     let switches = Arc::new(Switches::default());
     switches.set_all_paused(false);
     let clock = ManualClock::at(now_ms());
@@ -72,8 +73,10 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
     ));
     let service = BuyService {
         admission,
-        challenge: Arc::new(crate::challenge::ChallengeGate::off(metrics.clone())),
-        deducts: Arc::new(crate::deduct_batch::DeductBatcher::new(
+        challenge: Arc::new(crate::admission::challenge::ChallengeGate::off(
+            metrics.clone(),
+        )),
+        deducts: Arc::new(crate::buy::deduct::batch::DeductBatcher::new(
             redis.clone(),
             metrics.deduct_batch_size.clone(),
         )),
@@ -85,7 +88,7 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
         forwarder,
         replica_wait: None,
         // No draw unless a sale has a window of its own (`draw_sale`).
-        draws: Arc::new(crate::draw::Draws::new(
+        draws: Arc::new(crate::buy::draw::Draws::new(
             FairnessConfig {
                 window_ms: 0,
                 settle: Duration::from_secs(5),
@@ -345,7 +348,9 @@ async fn admission_checks_the_token_the_deny_list_and_the_key() {
     f.open_sale("s", 5).await;
     assert_eq!(
         f.service.admit("s", PEER, &headers(None, None)).await,
-        Err(Rejection::Unauthorized(crate::auth::AuthError::Missing))
+        Err(Rejection::Unauthorized(
+            crate::admission::auth::AuthError::Missing
+        ))
     );
     assert_eq!(
         f.service

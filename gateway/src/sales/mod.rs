@@ -39,7 +39,9 @@
 //! answers domain values; the HTTP answer is decided by the caller.
 
 mod cache;
+pub mod events;
 mod snapshot;
+pub mod switches;
 
 pub use cache::{Clears, MissingSale, SaleCache, MISSING_TTL, SOLD_OUT_TTL, WINDOW_TTL};
 pub use snapshot::{
