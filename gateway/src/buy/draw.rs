@@ -226,7 +226,9 @@ impl Draws {
                     return Err(NotSettled::Gone);
                 }
                 self.metrics.settle.observe(closes.elapsed().as_secs_f64());
-                let decision = decision(outcome, replayed)?;
+                let code = outcome.outcome.clone();
+                let decision =
+                    Decision::drawn(outcome, replayed).ok_or(NotSettled::BadReply(code))?;
                 if !replayed && matches!(decision.outcome, DeductOutcome::Won { .. }) {
                     self.metrics.winners.inc();
                 }
@@ -427,28 +429,6 @@ pub(crate) fn draw_run_call<'a>(
     invocation
 }
 
-/// A decided outcome as a deduct decision: a win carries its reservation
-/// time (the `ts` of its stream record) unless replayed, like a replayed
-/// deduct win.
-fn decision(o: Outcome, replayed: bool) -> Result<Decision, NotSettled> {
-    let outcome = match o.outcome.as_str() {
-        "won" => DeductOutcome::Won {
-            reservation_id: o.detail,
-            reserved_at_ms: (!replayed).then_some(o.ts),
-        },
-        "sold_out" => DeductOutcome::SoldOut,
-        "limit_reached" => DeductOutcome::LimitReached,
-        "ended" => DeductOutcome::Ended,
-        other => return Err(NotSettled::BadReply(other.to_owned())),
-    };
-    Ok(Decision {
-        outcome,
-        replayed,
-        node: o.node,
-        epoch: 0,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,34 +518,5 @@ mod tests {
         )));
         assert!(!is_transient(&NotSettled::BadReply("x".into())));
         assert!(!is_transient(&NotSettled::TimedOut));
-    }
-
-    #[test]
-    fn outcomes_become_decisions() {
-        let won = decision(outcome("won", "s.1"), false).unwrap();
-        assert_eq!(
-            won.outcome,
-            DeductOutcome::Won {
-                reservation_id: "s.1".into(),
-                reserved_at_ms: Some(1700)
-            }
-        );
-        assert_eq!(won.node.as_deref(), Some("ab"));
-        let replayed = decision(outcome("won", "s.1"), true).unwrap();
-        assert_eq!(
-            replayed.outcome,
-            DeductOutcome::Won {
-                reservation_id: "s.1".into(),
-                reserved_at_ms: None
-            }
-        );
-        assert_eq!(
-            decision(outcome("sold_out", ""), false).unwrap().outcome,
-            DeductOutcome::SoldOut
-        );
-        assert!(
-            decision(outcome("paused", ""), false).is_err(),
-            "never an outcome of the draw"
-        );
     }
 }

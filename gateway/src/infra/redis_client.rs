@@ -68,17 +68,13 @@ impl RedisError {
     }
 }
 
-/// The deduct script, compiled in so a deployed binary always runs the
-/// script it was tested with.
-pub static DEDUCT_LUA: &str = flashgate_common::scripts::DEDUCT;
-
-/// The batched deduct (`lua/deduct_batch.lua`), the buy path's script.
+/// The deduct script (`lua/deduct_batch.lua`), compiled in so a deployed
+/// binary always runs the script it was tested with.
 pub static DEDUCT_BATCH_LUA: &str = flashgate_common::scripts::DEDUCT_BATCH;
 
 pub struct RedisClient {
     config: RedisConfig,
     conn: OnceCell<RedisHandle>,
-    pub deduct: redis::Script,
     pub deduct_batch: redis::Script,
     /// Shared with the admin listener, which reports its state.
     pub breaker: Arc<Breaker>,
@@ -91,7 +87,6 @@ impl RedisClient {
             config,
             breaker: Arc::new(breaker),
             conn: OnceCell::new(),
-            deduct: redis::Script::new(DEDUCT_LUA),
             deduct_batch: redis::Script::new(DEDUCT_BATCH_LUA),
         }
     }
@@ -136,7 +131,6 @@ impl RedisClient {
                 max_reconnect_delay: Some(Duration::from_millis(500)),
             };
             let mut conn = RedisHandle::connect(&self.config, &tuning).await?;
-            conn.load_script(DEDUCT_LUA).await?;
             conn.load_script(DEDUCT_BATCH_LUA).await?;
             Ok::<_, RedisError>(conn)
         })))

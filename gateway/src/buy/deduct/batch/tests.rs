@@ -1,7 +1,7 @@
 //! `lua/deduct_batch.lua` against real redis-servers: a batch of attempts
 //! gives the same outcomes and leaves the same Redis state as the same
-//! attempts sent one by one (`lua/deduct.lua`), in the same order, on a
-//! second server set up alike. Reservation ids and nonces are the test's,
+//! attempts sent one by one (one attempt per call), in the same order, on
+//! a second server set up alike. Reservation ids and nonces are the test's,
 //! so both servers write the same records; only clocks and replication
 //! ids differ, and are compared by shape.
 
@@ -15,7 +15,7 @@ use redis::aio::MultiplexedConnection;
 use super::{
     DeductBatcher, OwnedAttempt, Queue, Waiter, IN_FLIGHT_PER_SALE, MAX_BATCH, MAX_QUEUED,
 };
-use crate::buy::deduct::{deduct, deduct_many, BuyAttempt, Decision, DeductOutcome};
+use crate::buy::deduct::{deduct_many, BuyAttempt, Decision, DeductOutcome};
 use crate::infra::breaker::Breaker;
 use crate::infra::redis_client::{RedisClient, RedisError};
 use crate::infra::testing::RedisServer;
@@ -195,6 +195,14 @@ impl Side {
     }
 }
 
+/// `attempt` alone in its script call: its own decision or error, and the
+/// call's error.
+async fn alone(client: &RedisClient, attempt: &BuyAttempt<'_>) -> Result<Decision, RedisError> {
+    let mut decisions = deduct_many(client, std::slice::from_ref(attempt)).await?;
+    assert_eq!(decisions.len(), 1, "one decision per attempt");
+    decisions.remove(0)
+}
+
 fn attempt<'a>(sale_id: &'a str, t: &'a Try) -> BuyAttempt<'a> {
     attempt_in(sale_id, 1, t)
 }
@@ -297,7 +305,7 @@ async fn same_as_one_by_one_in(
         let mut one_by_one = Vec::new();
         for t in *batch {
             one_by_one.push(comparable(
-                deduct(&single.client, &attempt_in(id, buckets, t)).await,
+                alone(&single.client, &attempt_in(id, buckets, t)).await,
             ));
         }
         let attempts: Vec<BuyAttempt<'_>> =
@@ -423,6 +431,48 @@ async fn a_resent_nonce_answers_its_first_win_within_and_across_batches() {
         ],
         "one item per call"
     );
+}
+
+#[tokio::test]
+async fn a_keyless_call_sent_again_answers_its_first_win_time_included_and_takes_one_item() {
+    let mut side = Side::new().await;
+    side.install("again", Sale::open(10, 5)).await;
+    // What the cluster client does with a call whose connection dropped
+    // after Redis ran it: the same call (its nonce), sent again.
+    let (first, resent, other): (Try, Try, Try) = (
+        ("bob", "", "again.1", "n1"),
+        ("bob", "", "again.2", "n1"),
+        ("bob", "", "again.3", "n2"),
+    );
+    let won = alone(&side.client, &attempt("again", &first))
+        .await
+        .unwrap();
+    let again = alone(&side.client, &attempt("again", &resent))
+        .await
+        .unwrap();
+    assert_eq!(again, won, "the same answer, time included");
+    assert!(
+        !again.replayed,
+        "the buyer sent one request: a win, not a replay"
+    );
+    let stream_len = |mut conn: MultiplexedConnection| async move {
+        let n: u64 = redis::cmd("XLEN")
+            .arg(SaleKeys::new("again").stream)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        n
+    };
+    assert_eq!(stream_len(side.conn.clone()).await, 1, "one item taken");
+    // Another call of the same buyer is a new buy (limit 5).
+    let new = alone(&side.client, &attempt("again", &other))
+        .await
+        .unwrap();
+    assert!(
+        matches!(new.outcome, DeductOutcome::Won { ref reservation_id, .. } if reservation_id == "again.3"),
+        "{new:?}"
+    );
+    assert_eq!(stream_len(side.conn.clone()).await, 2);
 }
 
 #[tokio::test]
@@ -757,7 +807,7 @@ fn a_batch_takes_at_most_max_batch_attempts() {
 /// sees it: the call's error, if any.
 async fn call_errors(side: &Side) -> (redis::RedisError, redis::RedisError) {
     let (a, b): (Try, Try) = (("a", "ka", "r1", ""), ("b", "", "r2", "n2"));
-    let one = deduct(&side.client, &attempt("s", &a)).await.unwrap_err();
+    let one = alone(&side.client, &attempt("s", &a)).await.unwrap_err();
     let many = deduct_many(&side.client, &[attempt("s", &a), attempt("s", &b)])
         .await
         .unwrap_err();
