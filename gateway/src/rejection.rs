@@ -2,10 +2,10 @@
 //! a code, a metric label and a message. The HTTP status and headers of
 //! each are decided in `reply`, the only place that knows HTTP.
 
-use crate::admission::auth::AuthError;
-use crate::admission::challenge::token::{Issued, Refusal};
-use crate::infra::metrics::Metrics;
-use crate::infra::redis_client::RedisError;
+use crate::admission::token::{Issued, Refusal};
+use crate::admission::AuthError;
+use crate::infra::Metrics;
+use crate::infra::RedisError;
 
 /// Every way a request to a gateway route can be turned down.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum Rejection {
     /// the same Idempotency-Key answers it once the replicas caught up.
     NotReplicated,
     /// A token bucket is empty.
-    RateLimited(crate::admission::limits::Limited),
+    RateLimited(crate::admission::Limited),
     /// The user or IP is on a deny list.
     Denied,
     /// The buy carries no valid proof-of-work solution: a fresh challenge,
@@ -64,10 +64,10 @@ impl Rejection {
     pub fn label(&self) -> &'static str {
         match self {
             Rejection::RateLimited(l) => match l.scope {
-                crate::admission::limits::Scope::User => "rate_limited_user",
-                crate::admission::limits::Scope::Ip => "rate_limited_ip",
-                crate::admission::limits::Scope::Global => "rate_limited_global",
-                crate::admission::limits::Scope::Cluster => "rate_limited_cluster",
+                crate::admission::Scope::User => "rate_limited_user",
+                crate::admission::Scope::Ip => "rate_limited_ip",
+                crate::admission::Scope::Global => "rate_limited_global",
+                crate::admission::Scope::Cluster => "rate_limited_cluster",
             },
             Rejection::NotReplicated => "replica_wait_timeout",
             other => other.code(),
@@ -94,18 +94,6 @@ impl Rejection {
             Rejection::RateLimited(_) => "too many requests, slow down",
             Rejection::Denied => "access denied",
             Rejection::ChallengeRequired(_, why) => why.message(),
-        }
-    }
-}
-
-impl From<crate::edge::route::RouteError> for Rejection {
-    fn from(e: crate::edge::route::RouteError) -> Self {
-        match e {
-            crate::edge::route::RouteError::MethodNotAllowed(allow) => {
-                Rejection::MethodNotAllowed(allow)
-            }
-            crate::edge::route::RouteError::BadId => Rejection::BadRequest("malformed id"),
-            crate::edge::route::RouteError::NotFound => Rejection::NotFound("no such resource"),
         }
     }
 }

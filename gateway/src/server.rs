@@ -12,32 +12,27 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 
-use crate::admission::auth::Verifier;
-use crate::admission::challenge::ChallengeGate;
-use crate::admission::reload::{ConfigWatcher, Hangup};
+use crate::admission::ChallengeGate;
+use crate::admission::Verifier;
 use crate::admission::{Admission, Edge};
-use crate::buy::deduct::batch::DeductBatcher;
-use crate::buy::draw::Draws;
-use crate::buy::forward::order_cache::OrderLookups;
-use crate::buy::forward::worker::{forwarder, ForwardWorker};
-use crate::buy::replica_wait::ReplicaWait;
-use crate::buy::BuyService;
-use crate::edge::admin::AdminServer;
-use crate::edge::proxy::Gateway;
-use crate::edge::static_pages::{PagesWatcher, StaticPages};
-use crate::edge::tls::{CertSet, CertWatcher};
-use crate::edge::upstreams::Upstreams;
-use crate::infra::breaker::Breaker;
-use crate::infra::clock::SystemClock;
-use crate::infra::metrics::Metrics;
-use crate::infra::orders::OrderClient;
-use crate::infra::readiness::{DependencyWatcher, Readiness};
-use crate::infra::redis_client::RedisClient;
-use crate::infra::runtime_dir::RuntimePaths;
-use crate::infra::task::Task;
-use crate::sales::events::{AnnouncedPurges, EventListener};
-use crate::sales::switches::{SwitchWatcher, Switches};
+use crate::admission::{ConfigWatcher, Hangup};
+use crate::buy::{BuyDeps, BuyService, ForwardWorker};
+use crate::edge::AdminServer;
+use crate::edge::Gateway;
+use crate::edge::Upstreams;
+use crate::edge::{CertSet, CertWatcher};
+use crate::edge::{PagesWatcher, StaticPages};
+use crate::infra::Breaker;
+use crate::infra::Metrics;
+use crate::infra::OrderClient;
+use crate::infra::RedisClient;
+use crate::infra::RuntimePaths;
+use crate::infra::SystemClock;
+use crate::infra::Task;
+use crate::infra::{DependencyWatcher, Readiness};
 use crate::sales::SaleCache;
+use crate::sales::{AnnouncedPurges, EventListener};
+use crate::sales::{SwitchWatcher, Switches};
 
 /// A layer's [`Task`] run as one of Pingora's background services.
 struct Background<T>(T);
@@ -78,7 +73,6 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         )
         .context("gateway.backend_url")?,
     );
-    let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
     let redis = Arc::new(RedisClient::new(
         config.redis.clone(),
         Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown),
@@ -89,7 +83,6 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     });
     let sales = Arc::new(SaleCache::new(config.pages.state_ttl));
     let switches = Arc::new(Switches::default());
-    let order_lookups = Arc::new(OrderLookups::new(orders.clone()));
     let challenge_secret = config.required_challenge_secret().with_context(|| {
         format!(
             "challenge.mode = \"{}\" needs a signing secret",
@@ -105,38 +98,25 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         ),
         None => ChallengeGate::off(metrics.clone()),
     };
-    let buy = BuyService {
-        admission: admission.clone(),
-        challenge: Arc::new(challenge),
-        redis: redis.clone(),
-        deducts: Arc::new(DeductBatcher::new(
-            redis.clone(),
-            metrics.deduct_batch_size.clone(),
-        )),
-        sales: sales.clone(),
-        switches: switches.clone(),
-        orders: orders.clone(),
-        order_lookups: order_lookups.clone(),
-        forwarder,
-        replica_wait: (config.redis.wait_replicas > 0).then(|| {
-            Arc::new(ReplicaWait::new(
-                redis.clone(),
-                metrics.clone(),
-                config.redis.wait_replicas,
-                config.redis.wait_timeout,
-            ))
-        }),
-        draws: Arc::new(Draws::new(
-            config.fairness,
-            config.gateway.idempotency_ttl,
-            &metrics.registry,
-        )),
-        metrics: metrics.clone(),
-        idempotency_ttl: config.gateway.idempotency_ttl,
-        clock: SystemClock,
-    };
+    let challenge = Arc::new(challenge);
+    let (buy, forward_worker) = BuyService::new(
+        BuyDeps {
+            admission: admission.clone(),
+            challenge: challenge.clone(),
+            redis: redis.clone(),
+            sales: sales.clone(),
+            switches: switches.clone(),
+            orders: orders.clone(),
+            metrics: metrics.clone(),
+            idempotency_ttl: config.gateway.idempotency_ttl,
+            fairness: config.fairness,
+            wait_replicas: config.redis.wait_replicas,
+            wait_timeout: config.redis.wait_timeout,
+        },
+        SystemClock,
+    );
     let shop_cache = config.shop.cache.enabled.then(|| {
-        Arc::new(crate::edge::shop_cache::ShopCache::new(
+        Arc::new(crate::edge::ShopCache::new(
             &config.shop.cache,
             &metrics.registry,
         ))
@@ -145,10 +125,10 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         shop_cache,
         admission,
         buy,
+        challenge,
         sales,
         redis,
         orders,
-        order_lookups,
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         metrics,
@@ -161,7 +141,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 
 /// Runs the gateway until SIGTERM (graceful), SIGINT (immediate) or
 /// SIGQUIT (hand the sockets to a new process started with `upgrade`);
-/// SIGHUP reloads what the watchers reload ([`crate::admission::reload`]).
+/// SIGHUP reloads what the watchers reload ([`crate::admission::Hangup`]).
 ///
 /// # Errors
 /// When the gateway cannot be built.
@@ -195,7 +175,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     };
     // Checked before the server exists: the upgrade socket must not be
     // somewhere another user can reach first.
-    crate::infra::runtime_dir::prepare(&config.gateway.runtime_dir)?;
+    crate::infra::prepare_runtime_dir(&config.gateway.runtime_dir)?;
     let paths = RuntimePaths::new(&config.gateway.runtime_dir, config.gateway.listen.port());
     let conf = ServerConf {
         threads: config.gateway.threads,
@@ -249,7 +229,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         metrics: gateway.metrics.clone(),
         breaker: gateway.redis.breaker.clone(),
         readiness,
-        purge: crate::edge::shop_cache::purge_api::PurgeApi {
+        purge: crate::edge::PurgeApi {
             cache: gateway.shop_cache.clone(),
             admin_token: config.admin_token.as_deref().map(Arc::from),
             redis: config.redis.clone(),
@@ -270,7 +250,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         .build();
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
-        let settings = crate::edge::tls::listener_settings(certs.clone())
+        let settings = crate::edge::listener_settings(certs.clone())
             .map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
         let watcher = CertWatcher {

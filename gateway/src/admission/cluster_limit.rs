@@ -15,7 +15,7 @@ use std::time::Duration;
 use flashgate_common::config::Bucket;
 
 use crate::admission::limits::{Limited, RouteClass, Scope};
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::{RedisClient, RedisError};
 
 /// Key of the shared bucket (its own hash tag: one slot).
 pub const CLUSTER_LIMIT_KEY: &str = "fg:{limit}:global";

@@ -17,8 +17,8 @@ use crate::admission::auth::Verifier;
 use crate::admission::client_ip::client_ip;
 use crate::admission::cluster_limit::ClusterLimit;
 use crate::admission::limits::{Limiters, RouteClass};
-use crate::infra::metrics::Metrics;
-use crate::infra::redis_client::RedisClient;
+use crate::infra::Metrics;
+use crate::infra::RedisClient;
 use crate::rejection::{unavailable, Rejection};
 
 /// The hot-reloadable part of the gateway: limiters and deny lists.

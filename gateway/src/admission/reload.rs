@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use crate::admission::limits::Limiters;
 use crate::admission::Edge;
-use crate::infra::task::{Shutdown, Task};
+use crate::infra::{Shutdown, Task};
 
 /// Listens for SIGHUP and asks every watcher to reload.
 pub struct Hangup {

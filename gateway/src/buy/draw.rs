@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::buy::deduct::{Decision, DeductOutcome, MISSES_REMEMBERED_PER_USER};
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::{RedisClient, RedisError};
 
 /// Entrants one `lua/draw_run.lua` call decides: about a millisecond of
 /// Redis time, so buys of other sales are not held up behind a draw.

@@ -8,8 +8,11 @@ use std::time::Duration;
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::reservation_id;
 
+use super::deduct::{BuyAttempt, Decision, DeductOutcome};
+use super::draw::Entrant;
 use super::tests::{fixture, Fixture};
 use super::*;
+use crate::rejection::Rejection;
 
 impl Fixture {
     /// One deduct call as the gateway sends it, with reservation id `rid`

@@ -51,8 +51,8 @@ use tracing::{debug, warn};
 
 use super::BuyService;
 use crate::buy::deduct::Decision;
-use crate::infra::clock::WallClock;
-use crate::infra::redis_client::RedisError;
+use crate::infra::RedisError;
+use crate::infra::WallClock;
 use crate::rejection::Rejection;
 
 /// Most items one transfer moves: half of what the donor holds, rounded

@@ -42,8 +42,8 @@ use flashgate_common::config::RedisTarget;
 use flashgate_common::keys::SaleKeys;
 use tokio::sync::watch;
 
-use crate::infra::metrics::Metrics;
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::Metrics;
+use crate::infra::{RedisClient, RedisError};
 
 /// What one round found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,8 +246,8 @@ fn copy_of(error: &RedisError) -> RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infra::breaker::Breaker;
-    use crate::infra::testing::RedisServer;
+    use crate::infra::Breaker;
+    use crate::infra::RedisServer;
 
     /// Waits for `replicas`, each `WAIT` up to `wait_ms`.
     fn waits(redis: &RedisServer, replicas: u32, wait_ms: u64) -> Arc<ReplicaWait> {

@@ -6,9 +6,9 @@ use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::{sale_of_reservation, ReservationStatus};
 use serde::Serialize;
 
-use crate::buy::forward::order_cache::OrderLookups;
-use crate::infra::metrics::Metrics;
-use crate::infra::redis_client::{RedisClient, RedisError};
+use super::forward::OrderLookups;
+use crate::infra::Metrics;
+use crate::infra::{RedisClient, RedisError};
 use crate::rejection::{unavailable, Rejection};
 
 /// A reservation as its buyer sees it.

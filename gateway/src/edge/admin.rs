@@ -22,9 +22,9 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::edge::shop_cache::purge_api::{self, PurgeApi};
-use crate::infra::breaker::{Breaker, BreakerState};
-use crate::infra::metrics::Metrics;
-use crate::infra::readiness::Readiness;
+use crate::infra::Metrics;
+use crate::infra::Readiness;
+use crate::infra::{Breaker, BreakerState};
 
 pub struct AdminServer {
     pub listen: SocketAddr,

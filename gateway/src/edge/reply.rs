@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use flashgate_common::secret::{BEARER_CHALLENGE, BEARER_INVALID_TOKEN};
 
-use crate::admission::auth::AuthError;
-use crate::admission::challenge::token::Issued;
+use crate::admission::token::Issued;
+use crate::admission::AuthError;
 use crate::buy::BuyOutcome;
 pub use crate::rejection::Rejection;
 
@@ -214,7 +214,7 @@ mod tests {
 
     #[test]
     fn a_required_challenge_is_428_with_exactly_the_challenge_fields() {
-        use crate::admission::challenge::token::Refusal;
+        use crate::admission::token::Refusal;
         let issued = Issued {
             challenge: "c".repeat(72),
             difficulty_bits: 14,

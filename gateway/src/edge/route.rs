@@ -8,6 +8,9 @@ use flashgate_common::reservation::sale_of_reservation;
 use flashgate_common::sale::valid_sale_id;
 use http::Method;
 
+use crate::infra::RouteKind;
+use crate::rejection::Rejection;
+
 /// A request the gateway answers itself, or [`Route::Shop`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route<'a> {
@@ -39,46 +42,6 @@ impl Route<'_> {
     }
 }
 
-/// The `route` metric label: a route without its ids, or a request that
-/// named no route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteKind {
-    ListSales,
-    SaleState,
-    Buy,
-    Challenge,
-    Reservation,
-    Page,
-    Asset,
-    Shop,
-    /// Refused before it was routed (bad id, wrong method, huge headers).
-    Invalid,
-}
-
-impl RouteKind {
-    /// How many kinds there are: [`RouteKind::index`] is below it.
-    pub const COUNT: usize = RouteKind::Invalid as usize + 1;
-
-    /// A dense index, for per-route tables (`metrics`).
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RouteKind::ListSales => "list_sales",
-            RouteKind::SaleState => "sale_state",
-            RouteKind::Buy => "buy",
-            RouteKind::Challenge => "challenge",
-            RouteKind::Reservation => "reservation",
-            RouteKind::Page => "page",
-            RouteKind::Asset => "asset",
-            RouteKind::Shop => "shop",
-            RouteKind::Invalid => "invalid",
-        }
-    }
-}
-
 /// A request to a gateway path that cannot be served as sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouteError {
@@ -88,6 +51,16 @@ pub enum RouteError {
     BadId,
     /// A path under a gateway prefix that names nothing.
     NotFound,
+}
+
+impl From<RouteError> for Rejection {
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::MethodNotAllowed(allow) => Rejection::MethodNotAllowed(allow),
+            RouteError::BadId => Rejection::BadRequest("malformed id"),
+            RouteError::NotFound => Rejection::NotFound("no such resource"),
+        }
+    }
 }
 
 /// Classifies a request. `path` excludes the query string.

@@ -334,7 +334,7 @@ pub struct PagesWatcher {
     /// How often the files are compared; zero: only on SIGHUP.
     pub interval: Duration,
     /// SIGHUP: compare the files now.
-    pub requests: crate::admission::reload::ReloadRequests,
+    pub requests: crate::admission::ReloadRequests,
 }
 
 #[async_trait]

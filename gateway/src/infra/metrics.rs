@@ -18,26 +18,60 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::edge::route::RouteKind;
-
 /// Latency buckets from 100 µs to 5 s: edge answers are sub-millisecond,
 /// Redis and backend calls a few milliseconds, timeouts up to seconds.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-/// Attempts per batched deduct call: 1 at low load, up to
-/// `buy::deduct::batch::MAX_BATCH`.
-const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0];
-const _: () = assert!(
-    BATCH_SIZE_BUCKETS[BATCH_SIZE_BUCKETS.len() - 1] as usize
-        == crate::buy::deduct::batch::MAX_BATCH
-);
+/// Attempts per batched deduct call: 1 at low load, up to the batcher's
+/// most (`buy::deduct::batch::MAX_BATCH`, which checks it is the last).
+pub(crate) const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0];
 
 /// Difficulty buckets, in bits: each bit doubles the work.
 const DIFFICULTY_BUCKETS: &[f64] = &[
     0.0, 4.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 28.0, 32.0,
 ];
+
+/// The `route` metric label: a route without its ids, or a request that
+/// named no route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteKind {
+    ListSales,
+    SaleState,
+    Buy,
+    Challenge,
+    Reservation,
+    Page,
+    Asset,
+    Shop,
+    /// Refused before it was routed (bad id, wrong method, huge headers).
+    Invalid,
+}
+
+impl RouteKind {
+    /// How many kinds there are: [`RouteKind::index`] is below it.
+    pub const COUNT: usize = RouteKind::Invalid as usize + 1;
+
+    /// A dense index, for per-route tables (`metrics`).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteKind::ListSales => "list_sales",
+            RouteKind::SaleState => "sale_state",
+            RouteKind::Buy => "buy",
+            RouteKind::Challenge => "challenge",
+            RouteKind::Reservation => "reservation",
+            RouteKind::Page => "page",
+            RouteKind::Asset => "asset",
+            RouteKind::Shop => "shop",
+            RouteKind::Invalid => "invalid",
+        }
+    }
+}
 
 pub struct Metrics {
     pub registry: Registry,

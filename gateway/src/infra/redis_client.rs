@@ -22,7 +22,7 @@ use tokio::sync::OnceCell;
 use crate::infra::breaker::{Breaker, BreakerState};
 
 /// Why a Redis call did not produce an answer. Clone: one batched deduct's
-/// failure is every attempt's in it (`crate::buy::deduct::batch`).
+/// failure is every attempt's in it (`buy::deduct::batch`).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RedisError {
     #[error("redis: {0}")]
@@ -32,7 +32,7 @@ pub enum RedisError {
     #[error("redis circuit open")]
     CircuitOpen,
     /// Too many buys of one sale already waiting for their deduct call
-    /// (`crate::buy::deduct::batch::MAX_QUEUED`): Redis is slower than they come.
+    /// (`buy::deduct::batch::MAX_QUEUED`): Redis is slower than they come.
     #[error("too many buys of this sale waiting for redis")]
     QueueFull,
 }

@@ -8,8 +8,8 @@ use flashgate_common::keys::SALES_INDEX;
 use moka::ops::compute::Op;
 
 use super::snapshot::{read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow};
-use crate::infra::orders::OrderClient;
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::OrderClient;
+use crate::infra::{RedisClient, RedisError};
 
 /// How old a snapshot may be for a buy's window check.
 pub const WINDOW_TTL: Duration = Duration::from_secs(2);

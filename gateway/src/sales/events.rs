@@ -18,8 +18,8 @@ use flashgate_common::keys::{SaleEvent, EVENTS_CHANNEL};
 use flashgate_common::redis_conn::EventSubscription;
 use tracing::{debug, info, warn};
 
-use crate::infra::redis_client::RedisClient;
-use crate::infra::task::{Shutdown, Task};
+use crate::infra::RedisClient;
+use crate::infra::{Shutdown, Task};
 use crate::sales::switches::Switches;
 use crate::sales::{read_stock_epoch, SaleCache};
 
@@ -122,8 +122,6 @@ impl Task for EventListener {
     }
 }
 
-pub use flashgate_common::keys::publish;
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -131,8 +129,8 @@ mod tests {
     use flashgate_common::keys::SaleKeys;
 
     use super::*;
-    use crate::infra::breaker::Breaker;
-    use crate::infra::testing::RedisServer;
+    use crate::infra::Breaker;
+    use crate::infra::RedisServer;
 
     /// A listener of its own Redis, running until `shutdown` says so.
     fn listening(redis: &RedisServer) -> (Arc<SaleCache>, tokio::sync::watch::Sender<bool>) {

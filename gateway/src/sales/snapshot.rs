@@ -11,7 +11,7 @@ use flashgate_common::rfc3339;
 use flashgate_common::sale::{SaleSpec, SaleState};
 use serde::Serialize;
 
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::{RedisClient, RedisError};
 
 /// A sale's window: all a buy needs to be answered without the script
 /// before the start, after the end or while paused.

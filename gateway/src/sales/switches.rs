@@ -35,7 +35,7 @@ use flashgate_common::redis_conn::RedisHandle;
 use flashgate_common::stream_info::{sale_backlogs, Backlog};
 use tracing::{info, warn};
 
-use crate::infra::task::{Shutdown, Task};
+use crate::infra::{Shutdown, Task};
 
 pub struct Switches {
     /// True until the switch was read once, then its value.

@@ -36,8 +36,8 @@ use std::time::Instant;
 use flashgate_common::config::{ChallengeConfig, ChallengeMode};
 use flashgate_common::keys::SaleKeys;
 
-use crate::infra::metrics::Metrics;
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::Metrics;
+use crate::infra::{RedisClient, RedisError};
 use crate::rejection::{unavailable, Rejection};
 use rates::Rates;
 use token::{Issued, Refusal, Signer, Solved, ID_BYTES};

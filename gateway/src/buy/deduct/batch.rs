@@ -37,7 +37,8 @@ use prometheus::Histogram;
 use tokio::sync::oneshot;
 
 use crate::buy::deduct::{deduct_many, BuyAttempt, Decision};
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::BATCH_SIZE_BUCKETS;
+use crate::infra::{RedisClient, RedisError};
 
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,10 @@ mod tests;
 /// them (a few µs each), so a cap keeps one call well under a millisecond
 /// and other sales' calls from waiting behind it.
 pub const MAX_BATCH: usize = 64;
+const _: () = assert!(
+    BATCH_SIZE_BUCKETS[BATCH_SIZE_BUCKETS.len() - 1] as usize == MAX_BATCH,
+    "the batch size histogram's last bucket is the largest batch"
+);
 
 /// Calls of one sale (one hash tag) in flight at once. More than one keeps
 /// Redis busy while the gateway reads the previous reply; each more makes

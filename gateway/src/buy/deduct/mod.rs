@@ -3,7 +3,7 @@
 //! stock, and on a win decrements the stock and appends the reservation
 //! record to the sale's stream, all atomically. The attempts of one sale
 //! go to Redis in one EVALSHA of `lua/deduct_batch.lua` ([`deduct_many`];
-//! the buy path sends them through [`batch::DeductBatcher`], alone when
+//! the buy path sends them through [`DeductBatcher`], alone when
 //! nothing waits). Every reply (a deduct's, a remembered outcome, a draw's
 //! outcome) is parsed in one place, `reply`, into [`DeductOutcome`];
 //! business results are values, not errors.
@@ -11,11 +11,12 @@
 use flashgate_common::config::RedisTarget;
 use flashgate_common::keys::SaleKeys;
 
-use crate::infra::redis_client::{RedisClient, RedisError};
+use crate::infra::{RedisClient, RedisError};
 
-pub mod batch;
+mod batch;
 mod reply;
 
+pub use batch::DeductBatcher;
 use reply::{attempt_decision, remembered_decision, unexpected};
 
 /// Most Idempotency-Keys that did not win remembered per user and sale

@@ -7,7 +7,7 @@
 use flashgate_common::draw::Outcome;
 
 use super::{Decision, DeductOutcome};
-use crate::infra::redis_client::RedisError;
+use crate::infra::RedisError;
 
 /// One attempt's part of a batch's reply: its decision, its own script
 /// error (`{"error", message}`), or a reply of the wrong shape.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use flashgate_common::reservation::OrderView;
 use tracing::debug;
 
-use crate::infra::orders::OrderClient;
+use crate::infra::OrderClient;
 
 /// How long an order found in the backend is answered from memory.
 pub const ORDER_TTL: Duration = Duration::from_secs(1);

@@ -18,9 +18,9 @@ use flashgate_common::dependency::{DepState, Dependency};
 use flashgate_common::reservation::ForwardedWinner;
 use tokio::sync::{mpsc, Mutex};
 
-use crate::infra::metrics::Metrics;
-use crate::infra::orders::{BackendError, OrderClient};
-use crate::infra::task::{Shutdown, Task};
+use crate::infra::Metrics;
+use crate::infra::{BackendError, OrderClient};
+use crate::infra::{Shutdown, Task};
 
 /// Most winners sent in one request.
 pub const MAX_BATCH: usize = 256;

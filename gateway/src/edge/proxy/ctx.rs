@@ -1,7 +1,7 @@
 //! Per-request state carried through the phases, and its metric labels.
 
-use crate::edge::route::RouteKind;
 use crate::edge::shop_cache::CacheUse;
+use crate::infra::RouteKind;
 use crate::rejection::Rejection;
 
 /// Per-request state.

@@ -10,7 +10,7 @@
 //!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::prove ─► BuyService::buy ─► BuyOutcome
 //!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
 //!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
-//!   ├─ Route::Reservation ► Admission::user ─► reservations::lookup
+//!   ├─ Route::Reservation ► Admission::user ─► BuyService::reservation
 //!   ├─ pages, assets ──► StaticPages::serve ─► Page (head built at load) ─► write_page
 //!   │                    every other answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
@@ -51,23 +51,23 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 pub use ctx::{Outcome, RequestCtx};
-pub use session::{MAX_BUY_BODY_BYTES, MAX_HEADER_BYTES};
 
-use crate::admission::limits::RouteClass;
 use crate::admission::Admission;
-use crate::buy::forward::order_cache::OrderLookups;
+use crate::admission::ChallengeGate;
+use crate::admission::RouteClass;
 use crate::buy::{BuyOutcome, BuyRequest, BuyService};
 use crate::edge::reply::Reply;
-use crate::edge::route::{classify, Route, RouteKind};
+use crate::edge::route::{classify, Route};
 use crate::edge::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::edge::upstreams::{hop_by_hop, ShopFailure, Upstreams};
-use crate::infra::metrics::Metrics;
-use crate::infra::orders::OrderClient;
-use crate::infra::redis_client::RedisClient;
+use crate::infra::Metrics;
+use crate::infra::OrderClient;
+use crate::infra::RedisClient;
+use crate::infra::RouteKind;
 use crate::rejection::{unavailable, Rejection};
-use crate::sales::switches::Switches;
 use crate::sales::SaleCache;
+use crate::sales::Switches;
 use session::{
     keep_alive_after_early_answer, peer, read_buy_body, request_id, write_page, write_reply,
 };
@@ -79,12 +79,15 @@ pub struct Gateway {
     pub admission: Arc<Admission>,
     /// The buy rules.
     pub buy: BuyService,
+    /// The proof of work a buy must carry (shared with the buy rules):
+    /// `GET /api/sales/{id}/challenge` offers one.
+    pub challenge: Arc<ChallengeGate>,
     /// One snapshot per sale, shared with the buy rules and the events listener.
     pub sales: Arc<SaleCache>,
     pub redis: Arc<RedisClient>,
+    /// The order backend's client, shared with the buy rules (readiness
+    /// checks it).
     pub orders: Arc<OrderClient>,
-    /// Reservations' orders, cached briefly for polling and retrying winners.
-    pub order_lookups: Arc<OrderLookups>,
     /// Shared with the watcher that reloads changed files.
     pub pages: Arc<StaticPages>,
     pub shop: Upstreams,
@@ -550,7 +553,7 @@ impl Gateway {
                     .admission
                     .user(RouteClass::Read, peer(session), headers)?;
                 let ip = self.admission.client_ip(peer(session), headers);
-                match self.buy.challenge.offer(sale_id, &user, ip, now_ms()) {
+                match self.challenge.offer(sale_id, &user, ip, now_ms()) {
                     Some(issued) => Ok(Reply::json(
                         200,
                         &crate::edge::reply::challenge_fields(&issued),
@@ -565,15 +568,7 @@ impl Gateway {
                 let user = self
                     .admission
                     .user(RouteClass::Read, peer(session), headers)?;
-                let view = Box::pin(crate::buy::reservations::lookup(
-                    &self.redis,
-                    &self.sales,
-                    &self.order_lookups,
-                    &self.metrics,
-                    &user,
-                    rid,
-                ))
-                .await?;
+                let view = Box::pin(self.buy.reservation(&user, rid)).await?;
                 Ok(Reply::json(200, &view))
             }
             // Answered in `request_filter`, with their prebuilt heads.

@@ -56,6 +56,8 @@ pub mod policy;
 pub mod purge_api;
 pub mod storage;
 
+pub use purge_api::PurgeApi;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
@@ -401,7 +403,7 @@ impl ShopCache {
     }
 }
 
-impl crate::sales::events::AnnouncedPurges for ShopCache {
+impl crate::sales::AnnouncedPurges for ShopCache {
     fn apply_announced(&self, event: &SaleEvent) -> bool {
         ShopCache::apply_announced(self, event)
     }

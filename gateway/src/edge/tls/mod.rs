@@ -31,7 +31,7 @@ use pingora::protocols::tls::TlsRef;
 use pingora::tls::ssl::{NameType, SslVersion};
 use tracing::warn;
 
-pub use certs::{CertError, CertSet};
+pub use certs::CertSet;
 pub use watcher::CertWatcher;
 
 /// Picks each handshake's certificate from the current set. The set is

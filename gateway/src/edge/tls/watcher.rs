@@ -1,7 +1,7 @@
 //! Reloads the listener's certificates when their files change.
 //!
 //! Every `gateway.tls.reload_interval_ms`, and at once on SIGHUP
-//! ([`crate::admission::reload::Hangup`]), the files are read and compared with what
+//! ([`crate::admission::Hangup`]), the files are read and compared with what
 //! was loaded. On a change the whole set is loaded and checked
 //! again, then swapped in: handshakes from then on use it, connections
 //! already open keep theirs (a certificate only matters in a handshake).
@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use super::certs::{read_all, FileBytes};
 use super::CertSet;
-use crate::admission::reload::ReloadRequests;
+use crate::admission::ReloadRequests;
 
 pub struct CertWatcher {
     pub config: TlsConfig,

@@ -16,9 +16,9 @@ use super::{
     DeductBatcher, OwnedAttempt, Queue, Waiter, IN_FLIGHT_PER_SALE, MAX_BATCH, MAX_QUEUED,
 };
 use crate::buy::deduct::{deduct_many, BuyAttempt, Decision, DeductOutcome};
-use crate::infra::breaker::Breaker;
-use crate::infra::redis_client::{RedisClient, RedisError};
-use crate::infra::testing::RedisServer;
+use crate::infra::Breaker;
+use crate::infra::RedisServer;
+use crate::infra::{RedisClient, RedisError};
 
 /// One attempt: user, Idempotency-Key ("" for none), reservation id, nonce.
 type Try = (&'static str, &'static str, &'static str, &'static str);
@@ -225,7 +225,7 @@ fn attempt_in<'a>(sale_id: &'a str, buckets: u32, t: &'a Try) -> BuyAttempt<'a> 
 
 /// A decision with the server's own clock and replication id reduced to
 /// whether they were there; an error to "error".
-fn comparable(d: Result<Decision, crate::infra::redis_client::RedisError>) -> String {
+fn comparable(d: Result<Decision, crate::infra::RedisError>) -> String {
     match d {
         Ok(Decision {
             outcome:
