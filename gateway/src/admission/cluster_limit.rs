@@ -40,14 +40,14 @@ impl ClusterLimit {
     pub async fn check(&self, redis: &RedisClient) -> Result<Result<(), Limited>, RedisError> {
         let interval_ms = 1000.0 / f64::from(self.bucket.per_second.get());
         let tolerance_ms = interval_ms * f64::from(self.bucket.burst.get() - 1);
-        let mut conn = redis.conn().await?;
         let mut invocation = self.script.prepare_invoke();
         invocation
             .key(CLUSTER_LIMIT_KEY)
             .arg(interval_ms)
             .arg(tolerance_ms);
-        let (allowed, wait_ms): (i64, i64) =
-            redis.bounded(invocation.invoke_async(&mut conn)).await??;
+        let (allowed, wait_ms): (i64, i64) = redis
+            .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await?;
         Ok(if allowed == 1 {
             Ok(())
         } else {

@@ -301,7 +301,6 @@ impl Draws {
             return Ok(Run::Done);
         }
         let seed = format!("{:032x}", rand::random::<u128>());
-        let mut conn = redis.conn().await?;
         let invocation = draw_run_call(
             &self.script,
             keys,
@@ -311,9 +310,8 @@ impl Draws {
             self.idempotency_ttl_seconds,
         );
         let reply: Vec<String> = redis
-            .bounded(invocation.invoke_async(&mut conn))
-            .await?
-            .map_err(RedisError::from)?;
+            .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await?;
         let run = match reply.as_slice() {
             [state, _] if state == "pending" => Run::Pending,
             [state, _] if state == "done" => Run::Done,
@@ -344,15 +342,11 @@ impl Draws {
         keys: &SaleKeys,
         entry: u64,
     ) -> Result<Option<Outcome>, NotSettled> {
-        let mut conn = redis.conn().await?;
         let value: Option<String> = redis
-            .bounded(redis::AsyncCommands::hget(
-                &mut conn,
-                &keys.draw.outcomes,
-                entry,
-            ))
-            .await?
-            .map_err(RedisError::from)?;
+            .call(|mut conn| async move {
+                redis::AsyncCommands::hget(&mut conn, &keys.draw.outcomes, entry).await
+            })
+            .await?;
         value
             .map(|v| serde_json::from_str(&v).map_err(|e| NotSettled::BadReply(e.to_string())))
             .transpose()

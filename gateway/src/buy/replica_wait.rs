@@ -198,7 +198,6 @@ impl ReplicaWait {
     /// One round: the mark, then `WAIT`, in one pipeline on one connection
     /// to the master that holds `mark`.
     async fn round(&self, mark: &str) -> Result<Ack, RedisError> {
-        let mut conn = self.redis.conn().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("EVAL").arg(WAIT_MARK).arg(1).arg(mark);
         pipe.cmd("WAIT")
@@ -207,8 +206,8 @@ impl ReplicaWait {
         self.metrics.replica_waits.inc();
         let replies = self
             .redis
-            .bounded(conn.pipeline_on_master_of(mark, &pipe))
-            .await??;
+            .call(|mut conn| async move { conn.pipeline_on_master_of(mark, &pipe).await })
+            .await?;
         let [node, replicas] = <[redis::Value; 2]>::try_from(replies).map_err(|_| {
             redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::forward::OrderLookups;
 use crate::infra::Metrics;
-use crate::infra::{RedisClient, RedisError};
+use crate::infra::RedisClient;
 use crate::rejection::{unavailable, Rejection};
 
 /// A reservation as its buyer sees it.
@@ -38,15 +38,11 @@ pub async fn lookup(
     // A bucketed sale indexes a reservation in its owner's home bucket.
     let buckets = sales.buckets(redis, sale).await;
     let keys = SaleKeys::home(sale, buckets, user);
-    let mut conn = redis.conn().await.map_err(|e| unavailable(metrics, &e))?;
     let owner: Option<String> = redis
-        .bounded(redis::AsyncCommands::hget(
-            &mut conn,
-            &keys.reservations,
-            rid,
-        ))
+        .call(|mut conn| async move {
+            redis::AsyncCommands::hget(&mut conn, &keys.reservations, rid).await
+        })
         .await
-        .and_then(|r| r.map_err(RedisError::from))
         .map_err(|e| unavailable(metrics, &e))?;
     if owner.as_deref() != Some(user) {
         return Err(Rejection::NotFound("no such reservation"));

@@ -5,10 +5,12 @@
 //! deducts are pipelined without a pool. It is
 //! created lazily on first use because redis-rs spawns the connection's
 //! driver on the runtime that creates it, and that must be the proxy's
-//! runtime, not a temporary one in `main`. Every call is bounded by the
-//! configured timeout and the circuit breaker ([`RedisClient::bounded`];
-//! [`RedisClient::publish`] for announcements on `fg:events`), so a stalled
-//! Redis yields a quick 503, not a hang.
+//! runtime, not a temporary one in `main`. Every call goes through
+//! [`RedisClient::call`] ([`RedisClient::publish`] for announcements on
+//! `fg:events`), the one way to the shared connection: it takes the handle
+//! and bounds the call by the configured timeout and the circuit breaker in
+//! one step no caller can skip, so a stalled Redis yields a quick 503, not
+//! a hang, and every failure counts.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -102,12 +104,35 @@ impl RedisClient {
         )
     }
 
+    /// Runs one call on the shared connection: `op` gets the handle
+    /// (connecting, and loading the scripts, on first use; refused while
+    /// the breaker is open) and its future runs through the breaker with
+    /// the configured timeout, its outcome feeding the breaker. The handle
+    /// is a clone of the shared multiplexed one: cheap, and dropped with
+    /// the call.
+    ///
+    /// # Errors
+    /// [`RedisError::CircuitOpen`] without trying while the breaker is open,
+    /// [`RedisError::Timeout`] when connecting or the call takes longer, or
+    /// the call's error.
+    pub async fn call<T, E, Fut>(
+        &self,
+        op: impl FnOnce(RedisHandle) -> Fut,
+    ) -> Result<T, RedisError>
+    where
+        Fut: Future<Output = Result<T, E>>,
+        RedisError: From<E>,
+    {
+        let conn = self.conn().await?;
+        Ok(self.bounded(op(conn)).await??)
+    }
+
     /// A handle on the shared connection, connecting (and loading the
     /// scripts with SCRIPT LOAD) on first use.
     ///
     /// # Errors
     /// When Redis cannot be reached within the timeout.
-    pub async fn conn(&self) -> Result<RedisHandle, RedisError> {
+    async fn conn(&self) -> Result<RedisHandle, RedisError> {
         if let Some(conn) = self.conn.get() {
             // Refused while the breaker is open, before the caller builds
             // its call. Nothing is reported to the breaker: a handle in hand
@@ -146,7 +171,7 @@ impl RedisClient {
     /// # Errors
     /// [`RedisError::CircuitOpen`] without trying while the breaker is open,
     /// [`RedisError::Timeout`] when the call takes longer, or the call's error.
-    pub async fn bounded<T, E>(
+    async fn bounded<T, E>(
         &self,
         fut: impl Future<Output = Result<T, E>>,
     ) -> Result<Result<T, E>, RedisError> {
@@ -173,17 +198,15 @@ impl RedisClient {
     }
 
     /// Announces `event` to every gateway and backend on `fg:events`, on
-    /// the shared connection and through [`RedisClient::bounded`], like any
+    /// the shared connection and through [`RedisClient::call`], like any
     /// other call: it is refused while the breaker is open, and its
     /// failure or timeout counts.
     ///
     /// # Errors
     /// [`RedisError::CircuitOpen`], [`RedisError::Timeout`], or Redis's error.
     pub async fn publish(&self, event: &SaleEvent) -> Result<(), RedisError> {
-        let mut conn = self.conn().await?;
-        self.bounded(flashgate_common::keys::publish(&mut conn, event))
-            .await??;
-        Ok(())
+        self.call(|mut conn| async move { flashgate_common::keys::publish(&mut conn, event).await })
+            .await
     }
 
     /// Where Redis is, for connections of their own (pub/sub, checks).
@@ -197,15 +220,12 @@ mod tests {
     use super::*;
     use crate::infra::testing::RedisServer;
 
+    /// A call that takes the connection, then fails.
     async fn failing_call(redis: &RedisClient) {
-        let _ = redis.conn().await.expect("connected, breaker not open");
         let outcome = redis
-            .bounded(async { Err::<(), _>(RedisError::QueueFull) })
+            .call(|_conn| async { Err::<(), _>(RedisError::QueueFull) })
             .await;
-        assert!(
-            matches!(outcome, Ok(Err(RedisError::QueueFull))),
-            "{outcome:?}"
-        );
+        assert!(matches!(outcome, Err(RedisError::QueueFull)), "{outcome:?}");
     }
 
     #[tokio::test]
@@ -275,6 +295,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_call_that_outlasts_the_timeout_is_answered_at_once_and_opens_the_breaker() {
+        let server = RedisServer::private();
+        let redis = RedisClient::standalone(
+            &server.url(),
+            Duration::from_millis(200),
+            Breaker::new(1, Duration::from_secs(60)),
+        );
+        let started = std::time::Instant::now();
+        // Blocks for 2 s on the server: the call's bound answers first.
+        let outcome: Result<Option<(String, String)>, _> = redis
+            .call(|mut conn| async move {
+                redis::cmd("BLPOP")
+                    .arg("nothing")
+                    .arg(2)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await;
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            redis.breaker.state(),
+            BreakerState::Open,
+            "the timed-out call fed the breaker"
+        );
+    }
+
+    #[tokio::test]
     async fn the_half_open_probe_is_the_first_real_call_not_the_handle() {
         let server = RedisServer::private();
         let redis = RedisClient::standalone(
@@ -286,16 +338,15 @@ mod tests {
         failing_call(&redis).await;
         assert_eq!(redis.breaker.state(), BreakerState::HalfOpen);
         // Taking the handle neither closes the breaker nor spends the probe.
-        let mut conn = redis
+        let _conn = redis
             .conn()
             .await
             .expect("half-open lets the handle through");
         assert_eq!(redis.breaker.state(), BreakerState::HalfOpen);
         let pong: String = redis
-            .bounded(redis::cmd("PING").query_async(&mut conn))
+            .call(|mut conn| async move { redis::cmd("PING").query_async(&mut conn).await })
             .await
-            .expect("the probe")
-            .expect("PONG");
+            .expect("the probe answers PONG");
         assert_eq!(pong, "PONG");
         assert_eq!(
             redis.breaker.state(),

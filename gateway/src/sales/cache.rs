@@ -248,15 +248,14 @@ impl SaleCache {
         redis: &RedisClient,
         now_ms: i64,
     ) -> Result<Vec<SaleSummary>, Arc<RedisError>> {
-        let mut conn = redis.conn().await?;
         let ids: Vec<String> = redis
-            .bounded(
+            .call(|mut conn| async move {
                 redis::cmd("SMEMBERS")
                     .arg(SALES_INDEX)
-                    .query_async(&mut conn),
-            )
-            .await
-            .and_then(|r| r.map_err(RedisError::from))?;
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(s) = self

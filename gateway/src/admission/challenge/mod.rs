@@ -211,14 +211,15 @@ impl ChallengeGate {
         let key = SaleKeys::new(buy.sale_id).pow(&solved.id);
         let marker = format!("k:{}", buy.idempotency_key);
         let ttl_ms = (solved.expires_at_ms - now_ms).max(0) + USED_MARGIN_MS;
-        let mut conn = redis.conn().await?;
         let mut invocation = POW_USE.prepare_invoke();
         invocation
             .key(&key)
             .arg(&marker)
             .arg(ttl_ms)
             .arg(MAX_RESENDS);
-        let used: i64 = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+        let used: i64 = redis
+            .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await?;
         if used == 1 {
             self.metrics.challenges_solved.inc();
         }

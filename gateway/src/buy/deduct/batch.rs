@@ -12,7 +12,7 @@
 //! Attempts are grouped by the hash tag of their keys (the sale, or the
 //! buyer's home bucket of a bucketed sale): all keys of one call must be
 //! in one slot of a cluster. Every call goes through
-//! [`RedisClient::bounded`] (timeout, circuit breaker) and the script's
+//! [`RedisClient::call`] (timeout, circuit breaker) and the script's
 //! `invoke` (a `NOSCRIPT` reloads it), on the one shared connection, so
 //! standalone, Sentinel and cluster deployments work alike.
 //!

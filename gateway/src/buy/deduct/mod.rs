@@ -129,7 +129,6 @@ pub async fn deduct_many(
         return Ok(Vec::new());
     };
     let keys = SaleKeys::home(first.sale_id, first.buckets, first.user_id);
-    let mut conn = redis.conn().await?;
     let mut invocation = redis.deduct_batch.prepare_invoke();
     invocation
         .key(&keys.meta)
@@ -154,7 +153,9 @@ pub async fn deduct_many(
     }
     // Each attempt's reply parsed on its own: one malformed reply is that
     // attempt's error, and the others (wins among them) keep theirs.
-    let replies: Vec<redis::Value> = redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    let replies: Vec<redis::Value> = redis
+        .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+        .await?;
     if replies.len() != attempts.len() {
         return Err(unexpected(
             "deduct batch answered another number of attempts",
@@ -218,7 +219,6 @@ pub async fn remembered(
 ) -> Result<Option<Decision>, RedisError> {
     // A bucketed sale remembers a user's keys in their home bucket.
     let keys = SaleKeys::home(sale_id, buckets, user_id);
-    let mut conn = redis.conn().await?;
     // Where the script remembers a key: a win on its own, the others in
     // the user's capped hash. One round trip for both, and the id of the
     // Redis that answers (a remembered win waits for replicas there).
@@ -227,8 +227,9 @@ pub async fn remembered(
         .key(keys.idempotency(user_id, idempotency_key))
         .key(keys.idempotency_misses(user_id))
         .arg(idempotency_key);
-    let (first, node): (String, String) =
-        redis.bounded(invocation.invoke_async(&mut conn)).await??;
+    let (first, node): (String, String) = redis
+        .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+        .await?;
     Ok(remembered_decision(&first).map(|d| Decision {
         node: Some(node),
         ..d
