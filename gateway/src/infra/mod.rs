@@ -15,7 +15,7 @@ mod task;
 mod testing;
 
 pub use breaker::{Breaker, BreakerState};
-pub use clock::{ManualClock, SystemClock, WallClock};
+pub use clock::{SystemClock, WallClock};
 pub(crate) use metrics::BATCH_SIZE_BUCKETS;
 pub use metrics::{Metrics, RouteKind};
 pub use orders::{BackendError, OrderClient};
@@ -24,4 +24,4 @@ pub use redis_client::{RedisClient, RedisError};
 pub use runtime_dir::{prepare as prepare_runtime_dir, RuntimePaths};
 pub use task::{Shutdown, Task};
 #[cfg(test)]
-pub(crate) use testing::RedisServer;
+pub(crate) use testing::{ManualClock, RedisServer};
