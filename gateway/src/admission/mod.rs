@@ -13,7 +13,7 @@ mod gate;
 mod limits;
 mod reload;
 
-pub use auth::{mint, valid_user_id, AuthError, Verifier};
+pub use auth::{mint, valid_user_id, AuthError, Verifier, MAX_MINT_TTL_SECONDS};
 pub use challenge::{token, BuyChallenge, ChallengeGate, MAX_RESENDS};
 pub use gate::{Admission, Edge};
 pub use limits::{Limited, Limiters, RouteClass, Scope};

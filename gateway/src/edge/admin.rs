@@ -6,7 +6,7 @@
 //! - `GET /ready`: 200 while Redis answers (not absent, not `LOADING`) and
 //!   its circuit is not open, else 503, so a load balancer stops sending
 //!   buyers to a gateway that cannot sell; the JSON body names each
-//!   dependency's state (see [`crate::infra::readiness`]).
+//!   dependency's state (see [`crate::infra::Readiness`]).
 //! - `POST /cache/purge`: removes cached shop responses by URL or prefix;
 //!   needs the admin token (see [`crate::edge::shop_cache::purge_api`]).
 

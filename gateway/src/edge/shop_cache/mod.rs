@@ -291,7 +291,7 @@ impl ShopCache {
     }
 
     /// Turns the cache on for a shop request that may use it, as
-    /// [`policy::request_use`] decided.
+    /// `policy::request_use` decided.
     pub fn enable(&self, cache: &mut pingora::cache::HttpCache, using: CacheUse) {
         if using == CacheUse::Off {
             return;
@@ -377,7 +377,7 @@ impl ShopCache {
     }
 
     /// Whether a stale copy answers without asking the shop: its fetch
-    /// failed within [`FAILED_FETCH_HOLD`] and the copy is inside its
+    /// failed within `FAILED_FETCH_HOLD` and the copy is inside its
     /// stale-if-error window. Without this, requests waiting on the lock
     /// would each ask the failing shop in turn once the failed fetch
     /// releases it.

@@ -58,7 +58,7 @@ impl TlsAccept for CertResolver {
 pub const GROUPS: &str = "X25519:P-256:P-384";
 
 /// The HTTPS listener's settings: certificates from `certs`, TLS 1.2 at
-/// least, the key exchange over [`GROUPS`] only, HTTP/2 preferred by ALPN
+/// least, the key exchange over `GROUPS` only, HTTP/2 preferred by ALPN
 /// with HTTP/1.1 still served.
 ///
 /// # Errors
