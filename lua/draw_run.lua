@@ -1,5 +1,5 @@
 -- Flashgate opening draw: decides, for the whole sale, every buy that
--- entered within the sale's draw window (lua/deduct.lua answered them
+-- entered within the sale's draw window (lua/deduct_batch.lua answered them
 -- "entered"), in an order drawn from a random seed and independent of
 -- arrival, each by the rules of any other buy (lua/lib/decide.lua,
 -- prepended). Whichever gateway calls first after the window closes fixes
@@ -24,7 +24,7 @@
 -- KEYS[10] draw perm     hash  the shuffle's swapped positions (while running)
 -- KEYS[11] draw order    list  entry numbers in the order decided
 -- KEYS[12] draw index    hash  entrant name -> entry number (and per-user
---                              entry counts, see lua/deduct.lua)
+--                              entry counts, see lua/deduct_batch.lua)
 -- ARGV[1] a random seed (hex) offered by the caller; kept only by the first
 --         call after the window closed, so nobody knows it while buys enter
 -- ARGV[2] most entrants decided by this call
@@ -58,7 +58,7 @@ local closes = tonumber(state[1])
 if now < closes then
   return {'open', tostring(closes - now)}
 end
--- As in lua/deduct.lua: ended first, then paused, then the fence.
+-- As in lua/deduct_batch.lua: ended first, then paused, then the fence.
 local ended = now >= tonumber(meta[2])
 if not ended then
   if meta[4] == '1' then
@@ -75,7 +75,7 @@ if not seed then
   redis.call('HSET', KEYS[7], 'seed', seed, 'entrants', n, 'cursor', 0, 'decided_at_ms', now)
 end
 -- A draw never finished (every gateway gone, the sale paused for ever) is
--- not kept for ever: its keys expire as lua/deduct.lua's do, an hour past
+-- not kept for ever: its keys expire as lua/deduct_batch.lua's do, an hour past
 -- the idempotency TTL, and the last call sets the record's final TTL.
 -- The outcomes, order and shuffle's positions keys are written by the
 -- loop below: each gets it right after this call's first write to it, so

@@ -4,7 +4,7 @@
 -- A sale is fenced while `synced` differs from this Redis's replication id
 -- (`master_replid`, new whenever a Redis becomes a master: a promotion, a
 -- start). Such a Redis may lack the last writes the database already
--- holds orders for; lua/deduct.lua sells nothing of a fenced sale.
+-- holds orders for; lua/deduct_batch.lua sells nothing of a fenced sale.
 --
 -- KEYS[1] meta  KEYS[2] synced
 -- ARGV[1] ""  to ask only; or the replication id the caller re-synced the

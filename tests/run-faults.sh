@@ -7,7 +7,7 @@
 # backend and database cases: a Redis killed in a cluster is a failover,
 # tests/tests/failover.rs, run here once per run as well). Each run also
 # repeats the gateway's tests of stale sold-out answers (the stock epoch,
-# gateway/src/events.rs and gateway/src/buy/tests.rs), whose outcome
+# gateway/src/sales/events.rs and gateway/src/buy/tests.rs), whose outcome
 # depends on when events and replies interleave. The stock raise
 # case (tests/tests/faults/stock_raise.rs) runs on the PostgreSQL at
 # 127.0.0.1:5432, whose sessions it cuts.

@@ -349,8 +349,9 @@ impl RedisServer {
     }
 }
 
-/// One buy attempt through the gateway's own script (`lua/deduct.lua`), as
-/// a gateway would run it; answers the outcome (`won`, `limit_reached`, ...).
+/// One buy attempt through the gateway's own script (`lua/deduct_batch.lua`,
+/// one attempt in the call), as a gateway would run it; answers the
+/// outcome (`won`, `limit_reached`, ...).
 pub async fn buy(
     conn: &mut redis::aio::MultiplexedConnection,
     sale_id: &str,
@@ -363,7 +364,7 @@ pub async fn buy(
         .expect("the script answers an outcome first")
 }
 
-/// [`buy`] with an Idempotency-Key; answers the script's whole reply
+/// [`buy`] with an Idempotency-Key; answers the attempt's whole reply
 /// (outcome, detail such as the reservation id, ...).
 pub async fn buy_with_key(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -371,29 +372,37 @@ pub async fn buy_with_key(
     user: &str,
     key: &str,
 ) -> Vec<String> {
-    static DEDUCT: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::DEDUCT));
+    static DEDUCT_BATCH: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::DEDUCT_BATCH));
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
     let rid =
         flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
-    DEDUCT
+    // The sale's shared keys (no draw keys: no draw), then the attempt's
+    // two; one attempt, its nine arguments (no nonce, no draw window, not
+    // a bucket).
+    let replies: Vec<Vec<String>> = DEDUCT_BATCH
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)
-        .key(keys.idempotency(user, key))
         .key(&keys.stream)
         .key(&keys.reservations)
-        .key(keys.idempotency_misses(user))
         .key(&keys.synced)
+        .key(keys.idempotency(user, key))
+        .key(keys.idempotency_misses(user))
+        .arg(1)
         .arg(user)
         .arg(key)
         .arg(&rid)
         .arg(60)
         .arg(sale_id)
         .arg(16)
+        .arg("")
+        .arg(0)
+        .arg("0")
         .invoke_async(conn)
         .await
-        .unwrap()
+        .unwrap();
+    replies.into_iter().next().expect("one reply per attempt")
 }
 
 /// A TCP relay in front of a real Redis that can hold one client's next

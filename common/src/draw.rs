@@ -3,7 +3,7 @@
 //! order from the recorded seed, for audits.
 //!
 //! Every buy that arrives within the window after the sale starts enters
-//! the draw (`lua/deduct.lua` answers `entered`); once the window closes,
+//! the draw (`lua/deduct_batch.lua` answers `entered`); once the window closes,
 //! `lua/draw_run.lua` (run by whichever gateway asks first, in chunks)
 //! fixes a seed and decides the entrants in the order [`decided_order`]
 //! gives, each by the rules of any other buy (`lua/lib/decide.lua`).
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::keys::SaleKeys;
 
-/// One buy in the draw, as `lua/deduct.lua` records it.
+/// One buy in the draw, as `lua/deduct_batch.lua` records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entrant {
     pub user: String,

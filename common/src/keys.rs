@@ -105,7 +105,7 @@ pub struct SaleKeys {
     call_prefix: String,
     pow_prefix: String,
     /// Written before each replica `WAIT` round of the sale (see
-    /// `gateway/src/replica_wait.rs`).
+    /// `gateway/src/buy/replica_wait.rs`).
     pub wait_mark: String,
     /// The opening draw's record (`lua/draw_run.lua`).
     pub draw: DrawKeys,

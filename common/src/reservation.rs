@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Stream field names of a reservation record, as written by `lua/deduct.lua`.
+/// Stream field names of a reservation record, as written by `lua/deduct_batch.lua`.
 pub mod fields {
     pub const RESERVATION_ID: &str = "rid";
     pub const SALE_ID: &str = "sale";

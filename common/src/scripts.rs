@@ -9,42 +9,35 @@
 //! fails on Lua written inline in Rust, or a `lua/` file included
 //! elsewhere.
 
-/// `lua/deduct.lua` as it runs: the shared buy rules (`lua/lib/decide.lua`),
-/// the deduct itself as a function (`lua/lib/deduct.lua`), then the
-/// script's own body, which calls it once.
-pub const DEDUCT: &str = concat!(
-    include_str!("../../lua/lib/decide.lua"),
-    include_str!("../../lua/lib/deduct.lua"),
-    include_str!("../../lua/deduct.lua")
-);
-
-/// `lua/deduct_batch.lua` as it runs: the same function as [`DEDUCT`],
-/// called once per attempt of the batch.
+/// `lua/deduct_batch.lua` as it runs: the shared buy rules
+/// (`lua/lib/decide.lua`), the deduct itself as a function
+/// (`lua/lib/deduct.lua`), then the script's own body, which calls it once
+/// per attempt of the call.
 pub const DEDUCT_BATCH: &str = concat!(
     include_str!("../../lua/lib/decide.lua"),
     include_str!("../../lua/lib/deduct.lua"),
     include_str!("../../lua/deduct_batch.lua")
 );
 
-/// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT`].
+/// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT_BATCH`].
 pub const DRAW_RUN: &str = concat!(
     include_str!("../../lua/lib/decide.lua"),
     include_str!("../../lua/draw_run.lua")
 );
 
-/// `lua/xfer_out.lua` as it runs, with the shared helpers of [`DEDUCT`].
+/// `lua/xfer_out.lua` as it runs, with the shared helpers of [`DEDUCT_BATCH`].
 pub const XFER_OUT: &str = concat!(
     include_str!("../../lua/lib/decide.lua"),
     include_str!("../../lua/xfer_out.lua")
 );
 
-/// `lua/preheat_bucket.lua` as it runs, with the shared helpers of [`DEDUCT`].
+/// `lua/preheat_bucket.lua` as it runs, with the shared helpers of [`DEDUCT_BATCH`].
 pub const PREHEAT_BUCKET: &str = concat!(
     include_str!("../../lua/lib/decide.lua"),
     include_str!("../../lua/preheat_bucket.lua")
 );
 
-/// `lua/bucket_stock.lua` as it runs, with the shared helpers of [`DEDUCT`].
+/// `lua/bucket_stock.lua` as it runs, with the shared helpers of [`DEDUCT_BATCH`].
 pub const BUCKET_STOCK: &str = concat!(
     include_str!("../../lua/lib/decide.lua"),
     include_str!("../../lua/bucket_stock.lua")
@@ -136,7 +129,6 @@ pub const ALL: &[(&str, &str)] = &[
     ("bucket_meta.lua", BUCKET_META),
     ("bucket_state.lua", BUCKET_STATE),
     ("bucket_stock.lua", BUCKET_STOCK),
-    ("deduct.lua", DEDUCT),
     ("deduct_batch.lua", DEDUCT_BATCH),
     ("draw_run.lua", DRAW_RUN),
     ("fence.lua", FENCE),

@@ -6,7 +6,7 @@
 
 use std::hint::black_box;
 
-use flashgate_gateway::challenge::token::{solve, Signer};
+use flashgate_gateway::admission::token::{solve, Signer};
 
 mod common;
 use common::per_call;

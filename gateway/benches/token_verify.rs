@@ -8,7 +8,7 @@
 use std::hint::black_box;
 
 use flashgate_common::config::AuthConfig;
-use flashgate_gateway::auth::{mint, Verifier};
+use flashgate_gateway::admission::{mint, Verifier};
 
 mod common;
 use common::per_call;

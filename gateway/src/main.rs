@@ -84,7 +84,7 @@ fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Resu
         );
     }
     if let Some(tls) = &config.gateway.tls {
-        let certs = flashgate_gateway::tls::CertSet::load(tls)?;
+        let certs = flashgate_gateway::edge::CertSet::load(tls)?;
         println!(
             "gateway.tls: ok (default certificate for {:?}; by SNI: {:?})",
             certs.default_names(),
@@ -133,7 +133,7 @@ fn main() -> ExitCode {
         Command::Check { connect } => check(&cli.config, &config, connect),
         Command::Token { user, ttl } => match &config.jwt_secret {
             Some(secret) => {
-                flashgate_gateway::auth::mint(secret.as_bytes(), &user, ttl, &config.auth)
+                flashgate_gateway::admission::mint(secret.as_bytes(), &user, ttl, &config.auth)
                     .map(|t| println!("{t}"))
             }
             None => Err(anyhow::anyhow!("no JWT secret: set {ENV_JWT_SECRET}")),

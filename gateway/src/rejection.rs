@@ -2,10 +2,10 @@
 //! a code, a metric label and a message. The HTTP status and headers of
 //! each are decided in `reply`, the only place that knows HTTP.
 
-use crate::auth::AuthError;
-use crate::challenge::token::{Issued, Refusal};
-use crate::metrics::Metrics;
-use crate::redis_client::RedisError;
+use crate::admission::token::{Issued, Refusal};
+use crate::admission::AuthError;
+use crate::infra::Metrics;
+use crate::infra::RedisError;
 
 /// Every way a request to a gateway route can be turned down.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum Rejection {
     /// the same Idempotency-Key answers it once the replicas caught up.
     NotReplicated,
     /// A token bucket is empty.
-    RateLimited(crate::limits::Limited),
+    RateLimited(crate::admission::Limited),
     /// The user or IP is on a deny list.
     Denied,
     /// The buy carries no valid proof-of-work solution: a fresh challenge,
@@ -64,10 +64,10 @@ impl Rejection {
     pub fn label(&self) -> &'static str {
         match self {
             Rejection::RateLimited(l) => match l.scope {
-                crate::limits::Scope::User => "rate_limited_user",
-                crate::limits::Scope::Ip => "rate_limited_ip",
-                crate::limits::Scope::Global => "rate_limited_global",
-                crate::limits::Scope::Cluster => "rate_limited_cluster",
+                crate::admission::Scope::User => "rate_limited_user",
+                crate::admission::Scope::Ip => "rate_limited_ip",
+                crate::admission::Scope::Global => "rate_limited_global",
+                crate::admission::Scope::Cluster => "rate_limited_cluster",
             },
             Rejection::NotReplicated => "replica_wait_timeout",
             other => other.code(),
@@ -94,16 +94,6 @@ impl Rejection {
             Rejection::RateLimited(_) => "too many requests, slow down",
             Rejection::Denied => "access denied",
             Rejection::ChallengeRequired(_, why) => why.message(),
-        }
-    }
-}
-
-impl From<crate::route::RouteError> for Rejection {
-    fn from(e: crate::route::RouteError) -> Self {
-        match e {
-            crate::route::RouteError::MethodNotAllowed(allow) => Rejection::MethodNotAllowed(allow),
-            crate::route::RouteError::BadId => Rejection::BadRequest("malformed id"),
-            crate::route::RouteError::NotFound => Rejection::NotFound("no such resource"),
         }
     }
 }

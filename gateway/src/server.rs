@@ -4,37 +4,45 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
 use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
 use flashgate_common::secret;
 use pingora::apps::HttpServerOptions;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::background::BackgroundService;
 
-use crate::admin::AdminServer;
+use crate::admission::ChallengeGate;
+use crate::admission::Verifier;
 use crate::admission::{Admission, Edge};
-use crate::auth::Verifier;
-use crate::breaker::Breaker;
-use crate::buy::BuyService;
-use crate::challenge::ChallengeGate;
-use crate::clock::SystemClock;
-use crate::deduct_batch::DeductBatcher;
-use crate::draw::Draws;
-use crate::events::EventListener;
-use crate::forwarder::{forwarder, ForwardWorker};
-use crate::metrics::Metrics;
-use crate::order_cache::OrderLookups;
-use crate::orders::OrderClient;
-use crate::proxy::Gateway;
-use crate::readiness::{DependencyWatcher, Readiness};
-use crate::redis_client::RedisClient;
-use crate::reload::{ConfigWatcher, Hangup};
-use crate::replica_wait::ReplicaWait;
-use crate::runtime_dir::RuntimePaths;
+use crate::admission::{ConfigWatcher, Hangup};
+use crate::buy::{BuyDeps, BuyService, ForwardWorker};
+use crate::edge::AdminServer;
+use crate::edge::Gateway;
+use crate::edge::Upstreams;
+use crate::edge::{CertSet, CertWatcher};
+use crate::edge::{PagesWatcher, StaticPages};
+use crate::infra::Breaker;
+use crate::infra::Metrics;
+use crate::infra::OrderClient;
+use crate::infra::RedisClient;
+use crate::infra::RuntimePaths;
+use crate::infra::SystemClock;
+use crate::infra::Task;
+use crate::infra::{DependencyWatcher, Readiness};
 use crate::sales::SaleCache;
-use crate::static_pages::{PagesWatcher, StaticPages};
-use crate::switches::{SwitchWatcher, Switches};
-use crate::tls::{CertSet, CertWatcher};
-use crate::upstreams::Upstreams;
+use crate::sales::{AnnouncedPurges, EventListener};
+use crate::sales::{SwitchWatcher, Switches};
+
+/// A layer's [`Task`] run as one of Pingora's background services.
+struct Background<T>(T);
+
+#[async_trait]
+impl<T: Task> BackgroundService for Background<T> {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.0.run(shutdown).await;
+    }
+}
 
 /// Builds the gateway state. Fails on anything that would only break later:
 /// no JWT secret, no backend token of 32 bytes, no challenge secret of 32
@@ -65,7 +73,6 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         )
         .context("gateway.backend_url")?,
     );
-    let (forwarder, forward_worker) = forwarder(orders.clone(), metrics.clone());
     let redis = Arc::new(RedisClient::new(
         config.redis.clone(),
         Breaker::new(config.redis.breaker_failures, config.redis.breaker_cooldown),
@@ -76,7 +83,6 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     });
     let sales = Arc::new(SaleCache::new(config.pages.state_ttl));
     let switches = Arc::new(Switches::default());
-    let order_lookups = Arc::new(OrderLookups::new(orders.clone()));
     let challenge_secret = config.required_challenge_secret().with_context(|| {
         format!(
             "challenge.mode = \"{}\" needs a signing secret",
@@ -92,38 +98,25 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         ),
         None => ChallengeGate::off(metrics.clone()),
     };
-    let buy = BuyService {
-        admission: admission.clone(),
-        challenge: Arc::new(challenge),
-        redis: redis.clone(),
-        deducts: Arc::new(DeductBatcher::new(
-            redis.clone(),
-            metrics.deduct_batch_size.clone(),
-        )),
-        sales: sales.clone(),
-        switches: switches.clone(),
-        orders: orders.clone(),
-        order_lookups: order_lookups.clone(),
-        forwarder,
-        replica_wait: (config.redis.wait_replicas > 0).then(|| {
-            Arc::new(ReplicaWait::new(
-                redis.clone(),
-                metrics.clone(),
-                config.redis.wait_replicas,
-                config.redis.wait_timeout,
-            ))
-        }),
-        draws: Arc::new(Draws::new(
-            config.fairness,
-            config.gateway.idempotency_ttl,
-            &metrics.registry,
-        )),
-        metrics: metrics.clone(),
-        idempotency_ttl: config.gateway.idempotency_ttl,
-        clock: SystemClock,
-    };
+    let challenge = Arc::new(challenge);
+    let (buy, forward_worker) = BuyService::new(
+        BuyDeps {
+            admission: admission.clone(),
+            challenge: challenge.clone(),
+            redis: redis.clone(),
+            sales: sales.clone(),
+            switches: switches.clone(),
+            orders: orders.clone(),
+            metrics: metrics.clone(),
+            idempotency_ttl: config.gateway.idempotency_ttl,
+            fairness: config.fairness,
+            wait_replicas: config.redis.wait_replicas,
+            wait_timeout: config.redis.wait_timeout,
+        },
+        SystemClock,
+    );
     let shop_cache = config.shop.cache.enabled.then(|| {
-        Arc::new(crate::shop_cache::ShopCache::new(
+        Arc::new(crate::edge::ShopCache::new(
             &config.shop.cache,
             &metrics.registry,
         ))
@@ -132,10 +125,10 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         shop_cache,
         admission,
         buy,
+        challenge,
         sales,
         redis,
         orders,
-        order_lookups,
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         metrics,
@@ -148,7 +141,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 
 /// Runs the gateway until SIGTERM (graceful), SIGINT (immediate) or
 /// SIGQUIT (hand the sockets to a new process started with `upgrade`);
-/// SIGHUP reloads what the watchers reload ([`crate::reload`]).
+/// SIGHUP reloads what the watchers reload ([`crate::admission::Hangup`]).
 ///
 /// # Errors
 /// When the gateway cannot be built.
@@ -182,7 +175,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     };
     // Checked before the server exists: the upgrade socket must not be
     // somewhere another user can reach first.
-    crate::runtime_dir::prepare(&config.gateway.runtime_dir)?;
+    crate::infra::prepare_runtime_dir(&config.gateway.runtime_dir)?;
     let paths = RuntimePaths::new(&config.gateway.runtime_dir, config.gateway.listen.port());
     let conf = ServerConf {
         threads: config.gateway.threads,
@@ -203,7 +196,10 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         client: gateway.redis.clone(),
         sales: gateway.sales.clone(),
         switches: gateway.switches.clone(),
-        shop_cache: gateway.shop_cache.clone(),
+        shop_cache: gateway
+            .shop_cache
+            .clone()
+            .map(|cache| cache as Arc<dyn AnnouncedPurges>),
     };
     let switch_watcher = SwitchWatcher {
         redis: config.redis.clone(),
@@ -233,7 +229,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         metrics: gateway.metrics.clone(),
         breaker: gateway.redis.breaker.clone(),
         readiness,
-        purge: crate::shop_cache::purge_api::PurgeApi {
+        purge: crate::edge::PurgeApi {
             cache: gateway.shop_cache.clone(),
             admin_token: config.admin_token.as_deref().map(Arc::from),
             redis: config.redis.clone(),
@@ -254,7 +250,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         .build();
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
-        let settings = crate::tls::listener_settings(certs.clone())
+        let settings = crate::edge::listener_settings(certs.clone())
             .map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
         service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
         let watcher = CertWatcher {
@@ -274,7 +270,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     server.add_service(service);
     server.add_service(pingora::services::background::background_service(
         "winner forwarder",
-        forward_worker,
+        Background(forward_worker),
     ));
     server.add_service(pingora::services::background::background_service(
         "admin listener",
@@ -282,19 +278,19 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     ));
     server.add_service(pingora::services::background::background_service(
         "dependencies",
-        dependencies,
+        Background(dependencies),
     ));
     server.add_service(pingora::services::background::background_service(
         "switches",
-        switch_watcher,
+        Background(switch_watcher),
     ));
     server.add_service(pingora::services::background::background_service(
         "sale events",
-        events,
+        Background(events),
     ));
     server.add_service(pingora::services::background::background_service(
         "config watcher",
-        watcher,
+        Background(watcher),
     ));
     server.add_service(pingora::services::background::background_service(
         "static pages watcher",
@@ -305,7 +301,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     // SIGHUP stops ending the process as early as it can.
     server.add_service(pingora::services::background::background_service(
         "SIGHUP reload",
-        hangup,
+        Background(hangup),
     ));
     if config.limits.buy.user.is_none()
         && config.limits.buy.ip.is_none()

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use flashgate_common::config::{Bucket, LimitsConfig, RouteLimits};
-use flashgate_gateway::limits::{Limiters, RouteClass};
+use flashgate_gateway::admission::{Limiters, RouteClass};
 
 /// Documented cap on resident-memory growth for 2,000,000 distinct keys.
 const RSS_GROWTH_CAP_BYTES: u64 = 128 * 1024 * 1024;

@@ -1,4 +1,4 @@
--- Flashgate buy decision, shared by lua/deduct.lua and lua/draw_run.lua
+-- Flashgate buy decision, shared by lua/deduct_batch.lua and lua/draw_run.lua
 -- (and its helpers by lua/xfer_out.lua and lua/preheat_bucket.lua):
 -- each of those scripts is this file followed by its own body (see
 -- common/src/scripts.rs), so a buyer of the opening draw is decided by
@@ -81,7 +81,7 @@ local function fg_draw_entry_name(user, idem, nonce)
 end
 
 -- The field of the draw's index counting a user's entries ("c:", never a
--- prefix of an entrant name): lua/deduct.lua admits at most the per-user
+-- prefix of an entrant name): lua/deduct_batch.lua admits at most the per-user
 -- limit of them.
 local function fg_draw_count_name(user)
   return 'c:' .. #user .. ':' .. user

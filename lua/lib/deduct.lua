@@ -1,14 +1,15 @@
--- Flashgate deduct-and-reserve as a function, shared by lua/deduct.lua (one
--- attempt per call) and lua/deduct_batch.lua (the concurrent attempts of one
--- sale in one call): each of those scripts is lua/lib/decide.lua, this file
--- and its own body (see common/src/scripts.rs), so an attempt in a batch is
--- decided by exactly the code of an attempt on its own.
+-- Flashgate deduct-and-reserve as a function, run by lua/deduct_batch.lua
+-- for each attempt of a call: that script is lua/lib/decide.lua, this file
+-- and its own body (see common/src/scripts.rs).
 --
--- fg_deduct(K, A) decides one attempt: K and A are the KEYS and ARGV of
--- lua/deduct.lua (their layout, the replies and the rules are documented
--- there); it returns that script's reply. It reads `master_replid` through
--- fg_replid(), at most once per script call however many attempts it
--- decides; the same for the values no attempt changes (fg_call below).
+-- fg_deduct(K, A) decides one attempt. K: meta, remaining, buyers, the
+-- attempt's idempotency key, stream, resv, the attempt's misses hash,
+-- synced, then the four draw keys or none; A: the attempt's nine
+-- arguments. Their meaning, the replies and the rules are documented in
+-- lua/deduct_batch.lua; it returns one attempt's reply. It reads
+-- `master_replid` through fg_replid(), at most once per script call however
+-- many attempts it decides; the same for the values no attempt changes
+-- (fg_call below).
 
 -- What no attempt can change, read at most once per script call however
 -- many attempts it decides: the sale's meta, its fence (`synced`) and the

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use flashgate_gateway::challenge::token::{solution_bits, solve, Signer};
+use flashgate_gateway::admission::token::{solution_bits, solve, Signer};
 use flashgate_tests::{token, Stack, StackOptions, CHALLENGE_SECRET};
 use serde_json::Value;
 
@@ -339,7 +339,7 @@ async fn a_keyed_resend_passes_with_its_solution_and_any_gateway_verifies_but_no
         "already used",
     );
     // A few re-sends of one buy, not a way to poll the sale with one solution.
-    for _ in 1..flashgate_gateway::challenge::MAX_RESENDS {
+    for _ in 1..flashgate_gateway::admission::MAX_RESENDS {
         assert!(
             buy(&stack, "resend", "dana", Some(&pow), Some("click-1"))
                 .await

@@ -3,8 +3,8 @@
 //! they accept is well-formed.
 
 use flashgate_common::config::{Config, NoEnv};
-use flashgate_gateway::auth::Verifier;
-use flashgate_gateway::route::{classify, Route};
+use flashgate_gateway::admission::Verifier;
+use flashgate_gateway::edge::{classify, Route};
 use http::Method;
 use proptest::prelude::*;
 
@@ -48,7 +48,7 @@ proptest! {
         let v = Verifier::new(b"secret");
         let _ = v.verify(Some(&header));
         if let Ok(user) = v.verify(Some(jwtish.as_bytes())) {
-            prop_assert!(flashgate_gateway::auth::valid_user_id(&user));
+            prop_assert!(flashgate_gateway::admission::valid_user_id(&user));
         }
     }
 

@@ -4,16 +4,18 @@
 //! winner costs the backend one lookup per cache TTL, and a won key still
 //! replays its order once the sale sold out again.
 
+// A buy's future, spawned here, nests deeper than the default limit when
+// proving it `Send` (as in the gateway crate).
+#![recursion_limit = "256"]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashgate_common::reservation::reservation_id;
-use flashgate_gateway::breaker::Breaker;
-use flashgate_gateway::deduct::{deduct, BuyAttempt};
-use flashgate_gateway::deduct_batch::DeductBatcher;
-use flashgate_gateway::metrics::Metrics;
-use flashgate_gateway::redis_client::RedisClient;
+use flashgate_common::config::{Config, Env, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
+use flashgate_gateway::buy::{BuyOutcome, BuyRequest};
+use flashgate_gateway::edge::Gateway;
+use flashgate_gateway::rejection::Rejection;
 use flashgate_tests::{buy_all, random_user, token, Attempt, Stack, StackOptions};
 use serde_json::Value;
 
@@ -28,6 +30,30 @@ async fn redis_used_memory(stack: &Stack) -> i64 {
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap()
+}
+
+/// The gateway as the server builds it from `stack`'s config, with room
+/// for a debug build under load (a 5 s Redis timeout, a breaker that stays
+/// closed); nothing listens. Its switch watcher does not run: the global
+/// switch is taken as off, as the stack's Redis has it.
+fn gateway_of(stack: &Stack) -> Gateway {
+    struct Secrets;
+    impl Env for Secrets {
+        fn var(&self, name: &str) -> Option<String> {
+            match name {
+                ENV_JWT_SECRET => Some(flashgate_tests::JWT_SECRET.into()),
+                ENV_INTERNAL_TOKEN => Some(flashgate_tests::INTERNAL_TOKEN.into()),
+                _ => None,
+            }
+        }
+    }
+    let text = std::fs::read_to_string(&stack.config_path).unwrap();
+    let mut config = Config::from_toml_str(&text, &Secrets, flashgate_common::now_ms()).unwrap();
+    config.redis.timeout = Duration::from_secs(5);
+    config.redis.breaker_failures = 1000;
+    let (gateway, _worker) = flashgate_gateway::server::build_gateway(Arc::new(config)).unwrap();
+    gateway.switches.set_all_paused(false);
+    gateway
 }
 
 /// A counter of the backend's `/metrics` (0 when not exported yet).
@@ -96,40 +122,30 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
     assert_eq!(stack.buy("keys", "alice", Some("first")).await.0, 202);
     let before = redis_used_memory(&stack).await;
 
-    // The gateway's own deduct path (the batcher a buy goes through, so
-    // `lua/deduct_batch.lua` with the buy path's keys and arguments),
-    // without HTTP in front: 100,000 requests through a debug gateway would
-    // take minutes on a small machine.
-    let redis = Arc::new(RedisClient::standalone(
-        &stack.redis.url(),
-        Duration::from_secs(5),
-        Breaker::new(1000, Duration::from_secs(1)),
-    ));
-    let batch_sizes = Metrics::register().deduct_batch_size;
-    let deducts = Arc::new(DeductBatcher::new(redis, batch_sizes.clone()));
+    // The gateway's own buy rules as the server builds them from this
+    // stack's config (`BuyService::buy`: the local decision, then the
+    // batched `lua/deduct_batch.lua` with the buy path's keys and
+    // arguments), without HTTP in front: 100,000 requests through a debug
+    // gateway would take minutes on a small machine.
+    let gateway = Arc::new(gateway_of(&stack));
+    let batch_sizes = gateway.metrics.deduct_batch_size.clone();
     let mut workers = Vec::new();
     for _ in 0..CONCURRENCY {
-        let deducts = deducts.clone();
+        let gateway = gateway.clone();
         workers.push(tokio::spawn(async move {
             let mut outcomes: HashMap<String, usize> = HashMap::new();
             for _ in 0..ATTEMPTS / CONCURRENCY {
                 let key = format!("{:032x}", rand::random::<u128>());
-                let rid = reservation_id("keys", rand::random());
-                let attempt = BuyAttempt {
-                    sale_id: "keys",
-                    user_id: "alice",
-                    idempotency_key: &key,
-                    reservation_id: &rid,
-                    call_nonce: &format!("{:016x}", rand::random::<u64>()),
-                    idempotency_ttl_seconds: 86_400,
-                    draw_window_ms: 0,
-                    buckets: 1,
-                    dry_is_final: false,
-                };
-                let decision = deducts.deduct(&attempt).await.unwrap();
-                *outcomes
-                    .entry(format!("{:?}", decision.outcome))
-                    .or_default() += 1;
+                let outcome = gateway
+                    .buy
+                    .buy(BuyRequest {
+                        sale_id: "keys",
+                        user: "alice",
+                        idempotency_key: &key,
+                        request_id: "memory",
+                    })
+                    .await;
+                *outcomes.entry(format!("{outcome:?}")).or_default() += 1;
             }
             outcomes
         }));
@@ -141,7 +157,10 @@ async fn random_keys_from_a_buyer_at_their_limit_do_not_grow_redis() {
         }
     }
     assert_eq!(
-        outcomes.get("LimitReached"),
+        outcomes.get(&format!(
+            "{:?}",
+            BuyOutcome::Refused(Rejection::LimitReached)
+        )),
         Some(&(ATTEMPTS / CONCURRENCY * CONCURRENCY)),
         "{outcomes:?}"
     );
@@ -352,42 +371,4 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
         "{v}"
     );
     assert_eq!(v["order_id"].as_str(), Some(order.as_str()), "{v}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyless_buy_call_sent_again_answers_its_first_win_and_takes_one_item() {
-    let stack = Stack::start(StackOptions::default()).await;
-    stack.open_sale("again", 10, 5).await;
-    let redis = RedisClient::standalone(
-        &stack.redis.url(),
-        Duration::from_secs(5),
-        Breaker::new(1000, Duration::from_secs(1)),
-    );
-    // What the cluster client does with a call whose connection dropped
-    // after Redis ran it: the same call, sent again.
-    let call = |rid: &'static str, nonce: &'static str| BuyAttempt {
-        sale_id: "again",
-        user_id: "bob",
-        idempotency_key: "",
-        reservation_id: rid,
-        call_nonce: nonce,
-        idempotency_ttl_seconds: 600,
-        draw_window_ms: 0,
-        buckets: 1,
-        dry_is_final: false,
-    };
-    let first = deduct(&redis, &call("again.1", "n1")).await.unwrap();
-    let resent = deduct(&redis, &call("again.2", "n1")).await.unwrap();
-    assert_eq!(resent, first, "the same answer, time included");
-    assert!(
-        !resent.replayed,
-        "the buyer sent one request: a win, not a replay"
-    );
-    assert_eq!(stack.stream_len("again").await, 1, "one item taken");
-    // Another call of the same buyer is a new buy (limit 5).
-    let other = deduct(&redis, &call("again.3", "n2")).await.unwrap();
-    assert!(
-        matches!(other.outcome, flashgate_gateway::deduct::DeductOutcome::Won { ref reservation_id, .. } if reservation_id == "again.3")
-    );
-    assert_eq!(stack.stream_len("again").await, 2);
 }

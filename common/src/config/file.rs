@@ -91,7 +91,7 @@ impl ChallengeMode {
 }
 
 /// `[challenge]`: the proof-of-work a buy must carry (see
-/// `gateway/src/challenge/`). The signing secret comes from the
+/// `gateway/src/admission/challenge/`). The signing secret comes from the
 /// environment only (`FLASHGATE_CHALLENGE_SECRET`).
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -156,7 +156,7 @@ impl Default for Shop {
 }
 
 /// `[shop.cache]`: the shop's cacheable `GET`/`HEAD` responses, kept in the
-/// gateway's memory (pingora-cache; see `gateway/src/shop_cache/`).
+/// gateway's memory (pingora-cache; see `gateway/src/edge/shop_cache/`).
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShopCache {

@@ -12,7 +12,7 @@
 //!   `connected_slaves`), else no win could ever be answered.
 //!
 //! In every mode each master must let a script read `INFO replication`:
-//! the failover fence (`lua/deduct.lua`) compares the replication id there
+//! the failover fence (`lua/deduct_batch.lua`) compares the replication id there
 //! with the one a sale was synced on, so a Redis ACL user without `+info`
 //! could sell nothing.
 //!

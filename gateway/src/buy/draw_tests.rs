@@ -8,8 +8,11 @@ use std::time::Duration;
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::reservation_id;
 
+use super::deduct::{BuyAttempt, Decision, DeductOutcome};
+use super::draw::Entrant;
 use super::tests::{fixture, Fixture};
 use super::*;
+use crate::rejection::Rejection;
 
 impl Fixture {
     /// One deduct call as the gateway sends it, with reservation id `rid`
@@ -313,7 +316,7 @@ async fn a_draw_never_finished_leaves_no_key_without_expiry() {
     let keys = SaleKeys::new("s");
     let d = &keys.draw;
     let mut conn = f.redis.conn().await;
-    let reply: Vec<String> = crate::draw::draw_run_call(
+    let reply: Vec<String> = crate::buy::draw::draw_run_call(
         &redis::Script::new(flashgate_common::scripts::DRAW_RUN),
         &keys,
         "s",
@@ -432,7 +435,7 @@ async fn a_draw_call_failing_mid_loop_leaves_its_shuffle_positions_expiring() {
     }
     // Seed "02ff" swaps positions 1 and 2 first (sha1("02ff:1")), so the
     // shuffle's positions hash is written before the failure.
-    let reply: Result<Vec<String>, _> = crate::draw::draw_run_call(
+    let reply: Result<Vec<String>, _> = crate::buy::draw::draw_run_call(
         &redis::Script::new(flashgate_common::scripts::DRAW_RUN),
         &keys,
         "s",

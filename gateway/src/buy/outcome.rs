@@ -44,17 +44,6 @@ pub enum BuyOutcome {
     Refused(Rejection),
 }
 
-impl BuyOutcome {
-    /// The `outcome` metric label.
-    pub fn label(&self) -> &'static str {
-        match self {
-            BuyOutcome::Won { .. } => "won",
-            BuyOutcome::Replayed { .. } => "replay",
-            BuyOutcome::Refused(r) => r.label(),
-        }
-    }
-}
-
 /// Validates the optional `Idempotency-Key`: 1 to 64 printable ASCII
 /// characters. Absent means "" (no idempotency).
 ///

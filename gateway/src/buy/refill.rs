@@ -50,9 +50,8 @@ use flashgate_common::transfer::{self, Given, Taken};
 use tracing::{debug, warn};
 
 use super::BuyService;
-use crate::clock::WallClock;
-use crate::deduct::Decision;
-use crate::redis_client::RedisError;
+use crate::buy::deduct::Decision;
+use crate::infra::WallClock;
 use crate::rejection::Rejection;
 
 /// Most items one transfer moves: half of what the donor holds, rounded
@@ -247,13 +246,13 @@ impl<C: WallClock> BuyService<C> {
         // it read that bucket (a `stocked` event, or a clear) must not be
         // hidden behind a sold-out flag set after them.
         let clears = self.sales.clears(sale_id);
-        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         let confirmed = self
             .redis
-            .bounded(transfer::confirm_dry(&mut conn, sale_id, buckets))
+            .call(
+                |mut conn| async move { transfer::confirm_dry(&mut conn, sale_id, buckets).await },
+            )
             .await
-            .map_err(|e| self.unavailable(&e))?
-            .map_err(|e| self.unavailable(&RedisError::from(e)))?;
+            .map_err(|e| self.unavailable(&e))?;
         if confirmed {
             self.confirmed_dry(sale_id, clears);
         }
@@ -286,19 +285,12 @@ impl<C: WallClock> BuyService<C> {
         home: u32,
         xid: &str,
     ) -> Result<(Taken, Option<String>), Rejection> {
-        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         self.redis
-            .bounded(transfer::take_on(
-                &mut conn,
-                sale_id,
-                donor,
-                home,
-                xid,
-                TRANSFER_BATCH_MAX,
-            ))
+            .call(|mut conn| async move {
+                transfer::take_on(&mut conn, sale_id, donor, home, xid, TRANSFER_BATCH_MAX).await
+            })
             .await
-            .map_err(|e| self.unavailable(&e))?
-            .map_err(|e| self.unavailable(&RedisError::from(e)))
+            .map_err(|e| self.unavailable(&e))
     }
 
     /// With `redis.wait_replicas` set: returns once that many replicas of
@@ -342,15 +334,14 @@ impl<C: WallClock> BuyService<C> {
         n: i64,
         replid: &str,
     ) -> Result<(), Rejection> {
-        let mut conn = self.redis.conn().await.map_err(|e| self.unavailable(&e))?;
         let given = self
             .redis
-            .bounded(transfer::give(
-                &mut conn, sale_id, donor, to, xid, n, replid,
-            ))
+            .call(|mut conn| async move {
+                transfer::give(&mut conn, sale_id, donor, to, xid, n, replid).await
+            })
             .await
             .map_err(|e| self.unavailable(&e))?;
-        match given.map_err(|e| self.unavailable(&RedisError::from(e)))? {
+        match given {
             Given::Added | Given::Before => {}
             // The home bucket is gone (its Redis lost it): left open.
             Given::Absent => return Err(Rejection::Unavailable),
@@ -368,9 +359,9 @@ impl<C: WallClock> BuyService<C> {
         }
         let closed = self
             .redis
-            .bounded(transfer::close(&mut conn, sale_id, donor, xid))
+            .call(|mut conn| async move { transfer::close(&mut conn, sale_id, donor, xid).await })
             .await;
-        if !matches!(closed, Ok(Ok(_))) {
+        if closed.is_err() {
             warn!(
                 sale = sale_id,
                 donor,

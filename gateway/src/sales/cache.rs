@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use flashgate_common::keys::SALES_INDEX;
 
 use super::snapshot::{read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow};
-use crate::orders::OrderClient;
-use crate::redis_client::{RedisClient, RedisError};
+use crate::infra::OrderClient;
+use crate::infra::{RedisClient, RedisError};
 
 /// How old a snapshot may be for a buy's window check.
 pub const WINDOW_TTL: Duration = Duration::from_secs(2);
@@ -277,15 +277,14 @@ impl SaleCache {
         redis: &RedisClient,
         now_ms: i64,
     ) -> Result<Vec<SaleSummary>, Arc<RedisError>> {
-        let mut conn = redis.conn().await?;
         let ids: Vec<String> = redis
-            .bounded(
+            .call(|mut conn| async move {
                 redis::cmd("SMEMBERS")
                     .arg(SALES_INDEX)
-                    .query_async(&mut conn),
-            )
-            .await
-            .and_then(|r| r.map_err(RedisError::from))?;
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(s) = self

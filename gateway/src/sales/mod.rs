@@ -1,6 +1,8 @@
-//! What each gateway knows about its sales: one [`SaleCache`] per gateway,
-//! from which the buy path's window checks, `GET /api/sales/{id}` and
-//! `GET /api/sales` are all answered.
+//! The sales layer: what each gateway knows about its sales. It exports
+//! the [`SaleCache`] (one per gateway, from which the buy path's window
+//! checks, `GET /api/sales/{id}` and `GET /api/sales` are all answered)
+//! and its values, the pause [`Switches`] and their watcher, and the
+//! [`EventListener`] that applies other gateways' sale events.
 //!
 //! - **One snapshot per sale** ([`SaleSnapshot`]): the meta hash and the
 //!   remaining stock, read in one pipelined round trip. A buy accepts a
@@ -44,10 +46,14 @@
 //! caller.
 
 mod cache;
+mod events;
 mod snapshot;
+mod switches;
 
 pub use cache::{Clears, MissingSale, SaleCache, MISSING_TTL, SOLD_OUT_TTL, WINDOW_TTL};
+pub use events::{AnnouncedPurges, EventListener};
 pub use snapshot::{
     parse, read_snapshot, read_stock_epoch, SaleSnapshot, SaleSummary, SaleView, SaleWindow,
     WindowCheck,
 };
+pub use switches::{SwitchWatcher, Switches};

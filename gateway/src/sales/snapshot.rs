@@ -11,7 +11,7 @@ use flashgate_common::rfc3339;
 use flashgate_common::sale::{SaleSpec, SaleState};
 use serde::Serialize;
 
-use crate::redis_client::{RedisClient, RedisError};
+use crate::infra::{RedisClient, RedisError};
 
 /// A sale's window: all a buy needs to be answered without the script
 /// before the start, after the end or while paused.
@@ -149,11 +149,11 @@ pub async fn read_snapshot(
     sale_id: &str,
 ) -> Result<Option<SaleSnapshot>, RedisError> {
     let keys = SaleKeys::new(sale_id);
-    let mut conn = redis.conn().await?;
     let mut pipe = redis::pipe();
     pipe.hgetall(&keys.meta).get(&keys.remaining);
-    let (meta, remaining): (HashMap<String, String>, Option<i64>) =
-        redis.bounded(pipe.query_async(&mut conn)).await??;
+    let (meta, remaining): (HashMap<String, String>, Option<i64>) = redis
+        .call(|mut conn| async move { pipe.query_async(&mut conn).await })
+        .await?;
     let Some(snapshot) = parse(sale_id, &meta, remaining.unwrap_or(0)) else {
         return Ok(None);
     };
@@ -165,13 +165,12 @@ pub async fn read_snapshot(
         let mut left = 0;
         for k in 0..snapshot.window.buckets {
             match redis
-                .bounded(flashgate_common::transfer::left_in(&mut conn, sale_id, k))
+                .call(|mut conn| async move {
+                    flashgate_common::transfer::left_in(&mut conn, sale_id, k).await
+                })
                 .await
             {
-                Ok(Ok(n)) => left += n,
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items")
-                }
+                Ok(n) => left += n,
                 Err(error) => {
                     tracing::debug!(%error, sale = sale_id, bucket = k, "bucket left out of the remaining items")
                 }
@@ -189,15 +188,15 @@ pub async fn read_snapshot(
 /// When Redis fails or times out.
 pub async fn read_stock_epoch(redis: &RedisClient, sale_id: &str) -> Result<u64, RedisError> {
     let meta = SaleKeys::new(sale_id).meta;
-    let mut conn = redis.conn().await?;
     let epoch: Option<u64> = redis
-        .bounded(
+        .call(|mut conn| async move {
             redis::cmd("HGET")
                 .arg(meta)
                 .arg("epoch")
-                .query_async(&mut conn),
-        )
-        .await??;
+                .query_async(&mut conn)
+                .await
+        })
+        .await?;
     Ok(epoch.unwrap_or(0))
 }
 

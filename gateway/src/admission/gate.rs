@@ -1,0 +1,175 @@
+//! Who may ask at all: deny lists, token buckets and the buyer's token,
+//! checked before any Redis call, cheapest first.
+//!
+//! The limits and deny lists are the hot-reloadable [`Edge`], swapped whole
+//! by the config watcher (`reload`). [`Admission`] reads one edge per
+//! request and answers with a verified user id or a [`Rejection`]; it never
+//! sees a Pingora session, only the peer address and the request headers.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use flashgate_common::config::{Config, DenyConfig, LimitsConfig};
+use http::HeaderMap;
+
+use crate::admission::auth::Verifier;
+use crate::admission::client_ip::client_ip;
+use crate::admission::cluster_limit::ClusterLimit;
+use crate::admission::limits::{Limiters, RouteClass};
+use crate::infra::Metrics;
+use crate::infra::RedisClient;
+use crate::rejection::{unavailable, Rejection};
+
+/// The hot-reloadable part of the gateway: limiters and deny lists.
+pub struct Edge {
+    pub limits: LimitsConfig,
+    pub limiters: Arc<Limiters>,
+    pub deny: DenyConfig,
+    /// The cluster-wide bucket in Redis, when configured.
+    pub cluster: Option<Arc<ClusterLimit>>,
+}
+
+impl Edge {
+    pub fn new(config: &Config) -> Self {
+        Self::with_limiters(config, Arc::new(Limiters::new(&config.limits)))
+    }
+
+    /// An edge for `config` that keeps existing (still matching) buckets.
+    pub fn with_limiters(config: &Config, limiters: Arc<Limiters>) -> Self {
+        Self {
+            limits: config.limits.clone(),
+            limiters,
+            deny: config.deny.clone(),
+            cluster: config
+                .limits
+                .cluster_global
+                .map(|b| Arc::new(ClusterLimit::new(b))),
+        }
+    }
+
+    /// The client address used for limits and deny lists.
+    fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        client_ip(
+            peer,
+            headers,
+            &self.limits.trusted_proxies,
+            self.limits.client_ip_header,
+        )
+    }
+}
+
+/// The admission checks of every gateway route that needs them.
+pub struct Admission {
+    /// Shared with the watcher that reloads changed files.
+    pub edge: Arc<ArcSwap<Edge>>,
+    pub verifier: Verifier,
+}
+
+impl Admission {
+    /// Deny list and per-IP and global buckets of sale-state reads.
+    ///
+    /// # Errors
+    /// `Denied` or `RateLimited`.
+    pub fn read(&self, peer: IpAddr, headers: &HeaderMap) -> Result<(), Rejection> {
+        let edge = self.edge.load();
+        let ip = edge.client_ip(peer, headers);
+        if edge.deny.denies_ip(ip) {
+            return Err(Rejection::Denied);
+        }
+        edge.limiters
+            .check_ip(RouteClass::Read, ip)
+            .map_err(Rejection::RateLimited)?;
+        edge.limiters
+            .check_user_then_global(RouteClass::Read, None)
+            .map_err(Rejection::RateLimited)
+    }
+
+    /// Everything a signed-in user's request (a buy, a reservation
+    /// lookup) must pass before Redis, cheapest first: the IP's deny list
+    /// and bucket, the token, the user's deny list and bucket, the global
+    /// bucket, those of `class`. Returns the verified user id.
+    ///
+    /// # Errors
+    /// `Denied`, `RateLimited` or `Unauthorized`.
+    pub fn user(
+        &self,
+        class: RouteClass,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<String, Rejection> {
+        let user = self.identify(class, peer, headers)?;
+        self.limit_user(class, &user)?;
+        Ok(user)
+    }
+
+    /// The first half of [`Admission::user`]: the IP's deny list and
+    /// bucket, the token and the user's deny list. A caller that can answer
+    /// the verified user locally (a buy of a sold-out sale) does so before
+    /// [`Admission::limit_user`] spends a bucket on it.
+    ///
+    /// # Errors
+    /// `Denied`, `RateLimited` or `Unauthorized`.
+    pub fn identify(
+        &self,
+        class: RouteClass,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<String, Rejection> {
+        let edge = self.edge.load();
+        let ip = edge.client_ip(peer, headers);
+        if edge.deny.denies_ip(ip) {
+            return Err(Rejection::Denied);
+        }
+        edge.limiters
+            .check_ip(class, ip)
+            .map_err(Rejection::RateLimited)?;
+        let user = self
+            .verifier
+            .verify(
+                headers
+                    .get(http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            )
+            .map_err(Rejection::Unauthorized)?;
+        if edge.deny.users.contains(&user) {
+            return Err(Rejection::Denied);
+        }
+        Ok(user)
+    }
+
+    /// The second half of [`Admission::user`]: the verified user's bucket,
+    /// then the global one.
+    ///
+    /// # Errors
+    /// `RateLimited`.
+    pub fn limit_user(&self, class: RouteClass, user: &str) -> Result<(), Rejection> {
+        self.edge
+            .load()
+            .limiters
+            .check_user_then_global(class, Some(user))
+            .map_err(Rejection::RateLimited)
+    }
+
+    /// The client address the limits and deny lists see (the peer, or a
+    /// trusted proxy's header).
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        self.edge.load().client_ip(peer, headers)
+    }
+
+    /// The cluster-wide bucket in Redis, when configured: one round trip.
+    ///
+    /// # Errors
+    /// `RateLimited`, or `Unavailable` when Redis cannot be asked.
+    pub async fn cluster(&self, redis: &RedisClient, metrics: &Metrics) -> Result<(), Rejection> {
+        let cluster = self.edge.load().cluster.clone();
+        match cluster {
+            Some(limit) => limit
+                .check(redis)
+                .await
+                .map_err(|e| unavailable(metrics, &e))?
+                .map_err(Rejection::RateLimited),
+            None => Ok(()),
+        }
+    }
+}

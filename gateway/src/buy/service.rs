@@ -1,0 +1,236 @@
+//! [`BuyService`], the buy layer's one interface: built once per gateway
+//! from [`BuyDeps`] and a clock ([`BuyService::new`]), it admits a buy
+//! ([`BuyService::admit`], [`BuyService::prove`]), decides it
+//! ([`BuyService::buy`], see `decide`) and looks reservations up
+//! ([`BuyService::reservation`]).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashgate_common::config::FairnessConfig;
+use http::HeaderMap;
+
+use super::deduct::DeductBatcher;
+use super::draw::Draws;
+use super::forward::{forwarder, ForwardWorker, Forwarder, OrderLookups};
+use super::replica_wait::ReplicaWait;
+use super::reservations::{lookup, ReservationView};
+use super::{idempotency_key, Admitted, BuyOutcome, BuyRequest};
+use crate::admission::token::POW_HEADER;
+use crate::admission::Admission;
+use crate::admission::RouteClass;
+use crate::admission::{BuyChallenge, ChallengeGate};
+use crate::infra::Metrics;
+use crate::infra::OrderClient;
+use crate::infra::RedisClient;
+use crate::infra::{SystemClock, WallClock};
+use crate::rejection::Rejection;
+use crate::sales::SaleCache;
+use crate::sales::Switches;
+
+/// What a [`BuyService`] is built from: the parts it shares with the rest
+/// of the gateway, and its settings.
+pub struct BuyDeps {
+    pub admission: Arc<Admission>,
+    /// The proof of work a buy must carry, when configured (the edge offers
+    /// its challenges).
+    pub challenge: Arc<ChallengeGate>,
+    pub redis: Arc<RedisClient>,
+    /// Windows and sold-out flags, shared with the sale routes and the
+    /// events listener.
+    pub sales: Arc<SaleCache>,
+    /// Global switch and backlog pauses, kept current by a watcher.
+    pub switches: Arc<Switches>,
+    /// The order backend: winners go to it; it is asked whether a sale
+    /// missing from Redis exists, and for the orders of replayed wins.
+    pub orders: Arc<OrderClient>,
+    pub metrics: Arc<Metrics>,
+    /// How long the script remembers an Idempotency-Key
+    /// (`gateway.idempotency_ttl_seconds`).
+    pub idempotency_ttl: Duration,
+    /// The opening draws (`[fairness]`).
+    pub fairness: FairnessConfig,
+    /// `redis.wait_replicas`: replicas that must hold a win before it is
+    /// answered (0: answered at once).
+    pub wait_replicas: u32,
+    /// `redis.wait_timeout_ms`: how long a win waits for them.
+    pub wait_timeout: Duration,
+}
+
+/// Everything a buy is decided with; one per gateway.
+pub struct BuyService<C: WallClock = SystemClock> {
+    pub(super) admission: Arc<Admission>,
+    /// The proof of work a buy must carry, when configured.
+    pub(super) challenge: Arc<ChallengeGate>,
+    pub(super) redis: Arc<RedisClient>,
+    /// Every deduct of the buy path (live buys, bucketed refills, draw
+    /// entries) goes through it: the concurrent ones of a sale share one
+    /// script call.
+    pub(super) deducts: Arc<DeductBatcher>,
+    /// Windows and sold-out flags, shared with the sale routes and the
+    /// events listener.
+    pub(super) sales: Arc<SaleCache>,
+    /// Global switch and backlog pauses, kept current by a watcher.
+    pub(super) switches: Arc<Switches>,
+    /// Asked whether a sale missing from Redis exists.
+    pub(super) orders: Arc<OrderClient>,
+    /// Orders of replayed wins and reservations, cached briefly.
+    pub(super) order_lookups: Arc<OrderLookups>,
+    /// Queues winners for the backend, off the request path.
+    pub(super) forwarder: Forwarder,
+    /// Holds wins until `redis.wait_replicas` replicas have them; `None`
+    /// when that is 0.
+    pub(super) replica_wait: Option<Arc<ReplicaWait>>,
+    /// The opening draws (`[fairness]`).
+    pub(super) draws: Arc<Draws>,
+    pub(super) metrics: Arc<Metrics>,
+    /// How long the script remembers an Idempotency-Key.
+    pub(super) idempotency_ttl: Duration,
+    /// Compared with sale windows.
+    pub(super) clock: C,
+}
+
+impl<C: WallClock> BuyService<C> {
+    /// The buy service of one gateway, on `clock`, and the task that
+    /// forwards its winners to the backend (run it for the gateway's life;
+    /// dropped, winners' orders come from the stream alone).
+    pub fn new(deps: BuyDeps, clock: C) -> (Self, ForwardWorker) {
+        let BuyDeps {
+            admission,
+            challenge,
+            redis,
+            sales,
+            switches,
+            orders,
+            metrics,
+            idempotency_ttl,
+            fairness,
+            wait_replicas,
+            wait_timeout,
+        } = deps;
+        let (forwarder, worker) = forwarder(orders.clone(), metrics.clone());
+        let service = Self {
+            admission,
+            challenge,
+            deducts: Arc::new(DeductBatcher::new(
+                redis.clone(),
+                metrics.deduct_batch_size.clone(),
+            )),
+            replica_wait: (wait_replicas > 0).then(|| {
+                Arc::new(ReplicaWait::new(
+                    redis.clone(),
+                    metrics.clone(),
+                    wait_replicas,
+                    wait_timeout,
+                ))
+            }),
+            draws: Arc::new(Draws::new(fairness, idempotency_ttl, &metrics.registry)),
+            redis,
+            sales,
+            switches,
+            order_lookups: Arc::new(OrderLookups::new(orders.clone())),
+            orders,
+            forwarder,
+            metrics,
+            idempotency_ttl,
+            clock,
+        };
+        (service, worker)
+    }
+
+    /// Everything before the request body is read, cheapest first; none
+    /// of it changes Redis.
+    ///
+    /// # Errors
+    /// The rejection to answer with.
+    pub async fn admit(
+        &self,
+        sale_id: &str,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<Admitted, Rejection> {
+        let key = headers.get("idempotency-key");
+        // A sold-out sale is the commonest answer of a flash sale; without an
+        // Idempotency-Key there is nothing to replay, and "sold out" says
+        // nothing about the caller, so it is answered before any other work.
+        if key.is_none() && self.local_sold_out(sale_id) {
+            return Err(Rejection::SoldOut);
+        }
+        let user = self.admission.identify(RouteClass::Buy, peer, headers)?;
+        let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
+        self.admission.limit_user(RouteClass::Buy, &user)?;
+        Ok(Admitted {
+            user,
+            idempotency_key,
+        })
+    }
+
+    /// What a buy spends in Redis before its deduct, once its body was read
+    /// and found valid (a `400` spends nothing): the proof of work, when
+    /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
+    /// the cluster bucket. An unkeyed buy of a sale flagged sold out
+    /// meanwhile is answered first, at no Redis cost.
+    ///
+    /// # Errors
+    /// The rejection to answer with.
+    pub async fn prove(
+        &self,
+        sale_id: &str,
+        admitted: &Admitted,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<(), Rejection> {
+        if admitted.idempotency_key.is_empty() && self.local_sold_out(sale_id) {
+            return Err(Rejection::SoldOut);
+        }
+        if self.challenge.is_on() {
+            let buy = BuyChallenge {
+                sale_id,
+                user: &admitted.user,
+                ip: self.admission.client_ip(peer, headers),
+                idempotency_key: &admitted.idempotency_key,
+                solution: headers.get(POW_HEADER).map(|v| v.as_bytes()),
+            };
+            // Boxed: its Redis calls nested in the caller's future exceed the
+            // compiler's layout depth, and only buys under a challenge pay it.
+            Box::pin(self.challenge.admit(&self.redis, buy, self.clock.now_ms())).await?;
+        }
+        self.admission.cluster(&self.redis, &self.metrics).await
+    }
+
+    /// Whether the sale is flagged sold out here (counted as a local
+    /// decision when it is).
+    fn local_sold_out(&self, sale_id: &str) -> bool {
+        let flagged = self.sales.is_sold_out(sale_id);
+        if flagged {
+            self.metrics.local_sold_out.inc();
+        }
+        flagged
+    }
+
+    /// Decides an admitted buy: locally when the sale cache can, else with
+    /// one script call.
+    pub async fn buy(&self, req: BuyRequest<'_>) -> BuyOutcome {
+        self.decide(req).await.unwrap_or_else(BuyOutcome::Refused)
+    }
+
+    /// `GET /api/reservations/{id}` for `user`: the reservation's order
+    /// once written, else queued.
+    ///
+    /// # Errors
+    /// `BadRequest` for an id naming no sale, `NotFound` (someone else's
+    /// reservation is reported exactly like a missing one), or
+    /// `Unavailable` when Redis cannot be read.
+    pub async fn reservation(&self, user: &str, rid: &str) -> Result<ReservationView, Rejection> {
+        lookup(
+            &self.redis,
+            &self.sales,
+            &self.order_lookups,
+            &self.metrics,
+            user,
+            rid,
+        )
+        .await
+    }
+}

@@ -1,0 +1,21 @@
+//! The edge: everything that speaks HTTP or knows Pingora. The proxy's
+//! phases ([`Gateway`]), routing, replies, the shop's upstreams and cache,
+//! the static pages, TLS and the admin listener; the layers below answer
+//! in values, which only the edge turns into responses.
+
+mod admin;
+mod proxy;
+mod reply;
+mod route;
+mod shop_cache;
+mod static_pages;
+mod tls;
+mod upstreams;
+
+pub use admin::AdminServer;
+pub use proxy::Gateway;
+pub use route::{classify, Route, RouteError};
+pub use shop_cache::{PurgeApi, ShopCache};
+pub use static_pages::{PagesWatcher, StaticPages};
+pub use tls::{listener_settings, CertSet, CertWatcher};
+pub use upstreams::Upstreams;

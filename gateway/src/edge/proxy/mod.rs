@@ -1,0 +1,580 @@
+//! The Pingora adapter: the gateway's request path, phase by phase. The
+//! phases only translate, request to call and outcome to reply; the buy
+//! rules live in [`crate::buy`], sale state in [`crate::sales`], admission
+//! in [`crate::admission`].
+//!
+//! ```text
+//! early_request_filter   idle timeout of a reusable connection, request id
+//! request_filter         headers too large? ─► 431
+//!                        route::classify
+//!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::prove ─► BuyService::buy ─► BuyOutcome
+//!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
+//!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
+//!   ├─ Route::Reservation ► Admission::user ─► BuyService::reservation
+//!   ├─ pages, assets ──► StaticPages::serve ─► Page (head built at load) ─► write_page
+//!   │                    every other answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
+//!   └─ Route::Shop ────► Ok(false): proxied
+//! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
+//!   cache_key_callback   scheme + host + raw target (path and query)
+//!   cache_vary_filter    the variant the response's Vary names
+//!   cache_hit_filter     Cookie/Authorization take only public copies
+//!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
+//!   hit or stale ──────► answered from the cache; else to the shop:
+//! upstream_peer          a healthy shop upstream (round robin), else 502
+//!   (plain HTTP with gateway.tls.redirect_http: GET/HEAD of pages ─► 308 to HTTPS, tls::redirect)
+//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto (https over TLS), X-Request-Id;
+//!                        cached requests: X-Forwarded-Host = keyed host, X-Original-URL & co removed
+//! response_cache_filter  may the shop's answer be stored, for how long
+//! response_filter        hop-by-hop removed from the shop's answer; X-Cache
+//! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
+//! logging                requests / duration / buy outcome metrics, once per request
+//! ```
+//!
+//! Handlers never touch the session's response: they return a [`Reply`]
+//! (or a [`Rejection`]), and [`session::write_reply`] is the only writer.
+
+pub mod ctx;
+pub mod session;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flashgate_common::config::Config;
+use pingora::cache::key::HashBinary;
+use pingora::cache::{
+    CacheKey, CacheMeta, ForcedFreshness, HitHandler, NoCacheReason, RespCacheable,
+};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use serde_json::json;
+use tracing::{debug, warn};
+
+pub use ctx::{Outcome, RequestCtx};
+
+use crate::admission::Admission;
+use crate::admission::ChallengeGate;
+use crate::admission::RouteClass;
+use crate::buy::{BuyOutcome, BuyRequest, BuyService};
+use crate::edge::reply::Reply;
+use crate::edge::route::{classify, Route};
+use crate::edge::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
+use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
+use crate::edge::upstreams::{hop_by_hop, ShopFailure, Upstreams};
+use crate::infra::Metrics;
+use crate::infra::OrderClient;
+use crate::infra::RedisClient;
+use crate::infra::RouteKind;
+use crate::rejection::{unavailable, Rejection};
+use crate::sales::SaleCache;
+use crate::sales::Switches;
+use session::{
+    keep_alive_after_early_answer, peer, read_buy_body, request_id, write_page, write_reply,
+};
+
+/// Shared state of the gateway, built once in `server`.
+pub struct Gateway {
+    pub config: Arc<Config>,
+    /// Deny lists, buckets and tokens; its edge is swapped by the config watcher.
+    pub admission: Arc<Admission>,
+    /// The buy rules.
+    pub buy: BuyService,
+    /// The proof of work a buy must carry (shared with the buy rules):
+    /// `GET /api/sales/{id}/challenge` offers one.
+    pub challenge: Arc<ChallengeGate>,
+    /// One snapshot per sale, shared with the buy rules and the events listener.
+    pub sales: Arc<SaleCache>,
+    pub redis: Arc<RedisClient>,
+    /// The order backend's client, shared with the buy rules (readiness
+    /// checks it).
+    pub orders: Arc<OrderClient>,
+    /// Shared with the watcher that reloads changed files.
+    pub pages: Arc<StaticPages>,
+    pub shop: Upstreams,
+    /// Shared with the admin listener that serves `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Global switch and backlog pauses, kept current by a watcher.
+    pub switches: Arc<Switches>,
+    /// The edge cache of the shop's responses; `None` while `shop.cache.enabled` is false.
+    pub shop_cache: Option<Arc<ShopCache>>,
+    /// The HTTPS listener's certificates (kept current by their watcher):
+    /// a redirect names only hosts they cover.
+    pub certs: Option<Arc<arc_swap::ArcSwap<crate::edge::tls::CertSet>>>,
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new()
+    }
+
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        // Pingora has already decided from the request whether the
+        // connection may carry another one: not after `Connection: close`,
+        // an HTTP/1.0 request without keep-alive, or a request with both
+        // Content-Length and Transfer-Encoding (two parsers may frame it
+        // differently: a request-smuggling vector). Only a reusable
+        // connection gets the idle timeout; setting it on the others would
+        // turn keepalive back on.
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.config.gateway.keepalive.as_secs()));
+        }
+        // A client trickling its body is cut off instead of holding a slot.
+        session.set_read_timeout(Some(self.config.gateway.body_read_timeout));
+        ctx.request_id = request_id(session.req_header());
+        ctx.tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        Ok(())
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
+        if session::headers_too_large(session.req_header()) {
+            ctx.route = RouteKind::Invalid;
+            ctx.outcome = Outcome::Rejected(Rejection::HeadersTooLarge);
+            session.set_keepalive(None);
+            return write_reply(session, Rejection::HeadersTooLarge.into(), ctx).await;
+        }
+        // Only origin-form targets (`/path?query`): the gateway routes and
+        // the cache key read the parsed path, while the shop gets the raw
+        // target, and pingora parses other forms (`x:/search`, `*`,
+        // `http://host/path`) to a path the shop never sees.
+        if session.req_header().raw_path().first() != Some(&b'/') {
+            ctx.route = RouteKind::Invalid;
+            let rejection =
+                Rejection::BadRequest("the request target must be a path starting with /");
+            ctx.outcome = Outcome::Rejected(rejection.clone());
+            return write_reply(session, rejection.into(), ctx).await;
+        }
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_owned();
+        let route = classify(&method, &path);
+        if let (Ok(route), Some(https_port)) = (&route, self.https_redirect_port(ctx)) {
+            if crate::edge::tls::redirect::applies(&method, &path, route) {
+                keep_alive_after_early_answer(session);
+                ctx.route = route.kind();
+                let reply = self.redirect_to_https(session.req_header(), https_port, ctx);
+                return write_reply(session, reply, ctx).await;
+            }
+        }
+        let reply = match route {
+            Ok(Route::Shop) => return Ok(false),
+            Ok(route @ (Route::SalePage(_) | Route::Asset(_))) => {
+                keep_alive_after_early_answer(session);
+                ctx.route = route.kind();
+                let rel = match route {
+                    Route::Asset(path) => path,
+                    _ => SALE_PAGE,
+                };
+                // A missing file is answered like any 404 but keeps the
+                // `ok` outcome label pages always had.
+                return match self.pages.serve(
+                    rel,
+                    &PageRequest::from_headers(&session.req_header().headers),
+                ) {
+                    Ok(page) => write_page(session, page, ctx).await,
+                    Err(rejection) => write_reply(session, rejection.into(), ctx).await,
+                };
+            }
+            Ok(route) => {
+                keep_alive_after_early_answer(session);
+                ctx.route = route.kind();
+                self.handle(route, session, ctx).await
+            }
+            Err(e) => {
+                ctx.route = RouteKind::Invalid;
+                Err(Rejection::from(e))
+            }
+        };
+        let reply = reply.unwrap_or_else(|rejection| {
+            ctx.outcome = Outcome::Rejected(rejection.clone());
+            Reply::from(rejection)
+        });
+        write_reply(session, reply, ctx).await
+    }
+
+    /// Records each request once, whoever answered it.
+    async fn logging(
+        &self,
+        session: &mut Session,
+        error: Option<&pingora::Error>,
+        ctx: &mut RequestCtx,
+    ) {
+        let m = &self.metrics;
+        if ctx.route == RouteKind::Shop {
+            ctx.outcome = Outcome::of_shop(
+                session.response_written().map(|r| r.status.as_u16()),
+                error.is_some(),
+            );
+        }
+        m.per_request.record(
+            ctx.route,
+            ctx.outcome.as_str(),
+            ctx.started.elapsed().as_secs_f64(),
+        );
+        // A background refresh (stale-while-revalidate) is not a client's request.
+        if let (Some(cache), RouteKind::Shop, None) =
+            (&self.shop_cache, ctx.route, &session.subrequest_ctx)
+        {
+            let result = if ctx.stale_on_error {
+                CacheResult::Stale
+            } else {
+                CacheResult::of(session.cache.phase())
+            };
+            cache
+                .metrics
+                .results
+                .with_label_values(&[result.label()])
+                .inc();
+        }
+    }
+
+    /// Only shop requests get here (gateway routes answered in `request_filter`).
+    fn request_cache_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if let Some(cache) = &self.shop_cache {
+            ctx.cache = policy::request_use(session.req_header());
+            cache.enable(&mut session.cache, ctx.cache);
+        }
+        Ok(())
+    }
+
+    fn cache_key_callback(
+        &self,
+        session: &Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<CacheKey> {
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        Ok(policy::cache_key(session.req_header(), tls))
+    }
+
+    fn response_cache_filter(
+        &self,
+        _session: &Session,
+        resp: &ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<RespCacheable> {
+        Ok(match &self.shop_cache {
+            Some(cache) => cache.cacheable(ctx.cache, resp),
+            None => RespCacheable::Uncacheable(NoCacheReason::NeverEnabled),
+        })
+    }
+
+    fn cache_vary_filter(
+        &self,
+        meta: &CacheMeta,
+        _ctx: &mut RequestCtx,
+        req: &RequestHeader,
+    ) -> Option<HashBinary> {
+        policy::variance(meta, req)
+    }
+
+    /// A stored copy the shop did not mark public is not for a request with
+    /// `Cookie` or `Authorization`: it goes to the shop.
+    /// While a recent fetch of the URL failed, a stale copy inside its
+    /// stale-if-error window answers at once (`X-Cache: STALE`).
+    async fn cache_hit_filter(
+        &self,
+        session: &mut Session,
+        meta: &CacheMeta,
+        _hit: &mut HitHandler,
+        is_fresh: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Option<ForcedFreshness>> {
+        let Some(cache) = &self.shop_cache else {
+            return Ok(None);
+        };
+        // Only credentialed requests are force-missed, and they hold no cache
+        // lock: a locked request force-missed on a stored copy would be sent
+        // back to look again by `FillLock` until pingora's retry limit.
+        if !cache.may_serve(ctx.cache, meta) {
+            return Ok(Some(ForcedFreshness::ForceMiss));
+        }
+        if !is_fresh && cache.serve_stale_on_recent_failure(session.cache.cache_key(), meta) {
+            ctx.stale_on_error = true;
+            return Ok(Some(ForcedFreshness::ForceFresh));
+        }
+        Ok(None)
+    }
+
+    /// While revalidating (no error) the stored windows decide; on an
+    /// error, any failure but the client's own serves stale if allowed.
+    /// A shop failure is remembered for the requests after it
+    /// (`cache_hit_filter`).
+    fn should_serve_stale(
+        &self,
+        session: &mut Session,
+        _ctx: &mut RequestCtx,
+        error: Option<&pingora::Error>,
+    ) -> bool {
+        let Some(error) = error else { return true };
+        let shop_failed = *error.esource() != pingora::ErrorSource::Downstream;
+        if let (true, Some(cache)) = (shop_failed && session.cache.enabled(), &self.shop_cache) {
+            cache.fetch_failed(session.cache.cache_key());
+        }
+        shop_failed
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        match self.shop.peer() {
+            Some(peer) => Ok(Box::new(peer)),
+            None => pingora::Error::e_explain(
+                pingora::ErrorType::ConnectNoRoute,
+                "no healthy shop upstream",
+            ),
+        }
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        for name in hop_by_hop(&upstream.headers) {
+            upstream.remove_header(&name);
+        }
+        // The shop hears of the client only through X-Forwarded-For, which
+        // ends with the peer the gateway saw; a Forwarded the client wrote
+        // itself would let it name any address to the shop.
+        upstream.remove_header("forwarded");
+        if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
+            let peer = peer.ip().to_canonical();
+            let xff = match upstream
+                .headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+            {
+                Some(prev) => format!("{prev}, {peer}"),
+                None => peer.to_string(),
+            };
+            upstream.insert_header("X-Forwarded-For", xff)?;
+        }
+        upstream.insert_header("X-Forwarded-Proto", if ctx.tls { "https" } else { "http" })?;
+        upstream.insert_header("X-Request-Id", &ctx.request_id)?;
+        // The shop must answer what the cache key names, whatever other
+        // host, path or method the client's headers claim.
+        if ctx.cache != CacheUse::Off {
+            policy::strip_unkeyed(upstream)?;
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        for name in hop_by_hop(&response.headers) {
+            response.remove_header(&name);
+        }
+        if self.shop_cache.is_some() && ctx.route == RouteKind::Shop {
+            let result = match (ctx.cache, ctx.stale_on_error) {
+                (CacheUse::Off, _) => CacheResult::Bypass,
+                (_, true) => CacheResult::Stale,
+                _ => CacheResult::of(session.cache.phase()),
+            };
+            response.insert_header("X-Cache", result.header())?;
+        }
+        Ok(())
+    }
+
+    /// Nothing was sent on a connection that failed to open, so another
+    /// upstream may be tried (`upstream_peer` skips unhealthy ones).
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        _ctx: &mut RequestCtx,
+        mut e: Box<pingora::Error>,
+    ) -> Box<pingora::Error> {
+        if self.shop.len() > 1 {
+            e.set_retry(true);
+        }
+        e
+    }
+
+    /// The shop could not be reached or answered too slowly: a JSON 502 or
+    /// 504, if nothing of the response was sent yet.
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &pingora::Error,
+        ctx: &mut RequestCtx,
+    ) -> pingora::proxy::FailToProxy {
+        let client_gone = *e.esource() == pingora::ErrorSource::Downstream
+            && matches!(
+                e.etype(),
+                pingora::ErrorType::WriteError
+                    | pingora::ErrorType::ReadError
+                    | pingora::ErrorType::ConnectionClosed
+            );
+        if client_gone || session.response_written().is_some() {
+            return pingora::proxy::FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        let failure = ShopFailure::classify(e);
+        warn!(error = %e, ?failure, "shop request failed");
+        let reply = failure.reply();
+        let error_code = reply.status;
+        // The request body may be half-read: do not reuse the connection.
+        session.set_keepalive(None);
+        if let Err(error) = write_reply(session, reply, ctx).await {
+            debug!(%error, "could not answer the client");
+        }
+        pingora::proxy::FailToProxy {
+            error_code,
+            can_reuse_downstream: false,
+        }
+    }
+}
+
+impl Gateway {
+    /// The HTTPS port to send plain page requests to, when
+    /// `gateway.tls.redirect_http` is on and this request is plain.
+    fn https_redirect_port(&self, ctx: &RequestCtx) -> Option<u16> {
+        let tls = self
+            .config
+            .gateway
+            .tls
+            .as_ref()
+            .filter(|t| t.redirect_http)?;
+        (!ctx.tls).then_some(tls.redirect_port)
+    }
+
+    /// `308` to the same path over HTTPS, or `400` when the request names
+    /// no host that can go into a `Location` (see `tls::redirect::location`).
+    fn redirect_to_https(
+        &self,
+        req: &RequestHeader,
+        https_port: u16,
+        ctx: &mut RequestCtx,
+    ) -> Reply {
+        let host = req
+            .headers
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| req.uri.host());
+        let target = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let certs = self.certs.as_ref().map(|c| c.load());
+        let covers = |h: &str| certs.as_ref().is_some_and(|c| c.covers(h));
+        match crate::edge::tls::redirect::location(host, target, https_port, covers) {
+            Some(location) => {
+                ctx.outcome = Outcome::RedirectedToHttps;
+                Reply::json(308, &json!({"code": "https_required", "message": "this page is served over HTTPS", "location": location}))
+                    .header("Location", location)
+            }
+            None => {
+                let rejection = Rejection::BadRequest("a Host header naming this site is required");
+                ctx.outcome = Outcome::Rejected(rejection.clone());
+                Reply::from(rejection)
+            }
+        }
+    }
+
+    /// Runs the handler of a gateway route: plain calls, one per route.
+    async fn handle(
+        &self,
+        route: Route<'_>,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Reply, Rejection> {
+        let headers = &session.req_header().headers;
+        let now_ms = flashgate_common::now_ms;
+        match route {
+            Route::ListSales => {
+                self.admission.read(peer(session), headers)?;
+                let sales = self
+                    .sales
+                    .list(&self.redis, now_ms())
+                    .await
+                    .map_err(|e| unavailable(&self.metrics, &e))?;
+                Ok(Reply::json(200, &json!({ "sales": sales })))
+            }
+            Route::SaleState(id) => {
+                self.admission.read(peer(session), headers)?;
+                match self
+                    .sales
+                    .view(&self.redis, id, now_ms())
+                    .await
+                    .map_err(|e| unavailable(&self.metrics, &e))?
+                {
+                    Some(view) => Ok(Reply::json(200, &view)),
+                    None => Err(Rejection::NotFound("no such sale")),
+                }
+            }
+            Route::Buy(sale_id) => {
+                let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
+                read_buy_body(session, self.config.gateway.body_read_timeout).await?;
+                let headers = &session.req_header().headers;
+                self.buy
+                    .prove(sale_id, &admitted, peer(session), headers)
+                    .await?;
+                let (user, idempotency_key) = (&admitted.user, &admitted.idempotency_key);
+                // Boxed, as the reservation lookup below: these futures are
+                // the largest of any route, and held inline they would grow
+                // every request's future (moved into its box per request),
+                // the static pages' and the sold-out answers' included.
+                let buy = BuyRequest {
+                    sale_id,
+                    user,
+                    idempotency_key,
+                    request_id: &ctx.request_id,
+                };
+                let outcome = Box::pin(self.buy.buy(buy)).await;
+                ctx.outcome = match &outcome {
+                    BuyOutcome::Won { .. } => Outcome::Won,
+                    BuyOutcome::Replayed { .. } => Outcome::Replay,
+                    BuyOutcome::Refused(r) => Outcome::Rejected(r.clone()),
+                };
+                Ok(Reply::from(outcome))
+            }
+            Route::Challenge(sale_id) => {
+                let user = self
+                    .admission
+                    .user(RouteClass::Read, peer(session), headers)?;
+                let ip = self.admission.client_ip(peer(session), headers);
+                match self.challenge.offer(sale_id, &user, ip, now_ms()) {
+                    Some(issued) => Ok(Reply::json(
+                        200,
+                        &crate::edge::reply::challenge_fields(&issued),
+                    )
+                    .header("Cache-Control", "no-store")),
+                    None => Err(Rejection::NotFound(
+                        "this gateway asks no proof of work: buy without one",
+                    )),
+                }
+            }
+            Route::Reservation(rid) => {
+                let user = self
+                    .admission
+                    .user(RouteClass::Read, peer(session), headers)?;
+                let view = Box::pin(self.buy.reservation(&user, rid)).await?;
+                Ok(Reply::json(200, &view))
+            }
+            // Answered in `request_filter`, with their prebuilt heads.
+            Route::SalePage(_) | Route::Asset(_) | Route::Shop => {
+                Err(Rejection::NotFound("not a gateway route"))
+            }
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! The edge cache of the shop's responses (`[shop.cache]`), on
+//! pingora-cache: a flash sale multiplies the traffic to the shop's product,
+//! list and asset pages, and most of it can be answered from here.
+//!
+//! - What is stored: `GET`/`HEAD` responses with status 200, 203, 204, 300,
+//!   301, 308, 404 or 410 whose `Cache-Control` (`s-maxage` before `max-age`)
+//!   or `Expires` gives them a lifetime; nothing marked `private` or
+//!   `no-store`, nothing with `Set-Cookie` (a session cookie must never reach
+//!   another client), nothing with `Vary: *`. `no-cache` responses are
+//!   stored but revalidated on every use. `Vary` picks the variant by the
+//!   named request headers ([`policy::variance`]).
+//! - Cookies and `Authorization`: such a request is answered from the cache
+//!   only by a response the shop marked `public` (or `s-maxage`), and its
+//!   response is stored only if so marked. It never waits on, or holds, the
+//!   fetch of an anonymous request (no cache lock), so a client cannot stall
+//!   or defeat the coalescing of others by sending a cookie.
+//! - Coalescing: the first miss of a URL fetches it; concurrent misses wait
+//!   on pingora's cache lock (up to `shop.cache.lock_timeout_ms`) and are then
+//!   answered from the stored copy; a miss whose lookup ran just before the
+//!   copy landed looks again rather than fetching it twice
+//!   ([`fill_lock`]). A response found uncacheable releases the
+//!   waiters to the shop; a 5xx instead lets one of them fetch again (so a
+//!   failing shop is not hit by the whole crowd at once). Nothing is
+//!   remembered about a URL beyond its stored copy: no uncacheable
+//!   predictor, since one request (a junk `Authorization` answered 401, a
+//!   header outside the key that makes the shop fail or set a cookie) would
+//!   otherwise switch the cache off for that URL for everyone. The cost is
+//!   that requests for a URL that is never cacheable still queue behind one
+//!   fetch each before going to the shop.
+//! - Stale: `stale-while-revalidate` answers the stale copy and refreshes it
+//!   in the background (one refresh per URL); `stale-if-error` (or
+//!   `shop.cache.stale_if_error_seconds` when the shop names none) answers it
+//!   while the shop fails (5xx, refused, timeout).
+//! - Memory: the store ([`storage::MemoryStore`]) holds complete responses;
+//!   pingora's LRU eviction manager weighs each by its header, body and URL
+//!   bytes plus a fixed overhead, and evicts the least recently used past
+//!   three quarters of `shop.cache.max_bytes`; the last quarter bounds the
+//!   fills in progress (a fill past it is abandoned and its response passes
+//!   through). Targets over 8 KiB bypass the cache.
+//! - `X-Cache` on every proxied response while the cache is on: `HIT`,
+//!   `MISS`, `STALE`, `REVALIDATED` (stored copy confirmed by the shop with
+//!   304) or `BYPASS` (not cacheable, or not taken from the cache).
+//! - Purge ([`ShopCache::purge`]): by URL (every scheme, host and variant of a path
+//!   and query) or by path prefix, from the admin listener. Each gateway
+//!   holds its own cache: the gateway that gets the purge applies it and
+//!   announces it on `fg:events` ([`SaleEvent::ShopPurge`]), and every other
+//!   gateway applies it when it hears it (`events`). Pub/sub is best effort:
+//!   a gateway whose subscription is down at that moment misses it, so the
+//!   answer says whether it was announced (docs/OPERATIONS.md).
+//!
+//! Storage, eviction manager and lock must be `'static` for
+//! pingora-cache: they are leaked once per gateway built.
+
+pub mod fill_lock;
+pub mod policy;
+pub mod purge_api;
+pub mod storage;
+
+pub use purge_api::PurgeApi;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use flashgate_common::config::ShopCacheConfig;
+use flashgate_common::keys::SaleEvent;
+use flashgate_common::metrics::Registry;
+use pingora::cache::eviction::simple_lru;
+use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
+use pingora::cache::key::CacheHashKey;
+use pingora::cache::lock::CacheKeyLockImpl;
+use pingora::cache::{
+    CacheMeta, CacheMetaDefaults, CacheOptionOverrides, CachePhase, RespCacheable,
+};
+use pingora::http::ResponseHeader;
+use prometheus::{IntCounterVec, IntGauge, Opts};
+
+use fill_lock::FillLock;
+use storage::{MemoryStore, StoreGauges};
+
+/// Fills in progress hold at most `max_bytes / FILL_SHARE`; stored entries
+/// the rest (config validation keeps `max_object_bytes` within the fills' share).
+pub const FILL_SHARE: usize = 4;
+
+/// After a failed fetch of a URL, its stale copy answers everyone (inside
+/// its stale-if-error window) for this long before one request tries the
+/// shop again.
+pub const FAILED_FETCH_HOLD: Duration = Duration::from_secs(1);
+/// Most URLs whose failed fetch is remembered; the record is cleared past it.
+const MAX_FAILED_FETCHES: usize = 4096;
+
+/// How a request uses the cache, decided before the lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheUse {
+    /// Not a shop request, the cache is off, or the request cannot be cached
+    /// (method, body, upgrade).
+    #[default]
+    Off,
+    /// Looked up and stored by the rules of [`policy`].
+    Shared,
+    /// Carries `Cookie` or `Authorization`: only `public` responses.
+    Credentialed,
+}
+
+/// What the cache did for one response: the `X-Cache` value and the
+/// `result` metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheResult {
+    Hit,
+    Miss,
+    Stale,
+    Revalidated,
+    Bypass,
+}
+
+impl CacheResult {
+    /// From the phase pingora-cache ended in.
+    pub fn of(phase: CachePhase) -> Self {
+        match phase {
+            CachePhase::Hit => CacheResult::Hit,
+            CachePhase::Stale | CachePhase::StaleUpdating => CacheResult::Stale,
+            CachePhase::Miss | CachePhase::Expired => CacheResult::Miss,
+            CachePhase::Revalidated | CachePhase::RevalidatedNoCache(_) => CacheResult::Revalidated,
+            CachePhase::Disabled(_)
+            | CachePhase::Bypass
+            | CachePhase::Uninit
+            | CachePhase::CacheKey => CacheResult::Bypass,
+        }
+    }
+
+    /// The `X-Cache` header value.
+    pub fn header(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "HIT",
+            CacheResult::Miss => "MISS",
+            CacheResult::Stale => "STALE",
+            CacheResult::Revalidated => "REVALIDATED",
+            CacheResult::Bypass => "BYPASS",
+        }
+    }
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "hit",
+            CacheResult::Miss => "miss",
+            CacheResult::Stale => "stale",
+            CacheResult::Revalidated => "revalidated",
+            CacheResult::Bypass => "bypass",
+        }
+    }
+}
+
+/// What to purge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeTarget {
+    /// One path and query, every host and variant.
+    Url(String),
+    /// Every path starting with this.
+    Prefix(String),
+}
+
+impl PurgeTarget {
+    pub fn label(&self) -> &'static str {
+        match self {
+            PurgeTarget::Url(_) => "url",
+            PurgeTarget::Prefix(_) => "prefix",
+        }
+    }
+
+    /// The event announcing this purge by gateway `from`.
+    pub fn event(&self, from: &str) -> SaleEvent {
+        let (prefix, path) = match self {
+            PurgeTarget::Url(p) => (false, p),
+            PurgeTarget::Prefix(p) => (true, p),
+        };
+        SaleEvent::ShopPurge {
+            from: from.to_owned(),
+            prefix,
+            path: path.clone(),
+        }
+    }
+}
+
+/// The cache's metrics, registered into the gateway's registry.
+pub struct CacheMetrics {
+    /// Proxied shop responses by what the cache did.
+    pub results: IntCounterVec,
+    /// Purge requests by kind, and objects they removed.
+    pub purges: IntCounterVec,
+    pub purged_objects: IntCounterVec,
+}
+
+/// The shop cache of one gateway.
+pub struct ShopCache {
+    /// Names this gateway's purge announcements, so it skips its own.
+    pub id: String,
+    store: &'static MemoryStore,
+    eviction: &'static simple_lru::Manager,
+    lock: &'static CacheKeyLockImpl,
+    defaults: CacheMetaDefaults,
+    max_object_bytes: usize,
+    lock_timeout: Duration,
+    /// Keys whose last fetch failed, and when.
+    failed_fetches: Mutex<HashMap<u128, Instant>>,
+    pub metrics: CacheMetrics,
+}
+
+/// No heuristic freshness: a response the shop gives no lifetime is not stored.
+fn no_default_freshness(_status: http::StatusCode) -> Option<Duration> {
+    None
+}
+
+impl ShopCache {
+    /// Builds the cache and registers its metrics (`flashgate_shop_cache_*`).
+    ///
+    /// # Panics
+    /// Only if the metrics are registered twice into one registry.
+    pub fn new(config: &ShopCacheConfig, registry: &Registry) -> Self {
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid gauge");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let evictions = prometheus::IntCounter::new(
+            "shop_cache_evictions_total",
+            "Shop responses evicted to stay under shop.cache.max_bytes.",
+        )
+        .expect("valid counter");
+        registry
+            .register(Box::new(evictions.clone()))
+            .expect("unique metric");
+        let gauges = StoreGauges {
+            bytes: gauge(
+                "shop_cache_bytes",
+                "Bytes of shop responses (headers and bodies) held in the edge cache.",
+            ),
+            objects: gauge(
+                "shop_cache_objects",
+                "Shop responses held in the edge cache.",
+            ),
+            evictions,
+        };
+        let metrics = CacheMetrics {
+            results: counter(
+                "shop_cache_requests_total",
+                "Proxied shop requests by cache result (hit, miss, stale, revalidated, bypass).",
+                &["result"],
+            ),
+            purges: counter(
+                "shop_cache_purges_total",
+                "Cache purges by kind (url, prefix).",
+                &["kind"],
+            ),
+            purged_objects: counter(
+                "shop_cache_purged_objects_total",
+                "Cached responses removed by purges, by kind.",
+                &["kind"],
+            ),
+        };
+        // Fills in progress and stored entries share max_bytes.
+        let fill_budget = config.max_bytes / FILL_SHARE;
+        let stale_if_error = u32::try_from(config.stale_if_error.as_secs()).unwrap_or(u32::MAX);
+        let store: &'static MemoryStore = Box::leak(Box::new(MemoryStore::new(
+            config.max_object_bytes,
+            fill_budget,
+            gauges,
+        )));
+        Self {
+            id: format!("{:016x}", rand::random::<u64>()),
+            store,
+            eviction: Box::leak(Box::new(simple_lru::Manager::new(
+                config.max_bytes - fill_budget,
+            ))),
+            lock: Box::leak(Box::new(FillLock::new(config.lock_timeout, store))),
+            defaults: CacheMetaDefaults::new(no_default_freshness, 0, stale_if_error),
+            max_object_bytes: config.max_object_bytes,
+            lock_timeout: config.lock_timeout,
+            failed_fetches: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// Turns the cache on for a shop request that may use it, as
+    /// `policy::request_use` decided.
+    pub fn enable(&self, cache: &mut pingora::cache::HttpCache, using: CacheUse) {
+        if using == CacheUse::Off {
+            return;
+        }
+        // A credentialed request neither waits on nor holds the fetch of
+        // anonymous ones: its answer may be private.
+        let lock = (using == CacheUse::Shared).then_some(self.lock);
+        let mut overrides = CacheOptionOverrides::default();
+        overrides.wait_timeout = Some(self.lock_timeout);
+        cache.enable(self.store, Some(self.eviction), None, lock, Some(overrides));
+        // Pingora refuses a response over this by its Content-Length, or
+        // (chunked) fails it when the body passes it.
+        cache.set_max_file_size_bytes(self.max_object_bytes);
+    }
+
+    /// Whether and how long the shop's response may be stored.
+    pub fn cacheable(&self, using: CacheUse, resp: &ResponseHeader) -> RespCacheable {
+        policy::response_cacheable(using, resp, &self.defaults)
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.store.bytes()
+    }
+
+    /// Removes what `target` names; returns how many responses were removed.
+    pub fn purge(&self, target: &PurgeTarget) -> usize {
+        let removed = match target {
+            PurgeTarget::Url(url) => {
+                let url = url.clone();
+                self.store.purge_where(move |path| path == url)
+            }
+            PurgeTarget::Prefix(prefix) => {
+                let prefix = prefix.clone();
+                self.store
+                    .purge_where(move |path| path.starts_with(prefix.as_str()))
+            }
+        };
+        for key in &removed {
+            self.eviction
+                .remove(CacheEntryKeyRef::from_entry_id(key, None));
+        }
+        let kind = target.label();
+        self.metrics.purges.with_label_values(&[kind]).inc();
+        self.metrics
+            .purged_objects
+            .with_label_values(&[kind])
+            .inc_by(removed.len() as u64);
+        removed.len()
+    }
+
+    /// Applies a purge another gateway announced; `false` for this
+    /// gateway's own announcements (already applied) and other events.
+    pub fn apply_announced(&self, event: &SaleEvent) -> bool {
+        match event {
+            SaleEvent::ShopPurge { from, prefix, path } if *from != self.id => {
+                let target = if *prefix {
+                    PurgeTarget::Prefix(path.clone())
+                } else {
+                    PurgeTarget::Url(path.clone())
+                };
+                let purged = self.purge(&target);
+                tracing::info!(kind = target.label(), purged, from = %from, "shop cache purged as announced");
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Notes that the shop failed to answer `key` (5xx, refused, timeout).
+    pub fn fetch_failed(&self, key: &pingora::cache::CacheKey) {
+        let mut failed = self
+            .failed_fetches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if failed.len() >= MAX_FAILED_FETCHES {
+            failed.retain(|_, at| at.elapsed() < FAILED_FETCH_HOLD);
+            if failed.len() >= MAX_FAILED_FETCHES {
+                failed.clear();
+            }
+        }
+        failed.insert(u128::from_be_bytes(key.primary_bin()), Instant::now());
+    }
+
+    /// Whether a stale copy answers without asking the shop: its fetch
+    /// failed within `FAILED_FETCH_HOLD` and the copy is inside its
+    /// stale-if-error window. Without this, requests waiting on the lock
+    /// would each ask the failing shop in turn once the failed fetch
+    /// releases it.
+    pub fn serve_stale_on_recent_failure(
+        &self,
+        key: &pingora::cache::CacheKey,
+        meta: &CacheMeta,
+    ) -> bool {
+        let failed = self
+            .failed_fetches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let recent = failed
+            .get(&u128::from_be_bytes(key.primary_bin()))
+            .is_some_and(|at| at.elapsed() < FAILED_FETCH_HOLD);
+        recent && meta.serve_stale_if_error(SystemTime::now())
+    }
+
+    /// Whether a stored response may answer this request: a credentialed
+    /// request takes only what the shop marked public.
+    pub fn may_serve(&self, using: CacheUse, meta: &CacheMeta) -> bool {
+        using != CacheUse::Credentialed || policy::shared_with_credentials(meta.response_header())
+    }
+}
+
+impl crate::sales::AnnouncedPurges for ShopCache {
+    fn apply_announced(&self, event: &SaleEvent) -> bool {
+        ShopCache::apply_announced(self, event)
+    }
+}

@@ -1,0 +1,232 @@
+//! The shop's upstreams: round-robin over the healthy ones.
+//!
+//! Pingora's [`LoadBalancer`] holds the upstream set; it runs as a
+//! background service (see `server`) that gives every upstream a
+//! TCP health check each `shop.health_check_interval_ms`. An upstream that
+//! fails a check gets no requests until it passes one again. Connections to
+//! upstreams are kept alive and reused from Pingora's connection pool.
+//!
+//! With `shop.h2` the gateway speaks HTTP/2 to the shop with prior
+//! knowledge (h2c: the upstreams are plain addresses, so there is no ALPN
+//! to ask), many requests multiplexed on one connection; a WebSocket
+//! upgrade then cannot be proxied (HTTP/2 has no `Upgrade`).
+//!
+//! Also here: what a proxied request and response must not carry across the
+//! gateway (hop-by-hop headers, RFC 9110 §7.6.1), and the JSON answer when
+//! the shop cannot be reached.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashgate_common::config::ShopConfig;
+use pingora::lb::selection::RoundRobin;
+use pingora::lb::{health_check::TcpHealthCheck, LoadBalancer};
+use pingora::upstreams::peer::HttpPeer;
+use serde_json::json;
+
+use crate::edge::reply::Reply;
+
+/// Requests one HTTP/2 connection to the shop carries at once before
+/// another is opened.
+const H2_STREAMS_PER_CONNECTION: usize = 100;
+
+/// The shop's upstreams and how to reach them.
+pub struct Upstreams {
+    pub lb: Arc<LoadBalancer<RoundRobin>>,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+    /// `shop.h2`: HTTP/2 with prior knowledge (h2c).
+    h2: bool,
+}
+
+impl Upstreams {
+    /// A load balancer over `config.upstreams` with a TCP health check.
+    /// It only checks health once it runs as a background service.
+    ///
+    /// # Errors
+    /// When the upstream list is empty.
+    pub fn new(config: &ShopConfig) -> std::io::Result<Self> {
+        let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(config.upstreams.iter().copied())?;
+        if lb.backends().get_backend().is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no shop upstream",
+            ));
+        }
+        let mut check = TcpHealthCheck::new();
+        check.peer_template.options.connection_timeout =
+            Some(config.connect_timeout.min(Duration::from_secs(1)));
+        lb.set_health_check(check);
+        lb.health_check_frequency = Some(config.health_check_interval);
+        lb.parallel_health_check = true;
+        Ok(Self {
+            lb: Arc::new(lb),
+            connect_timeout: config.connect_timeout,
+            read_timeout: config.read_timeout,
+            h2: config.h2,
+        })
+    }
+
+    /// How many upstreams there are, healthy or not.
+    pub fn len(&self) -> usize {
+        self.lb.backends().get_backend().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The next healthy upstream as a peer, or `None` when none is healthy.
+    pub fn peer(&self) -> Option<HttpPeer> {
+        let backend = self.lb.select(b"", 256)?;
+        let mut peer = HttpPeer::new(backend.addr, false, String::new());
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        peer.options.read_timeout = Some(self.read_timeout);
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        if self.h2 {
+            // HTTP/2 only, over plain TCP: Pingora then speaks h2c with
+            // prior knowledge, and many requests share one connection.
+            peer.options.alpn = pingora::protocols::ALPN::H2;
+            peer.options.max_h2_streams = H2_STREAMS_PER_CONNECTION;
+        }
+        Some(peer)
+    }
+}
+
+/// Hop-by-hop headers: they describe one connection and are never forwarded.
+/// `Transfer-Encoding` is not listed: Pingora frames bodies itself and
+/// rewrites it per connection.
+pub const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+];
+
+/// The headers to remove before forwarding: the hop-by-hop ones and those
+/// named in `Connection`. An `Upgrade` (WebSocket) handshake keeps
+/// `Connection` and `Upgrade`, which Pingora needs to switch protocols.
+/// Allocates only when there is something to remove.
+pub fn hop_by_hop(headers: &http::HeaderMap) -> Vec<http::HeaderName> {
+    let connection_tokens = || {
+        headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+    };
+    let upgrade = headers.contains_key(http::header::UPGRADE)
+        && connection_tokens().any(|t| t.eq_ignore_ascii_case(b"upgrade"));
+    let mut out = Vec::new();
+    for name in connection_tokens().filter_map(|t| http::HeaderName::from_bytes(t).ok()) {
+        let framing =
+            name == http::header::TRANSFER_ENCODING || name == http::header::CONTENT_LENGTH;
+        let kept = framing || (upgrade && name == http::header::UPGRADE);
+        if !kept && headers.contains_key(&name) && !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        if headers.contains_key(name)
+            && !(upgrade && name == "connection")
+            && !out.iter().any(|n| n == name)
+        {
+            out.push(http::HeaderName::from_static(name));
+        }
+    }
+    if !upgrade
+        && headers.contains_key(http::header::UPGRADE)
+        && !out.contains(&http::header::UPGRADE)
+    {
+        out.push(http::header::UPGRADE);
+    }
+    out
+}
+
+/// Why a request to the shop failed, as the client sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShopFailure {
+    /// No healthy upstream, refused or reset connection, bad response: 502.
+    BadGateway,
+    /// The shop did not connect or answer in time: 504.
+    Timeout,
+}
+
+impl ShopFailure {
+    pub fn classify(error: &pingora::Error) -> Self {
+        use pingora::ErrorType::*;
+        match error.etype() {
+            ConnectTimedout | ReadTimedout | WriteTimedout => ShopFailure::Timeout,
+            _ => ShopFailure::BadGateway,
+        }
+    }
+
+    pub fn reply(self) -> Reply {
+        match self {
+            ShopFailure::BadGateway => {
+                Reply::json(502, &json!({"code": "bad_gateway", "message": "the shop is unavailable, try again shortly"}))
+                    .header("Retry-After", "1")
+            }
+            ShopFailure::Timeout => Reply::json(504, &json!({"code": "gateway_timeout", "message": "the shop did not answer in time"})),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("proxy-authorization", "Basic x"),
+            ("te", "trailers"),
+            ("upgrade", "h2c"),
+            ("x-kept", "yes"),
+            ("content-length", "3"),
+        ] {
+            h.insert(k, v.parse().unwrap());
+        }
+        for name in hop_by_hop(&h) {
+            h.remove(name);
+        }
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-kept", "content-length"]);
+    }
+
+    #[test]
+    fn a_websocket_upgrade_keeps_connection_and_upgrade() {
+        let mut h = http::HeaderMap::new();
+        h.insert("connection", "Upgrade".parse().unwrap());
+        h.insert("upgrade", "websocket".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        for name in hop_by_hop(&h) {
+            h.remove(name);
+        }
+        assert!(
+            h.contains_key("connection")
+                && h.contains_key("upgrade")
+                && !h.contains_key("keep-alive")
+        );
+    }
+
+    #[test]
+    fn shop_failures_are_json_502_or_504() {
+        let r = ShopFailure::BadGateway.reply();
+        assert_eq!(r.status, 502);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["code"], "bad_gateway");
+        assert_eq!(ShopFailure::Timeout.reply().status, 504);
+        let e = pingora::Error::new(pingora::ErrorType::ConnectTimedout);
+        assert_eq!(ShopFailure::classify(&e), ShopFailure::Timeout);
+        let e = pingora::Error::new(pingora::ErrorType::ConnectRefused);
+        assert_eq!(ShopFailure::classify(&e), ShopFailure::BadGateway);
+    }
+}
