@@ -506,8 +506,8 @@ mod tests {
     use flashgate_common::keys::SaleKeys;
 
     use super::*;
-    use crate::breaker::Breaker;
-    use crate::testing::RedisServer;
+    use crate::infra::Breaker;
+    use crate::infra::RedisServer;
 
     async fn put_sale(server: &RedisServer, id: &str) {
         let now = flashgate_common::now_ms();
