@@ -53,26 +53,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use flashgate_common::keys::{SaleEvent, SaleKeys, CONSUMER_GROUP, SALES_INDEX};
 use flashgate_common::sale::SaleSpec;
+use flashgate_common::scripts::{ADOPT, PREHEAT, RELEASE, RESTORE_LOCK_FREE, RESTORE_LOCK_RENEW};
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
+use redis::RedisError;
 use tokio::sync::watch;
 
 use crate::error::SaleError;
 use crate::redis_io::announce;
 use crate::store::{OrderRow, OrderStatus, Store};
 use crate::switches;
-
-/// Returns one cancelled reservation's item (`lua/release.lua`).
-pub static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::RELEASE));
-
-/// Makes Redis count an order it forgot (`lua/adopt.lua`).
-static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::ADOPT));
 
 /// Makes Redis count `order` (its item out of `remaining`, its buyer in
 /// `buyers`, its reservation in `resv`) unless Redis already knows the
@@ -91,7 +84,7 @@ pub async fn adopt<C: ConnectionLike + Send>(
 /// Runs `lua/adopt.lua` or `lua/release.lua` for `order`: both take the
 /// sale's counters and reservation sets, and the order's reservation and user.
 async fn order_script<C: ConnectionLike + Send>(
-    script: &Script,
+    script: &redis::Script,
     conn: &mut C,
     keys: &SaleKeys,
     order: &OrderRow,
@@ -107,18 +100,6 @@ async fn order_script<C: ConnectionLike + Send>(
         .invoke_async(conn)
         .await
 }
-
-/// Installs a rebuilt sale, paused, if still absent, for the lock holder only (`lua/preheat.lua`).
-static INSTALL: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT));
-
-/// Extends the lock only while it holds our token (`lua/restore_lock_renew.lua`).
-static RENEW_LOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_RENEW));
-
-/// Frees the lock only while it holds our token (`lua/restore_lock_free.lua`).
-static FREE_LOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_FREE));
 
 /// Redis commands per pipeline while rebuilding a sale.
 const CHUNK: usize = 1000;
@@ -219,7 +200,7 @@ async fn restore_sale<C: ConnectionLike + Send + Clone>(
         result = restore_locked(conn, store, id, given, &keys, &token) => result,
         never = keep_lock(renewer, &keys.restoring, &token) => match never {},
     };
-    let freed: Result<i64, RedisError> = FREE_LOCK
+    let freed: Result<i64, RedisError> = RESTORE_LOCK_FREE
         .key(&keys.restoring)
         .arg(&token)
         .invoke_async(conn)
@@ -244,7 +225,7 @@ async fn sale_present<C: ConnectionLike + Send>(
 async fn keep_lock<C: ConnectionLike + Send>(mut conn: C, lock: &str, token: &str) -> Infallible {
     loop {
         tokio::time::sleep(RENEW_EVERY).await;
-        let renewed: Result<i64, RedisError> = RENEW_LOCK
+        let renewed: Result<i64, RedisError> = RESTORE_LOCK_RENEW
             .key(lock)
             .arg(token)
             .arg(RESTORE_LOCK_MS)
@@ -391,7 +372,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     let remaining = spec.stock - sold;
     // A bucketed sale's items are in its buckets; its own keys sell nothing.
     let own_remaining = if spec.buckets > 1 { 0 } else { remaining };
-    let installed: i64 = INSTALL
+    let installed: i64 = PREHEAT
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.stream)

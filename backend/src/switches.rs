@@ -10,13 +10,12 @@
 //! switch the database never recorded (a database made by a version that
 //! kept them only in Redis) is taken from Redis once.
 
-use std::sync::LazyLock;
-
 use flashgate_common::keys::{switch_value, SaleEvent, SaleKeys, GLOBAL_SWITCH, SALES_INDEX};
 use flashgate_common::now_ms;
 use flashgate_common::sale::SaleSpec;
+use flashgate_common::scripts::{PAUSE, PAUSE_SWAP, SWITCH_SWAP};
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
+use redis::RedisError;
 
 use crate::error::SaleError;
 use crate::redis_io::announce;
@@ -82,9 +81,6 @@ async fn apply_pause<C: ConnectionLike + Send>(
     Ok(existed == 1)
 }
 
-/// Writes a sale's pause only if the sale is there (`lua/pause.lua`).
-static PAUSE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE));
-
 /// Turns the global switch: `paused` stops every buy on every gateway.
 /// Written to the database first, then to Redis.
 ///
@@ -107,19 +103,6 @@ pub async fn set_all_paused<C: ConnectionLike + Send>(
     Ok(())
 }
 
-/// Sets a key only while it still holds what the caller read, so a sync
-/// never writes over a value an operator wrote after that read.
-/// (`lua/switch_swap.lua`)
-static SWAP_SWITCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::SWITCH_SWAP));
-
-/// Sets a present sale's pause only while it still holds what the caller
-/// read and no restore other than the caller's (ARGV[3], its lock token)
-/// holds the sale's lock: a restore applies the recorded pause itself.
-/// (`lua/pause_swap.lua`)
-static SWAP_PAUSE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE_SWAP));
-
 /// Sets sale `id`'s pause in Redis to `paused` if it still holds `seen`
 /// (read before the database was) and no other restore holds the sale
 /// (`token`: the caller's restore lock, or empty); gateways are told at
@@ -136,7 +119,7 @@ pub async fn swap_pause<C: ConnectionLike + Send>(
 ) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
     let want = if paused { "1" } else { "0" };
-    let set: i64 = SWAP_PAUSE
+    let set: i64 = PAUSE_SWAP
         .key(&keys.meta)
         .key(&keys.restoring)
         .arg(seen)
@@ -193,7 +176,7 @@ pub async fn sync_switch<C: ConnectionLike + Send>(
             .await?
             .is_some(),
         Some(seen) => {
-            SWAP_SWITCH
+            SWITCH_SWAP
                 .key(GLOBAL_SWITCH)
                 .arg(seen)
                 .arg(want)

@@ -371,12 +371,10 @@ pub async fn buy_with_key(
     user: &str,
     key: &str,
 ) -> Vec<String> {
-    static DEDUCT: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::DEDUCT));
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
     let rid =
         flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
-    DEDUCT
+    flashgate_common::scripts::DEDUCT
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)

@@ -1,185 +1,223 @@
-//! Every Lua script of Flashgate, compiled in: the one list.
+//! Every Lua script of Flashgate, compiled in: the one registry.
 //!
-//! Each script is a file in `lua/` and a constant here, and nowhere else:
-//! the gateway and the backend build their `redis::Script`s from these
-//! constants (and keep their own of each). [`ALL`] is what a process needs
-//! to know about all of them at once: the cluster connection answers a
-//! `NOSCRIPT` with `EVAL` of the body (see [`crate::redis_conn`]), and
-//! `flashgate check --connect` loads every script on every master. A test
-//! fails on Lua written inline in Rust, or a `lua/` file included
-//! elsewhere.
+//! Each script is a file in `lua/` and a [`Script`] here, and nowhere else:
+//! the gateway and the backend run the `redis::Script`s of this registry
+//! (a [`Script`] derefs to its `redis::Script`, its SHA-1 computed once per
+//! process), and no other code builds one. A script that shares rules with
+//! others is composed at compile time: the `lua/lib/` files it names, in
+//! order, then its own file (the `script!` macro below, and each file's header).
+//! [`ALL`] is what a process needs to know about all of them at once: the
+//! cluster connection answers a `NOSCRIPT` with `EVAL` of the body (see
+//! [`crate::redis_conn`]), and `flashgate check --connect` loads every
+//! script on every master. A test fails on Lua written inline in Rust, a
+//! `lua/` file included elsewhere, or a `redis::Script` built outside this
+//! file.
+//!
+//! The helpers of `lua/lib/` (each a `local function fg_*`, used only by the
+//! scripts that include its file):
+//! - `epoch.lua`: `fg_bump_epoch`, the sale's stock epoch moved on;
+//! - `decide.lua`: the buy rules (`fg_take`, `fg_final`, the draw's names),
+//!   the replication id (`fg_replid`) and the time (`fg_now_ms`);
+//! - `deduct.lua`: `fg_deduct`, one buy attempt decided.
+
+use std::sync::OnceLock;
+
+/// One script of the registry: its file in `lua/`, its body as it runs
+/// (the `lua/lib/` files it is built on, then its own), and the
+/// `redis::Script` of that body, which it derefs to.
+pub struct Script {
+    name: &'static str,
+    body: &'static str,
+    /// Its own cell (a static of the `script!` expansion), so that a
+    /// [`Script`] holds no interior mutability and its name and body can be
+    /// read in a `const`.
+    built: &'static OnceLock<redis::Script>,
+}
+
+impl Script {
+    const fn new(
+        name: &'static str,
+        body: &'static str,
+        built: &'static OnceLock<redis::Script>,
+    ) -> Self {
+        Self { name, body, built }
+    }
+
+    /// The script's file in `lua/`, e.g. `deduct.lua`.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The script as it runs: its `lua/lib/` helpers, then its own file.
+    pub const fn body(&self) -> &'static str {
+        self.body
+    }
+}
+
+impl std::ops::Deref for Script {
+    type Target = redis::Script;
+
+    /// The `redis::Script` of [`Script::body`], built on first use.
+    fn deref(&self) -> &redis::Script {
+        self.built.get_or_init(|| redis::Script::new(self.body))
+    }
+}
+
+impl std::fmt::Debug for Script {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Script").field("name", &self.name).finish()
+    }
+}
+
+/// `script!("file.lua")`, or `script!("file.lua"; "a.lua", "b.lua")` for a
+/// script built on `lua/lib/a.lua` and `lua/lib/b.lua` (in that order,
+/// before the script's own file).
+macro_rules! script {
+    ($file:literal $(; $($lib:literal),+)?) => {{
+        static BUILT: OnceLock<redis::Script> = OnceLock::new();
+        Script::new(
+            $file,
+            concat!(
+                $($(include_str!(concat!("../../lua/lib/", $lib)),)+)?
+                include_str!(concat!("../../lua/", $file))
+            ),
+            &BUILT,
+        )
+    }};
+}
 
 /// `lua/deduct.lua` as it runs: the shared buy rules (`lua/lib/decide.lua`),
 /// the deduct itself as a function (`lua/lib/deduct.lua`), then the
 /// script's own body, which calls it once.
-pub const DEDUCT: &str = concat!(
-    include_str!("../../lua/lib/decide.lua"),
-    include_str!("../../lua/lib/deduct.lua"),
-    include_str!("../../lua/deduct.lua")
-);
+pub static DEDUCT: Script = script!("deduct.lua"; "decide.lua", "deduct.lua");
 
 /// `lua/deduct_batch.lua` as it runs: the same function as [`DEDUCT`],
 /// called once per attempt of the batch.
-pub const DEDUCT_BATCH: &str = concat!(
-    include_str!("../../lua/lib/decide.lua"),
-    include_str!("../../lua/lib/deduct.lua"),
-    include_str!("../../lua/deduct_batch.lua")
-);
+pub static DEDUCT_BATCH: Script = script!("deduct_batch.lua"; "decide.lua", "deduct.lua");
 
 /// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT`].
-pub const DRAW_RUN: &str = concat!(
-    include_str!("../../lua/lib/decide.lua"),
-    include_str!("../../lua/draw_run.lua")
-);
+pub static DRAW_RUN: Script = script!("draw_run.lua"; "decide.lua");
 
 /// `lua/xfer_out.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub const XFER_OUT: &str = concat!(
-    include_str!("../../lua/lib/decide.lua"),
-    include_str!("../../lua/xfer_out.lua")
-);
+pub static XFER_OUT: Script = script!("xfer_out.lua"; "decide.lua");
 
 /// `lua/preheat_bucket.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub const PREHEAT_BUCKET: &str = concat!(
-    include_str!("../../lua/lib/decide.lua"),
-    include_str!("../../lua/preheat_bucket.lua")
-);
+pub static PREHEAT_BUCKET: Script = script!("preheat_bucket.lua"; "decide.lua");
 
 /// `lua/bucket_stock.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub const BUCKET_STOCK: &str = concat!(
-    include_str!("../../lua/lib/decide.lua"),
-    include_str!("../../lua/bucket_stock.lua")
-);
+pub static BUCKET_STOCK: Script = script!("bucket_stock.lua"; "decide.lua");
 
 /// `lua/adopt.lua`.
-pub const ADOPT: &str = include_str!("../../lua/adopt.lua");
+pub static ADOPT: Script = script!("adopt.lua");
 
 /// `lua/bucket_meta.lua`.
-pub const BUCKET_META: &str = include_str!("../../lua/bucket_meta.lua");
+pub static BUCKET_META: Script = script!("bucket_meta.lua");
 
 /// `lua/bucket_state.lua`.
-pub const BUCKET_STATE: &str = include_str!("../../lua/bucket_state.lua");
+pub static BUCKET_STATE: Script = script!("bucket_state.lua");
 
 /// `lua/fence.lua`.
-pub const FENCE: &str = include_str!("../../lua/fence.lua");
+pub static FENCE: Script = script!("fence.lua");
 
 /// `lua/fence_read.lua`.
-pub const FENCE_READ: &str = include_str!("../../lua/fence_read.lua");
+pub static FENCE_READ: Script = script!("fence_read.lua");
 
 /// `lua/gcra.lua`.
-pub const GCRA: &str = include_str!("../../lua/gcra.lua");
+pub static GCRA: Script = script!("gcra.lua");
 
 /// `lua/pause.lua`.
-pub const PAUSE: &str = include_str!("../../lua/pause.lua");
+pub static PAUSE: Script = script!("pause.lua");
 
 /// `lua/pause_swap.lua`.
-pub const PAUSE_SWAP: &str = include_str!("../../lua/pause_swap.lua");
+pub static PAUSE_SWAP: Script = script!("pause_swap.lua");
 
 /// `lua/pow_use.lua`.
-pub const POW_USE: &str = include_str!("../../lua/pow_use.lua");
+pub static POW_USE: Script = script!("pow_use.lua");
 
 /// `lua/preheat.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const PREHEAT: &str = concat!(
-    include_str!("../../lua/lib/epoch.lua"),
-    include_str!("../../lua/preheat.lua")
-);
+pub static PREHEAT: Script = script!("preheat.lua"; "epoch.lua");
 
 /// `lua/release.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const RELEASE: &str = concat!(
-    include_str!("../../lua/lib/epoch.lua"),
-    include_str!("../../lua/release.lua")
-);
+pub static RELEASE: Script = script!("release.lua"; "epoch.lua");
 
 /// `lua/remembered.lua`.
-pub const REMEMBERED: &str = include_str!("../../lua/remembered.lua");
+pub static REMEMBERED: Script = script!("remembered.lua");
 
 /// `lua/restore_lock_free.lua`.
-pub const RESTORE_LOCK_FREE: &str = include_str!("../../lua/restore_lock_free.lua");
+pub static RESTORE_LOCK_FREE: Script = script!("restore_lock_free.lua");
 
 /// `lua/restore_lock_renew.lua`.
-pub const RESTORE_LOCK_RENEW: &str = include_str!("../../lua/restore_lock_renew.lua");
+pub static RESTORE_LOCK_RENEW: Script = script!("restore_lock_renew.lua");
 
 /// `lua/resync.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const RESYNC: &str = concat!(
-    include_str!("../../lua/lib/epoch.lua"),
-    include_str!("../../lua/resync.lua")
-);
+pub static RESYNC: Script = script!("resync.lua"; "epoch.lua");
 
 /// `lua/resync_transfers.lua`.
-pub const RESYNC_TRANSFERS: &str = include_str!("../../lua/resync_transfers.lua");
+pub static RESYNC_TRANSFERS: Script = script!("resync_transfers.lua");
 
 /// `lua/switch_swap.lua`.
-pub const SWITCH_SWAP: &str = include_str!("../../lua/switch_swap.lua");
+pub static SWITCH_SWAP: Script = script!("switch_swap.lua");
 
 /// `lua/trim.lua`.
-pub const TRIM: &str = include_str!("../../lua/trim.lua");
+pub static TRIM: Script = script!("trim.lua");
 
 /// `lua/update_sale.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub const UPDATE_SALE: &str = concat!(
-    include_str!("../../lua/lib/epoch.lua"),
-    include_str!("../../lua/update_sale.lua")
-);
+pub static UPDATE_SALE: Script = script!("update_sale.lua"; "epoch.lua");
 
 /// `lua/wait_mark.lua`.
-pub const WAIT_MARK: &str = include_str!("../../lua/wait_mark.lua");
+pub static WAIT_MARK: Script = script!("wait_mark.lua");
 
 /// `lua/xfer_ack.lua`.
-pub const XFER_ACK: &str = include_str!("../../lua/xfer_ack.lua");
+pub static XFER_ACK: Script = script!("xfer_ack.lua");
 
 /// `lua/xfer_in.lua`.
-pub const XFER_IN: &str = include_str!("../../lua/xfer_in.lua");
+pub static XFER_IN: Script = script!("xfer_in.lua");
 
-/// `(file name, body)` of every script in `lua/` (a script built on
-/// `lua/lib/` as it runs): the one list. No Lua is written anywhere else
-/// (a test scans the workspace).
-pub const ALL: &[(&str, &str)] = &[
-    ("adopt.lua", ADOPT),
-    ("bucket_meta.lua", BUCKET_META),
-    ("bucket_state.lua", BUCKET_STATE),
-    ("bucket_stock.lua", BUCKET_STOCK),
-    ("deduct.lua", DEDUCT),
-    ("deduct_batch.lua", DEDUCT_BATCH),
-    ("draw_run.lua", DRAW_RUN),
-    ("fence.lua", FENCE),
-    ("fence_read.lua", FENCE_READ),
-    ("gcra.lua", GCRA),
-    ("pause.lua", PAUSE),
-    ("pause_swap.lua", PAUSE_SWAP),
-    ("pow_use.lua", POW_USE),
-    ("preheat.lua", PREHEAT),
-    ("preheat_bucket.lua", PREHEAT_BUCKET),
-    ("release.lua", RELEASE),
-    ("remembered.lua", REMEMBERED),
-    ("restore_lock_free.lua", RESTORE_LOCK_FREE),
-    ("restore_lock_renew.lua", RESTORE_LOCK_RENEW),
-    ("resync.lua", RESYNC),
-    ("resync_transfers.lua", RESYNC_TRANSFERS),
-    ("switch_swap.lua", SWITCH_SWAP),
-    ("trim.lua", TRIM),
-    ("update_sale.lua", UPDATE_SALE),
-    ("wait_mark.lua", WAIT_MARK),
-    ("xfer_ack.lua", XFER_ACK),
-    ("xfer_in.lua", XFER_IN),
-    ("xfer_out.lua", XFER_OUT),
+/// Every script of `lua/`, by file name: the one list. No Lua is written
+/// anywhere else, and no `redis::Script` built anywhere else (a test scans
+/// the workspace).
+pub static ALL: &[&Script] = &[
+    &ADOPT,
+    &BUCKET_META,
+    &BUCKET_STATE,
+    &BUCKET_STOCK,
+    &DEDUCT,
+    &DEDUCT_BATCH,
+    &DRAW_RUN,
+    &FENCE,
+    &FENCE_READ,
+    &GCRA,
+    &PAUSE,
+    &PAUSE_SWAP,
+    &POW_USE,
+    &PREHEAT,
+    &PREHEAT_BUCKET,
+    &RELEASE,
+    &REMEMBERED,
+    &RESTORE_LOCK_FREE,
+    &RESTORE_LOCK_RENEW,
+    &RESYNC,
+    &RESYNC_TRANSFERS,
+    &SWITCH_SWAP,
+    &TRIM,
+    &UPDATE_SALE,
+    &WAIT_MARK,
+    &XFER_ACK,
+    &XFER_IN,
+    &XFER_OUT,
 ];
 
-/// The body of the script whose SHA-1 is `sha` (as `EVALSHA` names it).
-pub fn body_of(sha: &[u8]) -> Option<&'static str> {
-    static BY_SHA: std::sync::LazyLock<Vec<(String, &'static str)>> =
-        std::sync::LazyLock::new(|| {
-            ALL.iter()
-                .map(|(_, body)| (redis::Script::new(body).get_hash().to_owned(), *body))
-                .collect()
-        });
-    BY_SHA
-        .iter()
-        .find(|(hash, _)| hash.as_bytes().eq_ignore_ascii_case(sha))
-        .map(|(_, body)| *body)
+/// The script whose SHA-1 is `sha` (as `EVALSHA` names it, in either case).
+pub fn by_hash(sha: &[u8]) -> Option<&'static Script> {
+    ALL.iter()
+        .copied()
+        .find(|script| script.get_hash().as_bytes().eq_ignore_ascii_case(sha))
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn every_script_in_lua_is_listed() {
+    fn every_script_in_lua_is_listed_once_and_found_by_its_hash() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lua");
         let mut files: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
@@ -187,14 +225,24 @@ mod tests {
             .filter(|n| n.ends_with(".lua"))
             .collect();
         files.sort();
-        let listed: Vec<String> = super::ALL.iter().map(|(n, _)| (*n).to_owned()).collect();
+        let listed: Vec<&str> = super::ALL.iter().map(|s| s.name()).collect();
         assert_eq!(files, listed);
-        for (_, body) in super::ALL {
-            let sha = redis::Script::new(body).get_hash().to_owned();
-            assert_eq!(super::body_of(sha.as_bytes()), Some(*body));
-            assert_eq!(super::body_of(sha.to_uppercase().as_bytes()), Some(*body));
+        for script in super::ALL {
+            assert!(script.body().ends_with(
+                &std::fs::read_to_string(
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../lua")
+                        .join(script.name())
+                )
+                .unwrap()
+            ));
+            let sha = script.get_hash().to_owned();
+            let found = super::by_hash(sha.as_bytes()).unwrap();
+            assert!(std::ptr::eq(found, *script), "{}", script.name());
+            let found = super::by_hash(sha.to_uppercase().as_bytes()).unwrap();
+            assert!(std::ptr::eq(found, *script), "{}", script.name());
         }
-        assert_eq!(super::body_of(b"0000"), None);
+        assert!(super::by_hash(b"0000").is_none());
     }
 
     /// The `.rs` files of the workspace, outside `target/` and this file.
@@ -233,14 +281,17 @@ mod tests {
                 let inline = line.contains(concat!("redis.", "call("))
                     || line.contains(concat!("redis.", "pcall("));
                 let included = line.contains("include_str!") && line.contains(".lua\")");
-                if inline || included {
+                // A script built past the registry (its own SHA, its own
+                // body): every `redis::Script` is one of `ALL`.
+                let built = line.contains(concat!("Script", "::new("));
+                if inline || included || built {
                     strays.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
                 }
             }
         }
         assert!(
             strays.is_empty(),
-            "Lua outside lua/ and common/src/scripts.rs (add the file to lua/ and to `ALL`):\n{}",
+            "Lua or a redis::Script outside lua/ and common/src/scripts.rs (add the file to lua/ and to `ALL`, use the registry's Script):\n{}",
             strays.join("\n")
         );
     }

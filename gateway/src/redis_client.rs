@@ -70,10 +70,10 @@ impl RedisError {
 
 /// The deduct script, compiled in so a deployed binary always runs the
 /// script it was tested with.
-pub static DEDUCT_LUA: &str = flashgate_common::scripts::DEDUCT;
+pub static DEDUCT_LUA: &str = flashgate_common::scripts::DEDUCT.body();
 
 /// The batched deduct (`lua/deduct_batch.lua`), the buy path's script.
-pub static DEDUCT_BATCH_LUA: &str = flashgate_common::scripts::DEDUCT_BATCH;
+pub static DEDUCT_BATCH_LUA: &str = flashgate_common::scripts::DEDUCT_BATCH.body();
 
 pub struct RedisClient {
     config: RedisConfig,
@@ -91,8 +91,8 @@ impl RedisClient {
             config,
             breaker: Arc::new(breaker),
             conn: OnceCell::new(),
-            deduct: redis::Script::new(DEDUCT_LUA),
-            deduct_batch: redis::Script::new(DEDUCT_BATCH_LUA),
+            deduct: flashgate_common::scripts::DEDUCT.clone(),
+            deduct_batch: flashgate_common::scripts::DEDUCT_BATCH.clone(),
         }
     }
 

@@ -180,10 +180,10 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
     // Only the deduct script counts: the backend runs its own scripts on timers.
     // The buy path sends `deduct_batch.lua`; `deduct.lua` is its one-attempt form.
     let deduct_shas = [
-        flashgate_common::scripts::DEDUCT,
-        flashgate_common::scripts::DEDUCT_BATCH,
+        &flashgate_common::scripts::DEDUCT,
+        &flashgate_common::scripts::DEDUCT_BATCH,
     ]
-    .map(|body| redis::Script::new(body).get_hash().to_owned());
+    .map(|script| script.get_hash().to_owned());
     let monitor = stack.redis.monitor().await;
     let attempts = || {
         (0..10_000)

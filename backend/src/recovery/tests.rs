@@ -531,7 +531,7 @@ async fn a_pause_sent_during_a_restore_holds_even_if_the_restorer_dies_after_the
     // is needed for it to take effect.
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(flashgate_common::scripts::PREHEAT)
+        .arg(flashgate_common::scripts::PREHEAT.body())
         .query_async(&mut conn)
         .await
         .unwrap();

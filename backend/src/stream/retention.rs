@@ -28,6 +28,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use flashgate_common::keys::{SaleKeys, ARCHIVED_SALES, CONSUMER_GROUP};
+use flashgate_common::scripts::TRIM;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, RedisResult, Value};
 
@@ -310,11 +311,6 @@ async fn trim_stream<C: ConnectionLike + Send>(
     // -1: the group moved back or went away since it was read; next time.
     Ok(Some(u64::try_from(trimmed).unwrap_or(0)))
 }
-
-/// `lua/trim.lua`: `XTRIM MINID` only while the group still stands past the
-/// bound (see the script).
-static TRIM: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::TRIM));
 
 /// The ids of the archived sales.
 ///
