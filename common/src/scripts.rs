@@ -13,12 +13,20 @@
 //! `lua/` file included elsewhere, or a `redis::Script` built outside this
 //! file.
 //!
-//! The helpers of `lua/lib/` (each a `local function fg_*`, used only by the
-//! scripts that include its file):
-//! - `epoch.lua`: `fg_bump_epoch`, the sale's stock epoch moved on;
-//! - `decide.lua`: the buy rules (`fg_take`, `fg_final`, the draw's names),
-//!   the replication id (`fg_replid`) and the time (`fg_now_ms`);
-//! - `deduct.lua`: `fg_deduct`, one buy attempt decided.
+//! The helpers of `lua/lib/` (each a `local function fg_*`; a script
+//! includes the files it calls, a file the files it calls before it):
+//! - `replid.lua`: `fg_replid()`, this Redis's replication id
+//!   (`master_replid`), the one parser of `INFO replication`, read at most
+//!   once per call;
+//! - `time.lua`: `fg_now_ms()`, Redis `TIME` in whole ms;
+//! - `books.lua`: a reservation counted (`fg_count_reservation`), an item
+//!   given back (`fg_give_back`), a return Redis never counted
+//!   (`fg_record_uncounted_return`);
+//! - `epoch.lua` (after `time.lua`): `fg_bump_epoch`, the sale's stock
+//!   epoch moved on;
+//! - `decide.lua` (after `replid.lua`, `time.lua`, `books.lua`): the buy
+//!   rules (`fg_take`, `fg_final`, the draw's names);
+//! - `deduct.lua` (after `decide.lua`): `fg_deduct`, one buy attempt decided.
 
 use std::sync::OnceLock;
 
@@ -86,41 +94,45 @@ macro_rules! script {
     }};
 }
 
-/// `lua/deduct.lua` as it runs: the shared buy rules (`lua/lib/decide.lua`),
-/// the deduct itself as a function (`lua/lib/deduct.lua`), then the
-/// script's own body, which calls it once.
-pub static DEDUCT: Script = script!("deduct.lua"; "decide.lua", "deduct.lua");
+/// `lua/deduct.lua` as it runs: the replication id, the time and the books
+/// (`lua/lib/replid.lua`, `time.lua`, `books.lua`), the shared buy rules
+/// (`lua/lib/decide.lua`), the deduct itself as a function
+/// (`lua/lib/deduct.lua`), then the script's own body, which calls it once.
+pub static DEDUCT: Script =
+    script!("deduct.lua"; "replid.lua", "time.lua", "books.lua", "decide.lua", "deduct.lua");
 
 /// `lua/deduct_batch.lua` as it runs: the same function as [`DEDUCT`],
 /// called once per attempt of the batch.
-pub static DEDUCT_BATCH: Script = script!("deduct_batch.lua"; "decide.lua", "deduct.lua");
+pub static DEDUCT_BATCH: Script =
+    script!("deduct_batch.lua"; "replid.lua", "time.lua", "books.lua", "decide.lua", "deduct.lua");
 
 /// `lua/draw_run.lua` as it runs, with the same shared rules as [`DEDUCT`].
-pub static DRAW_RUN: Script = script!("draw_run.lua"; "decide.lua");
+pub static DRAW_RUN: Script =
+    script!("draw_run.lua"; "replid.lua", "time.lua", "books.lua", "decide.lua");
 
-/// `lua/xfer_out.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub static XFER_OUT: Script = script!("xfer_out.lua"; "decide.lua");
+/// `lua/xfer_out.lua`, after the replication id and the time.
+pub static XFER_OUT: Script = script!("xfer_out.lua"; "replid.lua", "time.lua");
 
-/// `lua/preheat_bucket.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub static PREHEAT_BUCKET: Script = script!("preheat_bucket.lua"; "decide.lua");
+/// `lua/preheat_bucket.lua`, after the replication id.
+pub static PREHEAT_BUCKET: Script = script!("preheat_bucket.lua"; "replid.lua");
 
-/// `lua/bucket_stock.lua` as it runs, with the shared helpers of [`DEDUCT`].
-pub static BUCKET_STOCK: Script = script!("bucket_stock.lua"; "decide.lua");
+/// `lua/bucket_stock.lua`, after the replication id.
+pub static BUCKET_STOCK: Script = script!("bucket_stock.lua"; "replid.lua");
 
-/// `lua/adopt.lua`.
-pub static ADOPT: Script = script!("adopt.lua");
+/// `lua/adopt.lua`, after the books (it counts a reservation).
+pub static ADOPT: Script = script!("adopt.lua"; "books.lua");
 
 /// `lua/bucket_meta.lua`.
 pub static BUCKET_META: Script = script!("bucket_meta.lua");
 
-/// `lua/bucket_state.lua`.
-pub static BUCKET_STATE: Script = script!("bucket_state.lua");
+/// `lua/bucket_state.lua`, after the replication id.
+pub static BUCKET_STATE: Script = script!("bucket_state.lua"; "replid.lua");
 
-/// `lua/fence.lua`.
-pub static FENCE: Script = script!("fence.lua");
+/// `lua/fence.lua`, after the replication id.
+pub static FENCE: Script = script!("fence.lua"; "replid.lua");
 
-/// `lua/fence_read.lua`.
-pub static FENCE_READ: Script = script!("fence_read.lua");
+/// `lua/fence_read.lua`, after the replication id it answers.
+pub static FENCE_READ: Script = script!("fence_read.lua"; "replid.lua");
 
 /// `lua/gcra.lua`.
 pub static GCRA: Script = script!("gcra.lua");
@@ -134,14 +146,15 @@ pub static PAUSE_SWAP: Script = script!("pause_swap.lua");
 /// `lua/pow_use.lua`.
 pub static POW_USE: Script = script!("pow_use.lua");
 
-/// `lua/preheat.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub static PREHEAT: Script = script!("preheat.lua"; "epoch.lua");
+/// `lua/preheat.lua`, after the time and the stock epoch (`lua/lib/epoch.lua`).
+pub static PREHEAT: Script = script!("preheat.lua"; "time.lua", "epoch.lua");
 
-/// `lua/release.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub static RELEASE: Script = script!("release.lua"; "epoch.lua");
+/// `lua/release.lua`, after the books (it gives an item back), the time and
+/// the stock epoch.
+pub static RELEASE: Script = script!("release.lua"; "books.lua", "time.lua", "epoch.lua");
 
-/// `lua/remembered.lua`.
-pub static REMEMBERED: Script = script!("remembered.lua");
+/// `lua/remembered.lua`, after the replication id.
+pub static REMEMBERED: Script = script!("remembered.lua"; "replid.lua");
 
 /// `lua/restore_lock_free.lua`.
 pub static RESTORE_LOCK_FREE: Script = script!("restore_lock_free.lua");
@@ -149,11 +162,13 @@ pub static RESTORE_LOCK_FREE: Script = script!("restore_lock_free.lua");
 /// `lua/restore_lock_renew.lua`.
 pub static RESTORE_LOCK_RENEW: Script = script!("restore_lock_renew.lua");
 
-/// `lua/resync.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub static RESYNC: Script = script!("resync.lua"; "epoch.lua");
+/// `lua/resync.lua`, after the replication id, the books (it counts
+/// reservations and gives items back), the time and the stock epoch.
+pub static RESYNC: Script =
+    script!("resync.lua"; "replid.lua", "books.lua", "time.lua", "epoch.lua");
 
-/// `lua/resync_transfers.lua`.
-pub static RESYNC_TRANSFERS: Script = script!("resync_transfers.lua");
+/// `lua/resync_transfers.lua`, after the replication id and the time.
+pub static RESYNC_TRANSFERS: Script = script!("resync_transfers.lua"; "replid.lua", "time.lua");
 
 /// `lua/switch_swap.lua`.
 pub static SWITCH_SWAP: Script = script!("switch_swap.lua");
@@ -161,11 +176,12 @@ pub static SWITCH_SWAP: Script = script!("switch_swap.lua");
 /// `lua/trim.lua`.
 pub static TRIM: Script = script!("trim.lua");
 
-/// `lua/update_sale.lua` as it runs, after the stock epoch (`lua/lib/epoch.lua`).
-pub static UPDATE_SALE: Script = script!("update_sale.lua"; "epoch.lua");
+/// `lua/update_sale.lua`, after the replication id, the time and the stock
+/// epoch.
+pub static UPDATE_SALE: Script = script!("update_sale.lua"; "replid.lua", "time.lua", "epoch.lua");
 
-/// `lua/wait_mark.lua`.
-pub static WAIT_MARK: Script = script!("wait_mark.lua");
+/// `lua/wait_mark.lua`, after the replication id it answers.
+pub static WAIT_MARK: Script = script!("wait_mark.lua"; "replid.lua");
 
 /// `lua/xfer_ack.lua`.
 pub static XFER_ACK: Script = script!("xfer_ack.lua");
@@ -243,6 +259,110 @@ mod tests {
             assert!(std::ptr::eq(found, *script), "{}", script.name());
         }
         assert!(super::by_hash(b"0000").is_none());
+    }
+
+    /// The Lua `text` without its comments (`--` to the end of a line).
+    fn code(text: &str) -> String {
+        text.lines()
+            .map(|line| line.split("--").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The names of the `fg_*` functions `text` defines (`local function`).
+    fn defined(text: &str) -> Vec<&str> {
+        text.split("local function ")
+            .skip(1)
+            .filter_map(|rest| rest.split('(').next())
+            .filter(|name| name.starts_with("fg_"))
+            .collect()
+    }
+
+    #[test]
+    fn every_helper_a_script_calls_is_composed_before_it_and_every_lib_file_is_used() {
+        let lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lua/lib");
+        let libs: Vec<(String, String)> = std::fs::read_dir(&lib)
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read_to_string(path).unwrap())
+            })
+            .collect();
+        for script in super::ALL {
+            let body = code(script.body());
+            let body = body.as_str();
+            // Every call of a helper comes after its definition.
+            for (at, _) in body.match_indices("fg_") {
+                let name: String = body[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !body[at + name.len()..].starts_with('(') || body[..at].ends_with("function ") {
+                    continue;
+                }
+                let definition = format!("local function {name}(");
+                assert!(
+                    body[..at].contains(&definition),
+                    "{}: calls {name} before (or without) its lib file",
+                    script.name()
+                );
+            }
+            // Every lib file composed in is called by what follows it.
+            for (file, text) in &libs {
+                let text = code(text);
+                let Some(start) = body.find(text.as_str()) else {
+                    continue;
+                };
+                let after = &body[start + text.len()..];
+                // Called, or passed (`pcall(fg_deduct, ...)`).
+                let used = |f: &&str| {
+                    after.match_indices(*f).any(|(at, _)| {
+                        !after[at + f.len()..]
+                            .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    })
+                };
+                assert!(
+                    defined(&text).iter().any(used),
+                    "{}: includes lua/lib/{file} but calls none of its helpers",
+                    script.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_replication_id_and_the_time_are_read_by_their_lib_helpers_only() {
+        for script in super::ALL {
+            let body = script.body();
+            assert!(
+                body.matches("master_replid:(").count() <= 1 && body.matches("'INFO'").count() <= 1,
+                "{}: reads INFO outside fg_replid",
+                script.name()
+            );
+            if body.contains("'INFO'") {
+                assert!(
+                    body.contains("local function fg_replid()"),
+                    "{}",
+                    script.name()
+                );
+            }
+            // lua/gcra.lua keeps its own read: fractions of a millisecond.
+            if script.name() != "gcra.lua" {
+                assert!(
+                    body.matches("'TIME'").count() <= 1,
+                    "{}: reads TIME outside fg_now_ms",
+                    script.name()
+                );
+                if body.contains("'TIME'") {
+                    assert!(
+                        body.contains("local function fg_now_ms()"),
+                        "{}",
+                        script.name()
+                    );
+                }
+            }
+        }
     }
 
     /// The `.rs` files of the workspace, outside `target/` and this file.

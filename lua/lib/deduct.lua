@@ -1,7 +1,8 @@
 -- Flashgate deduct-and-reserve as a function, shared by lua/deduct.lua (one
 -- attempt per call) and lua/deduct_batch.lua (the concurrent attempts of one
--- sale in one call): each of those scripts is lua/lib/decide.lua, this file
--- and its own body (see common/src/scripts.rs), so an attempt in a batch is
+-- sale in one call): each of those scripts is lua/lib/decide.lua (after the
+-- lib files it needs), this file and its own body (see
+-- common/src/scripts.rs), so an attempt in a batch is
 -- decided by exactly the code of an attempt on its own.
 --
 -- fg_deduct(K, A) decides one attempt: K and A are the KEYS and ARGV of
@@ -27,10 +28,7 @@ local function fg_call_synced(key)
   return fg_call.synced
 end
 local function fg_call_now()
-  if not fg_call.now then
-    local t = redis.call('TIME')
-    fg_call.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
+  fg_call.now = fg_call.now or fg_now_ms()
   return fg_call.now
 end
 
