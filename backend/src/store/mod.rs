@@ -19,8 +19,9 @@ pub mod schema;
 mod sql;
 
 use std::borrow::Cow;
-
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use flashgate_common::keys::switch_value;
 use flashgate_common::reservation::{OrderView, Reservation, ReservationStatus};
@@ -65,6 +66,11 @@ pub struct Store {
     flavour: Flavour,
     /// Whether order changes write their events to the outbox.
     events: bool,
+    /// Bucket counts of the saved sales, read once per store (shared by
+    /// its clones): a saved sale's count never changes
+    /// (`PUT /admin/sales/{id}` refuses it, the upsert keeps it), so every
+    /// order batch need not ask the database again.
+    buckets: Arc<RwLock<HashMap<String, u32>>>,
 }
 
 /// Order status as stored in `orders.status`.
@@ -146,6 +152,7 @@ impl Store {
             pool,
             flavour,
             events: false,
+            buckets: Arc::default(),
         })
     }
 
@@ -296,6 +303,25 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(sale_from_row).transpose()
+    }
+
+    /// Sale `id`'s bucket count, from the database once per store (1 for
+    /// a sale the database does not hold: not remembered, it may be
+    /// created later).
+    ///
+    /// # Errors
+    /// A failed query.
+    pub async fn sale_buckets(&self, id: &str) -> Result<u32, StoreError> {
+        if let Some(n) = self.buckets.read().ok().and_then(|m| m.get(id).copied()) {
+            return Ok(n);
+        }
+        let Some(spec) = self.sale(id).await? else {
+            return Ok(1);
+        };
+        if let Ok(mut m) = self.buckets.write() {
+            m.insert(id.to_owned(), spec.buckets);
+        }
+        Ok(spec.buckets)
     }
 
     /// Every sale, ordered by id.

@@ -487,3 +487,39 @@ async fn mysql_lock_waits_and_deadlocks_are_retried_and_bad_data_is_a_rejection(
         .expect_err("a 300-character user id does not fit");
     assert!(refused.is_rejection(), "{refused}");
 }
+
+#[tokio::test]
+async fn a_sales_bucket_count_is_read_once_per_store_and_never_shared_between_stores() {
+    let url = crate::testing::sqlite_url();
+    let (first, second) = (
+        Store::connect(&url).await.unwrap(),
+        Store::connect(&crate::testing::sqlite_url()).await.unwrap(),
+    );
+    let id = unique("s");
+    assert_eq!(first.sale_buckets(&id).await.unwrap(), 1, "unknown: one");
+    let mut spec = sale(&id, 10);
+    spec.buckets = 4;
+    first.upsert_sale(&spec).await.unwrap();
+    assert_eq!(
+        first.sale_buckets(&id).await.unwrap(),
+        4,
+        "an unknown sale is not remembered"
+    );
+    spec.buckets = 2;
+    second.upsert_sale(&spec).await.unwrap();
+    assert_eq!(
+        second.sale_buckets(&id).await.unwrap(),
+        2,
+        "its own database"
+    );
+    // Remembered by the store and its clones: a count changed under it
+    // (which no writer does) is not read again, while a new store reads it.
+    sqlx::query("UPDATE sales SET buckets = 3 WHERE id = $1")
+        .bind(&id)
+        .execute(&first.pool)
+        .await
+        .unwrap();
+    assert_eq!(first.clone().sale_buckets(&id).await.unwrap(), 4);
+    let fresh = Store::connect(&url).await.unwrap();
+    assert_eq!(fresh.sale_buckets(&id).await.unwrap(), 3);
+}
