@@ -64,10 +64,10 @@ pub async fn write_counted<C: ConnectionLike + Send>(
     let mut buckets: HashMap<&str, u32> = HashMap::new();
     for sale in sales.iter().copied() {
         if !buckets.contains_key(sale) {
-            buckets.insert(sale, store.sale_buckets(sale).await?);
+            buckets.insert(sale, store.sales().buckets(sale).await?);
         }
     }
-    let mut write = store.begin_order_write(&sales).await?;
+    let mut write = store.locks().begin_order_write(&sales).await?;
     let mut pipe = redis::pipe();
     for r in batch {
         let n = buckets.get(r.sale_id.as_str()).copied().unwrap_or(1);

@@ -241,7 +241,7 @@ async fn resync<C: ConnectionLike + Send>(
     if let Some(settled) = fence(conn, &keys, "").await?.settled() {
         return Ok(settled);
     }
-    let mut hold = store.begin_resync(sale_id).await?;
+    let mut hold = store.locks().begin_resync(sale_id).await?;
     // Again under the hold: another backend may have re-synced it.
     scripts.inc();
     let seen = fence(conn, &keys, "").await?;

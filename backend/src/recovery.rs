@@ -262,13 +262,13 @@ async fn restore_locked<C: ConnectionLike + Send>(
     // operator's change.
     let spec = match given {
         Some(spec) => spec.clone(),
-        None => match store.sale(id).await? {
+        None => match store.sales().get(id).await? {
             Some(spec) => spec,
             None => return Ok(Restored::NotNeeded),
         },
     };
     switches::restore_switch(conn, store).await?;
-    let orders = store.sale_orders(id).await?;
+    let orders = store.orders().of_sale(id).await?;
     if spec.buckets > 1 {
         // Phase 1 installs a bucketed sale only before it has any order:
         // rebuilding buckets from orders is not supported yet, and a sale
@@ -443,7 +443,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .arg("paused")
         .query_async(conn)
         .await?;
-    let paused = store.sale_paused(id).await?.unwrap_or(false);
+    let paused = store.sales().paused(id).await?.unwrap_or(false);
     if let Some(seen) = seen.filter(|seen| *seen != if paused { "1" } else { "0" }) {
         switches::swap_pause(conn, id, &seen, paused, token).await?;
     }
@@ -465,7 +465,7 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
     indexed: &HashSet<&str>,
 ) -> Result<i64, SaleError> {
     let mut adopted = 0;
-    for o in store.sale_orders(id).await? {
+    for o in store.orders().of_sale(id).await? {
         if o.status == OrderStatus::Cancelled || indexed.contains(o.reservation_id.as_str()) {
             continue;
         }
@@ -496,7 +496,7 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(
     if let Err(error) = switches::sync_switch(conn, store).await {
         tracing::warn!(%error, "cannot bring the global switch in redis in line with the database yet");
     }
-    let sales = store.sales().await?;
+    let sales = store.sales().all().await?;
     let mut restored = 0;
     for spec in &sales {
         match restore(conn, store, &spec.id).await {
@@ -551,7 +551,10 @@ pub async fn return_stock<C: ConnectionLike + Send>(
     let mut buckets_of: HashMap<String, u32> = HashMap::new();
     let mut cursor = String::new();
     loop {
-        let batch = store.unreleased_cancelled(&cursor, RETURN_BATCH).await?;
+        let batch = store
+            .orders()
+            .unreleased_cancelled(&cursor, RETURN_BATCH)
+            .await?;
         let full = batch.len() as i64 == RETURN_BATCH;
         if let Some(last) = batch.last() {
             cursor.clone_from(&last.order_id);
@@ -562,7 +565,11 @@ pub async fn return_stock<C: ConnectionLike + Send>(
             let buckets = match buckets_of.get(&order.sale_id) {
                 Some(n) => *n,
                 None => {
-                    let n = store.sale(&order.sale_id).await?.map_or(1, |s| s.buckets);
+                    let n = store
+                        .sales()
+                        .get(&order.sale_id)
+                        .await?
+                        .map_or(1, |s| s.buckets);
                     buckets_of.insert(order.sale_id.clone(), n);
                     n
                 }
@@ -594,6 +601,7 @@ pub async fn return_stock<C: ConnectionLike + Send>(
                 _ => {}
             }
             store
+                .orders()
                 .mark_released(&order.order_id, flashgate_common::now_ms())
                 .await?;
         }
@@ -629,7 +637,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
         if let Err(error) = restore_missing(&mut c, &store).await {
             tracing::warn!(%error, "cannot check the sales in redis; will retry");
         }
-        match store.sales().await {
+        match store.sales().all().await {
             Ok(sales) => {
                 fence.resync_fenced(&mut c, &store, &sales).await;
                 crate::buckets::repair_all(&mut c, &sales).await;

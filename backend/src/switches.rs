@@ -48,7 +48,7 @@ pub async fn set_paused<C: ConnectionLike + Send>(
     id: &str,
     paused: bool,
 ) -> Result<Paused, SaleError> {
-    if !store.set_sale_paused(id, paused).await? {
+    if !store.sales().set_paused(id, paused).await? {
         return Ok(Paused::Unknown);
     }
     Ok(if apply_pause(conn, id, paused).await? {
@@ -93,7 +93,7 @@ pub async fn set_all_paused<C: ConnectionLike + Send>(
     store: &Store,
     paused: bool,
 ) -> Result<(), SaleError> {
-    store.set_all_paused(paused).await?;
+    store.switch().set_paused(paused).await?;
     let () = redis::cmd("SET")
         .arg(GLOBAL_SWITCH)
         .arg(switch_value(paused))
@@ -151,10 +151,10 @@ pub async fn sync_switch<C: ConnectionLike + Send>(
         .arg(GLOBAL_SWITCH)
         .query_async(conn)
         .await?;
-    let paused = match (store.all_paused().await?, current.as_deref()) {
+    let paused = match (store.switch().paused().await?, current.as_deref()) {
         (Some(recorded), _) => recorded,
         (None, Some(found)) => {
-            store.adopt_all_paused(found == "paused").await?;
+            store.switch().adopt_paused(found == "paused").await?;
             tracing::info!(
                 switch = found,
                 "global switch taken from redis into the database, which had none"
@@ -203,7 +203,7 @@ pub async fn restore_switch<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
 ) -> Result<(), SaleError> {
-    let paused = store.all_paused().await?.unwrap_or(false);
+    let paused = store.switch().paused().await?.unwrap_or(false);
     let written: Option<String> = redis::cmd("SET")
         .arg(GLOBAL_SWITCH)
         .arg(switch_value(paused))
@@ -253,7 +253,7 @@ pub async fn sync_pauses<C: ConnectionLike + Send>(
         );
     }
     let recorded: std::collections::HashMap<String, Option<bool>> =
-        store.sale_pauses().await?.into_iter().collect();
+        store.sales().pauses().await?.into_iter().collect();
     let now = now_ms();
     let mut listed = Vec::new();
     for (spec, (paused, restoring)) in sales.iter().zip(seen) {
@@ -268,7 +268,7 @@ pub async fn sync_pauses<C: ConnectionLike + Send>(
         }
         match recorded.get(&spec.id).copied().flatten() {
             None => {
-                if store.adopt_sale_paused(&spec.id, paused == "1").await? {
+                if store.sales().adopt_paused(&spec.id, paused == "1").await? {
                     tracing::info!(sale = %spec.id, paused, "sale pause taken from redis into the database, which had none");
                 }
             }

@@ -33,7 +33,7 @@
 //! the bases first, so running it again (an operator's retry after a
 //! crash, or reconciliation) does not apply a change twice. Callers hold
 //! the sale's row exclusively (`SaleWrite::held` or
-//! `Store::begin_resync`), so no other change, repair or re-sync of the
+//! `SaleLocks::begin_resync`), so no other change, repair or re-sync of the
 //! sale moves the bases meanwhile; buys and transfers go on (they keep
 //! every base).
 

@@ -87,7 +87,7 @@ pub(super) async fn resync<C: ConnectionLike + Send>(
     if due.is_empty() {
         return Ok(Resynced::NotNeeded);
     }
-    let mut hold = store.begin_resync(sale_id).await?;
+    let mut hold = store.locks().begin_resync(sale_id).await?;
     let orders = hold.orders(sale_id).await?;
     let spec = hold.sale(sale_id).await?;
     // Under the hold too, as the definition: a pause an operator records
