@@ -14,11 +14,12 @@
 -- differs from this Redis's replication id) may lack the last writes, a
 -- transfer or a return among them: its counts prove nothing until its
 -- re-sync (backend/src/fence/bucketed.rs), so it is never called dry.
+-- The replication id is fg_replid (lua/lib/replid.lua, prepended).
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {0, 0, 0, 0, 0, 0, 0, 0}
 end
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+local replid = fg_replid()
 return {
   1,
   tonumber(redis.call('GET', KEYS[2]) or '0'),

@@ -15,7 +15,7 @@
 --         (lua/bucket_state.lua) never calls the bucket dry while a move
 --         (which may give items back) is in flight; the backend deletes it
 --         when the move ends, the TTL ends it if the backend died.
--- The shared helpers (fg_*) come from lua/lib/decide.lua, prepended.
+-- The replication id is fg_replid (lua/lib/replid.lua, prepended).
 -- Reply: {"ok", change} the signed change made (0 when nothing could be
 --        taken); {"absent", 0} the bucket is not in Redis; {"fenced", 0}
 --        the bucket's Redis failed over since it was synced (its count may

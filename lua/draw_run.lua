@@ -31,8 +31,12 @@
 -- ARGV[3] idempotency TTL, seconds (the record is kept this long)
 -- ARGV[4] sale id
 -- ARGV[5] most keys that did not win remembered per user and sale
--- ARGV[6] the sale's key prefix (`fg:{sale:ID}:`): an entrant's
---         Idempotency-Key keys are in the sale's slot, named from it
+-- ARGV[6..8] the prefixes of a buyer's keys in the sale, made by
+--         common/src/keys.rs (`BuyerKeyPrefixes`): Idempotency-Key,
+--         call, misses. An entrant's keys, which only this call learns
+--         (they are in the sale's slot), are named by its one rule: the
+--         prefix, the user id, and for the first two `:` and the key or
+--         nonce (buyer_key below)
 -- Reply: {state, detail}
 --   "none"      ""  the sale has no draw
 --   "open"      ms left until the window closes (nothing decided)
@@ -85,7 +89,11 @@ local perm_kept = false
 
 local k = {remaining = KEYS[2], buyers = KEYS[3], stream = KEYS[4], resv = KEYS[5]}
 local limit = tonumber(meta[3])
-local prefix = ARGV[6]
+local idem_prefix, call_prefix, misses_prefix = ARGV[6], ARGV[7], ARGV[8]
+-- An entrant's key of one buy (common/src/keys.rs, `BuyerKeyPrefixes`).
+local function buyer_key(prefix, user, of)
+  return prefix .. user .. ':' .. of
+end
 local last = math.min(n, cursor + tonumber(ARGV[2]))
 for i = cursor + 1, last do
   local r = tonumber(string.sub(redis.sha1hex(seed .. ':' .. i), 1, 13), 16)
@@ -98,12 +106,12 @@ for i = cursor + 1, last do
   local e = cjson.decode(redis.call('HGET', KEYS[8], at_j))
   local idem_key
   if e.idem ~= '' then
-    idem_key = prefix .. 'idem:' .. e.user .. ':' .. e.idem
+    idem_key = buyer_key(idem_prefix, e.user, e.idem)
   else
-    idem_key = prefix .. 'call:' .. e.user .. ':' .. e.nonce
+    idem_key = buyer_key(call_prefix, e.user, e.nonce)
   end
   local a = {user = e.user, idem = e.idem, rid = e.rid, idem_key = idem_key,
-             misses_key = prefix .. 'idem-misses:' .. e.user, ttl = ARGV[3],
+             misses_key = misses_prefix .. e.user, ttl = ARGV[3],
              misses_cap = tonumber(ARGV[5]), sale = ARGV[4]}
   local outcome
   if ended then

@@ -12,8 +12,9 @@
 --         (a second failover during the re-sync leaves it fenced)
 -- Reply: {this Redis's replication id, the sale's `synced` or "",
 --         1 if the sale is here else 0, 1 if the fence was lifted now else 0}
+-- The replication id is fg_replid (lua/lib/replid.lua, prepended).
 
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+local replid = fg_replid()
 local synced = redis.call('GET', KEYS[2]) or ''
 local present = redis.call('EXISTS', KEYS[1])
 local lifted = 0

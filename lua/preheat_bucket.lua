@@ -14,7 +14,7 @@
 -- ARGV[1] name  ARGV[2] this bucket's share of the stock  ARGV[3] per_user_limit
 -- ARGV[4] starts_at_ms  ARGV[5] ends_at_ms  ARGV[6] paused ("1" or "0")
 -- ARGV[7] bucket  ARGV[8] buckets  ARGV[9] consumer group
--- The shared helpers (fg_*) come from lua/lib/decide.lua, prepended.
+-- The replication id is fg_replid (lua/lib/replid.lua, prepended).
 -- Reply: 1 installed; 0 already there (nothing changed)
 
 if redis.call('EXISTS', KEYS[1]) == 1 then

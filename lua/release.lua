@@ -15,6 +15,8 @@
 -- All keys share the sale's hash tag.
 --
 -- An item given back moves the sale's stock epoch on (lua/lib/epoch.lua).
+-- The return is fg_give_back (lua/lib/books.lua), as lua/resync.lua's;
+-- both lib files are prepended, after lua/lib/time.lua.
 -- Reply: 1 the item went back now; 0 it had already gone back;
 --        2 Redis never counted it: nothing to give back, recorded as returned;
 --       -1 the sale is not in Redis (it is being restored: call again later,
@@ -26,17 +28,12 @@ end
 if redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then
   return 0
 end
-local owner = redis.call('HGET', KEYS[4], ARGV[1])
+local k = {remaining = KEYS[2], buyers = KEYS[3], resv = KEYS[4], released = KEYS[5]}
+local owner = redis.call('HGET', k.resv, ARGV[1])
 if not owner then
-  redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
-  redis.call('SADD', KEYS[5], ARGV[1])
+  fg_record_uncounted_return(k, ARGV[1], ARGV[2])
   return 2
 end
-redis.call('SADD', KEYS[5], ARGV[1])
-redis.call('INCR', KEYS[2])
+fg_give_back(k, ARGV[1], owner)
 fg_bump_epoch(KEYS[1])
-local left = redis.call('HINCRBY', KEYS[3], owner, -1)
-if left <= 0 then
-  redis.call('HDEL', KEYS[3], owner)
-end
 return 1

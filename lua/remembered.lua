@@ -5,7 +5,8 @@
 --
 -- KEYS[1] the key's won outcome ("won|rid")  KEYS[2] the user's misses (hash)
 -- ARGV[1] the Idempotency-Key
--- Reply: {"code|detail" or "", this Redis's master_replid}
+-- Reply: {"code|detail" or "", this Redis's master_replid (fg_replid,
+--         lua/lib/replid.lua, prepended)}
 
 local first = redis.call('GET', KEYS[1]) or redis.call('HGET', KEYS[2], ARGV[1]) or ''
-return {first, string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')}
+return {first, fg_replid()}

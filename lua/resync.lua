@@ -16,32 +16,31 @@
 -- `remaining`). Every order's Idempotency-Key answers its win again. A cancelled
 -- order whose item Redis still counts gives it back, as lua/release.lua
 -- does; one Redis never counted is recorded as returned, changing nothing.
+-- Prepended: lua/lib/replid.lua (fg_replid), lua/lib/books.lua (the count
+-- and the return, as lua/adopt.lua and lua/release.lua write them),
+-- lua/lib/time.lua and lua/lib/epoch.lua (fg_bump_epoch).
 
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+local replid = fg_replid()
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {replid, -1, 0}
 end
+local k = {remaining = KEYS[2], buyers = KEYS[3], resv = KEYS[4], released = KEYS[5]}
 local adopted, returned = 0, 0
 for i = 1, #ARGV, 5 do
   local rid, user, status, key = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
   if redis.call('SISMEMBER', KEYS[5], rid) == 0 then
     if status == 'live' then
-      if redis.call('HSETNX', KEYS[4], rid, user) == 1 then
-        redis.call('DECR', KEYS[2])
-        redis.call('HINCRBY', KEYS[3], user, 1)
+      if redis.call('HEXISTS', k.resv, rid) == 0 then
+        fg_count_reservation(k, rid, user)
         adopted = adopted + 1
       end
     else
-      local owner = redis.call('HGET', KEYS[4], rid)
-      redis.call('SADD', KEYS[5], rid)
+      local owner = redis.call('HGET', k.resv, rid)
       if owner then
-        redis.call('INCR', KEYS[2])
-        if redis.call('HINCRBY', KEYS[3], owner, -1) <= 0 then
-          redis.call('HDEL', KEYS[3], owner)
-        end
+        fg_give_back(k, rid, owner)
         returned = returned + 1
       else
-        redis.call('HSET', KEYS[4], rid, user)
+        fg_record_uncounted_return(k, rid, user)
       end
     end
   end

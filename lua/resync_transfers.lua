@@ -27,13 +27,14 @@
 --         Redis (nothing changed). A raise is always applied, before the
 --         test; a cut only as far as `remaining` stays >= 0 (the rest is
 --         left to reconciliation).
+-- Prepended: lua/lib/replid.lua (fg_replid) and lua/lib/time.lua
+-- (fg_now_ms).
 
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+local replid = fg_replid()
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {replid, 0, 0, -1, 0, 0, 0}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = fg_now_ms()
 local m = tonumber(ARGV[2])
 local added, taken = 0, 0
 for i = 3, 2 + 3 * m, 3 do

@@ -23,6 +23,8 @@
 -- {-2, buckets} when Redis holds the sale with another bucket count
 -- (nothing changes: gateways find the items by that count); {-3, 0} when
 -- the stock changes on a fenced sale (KEYS[3] given; nothing changes).
+-- Prepended: lua/lib/replid.lua (fg_replid), lua/lib/time.lua and
+-- lua/lib/epoch.lua (fg_bump_epoch).
 
 local old = redis.call('HGET', KEYS[1], 'stock')
 if not old then
@@ -47,7 +49,7 @@ if held > 1 then
 end
 local stock = tonumber(ARGV[2])
 if KEYS[3] and stock ~= tonumber(old) and
-   redis.call('GET', KEYS[3]) ~= string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') then
+   redis.call('GET', KEYS[3]) ~= fg_replid() then
   return {-3, 0}
 end
 local left = tonumber(redis.call('GET', KEYS[2]) or '0')

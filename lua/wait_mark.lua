@@ -6,7 +6,8 @@
 -- it was made on the same Redis.
 --
 -- KEYS[1] the mark (in the sale's hash tag on a cluster)
--- Reply: this Redis's master_replid
+-- Reply: this Redis's master_replid (fg_replid, lua/lib/replid.lua,
+--        prepended)
 
 redis.call('SET', KEYS[1], '1', 'PX', 60000)
-return string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+return fg_replid()

@@ -10,7 +10,7 @@
 -- ARGV[3] most items to move
 -- ARGV[4] "1" when K is D itself (the caller's own bucket, asked first in
 --         case its items are in transit elsewhere)
--- The shared helpers (fg_*) come from lua/lib/decide.lua, prepended.
+-- Prepended: lua/lib/replid.lua (fg_replid) and lua/lib/time.lua (fg_now_ms).
 -- Reply: {outcome, detail}
 --   "moved"       items taken (ceil(remaining / 2), at most ARGV[3]); a
 --                 retry with the same transfer id answers the same count

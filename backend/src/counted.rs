@@ -16,7 +16,6 @@
 //! that made it ran.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{LazyLock, RwLock};
 
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::Reservation;
@@ -45,27 +44,6 @@ pub struct Written {
     pub uncounted: Vec<Reservation>,
 }
 
-/// Bucket counts of saved sales, read once per process: a saved sale's
-/// count never changes (`PUT /admin/sales/{id}` refuses it, the upsert
-/// keeps it), so every batch need not ask the database again.
-static BUCKETS: LazyLock<RwLock<HashMap<String, u32>>> =
-    LazyLock::new(|| RwLock::new(HashMap::new()));
-
-/// Sale `id`'s bucket count (1 for a sale the database does not hold:
-/// not remembered, it may be created later).
-async fn bucket_count(store: &Store, id: &str) -> Result<u32, crate::store::StoreError> {
-    if let Some(n) = BUCKETS.read().ok().and_then(|m| m.get(id).copied()) {
-        return Ok(n);
-    }
-    let Some(spec) = store.sale(id).await? else {
-        return Ok(1);
-    };
-    if let Ok(mut m) = BUCKETS.write() {
-        m.insert(id.to_owned(), spec.buckets);
-    }
-    Ok(spec.buckets)
-}
-
 /// Writes an order for every reservation of `batch` that Redis counts for
 /// its user, in one transaction (see the module doc). A reservation listed
 /// twice is written once.
@@ -81,14 +59,15 @@ pub async fn write_counted<C: ConnectionLike + Send>(
         return Ok(Written::default());
     }
     let sales: Vec<&str> = batch.iter().map(|r| r.sale_id.as_str()).collect();
-    // A bucketed sale counts a reservation in its user's home bucket.
+    // A bucketed sale counts a reservation in its user's home bucket (the
+    // counts are the store's: one read per sale and store).
     let mut buckets: HashMap<&str, u32> = HashMap::new();
     for sale in sales.iter().copied() {
         if !buckets.contains_key(sale) {
-            buckets.insert(sale, bucket_count(store, sale).await?);
+            buckets.insert(sale, store.sales().buckets(sale).await?);
         }
     }
-    let mut write = store.begin_order_write(&sales).await?;
+    let mut write = store.locks().begin_order_write(&sales).await?;
     let mut pipe = redis::pipe();
     for r in batch {
         let n = buckets.get(r.sale_id.as_str()).copied().unwrap_or(1);

@@ -55,21 +55,13 @@ use std::time::Duration;
 
 use flashgate_common::keys::{SaleEvent, SaleKeys};
 use flashgate_common::sale::SaleSpec;
+use flashgate_common::scripts::{FENCE, RESYNC};
 use prometheus::IntCounter;
 use redis::aio::ConnectionLike;
-use redis::Script;
 
 use crate::error::SaleError;
 use crate::redis_io::{announce, update_sale, IfFenced};
 use crate::store::{OrderStatus, Store, SyncedOrder};
-
-/// Asks whether a sale is fenced, and lifts the fence (`lua/fence.lua`).
-static FENCE: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::FENCE));
-
-/// Counts a page of the database's orders in Redis (`lua/resync.lua`).
-static RESYNC: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::RESYNC));
 
 /// Orders per `lua/resync.lua` call: one call keeps Redis busy for about a
 /// millisecond per thousand.
@@ -249,7 +241,7 @@ async fn resync<C: ConnectionLike + Send>(
     if let Some(settled) = fence(conn, &keys, "").await?.settled() {
         return Ok(settled);
     }
-    let mut hold = store.begin_resync(sale_id).await?;
+    let mut hold = store.locks().begin_resync(sale_id).await?;
     // Again under the hold: another backend may have re-synced it.
     scripts.inc();
     let seen = fence(conn, &keys, "").await?;

@@ -11,9 +11,11 @@
 //! - [`api`]: the order API (for the gateway) and the admin API, with one
 //!   error-to-HTTP mapping in [`api::error`].
 //! - [`readiness`]: what the backend waits for; `GET /live`, `GET /ready`.
-//! - [`store`]: the SQL database (SQLite, PostgreSQL or MySQL/MariaDB);
-//!   [`store::schema`] runs the migrations of `backend/migrations/<flavour>/`
-//!   at start; [`store::outbox`] holds the order events for the shop.
+//! - [`store`]: the SQL database (SQLite, PostgreSQL or MySQL/MariaDB),
+//!   one view per table on one handle (`store.orders()`, `.sales()`,
+//!   `.switch()`, `.outbox()`, `.locks()`); [`store::schema`] runs the
+//!   migrations of `backend/migrations/<flavour>/` at start;
+//!   [`store::outbox`] holds the order events for the shop.
 //! - [`events`]: delivers the outbox to the shop (signed webhook, AMQP).
 //! - [`stream::consumer`]: per-sale Redis Stream consumers;
 //!   [`stream::entry`] reads an entry back as a reservation.

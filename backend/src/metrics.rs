@@ -169,7 +169,7 @@ pub async fn refresh_sales<C: redis::aio::ConnectionLike + Send>(
     metrics: &Metrics,
 ) -> Result<(), crate::error::SaleError> {
     let archived = crate::stream::retention::archived(conn).await?;
-    for sale in store.sales().await? {
+    for sale in store.sales().all().await? {
         let id = sale.id.as_str();
         if archived.contains(id) {
             for gauge in [

@@ -168,7 +168,7 @@ pub async fn reconcile_sale<C: ConnectionLike + Send>(
     // is written, so every order read here is in the snapshot unless Redis
     // really lost it. The other order would take orders written between the
     // two reads for lost ones (harmless, but a script call each).
-    let orders = store.sale_orders(sale_id).await?;
+    let orders = store.orders().of_sale(sale_id).await?;
     let all: Vec<&OrderRow> = orders.iter().collect();
     let Some(Part { mut report, .. }) =
         reconcile_part(conn, store, sale_id, &keys, &all, None).await?
@@ -236,12 +236,12 @@ pub async fn repair_stock<C: ConnectionLike + Send>(
     id: &str,
 ) -> Result<BasesRepair, SaleError> {
     // Read without the hold first, as `repair_bases` does.
-    let saved = store.sale(id).await?.map(|s| s.stock);
+    let saved = store.sales().get(id).await?.map(|s| s.stock);
     let held = crate::sales::stock_in_redis(conn, id).await?;
     if saved.is_none() || held.is_none() || saved == held {
         return Ok(BasesRepair::default());
     }
-    let mut hold = store.begin_resync(id).await?;
+    let mut hold = store.locks().begin_resync(id).await?;
     let Some(spec) = hold.sale(id).await? else {
         return Ok(BasesRepair::default());
     };
@@ -325,7 +325,7 @@ pub async fn reconcile_bucketed<C: ConnectionLike + Send>(
 ) -> Result<Option<Report>, SaleError> {
     let id = spec.id.as_str();
     let n = spec.buckets;
-    let orders = store.sale_orders(id).await?;
+    let orders = store.orders().of_sale(id).await?;
     let mut by_home: Vec<Vec<&OrderRow>> = vec![Vec::new(); n as usize];
     for o in &orders {
         by_home[home_bucket(&o.user_id, n) as usize].push(o);
@@ -412,7 +412,7 @@ pub async fn repair_bases<C: ConnectionLike + Send>(
     // flight that moved the bases already shows as a difference, and the
     // hold below waits for it to end), and no pass takes the hold for
     // nothing.
-    let saved = store.sale(id).await?.map(|s| s.stock);
+    let saved = store.sales().get(id).await?.map(|s| s.stock);
     if saved.is_none()
         || saved
             == Some(
@@ -424,7 +424,7 @@ pub async fn repair_bases<C: ConnectionLike + Send>(
     {
         return Ok(BasesRepair::default());
     }
-    let mut hold = store.begin_resync(id).await?;
+    let mut hold = store.locks().begin_resync(id).await?;
     let Some(spec) = hold.sale(id).await? else {
         return Ok(BasesRepair::default());
     };
@@ -800,6 +800,7 @@ pub async fn reconcile_all<C: ConnectionLike + Send>(
     drift.forget(&archived);
     for spec in store
         .sales()
+        .all()
         .await?
         .into_iter()
         .filter(|s| !archived.contains(&s.id))

@@ -53,26 +53,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use flashgate_common::keys::{SaleEvent, SaleKeys, CONSUMER_GROUP, SALES_INDEX};
 use flashgate_common::sale::SaleSpec;
+use flashgate_common::scripts::{ADOPT, PREHEAT, RELEASE, RESTORE_LOCK_FREE, RESTORE_LOCK_RENEW};
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
+use redis::RedisError;
 use tokio::sync::watch;
 
 use crate::error::SaleError;
 use crate::redis_io::announce;
 use crate::store::{OrderRow, OrderStatus, Store};
 use crate::switches;
-
-/// Returns one cancelled reservation's item (`lua/release.lua`).
-pub static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::RELEASE));
-
-/// Makes Redis count an order it forgot (`lua/adopt.lua`).
-static ADOPT: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::ADOPT));
 
 /// Makes Redis count `order` (its item out of `remaining`, its buyer in
 /// `buyers`, its reservation in `resv`) unless Redis already knows the
@@ -91,7 +84,7 @@ pub async fn adopt<C: ConnectionLike + Send>(
 /// Runs `lua/adopt.lua` or `lua/release.lua` for `order`: both take the
 /// sale's counters and reservation sets, and the order's reservation and user.
 async fn order_script<C: ConnectionLike + Send>(
-    script: &Script,
+    script: &redis::Script,
     conn: &mut C,
     keys: &SaleKeys,
     order: &OrderRow,
@@ -107,18 +100,6 @@ async fn order_script<C: ConnectionLike + Send>(
         .invoke_async(conn)
         .await
 }
-
-/// Installs a rebuilt sale, paused, if still absent, for the lock holder only (`lua/preheat.lua`).
-static INSTALL: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT));
-
-/// Extends the lock only while it holds our token (`lua/restore_lock_renew.lua`).
-static RENEW_LOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_RENEW));
-
-/// Frees the lock only while it holds our token (`lua/restore_lock_free.lua`).
-static FREE_LOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::RESTORE_LOCK_FREE));
 
 /// Redis commands per pipeline while rebuilding a sale.
 const CHUNK: usize = 1000;
@@ -219,7 +200,7 @@ async fn restore_sale<C: ConnectionLike + Send + Clone>(
         result = restore_locked(conn, store, id, given, &keys, &token) => result,
         never = keep_lock(renewer, &keys.restoring, &token) => match never {},
     };
-    let freed: Result<i64, RedisError> = FREE_LOCK
+    let freed: Result<i64, RedisError> = RESTORE_LOCK_FREE
         .key(&keys.restoring)
         .arg(&token)
         .invoke_async(conn)
@@ -244,7 +225,7 @@ async fn sale_present<C: ConnectionLike + Send>(
 async fn keep_lock<C: ConnectionLike + Send>(mut conn: C, lock: &str, token: &str) -> Infallible {
     loop {
         tokio::time::sleep(RENEW_EVERY).await;
-        let renewed: Result<i64, RedisError> = RENEW_LOCK
+        let renewed: Result<i64, RedisError> = RESTORE_LOCK_RENEW
             .key(lock)
             .arg(token)
             .arg(RESTORE_LOCK_MS)
@@ -281,13 +262,13 @@ async fn restore_locked<C: ConnectionLike + Send>(
     // operator's change.
     let spec = match given {
         Some(spec) => spec.clone(),
-        None => match store.sale(id).await? {
+        None => match store.sales().get(id).await? {
             Some(spec) => spec,
             None => return Ok(Restored::NotNeeded),
         },
     };
     switches::restore_switch(conn, store).await?;
-    let orders = store.sale_orders(id).await?;
+    let orders = store.orders().of_sale(id).await?;
     if spec.buckets > 1 {
         // Phase 1 installs a bucketed sale only before it has any order:
         // rebuilding buckets from orders is not supported yet, and a sale
@@ -391,7 +372,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
     let remaining = spec.stock - sold;
     // A bucketed sale's items are in its buckets; its own keys sell nothing.
     let own_remaining = if spec.buckets > 1 { 0 } else { remaining };
-    let installed: i64 = INSTALL
+    let installed: i64 = PREHEAT
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.stream)
@@ -462,7 +443,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
         .arg("paused")
         .query_async(conn)
         .await?;
-    let paused = store.sale_paused(id).await?.unwrap_or(false);
+    let paused = store.sales().paused(id).await?.unwrap_or(false);
     if let Some(seen) = seen.filter(|seen| *seen != if paused { "1" } else { "0" }) {
         switches::swap_pause(conn, id, &seen, paused, token).await?;
     }
@@ -484,7 +465,7 @@ async fn adopt_late_orders<C: ConnectionLike + Send>(
     indexed: &HashSet<&str>,
 ) -> Result<i64, SaleError> {
     let mut adopted = 0;
-    for o in store.sale_orders(id).await? {
+    for o in store.orders().of_sale(id).await? {
         if o.status == OrderStatus::Cancelled || indexed.contains(o.reservation_id.as_str()) {
             continue;
         }
@@ -515,7 +496,7 @@ pub async fn restore_missing<C: ConnectionLike + Send + Clone>(
     if let Err(error) = switches::sync_switch(conn, store).await {
         tracing::warn!(%error, "cannot bring the global switch in redis in line with the database yet");
     }
-    let sales = store.sales().await?;
+    let sales = store.sales().all().await?;
     let mut restored = 0;
     for spec in &sales {
         match restore(conn, store, &spec.id).await {
@@ -570,7 +551,10 @@ pub async fn return_stock<C: ConnectionLike + Send>(
     let mut buckets_of: HashMap<String, u32> = HashMap::new();
     let mut cursor = String::new();
     loop {
-        let batch = store.unreleased_cancelled(&cursor, RETURN_BATCH).await?;
+        let batch = store
+            .orders()
+            .unreleased_cancelled(&cursor, RETURN_BATCH)
+            .await?;
         let full = batch.len() as i64 == RETURN_BATCH;
         if let Some(last) = batch.last() {
             cursor.clone_from(&last.order_id);
@@ -581,7 +565,11 @@ pub async fn return_stock<C: ConnectionLike + Send>(
             let buckets = match buckets_of.get(&order.sale_id) {
                 Some(n) => *n,
                 None => {
-                    let n = store.sale(&order.sale_id).await?.map_or(1, |s| s.buckets);
+                    let n = store
+                        .sales()
+                        .get(&order.sale_id)
+                        .await?
+                        .map_or(1, |s| s.buckets);
                     buckets_of.insert(order.sale_id.clone(), n);
                     n
                 }
@@ -613,6 +601,7 @@ pub async fn return_stock<C: ConnectionLike + Send>(
                 _ => {}
             }
             store
+                .orders()
                 .mark_released(&order.order_id, flashgate_common::now_ms())
                 .await?;
         }
@@ -648,7 +637,7 @@ pub async fn watch<C: ConnectionLike + Send + Clone>(
         if let Err(error) = restore_missing(&mut c, &store).await {
             tracing::warn!(%error, "cannot check the sales in redis; will retry");
         }
-        match store.sales().await {
+        match store.sales().all().await {
             Ok(sales) => {
                 fence.resync_fenced(&mut c, &store, &sales).await;
                 crate::buckets::repair_all(&mut c, &sales).await;

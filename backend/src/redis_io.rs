@@ -9,18 +9,14 @@
 //! (see [`consumer_connection`]) because a blocking `XREADGROUP` would stall
 //! every other call queued on a shared one.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::SaleEvent;
 use flashgate_common::redis_conn::{RedisHandle, Tuning};
+use flashgate_common::scripts::UPDATE_SALE;
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
-
-/// Changes a preheated sale and moves its remaining stock (`lua/update_sale.lua`).
-static UPDATE_SALE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::UPDATE_SALE));
+use redis::RedisError;
 
 /// What `lua/update_sale.lua` does with a stock change on a fenced sale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -247,8 +247,8 @@ pub async fn view<C: ConnectionLike + Send>(
     store: &Store,
     spec: SaleSpec,
 ) -> Result<SaleView, SaleError> {
-    let orders = store.count_live_orders(&spec.id).await?;
-    let payment_timeout_seconds = store.payment_timeout(&spec.id).await?;
+    let orders = store.orders().count_live(&spec.id).await?;
+    let payment_timeout_seconds = store.sales().payment_timeout(&spec.id).await?;
     let live = match counters(conn, &spec.id, spec.buckets).await {
         Ok(c) => Some(c),
         Err(error) => {

@@ -460,9 +460,10 @@ async fn preheat_one(
     declared: &flashgate_common::sale::SaleSpec,
 ) -> Result<(), PreheatFailure> {
     let db = PreheatFailure::Database;
-    if store.insert_sale_if_absent(declared).await.map_err(db)? {
+    if store.sales().insert_if_absent(declared).await.map_err(db)? {
         if let Some(timeout) = config.payment_timeouts.get(&declared.id) {
             store
+                .sales()
                 .set_payment_timeout(&declared.id, timeout.as_secs() as i64)
                 .await
                 .map_err(db)?;
@@ -471,7 +472,8 @@ async fn preheat_one(
     }
     // The row, not the file, is the truth once written.
     let spec = store
-        .sale(&declared.id)
+        .sales()
+        .get(&declared.id)
         .await
         .map_err(db)?
         .unwrap_or_else(|| declared.clone());
@@ -792,7 +794,13 @@ mod tests {
         assert_eq!(starts, first_start);
         let store = Store::connect(&db).await.unwrap();
         assert_eq!(
-            store.sale(&sale).await.unwrap().unwrap().starts_at_ms,
+            store
+                .sales()
+                .get(&sale)
+                .await
+                .unwrap()
+                .unwrap()
+                .starts_at_ms,
             first_start
         );
     }

@@ -10,13 +10,12 @@
 //! switch the database never recorded (a database made by a version that
 //! kept them only in Redis) is taken from Redis once.
 
-use std::sync::LazyLock;
-
 use flashgate_common::keys::{switch_value, SaleEvent, SaleKeys, GLOBAL_SWITCH, SALES_INDEX};
 use flashgate_common::now_ms;
 use flashgate_common::sale::SaleSpec;
+use flashgate_common::scripts::{PAUSE, PAUSE_SWAP, SWITCH_SWAP};
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
+use redis::RedisError;
 
 use crate::error::SaleError;
 use crate::redis_io::announce;
@@ -49,7 +48,7 @@ pub async fn set_paused<C: ConnectionLike + Send>(
     id: &str,
     paused: bool,
 ) -> Result<Paused, SaleError> {
-    if !store.set_sale_paused(id, paused).await? {
+    if !store.sales().set_paused(id, paused).await? {
         return Ok(Paused::Unknown);
     }
     Ok(if apply_pause(conn, id, paused).await? {
@@ -82,9 +81,6 @@ async fn apply_pause<C: ConnectionLike + Send>(
     Ok(existed == 1)
 }
 
-/// Writes a sale's pause only if the sale is there (`lua/pause.lua`).
-static PAUSE: LazyLock<Script> = LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE));
-
 /// Turns the global switch: `paused` stops every buy on every gateway.
 /// Written to the database first, then to Redis.
 ///
@@ -97,7 +93,7 @@ pub async fn set_all_paused<C: ConnectionLike + Send>(
     store: &Store,
     paused: bool,
 ) -> Result<(), SaleError> {
-    store.set_all_paused(paused).await?;
+    store.switch().set_paused(paused).await?;
     let () = redis::cmd("SET")
         .arg(GLOBAL_SWITCH)
         .arg(switch_value(paused))
@@ -106,19 +102,6 @@ pub async fn set_all_paused<C: ConnectionLike + Send>(
     announce(conn, &SaleEvent::AllPaused(paused)).await;
     Ok(())
 }
-
-/// Sets a key only while it still holds what the caller read, so a sync
-/// never writes over a value an operator wrote after that read.
-/// (`lua/switch_swap.lua`)
-static SWAP_SWITCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::SWITCH_SWAP));
-
-/// Sets a present sale's pause only while it still holds what the caller
-/// read and no restore other than the caller's (ARGV[3], its lock token)
-/// holds the sale's lock: a restore applies the recorded pause itself.
-/// (`lua/pause_swap.lua`)
-static SWAP_PAUSE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::PAUSE_SWAP));
 
 /// Sets sale `id`'s pause in Redis to `paused` if it still holds `seen`
 /// (read before the database was) and no other restore holds the sale
@@ -136,7 +119,7 @@ pub async fn swap_pause<C: ConnectionLike + Send>(
 ) -> Result<bool, RedisError> {
     let keys = SaleKeys::new(id);
     let want = if paused { "1" } else { "0" };
-    let set: i64 = SWAP_PAUSE
+    let set: i64 = PAUSE_SWAP
         .key(&keys.meta)
         .key(&keys.restoring)
         .arg(seen)
@@ -168,10 +151,10 @@ pub async fn sync_switch<C: ConnectionLike + Send>(
         .arg(GLOBAL_SWITCH)
         .query_async(conn)
         .await?;
-    let paused = match (store.all_paused().await?, current.as_deref()) {
+    let paused = match (store.switch().paused().await?, current.as_deref()) {
         (Some(recorded), _) => recorded,
         (None, Some(found)) => {
-            store.adopt_all_paused(found == "paused").await?;
+            store.switch().adopt_paused(found == "paused").await?;
             tracing::info!(
                 switch = found,
                 "global switch taken from redis into the database, which had none"
@@ -193,7 +176,7 @@ pub async fn sync_switch<C: ConnectionLike + Send>(
             .await?
             .is_some(),
         Some(seen) => {
-            SWAP_SWITCH
+            SWITCH_SWAP
                 .key(GLOBAL_SWITCH)
                 .arg(seen)
                 .arg(want)
@@ -220,7 +203,7 @@ pub async fn restore_switch<C: ConnectionLike + Send>(
     conn: &mut C,
     store: &Store,
 ) -> Result<(), SaleError> {
-    let paused = store.all_paused().await?.unwrap_or(false);
+    let paused = store.switch().paused().await?.unwrap_or(false);
     let written: Option<String> = redis::cmd("SET")
         .arg(GLOBAL_SWITCH)
         .arg(switch_value(paused))
@@ -270,7 +253,7 @@ pub async fn sync_pauses<C: ConnectionLike + Send>(
         );
     }
     let recorded: std::collections::HashMap<String, Option<bool>> =
-        store.sale_pauses().await?.into_iter().collect();
+        store.sales().pauses().await?.into_iter().collect();
     let now = now_ms();
     let mut listed = Vec::new();
     for (spec, (paused, restoring)) in sales.iter().zip(seen) {
@@ -285,7 +268,7 @@ pub async fn sync_pauses<C: ConnectionLike + Send>(
         }
         match recorded.get(&spec.id).copied().flatten() {
             None => {
-                if store.adopt_sale_paused(&spec.id, paused == "1").await? {
+                if store.sales().adopt_paused(&spec.id, paused == "1").await? {
                     tracing::info!(sale = %spec.id, paused, "sale pause taken from redis into the database, which had none");
                 }
             }

@@ -372,15 +372,13 @@ pub async fn buy_with_key(
     user: &str,
     key: &str,
 ) -> Vec<String> {
-    static DEDUCT_BATCH: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::DEDUCT_BATCH));
     let keys = flashgate_common::keys::SaleKeys::new(sale_id);
     let rid =
         flashgate_common::reservation::reservation_id(sale_id, uuid::Uuid::new_v4().as_u128());
     // The sale's shared keys (no draw keys: no draw), then the attempt's
     // two; one attempt, its nine arguments (no nonce, no draw window, not
     // a bucket).
-    let replies: Vec<Vec<String>> = DEDUCT_BATCH
+    let replies: Vec<Vec<String>> = flashgate_common::scripts::DEDUCT_BATCH
         .key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.buyers)

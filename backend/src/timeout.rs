@@ -45,10 +45,10 @@ pub async fn expire_once<C: ConnectionLike + Send>(
 ) -> Result<ExpiryPass, SaleError> {
     let mut pass = ExpiryPass::default();
     loop {
-        let expired = store.expired_orders(now_ms, EXPIRY_BATCH).await?;
+        let expired = store.orders().expired(now_ms, EXPIRY_BATCH).await?;
         let full = expired.len() as i64 == EXPIRY_BATCH;
         for order in &expired {
-            if store.cancel_if_unpaid(&order.order_id).await? {
+            if store.orders().cancel_if_unpaid(&order.order_id).await? {
                 pass.cancelled += 1;
                 tracing::info!(order = %order.order_id, sale = %order.sale_id, "order unpaid in time; cancelled");
             }

@@ -179,29 +179,30 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             buckets: 1,
         };
         assert_eq!(
-            store.sale("spring").await.unwrap(),
+            store.sales().get("spring").await.unwrap(),
             Some(spring.clone()),
             "{name}"
         );
-        assert_eq!(store.sales().await.unwrap().len(), 2, "{name}");
+        assert_eq!(store.sales().all().await.unwrap().len(), 2, "{name}");
         assert_eq!(
-            store.payment_timeout("spring").await.unwrap(),
+            store.sales().payment_timeout("spring").await.unwrap(),
             Some(600),
             "{name}"
         );
         assert_eq!(
-            store.sale_paused("spring").await.unwrap(),
+            store.sales().paused("spring").await.unwrap(),
             Some(true),
             "{name}"
         );
         assert_eq!(
-            store.sale_paused("legacy").await.unwrap(),
+            store.sales().paused("legacy").await.unwrap(),
             None,
             "{name}: never recorded stays never recorded"
         );
-        assert_eq!(store.all_paused().await.unwrap(), Some(true), "{name}");
+        assert_eq!(store.switch().paused().await.unwrap(), Some(true), "{name}");
         let mut statuses: Vec<(String, OrderStatus, Option<i64>)> = store
-            .sale_orders("spring")
+            .orders()
+            .of_sale("spring")
             .await
             .unwrap()
             .into_iter()
@@ -223,16 +224,17 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             "{name}"
         );
         assert_eq!(
-            store.count_live_orders("spring").await.unwrap(),
+            store.orders().count_live("spring").await.unwrap(),
             2,
             "{name}"
         );
         assert_eq!(
-            store.sale("spring").await.unwrap().unwrap().buckets,
+            store.sales().get("spring").await.unwrap().unwrap().buckets,
             1,
             "{name}: a sale from before buckets has one"
         );
         let unreleased: Vec<String> = store
+            .orders()
             .unreleased_cancelled("", 10)
             .await
             .unwrap()
@@ -241,7 +243,8 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             .collect();
         assert_eq!(unreleased, vec!["spring.r4".to_owned()], "{name}");
         let view = store
-            .order_by_reservation("spring.r2")
+            .orders()
+            .by_reservation("spring.r2")
             .await
             .unwrap()
             .unwrap();
@@ -263,42 +266,47 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
         // The store works: an order is written, a sale changed and created.
         let r = reservation("spring", "erin");
         assert_eq!(
-            store.insert_orders(std::slice::from_ref(&r)).await.unwrap(),
+            store
+                .orders()
+                .insert(std::slice::from_ref(&r))
+                .await
+                .unwrap(),
             1,
             "{name}"
         );
         assert_eq!(
-            store.count_live_orders("spring").await.unwrap(),
+            store.orders().count_live("spring").await.unwrap(),
             3,
             "{name}"
         );
         store
-            .upsert_sale(&SaleSpec {
+            .sales()
+            .upsert(&SaleSpec {
                 stock: 12,
                 ..spring
             })
             .await
             .unwrap();
         assert_eq!(
-            store.sale("spring").await.unwrap().unwrap().stock,
+            store.sales().get("spring").await.unwrap().unwrap().stock,
             12,
             "{name}"
         );
         assert_eq!(
-            store.sale_paused("spring").await.unwrap(),
+            store.sales().paused("spring").await.unwrap(),
             Some(true),
             "{name}: a change keeps the pause"
         );
-        let mut summer = store.sale("spring").await.unwrap().unwrap();
+        let mut summer = store.sales().get("spring").await.unwrap().unwrap();
         summer.id = "summer".into();
-        store.upsert_sale(&summer).await.unwrap();
+        store.sales().upsert(&summer).await.unwrap();
         assert_eq!(
-            store.sale_paused("summer").await.unwrap(),
+            store.sales().paused("summer").await.unwrap(),
             Some(false),
             "{name}"
         );
         assert_eq!(
-            store.payment_timeout("summer").await.unwrap(),
+            store.sales().payment_timeout("summer").await.unwrap(),
             Some(900),
             "{name}"
         );
@@ -307,7 +315,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
         // Starting again changes nothing.
         let store = Store::connect(&db.url).await.unwrap();
         assert_eq!(
-            store.count_live_orders("spring").await.unwrap(),
+            store.orders().count_live("spring").await.unwrap(),
             3,
             "{name}"
         );
@@ -330,25 +338,30 @@ async fn a_database_of_the_first_release_gains_the_columns_added_since() {
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
 
-        assert_eq!(store.sale("old").await.unwrap().unwrap().stock, 5, "{name}");
         assert_eq!(
-            store.payment_timeout("old").await.unwrap(),
+            store.sales().get("old").await.unwrap().unwrap().stock,
+            5,
+            "{name}"
+        );
+        assert_eq!(
+            store.sales().payment_timeout("old").await.unwrap(),
             Some(900),
             "{name}: the default timeout"
         );
         assert_eq!(
-            store.sale_paused("old").await.unwrap(),
+            store.sales().paused("old").await.unwrap(),
             None,
             "{name}: never recorded"
         );
         assert_eq!(
-            store.all_paused().await.unwrap(),
+            store.switch().paused().await.unwrap(),
             None,
             "{name}: never recorded"
         );
-        assert_eq!(store.count_live_orders("old").await.unwrap(), 1, "{name}");
+        assert_eq!(store.orders().count_live("old").await.unwrap(), 1, "{name}");
         // A cancelled order of that release never had its item returned.
         let unreleased: Vec<String> = store
+            .orders()
             .unreleased_cancelled("", 10)
             .await
             .unwrap()
@@ -365,21 +378,36 @@ async fn a_database_of_the_first_release_gains_the_columns_added_since() {
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
 
         // What the added columns and table serve works.
-        let order = store.order_by_reservation("old.r2").await.unwrap().unwrap();
-        store.mark_released(&order.order_id, 1).await.unwrap();
+        let order = store
+            .orders()
+            .by_reservation("old.r2")
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .orders()
+            .mark_released(&order.order_id, 1)
+            .await
+            .unwrap();
         assert!(
-            store.unreleased_cancelled("", 10).await.unwrap().is_empty(),
+            store
+                .orders()
+                .unreleased_cancelled("", 10)
+                .await
+                .unwrap()
+                .is_empty(),
             "{name}"
         );
-        store.set_all_paused(true).await.unwrap();
-        assert_eq!(store.all_paused().await.unwrap(), Some(true), "{name}");
+        store.switch().set_paused(true).await.unwrap();
+        assert_eq!(store.switch().paused().await.unwrap(), Some(true), "{name}");
         assert!(
-            store.adopt_sale_paused("old", true).await.unwrap(),
+            store.sales().adopt_paused("old", true).await.unwrap(),
             "{name}"
         );
         assert_eq!(
             store
-                .insert_orders(&[reservation("old", "carol")])
+                .orders()
+                .insert(&[reservation("old", "carol")])
                 .await
                 .unwrap(),
             1,
@@ -389,7 +417,7 @@ async fn a_database_of_the_first_release_gains_the_columns_added_since() {
 
         let store = Store::connect(&db.url).await.unwrap();
         assert_eq!(
-            store.sale_paused("old").await.unwrap(),
+            store.sales().paused("old").await.unwrap(),
             Some(true),
             "{name}"
         );

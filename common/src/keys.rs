@@ -45,6 +45,13 @@
 //! | `fg:{sale:ID}:xfer-in` | hash | a bucket's incoming transfers: transfer id -> `{from, n}` (JSON: donor bucket, items added; each added once) |
 //! | `fg:{sale:ID}:xfer-refuse` | set | the token fence of a bucket's incoming transfers: `D:REPLID`, a give whose take ran on donor bucket D's Redis of that replication id is refused (written by D's re-sync after a failover, see [`crate::transfer`]) |
 //!
+//! Every name is made here, in [`SaleKeys`]; a script gets the names it
+//! touches as `KEYS`. The one exception is `lua/draw_run.lua`, which
+//! decides entrants it only learns inside the call: it gets the prefixes
+//! of a buyer's keys instead ([`BuyerKeyPrefixes`], three arguments), and
+//! names each key by the one rule written there: the prefix, the user id,
+//! and for the two keys of one buy `:` and the Idempotency-Key or nonce.
+//!
 //! A bucketed sale (`buckets = N`, see [`crate::buckets`]) keeps its
 //! definition in `fg:{sale:ID}:meta` (with `buckets`) and sells from N
 //! buckets, bucket `k` holding every key above under the tag
@@ -99,10 +106,7 @@ pub struct SaleKeys {
     /// nothing until the backend has counted every order of the database
     /// in it (see `backend/src/fence.rs`).
     pub synced: String,
-    idem_prefix: String,
     restore_prefix: String,
-    idem_misses_prefix: String,
-    call_prefix: String,
     pow_prefix: String,
     /// Written before each replica `WAIT` round of the sale (see
     /// `gateway/src/buy/replica_wait.rs`).
@@ -137,9 +141,51 @@ pub struct DrawKeys {
     pub outcomes: String,
     pub order: String,
     pub perm: String,
-    /// `fg:{sale:ID}:`: the draw script names an entrant's
-    /// Idempotency-Key keys from it (they are in the sale's slot).
-    pub prefix: String,
+    /// The prefixes of a buyer's keys in the sale, which
+    /// [`SaleKeys::idempotency`], [`SaleKeys::call`] and
+    /// [`SaleKeys::idempotency_misses`] name from, and the draw script's
+    /// arguments for naming an entrant's keys.
+    pub prefix: BuyerKeyPrefixes,
+}
+
+/// The prefixes of a buyer's keys in one sale (all in the sale's slot).
+/// A key is its prefix and the user id, and for the two keys of one buy
+/// (`idempotency`, `call`) then `:` and the Idempotency-Key or the call's
+/// nonce: the one rule, applied by [`SaleKeys`] and by `lua/draw_run.lua`.
+///
+/// As a Redis argument it is three: `idempotency`, `call`,
+/// `idempotency_misses` (`ARGV[6..8]` of `lua/draw_run.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuyerKeyPrefixes {
+    /// `fg:{sale:ID}:idem:`
+    pub idempotency: String,
+    /// `fg:{sale:ID}:call:`
+    pub call: String,
+    /// `fg:{sale:ID}:idem-misses:`
+    pub idempotency_misses: String,
+}
+
+impl BuyerKeyPrefixes {
+    /// The key of one buy of `user` under `prefix` (one of this type's),
+    /// named by its Idempotency-Key or nonce `of`.
+    fn of_buy(prefix: &str, user: &str, of: &str) -> String {
+        format!("{prefix}{user}:{of}")
+    }
+}
+
+impl redis::ToRedisArgs for BuyerKeyPrefixes {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        out.write_arg(self.idempotency.as_bytes());
+        out.write_arg(self.call.as_bytes());
+        out.write_arg(self.idempotency_misses.as_bytes());
+    }
+
+    fn num_of_args(&self) -> usize {
+        3
+    }
 }
 
 /// Where one restore builds a sale's state before installing it at once.
@@ -163,10 +209,7 @@ impl SaleKeys {
             dead: format!("{tag}:dead"),
             restoring: format!("{tag}:restoring"),
             synced: format!("{tag}:synced"),
-            idem_prefix: format!("{tag}:idem:"),
             restore_prefix: format!("{tag}:restore:"),
-            idem_misses_prefix: format!("{tag}:idem-misses:"),
-            call_prefix: format!("{tag}:call:"),
             wait_mark: format!("{tag}:wait-mark"),
             pow_prefix: format!("{tag}:pow:"),
             draw: DrawKeys {
@@ -176,7 +219,11 @@ impl SaleKeys {
                 outcomes: format!("{tag}:draw:outcomes"),
                 order: format!("{tag}:draw:order"),
                 perm: format!("{tag}:draw:perm"),
-                prefix: format!("{tag}:"),
+                prefix: BuyerKeyPrefixes {
+                    idempotency: format!("{tag}:idem:"),
+                    call: format!("{tag}:call:"),
+                    idempotency_misses: format!("{tag}:idem-misses:"),
+                },
             },
             xfer_out: format!("{tag}:xfer-out"),
             xfer_open: format!("{tag}:xfer-open"),
@@ -189,14 +236,14 @@ impl SaleKeys {
     /// The key remembering the first outcome of `user`'s `idempotency_key`.
     /// Keyed by user too, so two users cannot collide on the same key.
     pub fn idempotency(&self, user: &str, idempotency_key: &str) -> String {
-        format!("{}{}:{}", self.idem_prefix, user, idempotency_key)
+        BuyerKeyPrefixes::of_buy(&self.draw.prefix.idempotency, user, idempotency_key)
     }
 
     /// The key of one buy call sent without an Idempotency-Key (`nonce`,
     /// made by the gateway per call): a win remembered for the call's
     /// re-sends only.
     pub fn call(&self, user: &str, nonce: &str) -> String {
-        format!("{}{}:{}", self.call_prefix, user, nonce)
+        BuyerKeyPrefixes::of_buy(&self.draw.prefix.call, user, nonce)
     }
 
     /// The record of a used proof-of-work solution, by its challenge's id
@@ -209,7 +256,7 @@ impl SaleKeys {
     /// The hash remembering `user`'s Idempotency-Keys that did not win
     /// (key -> outcome), capped in size by the deduct script.
     pub fn idempotency_misses(&self, user: &str) -> String {
-        format!("{}{}", self.idem_misses_prefix, user)
+        format!("{}{user}", self.draw.prefix.idempotency_misses)
     }
 
     /// The scratch keys of the restore holding lock token `token`: its own,
@@ -324,16 +371,31 @@ mod tests {
         ] {
             assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
         }
-        // lua/draw_run.lua names an entrant's keys from the prefix.
-        assert_eq!(
-            k.idempotency("u", "i"),
-            format!("{}idem:u:i", k.draw.prefix)
-        );
+        // lua/draw_run.lua names an entrant's keys from the prefixes, by
+        // the rule of `BuyerKeyPrefixes`.
+        let p = &k.draw.prefix;
+        for prefix in [&p.idempotency, &p.call, &p.idempotency_misses] {
+            assert!(prefix.starts_with("fg:{sale:s1}:"), "{prefix}");
+        }
+        assert_eq!(k.idempotency("u", "i"), format!("{}u:i", p.idempotency));
+        assert_eq!(k.call("u", "n"), format!("{}u:n", p.call));
         assert_eq!(
             k.idempotency_misses("u"),
-            format!("{}idem-misses:u", k.draw.prefix)
+            format!("{}u", p.idempotency_misses)
         );
-        assert_eq!(k.call("u", "n"), format!("{}call:u:n", k.draw.prefix));
+        // Three arguments of the draw script, in its order.
+        assert_eq!(
+            redis::ToRedisArgs::to_redis_args(p),
+            vec![
+                b"fg:{sale:s1}:idem:".to_vec(),
+                b"fg:{sale:s1}:call:".to_vec(),
+                b"fg:{sale:s1}:idem-misses:".to_vec(),
+            ]
+        );
+        // Today's names, which keys already in Redis carry.
+        assert_eq!(k.idempotency("u", "i"), "fg:{sale:s1}:idem:u:i");
+        assert_eq!(k.call("u", "n"), "fg:{sale:s1}:call:u:n");
+        assert_eq!(k.idempotency_misses("u"), "fg:{sale:s1}:idem-misses:u");
     }
 }
 

@@ -13,8 +13,9 @@
 //!   and [`transfer`]: items moving between them.
 //! - [`redis_conn`]: one connection type for the three `redis.mode`s
 //!   (standalone, cluster, sentinel), and the sale-events subscription.
-//! - [`scripts`]: every Lua script, for the cluster's `NOSCRIPT` fallback
-//!   and `flashgate check --connect`.
+//! - [`scripts`]: the one registry of Lua scripts: every `redis::Script`
+//!   the gateway and the backend run, the cluster's `NOSCRIPT` fallback and
+//!   what `flashgate check --connect` loads.
 //! - [`reservation`]: the record the deduct script appends to a sale's stream,
 //!   and the order API between gateway and backend.
 //! - [`sale`]: a sale's definition and the state a buyer sees.

@@ -34,22 +34,16 @@
 //! added them yet, and reserved is each bucket's reservations minus those
 //! returned.
 
-use std::sync::LazyLock;
-
 use redis::aio::ConnectionLike;
-use redis::{RedisResult, Script};
+use redis::RedisResult;
 
 use crate::keys::SaleKeys;
+use crate::scripts::{BUCKET_STATE, XFER_ACK, XFER_IN, XFER_OUT};
 
 /// An open transfer younger than this is left to the gateway that started
 /// it (it finishes within its deal deadline, well under a second); older,
 /// the backend's transit repair completes it.
 pub const REPAIR_AFTER_MS: i64 = 2_000;
-
-static XFER_OUT: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_OUT));
-static XFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_IN));
-static XFER_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::XFER_ACK));
-static BUCKET_STATE: LazyLock<Script> = LazyLock::new(|| Script::new(crate::scripts::BUCKET_STATE));
 
 /// What the donor side of a transfer answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -666,7 +660,7 @@ mod tests {
         stock: i64,
         buckets: u32,
     ) {
-        let script = Script::new(crate::scripts::PREHEAT_BUCKET);
+        let script = &crate::scripts::PREHEAT_BUCKET;
         for (k, share) in split_stock(stock, buckets).into_iter().enumerate() {
             let keys = SaleKeys::bucket(sale, k as u32);
             let installed: i64 = script

@@ -38,11 +38,7 @@ async fn on_a_cluster_scripts_run_without_being_loaded_and_pipelines_may_span_sl
         .await
         .unwrap();
     assert_eq!(flushed.len(), 3);
-    let (_, trim) = flashgate_common::scripts::ALL
-        .iter()
-        .find(|(n, _)| *n == "trim.lua")
-        .unwrap();
-    let sha = redis::Script::new(trim).get_hash().to_owned();
+    let sha = flashgate_common::scripts::TRIM.get_hash().to_owned();
     for sale in ["1", "2", "3", "4", "5", "6"] {
         let stream = format!("fg:{{sale:{sale}}}:stream");
         let mut evalsha = redis::cmd("EVALSHA");
@@ -246,15 +242,15 @@ async fn check_connect_loads_every_script_of_the_one_list_on_a_standalone_redis(
     );
     let mut exists = redis::cmd("SCRIPT");
     exists.arg("EXISTS");
-    for (_, body) in flashgate_common::scripts::ALL {
-        exists.arg(redis::Script::new(body).get_hash());
+    for script in flashgate_common::scripts::ALL {
+        exists.arg(script.get_hash());
     }
     let loaded: Vec<i64> = exists.query_async(&mut server.conn().await).await.unwrap();
     let missing: Vec<&str> = flashgate_common::scripts::ALL
         .iter()
         .zip(&loaded)
         .filter(|(_, l)| **l != 1)
-        .map(|((name, _), _)| *name)
+        .map(|(script, _)| script.name())
         .collect();
     assert_eq!(loaded.len(), flashgate_common::scripts::ALL.len());
     assert!(

@@ -1,6 +1,6 @@
--- Flashgate buy decision, shared by lua/deduct_batch.lua and lua/draw_run.lua
--- (and its helpers by lua/xfer_out.lua and lua/preheat_bucket.lua):
--- each of those scripts is this file followed by its own body (see
+-- Flashgate buy decision, shared by lua/deduct_batch.lua and lua/draw_run.lua:
+-- each of those scripts is lua/lib/replid.lua, lua/lib/time.lua,
+-- lua/lib/books.lua, this file, then its own body (see
 -- common/src/scripts.rs), so a buyer of the opening draw is decided by
 -- exactly the rules of a buyer who comes after it.
 --
@@ -15,16 +15,6 @@
 --   sale        sale id (written into the reservation record)
 --   bucket      true when the keys are a bucket's of a bucketed sale
 -- The sale's keys `k`: remaining, buyers, stream, resv.
-
--- `master_replid` changes whenever a Redis becomes a master (a promotion,
--- every start): the failover fence compares it with the sale's `synced`,
--- and wins carry it. INFO's replication section is short (about a
--- microsecond), and read at most once per call.
-local fg_current_replid = nil
-local function fg_replid()
-  fg_current_replid = fg_current_replid or string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
-  return fg_current_replid
-end
 
 -- Remembers a final outcome under the Idempotency-Key. Outcomes that may
 -- change on a later attempt (not started, paused) are never passed here.
@@ -55,9 +45,7 @@ local function fg_take(k, a, limit, now)
     fg_final(a, 'sold_out', '')
     return 'sold_out'
   end
-  redis.call('DECR', k.remaining)
-  redis.call('HINCRBY', k.buyers, a.user, 1)
-  redis.call('HSET', k.resv, a.rid, a.user)
+  fg_count_reservation(k, a.rid, a.user)
   redis.call('XADD', k.stream, '*', 'rid', a.rid, 'sale', a.sale,
              'user', a.user, 'idem', a.idem, 'ts', tostring(now))
   fg_final(a, 'won', a.rid)
@@ -85,11 +73,5 @@ end
 -- limit of them.
 local function fg_draw_count_name(user)
   return 'c:' .. #user .. ':' .. user
-end
-
--- Redis TIME in ms.
-local function fg_now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 

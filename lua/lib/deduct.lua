@@ -1,6 +1,7 @@
 -- Flashgate deduct-and-reserve as a function, run by lua/deduct_batch.lua
--- for each attempt of a call: that script is lua/lib/decide.lua, this file
--- and its own body (see common/src/scripts.rs).
+-- for each attempt of a call: that script is lua/lib/decide.lua (after the
+-- lib files it needs), this file and its own body (see
+-- common/src/scripts.rs).
 --
 -- fg_deduct(K, A) decides one attempt. K: meta, remaining, buyers, the
 -- attempt's idempotency key, stream, resv, the attempt's misses hash,
@@ -28,10 +29,7 @@ local function fg_call_synced(key)
   return fg_call.synced
 end
 local function fg_call_now()
-  if not fg_call.now then
-    local t = redis.call('TIME')
-    fg_call.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
+  fg_call.now = fg_call.now or fg_now_ms()
   return fg_call.now
 end
 

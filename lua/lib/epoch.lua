@@ -1,6 +1,6 @@
 -- Flashgate stock epoch, shared by lua/release.lua, lua/update_sale.lua,
--- lua/resync.lua and lua/preheat.lua (each is this file followed by its own
--- body, see common/src/scripts.rs).
+-- lua/resync.lua and lua/preheat.lua (each is lua/lib/time.lua, this file,
+-- then its own body, see common/src/scripts.rs).
 --
 -- A one-bucket sale's meta field `epoch` goes up whenever items may come
 -- back to its stock (a return, an operator's change, a re-sync, a restore).
@@ -12,8 +12,7 @@
 -- anew) nor across a failover (a promoted replica may lack the old
 -- master's last bumps), as long as clocks do not go back by more.
 local function fg_bump_epoch(meta)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = fg_now_ms()
   local held = tonumber(redis.call('HGET', meta, 'epoch') or '0') or 0
   redis.call('HSET', meta, 'epoch', string.format('%d', math.max(held + 1, now)))
 end

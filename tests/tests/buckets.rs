@@ -1113,9 +1113,7 @@ async fn a_keyed_buy_of_a_bucketed_sale_confirmed_dry_costs_the_confirmation_not
     .await;
     assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
     // No transfer's take (the backend's timers may send other calls meanwhile).
-    let take = redis::Script::new(flashgate_common::scripts::XFER_OUT)
-        .get_hash()
-        .to_owned();
+    let take = flashgate_common::scripts::XFER_OUT.get_hash().to_owned();
     let takes: Vec<String> = monitor
         .commands()
         .await

@@ -179,7 +179,7 @@ async fn after_sell_out_buys_never_reach_the_script_on_any_gateway() {
 
     // Only the deduct script counts: the backend runs its own scripts on timers.
     // The buy path's deduct script (`lua/deduct_batch.lua`).
-    let deduct_sha = redis::Script::new(flashgate_common::scripts::DEDUCT_BATCH)
+    let deduct_sha = flashgate_common::scripts::DEDUCT_BATCH
         .get_hash()
         .to_owned();
     let monitor = stack.redis.monitor().await;

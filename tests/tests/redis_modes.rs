@@ -137,7 +137,7 @@ async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_
     assert_eq!(sellout.iter().filter(|o| o.won()).count(), 5);
     let master = cluster.master_for_key("fg:{sale:bcast}:meta").await;
     // The buy path's deduct script (`lua/deduct_batch.lua`).
-    let deduct_sha = redis::Script::new(flashgate_common::scripts::DEDUCT_BATCH)
+    let deduct_sha = flashgate_common::scripts::DEDUCT_BATCH
         .get_hash()
         .to_owned();
     let watch = flashgate_tests::Monitor::start(master).await;
@@ -306,10 +306,46 @@ fn check_connect(dir: &TempDir, redis: &str) -> std::process::Output {
         .unwrap()
 }
 
+/// The scripts of the registry (`flashgate_common::scripts::ALL`) that the
+/// Redis at `port` does not hold (`SCRIPT EXISTS`).
+async fn scripts_missing_on(port: u16) -> Vec<&'static str> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut exists = redis::cmd("SCRIPT");
+    exists.arg("EXISTS");
+    for script in flashgate_common::scripts::ALL {
+        exists.arg(script.get_hash());
+    }
+    let held: Vec<i64> = exists.query_async(&mut conn).await.unwrap();
+    assert_eq!(held.len(), flashgate_common::scripts::ALL.len());
+    flashgate_common::scripts::ALL
+        .iter()
+        .zip(held)
+        .filter(|(_, held)| *held != 1)
+        .map(|(script, _)| script.name())
+        .collect()
+}
+
+/// Empties the script cache of the Redis at `port`.
+async fn flush_scripts(port: u16) {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_connect_accepts_a_cluster_and_a_sentinel_set_and_names_an_unknown_master() {
     let dir = TempDir::new("check");
     let cluster = RedisCluster::start();
+    let masters = cluster.masters().await;
+    for port in &masters {
+        flush_scripts(*port).await;
+        assert!(!scripts_missing_on(*port).await.is_empty());
+    }
     let out = check_connect(
         &dir,
         &redis_toml(&flashgate_common::config::RedisTarget::Cluster {
@@ -328,6 +364,15 @@ async fn check_connect_accepts_a_cluster_and_a_sentinel_set_and_names_an_unknown
         "{stdout}"
     );
     assert_eq!(stdout.matches("every script loaded").count(), 3, "{stdout}");
+    // Every script of the registry, the gateway's and the backend's alike,
+    // is now held by every master.
+    for port in &masters {
+        assert_eq!(
+            scripts_missing_on(*port).await,
+            Vec::<&str>::new(),
+            "master {port}"
+        );
+    }
     drop(cluster);
 
     let set = RedisSentinels::start();
@@ -335,6 +380,8 @@ async fn check_connect_accepts_a_cluster_and_a_sentinel_set_and_names_an_unknown
         sentinels: set.sentinels(),
         master_name: name.to_owned(),
     };
+    let primary = set.master_addr().await.port();
+    flush_scripts(primary).await;
     let out = check_connect(&dir, &redis_toml(&target(set.master_name())));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -346,6 +393,7 @@ async fn check_connect_accepts_a_cluster_and_a_sentinel_set_and_names_an_unknown
         stdout.contains("ROLE master, every script loaded"),
         "{stdout}"
     );
+    assert_eq!(scripts_missing_on(primary).await, Vec::<&str>::new());
 
     let out = check_connect(&dir, &redis_toml(&target("no-such-master")));
     let stderr = String::from_utf8_lossy(&out.stderr);

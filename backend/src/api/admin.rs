@@ -120,7 +120,7 @@ pub async fn put(
     }
 
     let _one_writer = state.sale_writes.lock().await;
-    let mut write = state.store.begin_sale_write().await?;
+    let mut write = state.store.sales().begin_write().await?;
     // Read under the row's hold: no other writer can change it before the
     // commit (the count gateways use must be the one saved).
     let previous = write.held(&spec.id).await?;
@@ -386,7 +386,7 @@ async fn raise_after_commit<C: redis::aio::ConnectionLike + Send>(
     store: &Store,
     id: &str,
 ) -> Result<(), crate::error::SaleError> {
-    let mut hold = store.begin_resync(id).await?;
+    let mut hold = store.locks().begin_resync(id).await?;
     let saved = hold.sale(id).await?;
     let moved = match &saved {
         Some(spec) if spec.buckets > 1 => {
@@ -446,7 +446,7 @@ pub(super) async fn after_failed_commit<C: redis::aio::ConnectionLike + Send + C
     decreased_from: Option<i64>,
     refused: &IntCounter,
 ) {
-    let mut hold = match store.begin_resync(&spec.id).await {
+    let mut hold = match store.locks().begin_resync(&spec.id).await {
         Ok(hold) => hold,
         Err(error) => {
             tracing::error!(%error, sale = %spec.id, "cannot hold the sale after a failed commit; reconciliation repairs its bases");
@@ -520,7 +520,8 @@ pub async fn show(
     let id = sale_id(id)?;
     let spec = state
         .store
-        .sale(&id)
+        .sales()
+        .get(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("no such sale"))?;
     Ok(Json(
@@ -554,7 +555,8 @@ pub async fn dead_letters(
     let id = sale_id(id)?;
     state
         .store
-        .sale(&id)
+        .sales()
+        .get(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("no such sale"))?;
     let entries = dead_letter::list(&mut state.redis.clone(), &id).await?;
@@ -611,7 +613,8 @@ pub async fn reconcile(
     let id = sale_id(id)?;
     let spec = state
         .store
-        .sale(&id)
+        .sales()
+        .get(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("no such sale"))?;
     match crate::reconcile::reconcile_spec(&mut state.redis.clone(), &state.store, &spec).await? {
@@ -634,7 +637,7 @@ pub async fn reconcile(
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<SaleView>>, ApiError> {
     let mut redis = state.redis.clone();
     let mut views = Vec::new();
-    for spec in state.store.sales().await? {
+    for spec in state.store.sales().all().await? {
         views.push(sales::view(&mut redis, &state.store, spec).await?);
     }
     Ok(Json(views))

@@ -55,7 +55,7 @@ pub async fn dead(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let limit = limit(query.as_deref())?;
-    let events = state.store.dead_events(limit).await?;
+    let events = state.store.outbox().dead(limit).await?;
     Ok(Json(serde_json::json!({"dead_events": events})).into_response())
 }
 
@@ -72,7 +72,8 @@ pub async fn retry(
     }
     if !state
         .store
-        .retry_dead_event(&id, flashgate_common::now_ms())
+        .outbox()
+        .retry_dead(&id, flashgate_common::now_ms())
         .await?
     {
         return Err(ApiError::not_found("no such dead event"));

@@ -95,7 +95,7 @@ pub async fn by_reservation(
 ) -> Result<Json<OrderView>, ApiError> {
     let Path(rid) = rid?;
     state.metrics.order_lookups.inc();
-    match state.store.order_by_reservation(&rid).await? {
+    match state.store.orders().by_reservation(&rid).await? {
         Some(order) => Ok(Json(order)),
         None => Err(ApiError::not_found("no order for this reservation")),
     }
@@ -139,7 +139,7 @@ pub async fn pay(
             "order_id: must be `o-` and 32 hex digits",
         ));
     }
-    match state.store.pay(&order_id).await? {
+    match state.store.orders().pay(&order_id).await? {
         Payment::Paid(order) => Ok(Json(PaymentView::new(order)).into_response()),
         Payment::Cancelled(order) => {
             let body = serde_json::json!({
@@ -173,7 +173,7 @@ pub async fn sale_exists(
             "id: must be 1 to 64 characters of A-Z a-z 0-9 _ -",
         ));
     }
-    if state.store.sale(&id).await?.is_none() {
+    if state.store.sales().get(&id).await?.is_none() {
         return Err(ApiError::not_found("no such sale"));
     }
     let mut redis = state.redis.clone();

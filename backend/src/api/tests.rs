@@ -142,7 +142,7 @@ async fn admin_routes_require_the_bearer_token() {
         (status, body["code"].as_str()),
         (StatusCode::UNAUTHORIZED, Some("unauthorized"))
     );
-    assert_eq!(f.state.store.sale("x").await.unwrap(), None);
+    assert_eq!(f.state.store.sales().get("x").await.unwrap(), None);
     let (status, _) = admin(&f, "GET", "/admin/sales", None).await;
     assert_eq!(status, StatusCode::OK);
 }
@@ -227,7 +227,10 @@ async fn put_with_stock_below_sold_is_refused_and_changes_nothing() {
         (StatusCode::CONFLICT, Some("stock_below_sold")),
         "{body}"
     );
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 5);
+    assert_eq!(
+        f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
+        5
+    );
     let stock: String = conn.hget(&keys.meta, "stock").await.unwrap();
     let remaining: i64 = conn.get(&keys.remaining).await.unwrap();
     assert_eq!((stock.as_str(), remaining), ("5", 2));
@@ -245,7 +248,8 @@ async fn put_preheats_an_absent_sale_minus_the_orders_already_made() {
     let id = unique("s");
     f.state
         .store
-        .insert_orders(&[reservation(&id, "a"), reservation(&id, "b")])
+        .orders()
+        .insert(&[reservation(&id, "a"), reservation(&id, "b")])
         .await
         .unwrap();
     let (status, view) = admin(
@@ -334,7 +338,8 @@ async fn a_forwarded_reservation_unknown_to_redis_is_rejected_and_writes_nothing
     assert_eq!(
         f.state
             .store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap(),
         None
@@ -352,7 +357,8 @@ async fn a_refused_copy_of_a_reservation_does_not_shadow_its_valid_copy_later_in
     let order = f
         .state
         .store
-        .order_by_reservation(&r.reservation_id)
+        .orders()
+        .by_reservation(&r.reservation_id)
         .await
         .unwrap()
         .unwrap();
@@ -476,7 +482,8 @@ async fn orders_answer_503_when_redis_is_down() {
     let id = unique("s");
     state
         .store
-        .upsert_sale(&crate::testing::sale(&id, 3))
+        .sales()
+        .upsert(&crate::testing::sale(&id, 3))
         .await
         .unwrap();
     let (status, view) = call(
@@ -520,7 +527,8 @@ async fn a_forward_batch_naming_one_reservation_twice_writes_it_once() {
     assert!(f
         .state
         .store
-        .order_by_reservation(&r.reservation_id)
+        .orders()
+        .by_reservation(&r.reservation_id)
         .await
         .unwrap()
         .is_some());
@@ -535,13 +543,15 @@ async fn order_routes_require_their_own_bearer_token_and_change_nothing_without_
     let unpaid = reservation(&r.sale_id, "bob");
     f.state
         .store
-        .insert_orders(std::slice::from_ref(&unpaid))
+        .orders()
+        .insert(std::slice::from_ref(&unpaid))
         .await
         .unwrap();
     let order_id = f
         .state
         .store
-        .order_by_reservation(&unpaid.reservation_id)
+        .orders()
+        .by_reservation(&unpaid.reservation_id)
         .await
         .unwrap()
         .unwrap()
@@ -584,13 +594,21 @@ async fn order_routes_require_their_own_bearer_token_and_change_nothing_without_
     assert_eq!(
         f.state
             .store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap(),
         None,
         "no order was written"
     );
-    let order = f.state.store.order(&order_id).await.unwrap().unwrap();
+    let order = f
+        .state
+        .store
+        .orders()
+        .get(&order_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         order.status,
         crate::store::OrderStatus::Created,
@@ -813,7 +831,10 @@ async fn a_sale_change_that_cannot_unarchive_the_sale_answers_503() {
     );
     // Refused before anything changed: Redis never sells by a definition
     // whose sale nobody consumes.
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 5);
+    assert_eq!(
+        f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
+        5
+    );
     let mut conn = f.redis.conn().await;
     let stock: i64 = redis::cmd("HGET")
         .arg(SaleKeys::new(&id).meta)
@@ -972,7 +993,10 @@ async fn a_bucketed_sale_is_preheated_bucket_by_bucket_and_a_new_stock_is_spread
         conn.hget::<_, _, i64>(&own.meta, "stock").await.unwrap(),
         12
     );
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 12);
+    assert_eq!(
+        f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
+        12
+    );
 
     // The bucket count stays, and nothing changes.
     let (status, body) = admin(&f, "PUT", &uri, Some(&bucketed_body(12, 2))).await;
@@ -985,7 +1009,10 @@ async fn a_bucketed_sale_is_preheated_bucket_by_bucket_and_a_new_stock_is_spread
         body["message"].as_str().unwrap().starts_with("buckets:"),
         "{body}"
     );
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 12);
+    assert_eq!(
+        f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
+        12
+    );
     assert_eq!(
         conn.get::<_, i64>(SaleKeys::bucket(&id, 0).remaining)
             .await
@@ -1087,7 +1114,10 @@ async fn a_bucketed_sale_lowered_below_its_unsold_items_is_refused_and_nothing_c
         before,
         "every bucket's base and remaining as before"
     );
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 10);
+    assert_eq!(
+        f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
+        10
+    );
     assert_eq!(
         conn.hget::<_, _, i64>(SaleKeys::new(&id).meta, "stock")
             .await
@@ -1112,7 +1142,10 @@ async fn a_bucketed_sale_lowered_below_its_unsold_items_is_refused_and_nothing_c
             .unwrap();
         assert!(ledger.balances(), "bucket {k}: {ledger:?}");
     }
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 4);
+    assert_eq!(
+        f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
+        4
+    );
 }
 
 #[tokio::test]
@@ -1226,13 +1259,16 @@ async fn a_bucketed_sale_in_redis_but_not_in_the_database_has_its_bases_moved_to
     assert_eq!(status, StatusCode::CREATED, "{view}");
     let mut conn = f.redis.conn().await;
     assert_eq!(bases_sum(&mut conn, &id, 2).await, 10);
-    assert!(f.state.store.sale(&id).await.unwrap().is_none());
+    assert!(f.state.store.sales().get(&id).await.unwrap().is_none());
 
     // Created here with 6: the bases follow the committed stock, not the
     // 10 Redis held (update_sale.lua alone would leave them at 10).
     let (status, view) = admin(&f, "PUT", &uri, Some(&bucketed_body(6, 2))).await;
     assert_eq!(status, StatusCode::CREATED, "{view}");
-    assert_eq!(f.state.store.sale(&id).await.unwrap().unwrap().stock, 6);
+    assert_eq!(
+        f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
+        6
+    );
     assert_eq!(bases_sum(&mut conn, &id, 2).await, 6);
 
     // The same the other way: created with 9 through a third database.
@@ -1246,7 +1282,10 @@ async fn a_bucketed_sale_in_redis_but_not_in_the_database_has_its_bases_moved_to
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{view}");
-    assert_eq!(third.store.sale(&id).await.unwrap().unwrap().stock, 9);
+    assert_eq!(
+        third.store.sales().get(&id).await.unwrap().unwrap().stock,
+        9
+    );
     assert_eq!(bases_sum(&mut conn, &id, 2).await, 9);
 }
 
@@ -1259,9 +1298,9 @@ async fn a_stock_change_cut_at_its_crash_points_never_leaves_more_items_than_the
     // An increase to 12 cut after its commit: the database has 12, the
     // bases move only after the commit, so they are still 8 (too few,
     // never too many).
-    let mut saved = f.state.store.sale(&id).await.unwrap().unwrap();
+    let mut saved = f.state.store.sales().get(&id).await.unwrap().unwrap();
     saved.stock = 12;
-    f.state.store.upsert_sale(&saved).await.unwrap();
+    f.state.store.sales().upsert(&saved).await.unwrap();
     assert!(bases_sum(&mut conn, &id, 2).await <= 12);
     // Sending the change again adds the missing items (an increase is
     // never refused), though the stock is unchanged.
@@ -1290,7 +1329,8 @@ async fn a_stock_change_cut_at_its_crash_points_never_leaves_more_items_than_the
         "{moved:?}"
     );
     assert!(
-        bases_sum(&mut conn, &id, 2).await <= f.state.store.sale(&id).await.unwrap().unwrap().stock
+        bases_sum(&mut conn, &id, 2).await
+            <= f.state.store.sales().get(&id).await.unwrap().unwrap().stock
     );
     // A rename with the stock unchanged takes nothing (never a 409); it
     // adds the missing items back, as an increase is never refused.
@@ -1417,7 +1457,7 @@ async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_o
     let f = fixture().await;
     let (id, _) = created_bucketed(&f, 8, 2).await;
     let mut conn = f.redis.conn().await;
-    let old = f.state.store.sale(&id).await.unwrap().unwrap();
+    let old = f.state.store.sales().get(&id).await.unwrap().unwrap();
 
     // A decrease to 5 whose commit failed: the bases were lowered before
     // it and the new definition written; the database kept 8, so both go
@@ -1461,7 +1501,7 @@ async fn after_a_failed_commit_redis_follows_what_the_database_holds_never_the_o
     // follows the 12 committed, not the 8 of before.
     let mut raised = old.clone();
     raised.stock = 12;
-    f.state.store.upsert_sale(&raised).await.unwrap();
+    f.state.store.sales().upsert(&raised).await.unwrap();
     crate::sales::apply(&mut f.state.redis.clone(), &f.state.store, &raised)
         .await
         .unwrap();

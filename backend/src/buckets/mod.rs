@@ -13,23 +13,14 @@
 //! (logged; its buys answer 503) rather than selling from books that may
 //! be short.
 
-use std::sync::LazyLock;
-
 use flashgate_common::buckets::split_stock;
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
 use flashgate_common::sale::SaleSpec;
+use flashgate_common::scripts::{BUCKET_META, PREHEAT_BUCKET};
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
+use redis::RedisError;
 
 pub mod stock;
-
-/// Installs one bucket if absent (`lua/preheat_bucket.lua`).
-static PREHEAT_BUCKET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::PREHEAT_BUCKET));
-
-/// Writes fields into a present meta hash (`lua/bucket_meta.lua`).
-static BUCKET_META: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::BUCKET_META));
 
 /// Installs every bucket of `spec` that is absent, each with its share of
 /// the stock, paused (the restore then applies the recorded pause to the

@@ -33,23 +33,18 @@
 //! the bases first, so running it again (an operator's retry after a
 //! crash, or reconciliation) does not apply a change twice. Callers hold
 //! the sale's row exclusively (`SaleWrite::held` or
-//! `Store::begin_resync`), so no other change, repair or re-sync of the
+//! `SaleLocks::begin_resync`), so no other change, repair or re-sync of the
 //! sale moves the bases meanwhile; buys and transfers go on (they keep
 //! every base).
 
-use std::sync::LazyLock;
-
 use flashgate_common::buckets::split_stock;
 use flashgate_common::keys::{SaleEvent, SaleKeys};
+use flashgate_common::scripts::BUCKET_STOCK;
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
+use redis::RedisError;
 
 use crate::error::SaleError;
 use crate::redis_io::announce;
-
-/// Moves one bucket's base and remaining (`lua/bucket_stock.lua`).
-static BUCKET_STOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(flashgate_common::scripts::BUCKET_STOCK));
 
 /// Passes over the buckets a decrease makes before it gives up: items
 /// move between buckets while it runs (transfers, returns), so a second

@@ -223,7 +223,8 @@ impl Deliverer {
         let claimed_at = flashgate_common::now_ms();
         let events = self
             .store
-            .claim_events(&owner, claimed_at, lease, i64::from(self.config.batch_size))
+            .outbox()
+            .claim(&owner, claimed_at, lease, i64::from(self.config.batch_size))
             .await?;
         let claimed = events.len();
         // The whole batch at once: no event waits behind another while its
@@ -304,7 +305,7 @@ impl Deliverer {
             }
         }
         if errors.is_empty() {
-            if let Err(error) = self.store.event_delivered(&event.event_id).await {
+            if let Err(error) = self.store.outbox().delivered(&event.event_id).await {
                 // Sent but still in the outbox: sent again once the lease
                 // passes, with the same id.
                 tracing::warn!(%error, event = %event.event_id, "order event delivered but not removed from the outbox");
@@ -329,7 +330,8 @@ impl Deliverer {
         };
         match self
             .store
-            .event_failed(&event.event_id, owner, &failure)
+            .outbox()
+            .failed(&event.event_id, owner, &failure)
             .await
         {
             Ok(true) if retry_at_ms.is_none() => {
@@ -347,7 +349,7 @@ impl Deliverer {
 
     /// Reads the backlog gauges.
     async fn refresh_stats(&self) {
-        match self.store.outbox_stats().await {
+        match self.store.outbox().stats().await {
             Ok(stats) => {
                 self.metrics.backlog.set(stats.pending);
                 self.metrics.dead.set(stats.dead);

@@ -25,57 +25,76 @@ async fn every_order_change_writes_its_event_with_the_change() {
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "alice"), reservation(&sale_id, "bob"));
         assert_eq!(
-            store.insert_orders(&[a.clone(), b.clone()]).await.unwrap(),
+            store
+                .orders()
+                .insert(&[a.clone(), b.clone()])
+                .await
+                .unwrap(),
             2,
             "{db}"
         );
         assert_eq!(
-            store.insert_orders(&[a.clone(), b.clone()]).await.unwrap(),
+            store
+                .orders()
+                .insert(&[a.clone(), b.clone()])
+                .await
+                .unwrap(),
             0,
             "{db}: a replay makes no order and no event"
         );
         let order_a = store
-            .order_by_reservation(&a.reservation_id)
+            .orders()
+            .by_reservation(&a.reservation_id)
             .await
             .unwrap()
             .unwrap();
         let order_b = store
-            .order_by_reservation(&b.reservation_id)
+            .orders()
+            .by_reservation(&b.reservation_id)
             .await
             .unwrap()
             .unwrap();
 
         assert!(
             matches!(
-                store.pay(&order_a.order_id).await.unwrap(),
+                store.orders().pay(&order_a.order_id).await.unwrap(),
                 Payment::Paid(_)
             ),
             "{db}"
         );
         assert!(
             matches!(
-                store.pay(&order_a.order_id).await.unwrap(),
+                store.orders().pay(&order_a.order_id).await.unwrap(),
                 Payment::Paid(_)
             ),
             "{db}"
         );
         assert!(
-            store.cancel_if_unpaid(&order_b.order_id).await.unwrap(),
+            store
+                .orders()
+                .cancel_if_unpaid(&order_b.order_id)
+                .await
+                .unwrap(),
             "{db}"
         );
         assert!(
-            !store.cancel_if_unpaid(&order_b.order_id).await.unwrap(),
+            !store
+                .orders()
+                .cancel_if_unpaid(&order_b.order_id)
+                .await
+                .unwrap(),
             "{db}"
         );
         assert!(
             matches!(
-                store.pay(&order_b.order_id).await.unwrap(),
+                store.orders().pay(&order_b.order_id).await.unwrap(),
                 Payment::Cancelled(_)
             ),
             "{db}"
         );
         let cancelled_only: Vec<_> = store
-            .order_events(&order_b.order_id)
+            .outbox()
+            .of_order(&order_b.order_id)
             .await
             .unwrap()
             .iter()
@@ -87,15 +106,17 @@ async fn every_order_change_writes_its_event_with_the_change() {
             "{db}: no `cancelled` before the item is back"
         );
         store
+            .orders()
             .mark_released(&order_b.order_id, flashgate_common::now_ms())
             .await
             .unwrap();
         store
+            .orders()
             .mark_released(&order_b.order_id, flashgate_common::now_ms())
             .await
             .unwrap();
 
-        let events_a = store.order_events(&order_a.order_id).await.unwrap();
+        let events_a = store.outbox().of_order(&order_a.order_id).await.unwrap();
         let kinds: Vec<_> = events_a.iter().map(|e| (e.seq, e.kind)).collect();
         assert_eq!(
             kinds,
@@ -119,7 +140,7 @@ async fn every_order_change_writes_its_event_with_the_change() {
         assert_eq!(created["order"]["sale_id"], sale_id.as_str(), "{db}");
         assert_eq!(payload(&events_a[1])["order"]["status"], "paid", "{db}");
 
-        let events_b = store.order_events(&order_b.order_id).await.unwrap();
+        let events_b = store.outbox().of_order(&order_b.order_id).await.unwrap();
         let kinds: Vec<_> = events_b.iter().map(|e| (e.seq, e.kind)).collect();
         assert_eq!(
             kinds,
@@ -145,11 +166,12 @@ async fn the_held_order_write_writes_created_events_in_its_transaction() {
         let store = store.clone().with_order_events(true);
         let sale_id = unique("s");
         store
-            .upsert_sale(&crate::testing::sale(&sale_id, 5))
+            .sales()
+            .upsert(&crate::testing::sale(&sale_id, 5))
             .await
             .unwrap();
         let r = reservation(&sale_id, "carol");
-        let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+        let mut write = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
         assert_eq!(
             write.insert(std::slice::from_ref(&r)).await.unwrap().len(),
             1,
@@ -157,24 +179,30 @@ async fn the_held_order_write_writes_created_events_in_its_transaction() {
         );
         drop(write);
         assert_eq!(
-            store.outbox_stats().await.unwrap().pending,
+            store.outbox().stats().await.unwrap().pending,
             0,
             "{db}: rolled back with the order"
         );
-        let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+        let mut write = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
         write.insert(std::slice::from_ref(&r)).await.unwrap();
         write.commit().await.unwrap();
         let order = store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .unwrap();
         assert_eq!(
-            store.order_events(&order.order_id).await.unwrap().len(),
+            store
+                .outbox()
+                .of_order(&order.order_id)
+                .await
+                .unwrap()
+                .len(),
             1,
             "{db}"
         );
-        assert_eq!(store.outbox_stats().await.unwrap().pending, 1, "{db}");
+        assert_eq!(store.outbox().stats().await.unwrap().pending, 1, "{db}");
     }
 }
 
@@ -183,16 +211,22 @@ async fn without_a_destination_no_event_is_written() {
     for (db, store) in stores().await {
         let sale_id = unique("s");
         let r = reservation(&sale_id, "dave");
-        store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+        store
+            .orders()
+            .insert(std::slice::from_ref(&r))
+            .await
+            .unwrap();
         let order = store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .unwrap();
-        store.pay(&order.order_id).await.unwrap();
+        store.orders().pay(&order.order_id).await.unwrap();
         assert!(
             store
-                .order_events(&order.order_id)
+                .outbox()
+                .of_order(&order.order_id)
                 .await
                 .unwrap()
                 .is_empty(),
@@ -207,16 +241,21 @@ async fn claims_hand_out_the_first_event_of_each_order_once() {
         let store = store.clone().with_order_events(true);
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
-        store.insert_orders(&[a.clone(), b.clone()]).await.unwrap();
+        store
+            .orders()
+            .insert(&[a.clone(), b.clone()])
+            .await
+            .unwrap();
         let order_a = store
-            .order_by_reservation(&a.reservation_id)
+            .orders()
+            .by_reservation(&a.reservation_id)
             .await
             .unwrap()
             .unwrap();
-        store.pay(&order_a.order_id).await.unwrap();
+        store.orders().pay(&order_a.order_id).await.unwrap();
         let now = flashgate_common::now_ms();
 
-        let first = store.claim_events("one", now, 60_000, 100).await.unwrap();
+        let first = store.outbox().claim("one", now, 60_000, 100).await.unwrap();
         let kinds: Vec<_> = first.iter().map(|e| e.kind).collect();
         assert_eq!(
             kinds,
@@ -225,7 +264,8 @@ async fn claims_hand_out_the_first_event_of_each_order_once() {
         );
         assert!(
             store
-                .claim_events("two", now, 60_000, 100)
+                .outbox()
+                .claim("two", now, 60_000, 100)
                 .await
                 .unwrap()
                 .is_empty(),
@@ -236,8 +276,12 @@ async fn claims_hand_out_the_first_event_of_each_order_once() {
             .iter()
             .find(|e| e.order_id == order_a.order_id)
             .unwrap();
-        store.event_delivered(&of_a.event_id).await.unwrap();
-        let next = store.claim_events("three", now, 60_000, 100).await.unwrap();
+        store.outbox().delivered(&of_a.event_id).await.unwrap();
+        let next = store
+            .outbox()
+            .claim("three", now, 60_000, 100)
+            .await
+            .unwrap();
         assert_eq!(
             next.iter()
                 .map(|e| (e.order_id.as_str(), e.kind))
@@ -249,7 +293,8 @@ async fn claims_hand_out_the_first_event_of_each_order_once() {
         // A lease that passed is free again: its event goes out again, same id.
         let later = now + 61_000;
         let again = store
-            .claim_events("four", later, 60_000, 100)
+            .outbox()
+            .claim("four", later, 60_000, 100)
             .await
             .unwrap();
         let mut ids: Vec<_> = again.iter().map(|e| e.event_id.clone()).collect();
@@ -274,7 +319,7 @@ async fn concurrent_claims_never_share_an_event() {
             .map(|i| reservation(&sale_id, &format!("u{i}")))
             .collect();
         let batch_len = batch.len();
-        store.insert_orders(&batch).await.unwrap();
+        store.orders().insert(&batch).await.unwrap();
         let now = flashgate_common::now_ms();
         // Each claimer goes on until the four together hold as many claims
         // as there are events (an empty claim may only mean another holds
@@ -291,7 +336,8 @@ async fn concurrent_claims_never_share_an_event() {
                         && tokio::time::Instant::now() < deadline
                     {
                         let events = store
-                            .claim_events(&format!("c{i}-{round}"), now, 60_000, 7)
+                            .outbox()
+                            .claim(&format!("c{i}-{round}"), now, 60_000, 7)
                             .await
                             .unwrap();
                         taken.fetch_add(events.len(), std::sync::atomic::Ordering::SeqCst);
@@ -316,7 +362,8 @@ async fn concurrent_claims_never_share_an_event() {
         assert_eq!(total, 60, "{db}: every event was claimed");
         assert!(
             store
-                .claim_events("after", now, 60_000, 7)
+                .outbox()
+                .claim("after", now, 60_000, 7)
                 .await
                 .unwrap()
                 .is_empty(),
@@ -330,16 +377,22 @@ async fn a_dead_event_holds_back_its_order_until_retried() {
     for (db, store) in stores().await {
         let store = store.clone().with_order_events(true);
         let r = reservation(&unique("s"), "erin");
-        store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+        store
+            .orders()
+            .insert(std::slice::from_ref(&r))
+            .await
+            .unwrap();
         let order = store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .unwrap();
-        store.pay(&order.order_id).await.unwrap();
+        store.orders().pay(&order.order_id).await.unwrap();
         let now = flashgate_common::now_ms();
         let created = store
-            .claim_events("a", now, 60_000, 10)
+            .outbox()
+            .claim("a", now, 60_000, 10)
             .await
             .unwrap()
             .pop()
@@ -353,28 +406,32 @@ async fn a_dead_event_holds_back_its_order_until_retried() {
         };
         assert!(
             !store
-                .event_failed(&created.event_id, "someone else", &later)
+                .outbox()
+                .failed(&created.event_id, "someone else", &later)
                 .await
                 .unwrap(),
             "{db}: only the holder records"
         );
         assert!(
             store
-                .event_failed(&created.event_id, "a", &later)
+                .outbox()
+                .failed(&created.event_id, "a", &later)
                 .await
                 .unwrap(),
             "{db}"
         );
         assert!(
             store
-                .claim_events("b", now, 60_000, 10)
+                .outbox()
+                .claim("b", now, 60_000, 10)
                 .await
                 .unwrap()
                 .is_empty(),
             "{db}: not due yet"
         );
         let retried = store
-            .claim_events("c", now + 5_000, 60_000, 10)
+            .outbox()
+            .claim("c", now + 5_000, 60_000, 10)
             .await
             .unwrap();
         assert_eq!(
@@ -394,20 +451,22 @@ async fn a_dead_event_holds_back_its_order_until_retried() {
         };
         assert!(
             store
-                .event_failed(&created.event_id, "c", &dead)
+                .outbox()
+                .failed(&created.event_id, "c", &dead)
                 .await
                 .unwrap(),
             "{db}"
         );
         assert!(
             store
-                .claim_events("d", now + 3_600_000, 60_000, 10)
+                .outbox()
+                .claim("d", now + 3_600_000, 60_000, 10)
                 .await
                 .unwrap()
                 .is_empty(),
             "{db}: dead, and `paid` waits behind it"
         );
-        let listed = store.dead_events(10).await.unwrap();
+        let listed = store.outbox().dead(10).await.unwrap();
         assert_eq!(listed.len(), 1, "{db}");
         assert_eq!(
             (listed[0].event_id.as_str(), listed[0].attempts),
@@ -419,24 +478,26 @@ async fn a_dead_event_holds_back_its_order_until_retried() {
             Some(500),
             "{db}: the error is clipped"
         );
-        let stats = store.outbox_stats().await.unwrap();
+        let stats = store.outbox().stats().await.unwrap();
         assert_eq!((stats.pending, stats.dead), (1, 1), "{db}");
 
         assert!(
             store
-                .retry_dead_event(&created.event_id, now)
+                .outbox()
+                .retry_dead(&created.event_id, now)
                 .await
                 .unwrap(),
             "{db}"
         );
         assert!(
             !store
-                .retry_dead_event(&created.event_id, now)
+                .outbox()
+                .retry_dead(&created.event_id, now)
                 .await
                 .unwrap(),
             "{db}: no longer dead"
         );
-        let back = store.claim_events("e", now, 60_000, 10).await.unwrap();
+        let back = store.outbox().claim("e", now, 60_000, 10).await.unwrap();
         assert_eq!(
             back.iter()
                 .map(|e| (e.kind, e.attempts))
@@ -501,12 +562,16 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     let deliverer =
         Deliverer::new(store.clone(), &config(&url, 3), metrics.events.clone()).unwrap();
     let r = reservation(&unique("s"), "frank");
-    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+    store
+        .orders()
+        .insert(std::slice::from_ref(&r))
+        .await
+        .unwrap();
 
     // Three failed attempts (each after its backoff), then dead.
     for _ in 0..200 {
         deliverer.deliver_once().await.unwrap();
-        if store.outbox_stats().await.unwrap().dead == 1 {
+        if store.outbox().stats().await.unwrap().dead == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -529,7 +594,7 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
         "{}",
         metrics.render()
     );
-    let dead = store.dead_events(10).await.unwrap();
+    let dead = store.outbox().dead(10).await.unwrap();
     assert_eq!(dead[0].last_error.as_deref(), Some("webhook answered 503"));
     deliverer.deliver_once().await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 3, "a dead event is not sent");
@@ -537,7 +602,8 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     // Retried by an operator, it goes out, signed, with the id it always had.
     *status.lock().unwrap() = 204;
     assert!(store
-        .retry_dead_event(&dead[0].event_id, flashgate_common::now_ms())
+        .outbox()
+        .retry_dead(&dead[0].event_id, flashgate_common::now_ms())
         .await
         .unwrap());
     deliverer.deliver_once().await.unwrap();
@@ -569,7 +635,7 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
         1
     );
     assert_eq!(
-        store.outbox_stats().await.unwrap(),
+        store.outbox().stats().await.unwrap(),
         crate::store::outbox::OutboxStats::default(),
         "delivered events leave the outbox"
     );
@@ -596,7 +662,11 @@ async fn an_amqp_message_no_queue_takes_is_a_failed_attempt_and_stays_in_the_out
     });
     let deliverer = Deliverer::new(store.clone(), &config, metrics.events.clone()).unwrap();
     let r = reservation(&unique("s"), "grace");
-    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+    store
+        .orders()
+        .insert(std::slice::from_ref(&r))
+        .await
+        .unwrap();
 
     let mut rounds = 0;
     while metrics
@@ -615,12 +685,13 @@ async fn an_amqp_message_no_queue_takes_is_a_failed_attempt_and_stays_in_the_out
         0
     );
     assert_eq!(
-        store.outbox_stats().await.unwrap().pending,
+        store.outbox().stats().await.unwrap().pending,
         1,
         "the event stays in the outbox"
     );
     let left = store
-        .claim_events("t", flashgate_common::now_ms() + 3_600_000, 60_000, 10)
+        .outbox()
+        .claim("t", flashgate_common::now_ms() + 3_600_000, 60_000, 10)
         .await
         .unwrap();
     assert_eq!(left.len(), 1);
@@ -684,7 +755,8 @@ async fn a_tls_failure_is_warned_once_per_round_and_no_log_or_error_holds_the_ur
         Deliverer::new(store.clone(), &config(&url, 1), metrics.events.clone()).unwrap();
     for user in ["ann", "bob", "cyd"] {
         store
-            .insert_orders(&[reservation(&unique("s"), user)])
+            .orders()
+            .insert(&[reservation(&unique("s"), user)])
             .await
             .unwrap();
     }
@@ -709,7 +781,8 @@ async fn a_tls_failure_is_warned_once_per_round_and_no_log_or_error_holds_the_ur
         logs.text()
     );
     let errors: Vec<String> = store
-        .dead_events(10)
+        .outbox()
+        .dead(10)
         .await
         .unwrap()
         .into_iter()

@@ -52,16 +52,11 @@ use flashgate_common::sale::SaleSpec;
 use flashgate_common::transfer::{self, Given, Received, Record, Taken};
 use prometheus::IntCounter;
 use redis::aio::ConnectionLike;
-use redis::Script;
 
 use super::{count_orders, fence, Fence, Resynced, Resyncer};
 use crate::error::SaleError;
 use crate::redis_io::announce;
 use crate::store::{Store, SyncedOrder};
-
-/// Reconciles one bucket's transfers and base (`lua/resync_transfers.lua`).
-static RESYNC_TRANSFERS: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(flashgate_common::scripts::RESYNC_TRANSFERS));
 
 /// Re-syncs every fenced bucket of `sale_id` (`buckets` of them; see the
 /// module doc). Answers `Synced` (summed over the buckets re-synced now)
@@ -92,7 +87,7 @@ pub(super) async fn resync<C: ConnectionLike + Send>(
     if due.is_empty() {
         return Ok(Resynced::NotNeeded);
     }
-    let mut hold = store.begin_resync(sale_id).await?;
+    let mut hold = store.locks().begin_resync(sale_id).await?;
     let orders = hold.orders(sale_id).await?;
     let spec = hold.sale(sale_id).await?;
     // Under the hold too, as the definition: a pause an operator records
@@ -442,7 +437,7 @@ async fn reconcile<C: ConnectionLike + Send>(
     change: i64,
     peers: &Peers,
 ) -> Result<Reconciled, SaleError> {
-    let mut call = RESYNC_TRANSFERS.prepare_invoke();
+    let mut call = flashgate_common::scripts::RESYNC_TRANSFERS.prepare_invoke();
     call.key(&keys.meta)
         .key(&keys.remaining)
         .key(&keys.xfer_out)

@@ -33,7 +33,7 @@ async fn restored_sale(stock: i64) -> Fixture {
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
-    store.upsert_sale(&sale(&id, stock)).await.unwrap();
+    store.sales().upsert(&sale(&id, stock)).await.unwrap();
     assert!(matches!(
         restore(&mut conn, &store, &id).await.unwrap(),
         Restored::Loaded { .. }
@@ -111,8 +111,12 @@ async fn a_redis_back_without_its_last_wins_sells_nothing_until_every_order_of_t
     let all = reservations(&mut conn, &keys).await;
     let written = write_counted(&store, &mut conn, &all).await.unwrap();
     assert_eq!(written.created.len(), 2);
-    let a_order = store.order_by_reservation(&a).await.unwrap().unwrap();
-    assert!(store.cancel_if_unpaid(&a_order.order_id).await.unwrap());
+    let a_order = store.orders().by_reservation(&a).await.unwrap().unwrap();
+    assert!(store
+        .orders()
+        .cancel_if_unpaid(&a_order.order_id)
+        .await
+        .unwrap());
     assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 1);
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 7);
 
@@ -228,7 +232,7 @@ async fn an_order_whose_reservation_redis_lost_is_not_written() {
         "{written:?}"
     );
     assert_eq!(
-        store.count_live_orders(&id).await.unwrap(),
+        store.orders().count_live(&id).await.unwrap(),
         0,
         "never more orders than the stock"
     );
@@ -250,7 +254,8 @@ async fn a_resync_gives_back_an_idempotency_key_only_for_what_is_left_of_its_ttl
     (recent.idempotency_key, recent.reserved_at_ms) = ("krecent".into(), now - 30_000);
     // Orders Redis does not know (it lost them), and a fence.
     store
-        .insert_orders(&[old.clone(), recent.clone()])
+        .orders()
+        .insert(&[old.clone(), recent.clone()])
         .await
         .unwrap();
     let () = conn.set(&keys.synced, "00").await.unwrap();
@@ -302,7 +307,7 @@ async fn an_operators_change_the_redis_lost_is_applied_before_the_sale_sells_aga
         stock: 4,
         ..sale(&id, 10)
     };
-    store.upsert_sale(&lower).await.unwrap();
+    store.sales().upsert(&lower).await.unwrap();
     crate::sales::apply(&mut conn, &store, &lower)
         .await
         .unwrap();
@@ -348,7 +353,7 @@ async fn a_failed_over_bucket_that_lost_a_take_an_add_an_order_and_a_base_change
         buckets: 2,
         ..sale(&id, 10)
     };
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     assert!(matches!(
         restore(&mut conn, &store, &id).await.unwrap(),
         Restored::Loaded { .. }
@@ -372,12 +377,14 @@ async fn a_failed_over_bucket_that_lost_a_take_an_add_an_order_and_a_base_change
     // A buyer of bucket 0 won; the order is in the database.
     let buyer = user_in(0, 2);
     store
-        .insert_orders(&[crate::testing::reservation(&id, &buyer)])
+        .orders()
+        .insert(&[crate::testing::reservation(&id, &buyer)])
         .await
         .unwrap();
     // The operator raised the stock to 12, bucket 0's base by 2.
     store
-        .upsert_sale(&SaleSpec {
+        .sales()
+        .upsert(&SaleSpec {
             stock: 12,
             ..spec.clone()
         })
@@ -474,7 +481,8 @@ async fn bucketed_sale(
 ) -> String {
     let id = unique("s");
     store
-        .upsert_sale(&SaleSpec {
+        .sales()
+        .upsert(&SaleSpec {
             buckets: 2,
             ..sale(&id, stock)
         })
@@ -527,7 +535,7 @@ async fn both_sides_of_a_transfer_lost_with_the_buyers_order_in_the_database_are
         reservation_id: rid,
         ..crate::testing::reservation(&id, &buyer)
     };
-    store.insert_orders(&[order]).await.unwrap();
+    store.orders().insert(&[order]).await.unwrap();
     // The master dies; its replica lacked the take, the give and the win.
     redis.restart();
     let mut conn = redis.conn().await;
@@ -687,14 +695,15 @@ async fn a_base_cut_a_bucket_cannot_absorb_is_applied_as_far_as_it_can_and_the_b
     let b0 = SaleKeys::bucket(&id, 0);
     // The operator cut the stock to 2 (bucket 0 would need -8); bucket 0 lost it.
     store
-        .upsert_sale(&SaleSpec {
+        .sales()
+        .upsert(&SaleSpec {
             stock: 2,
             buckets: 2,
             ..sale(&id, 2)
         })
         .await
         .unwrap();
-    store.set_sale_paused(&id, true).await.unwrap();
+    store.sales().set_paused(&id, true).await.unwrap();
     let () = conn.set(&b0.synced, "00").await.unwrap();
     assert!(matches!(
         resyncer().resync(&mut conn, &store, &id).await.unwrap(),
@@ -739,7 +748,8 @@ async fn a_raise_the_bucket_lost_covers_its_shortfall_when_the_other_buckets_hol
     // The operator raised the stock to 12 (bucket 0's base by 2); bucket 0
     // failed over to a Redis that lost that raise and is 1 item short.
     store
-        .upsert_sale(&SaleSpec {
+        .sales()
+        .upsert(&SaleSpec {
             stock: 12,
             buckets: 2,
             ..sale(&id, 12)

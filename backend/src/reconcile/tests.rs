@@ -27,7 +27,7 @@ async fn reconcile_reads_a_large_sale_in_pages_and_still_finds_the_drift() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 10_000);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &spec)
         .await
         .unwrap();
@@ -43,7 +43,7 @@ async fn reconcile_reads_a_large_sale_in_pages_and_still_finds_the_drift() {
         }
         let () = pipe.query_async(&mut conn).await.unwrap();
     }
-    store.insert_orders(&sold).await.unwrap();
+    store.orders().insert(&sold).await.unwrap();
     // Redis counts two more items sold than there are reservations.
     let () = conn.set(&keys.remaining, 10_000 - 3500 - 2).await.unwrap();
 

@@ -28,22 +28,28 @@ async fn a_lost_sale_is_restored_counting_live_orders_and_in_flight_reservations
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 10);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     let (a, b, c) = (
         reservation(&id, "a"),
         reservation(&id, "b"),
         reservation(&id, "c"),
     );
     store
-        .insert_orders(&[a.clone(), b.clone(), c.clone()])
+        .orders()
+        .insert(&[a.clone(), b.clone(), c.clone()])
         .await
         .unwrap();
     let c_order = store
-        .order_by_reservation(&c.reservation_id)
+        .orders()
+        .by_reservation(&c.reservation_id)
         .await
         .unwrap()
         .unwrap();
-    assert!(store.cancel_if_unpaid(&c_order.order_id).await.unwrap());
+    assert!(store
+        .orders()
+        .cancel_if_unpaid(&c_order.order_id)
+        .await
+        .unwrap());
     // A reservation that survived in Redis but has no order yet.
     let keys = SaleKeys::new(&id);
     let d = reservation(&id, "d");
@@ -106,7 +112,7 @@ async fn release_returns_an_item_once_and_waits_for_a_missing_sale() {
         }
     };
     assert_eq!(call(&mut conn).await, -1, "absent sale: nothing changes");
-    store.upsert_sale(&sale(&id, 5)).await.unwrap();
+    store.sales().upsert(&sale(&id, 5)).await.unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &sale(&id, 5))
         .await
         .unwrap();
@@ -131,11 +137,12 @@ async fn unpaid_orders_past_the_timeout_are_cancelled_and_their_items_return_onc
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 5);
-    store.upsert_sale(&spec).await.unwrap();
-    store.set_payment_timeout(&id, 60).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
+    store.sales().set_payment_timeout(&id, 60).await.unwrap();
     let (paid, unpaid) = (reservation(&id, "payer"), reservation(&id, "idler"));
     store
-        .insert_orders(&[paid.clone(), unpaid.clone()])
+        .orders()
+        .insert(&[paid.clone(), unpaid.clone()])
         .await
         .unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &spec)
@@ -144,12 +151,13 @@ async fn unpaid_orders_past_the_timeout_are_cancelled_and_their_items_return_onc
     let keys = SaleKeys::new(&id);
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 3);
     let paid_order = store
-        .order_by_reservation(&paid.reservation_id)
+        .orders()
+        .by_reservation(&paid.reservation_id)
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
-        store.pay(&paid_order.order_id).await.unwrap(),
+        store.orders().pay(&paid_order.order_id).await.unwrap(),
         crate::store::Payment::Paid(_)
     ));
 
@@ -174,12 +182,13 @@ async fn unpaid_orders_past_the_timeout_are_cancelled_and_their_items_return_onc
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 4);
     // A payment arriving after the cancellation is refused.
     let unpaid_order = store
-        .order_by_reservation(&unpaid.reservation_id)
+        .orders()
+        .by_reservation(&unpaid.reservation_id)
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
-        store.pay(&unpaid_order.order_id).await.unwrap(),
+        store.orders().pay(&unpaid_order.order_id).await.unwrap(),
         crate::store::Payment::Cancelled(_)
     ));
 }
@@ -191,7 +200,7 @@ async fn a_cancelled_order_whose_reservation_redis_never_counted_returns_no_item
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 5);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &spec)
         .await
         .unwrap();
@@ -200,15 +209,21 @@ async fn a_cancelled_order_whose_reservation_redis_never_counted_returns_no_item
     // never took its item out of `remaining`.
     let lost = reservation(&id, "u");
     store
-        .insert_orders(std::slice::from_ref(&lost))
+        .orders()
+        .insert(std::slice::from_ref(&lost))
         .await
         .unwrap();
     let order = store
-        .order_by_reservation(&lost.reservation_id)
+        .orders()
+        .by_reservation(&lost.reservation_id)
         .await
         .unwrap()
         .unwrap();
-    assert!(store.cancel_if_unpaid(&order.order_id).await.unwrap());
+    assert!(store
+        .orders()
+        .cancel_if_unpaid(&order.order_id)
+        .await
+        .unwrap());
 
     assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
     assert_eq!(
@@ -236,10 +251,11 @@ async fn an_order_restored_from_the_database_then_cancelled_returns_its_item_onc
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 5);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     let kept = reservation(&id, "u");
     store
-        .insert_orders(std::slice::from_ref(&kept))
+        .orders()
+        .insert(std::slice::from_ref(&kept))
         .await
         .unwrap();
     // Redis lost everything; the restore counts the live order.
@@ -249,11 +265,16 @@ async fn an_order_restored_from_the_database_then_cancelled_returns_its_item_onc
     ));
     let keys = SaleKeys::new(&id);
     let order = store
-        .order_by_reservation(&kept.reservation_id)
+        .orders()
+        .by_reservation(&kept.reservation_id)
         .await
         .unwrap()
         .unwrap();
-    assert!(store.cancel_if_unpaid(&order.order_id).await.unwrap());
+    assert!(store
+        .orders()
+        .cancel_if_unpaid(&order.order_id)
+        .await
+        .unwrap());
 
     assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 1);
     assert_eq!(return_stock(&mut conn, &store).await.unwrap(), 0);
@@ -281,9 +302,10 @@ async fn a_restore_overtaken_by_another_changes_nothing_and_no_user_wins_twice()
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 10);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     store
-        .insert_orders(&[reservation(&id, "early")])
+        .orders()
+        .insert(&[reservation(&id, "early")])
         .await
         .unwrap();
     let keys = SaleKeys::new(&id);
@@ -344,7 +366,7 @@ async fn a_restorer_that_lost_its_lock_installs_nothing() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 10);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     let keys = SaleKeys::new(&id);
 
     let mut slow = redis::Client::open(gate.url.as_str())
@@ -382,9 +404,10 @@ async fn two_restores_of_one_lost_sale_at_once_load_it_once() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 10);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     store
-        .insert_orders(&[reservation(&id, "a"), reservation(&id, "b")])
+        .orders()
+        .insert(&[reservation(&id, "a"), reservation(&id, "b")])
         .await
         .unwrap();
     let keys = SaleKeys::new(&id);
@@ -441,34 +464,40 @@ async fn cancelled_orders_of_a_sale_missing_from_redis_do_not_stall_other_sales_
     // Sale `lost` is in the database only (Redis lost it; the restore loop
     // has not run yet), with more cancelled orders than one return batch.
     let lost = unique("lost");
-    store.upsert_sale(&sale(&lost, 1000)).await.unwrap();
+    store.sales().upsert(&sale(&lost, 1000)).await.unwrap();
     let orders: Vec<_> = (0..RETURN_BATCH + 20)
         .map(|i| reservation(&lost, &format!("u{i}")))
         .collect();
-    store.insert_orders(&orders).await.unwrap();
+    store.orders().insert(&orders).await.unwrap();
     for r in &orders {
         let o = store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .unwrap();
-        assert!(store.cancel_if_unpaid(&o.order_id).await.unwrap());
+        assert!(store.orders().cancel_if_unpaid(&o.order_id).await.unwrap());
     }
     // Sale `live` is in Redis with one cancelled order written last.
     let live = unique("live");
     let spec = sale(&live, 5);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     let r = reservation(&live, "late");
-    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+    store
+        .orders()
+        .insert(std::slice::from_ref(&r))
+        .await
+        .unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &spec)
         .await
         .unwrap();
     let o = store
-        .order_by_reservation(&r.reservation_id)
+        .orders()
+        .by_reservation(&r.reservation_id)
         .await
         .unwrap()
         .unwrap();
-    assert!(store.cancel_if_unpaid(&o.order_id).await.unwrap());
+    assert!(store.orders().cancel_if_unpaid(&o.order_id).await.unwrap());
     let keys = SaleKeys::new(&live);
     assert_eq!(conn.get::<_, i64>(&keys.remaining).await.unwrap(), 4);
 
@@ -531,13 +560,13 @@ async fn a_pause_sent_during_a_restore_holds_even_if_the_restorer_dies_after_the
     // is needed for it to take effect.
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(flashgate_common::scripts::PREHEAT)
+        .arg(flashgate_common::scripts::PREHEAT.body())
         .query_async(&mut conn)
         .await
         .unwrap();
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
-    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    store.sales().upsert(&sale(&id, 10)).await.unwrap();
     let keys = SaleKeys::new(&id);
 
     let (gate, mut slow) = gated(&redis, EVALSHA).await;
@@ -570,19 +599,19 @@ async fn a_pass_brings_pauses_and_the_switch_in_redis_in_line_with_the_database(
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let (a, b) = (unique("a"), unique("b"));
     for id in [&a, &b] {
-        store.upsert_sale(&sale(id, 10)).await.unwrap();
+        store.sales().upsert(&sale(id, 10)).await.unwrap();
     }
     assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 2);
     resynced(&mut conn, &store, &a).await;
     resynced(&mut conn, &store, &b).await;
     // Redis and the database disagree: a Redis write that failed after the
     // database write (503 to the operator), or two operators racing.
-    store.set_sale_paused(&a, true).await.unwrap();
+    store.sales().set_paused(&a, true).await.unwrap();
     let () = conn
         .hset(&SaleKeys::new(&b).meta, "paused", "1")
         .await
         .unwrap();
-    store.set_all_paused(true).await.unwrap();
+    store.switch().set_paused(true).await.unwrap();
     let () = conn
         .set(flashgate_common::keys::GLOBAL_SWITCH, "open")
         .await
@@ -655,8 +684,8 @@ async fn pauses_kept_only_in_redis_before_an_upgrade_survive_redis_restarting_em
     // The upgraded backend starts: its first pass takes both from Redis.
     let store = Store::connect(&url).await.unwrap();
     restore_missing(&mut conn, &store).await.unwrap();
-    assert_eq!(store.sale_paused(&id).await.unwrap(), Some(true));
-    assert_eq!(store.all_paused().await.unwrap(), Some(true));
+    assert_eq!(store.sales().paused(&id).await.unwrap(), Some(true));
+    assert_eq!(store.switch().paused().await.unwrap(), Some(true));
 
     let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
@@ -678,9 +707,10 @@ async fn orders_written_while_a_sale_is_restored_are_counted_before_anyone_buys(
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
-    store.upsert_sale(&sale(&id, 2)).await.unwrap();
+    store.sales().upsert(&sale(&id, 2)).await.unwrap();
     store
-        .insert_orders(&[reservation(&id, "early")])
+        .orders()
+        .insert(&[reservation(&id, "early")])
         .await
         .unwrap();
     let keys = SaleKeys::new(&id);
@@ -692,7 +722,8 @@ async fn orders_written_while_a_sale_is_restored_are_counted_before_anyone_buys(
     gate.holding().await;
     // After the snapshot, a forward checked against the lost Redis commits.
     store
-        .insert_orders(&[reservation(&id, "late")])
+        .orders()
+        .insert(&[reservation(&id, "late")])
         .await
         .unwrap();
     gate.open();
@@ -738,7 +769,7 @@ async fn a_restore_installs_the_definition_the_database_holds_when_it_has_the_lo
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let old = sale(&id, 10);
-    store.upsert_sale(&old).await.unwrap();
+    store.sales().upsert(&old).await.unwrap();
 
     // The caller read the definition, then waits for the lock...
     let (gate, mut slow) = gated(&redis, b"$3\r\nSET\r\n").await;
@@ -751,7 +782,8 @@ async fn a_restore_installs_the_definition_the_database_holds_when_it_has_the_lo
     gate.holding().await;
     // ...while an operator raises the stock.
     store
-        .upsert_sale(&SaleSpec {
+        .sales()
+        .upsert(&SaleSpec {
             stock: 20,
             ..old.clone()
         })
@@ -775,7 +807,7 @@ async fn a_sale_missing_from_the_sales_index_is_listed_again_by_the_next_pass() 
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
-    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    store.sales().upsert(&sale(&id, 10)).await.unwrap();
     assert_eq!(restore_missing(&mut conn, &store).await.unwrap(), 1);
     // The restorer died between the install and adding it to the index.
     let () = conn
@@ -796,8 +828,12 @@ async fn a_restore_that_outlived_its_scratch_keys_is_retried_not_fatal() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
     let spec = sale(&id, 10);
-    store.upsert_sale(&spec).await.unwrap();
-    store.insert_orders(&[reservation(&id, "a")]).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
+    store
+        .orders()
+        .insert(&[reservation(&id, "a")])
+        .await
+        .unwrap();
 
     let (gate, mut slow) = gated(&redis, EVALSHA).await;
     let (slow_store, slow_spec) = (store.clone(), spec.clone());
@@ -828,7 +864,7 @@ async fn a_restore_creates_the_consumer_group_on_a_stream_that_survived_without_
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
-    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    store.sales().upsert(&sale(&id, 10)).await.unwrap();
     let keys = SaleKeys::new(&id);
     let _: String = redis::cmd("XADD")
         .arg(&keys.stream)
@@ -869,7 +905,7 @@ async fn a_restorer_killed_holding_the_lock_blocks_the_sale_at_most_ten_seconds(
     let mut conn = redis.conn().await;
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let id = unique("s");
-    store.upsert_sale(&sale(&id, 10)).await.unwrap();
+    store.sales().upsert(&sale(&id, 10)).await.unwrap();
     let (gate, mut slow) = gated(&redis, EVALSHA).await;
     let (slow_store, slow_id) = (store.clone(), id.clone());
     let restorer = tokio::spawn(async move { restore(&mut slow, &slow_store, &slow_id).await });
@@ -892,8 +928,12 @@ async fn a_lost_bucketed_sale_with_orders_or_a_surviving_bucket_is_left_absent_a
         buckets: 3,
         ..sale(&id, 9)
     };
-    store.upsert_sale(&spec).await.unwrap();
-    store.insert_orders(&[reservation(&id, "a")]).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
+    store
+        .orders()
+        .insert(&[reservation(&id, "a")])
+        .await
+        .unwrap();
     for _ in 0..2 {
         assert_eq!(
             restore(&mut conn, &store, &id).await.unwrap(),
@@ -910,7 +950,7 @@ async fn a_lost_bucketed_sale_with_orders_or_a_surviving_bucket_is_left_absent_a
         buckets: 3,
         ..sale(&id, 9)
     };
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     crate::buckets::install(&mut conn, &spec).await.unwrap();
     for k in [0, 2] {
         let () = conn.del(SaleKeys::bucket(&id, k).meta).await.unwrap();

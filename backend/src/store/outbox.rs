@@ -77,7 +77,7 @@ struct Body<'a> {
     order: BodyOrder<'a>,
     /// Whether the order's item went back to the sale's stock: true only
     /// for `order.cancelled`, which is written in the transaction that
-    /// records the return ([`crate::store::Store::mark_released`]).
+    /// records the return ([`crate::store::Orders::mark_released`]).
     item_returned: bool,
 }
 
@@ -316,25 +316,31 @@ fn clip(error: &str) -> &str {
     }
 }
 
-impl Store {
+/// The order events outbox of a [`Store`] ([`Store::outbox`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Outbox<'a> {
+    pub(super) store: &'a Store,
+}
+
+impl Outbox<'_> {
     /// Claims up to `limit` due events for `owner` (unique per call: the
     /// claimed rows are read back by it) until `now_ms + lease_ms`: only
     /// the first event left of each order, in the order they were written.
     ///
     /// # Errors
     /// A failed query.
-    pub async fn claim_events(
+    pub async fn claim(
         &self,
         owner: &str,
         now_ms: i64,
         lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<OutboxEvent>, StoreError> {
-        let ids: Vec<String> = sqlx::query(&self.sql(CANDIDATES))
+        let ids: Vec<String> = sqlx::query(&self.store.sql(CANDIDATES))
             .bind(now_ms)
             .bind(now_ms)
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.store.pool)
             .await?
             .iter()
             .map(|r| r.try_get::<String, _>(0))
@@ -343,7 +349,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let statement = claim(ids.len());
-        let statement = self.sql(&statement);
+        let statement = self.store.sql(&statement);
         let mut query = sqlx::query(&statement)
             .bind(owner)
             .bind(now_ms + lease_ms)
@@ -351,10 +357,10 @@ impl Store {
         for id in &ids {
             query = query.bind(id.as_str());
         }
-        query.execute(&self.pool).await?;
-        let rows = sqlx::query(&self.sql(CLAIMED))
+        query.execute(&self.store.pool).await?;
+        let rows = sqlx::query(&self.store.sql(CLAIMED))
             .bind(owner)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.store.pool)
             .await?;
         rows.iter().map(outbox_event).collect()
     }
@@ -363,10 +369,10 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn event_delivered(&self, event_id: &str) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(DELIVERED))
+    pub async fn delivered(&self, event_id: &str) -> Result<(), StoreError> {
+        sqlx::query(&self.store.sql(DELIVERED))
             .bind(event_id)
-            .execute(&self.pool)
+            .execute(&self.store.pool)
             .await?;
         Ok(())
     }
@@ -377,7 +383,7 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn event_failed(
+    pub async fn failed(
         &self,
         event_id: &str,
         owner: &str,
@@ -387,7 +393,7 @@ impl Store {
             Some(at) => ("pending", at),
             None => ("dead", 0),
         };
-        let done = sqlx::query(&self.sql(FAILED))
+        let done = sqlx::query(&self.store.sql(FAILED))
             .bind(i64::from(failure.attempts))
             .bind(i64::from(failure.sinks_done))
             .bind(clip(failure.error))
@@ -395,7 +401,7 @@ impl Store {
             .bind(state)
             .bind(event_id)
             .bind(owner)
-            .execute(&self.pool)
+            .execute(&self.store.pool)
             .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -404,10 +410,10 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn dead_events(&self, limit: i64) -> Result<Vec<DeadEvent>, StoreError> {
-        let rows = sqlx::query(&self.sql(DEAD))
+    pub async fn dead(&self, limit: i64) -> Result<Vec<DeadEvent>, StoreError> {
+        let rows = sqlx::query(&self.store.sql(DEAD))
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.store.pool)
             .await?;
         rows.iter()
             .map(|r| {
@@ -429,11 +435,11 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn retry_dead_event(&self, event_id: &str, now_ms: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql(RETRY))
+    pub async fn retry_dead(&self, event_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.store.sql(RETRY))
             .bind(now_ms)
             .bind(event_id)
-            .execute(&self.pool)
+            .execute(&self.store.pool)
             .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -442,12 +448,12 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn outbox_stats(&self) -> Result<OutboxStats, StoreError> {
-        let row = sqlx::query(&self.sql(PENDING_STATS))
-            .fetch_one(&self.pool)
+    pub async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let row = sqlx::query(&self.store.sql(PENDING_STATS))
+            .fetch_one(&self.store.pool)
             .await?;
-        let dead = sqlx::query(&self.sql(DEAD_COUNT))
-            .fetch_one(&self.pool)
+        let dead = sqlx::query(&self.store.sql(DEAD_COUNT))
+            .fetch_one(&self.store.pool)
             .await?;
         Ok(OutboxStats {
             pending: row.try_get("n")?,
@@ -460,10 +466,10 @@ impl Store {
     ///
     /// # Errors
     /// A failed query.
-    pub async fn order_events(&self, order_id: &str) -> Result<Vec<OutboxEvent>, StoreError> {
-        let rows = sqlx::query(&self.sql(OF_ORDER))
+    pub async fn of_order(&self, order_id: &str) -> Result<Vec<OutboxEvent>, StoreError> {
+        let rows = sqlx::query(&self.store.sql(OF_ORDER))
             .bind(order_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.store.pool)
             .await?;
         rows.iter().map(outbox_event).collect()
     }

@@ -24,7 +24,9 @@ use sqlx::Row;
 
 use flashgate_common::sale::SaleSpec;
 
-use super::{in_lock_order, order_row, sale_from_row, sql, Flavour, OrderRow, Store, StoreError};
+use super::orders::{in_lock_order, order_row};
+use super::sales::sale_from_row;
+use super::{sql, Flavour, OrderRow, Store, StoreError};
 
 /// Orders being written while their sales are held shared; dropped
 /// without [`OrderWrite::commit`], nothing is written.
@@ -50,7 +52,13 @@ pub struct SyncedOrder {
     pub reserved_at_ms: i64,
 }
 
-impl Store {
+/// The sale holds of a [`Store`] ([`Store::locks`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SaleLocks<'a> {
+    pub(super) store: &'a Store,
+}
+
+impl SaleLocks<'_> {
     /// Opens a transaction that holds the rows of `sale_ids` shared (in id
     /// order, so two writers never wait on each other in a cycle).
     ///
@@ -62,14 +70,14 @@ impl Store {
         ids.dedup();
         let mut tx = self.begin_held().await?;
         for id in ids {
-            sqlx::query(&self.sql(self.lock_statement(false)))
+            sqlx::query(&self.store.sql(self.lock_statement(false)))
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
         }
         Ok(OrderWrite {
             tx,
-            store: self.clone(),
+            store: self.store.clone(),
         })
     }
 
@@ -80,13 +88,13 @@ impl Store {
     /// A failed statement, or a lock not granted in time.
     pub async fn begin_resync(&self, sale_id: &str) -> Result<SaleResync, StoreError> {
         let mut tx = self.begin_held().await?;
-        sqlx::query(&self.sql(self.lock_statement(true)))
+        sqlx::query(&self.store.sql(self.lock_statement(true)))
             .bind(sale_id)
             .execute(&mut *tx)
             .await?;
         Ok(SaleResync {
             tx,
-            flavour: self.flavour,
+            flavour: self.store.flavour,
         })
     }
 
@@ -97,14 +105,14 @@ impl Store {
     /// `BEGIN` itself, one round trip for all three (every order write
     /// opens one of these).
     async fn begin_held(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
-        if self.flavour == Flavour::Postgres {
-            return Ok(self.pool.begin_with(sql::BEGIN_HELD).await?);
+        if self.store.flavour == Flavour::Postgres {
+            return Ok(self.store.pool.begin_with(sql::BEGIN_HELD).await?);
         }
-        Ok(self.pool.begin().await?)
+        Ok(self.store.pool.begin().await?)
     }
 
     fn lock_statement(&self, exclusive: bool) -> &'static str {
-        match (self.flavour, exclusive) {
+        match (self.store.flavour, exclusive) {
             (Flavour::Postgres, false) => sql::HOLD_SALE_SHARED,
             (Flavour::Postgres | Flavour::Mysql, true) => sql::HOLD_SALE_EXCLUSIVE,
             (Flavour::Mysql, false) => sql::HOLD_SALE_SHARED_MYSQL,
@@ -172,7 +180,7 @@ impl SaleResync {
     }
 
     /// The pause an operator recorded for the sale, as committed (`None`:
-    /// unknown sale, or a pause never recorded); see [`Store::sale_paused`].
+    /// unknown sale, or a pause never recorded); see [`Sales::paused`](super::Sales::paused).
     ///
     /// # Errors
     /// A failed query.

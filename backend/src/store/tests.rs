@@ -1,7 +1,9 @@
 //! Every test body runs against SQLite, PostgreSQL and MySQL (MariaDB).
 
 use flashgate_common::reservation::ReservationStatus;
+use flashgate_common::sale::SaleSpec;
 
+use super::orders::MAX_ROWS_PER_INSERT;
 use super::*;
 use crate::testing::{reservation, sale, stores, unique};
 
@@ -12,9 +14,13 @@ async fn batch_insert_is_idempotent_on_reservation_id() {
         let batch: Vec<_> = (0..5)
             .map(|i| reservation(&sale_id, &format!("u{i}")))
             .collect();
-        assert_eq!(store.insert_orders(&batch).await.unwrap(), 5, "{db}");
-        assert_eq!(store.insert_orders(&batch).await.unwrap(), 0, "{db}");
-        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 5, "{db}");
+        assert_eq!(store.orders().insert(&batch).await.unwrap(), 5, "{db}");
+        assert_eq!(store.orders().insert(&batch).await.unwrap(), 0, "{db}");
+        assert_eq!(
+            store.orders().count_live(&sale_id).await.unwrap(),
+            5,
+            "{db}"
+        );
     }
 }
 
@@ -24,11 +30,13 @@ async fn a_batch_mixing_new_and_known_reservations_inserts_only_the_new() {
         let sale_id = unique("s");
         let first = reservation(&sale_id, "a");
         store
-            .insert_orders(std::slice::from_ref(&first))
+            .orders()
+            .insert(std::slice::from_ref(&first))
             .await
             .unwrap();
         let order = store
-            .order_by_reservation(&first.reservation_id)
+            .orders()
+            .by_reservation(&first.reservation_id)
             .await
             .unwrap()
             .unwrap();
@@ -36,14 +44,19 @@ async fn a_batch_mixing_new_and_known_reservations_inserts_only_the_new() {
         let mut replay = first.clone();
         replay.user_id = "someone-else".into();
         let batch = vec![replay, reservation(&sale_id, "b")];
-        assert_eq!(store.insert_orders(&batch).await.unwrap(), 1, "{db}");
+        assert_eq!(store.orders().insert(&batch).await.unwrap(), 1, "{db}");
         let again = store
-            .order_by_reservation(&first.reservation_id)
+            .orders()
+            .by_reservation(&first.reservation_id)
             .await
             .unwrap()
             .unwrap();
         assert_eq!(again, order, "{db}");
-        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+        assert_eq!(
+            store.orders().count_live(&sale_id).await.unwrap(),
+            2,
+            "{db}"
+        );
     }
 }
 
@@ -55,7 +68,7 @@ async fn large_batches_are_split_below_the_parameter_limit() {
             .map(|i| reservation(&sale_id, &format!("u{i}")))
             .collect();
         assert_eq!(
-            store.insert_orders(&batch).await.unwrap(),
+            store.orders().insert(&batch).await.unwrap(),
             batch.len() as u64,
             "{db}"
         );
@@ -68,13 +81,22 @@ async fn order_by_reservation_maps_status_and_ids() {
         let sale_id = unique("s");
         let r = reservation(&sale_id, "alice");
         assert_eq!(
-            store.order_by_reservation(&r.reservation_id).await.unwrap(),
+            store
+                .orders()
+                .by_reservation(&r.reservation_id)
+                .await
+                .unwrap(),
             None,
             "{db}"
         );
-        store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+        store
+            .orders()
+            .insert(std::slice::from_ref(&r))
+            .await
+            .unwrap();
         let view = store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .unwrap();
@@ -91,11 +113,15 @@ async fn order_by_reservation_maps_status_and_ids() {
         assert_eq!(view.status, ReservationStatus::Confirmed, "{db}");
 
         assert!(
-            matches!(store.pay(&view.order_id).await.unwrap(), Payment::Paid(_)),
+            matches!(
+                store.orders().pay(&view.order_id).await.unwrap(),
+                Payment::Paid(_)
+            ),
             "{db}"
         );
         let view = store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .unwrap();
@@ -104,20 +130,27 @@ async fn order_by_reservation_maps_status_and_ids() {
         // A paid order is never cancelled: an unpaid one shows it.
         let unpaid = reservation(&sale_id, "bob");
         store
-            .insert_orders(std::slice::from_ref(&unpaid))
+            .orders()
+            .insert(std::slice::from_ref(&unpaid))
             .await
             .unwrap();
         let order = store
-            .order_by_reservation(&unpaid.reservation_id)
+            .orders()
+            .by_reservation(&unpaid.reservation_id)
             .await
             .unwrap()
             .unwrap();
         assert!(
-            store.cancel_if_unpaid(&order.order_id).await.unwrap(),
+            store
+                .orders()
+                .cancel_if_unpaid(&order.order_id)
+                .await
+                .unwrap(),
             "{db}"
         );
         let view = store
-            .order_by_reservation(&unpaid.reservation_id)
+            .orders()
+            .by_reservation(&unpaid.reservation_id)
             .await
             .unwrap()
             .unwrap();
@@ -132,21 +165,31 @@ async fn cancelled_orders_are_not_live() {
         let batch: Vec<_> = (0..3)
             .map(|i| reservation(&sale_id, &format!("u{i}")))
             .collect();
-        store.insert_orders(&batch).await.unwrap();
+        store.orders().insert(&batch).await.unwrap();
         store
-            .insert_orders(&[reservation(&unique("other"), "x")])
+            .orders()
+            .insert(&[reservation(&unique("other"), "x")])
             .await
             .unwrap();
         let first = store
-            .order_by_reservation(&batch[0].reservation_id)
+            .orders()
+            .by_reservation(&batch[0].reservation_id)
             .await
             .unwrap()
             .unwrap();
         assert!(
-            store.cancel_if_unpaid(&first.order_id).await.unwrap(),
+            store
+                .orders()
+                .cancel_if_unpaid(&first.order_id)
+                .await
+                .unwrap(),
             "{db}"
         );
-        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+        assert_eq!(
+            store.orders().count_live(&sale_id).await.unwrap(),
+            2,
+            "{db}"
+        );
     }
 }
 
@@ -155,13 +198,16 @@ async fn insert_sale_if_absent_never_overwrites() {
     for (db, store) in stores().await {
         let id = unique("s");
         let spec = sale(&id, 10);
-        assert!(store.insert_sale_if_absent(&spec).await.unwrap(), "{db}");
+        assert!(store.sales().insert_if_absent(&spec).await.unwrap(), "{db}");
         let mut moved = spec.clone();
         moved.starts_at_ms += 60_000;
         moved.ends_at_ms += 60_000;
         moved.stock = 99;
-        assert!(!store.insert_sale_if_absent(&moved).await.unwrap(), "{db}");
-        assert_eq!(store.sale(&id).await.unwrap(), Some(spec), "{db}");
+        assert!(
+            !store.sales().insert_if_absent(&moved).await.unwrap(),
+            "{db}"
+        );
+        assert_eq!(store.sales().get(&id).await.unwrap(), Some(spec), "{db}");
     }
 }
 
@@ -169,14 +215,18 @@ async fn insert_sale_if_absent_never_overwrites() {
 async fn upsert_sale_replaces_and_lists() {
     for (db, store) in stores().await {
         let id = unique("s");
-        assert_eq!(store.sale(&id).await.unwrap(), None, "{db}");
+        assert_eq!(store.sales().get(&id).await.unwrap(), None, "{db}");
         let mut spec = sale(&id, 10);
-        store.upsert_sale(&spec).await.unwrap();
+        store.sales().upsert(&spec).await.unwrap();
         spec.stock = 20;
         spec.name = "renamed".into();
-        store.upsert_sale(&spec).await.unwrap();
-        assert_eq!(store.sale(&id).await.unwrap().as_ref(), Some(&spec), "{db}");
-        assert!(store.sales().await.unwrap().contains(&spec), "{db}");
+        store.sales().upsert(&spec).await.unwrap();
+        assert_eq!(
+            store.sales().get(&id).await.unwrap().as_ref(),
+            Some(&spec),
+            "{db}"
+        );
+        assert!(store.sales().all().await.unwrap().contains(&spec), "{db}");
     }
 }
 
@@ -184,10 +234,10 @@ async fn upsert_sale_replaces_and_lists() {
 async fn a_sale_write_dropped_before_commit_leaves_nothing() {
     for (db, store) in stores().await {
         let id = unique("s");
-        let mut write = store.begin_sale_write().await.unwrap();
+        let mut write = store.sales().begin_write().await.unwrap();
         write.upsert(&sale(&id, 5)).await.unwrap();
         drop(write);
-        assert_eq!(store.sale(&id).await.unwrap(), None, "{db}");
+        assert_eq!(store.sales().get(&id).await.unwrap(), None, "{db}");
     }
 }
 
@@ -205,44 +255,66 @@ async fn a_payment_and_a_cancellation_are_decided_once() {
     for (db, store) in crate::testing::stores().await {
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
-        store.insert_orders(&[a.clone(), b.clone()]).await.unwrap();
+        store
+            .orders()
+            .insert(&[a.clone(), b.clone()])
+            .await
+            .unwrap();
         let a = store
-            .order_by_reservation(&a.reservation_id)
+            .orders()
+            .by_reservation(&a.reservation_id)
             .await
             .unwrap()
             .unwrap();
         let b = store
-            .order_by_reservation(&b.reservation_id)
+            .orders()
+            .by_reservation(&b.reservation_id)
             .await
             .unwrap()
             .unwrap();
         assert!(
-            matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)),
+            matches!(
+                store.orders().pay(&a.order_id).await.unwrap(),
+                Payment::Paid(_)
+            ),
             "{db}"
         );
         assert!(
-            matches!(store.pay(&a.order_id).await.unwrap(), Payment::Paid(_)),
+            matches!(
+                store.orders().pay(&a.order_id).await.unwrap(),
+                Payment::Paid(_)
+            ),
             "paying twice is harmless ({db})"
         );
         assert!(
-            !store.cancel_if_unpaid(&a.order_id).await.unwrap(),
+            !store.orders().cancel_if_unpaid(&a.order_id).await.unwrap(),
             "a paid order is never cancelled ({db})"
         );
-        assert!(store.cancel_if_unpaid(&b.order_id).await.unwrap(), "{db}");
-        assert!(!store.cancel_if_unpaid(&b.order_id).await.unwrap(), "{db}");
         assert!(
-            matches!(store.pay(&b.order_id).await.unwrap(), Payment::Cancelled(_)),
+            store.orders().cancel_if_unpaid(&b.order_id).await.unwrap(),
+            "{db}"
+        );
+        assert!(
+            !store.orders().cancel_if_unpaid(&b.order_id).await.unwrap(),
+            "{db}"
+        );
+        assert!(
+            matches!(
+                store.orders().pay(&b.order_id).await.unwrap(),
+                Payment::Cancelled(_)
+            ),
             "{db}"
         );
         assert_eq!(
             store
+                .orders()
                 .pay("o-00000000000000000000000000000000")
                 .await
                 .unwrap(),
             Payment::Unknown,
             "{db}"
         );
-        assert!(store.writable().await, "{db}");
+        assert!(store.orders().writable().await, "{db}");
     }
 }
 
@@ -264,11 +336,17 @@ async fn a_database_made_before_payment_timeouts_gains_the_new_columns() {
     }
     old.close().await;
     let store = Store::connect(&url).await.unwrap();
-    assert_eq!(store.payment_timeout("old").await.unwrap(), Some(900));
-    assert_eq!(store.sale("old").await.unwrap().unwrap().stock, 5);
+    assert_eq!(
+        store.sales().payment_timeout("old").await.unwrap(),
+        Some(900)
+    );
+    assert_eq!(store.sales().get("old").await.unwrap().unwrap().stock, 5);
     // Connecting again finds the columns and changes nothing.
     let store = Store::connect(&url).await.unwrap();
-    assert_eq!(store.payment_timeout("old").await.unwrap(), Some(900));
+    assert_eq!(
+        store.sales().payment_timeout("old").await.unwrap(),
+        Some(900)
+    );
 }
 
 #[tokio::test]
@@ -276,36 +354,49 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
     for (db, store) in stores().await {
         let id = unique("s");
         assert!(
-            !store.set_sale_paused(&id, true).await.unwrap(),
+            !store.sales().set_paused(&id, true).await.unwrap(),
             "{db}: unknown sale"
         );
-        assert_eq!(store.sale_paused(&id).await.unwrap(), None, "{db}");
+        assert_eq!(store.sales().paused(&id).await.unwrap(), None, "{db}");
         let spec = sale(&id, 5);
-        store.upsert_sale(&spec).await.unwrap();
-        assert_eq!(store.sale_paused(&id).await.unwrap(), Some(false), "{db}");
-        assert!(store.set_sale_paused(&id, true).await.unwrap(), "{db}");
+        store.sales().upsert(&spec).await.unwrap();
+        assert_eq!(
+            store.sales().paused(&id).await.unwrap(),
+            Some(false),
+            "{db}"
+        );
+        assert!(store.sales().set_paused(&id, true).await.unwrap(), "{db}");
         // Changing the sale's definition keeps its pause.
         store
-            .upsert_sale(&SaleSpec { stock: 7, ..spec })
+            .sales()
+            .upsert(&SaleSpec { stock: 7, ..spec })
             .await
             .unwrap();
-        assert_eq!(store.sale_paused(&id).await.unwrap(), Some(true), "{db}");
-        assert!(store.set_sale_paused(&id, false).await.unwrap(), "{db}");
-        assert_eq!(store.sale_paused(&id).await.unwrap(), Some(false), "{db}");
+        assert_eq!(store.sales().paused(&id).await.unwrap(), Some(true), "{db}");
+        assert!(store.sales().set_paused(&id, false).await.unwrap(), "{db}");
+        assert_eq!(
+            store.sales().paused(&id).await.unwrap(),
+            Some(false),
+            "{db}"
+        );
 
         // PostgreSQL is shared with other tests: put the switch back.
-        let before = store.all_paused().await.unwrap();
-        store.set_all_paused(true).await.unwrap();
-        assert_eq!(store.all_paused().await.unwrap(), Some(true), "{db}");
-        store.adopt_all_paused(false).await.unwrap();
+        let before = store.switch().paused().await.unwrap();
+        store.switch().set_paused(true).await.unwrap();
+        assert_eq!(store.switch().paused().await.unwrap(), Some(true), "{db}");
+        store.switch().adopt_paused(false).await.unwrap();
         assert_eq!(
-            store.all_paused().await.unwrap(),
+            store.switch().paused().await.unwrap(),
             Some(true),
             "{db}: a recorded switch is never replaced by an adopted one"
         );
-        store.set_all_paused(false).await.unwrap();
-        assert_eq!(store.all_paused().await.unwrap(), Some(false), "{db}");
-        store.set_all_paused(before.unwrap_or(false)).await.unwrap();
+        store.switch().set_paused(false).await.unwrap();
+        assert_eq!(store.switch().paused().await.unwrap(), Some(false), "{db}");
+        store
+            .switch()
+            .set_paused(before.unwrap_or(false))
+            .await
+            .unwrap();
     }
 }
 
@@ -314,8 +405,12 @@ async fn a_reservation_listed_twice_in_one_write_gets_one_order_created_by_that_
     for (db, store) in stores().await {
         let sale_id = unique("s");
         let (a, b) = (reservation(&sale_id, "a"), reservation(&sale_id, "b"));
-        store.insert_orders(std::slice::from_ref(&b)).await.unwrap();
-        let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+        store
+            .orders()
+            .insert(std::slice::from_ref(&b))
+            .await
+            .unwrap();
+        let mut write = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
         let created = write
             .insert(&[a.clone(), b.clone(), a.clone()])
             .await
@@ -326,7 +421,11 @@ async fn a_reservation_listed_twice_in_one_write_gets_one_order_created_by_that_
             std::collections::HashSet::from([a.reservation_id.clone()]),
             "{db}"
         );
-        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+        assert_eq!(
+            store.orders().count_live(&sale_id).await.unwrap(),
+            2,
+            "{db}"
+        );
     }
 }
 
@@ -335,18 +434,19 @@ async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what
 ) {
     for (db, store) in stores().await {
         let sale_id = unique("s");
-        store.upsert_sale(&sale(&sale_id, 5)).await.unwrap();
+        store.sales().upsert(&sale(&sale_id, 5)).await.unwrap();
         let early = reservation(&sale_id, "early");
         store
-            .insert_orders(std::slice::from_ref(&early))
+            .orders()
+            .insert(std::slice::from_ref(&early))
             .await
             .unwrap();
-        let mut resync = store.begin_resync(&sale_id).await.unwrap();
+        let mut resync = store.locks().begin_resync(&sale_id).await.unwrap();
         let late = reservation(&sale_id, "late");
         let writer = {
             let (store, sale_id, late) = (store.clone(), sale_id.clone(), late.clone());
             tokio::spawn(async move {
-                let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+                let mut write = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
                 write.insert(std::slice::from_ref(&late)).await.unwrap();
                 write.commit().await.unwrap();
             })
@@ -366,16 +466,20 @@ async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what
         assert_eq!(seen, vec![early.reservation_id.clone()], "{db}");
         resync.commit().await.unwrap();
         writer.await.unwrap();
-        assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 2, "{db}");
+        assert_eq!(
+            store.orders().count_live(&sale_id).await.unwrap(),
+            2,
+            "{db}"
+        );
 
         // And the other way round: a re-sync waits for a write in progress.
-        let mut write = store.begin_order_write(&[&sale_id]).await.unwrap();
+        let mut write = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
         let third = reservation(&sale_id, "third");
         write.insert(std::slice::from_ref(&third)).await.unwrap();
         let resyncer = {
             let (store, sale_id) = (store.clone(), sale_id.clone());
             tokio::spawn(async move {
-                let mut resync = store.begin_resync(&sale_id).await.unwrap();
+                let mut resync = store.locks().begin_resync(&sale_id).await.unwrap();
                 let n = resync.orders(&sale_id).await.unwrap().len();
                 resync.commit().await.unwrap();
                 n
@@ -414,43 +518,52 @@ async fn pauses_a_database_never_recorded_are_taken_once_and_never_over_an_opera
     old.close().await;
     let store = Store::connect(&url).await.unwrap();
     assert_eq!(
-        store.sale_paused("old").await.unwrap(),
+        store.sales().paused("old").await.unwrap(),
         None,
         "never recorded"
     );
-    assert_eq!(store.all_paused().await.unwrap(), None, "never recorded");
     assert_eq!(
-        store.sale_pauses().await.unwrap(),
+        store.switch().paused().await.unwrap(),
+        None,
+        "never recorded"
+    );
+    assert_eq!(
+        store.sales().pauses().await.unwrap(),
         vec![("old".to_owned(), None)]
     );
     // A sale created now starts recorded, open.
-    store.upsert_sale(&sale("new", 5)).await.unwrap();
-    assert_eq!(store.sale_paused("new").await.unwrap(), Some(false));
-    assert!(!store.adopt_sale_paused("new", true).await.unwrap());
-    assert_eq!(store.sale_paused("new").await.unwrap(), Some(false));
+    store.sales().upsert(&sale("new", 5)).await.unwrap();
+    assert_eq!(store.sales().paused("new").await.unwrap(), Some(false));
+    assert!(!store.sales().adopt_paused("new", true).await.unwrap());
+    assert_eq!(store.sales().paused("new").await.unwrap(), Some(false));
 
-    assert!(store.adopt_sale_paused("old", true).await.unwrap());
+    assert!(store.sales().adopt_paused("old", true).await.unwrap());
     assert!(
-        !store.adopt_sale_paused("old", false).await.unwrap(),
+        !store.sales().adopt_paused("old", false).await.unwrap(),
         "taken once"
     );
-    assert_eq!(store.sale_paused("old").await.unwrap(), Some(true));
-    store.adopt_all_paused(true).await.unwrap();
-    store.adopt_all_paused(false).await.unwrap();
-    assert_eq!(store.all_paused().await.unwrap(), Some(true), "taken once");
+    assert_eq!(store.sales().paused("old").await.unwrap(), Some(true));
+    store.switch().adopt_paused(true).await.unwrap();
+    store.switch().adopt_paused(false).await.unwrap();
+    assert_eq!(
+        store.switch().paused().await.unwrap(),
+        Some(true),
+        "taken once"
+    );
 }
 
 #[tokio::test]
 async fn mysql_lock_waits_and_deadlocks_are_retried_and_bad_data_is_a_rejection() {
     let store = crate::testing::mysql_store().await;
     let (a, b) = (unique("s"), unique("s"));
-    store.upsert_sale(&sale(&a, 5)).await.unwrap();
-    store.upsert_sale(&sale(&b, 5)).await.unwrap();
+    store.sales().upsert(&sale(&a, 5)).await.unwrap();
+    store.sales().upsert(&sale(&b, 5)).await.unwrap();
 
     // A re-sync holds sale `a`: an order write on it waits 5 s
     // (innodb_lock_wait_timeout, error 1205) and is retried, not refused.
-    let resync = store.begin_resync(&a).await.unwrap();
+    let resync = store.locks().begin_resync(&a).await.unwrap();
     let waited = store
+        .locks()
         .begin_order_write(&[&a])
         .await
         .err()
@@ -482,8 +595,45 @@ async fn mysql_lock_waits_and_deadlocks_are_retried_and_bad_data_is_a_rejection(
     let mut long = reservation(&a, "x");
     long.user_id = "u".repeat(300);
     let refused = store
-        .insert_orders(&[long])
+        .orders()
+        .insert(&[long])
         .await
         .expect_err("a 300-character user id does not fit");
     assert!(refused.is_rejection(), "{refused}");
+}
+
+#[tokio::test]
+async fn a_sales_bucket_count_is_read_once_per_store_and_never_shared_between_stores() {
+    let url = crate::testing::sqlite_url();
+    let (first, second) = (
+        Store::connect(&url).await.unwrap(),
+        Store::connect(&crate::testing::sqlite_url()).await.unwrap(),
+    );
+    let id = unique("s");
+    assert_eq!(first.sales().buckets(&id).await.unwrap(), 1, "unknown: one");
+    let mut spec = sale(&id, 10);
+    spec.buckets = 4;
+    first.sales().upsert(&spec).await.unwrap();
+    assert_eq!(
+        first.sales().buckets(&id).await.unwrap(),
+        4,
+        "an unknown sale is not remembered"
+    );
+    spec.buckets = 2;
+    second.sales().upsert(&spec).await.unwrap();
+    assert_eq!(
+        second.sales().buckets(&id).await.unwrap(),
+        2,
+        "its own database"
+    );
+    // Remembered by the store and its clones: a count changed under it
+    // (which no writer does) is not read again, while a new store reads it.
+    sqlx::query("UPDATE sales SET buckets = 3 WHERE id = $1")
+        .bind(&id)
+        .execute(&first.pool)
+        .await
+        .unwrap();
+    assert_eq!(first.clone().sales().buckets(&id).await.unwrap(), 4);
+    let fresh = Store::connect(&url).await.unwrap();
+    assert_eq!(fresh.sales().buckets(&id).await.unwrap(), 3);
 }

@@ -154,7 +154,7 @@ pub async fn run(store: Store, settings: Settings, mut shutdown: watch::Receiver
                 Err(error) => tracing::debug!(%error, "cannot read the archived sales; will retry"),
             }
         }
-        let sales = store.sales().await;
+        let sales = store.sales().all().await;
         if let (Some(conn), Ok(sales)) = (redis.as_mut(), &sales) {
             reopen_unfinished(conn, sales, &mut archived).await;
         }
@@ -637,7 +637,7 @@ impl Consumer<'_> {
             .iter()
             .map(|(_, r)| r.reservation_id.as_str())
             .collect();
-        let written = match self.store.reservations_with_orders(&rids).await {
+        let written = match self.store.orders().existing(&rids).await {
             Ok(written) => written,
             Err(error) => {
                 self.ack(conn, &ids).await?;
@@ -682,7 +682,7 @@ impl Consumer<'_> {
                 return Err(error.into());
             }
             Err(WriteError::Store(error))
-                if !error.is_rejection() || !self.store.writable().await =>
+                if !error.is_rejection() || !self.store.orders().writable().await =>
             {
                 self.ack(conn, &ids).await?;
                 return Err(error.into());

@@ -28,6 +28,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use flashgate_common::keys::{SaleKeys, ARCHIVED_SALES, CONSUMER_GROUP};
+use flashgate_common::scripts::TRIM;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, RedisResult, Value};
 
@@ -277,7 +278,7 @@ async fn trim_stream<C: ConnectionLike + Send>(
             .map(|e| super::entry::parse(e).ok().map(|r| r.reservation_id))
             .collect();
         let wanted: Vec<&str> = rids.iter().flatten().map(String::as_str).collect();
-        let with_orders = store.reservations_with_orders(&wanted).await?;
+        let with_orders = store.orders().existing(&wanted).await?;
         for (entry, rid) in page.ids.iter().zip(&rids) {
             if rid.as_ref().is_some_and(|r| with_orders.contains(r)) {
                 continue;
@@ -310,11 +311,6 @@ async fn trim_stream<C: ConnectionLike + Send>(
     // -1: the group moved back or went away since it was read; next time.
     Ok(Some(u64::try_from(trimmed).unwrap_or(0)))
 }
-
-/// `lua/trim.lua`: `XTRIM MINID` only while the group still stands past the
-/// bound (see the script).
-static TRIM: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::TRIM));
 
 /// The ids of the archived sales.
 ///
@@ -380,7 +376,7 @@ pub async fn try_archive_all<C: ConnectionLike + Send>(
     if !ended_long_ago(conn, &keys, grace).await? || !streams_done(conn, &all).await? {
         return Ok(false);
     }
-    if store.unsettled_orders(sale_id).await? > 0 {
+    if store.orders().unsettled(sale_id).await? > 0 {
         return Ok(false);
     }
     for k in &all {
@@ -462,9 +458,7 @@ async fn every_reservation_has_its_order<C: ConnectionLike + Send>(
             .await?;
         // HSCAN answers field, value, field, value...
         let rids: Vec<&str> = flat.iter().step_by(2).map(String::as_str).collect();
-        if store.reservations_with_orders(&rids).await?.len()
-            < rids.iter().collect::<HashSet<_>>().len()
-        {
+        if store.orders().existing(&rids).await?.len() < rids.iter().collect::<HashSet<_>>().len() {
             return Ok(false);
         }
         if next == 0 {

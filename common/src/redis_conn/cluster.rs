@@ -212,7 +212,7 @@ fn eval_of(evalsha: &Cmd) -> Option<Cmd> {
     let Some(Arg::Simple(sha)) = args.next() else {
         return None;
     };
-    let body = crate::scripts::body_of(sha)?;
+    let body = crate::scripts::by_hash(sha)?.body();
     let mut eval = redis::cmd("EVAL");
     eval.arg(body);
     for arg in args {
@@ -286,8 +286,8 @@ mod tests {
 
     #[test]
     fn an_evalsha_of_our_script_becomes_an_eval_with_the_same_keys_and_arguments() {
-        let (_, body) = crate::scripts::ALL[1];
-        let script = redis::Script::new(body);
+        let script = crate::scripts::ALL[1];
+        let body = script.body();
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
             .arg(script.get_hash())

@@ -151,9 +151,10 @@ async fn cluster(
             .map_err(|e| ProbeError(format!("redis.nodes: no seed node answers: {e}")))?,
     );
     let mut masters = std::collections::BTreeSet::new();
-    for (name, body) in crate::scripts::ALL {
+    for script in crate::scripts::ALL {
+        let name = script.name();
         let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(*body);
+        load.arg("LOAD").arg(script.body());
         let replies = conn.each_master(&load).await.map_err(|e| {
             ProbeError(format!(
                 "redis.nodes: SCRIPT LOAD {name} on every master: {e}"
@@ -284,20 +285,20 @@ async fn sentinel(
 /// (`lua/fence_read.lua`).
 fn fence_script() -> redis::Cmd {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(crate::scripts::FENCE_READ).arg(0);
+    cmd.arg(crate::scripts::FENCE_READ.body()).arg(0);
     cmd
 }
 
 /// Loads every script of [`crate::scripts::ALL`] on the master `conn`
 /// reaches (`node` names it in errors).
 async fn load_every_script(conn: &mut MultiplexedConnection, node: &str) -> Result<(), ProbeError> {
-    for (name, body) in crate::scripts::ALL {
+    for script in crate::scripts::ALL {
         redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(*body)
+            .arg(script.body())
             .query_async::<String>(conn)
             .await
-            .map_err(|e| ProbeError(format!("{node}: SCRIPT LOAD {name}: {e}")))?;
+            .map_err(|e| ProbeError(format!("{node}: SCRIPT LOAD {}: {e}", script.name())))?;
     }
     Ok(())
 }

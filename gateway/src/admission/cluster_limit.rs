@@ -29,7 +29,7 @@ impl ClusterLimit {
     pub fn new(bucket: Bucket) -> Self {
         Self {
             bucket,
-            script: redis::Script::new(flashgate_common::scripts::GCRA),
+            script: flashgate_common::scripts::GCRA.clone(),
         }
     }
 

@@ -175,7 +175,7 @@ pub struct Draws {
 impl Draws {
     pub fn new(config: FairnessConfig, idempotency_ttl: Duration, registry: &Registry) -> Self {
         Self {
-            script: redis::Script::new(flashgate_common::scripts::DRAW_RUN),
+            script: flashgate_common::scripts::DRAW_RUN.clone(),
             window_ms: config.window_ms,
             settle: config.settle,
             idempotency_ttl_seconds: idempotency_ttl.as_secs(),

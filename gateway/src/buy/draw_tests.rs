@@ -317,7 +317,7 @@ async fn a_draw_never_finished_leaves_no_key_without_expiry() {
     let d = &keys.draw;
     let mut conn = f.redis.conn().await;
     let reply: Vec<String> = crate::buy::draw::draw_run_call(
-        &redis::Script::new(flashgate_common::scripts::DRAW_RUN),
+        &flashgate_common::scripts::DRAW_RUN,
         &keys,
         "s",
         "00ff",
@@ -436,7 +436,7 @@ async fn a_draw_call_failing_mid_loop_leaves_its_shuffle_positions_expiring() {
     // Seed "02ff" swaps positions 1 and 2 first (sha1("02ff:1")), so the
     // shuffle's positions hash is written before the failure.
     let reply: Result<Vec<String>, _> = crate::buy::draw::draw_run_call(
-        &redis::Script::new(flashgate_common::scripts::DRAW_RUN),
+        &flashgate_common::scripts::DRAW_RUN,
         &keys,
         "s",
         "02ff",

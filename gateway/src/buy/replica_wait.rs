@@ -225,7 +225,7 @@ impl ReplicaWait {
 /// The write before each round's `WAIT` (`lua/wait_mark.lua`), sent with
 /// `EVAL`: it is short, and a master that never saw it (promoted, or
 /// resharded) needs no reload.
-const WAIT_MARK: &str = flashgate_common::scripts::WAIT_MARK;
+const WAIT_MARK: &str = flashgate_common::scripts::WAIT_MARK.body();
 
 /// Each winner's own copy of a round's error, of the same kind (the metrics
 /// count errors by kind).

@@ -619,7 +619,7 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
 /// backend's return does (`lua/release.lua`), without telling this gateway.
 async fn return_item_unannounced(f: &Fixture, sale_id: &str, reservation_id: &str, user: &str) {
     let keys = SaleKeys::new(sale_id);
-    let script = redis::Script::new(flashgate_common::scripts::RELEASE);
+    let script = &flashgate_common::scripts::RELEASE;
     let returned: i64 = script
         .key(&keys.meta)
         .key(&keys.remaining)

@@ -72,7 +72,7 @@ impl RedisError {
 
 /// The deduct script (`lua/deduct_batch.lua`), compiled in so a deployed
 /// binary always runs the script it was tested with.
-pub static DEDUCT_BATCH_LUA: &str = flashgate_common::scripts::DEDUCT_BATCH;
+pub static DEDUCT_BATCH_LUA: &str = flashgate_common::scripts::DEDUCT_BATCH.body();
 
 pub struct RedisClient {
     config: RedisConfig,
@@ -89,7 +89,7 @@ impl RedisClient {
             config,
             breaker: Arc::new(breaker),
             conn: OnceCell::new(),
-            deduct_batch: redis::Script::new(DEDUCT_BATCH_LUA),
+            deduct_batch: flashgate_common::scripts::DEDUCT_BATCH.clone(),
         }
     }
 

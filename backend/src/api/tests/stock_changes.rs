@@ -73,7 +73,7 @@ async fn a_stock_change_on_a_fenced_sale_is_refused_with_retry_after_and_changes
             "stock {stock}: Retry-After"
         );
         assert_eq!(
-            f.state.store.sale(&id).await.unwrap().unwrap().stock,
+            f.state.store.sales().get(&id).await.unwrap().unwrap().stock,
             10,
             "stock {stock}: the database kept its stock"
         );
@@ -108,7 +108,7 @@ async fn a_refused_put_back_after_a_failed_commit_is_logged_counted_and_reported
         admin(&f, "PUT", &uri, Some(&sale_body(5))).await.0,
         StatusCode::CREATED
     );
-    let old = f.state.store.sale(&id).await.unwrap().unwrap();
+    let old = f.state.store.sales().get(&id).await.unwrap().unwrap();
     // Redis sells from 8 while the database holds 5 (a surplus left by a
     // change that died), and 7 items are sold: 5 cannot be put back.
     let raised = SaleSpec {
@@ -166,7 +166,7 @@ async fn reconciliation_moves_a_one_bucket_sales_stock_in_redis_to_the_database_
         admin(&f, "PUT", &uri, Some(&sale_body(8))).await.0,
         StatusCode::CREATED
     );
-    let saved = f.state.store.sale(&id).await.unwrap().unwrap();
+    let saved = f.state.store.sales().get(&id).await.unwrap().unwrap();
     // Too many (a change that reached Redis and died before its commit):
     // the unsold surplus is taken.
     crate::sales::apply(

@@ -93,7 +93,7 @@ async fn pending(conn: &mut MultiplexedConnection, sale_id: &str) -> i64 {
 async fn wait_for_orders(store: &Store, sale_id: &str, expected: i64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let n = store.count_live_orders(sale_id).await.unwrap();
+        let n = store.orders().count_live(sale_id).await.unwrap();
         if n == expected {
             return;
         }
@@ -155,11 +155,12 @@ async fn stream_entries_become_orders_once_and_are_acknowledged() {
     reserve(&mut conn, &reservation(&sale_id, "late")).await;
     wait_for_orders(&store, &sale_id, 8).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 8);
+    assert_eq!(store.orders().count_live(&sale_id).await.unwrap(), 8);
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
     for r in &batch {
         assert!(store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .is_some());
@@ -260,7 +261,7 @@ async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
     wait_for_orders(&store, &sale_id, 1).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
-    assert_eq!(store.count_live_orders(&other.sale_id).await.unwrap(), 0);
+    assert_eq!(store.orders().count_live(&other.sale_id).await.unwrap(), 0);
     let dead = crate::stream::dead_letter::list(&mut conn, &sale_id)
         .await
         .unwrap();
@@ -353,7 +354,8 @@ async fn consumers_start_for_sales_added_while_running() {
 
     let sale_id = unique("s");
     store
-        .insert_sale_if_absent(&sale(&sale_id, 10))
+        .sales()
+        .insert_if_absent(&sale(&sale_id, 10))
         .await
         .unwrap();
     reserve(&mut conn, &reservation(&sale_id, "u")).await;
@@ -409,7 +411,8 @@ async fn an_archived_sale_whose_window_is_open_is_made_live_again() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let sale_id = unique("s");
     store
-        .insert_sale_if_absent(&sale(&sale_id, 10))
+        .sales()
+        .insert_if_absent(&sale(&sale_id, 10))
         .await
         .unwrap();
     // Archived while its window is open (an operator's change whose
@@ -452,7 +455,7 @@ async fn an_archived_sale_that_redis_still_sells_by_a_later_window_is_made_live_
         ends_at_ms: 1_000,
         ..sale(&sale_id, 10)
     };
-    store.insert_sale_if_absent(&ended).await.unwrap();
+    store.sales().insert_if_absent(&ended).await.unwrap();
     // ... while Redis sells by a later one (a change that died between
     // Redis and the database commit), and the sale is archived.
     let keys = flashgate_common::keys::SaleKeys::new(&sale_id);
@@ -514,7 +517,7 @@ async fn entries_the_forward_already_wrote_are_acknowledged_without_asking_redis
     for r in &forwarded {
         reserve(&mut conn, r).await;
     }
-    store.insert_orders(&forwarded).await.unwrap();
+    store.orders().insert(&forwarded).await.unwrap();
     let hgets = redis.command_calls("hget").await;
     let (tx, task) = spawn(
         &sale_id,
@@ -559,7 +562,8 @@ impl OpenSale {
             .unwrap();
         let sale_id = unique("s");
         store
-            .insert_sale_if_absent(&sale(&sale_id, 10))
+            .sales()
+            .insert_if_absent(&sale(&sale_id, 10))
             .await
             .unwrap();
         Self {
@@ -627,7 +631,7 @@ async fn with_a_grace_orders_the_forward_wrote_in_time_are_only_acknowledged_by_
     assert_eq!(forwarded.created.len(), 5);
 
     wait_until_acknowledged(&redis, &mut conn, &sale_id).await;
-    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 5);
+    assert_eq!(store.orders().count_live(&sale_id).await.unwrap(), 5);
     assert_eq!(
         metrics.orders_created.with_label_values(&["stream"]).get(),
         0,
@@ -689,7 +693,7 @@ async fn an_entry_held_for_the_grace_at_shutdown_stays_pending_and_is_written_at
     }
     // Shutdown does not wait for the grace, and nothing is written.
     stop(tx, task).await;
-    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 0);
+    assert_eq!(store.orders().count_live(&sale_id).await.unwrap(), 0);
     assert_eq!(pending(&mut conn, &sale_id).await, 1);
 
     let (tx, task) = spawn(
@@ -734,10 +738,11 @@ async fn a_crash_between_commit_and_ack_loses_nothing_and_doubles_nothing() {
         1
     );
     assert_eq!(metrics.stream_already_written.get(), 3);
-    assert_eq!(store.count_live_orders(&sale_id).await.unwrap(), 4);
+    assert_eq!(store.orders().count_live(&sale_id).await.unwrap(), 4);
     for r in &winners {
         assert!(store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .is_some());
@@ -770,7 +775,7 @@ async fn with_the_forward_dead_entries_after_the_first_batch_are_written_without
         reserve(&mut conn, &reservation(&sale_id, &format!("u{i}"))).await;
     }
     let by = appended + grace / 2;
-    while store.count_live_orders(&sale_id).await.unwrap() < 8 {
+    while store.orders().count_live(&sale_id).await.unwrap() < 8 {
         assert!(
             std::time::Instant::now() < by,
             "entries after the first batch waited for a forward that is not delivering"

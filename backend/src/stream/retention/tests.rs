@@ -73,7 +73,8 @@ async fn entries_written_as_orders_are_trimmed_and_the_others_stay() {
     let e: Vec<String> = added.iter().map(|(id, _)| id.clone()).collect();
     let write = |i: usize| added[i].1.clone();
     store
-        .insert_orders(&[
+        .orders()
+        .insert(&[
             write(0),
             write(1),
             write(2),
@@ -130,7 +131,8 @@ async fn an_entry_without_an_order_is_never_trimmed_even_when_the_group_skipped_
         .unwrap();
     let added = add(&mut conn, &sale, 4).await;
     store
-        .insert_orders(&[added[0].1.clone(), added[2].1.clone()])
+        .orders()
+        .insert(&[added[0].1.clone(), added[2].1.clone()])
         .await
         .unwrap();
     // The group moves past every entry without reading them: e1 and e3 have no order.
@@ -160,9 +162,13 @@ async fn only_an_ended_drained_and_settled_sale_is_archived() {
     let mut spec = sale(&id, 5);
     spec.starts_at_ms = 1_000;
     spec.ends_at_ms = 2_000;
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     let r = reservation(&id, "u");
-    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+    store
+        .orders()
+        .insert(std::slice::from_ref(&r))
+        .await
+        .unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &spec)
         .await
         .unwrap();
@@ -197,12 +203,13 @@ async fn only_an_ended_drained_and_settled_sale_is_archived() {
         "an unpaid order is pending"
     );
     let order = store
-        .order_by_reservation(&r.reservation_id)
+        .orders()
+        .by_reservation(&r.reservation_id)
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
-        store.pay(&order.order_id).await.unwrap(),
+        store.orders().pay(&order.order_id).await.unwrap(),
         crate::store::Payment::Paid(_)
     ));
     let _: String = conn.xadd(&keys.stream, "*", &[("rid", "x")]).await.unwrap();
@@ -237,16 +244,21 @@ async fn finished_sale(
     let mut spec = sale(&id, 5);
     spec.starts_at_ms = 1_000;
     spec.ends_at_ms = 2_000;
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     let r = reservation(&id, "u");
-    store.insert_orders(std::slice::from_ref(&r)).await.unwrap();
+    store
+        .orders()
+        .insert(std::slice::from_ref(&r))
+        .await
+        .unwrap();
     let order = store
-        .order_by_reservation(&r.reservation_id)
+        .orders()
+        .by_reservation(&r.reservation_id)
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
-        store.pay(&order.order_id).await.unwrap(),
+        store.orders().pay(&order.order_id).await.unwrap(),
         crate::store::Payment::Paid(_)
     ));
     crate::sales::preheat_from_store(conn, store, &spec)
@@ -269,16 +281,18 @@ async fn an_order_redis_never_counted_does_not_stand_in_for_a_reservation_withou
     // An order written from a forward whose reservation Redis lost...
     let uncounted = reservation(&id, "w");
     store
-        .insert_orders(std::slice::from_ref(&uncounted))
+        .orders()
+        .insert(std::slice::from_ref(&uncounted))
         .await
         .unwrap();
     let order = store
-        .order_by_reservation(&uncounted.reservation_id)
+        .orders()
+        .by_reservation(&uncounted.reservation_id)
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
-        store.pay(&order.order_id).await.unwrap(),
+        store.orders().pay(&order.order_id).await.unwrap(),
         crate::store::Payment::Paid(_)
     ));
     // ...and a reservation Redis counted that has no order: as many of each.
@@ -476,7 +490,7 @@ async fn every_stream_of_a_bucketed_sale_is_trimmed_and_it_is_archived_once_all_
     let id = unique("s");
     let mut spec = sale(&id, 4);
     (spec.buckets, spec.starts_at_ms, spec.ends_at_ms) = (2, 1_000, 2_000);
-    store.upsert_sale(&spec).await.unwrap();
+    store.sales().upsert(&spec).await.unwrap();
     crate::sales::preheat_from_store(&mut conn, &store, &spec)
         .await
         .unwrap();
@@ -488,7 +502,8 @@ async fn every_stream_of_a_bucketed_sale_is_trimmed_and_it_is_archived_once_all_
     let e0 = add_to(&mut conn, &id, &b0.stream, 2).await;
     let e1 = add_to(&mut conn, &id, &b1.stream, 2).await;
     store
-        .insert_orders(&[e0[0].1.clone(), e0[1].1.clone(), e1[0].1.clone()])
+        .orders()
+        .insert(&[e0[0].1.clone(), e0[1].1.clone(), e1[0].1.clone()])
         .await
         .unwrap();
     for stream in [&b0.stream, &b1.stream] {
@@ -539,18 +554,20 @@ async fn every_stream_of_a_bucketed_sale_is_trimmed_and_it_is_archived_once_all_
         "a bucket's reservation has no order"
     );
     store
-        .insert_orders(std::slice::from_ref(&e1[1].1))
+        .orders()
+        .insert(std::slice::from_ref(&e1[1].1))
         .await
         .unwrap();
     let _: String = conn.xadd(&b0.stream, "*", &[("rid", "x")]).await.unwrap();
     for (_, r) in e0.iter().chain(&e1) {
         let order = store
-            .order_by_reservation(&r.reservation_id)
+            .orders()
+            .by_reservation(&r.reservation_id)
             .await
             .unwrap()
             .unwrap();
         assert!(matches!(
-            store.pay(&order.order_id).await.unwrap(),
+            store.orders().pay(&order.order_id).await.unwrap(),
             crate::store::Payment::Paid(_)
         ));
     }

@@ -52,8 +52,7 @@ const USED_MARGIN_MS: i64 = 60_000;
 pub const MAX_RESENDS: u32 = 3;
 
 /// Records a solution's use (`lua/pow_use.lua`).
-static POW_USE: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::POW_USE));
+static POW_USE: &flashgate_common::scripts::Script = &flashgate_common::scripts::POW_USE;
 
 /// What a buy brings to the challenge check.
 #[derive(Debug, Clone, Copy)]

@@ -237,5 +237,4 @@ pub async fn remembered(
 }
 
 /// Reads a remembered outcome (`lua/remembered.lua`).
-static REMEMBERED: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(flashgate_common::scripts::REMEMBERED));
+static REMEMBERED: &flashgate_common::scripts::Script = &flashgate_common::scripts::REMEMBERED;

@@ -1,0 +1,37 @@
+-- Flashgate books of a sale (or of one bucket of a bucketed sale): what a
+-- reservation counts in Redis, written once for every script that counts
+-- one or gives its item back (see common/src/scripts.rs for who includes
+-- it). `k` holds the keys, all of one hash tag:
+--   remaining  items left to sell
+--   buyers     user -> items reserved (the per-user limit)
+--   resv       reservation id -> user: the reservations Redis counts
+--   released   reservation ids whose item went back
+-- The callers decide whether a reservation is counted or returned already;
+-- these only write.
+
+-- Counts reservation `rid` of `user`: its item out of `remaining`, one
+-- more for `user` under the per-user limit, and `rid` in `resv`.
+local function fg_count_reservation(k, rid, user)
+  redis.call('DECR', k.remaining)
+  redis.call('HINCRBY', k.buyers, user, 1)
+  redis.call('HSET', k.resv, rid, user)
+end
+
+-- Gives back the item of counted reservation `rid`, held by `owner` (its
+-- user in `resv`): `rid` recorded as returned, its item back in
+-- `remaining`, and `owner`'s slot under the per-user limit freed.
+local function fg_give_back(k, rid, owner)
+  redis.call('SADD', k.released, rid)
+  redis.call('INCR', k.remaining)
+  if redis.call('HINCRBY', k.buyers, owner, -1) <= 0 then
+    redis.call('HDEL', k.buyers, owner)
+  end
+end
+
+-- Records as returned reservation `rid` of `user`, which Redis never
+-- counted: nothing to give back, no counter changes, but it is in `resv`
+-- and `released` so that a later adoption cannot count it either.
+local function fg_record_uncounted_return(k, rid, user)
+  redis.call('HSET', k.resv, rid, user)
+  redis.call('SADD', k.released, rid)
+end
