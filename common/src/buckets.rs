@@ -14,8 +14,20 @@
 //! With N = 1 (the default) nothing of this applies: the sale's keys are
 //! today's: `SaleKeys::home` answers `SaleKeys::new`.
 //!
+//! Every per-sale script is given the bucket's keys and the real sale id as
+//! the sale, so stream records and orders carry the real id. Each bucket's
+//! meta is a copy of the definition (name, per-user limit, window, pause,
+//! plus its `bucket` and `buckets`) whose `stock` is the bucket's **base**
+//! (its share at preheat, [`split_stock`], moved by stock changes), so a
+//! deduct on a bucket reads everything in its slot. The sale's own
+//! `remaining` is 0 and its own keys stay fenced: nothing is ever sold from
+//! them. The count is 1 to [`MAX_BUCKETS`] and fixed once the sale is
+//! saved (the items would have to be re-split over other hash tags).
+//!
 //! Items move between buckets with the transfer protocol of
-//! [`crate::transfer`]; docs/ARCHITECTURE.md ("Bucketed stock") describes it.
+//! [`crate::transfer`]. docs/ARCHITECTURE.md ("Bucketed stock") maps the
+//! rest: the refill in the gateway, preheat, stock changes, the failover
+//! re-sync and reconciliation in the backend.
 
 /// Most buckets a sale may have: more than the masters of any cluster we
 /// run, few enough that summing a sale's buckets stays cheap.

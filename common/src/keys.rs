@@ -7,43 +7,14 @@
 //! call is routed by its first key, so every call passes at least one).
 //!
 //! The keys outside a sale, [`SALES_INDEX`], [`ARCHIVED_SALES`],
-//! [`GLOBAL_SWITCH`], the gateway's cluster-wide bucket `fg:{limit}:global`
-//! and the [`EVENTS_CHANNEL`], keep their names in every mode: on a cluster
+//! [`GLOBAL_SWITCH`], the gateway's cluster-wide bucket
+//! [`CLUSTER_GLOBAL_LIMIT`], the replica wait's [`WAIT_MARK_KEY`] and the
+//! [`EVENTS_CHANNEL`], keep their names in every mode: on a cluster
 //! each lives on its own slot, which is fine because no script, `MULTI` or
 //! multi-key command spans two of them (a plain pipeline that reads two is
 //! sent as single commands by `redis_conn`). A shared tag would buy nothing
 //! and a rename would need an upgrade path for existing deployments. A plain
 //! `PUBLISH` reaches every node of a cluster, so the channel needs no tag.
-//!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `fg:sales` | set | ids of all preheated sales |
-//! | `fg:archived` | set | ids of archived sales (see [`ARCHIVED_SALES`]) |
-//! | `fg:{sale:ID}:meta` | hash | name, stock, per_user_limit, starts_at_ms, ends_at_ms, paused |
-//! | `fg:{sale:ID}:remaining` | string (int) | items left to sell |
-//! | `fg:{sale:ID}:buyers` | hash | user id -> items reserved |
-//! | `fg:{sale:ID}:idem:USER:KEY` | string | an Idempotency-Key that won: `won|rid` (expires) |
-//! | `fg:{sale:ID}:idem-misses:USER` | hash | a user's keys that did not win -> outcome; capped, expires |
-//! | `fg:{sale:ID}:wait-mark` (`fg:wait-mark` outside a cluster) | string | written before each replica `WAIT` round (60 s) |
-//! | `fg:{sale:ID}:call:USER:NONCE` | string | a winning buy sent without a key: `rid|ts`, so the same call re-sent answers it (60 s) |
-//! | `fg:{sale:ID}:pow:CHALLENGE` | string | a used proof-of-work solution (`k:` + the buy's Idempotency-Key), until its challenge expires plus a minute |
-//! | `fg:{sale:ID}:stream` | stream | reservation records, consumer group `orders` |
-//! | `fg:{sale:ID}:resv` | hash | reservation id -> user id |
-//! | `fg:{sale:ID}:released` | set | reservation ids whose item went back to the stock |
-//! | `fg:{sale:ID}:dead` | stream | reservation entries the backend could not turn into orders |
-//! | `fg:{sale:ID}:synced` | string | replication id of the Redis that agrees with the database on the sale (see [`SaleKeys::synced`]) |
-//! | `fg:{sale:ID}:restoring` | string | lock held while a backend restores a lost sale (its token) |
-//! | `fg:{sale:ID}:restore:TOKEN:*` | hash, set | buyers, resv, released being rebuilt by one restore (expire) |
-//! | `fg:{sale:ID}:draw:state` | hash | the opening draw: `closes_at_ms`, `opened_at_ms`, `seed`, `entrants`, `cursor`, `decided_at_ms`, `done`, `finished_at_ms` (see [`crate::draw`]) |
-//! | `fg:{sale:ID}:draw:entries` | hash | entry number -> entrant `{user, idem, nonce, rid, at}` (JSON), numbered in arrival order |
-//! | `fg:{sale:ID}:draw:index` | hash | entrant name (`k:LEN:USER:KEY` by Idempotency-Key, or `n:LEN:USER:NONCE` by call nonce) -> entry number; `c:LEN:USER` -> how many entries the user holds (capped with the items bought at the per-user limit) |
-//! | `fg:{sale:ID}:draw:outcomes` | hash | entry number -> outcome `{o, d, ts, node}` (JSON) |
-//! | `fg:{sale:ID}:draw:order` | list | entry numbers in the order the draw decided them |
-//! | `fg:{sale:ID}:draw:perm` | hash | the shuffle's swapped positions, while the draw runs |
-//! | `fg:{sale:ID}:xfer-out` | hash | a bucket's outgoing transfers: transfer id -> `{to, n, at, done}` (JSON); field `#open` = items in open transfers (see [`crate::transfer`]) |
-//! | `fg:{sale:ID}:xfer-open` | sorted set | a bucket's outgoing transfers not acknowledged yet, by their time (ms) |
-//! | `fg:{sale:ID}:xfer-in` | hash | a bucket's incoming transfers: transfer id -> `{from, n}` (JSON: donor bucket, items added; each added once) |
-//! | `fg:{sale:ID}:xfer-refuse` | set | the token fence of a bucket's incoming transfers: `D:REPLID`, a give whose take ran on donor bucket D's Redis of that replication id is refused (written by D's re-sync after a failover, see [`crate::transfer`]) |
 //!
 //! Every name is made here, in [`SaleKeys`]; a script gets the names it
 //! touches as `KEYS`. The one exception is `lua/draw_run.lua`, which
@@ -54,9 +25,13 @@
 //!
 //! A bucketed sale (`buckets = N`, see [`crate::buckets`]) keeps its
 //! definition in `fg:{sale:ID}:meta` (with `buckets`) and sells from N
-//! buckets, bucket `k` holding every key above under the tag
-//! `{sale:ID:bk}` (its meta a copy of the sale's, plus `bucket` and
-//! `buckets`). The three `xfer-*` keys exist in buckets only.
+//! buckets, bucket `k` holding every key of a sale under the tag
+//! `{sale:ID:bk}` ([`SaleKeys::bucket`]).
+//!
+//! Every key, its type, its writers and what it holds: the table in
+//! docs/ARCHITECTURE.md ("Redis keys"), the one list; the test in
+//! `keys/key_layout.rs` fails when that table and the keys built here
+//! disagree.
 
 /// Set of the ids of every preheated sale.
 pub const SALES_INDEX: &str = "fg:sales";
@@ -79,6 +54,15 @@ pub fn switch_value(paused: bool) -> &'static str {
         "open"
     }
 }
+
+/// The cluster-wide bucket of buys (`[limits.cluster_global]`, run by
+/// `lua/gcra.lua`): one key on one master, which sees every admitted buy.
+pub const CLUSTER_GLOBAL_LIMIT: &str = "fg:{limit}:global";
+
+/// The replica wait's mark outside a cluster, where one master holds every
+/// sale; on a cluster each sale's own [`SaleKeys::wait_mark`] routes the
+/// round to the sale's master (see `gateway/src/buy/replica_wait.rs`).
+pub const WAIT_MARK_KEY: &str = "fg:wait-mark";
 
 /// Consumer group the backend reads each sale's stream with.
 pub const CONSUMER_GROUP: &str = "orders";
@@ -320,6 +304,9 @@ pub async fn buckets_in_redis<C: redis::aio::ConnectionLike + Send>(
 }
 
 #[cfg(test)]
+mod key_layout;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -339,37 +326,8 @@ mod tests {
     #[test]
     fn every_key_of_a_sale_shares_one_hash_tag() {
         let k = SaleKeys::new("s1");
-        let scratch = k.restore_scratch("t");
-        for key in [
-            &k.meta,
-            &k.remaining,
-            &k.buyers,
-            &k.stream,
-            &k.reservations,
-            &k.released,
-            &k.dead,
-            &k.restoring,
-            &k.synced,
-            &k.idempotency("u", "i"),
-            &k.idempotency_misses("u"),
-            &k.call("u", "n"),
-            &k.wait_mark,
-            &k.pow("c"),
-            &k.draw.state,
-            &k.draw.entries,
-            &k.draw.index,
-            &k.draw.outcomes,
-            &k.draw.order,
-            &k.draw.perm,
-            &k.xfer_out,
-            &k.xfer_open,
-            &k.xfer_in,
-            &k.xfer_refuse,
-            &scratch.buyers,
-            &scratch.reservations,
-            &scratch.released,
-        ] {
-            assert!(key.starts_with("fg:{sale:s1}:"), "{key}");
+        for (name, key) in super::key_layout::sale_keys(&k) {
+            assert!(key.starts_with("fg:{sale:s1}:"), "{name}: {key}");
         }
         // lua/draw_run.lua names an entrant's keys from the prefixes, by
         // the rule of `BuyerKeyPrefixes`.

@@ -4,6 +4,20 @@
 //! buyer wins. It is the durable promise of an order: the backend turns each
 //! record into exactly one order row (unique on `reservation_id`), whether it
 //! arrives through the gateway's forward or through the stream.
+//!
+//! The record (`fg_deduct` in `lua/lib/deduct.lua`, one per win, batched
+//! or not: `XADD fg:{sale:ID}:stream * ...`; field names in [`fields`]):
+//!
+//! | field | meaning |
+//! |---|---|
+//! | `rid` | reservation id `<sale_id>.<32 hex>` (random 128 bits; the sale id lets any process find the sale's keys) |
+//! | `sale` | sale id (the real one, also for a bucket's stream) |
+//! | `user` | user id (the JWT's `sub`; `[A-Za-z0-9._@-]{1,128}`) |
+//! | `idem` | Idempotency-Key, empty if none |
+//! | `ts` | Redis server time of the reservation, ms; the script also returns it with the win, so the forward carries the same value and the order's `reserved_at_ms` (where the payment timeout runs from) does not depend on which path wrote it |
+//!
+//! The same record travels as JSON in `POST /internal/orders/batch`, one
+//! element per winner with the gateway's request id ([`ForwardedWinner`]).
 
 use serde::{Deserialize, Serialize};
 

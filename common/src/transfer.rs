@@ -29,10 +29,19 @@
 //! did not see. A give whose record survived on D's new master carries
 //! the new replication id and is accepted.
 //!
-//! Books ([`books`]): per sale, `Σ remaining + in transit + reserved =
-//! stock`, where in transit counts the open transfers whose target has not
-//! added them yet, and reserved is each bucket's reservations minus those
-//! returned.
+//! Books: per bucket, at every instant (each change is one script in the
+//! bucket's slot), `remaining + reserved + Σ sent − Σ received = base`
+//! (its meta's `stock`: its preheat share, moved by stock changes;
+//! [`ledger`]); per sale ([`books`]), `Σ remaining + in transit + reserved
+//! = stock`, where in transit counts the open transfers whose target has
+//! not added them yet, and reserved is each bucket's reservations minus
+//! those returned.
+//!
+//! The transit repair runs in the backend's restore loop (every
+//! `backend.restore_poll_ms`); it asks `lua/xfer_out.lua` again with the
+//! same `xid` to learn the replication id of the Redis holding the record,
+//! which its give carries. A gateway that meets an open transfer first (a
+//! donor answering `in_transit`) completes it itself.
 
 use redis::aio::ConnectionLike;
 use redis::RedisResult;

@@ -2,10 +2,10 @@
 //! and 1,000,000 distinct users go through the buy limiters, and the
 //! process's resident memory grows by less than the documented cap.
 //!
-//! The cap (docs/ARCHITECTURE.md, "Limits"): with `max_tracked_keys =
-//! 100000`, each keyed limiter holds at most 100,000 buckets, about 100
-//! bytes each with the cache's bookkeeping, so the two limiters stay far
-//! below [`RSS_GROWTH_CAP_BYTES`].
+//! The cap (docs/ARCHITECTURE.md, "Limits and memory"): with
+//! `max_tracked_keys = 100000`, each keyed limiter holds at most 100,000
+//! buckets, about 100 bytes each with the cache's bookkeeping, so the two
+//! limiters stay far below [`RSS_GROWTH_CAP_BYTES`].
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;

@@ -17,6 +17,47 @@
 //! `crate::buckets::stock`). Gateways are told (`changed:ID`) only after
 //! the commit. A failed commit puts back what the database holds
 //! ([`after_failed_commit`]); a refusal to do so is logged and counted.
+//!
+//! **Stock change**, in order ([`put`]):
+//! 1. under the exclusive hold of the sale's row that every change takes
+//!    (`SaleWrite::held`, the lock a re-sync takes too: no order of the
+//!    sale commits, no re-sync or repair runs meanwhile), the stock Redis
+//!    sells from (a sale's own, or the buckets' bases) is read from Redis,
+//!    whether or not the database has the row yet (a create whose commit
+//!    failed left the sale in Redis). It moves only when the stock changed,
+//!    or when items are missing (a raise whose last step died is completed
+//!    by sending it again); a rename or a window change never takes items,
+//!    so never answers 409. The target is the new stock, not a difference,
+//!    so sending a change again never applies it twice. A raise of a fenced
+//!    sale answers `503 sale_fenced` (a fenced bucket: `503 unavailable`)
+//!    with nothing changed;
+//! 2. a decrease: `lua/update_sale.lua` with the new definition for a sale
+//!    of one bucket, atomically refused (`409 stock_below_sold`) below the
+//!    items sold, or (`503 sale_fenced`) while fenced; for a bucketed sale,
+//!    unsold items only are taken from the buckets
+//!    (`crate::buckets::stock`), and when they hold too few, what was taken
+//!    goes back and the answer is the same 409. A raise writes the new
+//!    definition with the stock Redis has (raised in step 5);
+//! 3. a bucketed sale: the sale's own meta (`lua/update_sale.lua` writes
+//!    only its definition, its own `remaining` stays 0) and each bucket's
+//!    copy of the definition. A failure here moves a decrease back;
+//! 4. the database commit. If it fails (or its answer is lost: it may have
+//!    happened), the row is held again, the sale re-read as committed, and
+//!    that definition and stock put back in Redis, never the old stock
+//!    blindly (`after_failed_commit`); then `changed:ID` is published;
+//! 5. an increase, after the commit, under the row's hold again
+//!    (`raise_after_commit`): the committed stock is re-read and Redis
+//!    moved to it (a bucketed sale's Δ spread like a preheat, each bucket
+//!    that gained announced `stocked:ID:bK`), then `changed:ID` is
+//!    published. A failure here answers 503 (the stock is saved, its new
+//!    items are not in Redis yet): sending the change again, or
+//!    reconciliation (or, for a sale fenced meanwhile, its re-sync), adds
+//!    them.
+//!
+//! A process that dies during 2 or between 4 and 5 leaves Redis's stock
+//! below the database's: no item is created or lost by that alone, and
+//! reconciliation adds the missing items unless the operator sends the
+//! change again first.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -146,7 +187,7 @@ pub async fn put(
     // database has the row yet: a decrease moves it before the commit,
     // under the row's hold, so a crash leaves too few items (reconciliation
     // adds them back); an increase moves it only after the commit
-    // (docs/ARCHITECTURE.md, "Stock change").
+    // ("Stock change" in the module doc).
     let held = if spec.buckets > 1 {
         None
     } else {

@@ -12,6 +12,31 @@
 //! The restore of a bucketed sale Redis lost with orders leaves it alone
 //! (logged; its buys answer 503) rather than selling from books that may
 //! be short.
+//!
+//! Preheat: the stock is split `stock / N`, the remainder one each to the
+//! first buckets; `lua/preheat_bucket.lua` installs each absent bucket
+//! (paused, its stream's `orders` group, and `synced` = its Redis's
+//! replication id), then `lua/preheat.lua` installs the sale's own meta
+//! with `buckets`, which is what makes gateways see the sale, and the
+//! recorded pause is applied to the sale and every bucket. Pause, resume
+//! and definition changes are written to the sale's meta and then to every
+//! bucket's (`lua/bucket_meta.lua`); every restore pass copies the sale's
+//! pause to its buckets again.
+//!
+//! Limits, each failing safe:
+//! - a bucketed sale Redis lost is installed again only when every bucket
+//!   and the sale's meta are absent and the sale has no order (late orders
+//!   are then counted in their home bucket); otherwise (orders, or some
+//!   buckets survived, including a restore that died half way) it is left
+//!   absent, logged as an error, an admin change of it answers `409
+//!   bucketed_sale_absent`, and the backend's start goes on;
+//! - the bucket count never changes: `409 buckets_fixed` (checked under the
+//!   row's hold; the upsert never changes a saved row's `buckets`, and
+//!   `lua/update_sale.lua` refuses a count other than the one Redis
+//!   holds); a `[[sales]]` entry whose `buckets` differs from the saved
+//!   sale's stops the backend at start (`sales[i].buckets: ...`);
+//! - a draw with buckets > 1 is refused by validation (the draw is one
+//!   slot).
 
 use flashgate_common::buckets::split_stock;
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};

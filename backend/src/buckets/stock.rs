@@ -36,6 +36,16 @@
 //! `SaleLocks::begin_resync`), so no other change, repair or re-sync of the
 //! sale moves the bases meanwhile; buys and transfers go on (they keep
 //! every base).
+//!
+//! Known limits: a backend whose database connection drops in the middle
+//! of a move keeps issuing the moves it planned while another backend may
+//! take the hold. Each move is atomic per bucket and never takes items
+//! reserved or in transit, so nothing is oversold by it, but the two plans
+//! can overshoot the target; the next reconciliation pass reports it
+//! (`bases_off`) and moves the bases back where items are unsold. A
+//! process that dies during a decrease may leave a bucket's `moving`
+//! marker for its 10 s TTL, during which that bucket's buyers may hear
+//! `503` instead of `sold_out`.
 
 use flashgate_common::buckets::split_stock;
 use flashgate_common::keys::{SaleEvent, SaleKeys};

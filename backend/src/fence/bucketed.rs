@@ -43,6 +43,36 @@
 //! Every step is idempotent, so a re-sync cut anywhere (or a second
 //! failover meanwhile: `Moved`) is simply run again by the next pass. A
 //! Redis error on one bucket is logged and the others are still re-synced.
+//! Two buckets that both failed over reconcile in either order. The sale's
+//! `changed:ID` and the bucket's `stocked:ID:bK` are published at the end.
+//!
+//! The token fence is a fence, not a time bound: nothing depends on how
+//! late a give arrives, nor on the backend's memory. A refused give leaves
+//! its transfer open: if K's new Redis still holds the record, the transit
+//! repair gives it again with K's current replication id, and it is
+//! accepted. With `redis.wait_replicas` > 0 the gateway also waits for a
+//! take to reach the donor's replicas before giving its items (not
+//! confirmed: the buyer gets 503 and the transfer stays open for the
+//! transit repair); the `in_transit` path and the transit repair give
+//! without that wait, and the token fence covers them.
+//!
+//! Known limits of the token fence, not closed yet (each can let one late
+//! give of a take K lost be counted twice, an oversell of its items):
+//! - it names only the Redis K was synced on. If K is re-synced on a new
+//!   master M2 and M2 dies before its replica M3 got the lift of K's fence,
+//!   K's `synced` on M3 still names M1: the re-sync on M3 refuses `K:M1`
+//!   only, and a late give of a take M2 ran (and M3 lost) carries `M2` and
+//!   lands. An allow entry per donor (the one replication id K's gives
+//!   must carry, written by the preheat and by K's re-sync) would close it;
+//! - the token lives in the other buckets' Redis: if a bucket X fails over
+//!   soon after K's re-sync wrote it there, X's new Redis may lack it, and
+//!   a late give of K's lost take lands in X. X's re-sync (step 6) takes
+//!   such a give back from K if it landed before X's re-sync read its
+//!   `xfer-in`; one landing after that is not caught (the token is not
+//!   written again: X cannot know K's old replication ids);
+//! - cost: a re-sync reads every other bucket's full `xfer-out` and
+//!   `xfer-in` (`HGETALL`) while it holds the sale's row, so its time grows
+//!   with the number of transfers kept.
 
 use std::collections::HashMap;
 

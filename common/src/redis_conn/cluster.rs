@@ -3,6 +3,16 @@
 //! `NOSCRIPT` answered with `EVAL`, and pipelines that span slots. Its node
 //! connections are [`NodeConnection`]s, which trust `redis.ca_file` too
 //! (see [`super::tls`]).
+//!
+//! The crate retries a call on `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN` or
+//! a reconnected node (`RETRIES` times, 20 to 200 ms apart, each try cut
+//! at `redis.timeout_ms` and the whole call at `OVERALL_TIMEOUTS` times
+//! it), and re-sends a call whose connection dropped. That is safe for a
+//! deduct: a buy with an Idempotency-Key replays its first outcome (the key
+//! is recorded in the sale's slot), and a buy without one carries a nonce
+//! of its call (`fg:{sale:ID}:call:USER:NONCE`, written only by a win), so
+//! the call re-sent answers the win it made instead of taking a second
+//! item or meeting the per-user limit.
 
 use std::path::Path;
 use std::time::Duration;

@@ -12,7 +12,11 @@
 //! bytes, so only a collision-resistant digest may stand for them; the
 //! digest is also a fixed 32 bytes, cheap to index and compare). A
 //! remembered token is still refused from its `exp` (plus the same
-//! leeway) on, as the full check would.
+//! leeway) on, as the full check would. The memory is a fixed table of
+//! 65,536 slots (the slot picked by the digest): a token stored into a
+//! taken slot replaces its occupant, so a crowd larger than the table costs
+//! what it would cost without one, a signature check of about 2 µs
+//! (`cargo bench -p flashgate --bench token_verify`).
 
 use std::sync::{Arc, Mutex};
 

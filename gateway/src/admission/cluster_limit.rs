@@ -4,7 +4,7 @@
 //! however many gateways run.
 //!
 //! The trade-off: it costs every admitted buy a second Redis round trip and
-//! makes one key (`fg:{limit}:global`) the hottest in the cluster (a single
+//! makes one key (`fg:{limit}:global`, `keys::CLUSTER_GLOBAL_LIMIT`) the hottest in the cluster (a single
 //! slot), so it caps throughput at what one Redis shard does for that key.
 //! The per-gateway global bucket (`limits.buy.global`, divided by the
 //! number of gateways) is free and usually close enough. If Redis does not
@@ -13,12 +13,10 @@
 use std::time::Duration;
 
 use flashgate_common::config::Bucket;
+use flashgate_common::keys::CLUSTER_GLOBAL_LIMIT;
 
 use crate::admission::limits::{Limited, RouteClass, Scope};
 use crate::infra::{RedisClient, RedisError};
-
-/// Key of the shared bucket (its own hash tag: one slot).
-pub const CLUSTER_LIMIT_KEY: &str = "fg:{limit}:global";
 
 pub struct ClusterLimit {
     bucket: Bucket,
@@ -42,7 +40,7 @@ impl ClusterLimit {
         let tolerance_ms = interval_ms * f64::from(self.bucket.burst.get() - 1);
         let mut invocation = self.script.prepare_invoke();
         invocation
-            .key(CLUSTER_LIMIT_KEY)
+            .key(CLUSTER_GLOBAL_LIMIT)
             .arg(interval_ms)
             .arg(tolerance_ms);
         let (allowed, wait_ms): (i64, i64) = redis

@@ -13,7 +13,14 @@
 //! at once; past the window plus `fairness.settle_ms` the buyer is
 //! answered 503 (the last call's error if it failed, else
 //! [`NotSettled::TimedOut`]); the entry is still decided, and a retry with
-//! the same Idempotency-Key answers its outcome.
+//! the same Idempotency-Key answers its outcome. A winner is forwarded like
+//! any win (the same record, the same `ts`) and waits for replicas like
+//! one; a `sold_out` the draw decides flags the sale and is announced like
+//! a deduct's, unless the sale was cleared (a restock, a returned item)
+//! since that entrant entered. Who may enter, and what a re-sent call or a
+//! replay of a held key is answered: `lua/deduct.lua`; the chunks of
+//! [`CHUNK`] entrants, decided by the rules of any buy:
+//! `lua/draw_run.lua`, `lua/lib/decide.lua`.
 //!
 //! ```text
 //! entered ─► sleep until closes ─► outcome? ─ yes ─► answer

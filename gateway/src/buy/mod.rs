@@ -3,6 +3,20 @@
 //! looks reservations up. It exports the service, what it is built from
 //! ([`BuyDeps`]), the task forwarding its winners ([`ForwardWorker`]) and
 //! its value types; every submodule is private.
+//!
+//! How a buy is decided, step by step: [`decide`](self) (`decide.rs`).
+//!
+//! A win is answered `202 queued` at once: its reservation is durable in
+//! the sale's stream already, and the forwarder (`forward`) hands it to the
+//! backend off the request path, with the reservation time the script
+//! returned (the stream record's `ts`). A retry with the same
+//! Idempotency-Key ([`BuyOutcome::Replayed`]) is not forwarded again: it is
+//! answered from the order once it exists (`201 confirmed`, or `410
+//! order_cancelled`), else `202 queued` again. A `fenced` answer (the
+//! sale's Redis became a master since it last agreed with the database,
+//! `backend/src/fence.rs`) is `503` with `Retry-After`, neither remembered
+//! under the key nor cached, until the backend has re-synced the sale
+//! (`flashgate_fenced_buys_total`).
 
 mod decide;
 mod deduct;

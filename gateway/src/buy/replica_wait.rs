@@ -33,13 +33,20 @@
 //! counted) get its answer; winners that arrive while it is in flight join
 //! the round after. So the number of `WAIT`s follows Redis round trips, not
 //! buyers.
+//!
+//! Too few replicas within `redis.wait_timeout_ms` (or another master
+//! since the win) answers `503 unavailable` with `Retry-After`. The
+//! reservation stands and is forwarded as usual; a retry with the same
+//! Idempotency-Key replays the win and waits the same way. A bucket's
+//! transfer waits too: the take on the donor is confirmed on the donor's
+//! master (one round per donor bucket) before its items are given.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flashgate_common::config::RedisTarget;
-use flashgate_common::keys::SaleKeys;
+use flashgate_common::keys::{SaleKeys, WAIT_MARK_KEY};
 use tokio::sync::watch;
 
 use crate::infra::Metrics;
@@ -172,7 +179,7 @@ impl ReplicaWait {
         // The mark, in the sale's slot on a cluster (which routes the round
         // to the master that holds the sale); one key otherwise.
         let mark = if group.is_empty() {
-            "fg:wait-mark".to_owned()
+            WAIT_MARK_KEY.to_owned()
         } else {
             SaleKeys::new(&group).wait_mark
         };

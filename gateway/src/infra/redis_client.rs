@@ -10,7 +10,18 @@
 //! `fg:events`), the one way to the shared connection: it takes the handle
 //! and bounds the call by the configured timeout and the circuit breaker in
 //! one step no caller can skip, so a stalled Redis yields a quick 503, not
-//! a hang, and every failure counts.
+//! a hang, and every failure counts. With `redis.wait_replicas` set the
+//! bound is `redis.timeout_ms + redis.wait_timeout_ms`: a call may queue
+//! behind a replica `WAIT` on the shared connection.
+//!
+//! The deduct scripts are loaded (`SCRIPT LOAD`, on every master of a
+//! cluster) when the connection is made, and reloaded on `NOSCRIPT`. Only
+//! calls feed the breaker: taking the connection is refused while it is
+//! open but reports nothing. Outside this client, on connections of their
+//! own and outside the breaker: the readiness check and the switch poll
+//! (`RedisHandle::dedicated`, each call bounded by `redis.timeout_ms`), the
+//! `fg:events` subscription, and the shop cache's purge announcement
+//! (bounded by 4 × `redis.timeout_ms`).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -26,12 +26,23 @@
 //!   It also expires after [`SOLD_OUT_TTL`], and every flag is cleared when
 //!   the events subscription is (re-)established, so a missed "changed"
 //!   event costs script calls, never a sale that stays closed.
-//! - **The stock epoch**: Redis counts up a sale's epoch whenever items
-//!   come back (returns, restocks, re-syncs; `lua/release.lua`), and a
-//!   fresh `sold_out` carries the epoch it was decided at. On a "changed"
-//!   event each gateway reads the new epoch; a `sold_out` older than the
-//!   newest epoch known (an answer decided just before items came back,
-//!   handled or announced after) flags nothing, here or anywhere.
+//! - **The stock epoch**: Redis counts up a sale's epoch (`epoch` in its
+//!   meta, `lua/lib/epoch.lua`) whenever items can come back (returns,
+//!   restocks, re-syncs, restores: `lua/release.lua`, `lua/update_sale.lua`,
+//!   `lua/resync.lua`, `lua/preheat.lua`), and a fresh `sold_out` carries
+//!   the epoch it was decided at (so does its `sold_out:ID:eEPOCH` event).
+//!   On a "changed" event each gateway reads the new epoch; a `sold_out`
+//!   older than the newest epoch known (an answer decided just before items
+//!   came back, handled or announced after) flags nothing, here or
+//!   anywhere. A clear whose epoch is unknown (its read failed, the
+//!   subscription re-established) is *blind*: a deduct sent before it flags
+//!   nothing, and announced ones flag nothing until the epoch is known
+//!   again ([`Clears`]).
+//! - **A bucketed sale's flag** is local only: set once this gateway
+//!   confirmed every bucket dry (`buy::refill`), never announced, and
+//!   judged by every clear since the confirmation began; its epoch plays no
+//!   part. Per-bucket empty flags (announced as `sold_out:ID:bK`, cleared
+//!   by `stocked:ID:bK`) only order the donors of a refill.
 //! - **Whether a sale missing from Redis exists in the backend's database**
 //!   ([`SaleCache::missing`]): if it does, Redis lost it and the backend is
 //!   restoring it. The answer is cached for [`MISSING_TTL`], so a flood of

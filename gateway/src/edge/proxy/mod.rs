@@ -32,6 +32,15 @@
 //!
 //! Handlers never touch the session's response: they return a [`Reply`]
 //! (or a [`Rejection`]), and [`session::write_reply`] is the only writer.
+//!
+//! Pingora boxes the `request_filter` future on every request, so its size
+//! is paid by every request, page views and sold-out answers included. The
+//! large futures only some routes need are held out of line with
+//! `Box::pin` (the buy, the reservation lookup, moka's single-flight reads
+//! in `sales`, the first connect in `RedisClient::conn`); a new route or
+//! await that is large (anything holding a Redis or backend call) should be
+//! boxed the same way. `RUSTC_BOOTSTRAP=1 cargo rustc -p flashgate --lib --
+//! -Zprint-type-sizes` lists the sizes.
 
 pub mod ctx;
 pub mod session;

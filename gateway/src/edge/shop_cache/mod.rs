@@ -8,7 +8,9 @@
 //!   `no-store`, nothing with `Set-Cookie` (a session cookie must never reach
 //!   another client), nothing with `Vary: *`. `no-cache` responses are
 //!   stored but revalidated on every use. `Vary` picks the variant by the
-//!   named request headers ([`policy::variance`]).
+//!   named request headers ([`policy::variance`]). Only the shop's headers
+//!   decide: the client's own `Cache-Control` and `Pragma` are not honoured
+//!   (a crowd reloading with `no-cache` must not reach the shop).
 //! - Cookies and `Authorization`: such a request is answered from the cache
 //!   only by a response the shop marked `public` (or `s-maxage`), and its
 //!   response is stored only if so marked. It never waits on, or holds, the
@@ -46,7 +48,10 @@
 //!   announces it on `fg:events` ([`SaleEvent::ShopPurge`]), and every other
 //!   gateway applies it when it hears it (`events`). Pub/sub is best effort:
 //!   a gateway whose subscription is down at that moment misses it, so the
-//!   answer says whether it was announced (docs/OPERATIONS.md).
+//!   answer says whether it was announced (docs/OPERATIONS.md). URLs match
+//!   byte for byte as clients sent them (`?a=1&b=2` and `?b=2&a=1`, `%34`
+//!   and `4` are different entries): purge by prefix to catch every
+//!   spelling.
 //!
 //! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.

@@ -6,7 +6,17 @@
 //!   and checked from PEM files, and picked per handshake.
 //! - [`watcher`]: re-reads the files when they change and swaps the set in
 //!   without touching open connections; a bad file keeps the old set.
-//! - [`redirect`]: which plain-HTTP requests answer 308 to HTTPS, and where.
+//! - [`redirect`]: which plain-HTTP requests answer 308 to HTTPS, and where
+//!   (only to a `Host` the loaded set covers: `Gateway::certs` shares the
+//!   watcher's set).
+//!
+//! One proxy service serves both listeners, so every phase runs the same
+//! over HTTPS; `early_request_filter` notes whether the request came over
+//! TLS (`RequestCtx::tls`), which sets `X-Forwarded-Proto` towards the shop
+//! and decides the redirect. The service's `h2_idle_timeout` is
+//! `gateway.keepalive_seconds` and a buy body is read within
+//! `gateway.body_read_timeout_ms` in all, so both bounds hold over HTTP/2
+//! as over HTTP/1.1.
 //!
 //! Pingora's `openssl` feature (Debian's libssl, see `.cargo/config.toml`)
 //! terminates TLS. The listener starts from Mozilla's intermediate profile
