@@ -535,18 +535,22 @@ pub fn spawn_as(
 }
 
 impl Stack {
-    /// The sum of the gateway's `/metrics` samples of the family `name`
-    /// (every label set), 0 when it has none yet.
-    pub async fn gateway_metric(&self, name: &str) -> f64 {
-        let text = self
-            .http
+    /// The gateway's `/metrics` exposition.
+    pub async fn gateway_metrics_text(&self) -> String {
+        self.http
             .get(format!("http://{}/metrics", self.gateway_admin_addr))
             .send()
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// The sum of the gateway's `/metrics` samples of the family `name`
+    /// (every label set), 0 when it has none yet.
+    pub async fn gateway_metric(&self, name: &str) -> f64 {
+        let text = self.gateway_metrics_text().await;
         text.lines()
             .filter(|l| {
                 l.strip_prefix(name)

@@ -96,15 +96,7 @@ fn assert_challenge_required(
 
 /// `name{reason="..."} N` of the gateway's challenge rejections.
 async fn rejections(stack: &Stack) -> BTreeMap<String, u64> {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.gateway_metrics_text().await;
     text.lines()
         .filter_map(|l| l.strip_prefix("flashgate_challenges_rejected_total{reason=\""))
         .filter_map(|rest| {
@@ -115,15 +107,7 @@ async fn rejections(stack: &Stack) -> BTreeMap<String, u64> {
 }
 
 async fn metric(stack: &Stack, name: &str) -> String {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.gateway_metrics_text().await;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")).map(str::to_owned))
         .unwrap_or_default()
@@ -491,15 +475,7 @@ async fn adaptive_difficulty_rises_for_a_burst_and_stays_at_the_base_for_a_calm_
             .0,
         202
     );
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.gateway_metrics_text().await;
     assert!(
         text.contains("flashgate_challenge_difficulty_count 53"),
         "2 + 50 + 1 challenges issued:\n{text}"

@@ -183,15 +183,7 @@ async fn two_groups(
     for task in first.into_iter().chain(second) {
         let (user, status, body) = task.await.unwrap();
         if !(status == 202 || status == 410) {
-            let m = stack
-                .http
-                .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let m = stack.gateway_metrics_text().await;
             let m: Vec<&str> = m
                 .lines()
                 .filter(|l| {
@@ -399,15 +391,7 @@ async fn a_draw_gives_early_and_late_buyers_of_its_window_even_chances() {
     assert_exact_books(&stack, "fcfs", STOCK, &first_come).await;
 
     // The gateway counts what it did.
-    let metrics = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = stack.gateway_metrics_text().await;
     let value = |name: &str| -> f64 {
         metrics
             .lines()

@@ -36,15 +36,7 @@ fn wait_calls(port: u16) -> Option<u64> {
 
 /// One counter of the gateway's `/metrics`.
 async fn gateway_counter(stack: &Stack, name: &str) -> u64 {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.gateway_metrics_text().await;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
