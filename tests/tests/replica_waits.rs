@@ -34,14 +34,6 @@ fn wait_calls(port: u16) -> Option<u64> {
         .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
-/// One counter of the gateway's `/metrics`.
-async fn gateway_counter(stack: &Stack, name: &str) -> u64 {
-    let text = stack.gateway_metrics_text().await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
-}
-
 /// 200 buyers, each with a key, 64 at a time, on a sale of 50: the
 /// distinct reservations won.
 async fn burst(stack: &Stack, sale: &str) -> usize {
@@ -84,11 +76,15 @@ async fn with_a_live_replica_winners_are_answered_and_one_wait_covers_many_of_th
         "one WAIT per winner: {waits} WAITs for {winners} winners"
     );
     assert_eq!(
-        gateway_counter(&stack, "flashgate_gateway_replica_waits_total").await,
+        stack
+            .gateway_metric("flashgate_gateway_replica_waits_total")
+            .await as u64,
         waits
     );
     assert_eq!(
-        gateway_counter(&stack, "flashgate_gateway_replica_wait_timeouts_total").await,
+        stack
+            .gateway_metric("flashgate_gateway_replica_wait_timeouts_total")
+            .await as u64,
         0
     );
     assert_eq!(
@@ -177,7 +173,9 @@ async fn a_win_the_replica_did_not_acknowledge_answers_503_and_its_retry_replays
         "{body}"
     );
     assert_eq!(
-        gateway_counter(&stack, "flashgate_gateway_replica_wait_timeouts_total").await,
+        stack
+            .gateway_metric("flashgate_gateway_replica_wait_timeouts_total")
+            .await as u64,
         1
     );
     // The reservation stands in the master while the replica is stopped.
@@ -226,7 +224,9 @@ async fn without_wait_replicas_no_wait_is_sent() {
         "cmdstat_wait present with wait_replicas = 0"
     );
     assert_eq!(
-        gateway_counter(&stack, "flashgate_gateway_replica_waits_total").await,
+        stack
+            .gateway_metric("flashgate_gateway_replica_waits_total")
+            .await as u64,
         0
     );
 }
