@@ -15,11 +15,14 @@
 //! - [`client`]: buyer tokens, one buy, a burst of buys, JSON GETs.
 //! - [`db`]: what the tests read straight from an order database.
 //! - [`local_run`]: `make run` (deploy/local/run.sh) on ports of its own.
+//! - [`oscar`]: a real open-source shop (django-oscar), installed and
+//!   run by `tests/shop/oscar.sh`.
 //! - [`pki`]: a CA of the test's own and certificates for the HTTPS listener.
 
 pub mod client;
 pub mod db;
 pub mod local_run;
+pub mod oscar;
 pub mod pki;
 pub mod stack;
 

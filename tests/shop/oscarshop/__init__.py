@@ -1,0 +1,1 @@
+"""A minimal django-oscar shop for the gateway's real-shop test."""
