@@ -10,7 +10,9 @@
 # PostgreSQL server answering on 127.0.0.1:5432 with a database `test` (the
 # backend's store tests use it); a MariaDB server answering on 127.0.0.1:3306
 # to root without a password (the store tests make a database each) and a
-# RabbitMQ server on 127.0.0.1:5672 with guest/guest (the order events test).
+# RabbitMQ server on 127.0.0.1:5672 with guest/guest (the order events test);
+# Debian's python3 with venv, which tests/shop/oscar.sh installs the real shop's
+# django-oscar from PyPI with (the real-shop test).
 set -euo pipefail
 
 want=()
@@ -32,6 +34,8 @@ if $testing; then
   command -v pg_ctlcluster >/dev/null || want+=(postgresql)
   command -v mariadbd >/dev/null || command -v mysqld >/dev/null || want+=(mariadb-server)
   command -v rabbitmq-server >/dev/null || want+=(rabbitmq-server)
+  [[ -x /usr/bin/python3 ]] || want+=(python3)
+  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || want+=(python3-venv)
 fi
 
 sudo_() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }

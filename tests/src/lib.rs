@@ -12,6 +12,7 @@
 //!   redis-server and a PostgreSQL of the test's own.
 //! - [`stack`]: a whole stack (Redis, backend, gateway, demo shop) and what
 //!   a test does to it (restart, kill, admin calls, books).
+//! - [`browser`]: headless Chromium and the scripts in `tests/browser`.
 //! - [`client`]: buyer tokens, one buy, a burst of buys, JSON GETs.
 //! - [`db`]: what the tests read straight from an order database.
 //! - [`local_run`]: `make run` (deploy/local/run.sh) on ports of its own.
@@ -19,6 +20,7 @@
 //!   run by `tests/shop/oscar.sh`.
 //! - [`pki`]: a CA of the test's own and certificates for the HTTPS listener.
 
+pub mod browser;
 pub mod client;
 pub mod db;
 pub mod local_run;

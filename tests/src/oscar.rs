@@ -69,8 +69,7 @@ impl OscarShop {
                 .unwrap_or_else(|| panic!("oscar.sh printed no {name}: {stdout}"))
                 .to_owned()
         };
-        let (email, password, product_path) =
-            (field("email"), field("password"), field("product"));
+        let (email, password, product_path) = (field("email"), field("password"), field("product"));
 
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let log = std::fs::File::create(dir.0.join("oscar.log")).unwrap();

@@ -12,9 +12,9 @@
 //! `tests/browser` when playwright-core is missing.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
+use flashgate_tests::browser::{browser_dir, chromium};
 use flashgate_tests::local_run::LocalRun;
 use flashgate_tests::pki::TestCa;
 use flashgate_tests::{free_port, token, Stack, StackOptions, TempDir};
@@ -129,28 +129,6 @@ enum Https {
         base: String,
         spki: String,
     },
-}
-
-fn browser_dir() -> std::path::PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("browser");
-    if !dir.join("node_modules/playwright-core").exists() {
-        let ok = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(&dir)
-            .status()
-            .expect("npm on PATH");
-        assert!(ok.success(), "npm ci in tests/browser failed");
-    }
-    dir
-}
-
-fn chromium() -> String {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        Path::new(&chromium).exists(),
-        "{chromium} missing: run `bash deploy/local/install-deps.sh` (make test does)"
-    );
-    chromium
 }
 
 /// Runs `tests/browser/sale.mjs` on a one-item sale `sale` of `stack` that

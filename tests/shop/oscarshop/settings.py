@@ -96,6 +96,9 @@ TIME_ZONE = "UTC"
 # Oscar's own assets, served by the shop itself (WhiteNoise) under /static/.
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "static"
+# An hour in every cache, the gateway's included (WhiteNoise's default
+# is a minute).
+WHITENOISE_MAX_AGE = 3600
 MEDIA_URL = "/media/"
 MEDIA_ROOT = DATA_DIR / "media"
 
