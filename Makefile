@@ -20,6 +20,8 @@ run: release
 
 test: deps
 	bash deploy/local/install-deps.sh --test
+	# The real shop's venv and prepared site (cached; a minute the first time).
+	bash tests/shop/oscar.sh warm
 	$(CARGO) build --workspace --bins
 	# The binary just built (a `cargo run -p` would rebuild with other features).
 	target/debug/flashgate --config config/flashgate.toml check

@@ -7,6 +7,8 @@
 #                               one product, collected static files, in DATA_DIR;
 #                               prints `email=… password=… product=PATH`
 #   oscar.sh serve DATA_DIR PORT  runs the shop on 127.0.0.1:PORT (exec)
+#   oscar.sh warm               builds the cache only (`make test` does, so
+#                               that no test's time bound pays for it)
 #
 # The venv and a prepared site are kept in $FLASHGATE_TEST_CACHE (default
 # ~/.cache/flashgate-tests), keyed by a hash of what they are built from, so
@@ -22,8 +24,6 @@ python="${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}"
 email="shopper@example.com"
 password="drop-shopper-pass-1"
 
-hash_of() { cat "$@" | sha256sum | cut -c1-16; }
-
 # The venv: one per requirements file and Python version.
 venv_dir() {
   echo "$cache/oscar-venv-$( (cat "$here/requirements.txt"; "$python" -VV) | sha256sum | cut -c1-16)"
@@ -32,11 +32,11 @@ venv_dir() {
 ensure_venv() {
   local venv
   venv="$(venv_dir)"
-  if [[ ! -x "$venv/.ready" ]]; then
+  if [[ ! -f "$venv/.ready" ]]; then
     rm -rf "$venv"
     "$python" -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
-    printf '#!/bin/sh\n' >"$venv/.ready" && chmod +x "$venv/.ready"
+    touch "$venv/.ready"
   fi
   echo "$venv"
 }
@@ -49,9 +49,11 @@ django() {
     DJANGO_SETTINGS_MODULE=oscarshop.settings "$venv/bin/python" "$@")
 }
 
-prepare() {
-  local data="$1" venv site key
-  mkdir -p "$cache" "$data"
+# Builds (once) the prepared site in the cache; sets `site`. Returns with
+# the cache locked (fd 9).
+build_site() {
+  local venv key
+  mkdir -p "$cache"
   # Concurrent tests build the cache once.
   exec 9>"$cache/oscar.lock"
   flock 9
@@ -59,9 +61,8 @@ prepare() {
   key="$( (cat "$here/requirements.txt" "$here"/oscarshop/*.py "$0"; "$python" -VV) | sha256sum | cut -c1-16)"
   site="$cache/oscar-site-$key"
   if [[ ! -f "$site/product" ]]; then
-    rm -rf "$site" "$site.tmp"
+    rm -rf "$site.tmp"
     mkdir -p "$site.tmp"
-    # Only this site's sessions: a key of its own, made here.
     "$venv/bin/python" -c 'import secrets; print(secrets.token_urlsafe(48))' >"$site.tmp/secret_key"
     django "$venv" "$site.tmp" -m django migrate --noinput >/dev/null
     django "$venv" "$site.tmp" -m django collectstatic --noinput >/dev/null
@@ -69,9 +70,16 @@ prepare() {
       | sed -n 's/^product //p' >"$site.tmp/product"
     mv "$site.tmp" "$site"
   fi
-  flock -u 9
+}
+
+prepare() {
+  local data="$1" venv
+  build_site
+  mkdir -p "$data"
   cp -a "$site/." "$data/"
+  flock -u 9
   # Each copy signs its sessions with a key of its own.
+  venv="$(venv_dir)"
   "$venv/bin/python" -c 'import secrets; print(secrets.token_urlsafe(48))' >"$data/secret_key"
   echo "email=$email password=$password product=$(cat "$data/product")"
 }
@@ -90,5 +98,6 @@ serve() {
 case "${1:-}" in
   prepare) prepare "$2" ;;
   serve) serve "$2" "$3" ;;
-  *) echo "usage: $0 prepare DATA_DIR | serve DATA_DIR PORT" >&2; exit 2 ;;
+  warm) build_site ;;
+  *) echo "usage: $0 prepare DATA_DIR | serve DATA_DIR PORT | warm" >&2; exit 2 ;;
 esac

@@ -1,9 +1,10 @@
 //! A real open-source shop for the tests: django-oscar under gunicorn,
 //! installed from PyPI by `tests/shop/oscar.sh` into a venv cached across
-//! runs (the first run takes about a minute), its assets served by the shop
-//! itself (WhiteNoise) under `/static/`, with sessions and CSRF-protected
-//! forms. One customer and one product in stock, on an SQLite file in the
-//! shop's own temp dir; stopped by PID on drop.
+//! runs (the first run takes about a minute; `make test` builds the cache
+//! before the tests), its assets served by the shop itself (WhiteNoise)
+//! under `/static/`, with sessions and CSRF-protected forms. One customer
+//! and one product in stock, on an SQLite file in the shop's own temp dir;
+//! stopped by PID on drop.
 
 use std::net::SocketAddr;
 use std::path::Path;
