@@ -37,6 +37,8 @@ const OPTIONAL_KEYS: &[&str] = &[
     "events.ca_file",
     "redis.ca_file",
     "gateway.tls.redirect_port",
+    "shop.ca_file",
+    "shop.health_check_path",
 ];
 
 /// `(key, default)` of every key row of docs/CONFIG.md's tables:
