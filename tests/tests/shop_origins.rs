@@ -228,11 +228,11 @@ async fn an_https_origin_by_name_gets_sni_the_fixed_host_and_the_forwarding_head
         })
         .await
     );
-    assert_eq!(get_status(&stack, "/echo/a").await, 200);
+    assert_eq!(get_status(stack, "/echo/a").await, 200);
     origin.health_status.store(503, Ordering::SeqCst);
     assert!(
         eventually(Duration::from_secs(10), || async move {
-            get_status(&stack, "/echo/b").await == 502
+            get_status(stack, "/echo/b").await == 502
         })
         .await,
         "an origin failing its HTTP health check still got requests"
@@ -240,7 +240,7 @@ async fn an_https_origin_by_name_gets_sni_the_fixed_host_and_the_forwarding_head
     origin.health_status.store(204, Ordering::SeqCst);
     assert!(
         eventually(Duration::from_secs(10), || async move {
-            get_status(&stack, "/echo/c").await == 200
+            get_status(stack, "/echo/c").await == 200
         })
         .await,
         "a recovered origin got no requests"
@@ -362,7 +362,7 @@ async fn a_names_new_addresses_are_followed_without_a_restart_and_a_failed_looku
     );
     assert!(
         eventually(Duration::from_secs(10), || async move {
-            answered_by(&stack).await.as_deref() == Some("first")
+            answered_by(stack).await.as_deref() == Some("first")
         })
         .await,
         "{}",
@@ -372,7 +372,7 @@ async fn a_names_new_addresses_are_followed_without_a_restart_and_a_failed_looku
     write_in_place(&hosts, "127.0.0.1 localhost\n127.0.0.2 shop-origin.test\n");
     assert!(
         eventually(Duration::from_secs(15), || async move {
-            answered_by(&stack).await.as_deref() == Some("second")
+            answered_by(stack).await.as_deref() == Some("second")
         })
         .await,
         "the gateway kept the old address:\n{}",
@@ -392,7 +392,7 @@ async fn a_names_new_addresses_are_followed_without_a_restart_and_a_failed_looku
         stack.log("flashgate")
     );
     for _ in 0..5 {
-        assert_eq!(answered_by(&stack).await.as_deref(), Some("second"));
+        assert_eq!(answered_by(stack).await.as_deref(), Some("second"));
     }
     assert!(stack
         .log("flashgate")
