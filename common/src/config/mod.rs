@@ -40,7 +40,7 @@ pub use env::{
     ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
 pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
-pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
+pub use file::{ChallengeMode, ClientIpHeader, RedisMode, DEFAULT_PATH_PREFIX};
 pub use origin::{valid_host, Origin, OriginError, Scheme};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
