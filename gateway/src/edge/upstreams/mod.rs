@@ -191,6 +191,9 @@ fn resolve_now(lb: &LoadBalancer<RoundRobin>) {
                     if let Err(error) = rt.block_on(lb.update()) {
                         tracing::warn!(%error, "shop: the first resolution of shop.upstreams failed");
                     }
+                    // A lookup past its timeout may still hold a blocking
+                    // thread: leave it behind rather than wait for it.
+                    rt.shutdown_background();
                 }
                 Err(error) => tracing::warn!(%error, "shop: no runtime to resolve shop.upstreams"),
             }
