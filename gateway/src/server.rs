@@ -138,7 +138,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
             config.gateway.sale_page_path.as_deref(),
         ),
         pages: Arc::new(pages),
-        shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
+        shop: Upstreams::new(&config.shop, metrics.shop_resolve_failures.clone())?,
         metrics,
         switches,
         certs: None,
@@ -319,6 +319,12 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
             "no [limits.buy] bucket is configured: buys are not rate-limited (see docs/CONFIG.md)"
         );
     }
-    tracing::info!(listen = %config.gateway.listen, shop = ?config.shop.upstreams, "flashgate listening");
+    let shop: Vec<String> = config
+        .shop
+        .upstreams
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    tracing::info!(listen = %config.gateway.listen, ?shop, "flashgate listening");
     server.run_forever()
 }

@@ -34,8 +34,8 @@ pub use client::{
 pub use db::{db_order_rows, db_orders, MysqlDatabase, OrderRow, PostgresDatabase};
 pub use flashgate_testkit::*;
 pub use stack::{
-    node, redis_tls_files, redis_toml, spawn_as, wait_subscribers, Deployment, Early, RedisMode,
-    SaleInRedis, Stack, StackOptions,
+    node, redis_tls_files, redis_toml, spawn_as, spawn_wrapped, wait_subscribers, Deployment,
+    Early, RedisMode, SaleInRedis, Stack, StackOptions,
 };
 
 /// Secret the test gateways verify buyer tokens with (secrets under 32

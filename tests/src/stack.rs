@@ -517,12 +517,34 @@ pub fn spawn_as(
     name: &'static str,
     extra: &[&str],
 ) -> Proc {
+    spawn_wrapped(dir, config_path, &[], binary, name, extra)
+}
+
+/// As [`spawn_as`], started through `wrapper` (a program and its arguments,
+/// the binary's command line appended; it must `exec` it, so the PID is the
+/// binary's): e.g. `unshare --mount` for a private `/etc/hosts`.
+pub fn spawn_wrapped(
+    dir: &Path,
+    config_path: &Path,
+    wrapper: &[&str],
+    binary: &str,
+    name: &'static str,
+    extra: &[&str],
+) -> Proc {
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(bin(binary));
+            c
+        }
+        None => Command::new(bin(binary)),
+    };
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(format!("{name}.log")))
         .unwrap();
-    let child = Command::new(bin(binary))
+    let child = command
         .arg("--config")
         .arg(config_path)
         .args(extra)

@@ -1,6 +1,7 @@
 //! The client address the gateway keys limits and deny lists on, against
 //! the real stack: only the configured header is believed behind a trusted
-//! proxy, a client's own `Forwarded` never reaches the shop, and IPv4
+//! proxy, a client's own `Forwarded` never reaches the shop (nor its own
+//! `X-Forwarded-For` unless a trusted proxy sent it), and IPv4
 //! clients on a dual-stack listener are IPv4 clients.
 
 use std::net::IpAddr;
@@ -97,10 +98,34 @@ async fn the_shop_never_receives_a_clients_forwarded_header() {
         headers.get("forwarded").is_none(),
         "the shop got the client's Forwarded: {headers}"
     );
+    // Sent straight to the gateway, not by a trusted proxy: the client's own
+    // chain is dropped, and the shop hears of the peer only.
+    assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "{headers}");
+    assert_eq!(headers["x-real-ip"], "127.0.0.1", "{headers}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_the_shop_gets_its_chain_extended_and_the_client_as_x_real_ip() {
+    let stack = Stack::start(StackOptions {
+        extra_toml: "[limits]\ntrusted_proxies = [\"127.0.0.1/32\"]\n".into(),
+        ..StackOptions::default()
+    })
+    .await;
+    let resp = stack
+        .http
+        .get(stack.url("/echo/who"))
+        .header("X-Forwarded-For", "198.51.100.7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let echo: serde_json::Value = resp.json().await.unwrap();
+    let headers = &echo["headers"];
     assert_eq!(
-        headers["x-forwarded-for"], "192.0.2.1, 127.0.0.1",
+        headers["x-forwarded-for"], "198.51.100.7, 127.0.0.1",
         "{headers}"
     );
+    assert_eq!(headers["x-real-ip"], "198.51.100.7", "{headers}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -274,8 +274,11 @@ async fn proxied_requests_drop_hop_by_hop_headers_gain_forwarded_ones_and_stream
     }
     assert_eq!(h["x-custom"], "kept");
     assert_eq!(h["host"], "shop.example");
-    assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    // Not from a trusted proxy: the client's chain is replaced by the peer.
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1");
     assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["x-forwarded-host"], "shop.example");
+    assert_eq!(h["x-real-ip"], "127.0.0.1");
     assert!(h["x-request-id"].is_string());
 }
 

@@ -130,8 +130,18 @@ impl Default for Challenge {
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Shop {
-    /// When non-empty, replaces `gateway.shop_upstream`.
+    /// `host:port`, `http://host[:port]` or `https://host[:port]`; when
+    /// non-empty, replaces `gateway.shop_upstream`.
     pub upstreams: Vec<String>,
+    /// How often the names in `upstreams` are resolved again.
+    pub resolve_interval_ms: u64,
+    /// CA certificates trusted for `https://` upstreams besides the system's.
+    pub ca_file: Option<String>,
+    /// `"client"` (the client's `Host`) or the fixed name the shop expects.
+    pub host_header: String,
+    /// An HTTP `GET` of this path checks each upstream (2xx/3xx healthy);
+    /// unset, a TCP connect does.
+    pub health_check_path: Option<String>,
     pub health_check_interval_ms: u64,
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
@@ -146,6 +156,10 @@ impl Default for Shop {
     fn default() -> Self {
         Self {
             upstreams: Vec::new(),
+            resolve_interval_ms: 5000,
+            ca_file: None,
+            host_header: "client".into(),
+            health_check_path: None,
             health_check_interval_ms: 1000,
             connect_timeout_ms: 2000,
             read_timeout_ms: 30_000,

@@ -30,6 +30,7 @@ mod check;
 mod env;
 mod events;
 pub mod file;
+mod origin;
 mod settings;
 mod validate;
 
@@ -40,9 +41,10 @@ pub use env::{
 };
 pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, RedisMode, DEFAULT_PATH_PREFIX};
+pub use origin::{valid_host, Origin, OriginError, Scheme};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
-    GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
+    GatewayConfig, HostHeader, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
     ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 pub use validate::{

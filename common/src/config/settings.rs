@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::env::ENV_CHALLENGE_SECRET;
 use super::file::{ChallengeMode, ClientIpHeader};
+use super::origin::Origin;
 use crate::sale::SaleSpec;
 
 /// The validated configuration.
@@ -202,7 +203,6 @@ pub struct GatewayConfig {
     /// Metrics, liveness and readiness; keep it off public networks.
     pub admin_listen: SocketAddr,
     pub threads: usize,
-    pub shop_upstream: SocketAddr,
     pub backend_url: String,
     pub forward_timeout: Duration,
     pub static_dir: PathBuf,
@@ -262,7 +262,17 @@ pub struct AuthConfig {
 #[derive(Debug, Clone)]
 pub struct ShopConfig {
     /// `shop.upstreams`, or `[gateway.shop_upstream]` when that is empty.
-    pub upstreams: Vec<SocketAddr>,
+    pub upstreams: Vec<Origin>,
+    /// How often the names among them are resolved again.
+    pub resolve_interval: Duration,
+    /// `shop.ca_file`: trusted for `https://` upstreams besides the system's
+    /// roots; read when the gateway starts.
+    pub ca_file: Option<PathBuf>,
+    /// The `Host` the shop receives.
+    pub host_header: HostHeader,
+    /// `shop.health_check_path`: HTTP health checks of this path; `None`
+    /// for TCP checks.
+    pub health_check_path: Option<String>,
     /// How often each upstream gets a TCP health check; an upstream that
     /// fails one gets no requests until it passes one again.
     pub health_check_interval: Duration,
@@ -273,6 +283,15 @@ pub struct ShopConfig {
     pub h2: bool,
     /// The edge cache of the shop's responses.
     pub cache: ShopCacheConfig,
+}
+
+/// `shop.host_header`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostHeader {
+    /// The client's `Host` (the origin's name when the client sent none).
+    Client,
+    /// This name, whatever the client asked for (`host` or `host:port`).
+    Fixed(String),
 }
 
 /// `[shop.cache]`, validated: sizes in bytes, windows as durations.

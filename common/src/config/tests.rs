@@ -1,6 +1,5 @@
 //! The configuration's tests: parsing, every bound named, the docs in step.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -39,6 +38,8 @@ const OPTIONAL_KEYS: &[&str] = &[
     "events.ca_file",
     "redis.ca_file",
     "gateway.tls.redirect_port",
+    "shop.ca_file",
+    "shop.health_check_path",
 ];
 
 /// `(key, default)` of every key row of docs/CONFIG.md's tables:
@@ -429,7 +430,13 @@ fn shop_upstreams_and_page_caching_default_and_are_checked() {
         .unwrap();
     assert_eq!(
         c.shop.upstreams,
-        vec!["127.0.0.1:8000".parse::<SocketAddr>().unwrap()]
+        vec![Origin::parse("127.0.0.1:8000").unwrap()]
+    );
+    assert_eq!(c.shop.resolve_interval, Duration::from_secs(5));
+    assert_eq!(c.shop.host_header, HostHeader::Client);
+    assert_eq!(
+        (c.shop.ca_file.as_ref(), c.shop.health_check_path.as_ref()),
+        (None, None)
     );
     assert_eq!(c.pages.state_ttl, Duration::from_millis(250));
     assert_eq!(
@@ -452,6 +459,52 @@ fn shop_upstreams_and_page_caching_default_and_are_checked() {
         "pages.page_max_age_seconds",
     ] {
         assert!(msg.contains(key), "{key} missing from {msg}");
+    }
+}
+
+#[test]
+fn shop_origins_take_names_schemes_and_their_keys() {
+    let text = "[gateway]\nshop_upstream = \"not used:1\"\n[shop]\n\
+        upstreams = [\"https://shop.example\", \"http://origin.internal:8080\", \"10.0.0.5:81\"]\n\
+        resolve_interval_ms = 250\nca_file = \"/etc/ca.pem\"\nhost_header = \"www.shop.example\"\n\
+        health_check_path = \"/healthz\"\n";
+    let msg = Config::from_toml_str(text, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("gateway.shop_upstream"), "{msg}");
+    let c = Config::from_toml_str(&text.replace("not used:1", "127.0.0.1:1"), &NoEnv, 0).unwrap();
+    let shown: Vec<String> = c.shop.upstreams.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "https://shop.example:443",
+            "http://origin.internal:8080",
+            "http://10.0.0.5:81"
+        ]
+    );
+    assert_eq!(c.shop.resolve_interval, Duration::from_millis(250));
+    assert_eq!(c.shop.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+    assert_eq!(
+        c.shop.host_header,
+        HostHeader::Fixed("www.shop.example".into())
+    );
+    assert_eq!(c.shop.health_check_path.as_deref(), Some("/healthz"));
+
+    let bad = "[shop]\nupstreams = [\"https://10.0.0.5\", \"ftp://x\", \"shop.example\"]\n\
+        resolve_interval_ms = 0\nhost_header = \"bad host\"\nhealth_check_path = \"healthz\"\nca_file = \"\"\n";
+    let msg = Config::from_toml_str(bad, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "shop.upstreams[0]: `https://10.0.0.5`: an https:// origin needs a host name",
+        "shop.upstreams[1]: `ftp://x`: only http:// and https://",
+        "shop.upstreams[2]: `shop.example` needs a port",
+        "shop.resolve_interval_ms: must be between 100 and 3600000",
+        "shop.host_header: must be \"client\" or a host name",
+        "shop.health_check_path: must be a path starting with /",
+        "shop.ca_file: must name a PEM file",
+    ] {
+        assert!(msg.contains(want), "{want} missing from {msg}");
     }
 }
 

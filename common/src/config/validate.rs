@@ -21,9 +21,10 @@ use super::env::{
     ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN,
 };
 use super::file;
+use super::origin::{valid_host, Origin};
 use super::settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
-    GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
+    GatewayConfig, HostHeader, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
     ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 use crate::sale::SaleSpec;
@@ -345,7 +346,6 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
         listen,
         admin_listen,
         threads: f.threads,
-        shop_upstream: addr(check, "gateway.shop_upstream", &f.shop_upstream),
         backend_url: f.backend_url.trim_end_matches('/').to_owned(),
         forward_timeout: Duration::from_millis(f.forward_timeout_ms),
         static_dir: PathBuf::from(f.static_dir),
@@ -470,23 +470,84 @@ fn tls(check: &mut Check, f: file::Tls) -> Option<TlsConfig> {
     })
 }
 
-/// `[shop]`; `gateway.shop_upstream` is the one upstream when
-/// `shop.upstreams` is empty (its own problems are `gateway`'s to report).
+/// `[shop]`; `gateway.shop_upstream` (one `host:port`, the form before
+/// `shop.upstreams`) is the one upstream when `shop.upstreams` is empty.
 fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
-    let mut upstreams: Vec<SocketAddr> = f
+    let mut origin = |key: &str, v: &str| match Origin::parse(v) {
+        Ok(o) if o.tls() && o.ip().is_some() => {
+            check.fail(
+                key,
+                format_args!("`{v}`: an https:// origin needs a host name to verify its certificate against, not an IP address"),
+            );
+            None
+        }
+        Ok(o) => Some(o),
+        Err(e) => {
+            check.fail(key, e);
+            None
+        }
+    };
+    let legacy = origin("gateway.shop_upstream", shop_upstream);
+    let mut upstreams: Vec<Origin> = f
         .upstreams
         .iter()
         .enumerate()
-        .map(|(i, v)| addr(check, &format!("shop.upstreams[{i}]"), v))
+        .filter_map(|(i, v)| origin(&format!("shop.upstreams[{i}]"), v))
         .collect();
-    if upstreams.is_empty() {
-        upstreams.extend(shop_upstream.parse::<SocketAddr>().ok());
+    if f.upstreams.is_empty() {
+        upstreams.extend(legacy);
     }
     check.that(
         upstreams.len() <= 64,
         "shop.upstreams",
         format_args!("must hold at most 64 upstreams, got {}", upstreams.len()),
     );
+    check.between(
+        "shop.resolve_interval_ms",
+        f.resolve_interval_ms,
+        100,
+        3_600_000,
+    );
+    let ca_file = f.ca_file.as_deref().and_then(|path| {
+        check
+            .that(
+                !path.trim().is_empty(),
+                "shop.ca_file",
+                "must name a PEM file",
+            )
+            .ok()
+            .then(|| PathBuf::from(path))
+    });
+    let host_header =
+        match f.host_header.as_str() {
+            "client" => HostHeader::Client,
+            name => {
+                let host = name.rsplit_once(':').map_or(name, |(h, p)| {
+                    if p.parse::<u16>().is_ok() {
+                        h
+                    } else {
+                        name
+                    }
+                });
+                check.that(
+                    valid_host(host) && !host.contains(':'),
+                    "shop.host_header",
+                    format_args!(
+                        "must be \"client\" or a host name (host or host:port), got `{name}`"
+                    ),
+                );
+                HostHeader::Fixed(name.to_ascii_lowercase())
+            }
+        };
+    let health_check_path = f.health_check_path.inspect(|p| {
+        check.that(
+            p.starts_with('/') && p.len() <= 1024 && p.bytes().all(|b| b.is_ascii_graphic()),
+            "shop.health_check_path",
+            format_args!(
+                "must be a path starting with / (visible ASCII, at most 1024 bytes), got `{p}`"
+            ),
+        );
+    });
     check.between(
         "shop.health_check_interval_ms",
         f.health_check_interval_ms,
@@ -497,6 +558,10 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
     check.between("shop.read_timeout_ms", f.read_timeout_ms, 1, 3_600_000);
     ShopConfig {
         upstreams,
+        resolve_interval: Duration::from_millis(f.resolve_interval_ms),
+        ca_file,
+        host_header,
+        health_check_path,
         health_check_interval: Duration::from_millis(f.health_check_interval_ms),
         connect_timeout: Duration::from_millis(f.connect_timeout_ms),
         read_timeout: Duration::from_millis(f.read_timeout_ms),

@@ -46,7 +46,7 @@ use redis::{
 pub use crate::ca_file::CaFileError;
 use crate::config::RedisConfig;
 
-const PEM_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+use crate::ca_file::PEM_BEGIN;
 const KEY: &str = "redis.ca_file";
 
 impl From<CaFileError> for RedisError {
@@ -95,7 +95,7 @@ impl Roots {
     /// The roots of `pem` (the text of `path`) and the system's.
     fn parse(path: &Path, mut pem: Vec<u8>) -> Result<Self, CaFileError> {
         pem.push(b'\n');
-        pem.extend_from_slice(system_roots());
+        pem.extend_from_slice(crate::ca_file::system_roots());
         let certificates = TlsCertificates {
             client_tls: None,
             root_cert: Some(pem),
@@ -198,43 +198,6 @@ fn file_roots(path: &Path) -> Result<(Vec<u8>, usize), CaFileError> {
         return Err(CaFileError::no_certificate(KEY, path));
     }
     Ok((pem.into_bytes(), count))
-}
-
-/// The system's CA certificates as PEM, where OpenSSL finds them
-/// (`SSL_CERT_FILE`, else the distribution's bundle; else the PEM files of
-/// the certificate directories); read once per process.
-fn system_roots() -> &'static [u8] {
-    static ROOTS: OnceLock<Vec<u8>> = OnceLock::new();
-    ROOTS.get_or_init(|| {
-        let probe = openssl_probe::probe();
-        let mut pem = Vec::new();
-        if let Some(bundle) = probe.cert_file.and_then(|f| std::fs::read(f).ok()) {
-            pem = bundle;
-        } else {
-            for dir in probe.cert_dir {
-                let Ok(entries) = std::fs::read_dir(dir) else {
-                    continue;
-                };
-                for entry in entries.flatten() {
-                    let name = entry.file_name();
-                    let name = name.to_string_lossy();
-                    if name.ends_with(".pem") || name.ends_with(".crt") {
-                        if let Ok(bytes) = std::fs::read(entry.path()) {
-                            pem.extend_from_slice(&bytes);
-                            pem.push(b'\n');
-                        }
-                    }
-                }
-            }
-        }
-        if !std::str::from_utf8(&pem).is_ok_and(|t| t.contains(PEM_BEGIN)) {
-            tracing::warn!(
-                "no system CA certificates found; a rediss:// server must chain to redis.ca_file"
-            );
-            pem.clear();
-        }
-        pem
-    })
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use flashgate_common::config::{Config, DenyConfig, LimitsConfig};
+use flashgate_common::config::{ClientIpHeader, Config, DenyConfig, LimitsConfig};
 use http::HeaderMap;
 
 use crate::admission::auth::Verifier;
@@ -56,6 +56,19 @@ impl Edge {
             &self.limits.trusted_proxies,
             self.limits.client_ip_header,
         )
+    }
+
+    /// Whether the `X-Forwarded-For` that came with a request from `peer`
+    /// is a chain the gateway believes: the peer is a trusted proxy and
+    /// that header is the one it names the client in.
+    fn forwarded_chain_trusted(&self, peer: IpAddr) -> bool {
+        let peer = peer.to_canonical();
+        self.limits.client_ip_header == ClientIpHeader::XForwardedFor
+            && self
+                .limits
+                .trusted_proxies
+                .iter()
+                .any(|n| n.contains(&peer))
     }
 }
 
@@ -155,6 +168,16 @@ impl Admission {
     /// trusted proxy's header).
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         self.edge.load().client_ip(peer, headers)
+    }
+
+    /// The client address, and whether the request's `X-Forwarded-For` is
+    /// a chain to extend (see `edge::proxy::forwarded`).
+    pub fn forwarding(&self, peer: IpAddr, headers: &HeaderMap) -> (IpAddr, bool) {
+        let edge = self.edge.load();
+        (
+            edge.client_ip(peer, headers),
+            edge.forwarded_chain_trusted(peer),
+        )
     }
 
     /// The cluster-wide bucket in Redis, when configured: one round trip.

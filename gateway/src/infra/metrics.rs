@@ -133,6 +133,9 @@ pub struct Metrics {
     /// 1 while the certificate files on disk cannot be loaded (the running
     /// set is older than them), else 0: what an alert can hold `for:`.
     pub tls_reload_failing: IntGauge,
+    /// Lookups of a `shop.upstreams` name that failed or found nothing
+    /// (its last good addresses stay in use).
+    pub shop_resolve_failures: IntCounter,
 }
 
 impl Metrics {
@@ -230,6 +233,10 @@ impl Metrics {
                 .expect("unique metric");
             c
         };
+        let shop_resolve_failures = plain_counter(
+            "shop_resolve_failures_total",
+            "Lookups of a shop.upstreams name that failed or found no address; its last good addresses stay in use.",
+        );
         let fenced_buys = plain_counter(
             "fenced_buys_total",
             "Buys refused with 503 because their sale is fenced until the backend re-syncs it.",
@@ -311,6 +318,7 @@ impl Metrics {
             challenges_rejected,
             challenge_difficulty,
             tls_reloads,
+            shop_resolve_failures,
             tls_certificate_expiry,
             tls_reload_failing,
         }

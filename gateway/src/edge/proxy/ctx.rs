@@ -19,6 +19,9 @@ pub struct RequestCtx {
     pub tls: bool,
     /// Answered from a stale copy because a recent fetch of it failed.
     pub stale_on_error: bool,
+    /// The shop origin `upstream_peer` chose (its name is the `Host` when
+    /// the client sent none).
+    pub origin: Option<std::sync::Arc<flashgate_common::config::Origin>>,
 }
 
 impl RequestCtx {
@@ -31,6 +34,7 @@ impl RequestCtx {
             cache: CacheUse::Off,
             tls: false,
             stale_on_error: false,
+            origin: None,
         }
     }
 }

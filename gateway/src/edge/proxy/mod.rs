@@ -20,10 +20,12 @@
 //!   cache_hit_filter     Cookie/Authorization take only public copies
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
 //!   hit or stale ──────► answered from the cache; else to the shop:
-//! upstream_peer          a healthy shop upstream (round robin), else 502
+//! upstream_peer          a healthy shop upstream (round robin over the addresses
+//!                        shop.upstreams resolve to), its origin kept in ctx, else 502
 //!   (plain HTTP with gateway.tls.redirect_http: GET/HEAD of pages ─► 308 to HTTPS, tls::redirect)
-//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto (https over TLS), X-Request-Id;
-//!                        cached requests: X-Forwarded-Host = keyed host, X-Original-URL & co removed
+//! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto / -Host,
+//!                        X-Real-IP (forwarded.rs), X-Request-Id; cached requests: X-Original-URL
+//!                        & co removed; Host = shop.host_header when fixed
 //! response_cache_filter  may the shop's answer be stored, for how long
 //! response_filter        hop-by-hop removed from the shop's answer; X-Cache
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
@@ -43,12 +45,14 @@
 //! -Zprint-type-sizes` lists the sizes.
 
 pub mod ctx;
+pub mod forwarded;
 pub mod session;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use flashgate_common::config::Config;
+use flashgate_common::config::{Config, HostHeader};
 use pingora::cache::key::HashBinary;
 use pingora::cache::{
     CacheKey, CacheMeta, ForcedFreshness, HitHandler, NoCacheReason, RespCacheable,
@@ -69,7 +73,7 @@ use crate::edge::reply::Reply;
 use crate::edge::route::{Route, Routes};
 use crate::edge::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
-use crate::edge::upstreams::{hop_by_hop, ShopFailure, Upstreams};
+use crate::edge::upstreams::{default_host, hop_by_hop, ShopFailure, Upstreams};
 use crate::infra::Metrics;
 use crate::infra::OrderClient;
 use crate::infra::RedisClient;
@@ -341,10 +345,13 @@ impl ProxyHttp for Gateway {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
         match self.shop.peer() {
-            Some(peer) => Ok(Box::new(peer)),
+            Some((peer, origin)) => {
+                ctx.origin = Some(origin);
+                Ok(Box::new(peer))
+            }
             None => pingora::Error::e_explain(
                 pingora::ErrorType::ConnectNoRoute,
                 "no healthy shop upstream",
@@ -361,28 +368,35 @@ impl ProxyHttp for Gateway {
         for name in hop_by_hop(&upstream.headers) {
             upstream.remove_header(&name);
         }
-        // The shop hears of the client only through X-Forwarded-For, which
-        // ends with the peer the gateway saw; a Forwarded the client wrote
-        // itself would let it name any address to the shop.
-        upstream.remove_header("forwarded");
-        if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
-            let peer = peer.ip().to_canonical();
-            let xff = match upstream
-                .headers
-                .get("x-forwarded-for")
-                .and_then(|v| v.to_str().ok())
-            {
-                Some(prev) => format!("{prev}, {peer}"),
-                None => peer.to_string(),
-            };
-            upstream.insert_header("X-Forwarded-For", xff)?;
-        }
-        upstream.insert_header("X-Forwarded-Proto", if ctx.tls { "https" } else { "http" })?;
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        let (client, chain_trusted) = self.admission.forwarding(
+            peer.unwrap_or(IpAddr::from([0, 0, 0, 0])),
+            &upstream.headers,
+        );
+        let view = forwarded::ClientView {
+            peer,
+            client,
+            chain_trusted,
+            tls: ctx.tls,
+        };
+        forwarded::apply(upstream, &view)?;
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
         // The shop must answer what the cache key names, whatever other
         // host, path or method the client's headers claim.
         if ctx.cache != CacheUse::Off {
             policy::strip_unkeyed(upstream)?;
+        }
+        match (&self.config.shop.host_header, &ctx.origin) {
+            (HostHeader::Fixed(name), _) => upstream.insert_header(http::header::HOST, name)?,
+            (HostHeader::Client, Some(origin))
+                if !upstream.headers.contains_key(http::header::HOST) =>
+            {
+                upstream.insert_header(http::header::HOST, default_host(origin))?;
+            }
+            (HostHeader::Client, _) => {}
         }
         Ok(())
     }

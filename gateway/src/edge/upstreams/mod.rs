@@ -1,69 +1,143 @@
 //! The shop's upstreams: round-robin over the healthy ones.
 //!
-//! Pingora's [`LoadBalancer`] holds the upstream set; it runs as a
-//! background service (see `server`) that gives every upstream a
-//! TCP health check each `shop.health_check_interval_ms`. An upstream that
-//! fails a check gets no requests until it passes one again. Connections to
-//! upstreams are kept alive and reused from Pingora's connection pool.
+//! `shop.upstreams` names origins (`host:port`, `http://host[:port]`,
+//! `https://host[:port]`). Pingora's [`LoadBalancer`] holds the addresses
+//! they resolve to; it runs as a background service (see `server`) that
+//! resolves the names again each `shop.resolve_interval_ms` (`resolve`)
+//! and checks every address each `shop.health_check_interval_ms`
+//! (`health`). An upstream that fails a check gets no requests until it
+//! passes one again. Connections to upstreams are kept alive and reused
+//! from Pingora's connection pool.
 //!
-//! With `shop.h2` the gateway speaks HTTP/2 to the shop with prior
-//! knowledge (h2c: the upstreams are plain addresses, so there is no ALPN
-//! to ask), many requests multiplexed on one connection; a WebSocket
-//! upgrade then cannot be proxied (HTTP/2 has no `Upgrade`).
+//! An `https://` origin is reached over TLS with the origin's name as SNI,
+//! its certificate verified against that name and the system's roots, plus
+//! those of `shop.ca_file` when set.
+//!
+//! With `shop.h2` the gateway speaks HTTP/2 to the shop: with prior
+//! knowledge (h2c) to `http://` origins, by ALPN to `https://` ones, many
+//! requests multiplexed on one connection; a WebSocket upgrade then cannot
+//! be proxied (HTTP/2 has no `Upgrade`).
 //!
 //! Also here: what a proxied request and response must not carry across the
 //! gateway (hop-by-hop headers, RFC 9110 §7.6.1), and the JSON answer when
 //! the shop cannot be reached.
 
+mod health;
+mod resolve;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashgate_common::config::ShopConfig;
+use flashgate_common::config::{Origin, ShopConfig};
+use openssl::x509::X509;
 use pingora::lb::selection::RoundRobin;
-use pingora::lb::{health_check::TcpHealthCheck, LoadBalancer};
+use pingora::lb::{Backends, LoadBalancer};
 use pingora::upstreams::peer::HttpPeer;
+use prometheus::IntCounter;
 use serde_json::json;
 
 use crate::edge::reply::Reply;
+pub use health::default_host;
+use health::ShopHealthCheck;
+use resolve::{origin_of, OriginDiscovery};
 
 /// Requests one HTTP/2 connection to the shop carries at once before
 /// another is opened.
 const H2_STREAMS_PER_CONNECTION: usize = 100;
+
+/// Why the shop's upstreams cannot be set up (each names its key).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamsError {
+    #[error("shop.upstreams: no upstream")]
+    Empty,
+    #[error(transparent)]
+    CaFile(#[from] flashgate_common::ca_file::CaFileError),
+}
+
+/// The roots `https://` origins are verified against: `None` for the
+/// system's (Pingora's connector loads them), else the system's and
+/// `shop.ca_file`'s together (a peer's own list replaces the connector's).
+#[derive(Clone, Default)]
+pub struct Trust {
+    pub extra_roots: Option<Arc<Box<[X509]>>>,
+}
+
+impl Trust {
+    /// Reads `shop.ca_file`, when set.
+    ///
+    /// # Errors
+    /// [`CaFileError`](flashgate_common::ca_file::CaFileError) naming `shop.ca_file`.
+    pub fn load(config: &ShopConfig) -> Result<Self, UpstreamsError> {
+        use flashgate_common::ca_file::{read_pem, system_roots, CaFileError};
+        const KEY: &str = "shop.ca_file";
+        let Some(path) = &config.ca_file else {
+            return Ok(Self::default());
+        };
+        let pem = read_pem(KEY, path)?;
+        let extra = X509::stack_from_pem(pem.as_bytes())
+            .map_err(|e| CaFileError::not_pem(KEY, path, e.to_string()))?;
+        if extra.is_empty() {
+            return Err(CaFileError::no_certificate(KEY, path).into());
+        }
+        let mut roots = X509::stack_from_pem(system_roots()).unwrap_or_default();
+        tracing::info!(
+            certificates = extra.len(),
+            "shop: trusting the CA certificates of shop.ca_file besides the system's"
+        );
+        roots.extend(extra);
+        Ok(Self {
+            extra_roots: Some(Arc::new(roots.into_boxed_slice())),
+        })
+    }
+}
 
 /// The shop's upstreams and how to reach them.
 pub struct Upstreams {
     pub lb: Arc<LoadBalancer<RoundRobin>>,
     connect_timeout: Duration,
     read_timeout: Duration,
-    /// `shop.h2`: HTTP/2 with prior knowledge (h2c).
+    /// `shop.h2`: HTTP/2 (h2c with prior knowledge, ALPN over TLS).
     h2: bool,
+    trust: Trust,
 }
 
 impl Upstreams {
-    /// A load balancer over `config.upstreams` with a TCP health check.
-    /// It only checks health once it runs as a background service.
+    /// A load balancer over `config.upstreams`, their names resolved once
+    /// now (a name that does not resolve is logged and tried again each
+    /// interval). It only resolves again and checks health once it runs
+    /// as a background service.
     ///
     /// # Errors
-    /// When the upstream list is empty.
-    pub fn new(config: &ShopConfig) -> std::io::Result<Self> {
-        let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(config.upstreams.iter().copied())?;
-        if lb.backends().get_backend().is_empty() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "no shop upstream",
-            ));
+    /// When the upstream list is empty or `shop.ca_file` cannot be used.
+    pub fn new(config: &ShopConfig, resolve_failures: IntCounter) -> Result<Self, UpstreamsError> {
+        if config.upstreams.is_empty() {
+            return Err(UpstreamsError::Empty);
         }
-        let mut check = TcpHealthCheck::new();
-        check.peer_template.options.connection_timeout =
-            Some(config.connect_timeout.min(Duration::from_secs(1)));
-        lb.set_health_check(check);
+        let trust = Trust::load(config)?;
+        let discovery = OriginDiscovery::new(&config.upstreams, resolve_failures);
+        let mut lb = LoadBalancer::<RoundRobin>::from_backends(Backends::new(Box::new(discovery)));
+        let check_timeout = config.connect_timeout.min(Duration::from_secs(1));
+        let check = match &config.health_check_path {
+            Some(path) => ShopHealthCheck::http(
+                &config.upstreams,
+                path,
+                &config.host_header,
+                &trust,
+                check_timeout,
+            ),
+            None => ShopHealthCheck::tcp(check_timeout),
+        };
+        lb.set_health_check(Box::new(check));
         lb.health_check_frequency = Some(config.health_check_interval);
+        lb.update_frequency = Some(config.resolve_interval);
         lb.parallel_health_check = true;
+        resolve_now(&lb);
         Ok(Self {
             lb: Arc::new(lb),
             connect_timeout: config.connect_timeout,
             read_timeout: config.read_timeout,
             h2: config.h2,
+            trust,
         })
     }
 
@@ -76,21 +150,55 @@ impl Upstreams {
         self.len() == 0
     }
 
-    /// The next healthy upstream as a peer, or `None` when none is healthy.
-    pub fn peer(&self) -> Option<HttpPeer> {
+    /// The next healthy upstream as a peer, and the origin it belongs to;
+    /// `None` when none is healthy.
+    pub fn peer(&self) -> Option<(HttpPeer, Arc<Origin>)> {
         let backend = self.lb.select(b"", 256)?;
-        let mut peer = HttpPeer::new(backend.addr, false, String::new());
+        let origin = origin_of(&backend)?.clone();
+        // SNI and the certificate's name are the origin's name (validation
+        // refuses an https:// origin given as an IP address).
+        let sni = if origin.tls() {
+            origin.host.clone()
+        } else {
+            String::new()
+        };
+        let mut peer = HttpPeer::new(backend.addr, origin.tls(), sni);
         peer.options.connection_timeout = Some(self.connect_timeout);
         peer.options.read_timeout = Some(self.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
+        peer.options.ca.clone_from(&self.trust.extra_roots);
         if self.h2 {
-            // HTTP/2 only, over plain TCP: Pingora then speaks h2c with
-            // prior knowledge, and many requests share one connection.
+            // HTTP/2 only: over plain TCP Pingora then speaks h2c with
+            // prior knowledge, over TLS it asks for h2 by ALPN; many
+            // requests share one connection.
             peer.options.alpn = pingora::protocols::ALPN::H2;
             peer.options.max_h2_streams = H2_STREAMS_PER_CONNECTION;
         }
-        Some(peer)
+        Some((peer, origin))
     }
+}
+
+/// The first resolution, before anything listens: on a runtime of its own,
+/// in a thread of its own (the caller may be inside another runtime).
+fn resolve_now(lb: &LoadBalancer<RoundRobin>) {
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match runtime {
+                Ok(rt) => {
+                    if let Err(error) = rt.block_on(lb.update()) {
+                        tracing::warn!(%error, "shop: the first resolution of shop.upstreams failed");
+                    }
+                    // A lookup past its timeout may still hold a blocking
+                    // thread: leave it behind rather than wait for it.
+                    rt.shutdown_background();
+                }
+                Err(error) => tracing::warn!(%error, "shop: no runtime to resolve shop.upstreams"),
+            }
+        });
+    });
 }
 
 /// Hop-by-hop headers: they describe one connection and are never forwarded.
