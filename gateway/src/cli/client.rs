@@ -18,10 +18,7 @@ pub enum CliError {
     #[error("{var} is not set: the admin APIs take it as their bearer token")]
     NoToken { var: &'static str },
     #[error("{}: {error}", path.display())]
-    Config {
-        path: PathBuf,
-        error: flashgate_common::config::ConfigError,
-    },
+    Config { path: PathBuf, error: String },
     #[error("{flag} {value:?}: {why} (e.g. http://127.0.0.1:9091)")]
     BadUrl {
         flag: &'static str,

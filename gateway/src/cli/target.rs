@@ -4,13 +4,15 @@
 //! `http://host:port` or `host:port`) or else from the config file's listen
 //! address (`backend.admin_listen`, `gateway.admin_listen`; a wildcard
 //! address is reached on loopback). The config file is read only when a
-//! flag is missing. The token is the one the servers read,
-//! `FLASHGATE_ADMIN_TOKEN`, from the environment.
+//! flag is missing, and only for those two keys: an operator's shell has
+//! the admin token, not the secrets the servers check at start. The token
+//! is the one the servers read, `FLASHGATE_ADMIN_TOKEN`, from the
+//! environment.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use flashgate_common::config::{Config, ENV_ADMIN_TOKEN};
+use flashgate_common::config::{file, ENV_ADMIN_TOKEN};
 
 use super::client::CliError;
 use super::AdminArgs;
@@ -43,7 +45,10 @@ impl Targets {
         let token = token()?;
         let base = match &self.backend {
             Some(url) => base_url("--backend-admin", url)?,
-            None => listen_url(self.config()?.backend.admin_listen),
+            None => {
+                let file = self.config()?;
+                listen_url(self.listen("backend.admin_listen", &file.backend.admin_listen)?)
+            }
         };
         Ok(Target { base, token })
     }
@@ -53,15 +58,29 @@ impl Targets {
         let token = token()?;
         let base = match &self.gateway {
             Some(url) => base_url("--gateway-admin", url)?,
-            None => listen_url(self.config()?.gateway.admin_listen),
+            None => {
+                let file = self.config()?;
+                listen_url(self.listen("gateway.admin_listen", &file.gateway.admin_listen)?)
+            }
         };
         Ok(Target { base, token })
     }
 
-    fn config(&self) -> Result<Config, CliError> {
-        Config::load(&self.config).map_err(|error| CliError::Config {
+    /// The config file's shape (its keys, unchecked values).
+    fn config(&self) -> Result<file::File, CliError> {
+        let fail = |error: String| CliError::Config {
             path: self.config.clone(),
             error,
+        };
+        let text = std::fs::read_to_string(&self.config).map_err(|e| fail(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| fail(e.to_string().trim_end().to_owned()))
+    }
+
+    /// A listen address of the config file, `key` naming it.
+    fn listen(&self, key: &str, value: &str) -> Result<SocketAddr, CliError> {
+        value.parse().map_err(|_| CliError::Config {
+            path: self.config.clone(),
+            error: format!("{key}: `{value}` is not an ip:port address"),
         })
     }
 }
