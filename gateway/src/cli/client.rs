@@ -29,8 +29,10 @@ pub enum CliError {
     SaleFile { path: PathBuf, message: String },
     #[error("{0}")]
     Usage(&'static str),
-    #[error("cannot start the HTTP client: {0}")]
+    #[error("cannot start the HTTP client")]
     Runtime(#[source] std::io::Error),
+    #[error("cannot build the HTTP client")]
+    Client(#[source] reqwest::Error),
     #[error("{method} {url}: cannot reach the API")]
     Unreachable {
         method: Method,
@@ -71,17 +73,13 @@ pub struct AdminClient {
 
 impl AdminClient {
     /// # Errors
-    /// The HTTP client cannot be built (no TLS is used, so only when the
+    /// The HTTP client cannot be built (no TLS is used: only when the
     /// system refuses its resources).
     pub fn new(target: Target) -> Result<Self, CliError> {
         let http = reqwest::Client::builder()
             .timeout(CALL_TIMEOUT)
             .build()
-            .map_err(|source| CliError::Unreachable {
-                method: Method::GET,
-                url: target.base.clone(),
-                source,
-            })?;
+            .map_err(CliError::Client)?;
         Ok(Self { http, target })
     }
 
