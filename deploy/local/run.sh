@@ -144,6 +144,10 @@ Flashgate is running (logs in $DATA/*.log):
   admin API      http://$BACKEND_ADMIN/admin/sales/demo   (Bearer \$FLASHGATE_ADMIN_TOKEN, in $DATA/secrets.env unless set in the environment)
   shop payments  POST http://$BACKEND/internal/orders/ORDER_ID/pay   (Bearer \$FLASHGATE_SHOP_TOKEN)
 
+Operate it with the CLI (the admin token comes from the environment, here $DATA/secrets.env):
+  (set -a; . $DATA/secrets.env; $BIN/flashgate --config $CONFIG sale show demo)
+  (sale list|show|put|pause|resume|reconcile, cache purge, events dead|retry; --json for the API's JSON)
+
 Or buy as demo-user from a terminal (the page's token field takes the same token):
   curl -i -X POST http://$GATEWAY/flashgate/api/sales/demo/buy \\
     -H 'Authorization: Bearer $TOKEN' -H "Idempotency-Key: \$(date +%s%N)"

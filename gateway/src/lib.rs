@@ -27,6 +27,8 @@
 //!   `task` (what a long-running task implements; the server runs each).
 //! - [`rejection`]: every way a request is turned down, as values.
 //! - [`server`]: builds the layers from the config and runs them.
+//! - [`cli`]: the operator commands (`flashgate sale|cache|events`), HTTP
+//!   calls to the admin APIs; no layer, beside them rather than in them.
 
 // Product code: a panic is a bug. Handle the error, or `expect` with the
 // invariant that makes it impossible (tests may unwrap: clippy.toml).
@@ -39,6 +41,7 @@
 
 pub mod admission;
 pub mod buy;
+pub mod cli;
 pub mod edge;
 pub mod infra;
 pub mod rejection;

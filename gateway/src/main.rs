@@ -1,4 +1,6 @@
-//! `flashgate`: run the gateway, mint a demo token, or check a config file.
+//! `flashgate`: run the gateway, mint a demo token, check a config file,
+//! or operate a running stack through its admin APIs (`sale`, `cache`,
+//! `events`: [`flashgate_gateway::cli`]).
 
 // Product code: a panic is a bug. Handle the error, or `expect` with the
 // invariant that makes it impossible (tests may unwrap: clippy.toml).
@@ -15,6 +17,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use flashgate_common::config::{Config, ENV_JWT_SECRET};
+use flashgate_gateway::cli::{self, Operator};
 
 #[derive(Parser)]
 #[command(name = "flashgate", version, about = "Flash-sale edge gateway")]
@@ -31,6 +34,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Local(Local),
+    #[command(flatten)]
+    Operate(Operator),
+}
+
+/// The commands of this machine's gateway and config file.
+#[derive(Subcommand)]
+enum Local {
     /// Run the gateway (the default).
     Serve {
         /// Take over the listening sockets of a running gateway that was
@@ -145,6 +157,21 @@ async fn check_shop_paths(config: &Config) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = match cli.command {
+        // No logging (stdout is the answer); the config file is read only
+        // for the addresses no flag gives.
+        Some(Command::Operate(operator)) => {
+            return match cli::run(operator, &cli.config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("flashgate: {:#}", anyhow::Error::from(e));
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::Local(command)) => command,
+        None => Local::Serve { upgrade: false },
+    };
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     if cli.log_json {
@@ -162,10 +189,10 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let result = match cli.command.unwrap_or(Command::Serve { upgrade: false }) {
-        Command::Serve { upgrade } => flashgate_gateway::server::run(config, &cli.config, upgrade),
-        Command::Check { connect } => check(&cli.config, &config, connect),
-        Command::Token { user, ttl } => match &config.jwt_secret {
+    let result = match command {
+        Local::Serve { upgrade } => flashgate_gateway::server::run(config, &cli.config, upgrade),
+        Local::Check { connect } => check(&cli.config, &config, connect),
+        Local::Token { user, ttl } => match &config.jwt_secret {
             Some(secret) => {
                 flashgate_gateway::admission::mint(secret.as_bytes(), &user, ttl, &config.auth)
                     .map(|t| println!("{t}"))

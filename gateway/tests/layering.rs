@@ -4,6 +4,9 @@
 //! the layers below it (never the edge), and each layer's `mod.rs` is its
 //! one door: every submodule is private. (Import cycles between modules
 //! are checked for every crate in `tests/tests/module_graph.rs`.)
+//!
+//! Beside the layers, `cli/` holds the operator commands: no layer, it
+//! uses none of them, only HTTP to the admin APIs.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +20,10 @@ const LAYERS: [(&str, &[&str]); 4] = [
 
 /// Every folder of `src`, a layer each.
 const FOLDERS: [&str; 5] = ["edge", "buy", "admission", "sales", "infra"];
+
+/// The top-level folders that are no layer: the operator CLI, a client of
+/// the admin APIs.
+const TOOLS: [&str; 1] = ["cli"];
 
 /// The top-level files that are no layer: the crate root, the binary and
 /// the wiring, which know every layer (the server runs Pingora's).
@@ -186,8 +193,40 @@ fn the_top_level_is_the_wiring_the_shared_values_and_the_layers() {
     }
     for entry in &entries {
         assert!(
-            FOLDERS.contains(&entry.as_str()) || entry.ends_with(".rs"),
-            "{entry} is neither a layer nor a top-level module"
+            FOLDERS.contains(&entry.as_str())
+                || TOOLS.contains(&entry.as_str())
+                || entry.ends_with(".rs"),
+            "{entry} is neither a layer, a tool nor a top-level module"
         );
+    }
+}
+
+#[test]
+fn the_cli_uses_no_layer_only_http_to_the_admin_apis() {
+    let src = src();
+    for tool in TOOLS {
+        let files = sources(&src.join(tool));
+        assert!(files.len() > 2, "no sources read under {tool}");
+        let mut http = false;
+        for path in files {
+            let code = code(&path);
+            for module in crate_modules(&code) {
+                assert_eq!(
+                    module,
+                    tool,
+                    "{} ({tool}) imports {module}: the CLI only calls the admin APIs",
+                    path.display()
+                );
+            }
+            for word in ["pingora", "redis", "super::super"] {
+                assert!(
+                    !code.contains(word),
+                    "{} ({tool}) uses {word}",
+                    path.display()
+                );
+            }
+            http |= code.contains("reqwest::");
+        }
+        assert!(http, "{tool} calls no API over HTTP");
     }
 }

@@ -136,6 +136,22 @@ impl LocalRun {
         );
     }
 
+    /// The config file the script runs with.
+    pub fn config(&self) -> &Path {
+        &self.config
+    }
+
+    /// The secrets the script made or took (`DATA/secrets.env`), as
+    /// name and value pairs.
+    pub fn secrets(&self) -> Vec<(String, String)> {
+        std::fs::read_to_string(self.data.join("secrets.env"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim_start_matches("export ").split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
     pub fn admin_addr(&self) -> String {
         format!("127.0.0.1:{}", self.ports[5])
     }

@@ -14,7 +14,11 @@ fn workspace_file(rel: &str) -> std::path::PathBuf {
 
 #[test]
 fn check_accepts_the_shipped_config() {
-    for file in ["config/flashgate.toml", "deploy/compose/flashgate.toml"] {
+    for file in [
+        "config/flashgate.toml",
+        "deploy/compose/flashgate.toml",
+        "deploy/image/flashgate.toml",
+    ] {
         let out = Command::new(bin("flashgate"))
             .arg("--config")
             .arg(workspace_file(file))
@@ -173,6 +177,12 @@ async fn sighup_applies_the_config_file_at_once_and_the_gateway_keeps_serving() 
 
 #[test]
 fn the_compose_file_is_accepted_by_compose() {
+    compose_config(&["-q"]);
+}
+
+/// `deploy/docker-compose.yml` as compose resolves it (YAML, from
+/// `docker compose` or `docker-compose`), the secrets set to `x`.
+fn compose_config(args: &[&str]) -> String {
     let file = workspace_file("deploy/docker-compose.yml");
     let v2 = Command::new("docker")
         .args(["compose", "version"])
@@ -189,6 +199,7 @@ fn the_compose_file_is_accepted_by_compose() {
         .arg("-f")
         .arg(&file)
         .arg("config")
+        .args(args)
         .env("FLASHGATE_JWT_SECRET", "x")
         .env("FLASHGATE_ADMIN_TOKEN", "x")
         .env("FLASHGATE_INTERNAL_TOKEN", "x")
@@ -199,6 +210,106 @@ fn the_compose_file_is_accepted_by_compose() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The block of service `name` in a resolved compose file.
+fn compose_service<'a>(yaml: &'a str, name: &str) -> &'a str {
+    let (_, rest) = yaml
+        .split_once(&format!("\n  {name}:\n"))
+        .unwrap_or_else(|| panic!("no service {name}:\n{yaml}"));
+    let end = rest
+        .match_indices('\n')
+        .map(|(i, _)| i + 1)
+        .find(|&i| {
+            let line = &rest[i..];
+            !line.starts_with("   ") && !line.is_empty()
+        })
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+#[test]
+fn compose_runs_an_example_shop_that_the_gateway_reaches_by_its_service_name() {
+    use flashgate_common::config::{Config, NoEnv};
+    let services = compose_config(&["--services"]);
+    assert!(services.lines().any(|s| s == "shop"), "{services}");
+    let yaml = compose_config(&[]);
+    let shop = compose_service(&yaml, "shop");
+    assert!(shop.contains("image: nginx:"), "{shop}");
+    // Its site is the one under deploy/compose/shop/.
+    assert!(shop.contains("/deploy/compose/shop"), "{shop}");
+    assert!(workspace_file("deploy/compose/shop/index.html").is_file());
+    let gateway = compose_service(&yaml, "gateway");
+    let depends = gateway
+        .split_once("depends_on:")
+        .map(|(_, d)| d)
+        .unwrap_or_default();
+    assert!(depends.contains("\n      shop:"), "{gateway}");
+    // The gateway's config names the shop by that name, and is valid.
+    let text = std::fs::read_to_string(workspace_file("deploy/compose/flashgate.toml")).unwrap();
+    assert_eq!(shop_upstreams(&text), ["shop:80"]);
+    if let Err(e) = Config::from_toml_str(&text, &NoEnv, 0) {
+        panic!("deploy/compose/flashgate.toml: {e}");
+    }
+}
+
+/// `shop.upstreams` as a config text writes them.
+fn shop_upstreams(text: &str) -> Vec<String> {
+    let value: toml::Value = toml::from_str(text).unwrap();
+    value["shop"]["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|u| u.as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn the_kubernetes_gateway_reaches_the_shop_service_by_name() {
+    use flashgate_common::config::{Config, NoEnv};
+    let text =
+        kubernetes_config().replace("REPLACE-WITH-INGRESS-CONTROLLER-ADDRESSES", "10.42.7.19");
+    assert_eq!(shop_upstreams(&text), ["shop:80"]);
+    if let Err(e) = Config::from_toml_str(&text, &NoEnv, 0) {
+        panic!("deploy/k8s/configmap.yaml: {e}");
+    }
+    // The example shop is that Service.
+    let shop = std::fs::read_to_string(workspace_file("deploy/k8s/shop.yaml")).unwrap();
+    let service = shop
+        .split("\n---\n")
+        .find(|doc| doc.contains("kind: Service"))
+        .expect("a Service in shop.yaml");
+    assert!(service.contains("name: shop\n"), "{service}");
+    assert!(service.contains("port: 80"), "{service}");
+}
+
+#[test]
+fn the_image_config_declares_no_sale_and_make_run_keeps_the_demo() {
+    use flashgate_common::config::{Config, NoEnv};
+    let dockerfile = std::fs::read_to_string(workspace_file("deploy/Dockerfile")).unwrap();
+    let source = dockerfile
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("COPY ")?
+                .strip_suffix(" /etc/flashgate/flashgate.toml")
+        })
+        .expect("the Dockerfile copies a default config");
+    let text = std::fs::read_to_string(workspace_file(source)).unwrap();
+    assert!(!text.contains("[[sales]]"), "{source} declares a sale");
+    let config = Config::from_toml_str(&text, &NoEnv, 0).unwrap();
+    assert!(config.sales.is_empty(), "{source}");
+    let shipped = std::fs::read_to_string(workspace_file("config/flashgate.toml")).unwrap();
+    let config = Config::from_toml_str(&shipped, &NoEnv, 0).unwrap();
+    assert_eq!(
+        config
+            .sales
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect::<Vec<_>>(),
+        ["demo"],
+        "make run's config keeps the demo sale"
     );
 }
 
