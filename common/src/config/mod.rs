@@ -39,11 +39,11 @@ pub use env::{
     ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
 pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
-pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
+pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
-    GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
-    ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    GatewayConfig, JwksConfig, JwksSource, LimitsConfig, PagesConfig, RedisConfig, RedisTarget,
+    RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 pub use validate::{
     MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS,
