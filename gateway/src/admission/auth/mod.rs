@@ -223,9 +223,11 @@ impl Verifier {
         let bearer = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-            .and_then(|t| std::str::from_utf8(t).ok());
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
         if let Some(token) = bearer {
-            return Ok((token.trim(), Via::Bearer));
+            return Ok((token, Via::Bearer));
         }
         self.cookie
             .as_deref()

@@ -294,6 +294,9 @@ fn a_token_comes_from_the_sign_in_cookie_only_when_one_is_configured() {
             via: Via::Cookie
         })
     );
+    // An empty bearer is no bearer: the cookie signs in.
+    headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer "));
+    assert_eq!(identify(&v, &headers).map(|i| i.via), Ok(Via::Cookie));
     // A bearer token wins over the cookie, and says so.
     let b = mint(b"k", "bob", 60, &AuthConfig::default()).unwrap();
     headers.insert(
