@@ -48,7 +48,7 @@ impl<T: Task> BackgroundService for Background<T> {
 
 /// The token verifier of `[auth]`: HS256 needs the secret, the other
 /// algorithms the JWKS (a file is read now: a bad one stops the start).
-fn verifier(config: &Config) -> anyhow::Result<Verifier> {
+fn verifier(config: &Config, metrics: &Metrics) -> anyhow::Result<Verifier> {
     let auth = &config.auth;
     let hs256 = auth.algorithms.contains(&JwtAlgorithm::HS256);
     let secret = match &config.jwt_secret {
@@ -64,7 +64,9 @@ fn verifier(config: &Config) -> anyhow::Result<Verifier> {
                 JwksSource::Url(_) => "auth.jwks_url",
                 JwksSource::File(_) => "auth.jwks_file",
             };
-            Some(Arc::new(Jwks::new(jwks).with_context(|| key)?))
+            Some(Arc::new(
+                Jwks::new(jwks, metrics.jwks_loads.clone()).with_context(|| key)?,
+            ))
         }
         None => None,
     };
@@ -78,7 +80,6 @@ fn verifier(config: &Config) -> anyhow::Result<Verifier> {
 /// # Errors
 /// With a message naming what is missing or wrong.
 pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWorker)> {
-    let verifier = verifier(&config)?;
     let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
         .with_context(|| {
             format!(
@@ -87,6 +88,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
             )
         })?;
     let metrics = Arc::new(Metrics::register());
+    let verifier = verifier(&config, &metrics)?;
     let backend_token = secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())
         .context("the backend's order API needs the gateways' token")?;
     let orders = Arc::new(

@@ -133,6 +133,9 @@ pub struct Metrics {
     /// 1 while the certificate files on disk cannot be loaded (the running
     /// set is older than them), else 0: what an alert can hold `for:`.
     pub tls_reload_failing: IntGauge,
+    /// Loads of the JWKS (`auth.jwks_url` / `auth.jwks_file`), by result
+    /// (ok, error); while they fail the last good set is used.
+    pub jwks_loads: IntCounterVec,
 }
 
 impl Metrics {
@@ -287,6 +290,11 @@ impl Metrics {
         registry
             .register(Box::new(tls_reload_failing.clone()))
             .expect("unique metric");
+        let jwks_loads = counter(
+            "jwks_loads_total",
+            "Loads of the identity provider's JWKS, by result; on error the last good set stays.",
+            &["result"],
+        );
         let per_request = RequestMetrics::new(&requests, &request_duration, &buy_outcomes);
         Self {
             registry,
@@ -313,6 +321,7 @@ impl Metrics {
             tls_reloads,
             tls_certificate_expiry,
             tls_reload_failing,
+            jwks_loads,
         }
     }
 

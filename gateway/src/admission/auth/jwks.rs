@@ -28,6 +28,7 @@ use async_trait::async_trait;
 use flashgate_common::config::{JwksConfig, JwksSource};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
+use prometheus::IntCounterVec;
 
 use crate::infra::{Shutdown, Task};
 
@@ -136,6 +137,8 @@ pub struct Jwks {
     loading: tokio::sync::Mutex<Option<Instant>>,
     refetch_interval: Duration,
     refresh: Duration,
+    /// `flashgate_jwks_loads_total`, by result.
+    loads: IntCounterVec,
 }
 
 impl Jwks {
@@ -145,7 +148,7 @@ impl Jwks {
     /// # Errors
     /// When the file cannot be read or holds no usable key, or the HTTP
     /// client cannot be built.
-    pub fn new(config: &JwksConfig) -> Result<Self, JwksError> {
+    pub fn new(config: &JwksConfig, loads: IntCounterVec) -> Result<Self, JwksError> {
         let (source, keys) = match &config.source {
             JwksSource::Url(url) => {
                 let http = reqwest::Client::builder()
@@ -172,6 +175,7 @@ impl Jwks {
             loading: tokio::sync::Mutex::new(None),
             refetch_interval: config.refetch_interval,
             refresh: config.refresh,
+            loads,
         })
     }
 
@@ -209,9 +213,15 @@ impl Jwks {
         self.keys.load().get(kid).is_some()
     }
 
-    /// One load; the caller holds `loading`.
+    /// One load, counted; the caller holds `loading`.
     async fn load(&self) -> Result<(), JwksError> {
-        let set = KeySet::parse(&self.read().await?)?;
+        let loaded = match self.read().await {
+            Ok(bytes) => KeySet::parse(&bytes),
+            Err(error) => Err(error),
+        };
+        let result = if loaded.is_ok() { "ok" } else { "error" };
+        self.loads.with_label_values(&[result]).inc();
+        let set = loaded?;
         tracing::debug!(keys = set.keys.len(), "jwks: loaded");
         self.keys.store(Arc::new(set));
         Ok(())

@@ -25,6 +25,10 @@ fn file_config(path: PathBuf) -> JwksConfig {
     }
 }
 
+fn loads() -> IntCounterVec {
+    crate::infra::Metrics::register().jwks_loads
+}
+
 fn asymmetric() -> AuthConfig {
     AuthConfig {
         algorithms: vec![
@@ -94,7 +98,7 @@ fn tokens_of_each_algorithm_verify_and_swapped_or_forged_ones_do_not() {
         SigningKey::ed25519("d"),
     );
     std::fs::write(&path, jwks(&[&rsa, &ec, &ed])).unwrap();
-    let keys = Arc::new(Jwks::new(&file_config(path)).unwrap());
+    let keys = Arc::new(Jwks::new(&file_config(path), loads()).unwrap());
     let v = Verifier::with_keys(Some(b"k"), &asymmetric(), Some(keys));
     for key in [&rsa, &ec, &ed] {
         assert_eq!(verify(&v, &key.sign(&claims("alice"))), Ok("alice".into()));
@@ -139,7 +143,7 @@ fn hs256_and_jwks_tokens_are_both_accepted_when_both_are_allowed() {
         algorithms: vec![JwtAlgorithm::HS256, JwtAlgorithm::RS256],
         ..AuthConfig::default()
     };
-    let keys = Arc::new(Jwks::new(&file_config(path)).unwrap());
+    let keys = Arc::new(Jwks::new(&file_config(path), loads()).unwrap());
     let v = Verifier::with_keys(Some(b"k"), &both, Some(keys));
     let hs = crate::admission::mint(b"k", "bob", 60, &AuthConfig::default()).unwrap();
     assert_eq!(verify(&v, &hs), Ok("bob".into()));
@@ -158,7 +162,8 @@ async fn a_failed_load_keeps_the_last_good_set_and_a_refetch_finds_a_rotated_key
     let path = dir.0.join("jwks.json");
     let (old, new) = (SigningKey::rsa("old"), SigningKey::ec("new"));
     std::fs::write(&path, jwks(&[&old])).unwrap();
-    let keys = Arc::new(Jwks::new(&file_config(path.clone())).unwrap());
+    let counter = loads();
+    let keys = Arc::new(Jwks::new(&file_config(path.clone()), counter.clone()).unwrap());
     let v = Verifier::with_keys(None, &asymmetric(), Some(keys.clone()));
     std::fs::write(&path, "not json").unwrap();
     assert!(keys.reload().await.is_err());
@@ -171,6 +176,7 @@ async fn a_failed_load_keeps_the_last_good_set_and_a_refetch_finds_a_rotated_key
     // Rotated: the first token of the new kid loads the set again.
     std::fs::write(&path, jwks(&[&old, &new])).unwrap();
     assert_eq!(v.verify(&new.sign(&claims("bob"))).await, Ok("bob".into()));
+    assert_eq!(counter.with_label_values(&["ok"]).get(), 1);
     // Within the refetch interval, an unknown kid is refused without a load.
     let later = SigningKey::ed25519("later");
     std::fs::write(&path, jwks(&[&old, &new, &later])).unwrap();
