@@ -20,9 +20,9 @@ use crate::admission::{ConfigWatcher, Hangup};
 use crate::admission::{CsrfCheck, Jwks, JwksRefresher, Verifier};
 use crate::buy::{BuyDeps, BuyService, ForwardWorker};
 use crate::edge::AdminServer;
-use crate::edge::Gateway;
 use crate::edge::Upstreams;
 use crate::edge::{CertSet, CertWatcher};
+use crate::edge::{Gateway, Routes};
 use crate::edge::{PagesWatcher, StaticPages};
 use crate::infra::Breaker;
 use crate::infra::Metrics;
@@ -80,13 +80,17 @@ fn verifier(config: &Config, metrics: &Metrics) -> anyhow::Result<Verifier> {
 /// # Errors
 /// With a message naming what is missing or wrong.
 pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWorker)> {
-    let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
-        .with_context(|| {
-            format!(
-                "gateway.static_dir: cannot read {}",
-                config.gateway.static_dir.display()
-            )
-        })?;
+    let pages = StaticPages::load_with(
+        &config.gateway.static_dir,
+        (&config.pages).into(),
+        &config.gateway.path_prefix,
+    )
+    .with_context(|| {
+        format!(
+            "gateway.static_dir: cannot read {}",
+            config.gateway.static_dir.display()
+        )
+    })?;
     let metrics = Arc::new(Metrics::register());
     let verifier = verifier(&config, &metrics)?;
     let backend_token = secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())
@@ -156,6 +160,10 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         sales,
         redis,
         orders,
+        routes: Routes::new(
+            &config.gateway.path_prefix,
+            config.gateway.sale_page_path.as_deref(),
+        ),
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         metrics,

@@ -98,7 +98,7 @@ fn claims(user: &str) -> Value {
 }
 
 fn buy_url(stack: &Stack, sale: &str) -> String {
-    stack.url(&format!("/api/sales/{sale}/buy"))
+    stack.url(&format!("/flashgate/api/sales/{sale}/buy"))
 }
 
 /// A buy with `Authorization: Bearer token`; status and JSON body.

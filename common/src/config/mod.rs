@@ -39,7 +39,7 @@ pub use env::{
     ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
 pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
-pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode};
+pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode, DEFAULT_PATH_PREFIX};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
     GatewayConfig, JwksConfig, JwksSource, LimitsConfig, PagesConfig, RedisConfig, RedisTarget,

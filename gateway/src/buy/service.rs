@@ -223,7 +223,7 @@ impl<C: WallClock> BuyService<C> {
         self.decide(req).await.unwrap_or_else(BuyOutcome::Refused)
     }
 
-    /// `GET /api/reservations/{id}` for `user`: the reservation's order
+    /// `GET /flashgate/api/reservations/{id}` for `user`: the reservation's order
     /// once written, else queued.
     ///
     /// # Errors
