@@ -34,6 +34,9 @@ pub enum Rejection {
     RateLimited(crate::admission::Limited),
     /// The user or IP is on a deny list.
     Denied,
+    /// A buy signed in by cookie without proof that the shop's own pages
+    /// sent it (`admission::csrf`).
+    CsrfRejected,
     /// The buy carries no valid proof-of-work solution: a fresh challenge,
     /// and why the sent one (if any) was refused.
     ChallengeRequired(Box<Issued>, Refusal),
@@ -56,6 +59,7 @@ impl Rejection {
             Rejection::Unavailable | Rejection::NotReplicated => "unavailable",
             Rejection::RateLimited(_) => "rate_limited",
             Rejection::Denied => "denied",
+            Rejection::CsrfRejected => "csrf_rejected",
             Rejection::ChallengeRequired(..) => "challenge_required",
         }
     }
@@ -93,6 +97,9 @@ impl Rejection {
             }
             Rejection::RateLimited(_) => "too many requests, slow down",
             Rejection::Denied => "access denied",
+            Rejection::CsrfRejected => {
+                "a buy signed in by cookie must come from the shop's own pages (same-origin Origin or Sec-Fetch-Site, or X-Flashgate-CSRF: 1)"
+            }
             Rejection::ChallengeRequired(_, why) => why.message(),
         }
     }

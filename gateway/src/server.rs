@@ -5,7 +5,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
-use flashgate_common::config::{Config, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
+use flashgate_common::config::{
+    Config, JwksSource, JwtAlgorithm, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
+};
 use flashgate_common::secret;
 use pingora::apps::HttpServerOptions;
 use pingora::server::configuration::{Opt, ServerConf};
@@ -13,9 +15,9 @@ use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 
 use crate::admission::ChallengeGate;
-use crate::admission::Verifier;
 use crate::admission::{Admission, Edge};
 use crate::admission::{ConfigWatcher, Hangup};
+use crate::admission::{CsrfCheck, Jwks, JwksRefresher, Verifier};
 use crate::buy::{BuyDeps, BuyService, ForwardWorker};
 use crate::edge::AdminServer;
 use crate::edge::Upstreams;
@@ -44,6 +46,33 @@ impl<T: Task> BackgroundService for Background<T> {
     }
 }
 
+/// The token verifier of `[auth]`: HS256 needs the secret, the other
+/// algorithms the JWKS (a file is read now: a bad one stops the start).
+fn verifier(config: &Config, metrics: &Metrics) -> anyhow::Result<Verifier> {
+    let auth = &config.auth;
+    let hs256 = auth.algorithms.contains(&JwtAlgorithm::HS256);
+    let secret = match &config.jwt_secret {
+        Some(secret) => Some(secret.as_bytes()),
+        None if hs256 => anyhow::bail!(
+            "no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret), or leave HS256 out of auth.algorithms"
+        ),
+        None => None,
+    };
+    let jwks = match &auth.jwks {
+        Some(jwks) => {
+            let key = match jwks.source {
+                JwksSource::Url(_) => "auth.jwks_url",
+                JwksSource::File(_) => "auth.jwks_file",
+            };
+            Some(Arc::new(
+                Jwks::new(jwks, metrics.jwks_loads.clone()).with_context(|| key)?,
+            ))
+        }
+        None => None,
+    };
+    Ok(Verifier::with_keys(secret, auth, jwks))
+}
+
 /// Builds the gateway state. Fails on anything that would only break later:
 /// no JWT secret, no backend token of 32 bytes, no challenge secret of 32
 /// bytes while challenges are on, an unreadable static dir.
@@ -51,10 +80,6 @@ impl<T: Task> BackgroundService for Background<T> {
 /// # Errors
 /// With a message naming what is missing or wrong.
 pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWorker)> {
-    let secret = config
-        .jwt_secret
-        .clone()
-        .with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
     let pages = StaticPages::load_with(
         &config.gateway.static_dir,
         (&config.pages).into(),
@@ -67,6 +92,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         )
     })?;
     let metrics = Arc::new(Metrics::register());
+    let verifier = verifier(&config, &metrics)?;
     let backend_token = secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())
         .context("the backend's order API needs the gateways' token")?;
     let orders = Arc::new(
@@ -83,7 +109,8 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     ));
     let admission = Arc::new(Admission {
         edge: Arc::new(arc_swap::ArcSwap::from_pointee(Edge::new(&config))),
-        verifier: Verifier::expecting(secret.as_bytes(), &config.auth),
+        verifier,
+        csrf: CsrfCheck::new(config.auth.public_origin.as_deref()),
     });
     let sales = Arc::new(SaleCache::new(config.pages.state_ttl));
     let switches = Arc::new(Switches::default());
@@ -253,6 +280,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     // its connection forever.
     let mut options = HttpServerOptions::default();
     options.h2_idle_timeout = Some(config.gateway.keepalive);
+    let jwks = gateway.admission.verifier.jwks();
     let mut service = pingora::proxy::ProxyServiceBuilder::new(&server.configuration, gateway)
         .server_options(options)
         .build();
@@ -276,6 +304,12 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         tracing::info!(listen = %tls.listen, redirect_http = tls.redirect_http, "flashgate listening for HTTPS (HTTP/2 and HTTP/1.1)");
     }
     server.add_service(service);
+    if let Some(jwks) = jwks {
+        server.add_service(pingora::services::background::background_service(
+            "jwks refresher",
+            Background(JwksRefresher(jwks)),
+        ));
+    }
     server.add_service(pingora::services::background::background_service(
         "winner forwarder",
         Background(forward_worker),

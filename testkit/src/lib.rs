@@ -15,6 +15,7 @@
 //!   failover, live slot migration.
 //! - [`sentinel`]: a primary, a replica and three Sentinels; failover.
 //! - [`postgres`]: a private PostgreSQL cluster.
+//! - [`signing`]: an identity provider's signing keys, as JWKs and tokens.
 
 pub mod cluster;
 pub mod ports;
@@ -22,6 +23,7 @@ pub mod postgres;
 pub mod process;
 pub mod redis;
 pub mod sentinel;
+pub mod signing;
 
 pub use cluster::{ClusterOptions, RedisCluster, SlotMigration};
 pub use ports::{free_port, free_port_with_bus};
@@ -29,3 +31,4 @@ pub use postgres::PrivatePostgres;
 pub use process::{bin, wait_http_ready, wait_port, Proc, TempDir};
 pub use redis::{aof_bytes, prepare_large_aof, wait_redis_loaded, Monitor, RedisServer, TlsFiles};
 pub use sentinel::RedisSentinels;
+pub use signing::{jwks, SigningKey};

@@ -2,9 +2,10 @@
 //! routing, token verification and config parsing never panic, and what
 //! they accept is well-formed.
 
-use flashgate_common::config::{Config, NoEnv};
+use flashgate_common::config::{AuthConfig, Config, NoEnv};
 use flashgate_gateway::admission::Verifier;
 use flashgate_gateway::edge::{Route, Routes};
+use futures_util::FutureExt;
 use http::Method;
 use proptest::prelude::*;
 
@@ -47,10 +48,20 @@ proptest! {
 
     #[test]
     fn token_verification_never_panics(header in proptest::collection::vec(any::<u8>(), 0..600), jwtish in "Bearer [A-Za-z0-9_=.-]{0,300}") {
-        let v = Verifier::new(b"secret");
-        let _ = v.verify(Some(&header));
-        if let Ok(user) = v.verify(Some(jwtish.as_bytes())) {
-            prop_assert!(flashgate_gateway::admission::valid_user_id(&user));
+        let auth = AuthConfig { cookie: Some("fg_token".into()), ..AuthConfig::default() };
+        let v = Verifier::expecting(b"secret", &auth);
+        // HS256 only: every answer comes without waiting.
+        let identify = |name: http::HeaderName, value: &[u8]| {
+            let mut headers = http::HeaderMap::new();
+            if let Ok(value) = http::HeaderValue::from_bytes(value) {
+                headers.insert(name, value);
+            }
+            v.identify(&headers).now_or_never().expect("answered without waiting")
+        };
+        let _ = identify(http::header::AUTHORIZATION, &header);
+        let _ = identify(http::header::COOKIE, &header);
+        if let Ok(identity) = identify(http::header::AUTHORIZATION, jwtish.as_bytes()) {
+            prop_assert!(flashgate_gateway::admission::valid_user_id(&identity.user));
         }
     }
 

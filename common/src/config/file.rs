@@ -346,8 +346,39 @@ impl Default for Redis {
     }
 }
 
+/// A signature algorithm of buyer tokens (`auth.algorithms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+pub enum JwtAlgorithm {
+    /// HMAC with the shared secret (`FLASHGATE_JWT_SECRET`).
+    HS256,
+    /// RSA PKCS#1 v1.5 with SHA-256, a key of the JWKS.
+    RS256,
+    /// ECDSA on P-256 with SHA-256, a key of the JWKS.
+    ES256,
+    /// Ed25519, a key of the JWKS.
+    EdDSA,
+}
+
+impl JwtAlgorithm {
+    /// The name a token's `alg` header carries.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JwtAlgorithm::HS256 => "HS256",
+            JwtAlgorithm::RS256 => "RS256",
+            JwtAlgorithm::ES256 => "ES256",
+            JwtAlgorithm::EdDSA => "EdDSA",
+        }
+    }
+
+    /// Whether a token of this algorithm is checked against the JWKS (a
+    /// public key) rather than the shared secret.
+    pub fn is_asymmetric(self) -> bool {
+        self != JwtAlgorithm::HS256
+    }
+}
+
 /// `[auth]`: how buyer tokens are checked.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Auth {
     pub jwt_secret: Option<String>,
@@ -355,6 +386,46 @@ pub struct Auth {
     pub audience: Option<String>,
     /// When set, buyer tokens must carry this `iss`.
     pub issuer: Option<String>,
+    /// The `alg`s accepted; unset: HS256 when a secret is set (or no JWKS
+    /// is), and RS256, ES256 and EdDSA when a JWKS is.
+    pub algorithms: Option<Vec<JwtAlgorithm>>,
+    /// The identity provider's public keys, fetched over HTTP(S).
+    pub jwks_url: Option<String>,
+    /// The public keys from a local file (instead of `jwks_url`).
+    pub jwks_file: Option<String>,
+    /// Least time between two fetches caused by a token whose `kid` the
+    /// set lacks (a rotated key): a stream of made-up `kid`s costs the
+    /// identity provider one fetch per interval at most.
+    pub jwks_refetch_interval_ms: u64,
+    /// Longest wait for the JWKS URL to answer.
+    pub jwks_timeout_ms: u64,
+    /// How often the JWKS is fetched (or the file read) again.
+    pub jwks_refresh_seconds: u64,
+    /// The cookie the shop sets at sign-in that carries the buyer's token,
+    /// read when a request has no `Authorization: Bearer`.
+    pub cookie: Option<String>,
+    /// The origin the sale page is served from (`https://shop.example`),
+    /// which a cookie-signed buy's `Origin` must name; unset, the `Origin`
+    /// must name the request's own host.
+    pub public_origin: Option<String>,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Self {
+            jwt_secret: None,
+            audience: None,
+            issuer: None,
+            algorithms: None,
+            jwks_url: None,
+            jwks_file: None,
+            jwks_refetch_interval_ms: 10_000,
+            jwks_timeout_ms: 2_000,
+            jwks_refresh_seconds: 300,
+            cookie: None,
+            public_origin: None,
+        }
+    }
 }
 
 /// `gateway.path_prefix` when the file sets none.

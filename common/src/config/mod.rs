@@ -40,12 +40,12 @@ pub use env::{
     ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
 pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
-pub use file::{ChallengeMode, ClientIpHeader, RedisMode, DEFAULT_PATH_PREFIX};
+pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode, DEFAULT_PATH_PREFIX};
 pub use origin::{valid_host, Origin, OriginError, Scheme};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
-    GatewayConfig, HostHeader, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
-    ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    GatewayConfig, HostHeader, JwksConfig, JwksSource, LimitsConfig, PagesConfig, RedisConfig,
+    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 pub use validate::{
     MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::env::ENV_CHALLENGE_SECRET;
-use super::file::{ChallengeMode, ClientIpHeader};
+use super::file::{ChallengeMode, ClientIpHeader, JwtAlgorithm};
 use super::origin::Origin;
 use crate::sale::SaleSpec;
 
@@ -251,11 +251,56 @@ pub struct TlsFiles {
     pub key_file: PathBuf,
 }
 
-/// Optional claims every buyer token must carry.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How buyer tokens are checked: the claims they must carry, the
+/// algorithms accepted, where the public keys come from, and the sign-in
+/// cookie.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthConfig {
     pub audience: Option<String>,
     pub issuer: Option<String>,
+    /// Never empty; HS256 alone by default.
+    pub algorithms: Vec<JwtAlgorithm>,
+    /// Set whenever an asymmetric algorithm is allowed.
+    pub jwks: Option<JwksConfig>,
+    /// The name of the sign-in cookie that may carry the token.
+    pub cookie: Option<String>,
+    /// The sale page's origin (`scheme://host[:port]`), for the CSRF check
+    /// of cookie-signed buys; `None`: the request's own host.
+    pub public_origin: Option<String>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            audience: None,
+            issuer: None,
+            algorithms: vec![JwtAlgorithm::HS256],
+            jwks: None,
+            cookie: None,
+            public_origin: None,
+        }
+    }
+}
+
+/// Where the identity provider's public keys (a JWKS) come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwksSource {
+    /// `auth.jwks_url`: an `http://` or `https://` URL.
+    Url(String),
+    /// `auth.jwks_file`.
+    File(PathBuf),
+}
+
+/// The JWKS and how it is kept fresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksConfig {
+    pub source: JwksSource,
+    /// Least time between fetches caused by an unknown `kid`.
+    pub refetch_interval: Duration,
+    /// Longest wait for the URL's answer.
+    pub timeout: Duration,
+    /// Time between periodic refreshes.
+    pub refresh: Duration,
 }
 
 /// The shop's upstreams and how they are checked and reached.

@@ -20,6 +20,11 @@ const OPTIONAL_KEYS: &[&str] = &[
     "auth.jwt_secret",
     "auth.audience",
     "auth.issuer",
+    "auth.algorithms",
+    "auth.jwks_url",
+    "auth.jwks_file",
+    "auth.cookie",
+    "auth.public_origin",
     "gateway.runtime_dir",
     "gateway.sale_page_path",
     "backend.consumer_name",
@@ -1202,5 +1207,116 @@ fn the_forward_grace_is_bounded_and_leaves_half_the_claim_idle_time_for_the_writ
             .unwrap_err()
             .to_string();
         assert!(msg.contains("backend.forward_grace_ms"), "{msg}");
+    }
+}
+
+#[test]
+fn algorithms_default_to_what_the_keys_allow() {
+    let secret = MapEnv(&[(ENV_JWT_SECRET, "0123456789abcdef0123456789abcdef")]);
+    let algs =
+        |text: &str, env: &dyn Env| Config::from_toml_str(text, env, 0).unwrap().auth.algorithms;
+    use JwtAlgorithm::*;
+    assert_eq!(algs("", &NoEnv), [HS256]);
+    assert_eq!(algs("", &secret), [HS256]);
+    let url = "[auth]\njwks_url = \"https://id.example/jwks.json\"\n";
+    assert_eq!(algs(url, &NoEnv), [RS256, ES256, EdDSA]);
+    assert_eq!(algs(url, &secret), [HS256, RS256, ES256, EdDSA]);
+    let c = Config::from_toml_str(
+        "[auth]\njwks_file = \"/etc/fg/jwks.json\"\nalgorithms = [\"ES256\"]\njwks_refetch_interval_ms = 500\ncookie = \"fg_token\"\npublic_origin = \"https://Shop.example:8443\"\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
+    assert_eq!(c.auth.algorithms, [ES256]);
+    let jwks = c.auth.jwks.unwrap();
+    assert_eq!(jwks.source, JwksSource::File("/etc/fg/jwks.json".into()));
+    assert_eq!(jwks.refetch_interval, Duration::from_millis(500));
+    assert_eq!(jwks.refresh, Duration::from_secs(300));
+    assert_eq!(c.auth.cookie.as_deref(), Some("fg_token"));
+    assert_eq!(
+        c.auth.public_origin.as_deref(),
+        Some("https://shop.example:8443")
+    );
+}
+
+#[test]
+fn auth_keys_are_checked_and_named() {
+    let cases = [
+        (
+            "[auth]\nalgorithms = [\"RS256\"]\n",
+            "auth.algorithms: RS256 needs auth.jwks_url or auth.jwks_file",
+        ),
+        (
+            "[auth]\nalgorithms = [\"HS256\"]\n",
+            "auth.algorithms: HS256 needs FLASHGATE_JWT_SECRET",
+        ),
+        (
+            "[auth]\nalgorithms = []\n",
+            "auth.algorithms: must name at least one",
+        ),
+        (
+            "[auth]\njwks_url = \"https://a/\"\njwks_file = \"b\"\n",
+            "auth.jwks_file: set auth.jwks_url or auth.jwks_file, not both",
+        ),
+        (
+            "[auth]\njwks_url = \"ftp://a/\"\n",
+            "auth.jwks_url: must be an http:// or https:// URL",
+        ),
+        (
+            "[auth]\njwks_url = \"https://\"\n",
+            "auth.jwks_url: must be an http:// or https:// URL",
+        ),
+        (
+            "[auth]\njwks_file = \"j\"\nalgorithms = [\"HS256\"]\n[gateway]\n",
+            "auth.jwks_file: is set, but auth.algorithms allows none",
+        ),
+        (
+            "[auth]\njwks_refetch_interval_ms = 10\n",
+            "auth.jwks_refetch_interval_ms: must be between 100",
+        ),
+        (
+            "[auth]\njwks_timeout_ms = 0\n",
+            "auth.jwks_timeout_ms: must be between 100",
+        ),
+        (
+            "[auth]\njwks_refresh_seconds = 1\n",
+            "auth.jwks_refresh_seconds: must be between 10",
+        ),
+        (
+            "[auth]\ncookie = \"a b\"\n",
+            "auth.cookie: must be a cookie name",
+        ),
+        (
+            "[auth]\ncookie = \"\"\n",
+            "auth.cookie: must be a cookie name",
+        ),
+        (
+            "[auth]\npublic_origin = \"https://shop.example/\"\n",
+            "auth.public_origin: must be an origin",
+        ),
+        (
+            "[auth]\npublic_origin = \"shop.example\"\n",
+            "auth.public_origin: must be an origin",
+        ),
+        (
+            "[auth]\npublic_origin = \"https://shop.example:0\"\n",
+            "auth.public_origin: must be an origin",
+        ),
+    ];
+    for (text, expected) in cases {
+        let msg = Config::from_toml_str(text, &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(expected), "{text:?}: {msg}");
+    }
+    let err = Config::from_toml_str("[auth]\nalgorithms = [\"none\"]\n", &NoEnv, 0).unwrap_err();
+    assert!(err.to_string().contains("none"), "{err}");
+    for origin in [
+        "http://127.0.0.1:8080",
+        "https://[::1]:8443",
+        "https://shop.example",
+    ] {
+        let text = format!("[auth]\npublic_origin = \"{origin}\"\n");
+        assert!(Config::from_toml_str(&text, &NoEnv, 0).is_ok(), "{origin}");
     }
 }

@@ -24,9 +24,10 @@ use super::file;
 use super::origin::{valid_host, Origin};
 use super::settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
-    GatewayConfig, HostHeader, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,
-    ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    GatewayConfig, HostHeader, JwksConfig, JwksSource, LimitsConfig, PagesConfig, RedisConfig,
+    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
+use super::JwtAlgorithm;
 use crate::sale::SaleSpec;
 
 /// Longest `gateway.idempotency_ttl_seconds`: a week. Redis refuses an
@@ -62,8 +63,8 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         limits: limits(&mut check, f.limits),
         deny: deny(&mut check, f.deny),
         redis: redis(&mut check, f.redis),
+        auth: auth(&mut check, f.auth, jwt_secret.is_some()),
         jwt_secret,
-        auth: auth(&mut check, f.auth),
         admin_token,
         internal_token: env.var(ENV_INTERNAL_TOKEN),
         shop_token: env.var(ENV_SHOP_TOKEN),
@@ -914,7 +915,7 @@ fn secrets(
     (jwt_secret.map(|(_, s)| s), admin_token)
 }
 
-fn auth(check: &mut Check, f: file::Auth) -> AuthConfig {
+fn auth(check: &mut Check, f: file::Auth, has_secret: bool) -> AuthConfig {
     for (key, claim) in [("auth.audience", &f.audience), ("auth.issuer", &f.issuer)] {
         if let Some(claim) = claim {
             check
@@ -926,10 +927,144 @@ fn auth(check: &mut Check, f: file::Auth) -> AuthConfig {
                 .note("leave it out for no check");
         }
     }
+    let source = match (f.jwks_url, f.jwks_file) {
+        (Some(_), Some(_)) => {
+            check.fail(
+                "auth.jwks_file",
+                "set auth.jwks_url or auth.jwks_file, not both",
+            );
+            None
+        }
+        (Some(url), None) => {
+            let ok = ["http://", "https://"].iter().any(|scheme| {
+                url.strip_prefix(scheme)
+                    .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+            }) && !url.chars().any(char::is_whitespace);
+            check.that(ok, "auth.jwks_url", "must be an http:// or https:// URL");
+            Some(JwksSource::Url(url))
+        }
+        (None, Some(path)) => {
+            check.that(!path.is_empty(), "auth.jwks_file", "must not be empty");
+            Some(JwksSource::File(PathBuf::from(path)))
+        }
+        (None, None) => None,
+    };
+    check.between(
+        "auth.jwks_refetch_interval_ms",
+        f.jwks_refetch_interval_ms,
+        100,
+        3_600_000,
+    );
+    check.between("auth.jwks_timeout_ms", f.jwks_timeout_ms, 100, 60_000);
+    check.between(
+        "auth.jwks_refresh_seconds",
+        f.jwks_refresh_seconds,
+        10,
+        86_400,
+    );
+    let algorithms = match f.algorithms {
+        Some(list) => {
+            check.that(
+                !list.is_empty(),
+                "auth.algorithms",
+                "must name at least one algorithm",
+            );
+            for alg in &list {
+                if alg.is_asymmetric() && source.is_none() {
+                    check.fail(
+                        "auth.algorithms",
+                        format_args!("{} needs auth.jwks_url or auth.jwks_file", alg.as_str()),
+                    );
+                } else if !alg.is_asymmetric() && !has_secret {
+                    check.fail(
+                        "auth.algorithms",
+                        format_args!("HS256 needs {ENV_JWT_SECRET} (or auth.jwt_secret)"),
+                    );
+                }
+            }
+            if source.is_some() && !list.iter().any(|a| a.is_asymmetric()) {
+                check.fail(
+                    if matches!(source, Some(JwksSource::Url(_))) {
+                        "auth.jwks_url"
+                    } else {
+                        "auth.jwks_file"
+                    },
+                    "is set, but auth.algorithms allows none of RS256, ES256, EdDSA",
+                );
+            }
+            list
+        }
+        None => {
+            let mut list = Vec::new();
+            if has_secret || source.is_none() {
+                list.push(JwtAlgorithm::HS256);
+            }
+            if source.is_some() {
+                list.extend([
+                    JwtAlgorithm::RS256,
+                    JwtAlgorithm::ES256,
+                    JwtAlgorithm::EdDSA,
+                ]);
+            }
+            list
+        }
+    };
+    if let Some(name) = &f.cookie {
+        check.that(
+            !name.is_empty()
+                && name.len() <= 128
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)),
+            "auth.cookie",
+            "must be a cookie name: 1 to 128 letters, digits or !#$%&'*+-.^_`|~",
+        );
+    }
+    if let Some(origin) = &f.public_origin {
+        check.that(
+            valid_origin(origin),
+            "auth.public_origin",
+            "must be an origin: http:// or https://, a host and an optional port, no path (e.g. \"https://shop.example\")",
+        );
+    }
     AuthConfig {
         audience: f.audience,
         issuer: f.issuer,
+        algorithms,
+        jwks: source.map(|source| JwksConfig {
+            source,
+            refetch_interval: Duration::from_millis(f.jwks_refetch_interval_ms),
+            timeout: Duration::from_millis(f.jwks_timeout_ms),
+            refresh: Duration::from_secs(f.jwks_refresh_seconds),
+        }),
+        cookie: f.cookie,
+        public_origin: f.public_origin.map(|o| o.to_ascii_lowercase()),
     }
+}
+
+/// `http://` or `https://`, then a host of letters, digits, `.` and `-`
+/// (or a bracketed IPv6 address), then an optional `:port`: what a
+/// browser sends as `Origin`.
+fn valid_origin(origin: &str) -> bool {
+    let Some(rest) = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(':') && !rest.ends_with(']') => (host, Some(port)),
+        _ => (rest, None),
+    };
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    };
+    host_ok && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p != 0))
 }
 
 fn fairness(check: &mut Check, f: &file::Fairness) -> FairnessConfig {

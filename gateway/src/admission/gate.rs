@@ -5,6 +5,7 @@
 //! by the config watcher (`reload`). [`Admission`] reads one edge per
 //! request and answers with a verified user id or a [`Rejection`]; it never
 //! sees a Pingora session, only the peer address and the request headers.
+//! A buy signed in by cookie must also pass [`Admission::csrf`].
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -13,9 +14,10 @@ use arc_swap::ArcSwap;
 use flashgate_common::config::{ClientIpHeader, Config, DenyConfig, LimitsConfig};
 use http::HeaderMap;
 
-use crate::admission::auth::Verifier;
+use crate::admission::auth::{Identity, Verifier, Via};
 use crate::admission::client_ip::client_ip;
 use crate::admission::cluster_limit::ClusterLimit;
+use crate::admission::csrf::CsrfCheck;
 use crate::admission::limits::{Limiters, RouteClass};
 use crate::infra::Metrics;
 use crate::infra::RedisClient;
@@ -77,6 +79,8 @@ pub struct Admission {
     /// Shared with the watcher that reloads changed files.
     pub edge: Arc<ArcSwap<Edge>>,
     pub verifier: Verifier,
+    /// Where a buy signed in by cookie must come from.
+    pub csrf: CsrfCheck,
 }
 
 impl Admission {
@@ -105,15 +109,15 @@ impl Admission {
     ///
     /// # Errors
     /// `Denied`, `RateLimited` or `Unauthorized`.
-    pub fn user(
+    pub async fn user(
         &self,
         class: RouteClass,
         peer: IpAddr,
         headers: &HeaderMap,
     ) -> Result<String, Rejection> {
-        let user = self.identify(class, peer, headers)?;
-        self.limit_user(class, &user)?;
-        Ok(user)
+        let identity = self.identify(class, peer, headers).await?;
+        self.limit_user(class, &identity.user)?;
+        Ok(identity.user)
     }
 
     /// The first half of [`Admission::user`]: the IP's deny list and
@@ -121,34 +125,56 @@ impl Admission {
     /// the verified user locally (a buy of a sold-out sale) does so before
     /// [`Admission::limit_user`] spends a bucket on it.
     ///
+    /// Answers at once, without waiting, unless the token names a JWKS
+    /// `kid` not seen yet (then the set is fetched again, see
+    /// `auth::jwks`).
+    ///
     /// # Errors
     /// `Denied`, `RateLimited` or `Unauthorized`.
-    pub fn identify(
+    pub async fn identify(
         &self,
         class: RouteClass,
         peer: IpAddr,
         headers: &HeaderMap,
-    ) -> Result<String, Rejection> {
-        let edge = self.edge.load();
-        let ip = edge.client_ip(peer, headers);
-        if edge.deny.denies_ip(ip) {
-            return Err(Rejection::Denied);
+    ) -> Result<Identity, Rejection> {
+        {
+            let edge = self.edge.load();
+            let ip = edge.client_ip(peer, headers);
+            if edge.deny.denies_ip(ip) {
+                return Err(Rejection::Denied);
+            }
+            edge.limiters
+                .check_ip(class, ip)
+                .map_err(Rejection::RateLimited)?;
         }
-        edge.limiters
-            .check_ip(class, ip)
-            .map_err(Rejection::RateLimited)?;
-        let user = self
+        let identity = self
             .verifier
-            .verify(
-                headers
-                    .get(http::header::AUTHORIZATION)
-                    .map(|v| v.as_bytes()),
-            )
+            .identify(headers)
+            .await
             .map_err(Rejection::Unauthorized)?;
-        if edge.deny.users.contains(&user) {
+        if self.edge.load().deny.users.contains(&identity.user) {
             return Err(Rejection::Denied);
         }
-        Ok(user)
+        Ok(identity)
+    }
+
+    /// The CSRF check of a state-changing request (a buy): a token from
+    /// the sign-in cookie must come with proof of a same-origin request
+    /// (`admission::csrf`); a bearer token needs none.
+    ///
+    /// # Errors
+    /// `CsrfRejected`.
+    pub fn csrf(
+        &self,
+        identity: &Identity,
+        headers: &HeaderMap,
+        authority: Option<&str>,
+    ) -> Result<(), Rejection> {
+        match identity.via {
+            Via::Bearer => Ok(()),
+            Via::Cookie if self.csrf.passes(headers, authority) => Ok(()),
+            Via::Cookie => Err(Rejection::CsrfRejected),
+        }
     }
 
     /// The second half of [`Admission::user`]: the verified user's bucket,

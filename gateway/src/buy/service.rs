@@ -144,11 +144,14 @@ impl<C: WallClock> BuyService<C> {
     ///
     /// # Errors
     /// The rejection to answer with.
+    /// `authority` is the request's `Host` (or HTTP/2 `:authority`), for
+    /// the CSRF check of a buy signed in by cookie.
     pub async fn admit(
         &self,
         sale_id: &str,
         peer: IpAddr,
         headers: &HeaderMap,
+        authority: Option<&str>,
     ) -> Result<Admitted, Rejection> {
         let key = headers.get("idempotency-key");
         // A sold-out sale is the commonest answer of a flash sale; without an
@@ -157,7 +160,12 @@ impl<C: WallClock> BuyService<C> {
         if key.is_none() && self.local_sold_out(sale_id) {
             return Err(Rejection::SoldOut);
         }
-        let user = self.admission.identify(RouteClass::Buy, peer, headers)?;
+        let identity = self
+            .admission
+            .identify(RouteClass::Buy, peer, headers)
+            .await?;
+        self.admission.csrf(&identity, headers, authority)?;
+        let user = identity.user;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
         self.admission.limit_user(RouteClass::Buy, &user)?;
         Ok(Admitted {

@@ -64,6 +64,7 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
     let admission = Arc::new(Admission {
         edge: Arc::new(arc_swap::ArcSwap::from_pointee(edge)),
         verifier: Verifier::new(SECRET),
+        csrf: Default::default(),
     });
     // Nobody listens there: the backend "does not answer".
     let orders =
@@ -247,7 +248,7 @@ async fn the_first_buyers_win_until_the_stock_is_gone_then_the_sale_is_flagged()
     assert_eq!(f.redis.command_calls("evalsha").await, scripts);
     // Without an Idempotency-Key it is refused before admission (no token needed).
     assert_eq!(
-        f.service.admit("s", PEER, &headers(None, None)).await,
+        f.service.admit("s", PEER, &headers(None, None), None).await,
         Err(Rejection::SoldOut)
     );
     assert_eq!(f.local_decisions("sold_out"), 2);
@@ -343,27 +344,27 @@ async fn admission_checks_the_token_the_deny_list_and_the_key() {
     let f = fixture(&["banned"]).await;
     f.open_sale("s", 5).await;
     assert_eq!(
-        f.service.admit("s", PEER, &headers(None, None)).await,
+        f.service.admit("s", PEER, &headers(None, None), None).await,
         Err(Rejection::Unauthorized(
             crate::admission::AuthError::Missing
         ))
     );
     assert_eq!(
         f.service
-            .admit("s", PEER, &headers(Some("banned"), None))
+            .admit("s", PEER, &headers(Some("banned"), None), None)
             .await,
         Err(Rejection::Denied)
     );
     let long_key = "k".repeat(65);
     assert!(matches!(
         f.service
-            .admit("s", PEER, &headers(Some("a"), Some(&long_key)))
+            .admit("s", PEER, &headers(Some("a"), Some(&long_key)), None)
             .await,
         Err(Rejection::BadRequest(_))
     ));
     let admitted = f
         .service
-        .admit("s", PEER, &headers(Some("a"), Some("k1")))
+        .admit("s", PEER, &headers(Some("a"), Some("k1")), None)
         .await
         .unwrap();
     assert_eq!(
@@ -442,7 +443,7 @@ async fn a_buy_spends_its_buckets_before_the_body_and_nothing_in_redis() {
     let monitor = f.redis.monitor().await;
     assert!(f
         .service
-        .admit("s", PEER, &headers(Some("a"), Some("k")))
+        .admit("s", PEER, &headers(Some("a"), Some("k")), None)
         .await
         .is_ok());
     assert_eq!(
@@ -452,7 +453,7 @@ async fn a_buy_spends_its_buckets_before_the_body_and_nothing_in_redis() {
     );
     assert!(matches!(
         f.service
-            .admit("s", PEER, &headers(Some("a"), Some("k")))
+            .admit("s", PEER, &headers(Some("a"), Some("k")), None)
             .await,
         Err(Rejection::RateLimited(_))
     ));

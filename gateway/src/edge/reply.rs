@@ -53,7 +53,7 @@ impl Rejection {
         match self {
             Rejection::BadRequest(_) => 400,
             Rejection::Unauthorized(_) => 401,
-            Rejection::NotStarted(_) | Rejection::Denied => 403,
+            Rejection::NotStarted(_) | Rejection::Denied | Rejection::CsrfRejected => 403,
             Rejection::ChallengeRequired(..) => 428,
             Rejection::NotFound(_) => 404,
             Rejection::MethodNotAllowed(_) => 405,

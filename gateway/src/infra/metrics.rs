@@ -136,6 +136,9 @@ pub struct Metrics {
     /// Lookups of a `shop.upstreams` name that failed or found nothing
     /// (its last good addresses stay in use).
     pub shop_resolve_failures: IntCounter,
+    /// Loads of the JWKS (`auth.jwks_url` / `auth.jwks_file`), by result
+    /// (ok, error); while they fail the last good set is used.
+    pub jwks_loads: IntCounterVec,
 }
 
 impl Metrics {
@@ -294,6 +297,11 @@ impl Metrics {
         registry
             .register(Box::new(tls_reload_failing.clone()))
             .expect("unique metric");
+        let jwks_loads = counter(
+            "jwks_loads_total",
+            "Loads of the identity provider's JWKS, by result; on error the last good set stays.",
+            &["result"],
+        );
         let per_request = RequestMetrics::new(&requests, &request_duration, &buy_outcomes);
         Self {
             registry,
@@ -321,6 +329,7 @@ impl Metrics {
             shop_resolve_failures,
             tls_certificate_expiry,
             tls_reload_failing,
+            jwks_loads,
         }
     }
 

@@ -548,7 +548,14 @@ impl Gateway {
                 }
             }
             Route::Buy(sale_id) => {
-                let admitted = self.buy.admit(sale_id, peer(session), headers).await?;
+                let authority = headers
+                    .get(http::header::HOST)
+                    .and_then(|v| v.to_str().ok())
+                    .or_else(|| session.req_header().uri.authority().map(|a| a.as_str()));
+                let admitted = self
+                    .buy
+                    .admit(sale_id, peer(session), headers, authority)
+                    .await?;
                 read_buy_body(session, self.config.gateway.body_read_timeout).await?;
                 let headers = &session.req_header().headers;
                 self.buy
@@ -576,7 +583,8 @@ impl Gateway {
             Route::Challenge(sale_id) => {
                 let user = self
                     .admission
-                    .user(RouteClass::Read, peer(session), headers)?;
+                    .user(RouteClass::Read, peer(session), headers)
+                    .await?;
                 let ip = self.admission.client_ip(peer(session), headers);
                 match self.challenge.offer(sale_id, &user, ip, now_ms()) {
                     Some(issued) => Ok(Reply::json(
@@ -592,7 +600,8 @@ impl Gateway {
             Route::Reservation(rid) => {
                 let user = self
                     .admission
-                    .user(RouteClass::Read, peer(session), headers)?;
+                    .user(RouteClass::Read, peer(session), headers)
+                    .await?;
                 let view = Box::pin(self.buy.reservation(&user, rid)).await?;
                 Ok(Reply::json(200, &view))
             }
