@@ -38,7 +38,7 @@ pub use env::{
     ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_HANDOFF_SECRET, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
     ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
-pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
+pub use events::{webhook_key, AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
