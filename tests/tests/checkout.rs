@@ -354,7 +354,7 @@ async fn a_shop_cancel_returns_the_item_sends_order_cancelled_and_refuses_a_late
     .await;
     let deliveries = log.lock().unwrap().clone();
     let file = &stack.dir.0.join("deliveries.json");
-    std::fs::write(&file, serde_json::to_vec(&deliveries).unwrap()).unwrap();
+    std::fs::write(file.as_path(), serde_json::to_vec(&deliveries).unwrap()).unwrap();
     let out = run_script(
         &python,
         &stack.dir.0,
@@ -387,7 +387,7 @@ async fn a_shop_cancel_returns_the_item_sends_order_cancelled_and_refuses_a_late
     // A body changed in transit does not verify.
     let mut tampered = deliveries[0].clone();
     tampered.body = tampered.body.replacen("order.", "order_", 1);
-    std::fs::write(&file, serde_json::to_vec(&[tampered]).unwrap()).unwrap();
+    std::fs::write(file.as_path(), serde_json::to_vec(&[tampered]).unwrap()).unwrap();
     let out = run_script(
         &python,
         &stack.dir.0,
