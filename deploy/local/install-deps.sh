@@ -10,7 +10,9 @@
 # PostgreSQL server answering on 127.0.0.1:5432 with a database `test` (the
 # backend's store tests use it); a MariaDB server answering on 127.0.0.1:3306
 # to root without a password (the store tests make a database each) and a
-# RabbitMQ server on 127.0.0.1:5672 with guest/guest (the order events test).
+# RabbitMQ server on 127.0.0.1:5672 with guest/guest (the order events test);
+# python3 with venv (the checkout test runs PyJWT and standardwebhooks from
+# PyPI as a shop would, in a venv it keeps under the target directory).
 set -euo pipefail
 
 want=()
@@ -32,6 +34,7 @@ if $testing; then
   command -v pg_ctlcluster >/dev/null || want+=(postgresql)
   command -v mariadbd >/dev/null || command -v mysqld >/dev/null || want+=(mariadb-server)
   command -v rabbitmq-server >/dev/null || want+=(rabbitmq-server)
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || want+=(python3-venv)
 fi
 
 sudo_() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
