@@ -39,5 +39,5 @@ clean:
 
 # Side-by-side benchmark against the peers in ../shared/peers: writes bench/REPORT.md and bench/bench.png.
 .PHONY: bench
-bench:
+bench: deps
 	bash bench/run.sh

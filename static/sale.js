@@ -7,17 +7,23 @@
 // or the token field. See docs/PAGES.md.
 //
 // The product shown beside the sale (photo, price, description) comes from
-// `/static/products/{sale id}.json` when that file exists (see
+// `{prefix}/static/products/{sale id}.json` when that file exists (see
 // docs/PAGES.md); without it the page shows the sale's name and stock only.
 //
 // When the gateway asks a proof of work of buys, the page fetches a
-// challenge as soon as it has a token (GET /api/sales/{id}/challenge) and
-// solves it in a Web Worker (static/pow.js) while the countdown runs, so the
+// challenge as soon as it has a token (GET {prefix}/api/sales/{id}/challenge) and
+// solves it in a Web Worker ({prefix}/static/pow.js) while the countdown runs, so the
 // click sends `Flashgate-Pow` at once. A 428 (challenge expired, or a harder
 // one asked) is solved and the buy re-sent, up to three times.
 'use strict';
 
-const saleId = decodeURIComponent(location.pathname.split('/').filter(Boolean)[1] || '');
+// The gateway's paths live under gateway.path_prefix (written into the page's
+// <meta name="fg-prefix"> by the gateway); the sale id is the page path's
+// last segment, wherever the page is mounted ({prefix}/sales/{id}, /drops/{id}).
+const PREFIX = document.querySelector('meta[name="fg-prefix"]')?.content || '';
+const API = `${PREFIX}/api`;
+const STATIC = `${PREFIX}/static`;
+const saleId = decodeURIComponent(location.pathname.split('/').filter(Boolean).pop() || '');
 const $ = (id) => document.getElementById(id);
 const POLL_MS = 1000;
 const STATE_TEXT = { upcoming: 'Starts soon', open: 'On sale now', sold_out: 'Sold out', ended: 'Sale ended', paused: 'Paused' };
@@ -127,7 +133,7 @@ function render() {
 function solve(challenge, bits, expiresAt) {
   let cancel = () => {};
   const solved = new Promise((resolve, reject) => {
-    const worker = new Worker('/static/pow.js');
+    const worker = new Worker(`${STATIC}/pow.js`);
     const timer = setTimeout(() => cancel(), Math.max(0, (expiresAt || Infinity) - Date.now()));
     cancel = () => { clearTimeout(timer); worker.terminate(); reject(new Error('challenge expired or replaced')); };
     worker.onmessage = (e) => { clearTimeout(timer); worker.terminate(); resolve(e.data.header); };
@@ -157,7 +163,7 @@ async function preparePow() {
   if (pow && pow.expiresAt - serverNow() > POW_MARGIN_MS) return;
   powFetching = true;
   try {
-    const r = await fetch(`/api/sales/${encodeURIComponent(saleId)}/challenge`, {
+    const r = await fetch(`${API}/sales/${encodeURIComponent(saleId)}/challenge`, {
       headers: { Authorization: `Bearer ${token()}` }, cache: 'no-store',
     });
     if (r.status === 404) powOff = true;
@@ -172,7 +178,7 @@ async function refresh() {
   let next = POLL_MS;
   try {
     const t0 = Date.now();
-    const r = await fetch(`/api/sales/${encodeURIComponent(saleId)}`, { cache: 'no-store' });
+    const r = await fetch(`${API}/sales/${encodeURIComponent(saleId)}`, { cache: 'no-store' });
     const t1 = Date.now();
     if (r.ok) {
       sale = await r.json();
@@ -221,7 +227,7 @@ async function buy(event) {
     try {
       const headers = { Authorization: `Bearer ${token()}`, 'Idempotency-Key': key, 'Content-Type': 'application/json' };
       if (solution) headers['Flashgate-Pow'] = solution;
-      r = await fetch(`/api/sales/${encodeURIComponent(saleId)}/buy`, { method: 'POST', headers, body: '{}' });
+      r = await fetch(`${API}/sales/${encodeURIComponent(saleId)}/buy`, { method: 'POST', headers, body: '{}' });
       body = await r.json().catch(() => ({}));
       if (r.status === 428 && body.challenge && challenges++ < 3) {
         say('Preparing your order…');
@@ -286,7 +292,7 @@ function isWebUrl(url) {
 
 async function pollReservation(rid) {
   try {
-    const r = await fetch(`/api/reservations/${encodeURIComponent(rid)}`, { headers: { Authorization: `Bearer ${token()}` }, cache: 'no-store' });
+    const r = await fetch(`${API}/reservations/${encodeURIComponent(rid)}`, { headers: { Authorization: `Bearer ${token()}` }, cache: 'no-store' });
     const body = await r.json().catch(() => ({}));
     if (body.status === 'confirmed' || body.status === 'paid') {
       busy = false; done = true;
@@ -310,12 +316,13 @@ async function loadProduct() {
   if (!saleId) return;
   let p;
   try {
-    const r = await fetch(`/static/products/${encodeURIComponent(saleId)}.json`);
+    const r = await fetch(`${STATIC}/products/${encodeURIComponent(saleId)}.json`);
     if (!r.ok) return;
     p = await r.json();
   } catch (_) { return; }
-  if (typeof p.image === 'string' && p.image.startsWith('/static/')) {
-    $('product-image').src = p.image;
+  // A file name under {prefix}/static/products/ (nothing from elsewhere).
+  if (typeof p.image === 'string' && /^[A-Za-z0-9._-]+$/.test(p.image) && !p.image.startsWith('.')) {
+    $('product-image').src = `${STATIC}/products/${p.image}`;
     $('product-image').alt = typeof p.image_alt === 'string' ? p.image_alt : '';
     $('product-figure').hidden = false;
   }

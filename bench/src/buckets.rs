@@ -193,7 +193,7 @@ async fn bucket_round(
         duration: Duration::from_secs_f64(s.secs),
         timeout: Duration::from_secs(5),
         target: Target::FlashBuy {
-            path: format!("/api/sales/{sale}/buy"),
+            path: format!("/flashgate/api/sales/{sale}/buy"),
             users: users.clone(),
             pick: Pick::Distinct,
         },

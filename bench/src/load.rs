@@ -53,7 +53,7 @@ pub enum Pick {
 pub enum Target {
     /// A plain GET of `path`.
     Get { path: String },
-    /// Flashgate's `POST /api/sales/{id}/buy`: bearer token and Idempotency-Key.
+    /// Flashgate's `POST /flashgate/api/sales/{id}/buy`: bearer token and Idempotency-Key.
     FlashBuy {
         path: String,
         users: Users,
@@ -521,7 +521,7 @@ mod tests {
         };
         let host = HeaderValue::from_static("127.0.0.1:1");
         let t = Target::FlashBuy {
-            path: "/api/sales/s/buy".into(),
+            path: "/flashgate/api/sales/s/buy".into(),
             users: users.clone(),
             pick: Pick::Distinct,
         };

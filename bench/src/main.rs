@@ -131,10 +131,10 @@ struct LoadArgs {
     /// Base URL, e.g. http://127.0.0.1:8080 (plain HTTP/1.1).
     #[arg(long)]
     url: String,
-    /// GET this path (e.g. /sales/demo or /api/sales/demo).
+    /// GET this path (e.g. /flashgate/sales/demo or /flashgate/api/sales/demo).
     #[arg(long, conflicts_with = "buy")]
     get: Option<String>,
-    /// Buy in this sale (POST /api/sales/{id}/buy) with tokens minted from
+    /// Buy in this sale (POST /flashgate/api/sales/{id}/buy) with tokens minted from
     /// FLASHGATE_JWT_SECRET.
     #[arg(long)]
     buy: Option<String>,
@@ -293,7 +293,7 @@ async fn load_one(a: LoadArgs) -> anyhow::Result<()> {
                 Pick::Distinct
             };
             Target::FlashBuy {
-                path: format!("/api/sales/{sale}/buy"),
+                path: format!("/flashgate/api/sales/{sale}/buy"),
                 users: Users {
                     headers: std::sync::Arc::new(headers),
                 },

@@ -29,7 +29,7 @@ pub const SCENARIOS: &[Scenario] = &[
         title: "a⁰. Static sale page beside Pingora's floor (`pingora_floor`: the same bytes, nothing else done)",
         peer: Some("pingora-floor"),
     },
-    Scenario { id: "b_state", title: "b. Sale-state JSON (GET /api/sales/{id})", peer: None },
+    Scenario { id: "b_state", title: "b. Sale-state JSON (GET /flashgate/api/sales/{id})", peer: None },
     Scenario { id: "c_buy", title: "c. Buy while in stock (closed loop)", peer: Some("openresty-gateway") },
     Scenario { id: "c_buy_open", title: "c'. Buy while in stock (open loop, fixed rate)", peer: Some("openresty-gateway") },
     Scenario { id: "d_soldout", title: "d. Buy after sold out", peer: Some("openresty-gateway") },

@@ -54,7 +54,7 @@ fn probe(watched: Vec<Watched>) -> impl Fn() -> Snap + Send + Sync {
 }
 
 const BIG_STOCK: i64 = 10_000_000;
-const SALE_PAGE_PATH: &str = "/sales/bench";
+const SALE_PAGE_PATH: &str = "/flashgate/sales/bench";
 
 /// Runs the whole benchmark.
 ///
@@ -586,7 +586,7 @@ async fn flashgate_round(
     }
     let tag = format!("{}{}f{round}", ctx.tag, &scenario[..1]);
     let sale = format!("{}-r{round}", scenario.replace('_', "-"));
-    let buy_path = format!("/api/sales/{sale}/buy");
+    let buy_path = format!("/flashgate/api/sales/{sale}/buy");
     let bearers = ctx.bearers.clone();
     let hammer_user = if challenged {
         2 * ctx.s.rounds + 2 + round
@@ -604,7 +604,7 @@ async fn flashgate_round(
         "b_state" => (
             0,
             Target::Get {
-                path: "/api/sales/state".into(),
+                path: "/flashgate/api/sales/state".into(),
             },
             Pace::Closed,
         ),
@@ -781,7 +781,7 @@ async fn announce_sold_out(ctx: &Ctx, sale: &str) -> anyhow::Result<()> {
         .fg
         .http
         .post(format!(
-            "http://{}/api/sales/{sale}/buy",
+            "http://{}/flashgate/api/sales/{sale}/buy",
             ctx.fg.gateway_addr
         ))
         .header(http::header::AUTHORIZATION, bearer)
@@ -1246,7 +1246,7 @@ async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<P
         "e_hammer" => {
             ctx.fg.put_sale(&sale, stock, 1).await?;
             Target::FlashBuy {
-                path: format!("/api/sales/{sale}/buy"),
+                path: format!("/flashgate/api/sales/{sale}/buy"),
                 users: ctx.hammer_bearers.clone(),
                 pick: Pick::One(0),
             }
@@ -1254,7 +1254,7 @@ async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<P
         _ => {
             ctx.fg.put_sale(&sale, stock, 1).await?;
             Target::FlashBuy {
-                path: format!("/api/sales/{sale}/buy"),
+                path: format!("/flashgate/api/sales/{sale}/buy"),
                 users: ctx.bearers.clone(),
                 pick: Pick::Distinct,
             }

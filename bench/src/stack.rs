@@ -209,7 +209,7 @@ pub struct Flashgate {
 pub struct FlashgateOptions {
     pub bin_dir: PathBuf,
     pub threads: usize,
-    /// The page served as `/sales/{id}` (the peers' static page, so both
+    /// The page served as `/flashgate/sales/{id}` (the peers' static page, so both
     /// sides send the same bytes).
     pub page: PathBuf,
     pub database_url: String,

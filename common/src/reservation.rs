@@ -77,7 +77,7 @@ pub struct ForwardedWinner {
 }
 
 /// Builds a reservation id `<sale_id>.<32 hex digits>` from 128 random bits.
-/// The sale id inside lets `GET /api/reservations/{id}` find the sale's keys.
+/// The sale id inside lets `GET /flashgate/api/reservations/{id}` find the sale's keys.
 pub fn reservation_id(sale_id: &str, random: u128) -> String {
     format!("{sale_id}.{random:032x}")
 }

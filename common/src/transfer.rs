@@ -513,26 +513,24 @@ pub async fn books<C: ConnectionLike + Send>(
     };
     for k in 0..buckets {
         let keys = SaleKeys::bucket(sale_id, k);
-        let remaining: Option<i64> = redis::cmd("GET")
+        // One atomic read per bucket: a return between a separate GET and
+        // SCARD would count the item twice or not at all.
+        let (remaining, resv, released, open): (Option<i64>, i64, i64, Vec<String>) = redis::pipe()
+            .atomic()
+            .cmd("GET")
             .arg(&keys.remaining)
-            .query_async(conn)
-            .await?;
-        out.remaining.push(remaining.unwrap_or(0));
-        let resv: i64 = redis::cmd("HLEN")
+            .cmd("HLEN")
             .arg(&keys.reservations)
-            .query_async(conn)
-            .await?;
-        let released: i64 = redis::cmd("SCARD")
+            .cmd("SCARD")
             .arg(&keys.released)
-            .query_async(conn)
-            .await?;
-        out.reserved += resv - released;
-        let open: Vec<String> = redis::cmd("ZRANGE")
+            .cmd("ZRANGE")
             .arg(&keys.xfer_open)
             .arg(0)
             .arg(-1)
             .query_async(conn)
             .await?;
+        out.remaining.push(remaining.unwrap_or(0));
+        out.reserved += resv - released;
         for xid in open {
             let Some(r) = record(conn, &keys, &xid).await? else {
                 continue;

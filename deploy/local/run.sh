@@ -137,15 +137,15 @@ TOKEN=$("$BIN/flashgate" --config "$CONFIG" token --user demo-user --ttl 12h)
 cat <<MSG
 
 Flashgate is running (logs in $DATA/*.log):
-  sale page      http://$GATEWAY/demo/sign-in?next=/sales/demo
+  sale page      http://$GATEWAY/demo/sign-in?next=/flashgate/sales/demo
                  (the demo shop signs you in as a new demo shopper, then shows the sale: click Buy)
-  sale state     http://$GATEWAY/api/sales/demo
+  sale state     http://$GATEWAY/flashgate/api/sales/demo
   shop (proxied) http://$GATEWAY/
   admin API      http://$BACKEND_ADMIN/admin/sales/demo   (Bearer \$FLASHGATE_ADMIN_TOKEN, in $DATA/secrets.env unless set in the environment)
   shop payments  POST http://$BACKEND/internal/orders/ORDER_ID/pay   (Bearer \$FLASHGATE_SHOP_TOKEN)
 
 Or buy as demo-user from a terminal (the page's token field takes the same token):
-  curl -i -X POST http://$GATEWAY/api/sales/demo/buy \\
+  curl -i -X POST http://$GATEWAY/flashgate/api/sales/demo/buy \\
     -H 'Authorization: Bearer $TOKEN' -H "Idempotency-Key: \$(date +%s%N)"
 
 Ctrl-C stops everything.

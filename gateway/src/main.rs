@@ -104,9 +104,43 @@ fn check(path: &std::path::Path, config: &Config, connect: bool) -> anyhow::Resu
         for line in found {
             println!("redis ({}): {line}", config.redis.target.mode());
         }
+        runtime.block_on(check_shop_paths(config));
     }
     println!("{}: ok ({} sales)", path.display(), config.sales.len());
     Ok(())
+}
+
+/// `check --connect`: names each of the gateway's own paths the shop also
+/// serves (those would be hidden from the shop). An unreachable shop is a
+/// warning: the gateway starts without it.
+async fn check_shop_paths(config: &Config) {
+    let Some(upstream) = config.shop.upstreams.first() else {
+        return;
+    };
+    let base = format!("http://{upstream}");
+    let routes = flashgate_gateway::edge::Routes::new(
+        &config.gateway.path_prefix,
+        config.gateway.sale_page_path.as_deref(),
+    );
+    let ids: Vec<&str> = config.sales.iter().map(|s| s.id.as_str()).collect();
+    match flashgate_gateway::edge::probe_shop(&routes, &base, &ids).await {
+        Ok(probes) => {
+            let shadowed: Vec<_> = probes.iter().filter(|p| p.shadowed()).collect();
+            for p in &shadowed {
+                println!(
+                    "warning: the shop also serves {} ({}); the gateway answers it itself \
+                     (move gateway.path_prefix or gateway.sale_page_path)",
+                    p.path, p.status
+                );
+            }
+            println!(
+                "shop ({base}): {} of the gateway's {} paths also served by the shop",
+                shadowed.len(),
+                probes.len()
+            );
+        }
+        Err(e) => println!("warning: {e:#}"),
+    }
 }
 
 fn main() -> ExitCode {

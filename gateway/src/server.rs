@@ -18,9 +18,9 @@ use crate::admission::{Admission, Edge};
 use crate::admission::{ConfigWatcher, Hangup};
 use crate::buy::{BuyDeps, BuyService, ForwardWorker};
 use crate::edge::AdminServer;
-use crate::edge::Gateway;
 use crate::edge::Upstreams;
 use crate::edge::{CertSet, CertWatcher};
+use crate::edge::{Gateway, Routes};
 use crate::edge::{PagesWatcher, StaticPages};
 use crate::infra::Breaker;
 use crate::infra::Metrics;
@@ -55,13 +55,17 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         .jwt_secret
         .clone()
         .with_context(|| format!("no JWT secret: set {ENV_JWT_SECRET} (or auth.jwt_secret)"))?;
-    let pages = StaticPages::load_with(&config.gateway.static_dir, (&config.pages).into())
-        .with_context(|| {
-            format!(
-                "gateway.static_dir: cannot read {}",
-                config.gateway.static_dir.display()
-            )
-        })?;
+    let pages = StaticPages::load_with(
+        &config.gateway.static_dir,
+        (&config.pages).into(),
+        &config.gateway.path_prefix,
+    )
+    .with_context(|| {
+        format!(
+            "gateway.static_dir: cannot read {}",
+            config.gateway.static_dir.display()
+        )
+    })?;
     let metrics = Arc::new(Metrics::register());
     let backend_token = secret::required(ENV_INTERNAL_TOKEN, config.internal_token.as_deref())
         .context("the backend's order API needs the gateways' token")?;
@@ -133,6 +137,10 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         sales,
         redis,
         orders,
+        routes: Routes::new(
+            &config.gateway.path_prefix,
+            config.gateway.sale_page_path.as_deref(),
+        ),
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop).context("shop.upstreams")?,
         metrics,

@@ -24,7 +24,7 @@ const page = await ctx.newPage();
 page.on('console', (m) => { if (m.type() === 'error') console.error(`page error: ${m.text()}`); });
 try {
   await page.goto(url);
-  if (!new URL(page.url()).pathname.startsWith('/sales/')) throw new Error(`landed on ${page.url()}, not a sale page`);
+  if (!new URL(page.url()).pathname.startsWith('/flashgate/sales/')) throw new Error(`landed on ${page.url()}, not a sale page`);
   await page.locator('#state', { hasText: 'On sale now' }).waitFor({ timeout: 15_000 });
   await page.locator('#product-image').waitFor({ state: 'visible', timeout: 10_000 });
   const loaded = await page.locator('#product-image').evaluate((img) => img.complete && img.naturalWidth > 0);

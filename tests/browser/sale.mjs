@@ -47,7 +47,7 @@ try {
     if (url.pathname.endsWith('/challenge')) challengesFetched++;
     if (url.pathname.endsWith('/buy')) buys.push([(await resp.request().allHeaders())['flashgate-pow'] || '', resp.status()]);
   });
-  await a.goto(`${gateway}/sales/${saleId}?token=${encodeURIComponent(tokenA)}`);
+  await a.goto(`${gateway}/flashgate/sales/${saleId}?token=${encodeURIComponent(tokenA)}`);
 
   await a.locator('#countdown').filter({ hasText: /Starts in \d\d:\d\d/ }).waitFor({ timeout: 10_000 });
   await a.locator('#state', { hasText: 'Starts soon' }).waitFor();
@@ -81,7 +81,7 @@ try {
   const ctxB = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const b = await ctxB.newPage();
   pages.push(['buyer-b', b]);
-  await b.goto(`${gateway}/sales/${saleId}`);
+  await b.goto(`${gateway}/flashgate/sales/${saleId}`);
   await b.locator('#token').fill(tokenB); // B types the token: the field path
   await b.locator('#state', { hasText: 'Sold out' }).waitFor({ timeout: 15_000 });
   await b.locator('#result', { hasText: 'Sold out' }).waitFor();

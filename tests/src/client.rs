@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::JWT_SECRET;
 
-/// `POST /api/sales/{sale}/buy` with a bearer token; returns status and JSON body.
+/// `POST /flashgate/api/sales/{sale}/buy` with a bearer token; returns status and JSON body.
 ///
 /// # Panics
 /// When no answer comes (use [`try_buy`] where the gateway may die).
@@ -44,7 +44,7 @@ async fn send_buy(
     idempotency_key: Option<&str>,
 ) -> reqwest::Result<(u16, Value)> {
     let mut req = http
-        .post(format!("http://{gateway}/api/sales/{sale}/buy"))
+        .post(format!("http://{gateway}/flashgate/api/sales/{sale}/buy"))
         .bearer_auth(token)
         .timeout(Duration::from_secs(10));
     if let Some(k) = idempotency_key {

@@ -61,6 +61,9 @@ pub struct StackOptions {
     /// (`rediss://`), in every mode. The test's own checks keep the plain
     /// ports.
     pub redis_tls: bool,
+    /// TOML lines added to the generated config's `[gateway]` table (e.g.
+    /// `path_prefix = "/edge"`); not applied with `shipped_config`.
+    pub gateway_extra: String,
 }
 
 /// Which Redis deployment a test stack runs on.
@@ -151,6 +154,7 @@ impl Default for StackOptions {
             redis_mode: RedisMode::Standalone,
             redis_extra: String::new(),
             redis_tls: false,
+            gateway_extra: String::new(),
         }
     }
 }
@@ -428,6 +432,7 @@ backend_url = "http://{backend_addr}"
 forward_timeout_ms = 1000
 static_dir = "{static_dir}"
 runtime_dir = "{runtime_dir}"
+{gateway_extra}
 
 [backend]
 listen = "{backend_addr}"
@@ -444,6 +449,7 @@ sale_poll_ms = 100
                 extra = opts.extra_toml,
                 redis = redis_toml(&redis),
                 redis_extra = opts.redis_extra,
+                gateway_extra = opts.gateway_extra,
                 timeout = opts.redis_timeout_ms,
                 static_dir = static_dir.display(),
                 runtime_dir = runtime_dir.display(),
@@ -813,7 +819,7 @@ impl Stack {
         );
     }
 
-    /// `POST /api/sales/{sale}/buy` as `user`; returns status and JSON body.
+    /// `POST /flashgate/api/sales/{sale}/buy` as `user`; returns status and JSON body.
     pub async fn buy(&self, sale: &str, user: &str, idempotency_key: Option<&str>) -> (u16, Value) {
         buy(
             &self.http,
@@ -826,13 +832,13 @@ impl Stack {
     }
 
     /// The order id of `user`'s reservation `rid`, once the backend has
-    /// written it (polls `GET /api/reservations/{rid}` for up to 20 s).
+    /// written it (polls `GET /flashgate/api/reservations/{rid}` for up to 20 s).
     pub async fn order_id_of(&self, user: &str, rid: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let resp = self
                 .http
-                .get(self.url(&format!("/api/reservations/{rid}")))
+                .get(self.url(&format!("/flashgate/api/reservations/{rid}")))
                 .bearer_auth(token(user))
                 .send()
                 .await

@@ -78,13 +78,13 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
     let swapped = format!("Bearer {hs256_header}.eyJzdWIiOiJib2IiLCJleHAiOjk5OTk5OTk5OTl9.AAAA");
     let long_key = "k".repeat(65);
     let big_body = vec![b'{'; 64 * 1024];
-    let absurd = format!("/api/sales/{}/buy", "9".repeat(5000));
+    let absurd = format!("/flashgate/api/sales/{}/buy", "9".repeat(5000));
     let cases: Vec<(&str, Vec<u8>)> = vec![
         (
             "bad JSON",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", good)],
                 b"{\"a\":",
             ),
@@ -93,7 +93,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "JSON that is not an object",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", good)],
                 b"\"x\"",
             ),
@@ -102,7 +102,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "invalid UTF-8 body",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", good)],
                 b"{\"a\":\"\xff\xfe\"}",
             ),
@@ -111,7 +111,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "oversized body",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", good)],
                 &big_body,
             ),
@@ -120,7 +120,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "overlong Idempotency-Key",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[
                     ("Authorization", good),
                     ("Idempotency-Key", long_key.as_bytes()),
@@ -132,7 +132,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "non-ASCII Idempotency-Key",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[
                     ("Authorization", good),
                     ("Idempotency-Key", "clé".as_bytes()),
@@ -144,7 +144,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "invalid UTF-8 Idempotency-Key",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", good), ("Idempotency-Key", b"k\xff")],
                 b"",
             ),
@@ -153,7 +153,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "invalid UTF-8 token",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", b"Bearer \xff\xfe")],
                 b"",
             ),
@@ -162,7 +162,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "forged token",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", forged.as_bytes())],
                 b"",
             ),
@@ -171,7 +171,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "alg none token",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", none)],
                 b"",
             ),
@@ -180,7 +180,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "payload swapped under a real header",
             request(
                 "POST",
-                "/api/sales/bad/buy",
+                "/flashgate/api/sales/bad/buy",
                 &[("Authorization", swapped.as_bytes())],
                 b"",
             ),
@@ -193,7 +193,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "sale id with odd bytes",
             request(
                 "POST",
-                "/api/sales/%00%ff/buy",
+                "/flashgate/api/sales/%00%ff/buy",
                 &[("Authorization", good)],
                 b"",
             ),
@@ -202,7 +202,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "malformed reservation id",
             request(
                 "GET",
-                "/api/reservations/..%2f..",
+                "/flashgate/api/reservations/..%2f..",
                 &[("Authorization", good)],
                 b"",
             ),
@@ -211,7 +211,7 @@ async fn malformed_requests_get_4xx_json_and_change_nothing() {
             "unknown sale",
             request(
                 "POST",
-                "/api/sales/nosuchsale/buy",
+                "/flashgate/api/sales/nosuchsale/buy",
                 &[("Authorization", good)],
                 b"",
             ),
@@ -273,7 +273,7 @@ async fn oversized_headers_get_4xx_json_and_change_nothing() {
     let huge = vec![b'a'; 128 * 1024];
     let req = request(
         "POST",
-        "/api/sales/hdr/buy",
+        "/flashgate/api/sales/hdr/buy",
         &[("Authorization", good.as_bytes()), ("X-Huge", &huge)],
         b"",
     );

@@ -88,7 +88,10 @@ async fn the_demo_stack_signs_in_a_shopper_whose_click_on_buy_wins() {
         .text()
         .await
         .unwrap();
-    assert!(home.contains("/demo/sign-in?next=/sales/demo"), "{home}");
+    assert!(
+        home.contains("/demo/sign-in?next=/flashgate/sales/demo"),
+        "{home}"
+    );
     let url = out
         .lines()
         .find_map(|l| l.trim().strip_prefix("sale page").map(str::trim))

@@ -69,7 +69,7 @@ async fn every_401_carries_a_bearer_challenge_with_invalid_token_only_when_a_tok
         60,
     ));
     let wrong = bearer("not-the-right-token-but-long-enough-000000");
-    let buy = stack.url("/api/sales/auth/buy");
+    let buy = stack.url("/flashgate/api/sales/auth/buy");
     let purge = format!("http://{}/cache/purge", stack.gateway_admin_addr);
     let admin = stack.admin_url("/admin/sales");
     let internal = format!("http://{}/internal/sales/auth", stack.backend_addr);
@@ -105,7 +105,7 @@ async fn every_401_carries_a_bearer_challenge_with_invalid_token_only_when_a_tok
 async fn identity_and_input_errors_change_nothing() {
     let stack = Stack::start(StackOptions::default()).await;
     stack.open_sale("errs", 5, 1).await;
-    let path = "/api/sales/errs/buy";
+    let path = "/flashgate/api/sales/errs/buy";
     let good = token("alice");
 
     assert_error(
@@ -164,7 +164,7 @@ async fn identity_and_input_errors_change_nothing() {
         400,
         "bad_request",
     );
-    let long = format!("/api/sales/{}/buy", "x".repeat(200));
+    let long = format!("/flashgate/api/sales/{}/buy", "x".repeat(200));
     let r = stack
         .http
         .post(stack.url(&long))
@@ -195,7 +195,14 @@ async fn identity_and_input_errors_change_nothing() {
 async fn business_outcomes_have_their_status_codes() {
     let stack = Stack::start(StackOptions::default()).await;
     assert_error(
-        &post(&stack, "/api/sales/nosuch/buy", Some(&token("a")), &[], "").await,
+        &post(
+            &stack,
+            "/flashgate/api/sales/nosuch/buy",
+            Some(&token("a")),
+            &[],
+            "",
+        )
+        .await,
         404,
         "not_found",
     );
@@ -209,7 +216,14 @@ async fn business_outcomes_have_their_status_codes() {
             Duration::from_secs(60),
         )
         .await;
-    let r = post(&stack, "/api/sales/later/buy", Some(&token("a")), &[], "").await;
+    let r = post(
+        &stack,
+        "/flashgate/api/sales/later/buy",
+        Some(&token("a")),
+        &[],
+        "",
+    )
+    .await;
     assert_error(&r, 403, "not_started");
     let retry: u64 = r.1["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((590..=601).contains(&retry), "Retry-After {retry}");
@@ -219,7 +233,14 @@ async fn business_outcomes_have_their_status_codes() {
         .await;
     tokio::time::sleep(Duration::from_millis(1700)).await;
     assert_error(
-        &post(&stack, "/api/sales/brief/buy", Some(&token("a")), &[], "").await,
+        &post(
+            &stack,
+            "/flashgate/api/sales/brief/buy",
+            Some(&token("a")),
+            &[],
+            "",
+        )
+        .await,
         410,
         "ended",
     );
@@ -227,7 +248,7 @@ async fn business_outcomes_have_their_status_codes() {
     stack.open_sale("one", 1, 1).await;
     let win = post(
         &stack,
-        "/api/sales/one/buy",
+        "/flashgate/api/sales/one/buy",
         Some(&token("winner")),
         &[("Idempotency-Key", "w1")],
         "",
@@ -244,7 +265,7 @@ async fn business_outcomes_have_their_status_codes() {
     // The same key again: the first outcome, now with its order, and no second deduction.
     let replay = post(
         &stack,
-        "/api/sales/one/buy",
+        "/flashgate/api/sales/one/buy",
         Some(&token("winner")),
         &[("Idempotency-Key", "w1")],
         "",
@@ -267,7 +288,7 @@ async fn business_outcomes_have_their_status_codes() {
     assert_error(
         &post(
             &stack,
-            "/api/sales/one/buy",
+            "/flashgate/api/sales/one/buy",
             Some(&token("winner")),
             &[("Idempotency-Key", "w2")],
             "",
@@ -277,7 +298,14 @@ async fn business_outcomes_have_their_status_codes() {
         "limit_reached",
     );
     assert_error(
-        &post(&stack, "/api/sales/one/buy", Some(&token("loser")), &[], "").await,
+        &post(
+            &stack,
+            "/flashgate/api/sales/one/buy",
+            Some(&token("loser")),
+            &[],
+            "",
+        )
+        .await,
         410,
         "sold_out",
     );
@@ -296,7 +324,7 @@ async fn redis_down_or_stalled_answers_503_and_forwards_nothing() {
     stack.redis.proc.signal("STOP");
     let r = post(
         &stack,
-        "/api/sales/fault/buy",
+        "/flashgate/api/sales/fault/buy",
         Some(&token(&random_user())),
         &[],
         "",
@@ -309,7 +337,7 @@ async fn redis_down_or_stalled_answers_503_and_forwards_nothing() {
     stack.redis.restart(); // no AOF: a fresh, empty Redis is also "not there" for this sale
     let r = post(
         &stack,
-        "/api/sales/fault/buy",
+        "/flashgate/api/sales/fault/buy",
         Some(&token(&random_user())),
         &[],
         "",
@@ -338,7 +366,7 @@ async fn a_winner_is_queued_when_the_backend_is_down_and_confirmed_from_the_stre
     let rid = body["reservation_id"].as_str().unwrap().to_owned();
     let (http, url) = (
         stack.http.clone(),
-        stack.url(&format!("/api/reservations/{rid}")),
+        stack.url(&format!("/flashgate/api/reservations/{rid}")),
     );
     let look = |user: &'static str| {
         let req = http.get(&url).bearer_auth(token(user));
@@ -375,7 +403,7 @@ async fn sale_state_and_list_report_the_sale() {
     stack.buy("shown", "carol", None).await;
     let v: Value = stack
         .http
-        .get(stack.url("/api/sales/shown"))
+        .get(stack.url("/flashgate/api/sales/shown"))
         .send()
         .await
         .unwrap()
@@ -395,7 +423,7 @@ async fn sale_state_and_list_report_the_sale() {
     }
     let list: Value = stack
         .http
-        .get(stack.url("/api/sales"))
+        .get(stack.url("/flashgate/api/sales"))
         .send()
         .await
         .unwrap()
@@ -412,7 +440,7 @@ async fn sale_state_and_list_report_the_sale() {
     );
     let r = stack
         .http
-        .get(stack.url("/api/sales/absent"))
+        .get(stack.url("/flashgate/api/sales/absent"))
         .send()
         .await
         .unwrap();
@@ -462,7 +490,7 @@ async fn a_replayed_key_of_a_cancelled_order_answers_cancelled_not_confirmed() {
     assert_eq!(status, 201, "{body}");
     let win = post(
         &stack,
-        "/api/sales/unpaid/buy",
+        "/flashgate/api/sales/unpaid/buy",
         Some(&token("idler")),
         &[("Idempotency-Key", "k1")],
         "",
@@ -491,7 +519,7 @@ async fn a_replayed_key_of_a_cancelled_order_answers_cancelled_not_confirmed() {
     loop {
         let resp = stack
             .http
-            .get(stack.url(&format!("/api/reservations/{rid}")))
+            .get(stack.url(&format!("/flashgate/api/reservations/{rid}")))
             .bearer_auth(token("idler"))
             .send()
             .await
@@ -512,7 +540,7 @@ async fn a_replayed_key_of_a_cancelled_order_answers_cancelled_not_confirmed() {
 
     let replay = post(
         &stack,
-        "/api/sales/unpaid/buy",
+        "/flashgate/api/sales/unpaid/buy",
         Some(&token("idler")),
         &[("Idempotency-Key", "k1")],
         "",

@@ -22,7 +22,7 @@ async fn buy_at(
 ) -> (u16, bool, Value) {
     let mut req = stack
         .http
-        .post(format!("{base}/api/sales/{sale}/buy"))
+        .post(format!("{base}/flashgate/api/sales/{sale}/buy"))
         .bearer_auth(token(user))
         .timeout(Duration::from_secs(10));
     if let Some(p) = pow {
@@ -49,11 +49,11 @@ async fn buy(
     buy_at(stack, &stack.url(""), sale, user, pow, key).await
 }
 
-/// `GET /api/sales/{sale}/challenge` as `user`: status and JSON.
+/// `GET /flashgate/api/sales/{sale}/challenge` as `user`: status and JSON.
 async fn fetch_challenge(stack: &Stack, sale: &str, user: &str) -> (u16, Value) {
     let resp = stack
         .http
-        .get(stack.url(&format!("/api/sales/{sale}/challenge")))
+        .get(stack.url(&format!("/flashgate/api/sales/{sale}/challenge")))
         .bearer_auth(token(user))
         .send()
         .await
@@ -284,7 +284,7 @@ async fn a_buy_without_a_solution_gets_428_and_a_solution_buys_once() {
     // Without a token there is no challenge either.
     let resp = stack
         .http
-        .get(stack.url("/api/sales/pow/challenge"))
+        .get(stack.url("/flashgate/api/sales/pow/challenge"))
         .send()
         .await
         .unwrap();
@@ -410,7 +410,7 @@ async fn a_buy_with_a_bad_body_is_a_400_that_spends_neither_its_proof_of_work_no
     let pow = solution(&ahead);
     let sent = stack
         .http
-        .post(stack.url("/api/sales/body/buy"))
+        .post(stack.url("/flashgate/api/sales/body/buy"))
         .bearer_auth(token("bob"))
         .header("Flashgate-Pow", &pow)
         .header("Content-Type", "application/json")

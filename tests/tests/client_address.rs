@@ -18,13 +18,13 @@ async fn stack_with(extra: &str) -> Stack {
     stack
 }
 
-/// `GET /api/sales/addr` as a trusted proxy would send it: the client it
+/// `GET /flashgate/api/sales/addr` as a trusted proxy would send it: the client it
 /// appended to `X-Forwarded-For`, and the client's own `Forwarded` passed
 /// through unchanged.
 async fn read_via_proxy(stack: &Stack, xff: &str, forwarded: &str) -> u16 {
     let resp = stack
         .http
-        .get(stack.url("/api/sales/addr"))
+        .get(stack.url("/flashgate/api/sales/addr"))
         .header("X-Forwarded-For", xff)
         .header("Forwarded", forwarded)
         .send()
@@ -128,7 +128,7 @@ async fn ipv4_clients_on_a_dual_stack_listener_match_ipv4_deny_lists_and_get_the
             .unwrap()
     };
     let read = |client: reqwest::Client| {
-        let url = stack.url("/api/sales/addr");
+        let url = stack.url("/flashgate/api/sales/addr");
         async move { client.get(url).send().await.unwrap().status().as_u16() }
     };
     assert_eq!(read(from(1)).await, 200);

@@ -77,7 +77,7 @@ async fn only_connections_pingora_would_reuse_are_kept_alive() {
         let (status, closed) = answered_then_closed(
             addr,
             &format!(
-                "POST /api/sales/conn/buy HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                "POST /flashgate/api/sales/conn/buy HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
                 token("tcp")
             ),
         );
@@ -93,7 +93,7 @@ async fn only_connections_pingora_would_reuse_are_kept_alive() {
         assert!(closed, "a proxied request with Content-Length and Transfer-Encoding left its connection open");
 
         // HTTP/1.0 without keep-alive.
-        let (status, closed) = answered_then_closed(addr, "GET /api/sales/conn HTTP/1.0\r\nHost: a\r\n\r\n");
+        let (status, closed) = answered_then_closed(addr, "GET /flashgate/api/sales/conn HTTP/1.0\r\nHost: a\r\n\r\n");
         assert!(status.contains(" 200"), "{status}");
         assert!(closed, "an HTTP/1.0 request without keep-alive left its connection open");
 
@@ -101,7 +101,7 @@ async fn only_connections_pingora_would_reuse_are_kept_alive() {
         let mut conn = TcpStream::connect(addr).unwrap();
         conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         for _ in 0..3 {
-            conn.write_all(b"GET /api/sales/conn HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+            conn.write_all(b"GET /flashgate/api/sales/conn HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
             let status = read_response(&mut conn);
             assert!(status.starts_with("HTTP/1.1 200"), "{status}");
         }

@@ -13,7 +13,7 @@ const SALE: &str = "demo";
 async fn one_user_hammering_buy_on_the_shipped_config_gets_429_with_ratelimit_headers() {
     let stack = Stack::start(StackOptions::shipped()).await;
     let bearer = token("hammer");
-    let url = stack.url(&format!("/api/sales/{SALE}/buy"));
+    let url = stack.url(&format!("/flashgate/api/sales/{SALE}/buy"));
     let mut tasks = Vec::new();
     let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(16));
     for i in 0..400 {
@@ -92,7 +92,7 @@ async fn a_sale_pages_traffic_and_the_demo_curl_on_the_shipped_config_are_never_
         let get = |path: String| stack.http.get(stack.url(&path)).bearer_auth(&bearer).send();
         statuses.push((
             "page",
-            get(format!("/sales/{SALE}"))
+            get(format!("/flashgate/sales/{SALE}"))
                 .await
                 .unwrap()
                 .status()
@@ -101,7 +101,7 @@ async fn a_sale_pages_traffic_and_the_demo_curl_on_the_shipped_config_are_never_
         for _ in 0..3 {
             statuses.push((
                 "state",
-                get(format!("/api/sales/{SALE}"))
+                get(format!("/flashgate/api/sales/{SALE}"))
                     .await
                     .unwrap()
                     .status()
@@ -121,7 +121,7 @@ async fn a_sale_pages_traffic_and_the_demo_curl_on_the_shipped_config_are_never_
         for _ in 0..3 {
             statuses.push((
                 "reservation",
-                get(format!("/api/reservations/{rid}"))
+                get(format!("/flashgate/api/reservations/{rid}"))
                     .await
                     .unwrap()
                     .status()

@@ -74,7 +74,7 @@ async fn buy(
     key: &str,
 ) -> (u16, Value) {
     let resp = http
-        .post(format!("http://{gateway}/api/sales/{sale}/buy"))
+        .post(format!("http://{gateway}/flashgate/api/sales/{sale}/buy"))
         .bearer_auth(token(user))
         .header("Idempotency-Key", key)
         .timeout(Duration::from_secs(20))
@@ -119,7 +119,7 @@ async fn warm_client(gateway: SocketAddr, sale: &str, users: &[String]) -> reqwe
         .map(|user| {
             let (http, url, bearer) = (
                 http.clone(),
-                format!("http://{gateway}/api/sales/{sale}/challenge"),
+                format!("http://{gateway}/flashgate/api/sales/{sale}/challenge"),
                 token(user),
             );
             tokio::spawn(async move {
@@ -171,8 +171,11 @@ async fn two_groups(
     (a, b, http): (Vec<String>, Vec<String>, reqwest::Client),
 ) -> Burst {
     // The gateway reads the new sale now, not when the burst arrives.
-    let (status, _) =
-        flashgate_tests::client::get_json(&http, &stack.url(&format!("/api/sales/{sale}"))).await;
+    let (status, _) = flashgate_tests::client::get_json(
+        &http,
+        &stack.url(&format!("/flashgate/api/sales/{sale}")),
+    )
+    .await;
     assert_eq!(status, 200);
     sleep_until_ms(starts + 5).await;
     let first = send_group(&http, stack.gateway_addr, sale, a.clone());

@@ -11,7 +11,7 @@ use serde_json::Value;
 async fn buy_status(stack: &Stack, user: &str, headers: &[(&str, &str)]) -> reqwest::Response {
     let mut req = stack
         .http
-        .post(stack.url("/api/sales/edge/buy"))
+        .post(stack.url("/flashgate/api/sales/edge/buy"))
         .bearer_auth(token(user));
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -102,7 +102,7 @@ async fn a_spoofed_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy()
     let get = |xff: &'static str| {
         stack
             .http
-            .get(stack.url("/api/sales/edge"))
+            .get(stack.url("/flashgate/api/sales/edge"))
             .header("X-Forwarded-For", xff)
             .send()
     };
@@ -115,7 +115,7 @@ async fn a_spoofed_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy()
     let get = |xff: &'static str| {
         stack
             .http
-            .get(stack.url("/api/sales/edge"))
+            .get(stack.url("/flashgate/api/sales/edge"))
             .header("X-Forwarded-For", xff)
             .send()
     };
@@ -559,7 +559,7 @@ async fn an_operator_pauses_and_resumes_one_sale() {
     );
     let state: serde_json::Value = stack
         .http
-        .get(stack.url("/api/sales/p1"))
+        .get(stack.url("/flashgate/api/sales/p1"))
         .send()
         .await
         .unwrap()
@@ -609,7 +609,7 @@ async fn the_cluster_wide_limit_is_shared_by_every_gateway() {
     );
     let resp = stack
         .http
-        .post(format!("http://{second_addr}/api/sales/edge/buy"))
+        .post(format!("http://{second_addr}/flashgate/api/sales/edge/buy"))
         .bearer_auth(token("c3"))
         .send()
         .await

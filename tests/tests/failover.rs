@@ -117,7 +117,7 @@ async fn send(
     buyer: &Buyer,
 ) -> (u16, bool, Value) {
     let req = http
-        .post(format!("http://{gateway}/api/sales/{sale}/buy"))
+        .post(format!("http://{gateway}/flashgate/api/sales/{sale}/buy"))
         .bearer_auth(token(&buyer.user))
         .header("Idempotency-Key", &buyer.key)
         .timeout(Duration::from_secs(10));

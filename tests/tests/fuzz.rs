@@ -4,7 +4,7 @@
 
 use flashgate_common::config::{Config, NoEnv};
 use flashgate_gateway::admission::Verifier;
-use flashgate_gateway::edge::{classify, Route};
+use flashgate_gateway::edge::{Route, Routes};
 use http::Method;
 use proptest::prelude::*;
 
@@ -21,9 +21,10 @@ fn methods() -> impl Strategy<Value = Method> {
 fn paths() -> impl Strategy<Value = String> {
     prop_oneof![
         any::<String>(),
-        "/api/sales/[a-zA-Z0-9_%./-]{0,80}(/buy)?",
-        "/api/reservations/[a-z0-9.]{0,80}",
-        "/(sales|static)/.{0,40}",
+        "/flashgate/api/sales/[a-zA-Z0-9_%./-]{0,80}(/buy)?",
+        "/flashgate/api/reservations/[a-z0-9.]{0,80}",
+        "/flashgate/(sales|static)/.{0,40}",
+        "/drops/.{0,40}",
     ]
 }
 
@@ -32,7 +33,8 @@ proptest! {
 
     #[test]
     fn routing_never_panics_and_accepts_only_valid_ids(method in methods(), path in paths()) {
-        match classify(&method, &path) {
+        let routes = Routes::new("/flashgate", Some("/drops/{id}"));
+        match routes.classify(&method, &path) {
             Ok(Route::Buy(id)) | Ok(Route::SaleState(id)) | Ok(Route::SalePage(id)) => {
                 prop_assert!(flashgate_common::sale::valid_sale_id(id), "{id}");
             }

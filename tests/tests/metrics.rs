@@ -99,7 +99,7 @@ async fn outcome_counters_equal_what_clients_saw() {
     let send = |sale: &'static str, auth: Option<String>, key: Option<&'static str>| {
         let mut req = stack
             .http
-            .post(stack.url(&format!("/api/sales/{sale}/buy")));
+            .post(stack.url(&format!("/flashgate/api/sales/{sale}/buy")));
         if let Some(t) = auth {
             req = req.bearer_auth(t);
         }

@@ -71,7 +71,7 @@ async fn sale_page_revalidates_with_etag_to_304_and_answers_head_without_body() 
     let stack = Stack::start(StackOptions::default()).await;
     let r = stack
         .http
-        .get(stack.url("/sales/demo"))
+        .get(stack.url("/flashgate/sales/demo"))
         .send()
         .await
         .unwrap();
@@ -88,11 +88,11 @@ async fn sale_page_revalidates_with_etag_to_304_and_answers_head_without_body() 
     let page = r.bytes().await.unwrap();
     assert!(std::str::from_utf8(&page)
         .unwrap()
-        .contains("/static/sale.js"));
+        .contains("/flashgate/static/sale.js"));
 
     let r = stack
         .http
-        .get(stack.url("/sales/another-sale"))
+        .get(stack.url("/flashgate/sales/another-sale"))
         .header("If-None-Match", &etag)
         .send()
         .await
@@ -102,7 +102,7 @@ async fn sale_page_revalidates_with_etag_to_304_and_answers_head_without_body() 
     assert!(r.bytes().await.unwrap().is_empty());
     let r = stack
         .http
-        .get(stack.url("/sales/demo"))
+        .get(stack.url("/flashgate/sales/demo"))
         .header("If-None-Match", "\"stale\"")
         .send()
         .await
@@ -111,13 +111,13 @@ async fn sale_page_revalidates_with_etag_to_304_and_answers_head_without_body() 
 
     let (status, head, body) = raw(
         stack.gateway_addr,
-        b"HEAD /static/sale.css HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"HEAD /flashgate/static/sale.css HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(status, 200);
     assert!(body.is_empty(), "HEAD has no body");
     let css = stack
         .http
-        .get(stack.url("/static/sale.css"))
+        .get(stack.url("/flashgate/static/sale.css"))
         .send()
         .await
         .unwrap()
@@ -135,7 +135,7 @@ async fn sale_page_revalidates_with_etag_to_304_and_answers_head_without_body() 
 
     let r = stack
         .http
-        .post(stack.url("/static/sale.css"))
+        .post(stack.url("/flashgate/static/sale.css"))
         .send()
         .await
         .unwrap();
@@ -146,7 +146,7 @@ async fn sale_page_revalidates_with_etag_to_304_and_answers_head_without_body() 
 async fn assets_are_sent_gzip_or_brotli_as_accept_encoding_asks() {
     let stack = Stack::start(StackOptions::default()).await;
     let get = |enc: Option<&'static str>| {
-        let mut req = stack.http.get(stack.url("/static/sale.js"));
+        let mut req = stack.http.get(stack.url("/flashgate/static/sale.js"));
         if let Some(e) = enc {
             req = req.header("Accept-Encoding", e);
         }
@@ -192,7 +192,7 @@ async fn assets_are_sent_gzip_or_brotli_as_accept_encoding_asks() {
     // A gzip revalidation matches the gzip representation only.
     let r = stack
         .http
-        .get(stack.url("/static/sale.js"))
+        .get(stack.url("/flashgate/static/sale.js"))
         .header("Accept-Encoding", "gzip")
         .header("If-None-Match", &etags[1])
         .send()
@@ -201,7 +201,7 @@ async fn assets_are_sent_gzip_or_brotli_as_accept_encoding_asks() {
     assert_eq!(r.status().as_u16(), 304);
     let r = stack
         .http
-        .get(stack.url("/static/sale.js"))
+        .get(stack.url("/flashgate/static/sale.js"))
         .header("If-None-Match", &etags[1])
         .send()
         .await
@@ -213,20 +213,20 @@ async fn assets_are_sent_gzip_or_brotli_as_accept_encoding_asks() {
 async fn path_traversal_attempts_never_leave_the_static_dir() {
     let stack = Stack::start(StackOptions::default()).await;
     for path in [
-        "/static/../Cargo.toml",
-        "/static/../../Cargo.toml",
-        "/static/%2e%2e/Cargo.toml",
-        "/static/%2E%2E/%2E%2E/Cargo.toml",
-        "/static/..%2fCargo.toml",
-        "/static/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
-        "/static/.%2e/gateway/src/main.rs",
-        "/static//etc/passwd",
-        "/static/..\\Cargo.toml",
-        "/static/%5c..%5cCargo.toml",
-        "/static/sale.js%00.html",
-        "/static/.gitignore",
-        "/sales/..%2f..%2fCargo.toml",
-        "/sales/../static/../Cargo.toml",
+        "/flashgate/static/../Cargo.toml",
+        "/flashgate/static/../../Cargo.toml",
+        "/flashgate/static/%2e%2e/Cargo.toml",
+        "/flashgate/static/%2E%2E/%2E%2E/Cargo.toml",
+        "/flashgate/static/..%2fCargo.toml",
+        "/flashgate/static/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+        "/flashgate/static/.%2e/gateway/src/main.rs",
+        "/flashgate/static//etc/passwd",
+        "/flashgate/static/..\\Cargo.toml",
+        "/flashgate/static/%5c..%5cCargo.toml",
+        "/flashgate/static/sale.js%00.html",
+        "/flashgate/static/.gitignore",
+        "/flashgate/sales/..%2f..%2fCargo.toml",
+        "/flashgate/sales/../static/../Cargo.toml",
     ] {
         let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
         let (status, _, body) = raw(stack.gateway_addr, req.as_bytes());
@@ -375,7 +375,7 @@ async fn a_down_shop_answers_502_json() {
     assert_eq!(
         stack
             .http
-            .get(stack.url("/sales/demo"))
+            .get(stack.url("/flashgate/sales/demo"))
             .send()
             .await
             .unwrap()
@@ -412,7 +412,7 @@ async fn two_thousand_concurrent_state_reads_cost_a_handful_of_redis_reads() {
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(2000);
     for _ in 0..2000 {
-        let (http, url) = (http.clone(), stack.url("/api/sales/hot"));
+        let (http, url) = (http.clone(), stack.url("/flashgate/api/sales/hot"));
         tasks.push(tokio::spawn(async move {
             let r = http
                 .get(url)
@@ -452,7 +452,7 @@ async fn without_flashgate_demo_signin_the_demo_shop_neither_signs_in_nor_links_
         .build()
         .unwrap();
     let resp = http
-        .get(stack.url("/demo/sign-in?next=/sales/demo"))
+        .get(stack.url("/demo/sign-in?next=/flashgate/sales/demo"))
         .send()
         .await
         .unwrap();

@@ -109,8 +109,11 @@ async fn three_sales_on_three_masters_sell_exactly_through_two_gateways_and_two_
             // The page state is cached for `pages.state_ttl_ms`.
             let deadline = Instant::now() + Duration::from_secs(3);
             loop {
-                let (status, view) =
-                    get_json(&stack.http, &format!("http://{gateway}/api/sales/{id}")).await;
+                let (status, view) = get_json(
+                    &stack.http,
+                    &format!("http://{gateway}/flashgate/api/sales/{id}"),
+                )
+                .await;
                 assert_eq!(status, 200, "sale page of {id} on {gateway}: {view}");
                 if view["state"].as_str() == Some("sold_out") {
                     break;
@@ -170,7 +173,7 @@ async fn buy_once(
     sale: &str,
 ) -> (u16, bool, serde_json::Value) {
     let resp = http
-        .post(format!("http://{gateway}/api/sales/{sale}/buy"))
+        .post(format!("http://{gateway}/flashgate/api/sales/{sale}/buy"))
         .bearer_auth(token(&random_user()))
         .timeout(Duration::from_secs(10))
         .send()

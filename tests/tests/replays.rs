@@ -282,7 +282,7 @@ async fn a_confirmed_win_polled_and_replayed_costs_one_backend_lookup_per_second
         );
         let v: Value = stack
             .http
-            .get(stack.url(&format!("/api/reservations/{rid}")))
+            .get(stack.url(&format!("/flashgate/api/reservations/{rid}")))
             .bearer_auth(token("alice"))
             .send()
             .await
@@ -340,7 +340,7 @@ async fn a_won_key_replays_its_cancelled_order_after_the_sale_sells_out_again() 
             .any(|r| r.order_id == order && r.status == "cancelled");
         let lookup = stack
             .http
-            .get(stack.url(&format!("/api/reservations/{rid}")))
+            .get(stack.url(&format!("/flashgate/api/reservations/{rid}")))
             .bearer_auth(token(&first));
         let seen: Value = lookup
             .send()

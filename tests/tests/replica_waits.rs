@@ -152,7 +152,7 @@ async fn a_win_the_replica_did_not_acknowledge_answers_503_and_its_retry_replays
     let send = || {
         stack
             .http
-            .post(stack.url("/api/sales/stalled/buy"))
+            .post(stack.url("/flashgate/api/sales/stalled/buy"))
             .bearer_auth(token("alice"))
             .header("Idempotency-Key", "alice-1")
             .timeout(Duration::from_secs(10))

@@ -1,4 +1,4 @@
-//! `GET /api/reservations/{id}` is admitted like every other route of a
+//! `GET /flashgate/api/reservations/{id}` is admitted like every other route of a
 //! signed-in user: IP deny list, IP bucket, token, user deny list, user
 //! bucket (the read class).
 
@@ -18,7 +18,7 @@ async fn reservation_lookups_pass_the_deny_lists_and_the_read_buckets() {
     let (status, body) = stack.buy("look", "alice", None).await;
     assert_eq!(status, 202, "{body}");
     let url = stack.url(&format!(
-        "/api/reservations/{}",
+        "/flashgate/api/reservations/{}",
         body["reservation_id"].as_str().unwrap()
     ));
     let get = |user: &str, forwarded_for: Option<&str>| {

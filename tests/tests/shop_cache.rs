@@ -342,7 +342,7 @@ async fn a_page_is_answered_from_the_cache_until_its_max_age_then_fetched_again(
     // The gateway's own routes are not the shop's: no X-Cache there.
     let page = stack
         .http
-        .get(stack.url("/static/sale.css"))
+        .get(stack.url("/flashgate/static/sale.css"))
         .send()
         .await
         .unwrap();

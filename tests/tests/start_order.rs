@@ -202,7 +202,10 @@ async fn backend_and_gateway_started_before_redis_become_ready_once_it_has_loade
         assert_eq!(status, 200, "a backend waiting for Redis is alive");
         // What needs no Redis is served; a buy is told to come back.
         let page = http
-            .get(format!("http://{}/sales/early", early.gateway_addr))
+            .get(format!(
+                "http://{}/flashgate/sales/early",
+                early.gateway_addr
+            ))
             .send()
             .await
             .unwrap();
@@ -214,7 +217,10 @@ async fn backend_and_gateway_started_before_redis_become_ready_once_it_has_loade
             .unwrap();
         assert_eq!(shop.status().as_u16(), 200, "the shop proxy needs no Redis");
         let buy = http
-            .post(format!("http://{}/api/sales/early/buy", early.gateway_addr))
+            .post(format!(
+                "http://{}/flashgate/api/sales/early/buy",
+                early.gateway_addr
+            ))
             .bearer_auth(token("u-early"))
             .send()
             .await
@@ -388,7 +394,7 @@ async fn redis_restarted_mid_sale_with_a_large_aof_answers_503_with_retry_after_
                     let (user, key) = (random_user(), random_user());
                     while Instant::now() < deadline {
                         let resp = http
-                            .post(format!("http://{addr}/api/sales/mid/buy"))
+                            .post(format!("http://{addr}/flashgate/api/sales/mid/buy"))
                             .bearer_auth(token(&user))
                             .header("Idempotency-Key", &key)
                             .timeout(Duration::from_secs(10))

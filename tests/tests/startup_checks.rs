@@ -173,7 +173,7 @@ async fn the_upgrade_socket_lives_in_the_runtime_dir_and_hands_the_listener_over
     );
     let resp = stack
         .http
-        .get(stack.url("/api/sales/upgrade"))
+        .get(stack.url("/flashgate/api/sales/upgrade"))
         .send()
         .await
         .unwrap();

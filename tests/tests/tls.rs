@@ -158,7 +158,7 @@ async fn curl_gets_http2_or_http1_and_the_certificate_of_each_sni_name() {
         ("localhost", "default.test"),
     ] {
         for (flag, version) in [("--http2", "2"), ("--http1.1", "1.1")] {
-            let r = curl(&certs, host, port, "/api/sales/tls-sale", &[flag]);
+            let r = curl(&certs, host, port, "/flashgate/api/sales/tls-sale", &[flag]);
             assert!(
                 r.ok && r.status == 200,
                 "{host} {flag}: {} {}\n{}",
@@ -177,7 +177,13 @@ async fn curl_gets_http2_or_http1_and_the_certificate_of_each_sni_name() {
         }
     }
     // ALPN is what chose HTTP/2, not prior knowledge.
-    let r = curl(&certs, "a.test", port, "/static/sale.css", &["--http2"]);
+    let r = curl(
+        &certs,
+        "a.test",
+        port,
+        "/flashgate/static/sale.css",
+        &["--http2"],
+    );
     assert!(
         r.log.contains("ALPN: server accepted h2")
             || r.log.contains("ALPN, server accepted to use h2"),
@@ -195,7 +201,7 @@ async fn curl_gets_http2_or_http1_and_the_certificate_of_each_sni_name() {
         &certs,
         "a.test",
         port,
-        "/api/sales/tls-sale/buy",
+        "/flashgate/api/sales/tls-sale/buy",
         &[
             "--http2",
             "-X",
@@ -325,7 +331,7 @@ async fn a_rewritten_certificate_serves_new_handshakes_while_an_open_http2_conne
     let certs = Certs::new();
     let (stack, port) = tls_stack(&certs, "", "").await;
     stack.open_sale("reload-sale", 5, 1).await;
-    let url = format!("https://a.test:{port}/api/sales/reload-sale");
+    let url = format!("https://a.test:{port}/flashgate/api/sales/reload-sale");
 
     let (mut open, cn) = h2_connection(&certs, "a.test", port).await;
     assert_eq!(cn, "a.test");
@@ -462,11 +468,13 @@ async fn over_http2_an_idle_connection_is_closed_and_a_trickled_buy_body_is_cut_
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    let req = http::Request::post(format!("https://a.test:{port}/api/sales/trickle-sale/buy"))
-        .header("authorization", format!("Bearer {}", token("trickler")))
-        .header("idempotency-key", "trickle-k1")
-        .body(Trickle(rx))
-        .unwrap();
+    let req = http::Request::post(format!(
+        "https://a.test:{port}/flashgate/api/sales/trickle-sale/buy"
+    ))
+    .header("authorization", format!("Bearer {}", token("trickler")))
+    .header("idempotency-key", "trickle-k1")
+    .body(Trickle(rx))
+    .unwrap();
     let resp = tokio::time::timeout(Duration::from_secs(15), sender.send_request(req))
         .await
         .expect("an answer while the body still trickles")
@@ -481,7 +489,8 @@ async fn over_http2_an_idle_connection_is_closed_and_a_trickled_buy_body_is_cut_
         "{body}"
     );
     let (_, sale) =
-        flashgate_tests::get_json(&stack.http, &stack.url("/api/sales/trickle-sale")).await;
+        flashgate_tests::get_json(&stack.http, &stack.url("/flashgate/api/sales/trickle-sale"))
+            .await;
     assert_eq!(sale["remaining"], 5, "nothing was bought");
 
     // An HTTP/2 connection left idle after a request is closed by the gateway.
@@ -489,7 +498,7 @@ async fn over_http2_an_idle_connection_is_closed_and_a_trickled_buy_body_is_cut_
     assert_eq!(
         h2_get(
             &mut idle,
-            &format!("https://a.test:{port}/api/sales/trickle-sale")
+            &format!("https://a.test:{port}/flashgate/api/sales/trickle-sale")
         )
         .await
         .0,
@@ -644,8 +653,8 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
         .unwrap();
 
     for path in [
-        "/sales/redir-sale",
-        "/static/sale.css",
+        "/flashgate/sales/redir-sale",
+        "/flashgate/static/sale.css",
         "/echo/page?q=1",
         "/",
     ] {
@@ -675,7 +684,7 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
     }
     for host in ["evil.example/x", "evil.example", "b.b.b.test", "10.0.0.1"] {
         let resp = http
-            .get(stack.url("/sales/redir-sale"))
+            .get(stack.url("/flashgate/sales/redir-sale"))
             .header("host", host)
             .send()
             .await
@@ -689,7 +698,7 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
     // The API keeps answering on plain HTTP, reads and buys alike; a POST to
     // the shop is not redirected either.
     let (status, sale) =
-        flashgate_tests::get_json(&http, &stack.url("/api/sales/redir-sale")).await;
+        flashgate_tests::get_json(&http, &stack.url("/flashgate/api/sales/redir-sale")).await;
     assert_eq!((status, sale["remaining"].as_i64()), (200, Some(5)));
     let (status, _) = stack
         .buy("redir-sale", "plain-buyer", Some("plain-k1"))
@@ -716,7 +725,13 @@ async fn with_redirect_http_pages_move_to_https_the_api_stays_and_the_shop_hears
     );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["headers"]["x-forwarded-proto"], "https");
-    let r = curl(&certs, "a.test", port, "/sales/redir-sale", &["--http2"]);
+    let r = curl(
+        &certs,
+        "a.test",
+        port,
+        "/flashgate/sales/redir-sale",
+        &["--http2"],
+    );
     assert_eq!(r.status, 200);
     assert!(r.body.contains("<html"), "the sale page itself");
 }

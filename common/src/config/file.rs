@@ -343,6 +343,9 @@ pub struct Auth {
     pub issuer: Option<String>,
 }
 
+/// `gateway.path_prefix` when the file sets none.
+pub const DEFAULT_PATH_PREFIX: &str = "/flashgate";
+
 /// `[gateway]`: the edge process.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -354,6 +357,10 @@ pub struct Gateway {
     pub backend_url: String,
     pub forward_timeout_ms: u64,
     pub static_dir: String,
+    /// Where the gateway's own paths live; every other path is the shop's.
+    pub path_prefix: String,
+    /// An extra mount of the sale page outside the prefix, ending `/{id}`.
+    pub sale_page_path: Option<String>,
     pub idempotency_ttl_seconds: u64,
     pub keepalive_seconds: u64,
     pub backlog_pause_threshold: u64,
@@ -421,6 +428,8 @@ impl Default for Gateway {
             backend_url: "http://127.0.0.1:9090".into(),
             forward_timeout_ms: 500,
             static_dir: "static".into(),
+            path_prefix: DEFAULT_PATH_PREFIX.into(),
+            sale_page_path: None,
             idempotency_ttl_seconds: 86_400,
             keepalive_seconds: 60,
             backlog_pause_threshold: 50_000,

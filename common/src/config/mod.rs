@@ -39,7 +39,7 @@ pub use env::{
     ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
 pub use events::{webhook_key, AmqpConfig, EventsConfig, WebhookConfig};
-pub use file::{ChallengeMode, ClientIpHeader, RedisMode};
+pub use file::{ChallengeMode, ClientIpHeader, RedisMode, DEFAULT_PATH_PREFIX};
 pub use settings::{
     AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
     GatewayConfig, LimitsConfig, PagesConfig, RedisConfig, RedisTarget, RouteLimits,

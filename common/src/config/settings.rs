@@ -210,6 +210,10 @@ pub struct GatewayConfig {
     pub backend_url: String,
     pub forward_timeout: Duration,
     pub static_dir: PathBuf,
+    /// `gateway.path_prefix`: `/segment[/segment…]`, no trailing slash.
+    pub path_prefix: String,
+    /// `gateway.sale_page_path`: the path before `{id}`, e.g. `/drops/`.
+    pub sale_page_path: Option<String>,
     pub idempotency_ttl: Duration,
     pub keepalive: Duration,
     /// Unpersisted reservations above which a sale pauses; 0 = never.
@@ -304,7 +308,7 @@ pub struct PagesConfig {
     /// How often `gateway.static_dir` is checked for changed files; zero
     /// turns reloading off.
     pub reload_interval: Duration,
-    /// How long `GET /api/sales/{id}` is answered from the edge cache: at
+    /// How long `GET /flashgate/api/sales/{id}` is answered from the edge cache: at
     /// most one Redis read per sale per this TTL per gateway.
     pub state_ttl: Duration,
 }

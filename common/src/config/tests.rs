@@ -22,6 +22,7 @@ const OPTIONAL_KEYS: &[&str] = &[
     "auth.audience",
     "auth.issuer",
     "gateway.runtime_dir",
+    "gateway.sale_page_path",
     "backend.consumer_name",
     "limits.buy.user",
     "limits.buy.ip",
@@ -451,6 +452,59 @@ fn shop_upstreams_and_page_caching_default_and_are_checked() {
         "pages.page_max_age_seconds",
     ] {
         assert!(msg.contains(key), "{key} missing from {msg}");
+    }
+}
+
+#[test]
+fn the_path_prefix_defaults_to_flashgate_and_bad_mounts_are_named() {
+    let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert_eq!(c.gateway.path_prefix, "/flashgate");
+    assert_eq!(c.gateway.sale_page_path, None);
+    let text = "[gateway]\npath_prefix = \"/edge/sale\"\nsale_page_path = \"/drops/{id}\"\n";
+    let c = Config::from_toml_str(text, &NoEnv, 0).unwrap();
+    assert_eq!(c.gateway.path_prefix, "/edge/sale");
+    assert_eq!(c.gateway.sale_page_path.as_deref(), Some("/drops/"));
+    for (text, key, says) in [
+        (
+            "path_prefix = \"flashgate\"",
+            "gateway.path_prefix",
+            "got \"flashgate\"",
+        ),
+        (
+            "path_prefix = \"/\"",
+            "gateway.path_prefix",
+            "plain path segments",
+        ),
+        (
+            "path_prefix = \"/fg/\"",
+            "gateway.path_prefix",
+            "no trailing",
+        ),
+        (
+            "path_prefix = \"/a/../b\"",
+            "gateway.path_prefix",
+            "plain path segments",
+        ),
+        (
+            "sale_page_path = \"/drops\"",
+            "gateway.sale_page_path",
+            "ending in `/{id}`",
+        ),
+        (
+            "sale_page_path = \"/drops/{id}/x\"",
+            "gateway.sale_page_path",
+            "ending in `/{id}`",
+        ),
+        (
+            "sale_page_path = \"/flashgate/x/{id}\"",
+            "gateway.sale_page_path",
+            "outside",
+        ),
+    ] {
+        let msg = Config::from_toml_str(&format!("[gateway]\n{text}\n"), &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(key) && msg.contains(says), "{text}: {msg}");
     }
 }
 

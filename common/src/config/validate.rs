@@ -356,6 +356,11 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
         backend_url: f.backend_url.trim_end_matches('/').to_owned(),
         forward_timeout: Duration::from_millis(f.forward_timeout_ms),
         static_dir: PathBuf::from(f.static_dir),
+        sale_page_path: f
+            .sale_page_path
+            .as_deref()
+            .and_then(|p| sale_page_path(check, p, &f.path_prefix)),
+        path_prefix: path_prefix(check, &f.path_prefix),
         idempotency_ttl: Duration::from_secs(f.idempotency_ttl_seconds),
         keepalive: Duration::from_secs(f.keepalive_seconds),
         backlog_pause_threshold: f.backlog_pause_threshold,
@@ -972,4 +977,57 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         buckets: crate::buckets::validate("buckets", s.buckets)?,
         checkout_url: s.checkout_url.clone(),
     })
+}
+
+/// A path segment an operator may use in a mount: no encoding needed, no
+/// dot segments.
+fn plain_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'))
+}
+
+/// `gateway.path_prefix`: `/segment[/segment…]`.
+fn path_prefix(check: &mut Check, v: &str) -> String {
+    let ok = v
+        .strip_prefix('/')
+        .is_some_and(|rest| rest.split('/').all(plain_segment));
+    check.that(
+        ok,
+        "gateway.path_prefix",
+        format_args!(
+            "must be `/` and one or more plain path segments (letters, digits, `-_.~`), \
+             no trailing `/`, e.g. \"/flashgate\"; got {v:?}"
+        ),
+    );
+    v.to_owned()
+}
+
+/// `gateway.sale_page_path`: `/segment[/segment…]/{id}`, outside the
+/// prefix; returns the part before `{id}`.
+fn sale_page_path(check: &mut Check, v: &str, prefix: &str) -> Option<String> {
+    let base = v.strip_suffix("{id}").filter(|b| {
+        b.strip_prefix('/')
+            .and_then(|r| r.strip_suffix('/'))
+            .is_some_and(|r| r.split('/').all(plain_segment))
+    });
+    let Some(base) = base else {
+        check.that(
+            false,
+            "gateway.sale_page_path",
+            format_args!(
+                "must be plain path segments ending in `/{{id}}`, e.g. \"/drops/{{id}}\"; got {v:?}"
+            ),
+        );
+        return None;
+    };
+    let inside = base == format!("{prefix}/") || base.starts_with(&format!("{prefix}/"));
+    check.that(
+        !inside,
+        "gateway.sale_page_path",
+        format_args!("must be outside gateway.path_prefix ({prefix}), which has its own sale pages; got {v:?}"),
+    );
+    Some(base.to_owned())
 }

@@ -1,5 +1,5 @@
 //! The buy layer: the pipeline behind [`BuyService`], which decides a
-//! `POST /api/sales/{id}/buy` from plain inputs (no Pingora, no HTTP) and
+//! `POST /flashgate/api/sales/{id}/buy` from plain inputs (no Pingora, no HTTP) and
 //! looks reservations up. It exports the service, what it is built from
 //! ([`BuyDeps`]), the task forwarding its winners ([`ForwardWorker`]) and
 //! its value types; every submodule is private.

@@ -1,4 +1,4 @@
-//! `GET /api/reservations/{id}`: a reservation's state, for its own user
+//! `GET /flashgate/api/reservations/{id}`: a reservation's state, for its own user
 //! only. The owner comes from the sale's reservation index in Redis, the
 //! order (once written) from the briefly cached backend lookup.
 

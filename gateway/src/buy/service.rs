@@ -266,7 +266,7 @@ impl<C: WallClock> BuyService<C> {
         self.checkout.url(&template, winner, self.clock.now_ms())
     }
 
-    /// `GET /api/reservations/{id}` for `user`: the reservation's order
+    /// `GET /flashgate/api/reservations/{id}` for `user`: the reservation's order
     /// once written, else queued.
     ///
     /// # Errors

@@ -7,6 +7,7 @@ mod admin;
 mod proxy;
 mod reply;
 mod route;
+mod shadowed;
 mod shop_cache;
 mod static_pages;
 mod tls;
@@ -14,7 +15,8 @@ mod upstreams;
 
 pub use admin::AdminServer;
 pub use proxy::Gateway;
-pub use route::{classify, Route, RouteError};
+pub use route::{Route, RouteError, Routes};
+pub use shadowed::{probe_shop, Probe};
 pub use shop_cache::{PurgeApi, ShopCache};
 pub use static_pages::{PagesWatcher, StaticPages};
 pub use tls::{listener_settings, CertSet, CertWatcher};

@@ -134,7 +134,7 @@ fn queued(reservation_id: &str, checkout_url: Option<String>) -> Reply {
 }
 
 /// A challenge as JSON: the 428's extra fields, and the whole answer of
-/// `GET /api/sales/{id}/challenge`.
+/// `GET /flashgate/api/sales/{id}/challenge`.
 pub fn challenge_fields(issued: &Issued) -> serde_json::Map<String, serde_json::Value> {
     let mut fields = serde_json::Map::new();
     fields.insert("challenge".into(), issued.challenge.clone().into());

@@ -22,8 +22,11 @@
 //! [`PagesWatcher`] checks the directory periodically and swaps in a new
 //! set when any file was added, removed or changed.
 //!
-//! `/sales/{id}` serves `sale.html` for any sale id (the page reads its sale
-//! from the API); `/static/{path}` serves the file at that path.
+//! `{prefix}/sales/{id}` serves `sale.html` for any sale id (the page reads
+//! its sale from the API); `{prefix}/static/{path}` serves the file at that
+//! path. In HTML files `{{path_prefix}}` is replaced at load with
+//! `gateway.path_prefix`, so a page names its assets and API wherever the
+//! operator mounted them.
 //!
 //! Every answer a file can get (each encoding, `200` or `304`) has its
 //! response head built once, at load: a page view clones that head and
@@ -50,6 +53,9 @@ use crate::edge::reply::Rejection;
 
 /// The page served for `/sales/{id}`.
 pub const SALE_PAGE: &str = "sale.html";
+
+/// Replaced in HTML files with `gateway.path_prefix`.
+pub const PREFIX_PLACEHOLDER: &str = "{{path_prefix}}";
 
 /// Files below this size are not compressed: the headers cost more.
 const MIN_COMPRESS_BYTES: usize = 128;
@@ -196,6 +202,7 @@ struct FileSet {
 pub struct StaticPages {
     dir: PathBuf,
     policy: CachePolicy,
+    path_prefix: String,
     set: ArcSwap<FileSet>,
 }
 
@@ -206,18 +213,24 @@ impl StaticPages {
     /// # Errors
     /// When the directory or a file cannot be read.
     pub fn load(dir: &Path) -> std::io::Result<Self> {
-        Self::load_with(dir, CachePolicy::default())
+        Self::load_with(
+            dir,
+            CachePolicy::default(),
+            flashgate_common::config::DEFAULT_PATH_PREFIX,
+        )
     }
 
-    /// Loads every regular file under `dir` (recursively).
+    /// Loads every regular file under `dir` (recursively), HTML files with
+    /// `path_prefix` in place of [`PREFIX_PLACEHOLDER`].
     ///
     /// # Errors
     /// When the directory or a file cannot be read.
-    pub fn load_with(dir: &Path, policy: CachePolicy) -> std::io::Result<Self> {
-        let set = load_set(dir, &policy)?;
+    pub fn load_with(dir: &Path, policy: CachePolicy, path_prefix: &str) -> std::io::Result<Self> {
+        let set = load_set(dir, &policy, path_prefix)?;
         Ok(Self {
             dir: dir.to_owned(),
             policy,
+            path_prefix: path_prefix.to_owned(),
             set: ArcSwap::from_pointee(set),
         })
     }
@@ -232,7 +245,11 @@ impl StaticPages {
         if signature(&listing) == self.set.load().signature {
             return Ok(false);
         }
-        self.set.store(Arc::new(load_set(&self.dir, &self.policy)?));
+        self.set.store(Arc::new(load_set(
+            &self.dir,
+            &self.policy,
+            &self.path_prefix,
+        )?));
         Ok(true)
     }
 
@@ -498,11 +515,15 @@ fn signature(listing: &[(String, PathBuf, std::fs::Metadata)]) -> u64 {
     h.finish()
 }
 
-fn load_set(dir: &Path, policy: &CachePolicy) -> std::io::Result<FileSet> {
+fn load_set(dir: &Path, policy: &CachePolicy, path_prefix: &str) -> std::io::Result<FileSet> {
     let listing = list_files(dir)?;
     let mut files = HashMap::with_capacity_and_hasher(listing.len(), ahash::RandomState::new());
     for (rel, path, meta) in &listing {
-        let body = Bytes::from(std::fs::read(path)?);
+        let mut body = std::fs::read(path)?;
+        if rel.ends_with(".html") {
+            body = with_prefix(body, path_prefix);
+        }
+        let body = Bytes::from(body);
         let content_type = content_type(rel);
         let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         let modified_secs = modified
@@ -549,6 +570,18 @@ fn load_set(dir: &Path, policy: &CachePolicy) -> std::io::Result<FileSet> {
         files,
         signature: signature(&listing),
     })
+}
+
+/// `body` with every [`PREFIX_PLACEHOLDER`] replaced by `prefix`; a file that
+/// is not UTF-8 is left as it is.
+fn with_prefix(body: Vec<u8>, prefix: &str) -> Vec<u8> {
+    match String::from_utf8(body) {
+        Ok(text) if text.contains(PREFIX_PLACEHOLDER) => {
+            text.replace(PREFIX_PLACEHOLDER, prefix).into_bytes()
+        }
+        Ok(text) => text.into_bytes(),
+        Err(e) => e.into_bytes(),
+    }
 }
 
 /// A content hash with the length, as hex: `<hash>-<len>`.
@@ -632,6 +665,25 @@ mod tests {
         .unwrap();
         std::fs::write(dir.join(".env"), "SECRET=1").unwrap();
         Dir(dir)
+    }
+
+    #[test]
+    fn html_names_its_assets_under_the_configured_prefix() {
+        let d = dir();
+        std::fs::write(
+            d.0.join("sale.html"),
+            r#"<link href="{{path_prefix}}/static/sale.css"><meta content="{{path_prefix}}">"#,
+        )
+        .unwrap();
+        std::fs::write(d.0.join("css/raw.css"), "/* {{path_prefix}} */").unwrap();
+        let p = StaticPages::load_with(&d.0, CachePolicy::default(), "/edge").unwrap();
+        let html = p.get("sale.html").unwrap().identity.body;
+        assert_eq!(
+            &html[..],
+            br#"<link href="/edge/static/sale.css"><meta content="/edge">"#
+        );
+        let css = p.get("css/raw.css").unwrap().identity.body;
+        assert_eq!(&css[..], b"/* {{path_prefix}} */", "only HTML is rewritten");
     }
 
     fn header<'a>(r: &'a Page, name: &str) -> Option<&'a str> {

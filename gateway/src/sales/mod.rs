@@ -1,6 +1,6 @@
 //! The sales layer: what each gateway knows about its sales. It exports
 //! the [`SaleCache`] (one per gateway, from which the buy path's window
-//! checks, `GET /api/sales/{id}` and `GET /api/sales` are all answered)
+//! checks, `GET /flashgate/api/sales/{id}` and `GET /flashgate/api/sales` are all answered)
 //! and its values, the pause [`Switches`] and their watcher, and the
 //! [`EventListener`] that applies other gateways' sale events.
 //!

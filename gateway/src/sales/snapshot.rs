@@ -73,7 +73,7 @@ pub struct SaleSnapshot {
     remaining: AtomicI64,
 }
 
-/// A sale as buyers see it (`GET /api/sales/{id}`).
+/// A sale as buyers see it (`GET /flashgate/api/sales/{id}`).
 #[derive(Debug, Serialize)]
 pub struct SaleView {
     pub id: String,
@@ -86,7 +86,7 @@ pub struct SaleView {
     pub remaining: i64,
 }
 
-/// One entry of the sale list (`GET /api/sales`).
+/// One entry of the sale list (`GET /flashgate/api/sales`).
 #[derive(Debug, Serialize)]
 pub struct SaleSummary {
     pub id: String,
@@ -163,7 +163,7 @@ pub async fn read_snapshot(
     };
     if snapshot.window.buckets > 1 {
         // The items are in the buckets (and in transit between them): a
-        // display figure for `GET /api/sales/{id}` only. The buy path needs
+        // display figure for `GET /flashgate/api/sales/{id}` only. The buy path needs
         // the window above, so a bucket that cannot be read is left out of
         // the sum (logged) rather than failing the snapshot.
         let mut left = 0;

@@ -1,10 +1,12 @@
 //! A tiny stand-in for the shop behind Flashgate, for `make run` and the
-//! tests: a home page, and `/echo/...` which answers with what it received
-//! (method, path, query, headers, body) so proxying can be checked.
+//! tests: a home page, its own stylesheets under `/static/` (as Django and
+//! Rails shops serve theirs: the gateway's assets live under its prefix),
+//! and `/echo/...` which answers with what it received (method, path,
+//! query, headers, body) so proxying can be checked.
 //!
 //! **Demo sign-in** (`make run` only: on when `FLASHGATE_DEMO_SIGNIN=1` and
 //! `FLASHGATE_JWT_SECRET` is set, else `/demo/sign-in` is a 404):
-//! `GET /demo/sign-in?next=/sales/demo` signs in a new demo shopper
+//! `GET /demo/sign-in?next=/flashgate/sales/demo` signs in a new demo shopper
 //! (`demo-shopper-<random>`), hands the sale page that shopper's buyer
 //! token the way a real shop would (the `fg_token` cookie, see
 //! docs/PAGES.md) and redirects to `next`. Every visit is a new shopper, so
@@ -34,10 +36,30 @@ const ENV_DEMO_SIGNIN: &str = "FLASHGATE_DEMO_SIGNIN";
 
 async fn home(State(demo): State<Arc<DemoSignIn>>) -> Html<&'static str> {
     if demo.jwt_secret.is_some() {
-        Html("<!doctype html><title>Demo shop</title><h1>Demo shop</h1><p>Everything that is not the sale is served here. <a href=\"/demo/sign-in?next=/sales/demo\">Sign in as a demo shopper and go to the flash sale</a>.</p>")
+        Html("<!doctype html><title>Demo shop</title><h1>Demo shop</h1><p>Everything that is not the sale is served here. <a href=\"/demo/sign-in?next=/flashgate/sales/demo\">Sign in as a demo shopper and go to the flash sale</a>.</p>")
     } else {
-        Html("<!doctype html><title>Demo shop</title><h1>Demo shop</h1><p>Everything that is not the sale is served here. <a href=\"/sales/demo\">The flash sale</a>.</p>")
+        Html("<!doctype html><title>Demo shop</title><h1>Demo shop</h1><p>Everything that is not the sale is served here. <a href=\"/flashgate/sales/demo\">The flash sale</a>.</p>")
     }
+}
+
+/// `/static/{path}`: the shop's own assets (a stylesheet naming its path).
+async fn shop_asset(uri: Uri) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        format!("/* the demo shop's own {} */\n", uri.path()),
+    )
+}
+
+/// Any other path: the shop's own 404, which says it is the shop's.
+async fn not_found(uri: Uri) -> impl IntoResponse {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({
+            "code": "not_found",
+            "message": format!("the demo shop has no page at {}", uri.path()),
+            "served_by": "demo-shop",
+        })),
+    )
 }
 
 async fn echo(method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
@@ -101,14 +123,14 @@ async fn sign_in(
                 && !n.starts_with("//")
                 && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\')
         })
-        .unwrap_or_else(|| "/sales/demo".into());
+        .unwrap_or_else(|| "/flashgate/sales/demo".into());
     // `Secure` when the buyer came over HTTPS (the gateway says so); over
     // plain http://127.0.0.1 a Secure cookie would not be stored.
     let https = headers
         .get("x-forwarded-proto")
         .is_some_and(|v| v == "https");
     let cookie = format!(
-        "fg_token={token}; Path=/sales; SameSite=Strict; Max-Age={DEMO_TOKEN_SECONDS}{}",
+        "fg_token={token}; Path=/flashgate; SameSite=Strict; Max-Age={DEMO_TOKEN_SECONDS}{}",
         if https { "; Secure" } else { "" }
     );
     println!("demo sign-in: {shopper}");
@@ -134,9 +156,11 @@ async fn main() -> anyhow::Result<()> {
         .flatten();
     let app = Router::new()
         .route("/", get(home))
+        .route("/static/{*path}", get(shop_asset))
         .route("/echo", any(echo))
         .route("/echo/{*rest}", any(echo))
         .route("/demo/sign-in", get(sign_in))
+        .fallback(not_found)
         .with_state(Arc::new(DemoSignIn { jwt_secret }));
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!(

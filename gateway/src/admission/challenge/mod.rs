@@ -5,7 +5,7 @@
 //! issued to this user: SHA-256 of the header value with at least the
 //! challenge's number of leading zero bits. Without one the buy gets `428
 //! challenge_required` with a fresh challenge; a client may also fetch one
-//! ahead with `GET /api/sales/{id}/challenge` (the sale page does, during
+//! ahead with `GET /flashgate/api/sales/{id}/challenge` (the sale page does, during
 //! the countdown, and solves it in a Web Worker).
 //!
 //! Layout:

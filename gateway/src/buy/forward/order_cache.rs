@@ -1,4 +1,4 @@
-//! A reservation's order as buyers ask for it (`GET /api/reservations/{id}`
+//! A reservation's order as buyers ask for it (`GET /flashgate/api/reservations/{id}`
 //! and the replay of a won Idempotency-Key), cached briefly so that a
 //! polling or retrying winner costs the backend one lookup per
 //! [`ORDER_TTL`], not one per request.

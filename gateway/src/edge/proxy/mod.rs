@@ -6,7 +6,7 @@
 //! ```text
 //! early_request_filter   idle timeout of a reusable connection, request id
 //! request_filter         headers too large? ─► 431
-//!                        route::classify
+//!                        Routes::classify
 //!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::prove ─► BuyService::buy ─► BuyOutcome
 //!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
 //!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
@@ -66,7 +66,7 @@ use crate::admission::ChallengeGate;
 use crate::admission::RouteClass;
 use crate::buy::{BuyOutcome, BuyRequest, BuyService};
 use crate::edge::reply::Reply;
-use crate::edge::route::{classify, Route};
+use crate::edge::route::{Route, Routes};
 use crate::edge::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::edge::upstreams::{hop_by_hop, ShopFailure, Upstreams};
@@ -89,7 +89,7 @@ pub struct Gateway {
     /// The buy rules.
     pub buy: BuyService,
     /// The proof of work a buy must carry (shared with the buy rules):
-    /// `GET /api/sales/{id}/challenge` offers one.
+    /// `GET /flashgate/api/sales/{id}/challenge` offers one.
     pub challenge: Arc<ChallengeGate>,
     /// One snapshot per sale, shared with the buy rules and the events listener.
     pub sales: Arc<SaleCache>,
@@ -97,6 +97,8 @@ pub struct Gateway {
     /// The order backend's client, shared with the buy rules (readiness
     /// checks it).
     pub orders: Arc<OrderClient>,
+    /// Which paths are the gateway's (`gateway.path_prefix`), the rest the shop's.
+    pub routes: Routes,
     /// Shared with the watcher that reloads changed files.
     pub pages: Arc<StaticPages>,
     pub shop: Upstreams,
@@ -166,7 +168,7 @@ impl ProxyHttp for Gateway {
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
-        let route = classify(&method, &path);
+        let route = self.routes.classify(&method, &path);
         if let (Ok(route), Some(https_port)) = (&route, self.https_redirect_port(ctx)) {
             if crate::edge::tls::redirect::applies(&method, &path, route) {
                 keep_alive_after_early_answer(session);

@@ -1,9 +1,10 @@
 //! `gateway.tls.redirect_http`: page requests on the plain listener answer
 //! `308 Permanent Redirect` to the same path on HTTPS. Pages are what a
 //! browser navigates to: the sale pages, the assets, and the shop's pages,
-//! fetched with GET or HEAD. The API (`/api/...`) is never redirected: a
-//! script or device that speaks plain HTTP keeps working, and a redirected
-//! POST would be re-sent by some clients and dropped by others.
+//! fetched with GET or HEAD. The API (the gateway's `{prefix}/api/...`, and
+//! the shop's `/api/...`) is never redirected: a script or device that
+//! speaks plain HTTP keeps working, and a redirected POST would be re-sent
+//! by some clients and dropped by others.
 
 use http::Method;
 
@@ -82,18 +83,26 @@ mod tests {
     #[test]
     fn pages_are_redirected_and_the_api_is_not() {
         let get = Method::GET;
-        assert!(applies(&get, "/sales/demo", &Route::SalePage("demo")));
+        assert!(applies(
+            &get,
+            "/flashgate/sales/demo",
+            &Route::SalePage("demo")
+        ));
         assert!(applies(
             &Method::HEAD,
-            "/static/sale.css",
+            "/flashgate/static/sale.css",
             &Route::Asset("sale.css")
         ));
         assert!(applies(&get, "/account", &Route::Shop));
         assert!(!applies(&Method::POST, "/account", &Route::Shop));
-        assert!(!applies(&get, "/api/sales/demo", &Route::SaleState("demo")));
+        assert!(!applies(
+            &get,
+            "/flashgate/api/sales/demo",
+            &Route::SaleState("demo")
+        ));
         assert!(!applies(
             &Method::POST,
-            "/api/sales/demo/buy",
+            "/flashgate/api/sales/demo/buy",
             &Route::Buy("demo")
         ));
         assert!(!applies(&get, "/api/shop-thing", &Route::Shop));
