@@ -32,6 +32,8 @@
 --          buckets are installed first (lua/preheat_bucket.lua) and this
 --          meta then names their count; the sale's own `remaining` is 0
 --          and its own keys stay fenced, so nothing sells from them
+-- ARGV[14] checkout_url, the sale's checkout template ("" or absent: none;
+--          docs/CHECKOUT.md)
 -- Reply: 1 the sale was installed (paused); 0 it was already there (nothing
 --       changed); -2 the caller no longer holds the lock (nothing changed);
 --       -3 a scratch key does not hold what was written (it expired: the
@@ -82,6 +84,9 @@ if ARGV[12] and ARGV[12] ~= '' then
 end
 if ARGV[13] and ARGV[13] ~= '' then
   redis.call('HSET', KEYS[1], 'buckets', ARGV[13])
+end
+if ARGV[14] and ARGV[14] ~= '' then
+  redis.call('HSET', KEYS[1], 'checkout_url', ARGV[14])
 end
 redis.call('SET', KEYS[2], ARGV[6])
 redis.call('DEL', KEYS[11])

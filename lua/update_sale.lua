@@ -14,6 +14,8 @@
 -- ARGV[6] draw_window_ms, the sale's own draw window ("": none, the sale
 --         follows `[fairness] window_ms`; absent: left as it is)
 -- ARGV[7] the sale's bucket count as the caller knows it
+-- ARGV[8] checkout_url, the sale's checkout template ("": none; absent:
+--         left as it is; docs/CHECKOUT.md)
 -- A bucketed sale (its meta's `buckets` > 1) sells from its buckets, whose
 -- bases the backend moved before (backend/src/buckets/stock.rs): only the
 -- definition is written here, its own `remaining` stays 0, and the reply is
@@ -41,6 +43,11 @@ local function definition()
     redis.call('HDEL', KEYS[1], 'draw_window_ms')
   elseif ARGV[6] then
     redis.call('HSET', KEYS[1], 'draw_window_ms', ARGV[6])
+  end
+  if ARGV[8] == '' then
+    redis.call('HDEL', KEYS[1], 'checkout_url')
+  elseif ARGV[8] then
+    redis.call('HSET', KEYS[1], 'checkout_url', ARGV[8])
   end
 end
 if held > 1 then

@@ -246,6 +246,14 @@ async function buy(event) {
     }
   }
   const retryAfter = Number(r.headers.get('Retry-After'));
+  if ((r.status === 201 || r.status === 202) && isWebUrl(body.checkout_url)) {
+    // The sale hands winners to the shop's checkout (docs/CHECKOUT.md).
+    done = true;
+    say('Reserved! Taking you to checkout…', 'ok');
+    render();
+    location.assign(body.checkout_url);
+    return;
+  }
   if (r.status === 201) {
     done = true;
     say(`Confirmed! Your order: ${body.order_id}`, 'ok');
@@ -273,6 +281,17 @@ async function buy(event) {
   busy = false;
   render();
   refresh();
+}
+
+// Only an http(s) URL is followed: never a `javascript:` one.
+function isWebUrl(url) {
+  if (typeof url !== 'string') return false;
+  try {
+    const u = new URL(url);
+    return u.protocol === 'https:' || u.protocol === 'http:';
+  } catch (_) {
+    return false;
+  }
 }
 
 async function pollReservation(rid) {

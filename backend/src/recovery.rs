@@ -405,6 +405,7 @@ async fn restore_locked<C: ConnectionLike + Send>(
         } else {
             String::new()
         })
+        .arg(spec.checkout_url.as_deref().unwrap_or_default())
         .invoke_async(conn)
         .await?;
     match installed {

@@ -60,6 +60,7 @@ pub async fn update_sale<C: ConnectionLike + Send>(
                 .unwrap_or_default(),
         )
         .arg(spec.buckets)
+        .arg(spec.checkout_url.as_deref().unwrap_or_default())
         .invoke_async(conn)
         .await
 }

@@ -304,6 +304,7 @@ pub fn sale(id: &str, stock: i64) -> SaleSpec {
         ends_at_ms: now + 3_600_000,
         draw_window_ms: None,
         buckets: 1,
+        checkout_url: None,
     }
 }
 

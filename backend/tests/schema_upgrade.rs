@@ -177,6 +177,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
             ends_at_ms: 4_102_444_800_000,
             draw_window_ms: None,
             buckets: 1,
+            checkout_url: None,
         };
         assert_eq!(
             store.sales().get("spring").await.unwrap(),

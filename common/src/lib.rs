@@ -19,6 +19,8 @@
 //! - [`reservation`]: the record the deduct script appends to a sale's stream,
 //!   and the order API between gateway and backend.
 //! - [`sale`]: a sale's definition and the state a buyer sees.
+//! - [`checkout`]: the checkout hand-off: `checkout_url` templates and the
+//!   claims of the `{handoff}` token.
 //! - [`stream_info`]: a sale stream's unpersisted backlog.
 //! - [`secret`]: constant-time comparison of bearer tokens.
 //! - [`ca_file`]: the CA certificates of a `*.ca_file` key, errors named by it.
@@ -34,6 +36,7 @@
 pub mod backoff;
 pub mod buckets;
 pub mod ca_file;
+pub mod checkout;
 pub mod config;
 pub mod dependency;
 pub mod draw;

@@ -66,6 +66,10 @@ pub struct SaleSpec {
     /// [`crate::buckets`]). 1, the default, keeps the one-slot layout.
     #[serde(default = "one_bucket")]
     pub buckets: u32,
+    /// Where winners pay: a URL template (see [`crate::checkout`]);
+    /// `None`: no checkout hand-off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkout_url: Option<String>,
 }
 
 fn one_bucket() -> u32 {
@@ -96,6 +100,9 @@ impl SaleSpec {
         crate::buckets::validate("buckets", i64::from(self.buckets))?;
         if self.buckets > 1 && self.draw_window_ms.is_some_and(|w| w != 0) {
             return Err("buckets: must be 1 for a sale with a draw window (draw_window_ms): the draw runs in one slot".into());
+        }
+        if let Some(url) = &self.checkout_url {
+            crate::checkout::validate(url)?;
         }
         Ok(())
     }
@@ -144,6 +151,7 @@ mod tests {
             ends_at_ms: 200,
             draw_window_ms: None,
             buckets: 1,
+            checkout_url: None,
         }
     }
 
@@ -179,6 +187,9 @@ mod tests {
             "a draw is one slot"
         );
         assert!(spec().validate().is_ok());
+        let mut s = spec();
+        s.checkout_url = Some("https://shop/{nope}".into());
+        assert!(s.validate().unwrap_err().starts_with("checkout_url"));
     }
 
     #[test]

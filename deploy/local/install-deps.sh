@@ -11,8 +11,9 @@
 # backend's store tests use it); a MariaDB server answering on 127.0.0.1:3306
 # to root without a password (the store tests make a database each) and a
 # RabbitMQ server on 127.0.0.1:5672 with guest/guest (the order events test);
-# Debian's python3 with venv, which tests/shop/oscar.sh installs the real shop's
-# django-oscar from PyPI with (the real-shop test).
+# Debian's python3 with venv: tests/shop/oscar.sh installs the real shop's
+# django-oscar from PyPI into one (the real-shop test), and the checkout test
+# runs PyJWT and standardwebhooks from PyPI as a shop would.
 set -euo pipefail
 
 want=()

@@ -143,6 +143,10 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
             fairness: config.fairness,
             wait_replicas: config.redis.wait_replicas,
             wait_timeout: config.redis.wait_timeout,
+            checkout: crate::buy::Checkout::new(
+                config.handoff_secret.as_deref(),
+                config.gateway.handoff_ttl,
+            ),
         },
         SystemClock,
     );

@@ -19,6 +19,7 @@
 //! - [`oscar`]: a real open-source shop (django-oscar), installed and
 //!   run by `tests/shop/oscar.sh`.
 //! - [`pki`]: a CA of the test's own and certificates for the HTTPS listener.
+//! - [`python`]: a venv with PyPI packages and scripts a shop would run.
 
 pub mod browser;
 pub mod client;
@@ -26,6 +27,7 @@ pub mod db;
 pub mod local_run;
 pub mod oscar;
 pub mod pki;
+pub mod python;
 pub mod stack;
 
 pub use client::{
@@ -52,4 +54,9 @@ pub const CHALLENGE_SECRET: &str = "test-challenge-secret-not-for-production-01"
 pub const SHOP_TOKEN: &str = "test-shop-token-payments-to-backend-000001";
 /// Key the test backends sign order event webhooks with (used only by
 /// stacks whose config sets `events.webhook_url`).
-pub const WEBHOOK_SECRET: &str = "test-webhook-secret-not-for-production-001";
+/// Written as Standard Webhooks writes secrets: `whsec_` and the base64 of
+/// the key (here the 32 bytes `test-webhook-key-not-for-prod-01`).
+pub const WEBHOOK_SECRET: &str = "whsec_dGVzdC13ZWJob29rLWtleS1ub3QtZm9yLXByb2QtMDE=";
+/// Key the test gateways sign checkout hand-off tokens with (the shop's
+/// copy verifies them: docs/CHECKOUT.md).
+pub const HANDOFF_SECRET: &str = "test-handoff-secret-not-for-production-01";

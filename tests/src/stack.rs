@@ -554,6 +554,7 @@ pub fn spawn_wrapped(
         .env("FLASHGATE_SHOP_TOKEN", SHOP_TOKEN)
         .env("FLASHGATE_CHALLENGE_SECRET", CHALLENGE_SECRET)
         .env("FLASHGATE_WEBHOOK_SECRET", crate::WEBHOOK_SECRET)
+        .env("FLASHGATE_HANDOFF_SECRET", crate::HANDOFF_SECRET)
         .env("RUST_LOG", "info")
         .stdout(log.try_clone().unwrap())
         .stderr(log)

@@ -103,6 +103,10 @@ pub struct SaleBody {
     /// `flashgate_common::buckets`); left out, 1.
     #[serde(default = "one")]
     pub buckets: i64,
+    /// Where winners pay: a URL template (docs/CHECKOUT.md); left out or
+    /// null, no checkout hand-off.
+    #[serde(default)]
+    pub checkout_url: Option<String>,
 }
 
 fn one() -> i64 {
@@ -148,6 +152,7 @@ pub async fn put(
         draw_window_ms: body.draw_window_ms,
         buckets: flashgate_common::buckets::validate("buckets", body.buckets)
             .map_err(ApiError::bad_request)?,
+        checkout_url: body.checkout_url,
     };
     spec.validate().map_err(ApiError::bad_request)?;
     // Draws are not offered on Redis Cluster (docs/RELIABILITY.md, known gaps).

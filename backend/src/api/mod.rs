@@ -7,8 +7,10 @@
 //!     - `POST /internal/orders/batch`
 //!     - `GET /internal/reservations/{rid}`
 //!     - `GET /internal/sales/{id}` (does the database know this sale?)
-//!   - the shop (`FLASHGATE_SHOP_TOKEN`) confirms payments:
-//!     `POST /internal/orders/{order_id}/pay`
+//!   - the shop (`FLASHGATE_SHOP_TOKEN`) confirms payments and cancels
+//!     unpaid orders (docs/CHECKOUT.md):
+//!     `POST /internal/orders/{order_id}/pay`,
+//!     `POST /internal/orders/{order_id}/cancel`
 //!   - `GET /healthz`, `GET /metrics` (no token: probes and Prometheus)
 //!   - `GET /live`, `GET /ready` (served from the start, before this
 //!     router opens; see [`crate::readiness`])
@@ -95,6 +97,7 @@ pub fn order_router(state: AppState) -> Router {
         .route_layer(guarded(&state.tokens.gateway));
     let shop = Router::new()
         .route("/internal/orders/{order_id}/pay", post(orders::pay))
+        .route("/internal/orders/{order_id}/cancel", post(orders::cancel))
         .route_layer(guarded(&state.tokens.shop));
     Router::new()
         .merge(gateways)

@@ -16,7 +16,7 @@ use flashgate_common::reservation::{sale_of_reservation, ForwardedWinner, OrderV
 use super::error::{parse_json, ApiError};
 use super::AppState;
 use crate::counted::write_counted;
-use crate::store::Payment;
+use crate::store::{OrderStatus, Payment};
 
 /// Most winners accepted in one batch.
 pub const MAX_BATCH: usize = 1000;
@@ -102,7 +102,7 @@ pub async fn by_reservation(
 }
 
 /// An order's payment state, as `POST /internal/orders/{order_id}/pay`
-/// answers it.
+/// and `POST /internal/orders/{order_id}/cancel` answer it.
 #[derive(Debug, serde::Serialize)]
 pub struct PaymentView {
     pub order_id: String,
@@ -144,12 +144,55 @@ pub async fn pay(
         Payment::Cancelled(order) => {
             let body = serde_json::json!({
                 "code": "order_cancelled",
-                "message": "the order was cancelled (unpaid in time) before this payment",
+                "message": "the order was cancelled (unpaid in time, or by the shop) before this payment; refund it",
                 "order": PaymentView::new(order),
             });
             Ok((StatusCode::CONFLICT, Json(body)).into_response())
         }
         Payment::Unknown => Err(ApiError::not_found("no such order")),
+    }
+}
+
+/// `POST /internal/orders/{order_id}/cancel`: the shop cancels an unpaid
+/// order (the buyer gave up at checkout). Cancelled exactly as the payment
+/// timeout cancels ([`crate::timeout`]): one conditional update decides
+/// it against a racing payment, then the item goes back to the sale's
+/// stock by [`crate::recovery::return_stock`], once, which also writes
+/// `order.cancelled`. 200 when the order is cancelled (by this call or an
+/// earlier one: calling again is harmless), 409 `order_paid` when it was
+/// paid first, 404 when unknown. Should Redis fail here, the cancellation
+/// stands and the timeout loop's next pass returns the item.
+pub async fn cancel(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(order_id) = id?;
+    if !valid_order_id(&order_id) {
+        return Err(ApiError::bad_request(
+            "order_id: must be `o-` and 32 hex digits",
+        ));
+    }
+    if state.store.orders().cancel_if_unpaid(&order_id).await? {
+        tracing::info!(order = %order_id, "order cancelled by the shop");
+        let mut redis = state.redis.clone();
+        if let Err(error) = crate::recovery::return_stock(&mut redis, &state.store).await {
+            tracing::warn!(%error, order = %order_id, "cancelled; its item goes back on the next timeout pass");
+        }
+    }
+    match state.store.orders().get(&order_id).await? {
+        Some(order) if order.status == OrderStatus::Paid => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "order_paid",
+            "the order was paid before this cancellation; refund it instead",
+        )),
+        Some(order) if order.status == OrderStatus::Cancelled => {
+            Ok(Json(PaymentView::new(order)).into_response())
+        }
+        // Still created: only a database that lost the update would say so.
+        Some(_) => Err(ApiError::unavailable(
+            "the cancellation did not stick; retry",
+        )),
+        None => Err(ApiError::not_found("no such order")),
     }
 }
 

@@ -1,34 +1,45 @@
-//! The webhook signature: `Flashgate-Signature: v1=<hex>`, where `<hex>` is
-//! HMAC-SHA256 keyed with `FLASHGATE_WEBHOOK_SECRET` over the
-//! `Flashgate-Timestamp` value (unix seconds), a `.`, and the body's bytes.
-//! Signing the timestamp with the body lets the shop reject an old request
-//! replayed as is (see docs/EVENTS.md).
+//! The webhook signature, as Standard Webhooks specifies
+//! (<https://www.standardwebhooks.com/>), so a shop verifies events with
+//! that spec's maintained libraries: `webhook-signature: v1,<base64>`, where
+//! `<base64>` is HMAC-SHA256, keyed with the key of
+//! `FLASHGATE_WEBHOOK_SECRET` (`whsec_<base64 key>`), over
+//! `{webhook-id}.{webhook-timestamp}.{body}`. Signing the id and the time
+//! with the body lets the shop reject an old request replayed as is, and
+//! deduplicate by id (see docs/EVENTS.md).
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// The header carrying the signature.
-pub const SIGNATURE_HEADER: &str = "Flashgate-Signature";
+/// The header carrying the event's id (also the body's `id`): the same on
+/// every attempt, the shop's deduplication key.
+pub const ID_HEADER: &str = "webhook-id";
 /// The header carrying the signing time, unix seconds.
-pub const TIMESTAMP_HEADER: &str = "Flashgate-Timestamp";
-/// The header carrying the event id (also the body's `id`).
+pub const TIMESTAMP_HEADER: &str = "webhook-timestamp";
+/// The header carrying the signature(s), space separated.
+pub const SIGNATURE_HEADER: &str = "webhook-signature";
+/// Also sent, beside the Standard Webhooks headers: the event id.
 pub const EVENT_ID_HEADER: &str = "Flashgate-Event-Id";
-/// The header carrying the event type (also the body's `type`).
+/// Also sent: the event type (also the body's `type`).
 pub const EVENT_TYPE_HEADER: &str = "Flashgate-Event-Type";
 
-fn mac(secret: &[u8], timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+fn mac(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(id.as_bytes());
+    mac.update(b".");
     mac.update(timestamp.to_string().as_bytes());
     mac.update(b".");
     mac.update(body);
     mac
 }
 
-/// The `Flashgate-Signature` value of `body` sent at `timestamp`.
-pub fn signature(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+/// The `webhook-signature` value of event `id` with `body`, sent at
+/// `timestamp`: `v1,` and the base64 of the HMAC.
+pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
     format!(
-        "v1={}",
-        hex::encode(mac(secret, timestamp, body).finalize().into_bytes())
+        "v1,{}",
+        STANDARD.encode(mac(key, id, timestamp, body).finalize().into_bytes())
     )
 }
 
@@ -43,15 +54,16 @@ pub enum VerifyError {
     Mismatch,
 }
 
-/// Checks a request as a shop should: the timestamp within `tolerance_s`
-/// of `now_s`, and one of the `v1=` signatures in `header` (comma
-/// separated, so a secret can be rotated) matching, compared in constant
-/// time. Deduplicating by event id is the shop's other half.
+/// Checks a request as the spec's libraries do: the timestamp within
+/// `tolerance_s` of `now_s`, and one of the space-separated `v1,`
+/// signatures in `header` (several while a secret is rotated) matching,
+/// compared in constant time. Used by the tests; shops use the libraries.
 ///
 /// # Errors
 /// [`VerifyError`].
 pub fn verify(
-    secret: &[u8],
+    key: &[u8],
+    id: &str,
     timestamp: &str,
     header: &str,
     body: &[u8],
@@ -66,10 +78,10 @@ pub fn verify(
         return Err(VerifyError::Stale);
     }
     let matches = header
-        .split(',')
-        .filter_map(|part| part.trim().strip_prefix("v1="))
-        .filter_map(|h| hex::decode(h).ok())
-        .any(|expected| mac(secret, ts, body).verify_slice(&expected).is_ok());
+        .split(' ')
+        .filter_map(|part| part.strip_prefix("v1,"))
+        .filter_map(|s| STANDARD.decode(s).ok())
+        .any(|expected| mac(key, id, ts, body).verify_slice(&expected).is_ok());
     if matches {
         Ok(())
     } else {
@@ -81,60 +93,49 @@ pub fn verify(
 mod tests {
     use super::*;
 
-    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
     #[test]
-    fn a_signature_verifies_and_a_tampered_body_or_old_timestamp_does_not() {
+    fn a_signature_verifies_and_a_tampered_body_id_or_old_timestamp_does_not() {
         let body = br#"{"id":"ev-1","type":"order.paid"}"#;
-        let sig = signature(SECRET, 1_700_000_000, body);
-        assert!(sig.starts_with("v1=") && sig.len() == 3 + 64, "{sig}");
+        let sig = signature(KEY, "ev-1", 1_700_000_000, body);
+        assert!(sig.starts_with("v1,") && sig.len() == 3 + 44, "{sig}");
+        let check = |id: &str, ts: &str, header: &str, body: &[u8], now: i64| {
+            verify(KEY, id, ts, header, body, now, 300)
+        };
         assert_eq!(
-            verify(SECRET, "1700000000", &sig, body, 1_700_000_100, 300),
+            check("ev-1", "1700000000", &sig, body, 1_700_000_100),
             Ok(())
         );
         assert_eq!(
-            verify(
-                SECRET,
-                "1700000000",
-                &sig,
-                br#"{"id":"ev-1","type":"order.cancelled"}"#,
-                1_700_000_100,
-                300
-            ),
+            check("ev-1", "1700000000", &sig, b"{}", 1_700_000_100),
             Err(VerifyError::Mismatch)
         );
         assert_eq!(
-            verify(SECRET, "1700000001", &sig, body, 1_700_000_100, 300),
+            check("ev-2", "1700000000", &sig, body, 1_700_000_100),
+            Err(VerifyError::Mismatch),
+            "the id is signed"
+        );
+        assert_eq!(
+            check("ev-1", "1700000001", &sig, body, 1_700_000_100),
             Err(VerifyError::Mismatch),
             "the timestamp is signed"
         );
         assert_eq!(
-            verify(SECRET, "1700000000", &sig, body, 1_700_000_400, 300),
+            check("ev-1", "1700000000", &sig, body, 1_700_000_400),
             Err(VerifyError::Stale)
         );
         assert_eq!(
-            verify(
-                b"another secret of thirty-two bytes!",
-                "1700000000",
-                &sig,
-                body,
-                1_700_000_100,
-                300
-            ),
-            Err(VerifyError::Mismatch)
-        );
-        assert_eq!(
-            verify(SECRET, "soon", &sig, body, 1_700_000_100, 300),
+            check("ev-1", "soon", &sig, body, 1_700_000_100),
             Err(VerifyError::BadTimestamp)
         );
         assert_eq!(
-            verify(
-                SECRET,
+            check(
+                "ev-1",
                 "1700000000",
-                &format!("v1=00, {sig}"),
+                &format!("v1,AAAA {sig}"),
                 body,
-                1_700_000_100,
-                300
+                1_700_000_100
             ),
             Ok(()),
             "rotation: any v1 matches"
@@ -142,14 +143,18 @@ mod tests {
     }
 
     #[test]
-    fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
-        // RFC 4231 test case 2 key and data, split as "<ts>.<body>".
-        let sig = signature(b"Jefe", 42, b"what do ya want for nothing?");
-        let mut mac = Hmac::<Sha256>::new_from_slice(b"Jefe").unwrap();
-        mac.update(b"42.what do ya want for nothing?");
+    fn the_signature_matches_the_specs_published_example() {
+        // The example of the Standard Webhooks spec (and of its libraries'
+        // tests): secret `whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw`.
+        let key = STANDARD.decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         assert_eq!(
-            sig,
-            format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+            signature(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1_614_265_330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
     }
 }

@@ -535,7 +535,7 @@ fn config(url: &str, max_attempts: u32) -> EventsConfig {
     EventsConfig {
         webhook: Some(WebhookConfig {
             url: url.to_owned(),
-            secret: SECRET.into(),
+            key: SECRET.as_bytes().to_vec(),
             timeout: Duration::from_secs(5),
         }),
         amqp: None,
@@ -611,6 +611,7 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     assert_eq!(seen.len(), 4);
     let (headers, body) = &seen[3];
     let header = |name: &str| headers.get(name).unwrap().to_str().unwrap().to_owned();
+    assert_eq!(header("webhook-id"), dead[0].event_id);
     assert_eq!(header("flashgate-event-id"), dead[0].event_id);
     assert_eq!(header("flashgate-event-type"), "order.created");
     assert_eq!(seen[0].1, *body, "every attempt sends the same bytes");
@@ -618,8 +619,9 @@ async fn the_webhook_gets_signed_events_and_failures_go_dead_after_max_attempts(
     assert_eq!(
         sign::verify(
             SECRET.as_bytes(),
-            &header("flashgate-timestamp"),
-            &header("flashgate-signature"),
+            &header("webhook-id"),
+            &header("webhook-timestamp"),
+            &header("webhook-signature"),
             body.as_bytes(),
             now_s,
             300

@@ -1,5 +1,5 @@
-//! Delivery to the shop's webhook: one signed `POST` per event (see
-//! [`super::sign`]); any 2xx answer is a delivery, anything else (another
+//! Delivery to the shop's webhook: one `POST` per event, signed as Standard
+//! Webhooks specifies (see [`super::sign`]); any 2xx answer is a delivery, anything else (another
 //! status, a timeout, a refused connection) a failed attempt. Redirects are
 //! not followed: the signed body goes only to the configured URL.
 //!
@@ -11,7 +11,7 @@
 use flashgate_common::config::WebhookConfig;
 
 use super::sign::{
-    signature, EVENT_ID_HEADER, EVENT_TYPE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+    signature, EVENT_ID_HEADER, EVENT_TYPE_HEADER, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use super::tls::{self, ExtraRoots};
 use crate::store::outbox::OutboxEvent;
@@ -55,7 +55,8 @@ impl From<reqwest::Error> for WebhookError {
 pub struct Webhook {
     client: reqwest::Client,
     url: String,
-    secret: String,
+    /// The HMAC key (decoded from `FLASHGATE_WEBHOOK_SECRET`).
+    key: Vec<u8>,
     timeout: std::time::Duration,
 }
 
@@ -113,7 +114,7 @@ impl Webhook {
         Ok(Self {
             client,
             url: config.url.clone(),
-            secret: config.secret.clone(),
+            key: config.key.clone(),
             timeout: config.timeout,
         })
     }
@@ -133,13 +134,19 @@ impl Webhook {
             .client
             .post(&self.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(EVENT_ID_HEADER, &event.event_id)
-            .header(EVENT_TYPE_HEADER, event.kind.as_str())
+            .header(ID_HEADER, &event.event_id)
             .header(TIMESTAMP_HEADER, timestamp.to_string())
             .header(
                 SIGNATURE_HEADER,
-                signature(self.secret.as_bytes(), timestamp, event.payload.as_bytes()),
+                signature(
+                    &self.key,
+                    &event.event_id,
+                    timestamp,
+                    event.payload.as_bytes(),
+                ),
             )
+            .header(EVENT_ID_HEADER, &event.event_id)
+            .header(EVENT_TYPE_HEADER, event.kind.as_str())
             .body(event.payload.clone())
             .send()
             .await?;
@@ -160,7 +167,7 @@ mod tests {
     fn debug_output_hides_the_secret_and_the_urls_credentials() {
         let config = WebhookConfig {
             url: "https://u:pw@shop.test:8443/hook?token=s3cret#frag".to_owned(),
-            secret: "0123456789abcdef0123456789abcdef".to_owned(),
+            key: b"0123456789abcdef0123456789abcdef".to_vec(),
             timeout: std::time::Duration::from_secs(2),
         };
         let webhook = Webhook::new(&config, None).unwrap();

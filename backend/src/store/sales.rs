@@ -301,6 +301,7 @@ fn bind_sale<'q>(query: AnyQuery<'q>, spec: &SaleSpec, now: i64) -> AnyQuery<'q>
         .bind(now)
         .bind(spec.draw_window_ms)
         .bind(i64::from(spec.buckets))
+        .bind(spec.checkout_url.clone())
 }
 
 pub(super) fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
@@ -318,5 +319,6 @@ pub(super) fn sale_from_row(row: &AnyRow) -> Result<SaleSpec, StoreError> {
             .ok()
             .filter(|b| (1..=64).contains(b))
             .unwrap_or(1),
+        checkout_url: row.try_get("checkout_url")?,
     })
 }

@@ -125,23 +125,23 @@ pub const ORDER_BY_RESERVATION: &str = "SELECT order_id, reservation_id, sale_id
 pub const COUNT_LIVE_ORDERS: &str =
     "SELECT COUNT(*) FROM orders WHERE sale_id = $1 AND status <> 'cancelled'";
 
-pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO NOTHING";
+pub const INSERT_SALE_IF_ABSENT: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets, checkout_url) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10) ON CONFLICT (id) DO NOTHING";
 
 /// MySQL: [`INSERT_SALE_IF_ABSENT`] without the upsert, whose affected-rows
 /// count (sqlx asks for found rows) cannot tell a new row from an old one;
 /// the caller takes a duplicate-key error for "already there".
-pub const INSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9)";
+pub const INSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets, checkout_url) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10)";
 
 /// Keeps `created_at_ms`, `paused` and `buckets` of an existing row (a
 /// saved sale's bucket count never changes: gateways and backends must
 /// agree on it).
-pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms, draw_window_ms = excluded.draw_window_ms";
+pub const UPSERT_SALE: &str = "INSERT INTO sales (id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, created_at_ms, paused, draw_window_ms, buckets, checkout_url) VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10) ON CONFLICT (id) DO UPDATE SET name = excluded.name, stock = excluded.stock, per_user_limit = excluded.per_user_limit, starts_at_ms = excluded.starts_at_ms, ends_at_ms = excluded.ends_at_ms, draw_window_ms = excluded.draw_window_ms, checkout_url = excluded.checkout_url";
 
 pub const SALE_BY_ID: &str =
-    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales WHERE id = $1";
+    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets, checkout_url FROM sales WHERE id = $1";
 
 pub const ALL_SALES: &str =
-    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets FROM sales ORDER BY id";
+    "SELECT id, name, stock, per_user_limit, starts_at_ms, ends_at_ms, draw_window_ms, buckets, checkout_url FROM sales ORDER BY id";
 
 pub const SET_PAYMENT_TIMEOUT: &str = "UPDATE sales SET payment_timeout_seconds = $1 WHERE id = $2";
 
@@ -310,7 +310,7 @@ mod tests {
             "INSERT INTO settings (name, value) VALUES (?, ?) ON DUPLICATE KEY UPDATE value = VALUES(value)"
         );
         let upsert = dialect(Flavour::Mysql, UPSERT_SALE);
-        assert!(upsert.ends_with("ON DUPLICATE KEY UPDATE name = VALUES(name), stock = VALUES(stock), per_user_limit = VALUES(per_user_limit), starts_at_ms = VALUES(starts_at_ms), ends_at_ms = VALUES(ends_at_ms), draw_window_ms = VALUES(draw_window_ms)"), "{upsert}");
+        assert!(upsert.ends_with("ON DUPLICATE KEY UPDATE name = VALUES(name), stock = VALUES(stock), per_user_limit = VALUES(per_user_limit), starts_at_ms = VALUES(starts_at_ms), ends_at_ms = VALUES(ends_at_ms), draw_window_ms = VALUES(draw_window_ms), checkout_url = VALUES(checkout_url)"), "{upsert}");
         let insert = dialect(Flavour::Mysql, &insert_orders(2)).into_owned();
         assert!(insert.ends_with("(?, ?, ?, ?, ?, ?, ?, 'created') ON DUPLICATE KEY UPDATE reservation_id = reservation_id"), "{insert}");
         assert!(

@@ -19,6 +19,9 @@ pub const ENV_SHOP_TOKEN: &str = "FLASHGATE_SHOP_TOKEN";
 /// Environment variable holding the HMAC-SHA256 key that signs order event
 /// webhooks (required by the backend when `events.webhook_url` is set).
 pub const ENV_WEBHOOK_SECRET: &str = "FLASHGATE_WEBHOOK_SECRET";
+/// Environment variable holding the HS256 key of checkout hand-off tokens
+/// (`{handoff}` in a sale's `checkout_url`), shared with the shop.
+pub const ENV_HANDOFF_SECRET: &str = "FLASHGATE_HANDOFF_SECRET";
 /// Environment variable overriding `backend.database_url`.
 pub const ENV_DATABASE_URL: &str = "FLASHGATE_DATABASE_URL";
 /// Environment variable overriding `backend.consumer_name` (e.g. a pod name).

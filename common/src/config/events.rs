@@ -1,9 +1,11 @@
 //! `[events]`: order events to the shop (`order.created`, `order.paid`,
-//! `order.cancelled`), delivered by the backend from its outbox to a signed
-//! webhook, to an AMQP exchange, or both. Off unless `webhook_url` or
-//! `amqp_url` is set. The webhook's signing secret comes from the
-//! environment only (`FLASHGATE_WEBHOOK_SECRET`), required when
-//! `webhook_url` is set.
+//! `order.cancelled`), delivered by the backend from its outbox to a webhook
+//! signed as Standard Webhooks specifies (<https://www.standardwebhooks.com/>),
+//! to an AMQP exchange, or both. Off unless `webhook_url` or `amqp_url` is
+//! set. The webhook's signing secret comes from the environment only
+//! (`FLASHGATE_WEBHOOK_SECRET`), required when `webhook_url` is set, and
+//! written as that spec writes it (`whsec_` and the base64 of the key), so
+//! the shop hands the same string to the spec's libraries.
 //!
 //! Both destinations may be reached over TLS (`https://`, `amqps://`); the
 //! destination's certificate is verified against the system's roots plus
@@ -68,8 +70,9 @@ impl Default for Events {
 #[derive(Clone)]
 pub struct WebhookConfig {
     pub url: String,
-    /// HMAC-SHA256 key of `Flashgate-Signature`, from `FLASHGATE_WEBHOOK_SECRET`.
-    pub secret: String,
+    /// HMAC-SHA256 key of `webhook-signature`: the bytes of
+    /// `FLASHGATE_WEBHOOK_SECRET` after `whsec_`, base64-decoded.
+    pub key: Vec<u8>,
     /// One delivery gives up after this long (and counts as failed).
     pub timeout: Duration,
 }
@@ -78,7 +81,7 @@ impl std::fmt::Debug for WebhookConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookConfig")
             .field("url", &self.url)
-            .field("secret", &"<redacted>")
+            .field("key", &"<redacted>")
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -127,6 +130,36 @@ impl EventsConfig {
     /// Whether any destination is configured (else no outbox rows are written).
     pub fn enabled(&self) -> bool {
         self.webhook.is_some() || self.amqp.is_some()
+    }
+}
+
+/// Shortest and longest Standard Webhooks key, bytes (the spec's range).
+const WEBHOOK_KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+
+/// The key of a Standard Webhooks secret, `whsec_` and the base64 of 24 to
+/// 64 random bytes.
+///
+/// # Errors
+/// What is wrong, naming `FLASHGATE_WEBHOOK_SECRET` (never its value).
+pub fn webhook_key(secret: Option<&str>) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    let shape = "must be `whsec_` followed by the base64 of 24 to 64 random bytes \
+                 (Standard Webhooks), e.g. `whsec_$(openssl rand -base64 32)`";
+    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+        return Err(format!("{ENV_WEBHOOK_SECRET} is not set"));
+    };
+    let Some(encoded) = secret.strip_prefix("whsec_") else {
+        return Err(format!("{ENV_WEBHOOK_SECRET}: {shape}"));
+    };
+    match base64::engine::general_purpose::STANDARD.decode(encoded) {
+        Ok(key) if WEBHOOK_KEY_BYTES.contains(&key.len()) => Ok(key),
+        Ok(key) => Err(format!(
+            "{ENV_WEBHOOK_SECRET}: {shape} (it decodes to {} bytes)",
+            key.len()
+        )),
+        Err(_) => Err(format!(
+            "{ENV_WEBHOOK_SECRET}: {shape} (what follows `whsec_` is not base64)"
+        )),
     }
 }
 
@@ -212,16 +245,13 @@ pub(super) fn events(check: &mut Check, f: Events, env: &dyn Env) -> EventsConfi
     check.between("events.batch_size", f.batch_size, 1, 256);
     let secret = env.var(ENV_WEBHOOK_SECRET);
     let webhook = f.webhook_url.map(|url| {
-        let secret = match crate::secret::required(ENV_WEBHOOK_SECRET, secret.as_deref()) {
-            Ok(s) => s.to_owned(),
-            Err(e) => {
-                check.problem(format_args!("events.webhook_url is set: {e}"));
-                String::new()
-            }
-        };
+        let key = webhook_key(secret.as_deref()).unwrap_or_else(|e| {
+            check.problem(format_args!("events.webhook_url is set: {e}"));
+            Vec::new()
+        });
         WebhookConfig {
             url,
-            secret,
+            key,
             timeout: Duration::from_millis(f.send_timeout_ms),
         }
     });
@@ -263,7 +293,8 @@ mod tests {
         }
     }
 
-    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+    /// `whsec_` and the base64 of the 32 bytes `0123456789abcdef0123456789abcdef`.
+    const SECRET: &str = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
     fn parse(toml: &str, env: &dyn Env) -> Result<Config, String> {
         Config::from_toml_str(toml, env, 0).map_err(|e| e.to_string())
@@ -288,13 +319,33 @@ mod tests {
         );
         let err = parse(
             "[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"",
-            &Vars(&[("FLASHGATE_WEBHOOK_SECRET", "short")]),
+            &Vars(&[(
+                "FLASHGATE_WEBHOOK_SECRET",
+                "0123456789abcdef0123456789abcdef",
+            )]),
         )
         .unwrap_err();
         assert!(
-            err.contains("FLASHGATE_WEBHOOK_SECRET: must be at least 32 bytes"),
+            err.contains("FLASHGATE_WEBHOOK_SECRET: must be `whsec_` followed by the base64"),
             "{err}"
         );
+        for (vars, says) in [
+            (
+                Vars(&[("FLASHGATE_WEBHOOK_SECRET", "whsec_c2hvcnQ=")]),
+                "it decodes to 5 bytes",
+            ),
+            (
+                Vars(&[("FLASHGATE_WEBHOOK_SECRET", "whsec_not base64!")]),
+                "is not base64",
+            ),
+        ] {
+            let err = parse(
+                "[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"",
+                &vars,
+            )
+            .unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
         let config = parse(
             "[events]\nwebhook_url = \"http://127.0.0.1:8000/hook\"",
             &Vars(&[("FLASHGATE_WEBHOOK_SECRET", SECRET)]),
@@ -302,8 +353,11 @@ mod tests {
         .unwrap();
         let webhook = config.events.webhook.unwrap();
         assert_eq!(
-            (webhook.url.as_str(), webhook.secret.as_str()),
-            ("http://127.0.0.1:8000/hook", SECRET)
+            (webhook.url.as_str(), webhook.key.as_slice()),
+            (
+                "http://127.0.0.1:8000/hook",
+                b"0123456789abcdef0123456789abcdef".as_slice()
+            )
         );
         assert!(config.events.amqp.is_none());
     }

@@ -451,6 +451,9 @@ pub struct Gateway {
     pub backlog_pause_threshold: u64,
     pub backlog_check_ms: u64,
     pub body_read_timeout_ms: u64,
+    /// Lifetime of a checkout hand-off token (`{handoff}` in a sale's
+    /// `checkout_url`).
+    pub handoff_ttl_seconds: u64,
     /// Upgrade socket and pid file; unset = `$RUNTIME_DIRECTORY`, else
     /// `$XDG_RUNTIME_DIR/flashgate`, else `data/run`.
     pub runtime_dir: Option<String>,
@@ -517,6 +520,7 @@ impl Default for Gateway {
             backlog_pause_threshold: 50_000,
             backlog_check_ms: 500,
             body_read_timeout_ms: 10_000,
+            handoff_ttl_seconds: 600,
             runtime_dir: None,
             tls: Tls::default(),
         }
@@ -588,6 +592,10 @@ pub struct Sale {
     /// keeps the sale in one slot (see `crate::buckets`).
     #[serde(default = "one")]
     pub buckets: i64,
+    /// Where winners pay: a URL template with `{sale_id}`,
+    /// `{reservation_id}`, `{order_id}` and `{handoff}` (see
+    /// `crate::checkout`); left out, no checkout hand-off.
+    pub checkout_url: Option<String>,
 }
 
 fn one() -> i64 {

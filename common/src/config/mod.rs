@@ -36,10 +36,10 @@ mod validate;
 
 pub use env::{
     Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET,
-    ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_RUNTIME_DIRECTORY,
-    ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
+    ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_HANDOFF_SECRET, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
+    ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
 };
-pub use events::{AmqpConfig, EventsConfig, WebhookConfig};
+pub use events::{webhook_key, AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode, DEFAULT_PATH_PREFIX};
 pub use origin::{valid_host, Origin, OriginError, Scheme};
 pub use settings::{

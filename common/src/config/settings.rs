@@ -39,6 +39,10 @@ pub struct Config {
     /// HMAC key that signs challenges, from the environment only; checked
     /// for length when set, required by the gateway when challenges are on.
     pub challenge_secret: Option<String>,
+    /// HS256 key of checkout hand-off tokens, from the environment only;
+    /// checked for length when set, required when a declared sale's
+    /// `checkout_url` has `{handoff}`.
+    pub handoff_secret: Option<String>,
     /// The opening draw; off by default.
     pub fairness: FairnessConfig,
     pub backend: BackendConfig,
@@ -218,6 +222,8 @@ pub struct GatewayConfig {
     pub backlog_check: Duration,
     /// Longest wait for the next piece of a request body (slow clients).
     pub body_read_timeout: Duration,
+    /// Lifetime of a checkout hand-off token.
+    pub handoff_ttl: Duration,
     /// Private directory of the upgrade socket and the pid file; checked
     /// (owner, not world-writable) when the gateway starts.
     pub runtime_dir: PathBuf,

@@ -894,6 +894,58 @@ fn challenge_keys_are_checked_with_their_names() {
 }
 
 #[test]
+fn a_checkout_url_is_validated_and_its_handoff_needs_the_secret() {
+    let sale = |url: &str| {
+        format!("[[sales]]\nid = \"d\"\nname = \"D\"\nstock = 1\ncheckout_url = \"{url}\"\n")
+    };
+    let err = Config::from_toml_str(&sale("https://shop/{user}"), &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sales[0].checkout_url: unknown placeholder `{user}`"),
+        "{err}"
+    );
+    let needs = sale("https://shop/?t={handoff}");
+    let err = Config::from_toml_str(&needs, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sales[0].checkout_url: uses {handoff}, which needs FLASHGATE_HANDOFF_SECRET"),
+        "{err}"
+    );
+    let env = MapEnv(&[(
+        "FLASHGATE_HANDOFF_SECRET",
+        "a-handoff-secret-of-32-bytes-or-more",
+    )]);
+    let config = Config::from_toml_str(&needs, &env, 0).unwrap();
+    assert_eq!(
+        config.sales[0].checkout_url.as_deref(),
+        Some("https://shop/?t={handoff}")
+    );
+    assert_eq!(config.gateway.handoff_ttl, Duration::from_secs(600));
+    let plain = Config::from_toml_str(&sale("https://shop/{reservation_id}"), &NoEnv, 0).unwrap();
+    assert!(
+        plain.handoff_secret.is_none(),
+        "no {{handoff}}, no secret needed"
+    );
+    let short = MapEnv(&[("FLASHGATE_HANDOFF_SECRET", "short")]);
+    let err = Config::from_toml_str("", &short, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("FLASHGATE_HANDOFF_SECRET: must be at least 32 bytes"),
+        "{err}"
+    );
+    let err = Config::from_toml_str("[gateway]\nhandoff_ttl_seconds = 5\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gateway.handoff_ttl_seconds: must be between 10 and 86400"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_challenge_secret_is_required_only_when_challenges_are_on() {
     let off = Config::from_toml_str("", &NoEnv, 0).unwrap();
     assert_eq!(off.challenge.mode, ChallengeMode::Off);

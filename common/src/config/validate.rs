@@ -18,7 +18,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use super::check::Check;
 use super::env::{
     self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL,
-    ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN,
+    ENV_HANDOFF_SECRET, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN,
 };
 use super::file;
 use super::origin::{valid_host, Origin};
@@ -73,6 +73,7 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         pages: pages(&mut check, f.pages),
         challenge: challenge(&mut check, f.challenge, idempotency_ttl_seconds),
         challenge_secret: challenge_secret(&mut check, env),
+        handoff_secret: handoff_secret(&mut check, &f.sales, env),
         fairness: fairness(&mut check, &f.fairness),
         backend: backend(&mut check, f.backend, env),
         events: super::events::events(&mut check, f.events, env),
@@ -329,6 +330,12 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
     );
     check.between("gateway.backlog_check_ms", f.backlog_check_ms, 50, 60_000);
     check.between("gateway.keepalive_seconds", f.keepalive_seconds, 1, 3600);
+    check.between(
+        "gateway.handoff_ttl_seconds",
+        f.handoff_ttl_seconds,
+        10,
+        86_400,
+    );
     let listen = addr(check, "gateway.listen", &f.listen);
     let admin_listen = addr(check, "gateway.admin_listen", &f.admin_listen);
     let tls = tls(check, f.tls);
@@ -360,6 +367,7 @@ fn gateway(check: &mut Check, f: file::Gateway, env: &dyn Env) -> GatewayConfig 
         backlog_pause_threshold: f.backlog_pause_threshold,
         backlog_check: Duration::from_millis(f.backlog_check_ms),
         body_read_timeout: Duration::from_millis(f.body_read_timeout_ms),
+        handoff_ttl: Duration::from_secs(f.handoff_ttl_seconds),
         runtime_dir: env::runtime_dir(f.runtime_dir, env),
         tls,
     }
@@ -721,6 +729,32 @@ fn challenge_secret(check: &mut Check, env: &dyn Env) -> Option<String> {
     if let Some(s) = &secret {
         if let Err(e) = crate::secret::required(ENV_CHALLENGE_SECRET, Some(s)) {
             check.problem(e);
+        }
+    }
+    secret
+}
+
+/// `FLASHGATE_HANDOFF_SECRET`, the HS256 key of checkout hand-off tokens:
+/// refused when set but too short, required when a declared sale's
+/// `checkout_url` asks for `{handoff}` (a sale the admin API adds later
+/// gets no token from a gateway without it, see docs/CHECKOUT.md).
+fn handoff_secret(check: &mut Check, sales: &[file::Sale], env: &dyn Env) -> Option<String> {
+    let secret = env.var(ENV_HANDOFF_SECRET);
+    if let Some(s) = &secret {
+        if let Err(e) = crate::secret::required(ENV_HANDOFF_SECRET, Some(s)) {
+            check.problem(e);
+        }
+    }
+    for (i, s) in sales.iter().enumerate() {
+        if secret.is_none()
+            && s.checkout_url
+                .as_deref()
+                .is_some_and(crate::checkout::needs_handoff)
+        {
+            check.fail(
+                format_args!("sales[{i}].checkout_url"),
+                format_args!("uses {{handoff}}, which needs {ENV_HANDOFF_SECRET} (not set)"),
+            );
         }
     }
     secret
@@ -1141,6 +1175,7 @@ fn sale_spec(s: &file::Sale, now_ms: i64) -> Result<SaleSpec, String> {
         ends_at_ms,
         draw_window_ms: s.draw_window_ms,
         buckets: crate::buckets::validate("buckets", s.buckets)?,
+        checkout_url: s.checkout_url.clone(),
     })
 }
 

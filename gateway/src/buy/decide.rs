@@ -123,7 +123,10 @@ impl<C: WallClock> BuyService<C> {
                 // forwarded); only the answer waits for the replicas.
                 self.replicated(&home_id(sale_id, buckets, user), decision.node.as_deref())
                     .await?;
-                Ok(BuyOutcome::Won { reservation_id })
+                Ok(BuyOutcome::Won {
+                    reservation_id,
+                    checkout_url: None,
+                })
             }
             // A winner retrying with their key: the order's own state once
             // it exists. Nothing is forwarded again: the win's own forward
@@ -138,6 +141,7 @@ impl<C: WallClock> BuyService<C> {
                 Ok(BuyOutcome::Replayed {
                     reservation_id,
                     order,
+                    checkout_url: None,
                 })
             }
             DeductOutcome::SoldOut => Err(Rejection::SoldOut),

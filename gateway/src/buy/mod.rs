@@ -17,7 +17,12 @@
 //! `backend/src/fence.rs`) is `503` with `Retry-After`, neither remembered
 //! under the key nor cached, until the backend has re-synced the sale
 //! (`flashgate_fenced_buys_total`).
+//!
+//! A win's answer (`202`, and a replay's `201`) carries the sale's
+//! `checkout_url` filled in for the winner, its `{handoff}` token minted
+//! by `checkout` (docs/CHECKOUT.md).
 
+mod checkout;
 mod decide;
 mod deduct;
 mod draw;
@@ -32,6 +37,7 @@ mod service;
 #[cfg(test)]
 mod tests;
 
+pub use checkout::Checkout;
 pub use forward::ForwardWorker;
 pub use outcome::{idempotency_key, Admitted, BuyOutcome, BuyRequest, MAX_IDEMPOTENCY_KEY_LEN};
 pub use reservations::ReservationView;

@@ -32,13 +32,19 @@ pub struct BuyRequest<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BuyOutcome {
     /// Won just now: the reservation is in the sale's stream and queued
-    /// for the backend (`202 queued`).
-    Won { reservation_id: String },
+    /// for the backend (`202 queued`), with the sale's checkout URL filled
+    /// in for the winner when it has one (`checkout`).
+    Won {
+        reservation_id: String,
+        checkout_url: Option<String>,
+    },
     /// A won Idempotency-Key retried: its order once written (`201
-    /// confirmed` or `410 order_cancelled`), else `202 queued` again.
+    /// confirmed` or `410 order_cancelled`), else `202 queued` again; the
+    /// checkout URL too unless the order was cancelled.
     Replayed {
         reservation_id: String,
         order: Option<OrderView>,
+        checkout_url: Option<String>,
     },
     /// Turned down, here or by the script (a remembered refusal included).
     Refused(Rejection),

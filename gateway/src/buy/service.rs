@@ -11,6 +11,7 @@ use std::time::Duration;
 use flashgate_common::config::FairnessConfig;
 use http::HeaderMap;
 
+use super::checkout::{Checkout, Winner};
 use super::deduct::DeductBatcher;
 use super::draw::Draws;
 use super::forward::{forwarder, ForwardWorker, Forwarder, OrderLookups};
@@ -56,6 +57,9 @@ pub struct BuyDeps {
     pub wait_replicas: u32,
     /// `redis.wait_timeout_ms`: how long a win waits for them.
     pub wait_timeout: Duration,
+    /// Mints winners' checkout hand-offs (`FLASHGATE_HANDOFF_SECRET`,
+    /// `gateway.handoff_ttl_seconds`).
+    pub checkout: Checkout,
 }
 
 /// Everything a buy is decided with; one per gateway.
@@ -87,6 +91,8 @@ pub struct BuyService<C: WallClock = SystemClock> {
     pub(super) metrics: Arc<Metrics>,
     /// How long the script remembers an Idempotency-Key.
     pub(super) idempotency_ttl: Duration,
+    /// Winners' checkout URLs and their hand-off tokens.
+    pub(super) checkout: Checkout,
     /// Compared with sale windows.
     pub(super) clock: C,
 }
@@ -108,6 +114,7 @@ impl<C: WallClock> BuyService<C> {
             fairness,
             wait_replicas,
             wait_timeout,
+            checkout,
         } = deps;
         let (forwarder, worker) = forwarder(orders.clone(), metrics.clone());
         let service = Self {
@@ -134,6 +141,7 @@ impl<C: WallClock> BuyService<C> {
             forwarder,
             metrics,
             idempotency_ttl,
+            checkout,
             clock,
         };
         (service, worker)
@@ -220,7 +228,50 @@ impl<C: WallClock> BuyService<C> {
     /// Decides an admitted buy: locally when the sale cache can, else with
     /// one script call.
     pub async fn buy(&self, req: BuyRequest<'_>) -> BuyOutcome {
-        self.decide(req).await.unwrap_or_else(BuyOutcome::Refused)
+        match self.decide(req).await {
+            Ok(BuyOutcome::Won { reservation_id, .. }) => BuyOutcome::Won {
+                checkout_url: self.checkout_url(&req, &reservation_id, "").await,
+                reservation_id,
+            },
+            Ok(BuyOutcome::Replayed {
+                reservation_id,
+                order,
+                ..
+            }) => {
+                use flashgate_common::reservation::ReservationStatus;
+                let checkout_url = match &order {
+                    // Nothing to pay for any more.
+                    Some(o) if o.status == ReservationStatus::Cancelled => None,
+                    Some(o) => self.checkout_url(&req, &reservation_id, &o.order_id).await,
+                    None => self.checkout_url(&req, &reservation_id, "").await,
+                };
+                BuyOutcome::Replayed {
+                    reservation_id,
+                    order,
+                    checkout_url,
+                }
+            }
+            Ok(outcome) => outcome,
+            Err(rejection) => BuyOutcome::Refused(rejection),
+        }
+    }
+
+    /// The sale's checkout URL filled in for this winner, when the sale
+    /// has one (from the snapshot the buy just read: no Redis call).
+    async fn checkout_url(
+        &self,
+        req: &BuyRequest<'_>,
+        reservation_id: &str,
+        order_id: &str,
+    ) -> Option<String> {
+        let template = self.sales.checkout_url(&self.redis, req.sale_id).await?;
+        let winner = Winner {
+            sale_id: req.sale_id,
+            reservation_id,
+            order_id,
+            user: req.user,
+        };
+        self.checkout.url(&template, winner, self.clock.now_ms())
     }
 
     /// `GET /flashgate/api/reservations/{id}` for `user`: the reservation's order

@@ -94,6 +94,7 @@ async fn fixture_with(deny_users: &[&str], buy: RouteLimits) -> Fixture {
         },
         wait_replicas: 0,
         wait_timeout: Duration::ZERO,
+        checkout: crate::buy::Checkout::new(None, Duration::from_secs(600)),
     };
     // Its worker dropped: winners are not forwarded (the backend "does not
     // answer" anyway).
@@ -265,7 +266,7 @@ async fn the_first_buyers_win_until_the_stock_is_gone_then_the_sale_is_flagged()
 async fn a_won_key_replays_its_win_and_nothing_is_deducted_again() {
     let f = fixture(&[]).await;
     f.open_sale("s", 5).await;
-    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "k1").await else {
+    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "k1").await else {
         panic!("no win")
     };
     let replay = f.buy("s", "a", "k1").await;
@@ -274,7 +275,8 @@ async fn a_won_key_replays_its_win_and_nothing_is_deducted_again() {
         replay,
         BuyOutcome::Replayed {
             reservation_id: reservation_id.clone(),
-            order: None
+            order: None,
+            checkout_url: None,
         }
     );
     let remaining: i64 = redis::cmd("GET")
@@ -537,6 +539,7 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
     // The sale's window cached: every buy below goes straight to the deduct.
     let BuyOutcome::Won {
         reservation_id: first,
+        ..
     } = f.buy("s", "first", "").await
     else {
         panic!("no win")
@@ -559,7 +562,7 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
     let mut won: Vec<String> = outcomes
         .iter()
         .filter_map(|o| match o {
-            BuyOutcome::Won { reservation_id } => Some(reservation_id.clone()),
+            BuyOutcome::Won { reservation_id, .. } => Some(reservation_id.clone()),
             _ => None,
         })
         .collect();
@@ -639,7 +642,7 @@ async fn return_item_unannounced(f: &Fixture, sale_id: &str, reservation_id: &st
 async fn a_winners_keyed_retry_on_a_gateway_that_missed_the_restock_replays_the_win() {
     let f = fixture(&[]).await;
     f.open_sale("s", 1).await;
-    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else {
+    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "ka").await else {
         panic!("no win")
     };
     assert_eq!(
@@ -679,7 +682,7 @@ async fn a_winners_keyed_retry_on_a_gateway_that_missed_the_restock_replays_the_
 async fn a_keyed_buy_answered_sold_out_by_the_flag_never_wins_later() {
     let f = fixture(&[]).await;
     f.open_sale("s", 1).await;
-    let BuyOutcome::Won { reservation_id } = f.buy("s", "a", "ka").await else {
+    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "ka").await else {
         panic!("no win")
     };
     assert_eq!(

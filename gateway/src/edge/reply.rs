@@ -69,8 +69,12 @@ impl Rejection {
 
 /// A won Idempotency-Key replayed once its order exists: `201 confirmed`
 /// while the order holds its item (created or paid), `410 order_cancelled`
-/// once it was cancelled (unpaid in time), with the ids either way.
-pub fn replayed_order(order: &flashgate_common::reservation::OrderView) -> Reply {
+/// once it was cancelled (unpaid in time), with the ids either way; a
+/// `201` carries the sale's `checkout_url` when it has one.
+pub fn replayed_order(
+    order: &flashgate_common::reservation::OrderView,
+    checkout_url: Option<String>,
+) -> Reply {
     use flashgate_common::reservation::ReservationStatus;
     let ids = (order.reservation_id.as_str(), order.order_id.as_str());
     match order.status {
@@ -84,10 +88,13 @@ pub fn replayed_order(order: &flashgate_common::reservation::OrderView) -> Reply
                 "order_id": ids.1,
             }),
         ),
-        ReservationStatus::Confirmed | ReservationStatus::Queued => Reply::json(
-            201,
-            &serde_json::json!({"status": ReservationStatus::Confirmed, "reservation_id": ids.0, "order_id": ids.1}),
-        ),
+        ReservationStatus::Confirmed | ReservationStatus::Queued => {
+            let mut body = serde_json::json!({"status": ReservationStatus::Confirmed, "reservation_id": ids.0, "order_id": ids.1});
+            if let Some(url) = checkout_url {
+                body["checkout_url"] = url.into();
+            }
+            Reply::json(201, &body)
+        }
     }
 }
 
@@ -98,14 +105,18 @@ pub fn replayed_order(order: &flashgate_common::reservation::OrderView) -> Reply
 impl From<BuyOutcome> for Reply {
     fn from(outcome: BuyOutcome) -> Self {
         match outcome {
-            BuyOutcome::Won { reservation_id } => queued(&reservation_id),
+            BuyOutcome::Won {
+                reservation_id,
+                checkout_url,
+            } => queued(&reservation_id, checkout_url),
             BuyOutcome::Replayed {
                 reservation_id,
                 order,
+                checkout_url,
             } => {
                 let reply = match order {
-                    Some(order) => replayed_order(&order),
-                    None => queued(&reservation_id),
+                    Some(order) => replayed_order(&order, checkout_url),
+                    None => queued(&reservation_id, checkout_url),
                 };
                 reply.header("Idempotent-Replayed", "true")
             }
@@ -114,11 +125,12 @@ impl From<BuyOutcome> for Reply {
     }
 }
 
-fn queued(reservation_id: &str) -> Reply {
-    Reply::json(
-        202,
-        &serde_json::json!({"status": "queued", "reservation_id": reservation_id}),
-    )
+fn queued(reservation_id: &str, checkout_url: Option<String>) -> Reply {
+    let mut body = serde_json::json!({"status": "queued", "reservation_id": reservation_id});
+    if let Some(url) = checkout_url {
+        body["checkout_url"] = url.into();
+    }
+    Reply::json(202, &body)
 }
 
 /// A challenge as JSON: the 428's extra fields, and the whole answer of
@@ -193,7 +205,7 @@ mod tests {
             user_id: "u".into(),
             status: ReservationStatus::Cancelled,
         };
-        let r = replayed_order(&order);
+        let r = replayed_order(&order, None);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(
             (r.status, v["code"].as_str(), v["status"].as_str()),
@@ -204,12 +216,28 @@ mod tests {
             (Some("o-1"), true)
         );
         order.status = ReservationStatus::Confirmed;
-        let r = replayed_order(&order);
+        let r = replayed_order(&order, Some("https://shop.test/pay/o-1".into()));
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(
             (r.status, v["status"].as_str(), v["order_id"].as_str()),
             (201, Some("confirmed"), Some("o-1"))
         );
+        assert_eq!(v["checkout_url"], "https://shop.test/pay/o-1");
+        let won = Reply::from(BuyOutcome::Won {
+            reservation_id: "s.1".into(),
+            checkout_url: Some("https://shop.test/pay?r=s.1".into()),
+        });
+        let v: serde_json::Value = serde_json::from_slice(&won.body).unwrap();
+        assert_eq!(
+            (won.status, v["status"].as_str(), v["checkout_url"].as_str()),
+            (202, Some("queued"), Some("https://shop.test/pay?r=s.1"))
+        );
+        let plain = Reply::from(BuyOutcome::Won {
+            reservation_id: "s.1".into(),
+            checkout_url: None,
+        });
+        let v: serde_json::Value = serde_json::from_slice(&plain.body).unwrap();
+        assert!(v.get("checkout_url").is_none(), "no template, no field");
     }
 
     #[test]

@@ -250,6 +250,19 @@ impl SaleCache {
             .map(|s| s.window))
     }
 
+    /// The sale's checkout template (`checkout_url`), from the snapshot a
+    /// buy reads (at most [`WINDOW_TTL`] old); `None` when it has none, or
+    /// the sale cannot be read (the win stands; its answer goes without).
+    pub async fn checkout_url(&self, redis: &RedisClient, sale_id: &str) -> Option<String> {
+        match self.snapshot(redis, sale_id, WINDOW_TTL).await {
+            Ok(snapshot) => snapshot.and_then(|s| s.checkout_url.clone()),
+            Err(error) => {
+                tracing::warn!(%error, sale = sale_id, "cannot read the sale's checkout_url");
+                None
+            }
+        }
+    }
+
     /// The sale's view at `now_ms`, from a snapshot at most
     /// `pages.state_ttl_ms` old.
     ///

@@ -62,6 +62,10 @@ pub struct SaleSnapshot {
     /// The rest of the listing; `None` when the meta hash lacks a field the
     /// view needs (the window alone still answers buys, as the script does).
     pub spec: Option<SaleSpec>,
+    /// The sale's checkout template (meta `checkout_url`), for the buy
+    /// answers of its winners; apart from `spec` so that a buy never
+    /// depends on the view's fields.
+    pub checkout_url: Option<String>,
     /// As read, minus this gateway's wins since: a buyer polling the sale
     /// right after winning sees their item gone, even though the buy path
     /// read the snapshot just before. Other gateways' wins show at the
@@ -227,11 +231,13 @@ pub fn parse(
             ends_at_ms: window.ends_at_ms,
             draw_window_ms: int("draw_window_ms"),
             buckets: window.buckets,
+            checkout_url: meta.get("checkout_url").cloned(),
         })
     })();
     Some(SaleSnapshot {
         window,
         spec,
+        checkout_url: meta.get("checkout_url").cloned(),
         remaining: AtomicI64::new(remaining),
     })
 }
