@@ -129,13 +129,28 @@ async fn check_shop_paths(config: &Config) {
     let Some(upstream) = config.shop.upstreams.first() else {
         return;
     };
-    let base = format!("http://{upstream}");
+    let ca_pem = match &config.shop.ca_file {
+        Some(path) => match flashgate_common::ca_file::read_pem("shop.ca_file", path) {
+            Ok(pem) => Some(pem),
+            Err(e) => return println!("warning: {e}"),
+        },
+        None => None,
+    };
+    let target = flashgate_gateway::edge::ShopTarget {
+        base: upstream.to_string(),
+        host: match &config.shop.host_header {
+            flashgate_common::config::HostHeader::Fixed(name) => Some(name),
+            flashgate_common::config::HostHeader::Client => None,
+        },
+        ca_pem,
+    };
+    let base = &target.base;
     let routes = flashgate_gateway::edge::Routes::new(
         &config.gateway.path_prefix,
         config.gateway.sale_page_path.as_deref(),
     );
     let ids: Vec<&str> = config.sales.iter().map(|s| s.id.as_str()).collect();
-    match flashgate_gateway::edge::probe_shop(&routes, &base, &ids).await {
+    match flashgate_gateway::edge::probe_shop(&routes, &target, &ids).await {
         Ok(probes) => {
             let shadowed: Vec<_> = probes.iter().filter(|p| p.shadowed()).collect();
             for p in &shadowed {

@@ -92,6 +92,20 @@ async fn the_demo_stack_signs_in_a_shopper_whose_click_on_buy_wins() {
         home.contains("/demo/sign-in?next=/flashgate/sales/demo"),
         "{home}"
     );
+    // The shop's own assets under /static/ reach the shop through the
+    // gateway (its own live under /flashgate/).
+    let css = reqwest::get(format!(
+        "http://127.0.0.1:{}/static/css/shop.css",
+        run.ports[2]
+    ))
+    .await
+    .unwrap();
+    assert_eq!(css.status().as_u16(), 200);
+    let css = css.text().await.unwrap();
+    assert!(
+        css.contains("the demo shop's own /static/css/shop.css"),
+        "{css}"
+    );
     let url = out
         .lines()
         .find_map(|l| l.trim().strip_prefix("sale page").map(str::trim))

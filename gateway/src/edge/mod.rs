@@ -16,7 +16,7 @@ mod upstreams;
 pub use admin::AdminServer;
 pub use proxy::Gateway;
 pub use route::{Route, RouteError, Routes};
-pub use shadowed::{probe_shop, Probe};
+pub use shadowed::{probe_shop, Probe, ShopTarget};
 pub use shop_cache::{PurgeApi, ShopCache};
 pub use static_pages::{PagesWatcher, StaticPages};
 pub use tls::{listener_settings, CertSet, CertWatcher};

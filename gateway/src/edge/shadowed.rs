@@ -25,20 +25,36 @@ impl Probe {
     }
 }
 
-/// GETs each of the gateway's own paths from the shop at `shop_base`
-/// (`http://host:port`), one per sale id in `sale_ids` (or `example`).
+/// How the shop is asked: its first origin, as the gateway reaches it.
+pub struct ShopTarget<'a> {
+    /// `http://host:port` or `https://host:port`.
+    pub base: String,
+    /// `shop.host_header` when fixed.
+    pub host: Option<&'a str>,
+    /// `shop.ca_file`'s PEM, trusted besides the system's roots.
+    pub ca_pem: Option<String>,
+}
+
+/// GETs each of the gateway's own paths from the shop, one per sale id in
+/// `sale_ids` (or `example`).
 ///
 /// # Errors
 /// When the shop cannot be reached at all.
 pub async fn probe_shop(
     routes: &Routes,
-    shop_base: &str,
+    shop: &ShopTarget<'_>,
     sale_ids: &[&str],
 ) -> anyhow::Result<Vec<Probe>> {
-    let http = reqwest::Client::builder()
+    let mut http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(PROBE_TIMEOUT)
-        .build()?;
+        .timeout(PROBE_TIMEOUT);
+    if let Some(pem) = &shop.ca_pem {
+        for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())? {
+            http = http.add_root_certificate(cert);
+        }
+    }
+    let http = http.build()?;
+    let shop_base = shop.base.as_str();
     let ids = if sale_ids.is_empty() {
         &["example"][..]
     } else {
@@ -50,8 +66,11 @@ pub async fn probe_shop(
     let mut probes = Vec::with_capacity(paths.len());
     for path in paths {
         let url = format!("{}{path}", shop_base.trim_end_matches('/'));
-        let status = http
-            .get(&url)
+        let mut req = http.get(&url);
+        if let Some(host) = shop.host {
+            req = req.header(reqwest::header::HOST, host);
+        }
+        let status = req
             .send()
             .await
             .map_err(|e| anyhow::anyhow!("shop at {shop_base}: GET {path}: {e}"))?
