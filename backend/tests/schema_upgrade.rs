@@ -259,7 +259,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
         // database gets.
         assert_eq!(
             db.migrations().await,
-            vec![(1, true), (10, true), (20, true), (30, true)],
+            vec![(1, true), (10, true), (20, true), (30, true), (40, true)],
             "{name}"
         );
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");
@@ -322,7 +322,7 @@ async fn a_database_of_the_last_release_before_migrations_is_adopted_with_its_ro
         );
         assert_eq!(
             db.migrations().await,
-            vec![(1, true), (10, true), (20, true), (30, true)],
+            vec![(1, true), (10, true), (20, true), (30, true), (40, true)],
             "{name}"
         );
         store.close().await;
@@ -373,7 +373,7 @@ async fn a_database_of_the_first_release_gains_the_columns_added_since() {
 
         assert_eq!(
             db.migrations().await,
-            vec![(1, true), (10, true), (20, true), (30, true)],
+            vec![(1, true), (10, true), (20, true), (30, true), (40, true)],
             "{name}"
         );
         assert_eq!(db.schema().await, fresh_schema(&db).await, "{name}");

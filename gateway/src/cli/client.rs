@@ -1,62 +1,16 @@
 //! One call to an admin API, and every way the CLI fails, each naming what
 //! failed: the method and URL, the status and the API's error code.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+use super::error::CliError;
 use super::target::Target;
 
 /// How long one call may take: reconciling a large sale reads its orders.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Why an operator command failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    #[error("{var} is not set: the admin APIs take it as their bearer token")]
-    NoToken { var: &'static str },
-    #[error("{}: {error}", path.display())]
-    Config { path: PathBuf, error: String },
-    #[error("{flag} {value:?}: {why} (e.g. http://127.0.0.1:9091)")]
-    BadUrl {
-        flag: &'static str,
-        value: String,
-        why: &'static str,
-    },
-    #[error("sale file {}: {message}", path.display())]
-    SaleFile { path: PathBuf, message: String },
-    #[error("{0}")]
-    Usage(&'static str),
-    #[error("cannot start the HTTP client")]
-    Runtime(#[source] std::io::Error),
-    #[error("cannot build the HTTP client")]
-    Client(#[source] reqwest::Error),
-    #[error("{method} {url}: cannot reach the API")]
-    Unreachable {
-        method: Method,
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("{method} {url}: {status} ({code}): {message}")]
-    Refused {
-        method: Method,
-        url: String,
-        status: StatusCode,
-        /// The API's error code (`"code"` of its JSON body), `-` when the
-        /// body had none.
-        code: String,
-        message: String,
-    },
-    #[error("{method} {url}: {status}, but the answer is not JSON")]
-    NotJson {
-        method: Method,
-        url: String,
-        status: StatusCode,
-    },
-}
 
 /// A successful answer: its status and JSON body.
 #[derive(Debug)]

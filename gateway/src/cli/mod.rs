@@ -20,6 +20,7 @@
 //! and its typed failure; [`render`] the tables; [`sale_input`] the sale file.
 
 mod client;
+mod error;
 mod render;
 mod sale_input;
 mod target;
@@ -29,8 +30,8 @@ use std::path::Path;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-pub use client::CliError;
 use client::{AdminClient, Answer};
+pub use error::CliError;
 use target::Targets;
 
 /// Where the admin APIs are and how to print their answers; given after

@@ -20,7 +20,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::client::CliError;
+use super::error::CliError;
 
 /// What a sale lasts when the file gives neither `ends_at` nor
 /// `duration_seconds` (the config file's default).

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use flashgate_common::config::{file, ENV_ADMIN_TOKEN};
 
-use super::client::CliError;
+use super::error::CliError;
 use super::AdminArgs;
 
 /// One admin API: its base URL (no trailing `/`) and its bearer token.
