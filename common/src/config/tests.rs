@@ -1312,11 +1312,15 @@ fn auth_keys_are_checked_and_named() {
         ),
         (
             "[auth]\njwks_url = \"ftp://a/\"\n",
-            "auth.jwks_url: must be an http:// or https:// URL",
+            "auth.jwks_url: must be an https:// URL",
         ),
         (
             "[auth]\njwks_url = \"https://\"\n",
-            "auth.jwks_url: must be an http:// or https:// URL",
+            "auth.jwks_url: must be an https:// URL",
+        ),
+        (
+            "[auth]\njwks_url = \"http://id.example/jwks.json\"\n",
+            "auth.jwks_url: must be an https:// URL (http:// only to a loopback address",
         ),
         (
             "[auth]\njwks_file = \"j\"\nalgorithms = [\"HS256\"]\n[gateway]\n",

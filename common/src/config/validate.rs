@@ -970,11 +970,12 @@ fn auth(check: &mut Check, f: file::Auth, has_secret: bool) -> AuthConfig {
             None
         }
         (Some(url), None) => {
-            let ok = ["http://", "https://"].iter().any(|scheme| {
-                url.strip_prefix(scheme)
-                    .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
-            }) && !url.chars().any(char::is_whitespace);
-            check.that(ok, "auth.jwks_url", "must be an http:// or https:// URL");
+            check.that(
+                jwks_url_ok(&url),
+                "auth.jwks_url",
+                "must be an https:// URL (http:// only to a loopback address: whoever \
+                 answers the fetch chooses the keys tokens are checked with)",
+            );
             Some(JwksSource::Url(url))
         }
         (None, Some(path)) => {
@@ -1230,4 +1231,29 @@ fn sale_page_path(check: &mut Check, v: &str, prefix: &str) -> Option<String> {
         format_args!("must be outside gateway.path_prefix ({prefix}), which has its own sale pages; got {v:?}"),
     );
     Some(base.to_owned())
+}
+
+/// `auth.jwks_url`: https, or plain http to a loopback host only.
+fn jwks_url_ok(url: &str) -> bool {
+    if url.chars().any(char::is_whitespace) {
+        return false;
+    }
+    let authority = |rest: &str| rest.split(['/', '?', '#']).next().unwrap_or("").to_owned();
+    if let Some(rest) = url.strip_prefix("https://") {
+        return !authority(rest).is_empty();
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = authority(rest);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority.as_str(), |(h, _)| h),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }

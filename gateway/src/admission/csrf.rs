@@ -9,8 +9,9 @@
 //!   never grants (the sale page's script sends it); or
 //! - the browser's own word: `Sec-Fetch-Site: same-origin` and/or an
 //!   `Origin` naming the sale page's origin (`auth.public_origin`, else
-//!   the request's own host). When both are sent both must agree; a buy
-//!   with neither is refused.
+//!   the origin the request was sent to: scheme by listener and `Host`, so
+//!   a plain-HTTP page cannot post to the HTTPS site). When both are sent
+//!   both must agree; a buy with neither is refused.
 //!
 //! A buy with a bearer token needs none of this: a cross-site page cannot
 //! make a browser send an `Authorization` header.
@@ -34,9 +35,10 @@ impl CsrfCheck {
         }
     }
 
-    /// Whether a request of `authority` (its `Host`, or the HTTP/2
-    /// `:authority`) with `headers` comes from the sale page's origin.
-    pub fn passes(&self, headers: &HeaderMap, authority: Option<&str>) -> bool {
+    /// Whether a request sent to `own_origin` (`https://` or `http://` by
+    /// listener, then its `Host` or HTTP/2 `:authority`) with `headers`
+    /// comes from the sale page's origin.
+    pub fn passes(&self, headers: &HeaderMap, own_origin: Option<&str>) -> bool {
         if headers
             .get(CSRF_HEADER)
             .is_some_and(|v| v.as_bytes() == b"1")
@@ -49,21 +51,17 @@ impl CsrfCheck {
             return false;
         }
         site.is_none_or(|s| s == b"same-origin")
-            && origin.is_none_or(|o| self.same_origin(o, authority))
+            && origin.is_none_or(|o| self.same_origin(o, own_origin))
     }
 
-    fn same_origin(&self, origin: &[u8], authority: Option<&str>) -> bool {
+    fn same_origin(&self, origin: &[u8], own_origin: Option<&str>) -> bool {
         let Ok(origin) = std::str::from_utf8(origin) else {
             return false;
         };
-        match &self.public_origin {
-            Some(expected) => origin.eq_ignore_ascii_case(expected),
-            None => {
-                let host = origin
-                    .strip_prefix("https://")
-                    .or_else(|| origin.strip_prefix("http://"));
-                matches!((host, authority), (Some(h), Some(a)) if !h.is_empty() && h.eq_ignore_ascii_case(a))
-            }
+        match (&self.public_origin, own_origin) {
+            (Some(expected), _) => origin.eq_ignore_ascii_case(expected),
+            (None, Some(own)) => origin.eq_ignore_ascii_case(own),
+            (None, None) => false,
         }
     }
 }
@@ -83,22 +81,26 @@ mod tests {
     }
 
     #[test]
-    fn without_a_public_origin_the_origin_must_name_the_requests_host() {
+    fn without_a_public_origin_the_origin_must_be_the_one_the_request_was_sent_to() {
         let c = CsrfCheck::default();
-        let host = Some("shop.example");
+        let host = Some("https://shop.example");
         assert!(c.passes(&headers(&[("origin", "https://shop.example")]), host));
         assert!(c.passes(&headers(&[("origin", "https://SHOP.example")]), host));
         assert!(!c.passes(&headers(&[("origin", "https://evil.example")]), host));
         assert!(!c.passes(&headers(&[("origin", "https://shop.example.evil")]), host));
         assert!(!c.passes(&headers(&[("origin", "null")]), host));
         assert!(!c.passes(&headers(&[("origin", "https://shop.example")]), None));
+        assert!(
+            !c.passes(&headers(&[("origin", "http://shop.example")]), host),
+            "a plain-HTTP page posting to the HTTPS listener"
+        );
         assert!(!c.passes(&headers(&[]), host), "no evidence at all");
     }
 
     #[test]
     fn sec_fetch_site_must_say_same_origin_and_agree_with_the_origin() {
         let c = CsrfCheck::new(Some("https://Shop.example"));
-        let host = Some("gateway.internal");
+        let host = Some("https://gateway.internal");
         assert!(c.passes(&headers(&[("sec-fetch-site", "same-origin")]), host));
         assert!(!c.passes(&headers(&[("sec-fetch-site", "cross-site")]), host));
         assert!(!c.passes(&headers(&[("sec-fetch-site", "same-site")]), host));

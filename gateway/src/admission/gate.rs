@@ -168,11 +168,11 @@ impl Admission {
         &self,
         identity: &Identity,
         headers: &HeaderMap,
-        authority: Option<&str>,
+        own_origin: Option<&str>,
     ) -> Result<(), Rejection> {
         match identity.via {
             Via::Bearer => Ok(()),
-            Via::Cookie if self.csrf.passes(headers, authority) => Ok(()),
+            Via::Cookie if self.csrf.passes(headers, own_origin) => Ok(()),
             Via::Cookie => Err(Rejection::CsrfRejected),
         }
     }

@@ -152,14 +152,15 @@ impl<C: WallClock> BuyService<C> {
     ///
     /// # Errors
     /// The rejection to answer with.
-    /// `authority` is the request's `Host` (or HTTP/2 `:authority`), for
-    /// the CSRF check of a buy signed in by cookie.
+    /// `own_origin` is the origin the request was sent to
+    /// (`https://` + its `Host` or HTTP/2 `:authority`, `http://` on the
+    /// plain listener), for the CSRF check of a buy signed in by cookie.
     pub async fn admit(
         &self,
         sale_id: &str,
         peer: IpAddr,
         headers: &HeaderMap,
-        authority: Option<&str>,
+        own_origin: Option<&str>,
     ) -> Result<Admitted, Rejection> {
         let key = headers.get("idempotency-key");
         // A sold-out sale is the commonest answer of a flash sale; without an
@@ -172,7 +173,7 @@ impl<C: WallClock> BuyService<C> {
             .admission
             .identify(RouteClass::Buy, peer, headers)
             .await?;
-        self.admission.csrf(&identity, headers, authority)?;
+        self.admission.csrf(&identity, headers, own_origin)?;
         let user = identity.user;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
         self.admission.limit_user(RouteClass::Buy, &user)?;

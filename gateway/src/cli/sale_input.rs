@@ -8,7 +8,7 @@
 //!   `ends_at` and `duration_seconds` is refused.
 //! - The other keys go to the API as they are (`name`, `stock`,
 //!   `per_user_limit`, `payment_timeout_seconds`, `draw_window_ms`,
-//!   `buckets`), which checks their values; a key it does not know is
+//!   `buckets`, `checkout_url`), which checks their values; a key it does not know is
 //!   refused here, naming it.
 //!
 //! The format is the file's extension (`.toml`, `.json`); for `-` (stdin)
@@ -40,6 +40,7 @@ struct SaleFile {
     payment_timeout_seconds: Option<i64>,
     draw_window_ms: Option<i64>,
     buckets: Option<i64>,
+    checkout_url: Option<String>,
 }
 
 /// How the file is written.
@@ -130,6 +131,9 @@ fn parse(text: &str, format: Format, id: &str, now_ms: i64) -> Result<Value, Str
             body[key] = json!(v);
         }
     }
+    if let Some(url) = file.checkout_url {
+        body["checkout_url"] = json!(url);
+    }
     Ok(body)
 }
 
@@ -163,8 +167,13 @@ mod tests {
     fn a_json_sale_passes_its_keys_as_they_are() {
         let text = r#"{"name": "D", "stock": 3, "per_user_limit": 2,
             "starts_at": "2026-12-01T10:00:00Z", "ends_at": "2026-12-01T11:00:00Z",
-            "buckets": 4, "payment_timeout_seconds": 600, "draw_window_ms": 0}"#;
+            "buckets": 4, "payment_timeout_seconds": 600, "draw_window_ms": 0,
+            "checkout_url": "https://shop.example/pay/{reservation_id}"}"#;
         let body = parse(text, Format::Json, "d", NOW).unwrap();
+        assert_eq!(
+            body["checkout_url"],
+            "https://shop.example/pay/{reservation_id}"
+        );
         assert_eq!(body["ends_at"], "2026-12-01T11:00:00Z");
         assert_eq!(
             (body["per_user_limit"].as_i64(), body["buckets"].as_i64()),

@@ -151,7 +151,9 @@ impl Jwks {
     pub fn new(config: &JwksConfig, loads: IntCounterVec) -> Result<Self, JwksError> {
         let (source, keys) = match &config.source {
             JwksSource::Url(url) => {
+                // No redirects: the keys come from the configured URL only.
                 let http = reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
                     .timeout(config.timeout)
                     .connect_timeout(config.timeout)
                     .build()?;

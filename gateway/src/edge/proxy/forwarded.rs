@@ -11,11 +11,39 @@
 //! otherwise it starts again at the peer, so a client cannot put addresses
 //! of its choosing in front of its own. `X-Real-IP` is the client address
 //! the gateway decided on (the one its limits and deny lists use). The
-//! client's own `Forwarded` is removed: its `for=` would be unchecked.
+//! client's own `Forwarded` is removed: its `for=` would be unchecked; so
+//! are the other headers frameworks read from a trusted proxy
+//! ([`CLIENT_PROXY_HEADERS`]: scheme, port, prefix, host, client address,
+//! URL and method overrides), which a client could otherwise set to make
+//! the shop believe a scheme, host or address the gateway never saw.
 
 use std::net::IpAddr;
 
 use pingora::http::RequestHeader;
+
+/// Headers a shop may trust from the proxy in front of it, which only the
+/// gateway may set: removed from every request to the shop.
+pub const CLIENT_PROXY_HEADERS: &[&str] = &[
+    "forwarded",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-forwarded-server",
+    "x-url-scheme",
+    "front-end-https",
+    "x-host",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-host",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "true-client-ip",
+    "x-client-ip",
+    "cf-connecting-ip",
+    "x-cluster-client-ip",
+];
 
 /// What the gateway knows of the client of one request.
 pub struct ClientView {
@@ -35,7 +63,9 @@ pub struct ClientView {
 /// # Errors
 /// Only when Pingora refuses a header value (never for these).
 pub fn apply(upstream: &mut RequestHeader, view: &ClientView) -> pingora::Result<()> {
-    upstream.remove_header("forwarded");
+    for name in CLIENT_PROXY_HEADERS {
+        upstream.remove_header(*name);
+    }
     let chain = view
         .chain_trusted
         .then(|| {
@@ -126,5 +156,20 @@ mod tests {
         apply(&mut r, &view(false)).unwrap();
         assert_eq!(get(&r, "x-forwarded-for"), Some("10.0.0.2"));
         assert_eq!(get(&r, "x-forwarded-host"), None);
+    }
+
+    #[test]
+    fn headers_a_shop_trusts_from_its_proxy_never_pass_from_the_client() {
+        let sent: Vec<(&str, &str)> = CLIENT_PROXY_HEADERS
+            .iter()
+            .map(|name| (*name, "spoofed"))
+            .chain([("host", "shop.example"), ("cookie", "a=1")])
+            .collect();
+        let mut r = request(&sent);
+        apply(&mut r, &view(true)).unwrap();
+        for name in CLIENT_PROXY_HEADERS {
+            assert_eq!(get(&r, name), None, "{name}");
+        }
+        assert_eq!(get(&r, "cookie"), Some("a=1"), "other headers pass");
     }
 }

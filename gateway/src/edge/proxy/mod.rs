@@ -548,13 +548,16 @@ impl Gateway {
                 }
             }
             Route::Buy(sale_id) => {
-                let authority = headers
+                // The origin this request was sent to (scheme by listener),
+                // for the CSRF check of a buy signed in by cookie.
+                let own_origin = headers
                     .get(http::header::HOST)
                     .and_then(|v| v.to_str().ok())
-                    .or_else(|| session.req_header().uri.authority().map(|a| a.as_str()));
+                    .or_else(|| session.req_header().uri.authority().map(|a| a.as_str()))
+                    .map(|host| format!("{}://{host}", if ctx.tls { "https" } else { "http" }));
                 let admitted = self
                     .buy
-                    .admit(sale_id, peer(session), headers, authority)
+                    .admit(sale_id, peer(session), headers, own_origin.as_deref())
                     .await?;
                 read_buy_body(session, self.config.gateway.body_read_timeout).await?;
                 let headers = &session.req_header().headers;
