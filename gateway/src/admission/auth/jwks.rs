@@ -23,12 +23,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use flashgate_common::config::{JwksConfig, JwksSource};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use prometheus::IntCounterVec;
+use sha2::{Digest, Sha256};
 
 use crate::infra::{Shutdown, Task};
 
@@ -139,6 +142,11 @@ pub struct Jwks {
     refresh: Duration,
     /// `flashgate_jwks_loads_total`, by result.
     loads: IntCounterVec,
+    /// Bumped whenever a load brings a set that differs from the last one:
+    /// tokens remembered before were verified with keys that may be gone.
+    generation: AtomicU64,
+    /// SHA-256 of the last document loaded.
+    last_document: std::sync::Mutex<[u8; 32]>,
 }
 
 impl Jwks {
@@ -149,7 +157,7 @@ impl Jwks {
     /// When the file cannot be read or holds no usable key, or the HTTP
     /// client cannot be built.
     pub fn new(config: &JwksConfig, loads: IntCounterVec) -> Result<Self, JwksError> {
-        let (source, keys) = match &config.source {
+        let (source, keys, digest) = match &config.source {
             JwksSource::Url(url) => {
                 // No redirects: the keys come from the configured URL only.
                 let http = reqwest::Client::builder()
@@ -161,14 +169,15 @@ impl Jwks {
                     http,
                     url: url.clone(),
                 };
-                (source, KeySet::default())
+                (source, KeySet::default(), [0; 32])
             }
             JwksSource::File(path) => {
                 let bytes = std::fs::read(path).map_err(|source| JwksError::Read {
                     path: path.clone(),
                     source,
                 })?;
-                (Source::File(path.clone()), KeySet::parse(&bytes)?)
+                let digest = Sha256::digest(&bytes).into();
+                (Source::File(path.clone()), KeySet::parse(&bytes)?, digest)
             }
         };
         Ok(Self {
@@ -178,7 +187,15 @@ impl Jwks {
             refetch_interval: config.refetch_interval,
             refresh: config.refresh,
             loads,
+            generation: AtomicU64::new(0),
+            last_document: std::sync::Mutex::new(digest),
         })
+    }
+
+    /// Changes whenever the key set does (see `Verifier::verify`, which
+    /// forgets tokens remembered under an older set).
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The current set.
@@ -218,14 +235,22 @@ impl Jwks {
     /// One load, counted; the caller holds `loading`.
     async fn load(&self) -> Result<(), JwksError> {
         let loaded = match self.read().await {
-            Ok(bytes) => KeySet::parse(&bytes),
+            Ok(bytes) => KeySet::parse(&bytes).map(|set| (set, Sha256::digest(&bytes).into())),
             Err(error) => Err(error),
         };
         let result = if loaded.is_ok() { "ok" } else { "error" };
         self.loads.with_label_values(&[result]).inc();
-        let set = loaded?;
+        let (set, digest): (KeySet, [u8; 32]) = loaded?;
         tracing::debug!(keys = set.keys.len(), "jwks: loaded");
         self.keys.store(Arc::new(set));
+        let mut last = self
+            .last_document
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *last != digest {
+            *last = digest;
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
         Ok(())
     }
 

@@ -18,7 +18,9 @@
 //! A token is verified once: its user id and `exp` are then remembered
 //! under the SHA-256 digest of the token's bytes (`remembered`). A
 //! remembered token is still refused from its `exp` (plus the same
-//! leeway) on, as the full check would. The memory is a fixed table of
+//! leeway) on, as the full check would, and is checked in full again once
+//! the JWKS changes (a key the provider removed stops working at the next
+//! load, not minutes later). The memory is a fixed table of
 //! 65,536 slots: a crowd larger than the table costs what it would cost
 //! without one, a signature check of about 2 µs for HS256 (`cargo bench
 //! -p flashgate --bench token_verify`). A remembered token and an HS256
@@ -243,7 +245,10 @@ impl Verifier {
     pub async fn verify(&self, token: &str) -> Result<String, AuthError> {
         let now = now_seconds();
         let digest: TokenDigest = Sha256::digest(token.as_bytes()).into();
-        if let Some((user, exp)) = self.verified.get(&digest, now) {
+        // Read before the check: a set that changes during it makes the
+        // entry stale at once.
+        let generation = self.jwks.as_ref().map_or(0, |j| j.generation());
+        if let Some((user, exp)) = self.verified.get(&digest, now, generation) {
             // Saturating: a token signed with our key may say any `exp`.
             // As jsonwebtoken's check: refused once `exp + leeway < now`.
             if now <= exp.saturating_add(LEEWAY_SECONDS) {
@@ -260,8 +265,13 @@ impl Verifier {
         if !valid_user_id(&claims.sub) {
             return Err(AuthError::Invalid);
         }
-        self.verified
-            .remember(digest, Arc::from(claims.sub.as_str()), claims.exp, now);
+        self.verified.remember(
+            digest,
+            Arc::from(claims.sub.as_str()),
+            claims.exp,
+            now,
+            generation,
+        );
         Ok(claims.sub)
     }
 

@@ -32,6 +32,9 @@ struct RememberedToken {
     exp: u64,
     /// Forgotten from then on (seconds), whatever `exp` says.
     until: u64,
+    /// The key set's generation it was verified under: a token is
+    /// forgotten once the set changes (a key removed must stop working).
+    generation: u64,
 }
 
 impl Remembered {
@@ -49,20 +52,33 @@ impl Remembered {
     /// The user id and `exp` of a token remembered under `digest`. A slot
     /// another thread holds right now answers "not remembered": the
     /// caller verifies in full rather than wait.
-    pub(super) fn get(&self, digest: &TokenDigest, now: u64) -> Option<(Arc<str>, u64)> {
+    pub(super) fn get(
+        &self,
+        digest: &TokenDigest,
+        now: u64,
+        generation: u64,
+    ) -> Option<(Arc<str>, u64)> {
         let slot = self.slot(digest).try_lock().ok()?;
         slot.as_ref()
-            .filter(|t| t.digest == *digest && now < t.until)
+            .filter(|t| t.digest == *digest && now < t.until && t.generation == generation)
             .map(|t| (t.user.clone(), t.exp))
     }
 
-    pub(super) fn remember(&self, digest: TokenDigest, user: Arc<str>, exp: u64, now: u64) {
+    pub(super) fn remember(
+        &self,
+        digest: TokenDigest,
+        user: Arc<str>,
+        exp: u64,
+        now: u64,
+        generation: u64,
+    ) {
         if let Ok(mut slot) = self.slot(&digest).try_lock() {
             *slot = Some(RememberedToken {
                 digest,
                 user,
                 exp,
                 until: now.saturating_add(REMEMBERED_SECONDS),
+                generation,
             });
         }
     }

@@ -63,6 +63,7 @@ fn a_remembered_token_still_expires() {
         Arc::from("alice"),
         1000,
         now,
+        0,
     );
     assert_eq!(verify(&v, Some(&bearer(&t))), Err(AuthError::Expired));
 }
@@ -77,6 +78,7 @@ fn a_remembered_token_is_checked_in_full_again_after_its_time() {
         Sha256::digest(t.as_bytes()).into(),
         Arc::from("mallory"),
         u64::MAX,
+        0,
         0,
     );
     assert_eq!(verify(&v, Some(&bearer(&t))), Ok("alice".into()));
@@ -99,13 +101,13 @@ fn tokens_sharing_a_slot_replace_each_other_and_each_still_answers_its_own_user(
     let now = now_seconds();
     assert!(
         v.verified
-            .get(&Sha256::digest(a.as_bytes()).into(), now)
+            .get(&Sha256::digest(a.as_bytes()).into(), now, 0)
             .is_none(),
         "alice's token was pushed out by bob's"
     );
     assert_eq!(
         v.verified
-            .get(&Sha256::digest(b.as_bytes()).into(), now)
+            .get(&Sha256::digest(b.as_bytes()).into(), now, 0)
             .map(|(u, _)| u.to_string()),
         Some("bob".into())
     );
@@ -325,4 +327,23 @@ fn cookie_values_are_read_by_exact_name_quoted_or_not() {
     assert_eq!(cookie(&headers, "fg"), None);
     headers.insert(COOKIE, HeaderValue::from_static("fg_token="));
     assert_eq!(cookie(&headers, "fg_token"), None);
+}
+
+#[test]
+fn a_token_remembered_under_an_older_key_set_is_checked_in_full_again() {
+    let v = Verifier::new(b"k");
+    let t = mint(b"k", "alice", 60, &AuthConfig::default()).unwrap();
+    let digest: TokenDigest = Sha256::digest(t.as_bytes()).into();
+    let now = now_seconds();
+    v.verified
+        .remember(digest, Arc::from("mallory"), u64::MAX, now, 7);
+    assert_eq!(
+        v.verified.get(&digest, now, 8),
+        None,
+        "a set changed since: forgotten"
+    );
+    assert_eq!(
+        v.verified.get(&digest, now, 7).map(|(u, _)| u.to_string()),
+        Some("mallory".into())
+    );
 }

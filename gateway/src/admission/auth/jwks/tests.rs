@@ -191,3 +191,33 @@ async fn a_failed_load_keeps_the_last_good_set_and_a_refetch_finds_a_rotated_key
         Ok("carol".into())
     );
 }
+
+#[tokio::test]
+async fn a_key_removed_from_the_set_stops_working_even_for_a_remembered_token() {
+    let dir = TempDir::new("jwks-removed");
+    let path = dir.0.join("jwks.json");
+    let (kept, dropped) = (SigningKey::rsa("kept"), SigningKey::ec("dropped"));
+    std::fs::write(&path, jwks(&[&kept, &dropped])).unwrap();
+    let keys = Arc::new(Jwks::new(&file_config(path.clone()), loads()).unwrap());
+    let v = Verifier::with_keys(None, &asymmetric(), Some(keys.clone()));
+    let (a, b) = (
+        kept.sign(&claims("alice")),
+        dropped.sign(&claims("mallory")),
+    );
+    // Verified once, then remembered.
+    assert_eq!(verify(&v, &a), Ok("alice".into()));
+    assert_eq!(verify(&v, &b), Ok("mallory".into()));
+    assert_eq!(verify(&v, &b), Ok("mallory".into()));
+    // The same document again changes nothing.
+    let generation = keys.generation();
+    keys.reload().await.unwrap();
+    assert_eq!(keys.generation(), generation);
+    // The provider drops a key: its tokens are refused at once, remembered
+    // or not; the other key's go on being accepted.
+    std::fs::write(&path, jwks(&[&kept])).unwrap();
+    keys.reload().await.unwrap();
+    assert_ne!(keys.generation(), generation);
+    // (Its kid is unknown now: one refetch, which finds it still gone.)
+    assert_eq!(v.verify(&b).await, Err(AuthError::Invalid));
+    assert_eq!(verify(&v, &a), Ok("alice".into()));
+}
