@@ -34,3 +34,41 @@ pub fn chromium() -> String {
     );
     chromium
 }
+
+/// Runs `tests/browser/{script}` under node with `env`, `CHROMIUM` and
+/// `ARTIFACTS` (where it leaves its screenshots) for at most `limit`, and
+/// returns what it printed.
+///
+/// # Panics
+/// When it fails or runs past `limit`: with its output and `context()`
+/// (a server's log, say).
+pub async fn run_script(
+    script: &str,
+    env: &[(&str, String)],
+    artifacts: &Path,
+    limit: std::time::Duration,
+    context: impl FnOnce() -> String,
+) -> String {
+    let node = tokio::process::Command::new("node")
+        .arg(browser_dir().join(script))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("ARTIFACTS", artifacts)
+        .env("CHROMIUM", chromium())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(limit, node)
+        .await
+        .unwrap_or_else(|_| panic!("{script} timed out"))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{script} failed ({}), screenshots in {}:\n{stdout}\n{}\n{}",
+        out.status,
+        artifacts.display(),
+        String::from_utf8_lossy(&out.stderr),
+        context()
+    );
+    stdout
+}

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use flashgate_tests::browser::{browser_dir, chromium};
+use flashgate_tests::browser::{browser_dir, run_script};
 use flashgate_tests::local_run::LocalRun;
 use flashgate_tests::pki::TestCa;
 use flashgate_tests::{free_port, token, Stack, StackOptions, TempDir};
@@ -113,27 +113,15 @@ async fn the_demo_stack_signs_in_a_shopper_whose_click_on_buy_wins() {
         .unwrap_or_else(|| panic!("run.sh printed no sale page URL:\n{out}"))
         .to_owned();
     let artifacts = browser_dir().join("../../target/browser-artifacts/demo");
-    let node = tokio::process::Command::new("node")
-        .arg(browser_dir().join("demo.mjs"))
-        .env("SALE_URL", &url)
-        .env("ARTIFACTS", &artifacts)
-        .env("CHROMIUM", chromium())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), node)
-        .await
-        .expect("browser test timed out")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
+    let stdout = run_script(
+        "demo.mjs",
+        &[("SALE_URL", url)],
+        &artifacts,
+        Duration::from_secs(120),
+        String::new,
+    )
+    .await;
     drop(guard);
-    assert!(
-        out.status.success(),
-        "demo.mjs failed ({}), screenshots in {}:\n{stdout}\n{}",
-        out.status,
-        artifacts.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(stdout.contains("won as demo-shopper-"), "{stdout}");
 }
 
@@ -152,8 +140,6 @@ enum Https {
 /// starts in 12 s; `expect_pow`: the gateway asks a proof of work.
 async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool, https: &Https) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = browser_dir();
-    let chromium = chromium();
     let (base, args, protocol) = match https {
         Https::Off => (format!("http://{}", stack.gateway_addr), String::new(), ""),
         Https::On { base, spki } => (
@@ -174,32 +160,22 @@ async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool, https: &Http
         )
         .await;
     let artifacts = root.join("target/browser-artifacts").join(sale);
-    let node = tokio::process::Command::new("node")
-        .arg(dir.join("sale.mjs"))
-        .env("GATEWAY_URL", base)
-        .env("CHROMIUM_ARGS", args)
-        .env("EXPECT_PROTOCOL", protocol)
-        .env("SALE_ID", sale)
-        .env("TOKEN_A", token("browser-buyer-a"))
-        .env("TOKEN_B", token("browser-buyer-b"))
-        .env("ARTIFACTS", &artifacts)
-        .env("CHROMIUM", &chromium)
-        .env("EXPECT_POW", if expect_pow { "1" } else { "0" })
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), node)
-        .await
-        .expect("browser test timed out")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "sale.mjs failed ({}), screenshots in {}:\n{stdout}\n{stderr}",
-        out.status,
-        artifacts.display()
-    );
+    run_script(
+        "sale.mjs",
+        &[
+            ("GATEWAY_URL", base),
+            ("CHROMIUM_ARGS", args),
+            ("EXPECT_PROTOCOL", protocol.into()),
+            ("SALE_ID", sale.into()),
+            ("TOKEN_A", token("browser-buyer-a")),
+            ("TOKEN_B", token("browser-buyer-b")),
+            ("EXPECT_POW", if expect_pow { "1" } else { "0" }.into()),
+        ],
+        &artifacts,
+        Duration::from_secs(180),
+        String::new,
+    )
+    .await;
 
     let (orders, users, _) = stack.wait_orders(sale, 1, Duration::from_secs(10)).await;
     assert_eq!((orders, users), (1, 1), "exactly one order, for buyer A");

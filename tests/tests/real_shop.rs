@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use flashgate_tests::browser::{browser_dir, chromium};
+use flashgate_tests::browser::run_script;
 use flashgate_tests::oscar::{OscarOptions, OscarShop};
 use flashgate_tests::{Stack, StackOptions};
 use serde_json::Value;
@@ -39,30 +39,19 @@ async fn an_oscar_shop_behind_the_gateway_keeps_its_assets_sign_in_and_basket_pr
 
     let artifacts =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/browser-artifacts/real-shop");
-    let node = tokio::process::Command::new("node")
-        .arg(browser_dir().join("shop.mjs"))
-        .env("GATEWAY_URL", format!("http://{}", stack.gateway_addr))
-        .env("PRODUCT_PATH", &shop.product_path)
-        .env("EMAIL", &shop.email)
-        .env("PASSWORD", &shop.password)
-        .env("ARTIFACTS", &artifacts)
-        .env("CHROMIUM", chromium())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), node)
-        .await
-        .expect("browser test timed out")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "shop.mjs failed ({}), screenshots in {}:\n{stdout}\n{}\nshop log:\n{}",
-        out.status,
-        artifacts.display(),
-        String::from_utf8_lossy(&out.stderr),
-        shop.log()
-    );
+    let stdout = run_script(
+        "shop.mjs",
+        &[
+            ("GATEWAY_URL", format!("http://{}", stack.gateway_addr)),
+            ("PRODUCT_PATH", shop.product_path.clone()),
+            ("EMAIL", shop.email.clone()),
+            ("PASSWORD", shop.password.clone()),
+        ],
+        &artifacts,
+        Duration::from_secs(180),
+        || format!("shop log:\n{}", shop.log()),
+    )
+    .await;
     let result: Value = stdout
         .lines()
         .find_map(|l| l.strip_prefix("shop.mjs: result "))

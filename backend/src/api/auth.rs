@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `FLASHGATE_ADMIN_TOKEN` | every `/admin/*` route |
 //! | `FLASHGATE_INTERNAL_TOKEN` | the `/internal/*` routes gateways call |
-//! | `FLASHGATE_SHOP_TOKEN` | `POST /internal/orders/{id}/pay` |
+//! | `FLASHGATE_SHOP_TOKEN` | `POST /internal/orders/{id}/pay` and `/cancel` |
 //!
 //! A request without the right token is answered `401 unauthorized` before
 //! any handler runs, so it changes nothing.

@@ -127,18 +127,14 @@ impl PaymentView {
 
 /// `POST /internal/orders/{order_id}/pay`: the shop confirms a payment.
 /// 200 when the order is paid (by this call or an earlier one: calling
-/// again is harmless), 409 `order_cancelled` when the payment timeout
-/// cancelled it first (the item is already back on sale), 404 otherwise.
+/// again is harmless), 409 `order_cancelled` when the payment timeout or
+/// the shop's own cancel came first (the item is already back on sale: the
+/// shop refunds the payment), 404 otherwise.
 pub async fn pay(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(order_id) = id?;
-    if !valid_order_id(&order_id) {
-        return Err(ApiError::bad_request(
-            "order_id: must be `o-` and 32 hex digits",
-        ));
-    }
+    let order_id = order_id(id)?;
     match state.store.orders().pay(&order_id).await? {
         Payment::Paid(order) => Ok(Json(PaymentView::new(order)).into_response()),
         Payment::Cancelled(order) => {
@@ -166,12 +162,7 @@ pub async fn cancel(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(order_id) = id?;
-    if !valid_order_id(&order_id) {
-        return Err(ApiError::bad_request(
-            "order_id: must be `o-` and 32 hex digits",
-        ));
-    }
+    let order_id = order_id(id)?;
     if state.store.orders().cancel_if_unpaid(&order_id).await? {
         tracing::info!(order = %order_id, "order cancelled by the shop");
         let mut redis = state.redis.clone();
@@ -194,6 +185,17 @@ pub async fn cancel(
         )),
         None => Err(ApiError::not_found("no such order")),
     }
+}
+
+/// The `{order_id}` of a shop's call, checked.
+fn order_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(order_id) = id?;
+    if !valid_order_id(&order_id) {
+        return Err(ApiError::bad_request(
+            "order_id: must be `o-` and 32 hex digits",
+        ));
+    }
+    Ok(order_id)
 }
 
 /// Order ids are `o-` and 32 lowercase hex digits (see the store).

@@ -145,8 +145,8 @@ pub struct Shop {
     pub health_check_interval_ms: u64,
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
-    /// Speak HTTP/2 to the shop (prior knowledge, h2c: the upstreams are
-    /// plain TCP addresses).
+    /// Speak HTTP/2 to the shop: h2c with prior knowledge to `http://`
+    /// origins, by ALPN to `https://` ones.
     pub h2: bool,
     /// `[shop.cache]`: the edge cache of the shop's responses.
     pub cache: ShopCache,
