@@ -13,6 +13,7 @@
 //! - `/sie` `max-age=1, stale-if-error=60`, `/sie-default` `max-age=1`;
 //!   every `/sie…` answers 500 once the test sets the shop failing;
 //! - `/big/…` 64 KiB bodies, `max-age=60`;
+//! - `/text…` 4 KiB of uncompressed text, `max-age=60`;
 //! - `/echo` `max-age=60`, echoing the request headers that could change
 //!   the answer (`X-Forwarded-Host`, `X-Original-URL`, ...);
 //! - `/mustrev` `max-age=60, must-revalidate`, echoing the request's cookie;
@@ -161,6 +162,10 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
         }
         "/sie" | "/sie-crowd" => "max-age=1, stale-if-error=60",
         "/sie-default" => "max-age=1",
+        p if p.starts_with("/text") => {
+            body = format!("{}{body}", "flash sale ".repeat(400));
+            "max-age=60"
+        }
         p if p.starts_with("/big/") => {
             body = format!("{body}{}", "x".repeat(BIG_BODY));
             "max-age=60"
@@ -175,9 +180,14 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
 
 /// A stack whose gateway proxies (and caches) the test's shop.
 async fn start() -> (Stack, Shop) {
+    start_with("").await
+}
+
+/// As [`start`], with `more` appended to the gateway's config.
+async fn start_with(more: &str) -> (Stack, Shop) {
     let shop = Shop::start().await;
     let extra_toml = format!(
-        "[shop]\nupstreams = [\"{}\"]\nread_timeout_ms = 10000\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n",
+        "[shop]\nupstreams = [\"{}\"]\nread_timeout_ms = 10000\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n{more}",
         shop.addr
     );
     let stack = Stack::start(StackOptions {
@@ -506,6 +516,82 @@ async fn vary_accept_encoding_keeps_one_variant_per_encoding() {
         (200, "HIT".into(), "encoding=br /vary #2".into())
     );
     assert_eq!(shop.count("/vary"), 2);
+}
+
+/// One GET's `Content-Encoding`, `Vary`, `X-Cache` and body, decoded.
+async fn get_decoded(stack: &Stack, path: &str, accept: &str) -> (String, String, String, String) {
+    use std::io::Read as _;
+    let resp = stack
+        .http
+        .get(stack.url(path))
+        .header("accept-encoding", accept)
+        .send()
+        .await
+        .unwrap();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let (encoding, vary, x_cache) = (
+        header("content-encoding"),
+        header("vary"),
+        header("x-cache"),
+    );
+    let bytes = resp.bytes().await.unwrap();
+    let mut body = String::new();
+    match encoding.as_str() {
+        "gzip" => flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_string(&mut body)
+            .unwrap(),
+        "br" => brotli::Decompressor::new(&bytes[..], 4096)
+            .read_to_string(&mut body)
+            .unwrap(),
+        "" => {
+            body = String::from_utf8(bytes.to_vec()).unwrap();
+            0
+        }
+        other => panic!("unexpected content-encoding {other}"),
+    };
+    (encoding, vary, x_cache, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_the_shop_sends_uncompressed_is_compressed_once_per_encoding() {
+    let (stack, shop) = start_with("\n[shop.compression]\nenabled = true\n").await;
+    let page = format!("{}/text #1", "flash sale ".repeat(400));
+    let (encoding, vary, x_cache, body) = get_decoded(&stack, "/text", "gzip").await;
+    assert_eq!((encoding.as_str(), x_cache.as_str()), ("gzip", "MISS"));
+    assert!(
+        vary.to_ascii_lowercase().contains("accept-encoding"),
+        "vary: {vary}"
+    );
+    assert_eq!(body, page);
+    // Another spelling of the same codings shares the stored copy.
+    let (encoding, _, x_cache, body) = get_decoded(&stack, "/text", "gzip;q=1.0").await;
+    assert_eq!(
+        (encoding.as_str(), x_cache.as_str(), body == page),
+        ("gzip", "HIT", true)
+    );
+    let (encoding, _, x_cache, body) = get_decoded(&stack, "/text", "br").await;
+    assert_eq!((encoding.as_str(), x_cache.as_str()), ("br", "MISS"));
+    assert_eq!(body, format!("{}/text #2", "flash sale ".repeat(400)));
+    let (encoding, _, x_cache, _) = get_decoded(&stack, "/text", "br").await;
+    assert_eq!((encoding.as_str(), x_cache.as_str()), ("br", "HIT"));
+    // A client that accepts no coding gets the shop's bytes as they are.
+    let (encoding, _, _, body) = get_decoded(&stack, "/text", "identity").await;
+    assert_eq!(encoding, "");
+    assert!(body.ends_with("/text #3"), "{body}");
+    assert_eq!(shop.count("/text"), 3, "one fetch per encoding, then hits");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_shop_compression_the_shops_bytes_pass_as_they_are() {
+    let (stack, _shop) = start().await;
+    let (encoding, _, x_cache, body) = get_decoded(&stack, "/text-plain", "gzip, br").await;
+    assert_eq!((encoding.as_str(), x_cache.as_str()), ("", "MISS"));
+    assert!(body.ends_with("/text-plain #1"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

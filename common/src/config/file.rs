@@ -150,6 +150,8 @@ pub struct Shop {
     pub h2: bool,
     /// `[shop.cache]`: the edge cache of the shop's responses.
     pub cache: ShopCache,
+    /// `[shop.compression]`: what the shop sends uncompressed, compressed here.
+    pub compression: ShopCompression,
 }
 
 impl Default for Shop {
@@ -165,6 +167,32 @@ impl Default for Shop {
             read_timeout_ms: 30_000,
             h2: false,
             cache: ShopCache::default(),
+            compression: ShopCompression::default(),
+        }
+    }
+}
+
+/// `[shop.compression]`: text responses the shop sends uncompressed are
+/// compressed for clients that accept it, before the edge cache stores them
+/// (so each encoding is compressed once per cached copy).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShopCompression {
+    /// Off unless asked for: the shop's bytes pass as they are.
+    pub enabled: bool,
+    /// Level of each encoding; 0 turns that one off.
+    pub gzip_level: u32,
+    pub brotli_level: u32,
+    pub zstd_level: u32,
+}
+
+impl Default for ShopCompression {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            gzip_level: 6,
+            brotli_level: 5,
+            zstd_level: 3,
         }
     }
 }

@@ -43,9 +43,9 @@ pub use events::{webhook_key, AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode, DEFAULT_PATH_PREFIX};
 pub use origin::{valid_host, Origin, OriginError, Scheme};
 pub use settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
-    GatewayConfig, HostHeader, JwksConfig, JwksSource, LimitsConfig, PagesConfig, RedisConfig,
-    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, CompressionLevels, Config, DenyConfig,
+    FairnessConfig, GatewayConfig, HostHeader, JwksConfig, JwksSource, LimitsConfig, PagesConfig,
+    RedisConfig, RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 pub use validate::{
     MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS,

@@ -334,6 +334,16 @@ pub struct ShopConfig {
     pub h2: bool,
     /// The edge cache of the shop's responses.
     pub cache: ShopCacheConfig,
+    /// `[shop.compression]`; `None` while `shop.compression.enabled` is false.
+    pub compression: Option<CompressionLevels>,
+}
+
+/// `[shop.compression]`, validated: the level of each encoding (0: off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressionLevels {
+    pub gzip: u32,
+    pub brotli: u32,
+    pub zstd: u32,
 }
 
 /// `shop.host_header`.

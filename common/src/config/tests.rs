@@ -1376,3 +1376,44 @@ fn auth_keys_are_checked_and_named() {
         assert!(Config::from_toml_str(&text, &NoEnv, 0).is_ok(), "{origin}");
     }
 }
+
+#[test]
+fn shop_compression_is_off_by_default_and_its_levels_are_named() {
+    let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert_eq!(c.shop.compression, None);
+    let c = Config::from_toml_str(
+        "[shop.compression]\nenabled = true\nzstd_level = 0\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        c.shop.compression,
+        Some(CompressionLevels {
+            gzip: 6,
+            brotli: 5,
+            zstd: 0
+        })
+    );
+    let msg = Config::from_toml_str(
+        "[shop.compression]\ngzip_level = 10\nbrotli_level = 12\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("shop.compression.gzip_level")
+            && msg.contains("shop.compression.brotli_level"),
+        "{msg}"
+    );
+    let off =
+        "[shop.compression]\nenabled = true\ngzip_level = 0\nbrotli_level = 0\nzstd_level = 0\n";
+    let msg = Config::from_toml_str(off, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("shop.compression.enabled: every level is 0"),
+        "{msg}"
+    );
+}

@@ -23,9 +23,9 @@ use super::env::{
 use super::file;
 use super::origin::{valid_host, Origin};
 use super::settings::{
-    AuthConfig, BackendConfig, Bucket, ChallengeConfig, Config, DenyConfig, FairnessConfig,
-    GatewayConfig, HostHeader, JwksConfig, JwksSource, LimitsConfig, PagesConfig, RedisConfig,
-    RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
+    AuthConfig, BackendConfig, Bucket, ChallengeConfig, CompressionLevels, Config, DenyConfig,
+    FairnessConfig, GatewayConfig, HostHeader, JwksConfig, JwksSource, LimitsConfig, PagesConfig,
+    RedisConfig, RedisTarget, RouteLimits, ShopCacheConfig, ShopConfig, TlsConfig, TlsFiles,
 };
 use super::JwtAlgorithm;
 use crate::sale::SaleSpec;
@@ -576,7 +576,26 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
         read_timeout: Duration::from_millis(f.read_timeout_ms),
         h2: f.h2,
         cache: shop_cache(check, f.cache, f.read_timeout_ms),
+        compression: shop_compression(check, f.compression),
     }
+}
+
+/// `[shop.compression]`: each level within its encoder's range, 0 = off.
+fn shop_compression(check: &mut Check, f: file::ShopCompression) -> Option<CompressionLevels> {
+    check.at_most("shop.compression.gzip_level", f.gzip_level, 9);
+    check.at_most("shop.compression.brotli_level", f.brotli_level, 11);
+    check.at_most("shop.compression.zstd_level", f.zstd_level, 19);
+    if f.enabled && f.gzip_level == 0 && f.brotli_level == 0 && f.zstd_level == 0 {
+        check.fail(
+            "shop.compression.enabled",
+            "every level is 0: set one of gzip_level, brotli_level, zstd_level",
+        );
+    }
+    f.enabled.then_some(CompressionLevels {
+        gzip: f.gzip_level,
+        brotli: f.brotli_level,
+        zstd: f.zstd_level,
+    })
 }
 
 /// Largest `shop.cache.max_bytes`: 64 GiB, past any gateway's memory.

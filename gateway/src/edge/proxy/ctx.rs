@@ -22,6 +22,8 @@ pub struct RequestCtx {
     /// The shop origin `upstream_peer` chose (its name is the `Host` when
     /// the client sent none).
     pub origin: Option<std::sync::Arc<flashgate_common::config::Origin>>,
+    /// The brotli body compressed here has its last block (`compress`).
+    pub brotli_closed: bool,
 }
 
 impl RequestCtx {
@@ -35,6 +37,7 @@ impl RequestCtx {
             tls: false,
             stale_on_error: false,
             origin: None,
+            brotli_closed: false,
         }
     }
 }

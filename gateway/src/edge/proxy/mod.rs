@@ -44,6 +44,7 @@
 //! boxed the same way. `RUSTC_BOOTSTRAP=1 cargo rustc -p flashgate --lib --
 //! -Zprint-type-sizes` lists the sizes.
 
+mod compress;
 pub mod ctx;
 pub mod forwarded;
 pub mod session;
@@ -182,7 +183,12 @@ impl ProxyHttp for Gateway {
             }
         }
         let reply = match route {
-            Ok(Route::Shop) => return Ok(false),
+            Ok(Route::Shop) => {
+                if let Some(levels) = self.config.shop.compression {
+                    compress::enable(session, levels);
+                }
+                return Ok(false);
+            }
             Ok(route @ (Route::SalePage(_) | Route::Asset(_))) => {
                 keep_alive_after_early_answer(session);
                 ctx.route = route.kind();
@@ -273,6 +279,17 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<CacheKey> {
         let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         Ok(policy::cache_key(session.req_header(), tls))
+    }
+
+    fn upstream_response_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Option<std::time::Duration>> {
+        compress::finish_brotli(session, body, end_of_stream, &mut ctx.brotli_closed);
+        Ok(None)
     }
 
     fn response_cache_filter(

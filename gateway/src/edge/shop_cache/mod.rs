@@ -8,7 +8,8 @@
 //!   `no-store`, nothing with `Set-Cookie` (a session cookie must never reach
 //!   another client), nothing with `Vary: *`. `no-cache` responses are
 //!   stored but revalidated on every use. `Vary` picks the variant by the
-//!   named request headers ([`policy::variance`]). Only the shop's headers
+//!   named request headers ([`policy::variance`]; `Accept-Encoding` by the
+//!   set of codings it accepts, so browsers share a copy per encoding). Only the shop's headers
 //!   decide: the client's own `Cache-Control` and `Pragma` are not honoured
 //!   (a crowd reloading with `no-cache` must not reach the shop).
 //! - Cookies and `Authorization`: such a request is answered from the cache
