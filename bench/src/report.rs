@@ -309,6 +309,28 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             .zip(fp99.zip(pp99))
             .map(|(q, (f, p))| q >= 1.0 && f <= p),
     });
+    let (fs, ps) = (
+        rps(r, "i_shop_cache", Side::Flashgate),
+        rps(r, "i_shop_cache", Side::Peer),
+    );
+    out.push(TargetEval {
+        id: "shop_cache",
+        name: "Cached shop page vs nginx proxy_cache",
+        goal: "≥ 1.0× nginx proxy_cache req/s (same page, same origin)",
+        figures: format!(
+            "{} vs {} req/s = {}×; p99 {} vs {} ms",
+            f0(fs),
+            f0(ps),
+            f2(ratio(fs, ps)),
+            f2(avg(r, "i_shop_cache", Side::Flashgate, |x| Some(
+                x.summary.p99_ms
+            ))),
+            f2(avg(r, "i_shop_cache", Side::Peer, |x| Some(
+                x.summary.p99_ms
+            ))),
+        ),
+        met: ratio(fs, ps).map(|q| q >= 1.0),
+    });
     let (fc, pc) = (
         rps(r, "c_buy", Side::Flashgate),
         rps(r, "c_buy", Side::Peer),

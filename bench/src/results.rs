@@ -36,6 +36,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { id: "e_hammer", title: "e. One user hammering (rate-limited)", peer: Some("openresty-gateway") },
     Scenario { id: "d_soldout_pow", title: "d*. Buy after sold out, challenge on (`[challenge] mode = \"always\"`)", peer: None },
     Scenario { id: "e_hammer_pow", title: "e*. One user hammering (rate-limited), challenge on", peer: None },
+    Scenario { id: "i_shop_cache", title: "i. A shop page through the edge cache (GET, the same 6.7 KB page from the same origin nginx)", peer: Some("nginx-proxy-cache") },
     Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
 ];
 

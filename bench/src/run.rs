@@ -43,10 +43,16 @@ struct Ctx {
     /// The gateway with `[challenge] mode = "always"` (address, pid),
     /// while the `*_pow` rows run.
     challenge_gateway: Option<(std::net::SocketAddr, u32)>,
+    /// The gateway whose shop is the peers' static nginx, with
+    /// `[shop.cache]` on (address, pid), for `i_shop_cache`.
+    shop_cache_gateway: Option<(std::net::SocketAddr, u32)>,
 }
 
 /// The rows run against the gateway that asks every buy for a proof of
 /// work; the scenario each repeats.
+/// The shop page through the edge cache, beside nginx `proxy_cache`.
+const SHOP_CACHE: &str = "i_shop_cache";
+
 const CHALLENGED: &[(&str, &str)] = &[("d_soldout_pow", "d_soldout"), ("e_hammer_pow", "e_hammer")];
 
 fn probe(watched: Vec<Watched>) -> impl Fn() -> Snap + Send + Sync {
@@ -174,6 +180,7 @@ async fn run_with_db(
         tag: crate::stack::random_hex(4),
         wait_gateway: None,
         challenge_gateway: None,
+        shop_cache_gateway: None,
     };
     // Stopped when dropped, at the end of the run.
     let _challenge_gateway = if CHALLENGED.iter().any(|(id, _)| wanted(id)) {
@@ -189,6 +196,22 @@ async fn run_with_db(
         Some(gateway)
     } else {
         None
+    };
+    // Stopped when dropped, at the end of the run.
+    let _shop_cache_gateway = match (&ctx.peers, wanted(SHOP_CACHE)) {
+        (Some(peers), true) => {
+            let shop = format!(
+                "[shop]\nupstreams = [\"{}\"]\n[shop.cache]\nenabled = true\n",
+                peers.static_addr
+            );
+            let (gateway, addr) = ctx
+                .fg
+                .start_gateway_with("flashgate-shop-cache", "", &shop)
+                .await?;
+            ctx.shop_cache_gateway = Some((addr, gateway.pid));
+            Some(gateway)
+        }
+        _ => None,
     };
     ctx.fg.put_sale("bench", BIG_STOCK, 1).await?;
     ctx.fg.put_sale("state", BIG_STOCK, 1).await?;
@@ -584,6 +607,16 @@ async fn flashgate_round(
             .filter(|w| w.name == "gateway")
             .for_each(|w| w.pids = vec![pid]);
     }
+    if scenario == SHOP_CACHE {
+        let (cache_addr, pid) = ctx
+            .shop_cache_gateway
+            .context("the shop-cache gateway was not started")?;
+        addr = cache_addr;
+        watched
+            .iter_mut()
+            .filter(|w| w.name == "gateway")
+            .for_each(|w| w.pids = vec![pid]);
+    }
     let tag = format!("{}{}f{round}", ctx.tag, &scenario[..1]);
     let sale = format!("{}-r{round}", scenario.replace('_', "-"));
     let buy_path = format!("/flashgate/api/sales/{sale}/buy");
@@ -598,6 +631,13 @@ async fn flashgate_round(
             0,
             Target::Get {
                 path: SALE_PAGE_PATH.into(),
+            },
+            Pace::Closed,
+        ),
+        SHOP_CACHE => (
+            0,
+            Target::Get {
+                path: "/p/1001.html".into(),
             },
             Pace::Closed,
         ),
@@ -808,7 +848,7 @@ async fn peer_round(
     let ids = ctx.peer_ids.clone();
     let hammer_user = 2 * round + 1;
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
-        "a_static" | "a_floor" => (
+        "a_static" | "a_floor" | SHOP_CACHE => (
             0,
             Target::Get {
                 path: "/p/1001.html".into(),
@@ -866,6 +906,7 @@ async fn peer_round(
     let (addr, watched) = match scenario {
         _ if is_buy => (peers.gw_addr, peers.gw_watched()),
         "a_floor" => (peers.floor_addr, peers.floor_watched()),
+        SHOP_CACHE => (peers.cache_addr, peers.cache_watched()),
         _ => (peers.static_addr, peers.static_watched()),
     };
     if is_buy {

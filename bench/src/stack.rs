@@ -579,6 +579,10 @@ pub struct Peers {
     pub redis_port: u16,
     pub static_addr: std::net::SocketAddr,
     pub gw_addr: std::net::SocketAddr,
+    /// nginx `proxy_cache` in front of `static_nginx` (the peer of the
+    /// shop cache).
+    pub cache_nginx: Proc,
+    pub cache_addr: std::net::SocketAddr,
 }
 
 /// Renders a peers' nginx template the way `peers/lib/common.sh` does.
@@ -744,7 +748,26 @@ impl Peers {
         .await?;
         let (floor, floor_addr) =
             start_floor(bin_dir, &peers_dir.join("html/p/1001.html"), workers).await?;
+        let cache_port = free_port();
+        let work = dir.join("nginx-proxy-cache");
+        std::fs::create_dir_all(&work)?;
+        let conf = include_str!("../conf/nginx-proxy-cache.conf.in")
+            .replace("@WORK@", &work.display().to_string())
+            .replace("@WORKERS@", &workers.to_string())
+            .replace("@PORT@", &cache_port.to_string())
+            .replace("@ORIGIN@", &loopback(static_port).to_string());
+        std::fs::write(work.join("nginx.conf"), conf)?;
+        let cache_nginx = start_nginx(
+            "nginx-proxy-cache",
+            &work,
+            &work.join("nginx.conf"),
+            cache_port,
+            &[],
+        )
+        .await?;
         Ok(Self {
+            cache_nginx,
+            cache_addr: loopback(cache_port),
             static_nginx,
             floor,
             floor_addr,
@@ -763,6 +786,12 @@ impl Peers {
     pub fn static_watched(&self) -> Vec<Watched> {
         let mut pids = children_of(self.static_nginx.pid);
         pids.push(self.static_nginx.pid);
+        vec![Watched::pids("gateway", pids)]
+    }
+
+    pub fn cache_watched(&self) -> Vec<Watched> {
+        let mut pids = children_of(self.cache_nginx.pid);
+        pids.push(self.cache_nginx.pid);
         vec![Watched::pids("gateway", pids)]
     }
 
