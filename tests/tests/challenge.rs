@@ -376,22 +376,29 @@ async fn a_sold_out_sale_answers_410_before_any_challenge() {
         (410, Some("sold_out")),
         "{body}"
     );
-    // A keyed one is decided (and its answer remembered) by Redis, never by
-    // a flag that may be stale: it pays its proof of work like any buy.
-    let keyed = buy(&stack, "last-one", "late", None, Some("k-1")).await;
-    assert_challenge_required("keyed", &keyed, "proof of work");
-    let (status, _, body) = buy(
-        &stack,
-        "last-one",
-        "late",
-        Some(&solution(&keyed.2)),
-        Some("k-1"),
-    )
-    .await;
+    // A keyed one of a user who never reserved an item has no win to
+    // replay: answered by the flag and the sale's buyers, with no proof.
+    let (status, _, body) = buy(&stack, "last-one", "late", None, Some("k-1")).await;
     assert_eq!(
         (status, body["code"].as_str()),
         (410, Some("sold_out")),
         "{body}"
+    );
+    // A buyer's keyed buy is decided by Redis (it may replay a win): it
+    // pays its proof of work like any buy, and gets no second item.
+    let keyed = buy(&stack, "last-one", "first", None, Some("k-2")).await;
+    assert_challenge_required("buyer's keyed", &keyed, "proof of work");
+    let (status, _, body) = buy(
+        &stack,
+        "last-one",
+        "first",
+        Some(&solution(&keyed.2)),
+        Some("k-2"),
+    )
+    .await;
+    assert!(
+        matches!(body["code"].as_str(), Some("sold_out" | "limit_reached")),
+        "{status} {body}"
     );
 }
 

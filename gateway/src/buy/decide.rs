@@ -5,17 +5,19 @@
 //! admit   sold out and no Idempotency-Key? ─► 410, before any other work
 //!         admission: IP deny/bucket, token, user deny list
 //!         Idempotency-Key checked
+//!         sold out, keyed, and the user never reserved an item? ─► 410
 //!         admission: user bucket, global bucket
 //!   (the proxy reads the body here: a bad one is a 400 that spent no
 //!   Redis state)
-//! prove   sold out and no Idempotency-Key? ─► 410
+//! prove   sold out, unkeyed or by a user who never reserved? ─► 410
 //!         proof of work (when configured; one SET NX)
 //!         cluster bucket (Redis, when configured)
 //! buy     local decision from the sale cache: switches, sold-out flag,
 //!         window (not started, ended, paused), unknown sale
 //!           ├─ open, or refused for good (sold out, ended) with an
-//!           │  Idempotency-Key (Redis decides and remembers a key's
-//!           │  answer; a local flag may be stale)
+//!           │  Idempotency-Key of a user who reserved an item or whose
+//!           │  sale's buyers are not known here (Redis decides and
+//!           │  remembers a key's answer: a winner's retry replays)
 //!           │  ─────────► deduct script (one EVALSHA, shared with the
 //!           │              sale's concurrent buys: `deduct::batch`); in a sale's draw
 //!           │              window it enters the draw instead and the buy
@@ -65,6 +67,11 @@ impl<C: WallClock> BuyService<C> {
                     self.metrics.local_sold_out.inc();
                 }
                 return Err(rejection);
+            }
+            // Keyed, by a user who never reserved an item: no win to replay.
+            Some(Rejection::SoldOut) if self.sales.sold_out_for_keyed(sale_id, user) => {
+                self.metrics.local_sold_out.inc();
+                return Err(Rejection::SoldOut);
             }
             local => local,
         };
@@ -351,6 +358,7 @@ impl<C: WallClock> BuyService<C> {
         if decision.found_sold_out() {
             self.flag_sold_out(sale_id, Some(decision.epoch), clears)
                 .await;
+            self.sales.read_buyers(&self.redis, sale_id, clears).await;
         }
         Ok(decision)
     }

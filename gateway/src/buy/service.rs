@@ -176,6 +176,9 @@ impl<C: WallClock> BuyService<C> {
         self.admission.csrf(&identity, headers, own_origin)?;
         let user = identity.user;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
+        if self.local_sold_out_for(sale_id, &user, &idempotency_key) {
+            return Err(Rejection::SoldOut);
+        }
         self.admission.limit_user(RouteClass::Buy, &user)?;
         Ok(Admitted {
             user,
@@ -186,8 +189,9 @@ impl<C: WallClock> BuyService<C> {
     /// What a buy spends in Redis before its deduct, once its body was read
     /// and found valid (a `400` spends nothing): the proof of work, when
     /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
-    /// the cluster bucket. An unkeyed buy of a sale flagged sold out
-    /// meanwhile is answered first, at no Redis cost.
+    /// the cluster bucket. A buy of a sale flagged sold out meanwhile is
+    /// answered first, at no Redis cost, when it is unkeyed or its user
+    /// never reserved an item.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -198,7 +202,7 @@ impl<C: WallClock> BuyService<C> {
         peer: IpAddr,
         headers: &HeaderMap,
     ) -> Result<(), Rejection> {
-        if admitted.idempotency_key.is_empty() && self.local_sold_out(sale_id) {
+        if self.local_sold_out_for(sale_id, &admitted.user, &admitted.idempotency_key) {
             return Err(Rejection::SoldOut);
         }
         if self.challenge.is_on() {
@@ -224,6 +228,20 @@ impl<C: WallClock> BuyService<C> {
             self.metrics.local_sold_out.inc();
         }
         flagged
+    }
+
+    /// Whether `user`'s buy is answered "sold out" here: unkeyed, when the
+    /// sale is flagged; keyed, when also `user` is not among its buyers
+    /// (`SaleCache::sold_out_for_keyed`).
+    fn local_sold_out_for(&self, sale_id: &str, user: &str, idempotency_key: &str) -> bool {
+        if idempotency_key.is_empty() {
+            return self.local_sold_out(sale_id);
+        }
+        let answered = self.sales.sold_out_for_keyed(sale_id, user);
+        if answered {
+            self.metrics.local_sold_out.inc();
+        }
+        answered
     }
 
     /// Decides an admitted buy: locally when the sale cache can, else with

@@ -19,6 +19,25 @@ pub const SOLD_OUT_TTL: Duration = Duration::from_secs(30);
 pub const MISSING_TTL: Duration = Duration::from_secs(1);
 /// Most sales tracked at once.
 const MAX_SALES: u64 = 10_000;
+/// How long the buyers of a sold-out sale, as read, answer its keyed buys:
+/// past it, keyed buys go to the script again until one finds it sold out
+/// and the buyers are read anew. It bounds how long a buyer who won after
+/// items came back, unheard of here, can be told "sold out" on a retry.
+pub const BUYERS_TTL: Duration = Duration::from_secs(1);
+/// Most buyers held per sale; a sale with more reserves keyed buys' answers
+/// to the script.
+const MAX_BUYERS: usize = 200_000;
+
+/// Who has ever reserved an item of a sold-out sale, as read from Redis:
+/// a keyed buy of anyone else can only be answered "sold out" (there is no
+/// win of theirs to replay), so it is answered here.
+struct Buyers {
+    users: std::collections::HashSet<String, Hasher>,
+    read_at: Instant,
+    /// The sale's clears when the read began: a clear since (items back, a
+    /// change) makes the read stale.
+    clears: Clears,
+}
 
 /// A snapshot and when it was read.
 #[derive(Clone)]
@@ -110,6 +129,10 @@ struct Sale {
     /// for a saved sale, so a buy answered locally finds its home bucket
     /// without Redis.
     buckets: AtomicU32,
+    /// The sale's buyers, read once it was found sold out (see [`Buyers`]).
+    buyers: Mutex<Option<Buyers>>,
+    /// Held by the one caller reading the buyers.
+    buyers_read: tokio::sync::Mutex<()>,
 }
 
 /// A lock that a panicking holder left behind is still usable: every
@@ -339,6 +362,75 @@ impl SaleCache {
         self.sales
             .get(sale_id)
             .is_some_and(|sale| locked(&sale.stock).flagged())
+    }
+
+    /// Whether a keyed buy of `user` is answered "sold out" here: the sale
+    /// is flagged, and its buyers, read at most [`BUYERS_TTL`] ago with no
+    /// clear since, do not include `user`. A buyer's keyed retry goes to
+    /// the script, which replays their win. Such an answer is not
+    /// remembered under the key: a retry after items came back may win.
+    pub fn sold_out_for_keyed(&self, sale_id: &str, user: &str) -> bool {
+        let Some(sale) = self.sales.get(sale_id) else {
+            return false;
+        };
+        let clears = {
+            let stock = locked(&sale.stock);
+            if !stock.flagged() {
+                return false;
+            }
+            stock.clears
+        };
+        let answered = locked(&sale.buyers).as_ref().is_some_and(|b| {
+            b.clears == clears && b.read_at.elapsed() < BUYERS_TTL && !b.users.contains(user)
+        });
+        answered
+    }
+
+    /// Reads who has ever reserved an item of a one-bucket sale the script
+    /// just found sold out (the users of its reservations, released ones
+    /// included), unless a read is fresh or under way. `clears`: taken
+    /// before that script call. A sale with more than [`MAX_BUYERS`]
+    /// reservations keeps sending keyed buys to the script.
+    pub async fn read_buyers(&self, redis: &RedisClient, sale_id: &str, clears: Clears) {
+        let sale = self.sale(sale_id);
+        let fresh = |sale: &Sale| {
+            locked(&sale.buyers)
+                .as_ref()
+                .is_some_and(|b| b.clears == clears && b.read_at.elapsed() < BUYERS_TTL / 2)
+        };
+        if fresh(&sale) {
+            return;
+        }
+        let Ok(_reading) = sale.buyers_read.try_lock() else {
+            return;
+        };
+        let read_at = Instant::now();
+        let resv = flashgate_common::keys::SaleKeys::new(sale_id).reservations;
+        let users: Result<Option<Vec<String>>, RedisError> = redis
+            .call(|mut conn| async move {
+                let n: usize = redis::cmd("HLEN").arg(&resv).query_async(&mut conn).await?;
+                if n > MAX_BUYERS {
+                    return Ok::<_, redis::RedisError>(None);
+                }
+                redis::cmd("HVALS")
+                    .arg(&resv)
+                    .query_async(&mut conn)
+                    .await
+                    .map(Some)
+            })
+            .await;
+        let Ok(Some(users)) = users else {
+            return;
+        };
+        // Read after the script's sold out: every win before it is here; a
+        // win after it needs items back, a clear, which voids this read.
+        if locked(&sale.stock).clears == clears {
+            *locked(&sale.buyers) = Some(Buyers {
+                users: users.into_iter().collect(),
+                read_at,
+                clears,
+            });
+        }
     }
 
     /// Flags the sale sold out (or renews its flag) for a `sold_out`

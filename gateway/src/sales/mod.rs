@@ -61,7 +61,9 @@ mod events;
 mod snapshot;
 mod switches;
 
-pub use cache::{Clears, MissingSale, SaleCache, MISSING_TTL, SOLD_OUT_TTL, WINDOW_TTL};
+pub use cache::{
+    Clears, MissingSale, SaleCache, BUYERS_TTL, MISSING_TTL, SOLD_OUT_TTL, WINDOW_TTL,
+};
 pub use events::{AnnouncedPurges, EventListener};
 pub use snapshot::{
     parse, read_snapshot, read_stock_epoch, SaleSnapshot, SaleSummary, SaleView, SaleWindow,
