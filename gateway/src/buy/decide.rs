@@ -358,7 +358,9 @@ impl<C: WallClock> BuyService<C> {
         if decision.found_sold_out() {
             self.flag_sold_out(sale_id, Some(decision.epoch), clears)
                 .await;
-            self.sales.read_buyers(&self.redis, sale_id, clears).await;
+            self.sales
+                .read_buyers(&self.redis, sale_id, clears, decision.epoch)
+                .await;
         }
         Ok(decision)
     }

@@ -720,3 +720,37 @@ async fn a_keyed_buy_answered_by_the_flag_is_not_final_for_its_key() {
         "and its answer from then on"
     );
 }
+
+#[tokio::test]
+async fn the_buyers_of_a_sale_still_sold_out_at_the_same_epoch_are_renewed_not_read_again() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 1).await;
+    assert!(matches!(
+        f.buy("s", "a", "ka").await,
+        BuyOutcome::Won { .. }
+    ));
+    assert_eq!(
+        f.buy("s", "b", "kb").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    tokio::time::sleep(crate::sales::BUYERS_TTL).await;
+    // Past the TTL a keyed buy asks the script, which finds the sale sold
+    // out at the epoch the buyers were read at: they are renewed as read.
+    let monitor = f.redis.monitor().await;
+    assert_eq!(
+        f.buy("s", "c", "kc").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    let sent = monitor.commands().await;
+    assert!(sent.iter().any(|c| c.contains("EVALSHA")), "{sent:?}");
+    assert!(
+        !sent.iter().any(|c| c.contains("HVALS")),
+        "read again: {sent:?}"
+    );
+    let monitor = f.redis.monitor().await;
+    assert_eq!(
+        f.buy("s", "d", "kd").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    assert_eq!(monitor.commands().await, Vec::<String>::new());
+}

@@ -20,20 +20,26 @@ pub const MISSING_TTL: Duration = Duration::from_secs(1);
 /// Most sales tracked at once.
 const MAX_SALES: u64 = 10_000;
 /// How long the buyers of a sold-out sale, as read, answer its keyed buys:
-/// past it, keyed buys go to the script again until one finds it sold out
-/// and the buyers are read anew. It bounds how long a buyer who won after
-/// items came back, unheard of here, can be told "sold out" on a retry.
+/// past it, keyed buys go to the script again until one finds it sold out,
+/// which renews them (read anew if its stock epoch moved). It bounds how
+/// long a buyer who won after items came back, unheard of here, can be
+/// told "sold out" on a retry.
 pub const BUYERS_TTL: Duration = Duration::from_secs(1);
-/// Most buyers held per sale; a sale with more reserves keyed buys' answers
-/// to the script.
-const MAX_BUYERS: usize = 200_000;
+/// Most buyers held per sale (about 64 bytes each); a sale with more
+/// leaves keyed buys' answers to the script.
+const MAX_BUYERS: usize = 100_000;
 
 /// Who has ever reserved an item of a sold-out sale, as read from Redis:
 /// a keyed buy of anyone else can only be answered "sold out" (there is no
 /// win of theirs to replay), so it is answered here.
 struct Buyers {
     users: std::collections::HashSet<String, Hasher>,
+    /// When the script last found the sale sold out at `epoch` with these
+    /// buyers complete.
     read_at: Instant,
+    /// The stock epoch of the `sold_out` the read followed: a win after it
+    /// needs items back, which moves the epoch.
+    epoch: u64,
     /// The sale's clears when the read began: a clear since (items back, a
     /// change) makes the read stale.
     clears: Clears,
@@ -387,18 +393,25 @@ impl SaleCache {
     }
 
     /// Reads who has ever reserved an item of a one-bucket sale the script
-    /// just found sold out (the users of its reservations, released ones
-    /// included), unless a read is fresh or under way. `clears`: taken
-    /// before that script call. A sale with more than [`MAX_BUYERS`]
-    /// reservations keeps sending keyed buys to the script.
-    pub async fn read_buyers(&self, redis: &RedisClient, sale_id: &str, clears: Clears) {
+    /// just found sold out at stock `epoch` (the users of its reservations,
+    /// returned ones included), unless a read under way will. A read of
+    /// the same epoch with no clear since is still complete, and is only
+    /// renewed. `clears`: taken before that script call. A sale with more
+    /// than [`MAX_BUYERS`] reservations keeps sending keyed buys to the
+    /// script.
+    pub async fn read_buyers(
+        &self,
+        redis: &RedisClient,
+        sale_id: &str,
+        clears: Clears,
+        epoch: u64,
+    ) {
         let sale = self.sale(sale_id);
-        let fresh = |sale: &Sale| {
-            locked(&sale.buyers)
-                .as_ref()
-                .is_some_and(|b| b.clears == clears && b.read_at.elapsed() < BUYERS_TTL / 2)
-        };
-        if fresh(&sale) {
+        if let Some(b) = locked(&sale.buyers)
+            .as_mut()
+            .filter(|b| b.clears == clears && b.epoch == epoch)
+        {
+            b.read_at = Instant::now();
             return;
         }
         let Ok(_reading) = sale.buyers_read.try_lock() else {
@@ -428,6 +441,7 @@ impl SaleCache {
             *locked(&sale.buyers) = Some(Buyers {
                 users: users.into_iter().collect(),
                 read_at,
+                epoch,
                 clears,
             });
         }
