@@ -58,6 +58,7 @@
 //! pingora-cache: they are leaked once per gateway built.
 
 pub mod fill_lock;
+pub mod freshness;
 pub mod policy;
 pub mod purge_api;
 pub mod storage;

@@ -3,14 +3,17 @@
 //! long, and which variant a request wants.
 
 use http::{header, Method, StatusCode};
-use pingora::cache::cache_control::CacheControl;
-use pingora::cache::filters::resp_cacheable;
+use std::time::SystemTime;
+
+use pingora::cache::cache_control::InterpretCacheControl;
+use pingora::cache::filters::calculate_serve_stale_durations;
 use pingora::cache::key::HashBinary;
 use pingora::cache::{
     CacheKey, CacheMeta, CacheMetaDefaults, NoCacheReason, RespCacheable, VarianceBuilder,
 };
 use pingora::http::{RequestHeader, ResponseHeader};
 
+use super::freshness::{self, Directives};
 use super::storage::KEY_SEPARATOR;
 use super::CacheUse;
 
@@ -178,8 +181,30 @@ pub fn response_cacheable(
     if credentialed && !shared_with_credentials(resp) {
         return RespCacheable::Uncacheable(NoCacheReason::Custom(CREDENTIALED));
     }
-    let cc = CacheControl::from_resp_headers(resp);
-    resp_cacheable(cc.as_ref(), resp.clone(), credentialed, defaults)
+    let directives = Directives::of(resp);
+    if directives.forbids_storing(true) {
+        return RespCacheable::Uncacheable(NoCacheReason::OriginNotCache);
+    }
+    let Some(lifetime) = directives
+        .lifetime(resp)
+        .or_else(|| defaults.fresh_sec(resp.status))
+    else {
+        return RespCacheable::Uncacheable(NoCacheReason::OriginNotCache);
+    };
+    let now = SystemTime::now();
+    let age = freshness::age_in(resp);
+    let (swr, sie) = calculate_serve_stale_durations(directives.cc.as_ref(), defaults);
+    let mut stored = resp.clone();
+    if let Some(cc) = &directives.cc {
+        cc.strip_private_headers(&mut stored);
+    }
+    RespCacheable::Cacheable(CacheMeta::new(
+        freshness::fresh_until(now, lifetime, age),
+        freshness::created(now, age),
+        swr,
+        sie,
+        stored,
+    ))
 }
 
 /// Whether a response may be stored from, or answer, a request with
@@ -189,7 +214,9 @@ pub fn response_cacheable(
 /// `max-age=…, must-revalidate` on personal pages, meaning "revalidate
 /// when stale", not "share".
 pub fn shared_with_credentials(resp: &ResponseHeader) -> bool {
-    CacheControl::from_resp_headers(resp).is_some_and(|cc| cc.public() || cc.has_key("s-maxage"))
+    Directives::of(resp)
+        .cc
+        .is_some_and(|cc| cc.public() || cc.has_key("s-maxage"))
 }
 
 /// The variant a request wants of a stored response: the values of the
