@@ -17,7 +17,8 @@
 //! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
 //!   cache_key_callback   scheme + host + raw target (path and query)
 //!   cache_vary_filter    the variant the response's Vary names
-//!   cache_hit_filter     Cookie/Authorization take only public copies
+//!   cache_hit_filter     Cookie/Authorization take only public copies; copies an
+//!                        unsafe method invalidated are revalidated
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
 //!   hit or stale ──────► answered from the cache; else to the shop:
 //! upstream_peer          a healthy shop upstream (round robin over the addresses
@@ -27,7 +28,8 @@
 //!                        X-Real-IP (forwarded.rs), X-Request-Id; cached requests: X-Original-URL
 //!                        & co removed; Host = shop.host_header when fixed
 //! response_cache_filter  may the shop's answer be stored, for how long
-//! response_filter        hop-by-hop removed from the shop's answer; X-Cache
+//! response_filter        hop-by-hop removed from the shop's answer; X-Cache;
+//!                        a 2xx/3xx to an unsafe method invalidates its URLs
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
 //! logging                requests / duration / buy outcome metrics, once per request
 //! ```
@@ -72,7 +74,7 @@ use crate::admission::RouteClass;
 use crate::buy::{BuyOutcome, BuyRequest, BuyService};
 use crate::edge::reply::Reply;
 use crate::edge::route::{Route, Routes};
-use crate::edge::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
+use crate::edge::shop_cache::{invalidation, policy, CacheResult, CacheUse, ShopCache};
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::edge::upstreams::{default_host, hop_by_hop, ShopFailure, Upstreams};
 use crate::infra::Metrics;
@@ -334,6 +336,10 @@ impl ProxyHttp for Gateway {
         if !cache.may_serve(ctx.cache, meta) {
             return Ok(Some(ForcedFreshness::ForceMiss));
         }
+        let path = invalidation::path_of(session.req_header());
+        if cache.invalidations.is_invalid(&path, meta.updated()) {
+            return Ok(Some(ForcedFreshness::ForceExpired));
+        }
         if !is_fresh && cache.serve_stale_on_recent_failure(session.cache.cache_key(), meta) {
             ctx.stale_on_error = true;
             return Ok(Some(ForcedFreshness::ForceFresh));
@@ -434,6 +440,12 @@ impl ProxyHttp for Gateway {
                 _ => CacheResult::of(session.cache.phase()),
             };
             response.insert_header("X-Cache", result.header())?;
+        }
+        if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
+            let written = invalidation::targets(session.req_header(), response);
+            cache
+                .invalidations
+                .record(written, std::time::SystemTime::now());
         }
         Ok(())
     }

@@ -59,6 +59,7 @@
 
 pub mod fill_lock;
 pub mod freshness;
+pub mod invalidation;
 pub mod policy;
 pub mod purge_api;
 pub mod storage;
@@ -210,6 +211,8 @@ pub struct ShopCache {
     lock_timeout: Duration,
     /// Keys whose last fetch failed, and when.
     failed_fetches: Mutex<HashMap<u128, Instant>>,
+    /// URLs written to by unsafe methods ([`invalidation`]).
+    pub invalidations: invalidation::Invalidations,
     pub metrics: CacheMetrics,
 }
 
@@ -293,6 +296,7 @@ impl ShopCache {
             max_object_bytes: config.max_object_bytes,
             lock_timeout: config.lock_timeout,
             failed_fetches: Mutex::new(HashMap::new()),
+            invalidations: invalidation::Invalidations::default(),
             metrics,
         }
     }

@@ -131,6 +131,17 @@ fn storable_status(status: StatusCode) -> bool {
     )
 }
 
+/// Further statuses stored when the shop gives them an explicit lifetime
+/// (RFC 9111 §3): other 2xx and 3xx but 206 and 304. Not 4xx and 5xx
+/// beyond 404 and 410: a request header outside the key (an oversized
+/// header, a junk `Authorization`) can make a shop answer 400, 401 or 500
+/// with its usual `Cache-Control`, and storing that would answer everyone
+/// with it (cache-poisoned denial of service).
+fn storable_when_explicit(status: StatusCode) -> bool {
+    let code = status.as_u16();
+    (200..400).contains(&code) && !matches!(code, 206 | 304)
+}
+
 /// The request header names the response's `Vary` lists, lower case;
 /// `None` for `Vary: *` or an unreasonably long list.
 fn vary_names(resp: &ResponseHeader) -> Option<Vec<String>> {
@@ -166,7 +177,9 @@ pub fn response_cacheable(
         // again, instead of releasing the whole crowd to a failing shop.
         return RespCacheable::Uncacheable(NoCacheReason::UpstreamError);
     }
-    if !storable_status(resp.status) {
+    let directives = Directives::of(resp);
+    let explicit = directives.lifetime(resp).is_some();
+    if !storable_status(resp.status) && !(explicit && storable_when_explicit(resp.status)) {
         return RespCacheable::Uncacheable(NoCacheReason::Custom(STATUS));
     }
     if resp.headers.contains_key(header::SET_COOKIE) {
@@ -181,7 +194,6 @@ pub fn response_cacheable(
     if credentialed && !shared_with_credentials(resp) {
         return RespCacheable::Uncacheable(NoCacheReason::Custom(CREDENTIALED));
     }
-    let directives = Directives::of(resp);
     if directives.forbids_storing(true) {
         return RespCacheable::Uncacheable(NoCacheReason::OriginNotCache);
     }
@@ -198,13 +210,19 @@ pub fn response_cacheable(
     if let Some(cc) = &directives.cc {
         cc.strip_private_headers(&mut stored);
     }
-    RespCacheable::Cacheable(CacheMeta::new(
+    let mut meta = CacheMeta::new(
         freshness::fresh_until(now, lifetime, age),
-        freshness::created(now, age),
+        now,
         swr,
         sie,
         stored,
-    ))
+    );
+    // Served copies count their `Age` from when the response was made;
+    // `updated` stays the time it was stored (see [`super::invalidation`]).
+    if !age.is_zero() {
+        meta.set_epoch_override(freshness::created(now, age));
+    }
+    RespCacheable::Cacheable(meta)
 }
 
 /// Whether a response may be stored from, or answer, a request with
