@@ -5,6 +5,8 @@
 //! - `/cold…` after 300 ms, `max-age=60` (coalescing);
 //! - `/short` `max-age=1`; `/smaxage` `s-maxage=60, max-age=0`;
 //!   `/private` `private, max-age=60`; `/nostore` `no-store`;
+//! - `/aged` `max-age=60` with `Age: 50`, `/aged-out` with `Age: 100`;
+//!   `/cdn` `Cache-Control: no-store` with `CDN-Cache-Control: max-age=60`;
 //! - `/cookie…` `max-age=60` with a new `Set-Cookie: sid=N` each time;
 //! - `/personal` `max-age=60`, `/public…` `public, max-age=60`, both echoing
 //!   the request's cookie;
@@ -104,6 +106,18 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
         "/smaxage" => "s-maxage=60, max-age=0",
         "/private" => "private, max-age=60",
         "/nostore" => "no-store",
+        "/aged" => {
+            resp = resp.header("age", "50");
+            "max-age=60"
+        }
+        "/aged-out" => {
+            resp = resp.header("age", "100");
+            "max-age=60"
+        }
+        "/cdn" => {
+            resp = resp.header("cdn-cache-control", "max-age=60");
+            "no-store"
+        }
         p if p.starts_with("/cookie") => {
             tokio::time::sleep(Duration::from_millis(100)).await;
             resp = resp.header("set-cookie", format!("sid={n}; HttpOnly"));
@@ -1057,4 +1071,102 @@ async fn a_crowd_gets_the_stale_copy_while_the_shop_fails_without_queueing_on_it
         (1..=5).contains(&asked),
         "the failing shop was asked {asked} times"
     );
+}
+
+/// One request: `X-Cache`, `Cache-Status`, `Age` and body.
+async fn cache_headers(
+    stack: &Stack,
+    method: reqwest::Method,
+    path: &str,
+) -> (String, String, Option<u64>, String) {
+    let resp = stack
+        .http
+        .request(method, stack.url(path))
+        .send()
+        .await
+        .unwrap();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let (x_cache, status, age) = (
+        header("x-cache"),
+        header("cache-status"),
+        header("age").parse().ok(),
+    );
+    (x_cache, status, age, resp.text().await.unwrap())
+}
+
+/// `Flashgate; hit; ttl=N` → (`Flashgate; hit`, N).
+fn split_ttl(cache_status: &str) -> (&str, i64) {
+    let (head, ttl) = cache_status
+        .rsplit_once("; ttl=")
+        .unwrap_or_else(|| panic!("no ttl in {cache_status:?}"));
+    (head, ttl.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_names_what_the_cache_did_beside_x_cache() {
+    let (stack, _shop) = start().await;
+    let (x, status, _, _) = cache_headers(&stack, reqwest::Method::GET, "/smaxage").await;
+    let (head, ttl) = split_ttl(&status);
+    assert_eq!((x.as_str(), head), ("MISS", "Flashgate; fwd=miss; stored"));
+    assert!((0..=60).contains(&ttl), "{status}");
+    let (x, status, _, _) = cache_headers(&stack, reqwest::Method::GET, "/smaxage").await;
+    let (head, ttl) = split_ttl(&status);
+    assert_eq!((x.as_str(), head), ("HIT", "Flashgate; hit"));
+    assert!((0..=60).contains(&ttl), "{status}");
+    let (x, status, _, _) = cache_headers(&stack, reqwest::Method::GET, "/nostore").await;
+    assert_eq!(
+        (x.as_str(), status.as_str()),
+        ("BYPASS", "Flashgate; fwd=miss; detail=OriginNotCache")
+    );
+    let (x, status, _, _) = cache_headers(&stack, reqwest::Method::POST, "/form").await;
+    assert_eq!(
+        (x.as_str(), status.as_str()),
+        ("BYPASS", "Flashgate; fwd=bypass")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_age_a_response_arrives_with_counts_in_its_freshness_and_in_the_age_served() {
+    let (stack, shop) = start().await;
+    for _ in 0..2 {
+        cache_headers(&stack, reqwest::Method::GET, "/aged").await;
+    }
+    let (x, _, age, body) = cache_headers(&stack, reqwest::Method::GET, "/aged").await;
+    assert_eq!((x.as_str(), body.as_str()), ("HIT", "/aged #1"));
+    assert!(age.is_some_and(|a| a >= 50), "Age {age:?}");
+    // Older than its max-age on arrival: stored stale, fetched every time.
+    for n in 1..=2 {
+        let (x, _, _, body) = cache_headers(&stack, reqwest::Method::GET, "/aged-out").await;
+        assert_eq!((x.as_str(), body), ("MISS", format!("/aged-out #{n}")));
+    }
+    assert_eq!(shop.count("/aged"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdn_cache_control_wins_over_cache_control() {
+    let (stack, shop) = start().await;
+    cache_headers(&stack, reqwest::Method::GET, "/cdn").await;
+    let (x, _, _, body) = cache_headers(&stack, reqwest::Method::GET, "/cdn").await;
+    assert_eq!((x.as_str(), body.as_str()), ("HIT", "/cdn #1"));
+    assert_eq!(shop.count("/cdn"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_post_to_a_url_makes_its_stored_copy_fetched_again() {
+    let (stack, shop) = start().await;
+    cache_headers(&stack, reqwest::Method::GET, "/product").await;
+    let (x, _, _, _) = cache_headers(&stack, reqwest::Method::GET, "/product").await;
+    assert_eq!(x, "HIT");
+    cache_headers(&stack, reqwest::Method::POST, "/product").await;
+    // The POST is the shop's second request for the path; the GET its third.
+    let (x, _, _, body) = cache_headers(&stack, reqwest::Method::GET, "/product").await;
+    assert_eq!((x.as_str(), body.as_str()), ("MISS", "/product #3"));
+    let (x, _, _, body) = cache_headers(&stack, reqwest::Method::GET, "/product").await;
+    assert_eq!((x.as_str(), body.as_str()), ("HIT", "/product #3"));
+    assert_eq!(shop.count("/product"), 3);
 }

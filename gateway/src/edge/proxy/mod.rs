@@ -28,7 +28,7 @@
 //!                        X-Real-IP (forwarded.rs), X-Request-Id; cached requests: X-Original-URL
 //!                        & co removed; Host = shop.host_header when fixed
 //! response_cache_filter  may the shop's answer be stored, for how long
-//! response_filter        hop-by-hop removed from the shop's answer; X-Cache;
+//! response_filter        hop-by-hop removed from the shop's answer; X-Cache, Cache-Status;
 //!                        a 2xx/3xx to an unsafe method invalidates its URLs
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
 //! logging                requests / duration / buy outcome metrics, once per request
@@ -74,7 +74,9 @@ use crate::admission::RouteClass;
 use crate::buy::{BuyOutcome, BuyRequest, BuyService};
 use crate::edge::reply::Reply;
 use crate::edge::route::{Route, Routes};
-use crate::edge::shop_cache::{invalidation, policy, CacheResult, CacheUse, ShopCache};
+use crate::edge::shop_cache::{
+    cache_status, invalidation, policy, CacheResult, CacheUse, ShopCache,
+};
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::edge::upstreams::{default_host, hop_by_hop, ShopFailure, Upstreams};
 use crate::infra::Metrics;
@@ -440,6 +442,19 @@ impl ProxyHttp for Gateway {
                 _ => CacheResult::of(session.cache.phase()),
             };
             response.insert_header("X-Cache", result.header())?;
+            let ours = cache_status::value(
+                ctx.cache == CacheUse::Off,
+                ctx.stale_on_error,
+                session.cache.phase(),
+                session.cache.maybe_cache_meta(),
+                std::time::SystemTime::now(),
+            );
+            // The shop's own caches come first (RFC 9211 §2).
+            let value = match response.headers.get("cache-status").map(|v| v.to_str()) {
+                Some(Ok(theirs)) => format!("{theirs}, {ours}"),
+                _ => ours,
+            };
+            response.insert_header("Cache-Status", value)?;
         }
         if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
             let written = invalidation::targets(session.req_header(), response);

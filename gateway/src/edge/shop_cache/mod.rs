@@ -57,6 +57,7 @@
 //! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
 
+pub mod cache_status;
 pub mod fill_lock;
 pub mod freshness;
 pub mod invalidation;
