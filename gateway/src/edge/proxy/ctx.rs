@@ -24,6 +24,9 @@ pub struct RequestCtx {
     pub origin: Option<std::sync::Arc<flashgate_common::config::Origin>>,
     /// The brotli body compressed here has its last block (`compress`).
     pub brotli_closed: bool,
+    /// The shop's `304` to a revalidation, whose fields update the stored
+    /// copy (`shop_cache::revalidation`).
+    pub not_modified: Option<Box<pingora::http::ResponseHeader>>,
 }
 
 impl RequestCtx {
@@ -38,6 +41,7 @@ impl RequestCtx {
             stale_on_error: false,
             origin: None,
             brotli_closed: false,
+            not_modified: None,
         }
     }
 }

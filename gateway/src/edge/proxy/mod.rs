@@ -27,6 +27,7 @@
 //! upstream_request_filter  hop-by-hop and Forwarded removed; X-Forwarded-For / -Proto / -Host,
 //!                        X-Real-IP (forwarded.rs), X-Request-Id; cached requests: X-Original-URL
 //!                        & co removed; Host = shop.host_header when fixed
+//! upstream_response_filter  a 304 to a revalidation kept: its fields update the stored copy
 //! response_cache_filter  may the shop's answer be stored, for how long
 //! response_filter        hop-by-hop removed from the shop's answer; X-Cache, Cache-Status;
 //!                        a 2xx/3xx to an unsafe method invalidates its URLs
@@ -75,7 +76,7 @@ use crate::buy::{BuyOutcome, BuyRequest, BuyService};
 use crate::edge::reply::Reply;
 use crate::edge::route::{Route, Routes};
 use crate::edge::shop_cache::{
-    cache_status, invalidation, policy, CacheResult, CacheUse, ShopCache,
+    cache_status, invalidation, policy, revalidation, CacheResult, CacheUse, ShopCache,
 };
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::edge::upstreams::{default_host, hop_by_hop, ShopFailure, Upstreams};
@@ -296,12 +297,33 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
+    /// A `304` to a revalidation is kept for `response_cache_filter`.
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if resp.status == http::StatusCode::NOT_MODIFIED && ctx.cache != CacheUse::Off {
+            ctx.not_modified = Some(Box::new(resp.clone()));
+        }
+        Ok(())
+    }
+
     fn response_cache_filter(
         &self,
         _session: &Session,
         resp: &ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<RespCacheable> {
+        let updated;
+        let resp = match ctx.not_modified.take() {
+            Some(not_modified) => {
+                updated = revalidation::updated(resp, &not_modified);
+                &updated
+            }
+            None => resp,
+        };
         Ok(match &self.shop_cache {
             Some(cache) => cache.cacheable(ctx.cache, resp),
             None => RespCacheable::Uncacheable(NoCacheReason::NeverEnabled),

@@ -63,6 +63,7 @@ pub mod freshness;
 pub mod invalidation;
 pub mod policy;
 pub mod purge_api;
+pub mod revalidation;
 pub mod storage;
 
 pub use purge_api::PurgeApi;
