@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// Required tests (of 163) the gateway passes: the level reached, which a
 /// change must not lower (Traffic Server 9.2 passes 132, Varnish 7.7 119).
-const REQUIRED_PASSED: u64 = 148;
+const REQUIRED_PASSED: u64 = 149;
 
 /// A whole run takes about a minute; past this it is stuck.
 const RUN_LIMIT: Duration = Duration::from_secs(300);

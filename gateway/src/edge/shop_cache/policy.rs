@@ -205,7 +205,13 @@ pub fn response_cacheable(
     };
     let now = SystemTime::now();
     let age = freshness::age_in(resp);
-    let (swr, sie) = calculate_serve_stale_durations(directives.cc.as_ref(), defaults);
+    // `no-cache`: never used without the shop's word, stale or not
+    // (pingora-cache closes the stale windows only for `must-revalidate`,
+    // `proxy-revalidate` and `s-maxage`).
+    let (swr, sie) = match &directives.cc {
+        Some(cc) if cc.no_cache() => (0, 0),
+        cc => calculate_serve_stale_durations(cc.as_ref(), defaults),
+    };
     let mut stored = resp.clone();
     if let Some(cc) = &directives.cc {
         cc.strip_private_headers(&mut stored);
