@@ -5,7 +5,8 @@
 # OpenSSL, see .cargo/config.toml), curl (the TLS tests drive it too).
 # With --test (what `make test` passes) also what the tests need: Debian's
 # chromium, node and npm and playwright-core in tests/browser (from its
-# package-lock.json) for the sale page's browser test; promtool and
+# package-lock.json) for the sale page's browser test and undici in
+# tests/cache-tests for the HTTP caching test suite (cache_conformance); promtool and
 # docker-compose (client only) for the metrics and deploy-file checks; and a
 # PostgreSQL server answering on 127.0.0.1:5432 with a database `test` (the
 # backend's store tests use it); a MariaDB server answering on 127.0.0.1:3306
@@ -51,6 +52,14 @@ browser_dir="$(dirname "$0")/../../tests/browser"
 if $testing && [[ ! -d "$browser_dir/node_modules/playwright-core" ]]; then
   echo "installing playwright-core in tests/browser"
   (cd "$browser_dir" && npm ci --no-audit --no-fund --silent)
+fi
+
+# The HTTP caching test suite (vendored in tests/cache-tests/suite) needs
+# undici for its client (package-lock.json pins it).
+cache_tests_dir="$(dirname "$0")/../../tests/cache-tests"
+if $testing && [[ ! -d "$cache_tests_dir/node_modules/undici" ]]; then
+  echo "installing undici in tests/cache-tests"
+  (cd "$cache_tests_dir" && npm ci --no-audit --no-fund --silent)
 fi
 
 if $testing; then

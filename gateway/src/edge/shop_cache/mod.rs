@@ -4,10 +4,19 @@
 //!
 //! - What is stored: `GET`/`HEAD` responses with status 200, 203, 204, 300,
 //!   301, 308, 404 or 410 whose `Cache-Control` (`s-maxage` before `max-age`)
-//!   or `Expires` gives them a lifetime; nothing marked `private` or
-//!   `no-store`, nothing with `Set-Cookie` (a session cookie must never reach
-//!   another client), nothing with `Vary: *`. `no-cache` responses are
-//!   stored but revalidated on every use. `Vary` picks the variant by the
+//!   or `Expires` gives them a lifetime, and other 2xx/3xx (but 206, 304)
+//!   whose lifetime is explicit; never other 4xx/5xx (a header outside the
+//!   key can provoke them: [`policy`]). Nothing marked `private` or
+//!   `no-store` (unless `must-understand`), nothing with `Set-Cookie` (a
+//!   session cookie must never reach another client), nothing with `Vary: *`.
+//!   `no-cache` responses are stored but revalidated on every use, and never
+//!   served stale.
+//! - Freshness ([`freshness`], RFC 9111 §4.2 and RFC 9213):
+//!   `Flashgate-Cache-Control` over `CDN-Cache-Control` over `Cache-Control`
+//!   and `Expires`; `Expires` counted from the response's `Date`; the `Age`
+//!   it arrives with counted, and in the `Age` served. A shop `304` updates
+//!   the stored fields ([`revalidation`]); a 2xx/3xx to an unsafe method
+//!   invalidates the URL ([`invalidation`]). `Vary` picks the variant by the
 //!   named request headers ([`policy::variance`]; `Accept-Encoding` by the
 //!   set of codings it accepts, so browsers share a copy per encoding). Only the shop's headers
 //!   decide: the client's own `Cache-Control` and `Pragma` are not honoured
@@ -42,7 +51,11 @@
 //!   through). Targets over 8 KiB bypass the cache.
 //! - `X-Cache` on every proxied response while the cache is on: `HIT`,
 //!   `MISS`, `STALE`, `REVALIDATED` (stored copy confirmed by the shop with
-//!   304) or `BYPASS` (not cacheable, or not taken from the cache).
+//!   304) or `BYPASS` (not cacheable, or not taken from the cache); beside
+//!   it `Cache-Status` (RFC 9211, [`cache_status`]).
+//! - Conformance: the HTTP caching test suite runs in
+//!   `tests/tests/cache_conformance.rs`; the figure and the tests still
+//!   failing, with reasons: docs/OPERATIONS.md "The shop cache".
 //! - Purge ([`ShopCache::purge`]): by URL (every scheme, host and variant of a path
 //!   and query) or by path prefix, from the admin listener. Each gateway
 //!   holds its own cache: the gateway that gets the purge applies it and
