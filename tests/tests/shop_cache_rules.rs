@@ -180,7 +180,10 @@ async fn analytics_cookies_are_ignored_while_a_session_cookie_bypasses() {
         "the shop never saw the ignored cookies on the fill"
     );
     let (x_cache, body) = get(&stack, "/page/b", Some("_ga=GA1.1.2")).await;
-    assert_eq!((x_cache.as_str(), body.as_str()), ("HIT", "cookie=[] /page/b #1"));
+    assert_eq!(
+        (x_cache.as_str(), body.as_str()),
+        ("HIT", "cookie=[] /page/b #1")
+    );
     assert_eq!(get(&stack, "/page/b", None).await.0, "HIT");
     // A session cookie makes the request personal, as without rules: it
     // reaches the shop with every cookie it carries.
@@ -189,7 +192,10 @@ async fn analytics_cookies_are_ignored_while_a_session_cookie_bypasses() {
     assert_eq!(body, "cookie=[sessionid=abc; _ga=GA1.1.3] /page/b #2");
     // ... and does not replace the shared copy.
     let (x_cache, body) = get(&stack, "/page/b", Some("consent=no")).await;
-    assert_eq!((x_cache.as_str(), body.as_str()), ("HIT", "cookie=[] /page/b #1"));
+    assert_eq!(
+        (x_cache.as_str(), body.as_str()),
+        ("HIT", "cookie=[] /page/b #1")
+    );
     assert_eq!(shop.count("/page/b"), 2);
 }
 
@@ -197,7 +203,10 @@ async fn analytics_cookies_are_ignored_while_a_session_cookie_bypasses() {
 async fn a_key_cookie_variant_is_never_served_to_the_other_variant() {
     let (stack, shop) = start().await;
     let eur = get(&stack, "/page/c", Some("currency=EUR")).await;
-    assert_eq!(eur, ("MISS".into(), "cookie=[currency=EUR] /page/c #1".into()));
+    assert_eq!(
+        eur,
+        ("MISS".into(), "cookie=[currency=EUR] /page/c #1".into())
+    );
     let usd = get(&stack, "/page/c", Some("_ga=1; currency=USD")).await;
     assert_eq!(
         usd,
@@ -208,9 +217,15 @@ async fn a_key_cookie_variant_is_never_served_to_the_other_variant() {
     assert_eq!(none, ("MISS".into(), "cookie=[] /page/c #3".into()));
     for _ in 0..3 {
         let (x, body) = get(&stack, "/page/c", Some("currency=EUR; consent=1")).await;
-        assert_eq!((x.as_str(), body.as_str()), ("HIT", "cookie=[currency=EUR] /page/c #1"));
+        assert_eq!(
+            (x.as_str(), body.as_str()),
+            ("HIT", "cookie=[currency=EUR] /page/c #1")
+        );
         let (x, body) = get(&stack, "/page/c", Some("currency=USD")).await;
-        assert_eq!((x.as_str(), body.as_str()), ("HIT", "cookie=[currency=USD] /page/c #2"));
+        assert_eq!(
+            (x.as_str(), body.as_str()),
+            ("HIT", "cookie=[currency=USD] /page/c #2")
+        );
         let (x, body) = get(&stack, "/page/c", None).await;
         assert_eq!((x.as_str(), body.as_str()), ("HIT", "cookie=[] /page/c #3"));
     }

@@ -185,13 +185,18 @@ fn validate_rule(check: &mut Check, at: &str, f: file::ShopCacheRule) -> CacheRu
         f.stale_while_revalidate_seconds,
         0,
     );
-    let ignore_cookies = cookie_names(check, &format!("{at}.ignore_cookies"), &f.ignore_cookies, true)
-        .into_iter()
-        .map(|name| match name.strip_suffix('*') {
-            Some(prefix) => CookieName::Prefix(prefix.to_owned()),
-            None => CookieName::Exact(name),
-        })
-        .collect::<Vec<_>>();
+    let ignore_cookies = cookie_names(
+        check,
+        &format!("{at}.ignore_cookies"),
+        &f.ignore_cookies,
+        true,
+    )
+    .into_iter()
+    .map(|name| match name.strip_suffix('*') {
+        Some(prefix) => CookieName::Prefix(prefix.to_owned()),
+        None => CookieName::Exact(name),
+    })
+    .collect::<Vec<_>>();
     let key_cookies = cookie_names(check, &format!("{at}.key_cookies"), &f.key_cookies, false);
     for name in &key_cookies {
         if ignore_cookies.iter().any(|c| c.matches(name)) {

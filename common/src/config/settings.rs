@@ -9,9 +9,9 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::cache_rules::CacheRule;
 use super::env::ENV_CHALLENGE_SECRET;
 use super::file::{ChallengeMode, ClientIpHeader, JwtAlgorithm};
-use super::cache_rules::CacheRule;
 use super::origin::Origin;
 use crate::sale::SaleSpec;
 

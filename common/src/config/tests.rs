@@ -1051,7 +1051,11 @@ stale_while_revalidate_seconds = 10
 [[shop.cache.rules]]
 path = "/"
 "#;
-    let rules = Config::from_toml_str(text, &NoEnv, 0).unwrap().shop.cache.rules;
+    let rules = Config::from_toml_str(text, &NoEnv, 0)
+        .unwrap()
+        .shop
+        .cache
+        .rules;
     assert_eq!(rules.len(), 3);
     assert!(rules[0].bypass);
     assert_eq!(rules[0].path, PathPattern::Prefix("/account/".into()));
@@ -1130,10 +1134,14 @@ stale_if_error_seconds = 99999999999
         .unwrap_err()
         .to_string();
     assert!(
-        msg.contains(&format!("shop.cache.rules: must be at most {MAX_CACHE_RULES}")),
+        msg.contains(&format!(
+            "shop.cache.rules: must be at most {MAX_CACHE_RULES}"
+        )),
         "{msg}"
     );
-    let cookies: Vec<String> = (0..=MAX_RULE_COOKIES).map(|i| format!("\"c{i}\"")).collect();
+    let cookies: Vec<String> = (0..=MAX_RULE_COOKIES)
+        .map(|i| format!("\"c{i}\""))
+        .collect();
     let text = format!(
         "[[shop.cache.rules]]\npath = \"/\"\nignore_cookies = [{}]\n",
         cookies.join(", ")

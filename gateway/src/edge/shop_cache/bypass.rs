@@ -161,7 +161,11 @@ mod tests {
         };
         assert_eq!(of(NoCacheReason::OriginNotCache, None, None), "no_lifetime");
         assert_eq!(
-            of(NoCacheReason::OriginNotCache, Some("private, max-age=9"), None),
+            of(
+                NoCacheReason::OriginNotCache,
+                Some("private, max-age=9"),
+                None
+            ),
             "private"
         );
         assert_eq!(

@@ -338,9 +338,10 @@ impl ShopCache {
         applied: &rules::Applied,
         resp: &ResponseHeader,
     ) -> RespCacheable {
-        self.rules.cacheable(applied, resp, &self.defaults, |resp, defaults| {
-            policy::response_cacheable(using, resp, defaults)
-        })
+        self.rules
+            .cacheable(applied, resp, &self.defaults, |resp, defaults| {
+                policy::response_cacheable(using, resp, defaults)
+            })
     }
 
     /// `[[shop.cache.rules]]`.

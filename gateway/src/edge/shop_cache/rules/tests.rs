@@ -45,12 +45,19 @@ fn the_first_rule_matching_method_and_path_applies() {
     let rule = |method, target| apply(&rules, &req(method, target, None)).1.rule;
     assert_eq!(rule("GET", "/account/orders"), Some(0));
     assert_eq!(rule("GET", "/products/7/reviews?page=2"), Some(1));
-    assert_eq!(rule("HEAD", "/products/7/reviews"), Some(2), "rule 1 is GET only");
+    assert_eq!(
+        rule("HEAD", "/products/7/reviews"),
+        Some(2),
+        "rule 1 is GET only"
+    );
     assert_eq!(rule("GET", "/products/7/reviews/x"), Some(2));
     assert_eq!(rule("GET", "/"), Some(2));
     assert_eq!(rule("POST", "/account/"), None, "never cached anyway");
     let (none, _) = self::rules("");
-    assert_eq!(apply(&none, &req("GET", "/", Some("_ga=1"))).0, CacheUse::Credentialed);
+    assert_eq!(
+        apply(&none, &req("GET", "/", Some("_ga=1"))).0,
+        CacheUse::Credentialed
+    );
 }
 
 #[test]
@@ -67,7 +74,10 @@ fn a_bypass_rule_keeps_the_request_off_the_cache() {
 #[test]
 fn only_ignored_and_key_cookies_leave_a_request_anonymous() {
     let (rules, _) = rules(SHOP);
-    let (using, applied) = apply(&rules, &req("GET", "/p", Some("_ga=1; _ga_X=2; consent=yes")));
+    let (using, applied) = apply(
+        &rules,
+        &req("GET", "/p", Some("_ga=1; _ga_X=2; consent=yes")),
+    );
     assert_eq!(using, CacheUse::Shared);
     assert_eq!(applied.upstream_cookie.as_deref(), Some(""));
     assert_eq!(applied.credential, None);
@@ -79,9 +89,15 @@ fn only_ignored_and_key_cookies_leave_a_request_anonymous() {
     assert_eq!(applied.upstream_cookie, None, "nothing to drop");
     let (using, applied) = apply(&rules, &req("GET", "/p", Some("_ga=1; sessionid=abc")));
     assert_eq!(using, CacheUse::Credentialed);
-    assert_eq!(applied.upstream_cookie, None, "a personal request keeps its cookies");
+    assert_eq!(
+        applied.upstream_cookie, None,
+        "a personal request keeps its cookies"
+    );
     assert_eq!(applied.credential, Some(BypassReason::Cookie));
-    let (using, _) = apply(&rules, &req("GET", "/p", Some("currency=EUR; currency=USD")));
+    let (using, _) = apply(
+        &rules,
+        &req("GET", "/p", Some("currency=EUR; currency=USD")),
+    );
     assert_eq!(using, CacheUse::Credentialed, "a key cookie sent twice");
     let mut auth = req("GET", "/p", Some("_ga=1"));
     auth.insert_header("authorization", "Bearer x").unwrap();
@@ -109,7 +125,11 @@ fn key_cookie_values_pick_distinct_variants() {
     let vary = Some([7u8; 16]);
     assert_ne!(rules.variance(&applied, vary), eur, "Vary still counts");
     let (_, plain) = apply(&rules, &req("GET", "/products/1/reviews", None));
-    assert_eq!(rules.variance(&plain, vary), vary, "no key cookies: Vary alone");
+    assert_eq!(
+        rules.variance(&plain, vary),
+        vary,
+        "no key cookies: Vary alone"
+    );
 }
 
 fn resp(status: u16, headers: &[(&str, &str)]) -> ResponseHeader {
@@ -120,17 +140,29 @@ fn resp(status: u16, headers: &[(&str, &str)]) -> ResponseHeader {
     r
 }
 
-fn judge(rules: &Rules, config: &ShopCacheConfig, target: &str, r: &ResponseHeader) -> RespCacheable {
+fn judge(
+    rules: &Rules,
+    config: &ShopCacheConfig,
+    target: &str,
+    r: &ResponseHeader,
+) -> RespCacheable {
     let request = req("GET", target, None);
     let (using, applied) = apply(rules, &request);
     let global = CacheMetaDefaults::new(no_default_freshness, 0, secs(config.stale_if_error));
-    rules.cacheable(&applied, r, &global, |r, d| policy::response_cacheable(using, r, d))
+    rules.cacheable(&applied, r, &global, |r, d| {
+        policy::response_cacheable(using, r, d)
+    })
 }
 
 #[test]
 fn a_rule_ttl_stores_a_response_without_a_lifetime_and_keeps_its_headers() {
     let (rules, config) = rules(SHOP);
-    match judge(&rules, &config, "/p", &resp(200, &[("content-type", "text/html")])) {
+    match judge(
+        &rules,
+        &config,
+        "/p",
+        &resp(200, &[("content-type", "text/html")]),
+    ) {
         RespCacheable::Cacheable(meta) => {
             assert_eq!(meta.fresh_sec(), 60);
             assert_eq!(meta.stale_while_revalidate_sec(), 5);
@@ -139,7 +171,12 @@ fn a_rule_ttl_stores_a_response_without_a_lifetime_and_keeps_its_headers() {
         }
         other => panic!("{other:?}"),
     }
-    match judge(&rules, &config, "/p", &resp(404, &[("cache-control", "public")])) {
+    match judge(
+        &rules,
+        &config,
+        "/p",
+        &resp(404, &[("cache-control", "public")]),
+    ) {
         RespCacheable::Cacheable(meta) => {
             assert_eq!(meta.fresh_sec(), 60);
             let cc: Vec<_> = meta.headers().get_all("cache-control").iter().collect();
@@ -147,11 +184,21 @@ fn a_rule_ttl_stores_a_response_without_a_lifetime_and_keeps_its_headers() {
         }
         other => panic!("{other:?}"),
     }
-    match judge(&rules, &config, "/p", &resp(200, &[("cache-control", "max-age=5")])) {
+    match judge(
+        &rules,
+        &config,
+        "/p",
+        &resp(200, &[("cache-control", "max-age=5")]),
+    ) {
         RespCacheable::Cacheable(meta) => assert_eq!(meta.fresh_sec(), 5, "its own lifetime wins"),
         other => panic!("{other:?}"),
     }
-    match judge(&rules, &config, "/p", &resp(200, &[("cache-control", "max-age=0")])) {
+    match judge(
+        &rules,
+        &config,
+        "/p",
+        &resp(200, &[("cache-control", "max-age=0")]),
+    ) {
         RespCacheable::Cacheable(meta) => assert!(
             !meta.is_fresh(std::time::SystemTime::now()),
             "max-age=0 is its own lifetime: stale at once"
@@ -159,12 +206,18 @@ fn a_rule_ttl_stores_a_response_without_a_lifetime_and_keeps_its_headers() {
         RespCacheable::Uncacheable(_) => {}
     }
     let stored = |target, r: ResponseHeader| judge(&rules, &config, target, &r).is_cacheable();
-    assert!(!stored("/p", resp(410, &[])), "410 is not in the rule's statuses");
+    assert!(
+        !stored("/p", resp(410, &[])),
+        "410 is not in the rule's statuses"
+    );
     assert!(!stored("/p", resp(200, &[("cache-control", "private")])));
     assert!(!stored("/p", resp(200, &[("cache-control", "no-store")])));
     assert!(!stored("/p", resp(200, &[("set-cookie", "sid=1")])));
     assert!(!stored("/p", resp(200, &[("vary", "*")])));
-    assert!(!stored("/account/x", resp(200, &[])), "no TTL under a bypass rule");
+    assert!(
+        !stored("/account/x", resp(200, &[])),
+        "no TTL under a bypass rule"
+    );
     let (none, config) = self::rules("");
     assert!(!judge(&none, &config, "/p", &resp(200, &[])).is_cacheable());
     assert!(matches!(
