@@ -19,7 +19,7 @@ use flashgate_tests::{
 use openssl::pkey::PKey;
 use openssl::ssl::{NameType, SslAcceptor, SslMethod, SslStream};
 use openssl::x509::X509;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// One request an origin received.
 #[derive(Clone, Debug)]
