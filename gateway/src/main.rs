@@ -145,10 +145,7 @@ async fn check_shop_paths(config: &Config) {
         ca_pem,
     };
     let base = &target.base;
-    let routes = flashgate_gateway::edge::Routes::new(
-        &config.gateway.path_prefix,
-        config.gateway.sale_page_path.as_deref(),
-    );
+    let routes = flashgate_gateway::edge::Routes::from_config(&config.gateway);
     let ids: Vec<&str> = config.sales.iter().map(|s| s.id.as_str()).collect();
     match flashgate_gateway::edge::probe_shop(&routes, &target, &ids).await {
         Ok(probes) => {

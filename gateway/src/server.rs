@@ -164,10 +164,7 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
         sales,
         redis,
         orders,
-        routes: Routes::new(
-            &config.gateway.path_prefix,
-            config.gateway.sale_page_path.as_deref(),
-        ),
+        routes: Routes::from_config(&config.gateway),
         pages: Arc::new(pages),
         shop: Upstreams::new(&config.shop, metrics.shop_resolve_failures.clone())?,
         metrics,

@@ -21,13 +21,11 @@ pub struct Checkout {
     ttl: Duration,
 }
 
-/// What a win's checkout URL is made of.
+/// What a win's checkout URL is made of: the template's values (its
+/// `handoff` signed here, when the template asks for one) and the winner.
 #[derive(Debug, Clone, Copy)]
 pub struct Winner<'a> {
-    pub sale_id: &'a str,
-    pub reservation_id: &'a str,
-    /// Empty while the order is not written yet.
-    pub order_id: &'a str,
+    pub values: Values<'a>,
     pub user: &'a str,
 }
 
@@ -46,7 +44,7 @@ impl Checkout {
         let handoff = if checkout::needs_handoff(template) {
             let Some(key) = &self.key else {
                 tracing::warn!(
-                    sale = winner.sale_id,
+                    sale = winner.values.sale_id,
                     "the sale's checkout_url asks for {{handoff}} but FLASHGATE_HANDOFF_SECRET is not set; answering without a checkout_url"
                 );
                 return None;
@@ -54,8 +52,8 @@ impl Checkout {
             let iat = now_ms.div_euclid(1000);
             let claims = HandoffClaims {
                 sub: winner.user.to_owned(),
-                sale: winner.sale_id.to_owned(),
-                rid: winner.reservation_id.to_owned(),
+                sale: winner.values.sale_id.to_owned(),
+                rid: winner.values.reservation_id.to_owned(),
                 iat,
                 exp: iat.saturating_add(i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX)),
                 aud: HANDOFF_AUDIENCE.to_owned(),
@@ -63,7 +61,7 @@ impl Checkout {
             match jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, key) {
                 Ok(token) => token,
                 Err(error) => {
-                    tracing::warn!(%error, sale = winner.sale_id, "cannot sign the checkout hand-off");
+                    tracing::warn!(%error, sale = winner.values.sale_id, "cannot sign the checkout hand-off");
                     return None;
                 }
             }
@@ -71,15 +69,13 @@ impl Checkout {
             String::new()
         };
         let values = Values {
-            sale_id: winner.sale_id,
-            reservation_id: winner.reservation_id,
-            order_id: winner.order_id,
             handoff: &handoff,
+            ..winner.values
         };
         match checkout::expand(template, &values) {
             Ok(url) => Some(url),
             Err(error) => {
-                tracing::warn!(%error, sale = winner.sale_id, "the sale's checkout_url is not a valid template");
+                tracing::warn!(%error, sale = winner.values.sale_id, "the sale's checkout_url is not a valid template");
                 None
             }
         }
@@ -95,9 +91,12 @@ mod tests {
 
     fn winner() -> Winner<'static> {
         Winner {
-            sale_id: "drop",
-            reservation_id: "drop.00ab",
-            order_id: "",
+            values: Values {
+                sale_id: "drop",
+                reservation_id: "drop.00ab",
+                order_id: "",
+                handoff: "",
+            },
             user: "alice",
         }
     }

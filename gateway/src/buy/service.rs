@@ -29,6 +29,7 @@ use crate::infra::{SystemClock, WallClock};
 use crate::rejection::Rejection;
 use crate::sales::SaleCache;
 use crate::sales::Switches;
+use flashgate_common::checkout::Values;
 
 /// What a [`BuyService`] is built from: the parts it shares with the rest
 /// of the gateway, and its settings.
@@ -285,9 +286,12 @@ impl<C: WallClock> BuyService<C> {
     ) -> Option<String> {
         let template = self.sales.checkout_url(&self.redis, req.sale_id).await?;
         let winner = Winner {
-            sale_id: req.sale_id,
-            reservation_id,
-            order_id,
+            values: Values {
+                sale_id: req.sale_id,
+                reservation_id,
+                order_id,
+                handoff: "",
+            },
             user: req.user,
         };
         self.checkout.url(&template, winner, self.clock.now_ms())

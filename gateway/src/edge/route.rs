@@ -90,6 +90,11 @@ impl Routes {
         }
     }
 
+    /// The routes `gateway.path_prefix` and `gateway.sale_page_path` name.
+    pub fn from_config(gateway: &flashgate_common::config::GatewayConfig) -> Self {
+        Self::new(&gateway.path_prefix, gateway.sale_page_path.as_deref())
+    }
+
     /// The prefix, e.g. `/flashgate`.
     pub fn prefix(&self) -> &str {
         &self.prefix
