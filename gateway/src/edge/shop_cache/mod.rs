@@ -53,11 +53,11 @@
 //!   byte for byte as clients sent them (`?a=1&b=2` and `?b=2&a=1`, `%34`
 //!   and `4` are different entries): purge by prefix to catch every
 //!   spelling.
-//!
 //! - Rules (`[[shop.cache.rules]]`, [`rules`]): the operator's TTLs,
 //!   ignored and key cookies, bypasses and stale windows, for shops whose
-//!   headers alone keep their pages out. Why a request bypassed the cache
-//!   is counted by [`bypass::BypassReason`].
+//!   headers alone keep their pages out; with none, the above is all.
+//!   Why a request bypassed the cache is counted by
+//!   [`bypass::BypassReason`].
 //!
 //! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
