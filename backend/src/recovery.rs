@@ -581,30 +581,16 @@ pub async fn return_stock<C: ConnectionLike + Send>(
             if missing.contains(&home) {
                 continue;
             }
-            let keys = SaleKeys::home(&order.sale_id, buckets, &order.user_id);
-            let reply = order_script(&RELEASE, conn, &keys, &order).await?;
-            match reply {
-                // The sale is being restored; the restore counts this order
-                // as returned or the next pass returns it.
-                -1 => {
-                    missing.insert(home);
-                    continue;
-                }
-                1 => {
+            match give_back(conn, store, buckets, &order).await? {
+                GiveBack::Returned => {
                     returned += 1;
                     restocked.insert(order.sale_id.clone());
                 }
-                2 => tracing::warn!(
-                    sale = %order.sale_id,
-                    reservation = %order.reservation_id,
-                    "cancelled order whose reservation redis never counted: no item to give back"
-                ),
-                _ => {}
+                GiveBack::SaleMissing => {
+                    missing.insert(home);
+                }
+                GiveBack::NothingToReturn => {}
             }
-            store
-                .orders()
-                .mark_released(&order.order_id, flashgate_common::now_ms())
-                .await?;
         }
         if !full {
             break;
@@ -616,6 +602,69 @@ pub async fn return_stock<C: ConnectionLike + Send>(
         announce(conn, &SaleEvent::Changed(sale)).await;
     }
     Ok(returned)
+}
+
+/// What [`give_back`] did with a cancelled order's item.
+enum GiveBack {
+    /// Back in its sale's stock.
+    Returned,
+    /// The sale (its home bucket) is missing from Redis, being restored:
+    /// the restore counts the order as returned, or a later pass returns it.
+    SaleMissing,
+    /// Returned before, or never counted by Redis.
+    NothingToReturn,
+}
+
+/// Gives back the item of cancelled `order` of a sale of `buckets`
+/// buckets (to its home bucket, which counted the reservation), and
+/// records it released unless the sale is missing from Redis.
+async fn give_back<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    buckets: u32,
+    order: &OrderRow,
+) -> Result<GiveBack, SaleError> {
+    let keys = SaleKeys::home(&order.sale_id, buckets, &order.user_id);
+    let outcome = match order_script(&RELEASE, conn, &keys, order).await? {
+        -1 => return Ok(GiveBack::SaleMissing),
+        1 => GiveBack::Returned,
+        2 => {
+            tracing::warn!(
+                sale = %order.sale_id,
+                reservation = %order.reservation_id,
+                "cancelled order whose reservation redis never counted: no item to give back"
+            );
+            GiveBack::NothingToReturn
+        }
+        _ => GiveBack::NothingToReturn,
+    };
+    store
+        .orders()
+        .mark_released(&order.order_id, flashgate_common::now_ms())
+        .await?;
+    Ok(outcome)
+}
+
+/// Gives back the item of one order the shop just cancelled, at once
+/// rather than at the next pass of [`return_stock`] (which still returns
+/// it if this fails), and tells the gateways items came back.
+///
+/// # Errors
+/// Redis or the database failed.
+pub async fn return_cancelled<C: ConnectionLike + Send>(
+    conn: &mut C,
+    store: &Store,
+    order: &OrderRow,
+) -> Result<(), SaleError> {
+    let buckets = store
+        .sales()
+        .get(&order.sale_id)
+        .await?
+        .map_or(1, |s| s.buckets);
+    if let GiveBack::Returned = give_back(conn, store, buckets, order).await? {
+        announce(conn, &SaleEvent::Changed(order.sale_id.clone())).await;
+    }
+    Ok(())
 }
 
 /// Every `interval`, restores the sales Redis lost and re-syncs the fenced

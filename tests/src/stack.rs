@@ -757,6 +757,19 @@ impl Stack {
         format!("http://{}{}", self.gateway_addr, path)
     }
 
+    /// What the shop saw of `GET path` (an `/echo/…` path of the demo shop)
+    /// sent through the gateway with `headers`: its JSON echo (`path`,
+    /// `headers`); the answer must be 200.
+    pub async fn shop_echo(&self, path: &str, headers: &[(&str, &str)]) -> serde_json::Value {
+        let mut req = self.http.get(self.url(path));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{}", self.log("flashgate"));
+        resp.json().await.unwrap()
+    }
+
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin_addr, path)
     }

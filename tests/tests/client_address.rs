@@ -83,16 +83,15 @@ async fn with_forwarded_configured_only_forwarded_names_the_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shop_never_receives_a_clients_forwarded_header() {
     let stack = Stack::start(StackOptions::default()).await;
-    let resp = stack
-        .http
-        .get(stack.url("/echo/who"))
-        .header("Forwarded", "for=1.2.3.4;proto=https")
-        .header("X-Forwarded-For", "192.0.2.1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let echo: serde_json::Value = resp.json().await.unwrap();
+    let echo = stack
+        .shop_echo(
+            "/echo/who",
+            &[
+                ("Forwarded", "for=1.2.3.4;proto=https"),
+                ("X-Forwarded-For", "192.0.2.1"),
+            ],
+        )
+        .await;
     let headers = &echo["headers"];
     assert!(
         headers.get("forwarded").is_none(),
@@ -111,15 +110,9 @@ async fn behind_a_trusted_proxy_the_shop_gets_its_chain_extended_and_the_client_
         ..StackOptions::default()
     })
     .await;
-    let resp = stack
-        .http
-        .get(stack.url("/echo/who"))
-        .header("X-Forwarded-For", "198.51.100.7")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let echo: serde_json::Value = resp.json().await.unwrap();
+    let echo = stack
+        .shop_echo("/echo/who", &[("X-Forwarded-For", "198.51.100.7")])
+        .await;
     let headers = &echo["headers"];
     assert_eq!(
         headers["x-forwarded-for"], "198.51.100.7, 127.0.0.1",

@@ -19,7 +19,7 @@ use flashgate_tests::{
 use openssl::pkey::PKey;
 use openssl::ssl::{NameType, SslAcceptor, SslMethod, SslStream};
 use openssl::x509::X509;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// One request an origin received.
 #[derive(Clone, Debug)]
@@ -186,17 +186,16 @@ async fn an_https_origin_by_name_gets_sni_the_fixed_host_and_the_forwarding_head
         ..StackOptions::default()
     })
     .await;
-    let resp = stack
-        .http
-        .get(stack.url("/echo/who?x=1"))
-        .header("Host", "client.example")
-        .header("X-Forwarded-For", "192.0.2.1")
-        .header("X-Real-IP", "192.0.2.2")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "{}", stack.log("flashgate"));
-    let echo: Value = resp.json().await.unwrap();
+    let echo = stack
+        .shop_echo(
+            "/echo/who?x=1",
+            &[
+                ("Host", "client.example"),
+                ("X-Forwarded-For", "192.0.2.1"),
+                ("X-Real-IP", "192.0.2.2"),
+            ],
+        )
+        .await;
     assert_eq!(echo["path"], "/echo/who?x=1");
     assert_eq!(echo["sni"], "localhost", "SNI is the origin's name");
     let h = &echo["headers"];

@@ -163,14 +163,17 @@ pub async fn cancel(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let order_id = order_id(id)?;
-    if state.store.orders().cancel_if_unpaid(&order_id).await? {
+    let cancelled = state.store.orders().cancel_if_unpaid(&order_id).await?;
+    let order = state.store.orders().get(&order_id).await?;
+    if let (true, Some(order)) = (cancelled, &order) {
         tracing::info!(order = %order_id, "order cancelled by the shop");
         let mut redis = state.redis.clone();
-        if let Err(error) = crate::recovery::return_stock(&mut redis, &state.store).await {
+        if let Err(error) = crate::recovery::return_cancelled(&mut redis, &state.store, order).await
+        {
             tracing::warn!(%error, order = %order_id, "cancelled; its item goes back on the next timeout pass");
         }
     }
-    match state.store.orders().get(&order_id).await? {
+    match order {
         Some(order) if order.status == OrderStatus::Paid => Err(ApiError::new(
             StatusCode::CONFLICT,
             "order_paid",

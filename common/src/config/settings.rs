@@ -9,6 +9,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::cache_rules::CacheRule;
 use super::env::ENV_CHALLENGE_SECRET;
 use super::file::{ChallengeMode, ClientIpHeader, JwtAlgorithm};
 use super::origin::Origin;
@@ -367,6 +368,8 @@ pub struct ShopCacheConfig {
     pub stale_if_error: Duration,
     /// How long concurrent misses of one page wait for its single fetch.
     pub lock_timeout: Duration,
+    /// `[[shop.cache.rules]]`, in order: the first that matches applies.
+    pub rules: Vec<CacheRule>,
 }
 
 /// Caching of the product pages and of the sale state they poll.

@@ -66,10 +66,16 @@
 //!   byte for byte as clients sent them (`?a=1&b=2` and `?b=2&a=1`, `%34`
 //!   and `4` are different entries): purge by prefix to catch every
 //!   spelling.
+//! - Rules (`[[shop.cache.rules]]`, [`rules`]): the operator's TTLs,
+//!   ignored and key cookies, bypasses and stale windows, for shops whose
+//!   headers alone keep their pages out; with none, the above is all.
+//!   Why a request bypassed the cache is counted by
+//!   [`bypass::BypassReason`].
 //!
 //! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
 
+pub mod bypass;
 pub mod cache_status;
 pub mod fill_lock;
 pub mod freshness;
@@ -77,6 +83,7 @@ pub mod invalidation;
 pub mod policy;
 pub mod purge_api;
 pub mod revalidation;
+pub mod rules;
 pub mod storage;
 
 pub use purge_api::PurgeApi;
@@ -212,6 +219,8 @@ pub struct CacheMetrics {
     /// Purge requests by kind, and objects they removed.
     pub purges: IntCounterVec,
     pub purged_objects: IntCounterVec,
+    /// Client requests answered `X-Cache: BYPASS`, by why.
+    pub bypasses: IntCounterVec,
 }
 
 /// The shop cache of one gateway.
@@ -226,6 +235,8 @@ pub struct ShopCache {
     lock_timeout: Duration,
     /// Keys whose last fetch failed, and when.
     failed_fetches: Mutex<HashMap<u128, Instant>>,
+    /// `[[shop.cache.rules]]`.
+    rules: rules::Rules,
     /// URLs written to by unsafe methods ([`invalidation`]).
     pub invalidations: invalidation::Invalidations,
     pub metrics: CacheMetrics,
@@ -291,6 +302,11 @@ impl ShopCache {
                 "Cached responses removed by purges, by kind.",
                 &["kind"],
             ),
+            bypasses: counter(
+                "shop_cache_bypasses_total",
+                "Proxied shop requests that bypassed the cache, by reason (method, cookie, no_lifetime, set_cookie, rule_bypass, ...).",
+                &["reason"],
+            ),
         };
         // Fills in progress and stored entries share max_bytes.
         let fill_budget = config.max_bytes / FILL_SHARE;
@@ -311,6 +327,7 @@ impl ShopCache {
             max_object_bytes: config.max_object_bytes,
             lock_timeout: config.lock_timeout,
             failed_fetches: Mutex::new(HashMap::new()),
+            rules: rules::Rules::new(config),
             invalidations: invalidation::Invalidations::default(),
             metrics,
         }
@@ -333,9 +350,23 @@ impl ShopCache {
         cache.set_max_file_size_bytes(self.max_object_bytes);
     }
 
-    /// Whether and how long the shop's response may be stored.
-    pub fn cacheable(&self, using: CacheUse, resp: &ResponseHeader) -> RespCacheable {
-        policy::response_cacheable(using, resp, &self.defaults)
+    /// Whether and how long the shop's response may be stored (with the
+    /// rule the request matched, if any).
+    pub fn cacheable(
+        &self,
+        using: CacheUse,
+        applied: &rules::Applied,
+        resp: &ResponseHeader,
+    ) -> RespCacheable {
+        self.rules
+            .cacheable(applied, resp, &self.defaults, |resp, defaults| {
+                policy::response_cacheable(using, resp, defaults)
+            })
+    }
+
+    /// `[[shop.cache.rules]]`.
+    pub fn rules(&self) -> &rules::Rules {
+        &self.rules
     }
 
     /// Bytes held now.
