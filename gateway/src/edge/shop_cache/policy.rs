@@ -179,7 +179,9 @@ pub fn response_cacheable(
     }
     let directives = Directives::of(resp);
     let explicit = directives.lifetime(resp).is_some();
-    if !storable_status(resp.status) && !(explicit && storable_when_explicit(resp.status)) {
+    let storable =
+        storable_status(resp.status) || (explicit && storable_when_explicit(resp.status));
+    if !storable {
         return RespCacheable::Uncacheable(NoCacheReason::Custom(STATUS));
     }
     if resp.headers.contains_key(header::SET_COOKIE) {
