@@ -53,16 +53,14 @@ async fn the_shop_cache_passes_the_required_http_caching_tests() {
         "the suite's client needs undici: run `bash deploy/local/install-deps.sh --test`"
     );
     let origin_port = free_port();
+    let pidfile = std::env::temp_dir().join(format!("cache-tests-{origin_port}.pid"));
     let origin = Proc {
         child: Command::new("node")
             .arg("suite/test-engine/server/server.mjs")
             .current_dir(&dir)
             .env("npm_config_protocol", "http")
             .env("npm_config_port", origin_port.to_string())
-            .env(
-                "npm_config_pidfile",
-                std::env::temp_dir().join(format!("cache-tests-{origin_port}.pid")),
-            )
+            .env("npm_config_pidfile", &pidfile)
             .stdout(Stdio::null())
             .spawn()
             .expect("node (install-deps.sh --test installs it)"),
@@ -103,6 +101,7 @@ async fn the_shop_cache_passes_the_required_http_caching_tests() {
         started.elapsed()
     );
     drop(origin);
+    let _ = std::fs::remove_file(&pidfile);
 
     let out = Command::new("node")
         .arg("count.mjs")
