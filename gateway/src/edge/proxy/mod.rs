@@ -315,13 +315,15 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
-    /// A `304` to a revalidation is kept for `response_cache_filter`.
+    /// The shop's response marked when pingora compresses it; a `304` to a
+    /// revalidation kept for `response_cache_filter`.
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        compress::mark(session, resp);
         if resp.status == http::StatusCode::NOT_MODIFIED && ctx.cache != CacheUse::Off {
             ctx.not_modified = Some(Box::new(resp.clone()));
         }
@@ -472,16 +474,6 @@ impl ProxyHttp for Gateway {
         if let (Some(levels), RouteKind::Shop) = (self.config.shop.compression, ctx.route) {
             compress::enable(session, upstream, levels);
         }
-        Ok(())
-    }
-
-    async fn upstream_response_filter(
-        &self,
-        session: &mut Session,
-        upstream_response: &mut ResponseHeader,
-        _ctx: &mut RequestCtx,
-    ) -> pingora::Result<()> {
-        compress::mark(session, upstream_response);
         Ok(())
     }
 
