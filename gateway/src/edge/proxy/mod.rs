@@ -27,7 +27,7 @@
 //!                        X-Real-IP (forwarded.rs), X-Request-Id; cached requests: X-Original-URL
 //!                        & co removed; Host = shop.host_header when fixed
 //! response_cache_filter  may the shop's answer be stored, for how long
-//! response_filter        hop-by-hop removed from the shop's answer; X-Cache
+//! response_filter        hop-by-hop removed from the shop's answer; its tag header (shop_cache::tags); X-Cache
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
 //! logging                requests / duration / buy outcome metrics, once per request
 //! ```
@@ -427,7 +427,11 @@ impl ProxyHttp for Gateway {
         for name in hop_by_hop(&response.headers) {
             response.remove_header(&name);
         }
-        if self.shop_cache.is_some() && ctx.route == RouteKind::Shop {
+        if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
+            // The shop's tags name its internals: kept for purges, not shown.
+            if !cache.forward_tag_header {
+                response.remove_header(&cache.tag_header);
+            }
             let result = match (ctx.cache, ctx.stale_on_error) {
                 (CacheUse::Off, _) => CacheResult::Bypass,
                 (_, true) => CacheResult::Stale,
