@@ -438,6 +438,7 @@ impl crate::sales::AnnouncedPurges for ShopCache {
             Ok(purge_log::CatchUp::Applied(n)) => {
                 tracing::info!(purges = n, "shop cache purges applied from the record");
             }
+            Ok(purge_log::CatchUp::Dropped(0)) => {}
             Ok(purge_log::CatchUp::Dropped(n)) => {
                 tracing::warn!(
                     dropped = n,

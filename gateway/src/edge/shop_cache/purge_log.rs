@@ -103,7 +103,7 @@ impl PurgeLog {
     ) -> Result<CatchUp, RedisError> {
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let start = match last.as_deref() {
-            None => return Ok(self.restart(client, cache).await?),
+            None => return self.restart(client, cache).await,
             // Nothing is trimmed from a stream shorter than its bound.
             Some(BEFORE_ALL) => {
                 let len: usize = client
@@ -115,14 +115,14 @@ impl PurgeLog {
                     })
                     .await?;
                 if len >= SHOP_PURGES_KEPT {
-                    return Ok(self.restart(client, cache).await?);
+                    return self.restart(client, cache).await;
                 }
                 "-".to_owned()
             }
             Some(id) => {
                 let found = range(client, id, 1).await?;
                 if found.ids.first().map(|e| e.id.as_str()) != Some(id) {
-                    return Ok(self.restart(client, cache).await?);
+                    return self.restart(client, cache).await;
                 }
                 format!("({id}")
             }
