@@ -224,6 +224,36 @@ pub struct ShopCache {
     /// Whether clients see the tag header; off, as CDNs do: the tags name
     /// the shop's internals.
     pub forward_tag_header: bool,
+    /// `[[shop.cache.rules]]`: what makes pages cacheable that the shop's
+    /// own headers leave personal or without a lifetime; first match wins.
+    pub rules: Vec<ShopCacheRule>,
+}
+
+/// One `[[shop.cache.rules]]` table (see `config/cache_rules.rs`).
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShopCacheRule {
+    /// A path prefix (`/static/`), or a glob of the whole path when it holds
+    /// `*` (`/products/*/reviews`; `*` stays within one segment).
+    pub path: String,
+    /// Unset: `GET` and `HEAD`.
+    pub methods: Option<Vec<String>>,
+    /// Statuses `ttl_seconds` applies to; unset: `200`.
+    pub statuses: Option<Vec<u16>>,
+    /// Lifetime of a response that carries none (no `max-age`, `s-maxage`,
+    /// `Expires`): shops built on PHP or Django send none on most pages.
+    pub ttl_seconds: Option<u64>,
+    /// Cookie names (a trailing `*` matches a prefix) that do not make a
+    /// request personal: analytics and consent cookies.
+    pub ignore_cookies: Vec<String>,
+    /// Cookie names whose values pick the variant of a page (currency,
+    /// store view), so a request carrying them is still cacheable.
+    pub key_cookies: Vec<String>,
+    /// Never cached: neither looked up nor stored.
+    pub bypass: bool,
+    /// Windows for matching responses whose `Cache-Control` names none.
+    pub stale_if_error_seconds: Option<u64>,
+    pub stale_while_revalidate_seconds: Option<u64>,
 }
 
 impl Default for ShopCache {
@@ -236,6 +266,7 @@ impl Default for ShopCache {
             lock_timeout_ms: 30_000,
             tag_header: "Surrogate-Key".into(),
             forward_tag_header: false,
+            rules: Vec::new(),
         }
     }
 }

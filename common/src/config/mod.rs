@@ -6,6 +6,7 @@
 //!   protection off).
 //! - `validate`: one function per table, from the file to the settings;
 //!   every problem is reported at once, each prefixed with its key path.
+//! - `cache_rules`: `[[shop.cache.rules]]`, validated and matched.
 //! - `check`: the validation helper, which writes each message from the
 //!   bound it enforces (`limits.buy.user.burst: must be between 1 and
 //!   10000000 (leave the bucket out for no limit), got 0`).
@@ -26,6 +27,7 @@
 
 use std::path::{Path, PathBuf};
 
+mod cache_rules;
 mod check;
 mod env;
 mod events;
@@ -34,6 +36,9 @@ mod origin;
 mod settings;
 mod validate;
 
+pub use cache_rules::{
+    CacheRule, CookieName, PathPattern, RuleMethod, MAX_CACHE_RULES, MAX_RULE_COOKIES,
+};
 pub use env::{
     Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET,
     ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_HANDOFF_SECRET, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,

@@ -9,6 +9,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::cache_rules::CacheRule;
 use super::env::ENV_CHALLENGE_SECRET;
 use super::file::{ChallengeMode, ClientIpHeader, JwtAlgorithm};
 use super::origin::Origin;
@@ -371,6 +372,8 @@ pub struct ShopCacheConfig {
     pub tag_header: String,
     /// Whether clients see the tag header.
     pub forward_tag_header: bool,
+    /// `[[shop.cache.rules]]`, in order: the first that matches applies.
+    pub rules: Vec<CacheRule>,
 }
 
 /// Caching of the product pages and of the sale state they poll.

@@ -1059,6 +1059,132 @@ fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
 }
 
 #[test]
+fn cache_rules_are_read_in_order_with_safe_defaults() {
+    let text = r#"
+[[shop.cache.rules]]
+path = "/account/"
+bypass = true
+[[shop.cache.rules]]
+path = "/products/*/reviews"
+methods = ["get"]
+statuses = [200, 404]
+ttl_seconds = 30
+ignore_cookies = ["_ga*", "cookie_consent"]
+key_cookies = ["currency"]
+stale_if_error_seconds = 600
+stale_while_revalidate_seconds = 10
+[[shop.cache.rules]]
+path = "/"
+"#;
+    let rules = Config::from_toml_str(text, &NoEnv, 0)
+        .unwrap()
+        .shop
+        .cache
+        .rules;
+    assert_eq!(rules.len(), 3);
+    assert!(rules[0].bypass);
+    assert_eq!(rules[0].path, PathPattern::Prefix("/account/".into()));
+    assert_eq!(rules[0].methods, [RuleMethod::Get, RuleMethod::Head]);
+    let r = &rules[1];
+    assert_eq!(r.path, PathPattern::Glob("/products/*/reviews".into()));
+    assert_eq!(r.methods, [RuleMethod::Get]);
+    assert_eq!(r.statuses, [200, 404]);
+    assert_eq!(r.ttl, Some(Duration::from_secs(30)));
+    assert_eq!(
+        r.ignore_cookies,
+        [
+            CookieName::Prefix("_ga".into()),
+            CookieName::Exact("cookie_consent".into())
+        ]
+    );
+    assert_eq!(r.key_cookies, ["currency"]);
+    assert_eq!(r.stale_if_error, Some(Duration::from_secs(600)));
+    assert_eq!(r.stale_while_revalidate, Some(Duration::from_secs(10)));
+    let plain = &rules[2];
+    assert_eq!(plain.statuses, [200]);
+    assert_eq!((plain.ttl, plain.bypass), (None, false));
+    assert!(plain.ignore_cookies.is_empty() && plain.key_cookies.is_empty());
+    assert!(Config::from_toml_str("", &NoEnv, 0)
+        .unwrap()
+        .shop
+        .cache
+        .rules
+        .is_empty());
+}
+
+#[test]
+fn a_bad_cache_rule_is_refused_naming_its_index_and_key() {
+    let text = r#"
+[[shop.cache.rules]]
+path = "/ok/"
+[[shop.cache.rules]]
+path = "products"
+methods = ["POST"]
+statuses = [500]
+ttl_seconds = 0
+ignore_cookies = ["bad name", "_ga*"]
+key_cookies = ["_gac"]
+[[shop.cache.rules]]
+path = "/x/"
+bypass = true
+ttl_seconds = 10
+[[shop.cache.rules]]
+path = "/y/"
+methods = []
+key_cookies = ["a*"]
+stale_if_error_seconds = 99999999999
+"#;
+    let msg = Config::from_toml_str(text, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    for expected in [
+        "shop.cache.rules[1].path: must be a path starting with `/`",
+        "shop.cache.rules[1].methods: `POST` is not cached",
+        "shop.cache.rules[1].statuses: 500 is never stored",
+        "shop.cache.rules[1].ttl_seconds: must be between 1 and",
+        "shop.cache.rules[1].ignore_cookies: `bad name` is not a cookie name",
+        "shop.cache.rules[1].key_cookies: `_gac` is also ignored",
+        "shop.cache.rules[2].bypass: a bypass rule caches nothing",
+        "shop.cache.rules[3].methods: must name GET, HEAD or both",
+        "shop.cache.rules[3].key_cookies: `a*` is not a cookie name",
+        "shop.cache.rules[3].stale_if_error_seconds: must be between 0 and",
+    ] {
+        assert!(msg.contains(expected), "missing {expected:?} in: {msg}");
+    }
+    assert!(!msg.contains("rules[0]"), "{msg}");
+    let many: String = (0..=MAX_CACHE_RULES)
+        .map(|i| format!("[[shop.cache.rules]]\npath = \"/p{i}/\"\n"))
+        .collect();
+    let msg = Config::from_toml_str(&many, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!(
+            "shop.cache.rules: must be at most {MAX_CACHE_RULES}"
+        )),
+        "{msg}"
+    );
+    let cookies: Vec<String> = (0..=MAX_RULE_COOKIES)
+        .map(|i| format!("\"c{i}\""))
+        .collect();
+    let text = format!(
+        "[[shop.cache.rules]]\npath = \"/\"\nignore_cookies = [{}]\n",
+        cookies.join(", ")
+    );
+    let msg = Config::from_toml_str(&text, &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("shop.cache.rules[0].ignore_cookies: must be at most 64"),
+        "{msg}"
+    );
+    let msg = Config::from_toml_str("[[shop.cache.rules]]\npath = \"/\"\nttl = 5\n", &NoEnv, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("unknown field `ttl`"), "{msg}");
+}
+
+#[test]
 fn tls_is_off_unless_cert_file_is_set_and_its_keys_need_it() {
     let parse = |text: &str| Config::from_toml_str(text, &NoEnv, 0);
     assert!(parse("").unwrap().gateway.tls.is_none());

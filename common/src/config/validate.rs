@@ -654,6 +654,7 @@ fn shop_cache(check: &mut Check, f: file::ShopCache, shop_read_timeout_ms: u64) 
         max_object_bytes: bytes(f.max_object_bytes),
         stale_if_error: Duration::from_secs(f.stale_if_error_seconds),
         lock_timeout: Duration::from_millis(f.lock_timeout_ms),
+        rules: super::cache_rules::validate(check, f.rules),
     }
 }
 

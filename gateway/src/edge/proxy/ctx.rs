@@ -1,5 +1,6 @@
 //! Per-request state carried through the phases, and its metric labels.
 
+use crate::edge::shop_cache::rules::Applied;
 use crate::edge::shop_cache::CacheUse;
 use crate::infra::RouteKind;
 use crate::rejection::Rejection;
@@ -15,6 +16,8 @@ pub struct RequestCtx {
     pub started: std::time::Instant,
     /// How a shop request uses the edge cache.
     pub cache: CacheUse,
+    /// What `[[shop.cache.rules]]` decided for it.
+    pub cache_rule: Applied,
     /// The request came over TLS (the HTTPS listener).
     pub tls: bool,
     /// Answered from a stale copy because a recent fetch of it failed.
@@ -34,6 +37,7 @@ impl RequestCtx {
             outcome: Outcome::Ok,
             started: std::time::Instant::now(),
             cache: CacheUse::Off,
+            cache_rule: Applied::default(),
             tls: false,
             stale_on_error: false,
             origin: None,

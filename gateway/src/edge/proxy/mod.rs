@@ -14,9 +14,10 @@
 //!   ├─ pages, assets ──► StaticPages::serve ─► Page (head built at load) ─► write_page
 //!   │                    every other answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► Ok(false): proxied
-//! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache)
+//! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache),
+//!                        as [[shop.cache.rules]] adjust (bypass, ignored cookies)
 //!   cache_key_callback   scheme + host + raw target (path and query)
-//!   cache_vary_filter    the variant the response's Vary names
+//!   cache_vary_filter    the variant the response's Vary and the key cookies name
 //!   cache_hit_filter     Cookie/Authorization take only public copies
 //!   should_serve_stale   stale-while-revalidate, stale-if-error on shop failures
 //!   hit or stale ──────► answered from the cache; else to the shop:
@@ -72,6 +73,8 @@ use crate::admission::RouteClass;
 use crate::buy::{BuyOutcome, BuyRequest, BuyService};
 use crate::edge::reply::Reply;
 use crate::edge::route::{Route, Routes};
+use crate::edge::shop_cache::bypass::BypassReason;
+use crate::edge::shop_cache::rules::Rules;
 use crate::edge::shop_cache::{policy, CacheResult, CacheUse, ShopCache};
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::edge::upstreams::{default_host, hop_by_hop, ShopFailure, Upstreams};
@@ -256,6 +259,20 @@ impl ProxyHttp for Gateway {
                 .results
                 .with_label_values(&[result.label()])
                 .inc();
+            if result == CacheResult::Bypass {
+                let reason = ctx.cache_rule.bypass.unwrap_or_else(|| {
+                    BypassReason::of_phase(
+                        session.cache.phase(),
+                        session.response_written(),
+                        ctx.cache_rule.credential,
+                    )
+                });
+                cache
+                    .metrics
+                    .bypasses
+                    .with_label_values(&[reason.label()])
+                    .inc();
+            }
         }
     }
 
@@ -266,7 +283,8 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         if let Some(cache) = &self.shop_cache {
-            ctx.cache = policy::request_use(session.req_header());
+            let req = session.req_header();
+            (ctx.cache, ctx.cache_rule) = cache.rules().apply(req, policy::request_use(req));
             cache.enable(&mut session.cache, ctx.cache);
         }
         Ok(())
@@ -299,7 +317,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<RespCacheable> {
         Ok(match &self.shop_cache {
-            Some(cache) => cache.cacheable(ctx.cache, resp),
+            Some(cache) => cache.cacheable(ctx.cache, &ctx.cache_rule, resp),
             None => RespCacheable::Uncacheable(NoCacheReason::NeverEnabled),
         })
     }
@@ -307,10 +325,14 @@ impl ProxyHttp for Gateway {
     fn cache_vary_filter(
         &self,
         meta: &CacheMeta,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
         req: &RequestHeader,
     ) -> Option<HashBinary> {
-        policy::variance(meta, req)
+        let vary = policy::variance(meta, req);
+        match &self.shop_cache {
+            Some(cache) => cache.rules().variance(&ctx.cache_rule, vary),
+            None => vary,
+        }
     }
 
     /// A stored copy the shop did not mark public is not for a request with
@@ -405,6 +427,8 @@ impl ProxyHttp for Gateway {
         // host, path or method the client's headers claim.
         if ctx.cache != CacheUse::Off {
             policy::strip_unkeyed(upstream)?;
+            // Cookies a rule ignores are not the shop's business here.
+            Rules::upstream_cookie(&ctx.cache_rule, upstream)?;
         }
         match (&self.config.shop.host_header, &ctx.origin) {
             (HostHeader::Fixed(name), _) => upstream.insert_header(http::header::HOST, name)?,

@@ -54,14 +54,21 @@
 //!   byte for byte as clients sent them (`?a=1&b=2` and `?b=2&a=1`, `%34`
 //!   and `4` are different entries): purge by prefix to catch every
 //!   spelling.
+//! - Rules (`[[shop.cache.rules]]`, [`rules`]): the operator's TTLs,
+//!   ignored and key cookies, bypasses and stale windows, for shops whose
+//!   headers alone keep their pages out; with none, the above is all.
+//!   Why a request bypassed the cache is counted by
+//!   [`bypass::BypassReason`].
 //!
 //! Storage, eviction manager and lock must be `'static` for
 //! pingora-cache: they are leaked once per gateway built.
 
+pub mod bypass;
 pub mod fill_lock;
 pub mod policy;
 pub mod purge_api;
 pub mod purge_log;
+pub mod rules;
 pub mod storage;
 pub mod tags;
 
@@ -198,6 +205,8 @@ pub struct CacheMetrics {
     /// because it could not be proven fresh), and objects they removed.
     pub purges: IntCounterVec,
     pub purged_objects: IntCounterVec,
+    /// Client requests answered `X-Cache: BYPASS`, by why.
+    pub bypasses: IntCounterVec,
 }
 
 /// The shop cache of one gateway.
@@ -217,6 +226,8 @@ pub struct ShopCache {
     /// The shop's tag header (lower case), and whether clients see it.
     pub tag_header: http::HeaderName,
     pub forward_tag_header: bool,
+    /// `[[shop.cache.rules]]`.
+    rules: rules::Rules,
     pub metrics: CacheMetrics,
 }
 
@@ -280,6 +291,11 @@ impl ShopCache {
                 "Cached responses removed by purges, by kind.",
                 &["kind"],
             ),
+            bypasses: counter(
+                "shop_cache_bypasses_total",
+                "Proxied shop requests that bypassed the cache, by reason (method, cookie, no_lifetime, set_cookie, rule_bypass, ...).",
+                &["reason"],
+            ),
         };
         // Fills in progress and stored entries share max_bytes.
         let fill_budget = config.max_bytes / FILL_SHARE;
@@ -306,6 +322,7 @@ impl ShopCache {
             tag_header: http::HeaderName::from_bytes(config.tag_header.as_bytes())
                 .unwrap_or(http::HeaderName::from_static("surrogate-key")),
             forward_tag_header: config.forward_tag_header,
+            rules: rules::Rules::new(config),
             metrics,
         }
     }
@@ -327,9 +344,23 @@ impl ShopCache {
         cache.set_max_file_size_bytes(self.max_object_bytes);
     }
 
-    /// Whether and how long the shop's response may be stored.
-    pub fn cacheable(&self, using: CacheUse, resp: &ResponseHeader) -> RespCacheable {
-        policy::response_cacheable(using, resp, &self.defaults)
+    /// Whether and how long the shop's response may be stored (with the
+    /// rule the request matched, if any).
+    pub fn cacheable(
+        &self,
+        using: CacheUse,
+        applied: &rules::Applied,
+        resp: &ResponseHeader,
+    ) -> RespCacheable {
+        self.rules
+            .cacheable(applied, resp, &self.defaults, |resp, defaults| {
+                policy::response_cacheable(using, resp, defaults)
+            })
+    }
+
+    /// `[[shop.cache.rules]]`.
+    pub fn rules(&self) -> &rules::Rules {
+        &self.rules
     }
 
     /// Bytes held now.
