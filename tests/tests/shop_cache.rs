@@ -558,7 +558,7 @@ async fn get_decoded(stack: &Stack, path: &str, accept: &str) -> (String, String
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn text_the_shop_sends_uncompressed_is_compressed_once_per_encoding() {
+async fn text_the_shop_sends_uncompressed_is_compressed_once_per_chosen_coding() {
     let (stack, shop) = start_with("\n[shop.compression]\nenabled = true\n").await;
     let page = format!("{}/text #1", "flash sale ".repeat(400));
     let (encoding, vary, x_cache, body) = get_decoded(&stack, "/text", "gzip").await;
@@ -577,8 +577,12 @@ async fn text_the_shop_sends_uncompressed_is_compressed_once_per_encoding() {
     let (encoding, _, x_cache, body) = get_decoded(&stack, "/text", "br").await;
     assert_eq!((encoding.as_str(), x_cache.as_str()), ("br", "MISS"));
     assert_eq!(body, format!("{}/text #2", "flash sale ".repeat(400)));
-    let (encoding, _, x_cache, _) = get_decoded(&stack, "/text", "br").await;
+    // Browsers' lists get brotli, the gateway's first choice, from that copy.
+    let (encoding, _, x_cache, _) = get_decoded(&stack, "/text", "gzip, deflate, br, zstd").await;
     assert_eq!((encoding.as_str(), x_cache.as_str()), ("br", "HIT"));
+    // A coding refused with q=0 is never chosen, however it is listed.
+    let (encoding, _, x_cache, _) = get_decoded(&stack, "/text", "br;q=0, gzip").await;
+    assert_eq!((encoding.as_str(), x_cache.as_str()), ("gzip", "HIT"));
     // A client that accepts no coding gets the shop's bytes as they are.
     let (encoding, _, _, body) = get_decoded(&stack, "/text", "identity").await;
     assert_eq!(encoding, "");

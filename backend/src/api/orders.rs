@@ -152,9 +152,9 @@ pub async fn pay(
 /// `POST /internal/orders/{order_id}/cancel`: the shop cancels an unpaid
 /// order (the buyer gave up at checkout). Cancelled exactly as the payment
 /// timeout cancels ([`crate::timeout`]): one conditional update decides
-/// it against a racing payment, then the item goes back to the sale's
-/// stock by [`crate::recovery::return_stock`], once, which also writes
-/// `order.cancelled`. 200 when the order is cancelled (by this call or an
+/// it against a racing payment, then that order's item goes back to the
+/// sale's stock at once ([`crate::recovery::return_cancelled`]), which also
+/// writes `order.cancelled`. 200 when the order is cancelled (by this call or an
 /// earlier one: calling again is harmless), 409 `order_paid` when it was
 /// paid first, 404 when unknown. Should Redis fail here, the cancellation
 /// stands and the timeout loop's next pass returns the item.

@@ -583,8 +583,10 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
 /// `[shop.compression]`: each level within its encoder's range, 0 = off.
 fn shop_compression(check: &mut Check, f: file::ShopCompression) -> Option<CompressionLevels> {
     check.at_most("shop.compression.gzip_level", f.gzip_level, 9);
-    check.at_most("shop.compression.brotli_level", f.brotli_level, 11);
-    check.at_most("shop.compression.zstd_level", f.zstd_level, 19);
+    // Higher levels cost far more CPU (and zstd memory) per response than
+    // they save on pages the shop renders on each request.
+    check.at_most("shop.compression.brotli_level", f.brotli_level, 6);
+    check.at_most("shop.compression.zstd_level", f.zstd_level, 9);
     if f.enabled && f.gzip_level == 0 && f.brotli_level == 0 && f.zstd_level == 0 {
         check.fail(
             "shop.compression.enabled",

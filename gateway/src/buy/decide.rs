@@ -344,6 +344,7 @@ impl<C: WallClock> BuyService<C> {
         // Before the call: a clear while it is in flight makes its sold out
         // stale, even before this gateway has read the new stock epoch.
         let clears = self.sales.clears(sale_id);
+        let sent_at = std::time::Instant::now();
         let timer = self.metrics.script_duration.start_timer();
         let decision = self
             .deducts
@@ -359,7 +360,7 @@ impl<C: WallClock> BuyService<C> {
             self.flag_sold_out(sale_id, Some(decision.epoch), clears)
                 .await;
             self.sales
-                .read_buyers(&self.redis, sale_id, clears, decision.epoch)
+                .keep_buyers(&self.redis, sale_id, clears, decision.epoch, sent_at)
                 .await;
         }
         Ok(decision)

@@ -754,3 +754,43 @@ async fn the_buyers_of_a_sale_still_sold_out_at_the_same_epoch_are_renewed_not_r
     );
     assert_eq!(monitor.commands().await, Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_sales_buyers_are_read_at_most_once_per_interval_whatever_comes_back() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 1).await;
+    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "ka").await else {
+        panic!("no win")
+    };
+    assert_eq!(
+        f.buy("s", "b", "kb").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    // An item comes back and is won again: the sale sells out at a new
+    // epoch, within the interval of the first read.
+    return_item_unannounced(&f, "s", &reservation_id, "a").await;
+    f.service.sales.forget("s", None).await;
+    assert!(matches!(
+        f.buy("s", "c", "kc").await,
+        BuyOutcome::Won { .. }
+    ));
+    let monitor = f.redis.monitor().await;
+    assert_eq!(
+        f.buy("s", "d", "kd").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    assert_eq!(
+        f.buy("s", "e", "ke").await,
+        BuyOutcome::Refused(Rejection::SoldOut)
+    );
+    let sent = monitor.commands().await;
+    assert!(
+        !sent.iter().any(|c| c.contains("HVALS")),
+        "read again: {sent:?}"
+    );
+    assert_eq!(
+        sent.iter().filter(|c| c.contains("EVALSHA")).count(),
+        2,
+        "until the next read, keyed buys go to the script: {sent:?}"
+    );
+}

@@ -25,9 +25,11 @@ const MAX_SALES: u64 = 10_000;
 /// long a buyer who won after items came back, unheard of here, can be
 /// told "sold out" on a retry.
 pub const BUYERS_TTL: Duration = Duration::from_secs(1);
-/// Most buyers held per sale (about 64 bytes each); a sale with more
+/// Most buyers held per sale (about 100 bytes each); a sale with more
 /// leaves keyed buys' answers to the script.
-const MAX_BUYERS: usize = 100_000;
+const MAX_BUYERS: usize = 20_000;
+/// Least time between two reads of a sale's buyers by one gateway.
+pub const BUYERS_READ_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Who has ever reserved an item of a sold-out sale, as read from Redis:
 /// a keyed buy of anyone else can only be answered "sold out" (there is no
@@ -137,8 +139,8 @@ struct Sale {
     buckets: AtomicU32,
     /// The sale's buyers, read once it was found sold out (see [`Buyers`]).
     buyers: Mutex<Option<Buyers>>,
-    /// Held by the one caller reading the buyers.
-    buyers_read: tokio::sync::Mutex<()>,
+    /// Held by the one caller reading the buyers; when the last read began.
+    buyers_read: tokio::sync::Mutex<Option<Instant>>,
 }
 
 /// A lock that a panicking holder left behind is still usable: every
@@ -379,45 +381,57 @@ impl SaleCache {
         let Some(sale) = self.sales.get(sale_id) else {
             return false;
         };
-        let clears = {
+        let (clears, epoch) = {
             let stock = locked(&sale.stock);
             if !stock.flagged() {
                 return false;
             }
-            stock.clears
+            (stock.clears, stock.epoch)
         };
         let answered = locked(&sale.buyers).as_ref().is_some_and(|b| {
-            b.clears == clears && b.read_at.elapsed() < BUYERS_TTL && !b.users.contains(user)
+            // A newer epoch known here (an announced sold out) may have
+            // winners this read never saw.
+            b.clears == clears
+                && b.epoch >= epoch
+                && b.read_at.elapsed() < BUYERS_TTL
+                && !b.users.contains(user)
         });
         answered
     }
 
-    /// Reads who has ever reserved an item of a one-bucket sale the script
-    /// just found sold out at stock `epoch` (the users of its reservations,
-    /// returned ones included), unless a read under way will. A read of
-    /// the same epoch with no clear since is still complete, and is only
-    /// renewed. `clears`: taken before that script call. A sale with more
-    /// than [`MAX_BUYERS`] reservations keeps sending keyed buys to the
-    /// script.
-    pub async fn read_buyers(
+    /// Keeps the buyers of a one-bucket sale the script found sold out at
+    /// stock `epoch`, in a call sent at `sent_at` after `clears` was taken:
+    /// a read of the same epoch with no clear since is still complete, and
+    /// is only renewed; otherwise they are read again (the users of the
+    /// sale's reservations, returned ones included), at most once per
+    /// [`BUYERS_READ_INTERVAL`] per sale whatever the read found, so
+    /// returns at a sale's sell-out cannot turn into a read per return on
+    /// every gateway. A sale with more than [`MAX_BUYERS`] reservations
+    /// keeps sending keyed buys to the script.
+    pub async fn keep_buyers(
         &self,
         redis: &RedisClient,
         sale_id: &str,
         clears: Clears,
         epoch: u64,
+        sent_at: Instant,
     ) {
         let sale = self.sale(sale_id);
         if let Some(b) = locked(&sale.buyers)
             .as_mut()
             .filter(|b| b.clears == clears && b.epoch == epoch)
         {
-            b.read_at = Instant::now();
+            // Proven complete when the script ran, not when its answer came.
+            b.read_at = b.read_at.max(sent_at);
             return;
         }
-        let Ok(_reading) = sale.buyers_read.try_lock() else {
+        let Ok(mut last_read) = sale.buyers_read.try_lock() else {
             return;
         };
-        let read_at = Instant::now();
+        if last_read.is_some_and(|at| at.elapsed() < BUYERS_READ_INTERVAL) {
+            return;
+        }
+        *last_read = Some(Instant::now());
         let resv = flashgate_common::keys::SaleKeys::new(sale_id).reservations;
         let users: Result<Option<Vec<String>>, RedisError> = redis
             .call(|mut conn| async move {
@@ -440,7 +454,7 @@ impl SaleCache {
         if locked(&sale.stock).clears == clears {
             *locked(&sale.buyers) = Some(Buyers {
                 users: users.into_iter().collect(),
-                read_at,
+                read_at: sent_at,
                 epoch,
                 clears,
             });
@@ -511,6 +525,8 @@ impl SaleCache {
     /// `epoch` when one is given (else the clear is a blind one).
     fn clear(&self, sale: &Sale, epoch: Option<u64>) {
         let number = self.clear_count.fetch_add(1, Ordering::Relaxed) + 1;
+        // Void now (their clears no longer match): freed at once.
+        *locked(&sale.buyers) = None;
         let mut stock = locked(&sale.stock);
         let blind = if epoch.is_some() {
             stock.clears.blind

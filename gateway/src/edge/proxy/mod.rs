@@ -187,8 +187,8 @@ impl ProxyHttp for Gateway {
         }
         let reply = match route {
             Ok(Route::Shop) => {
-                if let Some(levels) = self.config.shop.compression {
-                    compress::enable(session, levels);
+                if self.shop_cache.is_some() || self.config.shop.compression.is_some() {
+                    compress::normalize(session.req_header_mut(), self.config.shop.compression);
                 }
                 return Ok(false);
             }
@@ -439,6 +439,19 @@ impl ProxyHttp for Gateway {
             }
             (HostHeader::Client, _) => {}
         }
+        if let (Some(levels), RouteKind::Shop) = (self.config.shop.compression, ctx.route) {
+            compress::enable(session, upstream, levels);
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        compress::mark(session, upstream_response);
         Ok(())
     }
 
@@ -451,6 +464,7 @@ impl ProxyHttp for Gateway {
         for name in hop_by_hop(&response.headers) {
             response.remove_header(&name);
         }
+        compress::unmark(response);
         if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
             // The shop's tags name its internals: kept for purges, not shown.
             if !cache.forward_tag_header {

@@ -201,47 +201,16 @@ pub fn variance(meta: &CacheMeta, req: &RequestHeader) -> Option<HashBinary> {
     }
     let mut variance = VarianceBuilder::new();
     for name in names {
-        let values = req.headers.get_all(name.as_str());
-        let value: Vec<u8> = if name.eq_ignore_ascii_case("accept-encoding") {
-            accepted_codings(values.iter().map(|v| v.as_bytes()))
-        } else {
-            values
-                .iter()
-                .flat_map(|v| v.as_bytes().iter().copied().chain([b',']))
-                .collect()
-        };
+        // `Accept-Encoding` arrives normalized (`edge/proxy/compress.rs`).
+        let value: Vec<u8> = req
+            .headers
+            .get_all(name.as_str())
+            .iter()
+            .flat_map(|v| v.as_bytes().iter().copied().chain([b',']))
+            .collect();
         variance.add_owned_name_value(name, value);
     }
     variance.finalize()
-}
-
-/// The content codings an `Accept-Encoding` accepts, as one sorted list:
-/// clients that accept the same codings share a variant however they
-/// spell, order or weigh them (`gzip, br` and `br;q=0.9, gzip`), so a
-/// page is stored once per set rather than once per browser's header.
-/// A coding weighed `q=0` is refused, so it is left out. Every coding
-/// counts, known to the gateway or not: a response the shop encoded is
-/// acceptable to exactly the clients that share its key.
-fn accepted_codings<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut codings: Vec<String> = values
-        .flat_map(|v| v.split(|b| *b == b','))
-        .filter_map(|item| {
-            let item = String::from_utf8_lossy(item);
-            let mut parts = item.split(';');
-            let coding = parts.next()?.trim().to_ascii_lowercase();
-            let refused = parts.any(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .or_else(|| p.trim().strip_prefix("Q="))
-                    .and_then(|q| q.trim().parse::<f32>().ok())
-                    .is_some_and(|q| q <= 0.0)
-            });
-            (!coding.is_empty() && !refused).then_some(coding)
-        })
-        .collect();
-    codings.sort_unstable();
-    codings.dedup();
-    codings.join(",").into_bytes()
 }
 
 #[cfg(test)]
@@ -271,16 +240,6 @@ mod tests {
 
     fn stored(using: CacheUse, headers: &[(&str, &str)]) -> bool {
         response_cacheable(using, &resp(200, headers), &defaults()).is_cacheable()
-    }
-
-    #[test]
-    fn clients_accepting_the_same_codings_share_a_variant() {
-        let key = |v: &[&str]| accepted_codings(v.iter().map(|s| s.as_bytes()));
-        assert_eq!(key(&["gzip, deflate, br, zstd"]), b"br,deflate,gzip,zstd");
-        assert_eq!(key(&["br;q=0.9, GZIP", "gzip"]), key(&["gzip, br"]));
-        assert_eq!(key(&["gzip, br;q=0"]), key(&["gzip"]));
-        assert_ne!(key(&["gzip"]), key(&["gzip, br"]));
-        assert_eq!(key(&[]), b"");
     }
 
     #[test]
