@@ -9,7 +9,7 @@
 //! The keys outside a sale, [`SALES_INDEX`], [`ARCHIVED_SALES`],
 //! [`GLOBAL_SWITCH`], the gateway's cluster-wide bucket
 //! [`CLUSTER_GLOBAL_LIMIT`], the replica wait's [`WAIT_MARK_KEY`] and the
-//! [`EVENTS_CHANNEL`], keep their names in every mode: on a cluster
+//! [`EVENTS_CHANNEL`] and the shop cache's [`SHOP_PURGES_STREAM`], keep their names in every mode: on a cluster
 //! each lives on its own slot, which is fine because no script, `MULTI` or
 //! multi-key command spans two of them (a plain pipeline that reads two is
 //! sent as single commands by `redis_conn`). A shared tag would buy nothing
@@ -382,12 +382,85 @@ pub enum SaleEvent {
     AllPaused(bool),
     /// An operator purged the shop cache of gateway `from`
     /// (`POST /cache/purge`); every other gateway purges the same: one URL
-    /// (path and query), or every path under a prefix.
+    /// (path and query), every path under a prefix, or every response the
+    /// shop tagged `value`.
     ShopPurge {
         from: String,
-        prefix: bool,
-        path: String,
+        kind: PurgeKind,
+        value: String,
     },
+}
+
+/// What a [`SaleEvent::ShopPurge`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeKind {
+    /// One path and query.
+    Url,
+    /// Every path starting with it.
+    Prefix,
+    /// Every response the shop tagged with it.
+    Tag,
+}
+
+impl PurgeKind {
+    /// Its name in events, answers and metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            PurgeKind::Url => "url",
+            PurgeKind::Prefix => "prefix",
+            PurgeKind::Tag => "tag",
+        }
+    }
+
+    /// Whether `value` may be purged as this kind.
+    pub fn valid(self, value: &str) -> bool {
+        match self {
+            PurgeKind::Url | PurgeKind::Prefix => valid_purge_path(value),
+            PurgeKind::Tag => valid_purge_tag(value),
+        }
+    }
+}
+
+/// Every purge of the shop cache, in order, the last
+/// [`SHOP_PURGES_KEPT`] or so (`XADD MAXLEN ~`): field `e` holds the
+/// [`SaleEvent::ShopPurge`] as announced. The announcement on
+/// [`EVENTS_CHANNEL`] is the doorbell; this is what a gateway reads to
+/// learn every purge since the last one it applied, also those announced
+/// while its subscription was down.
+pub const SHOP_PURGES_STREAM: &str = "fg:cache:purges";
+
+/// About how many purges [`SHOP_PURGES_STREAM`] keeps; a gateway away for
+/// more than this many drops its whole cache when it comes back.
+pub const SHOP_PURGES_KEPT: usize = 10_000;
+
+/// Longest tag a purge names (longer tags are not indexed either).
+pub const MAX_PURGE_TAG_BYTES: usize = 128;
+
+/// Whether `tag` may be purged: 1 to [`MAX_PURGE_TAG_BYTES`] visible ASCII
+/// characters, no comma (tags are separated by spaces or commas).
+pub fn valid_purge_tag(tag: &str) -> bool {
+    (1..=MAX_PURGE_TAG_BYTES).contains(&tag.len())
+        && tag.bytes().all(|b| b.is_ascii_graphic() && b != b',')
+}
+
+/// Records a shop cache purge in [`SHOP_PURGES_STREAM`]; answers its id.
+///
+/// # Errors
+/// When Redis cannot be reached.
+pub async fn record_purge(
+    conn: &mut impl redis::aio::ConnectionLike,
+    event: &SaleEvent,
+) -> redis::RedisResult<String> {
+    redis::cmd("XADD")
+        .arg(SHOP_PURGES_STREAM)
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(SHOP_PURGES_KEPT)
+        .arg("*")
+        .arg("e")
+        .arg(event.encode())
+        .query_async(conn)
+        .await
 }
 
 /// Longest path a [`SaleEvent::ShopPurge`] carries.
@@ -403,17 +476,18 @@ pub fn valid_purge_path(path: &str) -> bool {
 
 fn decode_purge(rest: &str) -> Option<SaleEvent> {
     let (from, rest) = rest.split_once(':')?;
-    let (kind, path) = rest.split_once(':')?;
-    let prefix = match kind {
-        "url" => false,
-        "prefix" => true,
+    let (kind, value) = rest.split_once(':')?;
+    let kind = match kind {
+        "url" => PurgeKind::Url,
+        "prefix" => PurgeKind::Prefix,
+        "tag" => PurgeKind::Tag,
         _ => return None,
     };
     let from_ok = (1..=32).contains(&from.len()) && from.bytes().all(|b| b.is_ascii_alphanumeric());
-    (from_ok && valid_purge_path(path)).then(|| SaleEvent::ShopPurge {
+    (from_ok && kind.valid(value)).then(|| SaleEvent::ShopPurge {
         from: from.to_owned(),
-        prefix,
-        path: path.to_owned(),
+        kind,
+        value: value.to_owned(),
     })
 }
 
@@ -430,10 +504,9 @@ impl SaleEvent {
             SaleEvent::Changed(id) => format!("changed:{id}"),
             SaleEvent::AllPaused(true) => "switch:paused".into(),
             SaleEvent::AllPaused(false) => "switch:open".into(),
-            SaleEvent::ShopPurge { from, prefix, path } => format!(
-                "purge:{from}:{}:{path}",
-                if *prefix { "prefix" } else { "url" }
-            ),
+            SaleEvent::ShopPurge { from, kind, value } => {
+                format!("purge:{from}:{}:{value}", kind.label())
+            }
         }
     }
 
@@ -584,13 +657,18 @@ mod event_tests {
         for e in [
             SaleEvent::ShopPurge {
                 from: "a1".into(),
-                prefix: false,
-                path: "/p?x=1:2".into(),
+                kind: super::PurgeKind::Url,
+                value: "/p?x=1:2".into(),
             },
             SaleEvent::ShopPurge {
                 from: "b2".into(),
-                prefix: true,
-                path: "/products/".into(),
+                kind: super::PurgeKind::Prefix,
+                value: "/products/".into(),
+            },
+            SaleEvent::ShopPurge {
+                from: "b2".into(),
+                kind: super::PurgeKind::Tag,
+                value: "product-42".into(),
             },
         ] {
             assert_eq!(SaleEvent::decode(&e.encode()), Some(e));
@@ -602,6 +680,9 @@ mod event_tests {
             "purge::url:/p",
             "purge:a1:url:/p\r\nx",
             "purge:a1:/p",
+            "purge:a1:tag:",
+            "purge:a1:tag:a b",
+            "purge:a1:tag:a,b",
         ] {
             assert_eq!(SaleEvent::decode(bad), None, "{bad}");
         }

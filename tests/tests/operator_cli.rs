@@ -293,7 +293,7 @@ async fn cache_purge_removes_a_cached_shop_page_from_the_gateway() {
     .unwrap();
     assert_eq!(
         answer,
-        serde_json::json!({"kind": "prefix", "purged": 1, "announced": true})
+        serde_json::json!({"kind": "prefix", "purged": 1, "recorded": true, "announced": true})
     );
     let err = failed(&run(&["cache", "purge", "--url", "products"]));
     assert!(err.contains("400 Bad Request (bad_request)"), "{err}");

@@ -217,6 +217,13 @@ pub struct ShopCache {
     /// before going to the shop themselves; at least `shop.read_timeout_ms`,
     /// so a slow shop does not release the crowd.
     pub lock_timeout_ms: u64,
+    /// The response header by which the shop tags a page for purges by
+    /// tag (`Surrogate-Key`, or `Cache-Tag`); tags are separated by spaces
+    /// or commas.
+    pub tag_header: String,
+    /// Whether clients see the tag header; off, as CDNs do: the tags name
+    /// the shop's internals.
+    pub forward_tag_header: bool,
     /// `[[shop.cache.rules]]`: what makes pages cacheable that the shop's
     /// own headers leave personal or without a lifetime; first match wins.
     pub rules: Vec<ShopCacheRule>,
@@ -257,6 +264,8 @@ impl Default for ShopCache {
             max_object_bytes: 8 * 1024 * 1024,
             stale_if_error_seconds: 60,
             lock_timeout_ms: 30_000,
+            tag_header: "Surrogate-Key".into(),
+            forward_tag_header: false,
             rules: Vec::new(),
         }
     }

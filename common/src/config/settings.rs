@@ -368,6 +368,10 @@ pub struct ShopCacheConfig {
     pub stale_if_error: Duration,
     /// How long concurrent misses of one page wait for its single fetch.
     pub lock_timeout: Duration,
+    /// The response header that tags a page (lower case, a valid name).
+    pub tag_header: String,
+    /// Whether clients see the tag header.
+    pub forward_tag_header: bool,
     /// `[[shop.cache.rules]]`, in order: the first that matches applies.
     pub rules: Vec<CacheRule>,
 }

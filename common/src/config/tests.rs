@@ -972,6 +972,31 @@ fn the_challenge_secret_is_required_only_when_challenges_are_on() {
 }
 
 #[test]
+fn the_shop_cache_tag_header_defaults_to_surrogate_key_and_must_be_a_header_name() {
+    let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
+    assert_eq!(c.shop.cache.tag_header, "surrogate-key");
+    assert!(!c.shop.cache.forward_tag_header);
+    let c = Config::from_toml_str(
+        "[shop.cache]\ntag_header = \"Cache-Tag\"\nforward_tag_header = true\n",
+        &NoEnv,
+        0,
+    )
+    .unwrap();
+    assert_eq!(c.shop.cache.tag_header, "cache-tag");
+    assert!(c.shop.cache.forward_tag_header);
+    for bad in ["", "Cache Tag", "x\\u00e9"] {
+        let text = format!("[shop.cache]\ntag_header = \"{bad}\"\n");
+        let msg = Config::from_toml_str(&text, &NoEnv, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shop.cache.tag_header: must be a header name"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
 fn the_shop_cache_is_off_by_default_and_its_bounds_are_named() {
     let c = Config::from_toml_str("", &NoEnv, 0).unwrap();
     assert!(!c.shop.cache.enabled);

@@ -640,8 +640,17 @@ fn shop_cache(check: &mut Check, f: file::ShopCache, shop_read_timeout_ms: u64) 
             lock_min.max(60_000),
         )
         .note("at least shop.read_timeout_ms");
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if f.tag_header.is_empty() || f.tag_header.len() > 64 || !f.tag_header.bytes().all(token) {
+        check.fail(
+            "shop.cache.tag_header",
+            "must be a header name (1 to 64 letters, digits or -), e.g. Surrogate-Key",
+        );
+    }
     let bytes = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     ShopCacheConfig {
+        tag_header: f.tag_header.to_ascii_lowercase(),
+        forward_tag_header: f.forward_tag_header,
         enabled: f.enabled,
         max_bytes: bytes(f.max_bytes),
         max_object_bytes: bytes(f.max_object_bytes),

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use super::{
     BuyerKeyPrefixes, DrawKeys, RestoreScratch, SaleKeys, ARCHIVED_SALES, CLUSTER_GLOBAL_LIMIT,
-    EVENTS_CHANNEL, GLOBAL_SWITCH, SALES_INDEX, WAIT_MARK_KEY,
+    EVENTS_CHANNEL, GLOBAL_SWITCH, SALES_INDEX, SHOP_PURGES_STREAM, WAIT_MARK_KEY,
 };
 
 const ARCHITECTURE: &str = include_str!("../../../docs/ARCHITECTURE.md");
@@ -126,6 +126,7 @@ fn constants() -> Vec<(&'static str, &'static str)> {
         ("CLUSTER_GLOBAL_LIMIT", CLUSTER_GLOBAL_LIMIT),
         ("WAIT_MARK_KEY", WAIT_MARK_KEY),
         ("EVENTS_CHANNEL", EVENTS_CHANNEL),
+        ("SHOP_PURGES_STREAM", SHOP_PURGES_STREAM),
     ]
 }
 

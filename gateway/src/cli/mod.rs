@@ -14,7 +14,7 @@
 //! | `sale reconcile ID` | `POST /admin/sales/{id}/reconcile` |
 //! | `events dead` | `GET /admin/events/dead` |
 //! | `events retry EVENT_ID` | `POST /admin/events/{event_id}/retry` |
-//! | `cache purge --url P` / `--prefix P` | `POST /cache/purge` (gateway admin) |
+//! | `cache purge --url P` / `--prefix P` / `--tag T [--tag U]` | `POST /cache/purge` (gateway admin) |
 //!
 //! Layout: [`target`] where each API is and its token; [`client`] one call
 //! and its typed failure; [`render`] the tables; [`sale_input`] the sale file.
@@ -89,14 +89,20 @@ pub enum SaleCommand {
 /// `flashgate cache ...`: the gateway's cache of shop pages.
 #[derive(Subcommand, Debug, Clone)]
 pub enum CacheCommand {
-    /// Remove cached shop responses of one URL, or under a path prefix.
+    /// Remove cached shop responses of one URL, under a path prefix, or
+    /// tagged by the shop (Surrogate-Key), on every gateway.
+    #[command(group(clap::ArgGroup::new("target").required(true).multiple(false)))]
     Purge {
         /// A path and query, e.g. /products/1?color=red.
-        #[arg(long, conflicts_with = "prefix", required_unless_present = "prefix")]
+        #[arg(long, group = "target")]
         url: Option<String>,
         /// Every path starting with it, e.g. /products/.
-        #[arg(long)]
+        #[arg(long, group = "target")]
         prefix: Option<String>,
+        /// Every response the shop tagged with it, e.g. product-42; repeat
+        /// for several tags (at most 64).
+        #[arg(long = "tag", value_name = "TAG", group = "target")]
+        tags: Vec<String>,
     },
 }
 
@@ -226,12 +232,14 @@ async fn sale(api: &AdminClient, command: SaleCommand, json: bool) -> Result<Str
 }
 
 async fn cache(api: &AdminClient, command: CacheCommand, json: bool) -> Result<String, CliError> {
-    let CacheCommand::Purge { url, prefix } = command;
-    let body = match (url, prefix) {
-        (Some(url), None) => json!({ "url": url }),
-        (None, Some(prefix)) => json!({ "prefix": prefix }),
-        // clap requires exactly one of them.
-        _ => return Err(CliError::Usage("give one of --url and --prefix")),
+    let CacheCommand::Purge { url, prefix, tags } = command;
+    let body = match (url, prefix, tags.as_slice()) {
+        (Some(url), None, []) => json!({ "url": url }),
+        (None, Some(prefix), []) => json!({ "prefix": prefix }),
+        (None, None, [tag]) => json!({ "tag": tag }),
+        (None, None, [_, ..]) => json!({ "tags": tags }),
+        // clap lets at most one kind through.
+        _ => return Err(CliError::Usage("give one of --url, --prefix and --tag")),
     };
     let answer = api.post("/cache/purge", Some(&body)).await?;
     if json {

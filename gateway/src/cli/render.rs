@@ -173,15 +173,34 @@ pub fn dead_events(answer: &Value) -> String {
 /// `cache purge`: what was asked, what this gateway removed, and whether
 /// the other gateways were told.
 pub fn purge(asked: &Value, answer: &Value) -> String {
-    let (kind, path) = match (asked["url"].as_str(), asked["prefix"].as_str()) {
-        (Some(url), _) => ("url", url),
-        (None, Some(prefix)) => ("prefix", prefix),
-        _ => ("-", "-"),
+    let tags = asked["tags"].as_array().map(|tags| {
+        tags.iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    let (kind, path) = match (
+        asked["url"].as_str(),
+        asked["prefix"].as_str(),
+        asked["tag"].as_str(),
+    ) {
+        (Some(url), _, _) => ("url", url),
+        (None, Some(prefix), _) => ("prefix", prefix),
+        (None, None, Some(tag)) => ("tag", tag),
+        _ => match &tags {
+            Some(tags) => ("tags", tags.as_str()),
+            None => ("-", "-"),
+        },
     };
-    let told = if answer["announced"].as_bool() == Some(true) {
-        "announced to the other gateways"
-    } else {
-        "NOT announced to the other gateways (Redis did not take it): purge each gateway"
+    let told = match (
+        answer["announced"].as_bool() == Some(true),
+        answer["recorded"].as_bool() != Some(false),
+    ) {
+        (true, true) => "announced to the other gateways",
+        (true, false) => {
+            "announced to the other gateways, but NOT recorded: a gateway away from Redis now misses it"
+        }
+        _ => "NOT announced to the other gateways (Redis did not take it): purge each gateway",
     };
     format!(
         "purged {} cached responses by {kind} {path}; {told}\n",
@@ -238,5 +257,17 @@ mod tests {
             "purged 2 cached responses by prefix /p/; announced to the other gateways\n"
         );
         assert!(purge(&asked, &json!({"purged": 0, "announced": false})).contains("NOT announced"));
+        assert_eq!(
+            purge(
+                &json!({"tags": ["a", "b"]}),
+                &json!({"kind": "tag", "purged": 3, "recorded": true, "announced": true})
+            ),
+            "purged 3 cached responses by tags a b; announced to the other gateways\n"
+        );
+        assert!(purge(
+            &json!({"tag": "a"}),
+            &json!({"purged": 1, "recorded": false, "announced": true})
+        )
+        .contains("NOT recorded"));
     }
 }

@@ -3,7 +3,9 @@
 //! Each gateway subscribes to [`EVENTS_CHANNEL`] and applies what it hears
 //! to its [`SaleCache`]: another gateway's sold-out, an operator's change;
 //! and another gateway's shop cache purge to its shop cache
-//! ([`AnnouncedPurges`]).
+//! ([`AnnouncedPurges`]), which also reads the purges on record in Redis
+//! each time the subscription stands, so none missed while it was down is
+//! lost.
 //! A lost subscription is re-established with backoff. Pub/sub delivers at
 //! most once, so once it stands again every sold-out flag is cleared: a
 //! "changed" sent while it was down is lost (see `sales`).
@@ -36,10 +38,12 @@ pub struct EventListener {
 
 /// Where another gateway's shop cache purge is applied: the edge's shop
 /// cache, which this listener knows only through this.
+#[async_trait]
 pub trait AnnouncedPurges: Send + Sync {
-    /// Applies `event` if it is a purge another gateway announced; `false`
-    /// for this gateway's own announcements and other events.
-    fn apply_announced(&self, event: &SaleEvent) -> bool;
+    /// Applies every purge recorded in Redis since the last one applied
+    /// (called when the subscription stands, and with each purge
+    /// `announced`, which is applied even if it is not on record).
+    async fn catch_up(&self, client: &RedisClient, announced: Option<&SaleEvent>);
 }
 
 impl EventListener {
@@ -50,6 +54,10 @@ impl EventListener {
         *subscribed = true;
         // Subscribed: what was announced before is lost, so no flag stands.
         self.sales.clear_all_flags();
+        // Purges are on record: those missed meanwhile are applied now.
+        if let Some(cache) = &self.shop_cache {
+            cache.catch_up(&self.client, None).await;
+        }
         while let Some(payload) = events.next().await {
             match SaleEvent::decode(&payload) {
                 Some(SaleEvent::SoldOut { sale, epoch }) => {
@@ -74,7 +82,7 @@ impl EventListener {
                 Some(SaleEvent::AllPaused(paused)) => self.switches.set_all_paused(paused),
                 Some(purge @ SaleEvent::ShopPurge { .. }) => {
                     if let Some(cache) = &self.shop_cache {
-                        cache.apply_announced(&purge);
+                        cache.catch_up(&self.client, Some(&purge)).await;
                     }
                 }
                 None => debug!(payload, "ignoring unknown sale event"),

@@ -30,8 +30,8 @@
 //!                        & co removed; Host = shop.host_header when fixed
 //! upstream_response_filter  a 304 to a revalidation kept: its fields update the stored copy
 //! response_cache_filter  may the shop's answer be stored, for how long
-//! response_filter        hop-by-hop removed from the shop's answer; X-Cache, Cache-Status;
-//!                        a 2xx/3xx to an unsafe method invalidates its URLs
+//! response_filter        hop-by-hop removed from the shop's answer; its tag header (shop_cache::tags);
+//!                        X-Cache, Cache-Status; a 2xx/3xx to an unsafe method invalidates its URLs
 //! fail_to_proxy          shop unreachable or too slow: 502 / 504 JSON
 //! logging                requests / duration / buy outcome metrics, once per request
 //! ```
@@ -487,7 +487,11 @@ impl ProxyHttp for Gateway {
             response.remove_header(&name);
         }
         compress::unmark(response);
-        if self.shop_cache.is_some() && ctx.route == RouteKind::Shop {
+        if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
+            // The shop's tags name its internals: kept for purges, not shown.
+            if !cache.forward_tag_header {
+                response.remove_header(&cache.tag_header);
+            }
             let result = match (ctx.cache, ctx.stale_on_error) {
                 (CacheUse::Off, _) => CacheResult::Bypass,
                 (_, true) => CacheResult::Stale,

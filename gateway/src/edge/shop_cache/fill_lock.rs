@@ -100,7 +100,7 @@ mod tests {
         assert!(!late.locked(), "released at once");
         assert_eq!(late.lock_status(), LockStatus::Done);
         // The key's lock was given back: once the copy is gone, a miss writes.
-        store.purge_where(|_| true);
+        store.purge_where(|_, _| true);
         let Locked::Write(permit) = lock.lock(&key("/a"), false) else {
             panic!("a miss of a purged key writes")
         };

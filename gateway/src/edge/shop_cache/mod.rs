@@ -57,12 +57,13 @@
 //!   `tests/tests/cache_conformance.rs`; the figure and the tests still
 //!   failing, with reasons: docs/OPERATIONS.md "The shop cache".
 //! - Purge ([`ShopCache::purge`]): by URL (every scheme, host and variant of a path
-//!   and query) or by path prefix, from the admin listener. Each gateway
-//!   holds its own cache: the gateway that gets the purge applies it and
-//!   announces it on `fg:events` ([`SaleEvent::ShopPurge`]), and every other
-//!   gateway applies it when it hears it (`events`). Pub/sub is best effort:
-//!   a gateway whose subscription is down at that moment misses it, so the
-//!   answer says whether it was announced (docs/OPERATIONS.md). URLs match
+//!   and query), by path prefix, or by the shop's tags ([`tags`]), from the
+//!   admin listener. Each gateway holds its own cache: the gateway that gets
+//!   the purge applies it, records it in Redis and announces it on
+//!   `fg:events` ([`SaleEvent::ShopPurge`]), and every other gateway applies
+//!   it when it hears it (`events`); one whose subscription was down applies
+//!   it from the record when it comes back, or drops its whole cache when
+//!   the record cannot tell ([`purge_log`]). URLs match
 //!   byte for byte as clients sent them (`?a=1&b=2` and `?b=2&a=1`, `%34`
 //!   and `4` are different entries): purge by prefix to catch every
 //!   spelling.
@@ -82,9 +83,11 @@ pub mod freshness;
 pub mod invalidation;
 pub mod policy;
 pub mod purge_api;
+pub mod purge_log;
 pub mod revalidation;
 pub mod rules;
 pub mod storage;
+pub mod tags;
 
 pub use purge_api::PurgeApi;
 
@@ -93,7 +96,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use flashgate_common::config::ShopCacheConfig;
-use flashgate_common::keys::SaleEvent;
+use flashgate_common::keys::{PurgeKind, SaleEvent};
 use flashgate_common::metrics::Registry;
 use pingora::cache::eviction::simple_lru;
 use pingora::cache::eviction::{CacheEntryKeyRef, EvictionManager};
@@ -181,33 +184,32 @@ impl CacheResult {
     }
 }
 
-/// What to purge.
+/// What to purge: a URL (one path and query, every host and variant),
+/// every path under a prefix, or every response the shop tagged so.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PurgeTarget {
-    /// One path and query, every host and variant.
-    Url(String),
-    /// Every path starting with this.
-    Prefix(String),
+pub struct PurgeTarget {
+    pub kind: PurgeKind,
+    pub value: String,
 }
 
 impl PurgeTarget {
-    pub fn label(&self) -> &'static str {
-        match self {
-            PurgeTarget::Url(_) => "url",
-            PurgeTarget::Prefix(_) => "prefix",
+    pub fn new(kind: PurgeKind, value: impl Into<String>) -> Self {
+        Self {
+            kind,
+            value: value.into(),
         }
+    }
+
+    pub fn label(&self) -> &'static str {
+        self.kind.label()
     }
 
     /// The event announcing this purge by gateway `from`.
     pub fn event(&self, from: &str) -> SaleEvent {
-        let (prefix, path) = match self {
-            PurgeTarget::Url(p) => (false, p),
-            PurgeTarget::Prefix(p) => (true, p),
-        };
         SaleEvent::ShopPurge {
             from: from.to_owned(),
-            prefix,
-            path: path.clone(),
+            kind: self.kind,
+            value: self.value.clone(),
         }
     }
 }
@@ -216,7 +218,8 @@ impl PurgeTarget {
 pub struct CacheMetrics {
     /// Proxied shop responses by what the cache did.
     pub results: IntCounterVec,
-    /// Purge requests by kind, and objects they removed.
+    /// Purges by kind (`url`, `prefix`, `tag`, and `all`: a cache dropped
+    /// because it could not be proven fresh), and objects they removed.
     pub purges: IntCounterVec,
     pub purged_objects: IntCounterVec,
     /// Client requests answered `X-Cache: BYPASS`, by why.
@@ -235,6 +238,11 @@ pub struct ShopCache {
     lock_timeout: Duration,
     /// Keys whose last fetch failed, and when.
     failed_fetches: Mutex<HashMap<u128, Instant>>,
+    /// The last recorded purge applied here.
+    pub purge_log: purge_log::PurgeLog,
+    /// The shop's tag header (lower case), and whether clients see it.
+    pub tag_header: http::HeaderName,
+    pub forward_tag_header: bool,
     /// `[[shop.cache.rules]]`.
     rules: rules::Rules,
     /// URLs written to by unsafe methods ([`invalidation`]).
@@ -294,7 +302,7 @@ impl ShopCache {
             ),
             purges: counter(
                 "shop_cache_purges_total",
-                "Cache purges by kind (url, prefix).",
+                "Cache purges by kind (url, prefix, tag; all: the cache dropped, not provably fresh after Redis was away).",
                 &["kind"],
             ),
             purged_objects: counter(
@@ -314,6 +322,7 @@ impl ShopCache {
         let store: &'static MemoryStore = Box::leak(Box::new(MemoryStore::new(
             config.max_object_bytes,
             fill_budget,
+            &config.tag_header,
             gauges,
         )));
         Self {
@@ -327,6 +336,11 @@ impl ShopCache {
             max_object_bytes: config.max_object_bytes,
             lock_timeout: config.lock_timeout,
             failed_fetches: Mutex::new(HashMap::new()),
+            purge_log: purge_log::PurgeLog::default(),
+            // Validated as a header name by the config.
+            tag_header: http::HeaderName::from_bytes(config.tag_header.as_bytes())
+                .unwrap_or(http::HeaderName::from_static("surrogate-key")),
+            forward_tag_header: config.forward_tag_header,
             rules: rules::Rules::new(config),
             invalidations: invalidation::Invalidations::default(),
             metrics,
@@ -376,22 +390,32 @@ impl ShopCache {
 
     /// Removes what `target` names; returns how many responses were removed.
     pub fn purge(&self, target: &PurgeTarget) -> usize {
-        let removed = match target {
-            PurgeTarget::Url(url) => {
-                let url = url.clone();
-                self.store.purge_where(move |path| path == url)
-            }
-            PurgeTarget::Prefix(prefix) => {
-                let prefix = prefix.clone();
-                self.store
-                    .purge_where(move |path| path.starts_with(prefix.as_str()))
-            }
+        let value = target.value.clone();
+        let removed = match target.kind {
+            PurgeKind::Url => self.store.purge_where(move |path, _| path == value),
+            PurgeKind::Prefix => self
+                .store
+                .purge_where(move |path, _| path.starts_with(value.as_str())),
+            PurgeKind::Tag => self.store.purge_where(move |_, tags| tags.contains(&value)),
         };
-        for key in &removed {
+        self.removed(target.label(), &removed)
+    }
+
+    /// Removes every stored response (and every fill in progress); returns
+    /// how many responses were removed.
+    pub fn drop_all(&self) -> usize {
+        let removed = self.store.purge_where(|_, _| true);
+        if removed.is_empty() {
+            return 0;
+        }
+        self.removed("all", &removed)
+    }
+
+    fn removed(&self, kind: &str, removed: &[pingora::cache::key::CompactCacheKey]) -> usize {
+        for key in removed {
             self.eviction
                 .remove(CacheEntryKeyRef::from_entry_id(key, None));
         }
-        let kind = target.label();
         self.metrics.purges.with_label_values(&[kind]).inc();
         self.metrics
             .purged_objects
@@ -404,12 +428,8 @@ impl ShopCache {
     /// gateway's own announcements (already applied) and other events.
     pub fn apply_announced(&self, event: &SaleEvent) -> bool {
         match event {
-            SaleEvent::ShopPurge { from, prefix, path } if *from != self.id => {
-                let target = if *prefix {
-                    PurgeTarget::Prefix(path.clone())
-                } else {
-                    PurgeTarget::Url(path.clone())
-                };
+            SaleEvent::ShopPurge { from, kind, value } if *from != self.id => {
+                let target = PurgeTarget::new(*kind, value.clone());
                 let purged = self.purge(&target);
                 tracing::info!(kind = target.label(), purged, from = %from, "shop cache purged as announced");
                 true
@@ -460,8 +480,29 @@ impl ShopCache {
     }
 }
 
+#[async_trait::async_trait]
 impl crate::sales::AnnouncedPurges for ShopCache {
-    fn apply_announced(&self, event: &SaleEvent) -> bool {
-        ShopCache::apply_announced(self, event)
+    async fn catch_up(&self, client: &crate::infra::RedisClient, announced: Option<&SaleEvent>) {
+        let mut seen = Vec::new();
+        match self.purge_log.catch_up(client, self, &mut seen).await {
+            Ok(purge_log::CatchUp::Applied(0)) => {}
+            Ok(purge_log::CatchUp::Applied(n)) => {
+                tracing::info!(purges = n, "shop cache purges applied from the record");
+            }
+            Ok(purge_log::CatchUp::Dropped(0)) => {}
+            Ok(purge_log::CatchUp::Dropped(n)) => {
+                tracing::warn!(
+                    dropped = n,
+                    "shop cache dropped: the purges since it was filled are not all on record"
+                );
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the shop cache purges on record; applying the announcement alone");
+            }
+        }
+        // An announcement its gateway could not record is applied as heard.
+        if let Some(event) = announced.filter(|e| !seen.contains(e)) {
+            self.apply_announced(event);
+        }
     }
 }

@@ -6,10 +6,10 @@
 //! revalidated, which an admin purge or a full cache makes routine. This
 //! store keeps the same contract without those panics, and adds what the
 //! gateway needs: the bytes held (the eviction manager bounds them), and the
-//! URL of each entry, so a purge can find every variant of a URL or every
-//! URL under a prefix.
+//! URL and tags ([`Tags`]) of each entry, so a purge can find every variant
+//! of a URL, every URL under a prefix, or every response with a tag.
 //!
-//! Memory: each entry weighs its header, body and URL bytes plus
+//! Memory: each entry weighs its header, body, URL and tag bytes plus
 //! [`ENTRY_OVERHEAD`] (what the eviction manager bounds), and fills in
 //! progress together hold at most a budget of their own (counted as they
 //! will be weighed once stored; a fill past it is abandoned, not failed,
@@ -42,6 +42,8 @@ use pingora::cache::{CacheKey, CacheMeta, Storage};
 use pingora::{Error, ErrorType, Result};
 use prometheus::{IntCounter, IntGauge};
 
+use super::tags::Tags;
+
 /// The primary key's separator between host and path: a header value
 /// never holds a newline, so the split is unambiguous.
 pub const KEY_SEPARATOR: char = '\n';
@@ -49,8 +51,8 @@ pub const KEY_SEPARATOR: char = '\n';
 /// Purges remembered to decide whether a fill in progress meets one.
 pub const RECENT_PURGES: usize = 64;
 
-/// Which stored paths a purge removes.
-pub type PathMatch = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+/// Which stored entries a purge removes, by their path and tags.
+pub type PathMatch = Arc<dyn Fn(&str, &Tags) -> bool + Send + Sync>;
 
 /// Bytes counted per entry besides its headers, body and URL: the map slot,
 /// the entry, its key and the eviction manager's LRU node.
@@ -65,6 +67,8 @@ struct Entry {
     size: usize,
     /// The request path and query, for purges by URL and prefix.
     path: Box<str>,
+    /// The shop's tags, for purges by tag.
+    tags: Tags,
     key: CompactCacheKey,
 }
 
@@ -89,6 +93,8 @@ pub struct MemoryStore {
     /// Bytes fills in progress may hold together, and what they hold now.
     fill_budget: usize,
     filling: AtomicUsize,
+    /// The response header the shop tags responses with (lower case).
+    tag_header: Box<str>,
     gauges: StoreGauges,
 }
 
@@ -101,7 +107,12 @@ fn internal(why: &'static str) -> Box<Error> {
 }
 
 impl MemoryStore {
-    pub fn new(max_object_bytes: usize, fill_budget: usize, gauges: StoreGauges) -> Self {
+    pub fn new(
+        max_object_bytes: usize,
+        fill_budget: usize,
+        tag_header: &str,
+        gauges: StoreGauges,
+    ) -> Self {
         Self {
             entries: RwLock::new(HashMap::new()),
             bytes: AtomicUsize::new(0),
@@ -110,6 +121,7 @@ impl MemoryStore {
             max_object_bytes,
             fill_budget,
             filling: AtomicUsize::new(0),
+            tag_header: tag_header.to_ascii_lowercase().into(),
             gauges,
         }
     }
@@ -145,13 +157,13 @@ impl MemoryStore {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// Removes every entry whose path `matches`, and returns their keys
+    /// Removes every entry whose path and tags `matches`, and returns their keys
     /// (for the eviction manager). Runs over all entries under the write
     /// lock: entries are bounded by `shop.cache.max_bytes`, and purges are
     /// rare operator actions.
     pub fn purge_where(
         &self,
-        matches: impl Fn(&str) -> bool + Send + Sync + 'static,
+        matches: impl Fn(&str, &Tags) -> bool + Send + Sync + 'static,
     ) -> Vec<CompactCacheKey> {
         let matches: PathMatch = Arc::new(matches);
         let mut removed = Vec::new();
@@ -166,7 +178,7 @@ impl MemoryStore {
             }
         }
         entries.retain(|_, e| {
-            if matches(&e.path) {
+            if matches(&e.path, &e.tags) {
                 self.bytes.fetch_sub(e.size, Ordering::Relaxed);
                 removed.push(e.key.clone());
                 false
@@ -198,7 +210,7 @@ impl MemoryStore {
             if !known
                 || recent
                     .iter()
-                    .any(|(e, matches)| *e > epoch && matches(&entry.path))
+                    .any(|(e, matches)| *e > epoch && matches(&entry.path, &entry.tags))
             {
                 return false;
             }
@@ -271,8 +283,9 @@ impl Storage for MemoryStore {
             .primary_key_str()
             .and_then(|k| k.split_once(KEY_SEPARATOR))
             .map_or("", |(_, path)| path);
+        let tags = Tags::of(meta.response_header(), &self.tag_header);
         let meta = meta.serialize()?;
-        let base = meta.0.len() + meta.1.len() + path.len() + ENTRY_OVERHEAD;
+        let base = meta.0.len() + meta.1.len() + path.len() + tags.bytes() + ENTRY_OVERHEAD;
         // Over budget, the fill is abandoned from the start: the response
         // still reaches the client, it is just not stored.
         let abandoned = self.reserve(base).is_err();
@@ -287,6 +300,7 @@ impl Storage for MemoryStore {
             body: BytesMut::new(),
             done: false,
             path: path.into(),
+            tags,
             key: key.to_compact(),
         }))
     }
@@ -329,13 +343,18 @@ impl Storage for MemoryStore {
         meta: &CacheMeta,
         _trace: &SpanHandle,
     ) -> Result<bool> {
+        // The shop may retag a page when it confirms it.
+        let tags = Tags::of(meta.response_header(), &self.tag_header);
         let meta = meta.serialize()?;
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         let updated = match entries.get_mut(&slot(key)) {
             Some(entry) => {
-                let size = entry.size - entry.meta.0.len() - entry.meta.1.len()
-                    + meta.0.len()
-                    + meta.1.len();
+                let size =
+                    entry.size - entry.meta.0.len() - entry.meta.1.len() - entry.tags.bytes()
+                        + meta.0.len()
+                        + meta.1.len()
+                        + tags.bytes();
+                entry.tags = tags;
                 self.bytes.fetch_add(size, Ordering::Relaxed);
                 self.bytes.fetch_sub(entry.size, Ordering::Relaxed);
                 entry.size = size;
@@ -437,6 +456,7 @@ struct Fill {
     body: BytesMut,
     done: bool,
     path: Box<str>,
+    tags: Tags,
     key: CompactCacheKey,
 }
 
@@ -482,6 +502,7 @@ impl HandleMiss for Fill {
             body: self.body.freeze(),
             size,
             path: self.path,
+            tags: self.tags,
             key: self.key,
         };
         // A fill a purge overtook is dropped; the eviction manager then
@@ -506,7 +527,12 @@ pub(super) mod tests {
             objects: IntGauge::new("o", "o").unwrap(),
             evictions: IntCounter::new("e", "e").unwrap(),
         };
-        Box::leak(Box::new(MemoryStore::new(1024, 4096, gauges)))
+        Box::leak(Box::new(MemoryStore::new(
+            1024,
+            4096,
+            "surrogate-key",
+            gauges,
+        )))
     }
 
     pub(in crate::edge::shop_cache) fn meta() -> CacheMeta {
@@ -573,7 +599,7 @@ pub(super) mod tests {
         miss.write_body(Bytes::from_static(b"old"), false)
             .await
             .unwrap();
-        assert!(store.purge_where(|p| p.starts_with("/p")).is_empty());
+        assert!(store.purge_where(|p, _| p.starts_with("/p")).is_empty());
         miss.write_body(Bytes::new(), true).await.unwrap();
         assert!(matches!(
             miss.finish().await.unwrap(),
@@ -598,7 +624,7 @@ pub(super) mod tests {
         miss.write_body(Bytes::from_static(b"new"), false)
             .await
             .unwrap();
-        store.purge_where(|p| p == "/other");
+        store.purge_where(|p, _| p == "/other");
         miss.write_body(Bytes::new(), true).await.unwrap();
         assert!(matches!(miss.finish().await.unwrap(), MissFinishType::Created(n) if n > 0));
         assert!(store.lookup(&key("/kept"), &nop()).await.unwrap().is_some());
@@ -608,7 +634,7 @@ pub(super) mod tests {
             .await
             .unwrap();
         for _ in 0..=RECENT_PURGES {
-            store.purge_where(|p| p == "/other");
+            store.purge_where(|p, _| p == "/other");
         }
         miss.write_body(Bytes::from_static(b"x"), true)
             .await
@@ -625,7 +651,10 @@ pub(super) mod tests {
         for path in ["/products/1", "/products/2", "/cart"] {
             fill(store, path, b"x").await;
         }
-        assert_eq!(store.purge_where(|p| p.starts_with("/products/")).len(), 2);
+        assert_eq!(
+            store.purge_where(|p, _| p.starts_with("/products/")).len(),
+            2
+        );
         assert!(store.lookup(&key("/cart"), &nop()).await.unwrap().is_some());
         assert!(store
             .lookup(&key("/products/1"), &nop())
@@ -640,6 +669,62 @@ pub(super) mod tests {
             .unwrap();
         assert_eq!(gone, PurgeOutcome::Purged(None));
         assert_eq!((store.bytes(), store.gauges.evictions.get()), (0, 1));
+    }
+
+    fn tagged(tags: &str) -> CacheMeta {
+        let now = SystemTime::now();
+        let mut header = ResponseHeader::build(200, None).unwrap();
+        header.insert_header("Surrogate-Key", tags).unwrap();
+        CacheMeta::new(now + std::time::Duration::from_secs(60), now, 0, 0, header)
+    }
+
+    #[tokio::test]
+    async fn a_purge_by_tag_removes_every_response_with_it_and_its_tags_with_it() {
+        let store = store();
+        for (path, tags) in [
+            ("/p/1", "product-1 list"),
+            ("/p/2", "product-2 list"),
+            ("/c", ""),
+        ] {
+            let mut miss = store
+                .get_miss_handler(&key(path), &tagged(tags), &nop())
+                .await
+                .unwrap();
+            miss.write_body(Bytes::from_static(b"x"), true)
+                .await
+                .unwrap();
+            miss.finish().await.unwrap();
+        }
+        assert_eq!(store.purge_where(|_, t| t.contains("product-1")).len(), 1);
+        assert_eq!(store.purge_where(|_, t| t.contains("list")).len(), 1);
+        assert!(store.purge_where(|_, t| t.contains("list")).is_empty());
+        assert!(store.lookup(&key("/c"), &nop()).await.unwrap().is_some());
+        // The tags left with their entries: one untagged entry remains.
+        let untagged = store.bytes();
+        store.purge_where(|_, _| true);
+        assert_eq!(store.bytes(), 0);
+        let mut miss = store
+            .get_miss_handler(&key("/c"), &tagged(""), &nop())
+            .await
+            .unwrap();
+        miss.write_body(Bytes::from_static(b"x"), true)
+            .await
+            .unwrap();
+        miss.finish().await.unwrap();
+        assert_eq!(store.bytes(), untagged);
+        // A fill overtaken by a purge of one of its tags is not stored.
+        let mut miss = store
+            .get_miss_handler(&key("/p/3"), &tagged("product-3"), &nop())
+            .await
+            .unwrap();
+        store.purge_where(|_, t| t.contains("product-3"));
+        miss.write_body(Bytes::from_static(b"x"), true)
+            .await
+            .unwrap();
+        assert!(matches!(
+            miss.finish().await.unwrap(),
+            MissFinishType::Created(0)
+        ));
     }
 
     #[tokio::test]
