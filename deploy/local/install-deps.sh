@@ -5,7 +5,7 @@
 # OpenSSL, see .cargo/config.toml), curl (the TLS tests drive it too).
 # With --test (what `make test` passes) also what the tests need: Debian's
 # chromium, node and npm and playwright-core in tests/browser (from its
-# package-lock.json) for the sale page's browser test and undici in
+# package-lock.json) for the sale page's browser test and http-cache-tests (npm) in
 # tests/cache-tests for the HTTP caching test suite (cache_conformance); promtool and
 # docker-compose (client only) for the metrics and deploy-file checks; and a
 # PostgreSQL server answering on 127.0.0.1:5432 with a database `test` (the
@@ -54,11 +54,11 @@ if $testing && [[ ! -d "$browser_dir/node_modules/playwright-core" ]]; then
   (cd "$browser_dir" && npm ci --no-audit --no-fund --silent)
 fi
 
-# The HTTP caching test suite (vendored in tests/cache-tests/suite) needs
-# undici for its client (package-lock.json pins it).
+# The HTTP caching test suite, from the npm registry (package-lock.json
+# pins http-cache-tests and its dependencies).
 cache_tests_dir="$(dirname "$0")/../../tests/cache-tests"
-if $testing && [[ ! -d "$cache_tests_dir/node_modules/undici" ]]; then
-  echo "installing undici in tests/cache-tests"
+if $testing && [[ ! -d "$cache_tests_dir/node_modules/http-cache-tests" ]]; then
+  echo "installing http-cache-tests in tests/cache-tests"
   (cd "$cache_tests_dir" && npm ci --no-audit --no-fund --silent)
 fi
 

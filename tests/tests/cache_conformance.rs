@@ -1,6 +1,7 @@
 //! The shop cache against the HTTP caching test suite that reverse proxies
 //! and CDNs are scored on (github.com/http-tests/cache-tests, the suite
-//! behind cache-tests.fyi), vendored in `tests/cache-tests/suite`.
+//! behind cache-tests.fyi), as published on the npm registry
+//! (`http-cache-tests`, pinned by `tests/cache-tests/package-lock.json`).
 //!
 //! The suite's origin server (node) runs on a loopback port of its own and
 //! is the gateway's shop; the suite's client runs every test through the
@@ -17,15 +18,21 @@ use std::time::{Duration, Instant};
 use flashgate_tests::{free_port, wait_port, Proc, Stack, StackOptions};
 use serde_json::Value;
 
-/// Required tests (of 163) the gateway passes, which a change must not
-/// lower (Traffic Server 9.2 passes 132, Varnish 7.7 119). The gateway
-/// passes 149; one below, as the suite's client has once seen a connection
-/// fail mid-run on a loaded machine (`cc-resp-must-revalidate-stale`:
-/// "fetch failed").
-const REQUIRED_PASSED: u64 = 148;
+/// Required tests the gateway passes of the 168 of http-cache-tests 0.4.5
+/// (the suite's npm release: its cli.mjs runs the surrogate-control tests
+/// too), which a change must not lower. The gateway passes 138; one below,
+/// as the suite's client has once seen a connection fail mid-run on a
+/// loaded machine. The suite's repository head (163 required tests, the
+/// figures of cache-tests.fyi: Traffic Server 9.2 132, Varnish 7.7 119)
+/// scores the gateway 149; 0.4.5 predates RFC 9111 in the tests that
+/// account for most of the difference (docs/OPERATIONS.md).
+const REQUIRED_PASSED: u64 = 137;
 
 /// A whole run takes about a minute; past this it is stuck.
 const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// Where `npm ci` in [`suite_dir`] puts the suite (package.json pins it).
+const SUITE: &str = "node_modules/http-cache-tests";
 
 fn suite_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cache-tests")
@@ -34,8 +41,12 @@ fn suite_dir() -> PathBuf {
 /// Privacy tests that ask the cache to share more than the gateway ever
 /// does: `headers-store-Set-Cookie` wants a response with `Set-Cookie`
 /// stored and replayed to the next client (a session cookie handed to
-/// another buyer); the gateway never stores one (docs/OPERATIONS.md).
-const SHARES_LESS: [&str; 1] = ["headers-store-set-cookie"];
+/// another buyer), `304-etag-update-response-Set-Cookie` one stored to be
+/// revalidated; the gateway never stores one (docs/OPERATIONS.md).
+const SHARES_LESS: [&str; 2] = [
+    "headers-store-set-cookie",
+    "304-etag-update-response-set-cookie",
+];
 
 /// A test about what must never be shared between users: requests with
 /// `Authorization`, `private`, `no-store`, `Set-Cookie` and `Cookie`.
@@ -52,15 +63,15 @@ fn is_privacy(suite: &str, id: &str) -> bool {
 async fn the_shop_cache_passes_the_required_http_caching_tests() {
     let dir = suite_dir();
     assert!(
-        dir.join("node_modules/undici").exists(),
-        "the suite's client needs undici: run `bash deploy/local/install-deps.sh --test`"
+        dir.join(SUITE).exists(),
+        "the suite is not installed: run `bash deploy/local/install-deps.sh --test`"
     );
     let origin_port = free_port();
     let pidfile = std::env::temp_dir().join(format!("cache-tests-{origin_port}.pid"));
     let origin = Proc {
         child: Command::new("node")
-            .arg("suite/test-engine/server/server.mjs")
-            .current_dir(&dir)
+            .arg("server/server.mjs")
+            .current_dir(dir.join(SUITE))
             .env("npm_config_protocol", "http")
             .env("npm_config_port", origin_port.to_string())
             .env("npm_config_pidfile", &pidfile)
@@ -87,8 +98,8 @@ async fn the_shop_cache_passes_the_required_http_caching_tests() {
     let results = stack.dir.0.join("cache-tests.json");
     let mut client = Proc {
         child: Command::new("node")
-            .args(["--no-warnings", "suite/test-engine/cli.mjs"])
-            .current_dir(&dir)
+            .args(["--no-warnings", "cli.mjs"])
+            .current_dir(dir.join(SUITE))
             .env("npm_config_base", stack.url("").trim_end_matches('/'))
             .env("npm_package_config_id", "")
             .stdout(std::fs::File::create(&results).unwrap())

@@ -7,8 +7,9 @@
 //! `Cache-Control`. Both are done here instead:
 //!
 //! - Directives: `Flashgate-Cache-Control` (only this gateway obeys it)
-//!   wins over `CDN-Cache-Control` (every CDN on the path), which wins over
-//!   `Cache-Control` and `Expires`. A targeted field that is not a valid
+//!   wins over `CDN-Cache-Control` (every CDN on the path), then
+//!   `Surrogate-Control` (the Edge Architecture's surrogates), which win
+//!   over `Cache-Control` and `Expires`. A targeted field that is not a valid
 //!   Structured Field dictionary (RFC 8941) is ignored as a whole, as
 //!   RFC 9213 §2.1 says. Targeted fields are passed on to clients
 //!   unchanged: a CDN in front of the gateway still needs its
@@ -34,6 +35,9 @@ use pingora::http::ResponseHeader;
 pub const FLASHGATE_CACHE_CONTROL: &str = "flashgate-cache-control";
 /// The response header every CDN obeys (RFC 9213).
 pub const CDN_CACHE_CONTROL: &str = "cdn-cache-control";
+/// The surrogates' header of the Edge Architecture specification, which
+/// shops written for Varnish and Fastly send; read as a targeted field.
+pub const SURROGATE_CONTROL: &str = "surrogate-control";
 
 /// The directives this cache follows for a response.
 pub struct Directives {
@@ -45,7 +49,11 @@ pub struct Directives {
 impl Directives {
     /// Picks the field that applies (see the module doc).
     pub fn of(resp: &ResponseHeader) -> Self {
-        for name in [FLASHGATE_CACHE_CONTROL, CDN_CACHE_CONTROL] {
+        for name in [
+            FLASHGATE_CACHE_CONTROL,
+            CDN_CACHE_CONTROL,
+            SURROGATE_CONTROL,
+        ] {
             if valid_dictionary(resp, name) {
                 return Self {
                     cc: CacheControl::from_resp_headers_named(name, resp),
