@@ -566,8 +566,17 @@ pub fn spawn_wrapped(
 impl Stack {
     /// The gateway's `/metrics` exposition.
     pub async fn gateway_metrics_text(&self) -> String {
+        self.metrics_text(self.gateway_admin_addr).await
+    }
+
+    /// The backend's `/metrics` exposition.
+    pub async fn backend_metrics_text(&self) -> String {
+        self.metrics_text(self.backend_addr).await
+    }
+
+    async fn metrics_text(&self, addr: SocketAddr) -> String {
         self.http
-            .get(format!("http://{}/metrics", self.gateway_admin_addr))
+            .get(format!("http://{addr}/metrics"))
             .send()
             .await
             .unwrap()

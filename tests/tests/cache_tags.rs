@@ -190,15 +190,7 @@ async fn a_tag_purge_on_one_gateway_empties_the_tag_on_both() {
     .await;
     assert_eq!(x_cache(&stack, stack.gateway_addr, "/about").await, "HIT");
 
-    let metrics = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = stack.gateway_metrics_text().await;
     assert!(
         metrics.contains("flashgate_shop_cache_purges_total{kind=\"tag\"} 3"),
         "{metrics}"

@@ -644,14 +644,7 @@ async fn two_gateways_share_one_draw_that_keeps_limits_replays_and_its_audit() {
         "{body}"
     );
     // This gateway counted its share of the entrants.
-    let text = http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.gateway_metrics_text().await;
     assert!(
         text.lines()
             .any(|l| l.starts_with("flashgate_draw_entrants_total ") && !l.ends_with(" 0")),

@@ -393,15 +393,7 @@ async fn a_bucketed_sale_pauses_on_the_backlog_of_all_its_buckets_streams() {
     let stack = pauses_on_its_backlog_and_resumes("backlog-b", 3).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let text = stack
-            .http
-            .get(format!("http://{}/metrics", stack.backend_addr))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = stack.backend_metrics_text().await;
         let gauge = |name: &str, bucket: u32| -> Option<i64> {
             let prefix = format!("{name}{{bucket=\"{bucket}\",sale=\"backlog-b\"}} ");
             text.lines()

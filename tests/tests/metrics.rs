@@ -144,15 +144,7 @@ async fn outcome_counters_equal_what_clients_saw() {
         );
     }
 
-    let gateway_text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let gateway_text = stack.gateway_metrics_text().await;
     let scraped = counters(&gateway_text, "flashgate_buy_outcomes_total", "outcome");
     assert_eq!(
         scraped, seen,
@@ -178,15 +170,7 @@ async fn outcome_counters_equal_what_clients_saw() {
                 .0,
         winners
     );
-    let backend_text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.backend_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let backend_text = stack.backend_metrics_text().await;
     let created: f64 = counters(
         &backend_text,
         "flashgate_backend_orders_created_total",

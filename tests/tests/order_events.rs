@@ -665,14 +665,7 @@ async fn dead_events_are_listed_counted_and_delivered_once_retried() {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
     };
-    let scrape = || async {
-        reqwest::get(format!("http://{}/metrics", stack.backend_addr))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let scrape = || stack.backend_metrics_text();
     let mut text = scrape().await;
     // The gauges are read from the outbox once a second.
     while metric("flashgate_order_events_dead_in_outbox", &text) != Some(1.0)

@@ -14,15 +14,7 @@ const WINNERS: i64 = 12;
 /// The sum of the backend's samples of `metric` with `labels` (e.g.
 /// `source="stream"`); 0 when absent.
 async fn backend_metric(stack: &Stack, metric: &str, labels: &str) -> f64 {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.backend_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.backend_metrics_text().await;
     text.lines()
         .filter(|l| l.starts_with(metric) && l.contains(labels))
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))

@@ -58,15 +58,7 @@ fn gateway_of(stack: &Stack) -> Gateway {
 
 /// A counter of the backend's `/metrics` (0 when not exported yet).
 async fn backend_counter(stack: &Stack, name: &str) -> u64 {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.backend_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.backend_metrics_text().await;
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
         .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)

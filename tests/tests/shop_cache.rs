@@ -253,19 +253,6 @@ fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String, String) {
     (status, x_cache, body.to_owned())
 }
 
-async fn metrics(stack: &Stack) -> String {
-    let url = format!("http://{}/metrics", stack.gateway_admin_addr);
-    stack
-        .http
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The value of an unlabelled metric line.
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
@@ -371,7 +358,7 @@ async fn a_page_is_answered_from_the_cache_until_its_max_age_then_fetched_again(
         .await
         .unwrap();
     assert!(page.headers().get("x-cache").is_none());
-    let text = metrics(&stack).await;
+    let text = stack.gateway_metrics_text().await;
     assert!(
         text.contains("flashgate_shop_cache_requests_total{result=\"hit\"} 2"),
         "{text}"
@@ -674,7 +661,7 @@ async fn memory_stays_near_max_bytes_as_the_least_recently_used_are_evicted() {
     // bring the bytes held under the bound asserted below.
     let deadline = Instant::now() + Duration::from_secs(5);
     let text = loop {
-        let text = metrics(&stack).await;
+        let text = stack.gateway_metrics_text().await;
         if metric(&text, "flashgate_shop_cache_bytes") <= (MAX_BYTES * 3 / 4) as f64
             || Instant::now() > deadline
         {
@@ -754,7 +741,7 @@ async fn purge_by_url_and_by_prefix_needs_the_admin_token() {
         ),
         (3, 2, 1)
     );
-    let text = metrics(&stack).await;
+    let text = stack.gateway_metrics_text().await;
     assert!(
         text.contains("flashgate_shop_cache_purges_total{kind=\"prefix\"} 1"),
         "{text}"
@@ -986,7 +973,7 @@ async fn many_unique_long_urls_keep_the_memory_held_near_max_bytes() {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     let text = loop {
-        let text = metrics(&stack).await;
+        let text = stack.gateway_metrics_text().await;
         if metric(&text, "flashgate_shop_cache_bytes") <= (MAX_BYTES * 3 / 4) as f64
             || Instant::now() > deadline
         {

@@ -134,19 +134,6 @@ async fn get(stack: &Stack, path: &str, cookie: Option<&str>) -> (String, String
     (x_cache, body)
 }
 
-async fn metrics(stack: &Stack) -> String {
-    let url = format!("http://{}/metrics", stack.gateway_admin_addr);
-    stack
-        .http
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_with_no_lifetime_is_cached_by_a_rule() {
     let (stack, shop) = start().await;
@@ -257,7 +244,7 @@ async fn bypasses_are_counted_by_their_reason() {
     assert_eq!(x_cache, "BYPASS");
     get(&stack, "/page/d", None).await;
     get(&stack, "/page/d", None).await;
-    let text = metrics(&stack).await;
+    let text = stack.gateway_metrics_text().await;
     for (reason, count) in [
         ("rule_bypass", 1),
         ("no_lifetime", 2),

@@ -302,15 +302,7 @@ async fn wait_for_cn(certs: &Certs, host: &str, port: u16, want: &str) -> String
 
 /// The value of the gateway's metric line starting with `series ` (0 when absent).
 async fn metric(stack: &Stack, series: &str) -> i64 {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.gateway_admin_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = stack.gateway_metrics_text().await;
     let needle = format!("{series} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&needle))
