@@ -29,6 +29,7 @@ pub mod oscar;
 pub mod pki;
 pub mod python;
 pub mod stack;
+pub mod test_shop;
 
 pub use client::{
     buy, buy_all, get_json, random_user, token, token_with, try_buy, wait_ready, Attempt, Outcome,

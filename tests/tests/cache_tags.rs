@@ -7,27 +7,18 @@
 //! count for that path); `/products/ID…` carries `Surrogate-Key:
 //! product-ID products`, anything else no tag.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::Response;
+use flashgate_tests::test_shop::TestShop;
 use flashgate_tests::{bin, Stack, StackOptions, ADMIN_TOKEN};
 
-type Counts = Arc<Mutex<HashMap<String, usize>>>;
-
-async fn answer(State(counts): State<Counts>, req: Request) -> Response {
+async fn answer(req: Request, n: usize) -> Response {
     let path = req.uri().path().to_owned();
-    let n = {
-        let mut counts = counts.lock().unwrap();
-        let n = counts.entry(path.clone()).or_insert(0);
-        *n += 1;
-        *n
-    };
     let mut resp = Response::builder()
         .header("cache-control", "max-age=60")
         .header("content-type", "text/plain");
@@ -41,11 +32,7 @@ async fn answer(State(counts): State<Counts>, req: Request) -> Response {
 /// A stack whose gateway caches the tagging shop, and a second gateway on
 /// the same Redis.
 async fn two_gateways() -> (Stack, flashgate_tests::Proc, SocketAddr) {
-    let counts = Counts::default();
-    let app = axum::Router::new().fallback(answer).with_state(counts);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let shop = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let shop = TestShop::start(answer).await.addr;
     let stack = Stack::start(StackOptions {
         extra_toml: format!("[shop]\nupstreams = [\"{shop}\"]\n[shop.cache]\nenabled = true\n"),
         ..StackOptions::default()

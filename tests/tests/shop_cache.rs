@@ -25,69 +25,48 @@
 //!
 //! Every body ends with `#N`, the shop's count for that path.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::Response;
+use flashgate_tests::test_shop::TestShop;
 use flashgate_tests::{Stack, StackOptions, ADMIN_TOKEN};
 
 /// Bound of the cache in these tests (the smallest allowed).
 const MAX_BYTES: usize = 1 << 20;
 const BIG_BODY: usize = 64 * 1024;
 
-#[derive(Default)]
-struct ShopState {
-    counts: Mutex<HashMap<String, usize>>,
-    failing: AtomicBool,
-}
-
+/// The test's shop, and the switch that makes its `/sie…` pages fail.
 struct Shop {
-    state: Arc<ShopState>,
-    addr: SocketAddr,
+    shop: TestShop,
+    failing: Arc<AtomicBool>,
 }
 
 impl Shop {
     async fn start() -> Self {
-        let state = Arc::new(ShopState::default());
-        let app = axum::Router::new()
-            .fallback(answer)
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { state, addr }
+        let failing = Arc::new(AtomicBool::new(false));
+        let flag = failing.clone();
+        let shop = TestShop::start(move |req, n| answer(flag.clone(), req, n)).await;
+        Self { shop, failing }
     }
 
     /// Requests the shop got for `path` (with its query).
     fn count(&self, path: &str) -> usize {
-        self.state
-            .counts
-            .lock()
-            .unwrap()
-            .get(path)
-            .copied()
-            .unwrap_or(0)
+        self.shop.count(path)
     }
 }
 
-async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
+async fn answer(failing: Arc<AtomicBool>, req: Request, n: usize) -> Response {
     let path = req
         .uri()
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let n = {
-        let mut counts = shop.counts.lock().unwrap();
-        let n = counts.entry(path.clone()).or_insert(0);
-        *n += 1;
-        *n
-    };
     let header = |name: &str| {
         req.headers()
             .get(name)
@@ -168,7 +147,7 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
                 .unwrap();
         }
         "/swr" => "max-age=1, stale-while-revalidate=30",
-        p if p.starts_with("/sie") && shop.failing.load(Ordering::SeqCst) => {
+        p if p.starts_with("/sie") && failing.load(Ordering::SeqCst) => {
             return Response::builder()
                 .status(500)
                 .body(Body::from("shop down"))
@@ -202,7 +181,7 @@ async fn start_with(more: &str) -> (Stack, Shop) {
     let shop = Shop::start().await;
     let extra_toml = format!(
         "[shop]\nupstreams = [\"{}\"]\nread_timeout_ms = 10000\n\n[shop.cache]\nenabled = true\nmax_bytes = {MAX_BYTES}\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n{more}",
-        shop.addr
+        shop.shop.addr
     );
     let stack = Stack::start(StackOptions {
         extra_toml,
@@ -631,7 +610,7 @@ async fn stale_if_error_serves_the_stale_copy_while_the_shop_fails() {
     for path in ["/sie", "/sie-default"] {
         assert_eq!(get(&stack, path, &[]).await.1, "MISS");
     }
-    shop.state.failing.store(true, Ordering::SeqCst);
+    shop.failing.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // `/sie` names its window; `/sie-default` gets shop.cache.stale_if_error_seconds.
     for path in ["/sie", "/sie-default"] {
@@ -852,11 +831,7 @@ async fn a_target_that_is_not_a_path_is_refused_and_cannot_fill_another_key() {
             serde_json::from_str(&body).unwrap_or_else(|_| panic!("{target}: not JSON: {body}"));
         assert_eq!(v["code"], "bad_request", "{target}: {body}");
     }
-    assert_eq!(
-        shop.state.counts.lock().unwrap().values().sum::<usize>(),
-        0,
-        "the shop saw none of them"
-    );
+    assert_eq!(shop.shop.total(), 0, "the shop saw none of them");
     let plain = b"GET / HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n";
     let (status, x_cache, body) = tokio::task::spawn_blocking(move || raw(addr, plain))
         .await
@@ -1031,7 +1006,7 @@ async fn headers_outside_the_key_that_rewrite_the_request_do_not_reach_the_shop(
 async fn a_crowd_gets_the_stale_copy_while_the_shop_fails_without_queueing_on_it() {
     let (stack, shop) = start().await;
     assert_eq!(get(&stack, "/sie-crowd", &[]).await.1, "MISS");
-    shop.state.failing.store(true, Ordering::SeqCst);
+    shop.failing.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)

@@ -11,13 +11,10 @@
 //! rules: `/account/` bypassed; `/page/` a 60 s TTL, analytics and consent
 //! cookies ignored, `currency` a key cookie; nothing for `/other`.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::Response;
+use flashgate_tests::test_shop::TestShop;
 use flashgate_tests::{Stack, StackOptions};
 
 const RULES: &str = r#"
@@ -32,47 +29,8 @@ ignore_cookies = ["_ga*", "consent"]
 key_cookies = ["currency"]
 "#;
 
-#[derive(Default)]
-struct ShopState {
-    counts: Mutex<HashMap<String, usize>>,
-}
-
-struct Shop {
-    state: Arc<ShopState>,
-    addr: SocketAddr,
-}
-
-impl Shop {
-    async fn start() -> Self {
-        let state = Arc::new(ShopState::default());
-        let app = axum::Router::new()
-            .fallback(answer)
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { state, addr }
-    }
-
-    fn count(&self, path: &str) -> usize {
-        self.state
-            .counts
-            .lock()
-            .unwrap()
-            .get(path)
-            .copied()
-            .unwrap_or(0)
-    }
-}
-
-async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
+async fn answer(req: Request, n: usize) -> Response {
     let path = req.uri().path().to_owned();
-    let n = {
-        let mut counts = shop.counts.lock().unwrap();
-        let n = counts.entry(path.clone()).or_insert(0);
-        *n += 1;
-        *n
-    };
     let cookie = req
         .headers()
         .get_all("cookie")
@@ -93,8 +51,8 @@ async fn answer(State(shop): State<Arc<ShopState>>, req: Request) -> Response {
         .unwrap()
 }
 
-async fn start() -> (Stack, Shop) {
-    let shop = Shop::start().await;
+async fn start() -> (Stack, TestShop) {
+    let shop = TestShop::start(answer).await;
     let extra_toml = format!(
         "[shop]\nupstreams = [\"{}\"]\nread_timeout_ms = 10000\n\n[shop.cache]\nenabled = true\nmax_bytes = 1048576\nmax_object_bytes = 131072\nlock_timeout_ms = 10000\n{RULES}",
         shop.addr
