@@ -189,3 +189,11 @@ pub async fn wait_ready(http: &reqwest::Client, url: &str, limit: Duration) -> (
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A response header's value, empty when absent.
+pub fn header(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}

@@ -32,7 +32,8 @@ pub mod stack;
 pub mod test_shop;
 
 pub use client::{
-    buy, buy_all, get_json, random_user, token, token_with, try_buy, wait_ready, Attempt, Outcome,
+    buy, buy_all, get_json, header, random_user, token, token_with, try_buy, wait_ready, Attempt,
+    Outcome,
 };
 pub use db::{db_order_rows, db_orders, MysqlDatabase, OrderRow, PostgresDatabase};
 pub use flashgate_testkit::*;

@@ -35,7 +35,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use flashgate_tests::test_shop::TestShop;
-use flashgate_tests::{Stack, StackOptions, ADMIN_TOKEN};
+use flashgate_tests::{header, Stack, StackOptions, ADMIN_TOKEN};
 
 /// Bound of the cache in these tests (the smallest allowed).
 const MAX_BYTES: usize = 1 << 20;
@@ -199,11 +199,7 @@ async fn get(stack: &Stack, path: &str, headers: &[(&str, &str)]) -> (u16, Strin
     }
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
-    let x_cache = resp
-        .headers()
-        .get("x-cache")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+    let x_cache = header(&resp, "x-cache");
     (status, x_cache, resp.text().await.unwrap())
 }
 
@@ -508,16 +504,10 @@ async fn get_decoded(stack: &Stack, path: &str, accept: &str) -> (String, String
         .send()
         .await
         .unwrap();
-    let header = |name: &str| {
-        resp.headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default()
-    };
     let (encoding, vary, x_cache) = (
-        header("content-encoding"),
-        header("vary"),
-        header("x-cache"),
+        header(&resp, "content-encoding"),
+        header(&resp, "vary"),
+        header(&resp, "x-cache"),
     );
     let bytes = resp.bytes().await.unwrap();
     let mut body = String::new();
@@ -1051,16 +1041,10 @@ async fn cache_headers(
         .send()
         .await
         .unwrap();
-    let header = |name: &str| {
-        resp.headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default()
-    };
     let (x_cache, status, age) = (
-        header("x-cache"),
-        header("cache-status"),
-        header("age").parse().ok(),
+        header(&resp, "x-cache"),
+        header(&resp, "cache-status"),
+        header(&resp, "age").parse().ok(),
     );
     (x_cache, status, age, resp.text().await.unwrap())
 }

@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use flashgate_tests::test_shop::TestShop;
-use flashgate_tests::{Stack, StackOptions};
+use flashgate_tests::{header, Stack, StackOptions};
 
 const RULES: &str = r#"
 [[shop.cache.rules]]
@@ -78,11 +78,7 @@ async fn send(
     }
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
-    let x_cache = resp
-        .headers()
-        .get("x-cache")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+    let x_cache = header(&resp, "x-cache");
     (status, x_cache, resp.text().await.unwrap())
 }
 

@@ -200,6 +200,21 @@ impl Fixture {
             .await
     }
 
+    /// Opens a one-item sale that user `a` wins with key `ka`; user `b`'s
+    /// buy (with `late_key`, possibly empty) then finds it sold out in
+    /// Redis, which flags it here. `a`'s reservation id.
+    pub(super) async fn sell_out_one(&self, sale_id: &str, late_key: &str) -> String {
+        self.open_sale(sale_id, 1).await;
+        let BuyOutcome::Won { reservation_id, .. } = self.buy(sale_id, "a", "ka").await else {
+            panic!("no win")
+        };
+        assert_eq!(
+            self.buy(sale_id, "b", late_key).await,
+            BuyOutcome::Refused(Rejection::SoldOut)
+        );
+        reservation_id
+    }
+
     pub(super) fn local_decisions(&self, decision: &str) -> u64 {
         self.service
             .metrics
@@ -646,14 +661,7 @@ async fn return_item_unannounced(f: &Fixture, sale_id: &str, reservation_id: &st
 async fn a_winners_keyed_retry_on_a_gateway_that_missed_the_restock_replays_the_win_within_the_buyers_ttl(
 ) {
     let f = fixture(&[]).await;
-    f.open_sale("s", 1).await;
-    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "ka").await else {
-        panic!("no win")
-    };
-    assert_eq!(
-        f.buy("s", "b", "kb").await,
-        BuyOutcome::Refused(Rejection::SoldOut)
-    );
+    let reservation_id = f.sell_out_one("s", "kb").await;
     assert_eq!(
         f.buy("s", "c", "kc").await,
         BuyOutcome::Refused(Rejection::SoldOut)
@@ -693,14 +701,7 @@ async fn a_winners_keyed_retry_on_a_gateway_that_missed_the_restock_replays_the_
 #[tokio::test]
 async fn a_keyed_buy_answered_by_the_flag_is_not_final_for_its_key() {
     let f = fixture(&[]).await;
-    f.open_sale("s", 1).await;
-    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "ka").await else {
-        panic!("no win")
-    };
-    assert_eq!(
-        f.buy("s", "b", "").await,
-        BuyOutcome::Refused(Rejection::SoldOut)
-    );
+    let reservation_id = f.sell_out_one("s", "").await;
     assert!(f.service.sales.is_sold_out("s"));
     // Answered by the flag: the user never reserved, nothing to replay.
     assert_eq!(
@@ -724,15 +725,7 @@ async fn a_keyed_buy_answered_by_the_flag_is_not_final_for_its_key() {
 #[tokio::test]
 async fn the_buyers_of_a_sale_still_sold_out_at_the_same_epoch_are_renewed_not_read_again() {
     let f = fixture(&[]).await;
-    f.open_sale("s", 1).await;
-    assert!(matches!(
-        f.buy("s", "a", "ka").await,
-        BuyOutcome::Won { .. }
-    ));
-    assert_eq!(
-        f.buy("s", "b", "kb").await,
-        BuyOutcome::Refused(Rejection::SoldOut)
-    );
+    f.sell_out_one("s", "kb").await;
     tokio::time::sleep(crate::sales::BUYERS_TTL).await;
     // Past the TTL a keyed buy asks the script, which finds the sale sold
     // out at the epoch the buyers were read at: they are renewed as read.
@@ -758,14 +751,7 @@ async fn the_buyers_of_a_sale_still_sold_out_at_the_same_epoch_are_renewed_not_r
 #[tokio::test]
 async fn a_sales_buyers_are_read_at_most_once_per_interval_whatever_comes_back() {
     let f = fixture(&[]).await;
-    f.open_sale("s", 1).await;
-    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "ka").await else {
-        panic!("no win")
-    };
-    assert_eq!(
-        f.buy("s", "b", "kb").await,
-        BuyOutcome::Refused(Rejection::SoldOut)
-    );
+    let reservation_id = f.sell_out_one("s", "kb").await;
     // An item comes back and is won again: the sale sells out at a new
     // epoch, within the interval of the first read.
     return_item_unannounced(&f, "s", &reservation_id, "a").await;

@@ -511,8 +511,6 @@ impl ProxyHttp for Gateway {
                 _ => ours,
             };
             response.insert_header("Cache-Status", value)?;
-        }
-        if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
             let written = invalidation::targets(session.req_header(), response);
             cache
                 .invalidations
