@@ -564,7 +564,17 @@ pub(super) mod tests {
         key: &CacheKey,
         body: &'static [u8],
     ) -> MissFinishType {
-        let mut miss = store.get_miss_handler(key, &meta(), &nop()).await.unwrap();
+        fill_meta(store, key, &meta(), body).await
+    }
+
+    /// [`fill_key`] with the stored response's own `meta`.
+    pub(in crate::edge::shop_cache) async fn fill_meta(
+        store: &'static MemoryStore,
+        key: &CacheKey,
+        meta: &CacheMeta,
+        body: &'static [u8],
+    ) -> MissFinishType {
+        let mut miss = store.get_miss_handler(key, meta, &nop()).await.unwrap();
         miss.write_body(Bytes::from_static(body), true)
             .await
             .unwrap();
@@ -686,14 +696,7 @@ pub(super) mod tests {
             ("/p/2", "product-2 list"),
             ("/c", ""),
         ] {
-            let mut miss = store
-                .get_miss_handler(&key(path), &tagged(tags), &nop())
-                .await
-                .unwrap();
-            miss.write_body(Bytes::from_static(b"x"), true)
-                .await
-                .unwrap();
-            miss.finish().await.unwrap();
+            fill_meta(store, &key(path), &tagged(tags), b"x").await;
         }
         assert_eq!(store.purge_where(|_, t| t.contains("product-1")).len(), 1);
         assert_eq!(store.purge_where(|_, t| t.contains("list")).len(), 1);
@@ -703,14 +706,7 @@ pub(super) mod tests {
         let untagged = store.bytes();
         store.purge_where(|_, _| true);
         assert_eq!(store.bytes(), 0);
-        let mut miss = store
-            .get_miss_handler(&key("/c"), &tagged(""), &nop())
-            .await
-            .unwrap();
-        miss.write_body(Bytes::from_static(b"x"), true)
-            .await
-            .unwrap();
-        miss.finish().await.unwrap();
+        fill_meta(store, &key("/c"), &tagged(""), b"x").await;
         assert_eq!(store.bytes(), untagged);
         // A fill overtaken by a purge of one of its tags is not stored.
         let mut miss = store
