@@ -67,6 +67,28 @@ pub const WAIT_MARK_KEY: &str = "fg:wait-mark";
 /// Consumer group the backend reads each sale's stream with.
 pub const CONSUMER_GROUP: &str = "orders";
 
+/// The keys of one waiting room (`[[shop.waiting_rooms]]`), all in the
+/// room's slot (`{room:NAME}`): each room script runs on one master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomKeys {
+    /// Visitor id → place score, lowest first.
+    pub queue: String,
+    /// Visitor id → until when (Unix ms) they are inside.
+    pub inside: String,
+    /// The room's counters: next ticket, mode switch, rate bucket, measured rate.
+    pub state: String,
+}
+
+impl RoomKeys {
+    pub fn new(room: &str) -> Self {
+        Self {
+            queue: format!("fg:{{room:{room}}}:queue"),
+            inside: format!("fg:{{room:{room}}}:inside"),
+            state: format!("fg:{{room:{room}}}:state"),
+        }
+    }
+}
+
 /// The keys of one sale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaleKeys {

@@ -26,7 +26,9 @@
 //!   epoch moved on;
 //! - `decide.lua` (after `replid.lua`, `time.lua`, `books.lua`): the buy
 //!   rules (`fg_take`, `fg_final`, the draw's names);
-//! - `deduct.lua` (after `decide.lua`): `fg_deduct`, one buy attempt decided.
+//! - `deduct.lua` (after `decide.lua`): `fg_deduct`, one buy attempt decided;
+//! - `room.lua` (after `time.lua`): a waiting room's admission step
+//!   (`fg_room_admit`), its bucket, measured rate and mode.
 
 use std::sync::OnceLock;
 
@@ -130,6 +132,13 @@ pub static FENCE: Script = script!("fence.lua"; "replid.lua");
 /// `lua/fence_read.lua`, after the replication id it answers.
 pub static FENCE_READ: Script = script!("fence_read.lua"; "replid.lua");
 
+/// `lua/room_visit.lua`, after the time and the room's admission step
+/// (`lua/lib/room.lua`).
+pub static ROOM_VISIT: Script = script!("room_visit.lua"; "time.lua", "room.lua");
+
+/// `lua/room_tick.lua`, after the same.
+pub static ROOM_TICK: Script = script!("room_tick.lua"; "time.lua", "room.lua");
+
 /// `lua/gcra.lua`.
 pub static GCRA: Script = script!("gcra.lua");
 
@@ -209,6 +218,8 @@ pub static ALL: &[&Script] = &[
     &RESTORE_LOCK_RENEW,
     &RESYNC,
     &RESYNC_TRANSFERS,
+    &ROOM_TICK,
+    &ROOM_VISIT,
     &SWITCH_SWAP,
     &TRIM,
     &UPDATE_SALE,

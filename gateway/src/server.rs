@@ -156,8 +156,10 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
             &metrics.registry,
         ))
     });
+    let rooms = crate::edge::WaitingRooms::new(&config, &metrics.registry)?.map(Arc::new);
     let gateway = Gateway {
         shop_cache,
+        rooms,
         admission,
         buy,
         challenge,
@@ -265,6 +267,11 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         metrics: gateway.metrics.clone(),
         breaker: gateway.redis.breaker.clone(),
         readiness,
+        rooms: crate::edge::waiting_room::admin::RoomsApi {
+            rooms: gateway.rooms.clone(),
+            admin_token: config.admin_token.as_deref().map(Arc::from),
+            redis: config.redis.clone(),
+        },
         purge: crate::edge::PurgeApi {
             cache: gateway.shop_cache.clone(),
             admin_token: config.admin_token.as_deref().map(Arc::from),
@@ -282,6 +289,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     let mut options = HttpServerOptions::default();
     options.h2_idle_timeout = Some(config.gateway.keepalive);
     let jwks = gateway.admission.verifier.jwks();
+    let gateway_rooms = gateway.rooms.clone();
     let mut service = pingora::proxy::ProxyServiceBuilder::new(&server.configuration, gateway)
         .server_options(options)
         .build();
@@ -340,6 +348,15 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         pages_watcher,
     ));
     server.add_service(shop_health);
+    if let Some(rooms) = gateway_rooms {
+        server.add_service(pingora::services::background::background_service(
+            "waiting rooms",
+            Background(crate::edge::RoomTicker {
+                rooms,
+                redis: config.redis.clone(),
+            }),
+        ));
+    }
     // Added last, so started first (Pingora starts the last added first):
     // SIGHUP stops ending the process as early as it can.
     server.add_service(pingora::services::background::background_service(

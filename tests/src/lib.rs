@@ -52,6 +52,9 @@ pub const INTERNAL_TOKEN: &str = "test-internal-token-gateways-to-backend-0001";
 /// Key the test gateways sign proof-of-work challenges with (used only by
 /// stacks whose config turns `[challenge]` on).
 pub const CHALLENGE_SECRET: &str = "test-challenge-secret-not-for-production-01";
+/// Key the test gateways sign waiting-room cookies with (used only by
+/// stacks whose config has `[[shop.waiting_rooms]]`).
+pub const WAITING_ROOM_SECRET: &str = "test-waiting-room-secret-not-for-production";
 /// Token the test shop presents to confirm payments.
 pub const SHOP_TOKEN: &str = "test-shop-token-payments-to-backend-000001";
 /// Key the test backends sign order event webhooks with (used only by

@@ -555,6 +555,7 @@ pub fn spawn_wrapped(
         .env("FLASHGATE_CHALLENGE_SECRET", CHALLENGE_SECRET)
         .env("FLASHGATE_WEBHOOK_SECRET", crate::WEBHOOK_SECRET)
         .env("FLASHGATE_HANDOFF_SECRET", crate::HANDOFF_SECRET)
+        .env("FLASHGATE_WAITING_ROOM_SECRET", crate::WAITING_ROOM_SECRET)
         .env("RUST_LOG", "info")
         .stdout(log.try_clone().unwrap())
         .stderr(log)

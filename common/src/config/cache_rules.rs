@@ -133,7 +133,7 @@ pub(super) fn validate(check: &mut Check, rules: Vec<file::ShopCacheRule>) -> Ve
 }
 
 fn validate_rule(check: &mut Check, at: &str, f: file::ShopCacheRule) -> CacheRule {
-    let path = path_pattern(check, at, &f.path);
+    let path = path_pattern(check, format!("{at}.path"), &f.path);
     let methods = match f.methods {
         None => vec![RuleMethod::Get, RuleMethod::Head],
         Some(names) => {
@@ -230,8 +230,8 @@ fn validate_rule(check: &mut Check, at: &str, f: file::ShopCacheRule) -> CacheRu
     }
 }
 
-fn path_pattern(check: &mut Check, at: &str, path: &str) -> PathPattern {
-    let key = format!("{at}.path");
+/// A rule's path at `key`: a prefix, or a glob when it holds `*`.
+pub(super) fn path_pattern(check: &mut Check, key: String, path: &str) -> PathPattern {
     let ok = path.starts_with('/')
         && path.len() <= MAX_RULE_PATH_BYTES
         && !path.contains(['?', '#'])

@@ -22,6 +22,9 @@ pub const ENV_WEBHOOK_SECRET: &str = "FLASHGATE_WEBHOOK_SECRET";
 /// Environment variable holding the HS256 key of checkout hand-off tokens
 /// (`{handoff}` in a sale's `checkout_url`), shared with the shop.
 pub const ENV_HANDOFF_SECRET: &str = "FLASHGATE_HANDOFF_SECRET";
+/// Environment variable holding the HS256 key that signs waiting-room
+/// cookies (required by the gateway when `[[shop.waiting_rooms]]` is set).
+pub const ENV_WAITING_ROOM_SECRET: &str = "FLASHGATE_WAITING_ROOM_SECRET";
 /// Environment variable overriding `backend.database_url`.
 pub const ENV_DATABASE_URL: &str = "FLASHGATE_DATABASE_URL";
 /// Environment variable overriding `backend.consumer_name` (e.g. a pod name).

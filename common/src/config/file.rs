@@ -152,6 +152,8 @@ pub struct Shop {
     pub cache: ShopCache,
     /// `[shop.compression]`: what the shop sends uncompressed, compressed here.
     pub compression: ShopCompression,
+    /// `[[shop.waiting_rooms]]`: bounded admission to the shop's own pages.
+    pub waiting_rooms: Vec<WaitingRoom>,
 }
 
 impl Default for Shop {
@@ -168,6 +170,60 @@ impl Default for Shop {
             h2: false,
             cache: ShopCache::default(),
             compression: ShopCompression::default(),
+            waiting_rooms: Vec::new(),
+        }
+    }
+}
+
+/// One `[[shop.waiting_rooms]]` table (see `config/waiting_rooms.rs` and
+/// docs/SHOP.md, "A waiting room in front of the shop").
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WaitingRoom {
+    /// Names the room in its cookie, its Redis keys, metrics and the admin API.
+    pub name: String,
+    /// Shop paths it guards: prefixes, or globs of the whole path with `*`.
+    pub paths: Vec<String>,
+    /// Visitors inside at once.
+    pub active_users: u32,
+    /// Visitors let in per minute at most (0: only `active_users` bounds it).
+    pub new_users_per_minute: u32,
+    /// How long an admitted visitor stays inside after their last request.
+    pub session_seconds: u64,
+    /// `"fifo"`, or `"random"`: arrivals before `starts_at` (and within
+    /// `random_window_seconds` after it) get a random place.
+    pub queueing: String,
+    pub random_window_seconds: u64,
+    /// RFC 3339: admission begins; before it, visitors wait in a pre-queue.
+    pub starts_at: Option<String>,
+    /// RFC 3339: the room lets everyone through from then on.
+    pub ends_at: Option<String>,
+    /// `"queue"`, `"passthrough"` or `"reject"`; the admin API switches it live.
+    pub mode: String,
+    /// How often the queue page asks again (its `Retry-After`).
+    pub refresh_seconds: u64,
+    /// An HTML file replacing the built-in queue page (placeholders in docs/SHOP.md).
+    pub template: Option<String>,
+    /// A place is given only for a solved proof of work (`[challenge]`'s difficulty).
+    pub challenge: bool,
+}
+
+impl Default for WaitingRoom {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            paths: Vec::new(),
+            active_users: 0,
+            new_users_per_minute: 0,
+            session_seconds: 300,
+            queueing: "fifo".into(),
+            random_window_seconds: 0,
+            starts_at: None,
+            ends_at: None,
+            mode: "queue".into(),
+            refresh_seconds: 10,
+            template: None,
+            challenge: false,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - `validate`: one function per table, from the file to the settings;
 //!   every problem is reported at once, each prefixed with its key path.
 //! - `cache_rules`: `[[shop.cache.rules]]`, validated and matched.
+//! - `waiting_rooms`: `[[shop.waiting_rooms]]`, validated.
 //! - `check`: the validation helper, which writes each message from the
 //!   bound it enforces (`limits.buy.user.burst: must be between 1 and
 //!   10000000 (leave the bucket out for no limit), got 0`).
@@ -35,6 +36,7 @@ pub mod file;
 mod origin;
 mod settings;
 mod validate;
+mod waiting_rooms;
 
 pub use cache_rules::{
     CacheRule, CookieName, PathPattern, RuleMethod, MAX_CACHE_RULES, MAX_RULE_COOKIES,
@@ -42,8 +44,10 @@ pub use cache_rules::{
 pub use env::{
     Env, NoEnv, ProcessEnv, DEFAULT_RUNTIME_DIR, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET,
     ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_HANDOFF_SECRET, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET,
-    ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WEBHOOK_SECRET, ENV_XDG_RUNTIME_DIR,
+    ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WAITING_ROOM_SECRET, ENV_WEBHOOK_SECRET,
+    ENV_XDG_RUNTIME_DIR,
 };
+pub use waiting_rooms::{valid_room_name, Queueing, RoomMode, WaitingRoomConfig, MAX_WAITING_ROOMS};
 pub use events::{webhook_key, AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode, DEFAULT_PATH_PREFIX};
 pub use origin::{valid_host, Origin, OriginError, Scheme};

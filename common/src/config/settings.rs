@@ -44,6 +44,9 @@ pub struct Config {
     /// checked for length when set, required when a declared sale's
     /// `checkout_url` has `{handoff}`.
     pub handoff_secret: Option<String>,
+    /// HS256 key of waiting-room cookies, from the environment only;
+    /// required when a room is configured.
+    pub waiting_room_secret: Option<String>,
     /// The opening draw; off by default.
     pub fairness: FairnessConfig,
     pub backend: BackendConfig,
@@ -337,6 +340,8 @@ pub struct ShopConfig {
     pub cache: ShopCacheConfig,
     /// `[shop.compression]`; `None` while `shop.compression.enabled` is false.
     pub compression: Option<CompressionLevels>,
+    /// `[[shop.waiting_rooms]]`, in order: a path guarded by two is the first's.
+    pub waiting_rooms: Vec<super::waiting_rooms::WaitingRoomConfig>,
 }
 
 /// `[shop.compression]`, validated: the level of each encoding (0: off).

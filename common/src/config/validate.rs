@@ -17,7 +17,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::check::Check;
 use super::env::{
-    self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL,
+    self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_WAITING_ROOM_SECRET,
     ENV_HANDOFF_SECRET, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN,
 };
 use super::file;
@@ -59,6 +59,7 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
     let mut check = Check::default();
     let (jwt_secret, admin_token) = secrets(&mut check, f.auth.jwt_secret.clone(), env);
     let idempotency_ttl_seconds = f.gateway.idempotency_ttl_seconds;
+    let waiting_room_secret = waiting_room_secret(&mut check, &f.shop.waiting_rooms, env);
     let config = Config {
         limits: limits(&mut check, f.limits),
         deny: deny(&mut check, f.deny),
@@ -74,6 +75,7 @@ pub fn validate(f: file::File, env: &dyn Env, now_ms: i64) -> Result<Config, Vec
         challenge: challenge(&mut check, f.challenge, idempotency_ttl_seconds),
         challenge_secret: challenge_secret(&mut check, env),
         handoff_secret: handoff_secret(&mut check, &f.sales, env),
+        waiting_room_secret,
         fairness: fairness(&mut check, &f.fairness),
         backend: backend(&mut check, f.backend, env),
         events: super::events::events(&mut check, f.events, env),
@@ -577,6 +579,7 @@ fn shop(check: &mut Check, f: file::Shop, shop_upstream: &str) -> ShopConfig {
         h2: f.h2,
         cache: shop_cache(check, f.cache, f.read_timeout_ms),
         compression: shop_compression(check, f.compression),
+        waiting_rooms: super::waiting_rooms::validate(check, f.waiting_rooms),
     }
 }
 
@@ -760,6 +763,38 @@ fn challenge_secret(check: &mut Check, env: &dyn Env) -> Option<String> {
     if let Some(s) = &secret {
         if let Err(e) = crate::secret::required(ENV_CHALLENGE_SECRET, Some(s)) {
             check.problem(e);
+        }
+    }
+    secret
+}
+
+/// `FLASHGATE_WAITING_ROOM_SECRET`: refused when set but too short,
+/// required when a room is configured (its cookies are signed with it).
+/// A room that asks for a proof of work needs the challenge secret too.
+fn waiting_room_secret(
+    check: &mut Check,
+    rooms: &[file::WaitingRoom],
+    env: &dyn Env,
+) -> Option<String> {
+    let secret = env.var(ENV_WAITING_ROOM_SECRET);
+    match (&secret, rooms.is_empty()) {
+        (Some(s), _) => {
+            if let Err(e) = crate::secret::required(ENV_WAITING_ROOM_SECRET, Some(s)) {
+                check.problem(e);
+            }
+        }
+        (None, false) => check.fail(
+            "shop.waiting_rooms",
+            format_args!("needs {ENV_WAITING_ROOM_SECRET} (not set): it signs the rooms' cookies"),
+        ),
+        (None, true) => {}
+    }
+    for (i, room) in rooms.iter().enumerate() {
+        if room.challenge && env.var(ENV_CHALLENGE_SECRET).is_none() {
+            check.fail(
+                format_args!("shop.waiting_rooms[{i}].challenge"),
+                format_args!("needs {ENV_CHALLENGE_SECRET} (not set): it signs the proofs of work"),
+            );
         }
     }
     secret

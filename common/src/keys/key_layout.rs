@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::{
-    BuyerKeyPrefixes, DrawKeys, RestoreScratch, SaleKeys, ARCHIVED_SALES, CLUSTER_GLOBAL_LIMIT,
+    BuyerKeyPrefixes, DrawKeys, RestoreScratch, RoomKeys, SaleKeys, ARCHIVED_SALES, CLUSTER_GLOBAL_LIMIT,
     EVENTS_CHANNEL, GLOBAL_SWITCH, SALES_INDEX, SHOP_PURGES_STREAM, WAIT_MARK_KEY,
 };
 
@@ -199,6 +199,17 @@ fn disagreements(doc: &str) -> Vec<String> {
         }
         known.insert(key);
         known.insert(in_bucket);
+    }
+    let RoomKeys {
+        queue,
+        inside,
+        state,
+    } = RoomKeys::new("NAME");
+    for (name, key) in [("queue", queue), ("inside", inside), ("state", state)] {
+        if !in_table(&key) {
+            problems.push(format!("{key} (RoomKeys {name}): missing from the table"));
+        }
+        known.insert(key);
     }
     for key in &listed {
         if !known.contains(key) {

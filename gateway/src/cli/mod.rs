@@ -15,6 +15,9 @@
 //! | `events dead` | `GET /admin/events/dead` |
 //! | `events retry EVENT_ID` | `POST /admin/events/{event_id}/retry` |
 //! | `cache purge --url P` / `--prefix P` / `--tag T [--tag U]` | `POST /cache/purge` (gateway admin) |
+//! | `room list` | `GET /waiting-rooms` (gateway admin) |
+//! | `room show NAME` | `GET /waiting-rooms/{name}` |
+//! | `room mode NAME queue\|passthrough\|reject` | `POST /waiting-rooms/{name}/mode` |
 //!
 //! Layout: [`target`] where each API is and its token; [`client`] one call
 //! and its typed failure; [`render`] the tables; [`sale_input`] the sale file.
@@ -106,6 +109,25 @@ pub enum CacheCommand {
     },
 }
 
+/// `flashgate room ...`: the waiting rooms in front of the shop's pages.
+#[derive(Subcommand, Debug, Clone)]
+pub enum RoomCommand {
+    /// Every room: mode, inside, waiting, admission rate, estimated wait.
+    List,
+    /// One room.
+    Show {
+        /// The room's name.
+        name: String,
+    },
+    /// Switch a room's mode on every gateway.
+    Mode {
+        /// The room's name.
+        name: String,
+        /// `queue`, `passthrough` or `reject`.
+        mode: String,
+    },
+}
+
 /// `flashgate events ...`: the order events given up on.
 #[derive(Subcommand, Debug, Clone)]
 pub enum EventsCommand {
@@ -140,6 +162,14 @@ pub enum Operator {
         #[command(subcommand)]
         command: CacheCommand,
     },
+    /// Waiting rooms, on the gateway's admin listener (token:
+    /// FLASHGATE_ADMIN_TOKEN).
+    Room {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[command(subcommand)]
+        command: RoomCommand,
+    },
     /// Order events given up on, on the backend's admin API (token:
     /// FLASHGATE_ADMIN_TOKEN).
     Events {
@@ -171,6 +201,10 @@ pub fn run(operator: Operator, config: &Path) -> Result<(), CliError> {
             Operator::Cache { admin, command } => {
                 let api = AdminClient::new(Targets::new(&admin, config).gateway()?)?;
                 cache(&api, command, admin.json).await
+            }
+            Operator::Room { admin, command } => {
+                let api = AdminClient::new(Targets::new(&admin, config).gateway()?)?;
+                room(&api, command, admin.json).await
             }
             Operator::Events { admin, command } => {
                 let api = AdminClient::new(Targets::new(&admin, config).backend()?)?;
@@ -246,6 +280,30 @@ async fn cache(api: &AdminClient, command: CacheCommand, json: bool) -> Result<S
         return Ok(as_json(&answer));
     }
     Ok(render::purge(&body, &answer.body))
+}
+
+async fn room(api: &AdminClient, command: RoomCommand, json: bool) -> Result<String, CliError> {
+    let answer = match &command {
+        RoomCommand::List => api.get("/waiting-rooms").await?,
+        RoomCommand::Show { name } => {
+            api.get(&format!("/waiting-rooms/{}", segment(name))).await?
+        }
+        RoomCommand::Mode { name, mode } => {
+            let body = json!({ "mode": mode });
+            api.post(&format!("/waiting-rooms/{}/mode", segment(name)), Some(&body))
+                .await?
+        }
+    };
+    if json {
+        return Ok(as_json(&answer));
+    }
+    Ok(match command {
+        RoomCommand::List => render::rooms(&answer.body),
+        RoomCommand::Show { .. } => render::room(&answer.body),
+        RoomCommand::Mode { name, mode } => {
+            format!("room {name}: mode {mode} on every gateway within a second\n{}", render::room(&answer.body))
+        }
+    })
 }
 
 async fn events(api: &AdminClient, command: EventsCommand, json: bool) -> Result<String, CliError> {

@@ -106,18 +106,45 @@ pub fn fields(value: &Value, first: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// `sale list`.
-pub fn sales(list: &Value) -> String {
-    let sales = list.as_array().map(Vec::as_slice).unwrap_or_default();
-    if sales.is_empty() {
-        return "no sales\n".to_owned();
+/// The columns of `room list`: header, field.
+const ROOM_COLUMNS: [(&str, &str); 8] = [
+    ("ROOM", "name"),
+    ("MODE", "mode"),
+    ("INSIDE", "inside"),
+    ("OF", "active_users"),
+    ("WAITING", "waiting"),
+    ("ADMITTED/MIN", "admission_rate_per_minute"),
+    ("WAIT (S)", "estimated_wait_seconds"),
+    ("STARTS", "starts_at"),
+];
+
+/// A table of `items`, one row each, or `none` when there are none.
+fn listing(columns: &[(&str, &str)], items: &Value, none: &str) -> String {
+    let items = items.as_array().map(Vec::as_slice).unwrap_or_default();
+    if items.is_empty() {
+        return none.to_owned();
     }
-    let header: Vec<&str> = SALE_COLUMNS.iter().map(|(h, _)| *h).collect();
-    let rows: Vec<Vec<String>> = sales
+    let header: Vec<&str> = columns.iter().map(|(h, _)| *h).collect();
+    let rows: Vec<Vec<String>> = items
         .iter()
-        .map(|s| SALE_COLUMNS.iter().map(|(_, f)| cell(&s[*f])).collect())
+        .map(|s| columns.iter().map(|(_, f)| cell(&s[*f])).collect())
         .collect();
     table(&header, &rows)
+}
+
+/// `sale list`.
+pub fn sales(list: &Value) -> String {
+    listing(&SALE_COLUMNS, list, "no sales\n")
+}
+
+/// `room list`.
+pub fn rooms(answer: &Value) -> String {
+    listing(&ROOM_COLUMNS, &answer["rooms"], "no waiting rooms\n")
+}
+
+/// `room show` and `room mode`.
+pub fn room(view: &Value) -> String {
+    fields(view, &["name", "mode", "configured_mode", "inside", "active_users", "waiting"])
 }
 
 /// `sale show`.

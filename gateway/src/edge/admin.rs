@@ -9,6 +9,9 @@
 //!   dependency's state (see [`crate::infra::Readiness`]).
 //! - `POST /cache/purge`: removes cached shop responses by URL or prefix;
 //!   needs the admin token (see [`crate::edge::shop_cache::purge_api`]).
+//! - `GET /waiting-rooms`, `GET /waiting-rooms/{name}`, `POST
+//!   /waiting-rooms/{name}/mode`: each room's state and its mode switch;
+//!   need the admin token (see [`crate::edge::waiting_room::admin`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::edge::shop_cache::purge_api::{self, PurgeApi};
+use crate::edge::waiting_room::admin::{self as rooms_admin, RoomsApi};
 use crate::infra::Metrics;
 use crate::infra::Readiness;
 use crate::infra::{Breaker, BreakerState};
@@ -33,6 +37,44 @@ pub struct AdminServer {
     pub readiness: Arc<Readiness>,
     /// The shop cache's purge route.
     pub purge: PurgeApi,
+    /// The waiting rooms' routes.
+    pub rooms: RoomsApi,
+}
+
+/// A JSON error answer, `{"code", "message"}`.
+pub fn error(status: StatusCode, code: &str, message: &str) -> axum::response::Response {
+    (
+        status,
+        axum::Json(serde_json::json!({ "code": code, "message": message })),
+    )
+        .into_response()
+}
+
+/// Refuses a call without `Authorization: Bearer $FLASHGATE_ADMIN_TOKEN`
+/// (every call while the variable is unset) with `401`.
+///
+/// # Errors
+/// The `401` answer, with its `WWW-Authenticate` challenge.
+pub fn require_token(
+    admin_token: Option<&str>,
+    headers: &axum::http::HeaderMap,
+) -> Result<(), axum::response::Response> {
+    let authorization = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if admin_token.is_some_and(|token| flashgate_common::secret::bearer_matches(authorization, token)) {
+        return Ok(());
+    }
+    let mut response = error(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "send Authorization: Bearer <FLASHGATE_ADMIN_TOKEN>",
+    );
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static(flashgate_common::secret::bearer_challenge(authorization)),
+    );
+    Err(response)
 }
 
 impl AdminServer {
@@ -62,6 +104,7 @@ impl AdminServer {
                 "/cache/purge",
                 post(purge_api::purge).with_state(self.purge.clone()),
             )
+            .merge(rooms_admin::router(self.rooms.clone()))
             .route(
                 "/ready",
                 get(move || {

@@ -12,6 +12,7 @@ mod shop_cache;
 mod static_pages;
 mod tls;
 mod upstreams;
+pub mod waiting_room;
 
 pub use admin::AdminServer;
 pub use proxy::Gateway;
@@ -21,3 +22,4 @@ pub use shop_cache::{PurgeApi, ShopCache};
 pub use static_pages::{PagesWatcher, StaticPages};
 pub use tls::{listener_settings, CertSet, CertWatcher};
 pub use upstreams::Upstreams;
+pub use waiting_room::{tick::RoomTicker, WaitingRooms};

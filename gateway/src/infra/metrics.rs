@@ -45,6 +45,8 @@ pub enum RouteKind {
     Page,
     Asset,
     Shop,
+    /// A shop request a waiting room answered (queue page, challenge, full).
+    WaitingRoom,
     /// Refused before it was routed (bad id, wrong method, huge headers).
     Invalid,
 }
@@ -68,6 +70,7 @@ impl RouteKind {
             RouteKind::Page => "page",
             RouteKind::Asset => "asset",
             RouteKind::Shop => "shop",
+            RouteKind::WaitingRoom => "waiting_room",
             RouteKind::Invalid => "invalid",
         }
     }

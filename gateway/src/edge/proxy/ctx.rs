@@ -30,6 +30,9 @@ pub struct RequestCtx {
     /// The shop's `304` to a revalidation, whose fields update the stored
     /// copy (`shop_cache::revalidation`).
     pub not_modified: Option<Box<pingora::http::ResponseHeader>>,
+    /// The waiting room's `Set-Cookie` for the shop's answer (a visitor
+    /// let in, or a session renewed).
+    pub room_cookie: Option<String>,
 }
 
 impl RequestCtx {
@@ -46,6 +49,7 @@ impl RequestCtx {
             origin: None,
             brotli_closed: false,
             not_modified: None,
+            room_cookie: None,
         }
     }
 }

@@ -13,7 +13,8 @@
 //!   ├─ Route::Reservation ► Admission::user ─► BuyService::reservation
 //!   ├─ pages, assets ──► StaticPages::serve ─► Page (head built at load) ─► write_page
 //!   │                    every other answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
-//!   └─ Route::Shop ────► Ok(false): proxied
+//!   └─ Route::Shop ────► a waiting room's path? WaitingRooms::visit (waiting_room/):
+//!                        queue page, challenge or 503 answered here; else Ok(false): proxied
 //! request_cache_filter   [shop.cache] on: GET/HEAD use the edge cache (shop_cache),
 //!                        as [[shop.cache.rules]] adjust (bypass, ignored cookies)
 //!   cache_key_callback   scheme + host + raw target (path and query)
@@ -83,6 +84,7 @@ use crate::edge::shop_cache::{
 };
 use crate::edge::static_pages::{PageRequest, StaticPages, SALE_PAGE};
 use crate::edge::upstreams::{default_host, hop_by_hop, ShopFailure, Upstreams};
+use crate::edge::waiting_room::{self, Visit, WaitingRooms};
 use crate::infra::Metrics;
 use crate::infra::OrderClient;
 use crate::infra::RedisClient;
@@ -121,6 +123,8 @@ pub struct Gateway {
     pub switches: Arc<Switches>,
     /// The edge cache of the shop's responses; `None` while `shop.cache.enabled` is false.
     pub shop_cache: Option<Arc<ShopCache>>,
+    /// The waiting rooms in front of the shop's pages; `None` without rooms.
+    pub rooms: Option<Arc<WaitingRooms>>,
     /// The HTTPS listener's certificates (kept current by their watcher):
     /// a redirect names only hosts they cover.
     pub certs: Option<Arc<arc_swap::ArcSwap<crate::edge::tls::CertSet>>>,
@@ -192,6 +196,21 @@ impl ProxyHttp for Gateway {
         }
         let reply = match route {
             Ok(Route::Shop) => {
+                if let Some(rooms) = &self.rooms {
+                    if let Some(room) = rooms.guarding(&path) {
+                        let now_ms = flashgate_common::now_ms();
+                        let visit = rooms.visit(room, session.req_header(), ctx.tls, &self.redis, now_ms);
+                        match Box::pin(visit).await {
+                            Visit::Pass { set_cookie } => ctx.room_cookie = set_cookie,
+                            Visit::Answer(reply) => {
+                                keep_alive_after_early_answer(session);
+                                ctx.route = RouteKind::WaitingRoom;
+                                return write_reply(session, reply, ctx).await;
+                            }
+                        }
+                    }
+                    waiting_room::strip_cookies(session.req_header_mut())?;
+                }
                 if self.shop_cache.is_some() || self.config.shop.compression.is_some() {
                     compress::normalize(session.req_header_mut(), self.config.shop.compression);
                 }
@@ -487,6 +506,9 @@ impl ProxyHttp for Gateway {
             response.remove_header(&name);
         }
         compress::unmark(response);
+        if let Some(cookie) = ctx.room_cookie.take() {
+            response.append_header(http::header::SET_COOKIE, cookie)?;
+        }
         if let (Some(cache), RouteKind::Shop) = (&self.shop_cache, ctx.route) {
             // The shop's tags name its internals: kept for purges, not shown.
             if !cache.forward_tag_header {

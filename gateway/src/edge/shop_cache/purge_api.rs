@@ -16,13 +16,12 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{publish, record_purge, PurgeKind, SaleEvent};
 use flashgate_common::redis_conn::{RedisHandle, Tuning};
-use flashgate_common::secret::{bearer_challenge, bearer_matches};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -84,9 +83,7 @@ struct PurgeBody {
     tags: Option<Vec<String>>,
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response {
-    (status, Json(json!({ "code": code, "message": message }))).into_response()
-}
+use crate::edge::admin::error;
 
 /// The targets named by a purge body (several only for `tags`), or why
 /// it names none.
@@ -127,24 +124,8 @@ pub async fn purge(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let authorization = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if !api
-        .admin_token
-        .as_deref()
-        .is_some_and(|token| bearer_matches(authorization, token))
-    {
-        let mut response = error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "send Authorization: Bearer <FLASHGATE_ADMIN_TOKEN>",
-        );
-        let challenge = HeaderValue::from_static(bearer_challenge(authorization));
-        response
-            .headers_mut()
-            .insert(http::header::WWW_AUTHENTICATE, challenge);
-        return response;
+    if let Err(refused) = crate::edge::admin::require_token(api.admin_token.as_deref(), &headers) {
+        return refused;
     }
     let Some(cache) = api.cache else {
         return error(

@@ -1,0 +1,518 @@
+//! Waiting rooms (`[[shop.waiting_rooms]]`): a bounded number of visitors
+//! inside the shop's own pages at once, the rest in a fair queue shared by
+//! every gateway.
+//!
+//! ```text
+//! shop request on a guarded path (the sale's own routes are never guarded)
+//!   room ended, or mode passthrough ─────────────► to the shop
+//!   cookie fg_room_<name>: inside, not expired ──► to the shop, 0 Redis calls
+//!                                                  (renewed in the answer when half spent;
+//!                                                   the renewal reaches Redis with the next tick)
+//!   room asks a proof of work, none solved ─────► the page with a challenge (no place yet)
+//!   otherwise ─► lua/room_visit.lua (one call) ─┬─ let in ─► to the shop, cookie: inside until
+//!                                                ├─ queued ─► queue page / JSON, cookie: the place
+//!                                                └─ full (reject mode) ─► 503
+//! ```
+//!
+//! Layout: [`pass`] the signed cookie; [`store`] the Redis calls; [`page`]
+//! the queue page and its JSON; [`tick`] each gateway's periodic call per
+//! room (sessions renewed, the head of the queue called in, the room's
+//! state for pages, metrics and the admin API); [`admin`] the admin routes.
+//!
+//! **The bound.** Who is inside is the room's `inside` set in Redis, one
+//! slot per room: each visit and tick is one atomic script, so the set
+//! never holds more than `active_users`. A visitor called in holds a slot
+//! for three refreshes of the queue page, then for `session_seconds` from
+//! their last request; a visitor's renewal reaches Redis with the next
+//! tick of the gateway that renewed it (at most a second later). The
+//! margin: a session that ended in Redis while its renewal was still on
+//! its way is counted again when it arrives, so the set may exceed the
+//! bound by the renewals one gateway holds for a second — and only when
+//! a renewal comes later than half a session, which a tick of one second
+//! never is unless Redis was unreachable meanwhile.
+//!
+//! **Fairness.** Places are scores: `fifo` arrivals get the next ticket;
+//! `random` arrivals before the start (the pre-queue) and within
+//! `random_window_seconds` of it get a random score below every ticket. The
+//! cookie keeps the score, so a visitor whose place Redis lost (a failover
+//! without the last writes, a flush) gets the same place back, and a
+//! gateway that dies takes nothing with it: every gateway verifies every
+//! cookie.
+
+pub mod admin;
+pub mod page;
+pub mod pass;
+pub mod store;
+pub mod tick;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use flashgate_common::config::{Config, RoomMode, WaitingRoomConfig};
+use flashgate_common::keys::RoomKeys;
+use pingora::http::RequestHeader;
+use flashgate_common::metrics::Registry;
+use prometheus::{GaugeVec, IntCounterVec, Opts};
+
+use crate::admission::token::{Signer, ID_BYTES};
+use crate::edge::reply::Reply;
+use crate::infra::RedisClient;
+use page::{Page, Shown, POW_COOKIE};
+use pass::{Pass, Passes, Refused, Standing};
+use store::{Answer, Shared};
+
+/// The prefix of every room's cookie name.
+const COOKIE_PREFIX: &str = "fg_room_";
+/// Most renewals one room holds between ticks; past it the oldest wait
+/// for the visitor's next request.
+const MAX_PENDING_RENEWALS: usize = 100_000;
+
+/// What a guarded request gets.
+#[derive(Debug)]
+pub enum Visit {
+    /// On to the shop, with this `Set-Cookie` value in its answer, if any.
+    Pass { set_cookie: Option<String> },
+    /// The room answers.
+    Answer(Reply),
+}
+
+/// The proof of work a room asks before a place: the buy path's signer
+/// and base difficulty.
+struct Proof {
+    signer: Signer,
+    bits: u8,
+    ttl: Duration,
+}
+
+/// One room of this gateway.
+pub struct Room {
+    pub config: WaitingRoomConfig,
+    keys: RoomKeys,
+    passes: Passes,
+    cookie: String,
+    page: Page,
+    /// The room's state as the last tick read it.
+    shared: ArcSwap<Shared>,
+    /// Sessions renewed since the last tick: visitor, inside until (ms).
+    renewals: Mutex<Vec<(String, i64)>>,
+    proof: Option<Proof>,
+}
+
+impl Room {
+    /// The mode the last tick (or visit) saw.
+    pub fn mode(&self) -> RoomMode {
+        self.shared.load().mode
+    }
+
+    pub fn shared(&self) -> Shared {
+        **self.shared.load()
+    }
+
+    fn seen_mode(&self, mode: RoomMode) {
+        if self.mode() != mode {
+            let mut shared = self.shared();
+            shared.mode = mode;
+            self.shared.store(shared.into());
+        }
+    }
+
+    /// Seconds until `place` is let in at the measured rate; `None` while
+    /// nobody has been let in lately.
+    pub fn wait_seconds(&self, place: u64) -> Option<u64> {
+        let rate = self.shared.load().rate_per_second;
+        (rate > 1e-3).then(|| (place as f64 / rate).ceil() as u64)
+    }
+
+    fn set_cookie(&self, value: &str, max_age_s: i64, tls: bool) -> String {
+        let secure = if tls { "; Secure" } else { "" };
+        format!(
+            "{}={value}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax{secure}",
+            self.cookie,
+            max_age_s.max(1)
+        )
+    }
+}
+
+/// The rooms' metrics (`flashgate_waiting_room_*`).
+pub struct RoomMetrics {
+    /// Guarded requests by what the room answered.
+    pub requests: IntCounterVec,
+    /// Cookies refused, by why.
+    pub refused: IntCounterVec,
+    pub inside: GaugeVec,
+    pub waiting: GaugeVec,
+    /// Visitors let in per minute, measured.
+    pub admission_rate: GaugeVec,
+    /// The estimated wait of the last place in the queue.
+    pub estimated_wait: GaugeVec,
+}
+
+impl RoomMetrics {
+    fn new(registry: &Registry) -> Self {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = GaugeVec::new(Opts::new(name, help), &["room"]).expect("valid gauge");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        Self {
+            requests: counter(
+                "waiting_room_requests_total",
+                "Requests on a waiting room's paths, by answer: inside (a valid cookie, no Redis call), let_in, queued, challenge, full, passthrough, unavailable.",
+                &["room", "answer"],
+            ),
+            refused: counter(
+                "waiting_room_cookies_refused_total",
+                "Waiting-room cookies refused, by reason: forged, expired, other_room.",
+                &["room", "reason"],
+            ),
+            inside: gauge("waiting_room_inside", "Visitors inside the room (Redis, last tick)."),
+            waiting: gauge("waiting_room_waiting", "Visitors waiting in the room's queue (last tick)."),
+            admission_rate: gauge(
+                "waiting_room_admission_rate_per_minute",
+                "Visitors let in per minute, measured (exponentially weighted over a minute).",
+            ),
+            estimated_wait: gauge(
+                "waiting_room_estimated_wait_seconds",
+                "Estimated wait of the last place in the queue at the measured rate (-1: not measured yet).",
+            ),
+        }
+    }
+
+    fn answered(&self, room: &str, answer: &str) {
+        self.requests.with_label_values(&[room, answer]).inc();
+    }
+}
+
+/// Every room of this gateway.
+pub struct WaitingRooms {
+    pub rooms: Vec<Room>,
+    pub metrics: RoomMetrics,
+}
+
+impl WaitingRooms {
+    /// The rooms of `config`, their templates read; `None` without rooms.
+    ///
+    /// # Errors
+    /// A template that cannot be read, or a missing secret (validation
+    /// already asks for it).
+    pub fn new(config: &Config, registry: &Registry) -> anyhow::Result<Option<Self>> {
+        let configured = &config.shop.waiting_rooms;
+        if configured.is_empty() {
+            return Ok(None);
+        }
+        let secret = config
+            .waiting_room_secret
+            .as_deref()
+            .context("shop.waiting_rooms needs FLASHGATE_WAITING_ROOM_SECRET")?;
+        let prefix = &config.gateway.path_prefix;
+        let mut rooms = Vec::with_capacity(configured.len());
+        for (i, room) in configured.iter().enumerate() {
+            let template = match &room.template {
+                Some(path) => std::fs::read_to_string(path).with_context(|| {
+                    format!("shop.waiting_rooms[{i}].template: cannot read {}", path.display())
+                })?,
+                None => page::DEFAULT_TEMPLATE.to_owned(),
+            };
+            let proof = if room.challenge {
+                let secret = config.challenge_secret.as_deref().with_context(|| {
+                    format!("shop.waiting_rooms[{i}].challenge needs FLASHGATE_CHALLENGE_SECRET")
+                })?;
+                Some(Proof {
+                    signer: Signer::new(secret.as_bytes()),
+                    bits: config.challenge.difficulty_bits,
+                    ttl: config.challenge.ttl,
+                })
+            } else {
+                None
+            };
+            rooms.push(Room {
+                keys: RoomKeys::new(&room.name),
+                passes: Passes::new(&room.name, secret.as_bytes()),
+                cookie: format!("{COOKIE_PREFIX}{}", room.name),
+                page: Page {
+                    room: room.name.clone(),
+                    template,
+                    worker: format!("{prefix}/static/pow.js"),
+                    refresh_seconds: room.refresh.as_secs(),
+                },
+                shared: ArcSwap::from_pointee(Shared {
+                    mode: room.mode,
+                    inside: 0,
+                    waiting: 0,
+                    rate_per_second: 0.0,
+                    admitted: 0,
+                }),
+                renewals: Mutex::new(Vec::new()),
+                proof,
+                config: room.clone(),
+            });
+        }
+        Ok(Some(Self {
+            rooms,
+            metrics: RoomMetrics::new(registry),
+        }))
+    }
+
+    /// The room guarding `path`, the first that does.
+    pub fn guarding(&self, path: &str) -> Option<&Room> {
+        self.rooms.iter().find(|room| room.config.guards(path))
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Room> {
+        self.rooms.iter().find(|room| room.config.name == name)
+    }
+
+    /// What `req`, on a path `room` guards, gets at `now_ms`.
+    pub async fn visit(
+        &self,
+        room: &Room,
+        req: &RequestHeader,
+        tls: bool,
+        redis: &RedisClient,
+        now_ms: i64,
+    ) -> Visit {
+        let name = room.config.name.as_str();
+        let open = room.config.ends_at_ms.is_some_and(|end| now_ms >= end);
+        if open || room.mode() == RoomMode::Passthrough {
+            self.metrics.answered(name, "passthrough");
+            return Visit::Pass { set_cookie: None };
+        }
+        let pass = match cookie(req, &room.cookie).map(|value| room.passes.verify(value)) {
+            None => None,
+            Some(Ok(pass)) => Some(pass),
+            Some(Err(reason)) => {
+                self.refused(name, reason);
+                None
+            }
+        };
+        let json = wants_json(req);
+        let (visitor, held) = match pass {
+            Some(Pass {
+                visitor,
+                standing: Standing::Inside { until_ms },
+            }) if until_ms > now_ms => {
+                self.metrics.answered(name, "inside");
+                return Visit::Pass {
+                    set_cookie: self.renewed(room, &visitor, until_ms, now_ms, tls),
+                };
+            }
+            Some(Pass {
+                visitor,
+                standing: Standing::Waiting { score },
+            }) => (visitor, Some(score)),
+            Some(Pass {
+                visitor,
+                standing: Standing::Proving | Standing::Inside { .. },
+            }) => (visitor, None),
+            None => (Passes::new_visitor(), None),
+        };
+        if let (Some(proof), None) = (&room.proof, held) {
+            if !proven(proof, req, &visitor, name, now_ms) {
+                self.metrics.answered(name, "challenge");
+                let issued = proof.signer.issue(
+                    &visitor,
+                    &room_binding(name),
+                    proof.bits,
+                    now_ms + proof.ttl.as_millis() as i64,
+                    rand::random::<[u8; ID_BYTES]>(),
+                );
+                let cookie = room.passes.sign(&visitor, Standing::Proving, now_ms);
+                return Visit::Answer(
+                    room.page
+                        .answer(&Shown::Proving(issued), json)
+                        .header("Set-Cookie", room.set_cookie(&cookie, 600, tls)),
+                );
+            }
+        }
+        let answer = store::visit(redis, &room.config, &room.keys, &visitor, held).await;
+        let answer = match answer {
+            Ok((answer, mode)) => {
+                room.seen_mode(mode);
+                answer
+            }
+            Err(error) => {
+                tracing::warn!(%error, room = name, "waiting room: redis did not answer a visit");
+                self.metrics.answered(name, "unavailable");
+                return Visit::Answer(room.page.answer(&Shown::Unavailable, json));
+            }
+        };
+        match answer {
+            Answer::Pass => {
+                self.metrics.answered(name, "passthrough");
+                Visit::Pass { set_cookie: None }
+            }
+            Answer::In { until_ms } => {
+                self.metrics.answered(name, "let_in");
+                let cookie = room
+                    .passes
+                    .sign(&visitor, Standing::Inside { until_ms }, now_ms);
+                Visit::Pass {
+                    set_cookie: Some(room.set_cookie(
+                        &cookie,
+                        (until_ms - now_ms + 999) / 1000,
+                        tls,
+                    )),
+                }
+            }
+            Answer::Queued { place, score } => {
+                self.metrics.answered(name, "queued");
+                let shown = Shown::Queued {
+                    place,
+                    waiting: room.shared.load().waiting.max(place),
+                    wait_seconds: room.wait_seconds(place),
+                    opens_at_ms: room.config.starts_at_ms.filter(|at| *at > now_ms),
+                };
+                let cookie = room
+                    .passes
+                    .sign(&visitor, Standing::Waiting { score }, now_ms);
+                Visit::Answer(
+                    room.page
+                        .answer(&shown, json)
+                        .header("Set-Cookie", room.set_cookie(&cookie, 86_400, tls)),
+                )
+            }
+            Answer::Full => {
+                self.metrics.answered(name, "full");
+                Visit::Answer(room.page.answer(&Shown::Full, json))
+            }
+        }
+    }
+
+    /// A session past half its length renewed: a new cookie now, and the
+    /// new end queued for the next tick.
+    fn renewed(
+        &self,
+        room: &Room,
+        visitor: &str,
+        until_ms: i64,
+        now_ms: i64,
+        tls: bool,
+    ) -> Option<String> {
+        let session = room.config.session.as_millis() as i64;
+        if until_ms - now_ms >= session / 2 {
+            return None;
+        }
+        let until_ms = now_ms + session;
+        {
+            let mut renewals = room.renewals.lock().unwrap_or_else(|p| p.into_inner());
+            if renewals.len() >= MAX_PENDING_RENEWALS {
+                return None;
+            }
+            renewals.push((visitor.to_owned(), until_ms));
+        }
+        let cookie = room
+            .passes
+            .sign(visitor, Standing::Inside { until_ms }, now_ms);
+        Some(room.set_cookie(&cookie, session / 1000, tls))
+    }
+
+    fn refused(&self, room: &str, reason: Refused) {
+        self.metrics
+            .refused
+            .with_label_values(&[room, reason.as_str()])
+            .inc();
+    }
+}
+
+/// What a room's challenge is bound to in place of a sale.
+fn room_binding(room: &str) -> String {
+    format!("room:{room}")
+}
+
+/// Whether the request carries a solved challenge of this room for this
+/// visitor (the `Flashgate-Pow` header, or the page's cookie).
+fn proven(proof: &Proof, req: &RequestHeader, visitor: &str, room: &str, now_ms: i64) -> bool {
+    let header = req
+        .headers
+        .get(crate::admission::token::POW_HEADER)
+        .map(|v| v.as_bytes());
+    let solution = header.or_else(|| cookie(req, POW_COOKIE).map(str::as_bytes));
+    solution.is_some_and(|s| {
+        proof
+            .signer
+            .verify(s, visitor, &room_binding(room), now_ms, proof.bits)
+            .is_ok()
+    })
+}
+
+/// Whether the client asked for JSON rather than a page.
+fn wants_json(req: &RequestHeader) -> bool {
+    req.headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("application/json") && !accept.contains("text/html"))
+}
+
+/// The value of cookie `name` in the request.
+fn cookie<'r>(req: &'r RequestHeader, name: &str) -> Option<&'r str> {
+    req.headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, value)| value)
+        .filter(|value| !value.is_empty())
+}
+
+/// The rooms' cookies taken out of the request: they are the gateway's,
+/// not the shop's, and a request carrying only them stays cacheable.
+pub fn strip_cookies(req: &mut RequestHeader) -> pingora::Result<()> {
+    let mut found = false;
+    let mut kept: Vec<&str> = Vec::new();
+    for value in req.headers.get_all(http::header::COOKIE) {
+        let Ok(value) = value.to_str() else {
+            return Ok(());
+        };
+        for pair in value.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            if pair.starts_with(COOKIE_PREFIX) || pair.starts_with(POW_COOKIE) {
+                found = true;
+            } else {
+                kept.push(pair);
+            }
+        }
+    }
+    if !found {
+        return Ok(());
+    }
+    let kept = kept.join("; ");
+    if kept.is_empty() {
+        req.remove_header(&http::header::COOKIE);
+    } else {
+        req.insert_header(http::header::COOKIE, kept)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rooms_cookies_are_taken_out_and_the_shops_kept() {
+        let mut req = RequestHeader::build("GET", b"/checkout/", None).unwrap();
+        req.append_header("Cookie", "sessionid=abc; fg_room_checkout=x.y.z")
+            .unwrap();
+        req.append_header("Cookie", "fg_room.pow=c.1").unwrap();
+        strip_cookies(&mut req).unwrap();
+        assert_eq!(req.headers.get("cookie").unwrap(), "sessionid=abc");
+        let mut only_ours = RequestHeader::build("GET", b"/", None).unwrap();
+        only_ours
+            .append_header("Cookie", "fg_room_checkout=x")
+            .unwrap();
+        strip_cookies(&mut only_ours).unwrap();
+        assert!(only_ours.headers.get("cookie").is_none());
+    }
+}

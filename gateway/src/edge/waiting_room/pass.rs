@@ -1,0 +1,198 @@
+//! The room's cookie, `fg_room_<name>`: a JWT (HS256, RFC 7519) signed
+//! with `FLASHGATE_WAITING_ROOM_SECRET`, so any gateway verifies any
+//! other's without asking Redis. It names the room, the visitor (a random
+//! id) and where they stand: proving (a proof of work owed), waiting (the
+//! place's score, which also puts the place back should Redis lose it), or
+//! inside (until when).
+
+use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+/// How long a waiting visitor's cookie keeps their place.
+const WAITING_SECONDS: i64 = 86_400;
+/// How long a visitor has to solve the proof of work asked of them.
+const PROVING_SECONDS: i64 = 600;
+
+/// Where a visitor stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Owes a proof of work before a place is given.
+    Proving,
+    /// Holds the place of this score.
+    Waiting { score: u64 },
+    /// Let in, until this Unix ms.
+    Inside { until_ms: i64 },
+}
+
+/// A verified cookie.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pass {
+    pub visitor: String,
+    pub standing: Standing,
+}
+
+/// Why a cookie was refused; each a bounded metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Not signed with this secret, or not a token at all.
+    Forged,
+    /// Past its `exp`.
+    Expired,
+    /// Signed, but for another room.
+    OtherRoom,
+}
+
+impl Refused {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::Forged => "forged",
+            Refused::Expired => "expired",
+            Refused::OtherRoom => "other_room",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Claims {
+    room: String,
+    vid: String,
+    /// `p` proving, `w` waiting, `i` inside.
+    st: String,
+    /// Waiting: the place's score. Inside: until when (Unix ms).
+    #[serde(default)]
+    n: i64,
+    exp: i64,
+}
+
+/// Signs and verifies one room's cookies.
+pub struct Passes {
+    room: String,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+}
+
+impl Passes {
+    pub fn new(room: &str, secret: &[u8]) -> Self {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 0;
+        validation.set_required_spec_claims(&["exp"]);
+        Self {
+            room: room.to_owned(),
+            encoding: EncodingKey::from_secret(secret),
+            decoding: DecodingKey::from_secret(secret),
+            validation,
+        }
+    }
+
+    /// A new visitor's id: 128 random bits, base64url.
+    pub fn new_visitor() -> String {
+        use base64::Engine;
+        let mut id = [0u8; 16];
+        rand::rng().fill_bytes(&mut id);
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id)
+    }
+
+    /// The cookie's value for `visitor` standing so, at `now_ms`.
+    pub fn sign(&self, visitor: &str, standing: Standing, now_ms: i64) -> String {
+        let (st, n, exp) = match standing {
+            Standing::Proving => ("p", 0, now_ms / 1000 + PROVING_SECONDS),
+            Standing::Waiting { score } => (
+                "w",
+                i64::try_from(score).unwrap_or(i64::MAX),
+                now_ms / 1000 + WAITING_SECONDS,
+            ),
+            Standing::Inside { until_ms } => ("i", until_ms, (until_ms + 999) / 1000),
+        };
+        let claims = Claims {
+            room: self.room.clone(),
+            vid: visitor.to_owned(),
+            st: st.to_owned(),
+            n,
+            exp,
+        };
+        // HS256 over plain claims cannot fail.
+        encode(&Header::new(Algorithm::HS256), &claims, &self.encoding).unwrap_or_default()
+    }
+
+    /// The cookie `value` verified: signature, expiry, room.
+    ///
+    /// # Errors
+    /// Why it was refused.
+    pub fn verify(&self, value: &str) -> Result<Pass, Refused> {
+        use jsonwebtoken::errors::ErrorKind;
+        let claims = decode::<Claims>(value, &self.decoding, &self.validation)
+            .map_err(|e| match e.kind() {
+                ErrorKind::ExpiredSignature => Refused::Expired,
+                _ => Refused::Forged,
+            })?
+            .claims;
+        if claims.room != self.room {
+            return Err(Refused::OtherRoom);
+        }
+        let standing = match claims.st.as_str() {
+            "p" => Standing::Proving,
+            "w" => Standing::Waiting {
+                score: u64::try_from(claims.n).map_err(|_| Refused::Forged)?,
+            },
+            "i" => Standing::Inside {
+                until_ms: claims.n,
+            },
+            _ => return Err(Refused::Forged),
+        };
+        Ok(Pass {
+            visitor: claims.vid,
+            standing,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"a-waiting-room-secret-of-32-bytes!!";
+
+    #[test]
+    fn a_signed_cookie_verifies_with_its_standing() {
+        let passes = Passes::new("checkout", SECRET);
+        let now = flashgate_common::now_ms();
+        for standing in [
+            Standing::Proving,
+            Standing::Waiting { score: 1 << 41 },
+            Standing::Inside {
+                until_ms: now + 60_000,
+            },
+        ] {
+            let cookie = passes.sign("v1", standing, now);
+            assert_eq!(
+                passes.verify(&cookie),
+                Ok(Pass {
+                    visitor: "v1".into(),
+                    standing
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn a_forged_expired_or_other_rooms_cookie_is_refused_by_its_reason() {
+        let passes = Passes::new("checkout", SECRET);
+        let now = flashgate_common::now_ms();
+        let other_secret = Passes::new("checkout", b"another-secret-another-secret-32b");
+        let forged = other_secret.sign("v1", Standing::Inside { until_ms: now + 60_000 }, now);
+        assert_eq!(passes.verify(&forged), Err(Refused::Forged));
+        assert_eq!(passes.verify("not a token"), Err(Refused::Forged));
+        let expired = passes.sign("v1", Standing::Inside { until_ms: now - 5_000 }, now);
+        assert_eq!(passes.verify(&expired), Err(Refused::Expired));
+        let other_room = Passes::new("basket", SECRET).sign(
+            "v1",
+            Standing::Inside {
+                until_ms: now + 60_000,
+            },
+            now,
+        );
+        assert_eq!(passes.verify(&other_room), Err(Refused::OtherRoom));
+    }
+}
