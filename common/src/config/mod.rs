@@ -47,7 +47,6 @@ pub use env::{
     ENV_RUNTIME_DIRECTORY, ENV_SHOP_TOKEN, ENV_WAITING_ROOM_SECRET, ENV_WEBHOOK_SECRET,
     ENV_XDG_RUNTIME_DIR,
 };
-pub use waiting_rooms::{valid_room_name, Queueing, RoomMode, WaitingRoomConfig, MAX_WAITING_ROOMS};
 pub use events::{webhook_key, AmqpConfig, EventsConfig, WebhookConfig};
 pub use file::{ChallengeMode, ClientIpHeader, JwtAlgorithm, RedisMode, DEFAULT_PATH_PREFIX};
 pub use origin::{valid_host, Origin, OriginError, Scheme};
@@ -59,6 +58,9 @@ pub use settings::{
 pub use validate::{
     MAX_BUCKET_BURST, MAX_BUCKET_PER_SECOND, MAX_CHALLENGE_BITS, MAX_IDEMPOTENCY_TTL_SECONDS,
     MAX_LIMITS_IDLE_SECONDS, MAX_SALE_DURATION_SECONDS, MAX_SHOP_CACHE_BYTES,
+};
+pub use waiting_rooms::{
+    valid_room_name, Queueing, RoomMode, WaitingRoomConfig, MAX_WAITING_ROOMS,
 };
 
 pub use crate::secret::MIN_SECRET_BYTES;

@@ -17,8 +17,9 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::check::Check;
 use super::env::{
-    self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL, ENV_WAITING_ROOM_SECRET,
+    self, Env, ENV_ADMIN_TOKEN, ENV_CHALLENGE_SECRET, ENV_CONSUMER_NAME, ENV_DATABASE_URL,
     ENV_HANDOFF_SECRET, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET, ENV_SHOP_TOKEN,
+    ENV_WAITING_ROOM_SECRET,
 };
 use super::file;
 use super::origin::{valid_host, Origin};

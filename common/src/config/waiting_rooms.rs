@@ -131,7 +131,10 @@ fn validate_room(check: &mut Check, at: &str, f: file::WaitingRoom) -> WaitingRo
         .that(
             valid_room_name(&f.name),
             format!("{at}.name"),
-            format!("must be 1 to {MAX_ROOM_NAME_BYTES} of a-z, 0-9, `-` and `_`, got `{}`", f.name),
+            format!(
+                "must be 1 to {MAX_ROOM_NAME_BYTES} of a-z, 0-9, `-` and `_`, got `{}`",
+                f.name
+            ),
         )
         .note("it names the room's cookie and Redis keys");
     check.that(

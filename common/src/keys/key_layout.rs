@@ -11,8 +11,9 @@
 use std::collections::BTreeSet;
 
 use super::{
-    BuyerKeyPrefixes, DrawKeys, RestoreScratch, RoomKeys, SaleKeys, ARCHIVED_SALES, CLUSTER_GLOBAL_LIMIT,
-    EVENTS_CHANNEL, GLOBAL_SWITCH, SALES_INDEX, SHOP_PURGES_STREAM, WAIT_MARK_KEY,
+    BuyerKeyPrefixes, DrawKeys, RestoreScratch, RoomKeys, SaleKeys, ARCHIVED_SALES,
+    CLUSTER_GLOBAL_LIMIT, EVENTS_CHANNEL, GLOBAL_SWITCH, SALES_INDEX, SHOP_PURGES_STREAM,
+    WAIT_MARK_KEY,
 };
 
 const ARCHITECTURE: &str = include_str!("../../../docs/ARCHITECTURE.md");

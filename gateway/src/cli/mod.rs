@@ -286,12 +286,16 @@ async fn room(api: &AdminClient, command: RoomCommand, json: bool) -> Result<Str
     let answer = match &command {
         RoomCommand::List => api.get("/waiting-rooms").await?,
         RoomCommand::Show { name } => {
-            api.get(&format!("/waiting-rooms/{}", segment(name))).await?
+            api.get(&format!("/waiting-rooms/{}", segment(name)))
+                .await?
         }
         RoomCommand::Mode { name, mode } => {
             let body = json!({ "mode": mode });
-            api.post(&format!("/waiting-rooms/{}/mode", segment(name)), Some(&body))
-                .await?
+            api.post(
+                &format!("/waiting-rooms/{}/mode", segment(name)),
+                Some(&body),
+            )
+            .await?
         }
     };
     if json {
@@ -301,7 +305,10 @@ async fn room(api: &AdminClient, command: RoomCommand, json: bool) -> Result<Str
         RoomCommand::List => render::rooms(&answer.body),
         RoomCommand::Show { .. } => render::room(&answer.body),
         RoomCommand::Mode { name, mode } => {
-            format!("room {name}: mode {mode} on every gateway within a second\n{}", render::room(&answer.body))
+            format!(
+                "room {name}: mode {mode} on every gateway within a second\n{}",
+                render::room(&answer.body)
+            )
         }
     })
 }

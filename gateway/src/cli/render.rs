@@ -144,7 +144,17 @@ pub fn rooms(answer: &Value) -> String {
 
 /// `room show` and `room mode`.
 pub fn room(view: &Value) -> String {
-    fields(view, &["name", "mode", "configured_mode", "inside", "active_users", "waiting"])
+    fields(
+        view,
+        &[
+            "name",
+            "mode",
+            "configured_mode",
+            "inside",
+            "active_users",
+            "waiting",
+        ],
+    )
 }
 
 /// `sale show`.

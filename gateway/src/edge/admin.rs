@@ -62,7 +62,9 @@ pub fn require_token(
     let authorization = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if admin_token.is_some_and(|token| flashgate_common::secret::bearer_matches(authorization, token)) {
+    if admin_token
+        .is_some_and(|token| flashgate_common::secret::bearer_matches(authorization, token))
+    {
         return Ok(());
     }
     let mut response = error(
@@ -72,7 +74,9 @@ pub fn require_token(
     );
     response.headers_mut().insert(
         http::header::WWW_AUTHENTICATE,
-        axum::http::HeaderValue::from_static(flashgate_common::secret::bearer_challenge(authorization)),
+        axum::http::HeaderValue::from_static(flashgate_common::secret::bearer_challenge(
+            authorization,
+        )),
     );
     Err(response)
 }

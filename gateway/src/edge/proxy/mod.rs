@@ -199,7 +199,8 @@ impl ProxyHttp for Gateway {
                 if let Some(rooms) = &self.rooms {
                     if let Some(room) = rooms.guarding(&path) {
                         let now_ms = flashgate_common::now_ms();
-                        let visit = rooms.visit(room, session.req_header(), ctx.tls, &self.redis, now_ms);
+                        let visit =
+                            rooms.visit(room, session.req_header(), ctx.tls, &self.redis, now_ms);
                         match Box::pin(visit).await {
                             Visit::Pass { set_cookie } => ctx.room_cookie = set_cookie,
                             Visit::Answer(reply) => {

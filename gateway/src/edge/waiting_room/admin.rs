@@ -85,10 +85,8 @@ fn unknown(name: &str) -> Response {
 
 async fn list(State(api): State<RoomsApi>, headers: HeaderMap) -> Response {
     match rooms(&api, &headers) {
-        Ok(rooms) => {
-            Json(json!({ "rooms": rooms.rooms.iter().map(view).collect::<Vec<_>>() }))
-                .into_response()
-        }
+        Ok(rooms) => Json(json!({ "rooms": rooms.rooms.iter().map(view).collect::<Vec<_>>() }))
+            .into_response(),
         Err(refused) => refused,
     }
 }
@@ -141,13 +139,18 @@ async fn switch(
         }
     };
     let switched = async {
-        let mut conn = RedisHandle::dedicated(&api.redis, api.redis.timeout, api.redis.timeout).await?;
+        let mut conn =
+            RedisHandle::dedicated(&api.redis, api.redis.timeout, api.redis.timeout).await?;
         store::switch_mode(&mut conn, &room.keys, mode).await
     };
     match tokio::time::timeout(api.redis.timeout * 4, switched).await {
         Ok(Ok(())) => {
             room.seen_mode(mode);
-            tracing::info!(room = name, mode = mode.as_str(), "waiting room mode switched");
+            tracing::info!(
+                room = name,
+                mode = mode.as_str(),
+                "waiting room mode switched"
+            );
             Json(view(room)).into_response()
         }
         Ok(Err(e)) => {

@@ -52,8 +52,8 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use flashgate_common::config::{Config, RoomMode, WaitingRoomConfig};
 use flashgate_common::keys::RoomKeys;
-use pingora::http::RequestHeader;
 use flashgate_common::metrics::Registry;
+use pingora::http::RequestHeader;
 use prometheus::{GaugeVec, IntCounterVec, Opts};
 
 use crate::admission::token::{Signer, ID_BYTES};
@@ -220,7 +220,10 @@ impl WaitingRooms {
         for (i, room) in configured.iter().enumerate() {
             let template = match &room.template {
                 Some(path) => std::fs::read_to_string(path).with_context(|| {
-                    format!("shop.waiting_rooms[{i}].template: cannot read {}", path.display())
+                    format!(
+                        "shop.waiting_rooms[{i}].template: cannot read {}",
+                        path.display()
+                    )
                 })?,
                 None => page::DEFAULT_TEMPLATE.to_owned(),
             };

@@ -136,9 +136,7 @@ impl Passes {
             "w" => Standing::Waiting {
                 score: u64::try_from(claims.n).map_err(|_| Refused::Forged)?,
             },
-            "i" => Standing::Inside {
-                until_ms: claims.n,
-            },
+            "i" => Standing::Inside { until_ms: claims.n },
             _ => return Err(Refused::Forged),
         };
         Ok(Pass {
@@ -181,10 +179,22 @@ mod tests {
         let passes = Passes::new("checkout", SECRET);
         let now = flashgate_common::now_ms();
         let other_secret = Passes::new("checkout", b"another-secret-another-secret-32b");
-        let forged = other_secret.sign("v1", Standing::Inside { until_ms: now + 60_000 }, now);
+        let forged = other_secret.sign(
+            "v1",
+            Standing::Inside {
+                until_ms: now + 60_000,
+            },
+            now,
+        );
         assert_eq!(passes.verify(&forged), Err(Refused::Forged));
         assert_eq!(passes.verify("not a token"), Err(Refused::Forged));
-        let expired = passes.sign("v1", Standing::Inside { until_ms: now - 5_000 }, now);
+        let expired = passes.sign(
+            "v1",
+            Standing::Inside {
+                until_ms: now - 5_000,
+            },
+            now,
+        );
         assert_eq!(passes.verify(&expired), Err(Refused::Expired));
         let other_room = Passes::new("basket", SECRET).sign(
             "v1",

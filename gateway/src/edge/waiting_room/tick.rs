@@ -25,7 +25,8 @@ pub struct RoomTicker {
 
 impl RoomTicker {
     async fn tick(&self, conn: &mut RedisHandle, room: &Room) -> Result<(), redis::RedisError> {
-        let renewals = std::mem::take(&mut *room.renewals.lock().unwrap_or_else(|p| p.into_inner()));
+        let renewals =
+            std::mem::take(&mut *room.renewals.lock().unwrap_or_else(|p| p.into_inner()));
         let mut chunks = renewals.chunks(MAX_RENEWALS_PER_CALL).peekable();
         // One call even without renewals; one per chunk with them.
         let shared = loop {
@@ -48,15 +49,18 @@ impl RoomTicker {
             room.shared.store(shared.into());
             let name = room.config.name.as_str();
             let m = &self.rooms.metrics;
-            m.inside.with_label_values(&[name]).set(shared.inside as f64);
-            m.waiting.with_label_values(&[name]).set(shared.waiting as f64);
+            m.inside
+                .with_label_values(&[name])
+                .set(shared.inside as f64);
+            m.waiting
+                .with_label_values(&[name])
+                .set(shared.waiting as f64);
             m.admission_rate
                 .with_label_values(&[name])
                 .set(shared.rate_per_second * 60.0);
-            m.estimated_wait.with_label_values(&[name]).set(
-                room.wait_seconds(shared.waiting)
-                    .map_or(-1.0, |s| s as f64),
-            );
+            m.estimated_wait
+                .with_label_values(&[name])
+                .set(room.wait_seconds(shared.waiting).map_or(-1.0, |s| s as f64));
         }
         Ok(())
     }
