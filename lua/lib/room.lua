@@ -14,8 +14,11 @@ local FG_ROOM_RATE_TAU_MS = 60000
 local FG_ROOM_MAX_CALL = 1000
 
 -- The admission rate per second at `now`, `added` admissions counted in.
+-- In the room's first minutes the weights of the time before it opened
+-- are taken out (the average's start-up bias), so the first estimates are
+-- the rate seen so far rather than a fraction of it.
 local function fg_room_rate(now, added)
-  local st = redis.call('HMGET', KEYS[3], 'rate', 'rate_ms')
+  local st = redis.call('HMGET', KEYS[3], 'rate', 'rate_ms', 'opened_ms')
   local rate = tonumber(st[1] or '0')
   local at = tonumber(st[2] or tostring(now))
   local dt = now - at
@@ -23,6 +26,10 @@ local function fg_room_rate(now, added)
   rate = rate * math.exp(-dt / FG_ROOM_RATE_TAU_MS) + added * 1000 / FG_ROOM_RATE_TAU_MS
   if added > 0 then
     redis.call('HSET', KEYS[3], 'rate', tostring(rate), 'rate_ms', now)
+  end
+  local age = now - tonumber(st[3] or tostring(now))
+  if age >= 1000 then
+    rate = rate / (1 - math.exp(-age / FG_ROOM_RATE_TAU_MS))
   end
   return rate
 end

@@ -180,3 +180,55 @@ async fn run_sale_page(stack: &Stack, sale: &str, expect_pow: bool, https: &Http
     let (orders, users, _) = stack.wait_orders(sale, 1, Duration::from_secs(10)).await;
     assert_eq!((orders, users), (1, 1), "exactly one order, for buyer A");
 }
+
+/// A waiting room's queue page in Chromium: one seat, held by a visitor
+/// let in just before (a 4-second session); the page shows place 1, counts
+/// down, and lets the browser into the shop by itself once the seat frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_page_shows_the_place_counts_down_and_lets_the_visitor_in() {
+    const SHOP_TEXT: &str = "Welcome to the shop";
+    let shop = flashgate_tests::test_shop::TestShop::start(|_req, _n| async {
+        axum::response::Response::builder()
+            .header("content-type", "text/html")
+            .body(axum::body::Body::from(format!(
+                "<!doctype html><title>shop</title><h1>{SHOP_TEXT}</h1>"
+            )))
+            .unwrap()
+    })
+    .await;
+    let stack = Stack::start(StackOptions {
+        extra_toml: format!(
+            "[shop]\nupstreams = [\"{}\"]\n[[shop.waiting_rooms]]\nname = \"front\"\npaths = [\"/shop/\"]\n\
+             active_users = 1\nsession_seconds = 4\nrefresh_seconds = 3\n",
+            shop.addr
+        ),
+        ..StackOptions::default()
+    })
+    .await;
+    let holder = stack
+        .http
+        .get(stack.url("/shop/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        holder.contains(SHOP_TEXT),
+        "the first visitor is let in: {holder}"
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    run_script(
+        "room.mjs",
+        &[
+            ("GATEWAY_URL", format!("http://{}", stack.gateway_addr)),
+            ("ROOM_PATH", "/shop/".into()),
+            ("SHOP_TEXT", SHOP_TEXT.into()),
+        ],
+        &root.join("target/browser-artifacts/room"),
+        Duration::from_secs(120),
+        || stack.log("flashgate"),
+    )
+    .await;
+}

@@ -56,7 +56,8 @@ pub struct Page {
 fn in_words(wait_seconds: Option<u64>) -> String {
     match wait_seconds {
         None => "being measured".into(),
-        Some(s) if s < 60 => "less than a minute".into(),
+        Some(s) if s < 45 => "less than a minute".into(),
+        Some(s) if s <= 60 => "about a minute".into(),
         Some(s) if s < 3600 => format!("about {} minutes", s.div_ceil(60)),
         Some(s) => format!("about {} hours", s.div_ceil(3600)),
     }
