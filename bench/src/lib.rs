@@ -24,6 +24,7 @@ pub mod chart;
 pub mod load;
 pub mod report;
 pub mod results;
+pub mod room_crowd;
 pub mod run;
 pub mod settings;
 pub mod stack;

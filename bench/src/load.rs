@@ -53,6 +53,9 @@ pub enum Pick {
 pub enum Target {
     /// A plain GET of `path`.
     Get { path: String },
+    /// A GET of `path` with one `Cookie` header on every request (a
+    /// waiting room's visitor).
+    GetWithCookie { path: String, cookie: HeaderValue },
     /// Flashgate's `POST /flashgate/api/sales/{id}/buy`: bearer token and Idempotency-Key.
     FlashBuy {
         path: String,
@@ -269,7 +272,9 @@ const BUY_BODY: &[u8] = br#"{"qty":1}"#;
 /// idempotency key (Flashgate) or request id (peer).
 fn build(target: &Target, host: &HeaderValue, user: usize, key: &str) -> Request<Full<Bytes>> {
     let (method, path, body) = match target {
-        Target::Get { path } => (Method::GET, path, Bytes::new()),
+        Target::Get { path } | Target::GetWithCookie { path, .. } => {
+            (Method::GET, path, Bytes::new())
+        }
         Target::FlashBuy { path, .. } | Target::PeerBuy { path, .. } => {
             (Method::POST, path, Bytes::from_static(BUY_BODY))
         }
@@ -280,6 +285,9 @@ fn build(target: &Target, host: &HeaderValue, user: usize, key: &str) -> Request
         .header(http::header::HOST, host.clone());
     match target {
         Target::Get { .. } => {}
+        Target::GetWithCookie { cookie, .. } => {
+            req = req.header(http::header::COOKIE, cookie.clone());
+        }
         Target::FlashBuy { users, .. } => {
             let users = &users.headers;
             req = req
@@ -303,7 +311,7 @@ fn build(target: &Target, host: &HeaderValue, user: usize, key: &str) -> Request
 
 fn pick_of(target: &Target) -> Pick {
     match target {
-        Target::Get { .. } => Pick::One(0),
+        Target::Get { .. } | Target::GetWithCookie { .. } => Pick::One(0),
         Target::FlashBuy { pick, .. } | Target::PeerBuy { pick, .. } => *pick,
     }
 }

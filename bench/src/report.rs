@@ -435,6 +435,24 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         figures: r.drain_mysql.as_ref().map_or("not run".into(), drain_figures),
         met: r.drain_mysql.as_ref().map(|d| d.ok && d.rate() >= 10_000.0),
     });
+    out.push(TargetEval {
+        id: "room_crowd",
+        name: "Waiting room: the shop held at the room's bound while 100,000 visitors wait",
+        goal: "the most inside (Redis) ≤ active_users, and requests reaching the shop ≤ 1.1× the rate seats free (active_users / session_seconds)",
+        figures: r.room_crowd.as_ref().map_or("not run".into(), |c| {
+            format!(
+                "{} waiting; {:.0} answers/s at the gateway, {:.1} reached the shop/s vs {:.0} seats freed/s; most inside {} of {}; {} errors",
+                c.waiting_at_start,
+                c.answers_per_s(),
+                c.shop_per_s(),
+                crate::room_crowd::Crowd::bound_per_s(),
+                c.most_inside,
+                crate::room_crowd::ACTIVE_USERS,
+                c.errors
+            )
+        }),
+        met: r.room_crowd.as_ref().map(crate::room_crowd::Crowd::held),
+    });
     let checks: Vec<_> = r.rounds.iter().filter_map(|x| x.check.as_ref()).collect();
     out.push(TargetEval {
         id: "books",
@@ -608,6 +626,8 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
     }
     md.push('\n');
 
+    room_section(&mut md, r);
+
     if let Some(d) = &r.drain {
         let _ = writeln!(md, "## Backend drain\n");
         let _ = writeln!(
@@ -705,4 +725,54 @@ fn drain_figures(d: &crate::results::Drain) -> String {
         d.orders as f64 / d.after_first_s.max(1e-9),
         d.backend_cpu_s
     )
+}
+
+/// The waiting room's rows beside the static page, and the crowd.
+fn room_section(md: &mut String, r: &Results) {
+    let fa = rps(r, "a_static", Side::Flashgate);
+    let inside = rps(r, "j_room_admitted", Side::Flashgate);
+    let queued = rps(r, "j_room_queued", Side::Flashgate);
+    if inside.is_none() && queued.is_none() && r.room_crowd.is_none() {
+        return;
+    }
+    let _ = writeln!(md, "## Waiting room\n");
+    let _ = writeln!(
+        md,
+        "A gateway whose one-seat room guards the shop's page (the peers' static nginx): a visitor inside sends \
+         their room cookie (verified in memory, no Redis call) and is proxied to the shop; a visitor waiting \
+         behind them gets the queue page (one `lua/room_visit.lua` call each). Mean of rounds, beside the \
+         gateway's own static page in the same run.\n\n\
+         | request | req/s | vs static page |\n|---|---:|---:|\n\
+         | static sale page (a) | {} | 1.00× |\n\
+         | a visitor inside: the shop's page (j) | {} | {}× |\n\
+         | a visitor waiting: the queue page (j') | {} | {}× |\n",
+        f0(fa),
+        f0(inside),
+        f2(ratio(inside, fa)),
+        f0(queued),
+        f2(ratio(queued, fa)),
+    );
+    if let Some(c) = &r.room_crowd {
+        let _ = writeln!(
+            md,
+            "**Under a crowd** (`{}`): a room of {} seats with {} s sessions guards the shop's page. {} visitors joined \
+             in {:.1} s ({} waiting in Redis after). Then for {:.1} s they came back in turn, each with their own cookie, \
+             as fast as {} connections could send: the gateway answered **{:.0} requests/s**, of which **{:.1}/s reached \
+             the shop**, against {:.0} seats freed per second (active_users / session_seconds); the most visitors Redis \
+             held inside, sampled every 50 ms, was **{}**. Errors: {}.\n",
+            crate::run::ROOM_CROWD,
+            crate::room_crowd::ACTIVE_USERS,
+            crate::room_crowd::SESSION_SECONDS,
+            c.visitors,
+            c.join_s,
+            c.waiting_at_start,
+            c.poll_s,
+            128,
+            c.answers_per_s(),
+            c.shop_per_s(),
+            crate::room_crowd::Crowd::bound_per_s(),
+            c.most_inside,
+            c.errors
+        );
+    }
 }

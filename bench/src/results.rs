@@ -37,6 +37,16 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { id: "d_soldout_pow", title: "d*. Buy after sold out, challenge on (`[challenge] mode = \"always\"`)", peer: None },
     Scenario { id: "e_hammer_pow", title: "e*. One user hammering (rate-limited), challenge on", peer: None },
     Scenario { id: "i_shop_cache", title: "i. A shop page through the edge cache (GET, the same 6.7 KB page from the same origin nginx)", peer: Some("nginx-proxy-cache") },
+    Scenario {
+        id: "j_room_admitted",
+        title: "j. A visitor inside a waiting room: the shop's page with a valid room cookie (no Redis call), through the gateway to the same origin nginx",
+        peer: None,
+    },
+    Scenario {
+        id: "j_room_queued",
+        title: "j'. A visitor waiting in a waiting room: the queue page (one `lua/room_visit.lua` call each)",
+        peer: None,
+    },
     Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
 ];
 
@@ -149,6 +159,8 @@ pub struct Results {
     pub token_verify: Vec<String>,
     /// The bucketed-stock rows ([`crate::buckets`]).
     pub buckets: Vec<BucketRound>,
+    /// The waiting room under 100,000 visitors ([`crate::room_crowd`]).
+    pub room_crowd: Option<crate::room_crowd::Crowd>,
 }
 
 impl Results {

@@ -46,12 +46,48 @@ struct Ctx {
     /// The gateway whose shop is the peers' static nginx, with
     /// `[shop.cache]` on (address, pid), for `i_shop_cache`.
     shop_cache_gateway: Option<(std::net::SocketAddr, u32)>,
+    /// The gateway whose one-seat waiting room guards the peers' static
+    /// page (address, pid), and the cookies of the visitor inside and of
+    /// one waiting, for the `j_room_*` rows.
+    room_gateway: Option<(std::net::SocketAddr, u32)>,
+    room_cookies: Option<(HeaderValue, HeaderValue)>,
 }
 
 /// The rows run against the gateway that asks every buy for a proof of
 /// work; the scenario each repeats.
 /// The shop page through the edge cache, beside nginx `proxy_cache`.
 const SHOP_CACHE: &str = "i_shop_cache";
+
+/// The rows run against the gateway with a one-seat waiting room.
+const ROOM_ROWS: [&str; 2] = ["j_room_admitted", "j_room_queued"];
+/// The waiting room under a crowd ([`crate::room_crowd`]).
+pub const ROOM_CROWD: &str = "k_room_crowd";
+
+/// The cookies of the visitor let into the one-seat room and of the one
+/// waiting behind them.
+async fn room_cookies(
+    http: &reqwest::Client,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<(HeaderValue, HeaderValue)> {
+    let mut cookies = Vec::new();
+    for _ in 0..2 {
+        let resp = http
+            .get(format!("http://{addr}/p/1001.html"))
+            .send()
+            .await?;
+        let cookie = resp
+            .headers()
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .context("the room gave no cookie")?
+            .to_owned();
+        cookies.push(HeaderValue::from_str(&cookie)?);
+    }
+    let queued = cookies.pop().context("two visitors")?;
+    let inside = cookies.pop().context("two visitors")?;
+    Ok((inside, queued))
+}
 
 const CHALLENGED: &[(&str, &str)] = &[("d_soldout_pow", "d_soldout"), ("e_hammer_pow", "e_hammer")];
 
@@ -181,6 +217,8 @@ async fn run_with_db(
         wait_gateway: None,
         challenge_gateway: None,
         shop_cache_gateway: None,
+        room_gateway: None,
+        room_cookies: None,
     };
     // Stopped when dropped, at the end of the run.
     let _challenge_gateway = if CHALLENGED.iter().any(|(id, _)| wanted(id)) {
@@ -209,6 +247,24 @@ async fn run_with_db(
                 .start_gateway_with("flashgate-shop-cache", "", &shop)
                 .await?;
             ctx.shop_cache_gateway = Some((addr, gateway.pid));
+            Some(gateway)
+        }
+        _ => None,
+    };
+    // Stopped when dropped, at the end of the run.
+    let _room_gateway = match &ctx.peers {
+        Some(peers) if ROOM_ROWS.iter().any(|id| wanted(id)) => {
+            let room = format!(
+                "[shop]\nupstreams = [\"{}\"]\n[[shop.waiting_rooms]]\nname = \"seat\"\npaths = [\"/p/\"]\n\
+                 active_users = 1\nsession_seconds = 86400\n",
+                peers.static_addr
+            );
+            let (gateway, addr) = ctx
+                .fg
+                .start_gateway_with("flashgate-room", "", &room)
+                .await?;
+            ctx.room_gateway = Some((addr, gateway.pid));
+            ctx.room_cookies = Some(room_cookies(&ctx.fg.http, addr).await?);
             Some(gateway)
         }
         _ => None,
@@ -262,6 +318,33 @@ async fn run_with_db(
         Vec::new()
     };
 
+    let room_crowd = match &ctx.peers {
+        Some(peers) if wanted(ROOM_CROWD) => {
+            let (gateway, addr) = ctx
+                .fg
+                .start_gateway_with(
+                    "flashgate-crowd",
+                    "",
+                    &crate::room_crowd::room_toml(peers.static_addr),
+                )
+                .await?;
+            let crowd = crate::room_crowd::measure(&ctx.fg, addr, 100_000, Duration::from_secs(10))
+                .await
+                .context("the waiting room crowd")?;
+            drop(gateway);
+            eprintln!(
+                "bench: room crowd: {} joined in {:.1}s, {:.0} answers/s, {:.1} to the shop/s, most inside {}",
+                crowd.visitors,
+                crowd.join_s,
+                crowd.answers_per_s(),
+                crowd.shop_per_s(),
+                crowd.most_inside
+            );
+            Some(crowd)
+        }
+        _ => None,
+    };
+
     let drain = if s.drain_orders > 0 {
         let counter = OrderCounter::Postgres(ctx.pg.clone());
         let d = measure_drain(&mut ctx, "drain", s.drain_orders, None, &counter).await?;
@@ -307,6 +390,7 @@ async fn run_with_db(
         pow_verify: Vec::new(),
         token_verify: Vec::new(),
         buckets,
+        room_crowd,
     };
 
     if s.profile != Profiling::Never && results.perf_available {
@@ -607,11 +691,19 @@ async fn flashgate_round(
             .filter(|w| w.name == "gateway")
             .for_each(|w| w.pids = vec![pid]);
     }
-    if scenario == SHOP_CACHE {
-        let (cache_addr, pid) = ctx
-            .shop_cache_gateway
-            .context("the shop-cache gateway was not started")?;
-        addr = cache_addr;
+    let other_gateway = match scenario {
+        SHOP_CACHE => Some(
+            ctx.shop_cache_gateway
+                .context("the shop-cache gateway was not started")?,
+        ),
+        id if ROOM_ROWS.contains(&id) => Some(
+            ctx.room_gateway
+                .context("the waiting-room gateway was not started")?,
+        ),
+        _ => None,
+    };
+    if let Some((other_addr, pid)) = other_gateway {
+        addr = other_addr;
         watched
             .iter_mut()
             .filter(|w| w.name == "gateway")
@@ -641,6 +733,24 @@ async fn flashgate_round(
             },
             Pace::Closed,
         ),
+        "j_room_admitted" | "j_room_queued" => {
+            let (inside, queued) = ctx
+                .room_cookies
+                .clone()
+                .context("the room's cookies were not taken")?;
+            (
+                0,
+                Target::GetWithCookie {
+                    path: "/p/1001.html".into(),
+                    cookie: if scenario == "j_room_admitted" {
+                        inside
+                    } else {
+                        queued
+                    },
+                },
+                Pace::Closed,
+            )
+        }
         "b_state" => (
             0,
             Target::Get {

@@ -376,6 +376,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         let child = self
             .command("flashgate", &path, name)?
             .env("FLASHGATE_CHALLENGE_SECRET", random_hex(32))
+            .env("FLASHGATE_WAITING_ROOM_SECRET", random_hex(32))
             .arg("serve")
             .spawn()?;
         let gateway = Proc::child(name, child);
