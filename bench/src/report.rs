@@ -441,7 +441,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         goal: "the most inside (Redis) ≤ active_users, and requests reaching the shop ≤ 1.1× the rate seats free (active_users / session_seconds)",
         figures: r.room_crowd.as_ref().map_or("not run".into(), |c| {
             format!(
-                "{} waiting; {:.0} answers/s at the gateway, {:.1} reached the shop/s vs {:.0} seats freed/s; most inside {} of {}; {} errors",
+                "{} places given; {:.0} answers/s at the gateway, {:.1} reached the shop/s vs {:.0} seats freed/s; most inside {} of {}; {} errors",
                 c.waiting_at_start,
                 c.answers_per_s(),
                 c.shop_per_s(),
@@ -756,7 +756,7 @@ fn room_section(md: &mut String, r: &Results) {
         let _ = writeln!(
             md,
             "**Under a crowd** (`{}`): a room of {} seats with {} s sessions guards the shop's page. {} visitors joined \
-             in {:.1} s ({} waiting in Redis after). Then for {:.1} s they came back in turn, each with their own cookie, \
+             in {:.1} s ({} places given). Then for {:.1} s they came back in turn, each with their own cookie, \
              as fast as {} connections could send: the gateway answered **{:.0} requests/s**, of which **{:.1}/s reached \
              the shop**, against {:.0} seats freed per second (active_users / session_seconds); the most visitors Redis \
              held inside, sampled every 50 ms, was **{}**. Errors: {}.\n",

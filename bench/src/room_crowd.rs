@@ -31,7 +31,7 @@ const CONCURRENCY: usize = 128;
 pub struct Crowd {
     pub visitors: usize,
     pub join_s: f64,
-    /// Visitors waiting (Redis) when the polls began.
+    /// Places given when the polls began (the room's last ticket).
     pub waiting_at_start: u64,
     pub poll_s: f64,
     /// Answers the gateway gave in the poll window, and how many were the
@@ -158,10 +158,12 @@ pub async fn measure(
     )
     .await
     .context("the crowd's Redis")?;
-    let waiting_at_start: u64 = redis::cmd("ZCARD")
-        .arg("fg:{room:crowd}:queue")
+    let tickets: Option<u64> = redis::cmd("HGET")
+        .arg("fg:{room:crowd}:state")
+        .arg("seq")
         .query_async(&mut conn)
         .await?;
+    let waiting_at_start = tickets.unwrap_or(0);
 
     // Then in turn, each with their own cookie, for `poll`.
     let (answers, to_shop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));

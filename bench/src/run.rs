@@ -63,18 +63,19 @@ const ROOM_ROWS: [&str; 2] = ["j_room_admitted", "j_room_queued"];
 /// The waiting room under a crowd ([`crate::room_crowd`]).
 pub const ROOM_CROWD: &str = "k_room_crowd";
 
-/// The cookies of the visitor let into the one-seat room and of the one
-/// waiting behind them.
+/// The cookies of the visitor let into the one-seat room (renewed to a
+/// whole session by their second request) and of the one waiting behind
+/// them.
 async fn room_cookies(
     http: &reqwest::Client,
     addr: std::net::SocketAddr,
 ) -> anyhow::Result<(HeaderValue, HeaderValue)> {
-    let mut cookies = Vec::new();
-    for _ in 0..2 {
-        let resp = http
-            .get(format!("http://{addr}/p/1001.html"))
-            .send()
-            .await?;
+    let visit = |cookie: Option<HeaderValue>| async move {
+        let mut req = http.get(format!("http://{addr}/p/1001.html"));
+        if let Some(cookie) = cookie {
+            req = req.header(http::header::COOKIE, cookie);
+        }
+        let resp = req.send().await?;
         let cookie = resp
             .headers()
             .get("set-cookie")
@@ -82,10 +83,11 @@ async fn room_cookies(
             .and_then(|v| v.split(';').next())
             .context("the room gave no cookie")?
             .to_owned();
-        cookies.push(HeaderValue::from_str(&cookie)?);
-    }
-    let queued = cookies.pop().context("two visitors")?;
-    let inside = cookies.pop().context("two visitors")?;
+        anyhow::Ok(HeaderValue::from_str(&cookie)?)
+    };
+    let arrived = visit(None).await?;
+    let inside = visit(Some(arrived)).await?;
+    let queued = visit(None).await?;
     Ok((inside, queued))
 }
 

@@ -77,6 +77,8 @@ pub struct RoomKeys {
     pub inside: String,
     /// The room's counters: next ticket, mode switch, rate bucket, measured rate.
     pub state: String,
+    /// Visitor id → when their place was used (called in); kept a day.
+    pub called: String,
 }
 
 impl RoomKeys {
@@ -85,6 +87,7 @@ impl RoomKeys {
             queue: format!("fg:{{room:{room}}}:queue"),
             inside: format!("fg:{{room:{room}}}:inside"),
             state: format!("fg:{{room:{room}}}:state"),
+            called: format!("fg:{{room:{room}}}:called"),
         }
     }
 }

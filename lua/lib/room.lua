@@ -1,17 +1,22 @@
 -- Flashgate waiting room: the admission step of lua/room_visit.lua and
 -- lua/room_tick.lua (after lua/lib/time.lua), on the room's keys in the
--- callers' order: KEYS[1] queue, KEYS[2] inside, KEYS[3] state.
+-- callers' order: KEYS[1] queue, KEYS[2] inside, KEYS[3] state, KEYS[4]
+-- called.
 --
 -- Visitors leave the room when their time inside ends (`inside` scores,
 -- ms); the head of the queue is called in while the room has space and the
 -- `new_users_per_minute` bucket has tokens. A called visitor holds their
--- slot for `grace_ms` until they come back and are let in for a session.
+-- slot for `grace_ms` until they come back and are let in for a session;
+-- their place is used up (`called`, kept a day: as long as a waiting
+-- cookie lives), so a saved cookie never puts them back in line.
 
 -- Time constant of the measured admission rate (an exponentially weighted
 -- rate per second, in `state` fields `rate` and `rate_ms`).
 local FG_ROOM_RATE_TAU_MS = 60000
 -- Most visitors called in by one call (one ZADD's arguments).
 local FG_ROOM_MAX_CALL = 1000
+-- How long a used place is remembered: a waiting cookie's lifetime.
+local FG_ROOM_CALLED_MS = 86400000
 
 -- The admission rate per second at `now`, `added` admissions counted in.
 -- In the room's first minutes the weights of the time before it opened
@@ -69,6 +74,7 @@ end
 -- Expires who left; while `started`, calls the head of the queue in.
 local function fg_room_admit(now, active, per_minute, grace_ms, started)
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - FG_ROOM_CALLED_MS)
   if not started then return end
   local waiting = redis.call('ZCARD', KEYS[1])
   if waiting == 0 then return end
@@ -76,12 +82,20 @@ local function fg_room_admit(now, active, per_minute, grace_ms, started)
   local n = math.min(free, waiting, FG_ROOM_MAX_CALL)
   if n <= 0 then return end
   local called = redis.call('ZPOPMIN', KEYS[1], n)
-  local args = {}
+  local inside, used = {}, {}
   for i = 1, #called, 2 do
-    args[#args + 1] = now + grace_ms
-    args[#args + 1] = called[i]
+    inside[#inside + 1] = now + grace_ms
+    inside[#inside + 1] = called[i]
+    used[#used + 1] = now
+    used[#used + 1] = called[i]
   end
-  redis.call('ZADD', KEYS[2], unpack(args))
+  redis.call('ZADD', KEYS[2], unpack(inside))
+  redis.call('ZADD', KEYS[4], unpack(used))
+  -- The last place called: a new ticket's place counts from it.
+  local last = tonumber(called[#called])
+  if last > tonumber(redis.call('HGET', KEYS[3], 'called_upto') or '0') then
+    redis.call('HSET', KEYS[3], 'called_upto', called[#called])
+  end
   fg_room_count(now, #called / 2, per_minute, tokens)
 end
 

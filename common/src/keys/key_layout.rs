@@ -205,8 +205,14 @@ fn disagreements(doc: &str) -> Vec<String> {
         queue,
         inside,
         state,
+        called,
     } = RoomKeys::new("NAME");
-    for (name, key) in [("queue", queue), ("inside", inside), ("state", state)] {
+    for (name, key) in [
+        ("queue", queue),
+        ("inside", inside),
+        ("state", state),
+        ("called", called),
+    ] {
         if !in_table(&key) {
             problems.push(format!("{key} (RoomKeys {name}): missing from the table"));
         }

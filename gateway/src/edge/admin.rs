@@ -50,22 +50,20 @@ pub fn error(status: StatusCode, code: &str, message: &str) -> axum::response::R
         .into_response()
 }
 
-/// Refuses a call without `Authorization: Bearer $FLASHGATE_ADMIN_TOKEN`
-/// (every call while the variable is unset) with `401`.
-///
-/// # Errors
-/// The `401` answer, with its `WWW-Authenticate` challenge.
-pub fn require_token(
+/// The `401` (with its `WWW-Authenticate` challenge) that refuses a call
+/// without `Authorization: Bearer $FLASHGATE_ADMIN_TOKEN` (every call while
+/// the variable is unset); `None` lets it through.
+pub fn refused_without_token(
     admin_token: Option<&str>,
     headers: &axum::http::HeaderMap,
-) -> Result<(), axum::response::Response> {
+) -> Option<axum::response::Response> {
     let authorization = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     if admin_token
         .is_some_and(|token| flashgate_common::secret::bearer_matches(authorization, token))
     {
-        return Ok(());
+        return None;
     }
     let mut response = error(
         StatusCode::UNAUTHORIZED,
@@ -78,7 +76,7 @@ pub fn require_token(
             authorization,
         )),
     );
-    Err(response)
+    Some(response)
 }
 
 impl AdminServer {

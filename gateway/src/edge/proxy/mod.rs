@@ -580,7 +580,11 @@ impl ProxyHttp for Gateway {
         }
         let failure = ShopFailure::classify(e);
         warn!(error = %e, ?failure, "shop request failed");
-        let reply = failure.reply();
+        let mut reply = failure.reply();
+        // A visitor let in keeps their seat even when the shop failed.
+        if let Some(cookie) = ctx.room_cookie.take() {
+            reply = reply.header("Set-Cookie", cookie);
+        }
         let error_code = reply.status;
         // The request body may be half-read: do not reuse the connection.
         session.set_keepalive(None);

@@ -124,7 +124,9 @@ pub async fn purge(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if let Err(refused) = crate::edge::admin::require_token(api.admin_token.as_deref(), &headers) {
+    if let Some(refused) =
+        crate::edge::admin::refused_without_token(api.admin_token.as_deref(), &headers)
+    {
         return refused;
     }
     let Some(cache) = api.cache else {

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{store, Room, WaitingRooms};
-use crate::edge::admin::{error, require_token};
+use crate::edge::admin::{error, refused_without_token};
 
 /// What the rooms' routes need.
 #[derive(Clone)]
@@ -64,14 +64,16 @@ pub fn view(room: &Room) -> Value {
 }
 
 /// The rooms, or the answer that refuses the call.
-fn rooms(api: &RoomsApi, headers: &HeaderMap) -> Result<Arc<WaitingRooms>, Response> {
-    require_token(api.admin_token.as_deref(), headers)?;
+fn rooms(api: &RoomsApi, headers: &HeaderMap) -> Result<Arc<WaitingRooms>, Box<Response>> {
+    if let Some(refused) = refused_without_token(api.admin_token.as_deref(), headers) {
+        return Err(Box::new(refused));
+    }
     api.rooms.clone().ok_or_else(|| {
-        error(
+        Box::new(error(
             StatusCode::NOT_FOUND,
             "no_rooms",
             "no waiting room is configured ([[shop.waiting_rooms]])",
-        )
+        ))
     })
 }
 
@@ -87,7 +89,7 @@ async fn list(State(api): State<RoomsApi>, headers: HeaderMap) -> Response {
     match rooms(&api, &headers) {
         Ok(rooms) => Json(json!({ "rooms": rooms.rooms.iter().map(view).collect::<Vec<_>>() }))
             .into_response(),
-        Err(refused) => refused,
+        Err(refused) => *refused,
     }
 }
 
@@ -98,7 +100,7 @@ async fn show(
 ) -> Response {
     let rooms = match rooms(&api, &headers) {
         Ok(rooms) => rooms,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     match rooms.by_name(&name) {
         Some(room) => Json(view(room)).into_response(),
@@ -120,7 +122,7 @@ async fn switch(
 ) -> Response {
     let rooms = match rooms(&api, &headers) {
         Ok(rooms) => rooms,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let Some(room) = rooms.by_name(&name) else {
         return unknown(&name);

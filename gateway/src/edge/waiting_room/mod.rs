@@ -45,8 +45,10 @@ pub mod pass;
 pub mod store;
 pub mod tick;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
@@ -65,9 +67,17 @@ use store::{Answer, Shared};
 
 /// The prefix of every room's cookie name.
 const COOKIE_PREFIX: &str = "fg_room_";
-/// Most renewals one room holds between ticks; past it the oldest wait
-/// for the visitor's next request.
+/// Most visitors whose renewal one room holds between ticks; past it a
+/// visitor's renewal waits for their next request.
 const MAX_PENDING_RENEWALS: usize = 100_000;
+/// A session is renewed only while at least this much of it is left, so
+/// the renewal reaches Redis (with the next tick) before the session ends
+/// there: a renewal that came later would count a visitor whose seat the
+/// room already gave to another.
+const RENEW_FLOOR_MS: i64 = 2 * tick::TICK.as_millis() as i64;
+/// Past this without a tick, a gateway stops trusting the mode it last
+/// read (a `passthrough` switched back meanwhile) and uses the file's.
+const STALE_MODE: Duration = Duration::from_secs(5);
 
 /// What a guarded request gets.
 #[derive(Debug)]
@@ -95,15 +105,26 @@ pub struct Room {
     page: Page,
     /// The room's state as the last tick read it.
     shared: ArcSwap<Shared>,
-    /// Sessions renewed since the last tick: visitor, inside until (ms).
-    renewals: Mutex<Vec<(String, i64)>>,
+    /// Sessions renewed since the last tick: visitor → inside until (ms).
+    renewals: Mutex<HashMap<String, i64>>,
+    /// When a tick last read the room.
+    last_tick: Mutex<Instant>,
     proof: Option<Proof>,
 }
 
 impl Room {
-    /// The mode the last tick (or visit) saw.
+    /// The mode the last tick (or visit) saw; the file's once no tick has
+    /// read the room for [`STALE_MODE`].
     pub fn mode(&self) -> RoomMode {
-        self.shared.load().mode
+        let fresh = self
+            .last_tick
+            .lock()
+            .is_ok_and(|at| at.elapsed() < STALE_MODE);
+        if fresh {
+            self.shared.load().mode
+        } else {
+            self.config.mode
+        }
     }
 
     pub fn shared(&self) -> Shared {
@@ -111,7 +132,7 @@ impl Room {
     }
 
     fn seen_mode(&self, mode: RoomMode) {
-        if self.mode() != mode {
+        if self.shared.load().mode != mode {
             let mut shared = self.shared();
             shared.mode = mode;
             self.shared.store(shared.into());
@@ -141,6 +162,8 @@ pub struct RoomMetrics {
     pub requests: IntCounterVec,
     /// Cookies refused, by why.
     pub refused: IntCounterVec,
+    /// Renewals that reached Redis after their session had ended there.
+    pub late_renewals: IntCounterVec,
     pub inside: GaugeVec,
     pub waiting: GaugeVec,
     /// Visitors let in per minute, measured.
@@ -176,6 +199,11 @@ impl RoomMetrics {
                 "Waiting-room cookies refused, by reason: forged, expired, other_room.",
                 &["room", "reason"],
             ),
+            late_renewals: counter(
+                "waiting_room_renewals_late_total",
+                "Session renewals that reached Redis after the session had ended there (a tick late by more than the renewal floor); the visitor is then not counted inside until their cookie ends.",
+                &["room"],
+            ),
             inside: gauge("waiting_room_inside", "Visitors inside the room (Redis, last tick)."),
             waiting: gauge("waiting_room_waiting", "Visitors waiting in the room's queue (last tick)."),
             admission_rate: gauge(
@@ -198,6 +226,9 @@ impl RoomMetrics {
 pub struct WaitingRooms {
     pub rooms: Vec<Room>,
     pub metrics: RoomMetrics,
+    /// Redis's clock minus this gateway's (ms), from the last answer: the
+    /// times in cookies are Redis's.
+    offset_ms: AtomicI64,
 }
 
 impl WaitingRooms {
@@ -255,8 +286,11 @@ impl WaitingRooms {
                     waiting: 0,
                     rate_per_second: 0.0,
                     admitted: 0,
+                    now_ms: 0,
+                    late: 0,
                 }),
-                renewals: Mutex::new(Vec::new()),
+                renewals: Mutex::new(HashMap::new()),
+                last_tick: Mutex::new(Instant::now()),
                 proof,
                 config: room.clone(),
             });
@@ -264,6 +298,7 @@ impl WaitingRooms {
         Ok(Some(Self {
             rooms,
             metrics: RoomMetrics::new(registry),
+            offset_ms: AtomicI64::new(0),
         }))
     }
 
@@ -276,18 +311,30 @@ impl WaitingRooms {
         self.rooms.iter().find(|room| room.config.name == name)
     }
 
-    /// What `req`, on a path `room` guards, gets at `now_ms`.
+    /// Redis's clock as this gateway reads it now.
+    fn redis_now(&self, local_ms: i64) -> i64 {
+        local_ms + self.offset_ms.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn saw_redis_clock(&self, redis_ms: i64, local_ms: i64) {
+        self.offset_ms.store(redis_ms - local_ms, Ordering::Relaxed);
+    }
+
+    /// What `req`, on a path `room` guards, gets at `local_ms` (this
+    /// gateway's clock).
     pub async fn visit(
         &self,
         room: &Room,
         req: &RequestHeader,
         tls: bool,
         redis: &RedisClient,
-        now_ms: i64,
+        local_ms: i64,
     ) -> Visit {
         let name = room.config.name.as_str();
+        let now_ms = self.redis_now(local_ms);
         let open = room.config.ends_at_ms.is_some_and(|end| now_ms >= end);
-        if open || room.mode() == RoomMode::Passthrough {
+        // A CORS preflight asks for no page.
+        if open || room.mode() == RoomMode::Passthrough || req.method == http::Method::OPTIONS {
             self.metrics.answered(name, "passthrough");
             return Visit::Pass { set_cookie: None };
         }
@@ -300,10 +347,24 @@ impl WaitingRooms {
             }
         };
         let json = wants_json(req);
+        // A form's POST (or any other method) must not read a queue page as
+        // its answer: 503 with the same body and Retry-After.
+        let page_load = matches!(req.method, http::Method::GET | http::Method::HEAD);
+        let answer = |reply: Reply| {
+            Visit::Answer(if page_load || reply.status != 200 {
+                reply
+            } else {
+                Reply {
+                    status: 503,
+                    ..reply
+                }
+            })
+        };
         let (visitor, held) = match pass {
             Some(Pass {
                 visitor,
                 standing: Standing::Inside { until_ms },
+                ..
             }) if until_ms > now_ms => {
                 self.metrics.answered(name, "inside");
                 return Visit::Pass {
@@ -313,10 +374,12 @@ impl WaitingRooms {
             Some(Pass {
                 visitor,
                 standing: Standing::Waiting { score },
-            }) => (visitor, Some(score)),
+                expires_s,
+            }) => (visitor, Some((score, expires_s))),
             Some(Pass {
                 visitor,
                 standing: Standing::Proving | Standing::Inside { .. },
+                ..
             }) => (visitor, None),
             None => (Passes::new_visitor(), None),
         };
@@ -330,36 +393,42 @@ impl WaitingRooms {
                     now_ms + proof.ttl.as_millis() as i64,
                     rand::random::<[u8; ID_BYTES]>(),
                 );
-                let cookie = room.passes.sign(&visitor, Standing::Proving, now_ms);
-                return Visit::Answer(
+                let expires_s = now_ms / 1000 + proof.ttl.as_secs() as i64;
+                let cookie = room.passes.sign(&visitor, Standing::Proving, expires_s);
+                let max_age = proof.ttl.as_secs() as i64;
+                return answer(
                     room.page
                         .answer(&Shown::Proving(issued), json)
-                        .header("Set-Cookie", room.set_cookie(&cookie, 600, tls)),
+                        .header("Set-Cookie", room.set_cookie(&cookie, max_age, tls)),
                 );
             }
         }
-        let answer = store::visit(redis, &room.config, &room.keys, &visitor, held).await;
-        let answer = match answer {
-            Ok((answer, mode)) => {
+        let visited =
+            store::visit(redis, &room.config, &room.keys, &visitor, held.map(|h| h.0)).await;
+        let (answered, now_ms) = match visited {
+            Ok((answered, mode, redis_ms)) => {
+                self.saw_redis_clock(redis_ms, local_ms);
                 room.seen_mode(mode);
-                answer
+                (answered, redis_ms)
             }
             Err(error) => {
                 tracing::warn!(%error, room = name, "waiting room: redis did not answer a visit");
                 self.metrics.answered(name, "unavailable");
-                return Visit::Answer(room.page.answer(&Shown::Unavailable, json));
+                return answer(room.page.answer(&Shown::Unavailable, json));
             }
         };
-        match answer {
+        match answered {
             Answer::Pass => {
                 self.metrics.answered(name, "passthrough");
                 Visit::Pass { set_cookie: None }
             }
             Answer::In { until_ms } => {
                 self.metrics.answered(name, "let_in");
-                let cookie = room
-                    .passes
-                    .sign(&visitor, Standing::Inside { until_ms }, now_ms);
+                let cookie = room.passes.sign(
+                    &visitor,
+                    Standing::Inside { until_ms },
+                    (until_ms + 999) / 1000,
+                );
                 Visit::Pass {
                     set_cookie: Some(room.set_cookie(
                         &cookie,
@@ -376,24 +445,30 @@ impl WaitingRooms {
                     wait_seconds: room.wait_seconds(place),
                     opens_at_ms: room.config.starts_at_ms.filter(|at| *at > now_ms),
                 };
+                // A place lives a day from when it was drawn, however
+                // often the visitor comes back.
+                let expires_s = match held {
+                    Some((held_score, expires_s)) if held_score == score => expires_s,
+                    _ => now_ms / 1000 + pass::WAITING_SECONDS,
+                };
                 let cookie = room
                     .passes
-                    .sign(&visitor, Standing::Waiting { score }, now_ms);
-                Visit::Answer(
-                    room.page
-                        .answer(&shown, json)
-                        .header("Set-Cookie", room.set_cookie(&cookie, 86_400, tls)),
-                )
+                    .sign(&visitor, Standing::Waiting { score }, expires_s);
+                answer(room.page.answer(&shown, json).header(
+                    "Set-Cookie",
+                    room.set_cookie(&cookie, expires_s - now_ms / 1000, tls),
+                ))
             }
             Answer::Full => {
                 self.metrics.answered(name, "full");
-                Visit::Answer(room.page.answer(&Shown::Full, json))
+                answer(room.page.answer(&Shown::Full, json))
             }
         }
     }
 
-    /// A session past half its length renewed: a new cookie now, and the
-    /// new end queued for the next tick.
+    /// A session renewed once half of it is spent (and while enough is
+    /// left for the renewal to reach Redis first): a new cookie now, the
+    /// new end sent with the next tick.
     fn renewed(
         &self,
         room: &Room,
@@ -403,20 +478,23 @@ impl WaitingRooms {
         tls: bool,
     ) -> Option<String> {
         let session = room.config.session.as_millis() as i64;
-        if until_ms - now_ms >= session / 2 {
+        let left = until_ms - now_ms;
+        if left >= session / 2 || left < RENEW_FLOOR_MS {
             return None;
         }
         let until_ms = now_ms + session;
         {
             let mut renewals = room.renewals.lock().unwrap_or_else(|p| p.into_inner());
-            if renewals.len() >= MAX_PENDING_RENEWALS {
+            if renewals.len() >= MAX_PENDING_RENEWALS && !renewals.contains_key(visitor) {
                 return None;
             }
-            renewals.push((visitor.to_owned(), until_ms));
+            renewals.insert(visitor.to_owned(), until_ms);
         }
-        let cookie = room
-            .passes
-            .sign(visitor, Standing::Inside { until_ms }, now_ms);
+        let cookie = room.passes.sign(
+            visitor,
+            Standing::Inside { until_ms },
+            (until_ms + 999) / 1000,
+        );
         Some(room.set_cookie(&cookie, session / 1000, tls))
     }
 
@@ -457,44 +535,47 @@ fn wants_json(req: &RequestHeader) -> bool {
         .is_some_and(|accept| accept.contains("application/json") && !accept.contains("text/html"))
 }
 
-/// The value of cookie `name` in the request.
-fn cookie<'r>(req: &'r RequestHeader, name: &str) -> Option<&'r str> {
+/// The `name=value` pairs of the request's `Cookie` headers, as bytes: a
+/// header holding another cookie's non-ASCII value still yields the rest.
+fn cookie_pairs(req: &RequestHeader) -> impl Iterator<Item = &[u8]> {
     req.headers
         .get_all(http::header::COOKIE)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(n, _)| *n == name)
-        .map(|(_, value)| value)
+        .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+        .map(<[u8]>::trim_ascii)
+        .filter(|pair| !pair.is_empty())
+}
+
+/// The value of cookie `name` in the request.
+fn cookie<'r>(req: &'r RequestHeader, name: &str) -> Option<&'r str> {
+    cookie_pairs(req)
+        .filter_map(|pair| pair.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
+        .find_map(|value| std::str::from_utf8(value).ok())
         .filter(|value| !value.is_empty())
+}
+
+/// Whether a cookie pair is one of the rooms' own.
+fn ours(pair: &[u8]) -> bool {
+    pair.starts_with(COOKIE_PREFIX.as_bytes()) || pair.starts_with(POW_COOKIE.as_bytes())
 }
 
 /// The rooms' cookies taken out of the request: they are the gateway's,
 /// not the shop's, and a request carrying only them stays cacheable.
 pub fn strip_cookies(req: &mut RequestHeader) -> pingora::Result<()> {
-    let mut found = false;
-    let mut kept: Vec<&str> = Vec::new();
-    for value in req.headers.get_all(http::header::COOKIE) {
-        let Ok(value) = value.to_str() else {
-            return Ok(());
-        };
-        for pair in value.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            if pair.starts_with(COOKIE_PREFIX) || pair.starts_with(POW_COOKIE) {
-                found = true;
-            } else {
-                kept.push(pair);
-            }
-        }
-    }
-    if !found {
+    if !cookie_pairs(req).any(ours) {
         return Ok(());
     }
-    let kept = kept.join("; ");
+    let kept: Vec<u8> = cookie_pairs(req)
+        .filter(|pair| !ours(pair))
+        .collect::<Vec<_>>()
+        .join(&b"; "[..]);
     if kept.is_empty() {
         req.remove_header(&http::header::COOKIE);
     } else {
-        req.insert_header(http::header::COOKIE, kept)?;
+        let value = http::HeaderValue::from_bytes(&kept).map_err(|e| {
+            pingora::Error::because(pingora::ErrorType::InvalidHTTPHeader, "cookie", e)
+        })?;
+        req.insert_header(http::header::COOKIE, value)?;
     }
     Ok(())
 }

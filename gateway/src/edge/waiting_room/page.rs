@@ -209,6 +209,10 @@ const SCRIPT: &str = r#"<script>
     };
     worker.postMessage({ challenge: d.challenge, bits: d.bits });
   } else {
+    // A hidden tab's timers may run once a minute: shown again, it asks at once.
+    document.addEventListener('visibilitychange', function () {
+      if (!document.hidden) location.reload();
+    });
     tick();
   }
 })();

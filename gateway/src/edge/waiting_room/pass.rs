@@ -9,10 +9,9 @@ use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-/// How long a waiting visitor's cookie keeps their place.
-const WAITING_SECONDS: i64 = 86_400;
-/// How long a visitor has to solve the proof of work asked of them.
-const PROVING_SECONDS: i64 = 600;
+/// How long a waiting visitor's cookie keeps their place, from when the
+/// place was drawn (as long as the room remembers used places).
+pub const WAITING_SECONDS: i64 = 86_400;
 
 /// Where a visitor stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +29,8 @@ pub enum Standing {
 pub struct Pass {
     pub visitor: String,
     pub standing: Standing,
+    /// Its `exp` (Unix seconds).
+    pub expires_s: i64,
 }
 
 /// Why a cookie was refused; each a bounded metric label.
@@ -94,17 +95,15 @@ impl Passes {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id)
     }
 
-    /// The cookie's value for `visitor` standing so, at `now_ms`.
-    pub fn sign(&self, visitor: &str, standing: Standing, now_ms: i64) -> String {
-        let (st, n, exp) = match standing {
-            Standing::Proving => ("p", 0, now_ms / 1000 + PROVING_SECONDS),
-            Standing::Waiting { score } => (
-                "w",
-                i64::try_from(score).unwrap_or(i64::MAX),
-                now_ms / 1000 + WAITING_SECONDS,
-            ),
-            Standing::Inside { until_ms } => ("i", until_ms, (until_ms + 999) / 1000),
+    /// The cookie's value for `visitor` standing so, valid until
+    /// `expires_s` (Unix seconds).
+    pub fn sign(&self, visitor: &str, standing: Standing, expires_s: i64) -> String {
+        let (st, n) = match standing {
+            Standing::Proving => ("p", 0),
+            Standing::Waiting { score } => ("w", i64::try_from(score).unwrap_or(i64::MAX)),
+            Standing::Inside { until_ms } => ("i", until_ms),
         };
+        let exp = expires_s;
         let claims = Claims {
             room: self.room.clone(),
             vid: visitor.to_owned(),
@@ -142,6 +141,7 @@ impl Passes {
         Ok(Pass {
             visitor: claims.vid,
             standing,
+            expires_s: claims.exp,
         })
     }
 }
@@ -152,25 +152,27 @@ mod tests {
 
     const SECRET: &[u8] = b"a-waiting-room-secret-of-32-bytes!!";
 
+    fn inside(until_ms: i64) -> Standing {
+        Standing::Inside { until_ms }
+    }
+
     #[test]
     fn a_signed_cookie_verifies_with_its_standing() {
         let passes = Passes::new("checkout", SECRET);
         let now = flashgate_common::now_ms();
+        let exp = now / 1000 + 60;
         for standing in [
             Standing::Proving,
             Standing::Waiting { score: 1 << 41 },
-            Standing::Inside {
-                until_ms: now + 60_000,
-            },
+            inside(now + 60_000),
         ] {
-            let cookie = passes.sign("v1", standing, now);
-            assert_eq!(
-                passes.verify(&cookie),
-                Ok(Pass {
-                    visitor: "v1".into(),
-                    standing
-                })
-            );
+            let cookie = passes.sign("v1", standing, exp);
+            let expected = Pass {
+                visitor: "v1".into(),
+                standing,
+                expires_s: exp,
+            };
+            assert_eq!(passes.verify(&cookie), Ok(expected));
         }
     }
 
@@ -178,31 +180,14 @@ mod tests {
     fn a_forged_expired_or_other_rooms_cookie_is_refused_by_its_reason() {
         let passes = Passes::new("checkout", SECRET);
         let now = flashgate_common::now_ms();
+        let later = now / 1000 + 60;
         let other_secret = Passes::new("checkout", b"another-secret-another-secret-32b");
-        let forged = other_secret.sign(
-            "v1",
-            Standing::Inside {
-                until_ms: now + 60_000,
-            },
-            now,
-        );
+        let forged = other_secret.sign("v1", inside(now + 60_000), later);
         assert_eq!(passes.verify(&forged), Err(Refused::Forged));
         assert_eq!(passes.verify("not a token"), Err(Refused::Forged));
-        let expired = passes.sign(
-            "v1",
-            Standing::Inside {
-                until_ms: now - 5_000,
-            },
-            now,
-        );
+        let expired = passes.sign("v1", inside(now - 5_000), now / 1000 - 5);
         assert_eq!(passes.verify(&expired), Err(Refused::Expired));
-        let other_room = Passes::new("basket", SECRET).sign(
-            "v1",
-            Standing::Inside {
-                until_ms: now + 60_000,
-            },
-            now,
-        );
+        let other_room = Passes::new("basket", SECRET).sign("v1", inside(now + 60_000), later);
         assert_eq!(passes.verify(&other_room), Err(Refused::OtherRoom));
     }
 }

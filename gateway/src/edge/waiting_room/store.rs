@@ -37,11 +37,21 @@ pub struct Shared {
     pub rate_per_second: f64,
     /// Visitors let in since the room's state was created.
     pub admitted: u64,
+    /// Redis's clock (Unix ms) when it answered.
+    pub now_ms: i64,
+    /// Renewals that came after their visitor's session had ended.
+    pub late: u64,
 }
 
-/// A called visitor's hold on their slot: three refreshes of the queue page.
-fn grace_ms(room: &WaitingRoomConfig) -> u64 {
-    3 * room.refresh.as_millis() as u64
+/// Shortest hold of a called visitor on their seat.
+const MIN_GRACE_MS: u64 = 30_000;
+
+/// A called visitor's hold on their seat: three refreshes of the queue
+/// page, and at least half a minute (a hidden tab's timers run once a
+/// minute at worst; its page reloads when shown again). A visitor let in
+/// on arrival holds it as long, until their cookie comes back.
+pub fn grace_ms(room: &WaitingRoomConfig) -> u64 {
+    (3 * room.refresh.as_millis() as u64).max(MIN_GRACE_MS)
 }
 
 fn mode_of(name: &str, fallback: RoomMode) -> RoomMode {
@@ -58,7 +68,7 @@ pub async fn visit(
     keys: &RoomKeys,
     visitor: &str,
     held: Option<u64>,
-) -> Result<(Answer, RoomMode), RedisError> {
+) -> Result<(Answer, RoomMode, i64), RedisError> {
     let random_score: u64 = rand::rng().random_range(0..RANDOM_SPAN);
     let window_ms = match room.queueing {
         Queueing::Fifo => -1,
@@ -69,6 +79,7 @@ pub async fn visit(
         .key(&keys.queue)
         .key(&keys.inside)
         .key(&keys.state)
+        .key(&keys.called)
         .arg(visitor)
         .arg(held.map(|s| s.to_string()).unwrap_or_default())
         .arg(random_score)
@@ -79,7 +90,7 @@ pub async fn visit(
         .arg(room.mode.as_str())
         .arg(room.starts_at_ms.unwrap_or(0))
         .arg(window_ms);
-    let (state, n, score, mode): (String, i64, u64, String) = redis
+    let (state, n, score, mode, now_ms): (String, i64, u64, String, i64) = redis
         .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
         .await?;
     let answer = match state.as_str() {
@@ -97,7 +108,7 @@ pub async fn visit(
             ))))
         }
     };
-    Ok((answer, mode_of(&mode, room.mode)))
+    Ok((answer, mode_of(&mode, room.mode), now_ms))
 }
 
 /// One tick: the renewed sessions sent, the admission step run, the
@@ -116,6 +127,7 @@ pub async fn tick(
         .key(&keys.queue)
         .key(&keys.inside)
         .key(&keys.state)
+        .key(&keys.called)
         .arg(room.active_users)
         .arg(room.new_users_per_minute.unwrap_or(0))
         .arg(grace_ms(room))
@@ -124,14 +136,23 @@ pub async fn tick(
     for (visitor, until_ms) in renewals {
         invocation.arg(visitor).arg(*until_ms);
     }
-    let (mode, inside, waiting, rate, admitted): (String, u64, u64, String, u64) =
-        invocation.invoke_async(conn).await?;
+    let (mode, inside, waiting, rate, admitted, now_ms, late): (
+        String,
+        u64,
+        u64,
+        String,
+        u64,
+        i64,
+        u64,
+    ) = invocation.invoke_async(conn).await?;
     Ok(Shared {
         mode: mode_of(&mode, room.mode),
         inside,
         waiting,
         rate_per_second: rate.parse().unwrap_or(0.0),
         admitted,
+        now_ms,
+        late,
     })
 }
 

@@ -5,7 +5,7 @@
 //! pages' estimates, the metrics and the admin API.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use flashgate_common::config::RedisConfig;
@@ -25,43 +25,53 @@ pub struct RoomTicker {
 
 impl RoomTicker {
     async fn tick(&self, conn: &mut RedisHandle, room: &Room) -> Result<(), redis::RedisError> {
-        let renewals =
-            std::mem::take(&mut *room.renewals.lock().unwrap_or_else(|p| p.into_inner()));
+        let renewals: Vec<(String, i64)> =
+            std::mem::take(&mut *room.renewals.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_iter()
+                .collect();
         let mut chunks = renewals.chunks(MAX_RENEWALS_PER_CALL).peekable();
+        let mut late = 0;
         // One call even without renewals; one per chunk with them.
+        let local_ms = flashgate_common::now_ms();
         let shared = loop {
             let chunk = chunks.next().unwrap_or(&[]);
             match store::tick(conn, &room.config, &room.keys, chunk).await {
-                Ok(read) if chunks.peek().is_none() => break read,
-                Ok(_) => {}
+                Ok(read) => {
+                    late += read.late;
+                    if chunks.peek().is_none() {
+                        break read;
+                    }
+                }
                 Err(error) => {
-                    // Renewals not sent wait for the next tick.
+                    // Renewals not sent wait for the next tick (a newer one
+                    // for the same visitor wins).
                     let mut pending = room.renewals.lock().unwrap_or_else(|p| p.into_inner());
-                    pending.extend(chunk.iter().cloned());
-                    for rest in chunks {
-                        pending.extend(rest.iter().cloned());
+                    for (visitor, until) in chunk.iter().chain(chunks.flatten()) {
+                        let entry = pending.entry(visitor.clone()).or_insert(*until);
+                        *entry = (*entry).max(*until);
                     }
                     return Err(error);
                 }
             }
         };
-        {
-            room.shared.store(shared.into());
-            let name = room.config.name.as_str();
-            let m = &self.rooms.metrics;
-            m.inside
-                .with_label_values(&[name])
-                .set(shared.inside as f64);
-            m.waiting
-                .with_label_values(&[name])
-                .set(shared.waiting as f64);
-            m.admission_rate
-                .with_label_values(&[name])
-                .set(shared.rate_per_second * 60.0);
-            m.estimated_wait
-                .with_label_values(&[name])
-                .set(room.wait_seconds(shared.waiting).map_or(-1.0, |s| s as f64));
-        }
+        self.rooms.saw_redis_clock(shared.now_ms, local_ms);
+        room.shared.store(shared.into());
+        *room.last_tick.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        let name = room.config.name.as_str();
+        let m = &self.rooms.metrics;
+        m.late_renewals.with_label_values(&[name]).inc_by(late);
+        m.inside
+            .with_label_values(&[name])
+            .set(shared.inside as f64);
+        m.waiting
+            .with_label_values(&[name])
+            .set(shared.waiting as f64);
+        m.admission_rate
+            .with_label_values(&[name])
+            .set(shared.rate_per_second * 60.0);
+        m.estimated_wait
+            .with_label_values(&[name])
+            .set(room.wait_seconds(shared.waiting).map_or(-1.0, |s| s as f64));
         Ok(())
     }
 }
