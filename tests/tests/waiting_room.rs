@@ -389,11 +389,17 @@ async fn refused_cookies_queue_an_inside_visitor_costs_no_redis_call_and_the_cli
         newcomer.visit(http, gw, "/shop/a").await,
         Seen::Queued { place: 1 }
     );
+    // Another spelling of the guarded path is guarded too.
+    let mut sidestep = Visitor::default();
+    assert!(matches!(
+        sidestep.visit(http, gw, "/%73hop/a").await,
+        Seen::Queued { .. }
+    ));
     let commands = monitor.commands().await;
     let visits = commands.iter().filter(|c| c.contains(&visit_sha)).count();
     assert_eq!(
-        visits, 1,
-        "only the newcomer's visit called Redis:\n{commands:#?}"
+        visits, 2,
+        "only the two newcomers' visits called Redis:\n{commands:#?}"
     );
 
     // Forged: the inside cookie with its signature changed.

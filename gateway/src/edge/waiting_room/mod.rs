@@ -20,24 +20,36 @@
 //! state for pages, metrics and the admin API); [`admin`] the admin routes.
 //!
 //! **The bound.** Who is inside is the room's `inside` set in Redis, one
-//! slot per room: each visit and tick is one atomic script, so the set
-//! never holds more than `active_users`. A visitor called in holds a slot
-//! for three refreshes of the queue page, then for `session_seconds` from
-//! their last request; a visitor's renewal reaches Redis with the next
-//! tick of the gateway that renewed it (at most a second later). The
-//! margin: a session that ended in Redis while its renewal was still on
-//! its way is counted again when it arrives, so the set may exceed the
-//! bound by the renewals one gateway holds for a second — and only when
-//! a renewal comes later than half a session, which a tick of one second
-//! never is unless Redis was unreachable meanwhile.
+//! slot per room: every visit and tick is one atomic script, and only
+//! they add to the set, each within `active_users`. A visitor called in
+//! holds a seat for the grace (three refreshes, at least 30 s), and so does
+//! one let in on arrival until their cookie comes back; then
+//! `session_seconds`, renewed on a request once half is spent. The renewal
+//! is in the new cookie at once and reaches Redis with the gateway's next
+//! tick; it is made only while at least two ticks of the session are left,
+//! and Redis takes it only for a visitor still inside, so it never counts
+//! a visitor whose seat was given away. The margins, each counted or named:
+//! a renewal held up past the end of its session (a tick late by more
+//! than two seconds, or lost with its gateway) leaves that visitor inside
+//! by their cookie but not in the set, until their cookie ends
+//! (`flashgate_waiting_room_renewals_late_total`); a Redis that loses the
+//! set (a failover without the last writes) forgets who is inside for up
+//! to a session; and a cookie is a bearer token: shared with others, it
+//! lets them in on its seat.
 //!
-//! **Fairness.** Places are scores: `fifo` arrivals get the next ticket;
+//! **Fairness.** Places are scores: `fifo` arrivals draw the next ticket;
 //! `random` arrivals before the start (the pre-queue) and within
-//! `random_window_seconds` of it get a random score below every ticket. The
-//! cookie keeps the score, so a visitor whose place Redis lost (a failover
-//! without the last writes, a flush) gets the same place back, and a
-//! gateway that dies takes nothing with it: every gateway verifies every
-//! cookie.
+//! `random_window_seconds` of it draw a random score below every ticket.
+//! A place is drawn into the arrival's cookie and enters the queue when
+//! they come back with it, so a client that keeps no cookie costs no
+//! memory (and while places drawn within the grace may still come back,
+//! nobody new is let in past them). The cookie keeps the score, so a
+//! visitor whose place Redis lost gets it back, and a gateway that dies
+//! takes no place with it: every gateway verifies every cookie. A place
+//! is used once: a visitor called in is remembered for a day (`called`),
+//! and a saved waiting cookie then draws a new place behind everyone. A
+//! client that drops its cookie draws a new random place each time, so a
+//! `random` room open to bots should ask a proof of work (`challenge`).
 
 pub mod admin;
 pub mod page;
@@ -52,7 +64,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
-use flashgate_common::config::{Config, RoomMode, WaitingRoomConfig};
+use flashgate_common::config::{Config, PathPattern, RoomMode, WaitingRoomConfig};
 use flashgate_common::keys::RoomKeys;
 use flashgate_common::metrics::Registry;
 use pingora::http::RequestHeader;
@@ -99,6 +111,8 @@ struct Proof {
 /// One room of this gateway.
 pub struct Room {
     pub config: WaitingRoomConfig,
+    /// Its paths in lower case, matched against [`routed_form`].
+    paths: Vec<PathPattern>,
     keys: RoomKeys,
     passes: Passes,
     cookie: String,
@@ -271,6 +285,7 @@ impl WaitingRooms {
                 None
             };
             rooms.push(Room {
+                paths: room.paths.iter().map(lower_case).collect(),
                 keys: RoomKeys::new(&room.name),
                 passes: Passes::new(&room.name, secret.as_bytes()),
                 cookie: format!("{COOKIE_PREFIX}{}", room.name),
@@ -302,9 +317,15 @@ impl WaitingRooms {
         }))
     }
 
-    /// The room guarding `path`, the first that does.
+    /// The room guarding `path` (the raw path of the request), the first
+    /// that does. Matched in the form a shop routes it by, so another
+    /// spelling of a guarded path (`/%63heckout/`, `//checkout/`,
+    /// `/x/../checkout/`, `/CHECKOUT/`) is guarded too.
     pub fn guarding(&self, path: &str) -> Option<&Room> {
-        self.rooms.iter().find(|room| room.config.guards(path))
+        let path = routed_form(path);
+        self.rooms
+            .iter()
+            .find(|room| room.paths.iter().any(|p| p.matches(&path)))
     }
 
     pub fn by_name(&self, name: &str) -> Option<&Room> {
@@ -506,6 +527,64 @@ impl WaitingRooms {
     }
 }
 
+/// `pattern` in lower case.
+fn lower_case(pattern: &PathPattern) -> PathPattern {
+    match pattern {
+        PathPattern::Prefix(p) => PathPattern::Prefix(p.to_ascii_lowercase()),
+        PathPattern::Glob(g) => PathPattern::Glob(g.to_ascii_lowercase()),
+    }
+}
+
+/// `path` as a shop may route it: percent-escapes decoded, `.` and `..`
+/// segments resolved, repeated `/` collapsed, in lower case. Only for
+/// matching: the shop still gets the request's own target.
+fn routed_form(path: &str) -> std::borrow::Cow<'_, str> {
+    let plain = !path.bytes().any(|b| b == b'%' || b.is_ascii_uppercase())
+        && !path.contains("//")
+        && !path.contains("/.");
+    if plain {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let raw = path.as_bytes();
+    let mut decoded = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            raw[i],
+            raw.get(i + 1).copied().and_then(hex),
+            raw.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                decoded.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    let decoded = String::from_utf8_lossy(&decoded).to_ascii_lowercase();
+    let mut segments: Vec<&str> = Vec::new();
+    let mut trailing = false;
+    for segment in decoded.split('/') {
+        trailing = matches!(segment, "" | "." | "..");
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = format!("/{}", segments.join("/"));
+    if trailing && !segments.is_empty() {
+        out.push('/');
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// What a room's challenge is bound to in place of a sale.
 fn room_binding(room: &str) -> String {
     format!("room:{room}")
@@ -583,6 +662,25 @@ pub fn strip_cookies(req: &mut RequestHeader) -> pingora::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn other_spellings_of_a_guarded_path_are_matched_in_the_form_a_shop_routes() {
+        for (raw, routed) in [
+            ("/checkout/", "/checkout/"),
+            ("/%63heckout/", "/checkout/"),
+            ("//checkout//pay", "/checkout/pay"),
+            ("/./checkout/", "/checkout/"),
+            ("/x/../checkout/", "/checkout/"),
+            ("/CHECKOUT/", "/checkout/"),
+            ("/checkout/.", "/checkout/"),
+            ("/%2e%2e/checkout", "/checkout"),
+            ("/bad%zzpath", "/bad%zzpath"),
+        ] {
+            assert_eq!(routed_form(raw), routed, "{raw}");
+        }
+        let prefix = lower_case(&PathPattern::Prefix("/Checkout/".into()));
+        assert!(prefix.matches(&routed_form("/%43heckout/pay")));
+    }
 
     #[test]
     fn the_rooms_cookies_are_taken_out_and_the_shops_kept() {
