@@ -61,7 +61,7 @@ const SHOP_CACHE: &str = "i_shop_cache";
 /// The rows run against the gateway with a one-seat waiting room.
 const ROOM_ROWS: [&str; 2] = ["j_room_admitted", "j_room_queued"];
 /// The waiting room under a crowd ([`crate::room_crowd`]).
-pub const ROOM_CROWD: &str = "k_room_crowd";
+pub const ROOM_CROWD: &str = "j_room_crowd";
 
 /// The cookies of the visitor let into the one-seat room (renewed to a
 /// whole session by their second request) and of the one waiting behind
