@@ -654,3 +654,76 @@ async fn an_active_visitor_keeps_the_seat_through_renewals_and_the_next_gets_it_
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// The room's other keys: `reject` turns away who finds no seat (`503
+/// room_full`, no place); `new_users_per_minute` lets in ten seconds'
+/// worth at once and queues the rest though seats are free; a room past
+/// its `ends_at` lets everyone through; the operator's template is the
+/// page, with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_mode_the_admission_pace_the_end_of_the_event_and_the_template_apply() {
+    let dir = flashgate_tests::TempDir::new("room-template");
+    let template = dir.0.join("queue.html");
+    std::fs::write(&template, "<p>Acme line: place {{place}}</p>{{script}}").unwrap();
+    let ended = flashgate_common::rfc3339(flashgate_common::now_ms() - 60_000);
+    let started = flashgate_common::rfc3339(flashgate_common::now_ms() - 120_000);
+    let (stack, _shop) = stack_with(&format!(
+        "{}{}{}",
+        room(
+            "full",
+            "/full/",
+            &format!(
+                "active_users = 1\nmode = \"reject\"\ntemplate = \"{}\"",
+                template.display()
+            )
+        ),
+        room(
+            "paced",
+            "/paced/",
+            "active_users = 100\nnew_users_per_minute = 60"
+        ),
+        room(
+            "over",
+            "/over/",
+            &format!("active_users = 1\nstarts_at = \"{started}\"\nends_at = \"{ended}\"")
+        ),
+    ))
+    .await;
+    let (http, gw) = (&stack.http, stack.gateway_addr);
+
+    assert_eq!(
+        Visitor::default().visit(http, gw, "/full/").await,
+        Seen::Shop
+    );
+    let mut turned = Visitor::default();
+    assert_eq!(turned.visit(http, gw, "/full/").await, Seen::Full);
+    assert!(turned.cookies.is_empty(), "reject gives no place");
+    let page = http.get(stack.url("/full/")).send().await.unwrap();
+    assert_eq!(page.status(), 503);
+    assert_eq!(page.headers()["retry-after"], "10");
+    assert!(
+        page.text().await.unwrap().contains("Acme line"),
+        "the template is the page"
+    );
+
+    // 60 a minute: ten seconds' worth (10) let in, the rest wait.
+    let mut let_in = 0;
+    for _ in 0..30 {
+        match Visitor::default().visit(http, gw, "/paced/").await {
+            Seen::Shop => let_in += 1,
+            Seen::Queued { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    // (An eleventh only if these requests took over a second: one more token.)
+    assert!(
+        (10..=11).contains(&let_in),
+        "{let_in} let in: the bucket holds ten seconds of new_users_per_minute"
+    );
+
+    let mut anyone = Visitor::default();
+    for _ in 0..3 {
+        assert_eq!(anyone.visit(http, gw, "/over/").await, Seen::Shop);
+    }
+    assert!(anyone.cookies.is_empty(), "an ended room is out of the way");
+}
