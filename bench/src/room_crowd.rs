@@ -105,6 +105,64 @@ async fn visit(
     Ok((html, set))
 }
 
+/// What a sweep counted.
+#[derive(Default)]
+struct Counts {
+    answers: AtomicU64,
+    to_shop: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The visitors in turn, each with their own cookie (none yet: an
+/// arrival), kept as the gateway renews it; [`CONCURRENCY`] at once, once
+/// each, or round and round until `until`.
+async fn sweep(
+    http: &reqwest::Client,
+    url: &str,
+    cookies: &Arc<Vec<Mutex<Option<String>>>>,
+    until: Option<Instant>,
+) -> anyhow::Result<Counts> {
+    let (next, counts) = (Arc::new(AtomicUsize::new(0)), Arc::new(Counts::default()));
+    let workers: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let (http, url, cookies) = (http.clone(), url.to_owned(), cookies.clone());
+            let (next, counts) = (next.clone(), counts.clone());
+            tokio::spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let done = match until {
+                        Some(until) => Instant::now() >= until,
+                        None => n >= cookies.len(),
+                    };
+                    if done {
+                        return;
+                    }
+                    let i = n % cookies.len();
+                    let cookie = cookies[i].lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    match visit(&http, &url, cookie.as_deref()).await {
+                        Ok((shop, set)) => {
+                            counts.answers.fetch_add(1, Ordering::Relaxed);
+                            if shop {
+                                counts.to_shop.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if set.is_some() {
+                                *cookies[i].lock().unwrap_or_else(|p| p.into_inner()) = set;
+                            }
+                        }
+                        Err(_) => {
+                            counts.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await?;
+    }
+    Arc::try_unwrap(counts).map_err(|_| anyhow::anyhow!("a sweep's worker outlived it"))
+}
+
 /// Joins `visitors`, then polls them in turn for `poll`.
 pub async fn measure(
     fg: &Flashgate,
@@ -118,39 +176,9 @@ pub async fn measure(
     let url = format!("http://{addr}{PAGE}");
     let cookies: Arc<Vec<Mutex<Option<String>>>> =
         Arc::new((0..visitors).map(|_| Mutex::new(None)).collect());
-    let next = Arc::new(AtomicUsize::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
 
-    // Everyone joins once.
     let started = Instant::now();
-    let joins: Vec<_> = (0..CONCURRENCY)
-        .map(|_| {
-            let (http, url, cookies, next, errors) = (
-                http.clone(),
-                url.clone(),
-                cookies.clone(),
-                next.clone(),
-                errors.clone(),
-            );
-            tokio::spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= cookies.len() {
-                        return;
-                    }
-                    match visit(&http, &url, None).await {
-                        Ok((_, set)) => *cookies[i].lock().unwrap_or_else(|p| p.into_inner()) = set,
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for join in joins {
-        join.await?;
-    }
+    let joined = sweep(&http, &url, &cookies, None).await?;
     let join_s = started.elapsed().as_secs_f64();
     let mut conn = RedisHandle::connect(
         &fg.redis_config,
@@ -163,10 +191,7 @@ pub async fn measure(
         .arg("seq")
         .query_async(&mut conn)
         .await?;
-    let waiting_at_start = tickets.unwrap_or(0);
 
-    // Then in turn, each with their own cookie, for `poll`.
-    let (answers, to_shop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let most_inside = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + poll;
     let sampler = {
@@ -184,52 +209,17 @@ pub async fn measure(
         })
     };
     let polled = Instant::now();
-    next.store(0, Ordering::Relaxed);
-    let polls: Vec<_> = (0..CONCURRENCY)
-        .map(|_| {
-            let (http, url, cookies, next, errors) = (
-                http.clone(),
-                url.clone(),
-                cookies.clone(),
-                next.clone(),
-                errors.clone(),
-            );
-            let (answers, to_shop) = (answers.clone(), to_shop.clone());
-            tokio::spawn(async move {
-                while Instant::now() < until {
-                    let i = next.fetch_add(1, Ordering::Relaxed) % cookies.len();
-                    let cookie = cookies[i].lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    match visit(&http, &url, cookie.as_deref()).await {
-                        Ok((shop, set)) => {
-                            answers.fetch_add(1, Ordering::Relaxed);
-                            if shop {
-                                to_shop.fetch_add(1, Ordering::Relaxed);
-                            }
-                            if set.is_some() {
-                                *cookies[i].lock().unwrap_or_else(|p| p.into_inner()) = set;
-                            }
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for p in polls {
-        p.await?;
-    }
+    let polls = sweep(&http, &url, &cookies, Some(until)).await?;
     let poll_s = polled.elapsed().as_secs_f64();
     sampler.await?;
     Ok(Crowd {
         visitors,
         join_s,
-        waiting_at_start,
+        waiting_at_start: tickets.unwrap_or(0),
         poll_s,
-        answers: answers.load(Ordering::Relaxed),
-        to_shop: to_shop.load(Ordering::Relaxed),
+        answers: polls.answers.into_inner(),
+        to_shop: polls.to_shop.into_inner(),
         most_inside: most_inside.load(Ordering::Relaxed),
-        errors: errors.load(Ordering::Relaxed),
+        errors: joined.errors.into_inner() + polls.errors.into_inner(),
     })
 }
