@@ -760,7 +760,7 @@ fn room_section(md: &mut String, r: &Results) {
              as fast as {} connections could send: the gateway answered **{:.0} requests/s**, of which **{:.1}/s reached \
              the shop**, against {:.0} seats freed per second (active_users / session_seconds); the most visitors Redis \
              held inside, sampled every 50 ms, was **{}**. Errors: {}.\n",
-            crate::run::ROOM_CROWD,
+            crate::room_crowd::SCENARIO,
             crate::room_crowd::ACTIVE_USERS,
             crate::room_crowd::SESSION_SECONDS,
             c.visitors,

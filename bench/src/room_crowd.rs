@@ -18,6 +18,8 @@ use serde::Serialize;
 
 use crate::stack::Flashgate;
 
+/// The row's id (`--scenario`).
+pub const SCENARIO: &str = "j_room_crowd";
 /// The crowd's room.
 pub const ACTIVE_USERS: u64 = 100;
 pub const SESSION_SECONDS: u64 = 2;

@@ -60,8 +60,6 @@ const SHOP_CACHE: &str = "i_shop_cache";
 
 /// The rows run against the gateway with a one-seat waiting room.
 const ROOM_ROWS: [&str; 2] = ["j_room_admitted", "j_room_queued"];
-/// The waiting room under a crowd ([`crate::room_crowd`]).
-pub const ROOM_CROWD: &str = "j_room_crowd";
 
 /// The cookies of the visitor let into the one-seat room (renewed to a
 /// whole session by their second request) and of the one waiting behind
@@ -321,7 +319,7 @@ async fn run_with_db(
     };
 
     let room_crowd = match &ctx.peers {
-        Some(peers) if wanted(ROOM_CROWD) => {
+        Some(peers) if wanted(crate::room_crowd::SCENARIO) => {
             let (gateway, addr) = ctx
                 .fg
                 .start_gateway_with(

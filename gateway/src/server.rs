@@ -267,7 +267,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
         metrics: gateway.metrics.clone(),
         breaker: gateway.redis.breaker.clone(),
         readiness,
-        rooms: crate::edge::waiting_room::admin::RoomsApi {
+        rooms: crate::edge::RoomsApi {
             rooms: gateway.rooms.clone(),
             admin_token: config.admin_token.as_deref().map(Arc::from),
             redis: config.redis.clone(),

@@ -4,6 +4,7 @@
 //! in values, which only the edge turns into responses.
 
 mod admin;
+mod admin_api;
 mod proxy;
 mod reply;
 mod route;
@@ -12,7 +13,7 @@ mod shop_cache;
 mod static_pages;
 mod tls;
 mod upstreams;
-pub mod waiting_room;
+mod waiting_room;
 
 pub use admin::AdminServer;
 pub use proxy::Gateway;
@@ -22,4 +23,4 @@ pub use shop_cache::{PurgeApi, ShopCache};
 pub use static_pages::{PagesWatcher, StaticPages};
 pub use tls::{listener_settings, CertSet, CertWatcher};
 pub use upstreams::Upstreams;
-pub use waiting_room::{tick::RoomTicker, WaitingRooms};
+pub use waiting_room::{admin::RoomsApi, tick::RoomTicker, WaitingRooms};

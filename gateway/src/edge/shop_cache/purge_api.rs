@@ -83,7 +83,7 @@ struct PurgeBody {
     tags: Option<Vec<String>>,
 }
 
-use crate::edge::admin::error;
+use crate::edge::admin_api::error;
 
 /// The targets named by a purge body (several only for `tags`), or why
 /// it names none.
@@ -125,7 +125,7 @@ pub async fn purge(
     body: axum::body::Bytes,
 ) -> Response {
     if let Some(refused) =
-        crate::edge::admin::refused_without_token(api.admin_token.as_deref(), &headers)
+        crate::edge::admin_api::refused_without_token(api.admin_token.as_deref(), &headers)
     {
         return refused;
     }

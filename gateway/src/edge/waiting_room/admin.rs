@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{store, Room, WaitingRooms};
-use crate::edge::admin::{error, refused_without_token};
+use crate::edge::admin_api::{error, refused_without_token};
 
 /// What the rooms' routes need.
 #[derive(Clone)]
