@@ -24,13 +24,15 @@ missing=()
 [[ -d /usr/share/lua/5.1/resty/core ]] || missing+=(lua-resty-core lua-resty-lrucache)
 command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null || missing+=(redis-server)
 command -v wrk >/dev/null || missing+=(wrk)
+# h2load drives the HTTPS rows (both sides).
+command -v h2load >/dev/null || missing+=(nghttp2-client)
 if ((${#missing[@]})); then
   log "installing ${missing[*]}"
   if ! apt-get install -y nginx libnginx-mod-http-lua libnginx-mod-http-ndk lua-resty-core \
-      lua-resty-lrucache lua-nginx-redis redis-server wrk >/dev/null; then
+      lua-resty-lrucache lua-nginx-redis redis-server wrk nghttp2-client >/dev/null; then
     apt-get update >/dev/null
     apt-get install -y nginx libnginx-mod-http-lua libnginx-mod-http-ndk lua-resty-core \
-      lua-resty-lrucache lua-nginx-redis redis-server wrk >/dev/null
+      lua-resty-lrucache lua-nginx-redis redis-server wrk nghttp2-client >/dev/null
   fi
 fi
 [[ -x "$PEERS_DIR/redis-evalsha" ]] || { echo "bench: peers not found in $PEERS_DIR (set PEERS_DIR)" >&2; exit 1; }

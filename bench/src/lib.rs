@@ -15,12 +15,15 @@
 //! - [`results`]: what a run measured, written by [`run`] and read by
 //!   [`report`] and [`chart`].
 //! - [`report`], [`chart`]: `bench/REPORT.md` and its PNG chart.
+//! - [`tls`]: the HTTPS rows (certificate, h2load).
+//! - [`copy_floor`]: PostgreSQL's own cost of the drain's rows (`COPY`).
 //! - [`sys`]: processes stopped by PID, CPU time from `/proc`.
 #![forbid(unsafe_code)]
 
 pub mod books;
 pub mod buckets;
 pub mod chart;
+pub mod copy_floor;
 pub mod load;
 pub mod report;
 pub mod results;
@@ -29,3 +32,4 @@ pub mod run;
 pub mod settings;
 pub mod stack;
 pub mod sys;
+pub mod tls;

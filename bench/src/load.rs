@@ -68,6 +68,14 @@ pub enum Target {
         users: Users,
         pick: Pick,
     },
+    /// A Flashgate buy the gateway must turn down before Redis: `body`
+    /// as sent, with the next user's bearer token when `users` is given
+    /// (none: unauthenticated).
+    RefusedBuy {
+        path: String,
+        users: Option<Users>,
+        body: &'static [u8],
+    },
 }
 
 /// The pace of a run.
@@ -278,6 +286,7 @@ fn build(target: &Target, host: &HeaderValue, user: usize, key: &str) -> Request
         Target::FlashBuy { path, .. } | Target::PeerBuy { path, .. } => {
             (Method::POST, path, Bytes::from_static(BUY_BODY))
         }
+        Target::RefusedBuy { path, body, .. } => (Method::POST, path, Bytes::from_static(body)),
     };
     let mut req = Request::builder()
         .method(method)
@@ -305,6 +314,18 @@ fn build(target: &Target, host: &HeaderValue, user: usize, key: &str) -> Request
                 .header("x-request-id", key)
                 .header(http::header::CONTENT_TYPE, "application/json");
         }
+        Target::RefusedBuy { users, .. } => {
+            if let Some(users) = users {
+                let users = &users.headers;
+                req = req.header(
+                    http::header::AUTHORIZATION,
+                    users[user % users.len()].clone(),
+                );
+            }
+            req = req
+                .header("idempotency-key", key)
+                .header(http::header::CONTENT_TYPE, "application/json");
+        }
     }
     req.body(Full::new(body)).expect("a well-formed request")
 }
@@ -312,6 +333,7 @@ fn build(target: &Target, host: &HeaderValue, user: usize, key: &str) -> Request
 fn pick_of(target: &Target) -> Pick {
     match target {
         Target::Get { .. } | Target::GetWithCookie { .. } => Pick::One(0),
+        Target::RefusedBuy { .. } => Pick::Distinct,
         Target::FlashBuy { pick, .. } | Target::PeerBuy { pick, .. } => *pick,
     }
 }

@@ -29,11 +29,19 @@ pub const SCENARIOS: &[Scenario] = &[
         title: "a⁰. Static sale page beside Pingora's floor (`pingora_floor`: the same bytes, nothing else done)",
         peer: Some("pingora-floor"),
     },
+    Scenario {
+        id: "a_floor_tuned",
+        title: "a⁺. Static sale page beside Pingora's floor with Pingora's server options (`pingora_floor --no-work-stealing --listeners N`: one SO_REUSEPORT listener per thread, each thread its own runtime)",
+        peer: Some("pingora-floor-tuned"),
+    },
     Scenario { id: "b_state", title: "b. Sale-state JSON (GET /flashgate/api/sales/{id})", peer: None },
     Scenario { id: "c_buy", title: "c. Buy while in stock (closed loop)", peer: Some("openresty-gateway") },
     Scenario { id: "c_buy_open", title: "c'. Buy while in stock (open loop, fixed rate)", peer: Some("openresty-gateway") },
     Scenario { id: "d_soldout", title: "d. Buy after sold out", peer: Some("openresty-gateway") },
     Scenario { id: "e_hammer", title: "e. One user hammering (rate-limited)", peer: Some("openresty-gateway") },
+    Scenario { id: "j_not_started", title: "j. Buy before the sale starts (not started)", peer: None },
+    Scenario { id: "j_unauth", title: "j'. Buy without a token (401)", peer: None },
+    Scenario { id: "j_bad_input", title: "j''. Buy whose body is not a JSON object (400)", peer: None },
     Scenario { id: "d_soldout_pow", title: "d*. Buy after sold out, challenge on (`[challenge] mode = \"always\"`)", peer: None },
     Scenario { id: "e_hammer_pow", title: "e*. One user hammering (rate-limited), challenge on", peer: None },
     Scenario { id: "i_shop_cache", title: "i. A shop page through the edge cache (GET, the same 6.7 KB page from the same origin nginx)", peer: Some("nginx-proxy-cache") },
@@ -46,6 +54,16 @@ pub const SCENARIOS: &[Scenario] = &[
         id: "j_room_queued",
         title: "j'. A visitor waiting in a waiting room: the queue page (one `lua/room_visit.lua` call each)",
         peer: None,
+    },
+    Scenario {
+        id: "l_tls_page",
+        title: "l. Sale page over TLS 1.3 + HTTP/2 (h2load, 64 connections × 10 streams; latency columns: h2load's mean as p50, its longest as p99)",
+        peer: Some("nginx-tls"),
+    },
+    Scenario {
+        id: "l_tls_handshake",
+        title: "l'. Full TLS 1.3 handshakes (h2load, every connection new with one request; latency columns as l.)",
+        peer: Some("nginx-tls"),
     },
     Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
 ];
@@ -113,12 +131,21 @@ pub struct Drain {
     /// From the first order row to the last.
     pub after_first_s: f64,
     pub backend_cpu_s: f64,
+    /// Every PostgreSQL server process over the drain (`None`: another
+    /// database).
+    pub database_cpu_s: Option<f64>,
     pub ok: bool,
 }
 
 impl Drain {
     pub fn rate(&self) -> f64 {
         self.orders as f64 / self.total_s.max(1e-9)
+    }
+
+    /// Backend + database CPU µs per order (`None` without the database's).
+    pub fn us_per_order(&self) -> Option<f64> {
+        self.database_cpu_s
+            .map(|db| (self.backend_cpu_s + db) * 1e6 / self.orders.max(1) as f64)
     }
 }
 
@@ -161,6 +188,8 @@ pub struct Results {
     pub buckets: Vec<BucketRound>,
     /// The waiting room under 100,000 visitors ([`crate::room_crowd`]).
     pub room_crowd: Option<crate::room_crowd::Crowd>,
+    /// PostgreSQL's own cost of the drain's rows ([`crate::copy_floor`]).
+    pub copy_floor: Option<crate::copy_floor::CopyFloor>,
 }
 
 impl Results {

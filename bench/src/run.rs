@@ -51,6 +51,9 @@ struct Ctx {
     /// one waiting, for the `j_room_*` rows.
     room_gateway: Option<(std::net::SocketAddr, u32)>,
     room_cookies: Option<(HeaderValue, HeaderValue)>,
+    /// The gateway with `[gateway.tls]` on (its HTTPS address, pid), for
+    /// the HTTPS rows.
+    tls_gateway: Option<(std::net::SocketAddr, u32)>,
 }
 
 /// The rows run against the gateway that asks every buy for a proof of
@@ -88,6 +91,15 @@ async fn room_cookies(
     let queued = visit(None).await?;
     Ok((inside, queued))
 }
+
+/// The HTTPS rows (h2load, [`crate::tls`]).
+const TLS_ROWS: &[(&str, crate::tls::Mode)] = &[
+    ("l_tls_page", crate::tls::Mode::Page),
+    ("l_tls_handshake", crate::tls::Mode::Handshake),
+];
+
+/// A buy body the gateway refuses (valid JSON, not an object).
+const BAD_BODY: &[u8] = b"[1]";
 
 const CHALLENGED: &[(&str, &str)] = &[("d_soldout_pow", "d_soldout"), ("e_hammer_pow", "e_hammer")];
 
@@ -144,6 +156,7 @@ async fn run_with_db(
     started: Instant,
 ) -> anyhow::Result<Results> {
     let page = s.peers_dir.join("html/p/1001.html");
+    let cert = crate::tls::make_cert(&work.0).context("the HTTPS rows' certificate")?;
     let fg = Flashgate::start(
         &work.0,
         &FlashgateOptions {
@@ -161,7 +174,7 @@ async fn run_with_db(
         .iter()
         .any(|sc| sc.peer.is_some() && wanted(sc.id))
     {
-        let peers = Peers::start(&work.0, &s.peers_dir, &s.bin_dir, s.threads).await?;
+        let peers = Peers::start(&work.0, &s.peers_dir, &s.bin_dir, s.threads, &cert).await?;
         eprintln!(
             "bench: flashgate on {}, nginx-static on {}, pingora-floor on {}, openresty-gateway on {}",
             fg.gateway_addr, peers.static_addr, peers.floor_addr, peers.gw_addr
@@ -219,6 +232,32 @@ async fn run_with_db(
         shop_cache_gateway: None,
         room_gateway: None,
         room_cookies: None,
+        tls_gateway: None,
+    };
+    // Stopped when dropped, at the end of the run.
+    let _tls_gateway = if TLS_ROWS.iter().any(|(id, _)| wanted(id)) {
+        anyhow::ensure!(
+            crate::tls::h2load_available(),
+            "h2load not found (Debian package nghttp2-client; bench/run.sh installs it)"
+        );
+        let tls_addr = sys::loopback(sys::free_port());
+        let tables = format!(
+            "[gateway.tls]\nlisten = \"{tls_addr}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            cert.cert.display(),
+            cert.key.display()
+        );
+        let (gateway, _) = ctx
+            .fg
+            .start_gateway_with("flashgate-tls", "", &tables)
+            .await?;
+        anyhow::ensure!(
+            sys::wait_port(tls_addr, Duration::from_secs(30)).await,
+            "the TLS gateway does not listen on {tls_addr}"
+        );
+        ctx.tls_gateway = Some((tls_addr, gateway.pid));
+        Some(gateway)
+    } else {
+        None
     };
     // Stopped when dropped, at the end of the run.
     let _challenge_gateway = if CHALLENGED.iter().any(|(id, _)| wanted(id)) {
@@ -359,6 +398,22 @@ async fn run_with_db(
     } else {
         None
     };
+    let copy_floor = if s.drain_orders > 0 {
+        let f = crate::copy_floor::measure(&ctx.pg, s.drain_orders, crate::stack::ORDER_BATCH)
+            .await
+            .context("the COPY floor")?;
+        eprintln!(
+            "bench: COPY floor {} rows in batches of {} in {:.2}s, database CPU {:.2}s = {:.1} µs per row",
+            f.rows,
+            f.batch,
+            f.secs,
+            f.database_cpu_s,
+            f.us_per_row()
+        );
+        Some(f)
+    } else {
+        None
+    };
     let drain_mysql = match (&s.mysql_url, s.drain_orders) {
         (Some(url), n) if n > 0 => {
             let d = mysql_drain(&mut ctx, url, n, &mut machine)
@@ -391,6 +446,7 @@ async fn run_with_db(
         token_verify: Vec::new(),
         buckets,
         room_crowd,
+        copy_floor,
     };
 
     if s.profile != Profiling::Never && results.perf_available {
@@ -399,7 +455,7 @@ async fn run_with_db(
             s.profile == Profiling::Always
                 || targets.iter().any(|t| t.id == id && t.met == Some(false))
         };
-        if missed("static") {
+        if missed("static") || missed("floor") {
             results
                 .profiles
                 .extend(profile_load(&ctx, "a_static").await?);
@@ -407,17 +463,31 @@ async fn run_with_db(
         if missed("buy") || missed("buy_cpu") || missed("open_tail") {
             results.profiles.extend(profile_load(&ctx, "c_buy").await?);
         }
-        if missed("soldout") {
+        if missed("soldout") || missed("moonshot") {
             results
                 .profiles
                 .extend(profile_load(&ctx, "d_soldout").await?);
         }
-        if missed("ratelimited") {
+        if missed("ratelimited") || missed("ratelimited_peer") || missed("moonshot") {
             results
                 .profiles
                 .extend(profile_load(&ctx, "e_hammer").await?);
         }
-        if missed("drain") {
+        for (id, scenario) in [
+            ("not_started", "j_not_started"),
+            ("unauth", "j_unauth"),
+            ("bad_input", "j_bad_input"),
+        ] {
+            if missed(id) {
+                results.profiles.extend(profile_load(&ctx, scenario).await?);
+            }
+        }
+        for (id, mode) in TLS_ROWS {
+            if missed(id.trim_start_matches("l_")) && ctx.tls_gateway.is_some() {
+                results.profiles.push(profile_tls(&ctx, *mode, id).await?);
+            }
+        }
+        if missed("drain") || missed("order_cpu") {
             let n = (s.drain_orders / 3).max(1000);
             let mut lines = Vec::new();
             let counter = OrderCounter::Postgres(ctx.pg.clone());
@@ -709,6 +779,32 @@ async fn flashgate_round(
             .filter(|w| w.name == "gateway")
             .for_each(|w| w.pids = vec![pid]);
     }
+    if let Some((_, mode)) = TLS_ROWS.iter().find(|(id, _)| *id == scenario) {
+        let (tls_addr, pid) = ctx.tls_gateway.context("the TLS gateway was not started")?;
+        watched
+            .iter_mut()
+            .filter(|w| w.name == "gateway")
+            .for_each(|w| w.pids = vec![pid]);
+        let loadavg_before = sys::loadavg();
+        let (summary, a, b) = crate::tls::round(
+            tls_addr,
+            SALE_PAGE_PATH,
+            *mode,
+            Duration::from_secs_f64(ctx.s.warmup),
+            Duration::from_secs_f64(ctx.s.secs),
+            probe(watched),
+        )
+        .await?;
+        return Ok(RoundResult {
+            scenario,
+            side: Side::Flashgate,
+            round,
+            loadavg_before,
+            summary,
+            cpu: CpuUse::between(&a, &b),
+            check: None,
+        });
+    }
     let tag = format!("{}{}f{round}", ctx.tag, &scenario[..1]);
     let sale = format!("{}-r{round}", scenario.replace('_', "-"));
     let buy_path = format!("/flashgate/api/sales/{sale}/buy");
@@ -719,7 +815,7 @@ async fn flashgate_round(
         2 * round
     };
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
-        "a_static" | "a_floor" => (
+        "a_static" | "a_floor" | "a_floor_tuned" => (
             0,
             Target::Get {
                 path: SALE_PAGE_PATH.into(),
@@ -794,6 +890,34 @@ async fn flashgate_round(
             },
             Pace::Closed,
         ),
+        "j_not_started" => (
+            BIG_STOCK,
+            Target::FlashBuy {
+                path: buy_path,
+                users: bearers,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
+        // Refused before any sale is read: the open sale "bench" is named.
+        "j_unauth" => (
+            0,
+            Target::RefusedBuy {
+                path: "/flashgate/api/sales/bench/buy".into(),
+                users: None,
+                body: br#"{"qty":1}"#,
+            },
+            Pace::Closed,
+        ),
+        "j_bad_input" => (
+            0,
+            Target::RefusedBuy {
+                path: "/flashgate/api/sales/bench/buy".into(),
+                users: Some(bearers),
+                body: BAD_BODY,
+            },
+            Pace::Closed,
+        ),
         "f_burst" => (
             ctx.s.burst_stock,
             Target::FlashBuy {
@@ -807,7 +931,9 @@ async fn flashgate_round(
     };
     let is_buy = matches!(target, Target::FlashBuy { .. });
     let mut redis = fg.redis().await?;
-    if is_buy {
+    if scenario == "j_not_started" {
+        fg.put_future_sale(&sale, stock).await?;
+    } else if is_buy {
         fg.put_sale(&sale, stock, 1).await?;
     }
     if scenario == "d_soldout_pow" {
@@ -953,12 +1079,33 @@ async fn peer_round(
     open_rate: f64,
 ) -> anyhow::Result<RoundResult> {
     let peers = ctx.peers.as_ref().context("the peers were not started")?;
+    if let Some((_, mode)) = TLS_ROWS.iter().find(|(id, _)| *id == scenario) {
+        let loadavg_before = sys::loadavg();
+        let (summary, a, b) = crate::tls::round(
+            peers.tls_addr,
+            "/p/1001.html",
+            *mode,
+            Duration::from_secs_f64(ctx.s.warmup),
+            Duration::from_secs_f64(ctx.s.secs),
+            probe(peers.tls_watched()),
+        )
+        .await?;
+        return Ok(RoundResult {
+            scenario,
+            side: Side::Peer,
+            round,
+            loadavg_before,
+            summary,
+            cpu: CpuUse::between(&a, &b),
+            check: None,
+        });
+    }
     let tag = format!("{}{}p{round}", ctx.tag, &scenario[..1]);
     let path = "/api/seckill/1001/buy".to_owned();
     let ids = ctx.peer_ids.clone();
     let hammer_user = 2 * round + 1;
     let (stock, target, pace): (i64, Target, Pace) = match scenario {
-        "a_static" | "a_floor" | SHOP_CACHE => (
+        "a_static" | "a_floor" | "a_floor_tuned" | SHOP_CACHE => (
             0,
             Target::Get {
                 path: "/p/1001.html".into(),
@@ -1016,6 +1163,7 @@ async fn peer_round(
     let (addr, watched) = match scenario {
         _ if is_buy => (peers.gw_addr, peers.gw_watched()),
         "a_floor" => (peers.floor_addr, peers.floor_watched()),
+        "a_floor_tuned" => (peers.floor_tuned_addr, peers.floor_tuned_watched()),
         SHOP_CACHE => (peers.cache_addr, peers.cache_watched()),
         _ => (peers.static_addr, peers.static_watched()),
     };
@@ -1142,20 +1290,36 @@ async fn measure_drain(
         false => None,
     };
     let cpu0 = sys::pid_ticks(pid);
+    let database = [Watched::command(sys::DATABASE, "postgres")];
+    let db0 = snap(&database);
     let mut first: Option<Instant> = None;
     let deadline = t0 + Duration::from_secs(180);
+    // Progress from the backend's own counter (a fresh process: its
+    // orders are this drain's), so the polling costs the database
+    // nothing; the rows are then counted once in the database, and again
+    // only if they fall short.
     let count = loop {
-        let c = counter.count(sale).await?;
-        if c > 0 && first.is_none() {
+        let created = ctx
+            .fg
+            .backend_metric("flashgate_backend_orders_created_total", "")
+            .await as usize;
+        if created > 0 && first.is_none() {
             first = Some(Instant::now());
         }
-        if c as usize >= n || Instant::now() > deadline {
-            break c;
+        if created >= n || Instant::now() > deadline {
+            let c = counter.count(sale).await?;
+            if c as usize >= n || Instant::now() > deadline {
+                break c;
+            }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let done = Instant::now();
     let backend_cpu_s = sys::pid_ticks(pid).saturating_sub(cpu0) as f64 / sys::clk_tck();
+    let database_cpu_s = match counter {
+        OrderCounter::Postgres(_) => CpuUse::between(&db0, &snap(&database)).get(sys::DATABASE),
+        OrderCounter::Mysql(_) => None,
+    };
     if let (Some((mut p, file)), Some(lines)) = (perf, profile) {
         p.stop_interrupt();
         *lines = perf_top(&file, 18);
@@ -1167,6 +1331,7 @@ async fn measure_drain(
         total_s: done.duration_since(t0).as_secs_f64(),
         after_first_s: first.map_or(0.0, |f| done.duration_since(f).as_secs_f64()),
         backend_cpu_s,
+        database_cpu_s,
         ok: count as usize == n,
     })
 }
@@ -1394,6 +1559,23 @@ async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<P
         "a_static" => Target::Get {
             path: SALE_PAGE_PATH.into(),
         },
+        "j_not_started" => {
+            ctx.fg.put_future_sale(&sale, stock).await?;
+            Target::FlashBuy {
+                path: format!("/flashgate/api/sales/{sale}/buy"),
+                users: ctx.bearers.clone(),
+                pick: Pick::Distinct,
+            }
+        }
+        "j_unauth" | "j_bad_input" => Target::RefusedBuy {
+            path: "/flashgate/api/sales/bench/buy".into(),
+            users: (scenario == "j_bad_input").then(|| ctx.bearers.clone()),
+            body: if scenario == "j_bad_input" {
+                BAD_BODY
+            } else {
+                br#"{"qty":1}"#
+            },
+        },
         "e_hammer" => {
             ctx.fg.put_sale(&sale, stock, 1).await?;
             Target::FlashBuy {
@@ -1434,6 +1616,36 @@ async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<P
         });
     }
     Ok(out)
+}
+
+/// One more HTTPS round of `scenario` on the TLS gateway with perf on it.
+async fn profile_tls(ctx: &Ctx, mode: crate::tls::Mode, scenario: &str) -> anyhow::Result<Profile> {
+    let secs = 6;
+    let (addr, pid) = ctx.tls_gateway.context("the TLS gateway was not started")?;
+    let file = std::env::temp_dir().join(format!(
+        "flashgate-bench-{scenario}-gateway-{}.data",
+        std::process::id()
+    ));
+    let (mut perf, file) = start_perf(pid, &file, secs)?;
+    let (summary, (), ()) = crate::tls::round(
+        addr,
+        SALE_PAGE_PATH,
+        mode,
+        Duration::from_millis(300),
+        Duration::from_secs(secs - 1),
+        || (),
+    )
+    .await?;
+    perf.stop_interrupt();
+    let lines = perf_top(&file, 25);
+    let _ = std::fs::remove_file(&file);
+    Ok(Profile {
+        what: format!(
+            "TLS gateway during {scenario} ({:.0} req/s under perf, {secs} s, self time by symbol)",
+            summary.rps
+        ),
+        lines,
+    })
 }
 
 /// Runs the peers' `redis-evalsha` script and keeps its RESULT/CHECK lines.

@@ -174,6 +174,11 @@ pub async fn start_replica(dir: &Path, name: &str, primary: u16) -> anyhow::Resu
     }
 }
 
+/// Orders the backend writes per batch (`backend.batch_size`, written
+/// into the bench's config): the COPY floor writes its rows in batches of
+/// this size too.
+pub const ORDER_BATCH: usize = 500;
+
 /// The Flashgate side.
 pub struct Flashgate {
     pub gateway: Proc,
@@ -278,6 +283,7 @@ listen = "{backend_addr}"
 admin_listen = "{admin_addr}"
 database_url = "{db}"
 consumer_name = "bench-backend"
+batch_size = {order_batch}
 
 [limits.buy]
 user = {{ per_second = {per_second}, burst = {burst} }}
@@ -287,6 +293,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
                 runtime_dir = dir.join("run").display(),
                 static_dir = static_dir.display(),
                 db = opts.database_url,
+                order_batch = ORDER_BATCH,
             ),
         )?;
         let (out, err) = log_file(dir, "flashgate")?;
@@ -480,13 +487,34 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         per_user_limit: i64,
         buckets: u32,
     ) -> anyhow::Result<()> {
+        self.put_sale_with(id, stock, per_user_limit, buckets, -1000)
+            .await
+    }
+
+    /// A sale that opens an hour from now (its buys are answered "not
+    /// started").
+    ///
+    /// # Errors
+    /// When the admin API refuses it.
+    pub async fn put_future_sale(&self, id: &str, stock: i64) -> anyhow::Result<()> {
+        self.put_sale_with(id, stock, 1, 1, 3_600_000).await
+    }
+
+    async fn put_sale_with(
+        &self,
+        id: &str,
+        stock: i64,
+        per_user_limit: i64,
+        buckets: u32,
+        starts_in_ms: i64,
+    ) -> anyhow::Result<()> {
         let now = flashgate_common::now_ms();
         let body = serde_json::json!({
             "name": format!("Bench sale {id}"),
             "stock": stock,
             "per_user_limit": per_user_limit,
-            "starts_at": flashgate_common::rfc3339(now - 1000),
-            "ends_at": flashgate_common::rfc3339(now + 3_600_000),
+            "starts_at": flashgate_common::rfc3339(now + starts_in_ms),
+            "ends_at": flashgate_common::rfc3339(now + starts_in_ms.max(0) + 3_600_000),
             "buckets": buckets,
         });
         let resp = self
@@ -533,6 +561,21 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     ///
     /// # Errors
     /// When the admin API does not answer 200.
+    /// The sum of the backend's samples of `metric` whose labels contain
+    /// `labels`, from its `/metrics`; 0 while it cannot be read.
+    pub async fn backend_metric(&self, metric: &str, labels: &str) -> f64 {
+        let Ok(resp) = self
+            .http
+            .get(format!("http://{}/metrics", self.backend_addr))
+            .send()
+            .await
+        else {
+            return 0.0;
+        };
+        let text = resp.text().await.unwrap_or_default();
+        sum_samples(&text, metric, labels)
+    }
+
     /// The sum of the gateway's samples of `metric` whose labels contain
     /// `labels` (e.g. `result="moved"`), from its `/metrics`; 0 while it
     /// cannot be read.
@@ -546,10 +589,7 @@ user = {{ per_second = {per_second}, burst = {burst} }}
             return 0.0;
         };
         let text = resp.text().await.unwrap_or_default();
-        text.lines()
-            .filter(|l| l.starts_with(metric) && l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-            .sum()
+        sum_samples(&text, metric, labels)
     }
 
     pub async fn admin_sale(&self, id: &str) -> anyhow::Result<serde_json::Value> {
@@ -568,6 +608,15 @@ user = {{ per_second = {per_second}, burst = {burst} }}
     }
 }
 
+/// The sum of the samples of `metric` in a Prometheus text page whose
+/// labels contain `labels`.
+fn sum_samples(text: &str, metric: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(metric) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
 /// The peers: nginx (static page) and the OpenResty gateway with its Redis.
 pub struct Peers {
     pub static_nginx: Proc,
@@ -575,6 +624,13 @@ pub struct Peers {
     /// answer the same page.
     pub floor: Proc,
     pub floor_addr: std::net::SocketAddr,
+    /// The same floor under Pingora's own server options: no work
+    /// stealing, one SO_REUSEPORT listener per thread.
+    pub floor_tuned: Proc,
+    pub floor_tuned_addr: std::net::SocketAddr,
+    /// nginx serving the page over HTTPS with the run's certificate.
+    pub tls_nginx: Proc,
+    pub tls_addr: std::net::SocketAddr,
     pub gw_nginx: Proc,
     pub redis: Proc,
     pub redis_port: u16,
@@ -606,11 +662,13 @@ fn render_conf(
     Ok(())
 }
 
-/// Starts `pingora_floor` serving `page` with `threads` threads.
+/// Starts `pingora_floor` serving `page` with `threads` threads and
+/// `extra` arguments.
 async fn start_floor(
     bin_dir: &Path,
     page: &Path,
     threads: usize,
+    extra: &[String],
 ) -> anyhow::Result<(Proc, std::net::SocketAddr)> {
     let bin = bin_dir.join("pingora_floor");
     ensure!(
@@ -626,6 +684,7 @@ async fn start_floor(
         .arg(page)
         .arg("--threads")
         .arg(threads.to_string())
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -698,6 +757,7 @@ impl Peers {
         peers_dir: &Path,
         bin_dir: &Path,
         workers: usize,
+        cert: &crate::tls::Cert,
     ) -> anyhow::Result<Self> {
         let (redis, redis_port) = start_redis(dir, "peer-redis").await?;
         let static_port = free_port();
@@ -747,8 +807,27 @@ impl Peers {
             &env,
         )
         .await?;
-        let (floor, floor_addr) =
-            start_floor(bin_dir, &peers_dir.join("html/p/1001.html"), workers).await?;
+        let page = peers_dir.join("html/p/1001.html");
+        let (floor, floor_addr) = start_floor(bin_dir, &page, workers, &[]).await?;
+        let tuned = [
+            "--no-work-stealing".to_owned(),
+            "--listeners".to_owned(),
+            workers.to_string(),
+        ];
+        let (floor_tuned, floor_tuned_addr) = start_floor(bin_dir, &page, workers, &tuned).await?;
+        let tls_port = free_port();
+        let work = dir.join("nginx-tls");
+        std::fs::create_dir_all(&work)?;
+        let conf = include_str!("../conf/nginx-tls.conf.in")
+            .replace("@WORK@", &work.display().to_string())
+            .replace("@WORKERS@", &workers.to_string())
+            .replace("@PORT@", &tls_port.to_string())
+            .replace("@PEERS@", &peers_dir.display().to_string())
+            .replace("@CERT@", &cert.cert.display().to_string())
+            .replace("@KEY@", &cert.key.display().to_string());
+        std::fs::write(work.join("nginx.conf"), conf)?;
+        let tls_nginx =
+            start_nginx("nginx-tls", &work, &work.join("nginx.conf"), tls_port, &[]).await?;
         let cache_port = free_port();
         let work = dir.join("nginx-proxy-cache");
         std::fs::create_dir_all(&work)?;
@@ -772,6 +851,10 @@ impl Peers {
             static_nginx,
             floor,
             floor_addr,
+            floor_tuned,
+            floor_tuned_addr,
+            tls_nginx,
+            tls_addr: loopback(tls_port),
             gw_nginx,
             redis,
             redis_port,
@@ -782,6 +865,16 @@ impl Peers {
 
     pub fn floor_watched(&self) -> Vec<Watched> {
         vec![Watched::pids("gateway", vec![self.floor.pid])]
+    }
+
+    pub fn floor_tuned_watched(&self) -> Vec<Watched> {
+        vec![Watched::pids("gateway", vec![self.floor_tuned.pid])]
+    }
+
+    pub fn tls_watched(&self) -> Vec<Watched> {
+        let mut pids = children_of(self.tls_nginx.pid);
+        pids.push(self.tls_nginx.pid);
+        vec![Watched::pids("gateway", pids)]
     }
 
     pub fn static_watched(&self) -> Vec<Watched> {

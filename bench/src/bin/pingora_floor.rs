@@ -10,6 +10,10 @@
 //! head is built once and cloned per request; nothing else is done (no
 //! routing, no metrics, no conditional requests).
 //!
+//! With `--no-work-stealing` and `--listeners N` it is the same floor under
+//! Pingora's own server options: a runtime per thread and N SO_REUSEPORT
+//! listeners on the one address.
+//!
 //!     pingora_floor --listen 127.0.0.1:8090 --page static/sale.html --threads 2
 
 use std::hash::{Hash, Hasher};
@@ -46,6 +50,15 @@ struct Args {
     /// The page's `Cache-Control` (Flashgate's `pages.page_max_age_seconds` default).
     #[arg(long, default_value = "public, max-age=10")]
     cache_control: String,
+    /// Pingora's `work_stealing = false`: each thread a runtime of its own
+    /// that keeps the connections it accepted.
+    #[arg(long)]
+    no_work_stealing: bool,
+    /// Listening sockets on `--listen`, each with SO_REUSEPORT (the kernel
+    /// spreads new connections over them), e.g. one per thread; 1: one
+    /// plain listener, as the gateway has.
+    #[arg(long, default_value_t = 1)]
+    listeners: usize,
 }
 
 struct Floor {
@@ -87,6 +100,37 @@ impl ProxyHttp for Floor {
     }
 }
 
+/// `n` spellings of one IPv4 `addr:port` (dotted, decimal, hex, octal,
+/// `a.b`, `a.b.c`, as `inet_aton` reads them). Pingora keys its listening
+/// sockets by the address text and reuses the socket of a text it has
+/// bound already, so N SO_REUSEPORT sockets on one address need N texts.
+fn listen_aliases(addr: &str, n: usize) -> anyhow::Result<Vec<String>> {
+    let sock: std::net::SocketAddrV4 = addr
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--listeners needs an IPv4 --listen: {e}"))?;
+    let ip = u32::from(*sock.ip());
+    let [a, b, _, _] = sock.ip().octets();
+    let port = sock.port();
+    let forms = [
+        sock.ip().to_string(),
+        ip.to_string(),
+        format!("{ip:#x}"),
+        format!("0{ip:o}"),
+        format!("{a}.{}", ip & 0x00ff_ffff),
+        format!("{a}.{b}.{}", ip & 0xffff),
+    ];
+    anyhow::ensure!(
+        n <= forms.len(),
+        "--listeners: at most {} on one address",
+        forms.len()
+    );
+    Ok(forms
+        .into_iter()
+        .take(n)
+        .map(|f| format!("{f}:{port}"))
+        .collect())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let body = Bytes::from(std::fs::read(&args.page)?);
@@ -110,6 +154,7 @@ fn main() -> anyhow::Result<()> {
     // SIGTERM stops it at once (the bench stops its processes so).
     let conf = ServerConf {
         threads: args.threads,
+        work_stealing: !args.no_work_stealing,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(0),
         ..ServerConf::default()
@@ -118,7 +163,15 @@ fn main() -> anyhow::Result<()> {
     server.bootstrap();
     let mut service =
         pingora::proxy::http_proxy_service(&server.configuration, Floor { head, body });
-    service.add_tcp(&args.listen);
+    if args.listeners > 1 {
+        for addr in listen_aliases(&args.listen, args.listeners)? {
+            let mut options = pingora::listeners::TcpSocketOptions::default();
+            options.so_reuseport = Some(true);
+            service.add_tcp_with_settings(&addr, options);
+        }
+    } else {
+        service.add_tcp(&args.listen);
+    }
     server.add_service(service);
     server.run_forever()
 }

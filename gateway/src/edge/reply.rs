@@ -163,7 +163,7 @@ impl From<Rejection> for Reply {
         );
         match r {
             Rejection::RateLimited(l) => reply
-                .header("Retry-After", l.retry_after_secs().to_string())
+                .header("Retry-After", l.retry_after_header())
                 .header("RateLimit-Policy", l.policy_header())
                 .header("RateLimit", l.state_header()),
             Rejection::NotStarted(secs) => reply.header("Retry-After", secs.max(1).to_string()),

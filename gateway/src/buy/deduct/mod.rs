@@ -8,8 +8,12 @@
 //! outcome) is parsed in one place, `reply`, into [`DeductOutcome`];
 //! business results are values, not errors.
 
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use flashgate_common::config::RedisTarget;
-use flashgate_common::keys::SaleKeys;
+use flashgate_common::keys::{home_id, SaleKeys};
 
 use crate::infra::{RedisClient, RedisError};
 
@@ -128,7 +132,7 @@ pub async fn deduct_many(
     let Some(first) = attempts.first() else {
         return Ok(Vec::new());
     };
-    let keys = SaleKeys::home(first.sale_id, first.buckets, first.user_id);
+    let keys = home_keys(first.sale_id, first.buckets, first.user_id);
     let mut invocation = redis.deduct_batch.prepare_invoke();
     invocation
         .key(&keys.meta)
@@ -163,6 +167,34 @@ pub async fn deduct_many(
         ));
     }
     Ok(replies.into_iter().map(attempt_decision).collect())
+}
+
+/// `SaleKeys::home(sale_id, buckets, user)`, kept per thread while the
+/// same sale (or bucket) keeps buying: `SaleKeys::new` formats every key a
+/// sale has, which cost a deduct call more than the rest of its
+/// preparation, and a flash sale's buys all name the same keys.
+fn home_keys(sale_id: &str, buckets: u32, user: &str) -> Arc<SaleKeys> {
+    thread_local! {
+        static LAST: RefCell<Option<(String, Arc<SaleKeys>)>> = const { RefCell::new(None) };
+    }
+    let id = if buckets <= 1 {
+        Cow::Borrowed(sale_id)
+    } else {
+        Cow::Owned(home_id(sale_id, buckets, user))
+    };
+    LAST.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return Arc::new(SaleKeys::new(&id));
+        };
+        if let Some((cached, keys)) = last.as_ref() {
+            if *cached == *id {
+                return keys.clone();
+            }
+        }
+        let keys = Arc::new(SaleKeys::new(&id));
+        *last = Some((id.into_owned(), keys.clone()));
+        keys
+    })
 }
 
 /// Whether the deduct runs with the sale's draw keys. No draws on Redis
@@ -218,7 +250,7 @@ pub async fn remembered(
     idempotency_key: &str,
 ) -> Result<Option<Decision>, RedisError> {
     // A bucketed sale remembers a user's keys in their home bucket.
-    let keys = SaleKeys::home(sale_id, buckets, user_id);
+    let keys = home_keys(sale_id, buckets, user_id);
     // Where the script remembers a key: a win on its own, the others in
     // the user's capped hash. One round trip for both, and the id of the
     // Redis that answers (a remembered win waits for replicas there).
@@ -238,3 +270,26 @@ pub async fn remembered(
 
 /// Reads a remembered outcome (`lua/remembered.lua`).
 static REMEMBERED: &flashgate_common::scripts::Script = &flashgate_common::scripts::REMEMBERED;
+
+#[cfg(test)]
+mod home_keys_tests {
+    use super::*;
+
+    #[test]
+    fn kept_keys_are_those_of_the_sale_or_bucket_asked_for() {
+        for (sale, buckets, user) in [
+            ("s1", 1, "alice"),
+            ("s1", 1, "bob"),
+            ("s1", 6, "alice"),
+            ("s1", 6, "bob"),
+            ("s2", 1, "alice"),
+            ("s1", 1, "alice"),
+        ] {
+            assert_eq!(
+                *home_keys(sale, buckets, user),
+                SaleKeys::home(sale, buckets, user),
+                "{sale} {buckets} {user}"
+            );
+        }
+    }
+}

@@ -12,9 +12,10 @@ use crate::infra::RedisError;
 /// One attempt's part of a batch's reply: its decision, its own script
 /// error (`{"error", message}`), or a reply of the wrong shape.
 pub(super) fn attempt_decision(reply: redis::Value) -> Result<Decision, RedisError> {
-    let shown = format!("{reply:?}");
-    let reply: Vec<String> =
-        redis::from_redis_value(reply).map_err(|_| unexpected("unknown deduct reply", shown))?;
+    // Shown only when it cannot be read: formatting it costs more than
+    // reading it.
+    let reply: Vec<String> = redis::FromRedisValue::from_redis_value_ref(&reply)
+        .map_err(|_| unexpected("unknown deduct reply", format!("{reply:?}")))?;
     match reply.as_slice() {
         [code, message] if code == "error" => Err(RedisError::Redis(redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
