@@ -557,41 +557,32 @@ user = {{ per_second = {per_second}, burst = {burst} }}
         .sum()
     }
 
-    /// `GET /admin/sales/{id}`.
-    ///
-    /// # Errors
-    /// When the admin API does not answer 200.
     /// The sum of the backend's samples of `metric` whose labels contain
     /// `labels`, from its `/metrics`; 0 while it cannot be read.
     pub async fn backend_metric(&self, metric: &str, labels: &str) -> f64 {
-        let Ok(resp) = self
-            .http
-            .get(format!("http://{}/metrics", self.backend_addr))
-            .send()
-            .await
-        else {
-            return 0.0;
-        };
-        let text = resp.text().await.unwrap_or_default();
-        sum_samples(&text, metric, labels)
+        self.metric_at(self.backend_addr, metric, labels).await
     }
 
     /// The sum of the gateway's samples of `metric` whose labels contain
     /// `labels` (e.g. `result="moved"`), from its `/metrics`; 0 while it
     /// cannot be read.
     pub async fn gateway_metric(&self, metric: &str, labels: &str) -> f64 {
-        let Ok(resp) = self
-            .http
-            .get(format!("http://{}/metrics", self.gateway_admin_addr))
-            .send()
+        self.metric_at(self.gateway_admin_addr, metric, labels)
             .await
-        else {
+    }
+
+    async fn metric_at(&self, addr: std::net::SocketAddr, metric: &str, labels: &str) -> f64 {
+        let Ok(resp) = self.http.get(format!("http://{addr}/metrics")).send().await else {
             return 0.0;
         };
         let text = resp.text().await.unwrap_or_default();
         sum_samples(&text, metric, labels)
     }
 
+    /// `GET /admin/sales/{id}`.
+    ///
+    /// # Errors
+    /// When the admin API does not answer 200.
     pub async fn admin_sale(&self, id: &str) -> anyhow::Result<serde_json::Value> {
         let resp = self
             .http
