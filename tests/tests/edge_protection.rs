@@ -66,6 +66,34 @@ async fn a_user_over_their_bucket_gets_429_with_ratelimit_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buy_with_a_bad_body_spends_no_token_of_the_users_bucket() {
+    let stack = stack_with("[limits.buy]\nuser = { per_second = 1, burst = 2 }\n").await;
+    for _ in 0..5 {
+        let resp = stack
+            .http
+            .post(stack.url("/flashgate/api/sales/edge/buy"))
+            .bearer_auth(token("careless"))
+            .body("[1]")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status().as_u16(),
+            400,
+            "a bad body is a 400, never a 429"
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(
+            buy_status(&stack, "careless", &[]).await.status().as_u16(),
+            202,
+            "the whole burst is left for good buys"
+        );
+    }
+    assert_limited(&buy_status(&stack, "careless", &[]).await, "buy-user");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_ip_over_its_bucket_gets_429_whoever_the_user() {
     let stack = stack_with("[limits.buy]\nip = { per_second = 1, burst = 3 }\n").await;
     for i in 0..3 {

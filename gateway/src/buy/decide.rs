@@ -6,10 +6,10 @@
 //!         admission: IP deny/bucket, token, user deny list
 //!         Idempotency-Key checked
 //!         sold out, keyed, and the user never reserved an item? ─► 410
-//!         admission: user bucket, global bucket
-//!   (the proxy reads the body here: a bad one is a 400 that spent no
-//!   Redis state)
+//!   (the proxy reads the body here: a bad one is a 400 that spent
+//!   nothing, neither a bucket's token nor Redis state)
 //! prove   sold out, unkeyed or by a user who never reserved? ─► 410
+//!         admission: user bucket, global bucket
 //!         proof of work (when configured; one SET NX)
 //!         cluster bucket (Redis, when configured)
 //! buy     local decision from the sale cache: switches, sold-out flag,
@@ -30,7 +30,8 @@
 //!           │              to every gateway, unless stale (its stock epoch)
 //!           └─ refused ──► unkeyed: refused; keyed (paused, not started,
 //!                          restoring): its remembered outcome if any (one
-//!                          round trip), else refused
+//!                          round trip), else refused; not started and the
+//!                          sale never sold (read once a second): refused
 //! ```
 
 use std::time::Duration;
@@ -86,6 +87,13 @@ impl<C: WallClock> BuyService<C> {
             None | Some(Rejection::SoldOut | Rejection::Ended) => {
                 self.deduct_or_draw(sale_id, buckets, user, idempotency_key)
                     .await?
+            }
+            // Before the start of a sale that never sold (one bucket): no
+            // key of it holds a win to replay.
+            Some(rejection @ Rejection::NotStarted(_))
+                if buckets == 1 && self.sales.never_sold(&self.redis, sale_id).await =>
+            {
+                return Err(rejection);
             }
             // Not final (paused, not started, restoring): only a retry of a
             // key Redis remembers is answered otherwise, with that outcome.

@@ -148,8 +148,10 @@ impl<C: WallClock> BuyService<C> {
         (service, worker)
     }
 
-    /// Everything before the request body is read, cheapest first; none
-    /// of it changes Redis.
+    /// Everything before the request body is read, cheapest first: who
+    /// asks, and whether the answer is already known. It spends no bucket
+    /// of the user's (see [`BuyService::prove`]) and changes nothing in
+    /// Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -180,19 +182,19 @@ impl<C: WallClock> BuyService<C> {
         if self.local_sold_out_for(sale_id, &user, &idempotency_key) {
             return Err(Rejection::SoldOut);
         }
-        self.admission.limit_user(RouteClass::Buy, &user)?;
         Ok(Admitted {
             user,
             idempotency_key,
         })
     }
 
-    /// What a buy spends in Redis before its deduct, once its body was read
-    /// and found valid (a `400` spends nothing): the proof of work, when
+    /// What a buy spends before its deduct, once its body was read and
+    /// found valid (a `400` spends nothing, not even a token of a bucket):
+    /// the user's and the global bucket, the proof of work, when
     /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
     /// the cluster bucket. A buy of a sale flagged sold out meanwhile is
-    /// answered first, at no Redis cost, when it is unkeyed or its user
-    /// never reserved an item.
+    /// answered first, at no cost, when it is unkeyed or its user never
+    /// reserved an item.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -206,6 +208,7 @@ impl<C: WallClock> BuyService<C> {
         if self.local_sold_out_for(sale_id, &admitted.user, &admitted.idempotency_key) {
             return Err(Rejection::SoldOut);
         }
+        self.admission.limit_user(RouteClass::Buy, &admitted.user)?;
         if self.challenge.is_on() {
             let buy = BuyChallenge {
                 sale_id,

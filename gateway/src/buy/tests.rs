@@ -339,6 +339,54 @@ async fn the_window_is_checked_locally_on_the_injected_clock() {
 }
 
 #[tokio::test]
+async fn keyed_buys_before_the_start_ask_redis_for_their_key_only_once_the_sale_sold() {
+    let f = fixture(&[]).await;
+    let now = f.clock.now_ms();
+    f.sale("later", 5, now + 90_000, now + 120_000).await;
+    let (scripts, reads) = (
+        f.redis.command_calls("evalsha").await,
+        f.redis.command_calls("hlen").await,
+    );
+    for (user, key) in [("a", "k1"), ("b", "k2"), ("a", "k3")] {
+        assert_eq!(
+            f.buy("later", user, key).await,
+            BuyOutcome::Refused(Rejection::NotStarted(90))
+        );
+    }
+    assert_eq!(
+        (
+            f.redis.command_calls("evalsha").await - scripts,
+            f.redis.command_calls("hlen").await - reads
+        ),
+        (0, 1),
+        "one read of the sale's reservations, no key asked for"
+    );
+
+    // A sale that sold, then moved to a later start by its operator: a
+    // winner's keyed retry replays the win; another key is asked for and
+    // refused.
+    f.open_sale("s", 5).await;
+    let BuyOutcome::Won { reservation_id, .. } = f.buy("s", "a", "k1").await else {
+        panic!("no win")
+    };
+    f.sale("s", 5, now + 90_000, now + 120_000).await;
+    f.service.sales.forget("s", None).await;
+    let monitor = f.redis.monitor().await;
+    assert!(
+        matches!(f.buy("s", "a", "k1").await, BuyOutcome::Replayed { reservation_id: r, .. } if r == reservation_id)
+    );
+    assert_eq!(
+        f.buy("s", "b", "k2").await,
+        BuyOutcome::Refused(Rejection::NotStarted(90))
+    );
+    let asked = monitor.commands().await;
+    assert!(
+        asked.iter().any(|c| c.contains(":b:k2")),
+        "b's key was asked for: {asked:?}"
+    );
+}
+
+#[tokio::test]
 async fn paused_switches_and_unknown_sales_are_answered_locally() {
     let f = fixture(&[]).await;
     f.open_sale("s", 5).await;
@@ -449,7 +497,7 @@ async fn a_flagged_sale_answers_unkeyed_buys_and_keyed_buys_of_users_who_never_r
 }
 
 #[tokio::test]
-async fn a_buy_spends_its_buckets_before_the_body_and_nothing_in_redis() {
+async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() {
     use flashgate_common::config::Bucket;
     let f = fixture_with(
         &[],
@@ -467,15 +515,25 @@ async fn a_buy_spends_its_buckets_before_the_body_and_nothing_in_redis() {
         .admit("s", PEER, &headers(Some("a"), Some("k")), None)
         .await
         .is_ok());
+    // Before its body: no token spent, so a second buy is admitted too.
+    let admitted = f
+        .service
+        .admit("s", PEER, &headers(Some("a"), Some("k")), None)
+        .await
+        .unwrap();
+    let headers = headers(Some("a"), Some("k"));
+    assert!(f
+        .service
+        .prove("s", &admitted, PEER, &headers)
+        .await
+        .is_ok());
     assert_eq!(
         monitor.commands().await,
         Vec::<String>::new(),
         "admission reads and writes nothing in Redis"
     );
     assert!(matches!(
-        f.service
-            .admit("s", PEER, &headers(Some("a"), Some("k")), None)
-            .await,
+        f.service.prove("s", &admitted, PEER, &headers).await,
         Err(Rejection::RateLimited(_))
     ));
 }

@@ -141,6 +141,11 @@ struct Sale {
     buyers: Mutex<Option<Buyers>>,
     /// Held by the one caller reading the buyers; when the last read began.
     buyers_read: tokio::sync::Mutex<Option<Instant>>,
+    /// When a read began that found no reservation of the sale, and the
+    /// sale's clears then (see [`SaleCache::never_sold`]).
+    unsold: Mutex<Option<(Instant, Clears)>>,
+    /// Held by the one caller reading whether the sale sold anything.
+    unsold_read: tokio::sync::Mutex<()>,
 }
 
 /// A lock that a panicking holder left behind is still usable: every
@@ -459,6 +464,38 @@ impl SaleCache {
                 clears,
             });
         }
+    }
+
+    /// Whether the one-bucket sale `sale_id` had no reservation at all, in
+    /// a read begun at most [`BUYERS_TTL`] ago with no clear since (a
+    /// change, items back): then no Idempotency-Key of it holds a win, and
+    /// a keyed buy refused before the start has nothing to replay. One
+    /// `HLEN` per sale per [`BUYERS_TTL`]; while another caller reads, or
+    /// when Redis fails, `false` (the caller asks Redis for the key).
+    pub async fn never_sold(&self, redis: &RedisClient, sale_id: &str) -> bool {
+        let sale = self.sale(sale_id);
+        let fresh = |sale: &Sale| {
+            let clears = locked(&sale.stock).clears;
+            locked(&sale.unsold).is_some_and(|(at, c)| c == clears && at.elapsed() < BUYERS_TTL)
+        };
+        if fresh(&sale) {
+            return true;
+        }
+        let Ok(_reading) = sale.unsold_read.try_lock() else {
+            return false;
+        };
+        let (began, clears) = (Instant::now(), locked(&sale.stock).clears);
+        let resv = flashgate_common::keys::SaleKeys::new(sale_id).reservations;
+        let held: Result<usize, RedisError> =
+            redis
+                .call(|mut conn| async move {
+                    redis::cmd("HLEN").arg(&resv).query_async(&mut conn).await
+                })
+                .await;
+        if held.is_ok_and(|n| n == 0) {
+            *locked(&sale.unsold) = Some((began, clears));
+        }
+        fresh(&sale)
     }
 
     /// Flags the sale sold out (or renews its flag) for a `sold_out`
