@@ -9,6 +9,7 @@
 //!   (the proxy reads the body here: a bad one is a 400 that spent
 //!   nothing, neither a bucket's token nor Redis state)
 //! prove   sold out, unkeyed or by a user who never reserved? ─► 410
+//!         not started, unkeyed or the sale never sold? ─► 403
 //!         admission: user bucket, global bucket
 //!         proof of work (when configured; one SET NX)
 //!         cluster bucket (Redis, when configured)

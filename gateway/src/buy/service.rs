@@ -29,6 +29,7 @@ use crate::infra::{SystemClock, WallClock};
 use crate::rejection::Rejection;
 use crate::sales::SaleCache;
 use crate::sales::Switches;
+use crate::sales::WindowCheck;
 use flashgate_common::checkout::Values;
 
 /// What a [`BuyService`] is built from: the parts it shares with the rest
@@ -208,6 +209,9 @@ impl<C: WallClock> BuyService<C> {
         if self.local_sold_out_for(sale_id, &admitted.user, &admitted.idempotency_key) {
             return Err(Rejection::SoldOut);
         }
+        if let Some(rejection) = self.not_started(sale_id, &admitted.idempotency_key).await {
+            return Err(rejection);
+        }
         self.admission.limit_user(RouteClass::Buy, &admitted.user)?;
         if self.challenge.is_on() {
             let buy = BuyChallenge {
@@ -222,6 +226,28 @@ impl<C: WallClock> BuyService<C> {
             Box::pin(self.challenge.admit(&self.redis, buy, self.clock.now_ms())).await?;
         }
         self.admission.cluster(&self.redis, &self.metrics).await
+    }
+
+    /// "Not started", when the sale's window (as held, or read) says so
+    /// and no switch pauses it: like "sold out" it says nothing about the
+    /// buyer and costs Redis nothing, so it is answered before a bucket is
+    /// spent. A keyed buy only when the sale never sold (no key of it holds
+    /// a win to replay); otherwise, and on any doubt, `decide` answers.
+    async fn not_started(&self, sale_id: &str, idempotency_key: &str) -> Option<Rejection> {
+        if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
+            return None;
+        }
+        let window = self.sales.window(&self.redis, sale_id).await.ok()??;
+        let WindowCheck::NotStarted { wait_secs } = window.check(self.clock.now_ms()) else {
+            return None;
+        };
+        if !idempotency_key.is_empty()
+            && !(window.buckets == 1 && self.sales.never_sold(&self.redis, sale_id).await)
+        {
+            return None;
+        }
+        self.metrics.local_not_started.inc();
+        Some(Rejection::NotStarted(wait_secs))
     }
 
     /// Whether the sale is flagged sold out here (counted as a local

@@ -509,6 +509,9 @@ async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() 
     )
     .await;
     f.open_sale("s", 1).await;
+    // The sale as held by a gateway that already served it.
+    let held = f.service.sales.window(&f.service.redis, "s").await;
+    assert!(held.is_ok_and(|w| w.is_some()));
     let monitor = f.redis.monitor().await;
     assert!(f
         .service
@@ -536,6 +539,38 @@ async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() 
         f.service.prove("s", &admitted, PEER, &headers).await,
         Err(Rejection::RateLimited(_))
     ));
+}
+
+#[tokio::test]
+async fn a_buy_before_the_start_is_answered_before_a_bucket_is_spent() {
+    use flashgate_common::config::Bucket;
+    let f = fixture_with(
+        &[],
+        RouteLimits {
+            user: Bucket::new(1, 1),
+            ip: None,
+            global: None,
+        },
+    )
+    .await;
+    let now = f.clock.now_ms();
+    f.sale("soon", 5, now + 30_000, now + 60_000).await;
+    for key in [None, Some("k1"), Some("k2")] {
+        let headers = headers(Some("a"), key);
+        let admitted = f.service.admit("soon", PEER, &headers, None).await.unwrap();
+        assert_eq!(
+            f.service.prove("soon", &admitted, PEER, &headers).await,
+            Err(Rejection::NotStarted(30))
+        );
+    }
+    // Open now: the one token of the bucket is still there.
+    f.clock.advance(Duration::from_secs(31));
+    let headers = headers(Some("a"), Some("k3"));
+    let admitted = f.service.admit("soon", PEER, &headers, None).await.unwrap();
+    assert_eq!(
+        f.service.prove("soon", &admitted, PEER, &headers).await,
+        Ok(())
+    );
 }
 
 #[tokio::test]

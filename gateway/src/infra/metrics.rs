@@ -105,6 +105,9 @@ pub struct Metrics {
     /// `local_decisions{decision="sold_out"}`, resolved once: the
     /// commonest answer of a flash sale.
     pub local_sold_out: IntCounter,
+    /// `local_decisions{decision="not_started"}`, resolved once: the
+    /// answer to the crowd clicking before the start.
+    pub local_not_started: IntCounter,
     /// Winner forwards that failed (the order then comes from the stream).
     pub forward_failures: IntCounterVec,
     /// Buys the deduct script refused because their sale is fenced (its
@@ -318,6 +321,7 @@ impl Metrics {
             redis_errors,
             circuit_state,
             local_sold_out: local_decisions.with_label_values(&["sold_out"]),
+            local_not_started: local_decisions.with_label_values(&["not_started"]),
             local_decisions,
             forward_failures,
             fenced_buys,
