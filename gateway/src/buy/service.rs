@@ -241,9 +241,9 @@ impl<C: WallClock> BuyService<C> {
         let WindowCheck::NotStarted { wait_secs } = window.check(self.clock.now_ms()) else {
             return None;
         };
-        if !idempotency_key.is_empty()
-            && !(window.buckets == 1 && self.sales.never_sold(&self.redis, sale_id).await)
-        {
+        let nothing_to_replay = idempotency_key.is_empty()
+            || (window.buckets == 1 && self.sales.never_sold(&self.redis, sale_id).await);
+        if !nothing_to_replay {
             return None;
         }
         self.metrics.local_not_started.inc();
