@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use flashgate_common::buckets::home_bucket;
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::reservation::Reservation;
 use redis::aio::ConnectionLike;
@@ -68,15 +69,7 @@ pub async fn write_counted<C: ConnectionLike + Send>(
         }
     }
     let mut write = store.locks().begin_order_write(&sales).await?;
-    let mut pipe = redis::pipe();
-    for r in batch {
-        let n = buckets.get(r.sale_id.as_str()).copied().unwrap_or(1);
-        pipe.hget(
-            SaleKeys::home(&r.sale_id, n, &r.user_id).reservations,
-            &r.reservation_id,
-        );
-    }
-    let holders: Vec<Option<String>> = pipe.query_async(conn).await?;
+    let holders = holders(conn, batch, &buckets).await?;
     let mut seen = HashSet::with_capacity(batch.len());
     let (mut counted, mut uncounted) = (Vec::with_capacity(batch.len()), Vec::new());
     for (r, holder) in batch.iter().zip(holders) {
@@ -96,4 +89,44 @@ pub async fn write_counted<C: ConnectionLike + Send>(
         created,
         uncounted,
     })
+}
+
+/// Who Redis says holds each reservation of `batch` (in its order): one
+/// `HMGET` per `resv` hash (the sale's, or each home bucket's), all in one
+/// pipeline, rather than one `HGET` and one set of key names per
+/// reservation.
+async fn holders<C: ConnectionLike + Send>(
+    conn: &mut C,
+    batch: &[Reservation],
+    buckets: &HashMap<&str, u32>,
+) -> Result<Vec<Option<String>>, RedisError> {
+    let mut group_of: HashMap<(&str, u32), usize> = HashMap::new();
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, r) in batch.iter().enumerate() {
+        let n = buckets.get(r.sale_id.as_str()).copied().unwrap_or(1);
+        let home = home_bucket(&r.user_id, n);
+        let g = *group_of
+            .entry((r.sale_id.as_str(), home))
+            .or_insert_with(|| {
+                let key = SaleKeys::home(&r.sale_id, n, &r.user_id).reservations;
+                groups.push((key, Vec::new()));
+                groups.len() - 1
+            });
+        groups[g].1.push(i);
+    }
+    let mut pipe = redis::pipe();
+    for (key, members) in &groups {
+        pipe.cmd("HMGET").arg(key);
+        for &i in members {
+            pipe.arg(&batch[i].reservation_id);
+        }
+    }
+    let replies: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
+    let mut holders = vec![None; batch.len()];
+    for ((_, members), reply) in groups.iter().zip(replies) {
+        for (&i, holder) in members.iter().zip(reply) {
+            holders[i] = holder;
+        }
+    }
+    Ok(holders)
 }

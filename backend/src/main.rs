@@ -10,6 +10,12 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use flashgate_common::config::Config;
 
+/// mimalloc instead of glibc's allocator: a stream batch parses and
+/// writes hundreds of small, short-lived strings, and glibc malloc/free
+/// were a fifth of the backend's profile while draining a stream.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "flashgate-backend", version, about = "Flashgate order backend")]
 struct Args {

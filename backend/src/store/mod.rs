@@ -67,6 +67,8 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("unknown order status `{0}` in the database")]
     BadStatus(String),
+    #[error("cannot encode rows for the database: {0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 /// A cloneable handle to the order database.

@@ -215,6 +215,7 @@ impl Orders<'_> {
     pub async fn expired(&self, now_ms: i64, limit: i64) -> Result<Vec<OrderRow>, StoreError> {
         let rows = sqlx::query(&self.store.sql(sql::EXPIRED_ORDERS))
             .bind(now_ms)
+            .bind(now_ms)
             .bind(limit)
             .fetch_all(&self.store.pool)
             .await?;
@@ -383,6 +384,19 @@ impl Store {
                 for row in query.fetch_all(&mut **tx).await? {
                     new_here.insert(row.try_get::<String, _>("reservation_id")?);
                 }
+            } else if self.flavour == Flavour::Postgres {
+                // One statement whatever the batch's length, prepared once
+                // per connection: the rows travel as one JSON parameter
+                // instead of seven bind parameters each.
+                let rows = order_rows_json(chunk, &order_ids)?;
+                for row in sqlx::query(sql::INSERT_ORDERS_JSON)
+                    .bind(rows)
+                    .bind(now)
+                    .fetch_all(&mut **tx)
+                    .await?
+                {
+                    new_here.insert(row.try_get::<String, _>("reservation_id")?);
+                }
             } else {
                 let statement = sql::insert_orders_returning(chunk.len());
                 for row in bind_orders(&statement, chunk, &order_ids, now)
@@ -452,9 +466,12 @@ fn order_view(row: &AnyRow) -> Result<OrderView, StoreError> {
     })
 }
 
-/// `o-` followed by a v4 UUID without dashes.
+/// `o-` followed by a v4 UUID without dashes. Its random bytes come from
+/// the thread's CSPRNG (seeded by the OS) rather than a `getrandom` call
+/// per order, which was a few percent of the backend's CPU per order.
 fn new_order_id() -> String {
-    format!("o-{}", uuid::Uuid::new_v4().simple())
+    let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    format!("o-{}", id.simple())
 }
 
 /// The reservations sorted by id, each id once. The forward path and the
@@ -468,6 +485,37 @@ pub(super) fn in_lock_order(reservations: &[Reservation]) -> Vec<&Reservation> {
     sorted.sort_by(|a, b| a.reservation_id.cmp(&b.reservation_id));
     sorted.dedup_by(|later, earlier| later.reservation_id == earlier.reservation_id);
     sorted
+}
+
+/// One row of [`sql::INSERT_ORDERS_JSON`]'s parameter; the keys are the
+/// record type's columns there.
+#[derive(serde::Serialize)]
+struct JsonOrder<'a> {
+    o: &'a str,
+    r: &'a str,
+    s: &'a str,
+    u: &'a str,
+    k: &'a str,
+    t: i64,
+}
+
+/// The rows of `chunk`, each with its new order id from `order_ids`, as
+/// the JSON array [`sql::INSERT_ORDERS_JSON`] reads, in the order of
+/// `chunk` (the lock order: the statement inserts in array order).
+fn order_rows_json(chunk: &[&Reservation], order_ids: &[String]) -> Result<String, StoreError> {
+    let rows: Vec<JsonOrder<'_>> = chunk
+        .iter()
+        .zip(order_ids)
+        .map(|(r, order_id)| JsonOrder {
+            o: order_id,
+            r: &r.reservation_id,
+            s: &r.sale_id,
+            u: &r.user_id,
+            k: &r.idempotency_key,
+            t: r.reserved_at_ms,
+        })
+        .collect();
+    serde_json::to_string(&rows).map_err(StoreError::Encode)
 }
 
 /// An order insert statement with the rows of `chunk` bound, each with its

@@ -10,7 +10,9 @@
 //! the forward is the one write of each order (see `ForwardWatch`); then
 //! it reads which of the batch's reservations have orders (one query),
 //! writes the rest with one multi-row insert, and only after the commit
-//! acknowledges the batch (one `XACK`). What is read but
+//! acknowledges the batch (one `XACK`). While the forward is not
+//! delivering, the read is skipped: the insert skips the reservations that
+//! have an order and says which. What is read but
 //! not acknowledged stays in the group's pending list: the task re-reads its
 //! own pending entries when it (re)starts, and `XAUTOCLAIM` takes over those
 //! of a consumer that died. Inserts are idempotent on the reservation id,
@@ -458,7 +460,7 @@ impl Consumer<'_> {
             {
                 return Ok(());
             }
-            forward.checked(self.process(&mut conn, entries).await?);
+            forward.checked(self.process(&mut conn, entries, forward.delivering).await?);
         }
         backoff.reset();
 
@@ -484,7 +486,7 @@ impl Consumer<'_> {
                 {
                     return Ok(());
                 }
-                forward.checked(self.process(&mut conn, entries).await?);
+                forward.checked(self.process(&mut conn, entries, forward.delivering).await?);
                 backoff.reset();
             }
         }
@@ -593,7 +595,7 @@ impl Consumer<'_> {
                     claimed = reply.claimed.len(),
                     "claimed idle stream entries"
                 );
-                self.process(conn, reply.claimed).await?;
+                self.process(conn, reply.claimed, true).await?;
             }
             if reply.next_stream_id == "0-0" {
                 return Ok(());
@@ -602,16 +604,22 @@ impl Consumer<'_> {
         }
     }
 
-    /// Checks which entries of a batch have their order already (one
-    /// read), writes the rest with one insert, then acknowledges all of it
-    /// with one `XACK`. Nothing is acknowledged unless its order exists
-    /// (written before or committed here) or the entry was moved to the
-    /// dead-letter stream. Answers what the check found, for
+    /// Writes the orders of a batch with one insert, then acknowledges all
+    /// of it with one `XACK`. With `read_first` (the forward is delivering,
+    /// so most orders exist already), one read of which entries have their
+    /// order comes first, and the write (a hold, a Redis check, an insert)
+    /// is only for the rest, usually none; without it every entry goes to
+    /// the insert, which skips those that have an order and says which
+    /// (the read would find next to nothing, and costs the database about
+    /// as much as the insert's own check). Nothing is acknowledged unless
+    /// its order exists (written before or committed here) or the entry was
+    /// moved to the dead-letter stream. Answers what the check found, for
     /// [`ForwardWatch`].
     async fn process(
         &self,
         conn: &mut RedisHandle,
         entries: Vec<StreamId>,
+        read_first: bool,
     ) -> Result<Checked, ConsumeError> {
         let mut ids = Vec::with_capacity(entries.len());
         let mut good: Vec<(&StreamId, Reservation)> = Vec::with_capacity(entries.len());
@@ -628,21 +636,23 @@ impl Consumer<'_> {
                 }
             }
         }
-        // Most entries were written by the gateway's forward already: one
-        // read of which, and the write (a hold, a Redis check, an insert)
-        // only for the rest, usually none. Each entry is counted once per
-        // check, and those found written are acknowledged even if the
-        // write of the rest fails, so a retry does not count them again.
+        // Each entry is counted once per check, and those the read found
+        // written are acknowledged even if the write of the rest fails, so
+        // a retry does not count them again.
         let rids: Vec<&str> = good
             .iter()
             .map(|(_, r)| r.reservation_id.as_str())
             .collect();
-        let written = match self.store.orders().existing(&rids).await {
-            Ok(written) => written,
-            Err(error) => {
-                self.ack(conn, &ids).await?;
-                return Err(error.into());
+        let written = if read_first {
+            match self.store.orders().existing(&rids).await {
+                Ok(written) => written,
+                Err(error) => {
+                    self.ack(conn, &ids).await?;
+                    return Err(error.into());
+                }
             }
+        } else {
+            HashSet::new()
         };
         let total = good.len();
         let (done, fresh): (Vec<_>, Vec<_>) = good
@@ -749,7 +759,20 @@ impl Consumer<'_> {
         reservations: &[Reservation],
     ) -> Result<usize, WriteError> {
         let written = write_counted(self.store, conn, reservations).await?;
-        let existing = written.counted.len() - written.created.len();
+        // An entry Redis no longer counts may have had its order all along
+        // (written, then its item returned): a batch written without the
+        // read first meets those here. Rare, so one read of just them.
+        let uncounted: Vec<&str> = written
+            .uncounted
+            .iter()
+            .map(|r| r.reservation_id.as_str())
+            .collect();
+        let ordered = if uncounted.is_empty() {
+            HashSet::new()
+        } else {
+            self.store.orders().existing(&uncounted).await?
+        };
+        let existing = written.counted.len() - written.created.len() + ordered.len();
         self.settings
             .metrics
             .orders_created
@@ -760,7 +783,11 @@ impl Consumer<'_> {
             .orders_existing
             .with_label_values(&["stream"])
             .inc_by(existing as u64);
-        for r in &written.uncounted {
+        for r in written
+            .uncounted
+            .iter()
+            .filter(|r| !ordered.contains(&r.reservation_id))
+        {
             tracing::warn!(sale = self.sale_id, reservation = %r.reservation_id, "stream entry redis no longer counts (lost in a failover); no order written");
         }
         Ok(existing)

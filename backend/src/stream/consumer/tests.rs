@@ -518,7 +518,7 @@ async fn entries_the_forward_already_wrote_are_acknowledged_without_asking_redis
         reserve(&mut conn, r).await;
     }
     store.orders().insert(&forwarded).await.unwrap();
-    let hgets = redis.command_calls("hget").await;
+    let hmgets = redis.command_calls("hmget").await;
     let (tx, task) = spawn(
         &sale_id,
         &store,
@@ -534,14 +534,14 @@ async fn entries_the_forward_already_wrote_are_acknowledged_without_asking_redis
     }
     assert_eq!(pending(&mut conn, &sale_id).await, 0);
     assert_eq!(
-        redis.command_calls("hget").await,
-        hgets,
+        redis.command_calls("hmget").await,
+        hmgets,
         "no reservation checked in redis"
     );
     // One entry the forward did not write: checked and written.
     reserve(&mut conn, &reservation(&sale_id, "new")).await;
     wait_for_orders(&store, &sale_id, 6).await;
-    assert!(redis.command_calls("hget").await > hgets);
+    assert!(redis.command_calls("hmget").await > hmgets);
     stop(tx, task).await;
 }
 
@@ -845,4 +845,83 @@ fn batches_wait_only_while_the_forward_writes_most_of_them_and_probe_for_it_othe
         written: 3,
     });
     assert!(forward.waits(grace, start + grace));
+}
+
+#[tokio::test]
+async fn a_batch_written_without_the_read_first_gives_each_reservation_one_order_and_new_ones_their_event(
+) {
+    let OpenSale {
+        redis,
+        mut conn,
+        store,
+        sale_id,
+    } = OpenSale::new().await;
+    let store = store.with_order_events(true);
+    let settings = settings_with_grace(&redis, Duration::ZERO);
+    let metrics = settings.metrics.clone();
+    let winners: Vec<_> = (0..7)
+        .map(|i| reservation(&sale_id, &format!("u{i}")))
+        .collect();
+    for r in &winners {
+        reserve(&mut conn, r).await;
+    }
+    // The forward wrote four of them; the item of the fourth went back
+    // since, so Redis no longer counts its reservation.
+    let forwarded = crate::counted::write_counted(&store, &mut conn, &winners[..4])
+        .await
+        .unwrap();
+    assert_eq!(forwarded.created.len(), 4);
+    let () = redis::cmd("HDEL")
+        .arg(SaleKeys::new(&sale_id).reservations)
+        .arg(&winners[3].reservation_id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let consumer = Consumer {
+        sale_id: &sale_id,
+        stream: SaleKeys::new(&sale_id).stream,
+        store: &store,
+        settings: &settings,
+    };
+    let mut handle = redis_io::consumer_connection(&settings.redis, settings.block)
+        .await
+        .unwrap();
+    consumer.ensure_group(&mut handle).await.unwrap();
+    let mut entries = Vec::new();
+    loop {
+        let batch = consumer.read(&mut handle, ">", None).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        entries.extend(batch);
+    }
+    assert_eq!(entries.len(), 7);
+
+    let checked = consumer.process(&mut handle, entries, false).await.unwrap();
+    assert_eq!(
+        checked,
+        Checked {
+            entries: 7,
+            written: 4
+        },
+        "the insert (and, for the one Redis no longer counts, a read) found the forward's four"
+    );
+    assert_eq!(metrics.stream_already_written.get(), 0, "no read first");
+    assert_eq!(
+        metrics.orders_created.with_label_values(&["stream"]).get(),
+        3
+    );
+    assert_eq!(pending(&mut conn, &sale_id).await, 0);
+    assert_eq!(store.orders().count_live(&sale_id).await.unwrap(), 7);
+    for r in &winners {
+        let order = store
+            .orders()
+            .by_reservation(&r.reservation_id)
+            .await
+            .unwrap()
+            .expect("an order per reservation");
+        let events = store.outbox().of_order(&order.order_id).await.unwrap();
+        assert_eq!(events.len(), 1, "one order.created per order: {events:?}");
+    }
 }
