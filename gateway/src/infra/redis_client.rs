@@ -257,6 +257,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_sibling_connects_on_its_own_and_its_failures_open_the_shared_breaker() {
+        let server = RedisServer::private();
+        let redis = RedisClient::standalone(
+            &server.url(),
+            Duration::from_millis(500),
+            Breaker::new(3, Duration::from_secs(60)),
+        );
+        redis.conn().await.expect("first connect");
+        let sibling = redis.sibling();
+        assert!(
+            sibling.conn.get().is_none(),
+            "the sibling's connection is made by its own first call"
+        );
+        sibling.conn().await.expect("the sibling connects");
+        for _ in 0..3 {
+            failing_call(&sibling).await;
+        }
+        assert!(
+            matches!(redis.conn().await, Err(RedisError::CircuitOpen)),
+            "one breaker for both"
+        );
+    }
+
+    #[tokio::test]
     async fn failed_calls_open_the_breaker_though_each_first_takes_the_connection() {
         let server = RedisServer::private();
         let redis = RedisClient::standalone(
