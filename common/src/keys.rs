@@ -178,7 +178,12 @@ impl BuyerKeyPrefixes {
     /// The key of one buy of `user` under `prefix` (one of this type's),
     /// named by its Idempotency-Key or nonce `of`.
     fn of_buy(prefix: &str, user: &str, of: &str) -> String {
-        format!("{prefix}{user}:{of}")
+        let mut key = String::with_capacity(prefix.len() + user.len() + 1 + of.len());
+        key.push_str(prefix);
+        key.push_str(user);
+        key.push(':');
+        key.push_str(of);
+        key
     }
 }
 
@@ -265,7 +270,7 @@ impl SaleKeys {
     /// The hash remembering `user`'s Idempotency-Keys that did not win
     /// (key -> outcome), capped in size by the deduct script.
     pub fn idempotency_misses(&self, user: &str) -> String {
-        format!("{}{user}", self.draw.prefix.idempotency_misses)
+        [self.draw.prefix.idempotency_misses.as_str(), user].concat()
     }
 
     /// The scratch keys of the restore holding lock token `token`: its own,

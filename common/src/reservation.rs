@@ -79,7 +79,21 @@ pub struct ForwardedWinner {
 /// Builds a reservation id `<sale_id>.<32 hex digits>` from 128 random bits.
 /// The sale id inside lets `GET /flashgate/api/reservations/{id}` find the sale's keys.
 pub fn reservation_id(sale_id: &str, random: u128) -> String {
-    format!("{sale_id}.{random:032x}")
+    let mut id = String::with_capacity(sale_id.len() + 33);
+    id.push_str(sale_id);
+    id.push('.');
+    push_hex(&mut id, random, 32);
+    id
+}
+
+/// Appends the low `digits` hex digits of `value` (lower case, zero-padded):
+/// `format!("{value:032x}")` without the formatting machinery, for the ids
+/// and nonces every buy makes.
+pub fn push_hex(out: &mut String, value: u128, digits: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..digits.min(32)).rev() {
+        out.push(char::from(HEX[((value >> (4 * shift)) & 0xf) as usize]));
+    }
 }
 
 /// The sale id inside a reservation id, if the id is well-formed.
@@ -119,6 +133,22 @@ mod tests {
     fn reservation_id_round_trips_to_its_sale() {
         let rid = reservation_id("summer-drop_1", 0xabc);
         assert_eq!(sale_of_reservation(&rid), Some("summer-drop_1"));
+    }
+
+    #[test]
+    fn hex_digits_are_those_format_writes() {
+        for value in [
+            0,
+            0xabc,
+            u128::from(u64::MAX),
+            u128::MAX,
+            0x0123_4567_89ab_cdef << 64,
+        ] {
+            assert_eq!(reservation_id("s", value), format!("s.{value:032x}"));
+            let mut nonce = String::new();
+            push_hex(&mut nonce, value & u128::from(u64::MAX), 16);
+            assert_eq!(nonce, format!("{:016x}", value & u128::from(u64::MAX)));
+        }
     }
 
     #[test]

@@ -231,7 +231,10 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     server.bootstrap();
     let events = EventListener {
         redis: config.redis.clone(),
-        client: gateway.redis.clone(),
+        // Its own connection, on its runtime: the buys' one stays on the
+        // proxy's (a sale change announced before the first buy would
+        // otherwise make it here).
+        client: Arc::new(gateway.redis.sibling()),
         sales: gateway.sales.clone(),
         switches: gateway.switches.clone(),
         shop_cache: gateway

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use flashgate_common::keys::home_id;
 use flashgate_common::keys::SaleEvent;
-use flashgate_common::reservation::{reservation_id, ForwardedWinner, Reservation};
+use flashgate_common::reservation::{push_hex, reservation_id, ForwardedWinner, Reservation};
 use tracing::{debug, warn};
 
 use super::deduct::{remembered, BuyAttempt, Decision, DeductOutcome};
@@ -338,7 +338,8 @@ impl<C: WallClock> BuyService<C> {
         rid: &str,
         dry_is_final: bool,
     ) -> Result<Decision, Rejection> {
-        let nonce = format!("{:016x}", rand::random::<u64>());
+        let mut nonce = String::with_capacity(16);
+        push_hex(&mut nonce, u128::from(rand::random::<u64>()), 16);
         let attempt = BuyAttempt {
             sale_id,
             user_id: user,

@@ -125,11 +125,22 @@ impl From<BuyOutcome> for Reply {
     }
 }
 
+/// The body of `202 queued`, written straight from its fields (every win
+/// answers it), in the order a `json!` map had them.
+#[derive(Serialize)]
+struct QueuedBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkout_url: Option<String>,
+    reservation_id: &'a str,
+    status: &'static str,
+}
+
 fn queued(reservation_id: &str, checkout_url: Option<String>) -> Reply {
-    let mut body = serde_json::json!({"status": "queued", "reservation_id": reservation_id});
-    if let Some(url) = checkout_url {
-        body["checkout_url"] = url.into();
-    }
+    let body = QueuedBody {
+        checkout_url,
+        reservation_id,
+        status: "queued",
+    };
     Reply::json(202, &body)
 }
 

@@ -5,7 +5,11 @@
 //! deducts are pipelined without a pool. It is
 //! created lazily on first use because redis-rs spawns the connection's
 //! driver on the runtime that creates it, and that must be the proxy's
-//! runtime, not a temporary one in `main`. Every call goes through
+//! runtime, not a temporary one in `main`, nor a background task's (each
+//! runs on a runtime of its own): there every call of a buy would hop to
+//! another thread and back, waking it each time. A background task that
+//! calls Redis takes a [`RedisClient::sibling`], whose connection is its
+//! own. Every call goes through
 //! [`RedisClient::call`] ([`RedisClient::publish`] for announcements on
 //! `fg:events`), the one way to the shared connection: it takes the handle
 //! and bounds the call by the configured timeout and the circuit breaker in
@@ -101,6 +105,19 @@ impl RedisClient {
             breaker: Arc::new(breaker),
             conn: OnceCell::new(),
             deduct_batch: flashgate_common::scripts::DEDUCT_BATCH.clone(),
+        }
+    }
+
+    /// A client of the same deployment, sharing this one's breaker, with a
+    /// connection of its own, made on first use on its first caller's
+    /// runtime: for a background task, whose calls then neither make nor
+    /// wake the request path's connection (see the module doc).
+    pub fn sibling(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+            conn: OnceCell::new(),
+            deduct_batch: self.deduct_batch.clone(),
+            breaker: self.breaker.clone(),
         }
     }
 
@@ -237,6 +254,30 @@ mod tests {
             .call(|_conn| async { Err::<(), _>(RedisError::QueueFull) })
             .await;
         assert!(matches!(outcome, Err(RedisError::QueueFull)), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_sibling_connects_on_its_own_and_its_failures_open_the_shared_breaker() {
+        let server = RedisServer::private();
+        let redis = RedisClient::standalone(
+            &server.url(),
+            Duration::from_millis(500),
+            Breaker::new(3, Duration::from_secs(60)),
+        );
+        redis.conn().await.expect("first connect");
+        let sibling = redis.sibling();
+        assert!(
+            sibling.conn.get().is_none(),
+            "the sibling's connection is made by its own first call"
+        );
+        sibling.conn().await.expect("the sibling connects");
+        for _ in 0..3 {
+            failing_call(&sibling).await;
+        }
+        assert!(
+            matches!(redis.conn().await, Err(RedisError::CircuitOpen)),
+            "one breaker for both"
+        );
     }
 
     #[tokio::test]

@@ -28,7 +28,9 @@ use crate::sales::{read_stock_epoch, SaleCache};
 pub struct EventListener {
     /// Where to subscribe, in the configured `redis.mode`.
     pub redis: RedisConfig,
-    /// Reads a changed sale's stock epoch.
+    /// Reads a changed sale's stock epoch: a sibling of the request
+    /// path's client (`RedisClient::sibling`), its connection on this
+    /// task's runtime.
     pub client: Arc<RedisClient>,
     pub sales: Arc<SaleCache>,
     pub switches: Arc<Switches>,

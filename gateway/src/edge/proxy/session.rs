@@ -119,7 +119,11 @@ pub fn request_id(req: &RequestHeader) -> String {
         Some(v) if (1..=64).contains(&v.len()) && v.iter().all(|b| b.is_ascii_graphic()) => {
             String::from_utf8_lossy(v).into_owned()
         }
-        _ => format!("{:032x}", rand::random::<u128>()),
+        _ => {
+            let mut id = String::with_capacity(32);
+            flashgate_common::reservation::push_hex(&mut id, rand::random(), 32);
+            id
+        }
     }
 }
 
