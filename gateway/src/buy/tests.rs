@@ -496,18 +496,24 @@ async fn a_flagged_sale_answers_unkeyed_buys_and_keyed_buys_of_users_who_never_r
     );
 }
 
-#[tokio::test]
-async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() {
+/// A fixture whose users' buy bucket holds one token (no IP or global bucket).
+async fn fixture_with_one_token_per_user() -> Fixture {
     use flashgate_common::config::Bucket;
-    let f = fixture_with(
+    let user = Bucket::new(1, 1);
+    fixture_with(
         &[],
         RouteLimits {
-            user: Bucket::new(1, 1),
+            user,
             ip: None,
             global: None,
         },
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() {
+    let f = fixture_with_one_token_per_user().await;
     f.open_sale("s", 1).await;
     // The sale as held by a gateway that already served it.
     let held = f.service.sales.window(&f.service.redis, "s").await;
@@ -543,16 +549,7 @@ async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() 
 
 #[tokio::test]
 async fn a_buy_before_the_start_is_answered_before_a_bucket_is_spent() {
-    use flashgate_common::config::Bucket;
-    let f = fixture_with(
-        &[],
-        RouteLimits {
-            user: Bucket::new(1, 1),
-            ip: None,
-            global: None,
-        },
-    )
-    .await;
+    let f = fixture_with_one_token_per_user().await;
     let now = f.clock.now_ms();
     f.sale("soon", 5, now + 30_000, now + 60_000).await;
     for key in [None, Some("k1"), Some("k2")] {

@@ -256,15 +256,21 @@ mod tests {
         assert!(matches!(outcome, Err(RedisError::QueueFull)), "{outcome:?}");
     }
 
-    #[tokio::test]
-    async fn a_sibling_connects_on_its_own_and_its_failures_open_the_shared_breaker() {
-        let server = RedisServer::private();
+    /// A client of `server` whose breaker opens after 3 failures, connected.
+    async fn connected(server: &RedisServer) -> RedisClient {
         let redis = RedisClient::standalone(
             &server.url(),
             Duration::from_millis(500),
             Breaker::new(3, Duration::from_secs(60)),
         );
         redis.conn().await.expect("first connect");
+        redis
+    }
+
+    #[tokio::test]
+    async fn a_sibling_connects_on_its_own_and_its_failures_open_the_shared_breaker() {
+        let server = RedisServer::private();
+        let redis = connected(&server).await;
         let sibling = redis.sibling();
         assert!(
             sibling.conn.get().is_none(),
@@ -283,12 +289,7 @@ mod tests {
     #[tokio::test]
     async fn failed_calls_open_the_breaker_though_each_first_takes_the_connection() {
         let server = RedisServer::private();
-        let redis = RedisClient::standalone(
-            &server.url(),
-            Duration::from_millis(500),
-            Breaker::new(3, Duration::from_secs(60)),
-        );
-        redis.conn().await.expect("first connect");
+        let redis = connected(&server).await;
         for _ in 0..3 {
             failing_call(&redis).await;
         }
