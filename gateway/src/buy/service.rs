@@ -149,10 +149,10 @@ impl<C: WallClock> BuyService<C> {
         (service, worker)
     }
 
-    /// Everything before the request body is read, cheapest first: who
-    /// asks, and whether the answer is already known. It spends no bucket
-    /// of the user's (see [`BuyService::prove`]) and changes nothing in
-    /// Redis.
+    /// Everything before the request body is read, cheapest first: the
+    /// answers known without the buyer (sold out, not started), who asks,
+    /// and whether their answer is already known. It spends no bucket of
+    /// the user's (see [`BuyService::prove`]) and changes nothing in Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -172,6 +172,10 @@ impl<C: WallClock> BuyService<C> {
         // nothing about the caller, so it is answered before any other work.
         if key.is_none() && self.local_sold_out(sale_id) {
             return Err(Rejection::SoldOut);
+        }
+        // So is "not started" when the sale cache holds the answer.
+        if let Some(rejection) = self.held_not_started(sale_id, key.is_some()) {
+            return Err(rejection);
         }
         let identity = self
             .admission
@@ -228,26 +232,38 @@ impl<C: WallClock> BuyService<C> {
         self.admission.cluster(&self.redis, &self.metrics).await
     }
 
-    /// "Not started", when the sale's window (as held, or read) says so
-    /// and no switch pauses it: like "sold out" it says nothing about the
-    /// buyer and costs Redis nothing, so it is answered before a bucket is
-    /// spent. A keyed buy only when the sale never sold (no key of it holds
-    /// a win to replay); otherwise, and on any doubt, `decide` answers.
-    async fn not_started(&self, sale_id: &str, idempotency_key: &str) -> Option<Rejection> {
+    /// "Not started" when the sale cache holds it (see
+    /// [`SaleCache::held_not_started`]) and no switch pauses the sale: like
+    /// "sold out" it says nothing about the buyer and costs Redis nothing,
+    /// so it is answered before the token is checked or a bucket spent.
+    fn held_not_started(&self, sale_id: &str, keyed: bool) -> Option<Rejection> {
         if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
             return None;
         }
-        let window = self.sales.window(&self.redis, sale_id).await.ok()??;
-        let WindowCheck::NotStarted { wait_secs } = window.check(self.clock.now_ms()) else {
-            return None;
-        };
-        let nothing_to_replay = idempotency_key.is_empty()
-            || (window.buckets == 1 && self.sales.never_sold(&self.redis, sale_id).await);
-        if !nothing_to_replay {
-            return None;
-        }
+        let wait_secs = self
+            .sales
+            .held_not_started(sale_id, self.clock.now_ms(), keyed)?;
         self.metrics.local_not_started.inc();
         Some(Rejection::NotStarted(wait_secs))
+    }
+
+    /// [`BuyService::held_not_started`] once what it needs is read: the
+    /// sale's window and, for a keyed buy before the start of a one-bucket
+    /// sale, whether it never sold. On any doubt `decide` answers.
+    async fn not_started(&self, sale_id: &str, idempotency_key: &str) -> Option<Rejection> {
+        let keyed = !idempotency_key.is_empty();
+        let window = self.sales.window(&self.redis, sale_id).await.ok()??;
+        let not_started = matches!(
+            window.check(self.clock.now_ms()),
+            WindowCheck::NotStarted { .. }
+        );
+        if !not_started {
+            return None;
+        }
+        if keyed && window.buckets == 1 {
+            self.sales.never_sold(&self.redis, sale_id).await;
+        }
+        self.held_not_started(sale_id, keyed)
     }
 
     /// Whether the sale is flagged sold out here (counted as a local

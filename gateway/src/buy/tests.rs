@@ -554,20 +554,76 @@ async fn a_buy_before_the_start_is_answered_before_a_bucket_is_spent() {
     f.sale("soon", 5, now + 30_000, now + 60_000).await;
     for key in [None, Some("k1"), Some("k2")] {
         let headers = headers(Some("a"), key);
-        let admitted = f.service.admit("soon", PEER, &headers, None).await.unwrap();
         assert_eq!(
-            f.service.prove("soon", &admitted, PEER, &headers).await,
+            admit_and_prove(&f, "soon", &headers).await,
             Err(Rejection::NotStarted(30))
         );
     }
     // Open now: the one token of the bucket is still there.
     f.clock.advance(Duration::from_secs(31));
     let headers = headers(Some("a"), Some("k3"));
-    let admitted = f.service.admit("soon", PEER, &headers, None).await.unwrap();
+    assert_eq!(admit_and_prove(&f, "soon", &headers).await, Ok(()));
+}
+
+/// A buy through both halves of its admission, the first refusal its answer.
+async fn admit_and_prove(f: &Fixture, sale: &str, headers: &HeaderMap) -> Result<(), Rejection> {
+    let admitted = f.service.admit(sale, PEER, headers, None).await?;
+    f.service.prove(sale, &admitted, PEER, headers).await
+}
+
+#[tokio::test]
+async fn a_buy_before_the_start_is_answered_before_its_token_once_the_sale_is_held() {
+    let f = fixture(&[]).await;
+    let now = f.clock.now_ms();
+    f.sale("soon", 5, now + 30_000, now + 60_000).await;
+    // Nothing held yet: the token is checked first.
+    assert!(matches!(
+        f.service
+            .admit("soon", PEER, &headers(None, Some("k0")), None)
+            .await,
+        Err(Rejection::Unauthorized(_))
+    ));
+    // One buy reads the window, and, keyed, that the sale never sold.
+    let signed_in = headers(Some("a"), Some("k1"));
     assert_eq!(
-        f.service.prove("soon", &admitted, PEER, &headers).await,
-        Ok(())
+        admit_and_prove(&f, "soon", &signed_in).await,
+        Err(Rejection::NotStarted(30))
     );
+    // Now "not started" says nothing about the buyer and is answered first,
+    // keyed or not, token or none.
+    for key in [None, Some("k2")] {
+        assert_eq!(
+            f.service
+                .admit("soon", PEER, &headers(None, key), None)
+                .await
+                .err(),
+            Some(Rejection::NotStarted(30))
+        );
+    }
+    // A sale that has sold holds wins to replay: once the read that it
+    // never sold is past, a keyed buy is no longer answered from memory
+    // (its token is checked, its key asked for).
+    let mut conn = f.redis.conn().await;
+    let () = redis::cmd("HSET")
+        .arg(SaleKeys::new("soon").reservations)
+        .arg("r1")
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(crate::sales::BUYERS_TTL + Duration::from_millis(100)).await;
+    assert!(matches!(
+        admit_and_prove(&f, "soon", &headers(None, Some("k3"))).await,
+        Err(Rejection::Unauthorized(_))
+    ));
+    // Once open, a buy without a token is refused for that again.
+    f.clock.advance(Duration::from_secs(30));
+    assert!(matches!(
+        f.service
+            .admit("soon", PEER, &headers(None, None), None)
+            .await,
+        Err(Rejection::Unauthorized(_))
+    ));
 }
 
 #[tokio::test]

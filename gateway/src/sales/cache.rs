@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use flashgate_common::keys::SALES_INDEX;
 
-use super::snapshot::{read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow};
+use super::snapshot::{
+    read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow, WindowCheck,
+};
 use crate::infra::OrderClient;
 use crate::infra::{RedisClient, RedisError};
 
@@ -160,6 +162,13 @@ impl Sale {
         locked(&self.snapshot)
             .clone()
             .filter(|h| h.read_at.elapsed() <= max_age)
+    }
+
+    /// Whether a read of the sale's reservations, begun at most
+    /// [`BUYERS_TTL`] ago with no clear since, found none.
+    fn unsold(&self) -> bool {
+        let clears = locked(&self.stock).clears;
+        locked(&self.unsold).is_some_and(|(at, c)| c == clears && at.elapsed() < BUYERS_TTL)
     }
 
     /// Whether this entry holds nothing worth keeping: a first read found
@@ -474,11 +483,7 @@ impl SaleCache {
     /// when Redis fails, `false` (the caller asks Redis for the key).
     pub async fn never_sold(&self, redis: &RedisClient, sale_id: &str) -> bool {
         let sale = self.sale(sale_id);
-        let fresh = |sale: &Sale| {
-            let clears = locked(&sale.stock).clears;
-            locked(&sale.unsold).is_some_and(|(at, c)| c == clears && at.elapsed() < BUYERS_TTL)
-        };
-        if fresh(&sale) {
+        if sale.unsold() {
             return true;
         }
         let Ok(_reading) = sale.unsold_read.try_lock() else {
@@ -495,7 +500,25 @@ impl SaleCache {
         if held.is_ok_and(|n| n == 0) {
             *locked(&sale.unsold) = Some((began, clears));
         }
-        fresh(&sale)
+        sale.unsold()
+    }
+
+    /// How long until the sale starts, when what is held here, without
+    /// Redis, says a buy is refused "not started" with nothing to replay:
+    /// its window (read at most [`WINDOW_TTL`] ago) has not opened, it is
+    /// not flagged sold out, and for a `keyed` buy it has one bucket and
+    /// [`SaleCache::never_sold`] holds. `None` leaves the buy to the
+    /// checks that may read Redis.
+    pub fn held_not_started(&self, sale_id: &str, now_ms: i64, keyed: bool) -> Option<u64> {
+        let sale = self.sales.get(sale_id)?;
+        let window = sale.fresh(WINDOW_TTL)?.snapshot.window;
+        let WindowCheck::NotStarted { wait_secs } = window.check(now_ms) else {
+            return None;
+        };
+        if locked(&sale.stock).flagged() || (keyed && (window.buckets != 1 || !sale.unsold())) {
+            return None;
+        }
+        Some(wait_secs)
     }
 
     /// Flags the sale sold out (or renews its flag) for a `sold_out`

@@ -138,7 +138,7 @@ pub async fn write_reply(
     let mut header = ResponseHeader::build(reply.status, Some(reply.headers.len() + 4))?;
     header.insert_header("Content-Type", reply.content_type)?;
     header.insert_header("Content-Length", reply.body.len().to_string())?;
-    header.insert_header("X-Request-Id", &ctx.request_id)?;
+    header.insert_header("X-Request-Id", request_id_value(&ctx.request_id)?)?;
     if reply.content_type == "application/json" {
         header.insert_header("Cache-Control", "no-store")?;
     }
@@ -155,6 +155,17 @@ pub async fn write_reply(
     Ok(true)
 }
 
+/// The `X-Request-Id` of an answer, marked never to be indexed: over
+/// HTTP/2 a value new on every answer would otherwise enter the
+/// connection's HPACK table each time and push out the headers that do
+/// repeat (type, validators, caching), which then go out in full again.
+fn request_id_value(id: &str) -> pingora::Result<http::HeaderValue> {
+    let mut value = http::HeaderValue::from_str(id)
+        .map_err(|e| pingora::Error::because(pingora::ErrorType::InternalError, "request id", e))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 /// Writes a static file's answer: its head built at load plus the request
 /// id, without a body for HEAD and 304 (as [`write_reply`]).
 pub async fn write_page(
@@ -163,7 +174,7 @@ pub async fn write_page(
     ctx: &RequestCtx,
 ) -> pingora::Result<bool> {
     let Page { mut head, body } = page;
-    head.append_header("X-Request-Id", &ctx.request_id)?;
+    head.append_header("X-Request-Id", request_id_value(&ctx.request_id)?)?;
     let body_follows = session.req_header().method != http::Method::HEAD && !body.is_empty();
     session.write_response_header(head, !body_follows).await?;
     if body_follows {

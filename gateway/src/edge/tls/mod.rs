@@ -73,6 +73,19 @@ pub const GROUPS: &str = "X25519:P-256:P-384";
 ///
 /// # Errors
 /// When OpenSSL refuses the settings (not expected with a working libssl).
+/// The HTTPS listener's socket buffers: Pingora's read buffer, and a
+/// write buffer that holds whole TLS records. OpenSSL hands each record
+/// to the socket as it seals it; with Pingora's default (one segment) an
+/// HTTP/2 flush of several streams' answers left in a `send` per record,
+/// now in one `send` per flush.
+pub fn socket_buffers() -> pingora::listeners::L4BufferSettings {
+    pingora::listeners::L4BufferSettings::default().write(TLS_WRITE_BUFFER)
+}
+
+/// Two full TLS records (16 KiB of data each, with their headers and
+/// tags); Pingora's read buffer beside it is 64 KiB per connection.
+const TLS_WRITE_BUFFER: usize = 2 * (16 * 1024 + 256);
+
 pub fn listener_settings(certs: Arc<ArcSwap<CertSet>>) -> pingora::Result<TlsSettings> {
     let mut settings = TlsSettings::with_callbacks(Box::new(CertResolver { certs }))?;
     settings
