@@ -300,11 +300,7 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
         let settings = crate::edge::listener_settings(certs.clone())
             .map_err(|e| anyhow::anyhow!("gateway.tls: {e}"))?;
-        service.add_listener(
-            pingora::listeners::ListenerConfig::tcp(tls.listen.to_string())
-                .tls(settings)
-                .l4_buffer(crate::edge::socket_buffers()),
-        );
+        service.add_tls_with_settings(&tls.listen.to_string(), None, settings);
         let watcher = CertWatcher {
             config: tls.clone(),
             certs,

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! admit   sold out and no Idempotency-Key? ─► 410, before any other work
+//!         not started, as held (unkeyed, or the sale never sold)? ─► 403
 //!         admission: IP deny/bucket, token, user deny list
 //!         Idempotency-Key checked
 //!         sold out, keyed, and the user never reserved an item? ─► 410
@@ -281,7 +282,7 @@ impl<C: WallClock> BuyService<C> {
         &self,
         sale_id: &str,
     ) -> Result<Option<Rejection>, Rejection> {
-        if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
+        if self.paused(sale_id) {
             self.metrics
                 .local_decisions
                 .with_label_values(&["paused"])

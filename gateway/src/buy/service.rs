@@ -237,7 +237,7 @@ impl<C: WallClock> BuyService<C> {
     /// "sold out" it says nothing about the buyer and costs Redis nothing,
     /// so it is answered before the token is checked or a bucket spent.
     fn held_not_started(&self, sale_id: &str, keyed: bool) -> Option<Rejection> {
-        if self.switches.all_paused() || self.switches.backlog_paused(sale_id) {
+        if self.paused(sale_id) {
             return None;
         }
         let wait_secs = self
@@ -249,8 +249,12 @@ impl<C: WallClock> BuyService<C> {
 
     /// [`BuyService::held_not_started`] once what it needs is read: the
     /// sale's window and, for a keyed buy before the start of a one-bucket
-    /// sale, whether it never sold. On any doubt `decide` answers.
+    /// sale, whether it never sold. Nothing is read for a paused or
+    /// sold-out sale (`decide` answers it without Redis), nor on any doubt.
     async fn not_started(&self, sale_id: &str, idempotency_key: &str) -> Option<Rejection> {
+        if self.paused(sale_id) || self.sales.is_sold_out(sale_id) {
+            return None;
+        }
         let keyed = !idempotency_key.is_empty();
         let window = self.sales.window(&self.redis, sale_id).await.ok()??;
         let not_started = matches!(
@@ -264,6 +268,11 @@ impl<C: WallClock> BuyService<C> {
             self.sales.never_sold(&self.redis, sale_id).await;
         }
         self.held_not_started(sale_id, keyed)
+    }
+
+    /// Whether a switch pauses the sale (all sales, or its backlog).
+    pub(super) fn paused(&self, sale_id: &str) -> bool {
+        self.switches.all_paused() || self.switches.backlog_paused(sale_id)
     }
 
     /// Whether the sale is flagged sold out here (counted as a local

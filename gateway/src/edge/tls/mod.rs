@@ -67,19 +67,6 @@ impl TlsAccept for CertResolver {
 /// order of preference (ECDHE in TLS 1.2, key shares in TLS 1.3).
 pub const GROUPS: &str = "X25519:P-256:P-384";
 
-/// The HTTPS listener's socket buffers: Pingora's read buffer, and a
-/// write buffer that holds whole TLS records. OpenSSL hands each record
-/// to the socket as it seals it: with Pingora's default (one segment)
-/// each would be a `send` of its own, with this one the records of an
-/// HTTP/2 flush (the frames of several streams' answers) share one.
-pub fn socket_buffers() -> pingora::listeners::L4BufferSettings {
-    pingora::listeners::L4BufferSettings::default().write(TLS_WRITE_BUFFER)
-}
-
-/// Two full TLS records (16 KiB of data each, with their headers and
-/// tags); Pingora's read buffer beside it is 64 KiB per connection.
-const TLS_WRITE_BUFFER: usize = 2 * (16 * 1024 + 256);
-
 /// The HTTPS listener's settings: certificates from `certs`, TLS 1.2 at
 /// least, the key exchange over `GROUPS` only, HTTP/2 preferred by ALPN
 /// with HTTP/1.1 still served.
