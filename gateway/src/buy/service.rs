@@ -249,10 +249,11 @@ impl<C: WallClock> BuyService<C> {
 
     /// [`BuyService::held_not_started`] once what it needs is read: the
     /// sale's window and, for a keyed buy before the start of a one-bucket
-    /// sale, whether it never sold. Nothing is read for a paused or
-    /// sold-out sale (`decide` answers it without Redis), nor on any doubt.
+    /// sale, whether it never sold. Nothing is read for a paused sale, nor
+    /// whether a sold-out one never sold (`decide` answers both without
+    /// Redis), nor on any doubt.
     async fn not_started(&self, sale_id: &str, idempotency_key: &str) -> Option<Rejection> {
-        if self.paused(sale_id) || self.sales.is_sold_out(sale_id) {
+        if self.paused(sale_id) {
             return None;
         }
         let keyed = !idempotency_key.is_empty();
@@ -264,7 +265,7 @@ impl<C: WallClock> BuyService<C> {
         if !not_started {
             return None;
         }
-        if keyed && window.buckets == 1 {
+        if keyed && window.buckets == 1 && !self.sales.is_sold_out(sale_id) {
             self.sales.never_sold(&self.redis, sale_id).await;
         }
         self.held_not_started(sale_id, keyed)
