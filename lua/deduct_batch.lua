@@ -108,7 +108,10 @@
 -- the time are read once per call, not per attempt (fg_call in
 -- lua/lib/deduct.lua): no attempt changes them, and the attempts of one
 -- call are decided at one instant (their wins share one reservation
--- `ts`). The draw's state is read per attempt: an earlier one may open it.
+-- `ts`). The items left and the draw's state are read once per call too,
+-- the items left then followed through the call's own wins, the draw's
+-- state read again after an attempt opened the draw (lua/lib/decide.lua
+-- `fg_left`, lua/lib/deduct.lua).
 --
 -- Memory: a winning key is kept for the TTL (wins are bounded by the
 -- stock). Keys that did not win go into one hash per user and sale, at
@@ -160,11 +163,11 @@ local function node_level(message)
 end
 
 local replies = {}
+local A = {}
 for i = 1, n do
   K[4] = KEYS[shared + 2 * i - 1]
   K[7] = KEYS[shared + 2 * i]
   local base = 1 + 9 * (i - 1)
-  local A = {}
   for j = 1, 9 do
     A[j] = ARGV[base + j]
   end

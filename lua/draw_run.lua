@@ -89,6 +89,7 @@ local perm_kept = false
 
 local k = {remaining = KEYS[2], buyers = KEYS[3], stream = KEYS[4], resv = KEYS[5]}
 local limit = tonumber(meta[3])
+local now_s = tostring(now)
 local idem_prefix, call_prefix, misses_prefix = ARGV[6], ARGV[7], ARGV[8]
 -- An entrant's key of one buy (common/src/keys.rs, `BuyerKeyPrefixes`).
 local function buyer_key(prefix, user, of)
@@ -118,7 +119,7 @@ for i = cursor + 1, last do
     fg_final(a, 'ended', '')
     outcome = 'ended'
   else
-    outcome = fg_take(k, a, limit, now)
+    outcome = fg_take(k, a, limit, now_s)
   end
   -- The entrant's user and rid: a gateway holding this entry number checks
   -- the outcome is its own (numbers are reused after a failover lost entries).

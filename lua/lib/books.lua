@@ -13,7 +13,7 @@
 -- more for `user` under the per-user limit, and `rid` in `resv`.
 local function fg_count_reservation(k, rid, user)
   redis.call('DECR', k.remaining)
-  redis.call('HINCRBY', k.buyers, user, 1)
+  redis.call('HINCRBY', k.buyers, user, '1')
   redis.call('HSET', k.resv, rid, user)
 end
 

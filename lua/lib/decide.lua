@@ -31,24 +31,39 @@ local function fg_final(a, outcome, detail)
   end
 end
 
+-- The items left (`remaining`), read once per script call: `k` is built
+-- once per call and `k.left` follows the call's own wins. No other write
+-- to `remaining` happens while a script runs, and the count is dropped
+-- before a win's writes and set again only once they all succeeded: an
+-- error between them leaves it unknown, read again by the next attempt,
+-- never one item too many.
+local function fg_left(k)
+  if k.left == nil then
+    k.left = tonumber(redis.call('GET', k.remaining) or '0')
+  end
+  return k.left
+end
+
 -- The per-user limit, the stock, and the win, for a sale that is open and
--- not fenced at `now` (ms, Redis TIME): answers `won`, `limit_reached` or
--- `sold_out`, remembered under the attempt's key.
-local function fg_take(k, a, limit, now)
-  local bought = tonumber(redis.call('HGET', k.buyers, a.user) or '0')
-  if bought >= limit then
+-- not fenced at `now` (ms, Redis TIME; `now_s` the same as a string):
+-- answers `won`, `limit_reached` or `sold_out`, remembered under the
+-- attempt's key.
+local function fg_take(k, a, limit, now_s)
+  if (tonumber(redis.call('HGET', k.buyers, a.user)) or 0) >= limit then
     fg_final(a, 'limit_reached', '')
     return 'limit_reached'
   end
-  local left = tonumber(redis.call('GET', k.remaining) or '0')
+  local left = fg_left(k)
   if left <= 0 then
     fg_final(a, 'sold_out', '')
     return 'sold_out'
   end
+  k.left = nil
   fg_count_reservation(k, a.rid, a.user)
   redis.call('XADD', k.stream, '*', 'rid', a.rid, 'sale', a.sale,
-             'user', a.user, 'idem', a.idem, 'ts', tostring(now))
+             'user', a.user, 'idem', a.idem, 'ts', now_s)
   fg_final(a, 'won', a.rid)
+  k.left = left - 1
   return 'won'
 end
 

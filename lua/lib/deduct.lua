@@ -13,13 +13,19 @@
 -- (fg_call below).
 
 -- What no attempt can change, read at most once per script call however
--- many attempts it decides: the sale's meta, its fence (`synced`) and the
--- time (the attempts of one call are decided at one instant: every win's
--- reservation `ts` is that call's time). The draw's state is not among
--- them: an earlier attempt of the call may open the draw.
+-- many attempts it decides: the sale's meta (its numbers parsed once), its
+-- fence (`synced`) and the time (the attempts of one call are decided at
+-- one instant: every win's reservation `ts` is that call's time). Also
+-- kept per call: the sale's keys with the items left (`fg_left`, following
+-- the call's own wins), the draw's state (read again after an attempt
+-- opened the draw) and the one attempt table `fg_deduct` fills in.
 local fg_call = {}
 local function fg_call_meta(key)
-  fg_call.meta = fg_call.meta or redis.call('HMGET', key, 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms', 'epoch')
+  if fg_call.meta == nil then
+    local m = redis.call('HMGET', key, 'starts_at_ms', 'ends_at_ms', 'per_user_limit', 'paused', 'draw_window_ms', 'epoch')
+    fg_call.meta = {found = m[1] ~= false, starts = tonumber(m[1]), starts_s = m[1], ends = tonumber(m[2]),
+                    limit = tonumber(m[3]), paused = m[4] == '1', window = m[5], epoch = m[6] or '0'}
+  end
   return fg_call.meta
 end
 local function fg_call_synced(key)
@@ -29,8 +35,23 @@ local function fg_call_synced(key)
   return fg_call.synced
 end
 local function fg_call_now()
-  fg_call.now = fg_call.now or fg_now_ms()
+  if fg_call.now == nil then
+    fg_call.now = fg_now_ms()
+    fg_call.now_s = tostring(fg_call.now)
+  end
   return fg_call.now
+end
+local function fg_call_draw_state(key)
+  if fg_call.draw_state == nil then
+    fg_call.draw_state = redis.call('HMGET', key, 'closes_at_ms', 'done')
+  end
+  return fg_call.draw_state
+end
+
+-- An outcome remembered under the attempt's key, as the attempt's reply.
+local function fg_deduct_final(a, outcome, detail)
+  fg_final(a, outcome, detail)
+  return {outcome, detail}
 end
 
 local function fg_deduct(K, A)
@@ -56,30 +77,24 @@ local function fg_deduct(K, A)
   end
 
   local meta = fg_call_meta(K[1])
-  if not meta[1] then
+  if not meta.found then
     return {'not_found', ''}
   end
 
   local user = A[1]
-  local a = {user = user, idem = idem, rid = A[3], idem_key = K[4], misses_key = K[7],
-             ttl = A[4], misses_cap = tonumber(A[6]), sale = A[5], bucket = A[9] == '1'}
-  local k = {remaining = K[2], buyers = K[3], stream = K[5], resv = K[6]}
-
-  local function final(outcome, detail)
-    fg_final(a, outcome, detail)
-    return {outcome, detail}
-  end
-  -- A fresh `sold_out` carries the stock epoch it was decided at (see
-  -- lua/release.lua): a gateway flags the sale only if no newer epoch is known.
-  local function sold_out()
-    return {'sold_out', '', meta[6] or '0'}
-  end
+  -- The call's one attempt table and its sale keys, filled in for this one.
+  local a = fg_call.a or {}
+  fg_call.a = a
+  a.user, a.idem, a.rid, a.idem_key, a.misses_key = user, idem, A[3], K[4], K[7]
+  a.ttl, a.misses_cap, a.sale, a.bucket = A[4], tonumber(A[6]), A[5], A[9] == '1'
+  local k = fg_call.k or {remaining = K[2], buyers = K[3], stream = K[5], resv = K[6]}
+  fg_call.k = k
 
   -- The opening draw. A buy it already holds (the same Idempotency-Key, or
   -- the same call re-sent) is that entry, never a second attempt: its
   -- outcome once decided, else "entered" again.
   local draw = K[9] and {state = K[9], entries = K[10], index = K[11], outcomes = K[12]}
-  local draw_state = draw and redis.call('HMGET', draw.state, 'closes_at_ms', 'done') or {}
+  local draw_state = draw and fg_call_draw_state(draw.state) or {}
   local entry_name = draw and fg_draw_entry_name(user, idem, nonce)
   local now = fg_call_now()
   if draw_state[1] and entry_name then
@@ -112,14 +127,14 @@ local function fg_deduct(K, A)
     end
   end
 
-  if now >= tonumber(meta[2]) then
-    return final('ended', '')
+  if now >= meta.ends then
+    return fg_deduct_final(a, 'ended', '')
   end
-  if meta[4] == '1' then
+  if meta.paused then
     return {'paused', ''}
   end
-  if now < tonumber(meta[1]) then
-    return {'not_started', meta[1]}
+  if now < meta.starts then
+    return {'not_started', meta.starts_s}
   end
 
   -- The fence, last before the sale's counters: a sale that has ended, is
@@ -131,24 +146,24 @@ local function fg_deduct(K, A)
   if draw then
     -- The window is fixed by the draw's first entry (`closes_at_ms`): an
     -- operator's later change does not move a draw under way.
-    local window = tonumber(meta[5] or A[8] or '0') or 0
-    local closes = tonumber(draw_state[1] or '') or (tonumber(meta[1]) + window)
+    local window = tonumber(meta.window or A[8] or '0') or 0
+    local closes = tonumber(draw_state[1] or '') or (meta.starts + window)
     if window > 0 and now < closes then
       -- Nothing the draw could give: answered now, as after the window.
-      local bought = tonumber(redis.call('HGET', k.buyers, user) or '0')
-      if bought >= tonumber(meta[3]) then
-        return final('limit_reached', '')
+      local bought = tonumber(redis.call('HGET', k.buyers, user)) or 0
+      if bought >= meta.limit then
+        return fg_deduct_final(a, 'limit_reached', '')
       end
       -- One user holds at most per_user_limit entries, counting the items
       -- already bought (a draw an operator opened mid-sale): more (under
       -- other keys) could not win more, only make an earlier decision likelier.
       local count_name = fg_draw_count_name(user)
-      if bought + tonumber(redis.call('HGET', draw.index, count_name) or '0') >= tonumber(meta[3]) then
-        return final('limit_reached', '')
+      if bought + (tonumber(redis.call('HGET', draw.index, count_name)) or 0) >= meta.limit then
+        return fg_deduct_final(a, 'limit_reached', '')
       end
-      if tonumber(redis.call('GET', k.remaining) or '0') <= 0 then
+      if fg_left(k) <= 0 then
         fg_final(a, 'sold_out', '')
-        return sold_out()
+        return {'sold_out', '', meta.epoch}
       end
       local entry = redis.call('HLEN', draw.entries) + 1
       redis.call('HSET', draw.entries, entry, cjson.encode({user = user, idem = idem, nonce = nonce, rid = a.rid, at = now}))
@@ -157,6 +172,8 @@ local function fg_deduct(K, A)
       end
       redis.call('HINCRBY', draw.index, count_name, 1)
       if not draw_state[1] then
+        -- Opened: the next attempt of this call reads the state again.
+        fg_call.draw_state = nil
         redis.call('HSET', draw.state, 'closes_at_ms', closes, 'opened_at_ms', now)
         -- A draw nobody runs (every gateway gone) is not kept for ever.
         -- lua/draw_run.lua leaves these TTLs alone while it runs and sets
@@ -173,18 +190,20 @@ local function fg_deduct(K, A)
     end
   end
 
-  local outcome = fg_take(k, a, tonumber(meta[3]), now)
+  local outcome = fg_take(k, a, meta.limit, fg_call.now_s)
   if outcome == 'sold_out' then
-    return sold_out()
+    -- A fresh `sold_out` carries the stock epoch it was decided at (see
+    -- lua/release.lua): a gateway flags the sale only if no newer epoch is known.
+    return {'sold_out', '', meta.epoch}
   elseif outcome ~= 'won' then
     return {outcome, ''}
   end
   local rid = a.rid
   if idem == '' and nonce ~= '' then
     -- A re-sent call comes within the client's retries (well under a second).
-    redis.call('SET', K[4], rid .. '|' .. tostring(now), 'EX', 60)
+    redis.call('SET', K[4], rid .. '|' .. fg_call.now_s, 'EX', 60)
   end
   -- The record's time goes back with the win, so the gateway's forward
   -- carries the same reservation time as the stream entry.
-  return {'won', rid, tostring(now), fg_replid()}
+  return {'won', rid, fg_call.now_s, fg_replid()}
 end

@@ -666,6 +666,39 @@ async fn an_attempt_that_errors_is_only_that_attempts_error() {
     assert!(error.to_string().contains("WRONGTYPE"), "{error}");
 }
 
+#[tokio::test]
+async fn an_attempt_that_errors_after_taking_its_item_leaves_the_next_one_the_true_stock() {
+    // The script follows the items left through a call's wins instead of
+    // reading them per attempt. An attempt that fails after its item was
+    // taken (an expiry of 0 seconds: the key's SET is refused after the
+    // count, the record and the stream entry were written) must not leave
+    // that count one item too high for the attempts after it.
+    let mut side = Side::new().await;
+    side.install("s", Sale::open(2, 1)).await;
+    let (a, x, b): (Try, Try, Try) = (
+        ("a", "ka", "r1", ""),
+        ("x", "kx", "r2", ""),
+        ("b", "kb", "r3", ""),
+    );
+    let mut attempts = vec![attempt("s", &a), attempt("s", &x), attempt("s", &b)];
+    attempts[1].idempotency_ttl_seconds = 0;
+    let out: Vec<String> = deduct_many(&side.client, &attempts)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(comparable)
+        .collect();
+    assert!(out[0].starts_with("won r1"), "{out:?}");
+    assert_eq!(out[1], "error", "{out:?}");
+    assert_eq!(out[2], "SoldOut replayed=false node=false", "{out:?}");
+    let remaining: i64 = redis::cmd("GET")
+        .arg(SaleKeys::new("s").remaining)
+        .query_async(&mut side.conn)
+        .await
+        .unwrap();
+    assert_eq!(remaining, 0, "two items, two taken, none sold twice");
+}
+
 /// A batcher on `side`'s server whose calls time out after `timeout`, and a
 /// breaker that stays closed (the test counts answers, not the breaker's).
 fn batcher(side: &Side, timeout: Duration) -> std::sync::Arc<DeductBatcher> {
