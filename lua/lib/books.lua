@@ -10,11 +10,13 @@
 -- these only write.
 
 -- Counts reservation `rid` of `user`: its item out of `remaining`, one
--- more for `user` under the per-user limit, and `rid` in `resv`.
+-- more for `user` under the per-user limit, and `rid` in `resv`. Returns
+-- the items left.
 local function fg_count_reservation(k, rid, user)
-  redis.call('DECR', k.remaining)
+  local left = redis.call('DECR', k.remaining)
   redis.call('HINCRBY', k.buyers, user, '1')
   redis.call('HSET', k.resv, rid, user)
+  return left
 end
 
 -- Gives back the item of counted reservation `rid`, held by `owner` (its

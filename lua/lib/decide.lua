@@ -32,11 +32,11 @@ local function fg_final(a, outcome, detail)
 end
 
 -- The items left (`remaining`), read once per script call: `k` is built
--- once per call and `k.left` follows the call's own wins. No other write
--- to `remaining` happens while a script runs, and the count is dropped
--- before a win's writes and set again only once they all succeeded: an
--- error between them leaves it unknown, read again by the next attempt,
--- never one item too many.
+-- once per call and `k.left` follows the call's own wins, set from their
+-- `DECR`. No other write to `remaining` happens while a script runs, and
+-- the count is dropped before a win's writes and set again once its
+-- reservation is counted: a win that fails in between leaves it unknown,
+-- read again by the next attempt, never one item too many.
 local function fg_left(k)
   if k.left == nil then
     k.left = tonumber(redis.call('GET', k.remaining) or '0')
@@ -49,7 +49,7 @@ end
 -- answers `won`, `limit_reached` or `sold_out`, remembered under the
 -- attempt's key.
 local function fg_take(k, a, limit, now_s)
-  if (tonumber(redis.call('HGET', k.buyers, a.user)) or 0) >= limit then
+  if tonumber(redis.call('HGET', k.buyers, a.user) or '0') >= limit then
     fg_final(a, 'limit_reached', '')
     return 'limit_reached'
   end
@@ -59,11 +59,10 @@ local function fg_take(k, a, limit, now_s)
     return 'sold_out'
   end
   k.left = nil
-  fg_count_reservation(k, a.rid, a.user)
+  k.left = fg_count_reservation(k, a.rid, a.user)
   redis.call('XADD', k.stream, '*', 'rid', a.rid, 'sale', a.sale,
              'user', a.user, 'idem', a.idem, 'ts', now_s)
   fg_final(a, 'won', a.rid)
-  k.left = left - 1
   return 'won'
 end
 

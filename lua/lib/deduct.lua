@@ -150,7 +150,7 @@ local function fg_deduct(K, A)
     local closes = tonumber(draw_state[1] or '') or (meta.starts + window)
     if window > 0 and now < closes then
       -- Nothing the draw could give: answered now, as after the window.
-      local bought = tonumber(redis.call('HGET', k.buyers, user)) or 0
+      local bought = tonumber(redis.call('HGET', k.buyers, user) or '0')
       if bought >= meta.limit then
         return fg_deduct_final(a, 'limit_reached', '')
       end
@@ -158,7 +158,7 @@ local function fg_deduct(K, A)
       -- already bought (a draw an operator opened mid-sale): more (under
       -- other keys) could not win more, only make an earlier decision likelier.
       local count_name = fg_draw_count_name(user)
-      if bought + (tonumber(redis.call('HGET', draw.index, count_name)) or 0) >= meta.limit then
+      if bought + tonumber(redis.call('HGET', draw.index, count_name) or '0') >= meta.limit then
         return fg_deduct_final(a, 'limit_reached', '')
       end
       if fg_left(k) <= 0 then

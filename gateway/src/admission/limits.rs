@@ -184,21 +184,15 @@ impl<
     {
         let limiter = match self.cache.get(key) {
             Some(l) => l,
-            // A key seen for the first time, the commonest case in a sale
-            // (most buyers send a few requests): a plain insert, not
-            // `get_with`, whose guard against concurrent inits of one key
-            // cost more than the insert itself. First requests of one key
-            // that race (one per worker thread at most) each spend from a
-            // bucket of their own and the last insert stays: the others'
-            // tokens are forgotten, each time the key is new. Each bucket
-            // gets a clone of the one clock: a fresh clock per key would
-            // query the CPU (cpuid) every time, which traps to the
-            // hypervisor on virtual machines.
-            None => {
-                let fresh = Arc::new(RateLimiter::direct_with_clock(self.quota, clock.clone()));
-                self.cache.insert(key.to_owned(), fresh.clone());
-                fresh
-            }
+            // Each bucket gets a clone of the one clock: building a fresh
+            // clock per key would query the CPU (cpuid) every time, which
+            // traps to the hypervisor on virtual machines. `get_with`, not
+            // a plain insert: first requests of one key racing on several
+            // threads must share one bucket, or a later insert would
+            // forget what the requests before it spent.
+            None => self.cache.get_with(key.to_owned(), || {
+                Arc::new(RateLimiter::direct_with_clock(self.quota, clock.clone()))
+            }),
         };
         limiter
             .check()
