@@ -58,6 +58,7 @@ local function fg_take(k, a, limit, now_s)
     fg_final(a, 'sold_out', '')
     return 'sold_out'
   end
+  -- Unknown until the count's DECR answers (see fg_left).
   k.left = nil
   k.left = fg_count_reservation(k, a.rid, a.user)
   redis.call('XADD', k.stream, '*', 'rid', a.rid, 'sale', a.sale,

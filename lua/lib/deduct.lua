@@ -17,8 +17,9 @@
 -- fence (`synced`) and the time (the attempts of one call are decided at
 -- one instant: every win's reservation `ts` is that call's time). Also
 -- kept per call: the sale's keys with the items left (`fg_left`, following
--- the call's own wins), the draw's state (read again after an attempt
--- opened the draw) and the one attempt table `fg_deduct` fills in.
+-- the call's own wins), the draw's keys and state (the state read again
+-- after an attempt opened the draw) and the one attempt table `fg_deduct`
+-- fills in.
 local fg_call = {}
 local function fg_call_meta(key)
   if fg_call.meta == nil then
@@ -81,19 +82,21 @@ local function fg_deduct(K, A)
     return {'not_found', ''}
   end
 
+  -- The call's shared keys (the sale's, and the draw's if it has them)
+  -- and its one attempt table, built by its first attempt that gets here.
+  if fg_call.k == nil then
+    fg_call.k = {remaining = K[2], buyers = K[3], stream = K[5], resv = K[6]}
+    fg_call.draw = K[9] and {state = K[9], entries = K[10], index = K[11], outcomes = K[12]}
+    fg_call.a = {}
+  end
+  local k, draw, a = fg_call.k, fg_call.draw, fg_call.a
   local user = A[1]
-  -- The call's one attempt table and its sale keys, filled in for this one.
-  local a = fg_call.a or {}
-  fg_call.a = a
   a.user, a.idem, a.rid, a.idem_key, a.misses_key = user, idem, A[3], K[4], K[7]
   a.ttl, a.misses_cap, a.sale, a.bucket = A[4], tonumber(A[6]), A[5], A[9] == '1'
-  local k = fg_call.k or {remaining = K[2], buyers = K[3], stream = K[5], resv = K[6]}
-  fg_call.k = k
 
   -- The opening draw. A buy it already holds (the same Idempotency-Key, or
   -- the same call re-sent) is that entry, never a second attempt: its
   -- outcome once decided, else "entered" again.
-  local draw = K[9] and {state = K[9], entries = K[10], index = K[11], outcomes = K[12]}
   local draw_state = draw and fg_call_draw_state(draw.state) or {}
   local entry_name = draw and fg_draw_entry_name(user, idem, nonce)
   local now = fg_call_now()
