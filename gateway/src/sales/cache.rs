@@ -239,6 +239,12 @@ impl SaleCache {
         sale_id: &str,
         max_age: Duration,
     ) -> Result<Option<Arc<SaleSnapshot>>, Arc<RedisError>> {
+        // The buy path's common case, in one lookup: a read that finds the
+        // sale gone clears its snapshot, so one held is newer than any
+        // `absent` record.
+        if let Some(held) = self.sales.get(sale_id).and_then(|s| s.fresh(max_age)) {
+            return Ok(Some(held.snapshot));
+        }
         if let Some(read_at) = self.absent.get(sale_id).await {
             if read_at.elapsed() <= max_age {
                 return Ok(None);
