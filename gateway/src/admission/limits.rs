@@ -21,7 +21,7 @@
 //! refill buckets by advancing the clock instead of sleeping.
 
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use flashgate_common::config::{Bucket, LimitsConfig, RouteLimits};
@@ -153,11 +153,17 @@ fn quota(b: Bucket) -> Quota {
     Quota::per_second(b.per_second).allow_burst(b.burst)
 }
 
+/// Locks that serialise the making of a key's first bucket, the key's
+/// hash picking one (see [`Keyed::check`]).
+const FIRST_BUCKET_LOCKS: usize = 64;
+
 /// Buckets keyed by user or IP, in a bounded cache.
 struct Keyed<K: std::hash::Hash + Eq + Send + Sync + 'static, C: Clock> {
     bucket: Bucket,
     quota: Quota,
     cache: moka::sync::Cache<K, Arc<Bucket1<C>>, ahash::RandomState>,
+    first: [Mutex<()>; FIRST_BUCKET_LOCKS],
+    first_of: ahash::RandomState,
 }
 
 impl<
@@ -174,6 +180,8 @@ impl<
             bucket,
             quota: quota(bucket),
             cache,
+            first: std::array::from_fn(|_| Mutex::new(())),
+            first_of: ahash::RandomState::new(),
         }
     }
 
@@ -184,19 +192,35 @@ impl<
     {
         let limiter = match self.cache.get(key) {
             Some(l) => l,
-            // Each bucket gets a clone of the one clock: building a fresh
-            // clock per key would query the CPU (cpuid) every time, which
-            // traps to the hypervisor on virtual machines. `get_with`, not
-            // a plain insert: first requests of one key racing on several
-            // threads must share one bucket, or a later insert would
-            // forget what the requests before it spent.
-            None => self.cache.get_with(key.to_owned(), || {
-                Arc::new(RateLimiter::direct_with_clock(self.quota, clock.clone()))
-            }),
+            None => self.first_bucket(key, clock),
         };
         limiter
             .check()
             .map_err(|not_until| not_until.wait_time_from(clock.now()))
+    }
+
+    /// The bucket of a key the cache did not hold a moment ago. First
+    /// requests of one key racing on several threads must share one
+    /// bucket, or a later insert would forget what the requests before it
+    /// spent: the maker holds the key's lock and looks again first. (A
+    /// lock of our own, not moka's `get_with`, whose single-flight
+    /// bookkeeping cost more than the insert itself on a sale's crowd of
+    /// new users.) Each bucket gets a clone of the one clock: building a
+    /// fresh clock per key would query the CPU (cpuid) every time, which
+    /// traps to the hypervisor on virtual machines.
+    fn first_bucket<Q>(&self, key: &Q, clock: &C) -> Arc<Bucket1<C>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let lock = &self.first[self.first_of.hash_one(key) as usize % FIRST_BUCKET_LOCKS];
+        let _making = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(made) = self.cache.get(key) {
+            return made;
+        }
+        let bucket = Arc::new(RateLimiter::direct_with_clock(self.quota, clock.clone()));
+        self.cache.insert(key.to_owned(), bucket.clone());
+        bucket
     }
 }
 
@@ -452,6 +476,44 @@ mod tests {
             let _ = l.check_user_then_global(RouteClass::Buy, Some(&format!("u{i}")));
         }
         assert!(l.tracked_keys() <= 100, "{}", l.tracked_keys());
+    }
+
+    #[test]
+    fn first_requests_of_a_new_user_racing_on_threads_share_one_burst() {
+        const THREADS: usize = 4;
+        const BURST: u32 = 3;
+        let clock = governor::clock::FakeRelativeClock::default();
+        let l = Limiters::with_clock(
+            &cfg(RouteLimits {
+                user: Bucket::new(1, BURST),
+                ..Default::default()
+            }),
+            clock,
+        );
+        let start = std::sync::Barrier::new(THREADS);
+        for round in 0..300 {
+            let user = format!("u{round}");
+            let allowed: u32 = std::thread::scope(|s| {
+                let racers: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            (0..BURST)
+                                .filter(|_| {
+                                    l.check_user_then_global(RouteClass::Buy, Some(&user))
+                                        .is_ok()
+                                })
+                                .count() as u32
+                        })
+                    })
+                    .collect();
+                racers.into_iter().map(|r| r.join().unwrap()).sum()
+            });
+            assert_eq!(
+                allowed, BURST,
+                "{user}: one bucket, one burst, whoever came first"
+            );
+        }
     }
 
     #[test]
