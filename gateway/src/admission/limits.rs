@@ -154,7 +154,8 @@ fn quota(b: Bucket) -> Quota {
 }
 
 /// Locks that serialise the making of a key's first bucket, the key's
-/// hash picking one (see [`Keyed::check`]).
+/// hash picking one (see [`Keyed::first_bucket`]): enough that distinct
+/// new keys seldom wait on each other, few enough to cost nothing held.
 const FIRST_BUCKET_LOCKS: usize = 64;
 
 /// Buckets keyed by user or IP, in a bounded cache.

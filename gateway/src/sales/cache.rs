@@ -239,9 +239,10 @@ impl SaleCache {
         sale_id: &str,
         max_age: Duration,
     ) -> Result<Option<Arc<SaleSnapshot>>, Arc<RedisError>> {
-        // The buy path's common case, in one lookup: a read that finds the
-        // sale gone clears its snapshot, so one held is newer than any
-        // `absent` record.
+        // The buy path's common case, in one lookup. A read that finds the
+        // sale gone clears the entry's snapshot, so a held one is newer than
+        // any `absent` record of that entry; either answer is within
+        // `max_age`, and the deduct script has the last word on a buy.
         if let Some(held) = self.sales.get(sale_id).and_then(|s| s.fresh(max_age)) {
             return Ok(Some(held.snapshot));
         }
