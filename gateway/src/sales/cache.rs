@@ -252,9 +252,6 @@ impl SaleCache {
             }
         }
         let sale = self.sale(sale_id);
-        if let Some(held) = sale.fresh(max_age) {
-            return Ok(Some(held.snapshot));
-        }
         let _reading = sale.refresh.lock().await;
         if let Some(held) = sale.fresh(max_age) {
             return Ok(Some(held.snapshot));
