@@ -403,6 +403,96 @@ async fn a_sold_out_sale_answers_410_before_any_challenge() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_another_gateway_sold_out_answers_keyed_non_buyers_410_with_no_challenge() {
+    let stack = Stack::start(always(6)).await;
+    stack.open_sale("elsewhere", 1, 1).await;
+    let (gateway2, addr2) = stack.start_second_gateway();
+    let base2 = format!("http://{addr2}");
+    // The other gateway sells the item, then its script finds the sale
+    // sold out and announces it; this gateway never ran the script.
+    for (user, status) in [("first", 202), ("second", 410)] {
+        let (_, c) = fetch_challenge(&stack, "elsewhere", user).await;
+        let pow = solution(&c);
+        let got = buy_at(&stack, &base2, "elsewhere", user, Some(&pow), None).await;
+        assert_eq!(got.0, status, "{user}: {}", got.2);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while buy(&stack, "elsewhere", "late", None, None).await.0 != 410 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the announce never flagged the sale here"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Items back that no event told of (the stock epoch moved, one item
+    // left): a keyed buy of a user who never reserved one may buy, so the
+    // read proves nothing and it is asked for its proof of work.
+    let keys = flashgate_common::keys::SaleKeys::new("elsewhere");
+    let mut conn = stack.redis_handle().await;
+    let mut stock_back_unheard = async |left: u32| {
+        let epoch: Option<u64> = redis::cmd("HGET")
+            .arg(&keys.meta)
+            .arg("epoch")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let () = redis::pipe()
+            .atomic()
+            .hset(&keys.meta, "epoch", epoch.unwrap_or(0) + 1)
+            .ignore()
+            .set(&keys.remaining, left)
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    };
+    stock_back_unheard(1).await;
+    let back = buy(&stack, "elsewhere", "late", None, Some("k-1")).await;
+    assert_challenge_required("a keyed non-buyer, an item left", &back, "proof of work");
+    // None left again: the sale's buyers are read with the items left and
+    // the epoch, and a keyed non-buyer is answered at once, no proof asked.
+    stock_back_unheard(0).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let late = buy(&stack, "elsewhere", "late", None, Some("k-2")).await;
+    assert_eq!(
+        (late.0, late.2["code"].as_str()),
+        (410, Some("sold_out")),
+        "{}",
+        late.2
+    );
+    // Past the buyers' TTL, the same proof (nothing left, the same stock
+    // epoch) renews them.
+    let ttl = flashgate_gateway::sales::BUYERS_TTL + Duration::from_millis(200);
+    tokio::time::sleep(ttl).await;
+    let later = buy(&stack, "elsewhere", "later", None, Some("k-3")).await;
+    assert_eq!(
+        (later.0, later.2["code"].as_str()),
+        (410, Some("sold_out")),
+        "{}",
+        later.2
+    );
+    // The buyer's own keyed buy may replay a win: the script decides it,
+    // and it pays its proof of work as any buy does.
+    let first = buy(&stack, "elsewhere", "first", None, Some("k-4")).await;
+    assert_challenge_required("the buyer's keyed buy", &first, "proof of work");
+    // An item back and sold again, unheard: none left, but the epoch moved,
+    // so the renewal proves nothing, and the new buyer's keyed buy (it may
+    // replay that win) goes to the script, paying its proof of work.
+    stock_back_unheard(0).await;
+    let () = redis::cmd("HSET")
+        .arg(&keys.reservations)
+        .arg("r-unheard")
+        .arg("newcomer")
+        .query_async(&mut stack.redis_handle().await)
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl).await;
+    let newcomer = buy(&stack, "elsewhere", "newcomer", None, Some("k-5")).await;
+    assert_challenge_required("the unheard buyer's keyed buy", &newcomer, "proof of work");
+    drop(gateway2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buy_with_a_bad_body_is_a_400_that_spends_neither_its_proof_of_work_nor_a_cluster_token()
 {
     let stack = Stack::start(StackOptions {

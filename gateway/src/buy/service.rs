@@ -184,7 +184,11 @@ impl<C: WallClock> BuyService<C> {
         self.admission.csrf(&identity, headers, own_origin)?;
         let user = identity.user;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
-        if self.local_sold_out_for(sale_id, &user, &idempotency_key) {
+        if self.local_sold_out_for(sale_id, &user, &idempotency_key)
+            || self
+                .sold_out_before_challenge(sale_id, &user, &idempotency_key)
+                .await
+        {
             return Err(Rejection::SoldOut);
         }
         Ok(Admitted {
@@ -274,6 +278,34 @@ impl<C: WallClock> BuyService<C> {
     /// Whether a switch pauses the sale (all sales, or its backlog).
     pub(super) fn paused(&self, sale_id: &str) -> bool {
         self.switches.all_paused() || self.switches.backlog_paused(sale_id)
+    }
+
+    /// Under `[challenge]`, whether a keyed buy of a one-bucket sale
+    /// flagged sold out, by a user who never reserved an item, is answered
+    /// "sold out" once the sale's buyers are read
+    /// ([`SaleCache::read_buyers`]): when the flag came from elsewhere
+    /// than this gateway's script (another gateway's announce, a read),
+    /// no buyers are held, and without this the buy would be asked for a
+    /// proof of work that could only buy the same answer. A buyer's keyed
+    /// buy still pays it: the script decides it (it may replay a win).
+    async fn sold_out_before_challenge(
+        &self,
+        sale_id: &str,
+        user: &str,
+        idempotency_key: &str,
+    ) -> bool {
+        if idempotency_key.is_empty() || !self.challenge.is_on() || !self.sales.is_sold_out(sale_id)
+        {
+            return false;
+        }
+        // Boxed: its Redis reads would grow every request's future.
+        Box::pin(async {
+            self.sales.buckets(&self.redis, sale_id).await == 1 && {
+                self.sales.read_buyers(&self.redis, sale_id).await;
+                self.local_sold_out_for(sale_id, user, idempotency_key)
+            }
+        })
+        .await
     }
 
     /// Whether the sale is flagged sold out here (counted as a local

@@ -32,6 +32,10 @@ pub const BUYERS_TTL: Duration = Duration::from_secs(1);
 const MAX_BUYERS: usize = 20_000;
 /// Least time between two reads of a sale's buyers by one gateway.
 pub const BUYERS_READ_INTERVAL: Duration = Duration::from_secs(5);
+/// Least time between two reads of a sale's buyers for buys the script
+/// cannot prove them for ([`SaleCache::read_buyers`]), after one failed or
+/// found items left.
+const BUYERS_RETRY: Duration = Duration::from_millis(100);
 
 /// Who has ever reserved an item of a sold-out sale, as read from Redis:
 /// a keyed buy of anyone else can only be answered "sold out" (there is no
@@ -48,6 +52,10 @@ struct Buyers {
     /// change) makes the read stale.
     clears: Clears,
 }
+
+/// What [`SaleCache::read_buyers`] reads in one transaction: the items
+/// left, the stock epoch and, unless only renewing, the buyers.
+type BuyersRead = (i64, u64, Option<Vec<String>>);
 
 /// A snapshot and when it was read.
 #[derive(Clone)]
@@ -162,6 +170,27 @@ impl Sale {
         locked(&self.snapshot)
             .clone()
             .filter(|h| h.read_at.elapsed() <= max_age)
+    }
+
+    /// Whether the sale is flagged and its buyers, read at most
+    /// [`BUYERS_TTL`] ago with no clear since and at an epoch no older
+    /// than the flag's, are held (and do not include `user`, when given).
+    fn buyers_answer(&self, user: Option<&str>) -> bool {
+        let (clears, epoch) = {
+            let stock = locked(&self.stock);
+            if !stock.flagged() {
+                return false;
+            }
+            (stock.clears, stock.epoch)
+        };
+        locked(&self.buyers).as_ref().is_some_and(|b| {
+            // A newer epoch known here (an announced sold out) may have
+            // winners this read never saw.
+            b.clears == clears
+                && b.epoch >= epoch
+                && b.read_at.elapsed() < BUYERS_TTL
+                && user.is_none_or(|u| !b.users.contains(u))
+        })
     }
 
     /// Whether a read of the sale's reservations, begun at most
@@ -396,25 +425,9 @@ impl SaleCache {
     /// the script, which replays their win. Such an answer is not
     /// remembered under the key: a retry after items came back may win.
     pub fn sold_out_for_keyed(&self, sale_id: &str, user: &str) -> bool {
-        let Some(sale) = self.sales.get(sale_id) else {
-            return false;
-        };
-        let (clears, epoch) = {
-            let stock = locked(&sale.stock);
-            if !stock.flagged() {
-                return false;
-            }
-            (stock.clears, stock.epoch)
-        };
-        let answered = locked(&sale.buyers).as_ref().is_some_and(|b| {
-            // A newer epoch known here (an announced sold out) may have
-            // winners this read never saw.
-            b.clears == clears
-                && b.epoch >= epoch
-                && b.read_at.elapsed() < BUYERS_TTL
-                && !b.users.contains(user)
-        });
-        answered
+        self.sales
+            .get(sale_id)
+            .is_some_and(|sale| sale.buyers_answer(Some(user)))
     }
 
     /// Keeps the buyers of a one-bucket sale the script found sold out at
@@ -476,6 +489,89 @@ impl SaleCache {
                 epoch,
                 clears,
             });
+        }
+    }
+
+    /// Keeps the buyers of a one-bucket sale flagged sold out here by
+    /// something other than this gateway's script (another gateway's
+    /// announce, a read of its state), for buys that cannot reach the
+    /// script to have it proven (under `[challenge]`, a buy without a
+    /// solution). Read in one transaction with the items left and the
+    /// stock epoch: no item left proves them complete as the script's
+    /// `sold_out` does (a later win needs items back, which moves the
+    /// epoch). Buyers held from such a read are renewed by the same proof
+    /// without reading them again. Concurrent callers wait for one read;
+    /// one that fails or finds items left is not tried again for
+    /// [`BUYERS_RETRY`].
+    pub async fn read_buyers(&self, redis: &RedisClient, sale_id: &str) {
+        let Some(sale) = self.sales.get(sale_id) else {
+            return;
+        };
+        let mut last_read = sale.buyers_read.lock().await;
+        if sale.buyers_answer(None) || last_read.is_some_and(|at| at.elapsed() < BUYERS_RETRY) {
+            return;
+        }
+        let (clears, epoch) = {
+            let stock = locked(&sale.stock);
+            if !stock.flagged() {
+                return;
+            }
+            (stock.clears, stock.epoch)
+        };
+        let began = Instant::now();
+        *last_read = Some(began);
+        // Held ones of this stock epoch, no clear since: only renewed.
+        let renew = locked(&sale.buyers)
+            .as_ref()
+            .filter(|b| b.clears == clears && b.epoch >= epoch)
+            .map(|b| b.epoch);
+        let keys = flashgate_common::keys::SaleKeys::new(sale_id);
+        let (meta, remaining, resv) = (keys.meta, keys.remaining, keys.reservations);
+        let read: Result<Option<BuyersRead>, RedisError> = redis
+            .call(|mut conn| async move {
+                if renew.is_none() {
+                    let n: usize = redis::cmd("HLEN").arg(&resv).query_async(&mut conn).await?;
+                    if n > MAX_BUYERS {
+                        return Ok::<_, redis::RedisError>(None);
+                    }
+                }
+                let mut pipe = redis::pipe();
+                pipe.atomic().get(&remaining).hget(&meta, "epoch");
+                if renew.is_some() {
+                    let (left, epoch): (Option<i64>, Option<u64>) =
+                        pipe.query_async(&mut conn).await?;
+                    return Ok(Some((left.unwrap_or(0), epoch.unwrap_or(0), None)));
+                }
+                let (left, epoch, users): (Option<i64>, Option<u64>, Vec<String>) =
+                    pipe.hvals(&resv).query_async(&mut conn).await?;
+                Ok(Some((left.unwrap_or(0), epoch.unwrap_or(0), Some(users))))
+            })
+            .await;
+        let Ok(Some((left, read_epoch, users))) = read else {
+            return;
+        };
+        // A clear since voids the read (one after this check leaves
+        // buyers of old clears, which answer nothing).
+        if locked(&sale.stock).clears != clears {
+            return;
+        }
+        let mut buyers = locked(&sale.buyers);
+        match users {
+            // Items back since (the epoch moved): read them all next time.
+            _ if left > 0 || renew.is_some_and(|e| e != read_epoch) => *buyers = None,
+            None => {
+                if let Some(b) = buyers.as_mut().filter(|b| b.clears == clears) {
+                    b.read_at = b.read_at.max(began);
+                }
+            }
+            Some(users) => {
+                *buyers = Some(Buyers {
+                    users: users.into_iter().collect(),
+                    read_at: began,
+                    epoch: read_epoch,
+                    clears,
+                });
+            }
         }
     }
 
