@@ -96,6 +96,10 @@ macro_rules! script {
     }};
 }
 
+/// `lua/buyers_read.lua`, after the replication id (a fenced sale proves
+/// nothing).
+pub static BUYERS_READ: Script = script!("buyers_read.lua"; "replid.lua");
+
 /// `lua/deduct_batch.lua` as it runs: the replication id, the time and the
 /// books (`lua/lib/replid.lua`, `time.lua`, `books.lua`), the shared buy
 /// rules (`lua/lib/decide.lua`), the deduct itself as a function
@@ -202,6 +206,7 @@ pub static ALL: &[&Script] = &[
     &BUCKET_META,
     &BUCKET_STATE,
     &BUCKET_STOCK,
+    &BUYERS_READ,
     &DEDUCT_BATCH,
     &DRAW_RUN,
     &FENCE,

@@ -402,18 +402,32 @@ async fn a_sold_out_sale_answers_410_before_any_challenge() {
     );
 }
 
+/// How many times Redis ran `HVALS` (scripts' calls included).
+async fn hvals_calls(stack: &Stack) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut stack.redis_handle().await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hvals:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_another_gateway_sold_out_answers_keyed_non_buyers_410_with_no_challenge() {
+    use flashgate_gateway::sales::{BUYERS_READ_INTERVAL, BUYERS_TTL};
     let stack = Stack::start(always(6)).await;
     stack.open_sale("elsewhere", 1, 1).await;
     let (gateway2, addr2) = stack.start_second_gateway();
     let base2 = format!("http://{addr2}");
-    // The other gateway sells the item, then its script finds the sale
-    // sold out and announces it; this gateway never ran the script.
-    for (user, status) in [("first", 202), ("second", 410)] {
+    // The other gateway sells the item (under a key), then its script
+    // finds the sale sold out and announces it; this gateway never ran it.
+    for (user, key, status) in [("first", Some("k-win"), 202), ("second", None, 410)] {
         let (_, c) = fetch_challenge(&stack, "elsewhere", user).await;
         let pow = solution(&c);
-        let got = buy_at(&stack, &base2, "elsewhere", user, Some(&pow), None).await;
+        let got = buy_at(&stack, &base2, "elsewhere", user, Some(&pow), key).await;
         assert_eq!(got.0, status, "{user}: {}", got.2);
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -424,12 +438,57 @@ async fn a_sale_another_gateway_sold_out_answers_keyed_non_buyers_410_with_no_ch
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Items back that no event told of (the stock epoch moved, one item
-    // left): a keyed buy of a user who never reserved one may buy, so the
-    // read proves nothing and it is asked for its proof of work.
+    // A keyed buy of a user who never reserved an item: the sale's buyers
+    // are read here, and it is answered at once, no proof of work asked.
+    let read_at = tokio::time::Instant::now();
+    let late = buy(&stack, "elsewhere", "late", None, Some("k-1")).await;
+    assert_eq!(
+        (late.0, late.2["code"].as_str()),
+        (410, Some("sold_out")),
+        "{}",
+        late.2
+    );
+    // The winner's retry may replay the win: it pays its proof of work and
+    // the script replays it.
+    let retry = buy(&stack, "elsewhere", "first", None, Some("k-win")).await;
+    assert_challenge_required("the winner's retry", &retry, "proof of work");
+    let pow = solution(&retry.2);
+    let (status, replayed, body) =
+        buy(&stack, "elsewhere", "first", Some(&pow), Some("k-win")).await;
+    assert!(matches!(status, 201 | 202) && replayed, "{status} {body}");
+    // Past the buyers' TTL, the same proof (nothing left, the same stock
+    // epoch) renews them, without reading them again.
+    let hvals = hvals_calls(&stack).await;
+    let ttl = BUYERS_TTL + Duration::from_millis(200);
+    tokio::time::sleep(ttl).await;
+    let later = buy(&stack, "elsewhere", "later", None, Some("k-2")).await;
+    assert_eq!(
+        (later.0, later.2["code"].as_str()),
+        (410, Some("sold_out")),
+        "{}",
+        later.2
+    );
+    assert_eq!(
+        hvals_calls(&stack).await,
+        hvals,
+        "a renewal reads no buyers"
+    );
+    // Changes no event told of: an item left (what a return leaves) voids
+    // them at the next renewal: a keyed non-buyer may buy, so it pays.
     let keys = flashgate_common::keys::SaleKeys::new("elsewhere");
     let mut conn = stack.redis_handle().await;
-    let mut stock_back_unheard = async |left: u32| {
+    let () = redis::cmd("SET")
+        .arg(&keys.remaining)
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl).await;
+    let back = buy(&stack, "elsewhere", "later", None, Some("k-3")).await;
+    assert_challenge_required("a keyed non-buyer, an item left", &back, "proof of work");
+    // The item sold again (the epoch moved, none left): read anew once the
+    // interval since the last read is over, the new buyer among them.
+    let mut sold_again_unheard = async |rid: &str, user: &str| {
         let epoch: Option<u64> = redis::cmd("HGET")
             .arg(&keys.meta)
             .arg("epoch")
@@ -440,55 +499,35 @@ async fn a_sale_another_gateway_sold_out_answers_keyed_non_buyers_410_with_no_ch
             .atomic()
             .hset(&keys.meta, "epoch", epoch.unwrap_or(0) + 1)
             .ignore()
-            .set(&keys.remaining, left)
+            .set(&keys.remaining, 0)
+            .ignore()
+            .hset(&keys.reservations, rid, user)
             .ignore()
             .query_async(&mut conn)
             .await
             .unwrap();
     };
-    stock_back_unheard(1).await;
-    let back = buy(&stack, "elsewhere", "late", None, Some("k-1")).await;
-    assert_challenge_required("a keyed non-buyer, an item left", &back, "proof of work");
-    // None left again: the sale's buyers are read with the items left and
-    // the epoch, and a keyed non-buyer is answered at once, no proof asked.
-    stock_back_unheard(0).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let late = buy(&stack, "elsewhere", "late", None, Some("k-2")).await;
+    sold_again_unheard("r-unheard-1", "newcomer").await;
+    tokio::time::sleep_until(read_at + BUYERS_READ_INTERVAL + Duration::from_millis(200)).await;
+    let newcomer = buy(&stack, "elsewhere", "newcomer", None, Some("k-4")).await;
+    assert_challenge_required("the new buyer's keyed buy", &newcomer, "proof of work");
+    let latest = buy(&stack, "elsewhere", "latest", None, Some("k-5")).await;
     assert_eq!(
-        (late.0, late.2["code"].as_str()),
+        (latest.0, latest.2["code"].as_str()),
         (410, Some("sold_out")),
         "{}",
-        late.2
+        latest.2
     );
-    // Past the buyers' TTL, the same proof (nothing left, the same stock
-    // epoch) renews them.
-    let ttl = flashgate_gateway::sales::BUYERS_TTL + Duration::from_millis(200);
+    // Sold again, unheard, while they are held: the renewal finds the
+    // epoch moved, and the new buyer's keyed buy goes to the script.
+    sold_again_unheard("r-unheard-2", "newcomer2").await;
     tokio::time::sleep(ttl).await;
-    let later = buy(&stack, "elsewhere", "later", None, Some("k-3")).await;
-    assert_eq!(
-        (later.0, later.2["code"].as_str()),
-        (410, Some("sold_out")),
-        "{}",
-        later.2
+    let newcomer2 = buy(&stack, "elsewhere", "newcomer2", None, Some("k-6")).await;
+    assert_challenge_required(
+        "the next new buyer's keyed buy",
+        &newcomer2,
+        "proof of work",
     );
-    // The buyer's own keyed buy may replay a win: the script decides it,
-    // and it pays its proof of work as any buy does.
-    let first = buy(&stack, "elsewhere", "first", None, Some("k-4")).await;
-    assert_challenge_required("the buyer's keyed buy", &first, "proof of work");
-    // An item back and sold again, unheard: none left, but the epoch moved,
-    // so the renewal proves nothing, and the new buyer's keyed buy (it may
-    // replay that win) goes to the script, paying its proof of work.
-    stock_back_unheard(0).await;
-    let () = redis::cmd("HSET")
-        .arg(&keys.reservations)
-        .arg("r-unheard")
-        .arg("newcomer")
-        .query_async(&mut stack.redis_handle().await)
-        .await
-        .unwrap();
-    tokio::time::sleep(ttl).await;
-    let newcomer = buy(&stack, "elsewhere", "newcomer", None, Some("k-5")).await;
-    assert_challenge_required("the unheard buyer's keyed buy", &newcomer, "proof of work");
     drop(gateway2);
 }
 

@@ -23,18 +23,19 @@ pub const MISSING_TTL: Duration = Duration::from_secs(1);
 const MAX_SALES: u64 = 10_000;
 /// How long the buyers of a sold-out sale, as read, answer its keyed buys:
 /// past it, keyed buys go to the script again until one finds it sold out,
-/// which renews them (read anew if its stock epoch moved). It bounds how
-/// long a buyer who won after items came back, unheard of here, can be
-/// told "sold out" on a retry.
+/// which renews them (read anew if its stock epoch moved), or, for a buy
+/// that cannot reach the script ([`SaleCache::read_buyers`]), a read of the
+/// same proof renews them. It bounds how long a buyer who won after items
+/// came back, unheard of here, can be told "sold out" on a retry.
 pub const BUYERS_TTL: Duration = Duration::from_secs(1);
 /// Most buyers held per sale (about 100 bytes each); a sale with more
 /// leaves keyed buys' answers to the script.
 const MAX_BUYERS: usize = 20_000;
-/// Least time between two reads of a sale's buyers by one gateway.
+/// Least time between two reads of a sale's buyers by one gateway
+/// (renewals of held ones read no buyers: [`BUYERS_RETRY`]).
 pub const BUYERS_READ_INTERVAL: Duration = Duration::from_secs(5);
-/// Least time between two reads of a sale's buyers for buys the script
-/// cannot prove them for ([`SaleCache::read_buyers`]), after one failed or
-/// found items left.
+/// Least time between two renewals of held buyers by
+/// [`SaleCache::read_buyers`], from the end of one to the start of the next.
 const BUYERS_RETRY: Duration = Duration::from_millis(100);
 
 /// Who has ever reserved an item of a sold-out sale, as read from Redis:
@@ -42,20 +43,19 @@ const BUYERS_RETRY: Duration = Duration::from_millis(100);
 /// win of theirs to replay), so it is answered here.
 struct Buyers {
     users: std::collections::HashSet<String, Hasher>,
-    /// When the script last found the sale sold out at `epoch` with these
-    /// buyers complete.
+    /// When a proof last began that these buyers are complete: the script
+    /// found the sale sold out at `epoch`, or a read found none left at
+    /// `epoch` ([`SaleCache::read_buyers`]).
     read_at: Instant,
-    /// The stock epoch of the `sold_out` the read followed: a win after it
-    /// needs items back, which moves the epoch.
+    /// The stock epoch of that proof: a win after it needs items back,
+    /// which moves the epoch.
     epoch: u64,
+    /// When the last renewal by [`SaleCache::read_buyers`] ended.
+    renewed: Option<Instant>,
     /// The sale's clears when the read began: a clear since (items back, a
     /// change) makes the read stale.
     clears: Clears,
 }
-
-/// What [`SaleCache::read_buyers`] reads in one transaction: the items
-/// left, the stock epoch and, unless only renewing, the buyers.
-type BuyersRead = (i64, u64, Option<Vec<String>>);
 
 /// A snapshot and when it was read.
 #[derive(Clone)]
@@ -488,27 +488,28 @@ impl SaleCache {
                 read_at: sent_at,
                 epoch,
                 clears,
+                renewed: None,
             });
         }
     }
 
-    /// Keeps the buyers of a one-bucket sale flagged sold out here by
-    /// something other than this gateway's script (another gateway's
-    /// announce, a read of its state), for buys that cannot reach the
-    /// script to have it proven (under `[challenge]`, a buy without a
-    /// solution). Read in one transaction with the items left and the
-    /// stock epoch: no item left proves them complete as the script's
-    /// `sold_out` does (a later win needs items back, which moves the
-    /// epoch). Buyers held from such a read are renewed by the same proof
-    /// without reading them again. Concurrent callers wait for one read;
-    /// one that fails or finds items left is not tried again for
-    /// [`BUYERS_RETRY`].
+    /// Keeps the buyers of a one-bucket sale flagged sold out here without
+    /// this gateway's script having found it so (another gateway's
+    /// announce), for keyed buys that cannot reach the script to have them
+    /// proven (under `[challenge]`, a buy without a solution). They are
+    /// read by `lua/buyers_read.lua` with the proof the script's `sold_out`
+    /// gives (the sale here, one bucket, not fenced, no item left) and its
+    /// stock epoch; held ones are renewed by the same proof without reading
+    /// them again, and voided when it fails or the epoch moved. A read of
+    /// the buyers happens at most once per [`BUYERS_READ_INTERVAL`] per
+    /// sale, as `keep_buyers`'s, a renewal once per [`BUYERS_RETRY`];
+    /// concurrent callers wait for the one under way and use what it found.
     pub async fn read_buyers(&self, redis: &RedisClient, sale_id: &str) {
         let Some(sale) = self.sales.get(sale_id) else {
             return;
         };
         let mut last_read = sale.buyers_read.lock().await;
-        if sale.buyers_answer(None) || last_read.is_some_and(|at| at.elapsed() < BUYERS_RETRY) {
+        if sale.buyers_answer(None) {
             return;
         }
         let (clears, epoch) = {
@@ -518,60 +519,74 @@ impl SaleCache {
             }
             (stock.clears, stock.epoch)
         };
-        let began = Instant::now();
-        *last_read = Some(began);
         // Held ones of this stock epoch, no clear since: only renewed.
         let renew = locked(&sale.buyers)
             .as_ref()
             .filter(|b| b.clears == clears && b.epoch >= epoch)
-            .map(|b| b.epoch);
-        let keys = flashgate_common::keys::SaleKeys::new(sale_id);
-        let (meta, remaining, resv) = (keys.meta, keys.remaining, keys.reservations);
-        let read: Result<Option<BuyersRead>, RedisError> = redis
-            .call(|mut conn| async move {
-                if renew.is_none() {
-                    let n: usize = redis::cmd("HLEN").arg(&resv).query_async(&mut conn).await?;
-                    if n > MAX_BUYERS {
-                        return Ok::<_, redis::RedisError>(None);
-                    }
-                }
-                let mut pipe = redis::pipe();
-                pipe.atomic().get(&remaining).hget(&meta, "epoch");
-                if renew.is_some() {
-                    let (left, epoch): (Option<i64>, Option<u64>) =
-                        pipe.query_async(&mut conn).await?;
-                    return Ok(Some((left.unwrap_or(0), epoch.unwrap_or(0), None)));
-                }
-                let (left, epoch, users): (Option<i64>, Option<u64>, Vec<String>) =
-                    pipe.hvals(&resv).query_async(&mut conn).await?;
-                Ok(Some((left.unwrap_or(0), epoch.unwrap_or(0), Some(users))))
-            })
-            .await;
-        let Ok(Some((left, read_epoch, users))) = read else {
-            return;
+            .map(|b| (b.epoch, b.renewed));
+        let due = match renew {
+            Some((_, renewed)) => renewed.is_none_or(|at| at.elapsed() >= BUYERS_RETRY),
+            None => last_read.is_none_or(|at| at.elapsed() >= BUYERS_READ_INTERVAL),
         };
+        if !due {
+            return;
+        }
+        let began = Instant::now();
+        let keys = flashgate_common::keys::SaleKeys::new(sale_id);
+        let mut invocation = flashgate_common::scripts::BUYERS_READ.prepare_invoke();
+        invocation
+            .key(&keys.meta)
+            .key(&keys.remaining)
+            .key(&keys.reservations)
+            .key(&keys.synced)
+            .arg(if renew.is_some() { "" } else { "1" })
+            .arg(MAX_BUYERS);
+        let read: Result<Vec<String>, RedisError> = redis
+            .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await;
+        // Stamped once the read is over: a caller that waited for it uses
+        // what it found, however long it took.
+        if renew.is_none() {
+            *last_read = Some(Instant::now());
+        }
+        let failed = read.is_err();
+        let mut reply = read.unwrap_or_default().into_iter();
+        let proven = reply.next().as_deref() == Some("proven");
+        let read_epoch = reply.next().and_then(|e| e.parse::<u64>().ok());
+        let users = (proven && renew.is_none())
+            .then(|| reply.collect::<std::collections::HashSet<String, Hasher>>());
         // A clear since voids the read (one after this check leaves
         // buyers of old clears, which answer nothing).
         if locked(&sale.stock).clears != clears {
             return;
         }
         let mut buyers = locked(&sale.buyers);
-        match users {
-            // Items back since (the epoch moved): read them all next time.
-            _ if left > 0 || renew.is_some_and(|e| e != read_epoch) => *buyers = None,
-            None => {
+        match (renew, users) {
+            (Some((held, _)), None) => {
                 if let Some(b) = buyers.as_mut().filter(|b| b.clears == clears) {
-                    b.read_at = b.read_at.max(began);
+                    if proven && read_epoch == Some(held) {
+                        b.read_at = b.read_at.max(began);
+                    } else if !failed {
+                        // Items back since, or the proof failed: read them
+                        // all next time.
+                        *buyers = None;
+                        return;
+                    }
+                    b.renewed = Some(Instant::now());
                 }
             }
-            Some(users) => {
-                *buyers = Some(Buyers {
-                    users: users.into_iter().collect(),
-                    read_at: began,
-                    epoch: read_epoch,
-                    clears,
-                });
+            (None, Some(users)) => {
+                if let Some(epoch) = read_epoch {
+                    *buyers = Some(Buyers {
+                        users,
+                        read_at: began,
+                        epoch,
+                        clears,
+                        renewed: None,
+                    });
+                }
             }
+            _ => {}
         }
     }
 
@@ -965,5 +980,85 @@ mod tests {
             Some(11),
             "announced, once the epoch is known"
         );
+    }
+
+    #[tokio::test]
+    async fn buyers_read_for_an_announced_flag_are_kept_only_under_the_scripts_proof() {
+        let (server, redis) = redis_with_sale("s").await;
+        let keys = SaleKeys::new("s");
+        let mut conn = server.conn().await;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let replid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("master_replid:"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        let () = redis::pipe()
+            .hset(&keys.reservations, "r-1", "alice")
+            .ignore()
+            .hset(&keys.meta, "epoch", 7)
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // Each case on a gateway of its own: a read gates the next for 5 s.
+        // The flag's epoch is the meta's, but where a flag knows none (a
+        // draw's sold out on a gateway that never read one).
+        // (case, keys set, keys deleted, the flag's epoch, answered)
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str], u64, bool);
+        let cases: [Case<'_>; 6] = [
+            ("sold out, not fenced", &[("remaining", "0")], &[], 7, true),
+            ("an item left", &[("remaining", "1")], &[], 7, false),
+            (
+                "fenced",
+                &[("remaining", "0"), ("synced", "other")],
+                &[],
+                7,
+                false,
+            ),
+            (
+                "bucketed",
+                &[("remaining", "0"), ("buckets", "2")],
+                &[],
+                7,
+                false,
+            ),
+            ("no count of items left", &[], &["remaining"], 7, false),
+            ("the sale gone", &[("remaining", "0")], &["meta"], 0, false),
+        ];
+        for (case, set, del, epoch, answered) in cases {
+            let key = |name: &str| match name {
+                "remaining" => keys.remaining.clone(),
+                "synced" => keys.synced.clone(),
+                _ => keys.meta.clone(),
+            };
+            let mut pipe = redis::pipe();
+            pipe.hset(&keys.meta, "buckets", 1)
+                .ignore()
+                .hset(&keys.meta, "epoch", 7)
+                .ignore()
+                .set(&keys.synced, &replid)
+                .ignore();
+            for (name, value) in set {
+                match *name {
+                    "buckets" => pipe.hset(&keys.meta, "buckets", *value).ignore(),
+                    other => pipe.set(key(other), *value).ignore(),
+                };
+            }
+            for name in del {
+                pipe.del(key(name)).ignore();
+            }
+            let () = pipe.query_async(&mut conn).await.unwrap();
+            let sales = SaleCache::new(Duration::from_millis(250));
+            sales.flag_sold_out("s", Some(epoch), None);
+            sales.read_buyers(&redis, "s").await;
+            assert_eq!(sales.sold_out_for_keyed("s", "bob"), answered, "{case}");
+            assert!(!sales.sold_out_for_keyed("s", "alice"), "{case}: a buyer");
+        }
     }
 }

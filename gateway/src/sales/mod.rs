@@ -62,7 +62,8 @@ mod snapshot;
 mod switches;
 
 pub use cache::{
-    Clears, MissingSale, SaleCache, BUYERS_TTL, MISSING_TTL, SOLD_OUT_TTL, WINDOW_TTL,
+    Clears, MissingSale, SaleCache, BUYERS_READ_INTERVAL, BUYERS_TTL, MISSING_TTL, SOLD_OUT_TTL,
+    WINDOW_TTL,
 };
 pub use events::{AnnouncedPurges, EventListener};
 pub use snapshot::{
