@@ -1,12 +1,14 @@
 -- Flashgate buyers read: the buyers of a one-bucket sale that a gateway
 -- holds flagged sold out without its own script having found it so (the
--- flag was announced by another gateway), proven complete by the rule of
--- the deduct's own `sold_out` (lua/deduct_batch.lua): the sale is here, it
--- has one bucket, it is not fenced (its `synced` is this Redis's
--- replication id), and no item is left. A win after this read needs an
--- item back first, which moves the stock epoch (lua/lib/epoch.lua), so the
--- gateway keeps the buyers only while a later read of the same proof finds
--- the same epoch (gateway/src/sales/cache.rs, `SaleCache::read_buyers`).
+-- flag was announced by another gateway), proven complete as the deduct's
+-- own `sold_out` is (lua/lib/deduct.lua, lua/lib/decide.lua `fg_take`):
+-- not fenced (the sale's `synced` is this Redis's replication id) and no
+-- item left; and, which the deduct need not ask, the sale is here and has
+-- one bucket (a bucket's stock is in keys of its own). A win after this
+-- read needs an item back first, which moves the stock epoch
+-- (lua/lib/epoch.lua), so the gateway keeps the buyers only while a later
+-- read of the same proof finds the same epoch (gateway/src/sales/cache.rs,
+-- `SaleCache::read_buyers`).
 --
 -- KEYS[1] meta  KEYS[2] remaining  KEYS[3] resv  KEYS[4] synced
 -- ARGV[1] "1" to answer the buyers too; "" for the proof alone (a renewal

@@ -691,20 +691,6 @@ mod tests {
         }
     }
 
-    /// This Redis's replication id.
-    async fn replid(conn: &mut redis::aio::MultiplexedConnection) -> String {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(conn)
-            .await
-            .unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("master_replid:"))
-            .unwrap()
-            .trim()
-            .to_owned()
-    }
-
     #[tokio::test]
     async fn a_give_of_a_take_made_on_a_fenced_off_donor_redis_is_refused_and_changes_nothing() {
         let redis = flashgate_testkit::redis::RedisServer::private();
@@ -795,7 +781,7 @@ mod tests {
             Taken::Moved(3),
             "a retry takes nothing more"
         );
-        let here = replid(&mut conn).await;
+        let here = flashgate_testkit::master_replid(&mut conn).await;
         assert_eq!(
             take_on(&mut conn, "s", 0, 1, "x1", 8).await.unwrap(),
             (Taken::Moved(3), Some(here)),
@@ -1045,7 +1031,7 @@ mod tests {
                 to: 0,
                 xid: "x1".into(),
                 n: 1,
-                replid: replid(&mut conn).await
+                replid: flashgate_testkit::master_replid(&mut conn).await
             }
         );
         assert_eq!(books(&mut conn, "s", 2).await.unwrap().in_transit, 1);

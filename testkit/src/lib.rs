@@ -29,6 +29,8 @@ pub use cluster::{ClusterOptions, RedisCluster, SlotMigration};
 pub use ports::{free_port, free_port_with_bus};
 pub use postgres::PrivatePostgres;
 pub use process::{bin, wait_http_ready, wait_port, Proc, TempDir};
-pub use redis::{aof_bytes, prepare_large_aof, wait_redis_loaded, Monitor, RedisServer, TlsFiles};
+pub use redis::{
+    aof_bytes, master_replid, prepare_large_aof, wait_redis_loaded, Monitor, RedisServer, TlsFiles,
+};
 pub use sentinel::RedisSentinels;
 pub use signing::{jwks, SigningKey};

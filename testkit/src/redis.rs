@@ -267,6 +267,21 @@ impl RedisServer {
     }
 }
 
+/// The replication id (`master_replid`) of the Redis behind `conn`: new
+/// whenever a Redis becomes a master, what the failover fence compares.
+pub async fn master_replid(conn: &mut (impl redis::aio::ConnectionLike + Send)) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("master_replid:"))
+        .expect("a replication id")
+        .trim()
+        .to_owned()
+}
+
 /// The commands a Redis runs, as `MONITOR` prints them: one line each,
 /// `<time> [<db> <client>] "COMMAND" "arg" ...`, scripts' commands included.
 pub struct Monitor {

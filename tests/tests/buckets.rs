@@ -463,20 +463,6 @@ enum Killed {
     Target,
 }
 
-/// The replication id of the Redis on `port`.
-async fn replid(port: u16) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query_async(&mut node(port).await)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("master_replid:"))
-        .expect("a replication id")
-        .trim()
-        .to_owned()
-}
-
 /// One buy of `user`, retried while it answers 503 (a fenced bucket, a
 /// refill cut by its deadline), until `deadline`.
 async fn decide(
@@ -628,7 +614,13 @@ async fn a_failed_over_bucket_is_resynced_and_the_sale_sells_exactly_its_stock(k
             .query_async(&mut node(promoted).await)
             .await
             .unwrap();
-        if synced.as_deref() == Some(replid(promoted).await.as_str()) {
+        if synced.as_deref()
+            == Some(
+                flashgate_testkit::master_replid(&mut node(promoted).await)
+                    .await
+                    .as_str(),
+            )
+        {
             break;
         }
         assert!(

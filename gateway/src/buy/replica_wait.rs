@@ -276,20 +276,6 @@ mod tests {
         ))
     }
 
-    /// The replication id of the Redis behind `conn`.
-    async fn replid(conn: &mut redis::aio::MultiplexedConnection) -> String {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(conn)
-            .await
-            .unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("master_replid:"))
-            .unwrap()
-            .trim()
-            .to_owned()
-    }
-
     #[tokio::test]
     async fn a_live_replica_confirms_a_win_made_on_the_same_master_only() {
         let redis = RedisServer::private();
@@ -305,7 +291,7 @@ mod tests {
             .query_async(&mut other)
             .await
             .unwrap();
-        let node = replid(&mut other).await;
+        let node = crate::infra::master_replid(&mut other).await;
         waits.confirm("s", Some(&node)).await.unwrap();
         // A win another master answered (the id before a failover), or one
         // without an id: not confirmed.
@@ -328,7 +314,7 @@ mod tests {
     async fn without_replicas_a_win_is_not_confirmed_and_the_timeout_is_counted() {
         let redis = RedisServer::private();
         let waits = waits(&redis, 1, 100);
-        let node = replid(&mut redis.conn().await).await;
+        let node = crate::infra::master_replid(&mut redis.conn().await).await;
         let err = waits.confirm("s", Some(&node)).await.unwrap_err();
         assert!(matches!(err, NotConfirmed::TooFewReplicas), "{err:?}");
         assert_eq!(

@@ -165,17 +165,7 @@ impl Fixture {
             .await
             .unwrap();
         // Installed by a backend: agreeing with the database on this Redis.
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let replid = info
-            .lines()
-            .find_map(|l| l.strip_prefix("master_replid:"))
-            .unwrap()
-            .trim()
-            .to_owned();
+        let replid = crate::infra::master_replid(&mut conn).await;
         let () = redis::cmd("SET")
             .arg(&keys.synced)
             .arg(replid)

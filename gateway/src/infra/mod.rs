@@ -24,4 +24,4 @@ pub use redis_client::{RedisClient, RedisError};
 pub use runtime_dir::{prepare as prepare_runtime_dir, RuntimePaths};
 pub use task::{Shutdown, Task};
 #[cfg(test)]
-pub(crate) use testing::{ManualClock, RedisServer};
+pub(crate) use testing::{master_replid, ManualClock, RedisServer};

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use flashgate_testkit::master_replid;
 pub use flashgate_testkit::RedisServer;
 
 use super::WallClock;

@@ -149,7 +149,8 @@ struct Sale {
     buckets: AtomicU32,
     /// The sale's buyers, read once it was found sold out (see [`Buyers`]).
     buyers: Mutex<Option<Buyers>>,
-    /// Held by the one caller reading the buyers; when the last read began.
+    /// Held by the one caller reading the buyers; when the last read of
+    /// them began (and, for [`SaleCache::read_buyers`]'s, ended).
     buyers_read: tokio::sync::Mutex<Option<Instant>>,
     /// When a read began that found no reservation of the sale, and the
     /// sale's clears then (see [`SaleCache::never_sold`]).
@@ -500,7 +501,7 @@ impl SaleCache {
     /// read by `lua/buyers_read.lua` with the proof the script's `sold_out`
     /// gives (the sale here, one bucket, not fenced, no item left) and its
     /// stock epoch; held ones are renewed by the same proof without reading
-    /// them again, and voided when it fails or the epoch moved. A read of
+    /// them again, and voided when the proof fails or the epoch moved. A read of
     /// the buyers happens at most once per [`BUYERS_READ_INTERVAL`] per
     /// sale, as `keep_buyers`'s, a renewal once per [`BUYERS_RETRY`];
     /// concurrent callers wait for the one under way and use what it found.
@@ -541,11 +542,15 @@ impl SaleCache {
             .key(&keys.synced)
             .arg(if renew.is_some() { "" } else { "1" })
             .arg(MAX_BUYERS);
+        // Stamped when the read begins (a caller dropped mid-read still
+        // spends the interval) and again when it is over (a caller that
+        // waited for it uses what it found, however long it took).
+        if renew.is_none() {
+            *last_read = Some(began);
+        }
         let read: Result<Vec<String>, RedisError> = redis
             .call(|mut conn| async move { invocation.invoke_async(&mut conn).await })
             .await;
-        // Stamped once the read is over: a caller that waited for it uses
-        // what it found, however long it took.
         if renew.is_none() {
             *last_read = Some(Instant::now());
         }
@@ -987,17 +992,7 @@ mod tests {
         let (server, redis) = redis_with_sale("s").await;
         let keys = SaleKeys::new("s");
         let mut conn = server.conn().await;
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let replid = info
-            .lines()
-            .find_map(|l| l.strip_prefix("master_replid:"))
-            .unwrap()
-            .trim()
-            .to_owned();
+        let replid = crate::infra::master_replid(&mut conn).await;
         let () = redis::pipe()
             .hset(&keys.reservations, "r-1", "alice")
             .ignore()
@@ -1006,10 +1001,10 @@ mod tests {
             .query_async(&mut conn)
             .await
             .unwrap();
-        // Each case on a gateway of its own: a read gates the next for 5 s.
-        // The flag's epoch is the meta's, but where a flag knows none (a
-        // draw's sold out on a gateway that never read one).
-        // (case, keys set, keys deleted, the flag's epoch, answered)
+        // Each case on a gateway of its own (a read gates the next for 5 s):
+        // the case, the keys it sets and deletes, the flag's epoch (the
+        // meta's, but where the flag knows none: a draw's sold out on a
+        // gateway that never read one) and whether a non-buyer is answered.
         type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str], u64, bool);
         let cases: [Case<'_>; 6] = [
             ("sold out, not fenced", &[("remaining", "0")], &[], 7, true),

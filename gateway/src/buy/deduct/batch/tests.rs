@@ -104,16 +104,7 @@ impl Side {
     }
 
     async fn replid(&mut self) -> String {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut self.conn)
-            .await
-            .unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("master_replid:"))
-            .unwrap()
-            .trim()
-            .to_owned()
+        crate::infra::master_replid(&mut self.conn).await
     }
 
     /// Every key and its value, comparable across servers: a stream's
