@@ -1634,7 +1634,6 @@ async fn profile_load(ctx: &Ctx, scenario: &'static str) -> anyhow::Result<Vec<P
     Ok(out)
 }
 
-/// One more HTTPS round of `scenario` on the TLS gateway with perf on it.
 /// The profiles of a scenario, or, when its load failed under `perf` (a
 /// process sampled with call graphs runs slower, and a client may time
 /// out), one entry saying so: the measured rounds stand without it.
@@ -1648,6 +1647,7 @@ fn taken(scenario: &str, profiles: anyhow::Result<Vec<Profile>>) -> Vec<Profile>
     })
 }
 
+/// One more HTTPS round of `scenario` on the TLS gateway with perf on it.
 async fn profile_tls(ctx: &Ctx, mode: crate::tls::Mode, scenario: &str) -> anyhow::Result<Profile> {
     let secs = 6;
     let (addr, pid) = ctx.tls_gateway.context("the TLS gateway was not started")?;

@@ -173,16 +173,19 @@ impl Sale {
             .filter(|h| h.read_at.elapsed() <= max_age)
     }
 
+    /// The clears and stock epoch of the sale's sold-out flag, while it is
+    /// flagged.
+    fn flag(&self) -> Option<(Clears, u64)> {
+        let stock = locked(&self.stock);
+        stock.flagged().then_some((stock.clears, stock.epoch))
+    }
+
     /// Whether the sale is flagged and its buyers, read at most
     /// [`BUYERS_TTL`] ago with no clear since and at an epoch no older
     /// than the flag's, are held (and do not include `user`, when given).
     fn buyers_answer(&self, user: Option<&str>) -> bool {
-        let (clears, epoch) = {
-            let stock = locked(&self.stock);
-            if !stock.flagged() {
-                return false;
-            }
-            (stock.clears, stock.epoch)
+        let Some((clears, epoch)) = self.flag() else {
+            return false;
         };
         locked(&self.buyers).as_ref().is_some_and(|b| {
             // A newer epoch known here (an announced sold out) may have
@@ -513,12 +516,8 @@ impl SaleCache {
         if sale.buyers_answer(None) {
             return;
         }
-        let (clears, epoch) = {
-            let stock = locked(&sale.stock);
-            if !stock.flagged() {
-                return;
-            }
-            (stock.clears, stock.epoch)
+        let Some((clears, epoch)) = sale.flag() else {
+            return;
         };
         // Held ones of this stock epoch, no clear since: only renewed.
         let renew = locked(&sale.buyers)
