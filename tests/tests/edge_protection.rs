@@ -341,6 +341,57 @@ async fn a_sold_out_sale_answers_late_buyers_without_the_script_while_a_winners_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sold_out_sale_tells_a_keyed_non_buyer_sold_out_before_checking_their_token_but_checks_a_buyers(
+) {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.open_sale("claims", 1, 1).await;
+    let winner = random_user();
+    assert_eq!(stack.buy("claims", &winner, Some("k1")).await.0, 202);
+    // Keyed buys of non-buyers until one is answered without the script:
+    // the flag is up and the sale's buyers are known here.
+    let answered_here = || async {
+        let text = stack.gateway_metrics_text().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix("flashgate_local_decisions_total{decision=\"sold_out\"} "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = answered_here().await;
+        let (status, v) = stack.buy("claims", &random_user(), Some("late")).await;
+        assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
+        if answered_here().await > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "keyed buys never answered here");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let buy_with = |token: String, key: &'static str| {
+        let http = stack.http.clone();
+        let addr = stack.gateway_addr;
+        async move { flashgate_tests::buy(&http, addr, "claims", &token, Some(key)).await }
+    };
+    // A token no one signed, naming a non-buyer: the answer anyone gets.
+    let forged = flashgate_tests::token_with(&random_user(), "not-the-secret", 3600);
+    let (status, v) = buy_with(forged, "late").await;
+    assert_eq!((status, v["code"].as_str()), (410, Some("sold_out")), "{v}");
+    // One naming the winner is checked, and refused.
+    let forged = flashgate_tests::token_with(&winner, "not-the-secret", 3600);
+    let (status, v) = buy_with(forged, "k1").await;
+    assert_eq!(status, 401, "{v}");
+    // The winner's own token replays the win.
+    let (status, v) = buy_with(token(&winner), "k1").await;
+    assert!(
+        matches!(status, 201 | 202) && v["reservation_id"].is_string(),
+        "{status} {v}"
+    );
+    // A bad key is still bad input, whoever the token names.
+    let (status, v) = buy_with(token(&random_user()), "").await;
+    assert_eq!(status, 400, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sold_out_sale_sells_again_soon_after_an_unpaid_orders_item_comes_back() {
     let stack = Stack::start(StackOptions::default()).await;
     let now = flashgate_common::now_ms();
