@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use flashgate_tests::{buy_all, random_user, token, Attempt, Stack, StackOptions};
+use flashgate_tests::{buy_all, random_user, token, token_with, Attempt, Stack, StackOptions};
 use serde_json::Value;
 
 async fn buy_status(stack: &Stack, user: &str, headers: &[(&str, &str)]) -> reqwest::Response {
@@ -104,6 +104,42 @@ async fn one_ip_over_its_bucket_gets_429_whoever_the_user() {
                 .as_u16(),
             202
         );
+    }
+    assert_limited(&buy_status(&stack, "u9", &[]).await, "buy-ip");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_buy_body_is_refused_before_the_token_is_checked_and_spends_no_ip_bucket() {
+    let stack = stack_with("[limits.buy]\nip = { per_second = 1, burst = 3 }\n").await;
+    let bad_body = |authorization: Option<String>| {
+        let mut req = stack
+            .http
+            .post(stack.url("/flashgate/api/sales/edge/buy"))
+            .body("\"not an object\"");
+        if let Some(a) = authorization {
+            req = req.header("Authorization", a);
+        }
+        req.send()
+    };
+    let forged = format!("Bearer {}", token_with("u0", "not-the-secret", 3600));
+    for authorization in [None, Some(forged), Some(format!("Bearer {}", token("u0")))]
+        .into_iter()
+        .cycle()
+        .take(12)
+    {
+        let resp = bad_body(authorization).await.unwrap();
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (400, Some("bad_request")),
+            "{v}"
+        );
+    }
+    // Twelve bad bodies later the IP's burst of three is all there.
+    for i in 0..3 {
+        let status = buy_status(&stack, &format!("u{i}"), &[]).await.status();
+        assert_eq!(status.as_u16(), 202, "buy {i}");
     }
     assert_limited(&buy_status(&stack, "u9", &[]).await, "buy-ip");
 }

@@ -1,6 +1,7 @@
 //! [`BuyService`], the buy layer's one interface: built once per gateway
 //! from [`BuyDeps`] and a clock ([`BuyService::new`]), it admits a buy
-//! ([`BuyService::admit`], [`BuyService::prove`]), decides it
+//! ([`BuyService::answer_early`], [`BuyService::admit`],
+//! [`BuyService::prove`]), decides it
 //! ([`BuyService::buy`], see `decide`) and looks reservations up
 //! ([`BuyService::reservation`]).
 
@@ -149,23 +150,14 @@ impl<C: WallClock> BuyService<C> {
         (service, worker)
     }
 
-    /// Everything before the request body is read, cheapest first: the
-    /// answers known without the buyer (sold out, not started), who asks,
-    /// and whether their answer is already known. It spends no bucket of
-    /// the user's (see [`BuyService::prove`]) and changes nothing in Redis.
+    /// The answers a buy gets whoever sent it, given before its body is
+    /// read or its token checked, all from memory: a sale flagged sold out
+    /// (unkeyed, or keyed by a user it knows never reserved), a sale held
+    /// not started. Nothing is spent and nothing changes in Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
-    /// `own_origin` is the origin the request was sent to
-    /// (`https://` + its `Host` or HTTP/2 `:authority`, `http://` on the
-    /// plain listener), for the CSRF check of a buy signed in by cookie.
-    pub async fn admit(
-        &self,
-        sale_id: &str,
-        peer: IpAddr,
-        headers: &HeaderMap,
-        own_origin: Option<&str>,
-    ) -> Result<Admitted, Rejection> {
+    pub fn answer_early(&self, sale_id: &str, headers: &HeaderMap) -> Result<(), Rejection> {
         let key = headers.get("idempotency-key");
         // A sold-out sale is the commonest answer of a flash sale; without an
         // Idempotency-Key there is nothing to replay, and "sold out" says
@@ -190,6 +182,28 @@ impl<C: WallClock> BuyService<C> {
                 return Err(Rejection::SoldOut);
             }
         }
+        Ok(())
+    }
+
+    /// Who asks, once [`BuyService::answer_early`] had no answer and the
+    /// body was read and found valid, cheapest first: the IP's deny list
+    /// and bucket, the token, the CSRF check, the Idempotency-Key, and
+    /// whether this user's answer is already known. It spends no bucket of
+    /// the user's (see [`BuyService::prove`]) and changes nothing in Redis.
+    ///
+    /// # Errors
+    /// The rejection to answer with.
+    /// `own_origin` is the origin the request was sent to
+    /// (`https://` + its `Host` or HTTP/2 `:authority`, `http://` on the
+    /// plain listener), for the CSRF check of a buy signed in by cookie.
+    pub async fn admit(
+        &self,
+        sale_id: &str,
+        peer: IpAddr,
+        headers: &HeaderMap,
+        own_origin: Option<&str>,
+    ) -> Result<Admitted, Rejection> {
+        let key = headers.get("idempotency-key");
         let identity = self
             .admission
             .identify(RouteClass::Buy, peer, headers)

@@ -254,7 +254,7 @@ async fn the_first_buyers_win_until_the_stock_is_gone_then_the_sale_is_flagged()
     assert_eq!(f.redis.command_calls("evalsha").await, scripts);
     // Without an Idempotency-Key it is refused before admission (no token needed).
     assert_eq!(
-        f.service.admit("s", PEER, &headers(None, None), None).await,
+        admit(&f, "s", &headers(None, None)).await,
         Err(Rejection::SoldOut)
     );
     assert_eq!(f.local_decisions("sold_out"), 2);
@@ -399,27 +399,21 @@ async fn admission_checks_the_token_the_deny_list_and_the_key() {
     let f = fixture(&["banned"]).await;
     f.open_sale("s", 5).await;
     assert_eq!(
-        f.service.admit("s", PEER, &headers(None, None), None).await,
+        admit(&f, "s", &headers(None, None)).await,
         Err(Rejection::Unauthorized(
             crate::admission::AuthError::Missing
         ))
     );
     assert_eq!(
-        f.service
-            .admit("s", PEER, &headers(Some("banned"), None), None)
-            .await,
+        admit(&f, "s", &headers(Some("banned"), None)).await,
         Err(Rejection::Denied)
     );
     let long_key = "k".repeat(65);
     assert!(matches!(
-        f.service
-            .admit("s", PEER, &headers(Some("a"), Some(&long_key)), None)
-            .await,
+        admit(&f, "s", &headers(Some("a"), Some(&long_key))).await,
         Err(Rejection::BadRequest(_))
     ));
-    let admitted = f
-        .service
-        .admit("s", PEER, &headers(Some("a"), Some("k1")), None)
+    let admitted = admit(&f, "s", &headers(Some("a"), Some("k1")))
         .await
         .unwrap();
     assert_eq!(
@@ -509,15 +503,9 @@ async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() 
     let held = f.service.sales.window(&f.service.redis, "s").await;
     assert!(held.is_ok_and(|w| w.is_some()));
     let monitor = f.redis.monitor().await;
-    assert!(f
-        .service
-        .admit("s", PEER, &headers(Some("a"), Some("k")), None)
-        .await
-        .is_ok());
+    assert!(admit(&f, "s", &headers(Some("a"), Some("k"))).await.is_ok());
     // Before its body: no token spent, so a second buy is admitted too.
-    let admitted = f
-        .service
-        .admit("s", PEER, &headers(Some("a"), Some("k")), None)
+    let admitted = admit(&f, "s", &headers(Some("a"), Some("k")))
         .await
         .unwrap();
     let headers = headers(Some("a"), Some("k"));
@@ -555,9 +543,16 @@ async fn a_buy_before_the_start_is_answered_before_a_bucket_is_spent() {
     assert_eq!(admit_and_prove(&f, "soon", &headers).await, Ok(()));
 }
 
+/// A buy's admission as the proxy runs it, its body aside: the answers
+/// given whoever sent it, then the buyer's.
+async fn admit(f: &Fixture, sale: &str, headers: &HeaderMap) -> Result<Admitted, Rejection> {
+    f.service.answer_early(sale, headers)?;
+    f.service.admit(sale, PEER, headers, None).await
+}
+
 /// A buy through both halves of its admission, the first refusal its answer.
 async fn admit_and_prove(f: &Fixture, sale: &str, headers: &HeaderMap) -> Result<(), Rejection> {
-    let admitted = f.service.admit(sale, PEER, headers, None).await?;
+    let admitted = admit(f, sale, headers).await?;
     f.service.prove(sale, &admitted, PEER, headers).await
 }
 
@@ -568,9 +563,7 @@ async fn a_buy_before_the_start_is_answered_before_its_token_once_the_sale_is_he
     f.sale("soon", 5, now + 30_000, now + 60_000).await;
     // Nothing held yet: the token is checked first.
     assert!(matches!(
-        f.service
-            .admit("soon", PEER, &headers(None, Some("k0")), None)
-            .await,
+        admit(&f, "soon", &headers(None, Some("k0"))).await,
         Err(Rejection::Unauthorized(_))
     ));
     // One buy reads the window, and, keyed, that the sale never sold.
@@ -583,10 +576,7 @@ async fn a_buy_before_the_start_is_answered_before_its_token_once_the_sale_is_he
     // keyed or not, token or none.
     for key in [None, Some("k2")] {
         assert_eq!(
-            f.service
-                .admit("soon", PEER, &headers(None, key), None)
-                .await
-                .err(),
+            admit(&f, "soon", &headers(None, key)).await.err(),
             Some(Rejection::NotStarted(30))
         );
     }
@@ -609,9 +599,7 @@ async fn a_buy_before_the_start_is_answered_before_its_token_once_the_sale_is_he
     // Once open, a buy without a token is refused for that again.
     f.clock.advance(Duration::from_secs(30));
     assert!(matches!(
-        f.service
-            .admit("soon", PEER, &headers(None, None), None)
-            .await,
+        admit(&f, "soon", &headers(None, None)).await,
         Err(Rejection::Unauthorized(_))
     ));
 }

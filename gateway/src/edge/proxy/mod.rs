@@ -7,7 +7,7 @@
 //! early_request_filter   idle timeout of a reusable connection, request id
 //! request_filter         headers too large? ─► 431
 //!                        Routes::classify
-//!   ├─ Route::Buy ─────► BuyService::admit ─► body read ─► BuyService::prove ─► BuyService::buy ─► BuyOutcome
+//!   ├─ Route::Buy ─────► BuyService::answer_early ─► body read ─► BuyService::admit ─► BuyService::prove ─► BuyService::buy ─► BuyOutcome
 //!   ├─ sale reads ─────► Admission::read ─► SaleCache::{list, view}
 //!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
 //!   ├─ Route::Reservation ► Admission::user ─► BuyService::reservation
@@ -680,12 +680,15 @@ impl Gateway {
                     .and_then(|v| v.to_str().ok())
                     .or_else(|| session.req_header().uri.authority().map(|a| a.as_str()))
                     .map(|host| format!("{}://{host}", if ctx.tls { "https" } else { "http" }));
+                self.buy.answer_early(sale_id, headers)?;
+                // The body before the token: a bad one is refused at once,
+                // and without spending the IP's bucket.
+                read_buy_body(session, self.config.gateway.body_read_timeout).await?;
+                let headers = &session.req_header().headers;
                 let admitted = self
                     .buy
                     .admit(sale_id, peer(session), headers, own_origin.as_deref())
                     .await?;
-                read_buy_body(session, self.config.gateway.body_read_timeout).await?;
-                let headers = &session.req_header().headers;
                 self.buy
                     .prove(sale_id, &admitted, peer(session), headers)
                     .await?;
