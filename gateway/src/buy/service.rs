@@ -224,13 +224,13 @@ impl<C: WallClock> BuyService<C> {
         })
     }
 
-    /// What a buy spends before its deduct, once its body was read and
-    /// found valid (a `400` spends nothing, not even a token of a bucket):
+    /// What a buy spends before its deduct, once it was admitted (its body
+    /// read first: a `400` spends nothing, not even a token of a bucket):
     /// the user's and the global bucket, the proof of work, when
     /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
-    /// the cluster bucket. A buy of a sale flagged sold out meanwhile is
-    /// answered first, at no cost, when it is unkeyed or its user never
-    /// reserved an item.
+    /// the cluster bucket. A buy before the start is answered first, at no
+    /// cost, when it is unkeyed or its sale never sold (the first read of
+    /// the sale's window happens here).
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -241,9 +241,6 @@ impl<C: WallClock> BuyService<C> {
         peer: IpAddr,
         headers: &HeaderMap,
     ) -> Result<(), Rejection> {
-        if self.local_sold_out_for(sale_id, &admitted.user, &admitted.idempotency_key) {
-            return Err(Rejection::SoldOut);
-        }
         if let Some(rejection) = self.not_started(sale_id, &admitted.idempotency_key).await {
             return Err(rejection);
         }
