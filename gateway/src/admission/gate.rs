@@ -137,16 +137,37 @@ impl Admission {
         peer: IpAddr,
         headers: &HeaderMap,
     ) -> Result<Identity, Rejection> {
-        {
-            let edge = self.edge.load();
-            let ip = edge.client_ip(peer, headers);
-            if edge.deny.denies_ip(ip) {
-                return Err(Rejection::Denied);
-            }
-            edge.limiters
-                .check_ip(class, ip)
-                .map_err(Rejection::RateLimited)?;
+        self.check_ip(class, peer, headers)?;
+        self.verified(headers).await
+    }
+
+    /// The first half of [`Admission::identify`]: the IP's deny list and
+    /// its bucket of `class`.
+    ///
+    /// # Errors
+    /// `Denied` or `RateLimited`.
+    pub fn check_ip(
+        &self,
+        class: RouteClass,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<(), Rejection> {
+        let edge = self.edge.load();
+        let ip = edge.client_ip(peer, headers);
+        if edge.deny.denies_ip(ip) {
+            return Err(Rejection::Denied);
         }
+        edge.limiters
+            .check_ip(class, ip)
+            .map_err(Rejection::RateLimited)
+    }
+
+    /// The second half of [`Admission::identify`]: the token, then the
+    /// user's deny list.
+    ///
+    /// # Errors
+    /// `Unauthorized` or `Denied`.
+    pub async fn verified(&self, headers: &HeaderMap) -> Result<Identity, Rejection> {
         let identity = self
             .verifier
             .identify(headers)

@@ -2,15 +2,16 @@
 //! outcome; the proxy only reads the request and writes the reply.
 //!
 //! ```text
-//! admit   sold out and no Idempotency-Key? ─► 410, before any other work
+//! answer_early  sold out and no Idempotency-Key? ─► 410, before any other work
 //!         not started, as held (unkeyed, or the sale never sold)? ─► 403
-//!         admission: IP deny/bucket, token, user deny list
-//!         Idempotency-Key checked
+//!         admission: IP deny list, IP bucket
+//!         sold out, keyed, buyers known, the token names a non-buyer? ─► 410
+//!   (the proxy reads the body here: a bad one is a 400 that spent no
+//!   user or global bucket and no Redis state)
+//! admit   token (one failing its check where buyers are known ─► 410),
+//!         user deny list, Idempotency-Key checked
 //!         sold out, keyed, and the user never reserved an item? ─► 410
-//!   (the proxy reads the body here: a bad one is a 400 that spent
-//!   nothing, neither a bucket's token nor Redis state)
-//! prove   sold out, unkeyed or by a user who never reserved? ─► 410
-//!         not started, unkeyed or the sale never sold? ─► 403
+//! prove   not started, unkeyed or the sale never sold? ─► 403
 //!         admission: user bucket, global bucket
 //!         proof of work (when configured; one SET NX)
 //!         cluster bucket (Redis, when configured)

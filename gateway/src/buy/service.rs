@@ -18,9 +18,10 @@ use super::draw::Draws;
 use super::forward::{forwarder, ForwardWorker, Forwarder, OrderLookups};
 use super::replica_wait::ReplicaWait;
 use super::reservations::{lookup, ReservationView};
-use super::{idempotency_key, Admitted, BuyOutcome, BuyRequest};
+use super::{idempotency_key, Admitted, BuyOutcome, BuyRequest, Screened};
 use crate::admission::token::POW_HEADER;
 use crate::admission::Admission;
+use crate::admission::AuthError;
 use crate::admission::RouteClass;
 use crate::admission::{BuyChallenge, ChallengeGate};
 use crate::infra::Metrics;
@@ -150,14 +151,24 @@ impl<C: WallClock> BuyService<C> {
         (service, worker)
     }
 
-    /// The answers a buy gets whoever sent it, given before its body is
-    /// read or its token checked, all from memory: a sale flagged sold out
-    /// (unkeyed, or keyed by a user it knows never reserved), a sale held
-    /// not started. Nothing is spent and nothing changes in Redis.
+    /// The answers a buy gets before its body is read, all from memory,
+    /// cheapest first: a sale flagged sold out answers an unkeyed buy, a
+    /// sale held not started any buy; then the IP's deny list and bucket;
+    /// then a keyed buy of a sale flagged sold out, whose buyers are known
+    /// here, is answered `410` when its token names a user who is not
+    /// among them, without the token's signature check (which costs more
+    /// than the rest of the answer; see [`Screened`] for why a forged
+    /// claim learns nothing). Nothing else is spent, nothing changes in
+    /// Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
-    pub fn answer_early(&self, sale_id: &str, headers: &HeaderMap) -> Result<(), Rejection> {
+    pub fn answer_early(
+        &self,
+        sale_id: &str,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<Screened, Rejection> {
         let key = headers.get("idempotency-key");
         // A sold-out sale is the commonest answer of a flash sale; without an
         // Idempotency-Key there is nothing to replay, and "sold out" says
@@ -169,12 +180,9 @@ impl<C: WallClock> BuyService<C> {
         if let Some(rejection) = self.held_not_started(sale_id, key.is_some()) {
             return Err(rejection);
         }
-        // So is a keyed buy of a sold-out sale whose buyers, known here,
-        // do not include the user its token names: that answer is the same
-        // whoever sent it, so the claim is read without the signature check
-        // (which costs more than the rest of the answer). A buyer's claim,
-        // forged or not, goes on to the check, and to the replay.
-        if key.is_some() && self.sales.is_sold_out(sale_id) {
+        self.admission.check_ip(RouteClass::Buy, peer, headers)?;
+        let buyers_known = key.is_some() && self.sales.buyers_known(sale_id);
+        if buyers_known {
             let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?;
             let claimed = self.admission.verifier.claimed_user(headers);
             if claimed.is_some_and(|user| self.local_sold_out_for(sale_id, &user, idempotency_key))
@@ -182,14 +190,14 @@ impl<C: WallClock> BuyService<C> {
                 return Err(Rejection::SoldOut);
             }
         }
-        Ok(())
+        Ok(Screened { buyers_known })
     }
 
     /// Who asks, once [`BuyService::answer_early`] had no answer and the
-    /// body was read and found valid, cheapest first: the IP's deny list
-    /// and bucket, the token, the CSRF check, the Idempotency-Key, and
-    /// whether this user's answer is already known. It spends no bucket of
-    /// the user's (see [`BuyService::prove`]) and changes nothing in Redis.
+    /// body was read and found valid: the token, the user's deny list, the
+    /// CSRF check, the Idempotency-Key, and whether this user's answer is
+    /// already known. It spends no bucket of the user's (see
+    /// [`BuyService::prove`]) and changes nothing in Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -199,15 +207,21 @@ impl<C: WallClock> BuyService<C> {
     pub async fn admit(
         &self,
         sale_id: &str,
-        peer: IpAddr,
+        screened: Screened,
         headers: &HeaderMap,
         own_origin: Option<&str>,
     ) -> Result<Admitted, Rejection> {
         let key = headers.get("idempotency-key");
-        let identity = self
-            .admission
-            .identify(RouteClass::Buy, peer, headers)
-            .await?;
+        let identity = match self.admission.verified(headers).await {
+            // Told what a claim naming a non-buyer was told: a 401 here
+            // would say that the user this token names bought. (An expired
+            // token was signed by the shop: its 401 tells only its holder.)
+            Err(Rejection::Unauthorized(AuthError::Invalid)) if screened.buyers_known => {
+                self.metrics.local_sold_out.inc();
+                return Err(Rejection::SoldOut);
+            }
+            identity => identity?,
+        };
         self.admission.csrf(&identity, headers, own_origin)?;
         let user = identity.user;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();

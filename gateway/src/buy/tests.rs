@@ -504,7 +504,8 @@ async fn a_buy_spends_its_buckets_once_its_body_was_read_and_nothing_in_redis() 
     assert!(held.is_ok_and(|w| w.is_some()));
     let monitor = f.redis.monitor().await;
     assert!(admit(&f, "s", &headers(Some("a"), Some("k"))).await.is_ok());
-    // Before its body: no token spent, so a second buy is admitted too.
+    // Admitted, not proved: no token of the user's spent, so a second buy
+    // is admitted too.
     let admitted = admit(&f, "s", &headers(Some("a"), Some("k")))
         .await
         .unwrap();
@@ -546,8 +547,8 @@ async fn a_buy_before_the_start_is_answered_before_a_bucket_is_spent() {
 /// A buy's admission as the proxy runs it, its body aside: the answers
 /// given whoever sent it, then the buyer's.
 async fn admit(f: &Fixture, sale: &str, headers: &HeaderMap) -> Result<Admitted, Rejection> {
-    f.service.answer_early(sale, headers)?;
-    f.service.admit(sale, PEER, headers, None).await
+    let screened = f.service.answer_early(sale, PEER, headers)?;
+    f.service.admit(sale, screened, headers, None).await
 }
 
 /// A buy through both halves of its admission, the first refusal its answer.

@@ -223,10 +223,11 @@ impl Verifier {
     }
 
     /// The user id the request's token claims, read without checking the
-    /// token at all: only for an answer that is the same whoever sent the
-    /// request except the users it names (a sold-out sale's non-buyers), so
-    /// that a forged or expired claim gains nothing the missing token would
-    /// not. `None` without a token whose claims carry a string `sub`.
+    /// token at all. Only `BuyService::answer_early` reads it, to tell a
+    /// keyed buy of a sold-out sale naming a non-buyer `410`; a token that
+    /// names a buyer and fails its check is told the same, so a forged
+    /// claim learns nothing. `None` without a token whose claims carry a
+    /// string `sub`.
     pub fn claimed_user(&self, headers: &HeaderMap) -> Option<String> {
         /// Borrowed when the JSON string has no escapes.
         #[derive(Deserialize)]
