@@ -121,9 +121,11 @@ impl Admission {
     }
 
     /// The first half of [`Admission::user`]: the IP's deny list and
-    /// bucket, the token and the user's deny list. A caller that can answer
-    /// the verified user locally (a buy of a sold-out sale) does so before
-    /// [`Admission::limit_user`] spends a bucket on it.
+    /// bucket, the token and the user's deny list. A buy runs its two
+    /// halves apart, [`Admission::check_ip`] before its body is read and
+    /// [`Admission::verified`] after, and answers the verified user locally
+    /// where it can (a sold-out sale) before [`Admission::limit_user`]
+    /// spends a bucket on it.
     ///
     /// Answers at once, without waiting, unless the token names a JWKS
     /// `kid` not seen yet (then the set is fetched again, see

@@ -5,11 +5,9 @@
 //! answer_early  sold out and no Idempotency-Key? ─► 410, before any other work
 //!         not started, as held (unkeyed, or the sale never sold)? ─► 403
 //!         admission: IP deny list, IP bucket
-//!         sold out, keyed, buyers known, the token names a non-buyer? ─► 410
 //!   (the proxy reads the body here: a bad one is a 400 that spent no
-//!   user or global bucket and no Redis state)
-//! admit   token (one failing its check where buyers are known ─► 410),
-//!         user deny list, Idempotency-Key checked
+//!   user or global bucket and no Redis state, and checked no signature)
+//! admit   token, user deny list, Idempotency-Key checked
 //!         sold out, keyed, and the user never reserved an item? ─► 410
 //! prove   not started, unkeyed or the sale never sold? ─► 403
 //!         admission: user bucket, global bucket

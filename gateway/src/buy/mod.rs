@@ -39,8 +39,6 @@ mod tests;
 
 pub use checkout::Checkout;
 pub use forward::ForwardWorker;
-pub use outcome::{
-    idempotency_key, Admitted, BuyOutcome, BuyRequest, Screened, MAX_IDEMPOTENCY_KEY_LEN,
-};
+pub use outcome::{idempotency_key, Admitted, BuyOutcome, BuyRequest, MAX_IDEMPOTENCY_KEY_LEN};
 pub use reservations::ReservationView;
 pub use service::{BuyDeps, BuyService};

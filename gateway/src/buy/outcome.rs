@@ -8,17 +8,6 @@ use crate::rejection::Rejection;
 /// Longest Idempotency-Key accepted.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 64;
 
-/// What [`super::BuyService::answer_early`] found, for
-/// [`super::BuyService::admit`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Screened {
-    /// A keyed buy of a sale flagged sold out whose buyers were known,
-    /// its token not naming a non-buyer: a token that then fails its check
-    /// is answered `410` as a non-buyer's claim was, so that neither answer
-    /// tells whether the user a token names bought.
-    pub(super) buyers_known: bool,
-}
-
 /// A buy that passed admission: who buys, with which key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admitted {

@@ -18,10 +18,9 @@ use super::draw::Draws;
 use super::forward::{forwarder, ForwardWorker, Forwarder, OrderLookups};
 use super::replica_wait::ReplicaWait;
 use super::reservations::{lookup, ReservationView};
-use super::{idempotency_key, Admitted, BuyOutcome, BuyRequest, Screened};
+use super::{idempotency_key, Admitted, BuyOutcome, BuyRequest};
 use crate::admission::token::POW_HEADER;
 use crate::admission::Admission;
-use crate::admission::AuthError;
 use crate::admission::RouteClass;
 use crate::admission::{BuyChallenge, ChallengeGate};
 use crate::infra::Metrics;
@@ -153,13 +152,9 @@ impl<C: WallClock> BuyService<C> {
 
     /// The answers a buy gets before its body is read, all from memory,
     /// cheapest first: a sale flagged sold out answers an unkeyed buy, a
-    /// sale held not started any buy; then the IP's deny list and bucket;
-    /// then a keyed buy of a sale flagged sold out, whose buyers are known
-    /// here, is answered `410` when its token names a user who is not
-    /// among them, without the token's signature check (which costs more
-    /// than the rest of the answer; see [`Screened`] for why a forged
-    /// claim learns nothing). Nothing else is spent, nothing changes in
-    /// Redis.
+    /// sale held not started any buy (both say nothing about the buyer);
+    /// then the IP's deny list and bucket. Nothing else is spent, nothing
+    /// changes in Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -168,36 +163,27 @@ impl<C: WallClock> BuyService<C> {
         sale_id: &str,
         peer: IpAddr,
         headers: &HeaderMap,
-    ) -> Result<Screened, Rejection> {
-        let key = headers.get("idempotency-key");
+    ) -> Result<(), Rejection> {
+        let keyed = headers.contains_key("idempotency-key");
         // A sold-out sale is the commonest answer of a flash sale; without an
         // Idempotency-Key there is nothing to replay, and "sold out" says
         // nothing about the caller, so it is answered before any other work.
-        if key.is_none() && self.local_sold_out(sale_id) {
+        if !keyed && self.local_sold_out(sale_id) {
             return Err(Rejection::SoldOut);
         }
         // So is "not started" when the sale cache holds the answer.
-        if let Some(rejection) = self.held_not_started(sale_id, key.is_some()) {
+        if let Some(rejection) = self.held_not_started(sale_id, keyed) {
             return Err(rejection);
         }
-        self.admission.check_ip(RouteClass::Buy, peer, headers)?;
-        let buyers_known = key.is_some() && self.sales.buyers_known(sale_id);
-        if buyers_known {
-            let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?;
-            let claimed = self.admission.verifier.claimed_user(headers);
-            if claimed.is_some_and(|user| self.local_sold_out_for(sale_id, &user, idempotency_key))
-            {
-                return Err(Rejection::SoldOut);
-            }
-        }
-        Ok(Screened { buyers_known })
+        self.admission.check_ip(RouteClass::Buy, peer, headers)
     }
 
     /// Who asks, once [`BuyService::answer_early`] had no answer and the
     /// body was read and found valid: the token, the user's deny list, the
     /// CSRF check, the Idempotency-Key, and whether this user's answer is
-    /// already known. It spends no bucket of the user's (see
-    /// [`BuyService::prove`]) and changes nothing in Redis.
+    /// already known (a keyed buy of a sale flagged sold out, by a user
+    /// who never reserved an item in it). It spends no bucket of the
+    /// user's (see [`BuyService::prove`]) and changes nothing in Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -207,21 +193,11 @@ impl<C: WallClock> BuyService<C> {
     pub async fn admit(
         &self,
         sale_id: &str,
-        screened: Screened,
         headers: &HeaderMap,
         own_origin: Option<&str>,
     ) -> Result<Admitted, Rejection> {
         let key = headers.get("idempotency-key");
-        let identity = match self.admission.verified(headers).await {
-            // Told what a claim naming a non-buyer was told: a 401 here
-            // would say that the user this token names bought. (An expired
-            // token was signed by the shop: its 401 tells only its holder.)
-            Err(Rejection::Unauthorized(AuthError::Invalid)) if screened.buyers_known => {
-                self.metrics.local_sold_out.inc();
-                return Err(Rejection::SoldOut);
-            }
-            identity => identity?,
-        };
+        let identity = self.admission.verified(headers).await?;
         self.admission.csrf(&identity, headers, own_origin)?;
         let user = identity.user;
         let idempotency_key = idempotency_key(key.map(|v| v.as_bytes()))?.to_owned();
@@ -239,7 +215,7 @@ impl<C: WallClock> BuyService<C> {
     }
 
     /// What a buy spends before its deduct, once it was admitted (its body
-    /// read first: a `400` spends nothing, not even a token of a bucket):
+    /// read first: a `400` spends no user or global bucket):
     /// the user's and the global bucket, the proof of work, when
     /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
     /// the cluster bucket. A buy before the start is answered first, at no

@@ -434,14 +434,6 @@ impl SaleCache {
             .is_some_and(|sale| sale.buyers_answer(Some(user)))
     }
 
-    /// Whether the sale is flagged sold out here with its buyers known, as
-    /// [`SaleCache::sold_out_for_keyed`] needs them.
-    pub fn buyers_known(&self, sale_id: &str) -> bool {
-        self.sales
-            .get(sale_id)
-            .is_some_and(|sale| sale.buyers_answer(None))
-    }
-
     /// Keeps the buyers of a one-bucket sale the script found sold out at
     /// stock `epoch`, in a call sent at `sent_at` after `clears` was taken:
     /// a read of the same epoch with no clear since is still complete, and

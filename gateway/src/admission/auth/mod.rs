@@ -32,8 +32,6 @@ mod remembered;
 
 use std::sync::Arc;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use flashgate_common::config::{AuthConfig, JwtAlgorithm};
 use http::HeaderMap;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -220,29 +218,6 @@ impl Verifier {
         let (token, via) = self.token(headers)?;
         let user = self.verify(token).await?;
         Ok(Identity { user, via })
-    }
-
-    /// The user id the request's token claims, read without checking the
-    /// token at all. Only `BuyService::answer_early` reads it, to tell a
-    /// keyed buy of a sold-out sale naming a non-buyer `410`; a token that
-    /// names a buyer and fails its check is told the same, so a forged
-    /// claim learns nothing. `None` without a token whose claims carry a
-    /// string `sub`.
-    pub fn claimed_user(&self, headers: &HeaderMap) -> Option<String> {
-        /// Borrowed when the JSON string has no escapes.
-        #[derive(Deserialize)]
-        struct Claimed<'a> {
-            #[serde(borrow)]
-            sub: std::borrow::Cow<'a, str>,
-        }
-        let (token, _) = self.token(headers).ok()?;
-        let mut segments = token.split('.');
-        let (Some(_header), Some(payload)) = (segments.next(), segments.next()) else {
-            return None;
-        };
-        let json = URL_SAFE_NO_PAD.decode(payload).ok()?;
-        let claimed: Claimed<'_> = serde_json::from_slice(&json).ok()?;
-        Some(claimed.sub.into_owned())
     }
 
     /// The token of a request and where it came from.

@@ -680,14 +680,14 @@ impl Gateway {
                     .and_then(|v| v.to_str().ok())
                     .or_else(|| session.req_header().uri.authority().map(|a| a.as_str()))
                     .map(|host| format!("{}://{host}", if ctx.tls { "https" } else { "http" }));
-                let screened = self.buy.answer_early(sale_id, peer(session), headers)?;
+                self.buy.answer_early(sale_id, peer(session), headers)?;
                 // The body before the token: a bad one is refused without
                 // checking a signature.
                 read_buy_body(session, self.config.gateway.body_read_timeout).await?;
                 let headers = &session.req_header().headers;
                 let admitted = self
                     .buy
-                    .admit(sale_id, screened, headers, own_origin.as_deref())
+                    .admit(sale_id, headers, own_origin.as_deref())
                     .await?;
                 self.buy
                     .prove(sale_id, &admitted, peer(session), headers)
