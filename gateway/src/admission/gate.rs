@@ -102,8 +102,8 @@ impl Admission {
             .map_err(Rejection::RateLimited)
     }
 
-    /// Everything a signed-in user's request (a buy, a reservation
-    /// lookup) must pass before Redis, cheapest first: the IP's deny list
+    /// Everything a signed-in user's request (a reservation lookup, a
+    /// challenge) must pass before Redis, cheapest first: the IP's deny list
     /// and bucket, the token, the user's deny list and bucket, the global
     /// bucket, those of `class`. Returns the verified user id.
     ///

@@ -152,7 +152,8 @@ impl<C: WallClock> BuyService<C> {
 
     /// The answers a buy gets before its body is read, all from memory,
     /// cheapest first: a sale flagged sold out answers an unkeyed buy, a
-    /// sale held not started any buy (both say nothing about the buyer);
+    /// sale held not started an unkeyed buy, or a keyed one while the sale
+    /// never sold (both say nothing about the buyer);
     /// then the IP's deny list and bucket. Nothing else is spent, nothing
     /// changes in Redis.
     ///
@@ -219,8 +220,8 @@ impl<C: WallClock> BuyService<C> {
     /// the user's and the global bucket, the proof of work, when
     /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
     /// the cluster bucket. A buy before the start is answered first, at no
-    /// cost, when it is unkeyed or its sale never sold (the first read of
-    /// the sale's window happens here).
+    /// cost, when it is unkeyed or its sale never sold (the sale's window
+    /// is read here when no earlier step read it).
     ///
     /// # Errors
     /// The rejection to answer with.

@@ -63,7 +63,10 @@ pub fn keep_alive_after_early_answer(session: &mut Session) {
 /// The whole read is bounded, not only the wait for each piece: over
 /// HTTP/2 pingora's per-read timeout does not apply, and even over
 /// HTTP/1.1 a client sending a byte just before each read timeout would
-/// otherwise hold its admitted buy open for as long as it likes.
+/// otherwise hold its buy open for as long as it likes. It is read after
+/// the IP's deny list and bucket and before the token is checked, so an
+/// unsigned client can hold a buy for `gateway.body_read_timeout_ms` at
+/// most, as many at once as its IP's bucket lets through.
 pub async fn read_buy_body(
     session: &mut Session,
     limit: std::time::Duration,
