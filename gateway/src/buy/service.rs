@@ -153,9 +153,8 @@ impl<C: WallClock> BuyService<C> {
     /// The answers a buy gets before its body is read, all from memory,
     /// cheapest first: a sale flagged sold out answers an unkeyed buy, a
     /// sale held not started an unkeyed buy, or a keyed one while the sale
-    /// never sold (both say nothing about the buyer);
-    /// then the IP's deny list and bucket. Nothing else is spent, nothing
-    /// changes in Redis.
+    /// never sold (both say nothing about the buyer); then the IP's deny
+    /// list and bucket. Nothing else is spent, nothing changes in Redis.
     ///
     /// # Errors
     /// The rejection to answer with.
@@ -216,8 +215,8 @@ impl<C: WallClock> BuyService<C> {
     }
 
     /// What a buy spends before its deduct, once it was admitted (its body
-    /// read first: a `400` spends no user or global bucket):
-    /// the user's and the global bucket, the proof of work, when
+    /// read first: a `400` spends no user or global bucket): the user's
+    /// and the global bucket, the proof of work, when
     /// `[challenge]` asks for one (bound to the user; one `SET NX`), then
     /// the cluster bucket. A buy before the start is answered first, at no
     /// cost, when it is unkeyed or its sale never sold (the sale's window

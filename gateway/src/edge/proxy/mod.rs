@@ -673,6 +673,11 @@ impl Gateway {
                 }
             }
             Route::Buy(sale_id) => {
+                self.buy.answer_early(sale_id, peer(session), headers)?;
+                // The body before the token: a bad one is refused without
+                // checking a signature.
+                read_buy_body(session, self.config.gateway.body_read_timeout).await?;
+                let headers = &session.req_header().headers;
                 // The origin this request was sent to (scheme by listener),
                 // for the CSRF check of a buy signed in by cookie.
                 let own_origin = headers
@@ -680,11 +685,6 @@ impl Gateway {
                     .and_then(|v| v.to_str().ok())
                     .or_else(|| session.req_header().uri.authority().map(|a| a.as_str()))
                     .map(|host| format!("{}://{host}", if ctx.tls { "https" } else { "http" }));
-                self.buy.answer_early(sale_id, peer(session), headers)?;
-                // The body before the token: a bad one is refused without
-                // checking a signature.
-                read_buy_body(session, self.config.gateway.body_read_timeout).await?;
-                let headers = &session.req_header().headers;
                 let admitted = self
                     .buy
                     .admit(sale_id, headers, own_origin.as_deref())

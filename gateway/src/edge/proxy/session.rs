@@ -37,8 +37,9 @@ pub fn peer(session: &Session) -> IpAddr {
 
 /// Most answers of gateway routes (429, 410, 401, ...) are written before
 /// the request body is read (a buy's token and user bucket are checked
-/// after it, so that a bad body is refused without a signature check). Pingora closes such a connection by default,
-/// which makes every rejected client reconnect. A body small enough for a
+/// after it, so that a bad body is refused without a signature check).
+/// Pingora closes such a connection by default, which makes every
+/// rejected client reconnect. A body small enough for a
 /// buy is cheap to drain after the answer, so those connections stay open;
 /// larger or chunked bodies keep the default and are closed.
 pub fn keep_alive_after_early_answer(session: &mut Session) {
