@@ -293,9 +293,12 @@ pub fn run(config: Config, config_path: &std::path::Path, upgrade: bool) -> anyh
     options.h2_idle_timeout = Some(config.gateway.keepalive);
     let jwks = gateway.admission.verifier.jwks();
     let gateway_rooms = gateway.rooms.clone();
-    let mut service = pingora::proxy::ProxyServiceBuilder::new(&server.configuration, gateway)
-        .server_options(options)
-        .build();
+    let mut proxy = pingora::proxy::http_proxy(&server.configuration, gateway);
+    proxy.server_options = Some(options);
+    let mut service = pingora::services::listening::Service::new(
+        "flashgate proxy".into(),
+        crate::edge::CoalescedApp::new(proxy),
+    );
     service.add_tcp(&config.gateway.listen.to_string());
     if let (Some(tls), Some(certs)) = (&config.gateway.tls, certs) {
         let settings = crate::edge::listener_settings(certs.clone())

@@ -21,6 +21,6 @@ pub use route::{Route, RouteError, Routes};
 pub use shadowed::{probe_shop, Probe, ShopTarget};
 pub use shop_cache::{PurgeApi, ShopCache};
 pub use static_pages::{PagesWatcher, StaticPages};
-pub use tls::{listener_settings, CertSet, CertWatcher};
+pub use tls::{listener_settings, CertSet, CertWatcher, CoalescedApp};
 pub use upstreams::Upstreams;
 pub use waiting_room::{admin::RoomsApi, tick::RoomTicker, WaitingRooms};

@@ -6,6 +6,8 @@
 //!   and checked from PEM files, and picked per handshake.
 //! - [`watcher`]: re-reads the files when they change and swaps the set in
 //!   without touching open connections; a bad file keeps the old set.
+//! - [`records`]: each gathered write of an HTTPS connection reaches
+//!   OpenSSL as one buffer, so a response leaves as one TLS record.
 //! - [`redirect`]: which plain-HTTP requests answer 308 to HTTPS, and where
 //!   (only to a `Host` the loaded set covers: `Gateway::certs` shares the
 //!   watcher's set).
@@ -28,6 +30,7 @@
 //! and the finite-field groups of TLS 1.3.
 
 pub mod certs;
+pub mod records;
 pub mod redirect;
 pub mod watcher;
 
@@ -42,6 +45,7 @@ use pingora::tls::ssl::{NameType, SslVersion};
 use tracing::warn;
 
 pub use certs::CertSet;
+pub use records::CoalescedApp;
 pub use watcher::CertWatcher;
 
 /// Picks each handshake's certificate from the current set. The set is
