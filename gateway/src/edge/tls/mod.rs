@@ -7,7 +7,7 @@
 //! - [`watcher`]: re-reads the files when they change and swaps the set in
 //!   without touching open connections; a bad file keeps the old set.
 //! - [`records`]: each gathered write of an HTTPS connection reaches
-//!   OpenSSL as one buffer, so a response leaves as one TLS record.
+//!   OpenSSL as one buffer (a page as one TLS record, not two).
 //! - [`redirect`]: which plain-HTTP requests answer 308 to HTTPS, and where
 //!   (only to a `Host` the loaded set covers: `Gateway::certs` shares the
 //!   watcher's set).

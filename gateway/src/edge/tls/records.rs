@@ -1,25 +1,32 @@
-//! One TLS record per write: HTTPS connections hand their gathered writes
-//! to OpenSSL as one buffer.
+//! One TLS record per gathered write: HTTPS connections hand their
+//! gathered writes to OpenSSL as one buffer.
 //!
-//! HTTP/2 writes a response as a frame header and its payload (`h2` chains
-//! payloads of 256 bytes and more) through `poll_write_vectored`, and
-//! HTTP/1.1 its head and body alike. Over TLS that reaches OpenSSL's
-//! `SSL_write`, which takes one buffer: the TLS stream writes only the
-//! first slice of a gathered write, so every response left as two TLS
-//! records (a 9-byte one for the frame header) and two `write` calls.
-//! [`Coalesced`] copies the slices, whole and up to one record's worth
-//! ([`RECORD_PAYLOAD`]), into one buffer first. Copying a page costs less
-//! than the record and the system call it saves.
+//! HTTP/2 writes a response's frames through `poll_write_vectored`: its
+//! own buffer (the HEADERS frame, the DATA frame's header and, `h2` filling
+//! it up to 256 bytes, the payload's first bytes) and the rest of the
+//! payload chained after it; HTTP/1.1 a chunked body likewise (size line,
+//! data, CRLF). Over TLS that reaches OpenSSL's `SSL_write`, which takes
+//! one buffer: the TLS stream writes only the first slice of a gathered
+//! write, so a page left as two TLS records (three for a chunk) and as many
+//! `write` calls. [`Coalesced`] copies the slices, whole and up to one
+//! record's worth ([`RECORD_PAYLOAD`]), into one buffer first. Copying a
+//! page costs less than the record and the system call it saves. A
+//! full-size DATA frame still leaves as two records (its head part, then
+//! the rest of its 16 KiB), as before.
 //!
 //! [`CoalescedApp`] wraps the proxy service and puts each TLS connection in
 //! a [`Coalesced`] as it arrives; plain TCP keeps its own gathered writes
 //! (`writev`), which it does in one call already.
 //!
-//! A write OpenSSL could not finish (`WouldBlock`) is retried by the caller
-//! with the same slices, which gather into the same bytes: what OpenSSL
-//! asks of a retried `SSL_write` (the listener's context accepts a moved
-//! buffer, `SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER`).
+//! A write OpenSSL could not finish (`WouldBlock`) must be retried with at
+//! least the same bytes from the same start (the listener's context
+//! accepts a moved buffer, `SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER`). The
+//! callers retry with the same slices, or with their last slice grown
+//! (`h2` adding frames to its buffer), and [`gather`] takes slices in
+//! order and whole, so the retried buffer starts with the same bytes and
+//! is no shorter.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -78,17 +85,19 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for CoalescedApp<A> {
 /// A TLS stream whose gathered writes reach OpenSSL as one buffer.
 pub struct Coalesced {
     inner: Stream,
-    /// Reused for every gathered write of the connection.
-    gathered: Vec<u8>,
 }
 
 impl Coalesced {
     pub fn new(inner: Stream) -> Self {
-        Self {
-            inner,
-            gathered: Vec::new(),
-        }
+        Self { inner }
     }
+}
+
+thread_local! {
+    /// One buffer per worker thread for every gathered write made on it:
+    /// OpenSSL encrypts what it is handed into its own record buffer, so
+    /// nothing of it outlives the call, and an idle connection holds none.
+    static GATHERED: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(RECORD_PAYLOAD));
 }
 
 impl fmt::Debug for Coalesced {
@@ -111,12 +120,19 @@ impl AsyncWrite for Coalesced {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let one = gather(bufs, &mut this.gathered);
-        if one.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        Pin::new(&mut this.inner).poll_write(cx, one)
+        let inner = &mut self.get_mut().inner;
+        GATHERED.with(|cell| {
+            // Never borrowed twice (a TLS stream's write does not reach
+            // another on its thread); were it, the first slice goes alone.
+            let mut spare = Vec::new();
+            let mut held = cell.try_borrow_mut();
+            let gathered = held.as_deref_mut().unwrap_or(&mut spare);
+            let one = gather(bufs, gathered);
+            if one.is_empty() {
+                return Poll::Ready(Ok(0));
+            }
+            Pin::new(inner).poll_write(cx, one)
+        })
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -132,23 +148,24 @@ impl AsyncWrite for Coalesced {
     }
 }
 
-/// What one gathered write hands OpenSSL: the first non-empty slice alone
-/// when it fills a record, else it and the slices after it that fit whole
-/// in one record, copied into `gathered`.
+/// What one gathered write hands OpenSSL: the first non-empty slice and
+/// the slices after it that fit whole in one record, copied into
+/// `gathered`; the first slice as it is when no other fits with it.
 fn gather<'a>(bufs: &'a [IoSlice<'a>], gathered: &'a mut Vec<u8>) -> &'a [u8] {
-    let mut slices = bufs.iter().filter(|b| !b.is_empty());
+    let mut slices = bufs.iter().filter(|b| !b.is_empty()).peekable();
     let Some(first) = slices.next() else {
         return &[];
     };
-    if first.len() >= RECORD_PAYLOAD {
+    // Whole slices only: cutting one would leave its tail a record of its
+    // own.
+    let fits = |len: usize, slice: &IoSlice<'_>| len + slice.len() <= RECORD_PAYLOAD;
+    if !slices.peek().is_some_and(|next| fits(first.len(), next)) {
         return first;
     }
     gathered.clear();
     gathered.extend_from_slice(first);
-    // Whole slices only: cutting one would leave its tail a record of its
-    // own.
     for slice in slices {
-        if gathered.len() + slice.len() > RECORD_PAYLOAD {
+        if !fits(gathered.len(), slice) {
             break;
         }
         gathered.extend_from_slice(slice);
@@ -273,18 +290,60 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_write_retried_after_pending_hands_the_tls_stream_the_same_bytes() {
+        let header = [3u8; 100];
+        let page = vec![b'q'; 2_000];
+        let whole = [&header[..], &page[..]].concat();
+        let stream = Builder::new()
+            .wait(std::time::Duration::from_millis(5))
+            .write(&whole)
+            .build();
+        let mut stream = Coalesced::new(Box::new(stream));
+        let bufs = [IoSlice::new(&header), IoSlice::new(&page)];
+        let mut pending = 0;
+        let written = poll_fn(|cx| {
+            let polled = Pin::new(&mut stream).poll_write_vectored(cx, &bufs);
+            pending += usize::from(polled.is_pending());
+            polled
+        })
+        .await
+        .unwrap();
+        assert_eq!(pending, 1, "the first attempt waited");
+        assert_eq!(written, whole.len());
+    }
+
+    #[test]
+    fn a_slice_that_goes_alone_is_handed_over_without_a_copy() {
+        let body = vec![5u8; 300];
+        let big = vec![6u8; RECORD_PAYLOAD];
+        let mut gathered = Vec::new();
+        for bufs in [
+            vec![IoSlice::new(&body)],
+            vec![IoSlice::new(&[]), IoSlice::new(&body), IoSlice::new(&big)],
+        ] {
+            let handed = gather(&bufs, &mut gathered);
+            assert_eq!(handed.as_ptr(), body.as_ptr());
+            assert_eq!(handed.len(), body.len());
+        }
+    }
+
     #[test]
     fn slices_are_gathered_whole_up_to_one_record_and_never_cut() {
         assert_eq!(gathered_len(&[9, 6_700]), 6_709);
         assert_eq!(gathered_len(&[9, 100, 6_700]), 6_809);
+        // Exactly one record's worth is taken whole.
+        assert_eq!(gathered_len(&[9, RECORD_PAYLOAD - 9]), RECORD_PAYLOAD);
         // The payload would overflow the record: the header goes alone,
         // the payload next, as a record of its own.
-        assert_eq!(gathered_len(&[9, RECORD_PAYLOAD]), 9);
+        assert_eq!(gathered_len(&[9, RECORD_PAYLOAD - 8]), 9);
         // In order: a later slice that would fit is not taken past one that
         // does not.
         assert_eq!(gathered_len(&[9, RECORD_PAYLOAD, 3]), 9);
-        // A first slice that fills a record is written as it is.
+        // A first slice that fills a record, or that goes alone, is written
+        // as it is.
         assert_eq!(gathered_len(&[RECORD_PAYLOAD + 10, 5]), RECORD_PAYLOAD + 10);
+        assert_eq!(gathered_len(&[0, 300, 0]), 300);
         assert_eq!(gathered_len(&[0, 0]), 0);
     }
 }
