@@ -673,7 +673,8 @@ impl Gateway {
                 }
             }
             Route::Buy(sale_id) => {
-                self.buy.answer_early(sale_id, peer(session), headers)?;
+                let client = peer(session);
+                self.buy.answer_early(sale_id, client, headers)?;
                 // The body before the token: a bad one is refused without
                 // checking a signature.
                 read_buy_body(session, self.config.gateway.body_read_timeout).await?;
@@ -689,9 +690,7 @@ impl Gateway {
                     .buy
                     .admit(sale_id, headers, own_origin.as_deref())
                     .await?;
-                self.buy
-                    .prove(sale_id, &admitted, peer(session), headers)
-                    .await?;
+                self.buy.prove(sale_id, &admitted, client, headers).await?;
                 let (user, idempotency_key) = (&admitted.user, &admitted.idempotency_key);
                 // Boxed, as the reservation lookup below: these futures are
                 // the largest of any route, and held inline they would grow
