@@ -123,7 +123,8 @@ impl AsyncWrite for Coalesced {
         let inner = &mut self.get_mut().inner;
         GATHERED.with(|cell| {
             // Never borrowed twice (a TLS stream's write does not reach
-            // another on its thread); were it, the first slice goes alone.
+            // another on its thread); were it, a buffer of this write's own
+            // would serve instead.
             let mut spare = Vec::new();
             let mut held = cell.try_borrow_mut();
             let gathered = held.as_deref_mut().unwrap_or(&mut spare);
