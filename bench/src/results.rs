@@ -12,6 +12,10 @@ use crate::sys::CpuUse;
 pub enum Side {
     Flashgate,
     Peer,
+    /// Flashgate's own static page, run on the same gateway right after
+    /// each Flashgate round of a rejection row: the rate that row is held
+    /// to, measured beside it rather than minutes earlier.
+    Reference,
 }
 
 /// A scenario of the comparison.
@@ -167,7 +171,7 @@ pub struct Machine {
 }
 
 /// Everything the report is written from.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Results {
     pub machine: Machine,
     pub settings: Vec<(String, String)>,

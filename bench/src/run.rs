@@ -336,6 +336,20 @@ async fn run_with_db(
                 .with_context(|| format!("{} flashgate round {round}", sc.id))?;
             eprintln!("{}", line(&r));
             rounds.push(r);
+            if crate::report::REJECTIONS
+                .iter()
+                .any(|(_, id, _)| *id == sc.id)
+            {
+                let r = RoundResult {
+                    side: Side::Reference,
+                    scenario: sc.id,
+                    ..flashgate_round(&ctx, "a_static", round, open_rate)
+                        .await
+                        .with_context(|| format!("{} reference round {round}", sc.id))?
+                };
+                eprintln!("{}", line(&r));
+                rounds.push(r);
+            }
             if sc.peer.is_some() {
                 let r = peer_round(&ctx, sc.id, round, open_rate)
                     .await

@@ -25,9 +25,10 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use flashgate_common::config::RedisConfig;
 use flashgate_common::keys::{buckets_in_redis, ARCHIVED_SALES, GLOBAL_SWITCH, SALES_INDEX};
@@ -40,7 +41,12 @@ use crate::infra::{Shutdown, Task};
 pub struct Switches {
     /// True until the switch was read once, then its value.
     all_paused: AtomicBool,
-    backlog_paused: RwLock<HashSet<String>>,
+    /// The sales paused by their backlog, read by every buy: a snapshot
+    /// swapped whole by the poller, so a read takes no lock that the other
+    /// threads' reads contend on.
+    backlog_paused: ArcSwap<HashSet<String>>,
+    /// Serialises the poller's changes to `backlog_paused`.
+    backlog_write: Mutex<()>,
 }
 
 impl Default for Switches {
@@ -48,7 +54,8 @@ impl Default for Switches {
     fn default() -> Self {
         Self {
             all_paused: AtomicBool::new(true),
-            backlog_paused: RwLock::default(),
+            backlog_paused: ArcSwap::default(),
+            backlog_write: Mutex::default(),
         }
     }
 }
@@ -73,26 +80,35 @@ impl Switches {
     }
 
     pub fn backlog_paused(&self, sale_id: &str) -> bool {
-        self.backlog_paused
-            .read()
-            .map(|s| s.contains(sale_id))
-            .unwrap_or(false)
+        let paused = self.backlog_paused.load();
+        !paused.is_empty() && paused.contains(sale_id)
     }
 
     /// Applies a sale's backlog to its pause flag, with hysteresis: pause
     /// above `threshold`, resume below half of it.
     fn apply_backlog(&self, sale_id: &str, backlog: u64, threshold: u64) {
-        let Ok(mut set) = self.backlog_paused.write() else {
-            return;
+        let _writer = self
+            .backlog_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let paused = self.backlog_paused.load_full();
+        let pause = match paused.contains(sale_id) {
+            false if backlog > threshold => true,
+            true if backlog <= threshold / 2 => false,
+            _ => return,
         };
-        if backlog > threshold && set.insert(sale_id.to_owned()) {
+        let mut set = HashSet::clone(&paused);
+        if pause {
+            set.insert(sale_id.to_owned());
             warn!(
                 sale = sale_id,
                 backlog, threshold, "sale paused: unpersisted reservation backlog too large"
             );
-        } else if backlog <= threshold / 2 && set.remove(sale_id) {
+        } else {
+            set.remove(sale_id);
             info!(sale = sale_id, backlog, "sale resumed: backlog drained");
         }
+        self.backlog_paused.store(Arc::new(set));
     }
 }
 
