@@ -69,6 +69,16 @@ pub const SCENARIOS: &[Scenario] = &[
         title: "l'. Full TLS 1.3 handshakes (h2load, every connection new with one request; latency columns as l.)",
         peer: Some("nginx-tls"),
     },
+    Scenario {
+        id: "l_tls_page_floor",
+        title: "l⁰. Sale page over TLS 1.3 + HTTP/2 beside Pingora's TLS floor (`pingora_floor --tls-cert --tls-key`: the same bytes, nothing else done, Pingora's own TLS listener; h2load as l.)",
+        peer: Some("pingora-floor-tls"),
+    },
+    Scenario {
+        id: "l_tls_handshake_floor",
+        title: "l'⁰. Full TLS 1.3 handshakes beside Pingora's TLS floor (as l'.)",
+        peer: Some("pingora-floor-tls"),
+    },
     Scenario { id: "f_burst", title: "f. Burst: 100,000 users, 1,000 items, impatient retries", peer: Some("openresty-gateway") },
 ];
 

@@ -114,6 +114,8 @@ async fn room_cookies(
 const TLS_ROWS: &[(&str, crate::tls::Mode)] = &[
     ("l_tls_page", crate::tls::Mode::Page),
     ("l_tls_handshake", crate::tls::Mode::Handshake),
+    ("l_tls_page_floor", crate::tls::Mode::Page),
+    ("l_tls_handshake_floor", crate::tls::Mode::Handshake),
 ];
 
 /// A buy body the gateway refuses (valid JSON, not an object).
@@ -1110,14 +1112,19 @@ async fn peer_round(
 ) -> anyhow::Result<RoundResult> {
     let peers = ctx.peers.as_ref().context("the peers were not started")?;
     if let Some((_, mode)) = TLS_ROWS.iter().find(|(id, _)| *id == scenario) {
+        let (addr, watched) = if scenario.ends_with("_floor") {
+            (peers.floor_tls_addr, peers.floor_tls_watched())
+        } else {
+            (peers.tls_addr, peers.tls_watched())
+        };
         let loadavg_before = sys::loadavg();
         let (summary, a, b) = crate::tls::round(
-            peers.tls_addr,
+            addr,
             "/p/1001.html",
             *mode,
             Duration::from_secs_f64(ctx.s.warmup),
             Duration::from_secs_f64(ctx.s.secs),
-            probe(peers.tls_watched()),
+            probe(watched),
         )
         .await?;
         return Ok(RoundResult {

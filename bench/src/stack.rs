@@ -619,6 +619,9 @@ pub struct Peers {
     /// stealing, one SO_REUSEPORT listener per thread.
     pub floor_tuned: Proc,
     pub floor_tuned_addr: std::net::SocketAddr,
+    /// The floor over HTTPS, with the run's certificate.
+    pub floor_tls: Proc,
+    pub floor_tls_addr: std::net::SocketAddr,
     /// nginx serving the page over HTTPS with the run's certificate.
     pub tls_nginx: Proc,
     pub tls_addr: std::net::SocketAddr,
@@ -806,6 +809,13 @@ impl Peers {
             workers.to_string(),
         ];
         let (floor_tuned, floor_tuned_addr) = start_floor(bin_dir, &page, workers, &tuned).await?;
+        let tls = [
+            "--tls-cert".to_owned(),
+            cert.cert.display().to_string(),
+            "--tls-key".to_owned(),
+            cert.key.display().to_string(),
+        ];
+        let (floor_tls, floor_tls_addr) = start_floor(bin_dir, &page, workers, &tls).await?;
         let tls_port = free_port();
         let work = dir.join("nginx-tls");
         std::fs::create_dir_all(&work)?;
@@ -844,6 +854,8 @@ impl Peers {
             floor_addr,
             floor_tuned,
             floor_tuned_addr,
+            floor_tls,
+            floor_tls_addr,
             tls_nginx,
             tls_addr: loopback(tls_port),
             gw_nginx,
@@ -860,6 +872,10 @@ impl Peers {
 
     pub fn floor_tuned_watched(&self) -> Vec<Watched> {
         vec![Watched::pids("gateway", vec![self.floor_tuned.pid])]
+    }
+
+    pub fn floor_tls_watched(&self) -> Vec<Watched> {
+        vec![Watched::pids("gateway", vec![self.floor_tls.pid])]
     }
 
     pub fn tls_watched(&self) -> Vec<Watched> {

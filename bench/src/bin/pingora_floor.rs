@@ -12,7 +12,10 @@
 //!
 //! With `--no-work-stealing` and `--listeners N` it is the same floor under
 //! Pingora's own server options: a runtime per thread and N SO_REUSEPORT
-//! listeners on the one address.
+//! listeners on the one address. With `--tls-cert` and `--tls-key` it
+//! listens with TLS instead (Pingora's `TlsSettings::intermediate`, HTTP/2
+//! offered by ALPN, as the gateway's HTTPS listener): the floor of the
+//! page over HTTPS.
 //!
 //!     pingora_floor --listen 127.0.0.1:8090 --page static/sale.html --threads 2
 
@@ -59,6 +62,12 @@ struct Args {
     /// plain listener, as the gateway has.
     #[arg(long, default_value_t = 1)]
     listeners: usize,
+    /// PEM certificate chain: listen with TLS (with `--tls-key`).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<String>,
 }
 
 struct Floor {
@@ -163,7 +172,11 @@ fn main() -> anyhow::Result<()> {
     server.bootstrap();
     let mut service =
         pingora::proxy::http_proxy_service(&server.configuration, Floor { head, body });
-    if args.listeners > 1 {
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let mut settings = pingora::listeners::tls::TlsSettings::intermediate(cert, key)?;
+        settings.enable_h2();
+        service.add_tls_with_settings(&args.listen, None, settings);
+    } else if args.listeners > 1 {
         for addr in listen_aliases(&args.listen, args.listeners)? {
             let mut options = pingora::listeners::TcpSocketOptions::default();
             options.so_reuseport = Some(true);

@@ -80,8 +80,7 @@ impl Switches {
     }
 
     pub fn backlog_paused(&self, sale_id: &str) -> bool {
-        let paused = self.backlog_paused.load();
-        !paused.is_empty() && paused.contains(sale_id)
+        self.backlog_paused.load().contains(sale_id)
     }
 
     /// Applies a sale's backlog to its pause flag, with hysteresis: pause
