@@ -59,6 +59,21 @@ pub(crate) const REJECTIONS: [(&str, &str, &str); 5] = [
     ("bad_input", "j_bad_input", "Buy with bad input (400)"),
 ];
 
+/// Pingora's floor answering row e's buys with the gateway's 429 (the
+/// rounds of [`Side::Floor`]) beside `peer` req/s, when it ran.
+fn floor_429_text(r: &Results, peer: Option<f64>) -> String {
+    let floor = rps(r, "e_hammer", Side::Floor);
+    if floor.is_none() {
+        return String::new();
+    }
+    format!(
+        "; Pingora's floor answering the same 429 (pingora-floor-429, same row): {} req/s = {}× the peer, {} µs gateway CPU each",
+        f0(floor),
+        f2(ratio(floor, peer)),
+        f2(avg(r, "e_hammer", Side::Floor, |x| cpu_of(x, "gateway"))),
+    )
+}
+
 /// Requests per second offered to one sale in the cost model.
 const OFFERED: f64 = 10_000_000.0;
 /// Items of that sale.
@@ -611,12 +626,13 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         name: "Rate-limited rejections vs OpenResty",
         goal: "≥ 1.2× the OpenResty peer's req/s",
         figures: format!(
-            "{} vs {} req/s = {}×; gateway + Redis {} vs {} µs per request",
+            "{} vs {} req/s = {}×; gateway + Redis {} vs {} µs per request{}",
             f0(fe),
             f0(pe),
             f2(ratio(fe, pe)),
             f2(gateway_redis_us(r, "e_hammer", Side::Flashgate)),
             f2(gateway_redis_us(r, "e_hammer", Side::Peer)),
+            floor_429_text(r, pe),
         ),
         met: ratio(fe, pe).map(|q| q >= 1.2),
     });
@@ -677,9 +693,14 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         name: "Moonshot: 10,000,000 rejected requests/s on ≤ 100 gateway cores",
         goal: "≤ 10 µs gateway CPU per rejected request, on every rejection path",
         figures: worst.map_or("no rejection row ran".into(), |(name, us)| {
+            let floor = avg(r, "e_hammer", Side::Floor, |x| cpu_of(x, "gateway"));
             format!(
-                "costliest rejection: {name} at {us:.1} µs = {:.0} gateway cores for 10,000,000/s",
-                us * OFFERED / 1e6
+                "costliest rejection: {name} at {us:.1} µs = {:.0} gateway cores for 10,000,000/s{}",
+                us * OFFERED / 1e6,
+                floor.map_or(String::new(), |f| format!(
+                    "; Pingora's floor answering a 429 (row e): {f:.1} µs = {:.0} cores",
+                    f * OFFERED / 1e6
+                )),
             )
         }),
         met: worst.map(|(_, us)| us <= 10.0),
@@ -771,6 +792,7 @@ fn side_name(scenario: &str, side: Side) -> &'static str {
     match side {
         Side::Flashgate => "Flashgate",
         Side::Reference => "Flashgate's static page (reference)",
+        Side::Floor => "pingora-floor-429",
         Side::Peer => SCENARIOS
             .iter()
             .find(|s| s.id == scenario)
@@ -834,14 +856,14 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
     );
     for sc in SCENARIOS {
         let f_rps = rps(r, sc.id, Side::Flashgate);
-        for side in [Side::Flashgate, Side::Reference, Side::Peer] {
+        for side in [Side::Flashgate, Side::Reference, Side::Floor, Side::Peer] {
             if r.of(sc.id, side).is_empty() {
                 continue;
             }
             let x = rps(r, sc.id, side);
             let ratio_text = match side {
                 Side::Flashgate => "1.00".to_owned(),
-                Side::Peer | Side::Reference => {
+                Side::Peer | Side::Reference | Side::Floor => {
                     ratio(f_rps, x).map_or("–".into(), |q| format!("Flashgate {q:.2}×"))
                 }
             };

@@ -16,6 +16,11 @@ pub enum Side {
     /// each Flashgate round of a rejection row: the rate that row is held
     /// to, measured beside it rather than minutes earlier.
     Reference,
+    /// Pingora's floor answering every request of a rejection row with the
+    /// gateway's own answer (`pingora_floor --status 429`), run after
+    /// each Flashgate round of row e: the least a Pingora server spends
+    /// on that rejection.
+    Floor,
 }
 
 /// A scenario of the comparison.

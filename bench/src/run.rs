@@ -352,6 +352,13 @@ async fn run_with_db(
                 eprintln!("{}", line(&r));
                 rounds.push(r);
             }
+            if sc.id == "e_hammer" && ctx.peers.is_some() {
+                let r = rejection_floor_round(&ctx, sc.id, round)
+                    .await
+                    .with_context(|| format!("{} floor round {round}", sc.id))?;
+                eprintln!("{}", line(&r));
+                rounds.push(r);
+            }
             if sc.peer.is_some() {
                 let r = peer_round(&ctx, sc.id, round, open_rate)
                     .await
@@ -1102,6 +1109,37 @@ async fn announce_sold_out(ctx: &Ctx, sale: &str) -> anyhow::Result<()> {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
+}
+
+/// Row e's load (one user's buys) against Pingora's floor answering each
+/// with the gateway's 429 ([`crate::stack::RATE_LIMITED_BODY`]).
+async fn rejection_floor_round(
+    ctx: &Ctx,
+    scenario: &'static str,
+    round: usize,
+) -> anyhow::Result<RoundResult> {
+    let peers = ctx.peers.as_ref().context("the peers were not started")?;
+    let target = Target::FlashBuy {
+        path: "/flashgate/api/sales/bench/buy".into(),
+        users: ctx.hammer_bearers.clone(),
+        pick: Pick::One(0),
+    };
+    let tag = format!("{}{}r{round}", ctx.tag, &scenario[..1]);
+    let loadavg_before = sys::loadavg();
+    let (summary, a, b) = load::run(
+        ctx.spec(peers.floor_429_addr, target, Pace::Closed, tag),
+        probe(peers.floor_429_watched()),
+    )
+    .await;
+    Ok(RoundResult {
+        scenario,
+        side: Side::Floor,
+        round,
+        loadavg_before,
+        summary,
+        cpu: CpuUse::between(&a, &b),
+        check: None,
+    })
 }
 
 async fn peer_round(

@@ -608,6 +608,22 @@ fn sum_samples(text: &str, metric: &str, labels: &str) -> f64 {
         .sum()
 }
 
+/// The body of the gateway's 429 to a buy over the user's bucket
+/// (`Reply::from(Rejection::RateLimited)` in gateway/src/edge/reply.rs),
+/// answered by the rejection floor.
+pub const RATE_LIMITED_BODY: &str =
+    r#"{"code":"rate_limited","message":"too many requests, slow down"}"#;
+
+/// The headers the gateway adds to that 429 under the bench's
+/// `[limits.buy] user = { per_second = 1, burst = 10 }` (its request id
+/// aside, which the floor adds too).
+const RATE_LIMITED_HEADERS: &[&str] = &[
+    "Cache-Control: no-store",
+    "Retry-After: 1",
+    r#"RateLimit-Policy: "buy-user";q=10;w=10"#,
+    r#"RateLimit: "buy-user";r=0;t=1"#,
+];
+
 /// The peers: nginx (static page) and the OpenResty gateway with its Redis.
 pub struct Peers {
     pub static_nginx: Proc,
@@ -619,6 +635,10 @@ pub struct Peers {
     /// stealing, one SO_REUSEPORT listener per thread.
     pub floor_tuned: Proc,
     pub floor_tuned_addr: std::net::SocketAddr,
+    /// The floor answering every request with the gateway's 429 of a buy
+    /// over its user bucket ([`RATE_LIMITED_BODY`]).
+    pub floor_429: Proc,
+    pub floor_429_addr: std::net::SocketAddr,
     /// The floor over HTTPS, with the run's certificate.
     pub floor_tls: Proc,
     pub floor_tls_addr: std::net::SocketAddr,
@@ -809,6 +829,18 @@ impl Peers {
             workers.to_string(),
         ];
         let (floor_tuned, floor_tuned_addr) = start_floor(bin_dir, &page, workers, &tuned).await?;
+        let rejection = dir.join("rate-limited.json");
+        std::fs::write(&rejection, RATE_LIMITED_BODY)?;
+        let mut args = vec![
+            "--status".to_owned(),
+            "429".to_owned(),
+            "--content-type".to_owned(),
+            "application/json".to_owned(),
+        ];
+        for header in RATE_LIMITED_HEADERS {
+            args.extend(["--header".to_owned(), (*header).to_owned()]);
+        }
+        let (floor_429, floor_429_addr) = start_floor(bin_dir, &rejection, workers, &args).await?;
         let tls = [
             "--tls-cert".to_owned(),
             cert.cert.display().to_string(),
@@ -854,6 +886,8 @@ impl Peers {
             floor_addr,
             floor_tuned,
             floor_tuned_addr,
+            floor_429,
+            floor_429_addr,
             floor_tls,
             floor_tls_addr,
             tls_nginx,
@@ -872,6 +906,10 @@ impl Peers {
 
     pub fn floor_tuned_watched(&self) -> Vec<Watched> {
         vec![Watched::pids("gateway", vec![self.floor_tuned.pid])]
+    }
+
+    pub fn floor_429_watched(&self) -> Vec<Watched> {
+        vec![Watched::pids("gateway", vec![self.floor_429.pid])]
     }
 
     pub fn floor_tls_watched(&self) -> Vec<Watched> {

@@ -15,7 +15,10 @@
 //! listeners on the one address. With `--tls-cert` and `--tls-key` it
 //! listens with TLS instead (Pingora's `TlsSettings::intermediate`, HTTP/2
 //! offered by ALPN, as the gateway's HTTPS listener): the floor of the
-//! page over HTTPS.
+//! page over HTTPS. With `--status` other than 200 it answers every
+//! request (any method, its body read first) with that
+//! status, the file as the body, `--content-type` and the `--header`s
+//! given (no validators or caching headers): the floor of a rejection.
 //!
 //!     pingora_floor --listen 127.0.0.1:8090 --page static/sale.html --threads 2
 
@@ -62,6 +65,14 @@ struct Args {
     /// plain listener, as the gateway has.
     #[arg(long, default_value_t = 1)]
     listeners: usize,
+    /// The status of every answer; not 200: a rejection (see the module doc).
+    #[arg(long, default_value_t = 200)]
+    status: u16,
+    #[arg(long, default_value = "text/html; charset=utf-8")]
+    content_type: String,
+    /// `Name: value`, added to every answer (repeatable).
+    #[arg(long = "header")]
+    headers: Vec<String>,
     /// PEM certificate chain: listen with TLS (with `--tls-key`).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<String>,
@@ -84,6 +95,11 @@ impl ProxyHttp for Floor {
     async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> pingora::Result<bool> {
         if session.get_keepalive().is_some() {
             session.set_keepalive(Some(60));
+        }
+        if self.head.status != http::StatusCode::OK {
+            // A rejection answers buys: their bodies are read first, as the
+            // gateway reads a buy's, so the connection is kept.
+            while session.read_request_body().await?.is_some() {}
         }
         let mut head = Box::new(self.head.clone());
         head.append_header("X-Request-Id", format!("{:032x}", rand::random::<u128>()))?;
@@ -148,17 +164,25 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut hash = std::collections::hash_map::DefaultHasher::new();
     body.hash(&mut hash);
-    let mut head = ResponseHeader::build(200, Some(6))?;
-    head.append_header("Content-Type", "text/html; charset=utf-8")?;
+    let mut head = ResponseHeader::build(args.status, Some(6 + args.headers.len()))?;
+    head.append_header("Content-Type", args.content_type.as_str())?;
     head.append_header("Content-Length", body.len().to_string())?;
-    head.append_header(
-        "ETag",
-        format!("\"{:016x}-{:x}\"", hash.finish(), body.len()),
-    )?;
-    head.append_header("Last-Modified", httpdate::fmt_http_date(modified))?;
-    head.append_header("Cache-Control", args.cache_control.as_str())?;
-    // Flashgate sends it with every compressible page (this one is).
-    head.append_header("Vary", "Accept-Encoding")?;
+    if args.status == 200 {
+        head.append_header(
+            "ETag",
+            format!("\"{:016x}-{:x}\"", hash.finish(), body.len()),
+        )?;
+        head.append_header("Last-Modified", httpdate::fmt_http_date(modified))?;
+        head.append_header("Cache-Control", args.cache_control.as_str())?;
+        // Flashgate sends it with every compressible page (this one is).
+        head.append_header("Vary", "Accept-Encoding")?;
+    }
+    for header in &args.headers {
+        let (name, value) = header
+            .split_once(':')
+            .ok_or_else(|| anyhow::anyhow!("--header {header:?}: expected `Name: value`"))?;
+        head.append_header(name.trim().to_owned(), value.trim())?;
+    }
 
     // SIGTERM stops it at once (the bench stops its processes so).
     let conf = ServerConf {
