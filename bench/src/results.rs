@@ -207,8 +207,10 @@ pub struct Results {
     pub buckets: Vec<BucketRound>,
     /// The waiting room under 100,000 visitors ([`crate::room_crowd`]).
     pub room_crowd: Option<crate::room_crowd::Crowd>,
-    /// PostgreSQL's own cost of the drain's rows ([`crate::copy_floor`]).
-    pub copy_floor: Option<crate::copy_floor::CopyFloor>,
+    /// Each drain into PostgreSQL (the first is `drain`) and the COPY
+    /// floor measured right after it ([`crate::copy_floor`]), in the
+    /// order run.
+    pub order_costs: Vec<(Drain, crate::copy_floor::CopyFloor)>,
 }
 
 impl Results {

@@ -418,36 +418,45 @@ async fn run_with_db(
         _ => None,
     };
 
-    let drain = if s.drain_orders > 0 {
+    // The drain and its COPY floor alternate, `s.rounds` of each, so the
+    // order-cost target compares figures measured side by side: either
+    // alone swings by a fifth between runs on this shared machine. Each
+    // starts on an empty `orders` table (the buy rows' books were checked
+    // already): a table grown by the run before would make every later
+    // insert dearer than the first.
+    let mut order_costs = Vec::new();
+    if s.drain_orders > 0 {
         let counter = OrderCounter::Postgres(ctx.pg.clone());
-        let d = measure_drain(&mut ctx, "drain", s.drain_orders, None, &counter).await?;
-        eprintln!(
-            "bench: drain {} orders in {:.2}s = {:.0}/s (ok={})",
-            d.orders,
-            d.total_s,
-            d.rate(),
-            d.ok
-        );
-        Some(d)
-    } else {
-        None
-    };
-    let copy_floor = if s.drain_orders > 0 {
-        let f = crate::copy_floor::measure(&ctx.pg, s.drain_orders, crate::stack::ORDER_BATCH)
-            .await
-            .context("the COPY floor")?;
-        eprintln!(
-            "bench: COPY floor {} rows in batches of {} in {:.2}s, database CPU {:.2}s = {:.1} µs per row",
-            f.rows,
-            f.batch,
-            f.secs,
-            f.database_cpu_s,
-            f.us_per_row()
-        );
-        Some(f)
-    } else {
-        None
-    };
+        for round in 1..=s.rounds.max(1) {
+            let sale = if round == 1 {
+                "drain".to_owned()
+            } else {
+                format!("drain-{round}")
+            };
+            empty_orders(&ctx.pg).await?;
+            let d = measure_drain(&mut ctx, &sale, s.drain_orders, None, &counter).await?;
+            empty_orders(&ctx.pg).await?;
+            eprintln!(
+                "bench: drain {} orders in {:.2}s = {:.0}/s (ok={})",
+                d.orders,
+                d.total_s,
+                d.rate(),
+                d.ok
+            );
+            let f = crate::copy_floor::measure(&ctx.pg, s.drain_orders, crate::stack::ORDER_BATCH)
+                .await
+                .context("the COPY floor")?;
+            eprintln!(
+                "bench: COPY floor {} rows in batches of {} in {:.2}s, database CPU {:.2}s = {:.1} µs per row",
+                f.rows,
+                f.batch,
+                f.secs,
+                f.database_cpu_s,
+                f.us_per_row()
+            );
+            order_costs.push((d, f));
+        }
+    }
     let drain_mysql = match (&s.mysql_url, s.drain_orders) {
         (Some(url), n) if n > 0 => {
             let d = mysql_drain(&mut ctx, url, n, &mut machine)
@@ -470,7 +479,7 @@ async fn run_with_db(
         settings: Vec::new(),
         open_rate,
         rounds,
-        drain,
+        drain: order_costs.first().map(|(d, _)| d.clone()),
         drain_mysql,
         evalsha: Vec::new(),
         profiles: Vec::new(),
@@ -480,7 +489,7 @@ async fn run_with_db(
         token_verify: Vec::new(),
         buckets,
         room_crowd,
-        copy_floor,
+        order_costs,
     };
 
     if s.profile != Profiling::Never && results.perf_available {
@@ -1305,6 +1314,16 @@ async fn peer_round(
 /// format, then times a freshly started backend turning them into orders.
 /// With `profile`, the backend runs under `perf record` and its top frames
 /// are put there.
+/// Empties the bench database's `orders` table, for a drain or a COPY
+/// that starts as the one before it did.
+async fn empty_orders(pg: &sqlx::PgPool) -> anyhow::Result<()> {
+    sqlx::query("TRUNCATE orders")
+        .execute(pg)
+        .await
+        .context("TRUNCATE orders")?;
+    Ok(())
+}
+
 async fn measure_drain(
     ctx: &mut Ctx,
     sale: &str,

@@ -389,14 +389,7 @@ impl Store {
                 // per connection: the rows travel as one JSON parameter
                 // instead of seven bind parameters each.
                 let rows = order_rows_json(chunk, &order_ids)?;
-                for row in sqlx::query(sql::INSERT_ORDERS_JSON)
-                    .bind(rows)
-                    .bind(now)
-                    .fetch_all(&mut **tx)
-                    .await?
-                {
-                    new_here.insert(row.try_get::<String, _>("reservation_id")?);
-                }
+                new_here = insert_json(tx, rows, now, chunk).await?;
             } else {
                 let statement = sql::insert_orders_returning(chunk.len());
                 for row in bind_orders(&statement, chunk, &order_ids, now)
@@ -417,6 +410,54 @@ impl Store {
         }
         outbox::write(tx, self.flavour, &events).await?;
         Ok(created)
+    }
+}
+
+/// PostgreSQL: inserts `rows` (the JSON of `chunk`) and answers the
+/// reservation ids that got their order here. First as a plain insert
+/// under a savepoint, which every row passes unless another path wrote
+/// one of these orders already (the forward and the stream race only on
+/// wins just made): it skips the conflict check's index probe and the
+/// returned rows, about a fifth of the database's work per order. A
+/// conflict rolls the savepoint back and the batch goes again with
+/// `ON CONFLICT DO NOTHING`, which says which rows it created.
+async fn insert_json(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    rows: String,
+    now: i64,
+    chunk: &[&Reservation],
+) -> Result<HashSet<String>, StoreError> {
+    sqlx::query("SAVEPOINT order_batch")
+        .execute(&mut **tx)
+        .await?;
+    match sqlx::query(sql::INSERT_NEW_ORDERS_JSON)
+        .bind(rows.as_str())
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+    {
+        Ok(_) => {
+            sqlx::query("RELEASE SAVEPOINT order_batch")
+                .execute(&mut **tx)
+                .await?;
+            Ok(chunk.iter().map(|r| r.reservation_id.clone()).collect())
+        }
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            sqlx::query("ROLLBACK TO SAVEPOINT order_batch")
+                .execute(&mut **tx)
+                .await?;
+            let mut created = HashSet::new();
+            for row in sqlx::query(sql::INSERT_ORDERS_JSON)
+                .bind(rows)
+                .bind(now)
+                .fetch_all(&mut **tx)
+                .await?
+            {
+                created.insert(row.try_get::<String, _>("reservation_id")?);
+            }
+            Ok(created)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -105,6 +105,13 @@ pub fn insert_orders_returning(rows: usize) -> String {
     insert_orders(rows) + " RETURNING reservation_id"
 }
 
+/// The text [`INSERT_ORDERS_JSON`] and [`INSERT_NEW_ORDERS_JSON`] share.
+macro_rules! insert_orders_json {
+    () => {
+        "INSERT INTO orders (order_id, reservation_id, sale_id, user_id, idempotency_key, reserved_at_ms, created_at_ms, status) SELECT o, r, s, u, k, t, $2, 'created' FROM json_to_recordset($1::json) AS x(o TEXT, r TEXT, s TEXT, u TEXT, k TEXT, t BIGINT)"
+    };
+}
+
 /// PostgreSQL: [`insert_orders_returning`] whose rows come as one JSON
 /// array (`$1`: `{"o": order_id, "r": reservation_id, "s": sale_id, "u":
 /// user_id, "k": idempotency_key, "t": reserved_at_ms}` each) and
@@ -112,7 +119,15 @@ pub fn insert_orders_returning(rows: usize) -> String {
 /// parsed and planned once per connection, and the server reads one
 /// parameter instead of seven per row. Rows are inserted in array order
 /// (a function scan keeps it), which is the lock order the caller chose.
-pub const INSERT_ORDERS_JSON: &str = "INSERT INTO orders (order_id, reservation_id, sale_id, user_id, idempotency_key, reserved_at_ms, created_at_ms, status) SELECT o, r, s, u, k, t, $2, 'created' FROM json_to_recordset($1::json) AS x(o TEXT, r TEXT, s TEXT, u TEXT, k TEXT, t BIGINT) ON CONFLICT (reservation_id) DO NOTHING RETURNING reservation_id";
+pub const INSERT_ORDERS_JSON: &str = concat!(
+    insert_orders_json!(),
+    " ON CONFLICT (reservation_id) DO NOTHING RETURNING reservation_id"
+);
+
+/// [`INSERT_ORDERS_JSON`] as a plain insert: a reservation that has its
+/// order already is a unique violation (see `insert_json` in
+/// `super::orders`).
+pub const INSERT_NEW_ORDERS_JSON: &str = insert_orders_json!();
 
 /// `SELECT` of the reservation ids of `n` order ids (`$1..$n`).
 pub fn orders_by_ids(n: usize) -> String {
