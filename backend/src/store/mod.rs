@@ -83,6 +83,10 @@ pub struct Store {
     /// (`PUT /admin/sales/{id}` refuses it, the upsert keeps it), so every
     /// order batch need not ask the database again.
     buckets: Arc<RwLock<HashMap<String, u32>>>,
+    /// PostgreSQL order batches still to insert with `ON CONFLICT` before
+    /// a plain insert is tried again, after one met an order written by
+    /// the other path (see `insert_json` in [`orders`]).
+    conflict_backoff: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Store {
@@ -130,6 +134,7 @@ impl Store {
             flavour,
             events: false,
             buckets: Arc::default(),
+            conflict_backoff: Arc::default(),
         })
     }
 

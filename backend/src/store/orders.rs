@@ -4,6 +4,7 @@
 //! transaction ([`super::outbox`]).
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use flashgate_common::reservation::{OrderView, Reservation, ReservationStatus};
 use sqlx::any::AnyRow;
@@ -16,6 +17,10 @@ use super::{outbox, sql, Flavour, Store, StoreError};
 /// transaction, because PostgreSQL accepts at most 65535 bind parameters
 /// per statement and SQLite 32766; 7 parameters per row x 2000 stays below.
 pub(super) const MAX_ROWS_PER_INSERT: usize = 2000;
+
+/// PostgreSQL order batches inserted with `ON CONFLICT` after one whose
+/// plain insert met an existing order (see `Store::insert_json`).
+const CONFLICT_BACKOFF: u32 = 16;
 
 /// Order status as stored in `orders.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +87,8 @@ pub struct Orders<'a> {
 }
 
 impl Orders<'_> {
-    /// Turns reservations into orders with one multi-row insert, in one
+    /// Turns reservations into orders with one multi-row insert per chunk
+    /// (on PostgreSQL perhaps two: see `Store::insert_json`), in one
     /// transaction. A reservation that already has an order is skipped, so
     /// replaying a batch (after a crash before XACK, or a gateway forward
     /// racing the stream) never creates a second order.
@@ -368,37 +374,34 @@ impl Store {
         let mut events = Vec::new();
         for chunk in sorted.chunks(MAX_ROWS_PER_INSERT) {
             let order_ids: Vec<String> = chunk.iter().map(|_| new_order_id()).collect();
-            let mut new_here = HashSet::new();
-            if self.flavour == Flavour::Mysql {
-                // No `INSERT ... RETURNING` through sqlx on MySQL: the rows
-                // this call made are the ones holding the order ids it chose.
-                let statement = self.sql(&sql::insert_orders(chunk.len())).into_owned();
-                bind_orders(&statement, chunk, &order_ids, now)
-                    .execute(&mut **tx)
-                    .await?;
-                let select = self.sql(&sql::orders_by_ids(order_ids.len())).into_owned();
-                let mut query = sqlx::query(&select);
-                for id in &order_ids {
-                    query = query.bind(id.as_str());
+            let new_here = match self.flavour {
+                Flavour::Mysql => {
+                    // No `INSERT ... RETURNING` through sqlx on MySQL, nor
+                    // a count that tells a new row from a kept one (sqlx
+                    // asks for found rows): the rows this call made are
+                    // the ones holding the order ids it chose.
+                    let statement = self.sql(&sql::insert_orders(chunk.len())).into_owned();
+                    bind_orders(&statement, chunk, &order_ids, now)
+                        .execute(&mut **tx)
+                        .await?;
+                    self.created_by_order_ids(tx, &order_ids).await?
                 }
-                for row in query.fetch_all(&mut **tx).await? {
-                    new_here.insert(row.try_get::<String, _>("reservation_id")?);
+                Flavour::Postgres => {
+                    let rows = order_rows_json(chunk, &order_ids)?;
+                    self.insert_json(tx, &rows, now, chunk, &order_ids).await?
                 }
-            } else if self.flavour == Flavour::Postgres {
-                // One statement whatever the batch's length, prepared once
-                // per connection: the rows travel as one JSON parameter
-                // instead of seven bind parameters each.
-                let rows = order_rows_json(chunk, &order_ids)?;
-                new_here = insert_json(tx, rows, now, chunk).await?;
-            } else {
-                let statement = sql::insert_orders_returning(chunk.len());
-                for row in bind_orders(&statement, chunk, &order_ids, now)
-                    .fetch_all(&mut **tx)
-                    .await?
-                {
-                    new_here.insert(row.try_get::<String, _>("reservation_id")?);
+                Flavour::Sqlite => {
+                    let statement = sql::insert_orders_returning(chunk.len());
+                    let mut new_here = HashSet::new();
+                    for row in bind_orders(&statement, chunk, &order_ids, now)
+                        .fetch_all(&mut **tx)
+                        .await?
+                    {
+                        new_here.insert(row.try_get::<String, _>("reservation_id")?);
+                    }
+                    new_here
                 }
-            }
+            };
             if self.events {
                 for (r, order_id) in chunk.iter().zip(&order_ids) {
                     if new_here.contains(&r.reservation_id) {
@@ -411,53 +414,96 @@ impl Store {
         outbox::write(tx, self.flavour, &events).await?;
         Ok(created)
     }
-}
 
-/// PostgreSQL: inserts `rows` (the JSON of `chunk`) and answers the
-/// reservation ids that got their order here. First as a plain insert
-/// under a savepoint, which every row passes unless another path wrote
-/// one of these orders already (the forward and the stream race only on
-/// wins just made): it skips the conflict check's index probe and the
-/// returned rows, about a fifth of the database's work per order. A
-/// conflict rolls the savepoint back and the batch goes again with
-/// `ON CONFLICT DO NOTHING`, which says which rows it created.
-async fn insert_json(
-    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    rows: String,
-    now: i64,
-    chunk: &[&Reservation],
-) -> Result<HashSet<String>, StoreError> {
-    sqlx::query("SAVEPOINT order_batch")
-        .execute(&mut **tx)
-        .await?;
-    match sqlx::query(sql::INSERT_NEW_ORDERS_JSON)
-        .bind(rows.as_str())
-        .bind(now)
-        .execute(&mut **tx)
-        .await
-    {
-        Ok(_) => {
-            sqlx::query("RELEASE SAVEPOINT order_batch")
+    /// PostgreSQL: inserts `rows` (the JSON of `chunk`, with `order_ids`)
+    /// and answers the reservation ids that got their order here. The
+    /// statements take the rows as one JSON parameter, so their text does
+    /// not grow with the batch (parsed and planned once per connection).
+    ///
+    /// A plain insert first, under a savepoint: every row passes it unless
+    /// the other path (the forward, the stream) wrote one of these orders
+    /// already, and it spares the database `ON CONFLICT`'s speculative
+    /// insertion, about a fifth of its work per order. A conflict rolls the
+    /// savepoint back (PostgreSQL logs the violation) and the batch goes
+    /// again with `ON CONFLICT DO NOTHING`, as do the next
+    /// [`CONFLICT_BACKOFF`] batches of this store: where the paths race
+    /// (`backend.forward_grace_ms = 0`) most batches take that way at once.
+    async fn insert_json(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        rows: &str,
+        now: i64,
+        chunk: &[&Reservation],
+        order_ids: &[String],
+    ) -> Result<HashSet<String>, StoreError> {
+        let all = || chunk.iter().map(|r| r.reservation_id.clone()).collect();
+        let backoff = &self.conflict_backoff;
+        let skip_plain = backoff
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if !skip_plain {
+            sqlx::query("SAVEPOINT order_batch")
                 .execute(&mut **tx)
                 .await?;
-            Ok(chunk.iter().map(|r| r.reservation_id.clone()).collect())
-        }
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            sqlx::query("ROLLBACK TO SAVEPOINT order_batch")
-                .execute(&mut **tx)
-                .await?;
-            let mut created = HashSet::new();
-            for row in sqlx::query(sql::INSERT_ORDERS_JSON)
+            let plain = sqlx::query(sql::INSERT_NEW_ORDERS_JSON)
                 .bind(rows)
                 .bind(now)
-                .fetch_all(&mut **tx)
-                .await?
-            {
-                created.insert(row.try_get::<String, _>("reservation_id")?);
+                .execute(&mut **tx)
+                .await;
+            match plain {
+                Ok(done) => {
+                    sqlx::query("RELEASE SAVEPOINT order_batch")
+                        .execute(&mut **tx)
+                        .await?;
+                    // Every row, or an error: nothing on `orders` skips one.
+                    if done.rows_affected() == chunk.len() as u64 {
+                        return Ok(all());
+                    }
+                    return self.created_by_order_ids(tx, order_ids).await;
+                }
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                    for step in [
+                        "ROLLBACK TO SAVEPOINT order_batch",
+                        "RELEASE SAVEPOINT order_batch",
+                    ] {
+                        sqlx::query(step).execute(&mut **tx).await?;
+                    }
+                    backoff.store(CONFLICT_BACKOFF, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e.into()),
             }
-            Ok(created)
         }
-        Err(e) => Err(e.into()),
+        // No rows come back: when the count says every row is new they all
+        // are; otherwise the new ones are read back by their order ids.
+        let inserted = sqlx::query(sql::INSERT_ORDERS_JSON)
+            .bind(rows)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        if inserted == chunk.len() as u64 {
+            return Ok(all());
+        }
+        self.created_by_order_ids(tx, order_ids).await
+    }
+
+    /// The reservation ids of the orders among `order_ids` (just chosen
+    /// for a chunk's rows, inside `tx`): the rows the chunk's insert made.
+    async fn created_by_order_ids(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        order_ids: &[String],
+    ) -> Result<HashSet<String>, StoreError> {
+        let select = self.sql(&sql::orders_by_ids(order_ids.len())).into_owned();
+        let mut query = sqlx::query(&select);
+        for id in order_ids {
+            query = query.bind(id.as_str());
+        }
+        let mut created = HashSet::new();
+        for row in query.fetch_all(&mut **tx).await? {
+            created.insert(row.try_get::<String, _>("reservation_id")?);
+        }
+        Ok(created)
     }
 }
 

@@ -112,21 +112,20 @@ macro_rules! insert_orders_json {
     };
 }
 
-/// PostgreSQL: [`insert_orders_returning`] whose rows come as one JSON
-/// array (`$1`: `{"o": order_id, "r": reservation_id, "s": sale_id, "u":
-/// user_id, "k": idempotency_key, "t": reserved_at_ms}` each) and
-/// `created_at_ms` as `$2`. Its text does not grow with the batch, so it is
-/// parsed and planned once per connection, and the server reads one
-/// parameter instead of seven per row. Rows are inserted in array order
-/// (a function scan keeps it), which is the lock order the caller chose.
+/// PostgreSQL: [`insert_orders`] whose rows come as one JSON array (`$1`:
+/// `{"o": order_id, "r": reservation_id, "s": sale_id, "u": user_id, "k":
+/// idempotency_key, "t": reserved_at_ms}` each) and `created_at_ms` as
+/// `$2`. Its text does not grow with the batch, so it is parsed and
+/// planned once per connection, and the server reads one parameter
+/// instead of seven per row. Rows are inserted in array order (a function
+/// scan keeps it), which is the lock order the caller chose.
 pub const INSERT_ORDERS_JSON: &str = concat!(
     insert_orders_json!(),
-    " ON CONFLICT (reservation_id) DO NOTHING RETURNING reservation_id"
+    " ON CONFLICT (reservation_id) DO NOTHING"
 );
 
-/// [`INSERT_ORDERS_JSON`] as a plain insert: a reservation that has its
-/// order already is a unique violation (see `insert_json` in
-/// `super::orders`).
+/// [`INSERT_ORDERS_JSON`] as a plain insert: a row whose reservation has
+/// its order already is a unique violation.
 pub const INSERT_NEW_ORDERS_JSON: &str = insert_orders_json!();
 
 /// `SELECT` of the reservation ids of `n` order ids (`$1..$n`).

@@ -401,6 +401,51 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
 }
 
 #[tokio::test]
+async fn a_write_meeting_orders_another_write_has_not_committed_creates_only_its_own() {
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        let r: Vec<_> = (0..5)
+            .map(|i| reservation(&sale_id, &format!("u{i}")))
+            .collect();
+        let ids = |picked: &[usize]| -> std::collections::HashSet<String> {
+            picked
+                .iter()
+                .map(|&i| r[i].reservation_id.clone())
+                .collect()
+        };
+        // The other path, mid-write: r1 and r2 inserted, not committed.
+        let mut other = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
+        other.insert(&[r[1].clone(), r[2].clone()]).await.unwrap();
+        let racing = {
+            let (store, sale_id) = (Store::clone(&store), sale_id.clone());
+            let batch = vec![r[0].clone(), r[2].clone(), r[3].clone()];
+            tokio::spawn(async move {
+                let mut write = store.locks().begin_order_write(&[&sale_id]).await?;
+                let created = write.insert(&batch).await?;
+                write.commit().await?;
+                Ok::<_, StoreError>(created)
+            })
+        };
+        // The racing write waits on r2 until the other path commits.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        other.commit().await.unwrap();
+        let created = racing.await.unwrap().unwrap();
+        assert_eq!(created, ids(&[0, 3]), "{db}: r2 was the other path's");
+        // The next write (on PostgreSQL: straight to ON CONFLICT, after the
+        // conflict) meets r1 and still answers only what it created.
+        let mut write = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
+        let created = write.insert(&[r[4].clone(), r[1].clone()]).await.unwrap();
+        write.commit().await.unwrap();
+        assert_eq!(created, ids(&[4]), "{db}");
+        assert_eq!(
+            store.orders().count_live(&sale_id).await.unwrap(),
+            5,
+            "{db}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_reservation_listed_twice_in_one_write_gets_one_order_created_by_that_write() {
     for (db, store) in stores().await {
         let sale_id = unique("s");

@@ -610,8 +610,8 @@ impl Consumer<'_> {
     /// order comes first, and the write (a hold, a Redis check, an insert)
     /// is only for the rest, usually none; without it every entry goes to
     /// the insert, which skips those that have an order and says which
-    /// (the read would find next to nothing, and costs the database about
-    /// as much as the insert's own check). Nothing is acknowledged unless
+    /// (the read would find next to nothing, and costs the database more
+    /// than an insert of new rows). Nothing is acknowledged unless
     /// its order exists (written before or committed here) or the entry was
     /// moved to the dead-letter stream. Answers what the check found, for
     /// [`ForwardWatch`].
