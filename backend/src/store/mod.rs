@@ -83,9 +83,9 @@ pub struct Store {
     /// (`PUT /admin/sales/{id}` refuses it, the upsert keeps it), so every
     /// order batch need not ask the database again.
     buckets: Arc<RwLock<HashMap<String, u32>>>,
-    /// PostgreSQL order batches still to insert with `ON CONFLICT` before
-    /// a plain insert is tried again, after one met an order written by
-    /// the other path (see `insert_json` in [`orders`]).
+    /// PostgreSQL chunks still to insert with `ON CONFLICT` before a plain
+    /// insert is tried again, after one met an order written by the other
+    /// path (see `insert_json` in [`orders`]).
     conflict_backoff: Arc<std::sync::atomic::AtomicU32>,
 }
 

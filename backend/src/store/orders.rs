@@ -18,9 +18,13 @@ use super::{outbox, sql, Flavour, Store, StoreError};
 /// per statement and SQLite 32766; 7 parameters per row x 2000 stays below.
 pub(super) const MAX_ROWS_PER_INSERT: usize = 2000;
 
-/// PostgreSQL order batches inserted with `ON CONFLICT` after one whose
-/// plain insert met an existing order (see `Store::insert_json`).
+/// PostgreSQL chunks inserted with `ON CONFLICT` after one met an order
+/// the other path wrote (see `Store::insert_json`).
 const CONFLICT_BACKOFF: u32 = 16;
+
+/// The fewest rows of a PostgreSQL chunk tried as a plain insert first
+/// (see `Store::insert_json`).
+const PLAIN_INSERT_ROWS: usize = 64;
 
 /// Order status as stored in `orders.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,14 +424,17 @@ impl Store {
     /// statements take the rows as one JSON parameter, so their text does
     /// not grow with the batch (parsed and planned once per connection).
     ///
-    /// A plain insert first, under a savepoint: every row passes it unless
-    /// the other path (the forward, the stream) wrote one of these orders
-    /// already, and it spares the database `ON CONFLICT`'s speculative
-    /// insertion, about a fifth of its work per order. A conflict rolls the
-    /// savepoint back (PostgreSQL logs the violation) and the batch goes
-    /// again with `ON CONFLICT DO NOTHING`, as do the next
-    /// [`CONFLICT_BACKOFF`] batches of this store: where the paths race
-    /// (`backend.forward_grace_ms = 0`) most batches take that way at once.
+    /// A chunk of at least [`PLAIN_INSERT_ROWS`] goes first as a plain
+    /// insert under a savepoint: every row passes it unless the other path
+    /// (the forward, the stream) wrote one of these orders already, and it
+    /// spares the database `ON CONFLICT`'s speculative insertion, about a
+    /// fifth of its work per order (a smaller chunk would spend more on the
+    /// savepoint's two round trips). A conflict rolls the savepoint back
+    /// (PostgreSQL logs the violation) and the chunk goes again with
+    /// `ON CONFLICT DO NOTHING RETURNING`, as do the chunks of this store
+    /// until [`CONFLICT_BACKOFF`] in a row met no order of the other path:
+    /// where the paths race (`backend.forward_grace_ms = 0`) most take that
+    /// way at once.
     async fn insert_json(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
@@ -436,12 +443,11 @@ impl Store {
         chunk: &[&Reservation],
         order_ids: &[String],
     ) -> Result<HashSet<String>, StoreError> {
-        let all = || chunk.iter().map(|r| r.reservation_id.clone()).collect();
         let backoff = &self.conflict_backoff;
-        let skip_plain = backoff
+        let backing_off = backoff
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
             .is_ok();
-        if !skip_plain {
+        if !backing_off && chunk.len() >= PLAIN_INSERT_ROWS {
             sqlx::query("SAVEPOINT order_batch")
                 .execute(&mut **tx)
                 .await?;
@@ -457,7 +463,7 @@ impl Store {
                         .await?;
                     // Every row, or an error: nothing on `orders` skips one.
                     if done.rows_affected() == chunk.len() as u64 {
-                        return Ok(all());
+                        return Ok(chunk.iter().map(|r| r.reservation_id.clone()).collect());
                     }
                     return self.created_by_order_ids(tx, order_ids).await;
                 }
@@ -468,23 +474,23 @@ impl Store {
                     ] {
                         sqlx::query(step).execute(&mut **tx).await?;
                     }
-                    backoff.store(CONFLICT_BACKOFF, Ordering::Relaxed);
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        // No rows come back: when the count says every row is new they all
-        // are; otherwise the new ones are read back by their order ids.
-        let inserted = sqlx::query(sql::INSERT_ORDERS_JSON)
+        let mut created = HashSet::new();
+        for row in sqlx::query(sql::INSERT_ORDERS_JSON)
             .bind(rows)
             .bind(now)
-            .execute(&mut **tx)
+            .fetch_all(&mut **tx)
             .await?
-            .rows_affected();
-        if inserted == chunk.len() as u64 {
-            return Ok(all());
+        {
+            created.insert(row.try_get::<String, _>("reservation_id")?);
         }
-        self.created_by_order_ids(tx, order_ids).await
+        if created.len() < chunk.len() {
+            backoff.store(CONFLICT_BACKOFF, Ordering::Relaxed);
+        }
+        Ok(created)
     }
 
     /// The reservation ids of the orders among `order_ids` (just chosen

@@ -100,7 +100,8 @@ pub fn insert_orders(rows: usize) -> String {
 }
 
 /// [`insert_orders`] that returns the reservation id of each row it created
-/// (SQLite and PostgreSQL; MySQL reads them back with [`orders_by_ids`]).
+/// (SQLite; MySQL reads them back with [`orders_by_ids`], PostgreSQL has
+/// [`INSERT_ORDERS_JSON`]).
 pub fn insert_orders_returning(rows: usize) -> String {
     insert_orders(rows) + " RETURNING reservation_id"
 }
@@ -112,7 +113,7 @@ macro_rules! insert_orders_json {
     };
 }
 
-/// PostgreSQL: [`insert_orders`] whose rows come as one JSON array (`$1`:
+/// PostgreSQL: [`insert_orders_returning`] whose rows come as one JSON array (`$1`:
 /// `{"o": order_id, "r": reservation_id, "s": sale_id, "u": user_id, "k":
 /// idempotency_key, "t": reserved_at_ms}` each) and `created_at_ms` as
 /// `$2`. Its text does not grow with the batch, so it is parsed and
@@ -121,7 +122,7 @@ macro_rules! insert_orders_json {
 /// scan keeps it), which is the lock order the caller chose.
 pub const INSERT_ORDERS_JSON: &str = concat!(
     insert_orders_json!(),
-    " ON CONFLICT (reservation_id) DO NOTHING"
+    " ON CONFLICT (reservation_id) DO NOTHING RETURNING reservation_id"
 );
 
 /// [`INSERT_ORDERS_JSON`] as a plain insert: a row whose reservation has

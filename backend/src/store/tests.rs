@@ -1,6 +1,8 @@
 //! Every test body runs against SQLite, PostgreSQL and MySQL (MariaDB).
 
-use flashgate_common::reservation::ReservationStatus;
+use std::collections::HashSet;
+
+use flashgate_common::reservation::{Reservation, ReservationStatus};
 use flashgate_common::sale::SaleSpec;
 
 use super::orders::MAX_ROWS_PER_INSERT;
@@ -402,44 +404,59 @@ async fn a_sale_pause_and_the_global_switch_are_kept_in_the_database() {
 
 #[tokio::test]
 async fn a_write_meeting_orders_another_write_has_not_committed_creates_only_its_own() {
+    use std::sync::atomic::Ordering::Relaxed;
     for (db, store) in stores().await {
         let sale_id = unique("s");
-        let r: Vec<_> = (0..5)
+        let r: Vec<_> = (0..210)
             .map(|i| reservation(&sale_id, &format!("u{i}")))
             .collect();
-        let ids = |picked: &[usize]| -> std::collections::HashSet<String> {
-            picked
-                .iter()
-                .map(|&i| r[i].reservation_id.clone())
-                .collect()
+        let ids = |picked: &mut dyn Iterator<Item = usize>| -> HashSet<String> {
+            picked.map(|i| r[i].reservation_id.clone()).collect()
         };
-        // The other path, mid-write: r1 and r2 inserted, not committed.
-        let mut other = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
-        other.insert(&[r[1].clone(), r[2].clone()]).await.unwrap();
-        let racing = {
+        let write = |batch: Vec<Reservation>| {
             let (store, sale_id) = (Store::clone(&store), sale_id.clone());
-            let batch = vec![r[0].clone(), r[2].clone(), r[3].clone()];
-            tokio::spawn(async move {
+            async move {
                 let mut write = store.locks().begin_order_write(&[&sale_id]).await?;
                 let created = write.insert(&batch).await?;
                 write.commit().await?;
                 Ok::<_, StoreError>(created)
-            })
+            }
         };
-        // The racing write waits on r2 until the other path commits.
+        // The other path, mid-write: r5 and r70 inserted, not committed.
+        let mut other = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
+        other.insert(&[r[5].clone(), r[70].clone()]).await.unwrap();
+        // A write of 100 (on PostgreSQL a plain insert first) waits for them
+        // (on SQLite already for the other's write lock) until it commits.
+        let racing = tokio::spawn(write(r[..100].to_vec()));
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         other.commit().await.unwrap();
         let created = racing.await.unwrap().unwrap();
-        assert_eq!(created, ids(&[0, 3]), "{db}: r2 was the other path's");
-        // The next write (on PostgreSQL: straight to ON CONFLICT, after the
-        // conflict) meets r1 and still answers only what it created.
-        let mut write = store.locks().begin_order_write(&[&sale_id]).await.unwrap();
-        let created = write.insert(&[r[4].clone(), r[1].clone()]).await.unwrap();
-        write.commit().await.unwrap();
-        assert_eq!(created, ids(&[4]), "{db}");
+        assert_eq!(
+            created,
+            ids(&mut (0..100).filter(|i| ![5, 70].contains(i))),
+            "{db}: r5 and r70 were the other path's"
+        );
+        let postgres = store.flavour == Flavour::Postgres;
+        if postgres {
+            assert_eq!(store.conflict_backoff.load(Relaxed), 16, "{db}");
+        }
+        // The next write meets r1: only its own rows are answered (and on
+        // PostgreSQL the backoff starts again).
+        let mut batch = r[100..140].to_vec();
+        batch.push(r[1].clone());
+        assert_eq!(write(batch).await.unwrap(), ids(&mut (100..140)), "{db}");
+        // One that meets none wears the backoff down by one.
+        assert_eq!(
+            write(r[140..].to_vec()).await.unwrap(),
+            ids(&mut (140..210)),
+            "{db}"
+        );
+        if postgres {
+            assert_eq!(store.conflict_backoff.load(Relaxed), 15, "{db}");
+        }
         assert_eq!(
             store.orders().count_live(&sale_id).await.unwrap(),
-            5,
+            210,
             "{db}"
         );
     }
