@@ -177,18 +177,14 @@ fn cost_model_section(md: &mut String, r: &Results) {
     ] {
         row(path, id, us(id, "gateway"), us(id, "redis"), None, None);
     }
-    let per_order = |s: Option<f64>| {
-        r.drain
-            .as_ref()
-            .and_then(|d| s.map(|s| s * 1e6 / d.orders.max(1) as f64))
-    };
+    let drain = r.drain.as_ref();
     row(
         "order written",
         "drain",
         None,
         None,
-        per_order(r.drain.as_ref().map(|d| d.backend_cpu_s)),
-        per_order(r.drain.as_ref().and_then(|d| d.database_cpu_s)),
+        drain.map(|d| d.per_order(d.backend_cpu_s)),
+        drain.and_then(|d| Some(d.per_order(d.database_cpu_s?))),
     );
     for (path, id) in [
         ("page over TLS 1.3 + h2", "l_tls_page"),
@@ -574,11 +570,9 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
                 "{} vs {:.1} (backend {:.1}, database {})",
                 f2(d.us_per_order()),
                 c.us_per_row(),
-                d.backend_cpu_s * 1e6 / d.orders.max(1) as f64,
-                d.database_cpu_s.map_or("–".into(), |db| format!(
-                    "{:.1}",
-                    db * 1e6 / d.orders.max(1) as f64
-                )),
+                d.per_order(d.backend_cpu_s),
+                d.database_cpu_s
+                    .map_or("–".into(), |db| format!("{:.1}", d.per_order(db))),
             )
         })
         .collect();

@@ -164,7 +164,12 @@ impl Drain {
     /// Backend + database CPU µs per order (`None` without the database's).
     pub fn us_per_order(&self) -> Option<f64> {
         self.database_cpu_s
-            .map(|db| (self.backend_cpu_s + db) * 1e6 / self.orders.max(1) as f64)
+            .map(|db| self.per_order(self.backend_cpu_s + db))
+    }
+
+    /// `cpu_s` seconds of CPU over the drain, in µs per order.
+    pub fn per_order(&self, cpu_s: f64) -> f64 {
+        cpu_s * 1e6 / self.orders.max(1) as f64
     }
 }
 

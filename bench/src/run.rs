@@ -1310,10 +1310,6 @@ async fn peer_round(
     })
 }
 
-/// Preloads `n` reservations into a sale's stream in the gateway's record
-/// format, then times a freshly started backend turning them into orders.
-/// With `profile`, the backend runs under `perf record` and its top frames
-/// are put there.
 /// Empties the bench database's `orders` table, for a drain or a COPY
 /// that starts as the one before it did.
 async fn empty_orders(pg: &sqlx::PgPool) -> anyhow::Result<()> {
@@ -1324,6 +1320,10 @@ async fn empty_orders(pg: &sqlx::PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Preloads `n` reservations into a sale's stream in the gateway's record
+/// format, then times a freshly started backend turning them into orders.
+/// With `profile`, the backend runs under `perf record` and its top frames
+/// are put there.
 async fn measure_drain(
     ctx: &mut Ctx,
     sale: &str,

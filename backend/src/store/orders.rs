@@ -276,9 +276,9 @@ impl Orders<'_> {
             for rid in chunk {
                 query = query.bind(*rid);
             }
-            for row in query.fetch_all(&self.store.pool).await? {
-                found.insert(row.try_get::<String, _>("reservation_id")?);
-            }
+            found.extend(reservation_ids_of(
+                query.fetch_all(&self.store.pool).await?,
+            )?);
         }
         Ok(found)
     }
@@ -396,14 +396,11 @@ impl Store {
                 }
                 Flavour::Sqlite => {
                     let statement = sql::insert_orders_returning(chunk.len());
-                    let mut new_here = HashSet::new();
-                    for row in bind_orders(&statement, chunk, &order_ids, now)
-                        .fetch_all(&mut **tx)
-                        .await?
-                    {
-                        new_here.insert(row.try_get::<String, _>("reservation_id")?);
-                    }
-                    new_here
+                    reservation_ids_of(
+                        bind_orders(&statement, chunk, &order_ids, now)
+                            .fetch_all(&mut **tx)
+                            .await?,
+                    )?
                 }
             };
             if self.events {
@@ -478,15 +475,13 @@ impl Store {
                 Err(e) => return Err(e.into()),
             }
         }
-        let mut created = HashSet::new();
-        for row in sqlx::query(sql::INSERT_ORDERS_JSON)
-            .bind(rows)
-            .bind(now)
-            .fetch_all(&mut **tx)
-            .await?
-        {
-            created.insert(row.try_get::<String, _>("reservation_id")?);
-        }
+        let created = reservation_ids_of(
+            sqlx::query(sql::INSERT_ORDERS_JSON)
+                .bind(rows)
+                .bind(now)
+                .fetch_all(&mut **tx)
+                .await?,
+        )?;
         if created.len() < chunk.len() {
             backoff.store(CONFLICT_BACKOFF, Ordering::Relaxed);
         }
@@ -505,12 +500,15 @@ impl Store {
         for id in order_ids {
             query = query.bind(id.as_str());
         }
-        let mut created = HashSet::new();
-        for row in query.fetch_all(&mut **tx).await? {
-            created.insert(row.try_get::<String, _>("reservation_id")?);
-        }
-        Ok(created)
+        reservation_ids_of(query.fetch_all(&mut **tx).await?)
     }
+}
+
+/// The `reservation_id` column of `rows`.
+fn reservation_ids_of(rows: Vec<AnyRow>) -> Result<HashSet<String>, StoreError> {
+    rows.iter()
+        .map(|row| Ok(row.try_get::<String, _>("reservation_id")?))
+        .collect()
 }
 
 pub(super) fn order_row(row: &AnyRow, with_released: bool) -> Result<OrderRow, StoreError> {
