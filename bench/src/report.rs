@@ -962,7 +962,7 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         let _ = writeln!(md, "## Backend drain\n");
         let _ = writeln!(
             md,
-            "{} reservations were written into a sale's stream in the gateway's record format (fields rid, sale, user, idem, ts; \
+            "{} reservations were written into a sale's stream in the gateway's record format (one field `r`: rid, sale, user, ts and idem joined by spaces; \
              and `HSET resv rid user`) with pipelined XADD in {:.2} s while the backend was stopped. Then the backend was started \
              and the bench polled `SELECT COUNT(*) FROM orders` every 20 ms: all {} rows after **{:.2} s = {:.0} orders/s** \
              (from start, connecting and migrating included; {:.2} s from the first row). Backend CPU during the drain: {:.2} s.\n",

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use flashgate_common::keys::SaleKeys;
-use flashgate_common::reservation::reservation_id;
+use flashgate_common::reservation::{fields, reservation_id};
 use http::HeaderValue;
 
 use crate::books::check_flashgate;
@@ -1345,16 +1345,8 @@ async fn measure_drain(
             pipe.cmd("XADD")
                 .arg(&keys.stream)
                 .arg("*")
-                .arg("rid")
-                .arg(&rid)
-                .arg("sale")
-                .arg(sale)
-                .arg("user")
-                .arg(&user)
-                .arg("idem")
-                .arg("")
-                .arg("ts")
-                .arg(&now)
+                .arg(fields::RECORD)
+                .arg(format!("{rid} {sale} {user} {now} "))
                 .ignore();
             pipe.cmd("HSET")
                 .arg(&keys.reservations)

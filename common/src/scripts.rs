@@ -19,8 +19,9 @@
 //!   (`master_replid`), the one parser of `INFO replication`, read at most
 //!   once per call;
 //! - `time.lua`: `fg_now_ms()`, Redis `TIME` in whole ms;
-//! - `books.lua`: a reservation counted (`fg_count_reservation`), an item
-//!   given back (`fg_give_back`), a return Redis never counted
+//! - `books.lua`: a reservation counted (`fg_count_reservation`, or for a
+//!   buy `fg_take_slot` then `fg_count_item`), an item given back
+//!   (`fg_give_back`), a return Redis never counted
 //!   (`fg_record_uncounted_return`);
 //! - `epoch.lua` (after `time.lua`): `fg_bump_epoch`, the sale's stock
 //!   epoch moved on;

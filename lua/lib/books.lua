@@ -7,16 +7,41 @@
 --   resv       reservation id -> user: the reservations Redis counts
 --   released   reservation ids whose item went back
 -- The callers decide whether a reservation is counted or returned already;
--- these only write.
+-- these only write (fg_take_slot also checks the per-user limit it counts
+-- against).
 
--- Counts reservation `rid` of `user`: its item out of `remaining`, one
--- more for `user` under the per-user limit, and `rid` in `resv`. Returns
--- the items left.
-local function fg_count_reservation(k, rid, user)
+-- Counts reservation `rid` of `user` whose slot under the per-user limit
+-- is counted already (fg_take_slot): its item out of `remaining` and
+-- `rid` in `resv`. Returns the items left.
+local function fg_count_item(k, rid, user)
   local left = redis.call('DECR', k.remaining)
-  redis.call('HINCRBY', k.buyers, user, '1')
   redis.call('HSET', k.resv, rid, user)
   return left
+end
+
+-- Counts reservation `rid` of `user`: one more for `user` under the
+-- per-user limit, its item out of `remaining`, and `rid` in `resv`.
+-- Returns the items left.
+local function fg_count_reservation(k, rid, user)
+  redis.call('HINCRBY', k.buyers, user, '1')
+  return fg_count_item(k, rid, user)
+end
+
+-- Takes a slot of `user` under the per-user `limit` (one more in
+-- `buyers`), or answers false and leaves `buyers` as it was when the user
+-- holds `limit` already. One call for a buy that passes (the common case
+-- while stock lasts) where a read then an increment would be two.
+local function fg_take_slot(k, user, limit)
+  local held = redis.call('HINCRBY', k.buyers, user, '1')
+  if held <= limit then
+    return true
+  end
+  if held <= 1 then
+    redis.call('HDEL', k.buyers, user)
+  else
+    redis.call('HINCRBY', k.buyers, user, '-1')
+  end
+  return false
 end
 
 -- Gives back the item of counted reservation `rid`, held by `owner` (its

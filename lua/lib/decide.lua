@@ -47,22 +47,29 @@ end
 -- The per-user limit, the stock, and the win, for a sale that is open and
 -- not fenced at `now` (ms, Redis TIME; `now_s` the same as a string):
 -- answers `won`, `limit_reached` or `sold_out`, remembered under the
--- attempt's key.
+-- attempt's key. A user at the limit hears `limit_reached`, sold out or
+-- not.
 local function fg_take(k, a, limit, now_s)
-  if tonumber(redis.call('HGET', k.buyers, a.user) or '0') >= limit then
-    fg_final(a, 'limit_reached', '')
-    return 'limit_reached'
-  end
   local left = fg_left(k)
   if left <= 0 then
+    if tonumber(redis.call('HGET', k.buyers, a.user) or '0') >= limit then
+      fg_final(a, 'limit_reached', '')
+      return 'limit_reached'
+    end
     fg_final(a, 'sold_out', '')
     return 'sold_out'
   end
+  if not fg_take_slot(k, a.user, limit) then
+    fg_final(a, 'limit_reached', '')
+    return 'limit_reached'
+  end
   -- Unknown until the count's DECR answers (see fg_left).
   k.left = nil
-  k.left = fg_count_reservation(k, a.rid, a.user)
-  redis.call('XADD', k.stream, '*', 'rid', a.rid, 'sale', a.sale,
-             'user', a.user, 'idem', a.idem, 'ts', now_s)
+  k.left = fg_count_item(k, a.rid, a.user)
+  -- The reservation record: one field, its parts joined by spaces, the
+  -- Idempotency-Key last (see common/src/reservation.rs).
+  redis.call('XADD', k.stream, '*', 'r',
+             a.rid .. ' ' .. a.sale .. ' ' .. a.user .. ' ' .. now_s .. ' ' .. a.idem)
   fg_final(a, 'won', a.rid)
   return 'won'
 end

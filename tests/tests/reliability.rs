@@ -279,7 +279,7 @@ async fn an_entry_that_keeps_failing_is_dead_lettered_listed_and_retried() {
     )
     .await;
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0]["fields"]["user"], "poisoned");
+    assert_eq!(dead[0]["reservation"]["user_id"], "poisoned");
     assert!(
         dead[0]["error"]
             .as_str()

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flashgate_common::config::{Config, Env, ENV_INTERNAL_TOKEN, ENV_JWT_SECRET};
+use flashgate_common::reservation::{fields, Reservation};
 use flashgate_gateway::buy::{BuyOutcome, BuyRequest};
 use flashgate_gateway::edge::Gateway;
 use flashgate_gateway::rejection::Rejection;
@@ -228,10 +229,10 @@ async fn an_order_from_the_forward_has_the_stream_records_reservation_time() {
         .ids
         .iter()
         .map(|e| {
-            (
-                e.get::<String>("rid").unwrap(),
-                e.get::<String>("ts").unwrap().parse().unwrap(),
-            )
+            let record: String = e.get(fields::RECORD).unwrap();
+            let r = Reservation::from_fields(|name| (name == fields::RECORD).then_some(&*record));
+            let r = r.unwrap();
+            (r.reservation_id, r.reserved_at_ms)
         })
         .collect();
     sqlx::any::install_default_drivers();

@@ -67,8 +67,6 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("unknown order status `{0}` in the database")]
     BadStatus(String),
-    #[error("cannot encode rows for the database: {0}")]
-    Encode(#[source] serde_json::Error),
 }
 
 /// A cloneable handle to the order database.
@@ -85,7 +83,7 @@ pub struct Store {
     buckets: Arc<RwLock<HashMap<String, u32>>>,
     /// PostgreSQL chunks still to insert with `ON CONFLICT` before a plain
     /// insert is tried again, after one met an order written by the other
-    /// path (see `insert_json` in [`orders`]).
+    /// path (see `insert_columns` in [`orders`]).
     conflict_backoff: Arc<std::sync::atomic::AtomicU32>,
 }
 

@@ -19,11 +19,11 @@ use super::{outbox, sql, Flavour, Store, StoreError};
 pub(super) const MAX_ROWS_PER_INSERT: usize = 2000;
 
 /// PostgreSQL chunks inserted with `ON CONFLICT` after one met an order
-/// the other path wrote (see `Store::insert_json`).
+/// the other path wrote (see `Store::insert_columns`).
 const CONFLICT_BACKOFF: u32 = 16;
 
 /// The fewest rows of a PostgreSQL chunk tried as a plain insert first
-/// (see `Store::insert_json`).
+/// (see `Store::insert_columns`).
 const PLAIN_INSERT_ROWS: usize = 64;
 
 /// Order status as stored in `orders.status`.
@@ -92,7 +92,7 @@ pub struct Orders<'a> {
 
 impl Orders<'_> {
     /// Turns reservations into orders with one multi-row insert per chunk
-    /// (on PostgreSQL perhaps two: see `Store::insert_json`), in one
+    /// (on PostgreSQL perhaps two: see `Store::insert_columns`), in one
     /// transaction. A reservation that already has an order is skipped, so
     /// replaying a batch (after a crash before XACK, or a gateway forward
     /// racing the stream) never creates a second order.
@@ -391,8 +391,9 @@ impl Store {
                     self.created_by_order_ids(tx, &order_ids).await?
                 }
                 Flavour::Postgres => {
-                    let rows = order_rows_json(chunk, &order_ids)?;
-                    self.insert_json(tx, &rows, now, chunk, &order_ids).await?
+                    let columns = OrderColumns::of(chunk, &order_ids);
+                    self.insert_columns(tx, &columns, now, chunk, &order_ids)
+                        .await?
                 }
                 Flavour::Sqlite => {
                     let statement = sql::insert_orders_returning(chunk.len());
@@ -416,10 +417,10 @@ impl Store {
         Ok(created)
     }
 
-    /// PostgreSQL: inserts `rows` (the JSON of `chunk`, with `order_ids`)
+    /// PostgreSQL: inserts `columns` (those of `chunk`, with `order_ids`)
     /// and answers the reservation ids that got their order here. The
-    /// statements take the rows as one JSON parameter, so their text does
-    /// not grow with the batch (parsed and planned once per connection).
+    /// statements take the rows as one array per column, so their text
+    /// does not grow with the batch (parsed and planned once per connection).
     ///
     /// A chunk of at least [`PLAIN_INSERT_ROWS`] goes first as a plain
     /// insert under a savepoint: every row passes it unless the other path
@@ -432,10 +433,10 @@ impl Store {
     /// until [`CONFLICT_BACKOFF`] in a row met no order of the other path:
     /// where the paths race (`backend.forward_grace_ms = 0`) most take that
     /// way at once.
-    async fn insert_json(
+    async fn insert_columns(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-        rows: &str,
+        columns: &OrderColumns,
         now: i64,
         chunk: &[&Reservation],
         order_ids: &[String],
@@ -448,9 +449,8 @@ impl Store {
             sqlx::query("SAVEPOINT order_batch")
                 .execute(&mut **tx)
                 .await?;
-            let plain = sqlx::query(sql::INSERT_NEW_ORDERS_JSON)
-                .bind(rows)
-                .bind(now)
+            let plain = columns
+                .bind(sql::INSERT_NEW_ORDERS_ARRAYS, now)
                 .execute(&mut **tx)
                 .await;
             match plain {
@@ -476,9 +476,8 @@ impl Store {
             }
         }
         let created = reservation_ids_of(
-            sqlx::query(sql::INSERT_ORDERS_JSON)
-                .bind(rows)
-                .bind(now)
+            columns
+                .bind(sql::INSERT_ORDERS_ARRAYS, now)
                 .fetch_all(&mut **tx)
                 .await?,
         )?;
@@ -578,35 +577,93 @@ pub(super) fn in_lock_order(reservations: &[Reservation]) -> Vec<&Reservation> {
     sorted
 }
 
-/// One row of [`sql::INSERT_ORDERS_JSON`]'s parameter; the keys are the
-/// record type's columns there.
-#[derive(serde::Serialize)]
-struct JsonOrder<'a> {
-    o: &'a str,
-    r: &'a str,
-    s: &'a str,
-    u: &'a str,
-    k: &'a str,
-    t: i64,
+/// The rows of a chunk as [`sql::INSERT_ORDERS_ARRAYS`] reads them: one
+/// PostgreSQL array literal per column, each row's value at the same
+/// place, in the order of the chunk (the lock order: the statement
+/// inserts in array order).
+struct OrderColumns {
+    order_ids: String,
+    reservation_ids: String,
+    sale_ids: String,
+    user_ids: String,
+    idempotency_keys: String,
+    reserved_at_ms: String,
 }
 
-/// The rows of `chunk`, each with its new order id from `order_ids`, as
-/// the JSON array [`sql::INSERT_ORDERS_JSON`] reads, in the order of
-/// `chunk` (the lock order: the statement inserts in array order).
-fn order_rows_json(chunk: &[&Reservation], order_ids: &[String]) -> Result<String, StoreError> {
-    let rows: Vec<JsonOrder<'_>> = chunk
-        .iter()
-        .zip(order_ids)
-        .map(|(r, order_id)| JsonOrder {
-            o: order_id,
-            r: &r.reservation_id,
-            s: &r.sale_id,
-            u: &r.user_id,
-            k: &r.idempotency_key,
-            t: r.reserved_at_ms,
-        })
-        .collect();
-    serde_json::to_string(&rows).map_err(StoreError::Encode)
+impl OrderColumns {
+    /// The columns of `chunk`, each row with its new order id from `order_ids`.
+    fn of(chunk: &[&Reservation], order_ids: &[String]) -> Self {
+        let column = |width: usize| {
+            let mut out = String::with_capacity(chunk.len() * (width + 3) + 2);
+            out.push('{');
+            out
+        };
+        let mut c = Self {
+            order_ids: column(34),
+            reservation_ids: column(48),
+            sale_ids: column(16),
+            user_ids: column(16),
+            idempotency_keys: column(16),
+            reserved_at_ms: column(13),
+        };
+        for (i, (r, order_id)) in chunk.iter().zip(order_ids).enumerate() {
+            let separator = if i == 0 { "" } else { "," };
+            for (out, value) in [
+                (&mut c.order_ids, order_id.as_str()),
+                (&mut c.reservation_ids, &r.reservation_id),
+                (&mut c.sale_ids, &r.sale_id),
+                (&mut c.user_ids, &r.user_id),
+                (&mut c.idempotency_keys, &r.idempotency_key),
+            ] {
+                out.push_str(separator);
+                push_array_element(out, value);
+            }
+            c.reserved_at_ms.push_str(separator);
+            c.reserved_at_ms.push_str(&r.reserved_at_ms.to_string());
+        }
+        for out in [
+            &mut c.order_ids,
+            &mut c.reservation_ids,
+            &mut c.sale_ids,
+            &mut c.user_ids,
+            &mut c.idempotency_keys,
+            &mut c.reserved_at_ms,
+        ] {
+            out.push('}');
+        }
+        c
+    }
+
+    /// `statement` (one of the `INSERT_*ORDERS_ARRAYS`) with these
+    /// columns and `now` (`created_at_ms`) bound.
+    fn bind<'q>(
+        &'q self,
+        statement: &'q str,
+        now: i64,
+    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+        sqlx::query(statement)
+            .bind(self.order_ids.as_str())
+            .bind(self.reservation_ids.as_str())
+            .bind(self.sale_ids.as_str())
+            .bind(self.user_ids.as_str())
+            .bind(self.idempotency_keys.as_str())
+            .bind(self.reserved_at_ms.as_str())
+            .bind(now)
+    }
+}
+
+/// Appends `value` to an array literal as one quoted element: inside the
+/// quotes only `"` and `\` are special (backslash-escaped), so any text,
+/// commas, braces, spaces or the word NULL included, reads back as itself.
+fn push_array_element(out: &mut String, value: &str) {
+    out.push('"');
+    for c in value.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
 }
 
 /// An order insert statement with the rows of `chunk` bound, each with its

@@ -492,6 +492,57 @@ async fn a_reservation_listed_twice_in_one_write_gets_one_order_created_by_that_
 }
 
 #[tokio::test]
+async fn orders_keep_every_character_of_their_keys_and_ids_in_a_large_batch_and_a_small_one() {
+    // Quotes, backslashes, commas, braces, spaces and the word NULL: what
+    // PostgreSQL's array literals (its batched insert) must carry as text.
+    const KEYS: &[&str] = &[
+        "a\"b", "c\\d", "x,y", "{}", "NULL", " sp ace ", "''", "", "\\\"",
+    ];
+    for (db, store) in stores().await {
+        let sale_id = unique("s");
+        store.sales().upsert(&sale(&sale_id, 100)).await.unwrap();
+        for n in [70, 3] {
+            let batch: Vec<Reservation> = (0..n)
+                .map(|i| Reservation {
+                    idempotency_key: KEYS[i % KEYS.len()].to_owned(),
+                    reserved_at_ms: 1_700_000_000_000 + i as i64,
+                    ..reservation(&sale_id, &format!("u{n}-{i}@x.y"))
+                })
+                .collect();
+            assert_eq!(
+                store.orders().insert(&batch).await.unwrap(),
+                n as u64,
+                "{db}"
+            );
+            let mut resync = store.locks().begin_resync(&sale_id).await.unwrap();
+            let written = resync.orders(&sale_id).await.unwrap();
+            resync.commit().await.unwrap();
+            for r in &batch {
+                let order = written
+                    .iter()
+                    .find(|o| o.row.reservation_id == r.reservation_id)
+                    .unwrap_or_else(|| panic!("{db}: no order for {}", r.reservation_id));
+                assert_eq!(
+                    (
+                        order.row.sale_id.as_str(),
+                        order.row.user_id.as_str(),
+                        order.idempotency_key.as_str(),
+                        order.reserved_at_ms
+                    ),
+                    (
+                        r.sale_id.as_str(),
+                        r.user_id.as_str(),
+                        r.idempotency_key.as_str(),
+                        r.reserved_at_ms
+                    ),
+                    "{db}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
 async fn an_order_write_waits_for_a_resync_of_its_sale_and_the_resync_reads_what_committed_before_it(
 ) {
     for (db, store) in stores().await {

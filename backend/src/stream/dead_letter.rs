@@ -4,7 +4,8 @@
 //!
 //! A dead entry keeps every field of the original and adds
 //! `dead_error`, `dead_source_id` (its id in the sale's stream) and
-//! `dead_deliveries`. The admin API lists them and retries one: the
+//! `dead_deliveries`. The admin API lists them (with the reservation the
+//! fields hold, when they parse as one) and retries one: the
 //! original fields are appended to the sale's stream again and the dead
 //! entry is deleted, in one `MULTI`, so the entry is never in both or lost.
 
@@ -14,6 +15,7 @@ use redis::{RedisError, Value};
 use serde::Serialize;
 
 use flashgate_common::keys::{SaleKeys, CONSUMER_GROUP};
+use flashgate_common::reservation::Reservation;
 
 /// Prefix of the fields the dead-letter stream adds to an entry.
 const PREFIX: &str = "dead_";
@@ -31,6 +33,9 @@ pub struct DeadLetter {
     pub deliveries: u64,
     /// The original fields, as text (invalid UTF-8 is replaced).
     pub fields: std::collections::BTreeMap<String, String>,
+    /// The reservation those fields hold, when they parse as one (a
+    /// record's one field `r` is hard to read by eye).
+    pub reservation: Option<Reservation>,
 }
 
 fn text(v: &Value) -> String {
@@ -118,6 +123,7 @@ pub(crate) fn view(entry: &StreamId) -> DeadLetter {
         error: String::new(),
         deliveries: 0,
         fields: Default::default(),
+        reservation: None,
     };
     for (k, v) in &entry.map {
         match k.as_str() {
@@ -129,6 +135,7 @@ pub(crate) fn view(entry: &StreamId) -> DeadLetter {
             }
         }
     }
+    dl.reservation = Reservation::from_fields(|name| fields.get(name).map(String::as_str)).ok();
     dl.fields = fields;
     dl
 }

@@ -9,6 +9,7 @@ use flashgate_common::config::{AuthConfig, DenyConfig, LimitsConfig};
 use flashgate_common::config::{FairnessConfig, RouteLimits};
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::now_ms;
+use flashgate_common::reservation::Reservation;
 use http::HeaderMap;
 
 use super::deduct::{BuyAttempt, DeductOutcome};
@@ -734,7 +735,10 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
         .unwrap();
     let mut recorded: Vec<String> = records
         .into_iter()
-        .map(|(_, fields)| fields["rid"].clone())
+        .map(|(_, fields)| {
+            let r = Reservation::from_fields(|name| fields.get(name).map(String::as_str));
+            r.unwrap().reservation_id
+        })
         .collect();
     recorded.sort();
     assert_eq!(recorded, won, "one stream record per winner");

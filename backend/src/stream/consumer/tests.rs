@@ -38,16 +38,8 @@ async fn reserve(conn: &mut MultiplexedConnection, r: &Reservation) {
     let _: String = redis::cmd("XADD")
         .arg(&keys.stream)
         .arg("*")
-        .arg("rid")
-        .arg(&r.reservation_id)
-        .arg("sale")
-        .arg(&r.sale_id)
-        .arg("user")
-        .arg(&r.user_id)
-        .arg("idem")
-        .arg(&r.idempotency_key)
-        .arg("ts")
-        .arg(r.reserved_at_ms)
+        .arg(fields::RECORD)
+        .arg(r.record())
         .query_async(conn)
         .await
         .unwrap();
@@ -309,7 +301,7 @@ async fn an_entry_the_database_keeps_rejecting_is_dead_lettered_then_retried_onc
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0].fields["user"], "poison");
+    assert_eq!(dead[0].reservation.as_ref().unwrap().user_id, "poison");
     assert!(dead[0].error.contains("poison refused"), "{dead:?}");
     assert!(dead[0].deliveries >= 3, "{dead:?}");
     assert_eq!(

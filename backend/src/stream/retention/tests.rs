@@ -1,5 +1,6 @@
 //! Trimming and archiving against a real redis-server and a SQLite file.
 
+use flashgate_common::reservation::fields;
 use redis::AsyncCommands;
 
 use super::*;
@@ -15,14 +16,8 @@ async fn add(
     let mut out = Vec::new();
     for i in 0..n {
         let r = reservation(sale, &format!("u{i}"));
-        let fields = [
-            ("rid", r.reservation_id.clone()),
-            ("sale", r.sale_id.clone()),
-            ("user", r.user_id.clone()),
-            ("idem", String::new()),
-            ("ts", r.reserved_at_ms.to_string()),
-        ];
-        let id: String = conn.xadd(&stream, "*", &fields).await.unwrap();
+        let record = [(fields::RECORD, r.record())];
+        let id: String = conn.xadd(&stream, "*", &record).await.unwrap();
         out.push((id, r));
     }
     out
@@ -469,14 +464,8 @@ async fn add_to(
     let mut out = Vec::new();
     for i in 0..n {
         let r = reservation(sale, &format!("{stream}-u{i}"));
-        let fields = [
-            ("rid", r.reservation_id.clone()),
-            ("sale", r.sale_id.clone()),
-            ("user", r.user_id.clone()),
-            ("idem", String::new()),
-            ("ts", r.reserved_at_ms.to_string()),
-        ];
-        let id: String = conn.xadd(stream, "*", &fields).await.unwrap();
+        let record = [(fields::RECORD, r.record())];
+        let id: String = conn.xadd(stream, "*", &record).await.unwrap();
         out.push((id, r));
     }
     out

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use flashgate_common::keys::SaleKeys;
 use flashgate_common::now_ms;
+use flashgate_common::reservation::Reservation;
 use redis::aio::MultiplexedConnection;
 
 use super::{
@@ -167,9 +168,24 @@ impl Side {
                         .query_async(&mut self.conn)
                         .await
                         .unwrap();
+                    // Each record without its time (the server's clock).
                     let records: Vec<Vec<(String, String)>> = v
                         .into_iter()
-                        .map(|(_, fields)| fields.into_iter().filter(|(f, _)| f != "ts").collect())
+                        .map(|(_, fields)| {
+                            let r = Reservation::from_fields(|name| {
+                                fields
+                                    .iter()
+                                    .find(|(f, _)| f == name)
+                                    .map(|(_, v)| v.as_str())
+                            })
+                            .unwrap();
+                            vec![
+                                ("rid".into(), r.reservation_id),
+                                ("sale".into(), r.sale_id),
+                                ("user".into(), r.user_id),
+                                ("idem".into(), r.idempotency_key),
+                            ]
+                        })
                         .collect();
                     format!("{records:?}")
                 }
