@@ -4,6 +4,7 @@
 //! transaction ([`super::outbox`]).
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use flashgate_common::reservation::{OrderView, Reservation, ReservationStatus};
@@ -619,7 +620,7 @@ impl OrderColumns {
                 push_array_element(out, value);
             }
             c.reserved_at_ms.push_str(separator);
-            c.reserved_at_ms.push_str(&r.reserved_at_ms.to_string());
+            let _ = write!(c.reserved_at_ms, "{}", r.reserved_at_ms);
         }
         for out in [
             &mut c.order_ids,
@@ -657,12 +658,14 @@ impl OrderColumns {
 /// commas, braces, spaces or the word NULL included, reads back as itself.
 fn push_array_element(out: &mut String, value: &str) {
     out.push('"');
-    for c in value.chars() {
-        if matches!(c, '"' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
+    let mut rest = value;
+    while let Some(at) = rest.find(['"', '\\']) {
+        out.push_str(&rest[..at]);
+        out.push('\\');
+        out.push_str(&rest[at..=at]);
+        rest = &rest[at + 1..];
     }
+    out.push_str(rest);
     out.push('"');
 }
 
