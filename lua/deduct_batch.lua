@@ -149,7 +149,9 @@ end
 -- fails: the attempts before it wrote nothing. Had one written (a win),
 -- its writes are durable and its buyer gets the error exactly as after a
 -- timeout: the win is in the stream (the backend writes its order) and a
--- retry with its Idempotency-Key replays it.
+-- retry with its Idempotency-Key replays it. (A refusal at the per-user
+-- limit writes too, and undoes it: its buyer gets the error, and a retry
+-- is refused again.)
 local NODE_LEVEL = {'READONLY', 'NOREPLICAS', 'MISCONF', 'OOM', 'MASTERDOWN', 'CLUSTERDOWN'}
 local function node_level(message)
   local code = string.match(message, '^%-?(%u+)')

@@ -30,17 +30,16 @@ end
 -- Takes a slot of `user` under the per-user `limit` (one more in
 -- `buyers`), or answers false and leaves `buyers` as it was when the user
 -- holds `limit` already. One call for a buy that passes (the common case
--- while stock lasts) where a read then an increment would be two.
+-- while stock lasts) where a read then an increment would be two; a
+-- refusal writes twice, the second undoing the first (so on a node that
+-- refuses writes it gets the node's error, as a win would).
 local function fg_take_slot(k, user, limit)
-  local held = redis.call('HINCRBY', k.buyers, user, '1')
-  if held <= limit then
+  if redis.call('HINCRBY', k.buyers, user, '1') <= limit then
     return true
   end
-  if held <= 1 then
-    redis.call('HDEL', k.buyers, user)
-  else
-    redis.call('HINCRBY', k.buyers, user, '-1')
-  end
+  -- Back to the `limit` or more the user held: the field stays (a sale's
+  -- limit is at least 1, see common/src/sale.rs).
+  redis.call('HINCRBY', k.buyers, user, '-1')
   return false
 end
 

@@ -228,6 +228,38 @@ fn headers(user: Option<&str>, key: Option<&str>) -> HeaderMap {
 }
 
 #[tokio::test]
+async fn a_buyer_refused_at_the_limit_while_stock_lasts_keeps_exactly_the_items_they_hold() {
+    let f = fixture(&[]).await;
+    f.open_sale("s", 5).await;
+    assert!(matches!(
+        f.buy("s", "a", "k1").await,
+        BuyOutcome::Won { .. }
+    ));
+    for key in ["k2", "", "k3"] {
+        assert_eq!(
+            f.buy("s", "a", key).await,
+            BuyOutcome::Refused(Rejection::LimitReached)
+        );
+    }
+    let keys = SaleKeys::new("s");
+    let mut conn = f.redis.conn().await;
+    let (held, left): (Option<String>, i64) = redis::pipe()
+        .cmd("HGET")
+        .arg(&keys.buyers)
+        .arg("a")
+        .cmd("GET")
+        .arg(&keys.remaining)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (held.as_deref(), left),
+        (Some("1"), 4),
+        "the refusals took no slot and no item"
+    );
+}
+
+#[tokio::test]
 async fn the_first_buyers_win_until_the_stock_is_gone_then_the_sale_is_flagged() {
     let f = fixture(&[]).await;
     f.open_sale("s", 2).await;
@@ -736,6 +768,11 @@ async fn concurrent_buys_of_one_sale_share_script_calls_and_exactly_the_stock_wi
     let mut recorded: Vec<String> = records
         .into_iter()
         .map(|(_, fields)| {
+            assert_eq!(
+                fields.keys().collect::<Vec<_>>(),
+                ["r"],
+                "a record is one field"
+            );
             let r = Reservation::from_fields(|name| fields.get(name).map(String::as_str));
             r.unwrap().reservation_id
         })

@@ -215,7 +215,7 @@ async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
     let store = Store::connect(&sqlite_url()).await.unwrap();
     let sale_id = unique("s");
     let stream = SaleKeys::new(&sale_id).stream;
-    // No user field, then a record of another sale, then a good one.
+    // Earlier layout: no user field, then another sale's with a bad time.
     let _: String = redis::cmd("XADD")
         .arg(&stream)
         .arg("*")
@@ -243,6 +243,20 @@ async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // One-field records: another sale's (well formed), then one whose
+    // time is not a number.
+    let mut bad_time = reservation(&sale_id, "u").record();
+    bad_time = bad_time.replacen(" u ", " u five ", 1);
+    for record in [other.record(), bad_time] {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg(fields::RECORD)
+            .arg(record)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
     reserve(&mut conn, &reservation(&sale_id, "good")).await;
 
     let (tx, task) = spawn(
@@ -257,10 +271,79 @@ async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
     let dead = crate::stream::dead_letter::list(&mut conn, &sale_id)
         .await
         .unwrap();
-    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert_eq!(dead.len(), 4, "{dead:?}");
     assert!(dead[0].error.contains("`user`"), "{dead:?}");
     assert!(dead[1].error.contains("`ts`"), "{dead:?}");
     assert_eq!(dead[1].fields["ts"], "not-a-number");
+    assert!(dead[2].error.contains("`sale`"), "{dead:?}");
+    assert_eq!(dead[2].reservation.as_ref(), Some(&other), "{dead:?}");
+    assert!(dead[3].error.contains("`ts`"), "{dead:?}");
+    assert_eq!(dead[3].reservation, None, "{dead:?}");
+    stop(tx, task).await;
+}
+
+#[tokio::test]
+async fn a_record_of_the_earlier_layout_becomes_its_order() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.conn().await;
+    let store = Store::connect(&sqlite_url()).await.unwrap();
+    let sale_id = unique("s");
+    create_group(&mut conn, &sale_id).await;
+    let keys = SaleKeys::new(&sale_id);
+    let r = Reservation {
+        idempotency_key: "key with spaces".into(),
+        ..reservation(&sale_id, "old")
+    };
+    let () = redis::cmd("HSET")
+        .arg(&keys.reservations)
+        .arg(&r.reservation_id)
+        .arg(&r.user_id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // As a gateway of the earlier release wrote it: one field per part.
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.stream)
+        .arg("*")
+        .arg("rid")
+        .arg(&r.reservation_id)
+        .arg("sale")
+        .arg(&r.sale_id)
+        .arg("user")
+        .arg(&r.user_id)
+        .arg("idem")
+        .arg(&r.idempotency_key)
+        .arg("ts")
+        .arg(r.reserved_at_ms)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let (tx, task) = spawn(
+        &sale_id,
+        &store,
+        settings(&redis, "c1", Duration::from_secs(60)),
+    );
+    wait_for_orders(&store, &sale_id, 1).await;
+    let mut resync = store.locks().begin_resync(&sale_id).await.unwrap();
+    let written = resync.orders(&sale_id).await.unwrap();
+    resync.commit().await.unwrap();
+    assert_eq!(written.len(), 1);
+    assert_eq!(
+        (
+            written[0].row.reservation_id.as_str(),
+            written[0].row.user_id.as_str(),
+            written[0].idempotency_key.as_str(),
+            written[0].reserved_at_ms
+        ),
+        (
+            r.reservation_id.as_str(),
+            "old",
+            "key with spaces",
+            r.reserved_at_ms
+        )
+    );
+    assert_eq!(pending(&mut conn, &sale_id).await, 0);
     stop(tx, task).await;
 }
 
