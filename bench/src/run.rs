@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use flashgate_common::keys::SaleKeys;
-use flashgate_common::reservation::{fields, reservation_id};
+use flashgate_common::reservation::{fields, reservation_id, Reservation};
 use http::HeaderValue;
 
 use crate::books::check_flashgate;
@@ -1336,22 +1336,27 @@ async fn measure_drain(
     let keys = SaleKeys::new(sale);
     let mut redis = ctx.fg.redis().await?;
     let t = Instant::now();
-    let now = flashgate_common::now_ms().to_string();
+    let now = flashgate_common::now_ms();
     for chunk_start in (0..n).step_by(2000) {
         let mut pipe = redis::pipe();
         for _ in chunk_start..(chunk_start + 2000).min(n) {
-            let rid = reservation_id(sale, rand::random());
-            let user = uuid::Uuid::new_v4().to_string();
+            let r = Reservation {
+                reservation_id: reservation_id(sale, rand::random()),
+                sale_id: sale.to_owned(),
+                user_id: uuid::Uuid::new_v4().to_string(),
+                idempotency_key: String::new(),
+                reserved_at_ms: now,
+            };
             pipe.cmd("XADD")
                 .arg(&keys.stream)
                 .arg("*")
                 .arg(fields::RECORD)
-                .arg(format!("{rid} {sale} {user} {now} "))
+                .arg(r.record())
                 .ignore();
             pipe.cmd("HSET")
                 .arg(&keys.reservations)
-                .arg(&rid)
-                .arg(&user)
+                .arg(&r.reservation_id)
+                .arg(&r.user_id)
                 .ignore();
         }
         pipe.query_async::<()>(&mut redis).await?;

@@ -27,19 +27,24 @@ fn settings(redis: &RedisServer, consumer: &str, claim_idle: Duration) -> Settin
 
 /// What the deduct script does for a winner: the `resv` entry and the record.
 async fn reserve(conn: &mut MultiplexedConnection, r: &Reservation) {
+    count_in_redis(conn, r).await;
     let keys = SaleKeys::new(&r.sale_id);
-    let () = redis::cmd("HSET")
-        .arg(&keys.reservations)
-        .arg(&r.reservation_id)
-        .arg(&r.user_id)
-        .query_async(conn)
-        .await
-        .unwrap();
     let _: String = redis::cmd("XADD")
         .arg(&keys.stream)
         .arg("*")
         .arg(fields::RECORD)
         .arg(r.record())
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// The `resv` entry of a winner: Redis counts its reservation.
+async fn count_in_redis(conn: &mut MultiplexedConnection, r: &Reservation) {
+    let () = redis::cmd("HSET")
+        .arg(SaleKeys::new(&r.sale_id).reservations)
+        .arg(&r.reservation_id)
+        .arg(&r.user_id)
         .query_async(conn)
         .await
         .unwrap();
@@ -245,8 +250,9 @@ async fn malformed_entries_move_to_the_dead_letter_stream_without_orders() {
         .unwrap();
     // One-field records: another sale's (well formed), then one whose
     // time is not a number.
-    let mut bad_time = reservation(&sale_id, "u").record();
-    bad_time = bad_time.replacen(" u ", " u five ", 1);
+    let bad_time = reservation(&sale_id, "u")
+        .record()
+        .replacen(" u ", " u five ", 1);
     for record in [other.record(), bad_time] {
         let _: String = redis::cmd("XADD")
             .arg(&stream)
@@ -294,13 +300,7 @@ async fn a_record_of_the_earlier_layout_becomes_its_order() {
         idempotency_key: "key with spaces".into(),
         ..reservation(&sale_id, "old")
     };
-    let () = redis::cmd("HSET")
-        .arg(&keys.reservations)
-        .arg(&r.reservation_id)
-        .arg(&r.user_id)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    count_in_redis(&mut conn, &r).await;
     // As a gateway of the earlier release wrote it: one field per part.
     let _: String = redis::cmd("XADD")
         .arg(&keys.stream)
