@@ -7,7 +7,8 @@
 //! sends with its sale page: `Content-Type`, `Content-Length`, `ETag`,
 //! `Last-Modified`, `Cache-Control`, `Vary` and a random 32-hex-digit
 //! `X-Request-Id`, made as the gateway makes it. The
-//! head is built once and cloned per request; nothing else is done (no
+//! head is built once, without the map of names as written (as the
+//! gateway's heads), and cloned per request; nothing else is done (no
 //! routing, no metrics, no conditional requests).
 //!
 //! With `--no-work-stealing` and `--listeners N` it is the same floor under
@@ -164,7 +165,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut hash = std::collections::hash_map::DefaultHasher::new();
     body.hash(&mut hash);
-    let mut head = ResponseHeader::build(args.status, Some(6 + args.headers.len()))?;
+    let mut head = ResponseHeader::build_no_case(args.status, Some(6 + args.headers.len()))?;
     head.append_header("Content-Type", args.content_type.as_str())?;
     head.append_header("Content-Length", body.len().to_string())?;
     if args.status == 200 {

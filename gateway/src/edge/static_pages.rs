@@ -306,9 +306,10 @@ fn variant_heads(
     encoding: Encoding,
 ) -> std::io::Result<(ResponseHeader, ResponseHeader)> {
     let head = |status: u16, len: usize| -> pingora::Result<ResponseHeader> {
-        // Without the map of names as written (each is a standard name,
-        // written in its usual case): a head is cloned for every answer,
-        // and that map would double the clone.
+        // Without the map of names as written (see `write_reply`; ETag,
+        // Last-Modified and Vary then go out in lower case over HTTP/1.1):
+        // a head is cloned for every answer, and that map would double the
+        // clone.
         let mut h = ResponseHeader::build_no_case(status, Some(9))?;
         h.append_header("Content-Type", asset.content_type)?;
         h.append_header("Content-Length", len.to_string())?;

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use http::{header, HeaderValue};
+use http::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::Session;
 
@@ -141,19 +141,18 @@ pub async fn write_reply(
     ctx: &RequestCtx,
 ) -> pingora::Result<bool> {
     let head = session.req_header().method == http::Method::HEAD;
-    // Without the map of names as written (a standard name goes out in its
-    // usual case, one of ours as the wire's lower case, HTTP/2's anyway):
-    // the head is built fresh for every answer, and that map doubles the
-    // work. The reply's own headers replace these defaults.
+    // Without the map of names as written: over HTTP/1.1 Pingora then
+    // writes a dozen common names (Content-Type, Content-Length,
+    // Cache-Control, ...) capitalised and every other one in lower case,
+    // as HTTP/2 always does (names are case-insensitive, RFC 9110 §5.1).
+    // The head is built for every answer, and that map would double the
+    // work of building it. The reply's own headers replace these defaults.
     let mut header = ResponseHeader::build_no_case(reply.status, Some(reply.headers.len() + 4))?;
-    header.append_header(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(reply.content_type),
-    )?;
-    header.append_header(header::CONTENT_LENGTH, HeaderValue::from(reply.body.len()))?;
+    header.append_header("Content-Type", HeaderValue::from_static(reply.content_type))?;
+    header.append_header("Content-Length", HeaderValue::from(reply.body.len()))?;
     header.append_header("X-Request-Id", request_id_value(&ctx.request_id)?)?;
     if reply.content_type == "application/json" {
-        header.append_header(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))?;
+        header.append_header("Cache-Control", HeaderValue::from_static("no-store"))?;
     }
     for (name, value) in reply.headers {
         header.insert_header(name, value)?;
