@@ -802,6 +802,26 @@ async fn shop_h2_speaks_http2_to_an_http2_only_shop() {
     assert_eq!((r.status, r.version.as_str()), (200, "2"), "{}", r.body);
     assert_eq!(r.json()["version"], "HTTP/2.0");
     assert_eq!(r.json()["proto"], "https");
+    // A body of several reads of the listener's buffer (17 KiB) crosses
+    // whole over HTTPS as well, by either protocol.
+    let body = certs.path("body.bin");
+    std::fs::write(&body, vec![b'y'; 70_000]).unwrap();
+    let data = format!("@{}", body.display());
+    for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
+        let r = curl(
+            &certs,
+            "a.test",
+            port,
+            "/catalog/upload",
+            &[flag, "--data-binary", &data],
+        );
+        assert_eq!((r.status, r.version.as_str()), (200, version), "{}", r.body);
+        assert_eq!(
+            r.json()["body_bytes"],
+            70_000,
+            "the body crosses whole over {flag}"
+        );
+    }
 }
 
 /// Runs `flashgate check` on a config of `[gateway.tls]` `body`.
