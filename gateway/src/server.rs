@@ -178,12 +178,12 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
     Ok((gateway, forward_worker))
 }
 
-/// Each connection's read buffer: a whole TLS record (16 KiB of data, its
-/// 5-byte header and at most 256 bytes of expansion) fits in one read.
+/// Each connection's read buffer: room for a whole TLS 1.3 record (16 KiB
+/// of data, its 5-byte header and at most 256 bytes of expansion).
 /// Pingora's default, 64 KiB, is zeroed for every new connection: in the
 /// opening second of a sale, when the crowd connects at once, that was
 /// 2–3% of a TLS handshake's CPU in its profile (bench row l'), and
-/// 100,000 open connections held 6.4 GB of it.
+/// 100,000 open connections would hold 6.5 GB of it (1.7 GB now).
 const READ_BUFFER_BYTES: usize = 17 * 1024;
 
 /// Both listeners' L4 buffers: [`READ_BUFFER_BYTES`] to read, Pingora's

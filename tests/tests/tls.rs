@@ -771,7 +771,7 @@ async fn h2_only_shop() -> SocketAddr {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shop_h2_speaks_http2_to_an_http2_only_shop() {
+async fn shop_h2_speaks_http2_to_an_http2_only_shop_and_large_bodies_cross_https_whole() {
     let shop = h2_only_shop().await;
     let certs = Certs::new();
     let (stack, port) = tls_stack(
