@@ -186,10 +186,16 @@ pub fn build_gateway(config: Arc<Config>) -> anyhow::Result<(Gateway, ForwardWor
 /// 100,000 open connections would hold 6.5 GB of it (1.7 GB now).
 const READ_BUFFER_BYTES: usize = 17 * 1024;
 
-/// Both listeners' L4 buffers: [`READ_BUFFER_BYTES`] to read, Pingora's
-/// default (one MSS) to write.
+/// Each connection's write buffer, where an answer with a `Content-Length`
+/// waits until it is complete: a head and a body that fit leave in one
+/// send. Pingora's default, one MSS (1,460 bytes), sent the sale page
+/// (6.7 KB) as two: the head alone, then the body past the buffer. The
+/// buffer's memory is touched only as far as answers fill it.
+const WRITE_BUFFER_BYTES: usize = 17 * 1024;
+
+/// Both listeners' L4 buffers.
 fn l4_buffers() -> L4BufferSettings {
-    L4BufferSettings::default().read(READ_BUFFER_BYTES)
+    L4BufferSettings::new(READ_BUFFER_BYTES, WRITE_BUFFER_BYTES)
 }
 
 /// Runs the gateway until SIGTERM (graceful), SIGINT (immediate) or

@@ -3,6 +3,8 @@
 //! ambiguously (both Content-Length and Transfer-Encoding) or an HTTP/1.0
 //! request without keep-alive gets its answer and then the connection is
 //! closed, so nothing after it on the socket is ever read as a request.
+//! And a shop's streamed answer reaches the buyer piece by piece: the
+//! listener's write buffer holds only answers whose length is known.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -105,6 +107,71 @@ async fn only_connections_pingora_would_reuse_are_kept_alive() {
             let status = read_response(&mut conn);
             assert!(status.starts_with("HTTP/1.1 200"), "{status}");
         }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shops_streamed_answer_reaches_the_buyer_before_the_shop_finishes_it() {
+    use axum::body::Body;
+    use bytes::Bytes;
+    use futures_util::StreamExt;
+
+    // The shop sends its first piece, then waits until the buyer has read
+    // it: a gateway holding the piece in its write buffer would wait
+    // forever, so the read below would time out.
+    let (read_tx, read_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let read_rx = std::sync::Arc::new(tokio::sync::Mutex::new(read_rx));
+    let shop = flashgate_tests::test_shop::TestShop::start(move |_req, _n| {
+        let read_rx = read_rx.clone();
+        async move {
+            let first = futures_util::stream::once(async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"first piece;"))
+            });
+            let rest = futures_util::stream::once(async move {
+                read_rx.lock().await.recv().await;
+                Ok(Bytes::from_static(b"last piece"))
+            });
+            axum::response::Response::new(Body::from_stream(first.chain(rest)))
+        }
+    })
+    .await;
+    let stack = Stack::start(StackOptions {
+        extra_toml: format!("[shop]\nupstreams = [\"{}\"]\n", shop.addr),
+        ..StackOptions::default()
+    })
+    .await;
+    let addr = stack.gateway_addr;
+    tokio::task::spawn_blocking(move || {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.write_all(b"GET /streamed HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap();
+        let read_until = |conn: &mut TcpStream, seen: &mut Vec<u8>, wanted: &[u8]| {
+            let mut buf = [0u8; 4096];
+            while !seen.windows(wanted.len()).any(|w| w == wanted) {
+                let n = conn.read(&mut buf).unwrap_or_else(|e| {
+                    panic!(
+                        "{:?} not received ({e}); got {:?}",
+                        String::from_utf8_lossy(wanted),
+                        String::from_utf8_lossy(seen)
+                    )
+                });
+                assert!(n > 0, "closed before {:?}", String::from_utf8_lossy(wanted));
+                seen.extend_from_slice(&buf[..n]);
+            }
+        };
+        let mut seen = Vec::new();
+        read_until(&mut conn, &mut seen, b"first piece;");
+        let head = String::from_utf8_lossy(&seen).to_lowercase();
+        assert!(
+            head.starts_with("http/1.1 200") && head.contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        read_tx.send(()).unwrap();
+        read_until(&mut conn, &mut seen, b"last piece");
+        read_until(&mut conn, &mut seen, b"\r\n0\r\n\r\n");
     })
     .await
     .unwrap();
