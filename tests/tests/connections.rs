@@ -3,8 +3,9 @@
 //! ambiguously (both Content-Length and Transfer-Encoding) or an HTTP/1.0
 //! request without keep-alive gets its answer and then the connection is
 //! closed, so nothing after it on the socket is ever read as a request.
-//! And a shop's streamed answer reaches the buyer piece by piece: the
-//! listener's write buffer holds only answers whose length is known.
+//! And a shop's answer reaches the buyer as the shop sends it: a chunked
+//! one piece by piece, one of known length at most one write buffer
+//! (16 KiB) behind.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -112,31 +113,75 @@ async fn only_connections_pingora_would_reuse_are_kept_alive() {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shops_streamed_answer_reaches_the_buyer_before_the_shop_finishes_it() {
+/// The shop of `a_shops_answer_reaches_the_buyer_before_the_shop_finishes_it`:
+/// `/chunked` sends a first piece of 12 bytes, `/sized` (with its
+/// `Content-Length`) one of 20,000; either sends its last piece only once
+/// the test says the buyer has read the first.
+async fn shop_waiting_for_the_buyer(
+    read_rx: tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> flashgate_tests::test_shop::TestShop {
     use axum::body::Body;
     use bytes::Bytes;
     use futures_util::StreamExt;
 
-    // The shop sends its first piece, then waits until the buyer has read
-    // it: a gateway holding the piece in its write buffer would wait
-    // forever, so the read below would time out.
-    let (read_tx, read_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let read_rx = std::sync::Arc::new(tokio::sync::Mutex::new(read_rx));
-    let shop = flashgate_tests::test_shop::TestShop::start(move |_req, _n| {
+    flashgate_tests::test_shop::TestShop::start(move |req, _n| {
         let read_rx = read_rx.clone();
         async move {
-            let first = futures_util::stream::once(async {
-                Ok::<_, std::io::Error>(Bytes::from_static(b"first piece;"))
-            });
-            let rest = futures_util::stream::once(async move {
+            let (first, last, length) = match req.uri().path() {
+                "/sized" => (vec![b'a'; 20_000], vec![b'z'; 20_000], Some(40_000)),
+                _ => (b"first piece;".to_vec(), b"last piece".to_vec(), None),
+            };
+            let first =
+                futures_util::stream::once(async { Ok::<_, std::io::Error>(Bytes::from(first)) });
+            let last = futures_util::stream::once(async move {
                 read_rx.lock().await.recv().await;
-                Ok(Bytes::from_static(b"last piece"))
+                Ok(Bytes::from(last))
             });
-            axum::response::Response::new(Body::from_stream(first.chain(rest)))
+            let mut answer = axum::response::Response::new(Body::from_stream(first.chain(last)));
+            if let Some(length) = length {
+                answer
+                    .headers_mut()
+                    .insert(http::header::CONTENT_LENGTH, length.into());
+            }
+            answer
         }
     })
-    .await;
+    .await
+}
+
+/// Reads from `conn` into `seen` until `done(body)` holds, `body` what
+/// follows the head; panics on a timeout or a close, naming `what`.
+fn read_until(conn: &mut TcpStream, seen: &mut Vec<u8>, what: &str, done: impl Fn(&[u8]) -> bool) {
+    let mut buf = [0u8; 8192];
+    loop {
+        let body = seen
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(&[][..], |at| &seen[at + 4..]);
+        if done(body) {
+            return;
+        }
+        let n = conn
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("{what} not received ({e}); got {} bytes", seen.len()));
+        assert!(n > 0, "closed before {what}");
+        seen.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// How many of `body`'s bytes are `byte`.
+fn count(body: &[u8], byte: u8) -> usize {
+    body.iter().filter(|b| **b == byte).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shops_answer_reaches_the_buyer_before_the_shop_finishes_it() {
+    // A gateway holding the first piece in its write buffer would wait for
+    // the last one, which the shop sends only once the buyer read the
+    // first: the read would time out.
+    let (read_tx, read_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let shop = shop_waiting_for_the_buyer(read_rx).await;
     let stack = Stack::start(StackOptions {
         extra_toml: format!("[shop]\nupstreams = [\"{}\"]\n", shop.addr),
         ..StackOptions::default()
@@ -144,34 +189,44 @@ async fn a_shops_streamed_answer_reaches_the_buyer_before_the_shop_finishes_it()
     .await;
     let addr = stack.gateway_addr;
     tokio::task::spawn_blocking(move || {
-        let mut conn = TcpStream::connect(addr).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        conn.write_all(b"GET /streamed HTTP/1.1\r\nHost: a\r\n\r\n")
-            .unwrap();
-        let read_until = |conn: &mut TcpStream, seen: &mut Vec<u8>, wanted: &[u8]| {
-            let mut buf = [0u8; 4096];
-            while !seen.windows(wanted.len()).any(|w| w == wanted) {
-                let n = conn.read(&mut buf).unwrap_or_else(|e| {
-                    panic!(
-                        "{:?} not received ({e}); got {:?}",
-                        String::from_utf8_lossy(wanted),
-                        String::from_utf8_lossy(seen)
-                    )
-                });
-                assert!(n > 0, "closed before {:?}", String::from_utf8_lossy(wanted));
-                seen.extend_from_slice(&buf[..n]);
-            }
+        let connect = || {
+            let conn = TcpStream::connect(addr).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            conn
         };
+        // Chunked: each piece at once.
+        let mut conn = connect();
+        conn.write_all(b"GET /chunked HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap();
         let mut seen = Vec::new();
-        read_until(&mut conn, &mut seen, b"first piece;");
+        read_until(&mut conn, &mut seen, "the first piece", |body| {
+            count(body, b';') == 1
+        });
         let head = String::from_utf8_lossy(&seen).to_lowercase();
         assert!(
             head.starts_with("http/1.1 200") && head.contains("transfer-encoding: chunked"),
             "{head}"
         );
         read_tx.send(()).unwrap();
-        read_until(&mut conn, &mut seen, b"last piece");
-        read_until(&mut conn, &mut seen, b"\r\n0\r\n\r\n");
+        read_until(&mut conn, &mut seen, "the last piece and the end", |body| {
+            body.ends_with(b"last piece\r\n0\r\n\r\n")
+        });
+
+        // Known length: 20,000 bytes, more than the write buffer, go on
+        // without the rest; then the rest, to the byte.
+        let mut conn = connect();
+        conn.write_all(b"GET /sized HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap();
+        let mut seen = Vec::new();
+        read_until(&mut conn, &mut seen, "the first 20,000 bytes", |body| {
+            count(body, b'a') == 20_000
+        });
+        let head = String::from_utf8_lossy(&seen).to_lowercase();
+        assert!(head.contains("content-length: 40000"), "{head}");
+        read_tx.send(()).unwrap();
+        read_until(&mut conn, &mut seen, "the last 20,000 bytes", |body| {
+            body.len() == 40_000 && count(body, b'z') == 20_000
+        });
     })
     .await
     .unwrap();
