@@ -189,20 +189,22 @@ async fn a_shops_answer_reaches_the_buyer_before_the_shop_finishes_it() {
     .await;
     let addr = stack.gateway_addr;
     tokio::task::spawn_blocking(move || {
-        let connect = || {
-            let conn = TcpStream::connect(addr).unwrap();
+        // Asks for `path` and reads until `done` holds of the body;
+        // returns the connection, what it read, and the head in lower case.
+        let first_piece = |path: &str, what: &str, done: &dyn Fn(&[u8]) -> bool| {
+            let mut conn = TcpStream::connect(addr).unwrap();
             conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            conn
+            conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+                .unwrap();
+            let mut seen = Vec::new();
+            read_until(&mut conn, &mut seen, what, done);
+            let head = String::from_utf8_lossy(&seen).to_lowercase();
+            (conn, seen, head)
         };
         // Chunked: each piece at once.
-        let mut conn = connect();
-        conn.write_all(b"GET /chunked HTTP/1.1\r\nHost: a\r\n\r\n")
-            .unwrap();
-        let mut seen = Vec::new();
-        read_until(&mut conn, &mut seen, "the first piece", |body| {
+        let (mut conn, mut seen, head) = first_piece("/chunked", "the first piece", &|body| {
             count(body, b';') == 1
         });
-        let head = String::from_utf8_lossy(&seen).to_lowercase();
         assert!(
             head.starts_with("http/1.1 200") && head.contains("transfer-encoding: chunked"),
             "{head}"
@@ -214,14 +216,9 @@ async fn a_shops_answer_reaches_the_buyer_before_the_shop_finishes_it() {
 
         // Known length: 20,000 bytes, more than the write buffer, go on
         // without the rest; then the rest, to the byte.
-        let mut conn = connect();
-        conn.write_all(b"GET /sized HTTP/1.1\r\nHost: a\r\n\r\n")
-            .unwrap();
-        let mut seen = Vec::new();
-        read_until(&mut conn, &mut seen, "the first 20,000 bytes", |body| {
+        let (mut conn, mut seen, head) = first_piece("/sized", "the first 20,000 bytes", &|body| {
             count(body, b'a') == 20_000
         });
-        let head = String::from_utf8_lossy(&seen).to_lowercase();
         assert!(head.contains("content-length: 40000"), "{head}");
         read_tx.send(()).unwrap();
         read_until(&mut conn, &mut seen, "the last 20,000 bytes", |body| {
