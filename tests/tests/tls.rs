@@ -802,7 +802,7 @@ async fn shop_h2_speaks_http2_to_an_http2_only_shop_and_large_bodies_cross_https
     assert_eq!((r.status, r.version.as_str()), (200, "2"), "{}", r.body);
     assert_eq!(r.json()["version"], "HTTP/2.0");
     assert_eq!(r.json()["proto"], "https");
-    // A body of several reads of the listener's buffer (17 KiB) crosses
+    // A body of several reads of the listener's read buffer (17 KiB) crosses
     // whole over HTTPS as well, by either protocol.
     let body = certs.path("body.bin");
     std::fs::write(&body, vec![b'y'; 70_000]).unwrap();
