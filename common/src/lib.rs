@@ -51,8 +51,14 @@ pub mod stream_info;
 pub mod transfer;
 
 /// Milliseconds since the Unix epoch, the time unit stored in Redis and SQL.
+/// Read from the system clock directly: a buy reads it several times, and
+/// a calendar date (`chrono::Utc::now`) is not needed for a count.
 pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
+    use std::time::{SystemTime, UNIX_EPOCH};
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
+    }
 }
 
 /// A time that is not RFC 3339, named by the field it was given for.

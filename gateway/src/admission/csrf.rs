@@ -38,7 +38,7 @@ impl CsrfCheck {
     /// Whether a request sent to `own_origin` (`https://` or `http://` by
     /// listener, then its `Host` or HTTP/2 `:authority`) with `headers`
     /// comes from the sale page's origin.
-    pub fn passes(&self, headers: &HeaderMap, own_origin: Option<&str>) -> bool {
+    pub fn passes(&self, headers: &HeaderMap, own_origin: OwnOrigin<'_>) -> bool {
         if headers
             .get(CSRF_HEADER)
             .is_some_and(|v| v.as_bytes() == b"1")
@@ -54,15 +54,34 @@ impl CsrfCheck {
             && origin.is_none_or(|o| self.same_origin(o, own_origin))
     }
 
-    fn same_origin(&self, origin: &[u8], own_origin: Option<&str>) -> bool {
-        let Ok(origin) = std::str::from_utf8(origin) else {
+    fn same_origin(&self, origin: &[u8], own_origin: OwnOrigin<'_>) -> bool {
+        match &self.public_origin {
+            Some(expected) => origin.eq_ignore_ascii_case(expected.as_bytes()),
+            None => own_origin.is(origin),
+        }
+    }
+}
+
+/// The origin a request was sent to: its listener's scheme and its `Host`
+/// (or HTTP/2 `:authority`). Compared in place with an `Origin` header,
+/// never formatted: every buy carries one, few are signed in by cookie.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnOrigin<'a> {
+    /// Sent to the HTTPS listener.
+    pub tls: bool,
+    pub host: Option<&'a str>,
+}
+
+impl OwnOrigin<'_> {
+    /// Whether `origin` is `scheme://host`, ASCII case ignored.
+    fn is(&self, origin: &[u8]) -> bool {
+        let Some(host) = self.host else {
             return false;
         };
-        match (&self.public_origin, own_origin) {
-            (Some(expected), _) => origin.eq_ignore_ascii_case(expected),
-            (None, Some(own)) => origin.eq_ignore_ascii_case(own),
-            (None, None) => false,
-        }
+        let scheme: &[u8] = if self.tls { b"https://" } else { b"http://" };
+        origin.len() == scheme.len() + host.len()
+            && origin[..scheme.len()].eq_ignore_ascii_case(scheme)
+            && origin[scheme.len()..].eq_ignore_ascii_case(host.as_bytes())
     }
 }
 
@@ -83,13 +102,20 @@ mod tests {
     #[test]
     fn without_a_public_origin_the_origin_must_be_the_one_the_request_was_sent_to() {
         let c = CsrfCheck::default();
-        let host = Some("https://shop.example");
+        let host = OwnOrigin {
+            tls: true,
+            host: Some("shop.example"),
+        };
         assert!(c.passes(&headers(&[("origin", "https://shop.example")]), host));
         assert!(c.passes(&headers(&[("origin", "https://SHOP.example")]), host));
         assert!(!c.passes(&headers(&[("origin", "https://evil.example")]), host));
         assert!(!c.passes(&headers(&[("origin", "https://shop.example.evil")]), host));
         assert!(!c.passes(&headers(&[("origin", "null")]), host));
-        assert!(!c.passes(&headers(&[("origin", "https://shop.example")]), None));
+        let unknown = OwnOrigin {
+            tls: true,
+            host: None,
+        };
+        assert!(!c.passes(&headers(&[("origin", "https://shop.example")]), unknown));
         assert!(
             !c.passes(&headers(&[("origin", "http://shop.example")]), host),
             "a plain-HTTP page posting to the HTTPS listener"
@@ -100,7 +126,10 @@ mod tests {
     #[test]
     fn sec_fetch_site_must_say_same_origin_and_agree_with_the_origin() {
         let c = CsrfCheck::new(Some("https://Shop.example"));
-        let host = Some("https://gateway.internal");
+        let host = OwnOrigin {
+            tls: true,
+            host: Some("gateway.internal"),
+        };
         assert!(c.passes(&headers(&[("sec-fetch-site", "same-origin")]), host));
         assert!(!c.passes(&headers(&[("sec-fetch-site", "cross-site")]), host));
         assert!(!c.passes(&headers(&[("sec-fetch-site", "same-site")]), host));
@@ -130,10 +159,14 @@ mod tests {
     #[test]
     fn the_header_a_form_cannot_send_is_enough_but_only_with_its_value() {
         let c = CsrfCheck::new(Some("https://shop.example"));
+        let unknown = OwnOrigin {
+            tls: true,
+            host: None,
+        };
         assert!(c.passes(
             &headers(&[("x-flashgate-csrf", "1"), ("sec-fetch-site", "cross-site")]),
-            None
+            unknown
         ));
-        assert!(!c.passes(&headers(&[("x-flashgate-csrf", "yes")]), None));
+        assert!(!c.passes(&headers(&[("x-flashgate-csrf", "yes")]), unknown));
     }
 }

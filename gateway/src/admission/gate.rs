@@ -17,7 +17,7 @@ use http::HeaderMap;
 use crate::admission::auth::{Identity, Verifier, Via};
 use crate::admission::client_ip::client_ip;
 use crate::admission::cluster_limit::ClusterLimit;
-use crate::admission::csrf::CsrfCheck;
+use crate::admission::csrf::{CsrfCheck, OwnOrigin};
 use crate::admission::limits::{Limiters, RouteClass};
 use crate::infra::Metrics;
 use crate::infra::RedisClient;
@@ -191,7 +191,7 @@ impl Admission {
         &self,
         identity: &Identity,
         headers: &HeaderMap,
-        own_origin: Option<&str>,
+        own_origin: OwnOrigin<'_>,
     ) -> Result<(), Rejection> {
         match identity.via {
             Via::Bearer => Ok(()),

@@ -21,7 +21,7 @@ pub use auth::{
     MAX_MINT_TTL_SECONDS,
 };
 pub use challenge::{token, BuyChallenge, ChallengeGate, MAX_RESENDS};
-pub use csrf::{CsrfCheck, CSRF_HEADER};
+pub use csrf::{CsrfCheck, OwnOrigin, CSRF_HEADER};
 pub use gate::{Admission, Edge};
 pub use limits::{Limited, Limiters, RouteClass, Scope};
 pub use reload::{ConfigWatcher, Hangup, ReloadRequests};

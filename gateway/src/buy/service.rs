@@ -20,8 +20,8 @@ use super::replica_wait::ReplicaWait;
 use super::reservations::{lookup, ReservationView};
 use super::{idempotency_key, Admitted, BuyOutcome, BuyRequest};
 use crate::admission::token::POW_HEADER;
-use crate::admission::Admission;
 use crate::admission::RouteClass;
+use crate::admission::{Admission, OwnOrigin};
 use crate::admission::{BuyChallenge, ChallengeGate};
 use crate::infra::Metrics;
 use crate::infra::OrderClient;
@@ -32,6 +32,9 @@ use crate::sales::SaleCache;
 use crate::sales::Switches;
 use crate::sales::WindowCheck;
 use flashgate_common::checkout::Values;
+
+/// A buy's replay key (`Idempotency-Key`), a name parsed once.
+const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
 /// What a [`BuyService`] is built from: the parts it shares with the rest
 /// of the gateway, and its settings.
@@ -164,7 +167,7 @@ impl<C: WallClock> BuyService<C> {
         peer: IpAddr,
         headers: &HeaderMap,
     ) -> Result<(), Rejection> {
-        let keyed = headers.contains_key("idempotency-key");
+        let keyed = headers.contains_key(&IDEMPOTENCY_KEY);
         // A sold-out sale is the commonest answer of a flash sale; without an
         // Idempotency-Key there is nothing to replay, and "sold out" says
         // nothing about the caller, so it is answered before any other work.
@@ -187,16 +190,15 @@ impl<C: WallClock> BuyService<C> {
     ///
     /// # Errors
     /// The rejection to answer with.
-    /// `own_origin` is the origin the request was sent to
-    /// (`https://` + its `Host` or HTTP/2 `:authority`, `http://` on the
-    /// plain listener), for the CSRF check of a buy signed in by cookie.
+    /// `own_origin` is the origin the request was sent to, for the CSRF
+    /// check of a buy signed in by cookie.
     pub async fn admit(
         &self,
         sale_id: &str,
         headers: &HeaderMap,
-        own_origin: Option<&str>,
+        own_origin: OwnOrigin<'_>,
     ) -> Result<Admitted, Rejection> {
-        let key = headers.get("idempotency-key");
+        let key = headers.get(&IDEMPOTENCY_KEY);
         let identity = self.admission.verified(headers).await?;
         self.admission.csrf(&identity, headers, own_origin)?;
         let user = identity.user;

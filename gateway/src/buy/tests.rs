@@ -581,7 +581,11 @@ async fn a_buy_before_the_start_is_answered_before_a_bucket_is_spent() {
 /// given whoever sent it, then the buyer's.
 async fn admit(f: &Fixture, sale: &str, headers: &HeaderMap) -> Result<Admitted, Rejection> {
     f.service.answer_early(sale, PEER, headers)?;
-    f.service.admit(sale, headers, None).await
+    let own_origin = crate::admission::OwnOrigin {
+        tls: false,
+        host: None,
+    };
+    f.service.admit(sale, headers, own_origin).await
 }
 
 /// A buy through both halves of its admission, the first refusal its answer.

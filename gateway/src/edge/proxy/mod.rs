@@ -71,9 +71,9 @@ use tracing::{debug, warn};
 
 pub use ctx::{Outcome, RequestCtx};
 
-use crate::admission::Admission;
 use crate::admission::ChallengeGate;
 use crate::admission::RouteClass;
+use crate::admission::{Admission, OwnOrigin};
 use crate::buy::{BuyOutcome, BuyRequest, BuyService};
 use crate::edge::reply::Reply;
 use crate::edge::route::{Route, Routes};
@@ -681,15 +681,14 @@ impl Gateway {
                 let headers = &session.req_header().headers;
                 // The origin this request was sent to (scheme by listener),
                 // for the CSRF check of a buy signed in by cookie.
-                let own_origin = headers
-                    .get(http::header::HOST)
-                    .and_then(|v| v.to_str().ok())
-                    .or_else(|| session.req_header().uri.authority().map(|a| a.as_str()))
-                    .map(|host| format!("{}://{host}", if ctx.tls { "https" } else { "http" }));
-                let admitted = self
-                    .buy
-                    .admit(sale_id, headers, own_origin.as_deref())
-                    .await?;
+                let own_origin = OwnOrigin {
+                    tls: ctx.tls,
+                    host: headers
+                        .get(http::header::HOST)
+                        .and_then(|v| v.to_str().ok())
+                        .or_else(|| session.req_header().uri.authority().map(|a| a.as_str())),
+                };
+                let admitted = self.buy.admit(sale_id, headers, own_origin).await?;
                 self.buy.prove(sale_id, &admitted, client, headers).await?;
                 let (user, idempotency_key) = (&admitted.user, &admitted.idempotency_key);
                 // Boxed, as the reservation lookup below: these futures are
