@@ -4,6 +4,7 @@
 //! here, once.
 
 use bytes::Bytes;
+use http::header::{HeaderName, ALLOW, CACHE_CONTROL, RETRY_AFTER, WWW_AUTHENTICATE};
 use serde::Serialize;
 
 use flashgate_common::secret::{BEARER_CHALLENGE, BEARER_INVALID_TOKEN};
@@ -18,9 +19,17 @@ pub use crate::rejection::Rejection;
 pub struct Reply {
     pub status: u16,
     pub content_type: &'static str,
-    pub headers: Vec<(&'static str, String)>,
+    /// Names prebuilt (`http::header` or the constants below), so that
+    /// writing an answer parses none.
+    pub headers: Vec<(HeaderName, String)>,
     pub body: Bytes,
 }
+
+/// The buckets' own headers (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// On an answer replayed for a known `Idempotency-Key`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 impl Reply {
     /// A JSON body with `status`.
@@ -35,7 +44,7 @@ impl Reply {
         }
     }
 
-    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+    pub fn header(mut self, name: HeaderName, value: impl Into<String>) -> Self {
         self.headers.push((name, value.into()));
         self
     }
@@ -118,7 +127,7 @@ impl From<BuyOutcome> for Reply {
                     Some(order) => replayed_order(&order, checkout_url),
                     None => queued(&reservation_id, checkout_url),
                 };
-                reply.header("Idempotent-Replayed", "true")
+                reply.header(IDEMPOTENT_REPLAYED, "true")
             }
             BuyOutcome::Refused(rejection) => rejection.into(),
         }
@@ -163,7 +172,7 @@ impl From<Rejection> for Reply {
             let mut body = challenge_fields(issued);
             body.insert("code".into(), r.code().into());
             body.insert("message".into(), r.message().into());
-            return Reply::json(r.status(), &body).header("Cache-Control", "no-store");
+            return Reply::json(r.status(), &body).header(CACHE_CONTROL, "no-store");
         }
         let reply = Reply::json(
             r.status(),
@@ -174,19 +183,19 @@ impl From<Rejection> for Reply {
         );
         match r {
             Rejection::RateLimited(l) => reply
-                .header("Retry-After", l.retry_after_header())
-                .header("RateLimit-Policy", l.policy_header())
-                .header("RateLimit", l.state_header()),
-            Rejection::NotStarted(secs) => reply.header("Retry-After", secs.max(1).to_string()),
-            Rejection::Unavailable | Rejection::NotReplicated => reply.header("Retry-After", "1"),
-            Rejection::Paused => reply.header("Retry-After", "5"),
-            Rejection::MethodNotAllowed(allow) => reply.header("Allow", allow),
+                .header(RETRY_AFTER, l.retry_after_header())
+                .header(RATELIMIT_POLICY, l.policy_header())
+                .header(RATELIMIT, l.state_header()),
+            Rejection::NotStarted(secs) => reply.header(RETRY_AFTER, secs.max(1).to_string()),
+            Rejection::Unavailable | Rejection::NotReplicated => reply.header(RETRY_AFTER, "1"),
+            Rejection::Paused => reply.header(RETRY_AFTER, "5"),
+            Rejection::MethodNotAllowed(allow) => reply.header(ALLOW, allow),
             // RFC 6750 §3: an error code only when a token was sent.
             Rejection::Unauthorized(AuthError::Missing) => {
-                reply.header("WWW-Authenticate", BEARER_CHALLENGE)
+                reply.header(WWW_AUTHENTICATE, BEARER_CHALLENGE)
             }
             Rejection::Unauthorized(AuthError::Expired | AuthError::Invalid) => {
-                reply.header("WWW-Authenticate", BEARER_INVALID_TOKEN)
+                reply.header(WWW_AUTHENTICATE, BEARER_INVALID_TOKEN)
             }
             _ => reply,
         }
@@ -289,9 +298,9 @@ mod tests {
     fn waiting_rejections_carry_retry_after() {
         let r = Reply::from(Rejection::NotStarted(42));
         assert_eq!(r.status, 403);
-        assert!(r.headers.contains(&("Retry-After", "42".to_string())));
+        assert!(r.headers.contains(&(RETRY_AFTER, "42".to_string())));
         let r = Reply::from(Rejection::Unavailable);
-        assert!(r.headers.iter().any(|(n, _)| *n == "Retry-After"));
+        assert!(r.headers.iter().any(|(n, _)| *n == RETRY_AFTER));
         let r = Reply::from(Rejection::NotReplicated);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(
@@ -299,6 +308,6 @@ mod tests {
             (503, Some("unavailable")),
             "a win not on enough replicas answers like any 503"
         );
-        assert!(r.headers.contains(&("Retry-After", "1".to_string())));
+        assert!(r.headers.contains(&(RETRY_AFTER, "1".to_string())));
     }
 }

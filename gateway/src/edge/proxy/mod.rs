@@ -583,7 +583,7 @@ impl ProxyHttp for Gateway {
         let mut reply = failure.reply();
         // A visitor let in keeps their seat even when the shop failed.
         if let Some(cookie) = ctx.room_cookie.take() {
-            reply = reply.header("Set-Cookie", cookie);
+            reply = reply.header(http::header::SET_COOKIE, cookie);
         }
         let error_code = reply.status;
         // The request body may be half-read: do not reuse the connection.
@@ -631,7 +631,7 @@ impl Gateway {
             Some(location) => {
                 ctx.outcome = Outcome::RedirectedToHttps;
                 Reply::json(308, &json!({"code": "https_required", "message": "this page is served over HTTPS", "location": location}))
-                    .header("Location", location)
+                    .header(http::header::LOCATION, location)
             }
             None => {
                 let rejection = Rejection::BadRequest("a Host header naming this site is required");
@@ -720,7 +720,7 @@ impl Gateway {
                         200,
                         &crate::edge::reply::challenge_fields(&issued),
                     )
-                    .header("Cache-Control", "no-store")),
+                    .header(http::header::CACHE_CONTROL, "no-store")),
                     None => Err(Rejection::NotFound(
                         "this gateway asks no proof of work: buy without one",
                     )),

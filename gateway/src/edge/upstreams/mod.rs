@@ -276,7 +276,7 @@ impl ShopFailure {
         match self {
             ShopFailure::BadGateway => {
                 Reply::json(502, &json!({"code": "bad_gateway", "message": "the shop is unavailable, try again shortly"}))
-                    .header("Retry-After", "1")
+                    .header(http::header::RETRY_AFTER, "1")
             }
             ShopFailure::Timeout => Reply::json(504, &json!({"code": "gateway_timeout", "message": "the shop did not answer in time"})),
         }

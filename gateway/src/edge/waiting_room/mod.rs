@@ -417,11 +417,10 @@ impl WaitingRooms {
                 let expires_s = now_ms / 1000 + proof.ttl.as_secs() as i64;
                 let cookie = room.passes.sign(&visitor, Standing::Proving, expires_s);
                 let max_age = proof.ttl.as_secs() as i64;
-                return answer(
-                    room.page
-                        .answer(&Shown::Proving(issued), json)
-                        .header("Set-Cookie", room.set_cookie(&cookie, max_age, tls)),
-                );
+                return answer(room.page.answer(&Shown::Proving(issued), json).header(
+                    http::header::SET_COOKIE,
+                    room.set_cookie(&cookie, max_age, tls),
+                ));
             }
         }
         let visited =
@@ -476,7 +475,7 @@ impl WaitingRooms {
                     .passes
                     .sign(&visitor, Standing::Waiting { score }, expires_s);
                 answer(room.page.answer(&shown, json).header(
-                    "Set-Cookie",
+                    http::header::SET_COOKIE,
                     room.set_cookie(&cookie, expires_s - now_ms / 1000, tls),
                 ))
             }

@@ -81,8 +81,8 @@ impl Page {
             }
         };
         reply
-            .header("Retry-After", self.refresh_seconds.to_string())
-            .header("Cache-Control", "no-store")
+            .header(http::header::RETRY_AFTER, self.refresh_seconds.to_string())
+            .header(http::header::CACHE_CONTROL, "no-store")
     }
 
     fn json(&self, shown: &Shown) -> serde_json::Value {
@@ -245,7 +245,9 @@ mod tests {
         assert!(body.contains(r#"id="fg-place">42<"#), "{body}");
         assert!(body.contains("about 3 minutes"), "{body}");
         assert!(!body.contains("{{"), "a placeholder is left: {body}");
-        assert!(reply.headers.contains(&("Retry-After", "7".into())));
+        assert!(reply
+            .headers
+            .contains(&(http::header::RETRY_AFTER, "7".into())));
         let json = page().answer(&shown, true);
         let value: serde_json::Value = serde_json::from_slice(&json.body).unwrap();
         assert_eq!(value["place"], 42);
