@@ -144,17 +144,26 @@ async fn outcome_counters_equal_what_clients_saw() {
         );
     }
 
-    let gateway_text = stack.gateway_metrics_text().await;
+    // A request is counted once its answer is written: the last answer
+    // can reach the client a moment before its count.
+    let answered = seen.values().sum::<f64>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let gateway_text = loop {
+        let text = stack.gateway_metrics_text().await;
+        let counted =
+            counters(&text, "flashgate_requests_total", "route").get("buy") == Some(&answered);
+        if counted || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let scraped = counters(&gateway_text, "flashgate_buy_outcomes_total", "outcome");
     assert_eq!(
         scraped, seen,
         "gateway buy outcome counters differ from what clients saw"
     );
     let requests = counters(&gateway_text, "flashgate_requests_total", "route");
-    assert_eq!(
-        requests.get("buy").copied(),
-        Some(seen.values().sum::<f64>())
-    );
+    assert_eq!(requests.get("buy").copied(), Some(answered));
     promtool_check(&gateway_text);
 
     // Every winner is persisted, and the backend counts it once.
