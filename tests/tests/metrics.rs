@@ -145,13 +145,14 @@ async fn outcome_counters_equal_what_clients_saw() {
     }
 
     // A request is counted once its answer is written: the last answer
-    // can reach the client a moment before its count.
+    // can reach the client a moment before its counts.
     let answered = seen.values().sum::<f64>();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let gateway_text = loop {
         let text = stack.gateway_metrics_text().await;
-        let counted =
-            counters(&text, "flashgate_requests_total", "route").get("buy") == Some(&answered);
+        let counted = counters(&text, "flashgate_requests_total", "route").get("buy")
+            == Some(&answered)
+            && counters(&text, "flashgate_buy_outcomes_total", "outcome") == seen;
         if counted || std::time::Instant::now() > deadline {
             break text;
         }
