@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use http::header::{HeaderName, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
 use http::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -146,30 +147,26 @@ pub async fn write_reply(
 ) -> pingora::Result<bool> {
     let head = session.req_header().method == http::Method::HEAD;
     let body_follows = !head && reply.status != 304 && !reply.body.is_empty();
-    let body = reply.body.clone();
-    let header = Box::new(reply_head(reply, &ctx.request_id)?);
-    session.write_response_header(header, !body_follows).await?;
+    let (header, body) = reply_parts(reply, &ctx.request_id)?;
+    session
+        .write_response_header(Box::new(header), !body_follows)
+        .await?;
     if body_follows {
         session.write_response_body(Some(body), true).await?;
     }
     Ok(true)
 }
 
-/// The head of a reply, its header map filled directly with prebuilt
-/// names: Pingora's `append_header` parses every name it is given, which
-/// cost more than the rest of a rejection's head. Built without the map
+/// A reply as its head and its body. The head's header map is filled
+/// directly with prebuilt names: Pingora's `append_header` parses every
+/// name it is given, which cost more than the rest of a rejection's head.
+/// Built without the map
 /// of names as written, as `ResponseHeader::build_no_case` would: over
 /// HTTP/1.1 Pingora then writes a dozen common names (Content-Type,
 /// Content-Length, Cache-Control, ...) capitalised and every other one in
 /// lower case, as HTTP/2 always does (names are case-insensitive, RFC 9110
 /// §5.1). The reply's own headers replace these defaults.
-fn reply_head(reply: Reply, request_id: &str) -> pingora::Result<ResponseHeader> {
-    fn invalid<E>(what: &'static str) -> impl Fn(E) -> Box<pingora::Error>
-    where
-        E: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        move |e| pingora::Error::because(pingora::ErrorType::InternalError, what, e)
-    }
+fn reply_parts(reply: Reply, request_id: &str) -> pingora::Result<(ResponseHeader, Bytes)> {
     let mut head = http::Response::new(()).into_parts().0;
     head.status = http::StatusCode::from_u16(reply.status).map_err(invalid("reply status"))?;
     let map = &mut head.headers;
@@ -189,7 +186,16 @@ fn reply_head(reply: Reply, request_id: &str) -> pingora::Result<ResponseHeader>
         let value = HeaderValue::try_from(value).map_err(invalid("reply header"))?;
         map.try_insert(name, value).map_err(invalid("reply head"))?;
     }
-    Ok(ResponseHeader::from(head))
+    Ok((ResponseHeader::from(head), reply.body))
+}
+
+/// Maps an error building an answer of our own (not the client's fault)
+/// to Pingora's internal error, naming `what` was being built.
+fn invalid<E>(what: &'static str) -> impl Fn(E) -> Box<pingora::Error>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    move |e| pingora::Error::because(pingora::ErrorType::InternalError, what, e)
 }
 
 /// The `X-Request-Id` of an answer, marked never to be indexed: over
@@ -197,8 +203,7 @@ fn reply_head(reply: Reply, request_id: &str) -> pingora::Result<ResponseHeader>
 /// connection's HPACK table each time and push out the headers that do
 /// repeat (type, validators, caching), which then go out in full again.
 fn request_id_value(id: &str) -> pingora::Result<http::HeaderValue> {
-    let mut value = http::HeaderValue::from_str(id)
-        .map_err(|e| pingora::Error::because(pingora::ErrorType::InternalError, "request id", e))?;
+    let mut value = http::HeaderValue::from_str(id).map_err(invalid("request id"))?;
     value.set_sensitive(true);
     Ok(value)
 }
