@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use flashgate_common::keys::SALES_INDEX;
 
+use super::map::SaleMap;
 use super::snapshot::{
     read_snapshot, SaleSnapshot, SaleSummary, SaleView, SaleWindow, WindowCheck,
 };
@@ -219,9 +220,9 @@ impl Sale {
 /// One per gateway, shared by the buy path, the sale routes and the
 /// events listener.
 pub struct SaleCache {
-    /// One entry per sale (see [`Sale`]), at most [`MAX_SALES`], kept
-    /// until evicted by that bound.
-    sales: moka::sync::Cache<String, Arc<Sale>, Hasher>,
+    /// One entry per sale (see [`Sale`]), at most [`MAX_SALES`]
+    /// (`sales::map`: how the bound is kept).
+    sales: SaleMap<Sale>,
     /// Sale ids Redis does not have, with when that was read; apart from
     /// `sales` so a flood of reads of made-up ids cannot evict the state
     /// real sales' buys use.
@@ -238,9 +239,7 @@ impl SaleCache {
     /// A cache whose views are at most `view_ttl` old (`pages.state_ttl_ms`).
     pub fn new(view_ttl: Duration) -> Self {
         Self {
-            sales: moka::sync::Cache::builder()
-                .max_capacity(MAX_SALES)
-                .build_with_hasher(Hasher::new()),
+            sales: SaleMap::new(MAX_SALES as usize),
             absent: moka::future::Cache::builder()
                 .max_capacity(MAX_SALES)
                 .time_to_live(view_ttl.max(WINDOW_TTL))
@@ -256,7 +255,7 @@ impl SaleCache {
 
     /// The sale's entry, made empty if it has none yet.
     fn sale(&self, sale_id: &str) -> Arc<Sale> {
-        self.sales.get_with_by_ref(sale_id, Arc::default)
+        self.sales.get_or_default(sale_id, Sale::is_blank)
     }
 
     /// The sale's snapshot, at most `max_age` old: from memory, or one Redis
@@ -301,7 +300,7 @@ impl SaleCache {
         let Some(snapshot) = read.map_err(Arc::new)? else {
             *locked(&sale.snapshot) = None;
             if sale.is_blank() {
-                self.sales.invalidate(sale_id);
+                self.sales.remove(sale_id, &sale);
             }
             self.absent.insert(sale_id.to_owned(), read_at).await;
             return Ok(None);
@@ -723,10 +722,10 @@ impl SaleCache {
     /// Every sold-out flag cleared, the epochs kept: sale events may have
     /// been missed (the subscription was down), so no flag can be trusted.
     pub fn clear_all_flags(&self) {
-        for (_, sale) in &self.sales {
-            self.clear(&sale, None);
+        self.sales.for_each(|sale| {
+            self.clear(sale, None);
             locked(&sale.empty_buckets).clear();
-        }
+        });
     }
 
     /// The sale's bucket count, from its snapshot (at most [`WINDOW_TTL`]
@@ -883,12 +882,7 @@ mod tests {
             assert!(sales.window(&redis, &id).await.unwrap().is_none());
             assert!(!sales.is_sold_out(&id));
         }
-        sales.sales.run_pending_tasks();
-        assert_eq!(
-            sales.sales.entry_count(),
-            1,
-            "only the real sale has an entry"
-        );
+        assert_eq!(sales.sales.len(), 1, "only the real sale has an entry");
         assert!(sales.is_sold_out("s"));
         assert_eq!(
             sales.flag_sold_out("s", Some(6), None),

@@ -49,8 +49,9 @@
 //!   buys costs one backend call per sale per TTL.
 //!
 //! All a gateway holds of one sale (snapshot, flag, epoch and clears,
-//! bucket hints and count) is one entry of one moka cache of at most
-//! 10,000 sales, kept until that bound evicts it. Ids Redis does not have,
+//! bucket hints and count) is one entry of one map of at most 10,000
+//! sales (`map`: a lock-free read, since a buy reads its entry several
+//! times; at the bound, entries that hold nothing go first). Ids Redis does not have,
 //! and the backend's word on them, live in two small caches of their own
 //! with short lifetimes, so made-up ids never take a real sale's place.
 //! Everything answers domain values; the HTTP answer is decided by the
@@ -58,6 +59,7 @@
 
 mod cache;
 mod events;
+mod map;
 mod snapshot;
 mod switches;
 

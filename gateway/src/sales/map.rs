@@ -1,0 +1,148 @@
+//! [`SaleMap`]: the sales one gateway tracks, by id, read on every buy.
+//!
+//! A buy reads its sale's entry several times (its flags before and after
+//! the body, its window, its clears around the deduct), so the read is
+//! what this map is for: a lock-free lookup (papaya) that writes nothing
+//! shared, where a general cache records every read for its eviction
+//! policy and reads the clock. The price is the bound, kept here by hand:
+//! entries are made only for ids a read or an event names, and a full map
+//! first drops its blank entries (nothing held: a made-up id's passing
+//! entry), then a tenth of the others, in the table's order (by a hash
+//! seeded at random), as a cache's eviction would. A sale whose entry went
+//! reads its snapshot again, and its buys go to the deduct script, which
+//! decides them anyway, until a `sold_out` flags it again.
+
+use std::sync::Arc;
+
+/// The ids and their entries; `V` is a sale's entry (`sales::cache`).
+pub(super) struct SaleMap<V> {
+    entries: papaya::HashMap<String, Arc<V>, ahash::RandomState>,
+    max: usize,
+}
+
+impl<V: Default> SaleMap<V> {
+    /// A map of at most `max` entries, its hash seeded at random: sale ids
+    /// come from request paths, so a client picks the ones it asks for.
+    pub(super) fn new(max: usize) -> Self {
+        Self {
+            entries: papaya::HashMap::builder()
+                .hasher(ahash::RandomState::new())
+                .build(),
+            max,
+        }
+    }
+
+    /// The entry of `id`, if one is kept.
+    pub(super) fn get(&self, id: &str) -> Option<Arc<V>> {
+        self.entries.pin().get(id).cloned()
+    }
+
+    /// The entry of `id`, made empty if it has none. At the bound the
+    /// entries `blank` says hold nothing are dropped first, then, if the
+    /// map is still full, a tenth of the rest.
+    pub(super) fn get_or_default(&self, id: &str, blank: impl Fn(&V) -> bool) -> Arc<V> {
+        let entries = self.entries.pin();
+        if let Some(entry) = entries.get(id) {
+            return entry.clone();
+        }
+        if entries.len() >= self.max {
+            entries.retain(|_, entry| !blank(entry));
+        }
+        if entries.len() >= self.max {
+            let mut evict = entries.len() + 1 - self.max * 9 / 10;
+            entries.retain(|_, _| {
+                let keep = evict == 0;
+                evict = evict.saturating_sub(1);
+                keep
+            });
+        }
+        entries
+            .get_or_insert_with(id.to_owned(), Arc::default)
+            .clone()
+    }
+
+    /// Drops `entry` as the entry of `id` (not an entry made for `id`
+    /// since).
+    pub(super) fn remove(&self, id: &str, entry: &Arc<V>) {
+        let _ = self
+            .entries
+            .pin()
+            .remove_if(id, |_, kept| Arc::ptr_eq(kept, entry));
+    }
+
+    /// How many entries are kept.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Calls `f` with every entry kept.
+    pub(super) fn for_each(&self, mut f: impl FnMut(&V)) {
+        for (_, entry) in self.entries.pin().iter() {
+            f(entry);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[derive(Default)]
+    struct Entry {
+        held: AtomicBool,
+    }
+
+    fn blank(e: &Entry) -> bool {
+        !e.held.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn an_id_keeps_one_entry_until_it_is_removed() {
+        let map = SaleMap::<Entry>::new(4);
+        let first = map.get_or_default("a", blank);
+        assert!(Arc::ptr_eq(&first, &map.get_or_default("a", blank)));
+        assert!(Arc::ptr_eq(&first, &map.get("a").unwrap()));
+        map.remove("a", &first);
+        assert!(map.get("a").is_none());
+    }
+
+    #[test]
+    fn removing_an_older_entry_leaves_the_newer_one() {
+        let map = SaleMap::<Entry>::new(4);
+        let old = map.get_or_default("a", blank);
+        map.remove("a", &old);
+        let new = map.get_or_default("a", blank);
+        map.remove("a", &old);
+        assert!(Arc::ptr_eq(&new, &map.get("a").unwrap()));
+    }
+
+    #[test]
+    fn a_full_map_drops_blank_entries_before_any_that_hold_something() {
+        let map = SaleMap::<Entry>::new(2);
+        map.get_or_default("held", blank)
+            .held
+            .store(true, Ordering::Relaxed);
+        map.get_or_default("blank", blank);
+        // Full: the blank entry makes room.
+        map.get_or_default("new", blank)
+            .held
+            .store(true, Ordering::Relaxed);
+        assert!(map.get("blank").is_none());
+        assert!(map.get("held").is_some() && map.get("new").is_some());
+    }
+
+    #[test]
+    fn a_map_full_of_held_entries_evicts_a_tenth_and_keeps_the_new_one() {
+        let map = SaleMap::<Entry>::new(20);
+        for n in 0..20 {
+            map.get_or_default(&format!("s{n}"), blank)
+                .held
+                .store(true, Ordering::Relaxed);
+        }
+        let new = map.get_or_default("new", blank);
+        assert!(Arc::ptr_eq(&new, &map.get("new").unwrap()));
+        assert_eq!(map.len(), 18, "three of the twenty went, the new one came");
+    }
+}
