@@ -297,13 +297,18 @@ impl SaleCache {
         // Boxed: held inline, the read's future would grow the future of
         // every request that can reach here, where only a miss needs it.
         let read = Box::pin(read_snapshot(redis, sale_id)).await;
-        let Some(snapshot) = read.map_err(Arc::new)? else {
-            *locked(&sale.snapshot) = None;
-            if sale.is_blank() {
-                self.sales.remove(sale_id, &sale);
+        let snapshot = match read {
+            Ok(Some(snapshot)) => snapshot,
+            Ok(None) => {
+                *locked(&sale.snapshot) = None;
+                self.drop_if_blank(sale_id, &sale);
+                self.absent.insert(sale_id.to_owned(), read_at).await;
+                return Ok(None);
             }
-            self.absent.insert(sale_id.to_owned(), read_at).await;
-            return Ok(None);
+            Err(error) => {
+                self.drop_if_blank(sale_id, &sale);
+                return Err(Arc::new(error));
+            }
         };
         let snapshot = Arc::new(snapshot);
         sale.buckets
@@ -391,6 +396,12 @@ impl SaleCache {
         }
         out.sort_by(|a, b| a.starts_at.cmp(&b.starts_at).then(a.id.cmp(&b.id)));
         Ok(out)
+    }
+
+    /// Drops the sale's entry if it holds nothing (a made-up id's, or a
+    /// first read's that failed), so such ids do not fill the map.
+    fn drop_if_blank(&self, sale_id: &str, sale: &Arc<Sale>) {
+        self.sales.remove_blank(sale_id, sale, Sale::is_blank);
     }
 
     /// The held snapshot of a sale, whatever its age.
@@ -722,9 +733,15 @@ impl SaleCache {
     /// Every sold-out flag cleared, the epochs kept: sale events may have
     /// been missed (the subscription was down), so no flag can be trusted.
     pub fn clear_all_flags(&self) {
-        self.sales.for_each(|sale| {
+        // A blank entry is dropped, not cleared: a clear would make it
+        // hold something, and made-up ids' entries would stay for good.
+        self.sales.retain(|sale| {
+            if sale.is_blank() {
+                return false;
+            }
             self.clear(sale, None);
             locked(&sale.empty_buckets).clear();
+            true
         });
     }
 
@@ -916,6 +933,25 @@ mod tests {
         assert!(
             sales.window(&redis, "s").await.unwrap().is_some(),
             "read again at once, not after the absence's TTL"
+        );
+    }
+
+    #[test]
+    fn clearing_every_flag_drops_the_entries_that_hold_nothing() {
+        let sales = SaleCache::new(Duration::from_millis(250));
+        assert_eq!(sales.flag_sold_out("s", Some(3), None), Some(3));
+        let _blank = sales.sale("made-up");
+        sales.clear_all_flags();
+        assert!(!sales.is_sold_out("s"));
+        assert_eq!(
+            sales.sales.len(),
+            1,
+            "the blank entry went, the sale stayed"
+        );
+        assert_eq!(
+            sales.flag_sold_out("s", Some(2), None),
+            None,
+            "the sale kept its epoch"
         );
     }
 

@@ -5,19 +5,24 @@
 //! what this map is for: a lock-free lookup (papaya) that writes nothing
 //! shared, where a general cache records every read for its eviction
 //! policy and reads the clock. The price is the bound, kept here by hand:
-//! entries are made only for ids a read or an event names, and a full map
-//! first drops its blank entries (nothing held: a made-up id's passing
-//! entry), then a tenth of the others, in the table's order (by a hash
-//! seeded at random), as a cache's eviction would. A sale whose entry went
-//! reads its snapshot again, and its buys go to the deduct script, which
-//! decides them anyway, until a `sold_out` flags it again.
+//! entries are made only for ids a read or an event names, and when the
+//! map is full one caller at a time sweeps it: the blank entries go (they
+//! hold nothing: a made-up id's passing entry, a first read in flight),
+//! then, down to nine tenths of the bound, others in the table's order (by
+//! a hash seeded at random, blind to use). So a sweep comes at most once
+//! per tenth of the bound new ids. A sale whose entry went holds nothing
+//! here until read or told of again (its flag, epoch and clears start
+//! over), so its buys go to the deduct script, which decides them anyway.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// The ids and their entries; `V` is a sale's entry (`sales::cache`).
 pub(super) struct SaleMap<V> {
     entries: papaya::HashMap<String, Arc<V>, ahash::RandomState>,
     max: usize,
+    /// Held by the one caller sweeping a full map; the others insert.
+    sweeping: AtomicBool,
 }
 
 impl<V: Default> SaleMap<V> {
@@ -29,6 +34,7 @@ impl<V: Default> SaleMap<V> {
                 .hasher(ahash::RandomState::new())
                 .build(),
             max,
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -37,37 +43,41 @@ impl<V: Default> SaleMap<V> {
         self.entries.pin().get(id).cloned()
     }
 
-    /// The entry of `id`, made empty if it has none. At the bound the
-    /// entries `blank` says hold nothing are dropped first, then, if the
-    /// map is still full, a tenth of the rest.
+    /// The entry of `id`, made empty if it has none; a full map is swept
+    /// first (see the module's doc), `blank` telling the entries that hold
+    /// nothing.
     pub(super) fn get_or_default(&self, id: &str, blank: impl Fn(&V) -> bool) -> Arc<V> {
         let entries = self.entries.pin();
         if let Some(entry) = entries.get(id) {
             return entry.clone();
         }
-        if entries.len() >= self.max {
+        if entries.len() >= self.max
+            && self
+                .sweeping
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
             entries.retain(|_, entry| !blank(entry));
-        }
-        if entries.len() >= self.max {
-            let mut evict = entries.len() + 1 - self.max * 9 / 10;
+            let mut evict = entries.len().saturating_sub(self.max * 9 / 10);
             entries.retain(|_, _| {
                 let keep = evict == 0;
                 evict = evict.saturating_sub(1);
                 keep
             });
+            self.sweeping.store(false, Ordering::Release);
         }
         entries
             .get_or_insert_with(id.to_owned(), Arc::default)
             .clone()
     }
 
-    /// Drops `entry` as the entry of `id` (not an entry made for `id`
-    /// since).
-    pub(super) fn remove(&self, id: &str, entry: &Arc<V>) {
+    /// Drops `entry` as the entry of `id` if `blank` says it holds nothing
+    /// (not an entry made for `id` since, nor one written to meanwhile).
+    pub(super) fn remove_blank(&self, id: &str, entry: &Arc<V>, blank: impl Fn(&V) -> bool) {
         let _ = self
             .entries
             .pin()
-            .remove_if(id, |_, kept| Arc::ptr_eq(kept, entry));
+            .remove_if(id, |_, kept| Arc::ptr_eq(kept, entry) && blank(kept));
     }
 
     /// How many entries are kept.
@@ -76,11 +86,9 @@ impl<V: Default> SaleMap<V> {
         self.entries.len()
     }
 
-    /// Calls `f` with every entry kept.
-    pub(super) fn for_each(&self, mut f: impl FnMut(&V)) {
-        for (_, entry) in self.entries.pin().iter() {
-            f(entry);
-        }
+    /// Keeps the entries for which `keep` answers true.
+    pub(super) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
+        self.entries.pin().retain(|_, entry| keep(entry));
     }
 }
 
@@ -99,12 +107,16 @@ mod tests {
     }
 
     #[test]
-    fn an_id_keeps_one_entry_until_it_is_removed() {
+    fn an_id_keeps_one_entry_until_it_is_dropped_blank() {
         let map = SaleMap::<Entry>::new(4);
         let first = map.get_or_default("a", blank);
         assert!(Arc::ptr_eq(&first, &map.get_or_default("a", blank)));
         assert!(Arc::ptr_eq(&first, &map.get("a").unwrap()));
-        map.remove("a", &first);
+        first.held.store(true, Ordering::Relaxed);
+        map.remove_blank("a", &first, blank);
+        assert!(map.get("a").is_some(), "an entry holding something stays");
+        first.held.store(false, Ordering::Relaxed);
+        map.remove_blank("a", &first, blank);
         assert!(map.get("a").is_none());
     }
 
@@ -112,9 +124,9 @@ mod tests {
     fn removing_an_older_entry_leaves_the_newer_one() {
         let map = SaleMap::<Entry>::new(4);
         let old = map.get_or_default("a", blank);
-        map.remove("a", &old);
+        map.remove_blank("a", &old, blank);
         let new = map.get_or_default("a", blank);
-        map.remove("a", &old);
+        map.remove_blank("a", &old, blank);
         assert!(Arc::ptr_eq(&new, &map.get("a").unwrap()));
     }
 
@@ -134,7 +146,7 @@ mod tests {
     }
 
     #[test]
-    fn a_map_full_of_held_entries_evicts_a_tenth_and_keeps_the_new_one() {
+    fn a_map_full_of_held_entries_evicts_down_to_nine_tenths_and_keeps_the_new_one() {
         let map = SaleMap::<Entry>::new(20);
         for n in 0..20 {
             map.get_or_default(&format!("s{n}"), blank)
@@ -143,6 +155,6 @@ mod tests {
         }
         let new = map.get_or_default("new", blank);
         assert!(Arc::ptr_eq(&new, &map.get("new").unwrap()));
-        assert_eq!(map.len(), 18, "three of the twenty went, the new one came");
+        assert_eq!(map.len(), 19, "two of the twenty went, the new one came");
     }
 }

@@ -53,7 +53,8 @@
 //! sales (`map`: a lock-free read, since a buy reads its entry several
 //! times; at the bound, entries that hold nothing go first). Ids Redis does not have,
 //! and the backend's word on them, live in two small caches of their own
-//! with short lifetimes, so made-up ids never take a real sale's place.
+//! with short lifetimes, and an entry made for an id Redis does not have
+//! is dropped after its read: made-up ids do not stay in the map.
 //! Everything answers domain values; the HTTP answer is decided by the
 //! caller.
 
