@@ -239,7 +239,7 @@ impl SaleCache {
     /// A cache whose views are at most `view_ttl` old (`pages.state_ttl_ms`).
     pub fn new(view_ttl: Duration) -> Self {
         Self {
-            sales: SaleMap::new(MAX_SALES as usize),
+            sales: SaleMap::new(MAX_SALES as usize, Sale::is_blank),
             absent: moka::future::Cache::builder()
                 .max_capacity(MAX_SALES)
                 .time_to_live(view_ttl.max(WINDOW_TTL))
@@ -255,7 +255,7 @@ impl SaleCache {
 
     /// The sale's entry, made empty if it has none yet.
     fn sale(&self, sale_id: &str) -> Arc<Sale> {
-        self.sales.get_or_default(sale_id, Sale::is_blank)
+        self.sales.get_or_default(sale_id)
     }
 
     /// The sale's snapshot, at most `max_age` old: from memory, or one Redis
@@ -301,12 +301,12 @@ impl SaleCache {
             Ok(Some(snapshot)) => snapshot,
             Ok(None) => {
                 *locked(&sale.snapshot) = None;
-                self.drop_if_blank(sale_id, &sale);
+                self.sales.remove_blank(sale_id, &sale);
                 self.absent.insert(sale_id.to_owned(), read_at).await;
                 return Ok(None);
             }
             Err(error) => {
-                self.drop_if_blank(sale_id, &sale);
+                self.sales.remove_blank(sale_id, &sale);
                 return Err(Arc::new(error));
             }
         };
@@ -396,12 +396,6 @@ impl SaleCache {
         }
         out.sort_by(|a, b| a.starts_at.cmp(&b.starts_at).then(a.id.cmp(&b.id)));
         Ok(out)
-    }
-
-    /// Drops the sale's entry if it holds nothing (a made-up id's, or a
-    /// first read's that failed), so such ids do not fill the map.
-    fn drop_if_blank(&self, sale_id: &str, sale: &Arc<Sale>) {
-        self.sales.remove_blank(sale_id, sale, Sale::is_blank);
     }
 
     /// The held snapshot of a sale, whatever its age.

@@ -21,19 +21,23 @@ use std::sync::Arc;
 pub(super) struct SaleMap<V> {
     entries: papaya::HashMap<String, Arc<V>, ahash::RandomState>,
     max: usize,
+    /// Whether an entry holds nothing (a sale's: `Sale::is_blank`).
+    blank: fn(&V) -> bool,
     /// Held by the one caller sweeping a full map; the others insert.
     sweeping: AtomicBool,
 }
 
 impl<V: Default> SaleMap<V> {
-    /// A map of at most `max` entries, its hash seeded at random: sale ids
-    /// come from request paths, so a client picks the ones it asks for.
-    pub(super) fn new(max: usize) -> Self {
+    /// A map of at most `max` entries, `blank` telling those that hold
+    /// nothing; its hash is seeded at random: sale ids come from request
+    /// paths, so a client picks the ones it asks for.
+    pub(super) fn new(max: usize, blank: fn(&V) -> bool) -> Self {
         Self {
             entries: papaya::HashMap::builder()
                 .hasher(ahash::RandomState::new())
                 .build(),
             max,
+            blank,
             sweeping: AtomicBool::new(false),
         }
     }
@@ -44,9 +48,8 @@ impl<V: Default> SaleMap<V> {
     }
 
     /// The entry of `id`, made empty if it has none; a full map is swept
-    /// first (see the module's doc), `blank` telling the entries that hold
-    /// nothing.
-    pub(super) fn get_or_default(&self, id: &str, blank: impl Fn(&V) -> bool) -> Arc<V> {
+    /// first (see the module's doc).
+    pub(super) fn get_or_default(&self, id: &str) -> Arc<V> {
         let entries = self.entries.pin();
         if let Some(entry) = entries.get(id) {
             return entry.clone();
@@ -57,7 +60,7 @@ impl<V: Default> SaleMap<V> {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         {
-            entries.retain(|_, entry| !blank(entry));
+            entries.retain(|_, entry| !(self.blank)(entry));
             let mut evict = entries.len().saturating_sub(self.max * 9 / 10);
             entries.retain(|_, _| {
                 let keep = evict == 0;
@@ -71,13 +74,13 @@ impl<V: Default> SaleMap<V> {
             .clone()
     }
 
-    /// Drops `entry` as the entry of `id` if `blank` says it holds nothing
-    /// (not an entry made for `id` since, nor one written to meanwhile).
-    pub(super) fn remove_blank(&self, id: &str, entry: &Arc<V>, blank: impl Fn(&V) -> bool) {
+    /// Drops `entry` as the entry of `id` if it holds nothing (not an
+    /// entry made for `id` since, nor one written to meanwhile).
+    pub(super) fn remove_blank(&self, id: &str, entry: &Arc<V>) {
         let _ = self
             .entries
             .pin()
-            .remove_if(id, |_, kept| Arc::ptr_eq(kept, entry) && blank(kept));
+            .remove_if(id, |_, kept| Arc::ptr_eq(kept, entry) && (self.blank)(kept));
     }
 
     /// How many entries are kept.
@@ -108,37 +111,37 @@ mod tests {
 
     #[test]
     fn an_id_keeps_one_entry_until_it_is_dropped_blank() {
-        let map = SaleMap::<Entry>::new(4);
-        let first = map.get_or_default("a", blank);
-        assert!(Arc::ptr_eq(&first, &map.get_or_default("a", blank)));
+        let map = SaleMap::<Entry>::new(4, blank);
+        let first = map.get_or_default("a");
+        assert!(Arc::ptr_eq(&first, &map.get_or_default("a")));
         assert!(Arc::ptr_eq(&first, &map.get("a").unwrap()));
         first.held.store(true, Ordering::Relaxed);
-        map.remove_blank("a", &first, blank);
+        map.remove_blank("a", &first);
         assert!(map.get("a").is_some(), "an entry holding something stays");
         first.held.store(false, Ordering::Relaxed);
-        map.remove_blank("a", &first, blank);
+        map.remove_blank("a", &first);
         assert!(map.get("a").is_none());
     }
 
     #[test]
     fn removing_an_older_entry_leaves_the_newer_one() {
-        let map = SaleMap::<Entry>::new(4);
-        let old = map.get_or_default("a", blank);
-        map.remove_blank("a", &old, blank);
-        let new = map.get_or_default("a", blank);
-        map.remove_blank("a", &old, blank);
+        let map = SaleMap::<Entry>::new(4, blank);
+        let old = map.get_or_default("a");
+        map.remove_blank("a", &old);
+        let new = map.get_or_default("a");
+        map.remove_blank("a", &old);
         assert!(Arc::ptr_eq(&new, &map.get("a").unwrap()));
     }
 
     #[test]
     fn a_full_map_drops_blank_entries_before_any_that_hold_something() {
-        let map = SaleMap::<Entry>::new(2);
-        map.get_or_default("held", blank)
+        let map = SaleMap::<Entry>::new(2, blank);
+        map.get_or_default("held")
             .held
             .store(true, Ordering::Relaxed);
-        map.get_or_default("blank", blank);
+        map.get_or_default("blank");
         // Full: the blank entry makes room.
-        map.get_or_default("new", blank)
+        map.get_or_default("new")
             .held
             .store(true, Ordering::Relaxed);
         assert!(map.get("blank").is_none());
@@ -147,13 +150,13 @@ mod tests {
 
     #[test]
     fn a_map_full_of_held_entries_evicts_down_to_nine_tenths_and_keeps_the_new_one() {
-        let map = SaleMap::<Entry>::new(20);
+        let map = SaleMap::<Entry>::new(20, blank);
         for n in 0..20 {
-            map.get_or_default(&format!("s{n}"), blank)
+            map.get_or_default(&format!("s{n}"))
                 .held
                 .store(true, Ordering::Relaxed);
         }
-        let new = map.get_or_default("new", blank);
+        let new = map.get_or_default("new");
         assert!(Arc::ptr_eq(&new, &map.get("new").unwrap()));
         assert_eq!(map.len(), 19, "two of the twenty went, the new one came");
     }
