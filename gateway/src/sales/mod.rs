@@ -51,10 +51,11 @@
 //! All a gateway holds of one sale (snapshot, flag, epoch and clears,
 //! bucket hints and count) is one entry of one map of at most 10,000
 //! sales (`map`: a lock-free read, since a buy reads its entry several
-//! times; at the bound, entries that hold nothing go first). Ids Redis does not have,
-//! and the backend's word on them, live in two small caches of their own
-//! with short lifetimes, and an entry made for an id Redis does not have
-//! is dropped after its read: made-up ids do not stay in the map.
+//! times; at the bound, entries that hold nothing go first). Ids Redis
+//! does not have, and the backend's word on them, live in two small
+//! caches of their own with short lifetimes, and an entry made for an id
+//! Redis does not have is dropped after its read: made-up ids do not stay
+//! in the map.
 //! Everything answers domain values; the HTTP answer is decided by the
 //! caller.
 

@@ -160,12 +160,12 @@ pub async fn write_reply(
 /// A reply as its head and its body. The head's header map is filled
 /// directly with prebuilt names: Pingora's `append_header` parses every
 /// name it is given, which cost more than the rest of a rejection's head.
-/// Built without the map
-/// of names as written, as `ResponseHeader::build_no_case` would: over
-/// HTTP/1.1 Pingora then writes a dozen common names (Content-Type,
-/// Content-Length, Cache-Control, ...) capitalised and every other one in
-/// lower case, as HTTP/2 always does (names are case-insensitive, RFC 9110
-/// §5.1). The reply's own headers replace these defaults.
+/// Built without the map of names as written, as
+/// `ResponseHeader::build_no_case` would: over HTTP/1.1 Pingora then
+/// writes a dozen common names (Content-Type, Content-Length,
+/// Cache-Control, ...) capitalised and every other one in lower case, as
+/// HTTP/2 always does (names are case-insensitive, RFC 9110 §5.1). The
+/// reply's own headers replace these defaults.
 fn reply_parts(reply: Reply, request_id: &str) -> pingora::Result<(ResponseHeader, Bytes)> {
     let mut head = http::Response::new(()).into_parts().0;
     head.status = http::StatusCode::from_u16(reply.status).map_err(invalid("reply status"))?;
