@@ -64,5 +64,6 @@ pub async fn check_flashgate(
         ok,
         text,
         script_calls: for_buys,
+        redis: None,
     })
 }

@@ -541,7 +541,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         name: "CPU per buy in stock: gateway + Redis",
         goal: "Flashgate's gateway + Redis ≤ 0.6× the OpenResty peer's gateway + Redis",
         figures: format!(
-            "{} vs {} µs per buy = {}× (Flashgate: gateway {}, Redis {}; peer: gateway {}, Redis {}; the order's own cost is the next row)",
+            "{} vs {} µs per buy = {}× (Flashgate: gateway {}, Redis {}; peer: gateway {}, Redis {}; the order's own cost is the next row; Flashgate's Redis command by command: \"Redis per win in the buy row\")",
             f2(fcpu),
             f2(pcpu),
             f2(ratio(fcpu, pcpu)),
@@ -1019,6 +1019,8 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         let _ = writeln!(md, "```text\n{}\n```\n", r.evalsha.join("\n"));
     }
 
+    redis_per_win_section(&mut md, r);
+
     if !r.profiles.is_empty() {
         let _ = writeln!(md, "## Profiles\n");
         let _ = writeln!(md, "`perf record -e cpu-clock -F 499` on the process (hardware counters are not available on this machine), `perf report --no-children --sort dso,symbol`: top frames by self time.\n");
@@ -1043,6 +1045,105 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         let _ = writeln!(md, "| {k} | {v} |");
     }
     md
+}
+
+/// The commands the deduct script calls (lua/deduct_batch.lua and its lib
+/// files); the gateway also reads with some of them outside scripts.
+const DEDUCT_COMMANDS: &[&str] = &[
+    "get", "hget", "hmget", "hincrby", "decr", "hset", "xadd", "set", "info", "time", "hlen",
+    "expire",
+];
+
+/// The Redis half of the buy row, command by command, per win: what the
+/// script calls cost with the commands they call, the commands, and so
+/// the script's own work (its Lua and Redis's handling of each
+/// `redis.call` around the command).
+struct RedisPerWin {
+    /// (command, calls per win, µs per win), the costliest first.
+    commands: Vec<(String, f64, f64)>,
+    scripts_us: f64,
+    deduct_commands_us: f64,
+    other_us: f64,
+}
+
+fn redis_per_win(r: &Results) -> Option<RedisPerWin> {
+    let mut wins = 0u64;
+    let mut sums: Vec<(String, u64, u64)> = Vec::new();
+    for x in &r.rounds {
+        let Some(redis) = x.check.as_ref().and_then(|c| c.redis.as_ref()) else {
+            continue;
+        };
+        wins += redis.wins;
+        for c in &redis.commands {
+            match sums.iter_mut().find(|(n, ..)| *n == c.name) {
+                Some((_, calls, usec)) => {
+                    *calls += c.calls;
+                    *usec += c.usec;
+                }
+                None => sums.push((c.name.clone(), c.calls, c.usec)),
+            }
+        }
+    }
+    if wins == 0 {
+        return None;
+    }
+    let per_win = |v: u64| v as f64 / wins as f64;
+    let us_of = |pick: &dyn Fn(&str) -> bool| {
+        per_win(sums.iter().filter(|(n, ..)| pick(n)).map(|(.., u)| u).sum())
+    };
+    let is_script = |n: &str| n == "evalsha" || n == "eval";
+    let scripts_us = us_of(&is_script);
+    let deduct_commands_us = us_of(&|n| DEDUCT_COMMANDS.contains(&n));
+    let other_us = us_of(&|n| !is_script(n) && !DEDUCT_COMMANDS.contains(&n));
+    sums.sort_by_key(|s| std::cmp::Reverse(s.2));
+    Some(RedisPerWin {
+        commands: sums
+            .into_iter()
+            .map(|(n, calls, usec)| (n, per_win(calls), per_win(usec)))
+            .collect(),
+        scripts_us,
+        deduct_commands_us,
+        other_us,
+    })
+}
+
+fn redis_per_win_section(md: &mut String, r: &Results) {
+    let Some(w) = redis_per_win(r) else {
+        return;
+    };
+    let _ = writeln!(md, "## Redis per win in the buy row (c)\n");
+    let _ = writeln!(
+        md,
+        "Where the Redis half of \"CPU per buy in stock\" goes: `INFO commandstats` over Flashgate's c rounds (reset \
+         before each, warmup included, read when its load ends), per win of the same window. A script call's time \
+         includes the commands it calls, which are also counted on their own lines. The times are Redis's own \
+         (the time inside each command), which on a busy machine includes being preempted.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| command | calls per win | µs per call | µs per win |\n|---|---:|---:|---:|"
+    );
+    for (name, calls, us) in w.commands.iter().filter(|(.., us)| *us >= 0.05) {
+        let _ = writeln!(
+            md,
+            "| {name} | {calls:.3} | {:.2} | {us:.2} |",
+            us / calls.max(1e-9)
+        );
+    }
+    let own = w.scripts_us - w.deduct_commands_us;
+    let _ = writeln!(
+        md,
+        "\nScript calls: **{:.2} µs per win**, of which the commands a deduct script calls ({}) at most {:.2} \
+         (some reads among them are the gateway's own): so the script's own work, its Lua and Redis's handling of each \
+         `redis.call` around the command, is at least **{:.2} µs per win ({:.0} % of the script calls' time)**. The \
+         other commands (the backend's stream reads, acks and trims, the gateway's polls) are {:.2} µs per win.\n",
+        w.scripts_us,
+        DEDUCT_COMMANDS.join(", "),
+        w.deduct_commands_us,
+        own,
+        100.0 * own / w.scripts_us.max(1e-9),
+        w.other_us
+    );
 }
 
 /// One drain's figures, as the targets table shows them.
@@ -1124,6 +1225,55 @@ mod tests {
             cpu: Default::default(),
             check: None,
         }
+    }
+
+    #[test]
+    fn the_buy_rows_redis_is_split_per_win_into_script_calls_their_commands_and_the_rest() {
+        let stat = |name: &str, calls: u64, usec: u64| crate::results::CommandStat {
+            name: name.into(),
+            calls,
+            usec,
+        };
+        let buy_round = |wins: u64, commands| RoundResult {
+            check: Some(crate::results::Check {
+                ok: true,
+                text: String::new(),
+                script_calls: None,
+                redis: Some(crate::results::RedisCommands { wins, commands }),
+            }),
+            ..round("c_buy", Side::Flashgate, 10_000.0)
+        };
+        let r = Results {
+            rounds: vec![
+                buy_round(
+                    100,
+                    vec![
+                        stat("evalsha", 10, 3_000),
+                        stat("xadd", 100, 200),
+                        stat("xack", 5, 100),
+                    ],
+                ),
+                buy_round(
+                    100,
+                    vec![stat("evalsha", 10, 3_000), stat("hset", 100, 200)],
+                ),
+                // Another row's round: not counted.
+                round("e_hammer", Side::Flashgate, 50_000.0),
+            ],
+            ..Default::default()
+        };
+        let w = redis_per_win(&r).expect("two c rounds");
+        assert_eq!(w.scripts_us, 30.0);
+        assert_eq!(w.deduct_commands_us, 2.0);
+        assert_eq!(w.other_us, 0.5);
+        assert_eq!(w.commands[0], ("evalsha".to_owned(), 0.1, 30.0));
+        let mut md = String::new();
+        redis_per_win_section(&mut md, &r);
+        assert!(
+            md.contains("at least **28.00 µs per win (93 % of the script calls' time)**"),
+            "{md}"
+        );
+        assert!(md.contains("| xack | 0.025 | 20.00 | 0.50 |"), "{md}");
     }
 
     #[test]

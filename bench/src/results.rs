@@ -126,6 +126,26 @@ pub struct Check {
     pub text: String,
     /// Redis script calls and the buys that reached Redis, when both are known.
     pub script_calls: Option<(u64, u64)>,
+    /// Redis's commands over the round, for the buy row's breakdown.
+    pub redis: Option<RedisCommands>,
+}
+
+/// What Redis's commands cost over one buy round (`INFO commandstats`,
+/// reset before it, warmup included), and the wins of that same window.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedisCommands {
+    pub wins: u64,
+    pub commands: Vec<CommandStat>,
+}
+
+/// One command's line of `INFO commandstats`: the calls that ran (less
+/// `failed_calls`) and their time, which for a script includes the
+/// commands it called (also counted on their own lines).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommandStat {
+    pub name: String,
+    pub calls: u64,
+    pub usec: u64,
 }
 
 /// One round of one scenario on one side.

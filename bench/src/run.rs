@@ -14,11 +14,12 @@ use http::HeaderValue;
 use crate::books::check_flashgate;
 use crate::load::{self, BurstSpec, LoadSpec, Pace, Pick, Target, Users};
 use crate::results::{
-    Check, Drain, Machine, Profile, Results, RoundResult, Side, DURABILITY, DURABILITY_ROUNDS,
-    DURABILITY_SECS, SCENARIOS,
+    Check, Drain, Machine, Profile, RedisCommands, Results, RoundResult, Side, DURABILITY,
+    DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS,
 };
 use crate::stack::{
-    command_calls, mint_bearers, random_users, start_replica, Flashgate, FlashgateOptions, Peers,
+    command_calls, command_stats, mint_bearers, random_users, start_replica, Flashgate,
+    FlashgateOptions, Peers,
 };
 use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
 
@@ -1015,6 +1016,13 @@ async fn flashgate_round(
         // A replica-wait round writes its mark with one EVAL before each
         // WAIT: not a buy's script call either.
         let marks = command_calls(&mut redis, "wait").await?;
+        // The buy row's Redis, command by command (the report's breakdown
+        // per win); read with the calls above, before the drain's reads.
+        let commands = if scenario == "c_buy" {
+            command_stats(&mut redis).await?
+        } else {
+            Vec::new()
+        };
         let trims = fg.timed_scripts().await.saturating_sub(trims_before) + marks;
         let clean = summary.errors == 0 && summary.timeouts == 0;
         // Buys whose answer could only come from the script.
@@ -1039,6 +1047,12 @@ async fn flashgate_round(
             reached,
         )
         .await?;
+        if !commands.is_empty() {
+            check.redis = Some(RedisCommands {
+                wins: winners,
+                commands,
+            });
+        }
         match scenario {
             "e_hammer" | "e_hammer_pow" => {
                 // Admitted by the user bucket: at most burst + rate × time (+1 for rounding).
@@ -1295,6 +1309,7 @@ async fn peer_round(
                 summary.users_done.map_or(String::new(), |d| format!(", users done {d}/{}", ctx.s.burst_users))
             ),
             script_calls: None,
+            redis: None,
         })
     } else {
         None

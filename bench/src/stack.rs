@@ -19,6 +19,7 @@ use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use http::HeaderValue;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
+use crate::results::CommandStat;
 use crate::sys::{children_of, free_port, loopback, wait_port, Proc, Watched, DATABASE};
 
 /// A random hex string of `bytes` random bytes.
@@ -973,28 +974,77 @@ impl Peers {
     }
 }
 
-/// Calls of one command that ran, from INFO commandstats: `calls` less
-/// `failed_calls` (0 when never called).
+/// Calls of one command that ran, from INFO commandstats (0 when never
+/// called).
 pub async fn command_calls(
     conn: &mut (impl redis::aio::ConnectionLike + Send),
     command: &str,
 ) -> anyhow::Result<u64> {
+    Ok(command_stats(conn)
+        .await?
+        .into_iter()
+        .find(|c| c.name == command)
+        .map_or(0, |c| c.calls))
+}
+
+/// Every command of INFO commandstats.
+pub async fn command_stats(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+) -> anyhow::Result<Vec<CommandStat>> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await?;
-    let prefix = format!("cmdstat_{command}:");
-    let Some(stats) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
-        return Ok(0);
-    };
-    let field = |name: &str| -> u64 {
-        stats
-            .split(',')
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0)
-    };
-    // A failed call ran nothing: an `EVALSHA` answered NOSCRIPT (the first
-    // call of a script on a Redis that has not cached it, which the client
-    // follows with an `EVAL`) is counted by Redis in both.
-    Ok(field("calls").saturating_sub(field("failed_calls")))
+    Ok(parse_command_stats(&info))
+}
+
+/// The `cmdstat_<name>:calls=..,usec=..,..,failed_calls=..` lines of
+/// INFO commandstats. A failed call ran nothing: an `EVALSHA` answered
+/// NOSCRIPT (the first call of a script on a Redis that has not cached
+/// it, which the client follows with an `EVAL`) is counted by Redis in
+/// both, so `calls` is `calls` less `failed_calls`.
+pub fn parse_command_stats(info: &str) -> Vec<CommandStat> {
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+        .map(|(name, stats)| {
+            let field = |key: &str| -> u64 {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+                    .unwrap_or(0)
+            };
+            CommandStat {
+                name: name.to_owned(),
+                calls: field("calls").saturating_sub(field("failed_calls")),
+                usec: field("usec"),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_stats_count_the_calls_that_ran_with_their_time() {
+        let info = "# Commandstats\r\n\
+            cmdstat_evalsha:calls=6948,usec=3462567,usec_per_call=498.35,rejected_calls=0,failed_calls=1\r\n\
+            cmdstat_xinfo|groups:calls=76,usec=880,usec_per_call=11.58,rejected_calls=0,failed_calls=0\r\n";
+        assert_eq!(
+            parse_command_stats(info),
+            vec![
+                CommandStat {
+                    name: "evalsha".into(),
+                    calls: 6947,
+                    usec: 3_462_567
+                },
+                CommandStat {
+                    name: "xinfo|groups".into(),
+                    calls: 76,
+                    usec: 880
+                },
+            ]
+        );
+    }
 }
