@@ -138,13 +138,14 @@ pub struct RedisCommands {
     pub commands: Vec<CommandStat>,
 }
 
-/// One command's line of `INFO commandstats`: the calls that ran (less
-/// `failed_calls`) and their time, which for a script includes the
-/// commands it called (also counted on their own lines).
+/// One command's line of `INFO commandstats`: its calls, those of them
+/// that answered an error, and the time of all of them, which for a script
+/// includes the commands it called (also counted on their own lines).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CommandStat {
     pub name: String,
     pub calls: u64,
+    pub failed: u64,
     pub usec: u64,
 }
 

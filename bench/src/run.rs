@@ -1017,7 +1017,7 @@ async fn flashgate_round(
         // WAIT: not a buy's script call either.
         let marks = command_calls(&mut redis, "wait").await?;
         // The buy row's Redis, command by command (the report's breakdown
-        // per win); read with the calls above, before the drain's reads.
+        // per win), read after the settle above, before the books' drain.
         let commands = if scenario == "c_buy" {
             command_stats(&mut redis).await?
         } else {

@@ -974,8 +974,10 @@ impl Peers {
     }
 }
 
-/// Calls of one command that ran, from INFO commandstats (0 when never
-/// called).
+/// Calls of one command that did not answer an error, from INFO
+/// commandstats (0 when never called): an `EVALSHA` answered NOSCRIPT
+/// (the first call of a script on a Redis that has not cached it, which
+/// the client follows by loading it) ran nothing.
 pub async fn command_calls(
     conn: &mut (impl redis::aio::ConnectionLike + Send),
     command: &str,
@@ -984,7 +986,7 @@ pub async fn command_calls(
         .await?
         .into_iter()
         .find(|c| c.name == command)
-        .map_or(0, |c| c.calls))
+        .map_or(0, |c| c.calls.saturating_sub(c.failed)))
 }
 
 /// Every command of INFO commandstats.
@@ -999,10 +1001,7 @@ pub async fn command_stats(
 }
 
 /// The `cmdstat_<name>:calls=..,usec=..,..,failed_calls=..` lines of
-/// INFO commandstats. A failed call ran nothing: an `EVALSHA` answered
-/// NOSCRIPT (the first call of a script on a Redis that has not cached
-/// it, which the client follows with an `EVAL`) is counted by Redis in
-/// both, so `calls` is `calls` less `failed_calls`.
+/// INFO commandstats, each field read by its exact name.
 pub fn parse_command_stats(info: &str) -> Vec<CommandStat> {
     info.lines()
         .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
@@ -1015,7 +1014,8 @@ pub fn parse_command_stats(info: &str) -> Vec<CommandStat> {
             };
             CommandStat {
                 name: name.to_owned(),
-                calls: field("calls").saturating_sub(field("failed_calls")),
+                calls: field("calls"),
+                failed: field("failed_calls"),
                 usec: field("usec"),
             }
         })
@@ -1027,21 +1027,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn command_stats_count_the_calls_that_ran_with_their_time() {
+    fn command_stats_read_each_field_by_its_exact_name() {
         let info = "# Commandstats\r\n\
-            cmdstat_evalsha:calls=6948,usec=3462567,usec_per_call=498.35,rejected_calls=0,failed_calls=1\r\n\
-            cmdstat_xinfo|groups:calls=76,usec=880,usec_per_call=11.58,rejected_calls=0,failed_calls=0\r\n";
+            cmdstat_evalsha:calls=6948,usec=3462567,usec_per_call=498.35,rejected_calls=7,failed_calls=1\r\n\
+            cmdstat_xinfo|groups:usec_per_call=11.58,failed_calls=0,rejected_calls=3,usec=880,calls=76\r\n";
         assert_eq!(
             parse_command_stats(info),
             vec![
                 CommandStat {
                     name: "evalsha".into(),
-                    calls: 6947,
+                    calls: 6948,
+                    failed: 1,
                     usec: 3_462_567
                 },
                 CommandStat {
                     name: "xinfo|groups".into(),
                     calls: 76,
+                    failed: 0,
                     usec: 880
                 },
             ]
