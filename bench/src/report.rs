@@ -1238,7 +1238,7 @@ mod tests {
         side: Side,
         ok: bool,
         wins: u64,
-        commands: Vec<crate::results::CommandStat>,
+        commands: Vec<crate::stack::CommandStat>,
     ) -> RoundResult {
         RoundResult {
             check: Some(crate::results::Check {
@@ -1251,8 +1251,8 @@ mod tests {
         }
     }
 
-    fn stat(name: &str, calls: u64, usec: u64) -> crate::results::CommandStat {
-        crate::results::CommandStat {
+    fn stat(name: &str, calls: u64, usec: u64) -> crate::stack::CommandStat {
+        crate::stack::CommandStat {
             name: name.into(),
             calls,
             failed: 0,
@@ -1309,33 +1309,6 @@ mod tests {
                 .any(|t| t.id == "buy_cpu" && t.figures.contains("Redis per win in the buy row")),
             "the buy CPU target points to the breakdown"
         );
-    }
-
-    #[test]
-    fn every_command_the_deduct_script_calls_on_a_buys_path_is_counted_as_the_deducts() {
-        // In its books library but only on the path of an item given back,
-        // which no deduct takes.
-        const GIVE_BACK_ONLY: &[&str] = &["sadd", "incr", "hdel"];
-        let body = flashgate_common::scripts::DEDUCT_BATCH.body();
-        let called: std::collections::BTreeSet<String> = body
-            .split("redis.call('")
-            .skip(1)
-            .filter_map(|rest| rest.split_once('\''))
-            .map(|(name, _)| name.to_ascii_lowercase())
-            .collect();
-        assert!(called.len() >= 10, "{called:?}");
-        for name in &called {
-            assert!(
-                DEDUCT_COMMANDS.contains(&name.as_str()) || GIVE_BACK_ONLY.contains(&name.as_str()),
-                "{name} is called by the deduct script but not counted as the deduct's"
-            );
-        }
-        for name in DEDUCT_COMMANDS {
-            assert!(
-                called.contains(*name),
-                "{name} is not called by the deduct script"
-            );
-        }
     }
 
     #[test]

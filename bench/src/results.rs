@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use crate::load::Summary;
+use crate::stack::CommandStat;
 use crate::sys::CpuUse;
 
 /// Which side of the comparison a round ran on.
@@ -136,17 +137,6 @@ pub struct Check {
 pub struct RedisCommands {
     pub wins: u64,
     pub commands: Vec<CommandStat>,
-}
-
-/// One command's line of `INFO commandstats`: its calls, those of them
-/// that answered an error, and the time of all of them, which for a script
-/// includes the commands it called (also counted on their own lines).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CommandStat {
-    pub name: String,
-    pub calls: u64,
-    pub failed: u64,
-    pub usec: u64,
 }
 
 /// One round of one scenario on one side.

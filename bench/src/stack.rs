@@ -19,7 +19,6 @@ use flashgate_common::redis_conn::{RedisHandle, Tuning};
 use http::HeaderValue;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
-use crate::results::CommandStat;
 use crate::sys::{children_of, free_port, loopback, wait_port, Proc, Watched, DATABASE};
 
 /// A random hex string of `bytes` random bytes.
@@ -972,6 +971,17 @@ impl Peers {
             .await?;
         Ok(())
     }
+}
+
+/// One command's line of `INFO commandstats`: its calls, those of them
+/// that answered an error, and the time of all of them, which for a script
+/// includes the commands it called (also counted on their own lines).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CommandStat {
+    pub name: String,
+    pub calls: u64,
+    pub failed: u64,
+    pub usec: u64,
 }
 
 /// Calls of one command that did not answer an error, from INFO
