@@ -21,7 +21,7 @@ use crate::books::check_flashgate;
 use crate::load::{self, LoadSpec, Pace, Pick, Target, Users};
 use crate::results::BucketRound;
 use crate::settings::Settings;
-use crate::stack::{command_calls, mint_bearers, random_users, Flashgate, FlashgateOptions};
+use crate::stack::{mint_bearers, random_users, script_calls, Flashgate, FlashgateOptions};
 use crate::sys::{snap, CpuUse, Watched};
 
 /// The scenario id that selects these rows (`--scenario k_buckets`).
@@ -203,7 +203,7 @@ async fn bucket_round(
     let cpu = CpuUse::between(&a, &b);
     let mut calls = 0;
     for (_, _, conn) in nodes.iter_mut() {
-        calls += command_calls(conn, "evalsha").await? + command_calls(conn, "eval").await?;
+        calls += script_calls(conn).await?;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let trims = fg.timed_scripts().await.saturating_sub(trims_before);

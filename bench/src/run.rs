@@ -18,7 +18,7 @@ use crate::results::{
     DURABILITY_ROUNDS, DURABILITY_SECS, SCENARIOS,
 };
 use crate::stack::{
-    command_calls, command_stats, mint_bearers, random_users, start_replica, Flashgate,
+    calls_of, command_stats, mint_bearers, random_users, script_calls, start_replica, Flashgate,
     FlashgateOptions, Peers,
 };
 use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
@@ -1005,21 +1005,22 @@ async fn flashgate_round(
     };
     let cpu = CpuUse::between(&a, &b);
     let check = if is_buy {
-        let calls =
-            command_calls(&mut redis, "evalsha").await? + command_calls(&mut redis, "eval").await?;
+        let calls = script_calls(&mut redis).await?;
         // The backend's stream maintenance and fence checks run scripts on
         // a timer, whatever the load: not a buy's script calls. Counted over a window
         // that encloses Redis's (read before the reset, and after the count
         // once a trim in flight has been counted), so the trims Redis saw
         // are at most these.
         tokio::time::sleep(Duration::from_millis(300)).await;
+        // Read once after the settle above, before the books' drain: the
+        // replica waits and, for the buy row, its Redis command by command
+        // (the report's breakdown per win).
+        let settled = command_stats(&mut redis).await?;
         // A replica-wait round writes its mark with one EVAL before each
         // WAIT: not a buy's script call either.
-        let marks = command_calls(&mut redis, "wait").await?;
-        // The buy row's Redis, command by command (the report's breakdown
-        // per win), read after the settle above, before the books' drain.
+        let marks = calls_of(&settled, "wait");
         let commands = if scenario == "c_buy" {
-            command_stats(&mut redis).await?
+            settled
         } else {
             Vec::new()
         };
@@ -1075,9 +1076,8 @@ async fn flashgate_round(
             }
             "g_wait0" | "g_wait1" => {
                 // The sharing, visible: WAITs sent for the round's winners.
-                let waits = command_calls(&mut redis, "wait").await?;
-                check.ok &= (scenario == "g_wait0") == (waits == 0);
-                check.text.push_str(&format!(", WAIT calls {waits}"));
+                check.ok &= (scenario == "g_wait0") == (marks == 0);
+                check.text.push_str(&format!(", WAIT calls {marks}"));
             }
             "f_burst" => {
                 let sold_out = winners as i64 == stock;
@@ -1301,7 +1301,7 @@ async fn peer_round(
             ok &= winners as i64 == stock
                 || summary.users_done.unwrap_or(0) < ctx.s.burst_users as u64;
         }
-        let calls = command_calls(&mut c, "evalsha").await? + command_calls(&mut c, "eval").await?;
+        let calls = script_calls(&mut c).await?;
         Some(Check {
             ok,
             text: format!(

@@ -984,19 +984,24 @@ pub struct CommandStat {
     pub usec: u64,
 }
 
-/// Calls of one command that did not answer an error, from INFO
-/// commandstats (0 when never called): an `EVALSHA` answered NOSCRIPT
-/// (the first call of a script on a Redis that has not cached it, which
-/// the client follows by loading it) ran nothing.
-pub async fn command_calls(
-    conn: &mut (impl redis::aio::ConnectionLike + Send),
-    command: &str,
-) -> anyhow::Result<u64> {
-    Ok(command_stats(conn)
-        .await?
-        .into_iter()
+/// Calls of `command` in `stats` that did not answer an error (0 when
+/// never called): an `EVALSHA` answered NOSCRIPT (the first call of a
+/// script on a Redis that has not cached it, which the client follows by
+/// loading it) ran nothing.
+pub fn calls_of(stats: &[CommandStat], command: &str) -> u64 {
+    stats
+        .iter()
         .find(|c| c.name == command)
-        .map_or(0, |c| c.calls.saturating_sub(c.failed)))
+        .map_or(0, |c| c.calls.saturating_sub(c.failed))
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) that ran, from one read of INFO
+/// commandstats.
+pub async fn script_calls(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+) -> anyhow::Result<u64> {
+    let stats = command_stats(conn).await?;
+    Ok(calls_of(&stats, "evalsha") + calls_of(&stats, "eval"))
 }
 
 /// Every command of INFO commandstats.
@@ -1058,5 +1063,19 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn calls_of_a_command_leave_out_its_failed_ones_and_are_zero_when_never_called() {
+        let stats = parse_command_stats(
+            "cmdstat_evalsha:calls=10,usec=50,failed_calls=3\r\ncmdstat_eval:calls=2,usec=9,failed_calls=0\r\n",
+        );
+        assert_eq!(
+            calls_of(&stats, "evalsha"),
+            7,
+            "a NOSCRIPT answer ran nothing"
+        );
+        assert_eq!(calls_of(&stats, "eval"), 2);
+        assert_eq!(calls_of(&stats, "wait"), 0);
     }
 }
