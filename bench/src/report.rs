@@ -124,6 +124,29 @@ fn f2_vs(q: Option<f64>, goal: f64) -> String {
         .map_or_else(|| format!("{q}"), |(shown, _)| shown)
 }
 
+/// A ratio judged against its goal, the one number both come from: the
+/// figure as printed ([`f2_vs`]) and the verdict.
+struct Judged {
+    shown: String,
+    met: Option<bool>,
+}
+
+/// `q` judged by "at least `goal`".
+fn at_least(q: Option<f64>, goal: f64) -> Judged {
+    Judged {
+        shown: f2_vs(q, goal),
+        met: q.map(|q| q >= goal),
+    }
+}
+
+/// `q` judged by "at most `goal`".
+fn at_most(q: Option<f64>, goal: f64) -> Judged {
+    Judged {
+        shown: f2_vs(q, goal),
+        met: q.map(|q| q <= goal),
+    }
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -479,6 +502,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         avg(r, "a_static", Side::Flashgate, |x| Some(x.summary.p99_ms)),
         avg(r, "a_static", Side::Peer, |x| Some(x.summary.p99_ms)),
     );
+    let vs_nginx = at_least(ratio(fa, pa), 1.0);
     out.push(TargetEval {
         id: "static",
         name: "Static page vs nginx",
@@ -487,19 +511,21 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             "{} vs {} req/s = {}×; p99 {} vs {} ms",
             f0(fa),
             f0(pa),
-            f2_vs(ratio(fa, pa), 1.0),
+            vs_nginx.shown,
             f2(fp99),
             f2(pp99),
         ),
-        met: ratio(fa, pa)
+        met: vs_nginx
+            .met
             .zip(fp99.zip(pp99))
-            .map(|(q, (f, p))| q >= 1.0 && f <= p),
+            .map(|(faster, (f, p))| faster && f <= p),
     });
     let (ff, pf) = (
         rps(r, "a_floor", Side::Flashgate),
         rps(r, "a_floor", Side::Peer),
     );
     let tuned = rps(r, "a_floor_tuned", Side::Peer);
+    let vs_floor = at_least(ratio(ff, pf), 1.0);
     out.push(TargetEval {
         id: "floor",
         name: "Static page vs Pingora's floor",
@@ -508,18 +534,19 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             "{} vs {} req/s = {}×; the floor under Pingora's options (no work stealing, one SO_REUSEPORT listener per thread): {} req/s = {}× nginx ({} req/s, row a), the default floor {}× nginx",
             f0(ff),
             f0(pf),
-            f2_vs(ratio(ff, pf), 1.0),
+            vs_floor.shown,
             f0(tuned),
             f2(ratio(tuned, pa)),
             f0(pa),
             f2(ratio(pf, pa)),
         ),
-        met: ratio(ff, pf).map(|q| q >= 1.0),
+        met: vs_floor.met,
     });
     let (fs, ps) = (
         rps(r, "i_shop_cache", Side::Flashgate),
         rps(r, "i_shop_cache", Side::Peer),
     );
+    let vs_cache = at_least(ratio(fs, ps), 1.0);
     out.push(TargetEval {
         id: "shop_cache",
         name: "Cached shop page vs nginx proxy_cache",
@@ -528,7 +555,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             "{} vs {} req/s = {}×; p99 {} vs {} ms",
             f0(fs),
             f0(ps),
-            f2_vs(ratio(fs, ps), 1.0),
+            vs_cache.shown,
             f2(avg(r, "i_shop_cache", Side::Flashgate, |x| Some(
                 x.summary.p99_ms
             ))),
@@ -536,28 +563,25 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
                 x.summary.p99_ms
             ))),
         ),
-        met: ratio(fs, ps).map(|q| q >= 1.0),
+        met: vs_cache.met,
     });
     let (fc, pc) = (
         rps(r, "c_buy", Side::Flashgate),
         rps(r, "c_buy", Side::Peer),
     );
+    let vs_peer = at_least(ratio(fc, pc), 2.0);
     out.push(TargetEval {
         id: "buy",
         name: "Buy while in stock vs OpenResty",
         goal: "≥ 2× the peer's req/s",
-        figures: format!(
-            "{} vs {} req/s = {}×",
-            f0(fc),
-            f0(pc),
-            f2_vs(ratio(fc, pc), 2.0)
-        ),
-        met: ratio(fc, pc).map(|q| q >= 2.0),
+        figures: format!("{} vs {} req/s = {}×", f0(fc), f0(pc), vs_peer.shown),
+        met: vs_peer.met,
     });
     let (fcpu, pcpu) = (
         gateway_redis_us(r, "c_buy", Side::Flashgate),
         gateway_redis_us(r, "c_buy", Side::Peer),
     );
+    let cpu_vs_peer = at_most(ratio(fcpu, pcpu), 0.6);
     out.push(TargetEval {
         id: "buy_cpu",
         name: "CPU per buy in stock: gateway + Redis",
@@ -566,7 +590,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             "{} vs {} µs per buy = {}× (Flashgate: gateway {}, Redis {}; peer: gateway {}, Redis {}; the order's own cost is the next row{})",
             f2(fcpu),
             f2(pcpu),
-            f2_vs(ratio(fcpu, pcpu), 0.6),
+            cpu_vs_peer.shown,
             f0(avg(r, "c_buy", Side::Flashgate, |x| cpu_of(x, "gateway"))),
             f0(avg(r, "c_buy", Side::Flashgate, |x| cpu_of(x, "redis"))),
             f0(avg(r, "c_buy", Side::Peer, |x| cpu_of(x, "gateway"))),
@@ -577,7 +601,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
                 ""
             },
         ),
-        met: ratio(fcpu, pcpu).map(|c| c <= 0.6),
+        met: cpu_vs_peer.met,
     });
     let mean_of = |values: Vec<f64>| {
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
@@ -603,6 +627,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             )
         })
         .collect();
+    let vs_copy = at_most(ratio(order, floor), 2.0);
     out.push(TargetEval {
         id: "order_cpu",
         name: "Orders written near the database's floor",
@@ -612,7 +637,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
                 "{} µs per order vs the COPY floor {} µs per row = {}× (mean of {} drain + COPY pairs of {} rows in batches of {}; each pair, µs: {})",
                 f2(order),
                 f2(floor),
-                f2_vs(ratio(order, floor), 2.0),
+                vs_copy.shown,
                 r.order_costs.len(),
                 c.rows,
                 c.batch,
@@ -620,10 +645,11 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             ),
             None => "not run (the drain and its COPY floor run with --drain-orders > 0)".into(),
         },
-        met: ratio(order, floor).map(|q| q <= 2.0),
+        met: vs_copy.met,
     });
     let p99 = |side| avg(r, "c_buy_open", side, |x| Some(x.summary.p99_ms));
     let (fo, po) = (p99(Side::Flashgate), p99(Side::Peer));
+    let tail_vs_peer = at_most(ratio(fo, po), 1.5);
     out.push(TargetEval {
         id: "open_tail",
         name: "Buy in stock, open loop (fixed rate): tail latency",
@@ -632,14 +658,15 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             "p99 {} vs {} ms = {}× at {} buys/s",
             f2(fo),
             f2(po),
-            f2_vs(ratio(fo, po), 1.5),
+            tail_vs_peer.shown,
             f0(rps(r, "c_buy_open", Side::Peer))
         ),
-        met: ratio(fo, po).map(|q| q <= 1.5),
+        met: tail_vs_peer.met,
     });
     for (id, scenario, name) in REJECTIONS {
         let x = rps(r, scenario, Side::Flashgate);
         let static_page = rps(r, scenario, Side::Reference);
+        let vs_static = at_least(ratio(x, static_page), 0.95);
         out.push(TargetEval {
             id,
             name,
@@ -648,17 +675,18 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
                 "{} vs {} req/s = {}×; gateway {} vs {} µs per request",
                 f0(x),
                 f0(static_page),
-                f2_vs(ratio(x, static_page), 0.95),
+                vs_static.shown,
                 f2(avg(r, scenario, Side::Flashgate, |x| cpu_of(x, "gateway"))),
                 f2(avg(r, scenario, Side::Reference, |x| cpu_of(x, "gateway"))),
             ),
-            met: ratio(x, static_page).map(|q| q >= 0.95),
+            met: vs_static.met,
         });
     }
     let (fe, pe) = (
         rps(r, "e_hammer", Side::Flashgate),
         rps(r, "e_hammer", Side::Peer),
     );
+    let limited_vs_peer = at_least(ratio(fe, pe), 1.2);
     out.push(TargetEval {
         id: "ratelimited_peer",
         name: "Rate-limited rejections vs OpenResty",
@@ -667,12 +695,12 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             "{} vs {} req/s = {}×; gateway + Redis {} vs {} µs per request{}",
             f0(fe),
             f0(pe),
-            f2_vs(ratio(fe, pe), 1.2),
+            limited_vs_peer.shown,
             f2(gateway_redis_us(r, "e_hammer", Side::Flashgate)),
             f2(gateway_redis_us(r, "e_hammer", Side::Peer)),
             floor_429_text(r, pe),
         ),
-        met: ratio(fe, pe).map(|q| q >= 1.2),
+        met: limited_vs_peer.met,
     });
     for (id, scenario, name, goal) in [
         (
@@ -708,6 +736,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         } else {
             String::new()
         };
+        let vs_nginx = at_least(ratio(f, p), 1.0);
         out.push(TargetEval {
             id,
             name,
@@ -716,11 +745,11 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
                 "{} vs {} per s = {}×; gateway {} vs nginx {} µs CPU each{floor_text}",
                 f0(f),
                 f0(p),
-                f2_vs(ratio(f, p), 1.0),
+                vs_nginx.shown,
                 f2(avg(r, scenario, Side::Flashgate, |x| cpu_of(x, "gateway"))),
                 f2(avg(r, scenario, Side::Peer, |x| cpu_of(x, "gateway"))),
             ),
-            met: ratio(f, p).map(|q| q >= 1.0),
+            met: vs_nginx.met,
         });
     }
     let worst = rejection_costs(r)
