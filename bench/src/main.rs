@@ -91,7 +91,7 @@ struct RunArgs {
     #[arg(long, value_enum, default_value_t = Profiling::Auto)]
     profile: Profiling,
     /// Only these scenarios (a_static, a_floor, a_floor_tuned, b_state, c_buy, c_buy_open,
-    /// d_soldout, e_hammer, j_not_started, j_unauth, j_bad_input, d_soldout_pow, e_hammer_pow,
+    /// d_soldout, d_soldout_seen, e_hammer, j_not_started, j_unauth, j_bad_input, d_soldout_pow, e_hammer_pow,
     /// i_shop_cache, j_room_admitted, j_room_queued, j_room_crowd (a waiting room under 100,000
     /// visitors), l_tls_page, l_tls_handshake, l_tls_page_floor, l_tls_handshake_floor, f_burst, and the durability rows g_wait0, g_wait1,
     /// h_fsync_everysec, h_fsync_always, and k_buckets: 1 vs 6 buckets on a

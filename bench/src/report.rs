@@ -51,13 +51,44 @@ fn gateway_redis_us(r: &Results, scenario: &str, side: Side) -> Option<f64> {
 /// The rejection rows held to the static page's rate: (target id,
 /// scenario, name). Each of their Flashgate rounds is followed by a round
 /// of the static page ([`Side::Reference`]).
-pub(crate) const REJECTIONS: [(&str, &str, &str); 5] = [
+const REJECTIONS: [(&str, &str, &str); 5] = [
     ("soldout", "d_soldout", "Buy after sold out"),
     ("ratelimited", "e_hammer", "Rate-limited rejections"),
     ("not_started", "j_not_started", "Buy before the sale starts"),
     ("unauth", "j_unauth", "Unauthenticated buy (401)"),
     ("bad_input", "j_bad_input", "Buy with bad input (400)"),
 ];
+
+/// Row d's buys from buyers whose tokens the gateway remembers: beside
+/// row d it shows what the signature check of a first sighting costs
+/// (row d's 300,000 buyers are each seen about once a round). Its rounds
+/// are followed by static-page rounds too ([`beside_static`]), but it is
+/// no target of its own.
+pub(crate) const SOLDOUT_SEEN: &str = "d_soldout_seen";
+
+/// Whether each Flashgate round of `scenario` is followed by a round of
+/// the static page ([`Side::Reference`]).
+pub(crate) fn beside_static(scenario: &str) -> bool {
+    scenario == SOLDOUT_SEEN || REJECTIONS.iter().any(|(_, id, _)| *id == scenario)
+}
+
+/// Row d° beside its static reference rounds, when it ran.
+fn soldout_seen_text(r: &Results) -> String {
+    let (seen, static_page) = (
+        rps(r, SOLDOUT_SEEN, Side::Flashgate),
+        rps(r, SOLDOUT_SEEN, Side::Reference),
+    );
+    if seen.is_none() {
+        return String::new();
+    }
+    format!(
+        "; the same buys from 1,000 buyers whose tokens the gateway remembers (row d°): {} vs {} req/s = {}×, gateway {} µs per request",
+        f0(seen),
+        f0(static_page),
+        f2(ratio(seen, static_page)),
+        f2(avg(r, SOLDOUT_SEEN, Side::Flashgate, |x| cpu_of(x, "gateway"))),
+    )
+}
 
 /// Pingora's floor answering row e's buys with the gateway's 429 (the
 /// rounds of [`Side::Floor`]) beside `peer` req/s, when it ran.
@@ -672,12 +703,17 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
             name,
             goal: "≥ 0.95× Flashgate's own static-page req/s (its reference rounds, each run right after a round of this row)",
             figures: format!(
-                "{} vs {} req/s = {}×; gateway {} vs {} µs per request",
+                "{} vs {} req/s = {}×; gateway {} vs {} µs per request{}",
                 f0(x),
                 f0(static_page),
                 vs_static.shown,
                 f2(avg(r, scenario, Side::Flashgate, |x| cpu_of(x, "gateway"))),
                 f2(avg(r, scenario, Side::Reference, |x| cpu_of(x, "gateway"))),
+                if scenario == "d_soldout" {
+                    soldout_seen_text(r)
+                } else {
+                    String::new()
+                },
             ),
             met: vs_static.met,
         });
@@ -1372,6 +1408,34 @@ mod tests {
                 .any(|t| t.id == "buy_cpu" && t.figures.contains("Redis per win in the buy row")),
             "the buy CPU target points to the breakdown"
         );
+    }
+
+    #[test]
+    fn row_d_shows_the_seen_buyers_row_beside_its_own_static_rounds_and_no_verdict_of_its_own() {
+        let soldout = |r: &Results| targets(r).into_iter().find(|t| t.id == "soldout");
+        let mut r = Results {
+            rounds: vec![
+                round("d_soldout", Side::Flashgate, 30_000.0),
+                round("d_soldout", Side::Reference, 40_000.0),
+            ],
+            ..Default::default()
+        };
+        let without = soldout(&r).expect("row d's target");
+        assert!(!without.figures.contains("row d°"), "{}", without.figures);
+        r.rounds.extend([
+            round(SOLDOUT_SEEN, Side::Flashgate, 41_000.0),
+            round(SOLDOUT_SEEN, Side::Reference, 40_000.0),
+        ]);
+        let with = soldout(&r).expect("row d's target");
+        assert!(
+            with.figures
+                .contains("(row d°): 41000 vs 40000 req/s = 1.02×"),
+            "{}",
+            with.figures
+        );
+        assert_eq!(with.met, Some(false), "row d's verdict is row d's: 0.75×");
+        assert!(beside_static(SOLDOUT_SEEN) && beside_static("d_soldout"));
+        assert!(!beside_static("c_buy"));
     }
 
     #[test]

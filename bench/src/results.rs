@@ -48,6 +48,11 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { id: "c_buy", title: "c. Buy while in stock (closed loop)", peer: Some("openresty-gateway") },
     Scenario { id: "c_buy_open", title: "c'. Buy while in stock (open loop, fixed rate)", peer: Some("openresty-gateway") },
     Scenario { id: "d_soldout", title: "d. Buy after sold out", peer: Some("openresty-gateway") },
+    Scenario {
+        id: "d_soldout_seen",
+        title: "d°. Buy after sold out, from 1,000 buyers the gateway has seen (their tokens remembered: no signature check per request)",
+        peer: None,
+    },
     Scenario { id: "e_hammer", title: "e. One user hammering (rate-limited)", peer: Some("openresty-gateway") },
     Scenario { id: "j_not_started", title: "j. Buy before the sale starts (not started)", peer: None },
     Scenario { id: "j_unauth", title: "j'. Buy without a token (401)", peer: None },

@@ -25,6 +25,10 @@ use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
 
 pub use crate::settings::{Profiling, Settings};
 
+/// Buyers of row d°: few enough that the gateway remembers each one's
+/// token after its first buy of the warmup (its table has 65,536 slots).
+const SEEN_BUYERS: usize = 1_000;
+
 /// Shared state of a run.
 struct Ctx {
     s: Settings,
@@ -339,10 +343,7 @@ async fn run_with_db(
                 .with_context(|| format!("{} flashgate round {round}", sc.id))?;
             eprintln!("{}", line(&r));
             rounds.push(r);
-            if crate::report::REJECTIONS
-                .iter()
-                .any(|(_, id, _)| *id == sc.id)
-            {
+            if crate::report::beside_static(sc.id) {
                 let r = RoundResult {
                     side: Side::Reference,
                     scenario: sc.id,
@@ -926,6 +927,19 @@ async fn flashgate_round(
             Target::FlashBuy {
                 path: buy_path,
                 users: bearers,
+                pick: Pick::Distinct,
+            },
+            Pace::Closed,
+        ),
+        "d_soldout_seen" => (
+            0,
+            Target::FlashBuy {
+                path: buy_path,
+                users: Users {
+                    headers: std::sync::Arc::new(
+                        ctx.bearers.headers[..SEEN_BUYERS.min(ctx.bearers.headers.len())].to_vec(),
+                    ),
+                },
                 pick: Pick::Distinct,
             },
             Pace::Closed,
