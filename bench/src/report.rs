@@ -59,12 +59,22 @@ const REJECTIONS: [(&str, &str, &str); 5] = [
     ("bad_input", "j_bad_input", "Buy with bad input (400)"),
 ];
 
-/// Row d's buys from buyers whose tokens the gateway remembers: beside
-/// row d it shows what the signature check of a first sighting costs
-/// (row d's 300,000 buyers are each seen about once a round). Its rounds
+/// The share of the static page's req/s each rejection row is held to.
+const REJECTION_GOAL: f64 = 0.95;
+
+/// Row d's buys from [`SEEN_BUYERS`] buyers, whose tokens the gateway
+/// remembers after their first buy: beside row d, whose buyers (the run's
+/// `--users`) are each seen about once a round, it shows what first
+/// sightings cost (the signature check, and the rest of a cold token:
+/// its store into the remembered table, a larger working set). Its rounds
 /// are followed by static-page rounds too ([`beside_static`]), but it is
 /// no target of its own.
 pub(crate) const SOLDOUT_SEEN: &str = "d_soldout_seen";
+
+/// Buyers of row d°: few enough that the gateway's table of remembered
+/// tokens (65,536 slots, one token each) holds nearly all of them; the
+/// few that share a slot (about 15 of 1,000) are checked again.
+pub(crate) const SEEN_BUYERS: usize = 1_000;
 
 /// Whether each Flashgate round of `scenario` is followed by a round of
 /// the static page ([`Side::Reference`]).
@@ -82,11 +92,12 @@ fn soldout_seen_text(r: &Results) -> String {
         return String::new();
     }
     format!(
-        "; the same buys from 1,000 buyers whose tokens the gateway remembers (row d°): {} vs {} req/s = {}×, gateway {} µs per request",
+        "; the same buys from {SEEN_BUYERS} buyers whose tokens the gateway remembers (row d°, no target of its own): {} vs {} req/s = {}×, gateway {} vs {} µs per request",
         f0(seen),
         f0(static_page),
-        f2(ratio(seen, static_page)),
+        f2_vs(ratio(seen, static_page), REJECTION_GOAL),
         f2(avg(r, SOLDOUT_SEEN, Side::Flashgate, |x| cpu_of(x, "gateway"))),
+        f2(avg(r, SOLDOUT_SEEN, Side::Reference, |x| cpu_of(x, "gateway"))),
     )
 }
 
@@ -697,7 +708,7 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
     for (id, scenario, name) in REJECTIONS {
         let x = rps(r, scenario, Side::Flashgate);
         let static_page = rps(r, scenario, Side::Reference);
-        let vs_static = at_least(ratio(x, static_page), 0.95);
+        let vs_static = at_least(ratio(x, static_page), REJECTION_GOAL);
         out.push(TargetEval {
             id,
             name,
@@ -1422,18 +1433,23 @@ mod tests {
         };
         let without = soldout(&r).expect("row d's target");
         assert!(!without.figures.contains("row d°"), "{}", without.figures);
+        let targets_without = targets(&r).len();
+        // d°'s own static rounds differ from row d's: its ratio must use
+        // its own (against row d's it would read 1.02×).
         r.rounds.extend([
             round(SOLDOUT_SEEN, Side::Flashgate, 41_000.0),
-            round(SOLDOUT_SEEN, Side::Reference, 40_000.0),
+            round(SOLDOUT_SEEN, Side::Reference, 45_000.0),
         ]);
         let with = soldout(&r).expect("row d's target");
         assert!(
-            with.figures
-                .contains("(row d°): 41000 vs 40000 req/s = 1.02×"),
+            with.figures.contains(&format!(
+                "from {SEEN_BUYERS} buyers whose tokens the gateway remembers (row d°, no target of its own): 41000 vs 45000 req/s = 0.91×"
+            )),
             "{}",
             with.figures
         );
         assert_eq!(with.met, Some(false), "row d's verdict is row d's: 0.75×");
+        assert_eq!(targets(&r).len(), targets_without, "d° is judged nowhere");
         assert!(beside_static(SOLDOUT_SEEN) && beside_static("d_soldout"));
         assert!(!beside_static("c_buy"));
     }

@@ -14,8 +14,9 @@ pub enum Side {
     Flashgate,
     Peer,
     /// Flashgate's own static page, run on the same gateway right after
-    /// each Flashgate round of a rejection row: the rate that row is held
-    /// to, measured beside it rather than minutes earlier.
+    /// each Flashgate round of a rejection row (and of row d°, see
+    /// [`crate::report::beside_static`]): the rate that row is held to,
+    /// measured beside it rather than minutes earlier.
     Reference,
     /// Pingora's floor answering every request of a rejection row with the
     /// gateway's own answer (`pingora_floor --status 429`), run after
@@ -50,7 +51,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { id: "d_soldout", title: "d. Buy after sold out", peer: Some("openresty-gateway") },
     Scenario {
         id: "d_soldout_seen",
-        title: "d°. Buy after sold out, from 1,000 buyers the gateway has seen (their tokens remembered: no signature check per request)",
+        title: "d°. Buy after sold out, from few buyers, each token remembered after its first buy (nearly no request pays a signature check)",
         peer: None,
     },
     Scenario { id: "e_hammer", title: "e. One user hammering (rate-limited)", peer: Some("openresty-gateway") },

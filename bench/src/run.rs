@@ -25,10 +25,6 @@ use crate::sys::{self, snap, CpuUse, Proc, Snap, Watched, WorkDir};
 
 pub use crate::settings::{Profiling, Settings};
 
-/// Buyers of row d°: few enough that the gateway remembers each one's
-/// token after its first buy of the warmup (its table has 65,536 slots).
-const SEEN_BUYERS: usize = 1_000;
-
 /// Shared state of a run.
 struct Ctx {
     s: Settings,
@@ -937,7 +933,9 @@ async fn flashgate_round(
                 path: buy_path,
                 users: Users {
                     headers: std::sync::Arc::new(
-                        ctx.bearers.headers[..SEEN_BUYERS.min(ctx.bearers.headers.len())].to_vec(),
+                        ctx.bearers.headers
+                            [..crate::report::SEEN_BUYERS.min(ctx.bearers.headers.len())]
+                            .to_vec(),
                     ),
                 },
                 pick: Pick::Distinct,
