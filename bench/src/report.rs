@@ -82,22 +82,32 @@ pub(crate) fn beside_static(scenario: &str) -> bool {
     scenario == SOLDOUT_SEEN || REJECTIONS.iter().any(|(_, id, _)| *id == scenario)
 }
 
+/// `scenario`'s Flashgate rounds against the static-page rounds run
+/// beside them ([`beside_static`]): whether they reach
+/// [`REJECTION_GOAL`], and the figures.
+fn against_static(r: &Results, scenario: &str) -> (Option<bool>, String) {
+    let x = rps(r, scenario, Side::Flashgate);
+    let static_page = rps(r, scenario, Side::Reference);
+    let vs_static = at_least(ratio(x, static_page), REJECTION_GOAL);
+    let figures = format!(
+        "{} vs {} req/s = {}×; gateway {} vs {} µs per request",
+        f0(x),
+        f0(static_page),
+        vs_static.shown,
+        f2(avg(r, scenario, Side::Flashgate, |x| cpu_of(x, "gateway"))),
+        f2(avg(r, scenario, Side::Reference, |x| cpu_of(x, "gateway"))),
+    );
+    (vs_static.met, figures)
+}
+
 /// Row d° beside its static reference rounds, when it ran.
 fn soldout_seen_text(r: &Results) -> String {
-    let (seen, static_page) = (
-        rps(r, SOLDOUT_SEEN, Side::Flashgate),
-        rps(r, SOLDOUT_SEEN, Side::Reference),
-    );
-    if seen.is_none() {
+    if rps(r, SOLDOUT_SEEN, Side::Flashgate).is_none() {
         return String::new();
     }
+    let (_, figures) = against_static(r, SOLDOUT_SEEN);
     format!(
-        "; the same buys from {SEEN_BUYERS} buyers whose tokens the gateway remembers (row d°, no target of its own): {} vs {} req/s = {}×, gateway {} vs {} µs per request",
-        f0(seen),
-        f0(static_page),
-        f2_vs(ratio(seen, static_page), REJECTION_GOAL),
-        f2(avg(r, SOLDOUT_SEEN, Side::Flashgate, |x| cpu_of(x, "gateway"))),
-        f2(avg(r, SOLDOUT_SEEN, Side::Reference, |x| cpu_of(x, "gateway"))),
+        "; the same buys from {SEEN_BUYERS} buyers whose tokens the gateway remembers (row d°, no target of its own): {figures}"
     )
 }
 
@@ -706,27 +716,18 @@ pub fn targets(r: &Results) -> Vec<TargetEval> {
         met: tail_vs_peer.met,
     });
     for (id, scenario, name) in REJECTIONS {
-        let x = rps(r, scenario, Side::Flashgate);
-        let static_page = rps(r, scenario, Side::Reference);
-        let vs_static = at_least(ratio(x, static_page), REJECTION_GOAL);
+        let (met, figures) = against_static(r, scenario);
+        let seen = if scenario == "d_soldout" {
+            soldout_seen_text(r)
+        } else {
+            String::new()
+        };
         out.push(TargetEval {
             id,
             name,
             goal: "≥ 0.95× Flashgate's own static-page req/s (its reference rounds, each run right after a round of this row)",
-            figures: format!(
-                "{} vs {} req/s = {}×; gateway {} vs {} µs per request{}",
-                f0(x),
-                f0(static_page),
-                vs_static.shown,
-                f2(avg(r, scenario, Side::Flashgate, |x| cpu_of(x, "gateway"))),
-                f2(avg(r, scenario, Side::Reference, |x| cpu_of(x, "gateway"))),
-                if scenario == "d_soldout" {
-                    soldout_seen_text(r)
-                } else {
-                    String::new()
-                },
-            ),
-            met: vs_static.met,
+            figures: format!("{figures}{seen}"),
+            met,
         });
     }
     let (fe, pe) = (
