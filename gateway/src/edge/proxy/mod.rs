@@ -12,6 +12,7 @@
 //!   ├─ Route::Challenge ─► Admission::user (read buckets) ─► ChallengeGate::offer
 //!   ├─ Route::Reservation ► Admission::user ─► BuyService::reservation
 //!   ├─ pages, assets ──► StaticPages::serve ─► Page (head built at load) ─► write_page
+//!   │                    a rejection ─► its answer kept per thread (answers.rs) ─► write_rejection
 //!   │                    every other answer ─► Reply (reply.rs) ─► write_reply, Ok(true)
 //!   └─ Route::Shop ────► a waiting room's path? WaitingRooms::visit (waiting_room/):
 //!                        queue page, challenge or 503 answered here; else Ok(false): proxied
@@ -38,7 +39,8 @@
 //! ```
 //!
 //! Handlers never touch the session's response: they return a [`Reply`]
-//! (or a [`Rejection`]), and [`session::write_reply`] is the only writer.
+//! (or a [`Rejection`]), and [`session::write_page`] is the only writer
+//! (through `write_reply` and `write_rejection`).
 //!
 //! Pingora boxes the `request_filter` future on every request, so its size
 //! is paid by every request, page views and sold-out answers included. The
@@ -49,6 +51,7 @@
 //! boxed the same way. `RUSTC_BOOTSTRAP=1 cargo rustc -p flashgate --lib --
 //! -Zprint-type-sizes` lists the sizes.
 
+mod answers;
 mod compress;
 pub mod ctx;
 pub mod forwarded;
@@ -93,7 +96,8 @@ use crate::rejection::{unavailable, Rejection};
 use crate::sales::SaleCache;
 use crate::sales::Switches;
 use session::{
-    keep_alive_after_early_answer, peer, read_buy_body, request_id, write_page, write_reply,
+    keep_alive_after_early_answer, peer, read_buy_body, request_id, write_page, write_rejection,
+    write_reply,
 };
 
 /// Shared state of the gateway, built once in `server`.
@@ -169,7 +173,7 @@ impl ProxyHttp for Gateway {
             ctx.route = RouteKind::Invalid;
             ctx.outcome = Outcome::Rejected(Rejection::HeadersTooLarge);
             session.set_keepalive(None);
-            return write_reply(session, Rejection::HeadersTooLarge.into(), ctx).await;
+            return write_rejection(session, &Rejection::HeadersTooLarge, ctx).await;
         }
         // Only origin-form targets (`/path?query`): the gateway routes and
         // the cache key read the parsed path, while the shop gets the raw
@@ -179,8 +183,9 @@ impl ProxyHttp for Gateway {
             ctx.route = RouteKind::Invalid;
             let rejection =
                 Rejection::BadRequest("the request target must be a path starting with /");
-            ctx.outcome = Outcome::Rejected(rejection.clone());
-            return write_reply(session, rejection.into(), ctx).await;
+            let written = write_rejection(session, &rejection, ctx).await;
+            ctx.outcome = Outcome::Rejected(rejection);
+            return written;
         }
         let req = session.req_header();
         let method = req.method.clone();
@@ -231,7 +236,7 @@ impl ProxyHttp for Gateway {
                     &PageRequest::from_headers(&session.req_header().headers),
                 ) {
                     Ok(page) => write_page(session, page, ctx).await,
-                    Err(rejection) => write_reply(session, rejection.into(), ctx).await,
+                    Err(rejection) => write_rejection(session, &rejection, ctx).await,
                 };
             }
             Ok(route) => {
@@ -244,11 +249,14 @@ impl ProxyHttp for Gateway {
                 Err(Rejection::from(e))
             }
         };
-        let reply = reply.unwrap_or_else(|rejection| {
-            ctx.outcome = Outcome::Rejected(rejection.clone());
-            Reply::from(rejection)
-        });
-        write_reply(session, reply, ctx).await
+        match reply {
+            Ok(reply) => write_reply(session, reply, ctx).await,
+            Err(rejection) => {
+                let written = write_rejection(session, &rejection, ctx).await;
+                ctx.outcome = Outcome::Rejected(rejection);
+                written
+            }
+        }
     }
 
     /// Records each request once, whoever answered it.

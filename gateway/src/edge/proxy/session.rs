@@ -9,6 +9,7 @@ use http::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::Session;
 
+use super::answers;
 use super::ctx::RequestCtx;
 use crate::edge::reply::Reply;
 use crate::edge::static_pages::Page;
@@ -145,37 +146,43 @@ pub async fn write_reply(
     reply: Reply,
     ctx: &RequestCtx,
 ) -> pingora::Result<bool> {
-    let head = session.req_header().method == http::Method::HEAD;
-    let body_follows = !head && reply.status != 304 && !reply.body.is_empty();
-    let (header, body) = reply_parts(reply, &ctx.request_id)?;
-    session
-        .write_response_header(Box::new(header), !body_follows)
-        .await?;
-    if body_follows {
-        session.write_response_body(Some(body), true).await?;
-    }
-    Ok(true)
+    let (head, body) = reply_head(reply)?;
+    let head = Box::new(head);
+    write_page(session, Page { head, body }, ctx).await
 }
 
-/// A reply as its head and its body. The head's header map is filled
-/// directly with prebuilt names: Pingora's `append_header` parses every
-/// name it is given, which cost more than the rest of a rejection's head.
-/// Built without the map of names as written, as
-/// `ResponseHeader::build_no_case` would: over HTTP/1.1 Pingora then
-/// writes a dozen common names (Content-Type, Content-Length,
-/// Cache-Control, ...) capitalised and every other one in lower case, as
-/// HTTP/2 always does (names are case-insensitive, RFC 9110 §5.1). The
-/// reply's own headers replace these defaults.
-fn reply_parts(reply: Reply, request_id: &str) -> pingora::Result<(ResponseHeader, Bytes)> {
+/// Writes a rejection's answer, cloned from the one this thread wrote last
+/// for the same rejection where it can (`answers`).
+pub async fn write_rejection(
+    session: &mut Session,
+    rejection: &Rejection,
+    ctx: &RequestCtx,
+) -> pingora::Result<bool> {
+    match answers::kept_answer(rejection) {
+        Some(page) => write_page(session, page?, ctx).await,
+        None => write_reply(session, rejection.clone().into(), ctx).await,
+    }
+}
+
+/// A reply as its head, without the request id, and its body. The head's
+/// header map is filled directly with prebuilt names: Pingora's
+/// `append_header` parses every name it is given, which cost more than
+/// the rest of a rejection's head. Built without the map of names as
+/// written, as `ResponseHeader::build_no_case` would: over HTTP/1.1
+/// Pingora then writes a dozen common names (Content-Type,
+/// Content-Length, Cache-Control, ...) capitalised and every other one in
+/// lower case, as HTTP/2 always does (names are case-insensitive, RFC 9110
+/// §5.1). The reply's own headers replace these defaults.
+pub(super) fn reply_head(reply: Reply) -> pingora::Result<(ResponseHeader, Bytes)> {
     let mut head = http::Response::new(()).into_parts().0;
     head.status = http::StatusCode::from_u16(reply.status).map_err(invalid("reply status"))?;
     let map = &mut head.headers;
+    // Room for the request id too, appended as the answer is written.
     map.try_reserve(reply.headers.len() + 4)
         .map_err(invalid("reply head"))?;
     let defaults = [
         (CONTENT_TYPE, HeaderValue::from_static(reply.content_type)),
         (CONTENT_LENGTH, HeaderValue::from(reply.body.len())),
-        (X_REQUEST_ID, request_id_value(request_id)?),
     ];
     let json = (reply.content_type == "application/json")
         .then(|| (CACHE_CONTROL, HeaderValue::from_static("no-store")));
@@ -208,8 +215,9 @@ fn request_id_value(id: &str) -> pingora::Result<http::HeaderValue> {
     Ok(value)
 }
 
-/// Writes a static file's answer: its head built at load plus the request
-/// id, without a body for HEAD and 304 (as [`write_reply`]).
+/// Writes an answer whose head is built (a static file's at load, a
+/// reply's or a kept rejection's just now) plus the request id, without a
+/// body for HEAD and 304.
 pub async fn write_page(
     session: &mut Session,
     page: Page,
@@ -217,7 +225,9 @@ pub async fn write_page(
 ) -> pingora::Result<bool> {
     let Page { mut head, body } = page;
     head.append_header(X_REQUEST_ID, request_id_value(&ctx.request_id)?)?;
-    let body_follows = session.req_header().method != http::Method::HEAD && !body.is_empty();
+    let body_follows = session.req_header().method != http::Method::HEAD
+        && head.status != http::StatusCode::NOT_MODIFIED
+        && !body.is_empty();
     session.write_response_header(head, !body_follows).await?;
     if body_follows {
         session.write_response_body(Some(body), true).await?;
