@@ -306,7 +306,7 @@ fn variant_heads(
     encoding: Encoding,
 ) -> std::io::Result<(ResponseHeader, ResponseHeader)> {
     let head = |status: u16, len: usize| -> pingora::Result<ResponseHeader> {
-        // Without the map of names as written (see `write_reply`; ETag,
+        // Without the map of names as written (see `answers::reply_head`; ETag,
         // Last-Modified and Vary then go out in lower case over HTTP/1.1):
         // a head is cloned for every answer, and that map would double the
         // clone.

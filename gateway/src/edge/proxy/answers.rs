@@ -1,6 +1,8 @@
-//! The heads and bodies of the rejections each thread wrote last, kept so
-//! that the next same rejection is cloned, as a static page's head is,
-//! instead of built again.
+//! The heads of the gateway's own answers: built from a [`Reply`]
+//! ([`reply_head`]), and for rejections kept per thread, so that the next
+//! same rejection is cloned, as a static page's head is, instead of built
+//! again ([`kept_answer`]). The request id is added as each is written
+//! (`session::write_page`).
 //!
 //! A flood is the same few answers over and over (one sold out, one
 //! missing token, one hammering user's 429), and building one (its JSON
@@ -14,9 +16,11 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use http::HeaderValue;
 use pingora::http::ResponseHeader;
 
-use super::session::reply_head;
 use crate::edge::reply::Reply;
 use crate::edge::static_pages::Page;
 use crate::rejection::Rejection;
@@ -26,13 +30,14 @@ use crate::rejection::Rejection;
 const KEPT: usize = 8;
 
 thread_local! {
-    static KEPT_ANSWERS: RefCell<VecDeque<(Rejection, ResponseHeader, bytes::Bytes)>> =
+    static KEPT_ANSWERS: RefCell<VecDeque<(Rejection, ResponseHeader, Bytes)>> =
         const { RefCell::new(VecDeque::new()) };
 }
 
 /// `rejection`'s answer without its request id: a clone of the one kept
 /// for it, else built and kept. `None` for a rejection never kept (a
-/// challenge): the caller builds its reply.
+/// challenge), or should this thread's answers be in use (nothing here
+/// calls back into them): the caller builds its reply.
 ///
 /// # Errors
 /// Pingora's error when the answer's head cannot be built.
@@ -41,7 +46,13 @@ pub fn kept_answer(rejection: &Rejection) -> Option<pingora::Result<Page>> {
     KEPT_ANSWERS.with(|kept| {
         // Never borrowed twice: nothing below writes an answer.
         let mut kept = kept.try_borrow_mut().ok()?;
-        if let Some((_, head, body)) = kept.iter().find(|(r, ..)| *r == key) {
+        if let Some(at) = kept.iter().position(|(r, ..)| *r == key) {
+            // To the front: a key of the moment (a 429's second, a
+            // countdown's) pushes out the answers least used, not the
+            // busiest.
+            let entry = kept.remove(at)?;
+            kept.push_front(entry);
+            let (_, head, body) = &kept[0];
             return Some(Ok(Page {
                 head: Box::new(head.clone()),
                 body: body.clone(),
@@ -75,6 +86,47 @@ fn key(rejection: &Rejection) -> Option<Rejection> {
     }
 }
 
+/// A reply as its head, without the request id, and its body. The head's
+/// header map is filled directly with prebuilt names: Pingora's
+/// `append_header` parses every name it is given, which cost more than
+/// the rest of a rejection's head. Built without the map of names as
+/// written, as `ResponseHeader::build_no_case` would: over HTTP/1.1
+/// Pingora then writes a dozen common names (Content-Type,
+/// Content-Length, Cache-Control, ...) capitalised and every other one in
+/// lower case, as HTTP/2 always does (names are case-insensitive, RFC 9110
+/// §5.1). The reply's own headers replace these defaults.
+pub(super) fn reply_head(reply: Reply) -> pingora::Result<(ResponseHeader, Bytes)> {
+    let mut head = http::Response::new(()).into_parts().0;
+    head.status = http::StatusCode::from_u16(reply.status).map_err(invalid("reply status"))?;
+    let map = &mut head.headers;
+    // Room for the request id too, appended as the answer is written.
+    map.try_reserve(reply.headers.len() + 4)
+        .map_err(invalid("reply head"))?;
+    let defaults = [
+        (CONTENT_TYPE, HeaderValue::from_static(reply.content_type)),
+        (CONTENT_LENGTH, HeaderValue::from(reply.body.len())),
+    ];
+    let json = (reply.content_type == "application/json")
+        .then(|| (CACHE_CONTROL, HeaderValue::from_static("no-store")));
+    for (name, value) in defaults.into_iter().chain(json) {
+        map.try_append(name, value).map_err(invalid("reply head"))?;
+    }
+    for (name, value) in reply.headers {
+        let value = HeaderValue::try_from(value).map_err(invalid("reply header"))?;
+        map.try_insert(name, value).map_err(invalid("reply head"))?;
+    }
+    Ok((ResponseHeader::from(head), reply.body))
+}
+
+/// Maps an error building an answer of our own (not the client's fault)
+/// to Pingora's internal error, naming `what` was being built.
+pub(super) fn invalid<E>(what: &'static str) -> impl Fn(E) -> Box<pingora::Error>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    move |e| pingora::Error::because(pingora::ErrorType::InternalError, what, e)
+}
+
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
@@ -84,12 +136,12 @@ mod tests {
     use super::*;
     use crate::admission::{AuthError, Limited, RouteClass, Scope};
 
-    fn built(rejection: &Rejection) -> (u16, http::HeaderMap, bytes::Bytes) {
+    fn built(rejection: &Rejection) -> (u16, http::HeaderMap, Bytes) {
         let (head, body) = reply_head(Reply::from(rejection.clone())).unwrap();
         (head.status.as_u16(), head.headers.clone(), body)
     }
 
-    fn kept(rejection: &Rejection) -> (u16, http::HeaderMap, bytes::Bytes) {
+    fn kept(rejection: &Rejection) -> (u16, http::HeaderMap, Bytes) {
         let page = kept_answer(rejection).unwrap().unwrap();
         (
             page.head.status.as_u16(),
@@ -125,6 +177,29 @@ mod tests {
             for rejection in &rejections {
                 assert_eq!(kept(rejection), built(rejection), "{rejection:?}");
             }
+        }
+    }
+
+    #[test]
+    fn kept_answers_carry_their_status_headers_and_json_body() {
+        for _ in 0..2 {
+            let (status, headers, body) = kept(&Rejection::SoldOut);
+            assert_eq!(status, 410);
+            assert_eq!(&body[..], br#"{"code":"sold_out","message":"sold out"}"#);
+            assert_eq!(headers[CONTENT_TYPE], "application/json");
+            assert_eq!(headers[CONTENT_LENGTH], body.len().to_string().as_str());
+            assert_eq!(headers[CACHE_CONTROL], "no-store");
+            let (status, headers, _) = kept(&Rejection::Unauthorized(AuthError::Missing));
+            assert_eq!(status, 401);
+            assert_eq!(
+                headers[http::header::WWW_AUTHENTICATE],
+                flashgate_common::secret::BEARER_CHALLENGE
+            );
+            let (status, headers, _) = kept(&limited(Duration::from_millis(300)));
+            assert_eq!(status, 429);
+            assert_eq!(headers[http::header::RETRY_AFTER], "1");
+            assert_eq!(headers["ratelimit"], r#""buy-user";r=0;t=1"#);
+            assert_eq!(headers["ratelimit-policy"], r#""buy-user";q=10;w=10"#);
         }
     }
 

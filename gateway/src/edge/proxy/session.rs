@@ -3,13 +3,11 @@
 
 use std::net::IpAddr;
 
-use bytes::Bytes;
-use http::header::{HeaderName, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
-use http::HeaderValue;
-use pingora::http::{RequestHeader, ResponseHeader};
+use http::header::HeaderName;
+use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 
-use super::answers;
+use super::answers::{self, invalid, reply_head};
 use super::ctx::RequestCtx;
 use crate::edge::reply::Reply;
 use crate::edge::static_pages::Page;
@@ -151,8 +149,8 @@ pub async fn write_reply(
     write_page(session, Page { head, body }, ctx).await
 }
 
-/// Writes a rejection's answer, cloned from the one this thread wrote last
-/// for the same rejection where it can (`answers`).
+/// Writes a rejection's answer, cloned from the one this thread keeps for
+/// the same rejection where it can (`answers`).
 pub async fn write_rejection(
     session: &mut Session,
     rejection: &Rejection,
@@ -162,47 +160,6 @@ pub async fn write_rejection(
         Some(page) => write_page(session, page?, ctx).await,
         None => write_reply(session, rejection.clone().into(), ctx).await,
     }
-}
-
-/// A reply as its head, without the request id, and its body. The head's
-/// header map is filled directly with prebuilt names: Pingora's
-/// `append_header` parses every name it is given, which cost more than
-/// the rest of a rejection's head. Built without the map of names as
-/// written, as `ResponseHeader::build_no_case` would: over HTTP/1.1
-/// Pingora then writes a dozen common names (Content-Type,
-/// Content-Length, Cache-Control, ...) capitalised and every other one in
-/// lower case, as HTTP/2 always does (names are case-insensitive, RFC 9110
-/// §5.1). The reply's own headers replace these defaults.
-pub(super) fn reply_head(reply: Reply) -> pingora::Result<(ResponseHeader, Bytes)> {
-    let mut head = http::Response::new(()).into_parts().0;
-    head.status = http::StatusCode::from_u16(reply.status).map_err(invalid("reply status"))?;
-    let map = &mut head.headers;
-    // Room for the request id too, appended as the answer is written.
-    map.try_reserve(reply.headers.len() + 4)
-        .map_err(invalid("reply head"))?;
-    let defaults = [
-        (CONTENT_TYPE, HeaderValue::from_static(reply.content_type)),
-        (CONTENT_LENGTH, HeaderValue::from(reply.body.len())),
-    ];
-    let json = (reply.content_type == "application/json")
-        .then(|| (CACHE_CONTROL, HeaderValue::from_static("no-store")));
-    for (name, value) in defaults.into_iter().chain(json) {
-        map.try_append(name, value).map_err(invalid("reply head"))?;
-    }
-    for (name, value) in reply.headers {
-        let value = HeaderValue::try_from(value).map_err(invalid("reply header"))?;
-        map.try_insert(name, value).map_err(invalid("reply head"))?;
-    }
-    Ok((ResponseHeader::from(head), reply.body))
-}
-
-/// Maps an error building an answer of our own (not the client's fault)
-/// to Pingora's internal error, naming `what` was being built.
-fn invalid<E>(what: &'static str) -> impl Fn(E) -> Box<pingora::Error>
-where
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    move |e| pingora::Error::because(pingora::ErrorType::InternalError, what, e)
 }
 
 /// The `X-Request-Id` of an answer, marked never to be indexed: over
