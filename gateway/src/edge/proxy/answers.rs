@@ -50,8 +50,10 @@ pub fn kept_answer(rejection: &Rejection) -> Option<pingora::Result<Page>> {
             // To the front: a key of the moment (a 429's second, a
             // countdown's) pushes out the answers least used, not the
             // busiest.
-            let entry = kept.remove(at)?;
-            kept.push_front(entry);
+            if at > 0 {
+                let entry = kept.remove(at)?;
+                kept.push_front(entry);
+            }
             let (_, head, body) = &kept[0];
             return Some(Ok(Page {
                 head: Box::new(head.clone()),
@@ -232,5 +234,25 @@ mod tests {
             kept(&Rejection::NotStarted(secs));
         }
         assert_eq!(KEPT_ANSWERS.with(|k| k.borrow().len()), KEPT);
+    }
+
+    #[test]
+    fn an_answer_in_use_outlasts_keys_of_the_moment() {
+        let holds_sold_out =
+            || KEPT_ANSWERS.with(|k| k.borrow().iter().any(|(r, ..)| *r == Rejection::SoldOut));
+        kept(&Rejection::SoldOut);
+        // A countdown's answers come and go while sold out is still asked,
+        // every few of them.
+        for secs in 0..3 * KEPT as u64 {
+            kept(&Rejection::NotStarted(secs));
+            assert!(holds_sold_out(), "pushed out after {secs}");
+            if secs % 4 == 3 {
+                kept(&Rejection::SoldOut);
+            }
+        }
+        for secs in 0..KEPT as u64 {
+            kept(&Rejection::NotStarted(100 + secs));
+        }
+        assert!(!holds_sold_out(), "unused, it went like any other");
     }
 }
