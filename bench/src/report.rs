@@ -311,17 +311,15 @@ fn cost_model_section(md: &mut String, r: &Results) {
     // flag, the buckets and the window are in the gateway's memory), so its
     // CPU there is its own background work (the backend's timers, expiry),
     // counted in cores whatever the rate, never per request.
-    let background = mean(
-        ["e_hammer", "d_soldout"]
-            .into_iter()
-            .filter_map(|id| avg(r, id, Side::Flashgate, redis_busy_cores)),
-    )
-    .unwrap_or(0.0);
-    let calls_per_k = mean(
-        ["e_hammer", "d_soldout"]
-            .into_iter()
-            .filter_map(|id| avg(r, id, Side::Flashgate, script_calls_per_k)),
-    );
+    let of_rejections = |f: fn(&RoundResult) -> Option<f64>| {
+        mean(
+            ["e_hammer", "d_soldout"]
+                .into_iter()
+                .filter_map(|id| avg(r, id, Side::Flashgate, f)),
+        )
+    };
+    let background = of_rejections(redis_busy_cores).unwrap_or(0.0);
+    let calls_per_k = of_rejections(script_calls_per_k);
     let worst = rejection_costs(r)
         .into_iter()
         .map(|(_, us)| us)

@@ -100,6 +100,17 @@ use session::{
     write_reply,
 };
 
+/// Answers `rejection` and records it as the request's outcome.
+async fn reject(
+    session: &mut Session,
+    rejection: Rejection,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<bool> {
+    let written = write_rejection(session, &rejection, ctx).await;
+    ctx.outcome = Outcome::Rejected(rejection);
+    written
+}
+
 /// Shared state of the gateway, built once in `server`.
 pub struct Gateway {
     pub config: Arc<Config>,
@@ -171,9 +182,8 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<bool> {
         if session::headers_too_large(session.req_header()) {
             ctx.route = RouteKind::Invalid;
-            ctx.outcome = Outcome::Rejected(Rejection::HeadersTooLarge);
             session.set_keepalive(None);
-            return write_rejection(session, &Rejection::HeadersTooLarge, ctx).await;
+            return reject(session, Rejection::HeadersTooLarge, ctx).await;
         }
         // Only origin-form targets (`/path?query`): the gateway routes and
         // the cache key read the parsed path, while the shop gets the raw
@@ -183,9 +193,7 @@ impl ProxyHttp for Gateway {
             ctx.route = RouteKind::Invalid;
             let rejection =
                 Rejection::BadRequest("the request target must be a path starting with /");
-            let written = write_rejection(session, &rejection, ctx).await;
-            ctx.outcome = Outcome::Rejected(rejection);
-            return written;
+            return reject(session, rejection, ctx).await;
         }
         let req = session.req_header();
         let method = req.method.clone();
@@ -251,11 +259,7 @@ impl ProxyHttp for Gateway {
         };
         match reply {
             Ok(reply) => write_reply(session, reply, ctx).await,
-            Err(rejection) => {
-                let written = write_rejection(session, &rejection, ctx).await;
-                ctx.outcome = Outcome::Rejected(rejection);
-                written
-            }
+            Err(rejection) => reject(session, rejection, ctx).await,
         }
     }
 
