@@ -55,11 +55,14 @@ log "measuring proof-of-work verification"
 "$CARGO" bench -p flashgate --bench challenge_verify > target/challenge_verify.txt
 # What verifying a buyer's token costs, remembered or not, quoted too.
 "$CARGO" bench -p flashgate --bench token_verify > target/token_verify.txt
+# What a buy's per-user bucket costs, made or found, quoted too.
+"$CARGO" bench -p flashgate --bench user_buckets > target/user_buckets.txt
 
 log "load before the run: $(uptime)"
 timeout --signal=TERM --kill-after=30 "$BENCH_TIMEOUT" \
   target/release/flashgate-bench run --peers-dir "$PEERS_DIR" --bin-dir target/release --out-dir bench \
-  --challenge-verify target/challenge_verify.txt --token-verify target/token_verify.txt "$@" &
+  --challenge-verify target/challenge_verify.txt --token-verify target/token_verify.txt \
+  --user-buckets target/user_buckets.txt "$@" &
 pid=$!
 # The bench stops everything it started when it gets SIGTERM.
 trap 'kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' INT TERM

@@ -112,6 +112,10 @@ struct RunArgs {
     /// quoted in the report (bench/run.sh writes it).
     #[arg(long)]
     token_verify: Option<PathBuf>,
+    /// The output of `cargo bench -p flashgate --bench user_buckets`,
+    /// quoted in the report (bench/run.sh writes it).
+    #[arg(long)]
+    user_buckets: Option<PathBuf>,
 }
 
 /// The "... per call" lines of a micro-benchmark's output file.
@@ -240,6 +244,7 @@ async fn run_all(a: RunArgs) -> anyhow::Result<()> {
     let mut results = run::run(settings).await?;
     results.pow_verify = per_call_lines(a.challenge_verify.as_ref())?;
     results.token_verify = per_call_lines(a.token_verify.as_ref())?;
+    results.user_buckets = per_call_lines(a.user_buckets.as_ref())?;
     std::fs::create_dir_all(&out_dir)?;
     let png = out_dir.join("bench.png");
     let chart = match chart::draw(&results, &png) {

@@ -1119,28 +1119,32 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         );
     }
 
-    if !r.pow_verify.is_empty() {
-        let _ = writeln!(md, "## Proof-of-work verification cost (quoted)\n");
-        let _ = writeln!(
-            md,
-            "What checking a `Flashgate-Pow` header costs the gateway per buy (tag, bindings and the solution's hash; no Redis), \
-             from `cargo bench -p flashgate --bench challenge_verify` on this machine before the run. Rows d* and e* above show \
-             the sold-out and rate-limited answers with the challenge on: both are given before any challenge is checked.\n"
-        );
-        let _ = writeln!(md, "```text\n{}\n```\n", r.pow_verify.join("\n"));
-    }
-
-    if !r.token_verify.is_empty() {
-        let _ = writeln!(md, "## Buyer token verification cost (quoted)\n");
-        let _ = writeln!(
-            md,
-            "What checking a buyer's bearer token costs the gateway per request, from `cargo bench -p flashgate --bench \
-             token_verify` on this machine before the run: a token seen before is answered from the remembered tokens \
-             (SHA-256 of the token, one slot); a first sighting is the full HS256 check. Row d (every request a buyer \
-             among 300,000, each seen about once a round) is mostly first sightings.\n"
-        );
-        let _ = writeln!(md, "```text\n{}\n```\n", r.token_verify.join("\n"));
-    }
+    quote_micro_bench(
+        &mut md,
+        "Proof-of-work verification cost",
+        "What checking a `Flashgate-Pow` header costs the gateway per buy (tag, bindings and the solution's hash; no Redis), \
+         from `cargo bench -p flashgate --bench challenge_verify` on this machine before the run. Rows d* and e* above show \
+         the sold-out and rate-limited answers with the challenge on: both are given before any challenge is checked.",
+        &r.pow_verify,
+    );
+    quote_micro_bench(
+        &mut md,
+        "Buyer token verification cost",
+        "What checking a buyer's bearer token costs the gateway per request, from `cargo bench -p flashgate --bench \
+         token_verify` on this machine before the run: a token seen before is answered from the remembered tokens \
+         (SHA-256 of the token, one slot); a first sighting is the full HS256 check. Row d (every request a buyer \
+         among 300,000, each seen about once a round) is mostly first sightings.",
+        &r.token_verify,
+    );
+    quote_micro_bench(
+        &mut md,
+        "Per-user bucket cost",
+        "What a buy's per-user bucket costs the gateway, from `cargo bench -p flashgate --bench user_buckets` on this \
+         machine before the run: a user's first buy makes the bucket (row c: 300,000 buyers, each buying once, against \
+         the default `limits.max_tracked_keys` of 100,000, so the table fills and pushes keys out), a user hammering \
+         finds it (row e).",
+        &r.user_buckets,
+    );
 
     if !r.evalsha.is_empty() {
         let _ = writeln!(
@@ -1342,6 +1346,16 @@ fn room_section(md: &mut String, r: &Results) {
             c.errors
         );
     }
+}
+
+/// A micro-benchmark's figures, quoted under `title` with what they
+/// measure; nothing when it was not run.
+fn quote_micro_bench(md: &mut String, title: &str, about: &str, lines: &[String]) {
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "## {title} (quoted)\n\n{about}\n");
+    let _ = writeln!(md, "```text\n{}\n```\n", lines.join("\n"));
 }
 
 #[cfg(test)]

@@ -225,6 +225,8 @@ pub struct Results {
     pub pow_verify: Vec<String>,
     /// `cargo bench -p flashgate --bench token_verify` output, quoted.
     pub token_verify: Vec<String>,
+    /// `cargo bench -p flashgate --bench user_buckets` output, quoted.
+    pub user_buckets: Vec<String>,
     /// The bucketed-stock rows ([`crate::buckets`]).
     pub buckets: Vec<BucketRound>,
     /// The waiting room under 100,000 visitors ([`crate::room_crowd`]).

@@ -485,6 +485,7 @@ async fn run_with_db(
         wall_s: 0.0,
         pow_verify: Vec::new(),
         token_verify: Vec::new(),
+        user_buckets: Vec::new(),
         buckets,
         room_crowd,
         order_costs,

@@ -158,6 +158,14 @@ fn quota(b: Bucket) -> Quota {
 /// new keys seldom wait on each other, few enough to cost nothing held.
 const FIRST_BUCKET_LOCKS: usize = 64;
 
+/// Keys a keyed limiter's table is sized for from the start (at most
+/// `limits.max_tracked_keys`): a sale's opening crowd fills it at once,
+/// and a table grown on the way rehashes under that crowd (about a
+/// quarter of what a new user's first bucket costs below the bound,
+/// `benches/user_buckets.rs`).
+/// The bound keeps a presized table to 16 MiB of slots.
+const PRESIZED_KEYS: u64 = 1_000_000;
+
 /// Buckets keyed by user or IP, in a bounded cache.
 struct Keyed<K: std::hash::Hash + Eq + Send + Sync + 'static, C: Clock> {
     bucket: Bucket,
@@ -175,6 +183,7 @@ impl<
     fn new(bucket: Bucket, cfg: &LimitsConfig) -> Self {
         let cache = moka::sync::Cache::builder()
             .max_capacity(cfg.max_tracked_keys)
+            .initial_capacity(cfg.max_tracked_keys.min(PRESIZED_KEYS) as usize)
             .time_to_idle(cfg.idle)
             .build_with_hasher(ahash::RandomState::new());
         Self {
