@@ -1140,9 +1140,11 @@ pub fn markdown(r: &Results, chart: Option<&str>) -> String {
         &mut md,
         "Per-user bucket cost",
         "What a buy's per-user bucket costs the gateway, from `cargo bench -p flashgate --bench user_buckets` on this \
-         machine before the run: a user's first buy makes the bucket (row c: 300,000 buyers, each buying once, against \
-         the default `limits.max_tracked_keys` of 100,000, so the table fills and pushes keys out), a user hammering \
-         finds it (row e).",
+         machine before the run, with the default `limits.max_tracked_keys` of 100,000: a new user's first buy makes \
+         the bucket while the table has room, and once it is full, when moka's admission mostly turns the newcomer \
+         away (it keeps the keys seen more often) and the bucket is made afresh each time; a user hammering finds \
+         their bucket and is refused. In row c each buy is a new buyer's, the next of 300,000, so a round's first \
+         100,000 buys fill the table and the rest meet it full.",
         &r.user_buckets,
     );
 

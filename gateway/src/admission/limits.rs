@@ -159,11 +159,12 @@ fn quota(b: Bucket) -> Quota {
 const FIRST_BUCKET_LOCKS: usize = 64;
 
 /// Keys a keyed limiter's table is sized for from the start (at most
-/// `limits.max_tracked_keys`): a sale's opening crowd fills it at once,
-/// and a table grown on the way rehashes under that crowd (about a
-/// quarter of what a new user's first bucket costs below the bound,
-/// `benches/user_buckets.rs`).
-/// The bound keeps a presized table to 16 MiB of slots.
+/// `limits.max_tracked_keys`), so the first crowd after a start or a
+/// limits reload, a sale's opening second, fills it without rehashing
+/// it on the way. The table is allocated then whether or not the limiter
+/// sees traffic: 2 MiB of slots at the default, 16 MiB from about 524,000
+/// keys on (the bound). moka may shrink a table that idle keys emptied;
+/// a later crowd grows it again as it would have without this.
 const PRESIZED_KEYS: u64 = 1_000_000;
 
 /// Buckets keyed by user or IP, in a bounded cache.
