@@ -15,10 +15,6 @@ use http::{HeaderMap, HeaderValue};
 mod common;
 use common::per_call;
 
-/// The gateway's allocator: a check allocates the decoded parts and claims.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const SECRET: &[u8] = b"a benchmark secret of at least thirty-two bytes";
 
 fn bearer(user: &str) -> HeaderMap {

@@ -16,11 +16,6 @@ use flashgate_gateway::admission::{Limiters, RouteClass};
 mod common;
 use common::per_call;
 
-/// The gateway's allocator: a first sighting allocates the key, the
-/// bucket and the cache's entry.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const TRACKED: usize = 100_000;
 
 fn limiters() -> Limiters {

@@ -1,7 +1,14 @@
 //! The timing loop of the gateway's micro-benchmarks (no harness: each
-//! prints a figure for the docs and the bench report, not a test).
+//! prints a figure for the docs and the bench report, not a test), and
+//! their allocator.
 
 use std::time::Instant;
+
+/// The gateway's allocator (gateway/src/main.rs): what a check allocates
+/// (a token's decoded parts, a new user's bucket) costs what it costs
+/// there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Runs `f(i)` for `i` in `0..warmup` untimed, then for `i` in
 /// `0..rounds` timed, and prints the mean per call as
