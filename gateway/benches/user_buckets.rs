@@ -10,12 +10,13 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use flashgate_common::config::{Bucket, LimitsConfig, RouteLimits};
+use flashgate_common::config::{file, Bucket, LimitsConfig, RouteLimits};
 use flashgate_gateway::admission::{Limiters, RouteClass};
 
 mod common;
 use common::per_call;
 
+/// The default `limits.max_tracked_keys`, which the phases' names quote.
 const TRACKED: usize = 100_000;
 
 fn limiters() -> Limiters {
@@ -46,6 +47,11 @@ fn check(limiters: &Limiters, user: &str) -> bool {
 }
 
 fn main() {
+    assert_eq!(
+        file::Limits::default().max_tracked_keys,
+        TRACKED as u64,
+        "the phases below are named for the default table size"
+    );
     // User ids as long as the bench's (UUIDs).
     let crowd: Vec<String> = (0..3 * TRACKED)
         .map(|i| format!("00000000-0000-4000-8000-{i:012}"))
